@@ -1,0 +1,26 @@
+"""optrace's tracer: record every aten op of a training step to a Parquet trace.
+
+Imports are lazy so that `reports` can read the trace schema without loading torch.
+"""
+
+__all__ = ["Tracer", "TraceError", "register_flop_formula", "read_metadata", "time_step"]
+
+_HOME = {
+    "Tracer": "tracer.mode",
+    "TraceError": "tracer.errors",
+    "register_flop_formula": "tracer.flops",
+    "read_metadata": "tracer.schema",
+    "time_step": "tracer.device",
+}
+
+
+def __getattr__(name):
+    if name not in _HOME:
+        raise AttributeError(f"module 'tracer' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(_HOME[name]), name)
+
+
+def __dir__():
+    return sorted(__all__)

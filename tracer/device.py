@@ -1,0 +1,102 @@
+"""Facts about the device a run used, and timing of untraced steps.
+
+Timing a CUDA op needs `torch.cuda.synchronize()` on both sides: kernels are
+queued asynchronously, so a bare wall clock measures the launch, not the work.
+"""
+
+import os
+import platform
+import statistics
+import time
+
+import torch
+
+from tracer.errors import TraceError
+
+
+def cuda_sync_for(device_type):
+    """The synchronising function to call around timed work on this device type, or None."""
+    if device_type == "cuda" and torch.cuda.is_available():
+        return torch.cuda.synchronize
+    return None
+
+
+def _cpu_info():
+    info = {"name": platform.processor() or platform.machine(), "cores": os.cpu_count(), "threads": torch.get_num_threads()}
+    try:
+        with open("/proc/cpuinfo") as f:
+            text = f.read()
+    except OSError:
+        return info
+    fields = {}
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    info["name"] = fields.get("model name", info["name"])
+    if "cpu MHz" in fields:
+        info["mhz"] = float(fields["cpu MHz"])
+    flags = set(fields.get("flags", "").split())
+    info["isa"] = [f for f in ("avx512f", "avx512_bf16", "amx_bf16", "avx2", "fma", "avx", "sse2") if f in flags]
+    try:  # the rated maximum, where the kernel exposes it
+        with open("/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq") as f:
+            info["max_mhz"] = int(f.read()) / 1000
+    except (OSError, ValueError):
+        pass
+    return info
+
+
+def device_info(device):
+    """A JSON-ready description of `device` (a torch.device)."""
+    info = {"type": device.type, "name": str(device)}
+    if device.type == "cuda" and torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(device)
+        info.update(
+            name=props.name,
+            total_memory_bytes=props.total_memory,
+            multi_processor_count=props.multi_processor_count,
+            capability=f"{props.major}.{props.minor}",
+        )
+    elif device.type == "cpu":
+        info.update(_cpu_info())
+    return info
+
+
+def time_step(fn, *, warmup=2, repeats=5, device=None):
+    """Median wall time of `fn()` in seconds, untraced, after `warmup` calls.
+
+    On CUDA the device is synchronised before and after each call, so the time
+    covers the work, not only its launch. Returns a dict with `median_s`,
+    `times_s`, `warmup`, `repeats`, `device` (JSON-ready, for the trace metadata)."""
+    if not callable(fn):
+        raise TraceError(f"time_step: fn must be callable, got {type(fn).__name__}")
+    for name, value, least in (("warmup", warmup, 0), ("repeats", repeats, 1)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < least:
+            raise TraceError(f"time_step: {name} must be an int >= {least}, got {value!r}")
+    if torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE) is not None or _tracing_active():
+        raise TraceError("time_step: call it outside the Tracer (and outside FakeTensorMode): traced time is not step time")
+    device = torch.device(device) if device is not None else torch.device("cpu")
+    sync = cuda_sync_for(device.type)
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        if sync:
+            sync()
+        start = time.perf_counter()
+        fn()
+        if sync:
+            sync()
+        times.append(time.perf_counter() - start)
+    return {
+        "median_s": statistics.median(times),
+        "times_s": times,
+        "warmup": warmup,
+        "repeats": repeats,
+        "device": device_info(device),
+    }
+
+
+def _tracing_active():
+    from tracer import mode
+
+    return mode.Tracer._active is not None

@@ -1,0 +1,388 @@
+"""The public `Tracer` context manager and the dispatch mode behind it."""
+
+import datetime
+import os
+import platform
+import sys
+import time
+import warnings
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from tracer.attribution import Attribution
+from tracer.device import cuda_sync_for, device_info
+from tracer.errors import TraceError
+from tracer.flops import METADATA_OPS, flop_rule
+from tracer.schema import ROLE_KEYS, SCHEMA_VERSION
+from tracer.storage import StorageTable
+from tracer.writer import PartWriter, prepare_directory
+
+Tensor = torch.Tensor
+_perf_ns = time.perf_counter_ns
+_DTYPE_NAMES = {}
+
+
+def _dtype_name(dtype):
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = _DTYPE_NAMES[dtype] = str(dtype).removeprefix("torch.")
+    return name
+
+
+def _tensors(args, kwargs):
+    """Tensor arguments in order, looking one level into lists (cat, _foreach_*)."""
+    found = []
+    for a in args:
+        if isinstance(a, Tensor):
+            found.append(a)
+        elif isinstance(a, (list, tuple)):
+            found.extend(b for b in a if isinstance(b, Tensor))
+    if kwargs:
+        for a in kwargs.values():
+            if isinstance(a, Tensor):
+                found.append(a)
+            elif isinstance(a, (list, tuple)):
+                found.extend(b for b in a if isinstance(b, Tensor))
+    return found
+
+
+def _passthrough(func):
+    """Ops that are not computation: tensor metadata queries and profiler markers."""
+    return func in METADATA_OPS or func.namespace == "profiler"
+
+
+class _OpInfo:
+    """Facts about one op overload, computed once per trace."""
+
+    __slots__ = ("name", "rule", "written_positions", "written_names")
+
+    def __init__(self, func):
+        self.name = str(func)
+        self.rule = flop_rule(func)
+        written = [
+            (i, a.name)
+            for i, a in enumerate(func._schema.arguments)
+            if a.alias_info is not None and a.alias_info.is_write
+        ]
+        self.written_positions = tuple(i for i, _ in written)
+        self.written_names = tuple(n for _, n in written)
+
+    def written(self, args, kwargs):
+        """Tensors the op writes into (in-place self, out=)."""
+        found = []
+        for pos, name in zip(self.written_positions, self.written_names):
+            value = args[pos] if pos < len(args) else kwargs.get(name)
+            if isinstance(value, Tensor):
+                found.append(value)
+            elif isinstance(value, (list, tuple)):
+                found.extend(v for v in value if isinstance(v, Tensor))
+        return found
+
+
+class _TraceMode(TorchDispatchMode):
+    """Runs every aten op and hands it to the tracer's `_record`."""
+
+    def __init__(self, tracer):
+        super().__init__()
+        self._tracer = tracer
+        self._ops = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        info = self._ops.get(func)
+        if info is None:
+            info = self._ops[func] = None if _passthrough(func) else _OpInfo(func)
+        if info is None:
+            return func(*args, **kwargs)
+        tracer = self._tracer
+        sync = tracer._sync
+        if sync is not None:
+            sync()
+        start = _perf_ns()
+        out = func(*args, **kwargs)
+        if sync is not None:
+            sync()
+        duration = _perf_ns() - start
+        try:
+            tracer._record(info, args, kwargs, out, duration)
+        except Exception as exc:  # never break the traced program over a bookkeeping error
+            tracer._record_failed(info, exc)
+        return out
+
+
+class Tracer:
+    """Trace every aten op run inside `with Tracer(path): ...` to a Parquet trace at `path`.
+
+    path       where the trace goes: a directory of Parquet parts, which
+               `pandas.read_parquet(path)` reads as one table. Its parent
+               directory must exist. An earlier trace at `path` is replaced.
+    model      optional nn.Module: names modules (the root by its class name,
+               children by their dotted path) and records parameter counts and
+               the storage ids of parameters.
+    tokens     optional tokens per training step (for the 6·N·T accounting).
+    run_name   optional label for reports; default: the trace's file name.
+    flush_rows rows per Parquet part; memory held by the tracer stays bounded
+               by this many rows.
+
+    The step counter advances when an optimizer step ends or on `step()`.
+    The tracer keeps no tensor alive: it holds storages through weak references.
+    """
+
+    _active = None
+
+    def __init__(self, path, *, model=None, tokens=None, run_name=None, flush_rows=65536):
+        if not isinstance(path, (str, os.PathLike)):
+            raise TraceError(f"Tracer: path must be a str or os.PathLike, got {type(path).__name__}")
+        if model is not None and not isinstance(model, torch.nn.Module):
+            raise TraceError(f"Tracer: model must be a torch.nn.Module or None, got {type(model).__name__}")
+        if tokens is not None and (not isinstance(tokens, int) or isinstance(tokens, bool) or tokens <= 0):
+            raise TraceError(f"Tracer: tokens must be a positive int (tokens per step) or None, got {tokens!r}")
+        if run_name is not None and not isinstance(run_name, str):
+            raise TraceError(f"Tracer: run_name must be a str or None, got {type(run_name).__name__}")
+        if not isinstance(flush_rows, int) or isinstance(flush_rows, bool) or flush_rows <= 0:
+            raise TraceError(f"Tracer: flush_rows must be a positive int, got {flush_rows!r}")
+        self.path = os.path.abspath(os.fspath(path))
+        self.model = model
+        self.tokens = tokens
+        self.run_name = run_name or os.path.splitext(os.path.basename(self.path))[0]
+        self.flush_rows = flush_rows
+        self._writer = None
+        self._closed = False
+
+    # context manager ---------------------------------------------------------
+    def __enter__(self):
+        if Tracer._active is not None:
+            raise TraceError(
+                f"another Tracer is already active (writing {Tracer._active.path!r}); "
+                "close it before starting one for {self.path!r}"
+            )
+        if self._writer is not None:
+            raise TraceError(f"this Tracer (writing {self.path!r}) was already used; create a new one")
+        self._writer = PartWriter(prepare_directory(self.path))
+        self._storages = StorageTable()
+        self._rows = []
+        self._seq = 0
+        self._errors = 0
+        self._device = None
+        self._sync = None
+        self._roles_seen = set()
+        self._roles_new = {key: [] for key in ROLE_KEYS}
+        self._meta = self._start_metadata()
+        first = next(self.model.parameters(), None) if self.model is not None else None
+        if first is not None:
+            self._first_device(first.device)
+        self._attr = Attribution(self.model, self._optimizer_start, self._optimizer_end)
+        self._attr.install()
+        self._mode = _TraceMode(self)
+        Tracer._active = self
+        self._mode.__enter__()
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        self._mode.__exit__(None, None, None)
+        self._attr.remove()
+        Tracer._active = None
+        if exc is not None:
+            self._meta["error"] = f"{exc_type.__name__}: {exc}"
+        try:
+            self._close(complete=exc is None)
+        except Exception as write_error:
+            if exc is None:
+                raise TraceError(f"could not finish trace {self.path!r}: {write_error}") from write_error
+            warnings.warn(f"optrace: could not finish trace {self.path!r}: {write_error}")
+        return False
+
+    def step(self):
+        """Mark the end of a training step (the optimizer hooks do this on their own)."""
+        self._scan_gradients(self.model.parameters() if self.model is not None else ())
+        self._attr.next_step()
+
+    @property
+    def current_step(self):
+        return self._attr.step if self._writer is not None else 0
+
+    def set_step_time(self, timing):
+        """Record the untraced step time used for MFU: seconds, or the dict `time_step` returns.
+
+        Works inside the `with` block or after it (it then adds one empty part
+        carrying the updated metadata)."""
+        if isinstance(timing, (int, float)) and not isinstance(timing, bool) and timing > 0:
+            timing = {"median_s": float(timing)}
+        if not isinstance(timing, dict) or not (isinstance(timing.get("median_s"), float) and timing["median_s"] > 0):
+            raise TraceError(f"set_step_time: expected seconds > 0 or the dict time_step returns, got {timing!r}")
+        if self._writer is None:
+            raise TraceError("set_step_time: the Tracer has not been entered yet")
+        self._meta["step_time"] = timing
+        if self._closed:
+            self._writer.write([], self._metadata())
+
+    # the hot path ------------------------------------------------------------------
+    def _record(self, info, args, kwargs, out, duration):
+        lookup = self._storages.lookup
+        nbytes = self._storages.nbytes
+        device = None
+        in_shapes, in_dtypes, in_strides, in_sids = [], [], [], []
+        read = 0
+        for t in _tensors(args, kwargs):
+            if device is None:
+                device = t.device
+            in_shapes.append(t.shape)
+            in_dtypes.append(_dtype_name(t.dtype))
+            in_strides.append(t.stride())
+            in_sids.append(lookup(t.untyped_storage())[0])
+            read += t.numel() * t.element_size()
+
+        if isinstance(out, Tensor):
+            outs = [out]
+        elif isinstance(out, (list, tuple)):
+            outs = [o for o in out if isinstance(o, Tensor)]
+        else:
+            outs = []
+        out_shapes, out_dtypes, out_strides, out_sids = [], [], [], []
+        allocated = written = 0
+        inputs = set(in_sids)
+        for t in outs:
+            if device is None:
+                device = t.device
+            sid, new = lookup(t.untyped_storage())
+            out_shapes.append(t.shape)
+            out_dtypes.append(_dtype_name(t.dtype))
+            out_strides.append(t.stride())
+            out_sids.append(sid)
+            if new:
+                allocated += nbytes[sid]
+            if sid not in inputs:
+                written += t.numel() * t.element_size()
+        targets = info.written(args, kwargs) if info.written_positions else ()
+        for t in targets:
+            written += t.numel() * t.element_size()
+        inplace = bool(targets)
+        is_view = bool(outs) and not inplace and all(s in inputs for s in out_sids)
+
+        rule = info.rule
+        flops = rule.count(args, kwargs, out)
+        causal = rule.causal(args, kwargs) if rule.causal is not None else None
+
+        attr = self._attr
+        phase = attr.phase()
+        if device is None:
+            device_name = ""
+        else:
+            device_name = str(device)
+            if self._device is None:
+                self._first_device(device)
+        freed = self._storages.freed
+        if freed:
+            self._storages.freed = []
+        else:
+            freed = ()
+        self._rows.append(
+            (
+                self._seq, attr.step, info.name, phase, attr.module(phase),
+                in_shapes, in_dtypes, in_strides, out_shapes, out_dtypes, out_strides,
+                device_name, in_sids, out_sids, freed, is_view, inplace,
+                flops, rule.kind, causal,
+                allocated, self._storages.live_bytes, read, written, duration,
+            )
+        )  # fmt: skip
+        self._seq += 1
+        if len(self._rows) >= self.flush_rows:
+            self._flush()
+
+    def _record_failed(self, info, exc):
+        self._errors += 1
+        if self._errors == 1:
+            warnings.warn(f"optrace: could not record {info.name} ({type(exc).__name__}: {exc}); the op ran normally")
+
+    # the rest ----------------------------------------------------------------------
+    def _first_device(self, device):
+        self._device = device
+        self._sync = cuda_sync_for(device.type)
+        self._meta["device"] = device_info(device)
+
+    def _flush(self):
+        rows, self._rows = self._rows, []
+        self._writer.write(rows, self._metadata())
+
+    def _close(self, complete):
+        if self.model is not None:
+            self._scan_gradients(self.model.parameters())
+        self._meta["complete"] = complete
+        self._meta["end_time"] = datetime.datetime.now().isoformat(timespec="seconds")
+        self._closed = True
+        try:
+            self._flush()
+        finally:
+            self._storages.clear()
+
+    def _metadata(self):
+        meta = dict(self._meta)
+        meta["rows"] = self._writer.rows + len(self._rows)
+        meta["record_errors"] = self._errors
+        meta["storage_roles"], self._roles_new = self._roles_new, {key: [] for key in ROLE_KEYS}
+        return meta
+
+    def _add_role(self, role, tensor):
+        try:
+            sid = self._storages.known(tensor.untyped_storage())
+        except Exception:  # tensors without storage (sparse, nested)
+            return
+        if sid is not None and sid not in self._roles_seen:
+            self._roles_seen.add(sid)
+            self._roles_new[role].append(sid)
+
+    def _scan_gradients(self, params):
+        for p in params:
+            if p.grad is not None:
+                self._add_role("gradient", p.grad)
+
+    def _optimizer_start(self, optimizer):
+        self._scan_gradients(p for group in optimizer.param_groups for p in group["params"])
+
+    def _optimizer_end(self, optimizer):
+        for state in optimizer.state.values():
+            for value in state.values():
+                if isinstance(value, Tensor):
+                    self._add_role("optimizer_state", value)
+
+    def _start_metadata(self):
+        meta = {
+            "schema_version": SCHEMA_VERSION,
+            "complete": False,
+            "run_name": self.run_name,
+            "start_time": datetime.datetime.now().isoformat(timespec="seconds"),
+            "torch_version": torch.__version__,
+            "python_version": platform.python_version(),
+            "platform": sys.platform,
+            "tokens": self.tokens,
+            "root_module": type(self.model).__name__ if self.model is not None else None,
+            "device": None,
+        }
+        if self.model is not None:
+            meta.update(self._parameter_metadata(self.model))
+        return meta
+
+    def _parameter_metadata(self, model):
+        embedding = {
+            id(p) for m in model.modules() if isinstance(m, (torch.nn.Embedding, torch.nn.EmbeddingBag))
+            for p in m.parameters(recurse=False)
+        }  # fmt: skip
+        params = {}
+        counts = {"total": 0, "trainable": 0, "embedding": 0}
+        for name, p in model.named_parameters():
+            sid, _ = self._storages.lookup(p.untyped_storage())
+            params[name] = {
+                "storage_id": sid,
+                "numel": p.numel(),
+                "shape": list(p.shape),
+                "dtype": _dtype_name(p.dtype),
+                "trainable": p.requires_grad,
+                "embedding": id(p) in embedding,
+            }
+            counts["total"] += p.numel()
+            counts["trainable"] += p.numel() if p.requires_grad else 0
+            counts["embedding"] += p.numel() if id(p) in embedding else 0
+        for b in model.buffers():
+            self._storages.lookup(b.untyped_storage())
+        return {"params": counts, "parameters": params}

@@ -1,0 +1,115 @@
+"""Trace schema v1: column names, Arrow types and the metadata key.
+
+This module is the contract between `tracer` (which writes traces) and
+`reports` (which reads them). It imports pyarrow only, never torch or pandas.
+
+A trace is a directory of Parquet files (`part-000000.parquet`, ...), one per
+flushed row group, so that every flushed row survives a crash or a kill.
+`pandas.read_parquet(path)` reads the directory as one table. Each part carries
+the run metadata, as JSON, under the key-value metadata key `optrace`; the
+part with the highest number holds the newest copy, and its `complete` field
+is true only when the tracer closed cleanly.
+"""
+
+import pyarrow as pa
+
+SCHEMA_VERSION = 1
+METADATA_KEY = b"optrace"
+PART_GLOB = "part-*.parquet"
+
+
+def part_name(index: int) -> str:
+    return f"part-{index:06d}.parquet"
+
+
+PHASES = ("forward", "backward", "optimizer", "other")
+
+FLOP_KINDS = (
+    "matmul",  # mm, bmm, addmm, baddbmm, mv, dot, _scaled_mm, _int_mm, ...
+    "attention",  # fused scaled-dot-product attention kernels
+    "conv",  # convolution and its backward
+    "elementwise",  # one FLOP per output element
+    "reduction",  # one FLOP per input element
+    "norm",  # layer norm, RMS norm, batch norm, group norm
+    "softmax",  # softmax, log_softmax and their backward
+    "foreach",  # the optimizer's _foreach_* ops
+    "none",  # views, copies, fills, allocation, random numbers: no arithmetic
+    "unknown",  # no formula registered: counted as 0
+)
+
+_shape_list = pa.list_(pa.list_(pa.int64()))
+_str = pa.dictionary(pa.int32(), pa.string())
+
+# (name, type, meaning): the README's schema table is written from this list.
+COLUMNS = (
+    ("seq", pa.int64(), "op index in the trace, from 0"),
+    ("step", pa.int64(), "training step: advances when an optimizer step ends or on Tracer.step()"),
+    ("op", _str, "aten overload, e.g. aten.mm.default"),
+    ("phase", _str, "forward | backward | optimizer | other"),
+    ("module", _str, "dotted path of the innermost module ('' outside any module)"),
+    ("input_shapes", _shape_list, "shape of every tensor input, in argument order"),
+    ("input_dtypes", pa.list_(_str), "dtype of every tensor input"),
+    ("input_strides", _shape_list, "strides of every tensor input, in elements"),
+    ("output_shapes", _shape_list, "shape of every tensor output"),
+    ("output_dtypes", pa.list_(_str), "dtype of every tensor output"),
+    ("output_strides", _shape_list, "strides of every tensor output, in elements"),
+    ("device", _str, "device of the first tensor argument, e.g. cpu, cuda:0, meta"),
+    ("input_storage_ids", pa.list_(pa.int64()), "storage id of every tensor input"),
+    ("output_storage_ids", pa.list_(pa.int64()), "storage id of every tensor output"),
+    ("freed_storage_ids", pa.list_(pa.int64()), "storages freed since the previous op (their last use came before this op)"),
+    ("is_view", pa.bool_(), "every output shares an input's storage and nothing is written: no new memory"),
+    ("inplace", pa.bool_(), "the op writes into one of its inputs"),
+    ("flops", pa.int64(), "analytic FLOPs, 2 per multiply-add"),
+    ("flop_kind", _str, "which formula counted the FLOPs (see FLOP_KINDS)"),
+    ("causal", pa.bool_(), "for attention kernels: was the mask causal (null for other ops)"),
+    ("bytes_allocated", pa.int64(), "bytes of the storages this op created (0 for views)"),
+    ("live_bytes", pa.int64(), "bytes of all live storages the tracer has seen, after the op"),
+    ("bytes_read", pa.int64(), "bytes of the tensor inputs (numel x element size)"),
+    ("bytes_written", pa.int64(), "bytes of the tensor outputs that are not views"),
+    ("duration_ns", pa.int64(), "wall time of the op (synchronised on CUDA)"),
+)
+
+COLUMN_NAMES = tuple(name for name, _, _ in COLUMNS)
+ARROW_SCHEMA = pa.schema([pa.field(name, typ) for name, typ, _ in COLUMNS])
+
+# Metadata fields (JSON under METADATA_KEY):
+#   schema_version, complete, run_name, start_time, end_time, torch_version,
+#   python_version, device {type, name, ...properties}, tokens, root_module,
+#   params {total, trainable, embedding}, parameters {name: {storage_id,
+#   numel, dtype, shape, trainable, embedding}}, storage_roles {gradient: [ids],
+#   optimizer_state: [ids]} (each part holds the roles learned since the part
+#   before it; read_metadata merges them), rows, step_time (untraced step
+#   timing, when measured), error (the exception that ended the traced block).
+
+ROLE_KEYS = ("gradient", "optimizer_state")
+
+
+def part_paths(path):
+    """The part files of a trace directory, in write order."""
+    import glob
+    import os
+
+    return sorted(glob.glob(os.path.join(os.fspath(path), PART_GLOB)))
+
+
+def read_metadata(path) -> dict:
+    """The run metadata of a trace: the newest part's copy, with the storage
+    roles (which each part records only as deltas) merged over all parts.
+
+    Returns {} when the trace has no part with optrace metadata."""
+    import json
+
+    import pyarrow.parquet as pq
+
+    meta = {}
+    roles = {key: [] for key in ROLE_KEYS}
+    for part in part_paths(path):
+        raw = (pq.read_schema(part).metadata or {}).get(METADATA_KEY)
+        if raw is None:
+            continue
+        meta = json.loads(raw)
+        for key, ids in meta.get("storage_roles", {}).items():
+            roles.setdefault(key, []).extend(ids)
+    if meta:
+        meta["storage_roles"] = roles
+    return meta

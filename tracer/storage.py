@@ -1,0 +1,60 @@
+"""Storage identity and lifetime.
+
+Each storage the tracer sees gets a small integer id, never reused within a
+trace. Identity comes from the `UntypedStorage` object (its `_cdata` pointer,
+which PyTorch keeps tied to one Python object for the storage's whole life), so
+it works on real, meta and fake tensors alike; `data_ptr()` would not (meta and
+fake storages have no data, and CUDA caching allocators reuse addresses).
+
+A weak reference with a callback on the storage object tells us when the
+storage is freed, which keeps `live_bytes` honest without keeping anything
+alive.
+"""
+
+import weakref
+
+
+class StorageTable:
+    """Ids, sizes and live bytes of every storage seen in one trace."""
+
+    def __init__(self):
+        self._by_cdata = {}  # storage._cdata -> id, for live storages only
+        self._refs = {}  # id -> weakref to the storage (its callback frees it)
+        self.nbytes = {}  # id -> size in bytes (kept after the free, for reports)
+        self.live_bytes = 0
+        self.freed = []  # ids freed since the dispatch hook last took this list
+        self._next_id = 0
+
+    def lookup(self, storage):
+        """Return (id, is_new). A new storage is counted as live from now on."""
+        key = storage._cdata
+        sid = self._by_cdata.get(key)
+        if sid is not None:
+            return sid, False
+        sid = self._next_id
+        self._next_id += 1
+        size = storage.nbytes()
+        self._by_cdata[key] = sid
+        self.nbytes[sid] = size
+        self.live_bytes += size
+        self._refs[sid] = weakref.ref(storage, self._on_free(key, sid, size))
+        return sid, True
+
+    def known(self, storage):
+        """The id of a storage already seen, or None; never registers it."""
+        return self._by_cdata.get(storage._cdata)
+
+    def _on_free(self, key, sid, size):
+        def free(_ref):
+            if self._by_cdata.get(key) == sid:
+                del self._by_cdata[key]
+                self.live_bytes -= size
+                self.freed.append(sid)
+            self._refs.pop(sid, None)
+
+        return free
+
+    def clear(self):
+        """Forget every storage; later frees no longer call back."""
+        self._by_cdata.clear()
+        self._refs.clear()
