@@ -3,7 +3,7 @@
 Imports are lazy so that `reports` can read the trace schema without loading torch.
 """
 
-__all__ = ["Tracer", "TraceError", "register_flop_formula", "read_metadata", "time_step"]
+__all__ = ["Tracer", "TraceError", "matmul_ceiling", "read_metadata", "register_flop_formula", "time_matmul", "time_step"]
 
 _HOME = {
     "Tracer": "tracer.mode",
@@ -11,6 +11,8 @@ _HOME = {
     "register_flop_formula": "tracer.flops",
     "read_metadata": "tracer.schema",
     "time_step": "tracer.device",
+    "time_matmul": "tracer.device",
+    "matmul_ceiling": "tracer.device",
 }
 
 

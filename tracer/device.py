@@ -100,3 +100,38 @@ def _tracing_active():
     from tracer import mode
 
     return mode.Tracer._active is not None
+
+
+def time_matmul(a, b, *, trials=5):
+    """Seconds for one `a @ b`: the mean of `trials` runs after one warm-up, synchronised on CUDA."""
+    sync = cuda_sync_for(a.device.type)
+    a @ b
+    if sync:
+        sync()
+    start = time.perf_counter()
+    for _ in range(trials):
+        a @ b
+    if sync:
+        sync()
+    return (time.perf_counter() - start) / trials
+
+
+def matmul_ceiling(device="cpu", dtype=torch.float32, n=2048, trials=5):
+    """The achievable matmul FLOP/s of a device: an n x n @ n x n matmul, timed.
+
+    Returns a JSON-ready dict {dtype, n, seconds, flops_per_s} for `Tracer.set_ceiling`."""
+    if not isinstance(n, int) or isinstance(n, bool) or n <= 0:
+        raise TraceError(f"matmul_ceiling: n must be a positive int, got {n!r}")
+    if not isinstance(dtype, torch.dtype):
+        raise TraceError(f"matmul_ceiling: dtype must be a torch.dtype, got {dtype!r}")
+    device = torch.device(device)
+    a = torch.randn(n, n, device=device).to(dtype)
+    b = torch.randn(n, n, device=device).to(dtype)
+    seconds = time_matmul(a, b, trials=trials)
+    return {
+        "dtype": str(dtype).removeprefix("torch."),
+        "n": n,
+        "seconds": seconds,
+        "flops_per_s": 2 * n**3 / seconds,  # 2 * n * n * n FLOPs per n x n @ n x n
+        "device": device_info(device),
+    }

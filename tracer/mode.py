@@ -217,6 +217,16 @@ class Tracer:
         if self._closed:
             self._writer.write([], self._metadata())
 
+    def set_ceiling(self, ceiling):
+        """Record the achievable matmul FLOP/s (the dict `matmul_ceiling` returns) for "of achievable" MFU."""
+        if not isinstance(ceiling, dict) or not isinstance(ceiling.get("flops_per_s"), float):
+            raise TraceError(f"set_ceiling: expected the dict matmul_ceiling returns, got {ceiling!r}")
+        if self._writer is None:
+            raise TraceError("set_ceiling: the Tracer has not been entered yet")
+        self._meta["ceiling"] = ceiling
+        if self._closed:
+            self._writer.write([], self._metadata())
+
     # the hot path ------------------------------------------------------------------
     def _record(self, info, args, kwargs, out, duration):
         lookup = self._storages.lookup

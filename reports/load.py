@@ -1,0 +1,89 @@
+"""Read one or several optrace traces into one pandas DataFrame."""
+
+import os
+import warnings
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from reports.errors import ReportError
+from tracer.schema import COLUMN_NAMES, SCHEMA_VERSION, part_paths, read_metadata
+
+
+def read_run(path):
+    """Check that `path` is an optrace trace and return its metadata, or raise ReportError."""
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        raise ReportError(f"{path}: no such file or directory")
+    if not os.path.isdir(path):
+        raise ReportError(f"{path}: not an optrace trace (a trace is a directory of part-*.parquet files)")
+    if not part_paths(path):
+        raise ReportError(f"{path}: not an optrace trace (no part-*.parquet files in it)")
+    try:
+        meta = read_metadata(path)
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise ReportError(f"{path}: not a readable Parquet trace ({exc})") from None
+    if not meta:
+        raise ReportError(f"{path}: Parquet without optrace metadata (was it written by optrace?)")
+    version = meta.get("schema_version")
+    if not isinstance(version, int) or version > SCHEMA_VERSION:
+        raise ReportError(
+            f"{path}: trace schema version {version!r} is newer than this optrace reads ({SCHEMA_VERSION}); upgrade optrace"
+        )
+    return meta
+
+
+def load(paths, columns=None):
+    """One trace, or several, as one DataFrame with a `run` column.
+
+    `paths`: a path or a list of paths. `columns`: read only these columns (all by default).
+    The run metadata is in `df.attrs["runs"]` ({run name: metadata dict}, in the given
+    order); an incomplete trace (cut short) loads with a warning."""
+    if isinstance(paths, (str, os.PathLike)):
+        paths = [paths]
+    if not paths:
+        raise ReportError("load: expected at least one trace path, got none")
+    if columns is not None:
+        unknown = sorted(set(columns) - set(COLUMN_NAMES))
+        if unknown:
+            raise ReportError(f"load: unknown column(s) {unknown}; trace columns are {list(COLUMN_NAMES)}")
+    frames, runs = [], {}
+    for path in paths:
+        meta = read_run(path)
+        name = meta.get("run_name") or os.path.basename(os.fspath(path))
+        base, n = name, 2
+        while name in runs:  # two runs with one name: keep both
+            name, n = f"{base}#{n}", n + 1
+        if not meta.get("complete"):
+            warnings.warn(f"{path}: trace is incomplete (cut short); reporting the {meta.get('rows', '?')} rows it has")
+        try:
+            table = pq.read_table(path, columns=list(columns) if columns is not None else None)
+        except (pa.ArrowInvalid, OSError) as exc:
+            raise ReportError(f"{path}: not a readable Parquet trace ({exc})") from None
+        missing = sorted(set(columns or COLUMN_NAMES) - set(table.column_names))
+        if missing:
+            raise ReportError(f"{path}: trace lacks column(s) {missing}")
+        frame = table.to_pandas()
+        frame.insert(0, "run", name)
+        frames.append(frame)
+        runs[name] = meta
+    df = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
+    df["run"] = pd.Categorical(df["run"], categories=list(runs))
+    df.attrs["runs"] = runs
+    return df
+
+
+def runs_of(df):
+    """The {run name: metadata} of a loaded trace, or raise ReportError if it was not made by `load`."""
+    runs = df.attrs.get("runs")
+    if not runs:
+        raise ReportError("expected a DataFrame returned by reports.load (its attrs['runs'] holds the run metadata)")
+    return runs
+
+
+def require(df, columns, what):
+    """Raise ReportError naming the columns `what` needs and `df` lacks."""
+    missing = [c for c in columns if c not in df.columns]
+    if missing:
+        raise ReportError(f"{what}: the trace lacks column(s) {missing}; load it with them")
