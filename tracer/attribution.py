@@ -33,6 +33,16 @@ from torch.autograd.graph import register_multi_grad_hook
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 
 
+def _on_grads_ready(tensors, fn):
+    """Call fn once all of `tensors`' gradients are computed; a handle to remove the hook.
+
+    One tensor takes a plain tensor hook: unlike a multi-grad hook it also fires
+    on the tensor backward() starts from (a module that returns the loss)."""
+    if len(tensors) == 1:
+        return tensors[0].register_hook(lambda grad: fn(None))
+    return register_multi_grad_hook(tensors, fn)
+
+
 def _grad_tensors(obj):
     """Tensors that require grad in a module's inputs or outputs (one level of nesting)."""
     if isinstance(obj, torch.Tensor):
@@ -131,7 +141,7 @@ class Attribution:
         if torch.is_grad_enabled():
             tensors = _grad_tensors(args)
             if tensors:
-                self._grad_handles.append(register_multi_grad_hook(tensors, self._backward_exit(name)))
+                self._grad_handles.append(_on_grads_ready(tensors, self._backward_exit(name)))
 
     def _forward_post(self, module, args, output):
         name = self.name_of(module)
@@ -142,7 +152,7 @@ class Attribution:
         if torch.is_grad_enabled():
             tensors = _grad_tensors(output)
             if tensors:
-                self._grad_handles.append(register_multi_grad_hook(tensors, self._backward_enter(name)))
+                self._grad_handles.append(_on_grads_ready(tensors, self._backward_enter(name)))
 
     def _is_ancestor(self, outer, inner):
         return inner.startswith(outer + ".") or (outer == self.root_name and inner != outer)

@@ -13,7 +13,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from tracer.attribution import Attribution
 from tracer.device import cuda_sync_for, device_info
 from tracer.errors import TraceError
-from tracer.flops import METADATA_OPS, flop_rule
+from tracer.flops import METADATA_OPS, _registry, flop_rule
 from tracer.schema import ROLE_KEYS, SCHEMA_VERSION
 from tracer.storage import StorageTable
 from tracer.writer import PartWriter, prepare_directory
@@ -55,11 +55,15 @@ def _passthrough(func):
 class _OpInfo:
     """Facts about one op overload, computed once per trace."""
 
-    __slots__ = ("name", "rule", "written_positions", "written_names")
+    __slots__ = ("name", "rule", "decompose", "written_positions", "written_names")
 
     def __init__(self, func):
         self.name = str(func)
         self.rule = flop_rule(func)
+        # Composite ops (linear, matmul, einsum) normally decompose before they reach
+        # us; under inference_mode they arrive whole. Decompose them here, as training
+        # would, so their FLOPs are counted once, through mm/bmm/addmm.
+        self.decompose = func._can_decompose() and func.overloadpacket not in _registry
         written = [
             (i, a.name)
             for i, a in enumerate(func._schema.arguments)
@@ -95,6 +99,11 @@ class _TraceMode(TorchDispatchMode):
             info = self._ops[func] = None if _passthrough(func) else _OpInfo(func)
         if info is None:
             return func(*args, **kwargs)
+        if info.decompose:
+            with self:
+                out = func.decompose(*args, **kwargs)
+            if out is not NotImplemented:
+                return out
         tracer = self._tracer
         sync = tracer._sync
         if sync is not None:
@@ -312,8 +321,9 @@ class Tracer:
         self._meta["device"] = device_info(device)
 
     def _flush(self):
+        meta = self._metadata()
         rows, self._rows = self._rows, []
-        self._writer.write(rows, self._metadata())
+        self._writer.write(rows, meta)
 
     def _close(self, complete):
         if self.model is not None:

@@ -29,6 +29,14 @@ def prepare_directory(path):
         raise TraceError(f"cannot write trace {path!r}: directory {parent!r} does not exist (create it first)")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise TraceError(f"cannot write trace {path!r}: directory {parent!r} is not writable")
+    try:
+        _clear_or_create(path)
+    except OSError as exc:
+        raise TraceError(f"cannot write trace {path!r}: {exc.strerror or exc}") from None
+    return path
+
+
+def _clear_or_create(path):
     if os.path.isdir(path):
         import fnmatch
 
@@ -45,7 +53,6 @@ def prepare_directory(path):
         raise TraceError(f"cannot write trace {path!r}: a file of that name exists; a trace is a directory of parts")
     else:
         os.mkdir(path)
-    return path
 
 
 class PartWriter:
