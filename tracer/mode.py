@@ -13,7 +13,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from tracer.attribution import Attribution
 from tracer.device import cuda_sync_for, device_info
 from tracer.errors import TraceError
-from tracer.flops import METADATA_OPS, _registry, flop_rule
+from tracer.flops import METADATA_OPS, flop_rule, has_formula
 from tracer.schema import ROLE_KEYS, SCHEMA_VERSION
 from tracer.storage import StorageTable
 from tracer.writer import PartWriter, prepare_directory
@@ -63,7 +63,7 @@ class _OpInfo:
         # Composite ops (linear, matmul, einsum) normally decompose before they reach
         # us; under inference_mode they arrive whole. Decompose them here, as training
         # would, so their FLOPs are counted once, through mm/bmm/addmm.
-        self.decompose = func._can_decompose() and func.overloadpacket not in _registry
+        self.decompose = func._can_decompose() and not has_formula(func)
         written = [
             (i, a.name)
             for i, a in enumerate(func._schema.arguments)
