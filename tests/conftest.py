@@ -1,0 +1,20 @@
+"""Shared test set-up: import `tracer` from this checkout and the example scripts by name."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "examples"
+
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))  # the checkout's tracer/ and reports/, even when not pip-installed
+if str(EXAMPLES) not in sys.path:
+    sys.path.append(str(EXAMPLES))  # `import gpt`, `import linear`, `import tensors`
+
+
+@pytest.fixture(scope="session")
+def examples_dir():
+    """The examples/ directory, for running the example scripts as subprocesses."""
+    return EXAMPLES

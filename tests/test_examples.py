@@ -1,0 +1,176 @@
+"""The lecture's facts, asserted on traces of the example scripts, with the arithmetic."""
+
+import subprocess
+import sys
+
+import gpt
+import linear
+import pytest
+import tensors
+
+B, D, K = 1024, 256, 64  # the lecture's linear model: x [B, D] @ w [D, K]
+
+
+def as_lists(column):
+    """A list column of the trace as plain Python lists of ints."""
+    return [[[int(n) for n in inner] for inner in outer] for outer in column]
+
+
+# ------------------------------------------------------------------ linear model
+@pytest.fixture(scope="module")
+def linear_df(tmp_path_factory):
+    return linear.trace_linear(tmp_path_factory.mktemp("linear") / "linear.parquet")
+
+
+def test_linear_forward_is_2BDK(linear_df):
+    mm = linear_df[(linear_df["flop_kind"] == "matmul") & (linear_df["phase"] == "forward")]
+    assert mm["op"].tolist() == ["aten.mm.default"]
+    assert as_lists(mm["input_shapes"]) == [[[1024, 256], [256, 64]]]
+    assert mm["flops"].tolist() == [33554432]  # 2 * 1024 * 256 * 64
+    assert mm["bytes_allocated"].tolist() == [262144]  # y is 1024 * 64 float32: 1024 * 64 * 4
+
+
+def test_linear_backward_is_2BDK_when_x_needs_no_gradient(linear_df):
+    mm = linear_df[(linear_df["flop_kind"] == "matmul") & (linear_df["phase"] == "backward")]
+    # only dL/dw = x^T @ dL/dy: [256, 1024] @ [1024, 64] -> [256, 64]; dL/dx is never computed
+    assert as_lists(mm["input_shapes"]) == [[[256, 1024], [1024, 64]]]
+    assert as_lists(mm["output_shapes"]) == [[[256, 64]]]
+    assert mm["flops"].tolist() == [33554432]  # 2 * 1024 * 256 * 64, not 4 * B * D * K
+
+
+def test_linear_backward_is_4BDK_when_x_needs_a_gradient(tmp_path):
+    df = linear.trace_linear(tmp_path / "xgrad.parquet", x_requires_grad=True)
+    mm = df[(df["flop_kind"] == "matmul") & (df["phase"] == "backward")]
+    # dL/dw = x^T @ dL/dy -> [256, 64] and dL/dx = dL/dy @ w^T -> [1024, 256]
+    assert sorted(map(tuple, (s[0] for s in as_lists(mm["output_shapes"])))) == [(256, 64), (1024, 256)]
+    assert mm["flops"].tolist() == [33554432, 33554432]
+    assert mm["flops"].sum() == 67108864  # 4 * 1024 * 256 * 64
+
+
+# ------------------------------------------------------------------ tensor storage
+@pytest.fixture(scope="module")
+def tensors_df(tmp_path_factory):
+    return tensors.trace_tensors(tmp_path_factory.mktemp("tensors") / "tensors.parquet")
+
+
+def line(df, name):
+    rows = df[df["module"] == name]
+    assert len(rows), f"no row for line {name!r}"
+    return rows
+
+
+@pytest.mark.parametrize(
+    "name, dtype, nbytes",
+    [
+        ("zeros_float32", "float32", 128),  # 4 * 8 * 4
+        ("zeros_float16", "float16", 64),  # 4 * 8 * 2
+        ("zeros_bfloat16", "bfloat16", 64),  # 4 * 8 * 2
+        ("zeros_float8_e4m3fn", "float8_e4m3fn", 32),  # 4 * 8 * 1
+        ("zeros_float8_e5m2", "float8_e5m2", 32),  # 4 * 8 * 1
+    ],
+)
+def test_bytes_per_element(tensors_df, name, dtype, nbytes):
+    row = line(tensors_df, name)
+    assert row["op"].tolist() == ["aten.zeros.default"]
+    assert [list(d) for d in row["output_dtypes"]] == [[dtype]]
+    assert row["bytes_allocated"].tolist() == [nbytes]
+    assert row["bytes_written"].tolist() == [nbytes]
+
+
+def x_storage(df):
+    """The storage id of x = [[1, 2, 3], [4, 5, 6]], the input of every non-zeros line."""
+    ids = {int(i) for ids in df.loc[~df["module"].str.startswith("zeros"), "input_storage_ids"] for i in ids[:1]}
+    assert len(ids) == 1
+    return ids.pop()
+
+
+@pytest.mark.parametrize(
+    "name, op, shape, stride",
+    [
+        ("row", "aten.select.int", [3], [1]),  # x[0]: the first 3 elements
+        ("column", "aten.select.int", [2], [3]),  # x[:, 1]: every 3rd element from offset 1
+        ("view", "aten.view.default", [3, 2], [2, 1]),  # x.view(3, 2)
+        ("transpose", "aten.t.default", [3, 2], [1, 3]),  # x.t(): strides swapped, not contiguous
+    ],
+)
+def test_views_share_storage_and_allocate_nothing(tensors_df, name, op, shape, stride):
+    row = line(tensors_df, name)
+    sid = x_storage(tensors_df)
+    assert row["op"].tolist() == [op]
+    assert row["is_view"].tolist() == [True]
+    assert [list(ids) for ids in row["input_storage_ids"]] == [[sid]]
+    assert [list(ids) for ids in row["output_storage_ids"]] == [[sid]]  # same storage as x
+    assert as_lists(row["output_shapes"]) == [[shape]]
+    assert as_lists(row["output_strides"]) == [[stride]]
+    assert row["bytes_allocated"].tolist() == [0]
+    assert row["bytes_written"].tolist() == [0]
+
+
+def test_contiguous_copies(tensors_df):
+    rows = line(tensors_df, "contiguous")
+    sid = x_storage(tensors_df)
+    # x.t() is a view; .contiguous() on it copies into a new storage with row-major strides
+    assert rows["op"].tolist() == ["aten.t.default", "aten.clone.default"]
+    assert rows["is_view"].tolist() == [True, False]
+    assert rows["bytes_allocated"].tolist() == [0, 24]  # 3 * 2 * 4
+    copy = rows.iloc[1]
+    assert list(copy["input_storage_ids"]) == [sid]
+    assert list(copy["output_storage_ids"]) != [sid]
+    assert as_lists([copy["output_strides"]]) == [[[2, 1]]]
+
+
+@pytest.mark.parametrize(
+    "name, op",
+    [
+        ("pow", "aten.pow.Tensor_Scalar"),
+        ("sqrt", "aten.sqrt.default"),
+        ("add", "aten.add.Tensor"),
+        ("triu", "aten.triu.default"),
+    ],
+)
+def test_elementwise_ops_allocate(tensors_df, name, op):
+    row = line(tensors_df, name)
+    sid = x_storage(tensors_df)
+    assert row["op"].tolist() == [op]
+    assert row["is_view"].tolist() == [False]
+    assert sid not in {int(i) for ids in row["output_storage_ids"] for i in ids}
+    assert row["bytes_allocated"].tolist() == [24]  # 2 * 3 * 4
+
+
+def test_every_allocation_has_its_own_storage(tensors_df):
+    allocating = tensors_df[tensors_df["bytes_allocated"] > 0]
+    sids = [int(ids[0]) for ids in allocating["output_storage_ids"]]
+    assert len(sids) == len(set(sids)) == 10  # 5 zeros, 1 copy, 4 elementwise
+    # every output is kept alive, so the live bytes at the end are all of them, plus x
+    # (made before the trace, seen from its first use): zeros 128 + 64 + 64 + 32 + 32,
+    # x 24, the copy and 4 elementwise results 5 * 24: 320 + 24 + 120 = 464
+    assert tensors_df["bytes_allocated"].sum() == 440  # 320 + 120
+    assert tensors_df["live_bytes"].iloc[-1] == 464
+
+
+# ------------------------------------------------------------------ the scripts themselves
+@pytest.mark.parametrize(
+    "script, expected",
+    [
+        ("linear.py", ["33,554,432", "67,108,864", "2 * B*D*K", "4 * B*D*K"]),
+        ("tensors.py", ["zeros_float8_e5m2", "aten.clone.default", "128 B in float32"]),
+        ("gpt.py", ["over 3 step(s)", "2NT", "4NT", "6NT", "Top ops by FLOPs", "Peak live bytes"]),
+    ],
+)
+def test_example_script_runs(examples_dir, tmp_path, script, expected):
+    """`python examples/<script>` as `make demo` runs it: default arguments, runs/ not there yet."""
+    done = subprocess.run(
+        [sys.executable, str(examples_dir / script)], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    for text in expected:
+        assert text in done.stdout, f"{text!r} not in the output of {script}:\n{done.stdout}"
+    assert (tmp_path / "runs" / script.replace(".py", ".parquet")).is_dir()
+
+
+def test_gpt_main_sdpa_bf16(tmp_path, capsys):
+    gpt.main(["--out", str(tmp_path / "gpt.parquet"), "--steps", "1", "--attention", "sdpa", "--dtype", "bf16"])
+    out = capsys.readouterr().out
+    assert "over 1 step(s)" in out
+    assert "aten._scaled_dot_product_flash_attention_for_cpu" in out
+    assert "131,072 in matmuls (N)" in out  # 2 * 12 * 64 * 64 + 512 * 64: the weights' bf16 copies count
