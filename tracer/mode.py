@@ -16,10 +16,12 @@ from tracer.errors import TraceError
 from tracer.flops import METADATA_OPS, flop_rule, has_formula
 from tracer.schema import ROLE_KEYS, SCHEMA_VERSION
 from tracer.storage import StorageTable
-from tracer.writer import PartWriter, prepare_directory
+from tracer.schema import PHASES
+from tracer.writer import PartWriter, RowBuffer, prepare_directory
 
 Tensor = torch.Tensor
 _perf_ns = time.perf_counter_ns
+_PHASE_IDS = {name: i for i, name in enumerate(PHASES)}
 _DTYPE_NAMES = {}
 
 
@@ -55,11 +57,13 @@ def _passthrough(func):
 class _OpInfo:
     """Facts about one op overload, computed once per trace."""
 
-    __slots__ = ("name", "rule", "decompose", "written_positions", "written_names")
+    __slots__ = ("name", "name_id", "rule", "kind_id", "decompose", "written_positions", "written_names")
 
-    def __init__(self, func):
+    def __init__(self, func, names):
         self.name = str(func)
+        self.name_id = names["op"].id(self.name)
         self.rule = flop_rule(func)
+        self.kind_id = names["kind"].id(self.rule.kind)
         # Composite ops (linear, matmul, einsum) normally decompose before they reach
         # us; under inference_mode they arrive whole. Decompose them here, as training
         # would, so their FLOPs are counted once, through mm/bmm/addmm.
@@ -96,7 +100,7 @@ class _TraceMode(TorchDispatchMode):
         kwargs = kwargs or {}
         info = self._ops.get(func)
         if info is None:
-            info = self._ops[func] = None if _passthrough(func) else _OpInfo(func)
+            info = self._ops[func] = None if _passthrough(func) else _OpInfo(func, self._tracer._writer.names)
         if info is None:
             return func(*args, **kwargs)
         if info.decompose:
@@ -170,7 +174,10 @@ class Tracer:
             raise TraceError(f"this Tracer (writing {self.path!r}) was already used; create a new one")
         self._writer = PartWriter(prepare_directory(self.path))
         self._storages = StorageTable()
-        self._rows = []
+        self._rows = RowBuffer()
+        self._dtype_ids = {}  # torch.dtype -> (dtype name id, itemsize)
+        self._device_ids = {}  # torch.device -> device name id
+        self._module_ids = self._writer.names["module"]
         self._seq = 0
         self._errors = 0
         self._device = None
@@ -224,7 +231,7 @@ class Tracer:
             raise TraceError("set_step_time: the Tracer has not been entered yet")
         self._meta["step_time"] = timing
         if self._closed:
-            self._writer.write([], self._metadata())
+            self._writer.write(RowBuffer(), self._metadata())
 
     def set_ceiling(self, ceiling):
         """Record the achievable matmul FLOP/s (the dict `matmul_ceiling` returns) for "of achievable" MFU."""
@@ -234,80 +241,130 @@ class Tracer:
             raise TraceError("set_ceiling: the Tracer has not been entered yet")
         self._meta["ceiling"] = ceiling
         if self._closed:
-            self._writer.write([], self._metadata())
+            self._writer.write(RowBuffer(), self._metadata())
 
     # the hot path ------------------------------------------------------------------
     def _record(self, info, args, kwargs, out, duration):
-        lookup = self._storages.lookup
-        nbytes = self._storages.nbytes
+        rows = self._rows
+        storages = self._storages
+        known = storages._by_cdata.get
+        register = storages.register
+        dtype_id = self._dtype_ids.get
         device = None
-        in_shapes, in_dtypes, in_strides, in_sids = [], [], [], []
-        read = 0
-        for t in _tensors(args, kwargs):
-            if device is None:
-                device = t.device
-            in_shapes.append(t.shape)
-            in_dtypes.append(_dtype_name(t.dtype))
-            in_strides.append(t.stride())
-            in_sids.append(lookup(t.untyped_storage())[0])
-            read += t.numel() * t.element_size()
+        read = written = 0
+        inputs = set()
 
-        if isinstance(out, Tensor):
-            outs = [out]
-        elif isinstance(out, (list, tuple)):
-            outs = [o for o in out if isinstance(o, Tensor)]
-        else:
-            outs = []
-        out_shapes, out_dtypes, out_strides, out_sids = [], [], [], []
-        allocated = written = 0
-        inputs = set(in_sids)
-        for t in outs:
-            if device is None:
-                device = t.device
-            sid, new = lookup(t.untyped_storage())
-            out_shapes.append(t.shape)
-            out_dtypes.append(_dtype_name(t.dtype))
-            out_strides.append(t.stride())
-            out_sids.append(sid)
-            if new:
-                allocated += nbytes[sid]
-            if sid not in inputs:
+        buf = rows.inputs
+        mark_in = buf.mark()
+        mark_out = rows.outputs.mark()
+        try:
+            n_in = 0
+            for t in _tensors(args, kwargs):
+                shape = t.shape
+                buf.ndim.append(len(shape))
+                buf.dims.extend(shape)
+                buf.strides.extend(t.stride())
+                dt = dtype_id(t.dtype) or self._new_dtype(t.dtype)
+                buf.dtype.append(dt[0])
+                st = t.untyped_storage()
+                sid = known(st._cdata)
+                if sid is None:
+                    sid = register(st)
+                buf.sid.append(sid)
+                inputs.add(sid)
+                read += t.numel() * dt[1]
+                n_in += 1
+                if device is None:
+                    device = t.device
+
+            if isinstance(out, Tensor):
+                outs = (out,)
+            elif isinstance(out, (list, tuple)):
+                outs = [o for o in out if isinstance(o, Tensor)]
+            else:
+                outs = ()
+            buf = rows.outputs
+            first_new = storages.next_id  # storages first seen from here on were made by this op
+            aliased = 0
+            for t in outs:
+                shape = t.shape
+                buf.ndim.append(len(shape))
+                buf.dims.extend(shape)
+                buf.strides.extend(t.stride())
+                dt = dtype_id(t.dtype) or self._new_dtype(t.dtype)
+                buf.dtype.append(dt[0])
+                st = t.untyped_storage()
+                sid = known(st._cdata)
+                if sid is None:
+                    sid = register(st)
+                buf.sid.append(sid)
+                if sid in inputs:
+                    aliased += 1
+                else:
+                    written += t.numel() * dt[1]
+                if device is None:
+                    device = t.device
+
+            targets = info.written(args, kwargs) if info.written_positions else ()
+            for t in targets:
                 written += t.numel() * t.element_size()
-        targets = info.written(args, kwargs) if info.written_positions else ()
-        for t in targets:
-            written += t.numel() * t.element_size()
-        inplace = bool(targets)
-        is_view = bool(outs) and not inplace and all(s in inputs for s in out_sids)
+            rule = info.rule
+            flops = rule.count(args, kwargs, out)
+            causal = -1 if rule.causal is None else int(bool(rule.causal(args, kwargs)))
+            phase = self._attr.phase()
+            module = self._module_ids.id(self._attr.module(phase))
+            device_id = self._device_ids.get(device)
+            if device_id is None:
+                device_id = self._new_device(device)
+        except BaseException:
+            rows.inputs.rollback(mark_in)
+            rows.outputs.rollback(mark_out)
+            raise
 
-        rule = info.rule
-        flops = rule.count(args, kwargs, out)
-        causal = rule.causal(args, kwargs) if rule.causal is not None else None
-
-        attr = self._attr
-        phase = attr.phase()
-        if device is None:
-            device_name = ""
+        # from here on nothing can fail: one row, appended column by column
+        rows.inputs.count.append(n_in)
+        rows.outputs.count.append(len(outs))
+        allocated = sum(storages.nbytes[s] for s in range(first_new, storages.next_id)) if storages.next_id > first_new else 0
+        is_view = bool(outs) and aliased == len(outs) and not targets
+        freed = storages.freed
+        if freed:
+            rows.freed.extend(freed)
+            rows.freed_count.append(len(freed))
+            freed.clear()
         else:
-            device_name = str(device)
+            rows.freed_count.append(0)
+        rows.seq.append(self._seq)
+        rows.step.append(self._attr.step)
+        rows.op.append(info.name_id)
+        rows.phase.append(_PHASE_IDS[phase])
+        rows.module.append(module)
+        rows.device.append(device_id)
+        rows.flags.append(is_view | (bool(targets) << 1))
+        rows.flops.append(flops)
+        rows.kind.append(info.kind_id)
+        rows.causal.append(causal)
+        rows.bytes_allocated.append(allocated)
+        rows.live_bytes.append(storages.live_bytes)
+        rows.bytes_read.append(read)
+        rows.bytes_written.append(written)
+        rows.duration_ns.append(duration)
+        self._seq += 1
+        if len(rows.seq) >= self.flush_rows:
+            self._flush()
+
+    def _new_dtype(self, dtype):
+        entry = self._dtype_ids[dtype] = (self._writer.names["dtype"].id(_dtype_name(dtype)), dtype.itemsize)
+        return entry
+
+    def _new_device(self, device):
+        if device is None:
+            name = ""
+        else:
+            name = str(device)
             if self._device is None:
                 self._first_device(device)
-        freed = self._storages.freed
-        if freed:
-            self._storages.freed = []
-        else:
-            freed = ()
-        self._rows.append(
-            (
-                self._seq, attr.step, info.name, phase, attr.module(phase),
-                in_shapes, in_dtypes, in_strides, out_shapes, out_dtypes, out_strides,
-                device_name, in_sids, out_sids, freed, is_view, inplace,
-                flops, rule.kind, causal,
-                allocated, self._storages.live_bytes, read, written, duration,
-            )
-        )  # fmt: skip
-        self._seq += 1
-        if len(self._rows) >= self.flush_rows:
-            self._flush()
+        device_id = self._device_ids[device] = self._writer.names["device"].id(name)
+        return device_id
 
     def _record_failed(self, info, exc):
         self._errors += 1
@@ -322,7 +379,7 @@ class Tracer:
 
     def _flush(self):
         meta = self._metadata()
-        rows, self._rows = self._rows, []
+        rows, self._rows = self._rows, RowBuffer()
         self._writer.write(rows, meta)
 
     def _close(self, complete):
@@ -391,7 +448,7 @@ class Tracer:
         params = {}
         counts = {"total": 0, "trainable": 0, "embedding": 0}
         for name, p in model.named_parameters():
-            sid, _ = self._storages.lookup(p.untyped_storage())
+            sid = self._storages.id_of(p.untyped_storage())
             params[name] = {
                 "storage_id": sid,
                 "numel": p.numel(),
@@ -404,5 +461,5 @@ class Tracer:
             counts["trainable"] += p.numel() if p.requires_grad else 0
             counts["embedding"] += p.numel() if id(p) in embedding else 0
         for b in model.buffers():
-            self._storages.lookup(b.untyped_storage())
+            self._storages.id_of(b.untyped_storage())
         return {"params": counts, "parameters": params}

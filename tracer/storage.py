@@ -23,22 +23,25 @@ class StorageTable:
         self.nbytes = {}  # id -> size in bytes (kept after the free, for reports)
         self.live_bytes = 0
         self.freed = []  # ids freed since the dispatch hook last took this list
-        self._next_id = 0
+        self.next_id = 0
 
-    def lookup(self, storage):
-        """Return (id, is_new). A new storage is counted as live from now on."""
+    def id_of(self, storage):
+        """The storage's id; a storage seen for the first time gets the next id
+        (so `id >= next_id` read before a call means "new") and counts as live."""
+        sid = self._by_cdata.get(storage._cdata)
+        return self.register(storage) if sid is None else sid
+
+    def register(self, storage):
+        """Give an unseen storage its id."""
         key = storage._cdata
-        sid = self._by_cdata.get(key)
-        if sid is not None:
-            return sid, False
-        sid = self._next_id
-        self._next_id += 1
+        sid = self.next_id
+        self.next_id += 1
         size = storage.nbytes()
         self._by_cdata[key] = sid
         self.nbytes[sid] = size
         self.live_bytes += size
         self._refs[sid] = weakref.ref(storage, self._on_free(key, sid, size))
-        return sid, True
+        return sid
 
     def known(self, storage):
         """The id of a storage already seen, or None; never registers it."""
