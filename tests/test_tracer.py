@@ -430,3 +430,19 @@ def test_time_step_refuses_to_run_traced(tmp_path):
     with Tracer(tmp_path / "t.parquet"):
         with pytest.raises(TraceError, match="call it outside the Tracer"):
             tracer.time_step(lambda: None)
+
+
+def test_storage_roles_after_one_step(tmp_path):
+    model = mlp()
+    opt = torch.optim.AdamW(model.parameters())
+
+    def step():
+        model(torch.randn(8, 32)).sum().backward()
+        opt.step()
+
+    _, meta = trace(tmp_path, step, model=model)
+    params = {p["storage_id"] for p in meta["parameters"].values()}
+    roles = meta["storage_roles"]
+    # 4 parameter tensors: 4 gradients; AdamW keeps exp_avg, exp_avg_sq and a step scalar for each: 12
+    assert len(roles["gradient"]) == 4 and len(roles["optimizer_state"]) == 12
+    assert not params & set(roles["gradient"]) and not params & set(roles["optimizer_state"])

@@ -188,7 +188,7 @@ class Tracer:
         first = next(self.model.parameters(), None) if self.model is not None else None
         if first is not None:
             self._first_device(first.device)
-        self._attr = Attribution(self.model, self._optimizer_start, self._optimizer_end)
+        self._attr = Attribution(self.model, on_step_end=self._optimizer_end, on_optimizer_start=self._optimizer_start)
         self._attr.install()
         self._mode = _TraceMode(self)
         Tracer._active = self
