@@ -1,0 +1,156 @@
+"""Model FLOPs utilisation (MFU) of a traced training step.
+
+MFU = (FLOPs the model needs per step, without recomputation) / (untraced step
+time in seconds) / (the device's dense peak FLOP/s for the dtype used), as PaLM
+defines it (Chowdhery et al. 2022, appendix B). The lecture's "actual FLOP/s over
+promised FLOP/s"; an MFU of 0.5 or more is good.
+
+  model FLOPs     forward + backward FLOPs of the trace per step, less what fused
+                  attention backward kernels spend recomputing the scores (they
+                  count five score-sized matmuls where four are needed). Optimizer
+                  (and "other" phase) FLOPs are not model FLOPs.
+  hardware FLOPs  every traced FLOP per step, recomputation and optimizer included:
+                  HFU = hardware FLOPs per second / peak.
+  step time       the untraced median step time recorded with
+                  Tracer.set_step_time(time_step(...)), or `step_time_s`. Never the
+                  traced wall time nor a sum of `duration_ns`: tracing slows every
+                  op, so with no untraced time MFU is None.
+  peak            `peak_flops` if given, else reports.peaks: the dense datasheet
+                  figure for the GPU and dtype, or a CPU's ideal peak (cores x clock
+                  x FLOPs per cycle). None when nothing fits: MFU is then None (N/A).
+  dtype           the dtype that carries most matmul and attention FLOPs (a bf16
+                  autocast trace is "bfloat16"), or `dtype` (e.g. "tfloat32").
+
+On a trace with a measured matmul ceiling (Tracer.set_ceiling(matmul_ceiling(...)))
+`mfu_of_achievable` sets the achieved FLOP/s against what a large matmul reached on
+the same device and dtype: how far the step is from the best this machine does.
+
+Values that cannot be known (MFU without a step time or a peak) are NaN, pandas'
+None for numbers: test them with `pd.isna` and print them as N/A
+(`to_string(na_rep="N/A")`).
+"""
+
+import pandas as pd
+
+from reports.breakdown import attention_recompute_flops, operands
+from reports.errors import ReportError
+from reports.load import require, runs_of
+from reports.peaks import cpu_ideal_flops, normalize_dtype, peak_flops as lookup_peak
+from reports.tables import count_steps, split_runs
+
+__all__ = ["mfu"]
+
+_COLUMNS = ("run", "step", "phase", "op", "flops", "flop_kind", "input_shapes", "input_dtypes")
+_OUT = {
+    "run": object, "device": object, "dtype": object, "steps": "int64", "tokens_per_step": "float64",
+    "model_flops_per_step": "float64", "hardware_flops_per_step": "float64",
+    "recompute_flops_per_step": "float64", "optimizer_flops_per_step": "float64",
+    "step_time_s": "float64", "step_time_source": object, "tokens_per_s": "float64",
+    "achieved_flops_per_s": "float64", "hardware_flops_per_s": "float64",
+    "peak_flops_per_s": "float64", "peak_source": object, "mfu": "float64", "hfu": "float64",
+    "ideal_flops_per_s": "float64", "ceiling_flops_per_s": "float64", "ceiling_dtype": object,
+    "mfu_of_achievable": "float64",
+}
+
+
+def _per_run(value, run, what):
+    """A scalar for every run, or {run: value}; checked to be a number > 0."""
+    if isinstance(value, dict):
+        value = value.get(run)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ReportError(f"mfu: {what} must be a number > 0 (or {{run: number}}), got {value!r}")
+    return float(value)
+
+
+def matmul_dtype(rows):
+    """The dtype carrying most matmul + attention FLOPs in these rows (None if there are none).
+
+    A row's dtype is that of its first multiplied operand (addmm's bias skipped)."""
+    kind = rows["flop_kind"].astype(object)
+    mm = rows[kind.isin(("matmul", "attention")) & (rows["flops"] > 0)]
+    if not len(mm):
+        mm = rows[rows["flops"] > 0]
+    totals = {}
+    for op, dtypes, flops in zip(mm["op"], mm["input_dtypes"], mm["flops"]):
+        if dtypes is None or not len(dtypes):
+            continue
+        first = operands(op, range(len(dtypes)))
+        name = str(dtypes[first[0] if first else 0])
+        totals[name] = totals.get(name, 0) + int(flops)
+    return max(totals, key=totals.get) if totals else None
+
+
+def _ratio(num, den):
+    return num / den if num is not None and den else None
+
+
+def mfu(df, step_time_s=None, peak_flops=None, dtype=None):
+    """One row per run: model and hardware FLOPs per step, step time, achieved FLOP/s, peak, MFU, HFU.
+
+    step_time_s  seconds per untraced step (a number, or {run: number}); default the
+                 run's metadata step_time.median_s.
+    peak_flops   FLOP/s to measure against (a number, or {run: number}); default the
+                 dense datasheet peak (reports.peaks) for the device and dtype.
+    dtype        the dtype whose peak applies (e.g. "tfloat32"); default the dtype
+                 that carries most matmul FLOPs.
+    See the module docstring for the definitions; NaN marks what cannot be known."""
+    require(df, _COLUMNS, "mfu")
+    runs = runs_of(df)
+    if dtype is not None and not isinstance(dtype, str) and not hasattr(dtype, "is_floating_point"):
+        raise ReportError(f"mfu: dtype must be a dtype name such as 'bfloat16' or a torch.dtype, got {dtype!r}")
+    records = []
+    for run, rows in split_runs(df):
+        meta = runs[run]
+        steps = count_steps(rows)
+        phase = rows["phase"].astype(object)
+        fb = phase.isin(("forward", "backward"))
+        recompute = attention_recompute_flops(rows)
+        model = (int(rows.loc[fb, "flops"].sum()) - recompute) / steps
+        hardware = int(rows["flops"].sum()) / steps
+        optimizer = int(rows.loc[phase == "optimizer", "flops"].sum()) / steps
+
+        step_time, time_source = _per_run(step_time_s, run, "step_time_s"), "given"
+        if step_time is None:
+            median = (meta.get("step_time") or {}).get("median_s")
+            step_time, time_source = (float(median), "untraced median (metadata)") if median else (None, None)
+        run_dtype = normalize_dtype(dtype) if dtype is not None else matmul_dtype(rows)
+        device = meta.get("device") or {}
+        peak, source = lookup_peak(device, run_dtype, _per_run(peak_flops, run, "peak_flops"))
+        if run_dtype is None and peak_flops is None:
+            peak, source = None, "no FLOPs in the trace, so no dtype to look up"
+
+        achieved = _ratio(model, step_time)
+        hardware_rate = _ratio(hardware, step_time)
+        ceiling = meta.get("ceiling") or {}
+        ceiling_rate = ceiling.get("flops_per_s")
+        ceiling_dtype = ceiling.get("dtype")
+        same_dtype = ceiling_dtype is not None and normalize_dtype(ceiling_dtype) == normalize_dtype(run_dtype)
+        tokens = meta.get("tokens")
+        records.append({
+            "run": run,
+            "device": device.get("name"),
+            "dtype": run_dtype,
+            "steps": steps,
+            "tokens_per_step": tokens,
+            "model_flops_per_step": model,
+            "hardware_flops_per_step": hardware,
+            "recompute_flops_per_step": recompute / steps,
+            "optimizer_flops_per_step": optimizer,
+            "step_time_s": step_time,
+            "step_time_source": time_source if step_time is not None else "none: no untraced step time",
+            "tokens_per_s": _ratio(tokens, step_time),
+            "achieved_flops_per_s": achieved,
+            "hardware_flops_per_s": hardware_rate,
+            "peak_flops_per_s": peak,
+            "peak_source": source,
+            "mfu": _ratio(achieved, peak),
+            "hfu": _ratio(hardware_rate, peak),
+            "ideal_flops_per_s": cpu_ideal_flops(device, run_dtype)[0] if device.get("type") == "cpu" else None,
+            "ceiling_flops_per_s": ceiling_rate,
+            "ceiling_dtype": ceiling_dtype,
+            "mfu_of_achievable": _ratio(achieved, ceiling_rate) if same_dtype else None,
+        })
+    out = pd.DataFrame.from_records(records, columns=list(_OUT))
+    return out.astype(_OUT)

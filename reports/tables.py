@@ -1,0 +1,279 @@
+"""Summary tables of a loaded trace: FLOPs, bytes and time by op, module, phase, step and dtype.
+
+Each function takes the DataFrame `reports.load` returns and gives back a new
+DataFrame with a RangeIndex and units in the column names:
+
+    ops              number of aten ops (rows of the trace)
+    flops            analytic FLOPs, 2 per multiply-add (see tracer/flops.py)
+    flops_pct        share of the run's FLOPs, in percent (0-100)
+    bytes_allocated  bytes of the storages the ops created (views create none)
+    bytes_read       bytes of the tensor inputs; bytes_written: of the outputs
+    duration_us      traced wall time in microseconds. The tracer's bookkeeping
+                     slows every op, so use these times to rank ops, not to
+                     measure speed (reports.mfu uses the untraced step time).
+
+The FLOPs here are totals over the whole trace; `by_step` gives them per step.
+When the trace holds several runs (load([a, b])) every table has a `run`
+column first and one block of rows per run, in load order; with one run there
+is no `run` column. Empty inputs give empty tables with the same columns and
+dtypes.
+"""
+
+import pandas as pd
+
+from reports.errors import ReportError
+from reports.load import require
+from tracer.schema import PHASES
+
+__all__ = ["by_dtype", "by_module", "by_op", "by_phase", "by_step"]
+
+_BASE = ["run", "flops", "bytes_allocated", "duration_ns"]
+
+
+# helpers shared with breakdown.py and mfu.py ---------------------------------------------
+def run_names(df):
+    """The runs of a loaded trace in load order (even those a filter has emptied)."""
+    runs = df.attrs.get("runs")
+    if runs:
+        return list(runs)
+    col = df["run"]
+    return list(col.cat.categories) if isinstance(col.dtype, pd.CategoricalDtype) else list(pd.unique(col))
+
+
+def split_runs(df):
+    """[(run name, that run's rows)] in load order; rows keep the trace's order."""
+    groups = dict(iter(df.groupby("run", observed=True, sort=False))) if len(df) else {}
+    return [(run, groups[run] if run in groups else df.iloc[0:0]) for run in run_names(df)]
+
+
+def combine(frames, columns, dtypes, several):
+    """Concatenate one frame per run; add the `run` column first when there are several runs."""
+    parts = []
+    for run, frame in frames:
+        frame = frame.reindex(columns=columns)
+        if several:
+            frame.insert(0, "run", run)
+        parts.append(frame)
+    cols = (["run"] if several else []) + list(columns)
+    if parts:
+        out = pd.concat(parts, ignore_index=True)
+    else:
+        out = pd.DataFrame(columns=cols)
+    types = {"run": object, **dtypes} if several else dict(dtypes)
+    return out.astype({c: t for c, t in types.items() if c in out.columns}).reset_index(drop=True)[cols]
+
+
+def several_runs(df):
+    return len(run_names(df)) > 1
+
+
+def count_steps(rows):
+    """Training steps in one run's rows: steps with forward or backward ops (at least 1)."""
+    if len(rows) == 0:
+        return 1
+    fb = rows.loc[rows["phase"].isin(("forward", "backward")), "step"]
+    return max(1, int(fb.nunique() if len(fb) else rows["step"].nunique()))
+
+
+def _pct(part, whole):
+    return part * 100.0 / whole if whole else part * 0.0
+
+
+def _sum_table(df, key, what, extra_cols=(), order=None):
+    """Group each run by `key` and sum the usual columns."""
+    require(df, _BASE + ["bytes_read", "bytes_written", key, *extra_cols], what)
+    columns = [key, "ops", "flops", "flops_pct", "bytes_allocated", "bytes_read", "bytes_written",
+               "duration_us", "duration_pct"]
+    dtypes = {key: object, "ops": "int64", "flops": "int64", "flops_pct": "float64", "bytes_allocated": "int64",
+              "bytes_read": "int64", "bytes_written": "int64", "duration_us": "float64", "duration_pct": "float64"}
+    frames = []
+    for run, rows in split_runs(df):
+        g = rows.groupby(key, observed=True, sort=False)
+        t = pd.DataFrame({
+            "ops": g.size(),
+            "flops": g["flops"].sum(),
+            "bytes_allocated": g["bytes_allocated"].sum(),
+            "bytes_read": g["bytes_read"].sum(),
+            "bytes_written": g["bytes_written"].sum(),
+            "duration_us": g["duration_ns"].sum() / 1000.0,
+        })
+        t.index = t.index.astype(object)
+        t = t.rename_axis(key).reset_index()
+        t["flops_pct"] = _pct(t["flops"], int(rows["flops"].sum()))
+        t["duration_pct"] = _pct(t["duration_us"], rows["duration_ns"].sum() / 1000.0)
+        if order is not None:
+            t = t.sort_values(key, key=lambda s: s.map(order), kind="stable")
+        frames.append((run, t))
+    return frames, columns, dtypes
+
+
+# the tables ---------------------------------------------------------------------------------
+def by_op(df):
+    """FLOPs, bytes and time per aten op, most FLOPs first (then most time)."""
+    frames, columns, dtypes = _sum_table(df, "op", "by_op", extra_cols=["flop_kind"])
+    out = []
+    for (run, t), (_, rows) in zip(frames, split_runs(df)):
+        kinds = rows.groupby("op", observed=True)["flop_kind"].first().astype(object)
+        t.insert(1, "flop_kind", t["op"].map(kinds))
+        out.append((run, t.sort_values(["flops", "duration_us"], ascending=False, kind="stable")))
+    return combine(out, ["op", "flop_kind", *columns[1:]], {**dtypes, "flop_kind": object}, several_runs(df))
+
+
+def by_phase(df):
+    """FLOPs, bytes and time per phase (forward, backward, optimizer, other), in that order."""
+    order = {p: i for i, p in enumerate(PHASES)}
+    frames, columns, dtypes = _sum_table(df, "phase", "by_phase", order=lambda p: order.get(p, len(order)))
+    return combine(frames, columns, dtypes, several_runs(df))
+
+
+def _row_dtype(input_dtypes, output_dtypes):
+    if input_dtypes is not None and len(input_dtypes):
+        return str(input_dtypes[0])
+    if output_dtypes is not None and len(output_dtypes):
+        return str(output_dtypes[0])
+    return ""
+
+
+def by_dtype(df):
+    """FLOPs, matmul FLOPs, bytes and time per dtype.
+
+    An op's dtype is the dtype of its first tensor input (of its first output for
+    ops without tensor inputs, "" for ops with neither): a matmul under bf16
+    autocast is "bfloat16", the cast that feeds it "float32"."""
+    require(df, _BASE + ["input_dtypes", "output_dtypes", "flop_kind"], "by_dtype")
+    tagged = df.assign(dtype=[_row_dtype(i, o) for i, o in zip(df["input_dtypes"], df["output_dtypes"])])
+    tagged = tagged.assign(matmul_flops=tagged["flops"].where(tagged["flop_kind"].astype(object) == "matmul", 0))
+    frames, columns, dtypes = _sum_table(tagged, "dtype", "by_dtype")
+    out = []
+    for (run, t), (_, rows) in zip(frames, split_runs(tagged)):
+        t.insert(4, "matmul_flops", t["dtype"].map(rows.groupby("dtype")["matmul_flops"].sum()))
+        out.append((run, t.sort_values("flops", ascending=False, kind="stable")))
+    columns = columns[:4] + ["matmul_flops"] + columns[4:]
+    return combine(out, columns, {**dtypes, "matmul_flops": "int64"}, several_runs(df))
+
+
+def by_step(df):
+    """Per training step: ops, FLOPs (all and per phase), bytes allocated, peak live bytes, time.
+
+    The step advances when an optimizer step ends (or on Tracer.step())."""
+    require(df, _BASE + ["step", "phase", "live_bytes"], "by_step")
+    columns = ["step", "ops", "flops", *(f"flops_{p}" for p in PHASES), "bytes_allocated", "live_bytes_peak",
+               "duration_us"]
+    dtypes = {c: "int64" for c in columns}
+    dtypes["duration_us"] = "float64"
+    frames = []
+    for run, rows in split_runs(df):
+        g = rows.groupby("step", sort=True)
+        t = pd.DataFrame({
+            "ops": g.size(),
+            "flops": g["flops"].sum(),
+            "bytes_allocated": g["bytes_allocated"].sum(),
+            "live_bytes_peak": g["live_bytes"].max(),
+            "duration_us": g["duration_ns"].sum() / 1000.0,
+        })
+        per_phase = rows.pivot_table(index="step", columns="phase", values="flops", aggfunc="sum", observed=True)
+        for p in PHASES:
+            t[f"flops_{p}"] = per_phase[p] if p in per_phase.columns else 0
+        frames.append((run, t.fillna(0).rename_axis("step").reset_index()))
+    return combine(frames, columns, dtypes, several_runs(df))
+
+
+# modules ------------------------------------------------------------------------------------
+def _module_tree(names, root):
+    """(parent, depth) of every module name, with the intermediate names no op ran in.
+
+    Names are dotted paths relative to the root module (which carries its class
+    name, e.g. "GPT"); a dotless name other than the root is a child of the root.
+    Without a root (a trace made without model=), dotless names are top level."""
+    parent, depth = {}, {}
+
+    def add(name):
+        if name in parent:
+            return
+        if name == root:
+            up = None
+        elif "." in name:
+            up = name.rsplit(".", 1)[0]
+        else:
+            up = root
+        parent[name] = up
+        if up is not None:
+            add(up)
+        depth[name] = 0 if up is None else depth[up] + 1
+
+    for name in names:
+        add(name)
+    return parent, depth
+
+
+def by_module(df, phase=None):
+    """FLOPs, bytes and time per module, as a tree: each module's own ops and its subtree.
+
+    `flops`, `bytes_allocated`, `duration_us`, `ops` count the ops whose innermost
+    module is this one; the `subtree_` columns add every descendant, so the root
+    module's subtree is everything that ran inside the model. `depth` is 0 for the
+    root; modules that ran no op themselves (a ModuleList such as "blocks") still
+    appear, with zero own counts. Rows come in tree order (depth first, children in
+    the order they first ran). Ops outside any module (the optimizer, the loss when
+    it is computed outside the model) form one row with module "" and depth 0, last.
+    `subtree_flops_pct` is the subtree's share of all the run's FLOPs (in percent).
+
+    `phase`: None for all ops, or a phase name (or a list of them) to keep."""
+    require(df, _BASE + ["module", "seq"] + (["phase"] if phase is not None else []), "by_module")
+    if phase is not None:
+        phases = [phase] if isinstance(phase, str) else list(phase)
+        bad = [p for p in phases if p not in PHASES]
+        if bad:
+            raise ReportError(f"by_module: unknown phase(s) {bad}; phases are {list(PHASES)}")
+        df = df[df["phase"].isin(phases)]
+    own_cols = ["ops", "flops", "bytes_allocated", "duration_us"]
+    columns = ["module", "depth", "parent", "ops", "subtree_ops", "flops", "subtree_flops", "subtree_flops_pct",
+               "bytes_allocated", "subtree_bytes_allocated", "duration_us", "subtree_duration_us"]
+    dtypes = {"module": object, "depth": "int64", "parent": object, "ops": "int64", "subtree_ops": "int64",
+              "flops": "int64", "subtree_flops": "int64", "subtree_flops_pct": "float64", "bytes_allocated": "int64",
+              "subtree_bytes_allocated": "int64", "duration_us": "float64", "subtree_duration_us": "float64"}
+    runs_meta = df.attrs.get("runs") or {}
+    frames = []
+    for run, rows in split_runs(df):
+        root = (runs_meta.get(run) or {}).get("root_module")
+        mod = rows["module"].astype(object)
+        g = rows.groupby(mod, sort=False)
+        own = pd.DataFrame({
+            "ops": g.size(),
+            "flops": g["flops"].sum(),
+            "bytes_allocated": g["bytes_allocated"].sum(),
+            "duration_us": g["duration_ns"].sum() / 1000.0,
+            "first_seq": g["seq"].min(),
+        })
+        names = [n for n in own.index if n != ""]
+        parent, depth = _module_tree(names + ([root] if root and names else []), root)
+        tree = own.reindex(list(parent)).fillna(0)
+        sub = tree[own_cols + ["first_seq"]].copy()
+        sub["first_seq"] = [own["first_seq"].get(n, float("inf")) for n in sub.index]
+        for name in sorted(parent, key=lambda n: -depth[n]):  # deepest first: add each into its parent
+            up = parent[name]
+            if up is not None:
+                sub.loc[up, own_cols] += sub.loc[name, own_cols]
+                sub.loc[up, "first_seq"] = min(sub.loc[up, "first_seq"], sub.loc[name, "first_seq"])
+        children = {}
+        for name in sorted(parent, key=lambda n: sub.loc[n, "first_seq"]):
+            children.setdefault(parent[name], []).append(name)
+        order, stack = [], list(reversed(children.get(None, [])))
+        while stack:
+            name = stack.pop()
+            order.append(name)
+            stack.extend(reversed(children.get(name, [])))
+        total = int(rows["flops"].sum())
+        records = [
+            {"module": n, "depth": depth[n], "parent": parent[n],
+             **{c: tree.loc[n, c] for c in own_cols}, **{f"subtree_{c}": sub.loc[n, c] for c in own_cols}}
+            for n in order
+        ]
+        if "" in own.index:
+            o = own.loc[""]
+            records.append({"module": "", "depth": 0, "parent": None, **{c: o[c] for c in own_cols},
+                            **{f"subtree_{c}": o[c] for c in own_cols}})
+        t = pd.DataFrame.from_records(records, columns=[c for c in columns if c != "subtree_flops_pct"])
+        t["subtree_flops_pct"] = _pct(t["subtree_flops"].astype("float64"), total)
+        frames.append((run, t))
+    return combine(frames, columns, dtypes, several_runs(df))

@@ -1,0 +1,247 @@
+"""reports.breakdown: traced FLOPs against 2·N·T / 4·N·T / 6·N·T on tiny models, golden numbers."""
+
+import pandas as pd
+import pytest
+import torch
+from torch import nn
+
+from reports.breakdown import breakdown, explain
+from reports.errors import ReportError
+from reports.load import load
+
+B, D, H, K = 32, 8, 16, 4  # tokens (rows of x), input width, hidden width, outputs
+
+
+class XW(nn.Module):
+    """The lecture's linear model y = x @ w, w [D, K] its only parameter."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(D, K))
+
+    def forward(self, x):
+        return x @ self.w
+
+
+class MLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(D, H)
+        self.fc2 = nn.Linear(H, K)
+
+    def forward(self, x):
+        return self.fc2(torch.relu(self.fc1(x))).square().mean()
+
+
+class TiedLM(nn.Module):
+    """Embedding [V, E] -> Linear(E, E) -> output head that shares the embedding's weight."""
+
+    V, E = 16, 8
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(self.V, self.E)
+        self.mix = nn.Linear(self.E, self.E)
+        self.head = nn.Linear(self.E, self.V, bias=False)
+        self.head.weight = self.emb.weight
+
+    def forward(self, idx):
+        return self.head(self.mix(self.emb(idx))).logsumexp(-1).mean()
+
+
+def trace(path, model, step, tokens=B, **kwargs):
+    from tracer import Tracer
+
+    with Tracer(path, model=model, tokens=tokens, **kwargs):
+        step()
+    return load(path)
+
+
+def trace_xw(path, x_requires_grad=False):
+    torch.manual_seed(0)
+    model = XW()
+    x = torch.randn(B, D, requires_grad=x_requires_grad)
+
+    def step():
+        y = model(x)
+        y.backward(torch.ones_like(y))  # no loss op: the trace is the matmuls and nothing else
+
+    return trace(path, model, step, run_name="xw")
+
+
+def trace_mlp(path, steps=1, **kwargs):
+    torch.manual_seed(0)
+    model = MLP()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
+    x = torch.randn(B, D)
+
+    def step():
+        for _ in range(steps):
+            model(x).backward()
+            opt.step()
+            opt.zero_grad()
+
+    return trace(path, model, step, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def xw(tmp_path_factory):
+    return trace_xw(tmp_path_factory.mktemp("xw") / "xw")
+
+
+@pytest.fixture(scope="module")
+def mlp(tmp_path_factory):
+    return trace_mlp(tmp_path_factory.mktemp("mlp") / "mlp")
+
+
+def test_linear_without_input_grad_is_2NT_both_ways(xw):
+    t = breakdown(xw).set_index("phase")
+    n, tokens = D * K, B  # N = 8 * 4 = 32 weights, T = 32 rows of x
+    assert t.loc["forward", "n_params"] == n and t.loc["forward", "tokens"] == tokens
+    # forward: x @ w, [32, 8] @ [8, 4] = 2 * 32 * 8 * 4 = 2,048 = 2·N·T
+    assert t.loc["forward", "flops"] == 2 * n * tokens == 2048
+    assert t.loc["forward", "weight_matmul_flops"] == 2048
+    # backward: only dL/dw = x^T @ dL/dy, [8, 32] @ [32, 4] = 2,048 = 2·N·T; dL/dx is skipped
+    assert t.loc["backward", "flops"] == 2 * n * tokens == 2048
+    assert t.loc["backward", "expected_flops"] == 4 * n * tokens
+    assert t.loc["backward", "ratio"] == 0.5
+    assert t.loc["total", "flops"] == 4096 and t.loc["total", "expected_flops"] == 6 * n * tokens
+    assert pd.isna(t.loc["optimizer", "expected_flops"]) and t.loc["optimizer", "flops"] == 0
+    text = "\n".join(explain(xw))
+    assert "needs no gradient" in text
+    assert "w (32 parameters: 2,048 FLOPs)" in text  # the skipped dL/dx: 2 * 32 * 8 * 4
+    assert "the backward is 2·N·T, not 4·N·T" in text
+
+
+def test_linear_with_input_grad_is_4NT(tmp_path):
+    t = breakdown(trace_xw(tmp_path / "xg", x_requires_grad=True)).set_index("phase")
+    # dL/dx = dL/dy @ w^T, [32, 4] @ [4, 8] = 2,048 more: 4,096 = 4·N·T
+    assert t.loc["backward", "flops"] == t.loc["backward", "expected_flops"] == 4 * 32 * 32
+
+
+def test_mlp_weight_matmuls(mlp):
+    t = breakdown(mlp).set_index("phase")
+    n = D * H + H * K  # 8 * 16 + 16 * 4 = 192 weights in matmuls (biases are added, not multiplied)
+    assert t.loc["total", "n_params"] == 192 and t.loc["total", "n_kind"] == "matmul"
+    # forward: fc1 2 * 32 * 8 * 16 = 8,192 + fc2 2 * 32 * 16 * 4 = 4,096 = 12,288 = 2·N·T exactly
+    assert t.loc["forward", "weight_matmul_flops"] == 2 * n * B == 12288
+    # backward: 4·N·T = 24,576, less fc1's input gradient (x is data): 2 * 32 * 8 * 16 = 8,192
+    assert t.loc["backward", "weight_matmul_flops"] == 4 * n * B - 2 * B * D * H == 16384
+    assert t.loc["forward", "attention_flops"] == t.loc["backward", "attention_flops"] == 0
+    for phase in ("forward", "backward", "optimizer", "total"):
+        row = t.loc[phase]
+        assert row["weight_matmul_flops"] + row["attention_flops"] + row["other_flops"] == row["flops"]
+    # AdamW's _foreach ops: FLOPs of their own, no expectation, all "other"
+    assert t.loc["optimizer", "flops"] == t.loc["optimizer", "other_flops"] > 0
+    assert pd.isna(t.loc["optimizer", "ratio"])
+    assert t.loc["total", "flops"] == t.loc[["forward", "backward", "optimizer"], "flops"].sum()
+    lines = explain(mlp)
+    assert lines[0].startswith("mlp: per training step (1 step traced; T = 32 tokens per step; N = 192 ")
+    text = "\n".join(lines)
+    assert "fc1.weight (128 parameters: 8,192 FLOPs)" in text
+    assert "Optimizer: " in text and "Output head: fc2.weight" in text
+
+
+def test_mlp_other_n_choices(mlp):
+    # total: 192 weights + 16 + 4 biases = 212; no embedding, so non_embedding is the same
+    assert breakdown(mlp, n="total")["n_params"].iloc[0] == 212
+    assert breakdown(mlp, n="non_embedding")["n_params"].iloc[0] == 212
+    given = breakdown(mlp, n=100, tokens=10).set_index("phase")
+    assert given.loc["forward", "expected_flops"] == 2 * 100 * 10
+    assert given.loc["forward", "n_kind"] == "given" and given.loc["forward", "tokens"] == 10
+    assert "20 parameters of biases and norms" in "\n".join(explain(mlp, n="total"))
+
+
+def test_flops_are_per_step(tmp_path, mlp):
+    two = breakdown(trace_mlp(tmp_path / "two", steps=2, run_name="two")).set_index("phase")
+    one = breakdown(mlp).set_index("phase")
+    assert (two["steps"] == 2).all()
+    for col in ("flops", "weight_matmul_flops", "other_flops"):
+        assert two.loc["forward", col] == one.loc["forward", col]
+        assert two.loc["backward", col] == one.loc["backward", col]
+
+
+def test_tied_head_counts_once_and_its_gradient_is_a_weight_matmul(tmp_path):
+    torch.manual_seed(0)
+    model = TiedLM()
+    idx = torch.randint(0, TiedLM.V, (B,))
+    df = trace(tmp_path / "tied", model, lambda: model(idx).backward(), run_name="tied")
+    t = breakdown(df).set_index("phase")
+    n = 8 * 8 + 16 * 8  # mix.weight 64 + the shared emb/head weight 128, once = 192
+    assert t.loc["forward", "n_params"] == n
+    assert t.loc["forward", "weight_matmul_flops"] == 2 * n * B
+    # every weight's input needs a gradient here (the embedding is trained), and the head's
+    # dL/dW is summed into the embedding's gradient: still a weight matmul, 4·N·T exactly
+    assert t.loc["backward", "weight_matmul_flops"] == 4 * n * B
+    assert t.loc["backward", "attention_flops"] == 0
+    # non_embedding: total 128 + 64 + 8 = 200 less the 128 embedding = 72, the tied head left out
+    assert breakdown(df, n="non_embedding")["n_params"].iloc[0] == 72
+    text = "\n".join(explain(df, n="non_embedding"))
+    assert "leaves the embedding out of N, and with it this head" in text
+
+
+def test_attention_matmuls_and_fused_kernel(tmp_path):
+    b, h, s, e = 2, 2, 8, 4  # batch, heads, sequence, head width; d = h * e = 8
+
+    class Attn(nn.Module):
+        def __init__(self, fused):
+            super().__init__()
+            self.qkv = nn.Linear(h * e, 3 * h * e, bias=False)
+            self.fused = fused
+
+        def forward(self, x):
+            q, k, v = self.qkv(x).view(b, s, 3, h, e).permute(2, 0, 3, 1, 4)
+            if self.fused:
+                y = nn.functional.scaled_dot_product_attention(q, k, v)
+            else:
+                y = (q @ k.transpose(-1, -2)).softmax(-1) @ v
+            return y.sum()
+
+    x = torch.randn(b, s, h * e, requires_grad=True)
+    for fused in (False, True):
+        model = Attn(fused)
+        df = trace(tmp_path / f"attn{fused}", model, lambda: model(x).backward(), tokens=b * s)
+        t = breakdown(df).set_index("phase")
+        # scores q @ k^T and att @ v: 2 * (2 * b * h * s * s * e) = 2 * 2,048 = 4,096 forward
+        assert t.loc["forward", "attention_flops"] == 4096
+        # matmul attention: backward = 2x forward; fused: 2.5x (the kernel recomputes q @ k^T)
+        assert t.loc["backward", "attention_flops"] == (10240 if fused else 8192)
+        text = "\n".join(explain(df))
+        assert "L·S·d = 64" in text  # 4,096 / (4 * T) with T = 16: 1 layer x 8 positions x width 8
+        assert ("recomputes q @ kᵀ: 2,048 FLOPs of recomputation" in text) == fused  # 2 * b * h * s * s * e
+
+
+def test_errors(xw, tmp_path):
+    with pytest.raises(ReportError, match=r"breakdown: n must be one of 'matmul', 'total', 'non_embedding' or a positive int, got 'bogus'"):
+        breakdown(xw, n="bogus")
+    with pytest.raises(ReportError, match=r"explain: n must be one of .* got True"):
+        explain(xw, n=True)
+    with pytest.raises(ReportError, match=r"breakdown: tokens must be a positive int \(tokens per training step\), got 0"):
+        breakdown(xw, tokens=0)
+    with pytest.raises(ReportError, match=r"breakdown: the trace lacks column\(s\) \['flop_kind'\]; load it with them"):
+        breakdown(xw.drop(columns=["flop_kind"]))
+    with pytest.raises(ReportError, match=r"explain: the trace lacks column\(s\) \['input_shapes'\]"):
+        explain(xw.drop(columns=["input_shapes"]))
+    with pytest.raises(ReportError, match=r"expected a DataFrame returned by reports.load"):
+        breakdown(pd.DataFrame(xw))  # attrs dropped
+
+    no_tokens = trace_mlp(tmp_path / "no_tokens", run_name="nt", tokens=None)
+    with pytest.raises(ReportError, match=r"breakdown: run 'nt' has no tokens per step in its metadata; pass tokens="):
+        breakdown(no_tokens)
+    assert breakdown(no_tokens, tokens=B)["tokens"].iloc[0] == B
+
+    from tracer import Tracer
+
+    w = torch.randn(D, K, requires_grad=True)
+    with Tracer(tmp_path / "no_model", tokens=B, run_name="bare"):
+        (torch.randn(B, D) @ w).sum().backward()
+    with pytest.raises(ReportError, match=r"run 'bare' has no parameter metadata, .* Tracer\(\.\.\., model=model\)"):
+        breakdown(load(tmp_path / "no_model"))
+
+
+def test_parameter_counts_missing(mlp):
+    df = mlp.copy()
+    df.attrs = {"runs": {"mlp": {k: v for k, v in mlp.attrs["runs"]["mlp"].items() if k != "params"}}}
+    with pytest.raises(ReportError, match=r"breakdown: run 'mlp' has no parameter counts; .* or pass n=<int>"):
+        breakdown(df, n="total")
+    assert breakdown(df, n="matmul")["n_params"].iloc[0] == 192  # counted from the trace itself
