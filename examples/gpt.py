@@ -13,7 +13,7 @@ T = batch * seq_len tokens, with N the parameters that enter a matmul:
     backward weight matmuls  4 N T     (dL/dx = dL/dy @ W and dL/dW = x^T @ dL/dy)
     attention matmuls       12 L d S T (forward 4 L d S T, backward twice that)
 
-`print_summary` compares the traced FLOPs with these; tests/test_gpt.py asserts
+`optrace report` compares the traced FLOPs with these; tests/test_gpt.py asserts
 them exactly on a tiny configuration.
 """
 
@@ -199,49 +199,6 @@ def matmul_params(df, meta):
     return {name: p for name, p in meta["parameters"].items() if name in names}
 
 
-def print_summary(path):
-    """FLOPs per phase against 2NT / 4NT / 6NT, the top ops by FLOPs, and peak live bytes."""
-    import pandas as pd
-
-    from tracer import read_metadata
-
-    df = pd.read_parquet(path)
-    meta = read_metadata(path)
-    steps = df["step"].nunique()
-    tokens = meta["tokens"]
-    n = sum(p["numel"] for p in matmul_params(df, meta).values())
-    print(f"{path}: {len(df)} ops over {steps} step(s), {tokens} tokens per step")
-    print(
-        f"parameters: {meta['params']['total']:,} total, {n:,} in matmuls (N), "
-        f"{meta['params']['embedding']:,} in embeddings"
-    )
-
-    per_step = df.groupby("phase", observed=True)["flops"].sum() / steps
-    matmul = df[df["flop_kind"] == "matmul"].groupby("phase", observed=True)["flops"].sum() / steps
-    rows = [(phase, per_step.get(phase, 0), matmul.get(phase, 0)) for phase in ("forward", "backward")]
-    rows.append(("fwd+bwd", rows[0][1] + rows[1][1], rows[0][2] + rows[1][2]))
-    print(f"\nFLOPs per step {'all ops':>16} {'matmul ops':>16}   heuristic (N T = {n * tokens:,})")
-    for (phase, all_flops, mm_flops), k in zip(rows, (2, 4, 6)):
-        print(
-            f"  {phase:<9} {all_flops:>20,.0f} {mm_flops:>16,.0f}   {k}NT = {k * n * tokens:>14,}"
-            f"  (all / {k}NT = {all_flops / (k * n * tokens):.3f})"
-        )
-    print(f"  {'optimizer':<9} {per_step.get('optimizer', 0):>20,.0f}")
-    print("  (matmul ops beyond 2NT/4NT/6NT: attention's q @ k^T and att @ v; the rest: norms, softmax, ...)")
-
-    top = df.groupby("op", observed=True)["flops"].sum().sort_values(ascending=False).head(8) / steps
-    total = df["flops"].sum() / steps
-    print("\nTop ops by FLOPs per step")
-    for op, flops in top.items():
-        print(f"  {op:<50} {flops:>14,.0f}  {100 * flops / total:5.1f}%")
-
-    peak = df.loc[df["live_bytes"].idxmax()]
-    print(
-        f"\nPeak live bytes: {peak['live_bytes']:,} ({peak['live_bytes'] / 2**20:.2f} MiB) "
-        f"at seq {peak['seq']} ({peak['op']}, {peak['phase']}, module {peak['module']!r})"
-    )
-
-
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="runs/gpt.parquet", help="trace directory (default: %(default)s)")
@@ -253,7 +210,8 @@ def main(argv=None):
     if args.steps < 1 or args.batch < 1:
         parser.error(f"--steps and --batch must be at least 1, got {args.steps} and {args.batch}")
 
-    from tracer import Tracer
+    from reports.cli import main as optrace
+    from tracer import Tracer, matmul_ceiling, time_step
 
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(0)
@@ -261,10 +219,14 @@ def main(argv=None):
     model = GPT(cfg)
     opt = make_optimizer(model)
     idx, targets = make_batch(cfg, args.batch)
-    with Tracer(args.out, model=model, tokens=args.batch * cfg.seq_len, run_name="gpt"):
+    run_name = f"gpt-{args.attention}-{args.dtype}-b{args.batch}"
+    with Tracer(args.out, model=model, tokens=args.batch * cfg.seq_len, run_name=run_name) as tr:
         losses = [train_step(model, opt, idx, targets, DTYPES[args.dtype]) for _ in range(args.steps)]
     print(f"loss per step: {', '.join(f'{loss.item():.4f}' for loss in losses)}")
-    print_summary(args.out)
+    # MFU needs the untraced step time and, on a CPU, the matmul ceiling of this machine
+    tr.set_step_time(time_step(lambda: train_step(model, opt, idx, targets, DTYPES[args.dtype]), warmup=2, repeats=5))
+    tr.set_ceiling(matmul_ceiling("cpu", DTYPES[args.dtype] or torch.float32, n=1024))
+    optrace(["report", args.out])
 
 
 if __name__ == "__main__":

@@ -154,7 +154,7 @@ def test_every_allocation_has_its_own_storage(tensors_df):
     [
         ("linear.py", ["33,554,432", "67,108,864", "2 * B*D*K", "4 * B*D*K"]),
         ("tensors.py", ["zeros_float8_e5m2", "aten.clone.default", "128 B in float32"]),
-        ("gpt.py", ["over 3 step(s)", "2NT", "4NT", "6NT", "Top ops by FLOPs", "Peak live bytes"]),
+        ("gpt.py", ["3 step(s)", "2·N·T", "4·N·T", "6·N·T", "Top 8 ops by FLOPs", "Memory: peak", "MFU"]),
     ],
 )
 def test_example_script_runs(examples_dir, tmp_path, script, expected):
@@ -171,6 +171,6 @@ def test_example_script_runs(examples_dir, tmp_path, script, expected):
 def test_gpt_main_sdpa_bf16(tmp_path, capsys):
     gpt.main(["--out", str(tmp_path / "gpt.parquet"), "--steps", "1", "--attention", "sdpa", "--dtype", "bf16"])
     out = capsys.readouterr().out
-    assert "over 1 step(s)" in out
+    assert "1 step(s)" in out
     assert "aten._scaled_dot_product_flash_attention_for_cpu" in out
-    assert "131,072 in matmuls (N)" in out  # 2 * 12 * 64 * 64 + 512 * 64: the weights' bf16 copies count
+    assert "N = 131,072 parameters (matmul)" in out  # 2 * 12 * 64 * 64 + 512 * 64: the weights' bf16 copies count

@@ -1,0 +1,219 @@
+"""The `optrace` command: `optrace report TRACE` and `optrace compare A B [C ...]`.
+
+Bad input (a missing file, not Parquet, no optrace metadata, a newer schema)
+prints one line naming the file and what is wrong, and exits with status 2.
+"""
+
+import argparse
+import json
+import math
+import sys
+import warnings
+
+from reports.errors import ReportError
+
+
+def _human(value, unit=""):
+    """1234567 -> '1.23 M'; None -> 'N/A'."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "N/A"
+    for factor, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= factor:
+            return f"{value / factor:.3g} {prefix}{unit}"
+    return f"{value:.3g} {unit}".rstrip()
+
+
+def _bytes(value):
+    if value is None:
+        return "N/A"
+    for factor, prefix in ((2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
+        if abs(value) >= factor:
+            return f"{value / factor:.3g} {prefix}"
+    return f"{int(value)} B"
+
+
+def _number(value):
+    """A JSON-ready number: numpy scalars to Python, NaN to None."""
+    if value is None:
+        return None
+    value = value.item() if hasattr(value, "item") else value
+    if isinstance(value, float):
+        if math.isnan(value):
+            return None
+        if value.is_integer() and abs(value) < 2**53:
+            return int(value)
+    return value
+
+
+def summary(df, peak_tflops=None, step_time_s=None):
+    """The numbers `report --json` prints, as a dict."""
+    from reports.breakdown import breakdown
+    from reports.memory import peak
+    from reports.mfu import mfu
+
+    (run, meta), *_ = df.attrs["runs"].items()
+    table = breakdown(df).set_index("phase")
+    rate = mfu(df, step_time_s=step_time_s, peak_flops=peak_tflops * 1e12 if peak_tflops else None).iloc[0]
+    top = peak(df).iloc[0]
+    return {
+        "run": run,
+        "complete": bool(meta.get("complete")),
+        "device": (meta.get("device") or {}).get("name"),
+        "params": _number(table["n_params"].iloc[0]),
+        "tokens": _number(table["tokens"].iloc[0]),
+        "steps": int(df["step"].nunique()),
+        "flops": {phase: _number(table.loc[phase, "flops"]) for phase in ("forward", "backward", "optimizer", "total")},
+        "expected": {phase: _number(table.loc[phase, "expected_flops"]) for phase in ("forward", "backward", "total")},
+        "mfu": _number(rate["mfu"]),
+        "achieved_flops_per_s": _number(rate["achieved_flops_per_s"]),
+        "step_time_s": _number(rate["step_time_s"]),
+        "peak_flops_per_s": _number(rate["peak_flops_per_s"]),
+        "peak_live_bytes": _number(top["peak_live_bytes"]),
+    }
+
+
+def _print_report(df, args, out):
+    from reports.breakdown import breakdown, explain
+    from reports.memory import by_category, peak
+    from reports.mfu import mfu
+    from reports.tables import by_module, by_op
+    from reports.views import views
+
+    (run, meta), *_ = df.attrs["runs"].items()
+    device = (meta.get("device") or {}).get("name", "?")
+    state = "complete" if meta.get("complete") else "INCOMPLETE (cut short): figures cover the rows it has"
+    print(f"optrace report: {run}  ({len(df)} ops, {df['step'].nunique()} step(s), {device}, {state})", file=out)
+
+    table = breakdown(df)
+    print("\nFLOPs per step against 2/4/6 x N x T", file=out)
+    shown = table[["phase", "flops", "expected_flops", "ratio", "weight_matmul_flops", "attention_flops", "other_flops"]]
+    print(shown.to_string(index=False, formatters=_formatters(shown), na_rep=""), file=out)
+    print(f"N = {table['n_params'].iloc[0]:,} parameters ({table['n_kind'].iloc[0]}), T = {table['tokens'].iloc[0]:,} tokens per step", file=out)
+    for line in explain(df):
+        print(f"  - {line}", file=out)
+
+    peak_flops = args.peak_tflops * 1e12 if args.peak_tflops else None
+    rate = mfu(df, step_time_s=args.step_time, peak_flops=peak_flops).iloc[0]
+    print("\nMFU (model FLOPs per second of untraced step time / promised FLOP/s)", file=out)
+    if rate["step_time_s"] is None or (isinstance(rate["step_time_s"], float) and math.isnan(rate["step_time_s"])):
+        print("  N/A: no untraced step time (Tracer.set_step_time(time_step(...)) or --step-time)", file=out)
+    else:
+        print(
+            f"  step {rate['step_time_s'] * 1e3:.1f} ms, achieved {_human(rate['achieved_flops_per_s'], 'FLOP/s')}, "
+            f"peak {_human(rate['peak_flops_per_s'], 'FLOP/s')} ({rate['peak_source']}): "
+            f"MFU {_pct(rate['mfu'])}, HFU {_pct(rate['hfu'])}",
+            file=out,
+        )
+        if "mfu_of_achievable" in rate and _number(rate["mfu_of_achievable"]) is not None:
+            print(f"  of the measured matmul ceiling: {_pct(rate['mfu_of_achievable'])}", file=out)
+
+    ops = by_op(df).head(args.top)
+    print(f"\nTop {len(ops)} ops by FLOPs (all {df['step'].nunique()} steps)", file=out)
+    print(ops[["op", "ops", "flops", "flops_pct", "bytes_allocated"]].to_string(index=False, formatters=_formatters(ops)), file=out)
+    mods = by_module(df)
+    mods = mods[mods["depth"] <= 2].sort_values("subtree_flops", ascending=False).head(args.top)
+    mods = mods.assign(module=mods["module"].replace("", "(outside modules)"))
+    print("\nTop modules by FLOPs (children rolled up)", file=out)
+    print(mods[["module", "subtree_flops", "subtree_flops_pct"]].to_string(index=False, formatters=_formatters(mods)), file=out)
+
+    top = peak(df).iloc[0]
+    print(f"\nMemory: peak {_bytes(top['peak_live_bytes'])} live at op {top['seq']} ({top['op']}, {top['phase']}, module {top['module'] or '-'})", file=out)
+    for _, row in by_category(df).iterrows():
+        print(f"  {row['category']:<16} {_bytes(row['bytes'])}", file=out)
+
+    v = views(df)
+    kinds = v.groupby("kind", sort=False)[["ops", "bytes_allocated"]].sum().reset_index()
+    print("\nViews (no new memory) vs copies", file=out)
+    print(kinds.to_string(index=False, formatters=_formatters(kinds)), file=out)
+    made = v[v["kind"] == "copy"].head(args.top)
+    if len(made):
+        print("Copies:", ", ".join(f"{r.op} x{r.ops} ({_bytes(r.bytes_allocated)})" for r in made.itertuples()), file=out)
+
+
+def _pct(value):
+    value = _number(value)
+    return "N/A" if value is None else f"{100 * value:.1f}%"
+
+
+def _formatters(frame):
+    found = {}
+    for column in frame.columns:
+        if column.endswith("_ratio") or column == "ratio":
+            found[column] = lambda v: "" if v is None or v != v else f"{v:.3f}"
+        elif column.endswith("_pct"):
+            found[column] = lambda v: "N/A" if v is None or v != v else f"{v:.1f}%"
+        elif "flops" in column:
+            found[column] = lambda v: _human(v)
+        elif "bytes" in column:
+            found[column] = _bytes
+    return found
+
+
+def _report(args):
+    from reports.load import load
+
+    df = load(args.trace)
+    if args.plot:
+        from reports.plots import save_plots
+
+        paths = save_plots(df, args.plot)
+    if args.json:
+        print(json.dumps(summary(df, args.peak_tflops, args.step_time), indent=2))
+    else:
+        _print_report(df, args, sys.stdout)
+        if args.plot:
+            print("\nPlots: " + ", ".join(str(p) for p in paths))
+
+
+def _compare(args):
+    from reports.compare import compare
+    from reports.load import load
+
+    df = load(args.traces)
+    table = compare(df, by=args.by)
+    if args.json:
+        print(table.to_json(orient="records", indent=2))
+    else:
+        print(f"optrace compare: {', '.join(df.attrs['runs'])} (ratios against {next(iter(df.attrs['runs']))})")
+        print(table.head(args.top).to_string(index=False, formatters=_formatters(table)))
+
+
+def _parser():
+    parser = argparse.ArgumentParser(prog="optrace", description="Read optrace traces: FLOPs, MFU, memory, views.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    rep = sub.add_parser("report", help="summarise one trace")
+    rep.add_argument("trace")
+    rep.add_argument("--peak-tflops", type=float, help="promised peak TFLOP/s (overrides the device table)")
+    rep.add_argument("--step-time", type=float, help="untraced step time in seconds (overrides the trace's)")
+    rep.add_argument("--json", action="store_true", help="print one JSON object")
+    rep.add_argument("--plot", metavar="DIR", help="write PNG plots to DIR")
+    rep.add_argument("--top", type=int, default=8, help="rows in the top-N tables")
+    rep.set_defaults(run=_report)
+    cmp = sub.add_parser("compare", help="compare several traces")
+    cmp.add_argument("traces", nargs="+")
+    cmp.add_argument("--by", choices=("phase", "op", "module"), default="phase")
+    cmp.add_argument("--json", action="store_true")
+    cmp.add_argument("--top", type=int, default=20)
+    cmp.set_defaults(run=_compare)
+    return parser
+
+
+def main(argv=None):
+    args = _parser().parse_args(argv)
+    if args.command == "compare" and len(args.traces) < 2:
+        print("optrace compare: error: expected at least two traces", file=sys.stderr)
+        return 2
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            args.run(args)
+        except ReportError as exc:
+            print(f"optrace {args.command}: error: {exc}", file=sys.stderr)
+            return 2
+    for w in caught:
+        print(f"optrace {args.command}: note: {w.message}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

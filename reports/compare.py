@@ -1,0 +1,157 @@
+"""Several runs side by side: fp32 against bf16 autocast, batch 8 against 16, model A against B.
+
+    compare(["runs/fp32.parquet", "runs/bf16.parquet"], by="op")
+
+One row per (key, run), the key being a phase, an aten op or a module. Runs that
+traced different models still line up by op and by phase; by module, a module
+only one run has shows 0 for the others. Values are per training step (runs may
+have traced different numbers of steps), except the peak:
+
+  ops_per_step              aten ops
+  flops_per_step            analytic FLOPs (2 per multiply-add)
+  bytes_allocated_per_step  bytes of the storages the ops created
+  peak_live_bytes           the highest live_bytes after any op of the key
+  traced_us_per_step        sum of the ops' duration_ns under the tracer, in us:
+                            traced time, slowed by the tracer's bookkeeping; good
+                            for ranking ops, not for speed (MFU uses untraced time)
+  mfu_pct                   on the "total" rows only: reports.mfu's MFU, from the
+                            run's untraced step time; NaN where it cannot be known.
+                            MFU per phase, op or module would need untraced time per
+                            phase, op or module, which no trace has.
+  <metric>_ratio            the value over the baseline run's value for the same key
+                            (NaN for 0 / 0, inf for x / 0)
+  change_pct                the larger change of FLOPs and of bytes allocated against
+                            the baseline, as a share of the baseline run's total
+
+Each run's "total" row comes first, then the keys with the biggest change_pct
+in any run, each key's rows in run order.
+"""
+
+import os
+
+import numpy as np
+import pandas as pd
+
+from reports.errors import ReportError
+from reports.load import load, require, runs_of
+from reports.tables import count_steps
+
+__all__ = ["compare"]
+
+BY = ("phase", "op", "module")
+TOTAL = "total"
+_SUMS = ("ops", "flops", "bytes_allocated", "traced_us")
+_RATIOS = ("flops", "bytes_allocated", "peak_live_bytes", "traced_us")
+
+
+def _columns(by):
+    return {
+        by: "object", "run": "object", "steps": "int64",
+        **{f"{m}_per_step": "float64" for m in _SUMS},
+        "peak_live_bytes": "Int64", "mfu_pct": "float64",
+        **{f"{m}_ratio": "float64" for m in _RATIOS},
+        "change_pct": "float64",
+    }  # fmt: skip
+
+
+def _mfu_pct(df):
+    """{run: MFU in percent} from reports.mfu, or {} when MFU cannot be computed from this frame."""
+    try:
+        from reports.mfu import mfu
+    except ImportError:
+        return {}
+    try:
+        table = mfu(df)
+    except ReportError:  # e.g. loaded without the columns mfu needs
+        return {}
+    return dict(zip(table["run"], 100.0 * table["mfu"].astype("float64")))
+
+
+def _per_run(rows, by, steps):
+    g = rows.groupby(rows[by].astype(object), sort=False)
+    table = pd.DataFrame(
+        {
+            "ops_per_step": g.size() / steps,
+            "flops_per_step": g["flops"].sum() / steps,
+            "bytes_allocated_per_step": g["bytes_allocated"].sum() / steps,
+            "traced_us_per_step": g["duration_ns"].sum() / 1000.0 / steps,
+            "peak_live_bytes": g["live_bytes"].max(),
+        }
+    )
+    total = pd.DataFrame(
+        {
+            "ops_per_step": [len(rows) / steps],
+            "flops_per_step": [rows["flops"].sum() / steps],
+            "bytes_allocated_per_step": [rows["bytes_allocated"].sum() / steps],
+            "traced_us_per_step": [rows["duration_ns"].sum() / 1000.0 / steps],
+            "peak_live_bytes": [rows["live_bytes"].max() if len(rows) else np.nan],
+        },
+        index=[TOTAL],
+    )
+    return pd.concat([total, table])
+
+
+def compare(df_or_paths, by="phase", baseline=None):
+    """Runs side by side by phase, op or module, with ratios against the baseline run.
+
+    df_or_paths  a DataFrame from reports.load holding several runs, or trace paths
+    by           "phase", "op" or "module"
+    baseline     the run the ratios divide by (its name); default the first run
+    See the module docstring for the columns."""
+    if by not in BY:
+        raise ReportError(f"compare: by must be one of {list(BY)}, got {by!r}")
+    if isinstance(df_or_paths, pd.DataFrame):
+        df = df_or_paths
+    elif isinstance(df_or_paths, (str, os.PathLike, list, tuple)):
+        df = load(df_or_paths)
+    else:
+        raise ReportError(f"compare: expected a DataFrame from reports.load or trace paths, got {type(df_or_paths).__name__}")
+    require(df, ("seq", "step", "phase", "flops", "bytes_allocated", "live_bytes", "duration_ns", by), "compare")
+    runs = list(runs_of(df))
+    if baseline is None:
+        baseline = runs[0]
+    elif baseline not in runs:
+        raise ReportError(f"compare: baseline {baseline!r} is not one of the runs {runs}")
+
+    tables = {}
+    for run in runs:
+        rows = df[df["run"] == run]
+        steps = count_steps(rows)
+        table = _per_run(rows, by, steps)
+        table["steps"] = steps
+        tables[run] = table
+    keys = list(dict.fromkeys(k for t in tables.values() for k in t.index))
+    base = tables[baseline].reindex(keys)
+    mfu = _mfu_pct(df)
+    frames = []
+    for run in runs:
+        table = tables[run].reindex(keys)
+        table["steps"] = tables[run]["steps"].iloc[0]
+        sums = [f"{m}_per_step" for m in _SUMS]
+        table[sums] = table[sums].fillna(0.0)
+        table["mfu_pct"] = np.nan
+        table.loc[TOTAL, "mfu_pct"] = mfu.get(run, np.nan)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            for m in _RATIOS:
+                column = m if m == "peak_live_bytes" else f"{m}_per_step"
+                table[f"{m}_ratio"] = table[column].astype("float64") / base[column].fillna(0).astype("float64")
+        change = np.zeros(len(keys))
+        for m in ("flops", "bytes_allocated"):
+            column = f"{m}_per_step"
+            whole = base.loc[TOTAL, column]
+            if whole:
+                change = np.maximum(change, (table[column] - base[column].fillna(0)).abs().to_numpy() / whole)
+        table["change_pct"] = 100.0 * change
+        table.index.name = by
+        table = table.reset_index()
+        table.insert(1, "run", run)
+        frames.append(table)
+    out = pd.concat(frames, ignore_index=True)
+    score = out.groupby(by, sort=False)["change_pct"].transform("max")
+    out["_total"] = out[by] != TOTAL
+    out["_score"] = -score
+    out["_key"] = out[by].map({k: i for i, k in enumerate(keys)})
+    out["_run"] = out["run"].map({r: i for i, r in enumerate(runs)})
+    out = out.sort_values(["_total", "_score", "_key", "_run"], kind="stable").drop(columns=["_total", "_score", "_key", "_run"])
+    columns = _columns(by)
+    return out[list(columns)].astype(columns).reset_index(drop=True)

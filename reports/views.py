@@ -1,0 +1,148 @@
+"""Views and copies: which ops shared storage for free and which materialised data.
+
+Lecture 2: "views are free, copying takes both (additional) memory and compute".
+Under the tracer:
+
+  view  the row's is_view flag: every output shares an input's storage and
+        nothing is written (x[0], x.t(), x.view(), x.permute(), x.expand(),
+        the aten._unsafe_view that follows a reshape's copy): 0 bytes.
+  copy  an op whose only job is to move data into new memory or into another
+        tensor (COPY_OPS, and any aten.*_copy op):
+          aten.clone     x.contiguous() of a non-contiguous x, x.clone(), and
+                         x.reshape() of a non-contiguous x (clone, then _unsafe_view)
+          aten._to_copy  x.to(dtype), x.to(copy=True), x.float(), autocast casts
+          aten.copy_     y.copy_(x), y[...] = x: writes into an existing tensor,
+                         so it allocates nothing but still moves bytes
+          aten.cat, aten.stack, aten.repeat: assemble a new tensor from copies
+x.contiguous() of an already contiguous x is no op at all: it does not reach the
+tracer.
+"""
+
+import numpy as np
+import pandas as pd
+
+from reports.load import require, runs_of
+
+__all__ = ["COPY_OPS", "copies", "is_copy", "views"]
+
+COPY_OPS = frozenset(
+    {"aten.clone", "aten.copy_", "aten.copy", "aten._to_copy", "aten.cat", "aten.stack", "aten.repeat",
+     "aten._copy_from", "aten._copy_from_and_resize", "aten.lift_fresh_copy"}
+)  # fmt: skip
+
+
+def packet(op):
+    """'aten.clone.default' -> 'aten.clone' (the overload packet)."""
+    return ".".join(str(op).split(".")[:2])
+
+
+def is_copy(op):
+    """True for the ops that materialise a copy: COPY_OPS and aten.*_copy / aten.*_copy_ (view_copy, _foreach_copy_)."""
+    name = packet(op)
+    return name in COPY_OPS or name.rstrip("_").endswith("_copy")
+
+
+def _kinds(rows):
+    """'view', 'copy' or '' for each row."""
+    ops = rows["op"].astype(object)
+    copy_ops = {op for op in pd.unique(ops) if is_copy(op)}
+    view = rows["is_view"].to_numpy(dtype=bool)
+    copy = ops.isin(copy_ops).to_numpy() & ~view
+    return np.where(view, "view", np.where(copy, "copy", ""))
+
+
+def _casts(rows):
+    """For each row: does its first output have another dtype than its first input (a dtype conversion)?"""
+    out = []
+    for ins, outs in zip(rows["input_dtypes"], rows["output_dtypes"]):
+        out.append(ins is not None and outs is not None and len(ins) > 0 and len(outs) > 0 and ins[0] != outs[0])
+    return np.asarray(out, dtype=bool)
+
+
+def _empty(dtypes):
+    return pd.DataFrame({name: pd.Series(dtype=dtype) for name, dtype in dtypes.items()})
+
+
+_VIEWS = {"run": "object", "kind": "object", "op": "object", "ops": "int64", "bytes_allocated": "int64",
+          "bytes_written": "int64", "allocated_pct": "float64"}  # fmt: skip
+_VIEW_COLUMNS = ("op", "is_view", "bytes_allocated", "bytes_written")
+
+
+def views(df):
+    """View ops against copying ops: one row per (run, kind, op), views first, then copies by bytes.
+
+    Columns: kind ("view" or "copy"), op, ops (how many calls), bytes_allocated
+    (new memory: 0 for views), bytes_written (data moved), allocated_pct
+    (share of all the bytes the run's ops allocated)."""
+    require(df, _VIEW_COLUMNS, "views")
+    frames = []
+    for name in runs_of(df):
+        rows = df[df["run"] == name]
+        kind = _kinds(rows)
+        picked = rows[kind != ""]
+        if not len(picked):
+            continue
+        total = int(rows["bytes_allocated"].sum())
+        table = (
+            pd.DataFrame(
+                {
+                    "kind": kind[kind != ""],
+                    "op": picked["op"].astype(object).to_numpy(),
+                    "bytes_allocated": picked["bytes_allocated"].to_numpy(),
+                    "bytes_written": picked["bytes_written"].to_numpy(),
+                }
+            )
+            .groupby(["kind", "op"], sort=False)
+            .agg(ops=("op", "size"), bytes_allocated=("bytes_allocated", "sum"), bytes_written=("bytes_written", "sum"))
+            .reset_index()
+        )
+        table["allocated_pct"] = 100.0 * table["bytes_allocated"] / total if total else 0.0
+        table["order"] = (table["kind"] == "copy").astype(int)
+        table = table.sort_values(["order", "bytes_allocated", "bytes_written", "ops"], ascending=[True, False, False, False], kind="stable")
+        table.insert(0, "run", name)
+        frames.append(table.drop(columns="order"))
+    if not frames:
+        return _empty(_VIEWS)
+    return pd.concat(frames, ignore_index=True)[list(_VIEWS)].astype(_VIEWS)
+
+
+_COPIES = {"run": "object", "module": "object", "phase": "object", "op": "object", "ops": "int64",
+           "casts": "int64", "bytes_allocated": "int64", "bytes_written": "int64"}  # fmt: skip
+_COPY_COLUMNS = ("op", "module", "phase", "is_view", "input_dtypes", "output_dtypes", "bytes_allocated", "bytes_written")
+
+
+def copies(df):
+    """Which ops materialised copies, where, and what they cost: one row per (run, module, phase, op).
+
+    Columns: ops (calls), casts (calls that also changed the dtype: x.to(bf16),
+    autocast), bytes_allocated (new memory the copies took), bytes_written (data
+    moved, including copy_ into existing tensors). Most bytes first."""
+    require(df, _COPY_COLUMNS, "copies")
+    frames = []
+    for name in runs_of(df):
+        rows = df[df["run"] == name]
+        rows = rows[_kinds(rows) == "copy"]
+        if not len(rows):
+            continue
+        table = (
+            pd.DataFrame(
+                {
+                    "module": rows["module"].astype(object).to_numpy(),
+                    "phase": rows["phase"].astype(object).to_numpy(),
+                    "op": rows["op"].astype(object).to_numpy(),
+                    "casts": _casts(rows).astype(np.int64),
+                    "bytes_allocated": rows["bytes_allocated"].to_numpy(),
+                    "bytes_written": rows["bytes_written"].to_numpy(),
+                }
+            )
+            .groupby(["module", "phase", "op"], sort=False)
+            .agg(ops=("op", "size"), casts=("casts", "sum"), bytes_allocated=("bytes_allocated", "sum"),
+                 bytes_written=("bytes_written", "sum"))  # fmt: skip
+            .reset_index()
+            .sort_values(["bytes_allocated", "bytes_written", "ops"], ascending=False, kind="stable")
+        )
+        table.insert(0, "run", name)
+        frames.append(table)
+    if not frames:
+        return _empty(_COPIES)
+    return pd.concat(frames, ignore_index=True)[list(_COPIES)].astype(_COPIES)

@@ -1,0 +1,224 @@
+"""reports.memory on traces of a tiny MLP trained with AdamW: golden byte counts.
+
+The model: Linear(4, 8) -> ReLU -> Linear(8, 2) on a batch x of 3 rows, loss = mean(y ** 2).
+P = 4*8 + 8 + 8*2 + 2 = 58 parameters in 4 tensors, all float32 (4 bytes each).
+"""
+
+import time
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pytest
+import torch
+from torch import nn
+
+from reports.errors import ReportError
+from reports.load import load
+from reports.memory import CATEGORIES, by_category, by_dtype, peak, storages, timeline
+from tracer import Tracer
+
+P = 4 * 8 + 8 + 8 * 2 + 2  # 58 parameters
+TENSORS = 4  # weight and bias of two Linear layers
+
+
+def trace_mlp(path, steps=1, dtype=None, run_name=None):
+    """Trace `steps` AdamW steps of the MLP (forward under CPU autocast when `dtype` is given)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    x = torch.randn(3, 4)
+    with Tracer(path, model=model, run_name=run_name) as tracer:
+        for _ in range(steps):
+            with torch.autocast("cpu", dtype=dtype or torch.bfloat16, enabled=dtype is not None):
+                loss = model(x).pow(2).mean()
+            loss.backward()
+            opt.step()
+            if steps > 1:
+                opt.zero_grad()
+        tracer.set_step_time(0.01)
+    return path
+
+
+@pytest.fixture(scope="module")
+def one_step(tmp_path_factory):
+    return load(trace_mlp(tmp_path_factory.mktemp("mem") / "one.parquet"))
+
+
+@pytest.fixture(scope="module")
+def two_steps(tmp_path_factory):
+    return load(trace_mlp(tmp_path_factory.mktemp("mem") / "two.parquet", steps=2))
+
+
+@pytest.fixture(scope="module")
+def fp32_bf16(tmp_path_factory):
+    d = tmp_path_factory.mktemp("mem")
+    return load([trace_mlp(d / "fp32.parquet", run_name="fp32"), trace_mlp(d / "bf16.parquet", dtype=torch.bfloat16, run_name="bf16")])
+
+
+def categories(df, at):
+    table = by_category(df, at)
+    return dict(zip(table["category"], table["bytes"]))
+
+
+def test_parameters_gradients_activations_after_one_step(one_step):
+    most = categories(one_step, "max")
+    assert most["parameters"] == 4 * P == 232
+    assert most["gradients"] == 4 * P == 232
+    # Alive when the backward begins: relu's output [3, 8] (relu and the second Linear save it),
+    # the second Linear's output [3, 2] (pow saves it), the loss [] and backward()'s ones_like seed [].
+    assert most["activations"] == 4 * (3 * 8 + 3 * 2 + 1 + 1) == 128
+    assert most["activations"] > 0
+    end = categories(one_step, "end")  # no zero_grad: the gradients are still there
+    assert end["parameters"] == 232 and end["gradients"] == 232
+
+
+def test_optimizer_state_after_one_step(one_step):
+    # AdamW: exp_avg and exp_avg_sq like every parameter (2 * 4 * P) + one float32 `step` scalar per tensor.
+    assert categories(one_step, "end")["optimizer_state"] == 2 * 4 * P + 4 * TENSORS == 480
+
+
+def test_categories_at_the_end_of_the_first_of_two_steps(two_steps):
+    last = int(two_steps.loc[two_steps["step"] == 0, "seq"].max())  # zero_grad frees the gradients in step 1
+    at = categories(two_steps, last)
+    assert at["parameters"] == 4 * P == 232
+    assert at["gradients"] == 4 * P == 232
+    assert at["optimizer_state"] == 2 * 4 * P + 4 * TENSORS == 480
+    assert at["activations"] == 4  # the loss, still held by the loop's variable
+    assert at["inputs"] == 3 * 4 * 4 == 48  # x
+    assert sum(at.values()) == int(two_steps.loc[two_steps["seq"] == last, "live_bytes"].iloc[0])
+
+
+def test_activations_with_gradient_accumulation(tmp_path):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    x = torch.randn(3, 4)
+    with Tracer(tmp_path / "accum.parquet", model=model):
+        for _ in range(2):  # two micro-batches, one step
+            model(x).pow(2).mean().backward()
+    line = timeline(load(tmp_path / "accum.parquet"))
+    backward = (line["phase"] == "backward").to_numpy()
+    begins = np.flatnonzero(backward & ~np.r_[False, backward[:-1]])
+    assert len(begins) == 2
+    for begin in begins:  # each backward finds its micro-batch's relu output [3, 8] and Linear output [3, 2] alive
+        assert line["activations_bytes"].iloc[begin - 1] >= 4 * (3 * 8 + 3 * 2)
+
+
+@pytest.mark.parametrize("trace", ["one_step", "two_steps", "fp32_bf16"])
+def test_timeline_categories_add_up_to_live_bytes(trace, request):
+    df = request.getfixturevalue(trace)
+    line = timeline(df)
+    assert len(line) == len(df)
+    parts = line[[f"{c}_bytes" for c in CATEGORIES]].sum(axis=1)
+    assert (parts == line["live_bytes"]).all()
+    assert (line["live_bytes"].to_numpy() == df["live_bytes"].to_numpy()).all()
+
+
+def test_storages(one_step):
+    s = storages(one_step).set_index("storage_id")
+    params = s[s["category"] == "parameters"]
+    assert sorted(params["nbytes"]) == [4 * 2, 4 * 8, 4 * 8 * 2, 4 * 4 * 8]  # b2, b1, W2, W1
+    assert (params["alloc_seq"] == -1).all() and params["free_seq"].isna().all()
+    relu = s[s["op"] == "aten.relu.default"].iloc[0]
+    assert (relu["nbytes"], relu["dtype"], relu["category"], relu["phase"]) == (3 * 8 * 4, "float32", "activations", "forward")
+    x = s[s["category"] == "inputs"]
+    assert x["nbytes"].sum() == 3 * 4 * 4  # the batch, made before the trace
+    assert s.loc[s["allocated"], "nbytes"].sum() == one_step["bytes_allocated"].sum()
+    steps = s[(s["category"] == "optimizer_state") & ~s["allocated"]]  # AdamW's torch.tensor(0.0) step counters
+    assert list(steps["nbytes"]) == [4] * TENSORS and set(steps["op"]) == {"aten.lift_fresh.default"}
+
+
+def test_peak(two_steps):
+    top = peak(two_steps)
+    assert list(top.columns) == ["run", "peak_live_bytes", "seq", "step", "phase", "module", "op"]
+    row = two_steps.loc[two_steps["live_bytes"].idxmax()]
+    assert top["peak_live_bytes"].iloc[0] == row["live_bytes"] and top["seq"].iloc[0] == row["seq"]
+    at_peak = by_category(two_steps)
+    assert at_peak["bytes"].sum() == row["live_bytes"] and (at_peak["seq"] == row["seq"]).all()
+
+
+def test_by_dtype_bf16_halves_the_matmul_outputs(fp32_bf16):
+    table = by_dtype(fp32_bf16)
+    assert set(table.loc[table["run"] == "fp32", "dtype"]) == {"float32"}
+    assert table.loc[(table["run"] == "bf16") & (table["dtype"] == "bfloat16"), "bytes_allocated"].iloc[0] > 0
+    totals = table.groupby("run")["bytes_allocated"].sum()
+    traced = fp32_bf16.groupby("run", observed=True)["bytes_allocated"].sum()
+    assert totals.to_dict() == traced.to_dict()
+    s = storages(fp32_bf16)
+    addmm = s[(s["op"] == "aten.addmm.default") & s["allocated"]].groupby("run")["nbytes"].apply(list).to_dict()
+    assert addmm == {"fp32": [3 * 8 * 4, 3 * 2 * 4], "bf16": [3 * 8 * 2, 3 * 2 * 2]}
+
+
+def test_empty_results_keep_their_dtypes(one_step):
+    empty = one_step.iloc[0:0]
+    for fn in (storages, timeline, peak, by_category, by_dtype):
+        out, full = fn(empty), fn(one_step)
+        assert len(out) == 0 and len(full) > 0
+        assert out.dtypes.to_dict() == full.dtypes.to_dict(), fn.__name__
+
+
+def test_errors(one_step, tmp_path):
+    with pytest.raises(ReportError, match=r"by_category: at must be one of \['peak', 'end', 'max'\] or an op's seq \(int\), got 'middle'"):
+        by_category(one_step, "middle")
+    with pytest.raises(ReportError, match=r"by_category: run 'one' has no op with seq 100000 \(its seq runs 0\.\.\d+\)"):
+        by_category(one_step, 100000)
+    path = trace_mlp(tmp_path / "few.parquet")
+    few = load(path, columns=["seq", "step", "op", "phase", "module", "live_bytes"])
+    assert len(peak(few)) == 1
+    for fn in (storages, timeline, by_category, by_dtype):
+        with pytest.raises(ReportError, match=rf"{fn.__name__}: the trace lacks column\(s\) \['input_storage_ids'"):
+            fn(few)
+    with pytest.raises(ReportError, match=r"peak: the trace lacks column\(s\) \['live_bytes'\]"):
+        peak(few.drop(columns="live_bytes"))
+    with pytest.raises(ReportError, match=r"expected a DataFrame returned by reports.load"):
+        timeline(pd.DataFrame(one_step))
+
+
+def _synthetic(n):
+    """n rows of 1 KiB ops: op i reads storage i+9, allocates storage i+10 and (from op 1) frees storage i+8."""
+    steps = np.arange(n + 1, dtype=np.int32)
+
+    def per_row(values, kind=None):  # one value per row, as a column of 1-element lists
+        return pa.ListArray.from_arrays(pa.array(steps), pa.array(values, type=kind))
+
+    def same(value):  # every row holds the same list object
+        one = np.empty(1, dtype=object)
+        one[0] = value
+        return np.repeat(one, n)
+
+    ids = np.arange(n, dtype=np.int64) + 10
+    shape = same(np.array([np.array([256])], dtype=object))  # [[256]]: one tensor of 256 elements
+    freed = pa.ListArray.from_arrays(pa.array(np.r_[0, steps[:-1]], type=pa.int32()), pa.array(ids[1:] - 2))
+    df = pd.DataFrame(
+        {
+            "run": pd.Categorical.from_codes(np.zeros(n, dtype=np.int8), ["big"]),
+            "seq": np.arange(n, dtype=np.int64),
+            "step": np.arange(n, dtype=np.int64) // 1000,
+            "op": pd.Categorical.from_codes(np.zeros(n, dtype=np.int8), ["aten.exp.default"]),
+            "phase": pd.Categorical.from_codes((np.arange(n) % 1000 >= 500).astype(np.int8), ["forward", "backward"]),
+            "module": pd.Categorical.from_codes(np.zeros(n, dtype=np.int8), [""]),
+            "input_storage_ids": per_row(ids - 1).to_pandas(),
+            "input_shapes": shape,
+            "input_strides": same(np.array([np.array([1])], dtype=object)),
+            "input_dtypes": same(np.array(["float32"], dtype=object)),
+            "output_storage_ids": per_row(ids).to_pandas(),
+            "output_shapes": shape,
+            "output_dtypes": same(np.array(["float32"], dtype=object)),
+            "freed_storage_ids": freed.to_pandas(),
+            "bytes_allocated": np.full(n, 1024, dtype=np.int64),
+            "live_bytes": np.full(n, 2048, dtype=np.int64),  # the op's input and its output
+        }
+    )
+    df.attrs["runs"] = {"big": {"parameters": {}, "storage_roles": {}}}
+    return df
+
+
+def test_a_million_rows_in_seconds():
+    df = _synthetic(1_000_000)
+    start = time.perf_counter()
+    line = timeline(df)
+    elapsed = time.perf_counter() - start
+    assert elapsed < 8, f"timeline took {elapsed:.1f} s on 1,000,000 rows"  # about 1-2 s on a 2-core CPU
+    assert len(line) == 1_000_000
+    parts = line[[f"{c}_bytes" for c in CATEGORIES]].sum(axis=1)
+    assert (parts == line["live_bytes"]).all()
