@@ -40,7 +40,9 @@ def main():
     trace("runs/gpt_bf16.parquet", torch.bfloat16)
     df = reports.load(["runs/gpt_fp32.parquet", "runs/gpt_bf16.parquet"])
     print("By phase (ratios: bf16 / fp32)")
-    print(reports.compare(df, by="phase").to_string(index=False))
+    table = reports.compare(df, by="phase")
+    columns = ["phase", "run", "flops_per_step", "bytes_allocated_per_step", "peak_live_bytes", "bytes_allocated_ratio", "peak_live_bytes_ratio"]
+    print(table[columns].to_string(index=False))
     print("\nBytes allocated by dtype")
     print(reports.memory_by_dtype(df).to_string(index=False))
     mm = df[df["op"].isin(["aten.mm.default", "aten.addmm.default", "aten.bmm.default"])]
