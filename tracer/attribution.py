@@ -32,6 +32,8 @@ import torch.optim.optimizer as optim_hooks
 from torch.autograd.graph import register_multi_grad_hook
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 
+_graph_task_id = torch._C._current_graph_task_id
+
 
 def _on_grads_ready(tensors, fn):
     """Call fn once all of `tensors`' gradients are computed; a handle to remove the hook.
@@ -111,6 +113,19 @@ class Attribution:
     def module(self, phase):
         stack = self.backward_stack if phase == "backward" else self.forward_stack
         return stack[-1] if stack else ""
+
+    def where(self):
+        """(phase index in schema.PHASES, innermost module name): `phase` and `module` in one call."""
+        if _graph_task_id() != -1:
+            self.backward_seen = True
+            stack = self.backward_stack
+            return 1, stack[-1] if stack else ""
+        stack = self.forward_stack
+        if self.in_optimizer:
+            return 2, stack[-1] if stack else ""
+        if stack:
+            return 0, stack[-1]
+        return (3 if self.backward_seen else 0), ""
 
     def next_step(self):
         self.step += 1

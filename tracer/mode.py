@@ -13,11 +13,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from tracer.attribution import Attribution
 from tracer.device import cuda_sync_for, device_info
 from tracer.errors import TraceError
-from tracer.flops import METADATA_OPS, flop_rule, has_formula
+from tracer.flops import METADATA_OPS, OUTPUT_ELEMENTS, ZERO, flop_rule, has_formula
 from tracer.schema import ROLE_KEYS, SCHEMA_VERSION
 from tracer.storage import StorageTable
 from tracer.schema import PHASES
-from tracer.writer import PartWriter, RowBuffer, prepare_directory
+from tracer.writer import ROW_WIDTH, PartWriter, RowBuffer, prepare_directory
 
 Tensor = torch.Tensor
 _perf_ns = time.perf_counter_ns
@@ -57,13 +57,15 @@ def _passthrough(func):
 class _OpInfo:
     """Facts about one op overload, computed once per trace."""
 
-    __slots__ = ("name", "name_id", "rule", "kind_id", "decompose", "written_positions", "written_names")
+    __slots__ = ("name", "name_id", "rule", "basis", "kind_id", "decompose", "written_positions", "written_names")
 
     def __init__(self, func, names):
         self.name = str(func)
         self.name_id = names["op"].id(self.name)
         self.rule = flop_rule(func)
         self.kind_id = names["kind"].id(self.rule.kind)
+        # 0: no FLOPs; 1: one per output element (the hook has that count already); 2: ask the rule
+        self.basis = 0 if self.rule.count is ZERO else 1 if self.rule.count is OUTPUT_ELEMENTS else 2
         # Composite ops (linear, matmul, einsum) normally decompose before they reach
         # us; under inference_mode they arrive whole. Decompose them here, as training
         # would, so their FLOPs are counted once, through mm/bmm/addmm.
@@ -168,7 +170,7 @@ class Tracer:
         if Tracer._active is not None:
             raise TraceError(
                 f"another Tracer is already active (writing {Tracer._active.path!r}); "
-                "close it before starting one for {self.path!r}"
+                f"close it before starting one for {self.path!r}"
             )
         if self._writer is not None:
             raise TraceError(f"this Tracer (writing {self.path!r}) was already used; create a new one")
@@ -177,8 +179,8 @@ class Tracer:
         self._rows = RowBuffer()
         self._dtype_ids = {}  # torch.dtype -> (dtype name id, itemsize)
         self._device_ids = {}  # torch.device -> device name id
-        self._module_ids = self._writer.names["module"]
-        self._seq = 0
+        self._module_ids = {}  # module name -> module name id
+        self._flush_at = self.flush_rows * ROW_WIDTH
         self._errors = 0
         self._device = None
         self._sync = None
@@ -246,36 +248,27 @@ class Tracer:
     # the hot path ------------------------------------------------------------------
     def _record(self, info, args, kwargs, out, duration):
         rows = self._rows
+        tensors = rows.tensors
+        dims = rows.dims
         storages = self._storages
         known = storages._by_cdata.get
-        register = storages.register
-        dtype_id = self._dtype_ids.get
-        device = None
-        read = written = 0
+        dtype_of = self._dtype_ids.get
+        read = written = out_elements = 0
         inputs = set()
-
-        buf = rows.inputs
-        mark_in = buf.mark()
-        mark_out = rows.outputs.mark()
         try:
-            n_in = 0
-            for t in _tensors(args, kwargs):
+            ins = _tensors(args, kwargs)
+            for t in ins:
                 shape = t.shape
-                buf.ndim.append(len(shape))
-                buf.dims.extend(shape)
-                buf.strides.extend(t.stride())
-                dt = dtype_id(t.dtype) or self._new_dtype(t.dtype)
-                buf.dtype.append(dt[0])
+                dt = dtype_of(t.dtype) or self._new_dtype(t.dtype)
                 st = t.untyped_storage()
                 sid = known(st._cdata)
                 if sid is None:
-                    sid = register(st)
-                buf.sid.append(sid)
+                    sid = storages.register(st)
+                tensors.extend((len(shape), dt[0], sid))
+                dims.extend(shape)
+                dims.extend(t.stride())
                 inputs.add(sid)
                 read += t.numel() * dt[1]
-                n_in += 1
-                if device is None:
-                    device = t.device
 
             if isinstance(out, Tensor):
                 outs = (out,)
@@ -283,78 +276,67 @@ class Tracer:
                 outs = [o for o in out if isinstance(o, Tensor)]
             else:
                 outs = ()
-            buf = rows.outputs
             first_new = storages.next_id  # storages first seen from here on were made by this op
             aliased = 0
             for t in outs:
                 shape = t.shape
-                buf.ndim.append(len(shape))
-                buf.dims.extend(shape)
-                buf.strides.extend(t.stride())
-                dt = dtype_id(t.dtype) or self._new_dtype(t.dtype)
-                buf.dtype.append(dt[0])
+                dt = dtype_of(t.dtype) or self._new_dtype(t.dtype)
                 st = t.untyped_storage()
                 sid = known(st._cdata)
                 if sid is None:
-                    sid = register(st)
-                buf.sid.append(sid)
+                    sid = storages.register(st)
+                tensors.extend((len(shape), dt[0], sid))
+                dims.extend(shape)
+                dims.extend(t.stride())
+                n = t.numel()
+                out_elements += n
                 if sid in inputs:
                     aliased += 1
                 else:
-                    written += t.numel() * dt[1]
-                if device is None:
-                    device = t.device
+                    written += n * dt[1]
 
             targets = info.written(args, kwargs) if info.written_positions else ()
             for t in targets:
                 written += t.numel() * t.element_size()
-            rule = info.rule
-            flops = rule.count(args, kwargs, out)
-            causal = -1 if rule.causal is None else int(bool(rule.causal(args, kwargs)))
-            phase = self._attr.phase()
-            module = self._module_ids.id(self._attr.module(phase))
+            basis = info.basis
+            flops = 0 if basis == 0 else out_elements if basis == 1 else info.rule.count(args, kwargs, out)
+            causal = -1 if info.rule.causal is None else int(bool(info.rule.causal(args, kwargs)))
+            phase, module = self._attr.where()
+            module_id = self._module_ids.get(module)
+            if module_id is None:
+                module_id = self._new_module(module)
+            device = ins[0].device if ins else outs[0].device if outs else None
             device_id = self._device_ids.get(device)
             if device_id is None:
                 device_id = self._new_device(device)
         except BaseException:
-            rows.inputs.rollback(mark_in)
-            rows.outputs.rollback(mark_out)
+            rows.rollback()
             raise
 
-        # from here on nothing can fail: one row, appended column by column
-        rows.inputs.count.append(n_in)
-        rows.outputs.count.append(len(outs))
-        allocated = sum(storages.nbytes[s] for s in range(first_new, storages.next_id)) if storages.next_id > first_new else 0
-        is_view = bool(outs) and aliased == len(outs) and not targets
+        # from here on nothing can fail: the row's integers, in RowBuffer.ROW_FIELDS order
+        next_id = storages.next_id
+        allocated = sum(storages.nbytes[s] for s in range(first_new, next_id)) if next_id > first_new else 0
         freed = storages.freed
-        if freed:
+        n_freed = len(freed)
+        if n_freed:
             rows.freed.extend(freed)
-            rows.freed_count.append(len(freed))
             freed.clear()
-        else:
-            rows.freed_count.append(0)
-        rows.seq.append(self._seq)
-        rows.step.append(self._attr.step)
-        rows.op.append(info.name_id)
-        rows.phase.append(_PHASE_IDS[phase])
-        rows.module.append(module)
-        rows.device.append(device_id)
-        rows.flags.append(is_view | (bool(targets) << 1))
-        rows.flops.append(flops)
-        rows.kind.append(info.kind_id)
-        rows.causal.append(causal)
-        rows.bytes_allocated.append(allocated)
-        rows.live_bytes.append(storages.live_bytes)
-        rows.bytes_read.append(read)
-        rows.bytes_written.append(written)
-        rows.duration_ns.append(duration)
-        self._seq += 1
-        if len(rows.seq) >= self.flush_rows:
+        flags = (bool(outs) and aliased == len(outs) and not targets) | (bool(targets) << 1)
+        rows.ints.extend((
+            self._attr.step, info.name_id, phase, module_id, device_id, info.kind_id, flags, causal,
+            flops, allocated, storages.live_bytes, read, written, duration,
+            len(ins), len(outs), n_freed,
+        ))  # fmt: skip
+        if len(rows.ints) >= self._flush_at:
             self._flush()
 
     def _new_dtype(self, dtype):
         entry = self._dtype_ids[dtype] = (self._writer.names["dtype"].id(_dtype_name(dtype)), dtype.itemsize)
         return entry
+
+    def _new_module(self, name):
+        module_id = self._module_ids[name] = self._writer.names["module"].id(name)
+        return module_id
 
     def _new_device(self, device):
         if device is None:
@@ -379,7 +361,7 @@ class Tracer:
 
     def _flush(self):
         meta = self._metadata()
-        rows, self._rows = self._rows, RowBuffer()
+        rows, self._rows = self._rows, RowBuffer(self._writer.rows + len(self._rows))
         self._writer.write(rows, meta)
 
     def _close(self, complete):

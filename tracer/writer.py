@@ -1,8 +1,8 @@
 """Rows to Parquet: column buffers of flat integer arrays, one part file per flush.
 
-The dispatch hook appends plain integers to `array.array` buffers (no Python
-object per row or per tensor survives the hook, so the garbage collector has
-nothing to scan); at flush time the buffers become Arrow arrays in bulk.
+The dispatch hook appends plain integers to three `array.array` buffers (no
+Python object per row or per tensor survives the hook, so the garbage collector
+has nothing to scan); at flush time numpy splits them into Arrow columns in bulk.
 
 A part is written under a hidden temporary name and renamed when complete, so a
 reader, or a process killed mid-write, never sees a half-written part: pyarrow's
@@ -73,7 +73,7 @@ class Names:
         return i
 
     def dictionary(self, indices):
-        return pa.DictionaryArray.from_arrays(pa.array(_np(indices, np.int32)), pa.array(self.names, pa.string()))
+        return pa.DictionaryArray.from_arrays(pa.array(indices, pa.int32()), pa.array(self.names, pa.string()))
 
 
 def _np(buffer, dtype):
@@ -83,94 +83,107 @@ def _np(buffer, dtype):
 def _offsets(counts):
     """Arrow list offsets from per-list lengths: [2, 0, 3] -> [0, 2, 2, 5]."""
     offsets = np.zeros(len(counts) + 1, np.int32)
-    np.cumsum(_np(counts, np.int32), out=offsets[1:])
+    np.cumsum(counts, out=offsets[1:])
     return pa.array(offsets)
 
 
-class Tensors:
-    """Flat buffers for the tensors of many rows (the inputs, or the outputs)."""
+def _lists(counts, values):
+    return pa.ListArray.from_arrays(_offsets(counts), values)
 
-    def __init__(self):
-        self.count = array("i")  # tensors per row
-        self.ndim = array("i")  # per tensor
-        self.dims = array("q")  # every size of every tensor, flat
-        self.strides = array("q")
-        self.dtype = array("i")  # index into the dtype Names
-        self.sid = array("q")  # storage id
 
-    def mark(self):
-        return len(self.ndim), len(self.dims)
-
-    def rollback(self, mark):
-        tensors, dims = mark
-        for buf in (self.ndim, self.dtype, self.sid):
-            del buf[tensors:]
-        del self.dims[dims:], self.strides[dims:]
-
-    def arrays(self, dtypes):
-        """Arrow columns: shapes, dtypes, strides, storage ids."""
-        rows = _offsets(self.count)
-        per_tensor = _offsets(self.ndim)
-        shapes = pa.ListArray.from_arrays(rows, pa.ListArray.from_arrays(per_tensor, pa.array(_np(self.dims, np.int64))))
-        strides = pa.ListArray.from_arrays(
-            rows, pa.ListArray.from_arrays(per_tensor, pa.array(_np(self.strides, np.int64)))
-        )
-        dtype = pa.ListArray.from_arrays(rows, dtypes.dictionary(self.dtype))
-        sids = pa.ListArray.from_arrays(rows, pa.array(_np(self.sid, np.int64)))
-        return shapes, dtype, strides, sids
+# The integers of one row, in RowBuffer.ints. Row order is seq order, so seq itself
+# is not stored: a part's rows are numbered from the part's first seq.
+ROW_FIELDS = (
+    "step", "op", "phase", "module", "device", "kind", "flags", "causal",
+    "flops", "bytes_allocated", "live_bytes", "bytes_read", "bytes_written", "duration_ns",
+    "inputs", "outputs", "freed",
+)  # fmt: skip
+ROW_WIDTH = len(ROW_FIELDS)
+VIEW, INPLACE = 1, 2  # bits of `flags`
 
 
 class RowBuffer:
-    """Column buffers for the rows of one part, in the schema's terms."""
+    """The rows of one part as three flat integer arrays, with no Python object per row.
 
-    INT_COLUMNS = ("seq", "step", "flops", "bytes_allocated", "live_bytes", "bytes_read", "bytes_written", "duration_ns")
+    ints     ROW_WIDTH integers per row (ROW_FIELDS).
+    tensors  per tensor, inputs then outputs of each row: ndim, dtype id, storage id.
+    dims     per tensor: its sizes, then its strides (2 x ndim integers).
+    freed    the storage ids each row freed, `freed` of them per row.
+    """
 
-    def __init__(self):
-        for name in self.INT_COLUMNS:
-            setattr(self, name, array("q"))
-        self.op = array("i")
-        self.phase = array("i")
-        self.module = array("i")
-        self.device = array("i")
-        self.kind = array("i")
-        self.flags = array("b")  # bit 0: is_view, bit 1: inplace
-        self.causal = array("b")  # -1: not attention
-        self.inputs = Tensors()
-        self.outputs = Tensors()
-        self.freed_count = array("i")
+    def __init__(self, first_seq=0):
+        self.first_seq = first_seq
+        self.ints = array("q")
+        self.tensors = array("q")
+        self.dims = array("q")
         self.freed = array("q")
 
     def __len__(self):
-        return len(self.seq)
+        return len(self.ints) // ROW_WIDTH
+
+    def rollback(self):
+        """Drop a half-appended row (its tensors were appended, its ints were not)."""
+        rows = _np(self.ints, np.int64).reshape(-1, ROW_WIDTH)
+        tensors = int(rows[:, ROW_FIELDS.index("inputs")].sum() + rows[:, ROW_FIELDS.index("outputs")].sum())
+        dims = int(2 * _np(self.tensors, np.int64)[0 : 3 * tensors : 3].sum())
+        freed = int(rows[:, ROW_FIELDS.index("freed")].sum())
+        del self.tensors[3 * tensors :], self.dims[dims:], self.freed[freed:]
 
     def table(self, names, metadata):
         """The rows as a pyarrow Table with the trace schema and `metadata` attached."""
-        inputs = self.inputs.arrays(names["dtype"])
-        outputs = self.outputs.arrays(names["dtype"])
-        flags = _np(self.flags, np.int8)
-        causal = _np(self.causal, np.int8)
-        freed = pa.ListArray.from_arrays(_offsets(self.freed_count), pa.array(_np(self.freed, np.int64)))
-        ints = {name: pa.array(_np(getattr(self, name), np.int64)) for name in self.INT_COLUMNS}
+        rows = _np(self.ints, np.int64).reshape(-1, ROW_WIDTH)
+        col = {name: rows[:, i] for i, name in enumerate(ROW_FIELDS)}
+        tensors = _np(self.tensors, np.int64).reshape(-1, 3)
+        ndim, dtype, sid = tensors[:, 0], tensors[:, 1], tensors[:, 2]
+        per_row = col["inputs"] + col["outputs"]
+        # which tensors are inputs: the first `inputs` of each row's tensors
+        row_start = np.repeat(np.cumsum(per_row) - per_row, per_row)
+        is_input = np.arange(len(tensors)) - row_start < np.repeat(col["inputs"], per_row)
+        # which values of `dims` are sizes: the first ndim of each tensor's 2 x ndim
+        width = 2 * ndim
+        tensor_start = np.repeat(np.cumsum(width) - width, width)
+        values = _np(self.dims, np.int64)
+        is_size = np.arange(len(values)) - tensor_start < np.repeat(ndim, width)
+        value_is_input = np.repeat(is_input, width)
+
+        def side(mask, value_mask, counts):
+            shapes = pa.ListArray.from_arrays(_offsets(ndim[mask]), pa.array(values[is_size & value_mask]))
+            strides = pa.ListArray.from_arrays(_offsets(ndim[mask]), pa.array(values[~is_size & value_mask]))
+            dtypes = names["dtype"].dictionary(dtype[mask].astype(np.int32))
+            return (
+                _lists(counts, shapes),
+                _lists(counts, dtypes),
+                _lists(counts, strides),
+                _lists(counts, pa.array(sid[mask])),
+            )
+
+        ins = side(is_input, value_is_input, col["inputs"])
+        outs = side(~is_input, ~value_is_input, col["outputs"])
+        flags, causal = col["flags"], col["causal"]
         columns = {
-            **ints,
-            "op": names["op"].dictionary(self.op),
-            "phase": names["phase"].dictionary(self.phase),
-            "module": names["module"].dictionary(self.module),
-            "device": names["device"].dictionary(self.device),
-            "input_shapes": inputs[0],
-            "input_dtypes": inputs[1],
-            "input_strides": inputs[2],
-            "input_storage_ids": inputs[3],
-            "output_shapes": outputs[0],
-            "output_dtypes": outputs[1],
-            "output_strides": outputs[2],
-            "output_storage_ids": outputs[3],
-            "freed_storage_ids": freed,
-            "is_view": pa.array((flags & 1).astype(bool)),
-            "inplace": pa.array((flags & 2).astype(bool)),
-            "flop_kind": names["kind"].dictionary(self.kind),
+            "seq": pa.array(np.arange(self.first_seq, self.first_seq + len(rows), dtype=np.int64)),
+            "step": pa.array(col["step"]),
+            "op": names["op"].dictionary(col["op"].astype(np.int32)),
+            "phase": names["phase"].dictionary(col["phase"].astype(np.int32)),
+            "module": names["module"].dictionary(col["module"].astype(np.int32)),
+            "input_shapes": ins[0],
+            "input_dtypes": ins[1],
+            "input_strides": ins[2],
+            "output_shapes": outs[0],
+            "output_dtypes": outs[1],
+            "output_strides": outs[2],
+            "device": names["device"].dictionary(col["device"].astype(np.int32)),
+            "input_storage_ids": ins[3],
+            "output_storage_ids": outs[3],
+            "freed_storage_ids": _lists(col["freed"], pa.array(_np(self.freed, np.int64))),
+            "is_view": pa.array((flags & VIEW).astype(bool)),
+            "inplace": pa.array((flags & INPLACE).astype(bool)),
+            "flops": pa.array(col["flops"]),
+            "flop_kind": names["kind"].dictionary(col["kind"].astype(np.int32)),
             "causal": pa.array(causal == 1, mask=causal < 0),
         }
+        for name in ("bytes_allocated", "live_bytes", "bytes_read", "bytes_written", "duration_ns"):
+            columns[name] = pa.array(col[name])
         blob = json.dumps(metadata, default=str).encode()
         schema = ARROW_SCHEMA.with_metadata({METADATA_KEY: blob})
         return pa.Table.from_arrays([columns[field.name] for field in ARROW_SCHEMA], schema=schema)
