@@ -45,6 +45,17 @@ def _number(value):
     return value
 
 
+def _phase_flops(df):
+    """FLOPs per step by phase straight from the rows, for a trace breakdown cannot read."""
+    from reports.tables import count_steps
+
+    steps = count_steps(df)
+    phase = df["phase"].astype(object)
+    flops = {p: _number(df.loc[phase == p, "flops"].sum() / steps) for p in ("forward", "backward", "optimizer")}
+    flops["total"] = _number(df["flops"].sum() / steps)
+    return flops
+
+
 def summary(df, peak_tflops=None, step_time_s=None):
     """The numbers `report --json` prints, as a dict."""
     from reports.breakdown import breakdown
@@ -52,18 +63,25 @@ def summary(df, peak_tflops=None, step_time_s=None):
     from reports.mfu import mfu
 
     (run, meta), *_ = df.attrs["runs"].items()
-    table = breakdown(df).set_index("phase")
+    try:
+        table = breakdown(df).set_index("phase")
+    except ReportError:  # traced without model= or tokens=: no N or T, the rest still reports
+        table = None
     rate = mfu(df, step_time_s=step_time_s, peak_flops=peak_tflops * 1e12 if peak_tflops else None).iloc[0]
     top = peak(df).iloc[0]
     return {
         "run": run,
         "complete": bool(meta.get("complete")),
         "device": (meta.get("device") or {}).get("name"),
-        "params": _number(table["n_params"].iloc[0]),
-        "tokens": _number(table["tokens"].iloc[0]),
+        "params": _number(table["n_params"].iloc[0]) if table is not None else None,
+        "tokens": _number(table["tokens"].iloc[0]) if table is not None else _number(meta.get("tokens")),
         "steps": int(df["step"].nunique()),
-        "flops": {phase: _number(table.loc[phase, "flops"]) for phase in ("forward", "backward", "optimizer", "total")},
-        "expected": {phase: _number(table.loc[phase, "expected_flops"]) for phase in ("forward", "backward", "total")},
+        "flops": _phase_flops(df) if table is None else {
+            phase: _number(table.loc[phase, "flops"]) for phase in ("forward", "backward", "optimizer", "total")
+        },
+        "expected": None if table is None else {
+            phase: _number(table.loc[phase, "expected_flops"]) for phase in ("forward", "backward", "total")
+        },
         "mfu": _number(rate["mfu"]),
         "achieved_flops_per_s": _number(rate["achieved_flops_per_s"]),
         "step_time_s": _number(rate["step_time_s"]),
@@ -84,13 +102,17 @@ def _print_report(df, args, out):
     state = "complete" if meta.get("complete") else "INCOMPLETE (cut short): figures cover the rows it has"
     print(f"optrace report: {run}  ({len(df)} ops, {df['step'].nunique()} step(s), {device}, {state})", file=out)
 
-    table = breakdown(df)
     print("\nFLOPs per step against 2/4/6 x N x T", file=out)
-    shown = table[["phase", "flops", "expected_flops", "ratio", "weight_matmul_flops", "attention_flops", "other_flops"]]
-    print(shown.to_string(index=False, formatters=_formatters(shown), na_rep=""), file=out)
-    print(f"N = {table['n_params'].iloc[0]:,} parameters ({table['n_kind'].iloc[0]}), T = {table['tokens'].iloc[0]:,} tokens per step", file=out)
-    for line in explain(df):
-        print(f"  - {line}", file=out)
+    try:
+        table = breakdown(df)
+    except ReportError as exc:  # traced without model= or tokens=: say why, report the rest
+        print(f"  N/A: {exc}", file=out)
+    else:
+        shown = table[["phase", "flops", "expected_flops", "ratio", "weight_matmul_flops", "attention_flops", "other_flops"]]
+        print(shown.to_string(index=False, formatters=_formatters(shown), na_rep=""), file=out)
+        print(f"N = {table['n_params'].iloc[0]:,} parameters ({table['n_kind'].iloc[0]}), T = {table['tokens'].iloc[0]:,} tokens per step", file=out)
+        for line in explain(df):
+            print(f"  - {line}", file=out)
 
     peak_flops = args.peak_tflops * 1e12 if args.peak_tflops else None
     rate = mfu(df, step_time_s=args.step_time, peak_flops=peak_flops).iloc[0]
@@ -108,7 +130,7 @@ def _print_report(df, args, out):
             print(f"  of the measured matmul ceiling: {_pct(rate['mfu_of_achievable'])}", file=out)
 
     ops = by_op(df).head(args.top)
-    print(f"\nTop {len(ops)} ops by FLOPs (all {df['step'].nunique()} steps)", file=out)
+    print(f"\nTop {len(ops)} ops by FLOPs (all {df['step'].nunique()} step(s))", file=out)
     print(ops[["op", "ops", "flops", "flops_pct", "bytes_allocated"]].to_string(index=False, formatters=_formatters(ops)), file=out)
     mods = by_module(df)
     mods = mods[mods["depth"] <= 2].sort_values("subtree_flops", ascending=False).head(args.top)
@@ -153,6 +175,8 @@ def _report(args):
     from reports.load import load
 
     df = load(args.trace)
+    if not len(df):
+        raise ReportError(f"{args.trace}: the trace has no ops (nothing ran inside `with Tracer(...)`)")
     if args.plot:
         from reports.plots import save_plots
 
@@ -175,7 +199,7 @@ def _compare(args):
         print(table.to_json(orient="records", indent=2))
     else:
         print(f"optrace compare: {', '.join(df.attrs['runs'])} (ratios against {next(iter(df.attrs['runs']))})")
-        print(table.head(args.top).to_string(index=False, formatters=_formatters(table)))
+        print(table.head(args.top).to_string(index=False, formatters=_formatters(table), na_rep="N/A"))
 
 
 def _parser():
@@ -201,7 +225,7 @@ def _parser():
 def main(argv=None):
     args = _parser().parse_args(argv)
     if args.command == "compare" and len(args.traces) < 2:
-        print("optrace compare: error: expected at least two traces", file=sys.stderr)
+        print(f"optrace compare: error: expected at least two traces, got one: {args.traces[0]}", file=sys.stderr)
         return 2
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

@@ -24,10 +24,16 @@ def read_run(path):
         meta = read_metadata(path)
     except (pa.ArrowInvalid, OSError) as exc:
         raise ReportError(f"{path}: not a readable Parquet trace ({exc})") from None
+    except ValueError as exc:  # json.JSONDecodeError: the optrace key holds no JSON
+        raise ReportError(f"{path}: optrace metadata is not valid JSON ({exc})") from None
+    except AttributeError:  # JSON, but a list or a number where read_metadata expects an object
+        raise ReportError(f"{path}: optrace metadata is not a JSON object") from None
     if not meta:
         raise ReportError(f"{path}: Parquet without optrace metadata (was it written by optrace?)")
     version = meta.get("schema_version")
-    if not isinstance(version, int) or version > SCHEMA_VERSION:
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise ReportError(f"{path}: optrace metadata has no valid schema_version (got {version!r})")
+    if version > SCHEMA_VERSION:
         raise ReportError(
             f"{path}: trace schema version {version!r} is newer than this optrace reads ({SCHEMA_VERSION}); upgrade optrace"
         )
