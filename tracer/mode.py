@@ -17,7 +17,7 @@ from tracer.flops import METADATA_OPS, OUTPUT_ELEMENTS, ZERO, flop_rule, has_for
 from tracer.schema import ROLE_KEYS, SCHEMA_VERSION
 from tracer.storage import StorageTable
 from tracer.schema import PHASES
-from tracer.writer import ROW_WIDTH, PartWriter, RowBuffer, prepare_directory
+from tracer.writer import PER_OUTPUT_ELEMENT, ROW_WIDTH, PartWriter, RowBuffer, prepare_directory
 
 Tensor = torch.Tensor
 _perf_ns = time.perf_counter_ns
@@ -39,13 +39,17 @@ def _tensors(args, kwargs):
         if isinstance(a, Tensor):
             found.append(a)
         elif isinstance(a, (list, tuple)):
-            found.extend(b for b in a if isinstance(b, Tensor))
+            for b in a:
+                if isinstance(b, Tensor):
+                    found.append(b)
     if kwargs:
         for a in kwargs.values():
             if isinstance(a, Tensor):
                 found.append(a)
             elif isinstance(a, (list, tuple)):
-                found.extend(b for b in a if isinstance(b, Tensor))
+                for b in a:
+                    if isinstance(b, Tensor):
+                        found.append(b)
     return found
 
 
@@ -57,7 +61,7 @@ def _passthrough(func):
 class _OpInfo:
     """Facts about one op overload, computed once per trace."""
 
-    __slots__ = ("name", "name_id", "rule", "basis", "kind_id", "decompose", "written_positions", "written_names")
+    __slots__ = ("name", "name_id", "rule", "basis", "kind_id", "decompose", "inplace", "written_positions", "written_names")
 
     def __init__(self, func, names):
         self.name = str(func)
@@ -76,6 +80,7 @@ class _OpInfo:
             if a.alias_info is not None and a.alias_info.is_write
         ]
         self.written_positions = tuple(i for i, _ in written)
+        self.inplace = int(bool(written))
         self.written_names = tuple(n for _, n in written)
 
     def written(self, args, kwargs):
@@ -177,7 +182,7 @@ class Tracer:
         self._writer = PartWriter(prepare_directory(self.path))
         self._storages = StorageTable()
         self._rows = RowBuffer()
-        self._dtype_ids = {}  # torch.dtype -> (dtype name id, itemsize)
+        self._dtype_ids = {}  # torch.dtype -> dtype name id
         self._device_ids = {}  # torch.device -> device name id
         self._module_ids = {}  # module name -> module name id
         self._flush_at = self.flush_rows * ROW_WIDTH
@@ -253,53 +258,42 @@ class Tracer:
         storages = self._storages
         known = storages._by_cdata.get
         dtype_of = self._dtype_ids.get
-        read = written = out_elements = 0
-        inputs = set()
         try:
             ins = _tensors(args, kwargs)
-            for t in ins:
-                shape = t.shape
-                dt = dtype_of(t.dtype) or self._new_dtype(t.dtype)
-                st = t.untyped_storage()
-                sid = known(st._cdata)
-                if sid is None:
-                    sid = storages.register(st)
-                tensors.extend((len(shape), dt[0], sid))
-                dims.extend(shape)
-                dims.extend(t.stride())
-                inputs.add(sid)
-                read += t.numel() * dt[1]
-
             if isinstance(out, Tensor):
                 outs = (out,)
             elif isinstance(out, (list, tuple)):
                 outs = [o for o in out if isinstance(o, Tensor)]
             else:
                 outs = ()
-            first_new = storages.next_id  # storages first seen from here on were made by this op
-            aliased = 0
-            for t in outs:
+            # the two loops are one loop written twice: the hot path avoids a call per tensor
+            for t in ins:
                 shape = t.shape
-                dt = dtype_of(t.dtype) or self._new_dtype(t.dtype)
                 st = t.untyped_storage()
                 sid = known(st._cdata)
-                if sid is None:
+                if sid is None:  # existed before this op: live from now on, but not its allocation
                     sid = storages.register(st)
-                tensors.extend((len(shape), dt[0], sid))
+                tensors.extend((len(shape), dtype_of(t.dtype) or self._new_dtype(t.dtype), sid))
                 dims.extend(shape)
                 dims.extend(t.stride())
-                n = t.numel()
-                out_elements += n
-                if sid in inputs:
-                    aliased += 1
-                else:
-                    written += n * dt[1]
+            registered = storages.registered_bytes
+            for t in outs:
+                shape = t.shape
+                st = t.untyped_storage()
+                sid = known(st._cdata)
+                if sid is None:  # first seen as an output: this op made it
+                    sid = storages.register(st)
+                tensors.extend((len(shape), dtype_of(t.dtype) or self._new_dtype(t.dtype), sid))
+                dims.extend(shape)
+                dims.extend(t.stride())
+            allocated = storages.registered_bytes - registered
 
-            targets = info.written(args, kwargs) if info.written_positions else ()
-            for t in targets:
-                written += t.numel() * t.element_size()
+            inplace_bytes = 0
+            if info.written_positions:
+                for t in info.written(args, kwargs):
+                    inplace_bytes += t.numel() * t.element_size()
             basis = info.basis
-            flops = 0 if basis == 0 else out_elements if basis == 1 else info.rule.count(args, kwargs, out)
+            flops = 0 if basis == 0 else PER_OUTPUT_ELEMENT if basis == 1 else info.rule.count(args, kwargs, out)
             causal = -1 if info.rule.causal is None else int(bool(info.rule.causal(args, kwargs)))
             phase, module = self._attr.where()
             module_id = self._module_ids.get(module)
@@ -313,26 +307,24 @@ class Tracer:
             rows.rollback()
             raise
 
-        # from here on nothing can fail: the row's integers, in RowBuffer.ROW_FIELDS order
-        next_id = storages.next_id
-        allocated = sum(storages.nbytes[s] for s in range(first_new, next_id)) if next_id > first_new else 0
+        # from here on nothing can fail: the row's integers, in writer.ROW_FIELDS order
         freed = storages.freed
         n_freed = len(freed)
         if n_freed:
             rows.freed.extend(freed)
             freed.clear()
-        flags = (bool(outs) and aliased == len(outs) and not targets) | (bool(targets) << 1)
         rows.ints.extend((
-            self._attr.step, info.name_id, phase, module_id, device_id, info.kind_id, flags, causal,
-            flops, allocated, storages.live_bytes, read, written, duration,
+            self._attr.step, info.name_id, phase, module_id, device_id, info.kind_id,
+            info.inplace, causal, flops, allocated, storages.live_bytes, inplace_bytes, duration,
             len(ins), len(outs), n_freed,
         ))  # fmt: skip
         if len(rows.ints) >= self._flush_at:
             self._flush()
 
     def _new_dtype(self, dtype):
-        entry = self._dtype_ids[dtype] = (self._writer.names["dtype"].id(_dtype_name(dtype)), dtype.itemsize)
-        return entry
+        dtype_id = self._dtype_ids[dtype] = self._writer.names["dtype"].id(_dtype_name(dtype))
+        self._writer.itemsize[dtype_id] = dtype.itemsize
+        return dtype_id
 
     def _new_module(self, name):
         module_id = self._module_ids[name] = self._writer.names["module"].id(name)

@@ -19,15 +19,15 @@ class StorageTable:
 
     def __init__(self):
         self._by_cdata = {}  # storage._cdata -> id, for live storages only
-        self._refs = {}  # id -> weakref to the storage (its callback frees it)
-        self.nbytes = {}  # id -> size in bytes (kept after the free, for reports)
+        self._refs = {}  # id(weakref) -> (weakref, _cdata, storage id, size), for live storages
         self.live_bytes = 0
+        self.registered_bytes = 0  # bytes of every storage ever registered: differences give an op's allocation
         self.freed = []  # ids freed since the dispatch hook last took this list
         self.next_id = 0
 
     def id_of(self, storage):
         """The storage's id; a storage seen for the first time gets the next id
-        (so `id >= next_id` read before a call means "new") and counts as live."""
+        and counts as live."""
         sid = self._by_cdata.get(storage._cdata)
         return self.register(storage) if sid is None else sid
 
@@ -35,27 +35,28 @@ class StorageTable:
         """Give an unseen storage its id."""
         key = storage._cdata
         sid = self.next_id
-        self.next_id += 1
+        self.next_id = sid + 1
         size = storage.nbytes()
         self._by_cdata[key] = sid
-        self.nbytes[sid] = size
         self.live_bytes += size
-        self._refs[sid] = weakref.ref(storage, self._on_free(key, sid, size))
+        self.registered_bytes += size
+        ref = weakref.ref(storage, self._on_free)
+        self._refs[id(ref)] = (ref, key, sid, size)
         return sid
 
     def known(self, storage):
         """The id of a storage already seen, or None; never registers it."""
         return self._by_cdata.get(storage._cdata)
 
-    def _on_free(self, key, sid, size):
-        def free(_ref):
-            if self._by_cdata.get(key) == sid:
-                del self._by_cdata[key]
-                self.live_bytes -= size
-                self.freed.append(sid)
-            self._refs.pop(sid, None)
-
-        return free
+    def _on_free(self, ref):
+        entry = self._refs.pop(id(ref), None)
+        if entry is None:  # cleared
+            return
+        _, key, sid, size = entry
+        if self._by_cdata.get(key) == sid:
+            del self._by_cdata[key]
+        self.live_bytes -= size
+        self.freed.append(sid)
 
     def clear(self):
         """Forget every storage; later frees no longer call back."""

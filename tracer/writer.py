@@ -93,13 +93,15 @@ def _lists(counts, values):
 
 # The integers of one row, in RowBuffer.ints. Row order is seq order, so seq itself
 # is not stored: a part's rows are numbered from the part's first seq.
+# flops: -1 means one FLOP per output element, counted here from the output shapes.
+# inplace_bytes: bytes of the inputs the op wrote into (0 unless inplace).
 ROW_FIELDS = (
-    "step", "op", "phase", "module", "device", "kind", "flags", "causal",
-    "flops", "bytes_allocated", "live_bytes", "bytes_read", "bytes_written", "duration_ns",
+    "step", "op", "phase", "module", "device", "kind", "inplace", "causal",
+    "flops", "bytes_allocated", "live_bytes", "inplace_bytes", "duration_ns",
     "inputs", "outputs", "freed",
 )  # fmt: skip
 ROW_WIDTH = len(ROW_FIELDS)
-VIEW, INPLACE = 1, 2  # bits of `flags`
+PER_OUTPUT_ELEMENT = -1
 
 
 class RowBuffer:
@@ -129,22 +131,55 @@ class RowBuffer:
         freed = int(rows[:, ROW_FIELDS.index("freed")].sum())
         del self.tensors[3 * tensors :], self.dims[dims:], self.freed[freed:]
 
-    def table(self, names, metadata):
-        """The rows as a pyarrow Table with the trace schema and `metadata` attached."""
+    def table(self, names, itemsize, metadata):
+        """The rows as a pyarrow Table with the trace schema and `metadata` attached.
+
+        `itemsize` maps dtype ids to bytes per element. Derived here, in bulk: numel
+        and bytes of every tensor, bytes read and written, which outputs alias an
+        input (views), and the FLOPs of ops counted per output element."""
         rows = _np(self.ints, np.int64).reshape(-1, ROW_WIDTH)
+        n = len(rows)
         col = {name: rows[:, i] for i, name in enumerate(ROW_FIELDS)}
         tensors = _np(self.tensors, np.int64).reshape(-1, 3)
         ndim, dtype, sid = tensors[:, 0], tensors[:, 1], tensors[:, 2]
         per_row = col["inputs"] + col["outputs"]
+        row_of = np.repeat(np.arange(n), per_row)
         # which tensors are inputs: the first `inputs` of each row's tensors
         row_start = np.repeat(np.cumsum(per_row) - per_row, per_row)
         is_input = np.arange(len(tensors)) - row_start < np.repeat(col["inputs"], per_row)
         # which values of `dims` are sizes: the first ndim of each tensor's 2 x ndim
         width = 2 * ndim
-        tensor_start = np.repeat(np.cumsum(width) - width, width)
+        tensor_start = np.cumsum(width) - width
         values = _np(self.dims, np.int64)
-        is_size = np.arange(len(values)) - tensor_start < np.repeat(ndim, width)
+        is_size = np.arange(len(values)) - np.repeat(tensor_start, width) < np.repeat(ndim, width)
         value_is_input = np.repeat(is_input, width)
+        sizes = values[is_size]
+
+        # numel of every tensor: the product of its sizes (1 for a 0-d tensor)
+        numel = np.ones(len(tensors), np.int64)
+        has_dims = ndim > 0
+        if has_dims.any():
+            starts = (np.cumsum(ndim) - ndim)[has_dims]
+            numel[has_dims] = np.multiply.reduceat(sizes, starts)
+        table_itemsize = np.array([itemsize[i] for i in range(len(names["dtype"].names))] or [0], np.int64)
+        nbytes = numel * table_itemsize[dtype]
+        # an output aliases an input when its storage is one of the same row's input storages
+        key = row_of * (1 << 40) + sid
+        aliased = ~is_input & np.isin(key, key[is_input])
+        fresh = ~is_input & ~aliased
+
+        def per_row_sum(mask, weights):
+            total = np.zeros(n, np.int64)
+            np.add.at(total, row_of[mask], weights[mask])
+            return total
+
+        bytes_read = per_row_sum(is_input, nbytes)
+        bytes_written = per_row_sum(fresh, nbytes) + col["inplace_bytes"]
+        out_elements = per_row_sum(~is_input, numel)
+        n_aliased = per_row_sum(aliased, np.ones(len(tensors), np.int64))
+        inplace = col["inplace"].astype(bool)
+        is_view = (col["outputs"] > 0) & (n_aliased == col["outputs"]) & ~inplace
+        flops = np.where(col["flops"] == PER_OUTPUT_ELEMENT, out_elements, col["flops"])
 
         def side(mask, value_mask, counts):
             shapes = pa.ListArray.from_arrays(_offsets(ndim[mask]), pa.array(values[is_size & value_mask]))
@@ -159,9 +194,9 @@ class RowBuffer:
 
         ins = side(is_input, value_is_input, col["inputs"])
         outs = side(~is_input, ~value_is_input, col["outputs"])
-        flags, causal = col["flags"], col["causal"]
+        causal = col["causal"]
         columns = {
-            "seq": pa.array(np.arange(self.first_seq, self.first_seq + len(rows), dtype=np.int64)),
+            "seq": pa.array(np.arange(self.first_seq, self.first_seq + n, dtype=np.int64)),
             "step": pa.array(col["step"]),
             "op": names["op"].dictionary(col["op"].astype(np.int32)),
             "phase": names["phase"].dictionary(col["phase"].astype(np.int32)),
@@ -176,14 +211,17 @@ class RowBuffer:
             "input_storage_ids": ins[3],
             "output_storage_ids": outs[3],
             "freed_storage_ids": _lists(col["freed"], pa.array(_np(self.freed, np.int64))),
-            "is_view": pa.array((flags & VIEW).astype(bool)),
-            "inplace": pa.array((flags & INPLACE).astype(bool)),
-            "flops": pa.array(col["flops"]),
+            "is_view": pa.array(is_view),
+            "inplace": pa.array(inplace),
+            "flops": pa.array(flops),
             "flop_kind": names["kind"].dictionary(col["kind"].astype(np.int32)),
             "causal": pa.array(causal == 1, mask=causal < 0),
+            "bytes_allocated": pa.array(col["bytes_allocated"]),
+            "live_bytes": pa.array(col["live_bytes"]),
+            "bytes_read": pa.array(bytes_read),
+            "bytes_written": pa.array(bytes_written),
+            "duration_ns": pa.array(col["duration_ns"]),
         }
-        for name in ("bytes_allocated", "live_bytes", "bytes_read", "bytes_written", "duration_ns"):
-            columns[name] = pa.array(col[name])
         blob = json.dumps(metadata, default=str).encode()
         schema = ARROW_SCHEMA.with_metadata({METADATA_KEY: blob})
         return pa.Table.from_arrays([columns[field.name] for field in ARROW_SCHEMA], schema=schema)
@@ -200,11 +238,12 @@ class PartWriter:
     def __init__(self, directory):
         self.directory = directory
         self.names = new_names()
+        self.itemsize = {}  # dtype id -> bytes per element
         self.parts = 0
         self.rows = 0
 
     def write(self, rows, metadata):
-        table = rows.table(self.names, metadata)
+        table = rows.table(self.names, self.itemsize, metadata)
         name = part_name(self.parts)
         tmp = os.path.join(self.directory, "." + name + ".tmp")
         pq.write_table(table, tmp, compression="zstd")
