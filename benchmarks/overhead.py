@@ -96,13 +96,18 @@ def report(title, ops, med):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=7)
-    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch intra-op threads")
+    parser.add_argument("--model", choices=("small", "wide", "both"), default="both")
     args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
     models = {
         "example GPT (d 64, 2 layers, seq 64, batch 8)": (GPTConfig(), 8),
         "wider GPT (d 256, 4 layers, seq 128, batch 8)": (GPTConfig(d_model=256, n_layer=4, seq_len=128, n_head=8), 8),
     }
+    if args.model != "both":
+        models = dict([list(models.items())[0 if args.model == "small" else 1]])
     with tempfile.TemporaryDirectory() as tmp:
         for title, (cfg, batch) in models.items():
             ops, med = measure(cfg, batch, args.steps, args.repeats, Path(tmp))

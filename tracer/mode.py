@@ -273,7 +273,10 @@ class Tracer:
                 sid = known(st._cdata)
                 if sid is None:  # existed before this op: live from now on, but not its allocation
                     sid = storages.register(st)
-                tensors.extend((len(shape), dtype_of(t.dtype) or self._new_dtype(t.dtype), sid))
+                dtype = dtype_of(t.dtype)
+                if dtype is None:
+                    dtype = self._new_dtype(t.dtype)
+                tensors.extend((len(shape), dtype, sid))
                 dims.extend(shape)
                 dims.extend(t.stride())
             registered = storages.registered_bytes
@@ -283,7 +286,10 @@ class Tracer:
                 sid = known(st._cdata)
                 if sid is None:  # first seen as an output: this op made it
                     sid = storages.register(st)
-                tensors.extend((len(shape), dtype_of(t.dtype) or self._new_dtype(t.dtype), sid))
+                dtype = dtype_of(t.dtype)
+                if dtype is None:
+                    dtype = self._new_dtype(t.dtype)
+                tensors.extend((len(shape), dtype, sid))
                 dims.extend(shape)
                 dims.extend(t.stride())
             allocated = storages.registered_bytes - registered
