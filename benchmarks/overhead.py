@@ -11,6 +11,7 @@ Overhead per op = (variant - untraced) / ops per step.
 
 import argparse
 import contextlib
+import gc
 import statistics
 import sys
 import tempfile
@@ -59,6 +60,7 @@ def measure(cfg, batch, steps, repeats, directory):
     opt = make_optimizer(model)
     idx, targets = make_batch(cfg, batch)
     path = directory / "ops.parquet"
+    train_step(model, opt, idx, targets)  # the first step also creates AdamW's state: count a later one
     with Tracer(path):
         train_step(model, opt, idx, targets)
     import pyarrow.parquet as pq
@@ -71,6 +73,7 @@ def measure(cfg, batch, steps, repeats, directory):
     times = {name: [] for name in contexts}
     for _ in range(repeats):
         for name, make in contexts.items():
+            gc.collect()  # each variant starts from the same heap, whatever ran before it
             start = time.perf_counter()
             with make():
                 for _ in range(steps):

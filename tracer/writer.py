@@ -165,7 +165,9 @@ class RowBuffer:
         nbytes = numel * table_itemsize[dtype]
         # an output aliases an input when its storage is one of the same row's input storages
         key = row_of * (1 << 40) + sid
-        aliased = ~is_input & np.isin(key, key[is_input])
+        input_keys = np.sort(key[is_input])
+        at = np.minimum(np.searchsorted(input_keys, key), max(len(input_keys) - 1, 0))
+        aliased = ~is_input & (input_keys[at] == key if len(input_keys) else False)
         fresh = ~is_input & ~aliased
 
         def per_row_sum(mask, weights):
@@ -246,7 +248,7 @@ class PartWriter:
         table = rows.table(self.names, self.itemsize, metadata)
         name = part_name(self.parts)
         tmp = os.path.join(self.directory, "." + name + ".tmp")
-        pq.write_table(table, tmp, compression="zstd")
+        pq.write_table(table, tmp, compression="zstd", compression_level=1)
         os.replace(tmp, os.path.join(self.directory, name))
         self.parts += 1
         self.rows += len(rows)
