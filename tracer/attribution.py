@@ -100,22 +100,8 @@ class Attribution:
         return name
 
     # state the dispatch hook reads ---------------------------------------
-    def phase(self):
-        if torch._C._current_graph_task_id() != -1:
-            self.backward_seen = True
-            return "backward"
-        if self.in_optimizer:
-            return "optimizer"
-        if self.forward_stack or not self.backward_seen:
-            return "forward"
-        return "other"
-
-    def module(self, phase):
-        stack = self.backward_stack if phase == "backward" else self.forward_stack
-        return stack[-1] if stack else ""
-
     def where(self):
-        """(phase index in schema.PHASES, innermost module name): `phase` and `module` in one call."""
+        """(phase index in schema.PHASES, innermost module name) for the op running now."""
         if _graph_task_id() != -1:
             self.backward_seen = True
             stack = self.backward_stack

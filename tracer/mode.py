@@ -151,7 +151,7 @@ class Tracer:
 
     _active = None
 
-    def __init__(self, path, *, model=None, tokens=None, run_name=None, flush_rows=65536):
+    def __init__(self, path, *, model=None, tokens=None, run_name=None, flush_rows=16384):
         if not isinstance(path, (str, os.PathLike)):
             raise TraceError(f"Tracer: path must be a str or os.PathLike, got {type(path).__name__}")
         if model is not None and not isinstance(model, torch.nn.Module):
