@@ -446,3 +446,17 @@ def test_storage_roles_after_one_step(tmp_path):
     # 4 parameter tensors: 4 gradients; AdamW keeps exp_avg, exp_avg_sq and a step scalar for each: 12
     assert len(roles["gradient"]) == 4 and len(roles["optimizer_state"]) == 12
     assert not params & set(roles["gradient"]) and not params & set(roles["optimizer_state"])
+
+
+def test_cuda_paths_synchronise_and_read_cuda_memory(monkeypatch):
+    from tracer import device
+
+    assert device.cuda_sync_for("cpu") is None and device.cuda_memory(torch.device("cpu")) is None
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda d: 8192)  # two 32 x 32 float32: 2 * 4096
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda d: 2 * 2**20)
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda d: 12288)
+    assert device.cuda_sync_for("cuda") is torch.cuda.synchronize
+    assert device.cuda_memory(torch.device("cuda", 0)) == {
+        "allocated_bytes": 8192, "reserved_bytes": 2097152, "max_allocated_bytes": 12288,
+    }

@@ -61,6 +61,21 @@ def device_info(device):
     return info
 
 
+def cuda_memory(device):
+    """torch.cuda's own memory figures for `device`, to set beside the trace's live_bytes.
+
+    None off CUDA. `max_allocated_bytes` is the peak since the process started or
+    since the user last reset it: the tracer does not reset it (that would change
+    the traced program's state)."""
+    if device is None or device.type != "cuda" or not torch.cuda.is_available():
+        return None
+    return {
+        "allocated_bytes": torch.cuda.memory_allocated(device),
+        "reserved_bytes": torch.cuda.memory_reserved(device),
+        "max_allocated_bytes": torch.cuda.max_memory_allocated(device),
+    }
+
+
 def time_step(fn, *, warmup=2, repeats=5, device=None):
     """Median wall time of `fn()` in seconds, untraced, after `warmup` calls.
 

@@ -11,7 +11,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from tracer.attribution import Attribution
-from tracer.device import cuda_sync_for, device_info
+from tracer.device import cuda_memory, cuda_sync_for, device_info
 from tracer.errors import TraceError
 from tracer.flops import METADATA_OPS, OUTPUT_ELEMENTS, ZERO, flop_rule, has_formula
 from tracer.schema import ROLE_KEYS, SCHEMA_VERSION
@@ -356,6 +356,9 @@ class Tracer:
         self._device = device
         self._sync = cuda_sync_for(device.type)
         self._meta["device"] = device_info(device)
+        memory = cuda_memory(device)
+        if memory is not None:
+            self._meta["cuda_memory"] = {"start": memory}
 
     def _flush(self):
         meta = self._metadata()
@@ -365,6 +368,9 @@ class Tracer:
     def _close(self, complete):
         if self.model is not None:
             self._scan_gradients(self.model.parameters())
+        memory = cuda_memory(self._device)
+        if memory is not None:
+            self._meta.setdefault("cuda_memory", {})["end"] = memory
         self._meta["complete"] = complete
         self._meta["end_time"] = datetime.datetime.now().isoformat(timespec="seconds")
         self._closed = True
