@@ -13,7 +13,8 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from tracer import flops
 from tracer.errors import TraceError
-from tracer.flops import METADATA_OPS, FlopRule, flop_rule, register_flop_formula
+from tracer.flops import register_flop_formula
+from tracer.op_kinds import METADATA_OPS, FlopRule, flop_rule
 from tracer.schema import FLOP_KINDS
 
 aten = torch.ops.aten

@@ -1,10 +1,11 @@
-"""Analytic FLOP counts for aten ops: a registry of formulas plus a generic classification.
+"""Analytic FLOP counts for aten ops: the registry of formulas, and the counting conventions.
 
 FLOPs count 2 per multiply-add (an [m, k] @ [k, n] matmul is 2*m*k*n), as PaLM and
 `torch.utils.flop_counter` do; MAC-counting tools (fvcore, thop, ptflops) report half.
 
-`flop_rule(func)` gives one OpOverload a `FlopRule`: a kind from `schema.FLOP_KINDS` and a
-fast `count(args, kwargs, out)` on the real tensors. It looks, in order, at:
+`tracer.op_kinds.flop_rule(func)` gives one OpOverload a `FlopRule`: a kind from
+`schema.FLOP_KINDS` and a fast `count(args, kwargs, out)` on the real tensors. It looks,
+in order, at:
 
 1. the registry, formulas of shapes filled by `register_flop_formula`: matmuls,
    convolutions, attention, softmax, norms. They equal `FlopCounterMode` on every op it
@@ -20,12 +21,11 @@ fast `count(args, kwargs, out)` on the real tensors. It looks, in order, at:
    - "unknown": anything else, counted as 0. `flop_rule` never raises.
 
 `matmul`, `linear`, `einsum`, `outer`, `softmax` and other CompositeImplicitAutograd ops get
-no formula: they decompose into mm/bmm/addmm/mul/_softmax before dispatch. NB: under
-`torch.inference_mode()` they reach the dispatch mode whole (FlopCounterMode calls
-`func.decompose()` for them); here they are "unknown".
+no formula: they decompose into mm/bmm/addmm/mul/_softmax before dispatch. Under
+`torch.inference_mode()` they reach the dispatch mode whole, and the tracer decomposes
+them itself, so they are still counted once, through what they dispatch to.
 """
 
-from dataclasses import dataclass
 from math import prod
 from typing import Callable
 
@@ -34,7 +34,7 @@ import torch
 from tracer.errors import TraceError
 from tracer.schema import FLOP_KINDS
 
-__all__ = ["FlopRule", "METADATA_OPS", "flop_rule", "register_flop_formula"]
+__all__ = ["register_flop_formula", "has_formula"]
 
 aten = torch.ops.aten
 _registry: dict[torch._ops.OpOverloadPacket, tuple[Callable[..., int], str]] = {}
@@ -375,204 +375,6 @@ def group_norm_backward_flop(grad_out, x, mean, rstd, weight, n, c, hxw, group, 
                              *args, out_shape=None, **kwargs) -> int:
     """Group norm backward: grad_input 9 (+1 weight), grad_weight 2, grad_bias 1 per element."""
     return _norm_backward(x, output_mask, weight)
-
-
-# ---------------------------------------------------------------- generic classification
-
-def _overloads(*names) -> frozenset:
-    """Every overload of these packets ("size" is aten.size, "prim.device" torch.ops.prim.device)."""
-    split = (name.rpartition(".") for name in names)
-    packets = [getattr(getattr(torch.ops, ns or "aten"), op, None) for ns, _, op in split]
-    return frozenset(getattr(p, o) for p in packets if p is not None for o in p.overloads())
-
-
-METADATA_OPS = _overloads(
-    "size", "sym_size", "stride", "sym_stride", "storage_offset", "sym_storage_offset", "numel", "sym_numel",
-    "dim", "is_contiguous", "sym_is_contiguous", "is_strides_like_format", "is_non_overlapping_and_dense",
-    "prim.layout", "prim.device")
-
-# aten ops that move, copy, fill, allocate or draw random numbers: 0 FLOPs. Looked up before
-# the pointwise tag, which clone carries.
-_NONE_OPS = frozenset("""
-    clone copy copy_ _to_copy _copy_from _copy_from_and_resize _unsafe_view cat stack index
-    _unsafe_index _unsafe_masked_index index_select gather take embedding masked_select masked_scatter
-    masked_scatter_ nonzero roll flip repeat repeat_interleave rot90 one_hot triu tril triu_ tril_
-    constant_pad_nd reflection_pad1d reflection_pad2d reflection_pad3d replication_pad1d replication_pad2d
-    replication_pad3d slice_scatter select_scatter diagonal_scatter as_strided_scatter slice_backward
-    select_backward diagonal_backward unfold_backward _reshape_copy narrow_copy split_with_sizes_copy
-    unbind_copy pixel_shuffle pixel_unshuffle channel_shuffle index_copy index_copy_ index_fill index_fill_
-    scatter scatter_ lift lift_fresh lift_fresh_copy detach_ set_ resize resize_ resize_as resize_as_
-    _resize_output _resize_output_ _local_scalar_dense item _pin_memory record_stream _foreach_copy_
-    _foreach_zero_ _assert_async _assert_scalar _functional_assert_async _assert_tensor_metadata
-    empty empty_like empty_strided empty_permuted new_empty new_empty_strided new_zeros new_ones new_full
-    zeros zeros_like ones ones_like full full_like fill fill_ zero zero_ arange linspace logspace eye
-    scalar_tensor tensor tril_indices triu_indices hann_window
-    rand rand_like randn randn_like randint randint_like randperm normal normal_ uniform uniform_
-    bernoulli bernoulli_ exponential exponential_ random_ cauchy cauchy_ geometric geometric_ log_normal
-    log_normal_ multinomial _philox_normal_ _philox_uniform_ _philox_key_split _philox_key_fold_in
-""".split())
-_NONE_NAMESPACES = {"profiler", "prim"}
-_OPTIMIZER_OPS = frozenset("_fused_adam_ _fused_adamw_ _fused_sgd_ _fused_adagrad_".split())
-
-
-def _table(kind, arg, names):
-    return dict.fromkeys(names.split(), (kind, arg))
-
-
-# aten ops without a pointwise or reduction tag, counted as one FLOP per element of one
-# argument: {name: (kind, argument)}.
-# NB: accumulating scatters count one add per accumulated element (index_put only with
-# accumulate=True); embedding_dense_backward is an index_add of grad_output's rows.
-# NB: nll_loss forward sums one picked log-probability per target and its backward writes one
-# value per target; dropout multiplies each element by 0 or 1/(1-p) (the draw is free).
-_PER_ELEMENT = {
-    **_table("elementwise", "grad_output", "embedding_dense_backward"),
-    **_table("elementwise", "source", "index_add index_add_ index_reduce index_reduce_"),
-    **_table("elementwise", "src", "scatter_add scatter_add_ scatter_reduce scatter_reduce_"),
-    **_table("elementwise", "values",
-             "index_put index_put_ _index_put_impl_ _unsafe_index_put _unsafe_masked_index_put_accumulate"),
-    **_table("elementwise", "target", "nll_loss_backward nll_loss2d_backward"),
-    **_table("elementwise", "input", "native_dropout"),
-    **_table("elementwise", "self", "_fused_dropout mse_loss_backward l1_loss_backward "
-             "smooth_l1_loss_backward huber_loss_backward binary_cross_entropy_backward"),
-    **_table("reduction", "target", "nll_loss_forward nll_loss2d_forward"),
-    **_table("reduction", "self", "cumsum cumsum_ cumprod cumprod_ logcumsumexp cummax cummin kl_div "
-             "mse_loss l1_loss smooth_l1_loss huber_loss binary_cross_entropy "
-             "binary_cross_entropy_with_logits"),
-}
-_TAG_KIND = {torch.Tag.pointwise: "elementwise", torch.Tag.reduction: "reduction"}
-
-
-@dataclass(frozen=True)
-class FlopRule:
-    """How to count one overload: its kind, and count(args, kwargs, out) on the real tensors.
-
-    `causal(args, kwargs)`, for attention ops only, tells whether the mask was causal.
-    """
-
-    kind: str
-    count: Callable[[tuple, dict, object], int]
-    causal: Callable[[tuple, dict], bool] | None = None
-
-
-def _zero(args, kwargs, out) -> int:
-    return 0
-
-
-def _numel_out(args, kwargs, out) -> int:
-    """Elements written: the tensor outputs (an in-place op returns its mutated input)."""
-    if isinstance(out, torch.Tensor):
-        return out.numel()
-    if isinstance(out, (tuple, list)):
-        return sum(t.numel() for t in out if isinstance(t, torch.Tensor))
-    return 0
-
-
-def _numel_first(args, kwargs, out) -> int:
-    """Elements of the first tensor argument (a reduction's input)."""
-    for a in (*args, *kwargs.values()):
-        if isinstance(a, torch.Tensor):
-            return a.numel()
-    return 0
-
-
-def _numel_first_list(args, kwargs, out) -> int:
-    """Elements of the first list-of-tensors argument (a foreach op's `self`)."""
-    for a in (*args, *kwargs.values()):
-        if isinstance(a, (list, tuple)):
-            return sum(t.numel() for t in a if isinstance(t, torch.Tensor))
-    return 0
-
-
-def _arg_getter(func, name):
-    """get(args, kwargs): argument `name` of func, passed by position or keyword; None if no such."""
-    for i, a in enumerate(func._schema.arguments):
-        if a.name == name:
-            default = a.default_value if a.has_default_value() else None
-            if a.kwarg_only:
-                return lambda args, kwargs: kwargs.get(name, default)
-            return lambda args, kwargs: args[i] if i < len(args) else kwargs.get(name, default)
-    return None
-
-
-def _numel_arg(func, name):
-    """count() giving the numel of argument `name`, or 0 when an `accumulate` argument is False."""
-    get, accumulate = _arg_getter(func, name), _arg_getter(func, "accumulate")
-    if get is None:
-        return _numel_first
-
-    def count(args, kwargs, out):
-        t = get(args, kwargs)
-        if not isinstance(t, torch.Tensor) or (accumulate is not None and not accumulate(args, kwargs)):
-            return 0
-        return t.numel()
-
-    return count
-
-
-def _shapes(x):
-    """x with every tensor, also inside lists and tuples, replaced by its shape tuple."""
-    if isinstance(x, torch.Tensor):
-        return tuple(x.shape)
-    if isinstance(x, (list, tuple)):
-        return [_shapes(v) for v in x] if isinstance(x, list) else tuple(map(_shapes, x))
-    return x
-
-
-def _shape_count(formula):
-    """count(args, kwargs, out) calling a registered formula of shapes."""
-    def count(args, kwargs, out):
-        shaped = {k: _shapes(v) for k, v in kwargs.items()}
-        return int(formula(*_shapes(args), out_shape=_shapes(out), **shaped))
-
-    return count
-
-
-def _causal_getter(func):
-    """causal(args, kwargs) from `is_causal` or `custom_mask_type` (0 = none); None without either."""
-    get = _arg_getter(func, "is_causal")
-    if get is not None:
-        return lambda args, kwargs: bool(get(args, kwargs))
-    get = _arg_getter(func, "custom_mask_type")  # efficient attention: 1, 2 = causal from top/bottom
-    return None if get is None else (lambda args, kwargs: get(args, kwargs) != 0)
-
-
-def _is_view(func) -> bool:
-    """Every return aliases an input without writing it (view, t, detach, unbind, ...)."""
-    returns = func._schema.returns
-    return bool(returns) and all(r.alias_info is not None and not r.alias_info.is_write for r in returns)
-
-
-def flop_rule(func: torch._ops.OpOverload) -> FlopRule:
-    """The FlopRule of one overload: its registered formula, else a generic kind. Never raises."""
-    packet = func.overloadpacket
-    if packet in _registry:
-        formula, kind = _registry[packet]
-        return FlopRule(kind, _shape_count(formula), _causal_getter(func) if kind == "attention" else None)
-    namespace, _, name = func._schema.name.partition("::")
-    name = name if namespace == "aten" else ""  # the name tables are for aten ops
-    if func in METADATA_OPS or namespace in _NONE_NAMESPACES or name in _NONE_OPS:
-        return FlopRule("none", _zero)
-    if name in _PER_ELEMENT:
-        kind, arg = _PER_ELEMENT[name]
-        return FlopRule(kind, _numel_arg(func, arg))
-    if name.startswith(("_foreach_", "_amp_foreach_")) or name in _OPTIMIZER_OPS:
-        return FlopRule("foreach", _numel_first_list)
-    tags = func.tags
-    if _is_view(func) or torch.Tag.inplace_view in tags or torch.Tag.view_copy in tags:
-        return FlopRule("none", _zero)
-    kinds = {_TAG_KIND[t] for t in tags if t in _TAG_KIND}
-    if not kinds:  # out= and Scalar overloads often lack their packet's tag: use it if unanimous
-        kinds = {_TAG_KIND[t] for o in packet.overloads() for t in getattr(packet, o).tags if t in _TAG_KIND}
-    if len(kinds) == 1:
-        kind = kinds.pop()
-        return FlopRule(kind, _numel_out if kind == "elementwise" else _numel_first)
-    return FlopRule("unknown", _zero)
-
-
-# The two counts the tracer's hook computes itself from what it already has.
-ZERO = _zero
-OUTPUT_ELEMENTS = _numel_out
 
 
 def has_formula(func) -> bool:

@@ -13,7 +13,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from tracer.attribution import Attribution
 from tracer.device import cuda_memory, cuda_sync_for, device_info
 from tracer.errors import TraceError
-from tracer.flops import METADATA_OPS, OUTPUT_ELEMENTS, ZERO, flop_rule, has_formula
+from tracer.flops import has_formula
+from tracer.op_kinds import METADATA_OPS, OUTPUT_ELEMENTS, ZERO, flop_rule
 from tracer.schema import ROLE_KEYS, SCHEMA_VERSION
 from tracer.storage import StorageTable
 from tracer.schema import PHASES
