@@ -460,3 +460,46 @@ def test_cuda_paths_synchronise_and_read_cuda_memory(monkeypatch):
     assert device.cuda_memory(torch.device("cuda", 0)) == {
         "allocated_bytes": 8192, "reserved_bytes": 2097152, "max_allocated_bytes": 12288,
     }
+
+
+def test_out_argument_and_resize_count_as_allocations(tmp_path):
+    a, b = torch.randn(16, 16), torch.randn(16, 16)  # 16 * 16 * 4 = 1024 bytes each
+
+    def ops():
+        c = torch.empty(0)
+        torch.add(a, b, out=c)  # c's storage grows from 0 to 1024 bytes
+        c.resize_(4096)  # and to 4096 * 4 = 16384 bytes
+        del c
+        torch.ones(1)
+
+    df, _ = trace(tmp_path, ops)
+    assert df["op"].tolist() == ["aten.empty.memory_format", "aten.add.out", "aten.resize_.default", "aten.ones.default"]
+    assert df["bytes_allocated"].tolist() == [0, 1024, 15360, 4]  # 16384 - 1024 = 15360
+    assert df["live_bytes"].tolist() == [0, 3072, 18432, 2052]  # a + b + c; then c freed: 2048 + 4
+    assert df["bytes_read"].iloc[1] == 2048  # a and b; the out= tensor is written, not read
+    assert df["bytes_written"].iloc[1] == 1024
+
+
+def test_a_failed_flush_loses_its_rows_but_not_the_trace(tmp_path, monkeypatch):
+    import pyarrow.parquet as pq
+
+    real_write = pq.write_table
+    calls = []
+
+    def flaky(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise OSError("disk full")
+        return real_write(*args, **kwargs)
+
+    monkeypatch.setattr(pq, "write_table", flaky)
+    path = tmp_path / "flaky.parquet"
+    with pytest.warns(UserWarning, match="disk full"):
+        with Tracer(path, flush_rows=2):
+            a = torch.zeros(1)
+            for _ in range(6):
+                a = a + 1  # 7 ops: parts of 2 rows, the second part fails
+    df = pd.read_parquet(path)
+    meta = read_metadata(path)
+    assert df["seq"].tolist() == [0, 1, 4, 5, 6]  # seq 2 and 3 were in the lost part
+    assert meta["lost_rows"] == 2 and meta["rows"] == 5 and meta["complete"] is True

@@ -117,6 +117,7 @@ class Attribution:
         self.step += 1
         self.backward_seen = False
         self.backward_stack.clear()
+        self._engine_callback_queued = False  # a backward that raised never ran its callback
         for handle in self._grad_handles:
             handle.remove()
         self._grad_handles.clear()
@@ -131,6 +132,7 @@ class Attribution:
         ]
 
     def remove(self):
+        self._engine_callback_queued = False
         for handle in self._handles + self._grad_handles:
             handle.remove()
         self._handles.clear()

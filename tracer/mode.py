@@ -62,7 +62,10 @@ def _passthrough(func):
 class _OpInfo:
     """Facts about one op overload, computed once per trace."""
 
-    __slots__ = ("name", "name_id", "rule", "basis", "kind_id", "decompose", "inplace", "written_positions", "written_names")
+    __slots__ = (
+        "name", "name_id", "rule", "basis", "kind_id", "decompose", "inplace",
+        "written_positions", "written_names", "out_only",
+    )  # fmt: skip
 
     def __init__(self, func, names):
         self.name = str(func)
@@ -76,18 +79,21 @@ class _OpInfo:
         # would, so their FLOPs are counted once, through mm/bmm/addmm.
         self.decompose = func._can_decompose() and not has_formula(func)
         written = [
-            (i, a.name)
+            (i, a.name, a.kwarg_only)
             for i, a in enumerate(func._schema.arguments)
             if a.alias_info is not None and a.alias_info.is_write
         ]
-        self.written_positions = tuple(i for i, _ in written)
+        self.written_positions = tuple(i for i, _, _ in written)
+        self.written_names = tuple(n for _, n, _ in written)
+        self.out_only = tuple(kwarg_only for _, _, kwarg_only in written)  # out= arguments are keyword-only
         self.inplace = int(bool(written))
-        self.written_names = tuple(n for _, n in written)
 
-    def written(self, args, kwargs):
-        """Tensors the op writes into (in-place self, out=)."""
+    def written(self, args, kwargs, out_only=False):
+        """Tensors the op writes into (in-place self, out=); only the out= ones with `out_only`."""
         found = []
-        for pos, name in zip(self.written_positions, self.written_names):
+        for pos, name, is_out in zip(self.written_positions, self.written_names, self.out_only):
+            if out_only and not is_out:
+                continue
             value = args[pos] if pos < len(args) else kwargs.get(name)
             if isinstance(value, Tensor):
                 found.append(value)
@@ -96,19 +102,31 @@ class _OpInfo:
         return found
 
 
+_UNSEEN = object()
+
+
 class _TraceMode(TorchDispatchMode):
     """Runs every aten op and hands it to the tracer's `_record`."""
 
     def __init__(self, tracer):
         super().__init__()
         self._tracer = tracer
-        self._ops = {}
+        self._ops = {}  # OpOverload -> _OpInfo, or None for ops passed through unrecorded
+
+    def _describe(self, func):
+        if _passthrough(func):
+            return None
+        try:
+            return _OpInfo(func, self._tracer._writer.names)
+        except Exception as exc:  # an op we cannot describe still runs, unrecorded
+            self._tracer._record_failed(str(func), exc)
+            return None
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        info = self._ops.get(func)
-        if info is None:
-            info = self._ops[func] = None if _passthrough(func) else _OpInfo(func, self._tracer._writer.names)
+        info = self._ops.get(func, _UNSEEN)
+        if info is _UNSEEN:
+            info = self._ops[func] = self._describe(func)
         if info is None:
             return func(*args, **kwargs)
         if info.decompose:
@@ -128,7 +146,7 @@ class _TraceMode(TorchDispatchMode):
         try:
             tracer._record(info, args, kwargs, out, duration)
         except Exception as exc:  # never break the traced program over a bookkeeping error
-            tracer._record_failed(info, exc)
+            tracer._record_failed(info.name, exc)
         return out
 
 
@@ -188,6 +206,7 @@ class Tracer:
         self._module_ids = {}  # module name -> module name id
         self._flush_at = self.flush_rows * ROW_WIDTH
         self._errors = 0
+        self._lost_rows = 0  # rows whose part could not be written
         self._device = None
         self._sync = None
         self._roles_seen = set()
@@ -204,9 +223,11 @@ class Tracer:
         return self
 
     def __exit__(self, exc_type, exc, tb):
-        self._mode.__exit__(None, None, None)
-        self._attr.remove()
-        Tracer._active = None
+        try:
+            self._mode.__exit__(None, None, None)
+        finally:
+            self._attr.remove()
+            Tracer._active = None
         if exc is not None:
             self._meta["error"] = f"{exc_type.__name__}: {exc}"
         try:
@@ -293,12 +314,14 @@ class Tracer:
                 tensors.extend((len(shape), dtype, sid))
                 dims.extend(shape)
                 dims.extend(t.stride())
-            allocated = storages.registered_bytes - registered
-
-            inplace_bytes = 0
+            inplace_bytes = out_bytes = 0
             if info.written_positions:
                 for t in info.written(args, kwargs):
                     inplace_bytes += t.numel() * t.element_size()
+                    storages.regrow(t.untyped_storage())
+                for t in info.written(args, kwargs, out_only=True):
+                    out_bytes += t.numel() * t.element_size()  # out= tensors are written, not read
+            allocated = storages.registered_bytes - registered
             basis = info.basis
             flops = 0 if basis == 0 else PER_OUTPUT_ELEMENT if basis == 1 else info.rule.count(args, kwargs, out)
             causal = -1 if info.rule.causal is None else int(bool(info.rule.causal(args, kwargs)))
@@ -322,7 +345,7 @@ class Tracer:
             freed.clear()
         rows.ints.extend((
             self._attr.step, info.name_id, phase, module_id, device_id, info.kind_id,
-            info.inplace, causal, flops, allocated, storages.live_bytes, inplace_bytes, duration,
+            info.inplace, causal, flops, allocated, storages.live_bytes, inplace_bytes, out_bytes, duration,
             len(ins), len(outs), n_freed,
         ))  # fmt: skip
         if len(rows.ints) >= self._flush_at:
@@ -347,10 +370,10 @@ class Tracer:
         device_id = self._device_ids[device] = self._writer.names["device"].id(name)
         return device_id
 
-    def _record_failed(self, info, exc):
+    def _record_failed(self, op, exc):
         self._errors += 1
         if self._errors == 1:
-            warnings.warn(f"optrace: could not record {info.name} ({type(exc).__name__}: {exc}); the op ran normally")
+            warnings.warn(f"optrace: could not record {op} ({type(exc).__name__}: {exc}); the op ran normally")
 
     # the rest ----------------------------------------------------------------------
     def _first_device(self, device):
@@ -363,8 +386,14 @@ class Tracer:
 
     def _flush(self):
         meta = self._metadata()
-        rows, self._rows = self._rows, RowBuffer(self._writer.rows + len(self._rows))
-        self._writer.write(rows, meta)
+        rows, self._rows = self._rows, RowBuffer(self._rows.first_seq + len(self._rows))
+        try:
+            self._writer.write(rows, meta)
+        except BaseException:  # the rows are lost (seq keeps counting); their storage roles are not
+            self._lost_rows += len(rows)
+            for key, ids in meta["storage_roles"].items():
+                self._roles_new[key][:0] = ids
+            raise
 
     def _close(self, complete):
         if self.model is not None:
@@ -384,6 +413,7 @@ class Tracer:
         meta = dict(self._meta)
         meta["rows"] = self._writer.rows + len(self._rows)
         meta["record_errors"] = self._errors
+        meta["lost_rows"] = self._lost_rows
         meta["storage_roles"], self._roles_new = self._roles_new, {key: [] for key in ROLE_KEYS}
         return meta
 

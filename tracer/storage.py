@@ -19,7 +19,8 @@ class StorageTable:
 
     def __init__(self):
         self._by_cdata = {}  # storage._cdata -> id, for live storages only
-        self._refs = {}  # id(weakref) -> (weakref, _cdata, storage id, size), for live storages
+        self._refs = {}  # id(weakref) -> (weakref, _cdata, storage id), for live storages
+        self.size = {}  # storage id -> bytes, for live storages
         self.live_bytes = 0
         self.registered_bytes = 0  # bytes of every storage ever registered: differences give an op's allocation
         self.freed = []  # ids freed since the dispatch hook last took this list
@@ -38,11 +39,25 @@ class StorageTable:
         self.next_id = sid + 1
         size = storage.nbytes()
         self._by_cdata[key] = sid
+        self.size[sid] = size
         self.live_bytes += size
         self.registered_bytes += size
         ref = weakref.ref(storage, self._on_free)
-        self._refs[id(ref)] = (ref, key, sid, size)
+        self._refs[id(ref)] = (ref, key, sid)
         return sid
+
+    def regrow(self, storage):
+        """Account for a known storage that an op resized in place (resize_, out= into a
+        smaller tensor); the growth counts as registered, like a new storage."""
+        sid = self._by_cdata.get(storage._cdata)
+        if sid is None:
+            return
+        size = storage.nbytes()
+        grown = size - self.size[sid]
+        if grown:
+            self.size[sid] = size
+            self.live_bytes += grown
+            self.registered_bytes += grown
 
     def known(self, storage):
         """The id of a storage already seen, or None; never registers it."""
@@ -52,13 +67,14 @@ class StorageTable:
         entry = self._refs.pop(id(ref), None)
         if entry is None:  # cleared
             return
-        _, key, sid, size = entry
+        _, key, sid = entry
         if self._by_cdata.get(key) == sid:
             del self._by_cdata[key]
-        self.live_bytes -= size
+        self.live_bytes -= self.size.pop(sid)
         self.freed.append(sid)
 
     def clear(self):
         """Forget every storage; later frees no longer call back."""
         self._by_cdata.clear()
         self._refs.clear()
+        self.size.clear()

@@ -94,10 +94,11 @@ def _lists(counts, values):
 # The integers of one row, in RowBuffer.ints. Row order is seq order, so seq itself
 # is not stored: a part's rows are numbered from the part's first seq.
 # flops: -1 means one FLOP per output element, counted here from the output shapes.
-# inplace_bytes: bytes of the inputs the op wrote into (0 unless inplace).
+# inplace_bytes: bytes of the inputs the op wrote into (0 unless inplace); out_bytes: of
+# those, the out= arguments, which are written but not read.
 ROW_FIELDS = (
     "step", "op", "phase", "module", "device", "kind", "inplace", "causal",
-    "flops", "bytes_allocated", "live_bytes", "inplace_bytes", "duration_ns",
+    "flops", "bytes_allocated", "live_bytes", "inplace_bytes", "out_bytes", "duration_ns",
     "inputs", "outputs", "freed",
 )  # fmt: skip
 ROW_WIDTH = len(ROW_FIELDS)
@@ -175,7 +176,7 @@ class RowBuffer:
             np.add.at(total, row_of[mask], weights[mask])
             return total
 
-        bytes_read = per_row_sum(is_input, nbytes)
+        bytes_read = per_row_sum(is_input, nbytes) - col["out_bytes"]
         bytes_written = per_row_sum(fresh, nbytes) + col["inplace_bytes"]
         out_elements = per_row_sum(~is_input, numel)
         n_aliased = per_row_sum(aliased, np.ones(len(tensors), np.int64))
