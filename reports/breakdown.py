@@ -35,7 +35,7 @@ import pandas as pd
 
 from reports.errors import ReportError
 from reports.load import require, runs_of
-from reports.tables import combine, count_steps, several_runs, split_runs
+from reports.tables import combine, count_steps, several_runs, split_runs, step_divisor
 
 __all__ = ["breakdown", "explain"]
 
@@ -103,8 +103,9 @@ class _Roles:
         # Storages that become a gradient through one cast or add (bf16 dW cast to fp32, tied weights summed).
         hop = rows["phase"].isin(("backward", "other")) & rows["flop_kind"].isin(("none", "elementwise"))
         to_grad = set(gradients)
-        for ins, outs in zip(rows.loc[hop, "input_storage_ids"], rows.loc[hop, "output_storage_ids"]):
-            if gradients.intersection(_ids(outs)):
+        hops = list(zip(rows.loc[hop, "input_storage_ids"], rows.loc[hop, "output_storage_ids"]))
+        for ins, outs in reversed(hops):  # last op first: a chain cast -> add -> gradient is followed back
+            if to_grad.intersection(_ids(outs)):
                 to_grad.update(_ids(ins))
 
         # Per matmul row: the parameter it multiplies by (or -1) and whether it makes a weight gradient.
@@ -116,9 +117,9 @@ class _Roles:
             param.append(hit[0] if hit else -1)
             grad.append(not hit and bool(to_grad.intersection(_ids(outs))))
         self.param = pd.Series(-1, index=rows.index, dtype="int64")
-        self.param[mm] = param
+        self.param[mm] = pd.Series(param, index=rows.index[mm], dtype="int64")
         self.weight_grad = pd.Series(False, index=rows.index)
-        self.weight_grad[mm] = grad
+        self.weight_grad[mm] = pd.Series(grad, index=rows.index[mm], dtype=bool)
         weight = mm & ((self.param >= 0) | self.weight_grad)
         attention = (mm & ~weight) | (rows["flop_kind"].astype(object) == "attention")
         self.category = pd.Series("other", index=rows.index, dtype=object)
@@ -200,12 +201,16 @@ def breakdown(df, n="matmul", tokens=None):
     for run, rows, meta, roles, N, T, steps in _analyse(df, n, tokens, "breakdown"):
         phases = ["forward", "backward", "optimizer"] + (["other"] if (rows["phase"] == "other").any() else [])
         records = []
+        # each phase over the steps it ran in: a trace cut mid-step has fewer backward than forward steps
+        ph = rows["phase"].astype(object)
+        divisor = step_divisor(rows)
         for phase in phases + ["total"]:
-            sel = rows if phase == "total" else rows[rows["phase"] == phase]
+            sel = rows if phase == "total" else rows[ph == phase]
             cat = roles.category[sel.index]
-            rec = {"phase": phase, "flops": sel["flops"].sum() / steps}
+            f = sel["flops"] / divisor[sel.index]
+            rec = {"phase": phase, "flops": f.sum()}
             for c in ("weight_matmul", "attention", "other"):
-                rec[f"{c}_flops"] = sel["flops"][cat == c].sum() / steps
+                rec[f"{c}_flops"] = f[cat == c].sum()
             k = _EXPECT.get(phase)
             rec["expected_flops"] = float(k * N * T) if k else float("nan")
             rec["ratio"] = rec["flops"] / rec["expected_flops"] if k and N * T else float("nan")
@@ -265,13 +270,13 @@ def explain(df, n="matmul", tokens=None):
 def _explain_run(run, rows, meta, roles, n, N, T, k):
     ph = rows["phase"].astype(object)
     cat = roles.category
-    flops = rows["flops"]
+    flops = rows["flops"] / step_divisor(rows)  # per step, each phase over its own steps
 
     def per_step(mask):
-        return flops[mask].sum() / k
+        return flops[mask].sum()
 
     fwd, bwd, opt = per_step(ph == "forward"), per_step(ph == "backward"), per_step(ph == "optimizer")
-    total = flops.sum() / k
+    total = flops.sum()
     not_opt = ph != "optimizer"
     wm = per_step(not_opt & (cat == "weight_matmul"))
     att = per_step(not_opt & (cat == "attention"))

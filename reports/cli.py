@@ -47,12 +47,12 @@ def _number(value):
 
 def _phase_flops(df):
     """FLOPs per step by phase straight from the rows, for a trace breakdown cannot read."""
-    from reports.tables import count_steps
+    from reports.tables import step_divisor
 
-    steps = count_steps(df)
+    per_step = df["flops"] / step_divisor(df)
     phase = df["phase"].astype(object)
-    flops = {p: _number(df.loc[phase == p, "flops"].sum() / steps) for p in ("forward", "backward", "optimizer")}
-    flops["total"] = _number(df["flops"].sum() / steps)
+    flops = {p: _number(per_step[phase == p].sum()) for p in ("forward", "backward", "optimizer")}
+    flops["total"] = _number(per_step.sum())
     return flops
 
 

@@ -34,7 +34,7 @@ import pandas as pd
 
 from reports.errors import ReportError
 from reports.load import load, require, runs_of
-from reports.tables import count_steps
+from reports.tables import count_steps, step_divisor
 
 __all__ = ["compare"]
 
@@ -67,27 +67,21 @@ def _mfu_pct(df):
     return dict(zip(table["run"], 100.0 * table["mfu"].astype("float64")))
 
 
-def _per_run(rows, by, steps):
-    g = rows.groupby(rows[by].astype(object), sort=False)
-    table = pd.DataFrame(
+def _per_run(rows, by):
+    div = step_divisor(rows)  # each row over the steps its phase ran in
+    per_step = pd.DataFrame(
         {
-            "ops_per_step": g.size() / steps,
-            "flops_per_step": g["flops"].sum() / steps,
-            "bytes_allocated_per_step": g["bytes_allocated"].sum() / steps,
-            "traced_us_per_step": g["duration_ns"].sum() / 1000.0 / steps,
-            "peak_live_bytes": g["live_bytes"].max(),
+            "ops_per_step": 1.0 / div,
+            "flops_per_step": rows["flops"] / div,
+            "bytes_allocated_per_step": rows["bytes_allocated"] / div,
+            "traced_us_per_step": rows["duration_ns"] / 1000.0 / div,
         }
     )
-    total = pd.DataFrame(
-        {
-            "ops_per_step": [len(rows) / steps],
-            "flops_per_step": [rows["flops"].sum() / steps],
-            "bytes_allocated_per_step": [rows["bytes_allocated"].sum() / steps],
-            "traced_us_per_step": [rows["duration_ns"].sum() / 1000.0 / steps],
-            "peak_live_bytes": [rows["live_bytes"].max() if len(rows) else np.nan],
-        },
-        index=[TOTAL],
-    )
+    g = per_step.groupby(rows[by].astype(object), sort=False)
+    table = g.sum()
+    table["peak_live_bytes"] = rows["live_bytes"].groupby(rows[by].astype(object), sort=False).max()
+    total = per_step.sum().to_frame(TOTAL).T
+    total["peak_live_bytes"] = rows["live_bytes"].max() if len(rows) else np.nan
     return pd.concat([total, table])
 
 
@@ -117,7 +111,7 @@ def compare(df_or_paths, by="phase", baseline=None):
     for run in runs:
         rows = df[df["run"] == run]
         steps = count_steps(rows)
-        table = _per_run(rows, by, steps)
+        table = _per_run(rows, by)
         table["steps"] = steps
         tables[run] = table
     keys = list(dict.fromkeys(k for t in tables.values() for k in t.index))

@@ -36,7 +36,7 @@ from reports.breakdown import attention_recompute_flops, operands
 from reports.errors import ReportError
 from reports.load import require, runs_of
 from reports.peaks import cpu_ideal_flops, normalize_dtype, peak_flops as lookup_peak
-from reports.tables import count_steps, split_runs
+from reports.tables import count_steps, split_runs, step_divisor
 
 __all__ = ["mfu"]
 
@@ -106,10 +106,12 @@ def mfu(df, step_time_s=None, peak_flops=None, dtype=None):
         steps = count_steps(rows)
         phase = rows["phase"].astype(object)
         fb = phase.isin(("forward", "backward"))
-        recompute = attention_recompute_flops(rows)
-        model = (int(rows.loc[fb, "flops"].sum()) - recompute) / steps
-        hardware = int(rows["flops"].sum()) / steps
-        optimizer = int(rows.loc[phase == "optimizer", "flops"].sum()) / steps
+        per_step = rows["flops"] / step_divisor(rows)  # each phase over its own steps
+        backward_steps = max(1, rows.loc[phase == "backward", "step"].nunique())
+        recompute = attention_recompute_flops(rows) / backward_steps
+        model = per_step[fb].sum() - recompute
+        hardware = per_step.sum()
+        optimizer = per_step[phase == "optimizer"].sum()
 
         step_time, time_source = _per_run(step_time_s, run, "step_time_s"), "given"
         if step_time is None:

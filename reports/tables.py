@@ -67,6 +67,15 @@ def several_runs(df):
     return len(run_names(df)) > 1
 
 
+def step_divisor(rows):
+    """Per row, the number of steps its phase ran in (at least 1): divide a row's figures by it
+    to get per-step figures. Each phase is averaged over its own steps, so a trace cut mid-step
+    (a forward without its backward) does not halve the backward."""
+    phase = rows["phase"].astype(object)
+    counts = rows.groupby(phase)["step"].nunique()
+    return phase.map(counts).fillna(1).clip(lower=1).astype("float64")
+
+
 def count_steps(rows):
     """Training steps in one run's rows: steps with forward or backward ops (at least 1)."""
     if len(rows) == 0:

@@ -8,6 +8,8 @@ from torch import nn
 from reports.breakdown import breakdown, explain
 from reports.errors import ReportError
 from reports.load import load
+import reports
+from tracer import Tracer
 
 B, D, H, K = 32, 8, 16, 4  # tokens (rows of x), input width, hidden width, outputs
 
@@ -245,3 +247,46 @@ def test_parameter_counts_missing(mlp):
     with pytest.raises(ReportError, match=r"breakdown: run 'mlp' has no parameter counts; .* or pass n=<int>"):
         breakdown(df, n="total")
     assert breakdown(df, n="matmul")["n_params"].iloc[0] == 192  # counted from the trace itself
+
+
+# ------------------------------------------------------------------ cases found in review
+def _tiny_gpt_trace(path, *, tie=False, dtype=None, extra_forward=False):
+    import gpt
+
+    torch.manual_seed(0)
+    cfg = gpt.GPTConfig(vocab_size=32, seq_len=8, n_layer=1, n_head=2, d_model=16, tie_weights=tie)
+    model = gpt.GPT(cfg)
+    opt = gpt.make_optimizer(model)
+    idx, targets = gpt.make_batch(cfg, 2)
+    with Tracer(path, model=model, tokens=16):  # T = 2 * 8
+        gpt.train_step(model, opt, idx, targets, dtype)
+        if extra_forward:
+            model(idx, targets)  # the trace ends in the middle of step 1
+    return reports.load(path)
+
+
+def test_tied_weights_under_bf16_autocast_keep_4NT_backward(tmp_path):
+    # the head's dW goes mm -> cast to fp32 -> add to the embedding's gradient: two hops
+    df = _tiny_gpt_trace(tmp_path / "tied_bf16.parquet", tie=True, dtype=torch.bfloat16)
+    table = reports.breakdown(df).set_index("phase")
+    N = int(table.loc["total", "n_params"])
+    assert N == 3584  # 768 + 256 + 1024 + 1024 + 512, the tied head counted once
+    assert table.loc["backward", "weight_matmul_flops"] == 4 * N * 16  # 229,376
+
+
+def test_a_trace_cut_mid_step_averages_each_phase_over_its_own_steps(tmp_path):
+    whole = reports.breakdown(_tiny_gpt_trace(tmp_path / "one.parquet")).set_index("phase")
+    cut = reports.breakdown(_tiny_gpt_trace(tmp_path / "cut.parquet", extra_forward=True)).set_index("phase")
+    for phase in ("forward", "backward", "optimizer"):
+        assert cut.loc[phase, "flops"] == whole.loc[phase, "flops"]
+
+
+def test_a_model_without_matmuls_reports_instead_of_crashing(tmp_path):
+    model = torch.nn.Sequential(torch.nn.Conv1d(4, 4, 3, padding=1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    path = tmp_path / "conv.parquet"
+    with Tracer(path, model=model, tokens=16):
+        model(torch.randn(2, 4, 8)).sum().backward()
+        opt.step()
+    table = reports.breakdown(reports.load(path)).set_index("phase")
+    assert table.loc["total", "n_params"] == 0 and table.loc["forward", "flops"] > 0
