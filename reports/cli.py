@@ -67,7 +67,7 @@ def summary(df, peak_tflops=None, step_time_s=None):
         table = breakdown(df).set_index("phase")
     except ReportError:  # traced without model= or tokens=: no N or T, the rest still reports
         table = None
-    rate = mfu(df, step_time_s=step_time_s, peak_flops=peak_tflops * 1e12 if peak_tflops else None).iloc[0]
+    rate = mfu(df, step_time_s=step_time_s, peak_flops=peak_tflops * 1e12 if peak_tflops is not None else None).iloc[0]
     top = peak(df).iloc[0]
     return {
         "run": run,
@@ -114,7 +114,7 @@ def _print_report(df, args, out):
         for line in explain(df):
             print(f"  - {line}", file=out)
 
-    peak_flops = args.peak_tflops * 1e12 if args.peak_tflops else None
+    peak_flops = args.peak_tflops * 1e12 if args.peak_tflops is not None else None
     rate = mfu(df, step_time_s=args.step_time, peak_flops=peak_flops).iloc[0]
     print("\nMFU (model FLOPs per second of untraced step time / promised FLOP/s)", file=out)
     if rate["step_time_s"] is None or (isinstance(rate["step_time_s"], float) and math.isnan(rate["step_time_s"])):
@@ -202,13 +202,24 @@ def _compare(args):
         print(table.head(args.top).to_string(index=False, formatters=_formatters(table), na_rep="N/A"))
 
 
+def _positive(text):
+    """An argparse type: a finite number > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"expected a finite number > 0, got {text!r}")
+    return value
+
+
 def _parser():
     parser = argparse.ArgumentParser(prog="optrace", description="Read optrace traces: FLOPs, MFU, memory, views.")
     sub = parser.add_subparsers(dest="command", required=True)
     rep = sub.add_parser("report", help="summarise one trace")
     rep.add_argument("trace")
-    rep.add_argument("--peak-tflops", type=float, help="promised peak TFLOP/s (overrides the device table)")
-    rep.add_argument("--step-time", type=float, help="untraced step time in seconds (overrides the trace's)")
+    rep.add_argument("--peak-tflops", type=_positive, help="promised peak TFLOP/s (overrides the device table)")
+    rep.add_argument("--step-time", type=_positive, help="untraced step time in seconds (overrides the trace's)")
     rep.add_argument("--json", action="store_true", help="print one JSON object")
     rep.add_argument("--plot", metavar="DIR", help="write PNG plots to DIR")
     rep.add_argument("--top", type=int, default=8, help="rows in the top-N tables")

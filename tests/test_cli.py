@@ -445,3 +445,11 @@ def test_subprocess_bad_arguments_exit_2(traces):
     assert done.returncode == 2
     assert "Traceback" not in done.stderr
     assert "unrecognized arguments: --no-such-option" in done.stderr
+
+
+@pytest.mark.parametrize("flag, value", [("--peak-tflops", "0"), ("--peak-tflops", "-1"), ("--step-time", "inf"), ("--step-time", "nan")])
+def test_report_refuses_non_positive_figures(flag, value, capsys, tmp_path):
+    with pytest.raises(SystemExit) as done:
+        main(["report", str(tmp_path / "any.parquet"), flag, value])
+    assert done.value.code == 2
+    assert f"argument {flag}: expected a finite number > 0, got '{value}'" in capsys.readouterr().err
