@@ -35,7 +35,8 @@ import pandas as pd
 from reports.breakdown import attention_recompute_flops, operands
 from reports.errors import ReportError
 from reports.load import require, runs_of
-from reports.peaks import cpu_ideal_flops, normalize_dtype, peak_flops as lookup_peak
+from reports.peaks import cpu_ideal_flops, normalize_dtype
+from reports.peaks import peak_flops as lookup_peak
 from reports.tables import count_steps, split_runs, step_divisor
 
 __all__ = ["mfu"]

@@ -5,10 +5,10 @@ import pytest
 import torch
 from torch import nn
 
+import reports
 from reports.breakdown import breakdown, explain
 from reports.errors import ReportError
 from reports.load import load
-import reports
 from tracer import Tracer
 
 B, D, H, K = 32, 8, 16, 4  # tokens (rows of x), input width, hidden width, outputs

@@ -30,7 +30,10 @@ import weakref
 import torch
 import torch.optim.optimizer as optim_hooks
 from torch.autograd.graph import register_multi_grad_hook
-from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
+from torch.nn.modules.module import (
+    register_module_forward_hook,
+    register_module_forward_pre_hook,
+)
 
 _graph_task_id = torch._C._current_graph_task_id
 

@@ -1,9 +1,6 @@
 """The public `Tracer` context manager and the dispatch mode behind it."""
 
-import datetime
 import os
-import platform
-import sys
 import time
 import warnings
 
@@ -14,23 +11,19 @@ from tracer.attribution import Attribution
 from tracer.device import cuda_memory, cuda_sync_for, device_info
 from tracer.errors import TraceError
 from tracer.flops import has_formula
+from tracer.metadata import Roles, dtype_name, now, run_metadata
 from tracer.op_kinds import METADATA_OPS, OUTPUT_ELEMENTS, ZERO, flop_rule
-from tracer.schema import ROLE_KEYS, SCHEMA_VERSION
 from tracer.storage import StorageTable
-from tracer.schema import PHASES
-from tracer.writer import PER_OUTPUT_ELEMENT, ROW_WIDTH, PartWriter, RowBuffer, prepare_directory
+from tracer.writer import (
+    PER_OUTPUT_ELEMENT,
+    ROW_WIDTH,
+    PartWriter,
+    RowBuffer,
+    prepare_directory,
+)
 
 Tensor = torch.Tensor
 _perf_ns = time.perf_counter_ns
-_PHASE_IDS = {name: i for i, name in enumerate(PHASES)}
-_DTYPE_NAMES = {}
-
-
-def _dtype_name(dtype):
-    name = _DTYPE_NAMES.get(dtype)
-    if name is None:
-        name = _DTYPE_NAMES[dtype] = str(dtype).removeprefix("torch.")
-    return name
 
 
 def _tensors(args, kwargs):
@@ -209,13 +202,16 @@ class Tracer:
         self._lost_rows = 0  # rows whose part could not be written
         self._device = None
         self._sync = None
-        self._roles_seen = set()
-        self._roles_new = {key: [] for key in ROLE_KEYS}
-        self._meta = self._start_metadata()
+        self._roles = Roles(self._storages.known)
+        self._meta = run_metadata(self.run_name, self.tokens, self.model, self._storages.id_of)
         first = next(self.model.parameters(), None) if self.model is not None else None
         if first is not None:
             self._first_device(first.device)
-        self._attr = Attribution(self.model, on_step_end=self._optimizer_end, on_optimizer_start=self._optimizer_start)
+        self._attr = Attribution(
+            self.model,
+            on_optimizer_start=lambda opt: self._roles.gradients(p for g in opt.param_groups for p in g["params"]),
+            on_step_end=self._roles.optimizer_state,
+        )
         self._attr.install()
         self._mode = _TraceMode(self)
         Tracer._active = self
@@ -240,7 +236,7 @@ class Tracer:
 
     def step(self):
         """Mark the end of a training step (the optimizer hooks do this on their own)."""
-        self._scan_gradients(self.model.parameters() if self.model is not None else ())
+        self._roles.gradients(self.model.parameters() if self.model is not None else ())
         self._attr.next_step()
 
     @property
@@ -352,7 +348,7 @@ class Tracer:
             self._flush()
 
     def _new_dtype(self, dtype):
-        dtype_id = self._dtype_ids[dtype] = self._writer.names["dtype"].id(_dtype_name(dtype))
+        dtype_id = self._dtype_ids[dtype] = self._writer.names["dtype"].id(dtype_name(dtype))
         self._writer.itemsize[dtype_id] = dtype.itemsize
         return dtype_id
 
@@ -391,18 +387,17 @@ class Tracer:
             self._writer.write(rows, meta)
         except BaseException:  # the rows are lost (seq keeps counting); their storage roles are not
             self._lost_rows += len(rows)
-            for key, ids in meta["storage_roles"].items():
-                self._roles_new[key][:0] = ids
+            self._roles.put_back(meta["storage_roles"])
             raise
 
     def _close(self, complete):
         if self.model is not None:
-            self._scan_gradients(self.model.parameters())
+            self._roles.gradients(self.model.parameters())
         memory = cuda_memory(self._device)
         if memory is not None:
             self._meta.setdefault("cuda_memory", {})["end"] = memory
         self._meta["complete"] = complete
-        self._meta["end_time"] = datetime.datetime.now().isoformat(timespec="seconds")
+        self._meta["end_time"] = now()
         self._closed = True
         try:
             self._flush()
@@ -414,69 +409,5 @@ class Tracer:
         meta["rows"] = self._writer.rows + len(self._rows)
         meta["record_errors"] = self._errors
         meta["lost_rows"] = self._lost_rows
-        meta["storage_roles"], self._roles_new = self._roles_new, {key: [] for key in ROLE_KEYS}
+        meta["storage_roles"] = self._roles.take()
         return meta
-
-    def _add_role(self, role, tensor):
-        try:
-            sid = self._storages.known(tensor.untyped_storage())
-        except Exception:  # tensors without storage (sparse, nested)
-            return
-        if sid is not None and sid not in self._roles_seen:
-            self._roles_seen.add(sid)
-            self._roles_new[role].append(sid)
-
-    def _scan_gradients(self, params):
-        for p in params:
-            if p.grad is not None:
-                self._add_role("gradient", p.grad)
-
-    def _optimizer_start(self, optimizer):
-        self._scan_gradients(p for group in optimizer.param_groups for p in group["params"])
-
-    def _optimizer_end(self, optimizer):
-        for state in optimizer.state.values():
-            for value in state.values():
-                if isinstance(value, Tensor):
-                    self._add_role("optimizer_state", value)
-
-    def _start_metadata(self):
-        meta = {
-            "schema_version": SCHEMA_VERSION,
-            "complete": False,
-            "run_name": self.run_name,
-            "start_time": datetime.datetime.now().isoformat(timespec="seconds"),
-            "torch_version": torch.__version__,
-            "python_version": platform.python_version(),
-            "platform": sys.platform,
-            "tokens": self.tokens,
-            "root_module": type(self.model).__name__ if self.model is not None else None,
-            "device": None,
-        }
-        if self.model is not None:
-            meta.update(self._parameter_metadata(self.model))
-        return meta
-
-    def _parameter_metadata(self, model):
-        embedding = {
-            id(p) for m in model.modules() if isinstance(m, (torch.nn.Embedding, torch.nn.EmbeddingBag))
-            for p in m.parameters(recurse=False)
-        }  # fmt: skip
-        params = {}
-        counts = {"total": 0, "trainable": 0, "embedding": 0}
-        for name, p in model.named_parameters():
-            sid = self._storages.id_of(p.untyped_storage())
-            params[name] = {
-                "storage_id": sid,
-                "numel": p.numel(),
-                "shape": list(p.shape),
-                "dtype": _dtype_name(p.dtype),
-                "trainable": p.requires_grad,
-                "embedding": id(p) in embedding,
-            }
-            counts["total"] += p.numel()
-            counts["trainable"] += p.numel() if p.requires_grad else 0
-            counts["embedding"] += p.numel() if id(p) in embedding else 0
-        for b in model.buffers():
-            self._storages.id_of(b.untyped_storage())
-        return {"params": counts, "parameters": params}

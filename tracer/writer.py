@@ -19,7 +19,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tracer.errors import TraceError
-from tracer.schema import ARROW_SCHEMA, FLOP_KINDS, METADATA_KEY, PART_GLOB, PHASES, part_name
+from tracer.schema import (
+    ARROW_SCHEMA,
+    FLOP_KINDS,
+    METADATA_KEY,
+    PART_GLOB,
+    PHASES,
+    part_name,
+)
 
 
 def prepare_directory(path):
@@ -232,7 +239,10 @@ class RowBuffer:
 
 def new_names():
     """The string tables of one trace: fixed for phase and kind, growing for the rest."""
-    return {"op": Names(), "phase": Names(PHASES), "module": Names(), "device": Names(), "kind": Names(FLOP_KINDS), "dtype": Names()}
+    return {
+        "op": Names(), "phase": Names(PHASES), "module": Names(), "device": Names(),
+        "kind": Names(FLOP_KINDS), "dtype": Names(),
+    }  # fmt: skip
 
 
 class PartWriter:

@@ -1,0 +1,104 @@
+"""The run metadata a trace carries, and the storage roles (gradient, optimizer state).
+
+Roles are learned while the run goes on (a gradient is a storage that autograd made
+and `.grad` now holds); each part records the roles learned since the part before it,
+and `schema.read_metadata` merges them.
+"""
+
+import datetime
+import platform
+import sys
+
+import torch
+
+from tracer.schema import ROLE_KEYS, SCHEMA_VERSION
+
+
+def dtype_name(dtype):
+    return str(dtype).removeprefix("torch.")
+
+
+def now():
+    return datetime.datetime.now().isoformat(timespec="seconds")
+
+
+def run_metadata(run_name, tokens, model, storage_id):
+    """The metadata known when tracing starts; `storage_id(storage)` registers parameter storages."""
+    meta = {
+        "schema_version": SCHEMA_VERSION,
+        "complete": False,
+        "run_name": run_name,
+        "start_time": now(),
+        "torch_version": torch.__version__,
+        "python_version": platform.python_version(),
+        "platform": sys.platform,
+        "tokens": tokens,
+        "root_module": type(model).__name__ if model is not None else None,
+        "device": None,
+    }
+    if model is not None:
+        meta.update(_parameters(model, storage_id))
+    return meta
+
+
+def _parameters(model, storage_id):
+    embedding = {
+        id(p) for m in model.modules() if isinstance(m, (torch.nn.Embedding, torch.nn.EmbeddingBag))
+        for p in m.parameters(recurse=False)
+    }  # fmt: skip
+    params = {}
+    counts = {"total": 0, "trainable": 0, "embedding": 0}
+    for name, p in model.named_parameters():  # tied parameters once
+        params[name] = {
+            "storage_id": storage_id(p.untyped_storage()),
+            "numel": p.numel(),
+            "shape": list(p.shape),
+            "dtype": dtype_name(p.dtype),
+            "trainable": p.requires_grad,
+            "embedding": id(p) in embedding,
+        }
+        counts["total"] += p.numel()
+        counts["trainable"] += p.numel() if p.requires_grad else 0
+        counts["embedding"] += p.numel() if id(p) in embedding else 0
+    for b in model.buffers():
+        storage_id(b.untyped_storage())
+    return {"params": counts, "parameters": params}
+
+
+class Roles:
+    """Storage ids known to hold gradients or optimizer state, as deltas per part."""
+
+    def __init__(self, known_id):
+        self._known_id = known_id  # storage -> id, or None when the tracer never saw it
+        self._seen = set()
+        self.new = {key: [] for key in ROLE_KEYS}
+
+    def take(self):
+        """The roles learned since the last call."""
+        new, self.new = self.new, {key: [] for key in ROLE_KEYS}
+        return new
+
+    def put_back(self, taken):
+        """Undo a `take` whose part could not be written."""
+        for key, ids in taken.items():
+            self.new[key][:0] = ids
+
+    def add(self, role, tensor):
+        try:
+            sid = self._known_id(tensor.untyped_storage())
+        except Exception:  # tensors without storage (sparse, nested)
+            return
+        if sid is not None and sid not in self._seen:
+            self._seen.add(sid)
+            self.new[role].append(sid)
+
+    def gradients(self, params):
+        for p in params:
+            if p.grad is not None:
+                self.add("gradient", p.grad)
+
+    def optimizer_state(self, optimizer):
+        for state in optimizer.state.values():
+            for value in state.values():
+                if isinstance(value, torch.Tensor):
+                    self.add("optimizer_state", value)
