@@ -81,17 +81,15 @@ class _OpInfo:
         self.out_only = tuple(kwarg_only for _, _, kwarg_only in written)  # out= arguments are keyword-only
         self.inplace = int(bool(written))
 
-    def written(self, args, kwargs, out_only=False):
-        """Tensors the op writes into (in-place self, out=); only the out= ones with `out_only`."""
+    def written(self, args, kwargs):
+        """(tensor, is an out= argument) for each tensor the op writes into (in-place self, out=)."""
         found = []
         for pos, name, is_out in zip(self.written_positions, self.written_names, self.out_only):
-            if out_only and not is_out:
-                continue
             value = args[pos] if pos < len(args) else kwargs.get(name)
             if isinstance(value, Tensor):
-                found.append(value)
+                found.append((value, is_out))
             elif isinstance(value, (list, tuple)):
-                found.extend(v for v in value if isinstance(v, Tensor))
+                found.extend((v, is_out) for v in value if isinstance(v, Tensor))
         return found
 
 
@@ -284,39 +282,30 @@ class Tracer:
                 outs = [o for o in out if isinstance(o, Tensor)]
             else:
                 outs = ()
-            # the two loops are one loop written twice: the hot path avoids a call per tensor
-            for t in ins:
-                shape = t.shape
-                st = t.untyped_storage()
-                sid = known(st._cdata)
-                if sid is None:  # existed before this op: live from now on, but not its allocation
-                    sid = storages.register(st)
-                dtype = dtype_of(t.dtype)
-                if dtype is None:
-                    dtype = self._new_dtype(t.dtype)
-                tensors.extend((len(shape), dtype, sid))
-                dims.extend(shape)
-                dims.extend(t.stride())
             registered = storages.registered_bytes
-            for t in outs:
-                shape = t.shape
-                st = t.untyped_storage()
-                sid = known(st._cdata)
-                if sid is None:  # first seen as an output: this op made it
-                    sid = storages.register(st)
-                dtype = dtype_of(t.dtype)
-                if dtype is None:
-                    dtype = self._new_dtype(t.dtype)
-                tensors.extend((len(shape), dtype, sid))
-                dims.extend(shape)
-                dims.extend(t.stride())
+            for side, group in enumerate((ins, outs)):
+                if side:  # storages first seen as outputs were made by this op; inputs existed before
+                    registered = storages.registered_bytes
+                for t in group:
+                    shape = t.shape
+                    st = t.untyped_storage()
+                    sid = known(st._cdata)
+                    if sid is None:
+                        sid = storages.register(st)
+                    dtype = dtype_of(t.dtype)
+                    if dtype is None:
+                        dtype = self._new_dtype(t.dtype)
+                    tensors.extend((len(shape), dtype, sid))
+                    dims.extend(shape)
+                    dims.extend(t.stride())
             inplace_bytes = out_bytes = 0
             if info.written_positions:
-                for t in info.written(args, kwargs):
-                    inplace_bytes += t.numel() * t.element_size()
+                for t, is_out in info.written(args, kwargs):
+                    n = t.numel() * t.element_size()
+                    inplace_bytes += n
+                    if is_out:  # out= tensors are written, not read
+                        out_bytes += n
                     storages.regrow(t.untyped_storage())
-                for t in info.written(args, kwargs, out_only=True):
-                    out_bytes += t.numel() * t.element_size()  # out= tensors are written, not read
             allocated = storages.registered_bytes - registered
             basis = info.basis
             flops = 0 if basis == 0 else PER_OUTPUT_ELEMENT if basis == 1 else info.rule.count(args, kwargs, out)
