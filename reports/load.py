@@ -8,7 +8,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from reports.errors import ReportError
-from tracer.schema import COLUMN_NAMES, SCHEMA_VERSION, part_paths, read_metadata
+from tracer.schema import COLUMN_NAMES, SCHEMA_VERSION, V2_DEFAULTS, part_paths, read_metadata
 
 
 def read_run(path):
@@ -63,14 +63,21 @@ def load(paths, columns=None):
             name, n = f"{base}#{n}", n + 1
         if not meta.get("complete"):
             warnings.warn(f"{path}: trace is incomplete (cut short); reporting the {meta.get('rows', '?')} rows it has")
+        wanted = list(columns) if columns is not None else list(COLUMN_NAMES)
+        upgrade = meta["schema_version"] < 2  # v1 traces lack the v2 columns: read what exists, fill the rest
+        read = [c for c in wanted if c not in V2_DEFAULTS] if upgrade else wanted
+        if upgrade and "busy_ns" in wanted and "duration_ns" not in read:
+            read.append("duration_ns")
         try:
-            table = pq.read_table(path, columns=list(columns) if columns is not None else None)
+            table = pq.read_table(path, columns=read)
         except (pa.ArrowInvalid, OSError) as exc:
             raise ReportError(f"{path}: not a readable Parquet trace ({exc})") from None
-        missing = sorted(set(columns or COLUMN_NAMES) - set(table.column_names))
+        missing = sorted(set(read) - set(table.column_names))
         if missing:
             raise ReportError(f"{path}: trace lacks column(s) {missing}")
         frame = table.to_pandas()
+        if upgrade:
+            frame = _fill_v2(frame, wanted)
         frame.insert(0, "run", name)
         frames.append(frame)
         runs[name] = meta
@@ -78,6 +85,23 @@ def load(paths, columns=None):
     df["run"] = pd.Categorical(df["run"], categories=list(runs))
     df.attrs["runs"] = runs
     return df
+
+
+def _fill_v2(frame, wanted):
+    """A v1 trace's frame with the v2 columns, holding the values v1 semantics imply."""
+    for name in wanted:
+        if name in frame.columns:
+            continue
+        default = V2_DEFAULTS[name]
+        if name == "busy_ns":  # v1 recorded synchronised wall time: no idle gap to remove
+            frame[name] = frame["duration_ns"]
+        elif name == "output_storage_bytes":
+            frame[name] = pd.Series([None] * len(frame), dtype=object)
+        elif default is None:
+            frame[name] = pd.Series(pd.NA, index=frame.index, dtype="Int64")
+        else:
+            frame[name] = default
+    return frame[wanted]
 
 
 def runs_of(df):

@@ -298,7 +298,7 @@ def make_bad(kind, tmp_path, traces):
         return p, r"Parquet without optrace metadata \(was it written by optrace\?\)"
     if kind == "newer_schema":
         rewrite_metadata(traces["fp32"], p, schema_version=99)
-        return p, r"trace schema version 99 is newer than this optrace reads \(1\); upgrade optrace"
+        return p, r"trace schema version 99 is newer than this optrace reads \(2\); upgrade optrace"
     raise AssertionError(kind)
 
 

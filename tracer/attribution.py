@@ -35,7 +35,10 @@ from torch.nn.modules.module import (
     register_module_forward_pre_hook,
 )
 
+from tracer.schema import Phase
+
 _graph_task_id = torch._C._current_graph_task_id
+FORWARD, BACKWARD, OPTIMIZER, OTHER = Phase.FORWARD, Phase.BACKWARD, Phase.OPTIMIZER, Phase.OTHER
 
 
 def _on_grads_ready(tensors, fn):
@@ -104,17 +107,17 @@ class Attribution:
 
     # state the dispatch hook reads ---------------------------------------
     def where(self):
-        """(phase index in schema.PHASES, innermost module name) for the op running now."""
+        """(schema.Phase, innermost module name) for the op running now."""
         if _graph_task_id() != -1:
             self.backward_seen = True
             stack = self.backward_stack
-            return 1, stack[-1] if stack else ""
+            return BACKWARD, stack[-1] if stack else ""
         stack = self.forward_stack
         if self.in_optimizer:
-            return 2, stack[-1] if stack else ""
+            return OPTIMIZER, stack[-1] if stack else ""
         if stack:
-            return 0, stack[-1]
-        return (3 if self.backward_seen else 0), ""
+            return FORWARD, stack[-1]
+        return (OTHER if self.backward_seen else FORWARD), ""
 
     def next_step(self):
         self.step += 1

@@ -13,6 +13,7 @@ from tracer.errors import TraceError
 from tracer.flops import has_formula
 from tracer.metadata import Roles, dtype_name, now, run_metadata
 from tracer.op_kinds import METADATA_OPS, OUTPUT_ELEMENTS, ZERO, flop_rule
+from tracer.schema import CAUSAL_NONE, NO_VALUE
 from tracer.storage import StorageTable
 from tracer.writer import (
     PER_OUTPUT_ELEMENT,
@@ -135,7 +136,7 @@ class _TraceMode(TorchDispatchMode):
             sync()
         duration = _perf_ns() - start
         try:
-            tracer._record(info, args, kwargs, out, duration)
+            tracer._record(info, args, kwargs, out, start, duration)
         except Exception as exc:  # never break the traced program over a bookkeeping error
             tracer._record_failed(info.name, exc)
         return out
@@ -195,6 +196,7 @@ class Tracer:
         self._dtype_ids = {}  # torch.dtype -> dtype name id
         self._device_ids = {}  # torch.device -> device name id
         self._module_ids = {}  # module name -> module name id
+        self._writer.clock_offset_ns = time.time_ns() - _perf_ns()
         self._flush_at = self.flush_rows * ROW_WIDTH
         self._errors = 0
         self._lost_rows = 0  # rows whose part could not be written
@@ -267,12 +269,13 @@ class Tracer:
             self._writer.write(RowBuffer(), self._metadata())
 
     # the hot path ------------------------------------------------------------------
-    def _record(self, info, args, kwargs, out, duration):
+    def _record(self, info, args, kwargs, out, start, duration):
         rows = self._rows
         tensors = rows.tensors
         dims = rows.dims
         storages = self._storages
         known = storages._by_cdata.get
+        size_of = storages.size.__getitem__
         dtype_of = self._dtype_ids.get
         try:
             ins = _tensors(args, kwargs)
@@ -295,7 +298,7 @@ class Tracer:
                     dtype = dtype_of(t.dtype)
                     if dtype is None:
                         dtype = self._new_dtype(t.dtype)
-                    tensors.extend((len(shape), dtype, sid))
+                    tensors.extend((len(shape), dtype, sid, size_of(sid)))
                     dims.extend(shape)
                     dims.extend(t.stride())
             inplace_bytes = out_bytes = 0
@@ -309,7 +312,7 @@ class Tracer:
             allocated = storages.registered_bytes - registered
             basis = info.basis
             flops = 0 if basis == 0 else PER_OUTPUT_ELEMENT if basis == 1 else info.rule.count(args, kwargs, out)
-            causal = -1 if info.rule.causal is None else int(bool(info.rule.causal(args, kwargs)))
+            causal = CAUSAL_NONE if info.rule.causal is None else int(bool(info.rule.causal(args, kwargs)))
             phase, module = self._attr.where()
             module_id = self._module_ids.get(module)
             if module_id is None:
@@ -332,6 +335,7 @@ class Tracer:
             self._attr.step, info.name_id, phase, module_id, device_id, info.kind_id,
             info.inplace, causal, flops, allocated, storages.live_bytes, inplace_bytes, out_bytes, duration,
             len(ins), len(outs), n_freed,
+            0, start, duration, 0, NO_VALUE, NO_VALUE, 0,
         ))  # fmt: skip
         if len(rows.ints) >= self._flush_at:
             self._flush()

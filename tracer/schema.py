@@ -1,4 +1,4 @@
-"""Trace schema v1: column names, Arrow types and the metadata key.
+"""Trace schema v2: column names, Arrow types, named row constants and the metadata key.
 
 This module is the contract between `tracer` (which writes traces) and
 `reports` (which reads them). It imports pyarrow only, never torch or pandas.
@@ -11,9 +11,11 @@ part with the highest number holds the newest copy, and its `complete` field
 is true only when the tracer closed cleanly.
 """
 
+import enum
+
 import pyarrow as pa
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 METADATA_KEY = b"optrace"
 PART_GLOB = "part-*.parquet"
 
@@ -22,7 +24,20 @@ def part_name(index: int) -> str:
     return f"part-{index:06d}.parquet"
 
 
-PHASES = ("forward", "backward", "optimizer", "other")
+class Phase(enum.IntEnum):
+    """The phase of an op; the value is its index in PHASES (the phase column's dictionary)."""
+
+    FORWARD = 0
+    BACKWARD = 1
+    OPTIMIZER = 2
+    OTHER = 3
+
+
+PHASES = tuple(p.name.lower() for p in Phase)
+
+# Sentinels of the packed integer row (tracer/writer.py ROW_FIELDS); each becomes null in Parquet.
+CAUSAL_NONE = -1  # causal: not an attention kernel
+NO_VALUE = -1  # busy_ns, comm_bytes, group_size: not measured / not a collective
 
 FLOP_KINDS = (
     "matmul",  # mm, bmm, addmm, baddbmm, mv, dot, _scaled_mm, _int_mm, ...
@@ -33,6 +48,7 @@ FLOP_KINDS = (
     "norm",  # layer norm, RMS norm, batch norm, group norm
     "softmax",  # softmax, log_softmax and their backward
     "foreach",  # the optimizer's _foreach_* ops
+    "collective",  # c10d / functional collectives: 0 FLOPs, comm_bytes says what moved
     "none",  # views, copies, fills, allocation, random numbers: no arithmetic
     "unknown",  # no formula registered: counted as 0
 )
@@ -67,7 +83,28 @@ COLUMNS = (
     ("bytes_read", pa.int64(), "bytes of the tensor inputs (numel x element size)"),
     ("bytes_written", pa.int64(), "bytes of the tensor outputs that are not views"),
     ("duration_ns", pa.int64(), "wall time of the op (synchronised on CUDA)"),
+    # added in v2
+    ("recompute", pa.bool_(), "the op re-runs forward work for activation checkpointing (MFU leaves it out, HFU counts it)"),
+    ("output_storage_bytes", pa.list_(pa.int64()), "byte size of the whole storage behind every tensor output, after the op"),
+    ("start_ns", pa.int64(), "op start on the wall clock, ns since the Unix epoch (time.time_ns at trace start + a monotonic offset)"),
+    ("busy_ns", pa.int64(), "device time of the op with the device's idle gap before it removed; equals duration_ns on CPU"),
+    ("layout", _str, "'' when every tensor argument is strided, else the first other layout (sparse_coo, sparse_csr, jagged, ...)"),
+    ("comm_bytes", pa.int64(), "collectives: message size as nccl-tests defines it (null for other ops)"),
+    ("group_size", pa.int64(), "collectives: ranks in the process group (null for other ops)"),
+    ("process_group", _str, "collectives: the process group's name ('' for other ops)"),
 )
+
+# Columns a v1 trace lacks, and the value `reports.load` gives them when reading one.
+V2_DEFAULTS = {
+    "recompute": False,
+    "output_storage_bytes": None,
+    "start_ns": None,
+    "busy_ns": None,  # load copies duration_ns
+    "layout": "",
+    "comm_bytes": None,
+    "group_size": None,
+    "process_group": "",
+}
 
 COLUMN_NAMES = tuple(name for name, _, _ in COLUMNS)
 ARROW_SCHEMA = pa.schema([pa.field(name, typ) for name, typ, _ in COLUMNS])

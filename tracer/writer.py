@@ -21,8 +21,10 @@ import pyarrow.parquet as pq
 from tracer.errors import TraceError
 from tracer.schema import (
     ARROW_SCHEMA,
+    CAUSAL_NONE,
     FLOP_KINDS,
     METADATA_KEY,
+    NO_VALUE,
     PART_GLOB,
     PHASES,
     part_name,
@@ -102,21 +104,27 @@ def _lists(counts, values):
 # is not stored: a part's rows are numbered from the part's first seq.
 # flops: -1 means one FLOP per output element, counted here from the output shapes.
 # inplace_bytes: bytes of the inputs the op wrote into (0 unless inplace); out_bytes: of
-# those, the out= arguments, which are written but not read.
+# those, the out= arguments, which are written but not read. start: perf_counter_ns at the
+# op's start (the writer adds clock_offset_ns). causal, busy_ns, comm_bytes and group_size
+# use the schema's sentinels (CAUSAL_NONE, NO_VALUE) for null.
 ROW_FIELDS = (
     "step", "op", "phase", "module", "device", "kind", "inplace", "causal",
     "flops", "bytes_allocated", "live_bytes", "inplace_bytes", "out_bytes", "duration_ns",
     "inputs", "outputs", "freed",
+    "recompute", "start", "busy_ns", "layout", "comm_bytes", "group_size", "process_group",
 )  # fmt: skip
 ROW_WIDTH = len(ROW_FIELDS)
+FIELD = {name: i for i, name in enumerate(ROW_FIELDS)}  # field name -> position in a row
 PER_OUTPUT_ELEMENT = -1
+TENSOR_WIDTH = 4  # per tensor in RowBuffer.tensors: ndim, dtype id, storage id, storage bytes
 
 
 class RowBuffer:
     """The rows of one part as three flat integer arrays, with no Python object per row.
 
     ints     ROW_WIDTH integers per row (ROW_FIELDS).
-    tensors  per tensor, inputs then outputs of each row: ndim, dtype id, storage id.
+    tensors  per tensor, inputs then outputs of each row: ndim, dtype id, storage id,
+             storage bytes (TENSOR_WIDTH integers).
     dims     per tensor: its sizes, then its strides (2 x ndim integers).
     freed    the storage ids each row freed, `freed` of them per row.
     """
@@ -135,11 +143,11 @@ class RowBuffer:
         """Drop a half-appended row (its tensors were appended, its ints were not)."""
         rows = _np(self.ints, np.int64).reshape(-1, ROW_WIDTH)
         tensors = int(rows[:, ROW_FIELDS.index("inputs")].sum() + rows[:, ROW_FIELDS.index("outputs")].sum())
-        dims = int(2 * _np(self.tensors, np.int64)[0 : 3 * tensors : 3].sum())
+        dims = int(2 * _np(self.tensors, np.int64)[0 : TENSOR_WIDTH * tensors : TENSOR_WIDTH].sum())
         freed = int(rows[:, ROW_FIELDS.index("freed")].sum())
-        del self.tensors[3 * tensors :], self.dims[dims:], self.freed[freed:]
+        del self.tensors[TENSOR_WIDTH * tensors :], self.dims[dims:], self.freed[freed:]
 
-    def table(self, names, itemsize, metadata):
+    def table(self, names, itemsize, metadata, clock_offset_ns=0):
         """The rows as a pyarrow Table with the trace schema and `metadata` attached.
 
         `itemsize` maps dtype ids to bytes per element. Derived here, in bulk: numel
@@ -148,8 +156,8 @@ class RowBuffer:
         rows = _np(self.ints, np.int64).reshape(-1, ROW_WIDTH)
         n = len(rows)
         col = {name: rows[:, i] for i, name in enumerate(ROW_FIELDS)}
-        tensors = _np(self.tensors, np.int64).reshape(-1, 3)
-        ndim, dtype, sid = tensors[:, 0], tensors[:, 1], tensors[:, 2]
+        tensors = _np(self.tensors, np.int64).reshape(-1, TENSOR_WIDTH)
+        ndim, dtype, sid, storage_bytes = tensors[:, 0], tensors[:, 1], tensors[:, 2], tensors[:, 3]
         per_row = col["inputs"] + col["outputs"]
         row_of = np.repeat(np.arange(n), per_row)
         # which tensors are inputs: the first `inputs` of each row's tensors
@@ -205,6 +213,10 @@ class RowBuffer:
         ins = side(is_input, value_is_input, col["inputs"])
         outs = side(~is_input, ~value_is_input, col["outputs"])
         causal = col["causal"]
+
+        def nullable(values):
+            return pa.array(values, mask=values == NO_VALUE)
+
         columns = {
             "seq": pa.array(np.arange(self.first_seq, self.first_seq + n, dtype=np.int64)),
             "step": pa.array(col["step"]),
@@ -225,12 +237,20 @@ class RowBuffer:
             "inplace": pa.array(inplace),
             "flops": pa.array(flops),
             "flop_kind": names["kind"].dictionary(col["kind"].astype(np.int32)),
-            "causal": pa.array(causal == 1, mask=causal < 0),
+            "causal": pa.array(causal == 1, mask=causal == CAUSAL_NONE),
             "bytes_allocated": pa.array(col["bytes_allocated"]),
             "live_bytes": pa.array(col["live_bytes"]),
             "bytes_read": pa.array(bytes_read),
             "bytes_written": pa.array(bytes_written),
             "duration_ns": pa.array(col["duration_ns"]),
+            "recompute": pa.array(col["recompute"].astype(bool)),
+            "output_storage_bytes": _lists(col["outputs"], pa.array(storage_bytes[~is_input])),
+            "start_ns": pa.array(col["start"] + clock_offset_ns),
+            "busy_ns": nullable(col["busy_ns"]),
+            "layout": names["layout"].dictionary(col["layout"].astype(np.int32)),
+            "comm_bytes": nullable(col["comm_bytes"]),
+            "group_size": nullable(col["group_size"]),
+            "process_group": names["process_group"].dictionary(col["process_group"].astype(np.int32)),
         }
         blob = json.dumps(metadata, default=str).encode()
         schema = ARROW_SCHEMA.with_metadata({METADATA_KEY: blob})
@@ -241,7 +261,7 @@ def new_names():
     """The string tables of one trace: fixed for phase and kind, growing for the rest."""
     return {
         "op": Names(), "phase": Names(PHASES), "module": Names(), "device": Names(),
-        "kind": Names(FLOP_KINDS), "dtype": Names(),
+        "kind": Names(FLOP_KINDS), "dtype": Names(), "layout": Names([""]), "process_group": Names([""]),
     }  # fmt: skip
 
 
@@ -254,9 +274,10 @@ class PartWriter:
         self.itemsize = {}  # dtype id -> bytes per element
         self.parts = 0
         self.rows = 0
+        self.clock_offset_ns = 0  # time.time_ns() - time.perf_counter_ns(), set once per trace
 
     def write(self, rows, metadata):
-        table = rows.table(self.names, self.itemsize, metadata)
+        table = rows.table(self.names, self.itemsize, metadata, self.clock_offset_ns)
         name = part_name(self.parts)
         tmp = os.path.join(self.directory, "." + name + ".tmp")
         pq.write_table(table, tmp, compression="zstd", compression_level=1)

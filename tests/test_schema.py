@@ -1,0 +1,96 @@
+"""Schema v2: the packed row is tied to ROW_FIELDS, the v2 columns hold what they say, v1 traces still load."""
+
+import json
+import time
+
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+import reports
+from tracer import Tracer
+from tracer.schema import COLUMN_NAMES, METADATA_KEY, PHASES, V2_DEFAULTS, Phase, part_paths
+from tracer.writer import FIELD, ROW_FIELDS, ROW_WIDTH, RowBuffer
+
+
+def test_phase_constants_are_the_phase_dictionary():
+    assert PHASES == ("forward", "backward", "optimizer", "other")
+    assert [PHASES[p] for p in Phase] == list(PHASES)
+
+
+def test_recorded_row_matches_row_fields(tmp_path, monkeypatch):
+    """Capture the packed integers of one mm and read each back by its ROW_FIELDS name."""
+    captured = []
+    flush = Tracer._flush
+
+    def spy(self):
+        captured.append(self._rows.ints.tolist())
+        flush(self)
+
+    monkeypatch.setattr(Tracer, "_flush", spy)
+    a, b = torch.ones(4, 8), torch.ones(8, 2)
+    with Tracer(tmp_path / "t"):
+        a @ b
+    (ints,) = captured
+    assert len(ints) == ROW_WIDTH == len(ROW_FIELDS)
+    row = dict(zip(ROW_FIELDS, ints))
+    assert row["flops"] == 2 * 4 * 8 * 2  # 2 * 4 * 8 * 2 = 128
+    assert row["inputs"] == 2 and row["outputs"] == 1 and row["freed"] == 0
+    assert row["phase"] == Phase.FORWARD and row["recompute"] == 0
+    assert row["bytes_allocated"] == 4 * 2 * 4  # a 4 x 2 float32 output: 32 bytes
+    assert row["duration_ns"] >= 0 and row["start"] > 0
+    assert FIELD["start"] == ROW_FIELDS.index("start")
+
+
+def test_v2_columns(tmp_path):
+    a = torch.ones(4, 8)
+    before = time.time_ns()
+    with Tracer(tmp_path / "t"):
+        y = a @ torch.ones(8, 2)  # ones, then mm
+        y.t()  # a view of y
+    after = time.time_ns()
+    df = reports.load(tmp_path / "t")
+    assert list(df["op"]) == ["aten.ones.default", "aten.mm.default", "aten.t.default"]
+    # every output's whole storage: 8 x 2 x 4 = 64, 4 x 2 x 4 = 32, and the view shares mm's 32
+    assert [list(x) for x in df["output_storage_bytes"]] == [[64], [32], [32]]
+    assert df["start_ns"].is_monotonic_increasing
+    assert before <= df["start_ns"].min() and df["start_ns"].max() <= after
+    assert (df["busy_ns"] == df["duration_ns"]).all()  # on the CPU, no idle gap is removed
+    assert not df["recompute"].any()
+    assert set(df["layout"]) == {""} and set(df["process_group"]) == {""}
+    assert df["comm_bytes"].isna().all() and df["group_size"].isna().all()
+
+
+def test_v1_trace_loads_with_v2_defaults(tmp_path):
+    """A v1 trace (made here by dropping the v2 columns and version) loads with every column."""
+    with Tracer(tmp_path / "t"):
+        torch.ones(4, 8) @ torch.ones(8, 2)
+    v1 = tmp_path / "v1"
+    v1.mkdir()
+    for part in part_paths(tmp_path / "t"):
+        table = pq.read_table(part)
+        meta = json.loads(table.schema.metadata[METADATA_KEY])
+        meta["schema_version"] = 1
+        table = table.drop_columns(list(V2_DEFAULTS)).replace_schema_metadata({METADATA_KEY: json.dumps(meta)})
+        pq.write_table(table, v1 / part.rsplit("/", 1)[1])
+    df = reports.load(v1)
+    assert tuple(c for c in df.columns if c != "run") == COLUMN_NAMES
+    assert (df["busy_ns"] == df["duration_ns"]).all()
+    assert not df["recompute"].any() and set(df["layout"]) == {""}
+    assert df["start_ns"].isna().all() and df["comm_bytes"].isna().all()
+    assert df["flops"].tolist() == [0, 0, 128]  # two ones, then 2 * 4 * 8 * 2 = 128
+    only = reports.load(v1, columns=["op", "busy_ns"])
+    assert list(only.columns) == ["run", "op", "busy_ns"]
+
+
+def test_rowbuffer_rollback_drops_half_a_row():
+    rows = RowBuffer()
+    rows.ints.extend([0] * ROW_WIDTH)
+    rows.ints[FIELD["inputs"]] = 1
+    rows.tensors.extend((2, 0, 0, 64))
+    rows.dims.extend((4, 4, 4, 1))
+    rows.tensors.extend((1, 0, 1, 8))  # a second row's tensor, appended before its ints
+    rows.dims.extend((2, 1))
+    rows.rollback()
+    assert list(rows.tensors) == [2, 0, 0, 64] and list(rows.dims) == [4, 4, 4, 1]
+
