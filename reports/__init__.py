@@ -7,13 +7,14 @@ from reports.load import load
 from reports.memory import by_category, peak, storages, timeline
 from reports.memory import by_dtype as memory_by_dtype
 from reports.mfu import mfu
+from reports.steps import per_step
 from reports.tables import by_dtype, by_module, by_op, by_phase, by_step
 from reports.views import copies, views
 
 __all__ = [
     "ReportError", "load",
     "by_op", "by_module", "by_phase", "by_step", "by_dtype",
-    "breakdown", "explain", "mfu",
+    "breakdown", "explain", "mfu", "per_step",
     "peak", "timeline", "by_category", "storages", "memory_by_dtype",
     "views", "copies", "compare",
 ]  # fmt: skip

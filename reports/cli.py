@@ -47,12 +47,11 @@ def _number(value):
 
 def _phase_flops(df):
     """FLOPs per step by phase straight from the rows, for a trace breakdown cannot read."""
-    from reports.tables import step_divisor
+    from reports.steps import per_step
 
-    per_step = df["flops"] / step_divisor(df)
     phase = df["phase"].astype(object)
-    flops = {p: _number(per_step[phase == p].sum()) for p in ("forward", "backward", "optimizer")}
-    flops["total"] = _number(per_step.sum())
+    flops = {p: _number(per_step(df, mask=phase == p)) for p in ("forward", "backward", "optimizer")}
+    flops["total"] = _number(per_step(df))
     return flops
 
 
@@ -61,6 +60,7 @@ def summary(df, peak_tflops=None, step_time_s=None):
     from reports.breakdown import breakdown
     from reports.memory import peak
     from reports.mfu import mfu
+    from reports.steps import count_steps
 
     (run, meta), *_ = df.attrs["runs"].items()
     try:
@@ -75,7 +75,7 @@ def summary(df, peak_tflops=None, step_time_s=None):
         "device": (meta.get("device") or {}).get("name"),
         "params": _number(table["n_params"].iloc[0]) if table is not None else None,
         "tokens": _number(table["tokens"].iloc[0]) if table is not None else _number(meta.get("tokens")),
-        "steps": int(df["step"].nunique()),
+        "steps": count_steps(df),
         "flops": _phase_flops(df) if table is None else {
             phase: _number(table.loc[phase, "flops"]) for phase in ("forward", "backward", "optimizer", "total")
         },

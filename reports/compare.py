@@ -34,7 +34,7 @@ import pandas as pd
 
 from reports.errors import ReportError
 from reports.load import load, require, runs_of
-from reports.tables import count_steps, step_divisor
+from reports.steps import count_steps, per_step
 
 __all__ = ["compare"]
 
@@ -68,19 +68,17 @@ def _mfu_pct(df):
 
 
 def _per_run(rows, by):
-    div = step_divisor(rows)  # each row over the steps its phase ran in
-    per_step = pd.DataFrame(
-        {
-            "ops_per_step": 1.0 / div,
-            "flops_per_step": rows["flops"] / div,
-            "bytes_allocated_per_step": rows["bytes_allocated"] / div,
-            "traced_us_per_step": rows["duration_ns"] / 1000.0 / div,
-        }
-    )
-    g = per_step.groupby(rows[by].astype(object), sort=False)
-    table = g.sum()
+    values = {
+        "ops_per_step": pd.Series(1, index=rows.index, dtype="int64"),
+        "flops_per_step": rows["flops"],
+        "bytes_allocated_per_step": rows["bytes_allocated"],
+        "traced_us_per_step": rows["duration_ns"],
+    }
+    table = pd.DataFrame({name: per_step(rows, values=v, by=by) for name, v in values.items()})
+    table["traced_us_per_step"] /= 1000.0
     table["peak_live_bytes"] = rows["live_bytes"].groupby(rows[by].astype(object), sort=False).max()
-    total = per_step.sum().to_frame(TOTAL).T
+    total = pd.DataFrame({name: [per_step(rows, values=v)] for name, v in values.items()}, index=[TOTAL])
+    total["traced_us_per_step"] /= 1000.0
     total["peak_live_bytes"] = rows["live_bytes"].max() if len(rows) else np.nan
     return pd.concat([total, table])
 

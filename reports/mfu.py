@@ -5,12 +5,18 @@ time in seconds) / (the device's dense peak FLOP/s for the dtype used), as PaLM
 defines it (Chowdhery et al. 2022, appendix B). The lecture's "actual FLOP/s over
 promised FLOP/s"; an MFU of 0.5 or more is good.
 
-  model FLOPs     forward + backward FLOPs of the trace per step, less what fused
-                  attention backward kernels spend recomputing the scores (they
-                  count five score-sized matmuls where four are needed). Optimizer
-                  (and "other" phase) FLOPs are not model FLOPs.
+  model FLOPs     forward + backward FLOPs of the trace per step, less every row
+                  activation checkpointing re-ran (the `recompute` flag: PaLM's MFU
+                  leaves rematerialisation out) and less what fused attention
+                  backward kernels spend recomputing the scores (they count five
+                  score-sized matmuls where four are needed); see reports/recompute.py.
+                  Optimizer (and "other" phase) FLOPs are not model FLOPs. Matmuls
+                  with weights outside model= (a frozen teacher's forward) are work
+                  the step needs, so they stay in.
   hardware FLOPs  every traced FLOP per step, recomputation and optimizer included:
                   HFU = hardware FLOPs per second / peak.
+  per step        every figure goes through reports.steps.per_step (each phase's
+                  total over the steps it ran in).
   step time       the untraced median step time recorded with
                   Tracer.set_step_time(time_step(...)), or `step_time_s`. Never the
                   traced wall time nor a sum of `duration_ns`: tracing slows every
@@ -32,12 +38,14 @@ None for numbers: test them with `pd.isna` and print them as N/A
 
 import pandas as pd
 
-from reports.breakdown import attention_recompute_flops, operands
 from reports.errors import ReportError
 from reports.load import require, runs_of
 from reports.peaks import cpu_ideal_flops, normalize_dtype
 from reports.peaks import peak_flops as lookup_peak
-from reports.tables import count_steps, split_runs, step_divisor
+from reports.recompute import attention_recompute, checkpoint_recompute
+from reports.roles import operands
+from reports.steps import count_steps, per_step
+from reports.tables import split_runs
 
 __all__ = ["mfu"]
 
@@ -107,12 +115,12 @@ def mfu(df, step_time_s=None, peak_flops=None, dtype=None):
         steps = count_steps(rows)
         phase = rows["phase"].astype(object)
         fb = phase.isin(("forward", "backward"))
-        per_step = rows["flops"] / step_divisor(rows)  # each phase over its own steps
-        backward_steps = max(1, rows.loc[phase == "backward", "step"].nunique())
-        recompute = attention_recompute_flops(rows) / backward_steps
-        model = per_step[fb].sum() - recompute
-        hardware = per_step.sum()
-        optimizer = per_step[phase == "optimizer"].sum()
+        again = checkpoint_recompute(rows)
+        scores = per_step(rows, values=attention_recompute(rows))
+        recompute = per_step(rows, mask=again) + scores
+        model = per_step(rows, mask=fb & ~again) - scores
+        hardware = per_step(rows)
+        optimizer = per_step(rows, mask=phase == "optimizer")
 
         step_time, time_source = _per_run(step_time_s, run, "step_time_s"), "given"
         if step_time is None:
@@ -139,7 +147,7 @@ def mfu(df, step_time_s=None, peak_flops=None, dtype=None):
             "tokens_per_step": tokens,
             "model_flops_per_step": model,
             "hardware_flops_per_step": hardware,
-            "recompute_flops_per_step": recompute / steps,
+            "recompute_flops_per_step": recompute,
             "optimizer_flops_per_step": optimizer,
             "step_time_s": step_time,
             "step_time_source": time_source if step_time is not None else "none: no untraced step time",

@@ -16,13 +16,24 @@ asterisk; the values below are halved back (the H100 SXM's "1,979 TFLOPS BF16*" 
 A (device, dtype) without an entry has no peak: MFU is then None (N/A) rather
 than measured against a rate the device does not have (a T4 has no bf16 tensor
 cores, so bf16 on a T4 has no datasheet peak).
+
+Every figure is PER DEVICE AS TORCH SEES IT (one torch.cuda device), not per board:
+  MI250X    one OAM module holds two GCDs, and ROCm shows each as its own device:
+            the datasheet's module figures are halved (BF16 383 -> 191.5 per device,
+            as torchtitan's get_peak_flops has it)
+  MI300X    eight XCDs, one device in the default SPX partition mode
+  B200      two dies, one CUDA device: per-GPU figures of the HGX B200 (eight GPUs)
+  H100 NVL  sold as a bridged pair of PCIe boards, each its own device: per-GPU figures
+A device partitioned further (NVIDIA MIG, AMD CPX/DPX modes) reports fewer compute
+units (metadata device.multi_processor_count) than the whole part has; for the parts
+in FULL_UNITS the peak is scaled by that fraction (NB: it assumes the same clock).
 """
 
 import re
 
 from reports.errors import ReportError
 
-__all__ = ["PEAKS", "cpu_ideal_flops", "match_device", "normalize_dtype", "peak_flops"]
+__all__ = ["FULL_UNITS", "PEAKS", "cpu_ideal_flops", "match_device", "normalize_dtype", "peak_flops"]
 
 T = 1e12
 
@@ -37,8 +48,10 @@ _NV_H200 = "NVIDIA H200 Tensor Core GPU datasheet (dense: half the sparse figure
 _NV_B200 = "NVIDIA HGX B200 datasheet, per GPU (dense: half the sparse figures)"
 _NV_GA102 = "NVIDIA Ampere GA102 GPU Architecture whitepaper, RTX 3090 (dense, FP32 accumulate)"
 _NV_AD102 = "NVIDIA Ada GPU Architecture whitepaper, RTX 4090 (dense, FP32 accumulate)"
-_AMD_MI250X = "AMD Instinct MI250X datasheet (dense)"
-_AMD_MI300X = "AMD Instinct MI300X datasheet (dense)"
+_AMD_MI250X = ("AMD Instinct MI250X datasheet (dense), per GCD: ROCm shows each of the module's two GCDs as a "
+               "device, so the module's 95.7 / 383 TFLOPS are halved (https://www.amd.com/en/products/accelerators/"
+               "instinct/mi200/mi250x.html; torchtitan get_peak_flops: 191.5e12 per GCD)")
+_AMD_MI300X = "AMD Instinct MI300X datasheet (dense; one device in SPX mode)"
 # NB (unsure): the A10G is an AWS-only part with no NVIDIA datasheet. Its figures are
 # derived from its configuration (80 SMs at 1.71 GHz, GA102 with half-rate FP32-accumulate
 # tensor math like the GeForce parts): 35 TFLOPS FP32, 70 TFLOPS BF16/FP16 dense, as
@@ -86,8 +99,9 @@ PEAKS = {
     ("H100 PCIe", "bfloat16"): (756.5 * T, _NV_H100),
     ("H100 PCIe", "float16"): (756.5 * T, _NV_H100),
     ("H100 PCIe", "float8"): (1513 * T, _NV_H100),
-    # NB (unsure): the first H100 NVL datasheet gave figures for a pair of GPUs; these are
-    # the per-GPU ones of the later sheet (FP32 60, TF32 835*, BF16 1,671*, FP8 3,341*), halved.
+    # NB (unsure): the first H100 NVL datasheet gave figures for a bridged pair of GPUs (two torch
+    # devices); these are the per-GPU ones of the later H100 datasheet (FP32 60, TF32 835*, BF16
+    # 1,671*, FP8 3,341*), sparse halved to dense. torchtitan's table has 835e12 bf16 per device.
     ("H100 NVL", "float32"): (60 * T, _NV_H100),
     ("H100 NVL", "tfloat32"): (417.5 * T, _NV_H100),
     ("H100 NVL", "bfloat16"): (835.5 * T, _NV_H100),
@@ -115,15 +129,24 @@ PEAKS = {
     ("RTX 4090", "bfloat16"): (165.2 * T, _NV_AD102),
     ("RTX 4090", "float16"): (165.2 * T, _NV_AD102),
     ("RTX 4090", "float8"): (330.3 * T, _NV_AD102),
-    ("MI250X", "float32"): (95.7 * T, _AMD_MI250X),  # FP32 matrix (vector: 47.9)
-    ("MI250X", "bfloat16"): (383 * T, _AMD_MI250X),
-    ("MI250X", "float16"): (383 * T, _AMD_MI250X),
+    # per GCD (one torch device): half the module's FP32 matrix 95.7 (vector 47.9), BF16/FP16 383
+    ("MI250X", "float32"): (47.85 * T, _AMD_MI250X),
+    ("MI250X", "bfloat16"): (191.5 * T, _AMD_MI250X),
+    ("MI250X", "float16"): (191.5 * T, _AMD_MI250X),
     ("MI300X", "float32"): (163.4 * T, _AMD_MI300X),  # FP32 matrix (vector: 81.7)
     ("MI300X", "tfloat32"): (653.7 * T, _AMD_MI300X),
     ("MI300X", "bfloat16"): (1307.4 * T, _AMD_MI300X),
     ("MI300X", "float16"): (1307.4 * T, _AMD_MI300X),
     ("MI300X", "float8"): (2614.9 * T, _AMD_MI300X),
 }
+
+# Compute units (SMs / CUs) of one whole device, for scaling a partition's peak (MIG, CPX/DPX):
+# NVIDIA's architecture whitepapers and AMD's CDNA 2/3 whitepapers.
+FULL_UNITS = {
+    "A100": 108, "H100 SXM": 132, "H100 PCIe": 114, "H100 NVL": 132, "H200": 132, "B200": 148,
+    "MI250X": 110,  # per GCD (220 per module)
+    "MI300X": 304,
+}  # fmt: skip
 
 # Name matching works on whole tokens of the upper-cased name split at anything that is
 # not a letter or digit ("NVIDIA A100-SXM4-80GB" -> NVIDIA, A100, SXM4, 80GB), so "A100"
@@ -201,7 +224,11 @@ def peak_flops(device_meta, dtype, override=None):
     if (key, dtype) not in PEAKS:
         have = sorted(d for k, d in PEAKS if k == key)
         return None, f"{key} has no dense {dtype} peak in the table (it lists {', '.join(have)})"
-    return PEAKS[(key, dtype)]
+    value, source = PEAKS[(key, dtype)]
+    units, full = device_meta.get("multi_processor_count"), FULL_UNITS.get(key)
+    if isinstance(units, int) and full and 0 < units < full:
+        return value * units / full, f"{source}; a partition with {units} of {full} compute units: scaled to match"
+    return value, source
 
 
 # CPU ------------------------------------------------------------------------------------

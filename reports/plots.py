@@ -59,17 +59,16 @@ def _runs(df):
 def plot_flops(df, top=15):
     """FLOPs per step by innermost module, stacked by phase: one panel per run, the `top` modules by FLOPs."""
     from reports.load import require
-    from reports.tables import step_divisor
+    from reports.steps import per_step
 
     require(df, ("step", "phase", "module", "flops"), "plot_flops")
     runs = _runs(df)
     tables = []
     for run in runs:
         rows = df[df["run"] == run]
-        rows = rows.assign(flops=rows["flops"] / step_divisor(rows))  # per step, each phase over its own steps
-        table = rows.pivot_table(index=rows["module"].astype(object), columns=rows["phase"].astype(object),
-                                 values="flops", aggfunc="sum", fill_value=0)  # fmt: skip
-        table = table.reindex(columns=[p for p in PHASES if p in table.columns])
+        phase = rows["phase"].astype(object)
+        table = pd.DataFrame({p: per_step(rows, mask=phase == p, by="module") for p in PHASES if (phase == p).any()})
+        table = table.fillna(0.0)
         table.index = [name or "(outside any module)" for name in table.index]
         order = table.sum(axis=1).sort_values(ascending=False)
         if len(order) > top:
@@ -177,17 +176,15 @@ def plot_compare(df):
     """Bars per run: FLOPs per step and bytes allocated per step (stacked by phase), peak memory by category."""
     from reports.load import require
     from reports.memory import CATEGORIES, by_category
-    from reports.tables import step_divisor
+    from reports.steps import per_step
 
     require(df, ("step", "phase", "flops", "bytes_allocated"), "plot_compare")
     runs = _runs(df)
     per_phase = {}
     for run in runs:
         rows = df[df["run"] == run]
-        div = step_divisor(rows)
-        per_step = pd.DataFrame({"flops": rows["flops"] / div, "bytes_allocated": rows["bytes_allocated"] / div})
-        g = per_step.groupby(rows["phase"].astype(object)).sum()
-        per_phase[run] = g
+        phase = rows["phase"].astype(object)
+        per_phase[run] = pd.DataFrame({c: per_step(rows, values=c, by=phase) for c in ("flops", "bytes_allocated")})
     cats = by_category(df, at="peak")
     fig = _figure(max(12, 1.2 * len(runs) * 3), 5)
     axes = fig.subplots(1, 3)

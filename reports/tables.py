@@ -21,6 +21,7 @@ dtypes.
 
 import pandas as pd
 
+from reports._util import empty_frame, pct
 from reports.errors import ReportError
 from reports.load import require
 from tracer.schema import PHASES
@@ -30,7 +31,7 @@ __all__ = ["by_dtype", "by_module", "by_op", "by_phase", "by_step"]
 _BASE = ["run", "flops", "bytes_allocated", "duration_ns"]
 
 
-# helpers shared with breakdown.py and mfu.py ---------------------------------------------
+# helpers shared with the other reports -----------------------------------------------------
 def run_names(df):
     """The runs of a loaded trace in load order (even those a filter has emptied)."""
     runs = df.attrs.get("runs")
@@ -55,37 +56,16 @@ def combine(frames, columns, dtypes, several):
             frame.insert(0, "run", run)
         parts.append(frame)
     cols = (["run"] if several else []) + list(columns)
+    types = {"run": object, **dtypes} if several else dict(dtypes)
     if parts:
         out = pd.concat(parts, ignore_index=True)
     else:
-        out = pd.DataFrame(columns=cols)
-    types = {"run": object, **dtypes} if several else dict(dtypes)
+        out = empty_frame({c: types.get(c, object) for c in cols})
     return out.astype({c: t for c, t in types.items() if c in out.columns}).reset_index(drop=True)[cols]
 
 
 def several_runs(df):
     return len(run_names(df)) > 1
-
-
-def step_divisor(rows):
-    """Per row, the number of steps its phase ran in (at least 1): divide a row's figures by it
-    to get per-step figures. Each phase is averaged over its own steps, so a trace cut mid-step
-    (a forward without its backward) does not halve the backward."""
-    phase = rows["phase"].astype(object)
-    counts = rows.groupby(phase)["step"].nunique()
-    return phase.map(counts).fillna(1).clip(lower=1).astype("float64")
-
-
-def count_steps(rows):
-    """Training steps in one run's rows: steps with forward or backward ops (at least 1)."""
-    if len(rows) == 0:
-        return 1
-    fb = rows.loc[rows["phase"].isin(("forward", "backward")), "step"]
-    return max(1, int(fb.nunique() if len(fb) else rows["step"].nunique()))
-
-
-def _pct(part, whole):
-    return part * 100.0 / whole if whole else part * 0.0
 
 
 def _sum_table(df, key, what, extra_cols=(), order=None):
@@ -108,8 +88,8 @@ def _sum_table(df, key, what, extra_cols=(), order=None):
         })
         t.index = t.index.astype(object)
         t = t.rename_axis(key).reset_index()
-        t["flops_pct"] = _pct(t["flops"], int(rows["flops"].sum()))
-        t["duration_pct"] = _pct(t["duration_us"], rows["duration_ns"].sum() / 1000.0)
+        t["flops_pct"] = pct(t["flops"], int(rows["flops"].sum()))
+        t["duration_pct"] = pct(t["duration_us"], rows["duration_ns"].sum() / 1000.0)
         if order is not None:
             t = t.sort_values(key, key=lambda s: s.map(order), kind="stable")
         frames.append((run, t))
@@ -283,6 +263,6 @@ def by_module(df, phase=None):
             records.append({"module": "", "depth": 0, "parent": None, **{c: o[c] for c in own_cols},
                             **{f"subtree_{c}": o[c] for c in own_cols}})
         t = pd.DataFrame.from_records(records, columns=[c for c in columns if c != "subtree_flops_pct"])
-        t["subtree_flops_pct"] = _pct(t["subtree_flops"].astype("float64"), total)
+        t["subtree_flops_pct"] = pct(t["subtree_flops"].astype("float64"), total)
         frames.append((run, t))
     return combine(frames, columns, dtypes, several_runs(df))

@@ -7,7 +7,7 @@ Under the tracer:
         nothing is written (x[0], x.t(), x.view(), x.permute(), x.expand(),
         the aten._unsafe_view that follows a reshape's copy): 0 bytes.
   copy  an op whose only job is to move data into new memory or into another
-        tensor (COPY_OPS, and any aten.*_copy op):
+        tensor (COPY_OPS in reports/_util.py, and any aten.*_copy op):
           aten.clone     x.contiguous() of a non-contiguous x, x.clone(), and
                          x.reshape() of a non-contiguous x (clone, then _unsafe_view)
           aten._to_copy  x.to(dtype), x.to(copy=True), x.float(), autocast casts
@@ -21,25 +21,10 @@ tracer.
 import numpy as np
 import pandas as pd
 
+from reports._util import COPY_OPS, empty_frame, is_copy, pct
 from reports.load import require, runs_of
 
 __all__ = ["COPY_OPS", "copies", "is_copy", "views"]
-
-COPY_OPS = frozenset(
-    {"aten.clone", "aten.copy_", "aten.copy", "aten._to_copy", "aten.cat", "aten.stack", "aten.repeat",
-     "aten._copy_from", "aten._copy_from_and_resize", "aten.lift_fresh_copy"}
-)  # fmt: skip
-
-
-def packet(op):
-    """'aten.clone.default' -> 'aten.clone' (the overload packet)."""
-    return ".".join(str(op).split(".")[:2])
-
-
-def is_copy(op):
-    """True for the ops that materialise a copy: COPY_OPS and aten.*_copy / aten.*_copy_ (view_copy, _foreach_copy_)."""
-    name = packet(op)
-    return name in COPY_OPS or name.rstrip("_").endswith("_copy")
 
 
 def _kinds(rows):
@@ -57,10 +42,6 @@ def _casts(rows):
     for ins, outs in zip(rows["input_dtypes"], rows["output_dtypes"]):
         out.append(ins is not None and outs is not None and len(ins) > 0 and len(outs) > 0 and ins[0] != outs[0])
     return np.asarray(out, dtype=bool)
-
-
-def _empty(dtypes):
-    return pd.DataFrame({name: pd.Series(dtype=dtype) for name, dtype in dtypes.items()})
 
 
 _VIEWS = {"run": "object", "kind": "object", "op": "object", "ops": "int64", "bytes_allocated": "int64",
@@ -96,13 +77,13 @@ def views(df):
             .agg(ops=("op", "size"), bytes_allocated=("bytes_allocated", "sum"), bytes_written=("bytes_written", "sum"))
             .reset_index()
         )
-        table["allocated_pct"] = 100.0 * table["bytes_allocated"] / total if total else 0.0
+        table["allocated_pct"] = pct(table["bytes_allocated"], total)
         table["order"] = (table["kind"] == "copy").astype(int)
         table = table.sort_values(["order", "bytes_allocated", "bytes_written", "ops"], ascending=[True, False, False, False], kind="stable")
         table.insert(0, "run", name)
         frames.append(table.drop(columns="order"))
     if not frames:
-        return _empty(_VIEWS)
+        return empty_frame(_VIEWS)
     return pd.concat(frames, ignore_index=True)[list(_VIEWS)].astype(_VIEWS)
 
 
@@ -144,5 +125,5 @@ def copies(df):
         table.insert(0, "run", name)
         frames.append(table)
     if not frames:
-        return _empty(_COPIES)
+        return empty_frame(_COPIES)
     return pd.concat(frames, ignore_index=True)[list(_COPIES)].astype(_COPIES)

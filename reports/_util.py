@@ -1,0 +1,46 @@
+"""Small helpers every report shares: an op's packet, the copy ops, a percentage, an empty typed frame."""
+
+import numpy as np
+import pandas as pd
+
+__all__ = ["ASSEMBLY_OPS", "COPY_OPS", "ONE_TO_ONE_COPIES", "empty_frame", "ids", "is_copy", "packet", "pct"]
+
+# Copies that move one tensor's data, unchanged or cast, into new memory or into another tensor.
+ONE_TO_ONE_COPIES = frozenset(
+    {"aten.clone", "aten.copy_", "aten.copy", "aten._to_copy", "aten._to_dtype", "aten._copy_from",
+     "aten._copy_from_and_resize", "aten.lift_fresh_copy"}
+)  # fmt: skip
+# Copies that assemble a new tensor from several pieces or repetitions.
+ASSEMBLY_OPS = frozenset({"aten.cat", "aten.stack", "aten.repeat"})
+COPY_OPS = ONE_TO_ONE_COPIES | ASSEMBLY_OPS
+
+
+def packet(op):
+    """'aten.clone.default' -> 'aten.clone' (the overload packet)."""
+    return ".".join(str(op).split(".")[:2])
+
+
+def is_copy(op):
+    """True for the ops that materialise a copy: COPY_OPS and aten.*_copy / aten.*_copy_ (view_copy, _foreach_copy_)."""
+    name = packet(op)
+    return name in COPY_OPS or name.rstrip("_").endswith("_copy")
+
+
+def ids(values):
+    """A list cell of storage ids (or None) as a list of ints."""
+    return [int(i) for i in values] if values is not None else []
+
+
+def pct(part, whole):
+    """`part` as a percentage (0-100) of `whole`; 0 where `whole` is 0. Scalars, arrays or Series."""
+    if np.ndim(whole) == 0:
+        return part * 100.0 / whole if whole else part * 0.0
+    whole = np.asarray(whole, dtype=np.float64)
+    value = np.asarray(part, dtype=np.float64) * 100.0 / np.where(whole != 0, whole, 1.0)
+    value = np.where(whole != 0, value, 0.0)
+    return pd.Series(value, index=part.index) if isinstance(part, pd.Series) else value
+
+
+def empty_frame(dtypes):
+    """An empty DataFrame with these {column: dtype}, so an empty report keeps its types."""
+    return pd.DataFrame({name: pd.Series(dtype=dtype) for name, dtype in dtypes.items()})

@@ -1,0 +1,92 @@
+"""N and T for the 2·N·T / 4·N·T / 6·N·T heuristic, and each run's rows with their roles.
+
+N, chosen with `n`:
+  "matmul"         (default) the parameters whose storage enters a matmul in the
+                   forward phase as a multiplied operand (not addmm's bias); tied
+                   weights share one storage and count once. The output head counts.
+  "total"          every parameter (metadata params.total), embeddings included
+  "non_embedding"  params.total minus the nn.Embedding tables (a tied output head
+                   is then left out too)
+  an int           your own N
+Parameters of modules outside `model=` (a frozen teacher) are never part of N.
+
+T is the run's tokens per step (metadata `tokens`, set by Tracer(tokens=...)) unless
+`tokens` is given.
+"""
+
+from typing import NamedTuple
+
+import pandas as pd
+
+from reports.errors import ReportError
+from reports.load import require, runs_of
+from reports.roles import Roles
+from reports.steps import count_steps
+from reports.tables import split_runs
+
+__all__ = ["N_CHOICES", "Account", "analyse"]
+
+N_CHOICES = ("matmul", "total", "non_embedding")
+_COLUMNS = ("run", "step", "phase", "op", "flops", "flop_kind", "input_storage_ids", "output_storage_ids")
+
+
+class Account(NamedTuple):
+    """One run's rows, metadata, roles, the N and T it is measured against and its step count."""
+
+    run: str
+    rows: pd.DataFrame
+    meta: dict
+    roles: Roles
+    n_kind: str  # "matmul", "total", "non_embedding" or "given"
+    N: int
+    T: int
+    steps: int
+
+
+def _check_n(n, what):
+    if isinstance(n, str) and n in N_CHOICES:
+        return
+    if isinstance(n, int) and not isinstance(n, bool) and n > 0:
+        return
+    raise ReportError(f"{what}: n must be one of {', '.join(map(repr, N_CHOICES))} or a positive int, got {n!r}")
+
+
+def _n_value(n, meta, roles, what):
+    params = meta.get("params") or {}
+    if n == "matmul":
+        return sum(roles.numel[s] for s in roles.matmul_params)
+    if n in ("total", "non_embedding"):
+        if "total" not in params:
+            raise ReportError(f"{what}: run {meta.get('run_name')!r} has no parameter counts; "
+                              "trace it with Tracer(model=...) or pass n=<int>")
+        return int(params["total"]) - (int(params.get("embedding", 0)) if n == "non_embedding" else 0)
+    return int(n)
+
+
+def _tokens(tokens, meta, what):
+    if tokens is not None:
+        if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens <= 0:
+            raise ReportError(f"{what}: tokens must be a positive int (tokens per training step), got {tokens!r}")
+        return tokens
+    t = meta.get("tokens")
+    if not t:
+        raise ReportError(
+            f"{what}: run {meta.get('run_name')!r} has no tokens per step in its metadata; pass tokens=<tokens per "
+            "training step> or trace with Tracer(..., tokens=batch*seq_len)"
+        )
+    return int(t)
+
+
+def analyse(df, n, tokens, what, columns=()):
+    """[Account] per run of `df`, after checking `n`, `tokens` and the columns `what` needs."""
+    _check_n(n, what)
+    require(df, (*_COLUMNS, *columns), what)
+    runs = runs_of(df)
+    out = []
+    for run, rows in split_runs(df):
+        meta = runs[run]
+        roles = Roles(rows, meta)
+        kind = n if isinstance(n, str) else "given"
+        out.append(Account(run, rows, meta, roles, kind, _n_value(n, meta, roles, what), _tokens(tokens, meta, what),
+                           count_steps(rows)))
+    return out

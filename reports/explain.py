@@ -1,0 +1,267 @@
+"""The gap between the traced FLOPs and 6·N·T, in sentences with the figures (per step).
+
+Every figure here is a per-step figure from reports.steps.per_step, so a trace of k
+identical steps says exactly what a trace of one says (but for the step count).
+"""
+
+from reports._util import pct
+from reports.accounting import analyse
+from reports.recompute import attention_recompute, checkpoint_recompute
+from reports.steps import per_step
+
+__all__ = ["explain"]
+
+_N_DESC = {
+    "matmul": "parameters that multiply activations in a matmul (tied weights once)",
+    "total": "parameters in all",
+    "non_embedding": "non-embedding parameters",
+    "given": "parameters (given)",
+}
+
+
+def _f(x):
+    return f"{x:,.0f}"
+
+
+def _x(part, whole):
+    return f"{part / whole:.3f}" if whole else "n/a"
+
+
+def _pct(part, whole):
+    return f"{pct(part, whole):.1f}%" if whole else "n/a"
+
+
+def explain(df, n="matmul", tokens=None):
+    """The gap between the traced FLOPs and 6·N·T, in sentences with the figures (per step).
+
+    One block of lines per run, its first line starting with the run name: the totals
+    against the heuristic, then the residual term by term: attention (activation x
+    activation matmuls, the 12·L·d·S·T-like term), the fused attention backward's
+    recomputation, activation checkpointing, weights outside the model, the output
+    head, inputs that need no gradient, embeddings and other parameters outside N,
+    the optimizer, and the remaining elementwise ops."""
+    lines = []
+    for acc in analyse(df, n, tokens, "explain", columns=("input_shapes",)):
+        lines.extend(_Run(acc).lines())
+    return lines
+
+
+class _Run:
+    """One run's explanation; each method adds the lines of one term."""
+
+    def __init__(self, acc):
+        self.acc, self.rows, self.roles = acc, acc.rows, acc.roles
+        self.N, self.T = acc.N, acc.T
+        ph = self.rows["phase"].astype(object)
+        self.cat = self.roles.category
+        self.is_fwd, self.is_bwd, self.is_opt = ph == "forward", ph == "backward", ph == "optimizer"
+        self.recompute = checkpoint_recompute(self.rows)
+        self.kernel = self.rows["flop_kind"].astype(object) == "attention"
+        self.out = []
+
+    def ps(self, mask=None, by=None, values="flops"):
+        return per_step(self.rows, values=values, mask=mask, by=by)
+
+    def lines(self):
+        for term in (self.totals, self.forward_weights, self.backward_weights, self.attention, self.checkpointing,
+                     self.external, self.head, self.n_parts, self.optimizer, self.other_ops):
+            term()
+        return self.out
+
+    def totals(self):
+        acc, N, T, cat = self.acc, self.N, self.T, self.cat
+        not_opt = ~self.is_opt
+        fwd, bwd, total = self.ps(self.is_fwd), self.ps(self.is_bwd), self.ps()
+        ext_fwd, ext_bwd = self.ps(self.is_fwd & (cat == "external_weight")), self.ps(self.is_bwd & (cat == "external_weight"))
+        ext = self.ps(cat == "external_weight")
+        wm, att = self.ps(not_opt & (cat == "weight_matmul")), self.ps(not_opt & (cat == "attention"))
+        other, opt = self.ps(not_opt & (cat == "other")), self.ps(self.is_opt)
+        k = acc.steps
+        own = " of the model's own (less the weights outside it)" if ext else ""
+        self.out.append(
+            f"{acc.run}: per training step ({k} step{'s' if k != 1 else ''} traced; T = {T:,} tokens per step; "
+            f"N = {N:,} {_N_DESC[acc.n_kind]}): forward {_f(fwd)} FLOPs{own} = {_x(fwd - ext_fwd, 2 * N * T)} x 2·N·T, "
+            f"backward {_f(bwd)} = {_x(bwd - ext_bwd, 4 * N * T)} x 4·N·T, all phases {_f(total)} = "
+            f"{_x(total - ext, 6 * N * T)} x 6·N·T."
+        )
+        outside = f" + weights outside the model ({_f(ext)})" if ext else ""
+        self.out.append(
+            f"Residual: all phases - 6·N·T = {_f(total - 6 * N * T)} FLOPs = weight matmuls - 6·N·T "
+            f"({_f(wm - 6 * N * T)}) + attention ({_f(att)}){outside} + other ops ({_f(other)}) + the optimizer "
+            f"({_f(opt)})."
+        )
+
+    def _n_mm(self):
+        return sum(self.roles.numel[s] for s in self.roles.matmul_params)
+
+    def forward_weights(self):
+        n_mm, T = self._n_mm(), self.T
+        if not n_mm:
+            return
+        fwd_wm = self.ps(self.is_fwd & (self.cat == "weight_matmul"))
+        line = (
+            f"Forward weight matmuls: {_f(fwd_wm)} FLOPs = {fwd_wm / (n_mm * T):.2f}·N·T with the {n_mm:,} parameters "
+            f"that enter a matmul: each weight multiplies each token once, a multiply and an add."
+        )
+        if round(fwd_wm) > 2 * n_mm * T:
+            line += " Above 2·N·T: some weight enters more than one matmul per token (shared, or called twice)."
+        self.out.append(line)
+
+    def backward_weights(self):
+        """dL/dW for every trainable weight, dL/dx only where x needs a gradient."""
+        roles, n_mm, T = self.roles, self._n_mm(), self.T
+        if not n_mm:
+            return
+        bwd_wm = self.ps(self.is_bwd & (self.cat == "weight_matmul"))
+        has_param = (roles.param >= 0) & ~self.recompute
+        fwd_by_param = self.ps(self.is_fwd & has_param, by=roles.param)
+        dx_by_param = self.ps(self.is_bwd & has_param, by=roles.param)
+        skipped = {s: fwd_by_param[s] - dx_by_param.get(s, 0.0) for s in fwd_by_param.index
+                   if fwd_by_param[s] - dx_by_param.get(s, 0.0) > 0}
+        frozen = [s for s in roles.matmul_params if not roles.trainable.get(s, True)]
+        if abs(bwd_wm - 4 * n_mm * T) < 0.5:
+            self.out.append(
+                f"Backward weight matmuls: {_f(bwd_wm)} FLOPs = 4·N·T: for each y = x @ W, dL/dx = dL/dy @ Wᵀ "
+                f"and dL/dW = xᵀ @ dL/dy, each as large as the forward matmul."
+            )
+            return
+        line = f"Backward weight matmuls: {_f(bwd_wm)} FLOPs = {bwd_wm / (n_mm * T):.2f}·N·T, not 4·N·T ({_f(4 * n_mm * T)})."
+        if skipped:
+            parts = [f"{roles.label(s)} ({roles.numel[s]:,} parameters: {_f(v)} FLOPs)" for s, v in skipped.items()]
+            line += (
+                f" {_f(sum(skipped.values()))} FLOPs of input gradients dL/dx = dL/dy @ Wᵀ are never computed "
+                f"because the input x needs no gradient: it is data (or comes from layers that need no "
+                f"gradient), so autograd skips it. Skipped: {'; '.join(parts)}. "
+                f"For the lecture's y = x @ w with x not requiring grad, the backward is 2·N·T, not 4·N·T."
+            )
+        if frozen:
+            line += f" Frozen weights (requires_grad=False) skip dL/dW: {', '.join(roles.label(s) for s in frozen)}."
+        if bwd_wm > 4 * n_mm * T:
+            line += (" Above 4·N·T: forward matmuls run again in the backward (activation checkpointing) "
+                     "or a weight is used more than once.")
+        self.out.append(line)
+
+    def attention(self):
+        """Activation x activation matmuls and fused kernels, and the fused backward's recomputation."""
+        T, cat, rows = self.T, self.cat, self.rows
+        att_fwd = self.ps(self.is_fwd & (cat == "attention"))
+        att_bwd = self.ps(self.is_bwd & (cat == "attention"))
+        if not (att_fwd or att_bwd):
+            return
+        fb = self.ps(self.is_fwd | self.is_bwd)
+        self.out.append(
+            f"Attention: {_f(att_fwd + att_bwd)} FLOPs ({_pct(att_fwd + att_bwd, fb)} of forward + backward) "
+            f"multiply activations by activations (q @ kᵀ and softmax(·) @ v), so no parameter accounts for them "
+            f"and 6·N·T leaves them out: forward {_f(att_fwd)} = 4·T·(L·S·d) with L·S·d = {att_fwd / (4 * T):,.0f} "
+            f"(layers x sequence length x width), backward {_f(att_bwd)} ({_x(att_bwd, att_fwd)} x forward). With a "
+            f"backward of twice the forward this is the 12·L·d·S·T term; it grows with the sequence length S."
+        )
+        k_fwd = self.ps(self.kernel & self.is_fwd & ~self.recompute)
+        k_bwd = self.ps(self.kernel & self.is_bwd & ~self.recompute)
+        if k_bwd:
+            recompute = self.ps(values=attention_recompute(rows))
+            ops = ", ".join(sorted(set(rows.loc[self.kernel & self.is_bwd, "op"].astype(str))))
+            self.out.append(
+                f"Recomputation: the fused attention backward ({ops}) counts {_x(k_bwd, k_fwd)} x its forward "
+                f"({_f(k_bwd)} vs {_f(k_fwd)} FLOPs) because it keeps no score matrix and recomputes q @ kᵀ: "
+                f"{_f(recompute)} FLOPs of recomputation, which reports.mfu leaves out of the model FLOPs "
+                f"(a backward needs 2x the forward, this one does 2.5x)."
+            )
+        causal = rows["causal"].astype("boolean").fillna(False) if "causal" in rows else None
+        if causal is not None and causal[self.kernel].any():
+            self.out.append("Causal attention: the full score matrix is counted (as PaLM does), though a causal kernel "
+                            "can skip the masked half.")
+
+    def checkpointing(self):
+        again = self.ps(self.recompute)
+        if not again:
+            return
+        weights = self.ps(self.recompute & (self.cat == "weight_matmul"))
+        self.out.append(
+            f"Activation checkpointing: {_f(again)} FLOPs per step re-run forward work in the backward (rows "
+            f"flagged recompute; {_f(weights)} of them weight matmuls, counted in the backward above). reports.mfu "
+            f"leaves them out of the model FLOPs (rematerialisation is not model work); HFU counts them."
+        )
+
+    def external(self):
+        ext = self.ps(self.cat == "external_weight")
+        if not ext:
+            return
+        ext_fwd = self.ps(self.is_fwd & (self.cat == "external_weight"))
+        self.out.append(
+            f"Weights outside the model: {_f(ext)} FLOPs per step ({_f(ext_fwd)} forward) multiply by parameters of "
+            f"modules not in model= (a frozen teacher, say): not in N, not attention, left out of the ratios to "
+            f"2·N·T, 4·N·T and 6·N·T above."
+        )
+
+    def head(self):
+        """The output head: the last weight matmul of the forward."""
+        roles, acc = self.roles, self.acc
+        fwd_w = self.rows[self.is_fwd & (roles.param >= 0)]
+        if len(set(roles.param[fwd_w.index])) <= 1:
+            return
+        head = int(roles.param[fwd_w.index[-1]])
+        head_f = self.ps(self.is_fwd & (roles.param == head))
+        tied = roles.embedding.get(head, False)
+        line = (
+            f"Output head: {roles.label(head)} ({roles.numel[head]:,} parameters{', tied to the embedding' if tied else ''}) "
+            f"costs {_f(head_f)} FLOPs forward ({_pct(head_f, self.ps(self.is_fwd))} of the forward) and about twice "
+            f"that backward."
+        )
+        if acc.n_kind == "non_embedding" and tied:
+            line += (f" n='non_embedding' leaves the embedding out of N, and with it this head: its "
+                     f"{_f(3 * head_f)} FLOPs per step are above 6·N·T.")
+        elif acc.n_kind == "non_embedding":
+            line += " It is not an embedding, so the non-embedding N counts it."
+        elif acc.n_kind in ("matmul", "total"):
+            line += " It is counted in N."
+        self.out.append(line)
+
+    def n_parts(self):
+        """Parameters in N that do no matmul (embeddings, biases, norms), and matmul weights N leaves out."""
+        roles, n, N, T = self.roles, self.acc.n_kind, self.N, self.T
+        n_mm = self._n_mm()
+        if n not in ("total", "non_embedding") or N == n_mm:
+            return
+        in_mm = set(roles.matmul_params)
+        emb = sum(v for s, v in roles.numel.items() if s not in in_mm and roles.embedding.get(s))
+        rest = sum(v for s, v in roles.numel.items() if s not in in_mm and not roles.embedding.get(s))
+        left_out = [s for s in roles.matmul_params if roles.embedding.get(s)] if n == "non_embedding" else []
+        parts = []
+        if emb and n == "total":
+            parts.append(f"+{emb:,} embedding parameters, looked up rather than multiplied (0 matmul FLOPs)")
+        if rest:
+            parts.append(f"+{rest:,} parameters of biases and norms, added or multiplied elementwise (a few "
+                         "FLOPs per token each, in the other ops)")
+        if left_out:
+            parts.append(f"-{sum(roles.numel[s] for s in left_out):,} parameters of "
+                         f"{', '.join(roles.label(s) for s in left_out)}, an embedding that also multiplies in "
+                         "a matmul (a tied output head), which n='non_embedding' leaves out")
+        if parts:
+            self.out.append(f"N = {N:,}, not the {n_mm:,} parameters that enter a matmul: {'; '.join(parts)}. "
+                            f"So 6·N·T differs from 6·T x the matmul parameters by {_f(6 * (N - n_mm) * T)} FLOPs.")
+
+    def optimizer(self):
+        opt = self.ps(self.is_opt)
+        if opt:
+            total_params = (self.acc.meta.get("params") or {}).get("total") or sum(self.roles.numel.values())
+            self.out.append(
+                f"Optimizer: {_f(opt)} FLOPs per step ({opt / total_params:.1f} per parameter, whatever T is), outside "
+                f"6·N·T; its _foreach ops count 1 FLOP per element (tracer/flops.py), so this is a lower bound."
+            )
+        elif not self.is_opt.any():
+            self.out.append("Optimizer: no optimizer step in the trace.")
+
+    def other_ops(self):
+        mask = (self.is_fwd | self.is_bwd) & (self.cat == "other")
+        other_fb = self.ps(mask)
+        if not other_fb:
+            return
+        kinds = self.ps(mask, by="flop_kind")
+        kinds = kinds[kinds > 0].sort_values(ascending=False, kind="stable")
+        self.out.append(
+            f"Other ops: {_f(other_fb)} FLOPs in forward + backward ({_pct(other_fb, self.ps(self.is_fwd | self.is_bwd))} "
+            f"of them; {', '.join(f'{kind} {_f(v)}' for kind, v in kinds.items())}), outside the matmul heuristic"
+            + (": convolutions reuse each weight at every position, so their weights are not in the matmul N."
+               if "conv" in kinds.index else ".")
+        )

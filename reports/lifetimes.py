@@ -1,0 +1,285 @@
+"""The storage-lifetime model behind the memory reports: each storage's size, birth, death and category.
+
+How a trace's storages are accounted (see tracer/storage.py):
+  * a storage is allocated by the row where it first appears as an output of
+    an op that allocated bytes. Its size is the `output_storage_bytes` of its
+    first appearance as an output with bytes (schema v2: the whole storage, as
+    live_bytes counts it); a v1 trace has none, so the row's `bytes_allocated` is
+    used, split over several new outputs by numel x element size;
+  * a storage first seen as an input existed before: parameters and buffers
+    were registered when the trace began (they are in the first `live_bytes`);
+    a tensor made before the trace and first used by row i (the batch) joins
+    `live_bytes` at row i. Its size is that of a later appearance as an output
+    with bytes (an in-place op on it) when there is one, else read from the rise
+    of `live_bytes`;
+  * a storage is freed at the row whose `freed_storage_ids` lists it (it was
+    gone before that row's op ended); storages never freed are alive at the end.
+Bytes live at the start that no row ever names (unused buffers) appear as one
+storage with id -1, so that the categories add up to `live_bytes` at every row.
+
+Categories, first match wins:
+  parameters       the model's parameters (trace metadata)
+  gradients        tensors that were a parameter's .grad
+  optimizer_state  tensors in the optimizer's state (AdamW: exp_avg, exp_avg_sq, step)
+  activations      allocated in the forward phase of a step and still alive when
+                   the step's next backward begins: what autograd saved for it
+  inputs           existed before the op that first used it: the batch, buffers
+  temporaries      everything else
+"""
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+from reports.load import runs_of
+
+__all__ = ["CATEGORIES", "DTYPE_BYTES", "Storages", "runs_in_order", "take"]
+
+CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "inputs", "temporaries")
+_CAT = {name: i for i, name in enumerate(CATEGORIES)}
+
+# Bytes per element, by the dtype names the tracer writes.
+DTYPE_BYTES = {
+    "float64": 8, "float32": 4, "float16": 2, "bfloat16": 2,
+    "float8_e4m3fn": 1, "float8_e5m2": 1, "float8_e4m3fnuz": 1, "float8_e5m2fnuz": 1, "float8_e8m0fnu": 1,
+    "complex128": 16, "complex64": 8, "complex32": 4,
+    "int64": 8, "int32": 4, "int16": 2, "int8": 1,
+    "uint64": 8, "uint32": 4, "uint16": 2, "uint8": 1, "bool": 1,
+}  # fmt: skip
+
+def _lists(column, kind=pa.int64()):
+    """A column of lists as a pyarrow ListArray (fast to flatten)."""
+    return pa.array(column.to_numpy(dtype=object), type=pa.list_(kind))
+
+
+def _explode(column):
+    """A column of id lists as (row position of each value, values, offset of each row's first value)."""
+    lists = _lists(column)
+    offsets = lists.offsets.to_numpy()
+    rows = np.repeat(np.arange(len(lists), dtype=np.int64), np.diff(offsets))
+    return rows, lists.flatten().to_numpy(zero_copy_only=False).astype(np.int64, copy=False), offsets
+
+
+def _extent_bytes(shape, stride, dtype):
+    """Bytes a tensor spans in its storage: numel x element size when contiguous, 0 when empty."""
+    if any(int(n) == 0 for n in shape):
+        return 0
+    return DTYPE_BYTES.get(dtype, 0) * (1 + sum((int(n) - 1) * abs(int(s)) for n, s in zip(shape, stride)))
+
+
+def take(series, index):
+    """series.to_numpy()[index] as objects, without materialising a whole categorical column."""
+    if isinstance(series.dtype, pd.CategoricalDtype):
+        labels = np.asarray(series.cat.categories, dtype=object)
+        codes = series.cat.codes.to_numpy()[index]
+        return np.where(codes >= 0, labels[np.maximum(codes, 0)], None)
+    return series.to_numpy(dtype=object)[index]
+
+
+def runs_in_order(df):
+    """(run name, metadata, the run's rows in seq order) for each run, in load order."""
+    for name, meta in runs_of(df).items():
+        rows = df[df["run"] == name]
+        if not rows["seq"].is_monotonic_increasing:
+            rows = rows.sort_values("seq", kind="stable")
+        yield name, meta, rows
+
+
+class Storages:
+    """The storages of one run (with at least one row) as arrays indexed by storage id; rows are positions, not seq."""
+
+    def __init__(self, name, meta, rows):
+        self.name, self.meta, self.rows = name, meta, rows
+        n = self.n = len(rows)
+        self.live = rows["live_bytes"].to_numpy(dtype=np.int64)
+        self.allocated = rows["bytes_allocated"].to_numpy(dtype=np.int64)
+        in_rows, in_ids, self.in_offsets = _explode(rows["input_storage_ids"])
+        out_rows, out_ids, self.out_offsets = _explode(rows["output_storage_ids"])
+        self.free_rows, self.free_ids, self.free_offsets = _explode(rows["freed_storage_ids"])
+
+        params = {}
+        for p in (meta.get("parameters") or {}).values():  # tied parameters share one storage
+            params.setdefault(int(p["storage_id"]), (int(p["numel"]) * DTYPE_BYTES.get(p["dtype"], 0), p["dtype"]))
+        self.params = params
+        top = max([-1, *params] + [int(a.max()) for a in (in_ids, out_ids, self.free_ids) if len(a)])
+        self.size = np.full(top + 1, -1, dtype=np.int64)
+        self.dtype = np.full(top + 1, None, dtype=object)
+        self.alloc = np.full(top + 1, -2, dtype=np.int64)  # row that allocated it; -1: before the trace; -2: unseen
+        self.made = np.zeros(top + 1, dtype=bool)  # allocated by an op of the trace (not an input from before)
+        self.free = np.full(top + 1, -1, dtype=np.int64)  # row whose freed list has it; -1: never freed
+        self.free[self.free_ids] = self.free_rows
+
+        # First appearance of each id; within a row the inputs come first.
+        ids = np.concatenate([in_ids, out_ids])
+        key = np.concatenate([in_rows * 2, out_rows * 2 + 1])
+        at = np.concatenate([np.arange(len(in_ids)), np.arange(len(out_ids))])  # index into the flat list
+        order = np.argsort(key, kind="stable")
+        seen, first = np.unique(ids[order], return_index=True)
+        first_key, first_at = key[order][first], at[order][first]
+        first_row, as_output = first_key // 2, (first_key % 2).astype(bool)
+
+        self.new_out, self.new_out_at = seen[as_output], first_at[as_output]
+        self.known = self._first_output_bytes(rows, out_ids, top)
+        self._outputs(self.new_out, first_row[as_output], self.new_out_at)
+        known = self.known[self.new_out]
+        self.size[self.new_out] = np.where(known >= 0, known, self.size[self.new_out])
+        # bytes each row's new storages take (bytes_allocated in a v1 trace)
+        self.made_bytes = np.bincount(first_row[as_output], weights=self.size[self.new_out], minlength=n)
+        self.made_bytes = np.rint(self.made_bytes).astype(np.int64)
+        for sid, (nbytes, dtype) in params.items():
+            self.size[sid], self.dtype[sid], self.alloc[sid] = nbytes, dtype, -1
+        row_max = np.full(n, -1, dtype=np.int64)
+        if len(ids):
+            np.maximum.at(row_max, np.concatenate([in_rows, out_rows]), ids)
+        seen_before = np.maximum.accumulate(np.concatenate([[max(params, default=-1)], row_max]))[:-1]
+        self._inputs(seen[~as_output], first_row[~as_output], first_at[~as_output], seen_before)
+        for sid in np.flatnonzero((self.free >= 0) & (self.size < 0)).tolist():
+            self.size[sid], self.dtype[sid], self.alloc[sid] = 0, "unknown", -1  # registered at the start, never named
+
+        # Bytes live when the trace began that no row names (unused buffers): storage -1.
+        joined0 = int(self.size[(self.alloc == 0) & ~self.made].sum())
+        start = int(self.live[0] - self.made_bytes[0] - joined0 + self.size[self.freed_at(0)].sum())
+        self.unnamed = start - int(self.size[(self.alloc == -1) & (self.size > 0)].sum())
+
+    def _first_output_bytes(self, rows, out_ids, top):
+        """Per storage id: `output_storage_bytes` at its first appearance as an output with bytes; -1 where none
+        (a v1 trace, or a storage never an output)."""
+        known = np.full(top + 1, -1, dtype=np.int64)
+        if "output_storage_bytes" not in rows.columns or not len(out_ids):
+            return known
+        lists = _lists(rows["output_storage_bytes"])
+        lengths, counts = np.diff(lists.offsets.to_numpy()), np.diff(self.out_offsets)
+        ok = (lengths == counts) & lists.is_valid().to_numpy(zero_copy_only=False)
+        values = lists.flatten().fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+        sids, values = out_ids[np.repeat(ok, counts)], values[np.repeat(ok, lengths)]
+        sids, values = sids[values >= 0], values[values >= 0]
+        first_ids, first = np.unique(sids, return_index=True)  # outputs are in row order: the first appearance
+        known[first_ids] = values[first]
+        return known
+
+    def freed_at(self, row):
+        return self.free_ids[self.free_offsets[row] : self.free_offsets[row + 1]]
+
+    def _outputs(self, sids, row, at):
+        """New storages: one in a row takes the row's bytes_allocated; several split it by numel x size."""
+        self.alloc[sids], self.made[sids] = row, True
+        single = np.bincount(row, minlength=self.n)[row] == 1
+        self.size[sids[single]] = self.allocated[row[single]]
+        if single.all():
+            return
+        sids, row, at = sids[~single], row[~single], at[~single]
+        several = np.unique(row)
+        shapes = pa.array(self.rows["output_shapes"].to_numpy(dtype=object)[several], type=pa.list_(pa.list_(pa.int64())))
+        dtypes = _lists(self.rows["output_dtypes"].iloc[several], pa.string()).flatten().to_numpy(zero_copy_only=False)
+        tensors = shapes.flatten()  # one shape per output tensor of those rows, in order
+        dims, bounds = tensors.flatten().to_numpy(), tensors.offsets.to_numpy()
+        numel = np.ones(len(tensors), dtype=np.int64)
+        filled = bounds[1:] > bounds[:-1]
+        if filled.any():
+            numel[filled] = np.multiply.reduceat(dims, bounds[:-1][filled])
+        nbytes = numel * pd.Series(dtypes, dtype=object).map(DTYPE_BYTES).fillna(0).to_numpy(dtype=np.int64)
+        # flat output index -> index in `tensors`
+        starts = self.out_offsets[several]
+        local = np.concatenate([[0], np.cumsum(self.out_offsets[several + 1] - starts)])[:-1]
+        index = at - starts[np.searchsorted(several, row)] + local[np.searchsorted(several, row)]
+        guess = nbytes[index]
+        order = np.lexsort((at, row))
+        sids, row, guess = sids[order], row[order], guess[order]
+        rest = self.allocated[several] - np.bincount(np.searchsorted(several, row), weights=guess, minlength=len(several)).astype(np.int64)
+        firsts = np.searchsorted(row, several)  # the first new storage of each row takes what numel x size misses
+        guess[firsts] = np.maximum(guess[firsts] + rest, 0)
+        self.size[sids] = guess
+
+    def _inputs(self, sids, row, at, seen_before):
+        """Storages first seen as inputs: registered at the start (buffers) or joining live_bytes at their row."""
+        columns = ("input_shapes", "input_strides", "input_dtypes")
+        shapes, strides, dtypes = (self.rows[c].to_numpy(dtype=object) for c in columns)
+        estimate, joined = {}, {}
+        for sid, r, j in zip(sids.tolist(), row.tolist(), at.tolist()):
+            if sid in self.params:
+                continue
+            k = j - self.in_offsets[r]
+            self.dtype[sid] = dtypes[r][k]
+            known = int(self.known[sid])
+            estimate[sid] = known if known >= 0 else _extent_bytes(shapes[r][k], strides[r][k], dtypes[r][k])
+            if sid < seen_before[r]:  # ids grow in registration order: this one was registered at the start
+                self.size[sid], self.alloc[sid] = estimate[sid], -1
+            else:
+                joined.setdefault(r, []).append(sid)
+        for r in sorted(joined):  # the rise of live_bytes gives their size (row 0 has no rise to read)
+            cands = sorted(joined[r])
+            guesses = [estimate[s] for s in cands]
+            if r == 0:
+                split, rise = 0, sum(guesses)
+            else:
+                freed = self.freed_at(r)
+                sizes = self.size[freed]
+                freed_bytes = int(sizes[sizes > 0].sum()) + sum(estimate.get(int(s), 0) for s in freed[sizes < 0])
+                rise = int(self.live[r] - self.live[r - 1] - self.made_bytes[r] + freed_bytes)
+                # those registered at the start have the smaller ids: the split that explains the rise best
+                split = min(range(len(cands) + 1), key=lambda k: (abs(rise - sum(guesses[k:])), k))
+            for i, sid in enumerate(cands):
+                self.size[sid], self.alloc[sid] = guesses[i], (-1 if i < split else r)
+            if split < len(cands):
+                self.size[cands[split]] = max(0, rise - sum(guesses[split + 1 :]))
+
+    def arrays(self):
+        """(storage ids, nbytes, alloc row, free row, made by an op) of every storage, -1 first if any."""
+        sids = np.flatnonzero(self.alloc >= -1)
+        arrays = [sids, self.size[sids], self.alloc[sids], self.free[sids], self.made[sids]]
+        if self.unnamed:
+            arrays = [np.r_[first, a] for first, a in zip((-1, self.unnamed, -1, -1, False), arrays)]
+        return arrays
+
+    def categories(self, sids, alloc, free, made):
+        """Category index (into CATEGORIES) of each storage."""
+        cat = np.where(made, _CAT["temporaries"], _CAT["inputs"])
+        rows = self.rows
+        steps = rows["step"].to_numpy(dtype=np.int64)
+        backward = (rows["phase"] == "backward").to_numpy()
+        # rows where a backward begins (several per step with gradient accumulation)
+        begins = np.flatnonzero(backward & ~np.r_[False, backward[:-1] & (steps[1:] == steps[:-1])])
+        if len(begins):
+            take = np.maximum(alloc, 0)
+            after = np.minimum(np.searchsorted(begins, take, side="right"), len(begins) - 1)
+            start = begins[after]  # the first backward to begin after the storage was allocated, in its step
+            forward = made & (rows["phase"] == "forward").to_numpy()[take] & (start > take) & (steps[start] == steps[take])
+            cat[forward & ((free < 0) | (free > start))] = _CAT["activations"]
+        roles = self.meta.get("storage_roles") or {}
+        cat[np.isin(sids, np.asarray(roles.get("optimizer_state", []), dtype=np.int64))] = _CAT["optimizer_state"]
+        cat[np.isin(sids, np.asarray(roles.get("gradient", []), dtype=np.int64))] = _CAT["gradients"]
+        cat[np.isin(sids, np.fromiter(self.params, dtype=np.int64, count=len(self.params)))] = _CAT["parameters"]
+        return cat
+
+    def table(self):
+        """One row per storage (see `storages`), plus the row positions `_alloc_row` and `_free_row`."""
+        rows = self.rows
+        sids, nbytes, alloc, free, made = self.arrays()
+        cat = self.categories(sids, alloc, free, made)
+        dtype = np.full(len(sids), "unknown", dtype=object)
+        known = sids >= 0
+        dtype[known] = self.dtype[sids[known]]
+        if len(self.new_out):  # output dtypes, read only now
+            flat = _lists(rows["output_dtypes"], pa.string()).flatten().to_numpy(zero_copy_only=False)
+            dtype[np.searchsorted(sids, self.new_out)] = flat[self.new_out_at]
+        has = alloc >= 0
+        at = np.where(has, alloc, 0)
+        seq = rows["seq"].to_numpy(dtype=np.int64)
+        free_seq = pd.array(seq[np.maximum(free, 0)], dtype="Int64")
+        free_seq[free < 0] = pd.NA
+        return pd.DataFrame(
+            {
+                "run": self.name,
+                "storage_id": sids.astype(np.int64),
+                "nbytes": nbytes.astype(np.int64),
+                "dtype": dtype,
+                "category": np.asarray(CATEGORIES, dtype=object)[cat],
+                "allocated": made,
+                "alloc_seq": np.where(has, seq[at], -1),
+                "free_seq": free_seq,
+                "step": np.where(has, rows["step"].to_numpy(dtype=np.int64)[at], -1),
+                **{c: np.where(has, take(rows[c], at), "") for c in ("phase", "module", "op")},
+                "_alloc_row": alloc,
+                "_free_row": free,
+            }
+        )

@@ -1,0 +1,102 @@
+"""The one place where totals become per-step figures.
+
+A run's rows carry a `step` number. Every report that gives a figure per training
+step asks this module how many steps a phase ran in and divides by it here, once:
+
+  phase_steps(rows)   {phase: steps it has ops in}; each phase is averaged over its
+                      own steps, so a trace cut mid-step (a forward without its
+                      backward) does not halve the backward
+  count_steps(rows)   the run's training steps: steps with forward or backward ops
+  per_step(rows, ...) sum a column (or any values) per phase, divide each phase's
+                      total by its steps, add the phases up: one figure per step,
+                      or one per key with `by=`
+
+Integer totals are summed before the one division, so a trace of k identical steps
+gives exactly the figures of one step (k·a / k == a in floating point; summing
+a/k row by row would not).
+"""
+
+import numpy as np
+import pandas as pd
+
+from tracer.schema import PHASES
+
+__all__ = ["count_steps", "per_step", "phase_steps"]
+
+_FORWARD_BACKWARD = ("forward", "backward")
+
+
+def _codes(column):
+    """(integer code per row, the values the codes stand for), -1 for missing values."""
+    if isinstance(column.dtype, pd.CategoricalDtype):
+        return column.cat.codes.to_numpy(dtype=np.int64), np.asarray(column.cat.categories, dtype=object)
+    codes, uniques = pd.factorize(column.astype(object) if column.dtype != np.int64 else column)
+    return codes.astype(np.int64), np.asarray(uniques, dtype=object)
+
+
+def _steps_per_phase(rows):
+    """(phase codes, phase names, steps each phase code ran in: at least 1 for a phase with rows)."""
+    codes, names = _codes(rows["phase"])
+    steps = rows["step"].to_numpy(dtype=np.int64)
+    n = len(names)
+    pairs = np.unique((steps - steps.min(initial=0)) * max(n, 1) + codes) if len(codes) else np.zeros(0, np.int64)
+    counts = np.bincount(pairs % max(n, 1), minlength=n) if n else np.zeros(0, np.int64)
+    return codes, names, np.maximum(counts, 1)
+
+
+def phase_steps(rows):
+    """{phase: number of distinct steps with ops of that phase} for one run's rows."""
+    codes, names, counts = _steps_per_phase(rows)
+    present = np.unique(codes[codes >= 0])
+    return {str(names[c]): int(counts[c]) for c in present}
+
+
+def count_steps(rows):
+    """Training steps in one run's rows: steps with forward or backward ops (at least 1)."""
+    if len(rows) == 0:
+        return 1
+    fb = rows.loc[rows["phase"].isin(_FORWARD_BACKWARD), "step"]
+    return max(1, int(fb.nunique() if len(fb) else rows["step"].nunique()))
+
+
+def _phase_order(names):
+    rank = {p: i for i, p in enumerate(PHASES)}
+    return sorted(range(len(names)), key=lambda c: (rank.get(names[c], len(rank)), str(names[c])))
+
+
+def _totals(index, size, values):
+    """Sum of `values` per index in [0, size): exact int64 sums for integer values."""
+    if np.issubdtype(values.dtype, np.integer) or values.dtype == bool:
+        out = np.zeros(size, dtype=np.int64)
+        np.add.at(out, index, values.astype(np.int64))
+        return out
+    return np.bincount(index, weights=values.astype(np.float64), minlength=size)[:size]
+
+
+def per_step(rows, values="flops", mask=None, by=None):
+    """Per-step figure(s) of `values` over one run's `rows`.
+
+    values  a column name or a Series aligned with `rows`
+    mask    a boolean Series aligned with `rows`: sum only these rows (the steps a
+            phase ran in are still counted over all rows)
+    by      None for one number, or a column name / Series aligned with `rows`: a
+            Series with one figure per key (keys in order of first appearance)"""
+    codes, names, steps = _steps_per_phase(rows)
+    v = (rows[values] if isinstance(values, str) else values).to_numpy()
+    keep = codes >= 0
+    if mask is not None:
+        keep &= np.asarray(mask, dtype=bool)
+    n = len(names)
+    if by is None:
+        totals = _totals(codes[keep], n, v[keep])
+        return sum((totals[c] / steps[c] for c in _phase_order(names)), 0.0)
+    key_codes, keys = _codes(rows[by] if isinstance(by, str) else by)
+    keep &= key_codes >= 0
+    used = np.unique(key_codes[keep])
+    first = {k: i for i, k in enumerate(pd.unique(key_codes[keep]))}  # keys in order of first appearance
+    totals = _totals(key_codes[keep] * max(n, 1) + codes[keep], len(keys) * max(n, 1), v[keep]).reshape(len(keys), max(n, 1))
+    figures = np.zeros(len(keys))
+    for c in _phase_order(names):
+        figures = figures + totals[:, c] / steps[c]
+    order = sorted(used, key=first.get)
+    return pd.Series(figures[order], index=pd.Index(keys[order], dtype=object))

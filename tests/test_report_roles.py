@@ -1,0 +1,159 @@
+"""Row roles in the FLOP reports: weight-gradient matmuls, weights outside model=, checkpoint recomputation.
+
+The traces are real; where the tracer does not record a fact yet (the `recompute`
+flag, the `external_parameter` storage role), the test writes it into the trace's
+Parquet part, as a tracer that records it would, and reads the trace back.
+"""
+
+import glob
+import json
+import os
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+import reports
+from reports.roles import gradient_sources
+from tracer import Tracer
+from tracer.schema import METADATA_KEY
+
+TOKENS = 32
+
+
+def _rewrite(path, recompute=None, roles=None):
+    """Rewrite the trace's parts: recompute=True on rows where recompute(frame) is True; add storage roles."""
+    for part in sorted(glob.glob(os.path.join(path, "part-*.parquet"))):
+        table = pq.read_table(part)
+        meta = json.loads(table.schema.metadata[METADATA_KEY])
+        if recompute is not None:
+            flags = recompute(table.to_pandas())
+            i = table.schema.get_field_index("recompute")
+            table = table.set_column(i, "recompute", pa.array(flags.to_numpy(dtype=bool)))
+        if roles:
+            meta.setdefault("storage_roles", {}).update(roles)
+        table = table.replace_schema_metadata({**table.schema.metadata, METADATA_KEY: json.dumps(meta).encode()})
+        pq.write_table(table, part)
+    return reports.load(path)
+
+
+# 9. the weight-gradient walk is not transitive -------------------------------------------------
+class EmbedGram(nn.Module):
+    """embedding -> x @ xᵀ: every matmul multiplies two activations."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(16, 8)
+
+    def forward(self, idx):
+        x = self.emb(idx)
+        return (x @ x.T).sum()
+
+
+def test_activation_matmuls_feeding_an_embedding_gradient_are_attention(tmp_path):
+    torch.manual_seed(0)
+    model = EmbedGram()
+    with Tracer(tmp_path / "gram", model=model, tokens=TOKENS):
+        model(torch.randint(0, 16, (TOKENS,))).backward()
+    t = reports.breakdown(reports.load(tmp_path / "gram")).set_index("phase")
+    # forward x @ xᵀ: [32, 8] @ [8, 32]: 2·32·8·32 = 16,384 FLOPs of attention; no weight enters a matmul
+    assert t.loc["forward", "attention_flops"] == 16384 and t.loc["forward", "weight_matmul_flops"] == 0
+    # backward: dL/dx twice (once per operand), 2 x 16,384 = 32,768, summed (add) and then turned into the
+    # embedding's gradient by embedding_dense_backward: not one cast/add away from the gradient, so attention
+    assert t.loc["backward", "attention_flops"] == 32768
+    assert t.loc["backward", "weight_matmul_flops"] == 0
+
+
+def _hops(ops):
+    """Backward rows: row i reads storage i and writes storage i + 1; storage 0 is the matmul's output."""
+    return pd.DataFrame({"op": ops, "phase": "backward",
+                         "input_storage_ids": [[i] for i in range(len(ops))],
+                         "output_storage_ids": [[i + 1] for i in range(len(ops))]})
+
+
+@pytest.mark.parametrize("ops, weight_gradient", [
+    ([], True),  # the matmul writes the gradient itself
+    (["aten._to_copy.default"], True),  # a bf16 dW cast to fp32
+    (["aten.add.Tensor"], True),  # tied weights: two gradients summed
+    (["aten._to_copy.default", "aten.add_.Tensor"], True),  # cast, then accumulated into .grad
+    (["aten.mul.Tensor"], False),  # any other op breaks the chain
+    (["aten.add.Tensor", "aten.embedding_dense_backward.default"], False),
+    (["aten._to_copy.default", "aten.clone.default"], False),  # two casts
+    (["aten.add.Tensor", "aten.add.Tensor"], False),  # two adds
+])
+def test_gradient_sources_take_one_cast_and_one_add_at_most(ops, weight_gradient):
+    rows = _hops(ops)
+    packets = rows["op"].map(lambda op: ".".join(op.split(".")[:2]))
+    assert (0 in gradient_sources(rows, packets, {len(ops)})) is weight_gradient
+
+
+# 8. weights of modules outside model= ------------------------------------------------------------
+def test_a_frozen_teachers_matmul_is_external_not_attention(tmp_path):
+    torch.manual_seed(0)
+    student, teacher = nn.Linear(8, 4, bias=False), nn.Linear(8, 4, bias=False)  # the same class
+    teacher.requires_grad_(False)
+    x = torch.randn(TOKENS, 8)
+    opt = torch.optim.SGD(student.parameters(), lr=0.1)
+    path = str(tmp_path / "distil")
+    with Tracer(path, model=student, tokens=TOKENS, run_name="distil"):
+        with torch.no_grad():
+            target = teacher(x)
+        (student(x) - target).square().mean().backward()
+        opt.step()
+    df = reports.load(path)
+    first_mm = df[df["op"].astype(str) == "aten.mm.default"].iloc[0]  # the teacher's x @ Wᵀ runs first
+    teacher_weight = int(first_mm["input_storage_ids"][1])
+    assert teacher_weight not in {p["storage_id"] for p in df.attrs["runs"]["distil"]["parameters"].values()}
+    old = reports.breakdown(df).set_index("phase")  # an older trace: no external_parameter role
+    assert old.loc["forward", "attention_flops"] == 2048 and old.loc["forward", "external_weight_flops"] == 0
+
+    t = reports.breakdown(_rewrite(path, roles={"external_parameter": [teacher_weight]})).set_index("phase")
+    # each x @ Wᵀ: [32, 8] @ [8, 4]: 2·32·8·4 = 2,048 FLOPs; the teacher's is external, the student's a weight matmul
+    assert t.loc["forward", "external_weight_flops"] == 2048
+    assert t.loc["forward", "attention_flops"] == 0
+    assert t.loc["forward", "weight_matmul_flops"] == 2048
+    # N = 4·8 = 32 (the student only): 2·N·T = 2,048; forward = 2 x 2,048 + sub, pow, mean 3 x 128 = 4,480
+    assert t.loc["forward", "n_params"] == 32 and t.loc["forward", "expected_flops"] == 2048
+    assert t.loc["forward", "flops"] == 4480
+    assert t.loc["forward", "ratio"] == (4480 - 2048) / 2048  # the teacher is left out of the ratio
+    assert t.loc["total", "external_weight_flops"] == 2048
+    text = " ".join(reports.explain(_rewrite(path)))
+    assert "Weights outside the model: 2,048 FLOPs per step (2,048 forward)" in text
+
+
+# 7. activation checkpointing's recomputation -----------------------------------------------------
+def test_recompute_rows_are_out_of_mfu_and_in_hfu(tmp_path):
+    torch.manual_seed(0)
+    block = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    x = torch.randn(TOKENS, 8)
+    opt = torch.optim.SGD(block.parameters(), lr=0.1)
+    path = str(tmp_path / "ckpt")
+    with Tracer(path, model=block, tokens=TOKENS, run_name="ckpt"):
+        checkpoint(block, x, use_reentrant=False).square().mean().backward()
+        opt.step()
+    df = reports.load(path)
+    before = reports.mfu(df, step_time_s=1.0, peak_flops=1e6).iloc[0]
+
+    # The backward re-runs the first Linear and the ReLU (and stops there: the second Linear's output is not
+    # needed): the backward-phase addmm (2·32·8·16 = 8,192) and relu (32·16 = 512) are the recomputation.
+    def again(frame):
+        return (frame["phase"] == "backward") & frame["op"].isin(["aten.addmm.default", "aten.relu.default"])
+
+    df = _rewrite(path, recompute=again)
+    assert int(df.loc[df["recompute"], "flops"].sum()) == 8192 + 512
+    rate = reports.mfu(df, step_time_s=1.0, peak_flops=1e6).iloc[0]
+    # forward: addmm 8,192 + relu 512 + addmm 2·32·16·4 = 4,096 + pow 128 + mean 128 = 13,056
+    # backward: 4 x 128 (loss) + 8,704 recomputed + 2 x 4,096 (second Linear) + 128 (its bias) + 512 (ReLU)
+    #           + 8,192 (first Linear's dW; x needs no gradient) + 512 (its bias) = 26,752
+    # optimizer: SGD adds 8·16 + 16 + 16·4 + 4 = 212
+    assert rate["hardware_flops_per_step"] == 13056 + 26752 + 212 == 40020
+    assert rate["recompute_flops_per_step"] == 8704
+    assert rate["model_flops_per_step"] == 13056 + 26752 - 8704 == 31104
+    assert rate["mfu"] == 31104 / 1e6 and rate["hfu"] == 40020 / 1e6
+    assert before["model_flops_per_step"] == 39808  # the unflagged trace counted the recomputation
+    text = " ".join(reports.explain(df))
+    assert "Activation checkpointing: 8,704 FLOPs per step" in text and "8,192 of them weight matmuls" in text
