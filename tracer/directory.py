@@ -26,6 +26,7 @@ from tracer.errors import TraceError
 from tracer.schema import MARKER_NAME, METADATA_KEY, PART_GLOB
 
 LOCK_NAME = ".optrace.lock"
+MARKER_BYTES = 4096  # the marker is padded to this size, so its closing rewrite needs no new space
 RANK_PREFIX = "rank="
 _TMP_SUFFIX = ".tmp"
 
@@ -59,13 +60,30 @@ def prepare_directory(path, trace_id):
         try:
             _clear(path)
             with open(os.path.join(path, MARKER_NAME), "w") as f:
-                json.dump({"format": "optrace", "trace_id": trace_id}, f)
+                f.write(_padded({"format": "optrace", "trace_id": trace_id}))
         except BaseException:
             release_directory(path)
             raise
     except OSError as exc:
         raise TraceError(f"cannot write trace {path!r}: {exc.strerror or exc}") from None
     return path
+
+
+def _padded(facts):
+    text = json.dumps(facts)
+    return text + " " * max(MARKER_BYTES - len(text), 0)
+
+
+def write_facts(path, facts):
+    """Rewrite the marker in place with the trace's closing facts (rows, lost_rows, complete).
+
+    The marker was written MARKER_BYTES long, so this needs no new disk space: the facts
+    reach the disk even when it is full and the last part could not be written."""
+    text = _padded(facts)
+    if len(text) > MARKER_BYTES:
+        raise TraceError(f"trace facts are {len(text)} bytes, more than the marker's {MARKER_BYTES}")
+    with open(os.path.join(path, MARKER_NAME), "r+") as f:
+        f.write(text)
 
 
 def release_directory(path):

@@ -26,6 +26,7 @@ from tracer.writer import (
     PartWriter,
     RowBuffer,
     prepare_directory,
+    release_directory,
 )
 
 Tensor = torch.Tensor
@@ -207,7 +208,7 @@ class Tracer:
         try:
             self._start()
         except BaseException:  # nothing ran: give the directory back
-            self._writer.close()
+            release_directory(self.path)
             raise
         return self
 
@@ -471,7 +472,15 @@ class Tracer:
                 self._write(RowBuffer(rows.first_seq + len(rows)), self._metadata())
         finally:
             self._storages.clear()
-            self._writer.close()
+            self._writer.close(self._facts())
+
+    def _facts(self):
+        """What the marker keeps when every part write fails: enough to report the damage."""
+        return {
+            "format": "optrace", "trace_id": self.trace_id, "complete": bool(self._meta.get("complete")),
+            "rows": self._rows.first_seq + len(self._rows), "lost_rows": self._lost_rows,
+            "record_errors": self._errors, "write_error": self._write_error,
+        }
 
     def _metadata(self):
         meta = dict(self._meta)

@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from tracer.directory import prepare_directory, release_directory, temporary_name  # noqa: F401 (re-exported)
+from tracer.directory import prepare_directory, release_directory, temporary_name, write_facts  # noqa: F401 (re-exported)
 from tracer.schema import (
     ARROW_SCHEMA,
     CAUSAL_NONE,
@@ -261,9 +261,12 @@ class PartWriter:
         self.parts += 1
         self.rows += len(rows)
 
-    def close(self):
-        """Release the directory's lock (the trace stays)."""
-        release_directory(self.directory)
+    def close(self, facts):
+        """Write the closing facts into the marker and release the directory's lock."""
+        try:
+            write_facts(self.directory, facts)
+        finally:
+            release_directory(self.directory)
 
 
 def write_table(table, file):
