@@ -105,24 +105,24 @@ def foreign_entry(path):
     None also for an empty directory and for a directory of `rank=R` optrace traces."""
     names = sorted(os.listdir(path))
     if MARKER_NAME in names:
-        return _first_foreign(path, names, marker=True)
+        return _first_foreign(path, names)
     if names and all(n.startswith(RANK_PREFIX) and os.path.isdir(os.path.join(path, n)) for n in names):
         for name in names:
             inner = foreign_entry(os.path.join(path, name))
             if inner is not None:
                 return os.path.join(name, inner)
         return None
-    return _first_foreign(path, names, marker=False)
+    return _first_foreign(path, names)
 
 
-def _first_foreign(path, names, marker):
+def _first_foreign(path, names):
     for name in names:
         if name in (MARKER_NAME, LOCK_NAME) or (name.startswith(".part-") and name.endswith(_TMP_SUFFIX)):
             continue
         full = os.path.join(path, name)
         if os.path.islink(full) or not os.path.isfile(full) or not _is_part_name(name):
             return name
-        if not marker and not _has_optrace_metadata(full):  # a trace from before markers: look inside
+        if not _has_optrace_metadata(full):  # named like a part, but is it optrace's?
             return name
     return None
 
