@@ -119,10 +119,10 @@ def damage(path, parts, meta):
 def describe_damage(facts):
     """The damage facts in words, '' when there are none."""
     words = {
-        "record_errors": "ops ran but were not recorded",
+        "record_errors": "op(s) ran but were not recorded",
         "lost_rows": "rows lost to write errors",
         "missing_rows": "rows missing from disk (a part deleted?)",
-        "missing_parts": "part files missing",
-        "seq_gaps": "gaps in seq",
+        "missing_parts": "part file(s) missing",
+        "seq_gaps": "gap(s) in seq",
     }
     return "; ".join(f"{facts[key]} {words[key]}" for key in DAMAGE_KEYS if facts.get(key))

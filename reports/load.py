@@ -65,12 +65,6 @@ def load(paths, columns=None):
         base, n = name, 2
         while name in runs:  # two runs with one name: keep both
             name, n = f"{base}#{n}", n + 1
-        broken = describe_damage(meta["damage"])
-        if not meta.get("complete") or broken:  # one warning per trace, every fact in it
-            state = "incomplete (cut short)" if not meta.get("complete") else "damaged"
-            warnings.warn(
-                f"{path}: trace is {state}{': ' + broken if broken else ''}; reporting the {meta.get('rows', '?')} rows it has"
-            )
         wanted = list(columns) if columns is not None else list(COLUMN_NAMES)
         upgrade = meta["schema_version"] < 2  # v1 traces lack the v2 columns: read what exists, fill the rest
         read = [c for c in wanted if c not in V2_DEFAULTS] if upgrade else wanted
@@ -86,6 +80,10 @@ def load(paths, columns=None):
         frame = table.to_pandas()
         if upgrade:
             frame = _fill_v2(frame, wanted)
+        broken = describe_damage(meta["damage"])
+        if not meta.get("complete") or broken:  # one warning per trace, every fact in it
+            state = "incomplete (cut short)" if not meta.get("complete") else "damaged"
+            warnings.warn(f"{path}: trace is {state}{': ' + broken if broken else ''}; reporting the {len(frame)} rows it has")
         frame.insert(0, "run", name)
         frames.append(frame)
         runs[name] = meta

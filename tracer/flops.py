@@ -81,7 +81,7 @@ def _packets(*names) -> list:
 
 # ---------------------------------------------------------------- matmul
 
-@register_flop_formula(_packets("mm", "_int_mm", "_scaled_mm"))
+@register_flop_formula(_packets("mm", "_int_mm", "_scaled_mm", "_sparse_mm"))
 def mm_flop(a, b, *args, out_shape=None, **kwargs) -> int:
     """Matrix product."""
     # [m, k] @ [k, n] -> [m, n]
@@ -89,7 +89,7 @@ def mm_flop(a, b, *args, out_shape=None, **kwargs) -> int:
     return 2 * a[0] * a[1] * b[1]
 
 
-@register_flop_formula(_packets("addmm", "addmm_"))
+@register_flop_formula(_packets("addmm", "addmm_", "_sparse_addmm"))
 def addmm_flop(bias, a, b, *args, out_shape=None, **kwargs) -> int:
     """bias + a @ b: the matmul only."""
     # [m, n] + [m, k] @ [k, n] -> [m, n]

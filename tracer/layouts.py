@@ -99,14 +99,15 @@ def register_subclass(storages, t, storage):
     return storages.register(storage, nbytes=0)
 
 
-def odd_flops(info, func_name, args, kwargs, out, tensors):
+def odd_flops(info, args, kwargs, out, ins, outs):
     """(FLOPs, kind) of an op with a sparse or nested argument; (0, 'unknown') when no formula fits."""
     kind = info.rule.kind
-    odd = [t for t in tensors if t.layout is not STRIDED or t.is_nested]
+    odd = [t for t in (*ins, *outs) if t.layout is not STRIDED or t.is_nested]
     sparse = [t for t in odd if t.layout in _INDEX_GETTERS]
+    func_name = info.name.split(".")[1]
     try:
         if kind == "matmul" and sparse and func_name in _SPARSE_MM:
-            a, b = [t for t in tensors if t.dim() == 2][-2:]
+            a, b = [t for t in ins if t.dim() == 2][-2:]
             if a.layout in _INDEX_GETTERS:  # [m, k] sparse @ [k, n] -> one multiply-add per stored value and column
                 return 2 * stored_elements(a) * b.shape[1], kind
             return 2 * stored_elements(b) * a.shape[0], kind  # [m, k] @ [k, n] sparse

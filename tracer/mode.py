@@ -349,11 +349,12 @@ class Tracer:
                     storages.regrow(t.untyped_storage())
             allocated = storages.registered_bytes - registered
             basis = info.basis
-            flops = 0 if basis == 0 else PER_OUTPUT_ELEMENT if basis == 1 else info.rule.count(args, kwargs, out)
             kind = info.kind_id
             if layout:
-                flops, kind_name = odd_flops(info, info.name.split(".")[1], args, kwargs, out, (*ins, *outs))
+                flops, kind_name = odd_flops(info, args, kwargs, out, ins, outs)
                 kind = self._writer.names["kind"].id(kind_name)
+            else:
+                flops = 0 if basis == 0 else PER_OUTPUT_ELEMENT if basis == 1 else info.rule.count(args, kwargs, out)
             causal = CAUSAL_NONE if info.rule.causal is None else int(bool(info.rule.causal(args, kwargs)))
             phase, module = self._attr.where()
             module_id = self._module_ids.get(module)
