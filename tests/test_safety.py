@@ -114,6 +114,30 @@ def test_a_directory_of_rank_traces_is_an_optrace_trace(tmp_path):
 
 
 @pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"path": 123}, "Tracer: path must be a str or os.PathLike, got int"),
+        ({"model": "gpt"}, "Tracer: model must be a torch.nn.Module or None, got str"),
+        ({"tokens": -4}, r"Tracer: tokens must be a positive int \(tokens per step\) or None, got -4"),
+        ({"run_name": ["a"]}, "Tracer: run_name must be a str or None, got list"),
+        ({"flush_rows": 2.5}, "Tracer: flush_rows must be a positive int, got 2.5"),
+    ],
+)
+def test_bad_argument_types_touch_nothing(tmp_path, kwargs, message):
+    kwargs = {"path": tmp_path / "t", **kwargs}
+    with pytest.raises(TraceError) as raised:
+        Tracer(kwargs.pop("path"), **kwargs)
+    assert re.fullmatch(message, str(raised.value)), str(raised.value)
+    assert listing(tmp_path) == []
+
+
+def test_an_unwritable_parent_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setattr(os, "access", lambda path, mode: False)  # root may write anywhere: pretend it may not
+    refused(tmp_path / "t", rf"cannot write trace '.*t': directory '{re.escape(str(tmp_path))}' is not writable")
+    assert listing(tmp_path) == []
+
+
+@pytest.mark.parametrize(
     "make, message",
     [
         (lambda p: None, None),  # a new path: fine
@@ -230,6 +254,46 @@ def test_a_full_disk_never_stops_the_program(tmp_path, monkeypatch):
     with pytest.warns(UserWarning, match=r"trace is incomplete \(cut short\): 11 rows lost to write errors"):
         df = reports.load(path)
     assert len(df) == 4 and df.attrs["runs"]["t"]["damage"]["lost_rows"] == 11
+
+
+@pytest.fixture
+def tiny_disk(tmp_path):
+    """A real 64 KiB tmpfs (needs root and mount rights; skipped where the mount fails)."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(disk)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
+    yield disk
+    subprocess.run(["umount", str(disk)], check=True)
+
+
+def test_a_really_full_disk(tiny_disk):
+    path = tiny_disk / "t"
+    after = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with Tracer(path, flush_rows=100):
+            a = torch.zeros(1)
+            for _ in range(1499):
+                a = a + 1  # 1,500 ops in parts of 100 rows: a few fit in 64 KiB, then the disk is full
+        after.append("checkpoint saved")
+    assert a.item() == 1499.0 and after == ["checkpoint saved"]
+    messages = [str(w.message) for w in caught]
+    assert len(messages) == 2 and "[errno 28] No space left on device; the disk is full)" in messages[0]
+    kept = len(pd.read_parquet(path))
+    lost = 1500 - kept
+    assert kept % 100 == 0 and 0 < kept < 1500
+    assert messages[1].startswith(f"optrace: trace '{path}' is incomplete: {lost} rows lost to write errors (first: part-")
+    facts = json.loads((path / MARKER_NAME).read_text())  # rewritten in place: no new space needed
+    assert facts["rows"] == 1500 and facts["lost_rows"] == lost and facts["complete"] is False
+    assert not [n for n in listing(path) if n.endswith(".tmp")]
+
+    import reports
+
+    with pytest.warns(UserWarning, match=rf"trace is incomplete \(cut short\): {lost} rows lost to write errors; reporting the {kept} rows"):
+        df = reports.load(path)
+    assert len(df) == kept
 
 
 def test_keyboard_interrupt_during_a_flush_keeps_the_rows(tmp_path, monkeypatch):

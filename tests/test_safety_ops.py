@@ -139,6 +139,59 @@ def test_matmul_and_einsum_whole(tmp_path, fn, flops):
     assert df["flops"].sum() == flops and df["flop_kind"].iloc[0] == "matmul"
 
 
+def _tiny_gpt(attention):
+    from gpt import GPT, GPTConfig, make_batch
+
+    torch.manual_seed(0)
+    cfg = GPTConfig(vocab_size=32, seq_len=8, n_layer=1, n_head=2, d_model=16, attention=attention)
+    model, (idx, targets) = GPT(cfg), make_batch(cfg, 2)
+    return lambda: model(idx, targets)
+
+
+def _cnn():
+    import torch.nn.functional as F
+
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.GroupNorm(2, 8), nn.ConvTranspose2d(8, 4, 3),
+                        nn.Flatten(), nn.Linear(4 * 8 * 8, 10)).eval()
+    x = torch.randn(2, 3, 8, 8)
+    return lambda: F.cross_entropy(net(x), torch.tensor([1, 2]))
+
+
+def _functional(name):
+    import torch.nn.functional as F
+
+    x, q = torch.randn(4, 6), torch.randn(2, 3, 5, 4)
+    return {
+        "rms_norm": lambda: F.rms_norm(x, (6,), torch.ones(6)),
+        "sdpa_causal": lambda: F.scaled_dot_product_attention(q, q, q, is_causal=True),
+        "einsum_3": lambda: torch.einsum("ij,jk,kl->il", x, x.T, x),
+        "log_softmax": lambda: F.log_softmax(x, -1),
+        "instance_norm": lambda: F.instance_norm(q),
+    }[name]
+
+
+@pytest.mark.parametrize(
+    "make",
+    [lambda: _tiny_gpt("matmul"), lambda: _tiny_gpt("sdpa"), _cnn,
+     *[lambda n=n: _functional(n) for n in ("rms_norm", "sdpa_causal", "einsum_3", "log_softmax", "instance_norm")]],
+    ids=["gpt_matmul", "gpt_sdpa", "cnn", "rms_norm", "sdpa_causal", "einsum_3", "log_softmax", "instance_norm"],
+)
+def test_inference_mode_counts_what_no_grad_counts(tmp_path, make):
+    """Reference comparison: composites counted whole (inference_mode) against what they decompose into (no_grad)."""
+    fn = make()
+    totals, outs = {}, {}
+    for context in (torch.no_grad, torch.inference_mode):
+        def run():
+            with context():
+                return fn()
+        outs[context], df, _ = traced(tmp_path, run)
+        assert not (df["flop_kind"] == "unknown").any(), df[df["flop_kind"] == "unknown"]["op"].tolist()
+        totals[context] = int(df["flops"].sum())
+    assert totals[torch.inference_mode] == totals[torch.no_grad] > 0
+    assert torch.equal(outs[torch.no_grad], outs[torch.inference_mode])
+
+
 # ------------------------------------------------------------------ 10. higher-order operators
 def test_flex_attention_runs_eagerly_and_is_one_row(tmp_path):
     from torch.nn.attention.flex_attention import flex_attention
@@ -181,6 +234,19 @@ def test_checkpoint_runs_as_untraced(tmp_path):
     _, df, meta = traced(tmp_path, lambda: checkpoint(block, x, use_reentrant=False).sum().backward())
     assert torch.equal(x.grad, expected)
     assert (df["op"] == "aten.addmm.default").sum() == 2  # forward, and its recomputation in the backward
+    assert meta["record_errors"] == 0
+
+
+def test_the_checkpoint_hop_runs_as_untraced(tmp_path):
+    from torch._higher_order_ops.wrap import tag_activation_checkpoint
+
+    torch.manual_seed(0)
+    block = torch.fx.symbolic_trace(nn.Sequential(nn.Linear(4, 4), nn.ReLU()))
+    x = torch.randn(2, 4)
+    expected = tag_activation_checkpoint(block, x, use_reentrant=False)
+    out, df, meta = traced(tmp_path, lambda: tag_activation_checkpoint(block, x, use_reentrant=False))
+    assert torch.equal(out, expected)
+    assert row(df, "aten.addmm.default")["flops"] == 2 * 2 * 4 * 4  # its body's ops are recorded: 64
     assert meta["record_errors"] == 0
 
 

@@ -323,10 +323,14 @@ class Tracer:
                 if side:  # storages first seen as outputs were made by this op; inputs existed before
                     registered = storages.registered_bytes
                 for t in group:
-                    if t.layout is not STRIDED or t.is_nested:  # sparse, nested: tracer/layouts.py
+                    if t.layout is not STRIDED:  # sparse, jagged: tracer/layouts.py
                         layout = self._odd_tensor(t, layout)
                         continue
-                    shape = t.shape
+                    try:
+                        shape = t.shape
+                    except RuntimeError:  # a strided nested tensor has no sizes
+                        layout = self._odd_tensor(t, layout)
+                        continue
                     st = t.untyped_storage()
                     sid = known(st._cdata)
                     if sid is None:
