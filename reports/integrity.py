@@ -38,6 +38,8 @@ def check_parts(path):
         full = os.path.join(path, name)
         if name.startswith((".", "_")):
             continue  # hidden and marker files: no Parquet reader reads them
+        if name.startswith("rank=") and os.path.isdir(full):
+            continue  # one rank of a distributed trace: checked when that rank is read
         if not os.path.isfile(full):
             raise ReportError(f"{path}: {name} is a directory, not an optrace part; move it out of the trace")
         if full not in known:

@@ -106,6 +106,12 @@ def test_a_directory_of_rank_traces_is_an_optrace_trace(tmp_path):
     with Tracer(path):
         torch.ones(1)
     assert listing(path) == [MARKER_NAME, "part-000000.parquet"]
+    with Tracer(path / "rank=0"):  # a rank directory beside a trace's own parts is optrace's too
+        torch.ones(1)
+    assert tracer.directory.foreign_entry(path) is None
+    with Tracer(path):
+        torch.ones(1)
+    assert listing(path) == [MARKER_NAME, "part-000000.parquet"]
     (path / "rank=0").mkdir()
     (path / "rank=0" / "notes.txt").write_text("mine")
     (path / "part-000000.parquet").unlink()

@@ -19,6 +19,7 @@ import errno
 import json
 import os
 import socket
+import uuid
 
 import pyarrow.parquet as pq
 
@@ -31,9 +32,9 @@ RANK_PREFIX = "rank="
 _TMP_SUFFIX = ".tmp"
 
 
-def prepare_directory(path, trace_id):
+def prepare_directory(path, trace_id=None):
     """Check that `path` can hold a trace, lock it, clear an earlier optrace trace there,
-    and write the marker naming `trace_id`. Returns the absolute path.
+    and write the marker naming `trace_id` (a new one when None). Returns the absolute path.
 
     Raises TraceError (before anything runs, nothing touched) when the parent directory
     is missing or not writable, when `path` is a file, a directory holding anything but
@@ -60,7 +61,7 @@ def prepare_directory(path, trace_id):
         try:
             _clear(path)
             with open(os.path.join(path, MARKER_NAME), "w") as f:
-                f.write(_padded({"format": "optrace", "trace_id": trace_id}))
+                f.write(_padded({"format": "optrace", "trace_id": trace_id or uuid.uuid4().hex}))
         except BaseException:
             release_directory(path)
             raise
@@ -102,24 +103,17 @@ def temporary_name(path, name):
 def foreign_entry(path):
     """The first entry of directory `path` that optrace did not write, or None.
 
-    None also for an empty directory and for a directory of `rank=R` optrace traces."""
-    names = sorted(os.listdir(path))
-    if MARKER_NAME in names:
-        return _first_foreign(path, names)
-    if names and all(n.startswith(RANK_PREFIX) and os.path.isdir(os.path.join(path, n)) for n in names):
-        for name in names:
-            inner = foreign_entry(os.path.join(path, name))
-            if inner is not None:
-                return os.path.join(name, inner)
-        return None
-    return _first_foreign(path, names)
-
-
-def _first_foreign(path, names):
-    for name in names:
+    optrace's entries: the marker, the lock, temporary parts, parts carrying optrace
+    metadata, and `rank=R` directories holding only such entries (a distributed run)."""
+    for name in sorted(os.listdir(path)):
         if name in (MARKER_NAME, LOCK_NAME) or (name.startswith(".part-") and name.endswith(_TMP_SUFFIX)):
             continue
         full = os.path.join(path, name)
+        if name.startswith(RANK_PREFIX) and os.path.isdir(full) and not os.path.islink(full):
+            inner = foreign_entry(full)
+            if inner is not None:
+                return os.path.join(name, inner)
+            continue
         if os.path.islink(full) or not os.path.isfile(full) or not _is_part_name(name):
             return name
         if not _has_optrace_metadata(full):  # named like a part, but is it optrace's?

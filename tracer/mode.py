@@ -76,8 +76,8 @@ class _OpInfo:
         # 0: no FLOPs; 1: one per output element (the hook has that count already); 2: ask the rule
         self.basis = 0 if self.rule.count is ZERO else 1 if self.rule.count is OUTPUT_ELEMENTS else 2
         # Composite ops (linear, matmul, einsum) normally decompose before they reach
-        # us; under inference_mode they arrive whole and run whole: tracer/flops.py has
-        # their formulas. The tracer never decomposes an op itself (that could change
+        # us; under inference_mode they arrive whole and run whole: tracer/composite_flops.py
+        # has their formulas. The tracer never decomposes an op itself (that could change
         # what runs: a nested tensor's linear is not the composite's view + mm).
         written = [
             (i, a.name, a.kwarg_only)
@@ -208,7 +208,7 @@ class Tracer:
         try:
             self._start()
         except BaseException:  # nothing ran: give the directory back
-            release_directory(self.path)
+            release_directory(self._writer.directory)
             raise
         return self
 
