@@ -13,7 +13,7 @@ here. What can be read is recorded; nothing is computed that the program did not
 - FLOPs: sparse matmuls count 2 per stored value and output column (2 * nnz * n); an
   elementwise op counts one per stored element; matmuls on nested tensors count their
   formula on the values buffer (a jagged [B, j, k] @ [k, n] is a [sum j, k] @ [k, n]);
-  anything else counts 0 with kind "unknown".
+  views and copies count 0 ("none"); anything else counts 0 with kind "unknown".
 - A traceable wrapper subclass (`__tensor_flatten__`) owns no memory of its own: its
   storage counts 0 bytes, and its inner tensors' storages are registered instead.
 """
@@ -105,6 +105,8 @@ def odd_flops(info, args, kwargs, out, ins, outs):
     odd = [t for t in (*ins, *outs) if t.layout is not STRIDED or t.is_nested]
     sparse = [t for t in odd if t.layout in _INDEX_GETTERS]
     func_name = info.name.split(".")[1]
+    if kind == "none":  # views, copies, fills: no arithmetic on any layout
+        return 0, kind
     try:
         if kind == "matmul" and sparse and func_name in _SPARSE_MM:
             a, b = [t for t in ins if t.dim() == 2][-2:]
