@@ -192,3 +192,21 @@ def test_compare_against_an_empty_trace_is_refused(tmp_path, capsys):
     assert err.strip() == (
         f"optrace compare: error: {empty}: the trace has no ops (nothing ran inside `with Tracer(...)`); nothing to compare"
     )
+
+
+def test_the_report_says_compiled_code_ran_eagerly(tmp_path, capsys):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3))
+    compiled = torch.compile(model)
+    path = tmp_path / "t"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch: global module hooks fire for the OptimizedModule too
+        with Tracer(path, model=compiled):
+            compiled(torch.randn(2, 4))
+    rc, out, err = run(capsys, "report", path)
+    assert rc == 0 and err == ""
+    assert out.splitlines()[1] == (
+        "Note: torch.compile'd code ran eagerly under the tracer; the figures describe the eager program"
+    )
+    rc, out, _ = run(capsys, "report", path, "--json")
+    assert json.loads(out)["compiled_ran_eagerly"] is True
