@@ -11,6 +11,7 @@ import sys
 import warnings
 
 from reports.errors import ReportError
+from reports.integrity import describe_damage
 
 
 def _human(value, unit=""):
@@ -26,7 +27,7 @@ def _human(value, unit=""):
 def _bytes(value):
     if value is None:
         return "N/A"
-    for factor, prefix in ((2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
+    for factor, prefix in ((2**50, "PiB"), (2**40, "TiB"), (2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
         if abs(value) >= factor:
             return f"{value / factor:.3g} {prefix}"
     return f"{int(value)} B"
@@ -87,6 +88,8 @@ def summary(df, peak_tflops=None, step_time_s=None):
         "step_time_s": _number(rate["step_time_s"]),
         "peak_flops_per_s": _number(rate["peak_flops_per_s"]),
         "peak_live_bytes": _number(top["peak_live_bytes"]),
+        "damage": dict(meta.get("damage") or {}),
+        "compiled_ran_eagerly": bool(meta.get("compiled_ran_eagerly")),
     }
 
 
@@ -100,7 +103,12 @@ def _print_report(df, args, out):
     (run, meta), *_ = df.attrs["runs"].items()
     device = (meta.get("device") or {}).get("name", "?")
     state = "complete" if meta.get("complete") else "INCOMPLETE (cut short): figures cover the rows it has"
+    broken = describe_damage(meta.get("damage") or {})
+    if broken:
+        state = ("DAMAGED" if meta.get("complete") else state) + f"; {broken}"
     print(f"optrace report: {run}  ({len(df)} ops, {df['step'].nunique()} step(s), {device}, {state})", file=out)
+    if meta.get("compiled_ran_eagerly"):
+        print("Note: torch.compile'd code ran eagerly under the tracer; the figures describe the eager program", file=out)
 
     print("\nFLOPs per step against 2/4/6 x N x T", file=out)
     try:
@@ -194,6 +202,9 @@ def _compare(args):
     from reports.load import load
 
     df = load(args.traces)
+    for name, path in zip(df.attrs["runs"], args.traces):
+        if not (df["run"] == name).any():
+            raise ReportError(f"{path}: the trace has no ops (nothing ran inside `with Tracer(...)`); nothing to compare")
     table = compare(df, by=args.by)
     if args.json:
         print(table.to_json(orient="records", indent=2))
@@ -213,6 +224,17 @@ def _positive(text):
     return value
 
 
+def _top(text):
+    """An argparse type: an int >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an int >= 1, got {text!r}")
+    return value
+
+
 def _parser():
     parser = argparse.ArgumentParser(prog="optrace", description="Read optrace traces: FLOPs, MFU, memory, views.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -222,13 +244,13 @@ def _parser():
     rep.add_argument("--step-time", type=_positive, help="untraced step time in seconds (overrides the trace's)")
     rep.add_argument("--json", action="store_true", help="print one JSON object")
     rep.add_argument("--plot", metavar="DIR", help="write PNG plots to DIR")
-    rep.add_argument("--top", type=int, default=8, help="rows in the top-N tables")
+    rep.add_argument("--top", type=_top, default=8, help="rows in the top-N tables")
     rep.set_defaults(run=_report)
     cmp = sub.add_parser("compare", help="compare several traces")
     cmp.add_argument("traces", nargs="+")
     cmp.add_argument("--by", choices=("phase", "op", "module"), default="phase")
     cmp.add_argument("--json", action="store_true")
-    cmp.add_argument("--top", type=int, default=20)
+    cmp.add_argument("--top", type=_top, default=20)
     cmp.set_defaults(run=_compare)
     return parser
 

@@ -8,6 +8,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from reports.errors import ReportError
+from reports.integrity import check_parts, damage, describe_damage, one_line, read_marker
 from tracer.schema import COLUMN_NAMES, SCHEMA_VERSION, V2_DEFAULTS, part_paths, read_metadata
 
 
@@ -20,10 +21,11 @@ def read_run(path):
         raise ReportError(f"{path}: not an optrace trace (a trace is a directory of part-*.parquet files)")
     if not part_paths(path):
         raise ReportError(f"{path}: not an optrace trace (no part-*.parquet files in it)")
+    parts = check_parts(path)
     try:
         meta = read_metadata(path)
     except (pa.ArrowInvalid, OSError) as exc:
-        raise ReportError(f"{path}: not a readable Parquet trace ({exc})") from None
+        raise ReportError(f"{path}: not a readable Parquet trace ({one_line(exc)})") from None
     except ValueError as exc:  # json.JSONDecodeError: the optrace key holds no JSON
         raise ReportError(f"{path}: optrace metadata is not valid JSON ({exc})") from None
     except AttributeError:  # JSON, but a list or a number where read_metadata expects an object
@@ -37,6 +39,8 @@ def read_run(path):
         raise ReportError(
             f"{path}: trace schema version {version!r} is newer than this optrace reads ({SCHEMA_VERSION}); upgrade optrace"
         )
+    meta["damage"] = damage(path, parts, meta)
+    meta["complete"] = bool(meta.get("complete")) and read_marker(path).get("complete", True) is not False
     return meta
 
 
@@ -61,8 +65,6 @@ def load(paths, columns=None):
         base, n = name, 2
         while name in runs:  # two runs with one name: keep both
             name, n = f"{base}#{n}", n + 1
-        if not meta.get("complete"):
-            warnings.warn(f"{path}: trace is incomplete (cut short); reporting the {meta.get('rows', '?')} rows it has")
         wanted = list(columns) if columns is not None else list(COLUMN_NAMES)
         upgrade = meta["schema_version"] < 2  # v1 traces lack the v2 columns: read what exists, fill the rest
         read = [c for c in wanted if c not in V2_DEFAULTS] if upgrade else wanted
@@ -71,13 +73,17 @@ def load(paths, columns=None):
         try:
             table = pq.read_table(path, columns=read)
         except (pa.ArrowInvalid, OSError) as exc:
-            raise ReportError(f"{path}: not a readable Parquet trace ({exc})") from None
+            raise ReportError(f"{path}: not a readable Parquet trace ({one_line(exc)})") from None
         missing = sorted(set(read) - set(table.column_names))
         if missing:
             raise ReportError(f"{path}: trace lacks column(s) {missing}")
         frame = table.to_pandas()
         if upgrade:
             frame = _fill_v2(frame, wanted)
+        broken = describe_damage(meta["damage"])
+        if not meta.get("complete") or broken:  # one warning per trace, every fact in it
+            state = "incomplete (cut short)" if not meta.get("complete") else "damaged"
+            warnings.warn(f"{path}: trace is {state}{': ' + broken if broken else ''}; reporting the {len(frame)} rows it has")
         frame.insert(0, "run", name)
         frames.append(frame)
         runs[name] = meta

@@ -35,6 +35,7 @@ from torch.nn.modules.module import (
     register_module_forward_pre_hook,
 )
 
+from tracer.compiled import compiled_original, strip_compiled
 from tracer.schema import Phase
 
 _graph_task_id = torch._C._current_graph_task_id
@@ -71,6 +72,7 @@ class Attribution:
     def __init__(self, root=None, on_step_end=None, on_optimizer_start=None):
         self._names = weakref.WeakKeyDictionary()
         self.root_name = None
+        self.compiled_seen = False  # a torch.compile'd module ran (eagerly, under the tracer)
         if root is not None:
             self._name_tree(root)
         self.forward_stack = []
@@ -86,7 +88,14 @@ class Attribution:
 
     # names -------------------------------------------------------------
     def _name_tree(self, module, prefix=None):
-        """Name a module and its children: the root by its class, children by relative path."""
+        """Name a module and its children: the root by its class, children by relative path.
+
+        A torch.compile wrapper (OptimizedModule) takes the names of the module it wraps."""
+        original = compiled_original(module)
+        if original is not None:
+            self.compiled_seen = True
+            self._names[module] = self.name_of(original)
+            return
         if prefix is None:
             self.root_name = self.root_name or type(module).__name__
             top = type(module).__name__
@@ -96,7 +105,8 @@ class Attribution:
             base = prefix
         for name, child in module.named_modules(remove_duplicate=False):
             if name and child not in self._names:
-                self._names[child] = base + name
+                self._names[child] = base + strip_compiled(name)
+                self.compiled_seen |= compiled_original(child) is not None
 
     def name_of(self, module):
         name = self._names.get(module)

@@ -20,10 +20,12 @@ in order, at:
    - "none": views, copies, fills, factories, random draws: 0 FLOPs.
    - "unknown": anything else, counted as 0. `flop_rule` never raises.
 
-`matmul`, `linear`, `einsum`, `outer`, `softmax` and other CompositeImplicitAutograd ops get
-no formula: they decompose into mm/bmm/addmm/mul/_softmax before dispatch. Under
-`torch.inference_mode()` they reach the dispatch mode whole, and the tracer decomposes
-them itself, so they are still counted once, through what they dispatch to.
+`matmul`, `linear`, `einsum`, `softmax` and other CompositeImplicitAutograd ops decompose
+into mm/bmm/addmm/_softmax before dispatch, which are counted. Under `torch.inference_mode()`
+they reach the dispatch mode whole and run whole (the tracer never decomposes an op: that
+could change what runs); `tracer/composite_flops.py` counts them as what they decompose
+into, so the same forward counts the same FLOPs either way. A composite without a formula
+counts 0 with kind "unknown".
 """
 
 from math import prod
@@ -79,7 +81,7 @@ def _packets(*names) -> list:
 
 # ---------------------------------------------------------------- matmul
 
-@register_flop_formula(_packets("mm", "_int_mm", "_scaled_mm"))
+@register_flop_formula(_packets("mm", "_int_mm", "_scaled_mm", "_sparse_mm"))
 def mm_flop(a, b, *args, out_shape=None, **kwargs) -> int:
     """Matrix product."""
     # [m, k] @ [k, n] -> [m, n]
@@ -87,7 +89,7 @@ def mm_flop(a, b, *args, out_shape=None, **kwargs) -> int:
     return 2 * a[0] * a[1] * b[1]
 
 
-@register_flop_formula(_packets("addmm", "addmm_"))
+@register_flop_formula(_packets("addmm", "addmm_", "_sparse_addmm"))
 def addmm_flop(bias, a, b, *args, out_shape=None, **kwargs) -> int:
     """bias + a @ b: the matmul only."""
     # [m, n] + [m, k] @ [k, n] -> [m, n]

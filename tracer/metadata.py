@@ -11,6 +11,7 @@ import sys
 
 import torch
 
+from tracer.compiled import strip_compiled
 from tracer.schema import ROLE_KEYS, SCHEMA_VERSION
 
 
@@ -49,7 +50,7 @@ def _parameters(model, storage_id):
     params = {}
     counts = {"total": 0, "trainable": 0, "embedding": 0}
     for name, p in model.named_parameters():  # tied parameters once
-        params[name] = {
+        params[strip_compiled(name)] = {
             "storage_id": storage_id(p.untyped_storage()),
             "numel": p.numel(),
             "shape": list(p.shape),

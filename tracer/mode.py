@@ -1,18 +1,23 @@
 """The public `Tracer` context manager and the dispatch mode behind it."""
 
+import math
 import os
 import time
+import uuid
 import warnings
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from tracer.attribution import Attribution
+from tracer.compiled import compiled_original, unwrap
 from tracer.device import cuda_memory, cuda_sync_for, device_info
 from tracer.errors import TraceError
-from tracer.flops import has_formula
+from tracer.hops import HopInfo, hop_compile_running
+from tracer.layouts import STRIDED, describe, odd_flops, register_subclass
 from tracer.metadata import Roles, dtype_name, now, run_metadata
 from tracer.op_kinds import METADATA_OPS, OUTPUT_ELEMENTS, ZERO, flop_rule
+from tracer.safety import write_failure_message
 from tracer.schema import CAUSAL_NONE, NO_VALUE
 from tracer.storage import StorageTable
 from tracer.writer import (
@@ -21,10 +26,12 @@ from tracer.writer import (
     PartWriter,
     RowBuffer,
     prepare_directory,
+    release_directory,
 )
 
 Tensor = torch.Tensor
 _perf_ns = time.perf_counter_ns
+MIN_STEP_TIME_S = 1e-9  # a step shorter than a nanosecond is a unit mistake, not a measurement
 
 
 def _tensors(args, kwargs):
@@ -57,7 +64,7 @@ class _OpInfo:
     """Facts about one op overload, computed once per trace."""
 
     __slots__ = (
-        "name", "name_id", "rule", "basis", "kind_id", "decompose", "inplace",
+        "name", "name_id", "rule", "basis", "kind_id", "inplace",
         "written_positions", "written_names", "out_only",
     )  # fmt: skip
 
@@ -69,9 +76,9 @@ class _OpInfo:
         # 0: no FLOPs; 1: one per output element (the hook has that count already); 2: ask the rule
         self.basis = 0 if self.rule.count is ZERO else 1 if self.rule.count is OUTPUT_ELEMENTS else 2
         # Composite ops (linear, matmul, einsum) normally decompose before they reach
-        # us; under inference_mode they arrive whole. Decompose them here, as training
-        # would, so their FLOPs are counted once, through mm/bmm/addmm.
-        self.decompose = func._can_decompose() and not has_formula(func)
+        # us; under inference_mode they arrive whole and run whole: tracer/composite_flops.py
+        # has their formulas. The tracer never decomposes an op itself (that could change
+        # what runs: a nested tensor's linear is not the composite's view + mm).
         written = [
             (i, a.name, a.kwarg_only)
             for i, a in enumerate(func._schema.arguments)
@@ -100,15 +107,23 @@ _UNSEEN = object()
 class _TraceMode(TorchDispatchMode):
     """Runs every aten op and hands it to the tracer's `_record`."""
 
+    supports_higher_order_operators = True  # HOPs run untraced, one row each (tracer/hops.py)
+
+    @classmethod
+    def ignore_compile_internals(cls):
+        return hop_compile_running()
+
     def __init__(self, tracer):
         super().__init__()
         self._tracer = tracer
         self._ops = {}  # OpOverload -> _OpInfo, or None for ops passed through unrecorded
 
     def _describe(self, func):
-        if _passthrough(func):
-            return None
         try:
+            if not isinstance(func, torch._ops.OpOverload):  # a higher-order operator
+                return HopInfo(func, self._tracer._writer.names)
+            if _passthrough(func):
+                return None
             return _OpInfo(func, self._tracer._writer.names)
         except Exception as exc:  # an op we cannot describe still runs, unrecorded
             self._tracer._record_failed(str(func), exc)
@@ -121,11 +136,6 @@ class _TraceMode(TorchDispatchMode):
             info = self._ops[func] = self._describe(func)
         if info is None:
             return func(*args, **kwargs)
-        if info.decompose:
-            with self:
-                out = func.decompose(*args, **kwargs)
-            if out is not NotImplemented:
-                return out
         tracer = self._tracer
         sync = tracer._sync
         if sync is not None:
@@ -174,7 +184,8 @@ class Tracer:
         if not isinstance(flush_rows, int) or isinstance(flush_rows, bool) or flush_rows <= 0:
             raise TraceError(f"Tracer: flush_rows must be a positive int, got {flush_rows!r}")
         self.path = os.path.abspath(os.fspath(path))
-        self.model = model
+        self.model = unwrap(model) if model is not None else None  # a torch.compile wrapper: its original
+        self._model_compiled = model is not None and compiled_original(model) is not None
         self.tokens = tokens
         self.run_name = run_name or os.path.splitext(os.path.basename(self.path))[0]
         self.flush_rows = flush_rows
@@ -183,6 +194,8 @@ class Tracer:
 
     # context manager ---------------------------------------------------------
     def __enter__(self):
+        if Tracer._active is self:
+            raise TraceError(f"this Tracer (writing {self.path!r}) is already active; it cannot be entered again inside its own with block")
         if Tracer._active is not None:
             raise TraceError(
                 f"another Tracer is already active (writing {Tracer._active.path!r}); "
@@ -190,7 +203,18 @@ class Tracer:
             )
         if self._writer is not None:
             raise TraceError(f"this Tracer (writing {self.path!r}) was already used; create a new one")
-        self._writer = PartWriter(prepare_directory(self.path))
+        self.trace_id = uuid.uuid4().hex
+        self._writer = PartWriter(prepare_directory(self.path, self.trace_id))
+        try:
+            self._start()
+        except BaseException:  # nothing ran: give the directory back
+            release_directory(self._writer.directory)
+            raise
+        return self
+
+    def _start(self):
+        self._pending = []  # (rows, metadata) of parts a KeyboardInterrupt stopped mid-write
+        self._write_error = None  # "file: OS error" of the first failed write
         self._storages = StorageTable()
         self._rows = RowBuffer()
         self._dtype_ids = {}  # torch.dtype -> dtype name id
@@ -204,6 +228,7 @@ class Tracer:
         self._sync = None
         self._roles = Roles(self._storages.known)
         self._meta = run_metadata(self.run_name, self.tokens, self.model, self._storages.id_of)
+        self._meta["trace_id"] = self.trace_id
         first = next(self.model.parameters(), None) if self.model is not None else None
         if first is not None:
             self._first_device(first.device)
@@ -216,9 +241,9 @@ class Tracer:
         self._mode = _TraceMode(self)
         Tracer._active = self
         self._mode.__enter__()
-        return self
 
     def __exit__(self, exc_type, exc, tb):
+        """Close the trace; never raises (a failure is a warning and a fact in the metadata)."""
         try:
             self._mode.__exit__(None, None, None)
         finally:
@@ -228,10 +253,13 @@ class Tracer:
             self._meta["error"] = f"{exc_type.__name__}: {exc}"
         try:
             self._close(complete=exc is None)
-        except Exception as write_error:
-            if exc is None:
-                raise TraceError(f"could not finish trace {self.path!r}: {write_error}") from write_error
-            warnings.warn(f"optrace: could not finish trace {self.path!r}: {write_error}")
+        except Exception as failure:
+            warnings.warn(f"optrace: could not finish trace {self.path!r} ({type(failure).__name__}: {failure})")
+        if self._lost_rows:
+            warnings.warn(
+                f"optrace: trace {self.path!r} is incomplete: {self._lost_rows} rows lost to write errors "
+                f"(first: {self._write_error})"
+            )
         return False
 
     def step(self):
@@ -248,15 +276,19 @@ class Tracer:
 
         Works inside the `with` block or after it (it then adds one empty part
         carrying the updated metadata)."""
-        if isinstance(timing, (int, float)) and not isinstance(timing, bool) and timing > 0:
+        given = timing
+        if isinstance(timing, (int, float)) and not isinstance(timing, bool):
             timing = {"median_s": float(timing)}
-        if not isinstance(timing, dict) or not (isinstance(timing.get("median_s"), float) and timing["median_s"] > 0):
-            raise TraceError(f"set_step_time: expected seconds > 0 or the dict time_step returns, got {timing!r}")
+        median = timing.get("median_s") if isinstance(timing, dict) else None
+        if not (isinstance(median, float) and math.isfinite(median) and median >= MIN_STEP_TIME_S):
+            raise TraceError(
+                f"set_step_time: expected finite seconds >= {MIN_STEP_TIME_S:g} (one ns) or the dict time_step returns, got {given!r}"
+            )
         if self._writer is None:
             raise TraceError("set_step_time: the Tracer has not been entered yet")
         self._meta["step_time"] = timing
         if self._closed:
-            self._writer.write(RowBuffer(), self._metadata())
+            self._write(RowBuffer(), self._metadata())
 
     def set_ceiling(self, ceiling):
         """Record the achievable matmul FLOP/s (the dict `matmul_ceiling` returns) for "of achievable" MFU."""
@@ -266,7 +298,7 @@ class Tracer:
             raise TraceError("set_ceiling: the Tracer has not been entered yet")
         self._meta["ceiling"] = ceiling
         if self._closed:
-            self._writer.write(RowBuffer(), self._metadata())
+            self._write(RowBuffer(), self._metadata())
 
     # the hot path ------------------------------------------------------------------
     def _record(self, info, args, kwargs, out, start, duration):
@@ -286,15 +318,23 @@ class Tracer:
             else:
                 outs = ()
             registered = storages.registered_bytes
+            layout = 0
             for side, group in enumerate((ins, outs)):
                 if side:  # storages first seen as outputs were made by this op; inputs existed before
                     registered = storages.registered_bytes
                 for t in group:
-                    shape = t.shape
+                    if t.layout is not STRIDED:  # sparse, jagged: tracer/layouts.py
+                        layout = self._odd_tensor(t, layout)
+                        continue
+                    try:
+                        shape = t.shape
+                    except RuntimeError:  # a strided nested tensor has no sizes
+                        layout = self._odd_tensor(t, layout)
+                        continue
                     st = t.untyped_storage()
                     sid = known(st._cdata)
                     if sid is None:
-                        sid = storages.register(st)
+                        sid = storages.register(st) if type(t) is Tensor else register_subclass(storages, t, st)
                     dtype = dtype_of(t.dtype)
                     if dtype is None:
                         dtype = self._new_dtype(t.dtype)
@@ -304,6 +344,8 @@ class Tracer:
             inplace_bytes = out_bytes = 0
             if info.written_positions:
                 for t, is_out in info.written(args, kwargs):
+                    if t.layout is not STRIDED or t.is_nested:
+                        continue
                     n = t.numel() * t.element_size()
                     inplace_bytes += n
                     if is_out:  # out= tensors are written, not read
@@ -311,7 +353,12 @@ class Tracer:
                     storages.regrow(t.untyped_storage())
             allocated = storages.registered_bytes - registered
             basis = info.basis
-            flops = 0 if basis == 0 else PER_OUTPUT_ELEMENT if basis == 1 else info.rule.count(args, kwargs, out)
+            kind = info.kind_id
+            if layout:
+                flops, kind_name = odd_flops(info, args, kwargs, out, ins, outs)
+                kind = self._writer.names["kind"].id(kind_name)
+            else:
+                flops = 0 if basis == 0 else PER_OUTPUT_ELEMENT if basis == 1 else info.rule.count(args, kwargs, out)
             causal = CAUSAL_NONE if info.rule.causal is None else int(bool(info.rule.causal(args, kwargs)))
             phase, module = self._attr.where()
             module_id = self._module_ids.get(module)
@@ -332,13 +379,25 @@ class Tracer:
             rows.freed.extend(freed)
             freed.clear()
         rows.ints.extend((
-            self._attr.step, info.name_id, phase, module_id, device_id, info.kind_id,
+            self._attr.step, info.name_id, phase, module_id, device_id, kind,
             info.inplace, causal, flops, allocated, storages.live_bytes, inplace_bytes, out_bytes, duration,
             len(ins), len(outs), n_freed,
-            0, start, duration, 0, NO_VALUE, NO_VALUE, 0,
+            0, start, duration, layout, NO_VALUE, NO_VALUE, 0,
         ))  # fmt: skip
         if len(rows.ints) >= self._flush_at:
             self._flush()
+
+    def _odd_tensor(self, t, layout):
+        """Append a sparse or nested tensor's record; the row's layout id (its first odd layout)."""
+        name, sizes, strides, sid = describe(t, self._storages)
+        dtype = self._dtype_ids.get(t.dtype)
+        if dtype is None:
+            dtype = self._new_dtype(t.dtype)
+        size = self._storages.size.get(sid, 0)
+        self._rows.tensors.extend((len(sizes), dtype, sid, size))
+        self._rows.dims.extend(sizes)
+        self._rows.dims.extend(strides)
+        return layout or self._writer.names["layout"].id(name)
 
     def _new_dtype(self, dtype):
         dtype_id = self._dtype_ids[dtype] = self._writer.names["dtype"].id(dtype_name(dtype))
@@ -376,12 +435,26 @@ class Tracer:
     def _flush(self):
         meta = self._metadata()
         rows, self._rows = self._rows, RowBuffer(self._rows.first_seq + len(self._rows))
+        return self._write(rows, meta)
+
+    def _write(self, rows, meta):
+        """Write one part. A failed write loses its rows (seq keeps counting; their storage
+        roles are kept), warns once naming the file and the OS error, and never raises into
+        the program; a KeyboardInterrupt mid-write keeps the rows for close and goes on up."""
+        file = self._writer.next_part()
         try:
             self._writer.write(rows, meta)
-        except BaseException:  # the rows are lost (seq keeps counting); their storage roles are not
+        except Exception as exc:
             self._lost_rows += len(rows)
             self._roles.put_back(meta["storage_roles"])
+            if self._write_error is None:
+                self._write_error = f"{os.path.basename(file)}: {type(exc).__name__}: {exc}"
+                warnings.warn(write_failure_message(file, exc, len(rows)))
+            return False
+        except BaseException:
+            self._pending.append((rows, meta))
             raise
+        return True
 
     def _close(self, complete):
         if self.model is not None:
@@ -389,18 +462,36 @@ class Tracer:
         memory = cuda_memory(self._device)
         if memory is not None:
             self._meta.setdefault("cuda_memory", {})["end"] = memory
-        self._meta["complete"] = complete
         self._meta["end_time"] = now()
+        if self._model_compiled or self._attr.compiled_seen:
+            self._meta["compiled_ran_eagerly"] = True
         self._closed = True
         try:
-            self._flush()
+            pending, self._pending = self._pending, []
+            for rows, meta in pending:  # parts a KeyboardInterrupt stopped mid-write
+                self._write(rows, meta)
+            self._meta["complete"] = complete and not self._lost_rows
+            rows = self._rows
+            if not self._flush() and len(rows):  # the last rows are lost: write the facts alone, if space allows
+                self._meta["complete"] = False
+                self._write(RowBuffer(rows.first_seq + len(rows)), self._metadata())
         finally:
             self._storages.clear()
+            self._writer.close(self._facts())
+
+    def _facts(self):
+        """What the marker keeps when every part write fails: enough to report the damage."""
+        return {
+            "format": "optrace", "trace_id": self.trace_id, "complete": bool(self._meta.get("complete")),
+            "rows": self._rows.first_seq + len(self._rows), "lost_rows": self._lost_rows,
+            "record_errors": self._errors, "write_error": self._write_error,
+        }
 
     def _metadata(self):
         meta = dict(self._meta)
         meta["rows"] = self._writer.rows + len(self._rows)
         meta["record_errors"] = self._errors
         meta["lost_rows"] = self._lost_rows
+        meta["write_error"] = self._write_error
         meta["storage_roles"] = self._roles.take()
         return meta

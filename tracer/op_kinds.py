@@ -13,6 +13,7 @@ from typing import Callable
 
 import torch
 
+import tracer.composite_flops  # noqa: F401 (registers the formulas of composite ops)
 from tracer.flops import _registry
 
 __all__ = ["FlopRule", "METADATA_OPS", "flop_rule"]

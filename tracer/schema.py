@@ -18,6 +18,7 @@ import pyarrow as pa
 SCHEMA_VERSION = 2
 METADATA_KEY = b"optrace"
 PART_GLOB = "part-*.parquet"
+MARKER_NAME = "_optrace.json"  # {"format": "optrace", "trace_id": ...}: this directory is an optrace trace
 
 
 def part_name(index: int) -> str:
@@ -116,7 +117,10 @@ ARROW_SCHEMA = pa.schema([pa.field(name, typ) for name, typ, _ in COLUMNS])
 #   numel, dtype, shape, trainable, embedding}}, storage_roles {gradient: [ids],
 #   optimizer_state: [ids]} (each part holds the roles learned since the part
 #   before it; read_metadata merges them), rows, step_time (untraced step
-#   timing, when measured), error (the exception that ended the traced block).
+#   timing, when measured), error (the exception that ended the traced block),
+#   trace_id (the same in every part of one trace), parts (parts written,
+#   this one included), lost_rows, record_errors, write_errors (the first
+#   failed write: file and OS error), compiled (torch.compile ran eagerly).
 
 ROLE_KEYS = ("gradient", "optimizer_state")
 

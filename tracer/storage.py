@@ -24,6 +24,7 @@ class StorageTable:
         self.live_bytes = 0
         self.registered_bytes = 0  # bytes of every storage ever registered: differences give an op's allocation
         self.freed = []  # ids freed since the dispatch hook last took this list
+        self.hollow = set()  # ids whose size was overridden (wrapper subclasses): never regrown
         self.next_id = 0
 
     def id_of(self, storage):
@@ -32,12 +33,14 @@ class StorageTable:
         sid = self._by_cdata.get(storage._cdata)
         return self.register(storage) if sid is None else sid
 
-    def register(self, storage):
-        """Give an unseen storage its id."""
+    def register(self, storage, nbytes=None):
+        """Give an unseen storage its id; `nbytes` overrides its size (0 for a wrapper's)."""
         key = storage._cdata
         sid = self.next_id
         self.next_id = sid + 1
-        size = storage.nbytes()
+        size = storage.nbytes() if nbytes is None else nbytes
+        if nbytes is not None:
+            self.hollow.add(sid)
         self._by_cdata[key] = sid
         self.size[sid] = size
         self.live_bytes += size
@@ -50,7 +53,7 @@ class StorageTable:
         """Account for a known storage that an op resized in place (resize_, out= into a
         smaller tensor); the growth counts as registered, like a new storage."""
         sid = self._by_cdata.get(storage._cdata)
-        if sid is None:
+        if sid is None or sid in self.hollow:
             return
         size = storage.nbytes()
         grown = size - self.size[sid]

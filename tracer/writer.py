@@ -4,12 +4,12 @@ The dispatch hook appends plain integers to three `array.array` buffers (no
 Python object per row or per tensor survives the hook, so the garbage collector
 has nothing to scan); at flush time numpy splits them into Arrow columns in bulk.
 
-A part is written under a hidden temporary name and renamed when complete, so a
-reader, or a process killed mid-write, never sees a half-written part: pyarrow's
-dataset discovery skips names that start with '.'.
+A part is written under a hidden temporary name, unique to the process, and renamed
+when complete, so a reader, or a process killed mid-write, never sees a half-written
+part: pyarrow's dataset discovery skips names that start with '.'. A failed write
+removes its temporary file.
 """
 
-import fnmatch
 import json
 import os
 from array import array
@@ -18,53 +18,16 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from tracer.errors import TraceError
+from tracer.directory import prepare_directory, release_directory, temporary_name, write_facts  # noqa: F401 (re-exported)
 from tracer.schema import (
     ARROW_SCHEMA,
     CAUSAL_NONE,
     FLOP_KINDS,
     METADATA_KEY,
     NO_VALUE,
-    PART_GLOB,
     PHASES,
     part_name,
 )
-
-
-def prepare_directory(path):
-    """Check that `path` can hold a trace and clear an earlier trace there.
-
-    Raises TraceError (before anything runs) when the parent directory is
-    missing or not writable, or when `path` is a file or a directory holding
-    anything other than an earlier optrace trace."""
-    path = os.path.abspath(os.fspath(path))
-    parent = os.path.dirname(path)
-    if not os.path.isdir(parent):
-        raise TraceError(f"cannot write trace {path!r}: directory {parent!r} does not exist (create it first)")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise TraceError(f"cannot write trace {path!r}: directory {parent!r} is not writable")
-    try:
-        _clear_or_create(path)
-    except OSError as exc:
-        raise TraceError(f"cannot write trace {path!r}: {exc.strerror or exc}") from None
-    return path
-
-
-def _clear_or_create(path):
-    if os.path.isdir(path):
-        names = os.listdir(path)
-        other = [n for n in names if not (fnmatch.fnmatch(n, PART_GLOB) or n.startswith(".part-"))]
-        if other:
-            raise TraceError(
-                f"cannot write trace {path!r}: it is a directory holding files that are not optrace parts "
-                f"(e.g. {sorted(other)[0]!r}); choose a new path"
-            )
-        for name in names:
-            os.remove(os.path.join(path, name))
-    elif os.path.exists(path):
-        raise TraceError(f"cannot write trace {path!r}: a file of that name exists; a trace is a directory of parts")
-    else:
-        os.mkdir(path)
 
 
 class Names:
@@ -276,11 +239,36 @@ class PartWriter:
         self.rows = 0
         self.clock_offset_ns = 0  # time.time_ns() - time.perf_counter_ns(), set once per trace
 
+    def next_part(self):
+        """The path of the next part to be written."""
+        return os.path.join(self.directory, part_name(self.parts))
+
     def write(self, rows, metadata):
+        """Write one part; on failure nothing of it stays on disk and the part number is kept."""
+        metadata = dict(metadata, parts=self.parts + 1)
         table = rows.table(self.names, self.itemsize, metadata, self.clock_offset_ns)
         name = part_name(self.parts)
-        tmp = os.path.join(self.directory, "." + name + ".tmp")
-        pq.write_table(table, tmp, compression="zstd", compression_level=1)
-        os.replace(tmp, os.path.join(self.directory, name))
+        tmp = temporary_name(self.directory, name)
+        try:
+            write_table(table, tmp)
+            os.replace(tmp, os.path.join(self.directory, name))
+        except BaseException:
+            try:
+                os.remove(tmp)
+            except OSError:
+                pass
+            raise
         self.parts += 1
         self.rows += len(rows)
+
+    def close(self, facts):
+        """Write the closing facts into the marker and release the directory's lock."""
+        try:
+            write_facts(self.directory, facts)
+        finally:
+            release_directory(self.directory)
+
+
+def write_table(table, file):
+    """One Parquet part (a seam for tests that fill the disk)."""
+    pq.write_table(table, file, compression="zstd", compression_level=1)

@@ -1,0 +1,130 @@
+"""Is a trace whole, and is it one trace? Damage facts and foreign files.
+
+Every part of one trace carries the same `trace_id` in its metadata. A trace directory
+holding anything else that a Parquet reader would read (a file that is not a part, a
+part without optrace metadata, a part of another trace, a directory named like a
+part) is refused with one line naming it. Damage is reported, never hidden:
+
+  record_errors   ops that ran but could not be recorded (from the metadata)
+  lost_rows       rows whose part could not be written (from the metadata)
+  missing_rows    rows the newest metadata says were written but are not on disk
+                  (a part deleted or moved)
+  missing_parts   part numbers the newest metadata counts but no file has
+  seq_gaps        runs of seq numbers absent between the first and the last row
+"""
+
+import json
+import os
+
+import pyarrow.parquet as pq
+
+from reports.errors import ReportError
+from tracer.schema import MARKER_NAME, METADATA_KEY, part_paths
+
+DAMAGE_KEYS = ("record_errors", "lost_rows", "missing_rows", "missing_parts", "seq_gaps")
+
+
+def one_line(exc):
+    """The first line of an exception's message (pyarrow's can run to several)."""
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+def check_parts(path):
+    """[(part file, metadata dict)] of every part, or ReportError naming the first bad file."""
+    path = os.fspath(path)
+    known = set(part_paths(path))
+    for name in sorted(os.listdir(path)):
+        full = os.path.join(path, name)
+        if name.startswith((".", "_")):
+            continue  # hidden and marker files: no Parquet reader reads them
+        if name.startswith("rank=") and os.path.isdir(full):
+            continue  # one rank of a distributed trace: checked when that rank is read
+        if not os.path.isfile(full):
+            raise ReportError(f"{path}: {name} is a directory, not an optrace part; move it out of the trace")
+        if full not in known:
+            raise ReportError(f"{path}: {name} is not an optrace part (a trace holds only part-*.parquet files); move it out")
+    parts, first_id, foreign = [], None, None
+    for part in part_paths(path):
+        name = os.path.basename(part)
+        try:
+            raw = (pq.read_schema(part).metadata or {}).get(METADATA_KEY)
+        except Exception as exc:
+            raise ReportError(f"{path}: not a readable Parquet trace ({name}: {one_line(exc)})") from None
+        if raw is None:
+            foreign = foreign or name
+            continue
+        try:
+            meta = json.loads(raw)
+        except ValueError as exc:
+            raise ReportError(f"{path}: optrace metadata is not valid JSON ({name}: {one_line(exc)})") from None
+        if not isinstance(meta, dict):
+            raise ReportError(f"{path}: optrace metadata is not a JSON object")
+        trace_id = meta.get("trace_id")
+        if parts and trace_id != first_id:
+            raise ReportError(
+                f"{path}: {name} belongs to trace {trace_id!r}, not {first_id!r} like "
+                f"{os.path.basename(parts[0][0])} (copied from another trace?); move it out"
+            )
+        first_id = trace_id if not parts else first_id
+        parts.append((part, meta))
+    if foreign and parts:
+        raise ReportError(f"{path}: {foreign} is not an optrace part (no optrace metadata); move it out of the trace")
+    return parts
+
+
+def read_marker(path):
+    """The facts the tracer left in the trace's marker at close ({} when none)."""
+    try:
+        with open(os.path.join(os.fspath(path), MARKER_NAME)) as f:
+            facts = json.loads(f.read())
+    except (OSError, ValueError):
+        return {}
+    return facts if isinstance(facts, dict) else {}
+
+
+def damage(path, parts, meta):
+    """The damage facts of a trace: {key: count} over DAMAGE_KEYS (all 0 for a whole trace).
+
+    The marker's closing facts count too: when the disk filled, the last parts (and
+    their metadata) are gone, but the marker, rewritten in place, still says what was lost."""
+    marker = read_marker(path)
+    if marker.get("trace_id") != meta.get("trace_id"):
+        marker = {}
+    present, seqs = 0, []
+    for part, _ in parts:
+        info = pq.ParquetFile(part).metadata
+        present += info.num_rows
+        if info.num_rows:
+            seq = pq.read_table(part, columns=["seq"]).column("seq").to_numpy()
+            seqs.append((int(seq.min()), int(seq.max()), len(seq)))
+    gaps, expected = 0, None
+    for low, high, n in sorted(seqs):
+        if expected is not None and low > expected:
+            gaps += 1
+        expected = high + 1
+    written = meta.get("rows")
+    counted_parts = meta.get("parts")
+    lost = max(int(meta.get("lost_rows") or 0), int(marker.get("lost_rows") or 0))
+    missing = max(int(written) - present, 0) if isinstance(written, int) else 0
+    if isinstance(marker.get("rows"), int):
+        missing = max(missing, marker["rows"] - lost - present)
+    return {
+        "record_errors": max(int(meta.get("record_errors") or 0), int(marker.get("record_errors") or 0)),
+        "lost_rows": lost,
+        "missing_rows": missing,
+        "missing_parts": max(int(counted_parts) - len(parts), 0) if isinstance(counted_parts, int) else 0,
+        "seq_gaps": gaps,
+    }
+
+
+def describe_damage(facts):
+    """The damage facts in words, '' when there are none."""
+    words = {
+        "record_errors": "op(s) ran but were not recorded",
+        "lost_rows": "rows lost to write errors",
+        "missing_rows": "rows missing from disk (a part deleted?)",
+        "missing_parts": "part file(s) missing",
+        "seq_gaps": "gap(s) in seq",
+    }
+    return "; ".join(f"{facts[key]} {words[key]}" for key in DAMAGE_KEYS if facts.get(key))

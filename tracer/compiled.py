@@ -1,0 +1,32 @@
+"""torch.compile under the tracer: compiled modules run eagerly, named as the original.
+
+While a dispatch mode that is not one of PyTorch's own infrastructure modes is active,
+Dynamo skips every frame, so a `torch.compile`d module or function runs its eager
+Python code and the trace records the eager program's ops, not the compiled kernels.
+The tracer says so in the metadata (`compiled_ran_eagerly`) when it sees a compiled
+module, and names modules by their path in the original model: the wrapper's
+`_orig_mod` level is dropped (`blocks.0._orig_mod.attn` is `blocks.0.attn`).
+A `torch.compile`d plain function is not detected.
+"""
+
+_WRAPPER = "OptimizedModule"
+_LEVEL = "_orig_mod"
+
+
+def compiled_original(module):
+    """The module a torch.compile wrapper wraps, or None when `module` is not one."""
+    if type(module).__name__ != _WRAPPER:
+        return None
+    return getattr(module, _LEVEL, None)
+
+
+def unwrap(module):
+    """The original module behind any number of torch.compile wrappers."""
+    while compiled_original(module) is not None:
+        module = compiled_original(module)
+    return module
+
+
+def strip_compiled(name):
+    """A dotted module path without the wrappers' `_orig_mod` levels."""
+    return ".".join(part for part in name.split(".") if part != _LEVEL)

@@ -1,0 +1,193 @@
+"""The trace directory: which directories optrace may write into, replace, and lock.
+
+optrace replaces only a trace it wrote itself. It knows one by its marker, a small
+JSON file (`schema.MARKER_NAME`) holding the trace's identity, written before the first
+part; never by file names, which other tools share (`pyarrow.dataset.write_dataset` and
+Spark both write `part-*.parquet`). A trace written before markers existed is
+recognised by every file in it being a Parquet part carrying optrace metadata. A
+directory whose only entries are `rank=R` optrace traces (a distributed run) is a trace
+too. Anything else at the path is refused with one line, before the model runs, and
+nothing is touched.
+
+One writer per directory: a lock file (`LOCK_NAME`), created with O_EXCL, holds the
+writer's pid and host; a second writer is refused while that process lives, and the
+lock is removed when the trace closes. A lock left by a dead process on this host is
+stale and taken over.
+"""
+
+import errno
+import json
+import os
+import socket
+import uuid
+
+import pyarrow.parquet as pq
+
+from tracer.errors import TraceError
+from tracer.schema import MARKER_NAME, METADATA_KEY, PART_GLOB
+
+LOCK_NAME = ".optrace.lock"
+MARKER_BYTES = 4096  # the marker is padded to this size, so its closing rewrite needs no new space
+RANK_PREFIX = "rank="
+_TMP_SUFFIX = ".tmp"
+
+
+def prepare_directory(path, trace_id=None):
+    """Check that `path` can hold a trace, lock it, clear an earlier optrace trace there,
+    and write the marker naming `trace_id` (a new one when None). Returns the absolute path.
+
+    Raises TraceError (before anything runs, nothing touched) when the parent directory
+    is missing or not writable, when `path` is a file, a directory holding anything but
+    an optrace trace, or a trace another live process is writing."""
+    path = os.path.abspath(os.fspath(path))
+    parent = os.path.dirname(path)
+    if not os.path.isdir(parent):
+        raise TraceError(f"cannot write trace {path!r}: directory {parent!r} does not exist (create it first)")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise TraceError(f"cannot write trace {path!r}: directory {parent!r} is not writable")
+    try:
+        if os.path.isdir(path):
+            foreign = foreign_entry(path)
+            if foreign is not None:
+                raise TraceError(
+                    f"cannot write trace {path!r}: it is a directory holding {foreign!r}, which optrace did not "
+                    "write; choose a new path"
+                )
+        elif os.path.lexists(path):
+            raise TraceError(f"cannot write trace {path!r}: a file of that name exists; a trace is a directory of parts")
+        else:
+            os.mkdir(path)
+        _lock(path)
+        try:
+            _clear(path)
+            with open(os.path.join(path, MARKER_NAME), "w") as f:
+                f.write(_padded({"format": "optrace", "trace_id": trace_id or uuid.uuid4().hex}))
+        except BaseException:
+            release_directory(path)
+            raise
+    except OSError as exc:
+        raise TraceError(f"cannot write trace {path!r}: {exc.strerror or exc}") from None
+    return path
+
+
+def _padded(facts):
+    text = json.dumps(facts)
+    return text + " " * max(MARKER_BYTES - len(text), 0)
+
+
+def write_facts(path, facts):
+    """Rewrite the marker in place with the trace's closing facts (rows, lost_rows, complete).
+
+    The marker was written MARKER_BYTES long, so this needs no new disk space: the facts
+    reach the disk even when it is full and the last part could not be written."""
+    text = _padded(facts)
+    if len(text) > MARKER_BYTES:
+        raise TraceError(f"trace facts are {len(text)} bytes, more than the marker's {MARKER_BYTES}")
+    with open(os.path.join(path, MARKER_NAME), "r+") as f:
+        f.write(text)
+
+
+def release_directory(path):
+    """Remove this process's lock on `path` (a missing lock is fine)."""
+    try:
+        os.remove(os.path.join(path, LOCK_NAME))
+    except OSError:
+        pass
+
+
+def temporary_name(path, name):
+    """A hidden name for a part being written: unique per process and per call."""
+    return os.path.join(path, f".{name}.{os.getpid()}.{os.urandom(4).hex()}{_TMP_SUFFIX}")
+
+
+def foreign_entry(path):
+    """The first entry of directory `path` that optrace did not write, or None.
+
+    optrace's entries: the marker, the lock, temporary parts, parts carrying optrace
+    metadata, and `rank=R` directories holding only such entries (a distributed run)."""
+    for name in sorted(os.listdir(path)):
+        if name in (MARKER_NAME, LOCK_NAME) or (name.startswith(".part-") and name.endswith(_TMP_SUFFIX)):
+            continue
+        full = os.path.join(path, name)
+        if name.startswith(RANK_PREFIX) and os.path.isdir(full) and not os.path.islink(full):
+            inner = foreign_entry(full)
+            if inner is not None:
+                return os.path.join(name, inner)
+            continue
+        if os.path.islink(full) or not os.path.isfile(full) or not _is_part_name(name):
+            return name
+        if not _has_optrace_metadata(full):  # named like a part, but is it optrace's?
+            return name
+    return None
+
+
+def _is_part_name(name):
+    import fnmatch
+
+    return fnmatch.fnmatch(name, PART_GLOB)
+
+
+def _has_optrace_metadata(file):
+    try:
+        return METADATA_KEY in (pq.read_schema(file).metadata or {})
+    except Exception:
+        return False
+
+
+def _clear(path):
+    """Remove what an earlier optrace trace left at `path` (checked by foreign_entry)."""
+    for name in os.listdir(path):
+        full = os.path.join(path, name)
+        if name == LOCK_NAME:
+            continue
+        if name.startswith(RANK_PREFIX) and os.path.isdir(full):
+            _clear(full)
+            release_directory(full)
+            os.rmdir(full)
+        else:
+            os.remove(full)
+
+
+def _lock(path):
+    """Take the lock file of `path`, or raise TraceError naming the live writer."""
+    lock = os.path.join(path, LOCK_NAME)
+    host = socket.gethostname()
+    for _ in range(2):
+        try:
+            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            owner = _read_lock(lock)
+            if owner.get("host") == host and not _alive(owner.get("pid")):
+                release_directory(path)  # stale: its writer died without closing
+                continue
+            raise TraceError(
+                f"cannot write trace {path!r}: process {owner.get('pid', '?')} on {owner.get('host', '?')} "
+                f"is writing it (lock {LOCK_NAME}); choose another path or wait for it to finish"
+            ) from None
+        with os.fdopen(fd, "w") as f:
+            json.dump({"pid": os.getpid(), "host": host}, f)
+        return
+    raise TraceError(f"cannot write trace {path!r}: could not take its lock {LOCK_NAME}")
+
+
+def _read_lock(lock):
+    try:
+        with open(lock) as f:
+            owner = json.load(f)
+        return owner if isinstance(owner, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _alive(pid):
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    except OSError as exc:
+        return exc.errno != errno.ESRCH
+    return True
