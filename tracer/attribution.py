@@ -1,31 +1,52 @@
-"""Which module and which phase (forward, backward, optimizer, other) an op belongs to.
+"""Which phase (forward, backward, optimizer, other) and which module an op belongs to,
+and whether it re-runs forward work for activation checkpointing.
 
-Forward: global module forward hooks keep a stack of the modules running.
-Backward: when a module's forward ends, a gradient hook on its outputs marks
-the start of its backward (all output gradients are ready) and a gradient hook
-on its inputs marks the end (all input gradients are computed); the innermost
-module is the last one entered. The stack is cleared when the autograd engine
-finishes. Optimizer: the global optimizer step hooks.
+Forward: global module forward hooks keep a stack of the modules running; the
+post hook is registered with `always_call`, so a forward that raises (and is
+caught) or a checkpoint recompute that stops early still leaves the stack.
+Backward: when a module's forward ends, a gradient hook on its outputs marks the
+start of its backward (all output gradients are ready) and a gradient hook on its
+inputs marks the end (all input gradients are computed); the innermost module is
+the last one entered. Each autograd engine run clears its own entries when it
+finishes. Optimizer: the global optimizer step hooks. Steps: `tracer/steps.py`;
+names: `tracer/modules.py`.
 
 Phase rules, checked in this order:
-  backward   the autograd engine is running (`_current_graph_task_id() != -1`)
+  backward   the autograd engine is running (`_current_graph_task_id() != -1`),
+             including forward work that activation checkpointing re-runs there
   optimizer  inside `Optimizer.step`
-  forward    inside a module's forward, or before the step's first backward
-  other      after the step's backward, outside any module (gradient clipping,
-             manual updates, zero_grad with set_to_none=False)
+  forward    inside a module's forward; or, outside any module, an op that builds
+             the autograd graph (grad mode on, an input requires grad, a floating
+             output): the loss of every micro-batch
+  other      the rest: data preparation, gradient clipping and unscaling, a manual
+             update, zero_grad(set_to_none=False), `.item()`, logging
+
+Recompute: an op run by the autograd engine is a recompute when a module's
+forward began inside the engine (both `torch.utils.checkpoint` variants re-run
+the checkpointed modules there), or when grad mode is on although the engine
+run was started without `create_graph` (both variants re-run under
+`enable_grad`). Its phase stays `backward`; its module is the module re-run.
+
+Only the thread that entered the Tracer is traced: module and optimizer hooks
+fired by other threads are ignored (an autograd engine thread running the
+traced thread's backward counts as traced: it carries the tracer's dispatch
+mode). The dispatch mode itself is thread-local, so ops of other threads are
+never recorded.
 
 Known limitations:
   * A module whose inputs need no gradient (the root, an embedding) never sees
     its input hook fire; it stays on the backward stack until the engine
     finishes, so ops after its backward but outside any module are still
     attributed to it.
-  * Modules called inside `torch.utils.checkpoint` re-run their forward in the
-    backward; those ops are attributed to the module and the backward phase.
-  * Backward through several engines at once (reentrant autograd) shares one
-    stack.
+  * Under `backward(create_graph=True)` only the recompute of modules is
+    flagged (grad mode is on for every op of that engine run), and so is the
+    recompute of an engine run whose very first op is a recompute.
+  * A custom autograd Function whose backward enables grad mode, or calls a
+    module, is flagged as a recompute.
+  * Forward work inside `Optimizer.step` (an LBFGS closure) has phase optimizer.
 """
 
-import weakref
+import threading
 
 import torch
 import torch.optim.optimizer as optim_hooks
@@ -35,10 +56,16 @@ from torch.nn.modules.module import (
     register_module_forward_pre_hook,
 )
 
+from tracer.modules import ModuleNames
 from tracer.schema import Phase
+from tracer.steps import Steps
 
 _graph_task_id = torch._C._current_graph_task_id
+_grad_enabled = torch.is_grad_enabled
+_get_ident = threading.get_ident
+NO_GRAPH_TASK = -1  # _current_graph_task_id() outside the autograd engine
 FORWARD, BACKWARD, OPTIMIZER, OTHER = Phase.FORWARD, Phase.BACKWARD, Phase.OPTIMIZER, Phase.OTHER
+NOT_RECOMPUTE, RECOMPUTE = 0, 1
 
 
 def _on_grads_ready(tensors, fn):
@@ -49,6 +76,14 @@ def _on_grads_ready(tensors, fn):
     if len(tensors) == 1:
         return tensors[0].register_hook(lambda grad: fn(None))
     return register_multi_grad_hook(tensors, fn)
+
+
+def _handle_alive(handle):
+    """Whether a hook handle's tensors (or their graph) still exist: a dead one can be dropped."""
+    inner = getattr(handle, "handles", None)  # a multi-grad hook's handle holds one per tensor
+    if inner is not None:
+        return any(_handle_alive(h) for h in inner)
+    return handle.hooks_dict_ref() is not None
 
 
 def _grad_tensors(obj):
@@ -65,117 +100,172 @@ def _grad_tensors(obj):
     return found
 
 
-class Attribution:
-    """Tracks the current module path, phase and training step."""
+def _builds_graph(ins, outs):
+    """Whether an op's output joins the autograd graph: grad mode on, an input requires
+    grad and the first output is floating point (its requires_grad is set only after
+    the dispatch hook returns)."""
+    if not outs or not _grad_enabled():
+        return False
+    out = outs[0]
+    if not (out.is_floating_point() or out.is_complex()):
+        return False
+    for t in ins:
+        if t.requires_grad:
+            return True
+    return False
 
-    def __init__(self, root=None, on_step_end=None, on_optimizer_start=None):
-        self._names = weakref.WeakKeyDictionary()
-        self.root_name = None
-        if root is not None:
-            self._name_tree(root)
-        self.forward_stack = []
-        self.backward_stack = []
+
+def _guarded(hook, on_error):
+    """`hook`, made unable to raise into the traced program: a failure goes to `on_error`."""
+
+    def guarded(*args):
+        try:
+            return hook(*args)
+        except Exception as exc:
+            on_error(exc)
+
+    return guarded
+
+
+def _pop(stack, key):
+    """Remove the innermost entry of `key` (and any entry above it); False when absent."""
+    for i in range(len(stack) - 1, -1, -1):
+        if stack[i][0] == key:
+            del stack[i:]
+            return True
+    return False
+
+
+class Attribution:
+    """Tracks the current module path, phase, recompute flag and training step.
+
+    `traced()` tells whether the calling thread runs traced work (the Tracer's
+    dispatch mode is active in it); `rows_so_far` and `relabel` go to `Steps`."""
+
+    def __init__(self, root=None, *, traced, rows_so_far, relabel, on_step_end=None,
+                 on_optimizer_start=None, on_external_module=None, on_error=None):  # fmt: skip
+        self.names = ModuleNames(root, on_external=on_external_module)
+        self.steps = Steps(rows_so_far, relabel)
+        self.forward_stack = []  # (id(module), name), outside the autograd engine
+        self.recompute_stack = []  # (id(module), name), modules whose forward began inside the engine
+        self.backward_stack = []  # (name, graph task id)
         self.in_optimizer = False
-        self.backward_seen = False
-        self.step = 0
+        self.backward_seen = False  # in this step
+        self.trained = False  # this step ran a backward, or a module's forward under grad mode
+        self._traced_elsewhere = traced
+        self._thread = None
+        self._task = NO_GRAPH_TASK  # the engine run seen last, and its grad mode (create_graph)
+        self._task_grad = False
+        self._task_grads = {}  # graph task -> grad mode at its first op
         self._on_step_end = on_step_end
         self._on_optimizer_start = on_optimizer_start
         self._grad_handles = []
-        self._engine_callback_queued = False
+        self._callbacks_queued = set()  # graph tasks whose end will clear their backward entries
         self._handles = []
-
-    # names -------------------------------------------------------------
-    def _name_tree(self, module, prefix=None):
-        """Name a module and its children: the root by its class, children by relative path."""
-        if prefix is None:
-            self.root_name = self.root_name or type(module).__name__
-            top = type(module).__name__
-            self._names[module] = top
-            base = "" if top == self.root_name else top + "."
-        else:
-            base = prefix
-        for name, child in module.named_modules(remove_duplicate=False):
-            if name and child not in self._names:
-                self._names[child] = base + name
-
-    def name_of(self, module):
-        name = self._names.get(module)
-        if name is None:
-            self._name_tree(module)
-            name = self._names[module]
-        return name
+        self._on_error = on_error or (lambda exc: None)
 
     # state the dispatch hook reads ---------------------------------------
-    def where(self):
-        """(schema.Phase, innermost module name) for the op running now."""
-        if _graph_task_id() != -1:
-            self.backward_seen = True
+    def where(self, ins, outs):
+        """(schema.Phase, innermost module name, recompute flag) for the op that just ran."""
+        task = _graph_task_id()
+        if task != NO_GRAPH_TASK:
+            self.backward_seen = self.trained = True
+            if self.recompute_stack:
+                return BACKWARD, self.recompute_stack[-1][1], RECOMPUTE
+            if task != self._task:
+                self._task = task  # the grad mode at an engine run's first op is its create_graph
+                self._task_grad = self._task_grads.setdefault(task, _grad_enabled())
+            recompute = RECOMPUTE if _grad_enabled() and not self._task_grad else NOT_RECOMPUTE
             stack = self.backward_stack
-            return BACKWARD, stack[-1] if stack else ""
+            return BACKWARD, stack[-1][0] if stack else "", recompute
         stack = self.forward_stack
         if self.in_optimizer:
-            return OPTIMIZER, stack[-1] if stack else ""
+            return OPTIMIZER, stack[-1][1] if stack else "", NOT_RECOMPUTE
         if stack:
-            return FORWARD, stack[-1]
-        return (OTHER if self.backward_seen else FORWARD), ""
+            return FORWARD, stack[-1][1], NOT_RECOMPUTE
+        if _builds_graph(ins, outs):
+            if self.steps.forward_work():
+                self._step_began()
+            return FORWARD, "", NOT_RECOMPUTE
+        return OTHER, "", NOT_RECOMPUTE
 
-    def next_step(self):
-        self.step += 1
-        self.backward_seen = False
+    @property
+    def step(self):
+        return self.steps.step
+
+    def _step_began(self):
+        self.backward_seen = self.trained = False
+        self.forward_stack.clear()  # nothing can still be running when a step begins
         self.backward_stack.clear()
-        self._engine_callback_queued = False  # a backward that raised never ran its callback
-        for handle in self._grad_handles:
-            handle.remove()
-        self._grad_handles.clear()
+        self._callbacks_queued.clear()  # a backward that raised never ran its callback
+        self._task_grads.clear()
+        self._task = NO_GRAPH_TASK
+        self._prune()
+
+    def _prune(self):
+        """Drop the handles of hooks whose tensors and graph are gone (a forward never backpropagated)."""
+        self._grad_handles = [h for h in self._grad_handles if _handle_alive(h)]
+
+    def traced(self):
+        return _get_ident() == self._thread or self._traced_elsewhere()
 
     # hooks -----------------------------------------------------------------
     def install(self):
+        self._thread = _get_ident()
+        err = self._on_error
         self._handles = [
-            register_module_forward_pre_hook(self._forward_pre),
-            register_module_forward_hook(self._forward_post),
-            optim_hooks.register_optimizer_step_pre_hook(self._optimizer_pre),
-            optim_hooks.register_optimizer_step_post_hook(self._optimizer_post),
+            register_module_forward_pre_hook(_guarded(self._forward_pre, err)),
+            register_module_forward_hook(_guarded(self._forward_post, err), always_call=True),
+            optim_hooks.register_optimizer_step_pre_hook(_guarded(self._optimizer_pre, err)),
+            optim_hooks.register_optimizer_step_post_hook(_guarded(self._optimizer_post, err)),
         ]
 
     def remove(self):
-        self._engine_callback_queued = False
         for handle in self._handles + self._grad_handles:
             handle.remove()
         self._handles.clear()
         self._grad_handles.clear()
+        self._callbacks_queued.clear()
 
     def _forward_pre(self, module, args):
-        name = self.name_of(module)
-        self.forward_stack.append(name)
-        if torch.is_grad_enabled():
+        if not self.traced():
+            return
+        name = self.names.name_of(module)
+        if _graph_task_id() != NO_GRAPH_TASK:  # activation checkpointing re-runs it in the backward
+            self.recompute_stack.append((id(module), name))
+        else:
+            if not self.in_optimizer and self.steps.forward_work():
+                self._step_began()
+            elif not self.forward_stack:
+                self._prune()  # a new outermost forward: bound the handles of graphs never backpropagated
+            self.forward_stack.append((id(module), name))
+            self.trained = self.trained or _grad_enabled()
+        if _grad_enabled():
             tensors = _grad_tensors(args)
             if tensors:
                 self._grad_handles.append(_on_grads_ready(tensors, self._backward_exit(name)))
 
     def _forward_post(self, module, args, output):
-        name = self.name_of(module)
-        if self.forward_stack and self.forward_stack[-1] == name:
-            self.forward_stack.pop()
-        elif name in self.forward_stack:  # a hook raised in between: drop what is above it too
-            del self.forward_stack[len(self.forward_stack) - 1 - self.forward_stack[::-1].index(name) :]
-        if torch.is_grad_enabled():
+        if not self.traced():
+            return
+        if not _pop(self.recompute_stack, id(module)):
+            _pop(self.forward_stack, id(module))
+        if output is not None and _grad_enabled():
             tensors = _grad_tensors(output)
             if tensors:
-                self._grad_handles.append(_on_grads_ready(tensors, self._backward_enter(name)))
-
-    def _is_ancestor(self, outer, inner):
-        return inner.startswith(outer + ".") or (outer == self.root_name and inner != outer)
+                self._grad_handles.append(_on_grads_ready(tensors, self._backward_enter(self.names.name_of(module))))
 
     def _backward_enter(self, name):
         def hook(_grads):
-            self._queue_engine_callback()
+            task = _graph_task_id()
+            self._queue_engine_callback(task)
             # A module and its last child can share an output tensor; their hooks
             # then fire child first. Keep ancestors below descendants regardless.
             stack = self.backward_stack
             at = len(stack)
-            while at > 0 and self._is_ancestor(name, stack[at - 1]):
+            while at > 0 and self.names.is_ancestor(name, stack[at - 1][0]):
                 at -= 1
-            stack.insert(at, name)
+            stack.insert(at, (name, task))
 
         return hook
 
@@ -183,30 +273,37 @@ class Attribution:
         def hook(_grads):
             stack = self.backward_stack
             for i in range(len(stack) - 1, -1, -1):
-                if stack[i] == name:
+                if stack[i][0] == name:
                     del stack[i]
                     break
 
         return hook
 
-    def _queue_engine_callback(self):
-        if self._engine_callback_queued:
+    def _queue_engine_callback(self, task):
+        if task in self._callbacks_queued:
             return
 
         def done():
-            self.backward_stack.clear()
-            self._engine_callback_queued = False
+            self.backward_stack[:] = [entry for entry in self.backward_stack if entry[1] != task]
+            self.recompute_stack.clear()  # a recompute that stopped early
+            self._callbacks_queued.discard(task)
+            self._prune()
 
         torch.autograd.Variable._execution_engine.queue_callback(done)
-        self._engine_callback_queued = True
+        self._callbacks_queued.add(task)
 
     def _optimizer_pre(self, optimizer, args, kwargs):
+        if not self.traced():
+            return
         self.in_optimizer = True
+        self.steps.optimizer_start(optimizer)
         if self._on_optimizer_start is not None:
             self._on_optimizer_start(optimizer)
 
     def _optimizer_post(self, optimizer, args, kwargs):
+        if not self.traced():
+            return
         self.in_optimizer = False
+        self.steps.optimizer_end()
         if self._on_step_end is not None:
             self._on_step_end(optimizer)
-        self.next_step()

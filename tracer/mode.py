@@ -6,6 +6,7 @@ import warnings
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import _get_current_dispatch_mode_stack as _mode_stack
 
 from tracer.attribution import Attribution
 from tracer.device import cuda_memory, cuda_sync_for, device_info
@@ -13,7 +14,7 @@ from tracer.errors import TraceError
 from tracer.flops import has_formula
 from tracer.metadata import Roles, dtype_name, now, run_metadata
 from tracer.op_kinds import METADATA_OPS, OUTPUT_ELEMENTS, ZERO, flop_rule
-from tracer.schema import CAUSAL_NONE, NO_VALUE
+from tracer.schema import CAUSAL_NONE, NO_VALUE, FlopBasis
 from tracer.storage import StorageTable
 from tracer.writer import (
     PER_OUTPUT_ELEMENT,
@@ -25,6 +26,7 @@ from tracer.writer import (
 
 Tensor = torch.Tensor
 _perf_ns = time.perf_counter_ns
+_NO_FLOPS, _PER_ELEMENT = int(FlopBasis.ZERO), int(FlopBasis.PER_OUTPUT_ELEMENT)
 
 
 def _tensors(args, kwargs):
@@ -66,8 +68,9 @@ class _OpInfo:
         self.name_id = names["op"].id(self.name)
         self.rule = flop_rule(func)
         self.kind_id = names["kind"].id(self.rule.kind)
-        # 0: no FLOPs; 1: one per output element (the hook has that count already); 2: ask the rule
-        self.basis = 0 if self.rule.count is ZERO else 1 if self.rule.count is OUTPUT_ELEMENTS else 2
+        count = self.rule.count
+        basis = FlopBasis.ZERO if count is ZERO else FlopBasis.PER_OUTPUT_ELEMENT if count is OUTPUT_ELEMENTS else FlopBasis.FORMULA
+        self.basis = int(basis)
         # Composite ops (linear, matmul, einsum) normally decompose before they reach
         # us; under inference_mode they arrive whole. Decompose them here, as training
         # would, so their FLOPs are counted once, through mm/bmm/addmm.
@@ -205,15 +208,22 @@ class Tracer:
         self._roles = Roles(self._storages.known)
         self._meta = run_metadata(self.run_name, self.tokens, self.model, self._storages.id_of)
         first = next(self.model.parameters(), None) if self.model is not None else None
+        self._model_device = first is not None  # the model's device is the run's device
         if first is not None:
             self._first_device(first.device)
+        self._mode = _TraceMode(self)
         self._attr = Attribution(
             self.model,
+            traced=lambda: self._mode in _mode_stack(),
+            rows_so_far=lambda: len(self._rows),
+            relabel=lambda first_row, step: self._rows.set_step(first_row, step),
             on_optimizer_start=lambda opt: self._roles.gradients(p for g in opt.param_groups for p in g["params"]),
             on_step_end=self._roles.optimizer_state,
+            on_external_module=self._external_module,
+            on_error=lambda exc: self._record_failed("a module or optimizer hook", exc),
         )
+        self._steps = self._attr.steps
         self._attr.install()
-        self._mode = _TraceMode(self)
         Tracer._active = self
         self._mode.__enter__()
         return self
@@ -237,7 +247,7 @@ class Tracer:
     def step(self):
         """Mark the end of a training step (the optimizer hooks do this on their own)."""
         self._roles.gradients(self.model.parameters() if self.model is not None else ())
-        self._attr.next_step()
+        self._steps.mark()
 
     @property
     def current_step(self):
@@ -311,9 +321,9 @@ class Tracer:
                     storages.regrow(t.untyped_storage())
             allocated = storages.registered_bytes - registered
             basis = info.basis
-            flops = 0 if basis == 0 else PER_OUTPUT_ELEMENT if basis == 1 else info.rule.count(args, kwargs, out)
+            flops = 0 if basis == _NO_FLOPS else PER_OUTPUT_ELEMENT if basis == _PER_ELEMENT else info.rule.count(args, kwargs, out)
             causal = CAUSAL_NONE if info.rule.causal is None else int(bool(info.rule.causal(args, kwargs)))
-            phase, module = self._attr.where()
+            phase, module, recompute = self._attr.where(ins, outs)
             module_id = self._module_ids.get(module)
             if module_id is None:
                 module_id = self._new_module(module)
@@ -332,10 +342,10 @@ class Tracer:
             rows.freed.extend(freed)
             freed.clear()
         rows.ints.extend((
-            self._attr.step, info.name_id, phase, module_id, device_id, info.kind_id,
+            self._steps.step, info.name_id, phase, module_id, device_id, info.kind_id,
             info.inplace, causal, flops, allocated, storages.live_bytes, inplace_bytes, out_bytes, duration,
             len(ins), len(outs), n_freed,
-            0, start, duration, 0, NO_VALUE, NO_VALUE, 0,
+            recompute, start, duration, 0, NO_VALUE, NO_VALUE, 0,
         ))  # fmt: skip
         if len(rows.ints) >= self._flush_at:
             self._flush()
@@ -354,10 +364,18 @@ class Tracer:
             name = ""
         else:
             name = str(device)
-            if self._device is None:
-                self._first_device(device)
+            if self._device is None or (not self._model_device and self._device.type == "cpu" != device.type):
+                self._first_device(device)  # a model's device, else the first device that is not the CPU
         device_id = self._device_ids[device] = self._writer.names["device"].id(name)
         return device_id
+
+    def _external_module(self, module):
+        """A module outside model= ran: its parameters get the storage role external_parameter."""
+        own = {id(p) for p in self.model.parameters()} if self.model is not None else set()
+        for p in module.parameters():
+            if id(p) not in own:
+                self._storages.id_of(p.untyped_storage())
+                self._roles.add("external_parameter", p)
 
     def _record_failed(self, op, exc):
         self._errors += 1
@@ -374,6 +392,7 @@ class Tracer:
             self._meta["cuda_memory"] = {"start": memory}
 
     def _flush(self):
+        self._steps.settle()  # the rows are about to be written: their step numbers become final
         meta = self._metadata()
         rows, self._rows = self._rows, RowBuffer(self._rows.first_seq + len(self._rows))
         try:
@@ -384,6 +403,7 @@ class Tracer:
             raise
 
     def _close(self, complete):
+        self._steps.finish(self._attr.trained)
         if self.model is not None:
             self._roles.gradients(self.model.parameters())
         memory = cuda_memory(self._device)

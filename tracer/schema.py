@@ -35,6 +35,14 @@ class Phase(enum.IntEnum):
 
 PHASES = tuple(p.name.lower() for p in Phase)
 
+class FlopBasis(enum.IntEnum):
+    """How the dispatch hook finds an op's FLOPs (tracer/mode.py `_OpInfo.basis`)."""
+
+    ZERO = 0  # the op does no arithmetic
+    PER_OUTPUT_ELEMENT = 1  # one FLOP per output element: the writer counts them from the output shapes
+    FORMULA = 2  # ask the op's FLOP formula
+
+
 # Sentinels of the packed integer row (tracer/writer.py ROW_FIELDS); each becomes null in Parquet.
 CAUSAL_NONE = -1  # causal: not an attention kernel
 NO_VALUE = -1  # busy_ns, comm_bytes, group_size: not measured / not a collective
@@ -114,11 +122,12 @@ ARROW_SCHEMA = pa.schema([pa.field(name, typ) for name, typ, _ in COLUMNS])
 #   python_version, device {type, name, ...properties}, tokens, root_module,
 #   params {total, trainable, embedding}, parameters {name: {storage_id,
 #   numel, dtype, shape, trainable, embedding}}, storage_roles {gradient: [ids],
-#   optimizer_state: [ids]} (each part holds the roles learned since the part
-#   before it; read_metadata merges them), rows, step_time (untraced step
+#   optimizer_state: [ids], external_parameter: [ids of the parameters of modules
+#   outside model=, e.g. a frozen teacher]} (each part holds the roles learned
+#   since the part before it; read_metadata merges them), rows, step_time (untraced step
 #   timing, when measured), error (the exception that ended the traced block).
 
-ROLE_KEYS = ("gradient", "optimizer_state")
+ROLE_KEYS = ("gradient", "optimizer_state", "external_parameter")
 
 
 def part_paths(path):
