@@ -47,6 +47,7 @@ Known limitations:
 """
 
 import threading
+import weakref
 
 import torch
 import torch.optim.optimizer as optim_hooks
@@ -159,7 +160,8 @@ class Attribution:
         self._task_grads = {}  # graph task -> grad mode at its first op
         self._on_step_end = on_step_end
         self._on_optimizer_start = on_optimizer_start
-        self._grad_handles = []
+        self._grad_handles = []  # hooks on tensors of a graph: dropped once the graph is gone
+        self._leaf_hooks = {}  # (hook maker, module name, tensor ids) -> (weak refs, handle): one per leaf set
         self._callbacks_queued = set()  # graph tasks whose end will clear their backward entries
         self._handles = []
         self._on_error = on_error or (lambda exc: None)
@@ -205,6 +207,29 @@ class Attribution:
     def _prune(self):
         """Drop the handles of hooks whose tensors and graph are gone (a forward never backpropagated)."""
         self._grad_handles = [h for h in self._grad_handles if _handle_alive(h)]
+        dead = [key for key, (refs, _) in self._leaf_hooks.items() if any(r() is None for r in refs)]
+        for key in dead:
+            del self._leaf_hooks[key]
+
+    def live_hooks(self):
+        """Gradient hooks the tracer holds now (bounded: see tests/test_loops.py)."""
+        return len(self._grad_handles) + len(self._leaf_hooks)
+
+    def _watch(self, tensors, make_hook, name):
+        """Hook `make_hook(name)` on the moment all of `tensors`' gradients are computed.
+
+        Leaves (an input that requires grad, a module returning its input) outlive
+        any one forward, and their hooks with them: one hook per set of leaves and
+        module serves every forward, so a forward-only loop does not pile them up."""
+        if not all(t.is_leaf for t in tensors):
+            self._grad_handles.append(_on_grads_ready(tensors, make_hook(name)))
+            return
+        key = (make_hook, name, tuple(id(t) for t in tensors))
+        entry = self._leaf_hooks.get(key)
+        if entry is not None and all(r() is t for r, t in zip(entry[0], tensors)):
+            return
+        refs = tuple(weakref.ref(t) for t in tensors)
+        self._leaf_hooks[key] = (refs, _on_grads_ready(tensors, make_hook(name)))
 
     def traced(self):
         return _get_ident() == self._thread or self._traced_elsewhere()
@@ -221,10 +246,11 @@ class Attribution:
         ]
 
     def remove(self):
-        for handle in self._handles + self._grad_handles:
+        for handle in self._handles + self._grad_handles + [h for _, h in self._leaf_hooks.values()]:
             handle.remove()
         self._handles.clear()
         self._grad_handles.clear()
+        self._leaf_hooks.clear()
         self._callbacks_queued.clear()
 
     def _forward_pre(self, module, args):
@@ -243,7 +269,7 @@ class Attribution:
         if _grad_enabled():
             tensors = _grad_tensors(args)
             if tensors:
-                self._grad_handles.append(_on_grads_ready(tensors, self._backward_exit(name)))
+                self._watch(tensors, self._backward_exit, name)
 
     def _forward_post(self, module, args, output):
         if not self.traced():
@@ -253,7 +279,7 @@ class Attribution:
         if output is not None and _grad_enabled():
             tensors = _grad_tensors(output)
             if tensors:
-                self._grad_handles.append(_on_grads_ready(tensors, self._backward_enter(self.names.name_of(module))))
+                self._watch(tensors, self._backward_enter, self.names.name_of(module))
 
     def _backward_enter(self, name):
         def hook(_grads):

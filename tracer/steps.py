@@ -16,8 +16,10 @@ step join the discriminator's), and the rows recorded since the tentative step
 began get the earlier step number back (`relabel`).
 
 A tentative step still open when a part of the trace is written is settled
-then, by what the same situation gave last time (a join when it joined), else
-it stands. At the end of the trace, a tentative step that trained nothing (no
+then (its rows are final), by what the same situation gave last time, else it
+stands; the optimizer that comes next still teaches the right answer for the
+next time. So with parts smaller than a generator's half-iteration, a GAN's
+first iteration counts as two steps and the rest right. At the end of the trace, a tentative step that trained nothing (no
 backward, no optimizer, no module forward under grad mode: an evaluation pass, or
 logging that touches a parameter, after the last optimizer step) joins the step
 before it; one that did (a trace cut in the middle of a step) stands.
@@ -40,6 +42,7 @@ class Steps:
         self._before = None  # while the step is tentative: the optimizers of the step before
         self._began_at = 0  # while tentative: the row the step began at
         self._joined_last = {}  # frozenset of optimizers before -> whether the last tentative step after them joined
+        self._guessed = None  # the optimizers before a tentative step settled by a guess, until the truth comes
         self._rows_so_far = rows_so_far
         self._relabel = relabel
 
@@ -63,6 +66,9 @@ class Steps:
         key = id(optimizer)
         if self._before is not None:
             self._decide(join=key not in self._before)
+        elif self._guessed is not None:
+            self._joined_last[frozenset(self._guessed)] = key not in self._guessed
+        self._guessed = None
         self._stepped.add(key)
 
     def optimizer_end(self):
@@ -73,12 +79,14 @@ class Steps:
         """Tracer.step(): the step ends here and the next does not join it."""
         if self._before is not None:
             self._decide(join=False)
+        self._guessed = None
         self.armed = True
         self._joinable = False
 
     def settle(self):
         """A part is about to be written: settle a tentative step now."""
         if self._before is not None:
+            self._guessed = self._before
             self._decide(join=self._joined_last.get(frozenset(self._before), False))
 
     def finish(self, trained):
