@@ -159,7 +159,8 @@ class Tracer:
     flush_rows rows per Parquet part; memory held by the tracer stays bounded
                by this many rows.
 
-    The step counter advances when an optimizer step ends or on `step()`.
+    A step begins with the first forward work after an optimizer step or `step()`
+    (tracer/steps.py); only the thread that entered the Tracer is traced.
     The tracer keeps no tensor alive: it holds storages through weak references.
     """
 
@@ -245,7 +246,8 @@ class Tracer:
         return False
 
     def step(self):
-        """Mark the end of a training step (the optimizer hooks do this on their own)."""
+        """End the training step by hand: the next forward work begins a new one (the optimizer hooks
+        do this on their own)."""
         self._roles.gradients(self.model.parameters() if self.model is not None else ())
         self._steps.mark()
 

@@ -67,7 +67,7 @@ _str = pa.dictionary(pa.int32(), pa.string())
 # (name, type, meaning): the README's schema table is written from this list.
 COLUMNS = (
     ("seq", pa.int64(), "op index in the trace, from 0"),
-    ("step", pa.int64(), "training step: advances when an optimizer step ends or on Tracer.step()"),
+    ("step", pa.int64(), "training step: begins with the first forward work after an optimizer step or Tracer.step()"),
     ("op", _str, "aten overload, e.g. aten.mm.default"),
     ("phase", _str, "forward | backward | optimizer | other"),
     ("module", _str, "dotted path of the innermost module ('' outside any module)"),
