@@ -4,12 +4,9 @@ and whether it re-runs forward work for activation checkpointing.
 Forward: global module forward hooks keep a stack of the modules running; the
 post hook is registered with `always_call`, so a forward that raises (and is
 caught) or a checkpoint recompute that stops early still leaves the stack.
-Backward: when a module's forward ends, a gradient hook on its outputs marks the
-start of its backward (all output gradients are ready) and a gradient hook on its
-inputs marks the end (all input gradients are computed); the innermost module is
-the last one entered. Each autograd engine run clears its own entries when it
-finishes. Optimizer: the global optimizer step hooks. Steps: `tracer/steps.py`;
-names: `tracer/modules.py`.
+Backward: gradient hooks on each module's inputs and outputs (`tracer/backward.py`).
+Optimizer: the global optimizer step hooks. Steps: `tracer/steps.py`; names:
+`tracer/modules.py`.
 
 Phase rules, checked in this order:
   backward   the autograd engine is running (`_current_graph_task_id() != -1`),
@@ -47,16 +44,15 @@ Known limitations:
 """
 
 import threading
-import weakref
 
 import torch
 import torch.optim.optimizer as optim_hooks
-from torch.autograd.graph import register_multi_grad_hook
 from torch.nn.modules.module import (
     register_module_forward_hook,
     register_module_forward_pre_hook,
 )
 
+from tracer.backward import BackwardStack
 from tracer.modules import ModuleNames
 from tracer.schema import Phase
 from tracer.steps import Steps
@@ -67,38 +63,6 @@ _get_ident = threading.get_ident
 NO_GRAPH_TASK = -1  # _current_graph_task_id() outside the autograd engine
 FORWARD, BACKWARD, OPTIMIZER, OTHER = Phase.FORWARD, Phase.BACKWARD, Phase.OPTIMIZER, Phase.OTHER
 NOT_RECOMPUTE, RECOMPUTE = 0, 1
-
-
-def _on_grads_ready(tensors, fn):
-    """Call fn once all of `tensors`' gradients are computed; a handle to remove the hook.
-
-    One tensor takes a plain tensor hook: unlike a multi-grad hook it also fires
-    on the tensor backward() starts from (a module that returns the loss)."""
-    if len(tensors) == 1:
-        return tensors[0].register_hook(lambda grad: fn(None))
-    return register_multi_grad_hook(tensors, fn)
-
-
-def _handle_alive(handle):
-    """Whether a hook handle's tensors (or their graph) still exist: a dead one can be dropped."""
-    inner = getattr(handle, "handles", None)  # a multi-grad hook's handle holds one per tensor
-    if inner is not None:
-        return any(_handle_alive(h) for h in inner)
-    return handle.hooks_dict_ref() is not None
-
-
-def _grad_tensors(obj):
-    """Tensors that require grad in a module's inputs or outputs (one level of nesting)."""
-    if isinstance(obj, torch.Tensor):
-        return [obj] if obj.requires_grad else []
-    if isinstance(obj, dict):
-        obj = obj.values()
-    elif not isinstance(obj, (list, tuple)):
-        return []
-    found = []
-    for item in obj:
-        found.extend(_grad_tensors(item))
-    return found
 
 
 def _builds_graph(ins, outs):
@@ -149,7 +113,8 @@ class Attribution:
         self.steps = Steps(rows_so_far, relabel)
         self.forward_stack = []  # (id(module), name), outside the autograd engine
         self.recompute_stack = []  # (id(module), name), modules whose forward began inside the engine
-        self.backward_stack = []  # (name, graph task id)
+        self.backward = BackwardStack(self.names, on_engine_done=self.recompute_stack.clear)  # a recompute that stopped early
+        self.backward_stack = self.backward.stack  # (name, graph task id); the same list, for where()
         self.in_optimizer = False
         self.backward_seen = False  # in this step
         self.trained = False  # this step ran a backward, or a module's forward under grad mode
@@ -160,9 +125,6 @@ class Attribution:
         self._task_grads = {}  # graph task -> grad mode at its first op
         self._on_step_end = on_step_end
         self._on_optimizer_start = on_optimizer_start
-        self._grad_handles = []  # hooks on tensors of a graph: dropped once the graph is gone
-        self._leaf_hooks = {}  # (hook maker, module name, tensor ids) -> (weak refs, handle): one per leaf set
-        self._callbacks_queued = set()  # graph tasks whose end will clear their backward entries
         self._handles = []
         self._on_error = on_error or (lambda exc: None)
 
@@ -198,38 +160,9 @@ class Attribution:
     def _step_began(self):
         self.backward_seen = self.trained = False
         self.forward_stack.clear()  # nothing can still be running when a step begins
-        self.backward_stack.clear()
-        self._callbacks_queued.clear()  # a backward that raised never ran its callback
+        self.backward.reset()
         self._task_grads.clear()
         self._task = NO_GRAPH_TASK
-        self._prune()
-
-    def _prune(self):
-        """Drop the handles of hooks whose tensors and graph are gone (a forward never backpropagated)."""
-        self._grad_handles = [h for h in self._grad_handles if _handle_alive(h)]
-        dead = [key for key, (refs, _) in self._leaf_hooks.items() if any(r() is None for r in refs)]
-        for key in dead:
-            del self._leaf_hooks[key]
-
-    def live_hooks(self):
-        """Gradient hooks the tracer holds now (bounded: see tests/test_loops.py)."""
-        return len(self._grad_handles) + len(self._leaf_hooks)
-
-    def _watch(self, tensors, make_hook, name):
-        """Hook `make_hook(name)` on the moment all of `tensors`' gradients are computed.
-
-        Leaves (an input that requires grad, a module returning its input) outlive
-        any one forward, and their hooks with them: one hook per set of leaves and
-        module serves every forward, so a forward-only loop does not pile them up."""
-        if not all(t.is_leaf for t in tensors):
-            self._grad_handles.append(_on_grads_ready(tensors, make_hook(name)))
-            return
-        key = (make_hook, name, tuple(id(t) for t in tensors))
-        entry = self._leaf_hooks.get(key)
-        if entry is not None and all(r() is t for r, t in zip(entry[0], tensors)):
-            return
-        refs = tuple(weakref.ref(t) for t in tensors)
-        self._leaf_hooks[key] = (refs, _on_grads_ready(tensors, make_hook(name)))
 
     def traced(self):
         return _get_ident() == self._thread or self._traced_elsewhere()
@@ -245,13 +178,14 @@ class Attribution:
             optim_hooks.register_optimizer_step_post_hook(_guarded(self._optimizer_post, err)),
         ]
 
+    def live_hooks(self):
+        return self.backward.live_hooks()
+
     def remove(self):
-        for handle in self._handles + self._grad_handles + [h for _, h in self._leaf_hooks.values()]:
+        for handle in self._handles:
             handle.remove()
         self._handles.clear()
-        self._grad_handles.clear()
-        self._leaf_hooks.clear()
-        self._callbacks_queued.clear()
+        self.backward.remove()
 
     def _forward_pre(self, module, args):
         if not self.traced():
@@ -263,13 +197,11 @@ class Attribution:
             if not self.in_optimizer and self.steps.forward_work():
                 self._step_began()
             elif not self.forward_stack:
-                self._prune()  # a new outermost forward: bound the handles of graphs never backpropagated
+                self.backward.prune()  # a new outermost forward: bound the handles of graphs never backpropagated
             self.forward_stack.append((id(module), name))
             self.trained = self.trained or _grad_enabled()
         if _grad_enabled():
-            tensors = _grad_tensors(args)
-            if tensors:
-                self._watch(tensors, self._backward_exit, name)
+            self.backward.watch_inputs(args, name)
 
     def _forward_post(self, module, args, output):
         if not self.traced():
@@ -277,46 +209,7 @@ class Attribution:
         if not _pop(self.recompute_stack, id(module)):
             _pop(self.forward_stack, id(module))
         if output is not None and _grad_enabled():
-            tensors = _grad_tensors(output)
-            if tensors:
-                self._watch(tensors, self._backward_enter, self.names.name_of(module))
-
-    def _backward_enter(self, name):
-        def hook(_grads):
-            task = _graph_task_id()
-            self._queue_engine_callback(task)
-            # A module and its last child can share an output tensor; their hooks
-            # then fire child first. Keep ancestors below descendants regardless.
-            stack = self.backward_stack
-            at = len(stack)
-            while at > 0 and self.names.is_ancestor(name, stack[at - 1][0]):
-                at -= 1
-            stack.insert(at, (name, task))
-
-        return hook
-
-    def _backward_exit(self, name):
-        def hook(_grads):
-            stack = self.backward_stack
-            for i in range(len(stack) - 1, -1, -1):
-                if stack[i][0] == name:
-                    del stack[i]
-                    break
-
-        return hook
-
-    def _queue_engine_callback(self, task):
-        if task in self._callbacks_queued:
-            return
-
-        def done():
-            self.backward_stack[:] = [entry for entry in self.backward_stack if entry[1] != task]
-            self.recompute_stack.clear()  # a recompute that stopped early
-            self._callbacks_queued.discard(task)
-            self._prune()
-
-        torch.autograd.Variable._execution_engine.queue_callback(done)
-        self._callbacks_queued.add(task)
+            self.backward.watch_outputs(output, self.names.name_of(module))
 
     def _optimizer_pre(self, optimizer, args, kwargs):
         if not self.traced():
