@@ -657,3 +657,64 @@ def test_run_device_is_the_first_device_that_is_not_the_cpu(tmp_path):
     with Tracer(tmp_path / "model", model=cpu_model):
         model(torch.empty(2, 8, device="meta"))
     assert read_metadata(tmp_path / "model")["device"]["type"] == "cpu"  # the model's device wins
+
+
+def test_traced_threads(tmp_path):
+    seen = {}
+
+    def probe(key, enter_mode):
+        if enter_mode:  # an autograd engine thread running the traced backward carries the dispatch mode
+            with tr._mode:
+                seen[key] = tr._attr.traced()
+        else:
+            seen[key] = tr._attr.traced()
+
+    with Tracer(tmp_path / "threads") as tr:
+        for key, enter_mode in (("plain thread", False), ("carries the mode", True)):
+            worker = threading.Thread(target=probe, args=(key, enter_mode))
+            worker.start()
+            worker.join()
+        seen["traced thread"] = tr._attr.traced()
+    assert seen == {"plain thread": False, "carries the mode": True, "traced thread": True}
+
+
+def test_optimizer_and_tracer_step_together_count_once(tmp_path):
+    model = MLP()
+    opt = sgd(model)
+    x, y = batch()
+    with Tracer(tmp_path / "both", model=model) as tr:
+        for _ in range(3):
+            F.mse_loss(model(x), y).backward()
+            opt.step()
+            opt.zero_grad()
+            tr.step()
+            torch.ones(1).item()  # after both boundaries: still the step it follows
+    df = pd.read_parquet(tmp_path / "both")
+    assert df.groupby("step").size().tolist() == [df.groupby("step").size().iloc[0]] * 3
+    assert df.iloc[-1]["step"] == 2
+
+
+def test_external_modules_without_model_argument(tmp_path):
+    model, criterion = MLP(), nn.MSELoss()
+    x, y = batch()
+    with Tracer(tmp_path / "no_model"):
+        criterion(model(x), y).backward()  # the first module to run is the model
+    df = pd.read_parquet(tmp_path / "no_model")
+    assert set(df.loc[df["op"] == "aten.mm.default", "module"]) == {"fc1", "fc2"}
+    assert set(df.loc[df["op"] == "aten.mse_loss.default", "module"]) == {"MSELoss#1"}
+
+
+def test_a_failing_hook_does_not_break_the_program(tmp_path, monkeypatch):
+    from tracer.modules import ModuleNames
+
+    def broken(self, module):
+        raise RuntimeError("naming failed")
+
+    model = MLP()
+    x, y = batch()
+    monkeypatch.setattr(ModuleNames, "name_of", broken)
+    with pytest.warns(UserWarning, match="could not record a module or optimizer hook"):
+        with Tracer(tmp_path / "broken", model=model):
+            out = model(x)
+    assert out.shape == (8, 16)
+    assert read_metadata(tmp_path / "broken")["record_errors"] >= 1

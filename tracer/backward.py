@@ -10,7 +10,9 @@ The hooks must not pile up in a loop that runs forwards and never backpropagates
 (an evaluation loop with grad mode on): a hook on a graph's tensors is dropped
 once the graph is gone (its handle's weak reference dies), and hooks on leaves
 (an input that requires grad), which outlive every forward, are kept once per
-set of leaves and module.
+set of leaves and module. (So when one backward runs through two forwards of a
+module over the same leaf input, one of its two entries stays on the stack
+until the engine finishes.)
 """
 
 import weakref
