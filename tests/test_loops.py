@@ -414,7 +414,8 @@ def test_after_the_optimizer_is_other_in_the_step_it_follows(traces):
     scaled = df[(df["op"] == "aten.mul.Tensor") & (df["phase"] == "forward")]  # loss * scale, per micro-batch
     assert scaled.groupby("step").size().tolist() == [3] * 3 and set(scaled["module"]) == {""}
     for step, rows in df.groupby("step"):  # the growth comes after the step's optimizer, in that step
-        assert rows.loc[rows["op"] == "aten.mul_.Tensor", "seq"].max() > rows.loc[rows["phase"] == "optimizer", "seq"].max()
+        last_mul = rows.loc[rows["op"] == "aten.mul_.Tensor", "seq"].max()
+        assert last_mul > rows.loc[rows["phase"] == "optimizer", "seq"].max()
     # the logging after the last optimizer step opened no step: the trace ends with it, in step 2
     assert df.iloc[-1]["op"] == "aten._local_scalar_dense.default" and df.iloc[-1]["step"] == 2
     gan, _ = traces["gan_d_first"]  # zero_grad(set_to_none=False) after opt_d.step()

@@ -113,10 +113,10 @@ class Attribution:
         self.steps = Steps(rows_so_far, relabel)
         self.forward_stack = []  # (id(module), name), outside the autograd engine
         self.recompute_stack = []  # (id(module), name), modules whose forward began inside the engine
-        self.backward = BackwardStack(self.names, on_engine_done=self.recompute_stack.clear)  # a recompute that stopped early
+        # when an engine run ends, so does any recompute in it (one that stopped early never pops)
+        self.backward = BackwardStack(self.names, on_engine_done=self.recompute_stack.clear)
         self.backward_stack = self.backward.stack  # (name, graph task id); the same list, for where()
         self.in_optimizer = False
-        self.backward_seen = False  # in this step
         self.trained = False  # this step ran a backward, or a module's forward under grad mode
         self._traced_elsewhere = traced
         self._thread = None
@@ -133,7 +133,7 @@ class Attribution:
         """(schema.Phase, innermost module name, recompute flag) for the op that just ran."""
         task = _graph_task_id()
         if task != NO_GRAPH_TASK:
-            self.backward_seen = self.trained = True
+            self.trained = True
             if self.recompute_stack:
                 return BACKWARD, self.recompute_stack[-1][1], RECOMPUTE
             if task != self._task:
@@ -158,7 +158,7 @@ class Attribution:
         return self.steps.step
 
     def _step_began(self):
-        self.backward_seen = self.trained = False
+        self.trained = False
         self.forward_stack.clear()  # nothing can still be running when a step begins
         self.backward.reset()
         self._task_grads.clear()

@@ -26,7 +26,7 @@ from tracer.writer import (
 
 Tensor = torch.Tensor
 _perf_ns = time.perf_counter_ns
-_NO_FLOPS, _PER_ELEMENT = int(FlopBasis.ZERO), int(FlopBasis.PER_OUTPUT_ELEMENT)
+_PER_ELEMENT, _FORMULA = int(FlopBasis.PER_OUTPUT_ELEMENT), int(FlopBasis.FORMULA)
 
 
 def _tensors(args, kwargs):
@@ -69,8 +69,12 @@ class _OpInfo:
         self.rule = flop_rule(func)
         self.kind_id = names["kind"].id(self.rule.kind)
         count = self.rule.count
-        basis = FlopBasis.ZERO if count is ZERO else FlopBasis.PER_OUTPUT_ELEMENT if count is OUTPUT_ELEMENTS else FlopBasis.FORMULA
-        self.basis = int(basis)
+        if count is ZERO:
+            self.basis = int(FlopBasis.ZERO)
+        elif count is OUTPUT_ELEMENTS:  # the writer counts the output elements
+            self.basis = int(FlopBasis.PER_OUTPUT_ELEMENT)
+        else:
+            self.basis = int(FlopBasis.FORMULA)
         # Composite ops (linear, matmul, einsum) normally decompose before they reach
         # us; under inference_mode they arrive whole. Decompose them here, as training
         # would, so their FLOPs are counted once, through mm/bmm/addmm.
@@ -323,7 +327,10 @@ class Tracer:
                     storages.regrow(t.untyped_storage())
             allocated = storages.registered_bytes - registered
             basis = info.basis
-            flops = 0 if basis == _NO_FLOPS else PER_OUTPUT_ELEMENT if basis == _PER_ELEMENT else info.rule.count(args, kwargs, out)
+            if basis == _FORMULA:
+                flops = info.rule.count(args, kwargs, out)
+            else:
+                flops = PER_OUTPUT_ELEMENT if basis == _PER_ELEMENT else 0
             causal = CAUSAL_NONE if info.rule.causal is None else int(bool(info.rule.causal(args, kwargs)))
             phase, module, recompute = self._attr.where(ins, outs)
             module_id = self._module_ids.get(module)

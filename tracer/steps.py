@@ -19,10 +19,12 @@ A tentative step still open when a part of the trace is written is settled
 then (its rows are final), by what the same situation gave last time, else it
 stands; the optimizer that comes next still teaches the right answer for the
 next time. So with parts smaller than a generator's half-iteration, a GAN's
-first iteration counts as two steps and the rest right. At the end of the trace, a tentative step that trained nothing (no
-backward, no optimizer, no module forward under grad mode: an evaluation pass, or
-logging that touches a parameter, after the last optimizer step) joins the step
-before it; one that did (a trace cut in the middle of a step) stands.
+first iteration counts as two steps and the rest right.
+
+At the end of the trace, a tentative step that trained nothing (no backward, no
+optimizer, no module forward under grad mode: an evaluation pass, or logging
+that touches a parameter, after the last optimizer step) joins the step before
+it; one that did (a trace cut in the middle of a step) stands.
 
 `Tracer.step()` ends a step by hand: the next forward work begins a new step,
 which never joins the one before.
