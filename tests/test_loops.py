@@ -719,3 +719,19 @@ def test_a_failing_hook_does_not_break_the_program(tmp_path, monkeypatch):
             out = model(x)
     assert out.shape == (8, 16)
     assert read_metadata(tmp_path / "broken")["record_errors"] >= 1
+
+
+def test_by_module_keeps_external_roots_apart(traces):
+    import reports
+
+    df, meta = traces["distill"]
+    df = df.copy()
+    df.attrs["runs"] = {"distill": meta}
+    df["run"] = "distill"
+    tree = reports.by_module(df).set_index("module")
+    for root in ("MLP", "MLP#1", "MSELoss#1"):  # the teacher and the loss are roots of their own
+        assert pd.isna(tree.loc[root, "parent"]) and tree.loc[root, "depth"] == 0, root
+    assert tree.loc["MLP#1.fc1", "parent"] == "MLP#1" and tree.loc["fc1", "parent"] == "MLP"
+    teacher = df[df["module"].str.startswith("MLP#1")]["flops"].sum()
+    assert tree.loc["MLP#1", "subtree_flops"] == teacher
+    assert tree.loc["MLP", "subtree_flops"] == df[df["module"].isin(["fc1", "act", "fc2"])]["flops"].sum()

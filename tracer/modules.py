@@ -12,7 +12,7 @@ module is `CrossEntropyLoss#1`, not a child of the model.
 
 import weakref
 
-EXTERNAL_MARK = "#"  # in an external root's name: <ClassName>#<k>
+from tracer.schema import EXTERNAL_MARK
 
 
 class ModuleNames:

@@ -43,6 +43,11 @@ class FlopBasis(enum.IntEnum):
     FORMULA = 2  # ask the op's FLOP formula
 
 
+# In a module name: the model's modules are its class name and dotted paths below it; a module
+# outside the model is an external root `<ClassName>#<k>` (tracer/modules.py), e.g. a frozen
+# teacher `MLP#1` with `MLP#1.fc1` below it. Such a root is no child of the model.
+EXTERNAL_MARK = "#"
+
 # Sentinels of the packed integer row (tracer/writer.py ROW_FIELDS); each becomes null in Parquet.
 CAUSAL_NONE = -1  # causal: not an attention kernel
 NO_VALUE = -1  # busy_ns, comm_bytes, group_size: not measured / not a collective
