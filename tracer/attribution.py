@@ -11,10 +11,11 @@ Optimizer: the global optimizer step hooks. Steps: `tracer/steps.py`; names:
 Phase rules, checked in this order:
   backward   the autograd engine is running (`_current_graph_task_id() != -1`),
              including forward work that activation checkpointing re-runs there
-  optimizer  inside `Optimizer.step`
-  forward    inside a module's forward; or, outside any module, an op that builds
-             the autograd graph (grad mode on, an input requires grad, a floating
-             output): the loss of every micro-batch
+  forward    inside a module's forward (also in a closure `Optimizer.step` calls)
+  optimizer  inside `Optimizer.step`, but for the next rule in a closure
+  forward    outside any module, an op that builds the autograd graph (grad mode
+             on, an input requires grad, a floating output): the loss of every
+             micro-batch
   other      the rest: data preparation, gradient clipping and unscaling, a manual
              update, zero_grad(set_to_none=False), `.item()`, logging
 
@@ -40,7 +41,8 @@ Known limitations:
     recompute of an engine run whose very first op is a recompute.
   * A custom autograd Function whose backward enables grad mode, or calls a
     module, is flagged as a recompute.
-  * Forward work inside `Optimizer.step` (an LBFGS closure) has phase optimizer.
+  * In a closure `Optimizer.step` calls, ops outside any module that build no
+    graph (a zero_grad with set_to_none=False) have phase optimizer.
 """
 
 import threading
@@ -117,6 +119,7 @@ class Attribution:
         self.backward = BackwardStack(self.names, on_engine_done=self.recompute_stack.clear)
         self.backward_stack = self.backward.stack  # (name, graph task id); the same list, for where()
         self.in_optimizer = False
+        self._closure = False  # the running optimizer step was given a closure (forward and backward)
         self.trained = False  # this step ran a backward, or a module's forward under grad mode
         self._traced_elsewhere = traced
         self._thread = None
@@ -143,10 +146,12 @@ class Attribution:
             stack = self.backward_stack
             return BACKWARD, stack[-1][0] if stack else "", recompute
         stack = self.forward_stack
-        if self.in_optimizer:
-            return OPTIMIZER, stack[-1][1] if stack else "", NOT_RECOMPUTE
         if stack:
             return FORWARD, stack[-1][1], NOT_RECOMPUTE
+        if self.in_optimizer:
+            if self._closure and _builds_graph(ins, outs):  # the loss, in a closure the optimizer calls
+                return FORWARD, "", NOT_RECOMPUTE
+            return OPTIMIZER, "", NOT_RECOMPUTE
         if _builds_graph(ins, outs):
             if self.steps.forward_work():
                 self._step_began()
@@ -214,6 +219,10 @@ class Attribution:
     def _optimizer_pre(self, optimizer, args, kwargs):
         if not self.traced():
             return
+        closure = kwargs.get("closure", args[1] if len(args) > 1 else None)  # args: (optimizer, closure)
+        self._closure = callable(closure)
+        if self._closure and self.steps.forward_work():  # it will run the forward: Lightning, LBFGS
+            self._step_began()
         self.in_optimizer = True
         self.steps.optimizer_start(optimizer)
         if self._on_optimizer_start is not None:
@@ -222,7 +231,7 @@ class Attribution:
     def _optimizer_post(self, optimizer, args, kwargs):
         if not self.traced():
             return
-        self.in_optimizer = False
+        self.in_optimizer = self._closure = False
         self.steps.optimizer_end()
         if self._on_step_end is not None:
             self._on_step_end(optimizer)
