@@ -331,6 +331,28 @@ def closure_loop(iters):
     return model, run
 
 
+def grad_scaler_loop(iters):
+    """torch.amp.GradScaler on the CPU, an EMA copy of the weights updated after each step."""
+    model = MLP()
+    ema = [p.detach().clone() for p in model.parameters()]
+    opt = sgd(model)
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    x, y = batch()
+
+    def run(tr):
+        for _ in range(iters):
+            scaler.scale(F.mse_loss(model(x), y)).backward()
+            scaler.unscale_(opt)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            scaler.step(opt)
+            scaler.update()
+            with torch.no_grad():
+                torch._foreach_lerp_(ema, list(model.parameters()), 0.01)
+            opt.zero_grad()
+
+    return model, run
+
+
 # the table -----------------------------------------------------------------------------
 # name: (loop, iterations, forward weight-matmul, backward matmul, recompute, optimizer) per step
 GAN_FWD = 2 * 8 * 8 * 16 + 3 * 2 * 8 * 16 * 4  # G once + D three times: 2,048 + 3 · 1,024 = 5,120
@@ -366,6 +388,7 @@ PATTERNS = {
     "compiled": (lambda: compiled_loop(3), 3, [FWD_MB] * 3, [BWD_MB] * 3, [0] * 3, [SGD_FLOPS] * 3),
     "manual_step": (lambda: manual_step_loop(3), 3, [FWD_MB] * 3, [BWD_MB] * 3, [0] * 3, [0] * 3),
     "closure": (lambda: closure_loop(3), 3, [FWD_MB] * 3, [BWD_MB] * 3, [0] * 3, [SGD_FLOPS] * 3),
+    "grad_scaler": (lambda: grad_scaler_loop(3), 3, [FWD_MB] * 3, [BWD_MB] * 3, [0] * 3, [SGD_FLOPS] * 3),
 }
 
 
@@ -446,6 +469,14 @@ def test_after_the_optimizer_is_other_in_the_step_it_follows(traces):
     gan, _ = traces["gan_d_first"]  # zero_grad(set_to_none=False) after opt_d.step()
     zero = gan[gan["op"] == "aten._foreach_zero_.default"]
     assert set(zero["phase"]) == {"other"} and zero.groupby("step").size().tolist() == [1] * 4
+
+
+def test_grad_scaler_and_ema_are_other_in_the_step_they_follow(traces):
+    df, _ = traces["grad_scaler"]
+    for op in ("aten._amp_foreach_non_finite_check_and_unscale_.default", "aten._amp_update_scale_.default",
+               "aten._foreach_lerp_.Scalar"):  # fmt: skip
+        rows = df[df["op"] == op]
+        assert set(rows["phase"]) == {"other"} and rows.groupby("step").size().tolist() == [1] * 3, op
 
 
 def test_readme_loop_logging_the_loss_is_one_step(tmp_path):
