@@ -27,7 +27,8 @@ that touches a parameter, after the last optimizer step) joins the step before
 it; one that did (a trace cut in the middle of a step) stands.
 
 `Tracer.step()` ends a step by hand: the next forward work begins a new step,
-which never joins the one before.
+which never joins the one before. (A loop of plain tensor ops that calls no
+module and builds no autograd graph has no forward work: it stays in one step.)
 """
 
 
