@@ -803,3 +803,27 @@ def test_by_module_keeps_external_roots_apart(traces):
     teacher = df[df["module"].str.startswith("MLP#1")]["flops"].sum()
     assert tree.loc["MLP#1", "subtree_flops"] == teacher
     assert tree.loc["MLP", "subtree_flops"] == df[df["module"].isin(["fc1", "act", "fc2"])]["flops"].sum()
+
+
+def test_a_base_exception_in_forward_leaves_no_module_on_the_optimizer(tmp_path):
+    class Stop(BaseException):  # not an Exception: torch runs no always_call hook for it
+        pass
+
+    class Stopping(nn.Module):
+        def forward(self, x):
+            raise Stop()
+
+    model = nn.Sequential(nn.Linear(D, D, bias=False), Stopping())
+    opt = sgd(model)
+    x, _ = batch()
+    with Tracer(tmp_path / "stop", model=model):
+        for _ in range(2):
+            try:
+                model(x)
+            except Stop:
+                pass
+            model[0](x).sum().backward()
+            opt.step()
+    df = pd.read_parquet(tmp_path / "stop")
+    assert set(df.loc[df["phase"] == "optimizer", "module"]) == {""}
+    assert sorted(df["step"].unique()) == [0, 1]

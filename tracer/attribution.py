@@ -223,6 +223,8 @@ class Attribution:
         self._closure = callable(closure)
         if self._closure and self.steps.forward_work():  # it will run the forward: Lightning, LBFGS
             self._step_began()
+        elif not self._closure:  # no module runs now: drop what a BaseException (no always_call) left
+            self.forward_stack.clear()
         self.in_optimizer = True
         self.steps.optimizer_start(optimizer)
         if self._on_optimizer_start is not None:
