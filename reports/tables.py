@@ -24,7 +24,7 @@ import pandas as pd
 from reports._util import empty_frame, pct
 from reports.errors import ReportError
 from reports.load import require
-from tracer.schema import PHASES
+from tracer.schema import EXTERNAL_MARK, PHASES
 
 __all__ = ["by_dtype", "by_module", "by_op", "by_phase", "by_step"]
 
@@ -172,8 +172,9 @@ def _module_tree(names, root):
     """(parent, depth) of every module name, with the intermediate names no op ran in.
 
     Names are dotted paths relative to the root module (which carries its class
-    name, e.g. "GPT"); a dotless name other than the root is a child of the root.
-    Without a root (a trace made without model=), dotless names are top level."""
+    name, e.g. "GPT"); a dotless name other than the root is a child of the root, unless
+    it is a module outside the model (`<ClassName>#<k>`: a root of its own). Without a
+    root (a trace made without model=), dotless names are top level."""
     parent, depth = {}, {}
 
     def add(name):
@@ -183,6 +184,8 @@ def _module_tree(names, root):
             up = None
         elif "." in name:
             up = name.rsplit(".", 1)[0]
+        elif EXTERNAL_MARK in name:  # a module outside the model (a teacher, a loss module): its own root
+            up = None
         else:
             up = root
         parent[name] = up

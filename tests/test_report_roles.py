@@ -108,7 +108,11 @@ def test_a_frozen_teachers_matmul_is_external_not_attention(tmp_path):
     first_mm = df[df["op"].astype(str) == "aten.mm.default"].iloc[0]  # the teacher's x @ Wᵀ runs first
     teacher_weight = int(first_mm["input_storage_ids"][1])
     assert teacher_weight not in {p["storage_id"] for p in df.attrs["runs"]["distil"]["parameters"].values()}
-    old = reports.breakdown(df).set_index("phase")  # an older trace: no external_parameter role
+    assert df.attrs["runs"]["distil"]["storage_roles"]["external_parameter"] == [teacher_weight]  # the tracer saw it
+    traced = reports.breakdown(df).set_index("phase")
+    assert traced.loc["forward", "external_weight_flops"] == 2048 and traced.loc["forward", "attention_flops"] == 0
+    # an older trace, made before the tracer recorded the role: the teacher's matmul looked like attention
+    old = reports.breakdown(_rewrite(path, roles={"external_parameter": []})).set_index("phase")
     assert old.loc["forward", "attention_flops"] == 2048 and old.loc["forward", "external_weight_flops"] == 0
 
     t = reports.breakdown(_rewrite(path, roles={"external_parameter": [teacher_weight]})).set_index("phase")
@@ -135,14 +139,17 @@ def test_recompute_rows_are_out_of_mfu_and_in_hfu(tmp_path):
     with Tracer(path, model=block, tokens=TOKENS, run_name="ckpt"):
         checkpoint(block, x, use_reentrant=False).square().mean().backward()
         opt.step()
-    df = reports.load(path)
-    before = reports.mfu(df, step_time_s=1.0, peak_flops=1e6).iloc[0]
+    traced = reports.load(path)
 
     # The backward re-runs the first Linear and the ReLU (and stops there: the second Linear's output is not
     # needed): the backward-phase addmm (2·32·8·16 = 8,192) and relu (32·16 = 512) are the recomputation.
     def again(frame):
         return (frame["phase"] == "backward") & frame["op"].isin(["aten.addmm.default", "aten.relu.default"])
 
+    # the tracer flagged these rows, plus the zero-FLOP t/detach ops of the re-run block
+    assert (traced["recompute"] & (traced["flops"] > 0)).tolist() == again(traced).tolist()
+    assert int(traced.loc[traced["recompute"], "flops"].sum()) == 8192 + 512
+    before = reports.mfu(_rewrite(path, recompute=lambda f: f["phase"] != f["phase"]), step_time_s=1.0, peak_flops=1e6).iloc[0]
     df = _rewrite(path, recompute=again)
     assert int(df.loc[df["recompute"], "flops"].sum()) == 8192 + 512
     rate = reports.mfu(df, step_time_s=1.0, peak_flops=1e6).iloc[0]

@@ -1,222 +1,239 @@
-"""Which module and which phase (forward, backward, optimizer, other) an op belongs to.
+"""Which phase (forward, backward, optimizer, other) and which module an op belongs to,
+and whether it re-runs forward work for activation checkpointing.
 
-Forward: global module forward hooks keep a stack of the modules running.
-Backward: when a module's forward ends, a gradient hook on its outputs marks
-the start of its backward (all output gradients are ready) and a gradient hook
-on its inputs marks the end (all input gradients are computed); the innermost
-module is the last one entered. The stack is cleared when the autograd engine
-finishes. Optimizer: the global optimizer step hooks.
+Forward: global module forward hooks keep a stack of the modules running; the
+post hook is registered with `always_call`, so a forward that raises (and is
+caught) or a checkpoint recompute that stops early still leaves the stack.
+Backward: gradient hooks on each module's inputs and outputs (`tracer/backward.py`).
+Optimizer: the global optimizer step hooks. Steps: `tracer/steps.py`; names:
+`tracer/modules.py`.
 
 Phase rules, checked in this order:
-  backward   the autograd engine is running (`_current_graph_task_id() != -1`)
-  optimizer  inside `Optimizer.step`
-  forward    inside a module's forward, or before the step's first backward
-  other      after the step's backward, outside any module (gradient clipping,
-             manual updates, zero_grad with set_to_none=False)
+  backward   the autograd engine is running (`_current_graph_task_id() != -1`),
+             including forward work that activation checkpointing re-runs there
+  forward    inside a module's forward (also in a closure `Optimizer.step` calls)
+  optimizer  inside `Optimizer.step`, but for the next rule in a closure
+  forward    outside any module, an op that builds the autograd graph (grad mode
+             on, an input requires grad, a floating output): the loss of every
+             micro-batch
+  other      the rest: data preparation, gradient clipping and unscaling, a manual
+             update, zero_grad(set_to_none=False), `.item()`, logging
+
+Recompute: an op run by the autograd engine is a recompute when a module's
+forward began inside the engine (both `torch.utils.checkpoint` variants re-run
+the checkpointed modules there), or when grad mode is on although the engine
+run was started without `create_graph` (both variants re-run under
+`enable_grad`). Its phase stays `backward`; its module is the module re-run.
+
+Only the thread that entered the Tracer is traced: module and optimizer hooks
+fired by other threads are ignored (an autograd engine thread running the
+traced thread's backward counts as traced: it carries the tracer's dispatch
+mode). The dispatch mode itself is thread-local, so ops of other threads are
+never recorded.
 
 Known limitations:
   * A module whose inputs need no gradient (the root, an embedding) never sees
     its input hook fire; it stays on the backward stack until the engine
     finishes, so ops after its backward but outside any module are still
     attributed to it.
-  * Modules called inside `torch.utils.checkpoint` re-run their forward in the
-    backward; those ops are attributed to the module and the backward phase.
-  * Backward through several engines at once (reentrant autograd) shares one
-    stack.
+  * Under `backward(create_graph=True)` only the recompute of modules is
+    flagged (grad mode is on for every op of that engine run), and so is the
+    recompute of an engine run whose very first op is a recompute.
+  * A custom autograd Function whose backward enables grad mode, or calls a
+    module, is flagged as a recompute.
+  * In a closure `Optimizer.step` calls, ops outside any module that build no
+    graph (a zero_grad with set_to_none=False) have phase optimizer.
 """
 
-import weakref
+import threading
 
 import torch
 import torch.optim.optimizer as optim_hooks
-from torch.autograd.graph import register_multi_grad_hook
 from torch.nn.modules.module import (
     register_module_forward_hook,
     register_module_forward_pre_hook,
 )
 
-from tracer.compiled import compiled_original, strip_compiled
+from tracer.backward import BackwardStack
+from tracer.modules import ModuleNames
 from tracer.schema import Phase
+from tracer.steps import Steps
 
 _graph_task_id = torch._C._current_graph_task_id
+_grad_enabled = torch.is_grad_enabled
+_get_ident = threading.get_ident
+NO_GRAPH_TASK = -1  # _current_graph_task_id() outside the autograd engine
 FORWARD, BACKWARD, OPTIMIZER, OTHER = Phase.FORWARD, Phase.BACKWARD, Phase.OPTIMIZER, Phase.OTHER
+NOT_RECOMPUTE, RECOMPUTE = 0, 1
 
 
-def _on_grads_ready(tensors, fn):
-    """Call fn once all of `tensors`' gradients are computed; a handle to remove the hook.
+def _builds_graph(ins, outs):
+    """Whether an op's output joins the autograd graph: grad mode on, an input requires
+    grad and the first output is floating point (its requires_grad is set only after
+    the dispatch hook returns)."""
+    if not outs or not _grad_enabled():
+        return False
+    out = outs[0]
+    if not (out.is_floating_point() or out.is_complex()):
+        return False
+    for t in ins:
+        if t.requires_grad:
+            return True
+    return False
 
-    One tensor takes a plain tensor hook: unlike a multi-grad hook it also fires
-    on the tensor backward() starts from (a module that returns the loss)."""
-    if len(tensors) == 1:
-        return tensors[0].register_hook(lambda grad: fn(None))
-    return register_multi_grad_hook(tensors, fn)
+
+def _guarded(hook, on_error):
+    """`hook`, made unable to raise into the traced program: a failure goes to `on_error`."""
+
+    def guarded(*args):
+        try:
+            return hook(*args)
+        except Exception as exc:
+            on_error(exc)
+
+    return guarded
 
 
-def _grad_tensors(obj):
-    """Tensors that require grad in a module's inputs or outputs (one level of nesting)."""
-    if isinstance(obj, torch.Tensor):
-        return [obj] if obj.requires_grad else []
-    if isinstance(obj, dict):
-        obj = obj.values()
-    elif not isinstance(obj, (list, tuple)):
-        return []
-    found = []
-    for item in obj:
-        found.extend(_grad_tensors(item))
-    return found
+def _pop(stack, key):
+    """Remove the innermost entry of `key` (and any entry above it); False when absent."""
+    for i in range(len(stack) - 1, -1, -1):
+        if stack[i][0] == key:
+            del stack[i:]
+            return True
+    return False
 
 
 class Attribution:
-    """Tracks the current module path, phase and training step."""
+    """Tracks the current module path, phase, recompute flag and training step.
 
-    def __init__(self, root=None, on_step_end=None, on_optimizer_start=None):
-        self._names = weakref.WeakKeyDictionary()
-        self.root_name = None
-        self.compiled_seen = False  # a torch.compile'd module ran (eagerly, under the tracer)
-        if root is not None:
-            self._name_tree(root)
-        self.forward_stack = []
-        self.backward_stack = []
+    `traced()` tells whether the calling thread runs traced work (the Tracer's
+    dispatch mode is active in it); `rows_so_far` and `relabel` go to `Steps`."""
+
+    def __init__(self, root=None, *, traced, rows_so_far, relabel, on_step_end=None,
+                 on_optimizer_start=None, on_external_module=None, on_error=None):  # fmt: skip
+        self.names = ModuleNames(root, on_external=on_external_module)
+        self.steps = Steps(rows_so_far, relabel)
+        self.forward_stack = []  # (id(module), name), outside the autograd engine
+        self.recompute_stack = []  # (id(module), name), modules whose forward began inside the engine
+        # when an engine run ends, so does any recompute in it (one that stopped early never pops)
+        self.backward = BackwardStack(self.names, on_engine_done=self.recompute_stack.clear)
+        self.backward_stack = self.backward.stack  # (name, graph task id); the same list, for where()
         self.in_optimizer = False
-        self.backward_seen = False
-        self.step = 0
+        self._closure = False  # the running optimizer step was given a closure (forward and backward)
+        self.trained = False  # this step ran a backward, or a module's forward under grad mode
+        self._traced_elsewhere = traced
+        self._thread = None
+        self._task = NO_GRAPH_TASK  # the engine run seen last, and its grad mode (create_graph)
+        self._task_grad = False
+        self._task_grads = {}  # graph task -> grad mode at its first op
         self._on_step_end = on_step_end
         self._on_optimizer_start = on_optimizer_start
-        self._grad_handles = []
-        self._engine_callback_queued = False
         self._handles = []
-
-    # names -------------------------------------------------------------
-    def _name_tree(self, module, prefix=None):
-        """Name a module and its children: the root by its class, children by relative path.
-
-        A torch.compile wrapper (OptimizedModule) takes the names of the module it wraps."""
-        original = compiled_original(module)
-        if original is not None:
-            self.compiled_seen = True
-            self._names[module] = self.name_of(original)
-            return
-        if prefix is None:
-            self.root_name = self.root_name or type(module).__name__
-            top = type(module).__name__
-            self._names[module] = top
-            base = "" if top == self.root_name else top + "."
-        else:
-            base = prefix
-        for name, child in module.named_modules(remove_duplicate=False):
-            if name and child not in self._names:
-                self._names[child] = base + strip_compiled(name)
-                self.compiled_seen |= compiled_original(child) is not None
-
-    def name_of(self, module):
-        name = self._names.get(module)
-        if name is None:
-            self._name_tree(module)
-            name = self._names[module]
-        return name
+        self._on_error = on_error or (lambda exc: None)
 
     # state the dispatch hook reads ---------------------------------------
-    def where(self):
-        """(schema.Phase, innermost module name) for the op running now."""
-        if _graph_task_id() != -1:
-            self.backward_seen = True
+    def where(self, ins, outs):
+        """(schema.Phase, innermost module name, recompute flag) for the op that just ran."""
+        task = _graph_task_id()
+        if task != NO_GRAPH_TASK:
+            self.trained = True
+            if self.recompute_stack:
+                return BACKWARD, self.recompute_stack[-1][1], RECOMPUTE
+            if task != self._task:
+                self._task = task  # the grad mode at an engine run's first op is its create_graph
+                self._task_grad = self._task_grads.setdefault(task, _grad_enabled())
+            recompute = RECOMPUTE if _grad_enabled() and not self._task_grad else NOT_RECOMPUTE
             stack = self.backward_stack
-            return BACKWARD, stack[-1] if stack else ""
+            return BACKWARD, stack[-1][0] if stack else "", recompute
         stack = self.forward_stack
-        if self.in_optimizer:
-            return OPTIMIZER, stack[-1] if stack else ""
         if stack:
-            return FORWARD, stack[-1]
-        return (OTHER if self.backward_seen else FORWARD), ""
+            return FORWARD, stack[-1][1], NOT_RECOMPUTE
+        if self.in_optimizer:
+            if self._closure and _builds_graph(ins, outs):  # the loss, in a closure the optimizer calls
+                return FORWARD, "", NOT_RECOMPUTE
+            return OPTIMIZER, "", NOT_RECOMPUTE
+        if _builds_graph(ins, outs):
+            if self.steps.forward_work():
+                self._step_began()
+            return FORWARD, "", NOT_RECOMPUTE
+        return OTHER, "", NOT_RECOMPUTE
 
-    def next_step(self):
-        self.step += 1
-        self.backward_seen = False
-        self.backward_stack.clear()
-        self._engine_callback_queued = False  # a backward that raised never ran its callback
-        for handle in self._grad_handles:
-            handle.remove()
-        self._grad_handles.clear()
+    @property
+    def step(self):
+        return self.steps.step
+
+    def _step_began(self):
+        self.trained = False
+        self.forward_stack.clear()  # nothing can still be running when a step begins
+        self.backward.reset()
+        self._task_grads.clear()
+        self._task = NO_GRAPH_TASK
+
+    def traced(self):
+        return _get_ident() == self._thread or self._traced_elsewhere()
 
     # hooks -----------------------------------------------------------------
     def install(self):
+        self._thread = _get_ident()
+        err = self._on_error
         self._handles = [
-            register_module_forward_pre_hook(self._forward_pre),
-            register_module_forward_hook(self._forward_post),
-            optim_hooks.register_optimizer_step_pre_hook(self._optimizer_pre),
-            optim_hooks.register_optimizer_step_post_hook(self._optimizer_post),
+            register_module_forward_pre_hook(_guarded(self._forward_pre, err)),
+            register_module_forward_hook(_guarded(self._forward_post, err), always_call=True),
+            optim_hooks.register_optimizer_step_pre_hook(_guarded(self._optimizer_pre, err)),
+            optim_hooks.register_optimizer_step_post_hook(_guarded(self._optimizer_post, err)),
         ]
 
+    def live_hooks(self):
+        return self.backward.live_hooks()
+
     def remove(self):
-        self._engine_callback_queued = False
-        for handle in self._handles + self._grad_handles:
+        for handle in self._handles:
             handle.remove()
         self._handles.clear()
-        self._grad_handles.clear()
+        self.backward.remove()
 
     def _forward_pre(self, module, args):
-        name = self.name_of(module)
-        self.forward_stack.append(name)
-        if torch.is_grad_enabled():
-            tensors = _grad_tensors(args)
-            if tensors:
-                self._grad_handles.append(_on_grads_ready(tensors, self._backward_exit(name)))
+        if not self.traced():
+            return
+        name = self.names.name_of(module)
+        if _graph_task_id() != NO_GRAPH_TASK:  # activation checkpointing re-runs it in the backward
+            self.recompute_stack.append((id(module), name))
+        else:
+            if not self.in_optimizer and self.steps.forward_work():
+                self._step_began()
+            elif not self.forward_stack:
+                self.backward.prune()  # a new outermost forward: bound the handles of graphs never backpropagated
+            self.forward_stack.append((id(module), name))
+            self.trained = self.trained or _grad_enabled()
+        if _grad_enabled():
+            self.backward.watch_inputs(args, name)
 
     def _forward_post(self, module, args, output):
-        name = self.name_of(module)
-        if self.forward_stack and self.forward_stack[-1] == name:
-            self.forward_stack.pop()
-        elif name in self.forward_stack:  # a hook raised in between: drop what is above it too
-            del self.forward_stack[len(self.forward_stack) - 1 - self.forward_stack[::-1].index(name) :]
-        if torch.is_grad_enabled():
-            tensors = _grad_tensors(output)
-            if tensors:
-                self._grad_handles.append(_on_grads_ready(tensors, self._backward_enter(name)))
-
-    def _is_ancestor(self, outer, inner):
-        return inner.startswith(outer + ".") or (outer == self.root_name and inner != outer)
-
-    def _backward_enter(self, name):
-        def hook(_grads):
-            self._queue_engine_callback()
-            # A module and its last child can share an output tensor; their hooks
-            # then fire child first. Keep ancestors below descendants regardless.
-            stack = self.backward_stack
-            at = len(stack)
-            while at > 0 and self._is_ancestor(name, stack[at - 1]):
-                at -= 1
-            stack.insert(at, name)
-
-        return hook
-
-    def _backward_exit(self, name):
-        def hook(_grads):
-            stack = self.backward_stack
-            for i in range(len(stack) - 1, -1, -1):
-                if stack[i] == name:
-                    del stack[i]
-                    break
-
-        return hook
-
-    def _queue_engine_callback(self):
-        if self._engine_callback_queued:
+        if not self.traced():
             return
-
-        def done():
-            self.backward_stack.clear()
-            self._engine_callback_queued = False
-
-        torch.autograd.Variable._execution_engine.queue_callback(done)
-        self._engine_callback_queued = True
+        if not _pop(self.recompute_stack, id(module)):
+            _pop(self.forward_stack, id(module))
+        if output is not None and _grad_enabled():
+            self.backward.watch_outputs(output, self.names.name_of(module))
 
     def _optimizer_pre(self, optimizer, args, kwargs):
+        if not self.traced():
+            return
+        closure = kwargs.get("closure", args[1] if len(args) > 1 else None)  # args: (optimizer, closure)
+        self._closure = callable(closure)
+        if self._closure and self.steps.forward_work():  # it will run the forward: Lightning, LBFGS
+            self._step_began()
+        elif not self._closure:  # no module runs now: drop what a BaseException (no always_call) left
+            self.forward_stack.clear()
         self.in_optimizer = True
+        self.steps.optimizer_start(optimizer)
         if self._on_optimizer_start is not None:
             self._on_optimizer_start(optimizer)
 
     def _optimizer_post(self, optimizer, args, kwargs):
-        self.in_optimizer = False
+        if not self.traced():
+            return
+        self.in_optimizer = self._closure = False
+        self.steps.optimizer_end()
         if self._on_step_end is not None:
             self._on_step_end(optimizer)
-        self.next_step()

@@ -21,6 +21,17 @@ def cuda_sync_for(device_type):
     return None
 
 
+def cuda_in_use():
+    """Whether this process has initialised CUDA (so queued kernels may be running)."""
+    return torch.cuda.is_available() and torch.cuda.is_initialized()
+
+
+def sync_all_cuda():
+    """Wait for the work queued on every CUDA device."""
+    for index in range(torch.cuda.device_count()):
+        torch.cuda.synchronize(index)
+
+
 def _cpu_info():
     info = {"name": platform.processor() or platform.machine(), "cores": os.cpu_count(), "threads": torch.get_num_threads()}
     try:
@@ -80,8 +91,10 @@ def time_step(fn, *, warmup=2, repeats=5, device=None):
     """Median wall time of `fn()` in seconds, untraced, after `warmup` calls.
 
     On CUDA the device is synchronised before and after each call, so the time
-    covers the work, not only its launch. Returns a dict with `median_s`,
-    `times_s`, `warmup`, `repeats`, `device` (JSON-ready, for the trace metadata)."""
+    covers the work, not only its launch: `device` when given, else every CUDA
+    device once the process uses CUDA (checked after the warm-up calls, which may
+    be what starts it). Returns a dict with `median_s`, `times_s`, `warmup`,
+    `repeats`, `device` (JSON-ready, for the trace metadata)."""
     if not callable(fn):
         raise TraceError(f"time_step: fn must be callable, got {type(fn).__name__}")
     for name, value, least in (("warmup", warmup, 0), ("repeats", repeats, 1)):
@@ -89,10 +102,15 @@ def time_step(fn, *, warmup=2, repeats=5, device=None):
             raise TraceError(f"time_step: {name} must be an int >= {least}, got {value!r}")
     if torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE) is not None or _tracing_active():
         raise TraceError("time_step: call it outside the Tracer (and outside FakeTensorMode): traced time is not step time")
-    device = torch.device(device) if device is not None else torch.device("cpu")
-    sync = cuda_sync_for(device.type)
+    device = torch.device(device) if device is not None else None
     for _ in range(warmup):
         fn()
+    if device is not None:
+        sync = cuda_sync_for(device.type)
+    elif cuda_in_use():
+        device, sync = torch.device("cuda", torch.cuda.current_device()), sync_all_cuda
+    else:
+        device, sync = torch.device("cpu"), None
     times = []
     for _ in range(repeats):
         if sync:

@@ -8,6 +8,7 @@ import warnings
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import _get_current_dispatch_mode_stack as _mode_stack
 
 from tracer.attribution import Attribution
 from tracer.compiled import compiled_original, unwrap
@@ -18,7 +19,7 @@ from tracer.layouts import STRIDED, describe, odd_flops, register_subclass
 from tracer.metadata import Roles, dtype_name, now, run_metadata
 from tracer.op_kinds import METADATA_OPS, OUTPUT_ELEMENTS, ZERO, flop_rule
 from tracer.safety import write_failure_message
-from tracer.schema import CAUSAL_NONE, NO_VALUE
+from tracer.schema import CAUSAL_NONE, NO_VALUE, FlopBasis
 from tracer.storage import StorageTable
 from tracer.writer import (
     PER_OUTPUT_ELEMENT,
@@ -32,6 +33,7 @@ from tracer.writer import (
 Tensor = torch.Tensor
 _perf_ns = time.perf_counter_ns
 MIN_STEP_TIME_S = 1e-9  # a step shorter than a nanosecond is a unit mistake, not a measurement
+_PER_ELEMENT, _FORMULA = int(FlopBasis.PER_OUTPUT_ELEMENT), int(FlopBasis.FORMULA)
 
 
 def _tensors(args, kwargs):
@@ -73,8 +75,13 @@ class _OpInfo:
         self.name_id = names["op"].id(self.name)
         self.rule = flop_rule(func)
         self.kind_id = names["kind"].id(self.rule.kind)
-        # 0: no FLOPs; 1: one per output element (the hook has that count already); 2: ask the rule
-        self.basis = 0 if self.rule.count is ZERO else 1 if self.rule.count is OUTPUT_ELEMENTS else 2
+        count = self.rule.count
+        if count is ZERO:
+            self.basis = int(FlopBasis.ZERO)
+        elif count is OUTPUT_ELEMENTS:  # the writer counts the output elements
+            self.basis = int(FlopBasis.PER_OUTPUT_ELEMENT)
+        else:
+            self.basis = int(FlopBasis.FORMULA)
         # Composite ops (linear, matmul, einsum) normally decompose before they reach
         # us; under inference_mode they arrive whole and run whole: tracer/composite_flops.py
         # has their formulas. The tracer never decomposes an op itself (that could change
@@ -166,7 +173,8 @@ class Tracer:
     flush_rows rows per Parquet part; memory held by the tracer stays bounded
                by this many rows.
 
-    The step counter advances when an optimizer step ends or on `step()`.
+    A step begins with the first forward work after an optimizer step or `step()`
+    (tracer/steps.py); only the thread that entered the Tracer is traced.
     The tracer keeps no tensor alive: it holds storages through weak references.
     """
 
@@ -230,15 +238,22 @@ class Tracer:
         self._meta = run_metadata(self.run_name, self.tokens, self.model, self._storages.id_of)
         self._meta["trace_id"] = self.trace_id
         first = next(self.model.parameters(), None) if self.model is not None else None
+        self._model_device = first is not None  # the model's device is the run's device
         if first is not None:
             self._first_device(first.device)
+        self._mode = _TraceMode(self)
         self._attr = Attribution(
             self.model,
+            traced=lambda: self._mode in _mode_stack(),
+            rows_so_far=lambda: len(self._rows),
+            relabel=lambda first_row, step: self._rows.set_step(first_row, step),
             on_optimizer_start=lambda opt: self._roles.gradients(p for g in opt.param_groups for p in g["params"]),
             on_step_end=self._roles.optimizer_state,
+            on_external_module=self._external_module,
+            on_error=lambda exc: self._record_failed("a module or optimizer hook", exc),
         )
+        self._steps = self._attr.steps
         self._attr.install()
-        self._mode = _TraceMode(self)
         Tracer._active = self
         self._mode.__enter__()
 
@@ -263,9 +278,10 @@ class Tracer:
         return False
 
     def step(self):
-        """Mark the end of a training step (the optimizer hooks do this on their own)."""
+        """End the training step by hand: the next forward work begins a new one (the optimizer hooks
+        do this on their own)."""
         self._roles.gradients(self.model.parameters() if self.model is not None else ())
-        self._attr.next_step()
+        self._steps.mark()
 
     @property
     def current_step(self):
@@ -357,10 +373,12 @@ class Tracer:
             if layout:
                 flops, kind_name = odd_flops(info, args, kwargs, out, ins, outs)
                 kind = self._writer.names["kind"].id(kind_name)
+            elif basis == _FORMULA:
+                flops = info.rule.count(args, kwargs, out)
             else:
-                flops = 0 if basis == 0 else PER_OUTPUT_ELEMENT if basis == 1 else info.rule.count(args, kwargs, out)
+                flops = PER_OUTPUT_ELEMENT if basis == _PER_ELEMENT else 0
             causal = CAUSAL_NONE if info.rule.causal is None else int(bool(info.rule.causal(args, kwargs)))
-            phase, module = self._attr.where()
+            phase, module, recompute = self._attr.where(ins, outs)
             module_id = self._module_ids.get(module)
             if module_id is None:
                 module_id = self._new_module(module)
@@ -379,10 +397,10 @@ class Tracer:
             rows.freed.extend(freed)
             freed.clear()
         rows.ints.extend((
-            self._attr.step, info.name_id, phase, module_id, device_id, kind,
+            self._steps.step, info.name_id, phase, module_id, device_id, kind,
             info.inplace, causal, flops, allocated, storages.live_bytes, inplace_bytes, out_bytes, duration,
             len(ins), len(outs), n_freed,
-            0, start, duration, layout, NO_VALUE, NO_VALUE, 0,
+            recompute, start, duration, layout, NO_VALUE, NO_VALUE, 0,
         ))  # fmt: skip
         if len(rows.ints) >= self._flush_at:
             self._flush()
@@ -413,10 +431,18 @@ class Tracer:
             name = ""
         else:
             name = str(device)
-            if self._device is None:
-                self._first_device(device)
+            if self._device is None or (not self._model_device and self._device.type == "cpu" != device.type):
+                self._first_device(device)  # a model's device, else the first device that is not the CPU
         device_id = self._device_ids[device] = self._writer.names["device"].id(name)
         return device_id
+
+    def _external_module(self, module):
+        """A module outside model= ran: its parameters get the storage role external_parameter."""
+        own = {id(p) for p in self.model.parameters()} if self.model is not None else set()
+        for p in module.parameters():
+            if id(p) not in own:
+                self._storages.id_of(p.untyped_storage())
+                self._roles.add("external_parameter", p)
 
     def _record_failed(self, op, exc):
         self._errors += 1
@@ -433,6 +459,7 @@ class Tracer:
             self._meta["cuda_memory"] = {"start": memory}
 
     def _flush(self):
+        self._steps.settle()  # the rows are about to be written: their step numbers become final
         meta = self._metadata()
         rows, self._rows = self._rows, RowBuffer(self._rows.first_seq + len(self._rows))
         return self._write(rows, meta)
@@ -457,13 +484,14 @@ class Tracer:
         return True
 
     def _close(self, complete):
+        self._steps.finish(self._attr.trained)
         if self.model is not None:
             self._roles.gradients(self.model.parameters())
         memory = cuda_memory(self._device)
         if memory is not None:
             self._meta.setdefault("cuda_memory", {})["end"] = memory
         self._meta["end_time"] = now()
-        if self._model_compiled or self._attr.compiled_seen:
+        if self._model_compiled or self._attr.names.compiled_seen:
             self._meta["compiled_ran_eagerly"] = True
         self._closed = True
         try:

@@ -36,6 +36,19 @@ class Phase(enum.IntEnum):
 
 PHASES = tuple(p.name.lower() for p in Phase)
 
+class FlopBasis(enum.IntEnum):
+    """How the dispatch hook finds an op's FLOPs (tracer/mode.py `_OpInfo.basis`)."""
+
+    ZERO = 0  # the op does no arithmetic
+    PER_OUTPUT_ELEMENT = 1  # one FLOP per output element: the writer counts them from the output shapes
+    FORMULA = 2  # ask the op's FLOP formula
+
+
+# In a module name: the model's modules are its class name and dotted paths below it; a module
+# outside the model is an external root `<ClassName>#<k>` (tracer/modules.py), e.g. a frozen
+# teacher `MLP#1` with `MLP#1.fc1` below it. Such a root is no child of the model.
+EXTERNAL_MARK = "#"
+
 # Sentinels of the packed integer row (tracer/writer.py ROW_FIELDS); each becomes null in Parquet.
 CAUSAL_NONE = -1  # causal: not an attention kernel
 NO_VALUE = -1  # busy_ns, comm_bytes, group_size: not measured / not a collective
@@ -60,7 +73,7 @@ _str = pa.dictionary(pa.int32(), pa.string())
 # (name, type, meaning): the README's schema table is written from this list.
 COLUMNS = (
     ("seq", pa.int64(), "op index in the trace, from 0"),
-    ("step", pa.int64(), "training step: advances when an optimizer step ends or on Tracer.step()"),
+    ("step", pa.int64(), "training step: begins with the first forward work after an optimizer step or Tracer.step()"),
     ("op", _str, "aten overload, e.g. aten.mm.default"),
     ("phase", _str, "forward | backward | optimizer | other"),
     ("module", _str, "dotted path of the innermost module ('' outside any module)"),
@@ -115,14 +128,15 @@ ARROW_SCHEMA = pa.schema([pa.field(name, typ) for name, typ, _ in COLUMNS])
 #   python_version, device {type, name, ...properties}, tokens, root_module,
 #   params {total, trainable, embedding}, parameters {name: {storage_id,
 #   numel, dtype, shape, trainable, embedding}}, storage_roles {gradient: [ids],
-#   optimizer_state: [ids]} (each part holds the roles learned since the part
-#   before it; read_metadata merges them), rows, step_time (untraced step
+#   optimizer_state: [ids], external_parameter: [ids of the parameters of modules
+#   outside model=, e.g. a frozen teacher]} (each part holds the roles learned
+#   since the part before it; read_metadata merges them), rows, step_time (untraced step
 #   timing, when measured), error (the exception that ended the traced block),
 #   trace_id (the same in every part of one trace), parts (parts written,
 #   this one included), lost_rows, record_errors, write_errors (the first
 #   failed write: file and OS error), compiled (torch.compile ran eagerly).
 
-ROLE_KEYS = ("gradient", "optimizer_state")
+ROLE_KEYS = ("gradient", "optimizer_state", "external_parameter")
 
 
 def part_paths(path):

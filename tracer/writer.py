@@ -110,6 +110,11 @@ class RowBuffer:
         freed = int(rows[:, ROW_FIELDS.index("freed")].sum())
         del self.tensors[TENSOR_WIDTH * tensors :], self.dims[dims:], self.freed[freed:]
 
+    def set_step(self, first_row, step):
+        """Give the rows from `first_row` on the step number `step` (a step boundary decided late)."""
+        rows = range(first_row * ROW_WIDTH + FIELD["step"], len(self.ints), ROW_WIDTH)
+        self.ints[rows.start :: ROW_WIDTH] = array("q", [step]) * len(rows)
+
     def table(self, names, itemsize, metadata, clock_offset_ns=0):
         """The rows as a pyarrow Table with the trace schema and `metadata` attached.
 

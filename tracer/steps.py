@@ -1,0 +1,106 @@
+"""Training steps: where one forward/backward/optimizer cycle of the traced thread ends.
+
+A step begins with the first *forward work* after an optimizer step has run
+(forward work: a module's forward outside the autograd engine, or an op outside
+any module that builds the autograd graph). Whatever runs between the optimizer
+and that forward work (`loss.item()`, a scaler update, `zero_grad`, logging)
+belongs to the step it follows. Step 0 begins with the trace's first forward
+work, and holds what ran before it.
+
+Several optimizers in one iteration are one step: a step is a cycle in which
+each optimizer steps at most once. Which optimizer steps next is known only
+after the forward work that follows an optimizer step has begun, so the step
+that forward work begins is *tentative*: when the next optimizer to step did not
+step in the step before, both are one step (a GAN: the generator's forward and
+step join the discriminator's), and the rows recorded since the tentative step
+began get the earlier step number back (`relabel`).
+
+A tentative step still open when a part of the trace is written is settled
+then (its rows are final), by what the same situation gave last time, else it
+stands; the optimizer that comes next still teaches the right answer for the
+next time. So with parts smaller than a generator's half-iteration, a GAN's
+first iteration counts as two steps and the rest right.
+
+At the end of the trace, a tentative step that trained nothing (no backward, no
+optimizer, no module forward under grad mode: an evaluation pass, or logging
+that touches a parameter, after the last optimizer step) joins the step before
+it; one that did (a trace cut in the middle of a step) stands.
+
+`Tracer.step()` ends a step by hand: the next forward work begins a new step,
+which never joins the one before. (A loop of plain tensor ops that calls no
+module and builds no autograd graph has no forward work: it stays in one step.)
+"""
+
+
+class Steps:
+    """The step counter. `rows_so_far()` is the number of rows in the unwritten part;
+    `relabel(first_row, step)` gives that part's rows from `first_row` on the step `step`."""
+
+    def __init__(self, rows_so_far, relabel):
+        self.step = 0
+        self.armed = True  # the next forward work begins a step
+        self._began = False  # step 0 has begun
+        self._joinable = False  # the last boundary came from an optimizer, not from Tracer.step()
+        self._stepped = set()  # id() of the optimizers that stepped in this step
+        self._before = None  # while the step is tentative: the optimizers of the step before
+        self._began_at = 0  # while tentative: the row the step began at
+        self._joined_last = {}  # frozenset of optimizers before -> whether the last tentative step after them joined
+        self._guessed = None  # the optimizers before a tentative step settled by a guess, until the truth comes
+        self._rows_so_far = rows_so_far
+        self._relabel = relabel
+
+    def forward_work(self):
+        """Forward work is starting. True when it began a step."""
+        if not self.armed:
+            return False
+        self.armed = False
+        if not self._began:
+            self._began = True
+            return True
+        self.step += 1
+        if self._joinable and self._stepped:
+            self._before = self._stepped
+            self._began_at = self._rows_so_far()
+        self._stepped = set()
+        return True
+
+    def optimizer_start(self, optimizer):
+        self._began = True
+        key = id(optimizer)
+        if self._before is not None:
+            self._decide(join=key not in self._before)
+        elif self._guessed is not None:
+            self._joined_last[frozenset(self._guessed)] = key not in self._guessed
+        self._guessed = None
+        self._stepped.add(key)
+
+    def optimizer_end(self):
+        self.armed = True
+        self._joinable = True
+
+    def mark(self):
+        """Tracer.step(): the step ends here and the next does not join it."""
+        if self._before is not None:
+            self._decide(join=False)
+        self._guessed = None
+        self.armed = True
+        self._joinable = False
+
+    def settle(self):
+        """A part is about to be written: settle a tentative step now."""
+        if self._before is not None:
+            self._guessed = self._before
+            self._decide(join=self._joined_last.get(frozenset(self._before), False))
+
+    def finish(self, trained):
+        """The trace ends: a tentative step that trained nothing joins the step before."""
+        if self._before is not None:
+            self._decide(join=not trained)
+
+    def _decide(self, join):
+        before, self._before = self._before, None
+        self._joined_last[frozenset(before)] = join
+        if join:
+            self.step -= 1
+            self._relabel(self._began_at, self.step)
+            self._stepped |= before
