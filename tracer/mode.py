@@ -8,13 +8,14 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from tracer.attribution import Attribution
-from tracer.device import cuda_memory, cuda_sync_for, device_info
+from tracer.device import cuda_memory, device_info
 from tracer.errors import TraceError
 from tracer.flops import has_formula
 from tracer.metadata import Roles, dtype_name, now, run_metadata
 from tracer.op_kinds import METADATA_OPS, OUTPUT_ELEMENTS, ZERO, flop_rule
 from tracer.schema import CAUSAL_NONE, NO_VALUE
 from tracer.storage import StorageTable
+from tracer.timing import check_timing, make_timer
 from tracer.writer import (
     PER_OUTPUT_ELEMENT,
     ROW_WIDTH,
@@ -127,14 +128,10 @@ class _TraceMode(TorchDispatchMode):
             if out is not NotImplemented:
                 return out
         tracer = self._tracer
-        sync = tracer._sync
-        if sync is not None:
-            sync()
-        start = _perf_ns()
+        timer = tracer._timer
+        start = timer.start()
         out = func(*args, **kwargs)
-        if sync is not None:
-            sync()
-        duration = _perf_ns() - start
+        duration = timer.stop(start)
         try:
             tracer._record(info, args, kwargs, out, start, duration)
         except Exception as exc:  # never break the traced program over a bookkeeping error
@@ -155,6 +152,10 @@ class Tracer:
     run_name   optional label for reports; default: the trace's file name.
     flush_rows rows per Parquet part; memory held by the tracer stays bounded
                by this many rows.
+    timing     "events" (default: CUDA events on CUDA, resolved at each flush with
+               one synchronise; perf_counter_ns elsewhere), "sync" (synchronise
+               around every op on CUDA) or "off" (duration_ns 0, busy_ns null).
+               See tracer/timing.py.
 
     The step counter advances when an optimizer step ends or on `step()`.
     The tracer keeps no tensor alive: it holds storages through weak references.
@@ -162,7 +163,7 @@ class Tracer:
 
     _active = None
 
-    def __init__(self, path, *, model=None, tokens=None, run_name=None, flush_rows=16384):
+    def __init__(self, path, *, model=None, tokens=None, run_name=None, flush_rows=16384, timing="events"):
         if not isinstance(path, (str, os.PathLike)):
             raise TraceError(f"Tracer: path must be a str or os.PathLike, got {type(path).__name__}")
         if model is not None and not isinstance(model, torch.nn.Module):
@@ -178,6 +179,7 @@ class Tracer:
         self.tokens = tokens
         self.run_name = run_name or os.path.splitext(os.path.basename(self.path))[0]
         self.flush_rows = flush_rows
+        self.timing = check_timing(timing)
         self._writer = None
         self._closed = False
 
@@ -201,7 +203,7 @@ class Tracer:
         self._errors = 0
         self._lost_rows = 0  # rows whose part could not be written
         self._device = None
-        self._sync = None
+        self._timer = make_timer(self.timing, None)
         self._roles = Roles(self._storages.known)
         self._meta = run_metadata(self.run_name, self.tokens, self.model, self._storages.id_of)
         first = next(self.model.parameters(), None) if self.model is not None else None
@@ -337,6 +339,7 @@ class Tracer:
             len(ins), len(outs), n_freed,
             0, start, duration, 0, NO_VALUE, NO_VALUE, 0,
         ))  # fmt: skip
+        self._timer.bind(rows)
         if len(rows.ints) >= self._flush_at:
             self._flush()
 
@@ -367,13 +370,14 @@ class Tracer:
     # the rest ----------------------------------------------------------------------
     def _first_device(self, device):
         self._device = device
-        self._sync = cuda_sync_for(device.type)
+        self._timer = make_timer(self.timing, device)
         self._meta["device"] = device_info(device)
         memory = cuda_memory(device)
         if memory is not None:
             self._meta["cuda_memory"] = {"start": memory}
 
     def _flush(self):
+        self._timer.resolve(self._rows)
         meta = self._metadata()
         rows, self._rows = self._rows, RowBuffer(self._rows.first_seq + len(self._rows))
         try:
@@ -402,5 +406,6 @@ class Tracer:
         meta["rows"] = self._writer.rows + len(self._rows)
         meta["record_errors"] = self._errors
         meta["lost_rows"] = self._lost_rows
+        meta["timing"] = {"mode": self._timer.name, "unresolved_rows": getattr(self._timer, "failed", 0)}
         meta["storage_roles"] = self._roles.take()
         return meta
