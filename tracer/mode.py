@@ -270,6 +270,16 @@ class Tracer:
         if self._closed:
             self._writer.write(RowBuffer(), self._metadata())
 
+    def set_bandwidth(self, bandwidth):
+        """Record the achievable memory bytes/s (the dict `memory_bandwidth` returns): the roofline's memory roof on a CPU."""
+        if not isinstance(bandwidth, dict) or not isinstance(bandwidth.get("bytes_per_s"), float):
+            raise TraceError(f"set_bandwidth: expected the dict memory_bandwidth returns, got {bandwidth!r}")
+        if self._writer is None:
+            raise TraceError("set_bandwidth: the Tracer has not been entered yet")
+        self._meta["bandwidth"] = bandwidth
+        if self._closed:
+            self._writer.write(RowBuffer(), self._metadata())
+
     # the hot path ------------------------------------------------------------------
     def _record(self, info, args, kwargs, out, start, duration):
         rows = self._rows
