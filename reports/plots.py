@@ -253,15 +253,14 @@ def plot_roofline(df, by="op", peak_flops=None, bandwidth=None, labels=8):
         hi = max(x.max() * 3 if len(x) else 1000, 1000)
         grid = np.geomspace(lo, hi, 200)
         bw = t["peak_bytes_per_s"].dropna()
-        peaks = t.dropna(subset=["peak_flops_per_s"]).groupby("dtype")["peak_flops_per_s"].first() if "dtype" in t else []
-        top = []
+        peaks = t.dropna(subset=["peak_flops_per_s"]).groupby("dtype")["peak_flops_per_s"].first()
+        top = [float(p) for p in peaks]
         if len(bw):
-            ax.plot(grid, grid * bw.iloc[0], color="black", linewidth=1.2,
-                    label=f"memory roof {bw.iloc[0] / 1e9:.3g} GB/s")  # fmt: skip
-        for dtype, peak in getattr(peaks, "items", lambda: [])():
+            memory = grid * bw.iloc[0] if not top else np.minimum(grid * bw.iloc[0], max(top))
+            ax.plot(grid, memory, color="black", linewidth=1.2, label=f"memory roof {bw.iloc[0] / 1e9:.3g} GB/s")
+        for dtype, peak in peaks.items():
             roof = np.minimum(peak, grid * bw.iloc[0]) if len(bw) else np.full_like(grid, peak)
             ax.plot(grid, roof, linestyle="--", linewidth=1.2, label=f"{dtype} peak {peak / 1e12:.3g} TFLOP/s")
-            top.append(peak)
         for bound, color in _BOUND_COLORS.items():
             pick = (drawn["bound"] == bound).to_numpy()
             if pick.any():
@@ -278,8 +277,8 @@ def plot_roofline(df, by="op", peak_flops=None, bandwidth=None, labels=8):
         ax.set_xlabel("arithmetic intensity (FLOPs per algorithmic byte)")
         ax.set_ylabel("achieved FLOP/s")
         hidden_pct = 100 * hidden["time_s"].sum() / max(t["time_s"].sum(), 1e-30)
-        ax.set_title(f"{run}: roofline by {by} (area: share of op time; {len(hidden)} kinds with no FLOPs "
-                     f"or bytes, {hidden_pct:.0f}% of time, not drawn)", fontsize=10)  # fmt: skip
+        ax.set_title(f"{run}: roofline by {by} (area: share of op time; {len(hidden)} kinds without FLOPs, "
+                     f"{hidden_pct:.0f}% of time, not drawn)", fontsize=10)  # fmt: skip
         ax.grid(which="both", alpha=0.25)
         ax.legend(loc="lower right", fontsize=8)
     return fig

@@ -149,3 +149,15 @@ def test_empty_trace_keeps_columns(trace):
     t = roofline(empty)
     assert len(t) == 0 and "efficiency" in t.columns and t["flops"].dtype == "int64"
     assert isinstance(roofline_split(empty), pd.DataFrame)
+
+
+def test_plot_roofline_draws_roofs_and_points(trace):
+    pytest.importorskip("matplotlib")
+    from reports.plots import plot_roofline
+
+    ax = plot_roofline(trace, peak_flops=PEAK, bandwidth=BW).axes[0]
+    assert ax.get_xscale() == "log" and ax.get_yscale() == "log"
+    lines = [line.get_label() for line in ax.get_lines()]
+    assert lines == ["memory roof 100 GB/s", "float32 peak 1 TFLOP/s"]
+    points = sum(len(c.get_offsets()) for c in ax.collections)
+    assert points == 2  # mm (compute-bound) and add (memory-bound)
