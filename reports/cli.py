@@ -1,4 +1,4 @@
-"""The `optrace` command: `optrace report TRACE` and `optrace compare A B [C ...]`.
+"""The `optrace` command: `optrace report TRACE`, `optrace compare A B [C ...]`, `optrace export TRACE -o OUT.json`.
 
 Bad input (a missing file, not Parquet, no optrace metadata, a newer schema)
 prints one line naming the file and what is wrong, and exits with status 2.
@@ -227,6 +227,13 @@ def _compare(args):
         print(table.head(args.top).to_string(index=False, formatters=_formatters(table), na_rep="N/A"))
 
 
+def _export(args):
+    from reports.export import export_chrome
+
+    ops = export_chrome(args.trace, args.output)
+    print(f"optrace export: {ops} ops -> {args.output} (open it at https://ui.perfetto.dev or chrome://tracing)")
+
+
 def _positive(text):
     """An argparse type: a finite number > 0."""
     try:
@@ -255,6 +262,10 @@ def _parser():
     cmp.add_argument("--json", action="store_true")
     cmp.add_argument("--top", type=int, default=20)
     cmp.set_defaults(run=_compare)
+    exp = sub.add_parser("export", help="write a trace as Chrome trace-event JSON for Perfetto")
+    exp.add_argument("trace")
+    exp.add_argument("-o", "--output", required=True, metavar="OUT.json")
+    exp.set_defaults(run=_export)
     return parser
 
 
