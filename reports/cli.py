@@ -228,9 +228,9 @@ def _compare(args):
 
 
 def _export(args):
-    from reports.export import export_chrome
+    from reports.export import export_trace
 
-    ops = export_chrome(args.trace, args.output)
+    ops = export_trace(args.trace, args.output)
     print(f"optrace export: {ops} ops -> {args.output} (open it at https://ui.perfetto.dev or chrome://tracing)")
 
 
@@ -262,9 +262,9 @@ def _parser():
     cmp.add_argument("--json", action="store_true")
     cmp.add_argument("--top", type=int, default=20)
     cmp.set_defaults(run=_compare)
-    exp = sub.add_parser("export", help="write a trace as Chrome trace-event JSON for Perfetto")
+    exp = sub.add_parser("export", help="write a trace for Perfetto: Chrome JSON (.json) or protobuf (.pftrace)")
     exp.add_argument("trace")
-    exp.add_argument("-o", "--output", required=True, metavar="OUT.json")
+    exp.add_argument("-o", "--output", required=True, metavar="OUT.json|OUT.pftrace")
     exp.set_defaults(run=_export)
     return parser
 

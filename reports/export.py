@@ -40,7 +40,7 @@ from reports.errors import ReportError
 from reports.load import read_run
 from tracer.schema import PHASES, part_paths
 
-__all__ = ["export_chrome", "trace_ranks"]
+__all__ = ["export_chrome", "export_trace", "trace_ranks"]
 
 BATCH_ROWS = 8192
 _RANK_DIR = re.compile(r"^rank=(\d+)$")
@@ -187,9 +187,9 @@ def _ints(array):
 class _Rank:
     """Turns one rank's rows into events: its tracks, open module slices, clocks and counters."""
 
-    def __init__(self, rank, meta, base, write, text):
+    def __init__(self, rank, meta, base, out, text):
         self.pid = rank
-        self.write = write
+        self.out = out
         self.text = text
         self.base = base
         self.root = meta.get("root_module")
@@ -206,15 +206,15 @@ class _Rank:
     def _close_to(self, keep, tid, at):
         while len(self.stack) > keep:
             self.stack.pop()
-            self.write(f'{{"ph":"E","pid":{self.pid},"tid":{tid},"ts":{_ns(at)}}},\n')
+            self.out.end(self.pid, tid, at)
 
     def batch(self, batch):
         """Write the events of one record batch of rows, in row order."""
-        pid, text, write = self.pid, self.text, self.write
+        pid, text, out = self.pid, self.text, self.out
         col, names = batch.column, batch.schema.names
         args = _args(batch, text)
         ops = _dictionary(col("op"))
-        short = [text(o.removeprefix("aten.").rsplit(".", 1)[0] if o.startswith("aten.") else o)
+        short = [o.removeprefix("aten.").rsplit(".", 1)[0] if o.startswith("aten.") else o
                  for o in ops.dictionary.to_pylist()]  # fmt: skip
         op_ids = _ints(ops.indices)
         modules = _dictionary(col("module"))
@@ -246,23 +246,21 @@ class _Rank:
                     keep += 1
                 self._close_to(keep, tid, end_before)
                 for name in chain[keep:]:
-                    write(f'{{"ph":"B","pid":{pid},"tid":{tid},"ts":{_ns(ts)},"cat":"module","name":{text(name)}}},\n')
+                    out.begin(pid, tid, ts, name)
                     stack.append(name)
             end = ts + duration[i]
             track_end[tid] = self.cursor = end
-            write(f'{{"ph":"X","pid":{pid},"tid":{tid},"ts":{_ns(ts)},"dur":{_ns(duration[i])},"cat":"op",'
-                  f'"name":{short[op_ids[i]]},"args":{{{args[i]}}}}},\n')  # fmt: skip
-            at = _ns(end)
+            out.op(pid, tid, ts, duration[i], short[op_ids[i]], args[i])
             if live[i] != self.live:
                 self.live = live[i]
-                write(f'{{"ph":"C","pid":{pid},"ts":{at},"name":"live bytes","args":{{"total":{live[i]}}}}},\n')
+                out.counter(pid, end, "live bytes", {"total": live[i]})
                 if roles is not None:
-                    self._categories(roles.pop(i, None), live[i], at)
+                    self._categories(roles.pop(i, None), live[i], end)
             elif roles and i in roles:
-                self._categories(roles.pop(i), live[i], at)
+                self._categories(roles.pop(i), live[i], end)
             if flops[i]:
                 self.flops += flops[i]
-                write(f'{{"ph":"C","pid":{pid},"ts":{at},"name":"cumulative FLOPs","args":{{"flops":{self.flops}}}}},\n')
+                out.counter(pid, end, "cumulative FLOPs", {"flops": self.flops})
 
     def _role_rows(self, batch):
         """{row: (freed role storage ids, [(output role storage id, bytes)])} for rows touching a role's storage."""
@@ -298,52 +296,88 @@ class _Rank:
         split["other"] = max(0, live - sum(split.values()))
         if split != self.by_category:
             self.by_category = split
-            values = ",".join(f'"{k}":{v}' for k, v in split.items())
-            self.write(f'{{"ph":"C","pid":{self.pid},"ts":{at},"name":"memory by category","args":{{{values}}}}},\n')
+            self.out.counter(self.pid, at, "memory by category", split)
 
     def finish(self):
         if self.track is not None:
             self._close_to(0, self.track[0], self.track_end.get(self.track[0], 0))
 
 
-def _header(rank, meta, write, text):
+class JsonEvents:
+    """Writes Chrome trace-event JSON, one event per line (ts in microseconds, 3 decimals)."""
+
+    suffix = ".json"
+
+    def __init__(self, file, text):
+        self.write = file.write
+        self.text = text
+
+    def start(self, other):
+        self.write(f'{{"displayTimeUnit":"ns","otherData":{json.dumps(other)},"traceEvents":[\n')
+
+    def process(self, pid, label, tracks):
+        write, text = self.write, self.text
+        write(f'{{"ph":"M","pid":{pid},"name":"process_name","args":{{"name":{text(label)}}}}},\n')
+        write(f'{{"ph":"M","pid":{pid},"name":"process_sort_index","args":{{"sort_index":{pid}}}}},\n')
+        for i, (tid, name) in enumerate(tracks):
+            write(f'{{"ph":"M","pid":{pid},"tid":{tid},"name":"thread_name","args":{{"name":{text(name)}}}}},\n')
+            write(f'{{"ph":"M","pid":{pid},"tid":{tid},"name":"thread_sort_index","args":{{"sort_index":{i}}}}},\n')
+
+    def begin(self, pid, tid, ts, name):
+        self.write(f'{{"ph":"B","pid":{pid},"tid":{tid},"ts":{_ns(ts)},"cat":"module","name":{self.text(name)}}},\n')
+
+    def end(self, pid, tid, ts):
+        self.write(f'{{"ph":"E","pid":{pid},"tid":{tid},"ts":{_ns(ts)}}},\n')
+
+    def op(self, pid, tid, ts, dur, name, args):
+        self.write(f'{{"ph":"X","pid":{pid},"tid":{tid},"ts":{_ns(ts)},"dur":{_ns(dur)},"cat":"op",'
+                   f'"name":{self.text(name)},"args":{{{args}}}}},\n')  # fmt: skip
+
+    def counter(self, pid, ts, name, values):
+        body = ",".join(f'"{k}":{v}' for k, v in values.items())
+        self.write(f'{{"ph":"C","pid":{pid},"ts":{_ns(ts)},"name":{self.text(name)},"args":{{{body}}}}},\n')
+
+    def finish(self):
+        self.write('{"ph":"M","pid":0,"name":"process_labels","args":{"labels":"optrace"}}\n]}\n')
+
+
+def _label(rank, meta):
     device = (meta.get("device") or {}).get("name") or "?"
-    label = f"rank {rank}: {meta.get('run_name') or 'trace'} ({device})"
-    write(f'{{"ph":"M","pid":{rank},"name":"process_name","args":{{"name":{text(label)}}}}},\n')
-    write(f'{{"ph":"M","pid":{rank},"name":"process_sort_index","args":{{"sort_index":{rank}}}}},\n')
-    for i, phase in enumerate(PHASES):
-        write(f'{{"ph":"M","pid":{rank},"tid":{i + 1},"name":"thread_name","args":{{"name":{text(phase)}}}}},\n')
-        write(f'{{"ph":"M","pid":{rank},"tid":{i + 1},"name":"thread_sort_index","args":{{"sort_index":{i}}}}},\n')
+    return f"rank {rank}: {meta.get('run_name') or 'trace'} ({device})"
 
 
-def export_chrome(trace, out, batch_rows=BATCH_ROWS):
-    """Write `trace` (a trace directory, with or without rank=R sub-directories) to `out` as
-    Chrome trace-event JSON, one event per line. Returns the number of op slices written."""
-    ranks = trace_ranks(trace)
+def export_trace(trace, out, batch_rows=BATCH_ROWS):
+    """Write `trace` (a trace directory, with or without rank=R sub-directories) to `out`:
+    Chrome trace-event JSON when `out` ends in .json, Perfetto's protobuf format when it ends
+    in .pftrace (needs the `perfetto` package). Returns the number of op slices written."""
     out = os.fspath(out)
-    if not out.endswith(".json"):
-        raise ReportError(f"export: the output must end in .json (Chrome trace-event JSON), got {out!r}")
+    if out.endswith(".pftrace"):
+        from reports.pftrace import ProtoEvents as events
+    elif out.endswith(".json"):
+        events = JsonEvents
+    else:
+        raise ReportError(f"export: the output must end in .json (Chrome JSON) or .pftrace (Perfetto), got {out!r}")
+    ranks = trace_ranks(trace)
     starts = [s for s in (_first_start(d) for _, d, _ in ranks) if s is not None]
     base = min(starts) if starts else None
     text = _Strings()
     ops = 0
     tmp = os.path.join(os.path.dirname(os.path.abspath(out)), "." + os.path.basename(out) + ".tmp")
     try:
-        with open(tmp, "w", buffering=1 << 20) as f:
-            write = f.write
-            other = {"exporter": "optrace export", "ranks": [r for r, _, _ in ranks],
-                     "time": "start_ns" if base is not None else "ops laid end to end"}  # fmt: skip
-            write(f'{{"displayTimeUnit":"ns","otherData":{json.dumps(other)},"traceEvents":[\n')
+        with open(tmp, "w" if events is JsonEvents else "wb", buffering=1 << 20) as f:
+            sink = events(f, text)
+            sink.start({"exporter": "optrace export", "ranks": [r for r, _, _ in ranks],
+                        "time": "start_ns" if base is not None else "ops laid end to end"})  # fmt: skip
             for rank, directory, meta in ranks:
-                _header(rank, meta, write, text)
-                state = _Rank(rank, meta, base, write, text)
+                sink.process(rank, _label(rank, meta), [(_TID[p], p) for p in PHASES])
+                state = _Rank(rank, meta, base, sink, text)
                 columns = _columns(directory)
                 for part in part_paths(directory):
                     for batch in pq.ParquetFile(part).iter_batches(batch_size=batch_rows, columns=columns):
                         state.batch(batch)
                         ops += batch.num_rows
                 state.finish()
-            write('{"ph":"M","pid":0,"name":"process_labels","args":{"labels":"optrace"}}\n]}\n')
+            sink.finish()
         os.replace(tmp, out)
     except OSError as exc:
         raise ReportError(f"export: cannot write {out!r} ({exc.strerror or exc})") from None
@@ -351,3 +385,10 @@ def export_chrome(trace, out, batch_rows=BATCH_ROWS):
         if os.path.exists(tmp):
             os.remove(tmp)
     return ops
+
+
+def export_chrome(trace, out, batch_rows=BATCH_ROWS):
+    """`export_trace` to a .json file: Chrome trace-event JSON."""
+    if not os.fspath(out).endswith(".json"):
+        raise ReportError(f"export: the output must end in .json (Chrome trace-event JSON), got {os.fspath(out)!r}")
+    return export_trace(trace, out, batch_rows)

@@ -14,7 +14,7 @@ import torch
 import reports
 from reports.cli import main
 from reports.errors import ReportError
-from reports.export import export_chrome
+from reports.export import export_chrome, export_trace
 from tracer import Tracer
 from tracer.schema import ARROW_SCHEMA, METADATA_KEY, SCHEMA_VERSION, V2_DEFAULTS, part_name, part_paths
 
@@ -249,3 +249,33 @@ def test_export_million_rows_in_bounded_memory(tmp_path):
         assert f.read() == ""
     assert slices == ROWS
     assert counters == ROWS // 4  # live bytes changes every 4th op
+
+
+def test_export_pftrace(traced, tmp_path):
+    pytest.importorskip("perfetto.trace_builder.proto_builder")
+    from perfetto.protos.perfetto.trace.perfetto_trace_pb2 import Trace, TrackEvent
+
+    out = tmp_path / "net.pftrace"
+    df = reports.load(traced)
+    assert main(["export", str(traced), "-o", str(out)]) == 0
+    packets = Trace.FromString(out.read_bytes()).packet  # the streamed packets read back as one Trace
+    events = [p for p in packets if p.HasField("track_event")]
+    ops = [p for p in events if p.track_event.type == TrackEvent.TYPE_SLICE_BEGIN and "op" in p.track_event.categories]
+    assert [p.track_event.name for p in ops][:2] == ["ones", "t"] and len(ops) == len(df)  # one slice per op row
+    seqs = [next(a.int_value for a in p.track_event.debug_annotations if a.name == "seq") for p in ops]
+    assert seqs == list(df["seq"])
+    begins = sum(p.track_event.type == TrackEvent.TYPE_SLICE_BEGIN for p in events)
+    assert begins == sum(p.track_event.type == TrackEvent.TYPE_SLICE_END for p in events)  # every slice closed
+    names = {p.track_descriptor.uuid: p.track_descriptor.name for p in packets if p.HasField("track_descriptor")}
+    live = [p.track_event.counter_value for p in events
+            if p.track_event.type == TrackEvent.TYPE_COUNTER and names[p.track_event.track_uuid] == "live bytes"]
+    assert live == df["live_bytes"][df["live_bytes"].ne(df["live_bytes"].shift())].tolist()
+
+
+def test_export_pftrace_without_perfetto(traced, tmp_path, monkeypatch):
+    import reports.pftrace
+
+    monkeypatch.setattr(reports.pftrace, "StreamingTraceProtoBuilder", None)
+    with pytest.raises(ReportError, match=r"export: \.pftrace needs the perfetto package, which is not installed"):
+        export_trace(traced, tmp_path / "x.pftrace")
+    assert not (tmp_path / "x.pftrace").exists()

@@ -44,6 +44,7 @@ every event of the part readable; then its events go back to the pool, so at mos
 
 import time
 import warnings
+from array import array
 
 import torch
 
@@ -118,7 +119,11 @@ class OffTimer(WallTimer):
 
 
 class EventTimer:
-    """CUDA events around each op on the current stream, resolved at flush with one synchronise."""
+    """CUDA events around each op on the current stream, resolved at flush with one synchronise.
+
+    The hot path makes no Python object that outlives the op: events come from a pool,
+    and the pending ops are kept in flat lists (row positions in an integer array), so
+    the garbage collector has no growing set of containers to scan."""
 
     name = "events"
 
@@ -126,9 +131,9 @@ class EventTimer:
         self._cuda = cuda if cuda is not None else torch.cuda
         self._device = device
         self._pool = []  # recorded-and-read events, ready to record again
-        self._pending = []  # (row position in the buffer, start event, end event, stream)
-        self._open = None  # (start event, stream) of the op being run
-        self._last = None  # (start event, end event, stream) of the op whose row is being written
+        self._starts, self._ends, self._streams = [], [], []  # per pending op, in row order
+        self._positions = array("q")  # per pending op: its row's position in the buffer
+        self._start = self._end = self._stream = None  # the op being run, until its row is written
         self.failed = 0  # rows whose events could not be read (they keep their CPU wall time)
         self._anchor = None
         self._anchor_ns = 0
@@ -148,65 +153,68 @@ class EventTimer:
         self._anchor.record(self._cuda.current_stream(self._device))
 
     def start(self):
-        stream = self._cuda.current_stream(self._device)
-        event = self._event()
+        if self._end is not None:  # the previous op's row was never written (its record failed)
+            self._pool += (self._start, self._end)
+            self._end = None
+        stream = self._stream = self._cuda.current_stream(self._device)
+        event = self._start = self._event()
         event.record(stream)
-        self._open = (event, stream)
         return _perf_ns()
 
     def stop(self, start):
-        event, stream = self._open
-        end = self._event()
-        end.record(stream)
-        if self._last is not None:  # the previous op's row was never written (its record failed)
-            self._pool.extend(self._last[:2])
-        self._last = (event, end, stream)
+        end = self._end = self._event()
+        end.record(self._stream)
         return _perf_ns() - start  # the CPU's time to issue the op; replaced at resolve
 
     def bind(self, rows):
-        last = self._last
-        if last is not None:
-            self._pending.append((len(rows) - 1, *last))
-            self._last = None
+        if self._end is not None:
+            self._starts.append(self._start)
+            self._ends.append(self._end)
+            self._streams.append(self._stream)
+            self._positions.append(len(rows) - 1)
+            self._end = None
 
     def resolve(self, rows):
         """Synchronise once, then write every pending row's event times into `rows`; returns rows left unresolved."""
-        pending, self._pending = self._pending, []
-        if not pending:
+        starts, ends, streams, positions = self._starts, self._ends, self._streams, self._positions
+        self._starts, self._ends, self._streams, self._positions = [], [], [], array("q")
+        if not starts:
             return 0
         ints = rows.ints
         try:
             self._cuda.synchronize(self._device)
-            times = self._read(pending, ints)
+            times = self._read(starts, ends, streams, positions, ints)
             self._set_anchor()
         except Exception as exc:  # bookkeeping must not break the run: keep the wall times
-            self.failed += len(pending)
+            self.failed += len(starts)
             warnings.warn(f"optrace: could not read CUDA event times ({type(exc).__name__}: {exc}); "
-                          f"{len(pending)} ops keep their CPU wall time")  # fmt: skip
-            return len(pending)
+                          f"{len(starts)} ops keep their CPU wall time")  # fmt: skip
+            return len(starts)
         finally:
-            for _, start, end, _stream in pending:
-                self._pool.append(start)
-                self._pool.append(end)
-        for (pos, *_), (duration, busy) in zip(pending, times):
+            self._pool += starts
+            self._pool += ends
+        for pos, (duration, busy) in zip(positions, times):
             ints[pos * ROW_WIDTH + _DURATION] = duration
             ints[pos * ROW_WIDTH + _BUSY] = busy
         return 0
 
-    def _read(self, pending, ints):
-        """(duration_ns, busy_ns) per pending op, in order, on the anchor's clock."""
+    def _read(self, starts, ends, streams, positions, ints):
+        """(duration_ns, busy_ns) arrays of the pending ops, in order, on the anchor's clock (busy_time, inlined)."""
         anchor, anchor_ns = self._anchor, self._anchor_ns
         previous_end = {}  # stream key -> e_prev on that stream (ns after the anchor)
-        times = []
-        for pos, start, end, stream in pending:
+        durations, busies = array("q"), array("q")
+        for start, end, stream, pos in zip(starts, ends, streams, positions):
             row = pos * ROW_WIDTH
             issued = ints[row + _START] + ints[row + _DURATION] - anchor_ns  # L_i: CPU start + CPU time
             began = round(anchor.elapsed_time(start) * _NS_PER_MS)
             duration = round(start.elapsed_time(end) * _NS_PER_MS)
-            key = _stream_key(stream)
-            times.append(busy_time(began, began + duration, issued, previous_end.get(key)))
-            previous_end[key] = began + duration
-        return times
+            ended = began + duration
+            key = (stream.device_index, stream.stream_id)
+            work_from = max(began, issued, previous_end.get(key, began))
+            previous_end[key] = ended
+            durations.append(duration)
+            busies.append(min(duration, max(0, ended - work_from)))
+        return zip(durations, busies)
 
 
 def busy_time(began, ended, issued, previous_end=None):
@@ -217,6 +225,3 @@ def busy_time(began, ended, issued, previous_end=None):
     work_from = max(began, issued) if previous_end is None else max(began, issued, previous_end)
     return duration, min(duration, max(0, ended - work_from))
 
-
-def _stream_key(stream):
-    return (getattr(stream, "device_index", None), getattr(stream, "stream_id", id(stream)))
