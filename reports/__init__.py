@@ -7,6 +7,7 @@ from reports.load import load
 from reports.memory import by_category, peak, storages, timeline
 from reports.memory import by_dtype as memory_by_dtype
 from reports.mfu import mfu
+from reports.roofline import roofline, roofline_split
 from reports.tables import by_dtype, by_module, by_op, by_phase, by_step
 from reports.views import copies, views
 
@@ -16,4 +17,5 @@ __all__ = [
     "breakdown", "explain", "mfu",
     "peak", "timeline", "by_category", "storages", "memory_by_dtype",
     "views", "copies", "compare",
+    "roofline", "roofline_split",
 ]  # fmt: skip

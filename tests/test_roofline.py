@@ -161,3 +161,18 @@ def test_plot_roofline_draws_roofs_and_points(trace):
     assert lines == ["memory roof 100 GB/s", "float32 peak 1 TFLOP/s"]
     points = sum(len(c.get_offsets()) for c in ax.collections)
     assert points == 2  # mm (compute-bound) and add (memory-bound)
+
+
+def test_new_report_modules_import_without_torch():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = (
+        "import importlib, sys\n"
+        "for name in ('reports.roofline', 'reports.export', 'reports.pftrace'):\n"
+        "    module = importlib.import_module(name)\n"
+        "    assert all(hasattr(module, n) for n in module.__all__), name\n"
+        "assert 'torch' not in sys.modules, sorted(sys.modules)\n"
+    )
+    subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1], check=True)
