@@ -3,8 +3,8 @@
     .venv/bin/python benchmarks/timing_modes.py [--ops 20000] [--repeats 5]
 
 Each variant traces `--ops` tiny adds (`x + 1` on a 4-element tensor) with
-flush_rows 16384; the figure is the median over interleaved rounds of the traced
-time per op, and its difference from timing="off". The mocked events cost what a
+flush_rows 16384; the figure is the median over interleaved rounds (each starting with
+a different variant) of the traced time per op, and its difference from timing="off". The mocked events cost what a
 Python object's method call costs, not what cudaEventRecord costs (about 2-4 us on
 a real GPU, by NVIDIA's and PyTorch's own measurements): this measures optrace's
 own bookkeeping per mode (the pool, the pending list, the resolve at flush).
@@ -95,8 +95,9 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         directory = Path(tmp)
         real = (timing._is_cuda, torch.cuda.Event, torch.cuda.current_stream, torch.cuda.synchronize)
-        for _ in range(args.repeats + 1):  # the first round warms up and is dropped
-            for m in modes:
+        for round_ in range(args.repeats + 1):  # the first round warms up and is dropped
+            shift = round_ % len(modes)  # each round starts with a different variant
+            for m in modes[shift:] + modes[:shift]:
                 if m in ("sync (mocked)", "events (mocked)"):
                     mock_cuda()
                 else:
