@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(PY) examples/gpt.py
+	$(PY) examples/gpt.py --export runs/gpt.json
 
 test: $(STAMP)
 	$(PY) -m pytest -q

@@ -206,12 +206,13 @@ def main(argv=None):
     parser.add_argument("--attention", choices=ATTENTION, default="matmul")
     parser.add_argument("--dtype", choices=tuple(DTYPES), default="fp32", help="bf16: CPU autocast")
     parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--export", metavar="OUT.json", help="also write the trace for Perfetto (optrace export)")
     args = parser.parse_args(argv)
     if args.steps < 1 or args.batch < 1:
         parser.error(f"--steps and --batch must be at least 1, got {args.steps} and {args.batch}")
 
     from reports.cli import main as optrace
-    from tracer import Tracer, matmul_ceiling, time_step
+    from tracer import Tracer, matmul_ceiling, memory_bandwidth, time_step
 
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(0)
@@ -226,7 +227,10 @@ def main(argv=None):
     # MFU needs the untraced step time and, on a CPU, the matmul ceiling of this machine
     tr.set_step_time(time_step(lambda: train_step(model, opt, idx, targets, DTYPES[args.dtype]), warmup=2, repeats=5))
     tr.set_ceiling(matmul_ceiling("cpu", DTYPES[args.dtype] or torch.float32, n=1024))
+    tr.set_bandwidth(memory_bandwidth("cpu"))  # the roofline's memory roof on a CPU
     optrace(["report", args.out])
+    if args.export:
+        optrace(["export", args.out, "-o", args.export])
 
 
 if __name__ == "__main__":

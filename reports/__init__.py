@@ -8,6 +8,7 @@ from reports.memory import by_category, peak, storages, timeline
 from reports.memory import by_dtype as memory_by_dtype
 from reports.mfu import mfu
 from reports.steps import per_step
+from reports.roofline import roofline, roofline_split
 from reports.tables import by_dtype, by_module, by_op, by_phase, by_step
 from reports.views import copies, views
 
@@ -17,4 +18,5 @@ __all__ = [
     "breakdown", "explain", "mfu", "per_step",
     "peak", "timeline", "by_category", "storages", "memory_by_dtype",
     "views", "copies", "compare",
+    "roofline", "roofline_split",
 ]  # fmt: skip

@@ -1,4 +1,4 @@
-"""The `optrace` command: `optrace report TRACE` and `optrace compare A B [C ...]`.
+"""The `optrace` command: `optrace report TRACE`, `optrace compare A B [C ...]`, `optrace export TRACE -o OUT.json`.
 
 Bad input (a missing file, not Parquet, no optrace metadata, a newer schema)
 prints one line naming the file and what is wrong, and exits with status 2.
@@ -146,6 +146,8 @@ def _print_report(df, args, out):
     print("\nTop modules by FLOPs (children rolled up)", file=out)
     print(mods[["module", "subtree_flops", "subtree_flops_pct"]].to_string(index=False, formatters=_formatters(mods)), file=out)
 
+    _print_roofline(df, args, out)
+
     top = peak(df).iloc[0]
     print(f"\nMemory: peak {_bytes(top['peak_live_bytes'])} live at op {top['seq']} ({top['op']}, {top['phase']}, module {top['module'] or '-'})", file=out)
     for _, row in by_category(df).iterrows():
@@ -158,6 +160,29 @@ def _print_report(df, args, out):
     made = v[v["kind"] == "copy"].head(args.top)
     if len(made):
         print("Copies:", ", ".join(f"{r.op} x{r.ops} ({_bytes(r.bytes_allocated)})" for r in made.itertuples()), file=out)
+
+
+def _print_roofline(df, args, out):
+    """The roofline section: the top op kinds by time, and the step's time by what bounds it."""
+    from reports.roofline import roofline, roofline_split
+
+    table = roofline(df).head(args.top)
+    if not table["bound"].ne("other").any():
+        print("\nRoofline: N/A (no roof: record Tracer.set_bandwidth(tracer.memory_bandwidth()) on a CPU)", file=out)
+        return
+    bw, peak = table["peak_bytes_per_s"].iloc[0], table["peak_flops_per_s"].max()
+    print(f"\nRoofline (op time from busy_ns; bytes are algorithmic; roofs {_human(peak, 'FLOP/s')}, "
+          f"{_human(bw, 'B/s')})", file=out)  # fmt: skip
+    shown = table.assign(op=table["op"].str.removeprefix("aten."), intensity=table["arithmetic_intensity"].round(2),
+                         time_ms=(table["time_s"] * 1e3).round(2), efficiency_pct=100 * table["efficiency"])  # fmt: skip
+    shown = shown[["op", "dtype", "ops", "flops", "bytes", "intensity", "time_ms", "achieved_flops_per_s", "bound",
+                   "efficiency_pct"]]  # fmt: skip
+    formatters = {**_formatters(shown), "bytes": _bytes}
+    print(shown.to_string(index=False, formatters=formatters, na_rep="N/A"), file=out)
+    for row in roofline_split(df).itertuples():
+        roof = "" if row.bound == "other" else f", {row.roof_time_s * 1e3:.2f} ms at the roof"
+        label = "other ops" if row.bound == "other" else f"{row.bound}-bound"
+        print(f"  {label:<15} {row.time_s * 1e3:8.2f} ms per step ({_pct(row.time_pct / 100)}){roof}", file=out)
 
 
 def _pct(value):
@@ -213,6 +238,13 @@ def _compare(args):
         print(table.head(args.top).to_string(index=False, formatters=_formatters(table), na_rep="N/A"))
 
 
+def _export(args):
+    from reports.export import export_trace
+
+    ops = export_trace(args.trace, args.output)
+    print(f"optrace export: {ops} ops -> {args.output} (open it at https://ui.perfetto.dev or chrome://tracing)")
+
+
 def _positive(text):
     """An argparse type: a finite number > 0."""
     try:
@@ -252,6 +284,10 @@ def _parser():
     cmp.add_argument("--json", action="store_true")
     cmp.add_argument("--top", type=_top, default=20)
     cmp.set_defaults(run=_compare)
+    exp = sub.add_parser("export", help="write a trace for Perfetto: Chrome JSON (.json) or protobuf (.pftrace)")
+    exp.add_argument("trace")
+    exp.add_argument("-o", "--output", required=True, metavar="OUT.json|OUT.pftrace")
+    exp.set_defaults(run=_export)
     return parser
 
 

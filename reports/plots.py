@@ -14,7 +14,7 @@ from reports.errors import ReportError
 from reports.load import runs_of
 from tracer.schema import PHASES
 
-__all__ = ["plot_compare", "plot_flops", "plot_memory", "save_plots"]
+__all__ = ["plot_compare", "plot_flops", "plot_memory", "plot_roofline", "save_plots"]
 
 _PHASE_COLORS = {"forward": "#4C72B0", "backward": "#DD8452", "optimizer": "#55A868", "other": "#8C8C8C"}
 _CATEGORY_COLORS = {
@@ -222,14 +222,73 @@ def plot_compare(df):
     return fig
 
 
+_BOUND_COLORS = {"compute": "#4C72B0", "memory": "#C44E52", "other": "#8C8C8C"}
+
+
+def plot_roofline(df, by="op", peak_flops=None, bandwidth=None, labels=8):
+    """Log-log roofline per run: op kinds as points (area by their time) at their arithmetic
+    intensity and achieved FLOP/s, under the memory roof (intensity x bandwidth) and the compute
+    roof of each dtype present. The `labels` op kinds with the most time are named.
+
+    Op kinds without FLOPs or bytes (copies, views) cannot sit on log axes; the title says
+    how much time they took."""
+    from reports.roofline import roofline
+
+    runs = _runs(df)
+    table = roofline(df, by=by, peak_flops=peak_flops, bandwidth=bandwidth)
+    if "run" not in table.columns:
+        table = table.assign(run=runs[0])
+    fig = _figure(10, 6 * len(runs))
+    axes = fig.subplots(len(runs), 1, squeeze=False)[:, 0]
+    for ax, run in zip(axes, runs):
+        t = table[table["run"] == run]
+        drawn = t[(t["flops"] > 0) & (t["bytes"] > 0) & (t["time_s"] > 0)]
+        hidden = t.drop(drawn.index)
+        x, y = drawn["arithmetic_intensity"].to_numpy(float), drawn["achieved_flops_per_s"].to_numpy(float)
+        share = drawn["time_s"].to_numpy(float) / max(t["time_s"].sum(), 1e-30)
+        lo = min(x.min() / 3 if len(x) else 0.01, 0.01)
+        hi = max(x.max() * 3 if len(x) else 1000, 1000)
+        grid = np.geomspace(lo, hi, 200)
+        bw = t["peak_bytes_per_s"].dropna()
+        peaks = t.dropna(subset=["peak_flops_per_s"]).groupby("dtype")["peak_flops_per_s"].first()
+        top = [float(p) for p in peaks]
+        if len(bw):
+            memory = grid * bw.iloc[0] if not top else np.minimum(grid * bw.iloc[0], max(top))
+            ax.plot(grid, memory, color="black", linewidth=1.2, label=f"memory roof {bw.iloc[0] / 1e9:.3g} GB/s")
+        for dtype, peak in peaks.items():
+            roof = np.minimum(peak, grid * bw.iloc[0]) if len(bw) else np.full_like(grid, peak)
+            ax.plot(grid, roof, linestyle="--", linewidth=1.2, label=f"{dtype} peak {peak / 1e12:.3g} TFLOP/s")
+        for bound, color in _BOUND_COLORS.items():
+            pick = (drawn["bound"] == bound).to_numpy()
+            if pick.any():
+                ax.scatter(x[pick], y[pick], s=20 + 2000 * share[pick], color=color, alpha=0.6,
+                           edgecolor="black", linewidth=0.5, label=f"{bound}-bound op kinds")  # fmt: skip
+        for i in np.argsort(-share)[:labels]:
+            name = str(drawn.iloc[i][drawn.columns[0] if by != "op" else "op"]).removeprefix("aten.")
+            ax.annotate(name, (x[i], y[i]), xytext=(4, 4), textcoords="offset points", fontsize=8)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlim(lo, hi)
+        ymax = max([*top, *(y if len(y) else [1.0])]) * 3
+        ax.set_ylim(max(min(y.min() / 3 if len(y) else 1.0, ymax / 1e6), 1.0), ymax)
+        ax.set_xlabel("arithmetic intensity (FLOPs per algorithmic byte)")
+        ax.set_ylabel("achieved FLOP/s")
+        hidden_pct = 100 * hidden["time_s"].sum() / max(t["time_s"].sum(), 1e-30)
+        ax.set_title(f"{run}: roofline by {by} (area: share of op time; {len(hidden)} kinds without FLOPs, "
+                     f"{hidden_pct:.0f}% of time, not drawn)", fontsize=10)  # fmt: skip
+        ax.grid(which="both", alpha=0.25)
+        ax.legend(loc="lower right", fontsize=8)
+    return fig
+
+
 def save_plots(df, directory):
-    """Write flops.png, memory.png and (with several runs) compare.png into `directory`; return their paths."""
+    """Write flops.png, memory.png, roofline.png and (with several runs) compare.png into `directory`; return their paths."""
     directory = os.fspath(directory)
     try:
         os.makedirs(directory, exist_ok=True)
     except OSError as exc:
         raise ReportError(f"save_plots: cannot create directory {directory!r} ({exc})") from None
-    figures = [("flops.png", plot_flops), ("memory.png", plot_memory)]
+    figures = [("flops.png", plot_flops), ("memory.png", plot_memory), ("roofline.png", plot_roofline)]
     if len(runs_of(df)) > 1:
         figures.append(("compare.png", plot_compare))
     paths = []

@@ -21,7 +21,7 @@ import pandas as pd
 
 from tracer.schema import PHASES
 
-__all__ = ["count_steps", "per_step", "phase_steps"]
+__all__ = ["count_steps", "per_step", "phase_steps", "row_divisor"]
 
 _FORWARD_BACKWARD = ("forward", "backward")
 
@@ -49,6 +49,14 @@ def phase_steps(rows):
     codes, names, counts = _steps_per_phase(rows)
     present = np.unique(codes[codes >= 0])
     return {str(names[c]): int(counts[c]) for c in present}
+
+
+def row_divisor(rows):
+    """Per row, the steps its phase ran in: weights of 1 / row_divisor(rows) turn a
+    row-level sum into the per-step figure `per_step` gives."""
+    codes, _, counts = _steps_per_phase(rows)
+    return pd.Series(np.where(codes >= 0, counts[np.maximum(codes, 0)], 1) if len(codes) else np.zeros(0, np.int64),
+                     index=rows.index, dtype=np.int64)
 
 
 def count_steps(rows):

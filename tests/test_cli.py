@@ -174,7 +174,7 @@ def test_report_plot_writes_pngs(traces, capsys, tmp_path):
     listed = re.search(r"^Plots: (.+)$", out, re.M)
     assert listed, out
     paths = [Path(p) for p in listed.group(1).split(", ")]
-    assert sorted(p.name for p in paths) == ["flops.png", "memory.png"]
+    assert sorted(p.name for p in paths) == ["flops.png", "memory.png", "roofline.png"]
     assert sorted(paths) == sorted(plots.iterdir())
     for path in paths:
         data = path.read_bytes()

@@ -1,5 +1,6 @@
 """The lecture's facts, asserted on traces of the example scripts, with the arithmetic."""
 
+import json
 import subprocess
 import sys
 
@@ -154,7 +155,8 @@ def test_every_allocation_has_its_own_storage(tensors_df):
     [
         ("linear.py", ["33,554,432", "67,108,864", "2 * B*D*K", "4 * B*D*K"]),
         ("tensors.py", ["zeros_float8_e5m2", "aten.clone.default", "128 B in float32"]),
-        ("gpt.py", ["3 step(s)", "2·N·T", "4·N·T", "6·N·T", "Top 8 ops by FLOPs", "Memory: peak", "MFU"]),
+        ("gpt.py", ["3 step(s)", "2·N·T", "4·N·T", "6·N·T", "Top 8 ops by FLOPs", "Memory: peak", "MFU",
+                    "Roofline", "compute-bound", "memory-bound"]),
     ],
 )
 def test_example_script_runs(examples_dir, tmp_path, script, expected):
@@ -174,3 +176,13 @@ def test_gpt_main_sdpa_bf16(tmp_path, capsys):
     assert "1 step(s)" in out
     assert "aten._scaled_dot_product_flash_attention_for_cpu" in out
     assert "N = 131,072 parameters (matmul)" in out  # 2 * 12 * 64 * 64 + 512 * 64: the weights' bf16 copies count
+
+
+def test_gpt_main_export(tmp_path, capsys):
+    """`make demo` passes --export: the report, then the trace as Chrome JSON."""
+    gpt.main(["--out", str(tmp_path / "gpt.parquet"), "--steps", "1", "--export", str(tmp_path / "gpt.json")])
+    assert "optrace export:" in capsys.readouterr().out
+    from reports import load
+
+    events = json.loads((tmp_path / "gpt.json").read_text())["traceEvents"]
+    assert sum(e["ph"] == "X" for e in events) == len(load(tmp_path / "gpt.parquet"))

@@ -57,7 +57,7 @@ def test_save_plots_writes_pngs(runs, tmp_path):
     from matplotlib.image import imread
 
     paths = save_plots(runs, tmp_path / "plots")
-    assert [p.rsplit("/", 1)[-1] for p in paths] == ["flops.png", "memory.png", "compare.png"]
+    assert [p.rsplit("/", 1)[-1] for p in paths] == ["flops.png", "memory.png", "roofline.png", "compare.png"]
     for path in paths:
         with open(path, "rb") as f:
             data = f.read()
@@ -66,7 +66,7 @@ def test_save_plots_writes_pngs(runs, tmp_path):
         assert image.ndim == 3 and image.shape[0] > 100 and image.shape[1] > 100
     one = runs[runs["run"] == "fp32"].copy()
     one.attrs["runs"] = {"fp32": runs.attrs["runs"]["fp32"]}
-    assert len(save_plots(one, tmp_path / "one")) == 2  # no compare.png for a single run
+    assert len(save_plots(one, tmp_path / "one")) == 3  # no compare.png for a single run
 
 
 def test_matplotlib_missing(runs, monkeypatch):

@@ -3,7 +3,7 @@
 Imports are lazy so that `reports` can read the trace schema without loading torch.
 """
 
-__all__ = ["Tracer", "TraceError", "matmul_ceiling", "read_metadata", "register_flop_formula", "time_matmul", "time_step"]
+__all__ = ["Tracer", "TraceError", "matmul_ceiling", "memory_bandwidth", "read_metadata", "register_flop_formula", "time_matmul", "time_step"]
 
 _HOME = {
     "Tracer": "tracer.mode",
@@ -13,6 +13,7 @@ _HOME = {
     "time_step": "tracer.device",
     "time_matmul": "tracer.device",
     "matmul_ceiling": "tracer.device",
+    "memory_bandwidth": "tracer.bandwidth",
 }
 
 

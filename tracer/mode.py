@@ -12,7 +12,7 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode_stack as _mo
 
 from tracer.attribution import Attribution
 from tracer.compiled import compiled_original, unwrap
-from tracer.device import cuda_memory, cuda_sync_for, device_info
+from tracer.device import cuda_memory, device_info
 from tracer.errors import TraceError
 from tracer.hops import HopInfo, hop_compile_running
 from tracer.layouts import STRIDED, describe, odd_flops, register_subclass
@@ -21,6 +21,7 @@ from tracer.op_kinds import METADATA_OPS, OUTPUT_ELEMENTS, ZERO, flop_rule
 from tracer.safety import write_failure_message
 from tracer.schema import CAUSAL_NONE, NO_VALUE, FlopBasis
 from tracer.storage import StorageTable
+from tracer.timing import check_timing, make_timer
 from tracer.writer import (
     PER_OUTPUT_ELEMENT,
     ROW_WIDTH,
@@ -144,14 +145,10 @@ class _TraceMode(TorchDispatchMode):
         if info is None:
             return func(*args, **kwargs)
         tracer = self._tracer
-        sync = tracer._sync
-        if sync is not None:
-            sync()
-        start = _perf_ns()
+        timer = tracer._timer
+        start = timer.start()
         out = func(*args, **kwargs)
-        if sync is not None:
-            sync()
-        duration = _perf_ns() - start
+        duration = timer.stop(start)
         try:
             tracer._record(info, args, kwargs, out, start, duration)
         except Exception as exc:  # never break the traced program over a bookkeeping error
@@ -172,6 +169,10 @@ class Tracer:
     run_name   optional label for reports; default: the trace's file name.
     flush_rows rows per Parquet part; memory held by the tracer stays bounded
                by this many rows.
+    timing     "events" (default: CUDA events on CUDA, resolved at each flush with
+               one synchronise; perf_counter_ns elsewhere), "sync" (synchronise
+               around every op on CUDA) or "off" (duration_ns 0, busy_ns null).
+               See tracer/timing.py.
 
     A step begins with the first forward work after an optimizer step or `step()`
     (tracer/steps.py); only the thread that entered the Tracer is traced.
@@ -180,7 +181,7 @@ class Tracer:
 
     _active = None
 
-    def __init__(self, path, *, model=None, tokens=None, run_name=None, flush_rows=16384):
+    def __init__(self, path, *, model=None, tokens=None, run_name=None, flush_rows=16384, timing="events"):
         if not isinstance(path, (str, os.PathLike)):
             raise TraceError(f"Tracer: path must be a str or os.PathLike, got {type(path).__name__}")
         if model is not None and not isinstance(model, torch.nn.Module):
@@ -197,6 +198,7 @@ class Tracer:
         self.tokens = tokens
         self.run_name = run_name or os.path.splitext(os.path.basename(self.path))[0]
         self.flush_rows = flush_rows
+        self.timing = check_timing(timing)
         self._writer = None
         self._closed = False
 
@@ -233,7 +235,7 @@ class Tracer:
         self._errors = 0
         self._lost_rows = 0  # rows whose part could not be written
         self._device = None
-        self._sync = None
+        self._timer = make_timer(self.timing, None)
         self._roles = Roles(self._storages.known)
         self._meta = run_metadata(self.run_name, self.tokens, self.model, self._storages.id_of)
         self._meta["trace_id"] = self.trace_id
@@ -315,6 +317,16 @@ class Tracer:
         self._meta["ceiling"] = ceiling
         if self._closed:
             self._write(RowBuffer(), self._metadata())
+
+    def set_bandwidth(self, bandwidth):
+        """Record the achievable memory bytes/s (the dict `memory_bandwidth` returns): the roofline's memory roof on a CPU."""
+        if not isinstance(bandwidth, dict) or not isinstance(bandwidth.get("bytes_per_s"), float):
+            raise TraceError(f"set_bandwidth: expected the dict memory_bandwidth returns, got {bandwidth!r}")
+        if self._writer is None:
+            raise TraceError("set_bandwidth: the Tracer has not been entered yet")
+        self._meta["bandwidth"] = bandwidth
+        if self._closed:
+            self._writer.write(RowBuffer(), self._metadata())
 
     # the hot path ------------------------------------------------------------------
     def _record(self, info, args, kwargs, out, start, duration):
@@ -402,6 +414,7 @@ class Tracer:
             len(ins), len(outs), n_freed,
             recompute, start, duration, layout, NO_VALUE, NO_VALUE, 0,
         ))  # fmt: skip
+        self._timer.bind(rows)
         if len(rows.ints) >= self._flush_at:
             self._flush()
 
@@ -452,7 +465,7 @@ class Tracer:
     # the rest ----------------------------------------------------------------------
     def _first_device(self, device):
         self._device = device
-        self._sync = cuda_sync_for(device.type)
+        self._timer = make_timer(self.timing, device)
         self._meta["device"] = device_info(device)
         memory = cuda_memory(device)
         if memory is not None:
@@ -460,6 +473,7 @@ class Tracer:
 
     def _flush(self):
         self._steps.settle()  # the rows are about to be written: their step numbers become final
+        self._timer.resolve(self._rows)
         meta = self._metadata()
         rows, self._rows = self._rows, RowBuffer(self._rows.first_seq + len(self._rows))
         return self._write(rows, meta)
@@ -521,5 +535,6 @@ class Tracer:
         meta["record_errors"] = self._errors
         meta["lost_rows"] = self._lost_rows
         meta["write_error"] = self._write_error
+        meta["timing"] = {"mode": self._timer.name, "unresolved_rows": getattr(self._timer, "failed", 0)}
         meta["storage_roles"] = self._roles.take()
         return meta

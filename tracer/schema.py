@@ -96,12 +96,12 @@ COLUMNS = (
     ("live_bytes", pa.int64(), "bytes of all live storages the tracer has seen, after the op"),
     ("bytes_read", pa.int64(), "bytes of the tensor inputs (numel x element size)"),
     ("bytes_written", pa.int64(), "bytes of the tensor outputs that are not views"),
-    ("duration_ns", pa.int64(), "wall time of the op (synchronised on CUDA)"),
+    ("duration_ns", pa.int64(), "time of the op: CUDA-event time (timing='events') or synchronised wall time ('sync') on CUDA, perf_counter_ns on a CPU, 0 with timing='off'"),
     # added in v2
     ("recompute", pa.bool_(), "the op re-runs forward work for activation checkpointing (MFU leaves it out, HFU counts it)"),
     ("output_storage_bytes", pa.list_(pa.int64()), "byte size of the whole storage behind every tensor output, after the op"),
     ("start_ns", pa.int64(), "op start on the wall clock, ns since the Unix epoch (time.time_ns at trace start + a monotonic offset)"),
-    ("busy_ns", pa.int64(), "device time of the op with the device's idle gap before it removed; equals duration_ns on CPU"),
+    ("busy_ns", pa.int64(), "device time of the op with the device's idle gap before it removed; equals duration_ns on CPU; null with timing='off'"),
     ("layout", _str, "'' when every tensor argument is strided, else the first other layout (sparse_coo, sparse_csr, jagged, ...)"),
     ("comm_bytes", pa.int64(), "collectives: message size as nccl-tests defines it (null for other ops)"),
     ("group_size", pa.int64(), "collectives: ranks in the process group (null for other ops)"),
@@ -134,7 +134,9 @@ ARROW_SCHEMA = pa.schema([pa.field(name, typ) for name, typ, _ in COLUMNS])
 #   timing, when measured), error (the exception that ended the traced block),
 #   trace_id (the same in every part of one trace), parts (parts written,
 #   this one included), lost_rows, record_errors, write_errors (the first
-#   failed write: file and OS error), compiled (torch.compile ran eagerly).
+#   failed write: file and OS error), compiled (torch.compile ran eagerly),
+#   timing {mode: events | sync | wall | off, unresolved_rows}, bandwidth (the
+#   memory triad tracer.memory_bandwidth measured, when recorded).
 
 ROLE_KEYS = ("gradient", "optimizer_state", "external_parameter")
 

@@ -1,0 +1,194 @@
+"""A roofline of every op: is each op kind limited by the device's FLOP/s or by its memory bandwidth?
+
+    flops                 analytic FLOPs (2 per multiply-add)
+    bytes                 bytes_read + bytes_written: ALGORITHMIC bytes, the tensors an
+                          op reads and writes, each once. Not DRAM traffic: caches,
+                          fusion and recomputation inside a kernel change what
+                          really moves. Views (is_view) count 0: they move nothing.
+    arithmetic_intensity  flops / bytes (FLOPs per byte)
+    time_s                the ops' time: busy_ns (GPU time with the idle gap before the
+                          op removed, tracer/timing.py), else duration_ns
+    achieved_flops_per_s  flops / time_s; achieved_bytes_per_s: bytes / time_s
+    attainable_flops_per_s min(peak FLOP/s, intensity x bandwidth): the roof above the op
+    bound                 "compute" when intensity >= the ridge point (peak / bandwidth),
+                          "memory" below it (every op that moves bytes and does no
+                          FLOPs: copies, fills, views that copy), "other" when the op
+                          moves nothing (views, metadata) or a roof is unknown
+    efficiency            achieved / attainable: achieved FLOP/s over peak when
+                          compute-bound, achieved bytes/s over bandwidth when
+                          memory-bound (the same ratio when flops > 0; defined for
+                          zero-FLOP copies too)
+
+Roofs: the peak FLOP/s of reports.peaks for the device and the op's dtype (dense
+datasheet figure, or a CPU's ideal) and the peak bandwidth (datasheet HBM/GDDR figure,
+or on a CPU the triad `tracer.memory_bandwidth` recorded); `peak_flops=` and
+`bandwidth=` override both. Traced op times are what the op took under the tracer
+(tracing slows the program between ops, not inside them), so per-op rates are fair;
+on CUDA use timing="events" (the default), not "sync".
+
+`roofline_split(df)` gives the step's op time split into compute-bound, memory-bound
+and other ops, with `roof_time_s`, the time the ops would take at their roof: memory-
+bound time far above its roof time is what fusing those ops could buy back.
+"""
+
+import numpy as np
+import pandas as pd
+
+from reports.errors import ReportError
+from reports.load import require, runs_of
+from reports.peaks import normalize_dtype, peak_bandwidth, peak_flops
+from reports.steps import row_divisor
+from reports.tables import _row_dtype, combine, several_runs, split_runs
+
+__all__ = ["BOUNDS", "roofline", "roofline_split"]
+
+BOUNDS = ("compute", "memory", "other")
+_BY = {"op": ["op", "dtype"], "shape": ["op", "dtype", "input_shapes"], "module": ["module"]}
+_COLUMNS = ("run", "step", "phase", "op", "module", "flops", "bytes_read", "bytes_written",
+            "duration_ns", "busy_ns", "input_dtypes", "output_dtypes", "is_view")  # fmt: skip
+_METRICS = {
+    "ops": "int64", "flops": "int64", "bytes": "int64", "arithmetic_intensity": "float64", "time_s": "float64",
+    "time_pct": "float64", "achieved_flops_per_s": "float64", "achieved_bytes_per_s": "float64",
+    "peak_flops_per_s": "float64", "peak_bytes_per_s": "float64", "ridge_flops_per_byte": "float64",
+    "attainable_flops_per_s": "float64", "bound": object, "efficiency": "float64",
+}  # fmt: skip
+_SPLIT = {"bound": object, "ops": "float64", "time_s": "float64", "time_pct": "float64", "flops": "float64",
+          "bytes": "float64", "roof_time_s": "float64"}  # fmt: skip
+
+
+def _rows(rows):
+    """The columns the roofline needs, one row per op: dtype, bytes, time in seconds."""
+    busy = rows["busy_ns"].astype("float64")
+    time_ns = busy.where(busy.notna(), rows["duration_ns"].astype("float64"))
+    return pd.DataFrame({
+        "op": rows["op"].astype(object).to_numpy(),
+        "module": rows["module"].astype(object).to_numpy(),
+        "input_shapes": [_shapes(s) for s in rows["input_shapes"]] if "input_shapes" in rows else "",
+        "dtype": [_row_dtype(i, o) for i, o in zip(rows["input_dtypes"], rows["output_dtypes"])],
+        "flops": rows["flops"].to_numpy(np.int64),
+        "bytes": (rows["bytes_read"] + rows["bytes_written"]).where(~rows["is_view"].astype(bool), 0).to_numpy(np.int64),
+        "time_s": time_ns.to_numpy() / 1e9,
+        "per_step": (1.0 / row_divisor(rows)).to_numpy(),
+    })
+
+
+def _shapes(shapes):
+    return "" if shapes is None else ", ".join("[" + ", ".join(str(int(d)) for d in s) + "]" for s in shapes)
+
+
+def _roofs(meta, dtypes, peak_override, bandwidth_override):
+    """({dtype: peak FLOP/s or NaN}, bandwidth bytes/s or NaN) for one run."""
+    device = meta.get("device") or {}
+    peaks = {}
+    for dtype in dtypes:
+        value = peak_flops(device, normalize_dtype(dtype), peak_override)[0] if dtype else None
+        peaks[dtype] = np.nan if value is None else value
+    bandwidth = peak_bandwidth(device, bandwidth_override, meta.get("bandwidth"))[0]
+    return peaks, np.nan if bandwidth is None else bandwidth
+
+
+def _bound(flops, nbytes, peak, bandwidth):
+    """BOUNDS per element: arrays of FLOPs, bytes, peak FLOP/s, bandwidth."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        intensity = flops / nbytes
+        ridge = peak / bandwidth
+    nothing = (flops == 0) & (nbytes == 0)
+    memory = ~nothing & np.isfinite(bandwidth) & ((flops == 0) | (intensity < ridge))
+    compute = ~nothing & ~memory & np.isfinite(bandwidth) & np.isfinite(peak) & (nbytes > 0)
+    compute |= ~nothing & (nbytes == 0) & np.isfinite(peak)  # FLOPs on no bytes (0-d scalars): compute
+    return np.where(compute, "compute", np.where(memory, "memory", "other"))
+
+
+def _check(value, what):
+    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0):
+        raise ReportError(f"roofline: {what} must be a number > 0, got {value!r}")
+
+
+def roofline(df, by="op", peak_flops=None, bandwidth=None):
+    """One row per op kind (by="op": op and dtype; "shape": also the input shapes) or per
+    innermost module (by="module"), most time first, with the columns of the module docstring.
+
+    A group's roof is that of the dtype carrying most of its FLOPs (most bytes when it
+    has none). Figures are totals over the trace; `time_pct` is the share of the run's
+    op time."""
+    if by not in _BY:
+        raise ReportError(f"roofline: by must be one of {', '.join(map(repr, _BY))}, got {by!r}")
+    _check(peak_flops, "peak_flops")
+    _check(bandwidth, "bandwidth")
+    require(df, _COLUMNS + (("input_shapes",) if by == "shape" else ()), "roofline")
+    runs = runs_of(df)
+    keys = _BY[by]
+    frames = []
+    for run, rows in split_runs(df):
+        if not len(rows):
+            frames.append((run, pd.DataFrame(columns=keys + list(_METRICS))))
+            continue
+        r = _rows(rows)
+        peaks, bw = _roofs(runs[run], set(r["dtype"]), peak_flops, bandwidth)
+        g = r.groupby(keys, sort=False)
+        t = g.agg(ops=("flops", "size"), flops=("flops", "sum"), bytes=("bytes", "sum"), time_s=("time_s", "sum"))
+        t = t.reset_index()
+        weight = r["flops"].where(r["flops"] > 0, 0) * 1e3 + r["bytes"] * 1e-9  # FLOPs first, bytes break ties
+        heaviest = weight.groupby([r[k] for k in keys], sort=False).idxmax()  # in the groups' order, as t
+        dtype = r.loc[heaviest.to_numpy(), "dtype"].to_numpy()
+        if by == "module":
+            t.insert(1, "dtype", dtype)
+        t["time_pct"] = 100 * t["time_s"] / r["time_s"].sum() if r["time_s"].sum() > 0 else np.nan
+        peak = np.array([peaks.get(d, np.nan) for d in dtype], dtype=float)
+        flops, nbytes, seconds = t["flops"].to_numpy(float), t["bytes"].to_numpy(float), t["time_s"].to_numpy(float)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            t["arithmetic_intensity"] = np.where(nbytes > 0, flops / nbytes, np.nan)
+            t["achieved_flops_per_s"] = np.where(seconds > 0, flops / seconds, np.nan)
+            t["achieved_bytes_per_s"] = np.where(seconds > 0, nbytes / seconds, np.nan)
+            t["peak_flops_per_s"] = peak
+            t["peak_bytes_per_s"] = bw
+            t["ridge_flops_per_byte"] = peak / bw
+            t["attainable_flops_per_s"] = np.minimum(peak, np.where(nbytes > 0, flops / nbytes * bw, np.inf))
+            bound = _bound(flops, nbytes, peak, bw)
+            t["bound"] = bound
+            t["efficiency"] = np.where(
+                bound == "compute", t["achieved_flops_per_s"] / peak,
+                np.where(bound == "memory", t["achieved_bytes_per_s"] / bw, np.nan))  # fmt: skip
+        t = t.sort_values("time_s", ascending=False, kind="stable")
+        frames.append((run, t))
+    columns = keys + (["dtype"] if by == "module" else []) + list(_METRICS)
+    dtypes = {**{k: object for k in columns if k not in _METRICS}, **_METRICS}
+    return combine(frames, columns, dtypes, several_runs(df))
+
+
+def roofline_split(df, peak_flops=None, bandwidth=None):
+    """Per step, the op time of compute-bound, memory-bound and other ops (one row each per run).
+
+    ops, time_s, flops, bytes are per step (each phase over its own steps); time_pct is
+    the share of the step's op time; roof_time_s is the time those ops would take at
+    their roof, max(flops / peak, bytes / bandwidth) summed over ops (NaN for "other")."""
+    _check(peak_flops, "peak_flops")
+    _check(bandwidth, "bandwidth")
+    require(df, _COLUMNS, "roofline_split")
+    runs = runs_of(df)
+    frames = []
+    for run, rows in split_runs(df):
+        if not len(rows):
+            frames.append((run, pd.DataFrame({"bound": list(BOUNDS)})))
+            continue
+        r = _rows(rows)
+        peaks, bw = _roofs(runs[run], set(r["dtype"]), peak_flops, bandwidth)
+        peak = r["dtype"].map(peaks).to_numpy(float)
+        flops, nbytes = r["flops"].to_numpy(float), r["bytes"].to_numpy(float)
+        bound = _bound(flops, nbytes, peak, bw)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            roof = np.fmax(np.where(flops > 0, flops / peak, 0.0), nbytes / bw)
+        w = r["per_step"].to_numpy()
+        total = float((r["time_s"] * w).sum())
+        out = []
+        for name in BOUNDS:
+            pick = bound == name
+            seconds = float((r["time_s"].to_numpy()[pick] * w[pick]).sum())
+            out.append({
+                "bound": name, "ops": float(w[pick].sum()), "time_s": seconds,
+                "time_pct": 100 * seconds / total if total > 0 else np.nan,
+                "flops": float((flops[pick] * w[pick]).sum()), "bytes": float((nbytes[pick] * w[pick]).sum()),
+                "roof_time_s": float((roof[pick] * w[pick]).sum()) if name != "other" else np.nan,
+            })  # fmt: skip
+        frames.append((run, pd.DataFrame(out)))
+    return combine(frames, list(_SPLIT), _SPLIT, several_runs(df))

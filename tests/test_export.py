@@ -1,0 +1,281 @@
+"""optrace export: Chrome trace-event JSON with nested module slices, op slices and counters; bounded memory."""
+
+import json
+import os
+import shutil
+import threading
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+import reports
+from reports.cli import main
+from reports.errors import ReportError
+from reports.export import export_chrome, export_trace
+from tracer import Tracer
+from tracer.schema import ARROW_SCHEMA, METADATA_KEY, SCHEMA_VERSION, V2_DEFAULTS, part_name, part_paths
+
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.block = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU())
+        self.head = torch.nn.Linear(16, 2)
+
+    def forward(self, x):
+        return self.head(self.block(x)).square().mean()
+
+
+@pytest.fixture(scope="module")
+def traced(tmp_path_factory):
+    path = tmp_path_factory.mktemp("export") / "net.parquet"
+    torch.manual_seed(0)
+    model = Net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    with Tracer(path, model=model, run_name="net", flush_rows=16):  # several parts
+        for _ in range(2):
+            model(torch.ones(4, 8)).backward()
+            opt.step()
+            opt.zero_grad()
+    return path
+
+
+def _events(path):
+    with open(path) as f:
+        return json.load(f)["traceEvents"]
+
+
+def _check_nesting(events, df):
+    """Replay each track's B/E/X events: every op slice lies inside the module slices of its module's path."""
+    stacks = {}
+    ops = []
+    for e in events:
+        key = (e.get("pid"), e.get("tid"))
+        if e["ph"] == "B":
+            stacks.setdefault(key, []).append([e["name"], e["ts"], None])
+        elif e["ph"] == "E":
+            opened = stacks[key].pop()
+            assert e["ts"] >= opened[1]
+            for op in opened[2] or ():
+                assert op["ts"] + op["dur"] <= e["ts"] + 1e-3  # the op ends inside its module slice
+        elif e["ph"] == "X":
+            stack = stacks.get(key, [])
+            module = e["args"]["module"]
+            names = [name for name, _, _ in stack]
+            assert names[-1:] == ([module] if module else []) or (not module and not names)
+            for entry in stack:
+                assert entry[1] <= e["ts"]
+                entry[2] = (entry[2] or []) + [e]
+            ops.append(e)
+    assert all(not s for s in stacks.values())  # every module slice was closed
+    return ops
+
+
+def test_export_one_slice_per_op_nested_in_modules(traced, tmp_path):
+    out = tmp_path / "net.json"
+    assert export_chrome(traced, out) == len(reports.load(traced))
+    events = _events(out)
+    df = reports.load(traced)
+    ops = _check_nesting(events, df)
+    assert [e["args"]["seq"] for e in ops] == list(df["seq"])  # one slice per op row, in order
+    mm = next(e for e in ops if e["args"]["op"] == "aten.addmm.default")
+    assert mm["args"]["Input Dims"] == [[16], [4, 8], [8, 16]] and mm["args"]["Input type"] == ["float32"] * 3
+    assert mm["args"]["flops"] == 2 * 4 * 8 * 16  # 1024: [4, 8] @ [8, 16]
+    assert mm["args"]["module"] == "block.0"
+    begins = {e["name"] for e in events if e["ph"] == "B"}
+    assert {"Net", "block", "block.0", "block.1", "head"} <= begins  # the root, then the dotted prefixes
+    assert {e["args"]["name"] for e in events if e.get("name") == "thread_name"} >= {"forward", "backward", "optimizer"}
+    # slices start at start_ns, relative to the first op
+    first = df["start_ns"].iloc[0]
+    for e, start in zip(ops, df["start_ns"]):
+        assert e["ts"] >= (start - first) / 1000 - 1e-3
+
+
+def test_export_counters_equal_live_bytes(traced, tmp_path):
+    out = tmp_path / "net.json"
+    export_chrome(traced, out)
+    events = _events(out)
+    df = reports.load(traced)
+    live = [e["args"]["total"] for e in events if e.get("name") == "live bytes"]
+    changes = df["live_bytes"][df["live_bytes"].ne(df["live_bytes"].shift())].tolist()
+    assert live == changes  # written each time live_bytes changes, with its value
+    split = [e["args"] for e in events if e.get("name") == "memory by category"]
+    assert split and all(sum(s.values()) == t for s, t in zip(split, _totals_at(events)))
+    params = 8 * 16 + 16 + 16 * 2 + 2  # 178 float32 parameters = 712 bytes
+    assert split[0]["parameters"] == 4 * params
+    assert max(s["gradients"] for s in split) == 4 * params  # all gradients live at once
+    assert max(s["optimizer_state"] for s in split) == 4 * params  # SGD momentum buffers
+    flops = [e["args"]["flops"] for e in events if e.get("name") == "cumulative FLOPs"]
+    assert flops[-1] == df["flops"].sum() and flops == sorted(flops)
+
+
+def _totals_at(events):
+    """The live bytes total in force at each "memory by category" event."""
+    total, out = None, []
+    for e in events:
+        if e.get("name") == "live bytes":
+            total = e["args"]["total"]
+        elif e.get("name") == "memory by category":
+            out.append(total)
+    return out
+
+
+def test_export_ranks_and_v1_layout(traced, tmp_path):
+    multi = tmp_path / "multi"
+    for rank in (0, 1):
+        shutil.copytree(traced, multi / f"rank={rank}")
+    out = tmp_path / "multi.json"
+    assert export_chrome(multi, out) == 2 * len(reports.load(traced))
+    events = _events(out)
+    assert {e["pid"] for e in events if e["ph"] == "X"} == {0, 1}
+    names = [e["args"]["name"] for e in events if e.get("name") == "process_name"]
+    assert [n.split(" (")[0] for n in names] == ["rank 0: net", "rank 1: net"]  # then the device's name
+    # a v1 trace (no start_ns, no busy_ns): ops laid end to end by duration_ns
+    v1 = tmp_path / "v1"
+    v1.mkdir()
+    for part in part_paths(traced):
+        table = pq.read_table(part)
+        meta = json.loads(table.schema.metadata[METADATA_KEY])
+        meta["schema_version"] = 1
+        table = table.drop_columns(list(V2_DEFAULTS)).replace_schema_metadata({METADATA_KEY: json.dumps(meta)})
+        pq.write_table(table, v1 / os.path.basename(part))
+    export_chrome(v1, tmp_path / "v1.json")
+    ops = [e for e in _events(tmp_path / "v1.json") if e["ph"] == "X"]
+    durations = reports.load(v1)["duration_ns"].tolist()
+    assert ops[0]["ts"] == 0 and ops[1]["ts"] == pytest.approx(durations[0] / 1000, abs=1e-3)
+    assert ops[-1]["ts"] == pytest.approx(sum(durations[:-1]) / 1000, abs=1e-2)
+
+
+def test_export_cli_and_errors(traced, tmp_path, capsys):
+    out = tmp_path / "cli.json"
+    assert main(["export", str(traced), "-o", str(out)]) == 0
+    assert "ops ->" in capsys.readouterr().out and out.exists()
+    with pytest.raises(ReportError, match=r"export: the output must end in \.json .*got '.*x\.txt'"):
+        export_chrome(traced, tmp_path / "x.txt")
+    assert main(["export", str(tmp_path / "missing"), "-o", str(out)]) == 2
+    assert "no such file or directory" in capsys.readouterr().err
+
+
+ROWS = 1_000_000
+PART_ROWS = 125_000
+
+
+def _synthetic_trace(path):
+    """A 1M-row trace written straight as Parquet parts with the schema: each op an add of two
+    [4] float32 tensors into a new one, live bytes rising by 16 every 4th op."""
+    path.mkdir()
+    meta = {"schema_version": SCHEMA_VERSION, "complete": True, "run_name": "synthetic", "rows": ROWS,
+            "device": {"type": "cpu", "name": "cpu"}, "root_module": None}  # fmt: skip
+    schema = ARROW_SCHEMA.with_metadata({METADATA_KEY: json.dumps(meta).encode()})
+    n = PART_ROWS
+    idx = np.arange(n, dtype=np.int64)
+
+    def strs(values, codes):
+        return pa.DictionaryArray.from_arrays(pa.array(codes, pa.int32()), pa.array(values))
+
+    def lists(per_row, values):
+        return pa.ListArray.from_arrays(pa.array(np.arange(n + 1, dtype=np.int32) * per_row), values)
+
+    shape = lists(1, pa.array([[4]] * n, pa.list_(pa.int64())))
+    two_shapes = lists(2, pa.array([[4]] * (2 * n), pa.list_(pa.int64())))
+    for p in range(ROWS // n):
+        seq = idx + p * n
+        columns = {
+            "seq": pa.array(seq), "step": pa.array(seq // 1000), "op": strs(["aten.add.Tensor"], np.zeros(n, np.int32)),
+            "phase": strs(["forward", "backward"], ((seq // 500) % 2).astype(np.int32)),
+            "module": strs(["", "a", "a.b"], (seq % 3).astype(np.int32)),
+            "input_shapes": two_shapes, "input_dtypes": lists(2, strs(["float32"], np.zeros(2 * n, np.int32))),
+            "input_strides": two_shapes, "output_shapes": shape,
+            "output_dtypes": lists(1, strs(["float32"], np.zeros(n, np.int32))), "output_strides": shape,
+            "device": strs(["cpu"], np.zeros(n, np.int32)),
+            "input_storage_ids": lists(2, pa.array(np.repeat(seq, 2))),
+            "output_storage_ids": lists(1, pa.array(seq + ROWS)), "freed_storage_ids": lists(0, pa.array([], pa.int64())),
+            "is_view": pa.array(np.zeros(n, bool)), "inplace": pa.array(np.zeros(n, bool)),
+            "flops": pa.array(np.full(n, 4)), "flop_kind": strs(["elementwise"], np.zeros(n, np.int32)),
+            "causal": pa.nulls(n, pa.bool_()), "bytes_allocated": pa.array(np.full(n, 16)),
+            "live_bytes": pa.array(16 * (seq // 4)), "bytes_read": pa.array(np.full(n, 32)),
+            "bytes_written": pa.array(np.full(n, 16)), "duration_ns": pa.array(np.full(n, 1000)),
+            "recompute": pa.array(np.zeros(n, bool)), "output_storage_bytes": lists(1, pa.array(np.full(n, 16))),
+            "start_ns": pa.array(1_700_000_000_000_000_000 + 2000 * seq), "busy_ns": pa.array(np.full(n, 1000)),
+            "layout": strs([""], np.zeros(n, np.int32)), "comm_bytes": pa.nulls(n, pa.int64()),
+            "group_size": pa.nulls(n, pa.int64()), "process_group": strs([""], np.zeros(n, np.int32)),
+        }  # fmt: skip
+        table = pa.Table.from_arrays([columns[f.name].cast(f.type) for f in ARROW_SCHEMA], schema=schema)
+        pq.write_table(table, path / part_name(p), compression="zstd")
+
+
+def _rss():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def test_export_million_rows_in_bounded_memory(tmp_path):
+    trace = tmp_path / "big.parquet"
+    _synthetic_trace(trace)
+    out = tmp_path / "big.json"
+    before = peak = _rss()
+    done = threading.Event()
+
+    def sample():
+        nonlocal peak
+        while not done.wait(0.02):
+            peak = max(peak, _rss())
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        assert export_chrome(trace, out) == ROWS
+    finally:
+        done.set()
+        sampler.join()
+    size = out.stat().st_size
+    # the JSON is far larger than what the export may hold: 1M op slices of ~400 bytes
+    assert size > 300 * 2**20
+    assert peak - before < 100 * 2**20, f"RSS grew {(peak - before) / 2**20:.0f} MiB exporting {size / 2**20:.0f} MiB"
+    # valid JSON, checked line by line (one event per line) without loading the whole file
+    slices = counters = 0
+    with open(out) as f:
+        head = f.readline()
+        assert head.startswith('{"displayTimeUnit":"ns"') and head.endswith('"traceEvents":[\n')
+        for line in f:
+            if line == "]}\n":
+                break
+            event = json.loads(line.rstrip(",\n"))
+            slices += event["ph"] == "X"
+            counters += event.get("name") == "live bytes"
+        assert f.read() == ""
+    assert slices == ROWS
+    assert counters == ROWS // 4  # live bytes changes every 4th op
+
+
+def test_export_pftrace(traced, tmp_path):
+    pytest.importorskip("perfetto.trace_builder.proto_builder")
+    from perfetto.protos.perfetto.trace.perfetto_trace_pb2 import Trace, TrackEvent
+
+    out = tmp_path / "net.pftrace"
+    df = reports.load(traced)
+    assert main(["export", str(traced), "-o", str(out)]) == 0
+    packets = Trace.FromString(out.read_bytes()).packet  # the streamed packets read back as one Trace
+    events = [p for p in packets if p.HasField("track_event")]
+    ops = [p for p in events if p.track_event.type == TrackEvent.TYPE_SLICE_BEGIN and "op" in p.track_event.categories]
+    assert [p.track_event.name for p in ops][:2] == ["ones", "t"] and len(ops) == len(df)  # one slice per op row
+    seqs = [next(a.int_value for a in p.track_event.debug_annotations if a.name == "seq") for p in ops]
+    assert seqs == list(df["seq"])
+    begins = sum(p.track_event.type == TrackEvent.TYPE_SLICE_BEGIN for p in events)
+    assert begins == sum(p.track_event.type == TrackEvent.TYPE_SLICE_END for p in events)  # every slice closed
+    names = {p.track_descriptor.uuid: p.track_descriptor.name for p in packets if p.HasField("track_descriptor")}
+    live = [p.track_event.counter_value for p in events
+            if p.track_event.type == TrackEvent.TYPE_COUNTER and names[p.track_event.track_uuid] == "live bytes"]
+    assert live == df["live_bytes"][df["live_bytes"].ne(df["live_bytes"].shift())].tolist()
+
+
+def test_export_pftrace_without_perfetto(traced, tmp_path, monkeypatch):
+    import reports.pftrace
+
+    monkeypatch.setattr(reports.pftrace, "StreamingTraceProtoBuilder", None)
+    with pytest.raises(ReportError, match=r"export: \.pftrace needs the perfetto package, which is not installed"):
+        export_trace(traced, tmp_path / "x.pftrace")
+    assert not (tmp_path / "x.pftrace").exists()
