@@ -80,7 +80,8 @@ class _Roles:
         self.numel = {}
         self.embedding = {}
         self.trainable = {}
-        for name, p in params.items():
+        unsharded = meta.get("unsharded_parameters") or {}  # FSDP2's full parameters in the forward
+        for name, p in [*params.items(), *unsharded.items()]:
             sid = int(p["storage_id"])
             self.names.setdefault(sid, []).append(name)
             self.numel[sid] = max(self.numel.get(sid, 0), int(p["numel"]))
@@ -101,7 +102,7 @@ class _Roles:
                     self.alias.setdefault(o, self.alias[src])
 
         # Storages that become a gradient through one cast or add (bf16 dW cast to fp32, tied weights summed).
-        hop = rows["phase"].isin(("backward", "other")) & rows["flop_kind"].isin(("none", "elementwise"))
+        hop = rows["phase"].isin(("backward", "other")) & rows["flop_kind"].isin(("none", "elementwise", "collective"))
         to_grad = set(gradients)
         hops = list(zip(rows.loc[hop, "input_storage_ids"], rows.loc[hop, "output_storage_ids"]))
         for ins, outs in reversed(hops):  # last op first: a chain cast -> add -> gradient is followed back

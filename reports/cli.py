@@ -177,14 +177,20 @@ def _report(args):
     df = load(args.trace)
     if not len(df):
         raise ReportError(f"{args.trace}: the trace has no ops (nothing ran inside `with Tracer(...)`)")
+    from reports import ranks
+
+    everyone, df = df, ranks.first_rank(df) if ranks.is_multi_rank(df) else df  # the report of rank 0, then the ranks
     if args.plot:
         from reports.plots import save_plots
 
         paths = save_plots(df, args.plot)
     if args.json:
-        print(json.dumps(summary(df, args.peak_tflops, args.step_time), indent=2))
+        extra = ranks.summary(everyone) if ranks.is_multi_rank(everyone) else {}
+        print(json.dumps({**summary(df, args.peak_tflops, args.step_time), **extra}, indent=2))
     else:
         _print_report(df, args, sys.stdout)
+        if ranks.is_multi_rank(everyone):
+            ranks.print_ranks(everyone, sys.stdout)
         if args.plot:
             print("\nPlots: " + ", ".join(str(p) for p in paths))
 

@@ -9,6 +9,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from tracer.attribution import Attribution
 from tracer.device import cuda_memory, cuda_sync_for, device_info
+from tracer import distributed
 from tracer.errors import TraceError
 from tracer.flops import has_formula
 from tracer.metadata import Roles, dtype_name, now, run_metadata
@@ -16,6 +17,7 @@ from tracer.op_kinds import METADATA_OPS, OUTPUT_ELEMENTS, ZERO, flop_rule
 from tracer.schema import CAUSAL_NONE, NO_VALUE
 from tracer.storage import StorageTable
 from tracer.writer import (
+    FIELD,
     PER_OUTPUT_ELEMENT,
     ROW_WIDTH,
     PartWriter,
@@ -58,7 +60,7 @@ class _OpInfo:
 
     __slots__ = (
         "name", "name_id", "rule", "basis", "kind_id", "decompose", "inplace",
-        "written_positions", "written_names", "out_only",
+        "written_positions", "written_names", "out_only", "collective",
     )  # fmt: skip
 
     def __init__(self, func, names):
@@ -81,9 +83,16 @@ class _OpInfo:
         self.written_names = tuple(n for _, n, _ in written)
         self.out_only = tuple(kwarg_only for _, _, kwarg_only in written)  # out= arguments are keyword-only
         self.inplace = int(bool(written))
+        self.collective = distributed.collective_op(func)  # c10d ops: their writes come from a table
+        if self.collective is not None:
+            self.kind_id, self.basis, self.decompose = names["kind"].id(self.collective.kind), 0, False
+            self.inplace = self.collective.inplace  # in place, so never a view
+            self.written_positions = (0,) if self.inplace else ()
 
     def written(self, args, kwargs):
         """(tensor, is an out= argument) for each tensor the op writes into (in-place self, out=)."""
+        if self.collective is not None:
+            return self.collective.written(args, kwargs)
         found = []
         for pos, name, is_out in zip(self.written_positions, self.written_names, self.out_only):
             value = args[pos] if pos < len(args) else kwargs.get(name)
@@ -136,7 +145,11 @@ class _TraceMode(TorchDispatchMode):
             sync()
         duration = _perf_ns() - start
         try:
-            tracer._record(info, args, kwargs, out, start, duration)
+            if types:  # tensor subclasses: record DTensors at their local shapes (the program gets `out` as is)
+                seen = distributed.unwrap(types, args, kwargs, out, start + duration, tracer._completions)
+                tracer._record(info, *seen, start, duration)
+            else:
+                tracer._record(info, args, kwargs, out, start, duration)
         except Exception as exc:  # never break the traced program over a bookkeeping error
             tracer._record_failed(info.name, exc)
         return out
@@ -190,7 +203,12 @@ class Tracer:
             )
         if self._writer is not None:
             raise TraceError(f"this Tracer (writing {self.path!r}) was already used; create a new one")
-        self._writer = PartWriter(prepare_directory(self.path))
+        self._rank = distributed.rank_info()
+        directory = self.path
+        if self._rank is not None:  # one directory per rank: path/rank=R
+            directory = distributed.rank_directory(self.path, self._rank["rank"], self._rank["world_size"])
+        self._writer = PartWriter(prepare_directory(directory))
+        self._completions = distributed.Completions(FIELD["duration_ns"], FIELD["busy_ns"], ROW_WIDTH)
         self._storages = StorageTable()
         self._rows = RowBuffer()
         self._dtype_ids = {}  # torch.dtype -> dtype name id
@@ -204,6 +222,11 @@ class Tracer:
         self._sync = None
         self._roles = Roles(self._storages.known)
         self._meta = run_metadata(self.run_name, self.tokens, self.model, self._storages.id_of)
+        if self._rank is not None:
+            self._meta.update(self._rank, process_groups=distributed.process_groups())
+        self._unsharded = distributed.UnshardedParameters(
+            self.model, self._storages.id_of, self._meta.get("parameters"), self._meta.setdefault("unsharded_parameters", {})
+        )
         first = next(self.model.parameters(), None) if self.model is not None else None
         if first is not None:
             self._first_device(first.device)
@@ -213,6 +236,7 @@ class Tracer:
             on_step_end=self._roles.optimizer_state,
         )
         self._attr.install()
+        self._unsharded.install()
         self._mode = _TraceMode(self)
         Tracer._active = self
         self._mode.__enter__()
@@ -223,6 +247,7 @@ class Tracer:
             self._mode.__exit__(None, None, None)
         finally:
             self._attr.remove()
+            self._unsharded.remove()
             Tracer._active = None
         if exc is not None:
             self._meta["error"] = f"{exc_type.__name__}: {exc}"
@@ -278,13 +303,19 @@ class Tracer:
         size_of = storages.size.__getitem__
         dtype_of = self._dtype_ids.get
         try:
-            ins = _tensors(args, kwargs)
-            if isinstance(out, Tensor):
-                outs = (out,)
-            elif isinstance(out, (list, tuple)):
-                outs = [o for o in out if isinstance(o, Tensor)]
+            collective = info.collective
+            if collective is not None:
+                ins, outs = collective.tensors(args, kwargs, out)
             else:
-                outs = ()
+                ins = _tensors(args, kwargs)
+                if isinstance(out, Tensor):
+                    outs = (out,)
+                elif isinstance(out, (list, tuple)):
+                    outs = [o for o in out if isinstance(o, Tensor)]
+                elif out is None and info.written_positions:  # returns nothing: its outputs are what it wrote
+                    outs = [t for t, _ in info.written(args, kwargs)]
+                else:
+                    outs = ()
             registered = storages.registered_bytes
             for side, group in enumerate((ins, outs)):
                 if side:  # storages first seen as outputs were made by this op; inputs existed before
@@ -321,6 +352,10 @@ class Tracer:
             device_id = self._device_ids.get(device)
             if device_id is None:
                 device_id = self._new_device(device)
+            comm_bytes = group_size = NO_VALUE
+            group_id = 0
+            if collective is not None:
+                comm_bytes, group_size, group_id = self._collective(collective, args, kwargs, out, outs, start, duration, device)
         except BaseException:
             rows.rollback()
             raise
@@ -335,10 +370,17 @@ class Tracer:
             self._attr.step, info.name_id, phase, module_id, device_id, info.kind_id,
             info.inplace, causal, flops, allocated, storages.live_bytes, inplace_bytes, out_bytes, duration,
             len(ins), len(outs), n_freed,
-            0, start, duration, 0, NO_VALUE, NO_VALUE, 0,
+            0, start, duration, 0, comm_bytes, group_size, group_id,
         ))  # fmt: skip
         if len(rows.ints) >= self._flush_at:
             self._flush()
+
+    def _collective(self, op, args, kwargs, out, outs, start, duration, device):
+        """(comm_bytes, group_size, process-group name id) of a collective row; tracks its completion."""
+        comm_bytes, group_size, group = op.describe(args, kwargs)
+        seq = self._rows.first_seq + len(self._rows)
+        self._completions.launched(seq, start, start + duration, op, out, outs, device)
+        return comm_bytes, group_size, self._writer.names["process_group"].id(group)
 
     def _new_dtype(self, dtype):
         dtype_id = self._dtype_ids[dtype] = self._writer.names["dtype"].id(dtype_name(dtype))
@@ -376,6 +418,8 @@ class Tracer:
     def _flush(self):
         meta = self._metadata()
         rows, self._rows = self._rows, RowBuffer(self._rows.first_seq + len(self._rows))
+        self._completions.apply(rows)  # collectives end when their work completed, not at launch
+        meta["collectives_untimed"] = self._completions.untimed
         try:
             self._writer.write(rows, meta)
         except BaseException:  # the rows are lost (seq keeps counting); their storage roles are not
@@ -391,6 +435,8 @@ class Tracer:
             self._meta.setdefault("cuda_memory", {})["end"] = memory
         self._meta["complete"] = complete
         self._meta["end_time"] = now()
+        if self._rank is not None:  # groups made while tracing (FSDP2's, DeviceMesh's)
+            self._meta["process_groups"] = distributed.process_groups()
         self._closed = True
         try:
             self._flush()
