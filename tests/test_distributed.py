@@ -51,7 +51,10 @@ def _collectives(root, rank, results):
         dist.broadcast(t, src=0)  # S = 1024
         parts = [torch.empty(64) for _ in range(WORLD)]
         dist.all_gather(parts, torch.full((64,), float(rank)))  # allgather_: a list of lists out, S = 2 x 256
-        summed = fc.all_reduce(t, "sum", dist.group.WORLD).sum()  # functional, waited by .sum()
+        dist.barrier()
+        if rank == 1:
+            time.sleep(LATE_S)
+        summed = fc.all_reduce(t, "sum", dist.group.WORLD).sum()  # functional, waited by .sum(): rank 0 waits
         work = dist.all_reduce(torch.ones(16), async_op=True)
         work.wait()
         dist.barrier()
@@ -209,6 +212,14 @@ def test_blocking_collective_lasts_until_the_late_rank_joined(runs):
     assert late["busy_ns"] == late["duration_ns"]
     on_time = _rows(df, "c10d.allreduce_.default", 1).iloc[-1]
     assert on_time["duration_ns"] < late["duration_ns"]
+
+
+def test_functional_collective_lasts_until_its_wait(runs):
+    root, _ = runs
+    df = _load(root, "coll")
+    row = _rows(df, "_c10d_functional.all_reduce.default", 0).iloc[0]
+    # launched at once (async), completed only when rank 1 joined LATE_S later; .sum() waited for it
+    assert row["duration_ns"] >= 0.8 * LATE_S * 1e9
     meta = read_metadata(os.path.join(root, "coll", "rank=0"))
     assert meta["collectives_untimed"] == 1  # gloo's reduce-scatter work has no future
 
@@ -267,6 +278,11 @@ def test_fsdp2_memory_at_local_sizes(runs):
     assert by["parameters"] == 96 * 4  # half of the 192 fp32 weights
     assert by["gradients"] == 96 * 4
     assert by["optimizer_state"] == 2 * 96 * 4 + 2 * 4  # exp_avg, exp_avg_sq and two step counters
+    # FSDP2 frees its unsharded parameters by resizing their storage to 0 outside the dispatcher;
+    # the trace follows, so the sharded rank peaks below the unsharded run
+    peak = reports.peak(df).set_index("run")["peak_live_bytes"]
+    whole = reports.peak(_load(root, "unsharded")).set_index("run")["peak_live_bytes"]
+    assert peak["fsdp/rank=0"] < whole["unsharded/rank=0"]
 
 
 # --- 5. reports across ranks -----------------------------------------------------------------------

@@ -18,9 +18,11 @@
 import os
 import threading
 import time
+import weakref
 from dataclasses import dataclass
 
 import torch
+import torch.optim.optimizer as optimizer_hooks
 
 from tracer.errors import TraceError
 from tracer.schema import NO_VALUE
@@ -170,15 +172,21 @@ class UnshardedParameters:
     FSDP2 swaps a module's sharded DTensor parameters for full plain ones while it runs
     (and back after); a global forward hook sees the full ones at each module's end,
     before FSDP2 reshards. Their storage survives resharding (it is resized, not
-    replaced), so one id per parameter holds for the whole trace."""
+    replaced), so one id per parameter holds for the whole trace.
 
-    def __init__(self, model, storage_id, parameters, found):
-        self._storage_id = storage_id
+    FSDP2 resizes those storages to 0 bytes and back outside the dispatcher; `sync`
+    brings the storage table's sizes (and so `live_bytes`) up to date. It runs at every
+    collective (where FSDP2 unshards and reshards), after each module's forward and
+    before each optimizer step."""
+
+    def __init__(self, model, storages, parameters, found):
+        self._table = storages  # the tracer's StorageTable
         self._parameters = parameters or {}  # the sharded parameters' metadata: embedding, trainable
         self._found = found  # name -> {storage_id, numel, shape, dtype, ...}, written into the metadata
-        self._handle = None
+        self._handles = []
         dtensor = _dtensor_type()
         self._watch = {}  # id(module) -> [(attribute, parameter name)]
+        self._storages = []  # the unsharded parameters' storages
         if dtensor is None or model is None:
             return
         sharded = {id(p) for p in model.parameters() if isinstance(p, dtensor)}
@@ -189,24 +197,38 @@ class UnshardedParameters:
 
     def install(self):
         if self._watch:
-            self._handle = torch.nn.modules.module.register_module_forward_hook(self._after_forward)
+            self._handles = [
+                torch.nn.modules.module.register_module_forward_hook(self._after_forward),
+                optimizer_hooks.register_optimizer_step_pre_hook(lambda *_: self.sync()),
+            ]
 
     def remove(self):
-        if self._handle is not None:
-            self._handle.remove()
-            self._handle = None
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+
+    def sync(self):
+        """Bring the sizes of the unsharded parameters' storages up to date in the storage table."""
+        try:
+            for storage in self._storages:
+                self._table.regrow(storage)
+        except Exception:  # bookkeeping only
+            pass
 
     def _after_forward(self, module, args, output):
         watched = self._watch.get(id(module))
         if not watched:
             return None
+        self.sync()
         try:
             for attr, name in watched:
                 p = module._parameters.get(attr)
                 if p is None or name in self._found or hasattr(p, "_local_tensor"):
                     continue  # still sharded, or already known
+                storage = p.untyped_storage()
+                self._storages.append(storage)
                 self._found[name] = {
-                    "storage_id": self._storage_id(p.untyped_storage()),
+                    "storage_id": self._table.id_of(storage),
                     "numel": p.numel(),
                     "shape": list(p.shape),
                     "dtype": str(p.dtype).removeprefix("torch."),
@@ -454,8 +476,8 @@ class Completions:
         except Exception:  # gloo's reduce-scatter work has no future (nor says when it completed)
             self.untimed += 1
             return
-        self._pending[seq] = (start, future.done)
         future.then(lambda _f, seq=seq: self._end(seq))
+        self._pending[seq] = (start, _weak_done(future))  # a strong reference would keep its tensors alive
 
     def _end(self, seq):
         with self._lock:
@@ -494,6 +516,15 @@ class Completions:
                 time.sleep(0.0005)
                 end = self._ended.get(seq)
         return end
+
+
+def _weak_done(future):
+    """A `done()` check that does not keep the future (and the tensors it holds) alive."""
+    try:
+        ref = weakref.ref(future)
+    except TypeError:
+        return None
+    return lambda: (lambda f: f is not None and f.done())(ref())
 
 
 class CudaCompletion:

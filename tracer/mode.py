@@ -225,7 +225,7 @@ class Tracer:
         if self._rank is not None:
             self._meta.update(self._rank, process_groups=distributed.process_groups())
         self._unsharded = distributed.UnshardedParameters(
-            self.model, self._storages.id_of, self._meta.get("parameters"), self._meta.setdefault("unsharded_parameters", {})
+            self.model, self._storages, self._meta.get("parameters"), self._meta.setdefault("unsharded_parameters", {})
         )
         first = next(self.model.parameters(), None) if self.model is not None else None
         if first is not None:
@@ -378,6 +378,7 @@ class Tracer:
     def _collective(self, op, args, kwargs, out, outs, start, duration, device):
         """(comm_bytes, group_size, process-group name id) of a collective row; tracks its completion."""
         comm_bytes, group_size, group = op.describe(args, kwargs)
+        self._unsharded.sync()  # FSDP2 resharded or unsharded since the last one
         seq = self._rows.first_seq + len(self._rows)
         self._completions.launched(seq, start, start + duration, op, out, outs, device)
         return comm_bytes, group_size, self._writer.names["process_group"].id(group)
