@@ -1,12 +1,14 @@
 """optrace's reports: traces in, pandas DataFrames out (units in the column names)."""
 
 from reports.breakdown import breakdown, explain
+from reports.collectives import collectives, comm_split
 from reports.compare import compare
 from reports.errors import ReportError
 from reports.load import load
 from reports.memory import by_category, peak, storages, timeline
 from reports.memory import by_dtype as memory_by_dtype
 from reports.mfu import mfu
+from reports.ranks import imbalance, ranks
 from reports.tables import by_dtype, by_module, by_op, by_phase, by_step
 from reports.views import copies, views
 
@@ -16,4 +18,5 @@ __all__ = [
     "breakdown", "explain", "mfu",
     "peak", "timeline", "by_category", "storages", "memory_by_dtype",
     "views", "copies", "compare",
+    "collectives", "comm_split", "ranks", "imbalance",
 ]  # fmt: skip

@@ -17,7 +17,7 @@ import pandas as pd
 from reports.load import require
 from reports.tables import split_runs, step_divisor
 
-__all__ = ["rank_paths", "ranks", "imbalance"]
+__all__ = ["rank_paths", "ranks", "imbalance", "first_rank", "is_multi_rank", "rank_summary", "print_ranks"]
 
 _RANK_DIR = re.compile(r"^rank=(\d+)$")
 RANK_SEPARATOR = "/rank="
@@ -137,7 +137,7 @@ def first_rank(df):
     return rows
 
 
-def summary(df):
+def rank_summary(df):
     """{"ranks": [one object per rank], "imbalance": [one object per phase]} for `report --json`."""
     def records(frame):
         return [{k: (v.item() if hasattr(v, "item") else v) for k, v in row.items()} for row in frame.to_dict("records")]

@@ -455,3 +455,26 @@ def test_nccl_collective_not_finished_at_flush_keeps_launch_time(monkeypatch):
     rows = _row(7)
     done.apply(rows)
     assert rows.ints[FIELD["duration_ns"]] == 7 and done.untimed == 1
+
+
+def test_readme_torchrun_example(examples_dir, tmp_path):
+    """examples/distributed.py under torchrun prints the FLOPs and collective sizes the README shows."""
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    torchrun = Path(sys.executable).parent / "torchrun"
+    done = subprocess.run(
+        [str(torchrun), "--nproc_per_node=2", "--master_port", str(_free_port()), str(examples_dir / "distributed.py")],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+        env={**os.environ, "PYTHONPATH": str(examples_dir.parent)},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    readme = (examples_dir.parent / "README.md").read_text()
+    shown = re.search(r"torchrun --nproc_per_node=2 examples/distributed.py\n```\n```\n(.*?)```", readme, re.S).group(1)
+    flops = [line for line in shown.splitlines() if line.startswith("ddp/rank=")]
+    assert flops and all(line in done.stdout for line in flops)  # 2·N·T per rank, exactly
+    sizes = lambda text: sorted(re.findall(r"^\s+\d (\w+)\s+\d+\s+(\d+)", text, re.M))  # noqa: E731
+    assert sizes(done.stdout) == sizes(shown)  # the same collectives and message sizes; times differ
+    assert sorted(os.listdir(tmp_path / "runs" / "ddp")) == ["rank=0", "rank=1"]
