@@ -17,6 +17,7 @@ import reports
 from reports.collectives import bus_factor, collective_kind, collectives, comm_split
 from reports.ranks import imbalance, ranks
 from tracer import Tracer, TraceError, read_metadata
+from tracer import collectives as tcoll
 from tracer import distributed as tdist
 from tracer.writer import FIELD, ROW_WIDTH, RowBuffer
 
@@ -151,9 +152,13 @@ def test_same_path_on_every_rank_gives_one_directory_per_rank(runs):
     assert list(df.attrs["runs"]) == ["coll/rank=0", "coll/rank=1"]
     plain = pd.read_parquet(os.path.join(root, "coll"))  # hive layout: pyarrow reads rank as a column
     assert sorted(plain["rank"].astype(int).unique()) == [0, 1]
-    # start_ns is on the wall clock: both ranks' first ops lie within a second of each other
-    first = df.groupby("rank")["start_ns"].min()
-    assert abs(int(first[0]) - int(first[1])) < 1e9
+    # start_ns is a clock both ranks share: the late all-reduce starts LATE_S later on rank 1,
+    # and ends at the same moment on both ranks (when rank 1 joined)
+    late = [_rows(df, "c10d.allreduce_.default", rank).iloc[-1] for rank in range(WORLD)]
+    starts = [int(r["start_ns"]) for r in late]
+    ends = [int(r["start_ns"] + r["duration_ns"]) for r in late]
+    assert starts[1] - starts[0] >= 0.8 * LATE_S * 1e9
+    assert abs(ends[1] - ends[0]) < (starts[1] - starts[0]) / 2
 
 
 def test_the_program_runs_as_untraced(runs):
@@ -422,10 +427,10 @@ class _FakeWork:
 
 def _cuda_completions(monkeypatch, side_ms):
     monkeypatch.setattr(torch, "cuda", _FakeCuda)
-    monkeypatch.setattr(tdist.CudaCompletion, "_side", {})
+    monkeypatch.setattr(tcoll.CudaCompletion, "_side", {})
     monkeypatch.setattr(_FakeCuda, "times", {"main": 0.0, "side": side_ms})
-    monkeypatch.setattr(tdist, "_perf_ns", lambda: 1_000)  # the host clock after the launch
-    return tdist.Completions(FIELD["duration_ns"], FIELD["busy_ns"], ROW_WIDTH)
+    monkeypatch.setattr(tcoll, "_perf_ns", lambda: 1_000)  # the host clock after the launch
+    return tcoll.Completions(FIELD["duration_ns"], FIELD["busy_ns"], ROW_WIDTH)
 
 
 def _row(value):
@@ -437,7 +442,7 @@ def _row(value):
 def test_nccl_completion_from_cuda_events(monkeypatch):
     done = _cuda_completions(monkeypatch, side_ms=2.5)  # the work completes 2.5 ms after the start event
     work = _FakeWork()
-    op = tdist.CollectiveOp(torch.ops.c10d.allreduce_.default, tdist._C10D["allreduce_"])
+    op = tcoll.CollectiveOp(torch.ops.c10d.allreduce_.default, tcoll._C10D["allreduce_"])
     done.launched(0, 400, 1_000, op, work, [], torch.device("cuda", 0))
     assert work.waited_on == "side" and _FakeCuda.current == "main"  # the program's stream never waits
     rows = _row(0)
@@ -450,7 +455,7 @@ def test_nccl_completion_from_cuda_events(monkeypatch):
 
 def test_nccl_collective_not_finished_at_flush_keeps_launch_time(monkeypatch):
     done = _cuda_completions(monkeypatch, side_ms=None)  # the side stream's event has not completed
-    op = tdist.CollectiveOp(torch.ops.c10d.allreduce_.default, tdist._C10D["allreduce_"])
+    op = tcoll.CollectiveOp(torch.ops.c10d.allreduce_.default, tcoll._C10D["allreduce_"])
     done.launched(0, 0, 10, op, _FakeWork(), [], torch.device("cuda", 0))
     rows = _row(7)
     done.apply(rows)

@@ -9,7 +9,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from tracer.attribution import Attribution
 from tracer.device import cuda_memory, cuda_sync_for, device_info
-from tracer import distributed
+from tracer import collectives, distributed
 from tracer.errors import TraceError
 from tracer.flops import has_formula
 from tracer.metadata import Roles, dtype_name, now, run_metadata
@@ -83,7 +83,7 @@ class _OpInfo:
         self.written_names = tuple(n for _, n, _ in written)
         self.out_only = tuple(kwarg_only for _, _, kwarg_only in written)  # out= arguments are keyword-only
         self.inplace = int(bool(written))
-        self.collective = distributed.collective_op(func)  # c10d ops: their writes come from a table
+        self.collective = collectives.collective_op(func)  # c10d ops: their writes come from a table
         if self.collective is not None:
             self.kind_id, self.basis, self.decompose = names["kind"].id(self.collective.kind), 0, False
             self.inplace = self.collective.inplace  # in place, so never a view
@@ -208,7 +208,7 @@ class Tracer:
         if self._rank is not None:  # one directory per rank: path/rank=R
             directory = distributed.rank_directory(self.path, self._rank["rank"], self._rank["world_size"])
         self._writer = PartWriter(prepare_directory(directory))
-        self._completions = distributed.Completions(FIELD["duration_ns"], FIELD["busy_ns"], ROW_WIDTH)
+        self._completions = collectives.Completions(FIELD["duration_ns"], FIELD["busy_ns"], ROW_WIDTH)
         self._storages = StorageTable()
         self._rows = RowBuffer()
         self._dtype_ids = {}  # torch.dtype -> dtype name id
