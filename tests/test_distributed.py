@@ -92,6 +92,11 @@ def _fsdp(root, rank, results):
     ref_opt = torch.optim.AdamW(reference.parameters(), lr=0.1, foreach=True)
     with Tracer(os.path.join(root, "unsharded"), model=reference, tokens=T_RANK):
         _step(reference, ref_opt, x)
+    again = sharded()
+    again_opt = torch.optim.AdamW(again.parameters(), lr=0.1, foreach=True)
+    with Tracer(os.path.join(root, "fsdp3"), model=again, tokens=T_RANK):
+        for _ in range(3):
+            _step(again, again_opt, x)
     other = sharded()
     other_opt = torch.optim.AdamW(other.parameters(), lr=0.1, foreach=True)
     with CommDebugMode() as comm:
@@ -258,6 +263,20 @@ def test_fsdp2_forward_is_2NT_per_rank_and_optimizer_is_sharded(runs):
         # AdamW: 8 foreach ops x the elements + 1 per step counter (2 counters, not sharded)
         assert fsdp.loc[(f"fsdp/rank={rank}", "optimizer"), "flops"] == 8 * 96 + 2 == 770
         assert whole.loc[(f"unsharded/rank={rank}", "optimizer"), "flops"] == 8 * 192 + 2 == 1538
+
+
+def test_fsdp2_three_steps_give_the_figures_of_one(runs):
+    root, _ = runs
+    columns = ["phase", "flops", "weight_matmul_flops", "attention_flops", "other_flops"]
+    one = reports.breakdown(_load(root, "fsdp"))
+    three = reports.breakdown(_load(root, "fsdp3"))
+    assert set(three["steps"]) == {3}
+    for rank in range(WORLD):
+        a = one[one["run"] == f"fsdp/rank={rank}"][columns].reset_index(drop=True)
+        b = three[three["run"] == f"fsdp3/rank={rank}"][columns].reset_index(drop=True)
+        pd.testing.assert_frame_equal(a, b)
+    rows = _load(root, "fsdp3")
+    assert len(_rows(rows, "c10d._allgather_base_.default")) == 3 * 4
 
 
 def test_fsdp2_collectives_match_comm_debug_mode(runs):

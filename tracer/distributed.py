@@ -13,6 +13,7 @@
 The collective ops themselves (what they write, move and cost) are in `tracer/collectives.py`.
 """
 
+import functools
 import os
 
 import torch
@@ -106,6 +107,7 @@ def _remove_stale(path, world_size):
 
 
 # --- DTensor ---------------------------------------------------------------------------
+@functools.cache
 def _dtensor_type():
     try:
         from torch.distributed.tensor import DTensor
@@ -127,6 +129,7 @@ def local_tensors(types, args, kwargs, out):
     return tree_map_only(dtensor, local, (args, kwargs, out))
 
 
+@functools.cache
 def _async_collective_type():
     try:
         from torch.distributed._functional_collectives import AsyncCollectiveTensor

@@ -436,8 +436,9 @@ class Tracer:
             self._meta.setdefault("cuda_memory", {})["end"] = memory
         self._meta["complete"] = complete
         self._meta["end_time"] = now()
-        if self._rank is not None:  # groups made while tracing (FSDP2's, DeviceMesh's)
-            self._meta["process_groups"] = distributed.process_groups()
+        groups = distributed.process_groups() if self._rank is not None else None
+        if groups:  # groups made while tracing (FSDP2's, DeviceMesh's); none if destroyed inside the block
+            self._meta["process_groups"] = groups
         self._closed = True
         try:
             self._flush()
