@@ -7,9 +7,9 @@ import warnings
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from tracer import collectives, distributed
 from tracer.attribution import Attribution
 from tracer.device import cuda_memory, cuda_sync_for, device_info
-from tracer import collectives, distributed
 from tracer.errors import TraceError
 from tracer.flops import has_formula
 from tracer.metadata import Roles, dtype_name, now, run_metadata
