@@ -155,6 +155,8 @@ def test_same_path_on_every_rank_gives_one_directory_per_rank(runs):
     df = _load(root, "coll")
     assert sorted(df["rank"].unique()) == [0, 1]
     assert list(df.attrs["runs"]) == ["coll/rank=0", "coll/rank=1"]
+    one = reports.load(os.path.join(root, "coll", "rank=1"))  # one rank's directory: its rank from the metadata
+    assert set(one["rank"]) == {1} and list(one.attrs["runs"]) == ["coll"]
     plain = pd.read_parquet(os.path.join(root, "coll"))  # hive layout: pyarrow reads rank as a column
     assert sorted(plain["rank"].astype(int).unique()) == [0, 1]
     # start_ns is a clock both ranks share: the late all-reduce starts LATE_S later on rank 1,
@@ -368,6 +370,14 @@ def test_bad_rank_environment(tmp_path, monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
     with pytest.raises(TraceError, match=r"RANK='zero': expected an integer"):
         with Tracer(tmp_path / "t"):
+            pass
+
+
+def test_rank_directory_needs_the_parent(tmp_path, monkeypatch):
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(TraceError, match=r"directory '.*missing' does not exist"):
+        with Tracer(tmp_path / "missing" / "t"):
             pass
 
 
