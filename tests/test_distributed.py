@@ -56,6 +56,9 @@ def _collectives(root, rank, results):
         if rank == 1:
             time.sleep(LATE_S)
         summed = fc.all_reduce(t, "sum", dist.group.WORLD).sum()  # functional, waited by .sum(): rank 0 waits
+        functional = torch.ops._c10d_functional
+        raw = functional.all_reduce(torch.ones(4), "sum", dist.group.WORLD.group_name)  # 4 floats: S = 16
+        functional.wait_tensor(raw)
         work = dist.all_reduce(torch.ones(16), async_op=True)
         work.wait()
         dist.barrier()
@@ -210,8 +213,11 @@ def test_allgather_list_outputs_are_recorded(runs):
 
 def test_views_report_lists_no_collective(runs):
     root, _ = runs
-    v = reports.views(_load(root, "coll"))
-    assert not v["op"].astype(str).str.contains("c10d").any()
+    df = _load(root, "coll")
+    moved = set(df.loc[df["comm_bytes"].notna(), "op"].astype(str))  # the collectives
+    assert len(moved) == 7
+    v = reports.views(df)
+    assert not v["op"].astype(str).isin(moved).any()  # wait_tensor and the wrapper are views: they alias
 
 
 # --- 3. collective time -----------------------------------------------------------------------
@@ -226,6 +232,17 @@ def test_blocking_collective_lasts_until_the_late_rank_joined(runs):
     assert on_time["duration_ns"] < late["duration_ns"]
 
 
+def test_wait_tensor_ends_its_collective(runs):
+    root, _ = runs
+    df = _load(root, "coll")
+    for rank in range(WORLD):
+        wait = _rows(df, "_c10d_functional.wait_tensor.default", rank).iloc[0]
+        assert wait["flop_kind"] == "none" and pd.isna(wait["comm_bytes"])
+        launch = _rows(df, "_c10d_functional.all_reduce.default", rank).iloc[-1]
+        assert launch["comm_bytes"] == 16
+        assert launch["start_ns"] + launch["duration_ns"] == wait["start_ns"] + wait["duration_ns"]
+
+
 def test_functional_collective_lasts_until_its_wait(runs):
     root, _ = runs
     df = _load(root, "coll")
@@ -234,6 +251,7 @@ def test_functional_collective_lasts_until_its_wait(runs):
     assert row["duration_ns"] >= 0.8 * LATE_S * 1e9
     meta = read_metadata(os.path.join(root, "coll", "rank=0"))
     assert meta["collectives_untimed"] == 1  # gloo's reduce-scatter work has no future
+    assert meta["record_errors"] == 0
 
 
 # --- 4. DDP and FSDP2 accounting ---------------------------------------------------------------
@@ -323,7 +341,7 @@ def test_collectives_report_bandwidth(runs):
     assert sorted(ar["comm_bytes"]) == [32, 64, 1024]  # 8, 16 and 256 floats
     split = comm_split(_load(root, "coll"))
     assert list(split["rank"]) == [0, 1]
-    assert (split["comm_bytes"] == 1024 + 2048 + 1024 + 1024 + 512 + 1024 + 64 + 32).all()  # barrier: 0
+    assert (split["comm_bytes"] == 1024 + 2048 + 1024 + 1024 + 512 + 1024 + 16 + 64 + 32).all()  # barrier: 0
 
 
 def test_ranks_and_imbalance(runs):
@@ -331,7 +349,7 @@ def test_ranks_and_imbalance(runs):
     df = _load(root, "coll")
     table = ranks(df)
     assert list(table["rank"]) == [0, 1]
-    assert (table["comm_bytes_per_step"] == 6752).all()
+    assert (table["comm_bytes_per_step"] == 6768).all()
     assert table.loc[0, "comm_s_per_step"] > LATE_S * 0.8  # rank 0 waited for rank 1
     imb = imbalance(df).set_index("phase")
     # all of it is "forward" (before any backward); rank 0 spent LATE_S longer waiting in a collective

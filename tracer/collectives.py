@@ -24,6 +24,8 @@ COMPLETION_WAIT_S = 0.05  # how long a flush waits for the callback of a work al
 
 # --- the collective table ----------------------------------------------------------------
 WAIT = "wait"
+WRAP = "wrap"  # _wrap_tensor_autograd: wraps a functional collective's result, moves nothing
+NOT_COLLECTIVES = (WAIT, WRAP)  # rows of kind "none", without comm_bytes
 
 
 @dataclass(frozen=True)
@@ -51,7 +53,8 @@ class Collective:
 
     def positions(self, schema):
         names = [a.name for a in schema.arguments]
-        return {name: names.index(name) for name in {self.size, self.group, *(w for w, _ in self.written)} if name}
+        wanted = {self.size, self.group, *(w for w, _ in self.written)}
+        return {name: names.index(name) for name in wanted if name in names}  # a wait names no group
 
 
 def _c10d(kind, written, size, times_group=False):
@@ -104,6 +107,7 @@ _FUNCTIONAL = {
     "isend": _functional("send", (), "tensor"),
     "irecv": _functional("recv", (("tensor", _OUT),), "tensor"),
     "wait_tensor": _functional(WAIT, (), ""),  # not a collective: the wait for one (comm_bytes null)
+    "_wrap_tensor_autograd": _functional(WRAP, (), ""),
 }
 
 
@@ -120,6 +124,12 @@ def _flatten(value, into):
     return into
 
 
+def _plain(t):
+    """The tensor an AsyncCollectiveTensor (what _wrap_tensor_autograd returns) wraps; others as they are."""
+    inner = getattr(t, "elem", None) if type(t) is not Tensor else None
+    return inner if isinstance(inner, Tensor) else t
+
+
 def _nbytes(tensors):
     return sum(t.numel() * t.element_size() for t in tensors)
 
@@ -132,7 +142,7 @@ class CollectiveOp:
         self.functional = spec.functional
         self._pos = spec.positions(func._schema)
         self.inplace = int(bool(spec.written))
-        self.kind = "none" if spec.kind == WAIT else "collective"
+        self.kind = "none" if spec.kind in NOT_COLLECTIVES else "collective"
 
     def _arg(self, args, kwargs, name):
         pos = self._pos.get(name)
@@ -146,7 +156,7 @@ class CollectiveOp:
         ins = []
         for value in (*args, *kwargs.values()):
             _flatten(value, ins)
-        outs = _flatten(out, [])
+        outs = [_plain(t) for t in _flatten(out, [])]
         if not outs:
             for name, _ in self.spec.written:
                 _flatten(self._arg(args, kwargs, name), outs)
@@ -160,7 +170,7 @@ class CollectiveOp:
 
     def describe(self, args, kwargs):
         """(S in bytes, group size, group name) of one call; NO_VALUE for a wait's S and size."""
-        if self.spec.kind == WAIT:
+        if self.spec.kind in NOT_COLLECTIVES:
             return NO_VALUE, NO_VALUE, ""
         group = self._arg(args, kwargs, self.spec.group)
         size, name = _group(group)
@@ -237,9 +247,10 @@ class Completions:
 
     def launched(self, seq, start, end, op, out, outs, device):
         """Start tracking a collective whose row will be `seq` (its launch ran from `start` to `end`)."""
-        if op.spec.kind == WAIT:
-            for t in outs:
-                self.waited(t, end)
+        if op.spec.kind in NOT_COLLECTIVES:
+            if op.spec.kind == WAIT:
+                for t in outs:
+                    self.waited(t, end)
             return
         if op.functional:
             self._pending[seq] = (start, None)
