@@ -262,6 +262,7 @@ def test_ddp_bucket_all_reduce_and_breakdown(runs):
         bucket = _rows(df, "c10d.allreduce_.default", rank)
         assert len(bucket) == 1 and bucket.iloc[0]["phase"] == "backward"
         assert bucket.iloc[0]["comm_bytes"] == N * 4  # one bucket with both gradients, fp32
+    assert all(meta["record_errors"] == 0 for meta in df.attrs["runs"].values())
     table = reports.breakdown(df).set_index(["run", "phase"])
     fwd = table.loc[("ddp/rank=0", "forward")]
     assert fwd["n_params"] == N
@@ -272,7 +273,9 @@ def test_ddp_bucket_all_reduce_and_breakdown(runs):
 
 def test_fsdp2_forward_is_2NT_per_rank_and_optimizer_is_sharded(runs):
     root, _ = runs
-    fsdp = reports.breakdown(_load(root, "fsdp")).set_index(["run", "phase"])
+    loaded = _load(root, "fsdp")
+    assert all(meta["record_errors"] == 0 for meta in loaded.attrs["runs"].values())
+    fsdp = reports.breakdown(loaded).set_index(["run", "phase"])
     whole = reports.breakdown(_load(root, "unsharded")).set_index(["run", "phase"])
     for rank in range(WORLD):
         row = fsdp.loc[(f"fsdp/rank={rank}", "forward")]
