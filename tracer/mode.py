@@ -161,6 +161,7 @@ class Tracer:
     path       where the trace goes: a directory of Parquet parts, which
                `pandas.read_parquet(path)` reads as one table. Its parent
                directory must exist. An earlier trace at `path` is replaced.
+               Under a process group or torchrun, each rank writes `path/rank=R`.
     model      optional nn.Module: names modules (the root by its class name,
                children by their dotted path) and records parameter counts and
                the storage ids of parameters.
