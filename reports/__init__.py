@@ -1,6 +1,7 @@
 """optrace's reports: traces in, pandas DataFrames out (units in the column names)."""
 
 from reports.breakdown import breakdown, explain
+from reports.collectives import collectives, comm_split
 from reports.compare import compare
 from reports.errors import ReportError
 from reports.load import load
@@ -9,6 +10,7 @@ from reports.memory import by_dtype as memory_by_dtype
 from reports.mfu import mfu
 from reports.steps import per_step
 from reports.roofline import roofline, roofline_split
+from reports.ranks import imbalance, ranks
 from reports.tables import by_dtype, by_module, by_op, by_phase, by_step
 from reports.views import copies, views
 
@@ -19,4 +21,5 @@ __all__ = [
     "peak", "timeline", "by_category", "storages", "memory_by_dtype",
     "views", "copies", "compare",
     "roofline", "roofline_split",
+    "collectives", "comm_split", "ranks", "imbalance",
 ]  # fmt: skip

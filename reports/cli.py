@@ -210,14 +210,20 @@ def _report(args):
     df = load(args.trace)
     if not len(df):
         raise ReportError(f"{args.trace}: the trace has no ops (nothing ran inside `with Tracer(...)`)")
+    from reports.ranks import first_rank, is_multi_rank, print_ranks, rank_summary
+
+    everyone, df = df, first_rank(df) if is_multi_rank(df) else df  # the report of rank 0, then the ranks
     if args.plot:
         from reports.plots import save_plots
 
         paths = save_plots(df, args.plot)
     if args.json:
-        print(json.dumps(summary(df, args.peak_tflops, args.step_time), indent=2))
+        extra = rank_summary(everyone) if is_multi_rank(everyone) else {}
+        print(json.dumps({**summary(df, args.peak_tflops, args.step_time), **extra}, indent=2))
     else:
         _print_report(df, args, sys.stdout)
+        if is_multi_rank(everyone):
+            print_ranks(everyone, sys.stdout)
         if args.plot:
             print("\nPlots: " + ", ".join(str(p) for p in paths))
 

@@ -49,7 +49,11 @@ def load(paths, columns=None):
 
     `paths`: a path or a list of paths. `columns`: read only these columns (all by default).
     The run metadata is in `df.attrs["runs"]` ({run name: metadata dict}, in the given
-    order); an incomplete trace (cut short) loads with a warning."""
+    order); an incomplete trace (cut short) loads with a warning.
+
+    A distributed trace (a directory of `rank=R` directories) loads one run per rank,
+    named `<run name>/rank=R`; a `rank` column (after `run`) then says which rank each
+    row came from (0 for traces made outside a process group)."""
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
     if not paths:
@@ -58,10 +62,13 @@ def load(paths, columns=None):
         unknown = sorted(set(columns) - set(COLUMN_NAMES))
         if unknown:
             raise ReportError(f"load: unknown column(s) {unknown}; trace columns are {list(COLUMN_NAMES)}")
-    frames, runs = [], {}
-    for path in paths:
+    frames, runs, frame_ranks = [], {}, []
+    for path, rank in _with_ranks(paths):
         meta = read_run(path)
         name = meta.get("run_name") or os.path.basename(os.fspath(path))
+        if rank is not None:
+            name = f"{name}/rank={rank}"
+        frame_ranks.append(rank if rank is not None else meta.get("rank"))
         base, n = name, 2
         while name in runs:  # two runs with one name: keep both
             name, n = f"{base}#{n}", n + 1
@@ -89,8 +96,20 @@ def load(paths, columns=None):
         runs[name] = meta
     df = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
     df["run"] = pd.Categorical(df["run"], categories=list(runs))
+    if any(r is not None for r in frame_ranks):
+        df.insert(1, "rank", [int(r or 0) for r, f in zip(frame_ranks, frames) for _ in range(len(f))])
+        df["rank"] = df["rank"].astype("int64")
     df.attrs["runs"] = runs
     return df
+
+
+def _with_ranks(paths):
+    """(path, rank) per trace to read: a distributed trace's rank directories, each with its rank."""
+    from reports.ranks import rank_paths
+
+    for path in paths:
+        found = rank_paths(path) if not part_paths(path) else []
+        yield from found or [(path, None)]
 
 
 def _fill_v2(frame, wanted):

@@ -55,15 +55,29 @@ def _copies(rows, packets, sources):
     return alias
 
 
+_GRADIENT_MOVES = frozenset(("fsdp.chunk_cat", "aten._chunk_cat"))
+
+
 def gradient_sources(rows, packets, gradients):
-    """Storages that become a gradient directly or through at most one cast and one add (backward/other rows)."""
+    """Storages that become a gradient directly or through at most one cast and one add (backward/other rows).
+
+    A collective (DDP's all-reduce, FSDP2's reduce-scatter) and FSDP2's packing of gradients
+    into its flat reduce buffer (`chunk_cat`) move a gradient without computing on it: they
+    pass states through unchanged."""
     reach = {sid: {(0, 0)} for sid in gradients}  # storage -> {(casts used, adds used)}
-    hop = rows["phase"].isin(("backward", "other")) & (packets.isin(ONE_TO_ONE_COPIES) | packets.isin(_ADDS))
-    hops = list(zip(packets[hop], rows.loc[hop, "input_storage_ids"], rows.loc[hop, "output_storage_ids"]))
-    for op, ins, outs in reversed(hops):  # the last op first: cast -> add -> gradient is followed back
+    moved = packets.isin(_GRADIENT_MOVES)
+    if "flop_kind" in rows:
+        moved |= rows["flop_kind"].astype(object) == "collective"
+    hop = rows["phase"].isin(("backward", "other")) & (packets.isin(ONE_TO_ONE_COPIES) | packets.isin(_ADDS) | moved)
+    kinds = moved[hop]
+    hops = list(zip(packets[hop], kinds, rows.loc[hop, "input_storage_ids"], rows.loc[hop, "output_storage_ids"]))
+    for op, collective, ins, outs in reversed(hops):  # the last op first: cast -> add -> gradient is followed back
         states = set().union(*(reach.get(o, set()) for o in ids(outs)))
         cast = op in ONE_TO_ONE_COPIES
-        after = {(c + cast, a + (not cast)) for c, a in states if (c, a)[0 if cast else 1] == 0}
+        if collective:
+            after = states
+        else:
+            after = {(c + cast, a + (not cast)) for c, a in states if (c, a)[0 if cast else 1] == 0}
         for sid in ids(ins) if after else ():
             reach.setdefault(sid, set()).update(after)
     return set(reach)
@@ -86,7 +100,8 @@ class Roles:
                 "from activation matmuls; trace it with Tracer(..., model=model)"
             )
         self.names, self.numel, self.embedding, self.trainable = {}, {}, {}, {}
-        for name, p in params.items():
+        unsharded = meta.get("unsharded_parameters") or {}  # FSDP2's full parameters, built for the forward
+        for name, p in [*params.items(), *unsharded.items()]:
             sid = int(p["storage_id"])
             self.names.setdefault(sid, []).append(name)
             self.numel[sid] = max(self.numel.get(sid, 0), int(p["numel"]))

@@ -19,6 +19,7 @@ through the tracer's mode (PyTorch then runs the mode around the compiled call o
 
 from tracer.flops import attention_backward_flop_count, attention_flop_count
 from tracer.op_kinds import FlopRule
+from tracer.schema import FlopBasis
 
 
 def _shape(t):
@@ -49,16 +50,17 @@ _RULES = {
 class HopInfo:
     """The facts `Tracer._record` reads about an op, for one higher-order operator."""
 
-    __slots__ = ("name", "name_id", "rule", "basis", "kind_id", "inplace", "written_positions")
+    __slots__ = ("name", "name_id", "rule", "basis", "kind_id", "inplace", "written_positions", "collective")
 
     def __init__(self, hop, names):
         self.name = f"higher_order.{hop.name()}"
         self.name_id = names["op"].id(self.name)
         self.rule = _RULES.get(hop.name(), FlopRule("unknown", _zero))
         self.kind_id = names["kind"].id(self.rule.kind)
-        self.basis = 2  # ask the rule
+        self.basis = int(FlopBasis.FORMULA)  # ask the rule
         self.inplace = 0
         self.written_positions = ()
+        self.collective = None
 
 
 def hop_compile_running():

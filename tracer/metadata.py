@@ -12,6 +12,7 @@ import sys
 import torch
 
 from tracer.compiled import strip_compiled
+from tracer.distributed import local_tensor
 from tracer.schema import ROLE_KEYS, SCHEMA_VERSION
 
 
@@ -50,15 +51,18 @@ def _parameters(model, storage_id):
     params = {}
     counts = {"total": 0, "trainable": 0, "embedding": 0}
     for name, p in model.named_parameters():  # tied parameters once
+        local = local_tensor(p)  # a DTensor (FSDP2) by the shard this rank holds
         params[strip_compiled(name)] = {
-            "storage_id": storage_id(p.untyped_storage()),
-            "numel": p.numel(),
-            "shape": list(p.shape),
+            "storage_id": storage_id(local.untyped_storage()),
+            "numel": local.numel(),
+            "shape": list(local.shape),
             "dtype": dtype_name(p.dtype),
             "trainable": p.requires_grad,
             "embedding": id(p) in embedding,
         }
-        counts["total"] += p.numel()
+        if local is not p:
+            params[strip_compiled(name)]["global_shape"] = list(p.shape)
+        counts["total"] += p.numel()  # whole parameters, also when sharded: N of 6·N·T
         counts["trainable"] += p.numel() if p.requires_grad else 0
         counts["embedding"] += p.numel() if id(p) in embedding else 0
     for b in model.buffers():
@@ -86,7 +90,7 @@ class Roles:
 
     def add(self, role, tensor):
         try:
-            sid = self._known_id(tensor.untyped_storage())
+            sid = self._known_id(local_tensor(tensor).untyped_storage())
         except Exception:  # tensors without storage (sparse, nested)
             return
         if sid is not None and sid not in self._seen:

@@ -10,6 +10,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack as _mode_stack
 
+from tracer import collectives, distributed
 from tracer.attribution import Attribution
 from tracer.compiled import compiled_original, unwrap
 from tracer.device import cuda_memory, device_info
@@ -23,6 +24,7 @@ from tracer.schema import CAUSAL_NONE, NO_VALUE, FlopBasis
 from tracer.storage import StorageTable
 from tracer.timing import check_timing, make_timer
 from tracer.writer import (
+    FIELD,
     PER_OUTPUT_ELEMENT,
     ROW_WIDTH,
     PartWriter,
@@ -68,7 +70,7 @@ class _OpInfo:
 
     __slots__ = (
         "name", "name_id", "rule", "basis", "kind_id", "inplace",
-        "written_positions", "written_names", "out_only",
+        "written_positions", "written_names", "out_only", "collective",
     )  # fmt: skip
 
     def __init__(self, func, names):
@@ -96,9 +98,16 @@ class _OpInfo:
         self.written_names = tuple(n for _, n, _ in written)
         self.out_only = tuple(kwarg_only for _, _, kwarg_only in written)  # out= arguments are keyword-only
         self.inplace = int(bool(written))
+        self.collective = collectives.collective_op(func)  # c10d ops: their writes come from a table
+        if self.collective is not None:
+            self.kind_id, self.basis = names["kind"].id(self.collective.kind), int(FlopBasis.ZERO)
+            self.inplace = self.collective.inplace  # in place, so never a view
+            self.written_positions = (0,) if self.inplace else ()
 
     def written(self, args, kwargs):
         """(tensor, is an out= argument) for each tensor the op writes into (in-place self, out=)."""
+        if self.collective is not None:
+            return self.collective.written(args, kwargs)
         found = []
         for pos, name, is_out in zip(self.written_positions, self.written_names, self.out_only):
             value = args[pos] if pos < len(args) else kwargs.get(name)
@@ -150,7 +159,11 @@ class _TraceMode(TorchDispatchMode):
         out = func(*args, **kwargs)
         duration = timer.stop(start)
         try:
-            tracer._record(info, args, kwargs, out, start, duration)
+            if types:  # tensor subclasses: record DTensors at their local shapes (the program gets `out` as is)
+                seen = distributed.unwrap(types, args, kwargs, out, start + duration, tracer._completions)
+                tracer._record(info, *seen, start, duration)
+            else:
+                tracer._record(info, args, kwargs, out, start, duration)
         except Exception as exc:  # never break the traced program over a bookkeeping error
             tracer._record_failed(info.name, exc)
         return out
@@ -162,6 +175,7 @@ class Tracer:
     path       where the trace goes: a directory of Parquet parts, which
                `pandas.read_parquet(path)` reads as one table. Its parent
                directory must exist. An earlier trace at `path` is replaced.
+               Under a process group or torchrun, each rank writes `path/rank=R`.
     model      optional nn.Module: names modules (the root by its class name,
                children by their dotted path) and records parameter counts and
                the storage ids of parameters.
@@ -214,7 +228,11 @@ class Tracer:
         if self._writer is not None:
             raise TraceError(f"this Tracer (writing {self.path!r}) was already used; create a new one")
         self.trace_id = uuid.uuid4().hex
-        self._writer = PartWriter(prepare_directory(self.path, self.trace_id))
+        self._rank = distributed.rank_info()
+        directory = self.path
+        if self._rank is not None:  # one directory per rank: path/rank=R
+            directory = distributed.rank_directory(self.path, self._rank["rank"], self._rank["world_size"])
+        self._writer = PartWriter(prepare_directory(directory, self.trace_id))
         try:
             self._start()
         except BaseException:  # nothing ran: give the directory back
@@ -225,6 +243,7 @@ class Tracer:
     def _start(self):
         self._pending = []  # (rows, metadata) of parts a KeyboardInterrupt stopped mid-write
         self._write_error = None  # "file: OS error" of the first failed write
+        self._completions = collectives.Completions(FIELD["duration_ns"], FIELD["busy_ns"], ROW_WIDTH)
         self._storages = StorageTable()
         self._rows = RowBuffer()
         self._dtype_ids = {}  # torch.dtype -> dtype name id
@@ -239,6 +258,11 @@ class Tracer:
         self._roles = Roles(self._storages.known)
         self._meta = run_metadata(self.run_name, self.tokens, self.model, self._storages.id_of)
         self._meta["trace_id"] = self.trace_id
+        if self._rank is not None:
+            self._meta.update(self._rank, process_groups=distributed.process_groups())
+        self._unsharded = distributed.UnshardedParameters(
+            self.model, self._storages, self._meta.get("parameters"), self._meta.setdefault("unsharded_parameters", {})
+        )
         first = next(self.model.parameters(), None) if self.model is not None else None
         self._model_device = first is not None  # the model's device is the run's device
         if first is not None:
@@ -256,6 +280,7 @@ class Tracer:
         )
         self._steps = self._attr.steps
         self._attr.install()
+        self._unsharded.install()
         Tracer._active = self
         self._mode.__enter__()
 
@@ -265,6 +290,7 @@ class Tracer:
             self._mode.__exit__(None, None, None)
         finally:
             self._attr.remove()
+            self._unsharded.remove()
             Tracer._active = None
         if exc is not None:
             self._meta["error"] = f"{exc_type.__name__}: {exc}"
@@ -338,13 +364,19 @@ class Tracer:
         size_of = storages.size.__getitem__
         dtype_of = self._dtype_ids.get
         try:
-            ins = _tensors(args, kwargs)
-            if isinstance(out, Tensor):
-                outs = (out,)
-            elif isinstance(out, (list, tuple)):
-                outs = [o for o in out if isinstance(o, Tensor)]
+            collective = info.collective
+            if collective is not None:
+                ins, outs = collective.tensors(args, kwargs, out)
             else:
-                outs = ()
+                ins = _tensors(args, kwargs)
+                if isinstance(out, Tensor):
+                    outs = (out,)
+                elif isinstance(out, (list, tuple)):
+                    outs = [o for o in out if isinstance(o, Tensor)]
+                elif out is None and info.written_positions:  # returns nothing: its outputs are what it wrote
+                    outs = [t for t, _ in info.written(args, kwargs)]
+                else:
+                    outs = ()
             registered = storages.registered_bytes
             layout = 0
             for side, group in enumerate((ins, outs)):
@@ -398,6 +430,10 @@ class Tracer:
             device_id = self._device_ids.get(device)
             if device_id is None:
                 device_id = self._new_device(device)
+            comm_bytes = group_size = NO_VALUE
+            group_id = 0
+            if collective is not None:
+                comm_bytes, group_size, group_id = self._collective(collective, args, kwargs, out, outs, start, duration, device)
         except BaseException:
             rows.rollback()
             raise
@@ -412,7 +448,7 @@ class Tracer:
             self._steps.step, info.name_id, phase, module_id, device_id, kind,
             info.inplace, causal, flops, allocated, storages.live_bytes, inplace_bytes, out_bytes, duration,
             len(ins), len(outs), n_freed,
-            recompute, start, duration, layout, NO_VALUE, NO_VALUE, 0,
+            recompute, start, duration, layout, comm_bytes, group_size, group_id,
         ))  # fmt: skip
         self._timer.bind(rows)
         if len(rows.ints) >= self._flush_at:
@@ -429,6 +465,14 @@ class Tracer:
         self._rows.dims.extend(sizes)
         self._rows.dims.extend(strides)
         return layout or self._writer.names["layout"].id(name)
+
+    def _collective(self, op, args, kwargs, out, outs, start, duration, device):
+        """(comm_bytes, group_size, process-group name id) of a collective row; tracks its completion."""
+        comm_bytes, group_size, group = op.describe(args, kwargs)
+        self._unsharded.sync()  # FSDP2 resharded or unsharded since the last one
+        seq = self._rows.first_seq + len(self._rows)
+        self._completions.launched(seq, start, start + duration, op, out, outs, device)
+        return comm_bytes, group_size, self._writer.names["process_group"].id(group)
 
     def _new_dtype(self, dtype):
         dtype_id = self._dtype_ids[dtype] = self._writer.names["dtype"].id(dtype_name(dtype))
@@ -476,6 +520,8 @@ class Tracer:
         self._timer.resolve(self._rows)
         meta = self._metadata()
         rows, self._rows = self._rows, RowBuffer(self._rows.first_seq + len(self._rows))
+        self._completions.apply(rows)  # collectives end when their work completed, not at launch
+        meta["collectives_untimed"] = self._completions.untimed
         return self._write(rows, meta)
 
     def _write(self, rows, meta):
@@ -507,6 +553,9 @@ class Tracer:
         self._meta["end_time"] = now()
         if self._model_compiled or self._attr.names.compiled_seen:
             self._meta["compiled_ran_eagerly"] = True
+        groups = distributed.process_groups() if self._rank is not None else None
+        if groups:  # groups made while tracing (FSDP2's, DeviceMesh's); none if destroyed inside the block
+            self._meta["process_groups"] = groups
         self._closed = True
         try:
             pending, self._pending = self._pending, []

@@ -50,7 +50,7 @@ _NONE_OPS = frozenset("""
     bernoulli bernoulli_ exponential exponential_ random_ cauchy cauchy_ geometric geometric_ log_normal
     log_normal_ multinomial _philox_normal_ _philox_uniform_ _philox_key_split _philox_key_fold_in
 """.split())
-_NONE_NAMESPACES = {"profiler", "prim"}
+_NONE_NAMESPACES = {"profiler", "prim", "fsdp"}  # fsdp: FSDP2's copy-in, copy-out and chunk_cat copies
 _OPTIMIZER_OPS = frozenset("_fused_adam_ _fused_adamw_ _fused_sgd_ _fused_adagrad_".split())
 
 

@@ -1,0 +1,124 @@
+"""Collectives of a distributed trace: bytes moved, time, bandwidth, and their share of a step.
+
+    comm_bytes          the message size S as nccl-tests defines it: all-reduce and
+                        broadcast the tensor; all-gather and reduce-scatter the full
+                        array (per-rank size x ranks)
+    duration_s          time from the launch until the collective's work completed,
+                        waiting for the slowest rank included (tracer/distributed.py)
+    algbw_bytes_per_s   S / duration
+    busbw_bytes_per_s   algbw x the nccl-tests factor for n ranks: all-reduce
+                        2(n-1)/n; all-gather, reduce-scatter and all-to-all (n-1)/n;
+                        broadcast, reduce, send and recv 1. It is the bandwidth each
+                        link carried, comparable across collectives and rank counts.
+
+Collective rows are those with a `comm_bytes` value; the kind comes from the op name.
+"""
+
+import pandas as pd
+
+from reports.load import require
+from reports.tables import split_runs
+
+__all__ = ["collectives", "comm_split", "collective_kind", "bus_factor"]
+
+# op-name fragment -> kind, first match wins (reduce_scatter before reduce)
+_KINDS = (
+    ("reduce_scatter", "reduce_scatter"), ("allreduce", "all_reduce"), ("all_reduce", "all_reduce"),
+    ("allgather", "all_gather"), ("all_gather", "all_gather"), ("alltoall", "all_to_all"),
+    ("all_to_all", "all_to_all"), ("broadcast", "broadcast"), ("reduce", "reduce"), ("gather", "gather"),
+    ("scatter", "scatter"), ("send", "send"), ("recv", "recv"), ("barrier", "barrier"),
+)  # fmt: skip
+_RING = {"all_gather", "reduce_scatter", "all_to_all", "gather", "scatter"}  # (n-1)/n
+
+
+def collective_kind(op):
+    """'c10d.allreduce_.default' -> 'all_reduce'; 'other' for a name no kind matches."""
+    name = str(op).split(".")[1] if str(op).count(".") >= 1 else str(op)
+    for fragment, kind in _KINDS:
+        if fragment in name:
+            return kind
+    return "other"
+
+
+def bus_factor(kind, n):
+    """nccl-tests' bus bandwidth factor of a collective kind on n ranks."""
+    if n is None or n != n or n < 1:
+        return float("nan")
+    if kind == "all_reduce":
+        return 2.0 * (n - 1) / n
+    if kind in _RING:
+        return (n - 1) / n
+    return 1.0
+
+
+_COLUMNS = ("run", "step", "op", "comm_bytes", "group_size", "process_group", "duration_ns")
+_OUT = {
+    "run": object, "rank": "int64", "collective": object, "op": object, "process_group": object,
+    "group_size": "int64", "comm_bytes": "int64", "calls": "int64", "duration_s": "float64",
+    "algbw_bytes_per_s": "float64", "busbw_bytes_per_s": "float64",
+}
+
+
+def _ranked(df):
+    return df if "rank" in df.columns else df.assign(rank=0)
+
+
+def collectives(df):
+    """One row per run, rank, collective kind, op, group and message size.
+
+    calls: how many there were; duration_s: their mean time; algbw and busbw from the
+    mean time (see the module docstring). Sorted by run, rank, then total time, largest first."""
+    require(df, _COLUMNS, "collectives")
+    rows = _ranked(df)
+    rows = rows[rows["comm_bytes"].notna()]
+    if not len(rows):
+        return pd.DataFrame({c: pd.Series(dtype=t) for c, t in _OUT.items()})
+    rows = rows.assign(
+        collective=rows["op"].astype(object).map(collective_kind),
+        op=rows["op"].astype(object),
+        process_group=rows["process_group"].astype(object),
+        run=rows["run"].astype(object),
+    )
+    keys = ["run", "rank", "collective", "op", "process_group", "group_size", "comm_bytes"]
+    g = rows.groupby(keys, sort=False, dropna=False)
+    out = g["duration_ns"].agg(calls="size", total="sum").reset_index()
+    out["duration_s"] = out["total"] / out["calls"] / 1e9
+    algbw = out["comm_bytes"].astype("float64") / out["duration_s"].where(out["duration_s"] > 0)
+    out["algbw_bytes_per_s"] = algbw
+    factors = [bus_factor(k, n) for k, n in zip(out["collective"], out["group_size"])]
+    out["busbw_bytes_per_s"] = algbw * pd.Series(factors, index=out.index, dtype="float64")
+    out = out.sort_values(["run", "rank", "total"], ascending=[True, True, False], kind="stable")
+    return out[list(_OUT)].astype(_OUT).reset_index(drop=True)
+
+
+_SPLIT = {
+    "run": object, "rank": "int64", "step": "int64", "compute_s": "float64", "comm_s": "float64",
+    "comm_bytes": "int64", "comm_pct": "float64",
+}
+
+
+def comm_split(df):
+    """Compute against communication, per run, rank and step.
+
+    compute_s: summed time of the ops that are not collectives; comm_s: summed time of
+    the collectives (to completion, so an async collective that overlapped compute
+    counts in both); comm_pct: comm_s / (compute_s + comm_s) x 100."""
+    require(df, ("run", "step", "comm_bytes", "duration_ns"), "comm_split")
+    frames = []
+    for run, rows in split_runs(_ranked(df)):
+        is_comm = rows["comm_bytes"].notna()
+        table = pd.DataFrame({
+            "rank": rows["rank"], "step": rows["step"],
+            "compute": rows["duration_ns"].where(~is_comm, 0), "comm": rows["duration_ns"].where(is_comm, 0),
+            "comm_bytes": rows["comm_bytes"].fillna(0),
+        }).groupby(["rank", "step"], sort=True).sum().reset_index()  # fmt: skip
+        table.insert(0, "run", run)
+        frames.append(table)
+    if not frames or not sum(len(f) for f in frames):
+        return pd.DataFrame({c: pd.Series(dtype=t) for c, t in _SPLIT.items()})
+    out = pd.concat(frames, ignore_index=True)
+    out["compute_s"] = out["compute"] / 1e9
+    out["comm_s"] = out["comm"] / 1e9
+    total = out["compute_s"] + out["comm_s"]
+    out["comm_pct"] = 100.0 * out["comm_s"] / total.where(total > 0)
+    return out[list(_SPLIT)].astype(_SPLIT)
