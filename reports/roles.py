@@ -3,11 +3,13 @@
   weight_matmul    a model parameter (or a cast copy of one, autocast's bf16 weight) is
                    a multiplied operand: y = x @ W and dL/dx = dL/dy @ Wᵀ; or the row
                    computes a weight gradient dL/dW = xᵀ @ dL/dy: its output becomes a
-                   `gradient` storage directly, or through one cast and/or one add (a
-                   bf16 dW cast to fp32, tied weights' two gradients summed, an
-                   accumulated micro-batch added in). The walk goes no further: an
-                   activation x activation matmul whose result flows through other
-                   ops (embedding_dense_backward, say) into a gradient is not one.
+                   `gradient` storage directly, or through adds and at most one cast (a
+                   bf16 dW cast to fp32; the dW of every use of a weight summed: tied
+                   weights, a module called twice, an unrolled RNN, a loss with several
+                   terms; an accumulated micro-batch added in). Adds only sum
+                   contributions, so the walk follows any number of them, and nothing
+                   else: an activation x activation matmul whose result flows through
+                   another op (embedding_dense_backward, say) into a gradient is not one.
   external_weight  an operand is a parameter of a module outside `model=` (metadata
                    storage_roles["external_parameter"]; absent in older traces): a
                    frozen teacher's forward. Never part of N, never attention.
@@ -59,12 +61,13 @@ _GRADIENT_MOVES = frozenset(("fsdp.chunk_cat", "aten._chunk_cat"))
 
 
 def gradient_sources(rows, packets, gradients):
-    """Storages that become a gradient directly or through at most one cast and one add (backward/other rows).
+    """Storages that become a gradient directly or through adds and at most one cast (backward/other rows).
 
     A collective (DDP's all-reduce, FSDP2's reduce-scatter) and FSDP2's packing of gradients
-    into its flat reduce buffer (`chunk_cat`) move a gradient without computing on it: they
-    pass states through unchanged."""
-    reach = {sid: {(0, 0)} for sid in gradients}  # storage -> {(casts used, adds used)}
+    into its flat reduce buffer (`chunk_cat`) move a gradient without computing on it, and
+    gradient accumulation (`add_` into a storage that already is a gradient: the 2nd..kth
+    micro-batch) adds into it in place: they pass states through unchanged."""
+    reach = {sid: {0} for sid in gradients}  # storage -> {casts used on the way to a gradient}
     moved = packets.isin(_GRADIENT_MOVES)
     if "flop_kind" in rows:
         moved |= rows["flop_kind"].astype(object) == "collective"
@@ -73,11 +76,10 @@ def gradient_sources(rows, packets, gradients):
     hops = list(zip(packets[hop], kinds, rows.loc[hop, "input_storage_ids"], rows.loc[hop, "output_storage_ids"]))
     for op, collective, ins, outs in reversed(hops):  # the last op first: cast -> add -> gradient is followed back
         states = set().union(*(reach.get(o, set()) for o in ids(outs)))
-        cast = op in ONE_TO_ONE_COPIES
-        if collective:
+        if collective or op in _ADDS:
             after = states
-        else:
-            after = {(c + cast, a + (not cast)) for c, a in states if (c, a)[0 if cast else 1] == 0}
+        else:  # a cast: at most one on the way
+            after = {c + 1 for c in states if c == 0}
         for sid in ids(ins) if after else ():
             reach.setdefault(sid, set()).update(after)
     return set(reach)

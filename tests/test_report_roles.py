@@ -68,6 +68,22 @@ def test_activation_matmuls_feeding_an_embedding_gradient_are_attention(tmp_path
     assert t.loc["backward", "weight_matmul_flops"] == 0
 
 
+def test_a_weight_used_three_times_has_all_its_gradient_matmuls(tmp_path):
+    """An unrolled RNN / a layer called three times: its three dW are summed by two adds."""
+    torch.manual_seed(0)
+    layer = nn.Linear(8, 8, bias=False)
+    model = nn.Sequential(layer)
+    x = torch.randn(TOKENS, 8)
+    with Tracer(tmp_path / "thrice", model=model, tokens=TOKENS):
+        layer(layer(layer(x))).sum().backward()
+    t = reports.breakdown(reports.load(tmp_path / "thrice")).set_index("phase")
+    # each use: [32, 8] @ [8, 8]: 2·32·8·8 = 4,096 = 2·N·T with N = 64, T = 32
+    assert t.loc["forward", "weight_matmul_flops"] == 3 * 4096
+    # backward: three dW (3 x 4,096) + dL/dx of the 2nd and 3rd uses (2 x 4,096; x needs no gradient)
+    assert t.loc["backward", "weight_matmul_flops"] == 5 * 4096
+    assert t.loc["backward", "attention_flops"] == 0
+
+
 def _hops(ops):
     """Backward rows: row i reads storage i and writes storage i + 1; storage 0 is the matmul's output."""
     return pd.DataFrame({"op": ops, "phase": "backward",
@@ -83,9 +99,11 @@ def _hops(ops):
     (["aten.mul.Tensor"], False),  # any other op breaks the chain
     (["aten.add.Tensor", "aten.embedding_dense_backward.default"], False),
     (["aten._to_copy.default", "aten.clone.default"], False),  # two casts
-    (["aten.add.Tensor", "aten.add.Tensor"], False),  # two adds
+    (["aten.add.Tensor", "aten.add.Tensor"], True),  # three uses of one weight: three dW summed by two adds
+    (["aten._to_copy.default", "aten.add.Tensor", "aten.add.Tensor", "aten.add_.Tensor"], True),
+    (["aten.add.Tensor", "aten.mul.Tensor", "aten.add.Tensor"], False),
 ])
-def test_gradient_sources_take_one_cast_and_one_add_at_most(ops, weight_gradient):
+def test_gradient_sources_follow_adds_and_one_cast_at_most(ops, weight_gradient):
     rows = _hops(ops)
     packets = rows["op"].map(lambda op: ".".join(op.split(".")[:2]))
     assert (0 in gradient_sources(rows, packets, {len(ops)})) is weight_gradient
