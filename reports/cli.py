@@ -7,6 +7,7 @@ prints one line naming the file and what is wrong, and exits with status 2.
 import argparse
 import json
 import math
+import os
 import sys
 import warnings
 
@@ -51,7 +52,7 @@ def _phase_flops(df):
     from reports.steps import per_step
 
     phase = df["phase"].astype(object)
-    flops = {p: _number(per_step(df, mask=phase == p)) for p in ("forward", "backward", "optimizer")}
+    flops = {p: _number(per_step(df, mask=phase == p)) for p in ("forward", "backward", "optimizer", "other")}
     flops["total"] = _number(per_step(df))
     return flops
 
@@ -77,9 +78,8 @@ def summary(df, peak_tflops=None, step_time_s=None):
         "params": _number(table["n_params"].iloc[0]) if table is not None else None,
         "tokens": _number(table["tokens"].iloc[0]) if table is not None else _number(meta.get("tokens")),
         "steps": count_steps(df),
-        "flops": _phase_flops(df) if table is None else {
-            phase: _number(table.loc[phase, "flops"]) for phase in ("forward", "backward", "optimizer", "total")
-        },
+        "flops": _phase_flops(df),  # per step; the phases add up to total
+        "external_weight_flops": None if table is None else _number(table.loc["total", "external_weight_flops"]),
         "expected": None if table is None else {
             phase: _number(table.loc[phase, "expected_flops"]) for phase in ("forward", "backward", "total")
         },
@@ -116,7 +116,10 @@ def _print_report(df, args, out):
     except ReportError as exc:  # traced without model= or tokens=: say why, report the rest
         print(f"  N/A: {exc}", file=out)
     else:
-        shown = table[["phase", "flops", "expected_flops", "ratio", "weight_matmul_flops", "attention_flops", "other_flops"]]
+        split = ["weight_matmul_flops", "attention_flops", "other_flops"]
+        if "external_weight_flops" in table and table["external_weight_flops"].fillna(0).any():
+            split.insert(2, "external_weight_flops")  # a frozen teacher's matmuls: outside ratio and N
+        shown = table[["phase", "flops", "expected_flops", "ratio", *split]]
         print(shown.to_string(index=False, formatters=_formatters(shown), na_rep=""), file=out)
         print(f"N = {table['n_params'].iloc[0]:,} parameters ({table['n_kind'].iloc[0]}), T = {table['tokens'].iloc[0]:,} tokens per step", file=out)
         for line in explain(df):
@@ -309,6 +312,9 @@ def main(argv=None):
         except ReportError as exc:
             print(f"optrace {args.command}: error: {exc}", file=sys.stderr)
             return 2
+        except BrokenPipeError:  # `optrace report T | head`: the reader has what it wanted
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+            return 0
     for w in caught:
         print(f"optrace {args.command}: note: {w.message}", file=sys.stderr)
     return 0

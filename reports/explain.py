@@ -80,8 +80,8 @@ class _Run:
         own = " of the model's own (less the weights outside it)" if ext else ""
         self.out.append(
             f"{acc.run}: per training step ({k} step{'s' if k != 1 else ''} traced; T = {T:,} tokens per step; "
-            f"N = {N:,} {_N_DESC[acc.n_kind]}): forward {_f(fwd)} FLOPs{own} = {_x(fwd - ext_fwd, 2 * N * T)} x 2·N·T, "
-            f"backward {_f(bwd)} = {_x(bwd - ext_bwd, 4 * N * T)} x 4·N·T, all phases {_f(total)} = "
+            f"N = {N:,} {_N_DESC[acc.n_kind]}): forward {_f(fwd - ext_fwd)} FLOPs{own} = {_x(fwd - ext_fwd, 2 * N * T)} x 2·N·T, "
+            f"backward {_f(bwd - ext_bwd)} = {_x(bwd - ext_bwd, 4 * N * T)} x 4·N·T, all phases {_f(total - ext)} = "
             f"{_x(total - ext, 6 * N * T)} x 6·N·T."
         )
         outside = f" + weights outside the model ({_f(ext)})" if ext else ""

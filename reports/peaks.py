@@ -214,6 +214,8 @@ def peak_flops(device_meta, dtype, override=None):
         return float(override), "given"
     if not device_meta:
         return None, "the trace records no device"
+    if device_meta.get("fake"):
+        return None, "fake tensors (FakeTensorMode): no device ran the ops; pass a peak to compare"
     dtype = normalize_dtype(dtype)
     if device_meta.get("type") == "cpu":
         return cpu_ideal_flops(device_meta, dtype)

@@ -110,7 +110,7 @@ def test_gradient_sources_follow_adds_and_one_cast_at_most(ops, weight_gradient)
 
 
 # 8. weights of modules outside model= ------------------------------------------------------------
-def test_a_frozen_teachers_matmul_is_external_not_attention(tmp_path):
+def test_a_frozen_teachers_matmul_is_external_not_attention(tmp_path, capsys):
     torch.manual_seed(0)
     student, teacher = nn.Linear(8, 4, bias=False), nn.Linear(8, 4, bias=False)  # the same class
     teacher.requires_grad_(False)
@@ -145,6 +145,17 @@ def test_a_frozen_teachers_matmul_is_external_not_attention(tmp_path):
     assert t.loc["total", "external_weight_flops"] == 2048
     text = " ".join(reports.explain(_rewrite(path)))
     assert "Weights outside the model: 2,048 FLOPs per step (2,048 forward)" in text
+    # the model's own forward is 4,480 - 2,048 = 2,432 = 1.188 x 2·N·T
+    assert "forward 2,432 FLOPs of the model's own (less the weights outside it) = 1.188 x 2·N·T" in text
+    from reports.cli import main
+
+    assert main(["report", path, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    flops = report["flops"]
+    assert flops["forward"] == 4480 and report["external_weight_flops"] == 2048
+    assert flops["forward"] + flops["backward"] + flops["optimizer"] + flops["other"] == flops["total"]
+    assert main(["report", path]) == 0
+    assert "external_weight_flops" in capsys.readouterr().out
 
 
 # 7. activation checkpointing's recomputation -----------------------------------------------------

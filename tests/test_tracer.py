@@ -12,6 +12,7 @@ import pytest
 import torch
 from torch import nn
 
+import reports
 import tracer
 from tracer import TraceError, Tracer, read_metadata
 from tracer.schema import COLUMN_NAMES
@@ -205,11 +206,15 @@ def test_fake_tensor_mode(tmp_path):
     with FakeTensorMode():
         model = nn.Linear(4096, 4096)
         x = torch.randn(64, 4096)
-        df, _ = trace(tmp_path, lambda: model(x).sum().backward(), model=model)
+        df, meta = trace(tmp_path, lambda: model(x).sum().backward(), model=model)
     fwd = df[(df["op"] == "aten.addmm.default")].iloc[0]
     assert fwd.flops == 2 * 64 * 4096 * 4096  # 2,147,483,648
     assert fwd.bytes_allocated == 64 * 4096 * 4
     assert df[df["phase"] == "backward"]["op"].eq("aten.mm.default").sum() == 1  # x needs no grad
+    # the fake tensors say "cpu", but no CPU ran them: no peak, so MFU is N/A even with a step time
+    assert meta["device"]["type"] == "cpu" and meta["device"]["fake"] is True
+    rate = reports.mfu(reports.load(tmp_path / "t.parquet"), step_time_s=10.0).iloc[0]
+    assert rate["mfu"] != rate["mfu"] and "fake tensors" in rate["peak_source"]
 
 
 def test_autocast_bf16_records_dtypes_as_run(tmp_path):

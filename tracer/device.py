@@ -7,6 +7,7 @@ queued asynchronously, so a bare wall clock measures the launch, not the work.
 import os
 import platform
 import statistics
+import sys
 import time
 
 import torch
@@ -54,6 +55,16 @@ def _cpu_info():
     except (OSError, ValueError):
         pass
     return info
+
+
+def is_fake(tensor):
+    """Whether ops run on fake tensors: FakeTensorMode is active, or `tensor` is a FakeTensor.
+
+    Their device (often "cpu") did not run them, so a trace of them has no real time or peak."""
+    if torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE) is not None:
+        return True
+    fake = sys.modules.get("torch._subclasses.fake_tensor")  # never imported here: a run without it has none
+    return fake is not None and isinstance(tensor, fake.FakeTensor)
 
 
 def device_info(device):

@@ -13,7 +13,7 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode_stack as _mo
 from tracer import collectives, distributed
 from tracer.attribution import Attribution
 from tracer.compiled import compiled_original, unwrap
-from tracer.device import cuda_memory, device_info
+from tracer.device import cuda_memory, device_info, is_fake
 from tracer.errors import TraceError
 from tracer.hops import HopInfo, hop_compile_running
 from tracer.layouts import STRIDED, describe, odd_flops, register_subclass
@@ -266,7 +266,7 @@ class Tracer:
         first = next(self.model.parameters(), None) if self.model is not None else None
         self._model_device = first is not None  # the model's device is the run's device
         if first is not None:
-            self._first_device(first.device)
+            self._first_device(first.device, first)
         self._mode = _TraceMode(self)
         self._attr = Attribution(
             self.model,
@@ -429,7 +429,7 @@ class Tracer:
             device = ins[0].device if ins else outs[0].device if outs else None
             device_id = self._device_ids.get(device)
             if device_id is None:
-                device_id = self._new_device(device)
+                device_id = self._new_device(device, ins[0] if ins else outs[0])
             comm_bytes = group_size = NO_VALUE
             group_id = 0
             if collective is not None:
@@ -483,13 +483,13 @@ class Tracer:
         module_id = self._module_ids[name] = self._writer.names["module"].id(name)
         return module_id
 
-    def _new_device(self, device):
+    def _new_device(self, device, tensor=None):
         if device is None:
             name = ""
         else:
             name = str(device)
             if self._device is None or (not self._model_device and self._device.type == "cpu" != device.type):
-                self._first_device(device)  # a model's device, else the first device that is not the CPU
+                self._first_device(device, tensor)  # a model's device, else the first device that is not the CPU
         device_id = self._device_ids[device] = self._writer.names["device"].id(name)
         return device_id
 
@@ -507,10 +507,12 @@ class Tracer:
             warnings.warn(f"optrace: could not record {op} ({type(exc).__name__}: {exc}); the op ran normally")
 
     # the rest ----------------------------------------------------------------------
-    def _first_device(self, device):
+    def _first_device(self, device, tensor=None):
         self._device = device
         self._timer = make_timer(self.timing, device)
         self._meta["device"] = device_info(device)
+        if is_fake(tensor):  # no device ran the ops: reports give no peak, so no MFU
+            self._meta["device"]["fake"] = True
         memory = cuda_memory(device)
         if memory is not None:
             self._meta["cuda_memory"] = {"start": memory}
