@@ -149,6 +149,13 @@ class _Run:
         if not (att_fwd or att_bwd):
             return
         fb = self.ps(self.is_fwd | self.is_bwd)
+        if not att_fwd:  # activation x activation matmuls that only the backward runs: no L·S·d to speak of
+            self.out.append(
+                f"Activation x activation matmuls in the backward only: {_f(att_bwd)} FLOPs "
+                f"({_pct(att_bwd, fb)} of forward + backward), no parameter accounts for them, so 6·N·T leaves them "
+                f"out (a double backward, say, as a gradient penalty runs)."
+            )
+            return
         self.out.append(
             f"Attention: {_f(att_fwd + att_bwd)} FLOPs ({_pct(att_fwd + att_bwd, fb)} of forward + backward) "
             f"multiply activations by activations (q @ kᵀ and softmax(·) @ v), so no parameter accounts for them "
@@ -195,10 +202,11 @@ class _Run:
         )
 
     def head(self):
-        """The output head: the last weight matmul of the forward."""
+        """A language model's output head: the last weight matmul of the forward, in a model
+        with an embedding (without one, the last layer is just a layer)."""
         roles, acc = self.roles, self.acc
         fwd_w = self.rows[self.is_fwd & (roles.param >= 0)]
-        if len(set(roles.param[fwd_w.index])) <= 1:
+        if len(set(roles.param[fwd_w.index])) <= 1 or not any(roles.embedding.values()):
             return
         head = int(roles.param[fwd_w.index[-1]])
         head_f = self.ps(self.is_fwd & (roles.param == head))
