@@ -19,6 +19,7 @@ reports.steps (each phase's total over the steps it ran in). `explain` (reports/
 says the same in words.
 """
 
+import numpy as np
 import pandas as pd
 
 from reports.accounting import N_CHOICES, analyse
@@ -48,9 +49,9 @@ def breakdown(df, n="matmul", tokens=None):
     frames = []
     for acc in analyse(df, n, tokens, "breakdown"):
         rows, N, T = acc.rows, acc.N, acc.T
-        ph = rows["phase"].astype(object)
+        ph = rows["phase"]
         phases = ["forward", "backward", "optimizer"] + (["other"] if (ph == "other").any() else [])
-        by_category = per_step(rows, by=acc.roles.category.astype(object) + "|" + ph)
+        by_category = per_step(rows, by=_keys(acc.roles.category, rows["phase"]))
         records = []
         for phase in phases + ["total"]:
             rec = {"phase": phase}
@@ -65,6 +66,16 @@ def breakdown(df, n="matmul", tokens=None):
             records.append(rec)
         frames.append((acc.run, pd.DataFrame.from_records(records)))
     return combine(frames, columns, dtypes, several_runs(df))
+
+
+def _keys(category, phase):
+    """"category|phase" per row as a Categorical (NaN where the phase is missing), without a string per row."""
+    category, phase = category.astype("category"), phase.astype("category")
+    n = len(phase.cat.categories)
+    labels = [f"{c}|{p}" for c in category.cat.categories for p in phase.cat.categories]
+    c, p = category.cat.codes.to_numpy(np.int64), phase.cat.codes.to_numpy(np.int64)
+    codes = np.where((c >= 0) & (p >= 0), c * n + p, -1)
+    return pd.Series(pd.Categorical.from_codes(codes, categories=labels), index=category.index)
 
 
 def _pick(figures, category, phase):

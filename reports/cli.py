@@ -49,7 +49,7 @@ def _phase_flops(df):
     """FLOPs per step by phase straight from the rows, for a trace breakdown cannot read."""
     from reports.steps import per_step
 
-    phase = df["phase"].astype(object)
+    phase = df["phase"]
     flops = {p: _number(per_step(df, mask=phase == p)) for p in ("forward", "backward", "optimizer")}
     flops["total"] = _number(per_step(df))
     return flops
@@ -174,7 +174,7 @@ def _formatters(frame):
 def _report(args):
     from reports.load import load
 
-    df = load(args.trace)
+    df = load(args.trace, lists="arrow")  # list columns stay Arrow arrays: no Python object per cell (reports/columns.py)
     if not len(df):
         raise ReportError(f"{args.trace}: the trace has no ops (nothing ran inside `with Tracer(...)`)")
     if args.plot:
@@ -193,7 +193,7 @@ def _compare(args):
     from reports.compare import compare
     from reports.load import load
 
-    df = load(args.traces)
+    df = load(args.traces, lists="arrow")
     table = compare(df, by=args.by)
     if args.json:
         print(table.to_json(orient="records", indent=2))

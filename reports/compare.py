@@ -76,7 +76,9 @@ def _per_run(rows, by):
     }
     table = pd.DataFrame({name: per_step(rows, values=v, by=by) for name, v in values.items()})
     table["traced_us_per_step"] /= 1000.0
-    table["peak_live_bytes"] = rows["live_bytes"].groupby(rows[by].astype(object), sort=False).max()
+    peak = rows["live_bytes"].groupby(rows[by], observed=True, sort=False).max()
+    peak.index = peak.index.astype(object)
+    table["peak_live_bytes"] = peak
     total = pd.DataFrame({name: [per_step(rows, values=v)] for name, v in values.items()}, index=[TOTAL])
     total["traced_us_per_step"] /= 1000.0
     total["peak_live_bytes"] = rows["live_bytes"].max() if len(rows) else np.nan

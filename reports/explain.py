@@ -52,11 +52,11 @@ class _Run:
     def __init__(self, acc):
         self.acc, self.rows, self.roles = acc, acc.rows, acc.roles
         self.N, self.T = acc.N, acc.T
-        ph = self.rows["phase"].astype(object)
+        ph = self.rows["phase"]
         self.cat = self.roles.category
         self.is_fwd, self.is_bwd, self.is_opt = ph == "forward", ph == "backward", ph == "optimizer"
         self.recompute = checkpoint_recompute(self.rows)
-        self.kernel = self.rows["flop_kind"].astype(object) == "attention"
+        self.kernel = self.rows["flop_kind"] == "attention"
         self.out = []
 
     def ps(self, mask=None, by=None, values="flops"):

@@ -31,6 +31,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
+from reports.columns import flat, list_array
 from reports.load import runs_of
 
 __all__ = ["CATEGORIES", "DTYPE_BYTES", "Storages", "runs_in_order", "take"]
@@ -49,15 +50,19 @@ DTYPE_BYTES = {
 
 def _lists(column, kind=pa.int64()):
     """A column of lists as a pyarrow ListArray (fast to flatten)."""
-    return pa.array(column.to_numpy(dtype=object), type=pa.list_(kind))
+    return list_array(column, kind)
+
+
+def _cells(column, rows):
+    """The cells of a column at row positions `rows`, as objects (lists or arrays), converting only those."""
+    return column.iloc[rows].to_numpy(dtype=object)
 
 
 def _explode(column):
     """A column of id lists as (row position of each value, values, offset of each row's first value)."""
-    lists = _lists(column)
-    offsets = lists.offsets.to_numpy()
-    rows = np.repeat(np.arange(len(lists), dtype=np.int64), np.diff(offsets))
-    return rows, lists.flatten().to_numpy(zero_copy_only=False).astype(np.int64, copy=False), offsets
+    offsets, values = flat(column)
+    rows = np.repeat(np.arange(len(offsets) - 1, dtype=np.int64), np.diff(offsets))
+    return rows, values, offsets
 
 
 def _extent_bytes(shape, stride, dtype):
@@ -78,8 +83,9 @@ def take(series, index):
 
 def runs_in_order(df):
     """(run name, metadata, the run's rows in seq order) for each run, in load order."""
-    for name, meta in runs_of(df).items():
-        rows = df[df["run"] == name]
+    runs = runs_of(df)
+    for name, meta in runs.items():
+        rows = df if len(runs) == 1 and bool((df["run"] == name).all()) else df[df["run"] == name]
         if not rows["seq"].is_monotonic_increasing:
             rows = rows.sort_values("seq", kind="stable")
         yield name, meta, rows
@@ -169,7 +175,7 @@ class Storages:
             return
         sids, row, at = sids[~single], row[~single], at[~single]
         several = np.unique(row)
-        shapes = pa.array(self.rows["output_shapes"].to_numpy(dtype=object)[several], type=pa.list_(pa.list_(pa.int64())))
+        shapes = _lists(self.rows["output_shapes"].iloc[several], pa.list_(pa.int64()))
         dtypes = _lists(self.rows["output_dtypes"].iloc[several], pa.string()).flatten().to_numpy(zero_copy_only=False)
         tensors = shapes.flatten()  # one shape per output tensor of those rows, in order
         dims, bounds = tensors.flatten().to_numpy(), tensors.offsets.to_numpy()
@@ -193,15 +199,16 @@ class Storages:
     def _inputs(self, sids, row, at, seen_before):
         """Storages first seen as inputs: registered at the start (buffers) or joining live_bytes at their row."""
         columns = ("input_shapes", "input_strides", "input_dtypes")
-        shapes, strides, dtypes = (self.rows[c].to_numpy(dtype=object) for c in columns)
+        which = np.unique(row)  # only the rows where a storage is first seen as an input are read
+        shapes, strides, dtypes = (_cells(self.rows[c], which) for c in columns)
         estimate, joined = {}, {}
-        for sid, r, j in zip(sids.tolist(), row.tolist(), at.tolist()):
+        for sid, r, j, i in zip(sids.tolist(), row.tolist(), at.tolist(), np.searchsorted(which, row).tolist()):
             if sid in self.params:
                 continue
             k = j - self.in_offsets[r]
-            self.dtype[sid] = dtypes[r][k]
+            self.dtype[sid] = dtypes[i][k]
             known = int(self.known[sid])
-            estimate[sid] = known if known >= 0 else _extent_bytes(shapes[r][k], strides[r][k], dtypes[r][k])
+            estimate[sid] = known if known >= 0 else _extent_bytes(shapes[i][k], strides[i][k], dtypes[i][k])
             if sid < seen_before[r]:  # ids grow in registration order: this one was registered at the start
                 self.size[sid], self.alloc[sid] = estimate[sid], -1
             else:

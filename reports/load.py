@@ -7,6 +7,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from reports.columns import LIST_MODES, SharedRuns, to_pandas
 from reports.errors import ReportError
 from tracer.schema import COLUMN_NAMES, SCHEMA_VERSION, V2_DEFAULTS, part_paths, read_metadata
 
@@ -40,10 +41,13 @@ def read_run(path):
     return meta
 
 
-def load(paths, columns=None):
+def load(paths, columns=None, lists="objects"):
     """One trace, or several, as one DataFrame with a `run` column.
 
     `paths`: a path or a list of paths. `columns`: read only these columns (all by default).
+    `lists`: "objects" (default) gives each list cell (shapes, dtypes, storage ids) as a
+    numpy array; "arrow" keeps the list columns as Arrow arrays (pandas ArrowDtype, cells
+    read as Python lists), far smaller and faster on big traces (reports/columns.py).
     The run metadata is in `df.attrs["runs"]` ({run name: metadata dict}, in the given
     order); an incomplete trace (cut short) loads with a warning."""
     if isinstance(paths, (str, os.PathLike)):
@@ -54,7 +58,9 @@ def load(paths, columns=None):
         unknown = sorted(set(columns) - set(COLUMN_NAMES))
         if unknown:
             raise ReportError(f"load: unknown column(s) {unknown}; trace columns are {list(COLUMN_NAMES)}")
-    frames, runs = [], {}
+    if lists not in LIST_MODES:
+        raise ReportError(f"load: lists must be one of {list(LIST_MODES)}, got {lists!r}")
+    frames, runs = [], SharedRuns()
     for path in paths:
         meta = read_run(path)
         name = meta.get("run_name") or os.path.basename(os.fspath(path))
@@ -75,7 +81,7 @@ def load(paths, columns=None):
         missing = sorted(set(read) - set(table.column_names))
         if missing:
             raise ReportError(f"{path}: trace lacks column(s) {missing}")
-        frame = table.to_pandas()
+        frame = to_pandas(table, lists)
         if upgrade:
             frame = _fill_v2(frame, wanted)
         frame.insert(0, "run", name)

@@ -38,7 +38,7 @@ def attention_recompute(rows):
     kernel takes (grad_out, q, k, v, ...), all with the head dimension last. Rows
     flagged `recompute` are left at 0: checkpoint_recompute already counts all of them."""
     out = pd.Series(0, index=rows.index, dtype="int64")
-    bwd = (rows["flop_kind"].astype(object) == "attention") & (rows["phase"] == "backward")
+    bwd = (rows["flop_kind"] == "attention") & (rows["phase"] == "backward")
     bwd &= ~checkpoint_recompute(rows)
     if not bwd.any():
         return out

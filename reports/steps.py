@@ -39,9 +39,19 @@ def _steps_per_phase(rows):
     codes, names = _codes(rows["phase"])
     steps = rows["step"].to_numpy(dtype=np.int64)
     n = len(names)
-    pairs = np.unique((steps - steps.min(initial=0)) * max(n, 1) + codes) if len(codes) else np.zeros(0, np.int64)
+    pairs = _distinct((steps - steps.min(initial=0)) * max(n, 1) + codes) if len(codes) else np.zeros(0, np.int64)
     counts = np.bincount(pairs % max(n, 1), minlength=n) if n else np.zeros(0, np.int64)
     return codes, names, np.maximum(counts, 1)
+
+
+def _distinct(keys):
+    """np.unique(keys) for keys >= -1; a presence table when the keys span little more than their count."""
+    top = int(keys.max())
+    if top > 4 * len(keys) + 1024:  # sparse step numbers: sort instead
+        return np.unique(keys)
+    seen = np.zeros(top + 2, dtype=bool)
+    seen[keys + 1] = True
+    return np.flatnonzero(seen) - 1
 
 
 def phase_steps(rows):

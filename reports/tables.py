@@ -43,6 +43,9 @@ def run_names(df):
 
 def split_runs(df):
     """[(run name, that run's rows)] in load order; rows keep the trace's order."""
+    names = run_names(df)
+    if len(names) == 1 and len(df) and bool((df["run"] == names[0]).all()):
+        return [(names[0], df)]  # one run: its rows are the frame (no copy of a big trace)
     groups = dict(iter(df.groupby("run", observed=True, sort=False))) if len(df) else {}
     return [(run, groups[run] if run in groups else df.iloc[0:0]) for run in run_names(df)]
 
@@ -225,8 +228,7 @@ def by_module(df, phase=None):
     frames = []
     for run, rows in split_runs(df):
         root = (runs_meta.get(run) or {}).get("root_module")
-        mod = rows["module"].astype(object)
-        g = rows.groupby(mod, sort=False)
+        g = rows.groupby(rows["module"], observed=True, sort=False)  # on the codes of a categorical: no string per row
         own = pd.DataFrame({
             "ops": g.size(),
             "flops": g["flops"].sum(),
@@ -234,6 +236,7 @@ def by_module(df, phase=None):
             "duration_us": g["duration_ns"].sum() / 1000.0,
             "first_seq": g["seq"].min(),
         })
+        own.index = own.index.astype(object)
         names = [n for n in own.index if n != ""]
         parent, depth = _module_tree(names + ([root] if root and names else []), root)
         tree = own.reindex(list(parent)).fillna(0)

@@ -23,13 +23,14 @@ import pandas as pd
 
 from reports._util import COPY_OPS, empty_frame, is_copy, pct
 from reports.load import require, runs_of
+from reports.tables import split_runs
 
 __all__ = ["COPY_OPS", "copies", "is_copy", "views"]
 
 
 def _kinds(rows):
     """'view', 'copy' or '' for each row."""
-    ops = rows["op"].astype(object)
+    ops = rows["op"]
     copy_ops = {op for op in pd.unique(ops) if is_copy(op)}
     view = rows["is_view"].to_numpy(dtype=bool)
     copy = ops.isin(copy_ops).to_numpy() & ~view
@@ -57,12 +58,13 @@ def views(df):
     (share of all the bytes the run's ops allocated)."""
     require(df, _VIEW_COLUMNS, "views")
     frames = []
-    for name in runs_of(df):
-        rows = df[df["run"] == name]
+    runs_of(df)  # a frame from reports.load, or a one-line error
+    for name, rows in split_runs(df):
         kind = _kinds(rows)
-        picked = rows[kind != ""]
-        if not len(picked):
+        keep = kind != ""
+        if not keep.any():
             continue
+        picked = rows[["op", "bytes_allocated", "bytes_written"]][keep]  # only the columns the table shows
         total = int(rows["bytes_allocated"].sum())
         table = (
             pd.DataFrame(
