@@ -174,7 +174,7 @@ def _formatters(frame):
 def _report(args):
     from reports.load import load
 
-    df = load(args.trace, lists="arrow")  # list columns stay Arrow arrays: no Python object per cell (reports/columns.py)
+    df = load(args.trace, lists="deferred")  # no Python object per list cell; shapes read when asked (reports/columns.py)
     if not len(df):
         raise ReportError(f"{args.trace}: the trace has no ops (nothing ran inside `with Tracer(...)`)")
     if args.plot:
@@ -193,7 +193,7 @@ def _compare(args):
     from reports.compare import compare
     from reports.load import load
 
-    df = load(args.traces, lists="arrow")
+    df = load(args.traces, lists="deferred")
     table = compare(df, by=args.by)
     if args.json:
         print(table.to_json(orient="records", indent=2))

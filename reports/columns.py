@@ -7,6 +7,12 @@ of GBs, and the reports read them here as flat numpy arrays (`flat`) without
 building a Python list per row. Rows a table really iterates still come out as
 Python lists. The default `lists="objects"` is pandas' own conversion, the
 reference every fast path is tested against.
+
+`lists="deferred"` (what `optrace report` uses) also leaves the shape and stride
+columns (DEFERRED) out of the frame: the few rows a report needs them for (storages
+first seen as inputs, ops with several new outputs, fused attention backward) are
+read from the files by `cell_lists` / `cell_objects` when asked. The frame's row
+labels locate its rows in the files, so keep the index a deferred frame was loaded with.
 """
 
 import numpy as np
@@ -16,9 +22,13 @@ import pyarrow as pa
 from reports._util import packet
 from reports.errors import ReportError
 
-__all__ = ["LIST_MODES", "SharedRuns", "flat", "list_array", "packets", "to_pandas"]
+__all__ = [
+    "DEFERRED", "LIST_MODES", "Deferred", "SharedRuns", "cell_lists", "cell_objects", "flat", "has_column",
+    "list_array", "packets", "to_pandas",
+]  # fmt: skip
 
-LIST_MODES = ("objects", "arrow")
+LIST_MODES = ("objects", "arrow", "deferred")
+DEFERRED = ("input_shapes", "input_strides", "output_shapes", "output_strides")
 
 
 class SharedRuns(dict):
@@ -32,6 +42,62 @@ class SharedRuns(dict):
         return self
 
 
+class Deferred:
+    """`df.attrs["deferred"]` of a frame loaded with lists="deferred": the columns left in the
+    files, and for each run its trace path and the row label of its first row."""
+
+    def __init__(self, columns, runs):
+        self.columns, self.runs = tuple(columns), dict(runs)  # runs: {run name: (path, first label)}
+
+    def __deepcopy__(self, memo):
+        return self
+
+    def read(self, rows, name, positions):
+        """Column `name` at row positions `positions` of `rows` (a frame derived from the loaded one), as Arrow."""
+        import pyarrow.parquet as pq
+
+        labels = rows.index.to_numpy()[positions]
+        runs = rows["run"].to_numpy()[positions]
+        pieces, order = [], []
+        for run in dict.fromkeys(runs.tolist()):
+            path, start = self.runs[run]
+            mine = np.flatnonzero(runs == run)
+            column = pq.read_table(path, columns=[name]).column(name)
+            pieces.append(column.take(pa.array(labels[mine] - start)).combine_chunks())
+            order.append(mine)
+        if not pieces:
+            return pa.array([], type=pa.list_(pa.list_(pa.int64())))
+        joined = pa.concat_arrays(pieces)
+        return joined.take(pa.array(np.argsort(np.concatenate(order), kind="stable")))
+
+
+def _deferred(rows, name):
+    found = rows.attrs.get("deferred")
+    return found if isinstance(found, Deferred) and name in found.columns and name not in rows.columns else None
+
+
+def has_column(rows, name):
+    """`name` is a column of `rows`, in the frame or left in the files (lists="deferred")."""
+    return name in rows.columns or _deferred(rows, name) is not None
+
+
+def cell_lists(rows, name, positions, kind):
+    """The list cells of column `name` at row positions `positions`, as one pyarrow ListArray of `kind` items."""
+    deferred = _deferred(rows, name)
+    if deferred is None:
+        return list_array(rows[name].iloc[positions], kind)
+    arr = deferred.read(rows, name, positions)
+    return arr if arr.type == pa.list_(kind) else arr.cast(pa.list_(kind))
+
+
+def cell_objects(rows, name, positions):
+    """The cells of column `name` at row positions `positions`, one Python object (list or array) per row."""
+    deferred = _deferred(rows, name)
+    if deferred is None:
+        return rows[name].iloc[positions].to_numpy(dtype=object)
+    return deferred.read(rows, name, positions).to_pylist()
+
+
 def _arrow_list_dtype(typ):
     return pd.ArrowDtype(typ) if pa.types.is_list(typ) or pa.types.is_large_list(typ) else None
 
@@ -41,7 +107,7 @@ def to_pandas(table, lists="objects"):
     if lists not in LIST_MODES:
         raise ReportError(f"load: lists must be one of {list(LIST_MODES)}, got {lists!r}")
     if lists == "objects":
-        return table.to_pandas()
+        return table.to_pandas()  # "arrow" and "deferred" differ only in the columns read
     return table.to_pandas(types_mapper=_arrow_list_dtype)
 
 

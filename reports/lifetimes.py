@@ -31,7 +31,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from reports.columns import flat, list_array
+from reports.columns import cell_lists, cell_objects, flat, list_array
 from reports.load import runs_of
 
 __all__ = ["CATEGORIES", "DTYPE_BYTES", "Storages", "runs_in_order", "take"]
@@ -51,11 +51,6 @@ DTYPE_BYTES = {
 def _lists(column, kind=pa.int64()):
     """A column of lists as a pyarrow ListArray (fast to flatten)."""
     return list_array(column, kind)
-
-
-def _cells(column, rows):
-    """The cells of a column at row positions `rows`, as objects (lists or arrays), converting only those."""
-    return column.iloc[rows].to_numpy(dtype=object)
 
 
 def _explode(column):
@@ -175,7 +170,7 @@ class Storages:
             return
         sids, row, at = sids[~single], row[~single], at[~single]
         several = np.unique(row)
-        shapes = _lists(self.rows["output_shapes"].iloc[several], pa.list_(pa.int64()))
+        shapes = cell_lists(self.rows, "output_shapes", several, pa.list_(pa.int64()))
         dtypes = _lists(self.rows["output_dtypes"].iloc[several], pa.string()).flatten().to_numpy(zero_copy_only=False)
         tensors = shapes.flatten()  # one shape per output tensor of those rows, in order
         dims, bounds = tensors.flatten().to_numpy(), tensors.offsets.to_numpy()
@@ -200,7 +195,7 @@ class Storages:
         """Storages first seen as inputs: registered at the start (buffers) or joining live_bytes at their row."""
         columns = ("input_shapes", "input_strides", "input_dtypes")
         which = np.unique(row)  # only the rows where a storage is first seen as an input are read
-        shapes, strides, dtypes = (_cells(self.rows[c], which) for c in columns)
+        shapes, strides, dtypes = (cell_objects(self.rows, c, which) for c in columns)
         estimate, joined = {}, {}
         for sid, r, j, i in zip(sids.tolist(), row.tolist(), at.tolist(), np.searchsorted(which, row).tolist()):
             if sid in self.params:

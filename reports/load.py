@@ -7,7 +7,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from reports.columns import LIST_MODES, SharedRuns, to_pandas
+from reports.columns import DEFERRED, LIST_MODES, Deferred, SharedRuns, has_column, to_pandas
 from reports.errors import ReportError
 from tracer.schema import COLUMN_NAMES, SCHEMA_VERSION, V2_DEFAULTS, part_paths, read_metadata
 
@@ -47,7 +47,9 @@ def load(paths, columns=None, lists="objects"):
     `paths`: a path or a list of paths. `columns`: read only these columns (all by default).
     `lists`: "objects" (default) gives each list cell (shapes, dtypes, storage ids) as a
     numpy array; "arrow" keeps the list columns as Arrow arrays (pandas ArrowDtype, cells
-    read as Python lists), far smaller and faster on big traces (reports/columns.py).
+    read as Python lists), far smaller and faster on big traces; "deferred" also leaves the
+    shape and stride columns in the files until a report asks for some of their rows
+    (reports/columns.py).
     The run metadata is in `df.attrs["runs"]` ({run name: metadata dict}, in the given
     order); an incomplete trace (cut short) loads with a warning."""
     if isinstance(paths, (str, os.PathLike)):
@@ -60,7 +62,7 @@ def load(paths, columns=None, lists="objects"):
             raise ReportError(f"load: unknown column(s) {unknown}; trace columns are {list(COLUMN_NAMES)}")
     if lists not in LIST_MODES:
         raise ReportError(f"load: lists must be one of {list(LIST_MODES)}, got {lists!r}")
-    frames, runs = [], SharedRuns()
+    frames, runs, deferred, start = [], SharedRuns(), {}, 0
     for path in paths:
         meta = read_run(path)
         name = meta.get("run_name") or os.path.basename(os.fspath(path))
@@ -70,6 +72,8 @@ def load(paths, columns=None, lists="objects"):
         if not meta.get("complete"):
             warnings.warn(f"{path}: trace is incomplete (cut short); reporting the {meta.get('rows', '?')} rows it has")
         wanted = list(columns) if columns is not None else list(COLUMN_NAMES)
+        if lists == "deferred":
+            wanted = [c for c in wanted if c not in DEFERRED]
         upgrade = meta["schema_version"] < 2  # v1 traces lack the v2 columns: read what exists, fill the rest
         read = [c for c in wanted if c not in V2_DEFAULTS] if upgrade else wanted
         if upgrade and "busy_ns" in wanted and "duration_ns" not in read:
@@ -87,9 +91,13 @@ def load(paths, columns=None, lists="objects"):
         frame.insert(0, "run", name)
         frames.append(frame)
         runs[name] = meta
+        deferred[name] = (path, start)
+        start += len(frame)
     df = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
     df["run"] = pd.Categorical(df["run"], categories=list(runs))
     df.attrs["runs"] = runs
+    if lists == "deferred":
+        df.attrs["deferred"] = Deferred([c for c in DEFERRED if columns is None or c in columns], deferred)
     return df
 
 
@@ -120,6 +128,6 @@ def runs_of(df):
 
 def require(df, columns, what):
     """Raise ReportError naming the columns `what` needs and `df` lacks."""
-    missing = [c for c in columns if c not in df.columns]
+    missing = [c for c in columns if not has_column(df, c)]
     if missing:
         raise ReportError(f"{what}: the trace lacks column(s) {missing}; load it with them")
