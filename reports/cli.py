@@ -190,10 +190,10 @@ def _report(args):
 
 
 def _compare(args):
-    from reports.compare import compare
+    from reports.compare import columns, compare
     from reports.load import load
 
-    df = load(args.traces, lists="deferred")
+    df = load(args.traces, columns=columns(args.by), lists="deferred")
     table = compare(df, by=args.by)
     if args.json:
         print(table.to_json(orient="records", indent=2))

@@ -36,7 +36,7 @@ from reports.errors import ReportError
 from reports.load import load, require, runs_of
 from reports.steps import count_steps, per_step
 
-__all__ = ["compare"]
+__all__ = ["columns", "compare"]
 
 BY = ("phase", "op", "module")
 TOTAL = "total"
@@ -52,6 +52,14 @@ def _columns(by):
         **{f"{m}_ratio": "float64" for m in _RATIOS},
         "change_pct": "float64",
     }  # fmt: skip
+
+
+def columns(by="phase"):
+    """The trace columns `compare` reads, MFU's included: load only these for a big trace."""
+    from reports.mfu import COLUMNS as MFU_COLUMNS
+
+    return list(dict.fromkeys(("seq", "step", "phase", "flops", "bytes_allocated", "live_bytes", "duration_ns", by,
+                               *(c for c in MFU_COLUMNS if c != "run"))))
 
 
 def _mfu_pct(df):

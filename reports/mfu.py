@@ -50,9 +50,10 @@ from reports.roles import skipped_inputs
 from reports.steps import count_steps, per_step
 from reports.tables import split_runs
 
-__all__ = ["mfu"]
+__all__ = ["COLUMNS", "mfu"]
 
 _COLUMNS = ("run", "step", "phase", "op", "flops", "flop_kind", "input_shapes", "input_dtypes")
+COLUMNS = (*_COLUMNS, "recompute")  # every column mfu reads (recompute when the trace has it)
 _OUT = {
     "run": object, "device": object, "dtype": object, "steps": "int64", "tokens_per_step": "float64",
     "model_flops_per_step": "float64", "hardware_flops_per_step": "float64",
