@@ -235,6 +235,9 @@ def _parser():
 
 def main(argv=None):
     args = _parser().parse_args(argv)
+    from reports.columns import lean_memory
+
+    lean_memory()
     if args.command == "compare" and len(args.traces) < 2:
         print(f"optrace compare: error: expected at least two traces, got one: {args.traces[0]}", file=sys.stderr)
         return 2

@@ -24,7 +24,7 @@ from reports.errors import ReportError
 
 __all__ = [
     "DEFERRED", "LIST_MODES", "Deferred", "SharedRuns", "cell_lists", "cell_objects", "flat", "has_column",
-    "list_array", "packets", "to_pandas",
+    "lean_memory", "list_array", "packets", "read_table", "to_pandas",
 ]  # fmt: skip
 
 LIST_MODES = ("objects", "arrow", "deferred")
@@ -98,6 +98,51 @@ def cell_objects(rows, name, positions):
     return deferred.read(rows, name, positions).to_pylist()
 
 
+def lean_memory():
+    """Make Arrow hand freed memory back to the system at once, for this process (the CLI calls this).
+
+    mimalloc, Arrow's default pool, and the C library's malloc both keep freed pages: a
+    million-row trace read part by part left about its own size of RSS behind. jemalloc
+    with no decay returns them; the C library's pool is the fallback."""
+    try:
+        pa.set_memory_pool(pa.jemalloc_memory_pool())
+        pa.jemalloc_set_decay_ms(0)
+    except (NotImplementedError, pa.ArrowNotImplementedError):  # a pyarrow built without jemalloc
+        pa.set_memory_pool(pa.system_memory_pool())
+
+
+class _Parts:
+    """A trace's columns read part by part, for `to_pandas` to convert once and free column by column."""
+
+    def __init__(self, table):
+        self._table = table
+
+    @property
+    def column_names(self):
+        return self._table.column_names
+
+    def take(self):
+        table, self._table = self._table, None
+        return table
+
+
+def read_table(path, columns, lists="objects"):
+    """The trace's `columns` as a pyarrow Table ("objects"), or as parts `to_pandas` frees as it goes."""
+    import os
+
+    import pyarrow.parquet as pq
+
+    from tracer.schema import part_paths
+
+    if lists == "objects":
+        return pq.read_table(path, columns=columns)
+    parts = part_paths(path)
+    nested = any(entry.is_dir() for entry in os.scandir(path))
+    if not parts or nested:  # hive rank=R directories and the like: let pyarrow's dataset reader find the files
+        return _Parts(pq.read_table(path, columns=columns))
+    return _Parts(pa.concat_tables([pq.read_table(part, columns=columns) for part in parts]))
+
+
 def _arrow_list_dtype(typ):
     return pd.ArrowDtype(typ) if pa.types.is_list(typ) or pa.types.is_large_list(typ) else None
 
@@ -106,9 +151,16 @@ def to_pandas(table, lists="objects"):
     """`table` as a DataFrame: list columns as Python objects ("objects") or as Arrow arrays ("arrow")."""
     if lists not in LIST_MODES:
         raise ReportError(f"load: lists must be one of {list(LIST_MODES)}, got {lists!r}")
-    if lists == "objects":
-        return table.to_pandas()  # "arrow" and "deferred" differ only in the columns read
-    return table.to_pandas(types_mapper=_arrow_list_dtype)
+    if not isinstance(table, _Parts):
+        return table.to_pandas() if lists == "objects" else table.to_pandas(types_mapper=_arrow_list_dtype)
+    table = table.take()  # column by column, each Arrow column freed once converted: no second copy of the trace
+    data = {}
+    for name in table.column_names:
+        column = table.column(name)
+        table = table.drop_columns([name])
+        data[name] = column.to_pandas(types_mapper=_arrow_list_dtype)
+        del column
+    return pd.DataFrame(data, copy=False)
 
 
 def list_array(column, kind=pa.int64()):

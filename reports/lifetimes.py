@@ -110,13 +110,14 @@ class Storages:
         self.free = np.full(top + 1, -1, dtype=np.int64)  # row whose freed list has it; -1: never freed
         self.free[self.free_ids] = self.free_rows
 
-        # First appearance of each id; within a row the inputs come first.
-        ids = np.concatenate([in_ids, out_ids])
-        key = np.concatenate([in_rows * 2, out_rows * 2 + 1])
-        at = np.concatenate([np.arange(len(in_ids)), np.arange(len(out_ids))])  # index into the flat list
-        order = np.argsort(key, kind="stable")
-        seen, first = np.unique(ids[order], return_index=True)
-        first_key, first_at = key[order][first], at[order][first]
+        # First appearance of each id: the least (row, inputs before outputs, place in the flat list).
+        width = max(len(in_ids), len(out_ids)) + 1
+        first = np.full(top + 1, np.iinfo(np.int64).max, dtype=np.int64)
+        np.minimum.at(first, in_ids, in_rows * (2 * width) + np.arange(len(in_ids)))
+        np.minimum.at(first, out_ids, (out_rows * 2 + 1) * width + np.arange(len(out_ids)))
+        seen = np.flatnonzero(first != np.iinfo(np.int64).max)
+        first_key, first_at = np.divmod(first[seen], width)  # index into the flat list
+        del first
         first_row, as_output = first_key // 2, (first_key % 2).astype(bool)
 
         self.new_out, self.new_out_at = seen[as_output], first_at[as_output]
@@ -130,8 +131,8 @@ class Storages:
         for sid, (nbytes, dtype) in params.items():
             self.size[sid], self.dtype[sid], self.alloc[sid] = nbytes, dtype, -1
         row_max = np.full(n, -1, dtype=np.int64)
-        if len(ids):
-            np.maximum.at(row_max, np.concatenate([in_rows, out_rows]), ids)
+        np.maximum.at(row_max, in_rows, in_ids)
+        np.maximum.at(row_max, out_rows, out_ids)
         seen_before = np.maximum.accumulate(np.concatenate([[max(params, default=-1)], row_max]))[:-1]
         self._inputs(seen[~as_output], first_row[~as_output], first_at[~as_output], seen_before)
         for sid in np.flatnonzero((self.free >= 0) & (self.size < 0)).tolist():

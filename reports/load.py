@@ -7,7 +7,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from reports.columns import DEFERRED, LIST_MODES, Deferred, SharedRuns, has_column, to_pandas
+from reports.columns import DEFERRED, LIST_MODES, Deferred, SharedRuns, has_column, read_table, to_pandas
 from reports.errors import ReportError
 from tracer.schema import COLUMN_NAMES, SCHEMA_VERSION, V2_DEFAULTS, part_paths, read_metadata
 
@@ -79,7 +79,7 @@ def load(paths, columns=None, lists="objects"):
         if upgrade and "busy_ns" in wanted and "duration_ns" not in read:
             read.append("duration_ns")
         try:
-            table = pq.read_table(path, columns=read)
+            table = read_table(path, read, lists)
         except (pa.ArrowInvalid, OSError) as exc:
             raise ReportError(f"{path}: not a readable Parquet trace ({exc})") from None
         missing = sorted(set(read) - set(table.column_names))
