@@ -12,6 +12,9 @@ import warnings
 
 from reports.errors import ReportError
 
+# Columns no section of `optrace report` reads, left out of its load (a section that needs one takes it out of here).
+_REPORT_UNUSED = ("start_ns", "busy_ns", "comm_bytes", "group_size", "process_group", "layout", "device", "inplace")
+
 
 def _human(value, unit=""):
     """1234567 -> '1.23 M'; None -> 'N/A'."""
@@ -174,7 +177,10 @@ def _formatters(frame):
 def _report(args):
     from reports.load import load
 
-    df = load(args.trace, lists="deferred")  # no Python object per list cell; shapes read when asked (reports/columns.py)
+    from tracer.schema import COLUMN_NAMES
+
+    # only the columns the sections read; no Python object per list cell; shapes read when asked (reports/columns.py)
+    df = load(args.trace, columns=[c for c in COLUMN_NAMES if c not in _REPORT_UNUSED], lists="deferred")
     if not len(df):
         raise ReportError(f"{args.trace}: the trace has no ops (nothing ran inside `with Tracer(...)`)")
     if args.plot:

@@ -8,12 +8,14 @@ building a Python list per row. Rows a table really iterates still come out as
 Python lists. The default `lists="objects"` is pandas' own conversion, the
 reference every fast path is tested against.
 
-`lists="deferred"` (what `optrace report` uses) also leaves the shape and stride
-columns (DEFERRED) out of the frame: the few rows a report needs them for (storages
-first seen as inputs, ops with several new outputs, fused attention backward) are
-read from the files by `cell_lists` / `cell_objects` when asked. The frame's row
+`lists="deferred"` (what `optrace report` uses) also leaves the shape, stride and
+dtype columns (DEFERRED) out of the frame: the rows a report needs them for (matmuls'
+dtypes, storages first seen as inputs, ops with several new outputs, fused attention
+backward) are read from the files by `cell_lists` / `cell_objects` when asked. The frame's row
 labels locate its rows in the files, so keep the index a deferred frame was loaded with.
 """
+
+import os
 
 import numpy as np
 import pandas as pd
@@ -28,7 +30,7 @@ __all__ = [
 ]  # fmt: skip
 
 LIST_MODES = ("objects", "arrow", "deferred")
-DEFERRED = ("input_shapes", "input_strides", "output_shapes", "output_strides")
+DEFERRED = ("input_shapes", "input_strides", "output_shapes", "output_strides", "input_dtypes", "output_dtypes")
 
 
 class SharedRuns(dict):
@@ -48,22 +50,47 @@ class Deferred:
 
     def __init__(self, columns, runs):
         self.columns, self.runs = tuple(columns), dict(runs)  # runs: {run name: (path, first label)}
+        self._bounds = {}  # path: (part files, first row of each part and the total), learned on first use
 
     def __deepcopy__(self, memo):
         return self
+
+    def _take(self, path, name, wanted):
+        """Column `name` of the trace at `path` at file row positions `wanted`, reading only the parts that hold them."""
+        import pyarrow.parquet as pq
+
+        from tracer.schema import part_paths
+
+        if path not in self._bounds:
+            parts = part_paths(path)
+            flat_dir = parts and not any(entry.is_dir() for entry in os.scandir(path))
+            sizes = [pq.ParquetFile(p).metadata.num_rows for p in parts] if flat_dir else None
+            self._bounds[path] = (parts, np.cumsum([0, *sizes]) if flat_dir else None)
+        parts, bounds = self._bounds[path]
+        if bounds is None or bounds[-1] <= (wanted.max(initial=-1)):  # not the layout load read: read it all
+            return pq.read_table(path, columns=[name]).column(name).take(pa.array(wanted)).combine_chunks()
+        part = np.searchsorted(bounds, wanted, side="right") - 1
+        needed = np.unique(part)
+        read = np.zeros(len(parts), dtype=np.int64)
+        read[needed] = bounds[needed + 1] - bounds[needed]
+        start = np.cumsum(read) - read  # where each read part begins in the concatenation
+        column = pa.chunked_array([pq.read_table(parts[i], columns=[name]).column(name).combine_chunks() for i in needed])
+        return column.take(pa.array(wanted - bounds[part] + start[part])).combine_chunks()
 
     def read(self, rows, name, positions):
         """Column `name` at row positions `positions` of `rows` (a frame derived from the loaded one), as Arrow."""
         import pyarrow.parquet as pq
 
-        labels = rows.index.to_numpy()[positions]
-        runs = rows["run"].to_numpy()[positions]
+        labels = np.asarray(rows.index[positions], dtype=np.int64)
+        if len(self.runs) == 1:
+            runs = np.full(len(labels), next(iter(self.runs)), dtype=object)
+        else:
+            runs = rows["run"].iloc[positions].astype(object).to_numpy()
         pieces, order = [], []
         for run in dict.fromkeys(runs.tolist()):
             path, start = self.runs[run]
             mine = np.flatnonzero(runs == run)
-            column = pq.read_table(path, columns=[name]).column(name)
-            pieces.append(column.take(pa.array(labels[mine] - start)).combine_chunks())
+            pieces.append(self._take(path, name, labels[mine] - start))
             order.append(mine)
         if not pieces:
             return pa.array([], type=pa.list_(pa.list_(pa.int64())))
@@ -81,21 +108,21 @@ def has_column(rows, name):
     return name in rows.columns or _deferred(rows, name) is not None
 
 
-def cell_lists(rows, name, positions, kind):
-    """The list cells of column `name` at row positions `positions`, as one pyarrow ListArray of `kind` items."""
+def cell_lists(rows, name, positions=None, kind=pa.int64()):
+    """The list cells of column `name` at row positions `positions` (None: every row), as one ListArray of `kind` items."""
     deferred = _deferred(rows, name)
     if deferred is None:
-        return list_array(rows[name].iloc[positions], kind)
-    arr = deferred.read(rows, name, positions)
+        return list_array(rows[name] if positions is None else rows[name].iloc[positions], kind)
+    arr = deferred.read(rows, name, np.arange(len(rows)) if positions is None else positions)
     return arr if arr.type == pa.list_(kind) else arr.cast(pa.list_(kind))
 
 
-def cell_objects(rows, name, positions):
-    """The cells of column `name` at row positions `positions`, one Python object (list or array) per row."""
+def cell_objects(rows, name, positions=None):
+    """The cells of column `name` at row positions `positions` (None: every row), one Python object (list or array) per row."""
     deferred = _deferred(rows, name)
     if deferred is None:
-        return rows[name].iloc[positions].to_numpy(dtype=object)
-    return deferred.read(rows, name, positions).to_pylist()
+        return (rows[name] if positions is None else rows[name].iloc[positions]).to_numpy(dtype=object)
+    return deferred.read(rows, name, np.arange(len(rows)) if positions is None else positions).to_pylist()
 
 
 def lean_memory():
@@ -128,8 +155,6 @@ class _Parts:
 
 def read_table(path, columns, lists="objects"):
     """The trace's `columns` as a pyarrow Table ("objects"), or as parts `to_pandas` frees as it goes."""
-    import os
-
     import pyarrow.parquet as pq
 
     from tracer.schema import part_paths
@@ -177,17 +202,36 @@ def list_array(column, kind=pa.int64()):
     return pa.array(column.to_numpy(dtype=object), type=pa.list_(kind))
 
 
+def _chunks(column, kind):
+    """The pyarrow ListArray chunks (of `kind` items) behind a list column (or a ListArray)."""
+    if isinstance(column, pa.Array):
+        return [column if column.type == pa.list_(kind) else column.cast(pa.list_(kind))]
+    if isinstance(column.dtype, pd.ArrowDtype):
+        arr = column.array.__arrow_array__()
+        chunks = arr.chunks if isinstance(arr, pa.ChunkedArray) else [arr]
+        return [c if c.type == pa.list_(kind) else c.cast(pa.list_(kind)) for c in chunks]
+    return [pa.array(column.to_numpy(dtype=object), type=pa.list_(kind))]
+
+
 def flat(column, kind=pa.int64()):
-    """(offsets, values) of a list column: row i's items are values[offsets[i]:offsets[i + 1]]; null rows are empty."""
-    arr = list_array(column, kind)
-    offsets = arr.offsets.to_numpy().astype(np.int64)
-    values = arr.values.slice(offsets[0], offsets[-1] - offsets[0]) if len(arr) else arr.values.slice(0, 0)
-    offsets = offsets - offsets[0]
-    if pa.types.is_integer(kind):
-        values = values.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
-    else:
-        values = values.to_numpy(zero_copy_only=False)
-    return offsets, values
+    """(offsets, values) of a list column: row i's items are values[offsets[i]:offsets[i + 1]]; null rows are empty.
+
+    Integer values come as int64 with -1 for a null item; other values as objects."""
+    offsets, values, base = [np.zeros(1, dtype=np.int64)], [], 0
+    for chunk in _chunks(column, kind):  # chunk by chunk: one copy of the values, into numpy
+        bounds = chunk.offsets.to_numpy().astype(np.int64)
+        if not len(chunk):
+            continue
+        items = chunk.values.slice(bounds[0], bounds[-1] - bounds[0])
+        if pa.types.is_integer(kind):
+            items = items.fill_null(-1) if items.null_count else items
+        values.append(items.to_numpy(zero_copy_only=False))
+        offsets.append(bounds[1:] - bounds[0] + base)
+        base += int(bounds[-1] - bounds[0])
+    if not values:
+        values = [np.zeros(0, dtype=np.int64 if pa.types.is_integer(kind) else object)]
+    values = np.concatenate(values)
+    return np.concatenate(offsets), values.astype(np.int64, copy=False) if pa.types.is_integer(kind) else values
 
 
 def packets(column):

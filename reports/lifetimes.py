@@ -170,9 +170,14 @@ class Storages:
         if single.all():
             return
         sids, row, at = sids[~single], row[~single], at[~single]
+        # a size read from output_storage_bytes replaces the guess below: guess only rows with a storage lacking one
+        unknown = np.isin(row, row[self.known[sids] < 0])
+        sids, row, at = sids[unknown], row[unknown], at[unknown]
+        if not len(sids):
+            return
         several = np.unique(row)
         shapes = cell_lists(self.rows, "output_shapes", several, pa.list_(pa.int64()))
-        dtypes = _lists(self.rows["output_dtypes"].iloc[several], pa.string()).flatten().to_numpy(zero_copy_only=False)
+        dtypes = cell_lists(self.rows, "output_dtypes", several, pa.string()).flatten().to_numpy(zero_copy_only=False)
         tensors = shapes.flatten()  # one shape per output tensor of those rows, in order
         dims, bounds = tensors.flatten().to_numpy(), tensors.offsets.to_numpy()
         numel = np.ones(len(tensors), dtype=np.int64)
@@ -196,7 +201,11 @@ class Storages:
         """Storages first seen as inputs: registered at the start (buffers) or joining live_bytes at their row."""
         columns = ("input_shapes", "input_strides", "input_dtypes")
         which = np.unique(row)  # only the rows where a storage is first seen as an input are read
-        shapes, strides, dtypes = (cell_objects(self.rows, c, which) for c in columns)
+        dtypes = cell_objects(self.rows, columns[2], which)
+        # shapes and strides only where no output_storage_bytes gives the size
+        params = np.fromiter(self.params, dtype=np.int64, count=len(self.params))
+        measure = np.unique(row[(self.known[sids] < 0) & ~np.isin(sids, params)])
+        shapes, strides = (cell_objects(self.rows, c, measure) if len(measure) else [] for c in columns[:2])
         estimate, joined = {}, {}
         for sid, r, j, i in zip(sids.tolist(), row.tolist(), at.tolist(), np.searchsorted(which, row).tolist()):
             if sid in self.params:
@@ -204,7 +213,11 @@ class Storages:
             k = j - self.in_offsets[r]
             self.dtype[sid] = dtypes[i][k]
             known = int(self.known[sid])
-            estimate[sid] = known if known >= 0 else _extent_bytes(shapes[i][k], strides[i][k], dtypes[i][k])
+            if known < 0:
+                m = int(np.searchsorted(measure, r))
+                estimate[sid] = _extent_bytes(shapes[m][k], strides[m][k], dtypes[i][k])
+            else:
+                estimate[sid] = known
             if sid < seen_before[r]:  # ids grow in registration order: this one was registered at the start
                 self.size[sid], self.alloc[sid] = estimate[sid], -1
             else:
@@ -263,7 +276,7 @@ class Storages:
         known = sids >= 0
         dtype[known] = self.dtype[sids[known]]
         if len(self.new_out):  # output dtypes, read only now
-            flat = _lists(rows["output_dtypes"], pa.string()).flatten().to_numpy(zero_copy_only=False)
+            flat = cell_lists(rows, "output_dtypes", kind=pa.string()).flatten().to_numpy(zero_copy_only=False)
             dtype[np.searchsorted(sids, self.new_out)] = flat[self.new_out_at]
         has = alloc >= 0
         at = np.where(has, alloc, 0)

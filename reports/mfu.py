@@ -40,7 +40,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from reports.columns import flat, packets
+from reports.columns import cell_lists, flat, packets
 from reports.errors import ReportError
 from reports.load import require, runs_of
 from reports.peaks import cpu_ideal_flops, normalize_dtype
@@ -86,7 +86,7 @@ def matmul_dtype(rows):
     if not pick.any():
         pick = flops > 0
     at = np.flatnonzero(pick)
-    offsets, names = flat(rows["input_dtypes"].iloc[at], pa.string())
+    offsets, names = flat(cell_lists(rows, "input_dtypes", at, pa.string()), pa.string())
     count = np.diff(offsets)
     first = skipped_inputs(packets(rows["op"].iloc[at]))  # addmm's bias is not multiplied
     first = np.where(first < count, first, 0)

@@ -22,6 +22,7 @@ dtypes.
 import pandas as pd
 
 from reports._util import empty_frame, pct
+from reports.columns import cell_objects
 from reports.errors import ReportError
 from reports.load import require
 from tracer.schema import PHASES
@@ -133,7 +134,8 @@ def by_dtype(df):
     ops without tensor inputs, "" for ops with neither): a matmul under bf16
     autocast is "bfloat16", the cast that feeds it "float32"."""
     require(df, _BASE + ["input_dtypes", "output_dtypes", "flop_kind"], "by_dtype")
-    tagged = df.assign(dtype=[_row_dtype(i, o) for i, o in zip(df["input_dtypes"], df["output_dtypes"])])
+    ins, outs = cell_objects(df, "input_dtypes"), cell_objects(df, "output_dtypes")
+    tagged = df.assign(dtype=[_row_dtype(i, o) for i, o in zip(ins, outs)])
     tagged = tagged.assign(matmul_flops=tagged["flops"].where(tagged["flop_kind"].astype(object) == "matmul", 0))
     frames, columns, dtypes = _sum_table(tagged, "dtype", "by_dtype")
     out = []

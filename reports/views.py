@@ -22,6 +22,7 @@ import numpy as np
 import pandas as pd
 
 from reports._util import COPY_OPS, empty_frame, is_copy, pct
+from reports.columns import cell_objects
 from reports.load import require, runs_of
 from reports.tables import split_runs
 
@@ -40,7 +41,7 @@ def _kinds(rows):
 def _casts(rows):
     """For each row: does its first output have another dtype than its first input (a dtype conversion)?"""
     out = []
-    for ins, outs in zip(rows["input_dtypes"], rows["output_dtypes"]):
+    for ins, outs in zip(cell_objects(rows, "input_dtypes"), cell_objects(rows, "output_dtypes")):
         out.append(ins is not None and outs is not None and len(ins) > 0 and len(outs) > 0 and ins[0] != outs[0])
     return np.asarray(out, dtype=bool)
 
