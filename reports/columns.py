@@ -9,9 +9,10 @@ Python lists. The default `lists="objects"` is pandas' own conversion, the
 reference every fast path is tested against.
 
 `lists="deferred"` (what `optrace report` uses) also leaves the shape, stride and
-dtype columns (DEFERRED) out of the frame: the rows a report needs them for (matmuls'
-dtypes, storages first seen as inputs, ops with several new outputs, fused attention
-backward) are read from the files by `cell_lists` / `cell_objects` when asked. The frame's row
+output dtype columns (DEFERRED) out of the frame: the rows a report needs them for
+(storages first seen as inputs, ops with several new outputs, fused attention
+backward) are read from the files, only the parts holding them, by `cell_lists` /
+`cell_objects` when asked. The frame's row
 labels locate its rows in the files, so keep the index a deferred frame was loaded with.
 """
 
@@ -30,7 +31,7 @@ __all__ = [
 ]  # fmt: skip
 
 LIST_MODES = ("objects", "arrow", "deferred")
-DEFERRED = ("input_shapes", "input_strides", "output_shapes", "output_strides", "input_dtypes", "output_dtypes")
+DEFERRED = ("input_shapes", "input_strides", "output_shapes", "output_strides", "output_dtypes")
 
 
 class SharedRuns(dict):
@@ -74,7 +75,7 @@ class Deferred:
         read = np.zeros(len(parts), dtype=np.int64)
         read[needed] = bounds[needed + 1] - bounds[needed]
         start = np.cumsum(read) - read  # where each read part begins in the concatenation
-        column = pa.chunked_array([pq.read_table(parts[i], columns=[name]).column(name).combine_chunks() for i in needed])
+        column = pa.chunked_array([pq.ParquetFile(parts[i]).read(columns=[name]).column(name).combine_chunks() for i in needed])
         return column.take(pa.array(wanted - bounds[part] + start[part])).combine_chunks()
 
     def read(self, rows, name, positions):
@@ -165,7 +166,7 @@ def read_table(path, columns, lists="objects"):
     nested = any(entry.is_dir() for entry in os.scandir(path))
     if not parts or nested:  # hive rank=R directories and the like: let pyarrow's dataset reader find the files
         return _Parts(pq.read_table(path, columns=columns))
-    return _Parts(pa.concat_tables([pq.read_table(part, columns=columns) for part in parts]))
+    return _Parts(pa.concat_tables([pq.ParquetFile(part).read(columns=columns) for part in parts]))
 
 
 def _arrow_list_dtype(typ):
@@ -235,10 +236,13 @@ def flat(column, kind=pa.int64()):
 
 
 def packets(column):
-    """The overload packet ('aten.mm') of every row's op, as an object Series, computed once per distinct op."""
+    """The overload packet ('aten.mm') of every row's op, computed once per distinct op (a categorical
+    Series for a categorical column: no string per row)."""
     if isinstance(column.dtype, pd.CategoricalDtype):
-        names = np.asarray([packet(op) for op in column.cat.categories], dtype=object)
+        names = [packet(op) for op in column.cat.categories]
+        unique = list(dict.fromkeys(names))
+        recode = np.asarray([unique.index(n) for n in names] or [0], dtype=np.int64)
         codes = column.cat.codes.to_numpy()
-        out = np.where(codes >= 0, names[np.maximum(codes, 0)] if len(names) else None, None)
-        return pd.Series(out, index=column.index, dtype=object)
+        codes = np.where(codes >= 0, recode[np.maximum(codes, 0)], -1)
+        return pd.Series(pd.Categorical.from_codes(codes, categories=unique), index=column.index)
     return column.astype(object).map(packet)

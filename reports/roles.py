@@ -71,7 +71,7 @@ def _copies(rows, packets, sources, ins=None, outs=None):
     (in_off, in_ids), outs = _flat_ids(rows, ins, outs)
     at = np.flatnonzero(packets.isin(ONE_TO_ONE_COPIES).to_numpy())
     count = in_off[at + 1] - in_off[at]
-    second = (packets.to_numpy()[at] == "aten.copy_") & (count > 1)  # copy_(dst, src): the source is the second input
+    second = (packets.iloc[at].to_numpy(dtype=object) == "aten.copy_") & (count > 1)  # copy_(dst, src): the source is the second input
     src = np.full(len(at), _NO_ID, dtype=np.int64)
     has = count > 0
     src[has] = in_ids[in_off[at[has]] + second[has]]
@@ -89,12 +89,12 @@ def gradient_sources(rows, packets, gradients, ins=None, outs=None):
         return set()
     ins, outs = _flat_ids(rows, ins, outs)
     hop = rows["phase"].isin(("backward", "other")) & (packets.isin(ONE_TO_ONE_COPIES) | packets.isin(_ADDS))
-    names = packets.to_numpy()
-    for row in np.flatnonzero(hop.to_numpy())[::-1].tolist():  # the last op first: cast -> add -> gradient is followed back
+    at = np.flatnonzero(hop.to_numpy())
+    casts = packets.iloc[at].isin(ONE_TO_ONE_COPIES).to_numpy()
+    for row, cast in zip(at[::-1].tolist(), casts[::-1].tolist()):  # the last op first: cast -> add -> gradient is followed back
         hits = [reach[o] for o in _items(outs, row) if o in reach]
         if not hits:
             continue
-        cast = names[row] in ONE_TO_ONE_COPIES
         after = {(c + cast, a + (not cast)) for c, a in set().union(*hits) if (c, a)[0 if cast else 1] == 0}
         for sid in _items(ins, row) if after else ():
             reach.setdefault(sid, set()).update(after)
