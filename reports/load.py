@@ -3,11 +3,12 @@
 import os
 import warnings
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from reports.columns import DEFERRED, LIST_MODES, Deferred, SharedRuns, has_column, read_table, to_pandas
+from reports.columns import DEFERRED, LIST_MODES, Deferred, SharedRuns, concat_frames, has_column, read_table, to_pandas
 from reports.errors import ReportError
 from tracer.schema import COLUMN_NAMES, SCHEMA_VERSION, V2_DEFAULTS, part_paths, read_metadata
 
@@ -88,13 +89,13 @@ def load(paths, columns=None, lists="objects"):
         frame = to_pandas(table, lists)
         if upgrade:
             frame = _fill_v2(frame, wanted)
-        frame.insert(0, "run", name)
         frames.append(frame)
         runs[name] = meta
         deferred[name] = (path, start)
         start += len(frame)
-    df = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
-    df["run"] = pd.Categorical(df["run"], categories=list(runs))
+    lengths = [len(f) for f in frames]
+    df = concat_frames(frames, lists)
+    df.insert(0, "run", pd.Categorical.from_codes(np.repeat(np.arange(len(runs)), lengths), categories=list(runs)))
     df.attrs["runs"] = runs
     if lists == "deferred":
         df.attrs["deferred"] = Deferred([c for c in DEFERRED if columns is None or c in columns], deferred)

@@ -84,7 +84,7 @@ def _copies(rows, packets, sources, ins=None, outs=None):
 
 def gradient_sources(rows, packets, gradients, ins=None, outs=None):
     """Storages that become a gradient directly or through at most one cast and one add (backward/other rows)."""
-    reach = {sid: {(0, 0)} for sid in gradients}  # storage -> {(casts used, adds used)}
+    reach = dict.fromkeys(gradients, frozenset({(0, 0)}))  # storage -> {(casts used, adds used)}
     if not reach:
         return set()
     ins, outs = _flat_ids(rows, ins, outs)
@@ -97,7 +97,7 @@ def gradient_sources(rows, packets, gradients, ins=None, outs=None):
             continue
         after = {(c + cast, a + (not cast)) for c, a in set().union(*hits) if (c, a)[0 if cast else 1] == 0}
         for sid in _items(ins, row) if after else ():
-            reach.setdefault(sid, set()).update(after)
+            reach[sid] = reach.get(sid, frozenset()) | after
     return set(reach)
 
 
