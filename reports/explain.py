@@ -7,7 +7,7 @@ identical steps says exactly what a trace of one says (but for the step count).
 from reports._util import pct
 from reports.accounting import analyse
 from reports.recompute import attention_recompute, checkpoint_recompute
-from reports.steps import per_step
+from reports.steps import per_step, step_phases
 
 __all__ = ["explain"]
 
@@ -58,9 +58,10 @@ class _Run:
         self.recompute = checkpoint_recompute(self.rows)
         self.kernel = self.rows["flop_kind"] == "attention"
         self.out = []
+        self.phases = step_phases(self.rows)  # one pass over the rows for the many figures below
 
     def ps(self, mask=None, by=None, values="flops"):
-        return per_step(self.rows, values=values, mask=mask, by=by)
+        return per_step(self.rows, values=values, mask=mask, by=by, phases=self.phases)
 
     def lines(self):
         for term in (self.totals, self.forward_weights, self.backward_weights, self.attention, self.checkpointing,

@@ -21,7 +21,7 @@ import pandas as pd
 
 from tracer.schema import PHASES
 
-__all__ = ["count_steps", "per_step", "phase_steps"]
+__all__ = ["count_steps", "per_step", "phase_steps", "step_phases"]
 
 _FORWARD_BACKWARD = ("forward", "backward")
 
@@ -83,15 +83,22 @@ def _totals(index, size, values):
     return np.bincount(index, weights=values.astype(np.float64), minlength=size)[:size]
 
 
-def per_step(rows, values="flops", mask=None, by=None):
+def step_phases(rows):
+    """The phases and step counts of `rows` that per_step works from: compute them once and pass
+    them as per_step(..., phases=) when taking many figures of the same rows."""
+    return _steps_per_phase(rows)
+
+
+def per_step(rows, values="flops", mask=None, by=None, phases=None):
     """Per-step figure(s) of `values` over one run's `rows`.
 
     values  a column name or a Series aligned with `rows`
     mask    a boolean Series aligned with `rows`: sum only these rows (the steps a
             phase ran in are still counted over all rows)
     by      None for one number, or a column name / Series aligned with `rows`: a
-            Series with one figure per key (keys in order of first appearance)"""
-    codes, names, steps = _steps_per_phase(rows)
+            Series with one figure per key (keys in order of first appearance)
+    phases  step_phases(rows), to reuse over many calls (computed here when None)"""
+    codes, names, steps = _steps_per_phase(rows) if phases is None else phases
     v = (rows[values] if isinstance(values, str) else values).to_numpy()
     keep = codes >= 0
     if mask is not None:
