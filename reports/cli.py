@@ -14,6 +14,9 @@ from reports.errors import ReportError
 
 # Columns no section of `optrace report` reads, left out of its load (a section that needs one takes it out of here).
 _REPORT_UNUSED = ("start_ns", "busy_ns", "comm_bytes", "group_size", "process_group", "layout", "device", "inplace")
+# ... and those `report --json` (summary) does not read either.
+_JSON_UNUSED = (*_REPORT_UNUSED, "freed_storage_ids", "output_storage_bytes", "is_view", "causal", "bytes_read",
+                "bytes_written", "duration_ns", "bytes_allocated")
 
 
 def _human(value, unit=""):
@@ -180,7 +183,8 @@ def _report(args):
     from tracer.schema import COLUMN_NAMES
 
     # only the columns the sections read; no Python object per list cell; shapes read when asked (reports/columns.py)
-    df = load(args.trace, columns=[c for c in COLUMN_NAMES if c not in _REPORT_UNUSED], lists="deferred")
+    unused = _JSON_UNUSED if args.json and not args.plot else _REPORT_UNUSED
+    df = load(args.trace, columns=[c for c in COLUMN_NAMES if c not in unused], lists="deferred")
     if not len(df):
         raise ReportError(f"{args.trace}: the trace has no ops (nothing ran inside `with Tracer(...)`)")
     if args.plot:
