@@ -34,7 +34,7 @@ import pandas as pd
 
 from reports.errors import ReportError
 from reports.load import load, require, runs_of
-from reports.steps import count_steps, per_step
+from reports.steps import count_steps, per_step, step_phases
 
 __all__ = ["columns", "compare"]
 
@@ -82,12 +82,13 @@ def _per_run(rows, by):
         "bytes_allocated_per_step": rows["bytes_allocated"],
         "traced_us_per_step": rows["duration_ns"],
     }
-    table = pd.DataFrame({name: per_step(rows, values=v, by=by) for name, v in values.items()})
+    phases = step_phases(rows)  # one pass for the eight figures below
+    table = pd.DataFrame({name: per_step(rows, values=v, by=by, phases=phases) for name, v in values.items()})
     table["traced_us_per_step"] /= 1000.0
     peak = rows["live_bytes"].groupby(rows[by], observed=True, sort=False).max()
     peak.index = peak.index.astype(object)
     table["peak_live_bytes"] = peak
-    total = pd.DataFrame({name: [per_step(rows, values=v)] for name, v in values.items()}, index=[TOTAL])
+    total = pd.DataFrame({name: [per_step(rows, values=v, phases=phases)] for name, v in values.items()}, index=[TOTAL])
     total["traced_us_per_step"] /= 1000.0
     total["peak_live_bytes"] = rows["live_bytes"].max() if len(rows) else np.nan
     return pd.concat([total, table])
