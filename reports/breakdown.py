@@ -34,7 +34,7 @@ _SPLIT = ("weight_matmul", "attention", "external_weight", "other")
 _FLOAT_COLS = ("flops", *(f"{c}_flops" for c in _SPLIT))
 
 
-def breakdown(df, n="matmul", tokens=None):
+def breakdown(df, n="matmul", tokens=None, accounts=None):
     """One row per phase (forward, backward, optimizer, other when present, total) per run.
 
     Columns (FLOPs per training step): flops (measured), expected_flops (2·N·T, 4·N·T,
@@ -42,12 +42,14 @@ def breakdown(df, n="matmul", tokens=None):
     / expected_flops: the model's own FLOPs), weight_matmul_flops + attention_flops +
     external_weight_flops + other_flops (= flops), then steps (the run's training steps),
     n_params (N), n_kind (which N: "matmul", "total", "non_embedding" or "given") and
-    tokens (T, tokens per step). See the module docstring for N, T and the split."""
+    tokens (T, tokens per step). See the module docstring for N, T and the split.
+    `accounts`: what reports.accounting.analyse(df, n, tokens, ...) returned, to share
+    one analysis of the rows with `explain` (the CLI does); n and tokens are then unused."""
     columns = ["phase", "flops", "expected_flops", "ratio", *_FLOAT_COLS[1:], "steps", "n_params", "n_kind", "tokens"]
     dtypes = {"phase": object, **{c: "float64" for c in _FLOAT_COLS}, "expected_flops": "float64", "ratio": "float64",
               "steps": "int64", "n_params": "int64", "n_kind": object, "tokens": "int64"}
     frames = []
-    for acc in analyse(df, n, tokens, "breakdown"):
+    for acc in analyse(df, n, tokens, "breakdown") if accounts is None else accounts:
         rows, N, T = acc.rows, acc.N, acc.T
         ph = rows["phase"]
         phases = ["forward", "backward", "optimizer"] + (["other"] if (ph == "other").any() else [])

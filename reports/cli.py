@@ -109,15 +109,18 @@ def _print_report(df, args, out):
     print(f"optrace report: {run}  ({len(df)} ops, {df['step'].nunique()} step(s), {device}, {state})", file=out)
 
     print("\nFLOPs per step against 2/4/6 x N x T", file=out)
+    from reports.accounting import analyse
+
     try:
-        table = breakdown(df)
+        accounts = analyse(df, "matmul", None, "breakdown")  # one analysis of the rows for breakdown and explain
+        table = breakdown(df, accounts=accounts)
     except ReportError as exc:  # traced without model= or tokens=: say why, report the rest
         print(f"  N/A: {exc}", file=out)
     else:
         shown = table[["phase", "flops", "expected_flops", "ratio", "weight_matmul_flops", "attention_flops", "other_flops"]]
         print(shown.to_string(index=False, formatters=_formatters(shown), na_rep=""), file=out)
         print(f"N = {table['n_params'].iloc[0]:,} parameters ({table['n_kind'].iloc[0]}), T = {table['tokens'].iloc[0]:,} tokens per step", file=out)
-        for line in explain(df):
+        for line in explain(df, accounts=accounts):
             print(f"  - {line}", file=out)
 
     peak_flops = args.peak_tflops * 1e12 if args.peak_tflops is not None else None

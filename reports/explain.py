@@ -31,7 +31,7 @@ def _pct(part, whole):
     return f"{pct(part, whole):.1f}%" if whole else "n/a"
 
 
-def explain(df, n="matmul", tokens=None):
+def explain(df, n="matmul", tokens=None, accounts=None):
     """The gap between the traced FLOPs and 6·N·T, in sentences with the figures (per step).
 
     One block of lines per run, its first line starting with the run name: the totals
@@ -39,9 +39,9 @@ def explain(df, n="matmul", tokens=None):
     activation matmuls, the 12·L·d·S·T-like term), the fused attention backward's
     recomputation, activation checkpointing, weights outside the model, the output
     head, inputs that need no gradient, embeddings and other parameters outside N,
-    the optimizer, and the remaining elementwise ops."""
+    the optimizer, and the remaining elementwise ops. `accounts`: as for `breakdown`."""
     lines = []
-    for acc in analyse(df, n, tokens, "explain", columns=("input_shapes",)):
+    for acc in analyse(df, n, tokens, "explain", columns=("input_shapes",)) if accounts is None else accounts:
         lines.extend(_Run(acc).lines())
     return lines
 

@@ -29,13 +29,21 @@ from reports.tables import split_runs
 __all__ = ["COPY_OPS", "copies", "is_copy", "views"]
 
 
-def _kinds(rows):
-    """'view', 'copy' or '' for each row."""
+_KIND_NAMES = np.array(["", "view", "copy"], dtype=object)
+
+
+def _kind_codes(rows):
+    """0 (neither), 1 (view) or 2 (copy) for each row: an index into _KIND_NAMES."""
     ops = rows["op"]
     copy_ops = {op for op in pd.unique(ops) if is_copy(op)}
     view = rows["is_view"].to_numpy(dtype=bool)
     copy = ops.isin(copy_ops).to_numpy() & ~view
-    return np.where(view, "view", np.where(copy, "copy", ""))
+    return np.where(view, 1, np.where(copy, 2, 0)).astype(np.int8)
+
+
+def _kinds(rows):
+    """'view', 'copy' or '' for each row."""
+    return _KIND_NAMES[_kind_codes(rows)]
 
 
 def _casts(rows):
@@ -61,8 +69,8 @@ def views(df):
     frames = []
     runs_of(df)  # a frame from reports.load, or a one-line error
     for name, rows in split_runs(df):
-        kind = _kinds(rows)
-        keep = kind != ""
+        code = _kind_codes(rows)
+        keep = code > 0
         if not keep.any():
             continue
         picked = rows[["op", "bytes_allocated", "bytes_written"]][keep]  # only the columns the table shows
@@ -70,7 +78,7 @@ def views(df):
         table = (
             pd.DataFrame(
                 {
-                    "kind": kind[kind != ""],
+                    "kind": _KIND_NAMES[code[keep]],
                     "op": picked["op"].astype(object).to_numpy(),
                     "bytes_allocated": picked["bytes_allocated"].to_numpy(),
                     "bytes_written": picked["bytes_written"].to_numpy(),
