@@ -12,8 +12,8 @@ reference every fast path is tested against.
 output dtype columns (DEFERRED) out of the frame: the rows a report needs them for
 (storages first seen as inputs, ops with several new outputs, fused attention
 backward) are read from the files, only the parts holding them, by `cell_lists` /
-`cell_objects` when asked. The frame's row
-labels locate its rows in the files, so keep the index a deferred frame was loaded with.
+`cell_objects` when asked. The frame's row labels locate its rows in the files, so
+keep the index a deferred frame was loaded with.
 """
 
 import os
