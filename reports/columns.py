@@ -57,7 +57,8 @@ class Deferred:
         return self
 
     def _take(self, path, name, wanted):
-        """Column `name` of the trace at `path` at file row positions `wanted`, reading only the parts that hold them."""
+        """Columns `name` and seq of the trace at `path` at file row positions `wanted`, as a Table, reading only
+        the parts that hold them."""
         import pyarrow.parquet as pq
 
         from tracer.schema import part_paths
@@ -68,20 +69,21 @@ class Deferred:
             sizes = [pq.ParquetFile(p).metadata.num_rows for p in parts] if flat_dir else None
             self._bounds[path] = (parts, np.cumsum([0, *sizes]) if flat_dir else None)
         parts, bounds = self._bounds[path]
+        columns = [name, "seq"]
         if bounds is None or bounds[-1] <= (wanted.max(initial=-1)):  # not the layout load read: read it all
-            return pq.read_table(path, columns=[name]).column(name).take(pa.array(wanted)).combine_chunks()
+            return pq.read_table(path, columns=columns).take(pa.array(wanted))
         part = np.searchsorted(bounds, wanted, side="right") - 1
         needed = np.unique(part)
         read = np.zeros(len(parts), dtype=np.int64)
         read[needed] = bounds[needed + 1] - bounds[needed]
         start = np.cumsum(read) - read  # where each read part begins in the concatenation
-        column = pa.chunked_array([pq.ParquetFile(parts[i]).read(columns=[name]).column(name).combine_chunks() for i in needed])
-        return column.take(pa.array(wanted - bounds[part] + start[part])).combine_chunks()
+        table = pa.concat_tables([pq.ParquetFile(parts[i]).read(columns=columns) for i in needed])
+        return table.take(pa.array(wanted - bounds[part] + start[part]))
 
     def read(self, rows, name, positions):
-        """Column `name` at row positions `positions` of `rows` (a frame derived from the loaded one), as Arrow."""
-        import pyarrow.parquet as pq
+        """Column `name` at row positions `positions` of `rows` (a frame derived from the loaded one), as Arrow.
 
+        Raises ReportError when the rows' seq is not the files' at those places (an index reset after loading)."""
         labels = np.asarray(rows.index[positions], dtype=np.int64)
         if len(self.runs) == 1:
             runs = np.full(len(labels), next(iter(self.runs)), dtype=object)
@@ -91,7 +93,13 @@ class Deferred:
         for run in dict.fromkeys(runs.tolist()):
             path, start = self.runs[run]
             mine = np.flatnonzero(runs == run)
-            pieces.append(self._take(path, name, labels[mine] - start))
+            found = self._take(path, name, labels[mine] - start)
+            if "seq" in rows.columns:
+                seq = rows["seq"].to_numpy()[np.asarray(positions)[mine]]
+                if not np.array_equal(found.column("seq").to_numpy(), seq):
+                    raise ReportError(f"{path}: the frame's row labels no longer locate its rows in the trace (was its "
+                                      f"index reset?), so column {name!r} cannot be read; load it with lists='arrow'")
+            pieces.append(found.column(name).combine_chunks())
             order.append(mine)
         if not pieces:
             return pa.array([], type=pa.list_(pa.list_(pa.int64())))

@@ -13,6 +13,7 @@ import io
 import json
 from contextlib import redirect_stdout
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -24,6 +25,7 @@ from torch.utils.checkpoint import checkpoint
 
 import reports
 from reports import cli
+from reports.columns import cell_lists
 from reports.compare import columns as compare_columns
 from reports.errors import ReportError
 from tracer import Tracer
@@ -199,3 +201,11 @@ def test_deferred_columns_stay_in_the_files(traces):
     assert isinstance(df["input_storage_ids"].dtype, pd.ArrowDtype)
     with pytest.raises(ReportError, match=r"load: lists must be one of \['objects', 'arrow', 'deferred'\], got 'x'"):
         reports.load(traces["gpt_3_steps"], lists="x")
+
+
+def test_a_deferred_frame_whose_index_was_reset_says_so(traces):
+    df = reports.load(traces["gpt_3_steps"], lists="deferred")
+    moved = df[df["phase"] == "backward"].reset_index(drop=True)  # labels no longer locate the rows in the files
+    with pytest.raises(ReportError, match=r"the frame's row labels no longer locate its rows in the trace \(was its "
+                       r"index reset\?\), so column 'output_shapes' cannot be read; load it with lists='arrow'"):
+        cell_lists(moved, "output_shapes", np.arange(3), pa.list_(pa.int64()))
