@@ -35,6 +35,7 @@ import pandas as pd
 from reports.errors import ReportError
 from reports.load import load, require, runs_of
 from reports.steps import count_steps, per_step, step_phases
+from reports.tables import split_runs
 
 __all__ = ["columns", "compare"]
 
@@ -117,8 +118,7 @@ def compare(df_or_paths, by="phase", baseline=None):
         raise ReportError(f"compare: baseline {baseline!r} is not one of the runs {runs}")
 
     tables = {}
-    for run in runs:
-        rows = df[df["run"] == run]
+    for run, rows in split_runs(df):
         steps = count_steps(rows)
         table = _per_run(rows, by)
         table["steps"] = steps

@@ -19,6 +19,7 @@ is no `run` column. Empty inputs give empty tables with the same columns and
 dtypes.
 """
 
+import numpy as np
 import pandas as pd
 
 from reports._util import empty_frame, pct
@@ -47,6 +48,12 @@ def split_runs(df):
     names = run_names(df)
     if len(names) == 1 and len(df) and bool((df["run"] == names[0]).all()):
         return [(names[0], df)]  # one run: its rows are the frame (no copy of a big trace)
+    column = df["run"]
+    if isinstance(column.dtype, pd.CategoricalDtype) and list(column.cat.categories) == names:
+        codes = column.cat.codes.to_numpy()
+        if len(codes) and codes.min() >= 0 and (np.diff(codes) >= 0).all():  # runs in load order: slices, not copies
+            bounds = np.searchsorted(codes, np.arange(len(names) + 1))
+            return [(run, df.iloc[bounds[i] : bounds[i + 1]]) for i, run in enumerate(names)]
     groups = dict(iter(df.groupby("run", observed=True, sort=False))) if len(df) else {}
     return [(run, groups[run] if run in groups else df.iloc[0:0]) for run in run_names(df)]
 
