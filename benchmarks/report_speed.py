@@ -1,60 +1,114 @@
-"""`optrace report` and `optrace compare` on a big trace, against a bare pandas read.
+"""`optrace report` and `optrace compare` on a big trace: seconds and peak RSS, against an Arrow aggregate.
 
-    .venv/bin/python benchmarks/report_speed.py [--trace runs/long.parquet]
+    .venv/bin/python benchmarks/report_speed.py [--trace runs/long.parquet] [--repeats 5] [--check]
 
-Make the trace first with benchmarks/long_run.py (1,000,000 ops). Each timing is
-the median of --repeats runs in this process; the ratio is against
-`pandas.read_parquet` of the same trace, measured in the same run.
-Target: the full report within 5x the bare read.
+Make the trace first with benchmarks/long_run.py (1,000,076 ops). Every command runs
+in a fresh subprocess (imports included, as a user runs it); its wall time is
+measured around the process and its peak RSS and CPU time come from os.wait4. Each
+figure is the median of --repeats runs, with the range beside it.
+
+Baseline, measured in the same run on the same files: DuckDB when it is installed,
+else pyarrow, computing per-phase FLOPs, op counts and steps and the peak live bytes
+(the figures a report starts from). Target: each optrace command <= 2 s and <= 500 MB.
+
+--check also runs the reference path (reports.load with every list cell as a numpy
+array, then the same tables) and says whether its text and JSON are identical to the
+CLI's; it takes tens of seconds and GBs on a million rows.
 """
 
 import argparse
-import contextlib
-import io
+import os
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+TARGET_S, TARGET_MB = 2.0, 500
 
-import pandas as pd  # noqa: E402
+_PYARROW = """
+import sys, pyarrow.compute as pc, pyarrow.parquet as pq
+t = pq.read_table(sys.argv[1], columns=["phase", "step", "flops", "live_bytes"])
+t = t.set_column(0, "phase", t["phase"].cast("string"))
+g = t.group_by("phase").aggregate([("flops", "sum"), ("flops", "count"), ("step", "count_distinct")])
+print(g.to_pylist(), pc.max(t["live_bytes"]).as_py())
+"""
 
-from reports.cli import main as optrace  # noqa: E402
+_DUCKDB = """
+import sys, duckdb
+files = sys.argv[1] + "/part-*.parquet"
+print(duckdb.sql(f"SELECT phase, sum(flops), count(*), count(DISTINCT step) FROM read_parquet('{files}') GROUP BY phase").fetchall(),
+      duckdb.sql(f"SELECT max(live_bytes) FROM read_parquet('{files}')").fetchall())
+"""
+
+# The reference path: every list cell a numpy array (reports.load's default), then the CLI's own tables.
+_REFERENCE = """
+import io, json, sys
+from reports import cli
+from reports.load import load
+path, which = sys.argv[1], sys.argv[2]
+df = load(path)
+if which == "json":
+    print(json.dumps(cli.summary(df), indent=2))
+else:
+    out = io.StringIO()
+    cli._print_report(df, cli._parser().parse_args(["report", path]), out)
+    sys.stdout.write(out.getvalue())
+"""
 
 
-def timed(fn, repeats):
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+def run(argv):
+    """(wall seconds, peak RSS in MB, CPU seconds, stdout) of one subprocess."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    start = time.perf_counter()
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, cwd=ROOT)
+    out = proc.stdout.read()
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - start
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode:
+        raise SystemExit(f"{' '.join(map(str, argv))}: exit status {proc.returncode}")
+    return wall, usage.ru_maxrss / 1024 * 1.048576, usage.ru_utime + usage.ru_stime, out.decode()
 
 
-def quietly(argv):
-    def run():
-        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-            assert optrace(argv) == 0
-    return run
+def measure(label, argv, repeats):
+    runs = [run(argv) for _ in range(repeats)]
+    wall, rss, cpu = ([r[i] for r in runs] for i in range(3))
+    med = statistics.median
+    ok = "ok" if med(wall) <= TARGET_S and max(rss) <= TARGET_MB else "over target"
+    print(f"{label:<34} {med(wall):6.2f} s ({min(wall):.2f}-{max(wall):.2f})  cpu {med(cpu):5.2f} s  "
+          f"peak RSS {med(rss):5.0f} MB ({min(rss):.0f}-{max(rss):.0f})  {ok}")
+    return runs[0][3]
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trace", default=str(ROOT / "runs" / "long.parquet"))
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--check", action="store_true", help="also run the reference path and compare the output")
     args = parser.parse_args(argv)
-    rows = len(pd.read_parquet(args.trace, columns=["seq"]))
-    bare = timed(lambda: pd.read_parquet(args.trace), args.repeats)
-    print(f"{rows:,} rows; pandas.read_parquet: {bare:.2f} s")
-    for label, argv_ in (
-        ("optrace report", ["report", args.trace]),
-        ("optrace report --json", ["report", args.trace, "--json"]),
-        ("optrace compare (trace vs itself)", ["compare", args.trace, args.trace]),
-    ):
-        t = timed(quietly(argv_), args.repeats)
-        print(f"{label:<36} {t:6.2f} s  {t / bare:5.2f} x the bare read (target <= 5)")
+    py = sys.executable
+    import pyarrow.parquet as pq
+
+    rows = pq.ParquetDataset(args.trace).read(columns=["seq"]).num_rows
+    print(f"{rows:,} rows in {args.trace}; {args.repeats} runs each, median (range); target <= {TARGET_S} s, "
+          f"<= {TARGET_MB} MB")
+    try:
+        import duckdb  # noqa: F401
+
+        measure("baseline: DuckDB aggregate", [py, "-c", _DUCKDB, args.trace], args.repeats)
+    except ImportError:
+        print("(DuckDB not installed: baseline is pyarrow)")
+    measure("baseline: pyarrow aggregate", [py, "-c", _PYARROW, args.trace], args.repeats)
+    cli = [py, "-m", "reports.cli"]
+    text = measure("optrace report", [*cli, "report", args.trace], args.repeats)
+    as_json = measure("optrace report --json", [*cli, "report", args.trace, "--json"], args.repeats)
+    measure("optrace compare (trace vs itself)", [*cli, "compare", args.trace, args.trace], args.repeats)
+    if args.check:
+        for which, got in (("text", text), ("json", as_json)):
+            ref = measure(f"reference path ({which})", [py, "-c", _REFERENCE, args.trace, which], 1)
+            print(f"  {which}: optrace output {'IDENTICAL to' if ref == got else 'DIFFERS from'} the reference path")
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ reports.steps (each phase's total over the steps it ran in). `explain` (reports/
 says the same in words.
 """
 
+import numpy as np
 import pandas as pd
 
 from reports.accounting import N_CHOICES, analyse
@@ -33,7 +34,7 @@ _SPLIT = ("weight_matmul", "attention", "external_weight", "other")
 _FLOAT_COLS = ("flops", *(f"{c}_flops" for c in _SPLIT))
 
 
-def breakdown(df, n="matmul", tokens=None):
+def breakdown(df, n="matmul", tokens=None, accounts=None):
     """One row per phase (forward, backward, optimizer, other when present, total) per run.
 
     Columns (FLOPs per training step): flops (measured), expected_flops (2·N·T, 4·N·T,
@@ -41,16 +42,18 @@ def breakdown(df, n="matmul", tokens=None):
     / expected_flops: the model's own FLOPs), weight_matmul_flops + attention_flops +
     external_weight_flops + other_flops (= flops), then steps (the run's training steps),
     n_params (N), n_kind (which N: "matmul", "total", "non_embedding" or "given") and
-    tokens (T, tokens per step). See the module docstring for N, T and the split."""
+    tokens (T, tokens per step). See the module docstring for N, T and the split.
+    `accounts`: what reports.accounting.analyse(df, n, tokens, ...) returned, to share
+    one analysis of the rows with `explain` (the CLI does); n and tokens are then unused."""
     columns = ["phase", "flops", "expected_flops", "ratio", *_FLOAT_COLS[1:], "steps", "n_params", "n_kind", "tokens"]
     dtypes = {"phase": object, **{c: "float64" for c in _FLOAT_COLS}, "expected_flops": "float64", "ratio": "float64",
               "steps": "int64", "n_params": "int64", "n_kind": object, "tokens": "int64"}
     frames = []
-    for acc in analyse(df, n, tokens, "breakdown"):
+    for acc in analyse(df, n, tokens, "breakdown") if accounts is None else accounts:
         rows, N, T = acc.rows, acc.N, acc.T
-        ph = rows["phase"].astype(object)
+        ph = rows["phase"]
         phases = ["forward", "backward", "optimizer"] + (["other"] if (ph == "other").any() else [])
-        by_category = per_step(rows, by=acc.roles.category.astype(object) + "|" + ph)
+        by_category = per_step(rows, by=_keys(acc.roles.category, rows["phase"]))
         records = []
         for phase in phases + ["total"]:
             rec = {"phase": phase}
@@ -65,6 +68,16 @@ def breakdown(df, n="matmul", tokens=None):
             records.append(rec)
         frames.append((acc.run, pd.DataFrame.from_records(records)))
     return combine(frames, columns, dtypes, several_runs(df))
+
+
+def _keys(category, phase):
+    """"category|phase" per row as a Categorical (NaN where the phase is missing), without a string per row."""
+    category, phase = category.astype("category"), phase.astype("category")
+    n = len(phase.cat.categories)
+    labels = [f"{c}|{p}" for c in category.cat.categories for p in phase.cat.categories]
+    c, p = category.cat.codes.to_numpy(np.int64), phase.cat.codes.to_numpy(np.int64)
+    codes = np.where((c >= 0) & (p >= 0), c * n + p, -1)
+    return pd.Series(pd.Categorical.from_codes(codes, categories=labels), index=category.index)
 
 
 def _pick(figures, category, phase):

@@ -14,6 +14,12 @@ import warnings
 from reports.errors import ReportError
 from reports.integrity import describe_damage
 
+# Columns no section of `optrace report` reads, left out of its load (a section that needs one takes it out of here).
+_REPORT_UNUSED = ("layout", "device", "inplace")
+# ... and those `report --json` (summary, with the rank figures of a distributed trace) does not read either.
+_JSON_UNUSED = (*_REPORT_UNUSED, "freed_storage_ids", "output_storage_bytes", "is_view", "causal", "bytes_read",
+                "bytes_written", "bytes_allocated", "busy_ns")
+
 
 def _human(value, unit=""):
     """1234567 -> '1.23 M'; None -> 'N/A'."""
@@ -51,7 +57,7 @@ def _phase_flops(df):
     """FLOPs per step by phase straight from the rows, for a trace breakdown cannot read."""
     from reports.steps import per_step
 
-    phase = df["phase"].astype(object)
+    phase = df["phase"]
     flops = {p: _number(per_step(df, mask=phase == p)) for p in ("forward", "backward", "optimizer", "other")}
     flops["total"] = _number(per_step(df))
     return flops
@@ -111,8 +117,11 @@ def _print_report(df, args, out):
         print("Note: torch.compile'd code ran eagerly under the tracer; the figures describe the eager program", file=out)
 
     print("\nFLOPs per step against 2/4/6 x N x T", file=out)
+    from reports.accounting import analyse
+
     try:
-        table = breakdown(df)
+        accounts = analyse(df, "matmul", None, "breakdown")  # one analysis of the rows for breakdown and explain
+        table = breakdown(df, accounts=accounts)
     except ReportError as exc:  # traced without model= or tokens=: say why, report the rest
         print(f"  N/A: {exc}", file=out)
     else:
@@ -122,7 +131,7 @@ def _print_report(df, args, out):
         shown = table[["phase", "flops", "expected_flops", "ratio", *split]]
         print(shown.to_string(index=False, formatters=_formatters(shown), na_rep=""), file=out)
         print(f"N = {table['n_params'].iloc[0]:,} parameters ({table['n_kind'].iloc[0]}), T = {table['tokens'].iloc[0]:,} tokens per step", file=out)
-        for line in explain(df):
+        for line in explain(df, accounts=accounts):
             print(f"  - {line}", file=out)
 
     peak_flops = args.peak_tflops * 1e12 if args.peak_tflops is not None else None
@@ -210,7 +219,11 @@ def _formatters(frame):
 def _report(args):
     from reports.load import load
 
-    df = load(args.trace)
+    from tracer.schema import COLUMN_NAMES
+
+    # only the columns the sections read; no Python object per list cell; shapes read when asked (reports/columns.py)
+    unused = _JSON_UNUSED if args.json and not args.plot else _REPORT_UNUSED
+    df = load(args.trace, columns=[c for c in COLUMN_NAMES if c not in unused], lists="deferred")
     if not len(df):
         raise ReportError(f"{args.trace}: the trace has no ops (nothing ran inside `with Tracer(...)`)")
     from reports.ranks import first_rank, is_multi_rank, print_ranks, rank_summary
@@ -232,10 +245,10 @@ def _report(args):
 
 
 def _compare(args):
-    from reports.compare import compare
+    from reports.compare import columns, compare
     from reports.load import load
 
-    df = load(args.traces)
+    df = load(args.traces, columns=columns(args.by), lists="deferred")
     for name, path in zip(df.attrs["runs"], args.traces):
         if not (df["run"] == name).any():
             raise ReportError(f"{path}: the trace has no ops (nothing ran inside `with Tracer(...)`); nothing to compare")
@@ -302,6 +315,9 @@ def _parser():
 
 def main(argv=None):
     args = _parser().parse_args(argv)
+    from reports.columns import lean_memory
+
+    lean_memory()
     if args.command == "compare" and len(args.traces) < 2:
         print(f"optrace compare: error: expected at least two traces, got one: {args.traces[0]}", file=sys.stderr)
         return 2

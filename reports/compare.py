@@ -34,9 +34,10 @@ import pandas as pd
 
 from reports.errors import ReportError
 from reports.load import load, require, runs_of
-from reports.steps import count_steps, per_step
+from reports.steps import count_steps, per_step, step_phases
+from reports.tables import split_runs
 
-__all__ = ["compare"]
+__all__ = ["columns", "compare"]
 
 BY = ("phase", "op", "module")
 TOTAL = "total"
@@ -52,6 +53,14 @@ def _columns(by):
         **{f"{m}_ratio": "float64" for m in _RATIOS},
         "change_pct": "float64",
     }  # fmt: skip
+
+
+def columns(by="phase"):
+    """The trace columns `compare` reads, MFU's included: load only these for a big trace."""
+    from reports.mfu import COLUMNS as MFU_COLUMNS
+
+    return list(dict.fromkeys(("seq", "step", "phase", "flops", "bytes_allocated", "live_bytes", "duration_ns", by,
+                               *(c for c in MFU_COLUMNS if c != "run"))))
 
 
 def _mfu_pct(df):
@@ -74,10 +83,13 @@ def _per_run(rows, by):
         "bytes_allocated_per_step": rows["bytes_allocated"],
         "traced_us_per_step": rows["duration_ns"],
     }
-    table = pd.DataFrame({name: per_step(rows, values=v, by=by) for name, v in values.items()})
+    phases = step_phases(rows)  # one pass for the eight figures below
+    table = pd.DataFrame({name: per_step(rows, values=v, by=by, phases=phases) for name, v in values.items()})
     table["traced_us_per_step"] /= 1000.0
-    table["peak_live_bytes"] = rows["live_bytes"].groupby(rows[by].astype(object), sort=False).max()
-    total = pd.DataFrame({name: [per_step(rows, values=v)] for name, v in values.items()}, index=[TOTAL])
+    peak = rows["live_bytes"].groupby(rows[by], observed=True, sort=False).max()
+    peak.index = peak.index.astype(object)
+    table["peak_live_bytes"] = peak
+    total = pd.DataFrame({name: [per_step(rows, values=v, phases=phases)] for name, v in values.items()}, index=[TOTAL])
     total["traced_us_per_step"] /= 1000.0
     total["peak_live_bytes"] = rows["live_bytes"].max() if len(rows) else np.nan
     return pd.concat([total, table])
@@ -106,8 +118,7 @@ def compare(df_or_paths, by="phase", baseline=None):
         raise ReportError(f"compare: baseline {baseline!r} is not one of the runs {runs}")
 
     tables = {}
-    for run in runs:
-        rows = df[df["run"] == run]
+    for run, rows in split_runs(df):
         steps = count_steps(rows)
         table = _per_run(rows, by)
         table["steps"] = steps

@@ -7,7 +7,7 @@ identical steps says exactly what a trace of one says (but for the step count).
 from reports._util import pct
 from reports.accounting import analyse
 from reports.recompute import attention_recompute, checkpoint_recompute
-from reports.steps import per_step
+from reports.steps import per_step, step_phases
 
 __all__ = ["explain"]
 
@@ -31,7 +31,7 @@ def _pct(part, whole):
     return f"{pct(part, whole):.1f}%" if whole else "n/a"
 
 
-def explain(df, n="matmul", tokens=None):
+def explain(df, n="matmul", tokens=None, accounts=None):
     """The gap between the traced FLOPs and 6·N·T, in sentences with the figures (per step).
 
     One block of lines per run, its first line starting with the run name: the totals
@@ -39,9 +39,9 @@ def explain(df, n="matmul", tokens=None):
     activation matmuls, the 12·L·d·S·T-like term), the fused attention backward's
     recomputation, activation checkpointing, weights outside the model, the output
     head, inputs that need no gradient, embeddings and other parameters outside N,
-    the optimizer, and the remaining elementwise ops."""
+    the optimizer, and the remaining elementwise ops. `accounts`: as for `breakdown`."""
     lines = []
-    for acc in analyse(df, n, tokens, "explain", columns=("input_shapes",)):
+    for acc in analyse(df, n, tokens, "explain", columns=("input_shapes",)) if accounts is None else accounts:
         lines.extend(_Run(acc).lines())
     return lines
 
@@ -52,15 +52,16 @@ class _Run:
     def __init__(self, acc):
         self.acc, self.rows, self.roles = acc, acc.rows, acc.roles
         self.N, self.T = acc.N, acc.T
-        ph = self.rows["phase"].astype(object)
+        ph = self.rows["phase"]
         self.cat = self.roles.category
         self.is_fwd, self.is_bwd, self.is_opt = ph == "forward", ph == "backward", ph == "optimizer"
         self.recompute = checkpoint_recompute(self.rows)
-        self.kernel = self.rows["flop_kind"].astype(object) == "attention"
+        self.kernel = self.rows["flop_kind"] == "attention"
         self.out = []
+        self.phases = step_phases(self.rows)  # one pass over the rows for the many figures below
 
     def ps(self, mask=None, by=None, values="flops"):
-        return per_step(self.rows, values=values, mask=mask, by=by)
+        return per_step(self.rows, values=values, mask=mask, by=by, phases=self.phases)
 
     def lines(self):
         for term in (self.totals, self.forward_weights, self.backward_weights, self.attention, self.checkpointing,

@@ -31,6 +31,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
+from reports.columns import cell_lists, cell_objects, flat, list_array
 from reports.load import runs_of
 
 __all__ = ["CATEGORIES", "DTYPE_BYTES", "Storages", "runs_in_order", "take"]
@@ -49,15 +50,15 @@ DTYPE_BYTES = {
 
 def _lists(column, kind=pa.int64()):
     """A column of lists as a pyarrow ListArray (fast to flatten)."""
-    return pa.array(column.to_numpy(dtype=object), type=pa.list_(kind))
+    return list_array(column, kind)
 
 
 def _explode(column):
     """A column of id lists as (row position of each value, values, offset of each row's first value)."""
-    lists = _lists(column)
-    offsets = lists.offsets.to_numpy()
-    rows = np.repeat(np.arange(len(lists), dtype=np.int64), np.diff(offsets))
-    return rows, lists.flatten().to_numpy(zero_copy_only=False).astype(np.int64, copy=False), offsets
+    offsets, values = flat(column)
+    n = len(offsets) - 1
+    rows = np.repeat(np.arange(n, dtype=np.int32 if n < 2**31 else np.int64), np.diff(offsets))  # int32: half the memory
+    return rows, values, offsets
 
 
 def _extent_bytes(shape, stride, dtype):
@@ -78,8 +79,9 @@ def take(series, index):
 
 def runs_in_order(df):
     """(run name, metadata, the run's rows in seq order) for each run, in load order."""
-    for name, meta in runs_of(df).items():
-        rows = df[df["run"] == name]
+    runs = runs_of(df)
+    for name, meta in runs.items():
+        rows = df if len(runs) == 1 and bool((df["run"] == name).all()) else df[df["run"] == name]
         if not rows["seq"].is_monotonic_increasing:
             rows = rows.sort_values("seq", kind="stable")
         yield name, meta, rows
@@ -109,13 +111,17 @@ class Storages:
         self.free = np.full(top + 1, -1, dtype=np.int64)  # row whose freed list has it; -1: never freed
         self.free[self.free_ids] = self.free_rows
 
-        # First appearance of each id; within a row the inputs come first.
-        ids = np.concatenate([in_ids, out_ids])
-        key = np.concatenate([in_rows * 2, out_rows * 2 + 1])
-        at = np.concatenate([np.arange(len(in_ids)), np.arange(len(out_ids))])  # index into the flat list
-        order = np.argsort(key, kind="stable")
-        seen, first = np.unique(ids[order], return_index=True)
-        first_key, first_at = key[order][first], at[order][first]
+        # First appearance of each id: the least (row, inputs before outputs, place in the flat list).
+        width = max(len(in_ids), len(out_ids)) + 1
+        first = np.full(top + 1, np.iinfo(np.int64).max, dtype=np.int64)
+        for ids, key in ((in_ids, in_rows.astype(np.int64) * 2), (out_ids, out_rows.astype(np.int64) * 2 + 1)):
+            key *= width
+            key += np.arange(len(ids))
+            np.minimum.at(first, ids, key)
+            del key
+        seen = np.flatnonzero(first != np.iinfo(np.int64).max)
+        first_key, first_at = np.divmod(first[seen], width)  # index into the flat list
+        del first
         first_row, as_output = first_key // 2, (first_key % 2).astype(bool)
 
         self.new_out, self.new_out_at = seen[as_output], first_at[as_output]
@@ -129,8 +135,8 @@ class Storages:
         for sid, (nbytes, dtype) in params.items():
             self.size[sid], self.dtype[sid], self.alloc[sid] = nbytes, dtype, -1
         row_max = np.full(n, -1, dtype=np.int64)
-        if len(ids):
-            np.maximum.at(row_max, np.concatenate([in_rows, out_rows]), ids)
+        np.maximum.at(row_max, in_rows, in_ids)
+        np.maximum.at(row_max, out_rows, out_ids)
         seen_before = np.maximum.accumulate(np.concatenate([[max(params, default=-1)], row_max]))[:-1]
         self._inputs(seen[~as_output], first_row[~as_output], first_at[~as_output], seen_before)
         for sid in np.flatnonzero((self.free >= 0) & (self.size < 0)).tolist():
@@ -168,9 +174,14 @@ class Storages:
         if single.all():
             return
         sids, row, at = sids[~single], row[~single], at[~single]
+        # a size read from output_storage_bytes replaces the guess below: guess only rows with a storage lacking one
+        unknown = np.isin(row, row[self.known[sids] < 0])
+        sids, row, at = sids[unknown], row[unknown], at[unknown]
+        if not len(sids):
+            return
         several = np.unique(row)
-        shapes = pa.array(self.rows["output_shapes"].to_numpy(dtype=object)[several], type=pa.list_(pa.list_(pa.int64())))
-        dtypes = _lists(self.rows["output_dtypes"].iloc[several], pa.string()).flatten().to_numpy(zero_copy_only=False)
+        shapes = cell_lists(self.rows, "output_shapes", several, pa.list_(pa.int64()))
+        dtypes = cell_lists(self.rows, "output_dtypes", several, pa.string()).flatten().to_numpy(zero_copy_only=False)
         tensors = shapes.flatten()  # one shape per output tensor of those rows, in order
         dims, bounds = tensors.flatten().to_numpy(), tensors.offsets.to_numpy()
         numel = np.ones(len(tensors), dtype=np.int64)
@@ -193,15 +204,24 @@ class Storages:
     def _inputs(self, sids, row, at, seen_before):
         """Storages first seen as inputs: registered at the start (buffers) or joining live_bytes at their row."""
         columns = ("input_shapes", "input_strides", "input_dtypes")
-        shapes, strides, dtypes = (self.rows[c].to_numpy(dtype=object) for c in columns)
+        which = np.unique(row)  # only the rows where a storage is first seen as an input are read
+        dtypes = cell_objects(self.rows, columns[2], which)
+        # shapes and strides only where no output_storage_bytes gives the size
+        params = np.fromiter(self.params, dtype=np.int64, count=len(self.params))
+        measure = np.unique(row[(self.known[sids] < 0) & ~np.isin(sids, params)])
+        shapes, strides = (cell_objects(self.rows, c, measure) if len(measure) else [] for c in columns[:2])
         estimate, joined = {}, {}
-        for sid, r, j in zip(sids.tolist(), row.tolist(), at.tolist()):
+        for sid, r, j, i in zip(sids.tolist(), row.tolist(), at.tolist(), np.searchsorted(which, row).tolist()):
             if sid in self.params:
                 continue
             k = j - self.in_offsets[r]
-            self.dtype[sid] = dtypes[r][k]
+            self.dtype[sid] = dtypes[i][k]
             known = int(self.known[sid])
-            estimate[sid] = known if known >= 0 else _extent_bytes(shapes[r][k], strides[r][k], dtypes[r][k])
+            if known < 0:
+                m = int(np.searchsorted(measure, r))
+                estimate[sid] = _extent_bytes(shapes[m][k], strides[m][k], dtypes[i][k])
+            else:
+                estimate[sid] = known
             if sid < seen_before[r]:  # ids grow in registration order: this one was registered at the start
                 self.size[sid], self.alloc[sid] = estimate[sid], -1
             else:
@@ -260,7 +280,7 @@ class Storages:
         known = sids >= 0
         dtype[known] = self.dtype[sids[known]]
         if len(self.new_out):  # output dtypes, read only now
-            flat = _lists(rows["output_dtypes"], pa.string()).flatten().to_numpy(zero_copy_only=False)
+            flat = cell_lists(rows, "output_dtypes", kind=pa.string()).flatten().to_numpy(zero_copy_only=False)
             dtype[np.searchsorted(sids, self.new_out)] = flat[self.new_out_at]
         has = alloc >= 0
         at = np.where(has, alloc, 0)

@@ -3,10 +3,12 @@
 import os
 import warnings
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from reports.columns import DEFERRED, LIST_MODES, Deferred, SharedRuns, concat_frames, has_column, read_table, to_pandas
 from reports.errors import ReportError
 from reports.integrity import check_parts, damage, describe_damage, one_line, read_marker
 from tracer.schema import COLUMN_NAMES, SCHEMA_VERSION, V2_DEFAULTS, part_paths, read_metadata
@@ -44,10 +46,15 @@ def read_run(path):
     return meta
 
 
-def load(paths, columns=None):
+def load(paths, columns=None, lists="objects"):
     """One trace, or several, as one DataFrame with a `run` column.
 
     `paths`: a path or a list of paths. `columns`: read only these columns (all by default).
+    `lists`: "objects" (default) gives each list cell (shapes, dtypes, storage ids) as a
+    numpy array; "arrow" keeps the list columns as Arrow arrays (pandas ArrowDtype, cells
+    read as Python lists), far smaller and faster on big traces; "deferred" also leaves the
+    shape and stride columns in the files until a report asks for some of their rows
+    (reports/columns.py).
     The run metadata is in `df.attrs["runs"]` ({run name: metadata dict}, in the given
     order); an incomplete trace (cut short) loads with a warning.
 
@@ -62,7 +69,9 @@ def load(paths, columns=None):
         unknown = sorted(set(columns) - set(COLUMN_NAMES))
         if unknown:
             raise ReportError(f"load: unknown column(s) {unknown}; trace columns are {list(COLUMN_NAMES)}")
-    frames, runs, frame_ranks = [], {}, []
+    if lists not in LIST_MODES:
+        raise ReportError(f"load: lists must be one of {list(LIST_MODES)}, got {lists!r}")
+    frames, runs, deferred, start, frame_ranks = [], SharedRuns(), {}, 0, []
     for path, rank in _with_ranks(paths):
         meta = read_run(path)
         name = meta.get("run_name") or os.path.basename(os.fspath(path))
@@ -73,33 +82,38 @@ def load(paths, columns=None):
         while name in runs:  # two runs with one name: keep both
             name, n = f"{base}#{n}", n + 1
         wanted = list(columns) if columns is not None else list(COLUMN_NAMES)
+        if lists == "deferred":
+            wanted = [c for c in wanted if c not in DEFERRED]
         upgrade = meta["schema_version"] < 2  # v1 traces lack the v2 columns: read what exists, fill the rest
         read = [c for c in wanted if c not in V2_DEFAULTS] if upgrade else wanted
         if upgrade and "busy_ns" in wanted and "duration_ns" not in read:
             read.append("duration_ns")
         try:
-            table = pq.read_table(path, columns=read)
+            table = read_table(path, read, lists)
         except (pa.ArrowInvalid, OSError) as exc:
             raise ReportError(f"{path}: not a readable Parquet trace ({one_line(exc)})") from None
         missing = sorted(set(read) - set(table.column_names))
         if missing:
             raise ReportError(f"{path}: trace lacks column(s) {missing}")
-        frame = table.to_pandas()
+        frame = to_pandas(table, lists)
         if upgrade:
             frame = _fill_v2(frame, wanted)
         broken = describe_damage(meta["damage"])
         if not meta.get("complete") or broken:  # one warning per trace, every fact in it
             state = "incomplete (cut short)" if not meta.get("complete") else "damaged"
             warnings.warn(f"{path}: trace is {state}{': ' + broken if broken else ''}; reporting the {len(frame)} rows it has")
-        frame.insert(0, "run", name)
         frames.append(frame)
         runs[name] = meta
-    df = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
-    df["run"] = pd.Categorical(df["run"], categories=list(runs))
+        deferred[name] = (path, start)
+        start += len(frame)
+    lengths = [len(f) for f in frames]
+    df = concat_frames(frames, lists)
+    df.insert(0, "run", pd.Categorical.from_codes(np.repeat(np.arange(len(runs)), lengths), categories=list(runs)))
     if any(r is not None for r in frame_ranks):
-        df.insert(1, "rank", [int(r or 0) for r, f in zip(frame_ranks, frames) for _ in range(len(f))])
-        df["rank"] = df["rank"].astype("int64")
+        df.insert(1, "rank", np.repeat(np.array([int(r or 0) for r in frame_ranks], dtype=np.int64), lengths))
     df.attrs["runs"] = runs
+    if lists == "deferred":
+        df.attrs["deferred"] = Deferred([c for c in DEFERRED if columns is None or c in columns], deferred)
     return df
 
 
@@ -139,6 +153,6 @@ def runs_of(df):
 
 def require(df, columns, what):
     """Raise ReportError naming the columns `what` needs and `df` lacks."""
-    missing = [c for c in columns if c not in df.columns]
+    missing = [c for c in columns if not has_column(df, c)]
     if missing:
         raise ReportError(f"{what}: the trace lacks column(s) {missing}; load it with them")

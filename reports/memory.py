@@ -52,17 +52,30 @@ def storages(df):
     return pd.concat(frames, ignore_index=True).astype(_STORAGE_DTYPES)
 
 
-def _live_by_category(run):
-    """[rows, categories] int64: bytes live per category after each row of a run."""
+def _live_columns(run):
+    """For each of CATEGORIES, a function giving the int64 bytes of that category live after each row of a run.
+
+    One category at a time, so a million-row run never holds a [rows, categories] matrix."""
     sids, nbytes, alloc, free, made = run.arrays()
     cat = run.categories(sids, alloc, free, made)
-    n, ncat = run.n, len(CATEGORIES)
+    n = run.n
     start, end = alloc + 1, free + 1  # index 0: before the first row
     freed = end > 0
-    index = np.concatenate([start * ncat + cat, end[freed] * ncat + cat[freed]])
+    index = np.concatenate([start, end[freed]])
     weights = np.concatenate([nbytes, -nbytes[freed]]).astype(np.float64)
-    delta = np.bincount(index, weights=weights, minlength=(n + 1) * ncat)[: (n + 1) * ncat]
-    return np.rint(delta).astype(np.int64).reshape(n + 1, ncat).cumsum(axis=0)[1:]
+    which = np.concatenate([cat, cat[freed]])
+
+    def live(c):
+        mine = which == c
+        delta = np.bincount(index[mine], weights=weights[mine], minlength=n + 1)[: n + 1]
+        return np.rint(delta).astype(np.int64).cumsum()[1:]
+
+    return [lambda c=c: live(c) for c in range(len(CATEGORIES))]
+
+
+def _live_by_category(run):
+    """[rows, categories] int64: bytes live per category after each row of a run."""
+    return np.stack([column() for column in _live_columns(run)], axis=1)
 
 
 _TIMELINE_DTYPES = {
@@ -140,11 +153,15 @@ def by_category(df, at="peak"):
         n, rows, name = run.n, run.rows, run.name
         if not n:
             continue
-        live = _live_by_category(run)
+        columns = _live_columns(run)
         seq = rows["seq"].to_numpy(dtype=np.int64)
         total = rows["live_bytes"].to_numpy(dtype=np.int64)
         if at == "max":
-            where = live.argmax(axis=0)
+            where, values = np.zeros(len(CATEGORIES), dtype=np.int64), np.zeros(len(CATEGORIES), dtype=np.int64)
+            for c, column in enumerate(columns):
+                live = column()
+                where[c] = live.argmax()
+                values[c] = live[where[c]]
         else:
             if at == "peak":
                 row = int(np.argmax(total))
@@ -156,7 +173,7 @@ def by_category(df, at="peak"):
                     raise ReportError(f"by_category: run {name!r} has no op with seq {at} (its seq runs {seq[0]}..{seq[-1]})")
                 row = int(hits[0])
             where = np.full(len(CATEGORIES), row)
-        values = live[where, np.arange(len(CATEGORIES))]
+            values = np.array([column()[row] for column in columns], dtype=np.int64)
         frames.append(
             pd.DataFrame(
                 {

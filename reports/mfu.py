@@ -36,20 +36,24 @@ None for numbers: test them with `pd.isna` and print them as N/A
 (`to_string(na_rep="N/A")`).
 """
 
+import numpy as np
 import pandas as pd
+import pyarrow as pa
 
+from reports.columns import cell_lists, flat, packets
 from reports.errors import ReportError
 from reports.load import require, runs_of
 from reports.peaks import cpu_ideal_flops, normalize_dtype
 from reports.peaks import peak_flops as lookup_peak
 from reports.recompute import attention_recompute, checkpoint_recompute
-from reports.roles import operands
+from reports.roles import skipped_inputs
 from reports.steps import count_steps, per_step
 from reports.tables import split_runs
 
-__all__ = ["mfu"]
+__all__ = ["COLUMNS", "mfu"]
 
 _COLUMNS = ("run", "step", "phase", "op", "flops", "flop_kind", "input_shapes", "input_dtypes")
+COLUMNS = (*_COLUMNS, "recompute")  # every column mfu reads (recompute when the trace has it)
 _OUT = {
     "run": object, "device": object, "dtype": object, "steps": "int64", "tokens_per_step": "float64",
     "model_flops_per_step": "float64", "hardware_flops_per_step": "float64",
@@ -77,18 +81,22 @@ def matmul_dtype(rows):
     """The dtype carrying most matmul + attention FLOPs in these rows (None if there are none).
 
     A row's dtype is that of its first multiplied operand (addmm's bias skipped)."""
-    kind = rows["flop_kind"].astype(object)
-    mm = rows[kind.isin(("matmul", "attention")) & (rows["flops"] > 0)]
-    if not len(mm):
-        mm = rows[rows["flops"] > 0]
-    totals = {}
-    for op, dtypes, flops in zip(mm["op"], mm["input_dtypes"], mm["flops"]):
-        if dtypes is None or not len(dtypes):
-            continue
-        first = operands(op, range(len(dtypes)))
-        name = str(dtypes[first[0] if first else 0])
-        totals[name] = totals.get(name, 0) + int(flops)
-    return max(totals, key=totals.get) if totals else None
+    flops = rows["flops"].to_numpy()
+    pick = rows["flop_kind"].isin(("matmul", "attention")).to_numpy() & (flops > 0)
+    if not pick.any():
+        pick = flops > 0
+    at = np.flatnonzero(pick)
+    offsets, names = flat(cell_lists(rows, "input_dtypes", at, pa.string()), pa.string())
+    count = np.diff(offsets)
+    first = skipped_inputs(packets(rows["op"].iloc[at]))  # addmm's bias is not multiplied
+    first = np.where(first < count, first, 0)
+    ok = count > 0
+    if not ok.any():
+        return None
+    codes, found = pd.factorize(pd.Series(names[offsets[:-1][ok] + first[ok]], dtype=object).map(str))
+    totals = np.zeros(len(found), dtype=np.int64)
+    np.add.at(totals, codes, flops[at][ok].astype(np.int64))
+    return str(found[int(np.argmax(totals))])  # the first dtype seen wins a tie
 
 
 def _ratio(num, den):
@@ -113,7 +121,7 @@ def mfu(df, step_time_s=None, peak_flops=None, dtype=None):
     for run, rows in split_runs(df):
         meta = runs[run]
         steps = count_steps(rows)
-        phase = rows["phase"].astype(object)
+        phase = rows["phase"]
         fb = phase.isin(("forward", "backward"))
         again = checkpoint_recompute(rows)
         scores = per_step(rows, values=attention_recompute(rows))

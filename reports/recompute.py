@@ -8,7 +8,10 @@ Two kinds, both per row (turn them into per-step figures with reports.steps.per_
               scores q @ kᵀ (the kernel keeps no score matrix)
 """
 
+import numpy as np
 import pandas as pd
+
+from reports.columns import cell_objects, has_column
 
 __all__ = ["attention_recompute", "checkpoint_recompute"]
 
@@ -38,10 +41,11 @@ def attention_recompute(rows):
     kernel takes (grad_out, q, k, v, ...), all with the head dimension last. Rows
     flagged `recompute` are left at 0: checkpoint_recompute already counts all of them."""
     out = pd.Series(0, index=rows.index, dtype="int64")
-    bwd = (rows["flop_kind"].astype(object) == "attention") & (rows["phase"] == "backward")
+    bwd = (rows["flop_kind"] == "attention") & (rows["phase"] == "backward")
     bwd &= ~checkpoint_recompute(rows)
     if not bwd.any():
         return out
-    shapes = rows.loc[bwd, "input_shapes"] if "input_shapes" in rows else [None] * int(bwd.sum())
+    at = np.flatnonzero(bwd.to_numpy())
+    shapes = cell_objects(rows, "input_shapes", at) if has_column(rows, "input_shapes") else [None] * len(at)
     out[bwd] = [_score_share(int(f), s) for f, s in zip(rows.loc[bwd, "flops"], shapes)]
     return out

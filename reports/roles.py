@@ -18,12 +18,15 @@
   other            everything else
 """
 
+import numpy as np
 import pandas as pd
 
 from reports._util import ONE_TO_ONE_COPIES, ids, packet
+from reports.columns import flat
+from reports.columns import packets as op_packets
 from reports.errors import ReportError
 
-__all__ = ["CATEGORIES", "Roles", "operands"]
+__all__ = ["CATEGORIES", "Roles", "operands", "skipped_inputs"]
 
 CATEGORIES = ("weight_matmul", "external_weight", "attention", "other")
 EXTERNAL_ROLE = "external_parameter"
@@ -35,6 +38,7 @@ _ADD_FIRST = frozenset(
 )
 _ADDS = frozenset({"aten.add", "aten.add_"})
 _NO_PARAM = -1
+_NO_ID = np.iinfo(np.int64).min  # no storage: a matmul row with fewer than two inputs
 
 
 def operands(op, input_ids):
@@ -44,45 +48,101 @@ def operands(op, input_ids):
     return values[start : start + 2]
 
 
-def _copies(rows, packets, sources):
+def _flat_ids(rows, ins, outs):
+    """(offsets, ids) of the input and the output storage ids of `rows` (reports.columns.flat), reusing given ones."""
+    ins = flat(rows["input_storage_ids"]) if ins is None else ins
+    outs = flat(rows["output_storage_ids"]) if outs is None else outs
+    return ins, outs
+
+
+def _items(lists, row):
+    offsets, values = lists
+    return values[offsets[row] : offsets[row + 1]].tolist()
+
+
+def skipped_inputs(packets):
+    """Per row of a Series of op packets: how many leading inputs are added, not multiplied (1 for addmm, else 0)."""
+    return packets.isin(_ADD_FIRST).to_numpy().astype(np.int64)
+
+
+def _copies(rows, packets, sources, ins=None, outs=None):
     """{storage: source} for `sources` and every one-to-one copy (cast) made of them, transitively."""
     alias = {sid: sid for sid in sources}
-    mask = packets.isin(ONE_TO_ONE_COPIES)
-    for op, ins, outs in zip(packets[mask], rows.loc[mask, "input_storage_ids"], rows.loc[mask, "output_storage_ids"]):
-        ins, outs = ids(ins), ids(outs)
-        src = ins[1] if op == "aten.copy_" and len(ins) > 1 else (ins[0] if ins else None)
-        if src in alias:
-            for o in outs:
-                alias.setdefault(o, alias[src])
+    if not alias:
+        return alias
+    (in_off, in_ids), outs = _flat_ids(rows, ins, outs)
+    at = np.flatnonzero(packets.isin(ONE_TO_ONE_COPIES).to_numpy())
+    count = in_off[at + 1] - in_off[at]
+    second = (packets.iloc[at].to_numpy(dtype=object) == "aten.copy_") & (count > 1)  # copy_(dst, src): the source is the second input
+    src = np.full(len(at), _NO_ID, dtype=np.int64)
+    has = count > 0
+    src[has] = in_ids[in_off[at[has]] + second[has]]
+    for row, sid in zip(at.tolist(), src.tolist()):
+        if sid in alias:
+            for o in _items(outs, row):
+                alias.setdefault(o, alias[sid])
     return alias
 
 
 _GRADIENT_MOVES = frozenset(("fsdp.chunk_cat", "aten._chunk_cat"))
 
 
-def gradient_sources(rows, packets, gradients):
+def gradient_sources(rows, packets, gradients, ins=None, outs=None):
     """Storages that become a gradient directly or through adds and at most one cast (backward/other rows).
 
     A collective (DDP's all-reduce, FSDP2's reduce-scatter) and FSDP2's packing of gradients
-    into its flat reduce buffer (`chunk_cat`) move a gradient without computing on it, and
-    gradient accumulation (`add_` into a storage that already is a gradient: the 2nd..kth
-    micro-batch) adds into it in place: they pass states through unchanged."""
-    reach = {sid: {0} for sid in gradients}  # storage -> {casts used on the way to a gradient}
+    into its flat reduce buffer (`chunk_cat`) move a gradient without computing on it, and an
+    add only sums contributions (the dW of every use of a weight, an accumulated micro-batch):
+    they pass states through unchanged."""
+    reach = dict.fromkeys(gradients, frozenset({0}))  # storage -> {casts used on the way to a gradient}
+    if not reach:
+        return set()
+    ins, outs = _flat_ids(rows, ins, outs)
     moved = packets.isin(_GRADIENT_MOVES)
     if "flop_kind" in rows:
         moved |= rows["flop_kind"].astype(object) == "collective"
     hop = rows["phase"].isin(("backward", "other")) & (packets.isin(ONE_TO_ONE_COPIES) | packets.isin(_ADDS) | moved)
-    kinds = moved[hop]
-    hops = list(zip(packets[hop], kinds, rows.loc[hop, "input_storage_ids"], rows.loc[hop, "output_storage_ids"]))
-    for op, collective, ins, outs in reversed(hops):  # the last op first: cast -> add -> gradient is followed back
-        states = set().union(*(reach.get(o, set()) for o in ids(outs)))
-        if collective or op in _ADDS:
-            after = states
-        else:  # a cast: at most one on the way
-            after = {c + 1 for c in states if c == 0}
-        for sid in ids(ins) if after else ():
-            reach.setdefault(sid, set()).update(after)
+    at = np.flatnonzero(hop.to_numpy())
+    casts = packets.iloc[at].isin(ONE_TO_ONE_COPIES).to_numpy() & ~moved.iloc[at].to_numpy()
+    for row, cast in zip(at[::-1].tolist(), casts[::-1].tolist()):  # the last op first: cast -> add -> gradient is followed back
+        hits = [reach[o] for o in _items(outs, row) if o in reach]
+        if not hits:
+            continue
+        states = frozenset().union(*hits)
+        after = frozenset(c + 1 for c in states if c == 0) if cast else states  # a cast: at most one on the way
+        for sid in _items(ins, row) if after else ():
+            reach[sid] = reach.get(sid, frozenset()) | after
     return set(reach)
+
+
+def _matmul_operands(packets, offsets, ids):
+    """The two multiplied input storages of each row in (offsets, ids), _NO_ID where a row has fewer (see `operands`)."""
+    start = offsets[:-1] + skipped_inputs(packets)
+    pair = np.full((len(start), 2), _NO_ID, dtype=np.int64)
+    for k in range(2):
+        ok = start + k < offsets[1:]
+        pair[ok, k] = ids[start[ok] + k]
+    return pair
+
+
+def _take_rows(lists, at):
+    """(offsets, ids) of the rows at positions `at` of (offsets, ids)."""
+    offsets, ids = lists
+    counts = offsets[at + 1] - offsets[at]
+    new = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    index = np.repeat(offsets[at] - new[:-1], counts) + np.arange(new[-1], dtype=np.int64)
+    return new, ids[index]
+
+
+def _lookup(mapping, keys):
+    """mapping[key] for each key of an int array, _NO_ID where absent."""
+    if not mapping:
+        return np.full(keys.shape, _NO_ID, dtype=np.int64)
+    known = np.fromiter(mapping, dtype=np.int64, count=len(mapping))
+    order = np.argsort(known)
+    known, values = known[order], np.fromiter(mapping.values(), dtype=np.int64, count=len(mapping))[order]
+    at = np.minimum(np.searchsorted(known, keys), len(known) - 1)
+    return np.where(known[at] == keys, values[at], _NO_ID)
 
 
 class Roles:
@@ -111,32 +171,34 @@ class Roles:
             self.trainable[sid] = self.trainable.get(sid, False) or bool(p.get("trainable", True))
         roles = meta.get("storage_roles") or {}
         self.external = {int(s) for s in roles.get(EXTERNAL_ROLE, [])} - set(self.names)
-        packets = rows["op"].astype(object).map(packet)
-        alias = _copies(rows, packets, set(self.names))
-        external = _copies(rows, packets, self.external)
-        to_grad = gradient_sources(rows, packets, {int(s) for s in roles.get("gradient", [])})
+        packets = op_packets(rows["op"])
+        ins, outs = flat(rows["input_storage_ids"]), flat(rows["output_storage_ids"])
+        alias = _copies(rows, packets, set(self.names), ins, outs)
+        external = _copies(rows, packets, self.external, ins, outs)
+        to_grad = gradient_sources(rows, packets, {int(s) for s in roles.get("gradient", [])}, ins, outs)
 
-        kind = rows["flop_kind"].astype(object)
+        kind = rows["flop_kind"]
         mm = kind == "matmul"
-        param, ext, grad = [], [], []
-        for op, ins, outs in zip(rows.loc[mm, "op"], rows.loc[mm, "input_storage_ids"],
-                                 rows.loc[mm, "output_storage_ids"]):
-            pair = operands(op, ins)
-            hit = [alias[s] for s in pair if s in alias]
-            param.append(hit[0] if hit else _NO_PARAM)
-            ext.append(not hit and any(s in external for s in pair))
-            grad.append(not hit and not ext[-1] and bool(to_grad.intersection(ids(outs))))
+        at = np.flatnonzero(mm.to_numpy())
+        pair = _matmul_operands(packets.iloc[at], *_take_rows(ins, at))
+        hit = _lookup(alias, pair)
+        param = np.where(hit[:, 0] != _NO_ID, hit[:, 0], hit[:, 1])
+        no_hit = param == _NO_ID
+        ext = no_hit & np.isin(pair, np.fromiter(external, dtype=np.int64, count=len(external))).any(axis=1)
+        out_offsets, out_ids = _take_rows(outs, at)
+        writes_grad = np.zeros(len(at), dtype=bool)
+        out_rows = np.repeat(np.arange(len(at)), np.diff(out_offsets))
+        writes_grad[out_rows[np.isin(out_ids, np.fromiter(to_grad, dtype=np.int64, count=len(to_grad)))]] = True
+        grad = no_hit & ~ext & writes_grad
+
         self.param = pd.Series(_NO_PARAM, index=rows.index, dtype="int64")
-        self.param[mm] = pd.Series(param, index=rows.index[mm], dtype="int64")
-        weight_grad = pd.Series(False, index=rows.index)
-        weight_grad[mm] = pd.Series(grad, index=rows.index[mm], dtype=bool)
-        outside = pd.Series(False, index=rows.index)
-        outside[mm] = pd.Series(ext, index=rows.index[mm], dtype=bool)
-        weight = mm & ((self.param >= 0) | weight_grad)
-        self.category = pd.Series("other", index=rows.index, dtype=object)
-        self.category[(mm & ~weight & ~outside) | (kind == "attention")] = "attention"
-        self.category[outside] = "external_weight"
-        self.category[weight] = "weight_matmul"
+        self.param.iloc[at] = np.where(no_hit, _NO_PARAM, param)
+        code = np.full(len(rows), CATEGORIES.index("other"), dtype=np.int8)
+        code[(kind == "attention").to_numpy()] = CATEGORIES.index("attention")
+        weight = ~no_hit | grad
+        code[at] = np.select([weight, ext], [CATEGORIES.index("weight_matmul"), CATEGORIES.index("external_weight")],
+                             CATEGORIES.index("attention"))
+        self.category = pd.Series(pd.Categorical.from_codes(code, categories=CATEGORIES), index=rows.index)
         fwd = mm & (rows["phase"] == "forward") & (self.param >= 0)
         self.matmul_params = sorted(set(self.param[fwd]))
 

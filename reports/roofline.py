@@ -34,6 +34,7 @@ bound time far above its roof time is what fusing those ops could buy back.
 import numpy as np
 import pandas as pd
 
+from reports.columns import cell_objects, has_column
 from reports.errors import ReportError
 from reports.load import require, runs_of
 from reports.peaks import normalize_dtype, peak_bandwidth, peak_flops
@@ -63,8 +64,8 @@ def _rows(rows):
     return pd.DataFrame({
         "op": rows["op"].astype(object).to_numpy(),
         "module": rows["module"].astype(object).to_numpy(),
-        "input_shapes": [_shapes(s) for s in rows["input_shapes"]] if "input_shapes" in rows else "",
-        "dtype": [_row_dtype(i, o) for i, o in zip(rows["input_dtypes"], rows["output_dtypes"])],
+        "input_shapes": [_shapes(s) for s in cell_objects(rows, "input_shapes")] if has_column(rows, "input_shapes") else "",
+        "dtype": [_row_dtype(i, o) for i, o in zip(cell_objects(rows, "input_dtypes"), cell_objects(rows, "output_dtypes"))],
         "flops": rows["flops"].to_numpy(np.int64),
         "bytes": (rows["bytes_read"] + rows["bytes_written"]).where(~rows["is_view"].astype(bool), 0).to_numpy(np.int64),
         "time_s": time_ns.to_numpy() / 1e9,

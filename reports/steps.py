@@ -21,7 +21,7 @@ import pandas as pd
 
 from tracer.schema import PHASES
 
-__all__ = ["count_steps", "per_step", "phase_steps", "row_divisor"]
+__all__ = ["count_steps", "per_step", "phase_steps", "row_divisor", "step_phases"]
 
 _FORWARD_BACKWARD = ("forward", "backward")
 
@@ -39,9 +39,19 @@ def _steps_per_phase(rows):
     codes, names = _codes(rows["phase"])
     steps = rows["step"].to_numpy(dtype=np.int64)
     n = len(names)
-    pairs = np.unique((steps - steps.min(initial=0)) * max(n, 1) + codes) if len(codes) else np.zeros(0, np.int64)
+    pairs = _distinct((steps - steps.min(initial=0)) * max(n, 1) + codes) if len(codes) else np.zeros(0, np.int64)
     counts = np.bincount(pairs % max(n, 1), minlength=n) if n else np.zeros(0, np.int64)
     return codes, names, np.maximum(counts, 1)
+
+
+def _distinct(keys):
+    """np.unique(keys) for keys >= -1; a presence table when the keys span little more than their count."""
+    top = int(keys.max())
+    if top > 4 * len(keys) + 1024:  # sparse step numbers: sort instead
+        return np.unique(keys)
+    seen = np.zeros(top + 2, dtype=bool)
+    seen[keys + 1] = True
+    return np.flatnonzero(seen) - 1
 
 
 def phase_steps(rows):
@@ -81,15 +91,22 @@ def _totals(index, size, values):
     return np.bincount(index, weights=values.astype(np.float64), minlength=size)[:size]
 
 
-def per_step(rows, values="flops", mask=None, by=None):
+def step_phases(rows):
+    """The phases and step counts of `rows` that per_step works from: compute them once and pass
+    them as per_step(..., phases=) when taking many figures of the same rows."""
+    return _steps_per_phase(rows)
+
+
+def per_step(rows, values="flops", mask=None, by=None, phases=None):
     """Per-step figure(s) of `values` over one run's `rows`.
 
     values  a column name or a Series aligned with `rows`
     mask    a boolean Series aligned with `rows`: sum only these rows (the steps a
             phase ran in are still counted over all rows)
     by      None for one number, or a column name / Series aligned with `rows`: a
-            Series with one figure per key (keys in order of first appearance)"""
-    codes, names, steps = _steps_per_phase(rows)
+            Series with one figure per key (keys in order of first appearance)
+    phases  step_phases(rows), to reuse over many calls (computed here when None)"""
+    codes, names, steps = _steps_per_phase(rows) if phases is None else phases
     v = (rows[values] if isinstance(values, str) else values).to_numpy()
     keep = codes >= 0
     if mask is not None:

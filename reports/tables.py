@@ -19,9 +19,11 @@ is no `run` column. Empty inputs give empty tables with the same columns and
 dtypes.
 """
 
+import numpy as np
 import pandas as pd
 
 from reports._util import empty_frame, pct
+from reports.columns import cell_objects
 from reports.errors import ReportError
 from reports.load import require
 from tracer.schema import EXTERNAL_MARK, PHASES
@@ -43,6 +45,15 @@ def run_names(df):
 
 def split_runs(df):
     """[(run name, that run's rows)] in load order; rows keep the trace's order."""
+    names = run_names(df)
+    if len(names) == 1 and len(df) and bool((df["run"] == names[0]).all()):
+        return [(names[0], df)]  # one run: its rows are the frame (no copy of a big trace)
+    column = df["run"]
+    if isinstance(column.dtype, pd.CategoricalDtype) and list(column.cat.categories) == names:
+        codes = column.cat.codes.to_numpy()
+        if len(codes) and codes.min() >= 0 and (np.diff(codes) >= 0).all():  # runs in load order: slices, not copies
+            bounds = np.searchsorted(codes, np.arange(len(names) + 1))
+            return [(run, df.iloc[bounds[i] : bounds[i + 1]]) for i, run in enumerate(names)]
     groups = dict(iter(df.groupby("run", observed=True, sort=False))) if len(df) else {}
     return [(run, groups[run] if run in groups else df.iloc[0:0]) for run in run_names(df)]
 
@@ -130,7 +141,8 @@ def by_dtype(df):
     ops without tensor inputs, "" for ops with neither): a matmul under bf16
     autocast is "bfloat16", the cast that feeds it "float32"."""
     require(df, _BASE + ["input_dtypes", "output_dtypes", "flop_kind"], "by_dtype")
-    tagged = df.assign(dtype=[_row_dtype(i, o) for i, o in zip(df["input_dtypes"], df["output_dtypes"])])
+    ins, outs = cell_objects(df, "input_dtypes"), cell_objects(df, "output_dtypes")
+    tagged = df.assign(dtype=[_row_dtype(i, o) for i, o in zip(ins, outs)])
     tagged = tagged.assign(matmul_flops=tagged["flops"].where(tagged["flop_kind"].astype(object) == "matmul", 0))
     frames, columns, dtypes = _sum_table(tagged, "dtype", "by_dtype")
     out = []
@@ -228,8 +240,7 @@ def by_module(df, phase=None):
     frames = []
     for run, rows in split_runs(df):
         root = (runs_meta.get(run) or {}).get("root_module")
-        mod = rows["module"].astype(object)
-        g = rows.groupby(mod, sort=False)
+        g = rows.groupby(rows["module"], observed=True, sort=False)  # on the codes of a categorical: no string per row
         own = pd.DataFrame({
             "ops": g.size(),
             "flops": g["flops"].sum(),
@@ -237,6 +248,7 @@ def by_module(df, phase=None):
             "duration_us": g["duration_ns"].sum() / 1000.0,
             "first_seq": g["seq"].min(),
         })
+        own.index = own.index.astype(object)
         names = [n for n in own.index if n != ""]
         parent, depth = _module_tree(names + ([root] if root and names else []), root)
         tree = own.reindex(list(parent)).fillna(0)

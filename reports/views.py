@@ -22,24 +22,34 @@ import numpy as np
 import pandas as pd
 
 from reports._util import COPY_OPS, empty_frame, is_copy, pct
+from reports.columns import cell_objects
 from reports.load import require, runs_of
+from reports.tables import split_runs
 
 __all__ = ["COPY_OPS", "copies", "is_copy", "views"]
 
 
-def _kinds(rows):
-    """'view', 'copy' or '' for each row."""
-    ops = rows["op"].astype(object)
+_KIND_NAMES = np.array(["", "view", "copy"], dtype=object)
+
+
+def _kind_codes(rows):
+    """0 (neither), 1 (view) or 2 (copy) for each row: an index into _KIND_NAMES."""
+    ops = rows["op"]
     copy_ops = {op for op in pd.unique(ops) if is_copy(op)}
     view = rows["is_view"].to_numpy(dtype=bool)
     copy = ops.isin(copy_ops).to_numpy() & ~view
-    return np.where(view, "view", np.where(copy, "copy", ""))
+    return np.where(view, 1, np.where(copy, 2, 0)).astype(np.int8)
+
+
+def _kinds(rows):
+    """'view', 'copy' or '' for each row."""
+    return _KIND_NAMES[_kind_codes(rows)]
 
 
 def _casts(rows):
     """For each row: does its first output have another dtype than its first input (a dtype conversion)?"""
     out = []
-    for ins, outs in zip(rows["input_dtypes"], rows["output_dtypes"]):
+    for ins, outs in zip(cell_objects(rows, "input_dtypes"), cell_objects(rows, "output_dtypes")):
         out.append(ins is not None and outs is not None and len(ins) > 0 and len(outs) > 0 and ins[0] != outs[0])
     return np.asarray(out, dtype=bool)
 
@@ -57,17 +67,18 @@ def views(df):
     (share of all the bytes the run's ops allocated)."""
     require(df, _VIEW_COLUMNS, "views")
     frames = []
-    for name in runs_of(df):
-        rows = df[df["run"] == name]
-        kind = _kinds(rows)
-        picked = rows[kind != ""]
-        if not len(picked):
+    runs_of(df)  # a frame from reports.load, or a one-line error
+    for name, rows in split_runs(df):
+        code = _kind_codes(rows)
+        keep = code > 0
+        if not keep.any():
             continue
+        picked = rows[["op", "bytes_allocated", "bytes_written"]][keep]  # only the columns the table shows
         total = int(rows["bytes_allocated"].sum())
         table = (
             pd.DataFrame(
                 {
-                    "kind": kind[kind != ""],
+                    "kind": _KIND_NAMES[code[keep]],
                     "op": picked["op"].astype(object).to_numpy(),
                     "bytes_allocated": picked["bytes_allocated"].to_numpy(),
                     "bytes_written": picked["bytes_written"].to_numpy(),

@@ -1,0 +1,267 @@
+"""A loaded trace's columns without a Python object per row.
+
+`reports.load(path, lists="arrow")` keeps the nested list columns (shapes, strides,
+dtypes, storage ids) as Arrow arrays inside the DataFrame (pandas' ArrowDtype)
+instead of one numpy array per cell: a million rows of them take tens of MB instead
+of GBs, and the reports read them here as flat numpy arrays (`flat`) without
+building a Python list per row. Rows a table really iterates still come out as
+Python lists. The default `lists="objects"` is pandas' own conversion, the
+reference every fast path is tested against.
+
+`lists="deferred"` (what `optrace report` uses) also leaves the shape, stride and
+output dtype columns (DEFERRED) out of the frame: the rows a report needs them for
+(storages first seen as inputs, ops with several new outputs, fused attention
+backward) are read from the files, only the parts holding them, by `cell_lists` /
+`cell_objects` when asked. The frame's row labels locate its rows in the files, so
+keep the index a deferred frame was loaded with.
+"""
+
+import os
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+from reports._util import packet
+from reports.errors import ReportError
+
+__all__ = [
+    "DEFERRED", "LIST_MODES", "Deferred", "SharedRuns", "cell_lists", "cell_objects", "concat_frames", "flat", "has_column",
+    "lean_memory", "list_array", "packets", "read_table", "to_pandas",
+]  # fmt: skip
+
+LIST_MODES = ("objects", "arrow", "deferred")
+DEFERRED = ("input_shapes", "input_strides", "output_shapes", "output_strides", "output_dtypes")
+
+
+class SharedRuns(dict):
+    """`df.attrs["runs"]`: {run name: metadata}, shared by every frame derived from the loaded one.
+
+    pandas deep-copies `attrs` into the result of every operation; a long run's
+    metadata (thousands of storage ids) made that most of a report's time. The
+    reports only read it, so a derived frame shares this dict instead of a copy."""
+
+    def __deepcopy__(self, memo):
+        return self
+
+
+class Deferred:
+    """`df.attrs["deferred"]` of a frame loaded with lists="deferred": the columns left in the
+    files, and for each run its trace path and the row label of its first row."""
+
+    def __init__(self, columns, runs):
+        self.columns, self.runs = tuple(columns), dict(runs)  # runs: {run name: (path, first label)}
+        self._bounds = {}  # path: (part files, first row of each part and the total), learned on first use
+
+    def __deepcopy__(self, memo):
+        return self
+
+    def _take(self, path, name, wanted):
+        """Columns `name` and seq of the trace at `path` at file row positions `wanted`, as a Table, reading only
+        the parts that hold them."""
+        import pyarrow.parquet as pq
+
+        from tracer.schema import part_paths
+
+        if path not in self._bounds:
+            parts = part_paths(path)
+            flat_dir = parts and not any(entry.is_dir() for entry in os.scandir(path))
+            sizes = [pq.ParquetFile(p).metadata.num_rows for p in parts] if flat_dir else None
+            self._bounds[path] = (parts, np.cumsum([0, *sizes]) if flat_dir else None)
+        parts, bounds = self._bounds[path]
+        columns = [name, "seq"]
+        if bounds is None or bounds[-1] <= (wanted.max(initial=-1)):  # not the layout load read: read it all
+            return pq.read_table(path, columns=columns).take(pa.array(wanted))
+        part = np.searchsorted(bounds, wanted, side="right") - 1
+        needed = np.unique(part)
+        read = np.zeros(len(parts), dtype=np.int64)
+        read[needed] = bounds[needed + 1] - bounds[needed]
+        start = np.cumsum(read) - read  # where each read part begins in the concatenation
+        table = pa.concat_tables([pq.ParquetFile(parts[i]).read(columns=columns) for i in needed])
+        return table.take(pa.array(wanted - bounds[part] + start[part]))
+
+    def read(self, rows, name, positions):
+        """Column `name` at row positions `positions` of `rows` (a frame derived from the loaded one), as Arrow.
+
+        Raises ReportError when the rows' seq is not the files' at those places (an index reset after loading)."""
+        labels = np.asarray(rows.index[positions], dtype=np.int64)
+        if len(self.runs) == 1:
+            runs = np.full(len(labels), next(iter(self.runs)), dtype=object)
+        else:
+            runs = rows["run"].iloc[positions].astype(object).to_numpy()
+        pieces, order = [], []
+        for run in dict.fromkeys(runs.tolist()):
+            path, start = self.runs[run]
+            mine = np.flatnonzero(runs == run)
+            found = self._take(path, name, labels[mine] - start)
+            if "seq" in rows.columns:
+                seq = rows["seq"].to_numpy()[np.asarray(positions)[mine]]
+                if not np.array_equal(found.column("seq").to_numpy(), seq):
+                    raise ReportError(f"{path}: the frame's row labels no longer locate its rows in the trace (was its "
+                                      f"index reset?), so column {name!r} cannot be read; load it with lists='arrow'")
+            pieces.append(found.column(name).combine_chunks())
+            order.append(mine)
+        if not pieces:
+            return pa.array([], type=pa.list_(pa.list_(pa.int64())))
+        joined = pa.concat_arrays(pieces)
+        return joined.take(pa.array(np.argsort(np.concatenate(order), kind="stable")))
+
+
+def _deferred(rows, name):
+    found = rows.attrs.get("deferred")
+    return found if isinstance(found, Deferred) and name in found.columns and name not in rows.columns else None
+
+
+def has_column(rows, name):
+    """`name` is a column of `rows`, in the frame or left in the files (lists="deferred")."""
+    return name in rows.columns or _deferred(rows, name) is not None
+
+
+def cell_lists(rows, name, positions=None, kind=pa.int64()):
+    """The list cells of column `name` at row positions `positions` (None: every row), as one ListArray of `kind` items."""
+    deferred = _deferred(rows, name)
+    if deferred is None:
+        return list_array(rows[name] if positions is None else rows[name].iloc[positions], kind)
+    arr = deferred.read(rows, name, np.arange(len(rows)) if positions is None else positions)
+    return arr if arr.type == pa.list_(kind) else arr.cast(pa.list_(kind))
+
+
+def cell_objects(rows, name, positions=None):
+    """The cells of column `name` at row positions `positions` (None: every row), one Python object (list or array) per row."""
+    deferred = _deferred(rows, name)
+    if deferred is None:
+        return (rows[name] if positions is None else rows[name].iloc[positions]).to_numpy(dtype=object)
+    return deferred.read(rows, name, np.arange(len(rows)) if positions is None else positions).to_pylist()
+
+
+def lean_memory():
+    """Make Arrow hand freed memory back to the system at once, for this process (the CLI calls this).
+
+    mimalloc, Arrow's default pool, and the C library's malloc both keep freed pages: a
+    million-row trace read part by part left about its own size of RSS behind. jemalloc
+    with no decay returns them; the C library's pool is the fallback."""
+    try:
+        pa.set_memory_pool(pa.jemalloc_memory_pool())
+        pa.jemalloc_set_decay_ms(0)
+    except (NotImplementedError, pa.ArrowNotImplementedError):  # a pyarrow built without jemalloc
+        pa.set_memory_pool(pa.system_memory_pool())
+
+
+class _Parts:
+    """A trace's columns read part by part, for `to_pandas` to convert once and free column by column."""
+
+    def __init__(self, table):
+        self._table = table
+
+    @property
+    def column_names(self):
+        return self._table.column_names
+
+    def take(self):
+        table, self._table = self._table, None
+        return table
+
+
+def read_table(path, columns, lists="objects"):
+    """The trace's `columns` as a pyarrow Table ("objects"), or as parts `to_pandas` frees as it goes."""
+    import pyarrow.parquet as pq
+
+    from tracer.schema import part_paths
+
+    if lists == "objects":
+        return pq.read_table(path, columns=columns)
+    parts = part_paths(path)
+    nested = any(entry.is_dir() for entry in os.scandir(path))
+    if not parts or nested:  # hive rank=R directories and the like: let pyarrow's dataset reader find the files
+        return _Parts(pq.read_table(path, columns=columns))
+    return _Parts(pa.concat_tables([pq.ParquetFile(part).read(columns=columns) for part in parts]))
+
+
+def _arrow_list_dtype(typ):
+    return pd.ArrowDtype(typ) if pa.types.is_list(typ) or pa.types.is_large_list(typ) else None
+
+
+def to_pandas(table, lists="objects"):
+    """`table` as a DataFrame: list columns as Python objects ("objects") or as Arrow arrays ("arrow")."""
+    if lists not in LIST_MODES:
+        raise ReportError(f"load: lists must be one of {list(LIST_MODES)}, got {lists!r}")
+    if not isinstance(table, _Parts):
+        return table.to_pandas() if lists == "objects" else table.to_pandas(types_mapper=_arrow_list_dtype)
+    table = table.take()  # column by column, each Arrow column freed once converted: no second copy of the trace
+    data = {}
+    for name in table.column_names:
+        column = table.column(name)
+        table = table.drop_columns([name])
+        data[name] = column.to_pandas(types_mapper=_arrow_list_dtype)
+        del column
+    return pd.DataFrame(data, copy=False)
+
+
+def concat_frames(frames, lists="objects"):
+    """One frame of several runs' frames; with lists other than "objects", column by column, each
+    run's column freed once copied, so several big runs never take twice their size."""
+    if len(frames) == 1:
+        return frames[0]
+    if lists == "objects":
+        return pd.concat(frames, ignore_index=True)
+    data = {name: pd.concat([f.pop(name) for f in frames], ignore_index=True) for name in list(frames[0].columns)}
+    return pd.DataFrame(data, copy=False)
+
+
+def list_array(column, kind=pa.int64()):
+    """A column of lists (Arrow-backed or objects) as one pyarrow ListArray of `kind` items."""
+    if isinstance(column.dtype, pd.ArrowDtype):
+        arr = column.array.__arrow_array__()
+        if isinstance(arr, pa.ChunkedArray):
+            arr = arr.combine_chunks() if arr.num_chunks != 1 else arr.chunk(0)
+        if arr.offset:  # a slice: give it offsets from 0, as the reports expect
+            arr = pa.concat_arrays([arr])
+        if arr.type != pa.list_(kind):
+            arr = arr.cast(pa.list_(kind))
+        return arr
+    return pa.array(column.to_numpy(dtype=object), type=pa.list_(kind))
+
+
+def _chunks(column, kind):
+    """The pyarrow ListArray chunks (of `kind` items) behind a list column (or a ListArray)."""
+    if isinstance(column, pa.Array):
+        return [column if column.type == pa.list_(kind) else column.cast(pa.list_(kind))]
+    if isinstance(column.dtype, pd.ArrowDtype):
+        arr = column.array.__arrow_array__()
+        chunks = arr.chunks if isinstance(arr, pa.ChunkedArray) else [arr]
+        return [c if c.type == pa.list_(kind) else c.cast(pa.list_(kind)) for c in chunks]
+    return [pa.array(column.to_numpy(dtype=object), type=pa.list_(kind))]
+
+
+def flat(column, kind=pa.int64()):
+    """(offsets, values) of a list column: row i's items are values[offsets[i]:offsets[i + 1]]; null rows are empty.
+
+    Integer values come as int64 with -1 for a null item; other values as objects."""
+    offsets, values, base = [np.zeros(1, dtype=np.int64)], [], 0
+    for chunk in _chunks(column, kind):  # chunk by chunk: one copy of the values, into numpy
+        bounds = chunk.offsets.to_numpy().astype(np.int64)
+        if not len(chunk):
+            continue
+        items = chunk.values.slice(bounds[0], bounds[-1] - bounds[0])
+        if pa.types.is_integer(kind):
+            items = items.fill_null(-1) if items.null_count else items
+        values.append(items.to_numpy(zero_copy_only=False))
+        offsets.append(bounds[1:] - bounds[0] + base)
+        base += int(bounds[-1] - bounds[0])
+    if not values:
+        values = [np.zeros(0, dtype=np.int64 if pa.types.is_integer(kind) else object)]
+    values = np.concatenate(values)
+    return np.concatenate(offsets), values.astype(np.int64, copy=False) if pa.types.is_integer(kind) else values
+
+
+def packets(column):
+    """The overload packet ('aten.mm') of every row's op, computed once per distinct op (a categorical
+    Series for a categorical column: no string per row)."""
+    if isinstance(column.dtype, pd.CategoricalDtype):
+        names = [packet(op) for op in column.cat.categories]
+        unique = list(dict.fromkeys(names))
+        recode = np.asarray([unique.index(n) for n in names] or [0], dtype=np.int64)
+        codes = column.cat.codes.to_numpy()
+        codes = np.where(codes >= 0, recode[np.maximum(codes, 0)], -1)
+        return pd.Series(pd.Categorical.from_codes(codes, categories=unique), index=column.index)
+    return column.astype(object).map(packet)

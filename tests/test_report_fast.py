@@ -1,0 +1,211 @@
+"""The fast report path gives exactly the figures of the reference path.
+
+Reference: `reports.load(path)` (every list cell a numpy array, pandas' own conversion)
+and the report functions. Fast: `load(path, lists="arrow")` (list columns kept as
+Arrow arrays) and `lists="deferred"` (shapes and strides left in the files until a
+report asks for some rows), what `optrace report` and `optrace compare` use. Every
+table must be equal to the last bit (assert_frame_equal with check_exact), on traces
+of several steps, under bf16 autocast with tied weights and a fused attention kernel,
+with activation checkpointing, without model= and tokens=, and on several runs at once.
+"""
+
+import io
+import json
+from contextlib import redirect_stdout
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+from gpt import GPT, GPTConfig, make_batch, make_optimizer, train_step
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+import reports
+from reports import cli
+from reports.columns import cell_lists
+from reports.compare import columns as compare_columns
+from reports.errors import ReportError
+from tracer import Tracer
+from tracer.schema import part_paths
+
+FAST = ("arrow", "deferred")
+
+
+class Checkpointed(nn.Module):
+    """Two Linear layers, the first re-run in the backward by activation checkpointing."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(8, 16), nn.Linear(16, 4)
+
+    def forward(self, x):
+        return self.b(checkpoint(lambda t: torch.relu(self.a(t)), x, use_reentrant=False)).square().mean()
+
+
+def _gpt(path, steps, described=True, dtype=None, **config):
+    """A tiny GPT traced for `steps` AdamW steps (under autocast to `dtype` when given)."""
+    torch.manual_seed(0)
+    cfg = GPTConfig(vocab_size=32, seq_len=8, n_layer=1, n_head=2, d_model=16, **config)
+    model = GPT(cfg)
+    opt = make_optimizer(model)
+    idx, targets = make_batch(cfg, 2)
+    facts = {"model": model, "tokens": 2 * cfg.seq_len} if described else {}
+    with Tracer(path, run_name=path.name, **facts):
+        for _ in range(steps):
+            train_step(model, opt, idx, targets, dtype=dtype)
+    return path
+
+
+def _flag_recompute(path):
+    """Mark the checkpointed layer's re-run forward (the addmm in the backward) as recompute rows."""
+    for part in part_paths(path):
+        table = pq.read_table(part)
+        frame = table.to_pandas()
+        flags = (frame["phase"] == "backward") & (frame["op"] == "aten.addmm.default")
+        table = table.set_column(table.schema.get_field_index("recompute"), "recompute", pa.array(flags.to_numpy()))
+        pq.write_table(table, part)
+
+
+def _checkpointed(path):
+    torch.manual_seed(0)
+    model = Checkpointed()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(4, 8)
+    with Tracer(path, model=model, tokens=4, run_name=path.name):
+        for _ in range(2):
+            model(x).backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    _flag_recompute(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def traces(tmp_path_factory):
+    root = tmp_path_factory.mktemp("fast")
+    return {
+        "gpt_3_steps": _gpt(root / "gpt_3_steps", 3),
+        "gpt_sdpa_tied": _gpt(root / "gpt_sdpa_tied", 2, attention="sdpa", tie_weights=True),
+        "checkpointed": _checkpointed(root / "checkpointed"),
+        "no_model_no_tokens": _gpt(root / "no_model_no_tokens", 2, described=False),
+    }
+
+
+@pytest.fixture(scope="module")
+def autocast(tmp_path_factory):
+    """The tied sdpa GPT under bf16 autocast."""
+    path = tmp_path_factory.mktemp("fast_bf16") / "gpt_bf16"
+    return _gpt(path, 2, dtype=torch.bfloat16, attention="sdpa", tie_weights=True)
+
+
+def _tables(df):
+    """Every report of the frame: {name: DataFrame, list of lines, or the ReportError's message}."""
+    calls = {
+        "by_op": reports.by_op, "by_module": reports.by_module, "by_phase": reports.by_phase,
+        "by_step": reports.by_step, "by_dtype": reports.by_dtype, "breakdown": reports.breakdown,
+        "breakdown_total": lambda d: reports.breakdown(d, n="total"), "explain": reports.explain,
+        "mfu": lambda d: reports.mfu(d, step_time_s=0.01), "peak": reports.peak, "timeline": reports.timeline,
+        "by_category": reports.by_category, "by_category_max": lambda d: reports.by_category(d, at="max"),
+        "storages": reports.storages, "memory_by_dtype": reports.memory_by_dtype, "views": reports.views,
+        "copies": reports.copies,
+    }  # fmt: skip
+    out = {}
+    for name, fn in calls.items():
+        try:
+            out[name] = fn(df)
+        except ReportError as exc:
+            out[name] = f"ReportError: {exc}"
+    return out
+
+
+def _same(reference, fast):
+    assert reference.keys() == fast.keys()
+    for name, want in reference.items():
+        got = fast[name]
+        if isinstance(want, pd.DataFrame):
+            pd.testing.assert_frame_equal(got, want, check_exact=True, obj=name)
+        else:
+            assert got == want, name
+
+
+@pytest.mark.parametrize("name", ["gpt_3_steps", "gpt_sdpa_tied", "checkpointed", "no_model_no_tokens"])
+@pytest.mark.parametrize("lists", FAST)
+def test_every_table_is_identical(traces, name, lists):
+    path = traces[name]
+    reference = _tables(reports.load(path))
+    _same(reference, _tables(reports.load(path, lists=lists)))
+    if name == "no_model_no_tokens":  # the reports that need N and T say why, the rest report
+        assert reference["breakdown"].startswith("ReportError: run 'no_model_no_tokens' has no parameter metadata")
+    else:
+        assert len(reference["explain"]) >= 3 and reference["breakdown"]["flops"].iloc[-1] > 0
+
+
+def test_autocast_tables_are_identical(autocast):
+    reference = _tables(reports.load(autocast))
+    assert "bfloat16" in set(reference["by_dtype"]["dtype"])  # the matmuls ran in bf16
+    for lists in FAST:
+        _same(reference, _tables(reports.load(autocast, lists=lists)))
+
+
+def test_checkpointed_trace_has_recompute_rows(traces):
+    df = reports.load(traces["checkpointed"], lists="deferred")
+    assert df["recompute"].any()
+    assert reports.mfu(df, step_time_s=0.01)["recompute_flops_per_step"].iloc[0] > 0
+
+
+def test_several_runs_are_identical(traces, autocast):
+    paths = [traces["gpt_3_steps"], autocast, traces["checkpointed"]]
+    reference = _tables(reports.load(paths))
+    for lists in FAST:
+        _same(reference, _tables(reports.load(paths, lists=lists)))
+
+
+@pytest.mark.parametrize("by", ["phase", "op", "module"])
+def test_compare_on_the_columns_it_reads(traces, autocast, by):
+    paths = [traces["gpt_3_steps"], autocast]
+    want = reports.compare(reports.load(paths), by=by)
+    got = reports.compare(reports.load(paths, columns=compare_columns(by), lists="deferred"), by=by)
+    pd.testing.assert_frame_equal(got, want, check_exact=True)
+    assert want["mfu_pct"].isna().all()  # no untraced step time in these traces: MFU N/A, not 0
+
+
+def _cli(argv):
+    out = io.StringIO()
+    with redirect_stdout(out):
+        assert cli.main(argv) == 0
+    return out.getvalue()
+
+
+@pytest.mark.parametrize("name", ["gpt_3_steps", "gpt_sdpa_tied", "checkpointed", "no_model_no_tokens"])
+def test_cli_report_prints_the_reference_figures(traces, name):
+    path = str(traces[name])
+    args = cli._parser().parse_args(["report", path])
+    reference = io.StringIO()
+    cli._print_report(reports.load(path), args, reference)
+    assert _cli(["report", path]) == reference.getvalue()
+    assert json.loads(_cli(["report", path, "--json"])) == json.loads(json.dumps(cli.summary(reports.load(path))))
+
+
+def test_cli_compare_prints_the_reference_figures(traces, autocast):
+    paths = [str(traces["gpt_3_steps"]), str(autocast)]
+    want = reports.compare(reports.load(paths), by="op")
+    assert json.loads(_cli(["compare", *paths, "--by", "op", "--json"])) == json.loads(want.to_json(orient="records"))
+
+
+def test_deferred_columns_stay_in_the_files(traces):
+    df = reports.load(traces["gpt_3_steps"], lists="deferred")
+    assert not {"input_shapes", "input_strides", "output_shapes", "output_strides"} & set(df.columns)
+    assert isinstance(df["input_storage_ids"].dtype, pd.ArrowDtype)
+    with pytest.raises(ReportError, match=r"load: lists must be one of \['objects', 'arrow', 'deferred'\], got 'x'"):
+        reports.load(traces["gpt_3_steps"], lists="x")
+
+
+def test_a_deferred_frame_whose_index_was_reset_says_so(traces):
+    df = reports.load(traces["gpt_3_steps"], lists="deferred")
+    moved = df[df["phase"] == "backward"].reset_index(drop=True)  # labels no longer locate the rows in the files
+    with pytest.raises(ReportError, match=r"the frame's row labels no longer locate its rows in the trace \(was its "
+                       r"index reset\?\), so column 'output_shapes' cannot be read; load it with lists='arrow'"):
+        cell_lists(moved, "output_shapes", np.arange(3), pa.list_(pa.int64()))
