@@ -34,12 +34,12 @@ bound time far above its roof time is what fusing those ops could buy back.
 import numpy as np
 import pandas as pd
 
-from reports.columns import cell_objects, has_column
+from reports.columns import cell_objects
 from reports.errors import ReportError
 from reports.load import require, runs_of
 from reports.peaks import normalize_dtype, peak_bandwidth, peak_flops
 from reports.steps import row_divisor
-from reports.tables import _row_dtype, combine, several_runs, split_runs
+from reports.tables import combine, row_dtypes, several_runs, split_runs
 
 __all__ = ["BOUNDS", "roofline", "roofline_split"]
 
@@ -57,15 +57,16 @@ _SPLIT = {"bound": object, "ops": "float64", "time_s": "float64", "time_pct": "f
           "bytes": "float64", "roof_time_s": "float64"}  # fmt: skip
 
 
-def _rows(rows):
-    """The columns the roofline needs, one row per op: dtype, bytes, time in seconds."""
+def _rows(rows, shapes=False):
+    """The columns the roofline needs, one row per op: dtype, bytes, time in seconds (and the
+    input shapes as text when grouping by them)."""
     busy = rows["busy_ns"].astype("float64")
     time_ns = busy.where(busy.notna(), rows["duration_ns"].astype("float64"))
     return pd.DataFrame({
-        "op": rows["op"].astype(object).to_numpy(),
-        "module": rows["module"].astype(object).to_numpy(),
-        "input_shapes": [_shapes(s) for s in cell_objects(rows, "input_shapes")] if has_column(rows, "input_shapes") else "",
-        "dtype": [_row_dtype(i, o) for i, o in zip(cell_objects(rows, "input_dtypes"), cell_objects(rows, "output_dtypes"))],
+        "op": rows["op"].astype("category"),  # categorical keys: group-bys on codes, not strings
+        "module": rows["module"].astype("category"),
+        "input_shapes": [_shapes(s) for s in cell_objects(rows, "input_shapes")] if shapes else "",
+        "dtype": pd.Categorical(row_dtypes(rows)),
         "flops": rows["flops"].to_numpy(np.int64),
         "bytes": (rows["bytes_read"] + rows["bytes_written"]).where(~rows["is_view"].astype(bool), 0).to_numpy(np.int64),
         "time_s": time_ns.to_numpy() / 1e9,
@@ -124,13 +125,13 @@ def roofline(df, by="op", peak_flops=None, bandwidth=None):
         if not len(rows):
             frames.append((run, pd.DataFrame(columns=keys + list(_METRICS))))
             continue
-        r = _rows(rows)
+        r = _rows(rows, shapes=by == "shape")
         peaks, bw = _roofs(runs[run], set(r["dtype"]), peak_flops, bandwidth)
-        g = r.groupby(keys, sort=False)
+        g = r.groupby(keys, sort=False, observed=True)
         t = g.agg(ops=("flops", "size"), flops=("flops", "sum"), bytes=("bytes", "sum"), time_s=("time_s", "sum"))
         t = t.reset_index()
         weight = r["flops"].where(r["flops"] > 0, 0) * 1e3 + r["bytes"] * 1e-9  # FLOPs first, bytes break ties
-        heaviest = weight.groupby([r[k] for k in keys], sort=False).idxmax()  # in the groups' order, as t
+        heaviest = weight.groupby([r[k] for k in keys], sort=False, observed=True).idxmax()  # in the groups' order, as t
         dtype = r.loc[heaviest.to_numpy(), "dtype"].to_numpy()
         if by == "module":
             t.insert(1, "dtype", dtype)
@@ -174,7 +175,7 @@ def roofline_split(df, peak_flops=None, bandwidth=None):
             continue
         r = _rows(rows)
         peaks, bw = _roofs(runs[run], set(r["dtype"]), peak_flops, bandwidth)
-        peak = r["dtype"].map(peaks).to_numpy(float)
+        peak = r["dtype"].astype(object).map(peaks).to_numpy(float)
         flops, nbytes = r["flops"].to_numpy(float), r["bytes"].to_numpy(float)
         bound = _bound(flops, nbytes, peak, bw)
         with np.errstate(divide="ignore", invalid="ignore"):

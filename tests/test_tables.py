@@ -7,7 +7,7 @@ from torch import nn
 
 from reports.errors import ReportError
 from reports.load import load
-from reports.tables import by_dtype, by_module, by_op, by_phase, by_step
+from reports.tables import by_dtype, by_module, by_op, by_phase, by_step, row_dtypes
 
 B, D, H = 4, 8, 16  # tokens per step, width, hidden width
 
@@ -159,3 +159,19 @@ def test_empty_keeps_columns_and_dtypes(df, fn):
 def test_missing_column_message(df, fn, column):
     with pytest.raises(ReportError, match=rf"{fn.__name__}: the trace lacks column\(s\) \['{column}'\]; load it with them"):
         fn(df.drop(columns=[column]))
+
+
+@pytest.mark.parametrize("lists", ["objects", "deferred"])
+def test_row_dtypes_are_the_first_input_dtype_else_the_first_output(tmp_path, lists):
+    from tracer import Tracer
+
+    with Tracer(tmp_path / "casts"):
+        x = torch.ones(4, 4)  # a factory: no inputs, its output's dtype
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = nn.functional.linear(x, torch.ones(4, 4))  # casts, then a bf16 matmul
+        y.float().sum()
+    frame = load(tmp_path / "casts", lists=lists)
+    plain = load(tmp_path / "casts")
+    expected = [str(i[0]) if len(i) else str(o[0]) if len(o) else "" for i, o in zip(plain["input_dtypes"], plain["output_dtypes"])]
+    assert list(row_dtypes(frame)) == expected
+    assert expected[0] == "float32" and "bfloat16" in expected  # ones: its output; the matmul: bf16 inputs
