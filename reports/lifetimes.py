@@ -18,7 +18,9 @@ Bytes live at the start that no row ever names (unused buffers) appear as one
 storage with id -1, so that the categories add up to `live_bytes` at every row.
 
 Categories, first match wins:
-  parameters       the model's parameters (trace metadata)
+  parameters       the model's parameters (trace metadata), and those of modules outside
+                   model= (storage_roles["external_parameter"]: a frozen teacher's weights
+                   take memory as parameters, though they are not part of N)
   gradients        tensors that were a parameter's .grad
   optimizer_state  tensors in the optimizer's state (AdamW: exp_avg, exp_avg_sq, step)
   activations      allocated in the forward phase of a step and still alive when
@@ -268,6 +270,7 @@ class Storages:
         roles = self.meta.get("storage_roles") or {}
         cat[np.isin(sids, np.asarray(roles.get("optimizer_state", []), dtype=np.int64))] = _CAT["optimizer_state"]
         cat[np.isin(sids, np.asarray(roles.get("gradient", []), dtype=np.int64))] = _CAT["gradients"]
+        cat[np.isin(sids, np.asarray(roles.get("external_parameter", []), dtype=np.int64))] = _CAT["parameters"]
         cat[np.isin(sids, np.fromiter(self.params, dtype=np.int64, count=len(self.params)))] = _CAT["parameters"]
         return cat
 

@@ -193,3 +193,20 @@ def test_recompute_rows_are_out_of_mfu_and_in_hfu(tmp_path):
     assert before["model_flops_per_step"] == 39808  # the unflagged trace counted the recomputation
     text = " ".join(reports.explain(df))
     assert "Activation checkpointing: 8,704 FLOPs per step" in text and "8,192 of them weight matmuls" in text
+
+
+def test_a_frozen_teachers_weights_are_parameters_in_memory(tmp_path):
+    torch.manual_seed(0)
+    student, teacher = nn.Linear(8, 4, bias=False), nn.Linear(16, 8, bias=False)
+    teacher.requires_grad_(False)
+    x = torch.randn(TOKENS, 16)
+    with Tracer(tmp_path / "distil", model=student, tokens=TOKENS):
+        with torch.no_grad():
+            h = teacher(x)
+        student(h).sum().backward()
+    df = reports.load(tmp_path / "distil")
+    cats = reports.by_category(df, at="end").set_index("category")["bytes"]
+    # student 4·8 + teacher 8·16 float32 weights: 128 + 512 = 640 bytes; the batch x, 32·16·4 = 2,048, is an input
+    assert cats["parameters"] == 4 * 8 * 4 + 8 * 16 * 4 == 640
+    assert cats["inputs"] == TOKENS * 16 * 4 == 2048
+    assert reports.breakdown(df)["n_params"].iloc[0] == 32  # N stays the student's
