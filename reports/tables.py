@@ -139,9 +139,11 @@ def _first_items(lists):
 def row_dtypes(rows):
     """Per row, the dtype of its first tensor input, else of its first output ('' with neither),
     computed in Arrow: no Python object per list cell, so a million rows take well under a second."""
-    ins = _first_items(cell_lists(rows, "input_dtypes", kind=pa.string()))
-    outs = _first_items(cell_lists(rows, "output_dtypes", kind=pa.string()))
-    return np.where(ins != "", ins, outs)
+    dtypes = _first_items(cell_lists(rows, "input_dtypes", kind=pa.string()))
+    bare = np.flatnonzero(dtypes == "")  # no tensor input (factories): read the outputs of these rows only
+    if len(bare):
+        dtypes[bare] = _first_items(cell_lists(rows, "output_dtypes", bare, kind=pa.string()))
+    return dtypes
 
 
 def by_dtype(df):
