@@ -14,8 +14,9 @@ interquartile range. Overhead per op = (variant - untraced) / ops per step.
 Instruction counts (`--callgrind`): the same steps run under valgrind's callgrind,
 each variant inside its own CPython entry point (operator.call, sys.call_tracing,
 itertools.starmap, ...) with collection on only there, so the import and set-up
-are not counted; per op = (variant - untraced) / (steps x ops per step). Noise-free,
-so it is the figure to decide on. `--ablations` adds optrace without its gradient
+are not counted; per op = (variant - untraced) / (steps x ops per step). With one
+torch thread (a second thread's share of the work would vary between runs) the counts
+repeat run to run, so they are the figures to decide on. `--ablations` adds optrace without its gradient
 hooks, without `_record` and without writing parts: where its instructions go.
 """
 
@@ -250,7 +251,7 @@ def callgrind(model, steps, directory, with_ablations):
     out = directory / f"callgrind.{model}.out"
     toggles = [f"--toggle-collect={entry}" for entry, _ in ENTRY_POINTS[: len(names)]]
     cmd = ["valgrind", "--tool=callgrind", "--collect-atstart=no", *toggles, f"--callgrind-out-file={out}",
-           sys.executable, __file__, "--callgrind-child", model, "--steps", str(steps)]  # fmt: skip
+           sys.executable, __file__, "--callgrind-child", model, "--steps", str(steps), "--threads", "1"]  # fmt: skip
     if with_ablations:
         cmd.append("--ablations")
     subprocess.run(cmd, check=True, capture_output=True, env=dict(os.environ, PYTHONPATH=str(ROOT)))
