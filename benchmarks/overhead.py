@@ -15,8 +15,8 @@ Instruction counts (`--callgrind`): the same steps run under valgrind's callgrin
 each variant inside its own CPython entry point (operator.call, sys.call_tracing,
 itertools.starmap, ...) with collection on only there, so the import and set-up
 are not counted; per op = (variant - untraced) / (steps x ops per step). With one
-torch thread (a second thread's share of the work would vary between runs) the counts
-repeat run to run, so they are the figures to decide on. `--ablations` adds optrace without its gradient
+torch thread (a second thread's share of the work varies between runs) the counts of
+the same code repeat within 0.5% run to run, so they are the figures to decide on. `--ablations` adds optrace without its gradient
 hooks, without `_record` and without writing parts: where its instructions go.
 """
 
