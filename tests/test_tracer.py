@@ -489,9 +489,9 @@ def test_out_argument_and_resize_count_as_allocations(tmp_path):
 
 
 def test_a_failed_flush_loses_its_rows_but_not_the_trace(tmp_path, monkeypatch):
-    import pyarrow.parquet as pq
+    from tracer import writer
 
-    real_write = pq.write_table
+    real_write = writer.write_table
     calls = []
 
     def flaky(*args, **kwargs):
@@ -500,7 +500,7 @@ def test_a_failed_flush_loses_its_rows_but_not_the_trace(tmp_path, monkeypatch):
             raise OSError("disk full")
         return real_write(*args, **kwargs)
 
-    monkeypatch.setattr(pq, "write_table", flaky)
+    monkeypatch.setattr(writer, "write_table", flaky)
     path = tmp_path / "flaky.parquet"
     with pytest.warns(UserWarning, match="disk full"):
         with Tracer(path, flush_rows=2):

@@ -35,6 +35,7 @@ from tracer.writer import (
 
 Tensor = torch.Tensor
 _perf_ns = time.perf_counter_ns
+_storage_key = torch._C._storage_id  # a tensor's storage, as its UntypedStorage's _cdata, with no storage object made
 MIN_STEP_TIME_S = 1e-9  # a step shorter than a nanosecond is a unit mistake, not a measurement
 _PER_ELEMENT, _FORMULA = int(FlopBasis.PER_OUTPUT_ELEMENT), int(FlopBasis.FORMULA)
 
@@ -133,7 +134,8 @@ class _TraceMode(TorchDispatchMode):
     def __init__(self, tracer):
         super().__init__()
         self._tracer = tracer
-        self._ops = {}  # OpOverload -> _OpInfo, or None for ops passed through unrecorded
+        self._ops = {}  # id(OpOverload) -> _OpInfo, or None for ops passed through unrecorded
+        self._seen = []  # the ops of those ids, kept so that an id is never reused (an OpOverload hashes in Python)
 
     def _describe(self, func):
         try:
@@ -148,9 +150,10 @@ class _TraceMode(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        info = self._ops.get(func, _UNSEEN)
+        info = self._ops.get(id(func), _UNSEEN)
         if info is _UNSEEN:
-            info = self._ops[func] = self._describe(func)
+            info = self._ops[id(func)] = self._describe(func)
+            self._seen.append(func)
         if info is None:
             return func(*args, **kwargs)
         tracer = self._tracer
@@ -391,9 +394,9 @@ class Tracer:
                     except RuntimeError:  # a strided nested tensor has no sizes
                         layout = self._odd_tensor(t, layout)
                         continue
-                    st = t.untyped_storage()
-                    sid = known(st._cdata)
+                    sid = known(_storage_key(t))
                     if sid is None:
+                        st = t.untyped_storage()
                         sid = storages.register(st) if type(t) is Tensor else register_subclass(storages, t, st)
                     dtype = dtype_of(t.dtype)
                     if dtype is None:

@@ -6,9 +6,11 @@ This module is the contract between `tracer` (which writes traces) and
 A trace is a directory of Parquet files (`part-000000.parquet`, ...), one per
 flushed row group, so that every flushed row survives a crash or a kill.
 `pandas.read_parquet(path)` reads the directory as one table. Each part carries
-the run metadata, as JSON, under the key-value metadata key `optrace`; the
-part with the highest number holds the newest copy, and its `complete` field
-is true only when the tracer closed cleanly.
+the run metadata, as JSON, under the Arrow schema metadata key `optrace`
+(`pq.read_schema(part).metadata`), stored once: inside the footer's serialised
+Arrow schema (`ARROW:schema`), with no separate footer key (tracer/writer.py
+`write_table`); the part with the highest number holds the newest copy, and its
+`complete` field is true only when the tracer closed cleanly.
 """
 
 import enum

@@ -10,6 +10,7 @@ part: pyarrow's dataset discovery skips names that start with '.'. A failed writ
 removes its temporary file.
 """
 
+import base64
 import json
 import os
 from array import array
@@ -220,7 +221,7 @@ class RowBuffer:
             "group_size": nullable(col["group_size"]),
             "process_group": names["process_group"].dictionary(col["process_group"].astype(np.int32)),
         }
-        blob = json.dumps(metadata, default=str).encode()
+        blob = json.dumps(metadata, default=str, separators=(",", ":")).encode()
         schema = ARROW_SCHEMA.with_metadata({METADATA_KEY: blob})
         return pa.Table.from_arrays([columns[field.name] for field in ARROW_SCHEMA], schema=schema)
 
@@ -274,6 +275,18 @@ class PartWriter:
             release_directory(self.directory)
 
 
+# The Arrow schema a Parquet file carries in its footer (Arrow's own key): with it, readers
+# get the dictionary columns back as dictionaries.
+ARROW_SCHEMA_KEY = b"ARROW:schema"
+
+
 def write_table(table, file):
-    """One Parquet part (a seam for tests that fill the disk)."""
-    pq.write_table(table, file, compression="zstd", compression_level=1)
+    """One Parquet part (a seam for tests that fill the disk).
+
+    The run metadata is stored once: inside the Arrow schema in the footer, where
+    `pq.read_schema(part).metadata` and every Arrow reader find it. (pyarrow's default
+    would store it twice: as a footer key of its own and again inside that schema.)"""
+    schema = base64.b64encode(table.schema.serialize().to_pybytes())
+    with pq.ParquetWriter(file, table.schema, store_schema=False, compression="zstd", compression_level=1) as out:
+        out.add_key_value_metadata({ARROW_SCHEMA_KEY: schema})
+        out.write_table(table)
