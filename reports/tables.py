@@ -25,7 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from reports._util import empty_frame, pct
-from reports.columns import cell_lists, cell_objects
+from reports.columns import cell_lists
 from reports.errors import ReportError
 from reports.load import require
 from tracer.schema import EXTERNAL_MARK, PHASES

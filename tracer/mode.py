@@ -1,4 +1,6 @@
-"""The public `Tracer` context manager and the dispatch mode behind it."""
+"""The public `Tracer` context manager: set-up, the row each op becomes, flushing and closing.
+
+The dispatch mode that calls `Tracer._record` for every op is in tracer/dispatch.py."""
 
 import math
 import os
@@ -7,7 +9,6 @@ import uuid
 import warnings
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack as _mode_stack
 
 from tracer import collectives, distributed
@@ -15,10 +16,9 @@ from tracer.attribution import Attribution
 from tracer.compiled import compiled_original, unwrap
 from tracer.device import cuda_memory, device_info, is_fake
 from tracer.errors import TraceError
-from tracer.hops import HopInfo, hop_compile_running
+from tracer.dispatch import _tensors, _TraceMode
 from tracer.layouts import STRIDED, describe, odd_flops, register_subclass
 from tracer.metadata import Roles, dtype_name, now, run_metadata
-from tracer.op_kinds import METADATA_OPS, OUTPUT_ELEMENTS, ZERO, flop_rule
 from tracer.safety import write_failure_message
 from tracer.schema import CAUSAL_NONE, NO_VALUE, FlopBasis
 from tracer.storage import StorageTable
@@ -38,138 +38,6 @@ _perf_ns = time.perf_counter_ns
 _storage_key = torch._C._storage_id  # a tensor's storage, as its UntypedStorage's _cdata, with no storage object made
 MIN_STEP_TIME_S = 1e-9  # a step shorter than a nanosecond is a unit mistake, not a measurement
 _PER_ELEMENT, _FORMULA = int(FlopBasis.PER_OUTPUT_ELEMENT), int(FlopBasis.FORMULA)
-
-
-def _tensors(args, kwargs):
-    """Tensor arguments in order, looking one level into lists (cat, _foreach_*)."""
-    found = []
-    for a in args:
-        if isinstance(a, Tensor):
-            found.append(a)
-        elif isinstance(a, (list, tuple)):
-            for b in a:
-                if isinstance(b, Tensor):
-                    found.append(b)
-    if kwargs:
-        for a in kwargs.values():
-            if isinstance(a, Tensor):
-                found.append(a)
-            elif isinstance(a, (list, tuple)):
-                for b in a:
-                    if isinstance(b, Tensor):
-                        found.append(b)
-    return found
-
-
-def _passthrough(func):
-    """Ops that are not computation: tensor metadata queries and profiler markers."""
-    return func in METADATA_OPS or func.namespace == "profiler"
-
-
-class _OpInfo:
-    """Facts about one op overload, computed once per trace."""
-
-    __slots__ = (
-        "name", "name_id", "rule", "basis", "kind_id", "inplace",
-        "written_positions", "written_names", "out_only", "collective",
-    )  # fmt: skip
-
-    def __init__(self, func, names):
-        self.name = str(func)
-        self.name_id = names["op"].id(self.name)
-        self.rule = flop_rule(func)
-        self.kind_id = names["kind"].id(self.rule.kind)
-        count = self.rule.count
-        if count is ZERO:
-            self.basis = int(FlopBasis.ZERO)
-        elif count is OUTPUT_ELEMENTS:  # the writer counts the output elements
-            self.basis = int(FlopBasis.PER_OUTPUT_ELEMENT)
-        else:
-            self.basis = int(FlopBasis.FORMULA)
-        # Composite ops (linear, matmul, einsum) normally decompose before they reach
-        # us; under inference_mode they arrive whole and run whole: tracer/composite_flops.py
-        # has their formulas. The tracer never decomposes an op itself (that could change
-        # what runs: a nested tensor's linear is not the composite's view + mm).
-        written = [
-            (i, a.name, a.kwarg_only)
-            for i, a in enumerate(func._schema.arguments)
-            if a.alias_info is not None and a.alias_info.is_write
-        ]
-        self.written_positions = tuple(i for i, _, _ in written)
-        self.written_names = tuple(n for _, n, _ in written)
-        self.out_only = tuple(kwarg_only for _, _, kwarg_only in written)  # out= arguments are keyword-only
-        self.inplace = int(bool(written))
-        self.collective = collectives.collective_op(func)  # c10d ops: their writes come from a table
-        if self.collective is not None:
-            self.kind_id, self.basis = names["kind"].id(self.collective.kind), int(FlopBasis.ZERO)
-            self.inplace = self.collective.inplace  # in place, so never a view
-            self.written_positions = (0,) if self.inplace else ()
-
-    def written(self, args, kwargs):
-        """(tensor, is an out= argument) for each tensor the op writes into (in-place self, out=)."""
-        if self.collective is not None:
-            return self.collective.written(args, kwargs)
-        found = []
-        for pos, name, is_out in zip(self.written_positions, self.written_names, self.out_only):
-            value = args[pos] if pos < len(args) else kwargs.get(name)
-            if isinstance(value, Tensor):
-                found.append((value, is_out))
-            elif isinstance(value, (list, tuple)):
-                found.extend((v, is_out) for v in value if isinstance(v, Tensor))
-        return found
-
-
-_UNSEEN = object()
-
-
-class _TraceMode(TorchDispatchMode):
-    """Runs every aten op and hands it to the tracer's `_record`."""
-
-    supports_higher_order_operators = True  # HOPs run untraced, one row each (tracer/hops.py)
-
-    @classmethod
-    def ignore_compile_internals(cls):
-        return hop_compile_running()
-
-    def __init__(self, tracer):
-        super().__init__()
-        self._tracer = tracer
-        self._ops = {}  # id(OpOverload) -> _OpInfo, or None for ops passed through unrecorded
-        self._seen = []  # the ops of those ids, kept so that an id is never reused (an OpOverload hashes in Python)
-
-    def _describe(self, func):
-        try:
-            if not isinstance(func, torch._ops.OpOverload):  # a higher-order operator
-                return HopInfo(func, self._tracer._writer.names)
-            if _passthrough(func):
-                return None
-            return _OpInfo(func, self._tracer._writer.names)
-        except Exception as exc:  # an op we cannot describe still runs, unrecorded
-            self._tracer._record_failed(str(func), exc)
-            return None
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        info = self._ops.get(id(func), _UNSEEN)
-        if info is _UNSEEN:
-            info = self._ops[id(func)] = self._describe(func)
-            self._seen.append(func)
-        if info is None:
-            return func(*args, **kwargs)
-        tracer = self._tracer
-        timer = tracer._timer
-        start = timer.start()
-        out = func(*args, **kwargs)
-        duration = timer.stop(start)
-        try:
-            if types:  # tensor subclasses: record DTensors at their local shapes (the program gets `out` as is)
-                seen = distributed.unwrap(types, args, kwargs, out, start + duration, tracer._completions)
-                tracer._record(info, *seen, start, duration)
-            else:
-                tracer._record(info, args, kwargs, out, start, duration)
-        except Exception as exc:  # never break the traced program over a bookkeeping error
-            tracer._record_failed(info.name, exc)
-        return out
 
 
 class Tracer:
