@@ -210,3 +210,38 @@ def test_a_frozen_teachers_weights_are_parameters_in_memory(tmp_path):
     assert cats["parameters"] == 4 * 8 * 4 + 8 * 16 * 4 == 640
     assert cats["inputs"] == TOKENS * 16 * 4 == 2048
     assert reports.breakdown(df)["n_params"].iloc[0] == 32  # N stays the student's
+
+
+class _BackwardGram(torch.autograd.Function):
+    """Forward: a * b elementwise; backward: also matmuls of activations only, (a @ aᵀ) @ a, scaled by 0."""
+
+    @staticmethod
+    def forward(ctx, a, b):
+        ctx.save_for_backward(a, b)
+        return a * b
+
+    @staticmethod
+    def backward(ctx, grad):
+        a, b = ctx.saved_tensors
+        return grad * b + (a @ a.T) @ a * 0, grad * a
+
+
+def test_activation_matmuls_only_in_the_backward_get_their_own_explain_line(tmp_path):
+    class Scale(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.ones(4, 4))
+
+        def forward(self, x):
+            return _BackwardGram.apply(x, self.w)
+
+    model, x = Scale(), torch.randn(4, 4, requires_grad=True)
+    with Tracer(tmp_path / "gram", model=model, tokens=4):
+        model(x).sum().backward()
+    df = reports.load(tmp_path / "gram")
+    t = reports.breakdown(df, n=16).set_index("phase")
+    # two [4, 4] @ [4, 4] matmuls, 2·4·4·4 = 128 FLOPs each, in the backward only; none in the forward
+    assert t.loc["forward", "attention_flops"] == 0 and t.loc["backward", "attention_flops"] == 256
+    text = " ".join(reports.explain(df, n=16))
+    assert "Activation x activation matmuls in the backward only: 256 FLOPs" in text
+    assert "4·T·(L·S·d)" not in text
