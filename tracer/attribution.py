@@ -63,6 +63,7 @@ _graph_task_id = torch._C._current_graph_task_id
 _grad_enabled = torch.is_grad_enabled
 _get_ident = threading.get_ident
 NO_GRAPH_TASK = -1  # _current_graph_task_id() outside the autograd engine
+_TASKS_KEPT = 64  # engine runs remembered (their grad mode); nested runs are few, finished ones irrelevant
 FORWARD, BACKWARD, OPTIMIZER, OTHER = Phase.FORWARD, Phase.BACKWARD, Phase.OPTIMIZER, Phase.OTHER
 NOT_RECOMPUTE, RECOMPUTE = 0, 1
 
@@ -141,6 +142,8 @@ class Attribution:
                 return BACKWARD, self.recompute_stack[-1][1], RECOMPUTE
             if task != self._task:
                 self._task = task  # the grad mode at an engine run's first op is its create_graph
+                if task not in self._task_grads and len(self._task_grads) >= _TASKS_KEPT:
+                    self._task_grads.clear()  # ended engine runs (a loop with no step boundary): keep it bounded
                 self._task_grad = self._task_grads.setdefault(task, _grad_enabled())
             recompute = RECOMPUTE if _grad_enabled() and not self._task_grad else NOT_RECOMPUTE
             stack = self.backward_stack

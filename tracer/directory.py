@@ -87,6 +87,19 @@ def write_facts(path, facts):
         f.write(text)
 
 
+def still_ours(path, trace_id):
+    """Whether the trace at `path` is still the one `trace_id` names: its marker says so.
+
+    After a Tracer closes, another run may have replaced the trace at the same path; a late
+    metadata update of the first must then not write into the second."""
+    try:
+        with open(os.path.join(path, MARKER_NAME)) as f:
+            facts = json.load(f)
+    except (OSError, ValueError):
+        return False
+    return isinstance(facts, dict) and facts.get("trace_id") == trace_id
+
+
 def release_directory(path):
     """Remove this process's lock on `path` (a missing lock is fine)."""
     try:

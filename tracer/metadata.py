@@ -73,14 +73,18 @@ def _parameters(model, storage_id):
 class Roles:
     """Storage ids known to hold gradients or optimizer state, as deltas per part."""
 
-    def __init__(self, known_id):
+    def __init__(self, known_id, live=()):
         self._known_id = known_id  # storage -> id, or None when the tracer never saw it
-        self._seen = set()
+        self._live = live  # ids of the storages alive now (a container), to forget freed ones
+        self._seen = set()  # ids given a role, while their storage lives (ids are never reused)
         self.new = {key: [] for key in ROLE_KEYS}
 
     def take(self):
-        """The roles learned since the last call."""
+        """The roles learned since the last call; ids of freed storages are forgotten here,
+        so a long run keeps only its live gradients and optimizer state (set_to_none makes
+        new gradient storages every step)."""
         new, self.new = self.new, {key: [] for key in ROLE_KEYS}
+        self._seen = {sid for sid in self._seen if sid in self._live}
         return new
 
     def put_back(self, taken):

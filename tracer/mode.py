@@ -32,6 +32,7 @@ from tracer.writer import (
     prepare_directory,
     release_directory,
 )
+from tracer.directory import still_ours
 
 Tensor = torch.Tensor
 _perf_ns = time.perf_counter_ns
@@ -106,10 +107,23 @@ class Tracer:
         self._writer = PartWriter(prepare_directory(directory, self.trace_id))
         try:
             self._start()
-        except BaseException:  # nothing ran: give the directory back
+        except BaseException:  # nothing ran: remove what was installed, give the directory back
+            self._undo_start()
             release_directory(self._writer.directory)
             raise
         return self
+
+    def _undo_start(self):
+        """Remove the global hooks and the active mark a failed `_start` may have left."""
+        for part in ("_attr", "_unsharded"):
+            installed = getattr(self, part, None)
+            if installed is not None:
+                try:
+                    installed.remove()
+                except Exception:  # removing is best effort; the original error is what the user sees
+                    pass
+        if Tracer._active is self:
+            Tracer._active = None
 
     def _start(self):
         self._pending = []  # (rows, metadata) of parts a KeyboardInterrupt stopped mid-write
@@ -126,7 +140,7 @@ class Tracer:
         self._lost_rows = 0  # rows whose part could not be written
         self._device = None
         self._timer = make_timer(self.timing, None)
-        self._roles = Roles(self._storages.known)
+        self._roles = Roles(self._storages.known, self._storages.size)
         self._meta = run_metadata(self.run_name, self.tokens, self.model, self._storages.id_of)
         self._meta["trace_id"] = self.trace_id
         if self._rank is not None:
@@ -202,8 +216,7 @@ class Tracer:
         if self._writer is None:
             raise TraceError("set_step_time: the Tracer has not been entered yet")
         self._meta["step_time"] = timing
-        if self._closed:
-            self._write(RowBuffer(), self._metadata())
+        self._late_update("set_step_time")
 
     def set_ceiling(self, ceiling):
         """Record the achievable matmul FLOP/s (the dict `matmul_ceiling` returns) for "of achievable" MFU."""
@@ -212,8 +225,7 @@ class Tracer:
         if self._writer is None:
             raise TraceError("set_ceiling: the Tracer has not been entered yet")
         self._meta["ceiling"] = ceiling
-        if self._closed:
-            self._write(RowBuffer(), self._metadata())
+        self._late_update("set_ceiling")
 
     def set_bandwidth(self, bandwidth):
         """Record the achievable memory bytes/s (the dict `memory_bandwidth` returns): the roofline's memory roof on a CPU."""
@@ -222,8 +234,18 @@ class Tracer:
         if self._writer is None:
             raise TraceError("set_bandwidth: the Tracer has not been entered yet")
         self._meta["bandwidth"] = bandwidth
-        if self._closed:
-            self._writer.write(RowBuffer(), self._metadata())
+        self._late_update("set_bandwidth")
+
+    def _late_update(self, what):
+        """After the `with` block, add one empty part carrying the updated metadata, if the trace
+        at the path is still this one; never raises into the program (a failure is a warning)."""
+        if not self._closed:
+            return
+        if not still_ours(self._writer.directory, self.trace_id):
+            warnings.warn(f"optrace: {what}: the trace at {self._writer.directory!r} is no longer this Tracer's "
+                          "(another run replaced it); nothing written")
+            return
+        self._write(RowBuffer(), self._metadata())
 
     # the hot path ------------------------------------------------------------------
     def _record(self, info, args, kwargs, out, start, duration):
@@ -300,7 +322,7 @@ class Tracer:
             device = ins[0].device if ins else outs[0].device if outs else None
             device_id = self._device_ids.get(device)
             if device_id is None:
-                device_id = self._new_device(device, ins[0] if ins else outs[0])
+                device_id = self._new_device(device, ins[0] if ins else outs[0] if outs else None)
             comm_bytes = group_size = NO_VALUE
             group_id = 0
             if collective is not None:

@@ -74,6 +74,7 @@ class StorageTable:
         if self._by_cdata.get(key) == sid:
             del self._by_cdata[key]
         self.live_bytes -= self.size.pop(sid)
+        self.hollow.discard(sid)  # ids are never reused: what is kept per id goes with the storage
         self.freed.append(sid)
 
     def clear(self):
