@@ -21,12 +21,13 @@ import os
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from reports._util import packet
 from reports.errors import ReportError
 
 __all__ = [
-    "DEFERRED", "LIST_MODES", "Deferred", "SharedRuns", "cell_lists", "cell_objects", "concat_frames", "flat", "has_column",
+    "DEFERRED", "LIST_MODES", "Deferred", "SharedRuns", "cell_lists", "cell_objects", "concat_frames", "first_items", "flat", "has_column",
     "lean_memory", "list_array", "packets", "read_table", "to_pandas",
 ]  # fmt: skip
 
@@ -231,6 +232,14 @@ def _chunks(column, kind):
         chunks = arr.chunks if isinstance(arr, pa.ChunkedArray) else [arr]
         return [c if c.type == pa.list_(kind) else c.cast(pa.list_(kind)) for c in chunks]
     return [pa.array(column.to_numpy(dtype=object), type=pa.list_(kind))]
+
+
+def first_items(lists):
+    """The first item of each list of a ListArray of strings, '' for an empty or null list (numpy objects)."""
+    first = pc.list_slice(lists, 0, 1)
+    out = np.full(len(lists), "", dtype=object)
+    out[pc.list_parent_indices(first).to_numpy()] = pc.list_flatten(first).to_numpy(zero_copy_only=False)
+    return out
 
 
 def flat(column, kind=pa.int64()):

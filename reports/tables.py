@@ -22,10 +22,9 @@ dtypes.
 import numpy as np
 import pandas as pd
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from reports._util import empty_frame, pct
-from reports.columns import cell_lists
+from reports.columns import cell_lists, first_items
 from reports.errors import ReportError
 from reports.load import require
 from tracer.schema import EXTERNAL_MARK, PHASES
@@ -128,21 +127,13 @@ def by_phase(df):
     return combine(frames, columns, dtypes, several_runs(df))
 
 
-def _first_items(lists):
-    """The first item of each list of a ListArray of strings, '' for an empty list (numpy objects)."""
-    first = pc.list_slice(lists, 0, 1)
-    out = np.full(len(lists), "", dtype=object)
-    out[pc.list_parent_indices(first).to_numpy()] = pc.list_flatten(first).to_numpy(zero_copy_only=False)
-    return out
-
-
 def row_dtypes(rows):
     """Per row, the dtype of its first tensor input, else of its first output ('' with neither),
     computed in Arrow: no Python object per list cell, so a million rows take well under a second."""
-    dtypes = _first_items(cell_lists(rows, "input_dtypes", kind=pa.string()))
+    dtypes = first_items(cell_lists(rows, "input_dtypes", kind=pa.string()))
     bare = np.flatnonzero(dtypes == "")  # no tensor input (factories): read the outputs of these rows only
     if len(bare):
-        dtypes[bare] = _first_items(cell_lists(rows, "output_dtypes", bare, kind=pa.string()))
+        dtypes[bare] = first_items(cell_lists(rows, "output_dtypes", bare, kind=pa.string()))
     return dtypes
 
 

@@ -20,9 +20,10 @@ tracer.
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 
 from reports._util import COPY_OPS, empty_frame, is_copy, pct
-from reports.columns import cell_objects
+from reports.columns import cell_lists, first_items
 from reports.load import require, runs_of
 from reports.tables import split_runs
 
@@ -48,10 +49,9 @@ def _kinds(rows):
 
 def _casts(rows):
     """For each row: does its first output have another dtype than its first input (a dtype conversion)?"""
-    out = []
-    for ins, outs in zip(cell_objects(rows, "input_dtypes"), cell_objects(rows, "output_dtypes")):
-        out.append(ins is not None and outs is not None and len(ins) > 0 and len(outs) > 0 and ins[0] != outs[0])
-    return np.asarray(out, dtype=bool)
+    ins = first_items(cell_lists(rows, "input_dtypes", kind=pa.string()))
+    outs = first_items(cell_lists(rows, "output_dtypes", kind=pa.string()))
+    return (ins != "") & (outs != "") & (ins != outs)
 
 
 _VIEWS = {"run": "object", "kind": "object", "op": "object", "ops": "int64", "bytes_allocated": "int64",
