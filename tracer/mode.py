@@ -319,10 +319,11 @@ class Tracer:
             module_id = self._module_ids.get(module)
             if module_id is None:
                 module_id = self._new_module(module)
-            device = ins[0].device if ins else outs[0].device if outs else None
+            first = ins[0] if ins else outs[0] if outs else None  # the row's device is its first tensor's
+            device = first.device if first is not None else None
             device_id = self._device_ids.get(device)
             if device_id is None:
-                device_id = self._new_device(device, ins[0] if ins else outs[0] if outs else None)
+                device_id = self._new_device(device, first)
             comm_bytes = group_size = NO_VALUE
             group_id = 0
             if collective is not None:
