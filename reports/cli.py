@@ -176,9 +176,10 @@ def _print_report(df, args, out):
 
 def _print_roofline(df, args, out):
     """The roofline section: the top op kinds by time, and the step's time by what bounds it."""
-    from reports.roofline import roofline, roofline_split
+    from reports.roofline import roofline_with_split
 
-    table = roofline(df).head(args.top)
+    table, split = roofline_with_split(df)  # the rows prepared once for both tables
+    table = table.head(args.top)
     if not table["bound"].ne("other").any():
         print("\nRoofline: N/A (no roof: record Tracer.set_bandwidth(tracer.memory_bandwidth()) on a CPU)", file=out)
         return
@@ -191,7 +192,7 @@ def _print_roofline(df, args, out):
                    "efficiency_pct"]]  # fmt: skip
     formatters = {**_formatters(shown), "bytes": _bytes}
     print(shown.to_string(index=False, formatters=formatters, na_rep="N/A"), file=out)
-    for row in roofline_split(df).itertuples():
+    for row in split.itertuples():
         roof = "" if row.bound == "other" else f", {row.roof_time_s * 1e3:.2f} ms at the roof"
         label = "other ops" if row.bound == "other" else f"{row.bound}-bound"
         print(f"  {label:<15} {row.time_s * 1e3:8.2f} ms per step ({_pct(row.time_pct / 100)}){roof}", file=out)

@@ -41,7 +41,7 @@ from reports.peaks import normalize_dtype, peak_bandwidth, peak_flops
 from reports.steps import row_divisor
 from reports.tables import combine, row_dtypes, several_runs, split_runs
 
-__all__ = ["BOUNDS", "roofline", "roofline_split"]
+__all__ = ["BOUNDS", "roofline", "roofline_split", "roofline_with_split"]
 
 BOUNDS = ("compute", "memory", "other")
 _BY = {"op": ["op", "dtype"], "shape": ["op", "dtype", "input_shapes"], "module": ["module"]}
@@ -106,6 +106,28 @@ def _check(value, what):
         raise ReportError(f"roofline: {what} must be a number > 0, got {value!r}")
 
 
+def _prepared(df, peak_flops, bandwidth, shapes):
+    """Per run: (run, its row table from _rows, {dtype: peak FLOP/s}, bandwidth); (run, None, None, None)
+    for a run with no rows. Both tables are built from this, so a report that shows both prepares once."""
+    runs = runs_of(df)
+    out = []
+    for run, rows in split_runs(df):
+        if not len(rows):
+            out.append((run, None, None, None))
+            continue
+        r = _rows(rows, shapes=shapes)
+        peaks, bw = _roofs(runs[run], set(r["dtype"]), peak_flops, bandwidth)
+        out.append((run, r, peaks, bw))
+    return out
+
+
+def _check_by(by, peak_flops, bandwidth):
+    if by not in _BY:
+        raise ReportError(f"roofline: by must be one of {', '.join(map(repr, _BY))}, got {by!r}")
+    _check(peak_flops, "peak_flops")
+    _check(bandwidth, "bandwidth")
+
+
 def roofline(df, by="op", peak_flops=None, bandwidth=None):
     """One row per op kind (by="op": op and dtype; "shape": also the input shapes) or per
     innermost module (by="module"), most time first, with the columns of the module docstring.
@@ -113,20 +135,38 @@ def roofline(df, by="op", peak_flops=None, bandwidth=None):
     A group's roof is that of the dtype carrying most of its FLOPs (most bytes when it
     has none). Figures are totals over the trace; `time_pct` is the share of the run's
     op time."""
-    if by not in _BY:
-        raise ReportError(f"roofline: by must be one of {', '.join(map(repr, _BY))}, got {by!r}")
+    _check_by(by, peak_flops, bandwidth)
+    require(df, _COLUMNS + (("input_shapes",) if by == "shape" else ()), "roofline")
+    return _roofline_table(df, _prepared(df, peak_flops, bandwidth, by == "shape"), by)
+
+
+def roofline_split(df, peak_flops=None, bandwidth=None):
+    """Per step, the op time of compute-bound, memory-bound and other ops (one row each per run).
+
+    ops, time_s, flops, bytes are per step (each phase over its own steps); time_pct is
+    the share of the step's op time; roof_time_s is the time those ops would take at
+    their roof, max(flops / peak, bytes / bandwidth) summed over ops (NaN for "other")."""
     _check(peak_flops, "peak_flops")
     _check(bandwidth, "bandwidth")
+    require(df, _COLUMNS, "roofline_split")
+    return _split_table(df, _prepared(df, peak_flops, bandwidth, False))
+
+
+def roofline_with_split(df, by="op", peak_flops=None, bandwidth=None):
+    """(roofline(df, by, ...), roofline_split(df, ...)), with the rows prepared once."""
+    _check_by(by, peak_flops, bandwidth)
     require(df, _COLUMNS + (("input_shapes",) if by == "shape" else ()), "roofline")
-    runs = runs_of(df)
+    prepared = _prepared(df, peak_flops, bandwidth, by == "shape")
+    return _roofline_table(df, prepared, by), _split_table(df, prepared)
+
+
+def _roofline_table(df, prepared, by):
     keys = _BY[by]
     frames = []
-    for run, rows in split_runs(df):
-        if not len(rows):
+    for run, r, peaks, bw in prepared:
+        if r is None:
             frames.append((run, pd.DataFrame(columns=keys + list(_METRICS))))
             continue
-        r = _rows(rows, shapes=by == "shape")
-        peaks, bw = _roofs(runs[run], set(r["dtype"]), peak_flops, bandwidth)
         g = r.groupby(keys, sort=False, observed=True)
         t = g.agg(ops=("flops", "size"), flops=("flops", "sum"), bytes=("bytes", "sum"), time_s=("time_s", "sum"))
         t = t.reset_index()
@@ -158,23 +198,12 @@ def roofline(df, by="op", peak_flops=None, bandwidth=None):
     return combine(frames, columns, dtypes, several_runs(df))
 
 
-def roofline_split(df, peak_flops=None, bandwidth=None):
-    """Per step, the op time of compute-bound, memory-bound and other ops (one row each per run).
-
-    ops, time_s, flops, bytes are per step (each phase over its own steps); time_pct is
-    the share of the step's op time; roof_time_s is the time those ops would take at
-    their roof, max(flops / peak, bytes / bandwidth) summed over ops (NaN for "other")."""
-    _check(peak_flops, "peak_flops")
-    _check(bandwidth, "bandwidth")
-    require(df, _COLUMNS, "roofline_split")
-    runs = runs_of(df)
+def _split_table(df, prepared):
     frames = []
-    for run, rows in split_runs(df):
-        if not len(rows):
+    for run, r, peaks, bw in prepared:
+        if r is None:
             frames.append((run, pd.DataFrame({"bound": list(BOUNDS)})))
             continue
-        r = _rows(rows)
-        peaks, bw = _roofs(runs[run], set(r["dtype"]), peak_flops, bandwidth)
         peak = r["dtype"].astype(object).map(peaks).to_numpy(float)
         flops, nbytes = r["flops"].to_numpy(float), r["bytes"].to_numpy(float)
         bound = _bound(flops, nbytes, peak, bw)
