@@ -10,7 +10,7 @@ import pyarrow as pa
 from reports.columns import DEFERRED, LIST_MODES, Deferred, SharedRuns, concat_frames, has_column, read_table, to_pandas
 from reports.errors import ReportError
 from reports.integrity import check_parts, damage, describe_damage, one_line, read_marker
-from tracer.schema import COLUMN_NAMES, SCHEMA_VERSION, V2_DEFAULTS, part_paths, read_metadata
+from tracer.schema import COLUMN_NAMES, SCHEMA_VERSION, V2_DEFAULTS, merge_metadata, part_paths
 
 
 def read_run(path):
@@ -22,14 +22,10 @@ def read_run(path):
         raise ReportError(f"{path}: not an optrace trace (a trace is a directory of part-*.parquet files)")
     if not part_paths(path):
         raise ReportError(f"{path}: not an optrace trace (no part-*.parquet files in it)")
-    parts = check_parts(path)
+    parts = check_parts(path)  # every part read and its metadata parsed (unreadable parts and bad JSON refused)
     try:
-        meta = read_metadata(path)
-    except (pa.ArrowInvalid, OSError) as exc:
-        raise ReportError(f"{path}: not a readable Parquet trace ({one_line(exc)})") from None
-    except ValueError as exc:  # json.JSONDecodeError: the optrace key holds no JSON
-        raise ReportError(f"{path}: optrace metadata is not valid JSON ({exc})") from None
-    except AttributeError:  # JSON, but a list or a number where read_metadata expects an object
+        meta = merge_metadata(part_meta for _, part_meta in parts)
+    except AttributeError:  # storage_roles that is not an object
         raise ReportError(f"{path}: optrace metadata is not a JSON object") from None
     if not meta:
         raise ReportError(f"{path}: Parquet without optrace metadata (was it written by optrace?)")

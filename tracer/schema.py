@@ -151,24 +151,26 @@ def part_paths(path):
     return sorted(glob.glob(os.path.join(os.fspath(path), PART_GLOB)))
 
 
+def merge_metadata(metas) -> dict:
+    """One trace's metadata from its parts' metadata dicts, in write order: the newest
+    part's copy, with the storage roles (each part records only its deltas) merged."""
+    meta = {}
+    roles = {key: [] for key in ROLE_KEYS}
+    for meta in metas:
+        for key, ids in meta.get("storage_roles", {}).items():
+            roles.setdefault(key, []).extend(ids)
+    if meta:
+        meta = dict(meta, storage_roles=roles)
+    return meta
+
+
 def read_metadata(path) -> dict:
-    """The run metadata of a trace: the newest part's copy, with the storage
-    roles (which each part records only as deltas) merged over all parts.
+    """The run metadata of a trace (merge_metadata over its parts).
 
     Returns {} when the trace has no part with optrace metadata."""
     import json
 
     import pyarrow.parquet as pq
 
-    meta = {}
-    roles = {key: [] for key in ROLE_KEYS}
-    for part in part_paths(path):
-        raw = (pq.read_schema(part).metadata or {}).get(METADATA_KEY)
-        if raw is None:
-            continue
-        meta = json.loads(raw)
-        for key, ids in meta.get("storage_roles", {}).items():
-            roles.setdefault(key, []).extend(ids)
-    if meta:
-        meta["storage_roles"] = roles
-    return meta
+    raws = ((pq.read_schema(part).metadata or {}).get(METADATA_KEY) for part in part_paths(path))
+    return merge_metadata(json.loads(raw) for raw in raws if raw is not None)
