@@ -19,6 +19,8 @@ _REPORT_UNUSED = ("layout", "device", "inplace")
 # ... and those `report --json` (summary, with the rank figures of a distributed trace) does not read either.
 _JSON_UNUSED = (*_REPORT_UNUSED, "freed_storage_ids", "output_storage_bytes", "is_view", "causal", "bytes_read",
                 "bytes_written", "bytes_allocated", "busy_ns")
+# ... and those only the rank figures read: left out for a trace of one rank.
+_RANKS_ONLY = ("start_ns", "comm_bytes", "group_size", "process_group")
 
 
 def _human(value, unit=""):
@@ -223,11 +225,14 @@ def _report(args):
     from tracer.schema import COLUMN_NAMES
 
     # only the columns the sections read; no Python object per list cell; shapes read when asked (reports/columns.py)
+    from reports.ranks import first_rank, is_multi_rank, print_ranks, rank_paths, rank_summary
+
     unused = _JSON_UNUSED if args.json and not args.plot else _REPORT_UNUSED
+    if len(rank_paths(args.trace)) <= 1 and not args.plot:
+        unused += _RANKS_ONLY
     df = load(args.trace, columns=[c for c in COLUMN_NAMES if c not in unused], lists="deferred")
     if not len(df):
         raise ReportError(f"{args.trace}: the trace has no ops (nothing ran inside `with Tracer(...)`)")
-    from reports.ranks import first_rank, is_multi_rank, print_ranks, rank_summary
 
     everyone, df = df, first_rank(df) if is_multi_rank(df) else df  # the report of rank 0, then the ranks
     if args.plot:

@@ -8,8 +8,8 @@ building a Python list per row. Rows a table really iterates still come out as
 Python lists. The default `lists="objects"` is pandas' own conversion, the
 reference every fast path is tested against.
 
-`lists="deferred"` (what `optrace report` uses) also leaves the shape, stride and
-output dtype columns (DEFERRED) out of the frame: the rows a report needs them for
+`lists="deferred"` (what `optrace report` uses) also leaves the shape and stride
+columns (DEFERRED) out of the frame: the rows a report needs them for
 (storages first seen as inputs, ops with several new outputs, fused attention
 backward) are read from the files, only the parts holding them, by `cell_lists` /
 `cell_objects` when asked. The frame's row labels locate its rows in the files, so
@@ -27,12 +27,12 @@ from reports._util import packet
 from reports.errors import ReportError
 
 __all__ = [
-    "DEFERRED", "LIST_MODES", "Deferred", "SharedRuns", "cell_lists", "cell_objects", "concat_frames", "first_items", "flat", "has_column",
+    "DEFERRED", "LIST_MODES", "Deferred", "SharedRuns", "cell_lists", "cell_objects", "concat_frames", "first_codes", "first_items", "flat", "has_column",
     "lean_memory", "list_array", "packets", "read_table", "to_pandas",
 ]  # fmt: skip
 
 LIST_MODES = ("objects", "arrow", "deferred")
-DEFERRED = ("input_shapes", "input_strides", "output_shapes", "output_strides", "output_dtypes")
+DEFERRED = ("input_shapes", "input_strides", "output_shapes", "output_strides")
 
 
 class SharedRuns(dict):
@@ -119,12 +119,13 @@ def has_column(rows, name):
 
 
 def cell_lists(rows, name, positions=None, kind=pa.int64()):
-    """The list cells of column `name` at row positions `positions` (None: every row), as one ListArray of `kind` items."""
+    """The list cells of column `name` at row positions `positions` (None: every row), as one ListArray of `kind`
+    items (kind=None: items as stored, possibly a ChunkedArray)."""
     deferred = _deferred(rows, name)
     if deferred is None:
         return list_array(rows[name] if positions is None else rows[name].iloc[positions], kind)
     arr = deferred.read(rows, name, np.arange(len(rows)) if positions is None else positions)
-    return arr if arr.type == pa.list_(kind) else arr.cast(pa.list_(kind))
+    return arr if kind is None or arr.type == pa.list_(kind) else arr.cast(pa.list_(kind))
 
 
 def cell_objects(rows, name, positions=None):
@@ -210,9 +211,12 @@ def concat_frames(frames, lists="objects"):
 
 
 def list_array(column, kind=pa.int64()):
-    """A column of lists (Arrow-backed or objects) as one pyarrow ListArray of `kind` items."""
+    """A column of lists (Arrow-backed or objects) as one pyarrow ListArray of `kind` items (kind=None: the
+    Arrow data as stored, chunks and dictionary items kept; objects as pyarrow infers them)."""
     if isinstance(column.dtype, pd.ArrowDtype):
         arr = column.array.__arrow_array__()
+        if kind is None:
+            return arr
         if isinstance(arr, pa.ChunkedArray):
             arr = arr.combine_chunks() if arr.num_chunks != 1 else arr.chunk(0)
         if arr.offset:  # a slice: give it offsets from 0, as the reports expect
@@ -220,7 +224,7 @@ def list_array(column, kind=pa.int64()):
         if arr.type != pa.list_(kind):
             arr = arr.cast(pa.list_(kind))
         return arr
-    return pa.array(column.to_numpy(dtype=object), type=pa.list_(kind))
+    return pa.array(column.to_numpy(dtype=object), type=None if kind is None else pa.list_(kind))
 
 
 def _chunks(column, kind):
@@ -235,11 +239,39 @@ def _chunks(column, kind):
 
 
 def first_items(lists):
-    """The first item of each list of a ListArray of strings, '' for an empty or null list (numpy objects)."""
-    first = pc.list_slice(lists, 0, 1)
-    out = np.full(len(lists), "", dtype=object)
-    out[pc.list_parent_indices(first).to_numpy()] = pc.list_flatten(first).to_numpy(zero_copy_only=False)
-    return out
+    """The first item of each list of a ListArray (or ChunkedArray) of strings or dictionary-encoded strings, ''
+    for an empty or null list, as numpy objects: codes in Arrow, one Python string per distinct item."""
+    codes, words = first_codes(lists)
+    return np.array(words, dtype=object)[codes]
+
+
+def first_codes(lists, words=None):
+    """(codes, words): the first item of each list is words[code] ('' for an empty or null list).
+
+    `words` (a list starting with '') is extended in place when given, so that codes of several calls share it."""
+    chunks = lists.chunks if isinstance(lists, pa.ChunkedArray) else [lists]
+    words = [""] if words is None else words
+    index = {w: i for i, w in enumerate(words)}
+    codes = []
+    for chunk in chunks:
+        code = np.zeros(len(chunk), dtype=np.int64)
+        codes.append(code)
+        if pa.types.is_null(chunk.type):  # no list at all (an empty column of objects)
+            continue
+        first = pc.list_slice(chunk, 0, 1)
+        items = pc.list_flatten(first)
+        if not pa.types.is_dictionary(items.type):
+            items = pc.dictionary_encode(items)
+        recode = []
+        for w in items.dictionary.to_pylist():
+            w = "" if w is None else w
+            if w not in index:
+                index[w] = len(words)
+                words.append(w)
+            recode.append(index[w])
+        recode = np.array(recode + [0], dtype=np.int64)  # the last entry: a null item
+        code[pc.list_parent_indices(first).to_numpy()] = recode[items.indices.fill_null(len(recode) - 1).to_numpy()]
+    return (np.concatenate(codes) if codes else np.zeros(0, dtype=np.int64)), words
 
 
 def flat(column, kind=pa.int64()):

@@ -4,6 +4,8 @@ Every figure here is a per-step figure from reports.steps.per_step, so a trace o
 identical steps says exactly what a trace of one says (but for the step count).
 """
 
+import numpy as np
+
 from reports._util import pct
 from reports.accounting import analyse
 from reports.recompute import attention_recompute, checkpoint_recompute
@@ -206,10 +208,10 @@ class _Run:
         """A language model's output head: the last weight matmul of the forward, in a model
         with an embedding (without one, the last layer is just a layer)."""
         roles, acc = self.roles, self.acc
-        fwd_w = self.rows[self.is_fwd & (roles.param >= 0)]
-        if len(set(roles.param[fwd_w.index])) <= 1 or not any(roles.embedding.values()):
+        fwd_w = self.rows.index[np.asarray(self.is_fwd & (roles.param >= 0), dtype=bool)]  # labels only: no row copied
+        if len(set(roles.param[fwd_w])) <= 1 or not any(roles.embedding.values()):
             return
-        head = int(roles.param[fwd_w.index[-1]])
+        head = int(roles.param[fwd_w[-1]])
         head_f = self.ps(self.is_fwd & (roles.param == head))
         tied = roles.embedding.get(head, False)
         line = (

@@ -93,11 +93,10 @@ def damage(path, parts, meta):
         marker = {}
     present, seqs = 0, []
     for part, _ in parts:
-        info = pq.ParquetFile(part).metadata
+        info = pq.read_metadata(part)
         present += info.num_rows
         if info.num_rows:
-            seq = pq.read_table(part, columns=["seq"]).column("seq").to_numpy()
-            seqs.append((int(seq.min()), int(seq.max()), len(seq)))
+            seqs.append(_seq_range(part, info))
     gaps, expected = 0, None
     for low, high, n in sorted(seqs):
         if expected is not None and low > expected:
@@ -116,6 +115,23 @@ def damage(path, parts, meta):
         "missing_parts": max(int(counted_parts) - len(parts), 0) if isinstance(counted_parts, int) else 0,
         "seq_gaps": gaps,
     }
+
+
+def _seq_range(part, info):
+    """(first seq, last seq, rows) of a part: from the row groups' statistics, or read when a writer left none."""
+    column = info.schema.names.index("seq") if "seq" in info.schema.names else None
+    low = high = None
+    for i in range(info.num_row_groups if column is not None else 0):
+        stats = info.row_group(i).column(column).statistics
+        if stats is None or not stats.has_min_max:
+            low = None
+            break
+        low = stats.min if low is None else min(low, stats.min)
+        high = stats.max if high is None else max(high, stats.max)
+    if low is None:
+        seq = pq.read_table(part, columns=["seq"]).column("seq").to_numpy()
+        low, high = seq.min(), seq.max()
+    return int(low), int(high), info.num_rows
 
 
 def describe_damage(facts):

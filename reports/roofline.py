@@ -39,7 +39,7 @@ from reports.errors import ReportError
 from reports.load import require, runs_of
 from reports.peaks import normalize_dtype, peak_bandwidth, peak_flops
 from reports.steps import row_divisor
-from reports.tables import combine, row_dtypes, several_runs, split_runs
+from reports.tables import combine, row_dtype_codes, several_runs, split_runs
 
 __all__ = ["BOUNDS", "roofline", "roofline_split", "roofline_with_split"]
 
@@ -66,7 +66,7 @@ def _rows(rows, shapes=False):
         "op": rows["op"].astype("category"),  # categorical keys: group-bys on codes, not strings
         "module": rows["module"].astype("category"),
         "input_shapes": [_shapes(s) for s in cell_objects(rows, "input_shapes")] if shapes else "",
-        "dtype": pd.Categorical(row_dtypes(rows)),
+        "dtype": pd.Categorical.from_codes(*row_dtype_codes(rows)),
         "flops": rows["flops"].to_numpy(np.int64),
         "bytes": (rows["bytes_read"] + rows["bytes_written"]).where(~rows["is_view"].astype(bool), 0).to_numpy(np.int64),
         "time_s": time_ns.to_numpy() / 1e9,
@@ -91,6 +91,11 @@ def _roofs(meta, dtypes, peak_override, bandwidth_override):
 
 def _bound(flops, nbytes, peak, bandwidth):
     """BOUNDS per element: arrays of FLOPs, bytes, peak FLOP/s, bandwidth."""
+    return np.asarray(BOUNDS, dtype=object)[_bound_codes(flops, nbytes, peak, bandwidth)]
+
+
+def _bound_codes(flops, nbytes, peak, bandwidth):
+    """The index in BOUNDS of each element's bound."""
     with np.errstate(divide="ignore", invalid="ignore"):
         intensity = flops / nbytes
         ridge = peak / bandwidth
@@ -98,7 +103,7 @@ def _bound(flops, nbytes, peak, bandwidth):
     memory = ~nothing & np.isfinite(bandwidth) & ((flops == 0) | (intensity < ridge))
     compute = ~nothing & ~memory & np.isfinite(bandwidth) & np.isfinite(peak) & (nbytes > 0)
     compute |= ~nothing & (nbytes == 0) & np.isfinite(peak)  # FLOPs on no bytes (0-d scalars): compute
-    return np.where(compute, "compute", np.where(memory, "memory", "other"))
+    return np.where(compute, 0, np.where(memory, 1, 2))
 
 
 def _check(value, what):
@@ -116,7 +121,7 @@ def _prepared(df, peak_flops, bandwidth, shapes):
             out.append((run, None, None, None))
             continue
         r = _rows(rows, shapes=shapes)
-        peaks, bw = _roofs(runs[run], set(r["dtype"]), peak_flops, bandwidth)
+        peaks, bw = _roofs(runs[run], r["dtype"].cat.categories, peak_flops, bandwidth)
         out.append((run, r, peaks, bw))
     return out
 
@@ -204,16 +209,17 @@ def _split_table(df, prepared):
         if r is None:
             frames.append((run, pd.DataFrame({"bound": list(BOUNDS)})))
             continue
-        peak = r["dtype"].astype(object).map(peaks).to_numpy(float)
+        dtype = r["dtype"].array  # categorical: one lookup per dtype, then by code
+        peak = np.append(np.array([peaks.get(d, np.nan) for d in dtype.categories], dtype=float), np.nan)[dtype.codes]
         flops, nbytes = r["flops"].to_numpy(float), r["bytes"].to_numpy(float)
-        bound = _bound(flops, nbytes, peak, bw)
+        bound = _bound_codes(flops, nbytes, peak, bw)
         with np.errstate(divide="ignore", invalid="ignore"):
             roof = np.fmax(np.where(flops > 0, flops / peak, 0.0), nbytes / bw)
         w = r["per_step"].to_numpy()
         total = float((r["time_s"] * w).sum())
         out = []
-        for name in BOUNDS:
-            pick = bound == name
+        for code, name in enumerate(BOUNDS):
+            pick = bound == code
             seconds = float((r["time_s"].to_numpy()[pick] * w[pick]).sum())
             out.append({
                 "bound": name, "ops": float(w[pick].sum()), "time_s": seconds,

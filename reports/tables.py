@@ -24,7 +24,7 @@ import pandas as pd
 import pyarrow as pa
 
 from reports._util import empty_frame, pct
-from reports.columns import cell_lists, first_items
+from reports.columns import cell_lists, first_codes
 from reports.errors import ReportError
 from reports.load import require
 from tracer.schema import EXTERNAL_MARK, PHASES
@@ -130,11 +130,17 @@ def by_phase(df):
 def row_dtypes(rows):
     """Per row, the dtype of its first tensor input, else of its first output ('' with neither),
     computed in Arrow: no Python object per list cell, so a million rows take well under a second."""
-    dtypes = first_items(cell_lists(rows, "input_dtypes", kind=pa.string()))
-    bare = np.flatnonzero(dtypes == "")  # no tensor input (factories): read the outputs of these rows only
+    codes, words = row_dtype_codes(rows)
+    return np.array(words, dtype=object)[codes]
+
+
+def row_dtype_codes(rows):
+    """row_dtypes as (codes, words): row i's dtype is words[codes[i]]."""
+    codes, words = first_codes(cell_lists(rows, "input_dtypes", kind=None))
+    bare = np.flatnonzero(codes == 0)  # no tensor input (factories): read the outputs of these rows only
     if len(bare):
-        dtypes[bare] = first_items(cell_lists(rows, "output_dtypes", bare, kind=pa.string()))
-    return dtypes
+        codes[bare] = first_codes(cell_lists(rows, "output_dtypes", bare, kind=None), words)[0]
+    return codes, words
 
 
 def by_dtype(df):

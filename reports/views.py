@@ -49,8 +49,8 @@ def _kinds(rows):
 
 def _casts(rows):
     """For each row: does its first output have another dtype than its first input (a dtype conversion)?"""
-    ins = first_items(cell_lists(rows, "input_dtypes", kind=pa.string()))
-    outs = first_items(cell_lists(rows, "output_dtypes", kind=pa.string()))
+    ins = first_items(cell_lists(rows, "input_dtypes", kind=None))
+    outs = first_items(cell_lists(rows, "output_dtypes", kind=None))
     return (ins != "") & (outs != "") & (ins != outs)
 
 
