@@ -274,25 +274,39 @@ def first_codes(lists, words=None):
     return (np.concatenate(codes) if codes else np.zeros(0, dtype=np.int64)), words
 
 
+_FLAT_CACHE = []  # [(Arrow data, kind, (offsets, values))]: the last few `flat` results of Arrow-backed columns
+
+
 def flat(column, kind=pa.int64()):
     """(offsets, values) of a list column: row i's items are values[offsets[i]:offsets[i + 1]]; null rows are empty.
 
-    Integer values come as int64 with -1 for a null item; other values as objects."""
-    offsets, values, base = [np.zeros(1, dtype=np.int64)], [], 0
-    for chunk in _chunks(column, kind):  # chunk by chunk: one copy of the values, into numpy
-        bounds = chunk.offsets.to_numpy().astype(np.int64)
-        if not len(chunk):
-            continue
-        items = chunk.values.slice(bounds[0], bounds[-1] - bounds[0])
-        if pa.types.is_integer(kind):
-            items = items.fill_null(-1) if items.null_count else items
-        values.append(items.to_numpy(zero_copy_only=False))
-        offsets.append(bounds[1:] - bounds[0] + base)
-        base += int(bounds[-1] - bounds[0])
-    if not values:
-        values = [np.zeros(0, dtype=np.int64 if pa.types.is_integer(kind) else object)]
-    values = np.concatenate(values)
-    return np.concatenate(offsets), values.astype(np.int64, copy=False) if pa.types.is_integer(kind) else values
+    Integer values come as int64 with -1 for a null item; other values as objects. The arrays are
+    read-only: the last few results for Arrow-backed columns are kept, and several reports of one
+    frame (roles, storage lifetimes) share them."""
+    data = column.array.__arrow_array__() if isinstance(getattr(column, "dtype", None), pd.ArrowDtype) else None
+    for cached, cached_kind, result in _FLAT_CACHE:
+        if data is not None and cached is data and cached_kind == kind:
+            return result
+    chunks = [c for c in _chunks(column, kind) if len(c)]
+    bounds = [c.offsets.to_numpy().astype(np.int64) for c in chunks]
+    total = sum(int(b[-1] - b[0]) for b in bounds)
+    integer = pa.types.is_integer(kind)
+    offsets = np.zeros(sum(len(c) for c in chunks) + 1, dtype=np.int64)
+    values = np.empty(total, dtype=np.int64 if integer else object)
+    row = base = 0
+    for chunk, b in zip(chunks, bounds):  # chunk by chunk, straight into the preallocated arrays
+        items = chunk.values.slice(b[0], b[-1] - b[0])
+        if integer and items.null_count:
+            items = items.fill_null(-1)
+        n = int(b[-1] - b[0])
+        values[base : base + n] = items.to_numpy(zero_copy_only=False)
+        offsets[row + 1 : row + 1 + len(chunk)] = b[1:] - b[0] + base
+        row, base = row + len(chunk), base + n
+    offsets.flags.writeable = values.flags.writeable = False
+    if data is not None:
+        _FLAT_CACHE.insert(0, (data, kind, (offsets, values)))
+        del _FLAT_CACHE[4:]
+    return offsets, values
 
 
 def packets(column):

@@ -31,7 +31,7 @@ def one_line(exc):
 
 
 def check_parts(path):
-    """[(part file, metadata dict)] of every part, or ReportError naming the first bad file."""
+    """[(part file, metadata dict, Parquet footer)] of every part, or ReportError naming the first bad file."""
     path = os.fspath(path)
     known = set(part_paths(path))
     for name in sorted(os.listdir(path)):
@@ -48,7 +48,8 @@ def check_parts(path):
     for part in part_paths(path):
         name = os.path.basename(part)
         try:
-            raw = (pq.read_schema(part).metadata or {}).get(METADATA_KEY)
+            footer = pq.read_metadata(part)  # one open per part: its key-value metadata, row count and statistics
+            raw = (footer.schema.to_arrow_schema().metadata or {}).get(METADATA_KEY)  # kept in the Arrow schema
         except Exception as exc:
             raise ReportError(f"{path}: not a readable Parquet trace ({name}: {one_line(exc)})") from None
         if raw is None:
@@ -67,7 +68,7 @@ def check_parts(path):
                 f"{os.path.basename(parts[0][0])} (copied from another trace?); move it out"
             )
         first_id = trace_id if not parts else first_id
-        parts.append((part, meta))
+        parts.append((part, meta, footer))
     if foreign and parts:
         raise ReportError(f"{path}: {foreign} is not an optrace part (no optrace metadata); move it out of the trace")
     return parts
@@ -92,8 +93,7 @@ def damage(path, parts, meta):
     if marker.get("trace_id") != meta.get("trace_id"):
         marker = {}
     present, seqs = 0, []
-    for part, _ in parts:
-        info = pq.read_metadata(part)
+    for part, _, info in parts:
         present += info.num_rows
         if info.num_rows:
             seqs.append(_seq_range(part, info))

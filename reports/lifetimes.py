@@ -116,9 +116,10 @@ class Storages:
         # First appearance of each id: the least (row, inputs before outputs, place in the flat list).
         width = max(len(in_ids), len(out_ids)) + 1
         first = np.full(top + 1, np.iinfo(np.int64).max, dtype=np.int64)
-        for ids, key in ((in_ids, in_rows.astype(np.int64) * 2), (out_ids, out_rows.astype(np.int64) * 2 + 1)):
-            key *= width
-            key += np.arange(len(ids))
+        for ids, rows_of, side in ((in_ids, in_rows, 0), (out_ids, out_rows, 1)):
+            key = np.arange(len(ids), dtype=np.int64)  # (row * 2 + side) * width + place, a slice at a time: small temporaries
+            for lo in range(0, len(ids), 1 << 18):
+                key[lo : lo + (1 << 18)] += (rows_of[lo : lo + (1 << 18)].astype(np.int64) * 2 + side) * width
             np.minimum.at(first, ids, key)
             del key
         seen = np.flatnonzero(first != np.iinfo(np.int64).max)

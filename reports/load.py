@@ -24,7 +24,7 @@ def read_run(path):
         raise ReportError(f"{path}: not an optrace trace (no part-*.parquet files in it)")
     parts = check_parts(path)  # every part read and its metadata parsed (unreadable parts and bad JSON refused)
     try:
-        meta = merge_metadata(part_meta for _, part_meta in parts)
+        meta = merge_metadata(part_meta for _, part_meta, _ in parts)
     except AttributeError:  # storage_roles that is not an object
         raise ReportError(f"{path}: optrace metadata is not a JSON object") from None
     if not meta:

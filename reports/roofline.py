@@ -60,18 +60,25 @@ _SPLIT = {"bound": object, "ops": "float64", "time_s": "float64", "time_pct": "f
 def _rows(rows, shapes=False):
     """The columns the roofline needs, one row per op: dtype, bytes, time in seconds (and the
     input shapes as text when grouping by them)."""
-    busy = rows["busy_ns"].astype("float64")
-    time_ns = busy.where(busy.notna(), rows["duration_ns"].astype("float64"))
-    return pd.DataFrame({
+    time_s = rows["busy_ns"].to_numpy(dtype="float64", na_value=np.nan, copy=True)  # numpy throughout: few temporaries
+    unbusy = np.isnan(time_s)
+    time_s[unbusy] = rows["duration_ns"].to_numpy()[unbusy]
+    time_s /= 1e9
+    nbytes = rows["bytes_read"].to_numpy(np.int64) + rows["bytes_written"].to_numpy(np.int64)
+    nbytes[rows["is_view"].to_numpy(dtype=bool)] = 0
+    per_step = 1.0 / row_divisor(rows).to_numpy()
+    table = pd.DataFrame({
         "op": rows["op"].astype("category"),  # categorical keys: group-bys on codes, not strings
         "module": rows["module"].astype("category"),
-        "input_shapes": [_shapes(s) for s in cell_objects(rows, "input_shapes")] if shapes else "",
         "dtype": pd.Categorical.from_codes(*row_dtype_codes(rows)),
         "flops": rows["flops"].to_numpy(np.int64),
-        "bytes": (rows["bytes_read"] + rows["bytes_written"]).where(~rows["is_view"].astype(bool), 0).to_numpy(np.int64),
-        "time_s": time_ns.to_numpy() / 1e9,
-        "per_step": (1.0 / row_divisor(rows)).to_numpy(),
-    })
+        "bytes": nbytes,
+        "time_s": time_s,
+        "per_step": per_step,
+    }, index=rows.index, copy=False)
+    if shapes:
+        table.insert(2, "input_shapes", [_shapes(s) for s in cell_objects(rows, "input_shapes")])
+    return table
 
 
 def _shapes(shapes):

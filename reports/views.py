@@ -73,21 +73,22 @@ def views(df):
         keep = code > 0
         if not keep.any():
             continue
-        picked = rows[["op", "bytes_allocated", "bytes_written"]][keep]  # only the columns the table shows
         total = int(rows["bytes_allocated"].sum())
+        op = rows["op"].astype("category").array[keep]  # group on codes: no string per row
         table = (
             pd.DataFrame(
                 {
-                    "kind": _KIND_NAMES[code[keep]],
-                    "op": picked["op"].astype(object).to_numpy(),
-                    "bytes_allocated": picked["bytes_allocated"].to_numpy(),
-                    "bytes_written": picked["bytes_written"].to_numpy(),
+                    "kind": pd.Categorical.from_codes(code[keep], categories=_KIND_NAMES),
+                    "op": op,
+                    "bytes_allocated": rows["bytes_allocated"].to_numpy()[keep],
+                    "bytes_written": rows["bytes_written"].to_numpy()[keep],
                 }
             )
-            .groupby(["kind", "op"], sort=False)
+            .groupby(["kind", "op"], sort=False, observed=True)
             .agg(ops=("op", "size"), bytes_allocated=("bytes_allocated", "sum"), bytes_written=("bytes_written", "sum"))
             .reset_index()
         )
+        table["kind"], table["op"] = table["kind"].astype(object), table["op"].astype(object)
         table["allocated_pct"] = pct(table["bytes_allocated"], total)
         table["order"] = (table["kind"] == "copy").astype(int)
         table = table.sort_values(["order", "bytes_allocated", "bytes_written", "ops"], ascending=[True, False, False, False], kind="stable")
