@@ -156,14 +156,19 @@ class Storages:
         known = np.full(top + 1, -1, dtype=np.int64)
         if "output_storage_bytes" not in rows.columns or not len(out_ids):
             return known
-        lists = _lists(rows["output_storage_bytes"])
-        lengths, counts = np.diff(lists.offsets.to_numpy()), np.diff(self.out_offsets)
-        ok = (lengths == counts) & lists.is_valid().to_numpy(zero_copy_only=False)
-        values = lists.flatten().fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
-        sids, values = out_ids[np.repeat(ok, counts)], values[np.repeat(ok, lengths)]
-        sids, values = sids[values >= 0], values[values >= 0]
-        first_ids, first = np.unique(sids, return_index=True)  # outputs are in row order: the first appearance
-        known[first_ids] = values[first]
+        offsets, values = flat(rows["output_storage_bytes"])  # a null list: no items, so its row is skipped below
+        lengths, counts = np.diff(offsets), np.diff(self.out_offsets)
+        ok = lengths == counts
+        if not ok.all():  # rows whose sizes do not pair with their outputs one to one are left out
+            keep = np.repeat(ok, counts)
+            sids, values = out_ids[keep], values[np.repeat(ok, lengths)]
+        else:
+            sids = out_ids
+        with_bytes = np.flatnonzero(values >= 0)
+        first = np.full(top + 1, len(values), dtype=np.int64)  # outputs are in row order: the first appearance
+        np.minimum.at(first, sids[with_bytes], with_bytes)
+        hit = np.flatnonzero(first < len(values))
+        known[hit] = values[first[hit]]
         return known
 
     def freed_at(self, row):

@@ -73,6 +73,16 @@ def _live_columns(run):
     return [lambda c=c: live(c) for c in range(len(CATEGORIES))]
 
 
+def _live_at(run, row):
+    """Bytes live per category after one row of a run: what _live_columns gives at that row, without a column per category."""
+    sids, nbytes, alloc, free, made = run.arrays()
+    cat = run.categories(sids, alloc, free, made)
+    alive = (alloc <= row) & ((free < 0) | (free > row))  # counted from alloc + 1, gone from free + 1 (see _live_columns)
+    values = np.zeros(len(CATEGORIES), dtype=np.int64)
+    np.add.at(values, cat[alive], nbytes[alive].astype(np.int64))
+    return values
+
+
 def _live_by_category(run):
     """[rows, categories] int64: bytes live per category after each row of a run."""
     return np.stack([column() for column in _live_columns(run)], axis=1)
@@ -153,10 +163,10 @@ def by_category(df, at="peak"):
         n, rows, name = run.n, run.rows, run.name
         if not n:
             continue
-        columns = _live_columns(run)
         seq = rows["seq"].to_numpy(dtype=np.int64)
         total = rows["live_bytes"].to_numpy(dtype=np.int64)
         if at == "max":
+            columns = _live_columns(run)
             where, values = np.zeros(len(CATEGORIES), dtype=np.int64), np.zeros(len(CATEGORIES), dtype=np.int64)
             for c, column in enumerate(columns):
                 live = column()
@@ -173,7 +183,7 @@ def by_category(df, at="peak"):
                     raise ReportError(f"by_category: run {name!r} has no op with seq {at} (its seq runs {seq[0]}..{seq[-1]})")
                 row = int(hits[0])
             where = np.full(len(CATEGORIES), row)
-            values = np.array([column()[row] for column in columns], dtype=np.int64)
+            values = _live_at(run, row)
         frames.append(
             pd.DataFrame(
                 {
