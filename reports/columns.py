@@ -123,6 +123,9 @@ def cell_lists(rows, name, positions=None, kind=pa.int64()):
     items (kind=None: items as stored, possibly a ChunkedArray)."""
     deferred = _deferred(rows, name)
     if deferred is None:
+        if positions is not None and isinstance(rows[name].dtype, pd.ArrowDtype):
+            arr = _take(rows[name], positions)
+            return arr if kind is None or arr.type == pa.list_(kind) else arr.cast(pa.list_(kind))
         return list_array(rows[name] if positions is None else rows[name].iloc[positions], kind)
     arr = deferred.read(rows, name, np.arange(len(rows)) if positions is None else positions)
     return arr if kind is None or arr.type == pa.list_(kind) else arr.cast(pa.list_(kind))
@@ -132,8 +135,35 @@ def cell_objects(rows, name, positions=None):
     """The cells of column `name` at row positions `positions` (None: every row), one Python object (list or array) per row."""
     deferred = _deferred(rows, name)
     if deferred is None:
+        if positions is not None and isinstance(rows[name].dtype, pd.ArrowDtype):
+            return _take(rows[name], positions).to_pylist()
         return (rows[name] if positions is None else rows[name].iloc[positions]).to_numpy(dtype=object)
     return deferred.read(rows, name, np.arange(len(rows)) if positions is None else positions).to_pylist()
+
+
+def _take(column, positions):
+    """The cells at row positions `positions` of an Arrow-backed list column, as one Array, taken chunk by
+    chunk (dictionary items decoded per chunk: no dictionary unification over the whole column)."""
+    data = column.array.__arrow_array__()
+    chunks = data.chunks if isinstance(data, pa.ChunkedArray) else [data]
+    positions = np.asarray(positions, dtype=np.int64)
+    bounds = np.cumsum([0] + [len(c) for c in chunks])
+    chunk_of = np.searchsorted(bounds, positions, side="right") - 1
+    pieces, order = [], []
+    for i in np.unique(chunk_of).tolist():
+        mine = np.flatnonzero(chunk_of == i)
+        piece = chunks[i].take(pa.array(positions[mine] - bounds[i]))
+        if pa.types.is_dictionary(piece.type.value_type):
+            piece = piece.cast(pa.list_(piece.type.value_type.value_type))
+        pieces.append(piece)
+        order.append(mine)
+    if not pieces:
+        typ = data.type
+        if pa.types.is_dictionary(typ.value_type):
+            typ = pa.list_(typ.value_type.value_type)
+        return pa.array([], type=typ)
+    joined = pa.concat_arrays(pieces)
+    return joined.take(pa.array(np.argsort(np.concatenate(order), kind="stable")))
 
 
 def lean_memory():
@@ -194,6 +224,8 @@ def to_pandas(table, lists="objects"):
     for name in table.column_names:
         column = table.column(name)
         table = table.drop_columns([name])
+        if column.num_chunks > 1 and column.type == pa.list_(pa.int64()):
+            column = pa.chunked_array([column.combine_chunks()])  # one buffer: `flat` reads its values without a copy
         data[name] = column.to_pandas(types_mapper=_arrow_list_dtype)
         del column
     return pd.DataFrame(data, copy=False)
@@ -289,8 +321,17 @@ def flat(column, kind=pa.int64()):
             return result
     chunks = [c for c in _chunks(column, kind) if len(c)]
     bounds = [c.offsets.to_numpy().astype(np.int64) for c in chunks]
-    total = sum(int(b[-1] - b[0]) for b in bounds)
     integer = pa.types.is_integer(kind)
+    if len(chunks) == 1 and integer and chunks[0].values.type == pa.int64():
+        items = chunks[0].values.slice(bounds[0][0], bounds[0][-1] - bounds[0][0])
+        if not items.null_count:  # the Arrow buffer itself, read-only: no copy of the values
+            result = bounds[0] - bounds[0][0], items.to_numpy()
+            result[0].flags.writeable = False
+            if data is not None:
+                _FLAT_CACHE.insert(0, (data, kind, result))
+                del _FLAT_CACHE[4:]
+            return result
+    total = sum(int(b[-1] - b[0]) for b in bounds)
     offsets = np.zeros(sum(len(c) for c in chunks) + 1, dtype=np.int64)
     values = np.empty(total, dtype=np.int64 if integer else object)
     row = base = 0
