@@ -25,6 +25,7 @@ import pyarrow.compute as pc
 
 from reports._util import packet
 from reports.errors import ReportError
+from reports.integrity import footer
 
 __all__ = [
     "DEFERRED", "LIST_MODES", "Deferred", "SharedRuns", "cell_lists", "cell_objects", "concat_frames", "first_codes", "first_items", "flat", "has_column",
@@ -67,7 +68,7 @@ class Deferred:
         if path not in self._bounds:
             parts = part_paths(path)
             flat_dir = parts and not any(entry.is_dir() for entry in os.scandir(path))
-            sizes = [pq.ParquetFile(p).metadata.num_rows for p in parts] if flat_dir else None
+            sizes = [footer(p).num_rows for p in parts] if flat_dir else None
             self._bounds[path] = (parts, np.cumsum([0, *sizes]) if flat_dir else None)
         parts, bounds = self._bounds[path]
         columns = [name, "seq"]
@@ -78,7 +79,7 @@ class Deferred:
         read = np.zeros(len(parts), dtype=np.int64)
         read[needed] = bounds[needed + 1] - bounds[needed]
         start = np.cumsum(read) - read  # where each read part begins in the concatenation
-        table = pa.concat_tables([pq.ParquetFile(parts[i]).read(columns=columns) for i in needed])
+        table = pa.concat_tables([pq.ParquetFile(parts[i], metadata=footer(parts[i])).read(columns=columns) for i in needed])
         return table.take(pa.array(wanted - bounds[part] + start[part]))
 
     def read(self, rows, name, positions):
@@ -206,7 +207,7 @@ def read_table(path, columns, lists="objects"):
     nested = any(entry.is_dir() for entry in os.scandir(path))
     if not parts or nested:  # hive rank=R directories and the like: let pyarrow's dataset reader find the files
         return _Parts(pq.read_table(path, columns=columns))
-    return _Parts(pa.concat_tables([pq.ParquetFile(part).read(columns=columns) for part in parts]))
+    return _Parts(pa.concat_tables([pq.ParquetFile(part, metadata=footer(part)).read(columns=columns) for part in parts]))
 
 
 def _arrow_list_dtype(typ):

@@ -30,6 +30,23 @@ def one_line(exc):
     return text[0] if text else type(exc).__name__
 
 
+_FOOTERS = {}  # part file -> ((size, mtime), its Parquet footer): a report opens each part's footer once
+
+
+def footer(part):
+    """The Parquet footer (FileMetaData) of a part file, read once while the file stays as it was."""
+    stat = os.stat(part)
+    key = (stat.st_size, stat.st_mtime_ns, stat.st_ino)
+    cached = _FOOTERS.get(part)
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    found = pq.read_metadata(part)
+    if len(_FOOTERS) >= 4096:  # a long session reading many traces: keep it bounded
+        _FOOTERS.clear()
+    _FOOTERS[part] = (key, found)
+    return found
+
+
 def check_parts(path):
     """[(part file, metadata dict, Parquet footer)] of every part, or ReportError naming the first bad file."""
     path = os.fspath(path)
@@ -48,8 +65,8 @@ def check_parts(path):
     for part in part_paths(path):
         name = os.path.basename(part)
         try:
-            footer = pq.read_metadata(part)  # one open per part: its key-value metadata, row count and statistics
-            raw = (footer.schema.to_arrow_schema().metadata or {}).get(METADATA_KEY)  # kept in the Arrow schema
+            found = footer(part)  # one open per part: its key-value metadata, row count and statistics
+            raw = (found.schema.to_arrow_schema().metadata or {}).get(METADATA_KEY)  # kept in the Arrow schema
         except Exception as exc:
             raise ReportError(f"{path}: not a readable Parquet trace ({name}: {one_line(exc)})") from None
         if raw is None:
@@ -68,7 +85,7 @@ def check_parts(path):
                 f"{os.path.basename(parts[0][0])} (copied from another trace?); move it out"
             )
         first_id = trace_id if not parts else first_id
-        parts.append((part, meta, footer))
+        parts.append((part, meta, found))
     if foreign and parts:
         raise ReportError(f"{path}: {foreign} is not an optrace part (no optrace metadata); move it out of the trace")
     return parts

@@ -113,7 +113,11 @@ def per_step(rows, values="flops", mask=None, by=None, phases=None):
         keep &= np.asarray(mask, dtype=bool)
     n = len(names)
     if by is None:
-        totals = _totals(codes[keep], n, v[keep])
+        if keep.all():  # every row counts: no copies of the columns
+            totals = _totals(codes, n, v)
+        else:
+            picked = np.flatnonzero(keep)
+            totals = _totals(codes[picked], n, v[picked])
         return sum((totals[c] / steps[c] for c in _phase_order(names)), 0.0)
     key_codes, keys = _codes(rows[by] if isinstance(by, str) else by)
     keep &= key_codes >= 0

@@ -64,6 +64,24 @@ def test_a_deleted_middle_part_is_reported(tmp_path, capsys):
     }
 
 
+@pytest.mark.parametrize("statistics", [True, False])
+def test_a_seq_gap_is_found_with_or_without_parquet_statistics(tmp_path, capsys, statistics):
+    """seq ranges come from the row groups' statistics; a part rewritten without them is read instead."""
+    import pyarrow.parquet as pq
+
+    path = nine_parts(tmp_path / "t")
+    (path / "part-000003.parquet").unlink()  # rows 15-19
+    for part in sorted(path.glob("part-*.parquet")):
+        table = pq.read_table(part)
+        part.unlink()  # a new file: the report's footer cache sees a new inode
+        pq.write_table(table, part, write_statistics=statistics)
+    rc, out, _ = run(capsys, "report", path, "--json")
+    assert rc == 0
+    assert json.loads(out)["damage"] == {
+        "record_errors": 0, "lost_rows": 0, "missing_rows": 5, "missing_parts": 1, "seq_gaps": 1,
+    }
+
+
 def test_load_warns_once_per_damaged_trace(tmp_path):
     path = nine_parts(tmp_path / "t")
     (path / "part-000009.parquet").unlink()  # the empty closing part: the newest metadata
