@@ -17,6 +17,7 @@ keep the index a deferred frame was loaded with.
 """
 
 import os
+import weakref
 
 import numpy as np
 import pandas as pd
@@ -307,7 +308,7 @@ def first_codes(lists, words=None):
     return (np.concatenate(codes) if codes else np.zeros(0, dtype=np.int64)), words
 
 
-_FLAT_CACHE = []  # [(Arrow data, kind, (offsets, values))]: the last few `flat` results of Arrow-backed columns
+_FLAT_CACHE = []  # [(weak ref to the Arrow data, kind, (offsets, values))]: the last few `flat` results
 
 
 def flat(column, kind=pa.int64()):
@@ -318,7 +319,7 @@ def flat(column, kind=pa.int64()):
     frame (roles, storage lifetimes) share them."""
     data = column.array.__arrow_array__() if isinstance(getattr(column, "dtype", None), pd.ArrowDtype) else None
     for cached, cached_kind, result in _FLAT_CACHE:
-        if data is not None and cached is data and cached_kind == kind:
+        if data is not None and cached() is data and cached_kind == kind:
             return result
     chunks = [c for c in _chunks(column, kind) if len(c)]
     bounds = [c.offsets.to_numpy().astype(np.int64) for c in chunks]
@@ -326,12 +327,9 @@ def flat(column, kind=pa.int64()):
     if len(chunks) == 1 and integer and chunks[0].values.type == pa.int64():
         items = chunks[0].values.slice(bounds[0][0], bounds[0][-1] - bounds[0][0])
         if not items.null_count:  # the Arrow buffer itself, read-only: no copy of the values
-            result = bounds[0] - bounds[0][0], items.to_numpy()
-            result[0].flags.writeable = False
-            if data is not None:
-                _FLAT_CACHE.insert(0, (data, kind, result))
-                del _FLAT_CACHE[4:]
-            return result
+            offsets = bounds[0] - bounds[0][0]
+            offsets.flags.writeable = False
+            return _remember(data, kind, (offsets, items.to_numpy()))
     total = sum(int(b[-1] - b[0]) for b in bounds)
     offsets = np.zeros(sum(len(c) for c in chunks) + 1, dtype=np.int64)
     values = np.empty(total, dtype=np.int64 if integer else object)
@@ -345,10 +343,20 @@ def flat(column, kind=pa.int64()):
         offsets[row + 1 : row + 1 + len(chunk)] = b[1:] - b[0] + base
         row, base = row + len(chunk), base + n
     offsets.flags.writeable = values.flags.writeable = False
+    return _remember(data, kind, (offsets, values))
+
+
+def _remember(data, kind, result):
+    """Keep `flat`'s result for the Arrow data it came from (the last four, each only while its frame lives), and return it."""
     if data is not None:
-        _FLAT_CACHE.insert(0, (data, kind, (offsets, values)))
+        _FLAT_CACHE.insert(0, (weakref.ref(data, _forget), kind, result))
         del _FLAT_CACHE[4:]
-    return offsets, values
+    return result
+
+
+def _forget(ref):
+    """The frame holding a cached column is gone: drop its `flat` result (its values may view that column's buffer)."""
+    _FLAT_CACHE[:] = [entry for entry in _FLAT_CACHE if entry[0] is not ref]
 
 
 def packets(column):

@@ -33,7 +33,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from reports.columns import cell_lists, cell_objects, flat, list_array
+from reports.columns import cell_lists, cell_objects, flat
 from reports.load import runs_of
 
 __all__ = ["CATEGORIES", "DTYPE_BYTES", "Storages", "runs_in_order", "take"]
@@ -49,11 +49,6 @@ DTYPE_BYTES = {
     "int64": 8, "int32": 4, "int16": 2, "int8": 1,
     "uint64": 8, "uint32": 4, "uint16": 2, "uint8": 1, "bool": 1,
 }  # fmt: skip
-
-def _lists(column, kind=pa.int64()):
-    """A column of lists as a pyarrow ListArray (fast to flatten)."""
-    return list_array(column, kind)
-
 
 def _explode(column):
     """A column of id lists as (row position of each value, values, offset of each row's first value)."""

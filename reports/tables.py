@@ -21,7 +21,6 @@ dtypes.
 
 import numpy as np
 import pandas as pd
-import pyarrow as pa
 
 from reports._util import empty_frame, pct
 from reports.columns import cell_lists, first_codes

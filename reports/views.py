@@ -20,7 +20,6 @@ tracer.
 
 import numpy as np
 import pandas as pd
-import pyarrow as pa
 
 from reports._util import COPY_OPS, empty_frame, is_copy, pct
 from reports.columns import cell_lists, first_items

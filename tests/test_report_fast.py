@@ -209,3 +209,30 @@ def test_a_deferred_frame_whose_index_was_reset_says_so(traces):
     with pytest.raises(ReportError, match=r"the frame's row labels no longer locate its rows in the trace \(was its "
                        r"index reset\?\), so column 'output_shapes' cannot be read; load it with lists='arrow'"):
         cell_lists(moved, "output_shapes", np.arange(3), pa.list_(pa.int64()))
+
+
+def test_flattened_id_lists_are_shared_while_their_frame_lives_and_dropped_with_it(tmp_path):
+    """reports.columns.flat keeps its last results for the frames' Arrow columns (roles and storage lifetimes
+    share them), read-only, and forgets them once the frame is gone."""
+    import gc
+
+
+    from reports import columns
+
+    path = tmp_path / "t"
+    with Tracer(path):
+        x = torch.randn(4, 4, requires_grad=True)
+        (x @ x).sum().backward()
+    df = reports.load(path, lists="arrow")
+    first = columns.flat(df["input_storage_ids"])
+    again = columns.flat(df["input_storage_ids"])
+    assert again[0] is first[0] and again[1] is first[1]
+    assert not first[1].flags.writeable and not first[0].flags.writeable
+    expected = [i for cell in df["input_storage_ids"].tolist() for i in cell]
+    assert first[1].tolist() == expected and int(first[0][-1]) == len(expected)
+    assert np.array_equal(np.diff(first[0]), [len(cell) for cell in df["input_storage_ids"].tolist()])
+    held = len(columns._FLAT_CACHE)
+    assert held >= 1
+    del df, first, again
+    gc.collect()
+    assert len(columns._FLAT_CACHE) == held - 1
