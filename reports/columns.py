@@ -279,6 +279,18 @@ def first_items(lists):
     return np.array(words, dtype=object)[codes]
 
 
+def _recode(dictionary, words, index):
+    """For each entry of an Arrow dictionary, its index in `words` (extended in place), and a last entry 0 for a null."""
+    recode = []
+    for w in dictionary.to_pylist():
+        w = "" if w is None else w
+        if w not in index:
+            index[w] = len(words)
+            words.append(w)
+        recode.append(index[w])
+    return np.array(recode + [0], dtype=np.int64)
+
+
 def first_codes(lists, words=None):
     """(codes, words): the first item of each list is words[code] ('' for an empty or null list).
 
@@ -292,18 +304,21 @@ def first_codes(lists, words=None):
         codes.append(code)
         if pa.types.is_null(chunk.type):  # no list at all (an empty column of objects)
             continue
+        if pa.types.is_dictionary(chunk.type.value_type):  # the stored form: first items read from the offsets
+            starts = chunk.offsets.to_numpy()
+            has = starts[1:] > starts[:-1]
+            if chunk.null_count:
+                has &= chunk.is_valid().to_numpy(zero_copy_only=False)
+            items = chunk.values
+            recode = _recode(items.dictionary, words, index)
+            indices = items.indices.fill_null(len(recode) - 1) if items.indices.null_count else items.indices
+            code[has] = recode[indices.to_numpy()[starts[:-1][has]]]
+            continue
         first = pc.list_slice(chunk, 0, 1)
         items = pc.list_flatten(first)
         if not pa.types.is_dictionary(items.type):
             items = pc.dictionary_encode(items)
-        recode = []
-        for w in items.dictionary.to_pylist():
-            w = "" if w is None else w
-            if w not in index:
-                index[w] = len(words)
-                words.append(w)
-            recode.append(index[w])
-        recode = np.array(recode + [0], dtype=np.int64)  # the last entry: a null item
+        recode = _recode(items.dictionary, words, index)
         code[pc.list_parent_indices(first).to_numpy()] = recode[items.indices.fill_null(len(recode) - 1).to_numpy()]
     return (np.concatenate(codes) if codes else np.zeros(0, dtype=np.int64)), words
 

@@ -236,3 +236,20 @@ def test_flattened_id_lists_are_shared_while_their_frame_lives_and_dropped_with_
     del df, first, again
     gc.collect()
     assert len(columns._FLAT_CACHE) == held - 1
+
+
+def test_first_items_of_stored_dictionary_lists_match_python():
+    """reports.columns.first_items reads the first item of list<dictionary> cells from the offsets: empty and
+    null lists, null items, a sliced chunk and chunks with different dictionaries give what Python gives."""
+    from reports.columns import first_codes, first_items
+
+    cells = [["float32", "int64"], [], None, ["bfloat16"], [None, "float32"], ["int64"], ["float32"]]
+    kind = pa.list_(pa.dictionary(pa.int32(), pa.string()))
+    one = pa.array(cells, type=pa.list_(pa.string())).cast(kind)
+    other = pa.array([["bool"], ["float32", "bool"]], type=pa.list_(pa.string())).cast(kind)
+    chunked = pa.chunked_array([one.slice(1), other])
+    expected = [(c[0] or "") if c else "" for c in cells[1:] + [["bool"], ["float32", "bool"]]]
+    assert first_items(chunked).tolist() == expected
+    assert first_items(pa.array(cells[1:] + [["bool"], ["float32", "bool"]])).tolist() == expected  # plain strings
+    codes, words = first_codes(chunked, ["", "bool"])
+    assert words[:2] == ["", "bool"] and [words[c] for c in codes] == expected
