@@ -76,12 +76,14 @@ class Deferred:
         if bounds is None or bounds[-1] <= (wanted.max(initial=-1)):  # not the layout load read: read it all
             return pq.read_table(path, columns=columns).take(pa.array(wanted))
         part = np.searchsorted(bounds, wanted, side="right") - 1
-        needed = np.unique(part)
-        read = np.zeros(len(parts), dtype=np.int64)
-        read[needed] = bounds[needed + 1] - bounds[needed]
-        start = np.cumsum(read) - read  # where each read part begins in the concatenation
-        table = pa.concat_tables([pq.ParquetFile(parts[i], metadata=footer(parts[i])).read(columns=columns) for i in needed])
-        return table.take(pa.array(wanted - bounds[part] + start[part]))
+        pieces, order = [], []
+        for i in np.unique(part).tolist():  # part by part: one part's column in memory at a time
+            mine = np.flatnonzero(part == i)
+            table = pq.ParquetFile(parts[i], metadata=footer(parts[i])).read(columns=columns)
+            pieces.append(table.take(pa.array(wanted[mine] - bounds[i])))
+            order.append(mine)
+        table = pa.concat_tables(pieces) if pieces else pq.read_table(parts[0], columns=columns).slice(0, 0)
+        return table.take(pa.array(np.argsort(np.concatenate(order), kind="stable") if order else np.zeros(0, np.int64)))
 
     def read(self, rows, name, positions):
         """Column `name` at row positions `positions` of `rows` (a frame derived from the loaded one), as Arrow.
