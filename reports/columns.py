@@ -52,8 +52,9 @@ class Deferred:
     """`df.attrs["deferred"]` of a frame loaded with lists="deferred": the columns left in the
     files, and for each run its trace path and the row label of its first row."""
 
-    def __init__(self, columns, runs):
+    def __init__(self, columns, runs, footers=None):
         self.columns, self.runs = tuple(columns), dict(runs)  # runs: {run name: (path, first label)}
+        self._footers = {} if footers is None else footers  # part file -> Parquet footer, from the load
         self._bounds = {}  # path: (part files, first row of each part and the total), learned on first use
 
     def __deepcopy__(self, memo):
@@ -69,7 +70,7 @@ class Deferred:
         if path not in self._bounds:
             parts = part_paths(path)
             flat_dir = parts and not any(entry.is_dir() for entry in os.scandir(path))
-            sizes = [footer(p).num_rows for p in parts] if flat_dir else None
+            sizes = [footer(p, self._footers).num_rows for p in parts] if flat_dir else None
             self._bounds[path] = (parts, np.cumsum([0, *sizes]) if flat_dir else None)
         parts, bounds = self._bounds[path]
         columns = [name, "seq"]
@@ -79,7 +80,7 @@ class Deferred:
         pieces, order = [], []
         for i in np.unique(part).tolist():  # part by part: one part's column in memory at a time
             mine = np.flatnonzero(part == i)
-            table = pq.ParquetFile(parts[i], metadata=footer(parts[i])).read(columns=columns)
+            table = pq.ParquetFile(parts[i], metadata=footer(parts[i], self._footers)).read(columns=columns)
             pieces.append(table.take(pa.array(wanted[mine] - bounds[i])))
             order.append(mine)
         table = pa.concat_tables(pieces) if pieces else pq.read_table(parts[0], columns=columns).slice(0, 0)
@@ -198,8 +199,9 @@ class _Parts:
         return table
 
 
-def read_table(path, columns, lists="objects"):
-    """The trace's `columns` as a pyarrow Table ("objects"), or as parts `to_pandas` frees as it goes."""
+def read_table(path, columns, lists="objects", footers=None):
+    """The trace's `columns` as a pyarrow Table ("objects"), or as parts `to_pandas` frees as it goes
+    (`footers`: the parts' footers already read, as `reports.integrity.footer` keeps them)."""
     import pyarrow.parquet as pq
 
     from tracer.schema import part_paths
@@ -210,7 +212,7 @@ def read_table(path, columns, lists="objects"):
     nested = any(entry.is_dir() for entry in os.scandir(path))
     if not parts or nested:  # hive rank=R directories and the like: let pyarrow's dataset reader find the files
         return _Parts(pq.read_table(path, columns=columns))
-    return _Parts(pa.concat_tables([pq.ParquetFile(part, metadata=footer(part)).read(columns=columns) for part in parts]))
+    return _Parts(pa.concat_tables([pq.ParquetFile(part, metadata=footer(part, footers)).read(columns=columns) for part in parts]))
 
 
 def _arrow_list_dtype(typ):

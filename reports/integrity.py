@@ -30,24 +30,19 @@ def one_line(exc):
     return text[0] if text else type(exc).__name__
 
 
-_FOOTERS = {}  # part file -> ((size, mtime), its Parquet footer): a report opens each part's footer once
-
-
-def footer(part):
-    """The Parquet footer (FileMetaData) of a part file, read once while the file stays as it was."""
-    stat = os.stat(part)
-    key = (stat.st_size, stat.st_mtime_ns, stat.st_ino)
-    cached = _FOOTERS.get(part)
-    if cached is not None and cached[0] == key:
-        return cached[1]
+def footer(part, footers=None):
+    """The Parquet footer (FileMetaData) of a part file; `footers` ({part: footer}, one per `reports.load` call)
+    keeps those read, so a report opens each part's footer once. Never kept across loads: a trace re-written
+    in place can have the same size, inode and (on coarse file systems) modification time."""
+    if footers is not None and part in footers:
+        return footers[part]
     found = pq.read_metadata(part)
-    if len(_FOOTERS) >= 4096:  # a long session reading many traces: keep it bounded
-        _FOOTERS.clear()
-    _FOOTERS[part] = (key, found)
+    if footers is not None:
+        footers[part] = found
     return found
 
 
-def check_parts(path):
+def check_parts(path, footers=None):
     """[(part file, metadata dict, Parquet footer)] of every part, or ReportError naming the first bad file."""
     path = os.fspath(path)
     known = set(part_paths(path))
@@ -65,7 +60,7 @@ def check_parts(path):
     for part in part_paths(path):
         name = os.path.basename(part)
         try:
-            found = footer(part)  # one open per part: its key-value metadata, row count and statistics
+            found = footer(part, footers)  # one open per part: its key-value metadata, row count and statistics
             raw = (found.schema.to_arrow_schema().metadata or {}).get(METADATA_KEY)  # kept in the Arrow schema
         except Exception as exc:
             raise ReportError(f"{path}: not a readable Parquet trace ({name}: {one_line(exc)})") from None

@@ -13,8 +13,10 @@ from reports.integrity import check_parts, damage, describe_damage, one_line, re
 from tracer.schema import COLUMN_NAMES, SCHEMA_VERSION, V2_DEFAULTS, merge_metadata, part_paths
 
 
-def read_run(path):
-    """Check that `path` is an optrace trace and return its metadata, or raise ReportError."""
+def read_run(path, footers=None):
+    """Check that `path` is an optrace trace and return its metadata, or raise ReportError.
+
+    `footers`: a dict that keeps the parts' Parquet footers read here, for the reads that follow."""
     path = os.fspath(path)
     if not os.path.exists(path):
         raise ReportError(f"{path}: no such file or directory")
@@ -22,7 +24,7 @@ def read_run(path):
         raise ReportError(f"{path}: not an optrace trace (a trace is a directory of part-*.parquet files)")
     if not part_paths(path):
         raise ReportError(f"{path}: not an optrace trace (no part-*.parquet files in it)")
-    parts = check_parts(path)  # every part read and its metadata parsed (unreadable parts and bad JSON refused)
+    parts = check_parts(path, footers)  # every part read and its metadata parsed (unreadable parts and bad JSON refused)
     try:
         meta = merge_metadata(part_meta for _, part_meta, _ in parts)
     except AttributeError:  # storage_roles that is not an object
@@ -67,8 +69,9 @@ def load(paths, columns=None, lists="objects"):
     if lists not in LIST_MODES:
         raise ReportError(f"load: lists must be one of {list(LIST_MODES)}, got {lists!r}")
     frames, runs, deferred, start, frame_ranks = [], SharedRuns(), {}, 0, []
+    footers = {}  # each part's footer, read once by this load and its deferred reads
     for path, rank in _with_ranks(paths):
-        meta = read_run(path)
+        meta = read_run(path, footers)
         name = meta.get("run_name") or os.path.basename(os.fspath(path))
         if rank is not None:
             name = f"{name}/rank={rank}"
@@ -84,7 +87,7 @@ def load(paths, columns=None, lists="objects"):
         if upgrade and "busy_ns" in wanted and "duration_ns" not in read:
             read.append("duration_ns")
         try:
-            table = read_table(path, read, lists)
+            table = read_table(path, read, lists, footers)
         except (pa.ArrowInvalid, OSError) as exc:
             raise ReportError(f"{path}: not a readable Parquet trace ({one_line(exc)})") from None
         missing = sorted(set(read) - set(table.column_names))
@@ -108,7 +111,7 @@ def load(paths, columns=None, lists="objects"):
         df.insert(1, "rank", np.repeat(np.array([int(r or 0) for r in frame_ranks], dtype=np.int64), lengths))
     df.attrs["runs"] = runs
     if lists == "deferred":
-        df.attrs["deferred"] = Deferred([c for c in DEFERRED if columns is None or c in columns], deferred)
+        df.attrs["deferred"] = Deferred([c for c in DEFERRED if columns is None or c in columns], deferred, footers)
     return df
 
 

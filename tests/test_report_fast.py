@@ -253,3 +253,24 @@ def test_first_items_of_stored_dictionary_lists_match_python():
     assert first_items(pa.array(cells[1:] + [["bool"], ["float32", "bool"]])).tolist() == expected  # plain strings
     codes, words = first_codes(chunked, ["", "bool"])
     assert words[:2] == ["", "bool"] and [words[c] for c in codes] == expected
+
+
+def test_each_load_reads_every_part_footer_once_and_keeps_none_for_the_next(tmp_path, monkeypatch):
+    """A report opens each part's footer once (check, read, deferred reads); a later load reads them again,
+    since a trace re-written in place can keep its size, inode and (on coarse file systems) mtime."""
+    import reports.integrity as integrity
+    from reports.columns import cell_objects
+
+    path = tmp_path / "t"
+    with Tracer(path, flush_rows=7):
+        x = torch.randn(4, 4, requires_grad=True)
+        (x @ x).relu().sum().backward()
+    parts = sorted(path.glob("part-*.parquet"))
+    assert len(parts) >= 3
+    opened = []
+    real = integrity.pq.read_metadata
+    monkeypatch.setattr(integrity.pq, "read_metadata", lambda part, *a, **k: opened.append(part) or real(part, *a, **k))
+    for loads in (1, 2):
+        df = reports.load(path, lists="deferred")
+        assert len(cell_objects(df, "input_shapes", [0, len(df) - 1])) == 2  # a deferred read, across parts
+        assert sorted(opened) == sorted([str(p) for p in parts] * loads)
