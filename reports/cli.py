@@ -135,6 +135,7 @@ def _print_report(df, args, out):
         print(f"N = {table['n_params'].iloc[0]:,} parameters ({table['n_kind'].iloc[0]}), T = {table['tokens'].iloc[0]:,} tokens per step", file=out)
         for line in explain(df, accounts=accounts):
             print(f"  - {line}", file=out)
+        del accounts  # its per-row arrays: freed before the memory section's own
 
     peak_flops = args.peak_tflops * 1e12 if args.peak_tflops is not None else None
     rate = mfu(df, step_time_s=args.step_time, peak_flops=peak_flops).iloc[0]

@@ -346,7 +346,7 @@ def flat(column, kind=pa.int64()):
     if len(chunks) == 1 and integer and chunks[0].values.type == pa.int64():
         items = chunks[0].values.slice(bounds[0][0], bounds[0][-1] - bounds[0][0])
         if not items.null_count:  # the Arrow buffer itself, read-only: no copy of the values
-            offsets = bounds[0] - bounds[0][0]
+            offsets = bounds[0] - bounds[0][0] if bounds[0][0] else bounds[0]  # a fresh int64 copy either way
             offsets.flags.writeable = False
             return _remember(data, kind, (offsets, items.to_numpy()))
     total = sum(int(b[-1] - b[0]) for b in bounds)
