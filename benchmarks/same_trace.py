@@ -106,10 +106,25 @@ def workloads():
 
         return model, run
 
+    def gradient_penalty():  # WGAN-GP: a second backward through a graph made in the first (create_graph)
+        critic = _mlp(torch, 2)
+        opt = torch.optim.SGD(critic.parameters(), lr=0.1)
+        real = torch.randn(4, 16)
+
+        def step():
+            x = real.clone().requires_grad_(True)
+            out = critic(x).sum()
+            (grad,) = torch.autograd.grad(out, x, create_graph=True)
+            (out + ((grad.norm(dim=1) - 1) ** 2).mean()).backward()
+            opt.step()
+            opt.zero_grad()
+
+        return critic, lambda: [step() for _ in range(2)]
+
     return {
         "example_gpt": example_gpt, "hf_gpt2": hf_gpt2, "checkpoint_reentrant": checkpointed(True),
         "checkpoint_nonreentrant": checkpointed(False), "retain_graph": retain_graph,
-        "accumulation": accumulation, "llama_meta": llama_meta,
+        "accumulation": accumulation, "llama_meta": llama_meta, "gradient_penalty": gradient_penalty,
     }  # fmt: skip
 
 

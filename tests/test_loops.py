@@ -672,7 +672,10 @@ def test_manual_step_marks_steps(traces):
     assert set(update["phase"]) == {"other"} and update.groupby("step").size().tolist() == [2] * 3
 
 
-def test_grad_hook_handles_stay_bounded(tmp_path):
+def test_forward_only_loops_hold_no_gradient_hooks_and_a_bounded_list_of_module_boundaries(tmp_path, monkeypatch):
+    from tracer import attribution
+
+    monkeypatch.setattr(attribution, "_EVENTS_KEPT", 64)
     torch.manual_seed(0)
     model = nn.Sequential(*[nn.Sequential(nn.Linear(16, 16), nn.ReLU()) for _ in range(4)])
     x = torch.randn(4, 16, requires_grad=True)
@@ -680,14 +683,53 @@ def test_grad_hook_handles_stay_bounded(tmp_path):
     with Tracer(tmp_path / "eval", model=model) as tr:
         for _ in range(60):  # forward only, grad mode on, no backward, no optimizer
             out = model(x)
-            counts.append(tr._attr.live_hooks())
+            counts.append((tr._attr.live_hooks(), len(tr._attr._event_seqs)))
     del out
-    # one forward hooks the inputs (exit) and the outputs (enter) of each of its 13 module calls
-    # (1 root + 4 blocks + 8 layers): 26 hooks, 3 of them on the leaf x (root, block 0, its Linear),
-    # which serve every later forward. The previous output is still alive when the next forward
-    # begins, so at most two forwards' other 23 hooks: 3 + 2 * 23 = 49 (it was 26 per iteration).
-    assert counts[0] == 26
-    assert max(counts) == 49
+    # a boundary is kept only where an autograd node was made since the last one: the first, then one
+    # after each of the 8 layers (the boundaries between them made no node); the next forward's first
+    # boundary is the previous forward's last: 9, then 8 more per forward
+    assert counts[0] == (0, 9) and counts[1] == (0, 17)
+    assert max(hooks for hooks, _ in counts) == 0 and max(kept for _, kept in counts) <= 64
+
+
+class _Attention(nn.Module):
+    """Attention-like: its own matmuls after a child's, and a second output nobody uses (as Hugging Face
+    attention modules return their weights)."""
+
+    def __init__(self):
+        super().__init__()
+        self.qkv = nn.Linear(8, 8, bias=False)
+
+    def forward(self, x):
+        q = self.qkv(x)
+        w = q @ q.transpose(-1, -2)
+        return w @ q, w
+
+
+class _Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.attn = _Attention()
+
+    def forward(self, x):
+        return self.attn(x)[0]
+
+
+def test_backward_ops_belong_to_the_module_whose_forward_made_their_autograd_node(tmp_path):
+    import reports
+
+    torch.manual_seed(0)
+    model = _Block()
+    x = torch.randn(4, 8)
+    with Tracer(tmp_path / "t", model=model):
+        model(x).sum().backward()
+    df = reports.load(tmp_path / "t")
+    mods = reports.by_module(df, phase="backward").set_index("module")
+    # w @ q backward: 2 * 4 * 8 * 4 + 2 * 4 * 4 * 8 = 512; q @ qT backward: 2 x 2 * 4 * 8 * 4 = 512; q is used
+    # three times, so the engine adds three 4 x 8 gradients: 2 x 32 = 64; 512 + 512 + 64 = 1088
+    assert mods.loc["attn", "flops"] == 1088
+    assert mods.loc["attn.qkv", "flops"] == 2 * 8 * 4 * 8  # dW only (x needs no gradient) = 512
+    assert mods.loc["_Block", "flops"] == 0  # the root made no matmul node itself
 
 
 def test_time_step_synchronises_every_cuda_device_without_device(monkeypatch):

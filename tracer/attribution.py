@@ -4,7 +4,17 @@ and whether it re-runs forward work for activation checkpointing.
 Forward: global module forward hooks keep a stack of the modules running; the
 post hook is registered with `always_call`, so a forward that raises (and is
 caught) or a checkpoint recompute that stops early still leaves the stack.
-Backward: gradient hooks on each module's inputs and outputs (`tracer/backward.py`).
+Backward: an op belongs to the module whose forward made the autograd node the
+engine is running. The forward hooks note the autograd sequence number at each
+module boundary (the number the next node will get); in backward the running
+node's sequence number finds its module by bisection. An AccumulateGrad node
+(no sequence number) and an engine callback belong to the node run before them.
+A module that activation checkpointing re-runs in the backward gets gradient
+hooks on its inputs and outputs instead (`tracer/backward.py`): a reentrant
+checkpoint backpropagates through the re-run graph in a nested engine run, whose
+nodes were made during the backward (on a CUDA device's engine thread, with that
+thread's sequence numbers); the rest of such a nested run belongs to the module
+of the node that started it.
 Optimizer: the global optimizer step hooks. Steps: `tracer/steps.py`; names:
 `tracer/modules.py`.
 
@@ -32,10 +42,12 @@ mode). The dispatch mode itself is thread-local, so ops of other threads are
 never recorded.
 
 Known limitations:
-  * A module whose inputs need no gradient (the root, an embedding) never sees
-    its input hook fire; it stays on the backward stack until the engine
-    finishes, so ops after its backward but outside any module are still
-    attributed to it.
+  * Module boundaries are remembered for the last 65,536 of them (a few
+    hundred steps of a large model): a graph kept longer (retain_graph) and
+    backpropagated later has its oldest nodes named by the oldest boundary kept.
+  * Under `backward(create_graph=True)` the nodes of the new graph are made in
+    the backward; a second backward through them outside any re-run module is
+    named by those nodes' sequence numbers, which mean nothing there.
   * Under `backward(create_graph=True)` only the recompute of modules is
     flagged (grad mode is on for every op of that engine run), and so is the
     recompute of an engine run whose very first op is a recompute.
@@ -45,6 +57,7 @@ Known limitations:
     graph (a zero_grad with set_to_none=False) have phase optimizer.
 """
 
+import bisect
 import threading
 
 import torch
@@ -61,6 +74,10 @@ from tracer.steps import Steps
 
 _graph_task_id = torch._C._current_graph_task_id
 _grad_enabled = torch.is_grad_enabled
+_next_sequence_nr = torch.autograd._get_sequence_nr  # the sequence number the next autograd node will get
+_current_node = torch._C._current_autograd_node  # the autograd node the engine is running, or None
+NO_SEQUENCE_NR = 2**64 - 1  # an AccumulateGrad node's: it belongs to no forward op
+_EVENTS_KEPT = 1 << 16  # module boundaries remembered for backward attribution (graphs kept longer are rare)
 _get_ident = threading.get_ident
 NO_GRAPH_TASK = -1  # _current_graph_task_id() outside the autograd engine
 _TASKS_KEPT = 64  # engine runs remembered (their grad mode); nested runs are few, finished ones irrelevant
@@ -131,6 +148,11 @@ class Attribution:
         self._on_optimizer_start = on_optimizer_start
         self._handles = []
         self._on_error = on_error or (lambda exc: None)
+        # module boundaries of the forward, by autograd sequence number: the autograd node with sequence
+        # number s was made inside module _event_names[i], i the last event with _event_seqs[i] <= s
+        self._event_seqs, self._event_names = [], []
+        self._node_module = ""  # the module of the last node attributed (an AccumulateGrad node runs right after it)
+        self._nested = {}  # graph task of a backward run inside another -> the module of the outer node
 
     # state the dispatch hook reads ---------------------------------------
     def where(self, ins, outs):
@@ -141,13 +163,22 @@ class Attribution:
             if self.recompute_stack:
                 return BACKWARD, self.recompute_stack[-1][1], RECOMPUTE
             if task != self._task:
+                if self.backward.running(self._task) and task not in self._task_grads:  # a backward inside a backward
+                    self._nested[task] = self._node_module
                 self._task = task  # the grad mode at an engine run's first op is its create_graph
+                self._node_module = ""
+                self.backward.engine_run(task)  # its end clears what a checkpoint's re-run left
                 if task not in self._task_grads and len(self._task_grads) >= _TASKS_KEPT:
                     self._task_grads.clear()  # ended engine runs (a loop with no step boundary): keep it bounded
+                    self._nested.clear()
                 self._task_grad = self._task_grads.setdefault(task, _grad_enabled())
             recompute = RECOMPUTE if _grad_enabled() and not self._task_grad else NOT_RECOMPUTE
-            stack = self.backward_stack
-            return BACKWARD, stack[-1][0] if stack else "", recompute
+            stack = self.backward_stack  # modules a checkpoint re-ran inside the engine (gradient hooks)
+            if stack:
+                return BACKWARD, stack[-1][0], recompute
+            if task in self._nested:  # its nodes were made during the backward (a reentrant checkpoint's re-run),
+                return BACKWARD, self._nested[task], recompute  # maybe on another thread: the outer node's module
+            return BACKWARD, self._backward_module(), recompute
         stack = self.forward_stack
         if stack:
             return FORWARD, stack[-1][1], NOT_RECOMPUTE
@@ -161,6 +192,30 @@ class Attribution:
             return FORWARD, "", NOT_RECOMPUTE
         return OTHER, "", NOT_RECOMPUTE
 
+    def _backward_module(self):
+        """The module whose forward made the autograd node the engine is running ('' outside every module)."""
+        node = _current_node()
+        if node is None:  # an engine callback: after the last node
+            return self._node_module
+        seq = node._sequence_nr()
+        if seq == NO_SEQUENCE_NR:  # AccumulateGrad: it runs as soon as the node before made its gradient
+            return self._node_module
+        at = bisect.bisect_right(self._event_seqs, seq) - 1
+        self._node_module = self._event_names[at] if at >= 0 else ""
+        return self._node_module
+
+    def _mark(self, name):
+        """From here on, autograd nodes are made inside module `name` ('' outside every module)."""
+        seqs, names = self._event_seqs, self._event_names
+        seq = _next_sequence_nr()
+        if seqs and seqs[-1] == seq:  # no node made since the last boundary
+            names[-1] = name
+            return
+        if len(seqs) >= _EVENTS_KEPT:  # bounded: the oldest graphs lose their module names first
+            del seqs[: _EVENTS_KEPT // 2], names[: _EVENTS_KEPT // 2]
+        seqs.append(seq)
+        names.append(name)
+
     @property
     def step(self):
         return self.steps.step
@@ -170,6 +225,7 @@ class Attribution:
         self.forward_stack.clear()  # nothing can still be running when a step begins
         self.backward.reset()
         self._task_grads.clear()
+        self._nested.clear()
         self._task = NO_GRAPH_TASK
 
     def traced(self):
@@ -208,16 +264,21 @@ class Attribution:
                 self.backward.prune()  # a new outermost forward: bound the handles of graphs never backpropagated
             self.forward_stack.append((id(module), name))
             self.trained = self.trained or _grad_enabled()
-        if _grad_enabled():
+            self._mark(name)
+            return
+        if _grad_enabled():  # a re-run module's backward runs in a nested engine run: gradient hooks say when
             self.backward.watch_inputs(args, name)
 
     def _forward_post(self, module, args, output):
         if not self.traced():
             return
-        if not _pop(self.recompute_stack, id(module)):
-            _pop(self.forward_stack, id(module))
-        if output is not None and _grad_enabled():
-            self.backward.watch_outputs(output, self.names.name_of(module))
+        if _pop(self.recompute_stack, id(module)):
+            if output is not None and _grad_enabled():
+                self.backward.watch_outputs(output, self.names.name_of(module))
+            return
+        stack = self.forward_stack
+        _pop(stack, id(module))
+        self._mark(stack[-1][1] if stack else "")
 
     def _optimizer_pre(self, optimizer, args, kwargs):
         if not self.traced():

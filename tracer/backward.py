@@ -1,4 +1,6 @@
-"""The module whose backward is running: gradient hooks on each module's inputs and outputs.
+"""The re-run module whose backward is running: gradient hooks on the inputs and outputs of each
+module that activation checkpointing re-runs inside the backward (every other module's backward is
+named from autograd sequence numbers: tracer/attribution.py).
 
 When a module's forward ends, a gradient hook on its outputs marks the start of
 its backward (all output gradients are ready) and a gradient hook on its inputs
@@ -141,6 +143,14 @@ class BackwardStack:
                     break
 
         return hook
+
+    def running(self, task):
+        """Whether engine run `task` has begun and not yet finished."""
+        return task in self._callbacks_queued
+
+    def engine_run(self, task):
+        """An engine run is going on (its first traced op): have its end run `on_engine_done`."""
+        self._queue_engine_callback(task)
 
     def _queue_engine_callback(self, task):
         if task in self._callbacks_queued:
