@@ -869,3 +869,53 @@ def test_a_base_exception_in_forward_leaves_no_module_on_the_optimizer(tmp_path)
     df = pd.read_parquet(tmp_path / "stop")
     assert set(df.loc[df["phase"] == "optimizer", "module"]) == {""}
     assert sorted(df["step"].unique()) == [0, 1]
+
+
+def test_ops_in_an_engine_callback_belong_to_no_module(tmp_path):
+    """DDP's and FSDP2's final copies and reductions run in engine callbacks: no autograd node made them."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 1))
+    made = []
+
+    def hook(grad):
+        torch.autograd.Variable._execution_engine.queue_callback(lambda: made.append(torch.full((3,), 2.0) * 3))
+
+    with Tracer(tmp_path / "t", model=model):
+        out = model(torch.randn(2, 4))
+        out.register_hook(hook)
+        out.sum().backward()
+    df = pd.read_parquet(tmp_path / "t")
+    late = df[(df["phase"] == "backward") & (df["op"] == "aten.mul.Tensor")]
+    assert len(made) == 1 and late["module"].tolist() == [""]
+    assert set(df.loc[(df["phase"] == "backward") & df["op"].isin(MATMULS[:1]), "module"]) == {"0", "1"}
+
+
+def test_a_backward_inside_a_hook_names_the_forward_modules_of_its_nodes(tmp_path):
+    """A gradient hook that backpropagates through a graph made in the forward (a DEQ's implicit gradient):
+    its nodes belong to the modules whose forward made them, not to the module running the hook."""
+    torch.manual_seed(0)
+
+    class Implicit(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.f = nn.Linear(8, 8)
+
+        def forward(self, x):
+            z0 = x.detach().requires_grad_()
+            fz = self.f(z0)
+            z = fz + x
+
+            def hook(g):
+                return torch.autograd.grad(fz, z0, g, retain_graph=True)[0] + g
+
+            z.register_hook(hook)
+            return z
+
+    model = nn.Sequential(nn.Linear(8, 8), Implicit())
+    with Tracer(tmp_path / "t", model=model):
+        model(torch.randn(2, 8)).sum().backward()
+    df = pd.read_parquet(tmp_path / "t")
+    backward_mm = df[(df["phase"] == "backward") & (df["op"] == "aten.mm.default")]
+    # the hook's grad: dx through 1.f (2 * 2 * 8 * 8 = 256); then the outer backward: 1.f's dW, layer 0's dW
+    assert backward_mm["module"].tolist()[0] == "1.f"
+    assert set(backward_mm["module"]) <= {"1.f", "0"}

@@ -9,12 +9,13 @@ engine is running. The forward hooks note the autograd sequence number at each
 module boundary (the number the next node will get); in backward the running
 node's sequence number finds its module by bisection. An AccumulateGrad node
 (no sequence number) and an engine callback belong to the node run before them.
-A module that activation checkpointing re-runs in the backward gets gradient
-hooks on its inputs and outputs instead (`tracer/backward.py`): a reentrant
-checkpoint backpropagates through the re-run graph in a nested engine run, whose
-nodes were made during the backward (on a CUDA device's engine thread, with that
-thread's sequence numbers); the rest of such a nested run belongs to the module
-of the node that started it.
+Modules that activation checkpointing re-runs in the backward note their
+boundaries too (a reentrant checkpoint backpropagates through the re-run graph
+in a nested engine run), and also get gradient hooks on their inputs and
+outputs (`tracer/backward.py`), which name their backward first: on a CUDA
+device the re-run happens on the device's engine thread, whose sequence numbers
+are its own, so there a nested engine run outside the re-run modules belongs to
+the module of the node that started it.
 Optimizer: the global optimizer step hooks. Steps: `tracer/steps.py`; names:
 `tracer/modules.py`.
 
@@ -42,9 +43,12 @@ mode). The dispatch mode itself is thread-local, so ops of other threads are
 never recorded.
 
 Known limitations:
-  * Module boundaries are remembered for the last 65,536 of them (a few
-    hundred steps of a large model): a graph kept longer (retain_graph) and
-    backpropagated later has its oldest nodes named by the oldest boundary kept.
+  * Module boundaries are remembered for the last 262,144 of them (hundreds of
+    steps of a large model): the nodes of a graph kept longer (retain_graph), or
+    of one forward with more module calls than that, that were made before the
+    oldest boundary kept are named '' (outside every module).
+  * Sequence numbers count per thread: the backward of a forward run on another
+    thread (whose module hooks are not traced) is named by unrelated boundaries.
   * Under `backward(create_graph=True)` the nodes of the new graph are made in
     the backward; a second backward through them outside any re-run module is
     named by those nodes' sequence numbers, which mean nothing there.
@@ -77,7 +81,7 @@ _grad_enabled = torch.is_grad_enabled
 _next_sequence_nr = torch.autograd._get_sequence_nr  # the sequence number the next autograd node will get
 _current_node = torch._C._current_autograd_node  # the autograd node the engine is running, or None
 NO_SEQUENCE_NR = 2**64 - 1  # an AccumulateGrad node's: it belongs to no forward op
-_EVENTS_KEPT = 1 << 16  # module boundaries remembered for backward attribution (graphs kept longer are rare)
+_EVENTS_KEPT = 1 << 18  # module boundaries remembered for backward attribution (about 11 MB at most)
 _get_ident = threading.get_ident
 NO_GRAPH_TASK = -1  # _current_graph_task_id() outside the autograd engine
 _TASKS_KEPT = 64  # engine runs remembered (their grad mode); nested runs are few, finished ones irrelevant
@@ -152,7 +156,8 @@ class Attribution:
         # number s was made inside module _event_names[i], i the last event with _event_seqs[i] <= s
         self._event_seqs, self._event_names = [], []
         self._node_module = ""  # the module of the last node attributed (an AccumulateGrad node runs right after it)
-        self._nested = {}  # graph task of a backward run inside another -> the module of the outer node
+        self._nested = {}  # graph task of a backward run inside another, on an engine thread -> the outer node's module
+        self._recompute_outer = ""  # the module of the node that began re-running modules (checkpointing)
 
     # state the dispatch hook reads ---------------------------------------
     def where(self, ins, outs):
@@ -163,8 +168,8 @@ class Attribution:
             if self.recompute_stack:
                 return BACKWARD, self.recompute_stack[-1][1], RECOMPUTE
             if task != self._task:
-                if self.backward.running(self._task) and task not in self._task_grads:  # a backward inside a backward
-                    self._nested[task] = self._node_module
+                if self.backward.running(self._task) and task not in self._task_grads and _get_ident() != self._thread:
+                    self._nested[task] = self._node_module  # a backward inside a backward on an engine thread
                 self._task = task  # the grad mode at an engine run's first op is its create_graph
                 self._node_module = ""
                 self.backward.engine_run(task)  # its end clears what a checkpoint's re-run left
@@ -176,8 +181,8 @@ class Attribution:
             stack = self.backward_stack  # modules a checkpoint re-ran inside the engine (gradient hooks)
             if stack:
                 return BACKWARD, stack[-1][0], recompute
-            if task in self._nested:  # its nodes were made during the backward (a reentrant checkpoint's re-run),
-                return BACKWARD, self._nested[task], recompute  # maybe on another thread: the outer node's module
+            if task in self._nested:  # its nodes may come from this engine thread's sequence numbers (a checkpoint
+                return BACKWARD, self._nested[task], recompute  # re-run on a CUDA device): the outer node's module
             return BACKWARD, self._backward_module(), recompute
         stack = self.forward_stack
         if stack:
@@ -195,8 +200,8 @@ class Attribution:
     def _backward_module(self):
         """The module whose forward made the autograd node the engine is running ('' outside every module)."""
         node = _current_node()
-        if node is None:  # an engine callback: after the last node
-            return self._node_module
+        if node is None:  # an engine callback (DDP's and FSDP2's final copies and reductions): no node made it
+            return ""
         seq = node._sequence_nr()
         if seq == NO_SEQUENCE_NR:  # AccumulateGrad: it runs as soon as the node before made its gradient
             return self._node_module
@@ -256,6 +261,10 @@ class Attribution:
             return
         name = self.names.name_of(module)
         if _graph_task_id() != NO_GRAPH_TASK:  # activation checkpointing re-runs it in the backward
+            if _get_ident() == self._thread:  # the nodes the re-run makes are named like the forward's
+                if not self.recompute_stack:  # outside the re-run modules: the module of the node re-running them
+                    self._recompute_outer = self._backward_module()
+                self._mark(name)
             self.recompute_stack.append((id(module), name))
         else:
             if not self.in_optimizer and self.steps.forward_work():
@@ -275,6 +284,8 @@ class Attribution:
         if _pop(self.recompute_stack, id(module)):
             if output is not None and _grad_enabled():
                 self.backward.watch_outputs(output, self.names.name_of(module))
+            if _get_ident() == self._thread:
+                self._mark(self.recompute_stack[-1][1] if self.recompute_stack else self._recompute_outer)
             return
         stack = self.forward_stack
         _pop(stack, id(module))
