@@ -107,9 +107,10 @@ def _fsdp(root, rank, results):
     results["comm_debug"] = {str(op): n for op, n in comm.get_comm_counts().items()}
 
 
-def _worker(rank, root, port):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), LOCAL_RANK=str(rank))
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+def _worker(rank, root, store):
+    os.environ.update(LOCAL_RANK=str(rank))
+    # a file store, not a TCP port: no free port to pick and lose to another process before both ranks bind it
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=WORLD)
     results = {}
     try:
         _collectives(root, rank, results)
@@ -130,7 +131,7 @@ def _free_port():
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     root = str(tmp_path_factory.mktemp("dist"))
-    mp.spawn(_worker, args=(root, _free_port()), nprocs=WORLD)
+    mp.spawn(_worker, args=(root, os.path.join(root, "store")), nprocs=WORLD)
     results = {}
     for rank in range(WORLD):
         with open(os.path.join(root, f"results{rank}.json")) as f:
