@@ -98,6 +98,7 @@ def summary(df, peak_tflops=None, step_time_s=None):
         "peak_live_bytes": _number(top["peak_live_bytes"]),
         "damage": dict(meta.get("damage") or {}),
         "compiled_ran_eagerly": bool(meta.get("compiled_ran_eagerly")),
+        "backward_unnamed_rows": int(meta.get("backward_unnamed_rows") or 0),
     }
 
 
@@ -117,6 +118,9 @@ def _print_report(df, args, out):
     print(f"optrace report: {run}  ({len(df)} ops, {df['step'].nunique()} step(s), {device}, {state})", file=out)
     if meta.get("compiled_ran_eagerly"):
         print("Note: torch.compile'd code ran eagerly under the tracer; the figures describe the eager program", file=out)
+    if meta.get("backward_unnamed_rows"):
+        print(f"Note: {meta['backward_unnamed_rows']:,} backward ops have no module (an engine run longer than the "
+              f"tracer names op by op); FLOP and byte figures are unaffected", file=out)
 
     print("\nFLOPs per step against 2/4/6 x N x T", file=out)
     from reports.accounting import analyse

@@ -919,3 +919,48 @@ def test_a_backward_inside_a_hook_names_the_forward_modules_of_its_nodes(tmp_pat
     # the hook's grad: dx through 1.f (2 * 2 * 8 * 8 = 256); then the outer backward: 1.f's dW, layer 0's dW
     assert backward_mm["module"].tolist()[0] == "1.f"
     assert set(backward_mm["module"]) <= {"1.f", "0"}
+
+
+def test_a_backward_past_the_naming_limit_is_counted_warned_and_reported(tmp_path, monkeypatch, capsys):
+    from reports.cli import main
+    from tracer import attribution
+
+    monkeypatch.setattr(attribution, "NAMED_PER_ENGINE_RUN", 5)
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Linear(4, 4) for _ in range(4)])
+    with pytest.warns(UserWarning, match="backward ops of trace .* have no module"):
+        with Tracer(tmp_path / "t", model=model, tokens=2):
+            model(torch.randn(2, 4)).sum().backward()
+    df = pd.read_parquet(tmp_path / "t")
+    backward = df[df["phase"] == "backward"]
+    assert (backward["module"].iloc[:5] != "").any() and (backward["module"].iloc[5:] == "").all()
+    assert read_metadata(tmp_path / "t")["backward_unnamed_rows"] == len(backward) - 5
+    main(["report", str(tmp_path / "t")])
+    assert f"Note: {len(backward) - 5:,} backward ops have no module" in capsys.readouterr().out
+
+
+def test_a_deep_graph_is_freed_without_overflowing_the_stack(tmp_path):
+    """60,000 chained nodes: naming every one from Python would make PyTorch free them recursively and crash
+    (about 40,000 overflow an 8 MB stack); the tracer names the first NAMED_PER_ENGINE_RUN ops and no more."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = (
+        "import torch, sys\nfrom torch import nn\nfrom tracer import Tracer\n"
+        "class Loop(nn.Module):\n"
+        "    def forward(self, h):\n"
+        "        for _ in range(60000):\n"
+        "            h = torch.tanh(h)\n"
+        "        return h\n"
+        "import warnings\nwarnings.simplefilter('ignore')\n"
+        f"with Tracer({str(tmp_path / 't')!r}, model=Loop(), flush_rows=65536):\n"
+        "    h = Loop()(torch.randn(2, requires_grad=True))\n"
+        "    h.sum().backward()\n"
+        "    del h\n"
+        "print('freed')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    assert done.returncode == 0 and done.stdout.strip() == "freed", done.stderr[-2000:]

@@ -47,6 +47,10 @@ Known limitations:
     steps of a large model): the nodes of a graph kept longer (retain_graph), or
     of one forward with more module calls than that, that were made before the
     oldest boundary kept are named '' (outside every module).
+  * Past NAMED_PER_ENGINE_RUN (20,000) ops in one engine run, backward ops
+    are left unnamed ('', counted in the metadata as `backward_unnamed_rows`,
+    with a warning and a line in the report): naming more could make PyTorch
+    overflow the stack when it frees a deep graph.
   * Sequence numbers count per thread: the backward of a forward run on another
     thread (whose module hooks are not traced) is named by unrelated boundaries.
   * Under `backward(create_graph=True)` the nodes of the new graph are made in
@@ -82,6 +86,10 @@ _next_sequence_nr = torch.autograd._get_sequence_nr  # the sequence number the n
 _current_node = torch._C._current_autograd_node  # the autograd node the engine is running, or None
 NO_SEQUENCE_NR = 2**64 - 1  # an AccumulateGrad node's: it belongs to no forward op
 _EVENTS_KEPT = 1 << 18  # module boundaries remembered for backward attribution (about 11 MB at most)
+# Backward ops named from their node per engine run. Reading a node from Python gives it a Python object,
+# and PyTorch frees a chain of such nodes recursively: about 40,000 of them in a chain overflow an 8 MB
+# stack when the graph is freed (without the tracer, too). Half of that bounds the chain this tracer makes.
+NAMED_PER_ENGINE_RUN = 20_000
 _get_ident = threading.get_ident
 NO_GRAPH_TASK = -1  # _current_graph_task_id() outside the autograd engine
 _TASKS_KEPT = 64  # engine runs remembered (their grad mode); nested runs are few, finished ones irrelevant
@@ -156,6 +164,8 @@ class Attribution:
         # number s was made inside module _event_names[i], i the last event with _event_seqs[i] <= s
         self._event_seqs, self._event_names = [], []
         self._node_module = ""  # the module of the last node attributed (an AccumulateGrad node runs right after it)
+        self._named_left = NAMED_PER_ENGINE_RUN  # backward ops this engine run may still name from their node
+        self.unnamed_backward = 0  # backward ops left unnamed past NAMED_PER_ENGINE_RUN
         self._nested = {}  # graph task of a backward run inside another, on an engine thread -> the outer node's module
         self._recompute_outer = ""  # the module of the node that began re-running modules (checkpointing)
 
@@ -170,6 +180,8 @@ class Attribution:
             if task != self._task:
                 if self.backward.running(self._task) and task not in self._task_grads and _get_ident() != self._thread:
                     self._nested[task] = self._node_module  # a backward inside a backward on an engine thread
+                if task not in self._task_grads:  # a new engine run (not the outer one a nested run returns to)
+                    self._named_left = NAMED_PER_ENGINE_RUN
                 self._task = task  # the grad mode at an engine run's first op is its create_graph
                 self._node_module = ""
                 self.backward.engine_run(task)  # its end clears what a checkpoint's re-run left
@@ -199,6 +211,10 @@ class Attribution:
 
     def _backward_module(self):
         """The module whose forward made the autograd node the engine is running ('' outside every module)."""
+        if self._named_left <= 0:  # a very long backward: the rest is left unnamed (NAMED_PER_ENGINE_RUN)
+            self.unnamed_backward += 1
+            return ""
+        self._named_left -= 1
         node = _current_node()
         if node is None:  # an engine callback (DDP's and FSDP2's final copies and reductions): no node made it
             return ""

@@ -12,7 +12,7 @@ import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack as _mode_stack
 
 from tracer import collectives, distributed
-from tracer.attribution import Attribution
+from tracer.attribution import NAMED_PER_ENGINE_RUN, Attribution
 from tracer.compiled import compiled_original, unwrap
 from tracer.device import cuda_memory, device_info, is_fake
 from tracer.errors import TraceError
@@ -183,6 +183,11 @@ class Tracer:
             self._close(complete=exc is None)
         except Exception as failure:
             warnings.warn(f"optrace: could not finish trace {self.path!r} ({type(failure).__name__}: {failure})")
+        if self._attr.unnamed_backward:
+            warnings.warn(
+                f"optrace: {self._attr.unnamed_backward} backward ops of trace {self.path!r} have no module: an engine run "
+                f"longer than {NAMED_PER_ENGINE_RUN:,} ops (naming more could overflow the stack when PyTorch frees the graph)"
+            )
         if self._lost_rows:
             warnings.warn(
                 f"optrace: trace {self.path!r} is incomplete: {self._lost_rows} rows lost to write errors "
@@ -482,4 +487,5 @@ class Tracer:
         meta["write_error"] = self._write_error
         meta["timing"] = {"mode": self._timer.name, "unresolved_rows": getattr(self._timer, "failed", 0)}
         meta["storage_roles"] = self._roles.take()
+        meta["backward_unnamed_rows"] = self._attr.unnamed_backward
         return meta
