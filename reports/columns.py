@@ -76,15 +76,13 @@ class Deferred:
         columns = [name, "seq"]
         if bounds is None or bounds[-1] <= (wanted.max(initial=-1)):  # not the layout load read: read it all
             return pq.read_table(path, columns=columns).take(pa.array(wanted))
-        part = np.searchsorted(bounds, wanted, side="right") - 1
-        pieces, order = [], []
-        for i in np.unique(part).tolist():  # part by part: one part's column in memory at a time
-            mine = np.flatnonzero(part == i)
+        def take(i, local):  # part by part: one part's column in memory at a time
             table = pq.ParquetFile(parts[i], metadata=footer(parts[i], self._footers)).read(columns=columns)
-            pieces.append(table.take(pa.array(wanted[mine] - bounds[i])))
-            order.append(mine)
+            return table.take(pa.array(local))
+
+        pieces, back = _by_piece(bounds, wanted, take)
         table = pa.concat_tables(pieces) if pieces else pq.read_table(parts[0], columns=columns).slice(0, 0)
-        return table.take(pa.array(np.argsort(np.concatenate(order), kind="stable") if order else np.zeros(0, np.int64)))
+        return table.take(back)
 
     def read(self, rows, name, positions):
         """Column `name` at row positions `positions` of `rows` (a frame derived from the loaded one), as Arrow.
@@ -151,24 +149,24 @@ def _take(column, positions):
     chunk (dictionary items decoded per chunk: no dictionary unification over the whole column)."""
     data = column.array.__arrow_array__()
     chunks = data.chunks if isinstance(data, pa.ChunkedArray) else [data]
-    positions = np.asarray(positions, dtype=np.int64)
+    kind = data.type
+    if pa.types.is_dictionary(kind.value_type):  # decoded per chunk
+        kind = pa.list_(kind.value_type.value_type)
     bounds = np.cumsum([0] + [len(c) for c in chunks])
-    chunk_of = np.searchsorted(bounds, positions, side="right") - 1
-    pieces, order = [], []
-    for i in np.unique(chunk_of).tolist():
-        mine = np.flatnonzero(chunk_of == i)
-        piece = chunks[i].take(pa.array(positions[mine] - bounds[i]))
-        if pa.types.is_dictionary(piece.type.value_type):
-            piece = piece.cast(pa.list_(piece.type.value_type.value_type))
-        pieces.append(piece)
+    pieces, back = _by_piece(bounds, np.asarray(positions, dtype=np.int64), lambda i, local: chunks[i].take(pa.array(local)).cast(kind))
+    return pa.concat_arrays(pieces).take(back) if pieces else pa.array([], type=kind)
+
+
+def _by_piece(bounds, positions, take):
+    """([take(i, positions within piece i)] for each piece i (rows bounds[i] to bounds[i + 1]) holding some of
+    `positions`, the Arrow permutation that puts their concatenation back in the order of `positions`)."""
+    piece = np.searchsorted(bounds, positions, side="right") - 1
+    taken, order = [], []
+    for i in np.unique(piece).tolist():
+        mine = np.flatnonzero(piece == i)
+        taken.append(take(i, positions[mine] - bounds[i]))
         order.append(mine)
-    if not pieces:
-        typ = data.type
-        if pa.types.is_dictionary(typ.value_type):
-            typ = pa.list_(typ.value_type.value_type)
-        return pa.array([], type=typ)
-    joined = pa.concat_arrays(pieces)
-    return joined.take(pa.array(np.argsort(np.concatenate(order), kind="stable")))
+    return taken, pa.array(np.argsort(np.concatenate(order), kind="stable") if order else np.zeros(0, dtype=np.int64))
 
 
 def lean_memory():

@@ -8,7 +8,8 @@ Backward: an op belongs to the module whose forward made the autograd node the
 engine is running. The forward hooks note the autograd sequence number at each
 module boundary (the number the next node will get); in backward the running
 node's sequence number finds its module by bisection. An AccumulateGrad node
-(no sequence number) and an engine callback belong to the node run before them.
+(no sequence number) belongs to the node run before it; an engine callback
+(no node) to no module.
 Modules that activation checkpointing re-runs in the backward note their
 boundaries too (a reentrant checkpoint backpropagates through the re-run graph
 in a nested engine run), and also get gradient hooks on their inputs and
@@ -184,7 +185,7 @@ class Attribution:
                     self._named_left = NAMED_PER_ENGINE_RUN
                 self._task = task  # the grad mode at an engine run's first op is its create_graph
                 self._node_module = ""
-                self.backward.engine_run(task)  # its end clears what a checkpoint's re-run left
+                self.backward.queue_engine_callback(task)  # its end clears what a checkpoint's re-run left
                 if task not in self._task_grads and len(self._task_grads) >= _TASKS_KEPT:
                     self._task_grads.clear()  # ended engine runs (a loop with no step boundary): keep it bounded
                     self._nested.clear()

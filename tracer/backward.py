@@ -123,7 +123,7 @@ class BackwardStack:
     def _backward_enter(self, name):
         def hook(_grads):
             task = _graph_task_id()
-            self._queue_engine_callback(task)
+            self.queue_engine_callback(task)
             # A module and its last child can share an output tensor; their hooks
             # then fire child first. Keep ancestors below descendants regardless.
             stack = self.stack
@@ -148,11 +148,8 @@ class BackwardStack:
         """Whether engine run `task` has begun and not yet finished."""
         return task in self._callbacks_queued
 
-    def engine_run(self, task):
-        """An engine run is going on (its first traced op): have its end run `on_engine_done`."""
-        self._queue_engine_callback(task)
-
-    def _queue_engine_callback(self, task):
+    def queue_engine_callback(self, task):
+        """Engine run `task` is going on: have its end run `on_engine_done` (once per run)."""
         if task in self._callbacks_queued:
             return
 
