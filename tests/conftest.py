@@ -18,3 +18,14 @@ if str(EXAMPLES) not in sys.path:
 def examples_dir():
     """The examples/ directory, for running the example scripts as subprocesses."""
     return EXAMPLES
+
+
+@pytest.fixture(autouse=True)
+def _seeded():
+    """Every test starts from the same random state, whatever ran before it."""
+    import random
+
+    import torch
+
+    random.seed(0)
+    torch.manual_seed(0)

@@ -128,6 +128,7 @@ def test_inference_mode_counts_composites_whole_as_training_does(tmp_path):
     ids=["matmul", "einsum", "einsum_implicit"],
 )
 def test_matmul_and_einsum_whole(tmp_path, fn, flops):
+    torch.manual_seed(0)
     a, b = torch.randn(2, 3, 4), torch.randn(4, 5)
 
     def infer():
@@ -135,7 +136,7 @@ def test_matmul_and_einsum_whole(tmp_path, fn, flops):
             return fn(a, b)
 
     out, df, _ = traced(tmp_path, infer)
-    assert torch.allclose(out, a @ b)
+    assert torch.allclose(out, a @ b, atol=1e-5)  # einsum may sum in another order than matmul
     assert df["flops"].sum() == flops and df["flop_kind"].iloc[0] == "matmul"
 
 
