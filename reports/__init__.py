@@ -3,6 +3,7 @@
 from reports.breakdown import breakdown, explain
 from reports.collectives import collectives, comm_split
 from reports.compare import compare
+from reports.coverage import uncounted
 from reports.errors import ReportError
 from reports.load import load
 from reports.memory import by_category, peak, storages, timeline
@@ -19,7 +20,7 @@ __all__ = [
     "by_op", "by_module", "by_phase", "by_step", "by_dtype",
     "breakdown", "explain", "mfu", "per_step",
     "peak", "timeline", "by_category", "storages", "memory_by_dtype",
-    "views", "copies", "compare",
+    "views", "copies", "compare", "uncounted",
     "roofline", "roofline_split",
     "collectives", "comm_split", "ranks", "imbalance",
 ]  # fmt: skip

@@ -99,7 +99,35 @@ def summary(df, peak_tflops=None, step_time_s=None):
         "damage": dict(meta.get("damage") or {}),
         "compiled_ran_eagerly": bool(meta.get("compiled_ran_eagerly")),
         "backward_unnamed_rows": int(meta.get("backward_unnamed_rows") or 0),
+        **_coverage_json(df),
     }
+
+
+def _coverage_json(df):
+    """`uncounted_ops` (ops no FLOP formula counted: op, ops, time_pct) and `bound_flops` (FLOPs that are bounds)."""
+    from reports.coverage import bounds, uncounted
+
+    table = uncounted(df)
+    rows, flops = bounds(df)
+    return {
+        "uncounted_ops": [{"op": r.op, "ops": int(r.ops), "time_pct": _number(r.time_pct)} for r in table.itertuples()],
+        "bound_flops": {"rows": rows, "flops": _number(flops)},
+    }
+
+
+def _print_coverage(df, out):
+    """Ops no FLOP formula counted, and FLOPs that are bounds: never a silent zero."""
+    from reports.coverage import FIX, bounds, uncounted
+
+    table = uncounted(df)
+    if len(table):
+        print(f"\nOps without a FLOP formula (counted as 0 FLOPs; {FIX})", file=out)
+        shown = table.assign(time_pct=table["time_pct"].map(lambda v: f"{v:.1f}%"))
+        print(shown[["op", "ops", "time_pct"]].to_string(index=False), file=out)
+    rows, flops = bounds(df)
+    if rows:
+        print(f"\nNote: {_human(flops)} FLOPs of {rows:,} ops are upper bounds, not counts (lengths or expert "
+              "group sizes were not readable, e.g. on meta or fake tensors)", file=out)
 
 
 def _print_report(df, args, out):
@@ -165,6 +193,7 @@ def _print_report(df, args, out):
     print("\nTop modules by FLOPs (children rolled up)", file=out)
     print(mods[["module", "subtree_flops", "subtree_flops_pct"]].to_string(index=False, formatters=_formatters(mods)), file=out)
 
+    _print_coverage(df, out)
     _print_roofline(df, args, out)
 
     top = peak(df).iloc[0]
