@@ -21,6 +21,8 @@ _JSON_UNUSED = (*_REPORT_UNUSED, "freed_storage_ids", "output_storage_bytes", "i
                 "bytes_written", "bytes_allocated", "busy_ns")
 # ... and those only the rank figures read: left out for a trace of one rank.
 _RANKS_ONLY = ("start_ns", "comm_bytes", "group_size", "process_group")
+# ... of which one rank's own job section (reports/ranks.py print_job) reads these.
+_JOB_COLUMNS = ("comm_bytes", "group_size", "process_group")
 
 
 def _human(value, unit=""):
@@ -259,11 +261,12 @@ def _report(args):
     from tracer.schema import COLUMN_NAMES
 
     # only the columns the sections read; no Python object per list cell; shapes read when asked (reports/columns.py)
-    from reports.ranks import first_rank, is_multi_rank, print_ranks, rank_paths, rank_summary
+    from reports.ranks import first_rank, is_multi_rank, job_summary, print_job, print_ranks, rank_paths, rank_summary
+    from reports.ranks import ranks_present
 
     unused = _JSON_UNUSED if args.json and not args.plot else _REPORT_UNUSED
     if len(rank_paths(args.trace)) <= 1 and not args.plot:
-        unused += _RANKS_ONLY
+        unused += tuple(c for c in _RANKS_ONLY if c not in _JOB_COLUMNS)
     df = load(args.trace, columns=[c for c in COLUMN_NAMES if c not in unused], lists="deferred")
     if not len(df):
         raise ReportError(f"{args.trace}: the trace has no ops (nothing ran inside `with Tracer(...)`)")
@@ -275,9 +278,11 @@ def _report(args):
         paths = save_plots(df, args.plot)
     if args.json:
         extra = rank_summary(everyone) if is_multi_rank(everyone) else {}
-        print(json.dumps({**summary(df, args.peak_tflops, args.step_time), **extra}, indent=2))
+        job = job_summary(df, ranks_present(args.trace))
+        print(json.dumps({**summary(df, args.peak_tflops, args.step_time), **extra, "distributed": job}, indent=2))
     else:
         _print_report(df, args, sys.stdout)
+        print_job(df, ranks_present(args.trace), sys.stdout)
         if is_multi_rank(everyone):
             print_ranks(everyone, sys.stdout)
         if args.plot:

@@ -19,7 +19,10 @@ import pandas as pd
 from reports.load import require
 from reports.tables import split_runs
 
-__all__ = ["collectives", "comm_split", "collective_kind", "bus_factor"]
+__all__ = ["collectives", "comm_split", "collective_kind", "bus_factor", "traffic", "per_step_traffic", "FAKE_BACKENDS"]
+
+# Process groups that move no data (torch's fake process group for simulated jobs): their times mean nothing.
+FAKE_BACKENDS = frozenset({"fake"})
 
 # op-name fragment -> kind, first match wins (reduce_scatter before reduce)
 _KINDS = (
@@ -49,6 +52,26 @@ def bus_factor(kind, n):
     if kind in _RING:
         return (n - 1) / n
     return 1.0
+
+
+def traffic(kind, n):
+    """(sent, received) bytes per byte of message S for one rank, by the algorithm NCCL's rings use.
+
+    all-reduce 2(n-1)/n each way (a reduce-scatter then an all-gather); all-gather,
+    reduce-scatter and all-to-all (n-1)/n each way; broadcast and reduce S each way
+    (a pipelined ring: every rank but the root receives S, every rank but the last
+    forwards it; the figure is the most any rank moves); gather and scatter (n-1)/n
+    (the root's side); send S out, recv S in; a barrier nothing."""
+    if n is None or n != n or n < 1:
+        return float("nan"), float("nan")
+    ring = (n - 1) / n
+    if kind == "all_reduce":
+        return 2 * ring, 2 * ring
+    if kind in _RING:
+        return ring, ring
+    if kind in ("broadcast", "reduce"):
+        return (1.0, 1.0) if n > 1 else (0.0, 0.0)
+    return {"send": (1.0, 0.0), "recv": (0.0, 1.0)}.get(kind, (0.0, 0.0))
 
 
 _COLUMNS = ("run", "step", "op", "comm_bytes", "group_size", "process_group", "duration_ns")
@@ -122,3 +145,51 @@ def comm_split(df):
     total = out["compute_s"] + out["comm_s"]
     out["comm_pct"] = 100.0 * out["comm_s"] / total.where(total > 0)
     return out[list(_SPLIT)].astype(_SPLIT)
+
+
+_TRAFFIC = {
+    "run": object, "rank": "int64", "collective": object, "process_group": object, "group_size": "int64",
+    "calls_per_step": "float64", "message_bytes_per_step": "float64", "sent_bytes_per_step": "float64",
+    "received_bytes_per_step": "float64",
+}
+
+
+def per_step_traffic(df):
+    """What one rank sends and receives per training step, per run, collective kind and group.
+
+    calls_per_step and message_bytes_per_step (the nccl-tests message size S, summed),
+    sent_bytes_per_step and received_bytes_per_step: S times `traffic`'s factors for
+    the kind and group size, the bytes this rank puts on and takes off its links.
+    Needs no timing, so it holds for a rank of a simulated job (a fake process group)."""
+    from reports.steps import per_step
+
+    require(df, ("run", "step", "phase", "op", "comm_bytes", "group_size", "process_group"), "per_step_traffic")
+    out = []
+    for run, rows in split_runs(_ranked(df)):
+        comm = rows["comm_bytes"].notna().to_numpy()
+        if not comm.any():
+            continue
+        kinds = rows["op"].astype(object).map(collective_kind)
+        size = rows["group_size"].fillna(1).astype("int64")
+        group = rows["process_group"].astype(object)
+        message = rows["comm_bytes"].fillna(0).astype("float64")
+        factors = [traffic(k, n) for k, n in zip(kinds[comm], size[comm])]
+        sent = pd.Series(0.0, index=rows.index)
+        received = pd.Series(0.0, index=rows.index)
+        sent[comm] = message[comm].to_numpy() * [f[0] for f in factors]
+        received[comm] = message[comm].to_numpy() * [f[1] for f in factors]
+        key = kinds.where(comm, "") + "|" + group + "|" + size.astype(str)
+        key = key.where(comm)
+        calls = per_step(rows, pd.Series(comm.astype("int64"), index=rows.index), by=key)
+        figures = {name: per_step(rows, values, by=key) for name, values in
+                   (("message", message), ("sent", sent), ("received", received))}
+        rank = int(rows["rank"].iloc[0])
+        for k in calls.index:
+            kind, name, n = k.split("|")
+            out.append({
+                "run": run, "rank": rank, "collective": kind, "process_group": name, "group_size": int(n),
+                "calls_per_step": float(calls[k]), "message_bytes_per_step": float(figures["message"][k]),
+                "sent_bytes_per_step": float(figures["sent"][k]), "received_bytes_per_step": float(figures["received"][k]),
+            })  # fmt: skip
+    table = pd.DataFrame(out, columns=list(_TRAFFIC)).astype(_TRAFFIC)
+    return table.sort_values(["run", "sent_bytes_per_step"], ascending=[True, False], kind="stable").reset_index(drop=True)

@@ -1,0 +1,99 @@
+"""One rank stands for its job: a rank of a simulated FSDP2 job (torch's fake process group and
+FakeTensorMode) reports its world size, the ranks present and what its collectives send and receive.
+
+Model: 4 bias-free Linear(64, 64) layers, fp32, each its own FSDP2 unit: 64 * 64 * 4 = 16,384 bytes
+of parameters per layer, 65,536 in all. Per step, FSDP2 all-gathers each layer in the forward and
+again in the backward (8 all-gathers of 16,384 bytes: the message S is the full array) and
+reduce-scatters each layer's gradient once (4 of 16,384 bytes)."""
+
+import json
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import reports
+from reports.cli import main
+from reports.collectives import per_step_traffic, traffic
+from reports.ranks import ranks_present
+from tracer import Tracer
+
+LAYER_BYTES = 64 * 64 * 4  # 16,384
+
+
+def simulate(path, world, steps=2):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
+    try:
+        mesh = init_device_mesh("cpu", (world,))
+        with FakeTensorMode():
+            torch.manual_seed(0)
+            model = torch.nn.Sequential(*[torch.nn.Linear(64, 64, bias=False) for _ in range(4)])
+            for layer in model:
+                fully_shard(layer, mesh=mesh)
+            fully_shard(model, mesh=mesh)
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+            x = torch.randn(8, 64)
+            with Tracer(path, model=model, tokens=8):
+                for _ in range(steps):
+                    model(x).sum().backward()
+                    opt.step()
+                    opt.zero_grad()
+    finally:
+        dist.destroy_process_group()
+    return str(path)
+
+
+@pytest.mark.parametrize("world", [8, 64])
+def test_one_rank_gives_per_step_traffic_by_algorithm(tmp_path, world):
+    path = simulate(tmp_path / "job", world)
+    table = per_step_traffic(reports.load(path)).set_index("collective")
+    ag, rs = table.loc["all_gather"], table.loc["reduce_scatter"]
+    assert (ag["group_size"], rs["group_size"]) == (world, world)
+    assert (ag["calls_per_step"], rs["calls_per_step"]) == (8, 4)
+    assert ag["message_bytes_per_step"] == 8 * LAYER_BYTES  # 131,072
+    assert rs["message_bytes_per_step"] == 4 * LAYER_BYTES  # 65,536
+    # a ring all-gather or reduce-scatter moves (W - 1) / W of the message each way
+    assert ag["sent_bytes_per_step"] == ag["received_bytes_per_step"] == 8 * LAYER_BYTES * (world - 1) / world  # W=8: 114,688
+    assert rs["sent_bytes_per_step"] == rs["received_bytes_per_step"] == 4 * LAYER_BYTES * (world - 1) / world  # W=8: 57,344
+
+
+def test_report_text_and_json_of_a_single_simulated_rank(tmp_path, capsys):
+    path = simulate(tmp_path / "job", 8)
+    assert ranks_present(path) == 1 and ranks_present(tmp_path / "job" / "rank=0") == 1
+    assert main(["report", path]) == 0
+    text = capsys.readouterr().out
+    assert "Distributed: rank 0 of world size 8 (backend fake; 1 of 8 ranks present in the trace)" in text
+    assert "all_gather 0 (8)     8 128 KiB 112 KiB  112 KiB" in text
+    assert "a fake process group moves no data" in text and "busbw" not in text
+    assert main(["report", path, "--json"]) == 0
+    job = json.loads(capsys.readouterr().out)["distributed"]
+    assert (job["world_size"], job["ranks_present"], job["fake_process_group"]) == (8, 1, True)
+    by_kind = {c["collective"]: c for c in job["collectives"]}
+    assert by_kind["reduce_scatter"]["sent_bytes_per_step"] == 57344  # 4 * 16,384 * 7 / 8
+
+
+def test_a_trace_of_no_process_group_has_no_distributed_section(tmp_path, capsys):
+    model = torch.nn.Linear(4, 4)
+    with Tracer(tmp_path / "t", model=model, tokens=2):
+        model(torch.randn(2, 4)).sum().backward()
+    assert main(["report", str(tmp_path / "t"), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["distributed"] is None
+    assert ranks_present(tmp_path / "t") == 0
+
+
+@pytest.mark.parametrize("kind, n, expected", [
+    ("all_reduce", 4, (1.5, 1.5)),  # 2 * 3 / 4
+    ("all_gather", 4, (0.75, 0.75)),  # 3 / 4
+    ("broadcast", 4, (1.0, 1.0)),
+    ("broadcast", 1, (0.0, 0.0)),  # alone: nothing moves
+    ("send", 2, (1.0, 0.0)),
+    ("recv", 2, (0.0, 1.0)),
+    ("barrier", 8, (0.0, 0.0)),
+])
+def test_traffic_factors(kind, n, expected):
+    assert traffic(kind, n) == expected
