@@ -157,6 +157,13 @@ def test_every_allocation_has_its_own_storage(tensors_df):
         ("tensors.py", ["zeros_float8_e5m2", "aten.clone.default", "128 B in float32"]),
         ("gpt.py", ["3 step(s)", "2·N·T", "4·N·T", "6·N·T", "Top 8 ops by FLOPs", "Memory: peak", "MFU",
                     "Roofline", "compute-bound", "memory-bound"]),
+        # rank 0 of 64, 4 blocks of 12,584,960 bf16 parameters (qkv 3 * 2**20, proj 2**20, mlp 2 * 4 * 2**20,
+        # 2 norms 1024) and a root unit of 67,634,176 (2 embeddings of 32,000 x 1024, wpe 2048 x 1024, ln_f):
+        # 9 all-gathers of (67,634,176 + 8 * 12,584,960) * 2 bytes = 336,627,712 = 321 MiB, of which 63/64 = 316 MiB
+        # sent; 5 fp32 reduce-scatters of (67,634,176 + 4 * 12,584,960) * 4 = 471,896,064 = 450 MiB, 443 MiB sent
+        ("simulate.py", ["Distributed: rank 0 of world size 64 (backend fake; 1 of 64 ranks present in the trace)",
+                         "reduce_scatter 0 (64)     5 450 MiB 443 MiB  443 MiB",
+                         "all_gather 0 (64)     9 321 MiB 316 MiB  316 MiB"]),
     ],
 )
 def test_example_script_runs(examples_dir, tmp_path, script, expected):
