@@ -67,11 +67,13 @@ def _phase_flops(df):
     return flops
 
 
-def summary(df, peak_tflops=None, step_time_s=None):
-    """The numbers `report --json` prints, as a dict."""
+def summary(df, peak_tflops=None, step_time_s=None, ranks_present=None):
+    """The numbers `report --json` prints, as a dict. `ranks_present`: rank directories in the trace
+    (reports.ranks.ranks_present), for its `distributed` object; default: the runs loaded."""
     from reports.breakdown import breakdown
     from reports.memory import peak
     from reports.mfu import mfu
+    from reports.ranks import job_summary
     from reports.steps import count_steps
 
     (run, meta), *_ = df.attrs["runs"].items()
@@ -102,6 +104,7 @@ def summary(df, peak_tflops=None, step_time_s=None):
         "compiled_ran_eagerly": bool(meta.get("compiled_ran_eagerly")),
         "backward_unnamed_rows": int(meta.get("backward_unnamed_rows") or 0),
         **_coverage_json(df),
+        "distributed": job_summary(df, len(df.attrs["runs"]) if ranks_present is None else ranks_present),
     }
 
 
@@ -261,7 +264,7 @@ def _report(args):
     from tracer.schema import COLUMN_NAMES
 
     # only the columns the sections read; no Python object per list cell; shapes read when asked (reports/columns.py)
-    from reports.ranks import first_rank, is_multi_rank, job_summary, print_job, print_ranks, rank_paths, rank_summary
+    from reports.ranks import first_rank, is_multi_rank, print_job, print_ranks, rank_paths, rank_summary
     from reports.ranks import ranks_present
 
     unused = _JSON_UNUSED if args.json and not args.plot else _REPORT_UNUSED
@@ -278,8 +281,7 @@ def _report(args):
         paths = save_plots(df, args.plot)
     if args.json:
         extra = rank_summary(everyone) if is_multi_rank(everyone) else {}
-        job = job_summary(df, ranks_present(args.trace))
-        print(json.dumps({**summary(df, args.peak_tflops, args.step_time), **extra, "distributed": job}, indent=2))
+        print(json.dumps({**summary(df, args.peak_tflops, args.step_time, ranks_present(args.trace)), **extra}, indent=2))
     else:
         _print_report(df, args, sys.stdout)
         print_job(df, ranks_present(args.trace), sys.stdout)

@@ -217,6 +217,42 @@ def _module_tree(names, root):
     return parent, depth
 
 
+def _rolled_up(own, own_cols, parent, depth):
+    """The module tree as a frame in tree order: own figures and subtree sums, in time linear in modules.
+
+    Each module's subtree adds into its parent's, deepest modules first; siblings come
+    in the order their subtrees first ran (the smallest `first_seq` below them)."""
+    names = list(parent)
+    at = {n: i for i, n in enumerate(names)}
+    up = np.array([at[parent[n]] if parent[n] is not None else -1 for n in names], dtype=np.int64)
+    mine = own.reindex(names)
+    values = mine[own_cols].fillna(0).to_numpy(np.float64)
+    sub = values.copy()
+    first = mine["first_seq"].to_numpy(np.float64, na_value=np.inf).copy()
+    for i in sorted(range(len(names)), key=lambda i: -depth[names[i]]):  # deepest first: add each into its parent
+        if up[i] >= 0:
+            sub[up[i]] += sub[i]
+            first[up[i]] = min(first[up[i]], first[i])
+    children = {}
+    for i in sorted(range(len(names)), key=first.__getitem__):
+        children.setdefault(up[i], []).append(i)
+    order, stack = [], list(reversed(children.get(-1, [])))
+    while stack:
+        i = stack.pop()
+        order.append(i)
+        stack.extend(reversed(children.get(i, [])))
+    order = np.array(order, dtype=np.int64)
+    frame = pd.DataFrame({
+        "module": [names[i] for i in order],
+        "depth": [depth[names[i]] for i in order],
+        "parent": [parent[names[i]] for i in order],
+    })  # fmt: skip
+    for k, c in enumerate(own_cols):
+        frame[c] = values[order, k]
+        frame[f"subtree_{c}"] = sub[order, k]
+    return frame
+
+
 def by_module(df, phase=None):
     """FLOPs, bytes and time per module, as a tree: each module's own ops and its subtree.
 
@@ -258,33 +294,14 @@ def by_module(df, phase=None):
         own.index = own.index.astype(object)
         names = [n for n in own.index if n != ""]
         parent, depth = _module_tree(names + ([root] if root and names else []), root)
-        tree = own.reindex(list(parent)).fillna(0)
-        sub = tree[own_cols + ["first_seq"]].copy()
-        sub["first_seq"] = [own["first_seq"].get(n, float("inf")) for n in sub.index]
-        for name in sorted(parent, key=lambda n: -depth[n]):  # deepest first: add each into its parent
-            up = parent[name]
-            if up is not None:
-                sub.loc[up, own_cols] += sub.loc[name, own_cols]
-                sub.loc[up, "first_seq"] = min(sub.loc[up, "first_seq"], sub.loc[name, "first_seq"])
-        children = {}
-        for name in sorted(parent, key=lambda n: sub.loc[n, "first_seq"]):
-            children.setdefault(parent[name], []).append(name)
-        order, stack = [], list(reversed(children.get(None, [])))
-        while stack:
-            name = stack.pop()
-            order.append(name)
-            stack.extend(reversed(children.get(name, [])))
-        total = int(rows["flops"].sum())
-        records = [
-            {"module": n, "depth": depth[n], "parent": parent[n],
-             **{c: tree.loc[n, c] for c in own_cols}, **{f"subtree_{c}": sub.loc[n, c] for c in own_cols}}
-            for n in order
-        ]
+        t = _rolled_up(own, own_cols, parent, depth)
         if "" in own.index:
             o = own.loc[""]
-            records.append({"module": "", "depth": 0, "parent": None, **{c: o[c] for c in own_cols},
-                            **{f"subtree_{c}": o[c] for c in own_cols}})
-        t = pd.DataFrame.from_records(records, columns=[c for c in columns if c != "subtree_flops_pct"])
+            outside = {"module": "", "depth": 0, "parent": None, **{c: o[c] for c in own_cols},
+                       **{f"subtree_{c}": o[c] for c in own_cols}}
+            t = pd.concat([t, pd.DataFrame([outside])], ignore_index=True) if len(t) else pd.DataFrame([outside])
+        t = t.reindex(columns=[c for c in columns if c != "subtree_flops_pct"])
+        total = int(rows["flops"].sum())
         t["subtree_flops_pct"] = pct(t["subtree_flops"].astype("float64"), total)
         frames.append((run, t))
     return combine(frames, columns, dtypes, several_runs(df))
