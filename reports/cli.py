@@ -103,6 +103,7 @@ def summary(df, peak_tflops=None, step_time_s=None, ranks_present=None):
         "damage": dict(meta.get("damage") or {}),
         "compiled_ran_eagerly": bool(meta.get("compiled_ran_eagerly")),
         "backward_unnamed_rows": int(meta.get("backward_unnamed_rows") or 0),
+        "attention": meta.get("attention"),  # on meta: which SDPA kernels ran (tracer/attention.py)
         **_coverage_json(df),
         "distributed": job_summary(df, len(df.attrs["runs"]) if ranks_present is None else ranks_present),
     }
@@ -151,6 +152,11 @@ def _print_report(df, args, out):
     print(f"optrace report: {run}  ({len(df)} ops, {df['step'].nunique()} step(s), {device}, {state})", file=out)
     if meta.get("compiled_ran_eagerly"):
         print("Note: torch.compile'd code ran eagerly under the tracer; the figures describe the eager program", file=out)
+    math_calls = (meta.get("attention") or {}).get("math") or 0
+    if math_calls:
+        print(f"Note: {math_calls} scaled_dot_product_attention call(s) ran PyTorch's math path on the meta device: it keeps "
+              "the full score matrix for the backward, where a GPU's fused kernel keeps one value per row; trace with "
+              "Tracer(..., meta_attention='fused') (the default) for a GPU's FLOPs and memory", file=out)
     if meta.get("backward_unnamed_rows"):
         print(f"Note: {meta['backward_unnamed_rows']:,} backward ops have no module (an engine run longer than the "
               f"tracer names op by op); FLOP and byte figures are unaffected", file=out)

@@ -12,6 +12,7 @@ import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack as _mode_stack
 
 from tracer import collectives, distributed
+from tracer.attention import META_ATTENTION, MetaAttention
 from tracer.attribution import NAMED_PER_ENGINE_RUN, Attribution
 from tracer.compiled import compiled_original, unwrap
 from tracer.device import cuda_memory, device_info, is_fake
@@ -59,6 +60,10 @@ class Tracer:
                one synchronise; perf_counter_ns elsewhere), "sync" (synchronise
                around every op on CUDA) or "off" (duration_ns 0, busy_ns null).
                See tracer/timing.py.
+    meta_attention "fused" (default): with a model on the meta device,
+               scaled_dot_product_attention runs the fused kernel a GPU would
+               choose (its meta implementation) instead of the math path;
+               "math" keeps the math path. See tracer/attention.py.
 
     A step begins with the first forward work after an optimizer step or `step()`
     (tracer/steps.py); only the thread that entered the Tracer is traced.
@@ -67,7 +72,8 @@ class Tracer:
 
     _active = None
 
-    def __init__(self, path, *, model=None, tokens=None, run_name=None, flush_rows=16384, timing="events"):
+    def __init__(self, path, *, model=None, tokens=None, run_name=None, flush_rows=16384, timing="events",
+                 meta_attention="fused"):
         if not isinstance(path, (str, os.PathLike)):
             raise TraceError(f"Tracer: path must be a str or os.PathLike, got {type(path).__name__}")
         if model is not None and not isinstance(model, torch.nn.Module):
@@ -78,6 +84,9 @@ class Tracer:
             raise TraceError(f"Tracer: run_name must be a str or None, got {type(run_name).__name__}")
         if not isinstance(flush_rows, int) or isinstance(flush_rows, bool) or flush_rows <= 0:
             raise TraceError(f"Tracer: flush_rows must be a positive int, got {flush_rows!r}")
+        if meta_attention not in META_ATTENTION:
+            raise TraceError(f"Tracer: meta_attention must be one of {', '.join(map(repr, META_ATTENTION))}, got {meta_attention!r}")
+        self.meta_attention = meta_attention
         self.path = os.path.abspath(os.fspath(path))
         self.model = unwrap(model) if model is not None else None  # a torch.compile wrapper: its original
         self._model_compiled = model is not None and compiled_original(model) is not None
@@ -153,6 +162,8 @@ class Tracer:
         if first is not None:
             self._first_device(first.device, first)
         self._mode = _TraceMode(self)
+        on_meta = first is not None and first.device.type == "meta"
+        self._attention = MetaAttention(fused=self.meta_attention == "fused") if on_meta else None
         self._attr = Attribution(
             self.model,
             traced=lambda: self._mode in _mode_stack(),
@@ -168,11 +179,18 @@ class Tracer:
         self._unsharded.install()
         Tracer._active = self
         self._mode.__enter__()
+        if self._attention is not None:
+            self._attention.__enter__()
 
     def __exit__(self, exc_type, exc, tb):
         """Close the trace; never raises (a failure is a warning and a fact in the metadata)."""
         try:
-            self._mode.__exit__(None, None, None)
+            try:
+                if self._attention is not None:
+                    self._attention.__exit__(None, None, None)
+                    self._meta["attention"] = self._attention.facts()
+            finally:
+                self._mode.__exit__(None, None, None)
         finally:
             self._attr.remove()
             self._unsharded.remove()

@@ -1,0 +1,104 @@
+"""On the meta device, scaled_dot_product_attention is traced as the fused kernel a GPU would run
+(tracer/attention.py), not PyTorch's math path; meta_attention="math" keeps the math path and the
+report says so.
+
+Shapes: b = 2, h = 4, s = 16, d = 32. Attention forward 2·b·h·s·s·(d_qk + d_v) = 2 * 2 * 4 * 16 * 16 * 64
+= 262,144 FLOPs; a fused backward recomputes the scores: 2·b·h·s·s·(3·d_qk + 2·d_v) = 2 * 2 * 4 * 256 * 160
+= 655,360."""
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import reports
+import tracer
+from reports.cli import main
+from tracer import TraceError, Tracer
+
+B, H, S, D = 2, 4, 16, 32
+FORWARD = 2 * B * H * S * S * (D + D)  # 262,144
+BACKWARD = 2 * B * H * S * S * (3 * D + 2 * D)  # 655,360
+
+
+class Attend(torch.nn.Module):
+    def __init__(self, heads_kv=H, mask=False, gqa=False):
+        super().__init__()
+        self.q = torch.nn.Parameter(torch.empty(B, H, S, D))
+        self.kv = torch.nn.Parameter(torch.empty(B, heads_kv, S, D))
+        self.mask, self.gqa = mask, gqa
+
+    def forward(self):
+        mask = torch.ones(S, S, dtype=torch.bool, device=self.q.device).tril() if self.mask else None
+        return F.scaled_dot_product_attention(self.q, self.kv, self.kv, attn_mask=mask, is_causal=not self.mask,
+                                              enable_gqa=self.gqa)
+
+
+def trace(path, dtype, meta_attention="fused", **kwargs):
+    with torch.device("meta"):
+        model = Attend(**kwargs).to(dtype)
+    with Tracer(path, model=model, meta_attention=meta_attention):
+        out = model()
+        out.sum().backward()
+    assert out.shape == (B, H, S, D) and out.dtype == dtype and out.device.type == "meta"
+    return reports.load(path), tracer.read_metadata(path)
+
+
+def _attention(df):
+    return df[df["flop_kind"] == "attention"]
+
+
+def test_bf16_runs_the_flash_kernel_with_its_flops_and_causal_flag(tmp_path):
+    df, meta = trace(tmp_path / "t", torch.bfloat16)
+    rows = _attention(df)
+    assert list(rows["op"]) == ["aten._scaled_dot_product_flash_attention.default",
+                                "aten._scaled_dot_product_flash_attention_backward.default"]
+    assert list(rows["flops"]) == [FORWARD, BACKWARD]
+    assert rows["causal"].tolist() == [True, True]
+    assert not (df["op"] == "aten.bmm.default").any()  # no math path
+    assert meta["attention"] == {"meta": "fused", "flash": 1, "efficient": 0, "math": 0}
+
+
+def test_fp32_and_a_mask_run_the_memory_efficient_kernel(tmp_path):
+    df, meta = trace(tmp_path / "t", torch.float32)
+    assert list(_attention(df)["op"]) == ["aten._scaled_dot_product_efficient_attention.default",
+                                          "aten._scaled_dot_product_efficient_attention_backward.default"]
+    assert list(_attention(df)["flops"]) == [FORWARD, BACKWARD]
+    df, meta = trace(tmp_path / "m", torch.bfloat16, mask=True)  # a mask: the efficient kernel takes it as a bias
+    assert meta["attention"] == {"meta": "fused", "flash": 0, "efficient": 1, "math": 0}
+    assert list(_attention(df)["flops"]) == [FORWARD, BACKWARD]
+
+
+def test_grouped_query_attention_runs_flash(tmp_path):
+    df, meta = trace(tmp_path / "t", torch.bfloat16, heads_kv=2, gqa=True)
+    assert meta["attention"]["flash"] == 1
+    assert list(_attention(df)["flops"]) == [FORWARD, BACKWARD]  # h counts the query heads
+
+
+def test_math_path_is_kept_on_request_and_flagged_in_the_report(tmp_path, capsys):
+    df, meta = trace(tmp_path / "t", torch.bfloat16, meta_attention="math")
+    assert meta["attention"] == {"meta": "math", "flash": 0, "efficient": 0, "math": 1}
+    assert not len(_attention(df)) and (df["op"] == "aten.bmm.default").sum() >= 2  # the scores, then @ v
+    assert main(["report", str(tmp_path / "t")]) == 0
+    assert "1 scaled_dot_product_attention call(s) ran PyTorch's math path on the meta device" in capsys.readouterr().out
+    assert main(["report", str(tmp_path / "t"), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["attention"]["math"] == 1
+
+
+def test_real_tensors_are_untouched(tmp_path):
+    torch.manual_seed(0)
+    model = Attend().to(torch.float32)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_()
+    expected = model()
+    with Tracer(tmp_path / "t", model=model):
+        out = model()
+    assert torch.equal(out, expected)
+    assert "attention" not in tracer.read_metadata(tmp_path / "t")
+
+
+def test_bad_meta_attention_is_one_line():
+    with pytest.raises(TraceError, match="meta_attention must be one of 'fused', 'math', got 'flash'"):
+        Tracer("x", meta_attention="flash")
