@@ -3,14 +3,23 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+PIP := $(PY) -m pip install --disable-pip-version-check --progress-bar on
+# The README's figures were taken with one thread: on a small shared machine more threads make
+# op times swing (a 2-thread _foreach_sqrt took 210 ms). Override with `make demo OMP_NUM_THREADS=4`.
+OMP_NUM_THREADS ?= 1
+export OMP_NUM_THREADS
 
 .PHONY: demo test clean
 
 $(STAMP): pyproject.toml
+	@echo "==> creating $(VENV) (first run only)"
 	test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) -m pip install -q --disable-pip-version-check torch==2.13.0
-	$(PY) -m pip install -q --disable-pip-version-check -e '.[dev]'
+	@echo "==> installing torch 2.13.0 (CPU build)"
+	$(PIP) torch==2.13.0
+	@echo "==> installing optrace and its test and plot dependencies"
+	$(PIP) -e '.[dev]'
 	touch $(STAMP)
+	@echo "==> $(VENV) is ready: run '$(VENV)/bin/optrace', or 'source $(VENV)/bin/activate' first"
 
 demo: $(STAMP)
 	$(PY) examples/gpt.py --export runs/gpt.json

@@ -194,6 +194,9 @@ def _print_report(df, args, out):
         )
         if "mfu_of_achievable" in rate and _number(rate["mfu_of_achievable"]) is not None:
             print(f"  of the measured matmul ceiling: {_pct(rate['mfu_of_achievable'])}", file=out)
+        spread = _step_time_spread(meta.get("step_time"), args.step_time)
+        if spread:
+            print(f"  {spread}", file=out)
 
     ops = by_op(df).head(args.top)
     print(f"\nTop {len(ops)} ops by FLOPs (all {df['step'].nunique()} step(s))", file=out)
@@ -243,6 +246,19 @@ def _print_roofline(df, args, out):
         roof = "" if row.bound == "other" else f", {row.roof_time_s * 1e3:.2f} ms at the roof"
         label = "other ops" if row.bound == "other" else f"{row.bound}-bound"
         print(f"  {label:<15} {row.time_s * 1e3:8.2f} ms per step ({_pct(row.time_pct / 100)}){roof}", file=out)
+
+
+def _step_time_spread(timing, given):
+    """'the median of 5 untraced steps (78.0-719.0 ms; the slowest 9.2x the fastest): ...' or None."""
+    times = (timing or {}).get("times_s") if given is None and isinstance(timing, dict) else None
+    if not isinstance(times, list) or len(times) < 2 or not all(isinstance(t, (int, float)) and t > 0 for t in times):
+        return None
+    low, high = min(times), max(times)
+    line = f"step time: the median of {len(times)} untraced steps ({low * 1e3:.1f}-{high * 1e3:.1f} ms)"
+    if high > 1.5 * low:
+        line += (f"; the slowest took {high / low:.1f}x the fastest, so MFU is uncertain by as much "
+                 "(a busy machine, or more threads than cores: set OMP_NUM_THREADS)")
+    return line
 
 
 def _pct(value):

@@ -463,3 +463,14 @@ def test_report_refuses_non_positive_figures(flag, value, capsys, tmp_path):
         main(["report", str(tmp_path / "any.parquet"), flag, value])
     assert done.value.code == 2
     assert f"argument {flag}: expected a finite number > 0, got '{value}'" in capsys.readouterr().err
+
+
+def test_report_gives_the_spread_of_the_untraced_step_times(tmp_path, capsys):
+    path = trace_gpt(tmp_path / "t", step_time={"median_s": 0.1, "times_s": [0.078, 0.1, 0.719], "warmup": 1, "repeats": 3})
+    assert main(["report", path]) == 0
+    out = capsys.readouterr().out
+    # 719 / 78 = 9.2
+    assert ("step time: the median of 3 untraced steps (78.0-719.0 ms); the slowest took 9.2x the fastest, "
+            "so MFU is uncertain by as much") in out
+    assert main(["report", path, "--step-time", "0.1"]) == 0  # a step time given by hand has no spread to show
+    assert "untraced steps" not in capsys.readouterr().out
