@@ -20,6 +20,11 @@ in order, at:
    - "none": views, copies, fills, factories, random draws: 0 FLOPs.
    - "unknown": anything else, counted as 0. `flop_rule` never raises.
 
+Ops whose FLOPs depend on tensor values, not only shapes, have rules of their own in
+`tracer.op_kinds` that count a `FlopCount` (FLOPs, whether they are a bound, group sizes):
+the grouped matmuls of mixture-of-experts layers (`_grouped_mm`, `_scaled_grouped_mm`) and
+the flash / efficient attention kernels on packed sequences (tracer/grouped_flops.py).
+
 `matmul`, `linear`, `einsum`, `softmax` and other CompositeImplicitAutograd ops decompose
 into mm/bmm/addmm/_softmax before dispatch, which are counted. Under `torch.inference_mode()`
 they reach the dispatch mode whole and run whole (the tracer never decomposes an op: that
@@ -228,8 +233,9 @@ def _bshd(q, k, v, cum_seq_q, max_q, max_k):
     """(b, h, s_q, s_k, d_qk, d_v) of [b, s, h, d] shapes, or of packed varlen ones."""
     if cum_seq_q is None:
         return q[0], q[2], q[1], k[1], q[3], v[3]
-    # NB: packed sequences ([total, h, d] or [1, total, h, d]) all count at the maximum
-    # length, an upper bound (FlopCounterMode does the same on fake and meta tensors).
+    # NB: from shapes alone, packed sequences ([total, h, d] or [1, total, h, d]) all count at
+    # the maximum length, an upper bound (FlopCounterMode always does this). The tracer counts
+    # each sequence at its length when the offsets can be read (tracer/grouped_flops.py).
     s_q, s_k = (max_q if max_q is not None else q[-3]), (max_k if max_k is not None else k[-3])
     return cum_seq_q[0] - 1, q[-2], s_q, s_k, q[-1], v[-1]
 

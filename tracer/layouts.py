@@ -11,9 +11,14 @@ here. What can be read is recorded; nothing is computed that the program did not
   tensor's buffer); the index storages (indices, crow/col indices, offsets) are
   registered too, so live_bytes counts them.
 - FLOPs: sparse matmuls count 2 per stored value and output column (2 * nnz * n); an
-  elementwise op counts one per stored element; matmuls on nested tensors count their
-  formula on the values buffer (a jagged [B, j, k] @ [k, n] is a [sum j, k] @ [k, n]);
-  views and copies count 0 ("none"); anything else counts 0 with kind "unknown".
+  elementwise op counts one per stored element; matmuls on nested tensors (matmul, bmm,
+  linear, ...) count the sum over components, 2 * k per output element of each (a jagged
+  [B, j, k] @ [k, n] is a [sum j, k] @ [k, n]; a strided nested one reads each component's
+  sizes); other formulas on strided nested tensors (softmax, norms) count the sum of the
+  formula over components, so the CPU path of jagged attention counts each sequence at its
+  length; views and copies count 0 ("none"); anything else counts 0 with kind "unknown".
+  NB: a jagged matmul whose contraction is the ragged dimension needs the lengths; where
+  they cannot be read (meta, fake offsets) it counts 0 with kind "unknown".
 - A traceable wrapper subclass (`__tensor_flatten__`) owns no memory of its own: its
   storage counts 0 bytes, and its inner tensors' storages are registered instead.
 """

@@ -50,6 +50,7 @@ _NONE_OPS = frozenset("""
     rand rand_like randn randn_like randint randint_like randperm normal normal_ uniform uniform_
     bernoulli bernoulli_ exponential exponential_ random_ cauchy cauchy_ geometric geometric_ log_normal
     log_normal_ multinomial _philox_normal_ _philox_uniform_ _philox_key_split _philox_key_fold_in
+    _nested_tensor_from_tensor_list _nested_from_padded _nested_from_padded_and_nested_example to_padded_tensor
 """.split())
 _NONE_NAMESPACES = {"profiler", "prim", "fsdp"}  # fsdp: FSDP2's copy-in, copy-out and chunk_cat copies
 _OPTIMIZER_OPS = frozenset("_fused_adam_ _fused_adamw_ _fused_sgd_ _fused_adagrad_".split())
