@@ -161,3 +161,12 @@ def test_group_sizes_of_grouped_rows_and_null_elsewhere(tmp_path):
     assert list(df.loc["aten._grouped_mm.default", "group_sizes"]) == [3, 0, 13]
     assert df.loc["aten.mm.default", "group_sizes"] is None
     assert not df["flops_bound"].any()
+
+
+def test_readme_schema_table_names_every_column():
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    table = readme.split("### Trace schema v3", 1)[1].split("\n\n", 2)[2].split("\n\n", 1)[0]
+    names = {n.strip("` ") for line in table.splitlines()[2:] for n in line.split("|")[1].split(",")}
+    assert names == set(COLUMN_NAMES)
