@@ -27,9 +27,10 @@ def concrete_ints(t):
     if t.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
         return None  # a copy to the host would break the capture
     try:
-        return tuple(int(v) for v in t.reshape(-1).tolist())
+        values = t.tolist()  # no op is dispatched: modes below the tracer's see nothing
     except Exception:  # a device that cannot copy to the host: no values
         return None
+    return tuple(int(v) for v in values) if isinstance(values, list) and t.dim() == 1 else None
 
 
 def _sizes(ends):
