@@ -65,6 +65,16 @@ def _phase_flops(df):
     return flops
 
 
+def _bound_flops(df):
+    """Per-step FLOPs of the rows whose count is an upper bound (flops_bound), and how many rows."""
+    from reports.steps import per_step
+
+    bound = df["flops_bound"].to_numpy(dtype=bool) if "flops_bound" in df.columns else None
+    if bound is None or not bound.any():
+        return {"flops": 0, "rows": 0}
+    return {"flops": _number(per_step(df, mask=bound)), "rows": int(bound.sum())}
+
+
 def summary(df, peak_tflops=None, step_time_s=None):
     """The numbers `report --json` prints, as a dict."""
     from reports.breakdown import breakdown
@@ -87,6 +97,7 @@ def summary(df, peak_tflops=None, step_time_s=None):
         "tokens": _number(table["tokens"].iloc[0]) if table is not None else _number(meta.get("tokens")),
         "steps": count_steps(df),
         "flops": _phase_flops(df),  # per step; the phases add up to total
+        "bound_flops": _bound_flops(df),  # of those, per step, upper bounds rather than counts
         "external_weight_flops": None if table is None else _number(table.loc["total", "external_weight_flops"]),
         "expected": None if table is None else {
             phase: _number(table.loc[phase, "expected_flops"]) for phase in ("forward", "backward", "total")
@@ -122,6 +133,11 @@ def _print_report(df, args, out):
         print(f"Note: {meta['backward_unnamed_rows']:,} backward ops have no module (an engine run longer than the "
               f"tracer names op by op); FLOP and byte figures are unaffected", file=out)
 
+    bound = _bound_flops(df)
+    if bound["rows"]:
+        print(f"Note: {bound['rows']:,} ops count an upper bound of their FLOPs ({_human(bound['flops'])} per step): "
+              f"the lengths or group sizes they depend on could not be read (meta or fake tensors); "
+              f"column flops_bound", file=out)
     print("\nFLOPs per step against 2/4/6 x N x T", file=out)
     from reports.accounting import analyse
 

@@ -110,3 +110,24 @@ def test_weight_gradient_case_without_offsets_is_a_bound():
     # [8, 16] @ [16, 8] -> [3, 8, 8]: the 16-long contraction grouped; unknown offsets: 2 * 8 * 8 * 16
     assert grouped_mm_count((8, 16), (16, 8), None) == FlopCount(2048, True, None)
     assert grouped_mm_count((8, 16), (16, 8), (16, 16, 16)) == FlopCount(2048, False, (16, 0, 0))
+
+
+def test_report_and_json_name_the_bound_flops(tmp_path, capsys):
+    import json
+
+    from reports.cli import main
+
+    a = torch.empty(T, K, dtype=torch.bfloat16, device="meta")
+    b = torch.empty(E, K, N, dtype=torch.bfloat16, device="meta")
+    offs = torch.empty(E, dtype=torch.int32, device="meta")
+    path = tmp_path / "t"
+    with Tracer(path):
+        torch._grouped_mm(a, b, offs=offs)  # a bound: 2048
+        a @ torch.empty(K, N, dtype=torch.bfloat16, device="meta")  # a count: 2 * 16 * 8 * 8 = 2048
+    assert main(["report", str(path), "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["bound_flops"] == {"flops": 2048, "rows": 1}
+    assert summary["flops"]["total"] == 4096
+    assert main(["report", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "Note: 1 ops count an upper bound of their FLOPs (2.05 k per step)" in out
