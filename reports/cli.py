@@ -11,6 +11,7 @@ import os
 import sys
 import warnings
 
+from reports.coverage import bounds
 from reports.errors import ReportError
 from reports.integrity import describe_damage
 
@@ -91,6 +92,7 @@ def summary(df, peak_tflops=None, step_time_s=None, ranks_present=None):
         "tokens": _number(table["tokens"].iloc[0]) if table is not None else _number(meta.get("tokens")),
         "steps": count_steps(df),
         "flops": _phase_flops(df),  # per step; the phases add up to total
+        "bound_flops": bounds(df),  # of those, per step, upper bounds rather than counts
         "external_weight_flops": None if table is None else _number(table.loc["total", "external_weight_flops"]),
         "expected": None if table is None else {
             phase: _number(table.loc[phase, "expected_flops"]) for phase in ("forward", "backward", "total")
@@ -110,30 +112,22 @@ def summary(df, peak_tflops=None, step_time_s=None, ranks_present=None):
 
 
 def _coverage_json(df):
-    """`uncounted_ops` (ops no FLOP formula counted: op, ops, time_pct) and `bound_flops` (FLOPs that are bounds)."""
-    from reports.coverage import bounds, uncounted
+    """`uncounted_ops`: the ops no FLOP formula counted (op, ops, time_pct)."""
+    from reports.coverage import uncounted
 
     table = uncounted(df)
-    rows, flops = bounds(df)
-    return {
-        "uncounted_ops": [{"op": r.op, "ops": int(r.ops), "time_pct": _number(r.time_pct)} for r in table.itertuples()],
-        "bound_flops": {"rows": rows, "flops": _number(flops)},
-    }
+    return {"uncounted_ops": [{"op": r.op, "ops": int(r.ops), "time_pct": _number(r.time_pct)} for r in table.itertuples()]}
 
 
 def _print_coverage(df, out):
-    """Ops no FLOP formula counted, and FLOPs that are bounds: never a silent zero."""
-    from reports.coverage import FIX, bounds, uncounted
+    """Ops no FLOP formula counted: never a silent zero."""
+    from reports.coverage import FIX, uncounted
 
     table = uncounted(df)
     if len(table):
         print(f"\nOps without a FLOP formula (counted as 0 FLOPs; {FIX})", file=out)
         shown = table.assign(time_pct=table["time_pct"].map(lambda v: f"{v:.1f}%"))
         print(shown[["op", "ops", "time_pct"]].to_string(index=False), file=out)
-    rows, flops = bounds(df)
-    if rows:
-        print(f"\nNote: {_human(flops)} FLOPs of {rows:,} ops are upper bounds, not counts (lengths or expert "
-              "group sizes were not readable, e.g. on meta or fake tensors)", file=out)
 
 
 def _print_report(df, args, out):
@@ -161,6 +155,11 @@ def _print_report(df, args, out):
         print(f"Note: {meta['backward_unnamed_rows']:,} backward ops have no module (an engine run longer than the "
               f"tracer names op by op); FLOP and byte figures are unaffected", file=out)
 
+    bound = bounds(df)
+    if bound["rows"]:
+        print(f"Note: {bound['rows']:,} ops count an upper bound of their FLOPs ({_human(bound['flops'])} per step): "
+              f"the lengths or group sizes they depend on could not be read (meta or fake tensors); "
+              f"column flops_bound", file=out)
     print("\nFLOPs per step against 2/4/6 x N x T", file=out)
     from reports.accounting import analyse
 

@@ -4,7 +4,7 @@ An op without a FLOP formula is recorded with 0 FLOPs and `flop_kind` "unknown"
 (tracer/flops.py). `uncounted(df)` lists them, as fvcore lists the ops it skips,
 with their share of the traced op time: an op that takes 30% of the time and
 counts nothing is worth a formula (`tracer.register_flop_formula`). `bounds(df)`
-gives the FLOPs that are upper bounds rather than counts (the `flops_bound`
+gives the FLOPs per step that are upper bounds rather than counts (the `flops_bound`
 column of a v3 trace: lengths or group sizes the tracer could not read).
 """
 
@@ -42,8 +42,12 @@ def uncounted(df):
 
 
 def bounds(df):
-    """(rows, FLOPs) whose FLOPs are upper bounds, not counts; (0, 0) for a trace without the column."""
-    if "flops_bound" not in df:
-        return 0, 0.0
-    mask = df["flops_bound"].fillna(False).to_numpy(bool)
-    return int(mask.sum()), float(df["flops"].to_numpy(np.float64)[mask].sum())
+    """{"flops": per-step FLOPs of the rows whose count is an upper bound (the flops_bound column), "rows": how many
+    rows}; zeros for a trace without the column (v1, v2)."""
+    from reports.steps import per_step
+
+    bound = df["flops_bound"].fillna(False).to_numpy(dtype=bool) if "flops_bound" in df.columns else None
+    if bound is None or not bound.any():
+        return {"flops": 0, "rows": 0}
+    flops = per_step(df, mask=bound)
+    return {"flops": int(flops) if float(flops).is_integer() and abs(flops) < 2**53 else float(flops), "rows": int(bound.sum())}

@@ -10,7 +10,7 @@ import pyarrow as pa
 from reports.columns import DEFERRED, LIST_MODES, Deferred, SharedRuns, concat_frames, has_column, read_table, to_pandas
 from reports.errors import ReportError
 from reports.integrity import check_parts, damage, describe_damage, one_line, read_marker
-from tracer.schema import COLUMN_NAMES, SCHEMA_VERSION, V2_DEFAULTS, merge_metadata, part_paths
+from tracer.schema import COLUMN_NAMES, SCHEMA_VERSION, merge_metadata, missing_columns, part_paths
 
 
 def read_run(path, footers=None):
@@ -82,9 +82,10 @@ def load(paths, columns=None, lists="objects"):
         wanted = list(columns) if columns is not None else list(COLUMN_NAMES)
         if lists == "deferred":
             wanted = [c for c in wanted if c not in DEFERRED]
-        upgrade = meta["schema_version"] < 2  # v1 traces lack the v2 columns: read what exists, fill the rest
-        read = [c for c in wanted if c not in V2_DEFAULTS] if upgrade else wanted
-        if upgrade and "busy_ns" in wanted and "duration_ns" not in read:
+        lacks = missing_columns(meta["schema_version"])  # v1, v2 traces lack later columns: read what exists, fill the rest
+        upgrade = any(c in lacks for c in wanted)
+        read = [c for c in wanted if c not in lacks] if upgrade else wanted
+        if upgrade and "busy_ns" in lacks and "busy_ns" in wanted and "duration_ns" not in read:
             read.append("duration_ns")
         try:
             table = read_table(path, read, lists, footers)
@@ -95,7 +96,7 @@ def load(paths, columns=None, lists="objects"):
             raise ReportError(f"{path}: trace lacks column(s) {missing}")
         frame = to_pandas(table, lists)
         if upgrade:
-            frame = _fill_v2(frame, wanted)
+            frame = _fill_v2(frame, wanted, lacks)
         broken = describe_damage(meta["damage"])
         if not meta.get("complete") or broken:  # one warning per trace, every fact in it
             state = "incomplete (cut short)" if not meta.get("complete") else "damaged"
@@ -124,15 +125,15 @@ def _with_ranks(paths):
         yield from found or [(path, None)]
 
 
-def _fill_v2(frame, wanted):
-    """A v1 trace's frame with the v2 columns, holding the values v1 semantics imply."""
+def _fill_v2(frame, wanted, lacks):
+    """A v1 or v2 trace's frame with the columns added since, holding the values its semantics imply."""
     for name in wanted:
         if name in frame.columns:
             continue
-        default = V2_DEFAULTS[name]
+        default = lacks[name]
         if name == "busy_ns":  # v1 recorded synchronised wall time: no idle gap to remove
             frame[name] = frame["duration_ns"]
-        elif name == "output_storage_bytes":
+        elif name in ("output_storage_bytes", "group_sizes"):
             frame[name] = pd.Series([None] * len(frame), dtype=object)
         elif default is None:
             frame[name] = pd.Series(pd.NA, index=frame.index, dtype="Int64")

@@ -94,8 +94,8 @@ def matmul_dtype(rows):
     if not ok.any():
         return None
     codes, found = pd.factorize(pd.Series(names[offsets[:-1][ok] + first[ok]], dtype=object).map(str))
-    totals = np.zeros(len(found), dtype=np.int64)
-    np.add.at(totals, codes, flops[at][ok].astype(np.int64))
+    totals = np.zeros(len(found), dtype=np.float64)  # float64: an int64 sum of a 405B model's FLOPs wraps
+    np.add.at(totals, codes, flops[at][ok].astype(np.float64))
     return str(found[int(np.argmax(totals))])  # the first dtype seen wins a tie
 
 

@@ -38,7 +38,7 @@ from reports.columns import cell_objects
 from reports.errors import ReportError
 from reports.load import require, runs_of
 from reports.peaks import normalize_dtype, peak_bandwidth, peak_flops
-from reports.steps import row_divisor
+from reports.steps import row_divisor, summable
 from reports.tables import combine, row_dtype_codes, several_runs, split_runs
 
 __all__ = ["BOUNDS", "roofline", "roofline_split", "roofline_with_split"]
@@ -71,7 +71,7 @@ def _rows(rows, shapes=False):
         "op": rows["op"].astype("category"),  # categorical keys: group-bys on codes, not strings
         "module": rows["module"].astype("category"),
         "dtype": pd.Categorical.from_codes(*row_dtype_codes(rows)),
-        "flops": rows["flops"].to_numpy(np.int64),
+        "flops": summable(rows["flops"].to_numpy(np.int64)),  # float64 where an int64 sum could wrap
         "bytes": nbytes,
         "time_s": time_s,
         "per_step": per_step,

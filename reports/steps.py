@@ -14,6 +14,11 @@ step asks this module how many steps a phase ran in and divides by it here, once
 Integer totals are summed before the one division, so a trace of k identical steps
 gives exactly the figures of one step (k·a / k == a in floating point; summing
 a/k row by row would not).
+
+No sum wraps: `summable(values)` gives integers unchanged when no sum of them can pass
+int64, else as float64 (exact to float64's 53 bits, up to 1e308). A 405B model's step
+is ~4e19 FLOPs, past int64's 9.2e18; every report sums through it (`per_step` here,
+reports/tables.py, reports/roofline.py).
 """
 
 import numpy as np
@@ -21,7 +26,25 @@ import pandas as pd
 
 from tracer.schema import PHASES
 
-__all__ = ["count_steps", "per_step", "phase_steps", "row_divisor", "step_phases"]
+__all__ = ["count_steps", "fits_int64", "per_step", "phase_steps", "row_divisor", "step_phases", "summable"]
+
+INT64_MAX = 2**63 - 1
+
+
+def fits_int64(values):
+    """Whether every sum of some of these integers fits in int64 (so an int64 sum cannot wrap)."""
+    v = np.asarray(values)
+    if not len(v) or not (np.issubdtype(v.dtype, np.integer) or v.dtype == bool):
+        return True
+    return max(int(v.max()), -int(v.min()), 0) * len(v) <= INT64_MAX
+
+
+def summable(values):
+    """`values` (integers: a Series or an array) ready to be summed: as they are when no sum
+    of them can pass int64, else as float64, so that a total is exact or float64, never wrapped."""
+    if fits_int64(values):
+        return values
+    return values.astype(np.float64)
 
 _FORWARD_BACKWARD = ("forward", "backward")
 
@@ -83,8 +106,9 @@ def _phase_order(names):
 
 
 def _totals(index, size, values):
-    """Sum of `values` per index in [0, size): exact int64 sums for integer values."""
-    if np.issubdtype(values.dtype, np.integer) or values.dtype == bool:
+    """Sum of `values` per index in [0, size): exact int64 sums for integer values that cannot
+    wrap, else float64 sums."""
+    if (np.issubdtype(values.dtype, np.integer) or values.dtype == bool) and fits_int64(values):
         out = np.zeros(size, dtype=np.int64)
         np.add.at(out, index, values.astype(np.int64))
         return out

@@ -12,7 +12,9 @@ DataFrame with a RangeIndex and units in the column names:
                      slows every op, so use these times to rank ops, not to
                      measure speed (reports.mfu uses the untraced step time).
 
-The FLOPs here are totals over the whole trace; `by_step` gives them per step.
+The FLOPs here are totals over the whole trace; `by_step` gives them per step. Totals
+never wrap: a column whose int64 sum could pass 2**63 - 1 (a 405B model's FLOPs) is summed,
+and shown, as float64 (reports/steps.py `summable`).
 When the trace holds several runs (load([a, b])) every table has a `run`
 column first and one block of rows per run, in load order; with one run there
 is no `run` column. Empty inputs give empty tables with the same columns and
@@ -26,6 +28,7 @@ from reports._util import empty_frame, pct
 from reports.columns import cell_lists, first_codes
 from reports.errors import ReportError
 from reports.load import require
+from reports.steps import INT64_MAX, fits_int64
 from tracer.schema import EXTERNAL_MARK, PHASES
 
 __all__ = ["by_dtype", "by_module", "by_op", "by_phase", "by_step"]
@@ -72,7 +75,20 @@ def combine(frames, columns, dtypes, several):
         out = pd.concat(parts, ignore_index=True)
     else:
         out = empty_frame({c: types.get(c, object) for c in cols})
+    wide = [c for c, t in types.items() if t == "int64" and c in out.columns and out[c].dtype.kind == "f"
+            and bool((out[c].abs() > INT64_MAX).any())]  # sums past int64 (summable_rows) stay float64
+    types.update(dict.fromkeys(wide, "float64"))
     return out.astype({c: t for c, t in types.items() if c in out.columns}).reset_index(drop=True)[cols]
+
+
+_SUMMED = ("flops", "bytes_allocated", "bytes_read", "bytes_written", "duration_ns")
+
+
+def summable_rows(rows, columns=_SUMMED):
+    """`rows` with every integer column whose int64 sum could wrap turned float64 (no copy when none can)."""
+    wide = {c: rows[c].astype(np.float64) for c in columns
+            if c in rows.columns and not fits_int64(rows[c].to_numpy())}
+    return rows.assign(**wide) if wide else rows
 
 
 def several_runs(df):
@@ -88,6 +104,7 @@ def _sum_table(df, key, what, extra_cols=(), order=None):
               "bytes_read": "int64", "bytes_written": "int64", "duration_us": "float64", "duration_pct": "float64"}
     frames = []
     for run, rows in split_runs(df):
+        rows = summable_rows(rows)
         g = rows.groupby(key, observed=True, sort=False)
         t = pd.DataFrame({
             "ops": g.size(),
@@ -99,7 +116,7 @@ def _sum_table(df, key, what, extra_cols=(), order=None):
         })
         t.index = t.index.astype(object)
         t = t.rename_axis(key).reset_index()
-        t["flops_pct"] = pct(t["flops"], int(rows["flops"].sum()))
+        t["flops_pct"] = pct(t["flops"], rows["flops"].sum())
         t["duration_pct"] = pct(t["duration_us"], rows["duration_ns"].sum() / 1000.0)
         if order is not None:
             t = t.sort_values(key, key=lambda s: s.map(order), kind="stable")
@@ -154,6 +171,7 @@ def by_dtype(df):
     frames, columns, dtypes = _sum_table(tagged, "dtype", "by_dtype")
     out = []
     for (run, t), (_, rows) in zip(frames, split_runs(tagged)):
+        rows = summable_rows(rows, ("matmul_flops",))
         t.insert(4, "matmul_flops", t["dtype"].map(rows.groupby("dtype")["matmul_flops"].sum()))
         out.append((run, t.sort_values("flops", ascending=False, kind="stable")))
     columns = columns[:4] + ["matmul_flops"] + columns[4:]
@@ -171,6 +189,7 @@ def by_step(df):
     dtypes["duration_us"] = "float64"
     frames = []
     for run, rows in split_runs(df):
+        rows = summable_rows(rows)
         g = rows.groupby("step", sort=True)
         t = pd.DataFrame({
             "ops": g.size(),
@@ -225,13 +244,14 @@ def _rolled_up(own, own_cols, parent, depth):
     names = list(parent)
     at = {n: i for i, n in enumerate(names)}
     up = np.array([at[parent[n]] if parent[n] is not None else -1 for n in names], dtype=np.int64)
-    mine = own.reindex(names)
-    values = mine[own_cols].fillna(0).to_numpy(np.float64)
-    sub = values.copy()
-    first = mine["first_seq"].to_numpy(np.float64, na_value=np.inf).copy()
+    mine = own.reindex(names, fill_value=0)  # int64 columns stay int64 (summable: no sum of them wraps)
+    values = [mine[c].to_numpy().copy() for c in own_cols]
+    sub = [v.copy() for v in values]
+    first = own["first_seq"].reindex(names).to_numpy(np.float64, na_value=np.inf).copy()
     for i in sorted(range(len(names)), key=lambda i: -depth[names[i]]):  # deepest first: add each into its parent
         if up[i] >= 0:
-            sub[up[i]] += sub[i]
+            for column in sub:
+                column[up[i]] += column[i]
             first[up[i]] = min(first[up[i]], first[i])
     children = {}
     for i in sorted(range(len(names)), key=first.__getitem__):
@@ -248,8 +268,8 @@ def _rolled_up(own, own_cols, parent, depth):
         "parent": [parent[names[i]] for i in order],
     })  # fmt: skip
     for k, c in enumerate(own_cols):
-        frame[c] = values[order, k]
-        frame[f"subtree_{c}"] = sub[order, k]
+        frame[c] = values[k][order]
+        frame[f"subtree_{c}"] = sub[k][order]
     return frame
 
 
@@ -283,6 +303,7 @@ def by_module(df, phase=None):
     frames = []
     for run, rows in split_runs(df):
         root = (runs_meta.get(run) or {}).get("root_module")
+        rows = summable_rows(rows)
         g = rows.groupby(rows["module"], observed=True, sort=False)  # on the codes of a categorical: no string per row
         own = pd.DataFrame({
             "ops": g.size(),
@@ -301,7 +322,7 @@ def by_module(df, phase=None):
                        **{f"subtree_{c}": o[c] for c in own_cols}}
             t = pd.concat([t, pd.DataFrame([outside])], ignore_index=True) if len(t) else pd.DataFrame([outside])
         t = t.reindex(columns=[c for c in columns if c != "subtree_flops_pct"])
-        total = int(rows["flops"].sum())
+        total = rows["flops"].sum()
         t["subtree_flops_pct"] = pct(t["subtree_flops"].astype("float64"), total)
         frames.append((run, t))
     return combine(frames, columns, dtypes, several_runs(df))

@@ -22,7 +22,7 @@ from gpt import GPT, GPTConfig, make_batch, make_optimizer, train_step
 
 from reports.cli import main
 from tracer import Tracer
-from tracer.schema import METADATA_KEY, part_paths
+from tracer.schema import METADATA_KEY, SCHEMA_VERSION, part_paths
 
 ROOT = Path(__file__).resolve().parents[1]
 N = 3584  # 768 + 256 + 1024 + 1024 + 512, see the module docstring
@@ -298,7 +298,7 @@ def make_bad(kind, tmp_path, traces):
         return p, r"Parquet without optrace metadata \(was it written by optrace\?\)"
     if kind == "newer_schema":
         rewrite_metadata(traces["fp32"], p, schema_version=99)
-        return p, r"trace schema version 99 is newer than this optrace reads \(2\); upgrade optrace"
+        return p, rf"trace schema version 99 is newer than this optrace reads \({SCHEMA_VERSION}\); upgrade optrace"
     raise AssertionError(kind)
 
 

@@ -33,7 +33,7 @@ def test_each_part_stores_the_run_metadata_once(tmp_path):
         blob = stored.metadata[METADATA_KEY]
         assert pq.read_schema(part).metadata == {METADATA_KEY: blob}  # readers still find it
         meta = json.loads(blob)
-        assert meta["schema_version"] == 2 and meta["parameters"]["weight"]["shape"] == [4, 8]
+        assert meta["schema_version"] == 3 and meta["parameters"]["weight"]["shape"] == [4, 8]
         raw = open(part, "rb").read()
         assert raw.count(b'"trace_id"') == 0  # not stored as plain JSON anywhere: once, inside the schema
     assert read_metadata(path)["complete"] is True

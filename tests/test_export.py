@@ -202,6 +202,7 @@ def _synthetic_trace(path):
             "start_ns": pa.array(1_700_000_000_000_000_000 + 2000 * seq), "busy_ns": pa.array(np.full(n, 1000)),
             "layout": strs([""], np.zeros(n, np.int32)), "comm_bytes": pa.nulls(n, pa.int64()),
             "group_size": pa.nulls(n, pa.int64()), "process_group": strs([""], np.zeros(n, np.int32)),
+            "flops_bound": pa.array(np.zeros(n, bool)), "group_sizes": pa.nulls(n, pa.list_(pa.int64())),
         }  # fmt: skip
         table = pa.Table.from_arrays([columns[f.name].cast(f.type) for f in ARROW_SCHEMA], schema=schema)
         pq.write_table(table, path / part_name(p), compression="zstd")

@@ -33,7 +33,8 @@ class _Record(TorchDispatchMode):
         if func not in METADATA_OPS:
             rule = flop_rule(func)
             causal = rule.causal(args, kwargs) if rule.causal else None
-            self.rows.append((func, rule.kind, rule.count(args, kwargs, out), causal))
+            count = rule.count(args, kwargs, out)
+            self.rows.append((func, rule.kind, count.flops if rule.detailed else count, causal))
         return out
 
 
@@ -204,7 +205,9 @@ PARITY = [
     ("matmul 3d fwd+bwd", lambda: (_grad(3, 4, 5) @ _grad(3, 5, 6)).sum().backward()),
     ("baddbmm", lambda: torch.baddbmm(torch.randn(3, 4, 6), torch.randn(3, 4, 5), torch.randn(3, 5, 6))),
     ("conv2d fwd+bwd", lambda: F.conv2d(_grad(2, 3, 9, 9), _grad(4, 3, 3, 3), stride=2).sum().backward()),
-    ("conv1d groups fwd+bwd", lambda: F.conv1d(_grad(2, 4, 10), _grad(6, 2, 3), groups=2).sum().backward()),
+    # grouped convolutions: forward only; FlopCounterMode's backward does not divide by groups
+    # (tests/test_conv_groups.py pins ours)
+    ("conv1d groups fwd", lambda: F.conv1d(torch.randn(2, 4, 10), torch.randn(6, 2, 3), groups=2)),
     ("conv_transpose2d fwd+bwd",
      lambda: F.conv_transpose2d(_grad(2, 3, 5, 5), _grad(3, 4, 3, 3), stride=2).sum().backward()),
     ("conv3d fwd+bwd", lambda: F.conv3d(_grad(1, 2, 4, 5, 6), _grad(3, 2, 2, 2, 2)).sum().backward()),
@@ -275,7 +278,9 @@ def test_varlen_flash_attention_matches_torch_on_meta():
     args = (q, q, q, cum, cum, 5, 5, 0.0, False, False)
     rule = flop_rule(aten._flash_attention_forward.default)
     expected = flop_counter._flash_attention_forward_flop(q, q, q, cum, cum, 5, 5)
-    assert rule.count(args, {}, None) == expected == 3 * 2 * 2 * 5 * 5 * (8 + 8)
+    # the lengths of meta tensors cannot be read: the count is the bound, and says so
+    assert rule.count(args, {}, None) == (expected, True, None)
+    assert expected == 3 * 2 * 2 * 5 * 5 * (8 + 8)
 
 
 def test_slow_conv2d_forward_which_flop_counter_mode_rejects():

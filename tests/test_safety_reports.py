@@ -161,7 +161,7 @@ def test_a_newer_schema_is_refused(tmp_path, capsys):
         meta = json.loads(table.schema.metadata[METADATA_KEY])
         meta["schema_version"] = 7
         pq.write_table(table.replace_schema_metadata({METADATA_KEY: json.dumps(meta).encode()}), part)
-    one_error(capsys, path, r"trace schema version 7 is newer than this optrace reads \(2\); upgrade optrace")
+    one_error(capsys, path, r"trace schema version 7 is newer than this optrace reads \(3\); upgrade optrace")
 
 
 def test_a_whole_trace_reports_no_damage(tmp_path, capsys):

@@ -1,4 +1,4 @@
-"""Schema v2: the packed row is tied to ROW_FIELDS, the v2 columns hold what they say, v1 traces still load."""
+"""Schema v3: the packed row is tied to ROW_FIELDS, the v2 and v3 columns hold what they say, v1 and v2 traces still load."""
 
 import json
 import time
@@ -9,7 +9,9 @@ import torch
 
 import reports
 from tracer import Tracer
-from tracer.schema import COLUMN_NAMES, METADATA_KEY, PHASES, V2_DEFAULTS, Phase, part_paths
+from tracer.schema import (
+    COLUMN_NAMES, INT64_MAX, METADATA_KEY, NO_VALUE, PHASES, V2_DEFAULTS, V3_DEFAULTS, Phase, part_paths,
+)
 from tracer.writer import FIELD, ROW_FIELDS, ROW_WIDTH, RowBuffer
 
 
@@ -41,6 +43,7 @@ def test_recorded_row_matches_row_fields(tmp_path, monkeypatch):
     assert row["bytes_allocated"] == 4 * 2 * 4  # a 4 x 2 float32 output: 32 bytes
     assert row["duration_ns"] >= 0 and row["start"] > 0
     assert FIELD["start"] == ROW_FIELDS.index("start")
+    assert row["bound"] == 0 and row["groups"] == NO_VALUE  # a count, no group sizes
 
 
 def test_v2_columns(tmp_path):
@@ -62,19 +65,26 @@ def test_v2_columns(tmp_path):
     assert df["comm_bytes"].isna().all() and df["group_size"].isna().all()
 
 
-def test_v1_trace_loads_with_v2_defaults(tmp_path):
-    """A v1 trace (made here by dropping the v2 columns and version) loads with every column."""
-    with Tracer(tmp_path / "t"):
-        torch.ones(4, 8) @ torch.ones(8, 2)
-    v1 = tmp_path / "v1"
-    v1.mkdir()
+def _older(tmp_path, version, dropped):
+    """The trace at tmp_path/t rewritten as schema `version`, without the columns `dropped`."""
+    old = tmp_path / f"v{version}"
+    old.mkdir()
     for part in part_paths(tmp_path / "t"):
         table = pq.read_table(part)
         meta = json.loads(table.schema.metadata[METADATA_KEY])
-        meta["schema_version"] = 1
-        table = table.drop_columns(list(V2_DEFAULTS)).replace_schema_metadata({METADATA_KEY: json.dumps(meta)})
-        pq.write_table(table, v1 / part.rsplit("/", 1)[1])
+        meta["schema_version"] = version
+        table = table.drop_columns(list(dropped)).replace_schema_metadata({METADATA_KEY: json.dumps(meta)})
+        pq.write_table(table, old / part.rsplit("/", 1)[1])
+    return old
+
+
+def test_v1_trace_loads_with_v2_defaults(tmp_path):
+    """A v1 trace (made here by dropping the v2 and v3 columns and version) loads with every column."""
+    with Tracer(tmp_path / "t"):
+        torch.ones(4, 8) @ torch.ones(8, 2)
+    v1 = _older(tmp_path, 1, [*V2_DEFAULTS, *V3_DEFAULTS])
     df = reports.load(v1)
+    assert not df["flops_bound"].any() and df["group_sizes"].isna().all()
     assert tuple(c for c in df.columns if c != "run") == COLUMN_NAMES
     assert (df["busy_ns"] == df["duration_ns"]).all()
     assert not df["recompute"].any() and set(df["layout"]) == {""}
@@ -95,3 +105,68 @@ def test_rowbuffer_rollback_drops_half_a_row():
     rows.rollback()
     assert list(rows.tensors) == [2, 0, 0, 64] and list(rows.dims) == [4, 4, 4, 1]
 
+
+
+@pytest.mark.parametrize("lists", ["objects", "arrow", "deferred"])
+def test_v2_trace_loads_with_v3_defaults(tmp_path, lists):
+    """A v2 trace (made here by dropping the v3 columns) reads flops_bound False, group_sizes null."""
+    with Tracer(tmp_path / "t"):
+        torch.ones(4, 8) @ torch.ones(8, 2)
+    df = reports.load(_older(tmp_path, 2, V3_DEFAULTS), lists=lists)
+    assert tuple(c for c in df.columns if c != "run") == COLUMN_NAMES or lists == "deferred"
+    assert df["flops_bound"].tolist() == [False, False, False]
+    assert df["group_sizes"].isna().all()
+    assert df["flops"].tolist() == [0, 0, 128]  # two ones, then 2 * 4 * 8 * 2 = 128
+    only = reports.load(tmp_path / "v2", columns=["op", "group_sizes"])
+    assert list(only.columns) == ["run", "op", "group_sizes"]
+
+
+def test_rowbuffer_rollback_drops_half_a_row_of_group_sizes():
+    rows = RowBuffer()
+    rows.ints.extend([0] * ROW_WIDTH)
+    rows.ints[FIELD["groups"]] = 2
+    rows.groups.extend((5, 7))
+    rows.groups.extend((1, 1, 1))  # a second row's group sizes, appended before its ints
+    rows.rollback()
+    assert list(rows.groups) == [5, 7]
+
+
+def test_a_formula_past_int64_is_clamped_and_flagged(tmp_path):
+    """A Python-int count above 2**63 - 1 cannot go into the int64 column: it is stored as
+    INT64_MAX with flops_bound true, and the op runs as untraced."""
+    from tracer.flops import _registry
+
+    op = torch.ops.aten.dot
+    saved = _registry[op]
+    _registry[op] = (lambda *a, **k: 2**70, "matmul")  # rules are made per trace: this one sees it
+    try:
+        with Tracer(tmp_path / "t"):
+            out = torch.dot(torch.ones(3), torch.ones(3))
+    finally:
+        _registry[op] = saved
+    assert out.item() == 3.0
+    df = reports.load(tmp_path / "t")
+    r = df[df["op"] == "aten.dot.default"].iloc[0]
+    assert r["flops"] == INT64_MAX == 9223372036854775807 and bool(r["flops_bound"])
+    assert df.attrs["runs"]["t"]["record_errors"] == 0
+
+
+def test_group_sizes_of_grouped_rows_and_null_elsewhere(tmp_path):
+    a, b = torch.ones(16, 8), torch.ones(3, 8, 8)
+    offs = torch.tensor([3, 3, 16], dtype=torch.int32)
+    with Tracer(tmp_path / "t"):
+        torch._grouped_mm(a, b, offs=offs)
+        a @ torch.ones(8, 8)
+    df = reports.load(tmp_path / "t").set_index("op")
+    assert list(df.loc["aten._grouped_mm.default", "group_sizes"]) == [3, 0, 13]
+    assert df.loc["aten.mm.default", "group_sizes"] is None
+    assert not df["flops_bound"].any()
+
+
+def test_readme_schema_table_names_every_column():
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    table = readme.split("### Trace schema v3", 1)[1].split("\n\n", 2)[2].split("\n\n", 1)[0]
+    names = {n.strip("` ") for line in table.splitlines()[2:] for n in line.split("|")[1].split(",")}
+    assert names == set(COLUMN_NAMES)

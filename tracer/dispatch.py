@@ -60,6 +60,8 @@ class _OpInfo:
             self.basis = int(FlopBasis.ZERO)
         elif count is OUTPUT_ELEMENTS:  # the writer counts the output elements
             self.basis = int(FlopBasis.PER_OUTPUT_ELEMENT)
+        elif self.rule.detailed:  # count gives a FlopCount: FLOPs, bound, group sizes
+            self.basis = int(FlopBasis.DETAILED)
         else:
             self.basis = int(FlopBasis.FORMULA)
         # Composite ops (linear, matmul, einsum) normally decompose before they reach

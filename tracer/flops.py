@@ -20,6 +20,11 @@ in order, at:
    - "none": views, copies, fills, factories, random draws: 0 FLOPs.
    - "unknown": anything else, counted as 0. `flop_rule` never raises.
 
+Ops whose FLOPs depend on tensor values, not only shapes, have rules of their own in
+`tracer.op_kinds` that count a `FlopCount` (FLOPs, whether they are a bound, group sizes):
+the grouped matmuls of mixture-of-experts layers (`_grouped_mm`, `_scaled_grouped_mm`) and
+the flash / efficient attention kernels on packed sequences (tracer/grouped_flops.py).
+
 `matmul`, `linear`, `einsum`, `softmax` and other CompositeImplicitAutograd ops decompose
 into mm/bmm/addmm/_softmax before dispatch, which are counted. Under `torch.inference_mode()`
 they reach the dispatch mode whole and run whole (the tracer never decomposes an op: that
@@ -29,14 +34,24 @@ counts 0 with kind "unknown".
 """
 
 from math import prod
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import torch
 
 from tracer.errors import TraceError
 from tracer.schema import FLOP_KINDS
 
-__all__ = ["register_flop_formula", "has_formula"]
+__all__ = ["FlopCount", "register_flop_formula", "has_formula"]
+
+
+class FlopCount(NamedTuple):
+    """What a detailed rule counts (tracer/grouped_flops.py, nested tensors): FLOPs, whether they
+    are an upper bound rather than a count (schema column flops_bound), and the group sizes
+    (column group_sizes: rows per group of a grouped matmul, lengths per sequence), or None."""
+
+    flops: int
+    bound: bool = False
+    group_sizes: tuple | None = None
 
 aten = torch.ops.aten
 _registry: dict[torch._ops.OpOverloadPacket, tuple[Callable[..., int], str]] = {}
@@ -168,9 +183,15 @@ def conv_kernel_flop(x, w, *args, out_shape=None, **kwargs) -> int:
 @register_flop_formula(_packets("convolution_backward"), kind="conv")
 def conv_backward_flop(grad_out, x, w, bias, stride, padding, dilation, transposed, output_padding,
                        groups, output_mask, out_shape=None, **kwargs) -> int:
-    """Convolution backward: grad_input and grad_weight are one convolution each."""
-    # grad_input = conv_transpose(grad_out, w) -> x's shape; grad_weight = conv(x^T, grad_out^T)
-    # with batch and channels swapped (transposed: conv(grad_out^T, x^T)) -> w's shape.
+    """Convolution backward: grad_input and grad_weight each cost what the forward costs."""
+    # grad_input = conv_transpose(grad_out, w) -> x's shape (transposed: conv(grad_out, w)):
+    # w is [c_out, c_in / groups, *kernel], so each input channel meets only its group's outputs.
+    # grad_weight = conv(x^T, grad_out^T) with batch and channels swapped (transposed:
+    # conv(grad_out^T, x^T)) -> w's shape: read as one convolution it pairs every input
+    # channel with every output channel; a grouped convolution pairs only those of one group,
+    # so that count divides by groups. Each term then equals the forward's count.
+    # NB: FlopCounterMode (torch 2.13) does not divide the grad_weight term by groups: it
+    # counts a depthwise conv's weight gradient c_in times too high.
     def t(shape):
         return (shape[1], shape[0], *shape[2:])
 
@@ -179,7 +200,7 @@ def conv_backward_flop(grad_out, x, w, bias, stride, padding, dilation, transpos
         flops += conv_flop_count(grad_out, w, out_shape[0], not transposed)
     if output_mask[1]:
         first, second = (grad_out, x) if transposed else (x, grad_out)
-        flops += conv_flop_count(t(first), t(second), t(out_shape[1]))
+        flops += conv_flop_count(t(first), t(second), t(out_shape[1])) // max(groups, 1)
     return flops
 
 
@@ -212,8 +233,9 @@ def _bshd(q, k, v, cum_seq_q, max_q, max_k):
     """(b, h, s_q, s_k, d_qk, d_v) of [b, s, h, d] shapes, or of packed varlen ones."""
     if cum_seq_q is None:
         return q[0], q[2], q[1], k[1], q[3], v[3]
-    # NB: packed sequences ([total, h, d] or [1, total, h, d]) all count at the maximum
-    # length, an upper bound (FlopCounterMode does the same on fake and meta tensors).
+    # NB: from shapes alone, packed sequences ([total, h, d] or [1, total, h, d]) all count at
+    # the maximum length, an upper bound (FlopCounterMode always does this). The tracer counts
+    # each sequence at its length when the offsets can be read (tracer/grouped_flops.py).
     s_q, s_k = (max_q if max_q is not None else q[-3]), (max_k if max_k is not None else k[-3])
     return cum_seq_q[0] - 1, q[-2], s_q, s_k, q[-1], v[-1]
 

@@ -11,15 +11,25 @@ here. What can be read is recorded; nothing is computed that the program did not
   tensor's buffer); the index storages (indices, crow/col indices, offsets) are
   registered too, so live_bytes counts them.
 - FLOPs: sparse matmuls count 2 per stored value and output column (2 * nnz * n); an
-  elementwise op counts one per stored element; matmuls on nested tensors count their
-  formula on the values buffer (a jagged [B, j, k] @ [k, n] is a [sum j, k] @ [k, n]);
-  views and copies count 0 ("none"); anything else counts 0 with kind "unknown".
+  elementwise op counts one per stored element; matmuls on nested tensors (matmul, bmm,
+  linear, ...) count the sum over components, 2 * k per output element of each (a jagged
+  [B, j, k] @ [k, n] is a [sum j, k] @ [k, n]; a strided nested one reads each component's
+  sizes); other formulas on strided nested tensors (softmax, norms) count the sum of the
+  formula over components, so the CPU path of jagged attention counts each sequence at its
+  length; views and copies count 0 ("none"); anything else counts 0 with kind "unknown".
+  NB: a jagged matmul whose contraction is the ragged dimension needs the lengths; where
+  they cannot be read (meta, fake offsets) it counts 0 with kind "unknown".
 - A traceable wrapper subclass (`__tensor_flatten__`) owns no memory of its own: its
   storage counts 0 bytes, and its inner tensors' storages are registered instead.
 """
 
+from math import prod
+
 import torch
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+from tracer.flops import FlopCount
+from tracer.grouped_flops import concrete_ints
 
 STRIDED = torch.strided
 _INDEX_GETTERS = {
@@ -99,33 +109,88 @@ def register_subclass(storages, t, storage):
     return storages.register(storage, nbytes=0)
 
 
+def _component_shapes(t):
+    """Shapes of a nested tensor's components (without the batch dimension), or None when its
+    lengths cannot be read (a jagged tensor's offsets on meta or fake tensors)."""
+    if t.layout is STRIDED:  # strided nested: its sizes are a concrete [components, ndim] tensor
+        return [tuple(s) for s in t._nested_tensor_size().tolist()]
+    lengths = getattr(t, "_lengths", None)
+    if lengths is None:
+        offsets = concrete_ints(t._offsets)
+        lengths = None if offsets is None else [b - a for a, b in zip(offsets, offsets[1:])]
+    else:
+        lengths = concrete_ints(lengths)
+    if lengths is None:
+        return None
+    ragged = t._ragged_idx
+    dims = [None if i == ragged else int(s) for i, s in enumerate(t.shape)]
+    return [tuple(n if d is None else d for d in dims[1:]) for n in lengths]
+
+
+def _nested_matmul(info, ins, outs):
+    """A matmul-kind op on nested tensors: 2 * k per output element of every component, where
+    k is the contraction length of the multiplied operand (the first input; the second for
+    addmm-style ops, whose first is the bias)."""
+    out = outs[0]
+    a = ins[1] if info.name.split(".")[1].startswith(("addmm", "baddbmm", "addbmm", "_addmm")) else ins[0]
+    if out.layout is STRIDED:  # strided nested output: its components' sizes are concrete
+        numels = [prod(shape) for shape in _component_shapes(out)]
+    else:
+        numels = [out._values.numel()]  # jagged: the ragged dimension is stored in full
+    if not a.is_nested:
+        return FlopCount(2 * sum(numels) * a.shape[-1])
+    if a.layout is STRIDED:
+        return FlopCount(2 * sum(n * shape[-1] for n, shape in zip(numels, _component_shapes(a))))
+    if a._ragged_idx == a.dim() - 1:  # the contraction is the ragged dimension: lengths needed
+        shapes, out_shapes = _component_shapes(a), _component_shapes(out) if out.is_nested else None
+        if shapes is None or out_shapes is None:
+            raise ValueError("lengths unknown")
+        return FlopCount(2 * sum(prod(o) * s[-1] for o, s in zip(out_shapes, shapes)))
+    return FlopCount(2 * sum(numels) * int(a.shape[-1]))
+
+
 def odd_flops(info, args, kwargs, out, ins, outs):
-    """(FLOPs, kind) of an op with a sparse or nested argument; (0, 'unknown') when no formula fits."""
+    """(FlopCount, kind) of an op with a sparse or nested argument; (0, 'unknown') when no formula fits."""
     kind = info.rule.kind
     odd = [t for t in (*ins, *outs) if t.layout is not STRIDED or t.is_nested]
     sparse = [t for t in odd if t.layout in _INDEX_GETTERS]
     func_name = info.name.split(".")[1]
     if kind == "none":  # views, copies, fills: no arithmetic on any layout
-        return 0, kind
+        return FlopCount(0), kind
     try:
         if kind == "matmul" and sparse and func_name in _SPARSE_MM:
             a, b = [t for t in ins if t.dim() == 2][-2:]
             if a.layout in _INDEX_GETTERS:  # [m, k] sparse @ [k, n] -> one multiply-add per stored value and column
-                return 2 * stored_elements(a) * b.shape[1], kind
-            return 2 * stored_elements(b) * a.shape[0], kind  # [m, k] @ [k, n] sparse
+                return FlopCount(2 * stored_elements(a) * b.shape[1]), kind
+            return FlopCount(2 * stored_elements(b) * a.shape[0]), kind  # [m, k] @ [k, n] sparse
         if kind == "elementwise":
-            return max(stored_elements(t) for t in odd), kind
-        if kind == "matmul" and not sparse:  # nested: the formula on the values buffers
-            swap = {id(t): _values(t) for t in odd}
-
-            def plain(x):
-                if isinstance(x, torch.Tensor):
-                    return swap.get(id(x), x)
-                if isinstance(x, (list, tuple)):
-                    return type(x)(plain(v) for v in x)
-                return x
-
-            return info.rule.count(plain(args), {k: plain(v) for k, v in kwargs.items()}, plain(out)), kind
+            return FlopCount(max(stored_elements(t) for t in odd)), kind
+        if kind == "matmul" and not sparse and outs and outs[0].is_nested:
+            return _nested_matmul(info, ins, outs), kind
+        if not sparse and info.rule.formula is not None:  # nested: the formula per component, summed
+            return _per_component(info.rule.formula, args, kwargs, out), kind
     except Exception:
         pass
-    return 0, "unknown"
+    return FlopCount(0), "unknown"
+
+
+def _per_component(formula, args, kwargs, out):
+    """Sum of a formula of shapes over the components of strided nested arguments (softmax,
+    norms: a jagged tensor is first made strided nested by the ops that need it)."""
+    nested = [t for t in (*args, out) if isinstance(t, torch.Tensor) and t.is_nested]
+    if any(t.layout is not STRIDED for t in nested):
+        raise ValueError("jagged: per-component formulas need strided nested tensors")
+    shapes = {id(t): _component_shapes(t) for t in nested}
+    components = len(next(iter(shapes.values())))
+
+    def shape(x, i):
+        if isinstance(x, torch.Tensor):
+            return shapes[id(x)][i] if id(x) in shapes else tuple(x.shape)
+        if isinstance(x, (list, tuple)):
+            return type(x)(shape(v, i) for v in x)
+        return x
+
+    return FlopCount(sum(
+        int(formula(*shape(args, i), out_shape=shape(out, i), **{k: shape(v, i) for k, v in kwargs.items()}))
+        for i in range(components)
+    ))

@@ -21,7 +21,7 @@ from tracer.dispatch import _tensors, _TraceMode
 from tracer.layouts import STRIDED, describe, odd_flops, register_subclass
 from tracer.metadata import Roles, dtype_name, now, run_metadata
 from tracer.safety import write_failure_message
-from tracer.schema import CAUSAL_NONE, NO_VALUE, FlopBasis
+from tracer.schema import CAUSAL_NONE, INT64_MAX, NO_VALUE, FlopBasis
 from tracer.storage import StorageTable
 from tracer.timing import check_timing, make_timer
 from tracer.writer import (
@@ -39,7 +39,7 @@ Tensor = torch.Tensor
 _perf_ns = time.perf_counter_ns
 _storage_key = torch._C._storage_id  # a tensor's storage, as its UntypedStorage's _cdata, with no storage object made
 MIN_STEP_TIME_S = 1e-9  # a step shorter than a nanosecond is a unit mistake, not a measurement
-_PER_ELEMENT, _FORMULA = int(FlopBasis.PER_OUTPUT_ELEMENT), int(FlopBasis.FORMULA)
+_PER_ELEMENT, _FORMULA, _DETAILED = int(FlopBasis.PER_OUTPUT_ELEMENT), int(FlopBasis.FORMULA), int(FlopBasis.DETAILED)
 
 
 class Tracer:
@@ -328,13 +328,23 @@ class Tracer:
                         out_bytes += n
                     storages.regrow(t.untyped_storage())
             allocated = storages.registered_bytes - registered
+            bound, n_groups = 0, NO_VALUE
             basis = info.basis
             kind = info.kind_id
-            if layout:
-                flops, kind_name = odd_flops(info, args, kwargs, out, ins, outs)
-                kind = self._writer.names["kind"].id(kind_name)
-            elif basis == _FORMULA:
+            if basis == _FORMULA and not layout:
                 flops = info.rule.count(args, kwargs, out)
+                if flops > INT64_MAX:  # a Python int past int64: stored as the largest int64, flagged a bound
+                    flops, bound = INT64_MAX, 1
+            elif basis == _DETAILED or layout:  # a FlopCount: FLOPs, bound, group sizes (grouped mm, nested)
+                if layout:
+                    count, kind_name = odd_flops(info, args, kwargs, out, ins, outs)
+                    kind = self._writer.names["kind"].id(kind_name)
+                else:
+                    count = info.rule.count(args, kwargs, out)
+                flops, bound = min(count.flops, INT64_MAX), int(count.bound or count.flops > INT64_MAX)
+                if count.group_sizes is not None:
+                    n_groups = len(count.group_sizes)
+                    rows.groups.extend(count.group_sizes)
             else:
                 flops = PER_OUTPUT_ELEMENT if basis == _PER_ELEMENT else 0
             causal = CAUSAL_NONE if info.rule.causal is None else int(bool(info.rule.causal(args, kwargs)))
@@ -366,6 +376,7 @@ class Tracer:
             info.inplace, causal, flops, allocated, storages.live_bytes, inplace_bytes, out_bytes, duration,
             len(ins), len(outs), n_freed,
             recompute, start, duration, layout, comm_bytes, group_size, group_id,
+            bound, n_groups,
         ))  # fmt: skip
         self._timer.bind(rows)
         if len(rows.ints) >= self._flush_at:

@@ -14,7 +14,8 @@ from typing import Callable
 import torch
 
 import tracer.composite_flops  # noqa: F401 (registers the formulas of composite ops)
-from tracer.flops import _registry
+from tracer.flops import FlopCount, _registry
+from tracer.grouped_flops import concrete_ints, grouped_mm_count, varlen_attention_count
 
 __all__ = ["FlopRule", "METADATA_OPS", "flop_rule"]
 
@@ -49,6 +50,7 @@ _NONE_OPS = frozenset("""
     rand rand_like randn randn_like randint randint_like randperm normal normal_ uniform uniform_
     bernoulli bernoulli_ exponential exponential_ random_ cauchy cauchy_ geometric geometric_ log_normal
     log_normal_ multinomial _philox_normal_ _philox_uniform_ _philox_key_split _philox_key_fold_in
+    _nested_tensor_from_tensor_list _nested_from_padded _nested_from_padded_and_nested_example to_padded_tensor
 """.split())
 _NONE_NAMESPACES = {"profiler", "prim", "fsdp"}  # fsdp: FSDP2's copy-in, copy-out and chunk_cat copies
 _OPTIMIZER_OPS = frozenset("_fused_adam_ _fused_adamw_ _fused_sgd_ _fused_adagrad_".split())
@@ -87,11 +89,16 @@ class FlopRule:
     """How to count one overload: its kind, and count(args, kwargs, out) on the real tensors.
 
     `causal(args, kwargs)`, for attention ops only, tells whether the mask was causal.
+    `detailed`: count returns a `FlopCount` (FLOPs, bound, group sizes), not an int; the
+    hook asks only these rules for more than an int (tracer/schema.py FlopBasis.DETAILED).
+    `formula`: the registered formula of shapes, when the rule has one.
     """
 
     kind: str
     count: Callable[[tuple, dict, object], int]
     causal: Callable[[tuple, dict], bool] | None = None
+    detailed: bool = False
+    formula: Callable[..., int] | None = None
 
 
 def _zero(args, kwargs, out) -> int:
@@ -182,12 +189,60 @@ def _is_view(func) -> bool:
     return bool(returns) and all(r.alias_info is not None and not r.alias_info.is_write for r in returns)
 
 
+def _offsets_value(get, args, kwargs):
+    t = get(args, kwargs)
+    return concrete_ints(t) if isinstance(t, torch.Tensor) else None
+
+
+def _grouped_mm_rule(func):
+    """_grouped_mm / _scaled_grouped_mm: counted from the group offsets' values (tracer/grouped_flops.py)."""
+    offs = _arg_getter(func, "offs")
+
+    def count(args, kwargs, out):
+        return grouped_mm_count(tuple(args[0].shape), tuple(args[1].shape), _offsets_value(offs, args, kwargs))
+
+    return FlopRule("matmul", count, detailed=True)
+
+
+# packet: (argument names of q, k, v, cumulative query and key lengths, maximum lengths), backward
+_VARLEN = {
+    "_flash_attention_forward": (("query", "key", "value", "cum_seq_q", "cum_seq_k", "max_q", "max_k"), False),
+    "_flash_attention_backward": (("query", "key", "value", "cum_seq_q", "cum_seq_k", "max_q", "max_k"), True),
+    "_efficient_attention_forward": (
+        ("query", "key", "value", "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k"), False),
+    "_efficient_attention_backward": (
+        ("query", "key", "value", "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k"), True),
+}
+
+
+def _varlen_attention_rule(func, dense, names, backward):
+    """Flash / efficient attention: the registered formula on dense inputs; on packed sequences
+    the sum over sequences from the cumulative lengths' values (tracer/grouped_flops.py)."""
+    q, k, v, cum_q, cum_k, max_q, max_k = (_arg_getter(func, name) for name in names)
+
+    def count(args, kwargs, out):
+        cq = cum_q(args, kwargs)
+        if not isinstance(cq, torch.Tensor):
+            return FlopCount(dense(args, kwargs, out))
+        shapes = (tuple(q(args, kwargs).shape), tuple(k(args, kwargs).shape), tuple(v(args, kwargs).shape))
+        return varlen_attention_count(
+            *shapes, cq.shape[0] - 1, concrete_ints(cq), _offsets_value(cum_k, args, kwargs),
+            max_q(args, kwargs), max_k(args, kwargs), backward)
+
+    return FlopRule("attention", count, _causal_getter(func), detailed=True)
+
+
 def flop_rule(func: torch._ops.OpOverload) -> FlopRule:
     """The FlopRule of one overload: its registered formula, else a generic kind. Never raises."""
     packet = func.overloadpacket
+    if packet.__name__ in ("_grouped_mm", "_scaled_grouped_mm") and func.namespace == "aten":
+        return _grouped_mm_rule(func)
     if packet in _registry:
         formula, kind = _registry[packet]
-        return FlopRule(kind, _shape_count(formula), _causal_getter(func) if kind == "attention" else None)
+        count = _shape_count(formula)
+        if func.namespace == "aten" and packet.__name__ in _VARLEN:
+            return _varlen_attention_rule(func, count, *_VARLEN[packet.__name__])
+        return FlopRule(kind, count, _causal_getter(func) if kind == "attention" else None, formula=formula)
     namespace, _, name = func._schema.name.partition("::")
     name = name if namespace == "aten" else ""  # the name tables are for aten ops
     if func in METADATA_OPS or namespace in _NONE_NAMESPACES or name in _NONE_OPS:

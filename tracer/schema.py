@@ -1,4 +1,4 @@
-"""Trace schema v2: column names, Arrow types, named row constants and the metadata key.
+"""Trace schema v3: column names, Arrow types, named row constants and the metadata key.
 
 This module is the contract between `tracer` (which writes traces) and
 `reports` (which reads them). It imports pyarrow only, never torch or pandas.
@@ -17,7 +17,7 @@ import enum
 
 import pyarrow as pa
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 METADATA_KEY = b"optrace"
 PART_GLOB = "part-*.parquet"
 MARKER_NAME = "_optrace.json"  # {"format": "optrace", "trace_id": ...}: this directory is an optrace trace
@@ -44,6 +44,7 @@ class FlopBasis(enum.IntEnum):
     ZERO = 0  # the op does no arithmetic
     PER_OUTPUT_ELEMENT = 1  # one FLOP per output element: the writer counts them from the output shapes
     FORMULA = 2  # ask the op's FLOP formula
+    DETAILED = 3  # ask the op's formula for a FlopCount: FLOPs, whether they are a bound, group sizes
 
 
 # In a module name: the model's modules are its class name and dotted paths below it; a module
@@ -53,7 +54,8 @@ EXTERNAL_MARK = "#"
 
 # Sentinels of the packed integer row (tracer/writer.py ROW_FIELDS); each becomes null in Parquet.
 CAUSAL_NONE = -1  # causal: not an attention kernel
-NO_VALUE = -1  # busy_ns, comm_bytes, group_size: not measured / not a collective
+NO_VALUE = -1  # busy_ns, comm_bytes, group_size: not measured / not a collective; groups: no group sizes
+INT64_MAX = 2**63 - 1  # a row's flops above this are stored as INT64_MAX with flops_bound true
 
 FLOP_KINDS = (
     "matmul",  # mm, bmm, addmm, baddbmm, mv, dot, _scaled_mm, _int_mm, ...
@@ -108,6 +110,9 @@ COLUMNS = (
     ("comm_bytes", pa.int64(), "collectives: message size as nccl-tests defines it (null for other ops)"),
     ("group_size", pa.int64(), "collectives: ranks in the process group (null for other ops)"),
     ("process_group", _str, "collectives: the process group's name ('' for other ops)"),
+    # added in v3
+    ("flops_bound", pa.bool_(), "flops is an upper bound, not a count: lengths or group sizes could not be read (meta, fake, symbolic) or the count passed INT64_MAX"),
+    ("group_sizes", pa.list_(pa.int64()), "grouped ops: rows per group (tokens per expert of _grouped_mm, sequence lengths of jagged attention); null for other ops"),
 )
 
 # Columns a v1 trace lacks, and the value `reports.load` gives them when reading one.
@@ -121,6 +126,17 @@ V2_DEFAULTS = {
     "group_size": None,
     "process_group": "",
 }
+
+# Columns a v2 (or v1) trace lacks, and the value `reports.load` gives them when reading one.
+V3_DEFAULTS = {
+    "flops_bound": False,
+    "group_sizes": None,
+}
+
+
+def missing_columns(version: int) -> dict:
+    """{column: default} of the columns a trace of schema `version` lacks."""
+    return {**(V2_DEFAULTS if version < 2 else {}), **(V3_DEFAULTS if version < 3 else {})}
 
 COLUMN_NAMES = tuple(name for name, _, _ in COLUMNS)
 ARROW_SCHEMA = pa.schema([pa.field(name, typ) for name, typ, _ in COLUMNS])

@@ -70,12 +70,14 @@ def _lists(counts, values):
 # inplace_bytes: bytes of the inputs the op wrote into (0 unless inplace); out_bytes: of
 # those, the out= arguments, which are written but not read. start: perf_counter_ns at the
 # op's start (the writer adds clock_offset_ns). causal, busy_ns, comm_bytes and group_size
-# use the schema's sentinels (CAUSAL_NONE, NO_VALUE) for null.
+# use the schema's sentinels (CAUSAL_NONE, NO_VALUE) for null. bound: flops_bound (0 or 1);
+# groups: how many group sizes the row appended to RowBuffer.groups, NO_VALUE for null.
 ROW_FIELDS = (
     "step", "op", "phase", "module", "device", "kind", "inplace", "causal",
     "flops", "bytes_allocated", "live_bytes", "inplace_bytes", "out_bytes", "duration_ns",
     "inputs", "outputs", "freed",
     "recompute", "start", "busy_ns", "layout", "comm_bytes", "group_size", "process_group",
+    "bound", "groups",
 )  # fmt: skip
 ROW_WIDTH = len(ROW_FIELDS)
 FIELD = {name: i for i, name in enumerate(ROW_FIELDS)}  # field name -> position in a row
@@ -91,6 +93,7 @@ class RowBuffer:
              storage bytes (TENSOR_WIDTH integers).
     dims     per tensor: its sizes, then its strides (2 x ndim integers).
     freed    the storage ids each row freed, `freed` of them per row.
+    groups   the group sizes of each row with some (`groups` of them per row; NO_VALUE: none).
     """
 
     def __init__(self, first_seq=0):
@@ -99,6 +102,7 @@ class RowBuffer:
         self.tensors = array("q")
         self.dims = array("q")
         self.freed = array("q")
+        self.groups = array("q")
 
     def __len__(self):
         return len(self.ints) // ROW_WIDTH
@@ -109,7 +113,8 @@ class RowBuffer:
         tensors = int(rows[:, ROW_FIELDS.index("inputs")].sum() + rows[:, ROW_FIELDS.index("outputs")].sum())
         dims = int(2 * _np(self.tensors, np.int64)[0 : TENSOR_WIDTH * tensors : TENSOR_WIDTH].sum())
         freed = int(rows[:, ROW_FIELDS.index("freed")].sum())
-        del self.tensors[TENSOR_WIDTH * tensors :], self.dims[dims:], self.freed[freed:]
+        groups = int(np.maximum(rows[:, ROW_FIELDS.index("groups")], 0).sum())
+        del self.tensors[TENSOR_WIDTH * tensors :], self.dims[dims:], self.freed[freed:], self.groups[groups:]
 
     def set_step(self, first_row, step):
         """Give the rows from `first_row` on the step number `step` (a step boundary decided late)."""
@@ -220,6 +225,10 @@ class RowBuffer:
             "comm_bytes": nullable(col["comm_bytes"]),
             "group_size": nullable(col["group_size"]),
             "process_group": names["process_group"].dictionary(col["process_group"].astype(np.int32)),
+            "flops_bound": pa.array(col["bound"].astype(bool)),
+            "group_sizes": pa.ListArray.from_arrays(
+                _offsets(np.maximum(col["groups"], 0)), pa.array(_np(self.groups, np.int64)),
+                mask=pa.array(col["groups"] == NO_VALUE)),
         }
         blob = json.dumps(metadata, default=str, separators=(",", ":")).encode()
         schema = ARROW_SCHEMA.with_metadata({METADATA_KEY: blob})

@@ -1,0 +1,109 @@
+"""Nested tensors: matmuls count the sum over components; packed (jagged) attention counts the
+sum over sequences from the real lengths, and the flagged max-length bound where the lengths
+cannot be read. Lengths 32, 64, 96, 128: the bound is 2.13x the count."""
+
+import warnings
+
+import pandas as pd
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tracer import Tracer
+from tracer.flops import FlopCount
+from tracer.op_kinds import flop_rule
+
+aten = torch.ops.aten
+LENGTHS = (32, 64, 96, 128)
+H, D = 2, 8
+# one sequence's attention forward: 2 * h * s * s * (d + d); summed over the four lengths:
+# 2 * 2 * 16 * (32**2 + 64**2 + 96**2 + 128**2) = 64 * 30720 = 1,966,080
+EXACT = sum(2 * H * s * s * (D + D) for s in LENGTHS)
+BOUND = len(LENGTHS) * 2 * H * 128 * 128 * (D + D)  # every sequence at 128: 4,194,304
+
+
+def traced(tmp_path, fn):
+    path = tmp_path / "t"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch's prototype warning for strided nested tensors
+        with Tracer(path):
+            fn()
+    df = pd.read_parquet(path)
+    return df[df["flops"] > 0]
+
+
+def strided(*shapes):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return torch.nested.nested_tensor([torch.randn(*s) for s in shapes])
+
+
+def test_the_bound_is_2_13_times_the_count():
+    assert EXACT == 1_966_080 and BOUND == 4_194_304
+    assert round(BOUND / EXACT, 2) == 2.13
+
+
+def test_jagged_matmul_and_bmm_count_the_stored_rows(tmp_path):
+    torch.manual_seed(0)
+    nt = torch.nested.nested_tensor([torch.randn(s, D) for s in LENGTHS], layout=torch.jagged)
+    w, stacked = torch.randn(D, 4), torch.randn(len(LENGTHS), D, 4)
+    rows = traced(tmp_path, lambda: (nt @ w, torch.bmm(nt, stacked)))
+    # (32 + 64 + 96 + 128) rows of [8] @ [8, 4]: 2 * 320 * 8 * 4 = 20480, for each op
+    assert rows[["op", "flops"]].values.tolist() == [["aten.matmul.default", 20480], ["aten.bmm.default", 20480]]
+    assert set(rows["layout"]) == {"jagged"} and set(rows["flop_kind"]) == {"matmul"}
+
+
+def test_strided_nested_matmul_bmm_linear_sum_their_components(tmp_path):
+    torch.manual_seed(0)
+    a, b = strided((2, 3, 8), (2, 5, 8)), strided((2, 8, 3), (2, 8, 5))
+    x, y, w = strided((3, 8), (5, 8)), strided((8, 4), (8, 4)), torch.randn(4, 8)
+    rows = traced(tmp_path, lambda: (torch.matmul(a, b), torch.bmm(x, y), F.linear(x, w)))
+    # matmul: [2, 3, 8] @ [2, 8, 3] and [2, 5, 8] @ [2, 8, 5]: 2 * 8 * (2*3*3 + 2*5*5) = 1088
+    # bmm and linear: [3, 8] @ [8, 4] and [5, 8] @ [8, 4]: 2 * 8 * 4 * (3 + 5) = 512 each
+    assert rows["flops"].tolist() == [1088, 512, 512]
+    assert set(rows["flop_kind"]) == {"matmul"} and set(rows["layout"]) == {"nested"}
+
+
+def test_jagged_attention_on_cpu_counts_each_sequence(tmp_path):
+    torch.manual_seed(0)
+    q = torch.nested.nested_tensor([torch.randn(s, H, D) for s in LENGTHS], layout=torch.jagged).transpose(1, 2)
+    rows = traced(tmp_path, lambda: F.scaled_dot_product_attention(q, q, q))
+    matmuls = rows[rows["op"] == "aten.matmul.default"]
+    # the CPU path runs q @ k^T and p @ v on strided nested tensors: each sum_i 2 * h * s_i**2 * d
+    assert matmuls["flops"].tolist() == [EXACT // 2, EXACT // 2] and matmuls["flops"].sum() == EXACT
+    softmax = rows[rows["op"] == "aten._safe_softmax.default"]
+    assert softmax["flops"].tolist() == [5 * H * sum(s * s for s in LENGTHS)]  # 5 * 2 * 30720 = 307200
+    assert not rows["flops_bound"].any()
+
+
+def packed(device="cpu"):
+    total = sum(LENGTHS)
+    cum = torch.tensor([0, 32, 96, 192, 320], dtype=torch.int32, device=device)
+    return torch.empty(total, H, D, device=device), cum
+
+
+@pytest.mark.parametrize("op", ["_flash_attention_forward", "_flash_attention_backward",
+                                "_efficient_attention_forward", "_efficient_attention_backward"])
+def test_fused_packed_attention_counts_each_sequence_from_the_offsets(op):
+    rule = flop_rule(getattr(aten, op).default)
+    backward = op.endswith("backward")
+    for device in ("cpu", "meta"):
+        q, cum = packed(device)
+        if op.startswith("_efficient"):
+            q = q.unsqueeze(0)  # [1, total, h, d]
+            head = (q, q, q, None) if not backward else (q, q, q, q, None, q)
+        else:
+            head = (q, q, q) if not backward else (q, q, q, q, q, q)
+        count = rule.count((*head, cum, cum, 128, 128), {}, None)
+        scale = 2.5 if backward else 1  # backward: 5 score-sized matmuls against 2
+        if device == "cpu":  # readable offsets: exact, with the lengths
+            assert count == FlopCount(int(scale * EXACT), False, LENGTHS)
+        else:  # meta: every sequence at the maximum length, flagged a bound
+            assert count == FlopCount(int(scale * BOUND), True, None)
+
+
+def test_dense_flash_attention_is_unchanged():
+    rule = flop_rule(aten._flash_attention_forward.default)
+    q = torch.empty(2, 16, H, D)  # [b, s, h, d]
+    # 2 * 2 * 2 * 16 * 16 * (8 + 8) = 32768
+    assert rule.count((q, q, q, None, None, 16, 16), {}, None) == FlopCount(32768)
