@@ -99,6 +99,8 @@ def summary(df, peak_tflops=None, step_time_s=None):
         "damage": dict(meta.get("damage") or {}),
         "compiled_ran_eagerly": bool(meta.get("compiled_ran_eagerly")),
         "backward_unnamed_rows": int(meta.get("backward_unnamed_rows") or 0),
+        "untraced_optimizer_steps": int(meta.get("untraced_optimizer_steps") or 0),  # compiled before the trace
+        "cycles_without_step": int(meta.get("cycles_without_step") or 0),  # iterations no step boundary split
     }
 
 
@@ -118,6 +120,9 @@ def _print_report(df, args, out):
     print(f"optrace report: {run}  ({len(df)} ops, {df['step'].nunique()} step(s), {device}, {state})", file=out)
     if meta.get("compiled_ran_eagerly"):
         print("Note: torch.compile'd code ran eagerly under the tracer; the figures describe the eager program", file=out)
+    if meta.get("untraced_optimizer_steps"):
+        print(f"Note: {meta['untraced_optimizer_steps']:,} optimizer steps ran untraced (compiled before the trace: "
+              f"their kernels bypass the dispatcher); optimizer FLOPs and bytes leave them out", file=out)
     if meta.get("backward_unnamed_rows"):
         print(f"Note: {meta['backward_unnamed_rows']:,} backward ops have no module (an engine run longer than the "
               f"tracer names op by op); FLOP and byte figures are unaffected", file=out)

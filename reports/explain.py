@@ -66,6 +66,12 @@ class _Run:
         return per_step(self.rows, values=values, mask=mask, by=by, phases=self.phases)
 
     def lines(self):
+        cycles = self.acc.meta.get("cycles_without_step") or 0
+        if cycles >= 2:  # several iterations in one step: the excess over 6·N·T is theirs, not worth explaining
+            self.totals()
+            self.out.append(f"{cycles} forward/backward cycles were seen with no optimizer step: call tr.step() once "
+                            f"per iteration (or step an optimizer) so that a step is one iteration.")
+            return self.out
         for term in (self.totals, self.forward_weights, self.backward_weights, self.attention, self.checkpointing,
                      self.external, self.head, self.n_parts, self.optimizer, self.other_ops):
             term()

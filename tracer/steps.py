@@ -29,6 +29,16 @@ it; one that did (a trace cut in the middle of a step) stands.
 `Tracer.step()` ends a step by hand: the next forward work begins a new step,
 which never joins the one before. (A loop of plain tensor ops that calls no
 module and builds no autograd graph has no forward work: it stays in one step.)
+
+An iteration can also end with no optimizer step (`iteration_end`, found by
+tracer/attribution.py): a GradScaler that skipped `optimizer.step()` after an
+overflow still updates its scale (`aten._amp_update_scale_`), and a hand-written
+update writes the parameters in place after the backward. Either ends the step
+as `Tracer.step()` does, unless an optimizer step already ended it.
+
+Forward/backward cycles (a backward after forward work) are counted; when the
+whole trace saw no step boundary of any kind, `cycles_without_step` says how
+many there were: that many iterations sit in one step, and the report says so.
 """
 
 
@@ -48,9 +58,13 @@ class Steps:
         self._guessed = None  # the optimizers before a tentative step settled by a guess, until the truth comes
         self._rows_so_far = rows_so_far
         self._relabel = relabel
+        self._forward_seen = False  # forward work since the last backward began
+        self.cycles = 0  # forward/backward cycles: backward runs that followed forward work
+        self.boundaries = 0  # step ends seen: optimizer steps, Tracer.step(), iteration_end()
 
     def forward_work(self):
         """Forward work is starting. True when it began a step."""
+        self._forward_seen = True
         if not self.armed:
             return False
         self.armed = False
@@ -77,6 +91,7 @@ class Steps:
     def optimizer_end(self):
         self.armed = True
         self._joinable = True
+        self.boundaries += 1
 
     def mark(self):
         """Tracer.step(): the step ends here and the next does not join it."""
@@ -85,6 +100,25 @@ class Steps:
         self._guessed = None
         self.armed = True
         self._joinable = False
+        self.boundaries += 1
+
+    def iteration_end(self):
+        """An iteration ended with no optimizer step (a skipped GradScaler step, a hand-written
+        update): as `mark()`, unless an optimizer step already ended this step. True when it ended it."""
+        if self.armed:
+            return False
+        self.mark()
+        return True
+
+    def backward_began(self):
+        """The autograd engine began a backward on the traced thread."""
+        if self._forward_seen:
+            self._forward_seen = False
+            self.cycles += 1
+
+    def cycles_without_step(self):
+        """The forward/backward cycles of a trace that saw no step boundary at all; 0 when it saw one."""
+        return self.cycles if not self.boundaries else 0
 
     def settle(self):
         """A part is about to be written: settle a tentative step now."""
