@@ -77,9 +77,14 @@ Known limitations:
     module, is flagged as a recompute.
   * In a closure `Optimizer.step` calls, ops outside any module that build no
     graph (a zero_grad with set_to_none=False) have phase optimizer.
+  * A wrapper that is not an initialised `Optimizer` (no step hooks of its own)
+    is seen only through its inner step: of its work after that step, only the
+    ops that write a parameter have phase optimizer (a Lookahead's slow-weight
+    arithmetic before its copy into the parameters stays other).
 """
 
 import bisect
+import sys
 import threading
 
 import torch
@@ -141,6 +146,34 @@ def _guarded(hook, on_error):
     return guarded
 
 
+def _depth(frame):
+    """The number of frames on the stack up to and including `frame`."""
+    n = 0
+    while frame is not None:
+        n += 1
+        frame = frame.f_back
+    return n
+
+
+def _enclosing(steps, frame, depth):
+    """How many of `steps` ((frame id, depth), outermost first) run in strict ancestors of `frame`
+    (at `depth`): the optimizer steps this one runs inside."""
+    alive = []
+    for frame_id, at in reversed(steps):  # innermost first, walking up the stack
+        if at >= depth:
+            alive.append(False)
+            continue
+        while depth > at:
+            frame, depth = frame.f_back, depth - 1
+        alive.append(id(frame) == frame_id)
+    kept = 0
+    for ok in reversed(alive):
+        if not ok:
+            break
+        kept += 1
+    return kept
+
+
 def _pop(stack, key):
     """Remove the innermost entry of `key` (and any entry above it); False when absent."""
     for i in range(len(stack) - 1, -1, -1):
@@ -185,7 +218,7 @@ class Attribution:
         self.unnamed_backward = 0  # backward ops left unnamed past NAMED_PER_ENGINE_RUN
         self._nested = {}  # graph task of a backward run inside another, on an engine thread -> the outer node's module
         self._recompute_outer = ""  # the module of the node that began re-running modules (checkpointing)
-        self._optimizers = []  # id() of the optimizer steps running, one inside another (a wrapper's inner step)
+        self._optimizers = []  # (frame id, stack depth) of the optimizer steps running, outermost first
         self._optimizer_ops = 0  # ops recorded in the optimizer phase of the running outermost step
         self._expect_ops = False  # the running outermost step has parameters with gradients: it must run ops
         self.untraced_optimizer_steps = 0  # optimizer steps whose hooks fired around no recorded op
@@ -342,6 +375,8 @@ class Attribution:
         else:
             if compiled_in_place(module):  # model.compile(): it runs eagerly here too
                 self.names.compiled_seen = True
+            if self.in_optimizer and not self._closure and _get_ident() == self._thread:
+                self._end_raised_steps()
             if not self.in_optimizer and self.steps.forward_work():
                 self._step_began()
             elif not self.forward_stack:
@@ -369,11 +404,13 @@ class Attribution:
     def _optimizer_pre(self, optimizer, args, kwargs):
         if not self.traced():
             return
-        running, key = self._optimizers, id(optimizer)
-        if key in running:  # its last step raised (no post hook): that step is over
-            del running[running.index(key):]
-        running.append(key)
-        if len(running) > 1:  # a wrapper's inner step: part of the outer one
+        running = self._optimizers
+        wrapper = sys._getframe(2)  # the hook wrapper of Optimizer.step (it called _guarded): alive for the whole step
+        depth = _depth(wrapper)
+        if running:  # steps whose wrapper is no longer an ancestor raised (no post hook): they are over
+            del running[_enclosing(running, wrapper, depth):]
+        running.append((id(wrapper), depth))
+        if len(running) > 1:  # a wrapper's inner step (or a subclass's super().step()): part of the outer one
             return
         params = [p for group in optimizer.param_groups for p in group["params"]]
         if id(optimizer) not in self._optimizers_seen:
@@ -392,12 +429,22 @@ class Attribution:
         if self._on_optimizer_start is not None:
             self._on_optimizer_start(optimizer)
 
+    def _end_raised_steps(self):
+        """A module runs inside an optimizer step with no closure: when no step's hook wrapper is
+        still on the stack, the steps raised (no post hook ran) and are over."""
+        frame = sys._getframe(1)
+        if _enclosing(self._optimizers, frame, _depth(frame)):
+            return
+        self._optimizers.clear()
+        self.in_optimizer = False
+        self.steps.optimizer_end()
+
     def _optimizer_post(self, optimizer, args, kwargs):
         if not self.traced():
             return
         running = self._optimizers
-        if id(optimizer) in running:
-            del running[running.index(id(optimizer)):]
+        if running:
+            running.pop()
         if running:  # a wrapper's inner step ended: the wrapper's step goes on
             return
         if self._expect_ops and not self._optimizer_ops:  # compiled before the trace: it bypassed the dispatcher
