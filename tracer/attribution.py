@@ -84,7 +84,6 @@ Known limitations:
 """
 
 import bisect
-import sys
 import threading
 
 import torch
@@ -98,7 +97,7 @@ from tracer.backward import BackwardStack
 from tracer.compiled import compiled_in_place
 from tracer.modules import ModuleNames
 from tracer.schema import Phase
-from tracer.steps import Steps
+from tracer.steps import Parameters, RunningSteps, Steps
 
 _graph_task_id = torch._C._current_graph_task_id
 _grad_enabled = torch.is_grad_enabled
@@ -115,7 +114,6 @@ NO_GRAPH_TASK = -1  # _current_graph_task_id() outside the autograd engine
 _TASKS_KEPT = 64  # engine runs remembered (their grad mode); nested runs are few, finished ones irrelevant
 FORWARD, BACKWARD, OPTIMIZER, OTHER = Phase.FORWARD, Phase.BACKWARD, Phase.OPTIMIZER, Phase.OTHER
 NOT_RECOMPUTE, RECOMPUTE = 0, 1
-_storage_key = torch._C._storage_id  # a tensor's storage, as the tracer's storage table keys it
 _SCALE_UPDATE = "aten._amp_update_scale_"  # GradScaler.update(): it runs whether or not the step was skipped
 
 
@@ -144,34 +142,6 @@ def _guarded(hook, on_error):
             on_error(exc)
 
     return guarded
-
-
-def _depth(frame):
-    """The number of frames on the stack up to and including `frame`."""
-    n = 0
-    while frame is not None:
-        n += 1
-        frame = frame.f_back
-    return n
-
-
-def _enclosing(steps, frame, depth):
-    """How many of `steps` ((frame id, depth), outermost first) run in strict ancestors of `frame`
-    (at `depth`): the optimizer steps this one runs inside."""
-    alive = []
-    for frame_id, at in reversed(steps):  # innermost first, walking up the stack
-        if at >= depth:
-            alive.append(False)
-            continue
-        while depth > at:
-            frame, depth = frame.f_back, depth - 1
-        alive.append(id(frame) == frame_id)
-    kept = 0
-    for ok in reversed(alive):
-        if not ok:
-            break
-        kept += 1
-    return kept
 
 
 def _pop(stack, key):
@@ -218,15 +188,14 @@ class Attribution:
         self.unnamed_backward = 0  # backward ops left unnamed past NAMED_PER_ENGINE_RUN
         self._nested = {}  # graph task of a backward run inside another, on an engine thread -> the outer node's module
         self._recompute_outer = ""  # the module of the node that began re-running modules (checkpointing)
-        self._optimizers = []  # (frame id, stack depth) of the optimizer steps running, outermost first
+        self._running = RunningSteps()  # optimizer steps running, one inside another
         self._optimizer_ops = 0  # ops recorded in the optimizer phase of the running outermost step
         self._expect_ops = False  # the running outermost step has parameters with gradients: it must run ops
         self.untraced_optimizer_steps = 0  # optimizer steps whose hooks fired around no recorded op
         self._backward_seen = False  # this step ran a backward on the traced thread (a manual update may follow)
-        self._param_keys = set()  # storages of the parameters known: model=, the optimizers'
-        self._optimizers_seen = set()  # id() of optimizers whose parameters are in _param_keys
+        self._params = Parameters()  # the parameters known: model=, the optimizers'
         if root is not None:
-            self._note_parameters(root.parameters())
+            self._params.note(root.parameters())
 
     # state the dispatch hook reads ---------------------------------------
     def where(self, ins, outs, info=None, args=(), kwargs=None):
@@ -271,32 +240,12 @@ class Attribution:
                 self._step_began()
             return FORWARD, "", NOT_RECOMPUTE
         if info is not None and info.inplace:
-            if self._backward_seen and self._writes_parameter(info, args, kwargs):  # a hand-written update
+            if self._backward_seen and self._params.written_by(info, args, kwargs):  # a hand-written update
                 self.steps.iteration_end()
                 return OPTIMIZER, "", NOT_RECOMPUTE
             if info.name.startswith(_SCALE_UPDATE):  # a skipped GradScaler step still ends the iteration
                 self.steps.iteration_end()
         return OTHER, "", NOT_RECOMPUTE
-
-    def _writes_parameter(self, info, args, kwargs):
-        """Whether the op writes a parameter (known by its storage, or a leaf that requires grad) in place."""
-        keys = self._param_keys
-        try:
-            for t, is_out in info.written(args, kwargs):
-                if is_out or t.layout is not torch.strided:
-                    continue
-                if t.requires_grad and t.is_leaf or _storage_key(t) in keys:
-                    return True
-        except Exception:  # a tensor with no storage to key: not a parameter this rule can know
-            return False
-        return False
-
-    def _note_parameters(self, params):
-        for p in params:
-            try:
-                self._param_keys.add(_storage_key(p))
-            except Exception:  # no storage (a wrapper subclass, e.g. a DTensor): known as a leaf that requires grad
-                pass
 
     def _backward_module(self):
         """The module whose forward made the autograd node the engine is running ('' outside every module)."""
@@ -404,18 +353,10 @@ class Attribution:
     def _optimizer_pre(self, optimizer, args, kwargs):
         if not self.traced():
             return
-        running = self._optimizers
-        wrapper = sys._getframe(2)  # the hook wrapper of Optimizer.step (it called _guarded): alive for the whole step
-        depth = _depth(wrapper)
-        if running:  # steps whose wrapper is no longer an ancestor raised (no post hook): they are over
-            del running[_enclosing(running, wrapper, depth):]
-        running.append((id(wrapper), depth))
-        if len(running) > 1:  # a wrapper's inner step (or a subclass's super().step()): part of the outer one
+        if not self._running.enter(levels=2):  # a wrapper's inner step (or a subclass's super().step()): part of the outer one
             return
         params = [p for group in optimizer.param_groups for p in group["params"]]
-        if id(optimizer) not in self._optimizers_seen:
-            self._optimizers_seen.add(id(optimizer))
-            self._note_parameters(params)
+        self._params.note_optimizer(optimizer, params)
         self._optimizer_ops = 0
         self._expect_ops = any(p.grad is not None for p in params)
         closure = kwargs.get("closure", args[1] if len(args) > 1 else None)  # args: (optimizer, closure)
@@ -432,20 +373,16 @@ class Attribution:
     def _end_raised_steps(self):
         """A module runs inside an optimizer step with no closure: when no step's hook wrapper is
         still on the stack, the steps raised (no post hook ran) and are over."""
-        frame = sys._getframe(1)
-        if _enclosing(self._optimizers, frame, _depth(frame)):
+        if not self._running.over(levels=1):
             return
-        self._optimizers.clear()
+        self._running.clear()
         self.in_optimizer = False
         self.steps.optimizer_end()
 
     def _optimizer_post(self, optimizer, args, kwargs):
         if not self.traced():
             return
-        running = self._optimizers
-        if running:
-            running.pop()
-        if running:  # a wrapper's inner step ended: the wrapper's step goes on
+        if not self._running.exit():  # a wrapper's inner step ended: the wrapper's step goes on
             return
         if self._expect_ops and not self._optimizer_ops:  # compiled before the trace: it bypassed the dispatcher
             self.untraced_optimizer_steps += 1
