@@ -106,6 +106,7 @@ def summary(df, peak_tflops=None, step_time_s=None):
 
 def _print_report(df, args, out):
     from reports.breakdown import breakdown, explain
+    from reports.explain import cycles_note
     from reports.memory import by_category, peak
     from reports.mfu import mfu
     from reports.tables import by_module, by_op
@@ -121,8 +122,11 @@ def _print_report(df, args, out):
     if meta.get("compiled_ran_eagerly"):
         print("Note: torch.compile'd code ran eagerly under the tracer; the figures describe the eager program", file=out)
     if meta.get("untraced_optimizer_steps"):
-        print(f"Note: {meta['untraced_optimizer_steps']:,} optimizer steps ran untraced (compiled before the trace: "
-              f"their kernels bypass the dispatcher); optimizer FLOPs and bytes leave them out", file=out)
+        k = meta["untraced_optimizer_steps"]
+        print(f"Note: {k:,} optimizer step{'s' if k != 1 else ''} ran untraced (compiled before the trace: their "
+              f"kernels bypass the dispatcher); optimizer FLOPs and bytes leave them out", file=out)
+    if cycles_note(meta):  # explain says it too, but it needs model= and tokens=
+        print(f"Note: {cycles_note(meta)}", file=out)
     if meta.get("backward_unnamed_rows"):
         print(f"Note: {meta['backward_unnamed_rows']:,} backward ops have no module (an engine run longer than the "
               f"tracer names op by op); FLOP and byte figures are unaffected", file=out)

@@ -318,9 +318,20 @@ def test_cycles_no_rule_can_split_are_said_not_explained(tmp_path, capsys):
     assert any(said in line for line in lines)
     assert not any(line.startswith(("Forward weight matmuls", "Backward weight matmuls")) for line in lines)
     main(["report", str(tmp_path / "rebinding")])
-    assert said in capsys.readouterr().out
+    text = capsys.readouterr().out
+    assert f"Note: {said}" in text and f"  - {said}" in text  # a note, and explain's line in place of its terms
+    assert "shared, or called twice" not in text
     main(["report", str(tmp_path / "rebinding"), "--json"])
     assert json.loads(capsys.readouterr().out)["cycles_without_step"] == 4
+
+
+def test_without_tokens_the_report_still_says_the_cycles(tmp_path, capsys):
+    model, run = rebinding_loop()
+    with Tracer(tmp_path / "t") as tr:  # no model=, no tokens=: no breakdown, no explain
+        for i in range(3):
+            run(i, tr)
+    main(["report", str(tmp_path / "t")])
+    assert "Note: 3 forward/backward cycles were seen with no optimizer step" in capsys.readouterr().out
 
 
 def _untraced_backend(gm, example_inputs):
