@@ -108,6 +108,8 @@ def summary(df, peak_tflops=None, step_time_s=None, ranks_present=None):
         "attention": meta.get("attention"),  # on meta: which SDPA kernels ran (tracer/attention.py)
         **_coverage_json(df),
         "distributed": job_summary(df, len(df.attrs["runs"]) if ranks_present is None else ranks_present),
+        "untraced_optimizer_steps": int(meta.get("untraced_optimizer_steps") or 0),  # compiled before the trace
+        "cycles_without_step": int(meta.get("cycles_without_step") or 0),  # iterations no step boundary split
     }
 
 
@@ -132,6 +134,7 @@ def _print_coverage(df, out):
 
 def _print_report(df, args, out):
     from reports.breakdown import breakdown, explain
+    from reports.explain import cycles_note
     from reports.memory import by_category, peak
     from reports.mfu import mfu
     from reports.tables import by_module, by_op
@@ -151,6 +154,12 @@ def _print_report(df, args, out):
         print(f"Note: {math_calls} scaled_dot_product_attention call(s) ran PyTorch's math path on the meta device: it keeps "
               "the full score matrix for the backward, where a GPU's fused kernel keeps one value per row; trace with "
               "Tracer(..., meta_attention='fused') (the default) for a GPU's FLOPs and memory", file=out)
+    if meta.get("untraced_optimizer_steps"):
+        k = meta["untraced_optimizer_steps"]
+        print(f"Note: {k:,} optimizer step{'s' if k != 1 else ''} ran untraced (compiled before the trace: their "
+              f"kernels bypass the dispatcher); optimizer FLOPs and bytes leave them out", file=out)
+    if cycles_note(meta):  # explain says it too, but it needs model= and tokens=
+        print(f"Note: {cycles_note(meta)}", file=out)
     if meta.get("backward_unnamed_rows"):
         print(f"Note: {meta['backward_unnamed_rows']:,} backward ops have no module (an engine run longer than the "
               f"tracer names op by op); FLOP and byte figures are unaffected", file=out)

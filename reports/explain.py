@@ -48,6 +48,15 @@ def explain(df, n="matmul", tokens=None, accounts=None):
     return lines
 
 
+def cycles_note(meta):
+    """The sentence for a trace whose forward/backward cycles no step boundary split (tracer/steps.py), or None."""
+    cycles = meta.get("cycles_without_step") or 0
+    if cycles < 2:
+        return None
+    return (f"{cycles} forward/backward cycles were seen with no optimizer step: call tr.step() once per iteration "
+            f"(or step an optimizer) so that a step is one iteration.")
+
+
 class _Run:
     """One run's explanation; each method adds the lines of one term."""
 
@@ -66,6 +75,11 @@ class _Run:
         return per_step(self.rows, values=values, mask=mask, by=by, phases=self.phases)
 
     def lines(self):
+        unsplit = cycles_note(self.acc.meta)
+        if unsplit:  # several iterations in one step: the excess over 6·N·T is theirs, not worth explaining
+            self.totals()
+            self.out.append(unsplit)
+            return self.out
         for term in (self.totals, self.forward_weights, self.backward_weights, self.attention, self.checkpointing,
                      self.external, self.head, self.n_parts, self.optimizer, self.other_ops):
             term()

@@ -17,7 +17,12 @@ outputs (`tracer/backward.py`), which name their backward first: on a CUDA
 device the re-run happens on the device's engine thread, whose sequence numbers
 are its own, so there a nested engine run outside the re-run modules belongs to
 the module of the node that started it.
-Optimizer: the global optimizer step hooks. Steps: `tracer/steps.py`; names:
+Optimizer: the global optimizer step hooks. An optimizer step inside another's
+(a wrapper, ZeroRedundancyOptimizer) is part of the outer one: one optimizer
+step, and the wrapper's work after its inner step is phase optimizer. A step
+whose hooks fired with no op recorded between them (given parameters with
+gradients) ran untraced: compiled before the trace, its kernels bypass the
+dispatcher (`untraced_optimizer_steps`). Steps: `tracer/steps.py`; names:
 `tracer/modules.py`.
 
 Phase rules, checked in this order:
@@ -28,8 +33,16 @@ Phase rules, checked in this order:
   forward    outside any module, an op that builds the autograd graph (grad mode
              on, an input requires grad, a floating output): the loss of every
              micro-batch
-  other      the rest: data preparation, gradient clipping and unscaling, a manual
-             update, zero_grad(set_to_none=False), `.item()`, logging
+  optimizer  outside any module, after this step's backward, an op that writes a
+             parameter in place (a hand-written update, a Lookahead wrapper's slow
+             weights after its inner step): it also ends the iteration when no
+             optimizer step did (`Steps.iteration_end`)
+  other      the rest: data preparation, gradient clipping and unscaling,
+             zero_grad(set_to_none=False), `.item()`, logging. A GradScaler's
+             `_amp_update_scale_` in a step no optimizer ended (it skipped the
+             step) ends the iteration.
+A parameter is a model= parameter, one an optimizer holds, or a leaf tensor that
+requires grad; it is known by its storage, so `p.data.add_(...)` is one too.
 
 Recompute: an op run by the autograd engine is a recompute when a module's
 forward began inside the engine (both `torch.utils.checkpoint` variants re-run
@@ -64,6 +77,10 @@ Known limitations:
     module, is flagged as a recompute.
   * In a closure `Optimizer.step` calls, ops outside any module that build no
     graph (a zero_grad with set_to_none=False) have phase optimizer.
+  * A wrapper that is not an initialised `Optimizer` (no step hooks of its own)
+    is seen only through its inner step: of its work after that step, only the
+    ops that write a parameter have phase optimizer (a Lookahead's slow-weight
+    arithmetic before its copy into the parameters stays other).
 """
 
 import bisect
@@ -77,9 +94,10 @@ from torch.nn.modules.module import (
 )
 
 from tracer.backward import BackwardStack
+from tracer.compiled import compiled_in_place
 from tracer.modules import ModuleNames
 from tracer.schema import Phase
-from tracer.steps import Steps
+from tracer.steps import Parameters, RunningSteps, Steps
 
 _graph_task_id = torch._C._current_graph_task_id
 _grad_enabled = torch.is_grad_enabled
@@ -96,6 +114,7 @@ NO_GRAPH_TASK = -1  # _current_graph_task_id() outside the autograd engine
 _TASKS_KEPT = 64  # engine runs remembered (their grad mode); nested runs are few, finished ones irrelevant
 FORWARD, BACKWARD, OPTIMIZER, OTHER = Phase.FORWARD, Phase.BACKWARD, Phase.OPTIMIZER, Phase.OTHER
 NOT_RECOMPUTE, RECOMPUTE = 0, 1
+_SCALE_UPDATE = "aten._amp_update_scale_"  # GradScaler.update(): it runs whether or not the step was skipped
 
 
 def _builds_graph(ins, outs):
@@ -169,10 +188,19 @@ class Attribution:
         self.unnamed_backward = 0  # backward ops left unnamed past NAMED_PER_ENGINE_RUN
         self._nested = {}  # graph task of a backward run inside another, on an engine thread -> the outer node's module
         self._recompute_outer = ""  # the module of the node that began re-running modules (checkpointing)
+        self._running = RunningSteps()  # optimizer steps running, one inside another
+        self._optimizer_ops = 0  # ops recorded in the optimizer phase of the running outermost step
+        self._expect_ops = False  # the running outermost step has parameters with gradients: it must run ops
+        self.untraced_optimizer_steps = 0  # optimizer steps whose hooks fired around no recorded op
+        self._backward_seen = False  # this step ran a backward on the traced thread (a manual update may follow)
+        self._params = Parameters()  # the parameters known: model=, the optimizers'
+        if root is not None:
+            self._params.note(root.parameters())
 
     # state the dispatch hook reads ---------------------------------------
-    def where(self, ins, outs):
-        """(schema.Phase, innermost module name, recompute flag) for the op that just ran."""
+    def where(self, ins, outs, info=None, args=(), kwargs=None):
+        """(schema.Phase, innermost module name, recompute flag) for the op that just ran
+        (`info`, `args`, `kwargs`: the op's dispatch._OpInfo and arguments)."""
         task = _graph_task_id()
         if task != NO_GRAPH_TASK:
             self.trained = True
@@ -183,6 +211,8 @@ class Attribution:
                     self._nested[task] = self._node_module  # a backward inside a backward on an engine thread
                 if task not in self._task_grads:  # a new engine run (not the outer one a nested run returns to)
                     self._named_left = NAMED_PER_ENGINE_RUN
+                    self._backward_seen = True
+                    self.steps.backward_began()
                 self._task = task  # the grad mode at an engine run's first op is its create_graph
                 self._node_module = ""
                 self.backward.queue_engine_callback(task)  # its end clears what a checkpoint's re-run left
@@ -203,11 +233,18 @@ class Attribution:
         if self.in_optimizer:
             if self._closure and _builds_graph(ins, outs):  # the loss, in a closure the optimizer calls
                 return FORWARD, "", NOT_RECOMPUTE
+            self._optimizer_ops += 1
             return OPTIMIZER, "", NOT_RECOMPUTE
         if _builds_graph(ins, outs):
             if self.steps.forward_work():
                 self._step_began()
             return FORWARD, "", NOT_RECOMPUTE
+        if info is not None and info.inplace:
+            if self._backward_seen and self._params.written_by(info, args, kwargs):  # a hand-written update
+                self.steps.iteration_end()
+                return OPTIMIZER, "", NOT_RECOMPUTE
+            if info.name.startswith(_SCALE_UPDATE):  # a skipped GradScaler step still ends the iteration
+                self.steps.iteration_end()
         return OTHER, "", NOT_RECOMPUTE
 
     def _backward_module(self):
@@ -244,6 +281,7 @@ class Attribution:
 
     def _step_began(self):
         self.trained = False
+        self._backward_seen = False
         self.forward_stack.clear()  # nothing can still be running when a step begins
         self.backward.reset()
         self._task_grads.clear()
@@ -284,6 +322,10 @@ class Attribution:
                 self._mark(name)
             self.recompute_stack.append((id(module), name))
         else:
+            if compiled_in_place(module):  # model.compile(): it runs eagerly here too
+                self.names.compiled_seen = True
+            if self.in_optimizer and not self._closure and _get_ident() == self._thread:
+                self._end_raised_steps()
             if not self.in_optimizer and self.steps.forward_work():
                 self._step_began()
             elif not self.forward_stack:
@@ -311,6 +353,12 @@ class Attribution:
     def _optimizer_pre(self, optimizer, args, kwargs):
         if not self.traced():
             return
+        if not self._running.enter(levels=2):  # a wrapper's inner step (or a subclass's super().step()): part of the outer one
+            return
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        self._params.note_optimizer(optimizer, params)
+        self._optimizer_ops = 0
+        self._expect_ops = any(p.grad is not None for p in params)
         closure = kwargs.get("closure", args[1] if len(args) > 1 else None)  # args: (optimizer, closure)
         self._closure = callable(closure)
         if self._closure and self.steps.forward_work():  # it will run the forward: Lightning, LBFGS
@@ -322,9 +370,22 @@ class Attribution:
         if self._on_optimizer_start is not None:
             self._on_optimizer_start(optimizer)
 
+    def _end_raised_steps(self):
+        """A module runs inside an optimizer step with no closure: when no step's hook wrapper is
+        still on the stack, the steps raised (no post hook ran) and are over."""
+        if not self._running.over(levels=1):
+            return
+        self._running.clear()
+        self.in_optimizer = False
+        self.steps.optimizer_end()
+
     def _optimizer_post(self, optimizer, args, kwargs):
         if not self.traced():
             return
+        if not self._running.exit():  # a wrapper's inner step ended: the wrapper's step goes on
+            return
+        if self._expect_ops and not self._optimizer_ops:  # compiled before the trace: it bypassed the dispatcher
+            self.untraced_optimizer_steps += 1
         self.in_optimizer = self._closure = False
         self.steps.optimizer_end()
         if self._on_step_end is not None:

@@ -348,7 +348,7 @@ class Tracer:
             else:
                 flops = PER_OUTPUT_ELEMENT if basis == _PER_ELEMENT else 0
             causal = CAUSAL_NONE if info.rule.causal is None else int(bool(info.rule.causal(args, kwargs)))
-            phase, module, recompute = self._attr.where(ins, outs)
+            phase, module, recompute = self._attr.where(ins, outs, info, args, kwargs)
             module_id = self._module_ids.get(module)
             if module_id is None:
                 module_id = self._new_module(module)
@@ -517,4 +517,6 @@ class Tracer:
         meta["timing"] = {"mode": self._timer.name, "unresolved_rows": getattr(self._timer, "failed", 0)}
         meta["storage_roles"] = self._roles.take()
         meta["backward_unnamed_rows"] = self._attr.unnamed_backward
+        meta["untraced_optimizer_steps"] = self._attr.untraced_optimizer_steps  # tracer/attribution.py
+        meta["cycles_without_step"] = self._steps.cycles_without_step()  # tracer/steps.py
         return meta

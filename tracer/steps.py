@@ -29,7 +29,29 @@ it; one that did (a trace cut in the middle of a step) stands.
 `Tracer.step()` ends a step by hand: the next forward work begins a new step,
 which never joins the one before. (A loop of plain tensor ops that calls no
 module and builds no autograd graph has no forward work: it stays in one step.)
+
+An iteration can also end with no optimizer step (`iteration_end`, found by
+tracer/attribution.py): a GradScaler that skipped `optimizer.step()` after an
+overflow still updates its scale (`aten._amp_update_scale_`), and a hand-written
+update writes the parameters in place after the backward. Either ends the step
+as `Tracer.step()` does, unless an optimizer step already ended it.
+
+Forward/backward cycles (a backward after forward work) are counted; when the
+whole trace saw no step boundary of any kind, `cycles_without_step` says how
+many there were: that many iterations sit in one step, and the report says so.
+
+`RunningSteps` tells an optimizer step inside another (a wrapper's inner step, a
+subclass's `super().step()`, ZeroRedundancyOptimizer's local optimizer) from an
+outermost one by the frames of `Optimizer.step`'s hook wrapper: a step whose
+wrapper is no longer on the stack raised and is over. `Parameters` knows the
+parameters by storage, for the hand-written update rule.
 """
+
+import sys
+
+import torch
+
+_storage_key = torch._C._storage_id  # a tensor's storage, as the tracer's storage table keys it
 
 
 class Steps:
@@ -48,9 +70,13 @@ class Steps:
         self._guessed = None  # the optimizers before a tentative step settled by a guess, until the truth comes
         self._rows_so_far = rows_so_far
         self._relabel = relabel
+        self._forward_seen = False  # forward work since the last backward began
+        self.cycles = 0  # forward/backward cycles: backward runs that followed forward work
+        self.boundaries = 0  # step ends seen: optimizer steps, Tracer.step(), iteration_end()
 
     def forward_work(self):
         """Forward work is starting. True when it began a step."""
+        self._forward_seen = True
         if not self.armed:
             return False
         self.armed = False
@@ -77,6 +103,7 @@ class Steps:
     def optimizer_end(self):
         self.armed = True
         self._joinable = True
+        self.boundaries += 1
 
     def mark(self):
         """Tracer.step(): the step ends here and the next does not join it."""
@@ -85,6 +112,25 @@ class Steps:
         self._guessed = None
         self.armed = True
         self._joinable = False
+        self.boundaries += 1
+
+    def iteration_end(self):
+        """An iteration ended with no optimizer step (a skipped GradScaler step, a hand-written
+        update): as `mark()`, unless an optimizer step already ended this step. True when it ended it."""
+        if self.armed:
+            return False
+        self.mark()
+        return True
+
+    def backward_began(self):
+        """The autograd engine began a backward on the traced thread."""
+        if self._forward_seen:
+            self._forward_seen = False
+            self.cycles += 1
+
+    def cycles_without_step(self):
+        """The forward/backward cycles of a trace that saw no step boundary at all; 0 when it saw one."""
+        return self.cycles if not self.boundaries else 0
 
     def settle(self):
         """A part is about to be written: settle a tentative step now."""
@@ -104,3 +150,93 @@ class Steps:
             self.step -= 1
             self._relabel(self._began_at, self.step)
             self._stepped |= before
+
+
+def _depth(frame):
+    """The number of frames on the stack up to and including `frame`."""
+    n = 0
+    while frame is not None:
+        n += 1
+        frame = frame.f_back
+    return n
+
+
+class RunningSteps:
+    """The optimizer steps running, outermost first, each as (id, depth) of its hook wrapper's frame
+    (ids only: no frame, and so no local of the program, is kept alive)."""
+
+    def __init__(self):
+        self._steps = []
+
+    def enter(self, levels):
+        """A step's pre hook, `levels` frames below the hook wrapper: True when it is the outermost."""
+        wrapper = sys._getframe(levels + 1)  # alive for the whole step
+        depth = _depth(wrapper)
+        if self._steps:  # steps whose wrapper is not an ancestor raised (no post hook): they are over
+            del self._steps[self._enclosing(wrapper, depth):]
+        self._steps.append((id(wrapper), depth))
+        return len(self._steps) == 1
+
+    def exit(self):
+        """A step's post hook: True when the outermost step ended."""
+        if self._steps:
+            self._steps.pop()
+        return not self._steps
+
+    def over(self, levels):
+        """Whether no running step encloses the caller `levels` frames up (they all raised)."""
+        frame = sys._getframe(levels + 1)
+        return not self._enclosing(frame, _depth(frame))
+
+    def clear(self):
+        self._steps.clear()
+
+    def _enclosing(self, frame, depth):
+        """How many of the running steps, from the outermost, run in strict ancestors of `frame`."""
+        alive = []
+        for frame_id, at in reversed(self._steps):  # innermost first, walking up the stack
+            if at >= depth:
+                alive.append(False)
+                continue
+            while depth > at:
+                frame, depth = frame.f_back, depth - 1
+            alive.append(id(frame) == frame_id)
+        kept = 0
+        for ok in reversed(alive):
+            if not ok:
+                break
+            kept += 1
+        return kept
+
+
+class Parameters:
+    """The parameters known (model=, every optimizer's), by storage: `p.data.add_(...)` writes one too."""
+
+    def __init__(self):
+        self._keys = set()
+        self._optimizers = set()  # id() of the optimizers whose parameters are noted
+
+    def note(self, params):
+        for p in params:
+            try:
+                self._keys.add(_storage_key(p))
+            except Exception:  # no storage (a wrapper subclass, e.g. a DTensor): known as a leaf that requires grad
+                pass
+
+    def note_optimizer(self, optimizer, params):
+        if id(optimizer) not in self._optimizers:
+            self._optimizers.add(id(optimizer))
+            self.note(params)
+
+    def written_by(self, info, args, kwargs):
+        """Whether the op writes a parameter in place (one known by storage, or a leaf that requires grad)."""
+        keys = self._keys
+        try:
+            for t, is_out in info.written(args, kwargs):
+                if is_out or t.layout is not torch.strided:
+                    continue
+                if t.requires_grad and t.is_leaf or _storage_key(t) in keys:
+                    return True
+        except Exception:  # a tensor with no storage to key: not a parameter this rule can know
+            return False
+        return False
