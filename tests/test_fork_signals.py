@@ -167,17 +167,22 @@ INTERRUPT_AT_FREE = """
 
 def test_ctrl_c_arriving_while_the_tracer_notes_a_free_reaches_the_program(tmp_path):
     proc = run(tmp_path, INTERRUPT_AT_FREE + f"""
+    import gc
+
     def python_finaliser(ref):  # what the tracer's finaliser was: Python code
         pass
 
-    for control in (True, False):
+    for case in ("control", "storage", "module"):
         try:
-            with Tracer({str(tmp_path)!r} + f"/t{{int(control)}}"):
+            with Tracer({str(tmp_path)!r} + "/" + case):
                 t = torch.ones(4)  # the tracer registers t's storage
-                if control:
+                loss = torch.nn.L1Loss()
+                loss(t, t)  # the tracer names the module, holding it weakly
+                if case == "control":
                     keep = weakref.ref(t.untyped_storage(), python_finaliser)  # runs after the interrupt
-                hook = interrupt_when_freed(t.untyped_storage())
-                del t
+                hook = interrupt_when_freed(loss if case == "module" else t.untyped_storage())
+                del t, loss
+                gc.collect()
                 print("went on", flush=True)
                 torch.zeros(2)
         except KeyboardInterrupt:
@@ -185,14 +190,18 @@ def test_ctrl_c_arriving_while_the_tracer_notes_a_free_reaches_the_program(tmp_p
     """)
     assert proc.returncode == 0, proc.stderr
     # the control shows the hook delivers the interrupt inside a finaliser: a Python one swallows it;
-    # the tracer's (a bound list.append) cannot, so the program sees KeyboardInterrupt
-    assert proc.stdout.split("\n")[:2] == ["went on", "KeyboardInterrupt"]
+    # the tracer's (a bound list.append, for storages and for module names) cannot
+    assert proc.stdout.split("\n")[:3] == ["went on", "KeyboardInterrupt", "KeyboardInterrupt"]
     assert proc.stderr.count("Exception ignored in: <function python_finaliser") == 1
     assert proc.stderr.count("Exception ignored") == 1  # none from optrace
-    assert read_metadata(tmp_path / "t0")["error"] == "KeyboardInterrupt: "
-    df = pd.read_parquet(tmp_path / "t1")  # the control traced on: the free is in the next row
-    assert df["op"].tolist() == ["aten.ones.default", "aten.zeros.default"]
-    assert [list(f) for f in df["freed_storage_ids"]] == [[], [0]] and df["live_bytes"].tolist() == [16, 8]  # 16 - 16 + 8
+    for case in ("storage", "module"):
+        assert read_metadata(tmp_path / case)["error"] == "KeyboardInterrupt: "
+    df = pd.read_parquet(tmp_path / "control")  # the control traced on: the free is in the next row
+    assert df["op"].tolist() == ["aten.ones.default", "aten.sub.Tensor", "aten.abs.default", "aten.mean.default",
+                                 "aten.zeros.default"]
+    # t (16 bytes), l1_loss's sub and abs (16 each) and mean (4): 52 live; all four freed before zeros (8)
+    assert [list(f) for f in df["freed_storage_ids"]] == [[], [], [], [], [2, 1, 3, 0]]
+    assert df["live_bytes"].tolist() == [16, 32, 48, 52, 8]  # 52 - 16 - 16 - 4 - 16 + 8 = 8
 
 
 def test_the_tracers_finaliser_is_c_code(tmp_path):
