@@ -96,6 +96,18 @@ def read_marker(path):
     return facts if isinstance(facts, dict) else {}
 
 
+def no_parts(path):
+    """The one line for a directory with no part: an optrace trace none of whose parts reached
+    the disk (its marker says it is one), or not an optrace trace."""
+    marker = read_marker(path)
+    if marker.get("format") != "optrace":
+        return f"{path}: not an optrace trace (no part-*.parquet files in it)"
+    if not isinstance(marker.get("rows"), int):  # the marker of the start: no close ever happened
+        return f"{path}: damaged optrace trace with 0 parts written (killed before the first part?)"
+    return (f"{path}: damaged optrace trace with 0 parts written: {marker.get('lost_rows')} rows lost to write errors "
+            f"(first: {marker.get('write_error')})")
+
+
 def damage(path, parts, meta):
     """The damage facts of a trace: {key: count} over DAMAGE_KEYS (all 0 for a whole trace).
 

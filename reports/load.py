@@ -9,7 +9,7 @@ import pyarrow as pa
 
 from reports.columns import DEFERRED, LIST_MODES, Deferred, SharedRuns, concat_frames, has_column, read_table, to_pandas
 from reports.errors import ReportError
-from reports.integrity import check_parts, damage, describe_damage, one_line, read_marker
+from reports.integrity import check_parts, damage, describe_damage, no_parts, one_line, read_marker
 from tracer.schema import COLUMN_NAMES, SCHEMA_VERSION, merge_metadata, missing_columns, part_paths
 
 
@@ -23,7 +23,7 @@ def read_run(path, footers=None):
     if not os.path.isdir(path):
         raise ReportError(f"{path}: not an optrace trace (a trace is a directory of part-*.parquet files)")
     if not part_paths(path):
-        raise ReportError(f"{path}: not an optrace trace (no part-*.parquet files in it)")
+        raise ReportError(no_parts(path))
     parts = check_parts(path, footers)  # every part read and its metadata parsed (unreadable parts and bad JSON refused)
     try:
         meta = merge_metadata(part_meta for _, part_meta, _ in parts)

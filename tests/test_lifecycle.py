@@ -92,3 +92,88 @@ def test_a_long_run_keeps_only_live_roles_and_recent_engine_runs(tmp_path):
     assert seen <= 8  # the live gradients and a part's worth of freed ones; was 4 per step (240 here)
     assert tasks <= 64
     assert reports.load(tmp_path / "t")["step"].nunique() == 61
+
+
+# ------------------------------------------------------------------ one reader, one answer
+def test_read_metadata_of_a_full_disk_says_what_the_report_says(tmp_path, monkeypatch):
+    from tracer import writer
+
+    real, calls = writer.write_table, []
+
+    def full(table, file):  # the first part fits, then the disk is full
+        calls.append(file)
+        if len(calls) > 1:
+            raise OSError(28, "No space left on device")
+        real(table, file)
+
+    monkeypatch.setattr(writer, "write_table", full)
+    path = tmp_path / "t"
+    with pytest.warns(UserWarning):
+        with Tracer(path, flush_rows=4):
+            a = torch.zeros(1)
+            for _ in range(14):
+                a = a + 1  # 15 ops: the first part's 4 rows written, 11 lost
+    meta = read_metadata(path)  # the last part holding metadata is the first: it said lost_rows 0
+    with pytest.warns(UserWarning, match="11 rows lost to write errors"):
+        damage = reports.load(path).attrs["runs"]["t"]["damage"]
+    assert meta["lost_rows"] == damage["lost_rows"] == 11 and meta["rows"] == 4 and meta["complete"] is False
+    assert meta["write_error"] == "part-000001.parquet: OSError: [Errno 28] No space left on device"
+
+
+def test_read_metadata_of_a_distributed_trace_holds_every_rank(tmp_path):
+    path = tmp_path / "dist"
+    path.mkdir()
+    ids = []
+    for rank in (0, 1):
+        with Tracer(path / f"rank={rank}"):
+            torch.ones(2) + rank  # 2 rows per rank
+        ids.append(read_metadata(path / f"rank={rank}")["trace_id"])
+    meta = read_metadata(path)  # was {}: the parts are one level down
+    assert sorted(meta) == ["complete", "ranks", "world_size"]
+    assert meta["world_size"] == 2 and meta["complete"] is True and list(meta["ranks"]) == [0, 1]
+    assert [m["trace_id"] for m in meta["ranks"].values()] == ids and [m["rows"] for m in meta["ranks"].values()] == [2, 2]
+
+
+def test_a_run_killed_before_its_first_part_is_a_damaged_trace(tmp_path, capsys):
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from reports.cli import main
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    path = tmp_path / "t"
+    code = (f"import os, signal, torch\nfrom tracer import Tracer\nwith Tracer({str(path)!r}):\n"
+            "    torch.ones(2) + 1\n    os.kill(os.getpid(), signal.SIGKILL)\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=root, env={**os.environ, "PYTHONPATH": root}, timeout=120)
+    assert proc.returncode == -signal.SIGKILL and sorted(os.listdir(path)) == [".optrace.lock", "_optrace.json"]
+    assert main(["report", str(path)]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err == (f"optrace report: error: {path}: damaged optrace trace with 0 parts written "
+                                 "(killed before the first part?)\n")  # was: "not an optrace trace"
+    meta = read_metadata(path)
+    assert meta["format"] == "optrace" and meta["parts"] == meta["rows"] == 0 and meta["complete"] is False
+    with Tracer(path):  # the stale lock is taken over, the trace replaced
+        torch.ones(1)
+    assert len(reports.load(path)) == 1
+
+
+def test_a_trace_whose_every_write_failed_says_so_in_one_line(tmp_path, monkeypatch, capsys):
+    from reports.cli import main
+    from tracer import writer
+
+    def full(table, file):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(writer, "write_table", full)
+    path = tmp_path / "t"
+    with pytest.warns(UserWarning):
+        with Tracer(path):
+            torch.ones(2) + 1  # 2 rows, never written
+    assert main(["report", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"optrace report: error: {path}: damaged optrace trace with 0 parts written: 2 rows lost to write errors "
+                   "(first: part-000000.parquet: OSError: [Errno 28] No space left on device)\n")
+    meta = read_metadata(path)
+    assert meta["lost_rows"] == 2 and meta["rows"] == 0 and meta["parts"] == 0 and meta["complete"] is False

@@ -202,6 +202,43 @@ def test_a_second_writer_is_refused_before_its_model_runs(tmp_path):
     assert ".optrace.lock" not in listing(path)
 
 
+def test_two_threads_entering_tracers_at_once_one_is_refused(tmp_path):
+    import threading
+
+    for attempt in range(5):  # the same outcome every time: one traces, the other is refused
+        start, attempted = threading.Barrier(2), threading.Barrier(2, timeout=60)
+        outcome = {}
+
+        def enter(i):
+            tr = Tracer(tmp_path / f"{attempt}-{i}")
+            start.wait()  # both threads enter at once
+            try:
+                tr.__enter__()
+            except TraceError as exc:
+                outcome[i] = str(exc)
+                attempted.wait()
+                return
+            attempted.wait()  # the other thread tried while this one was active
+            out = torch.ones(2) + 1
+            tr.__exit__(None, None, None)
+            outcome[i] = out.tolist()
+
+        threads = [threading.Thread(target=enter, args=(i,)) for i in (0, 1)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        won = [i for i in (0, 1) if outcome[i] == [2.0, 2.0]]
+        assert len(won) == 1, outcome
+        winner, loser = won[0], 1 - won[0]
+        assert outcome[loser] == (f"another Tracer is already active (writing '{tmp_path}/{attempt}-{winner}'); "
+                                  f"close it before starting one for '{tmp_path}/{attempt}-{loser}'")
+        assert not (tmp_path / f"{attempt}-{loser}").exists()  # refused before anything was written
+        assert len(pd.read_parquet(tmp_path / f"{attempt}-{winner}")) == 2
+    with Tracer(tmp_path / "after"):  # nothing left claimed
+        torch.ones(1)
+
+
 def test_a_stale_lock_of_a_dead_process_is_taken_over(tmp_path):
     path = tmp_path / "t"
     with Tracer(path):
@@ -215,9 +252,28 @@ def test_a_stale_lock_of_a_dead_process_is_taken_over(tmp_path):
     assert listing(path) == [MARKER_NAME, "part-000000.parquet"]
 
 
-def test_temporary_names_are_unique_per_process(tmp_path):
-    names = {os.path.basename(tracer.directory.temporary_name(str(tmp_path), "part-000000.parquet")) for _ in range(3)}
-    assert len(names) == 3 and all(n.startswith(f".part-000000.parquet.{os.getpid()}.") for n in names)
+def test_temporary_names_are_unique_per_trace_and_process(tmp_path):
+    trace_id = "0123456789abcdef" * 2
+    names = {os.path.basename(tracer.directory.temporary_name(str(tmp_path), "part-000000.parquet", trace_id)) for _ in range(3)}
+    assert len(names) == 3 and all(n.startswith(f".part-000000.parquet.{trace_id}.{os.getpid()}.") for n in names)
+
+
+def test_re_tracing_removes_only_its_own_temporary_parts(tmp_path):
+    path = tmp_path / "t"
+    with Tracer(path):
+        torch.ones(2)
+    trace_id = json.loads((path / MARKER_NAME).read_text())["trace_id"]
+    left = os.path.basename(tracer.directory.temporary_name(str(path), "part-000001.parquet", trace_id))
+    (path / left).write_bytes(b"half a part")  # what a run killed mid-write leaves
+    with Tracer(path):  # optrace's own temporary file: removed with the old trace
+        torch.ones(2)
+    assert listing(path) == [MARKER_NAME, "part-000000.parquet"]
+    for name in (".part-notes.tmp", f".part-000001.parquet.{'f' * 32}.{os.getpid()}.{'0' * 8}.tmp"):
+        (path / name).write_text("the user's")  # named like a temporary part; not this trace's
+        refused(path, rf"cannot write trace '.*t': it is a directory holding '{re.escape(name)}', which optrace did not "
+                      r"write; choose a new path")
+        assert (path / name).read_text() == "the user's" and len(pd.read_parquet(path)) == 1
+        (path / name).unlink()
 
 
 # ------------------------------------------------------------------ 4. a full disk

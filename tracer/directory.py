@@ -18,6 +18,7 @@ stale and taken over.
 import errno
 import json
 import os
+import re
 import socket
 import uuid
 
@@ -30,6 +31,9 @@ LOCK_NAME = ".optrace.lock"
 MARKER_BYTES = 4096  # the marker is padded to this size, so its closing rewrite needs no new space
 RANK_PREFIX = "rank="
 _TMP_SUFFIX = ".tmp"
+# A part being written: `.part-000003.parquet.<trace_id>.<pid>.<random>.tmp`. Only a name of
+# this form carrying the trace's own id (its marker's) is optrace's; a user's `.part-x.tmp` is not.
+_TEMPORARY = re.compile(r"\.part-\d{6,}\.parquet\.(?P<trace_id>[0-9a-f]{32})\.\d+\.[0-9a-f]{8}" + re.escape(_TMP_SUFFIX))
 
 
 def prepare_directory(path, trace_id=None):
@@ -108,18 +112,37 @@ def release_directory(path):
         pass
 
 
-def temporary_name(path, name):
-    """A hidden name for a part being written: unique per process and per call."""
-    return os.path.join(path, f".{name}.{os.getpid()}.{os.urandom(4).hex()}{_TMP_SUFFIX}")
+def temporary_name(path, name, trace_id):
+    """A hidden name for a part being written: unique to the trace, the process and the call."""
+    return os.path.join(path, f".{name}.{trace_id}.{os.getpid()}.{os.urandom(4).hex()}{_TMP_SUFFIX}")
+
+
+def _trace_id(path):
+    """The trace id the marker of directory `path` names, or None."""
+    try:
+        with open(os.path.join(path, MARKER_NAME)) as f:
+            facts = json.loads(f.read(MARKER_BYTES + 1))
+    except (OSError, ValueError, RecursionError):
+        return None
+    trace_id = facts.get("trace_id") if isinstance(facts, dict) else None
+    return trace_id if isinstance(trace_id, str) else None
+
+
+def _is_own_temporary(name, trace_id):
+    """Whether `name` is a temporary part of the trace `trace_id` (left by a run killed mid-write)."""
+    match = _TEMPORARY.fullmatch(name)
+    return match is not None and trace_id is not None and match["trace_id"] == trace_id
 
 
 def foreign_entry(path):
     """The first entry of directory `path` that optrace did not write, or None.
 
-    optrace's entries: the marker, the lock, temporary parts, parts carrying optrace
-    metadata, and `rank=R` directories holding only such entries (a distributed run)."""
+    optrace's entries: the marker, the lock, temporary parts named with the marker's trace
+    id, parts carrying optrace metadata, and `rank=R` directories holding only such entries
+    (a distributed run)."""
+    trace_id = _trace_id(path)
     for name in sorted(os.listdir(path)):
-        if name in (MARKER_NAME, LOCK_NAME) or (name.startswith(".part-") and name.endswith(_TMP_SUFFIX)):
+        if name in (MARKER_NAME, LOCK_NAME) or _is_own_temporary(name, trace_id):
             continue
         full = os.path.join(path, name)
         if name.startswith(RANK_PREFIX) and os.path.isdir(full) and not os.path.islink(full):
@@ -148,7 +171,8 @@ def _has_optrace_metadata(file):
 
 
 def _clear(path):
-    """Remove what an earlier optrace trace left at `path` (checked by foreign_entry)."""
+    """Remove what an earlier optrace trace left at `path` (checked by foreign_entry: every
+    entry is optrace's, so every one but the lock goes)."""
     for name in os.listdir(path):
         full = os.path.join(path, name)
         if name == LOCK_NAME:

@@ -3,6 +3,8 @@
 `_TraceMode.__torch_dispatch__` runs every aten op (and higher-order operator) exactly as
 it would run untraced, times it with the tracer's timer and hands it to `Tracer._record`;
 a bookkeeping error there becomes a count and a warning, never the program's exception.
+In a forked child the mode becomes `_InertMode` (tracer/mode.py `_after_fork_in_child`):
+every op passes through, nothing is recorded.
 """
 
 import torch
@@ -140,6 +142,8 @@ class _TraceMode(TorchDispatchMode):
         out = func(*args, **kwargs)
         duration = timer.stop(start)
         try:
+            if tracer._storages._dead:  # frees noted since the last op (tracer/storage.py)
+                tracer._storages.collect()
             if types:  # tensor subclasses: record DTensors at their local shapes (the program gets `out` as is)
                 seen = distributed.unwrap(types, args, kwargs, out, start + duration, tracer._completions)
                 tracer._record(info, *seen, start, duration)
@@ -148,3 +152,16 @@ class _TraceMode(TorchDispatchMode):
         except Exception as exc:  # never break the traced program over a bookkeeping error
             tracer._record_failed(info.name, exc)
         return out
+
+
+class _InertMode(_TraceMode):
+    """A forked child's tracer mode: every op runs as untraced and nothing is recorded, so
+    the child never adds rows to, or writes parts of, its parent's trace."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
+
+
+def make_inert(mode):
+    """Turn a live `_TraceMode` into an `_InertMode` in place (it may be on the mode stack)."""
+    mode.__class__ = _InertMode

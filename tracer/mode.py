@@ -4,9 +4,9 @@ The dispatch mode that calls `Tracer._record` for every op is in tracer/dispatch
 
 import math
 import os
+import threading
 import time
 import uuid
-import warnings
 
 import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack as _mode_stack
@@ -17,10 +17,10 @@ from tracer.attribution import NAMED_PER_ENGINE_RUN, Attribution
 from tracer.compiled import compiled_original, unwrap
 from tracer.device import cuda_memory, device_info, is_fake
 from tracer.errors import TraceError
-from tracer.dispatch import _tensors, _TraceMode
+from tracer.dispatch import _tensors, _TraceMode, make_inert
 from tracer.layouts import STRIDED, describe, odd_flops, register_subclass
 from tracer.metadata import Roles, dtype_name, now, run_metadata
-from tracer.safety import write_failure_message
+from tracer.safety import warn, write_failure_message
 from tracer.schema import CAUSAL_NONE, INT64_MAX, NO_VALUE, FlopBasis
 from tracer.storage import StorageTable
 from tracer.timing import check_timing, make_timer
@@ -67,10 +67,15 @@ class Tracer:
 
     A step begins with the first forward work after an optimizer step or `step()`
     (tracer/steps.py); only the thread that entered the Tracer is traced.
+    One Tracer is active per process: entering a second one, from any thread, while
+    one is active raises TraceError (the check and the claim are one step under a lock).
+    A forked child (os.fork, DataLoader workers) records nothing and writes nothing: its
+    copy of the Tracer goes inert at the fork.
     The tracer keeps no tensor alive: it holds storages through weak references.
     """
 
-    _active = None
+    _active = None  # the Tracer inside its with block, claimed under _claim
+    _claim = threading.Lock()
 
     def __init__(self, path, *, model=None, tokens=None, run_name=None, flush_rows=16384, timing="events",
                  meta_attention="fused"):
@@ -99,21 +104,29 @@ class Tracer:
 
     # context manager ---------------------------------------------------------
     def __enter__(self):
-        if Tracer._active is self:
-            raise TraceError(f"this Tracer (writing {self.path!r}) is already active; it cannot be entered again inside its own with block")
-        if Tracer._active is not None:
-            raise TraceError(
-                f"another Tracer is already active (writing {Tracer._active.path!r}); "
-                f"close it before starting one for {self.path!r}"
-            )
-        if self._writer is not None:
-            raise TraceError(f"this Tracer (writing {self.path!r}) was already used; create a new one")
-        self.trace_id = uuid.uuid4().hex
-        self._rank = distributed.rank_info()
-        directory = self.path
-        if self._rank is not None:  # one directory per rank: path/rank=R
-            directory = distributed.rank_directory(self.path, self._rank["rank"], self._rank["world_size"])
-        self._writer = PartWriter(prepare_directory(directory, self.trace_id))
+        with Tracer._claim:  # two threads entering at once: exactly one wins, the other is refused
+            active = Tracer._active
+            if active is self:
+                raise TraceError(f"this Tracer (writing {self.path!r}) is already active; it cannot be entered again inside its own with block")
+            if active is not None:
+                raise TraceError(
+                    f"another Tracer is already active (writing {active.path!r}); "
+                    f"close it before starting one for {self.path!r}"
+                )
+            if self._writer is not None:
+                raise TraceError(f"this Tracer (writing {self.path!r}) was already used; create a new one")
+            Tracer._active = self
+        try:
+            self._pid = os.getpid()  # the writing process; a forked child never writes (_in_child)
+            self.trace_id = uuid.uuid4().hex
+            self._rank = distributed.rank_info()
+            directory = self.path
+            if self._rank is not None:  # one directory per rank: path/rank=R
+                directory = distributed.rank_directory(self.path, self._rank["rank"], self._rank["world_size"])
+            self._writer = PartWriter(prepare_directory(directory, self.trace_id), self.trace_id)
+        except BaseException:
+            Tracer._active = None
+            raise
         try:
             self._start()
         except BaseException:  # nothing ran: remove what was installed, give the directory back
@@ -121,6 +134,10 @@ class Tracer:
             release_directory(self._writer.directory)
             raise
         return self
+
+    def _in_child(self):
+        """Whether this is a forked copy of the process that entered the Tracer."""
+        return os.getpid() != self._pid
 
     def _undo_start(self):
         """Remove the global hooks and the active mark a failed `_start` may have left."""
@@ -177,13 +194,13 @@ class Tracer:
         self._steps = self._attr.steps
         self._attr.install()
         self._unsharded.install()
-        Tracer._active = self
         self._mode.__enter__()
         if self._attention is not None:
             self._attention.__enter__()
 
     def __exit__(self, exc_type, exc, tb):
-        """Close the trace; never raises (a failure is a warning and a fact in the metadata)."""
+        """Close the trace; never raises (a failure is a warning and a fact in the metadata).
+        In a forked child it only leaves the block: the parent's trace and lock are not touched."""
         try:
             try:
                 if self._attention is not None:
@@ -195,19 +212,22 @@ class Tracer:
             self._attr.remove()
             self._unsharded.remove()
             Tracer._active = None
+        if self._in_child():
+            self._closed = True
+            return False
         if exc is not None:
             self._meta["error"] = f"{exc_type.__name__}: {exc}"
         try:
             self._close(complete=exc is None)
         except Exception as failure:
-            warnings.warn(f"optrace: could not finish trace {self.path!r} ({type(failure).__name__}: {failure})")
+            warn(f"optrace: could not finish trace {self.path!r} ({type(failure).__name__}: {failure})")
         if self._attr.unnamed_backward:
-            warnings.warn(
+            warn(
                 f"optrace: {self._attr.unnamed_backward} backward ops of trace {self.path!r} have no module: an engine run "
                 f"longer than {NAMED_PER_ENGINE_RUN:,} ops (naming more could overflow the stack when PyTorch frees the graph)"
             )
         if self._lost_rows:
-            warnings.warn(
+            warn(
                 f"optrace: trace {self.path!r} is incomplete: {self._lost_rows} rows lost to write errors "
                 f"(first: {self._write_error})"
             )
@@ -262,10 +282,10 @@ class Tracer:
     def _late_update(self, what):
         """After the `with` block, add one empty part carrying the updated metadata, if the trace
         at the path is still this one; never raises into the program (a failure is a warning)."""
-        if not self._closed:
+        if not self._closed or self._in_child():
             return
         if not still_ours(self._writer.directory, self.trace_id):
-            warnings.warn(f"optrace: {what}: the trace at {self._writer.directory!r} is no longer this Tracer's "
+            warn(f"optrace: {what}: the trace at {self._writer.directory!r} is no longer this Tracer's "
                           "(another run replaced it); nothing written")
             return
         self._write(RowBuffer(), self._metadata())
@@ -432,7 +452,7 @@ class Tracer:
     def _record_failed(self, op, exc):
         self._errors += 1
         if self._errors == 1:
-            warnings.warn(f"optrace: could not record {op} ({type(exc).__name__}: {exc}); the op ran normally")
+            warn(f"optrace: could not record {op} ({type(exc).__name__}: {exc}); the op ran normally")
 
     # the rest ----------------------------------------------------------------------
     def _first_device(self, device, tensor=None):
@@ -457,7 +477,10 @@ class Tracer:
     def _write(self, rows, meta):
         """Write one part. A failed write loses its rows (seq keeps counting; their storage
         roles are kept), warns once naming the file and the OS error, and never raises into
-        the program; a KeyboardInterrupt mid-write keeps the rows for close and goes on up."""
+        the program; a KeyboardInterrupt mid-write keeps the rows for close and goes on up.
+        A forked child writes nothing."""
+        if self._in_child():
+            return False
         file = self._writer.next_part()
         try:
             self._writer.write(rows, meta)
@@ -466,7 +489,7 @@ class Tracer:
             self._roles.put_back(meta["storage_roles"])
             if self._write_error is None:
                 self._write_error = f"{os.path.basename(file)}: {type(exc).__name__}: {exc}"
-                warnings.warn(write_failure_message(file, exc, len(rows)))
+                warn(write_failure_message(file, exc, len(rows)))
             return False
         except BaseException:
             self._pending.append((rows, meta))
@@ -505,7 +528,7 @@ class Tracer:
         return {
             "format": "optrace", "trace_id": self.trace_id, "complete": bool(self._meta.get("complete")),
             "rows": self._rows.first_seq + len(self._rows), "lost_rows": self._lost_rows,
-            "record_errors": self._errors, "write_error": self._write_error,
+            "record_errors": self._errors, "write_error": self._write_error, "parts": self._writer.parts,
         }
 
     def _metadata(self):
@@ -520,3 +543,17 @@ class Tracer:
         meta["untraced_optimizer_steps"] = self._attr.untraced_optimizer_steps  # tracer/attribution.py
         meta["cycles_without_step"] = self._steps.cycles_without_step()  # tracer/steps.py
         return meta
+
+
+def _after_fork_in_child():
+    """A forked child (os.fork, a DataLoader worker, multiprocessing's fork and forkserver)
+    gets a copy of the active Tracer: make it inert, so the child's ops are never recorded
+    and no part, marker, lock or metadata write happens from it; and a fresh claim lock
+    (another thread may have held it at the fork)."""
+    Tracer._claim = threading.Lock()
+    active = Tracer._active
+    if active is not None and getattr(active, "_mode", None) is not None:
+        make_inert(active._mode)
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -17,6 +17,7 @@ and the wrapper's `_orig_mod` level is dropped from paths (see tracer/compiled.p
 import weakref
 
 from tracer.compiled import compiled_original, strip_compiled, unwrap
+from tracer.safety import WeakMap
 from tracer.schema import EXTERNAL_MARK
 
 
@@ -24,7 +25,7 @@ class ModuleNames:
     """Names modules on first sight; `on_external(module)` is called for each new external root."""
 
     def __init__(self, model=None, on_external=None):
-        self._names = weakref.WeakKeyDictionary()
+        self._names = WeakMap()  # no Python finaliser: a Ctrl-C cannot be lost in one (tracer/safety.py)
         self._model = lambda: None  # a weak reference: the tracer keeps nothing alive
         self._on_external = on_external
         self._instances = {}  # class name -> external roots of that class named so far

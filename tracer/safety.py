@@ -1,8 +1,29 @@
-"""Messages for the failures optrace survives without stopping the traced program."""
+"""Messages for the failures optrace survives without stopping the traced program, the one
+way they are emitted (`warn`), and a weak map with no Python finaliser (`WeakMap`)."""
 
 import errno
+import sys
+import warnings
+import weakref
 
 _HINTS = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota is exceeded", errno.EROFS: "the file system is read-only"}
+
+
+def warn(message):
+    """Warn with `message` (a UserWarning); never raises into the program.
+
+    Under `python -W error`, `pytest -W error` or `warnings.filterwarnings("error")` the
+    warnings machinery raises the warning instead of showing it: optrace's bookkeeping must
+    not become the program's exception, so the message then goes to stderr. No filter or
+    global state is changed (`warnings.catch_warnings` is not thread-safe). The loss the
+    message reports is counted in the trace's metadata before this is called."""
+    try:
+        warnings.warn(message, UserWarning, stacklevel=2)  # the caller in optrace, as a direct warn would
+    except Exception:  # a filter turned it into an error (or a showwarning hook failed)
+        try:
+            sys.stderr.write(f"UserWarning: {message}\n")
+        except Exception:  # no stderr: the metadata still says it
+            pass
 
 
 def write_failure_message(file, exc, rows):
@@ -13,3 +34,33 @@ def write_failure_message(file, exc, rows):
         f"optrace: could not write {file} ({reason}); its {rows} rows are lost, the program goes on "
         "and the trace will say so"
     )
+
+
+class WeakMap:
+    """{object: value} holding its keys weakly, like `weakref.WeakKeyDictionary`, but with no
+    Python code run when a key dies: the stdlib map removes dead keys in a Python callback,
+    where a Ctrl-C arriving at that moment is printed as "Exception ignored" and lost. Here
+    the callback is a bound `list.append` (C code); dead entries are dropped on the next insert.
+    Keys are compared by identity."""
+
+    def __init__(self):
+        self._entries = {}  # id(key) -> (weak reference to key, value)
+        self._dead = []  # references whose key died since the last insert
+
+    def get(self, key, default=None):
+        entry = self._entries.get(id(key))
+        return entry[1] if entry is not None and entry[0]() is key else default
+
+    def __contains__(self, key):
+        entry = self._entries.get(id(key))
+        return entry is not None and entry[0]() is key
+
+    def __setitem__(self, key, value):
+        if self._dead:
+            n = len(self._dead)
+            self._entries = {k: e for k, e in self._entries.items() if e[0]() is not None}
+            del self._dead[:n]
+        self._entries[id(key)] = (weakref.ref(key, self._dead.append), value)
+
+    def __len__(self):
+        return sum(1 for ref, _ in self._entries.values() if ref() is not None)

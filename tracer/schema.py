@@ -181,12 +181,52 @@ def merge_metadata(metas) -> dict:
 
 
 def read_metadata(path) -> dict:
-    """The run metadata of a trace (merge_metadata over its parts).
+    """The run metadata of a trace, as the report reads it: merge_metadata over its parts,
+    with the closing facts of its marker where they say more (after a full disk the last
+    parts and their metadata are missing, but the marker, rewritten in place at close,
+    still counts `lost_rows`, `record_errors` and the rows written; `complete` is false when
+    either says so).
 
-    Returns {} when the trace has no part with optrace metadata."""
+    A trace with a marker and no part (killed before its first part, or every write failed):
+    the marker's facts, with `parts` and `rows` (written) 0 and `complete` false. A distributed trace (a directory of `rank=R` traces
+    and no part of its own): {"world_size": ranks found, "complete": every rank complete,
+    "ranks": {R: read_metadata of rank R}}. {} when `path` holds no optrace trace."""
     import json
+    import os
+    import re
 
     import pyarrow.parquet as pq
 
-    raws = ((pq.read_schema(part).metadata or {}).get(METADATA_KEY) for part in part_paths(path))
-    return merge_metadata(json.loads(raw) for raw in raws if raw is not None)
+    path = os.fspath(path)
+    parts = part_paths(path)
+    if not parts and os.path.isdir(path):
+        ranks = {}
+        for name in os.listdir(path):
+            match = re.fullmatch(r"rank=(\d+)", name)
+            if match and os.path.isdir(os.path.join(path, name)):
+                ranks[int(match[1])] = read_metadata(os.path.join(path, name))
+        if ranks:
+            ranks = dict(sorted(ranks.items()))
+            return {"world_size": len(ranks), "complete": all(m.get("complete") is True for m in ranks.values()), "ranks": ranks}
+    raws = ((pq.read_schema(part).metadata or {}).get(METADATA_KEY) for part in parts)
+    meta = merge_metadata(json.loads(raw) for raw in raws if raw is not None)
+    try:
+        with open(os.path.join(path, MARKER_NAME)) as f:
+            marker = json.loads(f.read(1 << 16))
+    except (OSError, ValueError, RecursionError):
+        marker = None
+    if not isinstance(marker, dict) or marker.get("format") != "optrace":
+        return meta
+    if not meta:  # no part written: what the marker knows
+        return dict(marker, parts=0, rows=0, complete=False)  # rows written, as in a part
+    if marker.get("trace_id") == meta.get("trace_id"):
+        facts = {key: marker.get(key) for key in ("rows", "lost_rows", "record_errors")}
+        if isinstance(facts["rows"], int) and isinstance(facts["lost_rows"], int):
+            facts["rows"] -= facts["lost_rows"]  # the marker counts rows recorded; the parts, rows written
+        for key, value in facts.items():
+            current = meta.get(key)
+            if isinstance(value, int) and (not isinstance(current, int) or value > current):
+                meta[key] = value
+        meta["write_error"] = meta.get("write_error") or marker.get("write_error")
+        meta["complete"] = bool(meta.get("complete")) and marker.get("complete", True) is not False
+    return meta

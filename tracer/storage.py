@@ -8,7 +8,11 @@ fake storages have no data, and CUDA caching allocators reuse addresses).
 
 A weak reference with a callback on the storage object tells us when the
 storage is freed, which keeps `live_bytes` honest without keeping anything
-alive.
+alive. The callback is a bound `list.append`: C code that runs no Python bytecode,
+so a Ctrl-C (a KeyboardInterrupt, raised only between bytecodes) can never arrive
+inside it and be printed as "Exception ignored" while the program goes on. The
+frees it notes are taken into account on the traced thread (`collect`), before the
+next op's storages are looked up.
 """
 
 import weakref
@@ -24,12 +28,16 @@ class StorageTable:
         self.live_bytes = 0
         self.registered_bytes = 0  # bytes of every storage ever registered: differences give an op's allocation
         self.freed = []  # ids freed since the dispatch hook last took this list
+        self._dead = []  # weak references whose storage died, not yet collected (appended by the finaliser)
+        self._note_free = self._dead.append  # the finaliser: C code only (see the module docstring)
         self.hollow = set()  # ids whose size was overridden (wrapper subclasses): never regrown
         self.next_id = 0
 
     def id_of(self, storage):
         """The storage's id; a storage seen for the first time gets the next id
         and counts as live."""
+        if self._dead:
+            self.collect()
         sid = self._by_cdata.get(storage._cdata)
         return self.register(storage) if sid is None else sid
 
@@ -45,7 +53,7 @@ class StorageTable:
         self.size[sid] = size
         self.live_bytes += size
         self.registered_bytes += size
-        ref = weakref.ref(storage, self._on_free)
+        ref = weakref.ref(storage, self._note_free)
         self._refs[id(ref)] = (ref, key, sid)
         return sid
 
@@ -64,21 +72,33 @@ class StorageTable:
 
     def known(self, storage):
         """The id of a storage already seen, or None; never registers it."""
+        if self._dead:
+            self.collect()
         return self._by_cdata.get(storage._cdata)
 
-    def _on_free(self, ref):
-        entry = self._refs.pop(id(ref), None)
-        if entry is None:  # cleared
-            return
-        _, key, sid = entry
-        if self._by_cdata.get(key) == sid:
-            del self._by_cdata[key]
-        self.live_bytes -= self.size.pop(sid)
-        self.hollow.discard(sid)  # ids are never reused: what is kept per id goes with the storage
-        self.freed.append(sid)
+    def collect(self):
+        """Take the frees the finaliser noted into account: forget their storages, lower
+        `live_bytes`, list their ids in `freed`. Runs on the traced thread; idempotent per
+        reference, so a KeyboardInterrupt in the middle loses nothing (the rest is taken next time)."""
+        dead = self._dead
+        n = len(dead)  # other threads may append meanwhile: only these n are removed below
+        for ref in dead[:n]:
+            entry = self._refs.pop(id(ref), None)
+            if entry is None:  # already taken, or cleared
+                continue
+            _, key, sid = entry
+            if self._by_cdata.get(key) == sid:
+                del self._by_cdata[key]
+            self.live_bytes -= self.size.pop(sid)
+            self.hollow.discard(sid)  # ids are never reused: what is kept per id goes with the storage
+            self.freed.append(sid)
+        del dead[:n]
 
     def clear(self):
-        """Forget every storage; later frees no longer call back."""
+        """Forget every storage; later frees no longer call back (`live_bytes` keeps the
+        frees noted so far)."""
+        self.collect()
         self._by_cdata.clear()
-        self._refs.clear()
+        self._refs.clear()  # the references die with this dict: their finaliser no longer runs
+        self._dead.clear()
         self.size.clear()

@@ -43,12 +43,12 @@ every event of the part readable; then its events go back to the pool, so at mos
 """
 
 import time
-import warnings
 from array import array
 
 import torch
 
 from tracer.errors import TraceError
+from tracer.safety import warn
 from tracer.schema import NO_VALUE
 from tracer.writer import FIELD, ROW_WIDTH
 
@@ -187,7 +187,7 @@ class EventTimer:
             self._set_anchor()
         except Exception as exc:  # bookkeeping must not break the run: keep the wall times
             self.failed += len(starts)
-            warnings.warn(f"optrace: could not read CUDA event times ({type(exc).__name__}: {exc}); "
+            warn(f"optrace: could not read CUDA event times ({type(exc).__name__}: {exc}); "
                           f"{len(starts)} ops keep their CPU wall time")  # fmt: skip
             return len(starts)
         finally:

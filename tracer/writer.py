@@ -246,8 +246,9 @@ def new_names():
 class PartWriter:
     """Writes RowBuffers as numbered parts of one trace directory."""
 
-    def __init__(self, directory):
+    def __init__(self, directory, trace_id=""):
         self.directory = directory
+        self.trace_id = trace_id  # in the temporary names, so a later run removes only this trace's
         self.names = new_names()
         self.itemsize = {}  # dtype id -> bytes per element
         self.parts = 0
@@ -263,7 +264,7 @@ class PartWriter:
         metadata = dict(metadata, parts=self.parts + 1)
         table = rows.table(self.names, self.itemsize, metadata, self.clock_offset_ns)
         name = part_name(self.parts)
-        tmp = temporary_name(self.directory, name)
+        tmp = temporary_name(self.directory, name, self.trace_id)
         try:
             write_table(table, tmp)
             os.replace(tmp, os.path.join(self.directory, name))
