@@ -4,10 +4,13 @@ Every figure here is a per-step figure from reports.steps.per_step, so a trace o
 identical steps says exactly what a trace of one says (but for the step count).
 """
 
+import re
+
 import numpy as np
 
 from reports._util import pct
 from reports.accounting import analyse
+from reports.columns import cell_objects
 from reports.recompute import attention_recompute, checkpoint_recompute
 from reports.steps import per_step, step_phases
 
@@ -31,6 +34,25 @@ def _x(part, whole):
 
 def _pct(part, whole):
     return f"{pct(part, whole):.1f}%" if whole else "n/a"
+
+
+def _pattern(name):
+    """'model.layers.1.mlp.experts.3.w1' -> 'model.layers.*.mlp.experts.*.w1': one name per kind of weight."""
+    return re.sub(r"(?<=\.)\d+(?=\.)", "*", name)
+
+
+def _routing(roles, sid, routed):
+    """(E, k) of a routed weight: a stacked [E, K, N] weight shared by k/E of the tokens, or one of E
+    sibling expert weights (names that differ by an index) whose shares add up to k; k is 0 when it is not
+    a whole number (routing by capacity, dropped tokens)."""
+    shape = roles.shape.get(sid, ())
+    if len(shape) >= 3:
+        e, k = shape[0], routed[sid] * shape[0]
+    else:
+        key = re.sub(r"\.\d+\.(?!.*\.\d+\.)", ".*.", roles.label(sid))
+        group = [s for s in routed if re.sub(r"\.\d+\.(?!.*\.\d+\.)", ".*.", roles.label(s)) == key]
+        e, k = len(group), sum(routed[s] for s in group)
+    return e, (round(k) if abs(k - round(k)) < 1e-6 and round(k) > 0 else 0)
 
 
 def explain(df, n="matmul", tokens=None, accounts=None):
@@ -60,14 +82,22 @@ class _Run:
         self.recompute = checkpoint_recompute(self.rows)
         self.kernel = self.rows["flop_kind"] == "attention"
         self.out = []
+        self.routed = acc.n_active < self._n_mm() - 0.5  # some weights multiply fewer than T tokens: experts
         self.phases = step_phases(self.rows)  # one pass over the rows for the many figures below
+        # forward weight matmuls of training (grad mode: a backward of their step reads them), reports/roles.py
+        self.train_fwd = self.is_fwd & self.roles.training
+        self.idle_fwd = self.is_fwd & (self.roles.param >= 0) & ~self.roles.training
+        if not self.is_bwd.any():  # a forward-only trace: all of its forward is the forward
+            self.train_fwd, self.idle_fwd = self.is_fwd & (self.roles.param >= 0), self.is_fwd & False
 
     def ps(self, mask=None, by=None, values="flops"):
         return per_step(self.rows, values=values, mask=mask, by=by, phases=self.phases)
 
     def lines(self):
-        for term in (self.totals, self.forward_weights, self.backward_weights, self.attention, self.checkpointing,
-                     self.external, self.head, self.n_parts, self.optimizer, self.other_ops):
+        # One method per term, in the order they are said; a new term is a method added here.
+        for term in (self.totals, self.experts, self.forward_weights, self.no_grad_forward, self.backward_weights,
+                     self.attention, self.checkpointing, self.external, self.head, self.n_parts, self.conv_weights,
+                     self.optimizer, self.other_ops):
             term()
         return self.out
 
@@ -94,21 +124,68 @@ class _Run:
             f"({_f(opt)})."
         )
 
+    def experts(self):
+        """Mixture of experts: the parameters a token uses (N_active) against all of them."""
+        if not self.routed:
+            return
+        acc, roles, T = self.acc, self.roles, self.T
+        routed = {s: v for s, v in acc.shares.items() if v < 1 - 1e-9}
+        every = len(routed) == len(acc.shares)
+        kinds = {_routing(roles, s, routed) for s in routed}
+        (e, k), = kinds if len(kinds) == 1 else ((0, 0),)
+        how = f" (top-{k} of {e} experts)" if k else ""
+        names = sorted({_pattern(roles.label(s)) for s in routed})
+        line = (
+            f"{'Mixture of experts' if not every else 'Weights used by fewer than T tokens'}: N = {self.N:,} parameters, "
+            f"of which each token uses N_active = {acc.n_active:,.0f}{how}: each routed weight counts its numel x "
+            f"the share of the T tokens it multiplied ({', '.join(names[:4])}{' ...' if len(names) > 4 else ''}). "
+            f"Forward weight matmuls = 2·N_active·T = {_f(2 * acc.n_active * T)} FLOPs, backward 4·N_active·T, all "
+            f"phases 6·N_active·T = {_f(6 * acc.n_active * T)}; the optimizer updates all {self._n_total():,} parameters."
+        )
+        if every:
+            line += " Every weight multiplied fewer than T tokens: is tokens= the tokens per step?"
+        self.out.append(line)
+
+    def _n_total(self):
+        return int((self.acc.meta.get("params") or {}).get("total") or sum(self.roles.numel.values()))
+
     def _n_mm(self):
         return sum(self.roles.numel[s] for s in self.roles.matmul_params)
 
     def forward_weights(self):
-        n_mm, T = self._n_mm(), self.T
+        n_mm, T, roles = self._n_mm(), self.T, self.roles
         if not n_mm:
             return
-        fwd_wm = self.ps(self.is_fwd & (self.cat == "weight_matmul"))
-        line = (
-            f"Forward weight matmuls: {_f(fwd_wm)} FLOPs = {fwd_wm / (n_mm * T):.2f}·N·T with the {n_mm:,} parameters "
-            f"that enter a matmul: each weight multiplies each token once, a multiply and an add."
-        )
-        if round(fwd_wm) > 2 * n_mm * T:
-            line += " Above 2·N·T: some weight enters more than one matmul per token (shared, or called twice)."
+        fwd_wm = self.ps(self.train_fwd & (self.cat == "weight_matmul"))
+        if self.routed:
+            line = (f"Forward weight matmuls: {_f(fwd_wm)} FLOPs = {fwd_wm / (self.acc.n_active * T):.2f}·N_active·T "
+                    f"= {fwd_wm / (n_mm * T):.2f}·N·T: each token multiplies the N_active = {self.acc.n_active:,.0f} "
+                    f"parameters it uses once, a multiply and an add.")
+        else:
+            line = (
+                f"Forward weight matmuls: {_f(fwd_wm)} FLOPs = {fwd_wm / (n_mm * T):.2f}·N·T with the {n_mm:,} "
+                f"parameters that enter a matmul: each weight multiplies each token once, a multiply and an add."
+            )
+        shared = {s: v for s, v in self.acc.shares.items() if v > 1 + 1e-9}
+        if shared and round(fwd_wm) > 2 * self.acc.n_active * T:
+            parts = [f"{roles.label(s)} {v:.2f}x" for s, v in sorted(shared.items(), key=lambda kv: -kv[1])[:5]]
+            line += (f" Above 2·N·T: some weights multiply each token more than once in training's forward (shared, "
+                     f"or called several times): {', '.join(parts)}{' ...' if len(shared) > 5 else ''}.")
         self.out.append(line)
+
+    def no_grad_forward(self):
+        """Forward weight matmuls no backward reads: evaluation under no_grad, frozen weights with inputs that need no gradient."""
+        idle = self.ps(self.idle_fwd & (self.cat == "weight_matmul"))
+        if not idle:
+            return
+        frozen = self.roles.param[self.idle_fwd].map(lambda s: not self.roles.trainable.get(int(s), True)).all()
+        why = ("frozen weights whose inputs need no gradient: autograd records nothing for them" if frozen else
+               "an evaluation pass under no_grad or eval, or frozen weights whose inputs need no gradient")
+        self.out.append(
+            f"Forward work without a backward: {_f(idle)} FLOPs per step of forward weight matmuls that no backward "
+            f"reads ({why}); they are in the forward total above, but not in training's 2·N·T: the 6·N·T heuristic "
+            f"counts a forward that is differentiated."
+        )
 
     def backward_weights(self):
         """dL/dW for every trainable weight, dL/dx only where x needs a gradient."""
@@ -117,18 +194,20 @@ class _Run:
             return
         bwd_wm = self.ps(self.is_bwd & (self.cat == "weight_matmul"))
         has_param = (roles.param >= 0) & ~self.recompute
-        fwd_by_param = self.ps(self.is_fwd & has_param, by=roles.param)
+        fwd_by_param = self.ps(self.train_fwd & has_param, by=roles.param)
         dx_by_param = self.ps(self.is_bwd & has_param, by=roles.param)
         skipped = {s: fwd_by_param[s] - dx_by_param.get(s, 0.0) for s in fwd_by_param.index
                    if fwd_by_param[s] - dx_by_param.get(s, 0.0) > 0}
         frozen = [s for s in roles.matmul_params if not roles.trainable.get(s, True)]
-        if abs(bwd_wm - 4 * n_mm * T) < 0.5:
+        expected = 4 * self.acc.n_active * T
+        if abs(bwd_wm - expected) < 0.5 and not frozen:
             self.out.append(
-                f"Backward weight matmuls: {_f(bwd_wm)} FLOPs = 4·N·T: for each y = x @ W, dL/dx = dL/dy @ Wᵀ "
-                f"and dL/dW = xᵀ @ dL/dy, each as large as the forward matmul."
+                f"Backward weight matmuls: {_f(bwd_wm)} FLOPs = 4·N{'_active' if self.acc.n_active < n_mm else ''}·T: "
+                f"for each y = x @ W, dL/dx = dL/dy @ Wᵀ and dL/dW = xᵀ @ dL/dy, each as large as the forward matmul."
             )
             return
-        line = f"Backward weight matmuls: {_f(bwd_wm)} FLOPs = {bwd_wm / (n_mm * T):.2f}·N·T, not 4·N·T ({_f(4 * n_mm * T)})."
+        n, name = (self.acc.n_active, "N_active") if self.routed else (n_mm, "N")
+        line = f"Backward weight matmuls: {_f(bwd_wm)} FLOPs = {bwd_wm / (n * T):.2f}·{name}·T, not 4·{name}·T ({_f(4 * n * T)})."
         if skipped:
             parts = [f"{roles.label(s)} ({roles.numel[s]:,} parameters: {_f(v)} FLOPs)" for s, v in skipped.items()]
             line += (
@@ -138,8 +217,12 @@ class _Run:
                 f"For the lecture's y = x @ w with x not requiring grad, the backward is 2·N·T, not 4·N·T."
             )
         if frozen:
-            line += f" Frozen weights (requires_grad=False) skip dL/dW: {', '.join(roles.label(s) for s in frozen)}."
-        if bwd_wm > 4 * n_mm * T:
+            fwd_all = self.ps(self.is_fwd & has_param & self.is_bwd.groupby(self.rows["step"]).transform("any"),
+                              by=roles.param)
+            parts = [f"{roles.label(s)} ({roles.numel[s]:,} parameters: {_f(fwd_all.get(s, 0.0))} FLOPs)" for s in frozen]
+            line += (f" Frozen weights (requires_grad=False) skip dL/dW = xᵀ @ dL/dy, as large as their forward "
+                     f"matmuls: {'; '.join(parts)}.")
+        if bwd_wm > expected + 0.5:
             line += (" Above 4·N·T: forward matmuls run again in the backward (activation checkpointing) "
                      "or a weight is used more than once.")
         self.out.append(line)
@@ -214,8 +297,12 @@ class _Run:
         head = int(roles.param[fwd_w[-1]])
         head_f = self.ps(self.is_fwd & (roles.param == head))
         tied = roles.embedding.get(head, False)
+        module = str(self.rows.at[fwd_w[-1], "module"]) if "module" in self.rows else ""
+        weight = roles.label(head)
+        name = (f"{module} (its weight {weight}" if module and not weight.startswith(module + ".") else f"{weight} (")
+        name += (", " if name.endswith(weight) else "")
         line = (
-            f"Output head: {roles.label(head)} ({roles.numel[head]:,} parameters{', tied to the embedding' if tied else ''}) "
+            f"Output head: {name}{roles.numel[head]:,} parameters{', tied to the embedding' if tied else ''}) "
             f"costs {_f(head_f)} FLOPs forward ({_pct(head_f, self.ps(self.is_fwd))} of the forward) and about twice "
             f"that backward."
         )
@@ -252,13 +339,54 @@ class _Run:
             self.out.append(f"N = {N:,}, not the {n_mm:,} parameters that enter a matmul: {'; '.join(parts)}. "
                             f"So 6·N·T differs from 6·T x the matmul parameters by {_f(6 * (N - n_mm) * T)} FLOPs.")
 
+    def conv_weights(self):
+        """Convolution weights: not in the matmul N; a patch embedding (stride = kernel) is a matmul on patches."""
+        rows, roles = self.rows, self.roles
+        conv = self.is_fwd & (rows["flop_kind"] == "conv")
+        if not conv.any() or "input_shapes" not in rows:
+            return
+        at = np.flatnonzero(conv.to_numpy())
+        weights, patches = {}, {}
+        for pos, (ids, shapes) in enumerate(zip(rows["input_storage_ids"].iloc[at], cell_objects(rows, "input_shapes", at))):
+            sid = int(ids[1]) if ids is not None and len(ids) > 1 else -1
+            if sid not in roles.numel or shapes is None or len(shapes) < 2:
+                continue
+            weights[sid] = roles.numel[sid]
+            x, w = [int(d) for d in shapes[0]], [int(d) for d in shapes[1]]
+            out = cell_objects(rows, "output_shapes", at[pos : pos + 1])[0] if "output_shapes" in rows else None
+            o = [int(d) for d in out[0]] if out is not None and len(out) else []
+            if len(o) == len(x) == len(w) and all(o[i] * w[i] == x[i] for i in range(2, len(x))):
+                patches[sid] = True
+        if not weights:
+            return
+        counted = self.acc.n_kind in ("total", "non_embedding")
+        line = (f"Convolution weights: {', '.join(roles.label(s) for s in weights)} ({sum(weights.values()):,} "
+                f"parameters) {'are in N (n=' + repr(self.acc.n_kind) + ')' if counted else 'are not in N'}: a "
+                f"convolution multiplies each weight at every output position, so its FLOPs are 2 x weights x "
+                f"positions, not 2·N·T; they are in the other ops.")
+        if patches:
+            line += (f" {', '.join(roles.label(s) for s in patches)}: stride = kernel, a patch embedding: each weight "
+                     f"meets each patch once, a matmul on patches (2·weights·patches FLOPs); with T = patches per step "
+                     f"it fits 2·N·T, and n=<N + {sum(weights[s] for s in patches):,}> counts it.")
+        self.out.append(line)
+
     def optimizer(self):
         opt = self.ps(self.is_opt)
         if opt:
-            total_params = (self.acc.meta.get("params") or {}).get("total") or sum(self.roles.numel.values())
+            total_params = self._n_total()
+            ops = set(self.rows.loc[self.is_opt & (self.rows["flops"] > 0), "op"].astype(str))
+            fused = sorted(o for o in ops if o.startswith("aten._fused_"))
+            if fused:
+                how = (f"the fused kernel ({', '.join(fused)}) counts 1 FLOP per parameter element, though an Adam "
+                       f"update does about 15 (tracer/flops.py), so this is a lower bound")
+            elif any(o.startswith("aten._foreach_") for o in ops):
+                how = ("its _foreach ops (foreach=True) count 1 FLOP per element each (tracer/flops.py), so this is "
+                       "a lower bound")
+            else:
+                how = "its per-parameter elementwise ops count 1 FLOP per element (tracer/flops.py)"
             self.out.append(
-                f"Optimizer: {_f(opt)} FLOPs per step ({opt / total_params:.1f} per parameter, whatever T is), outside "
-                f"6·N·T; its _foreach ops count 1 FLOP per element (tracer/flops.py), so this is a lower bound."
+                f"Optimizer: {_f(opt)} FLOPs per step ({opt / total_params:.1f} per parameter over all {total_params:,} "
+                f"parameters, whatever T is), outside 6·N·T; {how}."
             )
         elif not self.is_opt.any():
             self.out.append("Optimizer: no optimizer step in the trace.")
@@ -272,7 +400,5 @@ class _Run:
         kinds = kinds[kinds > 0].sort_values(ascending=False, kind="stable")
         self.out.append(
             f"Other ops: {_f(other_fb)} FLOPs in forward + backward ({_pct(other_fb, self.ps(self.is_fwd | self.is_bwd))} "
-            f"of them; {', '.join(f'{kind} {_f(v)}' for kind, v in kinds.items())}), outside the matmul heuristic"
-            + (": convolutions reuse each weight at every position, so their weights are not in the matmul N."
-               if "conv" in kinds.index else ".")
+            f"of them; {', '.join(f'{kind} {_f(v)}' for kind, v in kinds.items())}), outside the matmul heuristic."
         )
