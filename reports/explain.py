@@ -10,7 +10,7 @@ import numpy as np
 
 from reports._util import pct
 from reports.accounting import analyse
-from reports.columns import cell_objects
+from reports.columns import cell_objects, has_column
 from reports.recompute import attention_recompute, checkpoint_recompute
 from reports.steps import per_step, step_phases
 
@@ -130,20 +130,21 @@ class _Run:
             return
         acc, roles, T = self.acc, self.roles, self.T
         routed = {s: v for s, v in acc.shares.items() if v < 1 - 1e-9}
-        every = len(routed) == len(acc.shares)
         kinds = {_routing(roles, s, routed) for s in routed}
+        moe = any(k and e > 1 for e, k in kinds)
         (e, k), = kinds if len(kinds) == 1 else ((0, 0),)
-        how = f" (top-{k} of {e} experts)" if k else ""
         names = sorted({_pattern(roles.label(s)) for s in routed})
         line = (
-            f"{'Mixture of experts' if not every else 'Weights used by fewer than T tokens'}: N = {self.N:,} parameters, "
-            f"of which each token uses N_active = {acc.n_active:,.0f}{how}: each routed weight counts its numel x "
-            f"the share of the T tokens it multiplied ({', '.join(names[:4])}{' ...' if len(names) > 4 else ''}). "
-            f"Forward weight matmuls = 2·N_active·T = {_f(2 * acc.n_active * T)} FLOPs, backward 4·N_active·T, all "
-            f"phases 6·N_active·T = {_f(6 * acc.n_active * T)}; the optimizer updates all {self._n_total():,} parameters."
+            f"{'Mixture of experts' if moe else 'Weights partly used'}: N = {self.N:,} parameters, of which each "
+            f"token uses N_active = {acc.n_active:,.0f}{f' (top-{k} of {e} experts)' if moe and k else ''}: "
+            f"{'each routed weight' if moe else 'a weight that multiplies fewer than T tokens, or only a slice of which enters a matmul,'} "
+            f"counts its parameters x the share of the T tokens it multiplied "
+            f"({', '.join(names[:4])}{' ...' if len(names) > 4 else ''}). Forward weight matmuls = 2·N_active·T = "
+            f"{_f(2 * acc.n_active * T)} FLOPs, backward 4·N_active·T, all phases 6·N_active·T = "
+            f"{_f(6 * acc.n_active * T)}; the optimizer updates all {self._n_total():,} parameters."
         )
-        if every:
-            line += " Every weight multiplied fewer than T tokens: is tokens= the tokens per step?"
+        if len(routed) == len(acc.shares) > 1 and len({round(v, 9) for v in routed.values()}) == 1:
+            line += " Every weight multiplied the same fewer tokens than T: is tokens= the tokens per step?"
         self.out.append(line)
 
     def _n_total(self):
@@ -343,17 +344,17 @@ class _Run:
         """Convolution weights: not in the matmul N; a patch embedding (stride = kernel) is a matmul on patches."""
         rows, roles = self.rows, self.roles
         conv = self.is_fwd & (rows["flop_kind"] == "conv")
-        if not conv.any() or "input_shapes" not in rows:
+        if not conv.any() or not has_column(rows, "input_shapes"):
             return
         at = np.flatnonzero(conv.to_numpy())
+        outs = cell_objects(rows, "output_shapes", at) if has_column(rows, "output_shapes") else [None] * len(at)
         weights, patches = {}, {}
-        for pos, (ids, shapes) in enumerate(zip(rows["input_storage_ids"].iloc[at], cell_objects(rows, "input_shapes", at))):
+        for ids, shapes, out in zip(cell_objects(rows, "input_storage_ids", at), cell_objects(rows, "input_shapes", at), outs):
             sid = int(ids[1]) if ids is not None and len(ids) > 1 else -1
             if sid not in roles.numel or shapes is None or len(shapes) < 2:
                 continue
             weights[sid] = roles.numel[sid]
             x, w = [int(d) for d in shapes[0]], [int(d) for d in shapes[1]]
-            out = cell_objects(rows, "output_shapes", at[pos : pos + 1])[0] if "output_shapes" in rows else None
             o = [int(d) for d in out[0]] if out is not None and len(out) else []
             if len(o) == len(x) == len(w) and all(o[i] * w[i] == x[i] for i in range(2, len(x))):
                 patches[sid] = True
@@ -367,7 +368,7 @@ class _Run:
         if patches:
             line += (f" {', '.join(roles.label(s) for s in patches)}: stride = kernel, a patch embedding: each weight "
                      f"meets each patch once, a matmul on patches (2·weights·patches FLOPs); with T = patches per step "
-                     f"it fits 2·N·T, and n=<N + {sum(weights[s] for s in patches):,}> counts it.")
+                     f"it fits 2·N·T, and n={self._n_mm() + sum(weights[s] for s in patches)} counts it.")
         self.out.append(line)
 
     def optimizer(self):
