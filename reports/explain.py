@@ -375,7 +375,7 @@ class _Run:
         opt = self.ps(self.is_opt)
         if opt:
             total_params = self._n_total()
-            ops = set(self.rows.loc[self.is_opt & (self.rows["flops"] > 0), "op"].astype(str))
+            ops = {str(o) for o in self.rows.loc[self.is_opt & (self.rows["flops"] > 0), "op"].unique()}
             fused = sorted(o for o in ops if o.startswith("aten._fused_"))
             if fused:
                 how = (f"the fused kernel ({', '.join(fused)}) counts 1 FLOP per parameter element, though an Adam "

@@ -145,6 +145,14 @@ def gradient_sources(rows, packets, gradients, ins=None, outs=None):
     return set(reach)
 
 
+def _member(keys, table):
+    """np.isin(keys, table) for a sorted, unique int64 `table` (one binary search per key)."""
+    if not len(table):
+        return np.zeros(keys.shape, dtype=bool)
+    at = np.minimum(np.searchsorted(table, keys), len(table) - 1)
+    return table[at] == keys
+
+
 def _recomputed(rows):
     """Boolean array: the rows activation checkpointing re-ran (the `recompute` column; none without it)."""
     if "recompute" not in rows:
@@ -230,12 +238,12 @@ class Roles:
         out_rows = np.repeat(np.arange(len(at)), np.diff(out_offsets))
         writes_grad[out_rows[np.isin(out_ids, np.fromiter(to_grad, dtype=np.int64, count=len(to_grad)))]] = True
         grad = no_hit & ~ext & writes_grad
-        phase = rows["phase"].to_numpy(dtype=object)[at]
+        forward, backward = (rows["phase"] == "forward").to_numpy(), (rows["phase"] == "backward").to_numpy()
         # the multiplied activation of each weight matmul: the operand that is not the weight
         act = np.where(hit[:, 0] != _NO_ID, pair[:, 1], pair[:, 0])
         act[no_hit] = _NO_ID
-        grad |= self._unstored_weight_gradients(rows, at, pair, no_hit & ~ext & ~grad & (phase == "backward"),
-                                                act[~no_hit & (phase == "forward")], param[~no_hit & (phase == "forward")])
+        grad |= self._unstored_weight_gradients(rows, at, pair, no_hit & ~ext & ~grad & backward[at],
+                                                act[~no_hit & forward[at]], param[~no_hit & forward[at]])
 
         self.param = pd.Series(_NO_PARAM, index=rows.index, dtype="int64")
         self.param.iloc[at] = np.where(no_hit, _NO_PARAM, param)
@@ -249,39 +257,39 @@ class Roles:
         self.category = pd.Series(pd.Categorical.from_codes(code, categories=CATEGORIES), index=rows.index)
         fwd = mm & (rows["phase"] == "forward") & (self.param >= 0)
         self.matmul_params = sorted(set(self.param[fwd]))
-        self.training = self._feeds_backward(rows, fwd, ins, outs)
+        self.training = self._feeds_backward(rows, np.flatnonzero(fwd.to_numpy()), at[backward[at]], ins)
 
-    def _feeds_backward(self, rows, fwd, ins, outs):
-        """Per row: a forward weight matmul whose work a backward of the same step uses (grad mode, training).
+    def _feeds_backward(self, rows, at, bwd, ins):
+        """Per row: a forward weight matmul (rows `at`) whose work a backward matmul of the same step
+        (rows `bwd`) uses: grad mode, training.
 
         The trace has no grad-mode column, so this reads it from the storages: in grad mode,
-        y = x @ W saves x for dL/dW (read by the backward when W is trained) or W for dL/dx
-        (a frozen weight whose input needs a gradient), and the next op often saves y. A row
-        none of whose activation, output or (frozen) weight the step's backward reads computed
-        nothing the backward needs: an evaluation pass under no_grad, or a frozen weight whose
-        input needs no gradient. Activation checkpointing re-runs the forward in the backward on
-        new storages: a forward row is training work when a recomputed row of its step
-        multiplies by the same weight. NB: an evaluation on the very batch the step trains on
-        counts its first layer (whose input is that batch) as training work."""
+        y = x @ W saves x for dL/dW = xᵀ @ dL/dy (a backward matmul that reads x when W is
+        trained) or W for dL/dx = dL/dy @ Wᵀ (one that reads W: a frozen weight whose input
+        needs a gradient). A row whose activation (or frozen weight) no backward matmul of its
+        step reads computed nothing the backward needs: an evaluation pass under no_grad, or a
+        frozen weight whose input needs no gradient. Activation checkpointing saves no
+        activations and re-runs the forward in the backward on new storages: in a step with
+        recomputed rows, a forward row is training work when a recomputed row multiplies by the
+        same weight or a backward matmul reads that weight (the dL/dx of the layers its early
+        stop did not re-run). NB: an
+        evaluation on the very batch the step trains on counts its first layer (whose input is
+        that batch) as training work, and so does an evaluation in a checkpointed step."""
         out = pd.Series(False, index=rows.index)
-        at = np.flatnonzero(fwd.to_numpy())
         if not len(at):
             return out
         step = rows["step"].to_numpy(dtype=np.int64)
-        phase = rows["phase"].to_numpy(dtype=object)
-        bwd = np.flatnonzero(phase == "backward")
         in_off, in_ids = _take_rows(ins, bwd)
-        read = np.repeat(step[bwd], np.diff(in_off)) << 32 | (in_ids & 0xFFFFFFFF)
+        read = np.unique(np.repeat(step[bwd], np.diff(in_off)) << 32 | (in_ids & 0xFFFFFFFF))  # sorted (step, storage)
         param = self.param.to_numpy()
-        frozen = np.array([not self.trainable.get(int(p), True) for p in param[at]], dtype=bool)
-        again = _recomputed(rows) & (param >= 0)
-        redo = step[again] << 32 | (param[again] & 0xFFFFFFFF)
-        out_off, out_ids = _take_rows(outs, at)
-        first_out = np.where(np.diff(out_off) > 0, out_ids[np.minimum(out_off[:-1], max(len(out_ids) - 1, 0))], _NO_ID)
+        frozen = [s for s, trained in self.trainable.items() if not trained]
+        by_weight = np.isin(param[at], np.array(frozen, dtype=np.int64))  # a frozen weight: its dL/dx reads it
+        again = _recomputed(rows)
+        redo = step[again & (param >= 0)] << 32 | (param[again & (param >= 0)] & 0xFFFFFFFF)
+        by_weight |= np.isin(step[at], step[again])  # checkpointed steps: a weight the backward reads was trained
         keyed = [np.where(v != _NO_ID, step[at] << 32 | (v & 0xFFFFFFFF), -1)
-                 for v in (self.activation.to_numpy()[at], first_out, param[at])]
-        used = np.isin(keyed[0], read) | np.isin(keyed[1], read) | (frozen & np.isin(keyed[2], read))
-        used |= np.isin(keyed[2], redo)
+                 for v in (self.activation.to_numpy()[at], param[at])]
+        used = _member(keyed[0], read) | (by_weight & _member(keyed[1], read)) | np.isin(keyed[1], redo)
         out.iloc[at] = used
         return out
 

@@ -342,3 +342,20 @@ def test_per_sample_gradients_with_vmap_are_weight_gradient_matmuls(tmp_path):
     assert "double backward" not in " ".join(reports.explain(df))
     for lists in ("arrow", "deferred"):  # the output shapes read lazily give the same table
         pd.testing.assert_frame_equal(reports.breakdown(reports.load(tmp_path / "vmap", lists=lists)), reports.breakdown(df))
+
+
+@pytest.mark.parametrize("reentrant", [True, False])
+def test_a_checkpointed_forward_is_training_work(tmp_path, reentrant):
+    """Checkpointing saves no activations (the reentrant forward even runs under no_grad), and the
+    non-reentrant early stop re-runs only up to the last Linear: the forward is still training's."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 8), nn.GELU(), nn.Linear(8, 4))
+    x = torch.randn(TOKENS, 8, requires_grad=True)
+    with Tracer(tmp_path / "ckpt", model=model, tokens=TOKENS):
+        checkpoint(model, x, use_reentrant=reentrant).sum().backward()
+    df = reports.load(tmp_path / "ckpt")
+    t = reports.breakdown(df).set_index("phase")
+    # N = 8·16 + 16·8 + 8·4 = 288, each weight used once per token: 2·288·32 = 18,432 = 2·N·T
+    assert t.loc["total", "n_active"] == t.loc["total", "n_params"] == 288
+    text = " ".join(reports.explain(df))
+    assert "Forward weight matmuls: 18,432 FLOPs = 2.00·N·T" in text and "without a backward" not in text
