@@ -26,6 +26,7 @@ T is the run's tokens per step (metadata `tokens`, set by Tracer(tokens=...)) un
 `tokens` is given.
 """
 
+import re
 from typing import NamedTuple
 
 import pandas as pd
@@ -36,7 +37,7 @@ from reports.roles import Roles
 from reports.steps import count_steps, per_step
 from reports.tables import split_runs
 
-__all__ = ["N_CHOICES", "Account", "analyse"]
+__all__ = ["N_CHOICES", "Account", "analyse", "name_pattern", "routing"]
 
 N_CHOICES = ("matmul", "total", "non_embedding")
 _COLUMNS = ("run", "step", "phase", "op", "flops", "flop_kind", "input_storage_ids", "output_storage_ids")
@@ -119,3 +120,28 @@ def _shares(rows, roles, T, n_kind):
         fwd &= roles.training | frozen
     flops = per_step(rows, mask=fwd, by=roles.param)
     return {s: float(flops.get(s, 0.0)) / (2 * roles.numel[s] * T) for s in weights}
+
+
+def name_pattern(name):
+    """'model.layers.1.mlp.experts.3.w1' -> 'model.layers.*.mlp.experts.*.w1': one name per kind of weight."""
+    return re.sub(r"(?<=\.)\d+(?=\.)", "*", name)
+
+
+def routing(roles, sid, routed):
+    """(E, k) of a routed weight: a stacked [E, K, N] weight shared by k/E of the tokens, or one of E
+    sibling expert weights (names that differ by an index) whose shares add up to k; k is 0 when it is not
+    a whole number (routing by capacity, dropped tokens)."""
+    shape = roles.shape.get(sid, ())
+    if len(shape) >= 3:
+        e, k = shape[0], routed[sid] * shape[0]
+    else:
+        key = _siblings(roles.label(sid))
+        group = [s for s in routed if _siblings(roles.label(s)) == key]
+        e, k = len(group), sum(routed[s] for s in group)
+    return e, (round(k) if abs(k - round(k)) < 1e-6 and round(k) > 0 else 0)
+
+
+def _siblings(name):
+    """'layers.1.experts.3.w1' -> 'layers.1.experts.*.w1': the last index of a name replaced, so that the E experts
+    of one layer share a key."""
+    return re.sub(r"\.\d+\.(?!.*\.\d+\.)", ".*.", name)

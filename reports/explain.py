@@ -4,12 +4,10 @@ Every figure here is a per-step figure from reports.steps.per_step, so a trace o
 identical steps says exactly what a trace of one says (but for the step count).
 """
 
-import re
-
 import numpy as np
 
 from reports._util import pct
-from reports.accounting import analyse
+from reports.accounting import analyse, name_pattern, routing
 from reports.columns import cell_objects, has_column
 from reports.recompute import attention_recompute, checkpoint_recompute
 from reports.steps import per_step, step_phases
@@ -34,25 +32,6 @@ def _x(part, whole):
 
 def _pct(part, whole):
     return f"{pct(part, whole):.1f}%" if whole else "n/a"
-
-
-def _pattern(name):
-    """'model.layers.1.mlp.experts.3.w1' -> 'model.layers.*.mlp.experts.*.w1': one name per kind of weight."""
-    return re.sub(r"(?<=\.)\d+(?=\.)", "*", name)
-
-
-def _routing(roles, sid, routed):
-    """(E, k) of a routed weight: a stacked [E, K, N] weight shared by k/E of the tokens, or one of E
-    sibling expert weights (names that differ by an index) whose shares add up to k; k is 0 when it is not
-    a whole number (routing by capacity, dropped tokens)."""
-    shape = roles.shape.get(sid, ())
-    if len(shape) >= 3:
-        e, k = shape[0], routed[sid] * shape[0]
-    else:
-        key = re.sub(r"\.\d+\.(?!.*\.\d+\.)", ".*.", roles.label(sid))
-        group = [s for s in routed if re.sub(r"\.\d+\.(?!.*\.\d+\.)", ".*.", roles.label(s)) == key]
-        e, k = len(group), sum(routed[s] for s in group)
-    return e, (round(k) if abs(k - round(k)) < 1e-6 and round(k) > 0 else 0)
 
 
 def explain(df, n="matmul", tokens=None, accounts=None):
@@ -118,9 +97,12 @@ class _Run:
             f"{_x(total - ext, 6 * N * T)} x 6·N·T."
         )
         outside = f" + weights outside the model ({_f(ext)})" if ext else ""
+        n_a = acc.n_active
+        weights = (f"weight matmuls - 6·N_active·T ({_f(wm - 6 * n_a * T)}) - 6·(N - N_active)·T for the parameters "
+                   f"a token does not use ({_f(6 * (N - n_a) * T)})" if self.routed else
+                   f"weight matmuls - 6·N·T ({_f(wm - 6 * N * T)})")
         self.out.append(
-            f"Residual: all phases - 6·N·T = {_f(total - 6 * N * T)} FLOPs = weight matmuls - 6·N·T "
-            f"({_f(wm - 6 * N * T)}) + attention ({_f(att)}){outside} + other ops ({_f(other)}) + the optimizer "
+            f"Residual: all phases - 6·N·T = {_f(total - 6 * N * T)} FLOPs = {weights} + attention ({_f(att)}){outside} + other ops ({_f(other)}) + the optimizer "
             f"({_f(opt)})."
         )
 
@@ -130,10 +112,10 @@ class _Run:
             return
         acc, roles, T = self.acc, self.roles, self.T
         routed = {s: v for s, v in acc.shares.items() if v < 1 - 1e-9}
-        kinds = {_routing(roles, s, routed) for s in routed}
+        kinds = {routing(roles, s, routed) for s in routed}
         moe = any(k and e > 1 for e, k in kinds)
         (e, k), = kinds if len(kinds) == 1 else ((0, 0),)
-        names = sorted({_pattern(roles.label(s)) for s in routed})
+        names = sorted({name_pattern(roles.label(s)) for s in routed})
         line = (
             f"{'Mixture of experts' if moe else 'Weights partly used'}: N = {self.N:,} parameters, of which each "
             f"token uses N_active = {acc.n_active:,.0f}{f' (top-{k} of {e} experts)' if moe and k else ''}: "

@@ -113,6 +113,8 @@ def test_expert_matmuls_are_weight_matmuls_and_N_active_is_exact(tmp_path, kind)
     assert t.loc["total", "expected_active_flops"] == 6 * N_ACTIVE * T == 52224
     text = "\n".join(reports.explain(df))
     assert "of which each token uses N_active = 544 (top-2 of 4 experts)" in text
+    # weight matmuls 17,408 + 34,816 = 52,224 = 6·N_active·T exactly; the experts a token skips: 6·(1,056 - 544)·16
+    assert "weight matmuls - 6·N_active·T (0) - 6·(N - N_active)·T for the parameters a token does not use (49,152)" in text
     assert "Forward weight matmuls: 17,408 FLOPs = 2.00·N_active·T" in text
     assert "Backward weight matmuls: 34,816 FLOPs = 4·N_active·T" in text
     # SGD (foreach) adds lr·grad to every parameter: 1 FLOP per element of all 1,056, experts the tokens skipped too
