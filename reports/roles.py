@@ -193,11 +193,13 @@ def _lookup(mapping, keys):
 class Roles:
     """The parameters of one run and the category (CATEGORIES) of each of its rows.
 
-    names, numel, embedding, trainable: per parameter storage id (tied weights share one).
+    names, numel, embedding, trainable, shape: per parameter storage id (tied weights share one).
     param: per row, the model parameter storage a matmul multiplies by (-1: none).
+    activation: per weight matmul row, the storage it multiplies the weight with.
     category: per row, one of CATEGORIES. matmul_params: the parameter storages that
     enter a forward matmul (the default N). external: storages of parameters outside
-    the model."""
+    the model. training: per row, a forward weight matmul whose work the backward of its
+    step uses (grad mode; False for an evaluation under no_grad: _feeds_backward)."""
 
     def __init__(self, rows, meta):
         params = meta.get("parameters")
