@@ -10,10 +10,23 @@ N, chosen with `n`:
   an int           your own N
 Parameters of modules outside `model=` (a frozen teacher) are never part of N.
 
+N_active, the parameters a token actually uses (a mixture of experts routes each token to
+k of E experts): each weight W in N counts its numel x its share, the tokens it multiplied
+per step over T (capped at 1: a weight used twice per token is still one weight):
+
+  share(W) = forward weight-matmul FLOPs of W per step / (2 · numel(W) · T)
+
+A stacked expert weight [E, K, N] used by t_e tokens per expert does 2·K·N·Σt_e FLOPs, so
+its share is Σt_e / (E·T) = k/E with top-k routing, whatever the routing: N_active =
+N - Σ numel(W)·(1 - share(W)) is exact for any routing, and equals N in a dense model. Only
+the forward rows of training count (reports.roles: evaluation passes under no_grad are left
+out); a forward-only trace uses all of them. The optimizer updates all N parameters.
+
 T is the run's tokens per step (metadata `tokens`, set by Tracer(tokens=...)) unless
 `tokens` is given.
 """
 
+import re
 from typing import NamedTuple
 
 import pandas as pd
@@ -21,10 +34,10 @@ import pandas as pd
 from reports.errors import ReportError
 from reports.load import require, runs_of
 from reports.roles import Roles
-from reports.steps import count_steps
+from reports.steps import count_steps, per_step
 from reports.tables import split_runs
 
-__all__ = ["N_CHOICES", "Account", "analyse"]
+__all__ = ["N_CHOICES", "Account", "analyse", "name_pattern", "routing"]
 
 N_CHOICES = ("matmul", "total", "non_embedding")
 _COLUMNS = ("run", "step", "phase", "op", "flops", "flop_kind", "input_storage_ids", "output_storage_ids")
@@ -41,6 +54,8 @@ class Account(NamedTuple):
     N: int
     T: int
     steps: int
+    n_active: float  # the parameters a token uses: N less the unused share of routed weights (see above)
+    shares: dict  # per weight storage in N: tokens it multiplied per step / T (uncapped)
 
 
 def _check_n(n, what):
@@ -87,6 +102,46 @@ def analyse(df, n, tokens, what, columns=()):
         meta = runs[run]
         roles = Roles(rows, meta)
         kind = n if isinstance(n, str) else "given"
-        out.append(Account(run, rows, meta, roles, kind, _n_value(n, meta, roles, what), _tokens(tokens, meta, what),
-                           count_steps(rows)))
+        N, T = _n_value(n, meta, roles, what), _tokens(tokens, meta, what)
+        shares = _shares(rows, roles, T, kind)
+        inactive = sum(roles.numel[s] * max(0.0, 1.0 - share) for s, share in shares.items())
+        out.append(Account(run, rows, meta, roles, kind, N, T, count_steps(rows), max(0.0, N - inactive), shares))
     return out
+
+
+def _shares(rows, roles, T, n_kind):
+    """{weight storage in N: its forward weight-matmul FLOPs per step / (2 · numel · T)} over training rows."""
+    weights = [s for s in roles.matmul_params if not (n_kind == "non_embedding" and roles.embedding.get(s))]
+    if not weights:
+        return {}
+    fwd = (rows["phase"] == "forward") & (roles.param >= 0)
+    if (rows["phase"] == "backward").any():  # frozen weights' rows count whether or not a backward reads them
+        frozen = roles.param.isin([s for s in weights if not roles.trainable.get(s, True)])
+        fwd &= roles.training | frozen
+    flops = per_step(rows, mask=fwd, by=roles.param)
+    return {s: float(flops.get(s, 0.0)) / (2 * roles.numel[s] * T) for s in weights}
+
+
+def name_pattern(name):
+    """'model.layers.1.mlp.experts.3.w1' -> 'model.layers.*.mlp.experts.*.w1': one name per kind of weight."""
+    return re.sub(r"(?<=\.)\d+(?=\.)", "*", name)
+
+
+def routing(roles, sid, routed):
+    """(E, k) of a routed weight: a stacked [E, K, N] weight shared by k/E of the tokens, or one of E
+    sibling expert weights (names that differ by an index) whose shares add up to k; k is 0 when it is not
+    a whole number (routing by capacity, dropped tokens)."""
+    shape = roles.shape.get(sid, ())
+    if len(shape) >= 3:
+        e, k = shape[0], routed[sid] * shape[0]
+    else:
+        key = _siblings(roles.label(sid))
+        group = [s for s in routed if _siblings(roles.label(s)) == key]
+        e, k = len(group), sum(routed[s] for s in group)
+    return e, (round(k) if abs(k - round(k)) < 1e-6 and round(k) > 0 else 0)
+
+
+def _siblings(name):
+    """'layers.1.experts.3.w1' -> 'layers.1.experts.*.w1': the last index of a name replaced, so that the E experts
+    of one layer share a key."""
+    return re.sub(r"\.\d+\.(?!.*\.\d+\.)", ".*.", name)

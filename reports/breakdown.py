@@ -14,6 +14,10 @@ in all. `breakdown` sets the traced FLOPs beside it and splits them four ways
   other_flops            everything else: elementwise, normalisation, softmax, loss,
                          convolutions, the optimizer's _foreach ops
 
+For a mixture of experts, where a token uses N_active of the N parameters (k of E experts:
+reports/accounting.py), the same FLOPs are also set against 2·N_active·T, 4·N_active·T and
+6·N_active·T (expected_active_flops, active_ratio); in a dense model N_active = N.
+
 N and T: see reports/accounting.py. All FLOP columns are per training step, through
 reports.steps (each phase's total over the steps it ran in). `explain` (reports/explain.py)
 says the same in words.
@@ -39,15 +43,19 @@ def breakdown(df, n="matmul", tokens=None, accounts=None):
 
     Columns (FLOPs per training step): flops (measured), expected_flops (2·N·T, 4·N·T,
     6·N·T; NaN for the optimizer and other phases), ratio ((flops - external_weight_flops)
-    / expected_flops: the model's own FLOPs), weight_matmul_flops + attention_flops +
-    external_weight_flops + other_flops (= flops), then steps (the run's training steps),
-    n_params (N), n_kind (which N: "matmul", "total", "non_embedding" or "given") and
+    / expected_flops: the model's own FLOPs), expected_active_flops and active_ratio (the
+    same with N_active), weight_matmul_flops + attention_flops + external_weight_flops +
+    other_flops (= flops), then steps (the run's training steps), n_params (N, all the
+    parameters counted: N_total), n_active (N_active, the parameters a token uses; N in a
+    dense model), n_kind (which N: "matmul", "total", "non_embedding" or "given") and
     tokens (T, tokens per step). See the module docstring for N, T and the split.
     `accounts`: what reports.accounting.analyse(df, n, tokens, ...) returned, to share
     one analysis of the rows with `explain` (the CLI does); n and tokens are then unused."""
-    columns = ["phase", "flops", "expected_flops", "ratio", *_FLOAT_COLS[1:], "steps", "n_params", "n_kind", "tokens"]
+    columns = ["phase", "flops", "expected_flops", "ratio", "expected_active_flops", "active_ratio", *_FLOAT_COLS[1:],
+               "steps", "n_params", "n_active", "n_kind", "tokens"]
     dtypes = {"phase": object, **{c: "float64" for c in _FLOAT_COLS}, "expected_flops": "float64", "ratio": "float64",
-              "steps": "int64", "n_params": "int64", "n_kind": object, "tokens": "int64"}
+              "expected_active_flops": "float64", "active_ratio": "float64", "steps": "int64", "n_params": "int64",
+              "n_active": "float64", "n_kind": object, "tokens": "int64"}
     frames = []
     for acc in analyse(df, n, tokens, "breakdown") if accounts is None else accounts:
         rows, N, T = acc.rows, acc.N, acc.T
@@ -64,7 +72,9 @@ def breakdown(df, n="matmul", tokens=None, accounts=None):
             rec["expected_flops"] = float(k * N * T) if k else float("nan")
             own = rec["flops"] - rec["external_weight_flops"]
             rec["ratio"] = own / rec["expected_flops"] if k and N * T else float("nan")
-            rec.update(steps=acc.steps, n_params=N, n_kind=acc.n_kind, tokens=T)
+            rec["expected_active_flops"] = float(k * acc.n_active * T) if k else float("nan")
+            rec["active_ratio"] = own / rec["expected_active_flops"] if k and acc.n_active * T else float("nan")
+            rec.update(steps=acc.steps, n_params=N, n_active=acc.n_active, n_kind=acc.n_kind, tokens=T)
             records.append(rec)
         frames.append((acc.run, pd.DataFrame.from_records(records)))
     return combine(frames, columns, dtypes, several_runs(df))

@@ -7,7 +7,8 @@ identical steps says exactly what a trace of one says (but for the step count).
 import numpy as np
 
 from reports._util import pct
-from reports.accounting import analyse
+from reports.accounting import analyse, name_pattern, routing
+from reports.columns import cell_objects, has_column
 from reports.recompute import attention_recompute, checkpoint_recompute
 from reports.steps import per_step, step_phases
 
@@ -69,7 +70,13 @@ class _Run:
         self.recompute = checkpoint_recompute(self.rows)
         self.kernel = self.rows["flop_kind"] == "attention"
         self.out = []
+        self.routed = acc.n_active < self._n_mm() - 0.5  # some weights multiply fewer than T tokens: experts
         self.phases = step_phases(self.rows)  # one pass over the rows for the many figures below
+        # forward weight matmuls of training (grad mode: a backward of their step reads them), reports/roles.py
+        self.train_fwd = self.is_fwd & self.roles.training
+        self.idle_fwd = self.is_fwd & (self.roles.param >= 0) & ~self.roles.training
+        if not self.is_bwd.any():  # a forward-only trace: all of its forward is the forward
+            self.train_fwd, self.idle_fwd = self.is_fwd & (self.roles.param >= 0), self.is_fwd & False
 
     def ps(self, mask=None, by=None, values="flops"):
         return per_step(self.rows, values=values, mask=mask, by=by, phases=self.phases)
@@ -80,8 +87,10 @@ class _Run:
             self.totals()
             self.out.append(unsplit)
             return self.out
-        for term in (self.totals, self.forward_weights, self.backward_weights, self.attention, self.checkpointing,
-                     self.external, self.head, self.n_parts, self.optimizer, self.other_ops):
+        # One method per term, in the order they are said; a new term is a method added here.
+        for term in (self.totals, self.experts, self.forward_weights, self.no_grad_forward, self.backward_weights,
+                     self.attention, self.checkpointing, self.external, self.head, self.n_parts, self.conv_weights,
+                     self.optimizer, self.other_ops):
             term()
         return self.out
 
@@ -102,27 +111,78 @@ class _Run:
             f"{_x(total - ext, 6 * N * T)} x 6·N·T."
         )
         outside = f" + weights outside the model ({_f(ext)})" if ext else ""
+        n_a = acc.n_active
+        weights = (f"weight matmuls - 6·N_active·T ({_f(wm - 6 * n_a * T)}) - 6·(N - N_active)·T for the parameters "
+                   f"a token does not use ({_f(6 * (N - n_a) * T)})" if self.routed else
+                   f"weight matmuls - 6·N·T ({_f(wm - 6 * N * T)})")
         self.out.append(
-            f"Residual: all phases - 6·N·T = {_f(total - 6 * N * T)} FLOPs = weight matmuls - 6·N·T "
-            f"({_f(wm - 6 * N * T)}) + attention ({_f(att)}){outside} + other ops ({_f(other)}) + the optimizer "
+            f"Residual: all phases - 6·N·T = {_f(total - 6 * N * T)} FLOPs = {weights} + attention ({_f(att)}){outside} + other ops ({_f(other)}) + the optimizer "
             f"({_f(opt)})."
         )
+
+    def experts(self):
+        """Mixture of experts: the parameters a token uses (N_active) against all of them."""
+        if not self.routed:
+            return
+        acc, roles, T = self.acc, self.roles, self.T
+        routed = {s: v for s, v in acc.shares.items() if v < 1 - 1e-9}
+        kinds = {routing(roles, s, routed) for s in routed}
+        moe = any(k and e > 1 for e, k in kinds)
+        (e, k), = kinds if len(kinds) == 1 else ((0, 0),)
+        names = sorted({name_pattern(roles.label(s)) for s in routed})
+        line = (
+            f"{'Mixture of experts' if moe else 'Weights partly used'}: N = {self.N:,} parameters, of which each "
+            f"token uses N_active = {acc.n_active:,.0f}{f' (top-{k} of {e} experts)' if moe and k else ''}: "
+            f"{'each routed weight' if moe else 'a weight that multiplies fewer than T tokens, or only a slice of which enters a matmul,'} "
+            f"counts its parameters x the share of the T tokens it multiplied "
+            f"({', '.join(names[:4])}{' ...' if len(names) > 4 else ''}). Forward weight matmuls = 2·N_active·T = "
+            f"{_f(2 * acc.n_active * T)} FLOPs, backward 4·N_active·T, all phases 6·N_active·T = "
+            f"{_f(6 * acc.n_active * T)}; the optimizer updates all {self._n_total():,} parameters."
+        )
+        if len(routed) == len(acc.shares) > 1 and len({round(v, 9) for v in routed.values()}) == 1:
+            line += " Every weight multiplied the same fewer tokens than T: is tokens= the tokens per step?"
+        self.out.append(line)
+
+    def _n_total(self):
+        return int((self.acc.meta.get("params") or {}).get("total") or sum(self.roles.numel.values()))
 
     def _n_mm(self):
         return sum(self.roles.numel[s] for s in self.roles.matmul_params)
 
     def forward_weights(self):
-        n_mm, T = self._n_mm(), self.T
+        n_mm, T, roles = self._n_mm(), self.T, self.roles
         if not n_mm:
             return
-        fwd_wm = self.ps(self.is_fwd & (self.cat == "weight_matmul"))
-        line = (
-            f"Forward weight matmuls: {_f(fwd_wm)} FLOPs = {fwd_wm / (n_mm * T):.2f}·N·T with the {n_mm:,} parameters "
-            f"that enter a matmul: each weight multiplies each token once, a multiply and an add."
-        )
-        if round(fwd_wm) > 2 * n_mm * T:
-            line += " Above 2·N·T: some weight enters more than one matmul per token (shared, or called twice)."
+        fwd_wm = self.ps(self.train_fwd & (self.cat == "weight_matmul"))
+        if self.routed:
+            line = (f"Forward weight matmuls: {_f(fwd_wm)} FLOPs = {fwd_wm / (self.acc.n_active * T):.2f}·N_active·T "
+                    f"= {fwd_wm / (n_mm * T):.2f}·N·T: each token multiplies the N_active = {self.acc.n_active:,.0f} "
+                    f"parameters it uses once, a multiply and an add.")
+        else:
+            line = (
+                f"Forward weight matmuls: {_f(fwd_wm)} FLOPs = {fwd_wm / (n_mm * T):.2f}·N·T with the {n_mm:,} "
+                f"parameters that enter a matmul: each weight multiplies each token once, a multiply and an add."
+            )
+        shared = {s: v for s, v in self.acc.shares.items() if v > 1 + 1e-9}
+        if shared and round(fwd_wm) > 2 * self.acc.n_active * T:
+            parts = [f"{roles.label(s)} {v:.2f}x" for s, v in sorted(shared.items(), key=lambda kv: -kv[1])[:5]]
+            line += (f" Above 2·N·T: some weights multiply each token more than once in training's forward (shared, "
+                     f"or called several times): {', '.join(parts)}{' ...' if len(shared) > 5 else ''}.")
         self.out.append(line)
+
+    def no_grad_forward(self):
+        """Forward weight matmuls no backward reads: evaluation under no_grad, frozen weights with inputs that need no gradient."""
+        idle = self.ps(self.idle_fwd & (self.cat == "weight_matmul"))
+        if not idle:
+            return
+        frozen = self.roles.param[self.idle_fwd].map(lambda s: not self.roles.trainable.get(int(s), True)).all()
+        why = ("frozen weights whose inputs need no gradient: autograd records nothing for them" if frozen else
+               "an evaluation pass under no_grad or eval, or frozen weights whose inputs need no gradient")
+        self.out.append(
+            f"Forward work without a backward: {_f(idle)} FLOPs per step of forward weight matmuls that no backward "
+            f"reads ({why}); they are in the forward total above, but not in training's 2·N·T: the 6·N·T heuristic "
+            f"counts a forward that is differentiated."
+        )
 
     def backward_weights(self):
         """dL/dW for every trainable weight, dL/dx only where x needs a gradient."""
@@ -131,18 +191,20 @@ class _Run:
             return
         bwd_wm = self.ps(self.is_bwd & (self.cat == "weight_matmul"))
         has_param = (roles.param >= 0) & ~self.recompute
-        fwd_by_param = self.ps(self.is_fwd & has_param, by=roles.param)
+        fwd_by_param = self.ps(self.train_fwd & has_param, by=roles.param)
         dx_by_param = self.ps(self.is_bwd & has_param, by=roles.param)
         skipped = {s: fwd_by_param[s] - dx_by_param.get(s, 0.0) for s in fwd_by_param.index
                    if fwd_by_param[s] - dx_by_param.get(s, 0.0) > 0}
         frozen = [s for s in roles.matmul_params if not roles.trainable.get(s, True)]
-        if abs(bwd_wm - 4 * n_mm * T) < 0.5:
+        expected = 4 * self.acc.n_active * T
+        if abs(bwd_wm - expected) < 0.5 and not frozen:
             self.out.append(
-                f"Backward weight matmuls: {_f(bwd_wm)} FLOPs = 4·N·T: for each y = x @ W, dL/dx = dL/dy @ Wᵀ "
-                f"and dL/dW = xᵀ @ dL/dy, each as large as the forward matmul."
+                f"Backward weight matmuls: {_f(bwd_wm)} FLOPs = 4·N{'_active' if self.acc.n_active < n_mm else ''}·T: "
+                f"for each y = x @ W, dL/dx = dL/dy @ Wᵀ and dL/dW = xᵀ @ dL/dy, each as large as the forward matmul."
             )
             return
-        line = f"Backward weight matmuls: {_f(bwd_wm)} FLOPs = {bwd_wm / (n_mm * T):.2f}·N·T, not 4·N·T ({_f(4 * n_mm * T)})."
+        n, name = (self.acc.n_active, "N_active") if self.routed else (n_mm, "N")
+        line = f"Backward weight matmuls: {_f(bwd_wm)} FLOPs = {bwd_wm / (n * T):.2f}·{name}·T, not 4·{name}·T ({_f(4 * n * T)})."
         if skipped:
             parts = [f"{roles.label(s)} ({roles.numel[s]:,} parameters: {_f(v)} FLOPs)" for s, v in skipped.items()]
             line += (
@@ -152,8 +214,12 @@ class _Run:
                 f"For the lecture's y = x @ w with x not requiring grad, the backward is 2·N·T, not 4·N·T."
             )
         if frozen:
-            line += f" Frozen weights (requires_grad=False) skip dL/dW: {', '.join(roles.label(s) for s in frozen)}."
-        if bwd_wm > 4 * n_mm * T:
+            fwd_all = self.ps(self.is_fwd & has_param & self.is_bwd.groupby(self.rows["step"]).transform("any"),
+                              by=roles.param)
+            parts = [f"{roles.label(s)} ({roles.numel[s]:,} parameters: {_f(fwd_all.get(s, 0.0))} FLOPs)" for s in frozen]
+            line += (f" Frozen weights (requires_grad=False) skip dL/dW = xᵀ @ dL/dy, as large as their forward "
+                     f"matmuls: {'; '.join(parts)}.")
+        if bwd_wm > expected + 0.5:
             line += (" Above 4·N·T: forward matmuls run again in the backward (activation checkpointing) "
                      "or a weight is used more than once.")
         self.out.append(line)
@@ -228,8 +294,12 @@ class _Run:
         head = int(roles.param[fwd_w[-1]])
         head_f = self.ps(self.is_fwd & (roles.param == head))
         tied = roles.embedding.get(head, False)
+        module = str(self.rows.at[fwd_w[-1], "module"]) if "module" in self.rows else ""
+        weight = roles.label(head)
+        name = (f"{module} (its weight {weight}" if module and not weight.startswith(module + ".") else f"{weight} (")
+        name += (", " if name.endswith(weight) else "")
         line = (
-            f"Output head: {roles.label(head)} ({roles.numel[head]:,} parameters{', tied to the embedding' if tied else ''}) "
+            f"Output head: {name}{roles.numel[head]:,} parameters{', tied to the embedding' if tied else ''}) "
             f"costs {_f(head_f)} FLOPs forward ({_pct(head_f, self.ps(self.is_fwd))} of the forward) and about twice "
             f"that backward."
         )
@@ -266,13 +336,54 @@ class _Run:
             self.out.append(f"N = {N:,}, not the {n_mm:,} parameters that enter a matmul: {'; '.join(parts)}. "
                             f"So 6·N·T differs from 6·T x the matmul parameters by {_f(6 * (N - n_mm) * T)} FLOPs.")
 
+    def conv_weights(self):
+        """Convolution weights: not in the matmul N; a patch embedding (stride = kernel) is a matmul on patches."""
+        rows, roles = self.rows, self.roles
+        conv = self.is_fwd & (rows["flop_kind"] == "conv")
+        if not conv.any() or not has_column(rows, "input_shapes"):
+            return
+        at = np.flatnonzero(conv.to_numpy())
+        outs = cell_objects(rows, "output_shapes", at) if has_column(rows, "output_shapes") else [None] * len(at)
+        weights, patches = {}, {}
+        for ids, shapes, out in zip(cell_objects(rows, "input_storage_ids", at), cell_objects(rows, "input_shapes", at), outs):
+            sid = int(ids[1]) if ids is not None and len(ids) > 1 else -1
+            if sid not in roles.numel or shapes is None or len(shapes) < 2:
+                continue
+            weights[sid] = roles.numel[sid]
+            x, w = [int(d) for d in shapes[0]], [int(d) for d in shapes[1]]
+            o = [int(d) for d in out[0]] if out is not None and len(out) else []
+            if len(o) == len(x) == len(w) and all(o[i] * w[i] == x[i] for i in range(2, len(x))):
+                patches[sid] = True
+        if not weights:
+            return
+        counted = self.acc.n_kind in ("total", "non_embedding")
+        line = (f"Convolution weights: {', '.join(roles.label(s) for s in weights)} ({sum(weights.values()):,} "
+                f"parameters) {'are in N (n=' + repr(self.acc.n_kind) + ')' if counted else 'are not in N'}: a "
+                f"convolution multiplies each weight at every output position, so its FLOPs are 2 x weights x "
+                f"positions, not 2·N·T; they are in the other ops.")
+        if patches:
+            line += (f" {', '.join(roles.label(s) for s in patches)}: stride = kernel, a patch embedding: each weight "
+                     f"meets each patch once, a matmul on patches (2·weights·patches FLOPs); with T = patches per step "
+                     f"it fits 2·N·T, and n={self._n_mm() + sum(weights[s] for s in patches)} counts it.")
+        self.out.append(line)
+
     def optimizer(self):
         opt = self.ps(self.is_opt)
         if opt:
-            total_params = (self.acc.meta.get("params") or {}).get("total") or sum(self.roles.numel.values())
+            total_params = self._n_total()
+            ops = {str(o) for o in self.rows.loc[self.is_opt & (self.rows["flops"] > 0), "op"].unique()}
+            fused = sorted(o for o in ops if o.startswith("aten._fused_"))
+            if fused:
+                how = (f"the fused kernel ({', '.join(fused)}) counts 1 FLOP per parameter element, though an Adam "
+                       f"update does about 15 (tracer/flops.py), so this is a lower bound")
+            elif any(o.startswith("aten._foreach_") for o in ops):
+                how = ("its _foreach ops (foreach=True) count 1 FLOP per element each (tracer/flops.py), so this is "
+                       "a lower bound")
+            else:
+                how = "its per-parameter elementwise ops count 1 FLOP per element (tracer/flops.py)"
             self.out.append(
-                f"Optimizer: {_f(opt)} FLOPs per step ({opt / total_params:.1f} per parameter, whatever T is), outside "
-                f"6·N·T; its _foreach ops count 1 FLOP per element (tracer/flops.py), so this is a lower bound."
+                f"Optimizer: {_f(opt)} FLOPs per step ({opt / total_params:.1f} per parameter over all {total_params:,} "
+                f"parameters, whatever T is), outside 6·N·T; {how}."
             )
         elif not self.is_opt.any():
             self.out.append("Optimizer: no optimizer step in the trace.")
@@ -286,7 +397,5 @@ class _Run:
         kinds = kinds[kinds > 0].sort_values(ascending=False, kind="stable")
         self.out.append(
             f"Other ops: {_f(other_fb)} FLOPs in forward + backward ({_pct(other_fb, self.ps(self.is_fwd | self.is_bwd))} "
-            f"of them; {', '.join(f'{kind} {_f(v)}' for kind, v in kinds.items())}), outside the matmul heuristic"
-            + (": convolutions reuse each weight at every position, so their weights are not in the matmul N."
-               if "conv" in kinds.index else ".")
+            f"of them; {', '.join(f'{kind} {_f(v)}' for kind, v in kinds.items())}), outside the matmul heuristic."
         )

@@ -1,15 +1,25 @@
 """What each matmul row of a run multiplies: a model weight, a weight outside the model, or activations.
 
-  weight_matmul    a model parameter (or a cast copy of one, autocast's bf16 weight) is
-                   a multiplied operand: y = x @ W and dL/dx = dL/dy @ Wᵀ; or the row
-                   computes a weight gradient dL/dW = xᵀ @ dL/dy: its output becomes a
-                   `gradient` storage directly, or through adds and at most one cast (a
-                   bf16 dW cast to fp32; the dW of every use of a weight summed: tied
-                   weights, a module called twice, an unrolled RNN, a loss with several
-                   terms; an accumulated micro-batch added in). Adds only sum
-                   contributions, so the walk follows any number of them, and nothing
-                   else: an activation x activation matmul whose result flows through
-                   another op (embedding_dense_backward, say) into a gradient is not one.
+  weight_matmul    a model parameter is a multiplied operand: y = x @ W and dL/dx = dL/dy @ Wᵀ.
+                   Also a view of one (a slice, split, chunk, select, `t`, expand: views
+                   share the parameter's storage), a cast copy (autocast's bf16 weight) and
+                   a gathered copy of a stacked expert weight [E, K, N] (`w[expert_ids]`
+                   before a bmm: index/index_select of a parameter of 3 dims or more).
+                   Or the row computes a weight gradient dL/dW = xᵀ @ dL/dy: its output
+                   becomes a `gradient` storage directly, or through adds, the ops that
+                   place a gradient piece into a larger gradient (the backward of a slice,
+                   select, index or chunk: slice_backward, select_backward, index_put,
+                   index_add, cat, stack, *_scatter) and at most one cast (a bf16 dW cast to
+                   fp32; the dW of every use of a weight summed: tied weights, a module
+                   called twice, an unrolled RNN, a loss with several terms; an accumulated
+                   micro-batch added in). Adds only sum contributions and the placing ops
+                   only move them, so the walk follows any number of them, and nothing else:
+                   an activation x activation matmul whose result flows through another op
+                   (embedding_dense_backward, say) into a gradient is not one. Gradients
+                   that never become a `.grad` (torch.func.grad, vmap per-sample
+                   gradients, autograd.grad): a backward matmul that reads the input x of a
+                   forward matmul with weight W and whose output has W's matrix shape
+                   ([..., K, N] or its transpose) is W's dW.
   external_weight  an operand is a parameter of a module outside `model=` (metadata
                    storage_roles["external_parameter"]; absent in older traces): a
                    frozen teacher's forward. Never part of N, never attention.
@@ -22,7 +32,7 @@ import numpy as np
 import pandas as pd
 
 from reports._util import ONE_TO_ONE_COPIES, ids, packet
-from reports.columns import flat
+from reports.columns import cell_objects, flat, has_column
 from reports.columns import packets as op_packets
 from reports.errors import ReportError
 
@@ -65,13 +75,24 @@ def skipped_inputs(packets):
     return packets.isin(_ADD_FIRST).to_numpy().astype(np.int64)
 
 
-def _copies(rows, packets, sources, ins=None, outs=None):
-    """{storage: source} for `sources` and every one-to-one copy (cast) made of them, transitively."""
+# Gathers of a stacked weight: w[expert_ids] copies whole expert matrices of w [E, K, N] (first input).
+_GATHERS = frozenset({"aten.index", "aten.index_select", "aten._unsafe_index"})
+
+
+def _copies(rows, packets, sources, ins=None, outs=None, stacked=()):
+    """{storage: source} for `sources` and every one-to-one copy (cast) made of them, transitively; with
+    `stacked` (storages of stacked expert weights, 3 dims or more) also their gathers (w[expert_ids])."""
     alias = {sid: sid for sid in sources}
     if not alias:
         return alias
     (in_off, in_ids), outs = _flat_ids(rows, ins, outs)
-    at = np.flatnonzero(packets.isin(ONE_TO_ONE_COPIES).to_numpy())
+    copy = packets.isin(ONE_TO_ONE_COPIES).to_numpy().copy()
+    if stacked:
+        first = np.full(len(rows), _NO_ID, dtype=np.int64)
+        has = in_off[1:] > in_off[:-1]
+        first[has] = in_ids[in_off[:-1][has]]
+        copy |= packets.isin(_GATHERS).to_numpy() & np.isin(first, np.fromiter(stacked, dtype=np.int64))
+    at = np.flatnonzero(copy)
     count = in_off[at + 1] - in_off[at]
     second = (packets.iloc[at].to_numpy(dtype=object) == "aten.copy_") & (count > 1)  # copy_(dst, src): the source is the second input
     src = np.full(len(at), _NO_ID, dtype=np.int64)
@@ -85,20 +106,29 @@ def _copies(rows, packets, sources, ins=None, outs=None):
 
 
 _GRADIENT_MOVES = frozenset(("fsdp.chunk_cat", "aten._chunk_cat"))
+# Ops that place a gradient piece into a larger gradient: the backward of a view of a weight
+# (w[:, :k], w[e], w.split / w.chunk, w[expert_ids]) writes dL/d(piece) into zeros of w's shape,
+# or concatenates the pieces' gradients. They move values, they compute nothing on them.
+GRADIENT_PLACES = frozenset(
+    "aten.slice_backward aten.select_backward aten.index_put aten.index_put_ aten._index_put_impl_ "
+    "aten.index_add aten.index_add_ aten.cat aten.stack aten.slice_scatter aten.select_scatter "
+    "aten.as_strided_scatter".split()
+)
 
 
 def gradient_sources(rows, packets, gradients, ins=None, outs=None):
-    """Storages that become a gradient directly or through adds and at most one cast (backward/other rows).
+    """Storages that become a gradient directly or through adds, placing ops and at most one cast (backward/other rows).
 
     A collective (DDP's all-reduce, FSDP2's reduce-scatter) and FSDP2's packing of gradients
-    into its flat reduce buffer (`chunk_cat`) move a gradient without computing on it, and an
-    add only sums contributions (the dW of every use of a weight, an accumulated micro-batch):
-    they pass states through unchanged."""
+    into its flat reduce buffer (`chunk_cat`) move a gradient without computing on it, an
+    add only sums contributions (the dW of every use of a weight, an accumulated micro-batch)
+    and a placing op (GRADIENT_PLACES) puts the gradient of a slice of a weight into the
+    weight's gradient: they pass states through unchanged."""
     reach = dict.fromkeys(gradients, frozenset({0}))  # storage -> {casts used on the way to a gradient}
     if not reach:
         return set()
     ins, outs = _flat_ids(rows, ins, outs)
-    moved = packets.isin(_GRADIENT_MOVES)
+    moved = packets.isin(_GRADIENT_MOVES) | packets.isin(GRADIENT_PLACES)
     if "flop_kind" in rows:
         moved |= rows["flop_kind"].astype(object) == "collective"
     hop = rows["phase"].isin(("backward", "other")) & (packets.isin(ONE_TO_ONE_COPIES) | packets.isin(_ADDS) | moved)
@@ -113,6 +143,21 @@ def gradient_sources(rows, packets, gradients, ins=None, outs=None):
         for sid in _items(ins, row) if after else ():
             reach[sid] = reach.get(sid, frozenset()) | after
     return set(reach)
+
+
+def _member(keys, table):
+    """np.isin(keys, table) for a sorted, unique int64 `table` (one binary search per key)."""
+    if not len(table):
+        return np.zeros(keys.shape, dtype=bool)
+    at = np.minimum(np.searchsorted(table, keys), len(table) - 1)
+    return table[at] == keys
+
+
+def _recomputed(rows):
+    """Boolean array: the rows activation checkpointing re-ran (the `recompute` column; none without it)."""
+    if "recompute" not in rows:
+        return np.zeros(len(rows), dtype=bool)
+    return rows["recompute"].astype("boolean").fillna(False).to_numpy(dtype=bool)
 
 
 def _matmul_operands(packets, offsets, ids):
@@ -148,11 +193,13 @@ def _lookup(mapping, keys):
 class Roles:
     """The parameters of one run and the category (CATEGORIES) of each of its rows.
 
-    names, numel, embedding, trainable: per parameter storage id (tied weights share one).
+    names, numel, embedding, trainable, shape: per parameter storage id (tied weights share one).
     param: per row, the model parameter storage a matmul multiplies by (-1: none).
+    activation: per weight matmul row, the storage it multiplies the weight with.
     category: per row, one of CATEGORIES. matmul_params: the parameter storages that
     enter a forward matmul (the default N). external: storages of parameters outside
-    the model."""
+    the model. training: per row, a forward weight matmul whose work the backward of its
+    step uses (grad mode; False for an evaluation under no_grad: _feeds_backward)."""
 
     def __init__(self, rows, meta):
         params = meta.get("parameters")
@@ -161,7 +208,7 @@ class Roles:
                 f"run {meta.get('run_name')!r} has no parameter metadata, so weight matmuls cannot be told "
                 "from activation matmuls; trace it with Tracer(..., model=model)"
             )
-        self.names, self.numel, self.embedding, self.trainable = {}, {}, {}, {}
+        self.names, self.numel, self.embedding, self.trainable, self.shape = {}, {}, {}, {}, {}
         unsharded = meta.get("unsharded_parameters") or {}  # FSDP2's full parameters, built for the forward
         for name, p in [*params.items(), *unsharded.items()]:
             sid = int(p["storage_id"])
@@ -169,11 +216,14 @@ class Roles:
             self.numel[sid] = max(self.numel.get(sid, 0), int(p["numel"]))
             self.embedding[sid] = self.embedding.get(sid, False) or bool(p.get("embedding"))
             self.trainable[sid] = self.trainable.get(sid, False) or bool(p.get("trainable", True))
+            if p.get("shape") is not None and int(p["numel"]) >= self.numel[sid]:
+                self.shape[sid] = tuple(int(d) for d in p["shape"])
         roles = meta.get("storage_roles") or {}
         self.external = {int(s) for s in roles.get(EXTERNAL_ROLE, [])} - set(self.names)
         packets = op_packets(rows["op"])
         ins, outs = flat(rows["input_storage_ids"]), flat(rows["output_storage_ids"])
-        alias = _copies(rows, packets, set(self.names), ins, outs)
+        stacked = {s for s, shape in self.shape.items() if len(shape) >= 3}  # stacked experts [E, K, N]
+        alias = _copies(rows, packets, set(self.names), ins, outs, stacked)
         external = _copies(rows, packets, self.external, ins, outs)
         to_grad = gradient_sources(rows, packets, {int(s) for s in roles.get("gradient", [])}, ins, outs)
 
@@ -190,9 +240,17 @@ class Roles:
         out_rows = np.repeat(np.arange(len(at)), np.diff(out_offsets))
         writes_grad[out_rows[np.isin(out_ids, np.fromiter(to_grad, dtype=np.int64, count=len(to_grad)))]] = True
         grad = no_hit & ~ext & writes_grad
+        forward, backward = (rows["phase"] == "forward").to_numpy(), (rows["phase"] == "backward").to_numpy()
+        # the multiplied activation of each weight matmul: the operand that is not the weight
+        act = np.where(hit[:, 0] != _NO_ID, pair[:, 1], pair[:, 0])
+        act[no_hit] = _NO_ID
+        grad |= self._unstored_weight_gradients(rows, at, pair, no_hit & ~ext & ~grad & backward[at],
+                                                act[~no_hit & forward[at]], param[~no_hit & forward[at]])
 
         self.param = pd.Series(_NO_PARAM, index=rows.index, dtype="int64")
         self.param.iloc[at] = np.where(no_hit, _NO_PARAM, param)
+        self.activation = pd.Series(_NO_ID, index=rows.index, dtype="int64")  # weight matmuls: the activation operand
+        self.activation.iloc[at] = act
         code = np.full(len(rows), CATEGORIES.index("other"), dtype=np.int8)
         code[(kind == "attention").to_numpy()] = CATEGORIES.index("attention")
         weight = ~no_hit | grad
@@ -201,6 +259,62 @@ class Roles:
         self.category = pd.Series(pd.Categorical.from_codes(code, categories=CATEGORIES), index=rows.index)
         fwd = mm & (rows["phase"] == "forward") & (self.param >= 0)
         self.matmul_params = sorted(set(self.param[fwd]))
+        self.training = self._feeds_backward(rows, np.flatnonzero(fwd.to_numpy()), at[backward[at]], ins)
+
+    def _feeds_backward(self, rows, at, bwd, ins):
+        """Per row: a forward weight matmul (rows `at`) whose work a backward matmul of the same step
+        (rows `bwd`) uses: grad mode, training.
+
+        The trace has no grad-mode column, so this reads it from the storages: in grad mode,
+        y = x @ W saves x for dL/dW = xᵀ @ dL/dy (a backward matmul that reads x when W is
+        trained) or W for dL/dx = dL/dy @ Wᵀ (one that reads W: a frozen weight whose input
+        needs a gradient). A row whose activation (or frozen weight) no backward matmul of its
+        step reads computed nothing the backward needs: an evaluation pass under no_grad, or a
+        frozen weight whose input needs no gradient. Activation checkpointing saves no
+        activations and re-runs the forward in the backward on new storages: in a step with
+        recomputed rows, a forward row is training work when a recomputed row multiplies by the
+        same weight or a backward matmul reads that weight (the dL/dx of the layers its early
+        stop did not re-run). NB: an
+        evaluation on the very batch the step trains on counts its first layer (whose input is
+        that batch) as training work, and so does an evaluation in a checkpointed step."""
+        out = pd.Series(False, index=rows.index)
+        if not len(at):
+            return out
+        step = rows["step"].to_numpy(dtype=np.int64)
+        in_off, in_ids = _take_rows(ins, bwd)
+        read = np.unique(np.repeat(step[bwd], np.diff(in_off)) << 32 | (in_ids & 0xFFFFFFFF))  # sorted (step, storage)
+        param = self.param.to_numpy()
+        frozen = [s for s, trained in self.trainable.items() if not trained]
+        by_weight = np.isin(param[at], np.array(frozen, dtype=np.int64))  # a frozen weight: its dL/dx reads it
+        again = _recomputed(rows)
+        redo = step[again & (param >= 0)] << 32 | (param[again & (param >= 0)] & 0xFFFFFFFF)
+        by_weight |= np.isin(step[at], step[again])  # checkpointed steps: a weight the backward reads was trained
+        keyed = [np.where(v != _NO_ID, step[at] << 32 | (v & 0xFFFFFFFF), -1)
+                 for v in (self.activation.to_numpy()[at], param[at])]
+        used = _member(keyed[0], read) | (by_weight & _member(keyed[1], read)) | np.isin(keyed[1], redo)
+        out.iloc[at] = used
+        return out
+
+    def _unstored_weight_gradients(self, rows, at, pair, candidates, acts, params):
+        """Among `candidates` (positions into `at`): the dW of a gradient that never becomes a `.grad`
+        (torch.func.grad and its vmap per-sample gradients, autograd.grad). Such a row reads the input x
+        of a forward matmul with weight W and its output has W's matrix shape [..., K, N] (or [..., N, K])."""
+        found = np.zeros(len(at), dtype=bool)
+        if not candidates.any() or not len(acts) or not has_column(rows, "output_shapes"):
+            return found
+        matrix = {}  # activation storage -> the matrix shapes of the weights it multiplies
+        for a, p in zip(acts.tolist(), params.tolist()):
+            shape = self.shape.get(p, ())
+            if len(shape) >= 2:
+                matrix.setdefault(a, set()).update({shape[-2:], shape[-2:][::-1]})
+        reads = np.isin(pair, np.fromiter(matrix, dtype=np.int64, count=len(matrix))).any(axis=1) & candidates
+        picked = np.flatnonzero(reads)
+        if not len(picked):
+            return found
+        for k, shapes in zip(picked.tolist(), cell_objects(rows, "output_shapes", at[picked])):
+            out = tuple(int(d) for d in shapes[0]) if shapes is not None and len(shapes) else ()
+            found[k] = len(out) >= 2 and any(out[-2:] in matrix.get(a, ()) for a in pair[k].tolist())
+        return found
 
     def label(self, sid):
         return " = ".join(self.names.get(sid, [f"storage {sid}"]))

@@ -290,3 +290,90 @@ def test_a_model_without_matmuls_reports_instead_of_crashing(tmp_path):
         opt.step()
     table = reports.breakdown(reports.load(path)).set_index("phase")
     assert table.loc["total", "n_params"] == 0 and table.loc["forward", "flops"] > 0
+
+
+# ------------------------------------------------------------------ explain tells the truth
+def test_an_evaluation_pass_under_no_grad_is_its_own_line(tmp_path):
+    torch.manual_seed(0)
+    model, x = MLP(), torch.randn(B, D)
+
+    def step():
+        with torch.no_grad():
+            model(torch.randn(B, D))  # evaluation on another batch, in the same step
+        model(x).backward()
+
+    df = trace(tmp_path / "eval", model, step)
+    text = "\n".join(explain(df))
+    # training's forward: fc1 2·32·8·16 = 8,192 + fc2 2·32·16·4 = 4,096 = 12,288 = 2·N·T (N = 192); the evaluation
+    # pass's 12,288 more is its own line, not a weight "shared, or called twice"
+    assert "Forward weight matmuls: 12,288 FLOPs = 2.00·N·T" in text
+    assert "Forward work without a backward: 12,288 FLOPs per step" in text and "Above 2·N·T" not in text
+    assert breakdown(df).set_index("phase").loc["forward", "weight_matmul_flops"] == 2 * 12288
+    # skipped dL/dx over training's forward only: fc1's, 8,192 (not 16,384 with the evaluation's)
+    assert "Skipped: fc1.weight (128 parameters: 8,192 FLOPs)." in text
+
+
+def test_frozen_weights_get_the_flops_of_their_skipped_weight_gradients(tmp_path):
+    torch.manual_seed(0)
+    model, x = MLP(), torch.randn(B, D)
+    model.fc1.requires_grad_(False)
+    df = trace(tmp_path / "frozen", model, lambda: model(x).backward())
+    text = "\n".join(explain(df))
+    # fc1: frozen, its input is data: no dL/dW and no dL/dx, 2·32·8·16 = 8,192 FLOPs each; autograd records
+    # nothing, so its forward is work without a backward
+    assert "Frozen weights (requires_grad=False) skip dL/dW = xᵀ @ dL/dy" in text
+    assert "fc1.weight (128 parameters: 8,192 FLOPs)." in text
+    assert "Forward work without a backward: 8,192 FLOPs per step" in text and "frozen weights whose inputs" in text
+    # backward: fc2's dL/dW 4,096 only (its input comes from the frozen fc1: no dL/dx)
+    assert breakdown(df).set_index("phase").loc["backward", "weight_matmul_flops"] == 4096
+
+
+@pytest.mark.parametrize("how, words", [
+    ({"fused": True}, "the fused kernel (aten._fused_adamw_.default) counts 1 FLOP per parameter element"),
+    ({"foreach": True}, "its _foreach ops (foreach=True) count 1 FLOP per element each"),
+    ({"foreach": False}, "its per-parameter elementwise ops count 1 FLOP per element"),
+])
+def test_the_optimizer_line_says_which_adamw_ran(tmp_path, how, words):
+    torch.manual_seed(0)
+    model, x = MLP(), torch.randn(B, D)
+    opt = torch.optim.AdamW(model.parameters(), **how)
+
+    def step():
+        model(x).backward()
+        opt.step()
+
+    text = "\n".join(explain(trace(tmp_path / "opt", model, step)))
+    assert words in text and "over all 212 parameters" in text  # 192 weights + 16 + 4 biases
+
+
+def test_a_tied_head_is_named_by_the_module_that_uses_it(tmp_path):
+    torch.manual_seed(0)
+    model = TiedLM()
+    df = trace(tmp_path / "tied", model, lambda: model(torch.randint(0, TiedLM.V, (B,))).backward())
+    # the head's forward: [32, 8] @ [8, 16] = 2·32·8·16 = 8,192 FLOPs
+    assert "Output head: head (its weight emb.weight, 128 parameters, tied to the embedding) costs 8,192 FLOPs" in (
+        "\n".join(explain(df)))
+
+
+def test_n_of_a_convolutional_model_says_which_weights_it_counts(tmp_path):
+    class PatchNet(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.patch = nn.Conv2d(3, 8, 4, stride=4)  # stride = kernel: a matmul on 4x4 patches
+            self.conv = nn.Conv2d(8, 8, 3, padding=1)
+            self.head = nn.Linear(8, 4, bias=False)
+
+        def forward(self, img):
+            return self.head(self.conv(self.patch(img)).flatten(2).transpose(1, 2)).sum()
+
+    torch.manual_seed(0)
+    model = PatchNet()
+    df = trace(tmp_path / "patch", model, lambda: model(torch.randn(2, 3, 8, 8)).backward(), tokens=8)  # 2 x 2x2 patches
+    text = "\n".join(explain(df))
+    # N = the head's 8·4 = 32; the convolutions' 8·3·4·4 = 384 and 8·8·3·3 = 576 weights are named and left out
+    assert breakdown(df)["n_params"].iloc[0] == 32
+    assert "Convolution weights: patch.weight, conv.weight (960 parameters) are not in N" in text
+    assert "patch.weight: stride = kernel, a patch embedding" in text and "n=416 counts it" in text  # 32 + 384
+    assert "conv.weight: stride" not in text
+    for lists in ("arrow", "deferred"):  # the shapes read lazily give the same words
+        assert explain(load(tmp_path / "patch", lists=lists)) == explain(df)

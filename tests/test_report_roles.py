@@ -245,3 +245,117 @@ def test_activation_matmuls_only_in_the_backward_get_their_own_explain_line(tmp_
     text = " ".join(reports.explain(df, n=16))
     assert "Activation x activation matmuls in the backward only: 256 FLOPs" in text
     assert "4·T·(L·S·d)" not in text
+
+
+# weights used through views: slices, split, chunk, select, MultiheadAttention, per-sample gradients ----
+@pytest.mark.parametrize("ops, weight_gradient", [
+    (["aten.slice_backward.default"], True),  # dL/dw[:, :k] placed into zeros of w's shape
+    (["aten.select_backward.default", "aten.add.Tensor"], True),  # w[e] of two experts, summed
+    (["aten.index_put.default"], True),  # w[expert_ids]: the gathered gradients put back (accumulate=True)
+    (["aten.cat.default"], True),  # w.split / w.chunk: the pieces' gradients concatenated
+    (["aten._to_copy.default", "aten.slice_backward.default", "aten.add_.Tensor"], True),
+    (["aten.mul.Tensor", "aten.slice_backward.default"], False),  # a product is not a placed gradient
+    (["aten.slice_backward.default", "aten.embedding_dense_backward.default"], False),
+])
+def test_gradient_sources_follow_the_ops_that_place_a_slices_gradient(ops, weight_gradient):
+    rows = _hops(ops)
+    packets = rows["op"].map(lambda op: ".".join(op.split(".")[:2]))
+    assert (0 in gradient_sources(rows, packets, {len(ops)})) is weight_gradient
+
+
+class Views(nn.Module):
+    """x @ (a view of a parameter): w [4, 8] sliced, split or chunked; e [3, 4, 4] selected."""
+
+    def __init__(self, how):
+        super().__init__()
+        self.how = how
+        self.w = nn.Parameter(torch.randn(4, 8))
+        self.e = nn.Parameter(torch.randn(3, 4, 4))
+
+    def forward(self, x):
+        if self.how == "slice":
+            return (x @ self.w[:, :4]).sum()
+        if self.how == "split":
+            a, b = self.w.split(4, dim=1)
+            return (x @ a + x @ b).sum()
+        if self.how == "chunk":
+            a, b = self.w.chunk(2, dim=1)
+            return (x @ a * (x @ b)).sum()
+        return (x @ self.e[1]).sum()
+
+
+@pytest.mark.parametrize("how, matmuls", [("slice", 1), ("split", 2), ("chunk", 2), ("select", 1)])
+def test_a_matmul_with_a_view_of_a_weight_is_a_weight_matmul_both_ways(tmp_path, how, matmuls):
+    torch.manual_seed(0)
+    model = Views(how)
+    with Tracer(tmp_path / how, model=model, tokens=8):
+        model(torch.randn(8, 4)).backward()
+    df = reports.load(tmp_path / how)
+    t = reports.breakdown(df).set_index("phase")
+    # each x @ piece: [8, 4] @ [4, 4] = 2·8·4·4 = 256 FLOPs; its dL/dpiece = xᵀ @ dL/dy the same (x is data)
+    assert t.loc["forward", "weight_matmul_flops"] == t.loc["backward", "weight_matmul_flops"] == 256 * matmuls
+    assert t.loc["backward", "attention_flops"] == 0
+    text = " ".join(reports.explain(df))
+    assert "double backward" not in text and "Activation x activation" not in text
+    # N_active: the slice uses 16 of w's 32 parameters, w[e] 16 of e's 48; split and chunk use all of w
+    assert t.loc["total", "n_active"] == {"slice": 16, "split": 32, "chunk": 32, "select": 16}[how]
+
+
+def test_multihead_attention_with_separate_query_and_key_value_inputs(tmp_path):
+    torch.manual_seed(0)
+    model = nn.MultiheadAttention(4, 2, bias=False)  # in_proj_weight [12, 4]: q rows 0-3, k/v rows 4-11
+    q, kv = torch.randn(8, 1, 4), torch.randn(6, 1, 4)  # 8 queries, 6 keys/values
+    with Tracer(tmp_path / "mha", model=model, tokens=8):
+        model(q, kv, kv)[0].sum().backward()
+    df = reports.load(tmp_path / "mha")
+    t = reports.breakdown(df).set_index("phase")
+    # forward: q 2·8·4·4 = 256 + k/v 2·6·4·8 = 384 (the slices of in_proj_weight) + out_proj 2·8·4·4 = 256 = 896
+    assert t.loc["forward", "weight_matmul_flops"] == 896
+    # backward: the three dL/dW (896) + out_proj's dL/dx (256); q and kv are data: no dL/dx for in_proj
+    assert t.loc["backward", "weight_matmul_flops"] == 896 + 256 == 1152
+    # attention, 2 heads of width 2: q @ kᵀ 2·2·8·6·2 = 384 and P @ v 384 forward; 4 x 384 backward
+    assert t.loc["forward", "attention_flops"] == 768 and t.loc["backward", "attention_flops"] == 1536
+    # N = 48 + 16 = 64; N_active: in_proj's q rows (16) meet 8 tokens, its k/v rows (32) 6 of T = 8: 16 + 24 + 16 = 56
+    assert t.loc["total", "n_params"] == 64 and t.loc["total", "n_active"] == 56
+
+
+def test_per_sample_gradients_with_vmap_are_weight_gradient_matmuls(tmp_path):
+    from torch.func import functional_call, grad, vmap
+
+    torch.manual_seed(0)
+    model = nn.Linear(4, 3, bias=False)
+    x, y = torch.randn(8, 4), torch.randn(8, 3)
+    params = {k: v.detach() for k, v in model.named_parameters()}
+
+    def loss(p, xi, yi):
+        return (functional_call(model, p, (xi[None],)) - yi[None]).square().sum()
+
+    with Tracer(tmp_path / "vmap", model=model, tokens=8):
+        per_sample = vmap(grad(loss), in_dims=(None, 0, 0))(params, x, y)
+    assert per_sample["weight"].shape == (8, 3, 4)  # one [3, 4] gradient per sample, never a .grad
+    df = reports.load(tmp_path / "vmap")
+    t = reports.breakdown(df).set_index("phase")
+    # forward: the batched x @ Wᵀ, [8, 4] @ [4, 3] = 2·8·4·3 = 192; backward: the per-sample dL/dW, a bmm
+    # [8, 3, 1] @ [8, 1, 4] = 2·8·3·1·4 = 192 whose output has W's shape [3, 4] per sample
+    assert t.loc["forward", "weight_matmul_flops"] == t.loc["backward", "weight_matmul_flops"] == 192
+    assert t.loc["backward", "attention_flops"] == 0
+    assert "double backward" not in " ".join(reports.explain(df))
+    for lists in ("arrow", "deferred"):  # the output shapes read lazily give the same table
+        pd.testing.assert_frame_equal(reports.breakdown(reports.load(tmp_path / "vmap", lists=lists)), reports.breakdown(df))
+
+
+@pytest.mark.parametrize("reentrant", [True, False])
+def test_a_checkpointed_forward_is_training_work(tmp_path, reentrant):
+    """Checkpointing saves no activations (the reentrant forward even runs under no_grad), and the
+    non-reentrant early stop re-runs only up to the last Linear: the forward is still training's."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 8), nn.GELU(), nn.Linear(8, 4))
+    x = torch.randn(TOKENS, 8, requires_grad=True)
+    with Tracer(tmp_path / "ckpt", model=model, tokens=TOKENS):
+        checkpoint(model, x, use_reentrant=reentrant).sum().backward()
+    df = reports.load(tmp_path / "ckpt")
+    t = reports.breakdown(df).set_index("phase")
+    # N = 8·16 + 16·8 + 8·4 = 288, each weight used once per token: 2·288·32 = 18,432 = 2·N·T
+    assert t.loc["total", "n_active"] == t.loc["total", "n_params"] == 288
+    text = " ".join(reports.explain(df))
+    assert "Forward weight matmuls: 18,432 FLOPs = 2.00·N·T" in text and "without a backward" not in text
