@@ -89,6 +89,7 @@ def summary(df, peak_tflops=None, step_time_s=None, ranks_present=None):
         "complete": bool(meta.get("complete")),
         "device": (meta.get("device") or {}).get("name"),
         "params": _number(table["n_params"].iloc[0]) if table is not None else None,
+        "n_active": _number(table["n_active"].iloc[0]) if table is not None else None,  # parameters a token uses
         "tokens": _number(table["tokens"].iloc[0]) if table is not None else _number(meta.get("tokens")),
         "steps": count_steps(df),
         "flops": _phase_flops(df),  # per step; the phases add up to total
@@ -183,7 +184,10 @@ def _print_report(df, args, out):
             split.insert(2, "external_weight_flops")  # a frozen teacher's matmuls: outside ratio and N
         shown = table[["phase", "flops", "expected_flops", "ratio", *split]]
         print(shown.to_string(index=False, formatters=_formatters(shown), na_rep=""), file=out)
-        print(f"N = {table['n_params'].iloc[0]:,} parameters ({table['n_kind'].iloc[0]}), T = {table['tokens'].iloc[0]:,} tokens per step", file=out)
+        active = table["n_active"].iloc[0]
+        routed = f", N_active = {int(active):,} used per token" if active < table["n_params"].iloc[0] else ""
+        print(f"N = {table['n_params'].iloc[0]:,} parameters ({table['n_kind'].iloc[0]}){routed}, "
+              f"T = {table['tokens'].iloc[0]:,} tokens per step", file=out)
         for line in explain(df, accounts=accounts):
             print(f"  - {line}", file=out)
         del accounts  # its per-row arrays: freed before the memory section's own

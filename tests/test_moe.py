@@ -71,18 +71,12 @@ def grouped_mm_flops(shapes):
     return 2 * a[0] * a[1] * int(b[-1])
 
 
-def with_grouped_mm_counted(df):
-    """Fill in _grouped_mm's FLOPs where this tracer has no formula for it yet (kind "unknown"), as a tracer
-    that counts it records them: kind "matmul", 2·S·K·N. Where it counts them, they must equal the closed form."""
+def assert_grouped_mm_counted(df, layers=1):
+    """Every _grouped_mm row is a matmul counted at the closed form 2·S·K·N (tracer/flops.py, from the offsets)."""
     rows = df["op"].astype(str) == "aten._grouped_mm.default"
-    expected = df.loc[rows, "input_shapes"].map(grouped_mm_flops)
-    if (df.loc[rows, "flop_kind"].astype(str) == "matmul").all():
-        assert (df.loc[rows, "flops"] == expected).all()
-        return df
-    df = df.copy()  # keeps attrs (the run metadata)
-    df["flop_kind"] = df["flop_kind"].astype(object)
-    df.loc[rows, "flop_kind"] = "matmul"
-    df.loc[rows, "flops"] = expected
+    assert rows.sum() == 6 * layers  # per layer 2 expert matmuls forward; dL/dx and dL/dW of each backward
+    assert (df.loc[rows, "flop_kind"].astype(str) == "matmul").all()
+    assert (df.loc[rows, "flops"] == df.loc[rows, "input_shapes"].map(grouped_mm_flops)).all()
     return df
 
 
@@ -95,7 +89,7 @@ def trace_moe(path, kind):
         model(x).square().mean().backward()
         opt.step()
     df = reports.load(path)
-    return with_grouped_mm_counted(df) if kind == "grouped" else df
+    return assert_grouped_mm_counted(df) if kind == "grouped" else df
 
 
 @pytest.mark.parametrize("kind", ["eager", "modules", "bmm", "grouped"])
@@ -151,7 +145,7 @@ def test_transformers_mixtral_experts(tmp_path, impl):
     with Tracer(tmp_path / impl, model=model, tokens=16):
         model(idx, labels=idx).loss.backward()
     df = reports.load(tmp_path / impl)
-    df = with_grouped_mm_counted(df) if impl == "grouped_mm" else df
+    df = assert_grouped_mm_counted(df, layers=2) if impl == "grouped_mm" else df
     t = reports.breakdown(df).set_index("phase")
     # per layer: q 32·32 + k 32·16 + v 32·16 + o 32·32 + router 32·4 = 3,200; x 2 layers + lm_head 32·128 = 10,496 dense
     # experts per layer: gate_up 4·128·32 = 16,384 + down 4·32·64 = 8,192 = 24,576; x 2 layers = 49,152
@@ -163,3 +157,16 @@ def test_transformers_mixtral_experts(tmp_path, impl):
     # attention is the fused kernel only: 2 layers x 2·2·4·8·8·(8 + 8) = 32,768 forward, 2.5x backward
     assert t.loc["forward", "attention_flops"] == 32768 and t.loc["backward", "attention_flops"] == 81920
     assert "N_active = 35,072 (top-2 of 4 experts)" in "\n".join(reports.explain(df))
+
+
+def test_report_and_json_give_N_active(tmp_path, capsys):
+    import json
+
+    from reports.cli import main
+
+    trace_moe(tmp_path / "moe", "eager")
+    assert main(["report", str(tmp_path / "moe")]) == 0
+    assert "N = 1,056 parameters (matmul), N_active = 544 used per token, T = 16 tokens per step" in capsys.readouterr().out
+    assert main(["report", str(tmp_path / "moe"), "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert (summary["params"], summary["n_active"]) == (1056, 544)
