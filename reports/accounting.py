@@ -24,6 +24,12 @@ out); a forward-only trace uses all of them. The optimizer updates all N paramet
 
 T is the run's tokens per step (metadata `tokens`, set by Tracer(tokens=...)) unless
 `tokens` is given.
+
+Distributed runs: N is always the whole model's (`N_model`), whatever a rank holds. The
+heuristic of one rank uses the N its matmuls multiply by: the same N under DDP and FSDP2
+(FSDP2 gathers whole weights for the forward and backward), the rank's shards under tensor
+parallelism (`Account.N`). The optimizer updates the parameters the rank holds (`n_local`:
+its shard under FSDP2 and tensor parallelism).
 """
 
 import re
@@ -56,6 +62,8 @@ class Account(NamedTuple):
     steps: int
     n_active: float  # the parameters a token uses: N less the unused share of routed weights (see above)
     shares: dict  # per weight storage in N: tokens it multiplied per step / T (uncapped)
+    N_model: int  # N of the whole model: N itself, except under tensor parallelism (N is then the rank's shards)
+    n_local: int  # parameters this rank holds and its optimizer updates (a shard under FSDP2 or tensor parallelism)
 
 
 def _check_n(n, what):
@@ -67,15 +75,34 @@ def _check_n(n, what):
 
 
 def _n_value(n, meta, roles, what):
+    """N of the whole model: whole parameters, also when this rank holds shards of them."""
     params = meta.get("params") or {}
     if n == "matmul":
-        return sum(roles.numel[s] for s in roles.matmul_params)
+        return sum(roles.model_numel[s] for s in roles.matmul_params)
     if n in ("total", "non_embedding"):
         if "total" not in params:
             raise ReportError(f"{what}: run {meta.get('run_name')!r} has no parameter counts; "
                               "trace it with Tracer(model=...) or pass n=<int>")
         return int(params["total"]) - (int(params.get("embedding", 0)) if n == "non_embedding" else 0)
     return int(n)
+
+
+def _n_rank(N_model, kind, roles):
+    """N this rank's matmuls multiply by: N_model, except under tensor parallelism, where each rank multiplies
+    its shards of the weights (FSDP2 gathers whole ones: its unsharded parameters have the whole numel)."""
+    multiplied = sum(roles.numel[s] for s in roles.matmul_params)
+    whole = sum(roles.model_numel[s] for s in roles.matmul_params)
+    if kind == "given" or not whole or multiplied == whole:
+        return N_model
+    return multiplied if kind == "matmul" else round(N_model * multiplied / whole)
+
+
+def _n_local(meta, roles):
+    """Parameters this rank holds (each storage once): what its optimizer updates."""
+    held = {}
+    for p in (meta.get("parameters") or {}).values():
+        held[int(p["storage_id"])] = int(p["numel"])
+    return sum(held.values())
 
 
 def _tokens(tokens, meta, what):
@@ -102,10 +129,12 @@ def analyse(df, n, tokens, what, columns=()):
         meta = runs[run]
         roles = Roles(rows, meta)
         kind = n if isinstance(n, str) else "given"
-        N, T = _n_value(n, meta, roles, what), _tokens(tokens, meta, what)
+        N_model, T = _n_value(n, meta, roles, what), _tokens(tokens, meta, what)
+        N = _n_rank(N_model, kind, roles)
         shares = _shares(rows, roles, T, kind)
         inactive = sum(roles.numel[s] * max(0.0, 1.0 - share) for s, share in shares.items())
-        out.append(Account(run, rows, meta, roles, kind, N, T, count_steps(rows), max(0.0, N - inactive), shares))
+        out.append(Account(run, rows, meta, roles, kind, N, T, count_steps(rows), max(0.0, N - inactive), shares,
+                           N_model, _n_local(meta, roles)))
     return out
 
 

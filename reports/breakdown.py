@@ -46,16 +46,18 @@ def breakdown(df, n="matmul", tokens=None, accounts=None):
     / expected_flops: the model's own FLOPs), expected_active_flops and active_ratio (the
     same with N_active), weight_matmul_flops + attention_flops + external_weight_flops +
     other_flops (= flops), then steps (the run's training steps), n_params (N, all the
-    parameters counted: N_total), n_active (N_active, the parameters a token uses; N in a
+    parameters counted: N_total, of the whole model also when a rank holds shards), n_rank
+    (the N the expected figures use: the parameters this rank's matmuls multiply by, N
+    except under tensor parallelism, where it is the rank's shards), n_active (N_active, the parameters a token uses; N in a
     dense model), n_kind (which N: "matmul", "total", "non_embedding" or "given") and
     tokens (T, tokens per step). See the module docstring for N, T and the split.
     `accounts`: what reports.accounting.analyse(df, n, tokens, ...) returned, to share
     one analysis of the rows with `explain` (the CLI does); n and tokens are then unused."""
     columns = ["phase", "flops", "expected_flops", "ratio", "expected_active_flops", "active_ratio", *_FLOAT_COLS[1:],
-               "steps", "n_params", "n_active", "n_kind", "tokens"]
+               "steps", "n_params", "n_rank", "n_active", "n_kind", "tokens"]
     dtypes = {"phase": object, **{c: "float64" for c in _FLOAT_COLS}, "expected_flops": "float64", "ratio": "float64",
               "expected_active_flops": "float64", "active_ratio": "float64", "steps": "int64", "n_params": "int64",
-              "n_active": "float64", "n_kind": object, "tokens": "int64"}
+              "n_rank": "int64", "n_active": "float64", "n_kind": object, "tokens": "int64"}
     frames = []
     for acc in analyse(df, n, tokens, "breakdown") if accounts is None else accounts:
         rows, N, T = acc.rows, acc.N, acc.T
@@ -74,7 +76,7 @@ def breakdown(df, n="matmul", tokens=None, accounts=None):
             rec["ratio"] = own / rec["expected_flops"] if k and N * T else float("nan")
             rec["expected_active_flops"] = float(k * acc.n_active * T) if k else float("nan")
             rec["active_ratio"] = own / rec["expected_active_flops"] if k and acc.n_active * T else float("nan")
-            rec.update(steps=acc.steps, n_params=N, n_active=acc.n_active, n_kind=acc.n_kind, tokens=T)
+            rec.update(steps=acc.steps, n_params=acc.N_model, n_rank=N, n_active=acc.n_active, n_kind=acc.n_kind, tokens=T)
             records.append(rec)
         frames.append((acc.run, pd.DataFrame.from_records(records)))
     return combine(frames, columns, dtypes, several_runs(df))

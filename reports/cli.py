@@ -89,6 +89,7 @@ def summary(df, peak_tflops=None, step_time_s=None, ranks_present=None):
         "complete": bool(meta.get("complete")),
         "device": (meta.get("device") or {}).get("name"),
         "params": _number(table["n_params"].iloc[0]) if table is not None else None,
+        "n_rank": _number(table["n_rank"].iloc[0]) if table is not None else None,  # the N this rank multiplies by
         "n_active": _number(table["n_active"].iloc[0]) if table is not None else None,  # parameters a token uses
         "tokens": _number(table["tokens"].iloc[0]) if table is not None else _number(meta.get("tokens")),
         "steps": count_steps(df),
@@ -186,6 +187,8 @@ def _print_report(df, args, out):
         print(shown.to_string(index=False, formatters=_formatters(shown), na_rep=""), file=out)
         active = table["n_active"].iloc[0]
         routed = f", N_active = {int(active):,} used per token" if active < table["n_params"].iloc[0] else ""
+        if table["n_rank"].iloc[0] != table["n_params"].iloc[0]:
+            routed += f", this rank multiplies N = {table['n_rank'].iloc[0]:,} (its tensor-parallel shards)"
         print(f"N = {table['n_params'].iloc[0]:,} parameters ({table['n_kind'].iloc[0]}){routed}, "
               f"T = {table['tokens'].iloc[0]:,} tokens per step", file=out)
         for line in explain(df, accounts=accounts):

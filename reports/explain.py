@@ -110,6 +110,11 @@ class _Run:
             f"backward {_f(bwd - ext_bwd)} = {_x(bwd - ext_bwd, 4 * N * T)} x 4·N·T, all phases {_f(total - ext)} = "
             f"{_x(total - ext, 6 * N * T)} x 6·N·T."
         )
+        if acc.N_model != N:
+            self.out.append(
+                f"Tensor parallelism: the model has N = {acc.N_model:,} parameters; this rank's matmuls multiply by its "
+                f"shards of them, N = {N:,} ({N / acc.N_model:.3g} of the model), so its figures are set against "
+                f"2·N·T with that N.")
         outside = f" + weights outside the model ({_f(ext)})" if ext else ""
         n_a = acc.n_active
         weights = (f"weight matmuls - 6·N_active·T ({_f(wm - 6 * n_a * T)}) - 6·(N - N_active)·T for the parameters "
@@ -370,7 +375,7 @@ class _Run:
     def optimizer(self):
         opt = self.ps(self.is_opt)
         if opt:
-            total_params = self._n_total()
+            total_params = self.acc.n_local or self._n_total()  # what this rank's optimizer updates
             ops = {str(o) for o in self.rows.loc[self.is_opt & (self.rows["flops"] > 0), "op"].unique()}
             fused = sorted(o for o in ops if o.startswith("aten._fused_"))
             if fused:
@@ -382,8 +387,9 @@ class _Run:
             else:
                 how = "its per-parameter elementwise ops count 1 FLOP per element (tracer/flops.py)"
             self.out.append(
-                f"Optimizer: {_f(opt)} FLOPs per step ({opt / total_params:.1f} per parameter over all {total_params:,} "
-                f"parameters, whatever T is), outside 6·N·T; {how}."
+                f"Optimizer: {_f(opt)} FLOPs per step ({opt / total_params:.1f} per parameter over "
+                f"{'the ' + format(total_params, ',') + ' parameters this rank holds' if total_params < self._n_total() else 'all ' + format(total_params, ',') + ' parameters'}"
+                f", whatever T is), outside 6·N·T; {how}."
             )
         elif not self.is_opt.any():
             self.out.append("Optimizer: no optimizer step in the trace.")

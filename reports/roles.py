@@ -28,6 +28,8 @@
   other            everything else
 """
 
+from math import prod
+
 import numpy as np
 import pandas as pd
 
@@ -209,11 +211,14 @@ class Roles:
                 "from activation matmuls; trace it with Tracer(..., model=model)"
             )
         self.names, self.numel, self.embedding, self.trainable, self.shape = {}, {}, {}, {}, {}
+        self.model_numel = {}  # per storage: the whole parameter's numel (a DTensor shard's global_shape)
         unsharded = meta.get("unsharded_parameters") or {}  # FSDP2's full parameters, built for the forward
         for name, p in [*params.items(), *unsharded.items()]:
             sid = int(p["storage_id"])
             self.names.setdefault(sid, []).append(name)
             self.numel[sid] = max(self.numel.get(sid, 0), int(p["numel"]))
+            whole = prod(int(d) for d in p["global_shape"]) if p.get("global_shape") is not None else int(p["numel"])
+            self.model_numel[sid] = max(self.model_numel.get(sid, 0), whole, self.numel[sid])
             self.embedding[sid] = self.embedding.get(sid, False) or bool(p.get("embedding"))
             self.trainable[sid] = self.trainable.get(sid, False) or bool(p.get("trainable", True))
             if p.get("shape") is not None and int(p["numel"]) >= self.numel[sid]:

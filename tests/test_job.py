@@ -97,3 +97,58 @@ def test_a_trace_of_no_process_group_has_no_distributed_section(tmp_path, capsys
 ])
 def test_traffic_factors(kind, n, expected):
     assert traffic(kind, n) == expected
+
+
+def test_fsdp2_rank_n_is_the_whole_model_and_its_optimizer_updates_its_shard(tmp_path):
+    path = simulate(tmp_path / "job", 8)
+    df = reports.load(path)
+    t = reports.breakdown(df).set_index("phase")
+    # N = 4 layers of 64 * 64 = 16,384 whole parameters: FSDP2 gathers them for the forward, so this rank multiplies all
+    assert (t.loc["total", "n_params"], t.loc["total", "n_rank"]) == (16384, 16384)
+    assert t.loc["forward", "weight_matmul_flops"] == 2 * 16384 * 8  # 262,144
+    # the rank holds 16,384 / 8 = 2,048 parameters; AdamW's foreach ops count 8 FLOPs per element, plus 4 step counters
+    assert t.loc["optimizer", "flops"] == 8 * 2048 + 4 == 16388
+    line = next(x for x in reports.explain(df) if x.startswith("Optimizer"))
+    assert "8.0 per parameter over the 2,048 parameters this rank holds" in line
+    meta = df.attrs["runs"][next(iter(df.attrs["runs"]))]
+    assert meta["device"] == {"type": "cpu", "name": "cpu (FakeTensorMode: no device ran the ops)", "fake": True}
+
+
+def test_tensor_parallel_rank_n_is_the_whole_model_with_its_shard_beside_it(tmp_path, capsys):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    class MLP(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc, self.proj = torch.nn.Linear(64, 256, bias=False), torch.nn.Linear(256, 64, bias=False)
+
+        def forward(self, x):
+            return self.proj(torch.relu(self.fc(x)))
+
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=4)
+    try:
+        mesh = init_device_mesh("cpu", (4,))
+        with FakeTensorMode():
+            model = MLP()
+            parallelize_module(model, mesh, {"fc": ColwiseParallel(), "proj": RowwiseParallel()})
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
+            x = torch.randn(8, 64)
+            with Tracer(tmp_path / "tp", model=model, tokens=8):
+                model(x).sum().backward()
+                opt.step()
+    finally:
+        dist.destroy_process_group()
+    df = reports.load(tmp_path / "tp")
+    t = reports.breakdown(df).set_index("phase")
+    # whole model: fc 256 * 64 + proj 64 * 256 = 32,768; each of 4 ranks multiplies its quarter: 8,192
+    assert (t.loc["total", "n_params"], t.loc["total", "n_rank"]) == (32768, 8192)
+    assert t.loc["forward", "expected_flops"] == t.loc["forward", "weight_matmul_flops"] == 2 * 8192 * 8  # 131,072
+    text = reports.explain(df)
+    assert any("Tensor parallelism: the model has N = 32,768 parameters" in x and "N = 8,192 (0.25 of the model)" in x
+               for x in text)
+    assert main(["report", str(tmp_path / "tp"), "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert (summary["params"], summary["n_rank"]) == (32768, 8192)

@@ -458,9 +458,11 @@ class Tracer:
     def _first_device(self, device, tensor=None):
         self._device = device
         self._timer = make_timer(self.timing, device)
+        if is_fake(tensor):  # no device ran the ops: reports give no peak, so no MFU; not the host's name either
+            self._meta["device"] = {"type": device.type, "name": f"{device.type} (FakeTensorMode: no device ran the ops)",
+                                    "fake": True}
+            return
         self._meta["device"] = device_info(device)
-        if is_fake(tensor):  # no device ran the ops: reports give no peak, so no MFU
-            self._meta["device"]["fake"] = True
         memory = cuda_memory(device)
         if memory is not None:
             self._meta["cuda_memory"] = {"start": memory}
