@@ -192,6 +192,11 @@ class _Parts:
     def column_names(self):
         return self._table.column_names
 
+    @property
+    def table(self):
+        """The Table itself (for the checks before conversion)."""
+        return self._table
+
     def take(self):
         table, self._table = self._table, None
         return table

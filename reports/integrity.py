@@ -11,15 +11,23 @@ part) is refused with one line naming it. Damage is reported, never hidden:
                   (a part deleted or moved)
   missing_parts   part numbers the newest metadata counts but no file has
   seq_gaps        runs of seq numbers absent between the first and the last row
+
+A part that repeats another's rows (a sync tool's `part-000001 (1).parquet`, a
+symlinked copy) or its part number, and a `rank=R` directory inside a trace that
+has parts of its own (another trace's rows), are refused with one line too; the
+values inside the parts are checked by reports/validate.py.
 """
 
-import json
 import os
 
 import pyarrow.parquet as pq
 
 from reports.errors import ReportError
+from reports.validate import check_metadata, check_schema, parse_json
 from tracer.schema import MARKER_NAME, METADATA_KEY, part_paths
+
+MAX_METADATA_BYTES = 64 << 20  # a part's metadata JSON (a 70B model's parameter table: ~100 KB)
+MAX_MARKER_BYTES = 1 << 20  # the marker is written 4 KiB long
 
 DAMAGE_KEYS = ("record_errors", "lost_rows", "missing_rows", "missing_parts", "seq_gaps")
 
@@ -28,6 +36,14 @@ def one_line(exc):
     """The first line of an exception's message (pyarrow's can run to several)."""
     text = str(exc).strip().splitlines()
     return text[0] if text else type(exc).__name__
+
+
+def list_parts(path):
+    """tracer.schema.part_paths, with a directory that cannot be listed as one ReportError."""
+    try:
+        return part_paths(path)
+    except OSError as exc:
+        raise ReportError(f"{os.fspath(path)}: cannot list the trace directory ({exc.strerror or one_line(exc)})") from None
 
 
 def footer(part, footers=None):
@@ -45,34 +61,45 @@ def footer(part, footers=None):
 def check_parts(path, footers=None):
     """[(part file, metadata dict, Parquet footer)] of every part, or ReportError naming the first bad file."""
     path = os.fspath(path)
-    known = set(part_paths(path))
-    for name in sorted(os.listdir(path)):
+    parts_here = list_parts(path)
+    known = set(parts_here)
+    try:
+        names = sorted(os.listdir(path))
+    except OSError as exc:
+        raise ReportError(f"{path}: cannot list the trace directory ({exc.strerror or one_line(exc)})") from None
+    for name in names:
         full = os.path.join(path, name)
         if name.startswith((".", "_")):
             continue  # hidden and marker files: no Parquet reader reads them
         if name.startswith("rank=") and os.path.isdir(full):
+            if parts_here:
+                raise ReportError(f"{path}: {name} is a rank directory inside a trace with parts of its own "
+                                  "(another trace's rows?); move it out")  # fmt: skip
             continue  # one rank of a distributed trace: checked when that rank is read
         if not os.path.isfile(full):
             raise ReportError(f"{path}: {name} is a directory, not an optrace part; move it out of the trace")
         if full not in known:
             raise ReportError(f"{path}: {name} is not an optrace part (a trace holds only part-*.parquet files); move it out")
-    parts, first_id, foreign = [], None, None
-    for part in part_paths(path):
+    parts, first_id, foreign, checked = [], None, None, None
+    for part in parts_here:
         name = os.path.basename(part)
         try:
             found = footer(part, footers)  # one open per part: its key-value metadata, row count and statistics
-            raw = (found.schema.to_arrow_schema().metadata or {}).get(METADATA_KEY)  # kept in the Arrow schema
+            schema = found.schema.to_arrow_schema()
+            raw = (schema.metadata or {}).get(METADATA_KEY)  # kept in the Arrow schema
         except Exception as exc:
             raise ReportError(f"{path}: not a readable Parquet trace ({name}: {one_line(exc)})") from None
         if raw is None:
             foreign = foreign or name
             continue
-        try:
-            meta = json.loads(raw)
-        except ValueError as exc:
-            raise ReportError(f"{path}: optrace metadata is not valid JSON ({name}: {one_line(exc)})") from None
-        if not isinstance(meta, dict):
-            raise ReportError(f"{path}: optrace metadata is not a JSON object")
+        meta = parse_json(path, raw, "optrace metadata", name, MAX_METADATA_BYTES)
+        check_metadata(path, meta, "optrace metadata", name)
+        if checked is None or not schema.equals(checked):  # the parts of one trace share one schema: checked once
+            check_schema(path, name, schema)
+            if checked is not None and set(schema.names) != set(checked.names):
+                raise ReportError(f"{path}: {name} has columns {sorted(set(schema.names) ^ set(checked.names))} "
+                                  f"that {os.path.basename(parts[0][0])} has not, or the reverse; expected one schema")  # fmt: skip
+            checked = schema
         trace_id = meta.get("trace_id")
         if parts and trace_id != first_id:
             raise ReportError(
@@ -83,17 +110,38 @@ def check_parts(path, footers=None):
         parts.append((part, meta, found))
     if foreign and parts:
         raise ReportError(f"{path}: {foreign} is not an optrace part (no optrace metadata); move it out of the trace")
+    _check_repeats(path, parts)
     return parts
+
+
+def _check_repeats(path, parts):
+    """ReportError when two parts hold the same seq numbers or say they are the same part (a copy of a part)."""
+    numbers = {}
+    for part, meta, _ in parts:
+        number = meta.get("parts")
+        if number is not None and number in numbers:
+            raise ReportError(f"{path}: {os.path.basename(part)} says it is part {number} like {numbers[number]} "
+                              "(a copy of a part?); move it out")  # fmt: skip
+        numbers[number] = os.path.basename(part)
+    ranges = sorted((*_seq_range(part, info), os.path.basename(part)) for part, _, info in parts if info.num_rows)
+    for (low, high, _, name), (low2, high2, _, name2) in zip(ranges, ranges[1:]):
+        if low2 <= high:
+            raise ReportError(f"{path}: {name2} repeats seq {low2} to {min(high, high2)} of {name} "
+                              "(a copy of a part?); move it out")  # fmt: skip
 
 
 def read_marker(path):
     """The facts the tracer left in the trace's marker at close ({} when none)."""
     try:
-        with open(os.path.join(os.fspath(path), MARKER_NAME)) as f:
-            facts = json.loads(f.read())
-    except (OSError, ValueError):
+        with open(os.path.join(os.fspath(path), MARKER_NAME), "rb") as f:
+            raw = f.read(MAX_MARKER_BYTES + 1)
+    except OSError:
         return {}
-    return facts if isinstance(facts, dict) else {}
+    facts = parse_json(path, raw, "the marker", MARKER_NAME, MAX_MARKER_BYTES, invalid={})  # cut mid-rewrite: no facts
+    if not isinstance(facts, dict):
+        return {}
+    check_metadata(path, facts, "the marker", MARKER_NAME)
+    return facts
 
 
 def damage(path, parts, meta):

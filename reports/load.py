@@ -9,8 +9,9 @@ import pyarrow as pa
 
 from reports.columns import DEFERRED, LIST_MODES, Deferred, SharedRuns, concat_frames, has_column, read_table, to_pandas
 from reports.errors import ReportError
-from reports.integrity import check_parts, damage, describe_damage, one_line, read_marker
-from tracer.schema import COLUMN_NAMES, SCHEMA_VERSION, V2_DEFAULTS, merge_metadata, part_paths
+from reports.integrity import check_parts, damage, describe_damage, list_parts, one_line, read_marker
+from reports.validate import check_metadata_ids, check_rows, max_storage_id
+from tracer.schema import COLUMN_NAMES, SCHEMA_VERSION, V2_DEFAULTS, merge_metadata
 
 
 def read_run(path, footers=None):
@@ -22,7 +23,7 @@ def read_run(path, footers=None):
         raise ReportError(f"{path}: no such file or directory")
     if not os.path.isdir(path):
         raise ReportError(f"{path}: not an optrace trace (a trace is a directory of part-*.parquet files)")
-    if not part_paths(path):
+    if not list_parts(path):
         raise ReportError(f"{path}: not an optrace trace (no part-*.parquet files in it)")
     parts = check_parts(path, footers)  # every part read and its metadata parsed (unreadable parts and bad JSON refused)
     try:
@@ -39,6 +40,7 @@ def read_run(path, footers=None):
             f"{path}: trace schema version {version!r} is newer than this optrace reads ({SCHEMA_VERSION}); upgrade optrace"
         )
     meta["damage"] = damage(path, parts, meta)
+    check_metadata_ids(path, meta, id_limit(meta, sum(info.num_rows for _, _, info in parts)))
     meta["complete"] = bool(meta.get("complete")) and read_marker(path).get("complete", True) is not False
     return meta
 
@@ -88,11 +90,13 @@ def load(paths, columns=None, lists="objects"):
             read.append("duration_ns")
         try:
             table = read_table(path, read, lists, footers)
-        except (pa.ArrowInvalid, OSError) as exc:
+        except (pa.ArrowException, OSError) as exc:
             raise ReportError(f"{path}: not a readable Parquet trace ({one_line(exc)})") from None
         missing = sorted(set(read) - set(table.column_names))
         if missing:
             raise ReportError(f"{path}: trace lacks column(s) {missing}")
+        rows = table.table if hasattr(table, "table") else table
+        check_rows(path, rows, id_limit(meta, rows.num_rows))  # nulls, negative or absurd values, repeated seq
         frame = to_pandas(table, lists)
         if upgrade:
             frame = _fill_v2(frame, wanted)
@@ -115,12 +119,18 @@ def load(paths, columns=None, lists="objects"):
     return df
 
 
+def id_limit(meta, rows):
+    """The highest storage id a trace of `rows` rows on disk, with the damage in `meta`, can hold."""
+    facts = meta.get("damage") or {}
+    return max_storage_id(rows + sum(int(facts.get(k) or 0) for k in ("lost_rows", "missing_rows", "record_errors")))
+
+
 def _with_ranks(paths):
     """(path, rank) per trace to read: a distributed trace's rank directories, each with its rank."""
     from reports.ranks import rank_paths
 
     for path in paths:
-        found = rank_paths(path) if not part_paths(path) else []
+        found = rank_paths(path) if not list_parts(path) else []
         yield from found or [(path, None)]
 
 
