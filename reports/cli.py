@@ -13,7 +13,7 @@ import warnings
 
 from reports._util import printable
 from reports.errors import ReportError
-from reports.integrity import describe_damage
+from reports.integrity import describe_damage, list_parts
 
 # Columns no section of `optrace report` reads, left out of its load (a section that needs one takes it out of here).
 _REPORT_UNUSED = ("layout", "device", "inplace")
@@ -237,6 +237,7 @@ def _report(args):
     # only the columns the sections read; no Python object per list cell; shapes read when asked (reports/columns.py)
     from reports.ranks import first_rank, is_multi_rank, print_ranks, rank_paths, rank_summary
 
+    list_parts(args.trace)  # a directory that cannot be listed: one line, before the ranks are looked for
     unused = _JSON_UNUSED if args.json and not args.plot else _REPORT_UNUSED
     if len(rank_paths(args.trace)) <= 1 and not args.plot:
         unused += _RANKS_ONLY

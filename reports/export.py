@@ -46,8 +46,8 @@ import pyarrow.parquet as pq
 from reports.errors import ReportError
 from reports.integrity import describe_damage, list_parts
 from reports.load import id_limit, read_run
-from reports.validate import check_rows
-from tracer.schema import PHASES, part_paths
+from reports.validate import check_footers, check_rows
+from tracer.schema import COLUMN_NAMES, PHASES, part_paths
 
 __all__ = ["export_chrome", "export_trace", "trace_ranks"]
 
@@ -403,7 +403,9 @@ def export_trace(trace, out, batch_rows=BATCH_ROWS):
             for rank, directory, meta in ranks:
                 sink.process(rank, _label(rank, meta), [(_TID[p], p) for p in PHASES])
                 state = _Rank(rank, meta, base, sink, text)
-                limit, last = id_limit(meta, sum(pq.read_metadata(p).num_rows for p in part_paths(directory))), None
+                footers = [(p, pq.read_metadata(p)) for p in part_paths(directory)]
+                limit, last = id_limit(meta, sum(info.num_rows for _, info in footers)), None
+                check_footers(directory, footers, [c for c in COLUMN_NAMES if c not in columns[directory]], limit)
                 for part in part_paths(directory):
                     for batch in pq.ParquetFile(part).iter_batches(batch_size=batch_rows, columns=columns[directory]):
                         last = check_rows(directory, batch, limit, last)

@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 
 from reports.errors import ReportError
 from reports.validate import check_metadata, check_schema, parse_json
-from tracer.schema import MARKER_NAME, METADATA_KEY, part_paths
+from tracer.schema import MARKER_NAME, METADATA_KEY, part_name, part_paths
 
 MAX_METADATA_BYTES = 64 << 20  # a part's metadata JSON (a 70B model's parameter table: ~100 KB)
 MAX_MARKER_BYTES = 1 << 20  # the marker is written 4 KiB long
@@ -118,11 +118,13 @@ def _check_repeats(path, parts):
     """ReportError when two parts hold the same seq numbers or say they are the same part (a copy of a part)."""
     numbers = {}
     for part, meta, _ in parts:
-        number = meta.get("parts")
+        number, name = meta.get("parts"), os.path.basename(part)
         if number is not None and number in numbers:
-            raise ReportError(f"{path}: {os.path.basename(part)} says it is part {number} like {numbers[number]} "
-                              "(a copy of a part?); move it out")  # fmt: skip
-        numbers[number] = os.path.basename(part)
+            copy, first = name, numbers[number]
+            if isinstance(number, int) and copy == part_name(number - 1):  # the tracer's own name: the other is the copy
+                copy, first = first, copy
+            raise ReportError(f"{path}: {copy} says it is part {number} like {first} (a copy of a part?); move it out")
+        numbers[number] = name
     ranges = sorted((*_seq_range(part, info), os.path.basename(part)) for part, _, info in parts if info.num_rows)
     for (low, high, _, name), (low2, high2, _, name2) in zip(ranges, ranges[1:]):
         if low2 <= high:

@@ -9,8 +9,8 @@ import pyarrow as pa
 
 from reports.columns import DEFERRED, LIST_MODES, Deferred, SharedRuns, concat_frames, has_column, read_table, to_pandas
 from reports.errors import ReportError
-from reports.integrity import check_parts, damage, describe_damage, list_parts, one_line, read_marker
-from reports.validate import check_metadata_ids, check_rows, max_storage_id
+from reports.integrity import check_parts, damage, describe_damage, footer, list_parts, one_line, read_marker
+from reports.validate import check_footers, check_metadata_ids, check_rows, max_storage_id
 from tracer.schema import COLUMN_NAMES, SCHEMA_VERSION, V2_DEFAULTS, merge_metadata
 
 
@@ -96,7 +96,10 @@ def load(paths, columns=None, lists="objects"):
         if missing:
             raise ReportError(f"{path}: trace lacks column(s) {missing}")
         rows = table.table if hasattr(table, "table") else table
-        check_rows(path, rows, id_limit(meta, rows.num_rows))  # nulls, negative or absurd values, repeated seq
+        limit = id_limit(meta, rows.num_rows)
+        check_rows(path, rows, limit)  # nulls, negative or absurd values, repeated seq
+        unread = [c for c in COLUMN_NAMES if c not in read]  # left in the files: checked from the parts' statistics
+        check_footers(path, [(p, footer(p, footers)) for p in list_parts(path)], unread, limit)
         frame = to_pandas(table, lists)
         if upgrade:
             frame = _fill_v2(frame, wanted)

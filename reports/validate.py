@@ -27,8 +27,8 @@ import pyarrow.compute as pc
 from reports.errors import ReportError
 from tracer.schema import ARROW_SCHEMA
 
-__all__ = ["MAX_BYTES", "MAX_JSON_DEPTH", "MAX_ROW_FLOPS", "check_metadata", "check_rows", "check_schema",
-           "max_storage_id", "parse_json"]  # fmt: skip
+__all__ = ["MAX_BYTES", "MAX_JSON_DEPTH", "MAX_ROW_FLOPS", "check_footers", "check_metadata", "check_metadata_ids",
+           "check_rows", "check_schema", "max_storage_id", "parse_json"]  # fmt: skip
 
 MAX_JSON_DEPTH = 64  # the tracer's metadata nests 4 deep
 MAX_ROW_FLOPS = 10**18  # 1 EFLOP in one op: ~1,000 s of an H100; a bigger count is damage (and sums near int64 overflow)
@@ -38,9 +38,9 @@ NOT_NULL = frozenset({
     "seq", "step", "op", "phase", "module", "input_shapes", "input_dtypes", "input_strides", "output_shapes",
     "output_dtypes", "output_strides", "device", "input_storage_ids", "output_storage_ids", "freed_storage_ids",
     "is_view", "inplace", "flops", "flop_kind", "bytes_allocated", "live_bytes", "bytes_read", "bytes_written",
-    "duration_ns", "recompute", "start_ns", "layout", "process_group",
+    "duration_ns", "recompute", "output_storage_bytes", "start_ns", "layout", "process_group",
 })  # fmt: skip
-NULLABLE = frozenset({"causal", "busy_ns", "comm_bytes", "group_size", "output_storage_bytes"})
+NULLABLE = frozenset({"causal", "busy_ns", "comm_bytes", "group_size"})  # v1 traces lack the v2 columns: filled after the checks
 STORAGE_ID_COLUMNS = ("input_storage_ids", "output_storage_ids", "freed_storage_ids")
 # column: (lowest, highest, what it counts): values outside are damage
 RANGES = {
@@ -147,10 +147,7 @@ def check_rows(path, table, id_limit, last_seq=None):
             bad = row_of(_first(pc.greater(values, high)))
         else:
             continue
-        value = lo if lo < low else hi
-        bound = f"{low} to {high:,}" if high is not None else f">= {low}"
-        raise ReportError(f"{path}: column {name!r} holds {value:,}{_at(table, bad)}; expected {unit} {bound} "
-                          "(a damaged or hand-edited trace?)")  # fmt: skip
+        raise _out_of_range(path, name, lo if lo < low else hi, _at(table, bad), low, high, unit)
     if "seq" in table.column_names and len(table):
         seq = table.column("seq").to_numpy()
         if isinstance(seq, pa.ChunkedArray):
@@ -164,6 +161,53 @@ def check_rows(path, table, id_limit, last_seq=None):
                               "row by row (a part or rows repeated?)")  # fmt: skip
         return int(seq[-1])
     return last_seq
+
+
+def _out_of_range(path, name, value, where, low, high, unit):
+    bound = f"{low} to {high:,}" if high is not None else f">= {low}"
+    return ReportError(f"{path}: column {name!r} holds {value:,}{where}; expected {unit} {bound} "
+                       "(a damaged or hand-edited trace?)")  # fmt: skip
+
+
+def check_footers(path, footers, columns, id_limit):
+    """check_rows for the `columns` a reader leaves in the files, from each part's Parquet statistics
+    (null counts, min and max; no read): `footers` [(part file, FileMetaData)]. A part written without
+    statistics has those columns read and checked row by row. List columns: storage id ranges only."""
+    import os
+
+    import pyarrow.parquet as pq
+
+    wanted = {}
+    for name in columns:
+        if name in STORAGE_ID_COLUMNS or name in RANGES and pa.types.is_list(_EXPECTED[name]):
+            wanted[f"{name}.list.element"] = name
+        elif name in _EXPECTED and not pa.types.is_list(_EXPECTED[name]):
+            wanted[name] = name
+    for part, info in footers:
+        where = f" in {os.path.basename(part)}"
+        for i in range(info.num_row_groups):
+            group = info.row_group(i)
+            for j in range(group.num_columns):
+                chunk = group.column(j)
+                name = wanted.get(chunk.path_in_schema)
+                if name is None:
+                    continue
+                stats = chunk.statistics
+                if stats is None or stats.null_count is None:
+                    check_rows(path, pq.read_table(part, columns=sorted(set(wanted.values()))), id_limit)
+                    break
+                if name in NOT_NULL and stats.null_count and name == chunk.path_in_schema:
+                    raise ReportError(f"{path}: column {name!r} is null{where} ({stats.null_count} null value(s)); "
+                                      f"expected {_type_name(_EXPECTED[name])} values")  # fmt: skip
+                limits = RANGES.get(name) or ((0, id_limit, "storage id") if name in STORAGE_ID_COLUMNS else None)
+                if limits is None or not stats.has_min_max or not isinstance(stats.min, int):
+                    continue
+                low, high, unit = limits
+                high = id_limit if name in STORAGE_ID_COLUMNS else high
+                if stats.min < low:
+                    raise _out_of_range(path, name, stats.min, where, low, high, unit)
+                if high is not None and stats.max > high:
+                    raise _out_of_range(path, name, stats.max, where, low, high, unit)
 
 
 # ------------------------------------------------------------------ JSON: the metadata and the marker
