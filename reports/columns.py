@@ -215,7 +215,31 @@ def read_table(path, columns, lists="objects", footers=None):
     nested = any(entry.is_dir() for entry in os.scandir(path))
     if not parts or nested:  # hive rank=R directories and the like: let pyarrow's dataset reader find the files
         return _Parts(pq.read_table(path, columns=columns))
-    return _Parts(pa.concat_tables([pq.ParquetFile(part, metadata=footer(part, footers)).read(columns=columns) for part in parts]))
+    return _Parts(pa.concat_tables(_read_parts(parts, columns, footers)))
+
+
+def _read_parts(parts, columns, footers):
+    """Each part's `columns` as a Table. Many small parts cost what the reader does per file, so the
+    per-file Python of ParquetFile (its column paths, rebuilt for every file) is done once per schema."""
+    import pyarrow.parquet as pq
+
+    try:
+        from pyarrow._parquet import ParquetReader
+    except ImportError:  # a pyarrow without it: the public reader
+        ParquetReader = None
+    tables, known, leaves = [], None, None
+    for part in parts:
+        info = footer(part, footers)
+        if ParquetReader is None:
+            tables.append(pq.ParquetFile(part, metadata=info).read(columns=columns))
+            continue
+        if known is None or not info.schema.equals(known):  # leaf column indices of each wanted column
+            known, paths = info.schema, [info.schema.column(j).path for j in range(info.num_columns)]
+            leaves = [j for name in columns for j, leaf in enumerate(paths) if leaf == name or leaf.startswith(name + ".")]
+        reader = ParquetReader()
+        reader.open(part, metadata=info)
+        tables.append(reader.read_all(column_indices=leaves, use_threads=False))
+    return tables
 
 
 def _arrow_list_dtype(typ):
@@ -233,8 +257,9 @@ def to_pandas(table, lists="objects"):
     for name in table.column_names:
         column = table.column(name)
         table = table.drop_columns([name])
-        if column.num_chunks > 1 and column.type == pa.list_(pa.int64()):
-            column = pa.chunked_array([column.combine_chunks()])  # one buffer: `flat` reads its values without a copy
+        if column.num_chunks > 1 and column.type == pa.list_(pa.int64()) or column.num_chunks > 64:
+            column = pa.chunked_array([column.combine_chunks()])  # one buffer: `flat` reads its values without a copy;
+            # a trace of many small parts: one chunk, not one per part, for every report to walk
         data[name] = column.to_pandas(types_mapper=_arrow_list_dtype)
         del column
     return pd.DataFrame(data, copy=False)

@@ -7,8 +7,8 @@ expected, never a traceback deep inside a report and never a figure made from it
   types    every column's Arrow type is the one tracer/schema.py ARROW_SCHEMA gives it
            (read from the table, so a column added there is checked too); a string
            column may be stored plain or dictionary-encoded
-  nulls    only the columns NULLABLE names may hold nulls (a column added to the schema
-           is nullable until it is named in NOT_NULL)
+  nulls    the columns NOT_NULL names hold none (a column added to the schema may hold
+           nulls until it is named there; causal, busy_ns, comm_bytes, group_size do)
   ranges   counts, bytes and times are >= 0; FLOPs at most MAX_ROW_FLOPS per row, bytes at
            most MAX_BYTES, storage ids below `max_storage_id` (ids are handed out one by one as
            storages appear, so a trace of n rows cannot use ids far beyond n)
@@ -40,7 +40,6 @@ NOT_NULL = frozenset({
     "is_view", "inplace", "flops", "flop_kind", "bytes_allocated", "live_bytes", "bytes_read", "bytes_written",
     "duration_ns", "recompute", "output_storage_bytes", "start_ns", "layout", "process_group",
 })  # fmt: skip
-NULLABLE = frozenset({"causal", "busy_ns", "comm_bytes", "group_size"})  # v1 traces lack the v2 columns: filled after the checks
 STORAGE_ID_COLUMNS = ("input_storage_ids", "output_storage_ids", "freed_storage_ids")
 # column: (lowest, highest, what it counts): values outside are damage
 RANGES = {
@@ -146,6 +145,11 @@ def check_rows(path, table, id_limit, last_seq=None):
         elif hi is not None and high is not None and hi > high:
             bad = row_of(_first(pc.greater(values, high)))
         else:
+            if name == "flops" and last_seq is None:  # a whole trace: its sums must fit in int64
+                total = pc.sum(pc.cast(values, pa.float64(), safe=False)).as_py() or 0
+                if total >= 2**63:
+                    raise ReportError(f"{path}: column 'flops' adds up to {total:.3g}, beyond the 9.22e18 an int64 "
+                                      "sum holds (a damaged trace, or one too big to report)")  # fmt: skip
             continue
         raise _out_of_range(path, name, lo if lo < low else hi, _at(table, bad), low, high, unit)
     if "seq" in table.column_names and len(table):

@@ -269,6 +269,15 @@ def test_impossible_values_are_refused(trace, capsys, column, value, message):
         reports.load(trace, lists="arrow")
 
 
+def test_flops_that_overflow_a_sum_are_refused(trace, capsys):
+    for part in ("part-000000.parquet", "part-000001.parquet"):
+        rewrite(trace / part, lambda t: t.set_column(t.schema.get_field_index("flops"), "flops",
+                                                     pa.array([10**18] * t.num_rows, pa.int64())))  # fmt: skip
+    # 10 rows of 10**18 FLOPs each (the most one op may count): 1e19 > 2**63 - 1 = 9.22e18
+    one_error(capsys, "report", trace, r"column 'flops' adds up to 1e\+19, beyond the 9\.22e18 an int64 sum holds "
+                                       r"\(a damaged trace, or one too big to report\)")  # fmt: skip
+
+
 # ------------------------------------------------------------------ 10. names cannot drive the terminal
 def test_control_characters_in_names_are_escaped(tmp_path, capsys):
     model = torch.nn.Sequential()
