@@ -215,7 +215,11 @@ def read_table(path, columns, lists="objects", footers=None):
     nested = any(entry.is_dir() for entry in os.scandir(path))
     if not parts or nested:  # hive rank=R directories and the like: let pyarrow's dataset reader find the files
         return _Parts(pq.read_table(path, columns=columns))
-    return _Parts(pa.concat_tables(_read_parts(parts, columns, footers)))
+    tables = _read_parts(parts, columns, footers)
+    table = pa.concat_tables(tables)
+    if len(tables) > 64 and table.num_rows < 1024 * len(tables):  # many small parts: one chunk per column, not one per part
+        table = table.combine_chunks()
+    return _Parts(table)
 
 
 def _read_parts(parts, columns, footers):

@@ -22,6 +22,11 @@ import os
 
 import pyarrow.parquet as pq
 
+try:
+    from pyarrow._parquet import ParquetReader  # what pq.ParquetFile opens; private, hence the fallback
+except ImportError:
+    ParquetReader = None
+
 from reports.errors import ReportError
 from reports.validate import check_metadata, check_schema, parse_json
 from tracer.schema import MARKER_NAME, METADATA_KEY, part_name, part_paths
@@ -46,13 +51,23 @@ def list_parts(path):
         raise ReportError(f"{os.fspath(path)}: cannot list the trace directory ({exc.strerror or one_line(exc)})") from None
 
 
+def read_footer(part):
+    """A part's Parquet footer, read from the file: pq.read_metadata without the Python of a ParquetFile
+    (its column paths, built for every file: most of the time of a trace of many small parts)."""
+    if ParquetReader is None:
+        return pq.read_metadata(part)
+    reader = ParquetReader()
+    reader.open(part)
+    return reader.metadata
+
+
 def footer(part, footers=None):
     """The Parquet footer (FileMetaData) of a part file; `footers` ({part: footer}, one per `reports.load` call)
     keeps those read, so a report opens each part's footer once. Never kept across loads: a trace re-written
     in place can have the same size, inode and (on coarse file systems) modification time."""
     if footers is not None and part in footers:
         return footers[part]
-    found = pq.read_metadata(part)
+    found = read_footer(part)
     if footers is not None:
         footers[part] = found
     return found
@@ -110,8 +125,16 @@ def check_parts(path, footers=None):
         parts.append((part, meta, found))
     if foreign and parts:
         raise ReportError(f"{path}: {foreign} is not an optrace part (no optrace metadata); move it out of the trace")
+    parts = Parts(parts)
+    parts.seq_ranges = {part: _seq_range(part, info) for part, _, info in parts if info.num_rows}
     _check_repeats(path, parts)
     return parts
+
+
+class Parts(list):
+    """check_parts' [(part file, metadata, footer)], with `seq_ranges` {part: (first seq, last seq, rows)}."""
+
+    seq_ranges = {}
 
 
 def _check_repeats(path, parts):
@@ -125,7 +148,7 @@ def _check_repeats(path, parts):
                 copy, first = first, copy
             raise ReportError(f"{path}: {copy} says it is part {number} like {first} (a copy of a part?); move it out")
         numbers[number] = name
-    ranges = sorted((*_seq_range(part, info), os.path.basename(part)) for part, _, info in parts if info.num_rows)
+    ranges = sorted((*parts.seq_ranges[part], os.path.basename(part)) for part, _, _ in parts if part in parts.seq_ranges)
     for (low, high, _, name), (low2, high2, _, name2) in zip(ranges, ranges[1:]):
         if low2 <= high:
             raise ReportError(f"{path}: {name2} repeats seq {low2} to {min(high, high2)} of {name} "
@@ -155,10 +178,11 @@ def damage(path, parts, meta):
     if marker.get("trace_id") != meta.get("trace_id"):
         marker = {}
     present, seqs = 0, []
+    known = getattr(parts, "seq_ranges", {})
     for part, _, info in parts:
         present += info.num_rows
         if info.num_rows:
-            seqs.append(_seq_range(part, info))
+            seqs.append(known[part] if part in known else _seq_range(part, info))
     gaps, expected = 0, None
     for low, high, n in sorted(seqs):
         if expected is not None and low > expected:

@@ -187,15 +187,17 @@ def check_footers(path, footers, columns, id_limit):
             wanted[f"{name}.list.element"] = name
         elif name in _EXPECTED and not pa.types.is_list(_EXPECTED[name]):
             wanted[name] = name
+    known = None
     for part, info in footers:
         where = f" in {os.path.basename(part)}"
+        if known is None or not info.schema.equals(known):  # the leaf columns to look at, once per schema
+            known = info.schema
+            leaves = [j for j in range(info.num_columns) if known.column(j).path in wanted]
         for i in range(info.num_row_groups):
             group = info.row_group(i)
-            for j in range(group.num_columns):
+            for j in leaves:
                 chunk = group.column(j)
-                name = wanted.get(chunk.path_in_schema)
-                if name is None:
-                    continue
+                name = wanted[chunk.path_in_schema]
                 stats = chunk.statistics
                 if stats is None or stats.null_count is None:
                     check_rows(path, pq.read_table(part, columns=sorted(set(wanted.values()))), id_limit)
@@ -226,9 +228,11 @@ def parse_json(path, raw, what, where, limit, invalid=ReportError):
         raw = raw.encode("utf-8", "surrogatepass")
     if len(raw) > limit:
         raise ReportError(f"{path}: {what} is {len(raw):,} bytes ({where}), more than the {limit:,} optrace reads")
-    brackets = np.frombuffer(_STRING.sub(b'""', raw), dtype=np.uint8)
-    step = (brackets == ord("[")).astype(np.int64) + (brackets == ord("{")) - (brackets == ord("]")) - (brackets == ord("}"))
-    depth = int(np.cumsum(step).max(initial=0))
+    depth = raw.count(b"[") + raw.count(b"{")  # at most this deep: most metadata needs no closer look
+    if depth > MAX_JSON_DEPTH:
+        brackets = np.frombuffer(_STRING.sub(b'""', raw), dtype=np.uint8)
+        step = (brackets == ord("[")).astype(np.int64) + (brackets == ord("{")) - (brackets == ord("]")) - (brackets == ord("}"))
+        depth = int(np.cumsum(step).max(initial=0))
     if depth > MAX_JSON_DEPTH:
         raise ReportError(f"{path}: {what} nests {depth} levels deep ({where}), more than the {MAX_JSON_DEPTH} optrace reads")
     try:
