@@ -101,15 +101,18 @@ def _first(mask):
 
 
 def _values(column):
-    """(flat values, row of each value) of a column of ints or of lists of ints."""
-    if isinstance(column, pa.ChunkedArray):
-        column = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
-    if pa.types.is_list(column.type) or pa.types.is_large_list(column.type):
-        values = column.flatten()
-        offsets = column.offsets.to_numpy()
-        offsets = offsets - offsets[0]
-        return values, lambda i: int(np.searchsorted(offsets, i, side="right") - 1)
-    return column, lambda i: i
+    """(flat values, row of a value's index) of a column of ints or of lists of ints (chunks kept as they are)."""
+    chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
+    if not (pa.types.is_list(column.type) or pa.types.is_large_list(column.type)):
+        return column, lambda i: i
+
+    def row_of(i):  # only when a value is bad: the list that holds it
+        offsets = np.concatenate([[0], np.cumsum([len(c.flatten()) for c in chunks])])
+        chunk = int(np.searchsorted(offsets, i, side="right") - 1)
+        local = chunks[chunk].offsets.to_numpy()
+        return sum(len(c) for c in chunks[:chunk]) + int(np.searchsorted(local - local[0], i - offsets[chunk], side="right") - 1)
+
+    return pa.chunked_array([c.flatten() for c in chunks], type=column.type.value_type), row_of
 
 
 def check_rows(path, table, id_limit, last_seq=None):
