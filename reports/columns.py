@@ -70,7 +70,8 @@ class Deferred:
         if path not in self._bounds:
             parts = part_paths(path)
             flat_dir = parts and not any(entry.is_dir() for entry in os.scandir(path))
-            sizes = [footer(p, self._footers).num_rows for p in parts] if flat_dir else None
+            rows = getattr(self._footers, "rows", {})  # integrity.Footers: every part's row count, kept by the load
+            sizes = [rows[p] if p in rows else footer(p, self._footers).num_rows for p in parts] if flat_dir else None
             self._bounds[path] = (parts, np.cumsum([0, *sizes]) if flat_dir else None)
         parts, bounds = self._bounds[path]
         columns = [name, "seq"]
@@ -233,15 +234,16 @@ def _read_parts(parts, columns, footers):
         ParquetReader = None
     tables, known, leaves = [], None, None
     for part in parts:
-        info = footer(part, footers)
+        info = footers.get(part) if footers is not None else None  # kept by the load, or read again here
         if ParquetReader is None:
             tables.append(pq.ParquetFile(part, metadata=info).read(columns=columns))
             continue
+        reader = ParquetReader()
+        reader.open(part, metadata=info)
+        info = reader.metadata
         if known is None or not info.schema.equals(known):  # leaf column indices of each wanted column
             known, paths = info.schema, [info.schema.column(j).path for j in range(info.num_columns)]
             leaves = [j for name in columns for j, leaf in enumerate(paths) if leaf == name or leaf.startswith(name + ".")]
-        reader = ParquetReader()
-        reader.open(part, metadata=info)
         tables.append(reader.read_all(column_indices=leaves, use_threads=False))
     return tables
 

@@ -44,9 +44,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from reports.errors import ReportError
-from reports.integrity import describe_damage, list_parts
+from reports.integrity import Footers, describe_damage, list_parts
 from reports.load import id_limit, read_run
-from reports.validate import check_footers, check_rows
+from reports.validate import check_rows
 from tracer.schema import COLUMN_NAMES, PHASES, part_paths
 
 __all__ = ["export_chrome", "export_trace", "trace_ranks"]
@@ -74,7 +74,14 @@ def trace_ranks(path):
                 ranks.append((int(match.group(1)), os.path.join(path, name)))
     if not ranks:
         ranks = [(0, path)]
-    return [(rank, directory, read_run(directory)) for rank, directory in sorted(ranks)]
+    return [(rank, directory, _read_run(directory)) for rank, directory in sorted(ranks)]
+
+
+def _read_run(directory):
+    """read_run, the columns export leaves out checked from the parts' statistics; `_rows`: rows on disk."""
+    footers = Footers()
+    meta = read_run(directory, footers, [c for c in COLUMN_NAMES if c not in _COLUMNS + _V2])
+    return dict(meta, _rows=sum(footers.rows.values()))
 
 
 def _columns(directory):
@@ -403,9 +410,7 @@ def export_trace(trace, out, batch_rows=BATCH_ROWS):
             for rank, directory, meta in ranks:
                 sink.process(rank, _label(rank, meta), [(_TID[p], p) for p in PHASES])
                 state = _Rank(rank, meta, base, sink, text)
-                footers = [(p, pq.read_metadata(p)) for p in part_paths(directory)]
-                limit, last = id_limit(meta, sum(info.num_rows for _, info in footers)), None
-                check_footers(directory, footers, [c for c in COLUMN_NAMES if c not in columns[directory]], limit)
+                limit, last = id_limit(meta, meta["_rows"]), None
                 for part in part_paths(directory):
                     for batch in pq.ParquetFile(part).iter_batches(batch_size=batch_rows, columns=columns[directory]):
                         last = check_rows(directory, batch, limit, last)

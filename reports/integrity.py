@@ -28,7 +28,7 @@ except ImportError:
     ParquetReader = None
 
 from reports.errors import ReportError
-from reports.validate import check_metadata, check_schema, parse_json
+from reports.validate import check_footers, check_metadata, check_schema, parse_json
 from tracer.schema import MARKER_NAME, METADATA_KEY, part_name, part_paths
 
 MAX_METADATA_BYTES = 64 << 20  # a part's metadata JSON (a 70B model's parameter table: ~100 KB)
@@ -61,6 +61,18 @@ def read_footer(part):
     return reader.metadata
 
 
+class Footers(dict):
+    """{part file: Parquet footer} that one `reports.load` keeps for its later reads, and `rows` {part file:
+    row count} of every part it read. A footer takes about 90 KB of memory (33 column chunks with their
+    statistics): past LIMIT parts the footers are read again when needed instead of kept."""
+
+    LIMIT = 1024
+
+    def __init__(self):
+        super().__init__()
+        self.rows = {}
+
+
 def footer(part, footers=None):
     """The Parquet footer (FileMetaData) of a part file; `footers` ({part: footer}, one per `reports.load` call)
     keeps those read, so a report opens each part's footer once. Never kept across loads: a trace re-written
@@ -68,13 +80,18 @@ def footer(part, footers=None):
     if footers is not None and part in footers:
         return footers[part]
     found = read_footer(part)
+    if isinstance(footers, Footers):
+        footers.rows[part] = found.num_rows
+        if len(footers) >= Footers.LIMIT:
+            return found
     if footers is not None:
         footers[part] = found
     return found
 
 
-def check_parts(path, footers=None):
-    """[(part file, metadata dict, Parquet footer)] of every part, or ReportError naming the first bad file."""
+def check_parts(path, footers=None, unread=()):
+    """[(part file, metadata dict, row count)] of every part, or ReportError naming the first bad file.
+    `unread`: columns the caller leaves in the files, checked from the parts' statistics (reports/validate.py)."""
     path = os.fspath(path)
     parts_here = list_parts(path)
     known = set(parts_here)
@@ -95,7 +112,7 @@ def check_parts(path, footers=None):
             raise ReportError(f"{path}: {name} is a directory, not an optrace part; move it out of the trace")
         if full not in known:
             raise ReportError(f"{path}: {name} is not an optrace part (a trace holds only part-*.parquet files); move it out")
-    parts, first_id, foreign, checked = [], None, None, None
+    parts, first_id, foreign, checked, seen, ranges = [], None, None, None, {}, {}
     for part in parts_here:
         name = os.path.basename(part)
         try:
@@ -122,17 +139,20 @@ def check_parts(path, footers=None):
                 f"{os.path.basename(parts[0][0])} (copied from another trace?); move it out"
             )
         first_id = trace_id if not parts else first_id
-        parts.append((part, meta, found))
+        check_footers(path, [(part, found)], unread, None, seen)
+        if found.num_rows:
+            ranges[part] = _seq_range(part, found)
+        parts.append((part, meta, found.num_rows))  # the footer itself is dropped (kept in `footers` when small)
     if foreign and parts:
         raise ReportError(f"{path}: {foreign} is not an optrace part (no optrace metadata); move it out of the trace")
     parts = Parts(parts)
-    parts.seq_ranges = {part: _seq_range(part, info) for part, _, info in parts if info.num_rows}
+    parts.seq_ranges = ranges
     _check_repeats(path, parts)
     return parts
 
 
 class Parts(list):
-    """check_parts' [(part file, metadata, footer)], with `seq_ranges` {part: (first seq, last seq, rows)}."""
+    """check_parts' [(part file, metadata, row count)], with `seq_ranges` {part: (first seq, last seq, rows)}."""
 
     seq_ranges = {}
 
@@ -177,12 +197,10 @@ def damage(path, parts, meta):
     marker = read_marker(path)
     if marker.get("trace_id") != meta.get("trace_id"):
         marker = {}
-    present, seqs = 0, []
-    known = getattr(parts, "seq_ranges", {})
-    for part, _, info in parts:
-        present += info.num_rows
-        if info.num_rows:
-            seqs.append(known[part] if part in known else _seq_range(part, info))
+    present = 0
+    for part, _, rows in parts:
+        present += rows
+    seqs = list(parts.seq_ranges.values())
     gaps, expected = 0, None
     for low, high, n in sorted(seqs):
         if expected is not None and low > expected:

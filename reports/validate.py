@@ -176,26 +176,30 @@ def _out_of_range(path, name, value, where, low, high, unit):
                        "(a damaged or hand-edited trace?)")  # fmt: skip
 
 
-def check_footers(path, footers, columns, id_limit):
+def check_footers(path, footers, columns, id_limit, cache=None):
     """check_rows for the `columns` a reader leaves in the files, from each part's Parquet statistics
     (null counts, min and max; no read): `footers` [(part file, FileMetaData)]. A part written without
-    statistics has those columns read and checked row by row. List columns: storage id ranges only."""
+    statistics has those columns read and checked row by row. List columns: storage id ranges only
+    (none when `id_limit` is None). `cache`: a dict kept across calls for the parts of one trace."""
     import os
 
     import pyarrow.parquet as pq
 
+    if not columns:
+        return
     wanted = {}
     for name in columns:
-        if name in STORAGE_ID_COLUMNS or name in RANGES and pa.types.is_list(_EXPECTED[name]):
+        if name in STORAGE_ID_COLUMNS and id_limit is not None or name in RANGES and pa.types.is_list(_EXPECTED[name]):
             wanted[f"{name}.list.element"] = name
         elif name in _EXPECTED and not pa.types.is_list(_EXPECTED[name]):
             wanted[name] = name
-    known = None
+    cache = {} if cache is None else cache
     for part, info in footers:
         where = f" in {os.path.basename(part)}"
-        if known is None or not info.schema.equals(known):  # the leaf columns to look at, once per schema
-            known = info.schema
-            leaves = [j for j in range(info.num_columns) if known.column(j).path in wanted]
+        if "schema" not in cache or not info.schema.equals(cache["schema"]):  # the leaf columns to look at, once per schema
+            cache["schema"] = info.schema
+            cache["leaves"] = [j for j in range(info.num_columns) if info.schema.column(j).path in wanted]
+        leaves = cache["leaves"]
         for i in range(info.num_row_groups):
             group = info.row_group(i)
             for j in leaves:
