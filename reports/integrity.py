@@ -125,12 +125,12 @@ def check_parts(path, footers=None, unread=()):
             foreign = foreign or name
             continue
         meta = parse_json(path, raw, "optrace metadata", name, MAX_METADATA_BYTES)
-        check_metadata(path, meta, "optrace metadata", name)
+        check_metadata(path, meta, "optrace metadata", name, roles_only=True)  # the newest part's: all of it, below
         if checked is None or not schema.equals(checked):  # the parts of one trace share one schema: checked once
             check_schema(path, name, schema)
             if checked is not None and set(schema.names) != set(checked.names):
-                raise ReportError(f"{path}: {name} has columns {sorted(set(schema.names) ^ set(checked.names))} "
-                                  f"that {os.path.basename(parts[0][0])} has not, or the reverse; expected one schema")  # fmt: skip
+                raise ReportError(f"{path}: {name} and {os.path.basename(parts[0][0])} differ in column(s) "
+                                  f"{sorted(set(schema.names) ^ set(checked.names))}; expected one schema in every part")  # fmt: skip
             checked = schema
         trace_id = meta.get("trace_id")
         if parts and trace_id != first_id:
@@ -145,6 +145,8 @@ def check_parts(path, footers=None, unread=()):
         parts.append((part, meta, found.num_rows))  # the footer itself is dropped (kept in `footers` when small)
     if foreign and parts:
         raise ReportError(f"{path}: {foreign} is not an optrace part (no optrace metadata); move it out of the trace")
+    if parts:
+        check_metadata(path, parts[-1][1], "optrace metadata", os.path.basename(parts[-1][0]))
     parts = Parts(parts)
     parts.seq_ranges = ranges
     _check_repeats(path, parts)

@@ -289,11 +289,15 @@ def _short(value):
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-def check_metadata(path, meta, what="optrace metadata", where=None):
-    """Raise ReportError when a field the reports read has another type than the tracer writes."""
+def check_metadata(path, meta, what="optrace metadata", where=None, roles_only=False):
+    """Raise ReportError when a field the reports read has another type than the tracer writes.
+    `roles_only`: only the storage roles (all that is read of a part's metadata but the newest's)."""
     if not isinstance(meta, dict):
         raise ReportError(f"{path}: {what} is not a JSON object")
     what = f"{what} ({where})" if where else what
+    if roles_only:
+        _check_roles(path, what, meta)
+        return
     _check_fields(path, what, meta, META_FIELDS)
     for key in COUNTS:
         if (meta.get(key) or 0) < 0:
@@ -307,7 +311,14 @@ def check_metadata(path, meta, what="optrace metadata", where=None):
         _check_fields(path, f"{what} parameter {name!r}", info, PARAMETER_FIELDS)
         if not all(_is(d, _INT) and d >= 0 for d in info.get("shape") or ()):
             raise ReportError(f"{path}: {what} parameter {name!r} shape is {_short(info['shape'])}, expected a list of ints >= 0")
-    for key, ids in (meta.get("storage_roles") or {}).items():
+    _check_roles(path, what, meta)
+
+
+def _check_roles(path, what, meta):
+    roles = meta.get("storage_roles")
+    if roles is not None and not isinstance(roles, dict):
+        raise ReportError(f"{path}: {what} 'storage_roles' is {_short(roles)}, expected an object")
+    for key, ids in (roles or {}).items():
         if not isinstance(ids, list) or not all(_is(i, _INT) for i in ids):
             raise ReportError(f"{path}: {what} storage_roles {key!r} is {_short(ids)}, expected a list of storage ids")
 

@@ -177,6 +177,12 @@ def test_a_missing_column_is_one_line(trace, capsys):
     one_error(capsys, "report", trace, r"trace lacks column\(s\) \['flops'\]")
 
 
+def test_a_part_without_a_column_the_others_have_is_one_line(trace, capsys):
+    rewrite(trace / "part-000004.parquet", lambda t: t.drop_columns(["live_bytes"]))
+    one_error(capsys, "report", trace, r"part-000004\.parquet and part-000000\.parquet differ in column\(s\) "
+                                       r"\['live_bytes'\]; expected one schema in every part")  # fmt: skip
+
+
 def test_deeply_nested_metadata_is_refused_before_parsing(trace, capsys):
     rewrite(trace / "part-000009.parquet", raw_metadata(b'{"a": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"))
     one_error(capsys, "report", trace, r"optrace metadata nests 100001 levels deep \(part-000009\.parquet\), "
