@@ -216,9 +216,8 @@ def read_table(path, columns, lists="objects", footers=None):
     nested = any(entry.is_dir() for entry in os.scandir(path))
     if not parts or nested:  # hive rank=R directories and the like: let pyarrow's dataset reader find the files
         return _Parts(pq.read_table(path, columns=columns))
-    tables = _read_parts(parts, columns, footers)
-    table = pa.concat_tables(tables)
-    if len(tables) > 64 and table.num_rows < 1024 * len(tables):  # many small parts: one chunk per column, not one per part
+    table = pa.concat_tables(_read_parts(parts, columns, footers))
+    if len(parts) > 64 and table.num_rows < 1024 * len(parts):  # many small parts: one chunk per column, not one per part
         table = table.combine_chunks()
     return _Parts(table)
 
@@ -232,11 +231,19 @@ def _read_parts(parts, columns, footers):
         from pyarrow._parquet import ParquetReader
     except ImportError:  # a pyarrow without it: the public reader
         ParquetReader = None
-    tables, known, leaves = [], None, None
+    tables, pending, known, leaves = [], [], None, None
+
+    def gather():  # small parts joined as they come: 10,000 one-row Tables (each with its schema) take 500 MB
+        table = pa.concat_tables(pending)
+        tables.append(table.combine_chunks() if table.num_rows < 1024 * len(pending) else table)
+        pending.clear()
+
     for part in parts:
+        if len(pending) == 256:
+            gather()
         info = footers.get(part) if footers is not None else None  # kept by the load, or read again here
         if ParquetReader is None:
-            tables.append(pq.ParquetFile(part, metadata=info).read(columns=columns))
+            pending.append(pq.ParquetFile(part, metadata=info).read(columns=columns))
             continue
         reader = ParquetReader()
         reader.open(part, metadata=info)
@@ -244,7 +251,9 @@ def _read_parts(parts, columns, footers):
         if known is None or not info.schema.equals(known):  # leaf column indices of each wanted column
             known, paths = info.schema, [info.schema.column(j).path for j in range(info.num_columns)]
             leaves = [j for name in columns for j, leaf in enumerate(paths) if leaf == name or leaf.startswith(name + ".")]
-        tables.append(reader.read_all(column_indices=leaves, use_threads=False))
+        pending.append(reader.read_all(column_indices=leaves, use_threads=False))
+    if pending:
+        gather()
     return tables
 
 

@@ -157,8 +157,6 @@ def check_rows(path, table, id_limit, last_seq=None):
         raise _out_of_range(path, name, lo if lo < low else hi, _at(table, bad), low, high, unit)
     if "seq" in table.column_names and len(table):
         seq = table.column("seq").to_numpy()
-        if isinstance(seq, pa.ChunkedArray):
-            seq = seq.to_numpy()
         if last_seq is not None:
             seq = np.concatenate([[last_seq], seq])
         back = np.flatnonzero(np.diff(seq) <= 0)
