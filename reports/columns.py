@@ -223,37 +223,48 @@ def read_table(path, columns, lists="objects", footers=None):
 
 
 def _read_parts(parts, columns, footers):
-    """Each part's `columns` as a Table. Many small parts cost what the reader does per file, so the
-    per-file Python of ParquetFile (its column paths, rebuilt for every file) is done once per schema."""
+    """Each part's `columns` as Tables, small parts joined 256 at a time. Many small parts cost what the
+    reader does per file: the per-file Python of ParquetFile (its column paths) is done once per schema,
+    and small parts are read on a few threads (the decoding releases the GIL), in order."""
     import pyarrow.parquet as pq
 
     try:
         from pyarrow._parquet import ParquetReader
     except ImportError:  # a pyarrow without it: the public reader
         ParquetReader = None
-    tables, pending, known, leaves = [], [], None, None
+    known = {}  # the first part's Parquet schema and the leaf column indices of `columns` in it
 
-    def gather():  # small parts joined as they come: 10,000 one-row Tables (each with its schema) take 500 MB
-        table = pa.concat_tables(pending)
-        tables.append(table.combine_chunks() if table.num_rows < 1024 * len(pending) else table)
-        pending.clear()
+    def leaves(info):
+        if "schema" in known and info.schema.equals(known["schema"]):
+            return known["leaves"]
+        paths = [info.schema.column(j).path for j in range(info.num_columns)]
+        found = [j for name in columns for j, leaf in enumerate(paths) if leaf == name or leaf.startswith(name + ".")]
+        known.setdefault("schema", info.schema)
+        known.setdefault("leaves", found)
+        return found
 
-    for part in parts:
-        if len(pending) == 256:
-            gather()
+    def read(part):
         info = footers.get(part) if footers is not None else None  # kept by the load, or read again here
         if ParquetReader is None:
-            pending.append(pq.ParquetFile(part, metadata=info).read(columns=columns))
-            continue
+            return pq.ParquetFile(part, metadata=info).read(columns=columns)
         reader = ParquetReader()
         reader.open(part, metadata=info)
         info = reader.metadata
-        if known is None or not info.schema.equals(known):  # leaf column indices of each wanted column
-            known, paths = info.schema, [info.schema.column(j).path for j in range(info.num_columns)]
-            leaves = [j for name in columns for j, leaf in enumerate(paths) if leaf == name or leaf.startswith(name + ".")]
-        pending.append(reader.read_all(column_indices=leaves, use_threads=False))
-    if pending:
-        gather()
+        return reader.read_all(column_indices=leaves(info), use_threads=info.num_rows >= 1024)
+
+    rows = getattr(footers, "rows", {})
+    small = len(parts) > 64 and sum(rows.get(p, 1024) for p in parts) < 1024 * len(parts)
+    tables = []
+    if not small:
+        return [read(part) for part in parts]
+    from concurrent.futures import ThreadPoolExecutor
+
+    if parts:
+        read(parts[0])  # the schema's leaves, learned before the threads start
+    with ThreadPoolExecutor(min(4, os.cpu_count() or 1)) as pool:
+        for i in range(0, len(parts), 256):  # 10,000 one-row Tables (each with its schema) would take 500 MB
+            table = pa.concat_tables(list(pool.map(read, parts[i : i + 256])))
+            tables.append(table.combine_chunks())
     return tables
 
 
