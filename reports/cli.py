@@ -11,9 +11,10 @@ import os
 import sys
 import warnings
 
+from reports._util import printable
 from reports.coverage import bounds
 from reports.errors import ReportError
-from reports.integrity import describe_damage
+from reports.integrity import describe_damage, list_parts
 
 # Columns no section of `optrace report` reads, left out of its load (a section that needs one takes it out of here).
 _REPORT_UNUSED = ("layout", "device", "inplace")
@@ -148,7 +149,7 @@ def _print_report(df, args, out):
     broken = describe_damage(meta.get("damage") or {})
     if broken:
         state = ("DAMAGED" if meta.get("complete") else state) + f"; {broken}"
-    print(f"optrace report: {run}  ({len(df)} ops, {df['step'].nunique()} step(s), {device}, {state})", file=out)
+    print(f"optrace report: {printable(run)}  ({len(df)} ops, {df['step'].nunique()} step(s), {printable(device)}, {state})", file=out)
     if meta.get("compiled_ran_eagerly"):
         print("Note: torch.compile'd code ran eagerly under the tracer; the figures describe the eager program", file=out)
     math_calls = (meta.get("attention") or {}).get("math") or 0
@@ -192,7 +193,7 @@ def _print_report(df, args, out):
         print(f"N = {table['n_params'].iloc[0]:,} parameters ({table['n_kind'].iloc[0]}){routed}, "
               f"T = {table['tokens'].iloc[0]:,} tokens per step", file=out)
         for line in explain(df, accounts=accounts):
-            print(f"  - {line}", file=out)
+            print(f"  - {printable(line)}", file=out)
         del accounts  # its per-row arrays: freed before the memory section's own
 
     peak_flops = args.peak_tflops * 1e12 if args.peak_tflops is not None else None
@@ -226,7 +227,7 @@ def _print_report(df, args, out):
     _print_roofline(df, args, out)
 
     top = peak(df).iloc[0]
-    print(f"\nMemory: peak {_bytes(top['peak_live_bytes'])} live at op {top['seq']} ({top['op']}, {top['phase']}, module {top['module'] or '-'})", file=out)
+    print(f"\nMemory: peak {_bytes(top['peak_live_bytes'])} live at op {top['seq']} ({printable(top['op'])}, {printable(top['phase'])}, module {printable(top['module'] or '-')})", file=out)
     for _, row in by_category(df).iterrows():
         print(f"  {row['category']:<16} {_bytes(row['bytes'])}", file=out)
 
@@ -236,7 +237,7 @@ def _print_report(df, args, out):
     print(kinds.to_string(index=False, formatters=_formatters(kinds)), file=out)
     made = v[v["kind"] == "copy"].head(args.top)
     if len(made):
-        print("Copies:", ", ".join(f"{r.op} x{r.ops} ({_bytes(r.bytes_allocated)})" for r in made.itertuples()), file=out)
+        print("Copies:", ", ".join(f"{printable(r.op)} x{r.ops} ({_bytes(r.bytes_allocated)})" for r in made.itertuples()), file=out)
 
 
 def _print_roofline(df, args, out):
@@ -282,6 +283,8 @@ def _pct(value):
 
 
 def _formatters(frame):
+    import pandas as pd
+
     found = {}
     for column in frame.columns:
         if column.endswith("_ratio") or column == "ratio":
@@ -292,6 +295,8 @@ def _formatters(frame):
             found[column] = lambda v: _human(v)
         elif "bytes" in column:
             found[column] = _bytes
+        elif not pd.api.types.is_numeric_dtype(frame[column].dtype) and not pd.api.types.is_bool_dtype(frame[column].dtype):
+            found[column] = printable  # names from the trace: control characters escaped
     return found
 
 
@@ -304,6 +309,7 @@ def _report(args):
     from reports.ranks import first_rank, is_multi_rank, print_job, print_ranks, rank_paths, rank_summary
     from reports.ranks import ranks_present
 
+    list_parts(args.trace)  # a directory that cannot be listed: one line, before the ranks are looked for
     unused = _JSON_UNUSED if args.json and not args.plot else _REPORT_UNUSED
     if len(rank_paths(args.trace)) <= 1 and not args.plot:
         unused += tuple(c for c in _RANKS_ONLY if c not in _JOB_COLUMNS)
@@ -340,7 +346,8 @@ def _compare(args):
     if args.json:
         print(table.to_json(orient="records", indent=2))
     else:
-        print(f"optrace compare: {', '.join(df.attrs['runs'])} (ratios against {next(iter(df.attrs['runs']))})")
+        runs = [printable(name) for name in df.attrs["runs"]]
+        print(f"optrace compare: {', '.join(runs)} (ratios against {runs[0]})")
         print(table.head(args.top).to_string(index=False, formatters=_formatters(table), na_rep="N/A"))
 
 
@@ -410,13 +417,13 @@ def main(argv=None):
         try:
             args.run(args)
         except ReportError as exc:
-            print(f"optrace {args.command}: error: {exc}", file=sys.stderr)
+            print(f"optrace {args.command}: error: {printable(exc)}", file=sys.stderr)
             return 2
         except BrokenPipeError:  # `optrace report T | head`: the reader has what it wanted
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
             return 0
     for w in caught:
-        print(f"optrace {args.command}: note: {w.message}", file=sys.stderr)
+        print(f"optrace {args.command}: note: {printable(w.message)}", file=sys.stderr)
     return 0
 
 

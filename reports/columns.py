@@ -70,7 +70,8 @@ class Deferred:
         if path not in self._bounds:
             parts = part_paths(path)
             flat_dir = parts and not any(entry.is_dir() for entry in os.scandir(path))
-            sizes = [footer(p, self._footers).num_rows for p in parts] if flat_dir else None
+            rows = getattr(self._footers, "rows", {})  # integrity.Footers: every part's row count, kept by the load
+            sizes = [rows[p] if p in rows else footer(p, self._footers).num_rows for p in parts] if flat_dir else None
             self._bounds[path] = (parts, np.cumsum([0, *sizes]) if flat_dir else None)
         parts, bounds = self._bounds[path]
         columns = [name, "seq"]
@@ -192,6 +193,11 @@ class _Parts:
     def column_names(self):
         return self._table.column_names
 
+    @property
+    def table(self):
+        """The Table itself (for the checks before conversion)."""
+        return self._table
+
     def take(self):
         table, self._table = self._table, None
         return table
@@ -210,7 +216,56 @@ def read_table(path, columns, lists="objects", footers=None):
     nested = any(entry.is_dir() for entry in os.scandir(path))
     if not parts or nested:  # hive rank=R directories and the like: let pyarrow's dataset reader find the files
         return _Parts(pq.read_table(path, columns=columns))
-    return _Parts(pa.concat_tables([pq.ParquetFile(part, metadata=footer(part, footers)).read(columns=columns) for part in parts]))
+    table = pa.concat_tables(_read_parts(parts, columns, footers))
+    if len(parts) > 64 and table.num_rows < 1024 * len(parts):  # many small parts: one chunk per column, not one per part
+        table = table.combine_chunks()
+    return _Parts(table)
+
+
+def _read_parts(parts, columns, footers):
+    """Each part's `columns` as Tables, small parts joined 256 at a time. Many small parts cost what the
+    reader does per file: the per-file Python of ParquetFile (its column paths) is done once per schema,
+    and small parts are read on a few threads (the decoding releases the GIL), in order."""
+    import pyarrow.parquet as pq
+
+    try:
+        from pyarrow._parquet import ParquetReader
+    except ImportError:  # a pyarrow without it: the public reader
+        ParquetReader = None
+    known = {}  # the first part's Parquet schema and the leaf column indices of `columns` in it
+
+    def leaves(info):
+        if "schema" in known and info.schema.equals(known["schema"]):
+            return known["leaves"]
+        paths = [info.schema.column(j).path for j in range(info.num_columns)]
+        found = [j for name in columns for j, leaf in enumerate(paths) if leaf == name or leaf.startswith(name + ".")]
+        known.setdefault("schema", info.schema)
+        known.setdefault("leaves", found)
+        return found
+
+    def read(part):
+        info = footers.get(part) if footers is not None else None  # kept by the load, or read again here
+        if ParquetReader is None:
+            return pq.ParquetFile(part, metadata=info).read(columns=columns)
+        reader = ParquetReader()
+        reader.open(part, metadata=info)
+        info = reader.metadata
+        return reader.read_all(column_indices=leaves(info), use_threads=info.num_rows >= 1024)
+
+    rows = getattr(footers, "rows", {})
+    small = len(parts) > 64 and sum(rows.get(p, 1024) for p in parts) < 1024 * len(parts)
+    tables = []
+    if not small:
+        return [read(part) for part in parts]
+    from concurrent.futures import ThreadPoolExecutor
+
+    if parts:
+        read(parts[0])  # the schema's leaves, learned before the threads start
+    with ThreadPoolExecutor(min(4, os.cpu_count() or 1)) as pool:
+        for i in range(0, len(parts), 256):  # 10,000 one-row Tables (each with its schema) would take 500 MB
+            table = pa.concat_tables(list(pool.map(read, parts[i : i + 256])))
+            tables.append(table.combine_chunks())
+    return tables
 
 
 def _arrow_list_dtype(typ):
@@ -228,8 +283,9 @@ def to_pandas(table, lists="objects"):
     for name in table.column_names:
         column = table.column(name)
         table = table.drop_columns([name])
-        if column.num_chunks > 1 and column.type == pa.list_(pa.int64()):
-            column = pa.chunked_array([column.combine_chunks()])  # one buffer: `flat` reads its values without a copy
+        if column.num_chunks > 1 and column.type == pa.list_(pa.int64()) or column.num_chunks > 64:
+            column = pa.chunked_array([column.combine_chunks()])  # one buffer: `flat` reads its values without a copy;
+            # a trace of many small parts: one chunk, not one per part, for every report to walk
         data[name] = column.to_pandas(types_mapper=_arrow_list_dtype)
         del column
     return pd.DataFrame(data, copy=False)

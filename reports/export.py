@@ -25,11 +25,18 @@ FLOPs". Each is written when its value changes.
 
 Memory stays bounded: the parts are read in batches with pyarrow and each event is
 written as it is made, one per line.
+
+Damage: every batch passes the checks of reports/validate.py before its events are
+made (a null, a negative or absurd value, a repeated seq is one ReportError). A trace
+cut short or damaged is still written, with a warning (`optrace export` prints it as a
+note on stderr and exits 0), "complete" and "damage" per rank in the JSON's
+`otherData`, and the process label of the rank saying INCOMPLETE or DAMAGED.
 """
 
 import json
 import os
 import re
+import warnings
 
 import numpy as np
 import pyarrow as pa
@@ -37,8 +44,10 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from reports.errors import ReportError
-from reports.load import read_run
-from tracer.schema import PHASES, part_paths
+from reports.integrity import Footers, describe_damage, list_parts
+from reports.load import id_limit, read_run
+from reports.validate import check_rows
+from tracer.schema import COLUMN_NAMES, PHASES, part_paths
 
 __all__ = ["export_chrome", "export_trace", "trace_ranks"]
 
@@ -58,19 +67,38 @@ def trace_ranks(path):
     """[(rank, trace directory, metadata)]: the `rank=R` sub-directories in rank order, else the trace as rank 0."""
     path = os.fspath(path)
     ranks = []
-    if os.path.isdir(path) and not part_paths(path):
+    if os.path.isdir(path) and not list_parts(path):
         for name in os.listdir(path):
             match = _RANK_DIR.match(name)
             if match and os.path.isdir(os.path.join(path, name)):
                 ranks.append((int(match.group(1)), os.path.join(path, name)))
     if not ranks:
         ranks = [(0, path)]
-    return [(rank, directory, read_run(directory)) for rank, directory in sorted(ranks)]
+    return [(rank, directory, _read_run(directory)) for rank, directory in sorted(ranks)]
+
+
+def _read_run(directory):
+    """read_run, the columns export leaves out checked from the parts' statistics; `_rows`: rows on disk."""
+    footers = Footers()
+    meta = read_run(directory, footers, [c for c in COLUMN_NAMES if c not in _COLUMNS + _V2])
+    return dict(meta, _rows=sum(footers.rows.values()))
 
 
 def _columns(directory):
     names = set(pq.read_schema(part_paths(directory)[0]).names)
+    missing = [c for c in _COLUMNS if c not in names]
+    if missing:
+        raise ReportError(f"{directory}: trace lacks column(s) {missing}")
     return [c for c in _COLUMNS + _V2 if c in names]
+
+
+def _warn_damage(directory, meta):
+    """One warning for a rank cut short or damaged, every fact in it (as reports.load warns)."""
+    broken = describe_damage(meta["damage"])
+    if meta.get("complete") and not broken:
+        return
+    state = "incomplete (cut short)" if not meta.get("complete") else "damaged"
+    warnings.warn(f"{directory}: trace is {state}{': ' + broken if broken else ''}; exporting the rows it has")
 
 
 def _first_start(directory):
@@ -343,7 +371,13 @@ class JsonEvents:
 
 def _label(rank, meta):
     device = (meta.get("device") or {}).get("name") or "?"
-    return f"rank {rank}: {meta.get('run_name') or 'trace'} ({device})"
+    return f"rank {rank}: {meta.get('run_name') or 'trace'} ({device}){_damage_mark(meta)}"
+
+
+def _damage_mark(meta):
+    if not meta.get("complete"):
+        return " INCOMPLETE (cut short)"
+    return " DAMAGED" if describe_damage(meta["damage"]) else ""
 
 
 def export_trace(trace, out, batch_rows=BATCH_ROWS):
@@ -358,6 +392,9 @@ def export_trace(trace, out, batch_rows=BATCH_ROWS):
     else:
         raise ReportError(f"export: the output must end in .json (Chrome JSON) or .pftrace (Perfetto), got {out!r}")
     ranks = trace_ranks(trace)
+    columns = {directory: _columns(directory) for _, directory, _ in ranks}  # a column missing: refused before writing
+    for _, directory, meta in ranks:
+        _warn_damage(directory, meta)
     starts = [s for s in (_first_start(d) for _, d, _ in ranks) if s is not None]
     base = min(starts) if starts else None
     text = _Strings()
@@ -367,13 +404,16 @@ def export_trace(trace, out, batch_rows=BATCH_ROWS):
         with open(tmp, "w" if events is JsonEvents else "wb", buffering=1 << 20) as f:
             sink = events(f, text)
             sink.start({"exporter": "optrace export", "ranks": [r for r, _, _ in ranks],
-                        "time": "start_ns" if base is not None else "ops laid end to end"})  # fmt: skip
+                        "time": "start_ns" if base is not None else "ops laid end to end",
+                        "complete": {str(r): bool(m.get("complete")) for r, _, m in ranks},
+                        "damage": {str(r): dict(m["damage"]) for r, _, m in ranks}})  # fmt: skip
             for rank, directory, meta in ranks:
                 sink.process(rank, _label(rank, meta), [(_TID[p], p) for p in PHASES])
                 state = _Rank(rank, meta, base, sink, text)
-                columns = _columns(directory)
+                limit, last = id_limit(meta, meta["_rows"]), None
                 for part in part_paths(directory):
-                    for batch in pq.ParquetFile(part).iter_batches(batch_size=batch_rows, columns=columns):
+                    for batch in pq.ParquetFile(part).iter_batches(batch_size=batch_rows, columns=columns[directory]):
+                        last = check_rows(directory, batch, limit, last)
                         state.batch(batch)
                         ops += batch.num_rows
                 state.finish()

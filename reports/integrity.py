@@ -11,15 +11,28 @@ part) is refused with one line naming it. Damage is reported, never hidden:
                   (a part deleted or moved)
   missing_parts   part numbers the newest metadata counts but no file has
   seq_gaps        runs of seq numbers absent between the first and the last row
+
+A part that repeats another's rows (a sync tool's `part-000001 (1).parquet`, a
+symlinked copy) or its part number, and a `rank=R` directory inside a trace that
+has parts of its own (another trace's rows), are refused with one line too; the
+values inside the parts are checked by reports/validate.py.
 """
 
-import json
 import os
 
 import pyarrow.parquet as pq
 
+try:
+    from pyarrow._parquet import ParquetReader  # what pq.ParquetFile opens; private, hence the fallback
+except ImportError:
+    ParquetReader = None
+
 from reports.errors import ReportError
-from tracer.schema import MARKER_NAME, METADATA_KEY, part_paths
+from reports.validate import check_footers, check_metadata, check_schema, parse_json
+from tracer.schema import MARKER_NAME, METADATA_KEY, part_name, part_paths
+
+MAX_METADATA_BYTES = 64 << 20  # a part's metadata JSON (a 70B model's parameter table: ~100 KB)
+MAX_MARKER_BYTES = 1 << 20  # the marker is written 4 KiB long
 
 DAMAGE_KEYS = ("record_errors", "lost_rows", "missing_rows", "missing_parts", "seq_gaps")
 
@@ -30,49 +43,95 @@ def one_line(exc):
     return text[0] if text else type(exc).__name__
 
 
+def list_parts(path):
+    """tracer.schema.part_paths, with a directory that cannot be listed as one ReportError."""
+    try:
+        return part_paths(path)
+    except OSError as exc:
+        raise ReportError(f"{os.fspath(path)}: cannot list the trace directory ({exc.strerror or one_line(exc)})") from None
+
+
+def read_footer(part):
+    """A part's Parquet footer, read from the file: pq.read_metadata without the Python of a ParquetFile
+    (its column paths, built for every file: most of the time of a trace of many small parts)."""
+    if ParquetReader is None:
+        return pq.read_metadata(part)
+    reader = ParquetReader()
+    reader.open(part)
+    return reader.metadata
+
+
+class Footers(dict):
+    """{part file: Parquet footer} that one `reports.load` keeps for its later reads, and `rows` {part file:
+    row count} of every part it read. A footer takes about 90 KB of memory (33 column chunks with their
+    statistics): past LIMIT parts the footers are read again when needed instead of kept."""
+
+    LIMIT = 1024
+
+    def __init__(self):
+        super().__init__()
+        self.rows = {}
+
+
 def footer(part, footers=None):
     """The Parquet footer (FileMetaData) of a part file; `footers` ({part: footer}, one per `reports.load` call)
     keeps those read, so a report opens each part's footer once. Never kept across loads: a trace re-written
     in place can have the same size, inode and (on coarse file systems) modification time."""
     if footers is not None and part in footers:
         return footers[part]
-    found = pq.read_metadata(part)
+    found = read_footer(part)
+    if isinstance(footers, Footers):
+        footers.rows[part] = found.num_rows
+        if len(footers) >= Footers.LIMIT:
+            return found
     if footers is not None:
         footers[part] = found
     return found
 
 
-def check_parts(path, footers=None):
-    """[(part file, metadata dict, Parquet footer)] of every part, or ReportError naming the first bad file."""
+def check_parts(path, footers=None, unread=()):
+    """[(part file, metadata dict, row count)] of every part, or ReportError naming the first bad file.
+    `unread`: columns the caller leaves in the files, checked from the parts' statistics (reports/validate.py)."""
     path = os.fspath(path)
-    known = set(part_paths(path))
-    for name in sorted(os.listdir(path)):
+    parts_here = list_parts(path)
+    known = set(parts_here)
+    try:
+        names = sorted(os.listdir(path))
+    except OSError as exc:
+        raise ReportError(f"{path}: cannot list the trace directory ({exc.strerror or one_line(exc)})") from None
+    for name in names:
         full = os.path.join(path, name)
         if name.startswith((".", "_")):
             continue  # hidden and marker files: no Parquet reader reads them
         if name.startswith("rank=") and os.path.isdir(full):
+            if parts_here:
+                raise ReportError(f"{path}: {name} is a rank directory inside a trace with parts of its own "
+                                  "(another trace's rows?); move it out")  # fmt: skip
             continue  # one rank of a distributed trace: checked when that rank is read
         if not os.path.isfile(full):
             raise ReportError(f"{path}: {name} is a directory, not an optrace part; move it out of the trace")
         if full not in known:
             raise ReportError(f"{path}: {name} is not an optrace part (a trace holds only part-*.parquet files); move it out")
-    parts, first_id, foreign = [], None, None
-    for part in part_paths(path):
+    parts, first_id, foreign, checked, seen, ranges = [], None, None, None, {}, {}
+    for part in parts_here:
         name = os.path.basename(part)
         try:
             found = footer(part, footers)  # one open per part: its key-value metadata, row count and statistics
-            raw = (found.schema.to_arrow_schema().metadata or {}).get(METADATA_KEY)  # kept in the Arrow schema
+            schema = found.schema.to_arrow_schema()
+            raw = (schema.metadata or {}).get(METADATA_KEY)  # kept in the Arrow schema
         except Exception as exc:
             raise ReportError(f"{path}: not a readable Parquet trace ({name}: {one_line(exc)})") from None
         if raw is None:
             foreign = foreign or name
             continue
-        try:
-            meta = json.loads(raw)
-        except ValueError as exc:
-            raise ReportError(f"{path}: optrace metadata is not valid JSON ({name}: {one_line(exc)})") from None
-        if not isinstance(meta, dict):
-            raise ReportError(f"{path}: optrace metadata is not a JSON object")
+        meta = parse_json(path, raw, "optrace metadata", name, MAX_METADATA_BYTES)
+        check_metadata(path, meta, "optrace metadata", name, roles_only=True)  # the newest part's: all of it, below
+        if checked is None or not schema.equals(checked):  # the parts of one trace share one schema: checked once
+            check_schema(path, name, schema)
+            if checked is not None and set(schema.names) != set(checked.names):
+                raise ReportError(f"{path}: {name} and {os.path.basename(parts[0][0])} differ in column(s) "
+                                  f"{sorted(set(schema.names) ^ set(checked.names))}; expected one schema in every part")  # fmt: skip
+            checked = schema
         trace_id = meta.get("trace_id")
         if parts and trace_id != first_id:
             raise ReportError(
@@ -80,20 +139,56 @@ def check_parts(path, footers=None):
                 f"{os.path.basename(parts[0][0])} (copied from another trace?); move it out"
             )
         first_id = trace_id if not parts else first_id
-        parts.append((part, meta, found))
+        check_footers(path, [(part, found)], unread, None, seen)
+        if found.num_rows:
+            ranges[part] = _seq_range(part, found)
+        parts.append((part, meta, found.num_rows))  # the footer itself is dropped (kept in `footers` when small)
     if foreign and parts:
         raise ReportError(f"{path}: {foreign} is not an optrace part (no optrace metadata); move it out of the trace")
+    if parts:
+        check_metadata(path, parts[-1][1], "optrace metadata", os.path.basename(parts[-1][0]))
+    parts = Parts(parts)
+    parts.seq_ranges = ranges
+    _check_repeats(path, parts)
     return parts
+
+
+class Parts(list):
+    """check_parts' [(part file, metadata, row count)], with `seq_ranges` {part: (first seq, last seq, rows)}."""
+
+    seq_ranges = {}
+
+
+def _check_repeats(path, parts):
+    """ReportError when two parts hold the same seq numbers or say they are the same part (a copy of a part)."""
+    numbers = {}
+    for part, meta, _ in parts:
+        number, name = meta.get("parts"), os.path.basename(part)
+        if number is not None and number in numbers:
+            copy, first = name, numbers[number]
+            if isinstance(number, int) and copy == part_name(number - 1):  # the tracer's own name: the other is the copy
+                copy, first = first, copy
+            raise ReportError(f"{path}: {copy} says it is part {number} like {first} (a copy of a part?); move it out")
+        numbers[number] = name
+    ranges = sorted((*parts.seq_ranges[part], os.path.basename(part)) for part, _, _ in parts if part in parts.seq_ranges)
+    for (low, high, _, name), (low2, high2, _, name2) in zip(ranges, ranges[1:]):
+        if low2 <= high:
+            raise ReportError(f"{path}: {name2} repeats seq {low2} to {min(high, high2)} of {name} "
+                              "(a copy of a part?); move it out")  # fmt: skip
 
 
 def read_marker(path):
     """The facts the tracer left in the trace's marker at close ({} when none)."""
     try:
-        with open(os.path.join(os.fspath(path), MARKER_NAME)) as f:
-            facts = json.loads(f.read())
-    except (OSError, ValueError):
+        with open(os.path.join(os.fspath(path), MARKER_NAME), "rb") as f:
+            raw = f.read(MAX_MARKER_BYTES + 1)
+    except OSError:
         return {}
-    return facts if isinstance(facts, dict) else {}
+    facts = parse_json(path, raw, "the marker", MARKER_NAME, MAX_MARKER_BYTES, invalid={})  # cut mid-rewrite: no facts
+    if not isinstance(facts, dict):
+        return {}
+    check_metadata(path, facts, "the marker", MARKER_NAME)
+    return facts
 
 
 def no_parts(path):
@@ -116,11 +211,10 @@ def damage(path, parts, meta):
     marker = read_marker(path)
     if marker.get("trace_id") != meta.get("trace_id"):
         marker = {}
-    present, seqs = 0, []
-    for part, _, info in parts:
-        present += info.num_rows
-        if info.num_rows:
-            seqs.append(_seq_range(part, info))
+    present = 0
+    for part, _, rows in parts:
+        present += rows
+    seqs = list(parts.seq_ranges.values())
     gaps, expected = 0, None
     for low, high, n in sorted(seqs):
         if expected is not None and low > expected:

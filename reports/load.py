@@ -9,22 +9,24 @@ import pyarrow as pa
 
 from reports.columns import DEFERRED, LIST_MODES, Deferred, SharedRuns, concat_frames, has_column, read_table, to_pandas
 from reports.errors import ReportError
-from reports.integrity import check_parts, damage, describe_damage, no_parts, one_line, read_marker
-from tracer.schema import COLUMN_NAMES, SCHEMA_VERSION, merge_metadata, missing_columns, part_paths
+from reports.integrity import Footers, check_parts, damage, describe_damage, list_parts, no_parts, one_line, read_marker
+from reports.validate import check_metadata_ids, check_rows, max_storage_id
+from tracer.schema import COLUMN_NAMES, SCHEMA_VERSION, merge_metadata, missing_columns
 
 
-def read_run(path, footers=None):
+def read_run(path, footers=None, unread=()):
     """Check that `path` is an optrace trace and return its metadata, or raise ReportError.
 
-    `footers`: a dict that keeps the parts' Parquet footers read here, for the reads that follow."""
+    `footers`: a dict (integrity.Footers) that keeps the parts' Parquet footers read here, for the reads
+    that follow. `unread`: the columns the caller leaves in the files, checked from the parts' statistics."""
     path = os.fspath(path)
     if not os.path.exists(path):
         raise ReportError(f"{path}: no such file or directory")
     if not os.path.isdir(path):
         raise ReportError(f"{path}: not an optrace trace (a trace is a directory of part-*.parquet files)")
-    if not part_paths(path):
+    if not list_parts(path):
         raise ReportError(no_parts(path))
-    parts = check_parts(path, footers)  # every part read and its metadata parsed (unreadable parts and bad JSON refused)
+    parts = check_parts(path, footers, unread)  # every part read and its metadata parsed (unreadable parts and bad JSON refused)
     try:
         meta = merge_metadata(part_meta for _, part_meta, _ in parts)
     except AttributeError:  # storage_roles that is not an object
@@ -39,6 +41,7 @@ def read_run(path, footers=None):
             f"{path}: trace schema version {version!r} is newer than this optrace reads ({SCHEMA_VERSION}); upgrade optrace"
         )
     meta["damage"] = damage(path, parts, meta)
+    check_metadata_ids(path, meta, id_limit(meta, sum(rows for _, _, rows in parts)))
     meta["complete"] = bool(meta.get("complete")) and read_marker(path).get("complete", True) is not False
     return meta
 
@@ -69,9 +72,13 @@ def load(paths, columns=None, lists="objects"):
     if lists not in LIST_MODES:
         raise ReportError(f"load: lists must be one of {list(LIST_MODES)}, got {lists!r}")
     frames, runs, deferred, start, frame_ranks = [], SharedRuns(), {}, 0, []
-    footers = {}  # each part's footer, read once by this load and its deferred reads
+    footers = Footers()  # each part's footer, read once by this load and its deferred reads
+    wanted_all = list(columns) if columns is not None else list(COLUMN_NAMES)
+    if lists == "deferred":
+        wanted_all = [c for c in wanted_all if c not in DEFERRED]
+    unread = [c for c in COLUMN_NAMES if c not in wanted_all]  # left in the files: checked from the parts' statistics
     for path, rank in _with_ranks(paths):
-        meta = read_run(path, footers)
+        meta = read_run(path, footers, unread)
         name = meta.get("run_name") or os.path.basename(os.fspath(path))
         if rank is not None:
             name = f"{name}/rank={rank}"
@@ -89,11 +96,14 @@ def load(paths, columns=None, lists="objects"):
             read.append("duration_ns")
         try:
             table = read_table(path, read, lists, footers)
-        except (pa.ArrowInvalid, OSError) as exc:
+        except (pa.ArrowException, OSError) as exc:
             raise ReportError(f"{path}: not a readable Parquet trace ({one_line(exc)})") from None
         missing = sorted(set(read) - set(table.column_names))
         if missing:
             raise ReportError(f"{path}: trace lacks column(s) {missing}")
+        rows = table.table if hasattr(table, "table") else table
+        limit = id_limit(meta, rows.num_rows)
+        check_rows(path, rows, limit)  # nulls, negative or absurd values, repeated seq
         frame = to_pandas(table, lists)
         if upgrade:
             frame = _fill_v2(frame, wanted, lacks)
@@ -116,12 +126,18 @@ def load(paths, columns=None, lists="objects"):
     return df
 
 
+def id_limit(meta, rows):
+    """The highest storage id a trace of `rows` rows on disk, with the damage in `meta`, can hold."""
+    facts = meta.get("damage") or {}
+    return max_storage_id(rows + sum(int(facts.get(k) or 0) for k in ("lost_rows", "missing_rows", "record_errors")))
+
+
 def _with_ranks(paths):
     """(path, rank) per trace to read: a distributed trace's rank directories, each with its rank."""
     from reports.ranks import rank_paths
 
     for path in paths:
-        found = rank_paths(path) if not part_paths(path) else []
+        found = rank_paths(path) if not list_parts(path) else []
         yield from found or [(path, None)]
 
 

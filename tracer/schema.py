@@ -160,11 +160,17 @@ ROLE_KEYS = ("gradient", "optimizer_state", "external_parameter")
 
 
 def part_paths(path):
-    """The part files of a trace directory, in write order."""
-    import glob
+    """The part files of a trace directory, in write order: the names PART_GLOB matches, listed
+    (never globbed: the path is taken literally, `[` and `*` included). [] when `path` is no directory."""
+    import fnmatch
     import os
 
-    return sorted(glob.glob(os.path.join(os.fspath(path), PART_GLOB)))
+    path = os.fspath(path)
+    try:
+        names = os.listdir(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    return [os.path.join(path, name) for name in sorted(fnmatch.filter(names, PART_GLOB))]
 
 
 def merge_metadata(metas) -> dict:
