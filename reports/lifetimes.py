@@ -51,6 +51,7 @@ import pyarrow as pa
 
 from reports.columns import cell_lists, cell_objects, flat
 from reports.load import runs_of
+from reports.resizes import collective_storages, largest, resize_deltas, resize_events, split_pieces
 
 __all__ = ["CATEGORIES", "DTYPE_BYTES", "Storages", "runs_in_order", "take"]
 
@@ -59,7 +60,6 @@ CATEGORIES = (
     "activations", "inputs", "temporaries",
 )  # fmt: skip
 AT_ENTRY, RESIZED = "at_entry", "resized"  # size facts in storage_roles (tracer/metadata.py)
-_COLLECTIVE_PREFIXES = ("c10d.", "_c10d_functional.", "_c10d_functional_autograd.")
 _CAT = {name: i for i, name in enumerate(CATEGORIES)}
 
 # Bytes per element, by the dtype names the tracer writes.
@@ -151,7 +151,7 @@ class Storages:
         if len(entry):  # given, not guessed: neither made by a row nor joined at one
             keep = ~at_entry[seen]
             seen, first_at, first_row, as_output = seen[keep], first_at[keep], first_row[keep], as_output[keep]
-        self.comm = self._collective_storages(rows, in_rows, in_ids, out_rows, out_ids)
+        self.comm = collective_storages(rows, in_rows, in_ids, out_rows, out_ids)
 
         self.new_out, self.new_out_at = seen[as_output], first_at[as_output]
         self.known = self._first_output_bytes(rows, out_ids, top)
@@ -254,7 +254,7 @@ class Storages:
         measure = np.unique(row[(self.known[sids] < 0) & ~np.isin(sids, params)])
         shapes, strides = (cell_objects(self.rows, c, measure) if len(measure) else [] for c in columns[:2])
         estimate, joined = {}, {}
-        resized = self._resize_deltas()
+        resized = resize_deltas(self.resizes, self.size, self.n)
         for sid, r, j, i in zip(sids.tolist(), row.tolist(), at.tolist(), np.searchsorted(which, row).tolist()):
             if sid in self.params:
                 continue
@@ -287,43 +287,6 @@ class Storages:
             if split < len(cands):
                 self.size[cands[split]] = max(0, rise - sum(guesses[split + 1 :]))
 
-    @staticmethod
-    def _collective_storages(rows, in_rows, in_ids, out_rows, out_ids):
-        """Ids of the storages a collective row read or wrote."""
-        op = rows["op"]
-        if isinstance(op.dtype, pd.CategoricalDtype):
-            names = np.asarray(op.cat.categories, dtype=str)
-            hit = np.char.startswith(names, _COLLECTIVE_PREFIXES[0])
-            for prefix in _COLLECTIVE_PREFIXES[1:]:
-                hit |= np.char.startswith(names, prefix)
-            codes = op.cat.codes.to_numpy()
-            collective = np.where(codes >= 0, np.r_[hit, False][codes], False)
-        else:
-            collective = op.astype(str).str.startswith(_COLLECTIVE_PREFIXES).to_numpy()
-        if not collective.any():
-            return np.zeros(0, dtype=np.int64)
-        return np.unique(np.concatenate([in_ids[collective[in_rows]], out_ids[collective[out_rows]]]))
-
-    def _resize_events(self):
-        """The in-place resizes by storage, then row, one per (storage, row) (the last recorded):
-        (row, storage id, bytes, the size before)."""
-        rows, sids, nbytes = self.resizes
-        if not len(sids):
-            return rows, sids, nbytes, nbytes
-        order = np.lexsort((np.arange(len(sids)), rows, sids))
-        rows, sids, nbytes = rows[order], sids[order], nbytes[order]
-        last = np.r_[(sids[1:] != sids[:-1]) | (rows[1:] != rows[:-1]), True]
-        rows, sids, nbytes = rows[last], sids[last], nbytes[last]
-        first = np.r_[True, sids[1:] != sids[:-1]]
-        before = np.where(first, np.maximum(self.size[sids], 0), np.r_[0, nbytes[:-1]])
-        return rows, sids, nbytes, before
-
-    def _resize_deltas(self):
-        """{row: bytes that in-place resizes added to that row's live_bytes}."""
-        rows, _, nbytes, before = self._resize_events()
-        delta = np.bincount(rows, weights=nbytes - before, minlength=self.n) if len(rows) else np.zeros(0)
-        return {int(r): int(round(delta[r])) for r in np.flatnonzero(delta)}
-
     def arrays(self):
         """(storage ids, nbytes, alloc row, free row, made by an op) of every storage, -1 first if any."""
         sids = np.flatnonzero(self.alloc >= -1)
@@ -336,35 +299,11 @@ class Storages:
         """(index into `arrays()`, nbytes, alloc row, free row, storage id) of each stretch of a storage's
         life at one size: one per storage, more for a storage resized in place (FSDP2's unsharded
         parameters), none while it holds 0 bytes."""
-        sids, nbytes, alloc, free, _ = self.arrays()
-        index = np.arange(len(sids))
-        rows, rsids, rbytes, _ = self._resize_events()
-        if len(rsids):
-            at = np.searchsorted(sids, rsids)  # sids ascend (-1 first)
-            ok = (at < len(sids)) & (sids[np.minimum(at, len(sids) - 1)] == rsids)
-            rows, rsids, rbytes, at = rows[ok], rsids[ok], rbytes[ok], at[ok]
-            rows = np.maximum(rows, alloc[at])  # a resize before the storage joined counts from its first row
-            ok = (free[at] < 0) | (rows < free[at])
-            rows, rsids, rbytes, at = rows[ok], rsids[ok], rbytes[ok], at[ok]
-        if len(rsids):
-            first = np.r_[True, rsids[1:] != rsids[:-1]]
-            more = np.r_[~first[1:], False]  # the next event is the same storage's
-            end = np.where(more, np.r_[rows[1:], 0], free[at])
-            base_free = free.copy()
-            base_free[at[first]] = rows[first]  # the storage's size before its first resize ends there
-            index, nbytes = np.r_[index, at], np.r_[nbytes, rbytes]
-            alloc, free, sids = np.r_[alloc, rows], np.r_[base_free, end], np.r_[sids, rsids]
-        held = (nbytes != 0) & ((free < 0) | (free > np.maximum(alloc, 0)))
-        return index[held], nbytes[held], alloc[held], free[held], sids[held]
+        return split_pieces(*self.arrays(), *resize_events(self.resizes, self.size))
 
     def largest(self, sids, nbytes):
         """nbytes of each storage, or the largest size a resize gave it."""
-        rows, rsids, rbytes, _ = self._resize_events()
-        if not len(rsids):
-            return nbytes
-        top = np.zeros(len(self.size), dtype=np.int64)
-        np.maximum.at(top, rsids, rbytes)
-        return np.maximum(nbytes, np.where(sids >= 0, top[np.maximum(sids, 0)], 0))
+        return largest(sids, nbytes, self.resizes, len(self.size))
 
     def live_pieces(self):
         """(nbytes, alloc row, free row, category index) of each piece (see `pieces`)."""
