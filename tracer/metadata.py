@@ -18,6 +18,7 @@ the memory reports can follow every byte `live_bytes` counts:
 
 import datetime
 import gc
+import itertools
 import platform
 import sys
 
@@ -169,9 +170,13 @@ def _register(table, tensor):
 
 
 def _optimizers(params):
-    """The live optimizers holding any of `params`."""
+    """The live optimizers holding any of `params` (one pass over the objects the garbage collector
+    tracks, in C: type() reads no attribute of an object, and some warn when one is read)."""
     ids = {id(p) for p in params}
-    optimizer = torch.optim.Optimizer
-    for obj in gc.get_objects():  # type(), not isinstance: it reads no attribute of the object (some warn when read)
-        if issubclass(type(obj), optimizer) and any(id(p) in ids for g in obj.param_groups for p in g["params"]):
+    objects = gc.get_objects()
+    kinds = {kind for kind in set(map(type, objects)) if issubclass(kind, torch.optim.Optimizer)}
+    if not kinds:
+        return
+    for obj in itertools.compress(objects, map(kinds.__contains__, map(type, objects))):
+        if any(id(p) in ids for g in obj.param_groups for p in g["params"]):
             yield obj
