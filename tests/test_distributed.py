@@ -351,7 +351,9 @@ def test_memory_categories_add_up_under_ddp_and_fsdp2(runs):
         mine = warm[warm["run"] == f"ddp_warm/rank={rank}"]
         # entered after a warm-up step: AdamW's exp_avg and exp_avg_sq (2 * 192 * 4) and 2 step counters, from row 0
         assert (mine["optimizer_state_bytes"] == 2 * N * 4 + 2 * 4).all()
-        assert mine["communication_buffers_bytes"].max() == N * 4  # the rebuilt bucket: both gradients, fp32
+        buffers = reports.storages(_load(root, "ddp_warm"))
+        buffers = buffers[(buffers["run"] == f"ddp_warm/rank={rank}") & (buffers["category"] == "communication_buffers")]
+        assert N * 4 in set(buffers["nbytes"])  # the rebuilt bucket: both gradients, fp32 (beside the rebuild's small broadcasts)
         # saved for the backward: the hidden [3, 16] (the second Linear's input), the loss and backward()'s seed: 200
         assert mine["activations_bytes"].max() == 3 * 16 * 4 + 4 + 4
     fsdp = reports.by_category(_load(root, "fsdp"), at="max").set_index(["run", "category"])["bytes"]
