@@ -229,7 +229,7 @@ def _print_report(df, args, out):
     top = peak(df).iloc[0]
     print(f"\nMemory: peak {_bytes(top['peak_live_bytes'])} live at op {top['seq']} ({printable(top['op'])}, {printable(top['phase'])}, module {printable(top['module'] or '-')})", file=out)
     for _, row in by_category(df).iterrows():
-        print(f"  {row['category']:<16} {_bytes(row['bytes'])}", file=out)
+        print(f"  {row['category']:<22} {_bytes(row['bytes'])}", file=out)
 
     v = views(df)
     kinds = v.groupby("kind", sort=False)[["ops", "bytes_allocated"]].sum().reset_index()

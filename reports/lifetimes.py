@@ -14,19 +14,35 @@ How a trace's storages are accounted (see tracer/storage.py):
     of `live_bytes`;
   * a storage is freed at the row whose `freed_storage_ids` lists it (it was
     gone before that row's op ended); storages never freed are alive at the end.
-Bytes live at the start that no row ever names (unused buffers) appear as one
-storage with id -1, so that the categories add up to `live_bytes` at every row.
+  * traces from a tracer that registers at entry (metadata storage_roles["at_entry"]:
+    [id, bytes] of every storage alive when the Tracer was entered: parameters,
+    buffers, gradients, optimizer state, FSDP2's unsharded parameters) take those
+    storages and sizes as given, alive from the first row, whether or not a row names
+    them; the guesses above are only for what existed before and joined later (the batch);
+  * a storage resized in place (storage_roles["resized"]: [seq, id, bytes]; FSDP2
+    resizes each unsharded parameter to 0 after use and back before the next) holds
+    those bytes from the row with that seq on: its life is cut into pieces of
+    constant size, and the `storages` table gives its largest size.
+Bytes live at the start that no row ever names (unused buffers, in traces without
+"at_entry") appear as one storage with id -1, so that the categories add up to
+`live_bytes` at every row.
 
 Categories, first match wins:
-  parameters       the model's parameters (trace metadata), and those of modules outside
-                   model= (storage_roles["external_parameter"]: a frozen teacher's weights
-                   take memory as parameters, though they are not part of N)
-  gradients        tensors that were a parameter's .grad
-  optimizer_state  tensors in the optimizer's state (AdamW: exp_avg, exp_avg_sq, step)
-  activations      allocated in the forward phase of a step and still alive when
-                   the step's next backward begins: what autograd saved for it
-  inputs           existed before the op that first used it: the batch, buffers
-  temporaries      everything else
+  parameters            the model's parameters (trace metadata), and those of modules outside
+                        model= (storage_roles["external_parameter"]: a frozen teacher's weights
+                        take memory as parameters, though they are not part of N); under FSDP2
+                        the rank's shards
+  unsharded_parameters  FSDP2's full parameters, all-gathered for a unit's forward and
+                        backward (metadata "unsharded_parameters"), while they hold bytes
+  gradients             tensors that were a parameter's .grad (FSDP2: the sharded gradient)
+  optimizer_state       tensors in the optimizer's state (AdamW: exp_avg, exp_avg_sq, step)
+  communication_buffers tensors a collective read or wrote (DDP's gradient buckets, FSDP2's
+                        all-gather and reduce-scatter buffers); NB: also an activation that a
+                        functional all-reduce writes (tensor parallelism)
+  activations           allocated in the forward phase of a step and still alive when
+                        the step's next backward begins: what autograd saved for it
+  inputs                existed before the op that first used it: the batch, buffers
+  temporaries           everything else
 """
 
 import numpy as np
@@ -35,10 +51,15 @@ import pyarrow as pa
 
 from reports.columns import cell_lists, cell_objects, flat
 from reports.load import runs_of
+from reports.resizes import collective_storages, largest, resize_deltas, resize_events, split_pieces
 
 __all__ = ["CATEGORIES", "DTYPE_BYTES", "Storages", "runs_in_order", "take"]
 
-CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "inputs", "temporaries")
+CATEGORIES = (
+    "parameters", "unsharded_parameters", "gradients", "optimizer_state", "communication_buffers",
+    "activations", "inputs", "temporaries",
+)  # fmt: skip
+AT_ENTRY, RESIZED = "at_entry", "resized"  # size facts in storage_roles (tracer/metadata.py)
 _CAT = {name: i for i, name in enumerate(CATEGORIES)}
 
 # Bytes per element, by the dtype names the tracer writes.
@@ -100,7 +121,11 @@ class Storages:
         for p in (meta.get("parameters") or {}).values():  # tied parameters share one storage
             params.setdefault(int(p["storage_id"]), (int(p["numel"]) * DTYPE_BYTES.get(p["dtype"], 0), p["dtype"]))
         self.params = params
-        top = max([-1, *params] + [int(a.max()) for a in (in_ids, out_ids, self.free_ids) if len(a)])
+        roles = meta.get("storage_roles") or {}
+        self.exact = AT_ENTRY in roles  # every storage alive at entry is listed with its size
+        entry = np.asarray(roles.get(AT_ENTRY) or [], dtype=np.int64).reshape(-1, 2)
+        resized = np.asarray(roles.get(RESIZED) or [], dtype=np.int64).reshape(-1, 3)
+        top = max([-1, *params] + [int(a.max()) for a in (in_ids, out_ids, self.free_ids, entry[:, 0], resized[:, 1]) if len(a)])
         self.size = np.full(top + 1, -1, dtype=np.int64)
         self.dtype = np.full(top + 1, None, dtype=object)
         self.alloc = np.full(top + 1, -2, dtype=np.int64)  # row that allocated it; -1: before the trace; -2: unseen
@@ -121,6 +146,12 @@ class Storages:
         first_key, first_at = np.divmod(first[seen], width)  # index into the flat list
         del first
         first_row, as_output = first_key // 2, (first_key % 2).astype(bool)
+        at_entry = np.zeros(top + 1, dtype=bool)
+        at_entry[entry[:, 0]] = True
+        if len(entry):  # given, not guessed: neither made by a row nor joined at one
+            keep = ~at_entry[seen]
+            seen, first_at, first_row, as_output = seen[keep], first_at[keep], first_row[keep], as_output[keep]
+        self.comm = collective_storages(rows, in_rows, in_ids, out_rows, out_ids)
 
         self.new_out, self.new_out_at = seen[as_output], first_at[as_output]
         self.known = self._first_output_bytes(rows, out_ids, top)
@@ -132,18 +163,27 @@ class Storages:
         self.made_bytes = np.rint(self.made_bytes).astype(np.int64)
         for sid, (nbytes, dtype) in params.items():
             self.size[sid], self.dtype[sid], self.alloc[sid] = nbytes, dtype, -1
-        row_max = np.full(n, -1, dtype=np.int64)
-        np.maximum.at(row_max, in_rows, in_ids)
-        np.maximum.at(row_max, out_rows, out_ids)
-        seen_before = np.maximum.accumulate(np.concatenate([[max(params, default=-1)], row_max]))[:-1]
+        self.size[entry[:, 0]], self.alloc[entry[:, 0]] = entry[:, 1], -1
+        self.dtype[entry[:, 0]] = np.where(self.dtype[entry[:, 0]] == None, "unknown", self.dtype[entry[:, 0]])  # noqa: E711
+        seq = rows["seq"].to_numpy(dtype=np.int64)
+        at = np.searchsorted(seq, resized[:, 0])  # the row from which each new size counts
+        keep = at < n
+        self.resizes = (at[keep], resized[keep, 1], resized[keep, 2])
+        if self.exact:  # what the tracer registered at entry is listed: every other input joined at its row
+            seen_before = np.full(n, -1, dtype=np.int64)
+        else:
+            row_max = np.full(n, -1, dtype=np.int64)
+            np.maximum.at(row_max, in_rows, in_ids)
+            np.maximum.at(row_max, out_rows, out_ids)
+            seen_before = np.maximum.accumulate(np.concatenate([[max(params, default=-1)], row_max]))[:-1]
         self._inputs(seen[~as_output], first_row[~as_output], first_at[~as_output], seen_before)
         for sid in np.flatnonzero((self.free >= 0) & (self.size < 0)).tolist():
             self.size[sid], self.dtype[sid], self.alloc[sid] = 0, "unknown", -1  # registered at the start, never named
 
         # Bytes live when the trace began that no row names (unused buffers): storage -1.
-        joined0 = int(self.size[(self.alloc == 0) & ~self.made].sum())
-        start = int(self.live[0] - self.made_bytes[0] - joined0 + self.size[self.freed_at(0)].sum())
-        self.unnamed = start - int(self.size[(self.alloc == -1) & (self.size > 0)].sum())
+        self.unnamed = 0
+        _, nbytes, alloc, free, _ = self.pieces()
+        self.unnamed = int(self.live[0] - nbytes[(alloc <= 0) & ((free < 0) | (free > 0))].sum())
 
     def _first_output_bytes(self, rows, out_ids, top):
         """Per storage id: `output_storage_bytes` at its first appearance as an output with bytes; -1 where none
@@ -214,6 +254,7 @@ class Storages:
         measure = np.unique(row[(self.known[sids] < 0) & ~np.isin(sids, params)])
         shapes, strides = (cell_objects(self.rows, c, measure) if len(measure) else [] for c in columns[:2])
         estimate, joined = {}, {}
+        resized = resize_deltas(self.resizes, self.size, self.n)
         for sid, r, j, i in zip(sids.tolist(), row.tolist(), at.tolist(), np.searchsorted(which, row).tolist()):
             if sid in self.params:
                 continue
@@ -238,7 +279,7 @@ class Storages:
                 freed = self.freed_at(r)
                 sizes = self.size[freed]
                 freed_bytes = int(sizes[sizes > 0].sum()) + sum(estimate.get(int(s), 0) for s in freed[sizes < 0])
-                rise = int(self.live[r] - self.live[r - 1] - self.made_bytes[r] + freed_bytes)
+                rise = int(self.live[r] - self.live[r - 1] - self.made_bytes[r] + freed_bytes - resized.get(r, 0))
                 # those registered at the start have the smaller ids: the split that explains the rise best
                 split = min(range(len(cands) + 1), key=lambda k: (abs(rise - sum(guesses[k:])), k))
             for i, sid in enumerate(cands):
@@ -253,6 +294,23 @@ class Storages:
         if self.unnamed:
             arrays = [np.r_[first, a] for first, a in zip((-1, self.unnamed, -1, -1, False), arrays)]
         return arrays
+
+    def pieces(self):
+        """(index into `arrays()`, nbytes, alloc row, free row, storage id) of each stretch of a storage's
+        life at one size: one per storage, more for a storage resized in place (FSDP2's unsharded
+        parameters), none while it holds 0 bytes."""
+        return split_pieces(*self.arrays(), *resize_events(self.resizes, self.size))
+
+    def largest(self, sids, nbytes):
+        """nbytes of each storage, or the largest size a resize gave it."""
+        return largest(sids, nbytes, self.resizes, len(self.size))
+
+    def live_pieces(self):
+        """(nbytes, alloc row, free row, category index) of each piece (see `pieces`)."""
+        sids, nbytes, alloc, free, made = self.arrays()
+        cat = self.categories(sids, alloc, free, made)
+        index, nbytes, alloc, free, _ = self.pieces()
+        return nbytes, alloc, free, cat[index]
 
     def categories(self, sids, alloc, free, made):
         """Category index (into CATEGORIES) of each storage."""
@@ -269,8 +327,11 @@ class Storages:
             forward = made & (rows["phase"] == "forward").to_numpy()[take] & (start > take) & (steps[start] == steps[take])
             cat[forward & ((free < 0) | (free > start))] = _CAT["activations"]
         roles = self.meta.get("storage_roles") or {}
+        cat[np.isin(sids, self.comm)] = _CAT["communication_buffers"]
         cat[np.isin(sids, np.asarray(roles.get("optimizer_state", []), dtype=np.int64))] = _CAT["optimizer_state"]
         cat[np.isin(sids, np.asarray(roles.get("gradient", []), dtype=np.int64))] = _CAT["gradients"]
+        unsharded = [int(p["storage_id"]) for p in (self.meta.get("unsharded_parameters") or {}).values()]
+        cat[np.isin(sids, np.asarray(unsharded, dtype=np.int64))] = _CAT["unsharded_parameters"]
         cat[np.isin(sids, np.asarray(roles.get("external_parameter", []), dtype=np.int64))] = _CAT["parameters"]
         cat[np.isin(sids, np.fromiter(self.params, dtype=np.int64, count=len(self.params)))] = _CAT["parameters"]
         return cat
@@ -280,6 +341,7 @@ class Storages:
         rows = self.rows
         sids, nbytes, alloc, free, made = self.arrays()
         cat = self.categories(sids, alloc, free, made)
+        nbytes = self.largest(sids, nbytes)
         dtype = np.full(len(sids), "unknown", dtype=object)
         known = sids >= 0
         dtype[known] = self.dtype[sids[known]]

@@ -2,8 +2,9 @@
 
 Every function takes the DataFrame `reports.load` returns (one run or several)
 and returns a DataFrame with a `run` column. How each storage's size, lifetime and
-category (CATEGORIES: parameters, gradients, optimizer_state, activations, inputs,
-temporaries) are worked out is in reports/lifetimes.py.
+category (CATEGORIES: parameters, unsharded_parameters, gradients, optimizer_state,
+communication_buffers, activations, inputs, temporaries) are worked out is in
+reports/lifetimes.py.
 """
 
 import numpy as np
@@ -56,8 +57,7 @@ def _live_columns(run):
     """For each of CATEGORIES, a function giving the int64 bytes of that category live after each row of a run.
 
     One category at a time, so a million-row run never holds a [rows, categories] matrix."""
-    sids, nbytes, alloc, free, made = run.arrays()
-    cat = run.categories(sids, alloc, free, made)
+    nbytes, alloc, free, cat = run.live_pieces()
     n = run.n
     start, end = alloc + 1, free + 1  # index 0: before the first row
     freed = end > 0
@@ -75,8 +75,7 @@ def _live_columns(run):
 
 def _live_at(run, row):
     """Bytes live per category after one row of a run: what _live_columns gives at that row, without a column per category."""
-    sids, nbytes, alloc, free, made = run.arrays()
-    cat = run.categories(sids, alloc, free, made)
+    nbytes, alloc, free, cat = run.live_pieces()
     alive = (alloc <= row) & ((free < 0) | (free > row))  # counted from alloc + 1, gone from free + 1 (see _live_columns)
     values = np.zeros(len(CATEGORIES), dtype=np.int64)
     np.add.at(values, cat[alive], nbytes[alive].astype(np.int64))
@@ -216,7 +215,7 @@ def by_dtype(df):
             continue
         table = run.table()
         top = int(np.argmax(run.live))
-        a, f = table["_alloc_row"].to_numpy(), table["_free_row"].to_numpy()
+        index, nbytes, a, f, _ = run.pieces()  # a storage resized in place counts at its size then
         live = (a <= top) & ((f < 0) | (f > top))
         made = run.arrays()[4]
         frame = pd.DataFrame(
@@ -225,7 +224,7 @@ def by_dtype(df):
                 "dtype": table["dtype"],
                 "storages": made.astype(np.int64),
                 "bytes_allocated": np.where(made, table["nbytes"], 0),
-                "peak_live_bytes": np.where(live, table["nbytes"], 0),
+                "peak_live_bytes": np.bincount(index[live], weights=nbytes[live], minlength=len(table)).astype(np.int64),
             }
         )
         frame = frame.groupby(["run", "dtype"], sort=False, as_index=False).sum()

@@ -18,8 +18,8 @@ __all__ = ["plot_compare", "plot_flops", "plot_memory", "plot_roofline", "save_p
 
 _PHASE_COLORS = {"forward": "#4C72B0", "backward": "#DD8452", "optimizer": "#55A868", "other": "#8C8C8C"}
 _CATEGORY_COLORS = {
-    "parameters": "#4C72B0", "gradients": "#DD8452", "optimizer_state": "#55A868",
-    "activations": "#C44E52", "inputs": "#8172B3", "temporaries": "#CCB974",
+    "parameters": "#4C72B0", "unsharded_parameters": "#8FAADC", "gradients": "#DD8452", "optimizer_state": "#55A868",
+    "communication_buffers": "#64B5CD", "activations": "#C44E52", "inputs": "#8172B3", "temporaries": "#CCB974",
 }  # fmt: skip
 
 

@@ -25,7 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from reports.errors import ReportError
-from tracer.schema import ARROW_SCHEMA
+from tracer.schema import ARROW_SCHEMA, ROLE_RECORDS
 
 __all__ = ["MAX_BYTES", "MAX_JSON_DEPTH", "MAX_ROW_FLOPS", "check_footers", "check_metadata", "check_metadata_ids",
            "check_rows", "check_schema", "max_storage_id", "parse_json"]  # fmt: skip
@@ -317,14 +317,22 @@ def _check_roles(path, what, meta):
     if roles is not None and not isinstance(roles, dict):
         raise ReportError(f"{path}: {what} 'storage_roles' is {_short(roles)}, expected an object")
     for key, ids in (roles or {}).items():
-        if not isinstance(ids, list) or not all(_is(i, _INT) for i in ids):
+        fields = ROLE_RECORDS.get(key)
+        if fields is not None:  # size records: [[id, bytes], ...] or [[seq, id, bytes], ...]
+            if not isinstance(ids, list) or not all(
+                    isinstance(r, list) and len(r) == len(fields) and all(_is(v, _INT) and v >= 0 for v in r) for r in ids):
+                raise ReportError(f"{path}: {what} storage_roles {key!r} is {_short(ids)}, expected a list of "
+                                  f"[{', '.join(fields)}] records of ints >= 0")
+        elif not isinstance(ids, list) or not all(_is(i, _INT) for i in ids):
             raise ReportError(f"{path}: {what} storage_roles {key!r} is {_short(ids)}, expected a list of storage ids")
 
 
 def check_metadata_ids(path, meta, id_limit):
     """Raise ReportError when a storage id of the metadata (parameters, storage roles) is beyond `id_limit`."""
     found = [(f"parameter {name!r}", info.get("storage_id")) for name, info in (meta.get("parameters") or {}).items()]
-    found += [(f"storage_roles {key!r}", i) for key, ids in (meta.get("storage_roles") or {}).items() for i in ids]
+    for key, ids in (meta.get("storage_roles") or {}).items():
+        at = ROLE_RECORDS[key].index("id") if key in ROLE_RECORDS else None
+        found += [(f"storage_roles {key!r}", i if at is None else i[at]) for i in ids]
     for where, sid in found:
         if sid is not None and not 0 <= sid <= id_limit:
             raise ReportError(f"{path}: optrace metadata {where} has storage id {sid:,}; expected 0 to {id_limit:,} "

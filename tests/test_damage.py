@@ -210,8 +210,15 @@ def test_a_huge_marker_is_refused_unread(trace, capsys):
         ({"parameters": {"w": {"storage_id": 2**40, "shape": [2], "dtype": "float32"}}},
          r"optrace metadata parameter 'w' has storage id 1,099,511,627,776; expected 0 to 1,049,296 "
          r"\(a damaged or hand-edited trace\?\)"),  # 2**20 + 16 * 45 rows = 1,049,296
+        ({"storage_roles": {"at_entry": [[3, 64, 1]]}},
+         r"optrace metadata \(part-000009\.parquet\) storage_roles 'at_entry' is \[\[3, 64, 1\]\], expected a list of "
+         r"\[id, bytes\] records of ints >= 0"),
+        ({"storage_roles": {"resized": [[0, 2**40, 8]]}},
+         r"optrace metadata storage_roles 'resized' has storage id 1,099,511,627,776; expected 0 to 1,049,296 "
+         r"\(a damaged or hand-edited trace\?\)"),
     ],
-    ids=["roles_not_a_list", "device_a_string", "rows_a_string", "negative_count", "parameter_id_2_40"],
+    ids=["roles_not_a_list", "device_a_string", "rows_a_string", "negative_count", "parameter_id_2_40",
+         "at_entry_record_of_three", "resized_id_2_40"],
 )
 def test_wrongly_typed_metadata_is_one_line(trace, capsys, fields, message):
     rewrite(trace / "part-000009.parquet", set_metadata(**fields))

@@ -74,6 +74,11 @@ def _ddp(root, rank):
     opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
     with Tracer(os.path.join(root, "ddp"), model=ddp, tokens=T_RANK):
         _step(ddp, opt, torch.ones(T_RANK, 8))
+    warm = torch.nn.parallel.DistributedDataParallel(_model())
+    warm_opt = torch.optim.AdamW(warm.parameters(), lr=0.1)
+    _step(warm, warm_opt, torch.ones(T_RANK, 8))  # the traced step rebuilds the buckets; AdamW's state exists
+    with Tracer(os.path.join(root, "ddp_warm"), model=warm, tokens=T_RANK):
+        _step(warm, warm_opt, torch.ones(T_RANK, 8))
 
 
 def _fsdp(root, rank, results):
@@ -331,6 +336,30 @@ def test_fsdp2_memory_at_local_sizes(runs):
     peak = reports.peak(df).set_index("run")["peak_live_bytes"]
     whole = reports.peak(_load(root, "unsharded")).set_index("run")["peak_live_bytes"]
     assert peak["fsdp/rank=0"] < whole["unsharded/rank=0"]
+
+
+def test_memory_categories_add_up_under_ddp_and_fsdp2(runs):
+    from reports.memory import CATEGORIES
+
+    root, _ = runs
+    for name in ("ddp", "ddp_warm", "fsdp", "fsdp3"):
+        line = reports.timeline(_load(root, name))
+        parts = line[[f"{c}_bytes" for c in CATEGORIES]].sum(axis=1)
+        assert (parts == line["live_bytes"]).all(), name
+    warm = reports.timeline(_load(root, "ddp_warm"))
+    for rank in range(WORLD):
+        mine = warm[warm["run"] == f"ddp_warm/rank={rank}"]
+        # entered after a warm-up step: AdamW's exp_avg and exp_avg_sq (2 * 192 * 4) and 2 step counters, from row 0
+        assert (mine["optimizer_state_bytes"] == 2 * N * 4 + 2 * 4).all()
+        buffers = reports.storages(_load(root, "ddp_warm"))
+        buffers = buffers[(buffers["run"] == f"ddp_warm/rank={rank}") & (buffers["category"] == "communication_buffers")]
+        assert N * 4 in set(buffers["nbytes"])  # the rebuilt bucket: both gradients, fp32 (beside the rebuild's small broadcasts)
+        # saved for the backward: the hidden [3, 16] (the second Linear's input), the loss and backward()'s seed: 200
+        assert mine["activations_bytes"].max() == 3 * 16 * 4 + 4 + 4
+    fsdp = reports.by_category(_load(root, "fsdp"), at="max").set_index(["run", "category"])["bytes"]
+    for rank in range(WORLD):
+        # FSDP2 gathers one layer at a time (the root holds no parameter of its own): layer 0, 16 * 8 fp32
+        assert fsdp[(f"fsdp/rank={rank}", "unsharded_parameters")] == 16 * 8 * 4 == 512
 
 
 # --- 5. reports across ranks -----------------------------------------------------------------------

@@ -222,3 +222,68 @@ def test_a_million_rows_in_seconds():
     assert len(line) == 1_000_000
     parts = line[[f"{c}_bytes" for c in CATEGORIES]].sum(axis=1)
     assert (parts == line["live_bytes"]).all()
+
+
+def test_a_trace_entered_after_a_warm_up_step_counts_the_state_from_row_0(tmp_path):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    x = torch.randn(3, 4)
+    model(x).pow(2).mean().backward()
+    opt.step()  # warm-up: AdamW's state exists, the gradients are kept (no zero_grad)
+    with Tracer(tmp_path / "warm", model=model):
+        model(x).pow(2).mean().backward()
+        opt.step()
+    df = load(tmp_path / "warm")
+    line = timeline(df)
+    assert (line[[f"{c}_bytes" for c in CATEGORIES]].sum(axis=1) == line["live_bytes"]).all()
+    first = line.iloc[0]
+    assert first["parameters_bytes"] == 4 * P == 232
+    assert first["gradients_bytes"] == 4 * P == 232  # accumulated into in place: the same storages all step
+    assert first["optimizer_state_bytes"] == 2 * 4 * P + 4 * TENSORS == 480
+    assert (line["optimizer_state_bytes"] == 480).all() and (line["gradients_bytes"] == 232).all()
+    # parameters, gradients and state are all that was registered at entry: 232 + 232 + 480 = 944 bytes
+    assert sum(nbytes for _, nbytes in df.attrs["runs"]["warm"]["storage_roles"]["at_entry"]) == 944
+    assert int(df["live_bytes"].iloc[0]) == 944 + first["inputs_bytes"] + first["temporaries_bytes"] + first["activations_bytes"]
+    assert -1 not in set(storages(df)["storage_id"])  # nothing live at the start is left unnamed
+
+
+def test_checkpointed_run_adds_up(tmp_path):
+    from torch.utils.checkpoint import checkpoint
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    x = torch.randn(3, 4)
+    with Tracer(tmp_path / "ckpt", model=model):
+        checkpoint(model, x, use_reentrant=False).pow(2).mean().backward()
+    df = load(tmp_path / "ckpt")
+    assert df["recompute"].any()
+    line = timeline(df)
+    assert (line[[f"{c}_bytes" for c in CATEGORIES]].sum(axis=1) == line["live_bytes"]).all()
+    # the checkpoint keeps only its input x (an input, made before the trace): no Linear output is saved
+    assert categories(df, "max")["activations"] == 4 * (3 * 2 + 1 + 1)  # model output [3, 2] for pow, the loss and its seed
+
+
+def test_a_storage_resized_in_place_is_followed(tmp_path):
+    buffer = torch.zeros(4)  # 16 bytes, made before the trace
+    with Tracer(tmp_path / "resize", run_name="r"):
+        buffer.add_(1.0)
+        buffer.resize_(16)  # 64 bytes from this op on
+        buffer.mul_(2.0)
+    df = load(tmp_path / "resize")
+    line = timeline(df)
+    assert line["live_bytes"].tolist() == [16, 64, 64]
+    assert (line[[f"{c}_bytes" for c in CATEGORIES]].sum(axis=1) == line["live_bytes"]).all()
+    resized = df.attrs["runs"]["r"]["storage_roles"]["resized"]
+    assert resized == [[1, 0, 64]]  # [seq, storage id, bytes]
+    assert storages(df).set_index("storage_id")["nbytes"].to_dict() == {0: 64}  # its largest size
+
+
+def test_a_v2_trace_without_entry_facts_reads_as_before(one_step):
+    old = one_step.copy()
+    meta = dict(one_step.attrs["runs"]["one"])
+    meta["storage_roles"] = {k: v for k, v in meta["storage_roles"].items() if k not in ("at_entry", "resized")}
+    old.attrs["runs"] = {"one": meta}
+    assert categories(old, "max") == categories(one_step, "max")
+    line = timeline(old)
+    assert (line[[f"{c}_bytes" for c in CATEGORIES]].sum(axis=1) == line["live_bytes"]).all()

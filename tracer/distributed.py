@@ -165,7 +165,8 @@ class UnshardedParameters:
 
     FSDP2 swaps a module's sharded DTensor parameters for full plain ones while it runs
     (and back after); a global forward hook sees the full ones at each module's end,
-    before FSDP2 reshards. Their storage survives resharding (it is resized, not
+    before FSDP2 reshards; those made before the trace are read from FSDP2's state at
+    entry (`at_entry`). Their storage survives resharding (it is resized, not
     replaced), so one id per parameter holds for the whole trace.
 
     FSDP2 resizes those storages to 0 bytes and back outside the dispatcher; `sync`
@@ -181,6 +182,7 @@ class UnshardedParameters:
         dtensor = _dtensor_type()
         self._watch = {}  # id(module) -> [(attribute, parameter name)]
         self._storages = []  # the unsharded parameters' storages
+        self._model = model
         if dtensor is None or model is None:
             return
         sharded = {id(p) for p in model.parameters() if isinstance(p, dtensor)}
@@ -209,6 +211,41 @@ class UnshardedParameters:
         except Exception:  # bookkeeping only
             pass
 
+    def at_entry(self):
+        """Register the unsharded parameters FSDP2 made before the trace (after an earlier step):
+        each at its size now, 0 when resharded. FSDP2 keeps them in its `FSDPParam`s."""
+        if not self._watch:
+            return
+        prefixes = {id(m): prefix for prefix, m in self._model.named_modules()}
+        for module in self._model.modules():
+            get_state = getattr(module, "_get_fsdp_state", None)
+            if get_state is None:
+                continue
+            state = get_state()
+            groups = getattr(state, "_fsdp_param_groups", None)
+            if groups is None:  # older torch: one group per state
+                groups = [g for g in (getattr(state, "_fsdp_param_group", None),) if g is not None]
+            for group in groups:
+                for fsdp_param in group.fsdp_params:
+                    p = fsdp_param.__dict__.get("_unsharded_param")  # made at the first all-gather
+                    info = fsdp_param._module_info
+                    prefix = prefixes.get(id(info.module))
+                    if p is None or prefix is None:
+                        continue
+                    self._add(f"{prefix}.{info.param_name}" if prefix else info.param_name, local_tensor(p))
+
+    def _add(self, name, p):
+        storage = p.untyped_storage()
+        self._storages.append(storage)
+        self._found[name] = {
+            "storage_id": self._table.id_of(storage),
+            "numel": p.numel(),
+            "shape": list(p.shape),
+            "dtype": str(p.dtype).removeprefix("torch."),
+            "embedding": bool(self._parameters.get(name, {}).get("embedding")),
+            "trainable": bool(self._parameters.get(name, {}).get("trainable", True)),
+        }
+
     def _after_forward(self, module, args, output):
         watched = self._watch.get(id(module))
         if not watched:
@@ -219,16 +256,7 @@ class UnshardedParameters:
                 p = module._parameters.get(attr)
                 if p is None or name in self._found or hasattr(p, "_local_tensor"):
                     continue  # still sharded, or already known
-                storage = p.untyped_storage()
-                self._storages.append(storage)
-                self._found[name] = {
-                    "storage_id": self._table.id_of(storage),
-                    "numel": p.numel(),
-                    "shape": list(p.shape),
-                    "dtype": str(p.dtype).removeprefix("torch."),
-                    "embedding": bool(self._parameters.get(name, {}).get("embedding")),
-                    "trainable": bool(self._parameters.get(name, {}).get("trainable", True)),
-                }
+                self._add(name, p)
         except Exception:  # bookkeeping only: the forward goes on
             pass
         return None

@@ -3,9 +3,22 @@
 Roles are learned while the run goes on (a gradient is a storage that autograd made
 and `.grad` now holds); each part records the roles learned since the part before it,
 and `schema.read_metadata` merges them.
+
+Two size facts travel with the roles (as deltas per part, merged the same way), so that
+the memory reports can follow every byte `live_bytes` counts:
+  at_entry  [[id, bytes], ...]: every storage registered when the Tracer was entered
+            (`register_at_entry`: parameters, buffers, gradients, the optimizer state of
+            any optimizer holding the model's parameters, FSDP2's unsharded parameters),
+            at its size then; all of them count in `live_bytes` from the first row
+  resized   [[seq, id, bytes], ...]: a known storage changed size in place (FSDP2 resizes
+            its unsharded parameters to 0 after use and back before the next); from the
+            row with that seq on (its `live_bytes` is the first to count it), the storage
+            holds that many bytes
 """
 
 import datetime
+import gc
+import itertools
 import platform
 import sys
 
@@ -70,20 +83,24 @@ def _parameters(model, storage_id):
     return {"params": counts, "parameters": params}
 
 
+AT_ENTRY, RESIZED = "at_entry", "resized"  # size facts kept beside the roles (see the module docstring)
+_KEYS = (*ROLE_KEYS, AT_ENTRY, RESIZED)
+
+
 class Roles:
-    """Storage ids known to hold gradients or optimizer state, as deltas per part."""
+    """Storage ids known to hold gradients or optimizer state, and the size facts, as deltas per part."""
 
     def __init__(self, known_id, live=()):
         self._known_id = known_id  # storage -> id, or None when the tracer never saw it
         self._live = live  # ids of the storages alive now (a container), to forget freed ones
         self._seen = set()  # ids given a role, while their storage lives (ids are never reused)
-        self.new = {key: [] for key in ROLE_KEYS}
+        self.new = {key: [] for key in _KEYS}
 
     def take(self):
         """The roles learned since the last call; ids of freed storages are forgotten here,
         so a long run keeps only its live gradients and optimizer state (set_to_none makes
         new gradient storages every step)."""
-        new, self.new = self.new, {key: [] for key in ROLE_KEYS}
+        new, self.new = self.new, {key: [] for key in _KEYS}
         self._seen = {sid for sid in self._seen if sid in self._live}
         return new
 
@@ -111,3 +128,55 @@ class Roles:
             for value in state.values():
                 if isinstance(value, torch.Tensor):
                     self.add("optimizer_state", value)
+
+    def resized(self, seq, sid, nbytes):
+        self.new[RESIZED].append([seq, sid, nbytes])
+
+
+def register_at_entry(model, table, roles, unsharded, next_seq, on_error):
+    """Register every storage alive at entry that the trace can reach, with its role, and
+    start following in-place resizes.
+
+    From the model: the `.grad` of each parameter (the local shard's under FSDP2), the state
+    of every optimizer holding one of its parameters (found among the live objects: an
+    optimizer's own hooks fire only at its next step, after the forward and backward have
+    run), and FSDP2's unsharded parameters (`UnshardedParameters.at_entry`). Parameters and
+    buffers were registered by `run_metadata`. `next_seq()` is the seq of the next row."""
+    if model is not None:
+        try:
+            params = list(model.parameters())
+            for p in params:
+                if p.grad is not None:
+                    _register(table, p.grad)
+            roles.gradients(params)
+            for optimizer in _optimizers(params):
+                for state in optimizer.state.values():
+                    for value in state.values():
+                        if isinstance(value, torch.Tensor):
+                            _register(table, value)
+                roles.optimizer_state(optimizer)
+            unsharded.at_entry()
+        except Exception as exc:  # bookkeeping only: counted, the program goes on
+            on_error(exc)
+    roles.new[AT_ENTRY] = [[sid, size] for sid, size in table.size.items()]
+    table.on_resize = lambda sid, nbytes: roles.resized(next_seq(), sid, nbytes)
+
+
+def _register(table, tensor):
+    try:
+        table.id_of(local_tensor(tensor).untyped_storage())
+    except Exception:  # tensors without storage (sparse, nested)
+        pass
+
+
+def _optimizers(params):
+    """The live optimizers holding any of `params` (one pass over the objects the garbage collector
+    tracks, in C: type() reads no attribute of an object, and some warn when one is read)."""
+    ids = {id(p) for p in params}
+    objects = gc.get_objects()
+    kinds = {kind for kind in set(map(type, objects)) if issubclass(kind, torch.optim.Optimizer)}
+    if not kinds:
+        return
+    for obj in itertools.compress(objects, map(kinds.__contains__, map(type, objects))):
+        if any(id(p) in ids for g in obj.param_groups for p in g["params"]):
+            yield obj

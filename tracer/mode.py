@@ -19,7 +19,7 @@ from tracer.device import cuda_memory, device_info, is_fake
 from tracer.errors import TraceError
 from tracer.dispatch import _tensors, _TraceMode, make_inert
 from tracer.layouts import STRIDED, describe, odd_flops, register_subclass
-from tracer.metadata import Roles, dtype_name, now, run_metadata
+from tracer.metadata import Roles, dtype_name, now, register_at_entry, run_metadata
 from tracer.safety import warn, write_failure_message
 from tracer.schema import CAUSAL_NONE, INT64_MAX, NO_VALUE, FlopBasis
 from tracer.storage import StorageTable
@@ -174,6 +174,8 @@ class Tracer:
         self._unsharded = distributed.UnshardedParameters(
             self.model, self._storages, self._meta.get("parameters"), self._meta.setdefault("unsharded_parameters", {})
         )
+        register_at_entry(self.model, self._storages, self._roles, self._unsharded, lambda: self._rows.first_seq + len(self._rows),
+                          lambda exc: self._record_failed("the storages alive at entry", exc))
         first = next(self.model.parameters(), None) if self.model is not None else None
         self._model_device = first is not None  # the model's device is the run's device
         if first is not None:

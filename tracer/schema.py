@@ -157,6 +157,8 @@ ARROW_SCHEMA = pa.schema([pa.field(name, typ) for name, typ, _ in COLUMNS])
 #   memory triad tracer.memory_bandwidth measured, when recorded).
 
 ROLE_KEYS = ("gradient", "optimizer_state", "external_parameter")
+# Size records kept in storage_roles beside the id lists (tracer/metadata.py): key -> the fields of each record.
+ROLE_RECORDS = {"at_entry": ("id", "bytes"), "resized": ("seq", "id", "bytes")}
 
 
 def part_paths(path):

@@ -32,6 +32,7 @@ class StorageTable:
         self._note_free = self._dead.append  # the finaliser: C code only (see the module docstring)
         self.hollow = set()  # ids whose size was overridden (wrapper subclasses): never regrown
         self.next_id = 0
+        self.on_resize = None  # on_resize(id, bytes): a known storage changed size in place (tracer/metadata.py)
 
     def id_of(self, storage):
         """The storage's id; a storage seen for the first time gets the next id
@@ -69,6 +70,8 @@ class StorageTable:
             self.size[sid] = size
             self.live_bytes += grown
             self.registered_bytes += grown
+            if self.on_resize is not None:
+                self.on_resize(sid, size)
 
     def known(self, storage):
         """The id of a storage already seen, or None; never registers it."""
