@@ -164,8 +164,8 @@ def _print_report(df, args, out):
     if cycles_note(meta):  # explain says it too, but it needs model= and tokens=
         print(f"Note: {cycles_note(meta)}", file=out)
     if meta.get("backward_unnamed_rows"):
-        print(f"Note: {meta['backward_unnamed_rows']:,} backward ops have no module (an engine run longer than the "
-              f"tracer names op by op); FLOP and byte figures are unaffected", file=out)
+        print(f"Note: {meta['backward_unnamed_rows']:,} backward ops have no module (an engine run of more autograd "
+              f"nodes than the tracer names, 20,000); FLOP and byte figures are unaffected", file=out)
 
     bound = bounds(df)
     if bound["rows"]:

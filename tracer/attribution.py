@@ -61,8 +61,8 @@ Known limitations:
     steps of a large model): the nodes of a graph kept longer (retain_graph), or
     of one forward with more module calls than that, that were made before the
     oldest boundary kept are named '' (outside every module).
-  * Past NAMED_PER_ENGINE_RUN (20,000) ops in one engine run, backward ops
-    are left unnamed ('', counted in the metadata as `backward_unnamed_rows`,
+  * Past NAMED_PER_ENGINE_RUN (20,000) autograd nodes in one engine run, backward
+    ops are left unnamed ('', counted in the metadata as `backward_unnamed_rows`,
     with a warning and a line in the report): naming more could make PyTorch
     overflow the stack when it frees a deep graph.
   * Sequence numbers count per thread: the backward of a forward run on another
@@ -105,9 +105,10 @@ _next_sequence_nr = torch.autograd._get_sequence_nr  # the sequence number the n
 _current_node = torch._C._current_autograd_node  # the autograd node the engine is running, or None
 NO_SEQUENCE_NR = 2**64 - 1  # an AccumulateGrad node's: it belongs to no forward op
 _EVENTS_KEPT = 1 << 18  # module boundaries remembered for backward attribution (about 11 MB at most)
-# Backward ops named from their node per engine run. Reading a node from Python gives it a Python object,
+# Autograd nodes whose ops are named per engine run. Reading a node from Python gives it a Python object,
 # and PyTorch frees a chain of such nodes recursively: about 40,000 of them in a chain overflow an 8 MB
-# stack when the graph is freed (without the tracer, too). Half of that bounds the chain this tracer makes.
+# stack when the graph is freed (without the tracer, too; 60,000 measured to crash). Half of that bounds the
+# chain this tracer makes. A node runs one to a few ops, so this names 20,000 nodes' ops, not 20,000 ops.
 NAMED_PER_ENGINE_RUN = 20_000
 _get_ident = threading.get_ident
 NO_GRAPH_TASK = -1  # _current_graph_task_id() outside the autograd engine
@@ -184,7 +185,9 @@ class Attribution:
         # number s was made inside module _event_names[i], i the last event with _event_seqs[i] <= s
         self._event_seqs, self._event_names = [], []
         self._node_module = ""  # the module of the last node attributed (an AccumulateGrad node runs right after it)
-        self._named_left = NAMED_PER_ENGINE_RUN  # backward ops this engine run may still name from their node
+        self._named_left = NAMED_PER_ENGINE_RUN  # autograd nodes this engine run may still name its ops from
+        self._node_key = None  # (id, sequence number) of the node the last backward op ran in
+        self._last_module = ""  # that op's module
         self.unnamed_backward = 0  # backward ops left unnamed past NAMED_PER_ENGINE_RUN
         self._nested = {}  # graph task of a backward run inside another, on an engine thread -> the outer node's module
         self._recompute_outer = ""  # the module of the node that began re-running modules (checkpointing)
@@ -215,6 +218,7 @@ class Attribution:
                     self.steps.backward_began()
                 self._task = task  # the grad mode at an engine run's first op is its create_graph
                 self._node_module = ""
+                self._node_key = None
                 self.backward.queue_engine_callback(task)  # its end clears what a checkpoint's re-run left
                 if task not in self._task_grads and len(self._task_grads) >= _TASKS_KEPT:
                     self._task_grads.clear()  # ended engine runs (a loop with no step boundary): keep it bounded
@@ -248,19 +252,26 @@ class Attribution:
         return OTHER, "", NOT_RECOMPUTE
 
     def _backward_module(self):
-        """The module whose forward made the autograd node the engine is running ('' outside every module)."""
+        """The module whose forward made the autograd node the engine is running ('' outside every module).
+
+        A node runs several ops (an mm's backward: two matmuls and their transposes): its module is found
+        once, when the node changes, and each distinct node counts against NAMED_PER_ENGINE_RUN."""
         if self._named_left <= 0:  # a very long backward: the rest is left unnamed (NAMED_PER_ENGINE_RUN)
             self.unnamed_backward += 1
             return ""
-        self._named_left -= 1
         node = _current_node()
         if node is None:  # an engine callback (DDP's and FSDP2's final copies and reductions): no node made it
             return ""
         seq = node._sequence_nr()
-        if seq == NO_SEQUENCE_NR:  # AccumulateGrad: it runs as soon as the node before made its gradient
-            return self._node_module
-        at = bisect.bisect_right(self._event_seqs, seq) - 1
-        self._node_module = self._event_names[at] if at >= 0 else ""
+        key = (id(node), seq)  # the node's Python object lives as long as the node: its id is the node's
+        if key == self._node_key:
+            return self._last_module
+        self._node_key = key
+        self._named_left -= 1
+        if seq != NO_SEQUENCE_NR:  # AccumulateGrad runs as soon as the node before made its gradient: that one's module
+            at = bisect.bisect_right(self._event_seqs, seq) - 1
+            self._node_module = self._event_names[at] if at >= 0 else ""
+        self._last_module = self._node_module
         return self._node_module
 
     def _mark(self, name):

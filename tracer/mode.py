@@ -226,7 +226,7 @@ class Tracer:
         if self._attr.unnamed_backward:
             warn(
                 f"optrace: {self._attr.unnamed_backward} backward ops of trace {self.path!r} have no module: an engine run "
-                f"longer than {NAMED_PER_ENGINE_RUN:,} ops (naming more could overflow the stack when PyTorch frees the graph)"
+                f"of more than {NAMED_PER_ENGINE_RUN:,} autograd nodes (naming more could overflow the stack when PyTorch frees the graph)"
             )
         if self._lost_rows:
             warn(
