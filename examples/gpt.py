@@ -72,9 +72,10 @@ class CausalSelfAttention(nn.Module):
         self.attention = cfg.attention
         self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=cfg.bias)
         self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.bias)
-        # True above the diagonal: the future positions a query must not see.
-        future = torch.ones(cfg.seq_len, cfg.seq_len, dtype=torch.bool).triu(1)
-        self.register_buffer("future", future, persistent=False)
+        if cfg.attention == "matmul":  # the fused kernel masks by itself (is_causal): no [s, s] buffer to keep
+            # True above the diagonal: the future positions a query must not see.
+            future = torch.ones(cfg.seq_len, cfg.seq_len, dtype=torch.bool).triu(1)
+            self.register_buffer("future", future, persistent=False)
 
     def forward(self, x):
         s = x.shape[1]
