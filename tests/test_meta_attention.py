@@ -102,3 +102,36 @@ def test_real_tensors_are_untouched(tmp_path):
 def test_bad_meta_attention_is_one_line():
     with pytest.raises(TraceError, match="meta_attention must be one of 'fused', 'math', got 'flash'"):
         Tracer("x", meta_attention="flash")
+
+
+def test_a_4_layer_model_at_4096_tokens_keeps_the_fused_kernels_memory(tmp_path, capsys):
+    """examples/gpt.py's GPT, 4 layers, d 128, 4 heads, S = 4096, bf16 on meta. Each flash forward allocates its
+    output [1, 4, 4096, 32] bf16 (1,048,576 bytes), the log-sum-exp [1, 4, 4096] fp32 (65,536) and the philox seed
+    (2 x 8) and offset (8): 1,114,136 bytes, never the [1, 4, 4096, 4096] scores. The math path allocates them in fp32:
+    1 * 4 * 4096 * 4096 * 4 = 268,435,456 bytes per layer, and the report says so."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+    from gpt import GPT, GPTConfig
+
+    cfg = GPTConfig(vocab_size=256, seq_len=4096, n_layer=4, n_head=4, d_model=128, bias=False, attention="sdpa")
+    frames = {}
+    for kind in ("fused", "math"):
+        with torch.device("meta"):
+            model = GPT(cfg).to(torch.bfloat16)
+        idx = torch.zeros(1, 4096, dtype=torch.long, device="meta")
+        with Tracer(tmp_path / kind, model=model, tokens=4096, meta_attention=kind):
+            model(idx, idx).backward()
+        frames[kind] = reports.load(tmp_path / kind)
+    fused, math = frames["fused"], frames["math"]
+    forward = fused[fused["op"] == "aten._scaled_dot_product_flash_attention.default"]
+    assert list(forward["bytes_allocated"]) == [1_114_136] * 4  # 1,048,576 + 65,536 + 16 + 8
+    assert list(forward["causal"]) == [True] * 4
+    scores = 1 * 4 * 4096 * 4096 * 4  # 268,435,456
+    # fused: the largest allocation is the fp32 logits [4096, 256] (4,194,304 bytes), not attention
+    assert fused["bytes_allocated"].max() == 4096 * 256 * 4 and math["bytes_allocated"].max() == scores
+    by_kind = {k: dict(zip(reports.by_category(f)["category"], reports.by_category(f)["bytes"])) for k, f in frames.items()}
+    assert by_kind["math"]["activations"] > 15 * by_kind["fused"]["activations"]
+    assert main(["report", str(tmp_path / "math")]) == 0
+    assert "4 scaled_dot_product_attention call(s) ran PyTorch's math path on the meta device" in capsys.readouterr().out
