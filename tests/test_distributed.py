@@ -428,12 +428,12 @@ def test_bad_rank_environment(tmp_path, monkeypatch):
             pass
 
 
-def test_rank_directory_needs_the_parent(tmp_path, monkeypatch):
+def test_rank_directory_makes_missing_parents(tmp_path, monkeypatch):
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "2")
-    with pytest.raises(TraceError, match=r"directory '.*missing' does not exist"):
-        with Tracer(tmp_path / "missing" / "t"):
-            pass
+    with Tracer(tmp_path / "missing" / "t"):
+        torch.ones(2)
+    assert (tmp_path / "missing" / "t" / "rank=0" / "part-000000.parquet").is_file()
 
 
 def test_rank_zero_clears_a_stale_trace(tmp_path):

@@ -174,9 +174,18 @@ def test_a_symlink_to_a_trace_directory_writes_through_it(tmp_path):
     assert os.path.islink(tmp_path / "link") and listing(real) == [MARKER_NAME, "part-000000.parquet"]
 
 
-def test_missing_and_unwritable_parent(tmp_path):
-    refused(tmp_path / "no" / "t", r"cannot write trace '.*t': directory '.*no' does not exist \(create it first\)")
+def test_missing_parents_are_made_and_an_unwritable_parent_refused(tmp_path):
+    with Tracer(tmp_path / "a" / "b" / "t"):  # a user asked for this path: its parents are made
+        torch.ones(2)
+    assert listing(tmp_path / "a" / "b" / "t") == [MARKER_NAME, "part-000000.parquet"]
     refused("/proc/t", r"cannot write trace '/proc/t': No such file or directory")  # /proc takes no new entries, even from root
+    refused("/proc/x/y/t", r"cannot write trace '/proc/x/y/t': cannot create directory '/proc/x' \(No such file or directory\)")
+
+
+def test_parents_made_for_a_trace_that_cannot_start_are_removed(tmp_path):
+    (tmp_path / "file").write_text("a file, not a directory")
+    refused(tmp_path / "new" / "deeper" / ("t" * 300), r"cannot write trace '.*': File name too long")
+    assert sorted(os.listdir(tmp_path)) == ["file"]  # new/ and new/deeper/ made on the way were removed
 
 
 # ------------------------------------------------------------------ 5. one writer per path

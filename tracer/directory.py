@@ -40,13 +40,53 @@ def prepare_directory(path, trace_id=None):
     """Check that `path` can hold a trace, lock it, clear an earlier optrace trace there,
     and write the marker naming `trace_id` (a new one when None). Returns the absolute path.
 
-    Raises TraceError (before anything runs, nothing touched) when the parent directory
-    is missing or not writable, when `path` is a file, a directory holding anything but
+    Missing parent directories are created (and removed again when the trace cannot start).
+    Raises TraceError (before anything runs, nothing touched) when a parent cannot be created
+    or is not writable, when `path` is a file, a directory holding anything but
     an optrace trace, or a trace another live process is writing."""
     path = os.path.abspath(os.fspath(path))
     parent = os.path.dirname(path)
+    made = make_parents(path)
+    try:
+        return _prepare(path, parent, trace_id)
+    except BaseException:
+        remove_made(made)
+        raise
+
+
+def make_parents(path):
+    """Create the missing parent directories of `path` (the user asked for that path); the list of those made,
+    outermost first, for `remove_made` when the trace cannot start. A parent that cannot be made is a TraceError."""
+    made, parent = [], os.path.dirname(path)
+    while parent and not os.path.isdir(parent) and not os.path.lexists(parent):
+        made.insert(0, parent)
+        parent = os.path.dirname(parent)
+    for directory in made:
+        try:
+            os.mkdir(directory)
+        except FileExistsError:  # made meanwhile (another rank of the same job)
+            if not os.path.isdir(directory):
+                remove_made(made[: made.index(directory)])
+                raise TraceError(f"cannot write trace {path!r}: {directory!r} is not a directory") from None
+        except OSError as exc:
+            remove_made(made[: made.index(directory)])
+            raise TraceError(f"cannot write trace {path!r}: cannot create directory {directory!r} "
+                             f"({exc.strerror or exc})") from None
+    return made
+
+
+def remove_made(made):
+    """Remove the (empty) directories `make_parents` made, innermost first; what holds anything stays."""
+    for directory in reversed(made):
+        try:
+            os.rmdir(directory)
+        except OSError:
+            return
+
+
+def _prepare(path, parent, trace_id):
     if not os.path.isdir(parent):
-        raise TraceError(f"cannot write trace {path!r}: directory {parent!r} does not exist (create it first)")
+        raise TraceError(f"cannot write trace {path!r}: {parent!r} is not a directory")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise TraceError(f"cannot write trace {path!r}: directory {parent!r} is not writable")
     try:

@@ -19,6 +19,7 @@ import os
 import torch
 import torch.optim.optimizer as optimizer_hooks
 
+from tracer.directory import make_parents
 from tracer.errors import TraceError
 
 Tensor = torch.Tensor
@@ -77,9 +78,7 @@ def rank_directory(path, rank, world_size):
     Rank 0 removes what an earlier trace left at `path` that would mix with this one:
     top-level parts of a single-process trace, and `rank=R` directories for R at or
     beyond the world size (only when they hold nothing but parts)."""
-    parent = os.path.dirname(path)
-    if not os.path.isdir(parent):
-        raise TraceError(f"cannot write trace {path!r}: directory {parent!r} does not exist (create it first)")
+    make_parents(path)  # every rank: whichever comes first makes them
     try:
         os.makedirs(path, exist_ok=True)
     except OSError as exc:
