@@ -923,7 +923,7 @@ def test_a_backward_inside_a_hook_names_the_forward_modules_of_its_nodes(tmp_pat
 
 
 def test_a_backward_past_the_naming_limit_is_counted_warned_and_reported(tmp_path, monkeypatch, capsys):
-    from reports.cli import main
+    from reports.output.cli import main
     from tracer import attribution
 
     monkeypatch.setattr(attribution, "NAMED_PER_ENGINE_RUN", 5)

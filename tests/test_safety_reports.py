@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import reports
-from reports.cli import _bytes, main
+from reports.output.cli import _bytes, main
 from tracer import Tracer
 from tracer.schema import MARKER_NAME, METADATA_KEY, part_paths
 

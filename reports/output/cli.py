@@ -12,9 +12,9 @@ import sys
 import warnings
 
 from reports._util import printable
-from reports.coverage import bounds
 from reports.errors import ReportError
-from reports.integrity import describe_damage, list_parts
+from reports.flops.coverage import bounds
+from reports.loading.integrity import describe_damage, list_parts
 
 # Columns no section of `optrace report` reads, left out of its load (a section that needs one takes it out of here).
 _REPORT_UNUSED = ("layout", "device", "inplace")
@@ -23,7 +23,7 @@ _JSON_UNUSED = (*_REPORT_UNUSED, "freed_storage_ids", "output_storage_bytes", "i
                 "bytes_written", "bytes_allocated", "busy_ns")
 # ... and those only the rank figures read: left out for a trace of one rank.
 _RANKS_ONLY = ("start_ns", "comm_bytes", "group_size", "process_group")
-# ... of which one rank's own job section (reports/ranks.py print_job) reads these.
+# ... of which one rank's own job section (reports/distributed/ranks.py print_job) reads these.
 _JOB_COLUMNS = ("comm_bytes", "group_size", "process_group")
 
 
@@ -71,11 +71,11 @@ def _phase_flops(df):
 
 def summary(df, peak_tflops=None, step_time_s=None, ranks_present=None):
     """The numbers `report --json` prints, as a dict. `ranks_present`: rank directories in the trace
-    (reports.ranks.ranks_present), for its `distributed` object; default: the runs loaded."""
-    from reports.breakdown import breakdown
-    from reports.memory import peak
-    from reports.mfu import mfu
-    from reports.ranks import job_summary
+    (reports.distributed.ranks.ranks_present), for its `distributed` object; default: the runs loaded."""
+    from reports.distributed.ranks import job_summary
+    from reports.flops.breakdown import breakdown
+    from reports.flops.mfu import mfu
+    from reports.memory.memory import peak
     from reports.steps import count_steps
 
     (run, meta), *_ = df.attrs["runs"].items()
@@ -118,7 +118,7 @@ def summary(df, peak_tflops=None, step_time_s=None, ranks_present=None):
 
 def _coverage_json(df):
     """`uncounted_ops`: the ops no FLOP formula counted (op, ops, time_pct)."""
-    from reports.coverage import uncounted
+    from reports.flops.coverage import uncounted
 
     table = uncounted(df)
     return {"uncounted_ops": [{"op": r.op, "ops": int(r.ops), "time_pct": _number(r.time_pct)} for r in table.itertuples()]}
@@ -126,7 +126,7 @@ def _coverage_json(df):
 
 def _print_coverage(df, out):
     """Ops no FLOP formula counted: never a silent zero."""
-    from reports.coverage import FIX, uncounted
+    from reports.flops.coverage import FIX, uncounted
 
     table = uncounted(df)
     if len(table):
@@ -136,12 +136,12 @@ def _print_coverage(df, out):
 
 
 def _print_report(df, args, out):
-    from reports.breakdown import breakdown, explain
-    from reports.explain import cycles_note
-    from reports.memory import by_category, peak
-    from reports.mfu import mfu
+    from reports.flops.breakdown import breakdown, explain
+    from reports.flops.explain import cycles_note
+    from reports.flops.mfu import mfu
+    from reports.memory.memory import by_category, peak
+    from reports.memory.views import views
     from reports.tables import by_module, by_op
-    from reports.views import views
 
     (run, meta), *_ = df.attrs["runs"].items()
     device = (meta.get("device") or {}).get("name", "?")
@@ -173,7 +173,7 @@ def _print_report(df, args, out):
               f"the lengths or group sizes they depend on could not be read (meta or fake tensors); "
               f"column flops_bound", file=out)
     print("\nFLOPs per step against 2/4/6 x N x T", file=out)
-    from reports.accounting import analyse
+    from reports.flops.accounting import analyse
 
     try:
         accounts = analyse(df, "matmul", None, "breakdown")  # one analysis of the rows for breakdown and explain
@@ -242,7 +242,7 @@ def _print_report(df, args, out):
 
 def _print_roofline(df, args, out):
     """The roofline section: the top op kinds by time, and the step's time by what bounds it."""
-    from reports.roofline import roofline_with_split
+    from reports.time.roofline import roofline_with_split
 
     table, split = roofline_with_split(df)  # the rows prepared once for both tables
     table = table.head(args.top)
@@ -301,13 +301,13 @@ def _formatters(frame):
 
 
 def _report(args):
-    from reports.load import load
+    from reports.loading.load import load
 
     from tracer.schema import COLUMN_NAMES
 
-    # only the columns the sections read; no Python object per list cell; shapes read when asked (reports/columns.py)
-    from reports.ranks import first_rank, is_multi_rank, print_job, print_ranks, rank_paths, rank_summary
-    from reports.ranks import ranks_present
+    # only the columns the sections read; no Python object per list cell; shapes read when asked (reports/loading/columns.py)
+    from reports.distributed.ranks import first_rank, is_multi_rank, print_job, print_ranks, rank_paths, rank_summary
+    from reports.distributed.ranks import ranks_present
 
     list_parts(args.trace)  # a directory that cannot be listed: one line, before the ranks are looked for
     unused = _JSON_UNUSED if args.json and not args.plot else _REPORT_UNUSED
@@ -319,7 +319,7 @@ def _report(args):
 
     everyone, df = df, first_rank(df) if is_multi_rank(df) else df  # the report of rank 0, then the ranks
     if args.plot:
-        from reports.plots import save_plots
+        from reports.output.plots import save_plots
 
         paths = save_plots(df, args.plot)
     if args.json:
@@ -336,7 +336,7 @@ def _report(args):
 
 def _compare(args):
     from reports.compare import columns, compare
-    from reports.load import load
+    from reports.loading.load import load
 
     df = load(args.traces, columns=columns(args.by), lists="deferred")
     for name, path in zip(df.attrs["runs"], args.traces):
@@ -352,7 +352,7 @@ def _compare(args):
 
 
 def _export(args):
-    from reports.export import export_trace
+    from reports.output.export import export_trace
 
     ops = export_trace(args.trace, args.output)
     print(f"optrace export: {ops} ops -> {args.output} (open it at https://ui.perfetto.dev or chrome://tracing)")
@@ -406,7 +406,7 @@ def _parser():
 
 def main(argv=None):
     args = _parser().parse_args(argv)
-    from reports.columns import lean_memory
+    from reports.loading.columns import lean_memory
 
     lean_memory()
     if args.command == "compare" and len(args.traces) < 2:

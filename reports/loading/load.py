@@ -7,10 +7,10 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from reports.columns import DEFERRED, LIST_MODES, Deferred, SharedRuns, concat_frames, has_column, read_table, to_pandas
 from reports.errors import ReportError
-from reports.integrity import Footers, check_parts, damage, describe_damage, list_parts, no_parts, one_line, read_marker
-from reports.validate import check_metadata_ids, check_rows, max_storage_id
+from reports.loading.columns import DEFERRED, LIST_MODES, Deferred, SharedRuns, concat_frames, has_column, read_table, to_pandas
+from reports.loading.integrity import Footers, check_parts, damage, describe_damage, list_parts, no_parts, one_line, read_marker
+from reports.loading.validate import check_metadata_ids, check_rows, max_storage_id
 from tracer.schema import COLUMN_NAMES, SCHEMA_VERSION, merge_metadata, missing_columns
 
 
@@ -54,7 +54,7 @@ def load(paths, columns=None, lists="objects"):
     numpy array; "arrow" keeps the list columns as Arrow arrays (pandas ArrowDtype, cells
     read as Python lists), far smaller and faster on big traces; "deferred" also leaves the
     shape and stride columns in the files until a report asks for some of their rows
-    (reports/columns.py).
+    (reports/loading/columns.py).
     The run metadata is in `df.attrs["runs"]` ({run name: metadata dict}, in the given
     order); an incomplete trace (cut short) loads with a warning.
 
@@ -134,7 +134,7 @@ def id_limit(meta, rows):
 
 def _with_ranks(paths):
     """(path, rank) per trace to read: a distributed trace's rank directories, each with its rank."""
-    from reports.ranks import rank_paths
+    from reports.distributed.ranks import rank_paths
 
     for path in paths:
         found = rank_paths(path) if not list_parts(path) else []

@@ -14,7 +14,7 @@ import re
 
 import pandas as pd
 
-from reports.load import require
+from reports.loading.load import require
 from reports.steps import count_steps, per_step
 from reports.tables import split_runs
 
@@ -156,7 +156,7 @@ def rank_summary(df):
 def job_summary(df, present):
     """One rank standing for its job: {rank, world_size, backend, ranks_present, fake_process_group,
     collectives: per_step_traffic of the first run as records}; None for a trace of no process group."""
-    from reports.collectives import FAKE_BACKENDS, per_step_traffic
+    from reports.distributed.collectives import FAKE_BACKENDS, per_step_traffic
 
     (run, meta), *_ = df.attrs["runs"].items()
     world = meta.get("world_size")
@@ -176,7 +176,7 @@ def job_summary(df, present):
 def print_job(df, present, out):
     """The `Distributed` section of `optrace report`: world size, ranks present, and what this rank's
     collectives send and receive per step. Printed for every rank of a process group, one rank or many."""
-    from reports.cli import _bytes
+    from reports.output.cli import _bytes
 
     job = job_summary(df, present)
     if job is None:
@@ -202,7 +202,7 @@ def print_job(df, present, out):
 
 def print_ranks(df, out):
     """The per-rank section of `optrace report` on a distributed trace."""
-    from reports.cli import _bytes, _human
+    from reports.output.cli import _bytes, _human
 
     table = ranks(df)
     (_, meta), *_ = df.attrs["runs"].items()
@@ -233,8 +233,8 @@ def print_ranks(df, out):
 
 
 def _collective_lines(df):
-    from reports.cli import _bytes
-    from reports.collectives import FAKE_BACKENDS, collectives
+    from reports.distributed.collectives import FAKE_BACKENDS, collectives
+    from reports.output.cli import _bytes
 
     (_, meta), *_ = df.attrs["runs"].items()
     if meta.get("backend") in FAKE_BACKENDS:
