@@ -14,7 +14,7 @@ import torch.distributed as dist
 
 import reports
 from reports.distributed.collectives import per_step_traffic, traffic
-from reports.distributed.ranks import ranks_present
+from reports.loading.load import ranks_present
 from reports.output.cli import main
 from tracer import Tracer
 
