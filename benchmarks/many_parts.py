@@ -36,7 +36,7 @@ def main():
     args = parser.parse_args()
     if not os.path.isdir(args.trace):
         make(args.trace, args.parts)
-    cmd = [sys.executable, "-m", "reports.cli", "report", args.trace] + (["--json"] if args.json else [])
+    cmd = [sys.executable, "-m", "reports.output.cli", "report", args.trace] + (["--json"] if args.json else [])
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     _, status, usage = os.wait4(proc.pid, 0)

@@ -45,8 +45,8 @@ print(duckdb.sql(f"SELECT phase, sum(flops), count(*), count(DISTINCT step) FROM
 # The reference path: every list cell a numpy array (reports.load's default), then the CLI's own tables.
 _REFERENCE = """
 import io, json, sys
-from reports import cli
-from reports.load import load
+from reports.loading.load import load
+from reports.output import cli
 path, which = sys.argv[1], sys.argv[2]
 df = load(path)
 if which == "json":
@@ -101,7 +101,7 @@ def main(argv=None):
     except ImportError:
         print("(DuckDB not installed: baseline is pyarrow)")
     measure("baseline: pyarrow aggregate", [py, "-c", _PYARROW, args.trace], args.repeats)
-    cli = [py, "-m", "reports.cli"]
+    cli = [py, "-m", "reports.output.cli"]
     text = measure("optrace report", [*cli, "report", args.trace], args.repeats)
     as_json = measure("optrace report --json", [*cli, "report", args.trace, "--json"], args.repeats)
     measure("optrace compare (trace vs itself)", [*cli, "compare", args.trace, args.trace], args.repeats)

@@ -6,7 +6,7 @@ Each configuration runs in a fresh process (examples/simulate.py's `simulate`: t
 process group and FakeTensorMode, bf16 parameters, fp32 gradient reduction, one FSDP2 unit per
 block, AdamW, one step) and prints: wall and CPU seconds of building and tracing, RSS before
 and after, the rows, the peak live bytes with its categories, and per step the bytes rank 0's
-all-gathers and reduce-scatters send (ring algorithm, reports.collectives.per_step_traffic).
+all-gathers and reduce-scatters send (ring algorithm, reports.distributed.collectives.per_step_traffic).
 The models are examples/gpt.py's GPT at Llama-3 sizes (its MLP is 4·d wide with GELU, not
 SwiGLU, so N differs from Llama's by a few percent).
 """
@@ -33,7 +33,7 @@ def one(name, checkpoint, path):
     from simulate import simulate
 
     import reports
-    from reports.collectives import per_step_traffic
+    from reports.distributed.collectives import per_step_traffic
 
     world, fields = CONFIGS[name]
     cfg = GPTConfig(**fields, bias=False, attention="sdpa")

@@ -212,7 +212,7 @@ def main(argv=None):
     if args.steps < 1 or args.batch < 1:
         parser.error(f"--steps and --batch must be at least 1, got {args.steps} and {args.batch}")
 
-    from reports.cli import main as optrace
+    from reports.output.cli import main as optrace
     from tracer import Tracer, matmul_ceiling, memory_bandwidth, time_step
 
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -19,7 +19,7 @@ try:
 except ImportError:  # run from a checkout
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from reports.peaks import peak_flops
+from reports.flops.peaks import peak_flops
 from tracer import time_matmul
 from tracer.device import device_info
 

@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 from gpt import GPT, GPTConfig
 
-from reports.cli import main as optrace
+from reports.output.cli import main as optrace
 from tracer import Tracer
 
 

@@ -1,19 +1,19 @@
 """optrace's reports: traces in, pandas DataFrames out (units in the column names)."""
 
-from reports.breakdown import breakdown, explain
-from reports.collectives import collectives, comm_split
 from reports.compare import compare
-from reports.coverage import uncounted
+from reports.distributed.collectives import collectives, comm_split
+from reports.distributed.ranks import imbalance, ranks
 from reports.errors import ReportError
-from reports.load import load
-from reports.memory import by_category, peak, storages, timeline
-from reports.memory import by_dtype as memory_by_dtype
-from reports.mfu import mfu
+from reports.flops.breakdown import breakdown, explain
+from reports.flops.coverage import uncounted
+from reports.flops.mfu import mfu
+from reports.loading.load import load
+from reports.memory.memory import by_category, peak, storages, timeline
+from reports.memory.memory import by_dtype as memory_by_dtype
+from reports.memory.views import copies, views
 from reports.steps import per_step
-from reports.roofline import roofline, roofline_split
-from reports.ranks import imbalance, ranks
 from reports.tables import by_dtype, by_module, by_op, by_phase, by_step
-from reports.views import copies, views
+from reports.time.roofline import roofline, roofline_split
 
 __all__ = [
     "ReportError", "load",

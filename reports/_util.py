@@ -1,11 +1,9 @@
 """Small helpers every report shares: an op's packet, the copy ops, a percentage, an empty typed frame."""
 
-import re
-
 import numpy as np
 import pandas as pd
 
-__all__ = ["ASSEMBLY_OPS", "COPY_OPS", "ONE_TO_ONE_COPIES", "empty_frame", "ids", "is_copy", "packet", "pct", "printable"]
+__all__ = ["ASSEMBLY_OPS", "COPY_OPS", "ONE_TO_ONE_COPIES", "empty_frame", "ids", "is_copy", "packet", "pct"]
 
 # Copies that move one tensor's data, unchanged or cast, into new memory or into another tensor.
 ONE_TO_ONE_COPIES = frozenset(
@@ -48,13 +46,3 @@ def empty_frame(dtypes):
     return pd.DataFrame({name: pd.Series(dtype=dtype) for name, dtype in dtypes.items()})
 
 
-# C0 and C1 controls, DEL, and the Unicode line separators and bidirectional overrides: a name holding one
-# could move the terminal's cursor, recolour it, reorder the line or start a forged line of the report.
-_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
-
-
-def printable(text):
-    """`text` (a name from a trace: op, module, run, device, path) with its control characters escaped
-    as Python writes them ('\\n', '\\x1b', '\\u202e'), for text meant for a terminal."""
-    text = str(text)
-    return _CONTROL.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text) if _CONTROL.search(text) else text

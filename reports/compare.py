@@ -33,7 +33,7 @@ import numpy as np
 import pandas as pd
 
 from reports.errors import ReportError
-from reports.load import load, require, runs_of
+from reports.loading.load import load, require, runs_of
 from reports.steps import count_steps, per_step, step_phases
 from reports.tables import split_runs
 
@@ -57,7 +57,7 @@ def _columns(by):
 
 def columns(by="phase"):
     """The trace columns `compare` reads, MFU's included: load only these for a big trace."""
-    from reports.mfu import COLUMNS as MFU_COLUMNS
+    from reports.flops.mfu import COLUMNS as MFU_COLUMNS
 
     return list(dict.fromkeys(("seq", "step", "phase", "flops", "bytes_allocated", "live_bytes", "duration_ns", by,
                                *(c for c in MFU_COLUMNS if c != "run"))))
@@ -66,7 +66,7 @@ def columns(by="phase"):
 def _mfu_pct(df):
     """{run: MFU in percent} from reports.mfu, or {} when MFU cannot be computed from this frame."""
     try:
-        from reports.mfu import mfu
+        from reports.flops.mfu import mfu
     except ImportError:
         return {}
     try:

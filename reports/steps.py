@@ -18,7 +18,7 @@ a/k row by row would not).
 No sum wraps: `summable(values)` gives integers unchanged when no sum of them can pass
 int64, else as float64 (exact to float64's 53 bits, up to 1e308). A 405B model's step
 is ~4e19 FLOPs, past int64's 9.2e18; every report sums through it (`per_step` here,
-reports/tables.py, reports/roofline.py).
+reports/tables.py, reports/time/roofline.py).
 """
 
 import numpy as np

@@ -25,9 +25,9 @@ import numpy as np
 import pandas as pd
 
 from reports._util import empty_frame, pct
-from reports.columns import cell_lists, first_codes
 from reports.errors import ReportError
-from reports.load import require
+from reports.loading.columns import cell_lists, first_codes
+from reports.loading.load import require
 from reports.steps import INT64_MAX, fits_int64
 from tracer.schema import EXTERNAL_MARK, PHASES
 

@@ -6,9 +6,9 @@ import torch
 from torch import nn
 
 import reports
-from reports.breakdown import breakdown, explain
 from reports.errors import ReportError
-from reports.load import load
+from reports.flops.breakdown import breakdown, explain
+from reports.loading.load import load
 from tracer import Tracer
 
 B, D, H, K = 32, 8, 16, 4  # tokens (rows of x), input width, hidden width, outputs

@@ -20,7 +20,7 @@ import pytest
 import torch
 from gpt import GPT, GPTConfig, make_batch, make_optimizer, train_step
 
-from reports.cli import main
+from reports.output.cli import main
 from tracer import Tracer
 from tracer.schema import METADATA_KEY, SCHEMA_VERSION, part_paths
 
@@ -422,7 +422,7 @@ def test_subprocess(kind, tmp_path, traces):
     else:
         path, message = make_bad(kind, tmp_path, traces)
     done = subprocess.run(
-        [sys.executable, "-m", "reports.cli", "report", str(path)],
+        [sys.executable, "-m", "reports.output.cli", "report", str(path)],
         cwd=ROOT, capture_output=True, text=True, encoding="utf-8", timeout=60,
     )  # fmt: skip
     assert "Traceback" not in done.stderr and "Traceback" not in done.stdout
@@ -438,7 +438,7 @@ def test_subprocess(kind, tmp_path, traces):
 
 def test_report_into_a_closed_pipe_is_quiet(traces):
     """`optrace report T | head -0`: the reader is gone before the first line; no traceback, exit 0."""
-    report = subprocess.Popen([sys.executable, "-m", "reports.cli", "report", str(traces["fp32"])],
+    report = subprocess.Popen([sys.executable, "-m", "reports.output.cli", "report", str(traces["fp32"])],
                               cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
     report.stdout.close()  # long before the report's first write (the interpreter is still starting)
     err = report.stderr.read().decode()
@@ -449,7 +449,7 @@ def test_report_into_a_closed_pipe_is_quiet(traces):
 def test_subprocess_bad_arguments_exit_2(traces):
     """argparse's own errors (an unknown option) exit 2 too, with its usage and no traceback."""
     done = subprocess.run(
-        [sys.executable, "-m", "reports.cli", "report", traces["fp32"], "--no-such-option"],
+        [sys.executable, "-m", "reports.output.cli", "report", traces["fp32"], "--no-such-option"],
         cwd=ROOT, capture_output=True, text=True, encoding="utf-8", timeout=60,
     )  # fmt: skip
     assert done.returncode == 2

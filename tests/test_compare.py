@@ -12,8 +12,8 @@ from torch import nn
 
 from reports.compare import compare
 from reports.errors import ReportError
-from reports.load import load
-from reports.mfu import mfu
+from reports.flops.mfu import mfu
+from reports.loading.load import load
 from tracer import Tracer
 
 

@@ -6,8 +6,8 @@ import pandas as pd
 import torch
 
 import reports
-from reports.cli import main
-from reports.coverage import bounds, uncounted
+from reports.flops.coverage import bounds, uncounted
+from reports.output.cli import main
 from tracer import Tracer
 
 

@@ -17,8 +17,8 @@ import torch
 
 import reports
 import tracer
-from reports.cli import main
 from reports.errors import ReportError
+from reports.output.cli import main
 from tracer import Tracer
 from tracer.schema import MARKER_NAME, METADATA_KEY, part_paths
 

@@ -14,8 +14,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import reports
-from reports.collectives import bus_factor, collective_kind, collectives, comm_split
-from reports.ranks import imbalance, ranks
+from reports.distributed.collectives import bus_factor, collective_kind, collectives, comm_split
+from reports.distributed.ranks import imbalance, ranks
 from tracer import Tracer, TraceError, read_metadata
 from tracer import collectives as tcoll
 from tracer import distributed as tdist
@@ -339,7 +339,7 @@ def test_fsdp2_memory_at_local_sizes(runs):
 
 
 def test_memory_categories_add_up_under_ddp_and_fsdp2(runs):
-    from reports.memory import CATEGORIES
+    from reports.memory.memory import CATEGORIES
 
     root, _ = runs
     for name in ("ddp", "ddp_warm", "fsdp", "fsdp3"):
@@ -395,7 +395,7 @@ def test_ranks_and_imbalance(runs):
 
 
 def test_cli_report_and_json_on_a_multi_rank_trace(runs, capsys):
-    from reports.cli import main
+    from reports.output.cli import main
 
     root, _ = runs
     assert main(["report", os.path.join(root, "fsdp")]) == 0

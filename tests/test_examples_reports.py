@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from reports.compare import compare
-from reports.load import load
+from reports.loading.load import load
 
 
 def run_script(examples_dir, cwd, script, *args):

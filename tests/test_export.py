@@ -12,9 +12,9 @@ import pytest
 import torch
 
 import reports
-from reports.cli import main
 from reports.errors import ReportError
-from reports.export import export_chrome, export_trace
+from reports.output.cli import main
+from reports.output.export import export_chrome, export_trace
 from tracer import Tracer
 from tracer.schema import ARROW_SCHEMA, METADATA_KEY, SCHEMA_VERSION, V2_DEFAULTS, part_name, part_paths
 
@@ -274,9 +274,9 @@ def test_export_pftrace(traced, tmp_path):
 
 
 def test_export_pftrace_without_perfetto(traced, tmp_path, monkeypatch):
-    import reports.pftrace
+    import reports.output.pftrace
 
-    monkeypatch.setattr(reports.pftrace, "StreamingTraceProtoBuilder", None)
+    monkeypatch.setattr(reports.output.pftrace, "StreamingTraceProtoBuilder", None)
     with pytest.raises(ReportError, match=r"export: \.pftrace needs the perfetto package, which is not installed"):
         export_trace(traced, tmp_path / "x.pftrace")
     assert not (tmp_path / "x.pftrace").exists()

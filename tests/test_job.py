@@ -13,9 +13,9 @@ import torch
 import torch.distributed as dist
 
 import reports
-from reports.cli import main
-from reports.collectives import per_step_traffic, traffic
-from reports.ranks import ranks_present
+from reports.distributed.collectives import per_step_traffic, traffic
+from reports.loading.load import ranks_present
+from reports.output.cli import main
 from tracer import Tracer
 
 LAYER_BYTES = 64 * 64 * 4  # 16,384

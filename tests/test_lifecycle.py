@@ -140,7 +140,7 @@ def test_a_run_killed_before_its_first_part_is_a_damaged_trace(tmp_path, capsys)
     import subprocess
     import sys
 
-    from reports.cli import main
+    from reports.output.cli import main
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     path = tmp_path / "t"
@@ -160,7 +160,7 @@ def test_a_run_killed_before_its_first_part_is_a_damaged_trace(tmp_path, capsys)
 
 
 def test_a_trace_whose_every_write_failed_says_so_in_one_line(tmp_path, monkeypatch, capsys):
-    from reports.cli import main
+    from reports.output.cli import main
     from tracer import writer
 
     def full(table, file):

@@ -736,7 +736,7 @@ def test_backward_ops_belong_to_the_module_whose_forward_made_their_autograd_nod
 def test_time_step_synchronises_every_cuda_device_without_device(monkeypatch):
     from types import SimpleNamespace
 
-    from tracer import device
+    from tracer import measure
 
     synced = []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
@@ -746,12 +746,12 @@ def test_time_step_synchronises_every_cuda_device_without_device(monkeypatch):
     monkeypatch.setattr(torch.cuda, "synchronize", lambda index=None: synced.append(index))
     props = SimpleNamespace(name="Mock GPU", total_memory=2**30, multi_processor_count=2, major=9, minor=0)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: props)
-    timing = device.time_step(lambda: None, warmup=1, repeats=3)
+    timing = measure.time_step(lambda: None, warmup=1, repeats=3)
     assert synced == [0, 1] * 2 * 3  # both devices, before and after each of 3 repeats
     assert timing["device"]["name"] == "Mock GPU"
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
     synced.clear()
-    device.time_step(lambda: None, warmup=0, repeats=2)
+    measure.time_step(lambda: None, warmup=0, repeats=2)
     assert synced == []  # CUDA never used: nothing to wait for
 
 
@@ -923,7 +923,7 @@ def test_a_backward_inside_a_hook_names_the_forward_modules_of_its_nodes(tmp_pat
 
 
 def test_a_backward_past_the_naming_limit_is_counted_warned_and_reported(tmp_path, monkeypatch, capsys):
-    from reports.cli import main
+    from reports.output.cli import main
     from tracer import attribution
 
     monkeypatch.setattr(attribution, "NAMED_PER_ENGINE_RUN", 5)

@@ -14,8 +14,8 @@ import torch
 from torch import nn
 
 from reports.errors import ReportError
-from reports.load import load
-from reports.memory import CATEGORIES, by_category, by_dtype, peak, storages, timeline
+from reports.loading.load import load
+from reports.memory.memory import CATEGORIES, by_category, by_dtype, peak, storages, timeline
 from tracer import Tracer
 
 P = 4 * 8 + 8 + 8 * 2 + 2  # 58 parameters

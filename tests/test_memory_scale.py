@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 import reports
-from reports.memory import CATEGORIES, by_category, timeline
+from reports.memory.memory import CATEGORIES, by_category, timeline
 from tracer import Tracer, read_metadata
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))

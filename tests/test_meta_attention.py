@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 import reports
 import tracer
-from reports.cli import main
+from reports.output.cli import main
 from tracer import TraceError, Tracer
 
 B, H, S, D = 2, 4, 16, 32

@@ -10,9 +10,9 @@ import torch
 from torch import nn
 
 from reports.errors import ReportError
-from reports.load import load
-from reports.mfu import mfu
-from reports.peaks import PEAKS, cpu_ideal_flops, match_device, peak_flops
+from reports.flops.mfu import mfu
+from reports.flops.peaks import PEAKS, cpu_ideal_flops, match_device, peak_flops
+from reports.loading.load import load
 
 B, D, H, K = 32, 8, 16, 4
 
@@ -272,7 +272,7 @@ def test_peak_flops_lookup():
 
 
 def test_reports_import_without_torch():
-    code = "import sys, reports.tables, reports.breakdown, reports.mfu, reports.peaks; print('torch' in sys.modules)"
+    code = "import sys, reports.tables, reports.flops.breakdown, reports.flops.mfu, reports.flops.peaks; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=str(__import__("pathlib").Path(__file__).resolve().parents[1]))
     assert out.stdout.strip() == "False"

@@ -162,7 +162,7 @@ def test_transformers_mixtral_experts(tmp_path, impl):
 def test_report_and_json_give_N_active(tmp_path, capsys):
     import json
 
-    from reports.cli import main
+    from reports.output.cli import main
 
     trace_moe(tmp_path / "moe", "eager")
     assert main(["report", str(tmp_path / "moe")]) == 0

@@ -115,7 +115,7 @@ def test_weight_gradient_case_without_offsets_is_a_bound():
 def test_report_and_json_name_the_bound_flops(tmp_path, capsys):
     import json
 
-    from reports.cli import main
+    from reports.output.cli import main
 
     a = torch.empty(T, K, dtype=torch.bfloat16, device="meta")
     b = torch.empty(E, K, N, dtype=torch.bfloat16, device="meta")

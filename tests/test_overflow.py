@@ -8,8 +8,8 @@ import torch
 from torch import nn
 
 import reports
-from reports.cli import main
-from reports.export import export_chrome
+from reports.output.cli import main
+from reports.output.export import export_chrome
 from reports.steps import fits_int64, summable
 from tracer import Tracer
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from reports.peaks import FULL_UNITS, PEAKS, match_device, peak_flops
+from reports.flops.peaks import FULL_UNITS, PEAKS, match_device, peak_flops
 
 MI250X = {"type": "cuda", "name": "AMD Instinct MI250X/MI250"}
 

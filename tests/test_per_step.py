@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import reports
-from reports.cli import main
+from reports.output.cli import main
 from reports.steps import count_steps, per_step, phase_steps
 from tracer import Tracer
 

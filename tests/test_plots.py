@@ -9,8 +9,8 @@ import torch
 from torch import nn
 
 from reports.errors import ReportError
-from reports.load import load
-from reports.plots import plot_compare, plot_flops, plot_memory, save_plots
+from reports.loading.load import load
+from reports.output.plots import plot_compare, plot_flops, plot_memory, save_plots
 from tracer import Tracer
 
 matplotlib = pytest.importorskip("matplotlib")
@@ -92,7 +92,7 @@ def test_errors(runs, tmp_path):
 def test_public_names_import_without_torch_or_matplotlib():
     code = (
         "import importlib, sys\n"
-        "for name in ('reports.memory', 'reports.views', 'reports.compare', 'reports.plots'):\n"
+        "for name in ('reports.memory.memory', 'reports.memory.views', 'reports.compare', 'reports.output.plots'):\n"
         "    module = importlib.import_module(name)\n"
         "    assert all(hasattr(module, n) for n in module.__all__), name\n"
         "assert 'torch' not in sys.modules and 'matplotlib' not in sys.modules, sorted(sys.modules)\n"

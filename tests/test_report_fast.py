@@ -24,10 +24,10 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 import reports
-from reports import cli
-from reports.columns import cell_lists
 from reports.compare import columns as compare_columns
 from reports.errors import ReportError
+from reports.loading.columns import cell_lists
+from reports.output import cli
 from tracer import Tracer
 from tracer.schema import part_paths
 
@@ -212,12 +212,12 @@ def test_a_deferred_frame_whose_index_was_reset_says_so(traces):
 
 
 def test_flattened_id_lists_are_shared_while_their_frame_lives_and_dropped_with_it(tmp_path):
-    """reports.columns.flat keeps its last results for the frames' Arrow columns (roles and storage lifetimes
+    """reports.loading.columns.flat keeps its last results for the frames' Arrow columns (roles and storage lifetimes
     share them), read-only, and forgets them once the frame is gone."""
     import gc
 
 
-    from reports import columns
+    from reports.loading import columns
 
     path = tmp_path / "t"
     with Tracer(path):
@@ -239,9 +239,9 @@ def test_flattened_id_lists_are_shared_while_their_frame_lives_and_dropped_with_
 
 
 def test_first_items_of_stored_dictionary_lists_match_python():
-    """reports.columns.first_items reads the first item of list<dictionary> cells from the offsets: empty and
+    """reports.loading.columns.first_items reads the first item of list<dictionary> cells from the offsets: empty and
     null lists, null items, a sliced chunk and chunks with different dictionaries give what Python gives."""
-    from reports.columns import first_codes, first_items
+    from reports.loading.columns import first_codes, first_items
 
     cells = [["float32", "int64"], [], None, ["bfloat16"], [None, "float32"], ["int64"], ["float32"]]
     kind = pa.list_(pa.dictionary(pa.int32(), pa.string()))
@@ -258,8 +258,8 @@ def test_first_items_of_stored_dictionary_lists_match_python():
 def test_each_load_reads_every_part_footer_once_and_keeps_none_for_the_next(tmp_path, monkeypatch):
     """A report opens each part's footer once (check, read, deferred reads); a later load reads them again,
     since a trace re-written in place can keep its size, inode and (on coarse file systems) mtime."""
-    import reports.integrity as integrity
-    from reports.columns import cell_objects
+    import reports.loading.integrity as integrity
+    from reports.loading.columns import cell_objects
 
     path = tmp_path / "t"
     with Tracer(path, flush_rows=7):

@@ -18,7 +18,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 import reports
-from reports.roles import gradient_sources
+from reports.flops.roles import gradient_sources
 from tracer import Tracer
 from tracer.schema import METADATA_KEY
 
@@ -147,7 +147,7 @@ def test_a_frozen_teachers_matmul_is_external_not_attention(tmp_path, capsys):
     assert "Weights outside the model: 2,048 FLOPs per step (2,048 forward)" in text
     # the model's own forward is 4,480 - 2,048 = 2,432 = 1.188 x 2·N·T
     assert "forward 2,432 FLOPs of the model's own (less the weights outside it) = 1.188 x 2·N·T" in text
-    from reports.cli import main
+    from reports.output.cli import main
 
     assert main(["report", path, "--json"]) == 0
     report = json.loads(capsys.readouterr().out)

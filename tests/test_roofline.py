@@ -8,8 +8,8 @@ import torch
 
 import reports
 from reports.errors import ReportError
-from reports.peaks import BANDWIDTH, PEAKS, match_device, peak_bandwidth
-from reports.roofline import roofline, roofline_split
+from reports.flops.peaks import BANDWIDTH, PEAKS, match_device, peak_bandwidth
+from reports.time.roofline import roofline, roofline_split
 from tracer import TraceError, Tracer, memory_bandwidth, read_metadata
 
 N = 1024
@@ -153,7 +153,7 @@ def test_empty_trace_keeps_columns(trace):
 
 def test_plot_roofline_draws_roofs_and_points(trace):
     pytest.importorskip("matplotlib")
-    from reports.plots import plot_roofline
+    from reports.output.plots import plot_roofline
 
     ax = plot_roofline(trace, peak_flops=PEAK, bandwidth=BW).axes[0]
     assert ax.get_xscale() == "log" and ax.get_yscale() == "log"
@@ -170,7 +170,7 @@ def test_new_report_modules_import_without_torch():
 
     code = (
         "import importlib, sys\n"
-        "for name in ('reports.roofline', 'reports.export', 'reports.pftrace'):\n"
+        "for name in ('reports.time.roofline', 'reports.output.export', 'reports.output.pftrace'):\n"
         "    module = importlib.import_module(name)\n"
         "    assert all(hasattr(module, n) for n in module.__all__), name\n"
         "assert 'torch' not in sys.modules, sorted(sys.modules)\n"

@@ -17,7 +17,8 @@ import pytest
 import torch
 
 import reports
-from reports.cli import _bytes, main
+from reports.output.cli import main
+from reports.output.text import human_bytes
 from tracer import Tracer
 from tracer.schema import MARKER_NAME, METADATA_KEY, part_paths
 
@@ -196,8 +197,8 @@ def test_bad_cli_numbers(tmp_path, capsys, flag, value):
 
 
 def test_large_memory_prints_in_tib():
-    assert _bytes(1.28e3 * 2**30) == "1.25 TiB"  # a 70B model's peak: 1,280 GiB
-    assert _bytes(3 * 2**30) == "3 GiB" and _bytes(2**50) == "1 PiB"
+    assert human_bytes(1.28e3 * 2**30) == "1.25 TiB"  # a 70B model's peak: 1,280 GiB
+    assert human_bytes(3 * 2**30) == "3 GiB" and human_bytes(2**50) == "1 PiB"
 
 
 def test_compare_against_an_empty_trace_is_refused(tmp_path, capsys):

@@ -29,7 +29,7 @@ from torch.optim import Optimizer
 from torch.utils._python_dispatch import _disable_current_modes
 
 import reports
-from reports.cli import main
+from reports.output.cli import main
 from reports.steps import count_steps
 from tracer import Tracer, read_metadata
 from tracer.steps import Steps

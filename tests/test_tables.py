@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from reports.errors import ReportError
-from reports.load import load
+from reports.loading.load import load
 from reports.tables import by_dtype, by_module, by_op, by_phase, by_step, row_dtypes
 
 B, D, H = 4, 8, 16  # tokens per step, width, hidden width

@@ -10,8 +10,8 @@ import torch
 from torch import nn
 
 from reports.errors import ReportError
-from reports.load import load
-from reports.views import copies, is_copy, views
+from reports.loading.load import load
+from reports.memory.views import copies, is_copy, views
 from tracer import Tracer
 
 

@@ -10,9 +10,9 @@ _HOME = {
     "TraceError": "tracer.errors",
     "register_flop_formula": "tracer.flops",
     "read_metadata": "tracer.schema",
-    "time_step": "tracer.device",
-    "time_matmul": "tracer.device",
-    "matmul_ceiling": "tracer.device",
+    "time_step": "tracer.measure",
+    "time_matmul": "tracer.measure",
+    "matmul_ceiling": "tracer.measure",
     "memory_bandwidth": "tracer.bandwidth",
 }
 

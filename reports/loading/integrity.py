@@ -15,7 +15,7 @@ part) is refused with one line naming it. Damage is reported, never hidden:
 A part that repeats another's rows (a sync tool's `part-000001 (1).parquet`, a
 symlinked copy) or its part number, and a `rank=R` directory inside a trace that
 has parts of its own (another trace's rows), are refused with one line too; the
-values inside the parts are checked by reports/validate.py.
+values inside the parts are checked by reports/loading/validate.py.
 """
 
 import os
@@ -28,7 +28,7 @@ except ImportError:
     ParquetReader = None
 
 from reports.errors import ReportError
-from reports.validate import check_footers, check_metadata, check_schema, parse_json
+from reports.loading.validate import check_footers, check_metadata, check_schema, parse_json
 from tracer.schema import MARKER_NAME, METADATA_KEY, part_name, part_paths
 
 MAX_METADATA_BYTES = 64 << 20  # a part's metadata JSON (a 70B model's parameter table: ~100 KB)
@@ -91,7 +91,7 @@ def footer(part, footers=None):
 
 def check_parts(path, footers=None, unread=()):
     """[(part file, metadata dict, row count)] of every part, or ReportError naming the first bad file.
-    `unread`: columns the caller leaves in the files, checked from the parts' statistics (reports/validate.py)."""
+    `unread`: columns the caller leaves in the files, checked from the parts' statistics (reports/loading/validate.py)."""
     path = os.fspath(path)
     parts_here = list_parts(path)
     known = set(parts_here)

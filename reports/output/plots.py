@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 
 from reports.errors import ReportError
-from reports.load import runs_of
+from reports.loading.load import runs_of
 from tracer.schema import PHASES
 
 __all__ = ["plot_compare", "plot_flops", "plot_memory", "plot_roofline", "save_plots"]
@@ -58,7 +58,7 @@ def _runs(df):
 
 def plot_flops(df, top=15):
     """FLOPs per step by innermost module, stacked by phase: one panel per run, the `top` modules by FLOPs."""
-    from reports.load import require
+    from reports.loading.load import require
     from reports.steps import per_step
 
     require(df, ("step", "phase", "module", "flops"), "plot_flops")
@@ -132,7 +132,7 @@ def plot_memory(df, points=5000):
     """Live bytes after every op, split into memory categories (stacked), the phases along the top, the peak marked.
 
     Runs longer than 2 x `points` ops are drawn with, per bin of ops, the op with the most live bytes."""
-    from reports.memory import CATEGORIES, timeline
+    from reports.memory.memory import CATEGORIES, timeline
 
     runs = _runs(df)
     line = timeline(df)
@@ -174,8 +174,8 @@ def plot_memory(df, points=5000):
 
 def plot_compare(df):
     """Bars per run: FLOPs per step and bytes allocated per step (stacked by phase), peak memory by category."""
-    from reports.load import require
-    from reports.memory import CATEGORIES, by_category
+    from reports.loading.load import require
+    from reports.memory.memory import CATEGORIES, by_category
     from reports.steps import per_step
 
     require(df, ("step", "phase", "flops", "bytes_allocated"), "plot_compare")
@@ -232,7 +232,7 @@ def plot_roofline(df, by="op", peak_flops=None, bandwidth=None, labels=8):
 
     Op kinds without FLOPs or bytes (copies, views) cannot sit on log axes; the title says
     how much time they took."""
-    from reports.roofline import roofline
+    from reports.time.roofline import roofline
 
     runs = _runs(df)
     table = roofline(df, by=by, peak_flops=peak_flops, bandwidth=bandwidth)

@@ -22,8 +22,8 @@ import numpy as np
 import pandas as pd
 
 from reports._util import COPY_OPS, empty_frame, is_copy, pct
-from reports.columns import cell_lists, first_items
-from reports.load import require, runs_of
+from reports.loading.columns import cell_lists, first_items
+from reports.loading.load import require, runs_of
 from reports.tables import split_runs
 
 __all__ = ["COPY_OPS", "copies", "is_copy", "views"]

@@ -9,7 +9,7 @@ promised FLOP/s"; an MFU of 0.5 or more is good.
                   activation checkpointing re-ran (the `recompute` flag: PaLM's MFU
                   leaves rematerialisation out) and less what fused attention
                   backward kernels spend recomputing the scores (they count five
-                  score-sized matmuls where four are needed); see reports/recompute.py.
+                  score-sized matmuls where four are needed); see reports/flops/recompute.py.
                   Optimizer (and "other" phase) FLOPs are not model FLOPs. Matmuls
                   with weights outside model= (a frozen teacher's forward) are work
                   the step needs, so they stay in.
@@ -40,13 +40,13 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from reports.columns import cell_lists, flat, packets
 from reports.errors import ReportError
-from reports.load import require, runs_of
-from reports.peaks import cpu_ideal_flops, normalize_dtype
-from reports.peaks import peak_flops as lookup_peak
-from reports.recompute import attention_recompute, checkpoint_recompute
-from reports.roles import skipped_inputs
+from reports.flops.peaks import cpu_ideal_flops, normalize_dtype
+from reports.flops.peaks import peak_flops as lookup_peak
+from reports.flops.recompute import attention_recompute, checkpoint_recompute
+from reports.flops.roles import skipped_inputs
+from reports.loading.columns import cell_lists, flat, packets
+from reports.loading.load import require, runs_of
 from reports.steps import count_steps, per_step
 from reports.tables import split_runs
 

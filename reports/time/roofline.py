@@ -34,10 +34,10 @@ bound time far above its roof time is what fusing those ops could buy back.
 import numpy as np
 import pandas as pd
 
-from reports.columns import cell_objects
 from reports.errors import ReportError
-from reports.load import require, runs_of
-from reports.peaks import normalize_dtype, peak_bandwidth, peak_flops
+from reports.flops.peaks import normalize_dtype, peak_bandwidth, peak_flops
+from reports.loading.columns import cell_objects
+from reports.loading.load import require, runs_of
 from reports.steps import row_divisor, summable
 from reports.tables import combine, row_dtype_codes, several_runs, split_runs
 

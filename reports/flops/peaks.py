@@ -57,7 +57,7 @@ _AMD_MI300X = "AMD Instinct MI300X datasheet (dense; one device in SPX mode)"
 # tensor math like the GeForce parts): 35 TFLOPS FP32, 70 TFLOPS BF16/FP16 dense, as
 # AWS's G5 documentation and Baseten's "A10 vs A10G" comparison give them. Some tables
 # (Lightning's) reuse the A10's 125 TFLOPS instead.
-_A10G = "AWS A10G (G5 instances; no NVIDIA datasheet): derived dense figures, see NB in reports/peaks.py"
+_A10G = "AWS A10G (G5 instances; no NVIDIA datasheet): derived dense figures, see NB in reports/flops/peaks.py"
 
 # (device key, dtype) -> (dense FLOP/s, source)
 PEAKS = {

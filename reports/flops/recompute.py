@@ -11,7 +11,7 @@ Two kinds, both per row (turn them into per-step figures with reports.steps.per_
 import numpy as np
 import pandas as pd
 
-from reports.columns import cell_objects, has_column
+from reports.loading.columns import cell_objects, has_column
 
 __all__ = ["attention_recompute", "checkpoint_recompute"]
 

@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 
 from reports._util import empty_frame, pct
-from reports.load import require
+from reports.loading.load import require
 
 __all__ = ["FIX", "bounds", "uncounted"]
 

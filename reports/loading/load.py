@@ -1,17 +1,20 @@
 """Read one or several optrace traces into one pandas DataFrame."""
 
 import os
+import re
 import warnings
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from reports.columns import DEFERRED, LIST_MODES, Deferred, SharedRuns, concat_frames, has_column, read_table, to_pandas
 from reports.errors import ReportError
-from reports.integrity import Footers, check_parts, damage, describe_damage, list_parts, no_parts, one_line, read_marker
-from reports.validate import check_metadata_ids, check_rows, max_storage_id
+from reports.loading.columns import DEFERRED, LIST_MODES, Deferred, SharedRuns, concat_frames, has_column, read_table, to_pandas
+from reports.loading.integrity import Footers, check_parts, damage, describe_damage, list_parts, no_parts, one_line, read_marker
+from reports.loading.validate import check_metadata_ids, check_rows, max_storage_id
 from tracer.schema import COLUMN_NAMES, SCHEMA_VERSION, merge_metadata, missing_columns
+
+_RANK_DIR = re.compile(r"^rank=(\d+)$")
 
 
 def read_run(path, footers=None, unread=()):
@@ -54,7 +57,7 @@ def load(paths, columns=None, lists="objects"):
     numpy array; "arrow" keeps the list columns as Arrow arrays (pandas ArrowDtype, cells
     read as Python lists), far smaller and faster on big traces; "deferred" also leaves the
     shape and stride columns in the files until a report asks for some of their rows
-    (reports/columns.py).
+    (reports/loading/columns.py).
     The run metadata is in `df.attrs["runs"]` ({run name: metadata dict}, in the given
     order); an incomplete trace (cut short) loads with a warning.
 
@@ -132,10 +135,29 @@ def id_limit(meta, rows):
     return max_storage_id(rows + sum(int(facts.get(k) or 0) for k in ("lost_rows", "missing_rows", "record_errors")))
 
 
+def rank_paths(path):
+    """[(rank directory, rank)] of a distributed trace in rank order, or [] for any other path."""
+    path = os.fspath(path)
+    if not os.path.isdir(path):
+        return []
+    found = []
+    for name in os.listdir(path):
+        match = _RANK_DIR.match(name)
+        if match and os.path.isdir(os.path.join(path, name)):
+            found.append((os.path.join(path, name), int(match.group(1))))
+    return sorted(found, key=lambda item: item[1])
+
+
+def ranks_present(path):
+    """How many ranks' directories a trace path holds: its `rank=R` directories, 1 for a rank's own directory."""
+    found = rank_paths(path)
+    if found:
+        return len(found)
+    return 1 if _RANK_DIR.match(os.path.basename(os.path.normpath(os.fspath(path)))) else 0
+
+
 def _with_ranks(paths):
     """(path, rank) per trace to read: a distributed trace's rank directories, each with its rank."""
-    from reports.ranks import rank_paths
-
     for path in paths:
         found = rank_paths(path) if not list_parts(path) else []
         yield from found or [(path, None)]

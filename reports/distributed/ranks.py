@@ -9,42 +9,16 @@ Times are traced times (tracing slows every op alike), good for comparing ranks
 with each other, not for measuring speed.
 """
 
-import os
-import re
-
 import pandas as pd
 
-from reports.load import require
+from reports.loading.load import require
 from reports.steps import count_steps, per_step
 from reports.tables import split_runs
 
-__all__ = ["rank_paths", "ranks", "imbalance", "first_rank", "is_multi_rank", "rank_summary", "print_ranks",
-           "ranks_present", "job_summary", "print_job"]
+__all__ = ["ranks", "imbalance", "first_rank", "is_multi_rank", "rank_summary", "job_summary"]
 
-_RANK_DIR = re.compile(r"^rank=(\d+)$")
 RANK_SEPARATOR = "/rank="
 PHASE_ORDER = ("forward", "backward", "optimizer", "other")
-
-
-def rank_paths(path):
-    """[(rank directory, rank)] of a distributed trace in rank order, or [] for any other path."""
-    path = os.fspath(path)
-    if not os.path.isdir(path):
-        return []
-    found = []
-    for name in os.listdir(path):
-        match = _RANK_DIR.match(name)
-        if match and os.path.isdir(os.path.join(path, name)):
-            found.append((os.path.join(path, name), int(match.group(1))))
-    return sorted(found, key=lambda item: item[1])
-
-
-def ranks_present(path):
-    """How many ranks' directories a trace path holds: its `rank=R` directories, 1 for a rank's own directory."""
-    found = rank_paths(path)
-    if found:
-        return len(found)
-    return 1 if _RANK_DIR.match(os.path.basename(os.path.normpath(os.fspath(path)))) else 0
 
 
 def trace_of(run):
@@ -156,7 +130,7 @@ def rank_summary(df):
 def job_summary(df, present):
     """One rank standing for its job: {rank, world_size, backend, ranks_present, fake_process_group,
     collectives: per_step_traffic of the first run as records}; None for a trace of no process group."""
-    from reports.collectives import FAKE_BACKENDS, per_step_traffic
+    from reports.distributed.collectives import FAKE_BACKENDS, per_step_traffic
 
     (run, meta), *_ = df.attrs["runs"].items()
     world = meta.get("world_size")
@@ -171,78 +145,3 @@ def job_summary(df, present):
             for row in table.to_dict("records")
         ],
     }  # fmt: skip
-
-
-def print_job(df, present, out):
-    """The `Distributed` section of `optrace report`: world size, ranks present, and what this rank's
-    collectives send and receive per step. Printed for every rank of a process group, one rank or many."""
-    from reports.cli import _bytes
-
-    job = job_summary(df, present)
-    if job is None:
-        return
-    missing = "" if present >= job["world_size"] else f"; {present} of {job['world_size']} ranks present in the trace"
-    print(f"\nDistributed: rank {job['rank']} of world size {job['world_size']} (backend {job['backend']}{missing})", file=out)
-    if not job["collectives"]:
-        print("  no collectives traced", file=out)
-        return
-    print(f"Collectives per step of rank {job['rank']} (sent and received: by the ring algorithms of NCCL)", file=out)
-    shown = pd.DataFrame({
-        "collective": [c["collective"] for c in job["collectives"]],
-        "group": [f"{c['process_group'] or '-'} ({c['group_size']})" for c in job["collectives"]],
-        "calls": [f"{c['calls_per_step']:g}" for c in job["collectives"]],
-        "message": [_bytes(c["message_bytes_per_step"]) for c in job["collectives"]],
-        "sent": [_bytes(c["sent_bytes_per_step"]) for c in job["collectives"]],
-        "received": [_bytes(c["received_bytes_per_step"]) for c in job["collectives"]],
-    })  # fmt: skip
-    print(shown.to_string(index=False), file=out)
-    if job["fake_process_group"]:
-        print("  No bandwidth or collective time: a fake process group moves no data, so its timings mean nothing.", file=out)
-
-
-def print_ranks(df, out):
-    """The per-rank section of `optrace report` on a distributed trace."""
-    from reports.cli import _bytes, _human
-
-    table = ranks(df)
-    (_, meta), *_ = df.attrs["runs"].items()
-    world = meta.get("world_size")
-    of = f" of {world}" if world and world != len(table) else ""
-    print(f"\nRanks ({len(table)}{of}): per step, traced times", file=out)
-    shown = pd.DataFrame({
-        "rank": table["rank"], "FLOPs": table["flops_per_step"].map(_human),
-        "comm bytes": table["comm_bytes_per_step"].map(_bytes),
-        "comm ms": (table["comm_s_per_step"] * 1e3).map("{:.2f}".format),
-        "compute ms": (table["compute_s_per_step"] * 1e3).map("{:.2f}".format),
-        "step ms": (table["step_time_s"] * 1e3).map("{:.2f}".format),
-    })  # fmt: skip
-    print(shown.to_string(index=False), file=out)
-    imb = imbalance(df)
-    print("Imbalance (max / mean over ranks of the time per step)", file=out)
-    for row in imb.itertuples():
-        print(f"  {row.phase:<10} {row.imbalance:.3f}  (max {row.max_s * 1e3:.2f} ms on rank {row.slowest_rank}, "
-              f"mean {row.mean_s * 1e3:.2f} ms)", file=out)
-    step = imb[imb["phase"] == "step"]
-    if len(step):
-        print(f"The slowest rank is {int(step['slowest_rank'].iloc[0])} (longest step).", file=out)
-    split = _collective_lines(df)
-    if split:
-        print("Collectives (rank 0)", file=out)
-        for line in split:
-            print(f"  {line}", file=out)
-
-
-def _collective_lines(df):
-    from reports.cli import _bytes
-    from reports.collectives import FAKE_BACKENDS, collectives
-
-    (_, meta), *_ = df.attrs["runs"].items()
-    if meta.get("backend") in FAKE_BACKENDS:
-        return []  # no data moved: no bandwidth (print_job says why)
-    table = collectives(df)
-    table = table[table["rank"] == table["rank"].min()] if len(table) else table
-    return [
-        f"{r.collective:<15} {r.calls} x {_bytes(r.comm_bytes)}: {r.duration_s * 1e3:.2f} ms each, "
-        f"busbw {_bytes(r.busbw_bytes_per_s)}/s"
-        for r in table.itertuples()
-    ]

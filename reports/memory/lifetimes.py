@@ -49,9 +49,9 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from reports.columns import cell_lists, cell_objects, flat
-from reports.load import runs_of
-from reports.resizes import collective_storages, largest, resize_deltas, resize_events, split_pieces
+from reports.loading.columns import cell_lists, cell_objects, flat
+from reports.loading.load import runs_of
+from reports.memory.resizes import collective_storages, largest, resize_deltas, resize_events, split_pieces
 
 __all__ = ["CATEGORIES", "DTYPE_BYTES", "Storages", "runs_in_order", "take"]
 

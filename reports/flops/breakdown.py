@@ -5,7 +5,7 @@ parameters costs 2·N·T FLOPs forward (each weight multiplies each token once: 
 multiply and an add) and 4·N·T backward (per weight matmul y = x @ W, the input
 gradient dL/dx = dL/dy @ Wᵀ and the weight gradient dL/dW = xᵀ @ dL/dy), 6·N·T
 in all. `breakdown` sets the traced FLOPs beside it and splits them four ways
-(reports/roles.py says how a row is told apart):
+(reports/flops/roles.py says how a row is told apart):
 
   weight_matmul_flops    matmuls that multiply by a model parameter or compute its gradient
   attention_flops        matmuls of two activations, and fused attention kernels
@@ -15,19 +15,19 @@ in all. `breakdown` sets the traced FLOPs beside it and splits them four ways
                          convolutions, the optimizer's _foreach ops
 
 For a mixture of experts, where a token uses N_active of the N parameters (k of E experts:
-reports/accounting.py), the same FLOPs are also set against 2·N_active·T, 4·N_active·T and
+reports/flops/accounting.py), the same FLOPs are also set against 2·N_active·T, 4·N_active·T and
 6·N_active·T (expected_active_flops, active_ratio); in a dense model N_active = N.
 
-N and T: see reports/accounting.py. All FLOP columns are per training step, through
-reports.steps (each phase's total over the steps it ran in). `explain` (reports/explain.py)
+N and T: see reports/flops/accounting.py. All FLOP columns are per training step, through
+reports.steps (each phase's total over the steps it ran in). `explain` (reports/flops/explain.py)
 says the same in words.
 """
 
 import numpy as np
 import pandas as pd
 
-from reports.accounting import N_CHOICES, analyse
-from reports.explain import explain
+from reports.flops.accounting import N_CHOICES, analyse
+from reports.flops.explain import explain
 from reports.steps import per_step
 from reports.tables import combine, several_runs
 
@@ -51,7 +51,7 @@ def breakdown(df, n="matmul", tokens=None, accounts=None):
     except under tensor parallelism, where it is the rank's shards), n_active (N_active, the parameters a token uses; N in a
     dense model), n_kind (which N: "matmul", "total", "non_embedding" or "given") and
     tokens (T, tokens per step). See the module docstring for N, T and the split.
-    `accounts`: what reports.accounting.analyse(df, n, tokens, ...) returned, to share
+    `accounts`: what reports.flops.accounting.analyse(df, n, tokens, ...) returned, to share
     one analysis of the rows with `explain` (the CLI does); n and tokens are then unused."""
     columns = ["phase", "flops", "expected_flops", "ratio", "expected_active_flops", "active_ratio", *_FLOAT_COLS[1:],
                "steps", "n_params", "n_rank", "n_active", "n_kind", "tokens"]

@@ -34,9 +34,9 @@ import numpy as np
 import pandas as pd
 
 from reports._util import ONE_TO_ONE_COPIES, ids, packet
-from reports.columns import cell_objects, flat, has_column
-from reports.columns import packets as op_packets
 from reports.errors import ReportError
+from reports.loading.columns import cell_objects, flat, has_column
+from reports.loading.columns import packets as op_packets
 
 __all__ = ["CATEGORIES", "Roles", "operands", "skipped_inputs"]
 
@@ -61,7 +61,7 @@ def operands(op, input_ids):
 
 
 def _flat_ids(rows, ins, outs):
-    """(offsets, ids) of the input and the output storage ids of `rows` (reports.columns.flat), reusing given ones."""
+    """(offsets, ids) of the input and the output storage ids of `rows` (reports.loading.columns.flat), reusing given ones."""
     ins = flat(rows["input_storage_ids"]) if ins is None else ins
     outs = flat(rows["output_storage_ids"]) if outs is None else outs
     return ins, outs

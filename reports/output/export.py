@@ -26,7 +26,7 @@ FLOPs". Each is written when its value changes.
 Memory stays bounded: the parts are read in batches with pyarrow and each event is
 written as it is made, one per line.
 
-Damage: every batch passes the checks of reports/validate.py before its events are
+Damage: every batch passes the checks of reports/loading/validate.py before its events are
 made (a null, a negative or absurd value, a repeated seq is one ReportError). A trace
 cut short or damaged is still written, with a warning (`optrace export` prints it as a
 note on stderr and exits 0), "complete" and "damage" per rank in the JSON's
@@ -44,9 +44,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from reports.errors import ReportError
-from reports.integrity import Footers, describe_damage, list_parts
-from reports.load import id_limit, read_run
-from reports.validate import check_rows
+from reports.loading.integrity import Footers, describe_damage, list_parts
+from reports.loading.load import id_limit, read_run
+from reports.loading.validate import check_rows
 from tracer.schema import COLUMN_NAMES, PHASES, part_paths
 
 __all__ = ["export_chrome", "export_trace", "trace_ranks"]
@@ -386,7 +386,7 @@ def export_trace(trace, out, batch_rows=BATCH_ROWS):
     in .pftrace (needs the `perfetto` package). Returns the number of op slices written."""
     out = os.fspath(out)
     if out.endswith(".pftrace"):
-        from reports.pftrace import ProtoEvents as events
+        from reports.output.pftrace import ProtoEvents as events
     elif out.endswith(".json"):
         events = JsonEvents
     else:

@@ -26,7 +26,7 @@ import pyarrow.compute as pc
 
 from reports._util import packet
 from reports.errors import ReportError
-from reports.integrity import footer
+from reports.loading.integrity import footer
 
 __all__ = [
     "DEFERRED", "LIST_MODES", "Deferred", "SharedRuns", "cell_lists", "cell_objects", "concat_frames", "first_codes", "first_items", "flat", "has_column",
@@ -205,7 +205,7 @@ class _Parts:
 
 def read_table(path, columns, lists="objects", footers=None):
     """The trace's `columns` as a pyarrow Table ("objects"), or as parts `to_pandas` frees as it goes
-    (`footers`: the parts' footers already read, as `reports.integrity.footer` keeps them)."""
+    (`footers`: the parts' footers already read, as `reports.loading.integrity.footer` keeps them)."""
     import pyarrow.parquet as pq
 
     from tracer.schema import part_paths

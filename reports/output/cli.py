@@ -11,10 +11,10 @@ import os
 import sys
 import warnings
 
-from reports._util import printable
-from reports.coverage import bounds
 from reports.errors import ReportError
-from reports.integrity import describe_damage, list_parts
+from reports.flops.coverage import bounds
+from reports.loading.integrity import describe_damage, list_parts
+from reports.output.text import column_formatters, human, human_bytes, json_number, percent, printable
 
 # Columns no section of `optrace report` reads, left out of its load (a section that needs one takes it out of here).
 _REPORT_UNUSED = ("layout", "device", "inplace")
@@ -23,40 +23,8 @@ _JSON_UNUSED = (*_REPORT_UNUSED, "freed_storage_ids", "output_storage_bytes", "i
                 "bytes_written", "bytes_allocated", "busy_ns")
 # ... and those only the rank figures read: left out for a trace of one rank.
 _RANKS_ONLY = ("start_ns", "comm_bytes", "group_size", "process_group")
-# ... of which one rank's own job section (reports/ranks.py print_job) reads these.
+# ... of which one rank's own job section (reports/output/distributed.py print_job) reads these.
 _JOB_COLUMNS = ("comm_bytes", "group_size", "process_group")
-
-
-def _human(value, unit=""):
-    """1234567 -> '1.23 M'; None -> 'N/A'."""
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "N/A"
-    for factor, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if abs(value) >= factor:
-            return f"{value / factor:.3g} {prefix}{unit}"
-    return f"{value:.3g} {unit}".rstrip()
-
-
-def _bytes(value):
-    if value is None:
-        return "N/A"
-    for factor, prefix in ((2**50, "PiB"), (2**40, "TiB"), (2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
-        if abs(value) >= factor:
-            return f"{value / factor:.3g} {prefix}"
-    return f"{int(value)} B"
-
-
-def _number(value):
-    """A JSON-ready number: numpy scalars to Python, NaN to None."""
-    if value is None:
-        return None
-    value = value.item() if hasattr(value, "item") else value
-    if isinstance(value, float):
-        if math.isnan(value):
-            return None
-        if value.is_integer() and abs(value) < 2**53:
-            return int(value)
-    return value
 
 
 def _phase_flops(df):
@@ -64,18 +32,18 @@ def _phase_flops(df):
     from reports.steps import per_step
 
     phase = df["phase"]
-    flops = {p: _number(per_step(df, mask=phase == p)) for p in ("forward", "backward", "optimizer", "other")}
-    flops["total"] = _number(per_step(df))
+    flops = {p: json_number(per_step(df, mask=phase == p)) for p in ("forward", "backward", "optimizer", "other")}
+    flops["total"] = json_number(per_step(df))
     return flops
 
 
 def summary(df, peak_tflops=None, step_time_s=None, ranks_present=None):
     """The numbers `report --json` prints, as a dict. `ranks_present`: rank directories in the trace
-    (reports.ranks.ranks_present), for its `distributed` object; default: the runs loaded."""
-    from reports.breakdown import breakdown
-    from reports.memory import peak
-    from reports.mfu import mfu
-    from reports.ranks import job_summary
+    (reports.loading.load.ranks_present), for its `distributed` object; default: the runs loaded."""
+    from reports.distributed.ranks import job_summary
+    from reports.flops.breakdown import breakdown
+    from reports.flops.mfu import mfu
+    from reports.memory.memory import peak
     from reports.steps import count_steps
 
     (run, meta), *_ = df.attrs["runs"].items()
@@ -89,22 +57,22 @@ def summary(df, peak_tflops=None, step_time_s=None, ranks_present=None):
         "run": run,
         "complete": bool(meta.get("complete")),
         "device": (meta.get("device") or {}).get("name"),
-        "params": _number(table["n_params"].iloc[0]) if table is not None else None,
-        "n_rank": _number(table["n_rank"].iloc[0]) if table is not None else None,  # the N this rank multiplies by
-        "n_active": _number(table["n_active"].iloc[0]) if table is not None else None,  # parameters a token uses
-        "tokens": _number(table["tokens"].iloc[0]) if table is not None else _number(meta.get("tokens")),
+        "params": json_number(table["n_params"].iloc[0]) if table is not None else None,
+        "n_rank": json_number(table["n_rank"].iloc[0]) if table is not None else None,  # the N this rank multiplies by
+        "n_active": json_number(table["n_active"].iloc[0]) if table is not None else None,  # parameters a token uses
+        "tokens": json_number(table["tokens"].iloc[0]) if table is not None else json_number(meta.get("tokens")),
         "steps": count_steps(df),
         "flops": _phase_flops(df),  # per step; the phases add up to total
         "bound_flops": bounds(df),  # of those, per step, upper bounds rather than counts
-        "external_weight_flops": None if table is None else _number(table.loc["total", "external_weight_flops"]),
+        "external_weight_flops": None if table is None else json_number(table.loc["total", "external_weight_flops"]),
         "expected": None if table is None else {
-            phase: _number(table.loc[phase, "expected_flops"]) for phase in ("forward", "backward", "total")
+            phase: json_number(table.loc[phase, "expected_flops"]) for phase in ("forward", "backward", "total")
         },
-        "mfu": _number(rate["mfu"]),
-        "achieved_flops_per_s": _number(rate["achieved_flops_per_s"]),
-        "step_time_s": _number(rate["step_time_s"]),
-        "peak_flops_per_s": _number(rate["peak_flops_per_s"]),
-        "peak_live_bytes": _number(top["peak_live_bytes"]),
+        "mfu": json_number(rate["mfu"]),
+        "achieved_flops_per_s": json_number(rate["achieved_flops_per_s"]),
+        "step_time_s": json_number(rate["step_time_s"]),
+        "peak_flops_per_s": json_number(rate["peak_flops_per_s"]),
+        "peak_live_bytes": json_number(top["peak_live_bytes"]),
         "damage": dict(meta.get("damage") or {}),
         "compiled_ran_eagerly": bool(meta.get("compiled_ran_eagerly")),
         "backward_unnamed_rows": int(meta.get("backward_unnamed_rows") or 0),
@@ -118,15 +86,15 @@ def summary(df, peak_tflops=None, step_time_s=None, ranks_present=None):
 
 def _coverage_json(df):
     """`uncounted_ops`: the ops no FLOP formula counted (op, ops, time_pct)."""
-    from reports.coverage import uncounted
+    from reports.flops.coverage import uncounted
 
     table = uncounted(df)
-    return {"uncounted_ops": [{"op": r.op, "ops": int(r.ops), "time_pct": _number(r.time_pct)} for r in table.itertuples()]}
+    return {"uncounted_ops": [{"op": r.op, "ops": int(r.ops), "time_pct": json_number(r.time_pct)} for r in table.itertuples()]}
 
 
 def _print_coverage(df, out):
     """Ops no FLOP formula counted: never a silent zero."""
-    from reports.coverage import FIX, uncounted
+    from reports.flops.coverage import FIX, uncounted
 
     table = uncounted(df)
     if len(table):
@@ -136,12 +104,12 @@ def _print_coverage(df, out):
 
 
 def _print_report(df, args, out):
-    from reports.breakdown import breakdown, explain
-    from reports.explain import cycles_note
-    from reports.memory import by_category, peak
-    from reports.mfu import mfu
+    from reports.flops.breakdown import breakdown, explain
+    from reports.flops.explain import cycles_note
+    from reports.flops.mfu import mfu
+    from reports.memory.memory import by_category, peak
+    from reports.memory.views import views
     from reports.tables import by_module, by_op
-    from reports.views import views
 
     (run, meta), *_ = df.attrs["runs"].items()
     device = (meta.get("device") or {}).get("name", "?")
@@ -169,11 +137,11 @@ def _print_report(df, args, out):
 
     bound = bounds(df)
     if bound["rows"]:
-        print(f"Note: {bound['rows']:,} ops count an upper bound of their FLOPs ({_human(bound['flops'])} per step): "
+        print(f"Note: {bound['rows']:,} ops count an upper bound of their FLOPs ({human(bound['flops'])} per step): "
               f"the lengths or group sizes they depend on could not be read (meta or fake tensors); "
               f"column flops_bound", file=out)
     print("\nFLOPs per step against 2/4/6 x N x T", file=out)
-    from reports.accounting import analyse
+    from reports.flops.accounting import analyse
 
     try:
         accounts = analyse(df, "matmul", None, "breakdown")  # one analysis of the rows for breakdown and explain
@@ -185,7 +153,7 @@ def _print_report(df, args, out):
         if "external_weight_flops" in table and table["external_weight_flops"].fillna(0).any():
             split.insert(2, "external_weight_flops")  # a frozen teacher's matmuls: outside ratio and N
         shown = table[["phase", "flops", "expected_flops", "ratio", *split]]
-        print(shown.to_string(index=False, formatters=_formatters(shown), na_rep=""), file=out)
+        print(shown.to_string(index=False, formatters=column_formatters(shown), na_rep=""), file=out)
         active = table["n_active"].iloc[0]
         routed = f", N_active = {int(active):,} used per token" if active < table["n_params"].iloc[0] else ""
         if table["n_rank"].iloc[0] != table["n_params"].iloc[0]:
@@ -203,46 +171,46 @@ def _print_report(df, args, out):
         print("  N/A: no untraced step time (Tracer.set_step_time(time_step(...)) or --step-time)", file=out)
     else:
         print(
-            f"  step {rate['step_time_s'] * 1e3:.1f} ms, achieved {_human(rate['achieved_flops_per_s'], 'FLOP/s')}, "
-            f"peak {_human(rate['peak_flops_per_s'], 'FLOP/s')} ({rate['peak_source']}): "
-            f"MFU {_pct(rate['mfu'])}, HFU {_pct(rate['hfu'])}",
+            f"  step {rate['step_time_s'] * 1e3:.1f} ms, achieved {human(rate['achieved_flops_per_s'], 'FLOP/s')}, "
+            f"peak {human(rate['peak_flops_per_s'], 'FLOP/s')} ({rate['peak_source']}): "
+            f"MFU {percent(rate['mfu'])}, HFU {percent(rate['hfu'])}",
             file=out,
         )
-        if "mfu_of_achievable" in rate and _number(rate["mfu_of_achievable"]) is not None:
-            print(f"  of the measured matmul ceiling: {_pct(rate['mfu_of_achievable'])}", file=out)
+        if "mfu_of_achievable" in rate and json_number(rate["mfu_of_achievable"]) is not None:
+            print(f"  of the measured matmul ceiling: {percent(rate['mfu_of_achievable'])}", file=out)
         spread = _step_time_spread(meta.get("step_time"), args.step_time)
         if spread:
             print(f"  {spread}", file=out)
 
     ops = by_op(df).head(args.top)
     print(f"\nTop {len(ops)} ops by FLOPs (all {df['step'].nunique()} step(s))", file=out)
-    print(ops[["op", "ops", "flops", "flops_pct", "bytes_allocated"]].to_string(index=False, formatters=_formatters(ops)), file=out)
+    print(ops[["op", "ops", "flops", "flops_pct", "bytes_allocated"]].to_string(index=False, formatters=column_formatters(ops)), file=out)
     mods = by_module(df)
     mods = mods[mods["depth"] <= 2].sort_values("subtree_flops", ascending=False).head(args.top)
     mods = mods.assign(module=mods["module"].replace("", "(outside modules)"))
     print("\nTop modules by FLOPs (children rolled up)", file=out)
-    print(mods[["module", "subtree_flops", "subtree_flops_pct"]].to_string(index=False, formatters=_formatters(mods)), file=out)
+    print(mods[["module", "subtree_flops", "subtree_flops_pct"]].to_string(index=False, formatters=column_formatters(mods)), file=out)
 
     _print_coverage(df, out)
     _print_roofline(df, args, out)
 
     top = peak(df).iloc[0]
-    print(f"\nMemory: peak {_bytes(top['peak_live_bytes'])} live at op {top['seq']} ({printable(top['op'])}, {printable(top['phase'])}, module {printable(top['module'] or '-')})", file=out)
+    print(f"\nMemory: peak {human_bytes(top['peak_live_bytes'])} live at op {top['seq']} ({printable(top['op'])}, {printable(top['phase'])}, module {printable(top['module'] or '-')})", file=out)
     for _, row in by_category(df).iterrows():
-        print(f"  {row['category']:<22} {_bytes(row['bytes'])}", file=out)
+        print(f"  {row['category']:<22} {human_bytes(row['bytes'])}", file=out)
 
     v = views(df)
     kinds = v.groupby("kind", sort=False)[["ops", "bytes_allocated"]].sum().reset_index()
     print("\nViews (no new memory) vs copies", file=out)
-    print(kinds.to_string(index=False, formatters=_formatters(kinds)), file=out)
+    print(kinds.to_string(index=False, formatters=column_formatters(kinds)), file=out)
     made = v[v["kind"] == "copy"].head(args.top)
     if len(made):
-        print("Copies:", ", ".join(f"{printable(r.op)} x{r.ops} ({_bytes(r.bytes_allocated)})" for r in made.itertuples()), file=out)
+        print("Copies:", ", ".join(f"{printable(r.op)} x{r.ops} ({human_bytes(r.bytes_allocated)})" for r in made.itertuples()), file=out)
 
 
 def _print_roofline(df, args, out):
     """The roofline section: the top op kinds by time, and the step's time by what bounds it."""
-    from reports.roofline import roofline_with_split
+    from reports.time.roofline import roofline_with_split
 
     table, split = roofline_with_split(df)  # the rows prepared once for both tables
     table = table.head(args.top)
@@ -250,18 +218,18 @@ def _print_roofline(df, args, out):
         print("\nRoofline: N/A (no roof: record Tracer.set_bandwidth(tracer.memory_bandwidth()) on a CPU)", file=out)
         return
     bw, peak = table["peak_bytes_per_s"].iloc[0], table["peak_flops_per_s"].max()
-    print(f"\nRoofline (op time from busy_ns; bytes are algorithmic; roofs {_human(peak, 'FLOP/s')}, "
-          f"{_human(bw, 'B/s')})", file=out)  # fmt: skip
+    print(f"\nRoofline (op time from busy_ns; bytes are algorithmic; roofs {human(peak, 'FLOP/s')}, "
+          f"{human(bw, 'B/s')})", file=out)  # fmt: skip
     shown = table.assign(op=table["op"].str.removeprefix("aten."), intensity=table["arithmetic_intensity"].round(2),
                          time_ms=(table["time_s"] * 1e3).round(2), efficiency_pct=100 * table["efficiency"])  # fmt: skip
     shown = shown[["op", "dtype", "ops", "flops", "bytes", "intensity", "time_ms", "achieved_flops_per_s", "bound",
                    "efficiency_pct"]]  # fmt: skip
-    formatters = {**_formatters(shown), "bytes": _bytes}
+    formatters = {**column_formatters(shown), "bytes": human_bytes}
     print(shown.to_string(index=False, formatters=formatters, na_rep="N/A"), file=out)
     for row in split.itertuples():
         roof = "" if row.bound == "other" else f", {row.roof_time_s * 1e3:.2f} ms at the roof"
         label = "other ops" if row.bound == "other" else f"{row.bound}-bound"
-        print(f"  {label:<15} {row.time_s * 1e3:8.2f} ms per step ({_pct(row.time_pct / 100)}){roof}", file=out)
+        print(f"  {label:<15} {row.time_s * 1e3:8.2f} ms per step ({percent(row.time_pct / 100)}){roof}", file=out)
 
 
 def _step_time_spread(timing, given):
@@ -277,37 +245,15 @@ def _step_time_spread(timing, given):
     return line
 
 
-def _pct(value):
-    value = _number(value)
-    return "N/A" if value is None else f"{100 * value:.1f}%"
-
-
-def _formatters(frame):
-    import pandas as pd
-
-    found = {}
-    for column in frame.columns:
-        if column.endswith("_ratio") or column == "ratio":
-            found[column] = lambda v: "" if v is None or v != v else f"{v:.3f}"
-        elif column.endswith("_pct"):
-            found[column] = lambda v: "N/A" if v is None or v != v else f"{v:.1f}%"
-        elif "flops" in column:
-            found[column] = lambda v: _human(v)
-        elif "bytes" in column:
-            found[column] = _bytes
-        elif not pd.api.types.is_numeric_dtype(frame[column].dtype) and not pd.api.types.is_bool_dtype(frame[column].dtype):
-            found[column] = printable  # names from the trace: control characters escaped
-    return found
-
-
 def _report(args):
-    from reports.load import load
+    from reports.loading.load import load
 
     from tracer.schema import COLUMN_NAMES
 
-    # only the columns the sections read; no Python object per list cell; shapes read when asked (reports/columns.py)
-    from reports.ranks import first_rank, is_multi_rank, print_job, print_ranks, rank_paths, rank_summary
-    from reports.ranks import ranks_present
+    # only the columns the sections read; no Python object per list cell; shapes read when asked (reports/loading/columns.py)
+    from reports.distributed.ranks import first_rank, is_multi_rank, rank_summary
+    from reports.loading.load import rank_paths, ranks_present
+    from reports.output.distributed import print_job, print_ranks
 
     list_parts(args.trace)  # a directory that cannot be listed: one line, before the ranks are looked for
     unused = _JSON_UNUSED if args.json and not args.plot else _REPORT_UNUSED
@@ -319,7 +265,7 @@ def _report(args):
 
     everyone, df = df, first_rank(df) if is_multi_rank(df) else df  # the report of rank 0, then the ranks
     if args.plot:
-        from reports.plots import save_plots
+        from reports.output.plots import save_plots
 
         paths = save_plots(df, args.plot)
     if args.json:
@@ -336,7 +282,7 @@ def _report(args):
 
 def _compare(args):
     from reports.compare import columns, compare
-    from reports.load import load
+    from reports.loading.load import load
 
     df = load(args.traces, columns=columns(args.by), lists="deferred")
     for name, path in zip(df.attrs["runs"], args.traces):
@@ -348,11 +294,11 @@ def _compare(args):
     else:
         runs = [printable(name) for name in df.attrs["runs"]]
         print(f"optrace compare: {', '.join(runs)} (ratios against {runs[0]})")
-        print(table.head(args.top).to_string(index=False, formatters=_formatters(table), na_rep="N/A"))
+        print(table.head(args.top).to_string(index=False, formatters=column_formatters(table), na_rep="N/A"))
 
 
 def _export(args):
-    from reports.export import export_trace
+    from reports.output.export import export_trace
 
     ops = export_trace(args.trace, args.output)
     print(f"optrace export: {ops} ops -> {args.output} (open it at https://ui.perfetto.dev or chrome://tracing)")
@@ -406,7 +352,7 @@ def _parser():
 
 def main(argv=None):
     args = _parser().parse_args(argv)
-    from reports.columns import lean_memory
+    from reports.loading.columns import lean_memory
 
     lean_memory()
     if args.command == "compare" and len(args.traces) < 2:

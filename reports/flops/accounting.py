@@ -38,8 +38,8 @@ from typing import NamedTuple
 import pandas as pd
 
 from reports.errors import ReportError
-from reports.load import require, runs_of
-from reports.roles import Roles
+from reports.flops.roles import Roles
+from reports.loading.load import require, runs_of
 from reports.steps import count_steps, per_step
 from reports.tables import split_runs
 

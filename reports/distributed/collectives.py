@@ -16,7 +16,7 @@ Collective rows are those with a `comm_bytes` value; the kind comes from the op 
 
 import pandas as pd
 
-from reports.load import require
+from reports.loading.load import require
 from reports.tables import split_runs
 
 __all__ = ["collectives", "comm_split", "collective_kind", "bus_factor", "traffic", "per_step_traffic", "FAKE_BACKENDS"]

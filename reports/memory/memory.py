@@ -4,7 +4,7 @@ Every function takes the DataFrame `reports.load` returns (one run or several)
 and returns a DataFrame with a `run` column. How each storage's size, lifetime and
 category (CATEGORIES: parameters, unsharded_parameters, gradients, optimizer_state,
 communication_buffers, activations, inputs, temporaries) are worked out is in
-reports/lifetimes.py.
+reports/memory/lifetimes.py.
 """
 
 import numpy as np
@@ -12,8 +12,8 @@ import pandas as pd
 
 from reports._util import empty_frame, pct
 from reports.errors import ReportError
-from reports.lifetimes import CATEGORIES, DTYPE_BYTES, Storages, runs_in_order, take
-from reports.load import require
+from reports.loading.load import require
+from reports.memory.lifetimes import CATEGORIES, DTYPE_BYTES, Storages, runs_in_order, take
 
 __all__ = ["CATEGORIES", "DTYPE_BYTES", "by_category", "by_dtype", "peak", "storages", "timeline"]
 

@@ -7,9 +7,9 @@ identical steps says exactly what a trace of one says (but for the step count).
 import numpy as np
 
 from reports._util import pct
-from reports.accounting import analyse, name_pattern, routing
-from reports.columns import cell_objects, has_column
-from reports.recompute import attention_recompute, checkpoint_recompute
+from reports.flops.accounting import analyse, name_pattern, routing
+from reports.flops.recompute import attention_recompute, checkpoint_recompute
+from reports.loading.columns import cell_objects, has_column
 from reports.steps import per_step, step_phases
 
 __all__ = ["explain"]
@@ -72,7 +72,7 @@ class _Run:
         self.out = []
         self.routed = acc.n_active < self._n_mm() - 0.5  # some weights multiply fewer than T tokens: experts
         self.phases = step_phases(self.rows)  # one pass over the rows for the many figures below
-        # forward weight matmuls of training (grad mode: a backward of their step reads them), reports/roles.py
+        # forward weight matmuls of training (grad mode: a backward of their step reads them), reports/flops/roles.py
         self.train_fwd = self.is_fwd & self.roles.training
         self.idle_fwd = self.is_fwd & (self.roles.param >= 0) & ~self.roles.training
         if not self.is_bwd.any():  # a forward-only trace: all of its forward is the forward

@@ -1,0 +1,1 @@
+"""Distributed traces: ranks side by side, collectives and their traffic."""

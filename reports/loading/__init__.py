@@ -1,0 +1,1 @@
+"""Loading and validation: Parquet parts in, one checked DataFrame out (imports only the base modules and tracer.schema)."""

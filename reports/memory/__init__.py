@@ -1,0 +1,1 @@
+"""Memory: live bytes by category, storage lifetimes and in-place resizes, views against copies."""

@@ -1,0 +1,1 @@
+"""Output for people and tools: text formatting, the `optrace` command, plots, Perfetto exports."""

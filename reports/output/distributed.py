@@ -1,0 +1,78 @@
+"""The distributed sections of `optrace report`: one rank's job (world size, collectives' traffic per
+step) and, for a trace of several ranks, the ranks side by side with their imbalance."""
+
+import pandas as pd
+
+from reports.distributed.collectives import FAKE_BACKENDS, collectives
+from reports.distributed.ranks import imbalance, job_summary, ranks
+from reports.output.text import human, human_bytes
+
+__all__ = ["print_job", "print_ranks"]
+
+
+def print_job(df, present, out):
+    """The `Distributed` section of `optrace report`: world size, ranks present, and what this rank's
+    collectives send and receive per step. Printed for every rank of a process group, one rank or many."""
+    job = job_summary(df, present)
+    if job is None:
+        return
+    missing = "" if present >= job["world_size"] else f"; {present} of {job['world_size']} ranks present in the trace"
+    print(f"\nDistributed: rank {job['rank']} of world size {job['world_size']} (backend {job['backend']}{missing})", file=out)
+    if not job["collectives"]:
+        print("  no collectives traced", file=out)
+        return
+    print(f"Collectives per step of rank {job['rank']} (sent and received: by the ring algorithms of NCCL)", file=out)
+    shown = pd.DataFrame({
+        "collective": [c["collective"] for c in job["collectives"]],
+        "group": [f"{c['process_group'] or '-'} ({c['group_size']})" for c in job["collectives"]],
+        "calls": [f"{c['calls_per_step']:g}" for c in job["collectives"]],
+        "message": [human_bytes(c["message_bytes_per_step"]) for c in job["collectives"]],
+        "sent": [human_bytes(c["sent_bytes_per_step"]) for c in job["collectives"]],
+        "received": [human_bytes(c["received_bytes_per_step"]) for c in job["collectives"]],
+    })  # fmt: skip
+    print(shown.to_string(index=False), file=out)
+    if job["fake_process_group"]:
+        print("  No bandwidth or collective time: a fake process group moves no data, so its timings mean nothing.", file=out)
+
+
+def print_ranks(df, out):
+    """The per-rank section of `optrace report` on a distributed trace."""
+    table = ranks(df)
+    (_, meta), *_ = df.attrs["runs"].items()
+    world = meta.get("world_size")
+    of = f" of {world}" if world and world != len(table) else ""
+    print(f"\nRanks ({len(table)}{of}): per step, traced times", file=out)
+    shown = pd.DataFrame({
+        "rank": table["rank"], "FLOPs": table["flops_per_step"].map(human),
+        "comm bytes": table["comm_bytes_per_step"].map(human_bytes),
+        "comm ms": (table["comm_s_per_step"] * 1e3).map("{:.2f}".format),
+        "compute ms": (table["compute_s_per_step"] * 1e3).map("{:.2f}".format),
+        "step ms": (table["step_time_s"] * 1e3).map("{:.2f}".format),
+    })  # fmt: skip
+    print(shown.to_string(index=False), file=out)
+    imb = imbalance(df)
+    print("Imbalance (max / mean over ranks of the time per step)", file=out)
+    for row in imb.itertuples():
+        print(f"  {row.phase:<10} {row.imbalance:.3f}  (max {row.max_s * 1e3:.2f} ms on rank {row.slowest_rank}, "
+              f"mean {row.mean_s * 1e3:.2f} ms)", file=out)
+    step = imb[imb["phase"] == "step"]
+    if len(step):
+        print(f"The slowest rank is {int(step['slowest_rank'].iloc[0])} (longest step).", file=out)
+    split = _collective_lines(df)
+    if split:
+        print("Collectives (rank 0)", file=out)
+        for line in split:
+            print(f"  {line}", file=out)
+
+
+def _collective_lines(df):
+    (_, meta), *_ = df.attrs["runs"].items()
+    if meta.get("backend") in FAKE_BACKENDS:
+        return []  # no data moved: no bandwidth (print_job says why)
+    table = collectives(df)
+    table = table[table["rank"] == table["rank"].min()] if len(table) else table
+    return [
+        f"{r.collective:<15} {r.calls} x {human_bytes(r.comm_bytes)}: {r.duration_s * 1e3:.2f} ms each, "
+        f"busbw {human_bytes(r.busbw_bytes_per_s)}/s"
+        for r in table.itertuples()
+    ]

@@ -1,0 +1,1 @@
+"""Time: the roofline of op time against compute and memory roofs."""
