@@ -22,7 +22,7 @@ from gpt import GPT, GPTConfig, make_batch, make_optimizer, train_step
 
 from reports.output.cli import main
 from tracer import Tracer
-from tracer.schema import METADATA_KEY, SCHEMA_VERSION, part_paths
+from tracer.schema import read_part, METADATA_KEY, SCHEMA_VERSION, part_paths
 
 ROOT = Path(__file__).resolve().parents[1]
 N = 3584  # 768 + 256 + 1024 + 1024 + 512, see the module docstring
@@ -265,7 +265,7 @@ def rewrite_metadata(trace, d, **changes):
     """Copy `trace` to `d`, changing fields of the optrace metadata in every part."""
     shutil.copytree(trace, d)
     for part in part_paths(d):
-        table = pq.read_table(part)
+        table = read_part(part)
         meta = json.loads(table.schema.metadata[METADATA_KEY])
         meta.update(changes)
         pq.write_table(table.replace_schema_metadata({METADATA_KEY: json.dumps(meta).encode()}), part)
@@ -363,7 +363,7 @@ def test_report_corrupt_metadata(raw, message, tmp_path, traces, capsys):
     path = tmp_path / "corrupt"
     shutil.copytree(traces["fp32"], path)
     for part in part_paths(path):
-        table = pq.read_table(part)
+        table = read_part(part)
         pq.write_table(table.replace_schema_metadata({METADATA_KEY: raw}), part)
     rc, out, err = run(capsys, "report", path)
     assert_one_error_line(rc, out, err, "report", path, message)

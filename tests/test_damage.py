@@ -20,7 +20,7 @@ import tracer
 from reports.errors import ReportError
 from reports.output.cli import main
 from tracer import Tracer
-from tracer.schema import MARKER_NAME, METADATA_KEY, part_paths
+from tracer.schema import read_part, MARKER_NAME, METADATA_KEY, part_paths
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +55,7 @@ def one_error(capsys, command, path, message, *argv):
 
 def rewrite(part, change):
     """Rewrite one part with `change(table)` (the optrace metadata kept in its schema)."""
-    table = change(pq.read_table(part))
+    table = change(read_part(part))
     os.remove(part)
     pq.write_table(table, part)
 

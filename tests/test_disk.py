@@ -28,14 +28,13 @@ def test_each_part_stores_the_run_metadata_once(tmp_path):
     assert len(parts) > 1  # flush_rows=2: several parts, each self-describing
     for part in parts:
         footer = pq.ParquetFile(part).metadata.metadata
-        assert list(footer) == [ARROW_SCHEMA_KEY]  # no separate `optrace` key beside the Arrow schema
+        assert sorted(footer) == sorted([ARROW_SCHEMA_KEY, METADATA_KEY])  # the plain key every reader sees
         stored = pa.ipc.read_schema(pa.py_buffer(base64.b64decode(footer[ARROW_SCHEMA_KEY])))
-        blob = stored.metadata[METADATA_KEY]
-        assert pq.read_schema(part).metadata == {METADATA_KEY: blob}  # readers still find it
-        meta = json.loads(blob)
+        assert stored.metadata is None  # not a second copy inside the Arrow schema
+        meta = json.loads(footer[METADATA_KEY])
         assert meta["schema_version"] == 3 and meta["parameters"]["weight"]["shape"] == [4, 8]
         raw = open(part, "rb").read()
-        assert raw.count(b'"trace_id"') == 0  # not stored as plain JSON anywhere: once, inside the schema
+        assert raw.count(b'"trace_id"') == 1  # stored once, as plain JSON
     assert read_metadata(path)["complete"] is True
 
 

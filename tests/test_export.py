@@ -16,7 +16,7 @@ from reports.errors import ReportError
 from reports.output.cli import main
 from reports.output.export import export_chrome, export_trace
 from tracer import Tracer
-from tracer.schema import ARROW_SCHEMA, METADATA_KEY, SCHEMA_VERSION, V2_DEFAULTS, part_name, part_paths
+from tracer.schema import read_part, ARROW_SCHEMA, METADATA_KEY, SCHEMA_VERSION, V2_DEFAULTS, part_name, part_paths
 
 
 class Net(torch.nn.Module):
@@ -137,7 +137,7 @@ def test_export_ranks_and_v1_layout(traced, tmp_path):
     v1 = tmp_path / "v1"
     v1.mkdir()
     for part in part_paths(traced):
-        table = pq.read_table(part)
+        table = read_part(part)
         meta = json.loads(table.schema.metadata[METADATA_KEY])
         meta["schema_version"] = 1
         table = table.drop_columns(list(V2_DEFAULTS)).replace_schema_metadata({METADATA_KEY: json.dumps(meta)})

@@ -29,7 +29,7 @@ from reports.errors import ReportError
 from reports.loading.columns import cell_lists
 from reports.output import cli
 from tracer import Tracer
-from tracer.schema import part_paths
+from tracer.schema import read_part, part_paths
 
 FAST = ("arrow", "deferred")
 
@@ -62,7 +62,7 @@ def _gpt(path, steps, described=True, dtype=None, **config):
 def _flag_recompute(path):
     """Mark the checkpointed layer's re-run forward (the addmm in the backward) as recompute rows."""
     for part in part_paths(path):
-        table = pq.read_table(part)
+        table = read_part(part)
         frame = table.to_pandas()
         flags = (frame["phase"] == "backward") & (frame["op"] == "aten.addmm.default")
         table = table.set_column(table.schema.get_field_index("recompute"), "recompute", pa.array(flags.to_numpy()))

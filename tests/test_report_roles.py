@@ -20,7 +20,7 @@ from torch.utils.checkpoint import checkpoint
 import reports
 from reports.flops.roles import gradient_sources
 from tracer import Tracer
-from tracer.schema import METADATA_KEY
+from tracer.schema import read_part, METADATA_KEY
 
 TOKENS = 32
 
@@ -28,7 +28,7 @@ TOKENS = 32
 def _rewrite(path, recompute=None, roles=None):
     """Rewrite the trace's parts: recompute=True on rows where recompute(frame) is True; add storage roles."""
     for part in sorted(glob.glob(os.path.join(path, "part-*.parquet"))):
-        table = pq.read_table(part)
+        table = read_part(part)
         meta = json.loads(table.schema.metadata[METADATA_KEY])
         if recompute is not None:
             flags = recompute(table.to_pandas())

@@ -10,6 +10,7 @@ import torch
 import reports
 from tracer import Tracer
 from tracer.schema import (
+    read_part,
     COLUMN_NAMES, INT64_MAX, METADATA_KEY, NO_VALUE, PHASES, V2_DEFAULTS, V3_DEFAULTS, Phase, part_paths,
 )
 from tracer.writer import FIELD, ROW_FIELDS, ROW_WIDTH, RowBuffer
@@ -70,7 +71,7 @@ def _older(tmp_path, version, dropped):
     old = tmp_path / f"v{version}"
     old.mkdir()
     for part in part_paths(tmp_path / "t"):
-        table = pq.read_table(part)
+        table = read_part(part)
         meta = json.loads(table.schema.metadata[METADATA_KEY])
         meta["schema_version"] = version
         table = table.drop_columns(list(dropped)).replace_schema_metadata({METADATA_KEY: json.dumps(meta)})

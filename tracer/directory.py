@@ -25,7 +25,7 @@ import uuid
 import pyarrow.parquet as pq
 
 from tracer.errors import TraceError
-from tracer.schema import MARKER_NAME, METADATA_KEY, PART_GLOB
+from tracer.schema import MARKER_NAME, PART_GLOB, footer_metadata
 
 LOCK_NAME = ".optrace.lock"
 MARKER_BYTES = 4096  # the marker is padded to this size, so its closing rewrite needs no new space
@@ -205,7 +205,7 @@ def _is_part_name(name):
 
 def _has_optrace_metadata(file):
     try:
-        return METADATA_KEY in (pq.read_schema(file).metadata or {})
+        return footer_metadata(pq.read_metadata(file)) is not None
     except Exception:
         return False
 

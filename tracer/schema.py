@@ -6,11 +6,12 @@ This module is the contract between `tracer` (which writes traces) and
 A trace is a directory of Parquet files (`part-000000.parquet`, ...), one per
 flushed row group, so that every flushed row survives a crash or a kill.
 `pandas.read_parquet(path)` reads the directory as one table. Each part carries
-the run metadata, as JSON, under the Arrow schema metadata key `optrace`
-(`pq.read_schema(part).metadata`), stored once: inside the footer's serialised
-Arrow schema (`ARROW:schema`), with no separate footer key (tracer/writer.py
-`write_table`); the part with the highest number holds the newest copy, and its
-`complete` field is true only when the tracer closed cleanly.
+the run metadata, as JSON, under the plain Parquet footer key `optrace`
+(`pq.read_metadata(part).metadata`, where every Parquet reader looks), stored
+once (tracer/writer.py `write_table`; v1 and v2 traces kept it inside the footer's
+serialised Arrow schema instead: `footer_metadata` reads both); the part with the
+highest number holds the newest copy, and its `complete` field is true only when
+the tracer closed cleanly.
 """
 
 import enum
@@ -188,6 +189,25 @@ def merge_metadata(metas) -> dict:
     return meta
 
 
+def footer_metadata(file_metadata):
+    """The raw optrace metadata (JSON bytes) of a part from its Parquet footer (`pq.read_metadata(part)`),
+    or None: the plain footer key (v3), else inside the serialised Arrow schema (v1, v2)."""
+    raw = (file_metadata.metadata or {}).get(METADATA_KEY)
+    if raw is None:
+        raw = (file_metadata.schema.to_arrow_schema().metadata or {}).get(METADATA_KEY)
+    return raw
+
+
+def read_part(part):
+    """One part as a pyarrow Table whose schema metadata holds the run metadata (`{METADATA_KEY: JSON}`), as
+    pyarrow showed it before v3 (it leaves a plain footer key out of the schema when an Arrow schema is stored)."""
+    import pyarrow.parquet as pq
+
+    raw = footer_metadata(pq.read_metadata(part))
+    table = pq.read_table(part)
+    return table.replace_schema_metadata({METADATA_KEY: raw} if raw is not None else None)
+
+
 def read_metadata(path) -> dict:
     """The run metadata of a trace, as the report reads it: merge_metadata over its parts,
     with the closing facts of its marker where they say more (after a full disk the last
@@ -216,7 +236,7 @@ def read_metadata(path) -> dict:
         if ranks:
             ranks = dict(sorted(ranks.items()))
             return {"world_size": len(ranks), "complete": all(m.get("complete") is True for m in ranks.values()), "ranks": ranks}
-    raws = ((pq.read_schema(part).metadata or {}).get(METADATA_KEY) for part in parts)
+    raws = (footer_metadata(pq.read_metadata(part)) for part in parts)
     meta = merge_metadata(json.loads(raw) for raw in raws if raw is not None)
     try:
         with open(os.path.join(path, MARKER_NAME)) as f:

@@ -293,10 +293,17 @@ ARROW_SCHEMA_KEY = b"ARROW:schema"
 def write_table(table, file):
     """One Parquet part (a seam for tests that fill the disk).
 
-    The run metadata is stored once: inside the Arrow schema in the footer, where
-    `pq.read_schema(part).metadata` and every Arrow reader find it. (pyarrow's default
-    would store it twice: as a footer key of its own and again inside that schema.)"""
-    schema = base64.b64encode(table.schema.serialize().to_pybytes())
-    with pq.ParquetWriter(file, table.schema, store_schema=False, compression="zstd", compression_level=1) as out:
-        out.add_key_value_metadata({ARROW_SCHEMA_KEY: schema})
-        out.write_table(table)
+    The run metadata (the table's schema metadata) is stored once, as the plain Parquet
+    footer key `optrace`, where every Parquet reader finds it (pyarrow's
+    `pq.read_metadata(part).metadata`, DuckDB's `parquet_kv_metadata`, polars'
+    `read_parquet_metadata`, parquet-tools); the Arrow schema beside it (`ARROW:schema`,
+    for the dictionary columns) carries none. pyarrow's default would store it twice, the
+    second copy base64-encoded inside that schema where only Arrow readers look."""
+    plain = table.schema.remove_metadata()
+    blob = (table.schema.metadata or {}).get(METADATA_KEY)
+    footer = {ARROW_SCHEMA_KEY: base64.b64encode(plain.serialize().to_pybytes())}
+    if blob is not None:
+        footer[METADATA_KEY] = blob
+    with pq.ParquetWriter(file, plain, store_schema=False, compression="zstd", compression_level=1) as out:
+        out.add_key_value_metadata(footer)
+        out.write_table(table.replace_schema_metadata(None))

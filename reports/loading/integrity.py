@@ -29,7 +29,7 @@ except ImportError:
 
 from reports.errors import ReportError
 from reports.loading.validate import check_footers, check_metadata, check_schema, parse_json
-from tracer.schema import MARKER_NAME, METADATA_KEY, part_name, part_paths
+from tracer.schema import MARKER_NAME, footer_metadata, part_name, part_paths
 
 MAX_METADATA_BYTES = 64 << 20  # a part's metadata JSON (a 70B model's parameter table: ~100 KB)
 MAX_MARKER_BYTES = 1 << 20  # the marker is written 4 KiB long
@@ -118,7 +118,7 @@ def check_parts(path, footers=None, unread=()):
         try:
             found = footer(part, footers)  # one open per part: its key-value metadata, row count and statistics
             schema = found.schema.to_arrow_schema()
-            raw = (schema.metadata or {}).get(METADATA_KEY)  # kept in the Arrow schema
+            raw = footer_metadata(found)  # the plain footer key (v3), or inside the Arrow schema (v1, v2)
         except Exception as exc:
             raise ReportError(f"{path}: not a readable Parquet trace ({name}: {one_line(exc)})") from None
         if raw is None:
