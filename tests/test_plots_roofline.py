@@ -83,3 +83,14 @@ def test_no_roofline_points_without_a_roof(gpt_trace):
     assert "N/A" in ax.get_title() and any("no memory bandwidth" in t.get_text() for t in ax.texts)
     (ax,) = plot_roofline(gpt_trace, bandwidth=TRIAD).axes
     assert len(ax.collections) >= 2 and np.isfinite(roofline(gpt_trace, bandwidth=TRIAD)["efficiency"]).any()
+
+
+def test_flops_axis_ticks_carry_the_unit(gpt_trace):
+    from matplotlib.ticker import EngFormatter
+
+    from reports.output.plots import plot_flops
+
+    (ax,) = plot_flops(gpt_trace).axes
+    formatter = ax.xaxis.get_major_formatter()
+    assert isinstance(formatter, EngFormatter) and formatter(2.5e6) == "2.5 MFLOP"
+    assert "FLOP" in ax.get_xlabel() and "per step" in ax.get_xlabel()

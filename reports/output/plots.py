@@ -81,17 +81,17 @@ def plot_flops(df, top=15):
     height = sum(1.2 + 0.32 * len(t) for t in tables)
     fig = _figure(10, max(3.0, height))
     axes = fig.subplots(len(runs), 1, squeeze=False)[:, 0]
-    factor, prefix = _scale(np.concatenate([t.sum(axis=1).to_numpy(dtype=float) for t in tables]), binary=False)
     for ax, run, table in zip(axes, runs, tables):
         y = np.arange(len(table))
         left = np.zeros(len(table))
         for phase in table.columns:
-            values = table[phase].to_numpy(dtype=float) / factor
+            values = table[phase].to_numpy(dtype=float)
             ax.barh(y, values, left=left, color=_PHASE_COLORS.get(phase), label=phase)
             left += values
         ax.set_yticks(y, table.index, fontsize=9)
         ax.invert_yaxis()
-        ax.set_xlabel(f"{prefix}FLOPs per step (2 per multiply-add)")
+        ax.xaxis.set_major_formatter(_eng_formatter("FLOP"))
+        ax.set_xlabel("FLOPs per step (FLOP, 2 per multiply-add)")
         ax.set_title(f"{run}: FLOPs by module (innermost) and phase")
         ax.grid(axis="x", alpha=0.3)
         ax.legend(loc="lower right", fontsize=9)
@@ -229,10 +229,15 @@ _OFFSETS = [(dx * r, dy * r) for r in (5, 14, 26) for dx, dy in ((1, 0.6), (1, -
 
 def _eng(ax, x_unit, y_unit):
     """Engineering tick labels with units on both axes (1 k, 10 M FLOP/s...)."""
+    ax.xaxis.set_major_formatter(_eng_formatter(x_unit))
+    ax.yaxis.set_major_formatter(_eng_formatter(y_unit))
+
+
+def _eng_formatter(unit):
+    """matplotlib's EngFormatter: SI prefixes (k, M, G) with the unit on every tick label."""
     from matplotlib.ticker import EngFormatter
 
-    ax.xaxis.set_major_formatter(EngFormatter(unit=x_unit))
-    ax.yaxis.set_major_formatter(EngFormatter(unit=y_unit))
+    return EngFormatter(unit=unit)
 
 
 def _place_labels(ax, points, names):
