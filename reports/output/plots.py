@@ -325,7 +325,7 @@ def plot_roofline(df, by="op", peak_flops=None, bandwidth=None, labels=8):
         ax.plot(grid, np.minimum(grid * band, max(top)), color="black", linewidth=1.2, label=f"memory roof {band / 1e9:.3g} GB/s")
         for dtype, peak in peaks.items():
             ax.plot(grid, np.minimum(peak, grid * band), linestyle="--", linewidth=1.2,
-                    label=f"{dtype} peak {peak / 1e9:.4g} GFLOP/s")  # fmt: skip
+                    label=f"{dtype} peak {_eng_formatter('FLOP/s')(peak)}")  # fmt: skip
         for bound, color in _BOUND_COLORS.items():
             pick = (drawn["bound"] == bound).to_numpy()
             if pick.any():
