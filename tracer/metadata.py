@@ -61,7 +61,7 @@ def _parameters(model, storage_id):
         id(p) for m in model.modules() if isinstance(m, (torch.nn.Embedding, torch.nn.EmbeddingBag))
         for p in m.parameters(recurse=False)
     }  # fmt: skip
-    params = {}
+    params, dtype_bytes = {}, {}
     counts = {"total": 0, "trainable": 0, "embedding": 0}
     for name, p in model.named_parameters():  # tied parameters once
         local = local_tensor(p)  # a DTensor (FSDP2) by the shard this rank holds
@@ -73,6 +73,7 @@ def _parameters(model, storage_id):
             "trainable": p.requires_grad,
             "embedding": id(p) in embedding,
         }
+        dtype_bytes[dtype_name(p.dtype)] = p.dtype.itemsize
         if local is not p:
             params[strip_compiled(name)]["global_shape"] = list(p.shape)
         counts["total"] += p.numel()  # whole parameters, also when sharded: N of 6·N·T
@@ -80,7 +81,7 @@ def _parameters(model, storage_id):
         counts["embedding"] += p.numel() if id(p) in embedding else 0
     for b in model.buffers():
         storage_id(b.untyped_storage())
-    return {"params": counts, "parameters": params}
+    return {"params": counts, "parameters": params, "dtype_bytes": dtype_bytes}
 
 
 AT_ENTRY, RESIZED = "at_entry", "resized"  # size facts kept beside the roles (see the module docstring)

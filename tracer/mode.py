@@ -546,6 +546,8 @@ class Tracer:
         meta["backward_unnamed_rows"] = self._attr.unnamed_backward
         meta["untraced_optimizer_steps"] = self._attr.untraced_optimizer_steps  # tracer/attribution.py
         meta["cycles_without_step"] = self._steps.cycles_without_step()  # tracer/steps.py
+        dtypes = self._writer.names["dtype"].names  # bytes per element of every dtype recorded, parameters' too
+        meta["dtype_bytes"] = {**meta.get("dtype_bytes", {}), **{dtypes[i]: n for i, n in self._writer.itemsize.items()}}
         return meta
 
 

@@ -53,7 +53,7 @@ from reports.loading.columns import cell_lists, cell_objects, flat
 from reports.loading.load import runs_of
 from reports.memory.resizes import collective_storages, largest, resize_deltas, resize_events, split_pieces
 
-__all__ = ["CATEGORIES", "DTYPE_BYTES", "Storages", "runs_in_order", "take"]
+__all__ = ["CATEGORIES", "DTYPE_BYTES", "Storages", "dtype_sizes", "runs_in_order", "take"]
 
 CATEGORIES = (
     "parameters", "unsharded_parameters", "gradients", "optimizer_state", "communication_buffers",
@@ -62,14 +62,30 @@ CATEGORIES = (
 AT_ENTRY, RESIZED = "at_entry", "resized"  # size facts in storage_roles (tracer/metadata.py)
 _CAT = {name: i for i, name in enumerate(CATEGORIES)}
 
-# Bytes per element, by the dtype names the tracer writes.
+# Bytes per element, by the dtype names the tracer writes: the fallback for traces made before the
+# run metadata's `dtype_bytes` (the tracer's own `dtype.itemsize` of every dtype it recorded). Every
+# dtype of torch 2.13 with its `itemsize`: the sub-byte kinds (int1-int7, uint1-uint7, bits1x8, ...)
+# each take a byte per element there.
 DTYPE_BYTES = {
     "float64": 8, "float32": 4, "float16": 2, "bfloat16": 2,
     "float8_e4m3fn": 1, "float8_e5m2": 1, "float8_e4m3fnuz": 1, "float8_e5m2fnuz": 1, "float8_e8m0fnu": 1,
+    "float4_e2m1fn_x2": 1,
     "complex128": 16, "complex64": 8, "complex32": 4,
     "int64": 8, "int32": 4, "int16": 2, "int8": 1,
     "uint64": 8, "uint32": 4, "uint16": 2, "uint8": 1, "bool": 1,
+    **{f"int{k}": 1 for k in range(1, 8)}, **{f"uint{k}": 1 for k in range(1, 8)},
+    "bits8": 1, "bits16": 2, "bits1x8": 1, "bits2x4": 1, "bits4x2": 1,
+    "qint8": 1, "quint8": 1, "qint32": 4, "quint4x2": 1, "quint2x4": 1,
 }  # fmt: skip
+
+
+def dtype_sizes(meta):
+    """{dtype name: bytes per element}: the trace's own `dtype_bytes` over the table above (v1/v2 traces lack it)."""
+    recorded = (meta or {}).get("dtype_bytes")
+    if not isinstance(recorded, dict) or not recorded:
+        return DTYPE_BYTES
+    return {**DTYPE_BYTES, **{str(k): int(v) for k, v in recorded.items() if isinstance(v, int) and v >= 0}}
+
 
 def _explode(column):
     """A column of id lists as (row position of each value, values, offset of each row's first value)."""
@@ -79,11 +95,11 @@ def _explode(column):
     return rows, values, offsets
 
 
-def _extent_bytes(shape, stride, dtype):
+def _extent_bytes(shape, stride, itemsize):
     """Bytes a tensor spans in its storage: numel x element size when contiguous, 0 when empty."""
     if any(int(n) == 0 for n in shape):
         return 0
-    return DTYPE_BYTES.get(dtype, 0) * (1 + sum((int(n) - 1) * abs(int(s)) for n, s in zip(shape, stride)))
+    return itemsize * (1 + sum((int(n) - 1) * abs(int(s)) for n, s in zip(shape, stride)))
 
 
 def take(series, index):
@@ -117,9 +133,10 @@ class Storages:
         out_rows, out_ids, self.out_offsets = _explode(rows["output_storage_ids"])
         self.free_rows, self.free_ids, self.free_offsets = _explode(rows["freed_storage_ids"])
 
+        self.itemsize = dtype_sizes(meta)
         params = {}
         for p in (meta.get("parameters") or {}).values():  # tied parameters share one storage
-            params.setdefault(int(p["storage_id"]), (int(p["numel"]) * DTYPE_BYTES.get(p["dtype"], 0), p["dtype"]))
+            params.setdefault(int(p["storage_id"]), (int(p["numel"]) * self.itemsize.get(p["dtype"], 0), p["dtype"]))
         self.params = params
         roles = meta.get("storage_roles") or {}
         self.exact = AT_ENTRY in roles  # every storage alive at entry is listed with its size
@@ -231,7 +248,7 @@ class Storages:
         filled = bounds[1:] > bounds[:-1]
         if filled.any():
             numel[filled] = np.multiply.reduceat(dims, bounds[:-1][filled])
-        nbytes = numel * pd.Series(dtypes, dtype=object).map(DTYPE_BYTES).fillna(0).to_numpy(dtype=np.int64)
+        nbytes = numel * pd.Series(dtypes, dtype=object).map(self.itemsize).fillna(0).to_numpy(dtype=np.int64)
         # flat output index -> index in `tensors`
         starts = self.out_offsets[several]
         local = np.concatenate([[0], np.cumsum(self.out_offsets[several + 1] - starts)])[:-1]
@@ -263,7 +280,7 @@ class Storages:
             known = int(self.known[sid])
             if known < 0:
                 m = int(np.searchsorted(measure, r))
-                estimate[sid] = _extent_bytes(shapes[m][k], strides[m][k], dtypes[i][k])
+                estimate[sid] = _extent_bytes(shapes[m][k], strides[m][k], self.itemsize.get(dtypes[i][k], 0))
             else:
                 estimate[sid] = known
             if sid < seen_before[r]:  # ids grow in registration order: this one was registered at the start

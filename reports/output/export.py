@@ -47,6 +47,7 @@ from reports.errors import ReportError
 from reports.loading.integrity import Footers, describe_damage, list_parts
 from reports.loading.load import id_limit, read_run
 from reports.loading.validate import check_rows
+from reports.memory.lifetimes import dtype_sizes
 from tracer.schema import COLUMN_NAMES, PHASES, part_paths
 
 __all__ = ["export_chrome", "export_trace", "trace_ranks"]
@@ -57,8 +58,6 @@ _COLUMNS = ("seq", "step", "phase", "module", "op", "input_shapes", "input_dtype
             "input_storage_ids", "output_storage_ids", "freed_storage_ids", "flops", "flop_kind", "bytes_read",
             "bytes_written", "bytes_allocated", "live_bytes", "duration_ns")  # fmt: skip
 _V2 = ("start_ns", "busy_ns", "output_storage_bytes")
-_ITEMSIZE = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "int64": 8, "int32": 4, "int16": 2,
-             "int8": 1, "uint8": 1, "bool": 1, "complex64": 8, "complex128": 16}  # fmt: skip
 CATEGORIES = ("parameters", "gradients", "optimizer_state", "other")
 _TID = {phase: i + 1 for i, phase in enumerate(PHASES)}  # one track per phase
 
@@ -136,14 +135,14 @@ def _ancestors(module, root):
 
 def _roles(meta):
     """({storage id: category} from the run metadata, {parameter storage id: bytes} live from the start)."""
-    roles, params = {}, {}
+    roles, params, itemsize = {}, {}, dtype_sizes(meta)
     for p in (meta.get("parameters") or {}).values():
         sid = p.get("storage_id")
         roles[sid] = "parameters"
         numel = 1
         for d in p.get("shape") or ():
             numel *= d
-        params[sid] = numel * _ITEMSIZE.get(p.get("dtype"), 0)
+        params[sid] = numel * itemsize.get(p.get("dtype"), 0)
     for key, category in (("gradient", "gradients"), ("optimizer_state", "optimizer_state")):
         for sid in (meta.get("storage_roles") or {}).get(key, ()):
             roles[sid] = category
@@ -233,8 +232,7 @@ class _Rank:
 
     def _close_to(self, keep, tid, at):
         while len(self.stack) > keep:
-            self.stack.pop()
-            self.out.end(self.pid, tid, at)
+            self.out.end(self.pid, tid, at, self.stack.pop())
 
     def batch(self, batch):
         """Write the events of one record batch of rows, in row order."""
@@ -354,8 +352,8 @@ class JsonEvents:
     def begin(self, pid, tid, ts, name):
         self.write(f'{{"ph":"B","pid":{pid},"tid":{tid},"ts":{_ns(ts)},"cat":"module","name":{self.text(name)}}},\n')
 
-    def end(self, pid, tid, ts):
-        self.write(f'{{"ph":"E","pid":{pid},"tid":{tid},"ts":{_ns(ts)}}},\n')
+    def end(self, pid, tid, ts, name):
+        self.write(f'{{"ph":"E","pid":{pid},"tid":{tid},"ts":{_ns(ts)},"cat":"module","name":{self.text(name)}}},\n')
 
     def op(self, pid, tid, ts, dur, name, args):
         self.write(f'{{"ph":"X","pid":{pid},"tid":{tid},"ts":{_ns(ts)},"dur":{_ns(dur)},"cat":"op",'

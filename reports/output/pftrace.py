@@ -5,6 +5,14 @@ reports/output/export.py writes in JSON, as TracePackets written one at a time w
 `perfetto` package's StreamingTraceProtoBuilder (an optional extra:
 `pip install optrace[perfetto]`). Timestamps are ns after the earliest op; an op is a
 SLICE_BEGIN / SLICE_END pair on its phase's track, its args are debug annotations.
+
+What Perfetto's trace processor needs, and tests/test_pftrace.py checks packet by packet:
+every track an event names has its TrackDescriptor written before the event (a process
+track per rank, a thread track per phase, a counter track per counter value, the last
+with its CounterDescriptor: without one, trace processor drops the track's counter events
+as `track_event_counter_invalid_track_uuid`); every SLICE_BEGIN has its SLICE_END on the
+same track, nested; the one packet sequence starts with SEQ_INCREMENTAL_STATE_CLEARED and
+no packet uses interned data.
 """
 
 import json
@@ -77,7 +85,7 @@ class ProtoEvents:
     def begin(self, pid, tid, ts, name):
         self._builder.write_packet(self._slice(TrackEvent.TYPE_SLICE_BEGIN, pid, tid, ts, name, "module"))
 
-    def end(self, pid, tid, ts):
+    def end(self, pid, tid, ts, name=None):  # Perfetto matches an end to its track's open slice: no name needed
         self._builder.write_packet(self._slice(TrackEvent.TYPE_SLICE_END, pid, tid, ts))
 
     def op(self, pid, tid, ts, dur, name, args):
@@ -103,8 +111,11 @@ class ProtoEvents:
                 packet.track_descriptor.uuid = uuid
                 packet.track_descriptor.parent_uuid = _process_uuid(pid)
                 packet.track_descriptor.name = name if len(values) == 1 else f"{name}: {key}"
-                if name != "cumulative FLOPs":
-                    packet.track_descriptor.counter.unit = CounterDescriptor.UNIT_SIZE_BYTES
+                counter = packet.track_descriptor.counter  # a counter track: every counter gets its descriptor
+                if name == "cumulative FLOPs":
+                    counter.unit_name = "FLOPs"
+                else:
+                    counter.unit = CounterDescriptor.UNIT_SIZE_BYTES
                 self._builder.write_packet(packet)
             packet = self._packet(ts)
             packet.track_event.type = TrackEvent.TYPE_COUNTER
