@@ -114,6 +114,8 @@ def _print_report(df, args, out):
     (run, meta), *_ = df.attrs["runs"].items()
     device = (meta.get("device") or {}).get("name", "?")
     state = "complete" if meta.get("complete") else "INCOMPLETE (cut short): figures cover the rows it has"
+    if not meta.get("complete") and meta.get("error"):  # the exception the traced code raised (tracer/mode.py)
+        state = f"INCOMPLETE: the traced code raised {meta['error']}; figures cover the rows it has"
     broken = describe_damage(meta.get("damage") or {})
     if broken:
         state = ("DAMAGED" if meta.get("complete") else state) + f"; {broken}"
@@ -176,6 +178,9 @@ def _print_report(df, args, out):
             f"MFU {percent(rate['mfu'])}, HFU {percent(rate['hfu'])}",
             file=out,
         )
+        if (json_number(rate["mfu"]) or 0) > 1 or (json_number(rate["hfu"]) or 0) > 1:
+            print("  Caveat: above 100%, outside its model: the step time or the peak is wrong (a step time shorter "
+                  "than the traced step, or a peak below the device's dense peak for this dtype)", file=out)
         if "mfu_of_achievable" in rate and json_number(rate["mfu_of_achievable"]) is not None:
             print(f"  of the measured matmul ceiling: {percent(rate['mfu_of_achievable'])}", file=out)
         spread = _step_time_spread(meta.get("step_time"), args.step_time)
@@ -225,7 +230,12 @@ def _print_roofline(df, args, out):
     shown = shown[["op", "dtype", "ops", "flops", "bytes", "intensity", "time_ms", "achieved_flops_per_s", "bound",
                    "efficiency_pct"]]  # fmt: skip
     formatters = {**column_formatters(shown), "bytes": human_bytes}
+    above = shown["efficiency_pct"].astype("float64") > 100
+    formatters["efficiency_pct"] = lambda v: "N/A" if v is None or v != v else f"{v:.1f}%" + ("*" if v > 100 else "")
     print(shown.to_string(index=False, formatters=formatters, na_rep="N/A"), file=out)
+    if above.any():
+        print(f"  * {int(above.sum())} row(s) above 100% of the roof: outside the roofline's model (the bandwidth roof "
+              "is a DRAM triad, and small tensors stay in cache, which is faster than DRAM)", file=out)
     for row in split.itertuples():
         roof = "" if row.bound == "other" else f", {row.roof_time_s * 1e3:.2f} ms at the roof"
         label = "other ops" if row.bound == "other" else f"{row.bound}-bound"
@@ -301,7 +311,13 @@ def _export(args):
     from reports.output.export import export_trace
 
     ops = export_trace(args.trace, args.output)
-    print(f"optrace export: {ops} ops -> {args.output} (open it at https://ui.perfetto.dev or chrome://tracing)")
+    if args.output.endswith(".pftrace"):  # protobuf: chrome://tracing cannot read it
+        hint = "open it at https://ui.perfetto.dev"
+    else:
+        hint = "open it at https://ui.perfetto.dev or chrome://tracing"
+    where = "stdout" if args.output == "-" else args.output
+    # with -o - the trace is stdout, so the note goes to stderr
+    print(f"optrace export: {ops} ops -> {where} ({hint})", file=sys.stderr if args.output == "-" else sys.stdout)
 
 
 def _positive(text):
@@ -326,11 +342,22 @@ def _top(text):
     return value
 
 
+def _version():
+    """The installed package's version (importlib.metadata: no import of torch or of the tracer)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("optrace")
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        return "unknown (not installed)"
+
+
 def _parser():
     parser = argparse.ArgumentParser(prog="optrace", description="Read optrace traces: FLOPs, MFU, memory, views.")
+    parser.add_argument("--version", action="version", version=f"optrace {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     rep = sub.add_parser("report", help="summarise one trace")
-    rep.add_argument("trace")
+    rep.add_argument("trace", help="a trace directory written by tracer.Tracer (with or without rank=R sub-directories)")
     rep.add_argument("--peak-tflops", type=_positive, help="promised peak TFLOP/s (overrides the device table)")
     rep.add_argument("--step-time", type=_positive, help="untraced step time in seconds (overrides the trace's)")
     rep.add_argument("--json", action="store_true", help="print one JSON object")
@@ -338,14 +365,17 @@ def _parser():
     rep.add_argument("--top", type=_top, default=8, help="rows in the top-N tables")
     rep.set_defaults(run=_report)
     cmp = sub.add_parser("compare", help="compare several traces")
-    cmp.add_argument("traces", nargs="+")
-    cmp.add_argument("--by", choices=("phase", "op", "module"), default="phase")
-    cmp.add_argument("--json", action="store_true")
-    cmp.add_argument("--top", type=_top, default=20)
+    cmp.add_argument("traces", nargs="+", help="two or more trace directories; ratios are against the first")
+    cmp.add_argument("--by", choices=("phase", "op", "module"), default="phase",
+                     help="one row per phase, aten op or module and run (default: phase)")
+    cmp.add_argument("--json", action="store_true", help="print one JSON object")
+    cmp.add_argument("--top", type=_top, default=20, help="keys shown, each with a row per run (default: 20)")
     cmp.set_defaults(run=_compare)
     exp = sub.add_parser("export", help="write a trace for Perfetto: Chrome JSON (.json) or protobuf (.pftrace)")
-    exp.add_argument("trace")
-    exp.add_argument("-o", "--output", required=True, metavar="OUT.json|OUT.pftrace")
+    exp.add_argument("trace", help="a trace directory written by tracer.Tracer (with or without rank=R sub-directories)")
+    exp.add_argument("-o", "--output", required=True, metavar="OUT",
+                     help="OUT.json (Chrome JSON), OUT.json.gz (the same, gzip-compressed), OUT.pftrace (Perfetto "
+                          "protobuf) or - (Chrome JSON to stdout)")
     exp.set_defaults(run=_export)
     return parser
 
@@ -362,8 +392,9 @@ def main(argv=None):
         warnings.simplefilter("always")
         try:
             args.run(args)
-        except ReportError as exc:
-            print(f"optrace {args.command}: error: {printable(exc)}", file=sys.stderr)
+        except ReportError as exc:  # one prefix: a message that starts with the command's name loses it
+            message = printable(exc).removeprefix(f"{args.command}: ")
+            print(f"optrace {args.command}: error: {message}", file=sys.stderr)
             return 2
         except BrokenPipeError:  # `optrace report T | head`: the reader has what it wanted
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
