@@ -215,15 +215,20 @@ def test_compare_json(traces, capsys):
     def no_constants(name):
         raise AssertionError(f"not strict JSON: {name}")
 
-    records = json.loads(out, parse_constant=no_constants)  # no NaN / Infinity
-    assert isinstance(records, list) and records
+    got = json.loads(out, parse_constant=no_constants)  # no NaN / Infinity
+    assert isinstance(got, dict) and got["by"] == "op" and got["runs"] == ["fp32", "bf16"] and got["baseline"] == "fp32"
+    assert set(got["columns"]) == {"op", "run", "steps", "ops_per_step", "flops_per_step", "bytes_allocated_per_step",
+                                   "traced_us_per_step", "peak_live_bytes", "mfu_pct", "flops_ratio",
+                                   "bytes_allocated_ratio", "peak_live_bytes_ratio", "traced_us_ratio", "change_pct"}
+    records = got["rows"]
+    assert records and all(set(r) == set(got["columns"]) for r in records)  # every column documented
     by_key = {(r["op"], r["run"]): r for r in records}
     assert by_key[("total", "fp32")]["bytes_allocated_ratio"] == 1.0
     assert by_key[("aten.mm.default", "bf16")]["bytes_allocated_ratio"] == 0.5
     assert by_key[("aten.mm.default", "bf16")]["flops_ratio"] == 1.0  # autocast: same FLOPs
     rc, out, err = run(capsys, "compare", traces["fp32"], traces["bf16"], "--json")
     assert rc == 0, err
-    assert {r["phase"] for r in json.loads(out)} == {"total", "forward", "backward", "optimizer"}
+    assert {r["phase"] for r in json.loads(out)["rows"]} == {"total", "forward", "backward", "optimizer"}
 
 
 # ------------------------------------------------------------------ an incomplete trace

@@ -14,13 +14,11 @@ import warnings
 from reports.errors import ReportError
 from reports.flops.coverage import bounds
 from reports.loading.integrity import describe_damage, list_parts
+from reports.output.report_json import compare_json, sections
 from reports.output.text import column_formatters, human, human_bytes, json_number, percent, printable
 
 # Columns no section of `optrace report` reads, left out of its load (a section that needs one takes it out of here).
 _REPORT_UNUSED = ("layout", "device", "inplace")
-# ... and those `report --json` (summary, with the rank figures of a distributed trace) does not read either.
-_JSON_UNUSED = (*_REPORT_UNUSED, "freed_storage_ids", "output_storage_bytes", "is_view", "causal", "bytes_read",
-                "bytes_written", "bytes_allocated", "busy_ns")
 # ... and those only the rank figures read: left out for a trace of one rank.
 _RANKS_ONLY = ("start_ns", "comm_bytes", "group_size", "process_group")
 # ... of which one rank's own job section (reports/output/distributed.py print_job) reads these.
@@ -37,10 +35,12 @@ def _phase_flops(df):
     return flops
 
 
-def summary(df, peak_tflops=None, step_time_s=None, ranks_present=None):
-    """The numbers `report --json` prints, as a dict. `ranks_present`: rank directories in the trace
+def summary(df, peak_tflops=None, step_time_s=None, ranks_present=None, top=8):
+    """What `report --json` prints, as a dict: the summary figures, then every section of the text report
+    (reports/output/report_json.py). `ranks_present`: rank directories in the trace
     (reports.loading.load.ranks_present), for its `distributed` object; default: the runs loaded."""
     from reports.distributed.ranks import job_summary
+    from reports.flops.accounting import analyse
     from reports.flops.breakdown import breakdown
     from reports.flops.mfu import mfu
     from reports.memory.memory import peak
@@ -48,11 +48,12 @@ def summary(df, peak_tflops=None, step_time_s=None, ranks_present=None):
 
     (run, meta), *_ = df.attrs["runs"].items()
     try:
-        table = breakdown(df).set_index("phase")
+        accounts = analyse(df, "matmul", None, "breakdown")  # one analysis of the rows for breakdown and explain
+        table = breakdown(df, accounts=accounts).set_index("phase")
     except ReportError:  # traced without model= or tokens=: no N or T, the rest still reports
-        table = None
+        table = accounts = None
     rate = mfu(df, step_time_s=step_time_s, peak_flops=peak_tflops * 1e12 if peak_tflops is not None else None).iloc[0]
-    top = peak(df).iloc[0]
+    highest = peak(df).iloc[0]
     return {
         "run": run,
         "complete": bool(meta.get("complete")),
@@ -72,7 +73,7 @@ def summary(df, peak_tflops=None, step_time_s=None, ranks_present=None):
         "achieved_flops_per_s": json_number(rate["achieved_flops_per_s"]),
         "step_time_s": json_number(rate["step_time_s"]),
         "peak_flops_per_s": json_number(rate["peak_flops_per_s"]),
-        "peak_live_bytes": json_number(top["peak_live_bytes"]),
+        "peak_live_bytes": json_number(highest["peak_live_bytes"]),
         "damage": dict(meta.get("damage") or {}),
         "compiled_ran_eagerly": bool(meta.get("compiled_ran_eagerly")),
         "backward_unnamed_rows": int(meta.get("backward_unnamed_rows") or 0),
@@ -81,6 +82,7 @@ def summary(df, peak_tflops=None, step_time_s=None, ranks_present=None):
         "distributed": job_summary(df, len(df.attrs["runs"]) if ranks_present is None else ranks_present),
         "untraced_optimizer_steps": int(meta.get("untraced_optimizer_steps") or 0),  # compiled before the trace
         "cycles_without_step": int(meta.get("cycles_without_step") or 0),  # iterations no step boundary split
+        **sections(df, meta, accounts, peak_tflops, step_time_s, top),
     }
 
 
@@ -266,7 +268,7 @@ def _report(args):
     from reports.output.distributed import print_job, print_ranks
 
     list_parts(args.trace)  # a directory that cannot be listed: one line, before the ranks are looked for
-    unused = _JSON_UNUSED if args.json and not args.plot else _REPORT_UNUSED
+    unused = _REPORT_UNUSED  # --json holds every section too
     if len(rank_paths(args.trace)) <= 1 and not args.plot:
         unused += tuple(c for c in _RANKS_ONLY if c not in _JOB_COLUMNS)
     df = load(args.trace, columns=[c for c in COLUMN_NAMES if c not in unused], lists="deferred")
@@ -280,7 +282,8 @@ def _report(args):
         paths = save_plots(df, args.plot)
     if args.json:
         extra = rank_summary(everyone) if is_multi_rank(everyone) else {}
-        print(json.dumps({**summary(df, args.peak_tflops, args.step_time, ranks_present(args.trace)), **extra}, indent=2))
+        found = summary(df, args.peak_tflops, args.step_time, ranks_present(args.trace), args.top)
+        print(json.dumps({**found, **extra}, indent=2, allow_nan=False))
     else:
         _print_report(df, args, sys.stdout)
         print_job(df, ranks_present(args.trace), sys.stdout)
@@ -300,7 +303,7 @@ def _compare(args):
             raise ReportError(f"{path}: the trace has no ops (nothing ran inside `with Tracer(...)`); nothing to compare")
     table = compare(df, by=args.by)
     if args.json:
-        print(table.to_json(orient="records", indent=2))
+        print(json.dumps(compare_json(table, df.attrs["runs"], args.by), indent=2, allow_nan=False))
     else:
         runs = [printable(name) for name in df.attrs["runs"]]
         print(f"optrace compare: {', '.join(runs)} (ratios against {runs[0]})")
