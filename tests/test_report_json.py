@@ -62,14 +62,15 @@ def test_report_json_has_every_section(traces, capsys):
     assert got["memory"]["peak"]["peak_live_bytes"] == got["peak_live_bytes"]
     assert sum(got["memory"]["categories"].values()) == got["peak_live_bytes"]  # the categories add up at the peak
     ops = {r["op"]: r for r in got["top_ops"]["rows"]}
-    assert ops["aten.addmm.default"] == {"op": "aten.addmm.default", "ops": 1, "flops": 48,
+    assert got["top_ops"]["unit"] == "per step"
+    assert ops["aten.addmm.default"] == {"op": "aten.addmm.default", "ops_per_step": 1, "flops_per_step": 48,
                                          "flops_pct": pytest.approx(100 * 48 / got["flops"]["total"]),
-                                         "bytes_allocated": 24}  # 2 * 3 float32 outputs = 24 bytes
+                                         "bytes_allocated_per_step": 24}  # 2 * 3 float32 outputs = 24 bytes
     assert got["top_modules"]["rows"][0]["module"] == "Linear"
     kinds = {k["kind"]: k for k in got["views"]["kinds"]}
     assert kinds["view"]["ops"] >= 1 and kinds["view"]["bytes_allocated"] == 0  # model.weight.t() at least; no memory
     df = reports.load(traces[0])
-    assert got["top_ops"]["rows"][0]["flops"] == int(reports.by_op(df)["flops"].iloc[0])
+    assert got["top_ops"]["rows"][0]["flops_per_step"] == int(reports.by_op(df)["flops"].iloc[0])  # one step
 
 
 def test_report_json_roofline_marks_rows_above_the_roof(traces, capsys):
@@ -105,3 +106,23 @@ def test_compare_json_is_one_object_with_infinities_named(traces, capsys):
     assert copies[0]["bytes_allocated_ratio"] == "inf"  # x / 0, said so, not a null
     missing = [r for r in got["rows"] if r["run"] == "fp32" and r["ops_per_step"] == 0]
     assert missing and all(r["flops_ratio"] is None for r in missing)  # 0 / 0: cannot be known
+
+
+def test_top_ops_are_per_step(tmp_path, capsys):
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 3)
+    with Tracer(tmp_path / "two.parquet", model=model, tokens=2) as tr:
+        for _ in range(2):
+            model(torch.randn(2, 4)).sum().backward()
+            tr.step()
+        tr.set_bandwidth({"bytes_per_s": 1e10})
+    got = _strict(_cli(capsys, "report", tmp_path / "two.parquet", "--json"))
+    addmm = next(r for r in got["top_ops"]["rows"] if r["op"] == "aten.addmm.default")
+    df = reports.load(tmp_path / "two.parquet")
+    assert int(reports.by_op(df).set_index("op").loc["aten.addmm.default", "flops"]) == 96  # 2 steps * 2 * 2 * 4 * 3
+    assert addmm["ops_per_step"] == 1 and addmm["flops_per_step"] == 48  # 96 / 2 steps
+    text = _cli(capsys, "report", tmp_path / "two.parquet")
+    assert "Top 8 ops by FLOPs, per step (2 step(s) traced)" in text
+    assert re.search(r"^\s*aten\.addmm\.default\s+1\s+48\s", text, re.M)
+    assert "\nRoofline, totals over all 2 step(s) (" in text
+    assert re.search(r"^\s+op\s+dtype ops_total flops_total bytes_total\s+intensity time_total ", text, re.M)

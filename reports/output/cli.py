@@ -111,7 +111,8 @@ def _print_report(df, args, out):
     from reports.flops.mfu import mfu
     from reports.memory.memory import by_category, peak
     from reports.memory.views import views
-    from reports.tables import by_module, by_op
+    from reports.output.report_json import top_ops
+    from reports.tables import by_module
 
     (run, meta), *_ = df.attrs["runs"].items()
     device = (meta.get("device") or {}).get("name", "?")
@@ -189,14 +190,15 @@ def _print_report(df, args, out):
         if spread:
             print(f"  {spread}", file=out)
 
-    ops = by_op(df).head(args.top)
-    print(f"\nTop {len(ops)} ops by FLOPs (all {df['step'].nunique()} step(s))", file=out)
-    print(ops[["op", "ops", "flops", "flops_pct", "bytes_allocated"]].to_string(index=False, formatters=column_formatters(ops)), file=out)
+    ops = top_ops(df, args.top)
+    print(f"\nTop {len(ops)} ops by FLOPs, per step ({df['step'].nunique()} step(s) traced)", file=out)
+    print(ops.to_string(index=False, formatters=column_formatters(ops)), file=out)
     mods = by_module(df)
     mods = mods[mods["depth"] <= 2].sort_values("subtree_flops", ascending=False).head(args.top)
     mods = mods.assign(module=mods["module"].replace("", "(outside modules)"))
-    print("\nTop modules by FLOPs (children rolled up)", file=out)
-    print(mods[["module", "subtree_flops", "subtree_flops_pct"]].to_string(index=False, formatters=column_formatters(mods)), file=out)
+    mods = mods[["module", "subtree_flops", "subtree_flops_pct"]].rename(columns={"subtree_flops": "subtree_flops_total"})
+    print(f"\nTop modules by FLOPs, totals over all {df['step'].nunique()} step(s) (children rolled up)", file=out)
+    print(mods.to_string(index=False, formatters=column_formatters(mods)), file=out)
 
     _print_coverage(df, out)
     _print_roofline(df, args, out)
@@ -225,13 +227,14 @@ def _print_roofline(df, args, out):
         print("\nRoofline: N/A (no roof: record Tracer.set_bandwidth(tracer.memory_bandwidth()) on a CPU)", file=out)
         return
     bw, peak = table["peak_bytes_per_s"].iloc[0], table["peak_flops_per_s"].max()
-    print(f"\nRoofline (op time from busy_ns; bytes are algorithmic; roofs {human(peak, 'FLOP/s')}, "
-          f"{human(bw, 'B/s')})", file=out)  # fmt: skip
+    print(f"\nRoofline, totals over all {df['step'].nunique()} step(s) (op time from busy_ns; bytes are algorithmic; "
+          f"roofs {human(peak, 'FLOP/s')}, {human(bw, 'B/s')})", file=out)  # fmt: skip
     shown = table.assign(op=table["op"].str.removeprefix("aten."), intensity=table["arithmetic_intensity"].round(2),
-                         time_ms=(table["time_s"] * 1e3).round(2), efficiency_pct=100 * table["efficiency"])  # fmt: skip
-    shown = shown[["op", "dtype", "ops", "flops", "bytes", "intensity", "time_ms", "achieved_flops_per_s", "bound",
+                         efficiency_pct=100 * table["efficiency"])  # fmt: skip
+    shown = shown[["op", "dtype", "ops", "flops", "bytes", "intensity", "time_s", "achieved_flops_per_s", "bound",
                    "efficiency_pct"]]  # fmt: skip
-    formatters = {**column_formatters(shown), "bytes": human_bytes}
+    shown = shown.rename(columns={"ops": "ops_total", "flops": "flops_total", "bytes": "bytes_total", "time_s": "time_total"})
+    formatters = {**column_formatters(shown), "bytes_total": human_bytes}
     above = shown["efficiency_pct"].astype("float64") > 100
     formatters["efficiency_pct"] = lambda v: "N/A" if v is None or v != v else f"{v:.1f}%" + ("*" if v > 100 else "")
     print(shown.to_string(index=False, formatters=formatters, na_rep="N/A"), file=out)
@@ -306,8 +309,24 @@ def _compare(args):
         print(json.dumps(compare_json(table, df.attrs["runs"], args.by), indent=2, allow_nan=False))
     else:
         runs = [printable(name) for name in df.attrs["runs"]]
-        print(f"optrace compare: {', '.join(runs)} (ratios against {runs[0]})")
-        print(table.head(args.top).to_string(index=False, formatters=column_formatters(table), na_rep="N/A"))
+        print(f"optrace compare: {', '.join(runs)} (per step, except peak_live_bytes; ratios against {runs[0]})")
+        keys = table[args.by].drop_duplicates().head(args.top)  # whole keys: a run's row never cut from its pair
+        shown = table[table[args.by].isin(keys)].astype({"peak_live_bytes": "float64"})
+        header = [_COMPARE_HEADERS.get(c, c) for c in shown.columns]  # short names: the --json names in the legend
+        print(shown.to_string(index=False, formatters=column_formatters(shown), na_rep="N/A", header=header))
+        print(f"/step: per step; _x: the ratio to {runs[0]}'s value for the same {args.by} (inf: x / 0; N/A: 0 / 0); "
+              "alloc: bytes allocated\n"
+              f"change_pct: the larger change of FLOPs and of bytes allocated per step against {runs[0]}, in % of "
+              f"{runs[0]}'s total (keys ordered by it)\n"
+              "traced: time under the tracer, for ranking, not speed; --json has the full column names")
+
+
+# `compare`'s column names in text, kept short so a row fits a terminal; --json keeps the full names.
+_COMPARE_HEADERS = {
+    "ops_per_step": "ops/step", "flops_per_step": "flops/step", "bytes_allocated_per_step": "alloc/step",
+    "traced_us_per_step": "traced/step", "peak_live_bytes": "peak_live", "mfu_pct": "mfu_pct", "flops_ratio": "flops_x",
+    "bytes_allocated_ratio": "alloc_x", "peak_live_bytes_ratio": "peak_live_x", "traced_us_ratio": "traced_x",
+}  # fmt: skip
 
 
 def _export(args):
