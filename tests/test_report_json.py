@@ -126,3 +126,11 @@ def test_top_ops_are_per_step(tmp_path, capsys):
     assert re.search(r"^\s*aten\.addmm\.default\s+1\s+48\s", text, re.M)
     assert "\nRoofline, totals over all 2 step(s) (" in text
     assert re.search(r"^\s+op\s+dtype ops_total flops_total bytes_total\s+intensity time_total ", text, re.M)
+
+
+def test_strict_names_infinities_and_nulls_nan():
+    from reports.output.report_json import json_value, strict
+
+    assert strict({"a": [float("inf"), float("nan"), 1.5], "b": -float("inf"), "c": "x"}) == \
+        {"a": ["inf", None, 1.5], "b": "-inf", "c": "x"}
+    assert json_value(float("inf")) == "inf" and json_value(float("nan")) is None and json_value(3.0) == 3

@@ -14,7 +14,7 @@ import warnings
 from reports.errors import ReportError
 from reports.flops.coverage import bounds
 from reports.loading.integrity import describe_damage, list_parts
-from reports.output.report_json import compare_json, sections
+from reports.output.report_json import compare_json, sections, strict
 from reports.output.text import column_formatters, human, human_bytes, json_number, percent, printable
 
 # Columns no section of `optrace report` reads, left out of its load (a section that needs one takes it out of here).
@@ -286,7 +286,7 @@ def _report(args):
     if args.json:
         extra = rank_summary(everyone) if is_multi_rank(everyone) else {}
         found = summary(df, args.peak_tflops, args.step_time, ranks_present(args.trace), args.top)
-        print(json.dumps({**found, **extra}, indent=2, allow_nan=False))
+        print(json.dumps(strict({**found, **extra}), indent=2, allow_nan=False))
     else:
         _print_report(df, args, sys.stdout)
         print_job(df, ranks_present(args.trace), sys.stdout)

@@ -424,6 +424,8 @@ def export_trace(trace, out, batch_rows=BATCH_ROWS):
             sink.finish()
         if tmp is not None:
             os.replace(tmp, out)
+    except BrokenPipeError:  # -o - into `head`: the reader has what it wanted (the CLI exits quietly)
+        raise
     except OSError as exc:
         raise ReportError(f"export: cannot write {out!r} ({exc.strerror or exc})") from None
     finally:

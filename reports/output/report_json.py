@@ -10,7 +10,7 @@ import math
 from reports.errors import ReportError
 from reports.output.text import json_number
 
-__all__ = ["COMPARE_COLUMNS", "compare_json", "json_value", "records", "sections", "top_ops"]
+__all__ = ["COMPARE_COLUMNS", "compare_json", "json_value", "records", "sections", "strict", "top_ops"]
 
 
 def json_value(value):
@@ -28,6 +28,18 @@ def json_value(value):
     if isinstance(value, float) and math.isinf(value):
         return "inf" if value > 0 else "-inf"
     return value
+
+
+def strict(obj):
+    """`obj` (dicts, lists, numbers) with every NaN turned to None and every infinity to "inf"/"-inf":
+    what json.dumps(allow_nan=False) accepts."""
+    if isinstance(obj, dict):
+        return {k: strict(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [strict(v) for v in obj]
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return json_value(obj)
+    return obj
 
 
 def records(frame, columns=None):
