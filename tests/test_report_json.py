@@ -126,6 +126,8 @@ def test_top_ops_are_per_step(tmp_path, capsys):
     assert re.search(r"^\s*aten\.addmm\.default\s+1\s+48\s", text, re.M)
     assert "\nRoofline, totals over all 2 step(s) (" in text
     assert re.search(r"^\s+op\s+dtype ops_total flops_total bytes_total\s+intensity time_total ", text, re.M)
+    unit = r"[\d.]+ (?:s|ms|us|ns)"  # humanised seconds, as in the table's time_total
+    assert re.search(rf"^  memory-bound\s+{unit} per step \(\d+\.\d%\), {unit} at the roof$", text, re.M), text
 
 
 def test_strict_names_infinities_and_nulls_nan():

@@ -15,7 +15,7 @@ from reports.errors import ReportError
 from reports.flops.coverage import bounds
 from reports.loading.integrity import describe_damage, list_parts
 from reports.output.report_json import compare_json, sections, strict
-from reports.output.text import column_formatters, human, human_bytes, json_number, percent, printable
+from reports.output.text import column_formatters, human, human_bytes, human_seconds, json_number, percent, printable
 
 # Columns no section of `optrace report` reads, left out of its load (a section that needs one takes it out of here).
 _REPORT_UNUSED = ("layout", "device", "inplace")
@@ -242,9 +242,9 @@ def _print_roofline(df, args, out):
         print(f"  * {int(above.sum())} row(s) above 100% of the roof: outside the roofline's model (the bandwidth roof "
               "is a DRAM triad, and small tensors stay in cache, which is faster than DRAM)", file=out)
     for row in split.itertuples():
-        roof = "" if row.bound == "other" else f", {row.roof_time_s * 1e3:.2f} ms at the roof"
+        roof = "" if row.bound == "other" else f", {human_seconds(row.roof_time_s)} at the roof"
         label = "other ops" if row.bound == "other" else f"{row.bound}-bound"
-        print(f"  {label:<15} {row.time_s * 1e3:8.2f} ms per step ({percent(row.time_pct / 100)}){roof}", file=out)
+        print(f"  {label:<15} {human_seconds(row.time_s):>8} per step ({percent(row.time_pct / 100)}){roof}", file=out)
 
 
 def _step_time_spread(timing, given):
