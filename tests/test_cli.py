@@ -187,10 +187,15 @@ def test_compare_prints_ratios(traces, capsys):
     rc, out, err = run(capsys, "compare", traces["fp32"], traces["bf16"])
     assert rc == 0, err
     lines = out.splitlines()
-    assert lines[0] == "optrace compare: fp32, bf16 (ratios against fp32)"
+    assert lines[0] == "optrace compare: fp32, bf16 (per step, except peak_live_bytes; ratios against fp32)"
     header = lines[1].split()
-    assert header[:2] == ["phase", "run"]
-    assert {"flops_ratio", "bytes_allocated_ratio", "peak_live_bytes_ratio"} <= set(header)
+    assert header == ["phase", "run", "steps", "ops/step", "flops/step", "alloc/step", "traced/step", "peak_live",
+                      "mfu_pct", "flops_x", "alloc_x", "peak_live_x", "traced_x", "change_pct"]
+    assert max(len(line) for line in lines[1:10]) <= 132  # was 230 wide with the full names and raw microseconds
+    assert lines[-3].startswith("/step: per step; _x: the ratio to fp32's value for the same phase (inf: x / 0")
+    assert lines[-2] == ("change_pct: the larger change of FLOPs and of bytes allocated per step against fp32, "
+                         "in % of fp32's total (keys ordered by it)")
+    assert not re.search(r"\d+\.\d{4,}|<NA>|\b\d+\.0(?![\d%])", out)  # no raw floats, no pandas NA, no "506.0"
     assert re.search(r"^\s*total\s+fp32\s", out, re.M) and re.search(r"^\s*total\s+bf16\s", out, re.M)
     assert re.search(r"^\s*forward\s+bf16\s", out, re.M)
 
@@ -199,11 +204,12 @@ def test_compare_by_op(traces, capsys):
     rc, out, err = run(capsys, "compare", traces["fp32"], traces["bf16"], "--by", "op")
     assert rc == 0, err
     assert out.splitlines()[1].split()[:2] == ["op", "run"]
+    assert not re.search(r"<NA>", out)
     # every mm writes bfloat16 (2 bytes) instead of float32 (4 bytes): half the bytes
     mm = re.search(r"^\s*aten\.mm\.default\s+bf16\s.*$", out, re.M)
     assert mm, out
     header = out.splitlines()[1].split()
-    assert header[-5:] == ["flops_ratio", "bytes_allocated_ratio", "peak_live_bytes_ratio", "traced_us_ratio", "change_pct"]
+    assert header[-5:] == ["flops_x", "alloc_x", "peak_live_x", "traced_x", "change_pct"]
     # the row ends: flops_ratio 1.000 (same FLOPs), bytes_allocated_ratio 0.500, two more ratios, change_pct
     assert re.search(r"\s1\.000\s+0\.500\s+\d+\.\d{3}\s+\d+\.\d{3}\s+\d+\.\d%$", mm.group(0)), mm.group(0)
 
@@ -215,15 +221,20 @@ def test_compare_json(traces, capsys):
     def no_constants(name):
         raise AssertionError(f"not strict JSON: {name}")
 
-    records = json.loads(out, parse_constant=no_constants)  # no NaN / Infinity
-    assert isinstance(records, list) and records
+    got = json.loads(out, parse_constant=no_constants)  # no NaN / Infinity
+    assert isinstance(got, dict) and got["by"] == "op" and got["runs"] == ["fp32", "bf16"] and got["baseline"] == "fp32"
+    assert set(got["columns"]) == {"op", "run", "steps", "ops_per_step", "flops_per_step", "bytes_allocated_per_step",
+                                   "traced_us_per_step", "peak_live_bytes", "mfu_pct", "flops_ratio",
+                                   "bytes_allocated_ratio", "peak_live_bytes_ratio", "traced_us_ratio", "change_pct"}
+    records = got["rows"]
+    assert records and all(set(r) == set(got["columns"]) for r in records)  # every column documented
     by_key = {(r["op"], r["run"]): r for r in records}
     assert by_key[("total", "fp32")]["bytes_allocated_ratio"] == 1.0
     assert by_key[("aten.mm.default", "bf16")]["bytes_allocated_ratio"] == 0.5
     assert by_key[("aten.mm.default", "bf16")]["flops_ratio"] == 1.0  # autocast: same FLOPs
     rc, out, err = run(capsys, "compare", traces["fp32"], traces["bf16"], "--json")
     assert rc == 0, err
-    assert {r["phase"] for r in json.loads(out)} == {"total", "forward", "backward", "optimizer"}
+    assert {r["phase"] for r in json.loads(out)["rows"]} == {"total", "forward", "backward", "optimizer"}
 
 
 # ------------------------------------------------------------------ an incomplete trace
@@ -474,3 +485,22 @@ def test_report_gives_the_spread_of_the_untraced_step_times(tmp_path, capsys):
             "so MFU is uncertain by as much") in out
     assert main(["report", path, "--step-time", "0.1"]) == 0  # a step time given by hand has no spread to show
     assert "untraced steps" not in capsys.readouterr().out
+
+
+def test_compare_top_keeps_each_key_whole(traces, capsys):
+    rc, out, err = run(capsys, "compare", traces["fp32"], traces["bf16"], "--by", "op", "--top", "3")
+    assert rc == 0, err
+    rows = [line.split()[:2] for line in out.splitlines()[2:] if re.match(r"\s*(total|aten\.)", line)]
+    assert len(rows) == 6  # 3 keys, each with its fp32 and its bf16 row
+    assert [r[1] for r in rows] == ["fp32", "bf16"] * 3 and rows[0][0] == rows[1][0] == "total"
+
+
+def test_report_tables_say_per_step_or_total(traces, capsys):
+    rc, out, err = run(capsys, "report", traces["fp32"])
+    assert rc == 0, err
+    assert "\nTop 8 ops by FLOPs, per step (1 step(s) traced)\n" in out
+    assert re.search(r"^\s+op ops_per_step flops_per_step flops_pct bytes_allocated_per_step$", out, re.M)
+    assert "\nTop modules by FLOPs, totals over all 1 step(s) (children rolled up)\n" in out
+    assert re.search(r"^\s+module subtree_flops_total subtree_flops_pct$", out, re.M)
+    # mm: 11 calls per step (forward 4 + backward 7 in the tiny GPT) as an integer, not '11.0'
+    assert re.search(r"^\s*aten\.mm\.default\s+11\s", out, re.M)

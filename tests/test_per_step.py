@@ -197,6 +197,14 @@ def test_cli_json(runs):
     a, b = out
     assert (a.pop("run"), b.pop("run")) == ("one", "three")
     assert (a.pop("steps"), b.pop("steps")) == (1, 3)
+    # sections that are totals over the traced steps (their `unit` says so): three times the one-step run's
+    (ma, mb), (va, vb) = (a.pop("top_modules"), b.pop("top_modules")), (a.pop("views"), b.pop("views"))
+    assert [3 * r["subtree_flops"] for r in ma["rows"]] == [r["subtree_flops"] for r in mb["rows"]]
+    assert [3 * k["ops"] for k in va["kinds"]] == [k["ops"] for k in vb["kinds"]]
+    assert a["roofline"]["available"] is False  # no bandwidth recorded: N/A in both, so equal below
+    ea, eb = a["breakdown"].pop("explain"), b["breakdown"].pop("explain")  # they name the run and its steps
+    assert [line.split(": ", 1)[1].replace("(1 step traced", "(3 steps traced") for line in ea[:1]] == \
+        [line.split(": ", 1)[1] for line in eb[:1]] and ea[1:] == eb[1:]
     assert a == b
 
 

@@ -14,13 +14,11 @@ import warnings
 from reports.errors import ReportError
 from reports.flops.coverage import bounds
 from reports.loading.integrity import describe_damage, list_parts
-from reports.output.text import column_formatters, human, human_bytes, json_number, percent, printable
+from reports.output.report_json import compare_json, sections, strict
+from reports.output.text import column_formatters, human, human_bytes, human_seconds, json_number, percent, printable
 
 # Columns no section of `optrace report` reads, left out of its load (a section that needs one takes it out of here).
 _REPORT_UNUSED = ("layout", "device", "inplace")
-# ... and those `report --json` (summary, with the rank figures of a distributed trace) does not read either.
-_JSON_UNUSED = (*_REPORT_UNUSED, "freed_storage_ids", "output_storage_bytes", "is_view", "causal", "bytes_read",
-                "bytes_written", "bytes_allocated", "busy_ns")
 # ... and those only the rank figures read: left out for a trace of one rank.
 _RANKS_ONLY = ("start_ns", "comm_bytes", "group_size", "process_group")
 # ... of which one rank's own job section (reports/output/distributed.py print_job) reads these.
@@ -37,10 +35,12 @@ def _phase_flops(df):
     return flops
 
 
-def summary(df, peak_tflops=None, step_time_s=None, ranks_present=None):
-    """The numbers `report --json` prints, as a dict. `ranks_present`: rank directories in the trace
+def summary(df, peak_tflops=None, step_time_s=None, ranks_present=None, top=8):
+    """What `report --json` prints, as a dict: the summary figures, then every section of the text report
+    (reports/output/report_json.py). `ranks_present`: rank directories in the trace
     (reports.loading.load.ranks_present), for its `distributed` object; default: the runs loaded."""
     from reports.distributed.ranks import job_summary
+    from reports.flops.accounting import analyse
     from reports.flops.breakdown import breakdown
     from reports.flops.mfu import mfu
     from reports.memory.memory import peak
@@ -48,11 +48,12 @@ def summary(df, peak_tflops=None, step_time_s=None, ranks_present=None):
 
     (run, meta), *_ = df.attrs["runs"].items()
     try:
-        table = breakdown(df).set_index("phase")
+        accounts = analyse(df, "matmul", None, "breakdown")  # one analysis of the rows for breakdown and explain
+        table = breakdown(df, accounts=accounts).set_index("phase")
     except ReportError:  # traced without model= or tokens=: no N or T, the rest still reports
-        table = None
+        table = accounts = None
     rate = mfu(df, step_time_s=step_time_s, peak_flops=peak_tflops * 1e12 if peak_tflops is not None else None).iloc[0]
-    top = peak(df).iloc[0]
+    highest = peak(df).iloc[0]
     return {
         "run": run,
         "complete": bool(meta.get("complete")),
@@ -72,7 +73,7 @@ def summary(df, peak_tflops=None, step_time_s=None, ranks_present=None):
         "achieved_flops_per_s": json_number(rate["achieved_flops_per_s"]),
         "step_time_s": json_number(rate["step_time_s"]),
         "peak_flops_per_s": json_number(rate["peak_flops_per_s"]),
-        "peak_live_bytes": json_number(top["peak_live_bytes"]),
+        "peak_live_bytes": json_number(highest["peak_live_bytes"]),
         "damage": dict(meta.get("damage") or {}),
         "compiled_ran_eagerly": bool(meta.get("compiled_ran_eagerly")),
         "backward_unnamed_rows": int(meta.get("backward_unnamed_rows") or 0),
@@ -81,6 +82,7 @@ def summary(df, peak_tflops=None, step_time_s=None, ranks_present=None):
         "distributed": job_summary(df, len(df.attrs["runs"]) if ranks_present is None else ranks_present),
         "untraced_optimizer_steps": int(meta.get("untraced_optimizer_steps") or 0),  # compiled before the trace
         "cycles_without_step": int(meta.get("cycles_without_step") or 0),  # iterations no step boundary split
+        **sections(df, meta, accounts, peak_tflops, step_time_s, top),
     }
 
 
@@ -109,11 +111,14 @@ def _print_report(df, args, out):
     from reports.flops.mfu import mfu
     from reports.memory.memory import by_category, peak
     from reports.memory.views import views
-    from reports.tables import by_module, by_op
+    from reports.output.report_json import top_ops
+    from reports.tables import by_module
 
     (run, meta), *_ = df.attrs["runs"].items()
     device = (meta.get("device") or {}).get("name", "?")
     state = "complete" if meta.get("complete") else "INCOMPLETE (cut short): figures cover the rows it has"
+    if not meta.get("complete") and meta.get("error"):  # the exception the traced code raised (tracer/mode.py)
+        state = f"INCOMPLETE: the traced code raised {meta['error']}; figures cover the rows it has"
     broken = describe_damage(meta.get("damage") or {})
     if broken:
         state = ("DAMAGED" if meta.get("complete") else state) + f"; {broken}"
@@ -176,20 +181,24 @@ def _print_report(df, args, out):
             f"MFU {percent(rate['mfu'])}, HFU {percent(rate['hfu'])}",
             file=out,
         )
+        if (json_number(rate["mfu"]) or 0) > 1 or (json_number(rate["hfu"]) or 0) > 1:
+            print("  Caveat: above 100%, outside its model: the step time or the peak is wrong (a step time shorter "
+                  "than the traced step, or a peak below the device's dense peak for this dtype)", file=out)
         if "mfu_of_achievable" in rate and json_number(rate["mfu_of_achievable"]) is not None:
             print(f"  of the measured matmul ceiling: {percent(rate['mfu_of_achievable'])}", file=out)
         spread = _step_time_spread(meta.get("step_time"), args.step_time)
         if spread:
             print(f"  {spread}", file=out)
 
-    ops = by_op(df).head(args.top)
-    print(f"\nTop {len(ops)} ops by FLOPs (all {df['step'].nunique()} step(s))", file=out)
-    print(ops[["op", "ops", "flops", "flops_pct", "bytes_allocated"]].to_string(index=False, formatters=column_formatters(ops)), file=out)
+    ops = top_ops(df, args.top)
+    print(f"\nTop {len(ops)} ops by FLOPs, per step ({df['step'].nunique()} step(s) traced)", file=out)
+    print(ops.to_string(index=False, formatters=column_formatters(ops)), file=out)
     mods = by_module(df)
     mods = mods[mods["depth"] <= 2].sort_values("subtree_flops", ascending=False).head(args.top)
     mods = mods.assign(module=mods["module"].replace("", "(outside modules)"))
-    print("\nTop modules by FLOPs (children rolled up)", file=out)
-    print(mods[["module", "subtree_flops", "subtree_flops_pct"]].to_string(index=False, formatters=column_formatters(mods)), file=out)
+    mods = mods[["module", "subtree_flops", "subtree_flops_pct"]].rename(columns={"subtree_flops": "subtree_flops_total"})
+    print(f"\nTop modules by FLOPs, totals over all {df['step'].nunique()} step(s) (children rolled up)", file=out)
+    print(mods.to_string(index=False, formatters=column_formatters(mods)), file=out)
 
     _print_coverage(df, out)
     _print_roofline(df, args, out)
@@ -218,18 +227,24 @@ def _print_roofline(df, args, out):
         print("\nRoofline: N/A (no roof: record Tracer.set_bandwidth(tracer.memory_bandwidth()) on a CPU)", file=out)
         return
     bw, peak = table["peak_bytes_per_s"].iloc[0], table["peak_flops_per_s"].max()
-    print(f"\nRoofline (op time from busy_ns; bytes are algorithmic; roofs {human(peak, 'FLOP/s')}, "
-          f"{human(bw, 'B/s')})", file=out)  # fmt: skip
+    print(f"\nRoofline, totals over all {df['step'].nunique()} step(s) (op time from busy_ns; bytes are algorithmic; "
+          f"roofs {human(peak, 'FLOP/s')}, {human(bw, 'B/s')})", file=out)  # fmt: skip
     shown = table.assign(op=table["op"].str.removeprefix("aten."), intensity=table["arithmetic_intensity"].round(2),
-                         time_ms=(table["time_s"] * 1e3).round(2), efficiency_pct=100 * table["efficiency"])  # fmt: skip
-    shown = shown[["op", "dtype", "ops", "flops", "bytes", "intensity", "time_ms", "achieved_flops_per_s", "bound",
+                         efficiency_pct=100 * table["efficiency"])  # fmt: skip
+    shown = shown[["op", "dtype", "ops", "flops", "bytes", "intensity", "time_s", "achieved_flops_per_s", "bound",
                    "efficiency_pct"]]  # fmt: skip
-    formatters = {**column_formatters(shown), "bytes": human_bytes}
+    shown = shown.rename(columns={"ops": "ops_total", "flops": "flops_total", "bytes": "bytes_total", "time_s": "time_total"})
+    formatters = {**column_formatters(shown), "bytes_total": human_bytes}
+    above = shown["efficiency_pct"].astype("float64") > 100
+    formatters["efficiency_pct"] = lambda v: "N/A" if v is None or v != v else f"{v:.1f}%" + ("*" if v > 100 else "")
     print(shown.to_string(index=False, formatters=formatters, na_rep="N/A"), file=out)
+    if above.any():
+        print(f"  * {int(above.sum())} row(s) above 100% of the roof: outside the roofline's model (the bandwidth roof "
+              "is a DRAM triad, and small tensors stay in cache, which is faster than DRAM)", file=out)
     for row in split.itertuples():
-        roof = "" if row.bound == "other" else f", {row.roof_time_s * 1e3:.2f} ms at the roof"
+        roof = "" if row.bound == "other" else f", {human_seconds(row.roof_time_s)} at the roof"
         label = "other ops" if row.bound == "other" else f"{row.bound}-bound"
-        print(f"  {label:<15} {row.time_s * 1e3:8.2f} ms per step ({percent(row.time_pct / 100)}){roof}", file=out)
+        print(f"  {label:<15} {human_seconds(row.time_s):>8} per step ({percent(row.time_pct / 100)}){roof}", file=out)
 
 
 def _step_time_spread(timing, given):
@@ -256,7 +271,7 @@ def _report(args):
     from reports.output.distributed import print_job, print_ranks
 
     list_parts(args.trace)  # a directory that cannot be listed: one line, before the ranks are looked for
-    unused = _JSON_UNUSED if args.json and not args.plot else _REPORT_UNUSED
+    unused = _REPORT_UNUSED  # --json holds every section too
     if len(rank_paths(args.trace)) <= 1 and not args.plot:
         unused += tuple(c for c in _RANKS_ONLY if c not in _JOB_COLUMNS)
     df = load(args.trace, columns=[c for c in COLUMN_NAMES if c not in unused], lists="deferred")
@@ -270,7 +285,8 @@ def _report(args):
         paths = save_plots(df, args.plot)
     if args.json:
         extra = rank_summary(everyone) if is_multi_rank(everyone) else {}
-        print(json.dumps({**summary(df, args.peak_tflops, args.step_time, ranks_present(args.trace)), **extra}, indent=2))
+        found = summary(df, args.peak_tflops, args.step_time, ranks_present(args.trace), args.top)
+        print(json.dumps(strict({**found, **extra}), indent=2, allow_nan=False))
     else:
         _print_report(df, args, sys.stdout)
         print_job(df, ranks_present(args.trace), sys.stdout)
@@ -290,18 +306,40 @@ def _compare(args):
             raise ReportError(f"{path}: the trace has no ops (nothing ran inside `with Tracer(...)`); nothing to compare")
     table = compare(df, by=args.by)
     if args.json:
-        print(table.to_json(orient="records", indent=2))
+        print(json.dumps(compare_json(table, df.attrs["runs"], args.by), indent=2, allow_nan=False))
     else:
         runs = [printable(name) for name in df.attrs["runs"]]
-        print(f"optrace compare: {', '.join(runs)} (ratios against {runs[0]})")
-        print(table.head(args.top).to_string(index=False, formatters=column_formatters(table), na_rep="N/A"))
+        print(f"optrace compare: {', '.join(runs)} (per step, except peak_live_bytes; ratios against {runs[0]})")
+        keys = table[args.by].drop_duplicates().head(args.top)  # whole keys: a run's row never cut from its pair
+        shown = table[table[args.by].isin(keys)].astype({"peak_live_bytes": "float64"})
+        header = [_COMPARE_HEADERS.get(c, c) for c in shown.columns]  # short names: the --json names in the legend
+        print(shown.to_string(index=False, formatters=column_formatters(shown), na_rep="N/A", header=header))
+        print(f"/step: per step; _x: the ratio to {runs[0]}'s value for the same {args.by} (inf: x / 0; N/A: 0 / 0); "
+              "alloc: bytes allocated\n"
+              f"change_pct: the larger change of FLOPs and of bytes allocated per step against {runs[0]}, in % of "
+              f"{runs[0]}'s total (keys ordered by it)\n"
+              "traced: time under the tracer, for ranking, not speed; --json has the full column names")
+
+
+# `compare`'s column names in text, kept short so a row fits a terminal; --json keeps the full names.
+_COMPARE_HEADERS = {
+    "ops_per_step": "ops/step", "flops_per_step": "flops/step", "bytes_allocated_per_step": "alloc/step",
+    "traced_us_per_step": "traced/step", "peak_live_bytes": "peak_live", "mfu_pct": "mfu_pct", "flops_ratio": "flops_x",
+    "bytes_allocated_ratio": "alloc_x", "peak_live_bytes_ratio": "peak_live_x", "traced_us_ratio": "traced_x",
+}  # fmt: skip
 
 
 def _export(args):
     from reports.output.export import export_trace
 
     ops = export_trace(args.trace, args.output)
-    print(f"optrace export: {ops} ops -> {args.output} (open it at https://ui.perfetto.dev or chrome://tracing)")
+    if args.output.endswith(".pftrace"):  # protobuf: chrome://tracing cannot read it
+        hint = "open it at https://ui.perfetto.dev"
+    else:
+        hint = "open it at https://ui.perfetto.dev or chrome://tracing"
+    where = "stdout" if args.output == "-" else args.output
+    # with -o - the trace is stdout, so the note goes to stderr
+    print(f"optrace export: {ops} ops -> {where} ({hint})", file=sys.stderr if args.output == "-" else sys.stdout)
 
 
 def _positive(text):
@@ -326,11 +364,22 @@ def _top(text):
     return value
 
 
+def _version():
+    """The installed package's version (importlib.metadata: no import of torch or of the tracer)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("optrace")
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        return "unknown (not installed)"
+
+
 def _parser():
     parser = argparse.ArgumentParser(prog="optrace", description="Read optrace traces: FLOPs, MFU, memory, views.")
+    parser.add_argument("--version", action="version", version=f"optrace {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     rep = sub.add_parser("report", help="summarise one trace")
-    rep.add_argument("trace")
+    rep.add_argument("trace", help="a trace directory written by tracer.Tracer (with or without rank=R sub-directories)")
     rep.add_argument("--peak-tflops", type=_positive, help="promised peak TFLOP/s (overrides the device table)")
     rep.add_argument("--step-time", type=_positive, help="untraced step time in seconds (overrides the trace's)")
     rep.add_argument("--json", action="store_true", help="print one JSON object")
@@ -338,14 +387,17 @@ def _parser():
     rep.add_argument("--top", type=_top, default=8, help="rows in the top-N tables")
     rep.set_defaults(run=_report)
     cmp = sub.add_parser("compare", help="compare several traces")
-    cmp.add_argument("traces", nargs="+")
-    cmp.add_argument("--by", choices=("phase", "op", "module"), default="phase")
-    cmp.add_argument("--json", action="store_true")
-    cmp.add_argument("--top", type=_top, default=20)
+    cmp.add_argument("traces", nargs="+", help="two or more trace directories; ratios are against the first")
+    cmp.add_argument("--by", choices=("phase", "op", "module"), default="phase",
+                     help="one row per phase, aten op or module and run (default: phase)")
+    cmp.add_argument("--json", action="store_true", help="print one JSON object")
+    cmp.add_argument("--top", type=_top, default=20, help="keys shown, each with a row per run (default: 20)")
     cmp.set_defaults(run=_compare)
     exp = sub.add_parser("export", help="write a trace for Perfetto: Chrome JSON (.json) or protobuf (.pftrace)")
-    exp.add_argument("trace")
-    exp.add_argument("-o", "--output", required=True, metavar="OUT.json|OUT.pftrace")
+    exp.add_argument("trace", help="a trace directory written by tracer.Tracer (with or without rank=R sub-directories)")
+    exp.add_argument("-o", "--output", required=True, metavar="OUT",
+                     help="OUT.json (Chrome JSON), OUT.json.gz (the same, gzip-compressed), OUT.pftrace (Perfetto "
+                          "protobuf) or - (Chrome JSON to stdout)")
     exp.set_defaults(run=_export)
     return parser
 
@@ -362,8 +414,9 @@ def main(argv=None):
         warnings.simplefilter("always")
         try:
             args.run(args)
-        except ReportError as exc:
-            print(f"optrace {args.command}: error: {printable(exc)}", file=sys.stderr)
+        except ReportError as exc:  # one prefix: a message that starts with the command's name loses it
+            message = printable(exc).removeprefix(f"{args.command}: ")
+            print(f"optrace {args.command}: error: {message}", file=sys.stderr)
             return 2
         except BrokenPipeError:  # `optrace report T | head`: the reader has what it wanted
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit

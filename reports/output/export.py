@@ -1,6 +1,6 @@
 """A trace as Chrome trace-event JSON, which ui.perfetto.dev and chrome://tracing open.
 
-    optrace export runs/gpt.parquet -o gpt.json
+    optrace export runs/gpt.parquet -o gpt.json   (or gpt.json.gz: gzip-compressed; or - : to stdout)
 
 Layout: one process per rank (a trace with `rank=R` sub-directories has one per
 rank; a plain trace is rank 0), one track per phase (forward, backward, optimizer,
@@ -33,9 +33,12 @@ note on stderr and exits 0), "complete" and "damage" per rank in the JSON's
 `otherData`, and the process label of the rank saying INCOMPLETE or DAMAGED.
 """
 
+import contextlib
+import gzip
 import json
 import os
 import re
+import sys
 import warnings
 
 import numpy as np
@@ -385,10 +388,11 @@ def export_trace(trace, out, batch_rows=BATCH_ROWS):
     out = os.fspath(out)
     if out.endswith(".pftrace"):
         from reports.output.pftrace import ProtoEvents as events
-    elif out.endswith(".json"):
+    elif out == "-" or out.endswith((".json", ".json.gz")):
         events = JsonEvents
     else:
-        raise ReportError(f"export: the output must end in .json (Chrome JSON) or .pftrace (Perfetto), got {out!r}")
+        raise ReportError(f"export: the output must end in .json or .json.gz (Chrome JSON) or .pftrace (Perfetto), "
+                          f"or be - (Chrome JSON to stdout), got {out!r}")
     ranks = trace_ranks(trace)
     columns = {directory: _columns(directory) for _, directory, _ in ranks}  # a column missing: refused before writing
     for _, directory, meta in ranks:
@@ -397,9 +401,9 @@ def export_trace(trace, out, batch_rows=BATCH_ROWS):
     base = min(starts) if starts else None
     text = _Strings()
     ops = 0
-    tmp = os.path.join(os.path.dirname(os.path.abspath(out)), "." + os.path.basename(out) + ".tmp")
+    tmp = None if out == "-" else os.path.join(os.path.dirname(os.path.abspath(out)), "." + os.path.basename(out) + ".tmp")
     try:
-        with open(tmp, "w" if events is JsonEvents else "wb", buffering=1 << 20) as f:
+        with _open_output(out, tmp, binary=events is not JsonEvents) as f:
             sink = events(f, text)
             sink.start({"exporter": "optrace export", "ranks": [r for r, _, _ in ranks],
                         "time": "start_ns" if base is not None else "ops laid end to end",
@@ -416,13 +420,30 @@ def export_trace(trace, out, batch_rows=BATCH_ROWS):
                         ops += batch.num_rows
                 state.finish()
             sink.finish()
-        os.replace(tmp, out)
+        if tmp is not None:
+            os.replace(tmp, out)
+    except BrokenPipeError:  # -o - into `head`: the reader has what it wanted (the CLI exits quietly)
+        raise
     except OSError as exc:
         raise ReportError(f"export: cannot write {out!r} ({exc.strerror or exc})") from None
     finally:
-        if os.path.exists(tmp):
+        if tmp is not None and os.path.exists(tmp):
             os.remove(tmp)
     return ops
+
+
+@contextlib.contextmanager
+def _open_output(out, tmp, binary):
+    """The file the events stream into: stdout for "-" (left open), else `tmp`, gzip-compressed for .json.gz."""
+    if out == "-":
+        yield sys.stdout
+        sys.stdout.flush()
+    elif out.endswith(".gz"):
+        with gzip.open(tmp, "wt", encoding="utf-8", compresslevel=6) as f:
+            yield f
+    else:
+        with open(tmp, "wb" if binary else "w", buffering=1 << 20) as f:
+            yield f
 
 
 def export_chrome(trace, out, batch_rows=BATCH_ROWS):

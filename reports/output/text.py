@@ -6,7 +6,7 @@ The `optrace` command and every section it prints use these; no analysis module 
 import math
 import re
 
-__all__ = ["column_formatters", "human", "human_bytes", "json_number", "percent", "printable"]
+__all__ = ["column_formatters", "human", "human_bytes", "human_seconds", "json_number", "percent", "printable"]
 
 
 def human(value, unit=""):
@@ -26,6 +26,18 @@ def human_bytes(value):
         if abs(value) >= factor:
             return f"{value / factor:.3g} {prefix}"
     return f"{int(value)} B"
+
+
+def human_seconds(value):
+    """0.01234 -> '12.3 ms'; 2.5 -> '2.5 s'; None or NaN -> 'N/A'."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "N/A"
+    if value == 0:
+        return "0 s"
+    for factor, unit in ((1.0, "s"), (1e-3, "ms"), (1e-6, "us")):
+        if abs(value) >= factor:
+            return f"{value / factor:.3g} {unit}"
+    return f"{value / 1e-9:.3g} ns"
 
 
 def json_number(value):
@@ -53,12 +65,18 @@ def column_formatters(frame):
     for column in frame.columns:
         if column.endswith("_ratio") or column == "ratio":
             found[column] = lambda v: "" if v is None or v != v else f"{v:.3f}"
+        elif column == "ops" or column.startswith("ops_"):  # counts: 506, 1.2 k, never '506.0'
+            found[column] = lambda v: "N/A" if v is None or v != v else human(v)
+        elif column.startswith("time_") and not column.endswith("_pct"):  # seconds
+            found[column] = human_seconds
+        elif column.startswith("traced_us"):  # microseconds
+            found[column] = lambda v: human_seconds(None if v is None or v != v else v * 1e-6)
         elif column.endswith("_pct"):
             found[column] = lambda v: "N/A" if v is None or v != v else f"{v:.1f}%"
         elif "flops" in column:
             found[column] = lambda v: human(v)
         elif "bytes" in column:
-            found[column] = human_bytes
+            found[column] = lambda v: "N/A" if v is None or v != v else human_bytes(v)
         elif not pd.api.types.is_numeric_dtype(frame[column].dtype) and not pd.api.types.is_bool_dtype(frame[column].dtype):
             found[column] = printable  # names from the trace: control characters escaped
     return found

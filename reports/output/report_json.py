@@ -1,0 +1,201 @@
+"""The sections of `optrace report` as JSON-ready objects: the keys `report --json` adds to the summary
+(reports/output/cli.py `summary`), each the same table the text report prints, with raw numbers.
+
+Numbers are plain JSON numbers, never humanised; a value that cannot be known is null; an infinite
+value is the string "inf" or "-inf" (JSON has no infinity), so null never hides one. See the README's
+table of `--json` keys."""
+
+import math
+
+from reports.errors import ReportError
+from reports.output.text import json_number
+
+__all__ = ["COMPARE_COLUMNS", "compare_json", "json_value", "records", "sections", "strict", "top_ops"]
+
+
+def json_value(value):
+    """A JSON-ready value: numpy scalars to Python, NaN/NA to None, +-inf to "inf"/"-inf", strings as they are."""
+    if value is None or isinstance(value, (str, bool)):
+        return value
+    try:
+        import pandas as pd
+
+        if pd.isna(value):
+            return None
+    except (TypeError, ValueError):
+        pass
+    value = json_number(value)
+    if isinstance(value, float) and math.isinf(value):
+        return "inf" if value > 0 else "-inf"
+    return value
+
+
+def strict(obj):
+    """`obj` (dicts, lists, numbers) with every NaN turned to None and every infinity to "inf"/"-inf":
+    what json.dumps(allow_nan=False) accepts."""
+    if isinstance(obj, dict):
+        return {k: strict(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [strict(v) for v in obj]
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return json_value(obj)
+    return obj
+
+
+def records(frame, columns=None):
+    """A DataFrame's rows as a list of {column: json_value}."""
+    columns = list(frame.columns if columns is None else columns)
+    return [{c: json_value(v) for c, v in zip(columns, row)} for row in frame[columns].itertuples(index=False)]
+
+
+def _breakdown(df, accounts):
+    from reports.flops.breakdown import breakdown, explain
+
+    try:
+        table = breakdown(df, accounts=accounts)
+    except ReportError as exc:  # traced without model= or tokens=
+        return {"available": False, "reason": str(exc)}
+    columns = ["phase", "flops", "expected_flops", "ratio", "weight_matmul_flops", "attention_flops",
+               "external_weight_flops", "other_flops"]  # fmt: skip
+    return {
+        "available": True,
+        "unit": "FLOPs per step",
+        "n_kind": str(table["n_kind"].iloc[0]),
+        "rows": records(table, [c for c in columns if c in table]),
+        "explain": [str(line) for line in explain(df, accounts=accounts)],
+    }
+
+
+def _mfu(df, peak_tflops, step_time_s):
+    from reports.flops.mfu import mfu
+
+    rate = mfu(df, step_time_s=step_time_s, peak_flops=peak_tflops * 1e12 if peak_tflops is not None else None).iloc[0]
+    keys = ("mfu", "hfu", "mfu_of_achievable", "achieved_flops_per_s", "step_time_s", "peak_flops_per_s", "peak_source",
+            "dtype", "model_flops_per_step", "hardware_flops_per_step")  # fmt: skip
+    out = {k: json_value(rate[k]) for k in keys if k in rate}
+    above = [k for k in ("mfu", "hfu") if isinstance(out.get(k), (int, float)) and out[k] > 1]
+    out["above_100_pct"] = above  # outside the model: a step time or peak that cannot be right
+    return out
+
+
+def top_ops(df, top):
+    """The `top` ops by FLOPs (reports.tables.by_op's order), their figures per step (reports.steps.per_step):
+    op, ops_per_step, flops_per_step, flops_pct, bytes_allocated_per_step."""
+    import pandas as pd
+
+    from reports.steps import per_step, step_phases
+    from reports.tables import by_op
+
+    ops = by_op(df).head(top)
+    phases = step_phases(df)
+    values = {"ops_per_step": pd.Series(1, index=df.index), "flops_per_step": df["flops"],
+              "bytes_allocated_per_step": df["bytes_allocated"]}  # fmt: skip
+    figures = {name: per_step(df, values=v, by="op", phases=phases) for name, v in values.items()}
+    op = ops["op"].astype(object)
+    out = pd.DataFrame({"op": op, **{name: op.map(f).astype("float64") for name, f in figures.items()}})
+    out.insert(3, "flops_pct", ops["flops_pct"])
+    return out.reset_index(drop=True)
+
+
+def _top_ops(df, top):
+    return {"unit": "per step", "rows": records(top_ops(df, top))}
+
+
+def _top_modules(df, top):
+    from reports.tables import by_module
+
+    mods = by_module(df)
+    mods = mods[mods["depth"] <= 2].sort_values("subtree_flops", ascending=False).head(top)
+    return {"unit": "totals over all traced steps, children rolled up",
+            "rows": records(mods, ["module", "depth", "subtree_flops", "subtree_flops_pct"])}
+
+
+def _roofline(df, top):
+    from reports.time.roofline import roofline_with_split
+
+    table, split = roofline_with_split(df)
+    table = table.head(top)
+    if not table["bound"].ne("other").any():
+        return {"available": False, "reason": "no roof: record Tracer.set_bandwidth(tracer.memory_bandwidth()) on a CPU"}
+    columns = ["op", "dtype", "ops", "flops", "bytes", "arithmetic_intensity", "time_s", "achieved_flops_per_s",
+               "attainable_flops_per_s", "bound", "efficiency"]  # fmt: skip
+    rows = records(table, columns)
+    for row in rows:
+        row["above_roof"] = isinstance(row["efficiency"], (int, float)) and row["efficiency"] > 1
+    return {
+        "available": True,
+        "unit": "totals over all traced steps; time_s from busy_ns; bytes are algorithmic",
+        "peak_flops_per_s": json_value(table["peak_flops_per_s"].max()),
+        "peak_bytes_per_s": json_value(table["peak_bytes_per_s"].iloc[0]),
+        "rows": rows,
+        "above_roof_note": "efficiency > 1 is outside the roofline's model: the bandwidth roof is a DRAM triad, "
+                           "and small tensors stay in cache",
+        "split": records(split, ["bound", "ops", "time_s", "time_pct", "roof_time_s"]),
+        "split_unit": "per step",
+    }
+
+
+def _memory(df):
+    from reports.memory.memory import by_category, peak
+
+    top = peak(df).iloc[0]
+    return {
+        "peak": {"peak_live_bytes": json_value(top["peak_live_bytes"]), "seq": json_value(top["seq"]),
+                 "step": json_value(top["step"]), "op": top["op"], "phase": top["phase"], "module": top["module"]},
+        "categories": {str(r.category): json_value(r.bytes) for r in by_category(df).itertuples()},
+    }  # fmt: skip
+
+
+def _views(df, top):
+    from reports.memory.views import views
+
+    v = views(df)
+    kinds = v.groupby("kind", sort=False, observed=True)[["ops", "bytes_allocated"]].sum().reset_index()
+    copies = v[v["kind"] == "copy"].head(top)
+    return {"kinds": records(kinds.astype({"kind": object})), "copies": records(copies, ["op", "ops", "bytes_allocated"])}
+
+
+def sections(df, meta, accounts=None, peak_tflops=None, step_time_s=None, top=8):
+    """The keys `report --json` adds to the summary: every section of the text report."""
+    return {
+        "error": meta.get("error"),  # the exception the traced code raised, or null
+        "breakdown": _breakdown(df, accounts),
+        "mfu_details": _mfu(df, peak_tflops, step_time_s),
+        "top_ops": _top_ops(df, top),
+        "top_modules": _top_modules(df, top),
+        "roofline": _roofline(df, top),
+        "memory": _memory(df),
+        "views": _views(df, top),
+    }
+
+
+# What each column of `compare` holds (reports/compare.py's docstring, in short): `compare --json` carries it.
+COMPARE_COLUMNS = {
+    "run": "the run's name",
+    "steps": "traced steps of the run",
+    "ops_per_step": "aten ops per step",
+    "flops_per_step": "analytic FLOPs per step (2 per multiply-add)",
+    "bytes_allocated_per_step": "bytes of the storages the ops created, per step",
+    "traced_us_per_step": "the ops' duration under the tracer per step, microseconds (slowed by tracing: "
+                          "for ranking, not speed)",
+    "peak_live_bytes": "the highest live bytes after any op of the key (not per step)",
+    "mfu_pct": "MFU in percent, on the total rows only; null where it cannot be known",
+    "flops_ratio": "flops_per_step over the baseline run's, same key",
+    "bytes_allocated_ratio": "bytes_allocated_per_step over the baseline run's",
+    "peak_live_bytes_ratio": "peak_live_bytes over the baseline run's",
+    "traced_us_ratio": "traced_us_per_step over the baseline run's",
+    "change_pct": "the larger change of FLOPs and of bytes allocated against the baseline, in percent of the "
+                  "baseline run's total per step; rows are ordered by it",
+}
+
+
+def compare_json(table, runs, by):
+    """`compare --json`: one object with the runs, the baseline, the column meanings and the rows."""
+    return {
+        "by": by,
+        "runs": list(runs),
+        "baseline": list(runs)[0],
+        "columns": {by: f"the {by} ('total': the whole run)", **COMPARE_COLUMNS},
+        "note": 'a ratio x / 0 is the string "inf"; null is a value that cannot be known (0 / 0, MFU without a step time)',
+        "rows": records(table),
+    }
