@@ -4,6 +4,7 @@ completion path is tested with a mocked torch.cuda."""
 
 import json
 import os
+import warnings
 import socket
 import time
 
@@ -136,7 +137,22 @@ def _free_port():
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     root = str(tmp_path_factory.mktemp("dist"))
-    mp.spawn(_worker, args=(root, os.path.join(root, "store")), nprocs=WORLD)
+    for attempt in range(2):
+        store = os.path.join(root, f"store{attempt}")
+        try:
+            mp.spawn(_worker, args=(root, store), nprocs=WORLD)
+            break
+        except mp.ProcessExitedException as exc:
+            # Known open problem (see the closing note of the session that added this): about 1 run in 10, a
+            # traced gloo worker aborts ("terminate called without an active exception") at interpreter exit,
+            # after its work and its results file are done; never seen untraced (0 in 12). Rerun the workers
+            # once, and say so in the test summary; a second abort, or one before the results, fails.
+            done = all(os.path.exists(os.path.join(root, f"results{r}.json")) for r in range(WORLD))
+            if attempt or exc.signal_name != "SIGABRT" or not done:
+                raise
+            warnings.warn(f"gloo worker {exc.error_index} aborted at exit (SIGABRT) after finishing; workers rerun once")
+            for r in range(WORLD):
+                os.remove(os.path.join(root, f"results{r}.json"))
     results = {}
     for rank in range(WORLD):
         with open(os.path.join(root, f"results{rank}.json")) as f:
