@@ -12,28 +12,7 @@ from reports.output.export import export_trace
 from tracer import Tracer, read_metadata
 
 
-class Net(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.block = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU())
-        self.head = torch.nn.Linear(16, 2)
-
-    def forward(self, x):
-        return self.head(self.block(x)).square().mean()
-
-
-@pytest.fixture(scope="module")
-def traced(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tracks") / "net.parquet"
-    torch.manual_seed(0)
-    model = Net()
-    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    with Tracer(path, model=model, run_name="net", flush_rows=16):
-        for _ in range(2):
-            model(torch.ones(4, 8)).backward()
-            opt.step()
-            opt.zero_grad()
-    return path
+from test_export import traced  # noqa: E402,F401 (the same 2-step Net trace, a module-scoped fixture)
 
 
 def _replay_tracks(packets, TracePacket, TrackEvent):
