@@ -11,6 +11,7 @@ from reports.loading.load import load
 from reports.memory.memory import by_category, peak, storages, timeline
 from reports.memory.memory import by_dtype as memory_by_dtype
 from reports.memory.views import copies, views
+from reports.plan.plan import plan
 from reports.steps import per_step
 from reports.tables import by_dtype, by_module, by_op, by_phase, by_step
 from reports.time.roofline import roofline, roofline_split
@@ -22,5 +23,5 @@ __all__ = [
     "peak", "timeline", "by_category", "storages", "memory_by_dtype",
     "views", "copies", "compare", "uncounted",
     "roofline", "roofline_split",
-    "collectives", "comm_split", "ranks", "imbalance",
+    "collectives", "comm_split", "ranks", "imbalance", "plan",
 ]  # fmt: skip

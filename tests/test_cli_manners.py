@@ -72,7 +72,7 @@ def test_version_in_a_subprocess_imports_no_torch():
 def test_every_argument_has_help():
     parser = _parser()
     commands = next(a for a in parser._actions if a.dest == "command").choices
-    assert set(commands) == {"report", "compare", "export"}
+    assert set(commands) == {"report", "compare", "export", "plan"}
     for name, sub in commands.items():
         for action in sub._actions:
             if action.dest != "help":

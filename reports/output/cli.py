@@ -1,4 +1,5 @@
-"""The `optrace` command: `optrace report TRACE`, `optrace compare A B [C ...]`, `optrace export TRACE -o OUT.json`.
+"""The `optrace` command: `optrace report TRACE`, `optrace compare A B [C ...]`, `optrace export TRACE -o OUT.json`,
+`optrace plan TRACE --gpu NAME`.
 
 Bad input (a missing file, not Parquet, no optrace metadata, a newer schema)
 prints one line naming the file and what is wrong, and exits with status 2.
@@ -342,6 +343,32 @@ def _export(args):
     print(f"optrace export: {ops} ops -> {where} ({hint})", file=sys.stderr if args.output == "-" else sys.stdout)
 
 
+def _plan(args):
+    from reports.loading.load import load
+    from reports.output.plan_text import plan_json, print_plan
+    from reports.plan.plan import plan
+
+    df = load(args.trace)
+    if not len(df):
+        raise ReportError(f"{args.trace}: the trace has no ops (nothing ran inside `with Tracer(...)`)")
+    assumed = dict(args.assume or [])
+    frame = plan(df.loc[df["run"] == df["run"].iloc[0]], args.gpu, args.gpus_per_node, args.micro_batch, args.batch,
+                 args.overlap, assumed)
+    if args.json:
+        print(json.dumps(plan_json(frame), indent=2, allow_nan=False))
+    else:
+        print_plan(frame, sys.stdout)
+
+
+def _assumption(text):
+    """An argparse type: NAME=NUMBER."""
+    name, _, value = text.partition("=")
+    try:
+        return name.strip(), float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected NAME=NUMBER, got {text!r}") from None
+
+
 def _positive(text):
     """An argparse type: a finite number > 0."""
     try:
@@ -399,6 +426,19 @@ def _parser():
                      help="OUT.json (Chrome JSON), OUT.json.gz (the same, gzip-compressed), OUT.pftrace (Perfetto "
                           "protobuf) or - (Chrome JSON to stdout)")
     exp.set_defaults(run=_export)
+    pln = sub.add_parser("plan", help="will a traced rank fit on a GPU, and how fast will a step go")
+    pln.add_argument("trace", help="a trace of one rank (real, meta or fake; any world size)")
+    pln.add_argument("--gpu", required=True, help="the target: H100 SXM, H100 PCIe, H200, B200, A100 80GB SXM, "
+                     "A100 40GB SXM, or cpu (the CPU the trace ran on)")
+    pln.add_argument("--gpus-per-node", type=_top, default=8, help="GPUs per node (default: 8)")
+    pln.add_argument("--micro-batch", type=_top, help="sequences per rank to plan (default: the traced batch)")
+    pln.add_argument("--batch", type=_top, help="sequences per rank in the trace (default: found in the trace)")
+    pln.add_argument("--overlap", choices=("prefetch", "none"), default="prefetch",
+                     help="how collectives overlap compute (default: prefetch, FSDP2's)")
+    pln.add_argument("--assume", type=_assumption, action="append", metavar="NAME=VALUE",
+                     help="override an assumption (e.g. matmul_efficiency=0.7); repeatable")
+    pln.add_argument("--json", action="store_true", help="print one JSON object")
+    pln.set_defaults(run=_plan)
     return parser
 
 

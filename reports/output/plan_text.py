@@ -1,0 +1,75 @@
+"""`optrace plan`: the plan of reports.plan.plan as text and as one JSON object."""
+
+from reports.output.report_json import strict
+from reports.output.text import human, human_bytes, human_seconds, json_number, percent, printable
+
+__all__ = ["plan_json", "print_plan"]
+
+_KEYS = (
+    "run", "gpu", "gpus_per_node", "world_size", "batch", "micro_batch", "tokens_per_step",
+    "fits", "peak_bytes_per_rank", "required_bytes", "device_memory_bytes", "headroom_bytes", "max_micro_batch",
+    "compute_s", "compute_bound_s", "memory_bound_s", "launch_s", "comm_s", "exposed_comm_s", "step_time_s",
+    "tokens_per_s_per_gpu", "model_flops_per_step", "peak_flops_per_s", "mfu", "calibrated", "traced_step_s", "error_pct",
+)  # fmt: skip
+
+
+def _value(v):
+    if isinstance(v, bool) or v is None or isinstance(v, str):
+        return v
+    return json_number(v)
+
+
+def plan_json(frame):
+    """The first run's plan as a JSON-ready dict: the figures, `memory` (its parts), `classes`,
+    `assumptions` (each with value, unit and source) and `notes`."""
+    row = frame.iloc[0]
+    detail = frame.attrs["plan"][row["run"]]
+    memory = {k: _value(v) for k, v in detail["memory"].items()}
+    out = {k: _value(row[k]) for k in _KEYS}
+    out.update(memory=memory, classes=detail["classes"], assumptions=detail["assumptions"], notes=detail["notes"])
+    return strict(out)
+
+
+def _bytes(v):
+    return "N/A" if v is None or v != v else human_bytes(v)
+
+
+def _signed_bytes(v):
+    return "-" + _bytes(-v) if v is not None and v < 0 else _bytes(v)
+
+
+def print_plan(frame, out):
+    """The first run's plan in words and figures."""
+    p = plan_json(frame)
+    m = p["memory"]
+    fits = {True: "fits", False: "DOES NOT FIT", None: "N/A"}[p["fits"]]
+    print(f"optrace plan: {printable(p['run'])} on {p['gpu']} ({p['gpus_per_node']} per node), world size "
+          f"{p['world_size']}, micro-batch {p['micro_batch']} (traced {p['batch']})", file=out)
+    print("\nMemory per rank", file=out)
+    print(f"  peak live bytes        {_bytes(p['peak_bytes_per_rank'])} (fixed {_bytes(m['peak_fixed_bytes'])}, "
+          f"growing with the micro-batch {_bytes(m['peak_scaled_bytes'])}; {m['peak_phase']})", file=out)
+    print(f"  + allowances           {_bytes(m['cuda_context_bytes'])} CUDA context, {_bytes(m['nccl_buffer_bytes'])} "
+          f"NCCL, {_bytes(m['fragmentation_bytes'])} fragmentation ({percent(m['fragmentation'])})", file=out)
+    print(f"  = required             {_bytes(p['required_bytes'])} of {_bytes(p['device_memory_bytes'])}: {fits}, "
+          f"headroom {_signed_bytes(p['headroom_bytes'])}",
+          file=out)
+    print(f"  largest micro-batch    {'N/A' if p['max_micro_batch'] is None else p['max_micro_batch']}", file=out)
+    print("\nStep time", file=out)
+    print(f"  compute                {human_seconds(p['compute_s'])} (compute-bound {human_seconds(p['compute_bound_s'])}, "
+          f"memory-bound {human_seconds(p['memory_bound_s'])}, launches {human_seconds(p['launch_s'])})", file=out)
+    print(f"  communication          {human_seconds(p['comm_s'])}, of which exposed {human_seconds(p['exposed_comm_s'])}", file=out)
+    print(f"  step                   {human_seconds(p['step_time_s'])}", file=out)
+    print(f"  tokens/s per GPU       {human(p['tokens_per_s_per_gpu'])}", file=out)
+    print(f"  MFU                    {percent(p['mfu'])} ({human(p['model_flops_per_step'], 'FLOP')} per step at "
+          f"{human(p['peak_flops_per_s'], 'FLOP/s')})", file=out)
+    if p["calibrated"]:
+        print(f"  calibrated             error on the traced step {p['error_pct']:+.1f}% "
+              f"(traced {human_seconds(p['traced_step_s'])})", file=out)
+    print("\nAssumptions", file=out)
+    for a in p["assumptions"]:
+        value = a["value"] if isinstance(a["value"], str) or a["value"] is None else f"{a['value']:.4g}"
+        print(f"  {a['name']:<24} {value} {a['unit'] if a['unit'] != 'fraction' else ''}".rstrip(), file=out)
+        print(f"      {printable(a['source'])}", file=out)
+    print("\nNotes", file=out)
+    for note in p["notes"]:
+        print(f"  - {printable(note)}", file=out)

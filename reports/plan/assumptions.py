@@ -1,0 +1,97 @@
+"""Every number a plan assumes, with its source: one table, overridable by name.
+
+  name                  default   what it is, and where the figure comes from
+  matmul_efficiency     0.80      share of the dense peak a matmul or convolution reaches
+  attention_efficiency  0.35      share of the dense peak a fused attention kernel reaches
+  vector_efficiency     0.80      share of the float32 (vector) peak other compute-bound ops reach
+  memory_efficiency     0.80      share of the datasheet HBM bandwidth memory-bound ops reach
+  launch_s              3e-6      GPU time per kernel beyond its roofline time
+  link_efficiency       0.80      share of a link's datasheet bandwidth a collective's ring reaches
+  nccl_base_s           8.4e-6    NCCL's base latency of a ring collective (Simple protocol)
+  nvlink_step_s         3.4e-6    NCCL's latency per ring step over NVLink
+  pcie_step_s           5.7e-6    ... over PCIe
+  net_step_s            9.6e-6    ... per ring step that crosses nodes
+  cuda_context_bytes    1 GiB     the CUDA context, cuBLAS/cuDNN workspaces and kernels
+  nccl_buffer_bytes     256 MiB   NCCL's buffers, per process group
+  fragmentation         0.10      the caching allocator's reserved bytes over the peak live bytes, minus 1
+
+The sources are in SOURCES. Efficiencies that are judgements say so, and why; a plan on
+the device the trace was taken on replaces the four compute and memory efficiencies with
+what the trace measured (reports/plan/ops.py `calibrate`), and a trace taken on a GPU
+replaces `fragmentation` with its own reserved / peak allocated bytes (reports/plan/fit.py).
+"""
+
+from reports.errors import ReportError
+
+__all__ = ["DEFAULTS", "SOURCES", "UNITS", "resolve"]
+
+DEFAULTS = {
+    "matmul_efficiency": 0.80,
+    "attention_efficiency": 0.35,
+    "vector_efficiency": 0.80,
+    "memory_efficiency": 0.80,
+    "launch_s": 3e-6,
+    "link_efficiency": 0.80,
+    "nccl_base_s": 8.4e-6,
+    "nvlink_step_s": 3.4e-6,
+    "pcie_step_s": 5.7e-6,
+    "net_step_s": 9.6e-6,
+    "cuda_context_bytes": 2**30,
+    "nccl_buffer_bytes": 256 * 2**20,
+    "fragmentation": 0.10,
+}
+
+UNITS = {
+    "launch_s": "s", "nccl_base_s": "s", "nvlink_step_s": "s", "pcie_step_s": "s", "net_step_s": "s",
+    "cuda_context_bytes": "bytes", "nccl_buffer_bytes": "bytes",
+}  # fmt: skip  (the rest are fractions)
+
+_NCCL = "NCCL src/graph/tuning.cc (NVIDIA/nccl, ring algorithm, Simple protocol: baseLat and hwLat)"
+SOURCES = {
+    "matmul_efficiency": (
+        "judgement from measurements: the best large bf16 matmul found on an H100 SXM runs at 792.1 TFLOP/s, 80% "
+        "of its 989.4 dense peak (A100 SXM: 267.9 of 312, 86%): Stas Bekman's mamf-finder, as tabled in the "
+        "README of github.com/mag-/gpu_benchmark. A model's matmuls are smaller and reach less"),
+    "attention_efficiency": (
+        "FlashAttention-3 paper (Shah et al. 2024, arXiv:2407.08608): FlashAttention-2, the kernel PyTorch's "
+        "SDPA flash backend runs, reaches 35% of the H100's peak (FlashAttention-3: 75%)"),
+    "vector_efficiency": "judgement: non-matmul FLOPs run on the vector units (the float32 peak) and are rarely the bound",
+    "memory_efficiency": (
+        "judgement: large elementwise kernels stream at most of the HBM bandwidth; small ones (norms, casts of "
+        "small tensors) reach less. Calibrate on the device to replace it"),
+    "launch_s": (
+        "judgement: the gap between back-to-back kernels on the GPU while the CPU keeps ahead; eager PyTorch's "
+        "CPU cost per op (~10 us) is hidden then, and shows only when kernels are shorter"),
+    "link_efficiency": (
+        "nccl-tests bus bandwidth at large sizes: 230-250 GB/s on 8 A100 SXM4 over NVLink, whose datasheet gives "
+        "300 GB/s each way (docs.alayanew.com, 'NCCL-tests in practice', 2026); applied to the network too (judgement)"),
+    "nccl_base_s": _NCCL + ": 8.4 us",
+    "nvlink_step_s": _NCCL + ": 3.4 us per step over NVLink",
+    "pcie_step_s": _NCCL + ": 5.7 us per step over PCIe",
+    "net_step_s": _NCCL + ": 9.6 us per step over the network",
+    "cuda_context_bytes": (
+        "judgement: the CUDA context with cuBLAS, cuDNN and NCCL's kernels loaded takes 0.5-1 GiB on recent "
+        "GPUs; the larger figure is taken"),
+    "nccl_buffer_bytes": (
+        "NCCL_BUFFSIZE's default, 4 MiB (NCCL's environment variable documentation), x 2 (send and receive) x 32 "
+        "channels (NCCL's most; judgement that a large job opens them all)"),
+    "fragmentation": (
+        "judgement: PyTorch's caching allocator rounds blocks up and keeps freed blocks reserved; reserved bytes "
+        "run 5-15% above the peak allocated in large training jobs"),
+}
+
+
+def resolve(overrides=None):
+    """{name: (value, source)}: DEFAULTS with `overrides` ({name: number}) applied, their source "given".
+
+    An unknown name or a value that is not a number >= 0 is a ReportError naming it and the choices."""
+    table = {name: (value, SOURCES[name]) for name, value in DEFAULTS.items()}
+    for name, value in (overrides or {}).items():
+        if name not in DEFAULTS:
+            raise ReportError(f"plan: unknown assumption {name!r}; expected one of {', '.join(DEFAULTS)}")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+            raise ReportError(f"plan: assumption {name} must be a number >= 0, got {value!r}")
+        if name.endswith("efficiency") and not 0 < value <= 1:
+            raise ReportError(f"plan: assumption {name} must be in (0, 1], got {value!r}")
+        table[name] = (float(value), "given")
+    return table

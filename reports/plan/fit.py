@@ -1,0 +1,118 @@
+"""Does one rank fit in the device's memory, and what is the largest micro-batch that does?
+
+Peak bytes per rank come from the trace's memory model (reports/memory/lifetimes.py: every
+storage's size, lifetime and category at every op). On the target they need, besides:
+
+  allowances   the CUDA context, NCCL's buffers per process group, and the caching
+               allocator's fragmentation as a fraction of the peak (assumptions.py), or
+               the trace's own reserved / peak allocated bytes when it ran on a GPU
+               (metadata cuda_memory at the end of the trace)
+
+  total(k) = (1 + fragmentation) x max over ops of (fixed_op + k x scaled_op) + context + NCCL
+
+where, at each op, `scaled_op` is the bytes of the categories that grow with the tokens a
+rank processes (SCALED: activations, temporaries, inputs) and `fixed_op` the rest
+(parameters, unsharded parameters, gradients, optimizer state, communication buffers),
+and k is the micro-batch over the traced one. This is the extrapolation: activation
+bytes linear in the micro-batch at a fixed sequence length, everything else fixed; it
+holds for ops whose outputs have a batch dimension. It does not hold for a change of
+sequence length (attention's memory is not linear in it), of world size (the shards
+change) or of the checkpointing policy (what is saved changes): those need a re-trace.
+The peak may move to another op as k changes; taking the maximum over every op of the
+trace follows it.
+
+The largest micro-batch b = floor(k_max x traced batch), k_max the largest k with
+total(k) <= the device's memory: min over ops with scaled bytes of
+(budget - fixed_op) / scaled_op, budget = (memory - context - NCCL) / (1 + fragmentation);
+0 when the fixed bytes alone do not fit.
+"""
+
+import math
+
+import numpy as np
+
+from reports.memory.lifetimes import CATEGORIES
+from reports.memory.memory import timeline
+
+__all__ = ["SCALED", "fit", "traced_batch"]
+
+SCALED = ("activations", "temporaries", "inputs")
+
+
+def _split(df):
+    """Per op of the (one-run) trace: (fixed bytes, scaled bytes), int64 arrays, and the live bytes."""
+    t = timeline(df)
+    scaled = sum(t[f"{c}_bytes"].to_numpy(np.int64) for c in SCALED)
+    fixed = sum(t[f"{c}_bytes"].to_numpy(np.int64) for c in CATEGORIES if c not in SCALED)
+    return fixed, scaled, t
+
+
+def traced_batch(df, meta):
+    """(sequences per rank in the trace, how it was found): the leading size of the first
+    embedding's indices, else of the first input of the first forward op that reads no parameter
+    first (a Linear's input x, not its weight)."""
+    from reports.loading.columns import cell_objects
+
+    forward = np.flatnonzero((df["phase"] == "forward").to_numpy())
+    if not len(forward):
+        return None, "no forward op"
+    ops = df["op"].astype(str).to_numpy()[forward]
+    embedding = forward[np.char.startswith(ops.astype(str), "aten.embedding")]
+    if len(embedding):
+        shapes = cell_objects(df, "input_shapes", embedding[:1])[0]
+        if len(shapes) > 1 and len(shapes[1]) >= 1:
+            return int(shapes[1][0]), "the leading size of the first embedding's indices"
+    weights = {p.get("storage_id") for p in (meta.get("parameters") or {}).values()}
+    head = forward[:256]
+    for shapes, ids in zip(cell_objects(df, "input_shapes", head), cell_objects(df, "input_storage_ids", head)):
+        if shapes is not None and len(shapes) and len(shapes[0]) >= 2 and int(ids[0]) not in weights:
+            return int(shapes[0][0]), "the leading size of the first forward op's input that is not a parameter"
+    return None, "no forward op with a batch dimension"
+
+
+def _fragmentation(meta, assumed):
+    """(fraction, source): the trace's own reserved / peak allocated - 1 when it ran on a GPU, else the assumption."""
+    end = ((meta.get("cuda_memory") or {}).get("end")) or {}
+    reserved, allocated = end.get("reserved_bytes"), end.get("max_allocated_bytes")
+    if isinstance(reserved, int) and isinstance(allocated, int) and allocated > 0 and reserved >= allocated:
+        return reserved / allocated - 1, f"measured: the trace's reserved {reserved} / peak allocated {allocated} bytes, minus 1"
+    return assumed
+
+
+def fit(df, meta, memory_bytes, assumptions, batch, micro_batch=None, process_groups=1):
+    """The memory figures of a plan, as a dict (see the module docstring); `batch` is the traced
+    micro-batch, `micro_batch` the one planned (default: the traced one)."""
+    fixed, scaled, t = _split(df)
+    context, _ = assumptions["cuda_context_bytes"]
+    nccl = assumptions["nccl_buffer_bytes"][0] * process_groups
+    frag, frag_source = _fragmentation(meta, assumptions["fragmentation"])
+    k = 1.0 if micro_batch is None or not batch else micro_batch / batch
+    live = fixed + k * scaled.astype(np.float64)
+    at = int(np.argmax(live)) if len(live) else 0
+    peak = float(live[at]) if len(live) else 0.0
+    allowances = frag * peak + context + nccl
+    out = {
+        "peak_bytes_per_rank": peak,
+        "peak_fixed_bytes": float(fixed[at]) if len(live) else 0.0,
+        "peak_scaled_bytes": float(k * scaled[at]) if len(live) else 0.0,
+        "peak_seq": int(t["seq"].iloc[at]) if len(live) else None,
+        "peak_phase": str(t["phase"].iloc[at]) if len(live) else None,
+        "fragmentation": frag, "fragmentation_source": frag_source,
+        "fragmentation_bytes": frag * peak, "cuda_context_bytes": float(context), "nccl_buffer_bytes": float(nccl),
+        "required_bytes": peak + allowances,
+        "device_memory_bytes": memory_bytes,
+    }  # fmt: skip
+    if memory_bytes is None:
+        return out | {"fits": None, "headroom_bytes": None, "max_micro_batch": None}
+    out["headroom_bytes"] = memory_bytes - out["required_bytes"]
+    out["fits"] = bool(out["headroom_bytes"] >= 0)
+    budget = (memory_bytes - context - nccl) / (1 + frag)
+    if not len(live) or (fixed > budget).any():
+        out["max_micro_batch"] = 0
+    elif not batch:
+        out["max_micro_batch"] = None
+    else:
+        grows = scaled > 0
+        k_max = np.min((budget - fixed[grows]) / scaled[grows]) if grows.any() else math.inf
+        out["max_micro_batch"] = int(math.floor(k_max * batch)) if math.isfinite(k_max) else None
+    return out

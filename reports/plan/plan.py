@@ -1,0 +1,243 @@
+"""plan(df, gpu=...): will a traced rank's job fit on a GPU, how long will a step take, what MFU.
+
+One row per run (a trace of one rank: real, meta or fake, any world size), columns:
+
+  gpu, gpus_per_node, world_size       the target and the job (world size: the trace's)
+  batch, micro_batch                   sequences per rank: traced (and how found), planned
+  tokens_per_step                      tokens per rank per step at the planned micro-batch
+  fits, peak_bytes_per_rank, required_bytes, device_memory_bytes, headroom_bytes,
+  max_micro_batch                      memory (reports/plan/fit.py)
+  compute_s                            the ops of one step priced on the target, one after
+                                       another (reports/plan/ops.py); of which compute_bound_s,
+                                       memory_bound_s (the roofline's bound) and launch_s
+  comm_s, exposed_comm_s               the step's collectives priced on its links, and the part
+                                       the overlap model leaves exposed (reports/plan/comm.py)
+  step_time_s                          compute_s + exposed_comm_s
+  tokens_per_s_per_gpu                 tokens_per_step / step_time_s
+  model_flops_per_step, peak_flops_per_s, mfu
+                                       MFU as reports.flops.mfu defines it (model FLOPs, no
+                                       recomputation) over the predicted step time and the
+                                       target's dense peak for the run's matmul dtype (the
+                                       highest peak of any matmul dtype, if one is higher).
+                                       Every op takes at least flops / its peak, so mfu <= 1.
+  calibrated, traced_step_s, error_pct when the trace ran on the target with real op times:
+                                       efficiencies measured from it, and the predicted step
+                                       against the traced one (untraced median step time when
+                                       recorded, else the sum of traced op times per step)
+
+`frame.attrs["plan"]` holds per run: `assumptions` [{name, value, unit, source}] (every
+number assumed, those measured included), `classes` (time per bound class), `notes`
+(what the figures rest on, what needs a re-trace).
+"""
+
+import math
+
+import numpy as np
+import pandas as pd
+
+from reports.errors import ReportError
+from reports.flops.mfu import mfu as mfu_table
+from reports.flops.peaks import BANDWIDTH, PEAKS, cpu_ideal_flops, match_device, peak_bandwidth
+from reports.loading.load import require, runs_of
+from reports.plan import assumptions as assumed
+from reports.plan.comm import OVERLAPS, costs, simulate
+from reports.plan.devices import CPU, resolve_gpu
+from reports.plan.fit import fit, traced_batch
+from reports.plan.ops import CLASSES, calibrate, price, roofs
+from reports.steps import count_steps, per_step
+from reports.tables import split_runs
+
+__all__ = ["plan"]
+
+_COLUMNS = ("run", "step", "phase", "op", "flops", "flop_kind", "bytes_read", "bytes_written", "is_view",
+            "input_dtypes", "output_dtypes", "input_storage_ids", "output_storage_ids", "input_shapes",
+            "comm_bytes", "group_size", "duration_ns", "busy_ns")  # fmt: skip
+_RETRACE = ("what needs a re-trace: another world size (shards and collective sizes change), another "
+            "sequence length, another activation-checkpointing or sharding policy")
+
+
+def _target(gpu, meta):
+    """(gpu entry or CPU, peak_of(dtype), bandwidth, memory bytes, names of the sources)."""
+    entry = resolve_gpu(gpu)
+    device = meta.get("device") or {}
+    if entry == CPU:
+        if device.get("type") != "cpu" or device.get("fake"):
+            raise ReportError("plan: gpu 'cpu' plans a trace against the CPU it ran on; this trace ran on "
+                              f"{device.get('name')!r}")
+        bandwidth, bw_source = peak_bandwidth(device, None, meta.get("bandwidth"))
+        return entry, lambda d: cpu_ideal_flops(device, d)[0], bandwidth, bw_source, None
+    key = entry["peak_key"]
+    bandwidth, bw_source = BANDWIDTH[entry["bandwidth_key"]]
+    return entry, lambda d: (PEAKS.get((key, d)) or (None,))[0], bandwidth, bw_source, entry["memory_bytes"]
+
+
+def _on_target(entry, meta):
+    """Whether the trace ran, with real times, on the target device."""
+    device = meta.get("device") or {}
+    if device.get("fake") or device.get("type") == "meta" or (meta.get("timing") or {}).get("mode") == "off":
+        return False
+    if entry == CPU:
+        return device.get("type") == "cpu"
+    return device.get("type") == "cuda" and match_device(device.get("name")) == entry["peak_key"]
+
+
+def _row(x, unit, source):
+    return {"value": x, "unit": unit, "source": source}
+
+
+def plan(df, gpu, gpus_per_node=8, micro_batch=None, batch=None, overlap="prefetch", assumptions=None):
+    """Plan each run of `df` on `gpu` (a name of reports.plan.devices.GPUS, or "cpu": the CPU
+    the trace ran on). `micro_batch`: sequences per rank to plan (default the traced batch,
+    found by traced_batch unless `batch` gives it); `overlap`: "prefetch" or "none";
+    `assumptions`: {name: value} overriding reports.plan.assumptions.DEFAULTS."""
+    require(df, _COLUMNS, "plan")
+    if isinstance(gpus_per_node, bool) or not isinstance(gpus_per_node, int) or gpus_per_node < 1:
+        raise ReportError(f"plan: gpus_per_node must be an int >= 1, got {gpus_per_node!r}")
+    for name, value in (("micro_batch", micro_batch), ("batch", batch)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ReportError(f"plan: {name} must be an int >= 1, got {value!r}")
+    if overlap not in OVERLAPS:
+        raise ReportError(f"plan: overlap must be one of {', '.join(OVERLAPS)}, got {overlap!r}")
+    table = assumed.resolve(assumptions)
+    resolve_gpu(gpu)  # a bad name fails before any work
+    runs, records, details = runs_of(df), [], {}
+    for run, rows in split_runs(df):
+        if len(rows):
+            record, detail = _plan_run(rows, runs[run], gpu, gpus_per_node, micro_batch, batch, overlap, table)
+            records.append({"run": run, **record})
+            details[run] = detail
+    out = pd.DataFrame.from_records(records)
+    out.attrs["plan"] = details
+    return out
+
+
+def _plan_run(rows, meta, gpu, gpus_per_node, micro_batch, batch, overlap, table):
+    entry, peak_of, bandwidth, bw_source, memory = _target(gpu, meta)
+    notes = []
+    found, how = (batch, "given") if batch is not None else traced_batch(rows, meta)
+    if found is None:
+        notes.append(f"the traced micro-batch could not be found ({how}): pass batch=; max_micro_batch is N/A")
+    planned = micro_batch if micro_batch is not None else found
+    if micro_batch is not None and found is None:
+        raise ReportError("plan: micro_batch needs the traced batch, which the trace does not show: pass batch=")
+    k = planned / found if micro_batch is not None else 1.0
+    a = {name: value for name, (value, _) in table.items()}
+    sources = {name: source for name, (_, source) in table.items()}
+
+    p = roofs(rows, peak_of, bandwidth, k)
+    notes += p["notes"]
+    eff = {c: a[f"{c}_efficiency"] for c in CLASSES}
+    launch = a["launch_s"]
+    calibrated = _on_target(entry, meta) and k == 1.0
+    measured = _measured(rows)
+    if calibrated and measured.sum() > 0:
+        for c, (value, source) in calibrate(p, measured, eff).items():
+            eff[c], sources[f"{c}_efficiency"] = value, source
+            a[f"{c}_efficiency"] = value
+        launch, sources["launch_s"] = 0.0, "0: the measured op times include each kernel's launch"
+        a["launch_s"] = 0.0
+    else:
+        calibrated = False
+    seconds, bound = price(p, eff, launch)
+
+    world = int(meta.get("world_size") or 1)
+    has_comm = bool(rows["comm_bytes"].notna().any())
+    if entry == CPU and has_comm:
+        comm_s, kinds = np.zeros(len(rows)), np.full(len(rows), "", dtype=object)
+        notes.append("the CPU has no link bandwidths in the catalogue: collectives are not priced (comm N/A)")
+    else:
+        comm_s, kinds = costs(rows, entry, gpus_per_node, a) if has_comm else (np.zeros(len(rows)), np.full(len(rows), "", dtype=object))
+    steps = simulate(rows, seconds, comm_s, kinds, overlap)
+    train = _training_steps(rows, steps)
+    step_time = float(np.mean([steps[s][0] for s in train]))
+    compute = float(per_step(rows, pd.Series(seconds, index=rows.index)))
+    comm = float(per_step(rows, pd.Series(comm_s, index=rows.index)))
+    exposed = max(0.0, step_time - float(np.mean([steps[s][1] for s in train])))
+    step_time = compute + exposed
+    if entry == CPU and has_comm:
+        comm = exposed = step_time = math.nan
+
+    m = mfu_table(rows, step_time_s=1.0, peak_flops=1.0).iloc[0]  # model FLOPs per step; the rate is ours
+    dtype = m["dtype"]
+    peak = max([v for v in [peak_of(dtype) if dtype else None, *p["tensor_peak"].values()] if v] or [math.nan])
+    model_flops = float(m["model_flops_per_step"]) * k
+    tokens = meta.get("tokens")
+    tokens = tokens * k if tokens else None
+    if tokens is None:
+        notes.append("the trace records no tokens per step (Tracer(tokens=...)): tokens/s is N/A")
+    memory_fit = fit(rows, meta, memory, table, found, planned if micro_batch is not None else None,
+                     process_groups=max(1, len(meta.get("process_groups") or [])) if world > 1 else 0)
+    if memory is None:
+        notes.append("the CPU's memory size is not in the trace: fits is N/A")
+    sources["fragmentation"] = memory_fit["fragmentation_source"]
+    a["fragmentation"] = memory_fit["fragmentation"]
+
+    traced = error = None
+    if calibrated:
+        traced, how_traced = _traced_step(rows, meta)
+        error = 100.0 * (step_time - traced) / traced if traced else None
+        notes.append(f"calibrated on the traced step ({how_traced}): predicted {step_time:.6g} s against {traced:.6g} s")
+    notes.append(f"micro-batch: traced {found} ({how}); activation bytes and forward/backward work scale linearly "
+                 "with it, parameters, gradients, optimizer state and collectives stay fixed")
+    notes.append(_RETRACE)
+    record = {
+        "gpu": entry if entry == CPU else entry["name"], "gpus_per_node": gpus_per_node, "world_size": world,
+        "batch": found, "micro_batch": planned, "tokens_per_step": tokens,
+        "fits": memory_fit["fits"], "peak_bytes_per_rank": memory_fit["peak_bytes_per_rank"],
+        "required_bytes": memory_fit["required_bytes"], "device_memory_bytes": memory,
+        "headroom_bytes": memory_fit["headroom_bytes"], "max_micro_batch": memory_fit["max_micro_batch"],
+        "compute_s": compute,
+        "compute_bound_s": float(per_step(rows, pd.Series(np.where(bound < 3, seconds - launch * p["kernel"], 0.0), index=rows.index))),
+        "memory_bound_s": float(per_step(rows, pd.Series(np.where(bound == 3, seconds - launch * p["kernel"], 0.0), index=rows.index))),
+        "launch_s": float(per_step(rows, pd.Series(launch * p["kernel"], index=rows.index))),
+        "comm_s": comm, "exposed_comm_s": exposed, "step_time_s": step_time,
+        "tokens_per_s_per_gpu": tokens / step_time if tokens and step_time > 0 else math.nan,
+        "model_flops_per_step": model_flops, "peak_flops_per_s": peak,
+        "mfu": model_flops / (step_time * peak) if step_time > 0 and peak == peak else math.nan,
+        "calibrated": calibrated, "traced_step_s": traced, "error_pct": error,
+    }  # fmt: skip
+    units = assumed.UNITS
+    listed = [{"name": n, "value": a[n], "unit": units.get(n, "fraction"), "source": sources[n]} for n in a]
+    listed += [
+        {"name": "peak_flops_per_s", "value": peak, "unit": "FLOP/s", "source": _peak_source(entry, dtype)},
+        {"name": "hbm_bytes_per_s", "value": bandwidth, "unit": "bytes/s", "source": bw_source},
+        {"name": "device_memory_bytes", "value": memory, "unit": "bytes",
+         "source": entry["memory_source"] if entry != CPU else "unknown for a CPU"},
+        {"name": "overlap", "value": overlap, "unit": "", "source": "reports/plan/comm.py: " + (
+            "FSDP2's prefetch: an all-gather one unit ahead overlaps the current unit's compute; other collectives "
+            "overlap the compute after them until their result is read" if overlap == "prefetch" else
+            "none: every collective blocks the compute stream")},
+    ]  # fmt: skip
+    if entry != CPU:
+        listed += [
+            {"name": "intra_node_bytes_per_s", "value": entry["intra_bytes_per_s"], "unit": "bytes/s", "source": entry["intra_source"]},
+            {"name": "nic_bytes_per_s", "value": entry["nic_bytes_per_s"], "unit": "bytes/s", "source": entry["nic_source"]},
+        ]  # fmt: skip
+    classes = [{"bound": CLASSES[c], "seconds_per_step": float(per_step(rows, pd.Series(np.where(bound == c, seconds, 0.0), index=rows.index)))}
+               for c in range(len(CLASSES))]  # fmt: skip
+    return record, {"assumptions": listed, "classes": classes, "memory": memory_fit, "notes": notes}
+
+
+def _peak_source(entry, dtype):
+    if entry == CPU:
+        return f"the CPU's ideal {dtype} peak (reports.flops.peaks.cpu_ideal_flops)"
+    return f"{entry['peak_key']} dense {dtype} peak: {PEAKS.get((entry['peak_key'], dtype), (None, 'none in the table'))[1]}"
+
+
+def _measured(rows):
+    """Per row, the traced op time in seconds (busy_ns where recorded, else duration_ns)."""
+    busy = rows["busy_ns"].to_numpy(dtype=np.float64, na_value=np.nan)
+    return np.where(np.isnan(busy), rows["duration_ns"].to_numpy(np.float64), busy) / 1e9
+
+
+def _training_steps(rows, steps):
+    """The steps with forward or backward ops (all steps when none has)."""
+    fb = set(rows.loc[rows["phase"].isin(("forward", "backward")), "step"].astype(int))
+    return [s for s in steps if s in fb] or list(steps)
+
+
+def _traced_step(rows, meta):
+    median = (meta.get("step_time") or {}).get("median_s")
+    if median:
+        return float(median), "the untraced median step time"
+    return float(per_step(rows, pd.Series(_measured(rows), index=rows.index))), "the traced op times per step"
