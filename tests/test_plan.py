@@ -116,6 +116,33 @@ def test_mfu_is_never_above_1(small, gpu, ideal):
     assert row["mfu"] == pytest.approx(row["model_flops_per_step"] / row["step_time_s"] / row["peak_flops_per_s"])
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_is_priced_at_its_efficiency_and_causal_at_half(tmp_path, causal):
+    class Attention(torch.nn.Module):  # a model on the meta device: the tracer runs the flash kernel CUDA would
+        def __init__(self):
+            super().__init__()
+            self.unused = torch.nn.Parameter(torch.empty(1, device="meta"))
+
+        def forward(self, q, k, v):
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+    with torch.device("meta"):
+        q, k, v = (torch.empty(1, 8, 4096, 128, dtype=torch.bfloat16) for _ in range(3))
+    model = Attention()
+    with Tracer(tmp_path / "sdpa", model=model, tokens=4096):
+        model(q, k, v)
+    df = reports.load(tmp_path / "sdpa")
+    row = reports.plan(df, "H100", batch=1).iloc[0]
+    # 4 x b x h x s^2 x hd = 4 x 8 x 4096^2 x 128 = 68,719,476,736 FLOPs (the whole score matrix, causal or not)
+    assert df.loc[df["flop_kind"] == "attention", "flops"].sum() == 68_719_476_736
+    # at 989.4e12 x 0.35: 198.4 us; a causal kernel skips the masked half: 99.2 us
+    expected = 68_719_476_736 / (989.4e12 * 0.35) / (2 if causal else 1)
+    assert row["compute_bound_s"] == pytest.approx(expected, rel=1e-12)
+    # never faster than the counted FLOPs at the peak, whatever the efficiency: MFU stays <= 1
+    ideal = reports.plan(df, "H100", batch=1, assumptions={"attention_efficiency": 1, "launch_s": 0}).iloc[0]
+    assert ideal["compute_bound_s"] == pytest.approx(68_719_476_736 / 989.4e12, rel=1e-12)
+
+
 LAYER_BYTES = 64 * 64 * 4  # 16,384: one fp32 Linear(64, 64) weight
 
 

@@ -7,8 +7,12 @@
                 is priced at the float32 peak, and the plan says so.
   memory time   (bytes_read + bytes_written) / (HBM bandwidth x memory_efficiency); views
                 move nothing
-  op time       max(compute time, memory time) + launch_s for every op that does work:
-                the roofline's bound, plus a fixed cost per kernel. Views, metadata ops and
+  causal        a causal attention kernel (the `causal` column) skips the masked half of the
+                scores, while its FLOPs count the whole matrix (as PaLM and FlopCounterMode
+                do): it is priced at half its FLOPs, as FlashAttention's benchmarks count it
+  op time       max(compute time, memory time, flops / peak) + launch_s for every op that
+                does work: the roofline's bound, never faster than the counted FLOPs at the
+                peak (so MFU <= 1), plus a fixed cost per kernel. Views, metadata ops and
                 collectives (priced in comm.py) cost nothing here.
 
 The classes (CLASSES) are the efficiencies: `bound` names the one that set an op's time.
@@ -69,10 +73,12 @@ def roofs(rows, peak_of, bandwidth, k=1.0):
     for d, p in tensor_peak.items():
         peak[tensor & (dtypes == d)] = p
     klass = np.where(np.isin(kinds, _MATMUL), 0, np.where(kinds == "attention", 1, 2))
-    compute = np.where(flops > 0, flops / peak, 0.0)
+    causal = (kinds == "attention") & rows["causal"].fillna(False).to_numpy(dtype=bool)
+    floor = np.where(flops > 0, flops / peak, 0.0)
+    compute = np.where(causal, floor / 2, floor)
     memory = nbytes / bandwidth
     kernel = ~view & ~is_comm & ((flops > 0) | (nbytes > 0))
-    return Priced(compute=compute, memory=memory, klass=klass, kernel=kernel, flops=flops, peak=peak,
+    return Priced(compute=compute, floor=floor, memory=memory, klass=klass, kernel=kernel, flops=flops, peak=peak,
                   tensor_peak=tensor_peak, notes=notes)
 
 
@@ -81,7 +87,7 @@ def price(p, eff, launch_s):
     compute = p["compute"] / np.array([eff["matmul"], eff["attention"], eff["vector"]])[p["klass"]]
     memory = p["memory"] / eff["memory"]
     bound = np.where((compute >= memory) & (p["compute"] > 0), p["klass"], 3)
-    seconds = np.where(p["kernel"], np.maximum(compute, memory) + launch_s, 0.0)
+    seconds = np.where(p["kernel"], np.maximum(np.maximum(compute, memory), p["floor"]) + launch_s, 0.0)
     return seconds, bound
 
 

@@ -51,7 +51,7 @@ __all__ = ["plan"]
 
 _COLUMNS = ("run", "step", "phase", "op", "flops", "flop_kind", "bytes_read", "bytes_written", "is_view",
             "input_dtypes", "output_dtypes", "input_storage_ids", "output_storage_ids", "input_shapes",
-            "comm_bytes", "group_size", "duration_ns", "busy_ns")  # fmt: skip
+            "comm_bytes", "group_size", "duration_ns", "busy_ns", "causal")  # fmt: skip
 _RETRACE = ("what needs a re-trace: another world size (shards and collective sizes change), another "
             "sequence length, another activation-checkpointing or sharding policy")
 
