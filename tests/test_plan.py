@@ -286,3 +286,18 @@ def test_bad_arguments_name_the_value(small):
         reports.plan(small, "H100", assumptions={"matmul_efficiency": 1.5})
     with pytest.raises(reports.ReportError, match="this trace ran on 'meta'"):
         reports.plan(small, "cpu")
+
+
+def test_plan_llama_example_on_its_tiny_configuration(tmp_path, capsys):
+    import plan_llama
+
+    assert plan_llama.main(["--model", "tiny", "--world", "8", "--json", "--out", str(tmp_path / "tiny")]) == 0
+    found = json.loads(capsys.readouterr().out)
+    assert found["world_size"] == 8 and found["gpu"] == "H100 SXM" and found["fits"] is True
+    assert found["batch"] == 1 and found["tokens_per_step"] == 32  # one sequence of 32 tokens per rank
+    assert found["comm_s"] > 0 and 0 < found["mfu"] <= 1
+    # the tiny Llama's N: embedding and head 2 x 256 x 64, per block 4 attention weights (64x64, 64x32 twice
+    # for 2 KV heads of 16, 64x64) and 3 FFN weights (64x128), 2 norms of 64; final norm 64
+    params = 2 * 256 * 64 + 2 * (64 * 64 + 2 * 64 * 32 + 64 * 64 + 3 * 64 * 128 + 2 * 64) + 64  # 106,816
+    meta = next(iter(reports.load(tmp_path / "tiny").attrs["runs"].values()))
+    assert meta["params"]["total"] == params
