@@ -20,7 +20,7 @@ import tracer
 from reports.errors import ReportError
 from reports.output.cli import main
 from tracer import Tracer
-from tracer.schema import read_part, MARKER_NAME, METADATA_KEY, part_paths
+from tracer.schema import read_part, LEGACY_MARKER_NAME, MARKER_NAME, marker_facts, METADATA_KEY, part_paths
 
 
 @pytest.fixture(scope="module")
@@ -189,13 +189,19 @@ def test_deeply_nested_metadata_is_refused_before_parsing(trace, capsys):
                                        r"more than the 64 optrace reads")  # fmt: skip
 
 
+def legacy_marker(trace, data):
+    """The trace's marker as a JSON file holding `data`, as optrace wrote markers before the Parquet one."""
+    (trace / MARKER_NAME).unlink()
+    (trace / LEGACY_MARKER_NAME).write_bytes(data)
+
+
 def test_a_deeply_nested_marker_is_refused_before_parsing(trace, capsys):
-    (trace / MARKER_NAME).write_bytes(b"[" * 50_000 + b"]" * 50_000)
+    legacy_marker(trace, b"[" * 50_000 + b"]" * 50_000)
     one_error(capsys, "report", trace, r"the marker nests 50000 levels deep \(_optrace\.json\), more than the 64 optrace reads")
 
 
 def test_a_huge_marker_is_refused_unread(trace, capsys):
-    (trace / MARKER_NAME).write_bytes(b" " * (2 << 20))
+    legacy_marker(trace, b" " * (2 << 20))
     one_error(capsys, "report", trace, r"the marker is 1,048,577 bytes \(_optrace\.json\), more than the 1,048,576 optrace reads")
 
 
@@ -226,8 +232,8 @@ def test_wrongly_typed_metadata_is_one_line(trace, capsys, fields, message):
 
 
 def test_a_wrongly_typed_marker_is_one_line(trace, capsys):
-    facts = json.loads((trace / MARKER_NAME).read_text())
-    (trace / MARKER_NAME).write_text(json.dumps(dict(facts, lost_rows="many")))
+    facts = marker_facts(trace)
+    legacy_marker(trace, json.dumps(dict(facts, lost_rows="many")).encode())
     one_error(capsys, "report", trace, r"the marker \(_optrace\.json\) 'lost_rows' is \"many\", expected an int")
 
 

@@ -13,7 +13,7 @@ import textwrap
 import pandas as pd
 
 from tracer import read_metadata
-from tracer.schema import MARKER_NAME
+from tracer.schema import MARKER_NAME, marker_facts
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -121,7 +121,7 @@ def test_a_forked_child_runs_its_ops_untraced_and_leaves_the_trace_and_lock_alon
     path = {str(path)!r}
     with Tracer(path, flush_rows=2) as tr:
         a = torch.ones(2) + 1  # 2 rows: part 0
-        before = sorted(os.listdir(path)), open(os.path.join(path, "_optrace.json")).read()
+        before = sorted(os.listdir(path)), open(os.path.join(path, {MARKER_NAME!r}), "rb").read()
         for leave in ("through the with block", "os._exit"):
             pid = os.fork()
             if pid == 0:
@@ -133,7 +133,7 @@ def test_a_forked_child_runs_its_ops_untraced_and_leaves_the_trace_and_lock_alon
                     os._exit(int(b.tolist() != [32.0] * 3))
                 sys.exit(int(b.tolist() != [32.0] * 3))  # SystemExit unwinds through Tracer.__exit__
             _, status = os.waitpid(pid, 0)
-            after = sorted(os.listdir(path)), open(os.path.join(path, "_optrace.json")).read()
+            after = sorted(os.listdir(path)), open(os.path.join(path, {MARKER_NAME!r}), "rb").read()
             print(leave, os.waitstatus_to_exitcode(status), after == before)
         c = a * 3  # the parent goes on tracing
     tr.set_step_time(0.5)  # after the block: one empty part
@@ -147,7 +147,7 @@ def test_a_forked_child_runs_its_ops_untraced_and_leaves_the_trace_and_lock_alon
     assert sorted(os.listdir(path)) == [MARKER_NAME, "part-000000.parquet", "part-000001.parquet", "part-000002.parquet"]
     meta = read_metadata(path)
     assert meta["complete"] is True and meta["rows"] == 3 and meta["step_time"]["median_s"] == 0.5
-    assert json.loads((path / MARKER_NAME).read_text())["rows"] == 3
+    assert marker_facts(path)["rows"] == 3
 
 
 # ------------------------------------------------------------------ Ctrl-C is never swallowed

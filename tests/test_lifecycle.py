@@ -147,7 +147,7 @@ def test_a_run_killed_before_its_first_part_is_a_damaged_trace(tmp_path, capsys)
     code = (f"import os, signal, torch\nfrom tracer import Tracer\nwith Tracer({str(path)!r}):\n"
             "    torch.ones(2) + 1\n    os.kill(os.getpid(), signal.SIGKILL)\n")
     proc = subprocess.run([sys.executable, "-c", code], cwd=root, env={**os.environ, "PYTHONPATH": root}, timeout=120)
-    assert proc.returncode == -signal.SIGKILL and sorted(os.listdir(path)) == [".optrace.lock", "_optrace.json"]
+    assert proc.returncode == -signal.SIGKILL and sorted(os.listdir(path)) == [".optrace.lock", "_optrace.parquet"]
     assert main(["report", str(path)]) == 2
     out, err = capsys.readouterr()
     assert out == "" and err == (f"optrace report: error: {path}: damaged optrace trace with 0 parts written "

@@ -62,7 +62,7 @@ def test_every_total_is_the_closed_form(trace):
     assert modules.loc["Matmuls", "subtree_flops_pct"] == 100.0
     assert reports.by_dtype(df)["matmul_flops"].tolist() == [TOTAL]
     roof = reports.roofline(df).set_index("op")
-    assert roof.loc["aten.mm.default", "flops"] == TOTAL
+    assert roof.loc["aten.mm.default", "flops_per_step"] == TOTAL  # one step
     compared = reports.compare(df, by="phase").set_index("phase")
     assert compared.loc["total", "flops_per_step"] == compared.loc["forward", "flops_per_step"] == TOTAL
 

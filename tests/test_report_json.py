@@ -124,9 +124,12 @@ def test_top_ops_are_per_step(tmp_path, capsys):
     text = _cli(capsys, "report", tmp_path / "two.parquet")
     assert "Top 8 ops by FLOPs, per step (2 step(s) traced)" in text
     assert re.search(r"^\s*aten\.addmm\.default\s+1\s+48\s", text, re.M)
-    assert "\nRoofline, totals over all 2 step(s) (" in text
-    assert re.search(r"^\s+op\s+dtype ops_total flops_total bytes_total\s+intensity time_total ", text, re.M)
-    unit = r"[\d.]+ (?:s|ms|us|ns)"  # humanised seconds, as in the table's time_total
+    assert "\nRoofline, per step (2 step(s) traced; " in text
+    assert re.search(r"^\s+op\s+dtype ops_per_step flops_per_step bytes_per_step\s+intensity time_per_step ", text, re.M)
+    assert re.search(r"^\s*addmm\.default float32\s+1\s+48\s", text, re.M)  # 1 op, 48 FLOPs per step, as Top ops
+    roof = next(r for r in got["roofline"]["rows"] if r["op"] == "aten.addmm.default")
+    assert roof["ops_per_step"] == 1 and roof["flops_per_step"] == 48 and got["roofline"]["unit"].startswith("per step")
+    unit = r"[\d.]+ (?:s|ms|us|ns)"  # humanised seconds, as in the table's time_per_step
     assert re.search(rf"^  memory-bound\s+{unit} per step \(\d+\.\d%\), {unit} at the roof$", text, re.M), text
 
 

@@ -34,16 +34,16 @@ def trace(tmp_path_factory):
 def test_roofline_mm_and_add_literal(trace):
     t = roofline(trace, peak_flops=PEAK, bandwidth=BW).set_index("op")
     mm, add = t.loc["aten.mm.default"], t.loc["aten.add.Tensor"]
-    assert mm["flops"] == 2 * N**3 == 2_147_483_648  # 2 * 1024^3
-    assert mm["bytes"] == 3 * 4 * N * N == 12_582_912  # two 4 MiB inputs read, one 4 MiB output written
+    assert mm["flops_per_step"] == 2 * N**3 == 2_147_483_648  # 2 * 1024^3; one step: per step = the trace
+    assert mm["bytes_per_step"] == 3 * 4 * N * N == 12_582_912  # two 4 MiB inputs read, one 4 MiB output written
     assert mm["arithmetic_intensity"] == pytest.approx(2 * N**3 / (12 * N * N)) == pytest.approx(170.6667, rel=1e-6)
-    assert add["ops"] == 2 and add["flops"] == 2 * N * N  # 1 FLOP per output element, twice
+    assert add["ops_per_step"] == 2 and add["flops_per_step"] == 2 * N * N  # 1 FLOP per output element, twice
     assert add["arithmetic_intensity"] == pytest.approx(1 / 12)  # 1 FLOP per 12 bytes (4 + 4 read, 4 written)
     assert mm["ridge_flops_per_byte"] == 10.0
     assert mm["bound"] == "compute" and add["bound"] == "memory"
     assert mm["attainable_flops_per_s"] == PEAK  # min(1e12, 170.67 x 1e11)
     assert add["attainable_flops_per_s"] == pytest.approx(BW / 12)  # min(1e12, 1e11 / 12) = 8.33e9
-    assert mm["time_s"] == 0.004 and add["time_s"] == 0.001
+    assert mm["time_s_per_step"] == 0.004 and add["time_s_per_step"] == 0.001
     assert mm["achieved_flops_per_s"] == pytest.approx(2 * N**3 / 0.004)  # 5.37e11
     assert mm["efficiency"] == pytest.approx(2 * N**3 / 0.004 / PEAK)  # 0.537
     # the adds: 2 x 12 MiB in 1 ms = 25.2 GB/s of the 100 GB/s roof
@@ -52,6 +52,40 @@ def test_roofline_mm_and_add_literal(trace):
     assert add["efficiency"] == pytest.approx(add["achieved_flops_per_s"] / add["attainable_flops_per_s"])
     assert mm["time_pct"] == pytest.approx(80.0)  # 4 of 5 ms
     assert list(t.index) == ["aten.mm.default", "aten.add.Tensor"]  # most time first
+
+
+@pytest.fixture(scope="module")
+def three_steps(tmp_path_factory):
+    """The mm and the two adds of `trace`, in each of 3 steps, with the same fixed op times."""
+    path = tmp_path_factory.mktemp("roofline") / "three.parquet"
+    a, b = torch.ones(N, N), torch.ones(N, N)
+
+    class MmAdd(torch.nn.Module):
+        def forward(self, a, b):  # forward work: each call is a step of its own after tr.step()
+            return a @ b, a + b, a + b
+
+    model = MmAdd()
+    with Tracer(path, run_name="three", model=model) as tr:
+        for _ in range(3):
+            model(a, b)
+            tr.step()
+    df = reports.load(path)
+    df["busy_ns"] = [4_000_000, 500_000, 500_000] * 3
+    return df
+
+
+def test_roofline_is_per_step(trace, three_steps):
+    assert three_steps["step"].tolist() == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+    t = roofline(three_steps, peak_flops=PEAK, bandwidth=BW).set_index("op")
+    mm, add = t.loc["aten.mm.default"], t.loc["aten.add.Tensor"]
+    # totals over the 3 steps / 3: exactly the figures of one step
+    assert mm["ops_per_step"] == 1 and mm["flops_per_step"] == 2_147_483_648  # 3 * 2 * 1024^3 / 3
+    assert mm["bytes_per_step"] == 12_582_912 and mm["time_s_per_step"] == 0.004  # 3 * 12 MiB / 3; 3 * 4 ms / 3
+    assert add["ops_per_step"] == 2 and add["flops_per_step"] == 2_097_152  # 6 adds / 3; 6 * 1024^2 / 3
+    assert add["bytes_per_step"] == 25_165_824 and add["time_s_per_step"] == 0.001  # 2 * 12 MiB; 2 * 0.5 ms
+    assert mm["time_pct"] == 80.0  # 4 of the step's 5 ms
+    one = roofline(trace, peak_flops=PEAK, bandwidth=BW).set_index("op")
+    assert t.drop(columns="run", errors="ignore").equals(one.drop(columns="run", errors="ignore"))  # k steps: one step's table
 
 
 def test_roofline_by_module_and_shape(trace):
@@ -82,7 +116,7 @@ def test_roofline_views_are_other(tmp_path):
     with Tracer(tmp_path / "v.parquet"):
         torch.ones(4, 4).t()
     t = roofline(reports.load(tmp_path / "v.parquet"), peak_flops=PEAK, bandwidth=BW).set_index("op")
-    assert t.loc["aten.t.default", "bound"] == "other" and t.loc["aten.t.default", "bytes"] == 0
+    assert t.loc["aten.t.default", "bound"] == "other" and t.loc["aten.t.default", "bytes_per_step"] == 0
     assert t.loc["aten.ones.default", "bound"] == "memory"  # 64 bytes written, 0 FLOPs
 
 
@@ -147,7 +181,7 @@ def test_memory_bandwidth_triad(tmp_path):
 def test_empty_trace_keeps_columns(trace):
     empty = trace.iloc[0:0]
     t = roofline(empty)
-    assert len(t) == 0 and "efficiency" in t.columns and t["flops"].dtype == "int64"
+    assert len(t) == 0 and "efficiency" in t.columns and t["flops_per_step"].dtype == "float64"
     assert isinstance(roofline_split(empty), pd.DataFrame)
 
 

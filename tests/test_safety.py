@@ -22,9 +22,10 @@ import pytest
 import torch
 from torch import nn
 
+import reports
 import tracer
 from tracer import TraceError, Tracer, read_metadata
-from tracer.schema import MARKER_NAME
+from tracer.schema import LEGACY_MARKER_NAME, MARKER_NAME, marker_facts
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -78,7 +79,7 @@ def test_an_earlier_optrace_trace_is_replaced(tmp_path):
     path = tmp_path / "t"
     with Tracer(path, flush_rows=1):
         torch.ones(2) + 1  # 2 ops: 2 parts
-    first = json.loads((path / MARKER_NAME).read_text())["trace_id"]
+    first = marker_facts(path)["trace_id"]
     with Tracer(path):
         torch.zeros(3)
     assert listing(path) == [MARKER_NAME, "part-000000.parquet"]
@@ -94,6 +95,22 @@ def test_a_trace_without_marker_from_an_older_optrace_is_replaced(tmp_path):
     with Tracer(path):
         torch.zeros(2) + 1
     assert len(pd.read_parquet(path)) == 2
+
+
+def test_a_trace_with_the_json_marker_of_an_older_optrace_is_read_and_replaced(tmp_path):
+    path = tmp_path / "old"
+    with Tracer(path, flush_rows=1):
+        torch.ones(2) + 1  # 2 ops: 2 parts
+    facts = dict(marker_facts(path), rows=3, lost_rows=1)  # as if a third part had been lost to a full disk
+    (path / MARKER_NAME).unlink()
+    (path / LEGACY_MARKER_NAME).write_text(json.dumps(facts) + " " * 4000)  # the marker optrace wrote before
+    meta = read_metadata(path)
+    assert (meta["rows"], meta["lost_rows"], meta["complete"]) == (2, 1, True)  # 3 recorded - 1 lost = 2 written
+    with pytest.warns(UserWarning, match="1 rows lost to write errors; reporting the 2 rows it has"):
+        reports.load(path)  # the legacy marker's facts reach the report
+    with Tracer(path):
+        torch.zeros(3)
+    assert listing(path) == [MARKER_NAME, "part-000000.parquet"]  # the legacy marker replaced with the trace
 
 
 def test_a_directory_of_rank_traces_is_an_optrace_trace(tmp_path):
@@ -203,7 +220,7 @@ def test_a_second_writer_is_refused_before_its_model_runs(tmp_path):
                              text=True, env={**os.environ, "PYTHONPATH": ROOT})
     try:
         assert child.stdout.readline().strip() == "in"
-        refused(path, rf"cannot write trace '.*t': process {child.pid} on .+ is writing it \(lock \.optrace\.lock\); "
+        refused(path, r"cannot write trace '.*t': another process is writing it \(it holds the lock \.optrace\.lock\); "
                       r"choose another path or wait for it to finish")
     finally:
         child.communicate("\n", timeout=60)
@@ -271,7 +288,7 @@ def test_re_tracing_removes_only_its_own_temporary_parts(tmp_path):
     path = tmp_path / "t"
     with Tracer(path):
         torch.ones(2)
-    trace_id = json.loads((path / MARKER_NAME).read_text())["trace_id"]
+    trace_id = marker_facts(path)["trace_id"]
     left = os.path.basename(tracer.directory.temporary_name(str(path), "part-000001.parquet", trace_id))
     (path / left).write_bytes(b"half a part")  # what a run killed mid-write leaves
     with Tracer(path):  # optrace's own temporary file: removed with the old trace
@@ -317,7 +334,7 @@ def test_a_full_disk_never_stops_the_program(tmp_path, monkeypatch):
         "(first: part-000001.parquet: OSError: [Errno 28] No space left on device)",
     ]
     assert listing(path) == [MARKER_NAME, "part-000000.parquet"]  # no temporary file left behind
-    facts = json.loads((path / MARKER_NAME).read_text())
+    facts = marker_facts(path)
     assert facts["lost_rows"] == 11 and facts["rows"] == 15 and facts["complete"] is False  # 15 - 4 = 11
 
     import reports
@@ -356,7 +373,7 @@ def test_a_really_full_disk(tiny_disk):
     lost = 1500 - kept
     assert kept % 100 == 0 and 0 < kept < 1500
     assert messages[1].startswith(f"optrace: trace '{path}' is incomplete: {lost} rows lost to write errors (first: part-")
-    facts = json.loads((path / MARKER_NAME).read_text())  # rewritten in place: no new space needed
+    facts = marker_facts(path)  # rewritten in place: no new space needed
     assert facts["rows"] == 1500 and facts["lost_rows"] == lost and facts["complete"] is False
     assert not [n for n in listing(path) if n.endswith(".tmp")]
 

@@ -20,7 +20,7 @@ import reports
 from reports.output.cli import main
 from reports.output.text import human_bytes
 from tracer import Tracer
-from tracer.schema import read_part, MARKER_NAME, METADATA_KEY, part_paths
+from tracer.schema import read_part, MARKER_NAME, marker_facts, METADATA_KEY, part_paths
 
 
 def run(capsys, *argv):
@@ -171,7 +171,7 @@ def test_a_whole_trace_reports_no_damage(tmp_path, capsys):
     got = json.loads(out)
     assert rc == 0 and err == "" and got["complete"] is True
     assert got["damage"] == {"record_errors": 0, "lost_rows": 0, "missing_rows": 0, "missing_parts": 0, "seq_gaps": 0}
-    assert json.loads((path / MARKER_NAME).read_text())["rows"] == 45
+    assert marker_facts(path)["rows"] == 45
 
 
 # ------------------------------------------------------------------ 11. smaller defects in the CLI

@@ -1,33 +1,35 @@
 """The trace directory: which directories optrace may write into, replace, and lock.
 
-optrace replaces only a trace it wrote itself. It knows one by its marker, a small
-JSON file (`schema.MARKER_NAME`) holding the trace's identity, written before the first
-part; never by file names, which other tools share (`pyarrow.dataset.write_dataset` and
-Spark both write `part-*.parquet`). A trace written before markers existed is
-recognised by every file in it being a Parquet part carrying optrace metadata. A
-directory whose only entries are `rank=R` optrace traces (a distributed run) is a trace
-too. Anything else at the path is refused with one line, before the model runs, and
-nothing is touched.
+optrace replaces only a trace it wrote itself. It knows one by its marker
+(`schema.MARKER_NAME`: a zero-row Parquet file that every engine reading the directory
+skips or reads as no rows; its footer holds the trace's identity), written before the
+first part; never by file names, which other tools share (`pyarrow.dataset.write_dataset`
+and Spark both write `part-*.parquet`). The JSON marker of earlier traces
+(`LEGACY_MARKER_NAME`) is recognised too, and a trace written before markers existed
+by every file in it being a Parquet part carrying optrace metadata. A directory whose
+only entries are `rank=R` optrace traces (a distributed run) is a trace too. Anything
+else at the path is refused with one line, before the model runs, and nothing is touched.
 
-One writer per directory: a lock file (`LOCK_NAME`), created with O_EXCL, holds the
-writer's pid and host; a second writer is refused while that process lives, and the
-lock is removed when the trace closes. A lock left by a dead process on this host is
-stale and taken over.
+One writer per directory: the writer holds an OS lock (flock, through `filelock`) on an
+empty file (`LOCK_NAME`); a second writer is refused while it is held. The OS releases
+it when the process ends, however it ends, so a killed writer's lock blocks no one; the
+file is removed when the trace closes (before the unlock: a writer that opened it
+meanwhile finds it unlinked and retries on a new file), and an empty one left by a
+killed writer is skipped by every engine.
 """
 
-import errno
 import json
 import os
 import re
-import socket
 import uuid
 
 import pyarrow.parquet as pq
 
 from tracer.errors import TraceError
-from tracer.schema import MARKER_NAME, PART_GLOB, footer_metadata
+from tracer.schema import LEGACY_MARKER_NAME, MARKER_NAME, PART_GLOB, footer_metadata, marker_facts, marker_file
 
 LOCK_NAME = ".optrace.lock"
+_held = {}  # absolute path -> the FileLock this process holds on it
 MARKER_BYTES = 4096  # the marker is padded to this size, so its closing rewrite needs no new space
 RANK_PREFIX = "rank="
 _TMP_SUFFIX = ".tmp"
@@ -104,8 +106,8 @@ def _prepare(path, parent, trace_id):
         _lock(path)
         try:
             _clear(path)
-            with open(os.path.join(path, MARKER_NAME), "w") as f:
-                f.write(_padded({"format": "optrace", "trace_id": trace_id or uuid.uuid4().hex}))
+            with open(os.path.join(path, MARKER_NAME), "wb") as f:
+                f.write(marker_file(_padded({"format": "optrace", "trace_id": trace_id or uuid.uuid4().hex})))
         except BaseException:
             release_directory(path)
             raise
@@ -122,13 +124,18 @@ def _padded(facts):
 def write_facts(path, facts):
     """Rewrite the marker in place with the trace's closing facts (rows, lost_rows, complete).
 
-    The marker was written MARKER_BYTES long, so this needs no new disk space: the facts
-    reach the disk even when it is full and the last part could not be written."""
+    The marker's facts were padded to MARKER_BYTES, so the new marker has the same length and
+    this needs no new disk space: the facts reach the disk even when it is full and the last
+    part could not be written."""
     text = _padded(facts)
     if len(text) > MARKER_BYTES:
         raise TraceError(f"trace facts are {len(text)} bytes, more than the marker's {MARKER_BYTES}")
-    with open(os.path.join(path, MARKER_NAME), "r+") as f:
-        f.write(text)
+    marker = os.path.join(path, MARKER_NAME)
+    data = marker_file(text)
+    if len(data) != os.path.getsize(marker):
+        raise TraceError(f"trace marker {marker!r} is {os.path.getsize(marker)} bytes, expected {len(data)}")
+    with open(marker, "r+b") as f:
+        f.write(data)
 
 
 def still_ours(path, trace_id):
@@ -136,20 +143,21 @@ def still_ours(path, trace_id):
 
     After a Tracer closes, another run may have replaced the trace at the same path; a late
     metadata update of the first must then not write into the second."""
-    try:
-        with open(os.path.join(path, MARKER_NAME)) as f:
-            facts = json.load(f)
-    except (OSError, ValueError):
-        return False
-    return isinstance(facts, dict) and facts.get("trace_id") == trace_id
+    return trace_id is not None and _trace_id(path) == trace_id
 
 
 def release_directory(path):
-    """Remove this process's lock on `path` (a missing lock is fine)."""
+    """Remove the lock file of `path`, then release this process's lock on it (a missing one is fine)."""
+    lock = _held.pop(os.path.abspath(path), None)
     try:
         os.remove(os.path.join(path, LOCK_NAME))
     except OSError:
         pass
+    if lock is not None:
+        try:
+            lock.release()
+        except Exception:  # the OS drops it at exit anyway, and its file is gone: it blocks no one
+            pass
 
 
 def temporary_name(path, name, trace_id):
@@ -159,12 +167,7 @@ def temporary_name(path, name, trace_id):
 
 def _trace_id(path):
     """The trace id the marker of directory `path` names, or None."""
-    try:
-        with open(os.path.join(path, MARKER_NAME)) as f:
-            facts = json.loads(f.read(MARKER_BYTES + 1))
-    except (OSError, ValueError, RecursionError):
-        return None
-    trace_id = facts.get("trace_id") if isinstance(facts, dict) else None
+    trace_id = (marker_facts(path) or {}).get("trace_id")
     return trace_id if isinstance(trace_id, str) else None
 
 
@@ -177,12 +180,12 @@ def _is_own_temporary(name, trace_id):
 def foreign_entry(path):
     """The first entry of directory `path` that optrace did not write, or None.
 
-    optrace's entries: the marker, the lock, temporary parts named with the marker's trace
+    optrace's entries: the marker (or a legacy one), the lock, temporary parts named with the marker's trace
     id, parts carrying optrace metadata, and `rank=R` directories holding only such entries
     (a distributed run)."""
     trace_id = _trace_id(path)
     for name in sorted(os.listdir(path)):
-        if name in (MARKER_NAME, LOCK_NAME) or _is_own_temporary(name, trace_id):
+        if name in (MARKER_NAME, LEGACY_MARKER_NAME, LOCK_NAME) or _is_own_temporary(name, trace_id):
             continue
         full = os.path.join(path, name)
         if name.startswith(RANK_PREFIX) and os.path.isdir(full) and not os.path.islink(full):
@@ -226,45 +229,15 @@ def _clear(path):
 
 
 def _lock(path):
-    """Take the lock file of `path`, or raise TraceError naming the live writer."""
-    lock = os.path.join(path, LOCK_NAME)
-    host = socket.gethostname()
-    for _ in range(2):
-        try:
-            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-        except FileExistsError:
-            owner = _read_lock(lock)
-            if owner.get("host") == host and not _alive(owner.get("pid")):
-                release_directory(path)  # stale: its writer died without closing
-                continue
-            raise TraceError(
-                f"cannot write trace {path!r}: process {owner.get('pid', '?')} on {owner.get('host', '?')} "
-                f"is writing it (lock {LOCK_NAME}); choose another path or wait for it to finish"
-            ) from None
-        with os.fdopen(fd, "w") as f:
-            json.dump({"pid": os.getpid(), "host": host}, f)
-        return
-    raise TraceError(f"cannot write trace {path!r}: could not take its lock {LOCK_NAME}")
+    """Take the OS lock of `path` for this process, or raise TraceError: another process holds it."""
+    from filelock import FileLock, Timeout
 
-
-def _read_lock(lock):
+    lock = FileLock(os.path.join(path, LOCK_NAME), timeout=0, thread_local=False)
     try:
-        with open(lock) as f:
-            owner = json.load(f)
-        return owner if isinstance(owner, dict) else {}
-    except (OSError, ValueError):
-        return {}
-
-
-def _alive(pid):
-    if not isinstance(pid, int) or pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # exists, owned by someone else
-        return True
-    except OSError as exc:
-        return exc.errno != errno.ESRCH
-    return True
+        lock.acquire()
+    except Timeout:
+        raise TraceError(
+            f"cannot write trace {path!r}: another process is writing it (it holds the lock {LOCK_NAME}); "
+            "choose another path or wait for it to finish"
+        ) from None
+    _held[os.path.abspath(path)] = lock

@@ -14,6 +14,7 @@ highest number holds the newest copy, and its `complete` field is true only when
 the tracer closed cleanly.
 """
 
+import base64
 import enum
 
 import pyarrow as pa
@@ -21,7 +22,15 @@ import pyarrow as pa
 SCHEMA_VERSION = 3
 METADATA_KEY = b"optrace"
 PART_GLOB = "part-*.parquet"
-MARKER_NAME = "_optrace.json"  # {"format": "optrace", "trace_id": ...}: this directory is an optrace trace
+# The marker says "this directory is an optrace trace": a Parquet file of zero rows with the trace's
+# columns, holding its facts ({"format": "optrace", "trace_id": ...}, closing facts) as JSON under
+# MARKER_KEY in its footer. Every engine reads a trace directory holding it: pyarrow, pandas and
+# Spark skip `_` names; DuckDB and polars read it as zero rows of the same schema. (polars refuses a
+# directory holding a file of another extension: the JSON marker of earlier traces, still read.)
+MARKER_NAME = "_optrace.parquet"
+LEGACY_MARKER_NAME = "_optrace.json"  # the marker before: the same facts as a plain JSON file
+MARKER_KEY = b"optrace.marker"
+ARROW_SCHEMA_KEY = b"ARROW:schema"  # the Arrow schema in a Parquet footer (Arrow's own key)
 
 
 def part_name(index: int) -> str:
@@ -238,12 +247,8 @@ def read_metadata(path) -> dict:
             return {"world_size": len(ranks), "complete": all(m.get("complete") is True for m in ranks.values()), "ranks": ranks}
     raws = (footer_metadata(pq.read_metadata(part)) for part in parts)
     meta = merge_metadata(json.loads(raw) for raw in raws if raw is not None)
-    try:
-        with open(os.path.join(path, MARKER_NAME)) as f:
-            marker = json.loads(f.read(1 << 16))
-    except (OSError, ValueError, RecursionError):
-        marker = None
-    if not isinstance(marker, dict) or marker.get("format") != "optrace":
+    marker = marker_facts(path)
+    if marker is None or marker.get("format") != "optrace":
         return meta
     if not meta:  # no part written: what the marker knows
         return dict(marker, parts=0, rows=0, complete=False)  # rows written, as in a part
@@ -258,3 +263,61 @@ def read_metadata(path) -> dict:
         meta["write_error"] = meta.get("write_error") or marker.get("write_error")
         meta["complete"] = bool(meta.get("complete")) and marker.get("complete", True) is not False
     return meta
+
+
+def arrow_footer(schema):
+    """The footer entry that carries `schema` (without its metadata) for Arrow readers: with it they
+    get the dictionary columns back as dictionaries (polars as Categorical)."""
+    return {ARROW_SCHEMA_KEY: base64.b64encode(schema.remove_metadata().serialize().to_pybytes())}
+
+
+def marker_file(text):
+    """The bytes of a marker holding `text` (JSON): a Parquet file of zero rows with the trace's columns.
+    Its length depends only on len(text), so a marker can be rewritten in place with new facts."""
+    import pyarrow.parquet as pq
+
+    sink = pa.BufferOutputStream()
+    with pq.ParquetWriter(sink, ARROW_SCHEMA, store_schema=False) as out:
+        out.add_key_value_metadata({**arrow_footer(ARROW_SCHEMA), MARKER_KEY: text.encode()})
+        out.write_table(ARROW_SCHEMA.empty_table())
+    return sink.getvalue().to_pybytes()
+
+
+def read_marker_file(path, limit):
+    """(name, at most limit + 1 bytes) of the marker of trace directory `path`: MARKER_NAME, else
+    LEGACY_MARKER_NAME; (None, None) when it has neither or it cannot be read."""
+    import os
+
+    for name in (MARKER_NAME, LEGACY_MARKER_NAME):
+        try:
+            with open(os.path.join(os.fspath(path), name), "rb") as f:
+                return name, f.read(limit + 1)
+        except FileNotFoundError:
+            continue
+        except OSError:
+            return name, None
+    return None, None
+
+
+def marker_json(raw):
+    """The JSON bytes a marker's bytes hold: under MARKER_KEY in the footer of a Parquet marker, the
+    whole of a JSON one (a legacy marker); None when there are none (no marker, a damaged Parquet one)."""
+    if raw is None or raw[:4] != b"PAR1" or raw[-4:] != b"PAR1":
+        return raw
+    import pyarrow.parquet as pq
+
+    try:
+        return (pq.read_metadata(pa.BufferReader(raw)).metadata or {}).get(MARKER_KEY)
+    except Exception:  # cut mid-rewrite, or not ours
+        return None
+
+
+def marker_facts(path):
+    """The facts (a dict) in the marker of trace directory `path`, or None."""
+    import json
+
+    try:
+        facts = json.loads(marker_json(read_marker_file(path, 1 << 16)[1]) or b"null")
+    except (ValueError, RecursionError):
+        return None
+    return facts if isinstance(facts, dict) else None

@@ -10,7 +10,6 @@ part: pyarrow's dataset discovery skips names that start with '.'. A failed writ
 removes its temporary file.
 """
 
-import base64
 import json
 import os
 from array import array
@@ -20,13 +19,15 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tracer.directory import prepare_directory, release_directory, temporary_name, write_facts  # noqa: F401 (re-exported)
-from tracer.schema import (
+from tracer.schema import (  # ARROW_SCHEMA_KEY: re-exported
     ARROW_SCHEMA,
+    ARROW_SCHEMA_KEY,  # noqa: F401
     CAUSAL_NONE,
     FLOP_KINDS,
     METADATA_KEY,
     NO_VALUE,
     PHASES,
+    arrow_footer,
     part_name,
 )
 
@@ -285,11 +286,6 @@ class PartWriter:
             release_directory(self.directory)
 
 
-# The Arrow schema a Parquet file carries in its footer (Arrow's own key): with it, readers
-# get the dictionary columns back as dictionaries.
-ARROW_SCHEMA_KEY = b"ARROW:schema"
-
-
 def write_table(table, file):
     """One Parquet part (a seam for tests that fill the disk).
 
@@ -301,7 +297,7 @@ def write_table(table, file):
     second copy base64-encoded inside that schema where only Arrow readers look."""
     plain = table.schema.remove_metadata()
     blob = (table.schema.metadata or {}).get(METADATA_KEY)
-    footer = {ARROW_SCHEMA_KEY: base64.b64encode(plain.serialize().to_pybytes())}
+    footer = arrow_footer(plain)
     if blob is not None:
         footer[METADATA_KEY] = blob
     with pq.ParquetWriter(file, plain, store_schema=False, compression="zstd", compression_level=1) as out:

@@ -29,7 +29,7 @@ except ImportError:
 
 from reports.errors import ReportError
 from reports.loading.validate import check_footers, check_metadata, check_schema, parse_json
-from tracer.schema import MARKER_NAME, footer_metadata, part_name, part_paths
+from tracer.schema import footer_metadata, marker_json, part_name, part_paths, read_marker_file
 
 MAX_METADATA_BYTES = 64 << 20  # a part's metadata JSON (a 70B model's parameter table: ~100 KB)
 MAX_MARKER_BYTES = 1 << 20  # the marker is written 4 KiB long
@@ -179,15 +179,17 @@ def _check_repeats(path, parts):
 
 def read_marker(path):
     """The facts the tracer left in the trace's marker at close ({} when none)."""
-    try:
-        with open(os.path.join(os.fspath(path), MARKER_NAME), "rb") as f:
-            raw = f.read(MAX_MARKER_BYTES + 1)
-    except OSError:
+    name, raw = read_marker_file(path, MAX_MARKER_BYTES)  # the Parquet marker, else a legacy JSON one
+    if raw is None:
         return {}
-    facts = parse_json(path, raw, "the marker", MARKER_NAME, MAX_MARKER_BYTES, invalid={})  # cut mid-rewrite: no facts
+    if len(raw) <= MAX_MARKER_BYTES:
+        raw = marker_json(raw)  # of a Parquet marker, the JSON in its footer
+    if raw is None:
+        return {}  # a Parquet marker cut mid-rewrite: no facts
+    facts = parse_json(path, raw, "the marker", name, MAX_MARKER_BYTES, invalid={})  # cut mid-rewrite: no facts
     if not isinstance(facts, dict):
         return {}
-    check_metadata(path, facts, "the marker", MARKER_NAME)
+    check_metadata(path, facts, "the marker", name)
     return facts
 
 

@@ -228,14 +228,14 @@ def _print_roofline(df, args, out):
         print("\nRoofline: N/A (no roof: record Tracer.set_bandwidth(tracer.memory_bandwidth()) on a CPU)", file=out)
         return
     bw, peak = table["peak_bytes_per_s"].iloc[0], table["peak_flops_per_s"].max()
-    print(f"\nRoofline, totals over all {df['step'].nunique()} step(s) (op time from busy_ns; bytes are algorithmic; "
+    print(f"\nRoofline, per step ({df['step'].nunique()} step(s) traced; op time from busy_ns; bytes are algorithmic; "
           f"roofs {human(peak, 'FLOP/s')}, {human(bw, 'B/s')})", file=out)  # fmt: skip
     shown = table.assign(op=table["op"].str.removeprefix("aten."), intensity=table["arithmetic_intensity"].round(2),
                          efficiency_pct=100 * table["efficiency"])  # fmt: skip
-    shown = shown[["op", "dtype", "ops", "flops", "bytes", "intensity", "time_s", "achieved_flops_per_s", "bound",
-                   "efficiency_pct"]]  # fmt: skip
-    shown = shown.rename(columns={"ops": "ops_total", "flops": "flops_total", "bytes": "bytes_total", "time_s": "time_total"})
-    formatters = {**column_formatters(shown), "bytes_total": human_bytes}
+    shown = shown[["op", "dtype", "ops_per_step", "flops_per_step", "bytes_per_step", "intensity", "time_s_per_step",
+                   "achieved_flops_per_s", "bound", "efficiency_pct"]]  # fmt: skip
+    shown = shown.rename(columns={"time_s_per_step": "time_per_step"})
+    formatters = {**column_formatters(shown), "bytes_per_step": human_bytes}
     above = shown["efficiency_pct"].astype("float64") > 100
     formatters["efficiency_pct"] = lambda v: "N/A" if v is None or v != v else f"{v:.1f}%" + ("*" if v > 100 else "")
     print(shown.to_string(index=False, formatters=formatters, na_rep="N/A"), file=out)

@@ -314,10 +314,10 @@ def plot_roofline(df, by="op", peak_flops=None, bandwidth=None, labels=8):
             _not_available(ax, run, f"no roof: the trace records no {missing}\n(Tracer.set_bandwidth(tracer.memory_bandwidth()), "
                                     "a known device, or peak_flops= / bandwidth=)")  # fmt: skip
             continue
-        drawn = t[(t["flops"] > 0) & (t["bytes"] > 0) & (t["time_s"] > 0)]
+        drawn = t[(t["flops_per_step"] > 0) & (t["bytes_per_step"] > 0) & (t["time_s_per_step"] > 0)]
         hidden = t.drop(drawn.index)
         x, y = drawn["arithmetic_intensity"].to_numpy(float), drawn["achieved_flops_per_s"].to_numpy(float)
-        share = drawn["time_s"].to_numpy(float) / max(t["time_s"].sum(), 1e-30)
+        share = drawn["time_s_per_step"].to_numpy(float) / max(t["time_s_per_step"].sum(), 1e-30)
         lo = min(x.min() / 3 if len(x) else 0.01, 0.01)
         hi = max(x.max() * 3 if len(x) else 1000, 1000)
         grid = np.geomspace(lo, hi, 200)
@@ -343,7 +343,7 @@ def plot_roofline(df, by="op", peak_flops=None, bandwidth=None, labels=8):
         _eng(ax, "FLOP/B", "FLOP/s")
         ax.set_xlabel("arithmetic intensity (FLOPs per algorithmic byte, FLOP/B)")
         ax.set_ylabel("achieved FLOP/s (FLOPs per second of op time)")
-        hidden_pct = 100 * hidden["time_s"].sum() / max(t["time_s"].sum(), 1e-30)
+        hidden_pct = 100 * hidden["time_s_per_step"].sum() / max(t["time_s_per_step"].sum(), 1e-30)
         ax.set_title(f"{run}: roofline by {by} (area: share of op time; {len(hidden)} kinds without FLOPs, "
                      f"{hidden_pct:.0f}% of time, not drawn)", fontsize=10)  # fmt: skip
         ax.grid(which="both", alpha=0.25)

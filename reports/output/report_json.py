@@ -117,14 +117,14 @@ def _roofline(df, top):
     table = table.head(top)
     if not table["bound"].ne("other").any():
         return {"available": False, "reason": "no roof: record Tracer.set_bandwidth(tracer.memory_bandwidth()) on a CPU"}
-    columns = ["op", "dtype", "ops", "flops", "bytes", "arithmetic_intensity", "time_s", "achieved_flops_per_s",
-               "attainable_flops_per_s", "bound", "efficiency"]  # fmt: skip
+    columns = ["op", "dtype", "ops_per_step", "flops_per_step", "bytes_per_step", "arithmetic_intensity", "time_s_per_step",
+               "achieved_flops_per_s", "attainable_flops_per_s", "bound", "efficiency"]  # fmt: skip
     rows = records(table, columns)
     for row in rows:
         row["above_roof"] = isinstance(row["efficiency"], (int, float)) and row["efficiency"] > 1
     return {
         "available": True,
-        "unit": "totals over all traced steps; time_s from busy_ns; bytes are algorithmic",
+        "unit": "per step; time_s_per_step from busy_ns; bytes are algorithmic",
         "peak_flops_per_s": json_value(table["peak_flops_per_s"].max()),
         "peak_bytes_per_s": json_value(table["peak_bytes_per_s"].iloc[0]),
         "rows": rows,

@@ -1,14 +1,20 @@
 """A roofline of every op: is each op kind limited by the device's FLOP/s or by its memory bandwidth?
 
-    flops                 analytic FLOPs (2 per multiply-add)
-    bytes                 bytes_read + bytes_written: ALGORITHMIC bytes, the tensors an
+Figures are per training step (reports/steps.py `per_step`: each phase's total over the
+steps it ran in, summed over phases), so they sit beside the breakdown's; k identical
+steps give exactly the figures of one.
+
+    ops_per_step          ops of the kind in a step
+    flops_per_step        analytic FLOPs (2 per multiply-add)
+    bytes_per_step        bytes_read + bytes_written: ALGORITHMIC bytes, the tensors an
                           op reads and writes, each once. Not DRAM traffic: caches,
                           fusion and recomputation inside a kernel change what
                           really moves. Views (is_view) count 0: they move nothing.
     arithmetic_intensity  flops / bytes (FLOPs per byte)
-    time_s                the ops' time: busy_ns (GPU time with the idle gap before the
+    time_s_per_step       the ops' time: busy_ns (GPU time with the idle gap before the
                           op removed, tracer/timing.py), else duration_ns
-    achieved_flops_per_s  flops / time_s; achieved_bytes_per_s: bytes / time_s
+    time_pct              the share of the step's op time
+    achieved_flops_per_s  flops / time; achieved_bytes_per_s: bytes / time
     attainable_flops_per_s min(peak FLOP/s, intensity x bandwidth): the roof above the op
     bound                 "compute" when intensity >= the ridge point (peak / bandwidth),
                           "memory" below it (every op that moves bytes and does no
@@ -38,7 +44,7 @@ from reports.errors import ReportError
 from reports.flops.peaks import normalize_dtype, peak_bandwidth, peak_flops
 from reports.loading.columns import cell_objects
 from reports.loading.load import require, runs_of
-from reports.steps import row_divisor, summable
+from reports.steps import per_step, row_divisor, step_phases, summable
 from reports.tables import combine, row_dtype_codes, several_runs, split_runs
 
 __all__ = ["BOUNDS", "roofline", "roofline_split", "roofline_with_split"]
@@ -48,7 +54,8 @@ _BY = {"op": ["op", "dtype"], "shape": ["op", "dtype", "input_shapes"], "module"
 _COLUMNS = ("run", "step", "phase", "op", "module", "flops", "bytes_read", "bytes_written",
             "duration_ns", "busy_ns", "input_dtypes", "output_dtypes", "is_view")  # fmt: skip
 _METRICS = {
-    "ops": "int64", "flops": "int64", "bytes": "int64", "arithmetic_intensity": "float64", "time_s": "float64",
+    "ops_per_step": "float64", "flops_per_step": "float64", "bytes_per_step": "float64", "arithmetic_intensity": "float64",
+    "time_s_per_step": "float64",
     "time_pct": "float64", "achieved_flops_per_s": "float64", "achieved_bytes_per_s": "float64",
     "peak_flops_per_s": "float64", "peak_bytes_per_s": "float64", "ridge_flops_per_byte": "float64",
     "attainable_flops_per_s": "float64", "bound": object, "efficiency": "float64",
@@ -63,6 +70,7 @@ def _rows(rows, shapes=False):
     time_s = rows["busy_ns"].to_numpy(dtype="float64", na_value=np.nan, copy=True)  # numpy throughout: few temporaries
     unbusy = np.isnan(time_s)
     time_s[unbusy] = rows["duration_ns"].to_numpy()[unbusy]
+    time_ns = time_s.astype(np.int64)  # integer ns: per-step sums exact before the one division
     time_s /= 1e9
     nbytes = rows["bytes_read"].to_numpy(np.int64) + rows["bytes_written"].to_numpy(np.int64)
     nbytes[rows["is_view"].to_numpy(dtype=bool)] = 0
@@ -74,6 +82,7 @@ def _rows(rows, shapes=False):
         "flops": summable(rows["flops"].to_numpy(np.int64)),  # float64 where an int64 sum could wrap
         "bytes": nbytes,
         "time_s": time_s,
+        "time_ns": time_ns,
         "per_step": per_step,
     }, index=rows.index, copy=False)
     if shapes:
@@ -119,17 +128,17 @@ def _check(value, what):
 
 
 def _prepared(df, peak_flops, bandwidth, shapes):
-    """Per run: (run, its row table from _rows, {dtype: peak FLOP/s}, bandwidth); (run, None, None, None)
-    for a run with no rows. Both tables are built from this, so a report that shows both prepares once."""
+    """Per run: (run, its row table from _rows, {dtype: peak FLOP/s}, bandwidth, its step_phases for
+    per_step); (run, None, None, None, None) for a run with no rows. Both tables are built from this, so a report that shows both prepares once."""
     runs = runs_of(df)
     out = []
     for run, rows in split_runs(df):
         if not len(rows):
-            out.append((run, None, None, None))
+            out.append((run, None, None, None, None))
             continue
         r = _rows(rows, shapes=shapes)
         peaks, bw = _roofs(runs[run], r["dtype"].cat.categories, peak_flops, bandwidth)
-        out.append((run, r, peaks, bw))
+        out.append((run, r, peaks, bw, step_phases(rows)))
     return out
 
 
@@ -145,7 +154,7 @@ def roofline(df, by="op", peak_flops=None, bandwidth=None):
     innermost module (by="module"), most time first, with the columns of the module docstring.
 
     A group's roof is that of the dtype carrying most of its FLOPs (most bytes when it
-    has none). Figures are totals over the trace; `time_pct` is the share of the run's
+    has none). Figures are per step (`*_per_step`); `time_pct` is the share of the step's
     op time."""
     _check_by(by, peak_flops, bandwidth)
     require(df, _COLUMNS + (("input_shapes",) if by == "shape" else ()), "roofline")
@@ -175,21 +184,27 @@ def roofline_with_split(df, by="op", peak_flops=None, bandwidth=None):
 def _roofline_table(df, prepared, by):
     keys = _BY[by]
     frames = []
-    for run, r, peaks, bw in prepared:
+    for run, r, peaks, bw, phases in prepared:
         if r is None:
             frames.append((run, pd.DataFrame(columns=keys + list(_METRICS))))
             continue
         g = r.groupby(keys, sort=False, observed=True)
-        t = g.agg(ops=("flops", "size"), flops=("flops", "sum"), bytes=("bytes", "sum"), time_s=("time_s", "sum"))
-        t = t.reset_index()
+        t = g.size().reset_index()[keys]  # the groups, in order of first appearance: ngroup's numbering
+        group = pd.Series(g.ngroup().to_numpy(), index=r.index)
+        for name, values in (("ops_per_step", pd.Series(1, index=r.index)), ("flops_per_step", r["flops"]),
+                             ("bytes_per_step", r["bytes"]), ("time_s_per_step", r["time_ns"])):  # fmt: skip
+            t[name] = per_step(r, values=values, by=group, phases=phases).reindex(range(len(t))).to_numpy()
+        t["time_s_per_step"] /= 1e9
         weight = r["flops"].where(r["flops"] > 0, 0) * 1e3 + r["bytes"] * 1e-9  # FLOPs first, bytes break ties
         heaviest = weight.groupby([r[k] for k in keys], sort=False, observed=True).idxmax()  # in the groups' order, as t
         dtype = r.loc[heaviest.to_numpy(), "dtype"].to_numpy()
         if by == "module":
             t.insert(1, "dtype", dtype)
-        t["time_pct"] = 100 * t["time_s"] / r["time_s"].sum() if r["time_s"].sum() > 0 else np.nan
+        step_time = t["time_s_per_step"].sum()
+        t["time_pct"] = 100 * t["time_s_per_step"] / step_time if step_time > 0 else np.nan
         peak = np.array([peaks.get(d, np.nan) for d in dtype], dtype=float)
-        flops, nbytes, seconds = t["flops"].to_numpy(float), t["bytes"].to_numpy(float), t["time_s"].to_numpy(float)
+        flops, nbytes = t["flops_per_step"].to_numpy(float), t["bytes_per_step"].to_numpy(float)
+        seconds = t["time_s_per_step"].to_numpy(float)
         with np.errstate(divide="ignore", invalid="ignore"):
             t["arithmetic_intensity"] = np.where(nbytes > 0, flops / nbytes, np.nan)
             t["achieved_flops_per_s"] = np.where(seconds > 0, flops / seconds, np.nan)
@@ -203,7 +218,7 @@ def _roofline_table(df, prepared, by):
             t["efficiency"] = np.where(
                 bound == "compute", t["achieved_flops_per_s"] / peak,
                 np.where(bound == "memory", t["achieved_bytes_per_s"] / bw, np.nan))  # fmt: skip
-        t = t.sort_values("time_s", ascending=False, kind="stable")
+        t = t.sort_values("time_s_per_step", ascending=False, kind="stable")
         frames.append((run, t))
     columns = keys + (["dtype"] if by == "module" else []) + list(_METRICS)
     dtypes = {**{k: object for k in columns if k not in _METRICS}, **_METRICS}
@@ -212,7 +227,7 @@ def _roofline_table(df, prepared, by):
 
 def _split_table(df, prepared):
     frames = []
-    for run, r, peaks, bw in prepared:
+    for run, r, peaks, bw, _ in prepared:
         if r is None:
             frames.append((run, pd.DataFrame({"bound": list(BOUNDS)})))
             continue
