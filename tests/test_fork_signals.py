@@ -281,3 +281,25 @@ def test_a_full_disk_under_w_error_lets_training_finish(tmp_path):
     meta = read_metadata(path)  # 6 steps of 16 ops (ones, 4 forward, 9 backward, 2 SGD adds) = 96 rows; 96 - 8 = 88 lost
     assert meta["rows"] == 8 and meta["lost_rows"] == 88 and meta["complete"] is False  # rows: written
     assert len(pd.read_parquet(path)) == 8
+
+
+def test_a_soft_file_lock_warning_under_w_error(tmp_path):
+    # filelock warns where the file system has no flock; that warning must not stop the Tracer under -W error
+    path = tmp_path / "t"
+    proc = run(tmp_path, f"""
+    import warnings, filelock, torch
+    from tracer import Tracer
+
+    acquire = filelock.FileLock.acquire
+    def soft(self, *args, **kwargs):
+        warnings.warn("no flock here: a soft lock")
+        return acquire(self, *args, **kwargs)
+    filelock.FileLock.acquire = soft
+
+    with Tracer({str(path)!r}):
+        y = torch.ones(2) + 1
+    print(y.tolist())
+    """, "-W", "error")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "[2.0, 2.0]\n"
+    assert proc.stderr == f"UserWarning: optrace: trace {str(path)!r}: no flock here: a soft lock\n"

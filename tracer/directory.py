@@ -22,10 +22,12 @@ import json
 import os
 import re
 import uuid
+import warnings
 
 import pyarrow.parquet as pq
 
 from tracer.errors import TraceError
+from tracer.safety import warn
 from tracer.schema import LEGACY_MARKER_NAME, MARKER_NAME, PART_GLOB, footer_metadata, marker_facts, marker_file
 
 LOCK_NAME = ".optrace.lock"
@@ -234,10 +236,14 @@ def _lock(path):
 
     lock = FileLock(os.path.join(path, LOCK_NAME), timeout=0, thread_local=False)
     try:
-        lock.acquire()
+        with warnings.catch_warnings(record=True) as caught:  # filelock warns where flock is missing:
+            warnings.simplefilter("always")  # passed on through optrace's warning, which -W error cannot raise
+            lock.acquire()
     except Timeout:
         raise TraceError(
             f"cannot write trace {path!r}: another process is writing it (it holds the lock {LOCK_NAME}); "
             "choose another path or wait for it to finish"
         ) from None
+    for caught_warning in caught:
+        warn(f"optrace: trace {path!r}: {caught_warning.message}")
     _held[os.path.abspath(path)] = lock
