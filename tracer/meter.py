@@ -28,6 +28,7 @@ written with every traced step, after 16, 32, 64, ... metered steps (a killed ru
 at least half of its table; the table costs about 40 bytes a step) and at close.
 """
 
+import atexit
 import threading
 import time
 
@@ -146,6 +147,7 @@ class Meter:
             raise
         self._tracing, self._first_row_step, self._reclock = True, 0, False
         self._began = time.perf_counter()
+        atexit.register(self.close)  # a loop that never calls close() still gets its table written
 
     # hooks: what the step ran ---------------------------------------------------------
     def _seen(self, module, args):
@@ -283,6 +285,7 @@ class Meter:
         if self._closed:
             return
         self._closed = True
+        atexit.unregister(self.close)
         self._remove_hooks()
         tr = self._tracer
         try:
