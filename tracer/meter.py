@@ -136,10 +136,8 @@ class Meter:
         self._pending = {}  # signature -> steps that ran with it before its trace
         self._modules, self._inputs = set(), []
         self._next_write, self._closed, self._sync, self._use_sync = _FIRST_WRITE, False, None, sync
-        self._handles = [register_module_forward_pre_hook(self._seen)]
-        self._root_hooked = self._root is not None
-        if self._root_hooked:
-            self._handles.append(self._root.register_forward_pre_hook(self._root_inputs, with_kwargs=True))
+        self._handles = []
+        self._install_hooks()
         try:
             self._tracer.__enter__()
         except BaseException:
@@ -274,12 +272,19 @@ class Meter:
         self._tracer._meta["meter"] = self.table()
         self._tracer._flush()
 
-    # closing ---------------------------------------------------------------------------
+    # hooks on and off (benchmarks/meter.py times steps without them in the same run) ---------
+    def _install_hooks(self):
+        self._handles.append(register_module_forward_pre_hook(self._seen))
+        self._root_hooked = self._root is not None
+        if self._root_hooked:
+            self._handles.append(self._root.register_forward_pre_hook(self._root_inputs, with_kwargs=True))
+
     def _remove_hooks(self):
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
 
+    # closing ---------------------------------------------------------------------------
     def close(self, exc=None):
         """Write the table and close the trace (a step not ended by `step()` stays out of the table)."""
         if self._closed:
