@@ -210,8 +210,8 @@ class Meter:
                 self._pending.setdefault(signature, []).append(index)
         for key, value in zip(self._steps, (index, seconds, tokens, -1 if trace is None else trace, traced)):
             self._steps[key].append(value)
-        if not traced and trace is None:  # new shapes or modules: trace the next step
-            self._reclock = True
+        if not traced and trace is None and not self.errors:  # new shapes or modules: trace the next step
+            self._reclock = True  # (after a failure, never again: the meter goes on timing steps)
             self._tracer._resume()
             self._tracing = True
         elif not traced and index + 1 >= self._next_write:
