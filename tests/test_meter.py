@@ -133,6 +133,25 @@ def test_a_branch_taken_sometimes_retraces_once(tmp_path):
     assert losses == run(tmp_path / "plain", [2] * 6, branches, metered=False)[0]
 
 
+def test_with_begin_an_evaluation_between_steps_stays_out_of_the_retrace(tmp_path):
+    torch.manual_seed(0)
+    net = Net()
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    m = Meter(tmp_path / "eval", model=net, tokens=2, peak_flops=PEAK)
+    found = []
+    for b in (2, 2, 3, 3):
+        m.begin()
+        net(torch.randn(b, 8)).square().sum().backward()
+        opt.step()
+        opt.zero_grad()
+        found.append(m.step())
+        with torch.no_grad():  # an evaluation between steps: neither timed nor traced
+            net(torch.randn(5, 8))
+    m.close()
+    assert [f["traced"] for f in found] == [True, False, False, True]
+    assert [f["model_flops"] for f in found] == [1896, 1896, None, 2844]  # 948 · 2, 948 · 3
+
+
 def test_checkpoint_recompute_is_hardware_not_model_flops(tmp_path):
     _, figures = run(tmp_path / "ckpt", [2, 2], ckpt=True)
     # checkpointing re-runs fc1 and relu in the backward: 2·2·8·16 + 2·16 = 544

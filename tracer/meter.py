@@ -144,6 +144,7 @@ class Meter:
             self._remove_hooks()
             raise
         self._tracing, self._first_row_step, self._reclock = True, 0, False
+        self._begins = self._retrace = False  # begin() has been called; a trace waits for the next begin()
         self._began = time.perf_counter()
         atexit.register(self.close)  # a loop that never calls close() still gets its table written
 
@@ -168,9 +169,19 @@ class Meter:
         return time.perf_counter()
 
     def begin(self):
-        """Mark the start of a step (optional: without it a step starts where the last one ended)."""
+        """Mark the start of a step (optional: without it a step starts where the last one ended). Once it
+        has been called, a step to be traced is traced from the next begin(), so what runs between
+        steps (an evaluation) stays out of its FLOPs as out of its time."""
         if self._closed:
             return
+        self._begins = True
+        if self._retrace:  # a step traced from here: what ran between steps stays out of its FLOPs
+            self._retrace = False
+            try:
+                self._tracer._resume()
+                self._tracing = True
+            except Exception as exc:
+                self._failed(exc)
         self._modules.clear()
         self._inputs.clear()
         self._began = self._clock()
@@ -184,15 +195,18 @@ class Meter:
         try:
             return self._end_step(now - self._began, tokens if tokens is not None else self.tokens)
         except Exception as exc:
-            self.errors += 1
-            if self.errors == 1:
-                warn(f"optrace: meter: could not meter a step ({type(exc).__name__}: {exc}); the program runs on")
+            self._failed(exc)
             return None
         finally:  # the next step starts now (after a trace or a table write: once that work is done)
             self._modules.clear()
             self._inputs.clear()
             self._began = self._clock() if self._reclock else now
             self._reclock = False
+
+    def _failed(self, exc):
+        self.errors += 1
+        if self.errors == 1:
+            warn(f"optrace: meter: could not meter a step ({type(exc).__name__}: {exc}); the program runs on")
 
     def _end_step(self, seconds, tokens):
         signature = (tuple(self._inputs), frozenset(self._modules))
@@ -212,8 +226,11 @@ class Meter:
             self._steps[key].append(value)
         if not traced and trace is None and not self.errors:  # new shapes or modules: trace the next step
             self._reclock = True  # (after a failure, never again: the meter goes on timing steps)
-            self._tracer._resume()
-            self._tracing = True
+            if self._begins:  # at the next begin()
+                self._retrace = True
+            else:
+                self._tracer._resume()
+                self._tracing = True
         elif not traced and index + 1 >= self._next_write:
             self._next_write *= 2
             self._reclock = True
