@@ -91,6 +91,14 @@ def test_fixed_shapes_reuse_the_traced_flops_and_give_the_traced_mfu(tmp_path):
     assert losses == run(tmp_path / "plain", [2, 2, 2, 2], metered=False)[0]  # the program's numbers are unchanged
 
 
+def test_warmup_steps_run_untraced_and_get_the_later_trace_s_flops(tmp_path):
+    _, figures = run(tmp_path / "warm", [2, 2, 2, 2], warmup=2)
+    assert [f["traced"] for f in figures] == [False, False, True, False]
+    assert [f["model_flops"] for f in figures] == [None, None, 1896, 1896]  # 948 · 2, once traced
+    assert reports.meter(tmp_path / "warm")["model_flops"].tolist() == [1896] * 4
+    assert reports.load(tmp_path / "warm")["step"].nunique() == 1
+
+
 def test_a_batch_change_retraces_exactly_one_step(tmp_path):
     path = tmp_path / "shapes"
     losses, figures = run(path, [2, 2, 3, 3, 3])
@@ -233,6 +241,8 @@ def test_a_failing_meter_warns_once_and_the_program_runs_on(tmp_path, monkeypatc
 def test_bad_input_is_one_line():
     with pytest.raises(TraceError, match="Meter: peak_flops must be FLOP/s > 0 or None, got -1"):
         Meter("unused", peak_flops=-1)
+    with pytest.raises(TraceError, match=r"Meter: warmup must be an int >= 0 \(steps run before the first trace\), got -2"):
+        Meter("unused", warmup=-2)
     with pytest.raises(ReportError, match="meter: expected a trace path or a DataFrame from reports.load, got int"):
         reports.meter(3)
 

@@ -116,13 +116,16 @@ class Meter:
         meter.close()                            # or `with Meter(...) as meter:`
 
     path, model, run_name and any other keyword go to the `Tracer`. Metering starts when the
-    Meter is made: the first step is traced from there. `step()` ends a step and returns its
+    Meter is made: the first step is traced from there, or the step after `warmup` untraced
+    steps (a compiled model's first steps; they get the FLOPs of the trace of their signature). `step()` ends a step and returns its
     figures; `begin()` (optional) marks where a step begins, so that time between steps
     (evaluation, checkpoints, logging) is left out. `peak_flops` (FLOP/s) overrides the table.
     One Meter (like one Tracer) is active per process, from its making to `close()`.
     Bookkeeping failures become a warning and a count (`errors`); the program runs on."""
 
-    def __init__(self, path, *, model=None, tokens=None, peak_flops=None, sync=True, **tracer_kwargs):
+    def __init__(self, path, *, model=None, tokens=None, peak_flops=None, warmup=0, sync=True, **tracer_kwargs):
+        if not isinstance(warmup, int) or isinstance(warmup, bool) or warmup < 0:
+            raise TraceError(f"Meter: warmup must be an int >= 0 (steps run before the first trace), got {warmup!r}")
         if peak_flops is not None and (isinstance(peak_flops, bool) or not isinstance(peak_flops, (int, float))
                                        or not peak_flops > 0):
             raise TraceError(f"Meter: peak_flops must be FLOP/s > 0 or None, got {peak_flops!r}")
@@ -143,7 +146,12 @@ class Meter:
         except BaseException:
             self._remove_hooks()
             raise
+        self.warmup = warmup
         self._tracing, self._first_row_step, self._reclock = True, 0, False
+        if warmup:  # the first steps run untraced (compilation, autotuning, lazy state): timed, FLOPs from a later trace
+            self._tracer._pause()
+            self._tracing = False
+            self._sync = _sync_for(self._tracer._device) if sync else None
         self._begins = self._retrace = False  # begin() has been called; a trace waits for the next begin()
         self._began = time.perf_counter()
         atexit.register(self.close)  # a loop that never calls close() still gets its table written
@@ -224,7 +232,7 @@ class Meter:
                 self._pending.setdefault(signature, []).append(index)
         for key, value in zip(self._steps, (index, seconds, tokens, -1 if trace is None else trace, traced)):
             self._steps[key].append(value)
-        if not traced and trace is None and not self.errors:  # new shapes or modules: trace the next step
+        if not traced and trace is None and not self.errors and index + 1 >= self.warmup:  # new: trace the next step
             self._reclock = True  # (after a failure, never again: the meter goes on timing steps)
             if self._begins:  # at the next begin()
                 self._retrace = True
