@@ -344,3 +344,43 @@ def test_hf_trainer_callback_logs_mfu_for_every_metered_step(tmp_path):
     trainer = transformers.Trainer(model=model, args=args, train_dataset=data, callbacks=[callback])
     trainer.train()
     _check_hf_logs(trainer.state.log_history, tmp_path / "hf")
+
+
+def test_lightning_callback_with_a_stand_in_lightning(tmp_path, monkeypatch):
+    """Lightning is not installed here: a stand-in `lightning.pytorch` with a plain Callback base runs the
+    callback's logic as Lightning calls it, with 2 micro-batches accumulated per optimizer step."""
+    import importlib.util
+    import types
+
+    fake = types.ModuleType("lightning.pytorch")
+    fake.Callback = object
+    monkeypatch.setitem(sys.modules, "lightning", types.ModuleType("lightning"))
+    monkeypatch.setitem(sys.modules, "lightning.pytorch", fake)
+    spec = importlib.util.spec_from_file_location("meter_callbacks_copy", meter_module.__file__.replace("meter.py", "meter_callbacks.py"))
+    callbacks = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(callbacks)  # a copy: the real module keeps its import-time view
+
+    class Module(Net):
+        logged = []
+
+        def log_dict(self, values, **kwargs):
+            self.logged.append(values)
+
+    torch.manual_seed(0)
+    net = Module()
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    trainer = types.SimpleNamespace(accumulate_grad_batches=2)
+    cb = callbacks.LightningMeter(tmp_path / "pl", tokens=4, peak_flops=PEAK)
+    cb.on_train_start(trainer, net)
+    for i in range(6):
+        cb.on_train_batch_start(trainer, net, None, i)
+        net(torch.randn(2, 8)).square().sum().backward()
+        if i % 2:
+            opt.step()
+            opt.zero_grad()
+        cb.on_train_batch_end(trainer, net, None, None, i)
+    cb.on_train_end(trainer, net)
+    assert len(net.logged) == 2 and all(d["mfu"] > 0 for d in net.logged)  # the metered steps 1 and 2
+    table = reports.meter(tmp_path / "pl")
+    # two micro-batches of 948 · 2, and the second one's gradients added into the first's: 8·16 + 16·4
+    assert table["model_flops"].tolist() == [2 * 1896 + 192] * 3

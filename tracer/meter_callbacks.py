@@ -7,8 +7,8 @@ the framework's logger and closes the trace when training ends.
 
     trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=[MeterCallback("runs/hf")])
 
-Logged keys: `mfu`, `hfu`, `step_time_s`, `tokens_per_s` (those known: a traced step has
-no MFU, its time being traced time).
+Logged keys: `mfu`, `hfu`, `step_time_s`, `tokens_per_s` (those known; nothing for a traced
+step, whose time is traced time).
 """
 
 import importlib
@@ -26,8 +26,11 @@ except ImportError:  # the class still imports; the Trainer is what needs transf
 
 
 def logged(figures):
-    """The figures `Meter.step` returned that a logger takes: the LOGGED keys that are known."""
-    return {key: figures[key] for key in LOGGED if figures and figures.get(key) is not None}
+    """The figures `Meter.step` returned that a logger takes: the LOGGED keys that are known; none for a
+    traced step (its time is traced time)."""
+    if not figures or figures.get("traced"):
+        return {}
+    return {key: figures[key] for key in LOGGED if figures.get(key) is not None}
 
 
 class MeterCallback(_TrainerCallback):
@@ -83,7 +86,7 @@ def _lightning():
 
 
 _pl = _lightning()
-if _pl is not None:  # NB: untested here (Lightning is not a dependency)
+if _pl is not None:  # tests/test_meter.py runs it against a stand-in lightning.pytorch (Lightning is not a dependency)
     __all__.append("LightningMeter")
 
     class LightningMeter(_pl.Callback):
