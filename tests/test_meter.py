@@ -194,7 +194,8 @@ def test_fused_attention_and_dtype_as_reports_mfu_count_them(tmp_path):
     assert f["mfu"] == pytest.approx(traced["mfu"], rel=1e-12)  # the CPU's ideal peak, looked up on both sides
 
 
-def test_the_table_is_written_while_the_run_goes_on(tmp_path):
+def test_the_table_is_written_while_the_run_goes_on(tmp_path, monkeypatch):
+    monkeypatch.setattr(meter_module, "_FIRST_WRITE_S", 0.0)  # at the first metered step, then at twice the age
     torch.manual_seed(0)
     net = nn.Linear(4, 2, bias=False)
     m = Meter(tmp_path / "long", model=net, peak_flops=PEAK)
@@ -202,7 +203,8 @@ def test_the_table_is_written_while_the_run_goes_on(tmp_path):
         net(torch.ones(1, 4)).sum().backward()
         net.zero_grad()
         m.step()
-    assert tracer.read_metadata(tmp_path / "long")["meter"]["steps"]["step"] == list(range(16))  # after 16 metered
+    written = tracer.read_metadata(tmp_path / "long")["meter"]["steps"]["step"]
+    assert written == list(range(len(written))) and 2 <= len(written) <= 17  # step 1's write at least
     m.close()
     assert len(reports.meter(tmp_path / "long")) == 17
 

@@ -24,8 +24,9 @@ trace's FLOPs in the stored table).
                   that carries most matmul FLOPs (the table reports.mfu uses).
 
 The per-step table goes to the trace's run metadata under `meter` (see `table`),
-written with every traced step, after 16, 32, 64, ... metered steps (a killed run keeps
-at least half of its table; the table costs about 40 bytes a step) and at close.
+written with every traced step, 60 s into the run and then each time the run has doubled
+its age (log2 writes: a killed run keeps the table of at least half its steps; the table
+costs about 40 bytes a step), and at close.
 """
 
 import atexit
@@ -48,7 +49,7 @@ __all__ = ["Meter"]
 
 _READ = ["step", "op", "phase", "flops", "flop_kind", "recompute", "input_shapes", "input_dtypes"]
 _ADD_FIRST = frozenset("addmm addmv addr baddbmm addbmm".split())  # inputs added, not multiplied: the first
-_FIRST_WRITE = 16  # the table is written after 16, 32, 64, ... metered steps
+_FIRST_WRITE_S = 60.0  # the table is written 60 s into the run, then each time the run has doubled its age
 
 
 def _sync_for(device):
@@ -138,7 +139,7 @@ class Meter:
         self._steps = {"step": [], "step_time_s": [], "tokens": [], "trace": [], "traced": []}
         self._pending = {}  # signature -> steps that ran with it before its trace
         self._modules, self._inputs = set(), []
-        self._next_write, self._closed, self._sync, self._use_sync = _FIRST_WRITE, False, None, sync
+        self._next_write, self._closed, self._sync, self._use_sync = _FIRST_WRITE_S, False, None, sync
         self._handles = []
         self._install_hooks()
         try:
@@ -153,7 +154,7 @@ class Meter:
             self._tracing = False
             self._sync = _sync_for(self._tracer._device) if sync else None
         self._begins = self._retrace = False  # begin() has been called; a trace waits for the next begin()
-        self._began = time.perf_counter()
+        self._began = self._started = time.perf_counter()
         atexit.register(self.close)  # a loop that never calls close() still gets its table written
 
     # hooks: what the step ran ---------------------------------------------------------
@@ -201,7 +202,7 @@ class Meter:
             return None
         now = self._clock()
         try:
-            return self._end_step(now - self._began, tokens if tokens is not None else self.tokens)
+            return self._end_step(now - self._began, tokens if tokens is not None else self.tokens, now)
         except Exception as exc:
             self._failed(exc)
             return None
@@ -216,7 +217,7 @@ class Meter:
         if self.errors == 1:
             warn(f"optrace: meter: could not meter a step ({type(exc).__name__}: {exc}); the program runs on")
 
-    def _end_step(self, seconds, tokens):
+    def _end_step(self, seconds, tokens, now):
         signature = (tuple(self._inputs), frozenset(self._modules))
         index = len(self._steps["step"])
         traced = self._tracing
@@ -239,8 +240,8 @@ class Meter:
             else:
                 self._tracer._resume()
                 self._tracing = True
-        elif not traced and index + 1 >= self._next_write:
-            self._next_write *= 2
+        elif not traced and now - self._started >= self._next_write:
+            self._next_write = 2 * (now - self._started)
             self._reclock = True
             self._write()
         return self.figures(index)
