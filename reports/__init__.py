@@ -6,6 +6,7 @@ from reports.distributed.ranks import imbalance, ranks
 from reports.errors import ReportError
 from reports.flops.breakdown import breakdown, explain
 from reports.flops.coverage import uncounted
+from reports.flops.meter import meter
 from reports.flops.mfu import mfu
 from reports.loading.load import load
 from reports.memory.memory import by_category, peak, storages, timeline
@@ -19,7 +20,7 @@ from reports.time.roofline import roofline, roofline_split
 __all__ = [
     "ReportError", "load",
     "by_op", "by_module", "by_phase", "by_step", "by_dtype",
-    "breakdown", "explain", "mfu", "per_step",
+    "breakdown", "explain", "mfu", "per_step", "meter",
     "peak", "timeline", "by_category", "storages", "memory_by_dtype",
     "views", "copies", "compare", "uncounted",
     "roofline", "roofline_split",

@@ -3,10 +3,12 @@
 Imports are lazy so that `reports` can read the trace schema without loading torch.
 """
 
-__all__ = ["Tracer", "TraceError", "matmul_ceiling", "memory_bandwidth", "read_metadata", "register_flop_formula", "time_matmul", "time_step"]
+__all__ = ["Meter", "MeterCallback", "Tracer", "TraceError", "matmul_ceiling", "memory_bandwidth", "read_metadata", "register_flop_formula", "time_matmul", "time_step"]
 
 _HOME = {
     "Tracer": "tracer.mode",
+    "Meter": "tracer.meter",
+    "MeterCallback": "tracer.meter_callbacks",
     "TraceError": "tracer.errors",
     "register_flop_formula": "tracer.flops",
     "read_metadata": "tracer.schema",

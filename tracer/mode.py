@@ -241,6 +241,28 @@ class Tracer:
         self._roles.gradients(self.model.parameters() if self.model is not None else ())
         self._steps.mark()
 
+    # pausing (tracer/meter.py traces some steps of a run and meters the rest) -------------
+    def _pause(self):
+        """End the step, write the rows so far as a part and stop recording until `_resume`: the
+        dispatch mode and every hook come off; the trace stays open and this Tracer the active one."""
+        self.step()
+        self._flush()
+        try:
+            if self._attention is not None:
+                self._attention.__exit__(None, None, None)
+        finally:
+            self._mode.__exit__(None, None, None)
+            self._attr.remove()
+            self._unsharded.remove()
+
+    def _resume(self):
+        """Record again after `_pause`: the next forward work begins a new step."""
+        self._attr.install()
+        self._unsharded.install()
+        self._mode.__enter__()
+        if self._attention is not None:
+            self._attention.__enter__()
+
     @property
     def current_step(self):
         return self._attr.step if self._writer is not None else 0

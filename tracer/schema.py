@@ -165,6 +165,7 @@ ARROW_SCHEMA = pa.schema([pa.field(name, typ) for name, typ, _ in COLUMNS])
 #   failed write: file and OS error), compiled (torch.compile ran eagerly),
 #   timing {mode: events | sync | wall | off, unresolved_rows}, bandwidth (the
 #   memory triad tracer.memory_bandwidth measured, when recorded).
+#   meter: a metered run's per-step table (tracer/meter.py Meter.table; README: Metering every step).
 
 ROLE_KEYS = ("gradient", "optimizer_state", "external_parameter")
 # Size records kept in storage_roles beside the id lists (tracer/metadata.py): key -> the fields of each record.

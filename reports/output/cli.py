@@ -45,6 +45,7 @@ def summary(df, peak_tflops=None, step_time_s=None, ranks_present=None, top=8):
     from reports.flops.breakdown import breakdown
     from reports.flops.mfu import mfu
     from reports.memory.memory import peak
+    from reports.flops.meter import meter_summary
     from reports.steps import count_steps
 
     (run, meta), *_ = df.attrs["runs"].items()
@@ -83,6 +84,7 @@ def summary(df, peak_tflops=None, step_time_s=None, ranks_present=None, top=8):
         "distributed": job_summary(df, len(df.attrs["runs"]) if ranks_present is None else ranks_present),
         "untraced_optimizer_steps": int(meta.get("untraced_optimizer_steps") or 0),  # compiled before the trace
         "cycles_without_step": int(meta.get("cycles_without_step") or 0),  # iterations no step boundary split
+        "meter": meter_summary(df),  # a metered run's per-step figures (tracer/meter.py); null without
         **sections(df, meta, accounts, peak_tflops, step_time_s, top),
     }
 
@@ -270,6 +272,7 @@ def _report(args):
     from reports.distributed.ranks import first_rank, is_multi_rank, rank_summary
     from reports.loading.load import rank_paths, ranks_present
     from reports.output.distributed import print_job, print_ranks
+    from reports.output.meter import print_meter
 
     list_parts(args.trace)  # a directory that cannot be listed: one line, before the ranks are looked for
     unused = _REPORT_UNUSED  # --json holds every section too
@@ -290,6 +293,7 @@ def _report(args):
         print(json.dumps(strict({**found, **extra}), indent=2, allow_nan=False))
     else:
         _print_report(df, args, sys.stdout)
+        print_meter(df, sys.stdout)  # a metered run's per-step figures (reports/output/meter.py)
         print_job(df, ranks_present(args.trace), sys.stdout)
         if is_multi_rank(everyone):
             print_ranks(everyone, sys.stdout)

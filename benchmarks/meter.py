@@ -1,0 +1,137 @@
+"""Overhead of a metered step (tracer.meter.Meter) over an untraced step, on the example GPT, in one run.
+
+    .venv/bin/python benchmarks/meter.py [--rounds 30] [--steps 10] [--batch 8]
+
+The Meter traces the first step, then every step pays its hooks (a global module forward
+pre-hook and one on the root module) and `meter.step()` (a clock read, the signature
+compared, the figures). Rounds interleave the two: `--steps` untraced steps with the
+meter's hooks off, then `--steps` metered steps with them on (the order alternates
+between rounds), each step timed by this script's own clock around the training step
+and, for metered steps, `meter.step()`. Per round, the ratio of the metered median
+to the untraced median; the figure is the median ratio over rounds with its
+interquartile range and range. The mean ratio counts the table writes (60 s into the
+run, then at each doubling of its age), which medians leave out; `--write-cost` times
+one write of the table as it stands at the end.
+"""
+
+import argparse
+import gc
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "examples"))
+
+from gpt import GPT, GPTConfig, make_batch, make_optimizer, train_step  # noqa: E402
+
+from tracer.meter import Meter  # noqa: E402
+
+
+def quantiles(values):
+    q = statistics.quantiles(values, n=4)
+    return q[0], statistics.median(values), q[2]
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--steps", type=int, default=10, help="steps of each kind per round")
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--write-cost", action="store_true", help="also time writing the table (a metadata-only part)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1: a shared 2-core VM)")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+
+    torch.manual_seed(0)
+    cfg = GPTConfig()
+    model = GPT(cfg)
+    opt = make_optimizer(model)
+    idx, targets = make_batch(cfg, args.batch)
+    for _ in range(3):  # warm-up, untraced
+        train_step(model, opt, idx, targets)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        meter = Meter(Path(tmp) / "meter", model=model, tokens=args.batch * cfg.seq_len)
+        train_step(model, opt, idx, targets)
+        meter.step()  # the traced step
+        spent = {"hooks": 0.0, "step": 0.0, "calls": 0, "each": []}  # the meter's own work, timed inside it
+
+        def timed(fn):
+            def wrapper(*a, **k):
+                start = time.perf_counter()
+                fn(*a, **k)
+                spent["hooks"] += time.perf_counter() - start
+                spent["calls"] += 1
+
+            return wrapper
+
+        meter._remove_hooks()
+        meter._seen, meter._root_inputs = timed(meter._seen), timed(meter._root_inputs)
+        meter._install_hooks()
+        ratios, means, plain_all, metered_all, overhead_us = [], [], [], [], []
+        for r in range(args.rounds):
+            gc.collect()
+            times = {}
+            for kind in (("plain", "metered") if r % 2 == 0 else ("metered", "plain")):
+                if kind == "plain":
+                    meter._remove_hooks()
+                taken = []
+                for _ in range(args.steps):
+                    start = time.perf_counter()
+                    train_step(model, opt, idx, targets)
+                    if kind == "metered":
+                        inner = time.perf_counter()
+                        meter.step()
+                        spent["each"].append(time.perf_counter() - inner)
+                        spent["step"] += spent["each"][-1]
+                    taken.append(time.perf_counter() - start)
+                if kind == "plain":
+                    meter._install_hooks()
+                    meter.begin()  # the plain steps are not the next metered step's time
+                times[kind] = taken
+            plain, metered = statistics.median(times["plain"]), statistics.median(times["metered"])
+            ratios.append(metered / plain)
+            means.append(statistics.fmean(times["metered"]) / statistics.fmean(times["plain"]))
+            overhead_us.append((metered - plain) * 1e6)
+            plain_all += times["plain"]
+            metered_all += times["metered"]
+        table = meter.table()
+        if args.write_cost:
+            writes = []
+            for _ in range(5):
+                start = time.perf_counter()
+                meter._write()
+                writes.append(time.perf_counter() - start)
+        meter.close()
+
+    lo, mid, hi = quantiles(ratios)
+    print(f"example GPT (batch {args.batch}, seq {cfg.seq_len}, {cfg.n_layer} layers, d {cfg.d_model}), "
+          f"{args.rounds} rounds x {args.steps} steps of each kind, torch {torch.__version__}, "
+          f"{torch.get_num_threads()} threads")
+    print(f"untraced step: median {statistics.median(plain_all) * 1e3:.2f} ms; metered step: median "
+          f"{statistics.median(metered_all) * 1e3:.2f} ms")
+    print(f"metered / untraced, per round: median {mid:.4f} (IQR {lo:.4f}-{hi:.4f}, range {min(ratios):.4f}-{max(ratios):.4f})")
+    print(f"  mean ratio (table writes included): median {statistics.median(means):.4f}")
+    lo, mid, hi = quantiles(overhead_us)
+    print(f"  overhead per step: median {mid:.0f} us (IQR {lo:.0f} to {hi:.0f})")
+    n = len(metered_all)
+    own = (spent["hooks"] + spent["step"]) / n
+    print(f"  the meter's own work per metered step (timed inside it): {own * 1e6:.0f} us = "
+          f"{own / statistics.median(plain_all) * 100:.2f}% of the untraced median: hooks {spent['hooks'] / n * 1e6:.0f} us "
+          f"({spent['calls'] / n:.0f} calls), step() {spent['step'] / n * 1e6:.0f} us (median "
+          f"{statistics.median(spent['each']) * 1e6:.0f} us)")
+    if args.write_cost:
+        print(f"  writing the table ({len(table['steps']['step'])} steps): median {statistics.median(writes) * 1e3:.1f} ms "
+              f"(range {min(writes) * 1e3:.1f}-{max(writes) * 1e3:.1f})")
+    traced = sum(table["steps"]["traced"])
+    print(f"  steps traced by the meter: {traced} of {len(table['steps']['step'])}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,105 @@
+"""The per-step table of a metered run (tracer/meter.py): step time, tokens/s, MFU and HFU of every step.
+
+A `Meter` traces one step per signature (input shapes and dtypes, modules run) and times
+every step; the run metadata's `meter` holds the traced steps' FLOPs and every step's time.
+MFU here is reports.mfu's definition applied to each step: model FLOPs (no recomputation)
+/ the step's wall time / the dense peak for the dtype carrying most matmul FLOPs. A traced
+step's time is traced time, so it has no MFU; a step whose signature was never traced has
+no FLOPs (both NaN, never a guess).
+"""
+
+import os
+
+import numpy as np
+import pandas as pd
+
+from reports.errors import ReportError
+from tracer.schema import read_metadata
+
+__all__ = ["COLUMNS", "meter", "meter_summary"]
+
+_OUT = {
+    "run": object, "step": "int64", "traced": bool, "flops_from_step": "Int64", "step_time_s": "float64",
+    "tokens": "float64", "tokens_per_s": "float64", "model_flops": "float64", "hardware_flops": "float64",
+    "recompute_flops": "float64", "dtype": object, "peak_flops_per_s": "float64", "mfu": "float64", "hfu": "float64",
+}  # fmt: skip
+COLUMNS = tuple(_OUT)
+
+
+def _runs(source):
+    """{run: metadata} of a loaded DataFrame (reports.load) or of a trace path (its metadata only)."""
+    if isinstance(source, pd.DataFrame):
+        runs = source.attrs.get("runs")
+        if not runs:
+            raise ReportError("meter: expected a DataFrame returned by reports.load or a trace path")
+        return runs
+    if not isinstance(source, (str, os.PathLike)):
+        raise ReportError(f"meter: expected a trace path or a DataFrame from reports.load, got {type(source).__name__}")
+    meta = read_metadata(source)
+    if not meta:
+        raise ReportError(f"meter: {os.fspath(source)!r} holds no optrace trace")
+    name = meta.get("run_name") or os.path.basename(os.path.normpath(os.fspath(source)))
+    if "ranks" in meta:
+        return {f"{name}/rank={r}": m for r, m in meta["ranks"].items()}
+    return {name: meta}
+
+
+def _rows(run, table):
+    steps, traces = table.get("steps") or {}, table.get("traces") or []
+    n = len(steps.get("step") or [])
+    trace = np.asarray(steps.get("trace") or [], dtype=np.int64)
+    known = trace >= 0
+
+    def per_trace(key):
+        values = np.asarray([np.nan if t.get(key) is None else float(t[key]) for t in traces] + [np.nan])
+        return values[np.where(known, trace, len(traces))]  # the last entry: FLOPs unknown
+
+    traced = np.asarray(steps.get("traced") or [], dtype=bool)
+    seconds = np.asarray(steps.get("step_time_s") or [], dtype=np.float64)
+    timed = np.where(traced, np.nan, seconds)  # traced time is not step time
+    tokens = np.asarray([np.nan if t is None else t for t in steps.get("tokens") or []], dtype=np.float64)
+    model, hardware, peak = per_trace("model_flops"), per_trace("hardware_flops"), per_trace("peak_flops_per_s")
+    with np.errstate(divide="ignore", invalid="ignore"):
+        frame = {
+            "run": [run] * n, "step": steps.get("step") or [], "traced": traced,
+            "flops_from_step": pd.array([traces[t]["first_step"] if t >= 0 else None for t in trace], dtype="Int64"),
+            "step_time_s": seconds, "tokens": tokens, "tokens_per_s": tokens / timed,
+            "model_flops": model, "hardware_flops": hardware, "recompute_flops": per_trace("recompute_flops"),
+            "dtype": [traces[t].get("dtype") if t >= 0 else None for t in trace],
+            "peak_flops_per_s": peak, "mfu": model / timed / peak, "hfu": hardware / timed / peak,
+        }  # fmt: skip
+    return pd.DataFrame(frame)
+
+
+def meter(source):
+    """One row per metered step of every run: step, traced, flops_from_step (the first step of the
+    trace its FLOPs come from), step_time_s, tokens, tokens_per_s, model_flops, hardware_flops,
+    recompute_flops, dtype, peak_flops_per_s, mfu, hfu. `source`: a trace path or a DataFrame from
+    reports.load. Empty (typed) for a trace without a Meter table."""
+    frames = [_rows(run, meta["meter"]) for run, meta in _runs(source).items() if isinstance(meta.get("meter"), dict)]
+    if not frames:
+        return pd.DataFrame({c: pd.Series(dtype=t) for c, t in _OUT.items()})
+    return pd.concat(frames, ignore_index=True).astype(_OUT)
+
+
+def meter_summary(source):
+    """The meter section of the report (`optrace report`, `--json`): None without a Meter table, else
+    {steps, traced_steps, unknown_flops_steps, metered_steps, step_time_s, tokens_per_s, mfu, hfu} with
+    each figure's median, min and max over the metered steps that have it."""
+    table = meter(source)
+    if not len(table):
+        return None
+    metered = table[~table["traced"]]
+
+    def spread(column):
+        values = metered[column].dropna()
+        if not len(values):
+            return None
+        return {"median": float(values.median()), "min": float(values.min()), "max": float(values.max())}
+
+    return {
+        "steps": len(table), "traced_steps": [int(s) for s in table.loc[table["traced"], "step"]],
+        "unknown_flops_steps": int(table["model_flops"].isna().sum()), "metered_steps": len(metered),
+        "step_time_s": spread("step_time_s"), "tokens_per_s": spread("tokens_per_s"),
+        "mfu": spread("mfu"), "hfu": spread("hfu"),
+    }  # fmt: skip

@@ -1,0 +1,28 @@
+"""The report's meter section: a metered run's (tracer/meter.py) step time, tokens/s, MFU and HFU over its steps."""
+
+from reports.flops.meter import meter_summary
+from reports.output.text import human, percent
+
+__all__ = ["print_meter"]
+
+
+def _spread(figure, show):
+    if figure is None:
+        return "N/A"
+    return f"{show(figure['median'])} (min {show(figure['min'])}, max {show(figure['max'])})"
+
+
+def print_meter(df, out):
+    """Print the meter section when the trace has a Meter table; nothing otherwise."""
+    found = meter_summary(df)
+    if found is None:
+        return
+    traced = ", ".join(str(s) for s in found["traced_steps"][:8]) + (", ..." if len(found["traced_steps"]) > 8 else "")
+    print(f"\nMeter: {found['steps']:,} steps, {found['metered_steps']:,} metered untraced "
+          f"(medians over them), traced: step {traced}", file=out)
+    print(f"  step time {_spread(found['step_time_s'], lambda s: f'{s * 1e3:.1f} ms')}", file=out)
+    print(f"  tokens/s  {_spread(found['tokens_per_s'], lambda v: human(v))}", file=out)
+    print(f"  MFU {_spread(found['mfu'], percent)}, HFU {_spread(found['hfu'], percent)}", file=out)
+    if found["unknown_flops_steps"]:
+        print(f"  {found['unknown_flops_steps']:,} steps ran a signature (input shapes, modules) never traced: "
+              "no FLOPs, no MFU", file=out)

@@ -1,0 +1,388 @@
+"""tracer.meter.Meter: per-step MFU from one traced step per signature; reports.meter; the report section; callbacks."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+import reports
+import tracer
+from reports.errors import ReportError
+from reports.output.cli import main as optrace
+from tracer import meter as meter_module
+from tracer.errors import TraceError
+from tracer.meter import Meter
+
+PEAK = 1e9  # FLOP/s, given: the figures do not depend on this machine's CPU
+
+
+class Net(nn.Module):
+    """x [B, 8] -> fc1 [8 -> 16] -> relu -> fc2 [16 -> 4] (-> extra [4 -> 4] when branch), no biases."""
+
+    def __init__(self, ckpt=False):
+        super().__init__()
+        self.fc1 = nn.Linear(8, 16, bias=False)
+        self.fc2 = nn.Linear(16, 4, bias=False)
+        self.extra = nn.Linear(4, 4, bias=False)
+        self.ckpt = ckpt
+
+    def forward(self, x, branch=False):
+        first = lambda x: torch.relu(self.fc1(x))  # noqa: E731
+        h = checkpoint(first, x, use_reentrant=False) if self.ckpt else first(x)
+        h = self.fc2(h)
+        return self.extra(h) if branch else h
+
+
+# Per step at batch B (x needs no gradient; loss = out.square().sum(); SGD, one add_ per parameter element):
+#   forward   fc1 2·B·8·16 + relu B·16 + fc2 2·B·16·4 + square B·4 + sum B·4 = 408·B
+#   backward  square's grad 3·B·4 + fc2 dW and dx 2·2·B·16·4 + relu grad B·16 + fc1 dW 2·B·8·16 = 540·B
+#   model     948·B; optimizer 8·16 + 16·4 = 192 (+ 4·4 = 16 with extra's gradient)
+def model_flops(b, branch=False):
+    return 948 * b + (2 * b * 4 * 4 * 3 if branch else 0)  # extra: forward 2·B·4·4, backward dW and dx twice that
+
+
+def run(path, batches, branches=None, ckpt=False, metered=True, **kwargs):
+    """Train Net with SGD on seeded batches; return (losses, figures per step)."""
+    torch.manual_seed(0)
+    net = Net(ckpt)
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    branches = branches or [False] * len(batches)
+    xs = [torch.randn(b, 8) for b in batches]
+    m = Meter(path, model=net, tokens=2, peak_flops=PEAK, **kwargs) if metered else None
+    losses, figures = [], []
+    for x, branch in zip(xs, branches):
+        loss = net(x, branch=branch).square().sum()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+        if m is not None:
+            figures.append(m.step())
+    if m is not None:
+        m.close()
+    return losses, figures
+
+
+def test_fixed_shapes_reuse_the_traced_flops_and_give_the_traced_mfu(tmp_path):
+    path = tmp_path / "fixed"
+    losses, figures = run(path, [2, 2, 2, 2])
+    assert [f["traced"] for f in figures] == [True, False, False, False]
+    assert [f["model_flops"] for f in figures] == [1896] * 4  # 948 * 2
+    assert [f["hardware_flops"] for f in figures] == [2088] * 4  # 1896 + optimizer 192
+    assert figures[0]["mfu"] is None  # traced time is not step time
+    df = reports.load(path)
+    assert df["step"].nunique() == 1  # one step traced, three metered
+    for f in figures[1:]:
+        seconds = f["step_time_s"]
+        assert f["mfu"] == 1896 / seconds / PEAK and f["hfu"] == 2088 / seconds / PEAK
+        assert f["tokens_per_s"] == 2 / seconds
+        traced = reports.mfu(df, step_time_s=seconds, peak_flops=PEAK).iloc[0]
+        assert (traced["model_flops_per_step"], traced["hardware_flops_per_step"]) == (1896, 2088)
+        assert f["mfu"] == traced["mfu"] and f["hfu"] == traced["hfu"]
+    table = reports.meter(path)
+    assert table["mfu"].tolist()[1:] == [f["mfu"] for f in figures[1:]]
+    assert table["mfu"].isna().tolist() == [True, False, False, False]
+    assert table["flops_from_step"].tolist() == [0, 0, 0, 0]
+    assert table.equals(reports.meter(df))
+    assert losses == run(tmp_path / "plain", [2, 2, 2, 2], metered=False)[0]  # the program's numbers are unchanged
+
+
+def test_warmup_steps_run_untraced_and_get_the_later_trace_s_flops(tmp_path):
+    _, figures = run(tmp_path / "warm", [2, 2, 2, 2], warmup=2)
+    assert [f["traced"] for f in figures] == [False, False, True, False]
+    assert [f["model_flops"] for f in figures] == [None, None, 1896, 1896]  # 948 · 2, once traced
+    assert reports.meter(tmp_path / "warm")["model_flops"].tolist() == [1896] * 4
+    assert reports.load(tmp_path / "warm")["step"].nunique() == 1
+
+
+def test_a_batch_change_retraces_exactly_one_step(tmp_path):
+    path = tmp_path / "shapes"
+    losses, figures = run(path, [2, 2, 3, 3, 3])
+    assert [f["traced"] for f in figures] == [True, False, False, True, False]
+    assert figures[2]["model_flops"] is None  # new shapes: no FLOPs yet, the next step is traced
+    assert [f["model_flops"] for f in figures[3:]] == [2844, 2844]  # 948 * 3
+    assert figures[4]["hardware_flops"] == 3036  # 2844 + 192
+    meta = tracer.read_metadata(path)["meter"]
+    assert len(meta["traces"]) == 2 and meta["traces"][1]["trace_steps"] == [1, 1]
+    table = reports.meter(path)
+    assert table["model_flops"].tolist() == [1896, 1896, 2844, 2844, 2844]  # step 2 filled from step 3's trace
+    assert table["flops_from_step"].tolist() == [0, 0, 3, 3, 3]
+    assert losses == run(tmp_path / "plain", [2, 2, 3, 3, 3], metered=False)[0]
+
+
+def test_a_sequence_length_change_retraces(tmp_path):
+    torch.manual_seed(0)
+    net = nn.Linear(8, 4, bias=False)
+    m = Meter(tmp_path / "seq", model=net, peak_flops=PEAK)
+    found = []
+    for s in (3, 3, 5, 5):
+        net(torch.randn(2, s, 8)).sum().backward()  # no optimizer: the meter's step() ends the step
+        net.zero_grad()  # else the gradient of steps 1 on adds into the last (8·4 more FLOPs than step 0)
+        found.append(m.step())
+    m.close()
+    assert [f["traced"] for f in found] == [True, False, False, True]
+    # forward 2·(2·s)·8·4 + sum 2·s·4; backward dW 2·(2·s)·8·4 (x needs no gradient): 264·s
+    assert [f["model_flops"] for f in found] == [792, 792, None, 1320]
+
+
+def test_a_branch_taken_sometimes_retraces_once(tmp_path):
+    path = tmp_path / "branch"
+    branches = [False, False, True, True, False, True]
+    losses, figures = run(path, [2] * 6, branches)
+    assert [f["traced"] for f in figures] == [True, False, False, True, False, False]
+    assert model_flops(2, True) == 2088  # 1896 + 3 · 2·2·4·4
+    assert [f["model_flops"] for f in figures] == [1896, 1896, None, 2088, 1896, 2088]
+    assert figures[5]["hardware_flops"] == 2088 + 192 + 16  # extra's add_ too
+    assert reports.meter(path)["model_flops"].tolist() == [1896, 1896, 2088, 2088, 1896, 2088]
+    assert losses == run(tmp_path / "plain", [2] * 6, branches, metered=False)[0]
+
+
+def test_with_begin_an_evaluation_between_steps_stays_out_of_the_retrace(tmp_path):
+    torch.manual_seed(0)
+    net = Net()
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    m = Meter(tmp_path / "eval", model=net, tokens=2, peak_flops=PEAK)
+    found = []
+    for b in (2, 2, 3, 3):
+        m.begin()
+        net(torch.randn(b, 8)).square().sum().backward()
+        opt.step()
+        opt.zero_grad()
+        found.append(m.step())
+        with torch.no_grad():  # an evaluation between steps: neither timed nor traced
+            net(torch.randn(5, 8))
+    m.close()
+    assert [f["traced"] for f in found] == [True, False, False, True]
+    assert [f["model_flops"] for f in found] == [1896, 1896, None, 2844]  # 948 · 2, 948 · 3
+
+
+def test_checkpoint_recompute_is_hardware_not_model_flops(tmp_path):
+    _, figures = run(tmp_path / "ckpt", [2, 2], ckpt=True)
+    # checkpointing re-runs fc1 and relu in the backward: 2·2·8·16 + 2·16 = 544
+    assert [f["model_flops"] for f in figures] == [1896, 1896]
+    assert figures[1]["hardware_flops"] == 2088 + 544
+    table = reports.meter(tmp_path / "ckpt")
+    assert table["recompute_flops"].tolist() == [544, 544]
+    df = reports.load(tmp_path / "ckpt")
+    traced = reports.mfu(df, step_time_s=figures[1]["step_time_s"], peak_flops=PEAK).iloc[0]
+    assert figures[1]["mfu"] == traced["mfu"] and figures[1]["hfu"] == traced["hfu"]
+
+
+def test_fused_attention_and_dtype_as_reports_mfu_count_them(tmp_path):
+    """The example GPT with SDPA: the meter's model FLOPs drop the score recomputation as reports.mfu does,
+    and the peak comes from the same table for the same dtype."""
+    from gpt import GPT, GPTConfig, make_batch, make_optimizer, train_step
+
+    torch.manual_seed(0)
+    cfg = GPTConfig(attention="sdpa", n_layer=1, d_model=16, n_head=2, seq_len=8, vocab_size=32)
+    model, idx_targets = GPT(cfg), make_batch(cfg, 2)
+    opt = make_optimizer(model)
+    m = Meter(tmp_path / "gpt", model=model, tokens=16)
+    train_step(model, opt, *idx_targets)
+    m.step()
+    train_step(model, opt, *idx_targets)
+    f = m.step()
+    m.close()
+    traced = reports.mfu(reports.load(tmp_path / "gpt"), step_time_s=f["step_time_s"]).iloc[0]
+    assert traced["recompute_flops_per_step"] > 0  # the fused backward's q @ kᵀ
+    assert (f["model_flops"], f["hardware_flops"]) == (traced["model_flops_per_step"], traced["hardware_flops_per_step"])
+    assert reports.meter(tmp_path / "gpt")["dtype"].iloc[1] == traced["dtype"] == "float32"
+    assert f["mfu"] == pytest.approx(traced["mfu"], rel=1e-12)  # the CPU's ideal peak, looked up on both sides
+
+
+def test_the_table_is_written_while_the_run_goes_on(tmp_path, monkeypatch):
+    monkeypatch.setattr(meter_module, "_FIRST_WRITE_S", 0.0)  # at the first metered step, then at twice the age
+    torch.manual_seed(0)
+    net = nn.Linear(4, 2, bias=False)
+    m = Meter(tmp_path / "long", model=net, peak_flops=PEAK)
+    for _ in range(17):
+        net(torch.ones(1, 4)).sum().backward()
+        net.zero_grad()
+        m.step()
+    written = tracer.read_metadata(tmp_path / "long")["meter"]["steps"]["step"]
+    assert written == list(range(len(written))) and 2 <= len(written) <= 17  # step 1's write at least
+    m.close()
+    assert len(reports.meter(tmp_path / "long")) == 17
+
+
+def test_cuda_steps_are_synchronised(monkeypatch):
+    calls = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: calls.append(device))
+    sync = meter_module._sync_for(torch.device("cuda", 1))
+    sync()
+    assert calls == [torch.device("cuda", 1)]
+    monkeypatch.setattr(meter_module, "cuda_in_use", lambda: False)
+    assert meter_module._sync_for(torch.device("cpu")) is None
+    monkeypatch.setattr(meter_module, "cuda_in_use", lambda: True)
+    assert meter_module._sync_for(torch.device("cpu")) is meter_module.sync_all_cuda
+
+
+def test_every_step_boundary_waits_for_the_device(tmp_path, monkeypatch):
+    waits = []
+    monkeypatch.setattr(meter_module, "_sync_for", lambda device: lambda: waits.append(device.type))
+    run(tmp_path / "sync", [2, 2, 2])
+    assert waits == ["cpu"] * 3  # the start of step 1 (after the trace is read back), the ends of steps 1 and 2
+
+
+def test_a_failing_meter_warns_once_and_the_program_runs_on(tmp_path, monkeypatch):
+    def broken(rows):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(meter_module, "step_flops", broken)
+    with pytest.warns(UserWarning, match="meter: could not meter a step"):
+        losses, figures = run(tmp_path / "broken", [2, 2, 2])
+    assert losses == run(tmp_path / "plain", [2, 2, 2], metered=False)[0]
+    assert figures[0] is None
+    assert tracer.read_metadata(tmp_path / "broken")["meter"]["errors"] >= 1
+
+
+def test_bad_input_is_one_line():
+    with pytest.raises(TraceError, match="Meter: peak_flops must be FLOP/s > 0 or None, got -1"):
+        Meter("unused", peak_flops=-1)
+    with pytest.raises(TraceError, match=r"Meter: warmup must be an int >= 0 \(steps run before the first trace\), got -2"):
+        Meter("unused", warmup=-2)
+    with pytest.raises(ReportError, match="meter: expected a trace path or a DataFrame from reports.load, got int"):
+        reports.meter(3)
+
+
+def test_a_trace_without_a_meter_has_an_empty_table_and_no_section(tmp_path, capsys):
+    net = nn.Linear(4, 2)
+    with tracer.Tracer(tmp_path / "plain", model=net):
+        net(torch.ones(1, 4)).sum().backward()
+    assert len(reports.meter(tmp_path / "plain")) == 0 and "mfu" in reports.meter(tmp_path / "plain")
+    optrace(["report", str(tmp_path / "plain")])
+    assert "Meter:" not in capsys.readouterr().out
+
+
+def test_the_report_shows_the_meter(tmp_path, capsys):
+    run(tmp_path / "r", [2, 2, 3, 3])
+    optrace(["report", str(tmp_path / "r")])
+    out = capsys.readouterr().out
+    assert "Meter: 4 steps, 2 metered untraced (medians over them), traced: step 0, 3" in out
+    optrace(["report", str(tmp_path / "r"), "--json"])
+    found = json.loads(capsys.readouterr().out)["meter"]
+    assert (found["steps"], found["traced_steps"], found["metered_steps"], found["unknown_flops_steps"]) == (4, [0, 3], 2, 0)
+    assert found["mfu"]["min"] > 0
+
+
+def test_under_w_error_nothing_raises(tmp_path):
+    code = (
+        "import torch; from tracer.meter import Meter\n"
+        "torch.manual_seed(0); net = torch.nn.Linear(4, 2); opt = torch.optim.SGD(net.parameters(), lr=0.1)\n"
+        f"m = Meter({str(tmp_path / 'w')!r}, model=net, tokens=1)\n"
+        "for b in (1, 1, 2, 2):\n"
+        "    net(torch.ones(b, 4)).sum().backward(); opt.step(); opt.zero_grad(); print(m.step()['traced'])\n"
+        "m.close()\n"
+    )
+    done = subprocess.run([sys.executable, "-W", "error", "-c", code], capture_output=True, text=True, timeout=60,
+                          cwd=str(tmp_path), env={"PYTHONPATH": str(meter_module.__file__.rsplit("/tracer/", 1)[0])})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["True", "False", "False", "True"]
+
+
+def _tiny_gpt2(transformers):
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(vocab_size=32, n_positions=8, n_embd=16, n_layer=1, n_head=2, bos_token_id=0,
+                                     eos_token_id=0)
+    return transformers.GPT2LMHeadModel(config), torch.randint(0, 32, (8, 8))
+
+
+def _check_hf_logs(history, path):
+    logged = [h for h in history if "loss" in h]
+    assert [h["step"] for h in logged] == [1, 2, 3, 4]
+    assert "mfu" not in logged[0]  # the traced step: its time is traced time
+    assert all(h["mfu"] > 0 and h["hfu"] >= h["mfu"] and h["tokens_per_s"] > 0 for h in logged[1:])
+    table = reports.meter(path)
+    assert table["traced"].tolist() == [True, False, False, False]
+    assert table["mfu"].tolist()[1:] == [h["mfu"] for h in logged[1:]]
+    assert table["model_flops"].nunique() == 1  # fixed shapes: one trace
+
+
+def test_hf_callback_logs_mfu_for_every_metered_step(tmp_path):
+    """The callback driven by transformers' own CallbackHandler, in the order Trainer calls it (Trainer itself
+    needs accelerate, which the dev extra does not install: the next test runs it where it is)."""
+    transformers = pytest.importorskip("transformers")
+    from transformers.trainer_callback import CallbackHandler, TrainerControl, TrainerState
+
+    from tracer.meter_callbacks import MeterCallback
+
+    model, ids = _tiny_gpt2(transformers)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    callback = MeterCallback(tmp_path / "hf", tokens=16, peak_flops=PEAK)
+    handler = CallbackHandler([callback], model, None, opt, None)
+    args, state, control = None, TrainerState(), TrainerControl()
+    control = handler.on_train_begin(args, state, control)
+    for batch in ids.split(2):
+        control = handler.on_step_begin(args, state, control)
+        loss = model(input_ids=batch, labels=batch).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        state.global_step += 1
+        control = handler.on_step_end(args, state, control)
+        logs = {"loss": loss.item()}  # Trainer.log: the history gets a copy, then on_log runs
+        state.log_history.append({**logs, "step": state.global_step})
+        control = handler.on_log(args, state, control, logs=logs)
+    handler.on_train_end(args, state, control)
+    _check_hf_logs(state.log_history, tmp_path / "hf")
+
+
+def test_hf_trainer_callback_logs_mfu_for_every_metered_step(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")  # Trainer needs it
+    from tracer.meter_callbacks import MeterCallback
+
+    model, ids = _tiny_gpt2(transformers)
+    data = [{"input_ids": row, "labels": row} for row in ids]
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path / "out"), max_steps=4, per_device_train_batch_size=2, logging_steps=1,
+        report_to=[], use_cpu=True, save_strategy="no", disable_tqdm=True, seed=0,
+    )
+    callback = MeterCallback(tmp_path / "hf", tokens=16, peak_flops=PEAK)
+    trainer = transformers.Trainer(model=model, args=args, train_dataset=data, callbacks=[callback])
+    trainer.train()
+    _check_hf_logs(trainer.state.log_history, tmp_path / "hf")
+
+
+def test_lightning_callback_with_a_stand_in_lightning(tmp_path, monkeypatch):
+    """Lightning is not installed here: a stand-in `lightning.pytorch` with a plain Callback base runs the
+    callback's logic as Lightning calls it, with 2 micro-batches accumulated per optimizer step."""
+    import importlib.util
+    import types
+
+    fake = types.ModuleType("lightning.pytorch")
+    fake.Callback = object
+    monkeypatch.setitem(sys.modules, "lightning", types.ModuleType("lightning"))
+    monkeypatch.setitem(sys.modules, "lightning.pytorch", fake)
+    spec = importlib.util.spec_from_file_location("meter_callbacks_copy", meter_module.__file__.replace("meter.py", "meter_callbacks.py"))
+    callbacks = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(callbacks)  # a copy: the real module keeps its import-time view
+
+    class Module(Net):
+        logged = []
+
+        def log_dict(self, values, **kwargs):
+            self.logged.append(values)
+
+    torch.manual_seed(0)
+    net = Module()
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    trainer = types.SimpleNamespace(accumulate_grad_batches=2)
+    cb = callbacks.LightningMeter(tmp_path / "pl", tokens=4, peak_flops=PEAK)
+    cb.on_train_start(trainer, net)
+    for i in range(6):
+        cb.on_train_batch_start(trainer, net, None, i)
+        net(torch.randn(2, 8)).square().sum().backward()
+        if i % 2:
+            opt.step()
+            opt.zero_grad()
+        cb.on_train_batch_end(trainer, net, None, None, i)
+    cb.on_train_end(trainer, net)
+    assert len(net.logged) == 2 and all(d["mfu"] > 0 for d in net.logged)  # the metered steps 1 and 2
+    table = reports.meter(tmp_path / "pl")
+    # two micro-batches of 948 · 2, and the second one's gradients added into the first's: 8·16 + 16·4
+    assert table["model_flops"].tolist() == [2 * 1896 + 192] * 3

@@ -1,0 +1,334 @@
+"""Metering every step: MFU and HFU for a whole run at the cost of tracing one step per shape.
+
+`Meter` traces the first step fully with a `Tracer`, reads that step's FLOPs back from
+the trace, then pauses the tracer (its dispatch mode and hooks come off). Every later
+step costs a clock read at its end (the device synchronised first when the step ran on a
+GPU) and two forward pre-hooks that note what the step ran: the shapes and dtypes of the
+root module's tensor inputs, and the set of modules called. A step whose signature was
+traced before reuses that trace's FLOPs; a step with a new signature (a new batch or
+sequence length, a branch taken only sometimes) gets no FLOPs and the next step is traced
+again, once per new signature (a step of that signature seen before its trace gets the
+trace's FLOPs in the stored table).
+
+  model FLOPs     forward + backward FLOPs of the traced step, less what activation
+                  checkpointing re-ran (rows flagged `recompute`) and the score
+                  recomputation of fused attention backward kernels: the rule of
+                  reports/flops/recompute.py, so a metered step's MFU is the one
+                  reports.mfu gives the trace for the same step time.
+  hardware FLOPs  every traced FLOP of the step: recompute and optimizer included (HFU).
+  step time       perf_counter between step boundaries (`begin()` when called, else the end
+                  of the step before), the hooks' cost included; the meter's work after a
+                  traced step and its table writes are left out. A traced step's time is
+                  traced time, so it gets no MFU.
+  peak            `peak_flops=`, else tracer/peaks.py for the run's device and the dtype
+                  that carries most matmul FLOPs (the table reports.mfu uses).
+
+The per-step table goes to the trace's run metadata under `meter` (see `table`),
+written with every traced step, 60 s into the run and then each time the run has doubled
+its age (log2 writes: a killed run keeps the table of at least half its steps; the table
+costs about 40 bytes a step), and at close.
+"""
+
+import atexit
+import threading
+import time
+
+import numpy as np
+import pyarrow.parquet as pq
+import torch
+from torch.nn.modules.module import register_module_forward_pre_hook
+
+from tracer.device import cuda_in_use, sync_all_cuda
+from tracer.errors import TraceError
+from tracer.mode import Tracer
+from tracer.peaks import lookup, normalize_dtype
+from tracer.safety import warn
+from tracer.schema import part_paths
+
+__all__ = ["Meter"]
+
+_READ = ["step", "op", "phase", "flops", "flop_kind", "recompute", "input_shapes", "input_dtypes"]
+_ADD_FIRST = frozenset("addmm addmv addr baddbmm addbmm".split())  # inputs added, not multiplied: the first
+_FIRST_WRITE_S = 60.0  # the table is written 60 s into the run, then each time the run has doubled its age
+
+
+def _sync_for(device):
+    """The function that waits for the work queued on `device` before a clock read, or None."""
+    if device is not None and device.type == "cuda":
+        return lambda: torch.cuda.synchronize(device)
+    if cuda_in_use():  # the model is on another device, but the step queued CUDA work
+        return sync_all_cuda
+    return None
+
+
+def _signature(args, kwargs=None):
+    """Shapes and dtypes of the tensors among `args` and `kwargs` values (one list level deep)."""
+    sig = []
+    for value in (*args, *(kwargs.values() if kwargs else ())):
+        if isinstance(value, torch.Tensor):
+            sig.append((value.shape, value.dtype))
+        elif isinstance(value, (list, tuple)):
+            sig.append(tuple((v.shape, v.dtype) for v in value if isinstance(v, torch.Tensor)))
+    return tuple(sig)
+
+
+def step_flops(rows):
+    """{model_flops, hardware_flops, recompute_flops, dtype} of the rows of a traced step (a dict of
+    column lists as pyarrow's to_pydict gives them). See the module docstring."""
+    flops = np.asarray(rows["flops"], dtype=np.int64)
+    again = np.asarray([bool(r) for r in rows["recompute"]])
+    phase = rows["phase"]
+    training = np.asarray([p in ("forward", "backward") for p in phase]) & ~again
+    scores = 0  # fused attention backward: 2·b·h·s_q·s_k·(3·d_qk + 2·d_v), of which 2·b·h·s_q·s_k·d_qk redo q @ kᵀ
+    dtypes = {}
+    for i, kind in enumerate(rows["flop_kind"]):
+        if kind not in ("matmul", "attention") or not flops[i]:
+            continue
+        shapes, names = rows["input_shapes"][i], rows["input_dtypes"][i]
+        if kind == "attention" and phase[i] == "backward" and not again[i]:
+            try:
+                d_qk, d_v = int(shapes[1][-1]), int(shapes[3][-1])
+                scores += int(flops[i]) * d_qk // (3 * d_qk + 2 * d_v)
+            except (TypeError, IndexError, ValueError, ZeroDivisionError):
+                scores += int(flops[i]) // 5
+        first = 1 if rows["op"][i].split(".")[1].rstrip("_") in _ADD_FIRST else 0
+        if names:
+            name = names[first if first < len(names) else 0]
+            dtypes[name] = dtypes.get(name, 0) + int(flops[i])
+    return {
+        "model_flops": int(flops[training].sum()) - scores,
+        "hardware_flops": int(flops.sum()),
+        "recompute_flops": int(flops[again].sum()) + scores,
+        "dtype": max(dtypes, key=dtypes.get) if dtypes else None,  # the first dtype seen wins a tie
+    }
+
+
+def _ratio(num, den):
+    return num / den if num is not None and den else None
+
+
+class Meter:
+    """Per-step step time, tokens/s, MFU and HFU for every step of a run, tracing one step per signature.
+
+        meter = Meter("runs/gpt", model=model, tokens=batch * seq_len)
+        for it in range(iters):
+            ...                                  # forward, backward, optimizer step
+            figures = meter.step()               # {"mfu": ..., "step_time_s": ..., ...}
+        meter.close()                            # or `with Meter(...) as meter:`
+
+    path, model, run_name and any other keyword go to the `Tracer`. Metering starts when the
+    Meter is made: the first step is traced from there, or the step after `warmup` untraced
+    steps (a compiled model's first steps; they get the FLOPs of the trace of their signature). `step()` ends a step and returns its
+    figures; `begin()` (optional) marks where a step begins, so that time between steps
+    (evaluation, checkpoints, logging) is left out. `peak_flops` (FLOP/s) overrides the table.
+    One Meter (like one Tracer) is active per process, from its making to `close()`.
+    Bookkeeping failures become a warning and a count (`errors`); the program runs on."""
+
+    def __init__(self, path, *, model=None, tokens=None, peak_flops=None, warmup=0, sync=True, **tracer_kwargs):
+        if not isinstance(warmup, int) or isinstance(warmup, bool) or warmup < 0:
+            raise TraceError(f"Meter: warmup must be an int >= 0 (steps run before the first trace), got {warmup!r}")
+        if peak_flops is not None and (isinstance(peak_flops, bool) or not isinstance(peak_flops, (int, float))
+                                       or not peak_flops > 0):
+            raise TraceError(f"Meter: peak_flops must be FLOP/s > 0 or None, got {peak_flops!r}")
+        self._tracer = Tracer(path, model=model, tokens=tokens, **tracer_kwargs)
+        self.tokens, self.peak_flops, self.errors = tokens, peak_flops, 0
+        self._root = self._tracer.model
+        self._thread = threading.get_ident()
+        self._traces = []  # per traced step: its FLOPs, dtype and peak
+        self._known = {}  # signature -> index in _traces
+        self._steps = {"step": [], "step_time_s": [], "tokens": [], "trace": [], "traced": []}
+        self._pending = {}  # signature -> steps that ran with it before its trace
+        self._modules, self._inputs = set(), []
+        self._next_write, self._closed, self._sync, self._use_sync = _FIRST_WRITE_S, False, None, sync
+        self._handles = []
+        self._install_hooks()
+        try:
+            self._tracer.__enter__()
+        except BaseException:
+            self._remove_hooks()
+            raise
+        self.warmup = warmup
+        self._tracing, self._first_row_step, self._reclock = True, 0, False
+        if warmup:  # the first steps run untraced (compilation, autotuning, lazy state): timed, FLOPs from a later trace
+            self._tracer._pause()
+            self._tracing = False
+            self._sync = _sync_for(self._tracer._device) if sync else None
+        self._begins = self._retrace = False  # begin() has been called; a trace waits for the next begin()
+        self._began = self._started = time.perf_counter()
+        atexit.register(self.close)  # a loop that never calls close() still gets its table written
+
+    # hooks: what the step ran ---------------------------------------------------------
+    def _seen(self, module, args):
+        if threading.get_ident() != self._thread:
+            return
+        self._modules.add(id(module))
+        if self._root is None:  # no model=: the first module called is the root
+            self._root = module
+        if module is self._root and not self._root_hooked:  # kwargs are seen by the root's own hook only
+            self._inputs.append(_signature(args))
+
+    def _root_inputs(self, module, args, kwargs):
+        if threading.get_ident() == self._thread:
+            self._inputs.append(_signature(args, kwargs))
+
+    # the step boundary ------------------------------------------------------------------
+    def _clock(self):
+        if self._sync is not None:
+            self._sync()
+        return time.perf_counter()
+
+    def begin(self):
+        """Mark the start of a step (optional: without it a step starts where the last one ended). Once it
+        has been called, a step to be traced is traced from the next begin(), so what runs between
+        steps (an evaluation) stays out of its FLOPs as out of its time."""
+        if self._closed:
+            return
+        self._begins = True
+        if self._retrace:  # a step traced from here: what ran between steps stays out of its FLOPs
+            self._retrace = False
+            try:
+                self._tracer._resume()
+                self._tracing = True
+            except Exception as exc:
+                self._failed(exc)
+        self._modules.clear()
+        self._inputs.clear()
+        self._began = self._clock()
+
+    def step(self, tokens=None):
+        """End a step: returns {step, traced, step_time_s, tokens, tokens_per_s, model_flops,
+        hardware_flops, mfu, hfu} (None where unknown). `tokens` overrides tokens= for this step."""
+        if self._closed:
+            return None
+        now = self._clock()
+        try:
+            return self._end_step(now - self._began, tokens if tokens is not None else self.tokens, now)
+        except Exception as exc:
+            self._failed(exc)
+            return None
+        finally:  # the next step starts now (after a trace or a table write: once that work is done)
+            self._modules.clear()
+            self._inputs.clear()
+            self._began = self._clock() if self._reclock else now
+            self._reclock = False
+
+    def _failed(self, exc):
+        self.errors += 1
+        if self.errors == 1:
+            warn(f"optrace: meter: could not meter a step ({type(exc).__name__}: {exc}); the program runs on")
+
+    def _end_step(self, seconds, tokens, now):
+        signature = (tuple(self._inputs), frozenset(self._modules))
+        index = len(self._steps["step"])
+        traced = self._tracing
+        self._reclock = traced
+        if traced:
+            trace = self._read_trace()
+            self._known[signature] = trace
+            for k in self._pending.pop(signature, ()):  # earlier steps of this signature get its FLOPs
+                self._steps["trace"][k] = trace
+        else:
+            trace = self._known.get(signature)
+            if trace is None:
+                self._pending.setdefault(signature, []).append(index)
+        for key, value in zip(self._steps, (index, seconds, tokens, -1 if trace is None else trace, traced)):
+            self._steps[key].append(value)
+        if not traced and trace is None and not self.errors and index + 1 >= self.warmup:  # new: trace the next step
+            self._reclock = True  # (after a failure, never again: the meter goes on timing steps)
+            if self._begins:  # at the next begin()
+                self._retrace = True
+            else:
+                self._tracer._resume()
+                self._tracing = True
+        elif not traced and now - self._started >= self._next_write:
+            self._next_write = 2 * (now - self._started)
+            self._reclock = True
+            self._write()
+        return self.figures(index)
+
+    def _read_trace(self):
+        """Pause the tracer after a traced step and read that step's FLOPs back from its parts."""
+        tr = self._tracer
+        last = tr.current_step
+        tr._meta["meter"] = self.table()
+        tr._pause()
+        self._tracing = False
+        self._sync = _sync_for(tr._device) if self._use_sync else None
+        first = self._first_row_step
+        self._first_row_step = last + 1
+        table = pq.read_table(part_paths(tr._writer.directory), columns=_READ,
+                              filters=[("step", ">=", first), ("step", "<=", last)])
+        found = step_flops(table.to_pydict())
+        found["trace_steps"] = [first, last]
+        found["first_step"] = len(self._steps["step"])
+        dtype = found["dtype"]
+        if self.peak_flops is not None:
+            found["peak_flops_per_s"], found["peak_source"] = float(self.peak_flops), "given"
+        elif dtype is None:
+            found["peak_flops_per_s"], found["peak_source"] = None, "no FLOPs in the trace, so no dtype to look up"
+        else:
+            found["peak_flops_per_s"], found["peak_source"] = lookup(tr._meta.get("device"), normalize_dtype(dtype))
+        self._traces.append(found)
+        return len(self._traces) - 1
+
+    # results ---------------------------------------------------------------------------
+    def figures(self, index):
+        """The figures of step `index` (see `step`)."""
+        steps = self._steps
+        seconds, tokens, trace, traced = (steps[key][index] for key in ("step_time_s", "tokens", "trace", "traced"))
+        found = self._traces[trace] if trace >= 0 else {}
+        model, hardware, peak = found.get("model_flops"), found.get("hardware_flops"), found.get("peak_flops_per_s")
+        timed = None if traced else seconds  # traced time is not step time
+        return {
+            "step": index, "traced": traced, "step_time_s": seconds, "tokens": tokens,
+            "tokens_per_s": _ratio(tokens, timed), "model_flops": model, "hardware_flops": hardware,
+            "mfu": _ratio(_ratio(model, timed), peak), "hfu": _ratio(_ratio(hardware, timed), peak),
+        }  # fmt: skip
+
+    def table(self):
+        """The run metadata's `meter`: {traces: [per traced step: model_flops, hardware_flops,
+        recompute_flops, dtype, peak_flops_per_s, peak_source, trace_steps (its steps in the trace),
+        first_step], steps: {step, step_time_s, tokens, trace (index into traces, -1: FLOPs unknown),
+        traced: column lists}, errors}."""
+        return {"traces": [dict(t) for t in self._traces], "steps": {k: list(v) for k, v in self._steps.items()},
+                "errors": self.errors}
+
+    def _write(self):
+        """Write the table now (one metadata-only part)."""
+        self._tracer._meta["meter"] = self.table()
+        self._tracer._flush()
+
+    # hooks on and off (benchmarks/meter.py times steps without them in the same run) ---------
+    def _install_hooks(self):
+        self._handles.append(register_module_forward_pre_hook(self._seen))
+        self._root_hooked = self._root is not None
+        if self._root_hooked:
+            self._handles.append(self._root.register_forward_pre_hook(self._root_inputs, with_kwargs=True))
+
+    def _remove_hooks(self):
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+
+    # closing ---------------------------------------------------------------------------
+    def close(self, exc=None):
+        """Write the table and close the trace (a step not ended by `step()` stays out of the table)."""
+        if self._closed:
+            return
+        self._closed = True
+        atexit.unregister(self.close)
+        self._remove_hooks()
+        tr = self._tracer
+        try:
+            tr._meta["meter"] = self.table()
+            if not self._tracing:
+                tr._resume()
+        finally:
+            tr.__exit__(type(exc) if exc is not None else None, exc, None)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        self.close(exc)
+        return False

@@ -1,0 +1,116 @@
+"""Meter callbacks for training frameworks: the Hugging Face `Trainer` and, when it is installed, Lightning.
+
+Each makes a `tracer.meter.Meter` when training starts (the model the framework trains is
+the root), brackets every optimizer step with `begin()` and `step()`, so evaluation,
+checkpoints and logging between steps stay out of the step time, hands the figures to
+the framework's logger and closes the trace when training ends.
+
+    trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=[MeterCallback("runs/hf")])
+
+Logged keys: `mfu`, `hfu`, `step_time_s`, `tokens_per_s` (those known; nothing for a traced
+step, whose time is traced time).
+"""
+
+import importlib
+
+from tracer.meter import Meter
+
+__all__ = ["MeterCallback", "logged"]
+
+LOGGED = ("mfu", "hfu", "step_time_s", "tokens_per_s")
+
+try:
+    from transformers import TrainerCallback as _TrainerCallback
+except ImportError:  # the class still imports; the Trainer is what needs transformers
+    _TrainerCallback = object
+
+
+def logged(figures):
+    """The figures `Meter.step` returned that a logger takes: the LOGGED keys that are known; none for a
+    traced step (its time is traced time)."""
+    if not figures or figures.get("traced"):
+        return {}
+    return {key: figures[key] for key in LOGGED if figures.get(key) is not None}
+
+
+class MeterCallback(_TrainerCallback):
+    """Meter every optimizer step of a Hugging Face `Trainer` run (see `tracer.meter.Meter`).
+
+    tokens  tokens per optimizer step; default: the step's growth of the Trainer's
+            `num_input_tokens_seen` (TrainingArguments(include_num_input_tokens_seen=...)), else unknown.
+    Other keywords (peak_flops=, run_name=, ...) go to the Meter. `meter` is the Meter while training runs.
+    The figures go into the logs of every `on_log` after the step (and into `state.log_history`),
+    so loggers called after this callback (the printer, callbacks added later) see them."""
+
+    def __init__(self, path, *, tokens=None, **meter_kwargs):
+        self.path, self.tokens, self.meter_kwargs = path, tokens, meter_kwargs
+        self.meter, self._figures, self._seen = None, None, None
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        self.meter = Meter(self.path, model=model, tokens=self.tokens, **self.meter_kwargs)
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        if self.meter is not None:
+            self._seen = getattr(state, "num_input_tokens_seen", None)
+            self.meter.begin()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.meter is None:
+            return
+        tokens = None
+        seen = getattr(state, "num_input_tokens_seen", None)
+        if self.tokens is None and isinstance(seen, int) and isinstance(self._seen, int) and seen > self._seen:
+            tokens = seen - self._seen
+        self._figures = logged(self.meter.step(tokens))
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if not self._figures or logs is None:
+            return
+        logs.update(self._figures)
+        history = getattr(state, "log_history", None)
+        if history and history[-1].get("step") == state.global_step:
+            history[-1].update(self._figures)
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if self.meter is not None:
+            self.meter.close()
+
+
+def _lightning():
+    for name in ("lightning.pytorch", "pytorch_lightning"):
+        try:
+            return importlib.import_module(name)
+        except ImportError:
+            continue
+    return None
+
+
+_pl = _lightning()
+if _pl is not None:  # tests/test_meter.py runs it against a stand-in lightning.pytorch (Lightning is not a dependency)
+    __all__.append("LightningMeter")
+
+    class LightningMeter(_pl.Callback):
+        """Meter every optimizer step of a Lightning run; logs the figures with `pl_module.log_dict`."""
+
+        def __init__(self, path, *, tokens=None, **meter_kwargs):
+            self.path, self.tokens, self.meter_kwargs, self.meter = path, tokens, meter_kwargs, None
+
+        def on_train_start(self, trainer, pl_module):
+            self.meter = Meter(self.path, model=pl_module, tokens=self.tokens, **self.meter_kwargs)
+
+        def _boundary(self, trainer, batch_idx):
+            return (batch_idx + 1) % max(1, getattr(trainer, "accumulate_grad_batches", 1)) == 0
+
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            if self.meter is not None and batch_idx % max(1, getattr(trainer, "accumulate_grad_batches", 1)) == 0:
+                self.meter.begin()
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            if self.meter is not None and self._boundary(trainer, batch_idx):
+                figures = logged(self.meter.step())
+                if figures:
+                    pl_module.log_dict(figures, on_step=True, on_epoch=False)
+
+        def on_train_end(self, trainer, pl_module):
+            if self.meter is not None:
+                self.meter.close()
