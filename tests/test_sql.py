@@ -185,3 +185,31 @@ def test_the_simple_views_are_plain_sql_polars_runs(traces):
         got = got.astype({c: "float64" for c in key if got[c].dtype.kind in "iuf"}).sort_values(key).reset_index(drop=True)
         want = want.astype({c: "float64" for c in key if want[c].dtype.kind in "iuf"}).sort_values(key).reset_index(drop=True)
         pd.testing.assert_frame_equal(got, want, check_dtype=False, rtol=1e-12, obj=name)
+
+
+@pytest.mark.parametrize("trace", ["gpt", "cut", "job", "damaged"])
+def test_the_report_is_the_same_from_either_source(traces, trace):
+    """`optrace report` and `--json` print the same text whether the tables come from SQL or from the frame."""
+    import io
+    import json
+
+    from reports.distributed.ranks import first_rank, is_multi_rank
+    from reports.output import cli
+
+    path = traces[trace]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        df = reports.load(path, lists="deferred")
+    df = first_rank(df) if is_multi_rank(df) else df
+    sql = cli._sql_trace(path, df)
+    assert sql is not None and list(sql.runs) == list(df.attrs["runs"])
+    args = cli._parser().parse_args(["report", str(path)])
+    texts = []
+    for source in (None, sql):
+        out = io.StringIO()
+        cli._print_report(df, args, out, source)
+        texts.append(out.getvalue())
+    assert texts[0] == texts[1]
+    assert "Roofline" in texts[0] and "Top modules" in texts[0] and "Views (no new memory) vs copies" in texts[0]
+    found = [json.dumps(cli.strict(cli.summary(df, sql=source)), sort_keys=True) for source in (None, sql)]
+    assert found[0] == found[1]

@@ -78,9 +78,10 @@ class Trace:
     """One trace or several, checked, with a DuckDB connection holding `rows` and the views of views.sql.
 
     `runs`: {run name: metadata} as reports.load gives it in `df.attrs["runs"]`; `ranks`: the rank
-    of each run (None outside a distributed trace)."""
+    of each run (None outside a distributed trace). `checked`: the `df.attrs["runs"]` of a reports.load of
+    the same paths, whose checks (and warnings) this then skips."""
 
-    def __init__(self, paths, threads=None):
+    def __init__(self, paths, threads=None, checked=None):
         import duckdb
 
         if isinstance(paths, (str, os.PathLike)):
@@ -89,15 +90,19 @@ class Trace:
             raise ReportError("load: expected at least one trace path, got none")
         self.runs, self.ranks, self.paths, self.files = {}, [], [], []
         footers = Footers()
+        given = iter((checked or {}).items())
         for path, rank in runs_with_ranks(paths):
-            meta = read_run(path, footers)
+            if checked is not None:  # the runs reports.load just read and checked from these files: no second check
+                name, meta = next(given)
+            else:
+                meta = read_run(path, footers)
+                name = run_name(path, rank, meta, self.runs)
             if meta["schema_version"] < SCHEMA_VERSION:
                 raise Unsupported(f"{path}: a v{meta['schema_version']} trace; the SQL engine reads v{SCHEMA_VERSION}")
-            self.runs[run_name(path, rank, meta, self.runs)] = meta
+            self.runs[name] = meta
             self.ranks.append(rank if rank is not None else meta.get("rank"))
             self.paths.append(path)
             self.files.append(list_parts(path))
-            self.rows_on_disk = sum(footers.rows.values())
         self.db = duckdb.connect(config={"threads": threads} if threads else {})
         selects = []
         for i, (name, files) in enumerate(zip(self.runs, self.files)):
@@ -109,9 +114,10 @@ class Trace:
             self.db.execute(f"CREATE VIEW {name} AS {body}")
         self.columns = [c for c in self.db.execute("SELECT * FROM rows LIMIT 0").fetchdf().columns
                         if c not in ("run", "run_index")]  # fmt: skip
-        self._check_values(footers)
+        if checked is None:
+            self._check_values(footers)
         self.totals = self.table("run_totals")
-        for path, meta, ops in zip(self.paths, self.runs.values(), self._ops()):
+        for path, meta, ops in zip(self.paths, self.runs.values(), self._ops()) if checked is None else ():
             broken = describe_damage(meta["damage"])
             if not meta.get("complete") or broken:  # reports.load's warning, word for word
                 state = "incomplete (cut short)" if not meta.get("complete") else "damaged"
