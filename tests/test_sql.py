@@ -213,3 +213,21 @@ def test_the_report_is_the_same_from_either_source(traces, trace):
     assert "Roofline" in texts[0] and "Top modules" in texts[0] and "Views (no new memory) vs copies" in texts[0]
     found = [json.dumps(cli.strict(cli.summary(df, sql=source)), sort_keys=True) for source in (None, sql)]
     assert found[0] == found[1]
+
+
+def test_views_sql_runs_as_a_script_as_the_readme_shows(traces):
+    """The README's DuckDB session: `rows` over a glob of the parts, then views.sql as it is."""
+    import duckdb
+
+    from reports.sql.engine import VIEWS_SQL
+
+    db = duckdb.connect()
+    glob = str(traces["gpt"] / "part-*.parquet")
+    db.execute(f"CREATE VIEW rows AS SELECT 'gpt' AS run, 0 AS run_index, * FROM read_parquet('{glob}')")
+    with open(VIEWS_SQL) as f:
+        db.execute(f.read())
+    got = db.execute("SELECT phase, flops, flops_pct FROM by_phase ORDER BY phase_order").fetchdf()
+    want = tables.by_phase(Trace(traces["gpt"]))[["phase", "flops", "flops_pct"]]
+    assert got["phase"].tolist() == want["phase"].tolist()
+    assert got["flops"].astype("int64").tolist() == want["flops"].tolist()
+    assert got["flops_pct"].tolist() == want["flops_pct"].tolist()

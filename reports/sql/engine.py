@@ -104,6 +104,7 @@ class Trace:
             self.paths.append(path)
             self.files.append(list_parts(path))
         self.db = duckdb.connect(config={"threads": threads} if threads else {})
+        self.db.execute("SET parquet_metadata_cache = true")  # each part's footer parsed once, not once per query
         selects = []
         for i, (name, files) in enumerate(zip(self.runs, self.files)):
             listed = ", ".join(file_literal(f) for f in files)
