@@ -5,17 +5,17 @@ DuckDB aggregate of the same files, each command in a fresh process (seconds, pe
 
 For each trace:
   baseline        DuckDB: per-phase FLOPs, ops and steps and the peak live bytes over the literal part files
-  report          `optrace report` as shipped: the frame loaded for breakdown, explain, MFU, memory categories
-                  and the rank sections; summary FLOPs, top ops and modules, uncounted ops, roofline, peak and
-                  views from SQL (reports/output/source.py)
-  report, pandas  the same command with every table from the frame (the reference path, as before reports/sql)
+  report --engine sql  the frame loaded for breakdown, explain, MFU, memory categories and the rank sections;
+                  summary FLOPs, top ops and modules, uncounted ops, roofline, peak and views from SQL
+                  (reports/output/source.py)
+  report (pandas) `optrace report` as shipped: every table from the frame (the reference path)
   SQL tables      reports.sql.engine.Trace and every table of reports/sql (by_phase, by_op, by_dtype, by_step,
                   by_module, uncounted, top ops, roofline and split, peak, views, per-step FLOPs): what a report
                   costs once no section needs the rows in Python
 
 --ranks R,...: a synthetic distributed trace of R ranks made of hard links to the first TRACE's parts
 (R times its rows, no disk used), with its SQL tables over every rank; the figures extrapolate to the
-128-rank, 50M-row target. Each figure is the median of --repeats runs, the range beside it.
+128-rank, 50M-row target. Each figure is the median of --repeats runs (the variants interleaved), the range beside it.
 """
 
 import argparse
@@ -40,12 +40,6 @@ print(duckdb.sql(f"SELECT phase, sum(flops), count(*), count(DISTINCT step) FROM
       duckdb.sql(f"SELECT max(live_bytes) FROM {rows}").fetchall())
 """
 
-_PANDAS_REPORT = """
-import sys
-from reports.output import cli
-cli._sql_trace = lambda path, df: None  # every table from the frame: the reference path
-sys.exit(cli.main(["report", sys.argv[1]]))
-"""
 
 _SQL_TABLES = """
 import sys, warnings
@@ -75,14 +69,21 @@ def run(argv):
     return wall, usage.ru_maxrss / 1024 * 1.048576
 
 
-def measure(label, argv, repeats, base=None):
-    runs = [run(argv) for _ in range(repeats)]
-    wall, rss = [r[0] for r in runs], [r[1] for r in runs]
-    med = statistics.median(wall)
-    ratio = f"  {med / base:5.1f}x baseline" if base else ""
-    print(f"  {label:<16} {med:6.2f} s ({min(wall):.2f}-{max(wall):.2f})  peak RSS {statistics.median(rss):5.0f} MB "
-          f"({min(rss):.0f}-{max(rss):.0f}){ratio}")  # fmt: skip
-    return med
+def measure(variants, repeats):
+    """Run every (label, argv) `repeats` times, the variants interleaved round by round (a machine whose load
+    drifts slows them alike), and print each one's median and range, and its ratio to the first's median."""
+    found = {label: [] for label, _ in variants}
+    for _ in range(repeats):
+        for label, argv in variants:
+            found[label].append(run(argv))
+    base = None
+    for label, runs in found.items():
+        wall, rss = [r[0] for r in runs], [r[1] for r in runs]
+        med = statistics.median(wall)
+        ratio = f"  {med / base:5.1f}x baseline" if base else ""
+        base = base or med
+        print(f"  {label:<20} {med:6.2f} s ({min(wall):.2f}-{max(wall):.2f})  peak RSS {statistics.median(rss):5.0f} MB "
+              f"({min(rss):.0f}-{max(rss):.0f}){ratio}", flush=True)  # fmt: skip
 
 
 def ranks_trace(source, ranks, where):
@@ -110,18 +111,18 @@ def main(argv=None):
         rows = sum(pq.read_metadata(os.path.join(d, f)).num_rows for d, _, fs in os.walk(trace) for f in fs
                    if f.endswith(".parquet"))  # fmt: skip
         print(f"{trace}: {rows:,} rows in {parts:,} files; {args.repeats} runs each, median (range)")
-        base = measure("baseline DuckDB", [py, "-c", _BASELINE, trace], args.repeats)
-        measure("report", [py, "-m", "reports.output.cli", "report", trace], args.repeats, base)
-        measure("report, pandas", [py, "-c", _PANDAS_REPORT, trace], args.repeats, base)
-        measure("SQL tables", [py, "-c", _SQL_TABLES, trace], args.repeats, base)
+        measure([("baseline DuckDB", [py, "-c", _BASELINE, trace]),
+                 ("report --engine sql", [py, "-m", "reports.output.cli", "report", "--engine", "sql", trace]),
+                 ("report (pandas)", [py, "-m", "reports.output.cli", "report", trace]),
+                 ("SQL tables", [py, "-c", _SQL_TABLES, trace])], args.repeats)  # fmt: skip
     if args.ranks:
         where = tempfile.mkdtemp(dir=os.path.dirname(os.path.abspath(args.traces[0])))
         try:
             for ranks in [int(r) for r in args.ranks.split(",")]:
                 path = ranks_trace(args.traces[0], ranks, where)
                 print(f"{ranks} ranks, each a link to {args.traces[0]}:")
-                base = measure("baseline DuckDB", [py, "-c", _BASELINE, path], args.repeats)
-                measure("SQL tables", [py, "-c", _SQL_TABLES, path], args.repeats, base)
+                measure([("baseline DuckDB", [py, "-c", _BASELINE, path]), ("SQL tables", [py, "-c", _SQL_TABLES, path])],
+                        args.repeats)  # fmt: skip
         finally:
             shutil.rmtree(where)
 

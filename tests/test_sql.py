@@ -231,3 +231,13 @@ def test_views_sql_runs_as_a_script_as_the_readme_shows(traces):
     assert got["phase"].tolist() == want["phase"].tolist()
     assert got["flops"].astype("int64").tolist() == want["flops"].tolist()
     assert got["flops_pct"].tolist() == want["flops_pct"].tolist()
+
+
+def test_the_engine_flag_gives_the_same_report(traces, capsys):
+    from reports.output.cli import main
+
+    outputs = []
+    for engine in ("pandas", "sql"):
+        assert main(["report", str(traces["cut"]), "--engine", engine]) == 0
+        outputs.append(capsys.readouterr().out)
+    assert outputs[0] == outputs[1] and "Top 8 ops by FLOPs" in outputs[0]

@@ -269,7 +269,7 @@ def _report(args):
         raise ReportError(f"{args.trace}: the trace has no ops (nothing ran inside `with Tracer(...)`)")
 
     everyone, df = df, first_rank(df) if is_multi_rank(df) else df  # the report of rank 0, then the ranks
-    sql = _sql_trace(args.trace, df)
+    sql = _sql_trace(args.trace, df) if args.engine == "sql" else None
     if args.plot:
         from reports.output.plots import save_plots
 
@@ -389,6 +389,9 @@ def _parser():
     rep.add_argument("--json", action="store_true", help="print one JSON object")
     rep.add_argument("--plot", metavar="DIR", help="write PNG plots to DIR")
     rep.add_argument("--top", type=_top, default=8, help="rows in the top-N tables")
+    rep.add_argument("--engine", choices=("pandas", "sql"), default="pandas",
+                     help="where the summary, top ops and modules, uncounted ops, roofline, peak and views tables come "
+                          "from: the loaded rows (pandas, default) or DuckDB over the files (sql); the output is the same")
     rep.set_defaults(run=_report)
     cmp = sub.add_parser("compare", help="compare several traces")
     cmp.add_argument("traces", nargs="+", help="two or more trace directories; ratios are against the first")
