@@ -67,7 +67,6 @@ def by_module(trace):
 def roofline_with_split(trace, peak_flops=None, bandwidth=None):
     """(the roofline by op and dtype, the split by bound per step) of every run."""
     table = _fetch(trace, "roofline_op", "time_s DESC, first_seq", ("ops", "flops", "bytes"))
-    dtypes = trace.sql("SELECT DISTINCT run_index, dtype FROM roofline_rows")
     roofs = []
     frames, splits = [], []
     steps = trace.phase_steps()
@@ -77,7 +76,7 @@ def roofline_with_split(trace, peak_flops=None, bandwidth=None):
             frames.append(pd.DataFrame(columns=["op", "dtype", *_METRICS]))
             splits.append(pd.DataFrame({"bound": list(BOUNDS)}))
             continue
-        peaks, bw = _roofs(meta, sorted(dtypes.loc[dtypes["run_index"] == i, "dtype"]), peak_flops, bandwidth)
+        peaks, bw = _roofs(meta, sorted(set(t["dtype"])), peak_flops, bandwidth)  # every dtype of the run's rows
         roofs += [(i, d, None if np.isnan(p) else float(p), None if np.isnan(bw) else float(bw)) for d, p in peaks.items()]
         total = float(t["time_s"].sum())
         t["time_pct"] = 100 * t["time_s"] / total if total > 0 else np.nan

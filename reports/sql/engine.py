@@ -42,6 +42,7 @@ VIEWS_SQL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "views.sql"
 INT64_MAX = 2**63 - 1
 _CREATE = re.compile(r"^CREATE VIEW (\w+) AS\s*$", re.MULTILINE)
 _GLOB = re.compile(r"([*?\[])")
+_ONCE = ("phase_steps", "run_totals")
 
 
 class Unsupported(ReportError):
@@ -111,8 +112,8 @@ class Trace:
             selects.append(f"SELECT {literal(name)} AS run, {i} AS run_index, * "
                            f"FROM read_parquet([{listed}], hive_partitioning = false)")  # fmt: skip
         self.db.execute("CREATE VIEW rows AS " + " UNION ALL ".join(selects))
-        for name, body, _ in statements():
-            self.db.execute(f"CREATE VIEW {name} AS {body}")
+        for name, body, _ in statements():  # the small per-run tables every percentage reads: computed once
+            self.db.execute(f"CREATE {'TEMP TABLE' if name in _ONCE else 'VIEW'} {name} AS {body}")
         self.columns = [c for c in self.db.execute("SELECT * FROM rows LIMIT 0").fetchdf().columns
                         if c not in ("run", "run_index")]  # fmt: skip
         if checked is None:

@@ -155,25 +155,31 @@ JOIN (SELECT s.run_index, min(s.seq) AS seq
   ON r.run_index = f.run_index AND r.seq = f.seq
 ;
 -- reports.views: views (is_view) against copies (the copy ops of reports/_util.py is_copy: an op
--- whose overload packet is one of them, or ends in `_copy` / `_copy_`).
-CREATE VIEW view_kinds AS
-SELECT *, CASE WHEN is_view THEN 'view'
-               WHEN packet IN ('aten.clone', 'aten.copy_', 'aten.copy', 'aten._to_copy', 'aten._to_dtype',
-                               'aten._copy_from', 'aten._copy_from_and_resize', 'aten.lift_fresh_copy',
-                               'aten.cat', 'aten.stack', 'aten.repeat')
-                    OR regexp_replace(packet, '_+$', '') LIKE '%\_copy' ESCAPE '\' THEN 'copy'
-               ELSE '' END AS kind
-FROM (SELECT *, split_part(op, '.', 1) || '.' || split_part(op, '.', 2) AS packet FROM rows) AS p
+-- whose overload packet is one of them, or ends in `_copy` / `_copy_`). The kind is decided once per
+-- op, not per row.
+CREATE VIEW op_kinds AS
+SELECT run, run_index, op, kind, sum(ops) AS ops, sum(bytes_allocated) AS bytes_allocated,
+       sum(bytes_written) AS bytes_written, min(first_seq) AS first_seq
+FROM (SELECT *, CASE WHEN is_view THEN 'view'
+                     WHEN packet IN ('aten.clone', 'aten.copy_', 'aten.copy', 'aten._to_copy', 'aten._to_dtype',
+                                     'aten._copy_from', 'aten._copy_from_and_resize', 'aten.lift_fresh_copy',
+                                     'aten.cat', 'aten.stack', 'aten.repeat')
+                          OR regexp_replace(packet, '_+$', '') LIKE '%\_copy' ESCAPE '\' THEN 'copy'
+                     ELSE '' END AS kind
+      FROM (SELECT run, run_index, op, is_view, split_part(op, '.', 1) || '.' || split_part(op, '.', 2) AS packet,
+                   count(*) AS ops, sum(bytes_allocated) AS bytes_allocated, sum(bytes_written) AS bytes_written,
+                   min(seq) AS first_seq
+            FROM rows GROUP BY run, run_index, op, is_view) AS g) AS k
+GROUP BY run, run_index, op, kind
 ;
 CREATE VIEW views AS
 SELECT g.run, g.run_index, g.kind, g.op, g.ops, g.bytes_allocated, g.bytes_written,
        CASE WHEN t.bytes_allocated = 0 THEN 0.0
             ELSE CAST(g.bytes_allocated AS DOUBLE) * 100.0 / CAST(t.bytes_allocated AS DOUBLE) END AS allocated_pct,
        g.first_seq
-FROM (SELECT run, run_index, kind, op, count(*) AS ops, sum(bytes_allocated) AS bytes_allocated,
-             sum(bytes_written) AS bytes_written, min(seq) AS first_seq
-      FROM view_kinds WHERE kind <> '' GROUP BY run, run_index, kind, op) AS g
+FROM op_kinds AS g
 JOIN run_totals AS t ON g.run_index = t.run_index
+WHERE g.kind <> ''
 ;
 -- The roofline's rows: per op, dtype and phase, FLOPs, algorithmic bytes (views move none) and time
 -- (busy_ns, else duration_ns, in ns); reports/sql/tables.py adds the roofs, per op kind (the table)
