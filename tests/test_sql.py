@@ -142,18 +142,42 @@ def test_several_runs_at_once(traces):
         _same(mine(sql), ref(df), exact)
 
 
-def test_bad_values_get_the_reference_loaders_line(traces, tmp_path):
+@pytest.mark.parametrize("column, row, value, message", [
+    ("flops", 3, -5, "column 'flops' holds -5 at seq 3"),
+    ("live_bytes", 2, None, "column 'live_bytes' is null at seq 2"),
+    ("seq", 4, 2, "seq 2 follows seq 3"),
+    ("duration_ns", 0, 2**62, None),  # in range: no error on either path
+])
+def test_bad_values_get_the_reference_loaders_line(traces, tmp_path, column, row, value, message):
     from test_damage import rewrite, set_cell
 
     bad = tmp_path / "bad"
     shutil.copytree(traces["gpt"], bad)
-    rewrite(part_paths(bad)[0], set_cell("flops", 3, -5))
+    rewrite(part_paths(bad)[0], set_cell(column, row, value))
+    if message is None:
+        assert tables.ops(Trace(bad)) == len(reports.load(bad))
+        return
     with pytest.raises(ReportError) as ref:
         reports.load(bad)
     with pytest.raises(ReportError) as mine:
         Trace(bad)
     assert str(mine.value) == str(ref.value)
-    assert "column 'flops' holds -5 at seq 3" in str(mine.value)
+    assert message in str(mine.value)
+
+
+def test_a_part_out_of_seq_order_gets_the_reference_loaders_line(traces, tmp_path):
+    """Parts whose seq ranges are swapped (the parts renamed): seq goes back at the boundary."""
+    bad = tmp_path / "swapped"
+    shutil.copytree(traces["gpt"], bad)
+    first, second = part_paths(bad)[:2]
+    os.rename(first, str(first) + ".x")
+    os.rename(second, first)
+    os.rename(str(first) + ".x", second)
+    with pytest.raises(ReportError) as ref:
+        reports.load(bad)
+    with pytest.raises(ReportError) as mine:
+        Trace(bad)
+    assert str(mine.value) == str(ref.value)
 
 
 def test_part_files_are_literal_paths(traces, tmp_path):
