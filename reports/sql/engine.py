@@ -9,18 +9,19 @@
 
   - each run passes reports.loading.load.read_run: the part files listed (never globbed),
     their footers, schema, metadata, trace ids and repeated parts checked, the damage counted;
-  - the values are checked from the parts' statistics (nulls, ranges, storage ids) and seq is checked
-    to increase row by row in SQL; when a check fails, the reference loader reads that run and raises its one-line ReportError,
-    so a damaged or hostile trace gets the same message on both paths;
+  - the values are checked from the parts' statistics (nulls, ranges, storage ids) and seq is
+    checked to increase row by row (each part's seq column read alone); when a check fails, the
+    reference loader reads that run and raises its one-line ReportError, so a damaged or hostile
+    trace gets the same message on both paths;
   - an incomplete or damaged trace warns, in the words reports.load uses.
 
 `rows` is defined over the literal list of the part files the checks accepted, each path made
 absolute and its glob characters escaped (DuckDB globs every file name it is given), with
 hive partitioning off (a `key=value` directory in a user's path adds no column).
 
-The tables (reports/sql/tables.py) are built from the views here; this module only runs SQL
-and gives results pandas dtypes: int64 sums stay int64 unless an int64 sum of that column could
-wrap (reports/steps.py summable), when they are float64.
+The tables (reports/sql/tables.py, reports/sql_report.py) are built from the views here; this
+module only runs SQL, divides totals per phase into per-step figures and says which int64 sums
+could wrap (reports/steps.py summable: pandas sums those as float64).
 """
 
 import os
@@ -143,7 +144,7 @@ class Trace:
         return self.db.execute(query).fetchdf()
 
     def table(self, view, order=None, where=None):
-        """A view's rows, ordered by `order` (SQL), sums as int64 (float64 when they could wrap)."""
+        """A view's rows, ordered by `order` (SQL), in DuckDB's dtypes (reports/sql/tables.py casts the sums)."""
         query = f"SELECT * FROM {view}" + (f" WHERE {where}" if where else "") + (f" ORDER BY {order}" if order else "")
         return self.db.execute(query).fetchdf()
 

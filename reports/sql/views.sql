@@ -119,7 +119,7 @@ FROM rows
 GROUP BY run, run_index, step
 ;
 -- portable: each module's own ops (the innermost module of a row); reports.by_module adds the
--- subtrees up the dotted names (reports/sql/tables.py).
+-- subtrees up the dotted names (reports/sql_report.py).
 CREATE VIEW module_own AS
 SELECT run, run_index, module, count(*) AS ops, sum(flops) AS flops, sum(bytes_allocated) AS bytes_allocated,
        CAST(sum(duration_ns) AS DOUBLE) / 1000.0 AS duration_us, min(seq) AS first_seq
@@ -182,7 +182,7 @@ JOIN run_totals AS t ON g.run_index = t.run_index
 WHERE g.kind <> ''
 ;
 -- The roofline's rows: per op, dtype and phase, FLOPs, algorithmic bytes (views move none) and time
--- (busy_ns, else duration_ns, in ns); reports/sql/tables.py adds the roofs, per op kind (the table)
+-- (busy_ns, else duration_ns, in ns); reports/sql_report.py adds the roofs, per op kind (the table)
 -- and per bound and step (the split).
 CREATE VIEW roofline_rows AS
 SELECT run, run_index, op, dtype, phase, flops,
@@ -197,7 +197,7 @@ FROM roofline_rows
 GROUP BY run, run_index, op, dtype
 ;
 -- portable: collective traffic per run, collective op, process group and group size, per phase:
--- reports/sql/tables.py divides by phase_steps and applies the ring algorithm's factors.
+-- reports/sql_report.py divides by phase_steps and applies the ring algorithm's factors.
 CREATE VIEW collective_totals AS
 SELECT run, run_index, op, process_group, coalesce(group_size, 1) AS group_size, phase, count(*) AS calls,
        sum(comm_bytes) AS message_bytes, min(seq) AS first_seq
