@@ -43,7 +43,7 @@ VIEWS_SQL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "views.sql"
 INT64_MAX = 2**63 - 1
 _CREATE = re.compile(r"^CREATE VIEW (\w+) AS\s*$", re.MULTILINE)
 _GLOB = re.compile(r"([*?\[])")
-_ONCE = ("phase_steps", "run_totals")
+_ONCE = ("phase_steps", "run_totals", "op_facts")
 
 
 class Unsupported(ReportError):

@@ -52,12 +52,12 @@ def _shape(trace, frame, columns, dtypes):
 
 
 def by_phase(trace):
-    frame = _fetch(trace, "by_phase", "phase_order, first_seq", _SUMS[1:])
+    frame = _fetch(trace, "by_phase", "phase_order, first_seq", _SUMS)
     return _shape(trace, frame, ["phase", *_SUM_DTYPES], {"phase": object, **_SUM_DTYPES})
 
 
 def by_op(trace):
-    frame = _fetch(trace, "by_op", "flops DESC, duration_us DESC, first_seq", _SUMS[1:])
+    frame = _fetch(trace, "by_op", "flops DESC, duration_us DESC, first_seq", _SUMS)
     return _shape(trace, frame, ["op", "flop_kind", *_SUM_DTYPES], {"op": object, "flop_kind": object, **_SUM_DTYPES})
 
 

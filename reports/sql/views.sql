@@ -44,13 +44,23 @@ SELECT run, run_index, count(*) AS ops,
 FROM rows
 GROUP BY run, run_index
 ;
+-- portable: the totals of each op, phase, FLOP kind and view flag: the tables by phase, by op, of
+-- uncounted ops, of top ops per step and of views and copies sum these (reports/sql/engine.py
+-- computes it once per trace: one scan of the rows for all of them).
+CREATE VIEW op_facts AS
+SELECT run, run_index, op, phase, flop_kind, is_view, count(*) AS ops, sum(flops) AS flops,
+       sum(CASE WHEN flops_bound THEN flops ELSE 0 END) AS bound_flops, sum(bytes_allocated) AS bytes_allocated,
+       sum(bytes_read) AS bytes_read, sum(bytes_written) AS bytes_written, sum(duration_ns) AS duration_ns,
+       min(seq) AS first_seq
+FROM rows
+GROUP BY run, run_index, op, phase, flop_kind, is_view
+;
 -- portable: totals per run and phase: the per-step figures of the summary (FLOPs per phase, the
 -- bound FLOPs, ops) divide these by phase_steps.
 CREATE VIEW phase_totals AS
-SELECT run, run_index, phase, count(*) AS ops, sum(flops) AS flops,
-       sum(CASE WHEN flops_bound THEN flops ELSE 0 END) AS bound_flops,
+SELECT run, run_index, phase, sum(ops) AS ops, sum(flops) AS flops, sum(bound_flops) AS bound_flops,
        sum(bytes_allocated) AS bytes_allocated
-FROM rows
+FROM op_facts
 GROUP BY run, run_index, phase
 ;
 -- portable: reports.by_phase (rows ordered by the phase order forward, backward, optimizer, other).
@@ -63,10 +73,10 @@ SELECT g.run, g.run_index, g.phase, g.ops, g.flops,
        CASE g.phase WHEN 'forward' THEN 0 WHEN 'backward' THEN 1 WHEN 'optimizer' THEN 2 WHEN 'other' THEN 3
             ELSE 4 END AS phase_order,
        g.first_seq
-FROM (SELECT run, run_index, phase, count(*) AS ops, sum(flops) AS flops, sum(bytes_allocated) AS bytes_allocated,
+FROM (SELECT run, run_index, phase, sum(ops) AS ops, sum(flops) AS flops, sum(bytes_allocated) AS bytes_allocated,
              sum(bytes_read) AS bytes_read, sum(bytes_written) AS bytes_written,
-             CAST(sum(duration_ns) AS DOUBLE) / 1000.0 AS duration_us, min(seq) AS first_seq
-      FROM rows GROUP BY run, run_index, phase) AS g
+             CAST(sum(duration_ns) AS DOUBLE) / 1000.0 AS duration_us, min(first_seq) AS first_seq
+      FROM op_facts GROUP BY run, run_index, phase) AS g
 JOIN run_totals AS t ON g.run_index = t.run_index
 ;
 -- reports.by_op: flop_kind is the op's kind in its first row (min_by: DuckDB, Spark and Trino).
@@ -77,11 +87,11 @@ SELECT g.run, g.run_index, g.op, g.flop_kind, g.ops, g.flops,
        CASE WHEN t.duration_ns = 0 THEN 0.0
             ELSE g.duration_us * 100.0 / (CAST(t.duration_ns AS DOUBLE) / 1000.0) END AS duration_pct,
        g.first_seq
-FROM (SELECT run, run_index, op, min_by(flop_kind, seq) AS flop_kind, count(*) AS ops, sum(flops) AS flops,
+FROM (SELECT run, run_index, op, min_by(flop_kind, first_seq) AS flop_kind, sum(ops) AS ops, sum(flops) AS flops,
              sum(bytes_allocated) AS bytes_allocated, sum(bytes_read) AS bytes_read,
              sum(bytes_written) AS bytes_written, CAST(sum(duration_ns) AS DOUBLE) / 1000.0 AS duration_us,
-             min(seq) AS first_seq
-      FROM rows GROUP BY run, run_index, op) AS g
+             min(first_seq) AS first_seq
+      FROM op_facts GROUP BY run, run_index, op) AS g
 JOIN run_totals AS t ON g.run_index = t.run_index
 ;
 -- A row's dtype: its first tensor input's, else its first output's, else '' (reports/tables.py row_dtypes).
@@ -131,15 +141,15 @@ CREATE VIEW uncounted AS
 SELECT g.run, g.run_index, g.op, g.ops, CAST(g.duration_ns AS DOUBLE) / 1000.0 AS duration_us,
        CASE WHEN t.duration_ns = 0 THEN 0.0
             ELSE CAST(g.duration_ns AS DOUBLE) * 100.0 / CAST(t.duration_ns AS DOUBLE) END AS time_pct
-FROM (SELECT run, run_index, op, count(*) AS ops, sum(duration_ns) AS duration_ns
-      FROM rows WHERE flop_kind = 'unknown' GROUP BY run, run_index, op) AS g
+FROM (SELECT run, run_index, op, sum(ops) AS ops, sum(duration_ns) AS duration_ns
+      FROM op_facts WHERE flop_kind = 'unknown' GROUP BY run, run_index, op) AS g
 JOIN run_totals AS t ON g.run_index = t.run_index
 ;
 -- portable: per op and phase, the totals the per-step top-ops table divides by phase_steps.
 CREATE VIEW op_phase_totals AS
-SELECT run, run_index, op, phase, count(*) AS ops, sum(flops) AS flops, sum(bytes_allocated) AS bytes_allocated,
-       min(seq) AS first_seq
-FROM rows
+SELECT run, run_index, op, phase, sum(ops) AS ops, sum(flops) AS flops, sum(bytes_allocated) AS bytes_allocated,
+       min(first_seq) AS first_seq
+FROM op_facts
 GROUP BY run, run_index, op, phase
 ;
 -- portable: reports.peak, the row after which live_bytes is highest (the first, on a tie).
@@ -167,9 +177,9 @@ FROM (SELECT *, CASE WHEN is_view THEN 'view'
                           OR regexp_replace(packet, '_+$', '') LIKE '%\_copy' ESCAPE '\' THEN 'copy'
                      ELSE '' END AS kind
       FROM (SELECT run, run_index, op, is_view, split_part(op, '.', 1) || '.' || split_part(op, '.', 2) AS packet,
-                   count(*) AS ops, sum(bytes_allocated) AS bytes_allocated, sum(bytes_written) AS bytes_written,
-                   min(seq) AS first_seq
-            FROM rows GROUP BY run, run_index, op, is_view) AS g) AS k
+                   sum(ops) AS ops, sum(bytes_allocated) AS bytes_allocated, sum(bytes_written) AS bytes_written,
+                   min(first_seq) AS first_seq
+            FROM op_facts GROUP BY run, run_index, op, is_view) AS g) AS k
 GROUP BY run, run_index, op, kind
 ;
 CREATE VIEW views AS
