@@ -293,12 +293,6 @@ def by_module(df, phase=None):
         if bad:
             raise ReportError(f"by_module: unknown phase(s) {bad}; phases are {list(PHASES)}")
         df = df[df["phase"].isin(phases)]
-    own_cols = ["ops", "flops", "bytes_allocated", "duration_us"]
-    columns = ["module", "depth", "parent", "ops", "subtree_ops", "flops", "subtree_flops", "subtree_flops_pct",
-               "bytes_allocated", "subtree_bytes_allocated", "duration_us", "subtree_duration_us"]
-    dtypes = {"module": object, "depth": "int64", "parent": object, "ops": "int64", "subtree_ops": "int64",
-              "flops": "int64", "subtree_flops": "int64", "subtree_flops_pct": "float64", "bytes_allocated": "int64",
-              "subtree_bytes_allocated": "int64", "duration_us": "float64", "subtree_duration_us": "float64"}
     runs_meta = df.attrs.get("runs") or {}
     frames = []
     for run, rows in split_runs(df):
@@ -313,16 +307,29 @@ def by_module(df, phase=None):
             "first_seq": g["seq"].min(),
         })
         own.index = own.index.astype(object)
-        names = [n for n in own.index if n != ""]
-        parent, depth = _module_tree(names + ([root] if root and names else []), root)
-        t = _rolled_up(own, own_cols, parent, depth)
-        if "" in own.index:
-            o = own.loc[""]
-            outside = {"module": "", "depth": 0, "parent": None, **{c: o[c] for c in own_cols},
-                       **{f"subtree_{c}": o[c] for c in own_cols}}
-            t = pd.concat([t, pd.DataFrame([outside])], ignore_index=True) if len(t) else pd.DataFrame([outside])
-        t = t.reindex(columns=[c for c in columns if c != "subtree_flops_pct"])
-        total = rows["flops"].sum()
-        t["subtree_flops_pct"] = pct(t["subtree_flops"].astype("float64"), total)
-        frames.append((run, t))
-    return combine(frames, columns, dtypes, several_runs(df))
+        frames.append((run, module_rows(own, root, rows["flops"].sum())))
+    return combine(frames, _MODULE_COLUMNS, _MODULE_DTYPES, several_runs(df))
+
+
+_MODULE_COLUMNS = ["module", "depth", "parent", "ops", "subtree_ops", "flops", "subtree_flops", "subtree_flops_pct",
+                   "bytes_allocated", "subtree_bytes_allocated", "duration_us", "subtree_duration_us"]  # fmt: skip
+_MODULE_DTYPES = {"module": object, "depth": "int64", "parent": object, "ops": "int64", "subtree_ops": "int64",
+                  "flops": "int64", "subtree_flops": "int64", "subtree_flops_pct": "float64", "bytes_allocated": "int64",
+                  "subtree_bytes_allocated": "int64", "duration_us": "float64", "subtree_duration_us": "float64"}  # fmt: skip
+
+
+def module_rows(own, root, total):
+    """One run's by_module rows from `own` (each module's own ops, flops, bytes_allocated, duration_us and
+    first_seq, indexed by module name in order of first appearance), its root module and its total FLOPs."""
+    own_cols = ["ops", "flops", "bytes_allocated", "duration_us"]
+    names = [n for n in own.index if n != ""]
+    parent, depth = _module_tree(names + ([root] if root and names else []), root)
+    t = _rolled_up(own, own_cols, parent, depth)
+    if "" in own.index:
+        o = own.loc[""]
+        outside = {"module": "", "depth": 0, "parent": None, **{c: o[c] for c in own_cols},
+                   **{f"subtree_{c}": o[c] for c in own_cols}}
+        t = pd.concat([t, pd.DataFrame([outside])], ignore_index=True) if len(t) else pd.DataFrame([outside])
+    t = t.reindex(columns=[c for c in _MODULE_COLUMNS if c != "subtree_flops_pct"])
+    t["subtree_flops_pct"] = pct(t["subtree_flops"].astype("float64"), total)
+    return t

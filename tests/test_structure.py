@@ -3,7 +3,7 @@
 Every module under reports/ and tracer/ is parsed with `ast` (imports inside functions
 count: a lazy import is still a dependency), and each import of a module of these
 packages becomes an edge. The layers of reports/, from the bottom:
-the base (errors, _util, steps) -> loading/ -> the analyses (tables, compare, flops/,
+the base (errors, _util, steps) -> loading/ and sql/ -> the analyses (tables, compare, flops/,
 memory/, time/, distributed/) -> output/ (text, the CLI, its sections, plots, exports).
 A module may import its own layer or those below it, never one above.
 """
@@ -17,6 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("reports", "tracer")
 BASE = {"reports", "reports.errors", "reports._util", "reports.steps"}
 LOADING = "reports.loading"
+SQL = "reports.sql"  # the SQL views and their engine: beside loading (analyses use it; it uses loading only)
 OUTPUT = "reports.output"
 
 
@@ -103,7 +104,7 @@ def _layer(name):
         return -1
     if name in BASE:
         return 0
-    if name == LOADING or name.startswith(LOADING + "."):
+    if name in (LOADING, SQL) or name.startswith((LOADING + ".", SQL + ".")):
         return 1
     if name == OUTPUT or name.startswith(OUTPUT + "."):
         return 3

@@ -80,15 +80,10 @@ def load(paths, columns=None, lists="objects"):
     if lists == "deferred":
         wanted_all = [c for c in wanted_all if c not in DEFERRED]
     unread = [c for c in COLUMN_NAMES if c not in wanted_all]  # left in the files: checked from the parts' statistics
-    for path, rank in _with_ranks(paths):
+    for path, rank in runs_with_ranks(paths):
         meta = read_run(path, footers, unread)
-        name = meta.get("run_name") or os.path.basename(os.fspath(path))
-        if rank is not None:
-            name = f"{name}/rank={rank}"
+        name = run_name(path, rank, meta, runs)
         frame_ranks.append(rank if rank is not None else meta.get("rank"))
-        base, n = name, 2
-        while name in runs:  # two runs with one name: keep both
-            name, n = f"{base}#{n}", n + 1
         wanted = list(columns) if columns is not None else list(COLUMN_NAMES)
         if lists == "deferred":
             wanted = [c for c in wanted if c not in DEFERRED]
@@ -156,7 +151,19 @@ def ranks_present(path):
     return 1 if _RANK_DIR.match(os.path.basename(os.path.normpath(os.fspath(path)))) else 0
 
 
-def _with_ranks(paths):
+def run_name(path, rank, meta, taken):
+    """A run's name: its run_name (else the directory's name), `/rank=R` for a rank of a distributed trace,
+    `#2`, `#3`, ... when a run in `taken` has it already (two runs with one name: keep both)."""
+    name = meta.get("run_name") or os.path.basename(os.fspath(path))
+    if rank is not None:
+        name = f"{name}/rank={rank}"
+    base, n = name, 2
+    while name in taken:
+        name, n = f"{base}#{n}", n + 1
+    return name
+
+
+def runs_with_ranks(paths):
     """(path, rank) per trace to read: a distributed trace's rank directories, each with its rank."""
     for path in paths:
         found = rank_paths(path) if not list_parts(path) else []

@@ -13,9 +13,9 @@ import sys
 import warnings
 
 from reports.errors import ReportError
-from reports.flops.coverage import bounds
 from reports.loading.integrity import describe_damage, list_parts
 from reports.output.report_json import compare_json, sections, strict
+from reports.output.source import Source
 from reports.output.text import column_formatters, human, human_bytes, human_seconds, json_number, percent, printable
 
 # Columns no section of `optrace report` reads, left out of its load (a section that needs one takes it out of here).
@@ -28,26 +28,22 @@ _JOB_COLUMNS = ("comm_bytes", "group_size", "process_group")
 
 def _phase_flops(df):
     """FLOPs per step by phase straight from the rows, for a trace breakdown cannot read."""
-    from reports.steps import per_step
-
-    phase = df["phase"]
-    flops = {p: json_number(per_step(df, mask=phase == p)) for p in ("forward", "backward", "optimizer", "other")}
-    flops["total"] = json_number(per_step(df))
-    return flops
+    return Source(df).phase_flops()
 
 
-def summary(df, peak_tflops=None, step_time_s=None, ranks_present=None, top=8):
+def summary(df, peak_tflops=None, step_time_s=None, ranks_present=None, top=8, sql=None):
     """What `report --json` prints, as a dict: the summary figures, then every section of the text report
     (reports/output/report_json.py). `ranks_present`: rank directories in the trace
-    (reports.loading.load.ranks_present), for its `distributed` object; default: the runs loaded."""
+    (reports.loading.load.ranks_present), for its `distributed` object; default: the runs loaded.
+    `sql`: a reports.sql.engine.Trace of the same run, for the tables it computes (reports/output/source.py)."""
     from reports.distributed.ranks import job_summary
     from reports.flops.accounting import analyse
     from reports.flops.breakdown import breakdown
     from reports.flops.mfu import mfu
-    from reports.memory.memory import peak
     from reports.flops.meter import meter_summary
     from reports.steps import count_steps
 
+    src = Source(df, sql)
     (run, meta), *_ = df.attrs["runs"].items()
     try:
         accounts = analyse(df, "matmul", None, "breakdown")  # one analysis of the rows for breakdown and explain
@@ -55,7 +51,7 @@ def summary(df, peak_tflops=None, step_time_s=None, ranks_present=None, top=8):
     except ReportError:  # traced without model= or tokens=: no N or T, the rest still reports
         table = accounts = None
     rate = mfu(df, step_time_s=step_time_s, peak_flops=peak_tflops * 1e12 if peak_tflops is not None else None).iloc[0]
-    highest = peak(df).iloc[0]
+    highest = src.peak().iloc[0]
     return {
         "run": run,
         "complete": bool(meta.get("complete")),
@@ -65,8 +61,8 @@ def summary(df, peak_tflops=None, step_time_s=None, ranks_present=None, top=8):
         "n_active": json_number(table["n_active"].iloc[0]) if table is not None else None,  # parameters a token uses
         "tokens": json_number(table["tokens"].iloc[0]) if table is not None else json_number(meta.get("tokens")),
         "steps": count_steps(df),
-        "flops": _phase_flops(df),  # per step; the phases add up to total
-        "bound_flops": bounds(df),  # of those, per step, upper bounds rather than counts
+        "flops": src.phase_flops(),  # per step; the phases add up to total
+        "bound_flops": src.bounds(),  # of those, per step, upper bounds rather than counts
         "external_weight_flops": None if table is None else json_number(table.loc["total", "external_weight_flops"]),
         "expected": None if table is None else {
             phase: json_number(table.loc[phase, "expected_flops"]) for phase in ("forward", "backward", "total")
@@ -80,43 +76,39 @@ def summary(df, peak_tflops=None, step_time_s=None, ranks_present=None, top=8):
         "compiled_ran_eagerly": bool(meta.get("compiled_ran_eagerly")),
         "backward_unnamed_rows": int(meta.get("backward_unnamed_rows") or 0),
         "attention": meta.get("attention"),  # on meta: which SDPA kernels ran (tracer/attention.py)
-        **_coverage_json(df),
+        **_coverage_json(src),
         "distributed": job_summary(df, len(df.attrs["runs"]) if ranks_present is None else ranks_present),
         "untraced_optimizer_steps": int(meta.get("untraced_optimizer_steps") or 0),  # compiled before the trace
         "cycles_without_step": int(meta.get("cycles_without_step") or 0),  # iterations no step boundary split
         "meter": meter_summary(df),  # a metered run's per-step figures (tracer/meter.py); null without
-        **sections(df, meta, accounts, peak_tflops, step_time_s, top),
+        **sections(df, meta, accounts, peak_tflops, step_time_s, top, src),
     }
 
 
-def _coverage_json(df):
+def _coverage_json(src):
     """`uncounted_ops`: the ops no FLOP formula counted (op, ops, time_pct)."""
-    from reports.flops.coverage import uncounted
-
-    table = uncounted(df)
+    table = src.uncounted()
     return {"uncounted_ops": [{"op": r.op, "ops": int(r.ops), "time_pct": json_number(r.time_pct)} for r in table.itertuples()]}
 
 
-def _print_coverage(df, out):
+def _print_coverage(src, out):
     """Ops no FLOP formula counted: never a silent zero."""
-    from reports.flops.coverage import FIX, uncounted
+    from reports.flops.coverage import FIX
 
-    table = uncounted(df)
+    table = src.uncounted()
     if len(table):
         print(f"\nOps without a FLOP formula (counted as 0 FLOPs; {FIX})", file=out)
         shown = table.assign(time_pct=table["time_pct"].map(lambda v: f"{v:.1f}%"))
         print(shown[["op", "ops", "time_pct"]].to_string(index=False), file=out)
 
 
-def _print_report(df, args, out):
+def _print_report(df, args, out, sql=None):
     from reports.flops.breakdown import breakdown, explain
     from reports.flops.explain import cycles_note
     from reports.flops.mfu import mfu
-    from reports.memory.memory import by_category, peak
-    from reports.memory.views import views
-    from reports.output.report_json import top_ops
-    from reports.tables import by_module
+    from reports.memory.memory import by_category
 
+    src = Source(df, sql)  # the tables the SQL engine computes when `sql` (a Trace of the run) is given
     (run, meta), *_ = df.attrs["runs"].items()
     device = (meta.get("device") or {}).get("name", "?")
     state = "complete" if meta.get("complete") else "INCOMPLETE (cut short): figures cover the rows it has"
@@ -143,7 +135,7 @@ def _print_report(df, args, out):
         print(f"Note: {meta['backward_unnamed_rows']:,} backward ops have no module (an engine run of more autograd "
               f"nodes than the tracer names, 20,000); FLOP and byte figures are unaffected", file=out)
 
-    bound = bounds(df)
+    bound = src.bounds()
     if bound["rows"]:
         print(f"Note: {bound['rows']:,} ops count an upper bound of their FLOPs ({human(bound['flops'])} per step): "
               f"the lengths or group sizes they depend on could not be read (meta or fake tensors); "
@@ -193,25 +185,25 @@ def _print_report(df, args, out):
         if spread:
             print(f"  {spread}", file=out)
 
-    ops = top_ops(df, args.top)
+    ops = src.top_ops(args.top)
     print(f"\nTop {len(ops)} ops by FLOPs, per step ({df['step'].nunique()} step(s) traced)", file=out)
     print(ops.to_string(index=False, formatters=column_formatters(ops)), file=out)
-    mods = by_module(df)
+    mods = src.by_module()
     mods = mods[mods["depth"] <= 2].sort_values("subtree_flops", ascending=False).head(args.top)
     mods = mods.assign(module=mods["module"].replace("", "(outside modules)"))
     mods = mods[["module", "subtree_flops", "subtree_flops_pct"]].rename(columns={"subtree_flops": "subtree_flops_total"})
     print(f"\nTop modules by FLOPs, totals over all {df['step'].nunique()} step(s) (children rolled up)", file=out)
     print(mods.to_string(index=False, formatters=column_formatters(mods)), file=out)
 
-    _print_coverage(df, out)
-    _print_roofline(df, args, out)
+    _print_coverage(src, out)
+    _print_roofline(df, args, out, src)
 
-    top = peak(df).iloc[0]
+    top = src.peak().iloc[0]
     print(f"\nMemory: peak {human_bytes(top['peak_live_bytes'])} live at op {top['seq']} ({printable(top['op'])}, {printable(top['phase'])}, module {printable(top['module'] or '-')})", file=out)
     for _, row in by_category(df).iterrows():
         print(f"  {row['category']:<22} {human_bytes(row['bytes'])}", file=out)
 
-    v = views(df)
+    v = src.views()
     kinds = v.groupby("kind", sort=False)[["ops", "bytes_allocated"]].sum().reset_index()
     print("\nViews (no new memory) vs copies", file=out)
     print(kinds.to_string(index=False, formatters=column_formatters(kinds)), file=out)
@@ -220,11 +212,9 @@ def _print_report(df, args, out):
         print("Copies:", ", ".join(f"{printable(r.op)} x{r.ops} ({human_bytes(r.bytes_allocated)})" for r in made.itertuples()), file=out)
 
 
-def _print_roofline(df, args, out):
+def _print_roofline(df, args, out, src=None):
     """The roofline section: the top op kinds by time, and the step's time by what bounds it."""
-    from reports.time.roofline import roofline_with_split
-
-    table, split = roofline_with_split(df)  # the rows prepared once for both tables
+    table, split = (src or Source(df)).roofline_with_split()  # the rows prepared once for both tables
     table = table.head(args.top)
     if not table["bound"].ne("other").any():
         print("\nRoofline: N/A (no roof: record Tracer.set_bandwidth(tracer.memory_bandwidth()) on a CPU)", file=out)
@@ -283,22 +273,36 @@ def _report(args):
         raise ReportError(f"{args.trace}: the trace has no ops (nothing ran inside `with Tracer(...)`)")
 
     everyone, df = df, first_rank(df) if is_multi_rank(df) else df  # the report of rank 0, then the ranks
+    sql = _sql_trace(args.trace, df) if args.engine == "sql" else None
     if args.plot:
         from reports.output.plots import save_plots
 
         paths = save_plots(df, args.plot)
     if args.json:
         extra = rank_summary(everyone) if is_multi_rank(everyone) else {}
-        found = summary(df, args.peak_tflops, args.step_time, ranks_present(args.trace), args.top)
+        found = summary(df, args.peak_tflops, args.step_time, ranks_present(args.trace), args.top, sql)
         print(json.dumps(strict({**found, **extra}), indent=2, allow_nan=False))
     else:
-        _print_report(df, args, sys.stdout)
+        _print_report(df, args, sys.stdout, sql)
         print_meter(df, sys.stdout)  # a metered run's per-step figures (reports/output/meter.py)
         print_job(df, ranks_present(args.trace), sys.stdout)
         if is_multi_rank(everyone):
             print_ranks(everyone, sys.stdout)
         if args.plot:
             print("\nPlots: " + ", ".join(str(p) for p in paths))
+
+
+def _sql_trace(path, df):
+    """The SQL engine's Trace of the report's run (rank 0's files), on the checks `load` just made; None for a
+    trace it does not read (v1, v2: the frame's tables then)."""
+    from reports.loading.load import runs_with_ranks
+    from reports.sql.engine import Trace, Unsupported
+
+    (first, _), *_ = runs_with_ranks([path])
+    try:
+        return Trace(first, checked=dict([next(iter(df.attrs["runs"].items()))]))
+    except Unsupported:
+        return None
 
 
 def _compare(args):
@@ -416,6 +420,9 @@ def _parser():
     rep.add_argument("--json", action="store_true", help="print one JSON object")
     rep.add_argument("--plot", metavar="DIR", help="write PNG plots to DIR")
     rep.add_argument("--top", type=_top, default=8, help="rows in the top-N tables")
+    rep.add_argument("--engine", choices=("pandas", "sql"), default="pandas",
+                     help="where the summary, top ops and modules, uncounted ops, roofline, peak and views tables come "
+                          "from: the loaded rows (pandas, default) or DuckDB over the files (sql); the output is the same")
     rep.set_defaults(run=_report)
     cmp = sub.add_parser("compare", help="compare several traces")
     cmp.add_argument("traces", nargs="+", help="two or more trace directories; ratios are against the first")

@@ -97,23 +97,19 @@ def top_ops(df, top):
     return out.reset_index(drop=True)
 
 
-def _top_ops(df, top):
-    return {"unit": "per step", "rows": records(top_ops(df, top))}
+def _top_ops(src, top):
+    return {"unit": "per step", "rows": records(src.top_ops(top))}
 
 
-def _top_modules(df, top):
-    from reports.tables import by_module
-
-    mods = by_module(df)
+def _top_modules(src, top):
+    mods = src.by_module()
     mods = mods[mods["depth"] <= 2].sort_values("subtree_flops", ascending=False).head(top)
     return {"unit": "totals over all traced steps, children rolled up",
             "rows": records(mods, ["module", "depth", "subtree_flops", "subtree_flops_pct"])}
 
 
-def _roofline(df, top):
-    from reports.time.roofline import roofline_with_split
-
-    table, split = roofline_with_split(df)
+def _roofline(src, top):
+    table, split = src.roofline_with_split()
     table = table.head(top)
     if not table["bound"].ne("other").any():
         return {"available": False, "reason": "no roof: record Tracer.set_bandwidth(tracer.memory_bandwidth()) on a CPU"}
@@ -135,10 +131,10 @@ def _roofline(df, top):
     }
 
 
-def _memory(df):
-    from reports.memory.memory import by_category, peak
+def _memory(df, src):
+    from reports.memory.memory import by_category
 
-    top = peak(df).iloc[0]
+    top = src.peak().iloc[0]
     return {
         "peak": {"peak_live_bytes": json_value(top["peak_live_bytes"]), "seq": json_value(top["seq"]),
                  "step": json_value(top["step"]), "op": top["op"], "phase": top["phase"], "module": top["module"]},
@@ -146,26 +142,25 @@ def _memory(df):
     }  # fmt: skip
 
 
-def _views(df, top):
-    from reports.memory.views import views
-
-    v = views(df)
+def _views(src, top):
+    v = src.views()
     kinds = v.groupby("kind", sort=False, observed=True)[["ops", "bytes_allocated"]].sum().reset_index()
     copies = v[v["kind"] == "copy"].head(top)
     return {"kinds": records(kinds.astype({"kind": object})), "copies": records(copies, ["op", "ops", "bytes_allocated"])}
 
 
-def sections(df, meta, accounts=None, peak_tflops=None, step_time_s=None, top=8):
-    """The keys `report --json` adds to the summary: every section of the text report."""
+def sections(df, meta, accounts, peak_tflops, step_time_s, top, src):
+    """The keys `report --json` adds to the summary: every section of the text report. `src`: where the
+    tables come from (reports/output/source.py Source: the SQL engine or the frame)."""
     return {
         "error": meta.get("error"),  # the exception the traced code raised, or null
         "breakdown": _breakdown(df, accounts),
         "mfu_details": _mfu(df, peak_tflops, step_time_s),
-        "top_ops": _top_ops(df, top),
-        "top_modules": _top_modules(df, top),
-        "roofline": _roofline(df, top),
-        "memory": _memory(df),
-        "views": _views(df, top),
+        "top_ops": _top_ops(src, top),
+        "top_modules": _top_modules(src, top),
+        "roofline": _roofline(src, top),
+        "memory": _memory(df, src),
+        "views": _views(src, top),
     }
 
 

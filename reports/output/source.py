@@ -1,0 +1,91 @@
+"""Where `optrace report` takes each table from: the SQL engine (reports/sql) when it has the trace
+open, else the pandas functions on the loaded frame (the reference). Both give the same tables
+(tests/test_sql.py); the sections that need per-row Python (breakdown and explain, MFU, memory
+categories, the rank sections) always read the frame."""
+
+__all__ = ["Source"]
+
+
+class Source:
+    """The report's tables of one run: `sql` a reports.sql.engine.Trace of that run's files, or None."""
+
+    def __init__(self, df, sql=None):
+        self.df, self.sql = df, sql
+
+    def phase_flops(self):
+        """{phase: FLOPs per step, "total": ...} (reports/steps.py per_step), numbers as --json prints them."""
+        from reports.output.text import json_number
+
+        if self.sql is not None:
+            from reports.sql.tables import phase_flops
+
+            return {k: json_number(v) for k, v in phase_flops(self.sql).items()}
+        from reports.steps import per_step
+
+        phase = self.df["phase"]
+        flops = {p: json_number(per_step(self.df, mask=phase == p)) for p in ("forward", "backward", "optimizer", "other")}
+        flops["total"] = json_number(per_step(self.df))
+        return flops
+
+    def bounds(self):
+        if self.sql is not None:
+            from reports.sql.tables import bounds
+
+            return bounds(self.sql)
+        from reports.flops.coverage import bounds
+
+        return bounds(self.df)
+
+    def uncounted(self):
+        if self.sql is not None:
+            from reports.sql.tables import uncounted
+
+            return uncounted(self.sql)
+        from reports.flops.coverage import uncounted
+
+        return uncounted(self.df)
+
+    def top_ops(self, top):
+        if self.sql is not None:
+            from reports.sql.tables import top_ops
+
+            return top_ops(self.sql, top)
+        from reports.output.report_json import top_ops
+
+        return top_ops(self.df, top)
+
+    def by_module(self):
+        if self.sql is not None:
+            from reports.sql_report import by_module
+
+            return by_module(self.sql)
+        from reports.tables import by_module
+
+        return by_module(self.df)
+
+    def roofline_with_split(self):
+        if self.sql is not None:
+            from reports.sql_report import roofline_with_split
+
+            return roofline_with_split(self.sql)
+        from reports.time.roofline import roofline_with_split
+
+        return roofline_with_split(self.df)
+
+    def peak(self):
+        if self.sql is not None:
+            from reports.sql.tables import peak
+
+            return peak(self.sql)
+        from reports.memory.memory import peak
+
+        return peak(self.df)
+
+    def views(self):
+        if self.sql is not None:
+            from reports.sql.tables import views
+
+            return views(self.sql)
+        from reports.memory.views import views
+
+        return views(self.df)

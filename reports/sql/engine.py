@@ -1,0 +1,255 @@
+"""Run the report views of views.sql with DuckDB, embedded, over a trace's validated part files.
+
+    trace = Trace("runs/gpt.parquet")     # checks the trace as reports.load does, reads no row into Python
+    trace.table("by_op")                  # a view's rows as a DataFrame
+    trace.close()
+
+`Trace(paths)` takes what `reports.load` takes (one trace or several, a distributed trace's
+`rank=R` directories one run each) and names the runs as it does. Before any view runs:
+
+  - each run passes reports.loading.load.read_run: the part files listed (never globbed),
+    their footers, schema, metadata, trace ids and repeated parts checked, the damage counted;
+  - the values are checked from the parts' statistics (nulls, ranges, storage ids) and seq is
+    checked to increase row by row (each part's seq column read alone); when a check fails, the
+    reference loader reads that run and raises its one-line ReportError, so a damaged or hostile
+    trace gets the same message on both paths;
+  - an incomplete or damaged trace warns, in the words reports.load uses.
+
+`rows` is defined over the literal list of the part files the checks accepted, each path made
+absolute and its glob characters escaped (DuckDB globs every file name it is given), with
+hive partitioning off (a `key=value` directory in a user's path adds no column).
+
+The tables (reports/sql/tables.py, reports/sql_report.py) are built from the views here; this
+module only runs SQL, divides totals per phase into per-step figures and says which int64 sums
+could wrap (reports/steps.py summable: pandas sums those as float64).
+"""
+
+import os
+import re
+import warnings
+
+import numpy as np
+import pandas as pd
+
+from reports.errors import ReportError
+from reports.loading.integrity import Footers, describe_damage, footer, list_parts
+from reports.loading.load import id_limit, read_run, run_name, runs_with_ranks
+from reports.loading.validate import check_footers
+from tracer.schema import PHASES, SCHEMA_VERSION
+
+__all__ = ["VIEWS_SQL", "Trace", "Unsupported", "literal", "statements"]
+
+VIEWS_SQL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "views.sql")
+INT64_MAX = 2**63 - 1
+_CREATE = re.compile(r"^CREATE VIEW (\w+) AS\s*$", re.MULTILINE)
+_GLOB = re.compile(r"([*?\[])")
+_ONCE = ("phase_steps", "run_totals", "op_facts")
+
+
+class Unsupported(ReportError):
+    """A trace the SQL engine does not read (a v1 or v2 trace: columns its views need are missing)."""
+
+
+def statements(path=VIEWS_SQL):
+    """[(view name, its SELECT, portable?)] of views.sql in order: `portable` when its comment says the
+    view runs unchanged in polars' SQL too."""
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    out = []
+    for chunk in re.split(r"^;\s*$", text, flags=re.MULTILINE):
+        found = _CREATE.search(chunk)
+        if not found:
+            continue
+        comment = chunk[: found.start()].strip().splitlines()
+        portable = any(line.startswith("-- portable") for line in comment[-12:])
+        out.append((found.group(1), chunk[found.end():].strip(), portable))
+    return out
+
+
+def literal(text):
+    """A SQL string literal holding `text`."""
+    return "'" + str(text).replace("'", "''") + "'"
+
+
+def file_literal(path):
+    """A part file as DuckDB must be given it: absolute, its glob characters escaped ([*], [?], [[])."""
+    return literal(_GLOB.sub(r"[\1]", os.path.abspath(path)))
+
+
+class Trace:
+    """One trace or several, checked, with a DuckDB connection holding `rows` and the views of views.sql.
+
+    `runs`: {run name: metadata} as reports.load gives it in `df.attrs["runs"]`; `ranks`: the rank
+    of each run (None outside a distributed trace). `checked`: the `df.attrs["runs"]` of a reports.load of
+    the same paths, whose checks (and warnings) this then skips."""
+
+    def __init__(self, paths, threads=None, checked=None):
+        try:
+            import duckdb
+        except ImportError:
+            raise ReportError("the SQL engine needs duckdb, which is not installed: pip install 'optrace[sql]'") from None
+
+        if isinstance(paths, (str, os.PathLike)):
+            paths = [paths]
+        if not paths:
+            raise ReportError("load: expected at least one trace path, got none")
+        self.runs, self.ranks, self.paths, self.files = {}, [], [], []
+        footers = Footers()
+        given = iter((checked or {}).items())
+        for path, rank in runs_with_ranks(paths):
+            if checked is not None:  # the runs reports.load just read and checked from these files: no second check
+                name, meta = next(given)
+            else:
+                meta = read_run(path, footers)
+                name = run_name(path, rank, meta, self.runs)
+            if meta["schema_version"] < SCHEMA_VERSION:
+                raise Unsupported(f"{path}: a v{meta['schema_version']} trace; the SQL engine reads v{SCHEMA_VERSION}")
+            self.runs[name] = meta
+            self.ranks.append(rank if rank is not None else meta.get("rank"))
+            self.paths.append(path)
+            self.files.append(list_parts(path))
+        self.db = duckdb.connect(config={"threads": threads} if threads else {})
+        self.db.execute("SET parquet_metadata_cache = true")  # each part's footer parsed once, not once per query
+        selects = []
+        for i, (name, files) in enumerate(zip(self.runs, self.files)):
+            listed = ", ".join(file_literal(f) for f in files)
+            selects.append(f"SELECT {literal(name)} AS run, {i} AS run_index, * "
+                           f"FROM read_parquet([{listed}], hive_partitioning = false)")  # fmt: skip
+        self.db.execute("CREATE VIEW rows AS " + " UNION ALL ".join(selects))
+        for name, body, _ in statements():  # the small per-run tables every percentage reads: computed once
+            self.db.execute(f"CREATE {'TEMP TABLE' if name in _ONCE else 'VIEW'} {name} AS {body}")
+        self.columns = [c for c in self.db.execute("SELECT * FROM rows LIMIT 0").fetchdf().columns
+                        if c not in ("run", "run_index")]  # fmt: skip
+        if checked is None:
+            self._check_values(footers)
+        self.totals = self.table("run_totals")
+        for path, meta, ops in zip(self.paths, self.runs.values(), self._ops()) if checked is None else ():
+            broken = describe_damage(meta["damage"])
+            if not meta.get("complete") or broken:  # reports.load's warning, word for word
+                state = "incomplete (cut short)" if not meta.get("complete") else "damaged"
+                warnings.warn(f"{path}: trace is {state}{': ' + broken if broken else ''}; reporting the {ops} rows it has")
+
+    def close(self):
+        self.db.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    @property
+    def several(self):
+        return len(self.runs) > 1
+
+    def sql(self, query):
+        """The result of any query over `rows` and the views, as a DataFrame (DuckDB's dtypes)."""
+        return self.db.execute(query).fetchdf()
+
+    def table(self, view, order=None, where=None):
+        """A view's rows, ordered by `order` (SQL), in DuckDB's dtypes (reports/sql/tables.py casts the sums)."""
+        query = f"SELECT * FROM {view}" + (f" WHERE {where}" if where else "") + (f" ORDER BY {order}" if order else "")
+        return self.db.execute(query).fetchdf()
+
+    def _ops(self):
+        found = dict(zip(self.totals["run_index"], self.totals["ops"])) if len(self.totals) else {}
+        return [int(found.get(i, 0)) for i in range(len(self.runs))]
+
+    def wide(self, column, run_index=0):
+        """Whether an int64 sum of `column` over the run's rows could wrap (so pandas sums it as float64)."""
+        t = self.totals[self.totals["run_index"] == run_index]
+        if not len(t) or f"{column}_max" not in t:
+            return False
+        return int(t[f"{column}_max"].iloc[0]) * int(t["ops"].iloc[0]) > INT64_MAX  # values are >= 0 (checked)
+
+    def sums(self, frame, columns, run_index=0):
+        """`frame` with each summed column int64, or float64 where pandas would have summed it as float64."""
+        for c in columns:
+            if c in frame.columns:
+                frame[c] = frame[c].astype("float64" if self.wide(c, run_index) else "int64")
+        return frame
+
+    def phase_steps(self):
+        """{run_index: {phase: steps}} (reports/steps.py phase_steps)."""
+        out = {i: {} for i in range(len(self.runs))}
+        for r in self.table("phase_steps").itertuples():
+            out[int(r.run_index)][r.phase] = int(r.steps)
+        return out
+
+    def per_step(self, totals, columns, keys=()):
+        """Per-step figures from a view of totals per (keys..., phase): each phase's total over the steps
+        it ran in, summed over the phases in reports/steps.py's order (float64, as per_step gives them).
+        Returns {run_index: DataFrame of keys and columns}, keys in order of first appearance."""
+        steps = self.phase_steps()
+        out = {}
+        for i in range(len(self.runs)):
+            t = totals[totals["run_index"] == i]
+            names = list(steps[i])
+            order = sorted(range(len(names)), key=lambda c: (PHASES.index(names[c]) if names[c] in PHASES else len(PHASES),
+                                                             names[c]))  # fmt: skip
+            if keys:
+                first = t.groupby(list(keys), sort=False)["first_seq"].min().sort_values(kind="stable")
+                index = first.index
+            else:
+                index = pd.Index([0])
+            figures = {c: np.zeros(len(index)) for c in columns}
+            for c in order:
+                phase = names[c]
+                part = t[t["phase"] == phase]
+                if keys:
+                    part = part.set_index(list(keys)).reindex(index)
+                for col in columns:
+                    values = part[col].to_numpy(dtype=np.float64, na_value=0.0) if len(part) else np.zeros(len(index))
+                    figures[col] = figures[col] + values / steps[i][phase]
+            frame = pd.DataFrame(figures)
+            if keys:
+                frame = pd.concat([index.to_frame(index=False), frame], axis=1)
+            out[i] = frame
+        return out
+
+    # ---------------------------------------------------------------------------- value checks
+    def _check_values(self, footers):
+        """The checks of reports/loading/validate.py check_rows without reading the rows: nulls, ranges and
+        storage ids from each part's Parquet statistics (check_footers), seq increasing read part by part
+        (_seq_increases). A run that fails one is read by the reference loader, which raises the one-line error naming
+        the value and the row (or accepts it: a FLOP count clamped to int64 is a flagged bound, not damage)."""
+        for i, (path, meta) in enumerate(zip(self.paths, self.runs.values())):
+            limit = id_limit(meta, sum(footers.rows.get(f, 0) for f in self.files[i]))
+            try:
+                check_footers(path, [(f, footer(f, footers)) for f in self.files[i]], self.columns, limit, {})
+            except ReportError:
+                self._reference_check(path)
+                continue
+            if not _seq_increases(self.files[i], footers):
+                self._reference_check(path)
+
+    @staticmethod
+    def _reference_check(path):
+        """Read one run with the reference loader: its checks raise the one line that names the bad value."""
+        from reports.loading.load import load
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            load(path, lists="arrow")
+
+
+def _seq_increases(files, footers):
+    """Whether seq increases row by row through the parts in order: each part's seq column read alone (one
+    part in memory at a time; a part of one row is not read: its seq is its footer's statistics)."""
+    import pyarrow.parquet as pq
+
+    last = None
+    for part in files:
+        info = footer(part, footers)
+        if not info.num_rows:
+            continue
+        column = info.schema.names.index("seq")
+        stats = info.row_group(0).column(column).statistics if info.num_row_groups == 1 else None
+        if info.num_rows == 1 and stats is not None and stats.has_min_max:
+            seq = np.array([stats.min], dtype=np.int64)
+        else:
+            seq = pq.read_table(part, columns=["seq"]).column("seq").to_numpy()
+        if (last is not None and seq[0] <= last) or (len(seq) > 1 and not (np.diff(seq) > 0).all()):
+            return False
+        last = int(seq[-1])
+    return True

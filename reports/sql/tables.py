@@ -1,0 +1,188 @@
+"""The report tables from the SQL views: each function takes a reports.sql.engine.Trace and returns
+the DataFrame its pandas reference returns, column for column and dtype for dtype.
+
+    pandas reference (a loaded frame)        here (a Trace)
+    reports.by_phase, by_op, by_dtype,       by_phase, by_op, by_dtype, by_step
+      by_step (reports/tables.py)
+    reports.uncounted, coverage.bounds       uncounted, bounds
+    reports.peak                             peak
+    reports.views                            views
+    reports/steps.py count_steps, per_step   count_steps, phase_flops
+    report_json.top_ops                      top_ops
+    module rows of reports.by_module         module_own (reports/sql_report.py rolls the tree up)
+
+Integer sums are exact (DuckDB sums int64 in 128 bits); a float sum (a percentage's parts,
+per-step figures) can differ from pandas' in the last bit, as sums in another order do.
+"""
+
+import pandas as pd
+
+from reports._util import empty_frame
+
+__all__ = ["bounds", "by_dtype", "by_op", "by_phase", "by_step", "count_steps", "kinds", "module_own", "ops", "peak",
+           "phase_flops", "steps_traced", "top_ops", "uncounted", "views"]  # fmt: skip
+
+_SUMS = ("ops", "flops", "bytes_allocated", "bytes_read", "bytes_written")
+_SUM_DTYPES = {"ops": "int64", "flops": "int64", "flops_pct": "float64", "bytes_allocated": "int64",
+               "bytes_read": "int64", "bytes_written": "int64", "duration_us": "float64", "duration_pct": "float64"}  # fmt: skip
+
+
+def _fetch(trace, view, order, sums=(), where=None):
+    """A view's rows in `order` (SQL, after run_index), the `sums` cast as reports/tables.py gives them: int64,
+    or float64 when an int64 sum could wrap (its values above int64 stay float64, as combine keeps them)."""
+    wide = {c for c in sums if any(trace.wide(c if c != "matmul_flops" else "flops", i) for i in range(len(trace.runs)))}
+    casts = ", ".join(f"CAST({c} AS {'DOUBLE' if c in wide else 'BIGINT'}) AS {c}" for c in sums)
+    query = f"SELECT * {f'REPLACE ({casts})' if casts else ''} FROM {view}"
+    query += f" WHERE {where}" if where else ""
+    frame = trace.sql(query + f" ORDER BY run_index, {order}")
+    for c in wide:
+        if not (frame[c].abs() > 2**63 - 1).any():
+            frame[c] = frame[c].astype("int64")
+    return frame
+
+
+def _shape(trace, frame, columns, dtypes):
+    """The frame as reports/tables.py combine shapes it: a `run` column first when there are several runs."""
+    cols = (["run"] if trace.several else []) + list(columns)
+    if not len(frame):
+        return empty_frame({c: ({"run": object, **dtypes}).get(c, object) for c in cols})
+    frame = frame.astype({"run": object})
+    keep = {c: t for c, t in dtypes.items() if c in frame.columns and not (t == "int64" and frame[c].dtype.kind == "f")}
+    return frame[cols].astype(keep).reset_index(drop=True)
+
+
+def by_phase(trace):
+    frame = _fetch(trace, "by_phase", "phase_order, first_seq", _SUMS)
+    return _shape(trace, frame, ["phase", *_SUM_DTYPES], {"phase": object, **_SUM_DTYPES})
+
+
+def by_op(trace):
+    frame = _fetch(trace, "by_op", "flops DESC, duration_us DESC, first_seq", _SUMS)
+    return _shape(trace, frame, ["op", "flop_kind", *_SUM_DTYPES], {"op": object, "flop_kind": object, **_SUM_DTYPES})
+
+
+def by_dtype(trace):
+    frame = _fetch(trace, "by_dtype", "flops DESC, first_seq", (*_SUMS[1:], "matmul_flops"))
+    columns = ["dtype", "ops", "flops", "flops_pct", "matmul_flops", "bytes_allocated", "bytes_read", "bytes_written",
+               "duration_us", "duration_pct"]  # fmt: skip
+    return _shape(trace, frame, columns, {"dtype": object, "matmul_flops": "int64", **_SUM_DTYPES})
+
+
+def by_step(trace):
+    flops = ["flops", "flops_forward", "flops_backward", "flops_optimizer", "flops_other"]
+    frame = _fetch(trace, "by_step", "step", ("ops", *flops, "bytes_allocated"))
+    columns = ["step", "ops", *flops, "bytes_allocated", "live_bytes_peak", "duration_us"]
+    dtypes = {c: "int64" for c in columns}
+    dtypes["duration_us"] = "float64"
+    return _shape(trace, frame, columns, dtypes)
+
+
+def module_own(trace):
+    """{run_index: each module's own figures, indexed by module, in order of first appearance}."""
+    frame = _fetch(trace, "module_own", "first_seq", ("ops", "flops", "bytes_allocated"))
+    return {i: frame[frame["run_index"] == i].set_index("module")[["ops", "flops", "bytes_allocated", "duration_us",
+                                                                  "first_seq"]]
+            for i in range(len(trace.runs))}  # fmt: skip
+
+
+_UNCOUNTED = {"op": object, "ops": "int64", "duration_us": "float64", "time_pct": "float64"}
+
+
+def uncounted(trace, run_index=0):
+    """reports.uncounted of one run (the CLI's run)."""
+    frame = trace.sql(f"SELECT * FROM uncounted WHERE run_index = {run_index} ORDER BY time_pct DESC, ops DESC, op")
+    if not len(frame):
+        return empty_frame(_UNCOUNTED)
+    return frame[list(_UNCOUNTED)].astype(_UNCOUNTED).reset_index(drop=True)
+
+
+def _run(trace, run_index):
+    t = trace.totals[trace.totals["run_index"] == run_index]
+    return t.iloc[0] if len(t) else None
+
+
+def count_steps(trace, run_index=0):
+    """reports/steps.py count_steps: steps with forward or backward ops, else all steps; at least 1."""
+    t = _run(trace, run_index)
+    if t is None:
+        return 1
+    return max(1, int(t["fb_steps"] or t["steps_traced"]))
+
+
+def steps_traced(trace, run_index=0):
+    """Distinct step numbers of a run (df['step'].nunique())."""
+    t = _run(trace, run_index)
+    return 0 if t is None else int(t["steps_traced"])
+
+
+def ops(trace, run_index=0):
+    t = _run(trace, run_index)
+    return 0 if t is None else int(t["ops"])
+
+
+def phase_flops(trace, run_index=0):
+    """FLOPs per step by phase and in total ({phase: figure}), as per_step(df, mask=phase == p) gives them."""
+    totals = trace.table("phase_totals")
+    steps = trace.phase_steps()[run_index]
+    mine = totals[totals["run_index"] == run_index].set_index("phase")
+    out = {}
+    for p in ("forward", "backward", "optimizer", "other"):
+        out[p] = float(mine.loc[p, "flops"]) / steps[p] if p in mine.index else 0.0
+    out["total"] = float(trace.per_step(totals, ["flops"])[run_index]["flops"].iloc[0])
+    return out
+
+
+def bounds(trace, run_index=0):
+    """reports.coverage.bounds: per-step FLOPs of the rows whose count is a bound, and how many rows."""
+    t = _run(trace, run_index)
+    rows = 0 if t is None else int(t["bound_rows"])
+    if not rows:
+        return {"flops": 0, "rows": 0}
+    flops = float(trace.per_step(trace.table("phase_totals"), ["bound_flops"])[run_index]["bound_flops"].iloc[0])
+    return {"flops": int(flops) if float(flops).is_integer() and abs(flops) < 2**53 else float(flops), "rows": rows}
+
+
+def top_ops(trace, top, run_index=0):
+    """report_json.top_ops: the `top` ops of by_op's order, their ops, FLOPs and bytes allocated per step."""
+    ops_table = by_op(trace)
+    if trace.several:
+        ops_table = ops_table[ops_table["run"] == list(trace.runs)[run_index]]
+    ops_table = ops_table.head(top)
+    figures = trace.per_step(trace.table("op_phase_totals"), ["ops", "flops", "bytes_allocated"], keys=("op",))[run_index]
+    figures = figures.set_index("op")
+    op = ops_table["op"].astype(object).reset_index(drop=True)
+    out = pd.DataFrame({"op": op,
+                        "ops_per_step": op.map(figures["ops"]).astype("float64"),
+                        "flops_per_step": op.map(figures["flops"]).astype("float64"),
+                        "bytes_allocated_per_step": op.map(figures["bytes_allocated"]).astype("float64")})  # fmt: skip
+    out.insert(3, "flops_pct", ops_table["flops_pct"].to_numpy())
+    return out
+
+
+_PEAK = {"run": "object", "peak_live_bytes": "int64", "seq": "int64", "step": "int64", "phase": "object",
+         "module": "object", "op": "object"}  # fmt: skip
+
+
+def peak(trace):
+    frame = trace.sql("SELECT * FROM peak ORDER BY run_index")
+    if not len(frame):
+        return empty_frame(_PEAK)
+    return frame[list(_PEAK)].astype(_PEAK).reset_index(drop=True)
+
+
+_VIEWS = {"run": "object", "kind": "object", "op": "object", "ops": "int64", "bytes_allocated": "int64",
+          "bytes_written": "int64", "allocated_pct": "float64"}  # fmt: skip
+
+
+def views(trace):
+    order = "CASE WHEN kind = 'copy' THEN 1 ELSE 0 END, bytes_allocated DESC, bytes_written DESC, ops DESC, first_seq"
+    frame = _fetch(trace, "views", order, ("ops", "bytes_allocated", "bytes_written"))
+    if not len(frame):
+        return empty_frame(_VIEWS)
+    return frame[list(_VIEWS)].astype(_VIEWS).reset_index(drop=True)
+
+
+def kinds(table):
+    """The views table summed per kind (the report's "Views vs copies" lines)."""
+    return table.groupby("kind", sort=False, observed=True)[["ops", "bytes_allocated"]].sum().reset_index()
+

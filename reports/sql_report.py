@@ -1,0 +1,174 @@
+"""The report tables that need an analysis's Python on top of the SQL views (reports/sql/views.sql):
+the module tree, the roofline's roofs and the collectives' traffic factors. Each returns what its
+pandas reference returns for the same trace:
+
+    by_module(trace)              reports.by_module (the views give each module's own rows; the
+                                  subtrees are added up the dotted names in reports/tables.py)
+    roofline_with_split(trace)    reports.roofline_with_split(df) (by="op"): the peak FLOP/s per dtype
+                                  and the bandwidth come from reports/time/roofline.py, as a small
+                                  `roofs` table the split's view joins
+    per_step_traffic(trace)       reports.distributed.collectives.per_step_traffic
+
+Float sums (times, per-step figures) may differ from pandas' in the last bit: SQL sums in
+another order. Integer columns are exact.
+"""
+
+import numpy as np
+import pandas as pd
+
+from reports._util import empty_frame
+from reports.distributed.collectives import _TRAFFIC, collective_kind, traffic
+from reports.sql.tables import _fetch
+from reports.tables import _MODULE_COLUMNS, _MODULE_DTYPES, module_rows
+from reports.time.roofline import _METRICS, _SPLIT, BOUNDS, _bound, _roofs
+
+__all__ = ["by_module", "per_step_traffic", "roofline_with_split"]
+
+# The split of the op time by bound: each row's bound from its FLOPs, bytes and its dtype's roofs
+# (reports/time/roofline.py _bound_codes), totals per run, phase and bound.
+_BOUND_TOTALS = """
+SELECT run_index, phase, bound, count(*) AS ops, sum(time_s) AS time_s, sum(CAST(flops AS DOUBLE)) AS flops,
+       sum(CAST(bytes AS DOUBLE)) AS bytes, sum(roof_time_s) AS roof_time_s
+FROM (SELECT r.run_index, r.phase, r.time_s, r.flops, r.bytes,
+             CASE WHEN r.flops = 0 AND r.bytes = 0 THEN 'other'
+                  WHEN f.bandwidth IS NOT NULL AND (r.flops = 0 OR (r.bytes > 0 AND f.peak IS NOT NULL
+                       AND CAST(r.flops AS DOUBLE) / r.bytes < f.peak / f.bandwidth)) THEN 'memory'
+                  WHEN f.peak IS NOT NULL AND (r.bytes = 0 OR f.bandwidth IS NOT NULL) THEN 'compute'
+                  ELSE 'other' END AS bound,
+             greatest(CASE WHEN r.flops > 0 THEN r.flops / f.peak ELSE 0.0 END, r.bytes / f.bandwidth) AS roof_time_s
+      FROM roofline_rows AS r JOIN roofs AS f ON r.run_index = f.run_index AND r.dtype = f.dtype) AS b
+GROUP BY run_index, phase, bound
+"""
+
+
+def by_module(trace):
+    runs = list(trace.runs.items())
+    frames = []
+    from reports.sql.tables import module_own
+
+    totals = trace.totals.set_index("run_index")
+    for i, own in module_own(trace).items():
+        if not len(own):
+            continue
+        own.index = own.index.astype(object)
+        t = module_rows(own, runs[i][1].get("root_module"), int(totals.loc[i, "flops"]))
+        if trace.several:
+            t.insert(0, "run", runs[i][0])
+        frames.append(t)
+    cols = (["run"] if trace.several else []) + _MODULE_COLUMNS
+    dtypes = {"run": object, **_MODULE_DTYPES}
+    if not frames:
+        return empty_frame({c: dtypes[c] for c in cols})
+    out = pd.concat(frames, ignore_index=True)
+    return out.astype({c: t for c, t in dtypes.items() if c in out and not (t == "int64" and out[c].dtype.kind == "f"
+                       and (out[c].abs() > 2**63 - 1).any())})[cols]  # fmt: skip
+
+
+def roofline_with_split(trace, peak_flops=None, bandwidth=None):
+    """(the roofline by op and dtype, the split by bound per step) of every run."""
+    totals = _fetch(trace, "roofline_op", "first_seq", ("ops", "flops", "bytes", "time_ns"))
+    per = trace.per_step(totals, ["ops", "flops", "bytes", "time_ns"], keys=("op", "dtype"))
+    roofs = []
+    frames, splits = [], []
+    steps = trace.phase_steps()
+    for i, (run, meta) in enumerate(trace.runs.items()):
+        t = per[i].rename(columns={"ops": "ops_per_step", "flops": "flops_per_step", "bytes": "bytes_per_step"})
+        t["time_s_per_step"] = t.pop("time_ns") / 1e9
+        t = t.sort_values("time_s_per_step", ascending=False, kind="stable").reset_index(drop=True)
+        t.insert(0, "run", run)
+        if not len(t):
+            frames.append(pd.DataFrame(columns=["op", "dtype", *_METRICS]))
+            splits.append(pd.DataFrame({"bound": list(BOUNDS)}))
+            continue
+        peaks, bw = _roofs(meta, sorted(set(t["dtype"])), peak_flops, bandwidth)  # every dtype of the run's rows
+        roofs += [(i, d, None if np.isnan(p) else float(p), None if np.isnan(bw) else float(bw)) for d, p in peaks.items()]
+        total = float(t["time_s_per_step"].sum())
+        t["time_pct"] = 100 * t["time_s_per_step"] / total if total > 0 else np.nan
+        peak = np.array([peaks.get(d, np.nan) for d in t["dtype"]], dtype=float)
+        flops, nbytes = t["flops_per_step"].to_numpy(float), t["bytes_per_step"].to_numpy(float)
+        seconds = t["time_s_per_step"].to_numpy(float)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            t["arithmetic_intensity"] = np.where(nbytes > 0, flops / nbytes, np.nan)
+            t["achieved_flops_per_s"] = np.where(seconds > 0, flops / seconds, np.nan)
+            t["achieved_bytes_per_s"] = np.where(seconds > 0, nbytes / seconds, np.nan)
+            t["peak_flops_per_s"] = peak
+            t["peak_bytes_per_s"] = bw
+            t["ridge_flops_per_byte"] = peak / bw
+            t["attainable_flops_per_s"] = np.minimum(peak, np.where(nbytes > 0, flops / nbytes * bw, np.inf))
+            bound = _bound(flops, nbytes, peak, bw)
+            t["bound"] = bound
+            t["efficiency"] = np.where(bound == "compute", t["achieved_flops_per_s"] / peak,
+                                       np.where(bound == "memory", t["achieved_bytes_per_s"] / bw, np.nan))  # fmt: skip
+        frames.append(t)
+    trace.db.execute("CREATE OR REPLACE TEMP TABLE roofs (run_index INTEGER, dtype VARCHAR, peak DOUBLE, bandwidth DOUBLE)")
+    if roofs:
+        trace.db.executemany("INSERT INTO roofs VALUES (?, ?, ?, ?)", roofs)
+    split = trace.sql(_BOUND_TOTALS)
+    for i, (run, _) in enumerate(trace.runs.items()):
+        mine = split[split["run_index"] == i]
+        if not len(mine):
+            continue
+        out = []
+        per = {b: dict.fromkeys(("ops", "time_s", "flops", "bytes", "roof_time_s"), 0.0) for b in BOUNDS}
+        for r in mine.itertuples():
+            w = 1.0 / steps[i][r.phase]
+            for c in per[r.bound]:
+                per[r.bound][c] += getattr(r, c) * w if c != "roof_time_s" or r.bound != "other" else 0.0
+        total = sum(per[b]["time_s"] for b in BOUNDS)
+        for b in BOUNDS:
+            f = per[b]
+            out.append({"bound": b, "ops": f["ops"], "time_s": f["time_s"],
+                        "time_pct": 100 * f["time_s"] / total if total > 0 else np.nan, "flops": f["flops"],
+                        "bytes": f["bytes"], "roof_time_s": f["roof_time_s"] if b != "other" else np.nan})  # fmt: skip
+        frame = pd.DataFrame(out)
+        if trace.several:
+            frame.insert(0, "run", run)
+        splits.append(frame)
+    columns = ["op", "dtype", *_METRICS]
+    dtypes = {"op": object, "dtype": object, **_METRICS}
+    return _combined(trace, frames, columns, dtypes), _combined(trace, splits, list(_SPLIT), _SPLIT)
+
+
+def _combined(trace, frames, columns, dtypes):
+    cols = (["run"] if trace.several else []) + columns
+    types = {"run": object, **dtypes}
+    frames = [f for f in frames if len(f)]
+    if not frames:
+        return empty_frame({c: types[c] for c in cols})
+    out = pd.concat(frames, ignore_index=True).reindex(columns=cols)
+    return out.astype({c: types[c] for c in cols if not (types[c] == "int64" and out[c].dtype.kind == "f"
+                       and (out[c].abs() > 2**63 - 1).any())}).reset_index(drop=True)  # fmt: skip
+
+
+def per_step_traffic(trace):
+    """What each run's rank sends and receives per step, per collective kind, group and group size."""
+    totals = trace.sql("SELECT * FROM collective_totals ORDER BY run_index, first_seq")
+    steps = trace.phase_steps()
+    out = []
+    for i, run in enumerate(trace.runs):
+        mine = totals[totals["run_index"] == i]
+        if not len(mine):
+            continue
+        figures = {}
+        for r in mine.itertuples():
+            kind = collective_kind(r.op)
+            sent, received = traffic(kind, int(r.group_size))
+            key = (kind, r.process_group, int(r.group_size))
+            f = figures.setdefault(key, {"first": r.first_seq, **{p: [0, 0.0, 0.0, 0.0] for p in steps[i]}})
+            f["first"] = min(f["first"], r.first_seq)
+            acc = f[r.phase]
+            acc[0] += int(r.calls)
+            acc[1] += float(r.message_bytes)
+            acc[2] += float(r.message_bytes) * sent
+            acc[3] += float(r.message_bytes) * received
+        order = sorted(steps[i], key=lambda p: ("forward", "backward", "optimizer", "other").index(p)
+                       if p in ("forward", "backward", "optimizer", "other") else 4)  # fmt: skip
+        for (kind, group, n), f in sorted(figures.items(), key=lambda kv: kv[1]["first"]):
+            per = [0.0, 0.0, 0.0, 0.0]
+            for p in order:
+                per = [a + b / steps[i][p] for a, b in zip(per, f[p])]
+            out.append({"run": run, "rank": int(trace.ranks[i] or 0), "collective": kind, "process_group": group,
+                        "group_size": n, "calls_per_step": per[0], "message_bytes_per_step": per[1],
+                        "sent_bytes_per_step": per[2], "received_bytes_per_step": per[3]})  # fmt: skip
+    table = pd.DataFrame(out, columns=list(_TRAFFIC)).astype(_TRAFFIC)
+    return table.sort_values(["run", "sent_bytes_per_step"], ascending=[True, False], kind="stable").reset_index(drop=True)
