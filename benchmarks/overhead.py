@@ -44,7 +44,7 @@ sys.path.insert(0, str(ROOT / "examples"))
 
 from gpt import GPT, GPTConfig, make_batch, make_optimizer, train_step  # noqa: E402
 
-from tracer import Tracer  # noqa: E402
+from tracer import Tracer, native  # noqa: E402
 
 BATCH = 8
 SEQ = 64
@@ -70,10 +70,34 @@ def variants(directory, with_profiler=True):
         "FlopCounterMode": lambda: FlopCounterMode(display=False),
         "torch.profiler": profiler,
         "optrace": lambda: Tracer(directory / "bench"),
+        "optrace, Python path": lambda: _python_path(directory / "bench_python"),
     }
+    if native.choose()[0] is None:  # no compiled collector: "optrace" is the Python path already
+        del found["optrace, Python path"]
     if not with_profiler:
         del found["torch.profiler"]
     return found
+
+
+@contextlib.contextmanager
+def _python_path(path):
+    """optrace with its pure-Python collector (OPTRACE_COLLECTOR=python, read when the Tracer is entered)."""
+    old = os.environ.get(native.ENV)
+    os.environ[native.ENV] = "python"
+    try:
+        tracer = Tracer(path)
+        tracer.__enter__()
+    finally:
+        if old is None:
+            del os.environ[native.ENV]
+        else:
+            os.environ[native.ENV] = old
+    try:
+        yield tracer
+    except BaseException as exc:
+        tracer.__exit__(type(exc), exc, exc.__traceback__)
+        raise
+    tracer.__exit__(None, None, None)
 
 
 def example_gpt():
@@ -118,9 +142,9 @@ def ops_per_step(step, directory):
     return pq.read_table(directory / "ops", columns=["seq"]).num_rows
 
 
-def measure(step, steps, rounds, directory):
+def measure(step, steps, rounds, directory, with_profiler=True):
     ops = ops_per_step(step, directory)
-    contexts = variants(directory)
+    contexts = variants(directory, with_profiler)
     for make in contexts.values():  # warm-up: every variant once
         with make():
             step()
@@ -147,14 +171,15 @@ def report(title, ops, times):
         q = statistics.quantiles(t, n=4) if len(t) > 1 else [t[0]] * 3
         print(f"{name:<26}{med[name] * 1e3:>9.2f}{(q[2] - q[0]) * 1e3:>9.2f}{over[name]:>12.1f}")
     # the ratio of each round's own overheads: its spread says how far the medians can be trusted
-    per_round = [
-        (o - u) / (f - u) for o, f, u in zip(times["optrace"], times["FlopCounterMode"], times["untraced"]) if f > u
-    ]
-    per_round_empty = [
-        (o - u) / (e - u) for o, e, u in zip(times["optrace"], times["empty TorchDispatchMode"], times["untraced"]) if e > u
-    ]
-    print(f"optrace / FlopCounterMode overhead = {over['optrace'] / over['FlopCounterMode']:.2f} (target <= 0.5); per round: median {_spread(per_round)}")
-    print(f"optrace / empty-mode overhead      = {over['optrace'] / over['empty TorchDispatchMode']:.2f} (target <= 2); per round: median {_spread(per_round_empty)}")
+    for name in (n for n in times if n.startswith("optrace")):
+        per_round = [
+            (o - u) / (f - u) for o, f, u in zip(times[name], times["FlopCounterMode"], times["untraced"]) if f > u
+        ]
+        per_round_empty = [
+            (o - u) / (e - u) for o, e, u in zip(times[name], times["empty TorchDispatchMode"], times["untraced"]) if e > u
+        ]
+        print(f"{name + ' / FlopCounterMode':<44} = {over[name] / over['FlopCounterMode']:.2f} (target <= 0.5); per round: median {_spread(per_round)}")
+        print(f"{name + ' / empty mode':<44} = {over[name] / over['empty TorchDispatchMode']:.2f} (target <= 2); per round: median {_spread(per_round_empty)}")
 
 
 def _spread(values):
@@ -288,6 +313,7 @@ def main(argv=None):
     parser.add_argument("--model", choices=("example", "hf", "both"), default="both")
     parser.add_argument("--callgrind", action="store_true", help="instruction counts under valgrind instead of wall clock")
     parser.add_argument("--ablations", action="store_true", help="with --callgrind: also optrace without its hooks, _record or part writes")
+    parser.add_argument("--no-profiler", action="store_true", help="leave torch.profiler out of the wall-clock rounds")
     parser.add_argument("--callgrind-child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -305,7 +331,7 @@ def main(argv=None):
                 ops, counts = callgrind(key, args.steps, Path(tmp), args.ablations)
                 report_callgrind(title, ops, counts, args.steps)
             else:
-                ops, times = measure(make(), args.steps, args.rounds, Path(tmp))
+                ops, times = measure(make(), args.steps, args.rounds, Path(tmp), not args.no_profiler)
                 report(title, ops, times)
 
 
