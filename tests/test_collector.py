@@ -88,6 +88,7 @@ def _gpt(device=None):
 def test_example_gpt_identical(tmp_path, monkeypatch, compiled):
     df = _assert_identical(tmp_path, monkeypatch, _gpt)
     assert (df["op"] == "aten._foreach_add_.Scalar").sum() == 2  # the in-place foreach ops, which return None
+    assert df["freed_storage_ids"].map(len).sum() > 0  # frees seen through the compiled path's weak references
 
 
 def test_meta_model_identical(tmp_path, monkeypatch, compiled):

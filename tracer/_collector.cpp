@@ -1,20 +1,26 @@
 // The compiled collector: what `Tracer._record` reads from an op's tensors, in one call.
 //
-// `collect(ctx, args, kwargs, out, tensors, dims)` finds the tensor arguments (one level into
+// `collect(ctx, args, kwargs, out, written, tensors, dims)` finds the tensor arguments (one level into
 // lists, as tracer/dispatch.py `_tensors` does) and the tensor outputs of an op, and appends, for
 // each, the same integers the pure-Python loop in tracer/mode.py appends: ndim, dtype id, storage
 // id and storage bytes to `tensors`, then its sizes and strides to `dims` (both `array('q')`).
-// Dictionaries and callbacks are the tracer's own (ctx, built by tracer/native.py), so storage
+// Dictionaries and callbacks are the tracer's own (ctx, built by tracer/mode.py), so storage
 // and dtype ids are given out in the same order as the Python path gives them.
 //
-// It returns (inputs, outputs, registered bytes after the inputs, device key), or None, having
-// changed nothing, when any tensor is not a plain strided one (a subclass other than Parameter,
-// sparse, nested, symbolic sizes, no storage): the Python path then records the op.
+// A storage seen for the first time is registered here as StorageTable.register does it; the
+// tensors the op wrote into (`written`: its (tensor, is_out) pairs, or None) give the in-place and
+// out= bytes, and a storage resized in place calls StorageTable.regrow.
+//
+// It returns (inputs, outputs, registered bytes after the inputs, device key, in-place bytes,
+// out= bytes), or None, having changed nothing, when any tensor is not a plain strided one (a
+// subclass other than Parameter, sparse, nested, symbolic sizes, no storage): the Python path
+// then records the op.
 //
 // Built at install time by tracer/build_ext.py with torch's extension tooling; the Python path
 // runs when it is missing or was built for another torch (tracer/native.py).
 
 #include <torch/csrc/DynamicTypes.h>
+#include <torch/csrc/Storage.h>
 #include <torch/csrc/autograd/python_variable.h>
 
 #include <cstdint>
@@ -26,12 +32,83 @@
 
 namespace {
 
-// ctx: (storage key -> id, id -> bytes, dtype -> dtype id, device key -> device id,
-//       register(tensor) -> storage id, new_dtype(dtype) -> dtype id, the StorageTable)
-enum { BY_CDATA, SIZE, DTYPE_IDS, REGISTER, NEW_DTYPE, STORAGES, CTX_WIDTH };
+// ctx (tracer/mode.py builds it): the StorageTable's storage key -> id, id -> bytes, weak
+// references and their finaliser, hollow ids and regrow(storage); the tracer's dtype -> dtype id
+// and new_dtype(dtype) -> dtype id; the StorageTable itself (next_id, live_bytes, registered_bytes).
+enum { BY_CDATA, SIZE, REFS, NOTE_FREE, HOLLOW, REGROW, DTYPE_IDS, NEW_DTYPE, STORAGES, CTX_WIDTH };
 
 PyObject* frombytes_name = nullptr;
 PyObject* registered_name = nullptr;
+PyObject* live_name = nullptr;
+PyObject* next_id_name = nullptr;
+
+// storages.<name> += delta
+int add_to(PyObject* storages, PyObject* name, int64_t delta) {
+  PyObject* value = PyObject_GetAttr(storages, name);
+  if (value == nullptr) {
+    return -1;
+  }
+  int64_t now = PyLong_AsLongLong(value);
+  Py_DECREF(value);
+  if (now == -1 && PyErr_Occurred()) {
+    return -1;
+  }
+  PyObject* updated = PyLong_FromLongLong(now + delta);
+  if (updated == nullptr) {
+    return -1;
+  }
+  int failed = PyObject_SetAttr(storages, name, updated);
+  Py_DECREF(updated);
+  return failed;
+}
+
+// StorageTable.register(t.untyped_storage()) in C++ (tracer/storage.py): the next id, counted
+// live and registered, with a weak reference whose finaliser notes the free. A new reference.
+PyObject* register_storage(PyObject* const* ctx, c10::TensorImpl* impl, PyObject* key) {
+  const c10::Storage& storage = impl->storage();
+  int64_t nbytes = static_cast<int64_t>(storage.nbytes());
+  PyObject* next = PyObject_GetAttr(ctx[STORAGES], next_id_name);
+  if (next == nullptr) {
+    return nullptr;
+  }
+  PyObject* sid = next;  // the id given out; next_id moves on
+  PyObject *size = nullptr, *wrapped = nullptr, *ref = nullptr, *ref_id = nullptr, *entry = nullptr;
+  if (add_to(ctx[STORAGES], next_id_name, 1) < 0) {
+    goto fail;
+  }
+  size = PyLong_FromLongLong(nbytes);
+  if (size == nullptr || PyDict_SetItem(ctx[BY_CDATA], key, sid) < 0 || PyDict_SetItem(ctx[SIZE], sid, size) < 0 ||
+      add_to(ctx[STORAGES], live_name, nbytes) < 0 || add_to(ctx[STORAGES], registered_name, nbytes) < 0) {
+    goto fail;
+  }
+  wrapped = THPStorage_Wrap(storage);
+  if (wrapped == nullptr) {
+    goto fail;
+  }
+  ref = PyWeakref_NewRef(wrapped, ctx[NOTE_FREE]);
+  if (ref == nullptr) {
+    goto fail;
+  }
+  ref_id = PyLong_FromVoidPtr(ref);
+  entry = ref_id == nullptr ? nullptr : PyTuple_Pack(3, ref, key, sid);
+  if (entry == nullptr || PyDict_SetItem(ctx[REFS], ref_id, entry) < 0) {
+    goto fail;
+  }
+  Py_DECREF(size);
+  Py_DECREF(wrapped);
+  Py_DECREF(ref);
+  Py_DECREF(ref_id);
+  Py_DECREF(entry);
+  return sid;
+fail:
+  Py_XDECREF(size);
+  Py_XDECREF(wrapped);
+  Py_XDECREF(ref);
+  Py_XDECREF(ref_id);
+  Py_XDECREF(entry);
+  Py_DECREF(sid);
+  return nullptr;
+}
 
 bool is_tensor(PyObject* o, int* error) {
   if (THPVariable_CheckExact(o)) {
@@ -105,7 +182,12 @@ int describe(PyObject* const* ctx, PyObject* o, std::vector<int64_t>& tensors, s
   if (key == nullptr) {
     return -1;
   }
-  PyObject* sid = lookup(ctx[BY_CDATA], key, ctx[REGISTER], o);
+  PyObject* sid = PyDict_GetItemWithError(ctx[BY_CDATA], key);
+  if (sid != nullptr) {
+    Py_INCREF(sid);
+  } else if (!PyErr_Occurred()) {
+    sid = register_storage(ctx, impl, key);
+  }
   Py_DECREF(key);
   if (sid == nullptr) {
     return -1;
@@ -139,6 +221,68 @@ int describe(PyObject* const* ctx, PyObject* o, std::vector<int64_t>& tensors, s
   return 0;
 }
 
+// The bytes of the tensors an op wrote into (all of them; out= ones apart) and, for a storage an
+// op resized in place, StorageTable.regrow (tracer/storage.py), as the Python path does.
+int written_bytes(PyObject* const* ctx, PyObject* written, int64_t* inplace_bytes, int64_t* out_bytes) {
+  for (Py_ssize_t i = 0; i < PyList_GET_SIZE(written); i++) {
+    PyObject* pair = PyList_GET_ITEM(written, i);
+    if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2) {
+      PyErr_SetString(PyExc_TypeError, "optrace collector: written must be a list of (tensor, is_out)");
+      return -1;
+    }
+    PyObject* o = PyTuple_GET_ITEM(pair, 0);
+    if (!plain(o)) {  // the inputs were all plain; a written tensor is one of them
+      continue;
+    }
+    c10::TensorImpl* impl = THPVariable_Unpack(o).unsafeGetTensorImpl();
+    int64_t n = impl->numel() * static_cast<int64_t>(impl->itemsize());
+    *inplace_bytes += n;
+    int is_out = PyObject_IsTrue(PyTuple_GET_ITEM(pair, 1));
+    if (is_out < 0) {
+      return -1;
+    }
+    if (is_out) {  // out= tensors are written, not read
+      *out_bytes += n;
+    }
+    PyObject* key = PyLong_FromVoidPtr(impl->storage().unsafeGetStorageImpl());
+    if (key == nullptr) {
+      return -1;
+    }
+    PyObject* sid = PyDict_GetItemWithError(ctx[BY_CDATA], key);  // borrowed
+    Py_DECREF(key);
+    if (sid == nullptr) {
+      if (PyErr_Occurred()) {
+        return -1;
+      }
+      continue;
+    }
+    int hollow = PySet_Contains(ctx[HOLLOW], sid);
+    if (hollow < 0) {
+      return -1;
+    }
+    PyObject* size = PyDict_GetItemWithError(ctx[SIZE], sid);
+    if (hollow || size == nullptr) {
+      if (PyErr_Occurred()) {
+        return -1;
+      }
+      continue;
+    }
+    if (PyLong_AsLongLong(size) != static_cast<int64_t>(impl->storage().nbytes())) {  // resized: rare
+      PyObject* storage = THPStorage_Wrap(impl->storage());
+      if (storage == nullptr) {
+        return -1;
+      }
+      PyObject* done = PyObject_CallOneArg(ctx[REGROW], storage);
+      Py_DECREF(storage);
+      if (done == nullptr) {
+        return -1;
+      }
+      Py_DECREF(done);
+    }
+  }
+  return 0;
+}
+
 int append(PyObject* array, const std::vector<int64_t>& values) {
   PyObject* bytes = PyBytes_FromStringAndSize(
       reinterpret_cast<const char*>(values.data()), static_cast<Py_ssize_t>(values.size() * sizeof(int64_t)));
@@ -161,7 +305,11 @@ PyObject* collect_impl(PyObject* const* args) {
     return nullptr;
   }
   PyObject* const* ctx = &PyTuple_GET_ITEM(ctx_tuple, 0);
-  PyObject *op_args = args[1], *op_kwargs = args[2], *out = args[3];
+  PyObject *op_args = args[1], *op_kwargs = args[2], *out = args[3], *written = args[4];
+  if (written != Py_None && !PyList_Check(written)) {
+    PyErr_SetString(PyExc_TypeError, "optrace collector: written must be a list of (tensor, is_out) or None");
+    return nullptr;
+  }
   PyObject* ins = PyList_New(0);
   PyObject* outs = PyList_New(0);
   PyObject* result = nullptr;
@@ -184,7 +332,18 @@ PyObject* collect_impl(PyObject* const* args) {
       }
     }
   }
-  if (gather(out, outs) < 0) {
+  if (out == Py_None && written != Py_None) {  // returns nothing: its outputs are what it wrote
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(written); i++) {
+      PyObject* pair = PyList_GET_ITEM(written, i);
+      if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2) {
+        PyErr_SetString(PyExc_TypeError, "optrace collector: written must be a list of (tensor, is_out)");
+        goto done;
+      }
+      if (PyList_Append(outs, PyTuple_GET_ITEM(pair, 0)) < 0) {
+        goto done;
+      }
+    }
+  } else if (gather(out, outs) < 0) {
     goto done;
   }
   {
@@ -199,7 +358,7 @@ PyObject* collect_impl(PyObject* const* args) {
     tensors.reserve(4 * (n_in + n_out));
     dims.reserve(16 * (n_in + n_out));
     PyObject* registered = nullptr;
-    int64_t device_key = -1;
+    int64_t device_key = -1, inplace_bytes = 0, out_bytes = 0;
     try {
       for (Py_ssize_t i = 0; i < n_in + n_out; i++) {
         if (i == n_in) {  // storages first seen as outputs were made by this op
@@ -219,6 +378,10 @@ PyObject* collect_impl(PyObject* const* args) {
           goto done;
         }
       }
+      if (written != Py_None && written_bytes(ctx, written, &inplace_bytes, &out_bytes) < 0) {
+        Py_DECREF(registered);
+        goto done;
+      }
       if (n_in + n_out) {
         const c10::Device device = THPVariable_Unpack(n_in ? PyList_GET_ITEM(ins, 0) : PyList_GET_ITEM(outs, 0)).device();
         device_key = (static_cast<int64_t>(device.type()) << 16) | (static_cast<int64_t>(device.index()) + 1);
@@ -230,11 +393,12 @@ PyObject* collect_impl(PyObject* const* args) {
       }
       goto done;
     }
-    if (append(args[4], tensors) < 0 || append(args[5], dims) < 0) {
+    if (append(args[5], tensors) < 0 || append(args[6], dims) < 0) {
       Py_DECREF(registered);
       goto done;
     }
-    result = Py_BuildValue("(OONL)", ins, outs, registered, static_cast<long long>(device_key));
+    result = Py_BuildValue("(OONLLL)", ins, outs, registered, static_cast<long long>(device_key),
+                           static_cast<long long>(inplace_bytes), static_cast<long long>(out_bytes));
   }
 done:
   Py_XDECREF(ins);
@@ -243,8 +407,8 @@ done:
 }
 
 PyObject* collect(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-  if (nargs != 6) {
-    PyErr_SetString(PyExc_TypeError, "collect(ctx, args, kwargs, out, tensors, dims) takes 6 arguments");
+  if (nargs != 7) {
+    PyErr_SetString(PyExc_TypeError, "collect(ctx, args, kwargs, out, written, tensors, dims) takes 7 arguments");
     return nullptr;
   }
   return collect_impl(args);
@@ -260,7 +424,8 @@ PyObject* storage_key(PyObject*, PyObject* o) {
 
 PyMethodDef methods[] = {
     {"collect", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(collect)), METH_FASTCALL,
-     "collect(ctx, args, kwargs, out, tensors, dims): (inputs, outputs, registered bytes, device key) or None"},
+     "collect(ctx, args, kwargs, out, written, tensors, dims): (inputs, outputs, registered bytes, device key, "
+     "in-place bytes, out= bytes) or None"},
     {"storage_key", storage_key, METH_O, "the key of a tensor's storage (its StorageImpl address)"},
     {nullptr, nullptr, 0, nullptr},
 };
@@ -272,6 +437,8 @@ PyModuleDef module = {PyModuleDef_HEAD_INIT, "_collector", "optrace's compiled c
 PyMODINIT_FUNC PyInit__collector(void) {
   frombytes_name = PyUnicode_InternFromString("frombytes");
   registered_name = PyUnicode_InternFromString("registered_bytes");
+  live_name = PyUnicode_InternFromString("live_bytes");
+  next_id_name = PyUnicode_InternFromString("next_id");
   PyObject* m = PyModule_Create(&module);
   if (m == nullptr || PyModule_AddStringConstant(m, "torch_version", OPTRACE_TORCH_VERSION) < 0) {
     Py_XDECREF(m);

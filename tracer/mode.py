@@ -175,8 +175,9 @@ class Tracer:
         self._meta = run_metadata(self.run_name, self.tokens, self.model, self._storages.id_of)
         self._meta["trace_id"] = self.trace_id
         self._meta["collector"] = self._collector_facts  # which collector read the tensors (tracer/native.py)
-        self._collect_ctx = (self._storages._by_cdata, self._storages.size, self._dtype_ids, self._register,
-                             self._new_dtype, self._storages)  # the order tracer/_collector.cpp reads
+        st = self._storages  # what tracer/_collector.cpp reads, in its order (its enum of ctx)
+        self._collect_ctx = (st._by_cdata, st.size, st._refs, st._note_free, st.hollow, st.regrow, self._dtype_ids,
+                             self._new_dtype, st)
         if self._rank is not None:
             self._meta.update(self._rank, process_groups=distributed.process_groups())
         self._unsharded = distributed.UnshardedParameters(
@@ -308,24 +309,24 @@ class Tracer:
             collective = info.collective
             collected = None
             if self._collect is not None and collective is None:  # the compiled collector (tracer/native.py)
-                given = [t for t, _ in info.written(args, kwargs)] if out is None and info.written_positions else out
-                collected = self._collect(self._collect_ctx, args, kwargs, given, rows.tensors, rows.dims)
+                written = info.written(args, kwargs) if info.written_positions else None
+                collected = self._collect(self._collect_ctx, args, kwargs, out, written, rows.tensors, rows.dims)
             if collected is not None:
-                ins, outs, registered, device_key = collected
+                ins, outs, registered, device_key, inplace_bytes, out_bytes = collected
                 layout = 0
             else:  # the Python path: rare tensors (subclasses, sparse, nested), collectives, or no compiled collector
                 ins, outs, registered, layout = self._collect_python(info, args, kwargs, out)
                 device_key = None
-            inplace_bytes = out_bytes = 0
-            if info.written_positions:
-                for t, is_out in info.written(args, kwargs):
-                    if t.layout is not STRIDED or t.is_nested:
-                        continue
-                    n = t.numel() * t.element_size()
-                    inplace_bytes += n
-                    if is_out:  # out= tensors are written, not read
-                        out_bytes += n
-                    storages.regrow(t.untyped_storage())
+                inplace_bytes = out_bytes = 0
+                if info.written_positions:
+                    for t, is_out in info.written(args, kwargs):
+                        if t.layout is not STRIDED or t.is_nested:
+                            continue
+                        n = t.numel() * t.element_size()
+                        inplace_bytes += n
+                        if is_out:  # out= tensors are written, not read
+                            out_bytes += n
+                        storages.regrow(t.untyped_storage())
             allocated = storages.registered_bytes - registered
             bound, n_groups = 0, NO_VALUE
             basis = info.basis
