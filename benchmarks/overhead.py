@@ -1,6 +1,6 @@
 """Per-op overhead of optrace against the floor and against other tools, in one process.
 
-    .venv/bin/python benchmarks/overhead.py [--rounds 40] [--steps 10] [--model example|hf|both]
+    .venv/bin/python benchmarks/overhead.py [--rounds 40] [--steps 10] [--model example|hf|both] [--clock wall|cpu]
     .venv/bin/python benchmarks/overhead.py --callgrind      # instruction counts (needs valgrind)
 
 Wall clock: for each model (the example GPT and, when `transformers` is installed, a
@@ -10,6 +10,10 @@ leaving are all timed: writing the trace is part of optrace's cost), after a war
 in interleaved rounds (every variant once per round, in a rotating order, after a
 `gc.collect()`). The figure is the median over rounds; the spread is the
 interquartile range. Overhead per op = (variant - untraced) / ops per step.
+optrace runs twice per round where the compiled collector is built: as installed
+("optrace", the compiled path) and with OPTRACE_COLLECTOR=python ("optrace, Python path").
+`--clock cpu` times the process's CPU time instead of the wall clock: on a machine
+shared with other jobs it is less swayed by them (it still counts their cache misses).
 
 Instruction counts (`--callgrind`): the same steps run under valgrind's callgrind,
 each variant inside its own CPython entry point (operator.call, sys.call_tracing,
@@ -142,7 +146,7 @@ def ops_per_step(step, directory):
     return pq.read_table(directory / "ops", columns=["seq"]).num_rows
 
 
-def measure(step, steps, rounds, directory, with_profiler=True):
+def measure(step, steps, rounds, directory, with_profiler=True, clock=time.perf_counter):
     ops = ops_per_step(step, directory)
     contexts = variants(directory, with_profiler)
     for make in contexts.values():  # warm-up: every variant once
@@ -153,11 +157,11 @@ def measure(step, steps, rounds, directory, with_profiler=True):
     for r in range(rounds):
         for name in names[r % len(names) :] + names[: r % len(names)]:  # rotate: no variant always follows another
             gc.collect()  # each variant starts from the same heap, whatever ran before it
-            start = time.perf_counter()
+            start = clock()
             with contexts[name]():
                 for _ in range(steps):
                     step()
-            times[name].append((time.perf_counter() - start) / steps)
+            times[name].append((clock() - start) / steps)
     return ops, times
 
 
@@ -315,12 +319,14 @@ def main(argv=None):
     parser.add_argument("--callgrind", action="store_true", help="instruction counts under valgrind instead of wall clock")
     parser.add_argument("--ablations", action="store_true", help="with --callgrind: also optrace without its hooks, _record or part writes")
     parser.add_argument("--no-profiler", action="store_true", help="leave torch.profiler out of the wall-clock rounds")
+    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                        help="cpu: the process's CPU time (time.process_time), less swayed by other jobs on a shared machine")
     parser.add_argument("--callgrind-child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     if args.callgrind_child:
         return callgrind_child(args.callgrind_child, args.steps, args.ablations)
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.clock} clock")
     models = list(MODELS) if args.model == "both" else [args.model]
     with tempfile.TemporaryDirectory() as tmp:
         for key in models:
@@ -332,7 +338,8 @@ def main(argv=None):
                 ops, counts = callgrind(key, args.steps, Path(tmp), args.ablations)
                 report_callgrind(title, ops, counts, args.steps)
             else:
-                ops, times = measure(make(), args.steps, args.rounds, Path(tmp), not args.no_profiler)
+                clock = time.process_time if args.clock == "cpu" else time.perf_counter
+                ops, times = measure(make(), args.steps, args.rounds, Path(tmp), not args.no_profiler, clock)
                 report(title, ops, times)
 
 
