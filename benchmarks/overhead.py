@@ -326,7 +326,8 @@ def main(argv=None):
     torch.set_num_threads(args.threads)
     if args.callgrind_child:
         return callgrind_child(args.callgrind_child, args.steps, args.ablations)
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.clock} clock")
+    timed = "instructions (callgrind, 1 thread)" if args.callgrind else f"{args.clock} clock"
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {timed}")
     models = list(MODELS) if args.model == "both" else [args.model]
     with tempfile.TemporaryDirectory() as tmp:
         for key in models:

@@ -173,3 +173,15 @@ def test_bad_collector_name(tmp_path, monkeypatch):
     monkeypatch.setenv(native.ENV, "fast")
     with pytest.raises(TraceError, match="OPTRACE_COLLECTOR must be one of 'compiled', 'python' or unset, got 'fast'"):
         Tracer(tmp_path / "t")
+
+
+def test_stale_build_runs_python_path(tmp_path, monkeypatch, compiled):
+    """A module built for another torch is not used: the Python path runs and the metadata says why."""
+    monkeypatch.setattr(compiled, "torch_version", "0.0.0")
+    monkeypatch.setattr(native, "_imported", None)  # import again (restored after the test)
+    with Tracer(tmp_path / "t"):
+        torch.ones(3) + 1
+    assert read_metadata(tmp_path / "t")["collector"] == {
+        "path": "python", "reason": f"built for torch 0.0.0, running {torch.__version__}"}
+    df = reports.load(tmp_path / "t")
+    assert df.loc[df["op"] == "aten.add.Tensor", "flops"].tolist() == [3]  # one per output element: 3
