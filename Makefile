@@ -3,6 +3,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+COLLECTOR := $(VENV)/.collector
 PIP := $(PY) -m pip install --disable-pip-version-check --progress-bar on
 # The README's figures were taken with one thread: on a small shared machine more threads make
 # op times swing (a 2-thread _foreach_sqrt took 210 ms). Override with `make demo OMP_NUM_THREADS=4`.
@@ -21,11 +22,19 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 	@echo "==> $(VENV) is ready: run '$(VENV)/bin/optrace', or 'source $(VENV)/bin/activate' first"
 
-demo: $(STAMP)
+# The compiled collector (tracer/_collector.cpp), built against the installed torch with torch's
+# extension tooling into tracer/_collector.so (about 12 s); if it cannot be built, optrace runs its
+# pure-Python path and the trace's metadata says so (`collector`).
+$(COLLECTOR): $(STAMP) tracer/_collector.cpp tracer/build_ext.py
+	@echo "==> building optrace's compiled collector"
+	$(PY) -m tracer.build_ext
+	touch $(COLLECTOR)
+
+demo: $(STAMP) $(COLLECTOR)
 	$(PY) examples/gpt.py --export runs/gpt.json
 
-test: $(STAMP)
+test: $(STAMP) $(COLLECTOR)
 	$(PY) -m pytest -q
 
 clean:
-	rm -rf $(VENV) runs
+	rm -rf $(VENV) runs tracer/_collector.so

@@ -1,6 +1,6 @@
 """Per-op overhead of optrace against the floor and against other tools, in one process.
 
-    .venv/bin/python benchmarks/overhead.py [--rounds 40] [--steps 10] [--model example|hf|both]
+    .venv/bin/python benchmarks/overhead.py [--rounds 40] [--steps 10] [--model example|hf|both] [--clock wall|cpu]
     .venv/bin/python benchmarks/overhead.py --callgrind      # instruction counts (needs valgrind)
 
 Wall clock: for each model (the example GPT and, when `transformers` is installed, a
@@ -10,6 +10,10 @@ leaving are all timed: writing the trace is part of optrace's cost), after a war
 in interleaved rounds (every variant once per round, in a rotating order, after a
 `gc.collect()`). The figure is the median over rounds; the spread is the
 interquartile range. Overhead per op = (variant - untraced) / ops per step.
+optrace runs twice per round where the compiled collector is built: as installed
+("optrace", the compiled path) and with OPTRACE_COLLECTOR=python ("optrace, Python path").
+`--clock cpu` times the process's CPU time instead of the wall clock: on a machine
+shared with other jobs it is less swayed by them (it still counts their cache misses).
 
 Instruction counts (`--callgrind`): the same steps run under valgrind's callgrind,
 each variant inside its own CPython entry point (operator.call, sys.call_tracing,
@@ -44,7 +48,7 @@ sys.path.insert(0, str(ROOT / "examples"))
 
 from gpt import GPT, GPTConfig, make_batch, make_optimizer, train_step  # noqa: E402
 
-from tracer import Tracer  # noqa: E402
+from tracer import Tracer, native  # noqa: E402
 
 BATCH = 8
 SEQ = 64
@@ -63,17 +67,41 @@ def profiler():
     return profile(activities=[ProfilerActivity.CPU], record_shapes=True, profile_memory=True, with_flops=True)
 
 
-def variants(directory, with_profiler=True):
+def variants(directory, with_profiler=True, python_path=True):
     found = {
         "untraced": contextlib.nullcontext,
         "empty TorchDispatchMode": EmptyMode,
         "FlopCounterMode": lambda: FlopCounterMode(display=False),
         "torch.profiler": profiler,
         "optrace": lambda: Tracer(directory / "bench"),
+        "optrace, Python path": lambda: _python_path(directory / "bench_python"),
     }
+    if native.choose()[0] is None or not python_path:  # no compiled collector: "optrace" is the Python path already
+        del found["optrace, Python path"]
     if not with_profiler:
         del found["torch.profiler"]
     return found
+
+
+@contextlib.contextmanager
+def _python_path(path):
+    """optrace with its pure-Python collector (OPTRACE_COLLECTOR=python, read when the Tracer is entered)."""
+    old = os.environ.get(native.ENV)
+    os.environ[native.ENV] = "python"
+    try:
+        tracer = Tracer(path)
+        tracer.__enter__()
+    finally:
+        if old is None:
+            del os.environ[native.ENV]
+        else:
+            os.environ[native.ENV] = old
+    try:
+        yield tracer
+    except BaseException as exc:
+        tracer.__exit__(type(exc), exc, exc.__traceback__)
+        raise
+    tracer.__exit__(None, None, None)
 
 
 def example_gpt():
@@ -118,9 +146,9 @@ def ops_per_step(step, directory):
     return pq.read_table(directory / "ops", columns=["seq"]).num_rows
 
 
-def measure(step, steps, rounds, directory):
+def measure(step, steps, rounds, directory, with_profiler=True, clock=time.perf_counter):
     ops = ops_per_step(step, directory)
-    contexts = variants(directory)
+    contexts = variants(directory, with_profiler)
     for make in contexts.values():  # warm-up: every variant once
         with make():
             step()
@@ -129,11 +157,11 @@ def measure(step, steps, rounds, directory):
     for r in range(rounds):
         for name in names[r % len(names) :] + names[: r % len(names)]:  # rotate: no variant always follows another
             gc.collect()  # each variant starts from the same heap, whatever ran before it
-            start = time.perf_counter()
+            start = clock()
             with contexts[name]():
                 for _ in range(steps):
                     step()
-            times[name].append((time.perf_counter() - start) / steps)
+            times[name].append((clock() - start) / steps)
     return ops, times
 
 
@@ -147,14 +175,15 @@ def report(title, ops, times):
         q = statistics.quantiles(t, n=4) if len(t) > 1 else [t[0]] * 3
         print(f"{name:<26}{med[name] * 1e3:>9.2f}{(q[2] - q[0]) * 1e3:>9.2f}{over[name]:>12.1f}")
     # the ratio of each round's own overheads: its spread says how far the medians can be trusted
-    per_round = [
-        (o - u) / (f - u) for o, f, u in zip(times["optrace"], times["FlopCounterMode"], times["untraced"]) if f > u
-    ]
-    per_round_empty = [
-        (o - u) / (e - u) for o, e, u in zip(times["optrace"], times["empty TorchDispatchMode"], times["untraced"]) if e > u
-    ]
-    print(f"optrace / FlopCounterMode overhead = {over['optrace'] / over['FlopCounterMode']:.2f} (target <= 0.5); per round: median {_spread(per_round)}")
-    print(f"optrace / empty-mode overhead      = {over['optrace'] / over['empty TorchDispatchMode']:.2f} (target <= 2); per round: median {_spread(per_round_empty)}")
+    for name in (n for n in times if n.startswith("optrace")):
+        per_round = [
+            (o - u) / (f - u) for o, f, u in zip(times[name], times["FlopCounterMode"], times["untraced"]) if f > u
+        ]
+        per_round_empty = [
+            (o - u) / (e - u) for o, e, u in zip(times[name], times["empty TorchDispatchMode"], times["untraced"]) if e > u
+        ]
+        print(f"{name + ' / FlopCounterMode':<44} = {over[name] / over['FlopCounterMode']:.2f} (target <= 0.5); per round: median {_spread(per_round)}")
+        print(f"{name + ' / empty mode':<44} = {over[name] / over['empty TorchDispatchMode']:.2f} (target <= 2); per round: median {_spread(per_round_empty)}")
 
 
 def _spread(values):
@@ -224,7 +253,7 @@ def callgrind_child(model, steps, with_ablations):
     """Run under valgrind: each variant's steps inside its own entry point."""
     step = MODELS[model][1]()
     with tempfile.TemporaryDirectory() as tmp:
-        contexts = variants(Path(tmp), with_profiler=False)
+        contexts = variants(Path(tmp), with_profiler=False, python_path=not with_ablations)  # 7 entry points
         if with_ablations:
             contexts.update(ablations(Path(tmp)))
         for make in contexts.values():  # warm-up, uncounted
@@ -245,7 +274,7 @@ def callgrind_child(model, steps, with_ablations):
 def callgrind(model, steps, directory, with_ablations):
     step = MODELS[model][1]()
     ops = ops_per_step(step, directory)
-    names = list(variants(directory, with_profiler=False))
+    names = list(variants(directory, with_profiler=False, python_path=not with_ablations))
     if with_ablations:
         names += list(ablations(directory))
     out = directory / f"callgrind.{model}.out"
@@ -273,8 +302,9 @@ def report_callgrind(title, ops, counts, steps):
     for name, count in counts.items():
         over[name] = (count - base) / (steps * ops) / 1e3
         print(f"{name:<30}{count / steps / 1e6:>12.2f}{over[name]:>16.2f}")
-    print(f"optrace / FlopCounterMode = {over['optrace'] / over['FlopCounterMode']:.2f} (target <= 0.5)")
-    print(f"optrace / empty mode      = {over['optrace'] / over['empty TorchDispatchMode']:.2f} (target <= 2)")
+    for name in (n for n in counts if n.startswith("optrace") and not n.startswith("optrace, no ")):
+        print(f"{name + ' / FlopCounterMode':<44} = {over[name] / over['FlopCounterMode']:.2f} (target <= 0.5)")
+        print(f"{name + ' / empty mode':<44} = {over[name] / over['empty TorchDispatchMode']:.2f} (target <= 2)")
     for name in counts:
         if name.startswith("optrace, no "):
             print(f"{name[len('optrace, no '):]:<24} {over['optrace'] - over[name]:6.2f} kinstr/op")
@@ -288,12 +318,16 @@ def main(argv=None):
     parser.add_argument("--model", choices=("example", "hf", "both"), default="both")
     parser.add_argument("--callgrind", action="store_true", help="instruction counts under valgrind instead of wall clock")
     parser.add_argument("--ablations", action="store_true", help="with --callgrind: also optrace without its hooks, _record or part writes")
+    parser.add_argument("--no-profiler", action="store_true", help="leave torch.profiler out of the wall-clock rounds")
+    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                        help="cpu: the process's CPU time (time.process_time), less swayed by other jobs on a shared machine")
     parser.add_argument("--callgrind-child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     if args.callgrind_child:
         return callgrind_child(args.callgrind_child, args.steps, args.ablations)
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
+    timed = "instructions (callgrind, 1 thread)" if args.callgrind else f"{args.clock} clock"
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {timed}")
     models = list(MODELS) if args.model == "both" else [args.model]
     with tempfile.TemporaryDirectory() as tmp:
         for key in models:
@@ -305,7 +339,8 @@ def main(argv=None):
                 ops, counts = callgrind(key, args.steps, Path(tmp), args.ablations)
                 report_callgrind(title, ops, counts, args.steps)
             else:
-                ops, times = measure(make(), args.steps, args.rounds, Path(tmp))
+                clock = time.process_time if args.clock == "cpu" else time.perf_counter
+                ops, times = measure(make(), args.steps, args.rounds, Path(tmp), not args.no_profiler, clock)
                 report(title, ops, times)
 
 

@@ -22,7 +22,7 @@ sys.path.insert(0, str(ROOT / "examples"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 TIMING_COLUMNS = ("duration_ns", "busy_ns", "start_ns")
-VOLATILE_METADATA = ("start_time", "end_time", "trace_id", "run_name")
+VOLATILE_METADATA = ("start_time", "end_time", "trace_id", "run_name", "collector")
 
 
 def _mlp(torch, n=3):

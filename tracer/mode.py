@@ -19,6 +19,7 @@ from tracer.device import cuda_memory, device_info, is_fake
 from tracer.errors import TraceError
 from tracer.dispatch import _tensors, _TraceMode, make_inert
 from tracer.layouts import STRIDED, describe, odd_flops, register_subclass
+from tracer.native import choose, wanted as wanted_collector
 from tracer.metadata import Roles, dtype_name, now, register_at_entry, run_metadata
 from tracer.safety import warn, write_failure_message
 from tracer.schema import CAUSAL_NONE, INT64_MAX, NO_VALUE, FlopBasis
@@ -92,6 +93,7 @@ class Tracer:
         if meta_attention not in META_ATTENTION:
             raise TraceError(f"Tracer: meta_attention must be one of {', '.join(map(repr, META_ATTENTION))}, got {meta_attention!r}")
         self.meta_attention = meta_attention
+        wanted_collector()  # OPTRACE_COLLECTOR, when set, names a collector (tracer/native.py)
         self.path = os.path.abspath(os.fspath(path))
         self.model = unwrap(model) if model is not None else None  # a torch.compile wrapper: its original
         self._model_compiled = model is not None and compiled_original(model) is not None
@@ -159,6 +161,9 @@ class Tracer:
         self._rows = RowBuffer()
         self._dtype_ids = {}  # torch.dtype -> dtype name id
         self._device_ids = {}  # torch.device -> device name id
+        self._device_keys = {}  # the compiled collector's device key (type, index) -> device name id
+        native, self._collector_facts = choose()
+        self._collect = native.collect if native is not None else None
         self._module_ids = {}  # module name -> module name id
         self._writer.clock_offset_ns = time.time_ns() - _perf_ns()
         self._flush_at = self.flush_rows * ROW_WIDTH
@@ -169,6 +174,10 @@ class Tracer:
         self._roles = Roles(self._storages.known, self._storages.size)
         self._meta = run_metadata(self.run_name, self.tokens, self.model, self._storages.id_of)
         self._meta["trace_id"] = self.trace_id
+        self._meta["collector"] = self._collector_facts  # which collector read the tensors (tracer/native.py)
+        st = self._storages  # what tracer/_collector.cpp reads, in its order (its enum of ctx)
+        self._collect_ctx = (st._by_cdata, st.size, st._refs, st._note_free, st.hollow, st.regrow, self._dtype_ids,
+                             self._new_dtype, st)
         if self._rank is not None:
             self._meta.update(self._rank, process_groups=distributed.process_groups())
         self._unsharded = distributed.UnshardedParameters(
@@ -317,60 +326,29 @@ class Tracer:
     # the hot path ------------------------------------------------------------------
     def _record(self, info, args, kwargs, out, start, duration):
         rows = self._rows
-        tensors = rows.tensors
-        dims = rows.dims
         storages = self._storages
-        known = storages._by_cdata.get
-        size_of = storages.size.__getitem__
-        dtype_of = self._dtype_ids.get
         try:
             collective = info.collective
-            if collective is not None:
-                ins, outs = collective.tensors(args, kwargs, out)
-            else:
-                ins = _tensors(args, kwargs)
-                if isinstance(out, Tensor):
-                    outs = (out,)
-                elif isinstance(out, (list, tuple)):
-                    outs = [o for o in out if isinstance(o, Tensor)]
-                elif out is None and info.written_positions:  # returns nothing: its outputs are what it wrote
-                    outs = [t for t, _ in info.written(args, kwargs)]
-                else:
-                    outs = ()
-            registered = storages.registered_bytes
-            layout = 0
-            for side, group in enumerate((ins, outs)):
-                if side:  # storages first seen as outputs were made by this op; inputs existed before
-                    registered = storages.registered_bytes
-                for t in group:
-                    if t.layout is not STRIDED:  # sparse, jagged: tracer/layouts.py
-                        layout = self._odd_tensor(t, layout)
-                        continue
-                    try:
-                        shape = t.shape
-                    except RuntimeError:  # a strided nested tensor has no sizes
-                        layout = self._odd_tensor(t, layout)
-                        continue
-                    sid = known(_storage_key(t))
-                    if sid is None:
-                        st = t.untyped_storage()
-                        sid = storages.register(st) if type(t) is Tensor else register_subclass(storages, t, st)
-                    dtype = dtype_of(t.dtype)
-                    if dtype is None:
-                        dtype = self._new_dtype(t.dtype)
-                    tensors.extend((len(shape), dtype, sid, size_of(sid)))
-                    dims.extend(shape)
-                    dims.extend(t.stride())
-            inplace_bytes = out_bytes = 0
-            if info.written_positions:
-                for t, is_out in info.written(args, kwargs):
-                    if t.layout is not STRIDED or t.is_nested:
-                        continue
-                    n = t.numel() * t.element_size()
-                    inplace_bytes += n
-                    if is_out:  # out= tensors are written, not read
-                        out_bytes += n
-                    storages.regrow(t.untyped_storage())
+            collected = None
+            if self._collect is not None and collective is None:  # the compiled collector (tracer/native.py)
+                written = info.written(args, kwargs) if info.written_positions else None
+                collected = self._collect(self._collect_ctx, args, kwargs, out, written, rows.tensors, rows.dims)
+            if collected is not None:
+                ins, outs, registered, device_key, inplace_bytes, out_bytes = collected
+                layout = 0
+            else:  # the Python path: rare tensors (subclasses, sparse, nested), collectives, or no compiled collector
+                ins, outs, registered, layout = self._collect_python(info, args, kwargs, out)
+                device_key = None
+                inplace_bytes = out_bytes = 0
+                if info.written_positions:
+                    for t, is_out in info.written(args, kwargs):
+                        if t.layout is not STRIDED or t.is_nested:
+                            continue
+                        n = t.numel() * t.element_size()
+                        inplace_bytes += n
+                        if is_out:  # out= tensors are written, not read
+                            out_bytes += n
+                        storages.regrow(t.untyped_storage())
             allocated = storages.registered_bytes - registered
             bound, n_groups = 0, NO_VALUE
             basis = info.basis
@@ -397,13 +375,17 @@ class Tracer:
             if module_id is None:
                 module_id = self._new_module(module)
             first = ins[0] if ins else outs[0] if outs else None  # the row's device is its first tensor's
-            device = first.device if first is not None else None
-            device_id = self._device_ids.get(device)
+            device_id = self._device_keys.get(device_key)  # None: the Python path
             if device_id is None:
-                device_id = self._new_device(device, first)
+                device = first.device if first is not None else None
+                device_id = self._device_ids.get(device)
+                if device_id is None:
+                    device_id = self._new_device(device, first)
+                if device_key is not None:
+                    self._device_keys[device_key] = device_id
             comm_bytes = group_size = NO_VALUE
             group_id = 0
-            if collective is not None:
+            if collective is not None:  # always the Python path: `device` is set above
                 comm_bytes, group_size, group_id = self._collective(collective, args, kwargs, out, outs, start, duration, device)
         except BaseException:
             rows.rollback()
@@ -425,6 +407,60 @@ class Tracer:
         self._timer.bind(rows)
         if len(rows.ints) >= self._flush_at:
             self._flush()
+
+    def _collect_python(self, info, args, kwargs, out):
+        """(inputs, outputs, registered bytes after the inputs, layout id) of one op, with each tensor's
+        ndim, dtype id, storage id and storage bytes appended to the row buffer, its sizes and strides
+        to `dims`: what the compiled collector (tracer/_collector.cpp) does in one call."""
+        rows = self._rows
+        tensors = rows.tensors
+        dims = rows.dims
+        storages = self._storages
+        known = storages._by_cdata.get
+        size_of = storages.size.__getitem__
+        dtype_of = self._dtype_ids.get
+        collective = info.collective
+        if collective is not None:
+            ins, outs = collective.tensors(args, kwargs, out)
+        else:
+            ins = _tensors(args, kwargs)
+            if isinstance(out, Tensor):
+                outs = (out,)
+            elif isinstance(out, (list, tuple)):
+                outs = [o for o in out if isinstance(o, Tensor)]
+            elif out is None and info.written_positions:  # returns nothing: its outputs are what it wrote
+                outs = [t for t, _ in info.written(args, kwargs)]
+            else:
+                outs = ()
+        registered = storages.registered_bytes
+        layout = 0
+        for side, group in enumerate((ins, outs)):
+            if side:  # storages first seen as outputs were made by this op; inputs existed before
+                registered = storages.registered_bytes
+            for t in group:
+                if t.layout is not STRIDED:  # sparse, jagged: tracer/layouts.py
+                    layout = self._odd_tensor(t, layout)
+                    continue
+                try:
+                    shape = t.shape
+                except RuntimeError:  # a strided nested tensor has no sizes
+                    layout = self._odd_tensor(t, layout)
+                    continue
+                sid = known(_storage_key(t))
+                if sid is None:
+                    sid = self._register(t)
+                dtype = dtype_of(t.dtype)
+                if dtype is None:
+                    dtype = self._new_dtype(t.dtype)
+                tensors.extend((len(shape), dtype, sid, size_of(sid)))
+                dims.extend(shape)
+                dims.extend(t.stride())
+        return ins, outs, registered, layout
+
+    def _register(self, t):
+        """The id of a tensor's storage, seen for the first time (both collectors call this)."""
+        st = t.untyped_storage()
+        return self._storages.register(st) if type(t) is Tensor else register_subclass(self._storages, t, st)
 
     def _odd_tensor(self, t, layout):
         """Append a sparse or nested tensor's record; the row's layout id (its first odd layout)."""

@@ -1,0 +1,448 @@
+// The compiled collector: what `Tracer._record` reads from an op's tensors, in one call.
+//
+// `collect(ctx, args, kwargs, out, written, tensors, dims)` finds the tensor arguments (one level into
+// lists, as tracer/dispatch.py `_tensors` does) and the tensor outputs of an op, and appends, for
+// each, the same integers the pure-Python loop in tracer/mode.py appends: ndim, dtype id, storage
+// id and storage bytes to `tensors`, then its sizes and strides to `dims` (both `array('q')`).
+// Dictionaries and callbacks are the tracer's own (ctx, built by tracer/mode.py), so storage
+// and dtype ids are given out in the same order as the Python path gives them.
+//
+// A storage seen for the first time is registered here as StorageTable.register does it; the
+// tensors the op wrote into (`written`: its (tensor, is_out) pairs, or None) give the in-place and
+// out= bytes, and a storage resized in place calls StorageTable.regrow.
+//
+// It returns (inputs, outputs, registered bytes after the inputs, device key, in-place bytes,
+// out= bytes), or None, having changed nothing, when any tensor is not a plain strided one (a
+// subclass other than Parameter, sparse, nested, symbolic sizes, no storage): the Python path
+// then records the op.
+//
+// Built at install time by tracer/build_ext.py with torch's extension tooling; the Python path
+// runs when it is missing or was built for another torch (tracer/native.py).
+
+#include <torch/csrc/DynamicTypes.h>
+#include <torch/csrc/Storage.h>
+#include <torch/csrc/autograd/python_variable.h>
+
+#include <cstdint>
+#include <vector>
+
+#ifndef OPTRACE_TORCH_VERSION
+#define OPTRACE_TORCH_VERSION "unknown"
+#endif
+
+namespace {
+
+// ctx (tracer/mode.py builds it): the StorageTable's storage key -> id, id -> bytes, weak
+// references and their finaliser, hollow ids and regrow(storage); the tracer's dtype -> dtype id
+// and new_dtype(dtype) -> dtype id; the StorageTable itself (next_id, live_bytes, registered_bytes).
+enum { BY_CDATA, SIZE, REFS, NOTE_FREE, HOLLOW, REGROW, DTYPE_IDS, NEW_DTYPE, STORAGES, CTX_WIDTH };
+
+PyObject* frombytes_name = nullptr;
+PyObject* registered_name = nullptr;
+PyObject* live_name = nullptr;
+PyObject* next_id_name = nullptr;
+
+// storages.<name> += delta
+int add_to(PyObject* storages, PyObject* name, int64_t delta) {
+  PyObject* value = PyObject_GetAttr(storages, name);
+  if (value == nullptr) {
+    return -1;
+  }
+  int64_t now = PyLong_AsLongLong(value);
+  Py_DECREF(value);
+  if (now == -1 && PyErr_Occurred()) {
+    return -1;
+  }
+  PyObject* updated = PyLong_FromLongLong(now + delta);
+  if (updated == nullptr) {
+    return -1;
+  }
+  int failed = PyObject_SetAttr(storages, name, updated);
+  Py_DECREF(updated);
+  return failed;
+}
+
+// StorageTable.register(t.untyped_storage()) in C++ (tracer/storage.py): the next id, counted
+// live and registered, with a weak reference whose finaliser notes the free. A new reference.
+PyObject* register_storage(PyObject* const* ctx, c10::TensorImpl* impl, PyObject* key) {
+  const c10::Storage& storage = impl->storage();
+  int64_t nbytes = static_cast<int64_t>(storage.nbytes());
+  PyObject* next = PyObject_GetAttr(ctx[STORAGES], next_id_name);
+  if (next == nullptr) {
+    return nullptr;
+  }
+  PyObject* sid = next;  // the id given out; next_id moves on
+  PyObject *size = nullptr, *wrapped = nullptr, *ref = nullptr, *ref_id = nullptr, *entry = nullptr;
+  if (add_to(ctx[STORAGES], next_id_name, 1) < 0) {
+    goto fail;
+  }
+  size = PyLong_FromLongLong(nbytes);
+  if (size == nullptr || PyDict_SetItem(ctx[BY_CDATA], key, sid) < 0 || PyDict_SetItem(ctx[SIZE], sid, size) < 0 ||
+      add_to(ctx[STORAGES], live_name, nbytes) < 0 || add_to(ctx[STORAGES], registered_name, nbytes) < 0) {
+    goto fail;
+  }
+  wrapped = THPStorage_Wrap(storage);
+  if (wrapped == nullptr) {
+    goto fail;
+  }
+  ref = PyWeakref_NewRef(wrapped, ctx[NOTE_FREE]);
+  if (ref == nullptr) {
+    goto fail;
+  }
+  ref_id = PyLong_FromVoidPtr(ref);
+  entry = ref_id == nullptr ? nullptr : PyTuple_Pack(3, ref, key, sid);
+  if (entry == nullptr || PyDict_SetItem(ctx[REFS], ref_id, entry) < 0) {
+    goto fail;
+  }
+  Py_DECREF(size);
+  Py_DECREF(wrapped);
+  Py_DECREF(ref);
+  Py_DECREF(ref_id);
+  Py_DECREF(entry);
+  return sid;
+fail:
+  Py_XDECREF(size);
+  Py_XDECREF(wrapped);
+  Py_XDECREF(ref);
+  Py_XDECREF(ref_id);
+  Py_XDECREF(entry);
+  Py_DECREF(sid);
+  return nullptr;
+}
+
+bool is_tensor(PyObject* o, int* error) {
+  if (THPVariable_CheckExact(o)) {
+    return true;
+  }
+  int found = PyObject_IsInstance(o, THPVariableClass);
+  if (found < 0) {
+    *error = 1;
+  }
+  return found > 0;
+}
+
+// Appends the tensors among `o`, looking one level into lists and tuples.
+int gather(PyObject* o, PyObject* found) {
+  int error = 0;
+  if (is_tensor(o, &error)) {
+    return PyList_Append(found, o);
+  }
+  if (error) {
+    return -1;
+  }
+  if (PyList_Check(o) || PyTuple_Check(o)) {
+    PyObject* seq = o;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    for (Py_ssize_t i = 0; i < n; i++) {
+      PyObject* item = PySequence_Fast_GET_ITEM(seq, i);
+      if (is_tensor(item, &error)) {
+        if (PyList_Append(found, item) < 0) {
+          return -1;
+        }
+      } else if (error) {
+        return -1;
+      }
+    }
+  }
+  return 0;
+}
+
+// A tensor the fast path can read: exactly Tensor or Parameter, strided, not nested, with
+// concrete sizes and a storage.
+bool plain(PyObject* o) {
+  if (!THPVariable_CheckExact(o)) {
+    return false;
+  }
+  const at::Tensor& t = THPVariable_Unpack(o);
+  if (!t.defined()) {
+    return false;
+  }
+  c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+  return impl->layout() == c10::kStrided && !impl->is_nested() && !impl->has_symbolic_sizes_strides() &&
+      impl->has_storage();
+}
+
+// The value of `key` in `dict`, or the result of `make(arg)` when absent: a new reference.
+PyObject* lookup(PyObject* dict, PyObject* key, PyObject* make, PyObject* arg) {
+  PyObject* value = PyDict_GetItemWithError(dict, key);
+  if (value != nullptr) {
+    Py_INCREF(value);
+    return value;
+  }
+  if (PyErr_Occurred()) {
+    return nullptr;
+  }
+  return PyObject_CallOneArg(make, arg);
+}
+
+// One tensor's record; -1 with a Python error set on failure.
+int describe(PyObject* const* ctx, PyObject* o, std::vector<int64_t>& tensors, std::vector<int64_t>& dims) {
+  c10::TensorImpl* impl = THPVariable_Unpack(o).unsafeGetTensorImpl();
+  PyObject* key = PyLong_FromVoidPtr(impl->storage().unsafeGetStorageImpl());
+  if (key == nullptr) {
+    return -1;
+  }
+  PyObject* sid = PyDict_GetItemWithError(ctx[BY_CDATA], key);
+  if (sid != nullptr) {
+    Py_INCREF(sid);
+  } else if (!PyErr_Occurred()) {
+    sid = register_storage(ctx, impl, key);
+  }
+  Py_DECREF(key);
+  if (sid == nullptr) {
+    return -1;
+  }
+  PyObject* size = PyDict_GetItemWithError(ctx[SIZE], sid);  // borrowed
+  if (size == nullptr) {
+    if (!PyErr_Occurred()) {
+      PyErr_SetString(PyExc_KeyError, "optrace collector: a storage id without a size");
+    }
+    Py_DECREF(sid);
+    return -1;
+  }
+  int64_t sid_value = PyLong_AsLongLong(sid);
+  int64_t size_value = PyLong_AsLongLong(size);
+  Py_DECREF(sid);
+  PyObject* dtype = reinterpret_cast<PyObject*>(torch::getTHPDtype(impl->dtype().toScalarType()));
+  PyObject* dtype_id = lookup(ctx[DTYPE_IDS], dtype, ctx[NEW_DTYPE], dtype);
+  if (dtype_id == nullptr) {
+    return -1;
+  }
+  int64_t dtype_value = PyLong_AsLongLong(dtype_id);
+  Py_DECREF(dtype_id);
+  if (PyErr_Occurred()) {
+    return -1;
+  }
+  c10::IntArrayRef sizes = impl->sizes();
+  c10::IntArrayRef strides = impl->strides();
+  tensors.insert(tensors.end(), {static_cast<int64_t>(sizes.size()), dtype_value, sid_value, size_value});
+  dims.insert(dims.end(), sizes.begin(), sizes.end());
+  dims.insert(dims.end(), strides.begin(), strides.end());
+  return 0;
+}
+
+// The bytes of the tensors an op wrote into (all of them; out= ones apart) and, for a storage an
+// op resized in place, StorageTable.regrow (tracer/storage.py), as the Python path does.
+int written_bytes(PyObject* const* ctx, PyObject* written, int64_t* inplace_bytes, int64_t* out_bytes) {
+  for (Py_ssize_t i = 0; i < PyList_GET_SIZE(written); i++) {
+    PyObject* pair = PyList_GET_ITEM(written, i);
+    if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2) {
+      PyErr_SetString(PyExc_TypeError, "optrace collector: written must be a list of (tensor, is_out)");
+      return -1;
+    }
+    PyObject* o = PyTuple_GET_ITEM(pair, 0);
+    if (!plain(o)) {  // the inputs were all plain; a written tensor is one of them
+      continue;
+    }
+    c10::TensorImpl* impl = THPVariable_Unpack(o).unsafeGetTensorImpl();
+    int64_t n = impl->numel() * static_cast<int64_t>(impl->itemsize());
+    *inplace_bytes += n;
+    int is_out = PyObject_IsTrue(PyTuple_GET_ITEM(pair, 1));
+    if (is_out < 0) {
+      return -1;
+    }
+    if (is_out) {  // out= tensors are written, not read
+      *out_bytes += n;
+    }
+    PyObject* key = PyLong_FromVoidPtr(impl->storage().unsafeGetStorageImpl());
+    if (key == nullptr) {
+      return -1;
+    }
+    PyObject* sid = PyDict_GetItemWithError(ctx[BY_CDATA], key);  // borrowed
+    Py_DECREF(key);
+    if (sid == nullptr) {
+      if (PyErr_Occurred()) {
+        return -1;
+      }
+      continue;
+    }
+    int hollow = PySet_Contains(ctx[HOLLOW], sid);
+    if (hollow < 0) {
+      return -1;
+    }
+    PyObject* size = PyDict_GetItemWithError(ctx[SIZE], sid);
+    if (hollow || size == nullptr) {
+      if (PyErr_Occurred()) {
+        return -1;
+      }
+      continue;
+    }
+    if (PyLong_AsLongLong(size) != static_cast<int64_t>(impl->storage().nbytes())) {  // resized: rare
+      PyObject* storage = THPStorage_Wrap(impl->storage());
+      if (storage == nullptr) {
+        return -1;
+      }
+      PyObject* done = PyObject_CallOneArg(ctx[REGROW], storage);
+      Py_DECREF(storage);
+      if (done == nullptr) {
+        return -1;
+      }
+      Py_DECREF(done);
+    }
+  }
+  return 0;
+}
+
+int append(PyObject* array, const std::vector<int64_t>& values) {
+  PyObject* bytes = PyBytes_FromStringAndSize(
+      reinterpret_cast<const char*>(values.data()), static_cast<Py_ssize_t>(values.size() * sizeof(int64_t)));
+  if (bytes == nullptr) {
+    return -1;
+  }
+  PyObject* done = PyObject_CallMethodOneArg(array, frombytes_name, bytes);
+  Py_DECREF(bytes);
+  if (done == nullptr) {
+    return -1;
+  }
+  Py_DECREF(done);
+  return 0;
+}
+
+PyObject* collect_impl(PyObject* const* args) {
+  PyObject* ctx_tuple = args[0];
+  if (!PyTuple_Check(ctx_tuple) || PyTuple_GET_SIZE(ctx_tuple) != CTX_WIDTH) {
+    PyErr_SetString(PyExc_TypeError, "optrace collector: bad context");
+    return nullptr;
+  }
+  PyObject* const* ctx = &PyTuple_GET_ITEM(ctx_tuple, 0);
+  PyObject *op_args = args[1], *op_kwargs = args[2], *out = args[3], *written = args[4];
+  if (written != Py_None && !PyList_Check(written)) {
+    PyErr_SetString(PyExc_TypeError, "optrace collector: written must be a list of (tensor, is_out) or None");
+    return nullptr;
+  }
+  PyObject* ins = PyList_New(0);
+  PyObject* outs = PyList_New(0);
+  PyObject* result = nullptr;
+  if (ins == nullptr || outs == nullptr) {
+    goto done;
+  }
+  if (PyTuple_Check(op_args)) {
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(op_args); i++) {
+      if (gather(PyTuple_GET_ITEM(op_args, i), ins) < 0) {
+        goto done;
+      }
+    }
+  }
+  if (op_kwargs != Py_None && PyDict_Check(op_kwargs)) {
+    Py_ssize_t pos = 0;
+    PyObject *k, *v;
+    while (PyDict_Next(op_kwargs, &pos, &k, &v)) {
+      if (gather(v, ins) < 0) {
+        goto done;
+      }
+    }
+  }
+  if (out == Py_None && written != Py_None) {  // returns nothing: its outputs are what it wrote
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(written); i++) {
+      PyObject* pair = PyList_GET_ITEM(written, i);
+      if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2) {
+        PyErr_SetString(PyExc_TypeError, "optrace collector: written must be a list of (tensor, is_out)");
+        goto done;
+      }
+      if (PyList_Append(outs, PyTuple_GET_ITEM(pair, 0)) < 0) {
+        goto done;
+      }
+    }
+  } else if (gather(out, outs) < 0) {
+    goto done;
+  }
+  {
+    Py_ssize_t n_in = PyList_GET_SIZE(ins), n_out = PyList_GET_SIZE(outs);
+    for (Py_ssize_t i = 0; i < n_in + n_out; i++) {
+      if (!plain(i < n_in ? PyList_GET_ITEM(ins, i) : PyList_GET_ITEM(outs, i - n_in))) {
+        result = Py_NewRef(Py_None);  // the Python path records this op
+        goto done;
+      }
+    }
+    std::vector<int64_t> tensors, dims;
+    tensors.reserve(4 * (n_in + n_out));
+    dims.reserve(16 * (n_in + n_out));
+    PyObject* registered = nullptr;
+    int64_t device_key = -1, inplace_bytes = 0, out_bytes = 0;
+    try {
+      for (Py_ssize_t i = 0; i < n_in + n_out; i++) {
+        if (i == n_in) {  // storages first seen as outputs were made by this op
+          registered = PyObject_GetAttr(ctx[STORAGES], registered_name);
+          if (registered == nullptr) {
+            goto done;
+          }
+        }
+        if (describe(ctx, i < n_in ? PyList_GET_ITEM(ins, i) : PyList_GET_ITEM(outs, i - n_in), tensors, dims) < 0) {
+          Py_XDECREF(registered);
+          goto done;
+        }
+      }
+      if (registered == nullptr) {
+        registered = PyObject_GetAttr(ctx[STORAGES], registered_name);
+        if (registered == nullptr) {
+          goto done;
+        }
+      }
+      if (written != Py_None && written_bytes(ctx, written, &inplace_bytes, &out_bytes) < 0) {
+        Py_DECREF(registered);
+        goto done;
+      }
+      if (n_in + n_out) {
+        const c10::Device device = THPVariable_Unpack(n_in ? PyList_GET_ITEM(ins, 0) : PyList_GET_ITEM(outs, 0)).device();
+        device_key = (static_cast<int64_t>(device.type()) << 16) | (static_cast<int64_t>(device.index()) + 1);
+      }
+    } catch (const std::exception& e) {
+      Py_XDECREF(registered);
+      if (!PyErr_Occurred()) {
+        PyErr_SetString(PyExc_RuntimeError, e.what());
+      }
+      goto done;
+    }
+    if (append(args[5], tensors) < 0 || append(args[6], dims) < 0) {
+      Py_DECREF(registered);
+      goto done;
+    }
+    result = Py_BuildValue("(OONLLL)", ins, outs, registered, static_cast<long long>(device_key),
+                           static_cast<long long>(inplace_bytes), static_cast<long long>(out_bytes));
+  }
+done:
+  Py_XDECREF(ins);
+  Py_XDECREF(outs);
+  return result;
+}
+
+PyObject* collect(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 7) {
+    PyErr_SetString(PyExc_TypeError, "collect(ctx, args, kwargs, out, written, tensors, dims) takes 7 arguments");
+    return nullptr;
+  }
+  return collect_impl(args);
+}
+
+PyObject* storage_key(PyObject*, PyObject* o) {
+  if (!THPVariable_Check(o)) {
+    PyErr_SetString(PyExc_TypeError, "storage_key expects a tensor");
+    return nullptr;
+  }
+  return PyLong_FromVoidPtr(THPVariable_Unpack(o).unsafeGetTensorImpl()->storage().unsafeGetStorageImpl());
+}
+
+PyMethodDef methods[] = {
+    {"collect", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(collect)), METH_FASTCALL,
+     "collect(ctx, args, kwargs, out, written, tensors, dims): (inputs, outputs, registered bytes, device key, "
+     "in-place bytes, out= bytes) or None"},
+    {"storage_key", storage_key, METH_O, "the key of a tensor's storage (its StorageImpl address)"},
+    {nullptr, nullptr, 0, nullptr},
+};
+
+PyModuleDef module = {PyModuleDef_HEAD_INIT, "_collector", "optrace's compiled collector", -1, methods};
+
+}  // namespace
+
+PyMODINIT_FUNC PyInit__collector(void) {
+  frombytes_name = PyUnicode_InternFromString("frombytes");
+  registered_name = PyUnicode_InternFromString("registered_bytes");
+  live_name = PyUnicode_InternFromString("live_bytes");
+  next_id_name = PyUnicode_InternFromString("next_id");
+  PyObject* m = PyModule_Create(&module);
+  if (m == nullptr || PyModule_AddStringConstant(m, "torch_version", OPTRACE_TORCH_VERSION) < 0) {
+    Py_XDECREF(m);
+    return nullptr;
+  }
+  return m;
+}
