@@ -1,0 +1,156 @@
+"""Reproductions from the review of the meter, plan and marker work (each xfail until fixed; reasons in the marks).
+
+Model FLOPs per step of Net at batch B (x needs no gradient, loss = fc(x).sum()):
+  forward 2·B·8·8 + sum B·8, backward dW 2·B·8·8  ->  B = 2: 528, B = 16: 4,224
+"""
+
+import os
+
+import pytest
+import torch
+from torch import nn
+
+import reports
+from tracer import Tracer
+from tracer.meter import Meter
+
+
+class DictNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8, bias=False)
+
+    def forward(self, batch):
+        return self.fc(batch["x"]).sum()
+
+
+class LoopNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8, bias=False)
+
+    def forward(self, x, depth=1):
+        for _ in range(depth):
+            x = self.fc(x)
+        return x.sum()
+
+
+def _metered(path, net, calls):
+    m = Meter(path, model=net, peak_flops=1e9)
+    out = []
+    for call in calls:
+        call().backward()
+        net.zero_grad(set_to_none=True)
+        out.append(m.step()["model_flops"])
+    m.close()
+    return out
+
+
+@pytest.mark.xfail(reason="meter signature reads tensors in args/kwargs one list level deep: a dict batch is invisible", strict=True)
+def test_meter_sees_a_shape_change_inside_a_dict_batch(tmp_path):
+    torch.manual_seed(0)
+    net = DictNet()
+    xs = {2: torch.randn(2, 8), 16: torch.randn(16, 8)}
+    got = _metered(tmp_path / "d", net, [lambda b=b: net({"x": xs[b]}) for b in (2, 2, 16, 16)])
+    assert got[3] == 4224  # 2·16·64·2 + 16·8; the meter returns 528 (B = 2's)
+
+
+@pytest.mark.xfail(reason="meter signature is the module *set*: a module called more times is not a new signature", strict=True)
+def test_meter_sees_a_module_called_more_times(tmp_path):
+    torch.manual_seed(0)
+    net = LoopNet()
+    x = torch.randn(2, 8)
+    got = _metered(tmp_path / "l", net, [lambda k=k: net(x, depth=k) for k in (1, 1, 4, 4)])
+    assert got[3] != got[0]  # depth 4 runs 4 matmuls forward; the meter reuses depth 1's 528
+
+
+@pytest.mark.xfail(reason="step_flops: np.asarray([]) is float64 and ~again raises on an empty traced step; "
+                          "after that one failure the meter never traces again", strict=True)
+def test_meter_survives_a_step_boundary_before_any_work(tmp_path):
+    torch.manual_seed(0)
+    net = nn.Linear(8, 8, bias=False)
+    m = Meter(tmp_path / "e", model=net, peak_flops=1e9)
+    figures = []
+    for _ in range(4):
+        figures.append(m.step())  # the loop marks the boundary at the top of each iteration
+        net(torch.randn(2, 8)).sum().backward()
+    m.close()
+    assert m.errors == 0
+    assert figures[-1]["model_flops"] == 528  # 2·2·64·2 + 2·8; got None
+
+
+@pytest.mark.xfail(reason="meter's dtype rule lacks reports.mfu's fallback (no matmul/attention FLOPs: any FLOPs), "
+                          "so a conv net gets no peak and no MFU", strict=True)
+def test_meter_mfu_of_a_conv_net_is_reports_mfu(tmp_path):
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU())
+    m = Meter(tmp_path / "c", model=net)
+    for _ in range(2):
+        net(torch.randn(1, 3, 8, 8)).sum().backward()
+        f = m.step()
+    m.close()
+    ref = reports.mfu(reports.load(tmp_path / "c"), step_time_s=f["step_time_s"]).iloc[0]
+    assert ref["mfu"] > 0 and f["mfu"] == ref["mfu"]  # the meter gives None
+
+
+@pytest.mark.xfail(reason="plan scales every forward/backward byte by the micro-batch ratio, the weight reads too", strict=True)
+def test_plan_micro_batch_keeps_weight_reads_fixed(tmp_path):
+    with torch.device("meta"):
+        lin = nn.Linear(4096, 4096, bias=False, dtype=torch.bfloat16)
+        x = torch.empty(1, 4096, dtype=torch.bfloat16)
+    with Tracer(tmp_path / "m", model=lin, tokens=1):
+        lin(x)
+    df = reports.load(tmp_path / "m")
+    eight = reports.plan(df, "H100", micro_batch=8).iloc[0]
+    # (33,554,432 weight bytes + 8 x 16,384 activation bytes) / (3.35e12 x 0.8): 12.57 us; the plan gives 100.2 us
+    assert eight["memory_bound_s"] == pytest.approx((33_554_432 + 8 * 16_384) / (3.35e12 * 0.8), rel=1e-9)
+
+
+@pytest.mark.xfail(reason="collective_cost assumes a group's ranks are consecutive: a strided group (HSDP replicate, "
+                          "ranks 0, 8, ..., 56) is priced on NVLink inside one node", strict=True)
+def test_plan_prices_a_strided_group_across_nodes(tmp_path):
+    import torch.distributed as dist
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=64)
+    try:
+        mesh = init_device_mesh("cpu", (8, 8), mesh_dim_names=("replicate", "shard"))
+        with FakeTensorMode():
+            model = nn.Sequential(nn.Linear(64, 64, bias=False))
+            fully_shard(model, mesh=mesh)
+            with Tracer(tmp_path / "h", model=model, tokens=8):
+                model(torch.randn(8, 64)).sum().backward()
+    finally:
+        dist.destroy_process_group()
+    df = reports.load(tmp_path / "h")
+    plan = reports.plan(df, "H100", overlap="none").iloc[0]
+    ar = df[df["op"].astype(str).str.contains("allreduce")]
+    rs = df[df["op"].astype(str).str.contains("reduce_scatter")]
+    ag = df[df["op"].astype(str).str.contains("allgather")]
+    assert len(ar) == 1 and len(rs) == 1 and len(ag) == 1
+    # the all-reduce's 8 ranks sit on 8 nodes, one GPU each: min(450e9, 1 x 50e9) x 0.8 = 40e9 B/s, 2·7 ring steps
+    # all across nodes: 8.4 + 14 x 9.6 = 142.8 us; the shard group (one node): NVLink 360e9 B/s, 8.4 + 7 x 3.4 us
+    s = float(ar["comm_bytes"].iloc[0])
+    want = 8.4e-6 + 14 * 9.6e-6 + s * 2 * 7 / 8 / 40e9
+    for c in (rs, ag):
+        want += 8.4e-6 + 7 * 3.4e-6 + float(c["comm_bytes"].iloc[0]) * 7 / 8 / 360e9
+    assert plan["comm_s"] == pytest.approx(want, rel=1e-9)
+
+
+@pytest.mark.xfail(reason="the marker is opened before its bytes are built and written in place, not to a temporary "
+                          "renamed into place: an interrupt leaves a 0-byte _optrace.parquet that DuckDB refuses", strict=True)
+def test_an_interrupted_marker_write_leaves_no_empty_marker(tmp_path, monkeypatch):
+    import tracer.directory as directory
+
+    def interrupted(text):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(directory, "marker_file", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        with Tracer(tmp_path / "t"):
+            pass
+    marker = tmp_path / "t" / "_optrace.parquet"
+    assert not marker.exists() or os.path.getsize(marker) > 0
