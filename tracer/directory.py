@@ -32,6 +32,7 @@ from tracer.schema import LEGACY_MARKER_NAME, MARKER_NAME, PART_GLOB, footer_met
 
 LOCK_NAME = ".optrace.lock"
 _held = {}  # absolute path -> the FileLock this process holds on it
+MARKER_TMP = "._optrace.parquet.tmp"  # the first marker is written here, then renamed into place
 MARKER_BYTES = 4096  # the marker is padded to this size, so its closing rewrite needs no new space
 RANK_PREFIX = "rank="
 _TMP_SUFFIX = ".tmp"
@@ -108,9 +109,15 @@ def _prepare(path, parent, trace_id):
         _lock(path)
         try:
             _clear(path)
-            with open(os.path.join(path, MARKER_NAME), "wb") as f:
-                f.write(marker_file(_padded({"format": "optrace", "trace_id": trace_id or uuid.uuid4().hex})))
+            data = marker_file(_padded({"format": "optrace", "trace_id": trace_id or uuid.uuid4().hex}))
+            with open(os.path.join(path, MARKER_TMP), "wb") as f:  # whole or absent: an interrupted write
+                f.write(data)  # leaves no cut marker, which DuckDB and polars would refuse
+            os.replace(os.path.join(path, MARKER_TMP), os.path.join(path, MARKER_NAME))
         except BaseException:
+            try:
+                os.remove(os.path.join(path, MARKER_TMP))
+            except OSError:
+                pass
             release_directory(path)
             raise
     except OSError as exc:
@@ -187,7 +194,7 @@ def foreign_entry(path):
     (a distributed run)."""
     trace_id = _trace_id(path)
     for name in sorted(os.listdir(path)):
-        if name in (MARKER_NAME, LEGACY_MARKER_NAME, LOCK_NAME) or _is_own_temporary(name, trace_id):
+        if name in (MARKER_NAME, LEGACY_MARKER_NAME, LOCK_NAME, MARKER_TMP) or _is_own_temporary(name, trace_id):
             continue
         full = os.path.join(path, name)
         if name.startswith(RANK_PREFIX) and os.path.isdir(full) and not os.path.islink(full):
