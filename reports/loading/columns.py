@@ -210,10 +210,10 @@ def read_table(path, columns, lists="objects", footers=None):
 
     from tracer.schema import part_paths
 
-    if lists == "objects":
-        return pq.read_table(path, columns=columns)
     parts = part_paths(path)
     nested = any(entry.is_dir() for entry in os.scandir(path))
+    if lists == "objects":  # the listed parts (a merged part's leftovers left out), or the directory's files
+        return pq.read_table(parts if parts and not nested else path, columns=columns)
     if not parts or nested:  # hive rank=R directories and the like: let pyarrow's dataset reader find the files
         return _Parts(pq.read_table(path, columns=columns))
     table = pa.concat_tables(_read_parts(parts, columns, footers))
