@@ -75,21 +75,20 @@ def test_many_small_parts_report_as_their_rows_in_one_part(tmp_path, capsys, int
     small = _copy(path, tmp_path / "small", lambda name: name != merged)  # the trace before its merge
     one = _copy(path, tmp_path / "one", lambda name: name == merged)  # the trace after it
     assert len(os.listdir(small)) == parts + 1 and sorted(os.listdir(one)) == [MARKER_NAME, merged]
-    rows = len(reports.load(small))
-    assert rows == parts - 1  # one row per part, and the closing part holds none
     text, as_json = _report(capsys, one), _report(capsys, one, "--json")
     found = json.loads(as_json)
     assert (found["run"], found["steps"], set(found["damage"].values())) == ("many", 2, {0})  # whole, not damaged
     assert "forward   215            180" in text  # per step: weight matmuls 2·5·4·3 + 2·5·3·2 = 120 + 60 = 180 of 215
-    for trace in (small, path):
-        assert _report(capsys, trace) == text
-        assert _report(capsys, trace, "--json") == as_json
+    assert _report(capsys, small) == text and _report(capsys, small, "--json") == as_json
+    assert _report(capsys, path) == text  # a merge cut short: the small parts left are not read
     meta_small, meta_one = read_metadata(small), read_metadata(one)
-    assert (meta_small["parts"], meta_one["parts"], meta_one["merged_parts"]) == (parts, 1, parts)
+    assert (meta_small["parts"], meta_one["parts"], meta_one["merged_parts"], meta_one["rows"]) == (parts, 1, parts, parts - 1)
     assert meta_one["storage_roles"] == meta_small["storage_roles"]  # each small part's roles, all in the merged one
     assert meta_one["storage_roles"]["gradient"]  # the 4 gradients of 2 Linear layers are among them
     assert read_metadata(path) == meta_one  # the leftover small parts are left out
-    pd.testing.assert_frame_equal(reports.load(path).drop(columns="run"), reports.load(small).drop(columns="run"))
+    both = reports.load(path)
+    assert len(both) == parts - 1  # one row per part, and the closing part holds none: no row twice
+    pd.testing.assert_frame_equal(both.drop(columns="run"), reports.load(small).drop(columns="run"))
 
 
 def test_the_tracer_merges_many_small_parts_at_close(tmp_path):
@@ -121,3 +120,22 @@ def test_a_copy_of_the_merged_part_is_refused(tmp_path, interrupted):
     shutil.copy(path / merged, path / merged.replace(".parquet", " (1).parquet"))  # a sync tool's copy
     with pytest.raises(ReportError, match=r"part-000000-\d+ \(1\)\.parquet says it is part 1 like part-000000-\d+\.parquet"):
         reports.load(path)
+
+
+def test_a_failed_merge_keeps_the_small_parts_with_a_warning(tmp_path, monkeypatch):
+    real = writer.write_table
+
+    def full_disk(table, file):  # the merged part cannot be written; the small ones could
+        if ".part-000000-" in os.path.basename(file):
+            raise OSError(28, "No space left on device")
+        real(table, file)
+
+    monkeypatch.setattr(writer, "write_table", full_disk)
+    path = tmp_path / "t"
+    with pytest.warns(UserWarning, match=r"merging its small parts failed \(OSError: \[Errno 28\] No space left on device\); "
+                                         "nothing is lost: optrace reads the parts as they are"):
+        _train(path)
+    names = sorted(os.listdir(path))
+    assert names[0] == MARKER_NAME and names[1:] == [part_name(i) for i in range(len(names) - 1)]  # no temporary file left
+    meta = read_metadata(path)
+    assert meta["complete"] and meta["parts"] == len(names) - 1 and len(reports.load(path)) == meta["rows"]

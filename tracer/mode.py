@@ -557,8 +557,8 @@ class Tracer:
         try:
             self._writer.merge_parts()
         except Exception as exc:
-            warn(f"optrace: trace {self._writer.directory!r}: could not merge its small parts "
-                 f"({type(exc).__name__}: {exc}); it keeps them")
+            warn(f"optrace: trace {self._writer.directory!r}: merging its small parts failed ({type(exc).__name__}: "
+                 f"{exc}); nothing is lost: optrace reads the parts as they are")
 
     def _facts(self):
         """What the marker keeps when every part write fails: enough to report the damage."""
