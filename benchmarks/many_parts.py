@@ -32,7 +32,7 @@ def make(path, parts, merge):
     from tracer import Tracer
 
     if not merge:
-        tracer.writer.SmallParts.MIN_PARTS = parts + 1  # never reached: the parts stay as written
+        tracer.writer.SmallParts.MIN_PARTS = 2**62  # never reached: the parts stay as written
     tr = Tracer(path, flush_rows=1)
     start = time.perf_counter()
     with tr:

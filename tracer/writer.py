@@ -347,8 +347,9 @@ class SmallParts:
     def rows(self):
         """One RowBuffer of every kept part's rows."""
         merged = RowBuffer(self.buffers[0].first_seq)
+        buffers = [name for name, value in vars(merged).items() if isinstance(value, array)]  # each flat buffer
         for rows in self.buffers:
-            for name in ("ints", "tensors", "dims", "freed", "groups"):
+            for name in buffers:
                 getattr(merged, name).extend(getattr(rows, name))
         return merged
 
