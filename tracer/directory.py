@@ -36,9 +36,9 @@ MARKER_TMP = "._optrace.parquet.tmp"  # the first marker is written here, then r
 MARKER_BYTES = 4096  # the marker is padded to this size, so its closing rewrite needs no new space
 RANK_PREFIX = "rank="
 _TMP_SUFFIX = ".tmp"
-# A part being written: `.part-000003.parquet.<trace_id>.<pid>.<random>.tmp`. Only a name of
-# this form carrying the trace's own id (its marker's) is optrace's; a user's `.part-x.tmp` is not.
-_TEMPORARY = re.compile(r"\.part-\d{6,}\.parquet\.(?P<trace_id>[0-9a-f]{32})\.\d+\.[0-9a-f]{8}" + re.escape(_TMP_SUFFIX))
+# A part being written: `.part-000003.parquet.<trace_id>.<pid>.<random>.tmp` (a merged one: `.part-000000-000099.parquet...`).
+# Only a name of this form carrying the trace's own id (its marker's) is optrace's; a user's `.part-x.tmp` is not.
+_TEMPORARY = re.compile(r"\.part-\d{6,}(?:-\d{6,})?\.parquet\.(?P<trace_id>[0-9a-f]{32})\.\d+\.[0-9a-f]{8}" + re.escape(_TMP_SUFFIX))
 
 
 def prepare_directory(path, trace_id=None):

@@ -581,9 +581,20 @@ class Tracer:
             if not self._flush() and len(rows):  # the last rows are lost: write the facts alone, if space allows
                 self._meta["complete"] = False
                 self._write(RowBuffer(rows.first_seq + len(rows)), self._metadata())
+            self._merge()
         finally:
             self._storages.clear()
             self._writer.close(self._facts())
+
+    def _merge(self):
+        """Many small parts become one at close (tracer/writer.py merge_parts); a failure keeps them, with a warning."""
+        if self._lost_rows or self._in_child():
+            return
+        try:
+            self._writer.merge_parts()
+        except Exception as exc:
+            warn(f"optrace: trace {self._writer.directory!r}: merging its small parts failed ({type(exc).__name__}: "
+                 f"{exc}); nothing is lost: optrace reads the parts as they are")
 
     def _facts(self):
         """What the marker keeps when every part write fails: enough to report the damage."""

@@ -16,6 +16,7 @@ the tracer closed cleanly.
 
 import base64
 import enum
+import re
 
 import pyarrow as pa
 
@@ -35,6 +36,31 @@ ARROW_SCHEMA_KEY = b"ARROW:schema"  # the Arrow schema in a Parquet footer (Arro
 
 def part_name(index: int) -> str:
     return f"part-{index:06d}.parquet"
+
+
+# At a clean close the tracer merges a trace's many small parts into one (tracer/writer.py
+# `merge_parts`): `part-000000-000099.parquet` holds the rows of parts 0 to 99. It is renamed into
+# place before those parts are removed, so a process killed in between leaves both; every optrace
+# reader lists parts through `part_paths`, which leaves out the parts a merged part holds.
+_PART = re.compile(r"part-(\d{6,})\.parquet")
+_MERGED = re.compile(r"part-(\d{6,})-(\d{6,})\.parquet")
+
+
+def merged_name(first: int, last: int) -> str:
+    """The name of the part holding the rows of parts `first` to `last` (merged at close)."""
+    return f"part-{first:06d}-{last:06d}.parquet"
+
+
+def is_merged_name(name: str) -> bool:
+    return _MERGED.fullmatch(name) is not None
+
+
+def superseded(names):
+    """The part names in `names` whose rows a merged part in `names` holds (left by a merge cut short)."""
+    ranges = [(int(m[1]), int(m[2])) for m in map(_MERGED.fullmatch, names) if m]
+    if not ranges:
+        return set()
+    return {name for name in names if (m := _PART.fullmatch(name)) and any(lo <= int(m[1]) <= hi for lo, hi in ranges)}
 
 
 class Phase(enum.IntEnum):
@@ -174,7 +200,8 @@ ROLE_RECORDS = {"at_entry": ("id", "bytes"), "resized": ("seq", "id", "bytes")}
 
 def part_paths(path):
     """The part files of a trace directory, in write order: the names PART_GLOB matches, listed
-    (never globbed: the path is taken literally, `[` and `*` included). [] when `path` is no directory."""
+    (never globbed: the path is taken literally, `[` and `*` included), less those a merged part
+    holds (`superseded`). [] when `path` is no directory."""
     import fnmatch
     import os
 
@@ -183,7 +210,9 @@ def part_paths(path):
         names = os.listdir(path)
     except (FileNotFoundError, NotADirectoryError):
         return []
-    return [os.path.join(path, name) for name in sorted(fnmatch.filter(names, PART_GLOB))]
+    names = fnmatch.filter(names, PART_GLOB)
+    gone = superseded(names)
+    return [os.path.join(path, name) for name in sorted(names) if name not in gone]
 
 
 def merge_metadata(metas) -> dict:

@@ -28,6 +28,7 @@ from tracer.schema import (  # ARROW_SCHEMA_KEY: re-exported
     NO_VALUE,
     PHASES,
     arrow_footer,
+    merged_name,
     part_name,
 )
 
@@ -255,6 +256,7 @@ class PartWriter:
         self.parts = 0
         self.rows = 0
         self.clock_offset_ns = 0  # time.time_ns() - time.perf_counter_ns(), set once per trace
+        self.small = SmallParts()  # the rows of the parts written so far while all are small, for `merge_parts`
 
     def next_part(self):
         """The path of the next part to be written."""
@@ -277,6 +279,32 @@ class PartWriter:
             raise
         self.parts += 1
         self.rows += len(rows)
+        self.small.add(rows, metadata)
+
+    def merge_parts(self):
+        """Merge the trace's parts into one when there are many and all are small (see SmallParts).
+        The merged part is renamed into place before the parts are removed: a kill in between leaves
+        both, and readers leave out the parts it holds (tracer.schema.part_paths). Returns whether it merged;
+        a failed merge leaves the parts as they were."""
+        small, self.small = self.small, SmallParts()
+        if not small.ready(self.parts):
+            return False
+        metadata = dict(small.metadata, storage_roles=small.roles, parts=1, merged_parts=self.parts)
+        table = small.rows().table(self.names, self.itemsize, metadata, self.clock_offset_ns)
+        name = merged_name(0, self.parts - 1)
+        tmp = temporary_name(self.directory, name, self.trace_id)
+        try:
+            write_table(table, tmp)
+            os.replace(tmp, os.path.join(self.directory, name))
+        except BaseException:
+            try:
+                os.remove(tmp)
+            except OSError:
+                pass
+            raise
+        for i in range(self.parts):  # a part left by a failure here is left out by every reader
+            os.remove(os.path.join(self.directory, part_name(i)))
+        return True
 
     def close(self, facts):
         """Write the closing facts into the marker and release the directory's lock."""
@@ -284,6 +312,46 @@ class PartWriter:
             write_facts(self.directory, facts)
         finally:
             release_directory(self.directory)
+
+
+class SmallParts:
+    """The RowBuffers of a trace's parts while every part is small (under SMALL_ROWS rows, at most
+    MAX_ROWS in all), and their storage roles merged: at a clean close, MIN_PARTS or more of them are
+    written again as one part. A trace of many one-row parts (`flush_rows=1`) costs a reader a file open
+    and a decode per part (about 1.5 ms each with pyarrow), where one part of the same rows costs one."""
+
+    MIN_PARTS = 64
+    SMALL_ROWS = 1024
+    MAX_ROWS = 65536  # at most ~30 MB of buffers kept
+
+    def __init__(self):
+        self.buffers, self.count, self.metadata, self.roles, self.open = [], 0, {}, {}, True
+
+    def add(self, rows, metadata):
+        """Keep a part just written (its RowBuffer is never changed after its write)."""
+        if not self.open:
+            return
+        if len(rows) >= self.SMALL_ROWS or self.count + len(rows) > self.MAX_ROWS or (
+                self.buffers and rows.first_seq != self.buffers[-1].first_seq + len(self.buffers[-1])):
+            self.buffers, self.roles, self.open = [], {}, False  # a big part or a seq gap: no merge
+            return
+        self.buffers.append(rows)
+        self.count += len(rows)
+        self.metadata = metadata  # the newest copy, with the storage roles of every part (each part has its own)
+        for key, ids in metadata.get("storage_roles", {}).items():
+            self.roles.setdefault(key, []).extend(ids)
+
+    def ready(self, parts):
+        return self.open and len(self.buffers) == parts >= self.MIN_PARTS
+
+    def rows(self):
+        """One RowBuffer of every kept part's rows."""
+        merged = RowBuffer(self.buffers[0].first_seq)
+        buffers = [name for name, value in vars(merged).items() if isinstance(value, array)]  # each flat buffer
+        for rows in self.buffers:
+            for name in buffers:
+                getattr(merged, name).extend(getattr(rows, name))
+        return merged
 
 
 def write_table(table, file):

@@ -210,10 +210,10 @@ def read_table(path, columns, lists="objects", footers=None):
 
     from tracer.schema import part_paths
 
-    if lists == "objects":
-        return pq.read_table(path, columns=columns)
     parts = part_paths(path)
     nested = any(entry.is_dir() for entry in os.scandir(path))
+    if lists == "objects":  # the listed parts (a merged part's leftovers left out), or the directory's files
+        return pq.read_table(parts if parts and not nested else path, columns=columns)
     if not parts or nested:  # hive rank=R directories and the like: let pyarrow's dataset reader find the files
         return _Parts(pq.read_table(path, columns=columns))
     table = pa.concat_tables(_read_parts(parts, columns, footers))
@@ -259,11 +259,15 @@ def _read_parts(parts, columns, footers):
         return [read(part) for part in parts]
     from concurrent.futures import ThreadPoolExecutor
 
+    def read_batch(batch):  # a task per 32 parts, not per part: a Future costs about 0.1 ms
+        return pa.concat_tables([read(part) for part in batch])
+
     if parts:
         read(parts[0])  # the schema's leaves, learned before the threads start
     with ThreadPoolExecutor(min(4, os.cpu_count() or 1)) as pool:
         for i in range(0, len(parts), 256):  # 10,000 one-row Tables (each with its schema) would take 500 MB
-            table = pa.concat_tables(list(pool.map(read, parts[i : i + 256])))
+            batches = [parts[j : min(j + 32, i + 256)] for j in range(i, min(i + 256, len(parts)), 32)]
+            table = pa.concat_tables(list(pool.map(read_batch, batches)))
             tables.append(table.combine_chunks())
     return tables
 

@@ -29,7 +29,7 @@ except ImportError:
 
 from reports.errors import ReportError
 from reports.loading.validate import check_footers, check_metadata, check_schema, parse_json
-from tracer.schema import footer_metadata, marker_json, part_name, part_paths, read_marker_file
+from tracer.schema import footer_metadata, is_merged_name, marker_json, part_name, part_paths, read_marker_file, superseded
 
 MAX_METADATA_BYTES = 64 << 20  # a part's metadata JSON (a 70B model's parameter table: ~100 KB)
 MAX_MARKER_BYTES = 1 << 20  # the marker is written 4 KiB long
@@ -99,9 +99,10 @@ def check_parts(path, footers=None, unread=()):
         names = sorted(os.listdir(path))
     except OSError as exc:
         raise ReportError(f"{path}: cannot list the trace directory ({exc.strerror or one_line(exc)})") from None
+    left = superseded(names)  # parts whose rows a merged part holds (a merge at close cut short): not read
     for name in names:
         full = os.path.join(path, name)
-        if name.startswith((".", "_")):
+        if name.startswith((".", "_")) or name in left:
             continue  # hidden and marker files: no Parquet reader reads them
         if name.startswith("rank=") and os.path.isdir(full):
             if parts_here:
@@ -166,8 +167,8 @@ def _check_repeats(path, parts):
         number, name = meta.get("parts"), os.path.basename(part)
         if number is not None and number in numbers:
             copy, first = name, numbers[number]
-            if isinstance(number, int) and copy == part_name(number - 1):  # the tracer's own name: the other is the copy
-                copy, first = first, copy
+            if isinstance(number, int) and (copy == part_name(number - 1) or is_merged_name(copy)):
+                copy, first = first, copy  # the tracer's own name: the other is the copy
             raise ReportError(f"{path}: {copy} says it is part {number} like {first} (a copy of a part?); move it out")
         numbers[number] = name
     ranges = sorted((*parts.seq_ranges[part], os.path.basename(part)) for part, _, _ in parts if part in parts.seq_ranges)

@@ -1,0 +1,141 @@
+"""A trace of many small parts: merged into one part at close, reported as the same rows in one part.
+
+`Tracer(flush_rows=1)` writes a part per op; at a clean close the tracer writes those rows again
+as one part (`part-000000-000NNN.parquet`) and removes the small ones (tracer/writer.py
+`merge_parts`). A process killed between the two leaves both: every reader lists parts through
+`tracer.schema.part_paths`, which leaves out the parts the merged one holds. Each of the three
+directories (the small parts alone, the merged part alone, both) gives the same report, to the
+character, as one trace of one part.
+"""
+
+import json
+import os
+import shutil
+
+import pandas as pd
+import pytest
+import torch
+from torch import nn
+
+import reports
+import tracer.writer as writer
+from reports.errors import ReportError
+from reports.output.cli import main
+from tracer import Tracer, read_metadata
+from tracer.schema import MARKER_NAME, merged_name, part_name
+
+
+def _train(path):
+    """Two SGD steps of a Linear on tiny inputs, one part per op (flush_rows=1)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    x = torch.randn(5, 4)
+    with Tracer(path, model=model, tokens=5, run_name="many", flush_rows=1) as tr:
+        for _ in range(2):
+            model(x).square().mean().backward()
+            opt.step()
+            opt.zero_grad()
+            tr.step()
+
+
+def _report(capsys, path, *flags):
+    capsys.readouterr()
+    assert main(["report", str(path), *flags]) == 0
+    return capsys.readouterr().out.replace(str(path), "<trace>")
+
+
+@pytest.fixture
+def interrupted(tmp_path, monkeypatch):
+    """A trace whose merge at close stopped after the merged part was renamed into place: the
+    merged part and every small part, as a process killed there leaves them. Returns (path, parts)."""
+    path = tmp_path / "both"
+    remove = os.remove
+    monkeypatch.setattr(writer.os, "remove", lambda file: os.path.basename(file).startswith("part-") or remove(file))  # parts stay
+    _train(path)
+    monkeypatch.undo()
+    names = sorted(os.listdir(path))
+    parts = len(names) - 2  # the marker and the merged part besides
+    assert parts >= writer.SmallParts.MIN_PARTS  # 1 part per op, then the closing part
+    assert names == [MARKER_NAME, merged_name(0, parts - 1)] + [part_name(i) for i in range(parts)]
+    return path, parts
+
+
+def _copy(src, dst, keep):
+    dst.mkdir()
+    for name in os.listdir(src):
+        if name == MARKER_NAME or keep(name):
+            shutil.copy(src / name, dst / name)
+    return dst
+
+
+def test_many_small_parts_report_as_their_rows_in_one_part(tmp_path, capsys, interrupted):
+    path, parts = interrupted
+    merged = merged_name(0, parts - 1)
+    small = _copy(path, tmp_path / "small", lambda name: name != merged)  # the trace before its merge
+    one = _copy(path, tmp_path / "one", lambda name: name == merged)  # the trace after it
+    assert len(os.listdir(small)) == parts + 1 and sorted(os.listdir(one)) == [MARKER_NAME, merged]
+    text, as_json = _report(capsys, one), _report(capsys, one, "--json")
+    found = json.loads(as_json)
+    assert (found["run"], found["steps"], set(found["damage"].values())) == ("many", 2, {0})  # whole, not damaged
+    assert "forward   215            180" in text  # per step: weight matmuls 2·5·4·3 + 2·5·3·2 = 120 + 60 = 180 of 215
+    assert _report(capsys, small) == text and _report(capsys, small, "--json") == as_json
+    assert _report(capsys, path) == text  # a merge cut short: the small parts left are not read
+    meta_small, meta_one = read_metadata(small), read_metadata(one)
+    assert (meta_small["parts"], meta_one["parts"], meta_one["merged_parts"], meta_one["rows"]) == (parts, 1, parts, parts - 1)
+    assert meta_one["storage_roles"] == meta_small["storage_roles"]  # each small part's roles, all in the merged one
+    assert meta_one["storage_roles"]["gradient"]  # the 4 gradients of 2 Linear layers are among them
+    assert read_metadata(path) == meta_one  # the leftover small parts are left out
+    both = reports.load(path)
+    assert len(both) == parts - 1  # one row per part, and the closing part holds none: no row twice
+    pd.testing.assert_frame_equal(both.drop(columns="run"), reports.load(small).drop(columns="run"))
+
+
+def test_the_tracer_merges_many_small_parts_at_close(tmp_path):
+    path = tmp_path / "t"
+    _train(path)
+    names = sorted(os.listdir(path))
+    assert len(names) == 2 and names[0] == MARKER_NAME and names[1].startswith("part-000000-")
+    meta = read_metadata(path)
+    assert meta["parts"] == 1 and meta["merged_parts"] >= writer.SmallParts.MIN_PARTS and meta["complete"]
+    assert len(pd.read_parquet(path)) == meta["rows"] == meta["merged_parts"] - 1  # every engine reads the rows once
+
+
+def test_few_or_big_parts_are_not_merged(tmp_path):
+    path = tmp_path / "t"
+    with Tracer(path, flush_rows=1):
+        torch.ones(2) + 1  # 2 ops: 2 parts and the closing one, fewer than SmallParts.MIN_PARTS
+    assert sorted(os.listdir(path)) == [MARKER_NAME, part_name(0), part_name(1), part_name(2)]
+    kept = writer.SmallParts()
+    kept.add(writer.RowBuffer(), {})
+    big = writer.RowBuffer()
+    big.ints.extend([0] * writer.ROW_WIDTH * writer.SmallParts.SMALL_ROWS)  # a part of 1,024 rows
+    kept.add(big, {})
+    assert not kept.open and not kept.buffers  # no merge after a part that is not small
+
+
+def test_a_copy_of_the_merged_part_is_refused(tmp_path, interrupted):
+    path, parts = interrupted
+    merged = merged_name(0, parts - 1)
+    shutil.copy(path / merged, path / merged.replace(".parquet", " (1).parquet"))  # a sync tool's copy
+    with pytest.raises(ReportError, match=r"part-000000-\d+ \(1\)\.parquet says it is part 1 like part-000000-\d+\.parquet"):
+        reports.load(path)
+
+
+def test_a_failed_merge_keeps_the_small_parts_with_a_warning(tmp_path, monkeypatch):
+    real = writer.write_table
+
+    def full_disk(table, file):  # the merged part cannot be written; the small ones could
+        if ".part-000000-" in os.path.basename(file):
+            raise OSError(28, "No space left on device")
+        real(table, file)
+
+    monkeypatch.setattr(writer, "write_table", full_disk)
+    path = tmp_path / "t"
+    with pytest.warns(UserWarning, match=r"merging its small parts failed \(OSError: \[Errno 28\] No space left on device\); "
+                                         "nothing is lost: optrace reads the parts as they are"):
+        _train(path)
+    names = sorted(os.listdir(path))
+    assert names[0] == MARKER_NAME and names[1:] == [part_name(i) for i in range(len(names) - 1)]  # no temporary file left
+    meta = read_metadata(path)
+    assert meta["complete"] and meta["parts"] == len(names) - 1 and len(reports.load(path)) == meta["rows"]
