@@ -97,6 +97,18 @@ def test_activation_extrapolation_against_a_trace_at_twice_the_batch(tmp_path):
         2 * reports.plan(once, "H100").iloc[0]["compute_bound_s"], rel=1e-12)
 
 
+def test_micro_batch_scales_activation_bytes_not_weight_or_gradient_bytes(tmp_path):
+    one = stack(tmp_path / "b1", 4096, batch=1, layers=1)  # memory-bound: 2 x 4096^2 FLOPs per 32 MiB weight
+    bound = [reports.plan(one, "H100", micro_batch=b).iloc[0]["memory_bound_s"] for b in (1, 8, 64)]
+    # fixed: the forward mm reads W (4096^2 x 2 = 33,554,432 B), the weight-gradient mm writes W.grad (as much);
+    # growing: x read and x @ W^T written (2 x 8,192), the dW mm's reads of x and the expanded ones (2 x 8,192),
+    # sum (8,192 + 2), ones_like (2 + 2): 40,966 B at batch 1
+    fixed, grows = 2 * 33_554_432, 40_966
+    for b, seconds in zip((1, 8, 64), bound):
+        # at 3.35e12 x 0.8 B/s: 25.06, 25.16, 26.02 us (scaling every byte gave 25.06 x 64 = 1,604 us at 64)
+        assert seconds == pytest.approx((fixed + b * grows) / (3.35e12 * 0.8), rel=1e-12)
+
+
 def test_a100_to_h100_scales_a_matmul_bound_trace_by_the_peak_ratio(small):
     h100 = reports.plan(small, "H100").iloc[0]
     a100 = reports.plan(small, "A100 80GB SXM").iloc[0]

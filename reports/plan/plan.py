@@ -43,7 +43,7 @@ from reports.plan import assumptions as assumed
 from reports.plan.comm import OVERLAPS, costs, simulate
 from reports.plan.devices import CPU, resolve_gpu
 from reports.plan.fit import fit, traced_batch
-from reports.plan.ops import CLASSES, calibrate, price, roofs
+from reports.plan.ops import CLASSES, calibrate, fixed_bytes, price, roofs
 from reports.steps import count_steps, per_step
 from reports.tables import split_runs
 
@@ -51,7 +51,7 @@ __all__ = ["plan"]
 
 _COLUMNS = ("run", "step", "phase", "op", "flops", "flop_kind", "bytes_read", "bytes_written", "is_view",
             "input_dtypes", "output_dtypes", "input_storage_ids", "output_storage_ids", "input_shapes",
-            "comm_bytes", "group_size", "duration_ns", "busy_ns", "causal")  # fmt: skip
+            "output_shapes", "inplace", "comm_bytes", "group_size", "duration_ns", "busy_ns", "causal")  # fmt: skip
 _RETRACE = ("what needs a re-trace: another world size (shards and collective sizes change), another "
             "sequence length, another activation-checkpointing or sharding policy")
 
@@ -124,7 +124,7 @@ def _plan_run(rows, meta, gpu, gpus_per_node, micro_batch, batch, overlap, table
     a = {name: value for name, (value, _) in table.items()}
     sources = {name: source for name, (_, source) in table.items()}
 
-    p = roofs(rows, peak_of, bandwidth, k)
+    p = roofs(rows, peak_of, bandwidth, k, fixed_bytes(rows, meta) if k != 1.0 else None)
     notes += p["notes"]
     eff = {c: a[f"{c}_efficiency"] for c in CLASSES}
     launch = a["launch_s"]
@@ -177,8 +177,9 @@ def _plan_run(rows, meta, gpu, gpus_per_node, micro_batch, batch, overlap, table
         traced, how_traced = _traced_step(rows, meta)
         error = 100.0 * (step_time - traced) / traced if traced else None
         notes.append(f"calibrated on the traced step ({how_traced}): predicted {step_time:.6g} s against {traced:.6g} s")
-    notes.append(f"micro-batch: traced {found} ({how}); activation bytes and forward/backward work scale linearly "
-                 "with it, parameters, gradients, optimizer state and collectives stay fixed")
+    notes.append(f"micro-batch: traced {found} ({how}); activation bytes, forward/backward FLOPs and their "
+                 "ops' bytes of activations, temporaries and inputs scale linearly with it; parameters, gradients, "
+                 "optimizer state, communication buffers (and the ops' reads and writes of them) and collectives stay fixed")
     notes.append(_RETRACE)
     record = {
         "gpu": entry if entry == CPU else entry["name"], "gpus_per_node": gpus_per_node, "world_size": world,
