@@ -313,3 +313,21 @@ def test_plan_llama_example_on_its_tiny_configuration(tmp_path, capsys):
     params = 2 * 256 * 64 + 2 * (64 * 64 + 2 * 64 * 32 + 64 * 64 + 3 * 64 * 128 + 2 * 64) + 64  # 106,816
     meta = next(iter(reports.load(tmp_path / "tiny").attrs["runs"].values()))
     assert meta["params"]["total"] == params
+
+
+def test_a_group_is_placed_by_its_ranks():
+    from reports.plan.assumptions import DEFAULTS
+    from reports.plan.comm import collective_cost, placement
+    from reports.plan.devices import GPUS
+
+    assert placement(8, 8, list(range(0, 64, 8))) == (8, 1)  # HSDP's replicate group: one GPU on each of 8 nodes
+    assert placement(4, 8, [0, 1, 8, 9]) == (2, 2)
+    assert placement(64, 8) == (8, 8) and placement(4, 8) == (1, 4)  # no ranks: consecutive
+    h100 = GPUS["H100 SXM"]
+    seconds, sent, bandwidth, latency = collective_cost("all_reduce", 2**20, 4, h100, 8, DEFAULTS, [0, 1, 8, 9])
+    # 2 nodes, 2 GPUs on each: min(450e9, 2 x 50e9) x 0.8 = 80e9 B/s; 2 x 3 ring steps, 2 x 1 across nodes:
+    # 8.4 + 4 x 3.4 + 2 x 9.6 = 41.2 us; 2^20 x 2 x 3 / 4 = 1,572,864 B sent: 19.6608 us
+    assert (sent, bandwidth) == (1_572_864, 80e9) and latency == pytest.approx(41.2e-6, rel=1e-12)
+    assert seconds == pytest.approx(41.2e-6 + 1_572_864 / 80e9, rel=1e-12)
+    # the same 4 ranks taken as consecutive: one node, NVLink 360e9 B/s, 8.4 + 6 x 3.4 = 28.8 us
+    assert collective_cost("all_reduce", 2**20, 4, h100, 8, DEFAULTS)[0] == pytest.approx(28.8e-6 + 1_572_864 / 360e9, rel=1e-12)

@@ -107,8 +107,6 @@ def test_plan_micro_batch_keeps_weight_reads_fixed(tmp_path):
         assert row["memory_bound_s"] == pytest.approx((33_554_432 + b * 16_384) / (3.35e12 * 0.8), rel=1e-9)
 
 
-@pytest.mark.xfail(reason="collective_cost assumes a group's ranks are consecutive: a strided group (HSDP replicate, "
-                          "ranks 0, 8, ..., 56) is priced on NVLink inside one node", strict=True)
 def test_plan_prices_a_strided_group_across_nodes(tmp_path):
     import torch.distributed as dist
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -138,7 +136,7 @@ def test_plan_prices_a_strided_group_across_nodes(tmp_path):
     want = 8.4e-6 + 14 * 9.6e-6 + s * 2 * 7 / 8 / 40e9
     for c in (rs, ag):
         want += 8.4e-6 + 7 * 3.4e-6 + float(c["comm_bytes"].iloc[0]) * 7 / 8 / 360e9
-    assert plan["comm_s"] == pytest.approx(want, rel=1e-9)
+    assert plan["comm_s"] == pytest.approx(want, rel=1e-9)  # 207.4 us (120.5 us with the all-reduce inside a node)
 
 
 @pytest.mark.xfail(reason="the marker is opened before its bytes are built and written in place, not to a temporary "

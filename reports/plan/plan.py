@@ -51,7 +51,7 @@ __all__ = ["plan"]
 
 _COLUMNS = ("run", "step", "phase", "op", "flops", "flop_kind", "bytes_read", "bytes_written", "is_view",
             "input_dtypes", "output_dtypes", "input_storage_ids", "output_storage_ids", "input_shapes",
-            "output_shapes", "inplace", "comm_bytes", "group_size", "duration_ns", "busy_ns", "causal")  # fmt: skip
+            "output_shapes", "inplace", "comm_bytes", "group_size", "process_group", "duration_ns", "busy_ns", "causal")  # fmt: skip
 _RETRACE = ("what needs a re-trace: another world size (shards and collective sizes change), another "
             "sequence length, another activation-checkpointing or sharding policy")
 
@@ -142,11 +142,14 @@ def _plan_run(rows, meta, gpu, gpus_per_node, micro_batch, batch, overlap, table
 
     world = int(meta.get("world_size") or 1)
     has_comm = bool(rows["comm_bytes"].notna().any())
+    comm_s, kinds = np.zeros(len(rows)), np.full(len(rows), "", dtype=object)
     if entry == CPU and has_comm:
-        comm_s, kinds = np.zeros(len(rows)), np.full(len(rows), "", dtype=object)
         notes.append("the CPU has no link bandwidths in the catalogue: collectives are not priced (comm N/A)")
-    else:
-        comm_s, kinds = costs(rows, entry, gpus_per_node, a) if has_comm else (np.zeros(len(rows)), np.full(len(rows), "", dtype=object))
+    elif has_comm:
+        comm_s, kinds, guessed = costs(rows, entry, gpus_per_node, a, meta.get("process_groups"))
+        if guessed:
+            notes.append(f"process groups without their ranks in the trace ({', '.join(guessed)}): priced as "
+                         "consecutive ranks, on as few nodes as they fill")
     steps = simulate(rows, seconds, comm_s, kinds, overlap)
     train = _training_steps(rows, steps)
     step_time = float(np.mean([steps[s][0] for s in train]))
