@@ -150,9 +150,16 @@ def test_attention_is_priced_at_its_efficiency_and_causal_at_half(tmp_path, caus
     # at 989.4e12 x 0.35: 198.4 us; a causal kernel skips the masked half: 99.2 us
     expected = 68_719_476_736 / (989.4e12 * 0.35) / (2 if causal else 1)
     assert row["compute_bound_s"] == pytest.approx(expected, rel=1e-12)
-    # never faster than the counted FLOPs at the peak, whatever the efficiency: MFU stays <= 1
+    # at efficiency 0.7: 99.3 us, a causal kernel 49.6 us (the floor at the counted FLOPs over the peak gave 69.5 us)
+    fast = reports.plan(df, "H100", batch=1, assumptions={"attention_efficiency": 0.7}).iloc[0]
+    assert fast["compute_bound_s"] == pytest.approx(68_719_476_736 / (989.4e12 * 0.7) / (2 if causal else 1), rel=1e-12)
+    # never faster than the FLOPs it performs at the peak: 69.5 us, causal 34.7 us
     ideal = reports.plan(df, "H100", batch=1, assumptions={"attention_efficiency": 1, "launch_s": 0}).iloc[0]
-    assert ideal["compute_bound_s"] == pytest.approx(68_719_476_736 / 989.4e12, rel=1e-12)
+    assert ideal["compute_bound_s"] == pytest.approx(68_719_476_736 / 989.4e12 / (2 if causal else 1), rel=1e-12)
+    # MFU counts a causal kernel's performed half: 34,359,738,368 model FLOPs, the masked half beside them
+    assert ideal["model_flops_per_step"] == (34_359_738_368 if causal else 68_719_476_736)
+    assert ideal["causal_masked_flops_per_step"] == (34_359_738_368 if causal else 0)
+    assert ideal["mfu"] == pytest.approx(1, rel=1e-12)  # the kernel alone at the peak: MFU 1, never above
 
 
 LAYER_BYTES = 64 * 64 * 4  # 16,384: one fp32 Linear(64, 64) weight

@@ -10,10 +10,11 @@
   causal        a causal attention kernel (the `causal` column) skips the masked half of the
                 scores, while its FLOPs count the whole matrix (as PaLM and FlopCounterMode
                 do): it is priced at half its FLOPs, as FlashAttention's benchmarks count it
-  op time       max(compute time, memory time, flops / peak) + launch_s for every op that
-                does work: the roofline's bound, never faster than the counted FLOPs at the
-                peak (so MFU <= 1), plus a fixed cost per kernel. Views, metadata ops and
-                collectives (priced in comm.py) cost nothing here.
+  op time       max(compute time, memory time, performed flops / peak) + launch_s for every
+                op that does work: the roofline's bound, never faster than the FLOPs it
+                performs (a causal kernel's: half its counted FLOPs) at the peak, plus a fixed
+                cost per kernel. Views, metadata ops and collectives (priced in comm.py) cost
+                nothing here.
 
 The classes (CLASSES) are the efficiencies: `bound` names the one that set an op's time.
 Calibration: on the device the trace ran on, with real op times, each class's efficiency
@@ -128,8 +129,9 @@ def roofs(rows, peak_of, bandwidth, k=1.0, fixed=None):
         peak[tensor & (dtypes == d)] = p
     klass = np.where(np.isin(kinds, _MATMUL), 0, np.where(kinds == "attention", 1, 2))
     causal = (kinds == "attention") & rows["causal"].fillna(False).to_numpy(dtype=bool)
-    floor = np.where(flops > 0, flops / peak, 0.0)
-    compute = np.where(causal, floor / 2, floor)
+    compute = np.where(flops > 0, flops / peak, 0.0)
+    compute[causal] /= 2  # the FLOPs a causal kernel performs: the floor too
+    floor = compute
     memory = nbytes / bandwidth
     kernel = ~view & ~is_comm & ((flops > 0) | (nbytes > 0))
     return Priced(compute=compute, floor=floor, memory=memory, klass=klass, kernel=kernel, flops=flops, peak=peak,

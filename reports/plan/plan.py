@@ -14,12 +14,16 @@ One row per run (a trace of one rank: real, meta or fake, any world size), colum
                                        the overlap model leaves exposed (reports/plan/comm.py)
   step_time_s                          compute_s + exposed_comm_s
   tokens_per_s_per_gpu                 tokens_per_step / step_time_s
-  model_flops_per_step, peak_flops_per_s, mfu
-                                       MFU as reports.flops.mfu defines it (model FLOPs, no
-                                       recomputation) over the predicted step time and the
-                                       target's dense peak for the run's matmul dtype (the
-                                       highest peak of any matmul dtype, if one is higher).
-                                       Every op takes at least flops / its peak, so mfu <= 1.
+  model_flops_per_step, causal_masked_flops_per_step, peak_flops_per_s, mfu
+                                       MFU: model FLOPs (reports.flops.mfu's: no recomputation)
+                                       less the masked half of causal attention (which
+                                       reports.mfu counts, as PaLM does, and the kernel skips:
+                                       causal_masked_flops_per_step), over the predicted step
+                                       time and the target's dense peak for the run's matmul
+                                       dtype (the highest peak of any matmul dtype, if one is
+                                       higher). Every op takes at least the FLOPs it performs
+                                       over its peak, so mfu <= 1; (model + masked) / (step x
+                                       peak) is the MFU of the full-matrix convention.
   calibrated, traced_step_s, error_pct when the trace ran on the target with real op times:
                                        efficiencies measured from it, and the predicted step
                                        against the traced one (untraced median step time when
@@ -38,6 +42,7 @@ import pandas as pd
 from reports.errors import ReportError
 from reports.flops.mfu import mfu as mfu_table
 from reports.flops.peaks import BANDWIDTH, PEAKS, cpu_ideal_flops, match_device, peak_bandwidth
+from reports.flops.recompute import attention_recompute, checkpoint_recompute
 from reports.loading.load import require, runs_of
 from reports.plan import assumptions as assumed
 from reports.plan.comm import OVERLAPS, costs, simulate
@@ -163,7 +168,8 @@ def _plan_run(rows, meta, gpu, gpus_per_node, micro_batch, batch, overlap, table
     m = mfu_table(rows, step_time_s=1.0, peak_flops=1.0).iloc[0]  # model FLOPs per step; the rate is ours
     dtype = m["dtype"]
     peak = max([v for v in [peak_of(dtype) if dtype else None, *p["tensor_peak"].values()] if v] or [math.nan])
-    model_flops = float(m["model_flops_per_step"]) * k
+    masked = _causal_masked(rows) * k
+    model_flops = float(m["model_flops_per_step"]) * k - masked
     tokens = meta.get("tokens")
     tokens = tokens * k if tokens else None
     if tokens is None:
@@ -196,7 +202,7 @@ def _plan_run(rows, meta, gpu, gpus_per_node, micro_batch, batch, overlap, table
         "launch_s": float(per_step(rows, pd.Series(launch * p["kernel"], index=rows.index))),
         "comm_s": comm, "exposed_comm_s": exposed, "step_time_s": step_time,
         "tokens_per_s_per_gpu": tokens / step_time if tokens and step_time > 0 else math.nan,
-        "model_flops_per_step": model_flops, "peak_flops_per_s": peak,
+        "model_flops_per_step": model_flops, "causal_masked_flops_per_step": masked, "peak_flops_per_s": peak,
         "mfu": model_flops / (step_time * peak) if step_time > 0 and peak == peak else math.nan,
         "calibrated": calibrated, "traced_step_s": traced, "error_pct": error,
     }  # fmt: skip
@@ -226,6 +232,16 @@ def _peak_source(entry, dtype):
     if entry == CPU:
         return f"the CPU's ideal {dtype} peak (reports.flops.peaks.cpu_ideal_flops)"
     return f"{entry['peak_key']} dense {dtype} peak: {PEAKS.get((entry['peak_key'], dtype), (None, 'none in the table'))[1]}"
+
+
+def _causal_masked(rows):
+    """Per step, the half of causal attention's model FLOPs that its kernels skip (module docstring)."""
+    causal = (rows["flop_kind"] == "attention") & rows["causal"].astype("boolean").fillna(False).astype(bool)
+    causal &= rows["phase"].isin(("forward", "backward")) & ~checkpoint_recompute(rows)
+    if not causal.any():
+        return 0.0
+    model = rows["flops"].astype(np.float64) - attention_recompute(rows)
+    return float(per_step(rows, values=model.where(causal, 0.0))) / 2
 
 
 def _measured(rows):
