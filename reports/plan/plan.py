@@ -49,7 +49,7 @@ from reports.plan.comm import OVERLAPS, costs, simulate
 from reports.plan.devices import CPU, resolve_gpu
 from reports.plan.fit import fit, traced_batch
 from reports.plan.ops import CLASSES, calibrate, fixed_bytes, price, roofs
-from reports.steps import count_steps, per_step
+from reports.steps import per_step
 from reports.tables import split_runs
 
 __all__ = ["plan"]
@@ -84,10 +84,6 @@ def _on_target(entry, meta):
     if entry == CPU:
         return device.get("type") == "cpu"
     return device.get("type") == "cuda" and match_device(device.get("name")) == entry["peak_key"]
-
-
-def _row(x, unit, source):
-    return {"value": x, "unit": unit, "source": source}
 
 
 def plan(df, gpu, gpus_per_node=8, micro_batch=None, batch=None, overlap="prefetch", assumptions=None):
