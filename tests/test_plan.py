@@ -214,6 +214,18 @@ def test_fsdp_communication_is_the_bytes_over_the_stated_bandwidths(job):
     assert a100["comm_s"] == pytest.approx(12 * (8.4e-6 + 56 * 3.4e-6 + 7 * 9.6e-6 + 16_128 / 160e9), rel=1e-12)
 
 
+def test_a_group_without_its_ranks_is_taken_as_consecutive_and_named(job):
+    bare = job.copy()  # the runs' metadata without process_groups (as a trace from before they were recorded)
+    runs = {run: {k: v for k, v in meta.items() if k != "process_groups"} for run, meta in job.attrs["runs"].items()}
+    bare.attrs = {**job.attrs, "runs": runs}
+    row = reports.plan(bare, "H100")
+    # the world group's 64 ranks taken as 0..63: the same 8 nodes of 8 as from its listed ranks
+    assert row.iloc[0]["comm_s"] == reports.plan(job, "H100").iloc[0]["comm_s"]
+    notes = row.attrs["plan"][row.iloc[0]["run"]]["notes"]
+    assert any(n.startswith("process groups without their ranks in the trace (") for n in notes)
+    assert not any("without their ranks" in n for n in reports.plan(job, "H100").attrs["plan"][row.iloc[0]["run"]]["notes"])
+
+
 def test_overlap_hides_part_of_the_communication(job):
     prefetch = reports.plan(job, "H100").iloc[0]
     serial = reports.plan(job, "H100", overlap="none").iloc[0]
