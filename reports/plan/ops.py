@@ -27,11 +27,12 @@ A micro-batch k times the traced one scales the FLOPs of forward and backward op
 grow with the tokens (activations, temporaries, inputs: fit.py's SCALED); the bytes of
 inputs and outputs whose storages stay (`fixed_bytes`: parameters, unsharded parameters,
 gradients, optimizer state, communication buffers, as the memory model categorises them)
-are read once whatever the micro-batch: a Linear reads its weight once for 1 or 64
-sequences. Optimizer and other ops keep theirs. FSDP2's unsharded gradients before the
-reduce-scatter are temporaries here as in the memory model, so their bytes scale (an
-overestimate of the memory-bound time), and so do those of a tensor-parallel all-reduce's
-output, which is an activation the memory model counts as a communication buffer (not).
+are moved once whatever the micro-batch: a Linear reads its weight once for 1 or 64
+sequences. Optimizer and other ops keep theirs. As in the memory model, FSDP2's unsharded
+gradients before the reduce-scatter are temporaries, so their bytes scale (an
+overestimate), and a tensor-parallel all-reduce's output is a communication buffer, so the
+reads of it stay (an underestimate). Llama-3-8B under FSDP2 traced at 1 and planned at 4:
+memory-bound 0.907 s, against 0.892 s planned from a trace at 4 (1.130 s scaling every byte).
 """
 
 import math
