@@ -97,6 +97,18 @@ def test_activation_extrapolation_against_a_trace_at_twice_the_batch(tmp_path):
         2 * reports.plan(once, "H100").iloc[0]["compute_bound_s"], rel=1e-12)
 
 
+def test_micro_batch_scales_activation_bytes_not_weight_or_gradient_bytes(tmp_path):
+    one = stack(tmp_path / "b1", 4096, batch=1, layers=1)  # memory-bound: 2 x 4096^2 FLOPs per 32 MiB weight
+    bound = [reports.plan(one, "H100", micro_batch=b).iloc[0]["memory_bound_s"] for b in (1, 8, 64)]
+    # fixed: the forward mm reads W (4096^2 x 2 = 33,554,432 B), the weight-gradient mm writes W.grad (as much);
+    # growing: x read and x @ W^T written (2 x 8,192), the dW mm's reads of x and the expanded ones (2 x 8,192),
+    # sum (8,192 + 2), ones_like (2 + 2): 40,966 B at batch 1
+    fixed, grows = 2 * 33_554_432, 40_966
+    for b, seconds in zip((1, 8, 64), bound):
+        # at 3.35e12 x 0.8 B/s: 25.06, 25.16, 26.02 us (scaling every byte gave 25.06 x 64 = 1,604 us at 64)
+        assert seconds == pytest.approx((fixed + b * grows) / (3.35e12 * 0.8), rel=1e-12)
+
+
 def test_a100_to_h100_scales_a_matmul_bound_trace_by_the_peak_ratio(small):
     h100 = reports.plan(small, "H100").iloc[0]
     a100 = reports.plan(small, "A100 80GB SXM").iloc[0]
@@ -138,9 +150,16 @@ def test_attention_is_priced_at_its_efficiency_and_causal_at_half(tmp_path, caus
     # at 989.4e12 x 0.35: 198.4 us; a causal kernel skips the masked half: 99.2 us
     expected = 68_719_476_736 / (989.4e12 * 0.35) / (2 if causal else 1)
     assert row["compute_bound_s"] == pytest.approx(expected, rel=1e-12)
-    # never faster than the counted FLOPs at the peak, whatever the efficiency: MFU stays <= 1
+    # at efficiency 0.7: 99.3 us, a causal kernel 49.6 us (the floor at the counted FLOPs over the peak gave 69.5 us)
+    fast = reports.plan(df, "H100", batch=1, assumptions={"attention_efficiency": 0.7}).iloc[0]
+    assert fast["compute_bound_s"] == pytest.approx(68_719_476_736 / (989.4e12 * 0.7) / (2 if causal else 1), rel=1e-12)
+    # never faster than the FLOPs it performs at the peak: 69.5 us, causal 34.7 us
     ideal = reports.plan(df, "H100", batch=1, assumptions={"attention_efficiency": 1, "launch_s": 0}).iloc[0]
-    assert ideal["compute_bound_s"] == pytest.approx(68_719_476_736 / 989.4e12, rel=1e-12)
+    assert ideal["compute_bound_s"] == pytest.approx(68_719_476_736 / 989.4e12 / (2 if causal else 1), rel=1e-12)
+    # MFU counts a causal kernel's performed half: 34,359,738,368 model FLOPs, the masked half beside them
+    assert ideal["model_flops_per_step"] == (34_359_738_368 if causal else 68_719_476_736)
+    assert ideal["causal_masked_flops_per_step"] == (34_359_738_368 if causal else 0)
+    assert ideal["mfu"] == pytest.approx(1, rel=1e-12)  # the kernel alone at the peak: MFU 1, never above
 
 
 LAYER_BYTES = 64 * 64 * 4  # 16,384: one fp32 Linear(64, 64) weight
@@ -193,6 +212,18 @@ def test_fsdp_communication_is_the_bytes_over_the_stated_bandwidths(job):
     # an A100's 200 Gb/s ports: min(300e9, 8 x 25e9) x 0.8 = 160e9 B/s
     a100 = reports.plan(job, "A100").iloc[0]
     assert a100["comm_s"] == pytest.approx(12 * (8.4e-6 + 56 * 3.4e-6 + 7 * 9.6e-6 + 16_128 / 160e9), rel=1e-12)
+
+
+def test_a_group_without_its_ranks_is_taken_as_consecutive_and_named(job):
+    bare = job.copy()  # the runs' metadata without process_groups (as a trace from before they were recorded)
+    runs = {run: {k: v for k, v in meta.items() if k != "process_groups"} for run, meta in job.attrs["runs"].items()}
+    bare.attrs = {**job.attrs, "runs": runs}
+    row = reports.plan(bare, "H100")
+    # the world group's 64 ranks taken as 0..63: the same 8 nodes of 8 as from its listed ranks
+    assert row.iloc[0]["comm_s"] == reports.plan(job, "H100").iloc[0]["comm_s"]
+    notes = row.attrs["plan"][row.iloc[0]["run"]]["notes"]
+    assert any(n.startswith("process groups without their ranks in the trace (") for n in notes)
+    assert not any("without their ranks" in n for n in reports.plan(job, "H100").attrs["plan"][row.iloc[0]["run"]]["notes"])
 
 
 def test_overlap_hides_part_of_the_communication(job):
@@ -301,3 +332,21 @@ def test_plan_llama_example_on_its_tiny_configuration(tmp_path, capsys):
     params = 2 * 256 * 64 + 2 * (64 * 64 + 2 * 64 * 32 + 64 * 64 + 3 * 64 * 128 + 2 * 64) + 64  # 106,816
     meta = next(iter(reports.load(tmp_path / "tiny").attrs["runs"].values()))
     assert meta["params"]["total"] == params
+
+
+def test_a_group_is_placed_by_its_ranks():
+    from reports.plan.assumptions import DEFAULTS
+    from reports.plan.comm import collective_cost, placement
+    from reports.plan.devices import GPUS
+
+    assert placement(8, 8, list(range(0, 64, 8))) == (8, 1)  # HSDP's replicate group: one GPU on each of 8 nodes
+    assert placement(4, 8, [0, 1, 8, 9]) == (2, 2)
+    assert placement(64, 8) == (8, 8) and placement(4, 8) == (1, 4)  # no ranks: consecutive
+    h100 = GPUS["H100 SXM"]
+    seconds, sent, bandwidth, latency = collective_cost("all_reduce", 2**20, 4, h100, 8, DEFAULTS, [0, 1, 8, 9])
+    # 2 nodes, 2 GPUs on each: min(450e9, 2 x 50e9) x 0.8 = 80e9 B/s; 2 x 3 ring steps, 2 x 1 across nodes:
+    # 8.4 + 4 x 3.4 + 2 x 9.6 = 41.2 us; 2^20 x 2 x 3 / 4 = 1,572,864 B sent: 19.6608 us
+    assert (sent, bandwidth) == (1_572_864, 80e9) and latency == pytest.approx(41.2e-6, rel=1e-12)
+    assert seconds == pytest.approx(41.2e-6 + 1_572_864 / 80e9, rel=1e-12)
+    # the same 4 ranks taken as consecutive: one node, NVLink 360e9 B/s, 8.4 + 6 x 3.4 = 28.8 us
+    assert collective_cost("all_reduce", 2**20, 4, h100, 8, DEFAULTS)[0] == pytest.approx(28.8e-6 + 1_572_864 / 360e9, rel=1e-12)

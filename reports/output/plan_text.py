@@ -9,7 +9,7 @@ _KEYS = (
     "run", "gpu", "gpus_per_node", "world_size", "batch", "micro_batch", "tokens_per_step",
     "fits", "peak_bytes_per_rank", "required_bytes", "device_memory_bytes", "headroom_bytes", "max_micro_batch",
     "compute_s", "compute_bound_s", "memory_bound_s", "launch_s", "comm_s", "exposed_comm_s", "step_time_s",
-    "tokens_per_s_per_gpu", "model_flops_per_step", "peak_flops_per_s", "mfu", "calibrated", "traced_step_s", "error_pct",
+    "tokens_per_s_per_gpu", "model_flops_per_step", "causal_masked_flops_per_step", "peak_flops_per_s", "mfu", "calibrated", "traced_step_s", "error_pct",
 )  # fmt: skip
 
 
@@ -62,6 +62,10 @@ def print_plan(frame, out):
     print(f"  tokens/s per GPU       {human(p['tokens_per_s_per_gpu'])}", file=out)
     print(f"  MFU                    {percent(p['mfu'])} ({human(p['model_flops_per_step'], 'FLOP')} per step at "
           f"{human(p['peak_flops_per_s'], 'FLOP/s')})", file=out)
+    if p["causal_masked_flops_per_step"]:
+        full = (p["model_flops_per_step"] + p["causal_masked_flops_per_step"]) / p["model_flops_per_step"] * p["mfu"]
+        print(f"                         causal attention at half its FLOPs; {percent(full)} counting the masked "
+              f"half ({human(p['causal_masked_flops_per_step'], 'FLOP')}), as PaLM and torchtitan do", file=out)
     if p["calibrated"]:
         print(f"  calibrated             error on the traced step {p['error_pct']:+.1f}% "
               f"(traced {human_seconds(p['traced_step_s'])})", file=out)

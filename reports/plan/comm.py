@@ -1,7 +1,12 @@
 """Collectives priced on the target's links, and the step they leave exposed.
 
 Cost of one collective of message S (nccl-tests' size: the full array of an all-gather or
-reduce-scatter) on a group of W ranks, n = ceil(W / gpus_per_node) nodes, by NCCL's ring:
+reduce-scatter) on a group of W ranks spanning n nodes, by NCCL's ring. Global rank r sits
+on node r // gpus_per_node (torchrun's placement); the group's ranks (the metadata's
+`process_groups`) give n and g, the fewest of its GPUs on any one node: HSDP's replicate
+group of ranks 0, 8, ..., 56 at 8 per node spans 8 nodes with g = 1. A group the metadata
+does not list is taken as consecutive ranks (n = ceil(W / gpus_per_node), g = min(W,
+gpus_per_node)), and the plan says so.
 
   bytes      S x the bytes a rank sends per byte of message (reports.distributed.collectives
              `traffic`: all-gather and reduce-scatter (W-1)/W, all-reduce 2(W-1)/W)
@@ -47,17 +52,28 @@ def _steps(kind, w, nodes):
     return w, nodes
 
 
-def collective_cost(kind, message_bytes, w, gpu, gpus_per_node, a):
-    """(seconds, bytes sent, bandwidth bytes/s, latency s) of one collective; `a` is {name: value}."""
+def placement(w, gpus_per_node, ranks=None):
+    """(nodes spanned, fewest of the group's GPUs on one of them) of a group of `w` ranks: from its
+    global `ranks` when given, else as if they were consecutive."""
+    if not ranks:
+        return math.ceil(w / gpus_per_node), min(w, gpus_per_node)
+    per_node = np.bincount(np.asarray(ranks, dtype=np.int64) // gpus_per_node)
+    per_node = per_node[per_node > 0]
+    return len(per_node), int(per_node.min())
+
+
+def collective_cost(kind, message_bytes, w, gpu, gpus_per_node, a, ranks=None):
+    """(seconds, bytes sent, bandwidth bytes/s, latency s) of one collective; `a` is {name: value};
+    `ranks`: the group's global ranks (None: consecutive)."""
     if w is None or w <= 1:
         return 0.0, 0.0, math.nan, 0.0
-    nodes = math.ceil(w / gpus_per_node)
+    nodes, local = placement(w, gpus_per_node, ranks)
     sent = message_bytes * traffic(kind, w)[0]
     intra = gpu["intra_bytes_per_s"]
     if nodes == 1:
         bandwidth = intra
     else:
-        bandwidth = min(intra, min(w, gpus_per_node) * gpu["nic_bytes_per_s"])
+        bandwidth = min(intra, local * gpu["nic_bytes_per_s"])
     bandwidth *= a["link_efficiency"]
     steps, across = _steps(kind, w, nodes)
     step = a["pcie_step_s"] if "PCIe" in gpu["name"] else a["nvlink_step_s"]
@@ -65,8 +81,12 @@ def collective_cost(kind, message_bytes, w, gpu, gpus_per_node, a):
     return latency + sent / bandwidth, sent, bandwidth, latency
 
 
-def costs(rows, gpu, gpus_per_node, a):
-    """Per row: collective seconds (0 for other ops) and kinds ('' for other ops)."""
+def costs(rows, gpu, gpus_per_node, a, groups=None):
+    """Per row: collective seconds (0 for other ops), kinds ('' for other ops), and the names of
+    the groups priced as consecutive ranks (not in `groups`, the metadata's process_groups)."""
+    ranks = {g.get("name"): g.get("ranks") for g in groups or () if isinstance(g, dict)}
+    names = rows["process_group"].astype(object).to_numpy()
+    guessed = set()
     comm = rows["comm_bytes"].notna().to_numpy()
     seconds = np.zeros(len(rows))
     kinds = np.full(len(rows), "", dtype=object)
@@ -77,8 +97,12 @@ def costs(rows, gpu, gpus_per_node, a):
     for i in at:
         kinds[i] = collective_kind(ops[i])
         w = None if size[i] != size[i] else int(size[i])
-        seconds[i] = collective_cost(kinds[i], message[i], w, gpu, gpus_per_node, a)[0]
-    return seconds, kinds
+        listed = ranks.get(names[i])
+        if w and w > 1 and (not listed or len(listed) != w):
+            guessed.add(str(names[i]) or "unnamed")
+            listed = None
+        seconds[i] = collective_cost(kinds[i], message[i], w, gpu, gpus_per_node, a, listed)[0]
+    return seconds, kinds, sorted(guessed)
 
 
 def simulate(rows, op_s, comm_s, kinds, overlap="prefetch"):

@@ -14,12 +14,16 @@ One row per run (a trace of one rank: real, meta or fake, any world size), colum
                                        the overlap model leaves exposed (reports/plan/comm.py)
   step_time_s                          compute_s + exposed_comm_s
   tokens_per_s_per_gpu                 tokens_per_step / step_time_s
-  model_flops_per_step, peak_flops_per_s, mfu
-                                       MFU as reports.flops.mfu defines it (model FLOPs, no
-                                       recomputation) over the predicted step time and the
-                                       target's dense peak for the run's matmul dtype (the
-                                       highest peak of any matmul dtype, if one is higher).
-                                       Every op takes at least flops / its peak, so mfu <= 1.
+  model_flops_per_step, causal_masked_flops_per_step, peak_flops_per_s, mfu
+                                       MFU: model FLOPs (reports.flops.mfu's: no recomputation)
+                                       less the masked half of causal attention (which
+                                       reports.mfu counts, as PaLM does, and the kernel skips:
+                                       causal_masked_flops_per_step), over the predicted step
+                                       time and the target's dense peak for the run's matmul
+                                       dtype (the highest peak of any matmul dtype, if one is
+                                       higher). Every op takes at least the FLOPs it performs
+                                       over its peak, so mfu <= 1; (model + masked) / (step x
+                                       peak) is the MFU of the full-matrix convention.
   calibrated, traced_step_s, error_pct when the trace ran on the target with real op times:
                                        efficiencies measured from it, and the predicted step
                                        against the traced one (untraced median step time when
@@ -38,20 +42,21 @@ import pandas as pd
 from reports.errors import ReportError
 from reports.flops.mfu import mfu as mfu_table
 from reports.flops.peaks import BANDWIDTH, PEAKS, cpu_ideal_flops, match_device, peak_bandwidth
+from reports.flops.recompute import attention_recompute, checkpoint_recompute
 from reports.loading.load import require, runs_of
 from reports.plan import assumptions as assumed
 from reports.plan.comm import OVERLAPS, costs, simulate
 from reports.plan.devices import CPU, resolve_gpu
 from reports.plan.fit import fit, traced_batch
-from reports.plan.ops import CLASSES, calibrate, price, roofs
-from reports.steps import count_steps, per_step
+from reports.plan.ops import CLASSES, calibrate, fixed_bytes, price, roofs
+from reports.steps import per_step
 from reports.tables import split_runs
 
 __all__ = ["plan"]
 
 _COLUMNS = ("run", "step", "phase", "op", "flops", "flop_kind", "bytes_read", "bytes_written", "is_view",
             "input_dtypes", "output_dtypes", "input_storage_ids", "output_storage_ids", "input_shapes",
-            "comm_bytes", "group_size", "duration_ns", "busy_ns", "causal")  # fmt: skip
+            "output_shapes", "inplace", "comm_bytes", "group_size", "process_group", "duration_ns", "busy_ns", "causal")  # fmt: skip
 _RETRACE = ("what needs a re-trace: another world size (shards and collective sizes change), another "
             "sequence length, another activation-checkpointing or sharding policy")
 
@@ -79,10 +84,6 @@ def _on_target(entry, meta):
     if entry == CPU:
         return device.get("type") == "cpu"
     return device.get("type") == "cuda" and match_device(device.get("name")) == entry["peak_key"]
-
-
-def _row(x, unit, source):
-    return {"value": x, "unit": unit, "source": source}
 
 
 def plan(df, gpu, gpus_per_node=8, micro_batch=None, batch=None, overlap="prefetch", assumptions=None):
@@ -124,7 +125,7 @@ def _plan_run(rows, meta, gpu, gpus_per_node, micro_batch, batch, overlap, table
     a = {name: value for name, (value, _) in table.items()}
     sources = {name: source for name, (_, source) in table.items()}
 
-    p = roofs(rows, peak_of, bandwidth, k)
+    p = roofs(rows, peak_of, bandwidth, k, fixed_bytes(rows, meta) if k != 1.0 else None)
     notes += p["notes"]
     eff = {c: a[f"{c}_efficiency"] for c in CLASSES}
     launch = a["launch_s"]
@@ -142,11 +143,14 @@ def _plan_run(rows, meta, gpu, gpus_per_node, micro_batch, batch, overlap, table
 
     world = int(meta.get("world_size") or 1)
     has_comm = bool(rows["comm_bytes"].notna().any())
+    comm_s, kinds = np.zeros(len(rows)), np.full(len(rows), "", dtype=object)
     if entry == CPU and has_comm:
-        comm_s, kinds = np.zeros(len(rows)), np.full(len(rows), "", dtype=object)
         notes.append("the CPU has no link bandwidths in the catalogue: collectives are not priced (comm N/A)")
-    else:
-        comm_s, kinds = costs(rows, entry, gpus_per_node, a) if has_comm else (np.zeros(len(rows)), np.full(len(rows), "", dtype=object))
+    elif has_comm:
+        comm_s, kinds, guessed = costs(rows, entry, gpus_per_node, a, meta.get("process_groups"))
+        if guessed:
+            notes.append(f"process groups without their ranks in the trace ({', '.join(guessed)}): priced as "
+                         "consecutive ranks, on as few nodes as they fill")
     steps = simulate(rows, seconds, comm_s, kinds, overlap)
     train = _training_steps(rows, steps)
     step_time = float(np.mean([steps[s][0] for s in train]))
@@ -160,7 +164,8 @@ def _plan_run(rows, meta, gpu, gpus_per_node, micro_batch, batch, overlap, table
     m = mfu_table(rows, step_time_s=1.0, peak_flops=1.0).iloc[0]  # model FLOPs per step; the rate is ours
     dtype = m["dtype"]
     peak = max([v for v in [peak_of(dtype) if dtype else None, *p["tensor_peak"].values()] if v] or [math.nan])
-    model_flops = float(m["model_flops_per_step"]) * k
+    masked = _causal_masked(rows) * k
+    model_flops = float(m["model_flops_per_step"]) * k - masked
     tokens = meta.get("tokens")
     tokens = tokens * k if tokens else None
     if tokens is None:
@@ -177,8 +182,9 @@ def _plan_run(rows, meta, gpu, gpus_per_node, micro_batch, batch, overlap, table
         traced, how_traced = _traced_step(rows, meta)
         error = 100.0 * (step_time - traced) / traced if traced else None
         notes.append(f"calibrated on the traced step ({how_traced}): predicted {step_time:.6g} s against {traced:.6g} s")
-    notes.append(f"micro-batch: traced {found} ({how}); activation bytes and forward/backward work scale linearly "
-                 "with it, parameters, gradients, optimizer state and collectives stay fixed")
+    notes.append(f"micro-batch: traced {found} ({how}); activation bytes, forward/backward FLOPs and their "
+                 "ops' bytes of activations, temporaries and inputs scale linearly with it; parameters, gradients, "
+                 "optimizer state, communication buffers (and the ops' reads and writes of them) and collectives stay fixed")
     notes.append(_RETRACE)
     record = {
         "gpu": entry if entry == CPU else entry["name"], "gpus_per_node": gpus_per_node, "world_size": world,
@@ -192,7 +198,7 @@ def _plan_run(rows, meta, gpu, gpus_per_node, micro_batch, batch, overlap, table
         "launch_s": float(per_step(rows, pd.Series(launch * p["kernel"], index=rows.index))),
         "comm_s": comm, "exposed_comm_s": exposed, "step_time_s": step_time,
         "tokens_per_s_per_gpu": tokens / step_time if tokens and step_time > 0 else math.nan,
-        "model_flops_per_step": model_flops, "peak_flops_per_s": peak,
+        "model_flops_per_step": model_flops, "causal_masked_flops_per_step": masked, "peak_flops_per_s": peak,
         "mfu": model_flops / (step_time * peak) if step_time > 0 and peak == peak else math.nan,
         "calibrated": calibrated, "traced_step_s": traced, "error_pct": error,
     }  # fmt: skip
@@ -222,6 +228,16 @@ def _peak_source(entry, dtype):
     if entry == CPU:
         return f"the CPU's ideal {dtype} peak (reports.flops.peaks.cpu_ideal_flops)"
     return f"{entry['peak_key']} dense {dtype} peak: {PEAKS.get((entry['peak_key'], dtype), (None, 'none in the table'))[1]}"
+
+
+def _causal_masked(rows):
+    """Per step, the half of causal attention's model FLOPs that its kernels skip (module docstring)."""
+    causal = (rows["flop_kind"] == "attention") & rows["causal"].astype("boolean").fillna(False).astype(bool)
+    causal &= rows["phase"].isin(("forward", "backward")) & ~checkpoint_recompute(rows)
+    if not causal.any():
+        return 0.0
+    model = rows["flops"].astype(np.float64) - attention_recompute(rows)
+    return float(per_step(rows, values=model.where(causal, 0.0))) / 2
 
 
 def _measured(rows):
