@@ -386,3 +386,31 @@ def test_lightning_callback_with_a_stand_in_lightning(tmp_path, monkeypatch):
     table = reports.meter(tmp_path / "pl")
     # two micro-batches of 948 · 2, and the second one's gradients added into the first's: 8·16 + 16·4
     assert table["model_flops"].tolist() == [2 * 1896 + 192] * 3
+
+
+def test_keyword_only_and_mapping_inputs_without_model_are_in_the_signature(tmp_path):
+    """No model=: the first module called is the root, and its keyword and mapping inputs count from that call."""
+    from collections import UserDict  # a mapping pytree does not walk, as a Hugging Face BatchEncoding
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(8, 8, bias=False)
+
+        def forward(self, batch=None, *, x=None):
+            return self.fc(x if batch is None else batch["x"]).sum()
+
+    torch.manual_seed(0)
+    net = Net()
+    xs = {b: torch.randn(b, 8) for b in (2, 16)}
+    for name, call in (("kw", lambda b: net(x=xs[b])), ("map", lambda b: net(UserDict(x=xs[b])))):
+        m = Meter(tmp_path / name, peak_flops=PEAK)
+        found = []
+        for b in (2, 2, 16, 16):
+            call(b).backward()
+            net.zero_grad(set_to_none=True)
+            found.append(m.step())
+        m.close()
+        assert [f["traced"] for f in found] == [True, False, False, True]
+        # forward 2·B·8·8 + sum B·8, dW 2·B·8·8: B = 2: 256 + 16 + 256 = 528; B = 16: 2048 + 128 + 2048 = 4224
+        assert [f["model_flops"] for f in found] == [528, 528, None, 4224]
