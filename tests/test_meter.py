@@ -236,8 +236,21 @@ def test_a_failing_meter_warns_once_and_the_program_runs_on(tmp_path, monkeypatc
     with pytest.warns(UserWarning, match="meter: could not meter a step"):
         losses, figures = run(tmp_path / "broken", [2, 2, 2])
     assert losses == run(tmp_path / "plain", [2, 2, 2], metered=False)[0]
-    assert figures[0] is None
-    assert tracer.read_metadata(tmp_path / "broken")["meter"]["errors"] >= 1
+    assert [f["traced"] for f in figures] == [True, False, True]  # a failed read does not stop re-tracing
+    assert [f["model_flops"] for f in figures] == [None] * 3
+    meta = tracer.read_metadata(tmp_path / "broken")["meter"]
+    assert meta["errors"] == 2 and meta["steps"]["step"] == [0, 1, 2]  # every step stays in the table
+
+
+def test_re_tracing_stops_after_three_failed_reads(tmp_path, monkeypatch):
+    def broken(rows):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(meter_module, "step_flops", broken)
+    with pytest.warns(UserWarning, match="meter: could not meter a step"):
+        _, figures = run(tmp_path / "broken", [2] * 8)
+    # traced, new, traced, new, traced (3 failures), then timed only
+    assert [f["traced"] for f in figures] == [True, False, True, False, True, False, False, False]
 
 
 def test_bad_input_is_one_line():

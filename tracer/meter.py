@@ -52,6 +52,7 @@ __all__ = ["Meter"]
 
 _READ = ["step", "op", "phase", "flops", "flop_kind", "recompute", "input_shapes", "input_dtypes"]
 _ADD_FIRST = frozenset("addmm addmv addr baddbmm addbmm".split())  # inputs added, not multiplied: the first
+_MAX_TRACE_FAILURES = 3  # traced steps whose FLOPs could not be read before the meter stops re-tracing
 _FIRST_WRITE_S = 60.0  # the table is written 60 s into the run, then each time the run has doubled its age
 
 
@@ -80,9 +81,9 @@ def step_flops(rows):
     """{model_flops, hardware_flops, recompute_flops, dtype} of the rows of a traced step (a dict of
     column lists as pyarrow's to_pydict gives them). See the module docstring."""
     flops = np.asarray(rows["flops"], dtype=np.int64)
-    again = np.asarray([bool(r) for r in rows["recompute"]])
+    again = np.asarray([bool(r) for r in rows["recompute"]], dtype=bool)  # bool even for a step with no rows
     phase = rows["phase"]
-    training = np.asarray([p in ("forward", "backward") for p in phase]) & ~again
+    training = np.asarray([p in ("forward", "backward") for p in phase], dtype=bool) & ~again
     scores = 0  # fused attention backward: 2·b·h·s_q·s_k·(3·d_qk + 2·d_v), of which 2·b·h·s_q·s_k·d_qk redo q @ kᵀ
     dtypes = {}
     for i, kind in enumerate(rows["flop_kind"]):
@@ -152,7 +153,8 @@ class Meter:
             self._remove_hooks()
             raise
         self.warmup = warmup
-        self._tracing, self._first_row_step, self._reclock = True, 0, False
+        self._tracing, self._reclock, self._trace_failures = True, False, 0
+        self._first_seq = self._next_seq()  # the traced step's rows: from here to the pause
         if warmup:  # the first steps run untraced (compilation, autotuning, lazy state): timed, FLOPs from a later trace
             self._tracer._pause()
             self._tracing = False
@@ -195,7 +197,7 @@ class Meter:
         if self._retrace:  # a step traced from here: what ran between steps stays out of its FLOPs
             self._retrace = False
             try:
-                self._tracer._resume()
+                self._resume()
                 self._tracing = True
             except Exception as exc:
                 self._failed(exc)
@@ -231,22 +233,28 @@ class Meter:
         traced = self._tracing
         self._reclock = traced
         if traced:
-            trace = self._read_trace()
-            self._known[signature] = trace
-            for k in self._pending.pop(signature, ()):  # earlier steps of this signature get its FLOPs
-                self._steps["trace"][k] = trace
+            try:
+                trace = self._read_trace()
+            except Exception as exc:  # the step stays in the table without FLOPs; its signature may be traced again
+                self._failed(exc)
+                self._trace_failures += 1
+                trace = None
+            else:
+                self._known[signature] = trace
+                for k in self._pending.pop(signature, ()):  # earlier steps of this signature get its FLOPs
+                    self._steps["trace"][k] = trace
         else:
             trace = self._known.get(signature)
             if trace is None:
                 self._pending.setdefault(signature, []).append(index)
         for key, value in zip(self._steps, (index, seconds, tokens, -1 if trace is None else trace, traced)):
             self._steps[key].append(value)
-        if not traced and trace is None and not self.errors and index + 1 >= self.warmup:  # new: trace the next step
-            self._reclock = True  # (after a failure, never again: the meter goes on timing steps)
+        if not traced and trace is None and self._trace_failures < _MAX_TRACE_FAILURES and index + 1 >= self.warmup:
+            self._reclock = True  # new: trace the next step
             if self._begins:  # at the next begin()
                 self._retrace = True
             else:
-                self._tracer._resume()
+                self._resume()
                 self._tracing = True
         elif not traced and now - self._started >= self._next_write:
             self._next_write = 2 * (now - self._started)
@@ -254,20 +262,26 @@ class Meter:
             self._write()
         return self.figures(index)
 
+    def _next_seq(self):
+        rows = self._tracer._rows
+        return rows.first_seq + len(rows)
+
+    def _resume(self):
+        self._first_seq = self._next_seq()
+        self._tracer._resume()
+
     def _read_trace(self):
         """Pause the tracer after a traced step and read that step's FLOPs back from its parts."""
         tr = self._tracer
-        last = tr.current_step
         tr._meta["meter"] = self.table()
         tr._pause()
         self._tracing = False
         self._sync = _sync_for(tr._device) if self._use_sync else None
-        first = self._first_row_step
-        self._first_row_step = last + 1
+        # by seq, not step: a step that ran nothing leaves the tracer's step number where it was
         table = pq.read_table(part_paths(tr._writer.directory), columns=_READ,
-                              filters=[("step", ">=", first), ("step", "<=", last)])
-        found = step_flops(table.to_pydict())
-        found["trace_steps"] = [first, last]
+                              filters=[("seq", ">=", self._first_seq), ("seq", "<", self._next_seq())]).to_pydict()
+        found = step_flops(table)
+        found["trace_steps"] = [min(table["step"]), max(table["step"])] if table["step"] else None
         found["first_step"] = len(self._steps["step"])
         dtype = found["dtype"]
         if self.peak_flops is not None:
