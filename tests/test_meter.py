@@ -427,3 +427,20 @@ def test_keyword_only_and_mapping_inputs_without_model_are_in_the_signature(tmp_
         assert [f["traced"] for f in found] == [True, False, False, True]
         # forward 2·B·8·8 + sum B·8, dW 2·B·8·8: B = 2: 256 + 16 + 256 = 528; B = 16: 2048 + 128 + 2048 = 4224
         assert [f["model_flops"] for f in found] == [528, 528, None, 4224]
+
+
+def test_the_dtype_rules_are_one_module_both_sides_use():
+    """tracer/rules.py holds the rules; reports/flops (mfu, recompute, roles) and the meter import them."""
+    from reports.flops import mfu, recompute, roles
+    from tracer import rules
+
+    assert roles._ADD_FIRST is rules.ADD_FIRST and recompute.score_share is rules.score_share
+    assert mfu.dtype_rows is rules.dtype_rows and meter_module.dtype_rows is rules.dtype_rows
+    # no matmul or attention FLOPs: every row with FLOPs decides (a conv net)
+    assert rules.dtype_rows([False, False, False], [0, 7776, 144]).tolist() == [False, True, True]
+    assert rules.dtype_rows([False, True, False], [0, 512, 144]).tolist() == [False, True, False]
+    assert rules.carrying_dtype(["bfloat16", "float32", "bfloat16"], [10, 30, 20]) == "bfloat16"  # 30 each: first seen
+    assert rules.skipped_input("aten.addmm.default", 3) == 1 and rules.skipped_input("aten.addmm.default", 1) == 0
+    # d_qk 8, d_v 8: 2·b·h·s·s·8 of 2·b·h·s·s·(3·8 + 2·8) = 1/5; d_qk 16, d_v 8: 16 / 64 = 1/4
+    assert rules.score_share(4000, [[1], [1, 8], [1, 8], [1, 8]]) == 800
+    assert rules.score_share(6400, [[1], [1, 16], [1, 16], [1, 8]]) == 1600

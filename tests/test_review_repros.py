@@ -79,8 +79,6 @@ def test_meter_survives_a_step_boundary_before_any_work(tmp_path):
     assert [f["model_flops"] for f in figures] == [0, None, 528, 528]  # 2·2·64·2 + 2·8; got None
 
 
-@pytest.mark.xfail(reason="meter's dtype rule lacks reports.mfu's fallback (no matmul/attention FLOPs: any FLOPs), "
-                          "so a conv net gets no peak and no MFU", strict=True)
 def test_meter_mfu_of_a_conv_net_is_reports_mfu(tmp_path):
     torch.manual_seed(0)
     net = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU())
@@ -90,7 +88,10 @@ def test_meter_mfu_of_a_conv_net_is_reports_mfu(tmp_path):
         f = m.step()
     m.close()
     ref = reports.mfu(reports.load(tmp_path / "c"), step_time_s=f["step_time_s"]).iloc[0]
-    assert ref["mfu"] > 0 and f["mfu"] == ref["mfu"]  # the meter gives None
+    # out [1, 4, 6, 6]: conv 2·144·(3·3·3) = 7,776, relu, sum and relu's backward 144 each, conv dW 7,776
+    assert f["model_flops"] == ref["model_flops_per_step"] == 7776 + 3 * 144 + 7776 == 15984
+    assert reports.meter(tmp_path / "c")["dtype"].iloc[1] == ref["dtype"] == "float32"  # no matmul: the conv's dtype
+    assert ref["mfu"] > 0 and f["mfu"] == ref["mfu"]  # the meter gave None
 
 
 @pytest.mark.xfail(reason="plan scales every forward/backward byte by the micro-batch ratio, the weight reads too", strict=True)

@@ -45,13 +45,13 @@ from tracer.device import cuda_in_use, sync_all_cuda
 from tracer.errors import TraceError
 from tracer.mode import Tracer
 from tracer.peaks import lookup, normalize_dtype
+from tracer.rules import DTYPE_KINDS, carrying_dtype, dtype_rows, score_share, skipped_input
 from tracer.safety import warn
 from tracer.schema import part_paths
 
 __all__ = ["Meter"]
 
 _READ = ["step", "op", "phase", "flops", "flop_kind", "recompute", "input_shapes", "input_dtypes"]
-_ADD_FIRST = frozenset("addmm addmv addr baddbmm addbmm".split())  # inputs added, not multiplied: the first
 _MAX_TRACE_FAILURES = 3  # traced steps whose FLOPs could not be read before the meter stops re-tracing
 _FIRST_WRITE_S = 60.0  # the table is written 60 s into the run, then each time the run has doubled its age
 
@@ -78,33 +78,29 @@ def _signature(args, kwargs):
 
 
 def step_flops(rows):
-    """{model_flops, hardware_flops, recompute_flops, dtype} of the rows of a traced step (a dict of
-    column lists as pyarrow's to_pydict gives them). See the module docstring."""
+    """{model_flops, hardware_flops, recompute_flops, optimizer_flops, dtype} of the rows of a traced step (a dict
+    of column lists as pyarrow's to_pydict gives them), by tracer/rules.py's rules as reports.mfu applies them."""
     flops = np.asarray(rows["flops"], dtype=np.int64)
     again = np.asarray([bool(r) for r in rows["recompute"]], dtype=bool)  # bool even for a step with no rows
     phase = rows["phase"]
     training = np.asarray([p in ("forward", "backward") for p in phase], dtype=bool) & ~again
-    scores = 0  # fused attention backward: 2·b·h·s_q·s_k·(3·d_qk + 2·d_v), of which 2·b·h·s_q·s_k·d_qk redo q @ kᵀ
-    dtypes = {}
-    for i, kind in enumerate(rows["flop_kind"]):
-        if kind not in ("matmul", "attention") or not flops[i]:
-            continue
-        shapes, names = rows["input_shapes"][i], rows["input_dtypes"][i]
-        if kind == "attention" and phase[i] == "backward" and not again[i]:
-            try:
-                d_qk, d_v = int(shapes[1][-1]), int(shapes[3][-1])
-                scores += int(flops[i]) * d_qk // (3 * d_qk + 2 * d_v)
-            except (TypeError, IndexError, ValueError, ZeroDivisionError):
-                scores += int(flops[i]) // 5
-        first = 1 if rows["op"][i].split(".")[1].rstrip("_") in _ADD_FIRST else 0
-        if names:
-            name = names[first if first < len(names) else 0]
-            dtypes[name] = dtypes.get(name, 0) + int(flops[i])
+    kinds = rows["flop_kind"]
+    scores = sum(  # fused attention backward: the share that recomputes q @ kᵀ
+        score_share(int(flops[i]), rows["input_shapes"][i]) for i, kind in enumerate(kinds)
+        if kind == "attention" and phase[i] == "backward" and not again[i]
+    )  # fmt: skip
+    names, carried = [], []
+    for i in np.flatnonzero(dtype_rows([k in DTYPE_KINDS for k in kinds], flops)):
+        dtypes = rows["input_dtypes"][i]
+        if dtypes:
+            names.append(dtypes[skipped_input(rows["op"][i], len(dtypes))])
+            carried.append(flops[i])
     return {
         "model_flops": int(flops[training].sum()) - scores,
         "hardware_flops": int(flops.sum()),
         "recompute_flops": int(flops[again].sum()) + scores,
-        "dtype": max(dtypes, key=dtypes.get) if dtypes else None,  # the first dtype seen wins a tie
+        "optimizer_flops": int(flops[np.asarray([p == "optimizer" for p in phase], dtype=bool)].sum()),
+        "dtype": carrying_dtype(names, carried),
     }
 
 
