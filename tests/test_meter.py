@@ -258,6 +258,8 @@ def test_bad_input_is_one_line():
         Meter("unused", peak_flops=-1)
     with pytest.raises(TraceError, match=r"Meter: warmup must be an int >= 0 \(steps run before the first trace\), got -2"):
         Meter("unused", warmup=-2)
+    with pytest.raises(TraceError, match=r"Meter: max_traces must be an int >= 1 \(steps traced at most\), got 0"):
+        Meter("unused", max_traces=0)
     with pytest.raises(ReportError, match="meter: expected a trace path or a DataFrame from reports.load, got int"):
         reports.meter(3)
 
@@ -444,3 +446,45 @@ def test_the_dtype_rules_are_one_module_both_sides_use():
     # d_qk 8, d_v 8: 2·b·h·s·s·8 of 2·b·h·s·s·(3·8 + 2·8) = 1/5; d_qk 16, d_v 8: 16 / 64 = 1/4
     assert rules.score_share(4000, [[1], [1, 8], [1, 8], [1, 8]]) == 800
     assert rules.score_share(6400, [[1], [1, 16], [1, 16], [1, 8]]) == 1600
+
+
+def test_dynamic_padding_traces_at_most_max_traces_steps_and_estimates_the_rest(tmp_path, capsys):
+    """40 steps of 29 distinct sequence lengths (pad-to-longest): 8 steps traced, the other new lengths estimated."""
+    torch.manual_seed(0)
+    net = nn.Linear(8, 4, bias=False)
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    lengths = [3 + i % 29 for i in range(40)]  # 3..31, then 3..13 again
+    m = Meter(tmp_path / "pad", model=net, peak_flops=PEAK)
+    found = []
+    for s in lengths:
+        net(torch.randn(2, s, 8)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+        found.append(m.step())
+    m.close()
+    # a new length is traced the step after it is seen: steps 0, 2, ..., 14 (lengths 3, 5, ..., 17), then the cap
+    assert [f["step"] for f in found if f["traced"]] == [0, 2, 4, 6, 8, 10, 12, 14]
+    assert [f["flops_estimated"] for f in found[13:17]] == [False, False, True, True]
+    # forward 2·(2·s)·8·4 + sum 2·s·4, dW 2·(2·s)·8·4: 264·s, linear in s, so the estimates are exact
+    # (length 18 from 17's trace: 4,488 · (2·18·8) / (2·17·8) = 4,752 = 264 · 18); SGD's add_ 8·4 = 32, not scaled
+    assert found[15]["model_flops"] == 4752 and found[15]["hardware_flops"] == 4752 + 32
+    table = reports.meter(tmp_path / "pad")
+    assert table["model_flops"].tolist() == [264 * s for s in lengths]
+    assert table["hardware_flops"].tolist() == [264 * s + 32 for s in lengths]
+    # estimated: the 7 lengths seen before the cap and never traced (steps 1, 3, ..., 13; at close), the 14 new ones
+    # past it (steps 15..28: 18..31) and the 5 untraced among 3..13 seen again (4, 6, 8, 10, 12): 7 + 14 + 5 = 26
+    assert int(table["flops_estimated"].sum()) == 26
+    assert table.loc[table["flops_estimated"], "step"].tolist() == [*range(1, 14, 2), *range(15, 29), *range(30, 40, 2)]
+    optrace(["report", str(tmp_path / "pad"), "--json"])
+    summary = json.loads(capsys.readouterr().out)["meter"]
+    assert (summary["estimated_flops_steps"], summary["unknown_flops_steps"], len(summary["traced_steps"])) == (26, 0, 8)
+    optrace(["report", str(tmp_path / "pad")])
+    assert "26 steps have ESTIMATED FLOPs and MFU" in capsys.readouterr().out
+
+
+def test_no_traced_signature_fits_no_estimate(tmp_path):
+    """Past the cap, a signature with other modules called (a branch) has no traced one to scale: no FLOPs."""
+    _, figures = run(tmp_path / "cap", [2, 2, 2], [False, True, True], max_traces=1)
+    assert [f["traced"] for f in figures] == [True, False, False]
+    assert [f["model_flops"] for f in figures] == [1896, None, None]  # 948 · 2; the branch's never traced
+    assert [f["flops_estimated"] for f in figures] == [False, False, False]

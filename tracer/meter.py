@@ -9,7 +9,9 @@ dicts), and how many times each module was called. A step whose signature was
 traced before reuses that trace's FLOPs; a step with a new signature (a new batch or
 sequence length, a branch taken only sometimes) gets no FLOPs and the next step is traced
 again, once per new signature (a step of that signature seen before its trace gets the
-trace's FLOPs in the stored table).
+trace's FLOPs in the stored table), up to `max_traces` traced steps. Past that cap (dynamic
+padding: a new length nearly every step) a new signature is not traced: its FLOPs are the
+nearest traced signature's scaled by input elements, flagged `flops_estimated` (see _estimate).
 
   model FLOPs     forward + backward FLOPs of the traced step, less what activation
                   checkpointing re-ran (rows flagged `recompute`) and the score
@@ -31,6 +33,7 @@ costs about 40 bytes a step), and at close.
 """
 
 import atexit
+import math
 import threading
 import time
 from collections.abc import Mapping
@@ -104,6 +107,16 @@ def step_flops(rows):
     }
 
 
+def _size(inputs):
+    """(input elements, (rank, dtype) of every input tensor) of a signature's root inputs."""
+    elements, form = 0, []
+    for call in inputs:
+        for shape, dtype in call:
+            elements += math.prod(shape)
+            form.append((len(shape), dtype))
+    return elements, tuple(form)
+
+
 def _ratio(num, den):
     return num / den if num is not None and den else None
 
@@ -125,9 +138,12 @@ class Meter:
     One Meter (like one Tracer) is active per process, from its making to `close()`.
     Bookkeeping failures become a warning and a count (`errors`); the program runs on."""
 
-    def __init__(self, path, *, model=None, tokens=None, peak_flops=None, warmup=0, sync=True, **tracer_kwargs):
+    def __init__(self, path, *, model=None, tokens=None, peak_flops=None, warmup=0, max_traces=8, sync=True,
+                 **tracer_kwargs):
         if not isinstance(warmup, int) or isinstance(warmup, bool) or warmup < 0:
             raise TraceError(f"Meter: warmup must be an int >= 0 (steps run before the first trace), got {warmup!r}")
+        if not isinstance(max_traces, int) or isinstance(max_traces, bool) or max_traces < 1:
+            raise TraceError(f"Meter: max_traces must be an int >= 1 (steps traced at most), got {max_traces!r}")
         if peak_flops is not None and (isinstance(peak_flops, bool) or not isinstance(peak_flops, (int, float))
                                        or not peak_flops > 0):
             raise TraceError(f"Meter: peak_flops must be FLOP/s > 0 or None, got {peak_flops!r}")
@@ -137,7 +153,8 @@ class Meter:
         self._thread = threading.get_ident()
         self._traces = []  # per traced step: its FLOPs, dtype and peak
         self._known = {}  # signature -> index in _traces
-        self._steps = {"step": [], "step_time_s": [], "tokens": [], "trace": [], "traced": []}
+        self._steps = {"step": [], "step_time_s": [], "tokens": [], "trace": [], "traced": [], "scale": []}
+        self.max_traces, self._traced_steps = max_traces, 0
         self._pending = {}  # signature -> steps that ran with it before its trace
         self._calls, self._inputs = {}, []  # id(module) -> calls this step; the root's input signatures
         self._next_write, self._closed, self._sync, self._use_sync = _FIRST_WRITE_S, False, None, sync
@@ -226,9 +243,10 @@ class Meter:
     def _end_step(self, seconds, tokens, now):
         signature = (tuple(self._inputs), frozenset(self._calls.items()))
         index = len(self._steps["step"])
-        traced = self._tracing
+        traced, scale = self._tracing, None
         self._reclock = traced
         if traced:
+            self._traced_steps += 1
             try:
                 trace = self._read_trace()
             except Exception as exc:  # the step stays in the table without FLOPs; its signature may be traced again
@@ -241,11 +259,15 @@ class Meter:
                     self._steps["trace"][k] = trace
         else:
             trace = self._known.get(signature)
-            if trace is None:
-                self._pending.setdefault(signature, []).append(index)
-        for key, value in zip(self._steps, (index, seconds, tokens, -1 if trace is None else trace, traced)):
+        can_trace = self._traced_steps < self.max_traces and self._trace_failures < _MAX_TRACE_FAILURES
+        new = not traced and trace is None
+        if new and can_trace:
+            self._pending.setdefault(signature, []).append(index)
+        elif new:  # past the cap: an unseen signature is not traced, its FLOPs are estimated
+            trace, scale = self._estimate(signature)
+        for key, value in zip(self._steps, (index, seconds, tokens, -1 if trace is None else trace, traced, scale)):
             self._steps[key].append(value)
-        if not traced and trace is None and self._trace_failures < _MAX_TRACE_FAILURES and index + 1 >= self.warmup:
+        if new and can_trace and index + 1 >= self.warmup:
             self._reclock = True  # new: trace the next step
             if self._begins:  # at the next begin()
                 self._retrace = True
@@ -257,6 +279,28 @@ class Meter:
             self._reclock = True
             self._write()
         return self.figures(index)
+
+    def _estimate(self, signature):
+        """(trace, scale) for a signature never traced: the traced one with the same module calls and the same
+        input tensors' ranks and dtypes, nearest in input elements, its FLOPs scaled by the ratio of input
+        elements (padded tokens, for token inputs); (-1, None) when none fits."""
+        size, form = _size(signature[0])
+        best = None
+        for (inputs, calls), trace in self._known.items():
+            known, known_form = _size(inputs)
+            if calls == signature[1] and known_form == form and known and (best is None or abs(known - size) < abs(best[0] - size)):
+                best = (known, trace)
+        return (-1, None) if best is None else (best[1], size / best[0])
+
+    def _estimate_pending(self):
+        """At close: the steps whose signature was never traced get estimates, as past the cap."""
+        try:
+            for signature, steps in self._pending.items():
+                trace, scale = self._estimate(signature)
+                for k in steps:
+                    self._steps["trace"][k], self._steps["scale"][k] = trace, scale
+        except Exception as exc:
+            self._failed(exc)
 
     def _next_seq(self):
         rows = self._tracer._rows
@@ -293,23 +337,28 @@ class Meter:
     def figures(self, index):
         """The figures of step `index` (see `step`)."""
         steps = self._steps
-        seconds, tokens, trace, traced = (steps[key][index] for key in ("step_time_s", "tokens", "trace", "traced"))
+        seconds, tokens, trace, traced, scale = (steps[k][index] for k in ("step_time_s", "tokens", "trace", "traced", "scale"))
         found = self._traces[trace] if trace >= 0 else {}
         model, hardware, peak = found.get("model_flops"), found.get("hardware_flops"), found.get("peak_flops_per_s")
+        if scale is not None and model is not None:  # estimated: the optimizer's FLOPs do not scale with the batch
+            optimizer = found["optimizer_flops"]
+            model, hardware = round(model * scale), round((hardware - optimizer) * scale + optimizer)
         timed = None if traced else seconds  # traced time is not step time
         return {
             "step": index, "traced": traced, "step_time_s": seconds, "tokens": tokens,
             "tokens_per_s": _ratio(tokens, timed), "model_flops": model, "hardware_flops": hardware,
+            "flops_estimated": scale is not None,
             "mfu": _ratio(_ratio(model, timed), peak), "hfu": _ratio(_ratio(hardware, timed), peak),
         }  # fmt: skip
 
     def table(self):
         """The run metadata's `meter`: {traces: [per traced step: model_flops, hardware_flops,
-        recompute_flops, dtype, peak_flops_per_s, peak_source, trace_steps (its steps in the trace),
-        first_step], steps: {step, step_time_s, tokens, trace (index into traces, -1: FLOPs unknown),
-        traced: column lists}, errors}."""
+        recompute_flops, optimizer_flops, dtype, peak_flops_per_s, peak_source, trace_steps (its steps in the
+        trace), first_step], steps: {step, step_time_s, tokens, trace (index into traces, -1: FLOPs unknown),
+        traced, scale (null, or the factor an estimate scales the trace's FLOPs by): column lists},
+        max_traces, errors}."""
         return {"traces": [dict(t) for t in self._traces], "steps": {k: list(v) for k, v in self._steps.items()},
-                "errors": self.errors}
+                "max_traces": self.max_traces, "errors": self.errors}
 
     def _write(self):
         """Write the table now (one metadata-only part)."""
@@ -340,6 +389,7 @@ class Meter:
         self._remove_hooks()
         tr = self._tracer
         try:
+            self._estimate_pending()
             tr._meta["meter"] = self.table()
             if not self._tracing:
                 tr._resume()
