@@ -488,3 +488,23 @@ def test_no_traced_signature_fits_no_estimate(tmp_path):
     assert [f["traced"] for f in figures] == [True, False, False]
     assert [f["model_flops"] for f in figures] == [1896, None, None]  # 948 · 2; the branch's never traced
     assert [f["flops_estimated"] for f in figures] == [False, False, False]
+
+
+@pytest.mark.parametrize("crash", [False, True])
+def test_a_run_that_crashes_is_closed_incomplete_at_exit(tmp_path, crash):
+    """A Meter never closed: the exit handler writes the table, and an unhandled exception marks the trace incomplete."""
+    code = (
+        "import torch; from tracer.meter import Meter\n"
+        "torch.manual_seed(0); net = torch.nn.Linear(4, 2, bias=False)\n"
+        f"m = Meter({str(tmp_path / 'x')!r}, model=net, peak_flops=1e9)\n"
+        "for _ in range(2):\n"
+        "    net(torch.ones(1, 4)).sum().backward(); net.zero_grad(); m.step()\n"
+        + ("raise RuntimeError('boom')\n" if crash else "")
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=str(tmp_path),
+                          env={"PYTHONPATH": str(meter_module.__file__.rsplit("/tracer/", 1)[0])})
+    assert done.returncode == (1 if crash else 0), done.stderr
+    meta = tracer.read_metadata(tmp_path / "x")
+    assert meta["complete"] is (not crash) and meta.get("error") == ("RuntimeError: boom" if crash else None)
+    # forward 2·1·4·2 + sum 2, dW 2·1·4·2: 34 per step, both steps in the table
+    assert reports.meter(tmp_path / "x")["model_flops"].tolist() == [34, 34]

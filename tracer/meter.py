@@ -34,6 +34,7 @@ costs about 40 bytes a step), and at close.
 
 import atexit
 import math
+import sys
 import threading
 import time
 from collections.abc import Mapping
@@ -174,7 +175,7 @@ class Meter:
             self._sync = _sync_for(self._tracer._device) if sync else None
         self._begins = self._retrace = False  # begin() has been called; a trace waits for the next begin()
         self._began = self._started = time.perf_counter()
-        atexit.register(self.close)  # a loop that never calls close() still gets its table written
+        atexit.register(self._at_exit)  # a loop that never calls close() still gets its table written
 
     # hooks: what the step ran ---------------------------------------------------------
     def _seen(self, module, args):
@@ -385,7 +386,7 @@ class Meter:
         if self._closed:
             return
         self._closed = True
-        atexit.unregister(self.close)
+        atexit.unregister(self._at_exit)
         self._remove_hooks()
         tr = self._tracer
         try:
@@ -395,6 +396,13 @@ class Meter:
                 tr._resume()
         finally:
             tr.__exit__(type(exc) if exc is not None else None, exc, None)
+
+    def _at_exit(self):
+        """Close at the interpreter's exit; after an unhandled exception (Python sets sys.last_exc, before 3.12
+        sys.last_value, before the exit handlers run) the trace is marked incomplete with its error, as a
+        `with Tracer` block that raised."""
+        exc = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
+        self.close(exc if isinstance(exc, BaseException) else None)
 
     def __enter__(self):
         return self
