@@ -361,6 +361,8 @@ def test_hf_trainer_callback_logs_mfu_for_every_metered_step(tmp_path):
     trainer = transformers.Trainer(model=model, args=args, train_dataset=data, callbacks=[callback])
     trainer.train()
     _check_hf_logs(trainer.state.log_history, tmp_path / "hf")
+    summary = trainer.state.log_history[-1]
+    assert "train_runtime" in summary and "mfu" not in summary  # the summary is no step's log
 
 
 def test_lightning_callback_with_a_stand_in_lightning(tmp_path, monkeypatch):
@@ -508,3 +510,40 @@ def test_a_run_that_crashes_is_closed_incomplete_at_exit(tmp_path, crash):
     assert meta["complete"] is (not crash) and meta.get("error") == ("RuntimeError: boom" if crash else None)
     # forward 2·1·4·2 + sum 2, dW 2·1·4·2: 34 per step, both steps in the table
     assert reports.meter(tmp_path / "x")["model_flops"].tolist() == [34, 34]
+
+
+def test_hf_callback_logs_each_metered_step_once(tmp_path):
+    """Logs every 2 steps, an evaluation log and the train summary: figures only in a log with a step metered since
+    the previous log, those of the last such step."""
+    transformers = pytest.importorskip("transformers")
+    from transformers.trainer_callback import CallbackHandler, TrainerControl, TrainerState
+
+    from tracer.meter_callbacks import MeterCallback
+
+    model, ids = _tiny_gpt2(transformers)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    callback = MeterCallback(tmp_path / "hf", tokens=16, peak_flops=PEAK)
+    handler = CallbackHandler([callback], model, None, opt, None)
+    args, state, control = None, TrainerState(), TrainerControl()
+    control = handler.on_train_begin(args, state, control)
+    logs = []
+
+    def log(entry):
+        logs.append(entry)
+        handler.on_log(args, state, control, logs=entry)
+
+    for batch in ids.split(2):  # 4 steps
+        control = handler.on_step_begin(args, state, control)
+        model(input_ids=batch, labels=batch).loss.backward()
+        opt.step()
+        opt.zero_grad()
+        state.global_step += 1
+        control = handler.on_step_end(args, state, control)
+        if state.global_step % 2 == 0:
+            log({"loss": 1.0})
+            log({"eval_loss": 1.0})  # the same step again: nothing metered since
+    log({"train_runtime": 1.0})
+    handler.on_train_end(args, state, control)
+    mfu = reports.meter(tmp_path / "hf")["mfu"].tolist()  # step 0 traced: NaN
+    # step 2's log: meter steps 0 (traced) and 1 ran since the start, so step 1's figures; step 4's: step 3's
+    assert [entry.get("mfu") for entry in logs] == [mfu[1], None, mfu[3], None, None]
