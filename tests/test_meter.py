@@ -436,10 +436,10 @@ def test_keyword_only_and_mapping_inputs_without_model_are_in_the_signature(tmp_
 def test_the_dtype_rules_are_one_module_both_sides_use():
     """tracer/rules.py holds the rules; reports/flops (mfu, recompute, roles) and the meter import them."""
     from reports.flops import mfu, recompute, roles
-    from tracer import rules
+    from tracer import meter_flops, rules
 
     assert roles._ADD_FIRST is rules.ADD_FIRST and recompute.score_share is rules.score_share
-    assert mfu.dtype_rows is rules.dtype_rows and meter_module.dtype_rows is rules.dtype_rows
+    assert mfu.dtype_rows is rules.dtype_rows and meter_flops.dtype_rows is rules.dtype_rows
     # no matmul or attention FLOPs: every row with FLOPs decides (a conv net)
     assert rules.dtype_rows([False, False, False], [0, 7776, 144]).tolist() == [False, True, True]
     assert rules.dtype_rows([False, True, False], [0, 512, 144]).tolist() == [False, True, False]
@@ -492,8 +492,7 @@ def test_no_traced_signature_fits_no_estimate(tmp_path):
     assert [f["flops_estimated"] for f in figures] == [False, False, False]
 
 
-@pytest.mark.parametrize("crash", [False, True])
-def test_a_run_that_crashes_is_closed_incomplete_at_exit(tmp_path, crash):
+def test_a_run_that_crashes_is_closed_incomplete_at_exit(tmp_path):
     """A Meter never closed: the exit handler writes the table, and an unhandled exception marks the trace incomplete."""
     code = (
         "import torch; from tracer.meter import Meter\n"
@@ -501,13 +500,13 @@ def test_a_run_that_crashes_is_closed_incomplete_at_exit(tmp_path, crash):
         f"m = Meter({str(tmp_path / 'x')!r}, model=net, peak_flops=1e9)\n"
         "for _ in range(2):\n"
         "    net(torch.ones(1, 4)).sum().backward(); net.zero_grad(); m.step()\n"
-        + ("raise RuntimeError('boom')\n" if crash else "")
+        "raise RuntimeError('boom')\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=str(tmp_path),
                           env={"PYTHONPATH": str(meter_module.__file__.rsplit("/tracer/", 1)[0])})
-    assert done.returncode == (1 if crash else 0), done.stderr
+    assert done.returncode == 1 and "RuntimeError: boom" in done.stderr
     meta = tracer.read_metadata(tmp_path / "x")
-    assert meta["complete"] is (not crash) and meta.get("error") == ("RuntimeError: boom" if crash else None)
+    assert meta["complete"] is False and meta["error"] == "RuntimeError: boom"  # the exit handler closed it
     # forward 2·1·4·2 + sum 2, dW 2·1·4·2: 34 per step, both steps in the table
     assert reports.meter(tmp_path / "x")["model_flops"].tolist() == [34, 34]
 
@@ -547,3 +546,16 @@ def test_hf_callback_logs_each_metered_step_once(tmp_path):
     mfu = reports.meter(tmp_path / "hf")["mfu"].tolist()  # step 0 traced: NaN
     # step 2's log: meter steps 0 (traced) and 1 ran since the start, so step 1's figures; step 4's: step 3's
     assert [entry.get("mfu") for entry in logs] == [mfu[1], None, mfu[3], None, None]
+
+
+def test_the_exit_handler_closes_a_run_that_ended_normally_complete(tmp_path, monkeypatch):
+    for name in ("last_exc", "last_value"):  # no unhandled exception
+        monkeypatch.delattr(sys, name, raising=False)
+    net = nn.Linear(4, 2, bias=False)
+    m = Meter(tmp_path / "ok", model=net, peak_flops=PEAK)
+    net(torch.ones(1, 4)).sum().backward()
+    m.step()
+    m._at_exit()
+    meta = tracer.read_metadata(tmp_path / "ok")
+    assert meta["complete"] is True and "error" not in meta
+    assert meta["meter"]["traces"][0]["model_flops"] == 34  # forward 2·1·4·2 + sum 2, dW 2·1·4·2

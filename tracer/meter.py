@@ -33,29 +33,24 @@ costs about 40 bytes a step), and at close.
 """
 
 import atexit
-import math
 import sys
 import threading
 import time
-from collections.abc import Mapping
 
-import numpy as np
 import pyarrow.parquet as pq
 import torch
 from torch.nn.modules.module import register_module_forward_pre_hook
-from torch.utils._pytree import tree_leaves
 
 from tracer.device import cuda_in_use, sync_all_cuda
 from tracer.errors import TraceError
+from tracer.meter_flops import READ, input_size, signature, step_flops
 from tracer.mode import Tracer
 from tracer.peaks import lookup, normalize_dtype
-from tracer.rules import DTYPE_KINDS, carrying_dtype, dtype_rows, score_share, skipped_input
 from tracer.safety import warn
 from tracer.schema import part_paths
 
 __all__ = ["Meter"]
 
-_READ = ["step", "op", "phase", "flops", "flop_kind", "recompute", "input_shapes", "input_dtypes"]
 _MAX_TRACE_FAILURES = 3  # traced steps whose FLOPs could not be read before the meter stops re-tracing
 _FIRST_WRITE_S = 60.0  # the table is written 60 s into the run, then each time the run has doubled its age
 
@@ -67,55 +62,6 @@ def _sync_for(device):
     if cuda_in_use():  # the model is on another device, but the step queued CUDA work
         return sync_all_cuda
     return None
-
-
-def _signature(args, kwargs):
-    """Shapes and dtypes of every tensor in `args` and `kwargs`, at any depth: pytree's containers (lists,
-    tuples, dicts, registered ones) and any other mapping (a Hugging Face BatchEncoding) are walked."""
-    sig = []
-    for leaf in tree_leaves((args, kwargs)):  # tree_flatten without building the spec: 3 us, not 6
-        if isinstance(leaf, torch.Tensor):
-            sig.append((leaf.shape, leaf.dtype))
-        elif isinstance(leaf, Mapping):
-            sig.extend(_signature((), dict(leaf)))
-    return tuple(sig)
-
-
-def step_flops(rows):
-    """{model_flops, hardware_flops, recompute_flops, optimizer_flops, dtype} of the rows of a traced step (a dict
-    of column lists as pyarrow's to_pydict gives them), by tracer/rules.py's rules as reports.mfu applies them."""
-    flops = np.asarray(rows["flops"], dtype=np.int64)
-    again = np.asarray([bool(r) for r in rows["recompute"]], dtype=bool)  # bool even for a step with no rows
-    phase = rows["phase"]
-    training = np.asarray([p in ("forward", "backward") for p in phase], dtype=bool) & ~again
-    kinds = rows["flop_kind"]
-    scores = sum(  # fused attention backward: the share that recomputes q @ kᵀ
-        score_share(int(flops[i]), rows["input_shapes"][i]) for i, kind in enumerate(kinds)
-        if kind == "attention" and phase[i] == "backward" and not again[i]
-    )  # fmt: skip
-    names, carried = [], []
-    for i in np.flatnonzero(dtype_rows([k in DTYPE_KINDS for k in kinds], flops)):
-        dtypes = rows["input_dtypes"][i]
-        if dtypes:
-            names.append(dtypes[skipped_input(rows["op"][i], len(dtypes))])
-            carried.append(flops[i])
-    return {
-        "model_flops": int(flops[training].sum()) - scores,
-        "hardware_flops": int(flops.sum()),
-        "recompute_flops": int(flops[again].sum()) + scores,
-        "optimizer_flops": int(flops[np.asarray([p == "optimizer" for p in phase], dtype=bool)].sum()),
-        "dtype": carrying_dtype(names, carried),
-    }
-
-
-def _size(inputs):
-    """(input elements, (rank, dtype) of every input tensor) of a signature's root inputs."""
-    elements, form = 0, []
-    for call in inputs:
-        for shape, dtype in call:
-            elements += math.prod(shape)
-            form.append((len(shape), dtype))
-    return elements, tuple(form)
 
 
 def _ratio(num, den):
@@ -191,7 +137,7 @@ class Meter:
         """The root's forward hook (after its forward: one registered in a pre-hook runs for the same call)."""
         if threading.get_ident() == self._thread:
             try:
-                self._inputs.append(_signature(args, kwargs))
+                self._inputs.append(signature(args, kwargs))
             except Exception as exc:  # an input pytree cannot walk: the step keeps the signature it has
                 self._failed(exc)
 
@@ -242,7 +188,7 @@ class Meter:
             warn(f"optrace: meter: could not meter a step ({type(exc).__name__}: {exc}); the program runs on")
 
     def _end_step(self, seconds, tokens, now):
-        signature = (tuple(self._inputs), frozenset(self._calls.items()))
+        ran = (tuple(self._inputs), frozenset(self._calls.items()))  # the step's signature
         index = len(self._steps["step"])
         traced, scale = self._tracing, None
         self._reclock = traced
@@ -255,17 +201,17 @@ class Meter:
                 self._trace_failures += 1
                 trace = None
             else:
-                self._known[signature] = trace
-                for k in self._pending.pop(signature, ()):  # earlier steps of this signature get its FLOPs
+                self._known[ran] = trace
+                for k in self._pending.pop(ran, ()):  # earlier steps of this signature get its FLOPs
                     self._steps["trace"][k] = trace
         else:
-            trace = self._known.get(signature)
+            trace = self._known.get(ran)
         can_trace = self._traced_steps < self.max_traces and self._trace_failures < _MAX_TRACE_FAILURES
         new = not traced and trace is None
         if new and can_trace:
-            self._pending.setdefault(signature, []).append(index)
+            self._pending.setdefault(ran, []).append(index)
         elif new:  # past the cap: an unseen signature is not traced, its FLOPs are estimated
-            trace, scale = self._estimate(signature)
+            trace, scale = self._estimate(ran)
         for key, value in zip(self._steps, (index, seconds, tokens, -1 if trace is None else trace, traced, scale)):
             self._steps[key].append(value)
         if new and can_trace and index + 1 >= self.warmup:
@@ -281,23 +227,25 @@ class Meter:
             self._write()
         return self.figures(index)
 
-    def _estimate(self, signature):
+    def _estimate(self, ran):
         """(trace, scale) for a signature never traced: the traced one with the same module calls and the same
         input tensors' ranks and dtypes, nearest in input elements, its FLOPs scaled by the ratio of input
         elements (padded tokens, for token inputs); (-1, None) when none fits."""
-        size, form = _size(signature[0])
+        size, form = input_size(ran[0])
         best = None
         for (inputs, calls), trace in self._known.items():
-            known, known_form = _size(inputs)
-            if calls == signature[1] and known_form == form and known and (best is None or abs(known - size) < abs(best[0] - size)):
+            known, known_form = input_size(inputs)
+            if calls != ran[1] or known_form != form or not known:
+                continue
+            if best is None or abs(known - size) < abs(best[0] - size):  # the first traced wins a tie
                 best = (known, trace)
         return (-1, None) if best is None else (best[1], size / best[0])
 
     def _estimate_pending(self):
         """At close: the steps whose signature was never traced get estimates, as past the cap."""
         try:
-            for signature, steps in self._pending.items():
-                trace, scale = self._estimate(signature)
+            for ran, steps in self._pending.items():
+                trace, scale = self._estimate(ran)
                 for k in steps:
                     self._steps["trace"][k], self._steps["scale"][k] = trace, scale
         except Exception as exc:
@@ -319,7 +267,7 @@ class Meter:
         self._tracing = False
         self._sync = _sync_for(tr._device) if self._use_sync else None
         # by seq, not step: a step that ran nothing leaves the tracer's step number where it was
-        table = pq.read_table(part_paths(tr._writer.directory), columns=_READ,
+        table = pq.read_table(part_paths(tr._writer.directory), columns=READ,
                               filters=[("seq", ">=", self._first_seq), ("seq", "<", self._next_seq())]).to_pydict()
         found = step_flops(table)
         found["trace_steps"] = [min(table["step"]), max(table["step"])] if table["step"] else None
@@ -338,7 +286,8 @@ class Meter:
     def figures(self, index):
         """The figures of step `index` (see `step`)."""
         steps = self._steps
-        seconds, tokens, trace, traced, scale = (steps[k][index] for k in ("step_time_s", "tokens", "trace", "traced", "scale"))
+        keys = ("step_time_s", "tokens", "trace", "traced", "scale")
+        seconds, tokens, trace, traced, scale = (steps[k][index] for k in keys)
         found = self._traces[trace] if trace >= 0 else {}
         model, hardware, peak = found.get("model_flops"), found.get("hardware_flops"), found.get("peak_flops_per_s")
         if scale is not None and model is not None:  # estimated: the optimizer's FLOPs do not scale with the batch

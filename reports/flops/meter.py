@@ -74,7 +74,8 @@ def _rows(run, table):
             "flops_from_step": pd.array([traces[t]["first_step"] if t >= 0 else None for t in trace], dtype="Int64"),
             "flops_estimated": estimated,
             "step_time_s": seconds, "tokens": tokens, "tokens_per_s": tokens / timed,
-            "model_flops": model, "hardware_flops": hardware, "recompute_flops": np.round(per_trace("recompute_flops") * factor),
+            "model_flops": model, "hardware_flops": hardware,
+            "recompute_flops": np.round(per_trace("recompute_flops") * factor),
             "dtype": [traces[t].get("dtype") if t >= 0 else None for t in trace],
             "peak_flops_per_s": peak, "mfu": model / timed / peak, "hfu": hardware / timed / peak,
         }  # fmt: skip
