@@ -5,8 +5,8 @@ the trace, then pauses the tracer (its dispatch mode and hooks come off). Every 
 step costs a clock read at its end (the device synchronised first when the step ran on a
 GPU) and two module hooks that note what the step ran: the shapes and dtypes of every
 tensor in the root module's inputs (positional and keyword, nested in lists, tuples and
-dicts), and how many times each module was called. A step whose signature was
-traced before reuses that trace's FLOPs; a step with a new signature (a new batch or
+dicts), and the modules called, in the order of their first call, with their call counts.
+A step whose signature was traced before reuses that trace's FLOPs; a step with a new signature (a new batch or
 sequence length, a branch taken only sometimes) gets no FLOPs and the next step is traced
 again, once per new signature (a step of that signature seen before its trace gets the
 trace's FLOPs in the stored table), up to `max_traces` traced steps. Past that cap (dynamic
@@ -188,7 +188,7 @@ class Meter:
             warn(f"optrace: meter: could not meter a step ({type(exc).__name__}: {exc}); the program runs on")
 
     def _end_step(self, seconds, tokens, now):
-        ran = (tuple(self._inputs), frozenset(self._calls.items()))  # the step's signature
+        ran = (tuple(self._inputs), tuple(self._calls), tuple(self._calls.values()))  # modules in first-call order
         index = len(self._steps["step"])
         traced, scale = self._tracing, None
         self._reclock = traced
@@ -233,9 +233,9 @@ class Meter:
         elements (padded tokens, for token inputs); (-1, None) when none fits."""
         size, form = input_size(ran[0])
         best = None
-        for (inputs, calls), trace in self._known.items():
+        for (inputs, *calls), trace in self._known.items():
             known, known_form = input_size(inputs)
-            if calls != ran[1] or known_form != form or not known:
+            if calls != list(ran[1:]) or known_form != form or not known:
                 continue
             if best is None or abs(known - size) < abs(best[0] - size):  # the first traced wins a tie
                 best = (known, trace)
