@@ -236,8 +236,21 @@ def test_a_failing_meter_warns_once_and_the_program_runs_on(tmp_path, monkeypatc
     with pytest.warns(UserWarning, match="meter: could not meter a step"):
         losses, figures = run(tmp_path / "broken", [2, 2, 2])
     assert losses == run(tmp_path / "plain", [2, 2, 2], metered=False)[0]
-    assert figures[0] is None
-    assert tracer.read_metadata(tmp_path / "broken")["meter"]["errors"] >= 1
+    assert [f["traced"] for f in figures] == [True, False, True]  # a failed read does not stop re-tracing
+    assert [f["model_flops"] for f in figures] == [None] * 3
+    meta = tracer.read_metadata(tmp_path / "broken")["meter"]
+    assert meta["errors"] == 2 and meta["steps"]["step"] == [0, 1, 2]  # every step stays in the table
+
+
+def test_re_tracing_stops_after_three_failed_reads(tmp_path, monkeypatch):
+    def broken(rows):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(meter_module, "step_flops", broken)
+    with pytest.warns(UserWarning, match="meter: could not meter a step"):
+        _, figures = run(tmp_path / "broken", [2] * 8)
+    # traced, new, traced, new, traced (3 failures), then timed only
+    assert [f["traced"] for f in figures] == [True, False, True, False, True, False, False, False]
 
 
 def test_bad_input_is_one_line():
@@ -245,6 +258,8 @@ def test_bad_input_is_one_line():
         Meter("unused", peak_flops=-1)
     with pytest.raises(TraceError, match=r"Meter: warmup must be an int >= 0 \(steps run before the first trace\), got -2"):
         Meter("unused", warmup=-2)
+    with pytest.raises(TraceError, match=r"Meter: max_traces must be an int >= 1 \(steps traced at most\), got 0"):
+        Meter("unused", max_traces=0)
     with pytest.raises(ReportError, match="meter: expected a trace path or a DataFrame from reports.load, got int"):
         reports.meter(3)
 
@@ -346,6 +361,8 @@ def test_hf_trainer_callback_logs_mfu_for_every_metered_step(tmp_path):
     trainer = transformers.Trainer(model=model, args=args, train_dataset=data, callbacks=[callback])
     trainer.train()
     _check_hf_logs(trainer.state.log_history, tmp_path / "hf")
+    summary = trainer.state.log_history[-1]
+    assert "train_runtime" in summary and "mfu" not in summary  # the summary is no step's log
 
 
 def test_lightning_callback_with_a_stand_in_lightning(tmp_path, monkeypatch):
@@ -386,3 +403,159 @@ def test_lightning_callback_with_a_stand_in_lightning(tmp_path, monkeypatch):
     table = reports.meter(tmp_path / "pl")
     # two micro-batches of 948 · 2, and the second one's gradients added into the first's: 8·16 + 16·4
     assert table["model_flops"].tolist() == [2 * 1896 + 192] * 3
+
+
+def test_keyword_only_and_mapping_inputs_without_model_are_in_the_signature(tmp_path):
+    """No model=: the first module called is the root, and its keyword and mapping inputs count from that call."""
+    from collections import UserDict  # a mapping pytree does not walk, as a Hugging Face BatchEncoding
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(8, 8, bias=False)
+
+        def forward(self, batch=None, *, x=None):
+            return self.fc(x if batch is None else batch["x"]).sum()
+
+    torch.manual_seed(0)
+    net = Net()
+    xs = {b: torch.randn(b, 8) for b in (2, 16)}
+    for name, call in (("kw", lambda b: net(x=xs[b])), ("map", lambda b: net(UserDict(x=xs[b])))):
+        m = Meter(tmp_path / name, peak_flops=PEAK)
+        found = []
+        for b in (2, 2, 16, 16):
+            call(b).backward()
+            net.zero_grad(set_to_none=True)
+            found.append(m.step())
+        m.close()
+        assert [f["traced"] for f in found] == [True, False, False, True]
+        # forward 2·B·8·8 + sum B·8, dW 2·B·8·8: B = 2: 256 + 16 + 256 = 528; B = 16: 2048 + 128 + 2048 = 4224
+        assert [f["model_flops"] for f in found] == [528, 528, None, 4224]
+
+
+def test_the_dtype_rules_are_one_module_both_sides_use():
+    """tracer/rules.py holds the rules; reports/flops (mfu, recompute, roles) and the meter import them."""
+    from reports.flops import mfu, recompute, roles
+    from tracer import meter_flops, rules
+
+    assert roles._ADD_FIRST is rules.ADD_FIRST and recompute.score_share is rules.score_share
+    assert mfu.dtype_rows is rules.dtype_rows and meter_flops.dtype_rows is rules.dtype_rows
+    # no matmul or attention FLOPs: every row with FLOPs decides (a conv net)
+    assert rules.dtype_rows([False, False, False], [0, 7776, 144]).tolist() == [False, True, True]
+    assert rules.dtype_rows([False, True, False], [0, 512, 144]).tolist() == [False, True, False]
+    assert rules.carrying_dtype(["bfloat16", "float32", "bfloat16"], [10, 30, 20]) == "bfloat16"  # 30 each: first seen
+    assert rules.skipped_input("aten.addmm.default", 3) == 1 and rules.skipped_input("aten.addmm.default", 1) == 0
+    # d_qk 8, d_v 8: 2·b·h·s·s·8 of 2·b·h·s·s·(3·8 + 2·8) = 1/5; d_qk 16, d_v 8: 16 / 64 = 1/4
+    assert rules.score_share(4000, [[1], [1, 8], [1, 8], [1, 8]]) == 800
+    assert rules.score_share(6400, [[1], [1, 16], [1, 16], [1, 8]]) == 1600
+
+
+def test_dynamic_padding_traces_at_most_max_traces_steps_and_estimates_the_rest(tmp_path, capsys):
+    """40 steps of 29 distinct sequence lengths (pad-to-longest): 8 steps traced, the other new lengths estimated."""
+    torch.manual_seed(0)
+    net = nn.Linear(8, 4, bias=False)
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    lengths = [3 + i % 29 for i in range(40)]  # 3..31, then 3..13 again
+    m = Meter(tmp_path / "pad", model=net, peak_flops=PEAK)
+    found = []
+    for s in lengths:
+        net(torch.randn(2, s, 8)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+        found.append(m.step())
+    m.close()
+    # a new length is traced the step after it is seen: steps 0, 2, ..., 14 (lengths 3, 5, ..., 17), then the cap
+    assert [f["step"] for f in found if f["traced"]] == [0, 2, 4, 6, 8, 10, 12, 14]
+    assert [f["flops_estimated"] for f in found[13:17]] == [False, False, True, True]
+    # forward 2·(2·s)·8·4 + sum 2·s·4, dW 2·(2·s)·8·4: 264·s, linear in s, so the estimates are exact
+    # (length 18 from 17's trace: 4,488 · (2·18·8) / (2·17·8) = 4,752 = 264 · 18); SGD's add_ 8·4 = 32, not scaled
+    assert found[15]["model_flops"] == 4752 and found[15]["hardware_flops"] == 4752 + 32
+    table = reports.meter(tmp_path / "pad")
+    assert table["model_flops"].tolist() == [264 * s for s in lengths]
+    assert table["hardware_flops"].tolist() == [264 * s + 32 for s in lengths]
+    # estimated: the 7 lengths seen before the cap and never traced (steps 1, 3, ..., 13; at close), the 14 new ones
+    # past it (steps 15..28: 18..31) and the 5 untraced among 3..13 seen again (4, 6, 8, 10, 12): 7 + 14 + 5 = 26
+    assert int(table["flops_estimated"].sum()) == 26
+    assert table.loc[table["flops_estimated"], "step"].tolist() == [*range(1, 14, 2), *range(15, 29), *range(30, 40, 2)]
+    optrace(["report", str(tmp_path / "pad"), "--json"])
+    summary = json.loads(capsys.readouterr().out)["meter"]
+    assert (summary["estimated_flops_steps"], summary["unknown_flops_steps"], len(summary["traced_steps"])) == (26, 0, 8)
+    optrace(["report", str(tmp_path / "pad")])
+    assert "26 steps have ESTIMATED FLOPs and MFU" in capsys.readouterr().out
+
+
+def test_no_traced_signature_fits_no_estimate(tmp_path):
+    """Past the cap, a signature with other modules called (a branch) has no traced one to scale: no FLOPs."""
+    _, figures = run(tmp_path / "cap", [2, 2, 2], [False, True, True], max_traces=1)
+    assert [f["traced"] for f in figures] == [True, False, False]
+    assert [f["model_flops"] for f in figures] == [1896, None, None]  # 948 · 2; the branch's never traced
+    assert [f["flops_estimated"] for f in figures] == [False, False, False]
+
+
+def test_a_run_that_crashes_is_closed_incomplete_at_exit(tmp_path):
+    """A Meter never closed: the exit handler writes the table, and an unhandled exception marks the trace incomplete."""
+    code = (
+        "import torch; from tracer.meter import Meter\n"
+        "torch.manual_seed(0); net = torch.nn.Linear(4, 2, bias=False)\n"
+        f"m = Meter({str(tmp_path / 'x')!r}, model=net, peak_flops=1e9)\n"
+        "for _ in range(2):\n"
+        "    net(torch.ones(1, 4)).sum().backward(); net.zero_grad(); m.step()\n"
+        "raise RuntimeError('boom')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=str(tmp_path),
+                          env={"PYTHONPATH": str(meter_module.__file__.rsplit("/tracer/", 1)[0])})
+    assert done.returncode == 1 and "RuntimeError: boom" in done.stderr
+    meta = tracer.read_metadata(tmp_path / "x")
+    assert meta["complete"] is False and meta["error"] == "RuntimeError: boom"  # the exit handler closed it
+    # forward 2·1·4·2 + sum 2, dW 2·1·4·2: 34 per step, both steps in the table
+    assert reports.meter(tmp_path / "x")["model_flops"].tolist() == [34, 34]
+
+
+def test_hf_callback_logs_each_metered_step_once(tmp_path):
+    """Logs every 2 steps, an evaluation log and the train summary: figures only in a log with a step metered since
+    the previous log, those of the last such step."""
+    transformers = pytest.importorskip("transformers")
+    from transformers.trainer_callback import CallbackHandler, TrainerControl, TrainerState
+
+    from tracer.meter_callbacks import MeterCallback
+
+    model, ids = _tiny_gpt2(transformers)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    callback = MeterCallback(tmp_path / "hf", tokens=16, peak_flops=PEAK)
+    handler = CallbackHandler([callback], model, None, opt, None)
+    args, state, control = None, TrainerState(), TrainerControl()
+    control = handler.on_train_begin(args, state, control)
+    logs = []
+
+    def log(entry):
+        logs.append(entry)
+        handler.on_log(args, state, control, logs=entry)
+
+    for batch in ids.split(2):  # 4 steps
+        control = handler.on_step_begin(args, state, control)
+        model(input_ids=batch, labels=batch).loss.backward()
+        opt.step()
+        opt.zero_grad()
+        state.global_step += 1
+        control = handler.on_step_end(args, state, control)
+        if state.global_step % 2 == 0:
+            log({"loss": 1.0})
+            log({"eval_loss": 1.0})  # the same step again: nothing metered since
+    log({"train_runtime": 1.0})
+    handler.on_train_end(args, state, control)
+    mfu = reports.meter(tmp_path / "hf")["mfu"].tolist()  # step 0 traced: NaN
+    # step 2's log: meter steps 0 (traced) and 1 ran since the start, so step 1's figures; step 4's: step 3's
+    assert [entry.get("mfu") for entry in logs] == [mfu[1], None, mfu[3], None, None]
+
+
+def test_the_exit_handler_closes_a_run_that_ended_normally_complete(tmp_path, monkeypatch):
+    for name in ("last_exc", "last_value"):  # no unhandled exception
+        monkeypatch.delattr(sys, name, raising=False)
+    net = nn.Linear(4, 2, bias=False)
+    m = Meter(tmp_path / "ok", model=net, peak_flops=PEAK)
+    net(torch.ones(1, 4)).sum().backward()
+    m.step()
+    m._at_exit()
+    meta = tracer.read_metadata(tmp_path / "ok")
+    assert meta["complete"] is True and "error" not in meta
+    assert meta["meter"]["traces"][0]["model_flops"] == 34  # forward 2·1·4·2 + sum 2, dW 2·1·4·2

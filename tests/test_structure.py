@@ -145,8 +145,9 @@ def test_tracer_and_reports_meet_only_at_the_schema():
     graph = _without_front_doors(_graph())
     into_reports = sorted(f"{n} -> {t}" for n, e in graph.items() if n.startswith("tracer") for t in e if t.startswith("reports"))
     into_tracer = sorted({t for n, e in graph.items() if n.startswith("reports") for t in e if t.startswith("tracer")})
-    # tracer.peaks: the peak FLOP/s table, pure data, shared with the tracer's run-time meter (tracer/meter.py)
-    assert into_reports == [] and into_tracer == ["tracer.peaks", "tracer.schema"]
+    # tracer.peaks: the peak FLOP/s table, pure data, shared with the tracer's run-time meter (tracer/meter.py);
+    # tracer.rules: the counting rules both apply (add-first ops, the run's dtype, attention's score recomputation)
+    assert into_reports == [] and into_tracer == ["tracer.peaks", "tracer.rules", "tracer.schema"]
 
 
 def test_no_reports_module_imports_torch():

@@ -3,12 +3,15 @@
 `Meter` traces the first step fully with a `Tracer`, reads that step's FLOPs back from
 the trace, then pauses the tracer (its dispatch mode and hooks come off). Every later
 step costs a clock read at its end (the device synchronised first when the step ran on a
-GPU) and two forward pre-hooks that note what the step ran: the shapes and dtypes of the
-root module's tensor inputs, and the set of modules called. A step whose signature was
-traced before reuses that trace's FLOPs; a step with a new signature (a new batch or
+GPU) and two module hooks that note what the step ran: the shapes and dtypes of every
+tensor in the root module's inputs (positional and keyword, nested in lists, tuples and
+dicts), and the modules called, in the order of their first call, with their call counts.
+A step whose signature was traced before reuses that trace's FLOPs; a step with a new signature (a new batch or
 sequence length, a branch taken only sometimes) gets no FLOPs and the next step is traced
 again, once per new signature (a step of that signature seen before its trace gets the
-trace's FLOPs in the stored table).
+trace's FLOPs in the stored table), up to `max_traces` traced steps. Past that cap (dynamic
+padding: a new length nearly every step) a new signature is not traced: its FLOPs are the
+nearest traced signature's scaled by input elements, flagged `flops_estimated` (see _estimate).
 
   model FLOPs     forward + backward FLOPs of the traced step, less what activation
                   checkpointing re-ran (rows flagged `recompute`) and the score
@@ -30,16 +33,17 @@ costs about 40 bytes a step), and at close.
 """
 
 import atexit
+import sys
 import threading
 import time
 
-import numpy as np
 import pyarrow.parquet as pq
 import torch
 from torch.nn.modules.module import register_module_forward_pre_hook
 
 from tracer.device import cuda_in_use, sync_all_cuda
 from tracer.errors import TraceError
+from tracer.meter_flops import READ, input_size, signature, step_flops
 from tracer.mode import Tracer
 from tracer.peaks import lookup, normalize_dtype
 from tracer.safety import warn
@@ -47,8 +51,7 @@ from tracer.schema import part_paths
 
 __all__ = ["Meter"]
 
-_READ = ["step", "op", "phase", "flops", "flop_kind", "recompute", "input_shapes", "input_dtypes"]
-_ADD_FIRST = frozenset("addmm addmv addr baddbmm addbmm".split())  # inputs added, not multiplied: the first
+_MAX_TRACE_FAILURES = 3  # traced steps whose FLOPs could not be read before the meter stops re-tracing
 _FIRST_WRITE_S = 60.0  # the table is written 60 s into the run, then each time the run has doubled its age
 
 
@@ -59,48 +62,6 @@ def _sync_for(device):
     if cuda_in_use():  # the model is on another device, but the step queued CUDA work
         return sync_all_cuda
     return None
-
-
-def _signature(args, kwargs=None):
-    """Shapes and dtypes of the tensors among `args` and `kwargs` values (one list level deep)."""
-    sig = []
-    for value in (*args, *(kwargs.values() if kwargs else ())):
-        if isinstance(value, torch.Tensor):
-            sig.append((value.shape, value.dtype))
-        elif isinstance(value, (list, tuple)):
-            sig.append(tuple((v.shape, v.dtype) for v in value if isinstance(v, torch.Tensor)))
-    return tuple(sig)
-
-
-def step_flops(rows):
-    """{model_flops, hardware_flops, recompute_flops, dtype} of the rows of a traced step (a dict of
-    column lists as pyarrow's to_pydict gives them). See the module docstring."""
-    flops = np.asarray(rows["flops"], dtype=np.int64)
-    again = np.asarray([bool(r) for r in rows["recompute"]])
-    phase = rows["phase"]
-    training = np.asarray([p in ("forward", "backward") for p in phase]) & ~again
-    scores = 0  # fused attention backward: 2·b·h·s_q·s_k·(3·d_qk + 2·d_v), of which 2·b·h·s_q·s_k·d_qk redo q @ kᵀ
-    dtypes = {}
-    for i, kind in enumerate(rows["flop_kind"]):
-        if kind not in ("matmul", "attention") or not flops[i]:
-            continue
-        shapes, names = rows["input_shapes"][i], rows["input_dtypes"][i]
-        if kind == "attention" and phase[i] == "backward" and not again[i]:
-            try:
-                d_qk, d_v = int(shapes[1][-1]), int(shapes[3][-1])
-                scores += int(flops[i]) * d_qk // (3 * d_qk + 2 * d_v)
-            except (TypeError, IndexError, ValueError, ZeroDivisionError):
-                scores += int(flops[i]) // 5
-        first = 1 if rows["op"][i].split(".")[1].rstrip("_") in _ADD_FIRST else 0
-        if names:
-            name = names[first if first < len(names) else 0]
-            dtypes[name] = dtypes.get(name, 0) + int(flops[i])
-    return {
-        "model_flops": int(flops[training].sum()) - scores,
-        "hardware_flops": int(flops.sum()),
-        "recompute_flops": int(flops[again].sum()) + scores,
-        "dtype": max(dtypes, key=dtypes.get) if dtypes else None,  # the first dtype seen wins a tie
-    }
 
 
 def _ratio(num, den):
@@ -124,9 +85,12 @@ class Meter:
     One Meter (like one Tracer) is active per process, from its making to `close()`.
     Bookkeeping failures become a warning and a count (`errors`); the program runs on."""
 
-    def __init__(self, path, *, model=None, tokens=None, peak_flops=None, warmup=0, sync=True, **tracer_kwargs):
+    def __init__(self, path, *, model=None, tokens=None, peak_flops=None, warmup=0, max_traces=8, sync=True,
+                 **tracer_kwargs):
         if not isinstance(warmup, int) or isinstance(warmup, bool) or warmup < 0:
             raise TraceError(f"Meter: warmup must be an int >= 0 (steps run before the first trace), got {warmup!r}")
+        if not isinstance(max_traces, int) or isinstance(max_traces, bool) or max_traces < 1:
+            raise TraceError(f"Meter: max_traces must be an int >= 1 (steps traced at most), got {max_traces!r}")
         if peak_flops is not None and (isinstance(peak_flops, bool) or not isinstance(peak_flops, (int, float))
                                        or not peak_flops > 0):
             raise TraceError(f"Meter: peak_flops must be FLOP/s > 0 or None, got {peak_flops!r}")
@@ -136,9 +100,10 @@ class Meter:
         self._thread = threading.get_ident()
         self._traces = []  # per traced step: its FLOPs, dtype and peak
         self._known = {}  # signature -> index in _traces
-        self._steps = {"step": [], "step_time_s": [], "tokens": [], "trace": [], "traced": []}
+        self._steps = {"step": [], "step_time_s": [], "tokens": [], "trace": [], "traced": [], "scale": []}
+        self.max_traces, self._traced_steps = max_traces, 0
         self._pending = {}  # signature -> steps that ran with it before its trace
-        self._modules, self._inputs = set(), []
+        self._calls, self._inputs = {}, []  # id(module) -> calls this step; the root's input signatures
         self._next_write, self._closed, self._sync, self._use_sync = _FIRST_WRITE_S, False, None, sync
         self._handles = []
         self._install_hooks()
@@ -148,28 +113,33 @@ class Meter:
             self._remove_hooks()
             raise
         self.warmup = warmup
-        self._tracing, self._first_row_step, self._reclock = True, 0, False
+        self._tracing, self._reclock, self._trace_failures = True, False, 0
+        self._first_seq = self._next_seq()  # the traced step's rows: from here to the pause
         if warmup:  # the first steps run untraced (compilation, autotuning, lazy state): timed, FLOPs from a later trace
             self._tracer._pause()
             self._tracing = False
             self._sync = _sync_for(self._tracer._device) if sync else None
         self._begins = self._retrace = False  # begin() has been called; a trace waits for the next begin()
         self._began = self._started = time.perf_counter()
-        atexit.register(self.close)  # a loop that never calls close() still gets its table written
+        atexit.register(self._at_exit)  # a loop that never calls close() still gets its table written
 
     # hooks: what the step ran ---------------------------------------------------------
     def _seen(self, module, args):
         if threading.get_ident() != self._thread:
             return
-        self._modules.add(id(module))
-        if self._root is None:  # no model=: the first module called is the root
+        key = id(module)
+        self._calls[key] = self._calls.get(key, 0) + 1
+        if self._root is None:  # no model=: the first module called is the root; its hook runs for this call too
             self._root = module
-        if module is self._root and not self._root_hooked:  # kwargs are seen by the root's own hook only
-            self._inputs.append(_signature(args))
+            self._hook_root()
 
-    def _root_inputs(self, module, args, kwargs):
+    def _root_inputs(self, module, args, kwargs, output):
+        """The root's forward hook (after its forward: one registered in a pre-hook runs for the same call)."""
         if threading.get_ident() == self._thread:
-            self._inputs.append(_signature(args, kwargs))
+            try:
+                self._inputs.append(signature(args, kwargs))
+            except Exception as exc:  # an input pytree cannot walk: the step keeps the signature it has
+                self._failed(exc)
 
     # the step boundary ------------------------------------------------------------------
     def _clock(self):
@@ -187,11 +157,11 @@ class Meter:
         if self._retrace:  # a step traced from here: what ran between steps stays out of its FLOPs
             self._retrace = False
             try:
-                self._tracer._resume()
+                self._resume()
                 self._tracing = True
             except Exception as exc:
                 self._failed(exc)
-        self._modules.clear()
+        self._calls.clear()
         self._inputs.clear()
         self._began = self._clock()
 
@@ -207,7 +177,7 @@ class Meter:
             self._failed(exc)
             return None
         finally:  # the next step starts now (after a trace or a table write: once that work is done)
-            self._modules.clear()
+            self._calls.clear()
             self._inputs.clear()
             self._began = self._clock() if self._reclock else now
             self._reclock = False
@@ -218,27 +188,38 @@ class Meter:
             warn(f"optrace: meter: could not meter a step ({type(exc).__name__}: {exc}); the program runs on")
 
     def _end_step(self, seconds, tokens, now):
-        signature = (tuple(self._inputs), frozenset(self._modules))
+        ran = (tuple(self._inputs), tuple(self._calls), tuple(self._calls.values()))  # modules in first-call order
         index = len(self._steps["step"])
-        traced = self._tracing
+        traced, scale = self._tracing, None
         self._reclock = traced
         if traced:
-            trace = self._read_trace()
-            self._known[signature] = trace
-            for k in self._pending.pop(signature, ()):  # earlier steps of this signature get its FLOPs
-                self._steps["trace"][k] = trace
+            self._traced_steps += 1
+            try:
+                trace = self._read_trace()
+            except Exception as exc:  # the step stays in the table without FLOPs; its signature may be traced again
+                self._failed(exc)
+                self._trace_failures += 1
+                trace = None
+            else:
+                self._known[ran] = trace
+                for k in self._pending.pop(ran, ()):  # earlier steps of this signature get its FLOPs
+                    self._steps["trace"][k] = trace
         else:
-            trace = self._known.get(signature)
-            if trace is None:
-                self._pending.setdefault(signature, []).append(index)
-        for key, value in zip(self._steps, (index, seconds, tokens, -1 if trace is None else trace, traced)):
+            trace = self._known.get(ran)
+        can_trace = self._traced_steps < self.max_traces and self._trace_failures < _MAX_TRACE_FAILURES
+        new = not traced and trace is None
+        if new and can_trace:
+            self._pending.setdefault(ran, []).append(index)
+        elif new:  # past the cap: an unseen signature is not traced, its FLOPs are estimated
+            trace, scale = self._estimate(ran)
+        for key, value in zip(self._steps, (index, seconds, tokens, -1 if trace is None else trace, traced, scale)):
             self._steps[key].append(value)
-        if not traced and trace is None and not self.errors and index + 1 >= self.warmup:  # new: trace the next step
-            self._reclock = True  # (after a failure, never again: the meter goes on timing steps)
+        if new and can_trace and index + 1 >= self.warmup:
+            self._reclock = True  # new: trace the next step
             if self._begins:  # at the next begin()
                 self._retrace = True
             else:
-                self._tracer._resume()
+                self._resume()
                 self._tracing = True
         elif not traced and now - self._started >= self._next_write:
             self._next_write = 2 * (now - self._started)
@@ -246,20 +227,50 @@ class Meter:
             self._write()
         return self.figures(index)
 
+    def _estimate(self, ran):
+        """(trace, scale) for a signature never traced: the traced one with the same module calls and the same
+        input tensors' ranks and dtypes, nearest in input elements, its FLOPs scaled by the ratio of input
+        elements (padded tokens, for token inputs); (-1, None) when none fits."""
+        size, form = input_size(ran[0])
+        best = None
+        for (inputs, *calls), trace in self._known.items():
+            known, known_form = input_size(inputs)
+            if calls != list(ran[1:]) or known_form != form or not known:
+                continue
+            if best is None or abs(known - size) < abs(best[0] - size):  # the first traced wins a tie
+                best = (known, trace)
+        return (-1, None) if best is None else (best[1], size / best[0])
+
+    def _estimate_pending(self):
+        """At close: the steps whose signature was never traced get estimates, as past the cap."""
+        try:
+            for ran, steps in self._pending.items():
+                trace, scale = self._estimate(ran)
+                for k in steps:
+                    self._steps["trace"][k], self._steps["scale"][k] = trace, scale
+        except Exception as exc:
+            self._failed(exc)
+
+    def _next_seq(self):
+        rows = self._tracer._rows
+        return rows.first_seq + len(rows)
+
+    def _resume(self):
+        self._first_seq = self._next_seq()
+        self._tracer._resume()
+
     def _read_trace(self):
         """Pause the tracer after a traced step and read that step's FLOPs back from its parts."""
         tr = self._tracer
-        last = tr.current_step
         tr._meta["meter"] = self.table()
         tr._pause()
         self._tracing = False
         self._sync = _sync_for(tr._device) if self._use_sync else None
-        first = self._first_row_step
-        self._first_row_step = last + 1
-        table = pq.read_table(part_paths(tr._writer.directory), columns=_READ,
-                              filters=[("step", ">=", first), ("step", "<=", last)])
-        found = step_flops(table.to_pydict())
-        found["trace_steps"] = [first, last]
+        # by seq, not step: a step that ran nothing leaves the tracer's step number where it was
+        table = pq.read_table(part_paths(tr._writer.directory), columns=READ,
+                              filters=[("seq", ">=", self._first_seq), ("seq", "<", self._next_seq())]).to_pydict()
+        found = step_flops(table)
+        found["trace_steps"] = [min(table["step"]), max(table["step"])] if table["step"] else None
         found["first_step"] = len(self._steps["step"])
         dtype = found["dtype"]
         if self.peak_flops is not None:
@@ -275,23 +286,29 @@ class Meter:
     def figures(self, index):
         """The figures of step `index` (see `step`)."""
         steps = self._steps
-        seconds, tokens, trace, traced = (steps[key][index] for key in ("step_time_s", "tokens", "trace", "traced"))
+        keys = ("step_time_s", "tokens", "trace", "traced", "scale")
+        seconds, tokens, trace, traced, scale = (steps[k][index] for k in keys)
         found = self._traces[trace] if trace >= 0 else {}
         model, hardware, peak = found.get("model_flops"), found.get("hardware_flops"), found.get("peak_flops_per_s")
+        if scale is not None and model is not None:  # estimated: the optimizer's FLOPs do not scale with the batch
+            optimizer = found["optimizer_flops"]
+            model, hardware = round(model * scale), round((hardware - optimizer) * scale + optimizer)
         timed = None if traced else seconds  # traced time is not step time
         return {
             "step": index, "traced": traced, "step_time_s": seconds, "tokens": tokens,
             "tokens_per_s": _ratio(tokens, timed), "model_flops": model, "hardware_flops": hardware,
+            "flops_estimated": scale is not None,
             "mfu": _ratio(_ratio(model, timed), peak), "hfu": _ratio(_ratio(hardware, timed), peak),
         }  # fmt: skip
 
     def table(self):
         """The run metadata's `meter`: {traces: [per traced step: model_flops, hardware_flops,
-        recompute_flops, dtype, peak_flops_per_s, peak_source, trace_steps (its steps in the trace),
-        first_step], steps: {step, step_time_s, tokens, trace (index into traces, -1: FLOPs unknown),
-        traced: column lists}, errors}."""
+        recompute_flops, optimizer_flops, dtype, peak_flops_per_s, peak_source, trace_steps (its steps in the
+        trace), first_step], steps: {step, step_time_s, tokens, trace (index into traces, -1: FLOPs unknown),
+        traced, scale (null, or the factor an estimate scales the trace's FLOPs by): column lists},
+        max_traces, errors}."""
         return {"traces": [dict(t) for t in self._traces], "steps": {k: list(v) for k, v in self._steps.items()},
-                "errors": self.errors}
+                "max_traces": self.max_traces, "errors": self.errors}
 
     def _write(self):
         """Write the table now (one metadata-only part)."""
@@ -301,9 +318,11 @@ class Meter:
     # hooks on and off (benchmarks/meter.py times steps without them in the same run) ---------
     def _install_hooks(self):
         self._handles.append(register_module_forward_pre_hook(self._seen))
-        self._root_hooked = self._root is not None
-        if self._root_hooked:
-            self._handles.append(self._root.register_forward_pre_hook(self._root_inputs, with_kwargs=True))
+        if self._root is not None:
+            self._hook_root()
+
+    def _hook_root(self):
+        self._handles.append(self._root.register_forward_hook(self._root_inputs, with_kwargs=True))
 
     def _remove_hooks(self):
         for handle in self._handles:
@@ -316,15 +335,23 @@ class Meter:
         if self._closed:
             return
         self._closed = True
-        atexit.unregister(self.close)
+        atexit.unregister(self._at_exit)
         self._remove_hooks()
         tr = self._tracer
         try:
+            self._estimate_pending()
             tr._meta["meter"] = self.table()
             if not self._tracing:
                 tr._resume()
         finally:
             tr.__exit__(type(exc) if exc is not None else None, exc, None)
+
+    def _at_exit(self):
+        """Close at the interpreter's exit; after an unhandled exception (Python sets sys.last_exc, before 3.12
+        sys.last_value, before the exit handlers run) the trace is marked incomplete with its error, as a
+        `with Tracer` block that raised."""
+        exc = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
+        self.close(exc if isinstance(exc, BaseException) else None)
 
     def __enter__(self):
         return self

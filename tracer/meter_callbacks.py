@@ -39,8 +39,10 @@ class MeterCallback(_TrainerCallback):
     tokens  tokens per optimizer step; default: the step's growth of the Trainer's
             `num_input_tokens_seen` (TrainingArguments(include_num_input_tokens_seen=...)), else unknown.
     Other keywords (peak_flops=, run_name=, ...) go to the Meter. `meter` is the Meter while training runs.
-    The figures go into the logs of every `on_log` after the step (and into `state.log_history`),
-    so loggers called after this callback (the printer, callbacks added later) see them."""
+    The figures of the last step metered since the previous log go into the next `on_log`'s logs (and
+    into `state.log_history`), so loggers called after this callback (the printer, callbacks added later)
+    see them; a log with no step metered since the previous one (a second log of the step, an evaluation)
+    and the train summary (`train_runtime`) get none."""
 
     def __init__(self, path, *, tokens=None, **meter_kwargs):
         self.path, self.tokens, self.meter_kwargs = path, tokens, meter_kwargs
@@ -61,15 +63,18 @@ class MeterCallback(_TrainerCallback):
         seen = getattr(state, "num_input_tokens_seen", None)
         if self.tokens is None and isinstance(seen, int) and isinstance(self._seen, int) and seen > self._seen:
             tokens = seen - self._seen
-        self._figures = logged(self.meter.step(tokens))
+        figures = logged(self.meter.step(tokens))
+        if figures:  # a traced step logs nothing and keeps the figures of a step metered before it
+            self._figures = figures
 
     def on_log(self, args, state, control, logs=None, **kwargs):
-        if not self._figures or logs is None:
+        if not self._figures or logs is None or "train_runtime" in logs:
             return
-        logs.update(self._figures)
+        figures, self._figures = self._figures, None  # each metered step's figures go into one log
+        logs.update(figures)
         history = getattr(state, "log_history", None)
         if history and history[-1].get("step") == state.global_step:
-            history[-1].update(self._figures)
+            history[-1].update(figures)
 
     def on_train_end(self, args, state, control, **kwargs):
         if self.meter is not None:

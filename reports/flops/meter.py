@@ -4,8 +4,10 @@ A `Meter` traces one step per signature (input shapes and dtypes, modules run) a
 every step; the run metadata's `meter` holds the traced steps' FLOPs and every step's time.
 MFU here is reports.mfu's definition applied to each step: model FLOPs (no recomputation)
 / the step's wall time / the dense peak for the dtype carrying most matmul FLOPs. A traced
-step's time is traced time, so it has no MFU; a step whose signature was never traced has
-no FLOPs (both NaN, never a guess).
+step's time is traced time, so it has no MFU. A step whose signature was never traced has
+no FLOPs (NaN), unless the Meter estimated them (past its `max_traces` cap, or at close): the
+nearest traced signature's FLOPs scaled by the ratio of input elements, optimizer FLOPs
+unscaled, flagged `flops_estimated` and counted in the report.
 """
 
 import os
@@ -19,7 +21,8 @@ from tracer.schema import read_metadata
 __all__ = ["COLUMNS", "meter", "meter_summary"]
 
 _OUT = {
-    "run": object, "step": "int64", "traced": bool, "flops_from_step": "Int64", "step_time_s": "float64",
+    "run": object, "step": "int64", "traced": bool, "flops_from_step": "Int64", "flops_estimated": bool,
+    "step_time_s": "float64",
     "tokens": "float64", "tokens_per_s": "float64", "model_flops": "float64", "hardware_flops": "float64",
     "recompute_flops": "float64", "dtype": object, "peak_flops_per_s": "float64", "mfu": "float64", "hfu": "float64",
 }  # fmt: skip
@@ -58,13 +61,21 @@ def _rows(run, table):
     seconds = np.asarray(steps.get("step_time_s") or [], dtype=np.float64)
     timed = np.where(traced, np.nan, seconds)  # traced time is not step time
     tokens = np.asarray([np.nan if t is None else t for t in steps.get("tokens") or []], dtype=np.float64)
-    model, hardware, peak = per_trace("model_flops"), per_trace("hardware_flops"), per_trace("peak_flops_per_s")
+    scale = np.asarray([np.nan if v is None else v for v in steps.get("scale") or [None] * n], dtype=np.float64)
+    estimated = ~np.isnan(scale)
+    factor = np.where(estimated, scale, 1.0)
+    optimizer = np.where(estimated, np.nan_to_num(per_trace("optimizer_flops")), 0.0)  # not scaled with the batch
+    model = np.round(per_trace("model_flops") * factor)  # as the Meter rounds its figures
+    hardware = np.round((per_trace("hardware_flops") - optimizer) * factor + optimizer)
+    peak = per_trace("peak_flops_per_s")
     with np.errstate(divide="ignore", invalid="ignore"):
         frame = {
             "run": [run] * n, "step": steps.get("step") or [], "traced": traced,
             "flops_from_step": pd.array([traces[t]["first_step"] if t >= 0 else None for t in trace], dtype="Int64"),
+            "flops_estimated": estimated,
             "step_time_s": seconds, "tokens": tokens, "tokens_per_s": tokens / timed,
-            "model_flops": model, "hardware_flops": hardware, "recompute_flops": per_trace("recompute_flops"),
+            "model_flops": model, "hardware_flops": hardware,
+            "recompute_flops": np.round(per_trace("recompute_flops") * factor),
             "dtype": [traces[t].get("dtype") if t >= 0 else None for t in trace],
             "peak_flops_per_s": peak, "mfu": model / timed / peak, "hfu": hardware / timed / peak,
         }  # fmt: skip
@@ -73,8 +84,9 @@ def _rows(run, table):
 
 def meter(source):
     """One row per metered step of every run: step, traced, flops_from_step (the first step of the
-    trace its FLOPs come from), step_time_s, tokens, tokens_per_s, model_flops, hardware_flops,
-    recompute_flops, dtype, peak_flops_per_s, mfu, hfu. `source`: a trace path or a DataFrame from
+    trace its FLOPs come from), flops_estimated (scaled from that trace, see the module docstring),
+    step_time_s, tokens, tokens_per_s, model_flops, hardware_flops, recompute_flops, dtype,
+    peak_flops_per_s, mfu, hfu. `source`: a trace path or a DataFrame from
     reports.load. Empty (typed) for a trace without a Meter table."""
     frames = [_rows(run, meta["meter"]) for run, meta in _runs(source).items() if isinstance(meta.get("meter"), dict)]
     if not frames:
@@ -84,7 +96,8 @@ def meter(source):
 
 def meter_summary(source):
     """The meter section of the report (`optrace report`, `--json`): None without a Meter table, else
-    {steps, traced_steps, unknown_flops_steps, metered_steps, step_time_s, tokens_per_s, mfu, hfu} with
+    {steps, traced_steps, unknown_flops_steps, estimated_flops_steps, metered_steps, step_time_s, tokens_per_s,
+    mfu, hfu} with
     each figure's median, min and max over the metered steps that have it."""
     table = meter(source)
     if not len(table):
@@ -99,7 +112,8 @@ def meter_summary(source):
 
     return {
         "steps": len(table), "traced_steps": [int(s) for s in table.loc[table["traced"], "step"]],
-        "unknown_flops_steps": int(table["model_flops"].isna().sum()), "metered_steps": len(metered),
+        "unknown_flops_steps": int(table["model_flops"].isna().sum()),
+        "estimated_flops_steps": int(table["flops_estimated"].sum()), "metered_steps": len(metered),
         "step_time_s": spread("step_time_s"), "tokens_per_s": spread("tokens_per_s"),
         "mfu": spread("mfu"), "hfu": spread("hfu"),
     }  # fmt: skip

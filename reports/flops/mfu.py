@@ -49,6 +49,7 @@ from reports.loading.columns import cell_lists, flat, packets
 from reports.loading.load import require, runs_of
 from reports.steps import count_steps, per_step
 from reports.tables import split_runs
+from tracer.rules import DTYPE_KINDS, carrying_dtype, dtype_rows
 
 __all__ = ["COLUMNS", "mfu"]
 
@@ -78,14 +79,12 @@ def _per_run(value, run, what):
 
 
 def matmul_dtype(rows):
-    """The dtype carrying most matmul + attention FLOPs in these rows (None if there are none).
+    """The dtype carrying most matmul + attention FLOPs in these rows, else most FLOPs (None if there are none).
 
-    A row's dtype is that of its first multiplied operand (addmm's bias skipped)."""
+    A row's dtype is that of its first multiplied operand (addmm's bias skipped). The rules are
+    tracer/rules.py's, which the run-time meter applies too."""
     flops = rows["flops"].to_numpy()
-    pick = rows["flop_kind"].isin(("matmul", "attention")).to_numpy() & (flops > 0)
-    if not pick.any():
-        pick = flops > 0
-    at = np.flatnonzero(pick)
+    at = np.flatnonzero(dtype_rows(rows["flop_kind"].isin(DTYPE_KINDS).to_numpy(), flops))
     offsets, names = flat(cell_lists(rows, "input_dtypes", at, pa.string()), pa.string())
     count = np.diff(offsets)
     first = skipped_inputs(packets(rows["op"].iloc[at]))  # addmm's bias is not multiplied
@@ -93,10 +92,7 @@ def matmul_dtype(rows):
     ok = count > 0
     if not ok.any():
         return None
-    codes, found = pd.factorize(pd.Series(names[offsets[:-1][ok] + first[ok]], dtype=object).map(str))
-    totals = np.zeros(len(found), dtype=np.float64)  # float64: an int64 sum of a 405B model's FLOPs wraps
-    np.add.at(totals, codes, flops[at][ok].astype(np.float64))
-    return str(found[int(np.argmax(totals))])  # the first dtype seen wins a tie
+    return carrying_dtype(pd.Series(names[offsets[:-1][ok] + first[ok]], dtype=object).map(str), flops[at][ok])
 
 
 def _ratio(num, den):

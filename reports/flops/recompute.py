@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 
 from reports.loading.columns import cell_objects, has_column
+from tracer.rules import score_share
 
 __all__ = ["attention_recompute", "checkpoint_recompute"]
 
@@ -21,15 +22,6 @@ def checkpoint_recompute(rows):
     if "recompute" not in rows:
         return pd.Series(False, index=rows.index)
     return rows["recompute"].astype("boolean").fillna(False).astype(bool)
-
-
-def _score_share(flops, shapes):
-    """FLOPs of one fused attention backward row that recompute the scores."""
-    try:
-        d_qk, d_v = int(shapes[1][-1]), int(shapes[3][-1])
-        return flops * d_qk // (3 * d_qk + 2 * d_v)
-    except (TypeError, IndexError, ValueError, ZeroDivisionError):
-        return flops // 5  # d_qk == d_v: one of five score-sized matmuls
 
 
 def attention_recompute(rows):
@@ -47,5 +39,5 @@ def attention_recompute(rows):
         return out
     at = np.flatnonzero(bwd.to_numpy())
     shapes = cell_objects(rows, "input_shapes", at) if has_column(rows, "input_shapes") else [None] * len(at)
-    out[bwd] = [_score_share(int(f), s) for f, s in zip(rows.loc[bwd, "flops"], shapes)]
+    out[bwd] = [score_share(int(f), s) for f, s in zip(rows.loc[bwd, "flops"], shapes)]  # tracer/rules.py, shared with the meter
     return out

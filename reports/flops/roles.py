@@ -43,11 +43,8 @@ __all__ = ["CATEGORIES", "Roles", "operands", "skipped_inputs"]
 CATEGORIES = ("weight_matmul", "external_weight", "attention", "other")
 EXTERNAL_ROLE = "external_parameter"
 
-# Ops whose first tensor input is added to the product, not multiplied (bias + a @ b).
-_ADD_FIRST = frozenset(
-    "aten.addmm aten.addmm_ aten.addmv aten.addmv_ aten.addr aten.addr_ "
-    "aten.baddbmm aten.baddbmm_ aten.addbmm aten.addbmm_".split()
-)
+from tracer.rules import ADD_FIRST as _ADD_FIRST  # ops whose first tensor input is added, not multiplied (bias + a @ b)
+
 _ADDS = frozenset({"aten.add", "aten.add_"})
 _NO_PARAM = -1
 _NO_ID = np.iinfo(np.int64).min  # no storage: a matmul row with fewer than two inputs

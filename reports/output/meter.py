@@ -26,3 +26,6 @@ def print_meter(df, out):
     if found["unknown_flops_steps"]:
         print(f"  {found['unknown_flops_steps']:,} steps ran a signature (input shapes, modules) never traced: "
               "no FLOPs, no MFU", file=out)
+    if found["estimated_flops_steps"]:
+        print(f"  {found['estimated_flops_steps']:,} steps have ESTIMATED FLOPs and MFU (a signature never traced, "
+              "past the Meter's max_traces: the nearest traced one's FLOPs scaled by input elements)", file=out)

@@ -1,0 +1,69 @@
+"""What a metered step ran and what a traced step cost (tracer/meter.py): the signature of a step's inputs,
+their size, and the FLOPs of a traced step read back from its rows by tracer/rules.py's rules."""
+
+import math
+from collections.abc import Mapping
+
+import numpy as np
+import torch
+from torch.utils._pytree import tree_leaves
+
+from tracer.rules import DTYPE_KINDS, carrying_dtype, dtype_rows, score_share, skipped_input
+
+__all__ = ["READ", "input_size", "signature", "step_flops"]
+
+_SCALARS = (int, float, str, type(None))  # inputs that hold no tensor
+READ = ["step", "op", "phase", "flops", "flop_kind", "recompute", "input_shapes", "input_dtypes"]  # what step_flops reads
+
+
+def signature(args, kwargs):
+    """Shapes and dtypes of every tensor in `args` and `kwargs`, at any depth: pytree's containers (lists,
+    tuples, dicts, registered ones) and any other mapping (a Hugging Face BatchEncoding) are walked."""
+    sig = []
+    for value in (*args, *kwargs.values()):
+        if isinstance(value, torch.Tensor):  # the common case without pytree: it costs 3 us a call
+            sig.append((value.shape, value.dtype))
+        elif not isinstance(value, _SCALARS):
+            for leaf in tree_leaves(value):  # tree_flatten without building the spec
+                if isinstance(leaf, torch.Tensor):
+                    sig.append((leaf.shape, leaf.dtype))
+                elif isinstance(leaf, Mapping):
+                    sig.extend(signature((), dict(leaf)))
+    return tuple(sig)
+
+
+def step_flops(rows):
+    """{model_flops, hardware_flops, recompute_flops, optimizer_flops, dtype} of the rows of a traced step (a dict
+    of column lists as pyarrow's to_pydict gives them), by tracer/rules.py's rules as reports.mfu applies them."""
+    flops = np.asarray(rows["flops"], dtype=np.int64)
+    again = np.asarray([bool(r) for r in rows["recompute"]], dtype=bool)  # bool even for a step with no rows
+    phase = rows["phase"]
+    training = np.asarray([p in ("forward", "backward") for p in phase], dtype=bool) & ~again
+    kinds = rows["flop_kind"]
+    scores = sum(  # fused attention backward: the share that recomputes q @ kᵀ
+        score_share(int(flops[i]), rows["input_shapes"][i]) for i, kind in enumerate(kinds)
+        if kind == "attention" and phase[i] == "backward" and not again[i]
+    )  # fmt: skip
+    names, carried = [], []
+    for i in np.flatnonzero(dtype_rows([k in DTYPE_KINDS for k in kinds], flops)):
+        dtypes = rows["input_dtypes"][i]
+        if dtypes:
+            names.append(dtypes[skipped_input(rows["op"][i], len(dtypes))])
+            carried.append(flops[i])
+    return {
+        "model_flops": int(flops[training].sum()) - scores,
+        "hardware_flops": int(flops.sum()),
+        "recompute_flops": int(flops[again].sum()) + scores,
+        "optimizer_flops": int(flops[np.asarray([p == "optimizer" for p in phase], dtype=bool)].sum()),
+        "dtype": carrying_dtype(names, carried),
+    }
+
+
+def input_size(inputs):
+    """(input elements, (rank, dtype) of every input tensor) of a signature's root inputs."""
+    elements, form = 0, []
+    for call in inputs:
+        for shape, dtype in call:
+            elements += math.prod(shape)
+            form.append((len(shape), dtype))
+    return elements, tuple(form)
