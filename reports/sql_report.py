@@ -20,7 +20,7 @@ from reports._util import empty_frame
 from reports.distributed.collectives import _TRAFFIC, collective_kind, traffic
 from reports.sql.tables import _fetch
 from reports.tables import _MODULE_COLUMNS, _MODULE_DTYPES, module_rows
-from reports.time.roofline import _METRICS, _SPLIT, BOUNDS, _bound, _roofs
+from reports.time.roofline import _METRICS, _SPLIT, BOUNDS, _roofs, add_roof_columns
 
 __all__ = ["by_module", "per_step_traffic", "roofline_with_split"]
 
@@ -84,21 +84,7 @@ def roofline_with_split(trace, peak_flops=None, bandwidth=None):
         roofs += [(i, d, None if np.isnan(p) else float(p), None if np.isnan(bw) else float(bw)) for d, p in peaks.items()]
         total = float(t["time_s_per_step"].sum())
         t["time_pct"] = 100 * t["time_s_per_step"] / total if total > 0 else np.nan
-        peak = np.array([peaks.get(d, np.nan) for d in t["dtype"]], dtype=float)
-        flops, nbytes = t["flops_per_step"].to_numpy(float), t["bytes_per_step"].to_numpy(float)
-        seconds = t["time_s_per_step"].to_numpy(float)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            t["arithmetic_intensity"] = np.where(nbytes > 0, flops / nbytes, np.nan)
-            t["achieved_flops_per_s"] = np.where(seconds > 0, flops / seconds, np.nan)
-            t["achieved_bytes_per_s"] = np.where(seconds > 0, nbytes / seconds, np.nan)
-            t["peak_flops_per_s"] = peak
-            t["peak_bytes_per_s"] = bw
-            t["ridge_flops_per_byte"] = peak / bw
-            t["attainable_flops_per_s"] = np.minimum(peak, np.where(nbytes > 0, flops / nbytes * bw, np.inf))
-            bound = _bound(flops, nbytes, peak, bw)
-            t["bound"] = bound
-            t["efficiency"] = np.where(bound == "compute", t["achieved_flops_per_s"] / peak,
-                                       np.where(bound == "memory", t["achieved_bytes_per_s"] / bw, np.nan))  # fmt: skip
+        add_roof_columns(t, np.array([peaks.get(d, np.nan) for d in t["dtype"]], dtype=float), bw)
         frames.append(t)
     trace.db.execute("CREATE OR REPLACE TEMP TABLE roofs (run_index INTEGER, dtype VARCHAR, peak DOUBLE, bandwidth DOUBLE)")
     if roofs:

@@ -265,8 +265,13 @@ class PartWriter:
     def write(self, rows, metadata):
         """Write one part; on failure nothing of it stays on disk and the part number is kept."""
         metadata = dict(metadata, parts=self.parts + 1)
-        table = rows.table(self.names, self.itemsize, metadata, self.clock_offset_ns)
-        name = part_name(self.parts)
+        self._write_whole(rows.table(self.names, self.itemsize, metadata, self.clock_offset_ns), part_name(self.parts))
+        self.parts += 1
+        self.rows += len(rows)
+        self.small.add(rows, metadata)
+
+    def _write_whole(self, table, name):
+        """Write `table` as part `name`: to a temporary renamed into place, so the part is whole or absent."""
         tmp = temporary_name(self.directory, name, self.trace_id)
         try:
             write_table(table, tmp)
@@ -277,9 +282,6 @@ class PartWriter:
             except OSError:
                 pass
             raise
-        self.parts += 1
-        self.rows += len(rows)
-        self.small.add(rows, metadata)
 
     def merge_parts(self):
         """Merge the trace's parts into one when there are many and all are small (see SmallParts).
@@ -291,17 +293,7 @@ class PartWriter:
             return False
         metadata = dict(small.metadata, storage_roles=small.roles, parts=1, merged_parts=self.parts)
         table = small.rows().table(self.names, self.itemsize, metadata, self.clock_offset_ns)
-        name = merged_name(0, self.parts - 1)
-        tmp = temporary_name(self.directory, name, self.trace_id)
-        try:
-            write_table(table, tmp)
-            os.replace(tmp, os.path.join(self.directory, name))
-        except BaseException:
-            try:
-                os.remove(tmp)
-            except OSError:
-                pass
-            raise
+        self._write_whole(table, merged_name(0, self.parts - 1))
         for i in range(self.parts):  # a part left by a failure here is left out by every reader
             os.remove(os.path.join(self.directory, part_name(i)))
         return True

@@ -202,27 +202,32 @@ def _roofline_table(df, prepared, by):
             t.insert(1, "dtype", dtype)
         step_time = t["time_s_per_step"].sum()
         t["time_pct"] = 100 * t["time_s_per_step"] / step_time if step_time > 0 else np.nan
-        peak = np.array([peaks.get(d, np.nan) for d in dtype], dtype=float)
-        flops, nbytes = t["flops_per_step"].to_numpy(float), t["bytes_per_step"].to_numpy(float)
-        seconds = t["time_s_per_step"].to_numpy(float)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            t["arithmetic_intensity"] = np.where(nbytes > 0, flops / nbytes, np.nan)
-            t["achieved_flops_per_s"] = np.where(seconds > 0, flops / seconds, np.nan)
-            t["achieved_bytes_per_s"] = np.where(seconds > 0, nbytes / seconds, np.nan)
-            t["peak_flops_per_s"] = peak
-            t["peak_bytes_per_s"] = bw
-            t["ridge_flops_per_byte"] = peak / bw
-            t["attainable_flops_per_s"] = np.minimum(peak, np.where(nbytes > 0, flops / nbytes * bw, np.inf))
-            bound = _bound(flops, nbytes, peak, bw)
-            t["bound"] = bound
-            t["efficiency"] = np.where(
-                bound == "compute", t["achieved_flops_per_s"] / peak,
-                np.where(bound == "memory", t["achieved_bytes_per_s"] / bw, np.nan))  # fmt: skip
+        add_roof_columns(t, np.array([peaks.get(d, np.nan) for d in dtype], dtype=float), bw)
         t = t.sort_values("time_s_per_step", ascending=False, kind="stable")
         frames.append((run, t))
     columns = keys + (["dtype"] if by == "module" else []) + list(_METRICS)
     dtypes = {**{k: object for k in columns if k not in _METRICS}, **_METRICS}
     return combine(frames, columns, dtypes, several_runs(df))
+
+
+def add_roof_columns(t, peak, bw):
+    """Add to a roofline table `t` (flops_per_step, bytes_per_step, time_s_per_step) the columns
+    that follow from them and the roofs: `peak` FLOP/s per row, `bw` bytes/s."""
+    flops, nbytes = t["flops_per_step"].to_numpy(float), t["bytes_per_step"].to_numpy(float)
+    seconds = t["time_s_per_step"].to_numpy(float)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        t["arithmetic_intensity"] = np.where(nbytes > 0, flops / nbytes, np.nan)
+        t["achieved_flops_per_s"] = np.where(seconds > 0, flops / seconds, np.nan)
+        t["achieved_bytes_per_s"] = np.where(seconds > 0, nbytes / seconds, np.nan)
+        t["peak_flops_per_s"] = peak
+        t["peak_bytes_per_s"] = bw
+        t["ridge_flops_per_byte"] = peak / bw
+        t["attainable_flops_per_s"] = np.minimum(peak, np.where(nbytes > 0, flops / nbytes * bw, np.inf))
+        bound = _bound(flops, nbytes, peak, bw)
+        t["bound"] = bound
+        t["efficiency"] = np.where(
+            bound == "compute", t["achieved_flops_per_s"] / peak,
+            np.where(bound == "memory", t["achieved_bytes_per_s"] / bw, np.nan))  # fmt: skip
 
 
 def _split_table(df, prepared):
