@@ -14,21 +14,21 @@ checkpoints every block (torchtitan's "full" activation checkpointing).
 """
 
 import argparse
-import math
 import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # simulate.py beside this file
+
+from simulate import simulate  # noqa: E402
 
 from reports.output.cli import main as optrace  # noqa: E402
-from tracer import Tracer  # noqa: E402
 
 
 @dataclass
@@ -133,38 +133,9 @@ class Llama(nn.Module):
 
 
 def trace(path, cfg, world, batch, checkpoint=False):
-    """Trace one AdamW step of rank 0 of a `world`-rank FSDP2 job of `cfg` with `batch` sequences per rank."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
-    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
-    try:
-        mesh = init_device_mesh("cpu", (world,))  # outside FakeTensorMode: the mesh reads real rank lists
-        with FakeTensorMode():
-            model = Llama(cfg)
-            policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-            for block in model.layers:
-                if checkpoint:
-                    block.forward = _checkpointed(block.forward)
-                fully_shard(block, mesh=mesh, mp_policy=policy)
-            fully_shard(model, mesh=mesh, mp_policy=policy)
-            opt = torch.optim.AdamW(model.parameters(), lr=3e-4, foreach=True)
-            tokens = torch.randint(0, cfg.vocab_size, (batch, cfg.seq_len), generator=torch.Generator().manual_seed(0))
-            with Tracer(path, model=model, tokens=batch * cfg.seq_len):
-                model(tokens, tokens).backward()
-                opt.step()
-                opt.zero_grad()
-    finally:
-        dist.destroy_process_group()
-    return path
-
-
-def _checkpointed(forward):
-    from torch.utils.checkpoint import checkpoint
-
-    return lambda *args: checkpoint(forward, *args, use_reentrant=False)
+    """Trace one AdamW step of rank 0 of a `world`-rank FSDP2 job of `cfg` with `batch` sequences per rank
+    (examples/simulate.py, with this file's Llama)."""
+    return simulate(path, world, cfg, batch, checkpoint, build=Llama, blocks="layers")
 
 
 def main(argv=None):

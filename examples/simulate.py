@@ -21,8 +21,9 @@ from reports.output.cli import main as optrace
 from tracer import Tracer
 
 
-def simulate(path, world, cfg, batch, checkpoint=False, steps=1, dtype=torch.bfloat16):
-    """Trace `steps` AdamW steps of rank 0 of a `world`-rank FSDP2 job (one unit per block)."""
+def simulate(path, world, cfg, batch, checkpoint=False, steps=1, dtype=torch.bfloat16, build=GPT, blocks="blocks"):
+    """Trace `steps` AdamW steps of rank 0 of a `world`-rank FSDP2 job (one unit per block) of
+    `build(cfg)`, a model whose attribute `blocks` lists its blocks and which takes (tokens, targets)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -32,9 +33,9 @@ def simulate(path, world, cfg, batch, checkpoint=False, steps=1, dtype=torch.bfl
     try:
         mesh = init_device_mesh("cpu", (world,))  # made outside FakeTensorMode: the mesh reads real rank lists
         with FakeTensorMode():
-            model = GPT(cfg)
+            model = build(cfg)
             policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
-            for block in model.blocks:
+            for block in getattr(model, blocks):
                 if checkpoint:
                     block.forward = _checkpointed(block.forward)
                 fully_shard(block, mesh=mesh, mp_policy=policy)
