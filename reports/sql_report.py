@@ -17,10 +17,10 @@ import numpy as np
 import pandas as pd
 
 from reports._util import empty_frame
-from reports.distributed.collectives import _TRAFFIC, collective_kind, traffic
-from reports.sql.tables import _fetch
-from reports.tables import _MODULE_COLUMNS, _MODULE_DTYPES, module_rows
-from reports.time.roofline import _METRICS, _SPLIT, BOUNDS, _roofs, add_roof_columns
+from reports.distributed.collectives import TRAFFIC_COLUMNS, collective_kind, traffic
+from reports.sql.tables import fetch
+from reports.tables import MODULE_COLUMNS, MODULE_DTYPES, module_rows
+from reports.time.roofline import BOUNDS, ROOFLINE_COLUMNS, SPLIT_COLUMNS, add_roof_columns, run_roofs
 
 __all__ = ["by_module", "per_step_traffic", "roofline_with_split"]
 
@@ -55,8 +55,8 @@ def by_module(trace):
         if trace.several:
             t.insert(0, "run", runs[i][0])
         frames.append(t)
-    cols = (["run"] if trace.several else []) + _MODULE_COLUMNS
-    dtypes = {"run": object, **_MODULE_DTYPES}
+    cols = (["run"] if trace.several else []) + MODULE_COLUMNS
+    dtypes = {"run": object, **MODULE_DTYPES}
     if not frames:
         return empty_frame({c: dtypes[c] for c in cols})
     out = pd.concat(frames, ignore_index=True)
@@ -66,7 +66,7 @@ def by_module(trace):
 
 def roofline_with_split(trace, peak_flops=None, bandwidth=None):
     """(the roofline by op and dtype, the split by bound per step) of every run."""
-    totals = _fetch(trace, "roofline_op", "first_seq", ("ops", "flops", "bytes", "time_ns"))
+    totals = fetch(trace, "roofline_op", "first_seq", ("ops", "flops", "bytes", "time_ns"))
     per = trace.per_step(totals, ["ops", "flops", "bytes", "time_ns"], keys=("op", "dtype"))
     roofs = []
     frames, splits = [], []
@@ -77,10 +77,10 @@ def roofline_with_split(trace, peak_flops=None, bandwidth=None):
         t = t.sort_values("time_s_per_step", ascending=False, kind="stable").reset_index(drop=True)
         t.insert(0, "run", run)
         if not len(t):
-            frames.append(pd.DataFrame(columns=["op", "dtype", *_METRICS]))
+            frames.append(pd.DataFrame(columns=["op", "dtype", *ROOFLINE_COLUMNS]))
             splits.append(pd.DataFrame({"bound": list(BOUNDS)}))
             continue
-        peaks, bw = _roofs(meta, sorted(set(t["dtype"])), peak_flops, bandwidth)  # every dtype of the run's rows
+        peaks, bw = run_roofs(meta, sorted(set(t["dtype"])), peak_flops, bandwidth)  # every dtype of the run's rows
         roofs += [(i, d, None if np.isnan(p) else float(p), None if np.isnan(bw) else float(bw)) for d, p in peaks.items()]
         total = float(t["time_s_per_step"].sum())
         t["time_pct"] = 100 * t["time_s_per_step"] / total if total > 0 else np.nan
@@ -110,9 +110,9 @@ def roofline_with_split(trace, peak_flops=None, bandwidth=None):
         if trace.several:
             frame.insert(0, "run", run)
         splits.append(frame)
-    columns = ["op", "dtype", *_METRICS]
-    dtypes = {"op": object, "dtype": object, **_METRICS}
-    return _combined(trace, frames, columns, dtypes), _combined(trace, splits, list(_SPLIT), _SPLIT)
+    columns = ["op", "dtype", *ROOFLINE_COLUMNS]
+    dtypes = {"op": object, "dtype": object, **ROOFLINE_COLUMNS}
+    return _combined(trace, frames, columns, dtypes), _combined(trace, splits, list(SPLIT_COLUMNS), SPLIT_COLUMNS)
 
 
 def _combined(trace, frames, columns, dtypes):
@@ -156,5 +156,5 @@ def per_step_traffic(trace):
             out.append({"run": run, "rank": int(trace.ranks[i] or 0), "collective": kind, "process_group": group,
                         "group_size": n, "calls_per_step": per[0], "message_bytes_per_step": per[1],
                         "sent_bytes_per_step": per[2], "received_bytes_per_step": per[3]})  # fmt: skip
-    table = pd.DataFrame(out, columns=list(_TRAFFIC)).astype(_TRAFFIC)
+    table = pd.DataFrame(out, columns=list(TRAFFIC_COLUMNS)).astype(TRAFFIC_COLUMNS)
     return table.sort_values(["run", "sent_bytes_per_step"], ascending=[True, False], kind="stable").reset_index(drop=True)

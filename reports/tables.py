@@ -308,12 +308,12 @@ def by_module(df, phase=None):
         })
         own.index = own.index.astype(object)
         frames.append((run, module_rows(own, root, rows["flops"].sum())))
-    return combine(frames, _MODULE_COLUMNS, _MODULE_DTYPES, several_runs(df))
+    return combine(frames, MODULE_COLUMNS, MODULE_DTYPES, several_runs(df))
 
 
-_MODULE_COLUMNS = ["module", "depth", "parent", "ops", "subtree_ops", "flops", "subtree_flops", "subtree_flops_pct",
+MODULE_COLUMNS = ["module", "depth", "parent", "ops", "subtree_ops", "flops", "subtree_flops", "subtree_flops_pct",
                    "bytes_allocated", "subtree_bytes_allocated", "duration_us", "subtree_duration_us"]  # fmt: skip
-_MODULE_DTYPES = {"module": object, "depth": "int64", "parent": object, "ops": "int64", "subtree_ops": "int64",
+MODULE_DTYPES = {"module": object, "depth": "int64", "parent": object, "ops": "int64", "subtree_ops": "int64",
                   "flops": "int64", "subtree_flops": "int64", "subtree_flops_pct": "float64", "bytes_allocated": "int64",
                   "subtree_bytes_allocated": "int64", "duration_us": "float64", "subtree_duration_us": "float64"}  # fmt: skip
 
@@ -330,6 +330,6 @@ def module_rows(own, root, total):
         outside = {"module": "", "depth": 0, "parent": None, **{c: o[c] for c in own_cols},
                    **{f"subtree_{c}": o[c] for c in own_cols}}
         t = pd.concat([t, pd.DataFrame([outside])], ignore_index=True) if len(t) else pd.DataFrame([outside])
-    t = t.reindex(columns=[c for c in _MODULE_COLUMNS if c != "subtree_flops_pct"])
+    t = t.reindex(columns=[c for c in MODULE_COLUMNS if c != "subtree_flops_pct"])
     t["subtree_flops_pct"] = pct(t["subtree_flops"].astype("float64"), total)
     return t

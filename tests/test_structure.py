@@ -156,3 +156,16 @@ def test_no_reports_module_imports_torch():
     code = f"import importlib, sys\nfor n in {names!r}: importlib.import_module(n)\nprint('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=str(ROOT))
     assert out.stdout.strip() == "False"
+
+
+def test_reports_modules_use_only_public_names_of_each_other():
+    # a name starting with `_` is its module's own: another reports module that needs it gets a public name
+    private = []
+    for name, path in _modules().items():
+        if not name.startswith("reports"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(("reports.", "tracer.")):
+                private += [f"{name}: from {node.module} import {a.name}" for a in node.names
+                            if a.name.startswith("_") and a.name != "_util"]
+    assert private == []

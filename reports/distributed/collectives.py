@@ -147,7 +147,7 @@ def comm_split(df):
     return out[list(_SPLIT)].astype(_SPLIT)
 
 
-_TRAFFIC = {
+TRAFFIC_COLUMNS = {
     "run": object, "rank": "int64", "collective": object, "process_group": object, "group_size": "int64",
     "calls_per_step": "float64", "message_bytes_per_step": "float64", "sent_bytes_per_step": "float64",
     "received_bytes_per_step": "float64",
@@ -191,5 +191,5 @@ def per_step_traffic(df):
                 "calls_per_step": float(calls[k]), "message_bytes_per_step": float(figures["message"][k]),
                 "sent_bytes_per_step": float(figures["sent"][k]), "received_bytes_per_step": float(figures["received"][k]),
             })  # fmt: skip
-    table = pd.DataFrame(out, columns=list(_TRAFFIC)).astype(_TRAFFIC)
+    table = pd.DataFrame(out, columns=list(TRAFFIC_COLUMNS)).astype(TRAFFIC_COLUMNS)
     return table.sort_values(["run", "sent_bytes_per_step"], ascending=[True, False], kind="stable").reset_index(drop=True)

@@ -27,7 +27,7 @@ _SUM_DTYPES = {"ops": "int64", "flops": "int64", "flops_pct": "float64", "bytes_
                "bytes_read": "int64", "bytes_written": "int64", "duration_us": "float64", "duration_pct": "float64"}  # fmt: skip
 
 
-def _fetch(trace, view, order, sums=(), where=None):
+def fetch(trace, view, order, sums=(), where=None):
     """A view's rows in `order` (SQL, after run_index), the `sums` cast as reports/tables.py gives them: int64,
     or float64 when an int64 sum could wrap (its values above int64 stay float64, as combine keeps them)."""
     wide = {c for c in sums if any(trace.wide(c if c != "matmul_flops" else "flops", i) for i in range(len(trace.runs)))}
@@ -52,17 +52,17 @@ def _shape(trace, frame, columns, dtypes):
 
 
 def by_phase(trace):
-    frame = _fetch(trace, "by_phase", "phase_order, first_seq", _SUMS)
+    frame = fetch(trace, "by_phase", "phase_order, first_seq", _SUMS)
     return _shape(trace, frame, ["phase", *_SUM_DTYPES], {"phase": object, **_SUM_DTYPES})
 
 
 def by_op(trace):
-    frame = _fetch(trace, "by_op", "flops DESC, duration_us DESC, first_seq", _SUMS)
+    frame = fetch(trace, "by_op", "flops DESC, duration_us DESC, first_seq", _SUMS)
     return _shape(trace, frame, ["op", "flop_kind", *_SUM_DTYPES], {"op": object, "flop_kind": object, **_SUM_DTYPES})
 
 
 def by_dtype(trace):
-    frame = _fetch(trace, "by_dtype", "flops DESC, first_seq", (*_SUMS[1:], "matmul_flops"))
+    frame = fetch(trace, "by_dtype", "flops DESC, first_seq", (*_SUMS[1:], "matmul_flops"))
     columns = ["dtype", "ops", "flops", "flops_pct", "matmul_flops", "bytes_allocated", "bytes_read", "bytes_written",
                "duration_us", "duration_pct"]  # fmt: skip
     return _shape(trace, frame, columns, {"dtype": object, "matmul_flops": "int64", **_SUM_DTYPES})
@@ -70,7 +70,7 @@ def by_dtype(trace):
 
 def by_step(trace):
     flops = ["flops", "flops_forward", "flops_backward", "flops_optimizer", "flops_other"]
-    frame = _fetch(trace, "by_step", "step", ("ops", *flops, "bytes_allocated"))
+    frame = fetch(trace, "by_step", "step", ("ops", *flops, "bytes_allocated"))
     columns = ["step", "ops", *flops, "bytes_allocated", "live_bytes_peak", "duration_us"]
     dtypes = {c: "int64" for c in columns}
     dtypes["duration_us"] = "float64"
@@ -79,7 +79,7 @@ def by_step(trace):
 
 def module_own(trace):
     """{run_index: each module's own figures, indexed by module, in order of first appearance}."""
-    frame = _fetch(trace, "module_own", "first_seq", ("ops", "flops", "bytes_allocated"))
+    frame = fetch(trace, "module_own", "first_seq", ("ops", "flops", "bytes_allocated"))
     return {i: frame[frame["run_index"] == i].set_index("module")[["ops", "flops", "bytes_allocated", "duration_us",
                                                                   "first_seq"]]
             for i in range(len(trace.runs))}  # fmt: skip
@@ -176,7 +176,7 @@ _VIEWS = {"run": "object", "kind": "object", "op": "object", "ops": "int64", "by
 
 def views(trace):
     order = "CASE WHEN kind = 'copy' THEN 1 ELSE 0 END, bytes_allocated DESC, bytes_written DESC, ops DESC, first_seq"
-    frame = _fetch(trace, "views", order, ("ops", "bytes_allocated", "bytes_written"))
+    frame = fetch(trace, "views", order, ("ops", "bytes_allocated", "bytes_written"))
     if not len(frame):
         return empty_frame(_VIEWS)
     return frame[list(_VIEWS)].astype(_VIEWS).reset_index(drop=True)

@@ -53,14 +53,14 @@ BOUNDS = ("compute", "memory", "other")
 _BY = {"op": ["op", "dtype"], "shape": ["op", "dtype", "input_shapes"], "module": ["module"]}
 _COLUMNS = ("run", "step", "phase", "op", "module", "flops", "bytes_read", "bytes_written",
             "duration_ns", "busy_ns", "input_dtypes", "output_dtypes", "is_view")  # fmt: skip
-_METRICS = {
+ROOFLINE_COLUMNS = {
     "ops_per_step": "float64", "flops_per_step": "float64", "bytes_per_step": "float64", "arithmetic_intensity": "float64",
     "time_s_per_step": "float64",
     "time_pct": "float64", "achieved_flops_per_s": "float64", "achieved_bytes_per_s": "float64",
     "peak_flops_per_s": "float64", "peak_bytes_per_s": "float64", "ridge_flops_per_byte": "float64",
     "attainable_flops_per_s": "float64", "bound": object, "efficiency": "float64",
 }  # fmt: skip
-_SPLIT = {"bound": object, "ops": "float64", "time_s": "float64", "time_pct": "float64", "flops": "float64",
+SPLIT_COLUMNS = {"bound": object, "ops": "float64", "time_s": "float64", "time_pct": "float64", "flops": "float64",
           "bytes": "float64", "roof_time_s": "float64"}  # fmt: skip
 
 
@@ -94,7 +94,7 @@ def _shapes(shapes):
     return "" if shapes is None else ", ".join("[" + ", ".join(str(int(d)) for d in s) + "]" for s in shapes)
 
 
-def _roofs(meta, dtypes, peak_override, bandwidth_override):
+def run_roofs(meta, dtypes, peak_override, bandwidth_override):
     """({dtype: peak FLOP/s or NaN}, bandwidth bytes/s or NaN) for one run."""
     device = meta.get("device") or {}
     peaks = {}
@@ -137,7 +137,7 @@ def _prepared(df, peak_flops, bandwidth, shapes):
             out.append((run, None, None, None, None))
             continue
         r = _rows(rows, shapes=shapes)
-        peaks, bw = _roofs(runs[run], r["dtype"].cat.categories, peak_flops, bandwidth)
+        peaks, bw = run_roofs(runs[run], r["dtype"].cat.categories, peak_flops, bandwidth)
         out.append((run, r, peaks, bw, step_phases(rows)))
     return out
 
@@ -186,7 +186,7 @@ def _roofline_table(df, prepared, by):
     frames = []
     for run, r, peaks, bw, phases in prepared:
         if r is None:
-            frames.append((run, pd.DataFrame(columns=keys + list(_METRICS))))
+            frames.append((run, pd.DataFrame(columns=keys + list(ROOFLINE_COLUMNS))))
             continue
         g = r.groupby(keys, sort=False, observed=True)
         t = g.size().reset_index()[keys]  # the groups, in order of first appearance: ngroup's numbering
@@ -205,8 +205,8 @@ def _roofline_table(df, prepared, by):
         add_roof_columns(t, np.array([peaks.get(d, np.nan) for d in dtype], dtype=float), bw)
         t = t.sort_values("time_s_per_step", ascending=False, kind="stable")
         frames.append((run, t))
-    columns = keys + (["dtype"] if by == "module" else []) + list(_METRICS)
-    dtypes = {**{k: object for k in columns if k not in _METRICS}, **_METRICS}
+    columns = keys + (["dtype"] if by == "module" else []) + list(ROOFLINE_COLUMNS)
+    dtypes = {**{k: object for k in columns if k not in ROOFLINE_COLUMNS}, **ROOFLINE_COLUMNS}
     return combine(frames, columns, dtypes, several_runs(df))
 
 
@@ -255,4 +255,4 @@ def _split_table(df, prepared):
                 "roof_time_s": float((roof[pick] * w[pick]).sum()) if name != "other" else np.nan,
             })  # fmt: skip
         frames.append((run, pd.DataFrame(out)))
-    return combine(frames, list(_SPLIT), _SPLIT, several_runs(df))
+    return combine(frames, list(SPLIT_COLUMNS), SPLIT_COLUMNS, several_runs(df))
