@@ -13,7 +13,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tracer import read_metadata
+import reports
+from tracer import Tracer, read_metadata
 from test_collector import _assert_identical, compiled  # noqa: F401 (a fixture)
 
 
@@ -275,14 +276,13 @@ def _assert_same(got, want):
         assert got == want
 
 
-_PYTHON_ONLY = {"fake", "mkldnn"}  # every tensor a subclass or opaque: the compiled collector reads none
+_PYTHON_ONLY = {"fake"}  # every tensor a subclass: the compiled collector reads none
 
 # tracer/layouts.py `describe` records a tensor without a storage (mkldnn's opaque ones) under
 # storage id -1, which reports/loading/validate.py rejects as damage: both paths alike.
-_MKLDNN = pytest.mark.xfail(strict=True, reason="storage id -1 for an opaque tensor fails reports.load")
 
 
-@pytest.mark.parametrize("case", [pytest.param(c, marks=_MKLDNN) if c == "mkldnn" else c for c in CASES])
+@pytest.mark.parametrize("case", list(CASES))
 def test_collector_matrix(tmp_path, monkeypatch, compiled, case):  # noqa: F811
     fn = CASES[case]
     torch.manual_seed(0)
@@ -311,3 +311,18 @@ def test_collector_matrix(tmp_path, monkeypatch, compiled, case):  # noqa: F811
         assert read_metadata(tmp_path / path)["record_errors"] == 0, path
     fast = sum(read)
     assert (fast == 0) if case in _PYTHON_ONLY else (0 < fast <= len(df))
+
+
+def test_an_mkldnn_tensor_gets_a_storage_id_of_its_own(tmp_path):
+    # an mkldnn tensor has no storage to read: it gets a fresh id holding no bytes (it was -1, which
+    # reports.load rejects as damage), and the trace loads and reports
+    torch.manual_seed(0)
+    with Tracer(tmp_path / "t"):
+        k = torch.randn(2, 3).to_mkldnn()
+        (k + k).to_dense()
+    df = reports.load(tmp_path / "t")
+    add = df[df["op"] == "aten.add.Tensor"].iloc[0]
+    assert add["layout"] == "_mkldnn"  # torch._mkldnn, as the layout names it
+    assert min(add["input_storage_ids"]) >= 0 and min(add["output_storage_ids"]) >= 0
+    assert (add["flops"], add["flop_kind"]) == (0, "unknown")  # not counted, and named as such:
+    assert "aten.add.Tensor" in reports.uncounted(df)["op"].tolist()

@@ -86,14 +86,13 @@ def describe(t, storages):
         strides = tuple(int(s) for s in t.stride()) if sizes else ()
     except Exception:
         strides = (0,) * len(sizes)
-    sid = -1
     try:
         values = _values(t)
         sid = storages.id_of(values.untyped_storage())
         for index in _index_tensors(t):
             storages.id_of(index.untyped_storage())
-    except Exception:  # no storage to be had: the tensor is recorded without one
-        pass
+    except Exception:  # no storage to be had (mkldnn): an id of its own, holding no bytes
+        sid = storages.opaque()
     return name, sizes, strides, sid
 
 

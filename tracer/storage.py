@@ -42,6 +42,13 @@ class StorageTable:
         sid = self._by_cdata.get(storage._cdata)
         return self.register(storage) if sid is None else sid
 
+    def opaque(self):
+        """A fresh id for a tensor whose storage cannot be read (an mkldnn tensor): it holds no bytes
+        optrace can see, and no later row names it again."""
+        sid = self.next_id
+        self.next_id = sid + 1
+        return sid
+
     def register(self, storage, nbytes=None):
         """Give an unseen storage its id; `nbytes` overrides its size (0 for a wrapper's)."""
         key = storage._cdata
