@@ -16,12 +16,13 @@ import json
 import numpy as np
 import pytest
 import torch
-import torch.distributed as dist
 
 import reports
 from reports.flops.peaks import cpu_ideal_flops
 from reports.output.cli import main
 from tracer import Tracer
+
+from test_job import simulate  # the same 4-unit FSDP2 job
 
 GiB = 2**30
 H100_MEMORY = 80 * GiB  # 85,899,345,920
@@ -167,29 +168,8 @@ LAYER_BYTES = 64 * 64 * 4  # 16,384: one fp32 Linear(64, 64) weight
 
 def fsdp(path, world):
     """One step of rank 0 of a `world`-rank FSDP2 job: 4 fp32 Linear(64, 64) layers, each a unit
-    (as tests/test_job.py): 8 all-gathers and 4 reduce-scatters of 16,384 bytes per step."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
-    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
-    try:
-        mesh = init_device_mesh("cpu", (world,))
-        with FakeTensorMode():
-            torch.manual_seed(0)
-            model = torch.nn.Sequential(*[torch.nn.Linear(64, 64, bias=False) for _ in range(4)])
-            for layer in model:
-                fully_shard(layer, mesh=mesh)
-            fully_shard(model, mesh=mesh)
-            opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-            x = torch.randn(8, 64)
-            with Tracer(path, model=model, tokens=8):
-                model(x).sum().backward()
-                opt.step()
-                opt.zero_grad()
-    finally:
-        dist.destroy_process_group()
+    (tests/test_job.py's simulate): 8 all-gathers and 4 reduce-scatters of 16,384 bytes per step."""
+    simulate(path, world, steps=1)
     return reports.load(path)
 
 
