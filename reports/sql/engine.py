@@ -37,9 +37,12 @@ from reports.loading.load import id_limit, read_run, run_name, runs_with_ranks
 from reports.loading.validate import check_footers
 from tracer.schema import PHASES, SCHEMA_VERSION
 
-__all__ = ["VIEWS_SQL", "Trace", "Unsupported", "literal", "statements"]
+__all__ = ["VIEWS_SQL", "VIEW_FILES", "Trace", "Unsupported", "literal", "statements"]
 
 VIEWS_SQL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "views.sql")
+# Further view files, each read after views.sql in name order: a report family's views in a file of its own.
+VIEW_FILES = (VIEWS_SQL, *sorted(os.path.join(os.path.dirname(VIEWS_SQL), f) for f in
+                                 os.listdir(os.path.dirname(VIEWS_SQL)) if f.endswith(".sql") and f != "views.sql"))
 INT64_MAX = 2**63 - 1
 _CREATE = re.compile(r"^CREATE VIEW (\w+) AS\s*$", re.MULTILINE)
 _GLOB = re.compile(r"([*?\[])")
@@ -116,7 +119,7 @@ class Trace:
             selects.append(f"SELECT {literal(name)} AS run, {i} AS run_index, * "
                            f"FROM read_parquet([{listed}], hive_partitioning = false)")  # fmt: skip
         self.db.execute("CREATE VIEW rows AS " + " UNION ALL ".join(selects))
-        for name, body, _ in statements():  # the small per-run tables every percentage reads: computed once
+        for name, body, _ in (v for path in VIEW_FILES for v in statements(path)):  # small per-run tables: computed once
             self.db.execute(f"CREATE {'TEMP TABLE' if name in _ONCE else 'VIEW'} {name} AS {body}")
         self.columns = [c for c in self.db.execute("SELECT * FROM rows LIMIT 0").fetchdf().columns
                         if c not in ("run", "run_index")]  # fmt: skip
