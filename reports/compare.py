@@ -37,12 +37,26 @@ from reports.loading.load import load, require, runs_of
 from reports.steps import count_steps, per_step, step_phases
 from reports.tables import split_runs
 
-__all__ = ["columns", "compare"]
+__all__ = ["BY", "TOTAL", "check_baseline", "check_by", "columns", "compare", "side_by_side"]
 
 BY = ("phase", "op", "module")
 TOTAL = "total"
 _SUMS = ("ops", "flops", "bytes_allocated", "traced_us")
 _RATIOS = ("flops", "bytes_allocated", "peak_live_bytes", "traced_us")
+
+
+def check_by(by):
+    if by not in BY:
+        raise ReportError(f"compare: by must be one of {list(BY)}, got {by!r}")
+
+
+def check_baseline(baseline, runs):
+    """The baseline run's name: the first run by default."""
+    if baseline is None:
+        return runs[0]
+    if baseline not in runs:
+        raise ReportError(f"compare: baseline {baseline!r} is not one of the runs {runs}")
+    return baseline
 
 
 def _columns(by):
@@ -102,8 +116,7 @@ def compare(df_or_paths, by="phase", baseline=None):
     by           "phase", "op" or "module"
     baseline     the run the ratios divide by (its name); default the first run
     See the module docstring for the columns."""
-    if by not in BY:
-        raise ReportError(f"compare: by must be one of {list(BY)}, got {by!r}")
+    check_by(by)
     if isinstance(df_or_paths, pd.DataFrame):
         df = df_or_paths
     elif isinstance(df_or_paths, (str, os.PathLike, list, tuple)):
@@ -112,10 +125,7 @@ def compare(df_or_paths, by="phase", baseline=None):
         raise ReportError(f"compare: expected a DataFrame from reports.load or trace paths, got {type(df_or_paths).__name__}")
     require(df, ("seq", "step", "phase", "flops", "bytes_allocated", "live_bytes", "duration_ns", by), "compare")
     runs = list(runs_of(df))
-    if baseline is None:
-        baseline = runs[0]
-    elif baseline not in runs:
-        raise ReportError(f"compare: baseline {baseline!r} is not one of the runs {runs}")
+    baseline = check_baseline(baseline, runs)
 
     tables = {}
     for run, rows in split_runs(df):
@@ -123,9 +133,14 @@ def compare(df_or_paths, by="phase", baseline=None):
         table = _per_run(rows, by)
         table["steps"] = steps
         tables[run] = table
+    return side_by_side(tables, runs, baseline, _mfu_pct(df), by)
+
+
+def side_by_side(tables, runs, baseline, mfu, by):
+    """The compare table from each run's figures ({run: frame indexed by key, the "total" row first, with the
+    *_per_step sums, peak_live_bytes and steps}), `mfu` {run: MFU in percent}: ratios, change_pct, order."""
     keys = list(dict.fromkeys(k for t in tables.values() for k in t.index))
     base = tables[baseline].reindex(keys)
-    mfu = _mfu_pct(df)
     frames = []
     for run in runs:
         table = tables[run].reindex(keys)
