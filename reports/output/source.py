@@ -89,3 +89,81 @@ class Source:
         from reports.memory.views import views
 
         return views(self.df)
+
+    # ------------------------------------------------ memory categories, meter, distributed (reports/sql/memory.py,
+    # reports/sql/distributed.py): the rank sections take a Source over every rank (one run per rank)
+    @property
+    def runs(self):
+        """{run name: metadata} of the runs this Source holds."""
+        return self.sql.runs if self.sql is not None else self.df.attrs["runs"]
+
+    def categories(self):
+        """reports.by_category at the run's peak (rows: category, bytes, ...)."""
+        if self.sql is not None:
+            from reports.sql.memory import by_category
+
+            return by_category(self.sql)
+        from reports.memory.memory import by_category
+
+        return by_category(self.df)
+
+    def meter_summary(self):
+        """The meter section (reports/flops/meter.py meter_summary): it reads only the runs' metadata."""
+        from reports.flops.meter import meter_summary
+
+        return meter_summary(self.runs if self.sql is not None else self.df)
+
+    def job(self, present):
+        """reports/distributed/ranks.py job_summary of the first run; None outside a process group."""
+        if self.sql is not None:
+            from reports.sql.distributed import job_summary
+
+            return job_summary(self.sql, present)
+        from reports.distributed.ranks import job_summary
+
+        return job_summary(self.df, present)
+
+    def multi_rank(self):
+        if self.sql is not None:
+            from reports.sql.distributed import is_multi_rank
+
+            return is_multi_rank(self.sql)
+        from reports.distributed.ranks import is_multi_rank
+
+        return is_multi_rank(self.df)
+
+    def ranks(self):
+        if self.sql is not None:
+            from reports.sql.distributed import ranks
+
+            return ranks(self.sql)
+        from reports.distributed.ranks import ranks
+
+        return ranks(self.df)
+
+    def imbalance(self):
+        if self.sql is not None:
+            from reports.sql.distributed import imbalance
+
+            return imbalance(self.sql)
+        from reports.distributed.ranks import imbalance
+
+        return imbalance(self.df)
+
+    def lowest_rank_collectives(self):
+        """reports/distributed/collectives.py collectives of the lowest rank's runs."""
+        if self.sql is not None:
+            from reports.sql.distributed import collectives
+
+            table = collectives(self.sql)
+        else:
+            from reports.distributed.collectives import collectives
+
+            table = collectives(self.df)
+        return table[table["rank"] == table["rank"].min()] if len(table) else table
+
+    def rank_summary(self):
+        """{"ranks": [...], "imbalance": [...]} of `report --json` on a trace of several ranks."""
+        from reports.distributed.ranks import summary_records
+
+        return summary_records(self.ranks(), self.imbalance())
