@@ -1,7 +1,7 @@
 """`optrace report --engine sql` on a synthetic 128-rank trace of 50M rows: seconds and peak RSS, each command
 in a fresh process (`/usr/bin/time -f "%e %M"`), against a DuckDB aggregate of the same files.
 
-    .venv/bin/python benchmarks/ranks_sql.py [--ranks 128] [--rows 50000000] [--dir /tmp] [--keep]
+    .venv/bin/python benchmarks/ranks_sql.py [--ranks 128] [--rows 50000000] [--dir /tmp] [--keep] [--trace PATH]
 
 The trace: a rank of a simulated FSDP2 job (tests/test_job.py: world size --ranks, fake process group,
 FakeTensorMode; 332 rows of 2 steps) is traced once; its rows are repeated, written with pyarrow into
@@ -15,7 +15,7 @@ so every check of the readers passes.
 Measured, each in a fresh process:
   baseline DuckDB       per-phase FLOPs, ops and steps and the peak live bytes over every part file
   rank sections (SQL)   a reports.sql.engine.Trace of every rank (the checks of every part included) and the
-                        sections that read every rank: ranks, imbalance, the lowest rank's collectives, the job
+                        sections that read every rank: ranks, imbalance, the lowest rank's collectives
                         (reports/sql/distributed.py through reports/output/source.py)
   memory categories     a Trace of rank 0 and its memory categories (reports/sql/memory.py)
   report --engine sql   the whole report, text; until every section runs from SQL it also loads rank 0's rows
@@ -53,8 +53,7 @@ from reports.output.source import Source
 from reports.sql.engine import Trace
 src = Source(None, Trace(sys.argv[1]))
 assert src.multi_rank()
-print(len(src.ranks()), "ranks;", len(src.imbalance()), "phases;", len(src.lowest_rank_collectives()), "collectives;",
-      len(src.job(len(src.runs))["collectives"]), "in the job")
+print(len(src.ranks()), "ranks;", len(src.imbalance()), "phases;", len(src.lowest_rank_collectives()), "collectives")
 """
 
 _MEMORY = """
@@ -145,14 +144,22 @@ def main(argv=None):
     parser.add_argument("--rows", type=int, default=50_000_000, help="rows in all, over every rank")
     parser.add_argument("--dir", default=tempfile.gettempdir(), help="where the trace is written (a few GB)")
     parser.add_argument("--keep", action="store_true", help="leave the trace in place and print its path")
+    parser.add_argument("--trace", help="measure this trace (one --keep left) instead of writing one")
     args = parser.parse_args(argv)
     py = sys.executable
-    where = tempfile.mkdtemp(prefix="optrace-ranks-", dir=args.dir)
+    where = os.path.dirname(args.trace) if args.trace else tempfile.mkdtemp(prefix="optrace-ranks-", dir=args.dir)
     try:
-        path = os.path.join(where, "ranks")
-        rows = write_ranks(source_rank(where, args.ranks), path, args.ranks, args.rows)
+        path = args.trace or os.path.join(where, "ranks")
+        if args.trace:
+            import pyarrow.parquet as pq
+
+            rows = sum(pq.read_metadata(os.path.join(d, f)).num_rows for d, _, fs in os.walk(path) for f in fs
+                       if f.endswith(".parquet"))  # fmt: skip
+        else:
+            rows = write_ranks(source_rank(where, args.ranks), path, args.ranks, args.rows)
         size = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs)
-        print(f"{path}: {args.ranks} ranks, {rows:,} rows, {size / 2**30:.2f} GiB on disk; each command once, fresh process")
+        ranks = sum(1 for d in os.listdir(path) if d.startswith("rank="))
+        print(f"{path}: {ranks} ranks, {rows:,} rows, {size / 2**30:.2f} GiB on disk; each command once, fresh process")
         for label, command in (
             ("baseline DuckDB", [py, "-c", _BASELINE, path]),
             ("rank sections (SQL)", [py, "-c", _RANK_SECTIONS, path]),
@@ -163,9 +170,9 @@ def main(argv=None):
             seconds, rss, out = timed(command)
             print(f"  {label:<20} {seconds:7.2f} s  peak RSS {rss:6.0f} MB", flush=True)
             if label == "rank sections (SQL)":
-                print(f"    {out.strip()}")
+                print(f"    {out.strip().splitlines()[-1]}")  # DuckDB's progress bar may precede it
     finally:
-        if args.keep:
+        if args.keep or args.trace:
             print(f"kept: {where}")
         else:
             shutil.rmtree(where)

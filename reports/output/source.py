@@ -1,7 +1,8 @@
 """Where `optrace report` takes each table from: the SQL engine (reports/sql) when it has the trace
 open, else the pandas functions on the loaded frame (the reference). Both give the same tables
-(tests/test_sql.py); the sections that need per-row Python (breakdown and explain, MFU, memory
-categories, the rank sections) always read the frame."""
+(tests/test_sql.py); the sections that need per-row Python (breakdown and explain, MFU) always read the
+frame. The memory categories, the meter and the distributed sections work with df=None when `sql` is given
+(tests/test_sql_sections.py); the rank sections take a Source over every rank."""
 
 __all__ = ["Source"]
 
@@ -153,13 +154,12 @@ class Source:
     def lowest_rank_collectives(self):
         """reports/distributed/collectives.py collectives of the lowest rank's runs."""
         if self.sql is not None:
-            from reports.sql.distributed import collectives
+            from reports.sql.distributed import lowest_rank_collectives
 
-            table = collectives(self.sql)
-        else:
-            from reports.distributed.collectives import collectives
+            return lowest_rank_collectives(self.sql)
+        from reports.distributed.collectives import collectives
 
-            table = collectives(self.df)
+        table = collectives(self.df)
         return table[table["rank"] == table["rank"].min()] if len(table) else table
 
     def rank_summary(self):

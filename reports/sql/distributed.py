@@ -13,6 +13,8 @@ divide each phase's total by the steps it ran in and add the phases in reports/s
 per_step does; integer totals are exact, so the figures are the reference's to the last bit.
 """
 
+import weakref
+
 import numpy as np
 import pandas as pd
 
@@ -20,7 +22,7 @@ from reports.distributed.collectives import collective_kind, shape_collectives
 from reports.distributed.ranks import _RANKS, PHASE_ORDER, imbalance_of, job_object, trace_of
 from reports.sql.tables import count_steps, fetch
 
-__all__ = ["collectives", "imbalance", "is_multi_rank", "job_summary", "ranks"]
+__all__ = ["collectives", "imbalance", "is_multi_rank", "job_summary", "lowest_rank_collectives", "ranks"]
 
 
 def is_multi_rank(trace):
@@ -32,15 +34,27 @@ def _rank(trace, i):
     return int(trace.ranks[i] or 0)
 
 
+_DONE = weakref.WeakKeyDictionary()  # Trace -> its per-rank figures: ranks and imbalance share one scan of the rows
+
+
 def _per_rank(trace):
-    """(per-step figures {run_index: frame}, step times {run_index: seconds}, phases present {run_index: set})."""
-    totals = fetch(trace, "rank_phase_totals", "first_seq", ("flops", "comm_bytes", "comm_ns", "compute_ns", "duration_ns"))
+    """(totals per run and phase, per-step figures {run_index: frame}, step times {run_index: seconds}), from one
+    scan of every rank's rows (view rank_step_phase, kept as a temporary table of one row per run, step and phase)."""
+    if trace in _DONE:
+        return _DONE[trace]
+    trace.db.execute("CREATE TEMP TABLE IF NOT EXISTS rank_step_phase_once AS SELECT * FROM rank_step_phase")
+    sums = ("ops", "flops", "comm_bytes", "comm_ops", "comm_ns", "compute_ns", "duration_ns")
+    totals = fetch(trace, f"(SELECT run, run_index, phase, {', '.join(f'sum({c}) AS {c}' for c in sums)}, "
+                          "min(first_seq) AS first_seq FROM rank_step_phase_once GROUP BY run, run_index, phase)",
+                   "first_seq", sums)  # fmt: skip
     figures = trace.per_step(totals, ["flops", "comm_bytes", "comm_ns", "compute_ns"])
-    spans = trace.sql("SELECT run_index, step, start_ns, end_ns FROM step_spans ORDER BY run_index, step")
+    spans = trace.sql("SELECT run_index, step, min(start_ns) AS start_ns, max(end_ns) AS end_ns FROM rank_step_phase_once "
+                      "GROUP BY run_index, step ORDER BY run_index, step")  # fmt: skip
     times = {}
     for i, s in spans.groupby("run_index", sort=True):
         times[int(i)] = float(((s["end_ns"] - s["start_ns"]) / 1e9).mean())  # as _step_times(rows).mean()
-    return totals, figures, times
+    _DONE[trace] = totals, figures, times
+    return _DONE[trace]
 
 
 def ranks(trace):
@@ -90,7 +104,7 @@ def job_summary(trace, present):
 
 def collectives(trace, run_indices=None):
     """reports/distributed/collectives.py collectives of the runs `run_indices` (default: all)."""
-    where = None if run_indices is None else f"run_index IN ({', '.join(str(int(i)) for i in run_indices)})"
+    where = None if run_indices is None else f"run_index IN ({', '.join(str(int(i)) for i in run_indices) or 'NULL'})"
     groups = fetch(trace, "collective_calls", "first_seq", ("calls", "total_ns"), where=where)
     out = pd.DataFrame({
         "run": groups["run"].astype(object),
@@ -104,3 +118,14 @@ def collectives(trace, run_indices=None):
         "total": groups["total_ns"].astype("int64"),
     })  # fmt: skip
     return shape_collectives(out)
+
+
+def lowest_rank_collectives(trace):
+    """collectives of the lowest rank that ran any (what the report's rank section prints), reading only its runs'
+    collective rows: which runs ran collectives comes from rank_step_phase's counts."""
+    totals, _, _ = _per_rank(trace)
+    with_comm = sorted({int(i) for i in totals.loc[totals["comm_ops"] > 0, "run_index"]})
+    if not with_comm:
+        return collectives(trace, [])
+    low = min(_rank(trace, i) for i in with_comm)
+    return collectives(trace, [i for i in with_comm if _rank(trace, i) == low])
