@@ -156,3 +156,29 @@ def test_the_report_is_the_same_from_either_engine(traces, trace, capsys):
     if trace == "job":
         assert "Ranks (2 of 4)" in outputs[1].out and "Memory: peak" in outputs[1].out
         assert [r["rank"] for r in json.loads(outputs[3].out)["ranks"]] == [0, 1]
+
+
+def test_the_rank_views_marked_portable_run_in_polars(traces):
+    """Each view of reports/sql/ranks.sql marked portable runs unchanged in polars' SQL over the same rows, with
+    DuckDB's result (as tests/test_sql.py checks views.sql's)."""
+    import polars as pl
+
+    from reports.sql.engine import VIEW_FILES, statements
+
+    sql = _pair(traces["job"])[1]
+    rows = pl.from_pandas(sql.sql("SELECT run, run_index, seq, step, phase, op, flops, duration_ns, start_ns, comm_bytes, "
+                                  "group_size, CAST(process_group AS VARCHAR) AS process_group FROM rows"))  # fmt: skip
+    context = pl.SQLContext(rows=rows)
+    [ranks_sql] = [f for f in VIEW_FILES if f.endswith("ranks.sql")]
+    portable = [(name, body) for name, body, ok in statements(ranks_sql) if ok]
+    assert {n for n, _ in portable} == {"rank_step_phase", "collective_calls"}
+    for name, body in portable:
+        got = context.execute(body, eager=True).to_pandas()
+        want = sql.sql(f"SELECT * FROM {name}")
+        assert list(got.columns) == list(want.columns), name
+        key = ["run_index", "first_seq"]
+        got = got.astype({c: "float64" for c in got if got[c].dtype.kind in "iuf"}).sort_values(key).reset_index(drop=True)
+        want = want.astype({c: "float64" for c in want if want[c].dtype.kind in "iuf"}).sort_values(key).reset_index(drop=True)
+        pd.testing.assert_frame_equal(got, want.astype({"process_group": object}) if "process_group" in want else want,
+                                      check_dtype=False, rtol=1e-12, obj=name)  # fmt: skip
+        assert len(got) > 0

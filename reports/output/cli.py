@@ -269,7 +269,8 @@ def _report(args):
     everyone = _sql_all(args.trace) if args.engine == "sql" else None  # every rank, checked, in SQL
     if everyone is not None:  # the rank sections from SQL: only the first rank's rows are loaded, for the frame's sections
         df = _first_rank_frame(args.trace, everyone, columns)
-        ranks_src = Source(None, everyone) if Source(None, everyone).multi_rank() else None
+        ranks_src = Source(None, everyone)
+        ranks_src = ranks_src if ranks_src.multi_rank() else None
     else:
         df = load(args.trace, columns=columns, lists="deferred")
         ranks_src = Source(df) if is_multi_rank(df) else None
