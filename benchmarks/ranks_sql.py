@@ -16,8 +16,8 @@ Measured, each in a fresh process:
   baseline DuckDB       per-phase FLOPs, ops and steps and the peak live bytes over every part file
   rank sections (SQL)   a reports.sql.engine.Trace of every rank (the checks of every part included) and the
                         sections that read every rank: ranks, imbalance, the lowest rank's collectives
-                        (reports/sql/distributed.py through reports/output/source.py)
-  memory categories     a Trace of rank 0 and its memory categories (reports/sql/memory.py)
+                        (reports/distributed/sql_ranks.py through reports/output/source.py)
+  memory categories     a Trace of rank 0 and its memory categories (reports/memory/sql_categories.py)
   report --engine sql   the whole report, text; until every section runs from SQL it also loads rank 0's rows
                         into a frame for the FLOP sections (breakdown, explain, MFU)
   report --json         the same, --json
@@ -60,7 +60,7 @@ _MEMORY = """
 import os, sys, warnings
 warnings.simplefilter("ignore")
 from reports.sql.engine import Trace
-from reports.sql.memory import by_category, memory_rows
+from reports.memory.sql_categories import by_category, memory_rows
 trace = Trace(os.path.join(sys.argv[1], "rank=0"))
 print(by_category(trace)[["category", "bytes"]].to_string(index=False), len(memory_rows(trace, 0)), "rows kept")
 """

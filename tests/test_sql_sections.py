@@ -1,5 +1,5 @@
-"""The memory, meter and distributed sections of `optrace report` from the SQL engine (reports/sql/memory.py,
-reports/sql/distributed.py): the same tables, the same text and --json, as the pandas reference.
+"""The memory, meter and distributed sections of `optrace report` from the SQL engine (reports/memory/sql_categories.py,
+reports/distributed/sql_ranks.py): the same tables, the same text and --json, as the pandas reference.
 
 Traces: the example GPT (3 AdamW steps), one cut mid-step, a checkpointed MLP, a storage resized in place,
 a model on the meta device, two runs at once, a damaged trace (a part deleted), a simulated FSDP2 job of
@@ -23,9 +23,9 @@ from reports.distributed import ranks as pandas_ranks
 from reports.flops.meter import meter_summary
 from reports.output.cli import main
 from reports.output.source import Source
-from reports.sql import distributed
+from reports.distributed import sql_ranks as distributed
 from reports.sql.engine import Trace
-from reports.sql.memory import by_category, memory_rows
+from reports.memory.sql_categories import by_category, memory_rows
 from tracer import Meter, Tracer
 from tracer.schema import part_paths
 

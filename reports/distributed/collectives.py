@@ -109,7 +109,7 @@ def collectives(df):
 
 def shape_collectives(out):
     """The collectives table from its groups in order of first appearance (run, rank, collective, op,
-    process_group, group_size, comm_bytes, calls, total: summed duration_ns); reports/sql/distributed.py
+    process_group, group_size, comm_bytes, calls, total: summed duration_ns); reports/distributed/sql_ranks.py
     gives the groups from SQL."""
     if not len(out):
         return pd.DataFrame({c: pd.Series(dtype=t) for c, t in _OUT.items()})

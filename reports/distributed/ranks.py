@@ -27,7 +27,7 @@ def trace_of(run):
     return str(run).split(RANK_SEPARATOR, 1)[0]
 
 
-_RANKS = {
+RANK_COLUMNS = {
     "run": object, "rank": "int64", "steps": "int64", "flops_per_step": "float64",
     "comm_bytes_per_step": "float64", "comm_s_per_step": "float64", "compute_s_per_step": "float64",
     "step_time_s": "float64",
@@ -65,7 +65,7 @@ def ranks(df):
             "compute_s_per_step": float(per_step(rows, "duration_ns", mask=~comm)) / 1e9,
             "step_time_s": float(_step_times(rows).mean()),
         })  # fmt: skip
-    return pd.DataFrame(out, columns=list(_RANKS)).astype(_RANKS)
+    return pd.DataFrame(out, columns=list(RANK_COLUMNS)).astype(RANK_COLUMNS)
 
 
 _IMBALANCE = {
@@ -94,7 +94,7 @@ def imbalance(df):
 
 def imbalance_of(per_rank):
     """The imbalance table from [(trace, rank, {phase: seconds per step, "step": step time})], one per run
-    in load order (reports/sql/distributed.py gives the same entries from SQL)."""
+    in load order (reports/distributed/sql_ranks.py gives the same entries from SQL)."""
     out = []
     for trace in dict.fromkeys(t for t, _, _ in per_rank):
         members = [(rank, entry) for t, rank, entry in per_rank if t == trace]

@@ -91,8 +91,8 @@ class Source:
 
         return views(self.df)
 
-    # ------------------------------------------------ memory categories, meter, distributed (reports/sql/memory.py,
-    # reports/sql/distributed.py): the rank sections take a Source over every rank (one run per rank)
+    # ---- memory categories, meter, distributed (reports/memory/sql_categories.py, reports/distributed/sql_ranks.py):
+    # the rank sections take a Source over every rank (one run per rank)
     @property
     def runs(self):
         """{run name: metadata} of the runs this Source holds."""
@@ -101,7 +101,7 @@ class Source:
     def categories(self):
         """reports.by_category at the run's peak (rows: category, bytes, ...)."""
         if self.sql is not None:
-            from reports.sql.memory import by_category
+            from reports.memory.sql_categories import by_category
 
             return by_category(self.sql)
         from reports.memory.memory import by_category
@@ -117,7 +117,7 @@ class Source:
     def job(self, present):
         """reports/distributed/ranks.py job_summary of the first run; None outside a process group."""
         if self.sql is not None:
-            from reports.sql.distributed import job_summary
+            from reports.distributed.sql_ranks import job_summary
 
             return job_summary(self.sql, present)
         from reports.distributed.ranks import job_summary
@@ -126,7 +126,7 @@ class Source:
 
     def multi_rank(self):
         if self.sql is not None:
-            from reports.sql.distributed import is_multi_rank
+            from reports.distributed.sql_ranks import is_multi_rank
 
             return is_multi_rank(self.sql)
         from reports.distributed.ranks import is_multi_rank
@@ -135,7 +135,7 @@ class Source:
 
     def ranks(self):
         if self.sql is not None:
-            from reports.sql.distributed import ranks
+            from reports.distributed.sql_ranks import ranks
 
             return ranks(self.sql)
         from reports.distributed.ranks import ranks
@@ -144,7 +144,7 @@ class Source:
 
     def imbalance(self):
         if self.sql is not None:
-            from reports.sql.distributed import imbalance
+            from reports.distributed.sql_ranks import imbalance
 
             return imbalance(self.sql)
         from reports.distributed.ranks import imbalance
@@ -154,7 +154,7 @@ class Source:
     def lowest_rank_collectives(self):
         """reports/distributed/collectives.py collectives of the lowest rank's runs."""
         if self.sql is not None:
-            from reports.sql.distributed import lowest_rank_collectives
+            from reports.distributed.sql_ranks import lowest_rank_collectives
 
             return lowest_rank_collectives(self.sql)
         from reports.distributed.collectives import collectives

@@ -1,4 +1,4 @@
--- The memory categories of `optrace report` (reports/sql/memory.py): the rows the storage-lifetime model
+-- The memory categories of `optrace report` (reports/memory/sql_categories.py): the rows the storage-lifetime model
 -- (reports/memory/lifetimes.py) reads, cut down from every row to those where a storage's life changes.
 -- Statements are separated by a line holding only ';' (the format of views.sql).
 

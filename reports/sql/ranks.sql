@@ -1,4 +1,4 @@
--- The distributed sections of `optrace report` (reports/sql/distributed.py): each rank's time, FLOPs and
+-- The distributed sections of `optrace report` (reports/distributed/sql_ranks.py): each rank's time, FLOPs and
 -- traffic per phase, its steps' wall time and its collectives, over `rows` of every rank (one run per rank).
 -- Statements are separated by a line holding only ';' (the format of views.sql).
 

@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 from reports.distributed.collectives import collective_kind, shape_collectives
-from reports.distributed.ranks import _RANKS, PHASE_ORDER, imbalance_of, job_object, trace_of
+from reports.distributed.ranks import RANK_COLUMNS, PHASE_ORDER, imbalance_of, job_object, trace_of
 from reports.sql.tables import count_steps, fetch
 
 __all__ = ["collectives", "imbalance", "is_multi_rank", "job_summary", "lowest_rank_collectives", "ranks"]
@@ -71,7 +71,7 @@ def ranks(trace):
             "comm_s_per_step": float(f["comm_ns"]) / 1e9, "compute_s_per_step": float(f["compute_ns"]) / 1e9,
             "step_time_s": times[i],
         })  # fmt: skip
-    return pd.DataFrame(out, columns=list(_RANKS)).astype(_RANKS)
+    return pd.DataFrame(out, columns=list(RANK_COLUMNS)).astype(RANK_COLUMNS)
 
 
 def imbalance(trace):

@@ -20,7 +20,7 @@ import pandas as pd
 
 from reports.loading.columns import to_pandas
 from reports.memory.lifetimes import RESIZED
-from reports.memory.memory import _CATEGORY_DTYPES, _STORAGE_COLUMNS
+from reports.memory.memory import CATEGORY_DTYPES, STORAGE_COLUMNS
 from reports.memory.memory import by_category as reference_by_category
 from reports._util import empty_frame
 
@@ -31,7 +31,7 @@ def memory_rows(trace, run_index):
     """The kept rows of one run (see the module docstring) as a frame like reports.load's (`run` categorical,
     list columns Arrow-backed), `attrs["runs"]` holding that run only."""
     name, meta = list(trace.runs.items())[run_index]
-    columns = [c for c in _STORAGE_COLUMNS if c in trace.columns]
+    columns = [c for c in STORAGE_COLUMNS if c in trace.columns]
     if "output_storage_bytes" in trace.columns:
         columns.append("output_storage_bytes")
     resized = [int(r[0]) for r in ((meta.get("storage_roles") or {}).get(RESIZED) or []) if len(r) == 3]
@@ -58,5 +58,5 @@ def by_category(trace):
         if len(rows):
             frames.append(reference_by_category(rows))
     if not frames:
-        return empty_frame(_CATEGORY_DTYPES)
-    return pd.concat(frames, ignore_index=True).astype(_CATEGORY_DTYPES)
+        return empty_frame(CATEGORY_DTYPES)
+    return pd.concat(frames, ignore_index=True).astype(CATEGORY_DTYPES)
