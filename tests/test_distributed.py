@@ -419,6 +419,21 @@ def test_cli_report_and_json_on_a_multi_rank_trace(runs, capsys):
     assert {row["phase"] for row in summary["imbalance"]} >= {"forward", "backward", "optimizer", "step"}
 
 
+@pytest.mark.parametrize("name", ["fsdp", "ddp"])
+def test_the_sql_engine_reports_the_ranks_as_pandas_does(runs, name, capsys):
+    """The memory, job and rank sections from SQL over every rank's files: the same text and --json."""
+    from reports.output.cli import main
+
+    root, _ = runs
+    outputs = []
+    for flags in ([], ["--json"]):
+        for engine in ("pandas", "sql"):
+            assert main(["report", os.path.join(root, name), "--engine", engine, *flags]) == 0
+            outputs.append(capsys.readouterr().out)
+    assert outputs[0] == outputs[1] and "Ranks (2)" in outputs[0] and "Memory: peak" in outputs[0]
+    assert outputs[2] == outputs[3] and len(json.loads(outputs[3])["imbalance"]) >= 2
+
+
 # --- without a process group ------------------------------------------------------------------------
 def test_torchrun_environment_without_a_process_group(tmp_path, monkeypatch):
     monkeypatch.setenv("RANK", "3")

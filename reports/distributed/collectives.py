@@ -19,7 +19,7 @@ import pandas as pd
 from reports.loading.load import require
 from reports.tables import split_runs
 
-__all__ = ["collectives", "comm_split", "collective_kind", "bus_factor", "traffic", "per_step_traffic", "FAKE_BACKENDS"]
+__all__ = ["collectives", "shape_collectives", "comm_split", "collective_kind", "bus_factor", "traffic", "per_step_traffic", "FAKE_BACKENDS"]
 
 # Process groups that move no data (torch's fake process group for simulated jobs): their times mean nothing.
 FAKE_BACKENDS = frozenset({"fake"})
@@ -104,7 +104,15 @@ def collectives(df):
     )
     keys = ["run", "rank", "collective", "op", "process_group", "group_size", "comm_bytes"]
     g = rows.groupby(keys, sort=False, dropna=False)
-    out = g["duration_ns"].agg(calls="size", total="sum").reset_index()
+    return shape_collectives(g["duration_ns"].agg(calls="size", total="sum").reset_index())
+
+
+def shape_collectives(out):
+    """The collectives table from its groups in order of first appearance (run, rank, collective, op,
+    process_group, group_size, comm_bytes, calls, total: summed duration_ns); reports/distributed/sql_ranks.py
+    gives the groups from SQL."""
+    if not len(out):
+        return pd.DataFrame({c: pd.Series(dtype=t) for c, t in _OUT.items()})
     out["duration_s"] = out["total"] / out["calls"] / 1e9
     algbw = out["comm_bytes"].astype("float64") / out["duration_s"].where(out["duration_s"] > 0)
     out["algbw_bytes_per_s"] = algbw

@@ -15,7 +15,8 @@ from reports.loading.load import require
 from reports.steps import count_steps, per_step
 from reports.tables import split_runs
 
-__all__ = ["ranks", "imbalance", "first_rank", "is_multi_rank", "rank_summary", "job_summary"]
+__all__ = ["ranks", "imbalance", "imbalance_of", "first_rank", "is_multi_rank", "rank_summary", "job_summary", "job_object",
+           "summary_records"]
 
 RANK_SEPARATOR = "/rank="
 PHASE_ORDER = ("forward", "backward", "optimizer", "other")
@@ -26,7 +27,7 @@ def trace_of(run):
     return str(run).split(RANK_SEPARATOR, 1)[0]
 
 
-_RANKS = {
+RANK_COLUMNS = {
     "run": object, "rank": "int64", "steps": "int64", "flops_per_step": "float64",
     "comm_bytes_per_step": "float64", "comm_s_per_step": "float64", "compute_s_per_step": "float64",
     "step_time_s": "float64",
@@ -64,7 +65,7 @@ def ranks(df):
             "compute_s_per_step": float(per_step(rows, "duration_ns", mask=~comm)) / 1e9,
             "step_time_s": float(_step_times(rows).mean()),
         })  # fmt: skip
-    return pd.DataFrame(out, columns=list(_RANKS)).astype(_RANKS)
+    return pd.DataFrame(out, columns=list(RANK_COLUMNS)).astype(RANK_COLUMNS)
 
 
 _IMBALANCE = {
@@ -88,6 +89,12 @@ def imbalance(df):
         entry = {p: float(per_step(rows, "duration_ns", mask=phase == p)) / 1e9 for p in PHASE_ORDER if (phase == p).any()}
         entry["step"] = float(_step_times(rows).mean())
         per_rank.append((trace_of(run), _rank_of(rows), entry))
+    return imbalance_of(per_rank)
+
+
+def imbalance_of(per_rank):
+    """The imbalance table from [(trace, rank, {phase: seconds per step, "step": step time})], one per run
+    in load order (reports/distributed/sql_ranks.py gives the same entries from SQL)."""
     out = []
     for trace in dict.fromkeys(t for t, _, _ in per_rank):
         members = [(rank, entry) for t, rank, entry in per_rank if t == trace]
@@ -121,24 +128,35 @@ def first_rank(df):
 
 def rank_summary(df):
     """{"ranks": [one object per rank], "imbalance": [one object per phase]} for `report --json`."""
+    return summary_records(ranks(df), imbalance(df))
+
+
+def summary_records(ranks_table, imbalance_table):
+    """rank_summary's object from the ranks and imbalance tables."""
     def records(frame):
         return [{k: (v.item() if hasattr(v, "item") else v) for k, v in row.items()} for row in frame.to_dict("records")]
 
-    return {"ranks": records(ranks(df)), "imbalance": records(imbalance(df))}
+    return {"ranks": records(ranks_table), "imbalance": records(imbalance_table)}
 
 
 def job_summary(df, present):
     """One rank standing for its job: {rank, world_size, backend, ranks_present, fake_process_group,
     collectives: per_step_traffic of the first run as records}; None for a trace of no process group."""
-    from reports.distributed.collectives import FAKE_BACKENDS, per_step_traffic
+    from reports.distributed.collectives import per_step_traffic
 
     (run, meta), *_ = df.attrs["runs"].items()
     world = meta.get("world_size")
     if world is None:
         return None
-    table = per_step_traffic(df[df["run"] == run] if "run" in df.columns else df)
+    return job_object(meta, present, per_step_traffic(df[df["run"] == run] if "run" in df.columns else df))
+
+
+def job_object(meta, present, table):
+    """job_summary's object from the run's metadata and its per_step_traffic table."""
+    from reports.distributed.collectives import FAKE_BACKENDS
+
     return {
-        "rank": meta.get("rank"), "world_size": int(world), "backend": meta.get("backend"),
+        "rank": meta.get("rank"), "world_size": int(meta["world_size"]), "backend": meta.get("backend"),
         "ranks_present": int(present), "fake_process_group": meta.get("backend") in FAKE_BACKENDS,
         "collectives": [
             {k: (v.item() if hasattr(v, "item") else v) for k, v in row.items() if k not in ("run", "rank")}

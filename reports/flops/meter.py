@@ -30,7 +30,10 @@ COLUMNS = tuple(_OUT)
 
 
 def _runs(source):
-    """{run: metadata} of a loaded DataFrame (reports.load) or of a trace path (its metadata only)."""
+    """{run: metadata} of a loaded DataFrame (reports.load), of a trace path (its metadata only), or given as such
+    (a reports.sql.engine.Trace's `runs`)."""
+    if isinstance(source, dict):
+        return source
     if isinstance(source, pd.DataFrame):
         runs = source.attrs.get("runs")
         if not runs:
@@ -86,8 +89,8 @@ def meter(source):
     """One row per metered step of every run: step, traced, flops_from_step (the first step of the
     trace its FLOPs come from), flops_estimated (scaled from that trace, see the module docstring),
     step_time_s, tokens, tokens_per_s, model_flops, hardware_flops, recompute_flops, dtype,
-    peak_flops_per_s, mfu, hfu. `source`: a trace path or a DataFrame from
-    reports.load. Empty (typed) for a trace without a Meter table."""
+    peak_flops_per_s, mfu, hfu. `source`: a trace path, a DataFrame from
+    reports.load, or its `attrs["runs"]` ({run name: metadata}). Empty (typed) for a trace without a Meter table."""
     frames = [_rows(run, meta["meter"]) for run, meta in _runs(source).items() if isinstance(meta.get("meter"), dict)]
     if not frames:
         return pd.DataFrame({c: pd.Series(dtype=t) for c, t in _OUT.items()})

@@ -17,7 +17,7 @@ from reports.memory.lifetimes import CATEGORIES, DTYPE_BYTES, Storages, runs_in_
 
 __all__ = ["CATEGORIES", "DTYPE_BYTES", "by_category", "by_dtype", "peak", "storages", "timeline"]
 
-_STORAGE_COLUMNS = (
+STORAGE_COLUMNS = (
     "seq", "step", "op", "phase", "module", "input_storage_ids", "input_shapes", "input_strides",
     "input_dtypes", "output_storage_ids", "output_shapes", "output_dtypes", "freed_storage_ids",
     "bytes_allocated", "live_bytes",
@@ -31,7 +31,7 @@ _STORAGE_DTYPES = {
 
 def _each_run(df, what):
     """A `Storages` for each run of `df` that has rows, after checking the columns."""
-    require(df, _STORAGE_COLUMNS, what)
+    require(df, STORAGE_COLUMNS, what)
     for name, meta, rows in runs_in_order(df):
         if len(rows):
             yield Storages(name, meta, rows)
@@ -142,7 +142,7 @@ def peak(df):
     return pd.DataFrame(found).astype(_PEAK_DTYPES)
 
 
-_CATEGORY_DTYPES = {"run": "object", "category": "object", "bytes": "int64", "seq": "int64", "live_pct": "float64"}
+CATEGORY_DTYPES = {"run": "object", "category": "object", "bytes": "int64", "seq": "int64", "live_pct": "float64"}
 _AT = ("peak", "end", "max")
 
 
@@ -195,8 +195,8 @@ def by_category(df, at="peak"):
             )
         )
     if not frames:
-        return empty_frame(_CATEGORY_DTYPES)
-    return pd.concat(frames, ignore_index=True).astype(_CATEGORY_DTYPES)
+        return empty_frame(CATEGORY_DTYPES)
+    return pd.concat(frames, ignore_index=True).astype(CATEGORY_DTYPES)
 
 
 _DTYPE_DTYPES = {"run": "object", "dtype": "object", "storages": "int64", "bytes_allocated": "int64", "peak_live_bytes": "int64"}

@@ -36,11 +36,9 @@ def summary(df, peak_tflops=None, step_time_s=None, ranks_present=None, top=8, s
     (reports/output/report_json.py). `ranks_present`: rank directories in the trace
     (reports.loading.load.ranks_present), for its `distributed` object; default: the runs loaded.
     `sql`: a reports.sql.engine.Trace of the same run, for the tables it computes (reports/output/source.py)."""
-    from reports.distributed.ranks import job_summary
     from reports.flops.accounting import analyse
     from reports.flops.breakdown import breakdown
     from reports.flops.mfu import mfu
-    from reports.flops.meter import meter_summary
     from reports.steps import count_steps
 
     src = Source(df, sql)
@@ -77,10 +75,10 @@ def summary(df, peak_tflops=None, step_time_s=None, ranks_present=None, top=8, s
         "backward_unnamed_rows": int(meta.get("backward_unnamed_rows") or 0),
         "attention": meta.get("attention"),  # on meta: which SDPA kernels ran (tracer/attention.py)
         **_coverage_json(src),
-        "distributed": job_summary(df, len(df.attrs["runs"]) if ranks_present is None else ranks_present),
+        "distributed": src.job(len(src.runs) if ranks_present is None else ranks_present),
         "untraced_optimizer_steps": int(meta.get("untraced_optimizer_steps") or 0),  # compiled before the trace
         "cycles_without_step": int(meta.get("cycles_without_step") or 0),  # iterations no step boundary split
-        "meter": meter_summary(df),  # a metered run's per-step figures (tracer/meter.py); null without
+        "meter": src.meter_summary(),  # a metered run's per-step figures (tracer/meter.py); null without
         **sections(df, meta, accounts, peak_tflops, step_time_s, top, src),
     }
 
@@ -106,7 +104,6 @@ def _print_report(df, args, out, sql=None):
     from reports.flops.breakdown import breakdown, explain
     from reports.flops.explain import cycles_note
     from reports.flops.mfu import mfu
-    from reports.memory.memory import by_category
 
     src = Source(df, sql)  # the tables the SQL engine computes when `sql` (a Trace of the run) is given
     (run, meta), *_ = df.attrs["runs"].items()
@@ -200,7 +197,7 @@ def _print_report(df, args, out, sql=None):
 
     top = src.peak().iloc[0]
     print(f"\nMemory: peak {human_bytes(top['peak_live_bytes'])} live at op {top['seq']} ({printable(top['op'])}, {printable(top['phase'])}, module {printable(top['module'] or '-')})", file=out)
-    for _, row in by_category(df).iterrows():
+    for _, row in src.categories().iterrows():
         print(f"  {row['category']:<22} {human_bytes(row['bytes'])}", file=out)
 
     v = src.views()
@@ -259,7 +256,7 @@ def _report(args):
     from tracer.schema import COLUMN_NAMES
 
     # only the columns the sections read; no Python object per list cell; shapes read when asked (reports/loading/columns.py)
-    from reports.distributed.ranks import first_rank, is_multi_rank, rank_summary
+    from reports.distributed.ranks import first_rank, is_multi_rank
     from reports.loading.load import rank_paths, ranks_present
     from reports.output.distributed import print_job, print_ranks
     from reports.output.meter import print_meter
@@ -268,28 +265,76 @@ def _report(args):
     unused = _REPORT_UNUSED  # --json holds every section too
     if len(rank_paths(args.trace)) <= 1 and not args.plot:
         unused += tuple(c for c in _RANKS_ONLY if c not in _JOB_COLUMNS)
-    df = load(args.trace, columns=[c for c in COLUMN_NAMES if c not in unused], lists="deferred")
+    columns = [c for c in COLUMN_NAMES if c not in unused]
+    everyone = _sql_all(args.trace) if args.engine == "sql" else None  # every rank, checked, in SQL
+    if everyone is not None:  # the rank sections from SQL: only the first rank's rows are loaded, for the frame's sections
+        df = _first_rank_frame(args.trace, everyone, columns)
+        ranks_src = Source(None, everyone)
+        ranks_src = ranks_src if ranks_src.multi_rank() else None
+    else:
+        df = load(args.trace, columns=columns, lists="deferred")
+        ranks_src = Source(df) if is_multi_rank(df) else None
     if not len(df):
         raise ReportError(f"{args.trace}: the trace has no ops (nothing ran inside `with Tracer(...)`)")
 
-    everyone, df = df, first_rank(df) if is_multi_rank(df) else df  # the report of rank 0, then the ranks
-    sql = _sql_trace(args.trace, df) if args.engine == "sql" else None
+    df = first_rank(df) if is_multi_rank(df) else df  # the report of rank 0, then the ranks
+    if everyone is not None:
+        sql = everyone if not everyone.several else _sql_trace(args.trace, df)
+    else:
+        sql = _sql_trace(args.trace, df) if args.engine == "sql" else None
+    src = Source(df, sql)
     if args.plot:
         from reports.output.plots import save_plots
 
         paths = save_plots(df, args.plot)
     if args.json:
-        extra = rank_summary(everyone) if is_multi_rank(everyone) else {}
+        extra = ranks_src.rank_summary() if ranks_src is not None else {}
         found = summary(df, args.peak_tflops, args.step_time, ranks_present(args.trace), args.top, sql)
         print(json.dumps(strict({**found, **extra}), indent=2, allow_nan=False))
     else:
         _print_report(df, args, sys.stdout, sql)
-        print_meter(df, sys.stdout)  # a metered run's per-step figures (reports/output/meter.py)
-        print_job(df, ranks_present(args.trace), sys.stdout)
-        if is_multi_rank(everyone):
-            print_ranks(everyone, sys.stdout)
+        print_meter(src, sys.stdout)  # a metered run's per-step figures (reports/output/meter.py)
+        print_job(src, ranks_present(args.trace), sys.stdout)
+        if ranks_src is not None:
+            print_ranks(ranks_src, sys.stdout)
         if args.plot:
             print("\nPlots: " + ", ".join(str(p) for p in paths))
+
+
+def _sql_all(path):
+    """The SQL engine's Trace of every rank of the trace (one run per rank), checked and warned about as
+    reports.load does; None for a trace it does not read (v1, v2: the frame's sections then)."""
+    from reports.sql.engine import Trace, Unsupported
+
+    try:
+        return Trace(path)
+    except Unsupported:
+        return None
+
+
+def _first_rank_frame(path, everyone, columns):
+    """The first rank's rows as reports.load of the whole trace names them (run `<name>/rank=R`, a `rank`
+    column), without reading the other ranks' rows; `everyone` (a Trace of all ranks) has checked and warned."""
+    from reports.loading.load import load, runs_with_ranks
+
+    (first, rank), *_ = runs_with_ranks([path])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # said once, by `everyone`
+        df = load(first, columns=columns, lists="deferred")
+    if rank is None:
+        return df
+    (loaded, meta), (name, _) = next(iter(df.attrs["runs"].items())), next(iter(everyone.runs.items()))
+    if loaded != name:
+        df["run"] = df["run"].cat.rename_categories([name])
+        df.attrs["runs"] = {name: meta}
+        deferred = df.attrs.get("deferred")
+        if deferred is not None:
+            deferred.runs = {name: deferred.runs[loaded]}
+    if "rank" in df.columns:
+        df["rank"] = int(rank)
+    else:
+        df.insert(1, "rank", int(rank))
+    return df
 
 
 def _sql_trace(path, df):

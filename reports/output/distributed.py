@@ -3,17 +3,17 @@ step) and, for a trace of several ranks, the ranks side by side with their imbal
 
 import pandas as pd
 
-from reports.distributed.collectives import FAKE_BACKENDS, collectives
-from reports.distributed.ranks import imbalance, job_summary, ranks
+from reports.distributed.collectives import FAKE_BACKENDS
 from reports.output.text import human, human_bytes
 
 __all__ = ["print_job", "print_ranks"]
 
 
-def print_job(df, present, out):
+def print_job(src, present, out):
     """The `Distributed` section of `optrace report`: world size, ranks present, and what this rank's
-    collectives send and receive per step. Printed for every rank of a process group, one rank or many."""
-    job = job_summary(df, present)
+    collectives send and receive per step. Printed for every rank of a process group, one rank or many.
+    `src`: the run's reports/output/source.py Source."""
+    job = src.job(present)
     if job is None:
         return
     missing = "" if present >= job["world_size"] else f"; {present} of {job['world_size']} ranks present in the trace"
@@ -35,10 +35,10 @@ def print_job(df, present, out):
         print("  No bandwidth or collective time: a fake process group moves no data, so its timings mean nothing.", file=out)
 
 
-def print_ranks(df, out):
-    """The per-rank section of `optrace report` on a distributed trace."""
-    table = ranks(df)
-    (_, meta), *_ = df.attrs["runs"].items()
+def print_ranks(src, out):
+    """The per-rank section of `optrace report` on a distributed trace. `src`: a Source over every rank."""
+    table = src.ranks()
+    (_, meta), *_ = src.runs.items()
     world = meta.get("world_size")
     of = f" of {world}" if world and world != len(table) else ""
     print(f"\nRanks ({len(table)}{of}): per step, traced times", file=out)
@@ -50,7 +50,7 @@ def print_ranks(df, out):
         "step ms": (table["step_time_s"] * 1e3).map("{:.2f}".format),
     })  # fmt: skip
     print(shown.to_string(index=False), file=out)
-    imb = imbalance(df)
+    imb = src.imbalance()
     print("Imbalance (max / mean over ranks of the time per step)", file=out)
     for row in imb.itertuples():
         print(f"  {row.phase:<10} {row.imbalance:.3f}  (max {row.max_s * 1e3:.2f} ms on rank {row.slowest_rank}, "
@@ -58,19 +58,18 @@ def print_ranks(df, out):
     step = imb[imb["phase"] == "step"]
     if len(step):
         print(f"The slowest rank is {int(step['slowest_rank'].iloc[0])} (longest step).", file=out)
-    split = _collective_lines(df)
+    split = _collective_lines(src)
     if split:
         print("Collectives (rank 0)", file=out)
         for line in split:
             print(f"  {line}", file=out)
 
 
-def _collective_lines(df):
-    (_, meta), *_ = df.attrs["runs"].items()
+def _collective_lines(src):
+    (_, meta), *_ = src.runs.items()
     if meta.get("backend") in FAKE_BACKENDS:
         return []  # no data moved: no bandwidth (print_job says why)
-    table = collectives(df)
-    table = table[table["rank"] == table["rank"].min()] if len(table) else table
+    table = src.lowest_rank_collectives()
     return [
         f"{r.collective:<15} {r.calls} x {human_bytes(r.comm_bytes)}: {r.duration_s * 1e3:.2f} ms each, "
         f"busbw {human_bytes(r.busbw_bytes_per_s)}/s"

@@ -1,6 +1,5 @@
 """The report's meter section: a metered run's (tracer/meter.py) step time, tokens/s, MFU and HFU over its steps."""
 
-from reports.flops.meter import meter_summary
 from reports.output.text import human, percent
 
 __all__ = ["print_meter"]
@@ -12,9 +11,10 @@ def _spread(figure, show):
     return f"{show(figure['median'])} (min {show(figure['min'])}, max {show(figure['max'])})"
 
 
-def print_meter(df, out):
-    """Print the meter section when the trace has a Meter table; nothing otherwise."""
-    found = meter_summary(df)
+def print_meter(src, out):
+    """Print the meter section when the trace has a Meter table; nothing otherwise. `src`: the run's
+    reports/output/source.py Source."""
+    found = src.meter_summary()
     if found is None:
         return
     traced = ", ".join(str(s) for s in found["traced_steps"][:8]) + (", ..." if len(found["traced_steps"]) > 8 else "")

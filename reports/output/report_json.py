@@ -132,13 +132,11 @@ def _roofline(src, top):
 
 
 def _memory(df, src):
-    from reports.memory.memory import by_category
-
     top = src.peak().iloc[0]
     return {
         "peak": {"peak_live_bytes": json_value(top["peak_live_bytes"]), "seq": json_value(top["seq"]),
                  "step": json_value(top["step"]), "op": top["op"], "phase": top["phase"], "module": top["module"]},
-        "categories": {str(r.category): json_value(r.bytes) for r in by_category(df).itertuples()},
+        "categories": {str(r.category): json_value(r.bytes) for r in src.categories().itertuples()},
     }  # fmt: skip
 
 

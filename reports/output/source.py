@@ -1,7 +1,8 @@
 """Where `optrace report` takes each table from: the SQL engine (reports/sql) when it has the trace
 open, else the pandas functions on the loaded frame (the reference). Both give the same tables
-(tests/test_sql.py); the sections that need per-row Python (breakdown and explain, MFU, memory
-categories, the rank sections) always read the frame."""
+(tests/test_sql.py); the sections that need per-row Python (breakdown and explain, MFU) always read the
+frame. The memory categories, the meter and the distributed sections work with df=None when `sql` is given
+(tests/test_sql_sections.py); the rank sections take a Source over every rank."""
 
 __all__ = ["Source"]
 
@@ -89,3 +90,80 @@ class Source:
         from reports.memory.views import views
 
         return views(self.df)
+
+    # ---- memory categories, meter, distributed (reports/memory/sql_categories.py, reports/distributed/sql_ranks.py):
+    # the rank sections take a Source over every rank (one run per rank)
+    @property
+    def runs(self):
+        """{run name: metadata} of the runs this Source holds."""
+        return self.sql.runs if self.sql is not None else self.df.attrs["runs"]
+
+    def categories(self):
+        """reports.by_category at the run's peak (rows: category, bytes, ...)."""
+        if self.sql is not None:
+            from reports.memory.sql_categories import by_category
+
+            return by_category(self.sql)
+        from reports.memory.memory import by_category
+
+        return by_category(self.df)
+
+    def meter_summary(self):
+        """The meter section (reports/flops/meter.py meter_summary): it reads only the runs' metadata."""
+        from reports.flops.meter import meter_summary
+
+        return meter_summary(self.runs if self.sql is not None else self.df)
+
+    def job(self, present):
+        """reports/distributed/ranks.py job_summary of the first run; None outside a process group."""
+        if self.sql is not None:
+            from reports.distributed.sql_ranks import job_summary
+
+            return job_summary(self.sql, present)
+        from reports.distributed.ranks import job_summary
+
+        return job_summary(self.df, present)
+
+    def multi_rank(self):
+        if self.sql is not None:
+            from reports.distributed.sql_ranks import is_multi_rank
+
+            return is_multi_rank(self.sql)
+        from reports.distributed.ranks import is_multi_rank
+
+        return is_multi_rank(self.df)
+
+    def ranks(self):
+        if self.sql is not None:
+            from reports.distributed.sql_ranks import ranks
+
+            return ranks(self.sql)
+        from reports.distributed.ranks import ranks
+
+        return ranks(self.df)
+
+    def imbalance(self):
+        if self.sql is not None:
+            from reports.distributed.sql_ranks import imbalance
+
+            return imbalance(self.sql)
+        from reports.distributed.ranks import imbalance
+
+        return imbalance(self.df)
+
+    def lowest_rank_collectives(self):
+        """reports/distributed/collectives.py collectives of the lowest rank's runs."""
+        if self.sql is not None:
+            from reports.distributed.sql_ranks import lowest_rank_collectives
+
+            return lowest_rank_collectives(self.sql)
+        from reports.distributed.collectives import collectives
+
+        table = collectives(self.df)
+        return table[table["rank"] == table["rank"].min()] if len(table) else table
+
+    def rank_summary(self):
+        """{"ranks": [...], "imbalance": [...]} of `report --json` on a trace of several ranks."""
+        from reports.distributed.ranks import summary_records
+
+        return summary_records(self.ranks(), self.imbalance())

@@ -1,0 +1,131 @@
+"""The distributed sections of `optrace report` from the SQL views of reports/sql/ranks.sql: each takes a
+reports.sql.engine.Trace (of every rank: one run per rank) and returns what its pandas reference returns.
+
+    pandas reference (a loaded frame)                    here (a Trace)
+    reports/distributed/ranks.py is_multi_rank           is_multi_rank
+    ranks, imbalance                                     ranks, imbalance
+    job_summary (the first run's per_step_traffic)       job_summary
+    collectives.collectives                              collectives
+
+SQL sums each run's rows per phase and per step (one row per run and phase, per run and step, per
+collective group), so what Python holds is the size of the result, not of the trace. Per-step figures
+divide each phase's total by the steps it ran in and add the phases in reports/steps.py's order, as
+per_step does; integer totals are exact, so the figures are the reference's to the last bit.
+"""
+
+import weakref
+
+import numpy as np
+import pandas as pd
+
+from reports.distributed.collectives import collective_kind, shape_collectives
+from reports.distributed.ranks import RANK_COLUMNS, PHASE_ORDER, imbalance_of, job_object, trace_of
+from reports.sql.tables import count_steps, fetch
+
+__all__ = ["collectives", "imbalance", "is_multi_rank", "job_summary", "lowest_rank_collectives", "ranks"]
+
+
+def is_multi_rank(trace):
+    """Whether the trace holds more than one rank (reports.load's `rank` column takes two values or more)."""
+    return len({int(r or 0) for r in trace.ranks}) > 1 and any(r is not None for r in trace.ranks)
+
+
+def _rank(trace, i):
+    return int(trace.ranks[i] or 0)
+
+
+_DONE = weakref.WeakKeyDictionary()  # Trace -> its per-rank figures: ranks and imbalance share one scan of the rows
+
+
+def _per_rank(trace):
+    """(totals per run and phase, per-step figures {run_index: frame}, step times {run_index: seconds}), from one
+    scan of every rank's rows (view rank_step_phase, kept as a temporary table of one row per run, step and phase)."""
+    if trace in _DONE:
+        return _DONE[trace]
+    trace.db.execute("CREATE TEMP TABLE IF NOT EXISTS rank_step_phase_once AS SELECT * FROM rank_step_phase")
+    sums = ("ops", "flops", "comm_bytes", "comm_ops", "comm_ns", "compute_ns", "duration_ns")
+    totals = fetch(trace, f"(SELECT run, run_index, phase, {', '.join(f'sum({c}) AS {c}' for c in sums)}, "
+                          "min(first_seq) AS first_seq FROM rank_step_phase_once GROUP BY run, run_index, phase)",
+                   "first_seq", sums)  # fmt: skip
+    figures = trace.per_step(totals, ["flops", "comm_bytes", "comm_ns", "compute_ns"])
+    spans = trace.sql("SELECT run_index, step, min(start_ns) AS start_ns, max(end_ns) AS end_ns FROM rank_step_phase_once "
+                      "GROUP BY run_index, step ORDER BY run_index, step")  # fmt: skip
+    times = {}
+    for i, s in spans.groupby("run_index", sort=True):
+        times[int(i)] = float(((s["end_ns"] - s["start_ns"]) / 1e9).mean())  # as _step_times(rows).mean()
+    _DONE[trace] = totals, figures, times
+    return _DONE[trace]
+
+
+def ranks(trace):
+    """reports/distributed/ranks.py ranks: one row per run (a rank) with rows."""
+    totals, figures, times = _per_rank(trace)
+    out = []
+    for i, run in enumerate(trace.runs):
+        if i not in times:  # a run without rows
+            continue
+        f = figures[i].iloc[0]
+        out.append({
+            "run": run, "rank": _rank(trace, i), "steps": count_steps(trace, i),
+            "flops_per_step": float(f["flops"]), "comm_bytes_per_step": float(f["comm_bytes"]),
+            "comm_s_per_step": float(f["comm_ns"]) / 1e9, "compute_s_per_step": float(f["compute_ns"]) / 1e9,
+            "step_time_s": times[i],
+        })  # fmt: skip
+    return pd.DataFrame(out, columns=list(RANK_COLUMNS)).astype(RANK_COLUMNS)
+
+
+def imbalance(trace):
+    """reports/distributed/ranks.py imbalance: each phase's time per step over the ranks, and the step's."""
+    totals, _, times = _per_rank(trace)
+    steps = trace.phase_steps()
+    per_rank = []
+    for i, run in enumerate(trace.runs):
+        if i not in times:
+            continue
+        mine = totals[totals["run_index"] == i].set_index("phase")
+        # per_step(rows, "duration_ns", mask=phase == p): that phase's total over its steps (0.0 + x / steps)
+        entry = {p: (0.0 + float(np.float64(mine.loc[p, "duration_ns"]) / steps[i][p])) / 1e9
+                 for p in PHASE_ORDER if p in mine.index}  # fmt: skip
+        entry["step"] = times[i]
+        per_rank.append((trace_of(run), _rank(trace, i), entry))
+    return imbalance_of(per_rank)
+
+
+def job_summary(trace, present):
+    """reports/distributed/ranks.py job_summary: the first run standing for its job; None outside a process group."""
+    from reports.sql_report import per_step_traffic
+
+    (run, meta), *_ = trace.runs.items()
+    if meta.get("world_size") is None:
+        return None
+    table = per_step_traffic(trace)
+    return job_object(meta, present, table[table["run"] == run].reset_index(drop=True))
+
+
+def collectives(trace, run_indices=None):
+    """reports/distributed/collectives.py collectives of the runs `run_indices` (default: all)."""
+    where = None if run_indices is None else f"run_index IN ({', '.join(str(int(i)) for i in run_indices) or 'NULL'})"
+    groups = fetch(trace, "collective_calls", "first_seq", ("calls", "total_ns"), where=where)
+    out = pd.DataFrame({
+        "run": groups["run"].astype(object),
+        "rank": [_rank(trace, int(i)) for i in groups["run_index"]],
+        "collective": groups["op"].astype(object).map(collective_kind),
+        "op": groups["op"].astype(object),
+        "process_group": groups["process_group"].astype(object),
+        "group_size": groups["group_size"],
+        "comm_bytes": groups["comm_bytes"],
+        "calls": groups["calls"].astype("int64"),
+        "total": groups["total_ns"].astype("int64"),
+    })  # fmt: skip
+    return shape_collectives(out)
+
+
+def lowest_rank_collectives(trace):
+    """collectives of the lowest rank that ran any (what the report's rank section prints), reading only its runs'
+    collective rows: which runs ran collectives comes from rank_step_phase's counts."""
+    totals, _, _ = _per_rank(trace)
+    with_comm = sorted({int(i) for i in totals.loc[totals["comm_ops"] > 0, "run_index"]})
+    if not with_comm:
+        return collectives(trace, [])
+    low = min(_rank(trace, i) for i in with_comm)
+    return collectives(trace, [i for i in with_comm if _rank(trace, i) == low])

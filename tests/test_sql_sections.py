@@ -1,0 +1,184 @@
+"""The memory, meter and distributed sections of `optrace report` from the SQL engine (reports/memory/sql_categories.py,
+reports/distributed/sql_ranks.py): the same tables, the same text and --json, as the pandas reference.
+
+Traces: the example GPT (3 AdamW steps), one cut mid-step, a checkpointed MLP, a storage resized in place,
+a model on the meta device, two runs at once, a damaged trace (a part deleted), a simulated FSDP2 job of
+world size 4 (tests/test_job.py) with a copy of its rank 0 as rank 1, and a metered run.
+"""
+
+import json
+import os
+import shutil
+import warnings
+
+import pandas as pd
+import pytest
+import torch
+from test_job import LAYER_BYTES, simulate
+from test_sql import _gpt
+
+import reports
+from reports.distributed import collectives as pandas_collectives
+from reports.distributed import ranks as pandas_ranks
+from reports.flops.meter import meter_summary
+from reports.output.cli import main
+from reports.output.source import Source
+from reports.distributed import sql_ranks as distributed
+from reports.sql.engine import Trace
+from reports.memory.sql_categories import by_category, memory_rows
+from tracer import Meter, Tracer
+from tracer.schema import part_paths
+
+
+def _checkpointed(path):
+    from torch.utils.checkpoint import checkpoint
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    opt = torch.optim.AdamW(model.parameters())
+    x = torch.randn(4, 8, requires_grad=True)
+    with Tracer(path, model=model, tokens=4, run_name="ckpt"):
+        for _ in range(2):
+            checkpoint(model, x, use_reentrant=False).pow(2).mean().backward()
+            opt.step()
+            opt.zero_grad()
+    return path
+
+
+def _resized(path):
+    buffer = torch.zeros(4)  # 16 bytes, made before the trace: an input
+    with Tracer(path, run_name="r"):
+        y = buffer + 1  # seq 0: a 16-byte temporary
+        buffer.resize_(16)  # seq 1: the input holds 64 bytes from here on
+        z = buffer * 2  # seq 2: a 64-byte temporary
+    del y, z
+    return path
+
+
+def _meta(path):
+    with torch.device("meta"):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.Linear(64, 32))
+        x = torch.randn(8, 32)
+    opt = torch.optim.AdamW(model.parameters())
+    with Tracer(path, model=model, tokens=8, run_name="meta"):
+        model(x).sum().backward()
+        opt.step()
+    return path
+
+
+def _metered(path):
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with Meter(path, model=model, tokens=4, peak_flops=1e12) as meter:
+        for i in range(4):
+            model(torch.randn(2 if i >= 2 else 4, 8)).sum().backward()  # step 2: a new shape, so step 3 is traced
+            opt.step()
+            opt.zero_grad()
+            meter.step()
+    return path
+
+
+@pytest.fixture(scope="module")
+def traces(tmp_path_factory):
+    root = tmp_path_factory.mktemp("sections")
+    gpt = _gpt(root / "gpt", 3)
+    job = root / "job"
+    simulate(job, 4)
+    shutil.copytree(job / "rank=0", job / "rank=1")
+    damaged = root / "damaged"
+    shutil.copytree(gpt, damaged)
+    os.remove(part_paths(damaged)[1])
+    return {"gpt": gpt, "cut": _gpt(root / "cut", 2, cut=True), "ckpt": _checkpointed(root / "ckpt"),
+            "resized": _resized(root / "resized"), "meta": _meta(root / "meta"), "damaged": damaged, "job": job,
+            "two": [gpt, _checkpointed(root / "ckpt2")], "metered": _metered(root / "metered")}  # fmt: skip
+
+
+def _pair(path):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return reports.load(path), Trace(path)
+
+
+@pytest.mark.parametrize("trace", ["gpt", "cut", "ckpt", "resized", "meta", "damaged", "job", "two"])
+def test_memory_categories_are_the_references(traces, trace):
+    df, sql = _pair(traces[trace])
+    pd.testing.assert_frame_equal(by_category(sql), reports.by_category(df), check_exact=True)
+
+
+def test_the_lifetime_model_reads_only_the_rows_it_needs(traces):
+    df, sql = _pair(traces["gpt"])
+    kept = memory_rows(sql, 0)
+    # every row naming a storage for the first time or freeing one is kept; a view, a reused output, ... is not
+    assert 0 < len(kept) < len(df)
+    assert set(kept["seq"]) <= set(df["seq"]) and "duration_ns" not in kept and "flops" not in kept
+
+
+def test_a_storage_resized_in_place(traces):
+    df, sql = _pair(traces["resized"])
+    assert df.attrs["runs"]["r"]["storage_roles"]["resized"] == [[1, 0, 64]]  # [seq, storage id, bytes]
+    got = by_category(sql).set_index("category")
+    assert (got["seq"] == 2).all()  # the peak: after z = buffer * 2
+    assert got.loc["inputs", "bytes"] == 64  # the buffer: 16 float32 after the resize, 16 * 4
+    assert got.loc["temporaries", "bytes"] == 16 + 64  # y: 4 * 4; z: 16 * 4
+    assert got["bytes"].sum() == 144 and got.loc["inputs", "live_pct"] == pytest.approx(100 * 64 / 144)
+
+
+def test_the_rank_tables_are_the_references(traces):
+    df, sql = _pair(traces["job"])
+    assert distributed.is_multi_rank(sql) and pandas_ranks.is_multi_rank(df) and list(sql.ranks) == [0, 1]
+    for mine, ref in ((distributed.ranks, pandas_ranks.ranks), (distributed.imbalance, pandas_ranks.imbalance),
+                      (distributed.collectives, pandas_collectives.collectives)):  # fmt: skip
+        pd.testing.assert_frame_equal(mine(sql), ref(df), check_exact=True)
+    table = distributed.ranks(sql)
+    # per step: 8 all-gathers and 4 reduce-scatters of one layer's 64 * 64 * 4 = 16,384 bytes: 196,608
+    assert table["comm_bytes_per_step"].tolist() == [12 * LAYER_BYTES] * 2
+    assert distributed.job_summary(sql, 2) == pandas_ranks.job_summary(pandas_ranks.first_rank(df), 2)
+    one = _pair(traces["gpt"])[1]
+    assert not distributed.is_multi_rank(one) and distributed.job_summary(one, 0) is None
+
+
+def test_the_meter_section_reads_the_runs(traces):
+    df, sql = _pair(traces["metered"])
+    found = Source(None, sql).meter_summary()
+    assert found == meter_summary(df) and found["steps"] == 4 and found["traced_steps"] == [0, 3]
+
+
+@pytest.mark.parametrize("trace", ["job", "ckpt", "resized", "metered"])
+def test_the_report_is_the_same_from_either_engine(traces, trace, capsys):
+    outputs = []
+    for flags in ([], ["--json"]):
+        for engine in ("pandas", "sql"):
+            assert main(["report", str(traces[trace]), "--engine", engine, *flags]) == 0
+            outputs.append(capsys.readouterr())
+    assert outputs[0] == outputs[1] and outputs[2] == outputs[3]
+    if trace == "job":
+        assert "Ranks (2 of 4)" in outputs[1].out and "Memory: peak" in outputs[1].out
+        assert [r["rank"] for r in json.loads(outputs[3].out)["ranks"]] == [0, 1]
+
+
+def test_the_rank_views_marked_portable_run_in_polars(traces):
+    """Each view of reports/sql/ranks.sql marked portable runs unchanged in polars' SQL over the same rows, with
+    DuckDB's result (as tests/test_sql.py checks views.sql's)."""
+    import polars as pl
+
+    from reports.sql.engine import VIEW_FILES, statements
+
+    sql = _pair(traces["job"])[1]
+    rows = pl.from_pandas(sql.sql("SELECT run, run_index, seq, step, phase, op, flops, duration_ns, start_ns, comm_bytes, "
+                                  "group_size, CAST(process_group AS VARCHAR) AS process_group FROM rows"))  # fmt: skip
+    context = pl.SQLContext(rows=rows)
+    [ranks_sql] = [f for f in VIEW_FILES if f.endswith("ranks.sql")]
+    portable = [(name, body) for name, body, ok in statements(ranks_sql) if ok]
+    assert {n for n, _ in portable} == {"rank_step_phase", "collective_calls"}
+    for name, body in portable:
+        got = context.execute(body, eager=True).to_pandas()
+        want = sql.sql(f"SELECT * FROM {name}")
+        assert list(got.columns) == list(want.columns), name
+        key = ["run_index", "first_seq"]
+        got = got.astype({c: "float64" for c in got if got[c].dtype.kind in "iuf"}).sort_values(key).reset_index(drop=True)
+        want = want.astype({c: "float64" for c in want if want[c].dtype.kind in "iuf"}).sort_values(key).reset_index(drop=True)
+        pd.testing.assert_frame_equal(got, want.astype({"process_group": object}) if "process_group" in want else want,
+                                      check_dtype=False, rtol=1e-12, obj=name)  # fmt: skip
+        assert len(got) > 0
