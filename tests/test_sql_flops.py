@@ -266,7 +266,7 @@ def test_the_sql_op_lists_are_the_python_ones():
     from reports.sql.engine import VIEW_FILES
 
     text = open(next(f for f in VIEW_FILES if f.endswith("flops.sql")), encoding="utf-8").read()
-    body = text[text.index("CREATE VIEW flop_marked"):text.index("CREATE VIEW flop_rows")]
+    body = text[text.index("CREATE VIEW flop_ops"):text.index("CREATE VIEW flop_marked")]
     named = set(re.findall(r"'([\w.]+\.[\w.]+)'", body))
     assert named == set(ONE_TO_ONE_COPIES | roles._GATHERS | roles._ADDS | roles.GRADIENT_PLACES
                         | roles._GRADIENT_MOVES)

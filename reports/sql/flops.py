@@ -31,6 +31,7 @@ too, row by row): a figure above 2**53 may then differ in its last bits.
 
 import numpy as np
 import pandas as pd
+import pyarrow.compute as pc
 
 from reports.loading.columns import SharedRuns, to_pandas
 
@@ -40,6 +41,7 @@ _ROWS = ("seq", "step", "phase", "op", "module", "flop_kind", "flops", "recomput
          "output_storage_ids", "input_dtypes", "input_shapes", "output_shapes")  # fmt: skip
 _REST = {"seq": "seq", "step": "step", "phase": "phase", "op": "op", "flop_kind": "flop_kind", "flops": "flops",
          "recompute": "recompute", "input_dtypes": "first_dtype"}  # fmt: skip
+_CATEGORICAL = ("phase", "op", "module", "flop_kind")
 _STEPS = {"seq": "seq", "step": "step", "phase": "phase", "flops": "0", "recompute": "recompute"}
 
 
@@ -60,8 +62,12 @@ def frame(trace):
         _select("flop_rows", {c: c for c in _ROWS}, flops_type, 0),
         _select("flop_rest", _REST, flops_type, 0),
         _select("flop_steps", _STEPS, flops_type, 1),
-    ]) + " ORDER BY run_index, part, seq"  # fmt: skip
+    ])  # fmt: skip
     table = trace.db.sql(query).to_arrow_table()
+    keys = [table.column(c).to_numpy() for c in ("seq", "part", "run_index")]
+    table = table.take(np.lexsort(keys))  # in order: run by run, its rows by seq, then its steps (less memory than SQL's sort)
+    for name in _CATEGORICAL:  # categorical, as reports.load gives them: packets and group-bys per category, not per row
+        table = table.set_column(table.schema.get_field_index(name), name, pc.dictionary_encode(table.column(name)))
     run_index = table.column("run_index").to_numpy()
     out = to_pandas(table.drop_columns(["run_index", "part"]), lists="arrow")
     out.insert(0, "run", pd.Categorical.from_codes(run_index.astype(np.int64), categories=list(trace.runs)))

@@ -10,28 +10,36 @@
 -- The op lists below are reports/_util.py ONE_TO_ONE_COPIES and reports/flops/roles.py _GATHERS,
 -- _ADDS, GRADIENT_PLACES and _GRADIENT_MOVES (tests/test_sql_flops.py checks that they agree).
 
+-- Per run and op: whether its overload packet is a one-to-one copy or a gather (the copy/cast walk from
+-- parameters: a cast weight, w[expert_ids]), or an add, an op placing or moving a gradient (the gradient walk).
+-- Decided once per distinct op, not per row.
+CREATE VIEW flop_ops AS
+SELECT run_index, op,
+       packet IN ('aten.clone', 'aten.copy_', 'aten.copy', 'aten._to_copy', 'aten._to_dtype', 'aten._copy_from',
+                  'aten._copy_from_and_resize', 'aten.lift_fresh_copy',
+                  'aten.index', 'aten.index_select', 'aten._unsafe_index') AS copies,
+       packet IN ('aten.add', 'aten.add_',
+                  'aten.slice_backward', 'aten.select_backward', 'aten.index_put', 'aten.index_put_',
+                  'aten._index_put_impl_', 'aten.index_add', 'aten.index_add_', 'aten.cat', 'aten.stack',
+                  'aten.slice_scatter', 'aten.select_scatter', 'aten.as_strided_scatter',
+                  'fsdp.chunk_cat', 'aten._chunk_cat') AS hops
+FROM (SELECT run_index, op, split_part(op, '.', 1) || '.' || split_part(op, '.', 2) AS packet
+      FROM (SELECT DISTINCT run_index, op FROM rows) AS d) AS p
+;
 -- The rows the walks of reports/flops/roles.py Roles read, and the rows explain and MFU read cell by cell:
 --   matmul and attention rows       every matmul is sorted into weight, weight outside the model or attention;
 --                                   fused attention kernels (their shapes: the score recomputation, causal)
 --   forward convolutions            explain names their weights (ids and shapes)
---   one-to-one copies and gathers   the copy/cast walk from parameters (a cast weight, w[expert_ids])
+--   one-to-one copies and gathers   the copy/cast walk from parameters, in every phase
 --   backward/other adds, copies, ops placing or moving a gradient, collectives: the gradient walk
 -- Every other row is an elementwise, reduction, norm, softmax, optimizer or view op that no walk follows
 -- and whose category is "other": the sections only sum its FLOPs, which flop_rest keeps.
 CREATE VIEW flop_marked AS
-SELECT *,
-       flop_kind IN ('matmul', 'attention') OR (flop_kind = 'conv' AND phase = 'forward')
-       OR packet IN ('aten.clone', 'aten.copy_', 'aten.copy', 'aten._to_copy', 'aten._to_dtype', 'aten._copy_from',
-                     'aten._copy_from_and_resize', 'aten.lift_fresh_copy',
-                     'aten.index', 'aten.index_select', 'aten._unsafe_index')
-       OR (phase IN ('backward', 'other')
-           AND (flop_kind = 'collective'
-                OR packet IN ('aten.add', 'aten.add_',
-                              'aten.slice_backward', 'aten.select_backward', 'aten.index_put', 'aten.index_put_',
-                              'aten._index_put_impl_', 'aten.index_add', 'aten.index_add_', 'aten.cat', 'aten.stack',
-                              'aten.slice_scatter', 'aten.select_scatter', 'aten.as_strided_scatter',
-                              'fsdp.chunk_cat', 'aten._chunk_cat'))) AS walked
-FROM (SELECT *, split_part(op, '.', 1) || '.' || split_part(op, '.', 2) AS packet FROM rows) AS r
+SELECT r.*,
+       r.flop_kind IN ('matmul', 'attention') OR (r.flop_kind = 'conv' AND r.phase = 'forward') OR o.copies
+       OR (r.phase IN ('backward', 'other') AND (r.flop_kind = 'collective' OR o.hops)) AS walked
+FROM rows AS r
+JOIN flop_ops AS o ON r.run_index = o.run_index AND r.op = o.op
 ;
 -- The walked rows, with only what is read of them: the module of matmul rows (the output head), the first two
 -- input dtypes (the multiplied operand of addmm is the second: MFU's dtype), input shapes of attention kernels
