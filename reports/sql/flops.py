@@ -35,7 +35,7 @@ import pyarrow.compute as pc
 
 from reports.loading.columns import SharedRuns, to_pandas
 
-__all__ = ["accounts", "frame"]
+__all__ = ["frame"]
 
 _ROWS = ("seq", "step", "phase", "op", "module", "flop_kind", "flops", "recompute", "causal", "input_storage_ids",
          "output_storage_ids", "input_dtypes", "input_shapes", "output_shapes")  # fmt: skip
@@ -74,9 +74,3 @@ def frame(trace):
     out.attrs["runs"] = SharedRuns(trace.runs)
     return out
 
-
-def accounts(trace, n="matmul", tokens=None, what="breakdown"):
-    """reports.flops.accounting.analyse of the trace's rows, from frame(trace)."""
-    from reports.flops.accounting import analyse
-
-    return analyse(frame(trace), n, tokens, what)
