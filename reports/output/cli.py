@@ -36,19 +36,15 @@ def summary(df, peak_tflops=None, step_time_s=None, ranks_present=None, top=8, s
     (reports/output/report_json.py). `ranks_present`: rank directories in the trace
     (reports.loading.load.ranks_present), for its `distributed` object; default: the runs loaded.
     `sql`: a reports.sql.engine.Trace of the same run, for the tables it computes (reports/output/source.py)."""
-    from reports.flops.accounting import analyse
-    from reports.flops.breakdown import breakdown
-    from reports.flops.mfu import mfu
-    from reports.steps import count_steps
 
     src = Source(df, sql)
     (run, meta), *_ = df.attrs["runs"].items()
     try:
-        accounts = analyse(df, "matmul", None, "breakdown")  # one analysis of the rows for breakdown and explain
-        table = breakdown(df, accounts=accounts).set_index("phase")
+        accounts = src.accounts()  # one analysis of the rows for breakdown and explain
+        table = src.breakdown(accounts).set_index("phase")
     except ReportError:  # traced without model= or tokens=: no N or T, the rest still reports
         table = accounts = None
-    rate = mfu(df, step_time_s=step_time_s, peak_flops=peak_tflops * 1e12 if peak_tflops is not None else None).iloc[0]
+    rate = src.mfu(step_time_s, peak_tflops * 1e12 if peak_tflops is not None else None)
     highest = src.peak().iloc[0]
     return {
         "run": run,
@@ -58,7 +54,7 @@ def summary(df, peak_tflops=None, step_time_s=None, ranks_present=None, top=8, s
         "n_rank": json_number(table["n_rank"].iloc[0]) if table is not None else None,  # the N this rank multiplies by
         "n_active": json_number(table["n_active"].iloc[0]) if table is not None else None,  # parameters a token uses
         "tokens": json_number(table["tokens"].iloc[0]) if table is not None else json_number(meta.get("tokens")),
-        "steps": count_steps(df),
+        "steps": src.count_steps(),
         "flops": src.phase_flops(),  # per step; the phases add up to total
         "bound_flops": src.bounds(),  # of those, per step, upper bounds rather than counts
         "external_weight_flops": None if table is None else json_number(table.loc["total", "external_weight_flops"]),
@@ -101,9 +97,7 @@ def _print_coverage(src, out):
 
 
 def _print_report(df, args, out, sql=None):
-    from reports.flops.breakdown import breakdown, explain
     from reports.flops.explain import cycles_note
-    from reports.flops.mfu import mfu
 
     src = Source(df, sql)  # the tables the SQL engine computes when `sql` (a Trace of the run) is given
     (run, meta), *_ = df.attrs["runs"].items()
@@ -138,11 +132,9 @@ def _print_report(df, args, out, sql=None):
               f"the lengths or group sizes they depend on could not be read (meta or fake tensors); "
               f"column flops_bound", file=out)
     print("\nFLOPs per step against 2/4/6 x N x T", file=out)
-    from reports.flops.accounting import analyse
-
     try:
-        accounts = analyse(df, "matmul", None, "breakdown")  # one analysis of the rows for breakdown and explain
-        table = breakdown(df, accounts=accounts)
+        accounts = src.accounts()  # one analysis of the rows for breakdown and explain
+        table = src.breakdown(accounts)
     except ReportError as exc:  # traced without model= or tokens=: say why, report the rest
         print(f"  N/A: {exc}", file=out)
     else:
@@ -157,12 +149,12 @@ def _print_report(df, args, out, sql=None):
             routed += f", this rank multiplies N = {table['n_rank'].iloc[0]:,} (its tensor-parallel shards)"
         print(f"N = {table['n_params'].iloc[0]:,} parameters ({table['n_kind'].iloc[0]}){routed}, "
               f"T = {table['tokens'].iloc[0]:,} tokens per step", file=out)
-        for line in explain(df, accounts=accounts):
+        for line in src.explain(accounts):
             print(f"  - {printable(line)}", file=out)
         del accounts  # its per-row arrays: freed before the memory section's own
 
     peak_flops = args.peak_tflops * 1e12 if args.peak_tflops is not None else None
-    rate = mfu(df, step_time_s=args.step_time, peak_flops=peak_flops).iloc[0]
+    rate = src.mfu(args.step_time, peak_flops)
     print("\nMFU (model FLOPs per second of untraced step time / promised FLOP/s)", file=out)
     if rate["step_time_s"] is None or (isinstance(rate["step_time_s"], float) and math.isnan(rate["step_time_s"])):
         print("  N/A: no untraced step time (Tracer.set_step_time(time_step(...)) or --step-time)", file=out)

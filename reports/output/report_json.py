@@ -48,11 +48,9 @@ def records(frame, columns=None):
     return [{c: json_value(v) for c, v in zip(columns, row)} for row in frame[columns].itertuples(index=False)]
 
 
-def _breakdown(df, accounts):
-    from reports.flops.breakdown import breakdown, explain
-
+def _breakdown(src, accounts):
     try:
-        table = breakdown(df, accounts=accounts)
+        table = src.breakdown(accounts)
     except ReportError as exc:  # traced without model= or tokens=
         return {"available": False, "reason": str(exc)}
     columns = ["phase", "flops", "expected_flops", "ratio", "weight_matmul_flops", "attention_flops",
@@ -62,14 +60,12 @@ def _breakdown(df, accounts):
         "unit": "FLOPs per step",
         "n_kind": str(table["n_kind"].iloc[0]),
         "rows": records(table, [c for c in columns if c in table]),
-        "explain": [str(line) for line in explain(df, accounts=accounts)],
+        "explain": [str(line) for line in src.explain(accounts)],
     }
 
 
-def _mfu(df, peak_tflops, step_time_s):
-    from reports.flops.mfu import mfu
-
-    rate = mfu(df, step_time_s=step_time_s, peak_flops=peak_tflops * 1e12 if peak_tflops is not None else None).iloc[0]
+def _mfu(src, peak_tflops, step_time_s):
+    rate = src.mfu(step_time_s, peak_tflops * 1e12 if peak_tflops is not None else None)
     keys = ("mfu", "hfu", "mfu_of_achievable", "achieved_flops_per_s", "step_time_s", "peak_flops_per_s", "peak_source",
             "dtype", "model_flops_per_step", "hardware_flops_per_step")  # fmt: skip
     out = {k: json_value(rate[k]) for k in keys if k in rate}
@@ -152,8 +148,8 @@ def sections(df, meta, accounts, peak_tflops, step_time_s, top, src):
     tables come from (reports/output/source.py Source: the SQL engine or the frame)."""
     return {
         "error": meta.get("error"),  # the exception the traced code raised, or null
-        "breakdown": _breakdown(df, accounts),
-        "mfu_details": _mfu(df, peak_tflops, step_time_s),
+        "breakdown": _breakdown(src, accounts),
+        "mfu_details": _mfu(src, peak_tflops, step_time_s),
         "top_ops": _top_ops(src, top),
         "top_modules": _top_modules(src, top),
         "roofline": _roofline(src, top),

@@ -1,7 +1,8 @@
 """Where `optrace report` takes each table from: the SQL engine (reports/sql) when it has the trace
 open, else the pandas functions on the loaded frame (the reference). Both give the same tables
-(tests/test_sql.py); the sections that need per-row Python (breakdown and explain, MFU) always read the
-frame. The memory categories, the meter and the distributed sections work with df=None when `sql` is given
+(tests/test_sql.py). With the SQL engine every section works with df=None: breakdown, explain and MFU run the
+pandas functions on the small frame reports/sql/flops.py cuts from the trace (tests/test_sql_flops.py); the
+memory categories, the meter and the distributed sections come from their SQL views
 (tests/test_sql_sections.py); the rank sections take a Source over every rank."""
 
 __all__ = ["Source"]
@@ -12,6 +13,53 @@ class Source:
 
     def __init__(self, df, sql=None):
         self.df, self.sql = df, sql
+        self._flop_rows = None
+
+    # ------------------------------------------------------------ FLOP sections: breakdown, explain, MFU
+    def flop_rows(self):
+        """The rows breakdown, explain and MFU run on: the frame, or reports/sql/flops.py's small frame of the
+        trace (made once)."""
+        if self._flop_rows is None:
+            if self.sql is not None:
+                from reports.sql.flops import frame
+
+                self._flop_rows = frame(self.sql)
+            else:
+                self._flop_rows = self.df
+        return self._flop_rows
+
+    def accounts(self):
+        """reports.flops.accounting.analyse with the report's N and T, one analysis for breakdown and explain;
+        raises ReportError for a trace without model= or tokens=."""
+        from reports.flops.accounting import analyse
+
+        return analyse(self.flop_rows(), "matmul", None, "breakdown")
+
+    def breakdown(self, accounts):
+        from reports.flops.breakdown import breakdown
+
+        return breakdown(self.flop_rows(), accounts=accounts)
+
+    def explain(self, accounts):
+        from reports.flops.explain import explain
+
+        return explain(self.flop_rows(), accounts=accounts)
+
+    def mfu(self, step_time_s=None, peak_flops=None):
+        """reports.mfu's row of the run."""
+        from reports.flops.mfu import mfu
+
+        return mfu(self.flop_rows(), step_time_s=step_time_s, peak_flops=peak_flops).iloc[0]
+
+    def count_steps(self):
+        """Training steps of the run (reports/steps.py count_steps)."""
+        if self.sql is not None:
+            from reports.sql.tables import count_steps
+
+            return count_steps(self.sql)
+        from reports.steps import count_steps
+
+        return count_steps(self.df)
 
     def phase_flops(self):
         """{phase: FLOPs per step, "total": ...} (reports/steps.py per_step), numbers as --json prints them."""

@@ -1,0 +1,76 @@
+"""The FLOP sections of the report (breakdown, explain, MFU) from a reports.sql.engine.Trace, without a frame
+of the whole trace: SQL (reports/sql/flops.sql) cuts the rows down to a small frame, and the pandas functions
+(reports/flops: analyse and Roles, breakdown, explain, mfu) run on it unchanged.
+
+    frame(trace)   the small frame: one row per run's rows that the sections read one by one, one per group
+                   of the other rows (their FLOPs summed), one per step and phase, in this order:
+
+      the walked rows (view flop_rows)  matmul and attention rows, forward convolutions, one-to-one copies
+                   and gathers, and in the backward and other phases the adds, the ops that place or move a
+                   gradient and collectives: every row a walk of Roles follows or a section reads a cell of
+                   (ids, shapes, dtypes, module, causal), with those columns only
+      the rest (view flop_rest)  every other row: none is a matmul, attention kernel, copy or gradient hop,
+                   so its category is "other" and the sections only sum its FLOPs, per phase, FLOP kind and
+                   recompute flag (explain's and MFU's masks), per first input dtype and FLOPs > 0 (MFU's
+                   dtype when no matmul has FLOPs) and per op in the optimizer phase (explain names its ops).
+                   A group stands at its first row's seq and step.
+      the steps (view flop_steps)  one zero-FLOP row per step and phase (whether it re-ran checkpointed
+                   work), after a run's other rows: the steps each phase ran in, as reports/steps.py counts
+                   them, and the steps with a backward or with recomputation, as Roles and explain read them.
+
+Why the results are those of the whole trace: each walk of Roles reads only walked rows, in their order
+(the others are not copies, matmuls or gradient hops), so every walked row gets the role it gets among all
+rows and every other row is "other". Each section's figure is a sum per phase divided by the steps that
+phase ran in (reports/steps.py): the integer sums of a group are those of its rows, the step counts are the
+flop_steps rows', and a key of a per-key sum (category and phase, FLOP kind, dtype) is first seen where it
+was first seen among the rows (a group stands at its first row; the step rows come last and carry no FLOPs,
+no FLOP kind and no parameter), so the per-phase figures are added up in the same order. With a trace
+whose int64 FLOP sums could wrap, the FLOPs are float64 here (reports/steps.py sums those as float64
+too, row by row): a figure above 2**53 may then differ in its last bits.
+"""
+
+import numpy as np
+import pandas as pd
+import pyarrow.compute as pc
+
+from reports.loading.columns import SharedRuns, to_pandas
+
+__all__ = ["frame"]
+
+_ROWS = ("seq", "step", "phase", "op", "module", "flop_kind", "flops", "recompute", "causal", "input_storage_ids",
+         "output_storage_ids", "input_dtypes", "input_shapes", "output_shapes")  # fmt: skip
+_REST = {"seq": "seq", "step": "step", "phase": "phase", "op": "op", "flop_kind": "flop_kind", "flops": "flops",
+         "recompute": "recompute", "input_dtypes": "first_dtype"}  # fmt: skip
+_CATEGORICAL = ("phase", "op", "module", "flop_kind")
+_STEPS = {"seq": "seq", "step": "step", "phase": "phase", "flops": "0", "recompute": "recompute"}
+
+
+def _select(view, columns, flops_type, order):
+    picked = []
+    for c in _ROWS:
+        value = columns.get(c, "NULL")
+        picked.append(f"CAST({value} AS {flops_type}) AS flops" if c == "flops" else f"{value} AS {c}")
+    return f"SELECT run_index, {order} AS part, {', '.join(picked)} FROM {view}"
+
+
+def frame(trace):
+    """The small frame of the FLOP sections (see the module docstring): reports.breakdown, explain and mfu of
+    it equal those of reports.load of the same trace. attrs["runs"] is the trace's runs' metadata."""
+    wide = any(trace.wide("flops", i) for i in range(len(trace.runs)))
+    flops_type = "DOUBLE" if wide else "BIGINT"  # as reports/steps.py summable takes sums that could wrap
+    query = " UNION ALL ".join([
+        _select("flop_rows", {c: c for c in _ROWS}, flops_type, 0),
+        _select("flop_rest", _REST, flops_type, 0),
+        _select("flop_steps", _STEPS, flops_type, 1),
+    ])  # fmt: skip
+    table = trace.db.sql(query).to_arrow_table()
+    keys = [table.column(c).to_numpy() for c in ("seq", "part", "run_index")]
+    table = table.take(np.lexsort(keys))  # in order: run by run, its rows by seq, then its steps (less memory than SQL's sort)
+    for name in _CATEGORICAL:  # categorical, as reports.load gives them: packets and group-bys per category, not per row
+        table = table.set_column(table.schema.get_field_index(name), name, pc.dictionary_encode(table.column(name)))
+    run_index = table.column("run_index").to_numpy()
+    out = to_pandas(table.drop_columns(["run_index", "part"]), lists="arrow")
+    out.insert(0, "run", pd.Categorical.from_codes(run_index.astype(np.int64), categories=list(trace.runs)))
+    out.attrs["runs"] = SharedRuns(trace.runs)
+    return out
+

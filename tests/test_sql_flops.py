@@ -1,0 +1,343 @@
+"""The FLOP sections (breakdown, explain, MFU) from a reports.sql.engine.Trace: reports/sql/flops.py's small frame
+gives the pandas functions' results on the whole trace, and `optrace report` prints the same from either engine.
+
+Reference: reports.load(path) and reports.breakdown / explain / mfu on it. SQL: the same functions on
+reports.sql.flops.frame(Trace(path)), which holds only the rows the roles' walks and the sections' cells
+read, the other rows summed per group, and one row per step and phase. The traces are those whose roles
+differ from a dense model's: checkpointed, tied and bf16-autocast weights, experts (views, gathers and
+grouped matmuls of stacked weights), LoRA and frozen weights, a frozen teacher, torch.func/vmap gradients,
+an evaluation under no_grad, fused attention, convolutions, a traced FSDP2 rank, FLOPs past int64, two runs.
+"""
+
+import io
+import json
+import warnings
+
+import pandas as pd
+import pytest
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+import reports
+from reports._util import ONE_TO_ONE_COPIES, packet
+from reports.errors import ReportError
+from reports.flops import roles
+from reports.output.source import Source
+from reports.sql.engine import Trace
+from reports.sql.flops import frame
+from tracer import Tracer
+
+TOKENS = 32
+
+
+def _mlp_step(path, model, step, tokens=TOKENS):
+    with Tracer(path, model=model, tokens=tokens):
+        step()
+
+
+def _checkpointed(path):
+    """test_report_roles.py's checkpointed block: Linear(8, 16), ReLU, Linear(16, 4) under non-reentrant checkpoint."""
+    block = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    x, opt = torch.randn(TOKENS, 8), torch.optim.SGD(block.parameters(), lr=0.1)
+
+    def step():
+        checkpoint(block, x, use_reentrant=False).square().mean().backward()
+        opt.step()
+
+    _mlp_step(path, block, step)
+
+
+def _reentrant(path):
+    model = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 8))
+    x = torch.randn(TOKENS, 8, requires_grad=True)
+    _mlp_step(path, model, lambda: checkpoint(model, x, use_reentrant=True).sum().backward())
+
+
+class LoRA(nn.Module):
+    """A frozen base weight W [8, 8] and a trained rank-2 adapter: y = x Wᵀ + (x Aᵀ) Bᵀ."""
+
+    def __init__(self):
+        super().__init__()
+        self.base = nn.Linear(8, 8, bias=False).requires_grad_(False)
+        self.a, self.b = nn.Linear(8, 2, bias=False), nn.Linear(2, 8, bias=False)
+
+    def forward(self, x):
+        return (self.base(x) + self.b(self.a(x))).square().mean()
+
+
+def _lora(path):
+    model, x = LoRA(), torch.randn(TOKENS, 8)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], foreach=True)
+
+    def step():
+        model(x).backward()
+        opt.step()
+
+    _mlp_step(path, model, step)
+
+
+def _frozen(path):
+    from test_breakdown import MLP, D
+
+    model, x = MLP(), torch.randn(TOKENS, D)
+    model.fc1.requires_grad_(False)
+    _mlp_step(path, model, lambda: model(x).backward())
+
+
+def _no_grad_eval(path):
+    from test_breakdown import MLP, D
+
+    model, x = MLP(), torch.randn(TOKENS, D)
+
+    def step():
+        with torch.no_grad():
+            model(torch.randn(TOKENS, D))  # an evaluation in the same step
+        model(x).backward()
+
+    _mlp_step(path, model, step)
+
+
+def _teacher(path):
+    student, teacher = nn.Linear(8, 4, bias=False), nn.Linear(8, 4, bias=False).requires_grad_(False)
+    x, opt = torch.randn(TOKENS, 8), torch.optim.SGD(student.parameters(), lr=0.1)
+
+    def step():
+        with torch.no_grad():
+            target = teacher(x)
+        (student(x) - target).square().mean().backward()
+        opt.step()
+
+    _mlp_step(path, student, step)
+
+
+def _vmap(path):
+    from torch.func import functional_call, grad, vmap
+
+    model = nn.Linear(4, 3, bias=False)
+    x, y = torch.randn(8, 4), torch.randn(8, 3)
+    params = {k: v.detach() for k, v in model.named_parameters()}
+
+    def loss(p, xi, yi):
+        return (functional_call(model, p, (xi[None],)) - yi[None]).square().sum()
+
+    _mlp_step(path, model, lambda: vmap(grad(loss), in_dims=(None, 0, 0))(params, x, y), tokens=8)
+
+
+def _attention(path):
+    b, h, s, e = 2, 2, 8, 4
+
+    class Attn(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.qkv = nn.Linear(h * e, 3 * h * e, bias=False)
+
+        def forward(self, x):
+            q, k, v = self.qkv(x).view(b, s, 3, h, e).permute(2, 0, 3, 1, 4)
+            return nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True).sum()
+
+    model, x = Attn(), torch.randn(b, s, h * e, requires_grad=True)
+    _mlp_step(path, model, lambda: model(x).backward(), tokens=b * s)
+
+
+def _patches(path):
+    model = nn.Sequential(nn.Conv2d(3, 8, 4, stride=4), nn.Flatten(2))
+    _mlp_step(path, model, lambda: model(torch.randn(2, 3, 8, 8)).sum().backward(), tokens=8)
+
+
+def _no_model(path):
+    with Tracer(path):
+        (torch.randn(4, 4, requires_grad=True) @ torch.randn(4, 4)).sum().backward()
+
+
+def _wide(path):
+    from test_overflow import TOKENS as T, Matmuls
+
+    model = Matmuls()
+    with Tracer(path, model=model, tokens=T):
+        model(torch.empty(T, model.w.shape[0], device="meta"))
+
+
+BUILDERS = {
+    "gpt": lambda p: __import__("test_sql")._gpt(p, 3),
+    "cut": lambda p: __import__("test_sql")._gpt(p, 2, cut=True),
+    "tied_bf16": lambda p: __import__("test_breakdown")._tiny_gpt_trace(p, tie=True, dtype=torch.bfloat16),
+    "checkpoint": _checkpointed,
+    "checkpoint_reentrant": _reentrant,
+    "moe_views": lambda p: __import__("test_moe").trace_moe(p, "eager"),
+    "moe_gathers": lambda p: __import__("test_moe").trace_moe(p, "bmm"),
+    "moe_grouped": lambda p: __import__("test_moe").trace_moe(p, "grouped"),
+    "lora": _lora,
+    "frozen": _frozen,
+    "no_grad_eval": _no_grad_eval,
+    "teacher": _teacher,
+    "vmap": _vmap,
+    "attention": _attention,
+    "patches": _patches,
+    "fsdp_rank": lambda p: __import__("test_job").simulate(p, 4),
+    "wide": _wide,
+    "no_model": _no_model,
+}
+
+
+@pytest.fixture(scope="module")
+def traces(tmp_path_factory):
+    root = tmp_path_factory.mktemp("sqlflops")
+    out = {}
+    for name, build in BUILDERS.items():
+        torch.manual_seed(0)
+        build(root / name)
+        out[name] = root / name
+    return out
+
+
+def _pair(path):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return reports.load(path), Trace(path)
+
+
+def _same_or_same_error(f, df, small):
+    """f(df) and f(small) equal, or both raising the same ReportError."""
+    try:
+        want = f(df)
+    except ReportError as exc:
+        with pytest.raises(ReportError) as got:
+            f(small)
+        assert str(got.value) == str(exc)
+        return None
+    got = f(small)
+    if isinstance(want, pd.DataFrame):
+        pd.testing.assert_frame_equal(got, want, check_exact=True)
+    else:
+        assert got == want
+    return got
+
+
+@pytest.mark.parametrize("name", list(BUILDERS))
+def test_the_sections_on_the_small_frame_equal_those_on_the_rows(traces, name):
+    df, sql = _pair(traces[name])
+    small = frame(sql)
+    for n in ("matmul", "total"):
+        _same_or_same_error(lambda d: reports.breakdown(d, n=n), df, small)
+        _same_or_same_error(lambda d: reports.explain(d, n=n), df, small)
+    _same_or_same_error(reports.mfu, df, small)
+    _same_or_same_error(lambda d: reports.mfu(d, step_time_s=0.25, peak_flops=1e9), df, small)
+
+
+def test_two_runs_at_once(traces):
+    paths = [traces["gpt"], traces["tied_bf16"], traces["checkpoint"]]
+    df, sql = reports.load(paths), Trace(paths)
+    small = frame(sql)
+    pd.testing.assert_frame_equal(reports.breakdown(small), reports.breakdown(df), check_exact=True)
+    assert reports.explain(small) == reports.explain(df)
+    pd.testing.assert_frame_equal(reports.mfu(small, step_time_s=1.0), reports.mfu(df, step_time_s=1.0), check_exact=True)
+
+
+def _walked(df):
+    """The rows reports/sql/flops.sql's flop_rows keeps, from the Python definitions the walks use."""
+    packets = df["op"].astype(str).map(packet)
+    kind, phase = df["flop_kind"].astype(str), df["phase"].astype(str)
+    hops = roles._ADDS | roles.GRADIENT_PLACES | roles._GRADIENT_MOVES
+    return (kind.isin(["matmul", "attention"]) | ((kind == "conv") & (phase == "forward"))
+            | packets.isin(ONE_TO_ONE_COPIES | roles._GATHERS)
+            | (phase.isin(["backward", "other"]) & ((kind == "collective") | packets.isin(hops))))
+
+
+@pytest.mark.parametrize("name", ["gpt", "moe_gathers", "fsdp_rank", "tied_bf16"])
+def test_the_small_frame_holds_the_walked_rows_a_row_per_group_and_per_step(traces, name):
+    df, sql = _pair(traces[name])
+    small = frame(sql)
+    walked = _walked(df)
+    steps = df.groupby(["step", "phase"], observed=True).ngroups
+    rest = df[~walked].assign(op=df["op"].astype(str).where(df["phase"] == "optimizer", ""), dt=df["input_dtypes"].map(
+        lambda v: str(v[0]) if v is not None and len(v) else ""), positive=df["flops"] > 0)
+    groups = rest.groupby(["phase", "op", "flop_kind", "recompute", "dt", "positive"], observed=True).ngroups
+    assert len(small) == int(walked.sum()) + groups + steps < len(df)
+    kept = small[small["input_storage_ids"].notna()]
+    assert kept["seq"].tolist() == df.loc[walked, "seq"].tolist()
+    # every row's FLOPs are in the small frame, the step rows' zero
+    assert int(small["flops"].sum()) == int(df["flops"].sum())
+
+
+def test_the_sql_op_lists_are_the_python_ones():
+    import re
+
+    from reports.sql.engine import VIEW_FILES
+
+    text = open(next(f for f in VIEW_FILES if f.endswith("flops.sql")), encoding="utf-8").read()
+    body = text[text.index("CREATE VIEW flop_ops"):text.index("CREATE VIEW flop_marked")]
+    copies, hops = (set(re.findall(r"'([\w.]+)'", found)) for found in re.findall(r"packet IN \(([^)]*)\)", body))
+    assert copies == ONE_TO_ONE_COPIES | roles._GATHERS
+    assert hops == roles._ADDS | roles.GRADIENT_PLACES | roles._GRADIENT_MOVES
+
+
+def test_figures_from_sql(traces):
+    """Literal figures read through Source(None, trace): no frame of the rows."""
+    src = Source(None, Trace(traces["checkpoint"]))
+    rate = src.mfu(1.0, 1e6)
+    # test_report_roles.py: forward 13,056, backward 26,752 (8,704 of it re-run by checkpointing), SGD 212
+    assert rate["hardware_flops_per_step"] == 13056 + 26752 + 212 == 40020
+    assert rate["recompute_flops_per_step"] == 8704  # addmm 2·32·8·16 = 8,192 + relu 32·16 = 512
+    assert rate["model_flops_per_step"] == 40020 - 212 - 8704 == 31104
+    assert "Activation checkpointing: 8,704 FLOPs per step" in " ".join(src.explain(src.accounts()))
+    assert src.count_steps() == 1
+
+    src = Source(None, Trace(traces["moe_gathers"]))
+    t = src.breakdown(src.accounts()).set_index("phase")
+    # test_moe.py: N = 32 + 512 + 512 = 1,056, N_active = 32 + 1,024·2/4 = 544, T = 16
+    assert t.loc["total", "n_params"] == 1056 and t.loc["total", "n_active"] == 544
+    assert t.loc["forward", "weight_matmul_flops"] == 2 * 544 * 16 == 17408
+    assert t.loc["backward", "weight_matmul_flops"] == 4 * 544 * 16 == 34816
+
+    src = Source(None, Trace(traces["lora"]))
+    t = src.breakdown(src.accounts()).set_index("phase")
+    # N = 64 + 16 + 16 = 96, T = 32: forward base 2·32·8·8 = 4,096 + a 2·32·8·2 = 1,024 + b 2·32·2·8 = 1,024 = 6,144
+    assert t.loc["total", "n_params"] == 96 and t.loc["forward", "weight_matmul_flops"] == 6144 == 2 * 96 * 32
+    # backward: the frozen base has no dW and x no dL/dx: b's dW and dL/dx 2 x 1,024, a's dW 1,024 = 3,072
+    assert t.loc["backward", "weight_matmul_flops"] == 3072
+
+    src = Source(None, Trace(traces["wide"]))
+    # test_overflow.py: 400 matmuls of 13·2**51 FLOPs, past int64 and exact in float64
+    assert src.breakdown(src.accounts()).set_index("phase").loc["forward", "flops"] == 400 * 13 * 2**51
+
+
+@pytest.mark.parametrize("name", ["gpt", "cut", "checkpoint", "moe_grouped", "attention", "teacher", "fsdp_rank",
+                                  "no_model", "wide"])
+def test_the_report_text_and_json_are_the_same_from_either_engine(traces, name):
+    from reports.distributed.ranks import first_rank, is_multi_rank
+    from reports.output import cli
+
+    path = traces[name]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        df = reports.load(path, lists="deferred")
+    df = first_rank(df) if is_multi_rank(df) else df
+    sql = cli._sql_trace(path, df)
+    args = cli._parser().parse_args(["report", str(path), "--step-time", "0.5", "--peak-tflops", "1"])
+    texts = []
+    for source in (None, sql):
+        out = io.StringIO()
+        cli._print_report(df, args, out, source)
+        texts.append(out.getvalue())
+    assert texts[0] == texts[1] and "FLOPs per step against 2/4/6 x N x T" in texts[0]
+    found = [json.dumps(cli.strict(cli.summary(df, 1.0, 0.5, sql=source)), sort_keys=True) for source in (None, sql)]
+    assert found[0] == found[1]
+
+
+@pytest.mark.parametrize("name", ["gpt", "tied_bf16", "checkpoint", "moe_gathers", "lora", "no_grad_eval", "vmap",
+                                  "teacher", "fsdp_rank"])
+def test_every_row_keeps_its_role(traces, name):
+    """Roles on the small frame give each walked row the category, weight, activation and training flag it gets
+    among all rows; every other row of the trace is "other", multiplies no weight and is no training matmul."""
+    df, sql = _pair(traces[name])
+    small = frame(sql)
+    meta = next(iter(df.attrs["runs"].values()))
+    whole, cut = roles.Roles(df, meta), roles.Roles(small, meta)
+    kept = small["input_storage_ids"].notna().to_numpy()
+    at = df["seq"].isin(small.loc[kept, "seq"]).to_numpy()
+    assert at.sum() == kept.sum() > 0
+    for field in ("category", "param", "activation", "training"):
+        assert getattr(cut, field)[kept].tolist() == getattr(whole, field)[at].tolist(), field
+    assert (whole.category[~at] == "other").all() and (whole.param[~at] == -1).all() and not whole.training[~at].any()
+    assert cut.matmul_params == whole.matmul_params and cut.names == whole.names
