@@ -15,7 +15,7 @@ from test_sql import _gpt
 
 import reports
 from reports.errors import ReportError
-from reports.sql.compare import compare
+from reports.sql_compare import compare
 from reports.sql.engine import Trace
 from tracer import Tracer
 

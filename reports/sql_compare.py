@@ -1,4 +1,4 @@
-"""`optrace compare` from the SQL views of compare.sql: reports.compare's table for the runs of a Trace.
+"""`optrace compare` from the SQL views of reports/sql/compare.sql: reports.compare's table for the runs of a Trace.
 
 The views give each run's totals per key and phase; the per-step figures are Trace.per_step's
 (each phase's total over the steps it ran in, the phases added in reports/steps.py's order: the
