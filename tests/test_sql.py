@@ -212,31 +212,22 @@ def test_the_simple_views_are_plain_sql_polars_runs(traces):
 
 
 @pytest.mark.parametrize("trace", ["gpt", "cut", "job", "damaged"])
-def test_the_report_is_the_same_from_either_source(traces, trace):
-    """`optrace report` and `--json` print the same text whether the tables come from SQL or from the frame."""
-    import io
-    import json
+def test_the_report_is_the_same_from_either_source(traces, trace, capsys):
+    """`optrace report` and `--json` print the same text whether every table comes from SQL or from the frame."""
+    from reports.output.cli import main
 
-    from reports.distributed.ranks import first_rank, is_multi_rank
-    from reports.output import cli
-
-    path = traces[trace]
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        df = reports.load(path, lists="deferred")
-    df = first_rank(df) if is_multi_rank(df) else df
-    sql = cli._sql_trace(path, df)
-    assert sql is not None and list(sql.runs) == list(df.attrs["runs"])
-    args = cli._parser().parse_args(["report", str(path)])
-    texts = []
-    for source in (None, sql):
-        out = io.StringIO()
-        cli._print_report(df, args, out, source)
-        texts.append(out.getvalue())
-    assert texts[0] == texts[1]
-    assert "Roofline" in texts[0] and "Top modules" in texts[0] and "Views (no new memory) vs copies" in texts[0]
-    found = [json.dumps(cli.strict(cli.summary(df, sql=source)), sort_keys=True) for source in (None, sql)]
-    assert found[0] == found[1]
+    texts = {}
+    for flags in ([], ["--json"]):
+        outs = []
+        for engine in ("pandas", "sql"):
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                assert main(["report", str(traces[trace]), "--engine", engine, *flags]) == 0
+            outs.append(capsys.readouterr().out)
+        assert outs[0] == outs[1]
+        texts[bool(flags)] = outs[0]
+    outs = [texts[False]]
+    assert "Roofline" in outs[0] and "Top modules" in outs[0] and "Views (no new memory) vs copies" in outs[0]
 
 
 def test_views_sql_runs_as_a_script_as_the_readme_shows(traces):

@@ -9,6 +9,7 @@ grouped matmuls of stacked weights), LoRA and frozen weights, a frozen teacher, 
 an evaluation under no_grad, fused attention, convolutions, a traced FSDP2 rank, FLOPs past int64, two runs.
 """
 
+import contextlib
 import io
 import json
 import warnings
@@ -305,24 +306,29 @@ def test_figures_from_sql(traces):
 @pytest.mark.parametrize("name", ["gpt", "cut", "checkpoint", "moe_grouped", "attention", "teacher", "fsdp_rank",
                                   "no_model", "wide"])
 def test_the_report_text_and_json_are_the_same_from_either_engine(traces, name):
-    from reports.distributed.ranks import first_rank, is_multi_rank
-    from reports.output import cli
+    from reports.output.cli import main
 
-    path = traces[name]
-    with warnings.catch_warnings():
+    for flags in ([], ["--json"]):
+        outs = []
+        for engine in ("pandas", "sql"):
+            buf = io.StringIO()
+            with warnings.catch_warnings(), contextlib.redirect_stdout(buf):
+                warnings.simplefilter("ignore")
+                assert main(["report", str(traces[name]), "--engine", engine, "--step-time", "0.5", "--peak-tflops", "1",
+                             *flags]) == 0  # fmt: skip
+            outs.append(buf.getvalue())
+        assert outs[0] == outs[1]
+    assert "FLOPs per step against 2/4/6 x N x T" in main_text(traces[name])
+
+
+def main_text(path):
+    from reports.output.cli import main
+
+    buf = io.StringIO()
+    with warnings.catch_warnings(), contextlib.redirect_stdout(buf):
         warnings.simplefilter("ignore")
-        df = reports.load(path, lists="deferred")
-    df = first_rank(df) if is_multi_rank(df) else df
-    sql = cli._sql_trace(path, df)
-    args = cli._parser().parse_args(["report", str(path), "--step-time", "0.5", "--peak-tflops", "1"])
-    texts = []
-    for source in (None, sql):
-        out = io.StringIO()
-        cli._print_report(df, args, out, source)
-        texts.append(out.getvalue())
-    assert texts[0] == texts[1] and "FLOPs per step against 2/4/6 x N x T" in texts[0]
-    found = [json.dumps(cli.strict(cli.summary(df, 1.0, 0.5, sql=source)), sort_keys=True) for source in (None, sql)]
-    assert found[0] == found[1]
+        main(["report", str(path)])
+    return buf.getvalue()
 
 
 @pytest.mark.parametrize("name", ["gpt", "tied_bf16", "checkpoint", "moe_gathers", "lora", "no_grad_eval", "vmap",

@@ -35,10 +35,11 @@ def summary(df, peak_tflops=None, step_time_s=None, ranks_present=None, top=8, s
     """What `report --json` prints, as a dict: the summary figures, then every section of the text report
     (reports/output/report_json.py). `ranks_present`: rank directories in the trace
     (reports.loading.load.ranks_present), for its `distributed` object; default: the runs loaded.
-    `sql`: a reports.sql.engine.Trace of the same run, for the tables it computes (reports/output/source.py)."""
+    `sql`: a reports.sql.engine.Trace of the same run, every table then from it and `df` None
+    (reports/output/source.py)."""
 
     src = Source(df, sql)
-    (run, meta), *_ = df.attrs["runs"].items()
+    run, meta = src.run()
     try:
         accounts = src.accounts()  # one analysis of the rows for breakdown and explain
         table = src.breakdown(accounts).set_index("phase")
@@ -75,7 +76,7 @@ def summary(df, peak_tflops=None, step_time_s=None, ranks_present=None, top=8, s
         "untraced_optimizer_steps": int(meta.get("untraced_optimizer_steps") or 0),  # compiled before the trace
         "cycles_without_step": int(meta.get("cycles_without_step") or 0),  # iterations no step boundary split
         "meter": src.meter_summary(),  # a metered run's per-step figures (tracer/meter.py); null without
-        **sections(df, meta, accounts, peak_tflops, step_time_s, top, src),
+        **sections(meta, accounts, peak_tflops, step_time_s, top, src),
     }
 
 
@@ -99,8 +100,8 @@ def _print_coverage(src, out):
 def _print_report(df, args, out, sql=None):
     from reports.flops.explain import cycles_note
 
-    src = Source(df, sql)  # the tables the SQL engine computes when `sql` (a Trace of the run) is given
-    (run, meta), *_ = df.attrs["runs"].items()
+    src = Source(df, sql)  # every table from the SQL engine when `sql` (a Trace of the run) is given, df then None
+    run, meta = src.run()
     device = (meta.get("device") or {}).get("name", "?")
     state = "complete" if meta.get("complete") else "INCOMPLETE (cut short): figures cover the rows it has"
     if not meta.get("complete") and meta.get("error"):  # the exception the traced code raised (tracer/mode.py)
@@ -108,7 +109,7 @@ def _print_report(df, args, out, sql=None):
     broken = describe_damage(meta.get("damage") or {})
     if broken:
         state = ("DAMAGED" if meta.get("complete") else state) + f"; {broken}"
-    print(f"optrace report: {printable(run)}  ({len(df)} ops, {df['step'].nunique()} step(s), {printable(device)}, {state})", file=out)
+    print(f"optrace report: {printable(run)}  ({src.ops()} ops, {src.steps_traced()} step(s), {printable(device)}, {state})", file=out)
     if meta.get("compiled_ran_eagerly"):
         print("Note: torch.compile'd code ran eagerly under the tracer; the figures describe the eager program", file=out)
     math_calls = (meta.get("attention") or {}).get("math") or 0
@@ -175,17 +176,17 @@ def _print_report(df, args, out, sql=None):
             print(f"  {spread}", file=out)
 
     ops = src.top_ops(args.top)
-    print(f"\nTop {len(ops)} ops by FLOPs, per step ({df['step'].nunique()} step(s) traced)", file=out)
+    print(f"\nTop {len(ops)} ops by FLOPs, per step ({src.steps_traced()} step(s) traced)", file=out)
     print(ops.to_string(index=False, formatters=column_formatters(ops)), file=out)
     mods = src.by_module()
     mods = mods[mods["depth"] <= 2].sort_values("subtree_flops", ascending=False).head(args.top)
     mods = mods.assign(module=mods["module"].replace("", "(outside modules)"))
     mods = mods[["module", "subtree_flops", "subtree_flops_pct"]].rename(columns={"subtree_flops": "subtree_flops_total"})
-    print(f"\nTop modules by FLOPs, totals over all {df['step'].nunique()} step(s) (children rolled up)", file=out)
+    print(f"\nTop modules by FLOPs, totals over all {src.steps_traced()} step(s) (children rolled up)", file=out)
     print(mods.to_string(index=False, formatters=column_formatters(mods)), file=out)
 
     _print_coverage(src, out)
-    _print_roofline(df, args, out, src)
+    _print_roofline(args, out, src)
 
     top = src.peak().iloc[0]
     print(f"\nMemory: peak {human_bytes(top['peak_live_bytes'])} live at op {top['seq']} ({printable(top['op'])}, {printable(top['phase'])}, module {printable(top['module'] or '-')})", file=out)
@@ -201,15 +202,15 @@ def _print_report(df, args, out, sql=None):
         print("Copies:", ", ".join(f"{printable(r.op)} x{r.ops} ({human_bytes(r.bytes_allocated)})" for r in made.itertuples()), file=out)
 
 
-def _print_roofline(df, args, out, src=None):
+def _print_roofline(args, out, src):
     """The roofline section: the top op kinds by time, and the step's time by what bounds it."""
-    table, split = (src or Source(df)).roofline_with_split()  # the rows prepared once for both tables
+    table, split = src.roofline_with_split()  # the rows prepared once for both tables
     table = table.head(args.top)
     if not table["bound"].ne("other").any():
         print("\nRoofline: N/A (no roof: record Tracer.set_bandwidth(tracer.memory_bandwidth()) on a CPU)", file=out)
         return
     bw, peak = table["peak_bytes_per_s"].iloc[0], table["peak_flops_per_s"].max()
-    print(f"\nRoofline, per step ({df['step'].nunique()} step(s) traced; op time from busy_ns; bytes are algorithmic; "
+    print(f"\nRoofline, per step ({src.steps_traced()} step(s) traced; op time from busy_ns; bytes are algorithmic; "
           f"roofs {human(peak, 'FLOP/s')}, {human(bw, 'B/s')})", file=out)  # fmt: skip
     shown = table.assign(op=table["op"].str.removeprefix("aten."), intensity=table["arithmetic_intensity"].round(2),
                          efficiency_pct=100 * table["efficiency"])  # fmt: skip
@@ -243,42 +244,28 @@ def _step_time_spread(timing, given):
 
 
 def _report(args):
-    from reports.loading.load import load
-
-    from tracer.schema import COLUMN_NAMES
-
-    # only the columns the sections read; no Python object per list cell; shapes read when asked (reports/loading/columns.py)
     from reports.distributed.ranks import first_rank, is_multi_rank
-    from reports.loading.load import rank_paths, ranks_present
+    from reports.loading.load import ranks_present
     from reports.output.distributed import print_job, print_ranks
     from reports.output.meter import print_meter
 
     list_parts(args.trace)  # a directory that cannot be listed: one line, before the ranks are looked for
-    unused = _REPORT_UNUSED  # --json holds every section too
-    if len(rank_paths(args.trace)) <= 1 and not args.plot:
-        unused += tuple(c for c in _RANKS_ONLY if c not in _JOB_COLUMNS)
-    columns = [c for c in COLUMN_NAMES if c not in unused]
-    everyone = _sql_all(args.trace) if args.engine == "sql" else None  # every rank, checked, in SQL
-    if everyone is not None:  # the rank sections from SQL: only the first rank's rows are loaded, for the frame's sections
-        df = _first_rank_frame(args.trace, everyone, columns)
-        ranks_src = Source(None, everyone)
+    everyone = _sql_all(args.trace) if args.engine == "sql" else None  # every rank, checked and warned about
+    if everyone is not None:  # every section from SQL: no row of the trace is held in Python
+        sql = _first_rank_trace(args.trace, everyone) if everyone.several else everyone
+        df, ranks_src = None, Source(None, everyone)
         ranks_src = ranks_src if ranks_src.multi_rank() else None
-    else:
-        df = load(args.trace, columns=columns, lists="deferred")
+    else:  # the reference: the rows loaded with pandas (and a v1 or v2 trace, which the SQL views do not read)
+        df, sql = _frame(args.trace, args.plot), None
         ranks_src = Source(df) if is_multi_rank(df) else None
-    if not len(df):
-        raise ReportError(f"{args.trace}: the trace has no ops (nothing ran inside `with Tracer(...)`)")
-
-    df = first_rank(df) if is_multi_rank(df) else df  # the report of rank 0, then the ranks
-    if everyone is not None:
-        sql = everyone if not everyone.several else _sql_trace(args.trace, df)
-    else:
-        sql = _sql_trace(args.trace, df) if args.engine == "sql" else None
+        df = first_rank(df) if is_multi_rank(df) else df  # the report of rank 0, then the ranks
     src = Source(df, sql)
+    if not src.ops():
+        raise ReportError(f"{args.trace}: the trace has no ops (nothing ran inside `with Tracer(...)`)")
     if args.plot:
         from reports.output.plots import save_plots
 
-        paths = save_plots(df, args.plot)
+        paths = save_plots(df if df is not None else _first_rank_frame(args.trace, everyone), args.plot)
     if args.json:
         extra = ranks_src.rank_summary() if ranks_src is not None else {}
         found = summary(df, args.peak_tflops, args.step_time, ranks_present(args.trace), args.top, sql)
@@ -293,6 +280,18 @@ def _report(args):
             print("\nPlots: " + ", ".join(str(p) for p in paths))
 
 
+def _frame(path, plot):
+    """The trace's rows for the pandas engine: only the columns the sections read."""
+    from reports.loading.load import load, rank_paths
+
+    from tracer.schema import COLUMN_NAMES
+
+    unused = _REPORT_UNUSED  # --json holds every section too
+    if len(rank_paths(path)) <= 1 and not plot:
+        unused += tuple(c for c in _RANKS_ONLY if c not in _JOB_COLUMNS)
+    return load(path, columns=[c for c in COLUMN_NAMES if c not in unused], lists="arrow")
+
+
 def _sql_all(path):
     """The SQL engine's Trace of every rank of the trace (one run per rank), checked and warned about as
     reports.load does; None for a trace it does not read (v1, v2: the frame's sections then)."""
@@ -304,42 +303,35 @@ def _sql_all(path):
         return None
 
 
-def _first_rank_frame(path, everyone, columns):
-    """The first rank's rows as reports.load of the whole trace names them (run `<name>/rank=R`, a `rank`
-    column), without reading the other ranks' rows; `everyone` (a Trace of all ranks) has checked and warned."""
+def _first_rank_trace(path, everyone):
+    """A Trace of the first rank's files alone, named as `everyone` (a Trace of every rank, which checked them) names it."""
+    from reports.loading.load import runs_with_ranks
+    from reports.sql.engine import Trace
+
+    (first, _), *_ = runs_with_ranks([path])
+    return Trace(first, checked=dict([next(iter(everyone.runs.items()))]))
+
+
+def _first_rank_frame(path, everyone):
+    """The first rank's rows (for plots) as reports.load of the whole trace names them (run `<name>/rank=R`, a
+    `rank` column), without reading the other ranks' rows; `everyone` (a Trace of all ranks) has checked and warned."""
     from reports.loading.load import load, runs_with_ranks
 
     (first, rank), *_ = runs_with_ranks([path])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # said once, by `everyone`
-        df = load(first, columns=columns, lists="deferred")
+        df = load(first, lists="arrow")
     if rank is None:
         return df
     (loaded, meta), (name, _) = next(iter(df.attrs["runs"].items())), next(iter(everyone.runs.items()))
     if loaded != name:
         df["run"] = df["run"].cat.rename_categories([name])
         df.attrs["runs"] = {name: meta}
-        deferred = df.attrs.get("deferred")
-        if deferred is not None:
-            deferred.runs = {name: deferred.runs[loaded]}
     if "rank" in df.columns:
         df["rank"] = int(rank)
     else:
         df.insert(1, "rank", int(rank))
     return df
-
-
-def _sql_trace(path, df):
-    """The SQL engine's Trace of the report's run (rank 0's files), on the checks `load` just made; None for a
-    trace it does not read (v1, v2: the frame's tables then)."""
-    from reports.loading.load import runs_with_ranks
-    from reports.sql.engine import Trace, Unsupported
-
-    (first, _), *_ = runs_with_ranks([path])
-    try:
-        return Trace(first, checked=dict([next(iter(df.attrs["runs"].items()))]))
-    except Unsupported:
-        return None
 
 
 def _compare(args):
@@ -457,9 +449,9 @@ def _parser():
     rep.add_argument("--json", action="store_true", help="print one JSON object")
     rep.add_argument("--plot", metavar="DIR", help="write PNG plots to DIR")
     rep.add_argument("--top", type=_top, default=8, help="rows in the top-N tables")
-    rep.add_argument("--engine", choices=("pandas", "sql"), default="pandas",
-                     help="where the summary, top ops and modules, uncounted ops, roofline, peak and views tables come "
-                          "from: the loaded rows (pandas, default) or DuckDB over the files (sql); the output is the same")
+    rep.add_argument("--engine", choices=("sql", "pandas"), default="sql",
+                     help="where every table comes from: DuckDB over the files, holding only the results (sql, default), "
+                          "or the rows loaded with pandas, the reference (pandas); the output is the same")
     rep.set_defaults(run=_report)
     cmp = sub.add_parser("compare", help="compare several traces")
     cmp.add_argument("traces", nargs="+", help="two or more trace directories; ratios are against the first")

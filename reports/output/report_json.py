@@ -127,7 +127,7 @@ def _roofline(src, top):
     }
 
 
-def _memory(df, src):
+def _memory(src):
     top = src.peak().iloc[0]
     return {
         "peak": {"peak_live_bytes": json_value(top["peak_live_bytes"]), "seq": json_value(top["seq"]),
@@ -143,7 +143,7 @@ def _views(src, top):
     return {"kinds": records(kinds.astype({"kind": object})), "copies": records(copies, ["op", "ops", "bytes_allocated"])}
 
 
-def sections(df, meta, accounts, peak_tflops, step_time_s, top, src):
+def sections(meta, accounts, peak_tflops, step_time_s, top, src):
     """The keys `report --json` adds to the summary: every section of the text report. `src`: where the
     tables come from (reports/output/source.py Source: the SQL engine or the frame)."""
     return {
@@ -153,7 +153,7 @@ def sections(df, meta, accounts, peak_tflops, step_time_s, top, src):
         "top_ops": _top_ops(src, top),
         "top_modules": _top_modules(src, top),
         "roofline": _roofline(src, top),
-        "memory": _memory(df, src),
+        "memory": _memory(src),
         "views": _views(src, top),
     }
 

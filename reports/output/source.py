@@ -146,6 +146,22 @@ class Source:
         """{run name: metadata} of the runs this Source holds."""
         return self.sql.runs if self.sql is not None else self.df.attrs["runs"]
 
+    def run(self):
+        """(name, metadata) of the report's run: the first this Source holds."""
+        return next(iter(self.runs.items()))
+
+    def ops(self):
+        """The rows of the report's run."""
+        if self.sql is not None:
+            return int(self.sql.totals["ops"].iloc[0]) if len(self.sql.totals) else 0
+        return len(self.df)
+
+    def steps_traced(self):
+        """The distinct step numbers of the report's run."""
+        if self.sql is not None:
+            return int(self.sql.totals["steps_traced"].iloc[0]) if len(self.sql.totals) else 0
+        return int(self.df["step"].nunique())
+
     def categories(self):
         """reports.by_category at the run's peak (rows: category, bytes, ...)."""
         if self.sql is not None:
