@@ -37,7 +37,7 @@ from reports.loading.load import load, require, runs_of
 from reports.steps import count_steps, per_step, step_phases
 from reports.tables import split_runs
 
-__all__ = ["BY", "TOTAL", "check_baseline", "check_by", "columns", "compare", "side_by_side"]
+__all__ = ["BY", "TOTAL", "check_baseline", "check_by", "columns", "compare", "mfu_pct", "side_by_side"]
 
 BY = ("phase", "op", "module")
 TOTAL = "total"
@@ -77,7 +77,7 @@ def columns(by="phase"):
                                *(c for c in MFU_COLUMNS if c != "run"))))
 
 
-def _mfu_pct(df):
+def mfu_pct(df):
     """{run: MFU in percent} from reports.mfu, or {} when MFU cannot be computed from this frame."""
     try:
         from reports.flops.mfu import mfu
@@ -133,7 +133,7 @@ def compare(df_or_paths, by="phase", baseline=None):
         table = _per_run(rows, by)
         table["steps"] = steps
         tables[run] = table
-    return side_by_side(tables, runs, baseline, _mfu_pct(df), by)
+    return side_by_side(tables, runs, baseline, mfu_pct(df), by)
 
 
 def side_by_side(tables, runs, baseline, mfu, by):

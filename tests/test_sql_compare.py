@@ -73,3 +73,16 @@ def test_baseline_and_bad_values(runs):
         compare(trace, by="dtype")
     with pytest.raises(ReportError, match=r"compare: baseline 'c' is not one of the runs \['a', 'b'\]"):
         compare(trace, baseline="c")
+
+
+@pytest.mark.parametrize("flags", [["--by", "op"], ["--by", "module", "--json"]])
+def test_the_cli_prints_the_same_from_either_engine(runs, capsys, flags):
+    from reports.output.cli import main
+
+    outs = []
+    for engine in ("pandas", "sql"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            assert main(["compare", *map(str, runs), "--engine", engine, *flags]) == 0
+        outs.append(capsys.readouterr().out)
+    assert outs[0] == outs[1] and "flops" in outs[0]

@@ -335,18 +335,30 @@ def _first_rank_frame(path, everyone):
 
 
 def _compare(args):
-    from reports.compare import columns, compare
-    from reports.loading.load import load
+    trace = _sql_all(args.traces) if args.engine == "sql" else None
+    if trace is not None:  # the figures from SQL; MFU on the small frame of reports/sql/flops.py
+        from reports.compare import mfu_pct
+        from reports.sql.flops import frame
+        from reports.sql_compare import compare
 
-    df = load(args.traces, columns=columns(args.by), lists="deferred")
-    for name, path in zip(df.attrs["runs"], args.traces):
-        if not (df["run"] == name).any():
+        runs, ops = trace.runs, dict(zip(trace.totals["run_index"], trace.totals["ops"]))
+        empty = {name for i, name in enumerate(runs) if not ops.get(i)}
+        table = None if empty else compare(trace, by=args.by, mfu=mfu_pct(frame(trace)))
+    else:  # the reference: the rows loaded with pandas
+        from reports.compare import columns, compare
+        from reports.loading.load import load
+
+        df = load(args.traces, columns=columns(args.by), lists="arrow")
+        runs = df.attrs["runs"]
+        empty = {name for name in runs if not (df["run"] == name).any()}
+        table = None if empty else compare(df, by=args.by)
+    for name, path in zip(runs, args.traces):
+        if name in empty:
             raise ReportError(f"{path}: the trace has no ops (nothing ran inside `with Tracer(...)`); nothing to compare")
-    table = compare(df, by=args.by)
     if args.json:
-        print(json.dumps(compare_json(table, df.attrs["runs"], args.by), indent=2, allow_nan=False))
+        print(json.dumps(compare_json(table, runs, args.by), indent=2, allow_nan=False))
     else:
-        runs = [printable(name) for name in df.attrs["runs"]]
+        runs = [printable(name) for name in runs]
         print(f"optrace compare: {', '.join(runs)} (per step, except peak_live_bytes; ratios against {runs[0]})")
         keys = table[args.by].drop_duplicates().head(args.top)  # whole keys: a run's row never cut from its pair
         shown = table[table[args.by].isin(keys)].astype({"peak_live_bytes": "float64"})
@@ -459,6 +471,8 @@ def _parser():
                      help="one row per phase, aten op or module and run (default: phase)")
     cmp.add_argument("--json", action="store_true", help="print one JSON object")
     cmp.add_argument("--top", type=_top, default=20, help="keys shown, each with a row per run (default: 20)")
+    cmp.add_argument("--engine", choices=("sql", "pandas"), default="sql",
+                     help="DuckDB over the files (sql, default) or the rows loaded with pandas, the reference; same output")
     cmp.set_defaults(run=_compare)
     exp = sub.add_parser("export", help="write a trace for Perfetto: Chrome JSON (.json) or protobuf (.pftrace)")
     exp.add_argument("trace", help="a trace directory written by tracer.Tracer (with or without rank=R sub-directories)")
