@@ -6,7 +6,7 @@ pandas, each in a fresh process (seconds, peak RSS), beside the SQL engine openi
   Trace alone     reports.sql.engine.Trace(TRACE): the checks and the tables every SQL report computes once
   sections (sql)  the same, then the FLOP sections through reports/output/source.py Source(None, trace):
                   reports/sql/flops.py's small frame, the roles analysis, breakdown, explain, MFU
-  sections (pandas)  reports.load of the columns `optrace report` loads (lists="deferred"), then the same
+  sections (pandas)  reports.load of the columns `optrace report` loads (lists="arrow"), then the same
                   sections through Source(df)
 
 The variants run interleaved, `--repeats` times each; medians, the range beside them: wall seconds, CPU seconds
@@ -46,7 +46,7 @@ else:
     from reports.output.cli import _REPORT_UNUSED, _RANKS_ONLY, _JOB_COLUMNS
     from tracer.schema import COLUMN_NAMES
     unused = _REPORT_UNUSED + tuple(c for c in _RANKS_ONLY if c not in _JOB_COLUMNS)
-    src = Source(load(sys.argv[1], columns=[c for c in COLUMN_NAMES if c not in unused], lists="deferred"))
+    src = Source(load(sys.argv[1], columns=[c for c in COLUMN_NAMES if c not in unused], lists="arrow"))
 accounts = src.accounts()
 table = src.breakdown(accounts)
 lines = src.explain(accounts)

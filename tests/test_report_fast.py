@@ -2,8 +2,8 @@
 
 Reference: `reports.load(path)` (every list cell a numpy array, pandas' own conversion)
 and the report functions. Fast: `load(path, lists="arrow")` (list columns kept as
-Arrow arrays) and `lists="deferred"` (shapes and strides left in the files until a
-report asks for some rows), what `optrace report` and `optrace compare` use. Every
+Arrow arrays), what `optrace report --engine pandas` and `optrace compare --engine pandas`
+use; the CLI's default, the SQL engine, is compared with the reference here too. Every
 table must be equal to the last bit (assert_frame_equal with check_exact), on traces
 of several steps, under bf16 autocast with tied weights and a fused attention kernel,
 with activation checkpointing, without model= and tokens=, and on several runs at once.
@@ -32,7 +32,7 @@ from reports.output.report_json import compare_json
 from tracer import Tracer
 from tracer.schema import read_part, part_paths
 
-FAST = ("arrow", "deferred")
+FAST = ("arrow",)
 
 
 class Checkpointed(nn.Module):
@@ -152,7 +152,7 @@ def test_autocast_tables_are_identical(autocast):
 
 
 def test_checkpointed_trace_has_recompute_rows(traces):
-    df = reports.load(traces["checkpointed"], lists="deferred")
+    df = reports.load(traces["checkpointed"], lists="arrow")
     assert df["recompute"].any()
     assert reports.mfu(df, step_time_s=0.01)["recompute_flops_per_step"].iloc[0] > 0
 
@@ -168,7 +168,7 @@ def test_several_runs_are_identical(traces, autocast):
 def test_compare_on_the_columns_it_reads(traces, autocast, by):
     paths = [traces["gpt_3_steps"], autocast]
     want = reports.compare(reports.load(paths), by=by)
-    got = reports.compare(reports.load(paths, columns=compare_columns(by), lists="deferred"), by=by)
+    got = reports.compare(reports.load(paths, columns=compare_columns(by), lists="arrow"), by=by)
     pd.testing.assert_frame_equal(got, want, check_exact=True)
     assert want["mfu_pct"].isna().all()  # no untraced step time in these traces: MFU N/A, not 0
 
@@ -197,20 +197,14 @@ def test_cli_compare_prints_the_reference_figures(traces, autocast):
     assert json.loads(_cli(["compare", *paths, "--by", "op", "--json"])) == json.loads(json.dumps(compare_json(want, runs, "op")))
 
 
-def test_deferred_columns_stay_in_the_files(traces):
-    df = reports.load(traces["gpt_3_steps"], lists="deferred")
-    assert not {"input_shapes", "input_strides", "output_shapes", "output_strides"} & set(df.columns)
+def test_arrow_lists_stay_arrow_and_a_bad_mode_is_one_line(traces):
+    df = reports.load(traces["gpt_3_steps"], lists="arrow")
     assert isinstance(df["input_storage_ids"].dtype, pd.ArrowDtype)
-    with pytest.raises(ReportError, match=r"load: lists must be one of \['objects', 'arrow', 'deferred'\], got 'x'"):
-        reports.load(traces["gpt_3_steps"], lists="x")
-
-
-def test_a_deferred_frame_whose_index_was_reset_says_so(traces):
-    df = reports.load(traces["gpt_3_steps"], lists="deferred")
-    moved = df[df["phase"] == "backward"].reset_index(drop=True)  # labels no longer locate the rows in the files
-    with pytest.raises(ReportError, match=r"the frame's row labels no longer locate its rows in the trace \(was its "
-                       r"index reset\?\), so column 'output_shapes' cannot be read; load it with lists='arrow'"):
-        cell_lists(moved, "output_shapes", np.arange(3), pa.list_(pa.int64()))
+    moved = df[df["phase"] == "backward"].reset_index(drop=True)
+    assert cell_lists(moved, "output_shapes", np.arange(3), pa.list_(pa.int64())).to_pylist() == \
+        moved["output_shapes"].iloc[:3].tolist()  # fmt: skip
+    with pytest.raises(ReportError, match=r"load: lists must be one of \['objects', 'arrow'\], got 'deferred'"):
+        reports.load(traces["gpt_3_steps"], lists="deferred")
 
 
 def test_flattened_id_lists_are_shared_while_their_frame_lives_and_dropped_with_it(tmp_path):
@@ -258,11 +252,9 @@ def test_first_items_of_stored_dictionary_lists_match_python():
 
 
 def test_each_load_reads_every_part_footer_once_and_keeps_none_for_the_next(tmp_path, monkeypatch):
-    """A report opens each part's footer once (check, read, deferred reads); a later load reads them again,
+    """A load opens each part's footer once (check, read); a later load reads them again,
     since a trace re-written in place can keep its size, inode and (on coarse file systems) mtime."""
     import reports.loading.integrity as integrity
-    from reports.loading.columns import cell_objects
-
     path = tmp_path / "t"
     with Tracer(path, flush_rows=7):
         x = torch.randn(4, 4, requires_grad=True)
@@ -273,6 +265,6 @@ def test_each_load_reads_every_part_footer_once_and_keeps_none_for_the_next(tmp_
     real = integrity.read_footer
     monkeypatch.setattr(integrity, "read_footer", lambda part: opened.append(part) or real(part))
     for loads in (1, 2):
-        df = reports.load(path, lists="deferred")
-        assert len(cell_objects(df, "input_shapes", [0, len(df) - 1])) == 2  # a deferred read, across parts
+        df = reports.load(path, lists="arrow")
+        assert df["seq"].is_monotonic_increasing and len(df) > 7  # the rows of every part
         assert sorted(opened) == sorted([str(p) for p in parts] * loads)

@@ -108,13 +108,13 @@ def test_rowbuffer_rollback_drops_half_a_row():
 
 
 
-@pytest.mark.parametrize("lists", ["objects", "arrow", "deferred"])
+@pytest.mark.parametrize("lists", ["objects", "arrow"])
 def test_v2_trace_loads_with_v3_defaults(tmp_path, lists):
     """A v2 trace (made here by dropping the v3 columns) reads flops_bound False, group_sizes null."""
     with Tracer(tmp_path / "t"):
         torch.ones(4, 8) @ torch.ones(8, 2)
     df = reports.load(_older(tmp_path, 2, V3_DEFAULTS), lists=lists)
-    assert tuple(c for c in df.columns if c != "run") == COLUMN_NAMES or lists == "deferred"
+    assert tuple(c for c in df.columns if c != "run") == COLUMN_NAMES
     assert df["flops_bound"].tolist() == [False, False, False]
     assert df["group_sizes"].isna().all()
     assert df["flops"].tolist() == [0, 0, 128]  # two ones, then 2 * 4 * 8 * 2 = 128

@@ -161,7 +161,7 @@ def test_missing_column_message(df, fn, column):
         fn(df.drop(columns=[column]))
 
 
-@pytest.mark.parametrize("lists", ["objects", "deferred"])
+@pytest.mark.parametrize("lists", ["objects", "arrow"])
 def test_row_dtypes_are_the_first_input_dtype_else_the_first_output(tmp_path, lists):
     from tracer import Tracer
 

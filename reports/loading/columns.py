@@ -8,12 +8,8 @@ building a Python list per row. Rows a table really iterates still come out as
 Python lists. The default `lists="objects"` is pandas' own conversion, the
 reference every fast path is tested against.
 
-`lists="deferred"` (what `optrace report` uses) also leaves the shape and stride
-columns (DEFERRED) out of the frame: the rows a report needs them for
-(storages first seen as inputs, ops with several new outputs, fused attention
-backward) are read from the files, only the parts holding them, by `cell_lists` /
-`cell_objects` when asked. The frame's row labels locate its rows in the files, so
-keep the index a deferred frame was loaded with.
+`optrace report` reads no frame of the trace: reports/sql runs its tables in DuckDB and
+hands the analyses that walk rows (roles, lifetimes) a frame of the few rows they read.
 """
 
 import os
@@ -26,15 +22,13 @@ import pyarrow.compute as pc
 
 from reports._util import packet
 from reports.errors import ReportError
-from reports.loading.integrity import footer
 
 __all__ = [
-    "DEFERRED", "LIST_MODES", "Deferred", "SharedRuns", "cell_lists", "cell_objects", "concat_frames", "first_codes", "first_items", "flat", "has_column",
+    "LIST_MODES", "SharedRuns", "cell_lists", "cell_objects", "concat_frames", "first_codes", "first_items", "flat", "has_column",
     "lean_memory", "list_array", "packets", "read_table", "to_pandas",
 ]  # fmt: skip
 
-LIST_MODES = ("objects", "arrow", "deferred")
-DEFERRED = ("input_shapes", "input_strides", "output_shapes", "output_strides")
+LIST_MODES = ("objects", "arrow")
 
 
 class SharedRuns(dict):
@@ -48,101 +42,25 @@ class SharedRuns(dict):
         return self
 
 
-class Deferred:
-    """`df.attrs["deferred"]` of a frame loaded with lists="deferred": the columns left in the
-    files, and for each run its trace path and the row label of its first row."""
-
-    def __init__(self, columns, runs, footers=None):
-        self.columns, self.runs = tuple(columns), dict(runs)  # runs: {run name: (path, first label)}
-        self._footers = {} if footers is None else footers  # part file -> Parquet footer, from the load
-        self._bounds = {}  # path: (part files, first row of each part and the total), learned on first use
-
-    def __deepcopy__(self, memo):
-        return self
-
-    def _take(self, path, name, wanted):
-        """Columns `name` and seq of the trace at `path` at file row positions `wanted`, as a Table, reading only
-        the parts that hold them."""
-        import pyarrow.parquet as pq
-
-        from tracer.schema import part_paths
-
-        if path not in self._bounds:
-            parts = part_paths(path)
-            flat_dir = parts and not any(entry.is_dir() for entry in os.scandir(path))
-            rows = getattr(self._footers, "rows", {})  # integrity.Footers: every part's row count, kept by the load
-            sizes = [rows[p] if p in rows else footer(p, self._footers).num_rows for p in parts] if flat_dir else None
-            self._bounds[path] = (parts, np.cumsum([0, *sizes]) if flat_dir else None)
-        parts, bounds = self._bounds[path]
-        columns = [name, "seq"]
-        if bounds is None or bounds[-1] <= (wanted.max(initial=-1)):  # not the layout load read: read it all
-            return pq.read_table(path, columns=columns).take(pa.array(wanted))
-        def take(i, local):  # part by part: one part's column in memory at a time
-            table = pq.ParquetFile(parts[i], metadata=footer(parts[i], self._footers)).read(columns=columns)
-            return table.take(pa.array(local))
-
-        pieces, back = _by_piece(bounds, wanted, take)
-        table = pa.concat_tables(pieces) if pieces else pq.read_table(parts[0], columns=columns).slice(0, 0)
-        return table.take(back)
-
-    def read(self, rows, name, positions):
-        """Column `name` at row positions `positions` of `rows` (a frame derived from the loaded one), as Arrow.
-
-        Raises ReportError when the rows' seq is not the files' at those places (an index reset after loading)."""
-        labels = np.asarray(rows.index[positions], dtype=np.int64)
-        if len(self.runs) == 1:
-            runs = np.full(len(labels), next(iter(self.runs)), dtype=object)
-        else:
-            runs = rows["run"].iloc[positions].astype(object).to_numpy()
-        pieces, order = [], []
-        for run in dict.fromkeys(runs.tolist()):
-            path, start = self.runs[run]
-            mine = np.flatnonzero(runs == run)
-            found = self._take(path, name, labels[mine] - start)
-            if "seq" in rows.columns:
-                seq = rows["seq"].to_numpy()[np.asarray(positions)[mine]]
-                if not np.array_equal(found.column("seq").to_numpy(), seq):
-                    raise ReportError(f"{path}: the frame's row labels no longer locate its rows in the trace (was its "
-                                      f"index reset?), so column {name!r} cannot be read; load it with lists='arrow'")
-            pieces.append(found.column(name).combine_chunks())
-            order.append(mine)
-        if not pieces:
-            return pa.array([], type=pa.list_(pa.list_(pa.int64())))
-        joined = pa.concat_arrays(pieces)
-        return joined.take(pa.array(np.argsort(np.concatenate(order), kind="stable")))
-
-
-def _deferred(rows, name):
-    found = rows.attrs.get("deferred")
-    return found if isinstance(found, Deferred) and name in found.columns and name not in rows.columns else None
-
-
 def has_column(rows, name):
-    """`name` is a column of `rows`, in the frame or left in the files (lists="deferred")."""
-    return name in rows.columns or _deferred(rows, name) is not None
+    """`name` is a column of `rows`."""
+    return name in rows.columns
 
 
 def cell_lists(rows, name, positions=None, kind=pa.int64()):
     """The list cells of column `name` at row positions `positions` (None: every row), as one ListArray of `kind`
     items (kind=None: items as stored, possibly a ChunkedArray)."""
-    deferred = _deferred(rows, name)
-    if deferred is None:
-        if positions is not None and isinstance(rows[name].dtype, pd.ArrowDtype):
-            arr = _take(rows[name], positions)
-            return arr if kind is None or arr.type == pa.list_(kind) else arr.cast(pa.list_(kind))
-        return list_array(rows[name] if positions is None else rows[name].iloc[positions], kind)
-    arr = deferred.read(rows, name, np.arange(len(rows)) if positions is None else positions)
-    return arr if kind is None or arr.type == pa.list_(kind) else arr.cast(pa.list_(kind))
+    if positions is not None and isinstance(rows[name].dtype, pd.ArrowDtype):
+        arr = _take(rows[name], positions)
+        return arr if kind is None or arr.type == pa.list_(kind) else arr.cast(pa.list_(kind))
+    return list_array(rows[name] if positions is None else rows[name].iloc[positions], kind)
 
 
 def cell_objects(rows, name, positions=None):
     """The cells of column `name` at row positions `positions` (None: every row), one Python object (list or array) per row."""
-    deferred = _deferred(rows, name)
-    if deferred is None:
-        if positions is not None and isinstance(rows[name].dtype, pd.ArrowDtype):
-            return _take(rows[name], positions).to_pylist()
-        return (rows[name] if positions is None else rows[name].iloc[positions]).to_numpy(dtype=object)
-    return deferred.read(rows, name, np.arange(len(rows)) if positions is None else positions).to_pylist()
+    if positions is not None and isinstance(rows[name].dtype, pd.ArrowDtype):
+        return _take(rows[name], positions).to_pylist()
+    return (rows[name] if positions is None else rows[name].iloc[positions]).to_numpy(dtype=object)
 
 
 def _take(column, positions):

@@ -9,7 +9,7 @@ import pandas as pd
 import pyarrow as pa
 
 from reports.errors import ReportError
-from reports.loading.columns import DEFERRED, LIST_MODES, Deferred, SharedRuns, concat_frames, has_column, read_table, to_pandas
+from reports.loading.columns import LIST_MODES, SharedRuns, concat_frames, has_column, read_table, to_pandas
 from reports.loading.integrity import Footers, check_parts, damage, describe_damage, list_parts, no_parts, one_line, read_marker
 from reports.loading.validate import check_metadata_ids, check_rows, max_storage_id
 from tracer.schema import COLUMN_NAMES, SCHEMA_VERSION, merge_metadata, missing_columns
@@ -55,9 +55,9 @@ def load(paths, columns=None, lists="objects"):
     `paths`: a path or a list of paths. `columns`: read only these columns (all by default).
     `lists`: "objects" (default) gives each list cell (shapes, dtypes, storage ids) as a
     numpy array; "arrow" keeps the list columns as Arrow arrays (pandas ArrowDtype, cells
-    read as Python lists), far smaller and faster on big traces; "deferred" also leaves the
-    shape and stride columns in the files until a report asks for some of their rows
-    (reports/loading/columns.py).
+    read as Python lists), far smaller and faster on big traces (reports/loading/columns.py).
+    A trace too big for memory: `optrace report` and reports.sql.engine.Trace read it with
+    DuckDB, holding only the results.
     The run metadata is in `df.attrs["runs"]` ({run name: metadata dict}, in the given
     order); an incomplete trace (cut short) loads with a warning.
 
@@ -74,19 +74,15 @@ def load(paths, columns=None, lists="objects"):
             raise ReportError(f"load: unknown column(s) {unknown}; trace columns are {list(COLUMN_NAMES)}")
     if lists not in LIST_MODES:
         raise ReportError(f"load: lists must be one of {list(LIST_MODES)}, got {lists!r}")
-    frames, runs, deferred, start, frame_ranks = [], SharedRuns(), {}, 0, []
-    footers = Footers()  # each part's footer, read once by this load and its deferred reads
+    frames, runs, frame_ranks = [], SharedRuns(), []
+    footers = Footers()  # each part's footer, read once by this load
     wanted_all = list(columns) if columns is not None else list(COLUMN_NAMES)
-    if lists == "deferred":
-        wanted_all = [c for c in wanted_all if c not in DEFERRED]
     unread = [c for c in COLUMN_NAMES if c not in wanted_all]  # left in the files: checked from the parts' statistics
     for path, rank in runs_with_ranks(paths):
         meta = read_run(path, footers, unread)
         name = run_name(path, rank, meta, runs)
         frame_ranks.append(rank if rank is not None else meta.get("rank"))
         wanted = list(columns) if columns is not None else list(COLUMN_NAMES)
-        if lists == "deferred":
-            wanted = [c for c in wanted if c not in DEFERRED]
         lacks = missing_columns(meta["schema_version"])  # v1, v2 traces lack later columns: read what exists, fill the rest
         upgrade = any(c in lacks for c in wanted)
         read = [c for c in wanted if c not in lacks] if upgrade else wanted
@@ -111,16 +107,12 @@ def load(paths, columns=None, lists="objects"):
             warnings.warn(f"{path}: trace is {state}{': ' + broken if broken else ''}; reporting the {len(frame)} rows it has")
         frames.append(frame)
         runs[name] = meta
-        deferred[name] = (path, start)
-        start += len(frame)
     lengths = [len(f) for f in frames]
     df = concat_frames(frames, lists)
     df.insert(0, "run", pd.Categorical.from_codes(np.repeat(np.arange(len(runs)), lengths), categories=list(runs)))
     if any(r is not None for r in frame_ranks):
         df.insert(1, "rank", np.repeat(np.array([int(r or 0) for r in frame_ranks], dtype=np.int64), lengths))
     df.attrs["runs"] = runs
-    if lists == "deferred":
-        df.attrs["deferred"] = Deferred([c for c in DEFERRED if columns is None or c in columns], deferred, footers)
     return df
 
 
