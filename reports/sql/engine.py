@@ -35,6 +35,8 @@ from reports.errors import ReportError
 from reports.loading.integrity import Footers, describe_damage, footer, list_parts
 from reports.loading.load import id_limit, read_run, run_name, runs_with_ranks
 from reports.loading.validate import check_footers
+from reports.sql.scan import GRAINS, files_query
+from reports.sql.scan import VIEWS as FAST
 from tracer.schema import PHASES, SCHEMA_VERSION
 
 __all__ = ["VIEWS_SQL", "VIEW_FILES", "Trace", "Unsupported", "literal", "statements"]
@@ -46,7 +48,6 @@ VIEW_FILES = (VIEWS_SQL, *sorted(os.path.join(os.path.dirname(VIEWS_SQL), f) for
 INT64_MAX = 2**63 - 1
 _CREATE = re.compile(r"^CREATE VIEW (\w+) AS\s*$", re.MULTILINE)
 _GLOB = re.compile(r"([*?\[])")
-_ONCE = ("phase_steps", "run_totals", "op_facts")
 
 
 class Unsupported(ReportError):
@@ -113,18 +114,20 @@ class Trace:
             self.files.append(list_parts(path))
         self.db = duckdb.connect(config={"threads": threads} if threads else {})
         self.db.execute("SET parquet_metadata_cache = true")  # each part's footer parsed once, not once per query
-        selects = []
-        for i, (name, files) in enumerate(zip(self.runs, self.files)):
-            listed = ", ".join(file_literal(f) for f in files)
-            selects.append(f"SELECT {literal(name)} AS run, {i} AS run_index, * "
-                           f"FROM read_parquet([{listed}], hive_partitioning = false)")  # fmt: skip
-        self.db.execute("CREATE VIEW rows AS " + " UNION ALL ".join(selects))
-        for name, body, _ in (v for path in VIEW_FILES for v in statements(path)):  # small per-run tables: computed once
-            self.db.execute(f"CREATE {'TEMP TABLE' if name in _ONCE else 'VIEW'} {name} AS {body}")
-        self.columns = [c for c in self.db.execute("SELECT * FROM rows LIMIT 0").fetchdf().columns
-                        if c not in ("run", "run_index")]  # fmt: skip
-        if checked is None:
+        self._reads = [f"read_parquet([{', '.join(file_literal(f) for f in files)}], hive_partitioning = false"
+                       for files in self.files]  # fmt: skip  (closed by the caller: options may follow)
+        selects = [f"SELECT {literal(name)} AS run, {i} AS run_index, * FROM {read})"
+                   for i, (name, read) in enumerate(zip(self.runs, self._reads))]  # fmt: skip
+        self.rows_view = "CREATE VIEW rows AS " + " UNION ALL ".join(selects)  # what views.sql reads, for another connection
+        self.db.execute(self.rows_view)
+        self.columns = [d[0] for d in self.db.execute("SELECT * FROM rows LIMIT 0").description
+                        if d[0] not in ("run", "run_index")]  # fmt: skip
+        if checked is None:  # before any scan: no value of a damaged part reaches a view
             self._check_values(footers)
+        for name, body in GRAINS.items():  # one scan each: most views are read from these (reports/sql/scan.py)
+            self.db.execute(f"CREATE TEMP TABLE {name} AS {body}")
+        for name, body, _ in (v for path in VIEW_FILES for v in statements(path)):
+            self.db.execute(f"CREATE VIEW {name} AS {FAST.get(name, body)}")
         self.totals = self.table("run_totals")
         for path, meta, ops in zip(self.paths, self.runs.values(), self._ops()) if checked is None else ():
             broken = describe_damage(meta["damage"])
@@ -212,10 +215,10 @@ class Trace:
 
     # ---------------------------------------------------------------------------- value checks
     def _check_values(self, footers):
-        """The checks of reports/loading/validate.py check_rows without reading the rows: nulls, ranges and
-        storage ids from each part's Parquet statistics (check_footers), seq increasing read part by part
-        (_seq_increases). A run that fails one is read by the reference loader, which raises the one-line error naming
-        the value and the row (or accepts it: a FLOP count clamped to int64 is a flagged bound, not damage)."""
+        """The checks of reports/loading/validate.py check_rows without reading the rows into Python: nulls, ranges
+        and storage ids from each part's Parquet statistics (check_footers), seq increasing from one scan of the seq
+        column (_seq_in_order). A run that fails one is read by the reference loader, which raises the one-line error
+        naming the value and the row (or accepts it: a FLOP count clamped to int64 is a flagged bound, not damage)."""
         for i, (path, meta) in enumerate(zip(self.paths, self.runs.values())):
             limit = id_limit(meta, sum(footers.rows.get(f, 0) for f in self.files[i]))
             try:
@@ -223,8 +226,22 @@ class Trace:
             except ReportError:
                 self._reference_check(path)
                 continue
-            if not _seq_increases(self.files[i], footers):
+            if not self._seq_in_order(i) and not _seq_increases(self.files[i], footers):
                 self._reference_check(path)
+
+    def _seq_in_order(self, i):
+        """Whether run i's seq increases row by row, shown from one DuckDB scan of its seq column: each part's seq
+        is its first seq plus the row number (seq - row number takes one value), and each part starts after
+        the one before ends. False when that does not show it (a part with a gap inside: _seq_increases decides)."""
+        found = self.db.execute(files_query(self._reads[i] + ", filename = true, file_row_number = true)")).fetchall()
+        where = {os.path.abspath(f): n for n, f in enumerate(self.files[i])}
+        ranges = sorted((where.get(name, -1), lo, hi, n) for name, n, lo, hi in found)
+        last = None
+        for index, lo, hi, n in ranges:
+            if index < 0 or lo != hi or (last is not None and lo <= last):
+                return False
+            last = lo + n - 1
+        return True
 
     @staticmethod
     def _reference_check(path):
