@@ -34,10 +34,10 @@ import pandas as pd
 from reports.errors import ReportError
 from reports.loading.integrity import Footers, describe_damage, footer, list_parts
 from reports.loading.load import id_limit, read_run, run_name, runs_with_ranks
-from reports.loading.validate import check_footers
+from reports.loading.validate import STORAGE_ID_COLUMNS, check_footers
 from reports.sql.scan import GRAINS, files_query
 from reports.sql.scan import VIEWS as FAST
-from tracer.schema import PHASES, SCHEMA_VERSION
+from tracer.schema import COLUMN_NAMES, PHASES, SCHEMA_VERSION
 
 __all__ = ["VIEWS_SQL", "VIEW_FILES", "Trace", "Unsupported", "literal", "statements"]
 
@@ -98,13 +98,17 @@ class Trace:
         if not paths:
             raise ReportError("load: expected at least one trace path, got none")
         self.runs, self.ranks, self.paths, self.files = {}, [], [], []
-        footers = Footers()
+        footers, refused = _IdFooters(), set()
         given = iter((checked or {}).items())
         for path, rank in runs_with_ranks(paths):
             if checked is not None:  # the runs reports.load just read and checked from these files: no second check
                 name, meta = next(given)
             else:
-                meta = read_run(path, footers)
+                try:  # the values from the parts' statistics too (all but storage ids), each footer read once
+                    meta = read_run(path, footers, unread=COLUMN_NAMES)
+                except ReportError:
+                    meta = read_run(path, _IdFooters())  # a damaged trace raises here, in reports.load's words
+                    refused.add(path)  # else a value the statistics refuse: the reference loader says which
                 name = run_name(path, rank, meta, self.runs)
             if meta["schema_version"] < SCHEMA_VERSION:
                 raise Unsupported(f"{path}: a v{meta['schema_version']} trace; the SQL engine reads v{SCHEMA_VERSION}")
@@ -113,7 +117,7 @@ class Trace:
             self.paths.append(path)
             self.files.append(list_parts(path))
         self.db = duckdb.connect(config={"threads": threads} if threads else {})
-        self.db.execute("SET parquet_metadata_cache = true")  # each part's footer parsed once, not once per query
+        #self.db.execute("SET parquet_metadata_cache = true")
         self._reads = [f"read_parquet([{', '.join(file_literal(f) for f in files)}], hive_partitioning = false"
                        for files in self.files]  # fmt: skip  (closed by the caller: options may follow)
         selects = [f"SELECT {literal(name)} AS run, {i} AS run_index, * FROM {read})"
@@ -123,7 +127,7 @@ class Trace:
         self.columns = [d[0] for d in self.db.execute("SELECT * FROM rows LIMIT 0").description
                         if d[0] not in ("run", "run_index")]  # fmt: skip
         if checked is None:  # before any scan: no value of a damaged part reaches a view
-            self._check_values(footers)
+            self._check_values(footers, refused)
         for name, body in GRAINS.items():  # one scan each: most views are read from these (reports/sql/scan.py)
             self.db.execute(f"CREATE TEMP TABLE {name} AS {body}")
         for name, body, _ in (v for path in VIEW_FILES for v in statements(path)):
@@ -214,18 +218,25 @@ class Trace:
         return out
 
     # ---------------------------------------------------------------------------- value checks
-    def _check_values(self, footers):
-        """The checks of reports/loading/validate.py check_rows without reading the rows into Python: nulls, ranges
-        and storage ids from each part's Parquet statistics (check_footers), seq increasing from one scan of the seq
-        column (_seq_in_order). A run that fails one is read by the reference loader, which raises the one-line error
-        naming the value and the row (or accepts it: a FLOP count clamped to int64 is a flagged bound, not damage)."""
+    def _check_values(self, footers, refused):
+        """The checks of reports/loading/validate.py check_rows without reading the rows into Python: nulls and
+        ranges from each part's Parquet statistics (check_footers, as read_run read the footers: `refused` holds the
+        runs where one failed), storage ids from the extremes of their statistics (_IdFooters), seq increasing from
+        one scan of the seq column (_seq_in_order). A run that fails one is read by the reference loader, which
+        raises the one-line error naming the value and the row (or accepts it: a FLOP count clamped to int64 is a
+        flagged bound, not damage)."""
         for i, (path, meta) in enumerate(zip(self.paths, self.runs.values())):
-            limit = id_limit(meta, sum(footers.rows.get(f, 0) for f in self.files[i]))
-            try:
-                check_footers(path, [(f, footer(f, footers)) for f in self.files[i]], self.columns, limit, {})
-            except ReportError:
+            if path in refused:
                 self._reference_check(path)
                 continue
+            limit = id_limit(meta, sum(footers.rows.get(f, 0) for f in self.files[i]))
+            extremes = [footers.ids.get(f) for f in self.files[i]]
+            if any(e is None or e[0] < 0 or e[1] > limit for e in extremes):
+                try:  # statistics missing or an id out of range: the check that names it
+                    check_footers(path, [(f, footer(f, footers)) for f in self.files[i]], self.columns, limit, {})
+                except ReportError:
+                    self._reference_check(path)
+                    continue
             if not self._seq_in_order(i) and not _seq_increases(self.files[i], footers):
                 self._reference_check(path)
 
@@ -251,6 +262,33 @@ class Trace:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             load(path, lists="arrow")
+
+
+class _IdFooters(Footers):
+    """Footers that also keep `ids` {part: (least, greatest) storage id in its statistics, or None when a chunk has
+    none}: the id check, which needs the run's id limit (known once every part is read), then reads no footer twice."""
+
+    def __init__(self):
+        super().__init__()
+        self.ids = {}
+
+    def note(self, part, found):
+        super().note(part, found)
+        low, high = 0, 0
+        leaves = [j for j in range(found.num_columns) if found.schema.column(j).path in _ID_LEAVES]
+        for g in range(found.num_row_groups):
+            group = found.row_group(g)
+            for j in leaves if group.num_rows else ():  # no rows (the closing part): no id, nothing to check
+                stats = group.column(j).statistics
+                if stats is None or stats.null_count is None:
+                    self.ids[part] = None
+                    return
+                if stats.has_min_max and isinstance(stats.min, int):
+                    low, high = min(low, stats.min), max(high, stats.max)
+        self.ids[part] = (low, high)
+
+
+_ID_LEAVES = {f"{name}.list.element" for name in STORAGE_ID_COLUMNS}
 
 
 def _seq_increases(files, footers):
