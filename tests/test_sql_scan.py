@@ -8,6 +8,7 @@ import duckdb
 import pytest
 from test_sql import traces  # noqa: F401  (the module's traces: the example GPT, a cut one, two ranks, damaged)
 
+from reports.sql import engine
 from reports.sql.engine import VIEW_FILES, Trace, statements
 from reports.sql.scan import VIEWS
 
@@ -27,11 +28,15 @@ def _rows(db, name):
     return types, sorted(rows, key=repr)
 
 
+@pytest.mark.parametrize("narrow", [False, True])  # the grains read from the files, or from the rows read once
 @pytest.mark.parametrize("trace", ["gpt", "cut", "job", "damaged"])
-def test_each_view_from_the_grains_equals_its_definition(traces, trace):  # noqa: F811
+def test_each_view_from_the_grains_equals_its_definition(traces, trace, narrow, monkeypatch):  # noqa: F811
+    monkeypatch.setattr(engine, "SMALL_PARTS", (1, 1 << 40, 1 << 40) if narrow else (1 << 40, 0, 0))
+    monkeypatch.setattr(engine, "BATCH", 2)  # several statements per run
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         sql = Trace(traces[trace])
+    assert sql.narrow == narrow
     reference = _reference(sql)
     for name in VIEWS:
         types, rows = _rows(sql.db, name)
@@ -40,8 +45,32 @@ def test_each_view_from_the_grains_equals_its_definition(traces, trace):  # noqa
     assert VIEWS.keys() <= {name for path in VIEW_FILES for name, _, _ in statements(path)}  # no new names
 
 
-def test_the_seq_scan_finds_each_run_in_order(traces):  # noqa: F811
+@pytest.mark.parametrize("narrow", [False, True])
+def test_the_seq_scan_finds_each_run_in_order(traces, narrow, monkeypatch):  # noqa: F811
+    monkeypatch.setattr(engine, "SMALL_PARTS", (1, 1 << 40, 1 << 40) if narrow else (1 << 40, 0, 0))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         sql = Trace([traces["gpt"], traces["cut"]])
-    assert [sql._seq_in_order(i) for i in range(2)] == [True, True]
+    assert sql.narrow == narrow and [sql._seq_in_order(i) for i in range(2)] == [True, True]
+
+
+def test_a_part_out_of_order_read_once_gets_the_reference_loaders_line(traces, tmp_path, monkeypatch):  # noqa: F811
+    """The seq check of the rows read once: parts whose seq ranges are swapped fail it, as they fail reports.load."""
+    import os
+    import shutil
+
+    import reports
+    from reports.errors import ReportError
+    from tracer.schema import part_paths
+
+    monkeypatch.setattr(engine, "SMALL_PARTS", (1, 1 << 40, 1 << 40))
+    bad = shutil.copytree(traces["gpt"], tmp_path / "swapped")
+    first, second = part_paths(bad)[:2]
+    os.rename(first, str(first) + ".x")
+    os.rename(second, first)
+    os.rename(str(first) + ".x", second)
+    with pytest.raises(ReportError) as ref:
+        reports.load(bad)
+    with pytest.raises(ReportError) as mine:
+        Trace(bad)
+    assert str(mine.value) == str(ref.value) and "follows seq" in str(mine.value)

@@ -35,7 +35,7 @@ from reports.errors import ReportError
 from reports.loading.integrity import Footers, describe_damage, footer, list_parts
 from reports.loading.load import id_limit, read_run, run_name, runs_with_ranks
 from reports.loading.validate import STORAGE_ID_COLUMNS, check_footers
-from reports.sql.scan import GRAINS, files_query
+from reports.sql.scan import GRAINS, files_query, source
 from reports.sql.scan import VIEWS as FAST
 from tracer.schema import COLUMN_NAMES, PHASES, SCHEMA_VERSION
 
@@ -46,6 +46,10 @@ VIEWS_SQL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "views.sql"
 VIEW_FILES = (VIEWS_SQL, *sorted(os.path.join(os.path.dirname(VIEWS_SQL), f) for f in
                                  os.listdir(os.path.dirname(VIEWS_SQL)) if f.endswith(".sql") and f != "views.sql"))
 INT64_MAX = 2**63 - 1
+# Read the rows the views need once into memory (reports/sql/scan.py source) from this many part files on, when
+# the parts hold fewer rows than this on average and the trace no more rows than this.
+SMALL_PARTS = (256, 64, 1 << 20)
+BATCH = 256  # part files per statement when reading them once (DuckDB keeps each open part until the statement ends)
 _CREATE = re.compile(r"^CREATE VIEW (\w+) AS\s*$", re.MULTILINE)
 _GLOB = re.compile(r"([*?\[])")
 
@@ -126,6 +130,15 @@ class Trace:
         self.db.execute(self.rows_view)
         self.columns = [d[0] for d in self.db.execute("SELECT * FROM rows LIMIT 0").description
                         if d[0] not in ("run", "run_index")]  # fmt: skip
+        files = sum(len(f) for f in self.files)
+        rows = sum(footers.rows.get(f, 0) for fs in self.files for f in fs) if checked is None else \
+            sum(int(m.get("rows") or 0) for m in self.runs.values())
+        self.narrow = files >= SMALL_PARTS[0] and rows <= min(SMALL_PARTS[1] * files, SMALL_PARTS[2])
+        batches = [(literal(name), i, f"read_parquet([{', '.join(file_literal(f) for f in fs[k:k + BATCH])}], "
+                    "hive_partitioning = false, filename = true, file_row_number = true)")
+                   for i, (name, fs) in enumerate(zip(self.runs, self.files)) for k in range(0, len(fs), BATCH)]  # fmt: skip
+        for statement in source("rows", batches if self.narrow else None):
+            self.db.execute(statement)
         if checked is None:  # before any scan: no value of a damaged part reaches a view
             self._check_values(footers, refused)
         for name, body in GRAINS.items():  # one scan each: most views are read from these (reports/sql/scan.py)
@@ -244,7 +257,8 @@ class Trace:
         """Whether run i's seq increases row by row, shown from one DuckDB scan of its seq column: each part's seq
         is its first seq plus the row number (seq - row number takes one value), and each part starts after
         the one before ends. False when that does not show it (a part with a gap inside: _seq_increases decides)."""
-        found = self.db.execute(files_query(self._reads[i] + ", filename = true, file_row_number = true)")).fetchall()
+        read = f"_src WHERE run_index = {i}" if self.narrow else self._reads[i] + ", filename = true, file_row_number = true)"
+        found = self.db.execute(files_query(read)).fetchall()
         where = {os.path.abspath(f): n for n, f in enumerate(self.files[i])}
         ranges = sorted((where.get(name, -1), lo, hi, n) for name, n, lo, hi in found)
         last = None
@@ -270,12 +284,14 @@ class _IdFooters(Footers):
 
     def __init__(self):
         super().__init__()
-        self.ids = {}
+        self.ids, self._leaves = {}, None
 
     def note(self, part, found):
         super().note(part, found)
         low, high = 0, 0
-        leaves = [j for j in range(found.num_columns) if found.schema.column(j).path in _ID_LEAVES]
+        if self._leaves is None or not found.schema.equals(self._leaves[0]):  # the id columns, once per schema
+            self._leaves = (found.schema, [j for j in range(found.num_columns) if found.schema.column(j).path in _ID_LEAVES])
+        leaves = self._leaves[1]
         for g in range(found.num_row_groups):
             group = found.row_group(g)
             for j in leaves if group.num_rows else ():  # no rows (the closing part): no id, nothing to check

@@ -19,13 +19,13 @@ view holds what views.sql's definition holds, column for column and type for typ
 row in a part whose range is one value: seq = first + row number).
 """
 
-__all__ = ["GRAINS", "VIEWS", "files_query"]
+__all__ = ["GRAINS", "NARROW", "VIEWS", "files_query", "source"]
 
 _DTYPE = ("CASE WHEN coalesce(input_dtypes[1], '') <> '' THEN input_dtypes[1] "
           "ELSE coalesce(output_dtypes[1], '') END")  # fmt: skip  (views.sql row_dtype)
 
 GRAINS = {
-    "_ops": f"""
+    "_ops": """
 SELECT run, run_index, op, phase, flop_kind, is_view, dtype, flops, bytes, process_group, group_size,
        count(*) AS ops, sum(flops) AS flops_sum, sum(bytes) AS bytes_sum,
        sum(CASE WHEN flops_bound THEN flops ELSE 0 END) AS bound_flops,
@@ -36,13 +36,13 @@ SELECT run, run_index, op, phase, flop_kind, is_view, dtype, flops, bytes, proce
        min(CASE WHEN comm_bytes IS NOT NULL THEN seq END) AS comm_first_seq,
        max(bytes_allocated) AS bytes_allocated_max, max(bytes_read) AS bytes_read_max,
        max(bytes_written) AS bytes_written_max, max(duration_ns) AS duration_ns_max
-FROM (SELECT *, {_DTYPE} AS dtype, CASE WHEN is_view THEN 0 ELSE bytes_read + bytes_written END AS bytes FROM rows) AS r
+FROM (SELECT *, CASE WHEN is_view THEN 0 ELSE bytes_read + bytes_written END AS bytes FROM _src) AS r
 GROUP BY run, run_index, op, phase, flop_kind, is_view, dtype, flops, bytes, process_group, group_size
 """,
     "_steps": """
 SELECT run, run_index, step, phase, count(*) AS ops, sum(flops) AS flops, sum(bytes_allocated) AS bytes_allocated,
        sum(duration_ns) AS duration_ns, max(live_bytes) AS live_bytes_peak
-FROM rows
+FROM _src
 GROUP BY run, run_index, step, phase
 """,
 }
@@ -101,10 +101,16 @@ GROUP BY run, run_index, step
     # the rows at each run's highest live bytes (from _steps): the parts' statistics skip the rest
     "peak": """
 SELECT r.run, r.run_index, r.live_bytes AS peak_live_bytes, r.seq, r.step, r.phase, r.module, r.op
-FROM rows AS r
+FROM _src AS r
 JOIN (SELECT run_index, max(live_bytes_peak) AS top FROM _steps GROUP BY run_index) AS m
   ON r.run_index = m.run_index AND r.live_bytes = m.top
 QUALIFY row_number() OVER (PARTITION BY r.run_index ORDER BY r.seq) = 1
+""",
+    "module_own": """
+SELECT run, run_index, module, count(*) AS ops, sum(flops) AS flops, sum(bytes_allocated) AS bytes_allocated,
+       CAST(sum(duration_ns) AS DOUBLE) / 1000.0 AS duration_us, min(seq) AS first_seq
+FROM _src
+GROUP BY run, run_index, module
 """,
     "roofline_op": """
 SELECT run, run_index, op, dtype, phase, CAST(sum(ops) AS BIGINT) AS ops, sum(flops_sum) AS flops,
@@ -122,8 +128,30 @@ GROUP BY run, run_index, op, process_group, coalesce(group_size, 1), phase
 }
 
 
+# The columns the grains and the views above read, and a row's dtype (views.sql row_dtype).
+NARROW = ("run", "run_index", "seq", "step", "phase", "op", "module", "flop_kind", "is_view", "flops", "flops_bound",
+          "bytes_allocated", "bytes_read", "bytes_written", "duration_ns", "busy_ns", "live_bytes", "comm_bytes",
+          "process_group", "group_size")  # fmt: skip
+
+
+def source(rows, narrow):
+    """The statements that make `_src`, what the grains read: a view of `rows` with each row's dtype, or, when
+    `narrow` ([(run name literal, run index, read_parquet of a batch of its parts with filename and row numbers)])
+    is given, a TEMP TABLE of the NARROW columns, the dtype and each row's part file and row number, read once:
+    for a trace of many small parts, where opening the files costs more than their rows (DuckDB opens every part
+    for every scan, and holds every part's reader until a statement ends: hence one statement per batch)."""
+    if narrow is None:
+        return [f"CREATE VIEW _src AS SELECT *, {_DTYPE} AS dtype FROM {rows}"]
+    out = [f"CREATE TEMP TABLE _src AS SELECT {', '.join(NARROW)}, '' AS dtype, '' AS filename, "
+           "CAST(0 AS BIGINT) AS file_row_number FROM rows LIMIT 0"]  # fmt: skip
+    for name, i, read in narrow:
+        out.append(f"INSERT INTO _src SELECT {', '.join(NARROW)}, {_DTYPE}, filename, file_row_number "
+                   f"FROM (SELECT {name} AS run, {i} AS run_index, * FROM {read}) AS r")  # fmt: skip
+    return out
+
+
 def files_query(read):
-    """Per part file of one run's `read` (a read_parquet over its part files with filename and file_row_number),
-    its rows and the least and greatest seq - row number."""
+    """Per part file of one run's `read` (a relation with seq, filename and file_row_number), its rows and the least
+    and greatest seq - row number."""
     return (f"SELECT filename, count(*) AS n, min(seq - file_row_number) AS lo, max(seq - file_row_number) AS hi "
             f"FROM {read} GROUP BY filename")  # fmt: skip
