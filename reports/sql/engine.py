@@ -101,7 +101,7 @@ class Trace:
             paths = [paths]
         if not paths:
             raise ReportError("load: expected at least one trace path, got none")
-        self.runs, self.ranks, self.paths, self.files = {}, [], [], []
+        self.runs, self.ranks, self.paths, self.files, self._phase_steps = {}, [], [], [], None
         footers, refused = _IdFooters(), set()
         given = iter((checked or {}).items())
         for path, rank in runs_with_ranks(paths):
@@ -193,11 +193,12 @@ class Trace:
         return frame
 
     def phase_steps(self):
-        """{run_index: {phase: steps}} (reports/steps.py phase_steps)."""
-        out = {i: {} for i in range(len(self.runs))}
-        for r in self.table("phase_steps").itertuples():
-            out[int(r.run_index)][r.phase] = int(r.steps)
-        return out
+        """{run_index: {phase: steps}} (reports/steps.py phase_steps); read once (a trace's rows do not change)."""
+        if self._phase_steps is None:
+            self._phase_steps = {i: {} for i in range(len(self.runs))}
+            for run_index, phase, steps in self.db.execute("SELECT run_index, phase, steps FROM phase_steps").fetchall():
+                self._phase_steps[int(run_index)][phase] = int(steps)
+        return {i: dict(steps) for i, steps in self._phase_steps.items()}
 
     def per_step(self, totals, columns, keys=()):
         """Per-step figures from a view of totals per (keys..., phase): each phase's total over the steps
