@@ -9,15 +9,19 @@
 
   - each run passes reports.loading.load.read_run: the part files listed (never globbed),
     their footers, schema, metadata, trace ids and repeated parts checked, the damage counted;
-  - the values are checked from the parts' statistics (nulls, ranges, storage ids) and seq is
-    checked to increase row by row (each part's seq column read alone); when a check fails, the
-    reference loader reads that run and raises its one-line ReportError, so a damaged or hostile
-    trace gets the same message on both paths;
+  - the values are checked from the parts' statistics as read_run reads each footer (nulls,
+    ranges; storage ids once the run's id limit is known, from the extremes kept per part) and seq
+    is checked to increase row by row (one scan of seq minus each row's number in its part); when
+    a check fails, the reference loader reads that run and raises its one-line ReportError, so a
+    damaged or hostile trace gets the same message on both paths;
   - an incomplete or damaged trace warns, in the words reports.load uses.
 
 `rows` is defined over the literal list of the part files the checks accepted, each path made
 absolute and its glob characters escaped (DuckDB globs every file name it is given), with
-hive partitioning off (a `key=value` directory in a user's path adds no column).
+hive partitioning off (a `key=value` directory in a user's path adds no column). The views that
+group and sum are read from two groupings of the rows made once per trace (reports/sql/scan.py),
+each equal to its definition in views.sql; a trace of many small parts has the columns they read
+copied into memory once (SMALL_PARTS) instead of every part opened for every scan.
 
 The tables (reports/sql/tables.py, reports/sql_report.py) are built from the views here; this
 module only runs SQL, divides totals per phase into per-step figures and says which int64 sums
