@@ -105,7 +105,7 @@ class Trace:
             paths = [paths]
         if not paths:
             raise ReportError("load: expected at least one trace path, got none")
-        self.runs, self.ranks, self.paths, self.files, self._phase_steps = {}, [], [], [], None
+        self.runs, self.ranks, self.paths, self.files, self._phase_steps, self._totals = {}, [], [], [], None, None
         footers, refused = _IdFooters(), set()
         given = iter((checked or {}).items())
         for path, rank in runs_with_ranks(paths):
@@ -184,10 +184,12 @@ class Trace:
 
     def wide(self, column, run_index=0):
         """Whether an int64 sum of `column` over the run's rows could wrap (so pandas sums it as float64)."""
-        t = self.totals[self.totals["run_index"] == run_index]
-        if not len(t) or f"{column}_max" not in t:
+        if self._totals is None:  # {run_index: its row of run_totals}, once (asked per column and run of each table)
+            self._totals = {int(r["run_index"]): r for r in self.totals.to_dict("records")}
+        t = self._totals.get(run_index)
+        if t is None or f"{column}_max" not in t:
             return False
-        return int(t[f"{column}_max"].iloc[0]) * int(t["ops"].iloc[0]) > INT64_MAX  # values are >= 0 (checked)
+        return int(t[f"{column}_max"]) * int(t["ops"]) > INT64_MAX  # values are >= 0 (checked)
 
     def sums(self, frame, columns, run_index=0):
         """`frame` with each summed column int64, or float64 where pandas would have summed it as float64."""
@@ -210,8 +212,9 @@ class Trace:
         Returns {run_index: DataFrame of keys and columns}, keys in order of first appearance."""
         steps = self.phase_steps()
         out = {}
+        runs = {int(i): t for i, t in totals.groupby("run_index", sort=False)}  # each run's rows in their order
         for i in range(len(self.runs)):
-            t = totals[totals["run_index"] == i]
+            t = runs.get(i, totals.iloc[:0])
             names = list(steps[i])
             order = sorted(range(len(names)), key=lambda c: (PHASES.index(names[c]) if names[c] in PHASES else len(PHASES),
                                                              names[c]))  # fmt: skip
