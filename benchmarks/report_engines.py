@@ -1,21 +1,22 @@
-"""`optrace report` with its tables from the SQL engine and from pandas, and the SQL engine alone, each against a
-DuckDB aggregate of the same files, each command in a fresh process (seconds, peak RSS).
+"""The SQL engine's tables (reports/sql) and, with --reports, `optrace report` with `--engine sql` and with the default
+pandas tables, each against a DuckDB aggregate of the same files, each command in a fresh process (seconds, peak RSS).
 
-    .venv/bin/python benchmarks/report_engines.py TRACE [TRACE ...] [--repeats 3] [--ranks 2,4,8]
+    .venv/bin/python benchmarks/report_engines.py TRACE [TRACE ...] [--repeats 3] [--ranks 2,4,8] [--code DIR]
+                                                  [--reports]
 
 For each trace:
   baseline        DuckDB: per-phase FLOPs, ops and steps and the peak live bytes over the literal part files
-  report --engine sql  the frame loaded for breakdown, explain, MFU, memory categories and the rank sections;
-                  summary FLOPs, top ops and modules, uncounted ops, roofline, peak and views from SQL
-                  (reports/output/source.py)
-  report (pandas) `optrace report` as shipped: every table from the frame (the reference path)
-  SQL tables      reports.sql.engine.Trace and every table of reports/sql (by_phase, by_op, by_dtype, by_step,
-                  by_module, uncounted, top ops, roofline and split, peak, views, per-step FLOPs): what a report
-                  costs once no section needs the rows in Python
+  SQL tables      reports.sql.engine.Trace (every check) and every table of reports/sql (by_phase, by_op, by_dtype,
+                  by_step, by_module, uncounted, top ops, roofline and split, peak, views, per-step FLOPs): what a
+                  report costs once no section needs the rows in Python
+  SQL tables (--code)  the same from DIR, a checkout of other code (`git archive COMMIT | tar -x -C DIR`)
+  --reports: report --engine sql (the frame loaded for the sections that still need it, the other tables from SQL)
+             and report (pandas), `optrace report` as shipped
 
 --ranks R,...: a synthetic distributed trace of R ranks made of hard links to the first TRACE's parts
-(R times its rows, no disk used), with its SQL tables over every rank; the figures extrapolate to the
-128-rank, 50M-row target. Each figure is the median of --repeats runs (the variants interleaved), the range beside it.
+(R times its rows, no disk used), with its SQL tables over every rank. Each figure is the median of --repeats
+runs (the variants interleaved, so a drifting load slows them alike), the range beside it; the load average
+(1 minute) is printed before and after each trace's runs.
 """
 
 import argparse
@@ -56,34 +57,37 @@ print(len(trace.runs), "runs")
 """
 
 
-def run(argv):
-    """(wall seconds, peak RSS in MB) of one subprocess."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+def run(argv, code=ROOT):
+    """(wall seconds, peak RSS in MB, CPU seconds) of one subprocess, run with `code`'s packages."""
+    env = {**os.environ, "PYTHONPATH": str(code)}
     start = time.perf_counter()
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, cwd=ROOT)
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, cwd=code)
     err = proc.stderr.read()
     _, status, usage = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - start
     if os.waitstatus_to_exitcode(status):
         raise SystemExit(f"{' '.join(map(str, argv))}: {err.decode()[-500:]}")
-    return wall, usage.ru_maxrss / 1024 * 1.048576
+    return wall, usage.ru_maxrss / 1024 * 1.048576, usage.ru_utime + usage.ru_stime
 
 
 def measure(variants, repeats):
     """Run every (label, argv) `repeats` times, the variants interleaved round by round (a machine whose load
     drifts slows them alike), and print each one's median and range, and its ratio to the first's median."""
-    found = {label: [] for label, _ in variants}
+    found = {label: [] for label, *_ in variants}
+    print(f"  load average {os.getloadavg()[0]:.1f} before", flush=True)
     for _ in range(repeats):
-        for label, argv in variants:
-            found[label].append(run(argv))
+        for label, argv, *code in variants:
+            found[label].append(run(argv, *code))
+    print(f"  load average {os.getloadavg()[0]:.1f} after", flush=True)
     base = None
     for label, runs in found.items():
-        wall, rss = [r[0] for r in runs], [r[1] for r in runs]
+        wall, rss, cpu = [r[0] for r in runs], [r[1] for r in runs], [r[2] for r in runs]
         med = statistics.median(wall)
-        ratio = f"  {med / base:5.1f}x baseline" if base else ""
-        base = base or med
-        print(f"  {label:<20} {med:6.2f} s ({min(wall):.2f}-{max(wall):.2f})  peak RSS {statistics.median(rss):5.0f} MB "
-              f"({min(rss):.0f}-{max(rss):.0f}){ratio}", flush=True)  # fmt: skip
+        ratio = f"  {med / base[0]:5.1f}x baseline (cpu {statistics.median(cpu) / base[1]:4.1f}x)" if base else ""
+        base = base or (med, statistics.median(cpu))
+        print(f"  {label:<20} {med:6.2f} s ({min(wall):.2f}-{max(wall):.2f})  cpu {statistics.median(cpu):5.2f} s "
+              f"({min(cpu):.2f}-{max(cpu):.2f})  peak RSS {statistics.median(rss):5.0f} MB ({min(rss):.0f}-{max(rss):.0f})"
+              f"{ratio}", flush=True)  # fmt: skip
 
 
 def ranks_trace(source, ranks, where):
@@ -102,27 +106,33 @@ def main(argv=None):
     parser.add_argument("traces", nargs="+")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--ranks", default="", help="comma-separated rank counts for the synthetic distributed trace")
+    parser.add_argument("--code", help="also run the SQL tables from this checkout of other code")
+    parser.add_argument("--reports", action="store_true", help="also run `optrace report` with either engine")
     args = parser.parse_args(argv)
     py = sys.executable
     import pyarrow.parquet as pq
+
+    def sql(path):
+        out = [("SQL tables", [py, "-c", _SQL_TABLES, os.path.abspath(path)])]
+        if args.code:
+            out.append(("SQL tables (--code)", [py, "-c", _SQL_TABLES, os.path.abspath(path)], os.path.abspath(args.code)))
+        return out
 
     for trace in args.traces:
         parts = sum(len(fs) for _, _, fs in os.walk(trace))
         rows = sum(pq.read_metadata(os.path.join(d, f)).num_rows for d, _, fs in os.walk(trace) for f in fs
                    if f.endswith(".parquet"))  # fmt: skip
         print(f"{trace}: {rows:,} rows in {parts:,} files; {args.repeats} runs each, median (range)")
-        measure([("baseline DuckDB", [py, "-c", _BASELINE, trace]),
-                 ("report --engine sql", [py, "-m", "reports.output.cli", "report", "--engine", "sql", trace]),
-                 ("report (pandas)", [py, "-m", "reports.output.cli", "report", trace]),
-                 ("SQL tables", [py, "-c", _SQL_TABLES, trace])], args.repeats)  # fmt: skip
+        reports = [("report --engine sql", [py, "-m", "reports.output.cli", "report", "--engine", "sql", trace]),
+                   ("report (pandas)", [py, "-m", "reports.output.cli", "report", trace])] if args.reports else []  # fmt: skip
+        measure([("baseline DuckDB", [py, "-c", _BASELINE, trace]), *sql(trace), *reports], args.repeats)
     if args.ranks:
         where = tempfile.mkdtemp(dir=os.path.dirname(os.path.abspath(args.traces[0])))
         try:
             for ranks in [int(r) for r in args.ranks.split(",")]:
                 path = ranks_trace(args.traces[0], ranks, where)
                 print(f"{ranks} ranks, each a link to {args.traces[0]}:")
-                measure([("baseline DuckDB", [py, "-c", _BASELINE, path]), ("SQL tables", [py, "-c", _SQL_TABLES, path])],
-                        args.repeats)  # fmt: skip
+                measure([("baseline DuckDB", [py, "-c", _BASELINE, path]), *sql(path)], args.repeats)
         finally:
             shutil.rmtree(where)
 

@@ -25,18 +25,22 @@ from reports.time.roofline import BOUNDS, ROOFLINE_COLUMNS, SPLIT_COLUMNS, add_r
 __all__ = ["by_module", "per_step_traffic", "roofline_with_split"]
 
 # The split of the op time by bound: each row's bound from its FLOPs, bytes and its dtype's roofs
-# (reports/time/roofline.py _bound_codes), totals per run, phase and bound.
+# (reports/time/roofline.py _bound_codes), totals per run, phase and bound. Read from the engine's
+# grain `_ops` (reports/sql/scan.py), whose keys hold each row's FLOPs and bytes, so every row of a group
+# has the group's bound (views.sql roofline_rows, row by row, gives the same).
 _BOUND_TOTALS = """
-SELECT run_index, phase, bound, count(*) AS ops, sum(time_s) AS time_s, sum(CAST(flops AS DOUBLE)) AS flops,
-       sum(CAST(bytes AS DOUBLE)) AS bytes, sum(roof_time_s) AS roof_time_s
-FROM (SELECT r.run_index, r.phase, r.time_s, r.flops, r.bytes,
+SELECT run_index, phase, bound, sum(ops) AS ops, sum(time_s) AS time_s, sum(flops) AS flops, sum(bytes) AS bytes,
+       sum(roof_time_s) AS roof_time_s
+FROM (SELECT r.run_index, r.phase, r.ops, CAST(r.time_ns AS DOUBLE) / 1e9 AS time_s,
+             CAST(r.flops_sum AS DOUBLE) AS flops, CAST(r.bytes_sum AS DOUBLE) AS bytes,
              CASE WHEN r.flops = 0 AND r.bytes = 0 THEN 'other'
                   WHEN f.bandwidth IS NOT NULL AND (r.flops = 0 OR (r.bytes > 0 AND f.peak IS NOT NULL
                        AND CAST(r.flops AS DOUBLE) / r.bytes < f.peak / f.bandwidth)) THEN 'memory'
                   WHEN f.peak IS NOT NULL AND (r.bytes = 0 OR f.bandwidth IS NOT NULL) THEN 'compute'
                   ELSE 'other' END AS bound,
-             greatest(CASE WHEN r.flops > 0 THEN r.flops / f.peak ELSE 0.0 END, r.bytes / f.bandwidth) AS roof_time_s
-      FROM roofline_rows AS r JOIN roofs AS f ON r.run_index = f.run_index AND r.dtype = f.dtype) AS b
+             r.ops * greatest(CASE WHEN r.flops > 0 THEN r.flops / f.peak ELSE 0.0 END, r.bytes / f.bandwidth)
+               AS roof_time_s
+      FROM _ops AS r JOIN roofs AS f ON r.run_index = f.run_index AND r.dtype = f.dtype) AS b
 GROUP BY run_index, phase, bound
 """
 

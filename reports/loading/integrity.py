@@ -72,6 +72,10 @@ class Footers(dict):
         super().__init__()
         self.rows = {}
 
+    def note(self, part, found):
+        """Called with every footer read, kept or not: what a later read needs of it (here its row count)."""
+        self.rows[part] = found.num_rows
+
 
 def footer(part, footers=None):
     """The Parquet footer (FileMetaData) of a part file; `footers` ({part: footer}, one per `reports.load` call)
@@ -81,7 +85,7 @@ def footer(part, footers=None):
         return footers[part]
     found = read_footer(part)
     if isinstance(footers, Footers):
-        footers.rows[part] = found.num_rows
+        footers.note(part, found)
         if len(footers) >= Footers.LIMIT:
             return found
     if footers is not None:

@@ -323,8 +323,14 @@ def _check_roles(path, what, meta):
                     isinstance(r, list) and len(r) == len(fields) and all(_is(v, _INT) and v >= 0 for v in r) for r in ids):
                 raise ReportError(f"{path}: {what} storage_roles {key!r} is {_short(ids)}, expected a list of "
                                   f"[{', '.join(fields)}] records of ints >= 0")
-        elif not isinstance(ids, list) or not all(_is(i, _INT) for i in ids):
+        elif not isinstance(ids, list) or not (_ints(ids) or all(_is(i, _INT) for i in ids)):
             raise ReportError(f"{path}: {what} storage_roles {key!r} is {_short(ids)}, expected a list of storage ids")
+
+
+def _ints(values):
+    """Whether every value is a plain int (what JSON gives): a quick yes for the common case, before the
+    checks that name a bad value (a bool, an int subclass or anything else takes those)."""
+    return all(type(v) is int for v in values)
 
 
 def check_metadata_ids(path, meta, id_limit):
@@ -332,7 +338,10 @@ def check_metadata_ids(path, meta, id_limit):
     found = [(f"parameter {name!r}", info.get("storage_id")) for name, info in (meta.get("parameters") or {}).items()]
     for key, ids in (meta.get("storage_roles") or {}).items():
         at = ROLE_RECORDS[key].index("id") if key in ROLE_RECORDS else None
-        found += [(f"storage_roles {key!r}", i if at is None else i[at]) for i in ids]
+        values = ids if at is None else [i[at] for i in ids]
+        if _ints(values) and (not values or 0 <= min(values) and max(values) <= id_limit):
+            continue  # every id in range: nothing to name (the loop below names the first one out of range)
+        found += [(f"storage_roles {key!r}", sid) for sid in values]
     for where, sid in found:
         if sid is not None and not 0 <= sid <= id_limit:
             raise ReportError(f"{path}: optrace metadata {where} has storage id {sid:,}; expected 0 to {id_limit:,} "

@@ -9,15 +9,19 @@
 
   - each run passes reports.loading.load.read_run: the part files listed (never globbed),
     their footers, schema, metadata, trace ids and repeated parts checked, the damage counted;
-  - the values are checked from the parts' statistics (nulls, ranges, storage ids) and seq is
-    checked to increase row by row (each part's seq column read alone); when a check fails, the
-    reference loader reads that run and raises its one-line ReportError, so a damaged or hostile
-    trace gets the same message on both paths;
+  - the values are checked from the parts' statistics as read_run reads each footer (nulls,
+    ranges; storage ids once the run's id limit is known, from the extremes kept per part) and seq
+    is checked to increase row by row (one scan of seq minus each row's number in its part); when
+    a check fails, the reference loader reads that run and raises its one-line ReportError, so a
+    damaged or hostile trace gets the same message on both paths;
   - an incomplete or damaged trace warns, in the words reports.load uses.
 
 `rows` is defined over the literal list of the part files the checks accepted, each path made
 absolute and its glob characters escaped (DuckDB globs every file name it is given), with
-hive partitioning off (a `key=value` directory in a user's path adds no column).
+hive partitioning off (a `key=value` directory in a user's path adds no column). The views that
+group and sum are read from two groupings of the rows made once per trace (reports/sql/scan.py),
+each equal to its definition in views.sql; a trace of many small parts has the columns they read
+copied into memory once (SMALL_PARTS) instead of every part opened for every scan.
 
 The tables (reports/sql/tables.py, reports/sql_report.py) are built from the views here; this
 module only runs SQL, divides totals per phase into per-step figures and says which int64 sums
@@ -34,8 +38,10 @@ import pandas as pd
 from reports.errors import ReportError
 from reports.loading.integrity import Footers, describe_damage, footer, list_parts
 from reports.loading.load import id_limit, read_run, run_name, runs_with_ranks
-from reports.loading.validate import check_footers
-from tracer.schema import PHASES, SCHEMA_VERSION
+from reports.loading.validate import STORAGE_ID_COLUMNS, check_footers
+from reports.sql.scan import GRAINS, files_query, source
+from reports.sql.scan import VIEWS as FAST
+from tracer.schema import COLUMN_NAMES, PHASES, SCHEMA_VERSION
 
 __all__ = ["VIEWS_SQL", "VIEW_FILES", "Trace", "Unsupported", "literal", "statements"]
 
@@ -44,9 +50,12 @@ VIEWS_SQL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "views.sql"
 VIEW_FILES = (VIEWS_SQL, *sorted(os.path.join(os.path.dirname(VIEWS_SQL), f) for f in
                                  os.listdir(os.path.dirname(VIEWS_SQL)) if f.endswith(".sql") and f != "views.sql"))
 INT64_MAX = 2**63 - 1
+# Read the rows the views need once into memory (reports/sql/scan.py source) from this many part files on, when
+# the parts hold fewer rows than this on average and the trace no more rows than this.
+SMALL_PARTS = (256, 64, 1 << 20)
+BATCH = 256  # part files per statement when reading them once (DuckDB keeps each open part until the statement ends)
 _CREATE = re.compile(r"^CREATE VIEW (\w+) AS\s*$", re.MULTILINE)
 _GLOB = re.compile(r"([*?\[])")
-_ONCE = ("phase_steps", "run_totals", "op_facts")
 
 
 class Unsupported(ReportError):
@@ -96,14 +105,18 @@ class Trace:
             paths = [paths]
         if not paths:
             raise ReportError("load: expected at least one trace path, got none")
-        self.runs, self.ranks, self.paths, self.files = {}, [], [], []
-        footers = Footers()
+        self.runs, self.ranks, self.paths, self.files, self._phase_steps, self._totals = {}, [], [], [], None, None
+        footers, refused = _IdFooters(), set()
         given = iter((checked or {}).items())
         for path, rank in runs_with_ranks(paths):
             if checked is not None:  # the runs reports.load just read and checked from these files: no second check
                 name, meta = next(given)
             else:
-                meta = read_run(path, footers)
+                try:  # the values from the parts' statistics too (all but storage ids), each footer read once
+                    meta = read_run(path, footers, unread=COLUMN_NAMES)
+                except ReportError:
+                    meta = read_run(path, _IdFooters())  # a damaged trace raises here, in reports.load's words
+                    refused.add(path)  # else a value the statistics refuse: the reference loader says which
                 name = run_name(path, rank, meta, self.runs)
             if meta["schema_version"] < SCHEMA_VERSION:
                 raise Unsupported(f"{path}: a v{meta['schema_version']} trace; the SQL engine reads v{SCHEMA_VERSION}")
@@ -112,19 +125,30 @@ class Trace:
             self.paths.append(path)
             self.files.append(list_parts(path))
         self.db = duckdb.connect(config={"threads": threads} if threads else {})
-        self.db.execute("SET parquet_metadata_cache = true")  # each part's footer parsed once, not once per query
-        selects = []
-        for i, (name, files) in enumerate(zip(self.runs, self.files)):
-            listed = ", ".join(file_literal(f) for f in files)
-            selects.append(f"SELECT {literal(name)} AS run, {i} AS run_index, * "
-                           f"FROM read_parquet([{listed}], hive_partitioning = false)")  # fmt: skip
-        self.db.execute("CREATE VIEW rows AS " + " UNION ALL ".join(selects))
-        for name, body, _ in (v for path in VIEW_FILES for v in statements(path)):  # small per-run tables: computed once
-            self.db.execute(f"CREATE {'TEMP TABLE' if name in _ONCE else 'VIEW'} {name} AS {body}")
-        self.columns = [c for c in self.db.execute("SELECT * FROM rows LIMIT 0").fetchdf().columns
-                        if c not in ("run", "run_index")]  # fmt: skip
-        if checked is None:
-            self._check_values(footers)
+        #self.db.execute("SET parquet_metadata_cache = true")
+        self._reads = [f"read_parquet([{', '.join(file_literal(f) for f in files)}], hive_partitioning = false"
+                       for files in self.files]  # fmt: skip  (closed by the caller: options may follow)
+        selects = [f"SELECT {literal(name)} AS run, {i} AS run_index, * FROM {read})"
+                   for i, (name, read) in enumerate(zip(self.runs, self._reads))]  # fmt: skip
+        self.rows_view = "CREATE VIEW rows AS " + " UNION ALL ".join(selects)  # what views.sql reads, for another connection
+        self.db.execute(self.rows_view)
+        self.columns = [d[0] for d in self.db.execute("SELECT * FROM rows LIMIT 0").description
+                        if d[0] not in ("run", "run_index")]  # fmt: skip
+        files = sum(len(f) for f in self.files)
+        rows = sum(footers.rows.get(f, 0) for fs in self.files for f in fs) if checked is None else \
+            sum(int(m.get("rows") or 0) for m in self.runs.values())
+        self.narrow = files >= SMALL_PARTS[0] and rows <= min(SMALL_PARTS[1] * files, SMALL_PARTS[2])
+        batches = [(literal(name), i, f"read_parquet([{', '.join(file_literal(f) for f in fs[k:k + BATCH])}], "
+                    "hive_partitioning = false, filename = true, file_row_number = true)")
+                   for i, (name, fs) in enumerate(zip(self.runs, self.files)) for k in range(0, len(fs), BATCH)]  # fmt: skip
+        for statement in source("rows", batches if self.narrow else None):
+            self.db.execute(statement)
+        if checked is None:  # before any scan: no value of a damaged part reaches a view
+            self._check_values(footers, refused)
+        for name, body in GRAINS.items():  # one scan each: most views are read from these (reports/sql/scan.py)
+            self.db.execute(f"CREATE TEMP TABLE {name} AS {body}")
+        for name, body, _ in (v for path in VIEW_FILES for v in statements(path)):
+            self.db.execute(f"CREATE VIEW {name} AS {FAST.get(name, body)}")
         self.totals = self.table("run_totals")
         for path, meta, ops in zip(self.paths, self.runs.values(), self._ops()) if checked is None else ():
             broken = describe_damage(meta["damage"])
@@ -160,10 +184,12 @@ class Trace:
 
     def wide(self, column, run_index=0):
         """Whether an int64 sum of `column` over the run's rows could wrap (so pandas sums it as float64)."""
-        t = self.totals[self.totals["run_index"] == run_index]
-        if not len(t) or f"{column}_max" not in t:
+        if self._totals is None:  # {run_index: its row of run_totals}, once (asked per column and run of each table)
+            self._totals = {int(r["run_index"]): r for r in self.totals.to_dict("records")}
+        t = self._totals.get(run_index)
+        if t is None or f"{column}_max" not in t:
             return False
-        return int(t[f"{column}_max"].iloc[0]) * int(t["ops"].iloc[0]) > INT64_MAX  # values are >= 0 (checked)
+        return int(t[f"{column}_max"]) * int(t["ops"]) > INT64_MAX  # values are >= 0 (checked)
 
     def sums(self, frame, columns, run_index=0):
         """`frame` with each summed column int64, or float64 where pandas would have summed it as float64."""
@@ -173,11 +199,12 @@ class Trace:
         return frame
 
     def phase_steps(self):
-        """{run_index: {phase: steps}} (reports/steps.py phase_steps)."""
-        out = {i: {} for i in range(len(self.runs))}
-        for r in self.table("phase_steps").itertuples():
-            out[int(r.run_index)][r.phase] = int(r.steps)
-        return out
+        """{run_index: {phase: steps}} (reports/steps.py phase_steps); read once (a trace's rows do not change)."""
+        if self._phase_steps is None:
+            self._phase_steps = {i: {} for i in range(len(self.runs))}
+            for run_index, phase, steps in self.db.execute("SELECT run_index, phase, steps FROM phase_steps").fetchall():
+                self._phase_steps[int(run_index)][phase] = int(steps)
+        return {i: dict(steps) for i, steps in self._phase_steps.items()}
 
     def per_step(self, totals, columns, keys=()):
         """Per-step figures from a view of totals per (keys..., phase): each phase's total over the steps
@@ -185,8 +212,9 @@ class Trace:
         Returns {run_index: DataFrame of keys and columns}, keys in order of first appearance."""
         steps = self.phase_steps()
         out = {}
+        runs = {int(i): t for i, t in totals.groupby("run_index", sort=False)}  # each run's rows in their order
         for i in range(len(self.runs)):
-            t = totals[totals["run_index"] == i]
+            t = runs.get(i, totals.iloc[:0])
             names = list(steps[i])
             order = sorted(range(len(names)), key=lambda c: (PHASES.index(names[c]) if names[c] in PHASES else len(PHASES),
                                                              names[c]))  # fmt: skip
@@ -211,20 +239,42 @@ class Trace:
         return out
 
     # ---------------------------------------------------------------------------- value checks
-    def _check_values(self, footers):
-        """The checks of reports/loading/validate.py check_rows without reading the rows: nulls, ranges and
-        storage ids from each part's Parquet statistics (check_footers), seq increasing read part by part
-        (_seq_increases). A run that fails one is read by the reference loader, which raises the one-line error naming
-        the value and the row (or accepts it: a FLOP count clamped to int64 is a flagged bound, not damage)."""
+    def _check_values(self, footers, refused):
+        """The checks of reports/loading/validate.py check_rows without reading the rows into Python: nulls and
+        ranges from each part's Parquet statistics (check_footers, as read_run read the footers: `refused` holds the
+        runs where one failed), storage ids from the extremes of their statistics (_IdFooters), seq increasing from
+        one scan of the seq column (_seq_in_order). A run that fails one is read by the reference loader, which
+        raises the one-line error naming the value and the row (or accepts it: a FLOP count clamped to int64 is a
+        flagged bound, not damage)."""
         for i, (path, meta) in enumerate(zip(self.paths, self.runs.values())):
-            limit = id_limit(meta, sum(footers.rows.get(f, 0) for f in self.files[i]))
-            try:
-                check_footers(path, [(f, footer(f, footers)) for f in self.files[i]], self.columns, limit, {})
-            except ReportError:
+            if path in refused:
                 self._reference_check(path)
                 continue
-            if not _seq_increases(self.files[i], footers):
+            limit = id_limit(meta, sum(footers.rows.get(f, 0) for f in self.files[i]))
+            extremes = [footers.ids.get(f) for f in self.files[i]]
+            if any(e is None or e[0] < 0 or e[1] > limit for e in extremes):
+                try:  # statistics missing or an id out of range: the check that names it
+                    check_footers(path, [(f, footer(f, footers)) for f in self.files[i]], self.columns, limit, {})
+                except ReportError:
+                    self._reference_check(path)
+                    continue
+            if not self._seq_in_order(i) and not _seq_increases(self.files[i], footers):
                 self._reference_check(path)
+
+    def _seq_in_order(self, i):
+        """Whether run i's seq increases row by row, shown from one DuckDB scan of its seq column: each part's seq
+        is its first seq plus the row number (seq - row number takes one value), and each part starts after
+        the one before ends. False when that does not show it (a part with a gap inside: _seq_increases decides)."""
+        read = f"_src WHERE run_index = {i}" if self.narrow else self._reads[i] + ", filename = true, file_row_number = true)"
+        found = self.db.execute(files_query(read)).fetchall()
+        where = {os.path.abspath(f): n for n, f in enumerate(self.files[i])}
+        ranges = sorted((where.get(name, -1), lo, hi, n) for name, n, lo, hi in found)
+        last = None
+        for index, lo, hi, n in ranges:
+            if index < 0 or lo != hi or (last is not None and lo <= last):
+                return False
+            last = lo + n - 1
+        return True
 
     @staticmethod
     def _reference_check(path):
@@ -234,6 +284,35 @@ class Trace:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             load(path, lists="arrow")
+
+
+class _IdFooters(Footers):
+    """Footers that also keep `ids` {part: (least, greatest) storage id in its statistics, or None when a chunk has
+    none}: the id check, which needs the run's id limit (known once every part is read), then reads no footer twice."""
+
+    def __init__(self):
+        super().__init__()
+        self.ids, self._leaves = {}, None
+
+    def note(self, part, found):
+        super().note(part, found)
+        low, high = 0, 0
+        if self._leaves is None or not found.schema.equals(self._leaves[0]):  # the id columns, once per schema
+            self._leaves = (found.schema, [j for j in range(found.num_columns) if found.schema.column(j).path in _ID_LEAVES])
+        leaves = self._leaves[1]
+        for g in range(found.num_row_groups):
+            group = found.row_group(g)
+            for j in leaves if group.num_rows else ():  # no rows (the closing part): no id, nothing to check
+                stats = group.column(j).statistics
+                if stats is None or stats.null_count is None:
+                    self.ids[part] = None
+                    return
+                if stats.has_min_max and isinstance(stats.min, int):
+                    low, high = min(low, stats.min), max(high, stats.max)
+        self.ids[part] = (low, high)
+
+
+_ID_LEAVES = {f"{name}.list.element" for name in STORAGE_ID_COLUMNS}
 
 
 def _seq_increases(files, footers):

@@ -80,8 +80,9 @@ def by_step(trace):
 def module_own(trace):
     """{run_index: each module's own figures, indexed by module, in order of first appearance}."""
     frame = fetch(trace, "module_own", "first_seq", ("ops", "flops", "bytes_allocated"))
-    return {i: frame[frame["run_index"] == i].set_index("module")[["ops", "flops", "bytes_allocated", "duration_us",
-                                                                  "first_seq"]]
+    runs = {int(i): t for i, t in frame.groupby("run_index", sort=False)}  # each run's rows in their order
+    return {i: runs.get(i, frame.iloc[:0]).set_index("module")[["ops", "flops", "bytes_allocated", "duration_us",
+                                                                "first_seq"]]
             for i in range(len(trace.runs))}  # fmt: skip
 
 

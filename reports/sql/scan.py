@@ -1,0 +1,157 @@
+"""The report views computed from a few scans of the trace instead of a scan each (reports/sql/engine.py).
+
+views.sql defines every view over `rows`, the Parquet parts: plain SQL another engine runs as it is
+written. Run that way, a report scans the parts about ten times (the dtype of a row alone, read from
+two list columns, costs more than the rest of a scan). The engine instead groups the rows once into
+small tables (GRAINS, each a TEMP TABLE of one scan) and defines the views listed in VIEWS from them.
+Every sum is an integer sum (exact in any order) and every key of a view is a key of its grain, so each
+view holds what views.sql's definition holds, column for column and type for type
+(tests/test_sql_scan.py compares them on every test trace):
+
+    _ops    per run, op, phase, FLOP kind, view flag, dtype, FLOPs, algorithmic bytes (views move none),
+            process group and group size: op_facts, by_dtype, roofline_op, collective_totals and the
+            roofline's split by bound (reports/sql_report.py), which needs each row's FLOPs and bytes
+            (keys here). Rows of one op with the same shapes share a group: its size follows the
+            distinct shapes per op and phase, not the rows (a few hundred groups for a 1M-row trace)
+    _steps  per run, step and phase: phase_steps, run_totals, by_step and the peak's live bytes
+
+`files(trace)` is the seq check's scan: per part, the range of seq - row number (seq increases row by
+row in a part whose range is one value: seq = first + row number).
+"""
+
+__all__ = ["GRAINS", "NARROW", "VIEWS", "files_query", "source"]
+
+_DTYPE = ("CASE WHEN coalesce(input_dtypes[1], '') <> '' THEN input_dtypes[1] "
+          "ELSE coalesce(output_dtypes[1], '') END")  # fmt: skip  (views.sql row_dtype)
+
+GRAINS = {
+    "_ops": """
+SELECT run, run_index, op, phase, flop_kind, is_view, dtype, flops, bytes, process_group, group_size,
+       count(*) AS ops, sum(flops) AS flops_sum, sum(bytes) AS bytes_sum,
+       sum(CASE WHEN flops_bound THEN flops ELSE 0 END) AS bound_flops,
+       sum(CASE WHEN flops_bound THEN 1 ELSE 0 END) AS bound_rows,
+       sum(bytes_allocated) AS bytes_allocated, sum(bytes_read) AS bytes_read, sum(bytes_written) AS bytes_written,
+       sum(duration_ns) AS duration_ns, sum(coalesce(busy_ns, duration_ns)) AS time_ns, min(seq) AS first_seq,
+       count(comm_bytes) AS calls, sum(comm_bytes) AS message_bytes,
+       min(CASE WHEN comm_bytes IS NOT NULL THEN seq END) AS comm_first_seq,
+       max(bytes_allocated) AS bytes_allocated_max, max(bytes_read) AS bytes_read_max,
+       max(bytes_written) AS bytes_written_max, max(duration_ns) AS duration_ns_max
+FROM (SELECT *, CASE WHEN is_view THEN 0 ELSE bytes_read + bytes_written END AS bytes FROM _src) AS r
+GROUP BY run, run_index, op, phase, flop_kind, is_view, dtype, flops, bytes, process_group, group_size
+""",
+    "_steps": """
+SELECT run, run_index, step, phase, count(*) AS ops, sum(flops) AS flops, sum(bytes_allocated) AS bytes_allocated,
+       sum(duration_ns) AS duration_ns, max(live_bytes) AS live_bytes_peak
+FROM _src
+GROUP BY run, run_index, step, phase
+""",
+}
+
+_PCT = """CASE WHEN t.flops = 0 THEN 0.0 ELSE CAST(g.flops AS DOUBLE) * 100.0 / CAST(t.flops AS DOUBLE) END AS flops_pct"""
+_TIME_PCT = """CASE WHEN t.duration_ns = 0 THEN 0.0
+            ELSE g.duration_us * 100.0 / (CAST(t.duration_ns AS DOUBLE) / 1000.0) END AS duration_pct"""
+
+VIEWS = {
+    "phase_steps": """
+SELECT run, run_index, phase, count(DISTINCT step) AS steps FROM _steps GROUP BY run, run_index, phase
+""",
+    "run_totals": """
+SELECT s.run, s.run_index, s.ops, s.steps_traced, s.fb_steps, s.flops, s.bytes_allocated, s.duration_ns,
+       o.bound_rows, o.flops_max, o.bytes_allocated_max, o.bytes_read_max, o.bytes_written_max, o.duration_ns_max
+FROM (SELECT run, run_index, CAST(sum(ops) AS BIGINT) AS ops, count(DISTINCT step) AS steps_traced,
+             count(DISTINCT CASE WHEN phase IN ('forward', 'backward') THEN step END) AS fb_steps,
+             sum(flops) AS flops, sum(bytes_allocated) AS bytes_allocated, sum(duration_ns) AS duration_ns
+      FROM _steps GROUP BY run, run_index) AS s
+JOIN (SELECT run_index, sum(bound_rows) AS bound_rows, max(flops) AS flops_max,
+             max(bytes_allocated_max) AS bytes_allocated_max, max(bytes_read_max) AS bytes_read_max,
+             max(bytes_written_max) AS bytes_written_max, max(duration_ns_max) AS duration_ns_max
+      FROM _ops GROUP BY run_index) AS o ON s.run_index = o.run_index
+""",
+    "op_facts": """
+SELECT run, run_index, op, phase, flop_kind, is_view, CAST(sum(ops) AS BIGINT) AS ops, sum(flops_sum) AS flops,
+       sum(bound_flops) AS bound_flops, sum(bytes_allocated) AS bytes_allocated, sum(bytes_read) AS bytes_read,
+       sum(bytes_written) AS bytes_written, sum(duration_ns) AS duration_ns, min(first_seq) AS first_seq
+FROM _ops
+GROUP BY run, run_index, op, phase, flop_kind, is_view
+""",
+    "by_dtype": f"""
+SELECT g.run, g.run_index, g.dtype, g.ops, g.flops, {_PCT},
+       g.matmul_flops, g.bytes_allocated, g.bytes_read, g.bytes_written, g.duration_us,
+       {_TIME_PCT},
+       g.first_seq
+FROM (SELECT run, run_index, dtype, CAST(sum(ops) AS BIGINT) AS ops, sum(flops_sum) AS flops,
+             sum(CASE WHEN flop_kind = 'matmul' THEN flops_sum ELSE 0 END) AS matmul_flops,
+             sum(bytes_allocated) AS bytes_allocated, sum(bytes_read) AS bytes_read,
+             sum(bytes_written) AS bytes_written, CAST(sum(duration_ns) AS DOUBLE) / 1000.0 AS duration_us,
+             min(first_seq) AS first_seq
+      FROM _ops GROUP BY run, run_index, dtype) AS g
+JOIN run_totals AS t ON g.run_index = t.run_index
+""",
+    "by_step": """
+SELECT run, run_index, step, CAST(sum(ops) AS BIGINT) AS ops, sum(flops) AS flops,
+       sum(CASE WHEN phase = 'forward' THEN flops ELSE 0 END) AS flops_forward,
+       sum(CASE WHEN phase = 'backward' THEN flops ELSE 0 END) AS flops_backward,
+       sum(CASE WHEN phase = 'optimizer' THEN flops ELSE 0 END) AS flops_optimizer,
+       sum(CASE WHEN phase = 'other' THEN flops ELSE 0 END) AS flops_other,
+       sum(bytes_allocated) AS bytes_allocated, max(live_bytes_peak) AS live_bytes_peak,
+       CAST(sum(duration_ns) AS DOUBLE) / 1000.0 AS duration_us
+FROM _steps
+GROUP BY run, run_index, step
+""",
+    # the rows at each run's highest live bytes (from _steps): the parts' statistics skip the rest
+    "peak": """
+SELECT r.run, r.run_index, r.live_bytes AS peak_live_bytes, r.seq, r.step, r.phase, r.module, r.op
+FROM _src AS r
+JOIN (SELECT run_index, max(live_bytes_peak) AS top FROM _steps GROUP BY run_index) AS m
+  ON r.run_index = m.run_index AND r.live_bytes = m.top
+QUALIFY row_number() OVER (PARTITION BY r.run_index ORDER BY r.seq) = 1
+""",
+    "module_own": """
+SELECT run, run_index, module, count(*) AS ops, sum(flops) AS flops, sum(bytes_allocated) AS bytes_allocated,
+       CAST(sum(duration_ns) AS DOUBLE) / 1000.0 AS duration_us, min(seq) AS first_seq
+FROM _src
+GROUP BY run, run_index, module
+""",
+    "roofline_op": """
+SELECT run, run_index, op, dtype, phase, CAST(sum(ops) AS BIGINT) AS ops, sum(flops_sum) AS flops,
+       sum(bytes_sum) AS bytes, sum(time_ns) AS time_ns, min(first_seq) AS first_seq
+FROM _ops
+GROUP BY run, run_index, op, dtype, phase
+""",
+    "collective_totals": """
+SELECT run, run_index, op, process_group, coalesce(group_size, 1) AS group_size, phase,
+       CAST(sum(calls) AS BIGINT) AS calls, sum(message_bytes) AS message_bytes, min(comm_first_seq) AS first_seq
+FROM _ops
+WHERE calls > 0
+GROUP BY run, run_index, op, process_group, coalesce(group_size, 1), phase
+""",
+}
+
+
+# The columns the grains and the views above read, and a row's dtype (views.sql row_dtype).
+NARROW = ("run", "run_index", "seq", "step", "phase", "op", "module", "flop_kind", "is_view", "flops", "flops_bound",
+          "bytes_allocated", "bytes_read", "bytes_written", "duration_ns", "busy_ns", "live_bytes", "comm_bytes",
+          "process_group", "group_size")  # fmt: skip
+
+
+def source(rows, narrow):
+    """The statements that make `_src`, what the grains read: a view of `rows` with each row's dtype, or, when
+    `narrow` ([(run name literal, run index, read_parquet of a batch of its parts with filename and row numbers)])
+    is given, a TEMP TABLE of the NARROW columns, the dtype and each row's part file and row number, read once:
+    for a trace of many small parts, where opening the files costs more than their rows (DuckDB opens every part
+    for every scan, and holds every part's reader until a statement ends: hence one statement per batch)."""
+    if narrow is None:
+        return [f"CREATE VIEW _src AS SELECT *, {_DTYPE} AS dtype FROM {rows}"]
+    out = [f"CREATE TEMP TABLE _src AS SELECT {', '.join(NARROW)}, '' AS dtype, '' AS filename, "
+           "CAST(0 AS BIGINT) AS file_row_number FROM rows LIMIT 0"]  # fmt: skip
+    for name, i, read in narrow:
+        out.append(f"INSERT INTO _src SELECT {', '.join(NARROW)}, {_DTYPE}, filename, file_row_number "
+                   f"FROM (SELECT {name} AS run, {i} AS run_index, * FROM {read}) AS r")  # fmt: skip
+    return out
+
+
+def files_query(read):
+    """Per part file of one run's `read` (a relation with seq, filename and file_row_number), its rows and the least
+    and greatest seq - row number."""
+    return (f"SELECT filename, count(*) AS n, min(seq - file_row_number) AS lo, max(seq - file_row_number) AS hi "
+            f"FROM {read} GROUP BY filename")  # fmt: skip
