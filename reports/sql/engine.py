@@ -38,7 +38,7 @@ import pandas as pd
 from reports.errors import ReportError
 from reports.loading.integrity import Footers, describe_damage, footer, list_parts
 from reports.loading.load import id_limit, read_run, run_name, runs_with_ranks
-from reports.loading.validate import STORAGE_ID_COLUMNS, check_footers
+from reports.loading.validate import LIST_NOT_NULL, STORAGE_ID_COLUMNS, check_footers
 from reports.sql.scan import GRAINS, files_query, source
 from reports.sql.scan import VIEWS as FAST
 from tracer.schema import COLUMN_NAMES, PHASES, SCHEMA_VERSION
@@ -124,8 +124,13 @@ class Trace:
             self.ranks.append(rank if rank is not None else meta.get("rank"))
             self.paths.append(path)
             self.files.append(list_parts(path))
+            if checked is None:
+                present = footer(self.files[-1][0], footers).schema.to_arrow_schema().names
+                missing = [c for c in COLUMN_NAMES if c not in present]
+                if missing:  # reports.load's words
+                    raise ReportError(f"{path}: trace lacks column(s) {missing}")
         self.db = duckdb.connect(config={"threads": threads} if threads else {})
-        #self.db.execute("SET parquet_metadata_cache = true")
+        self.db.execute("SET enable_progress_bar = false")  # stdout is the report's
         self._reads = [f"read_parquet([{', '.join(file_literal(f) for f in files)}], hive_partitioning = false"
                        for files in self.files]  # fmt: skip  (closed by the caller: options may follow)
         selects = [f"SELECT {literal(name)} AS run, {i} AS run_index, * FROM {read})"
@@ -141,7 +146,8 @@ class Trace:
         batches = [(literal(name), i, f"read_parquet([{', '.join(file_literal(f) for f in fs[k:k + BATCH])}], "
                     "hive_partitioning = false, filename = true, file_row_number = true)")
                    for i, (name, fs) in enumerate(zip(self.runs, self.files)) for k in range(0, len(fs), BATCH)]  # fmt: skip
-        for statement in source("rows", batches if self.narrow else None):
+        self._null_where = " OR ".join(f"{c} IS NULL" for c in LIST_NOT_NULL if c in self.columns) or "FALSE"
+        for statement in source("rows", batches if self.narrow else None, self._null_where):
             self.db.execute(statement)
         if checked is None:  # before any scan: no value of a damaged part reaches a view
             self._check_values(footers, refused)
@@ -260,6 +266,15 @@ class Trace:
                     continue
             if not self._seq_in_order(i) and not _seq_increases(self.files[i], footers):
                 self._reference_check(path)
+            elif self._null_lists(i):
+                self._reference_check(path)
+
+    def _null_lists(self, i):
+        """Whether a list cell of run i is null where a trace holds a list (the statistics cannot tell: a null list and
+        an empty one both count as a null item there). One scan of the list columns' cells."""
+        where = "null_lists" if self.narrow else f"({self._null_where})"
+        table = "_src" if self.narrow else "rows"  # a trace of many small parts: flagged as _src was read
+        return self.db.execute(f"SELECT count(*) FROM {table} WHERE run_index = {i} AND {where}").fetchone()[0] > 0
 
     def _seq_in_order(self, i):
         """Whether run i's seq increases row by row, shown from one DuckDB scan of its seq column: each part's seq

@@ -134,18 +134,19 @@ NARROW = ("run", "run_index", "seq", "step", "phase", "op", "module", "flop_kind
           "process_group", "group_size")  # fmt: skip
 
 
-def source(rows, narrow):
+def source(rows, narrow, null_lists="FALSE"):
     """The statements that make `_src`, what the grains read: a view of `rows` with each row's dtype, or, when
     `narrow` ([(run name literal, run index, read_parquet of a batch of its parts with filename and row numbers)])
-    is given, a TEMP TABLE of the NARROW columns, the dtype and each row's part file and row number, read once:
+    is given, a TEMP TABLE of the NARROW columns, the dtype, each row's part file and row number and whether
+    `null_lists` (a condition on the row) holds, read once:
     for a trace of many small parts, where opening the files costs more than their rows (DuckDB opens every part
     for every scan, and holds every part's reader until a statement ends: hence one statement per batch)."""
     if narrow is None:
         return [f"CREATE VIEW _src AS SELECT *, {_DTYPE} AS dtype FROM {rows}"]
     out = [f"CREATE TEMP TABLE _src AS SELECT {', '.join(NARROW)}, '' AS dtype, '' AS filename, "
-           "CAST(0 AS BIGINT) AS file_row_number FROM rows LIMIT 0"]  # fmt: skip
+           "CAST(0 AS BIGINT) AS file_row_number, FALSE AS null_lists FROM rows LIMIT 0"]  # fmt: skip
     for name, i, read in narrow:
-        out.append(f"INSERT INTO _src SELECT {', '.join(NARROW)}, {_DTYPE}, filename, file_row_number "
+        out.append(f"INSERT INTO _src SELECT {', '.join(NARROW)}, {_DTYPE}, filename, file_row_number, {null_lists} "
                    f"FROM (SELECT {name} AS run, {i} AS run_index, * FROM {read}) AS r")  # fmt: skip
     return out
 
