@@ -7,6 +7,8 @@ In a forked child the mode becomes `_InertMode` (tracer/mode.py `_after_fork_in_
 every op passes through, nothing is recorded.
 """
 
+import time
+
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -16,6 +18,7 @@ from tracer.op_kinds import METADATA_OPS, OUTPUT_ELEMENTS, ZERO, flop_rule
 from tracer.schema import FlopBasis
 
 Tensor = torch.Tensor
+_perf_ns = time.perf_counter_ns
 
 
 def _tensors(args, kwargs):
@@ -138,9 +141,14 @@ class _TraceMode(TorchDispatchMode):
             return func(*args, **kwargs)
         tracer = self._tracer
         timer = tracer._timer
-        start = timer.start()
-        out = func(*args, **kwargs)
-        duration = timer.stop(start)
+        if timer.inline:  # a plain wall clock (tracer/timing.py WallTimer): no timer call around the op
+            start = _perf_ns()
+            out = func(*args, **kwargs)
+            duration = _perf_ns() - start
+        else:
+            start = timer.start()
+            out = func(*args, **kwargs)
+            duration = timer.stop(start)
         try:
             if tracer._storages._dead:  # frees noted since the last op (tracer/storage.py)
                 tracer._storages.collect()

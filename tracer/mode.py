@@ -31,6 +31,7 @@ from tracer.writer import (
     ROW_WIDTH,
     PartWriter,
     RowBuffer,
+    extend,
     prepare_directory,
     release_directory,
 )
@@ -164,6 +165,7 @@ class Tracer:
         self._device_keys = {}  # the compiled collector's device key (type, index) -> device name id
         native, self._collector_facts = choose()
         self._collect = native.collect if native is not None else None
+        self._extend = native.extend if native is not None else extend  # buffer.extend(values), without array's per-item parsing
         self._module_ids = {}  # module name -> module name id
         self._writer.clock_offset_ns = time.time_ns() - _perf_ns()
         self._flush_at = self.flush_rows * ROW_WIDTH
@@ -397,14 +399,16 @@ class Tracer:
         if n_freed:
             rows.freed.extend(freed)
             freed.clear()
-        rows.ints.extend((
-            self._steps.step, info.name_id, phase, module_id, device_id, kind,
+        self._extend(
+            rows.ints, self._steps.step, info.name_id, phase, module_id, device_id, kind,
             info.inplace, causal, flops, allocated, storages.live_bytes, inplace_bytes, out_bytes, duration,
             len(ins), len(outs), n_freed,
             recompute, start, duration, layout, comm_bytes, group_size, group_id,
             bound, n_groups,
-        ))  # fmt: skip
-        self._timer.bind(rows)
+        )  # fmt: skip
+        timer = self._timer
+        if timer.binds:  # CUDA events, or no times: the row's time is the timer's (tracer/timing.py)
+            timer.bind(rows)
         if len(rows.ints) >= self._flush_at:
             self._flush()
 
