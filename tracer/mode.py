@@ -456,9 +456,8 @@ class Tracer:
                 dtype = dtype_of(t.dtype)
                 if dtype is None:
                     dtype = self._new_dtype(t.dtype)
-                tensors.extend((len(shape), dtype, sid, size_of(sid)))
-                dims.extend(shape)
-                dims.extend(t.stride())
+                extend(tensors, len(shape), dtype, sid, size_of(sid))
+                extend(dims, *shape, *t.stride())
         return ins, outs, registered, layout
 
     def _register(self, t):
@@ -473,9 +472,8 @@ class Tracer:
         if dtype is None:
             dtype = self._new_dtype(t.dtype)
         size = self._storages.size.get(sid, 0)
-        self._rows.tensors.extend((len(sizes), dtype, sid, size))
-        self._rows.dims.extend(sizes)
-        self._rows.dims.extend(strides)
+        extend(self._rows.tensors, len(sizes), dtype, sid, size)
+        extend(self._rows.dims, *sizes, *strides)
         return layout or self._writer.names["layout"].id(name)
 
     def _collective(self, op, args, kwargs, out, outs, start, duration, device):
