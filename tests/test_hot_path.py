@@ -57,3 +57,31 @@ def test_only_a_plain_wall_clock_is_read_inline():
     assert WallTimer().inline and not WallTimer().binds
     assert not WallTimer(sync=lambda: None, name="sync").inline  # synchronises around the op
     assert not OffTimer().inline and OffTimer().binds  # no times: bind marks busy_ns null
+
+
+def test_op_facts_kept_across_traces_follow_a_replaced_formula(tmp_path):
+    """The facts of an op are kept from trace to trace (tracer/dispatch.py `_op_info`), and made
+    again when a FLOP formula is replaced in between: each trace counts with the formula it began with."""
+    import pandas as pd
+    import torch
+
+    from tracer import Tracer
+    from tracer.dispatch import _described
+    from tracer.flops import _registry
+
+    a = torch.ones(3)
+    with Tracer(tmp_path / "first"):
+        torch.dot(a, a)
+    assert torch.ops.aten.dot.default in _described  # kept for the next trace
+    op = torch.ops.aten.dot
+    saved = _registry[op]
+    _registry[op] = (lambda *args, **kwargs: 7, "matmul")
+    try:
+        with Tracer(tmp_path / "replaced"):
+            torch.dot(a, a)
+    finally:
+        _registry[op] = saved
+    with Tracer(tmp_path / "restored"):
+        torch.dot(a, a)
+    flops = [int(pd.read_parquet(tmp_path / name)["flops"].iloc[0]) for name in ("first", "replaced", "restored")]
+    assert flops == [6, 7, 6]  # 2 * 3 = 6 for a dot of two 3-vectors; the replacing formula says 7
