@@ -7,7 +7,6 @@ In a forked child the mode becomes `_InertMode` (tracer/mode.py `_after_fork_in_
 every op passes through, nothing is recorded.
 """
 
-import copy
 import time
 
 import torch
@@ -93,7 +92,9 @@ class _OpInfo:
 
     def named(self, names):
         """A copy of these facts with the name and kind ids of one trace's string tables (`names`)."""
-        info = copy.copy(self)
+        info = object.__new__(_OpInfo)
+        for slot in _OpInfo.__slots__:
+            setattr(info, slot, getattr(self, slot))
         info.name_id = names["op"].id(self.name)
         info.kind_id = names["kind"].id(self.kind)
         return info
@@ -113,7 +114,7 @@ class _OpInfo:
 
 
 _UNSEEN = object()
-_described = {}  # OpOverload -> its _OpInfo without ids, shared by the traces of a process
+_described = {}  # id(OpOverload) -> (the op, its _OpInfo without ids), shared by the traces of a process
 _described_with = []  # the FLOP registry's (packet, entry) pairs those were made with
 
 
@@ -121,10 +122,10 @@ def _op_info(func, names):
     """The _OpInfo of `func` for a trace with string tables `names`. What it derives from the op alone
     (str(func), its FLOP rule, written arguments: about 40 us an op) is kept for the next traces, and
     made again once a FLOP formula was registered or replaced (tests/test_hot_path.py)."""
-    base = _described.get(func)
-    if base is None:
-        base = _described[func] = _OpInfo(func)
-    return base.named(names)
+    kept = _described.get(id(func))  # keyed by id: an OpOverload hashes in Python; the op kept keeps its id unique
+    if kept is None:
+        kept = _described[id(func)] = (func, _OpInfo(func))
+    return kept[1].named(names)
 
 
 def _check_registry():
