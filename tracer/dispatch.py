@@ -7,15 +7,19 @@ In a forked child the mode becomes `_InertMode` (tracer/mode.py `_after_fork_in_
 every op passes through, nothing is recorded.
 """
 
+import time
+
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from tracer import collectives, distributed
+from tracer.flops import _registry
 from tracer.hops import HopInfo, hop_compile_running
 from tracer.op_kinds import METADATA_OPS, OUTPUT_ELEMENTS, ZERO, flop_rule
 from tracer.schema import FlopBasis
 
 Tensor = torch.Tensor
+_perf_ns = time.perf_counter_ns
 
 
 def _tensors(args, kwargs):
@@ -45,18 +49,19 @@ def _passthrough(func):
 
 
 class _OpInfo:
-    """Facts about one op overload, computed once per trace."""
+    """Facts about one op overload: those of the op alone, computed once per process while the FLOP
+    registry is unchanged (`_op_info`), and its name and kind ids in one trace's string tables."""
 
     __slots__ = (
-        "name", "name_id", "rule", "basis", "kind_id", "inplace",
+        "name", "name_id", "rule", "basis", "kind", "kind_id", "inplace",
         "written_positions", "written_names", "out_only", "collective",
     )  # fmt: skip
 
-    def __init__(self, func, names):
+    def __init__(self, func):
         self.name = str(func)
-        self.name_id = names["op"].id(self.name)
+        self.name_id = self.kind_id = None  # per trace: `named`
         self.rule = flop_rule(func)
-        self.kind_id = names["kind"].id(self.rule.kind)
+        self.kind = self.rule.kind
         count = self.rule.count
         if count is ZERO:
             self.basis = int(FlopBasis.ZERO)
@@ -81,9 +86,18 @@ class _OpInfo:
         self.inplace = int(bool(written))
         self.collective = collectives.collective_op(func)  # c10d ops: their writes come from a table
         if self.collective is not None:
-            self.kind_id, self.basis = names["kind"].id(self.collective.kind), int(FlopBasis.ZERO)
+            self.kind, self.basis = self.collective.kind, int(FlopBasis.ZERO)
             self.inplace = self.collective.inplace  # in place, so never a view
             self.written_positions = (0,) if self.inplace else ()
+
+    def named(self, names):
+        """A copy of these facts with the name and kind ids of one trace's string tables (`names`)."""
+        info = object.__new__(_OpInfo)
+        for slot in _OpInfo.__slots__:
+            setattr(info, slot, getattr(self, slot))
+        info.name_id = names["op"].id(self.name)
+        info.kind_id = names["kind"].id(self.kind)
+        return info
 
     def written(self, args, kwargs):
         """(tensor, is an out= argument) for each tensor the op writes into (in-place self, out=)."""
@@ -100,6 +114,27 @@ class _OpInfo:
 
 
 _UNSEEN = object()
+_described = {}  # id(OpOverload) -> (the op, its _OpInfo without ids), shared by the traces of a process
+_described_with = []  # the FLOP registry's (packet, entry) pairs those were made with
+
+
+def _op_info(func, names):
+    """The _OpInfo of `func` for a trace with string tables `names`. What it derives from the op alone
+    (str(func), its FLOP rule, written arguments: about 40 us an op) is kept for the next traces, and
+    made again once a FLOP formula was registered or replaced (tests/test_hot_path.py)."""
+    kept = _described.get(id(func))  # keyed by id: an OpOverload hashes in Python; the op kept keeps its id unique
+    if kept is None:
+        kept = _described[id(func)] = (func, _OpInfo(func))
+    return kept[1].named(names)
+
+
+def _check_registry():
+    """Forget the kept facts when the FLOP registry changed since they were made (once per trace)."""
+    now = list(_registry.items())
+    if len(now) != len(_described_with) or any(
+            a is not c or b is not d for (a, b), (c, d) in zip(now, _described_with)):
+        _described.clear()
+        _described_with[:] = now
 
 
 class _TraceMode(TorchDispatchMode):
@@ -116,6 +151,7 @@ class _TraceMode(TorchDispatchMode):
         self._tracer = tracer
         self._ops = {}  # id(OpOverload) -> _OpInfo, or None for ops passed through unrecorded
         self._seen = []  # the ops of those ids, kept so that an id is never reused (an OpOverload hashes in Python)
+        _check_registry()
 
     def _describe(self, func):
         try:
@@ -123,7 +159,7 @@ class _TraceMode(TorchDispatchMode):
                 return HopInfo(func, self._tracer._writer.names)
             if _passthrough(func):
                 return None
-            return _OpInfo(func, self._tracer._writer.names)
+            return _op_info(func, self._tracer._writer.names)
         except Exception as exc:  # an op we cannot describe still runs, unrecorded
             self._tracer._record_failed(str(func), exc)
             return None
@@ -138,9 +174,14 @@ class _TraceMode(TorchDispatchMode):
             return func(*args, **kwargs)
         tracer = self._tracer
         timer = tracer._timer
-        start = timer.start()
-        out = func(*args, **kwargs)
-        duration = timer.stop(start)
+        if timer.inline:  # a plain wall clock (tracer/timing.py WallTimer): no timer call around the op
+            start = _perf_ns()
+            out = func(*args, **kwargs)
+            duration = _perf_ns() - start
+        else:
+            start = timer.start()
+            out = func(*args, **kwargs)
+            duration = timer.stop(start)
         try:
             if tracer._storages._dead:  # frees noted since the last op (tracer/storage.py)
                 tracer._storages.collect()

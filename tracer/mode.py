@@ -31,6 +31,7 @@ from tracer.writer import (
     ROW_WIDTH,
     PartWriter,
     RowBuffer,
+    extend,
     prepare_directory,
     release_directory,
 )
@@ -164,6 +165,7 @@ class Tracer:
         self._device_keys = {}  # the compiled collector's device key (type, index) -> device name id
         native, self._collector_facts = choose()
         self._collect = native.collect if native is not None else None
+        self._extend = native.extend if native is not None else extend  # buffer.extend(values), without array's per-item parsing
         self._module_ids = {}  # module name -> module name id
         self._writer.clock_offset_ns = time.time_ns() - _perf_ns()
         self._flush_at = self.flush_rows * ROW_WIDTH
@@ -397,14 +399,16 @@ class Tracer:
         if n_freed:
             rows.freed.extend(freed)
             freed.clear()
-        rows.ints.extend((
-            self._steps.step, info.name_id, phase, module_id, device_id, kind,
+        self._extend(
+            rows.ints, self._steps.step, info.name_id, phase, module_id, device_id, kind,
             info.inplace, causal, flops, allocated, storages.live_bytes, inplace_bytes, out_bytes, duration,
             len(ins), len(outs), n_freed,
             recompute, start, duration, layout, comm_bytes, group_size, group_id,
             bound, n_groups,
-        ))  # fmt: skip
-        self._timer.bind(rows)
+        )  # fmt: skip
+        timer = self._timer
+        if timer.binds:  # CUDA events, or no times: the row's time is the timer's (tracer/timing.py)
+            timer.bind(rows)
         if len(rows.ints) >= self._flush_at:
             self._flush()
 
@@ -452,9 +456,8 @@ class Tracer:
                 dtype = dtype_of(t.dtype)
                 if dtype is None:
                     dtype = self._new_dtype(t.dtype)
-                tensors.extend((len(shape), dtype, sid, size_of(sid)))
-                dims.extend(shape)
-                dims.extend(t.stride())
+                extend(tensors, len(shape), dtype, sid, size_of(sid))
+                extend(dims, *shape, *t.stride())
         return ins, outs, registered, layout
 
     def _register(self, t):
@@ -469,9 +472,8 @@ class Tracer:
         if dtype is None:
             dtype = self._new_dtype(t.dtype)
         size = self._storages.size.get(sid, 0)
-        self._rows.tensors.extend((len(sizes), dtype, sid, size))
-        self._rows.dims.extend(sizes)
-        self._rows.dims.extend(strides)
+        extend(self._rows.tensors, len(sizes), dtype, sid, size)
+        extend(self._rows.dims, *sizes, *strides)
         return layout or self._writer.names["layout"].id(name)
 
     def _collective(self, op, args, kwargs, out, outs, start, duration, device):

@@ -83,9 +83,12 @@ def make_timer(timing, device):
 class WallTimer:
     """perf_counter_ns around the op, with `sync()` on both sides when given (timing="sync")."""
 
+    binds = False  # bind() does nothing: the hot path need not call it
+
     def __init__(self, sync=None, name="wall"):
         self._sync = sync
         self.name = name
+        self.inline = sync is None  # start/stop are perf_counter_ns alone: the dispatch hook reads the clock itself
 
     def start(self):
         if self._sync is not None:
@@ -108,8 +111,11 @@ class WallTimer:
 class OffTimer(WallTimer):
     """No op time: duration_ns 0 and busy_ns null; start still taken (it orders the ops)."""
 
+    binds = True
+
     def __init__(self):
         super().__init__(None, "off")
+        self.inline = False
 
     def stop(self, start):
         return 0
@@ -126,6 +132,8 @@ class EventTimer:
     the garbage collector has no growing set of containers to scan."""
 
     name = "events"
+    inline = False
+    binds = True
 
     def __init__(self, device, cuda=None):
         self._cuda = cuda if cuda is not None else torch.cuda

@@ -10,8 +10,10 @@ part: pyarrow's dataset discovery skips names that start with '.'. A failed writ
 removes its temporary file.
 """
 
+import functools
 import json
 import os
+import struct
 from array import array
 
 import numpy as np
@@ -85,6 +87,18 @@ ROW_WIDTH = len(ROW_FIELDS)
 FIELD = {name: i for i, name in enumerate(ROW_FIELDS)}  # field name -> position in a row
 PER_OUTPUT_ELEMENT = -1
 TENSOR_WIDTH = 4  # per tensor in RowBuffer.tensors: ndim, dtype id, storage id, storage bytes
+
+
+def extend(buffer, *values):
+    """Append `values` to an `array('q')` buffer: what `buffer.extend(values)` does, packed in one call
+    (array's own extend parses each item on its own: about 0.1 us an item). The compiled collector's
+    `extend` does the same in C++ (tracer/_collector.cpp)."""
+    buffer.frombytes(_struct(len(values)).pack(*values))
+
+
+@functools.lru_cache(maxsize=None)
+def _struct(n):
+    return struct.Struct(f"{n}q")
 
 
 class RowBuffer:
