@@ -18,8 +18,7 @@ Measured, each in a fresh process:
                         sections that read every rank: ranks, imbalance, the lowest rank's collectives
                         (reports/distributed/sql_ranks.py through reports/output/source.py)
   memory categories     a Trace of rank 0 and its memory categories (reports/memory/sql_categories.py)
-  report --engine sql   the whole report, text; until every section runs from SQL it also loads rank 0's rows
-                        into a frame for the FLOP sections (breakdown, explain, MFU)
+  report --engine sql   the whole report, text: every section from SQL, no frame of the rows
   report --json         the same, --json
 Targets (issue 20): <= 60 s and <= 2 GB peak RSS.
 """

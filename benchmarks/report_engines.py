@@ -1,5 +1,5 @@
-"""The SQL engine's tables (reports/sql) and, with --reports, `optrace report` with `--engine sql` and with the default
-pandas tables, each against a DuckDB aggregate of the same files, each command in a fresh process (seconds, peak RSS).
+"""The SQL engine's tables (reports/sql) and, with --reports, `optrace report` with `--engine sql` (the default) and
+with `--engine pandas` (the reference), each against a DuckDB aggregate of the same files, each command in a fresh process (seconds, peak RSS).
 
     .venv/bin/python benchmarks/report_engines.py TRACE [TRACE ...] [--repeats 3] [--ranks 2,4,8] [--code DIR]
                                                   [--reports]
@@ -10,8 +10,8 @@ For each trace:
                   by_step, by_module, uncounted, top ops, roofline and split, peak, views, per-step FLOPs): what a
                   report costs once no section needs the rows in Python
   SQL tables (--code)  the same from DIR, a checkout of other code (`git archive COMMIT | tar -x -C DIR`)
-  --reports: report --engine sql (the frame loaded for the sections that still need it, the other tables from SQL)
-             and report (pandas), `optrace report` as shipped
+  --reports: report --engine sql (every section from SQL, no frame of the rows: `optrace report` as shipped)
+             and report --engine pandas (the rows loaded, the pandas functions)
 
 --ranks R,...: a synthetic distributed trace of R ranks made of hard links to the first TRACE's parts
 (R times its rows, no disk used), with its SQL tables over every rank. Each figure is the median of --repeats
@@ -124,7 +124,7 @@ def main(argv=None):
                    if f.endswith(".parquet"))  # fmt: skip
         print(f"{trace}: {rows:,} rows in {parts:,} files; {args.repeats} runs each, median (range)")
         reports = [("report --engine sql", [py, "-m", "reports.output.cli", "report", "--engine", "sql", trace]),
-                   ("report (pandas)", [py, "-m", "reports.output.cli", "report", trace])] if args.reports else []  # fmt: skip
+                   ("report (pandas)", [py, "-m", "reports.output.cli", "report", "--engine", "pandas", trace])] if args.reports else []  # fmt: skip
         measure([("baseline DuckDB", [py, "-c", _BASELINE, trace]), *sql(trace), *reports], args.repeats)
     if args.ranks:
         where = tempfile.mkdtemp(dir=os.path.dirname(os.path.abspath(args.traces[0])))
