@@ -107,12 +107,22 @@ def test_memory_categories_are_the_references(traces, trace):
     pd.testing.assert_frame_equal(by_category(sql), reports.by_category(df), check_exact=True)
 
 
-def test_the_lifetime_model_reads_only_the_rows_it_needs(traces):
+def test_the_lifetime_model_reads_the_wide_columns_at_a_few_rows_only(traces):
     df, sql = _pair(traces["gpt"])
-    kept = memory_rows(sql, 0)
-    # every row naming a storage for the first time or freeing one is kept; a view, a reused output, ... is not
-    assert 0 < len(kept) < len(df)
-    assert set(kept["seq"]) <= set(df["seq"]) and "duration_ns" not in kept and "flops" not in kept
+    frame = memory_rows(sql, 0)
+    assert len(frame) == len(df) and frame["seq"].tolist() == df["seq"].tolist()
+    assert not {"input_shapes", "input_strides", "input_dtypes", "output_shapes", "duration_ns", "flops"} & set(frame)
+    cells, asked = frame.attrs["cells"], []
+    real = cells.read
+    cells.read = lambda column, seqs: asked.append((column, len(seqs))) or real(column, seqs)
+    from reports.memory.memory import by_category as reference
+
+    pd.testing.assert_frame_equal(reference(frame), reports.by_category(df), check_exact=True)
+    # input dtypes where a storage is first seen as an input, shapes and strides where no size is known
+    assert {c for c, _ in asked} <= {"input_shapes", "input_strides", "input_dtypes", "output_shapes"}
+    assert asked and all(0 < n < len(df) / 4 for _, n in asked), asked
+    got = cells.read("input_dtypes", df["seq"].to_numpy()[[5, 2]])  # in the order asked
+    assert got.to_pylist() == [list(df["input_dtypes"].iloc[5]), list(df["input_dtypes"].iloc[2])]
 
 
 def test_a_storage_resized_in_place(traces):

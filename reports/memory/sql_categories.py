@@ -3,23 +3,19 @@
     pandas reference (a loaded frame)        here (a Trace)
     reports.by_category(df) (at="peak")      by_category(trace)
 
-SQL (reports/sql/memory.sql) finds the rows where the storage-lifetime model of reports/memory/lifetimes.py
-learns something: the first row naming each storage (as an input, as an output, as an output with its
-size), the row before a storage's first naming as an input (the rise of live_bytes from it sizes the
-storage), every row that frees storages or runs a collective, each row where a backward begins and the
-row before it, the first and last rows, the peak, and the first row at or after each in-place resize.
-Only those rows, with only the columns the model reads, come into Python, where the reference model runs
-on them. The result is the same as on every row: the model compares rows only by their order (a storage's
-life is from its allocating row to its freeing row; a category asks whether a backward began in between),
-and reads a row's own facts only at the rows kept here; the row before a kept row is read only where it
-is kept too. On a training step most rows allocate or free, so the cut is in columns more than in rows:
-no per-row time, FLOP, byte or shape column but the few rows' lists.
+The storage-lifetime model of reports/memory/lifetimes.py runs unchanged on every row of the run, so its
+result is the reference's, but on a frame of the narrow columns it reads at every row (seq, step, op, phase,
+module, the storage id lists, the output dtypes and storage bytes, bytes allocated, live bytes). The wide
+list columns (input shapes, strides and dtypes, output shapes) it reads only at the rows where a storage is
+first seen as an input or where a row makes several storages of unknown size: those cells come from DuckDB
+for those rows when asked (reports.loading.columns.Cells). On a million-row trace the frame is about 160 MB
+of Arrow where the whole rows were 560 MB.
 """
 
 import pandas as pd
+import pyarrow.compute as pc
 
-from reports.loading.columns import to_pandas
-from reports.memory.lifetimes import RESIZED
+from reports.loading.columns import Cells, to_pandas
 from reports.memory.memory import CATEGORY_DTYPES, STORAGE_COLUMNS
 from reports.memory.memory import by_category as reference_by_category
 from reports._util import empty_frame
@@ -28,26 +24,45 @@ __all__ = ["by_category", "memory_rows"]
 
 
 def memory_rows(trace, run_index):
-    """The kept rows of one run (see the module docstring) as a frame like reports.load's (`run` categorical,
-    list columns Arrow-backed), `attrs["runs"]` holding that run only."""
+    """Run `run_index`'s rows with the narrow columns, as a frame like reports.load's (`run` categorical, list
+    columns Arrow-backed), `attrs["runs"]` holding that run only and `attrs["cells"]` giving the wide ones."""
     name, meta = list(trace.runs.items())[run_index]
-    columns = [c for c in STORAGE_COLUMNS if c in trace.columns]
-    if "output_storage_bytes" in trace.columns:
-        columns.append("output_storage_bytes")
-    resized = [int(r[0]) for r in ((meta.get("storage_roles") or {}).get(RESIZED) or []) if len(r) == 3]
-    at_resizes = ""
-    if resized:  # the first row at or after each resize's seq: where the model starts counting the new size
-        listed = ", ".join(str(s) for s in sorted(set(resized)))
-        at_resizes = (f" UNION SELECT {run_index}, min(r.seq) FROM rows AS r JOIN (SELECT unnest([{listed}]) AS s) AS x "
-                      f"ON r.seq >= x.s WHERE r.run_index = {run_index} GROUP BY x.s")  # fmt: skip
-    query = (f"SELECT {', '.join(columns)} FROM rows WHERE run_index = {run_index} AND seq IN "
-             f"(SELECT seq FROM (SELECT run_index, seq FROM memory_seqs WHERE run_index = {run_index}{at_resizes}) "
-             f"WHERE seq IS NOT NULL) ORDER BY seq")  # fmt: skip
-    table = trace.db.sql(query).to_arrow_table()
+    columns = [c for c in (*STORAGE_COLUMNS, "output_storage_bytes") if c in trace.columns and c not in _WIDE]
+    # no ORDER BY: DuckDB keeps the files' order (preserve_insertion_order), which the Trace's checks found in seq
+    # order; sorting a million rows of lists would double the memory
+    table = trace.db.sql(f"SELECT {', '.join(columns)} FROM rows WHERE run_index = {run_index}").to_arrow_table()
+    for c in ("op", "phase", "module"):  # categorical, as reports.load gives them (a few distinct values)
+        if c in table.column_names:
+            table = table.set_column(table.column_names.index(c), c, pc.dictionary_encode(table.column(c)))
     frame = to_pandas(table, "arrow")
+    if not frame["seq"].is_monotonic_increasing:
+        frame = frame.sort_values("seq", kind="stable").reset_index(drop=True)
     frame.insert(0, "run", pd.Categorical([name] * len(frame), categories=[name]))
     frame.attrs["runs"] = {name: meta}
+    frame.attrs["cells"] = Cells([c for c in _WIDE if c in trace.columns], lambda column, seqs: _cells(trace, run_index,
+                                                                                                       column, seqs))
     return frame
+
+
+_WIDE = ("input_shapes", "input_strides", "input_dtypes", "output_shapes")  # read by the model at a few rows only
+
+
+def _cells(trace, run_index, column, seqs):
+    """Column `column`'s cells at rows `seqs` (distinct) of run `run_index`, in the order of `seqs`, as Arrow."""
+    import numpy as np
+    import pyarrow as pa
+
+    seqs = np.asarray(seqs, dtype=np.int64)
+    if not len(seqs):
+        return trace.db.sql(f"SELECT {column} FROM rows LIMIT 0").to_arrow_table().column(0).combine_chunks()
+    trace.db.register("_wanted", pa.table({"seq": np.unique(seqs)}))
+    try:
+        found = trace.db.sql(f"SELECT seq, {column} FROM rows WHERE run_index = {run_index} "
+                             "AND seq IN (SELECT seq FROM _wanted) ORDER BY seq").to_arrow_table()  # fmt: skip
+    finally:
+        trace.db.unregister("_wanted")
+    at = np.searchsorted(found.column("seq").to_numpy(), seqs)
+    return found.column(column).combine_chunks().take(pa.array(at))
 
 
 def by_category(trace):
