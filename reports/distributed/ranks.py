@@ -11,6 +11,7 @@ with each other, not for measuring speed.
 
 import pandas as pd
 
+from reports.loading.columns import SharedRuns
 from reports.loading.load import require
 from reports.steps import count_steps, per_step
 from reports.tables import split_runs
@@ -122,7 +123,7 @@ def first_rank(df):
     first = next(iter(runs))
     rows = df[df["run"] == first].copy()
     rows["run"] = rows["run"].cat.set_categories([first])
-    rows.attrs["runs"] = {first: runs[first]}
+    rows.attrs["runs"] = SharedRuns({first: runs[first]})  # shared, never deep-copied by pandas
     return rows
 
 

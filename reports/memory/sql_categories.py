@@ -15,7 +15,7 @@ of Arrow where the whole rows were 560 MB.
 import pandas as pd
 import pyarrow.compute as pc
 
-from reports.loading.columns import Cells, to_pandas
+from reports.loading.columns import Cells, SharedRuns, to_pandas
 from reports.memory.memory import CATEGORY_DTYPES, STORAGE_COLUMNS
 from reports.memory.memory import by_category as reference_by_category
 from reports._util import empty_frame
@@ -38,7 +38,7 @@ def memory_rows(trace, run_index):
     if not frame["seq"].is_monotonic_increasing:
         frame = frame.sort_values("seq", kind="stable").reset_index(drop=True)
     frame.insert(0, "run", pd.Categorical([name] * len(frame), categories=[name]))
-    frame.attrs["runs"] = {name: meta}
+    frame.attrs["runs"] = SharedRuns({name: meta})  # shared by derived frames, never deep-copied
     frame.attrs["cells"] = Cells([c for c in _WIDE if c in trace.columns], lambda column, seqs: _cells(trace, run_index,
                                                                                                        column, seqs))
     return frame

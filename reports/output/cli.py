@@ -13,6 +13,7 @@ import sys
 import warnings
 
 from reports.errors import ReportError
+from reports.loading.columns import SharedRuns
 from reports.loading.integrity import describe_damage, list_parts
 from reports.output.report_json import compare_json, sections, strict
 from reports.output.source import Source
@@ -326,7 +327,7 @@ def _first_rank_frame(path, everyone):
     (loaded, meta), (name, _) = next(iter(df.attrs["runs"].items())), next(iter(everyone.runs.items()))
     if loaded != name:
         df["run"] = df["run"].cat.rename_categories([name])
-        df.attrs["runs"] = {name: meta}
+        df.attrs["runs"] = SharedRuns({name: meta})
     if "rank" in df.columns:
         df["rank"] = int(rank)
     else:
