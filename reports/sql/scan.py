@@ -19,7 +19,7 @@ view holds what views.sql's definition holds, column for column and type for typ
 row in a part whose range is one value: seq = first + row number).
 """
 
-__all__ = ["GRAINS", "NARROW", "VIEWS", "files_query", "source"]
+__all__ = ["GRAINS", "VIEWS", "files_query", "source"]
 
 _DTYPE = ("CASE WHEN coalesce(input_dtypes[1], '') <> '' THEN input_dtypes[1] "
           "ELSE coalesce(output_dtypes[1], '') END")  # fmt: skip  (views.sql row_dtype)
@@ -128,26 +128,23 @@ GROUP BY run, run_index, op, process_group, coalesce(group_size, 1), phase
 }
 
 
-# The columns the grains and the views above read, and a row's dtype (views.sql row_dtype).
-NARROW = ("run", "run_index", "seq", "step", "phase", "op", "module", "flop_kind", "is_view", "flops", "flops_bound",
-          "bytes_allocated", "bytes_read", "bytes_written", "duration_ns", "busy_ns", "live_bytes", "comm_bytes",
-          "process_group", "group_size")  # fmt: skip
-
-
 def source(rows, narrow, null_lists="FALSE"):
     """The statements that make `_src`, what the grains read: a view of `rows` with each row's dtype, or, when
     `narrow` ([(run name literal, run index, read_parquet of a batch of its parts with filename and row numbers)])
-    is given, a TEMP TABLE of the NARROW columns, the dtype, each row's part file and row number and whether
-    `null_lists` (a condition on the row) holds, read once:
-    for a trace of many small parts, where opening the files costs more than their rows (DuckDB opens every part
-    for every scan, and holds every part's reader until a statement ends: hence one statement per batch)."""
+    is given, the rows read once into a TEMP TABLE `_rows` (with each row's part file and row number), `rows`
+    redefined over it, and `_src` a view of it with the dtype and whether `null_lists` (a condition on the row)
+    holds: for a trace of many small parts, where opening the files costs more than their rows (DuckDB opens
+    every part for every scan, and holds every part's reader until a statement ends: hence one statement per
+    batch). Every later query, the sections' own included, then reads memory, not 10,000 files."""
     if narrow is None:
         return [f"CREATE VIEW _src AS SELECT *, {_DTYPE} AS dtype FROM {rows}"]
-    out = [f"CREATE TEMP TABLE _src AS SELECT {', '.join(NARROW)}, '' AS dtype, '' AS filename, "
-           "CAST(0 AS BIGINT) AS file_row_number, FALSE AS null_lists FROM rows LIMIT 0"]  # fmt: skip
+    out = [f"CREATE TEMP TABLE _rows AS SELECT *, '' AS filename, CAST(0 AS BIGINT) AS file_row_number FROM {rows} "
+           "LIMIT 0"]  # fmt: skip
     for name, i, read in narrow:
-        out.append(f"INSERT INTO _src SELECT {', '.join(NARROW)}, {_DTYPE}, filename, file_row_number, {null_lists} "
-                   f"FROM (SELECT {name} AS run, {i} AS run_index, * FROM {read}) AS r")  # fmt: skip
+        out.append(f"INSERT INTO _rows SELECT {name} AS run, {i} AS run_index, * EXCLUDE (filename, file_row_number), "
+                   f"filename, file_row_number FROM {read}")  # fmt: skip
+    out.append(f"CREATE OR REPLACE VIEW {rows} AS SELECT * EXCLUDE (filename, file_row_number) FROM _rows")
+    out.append(f"CREATE VIEW _src AS SELECT *, {_DTYPE} AS dtype, ({null_lists}) AS null_lists FROM _rows")
     return out
 
 
