@@ -165,14 +165,19 @@ def test_bad_values_get_the_reference_loaders_line(traces, tmp_path, column, row
     assert message in str(mine.value)
 
 
-def test_a_part_out_of_seq_order_gets_the_reference_loaders_line(traces, tmp_path):
-    """Parts whose seq ranges are swapped (the parts renamed): seq goes back at the boundary."""
-    bad = tmp_path / "swapped"
-    shutil.copytree(traces["gpt"], bad)
+def swapped(trace, bad):
+    """A copy of `trace` at `bad` with its first two parts' names swapped: seq goes back at the boundary."""
+    shutil.copytree(trace, bad)
     first, second = part_paths(bad)[:2]
     os.rename(first, str(first) + ".x")
     os.rename(second, first)
     os.rename(str(first) + ".x", second)
+    return bad
+
+
+def test_a_part_out_of_seq_order_gets_the_reference_loaders_line(traces, tmp_path):
+    """Parts whose seq ranges are swapped (the parts renamed): seq goes back at the boundary."""
+    bad = swapped(traces["gpt"], tmp_path / "swapped")
     with pytest.raises(ReportError) as ref:
         reports.load(bad)
     with pytest.raises(ReportError) as mine:

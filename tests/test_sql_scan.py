@@ -6,7 +6,7 @@ import warnings
 
 import duckdb
 import pytest
-from test_sql import traces  # noqa: F401  (the module's traces: the example GPT, a cut one, two ranks, damaged)
+from test_sql import swapped, traces  # noqa: F401  (the module's traces: the example GPT, a cut one, two ranks, damaged)
 
 from reports.sql import engine
 from reports.sql.engine import VIEW_FILES, Trace, statements
@@ -56,19 +56,11 @@ def test_the_seq_scan_finds_each_run_in_order(traces, narrow, monkeypatch):  # n
 
 def test_a_part_out_of_order_read_once_gets_the_reference_loaders_line(traces, tmp_path, monkeypatch):  # noqa: F811
     """The seq check of the rows read once: parts whose seq ranges are swapped fail it, as they fail reports.load."""
-    import os
-    import shutil
-
     import reports
     from reports.errors import ReportError
-    from tracer.schema import part_paths
 
     monkeypatch.setattr(engine, "SMALL_PARTS", (1, 1 << 40, 1 << 40))
-    bad = shutil.copytree(traces["gpt"], tmp_path / "swapped")
-    first, second = part_paths(bad)[:2]
-    os.rename(first, str(first) + ".x")
-    os.rename(second, first)
-    os.rename(str(first) + ".x", second)
+    bad = swapped(traces["gpt"], tmp_path / "swapped")
     with pytest.raises(ReportError) as ref:
         reports.load(bad)
     with pytest.raises(ReportError) as mine:
