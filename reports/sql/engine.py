@@ -38,7 +38,7 @@ import pandas as pd
 from reports.errors import ReportError
 from reports.loading.integrity import Footers, describe_damage, footer, list_parts
 from reports.loading.load import id_limit, read_run, run_name, runs_with_ranks
-from reports.loading.validate import LIST_NOT_NULL, STORAGE_ID_COLUMNS, check_footers
+from reports.loading.validate import ITEMS_NOT_NULL, LIST_NOT_NULL, STORAGE_ID_COLUMNS, check_footers
 from reports.sql.scan import GRAINS, files_query, source
 from reports.sql.scan import VIEWS as FAST
 from tracer.schema import COLUMN_NAMES, PHASES, SCHEMA_VERSION
@@ -146,7 +146,9 @@ class Trace:
         batches = [(literal(name), i, f"read_parquet([{', '.join(file_literal(f) for f in fs[k:k + BATCH])}], "
                     "hive_partitioning = false, filename = true, file_row_number = true)")
                    for i, (name, fs) in enumerate(zip(self.runs, self.files)) for k in range(0, len(fs), BATCH)]  # fmt: skip
-        self._null_where = " OR ".join(f"{c} IS NULL" for c in LIST_NOT_NULL if c in self.columns) or "FALSE"
+        nulls = [f"{c} IS NULL" for c in LIST_NOT_NULL if c in self.columns]
+        nulls += [f"list_count({c}) < len({c})" for c in ITEMS_NOT_NULL if c in self.columns]  # a null item
+        self._null_where = " OR ".join(nulls) or "FALSE"
         for statement in source("rows", batches if self.narrow else None, self._null_where):
             self.db.execute(statement)
         if checked is None:  # before any scan: no value of a damaged part reaches a view
@@ -270,8 +272,9 @@ class Trace:
                 self._reference_check(path)
 
     def _null_lists(self, i):
-        """Whether a list cell of run i is null where a trace holds a list (the statistics cannot tell: a null list and
-        an empty one both count as a null item there). One scan of the list columns' cells."""
+        """Whether a list cell of run i is null where a trace holds a list, or an id or size list holds a null item (the
+        statistics cannot tell: a null list, a null item and an empty list all count as a null item there). One scan
+        of the list columns' cells."""
         where = "null_lists" if self.narrow else f"({self._null_where})"
         table = "_src" if self.narrow else "rows"  # a trace of many small parts: flagged as _src was read
         return self.db.execute(f"SELECT count(*) FROM {table} WHERE run_index = {i} AND {where}").fetchone()[0] > 0
