@@ -46,10 +46,12 @@ def _both(capsys, *argv):
 
 
 def _same_report(capsys, path):
-    for flags in ([], ["--json"]):
-        got = _both(capsys, "report", path, *flags)
-        assert got["sql"] == got["pandas"]
-    return got["pandas"]
+    """(exit code, stdout, stderr) of `optrace report path`, the same from both engines, as is --json's."""
+    text = _both(capsys, "report", path)
+    assert text["sql"] == text["pandas"]
+    json = _both(capsys, "report", path, "--json")
+    assert json["sql"] == json["pandas"]
+    return text["pandas"]
 
 
 @pytest.mark.parametrize("column", ["input_storage_ids", "output_storage_ids", "freed_storage_ids",
@@ -66,3 +68,18 @@ def test_a_null_item_in_an_id_or_size_list_is_refused_by_both_engines(trace, cap
     rc, out, err = _same_report(capsys, trace)
     assert (rc, out) == (2, "")
     assert err == f"optrace report: error: {trace}: column {column!r} holds a null item at seq 3; expected int64 items\n"
+
+
+def test_a_step_number_near_int64_gives_the_same_report(trace, capsys):
+    """A step of 2**62 passes the checks (a step has no upper bound). reports/steps.py keyed (step, phase) pairs as
+    step * phases + phase: 2**62 * 7 phase names wrapped int64 and the SQL engine's frame crashed (IndexError), and
+    2**62 * 4 wraps to 0 (step 2**62 counted as step 0)."""
+    from reports.steps import phase_steps
+
+    import reports
+
+    rewrite(part_paths(trace)[0], set_cell("step", 3, 2**62))  # seq 3: a forward op of step 0
+    df = reports.load(trace)
+    assert phase_steps(df) == {"forward": 3, "backward": 2, "optimizer": 2}  # steps 0, 1 and 2**62 ran a forward op
+    rc, out, err = _same_report(capsys, trace)
+    assert (rc, err) == (0, "") and "(160 ops, 3 step(s)" in out
