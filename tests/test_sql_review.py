@@ -83,3 +83,22 @@ def test_a_step_number_near_int64_gives_the_same_report(trace, capsys):
     assert phase_steps(df) == {"forward": 3, "backward": 2, "optimizer": 2}  # steps 0, 1 and 2**62 ran a forward op
     rc, out, err = _same_report(capsys, trace)
     assert (rc, err) == (0, "") and "(160 ops, 3 step(s)" in out
+
+
+def _mlp_run(path, name):
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    with Tracer(path, model=model, tokens=3, run_name=name):
+        model(torch.randn(3, 4)).sum().backward()
+
+
+def test_a_job_whose_rank_0_traced_nothing_gets_the_same_line(tmp_path, capsys):
+    """rank=0 empty, rank=1 with 8 rows. The reference told ranks apart by the rows' rank column (one value here), so
+    it printed rank 1's rows under rank 0's name and metadata ("e/rank=0 (8 ops", no parameters); the SQL engine
+    reports rank 0, which has no ops. Both now report rank 0."""
+    with Tracer(tmp_path / "job" / "rank=0", run_name="e"):
+        pass
+    _mlp_run(tmp_path / "job" / "rank=1", "m")
+    rc, out, err = _same_report(capsys, tmp_path / "job")
+    assert (rc, out) == (2, "")
+    assert err == f"optrace report: error: {tmp_path / 'job'}: the trace has no ops (nothing ran inside `with Tracer(...)`)\n"

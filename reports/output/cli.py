@@ -258,7 +258,8 @@ def _report(args):
     else:  # the reference: the rows loaded with pandas (and a v1 or v2 trace, which the SQL views do not read)
         df, sql = _frame(args.trace, args.plot), None
         ranks_src = Source(df) if is_multi_rank(df) else None
-        df = first_rank(df) if is_multi_rank(df) else df  # the report of rank 0, then the ranks
+        several = "rank" in df.columns and len(df.attrs["runs"]) > 1  # by the runs: a rank may hold no rows
+        df = first_rank(df) if several else df  # the report of rank 0, then the ranks
     src = Source(df, sql)
     if not src.ops():
         raise ReportError(f"{args.trace}: the trace has no ops (nothing ran inside `with Tracer(...)`)")
