@@ -102,3 +102,25 @@ def test_a_job_whose_rank_0_traced_nothing_gets_the_same_line(tmp_path, capsys):
     rc, out, err = _same_report(capsys, tmp_path / "job")
     assert (rc, out) == (2, "")
     assert err == f"optrace report: error: {tmp_path / 'job'}: the trace has no ops (nothing ran inside `with Tracer(...)`)\n"
+
+
+@pytest.mark.parametrize("column, value, message", [
+    ("device", None, "column 'device' is null in part-000000.parquet (1 null value(s)); expected string values"),
+    ("layout", None, "column 'layout' is null in part-000000.parquet (1 null value(s)); expected string values"),
+    ("inplace", None, "column 'inplace' is null in part-000000.parquet (1 null value(s)); expected bool values"),
+    ("start_ns", -1, "column 'start_ns' holds -1 in part-000000.parquet; expected ns since the epoch >= 0 "
+                     "(a damaged or hand-edited trace?)"),
+])  # fmt: skip
+def test_damage_in_a_column_the_report_does_not_read_gets_the_reference_words(trace, capsys, column, value, message):
+    """The pandas engine leaves these columns in the files and names damage there by part (from the statistics); the
+    SQL engine's reference read took every column and named the seq instead. Now it reads the pandas engine's."""
+    rewrite(part_paths(trace)[0], set_cell(column, 3, value))
+    assert _same_report(capsys, trace) == (2, "", f"optrace report: error: {trace}: {message}\n")
+
+
+def test_damage_compare_does_not_read_is_accepted_by_both_engines(trace, template, capsys):
+    """`compare --by op` reads neither storage ids nor module; a null id item (refused by `report`) is left in the
+    files by the reference, so both engines compare the two runs."""
+    rewrite(part_paths(trace)[0], set_cell("input_storage_ids", 3, [None]))
+    got = _both(capsys, "compare", template, trace, "--by", "op", "--json")
+    assert got["sql"] == got["pandas"] and got["sql"][0] == 0

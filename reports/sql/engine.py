@@ -93,9 +93,10 @@ class Trace:
 
     `runs`: {run name: metadata} as reports.load gives it in `df.attrs["runs"]`; `ranks`: the rank
     of each run (None outside a distributed trace). `checked`: the `df.attrs["runs"]` of a reports.load of
-    the same paths, whose checks (and warnings) this then skips."""
+    the same paths, whose checks (and warnings) this then skips. `columns`: the columns the reference reader of
+    the same command reads (all by default): a run the checks here refuse is read with them, for its words."""
 
-    def __init__(self, paths, threads=None, checked=None):
+    def __init__(self, paths, threads=None, checked=None, columns=None):
         try:
             import duckdb
         except ImportError:
@@ -106,6 +107,7 @@ class Trace:
         if not paths:
             raise ReportError("load: expected at least one trace path, got none")
         self.runs, self.ranks, self.paths, self.files, self._phase_steps, self._totals = {}, [], [], [], None, None
+        self._reference_columns = columns
         footers, refused = _IdFooters(), set()
         given = iter((checked or {}).items())
         for path, rank in runs_with_ranks(paths):
@@ -294,14 +296,14 @@ class Trace:
             last = lo + n - 1
         return True
 
-    @staticmethod
-    def _reference_check(path):
-        """Read one run with the reference loader: its checks raise the one line that names the bad value."""
+    def _reference_check(self, path):
+        """Read one run with the reference loader (the command's columns): its checks raise the one line that names
+        the bad value, in a part (a column it leaves in the files) or at a seq (one it reads)."""
         from reports.loading.load import load
 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            load(path, lists="arrow")
+            load(path, columns=self._reference_columns, lists="arrow")
 
 
 class _IdFooters(Footers):
