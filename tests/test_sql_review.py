@@ -124,3 +124,49 @@ def test_damage_compare_does_not_read_is_accepted_by_both_engines(trace, templat
     rewrite(part_paths(trace)[0], set_cell("input_storage_ids", 3, [None]))
     got = _both(capsys, "compare", template, trace, "--by", "op", "--json")
     assert got["sql"] == got["pandas"] and got["sql"][0] == 0
+
+
+@pytest.fixture(scope="module")
+def bound(tmp_path_factory):
+    """A dot whose FLOP formula passes int64 (stored as 2**63 - 1 with flops_bound, as test_schema.py makes it), then
+    a Linear(8, 4) forward and backward on 4 rows."""
+    from tracer.flops import _registry
+
+    path = tmp_path_factory.mktemp("bound") / "b"
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 4)
+    op = torch.ops.aten.dot
+    saved = _registry[op]
+    _registry[op] = (lambda *a, **k: 2**70, "matmul")
+    try:
+        with Tracer(path, model=model, tokens=4, run_name="b"):
+            torch.dot(torch.ones(3), torch.ones(3))
+            model(torch.randn(4, 8)).sum().backward()
+    finally:
+        _registry[op] = saved
+    return path
+
+
+def test_a_flops_bound_row_is_no_negative_module_total(bound, capsys):
+    """The ops outside modules hold 2**63 - 1 + 7 small counts: summed in float64, 9.223372036854776e18 = 2**63, which
+    the int64 guard (`> 2**63 - 1`, true of no float64 that rounds to 2**63) cast back to int64: -2**63. Both engines
+    printed "-9.22e+18" for the module, and the SQL engine a share of -100%."""
+    import reports
+    from reports import sql_report
+    from reports.sql.engine import Trace
+
+    df = reports.load(bound)
+    for table in (reports.by_module(df), sql_report.by_module(Trace(bound))):
+        outside = table[table["module"] == ""].iloc[0]
+        assert outside["subtree_flops"] == 2.0**63 and outside["subtree_flops_pct"] == 100.0  # 528 FLOPs are 6e-15 %
+    rc, out, err = _same_report(capsys, bound)
+    assert rc == 0 and "-9.22e+18" not in out
+
+
+@pytest.mark.parametrize("by", ["phase", "op", "module"])
+def test_compare_reads_a_trace_with_a_flops_bound_row(bound, template, capsys, by):
+    """A count clamped to int64 is a flagged bound, not damage (reports.load accepts it), but compare read flops
+    without flops_bound and both engines refused the trace: "holds 9,223,372,036,854,775,807 at seq 2"."""
+    got = _both(capsys, "compare", template, bound, "--by", by, "--json")
+    assert got["sql"] == got["pandas"]
+    assert got["sql"][0] == 0, got["sql"][2]
