@@ -2,7 +2,6 @@
 where the two printed different text or errors. Each trace is damaged by hand the way test_damage.py does it, and
 `optrace report` (text and --json) must give the same exit code, stdout and stderr from both engines."""
 
-import re
 import shutil
 
 import pyarrow as pa
@@ -182,15 +181,31 @@ def test_the_split_by_bound_of_a_gpu_trace_is_the_same_in_json(trace, capsys):
     (--json printed time_s 0.0020341525 against 0.0020341524999999997 on one such trace)."""
     from test_damage import set_metadata
 
-    def fixed(t):
-        seq = t.column("seq").to_pylist()
-        ns = pa.array([s * 7919 % 100003 + 1000 for s in seq], pa.int64())
-        t = t.set_column(t.schema.get_field_index("duration_ns"), "duration_ns", ns)
-        return t.set_column(t.schema.get_field_index("busy_ns"), "busy_ns", ns)
-
     part = part_paths(trace)[0]
-    rewrite(part, fixed)
+    rewrite(part, _fixed_times)
     rewrite(part, set_metadata(device={"type": "cuda", "name": "NVIDIA H100 80GB HBM3"}))
     got = _both(capsys, "report", trace, "--json")
+    assert got["sql"][0] == 0
+    assert got["sql"] == got["pandas"]
+
+
+def _fixed_times(t, big_at=None):
+    """`t` with duration_ns = busy_ns = seq * 7919 % 100003 + 1000, and 2**62 ns at seq `big_at`."""
+    seq = t.column("seq").to_pylist()
+    ns = pa.array([2**62 if s == big_at else s * 7919 % 100003 + 1000 for s in seq], pa.int64())
+    t = t.set_column(t.schema.get_field_index("duration_ns"), "duration_ns", ns)
+    return t.set_column(t.schema.get_field_index("busy_ns"), "busy_ns", ns)
+
+
+@pytest.mark.xfail(strict=True, reason="per-rank seconds are float64 sums in another order in each engine: equal "
+                   "bits only while a rank's ns sum stays below 2**53 (104 days); duration_ns has no upper bound")
+def test_the_ranks_of_a_job_with_a_146_year_op_are_the_same_in_json(template, tmp_path, capsys):
+    """Two copies of the template as rank=0 and rank=1; rank 1's seq 3 lasted 2**62 ns (146 years, accepted: a
+    duration has no upper bound). --json's ranks and imbalance differ in the last bits (max_s 2305843009.215247
+    against 2305843009.215248 on one such trace)."""
+    for rank in (0, 1):
+        part = part_paths(shutil.copytree(template, tmp_path / "job" / f"rank={rank}"))[0]
+        rewrite(part, lambda t: _fixed_times(t, 3 if rank else None))
+    got = _both(capsys, "report", tmp_path / "job", "--json")
     assert got["sql"][0] == 0
     assert got["sql"] == got["pandas"]
