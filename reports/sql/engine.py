@@ -59,7 +59,8 @@ _GLOB = re.compile(r"([*?\[])")
 
 
 class Unsupported(ReportError):
-    """A trace the SQL engine does not read (a v1 or v2 trace: columns its views need are missing)."""
+    """A trace the SQL engine does not read (a v1 or v2 trace: columns its views need are missing; a part's path
+    with a backslash and [, * or ?)."""
 
 
 def statements(path=VIEWS_SQL):
@@ -126,6 +127,9 @@ class Trace:
             self.ranks.append(rank if rank is not None else meta.get("rank"))
             self.paths.append(path)
             self.files.append(list_parts(path))
+            if any("\\" in f and _GLOB.search(f) for f in map(os.path.abspath, self.files[-1])):
+                raise Unsupported(f"{path}: a backslash and a glob character in a part's path, which DuckDB's glob "
+                                  "cannot be told to read literally")  # the pandas engine reads it
             if checked is None:
                 present = footer(self.files[-1][0], footers).schema.to_arrow_schema().names
                 missing = [c for c in COLUMN_NAMES if c not in present]
