@@ -73,7 +73,9 @@ def columns(by="phase"):
     """The trace columns `compare` reads, MFU's included: load only these for a big trace."""
     from reports.flops.mfu import COLUMNS as MFU_COLUMNS
 
-    return list(dict.fromkeys(("seq", "step", "phase", "flops", "bytes_allocated", "live_bytes", "duration_ns", by,
+    # flops_bound: a count clamped to 2**63 - 1 is checked with its flag (a bound, not damage)
+    return list(dict.fromkeys(("seq", "step", "phase", "flops", "flops_bound", "bytes_allocated", "live_bytes",
+                               "duration_ns", by,
                                *(c for c in MFU_COLUMNS if c != "run"))))
 
 

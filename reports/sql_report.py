@@ -65,7 +65,7 @@ def by_module(trace):
         return empty_frame({c: dtypes[c] for c in cols})
     out = pd.concat(frames, ignore_index=True)
     return out.astype({c: t for c, t in dtypes.items() if c in out and not (t == "int64" and out[c].dtype.kind == "f"
-                       and (out[c].abs() > 2**63 - 1).any())})[cols]  # fmt: skip
+                       and (out[c].abs() >= 2.0**63).any())})[cols]  # fmt: skip
 
 
 def roofline_with_split(trace, peak_flops=None, bandwidth=None):
@@ -127,7 +127,7 @@ def _combined(trace, frames, columns, dtypes):
         return empty_frame({c: types[c] for c in cols})
     out = pd.concat(frames, ignore_index=True).reindex(columns=cols)
     return out.astype({c: types[c] for c in cols if not (types[c] == "int64" and out[c].dtype.kind == "f"
-                       and (out[c].abs() > 2**63 - 1).any())}).reset_index(drop=True)  # fmt: skip
+                       and (out[c].abs() >= 2.0**63).any())}).reset_index(drop=True)  # fmt: skip
 
 
 def per_step_traffic(trace):

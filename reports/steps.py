@@ -62,7 +62,11 @@ def _steps_per_phase(rows):
     codes, names = _codes(rows["phase"])
     steps = rows["step"].to_numpy(dtype=np.int64)
     n = len(names)
-    pairs = _distinct((steps - steps.min(initial=0)) * max(n, 1) + codes) if len(codes) else np.zeros(0, np.int64)
+    low = int(steps.min(initial=0))
+    if len(codes) and (int(steps.max()) - low + 1) * max(n, 1) > 2**62:  # a step * n key would wrap int64
+        pairs = np.unique(np.stack([steps, codes], axis=1), axis=0)[:, 1]  # the phase code of each distinct pair
+    else:
+        pairs = _distinct((steps - low) * max(n, 1) + codes) if len(codes) else np.zeros(0, np.int64)
     counts = np.bincount(pairs % max(n, 1), minlength=n) if n else np.zeros(0, np.int64)
     return codes, names, np.maximum(counts, 1)
 

@@ -28,7 +28,7 @@ from reports._util import empty_frame, pct
 from reports.errors import ReportError
 from reports.loading.columns import cell_lists, first_codes
 from reports.loading.load import require
-from reports.steps import INT64_MAX, fits_int64
+from reports.steps import fits_int64
 from tracer.schema import EXTERNAL_MARK, PHASES
 
 __all__ = ["by_dtype", "by_module", "by_op", "by_phase", "by_step"]
@@ -76,7 +76,7 @@ def combine(frames, columns, dtypes, several):
     else:
         out = empty_frame({c: types.get(c, object) for c in cols})
     wide = [c for c, t in types.items() if t == "int64" and c in out.columns and out[c].dtype.kind == "f"
-            and bool((out[c].abs() > INT64_MAX).any())]  # sums past int64 (summable_rows) stay float64
+            and bool((out[c].abs() >= 2.0**63).any())]  # sums past int64 (summable_rows) stay float64 (2**63 - 1: 2.0**63)
     types.update(dict.fromkeys(wide, "float64"))
     return out.astype({c: t for c, t in types.items() if c in out.columns}).reset_index(drop=True)[cols]
 

@@ -27,8 +27,8 @@ import pyarrow.compute as pc
 from reports.errors import ReportError
 from tracer.schema import ARROW_SCHEMA, ROLE_RECORDS
 
-__all__ = ["MAX_BYTES", "MAX_JSON_DEPTH", "MAX_ROW_FLOPS", "check_footers", "check_metadata", "check_metadata_ids",
-           "check_rows", "check_schema", "max_storage_id", "parse_json"]  # fmt: skip
+__all__ = ["ITEMS_NOT_NULL", "MAX_BYTES", "MAX_JSON_DEPTH", "MAX_ROW_FLOPS", "check_footers", "check_metadata",
+           "check_metadata_ids", "check_rows", "check_schema", "max_storage_id", "parse_json"]  # fmt: skip
 
 MAX_JSON_DEPTH = 64  # the tracer's metadata nests 4 deep
 MAX_ROW_FLOPS = 10**18  # 1 EFLOP in one op: ~1,000 s of an H100; a bigger count is damage (and sums near int64 overflow)
@@ -54,6 +54,8 @@ _EXPECTED = {field.name: field.type for field in ARROW_SCHEMA}
 # The list columns that hold a list in every row: their Parquet statistics cannot tell a null cell from an empty
 # list, so a reader that checks from the statistics scans these cells (reports/sql/engine.py).
 LIST_NOT_NULL = tuple(f.name for f in ARROW_SCHEMA if f.name in NOT_NULL and pa.types.is_list(f.type))
+# Of those, the lists of integers check_rows also refuses a null item in (the statistics count one as an empty list).
+ITEMS_NOT_NULL = tuple(name for name in LIST_NOT_NULL if name in STORAGE_ID_COLUMNS or name in RANGES)
 
 
 def _same_type(got, expected):

@@ -251,7 +251,7 @@ def _report(args):
     from reports.output.meter import print_meter
 
     list_parts(args.trace)  # a directory that cannot be listed: one line, before the ranks are looked for
-    everyone = _sql_all(args.trace) if args.engine == "sql" else None  # every rank, checked and warned about
+    everyone = _sql_all(args.trace, _frame_columns(args.trace, args.plot)) if args.engine == "sql" else None  # every rank, checked and warned about
     if everyone is not None:  # every section from SQL: no row of the trace is held in Python
         sql = _first_rank_trace(args.trace, everyone) if everyone.several else everyone
         df, ranks_src = None, Source(None, everyone)
@@ -259,7 +259,8 @@ def _report(args):
     else:  # the reference: the rows loaded with pandas (and a v1 or v2 trace, which the SQL views do not read)
         df, sql = _frame(args.trace, args.plot), None
         ranks_src = Source(df) if is_multi_rank(df) else None
-        df = first_rank(df) if is_multi_rank(df) else df  # the report of rank 0, then the ranks
+        several = "rank" in df.columns and len(df.attrs["runs"]) > 1  # by the runs: a rank may hold no rows
+        df = first_rank(df) if several else df  # the report of rank 0, then the ranks
     src = Source(df, sql)
     if not src.ops():
         raise ReportError(f"{args.trace}: the trace has no ops (nothing ran inside `with Tracer(...)`)")
@@ -283,23 +284,30 @@ def _report(args):
 
 def _frame(path, plot):
     """The trace's rows for the pandas engine: only the columns the sections read."""
-    from reports.loading.load import load, rank_paths
+    from reports.loading.load import load
+
+    return load(path, columns=_frame_columns(path, plot), lists="arrow")
+
+
+def _frame_columns(path, plot):
+    from reports.loading.load import rank_paths
 
     from tracer.schema import COLUMN_NAMES
 
     unused = _REPORT_UNUSED  # --json holds every section too
     if len(rank_paths(path)) <= 1 and not plot:
         unused += tuple(c for c in _RANKS_ONLY if c not in _JOB_COLUMNS)
-    return load(path, columns=[c for c in COLUMN_NAMES if c not in unused], lists="arrow")
+    return [c for c in COLUMN_NAMES if c not in unused]
 
 
-def _sql_all(path):
+def _sql_all(path, columns):
     """The SQL engine's Trace of every rank of the trace (one run per rank), checked and warned about as
-    reports.load does; None for a trace it does not read (v1, v2: the frame's sections then)."""
+    reports.load does (damage named in the words of a load of `columns`: the pandas engine's); None for a trace
+    it does not read (v1, v2: the frame's sections then)."""
     from reports.sql.engine import Trace, Unsupported
 
     try:
-        return Trace(path)
+        return Trace(path, columns=columns)
     except Unsupported:
         return None
 
@@ -336,7 +344,9 @@ def _first_rank_frame(path, everyone):
 
 
 def _compare(args):
-    trace = _sql_all(args.traces) if args.engine == "sql" else None
+    from reports.compare import columns
+
+    trace = _sql_all(args.traces, columns(args.by)) if args.engine == "sql" else None
     if trace is not None:  # the figures from SQL; MFU on the small frame of reports/sql/flops.py
         from reports.compare import mfu_pct
         from reports.sql.flops import frame
@@ -346,7 +356,7 @@ def _compare(args):
         empty = {name for i, name in enumerate(runs) if not ops.get(i)}
         table = None if empty else compare(trace, by=args.by, mfu=mfu_pct(frame(trace)))
     else:  # the reference: the rows loaded with pandas
-        from reports.compare import columns, compare
+        from reports.compare import compare
         from reports.loading.load import load
 
         df = load(args.traces, columns=columns(args.by), lists="arrow")

@@ -38,7 +38,7 @@ import pandas as pd
 from reports.errors import ReportError
 from reports.loading.integrity import Footers, describe_damage, footer, list_parts
 from reports.loading.load import id_limit, read_run, run_name, runs_with_ranks
-from reports.loading.validate import LIST_NOT_NULL, STORAGE_ID_COLUMNS, check_footers
+from reports.loading.validate import ITEMS_NOT_NULL, LIST_NOT_NULL, STORAGE_ID_COLUMNS, check_footers
 from reports.sql.scan import GRAINS, files_query, source
 from reports.sql.scan import VIEWS as FAST
 from tracer.schema import COLUMN_NAMES, PHASES, SCHEMA_VERSION
@@ -59,7 +59,8 @@ _GLOB = re.compile(r"([*?\[])")
 
 
 class Unsupported(ReportError):
-    """A trace the SQL engine does not read (a v1 or v2 trace: columns its views need are missing)."""
+    """A trace the SQL engine does not read (a v1 or v2 trace: columns its views need are missing; a part's path
+    with a backslash and [, * or ?)."""
 
 
 def statements(path=VIEWS_SQL):
@@ -93,9 +94,10 @@ class Trace:
 
     `runs`: {run name: metadata} as reports.load gives it in `df.attrs["runs"]`; `ranks`: the rank
     of each run (None outside a distributed trace). `checked`: the `df.attrs["runs"]` of a reports.load of
-    the same paths, whose checks (and warnings) this then skips."""
+    the same paths, whose checks (and warnings) this then skips. `columns`: the columns the reference reader of
+    the same command reads (all by default): a run the checks here refuse is read with them, for its words."""
 
-    def __init__(self, paths, threads=None, checked=None):
+    def __init__(self, paths, threads=None, checked=None, columns=None):
         try:
             import duckdb
         except ImportError:
@@ -106,6 +108,7 @@ class Trace:
         if not paths:
             raise ReportError("load: expected at least one trace path, got none")
         self.runs, self.ranks, self.paths, self.files, self._phase_steps, self._totals = {}, [], [], [], None, None
+        self._reference_columns = columns
         footers, refused = _IdFooters(), set()
         given = iter((checked or {}).items())
         for path, rank in runs_with_ranks(paths):
@@ -124,6 +127,9 @@ class Trace:
             self.ranks.append(rank if rank is not None else meta.get("rank"))
             self.paths.append(path)
             self.files.append(list_parts(path))
+            if any("\\" in f and _GLOB.search(f) for f in map(os.path.abspath, self.files[-1])):
+                raise Unsupported(f"{path}: a backslash and a glob character in a part's path, which DuckDB's glob "
+                                  "cannot be told to read literally")  # the pandas engine reads it
             if checked is None:
                 present = footer(self.files[-1][0], footers).schema.to_arrow_schema().names
                 missing = [c for c in COLUMN_NAMES if c not in present]
@@ -146,7 +152,9 @@ class Trace:
         batches = [(literal(name), i, f"read_parquet([{', '.join(file_literal(f) for f in fs[k:k + BATCH])}], "
                     "hive_partitioning = false, filename = true, file_row_number = true)")
                    for i, (name, fs) in enumerate(zip(self.runs, self.files)) for k in range(0, len(fs), BATCH)]  # fmt: skip
-        self._null_where = " OR ".join(f"{c} IS NULL" for c in LIST_NOT_NULL if c in self.columns) or "FALSE"
+        nulls = [f"{c} IS NULL" for c in LIST_NOT_NULL if c in self.columns]
+        nulls += [f"list_count({c}) < len({c})" for c in ITEMS_NOT_NULL if c in self.columns]  # a null item
+        self._null_where = " OR ".join(nulls) or "FALSE"
         for statement in source("rows", batches if self.narrow else None, self._null_where):
             self.db.execute(statement)
         if checked is None:  # before any scan: no value of a damaged part reaches a view
@@ -270,8 +278,9 @@ class Trace:
                 self._reference_check(path)
 
     def _null_lists(self, i):
-        """Whether a list cell of run i is null where a trace holds a list (the statistics cannot tell: a null list and
-        an empty one both count as a null item there). One scan of the list columns' cells."""
+        """Whether a list cell of run i is null where a trace holds a list, or an id or size list holds a null item (the
+        statistics cannot tell: a null list, a null item and an empty list all count as a null item there). One scan
+        of the list columns' cells."""
         where = "null_lists" if self.narrow else f"({self._null_where})"
         table = "_src" if self.narrow else "rows"  # a trace of many small parts: flagged as _src was read
         return self.db.execute(f"SELECT count(*) FROM {table} WHERE run_index = {i} AND {where}").fetchone()[0] > 0
@@ -291,14 +300,14 @@ class Trace:
             last = lo + n - 1
         return True
 
-    @staticmethod
-    def _reference_check(path):
-        """Read one run with the reference loader: its checks raise the one line that names the bad value."""
+    def _reference_check(self, path):
+        """Read one run with the reference loader (the command's columns): its checks raise the one line that names
+        the bad value, in a part (a column it leaves in the files) or at a seq (one it reads)."""
         from reports.loading.load import load
 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            load(path, lists="arrow")
+            load(path, columns=self._reference_columns, lists="arrow")
 
 
 class _IdFooters(Footers):

@@ -36,7 +36,7 @@ def fetch(trace, view, order, sums=(), where=None):
     query += f" WHERE {where}" if where else ""
     frame = trace.sql(query + f" ORDER BY run_index, {order}")
     for c in wide:
-        if not (frame[c].abs() > 2**63 - 1).any():
+        if not (frame[c].abs() >= 2.0**63).any():  # 2**63 - 1 is 2.0**63 in float64
             frame[c] = frame[c].astype("int64")
     return frame
 
