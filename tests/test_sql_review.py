@@ -94,13 +94,15 @@ def _mlp_run(path, name):
 def test_a_job_whose_rank_0_traced_nothing_gets_the_same_line(tmp_path, capsys):
     """rank=0 empty, rank=1 with 8 rows. The reference told ranks apart by the rows' rank column (one value here), so
     it printed rank 1's rows under rank 0's name and metadata ("e/rank=0 (8 ops", no parameters); the SQL engine
-    reports rank 0, which has no ops. Both now report rank 0."""
+    reports rank 0, which has no ops. Both now say that rank 0 has none, and name another rank to report."""
     with Tracer(tmp_path / "job" / "rank=0", run_name="e"):
         pass
     _mlp_run(tmp_path / "job" / "rank=1", "m")
     rc, out, err = _same_report(capsys, tmp_path / "job")
     assert (rc, out) == (2, "")
-    assert err == f"optrace report: error: {tmp_path / 'job'}: the trace has no ops (nothing ran inside `with Tracer(...)`)\n"
+    job = tmp_path / "job"
+    assert err == (f"optrace report: error: {job / 'rank=0'}: rank 0 has no ops (nothing ran inside `with Tracer(...)` "
+                   f"there), and the report is of the lowest rank; report another rank's directory, e.g. {job / 'rank=1'}\n")
 
 
 @pytest.mark.parametrize("column, value, message", [

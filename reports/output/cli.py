@@ -263,7 +263,7 @@ def _report(args):
         df = first_rank(df) if several else df  # the report of rank 0, then the ranks
     src = Source(df, sql)
     if not src.ops():
-        raise ReportError(f"{args.trace}: the trace has no ops (nothing ran inside `with Tracer(...)`)")
+        _no_ops(args.trace)
     if args.plot:
         from reports.output.plots import save_plots
 
@@ -280,6 +280,18 @@ def _report(args):
             print_ranks(ranks_src, sys.stdout)
         if args.plot:
             print("\nPlots: " + ", ".join(str(p) for p in paths))
+
+
+def _no_ops(path):
+    """Raise the one line for a report of no ops: the trace's, or its lowest rank's when other ranks have rows."""
+    from reports.loading.load import rank_paths
+
+    ranks = rank_paths(path)
+    if len(ranks) > 1:
+        (first, rank), (other, _) = ranks[0], ranks[1]
+        raise ReportError(f"{first}: rank {rank} has no ops (nothing ran inside `with Tracer(...)` there), and the report "
+                          f"is of the lowest rank; report another rank's directory, e.g. {other}")
+    raise ReportError(f"{path}: the trace has no ops (nothing ran inside `with Tracer(...)`)")
 
 
 def _frame(path, plot):
