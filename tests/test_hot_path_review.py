@@ -148,3 +148,43 @@ def test_a_formula_registered_during_a_trace_counts_from_the_op_s_first_call_in_
     row = f"{NS}.scaled.default"
     assert first[first["op"] == row]["flop_kind"].tolist() == ["unknown"]
     assert second[second["op"] == row]["flops"].tolist() == [4]  # x[0]: 4 elements
+
+
+def test_both_collectors_write_the_same_trace_around_a_row_past_int64(tmp_path, monkeypatch, library):
+    from test_collector import _assert_identical
+
+    library("negative(Tensor x) -> Tensor", lambda x: x.clone())
+    register_flop_formula(_packet("negative"))(lambda x, out_shape=None: -(2**64))
+
+    def make():
+        a, b, c = torch.randn(2, 5), torch.randn(3, 4), torch.randn(4, 2)
+        return None, lambda: (torch.mm(b, c), _packet("negative")(a), torch.mm(b, c).relu_())
+
+    if native.choose()[0] is None:
+        pytest.skip("the compiled collector was not built")
+    with pytest.warns(UserWarning, match="could not record optrace_review.negative.default"):
+        df = _assert_identical(tmp_path, monkeypatch, make)
+    assert df["op"].tolist() == ["aten.mm.default", "aten.mm.default", "aten.relu_.default"]
+
+
+def test_an_interrupt_in_a_formula_reaches_the_program_and_the_trace_keeps_its_rows(tmp_path, collector, library):
+    """Ctrl-C while a row is half made (its tensors appended, its integers not): the program gets the
+    KeyboardInterrupt, the half row is dropped, the trace closes incomplete with the rows before it."""
+    library("interrupted(Tensor x) -> Tensor", lambda x: x.clone())
+
+    def interrupt(x, out_shape=None):
+        raise KeyboardInterrupt
+
+    register_flop_formula(_packet("interrupted"))(interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        with Tracer(tmp_path / "t"):
+            torch.ones(2, 3) + 1
+            _packet("interrupted")(torch.ones(5))
+    meta = read_metadata(tmp_path / "t")
+    assert meta["complete"] is False and meta["error"].startswith("KeyboardInterrupt")
+    facts = schema.marker_facts(tmp_path / "t")
+    assert facts["complete"] is False and facts["rows"] == 3  # ones, add, and the interrupted op's ones
+    with pytest.warns(UserWarning, match="incomplete"):
+        df = reports.load(tmp_path / "t")
+    assert df["op"].tolist() == ["aten.ones.default", "aten.add.Tensor", "aten.ones.default"]
+    assert [[list(t) for t in s] for s in df["output_shapes"]] == [[[2, 3]], [[2, 3]], [[5]]]
