@@ -20,6 +20,7 @@ import torch
 
 import reports
 from tracer import Tracer, native, read_metadata, register_flop_formula, schema
+from test_collector import compiled  # noqa: F401 (a fixture)
 from tracer.flops import _registry
 
 NS = "optrace_review"
@@ -188,3 +189,24 @@ def test_an_interrupt_in_a_formula_reaches_the_program_and_the_trace_keeps_its_r
         df = reports.load(tmp_path / "t")
     assert df["op"].tolist() == ["aten.ones.default", "aten.add.Tensor", "aten.ones.default"]
     assert [[list(t) for t in s] for s in df["output_shapes"]] == [[[2, 3]], [[2, 3]], [[5]]]
+
+
+def test_a_module_built_before_extend_runs_the_python_path(tmp_path, monkeypatch, compiled):
+    """A `tracer/_collector.so` built from the source before `extend` was added (an install updated without
+    `python -m tracer.build_ext`; the same torch) is not used: the trace is written by the Python path and
+    its metadata says why, where entering the Tracer failed on `native.extend`."""
+    import sys
+    import types
+
+    import tracer
+
+    older = types.ModuleType("tracer._collector")
+    older.torch_version, older.collect = compiled.torch_version, compiled.collect  # no `extend`
+    monkeypatch.setitem(sys.modules, "tracer._collector", older)
+    monkeypatch.setattr(tracer, "_collector", older, raising=False)
+    monkeypatch.setattr(native, "_imported", None)
+    with Tracer(tmp_path / "t"):
+        torch.ones(2) + 1
+    meta = read_metadata(tmp_path / "t")
+    assert meta["collector"]["path"] == "python" and "extend" in meta["collector"]["reason"]
+    assert meta["rows"] == 2 and meta["record_errors"] == 0  # ones, add
