@@ -210,3 +210,31 @@ def test_a_module_built_before_extend_runs_the_python_path(tmp_path, monkeypatch
     meta = read_metadata(tmp_path / "t")
     assert meta["collector"]["path"] == "python" and "extend" in meta["collector"]["reason"]
     assert meta["rows"] == 2 and meta["record_errors"] == 0  # ones, add
+
+
+def test_ctrl_c_just_after_a_row_is_packed_keeps_its_frees_with_it(tmp_path, collector, monkeypatch):
+    """Ctrl-C lands between two bytecodes: here just after a row's integers were packed, before anything
+    else (a stand-in packer that packs, then raises). The row is kept with the frees it counts, so the
+    rows after it keep theirs: the trace has no row claiming a free another row holds."""
+    packed = []
+
+    def pack_then_interrupt(buffer, *values):
+        writer_extend(buffer, *values)
+        packed.append(values)
+        if len(packed) == 2:
+            raise KeyboardInterrupt
+
+    from tracer.writer import extend as writer_extend
+
+    tr = Tracer(tmp_path / "t")
+    with pytest.raises(KeyboardInterrupt):
+        with tr:
+            tr._extend = pack_then_interrupt
+            a = torch.ones(3)
+            del a  # freed before the next op: that row's freed_storage_ids
+            torch.ones(2)
+    with pytest.warns(UserWarning, match="incomplete"):
+        df = reports.load(tmp_path / "t")
+    assert df["op"].tolist() == ["aten.ones.default", "aten.ones.default"]
+    first_storage = df["output_storage_ids"].iloc[0].tolist()
+    assert [s.tolist() for s in df["freed_storage_ids"]] == [[], first_storage]  # the first row's storage
