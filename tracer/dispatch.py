@@ -114,17 +114,19 @@ class _OpInfo:
 
 
 _UNSEEN = object()
-_described = {}  # id(OpOverload) -> (the op, its _OpInfo without ids), shared by the traces of a process
+_described = {}  # id(OpOverload) -> (the op, its _OpInfo without ids, its registry entry), shared by the traces of a process
 _described_with = []  # the FLOP registry's (packet, entry) pairs those were made with
 
 
 def _op_info(func, names):
     """The _OpInfo of `func` for a trace with string tables `names`. What it derives from the op alone
     (str(func), its FLOP rule, written arguments: about 40 us an op) is kept for the next traces, and
-    made again once a FLOP formula was registered or replaced (tests/test_hot_path.py)."""
+    made again once a FLOP formula was registered or replaced, also during a trace before the op's first
+    call in it (tests/test_hot_path.py, tests/test_hot_path_review.py)."""
+    entry = _registry.get(func.overloadpacket)  # its formula now: one registered in this trace counts too
     kept = _described.get(id(func))  # keyed by id: an OpOverload hashes in Python; the op kept keeps its id unique
-    if kept is None:
-        kept = _described[id(func)] = (func, _OpInfo(func))
+    if kept is None or kept[2] is not entry:
+        kept = _described[id(func)] = (func, _OpInfo(func), entry)
     return kept[1].named(names)
 
 

@@ -389,23 +389,26 @@ class Tracer:
             group_id = 0
             if collective is not None:  # always the Python path: `device` is set above
                 comm_bytes, group_size, group_id = self._collective(collective, args, kwargs, out, outs, start, duration, device)
+            freed = storages.freed
+            n_freed = len(freed)
+            if n_freed:  # before the integers that count them: a rollback drops them with the row
+                rows.freed.extend(freed)
+            # the row's integers, in writer.ROW_FIELDS order, packed whole or not at all: a value outside
+            # int64 (a formula's count below -2**63) fails here, and the row is rolled back
+            self._extend(
+                rows.ints, self._steps.step, info.name_id, phase, module_id, device_id, kind,
+                info.inplace, causal, flops, allocated, storages.live_bytes, inplace_bytes, out_bytes, duration,
+                len(ins), len(outs), n_freed,
+                recompute, start, duration, layout, comm_bytes, group_size, group_id,
+                bound, n_groups,
+            )  # fmt: skip
         except BaseException:
             rows.rollback()
             raise
 
-        # from here on nothing can fail: the row's integers, in writer.ROW_FIELDS order
-        freed = storages.freed
-        n_freed = len(freed)
+        # the row is whole: a Ctrl-C from here on leaves it so
         if n_freed:
-            rows.freed.extend(freed)
             freed.clear()
-        self._extend(
-            rows.ints, self._steps.step, info.name_id, phase, module_id, device_id, kind,
-            info.inplace, causal, flops, allocated, storages.live_bytes, inplace_bytes, out_bytes, duration,
-            len(ins), len(outs), n_freed,
-            recompute, start, duration, layout, comm_bytes, group_size, group_id,
-            bound, n_groups,
-        )  # fmt: skip
         timer = self._timer
         if timer.binds:  # CUDA events, or no times: the row's time is the timer's (tracer/timing.py)
             timer.bind(rows)

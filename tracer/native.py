@@ -15,6 +15,7 @@ from tracer.errors import TraceError
 
 ENV = "OPTRACE_COLLECTOR"  # "python" forces the Python path; "compiled" (or unset) uses the compiled one when it loads
 CHOICES = ("compiled", "python")
+FUNCTIONS = ("collect", "extend")  # what tracer/mode.py calls on the compiled module
 
 
 def _import():
@@ -25,6 +26,9 @@ def _import():
         return None, f"not built ({exc})" if "_collector" in str(exc) else f"import failed ({exc})"
     if _collector.torch_version != torch.__version__:
         return None, f"built for torch {_collector.torch_version}, running {torch.__version__}"
+    missing = [name for name in FUNCTIONS if not hasattr(_collector, name)]
+    if missing:  # built from an older _collector.cpp: the same torch, fewer functions
+        return None, f"built from an older source (no {', '.join(missing)}): run `python -m tracer.build_ext`"
     return _collector, None
 
 
