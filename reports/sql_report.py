@@ -20,30 +20,9 @@ from reports._util import empty_frame
 from reports.distributed.collectives import TRAFFIC_COLUMNS, collective_kind, traffic
 from reports.sql.tables import fetch
 from reports.tables import MODULE_COLUMNS, MODULE_DTYPES, module_rows
-from reports.time.roofline import BOUNDS, ROOFLINE_COLUMNS, SPLIT_COLUMNS, add_roof_columns, run_roofs
+from reports.time.roofline import BOUNDS, ROOFLINE_COLUMNS, SPLIT_COLUMNS, add_roof_columns, run_roofs, split_of_groups
 
 __all__ = ["by_module", "per_step_traffic", "roofline_with_split"]
-
-# The split of the op time by bound: each row's bound from its FLOPs, bytes and its dtype's roofs
-# (reports/time/roofline.py _bound_codes), totals per run, phase and bound. Read from the engine's
-# grain `_ops` (reports/sql/scan.py), whose keys hold each row's FLOPs and bytes, so every row of a group
-# has the group's bound (views.sql roofline_rows, row by row, gives the same).
-_BOUND_TOTALS = """
-SELECT run_index, phase, bound, sum(ops) AS ops, sum(time_s) AS time_s, sum(flops) AS flops, sum(bytes) AS bytes,
-       sum(roof_time_s) AS roof_time_s
-FROM (SELECT r.run_index, r.phase, r.ops, CAST(r.time_ns AS DOUBLE) / 1e9 AS time_s,
-             CAST(r.flops_sum AS DOUBLE) AS flops, CAST(r.bytes_sum AS DOUBLE) AS bytes,
-             CASE WHEN r.flops = 0 AND r.bytes = 0 THEN 'other'
-                  WHEN f.bandwidth IS NOT NULL AND (r.flops = 0 OR (r.bytes > 0 AND f.peak IS NOT NULL
-                       AND CAST(r.flops AS DOUBLE) / r.bytes < f.peak / f.bandwidth)) THEN 'memory'
-                  WHEN f.peak IS NOT NULL AND (r.bytes = 0 OR f.bandwidth IS NOT NULL) THEN 'compute'
-                  ELSE 'other' END AS bound,
-             r.ops * greatest(CASE WHEN r.flops > 0 THEN r.flops / f.peak ELSE 0.0 END, r.bytes / f.bandwidth)
-               AS roof_time_s
-      FROM _ops AS r JOIN roofs AS f ON r.run_index = f.run_index AND r.dtype = f.dtype) AS b
-GROUP BY run_index, phase, bound
-"""
-
 
 def by_module(trace):
     runs = list(trace.runs.items())
@@ -72,7 +51,6 @@ def roofline_with_split(trace, peak_flops=None, bandwidth=None):
     """(the roofline by op and dtype, the split by bound per step) of every run."""
     totals = fetch(trace, "roofline_op", "first_seq", ("ops", "flops", "bytes", "time_ns"))
     per = trace.per_step(totals, ["ops", "flops", "bytes", "time_ns"], keys=("op", "dtype"))
-    roofs = []
     frames, splits = [], []
     steps = trace.phase_steps()
     for i, (run, meta) in enumerate(trace.runs.items()):
@@ -85,35 +63,17 @@ def roofline_with_split(trace, peak_flops=None, bandwidth=None):
             splits.append(pd.DataFrame({"bound": list(BOUNDS)}))
             continue
         peaks, bw = run_roofs(meta, sorted(set(t["dtype"])), peak_flops, bandwidth)  # every dtype of the run's rows
-        roofs += [(i, d, None if np.isnan(p) else float(p), None if np.isnan(bw) else float(bw)) for d, p in peaks.items()]
+        groups = trace.sql(f"SELECT phase, dtype, flops, bytes, CAST(sum(ops) AS BIGINT) AS ops, "
+                           f"CAST(sum(time_ns) AS DOUBLE) AS time_ns FROM _ops WHERE run_index = {i} "
+                           "GROUP BY phase, dtype, flops, bytes")  # fmt: skip  (the split's groups: roofline.py)
+        split = split_of_groups(groups, steps[i], peaks, bw)
+        if trace.several:
+            split.insert(0, "run", run)
+        splits.append(split)
         total = float(t["time_s_per_step"].sum())
         t["time_pct"] = 100 * t["time_s_per_step"] / total if total > 0 else np.nan
         add_roof_columns(t, np.array([peaks.get(d, np.nan) for d in t["dtype"]], dtype=float), bw)
         frames.append(t)
-    trace.db.execute("CREATE OR REPLACE TEMP TABLE roofs (run_index INTEGER, dtype VARCHAR, peak DOUBLE, bandwidth DOUBLE)")
-    if roofs:
-        trace.db.executemany("INSERT INTO roofs VALUES (?, ?, ?, ?)", roofs)
-    split = trace.sql(_BOUND_TOTALS)
-    for i, (run, _) in enumerate(trace.runs.items()):
-        mine = split[split["run_index"] == i]
-        if not len(mine):
-            continue
-        out = []
-        per = {b: dict.fromkeys(("ops", "time_s", "flops", "bytes", "roof_time_s"), 0.0) for b in BOUNDS}
-        for r in mine.itertuples():
-            w = 1.0 / steps[i][r.phase]
-            for c in per[r.bound]:
-                per[r.bound][c] += getattr(r, c) * w if c != "roof_time_s" or r.bound != "other" else 0.0
-        total = sum(per[b]["time_s"] for b in BOUNDS)
-        for b in BOUNDS:
-            f = per[b]
-            out.append({"bound": b, "ops": f["ops"], "time_s": f["time_s"],
-                        "time_pct": 100 * f["time_s"] / total if total > 0 else np.nan, "flops": f["flops"],
-                        "bytes": f["bytes"], "roof_time_s": f["roof_time_s"] if b != "other" else np.nan})  # fmt: skip
-        frame = pd.DataFrame(out)
-        if trace.several:
-            frame.insert(0, "run", run)
-        splits.append(frame)
     columns = ["op", "dtype", *ROOFLINE_COLUMNS]
     dtypes = {"op": object, "dtype": object, **ROOFLINE_COLUMNS}
     return _combined(trace, frames, columns, dtypes), _combined(trace, splits, list(SPLIT_COLUMNS), SPLIT_COLUMNS)

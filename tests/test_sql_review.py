@@ -173,14 +173,11 @@ def test_compare_reads_a_trace_with_a_flops_bound_row(bound, template, capsys, b
     assert got["sql"][0] == 0, got["sql"][2]
 
 
-@pytest.mark.xfail(strict=True, reason="the split by bound sums float64 seconds, FLOPs and roof times in another order "
-                   "in each engine; identical bits need both to sum exact integers per (phase, bound) first and the "
-                   "roof times in one order (reports/time/roofline.py _split_table, reports/sql_report.py)")
 def test_the_split_by_bound_of_a_gpu_trace_is_the_same_in_json(trace, capsys):
     """The template's metadata says it ran on an H100 (so the roofline knows its peaks) and its times are fixed
-    (duration_ns = busy_ns = seq * 7919 % 100003 + 1000). The split by bound sums float seconds: the reference row by
-    row (time_s * 1/steps), the SQL engine per (phase, bound) group in DuckDB, then per phase: the last bits differ
-    (--json printed time_s 0.0020341525 against 0.0020341524999999997 on one such trace)."""
+    (duration_ns = busy_ns = seq * 7919 % 100003 + 1000). The split by bound summed float seconds in another order in
+    each engine (--json printed time_s 0.0020341525 against 0.0020341524999999997 on one such trace); both now add
+    the same arrays of op groups in one order (reports/time/roofline.py split_of_groups)."""
     from test_damage import set_metadata
 
     part = part_paths(trace)[0]

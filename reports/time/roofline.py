@@ -46,6 +46,7 @@ from reports.loading.columns import cell_objects
 from reports.loading.load import require, runs_of
 from reports.steps import per_step, row_divisor, step_phases, summable
 from reports.tables import combine, row_dtype_codes, several_runs, split_runs
+from tracer.schema import PHASES
 
 __all__ = ["BOUNDS", "roofline", "roofline_split", "roofline_with_split"]
 
@@ -230,29 +231,47 @@ def add_roof_columns(t, peak, bw):
             np.where(bound == "memory", t["achieved_bytes_per_s"] / bw, np.nan))  # fmt: skip
 
 
+def split_of_groups(groups, steps, peaks, bw):
+    """One run's split by bound from its op groups: `groups` has phase, dtype, flops, bytes (per op: every op of a
+    group has one bound and one roof), ops and time_ns (integer sums); `steps` {phase: steps it ran in}; `peaks`
+    {dtype: FLOP/s} and `bw` the run's roofs. Both engines build the same groups and add the same float64 arrays
+    here in one order (phase order, dtype, FLOPs, bytes), so their figures agree to the last bit."""
+    order = {p: i for i, p in enumerate(PHASES)}
+    g = groups.assign(_order=groups["phase"].map(lambda p: order.get(p, len(order))))
+    g = g.sort_values(["_order", "phase", "dtype", "flops", "bytes"], kind="stable")
+    w = 1.0 / g["phase"].map(steps).to_numpy(dtype=np.float64)
+    flops, nbytes = g["flops"].to_numpy(dtype=np.float64), g["bytes"].to_numpy(dtype=np.float64)
+    ops = g["ops"].to_numpy(dtype=np.float64) * w
+    time = g["time_ns"].to_numpy(dtype=np.float64) / 1e9 * w
+    peak = np.array([peaks.get(d, np.nan) for d in g["dtype"]], dtype=float)
+    bound = _bound_codes(flops, nbytes, peak, bw)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        roof = np.fmax(np.where(flops > 0, flops / peak, 0.0), nbytes / bw) * ops
+    total = float(time.sum())
+    out = []
+    for code, name in enumerate(BOUNDS):
+        pick = bound == code
+        seconds = float(time[pick].sum())
+        out.append({
+            "bound": name, "ops": float(ops[pick].sum()), "time_s": seconds,
+            "time_pct": 100 * seconds / total if total > 0 else np.nan,
+            "flops": float((flops * ops)[pick].sum()), "bytes": float((nbytes * ops)[pick].sum()),
+            "roof_time_s": float(roof[pick].sum()) if name != "other" else np.nan,
+        })  # fmt: skip
+    return pd.DataFrame(out)
+
+
 def _split_table(df, prepared):
     frames = []
-    for run, r, peaks, bw, _ in prepared:
+    for run, r, peaks, bw, phases in prepared:
         if r is None:
             frames.append((run, pd.DataFrame({"bound": list(BOUNDS)})))
             continue
-        dtype = r["dtype"].array  # categorical: one lookup per dtype, then by code
-        peak = np.append(np.array([peaks.get(d, np.nan) for d in dtype.categories], dtype=float), np.nan)[dtype.codes]
-        flops, nbytes = r["flops"].to_numpy(float), r["bytes"].to_numpy(float)
-        bound = _bound_codes(flops, nbytes, peak, bw)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            roof = np.fmax(np.where(flops > 0, flops / peak, 0.0), nbytes / bw)
-        w = r["per_step"].to_numpy()
-        total = float((r["time_s"] * w).sum())
-        out = []
-        for code, name in enumerate(BOUNDS):
-            pick = bound == code
-            seconds = float((r["time_s"].to_numpy()[pick] * w[pick]).sum())
-            out.append({
-                "bound": name, "ops": float(w[pick].sum()), "time_s": seconds,
-                "time_pct": 100 * seconds / total if total > 0 else np.nan,
-                "flops": float((flops[pick] * w[pick]).sum()), "bytes": float((nbytes[pick] * w[pick]).sum()),
-                "roof_time_s": float((roof[pick] * w[pick]).sum()) if name != "other" else np.nan,
-            })  # fmt: skip
-        frames.append((run, pd.DataFrame(out)))
+        codes, names, counts = phases
+        groups = pd.DataFrame({
+            "phase": np.asarray(names, dtype=object)[codes], "dtype": r["dtype"].astype(object).to_numpy(),
+            "flops": df.loc[r.index, "flops"].to_numpy(np.int64), "bytes": r["bytes"].to_numpy(), "time_ns": r["time_ns"].to_numpy(),
+        }).groupby(["phase", "dtype", "flops", "bytes"], sort=False).agg(ops=("time_ns", "size"), time_ns=("time_ns", "sum"))
+        steps = {str(names[c]): int(counts[c]) for c in range(len(names))}
+        frames.append((run, split_of_groups(groups.reset_index(), steps, peaks, bw)))
     return combine(frames, list(SPLIT_COLUMNS), SPLIT_COLUMNS, several_runs(df))
