@@ -31,19 +31,10 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from report_engines import DUCKDB_BASELINE  # this directory: the benchmarks run as scripts
 
 ROOT = Path(__file__).resolve().parents[1]
 PART_ROWS = 16384
-
-_BASELINE = """
-import os, re, sys, duckdb
-dirs = sorted(os.path.join(sys.argv[1], d) for d in os.listdir(sys.argv[1]) if d.startswith("rank="))
-files = [os.path.abspath(os.path.join(d, f)) for d in dirs for f in sorted(os.listdir(d)) if f.endswith(".parquet")]
-files = ", ".join("'" + re.sub(r"([*?\\[])", r"[\\1]", f).replace("'", "''") + "'" for f in files)
-rows = f"read_parquet([{files}], hive_partitioning = false)"
-print(duckdb.sql(f"SELECT phase, sum(flops), count(*), count(DISTINCT step) FROM {rows} GROUP BY phase").fetchall(),
-      duckdb.sql(f"SELECT max(live_bytes) FROM {rows}").fetchall())
-"""
 
 _RANK_SECTIONS = """
 import sys, warnings
@@ -160,7 +151,7 @@ def main(argv=None):
         ranks = sum(1 for d in os.listdir(path) if d.startswith("rank="))
         print(f"{path}: {ranks} ranks, {rows:,} rows, {size / 2**30:.2f} GiB on disk; each command once, fresh process")
         for label, command in (
-            ("baseline DuckDB", [py, "-c", _BASELINE, path]),
+            ("baseline DuckDB", [py, "-c", DUCKDB_BASELINE, path]),
             ("rank sections (SQL)", [py, "-c", _RANK_SECTIONS, path]),
             ("memory categories", [py, "-c", _MEMORY, path]),
             ("report --engine sql", [py, "-m", "reports.output.cli", "report", "--engine", "sql", path]),

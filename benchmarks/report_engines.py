@@ -31,7 +31,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-_BASELINE = """
+# DuckDB alone over every part of a trace (flat or rank=R directories): the baseline the reports are measured against
+DUCKDB_BASELINE = """
 import os, re, sys, duckdb
 dirs = [sys.argv[1]] + sorted(os.path.join(sys.argv[1], d) for d in os.listdir(sys.argv[1]) if d.startswith("rank="))
 files = [os.path.abspath(os.path.join(d, f)) for d in dirs for f in sorted(os.listdir(d)) if f.endswith(".parquet")]
@@ -125,14 +126,14 @@ def main(argv=None):
         print(f"{trace}: {rows:,} rows in {parts:,} files; {args.repeats} runs each, median (range)")
         reports = [("report --engine sql", [py, "-m", "reports.output.cli", "report", "--engine", "sql", trace]),
                    ("report (pandas)", [py, "-m", "reports.output.cli", "report", "--engine", "pandas", trace])] if args.reports else []  # fmt: skip
-        measure([("baseline DuckDB", [py, "-c", _BASELINE, trace]), *sql(trace), *reports], args.repeats)
+        measure([("baseline DuckDB", [py, "-c", DUCKDB_BASELINE, trace]), *sql(trace), *reports], args.repeats)
     if args.ranks:
         where = tempfile.mkdtemp(dir=os.path.dirname(os.path.abspath(args.traces[0])))
         try:
             for ranks in [int(r) for r in args.ranks.split(",")]:
                 path = ranks_trace(args.traces[0], ranks, where)
                 print(f"{ranks} ranks, each a link to {args.traces[0]}:")
-                measure([("baseline DuckDB", [py, "-c", _BASELINE, path]), *sql(path)], args.repeats)
+                measure([("baseline DuckDB", [py, "-c", DUCKDB_BASELINE, path]), *sql(path)], args.repeats)
         finally:
             shutil.rmtree(where)
 

@@ -101,7 +101,8 @@ class Trace:
         try:
             import duckdb
         except ImportError:
-            raise ReportError("the SQL engine needs duckdb, which is not installed: pip install 'optrace[sql]'") from None
+            raise ReportError("the SQL engine needs duckdb (an optrace dependency), which is not installed: pip install "
+                              "duckdb, or run with --engine pandas") from None
 
         if isinstance(paths, (str, os.PathLike)):
             paths = [paths]
