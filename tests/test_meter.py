@@ -317,9 +317,9 @@ def _check_hf_logs(history, path):
     assert table["model_flops"].nunique() == 1  # fixed shapes: one trace
 
 
-def test_hf_callback_logs_mfu_for_every_metered_step(tmp_path):
-    """The callback driven by transformers' own CallbackHandler, in the order Trainer calls it (Trainer itself
-    needs accelerate, which the dev extra does not install: the next test runs it where it is)."""
+def _hf_handler(tmp_path):
+    """A tiny GPT-2, its optimizer and a MeterCallback driven by transformers' own CallbackHandler, the training
+    begun: (model, ids, opt, callback, handler, args, state, control)."""
     transformers = pytest.importorskip("transformers")
     from transformers.trainer_callback import CallbackHandler, TrainerControl, TrainerState
 
@@ -331,6 +331,13 @@ def test_hf_callback_logs_mfu_for_every_metered_step(tmp_path):
     handler = CallbackHandler([callback], model, None, opt, None)
     args, state, control = None, TrainerState(), TrainerControl()
     control = handler.on_train_begin(args, state, control)
+    return model, ids, opt, callback, handler, args, state, control
+
+
+def test_hf_callback_logs_mfu_for_every_metered_step(tmp_path):
+    """The callback driven by transformers' own CallbackHandler, in the order Trainer calls it (Trainer itself
+    needs accelerate, which the dev extra does not install: the next test runs it where it is)."""
+    model, ids, opt, callback, handler, args, state, control = _hf_handler(tmp_path)
     for batch in ids.split(2):
         control = handler.on_step_begin(args, state, control)
         loss = model(input_ids=batch, labels=batch).loss
@@ -514,17 +521,7 @@ def test_a_run_that_crashes_is_closed_incomplete_at_exit(tmp_path):
 def test_hf_callback_logs_each_metered_step_once(tmp_path):
     """Logs every 2 steps, an evaluation log and the train summary: figures only in a log with a step metered since
     the previous log, those of the last such step."""
-    transformers = pytest.importorskip("transformers")
-    from transformers.trainer_callback import CallbackHandler, TrainerControl, TrainerState
-
-    from tracer.meter_callbacks import MeterCallback
-
-    model, ids = _tiny_gpt2(transformers)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    callback = MeterCallback(tmp_path / "hf", tokens=16, peak_flops=PEAK)
-    handler = CallbackHandler([callback], model, None, opt, None)
-    args, state, control = None, TrainerState(), TrainerControl()
-    control = handler.on_train_begin(args, state, control)
+    model, ids, opt, callback, handler, args, state, control = _hf_handler(tmp_path)
     logs = []
 
     def log(entry):
