@@ -94,12 +94,7 @@ def main(argv=None):
     rows = pq.ParquetDataset(args.trace).read(columns=["seq"]).num_rows
     print(f"{rows:,} rows in {args.trace}; {args.repeats} runs each, median (range); target <= {TARGET_S} s, "
           f"<= {TARGET_MB} MB")
-    try:
-        import duckdb  # noqa: F401
-
-        measure("baseline: DuckDB aggregate", [py, "-c", _DUCKDB, args.trace], args.repeats)
-    except ImportError:
-        print("(DuckDB not installed: baseline is pyarrow)")
+    measure("baseline: DuckDB aggregate", [py, "-c", _DUCKDB, args.trace], args.repeats)  # duckdb: a dependency
     measure("baseline: pyarrow aggregate", [py, "-c", _PYARROW, args.trace], args.repeats)
     cli = [py, "-m", "reports.output.cli"]
     text = measure("optrace report", [*cli, "report", args.trace], args.repeats)

@@ -251,7 +251,8 @@ def _report(args):
     from reports.output.meter import print_meter
 
     list_parts(args.trace)  # a directory that cannot be listed: one line, before the ranks are looked for
-    everyone = _sql_all(args.trace, _frame_columns(args.trace, args.plot)) if args.engine == "sql" else None  # every rank, checked and warned about
+    # every rank, checked and warned about as a load of the pandas engine's columns would be
+    everyone = _sql_all(args.trace, _frame_columns(args.trace, args.plot)) if args.engine == "sql" else None
     if everyone is not None:  # every section from SQL: no row of the trace is held in Python
         sql = _first_rank_trace(args.trace, everyone) if everyone.several else everyone
         df, ranks_src = None, Source(None, everyone)
