@@ -4,6 +4,7 @@ where the two printed different text or errors. Each trace is damaged by hand th
 
 import shutil
 
+import pandas as pd
 import pyarrow as pa
 import pytest
 import torch
@@ -219,3 +220,103 @@ def test_a_directory_with_a_backslash_and_a_bracket_gives_the_same_report(templa
     assert _same_report(capsys, path)[0] == 0
     got = _both(capsys, "compare", template, path)
     assert got["sql"] == got["pandas"] and got["sql"][0] == 0
+
+
+@pytest.mark.parametrize("narrow", [False, True])
+def test_rank_0s_sections_come_from_run_0_of_the_trace_of_every_rank(template, tmp_path, capsys, monkeypatch, narrow):
+    """The report of a job is rank 0's, and the SQL engine reads it from run 0 of its Trace of every rank
+    (Trace.first_run), not from a second Trace of rank 0's files. Rank 1 is another model (the template's MLP, 160
+    rows, where rank 0 has 8): a row of rank 1 in rank 0's sections would show in the text and --json."""
+    from reports import sql_report
+    from reports.sql import engine, tables
+    from reports.sql.engine import Trace
+
+    monkeypatch.setattr(engine, "SMALL_PARTS", (1, 1 << 40, 1 << 40) if narrow else (1 << 40, 0, 0))
+    job = tmp_path / "job"
+    _mlp_run(job / "rank=0", "m")  # Linear(4, 2) on 3 rows: forward, backward
+    shutil.copytree(template, job / "rank=1")
+    rc, out, err = _same_report(capsys, job)
+    head, ranks = out.split("\nRanks (2): per step")
+    assert (rc, err) == (0, "") and "m/rank=0  (14 ops, 1 step(s)" in head and "mlp" not in head
+    assert "    total   108            144 0.750" in head  # 2 * 3 * 4 * 2 = 48 (addmm) + 6 (sum) forward, 48 (mm) + 6 back
+    every, alone = Trace(job), Trace(job / "rank=0")
+    one = every.first_run()
+    assert list(one.runs) == ["m/rank=0"] and one.ranks == [0] and not one.several and one.narrow == narrow
+    assert tables.ops(one) == tables.ops(alone) == 14 and tables.ops(every, 1) == 160
+    for table in (tables.by_op, tables.by_step, tables.peak, tables.views, sql_report.by_module, tables.phase_flops):
+        got, want = table(one), table(alone)
+        if isinstance(got, dict):
+            assert got == want
+        else:
+            pd.testing.assert_frame_equal(got.drop(columns=["run"], errors="ignore"),
+                                          want.drop(columns=["run"], errors="ignore"))
+    # every table and view of the Trace has its own in first_run: no query of run 0 falls back to every run's
+    names = "SELECT {} FROM duckdb_{}() WHERE NOT internal AND database_name = 'memory' AND schema_name = '{}'"
+    main = {n for kind, col in (("tables", "table_name"), ("views", "view_name"))
+            for (n,) in one.db.execute(names.format(col, kind, "main")).fetchall()}  # fmt: skip
+    first = {n for kind, col in (("tables", "table_name"), ("views", "view_name"))
+             for (n,) in one.db.execute(names.format(col, kind, "first_run")).fetchall()}  # fmt: skip
+    assert main == first and {"rows", "_src", "_ops", "_steps", "by_op"} <= main and ("_rows" in main) == narrow
+
+
+@pytest.fixture(scope="module")
+def parts(tmp_path_factory):
+    """The template's MLP forward and backward twice, in parts of 32 rows (3 parts)."""
+    path = tmp_path_factory.mktemp("parts") / "p"
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    with Tracer(path, model=model, tokens=4, run_name="p", flush_rows=32):
+        for _ in range(2):
+            model(torch.randn(4, 8)).pow(2).mean().backward()
+    assert len(part_paths(path)) == 3
+    return path
+
+
+@pytest.mark.parametrize("narrow", [False, True])
+@pytest.mark.parametrize("order", [("null", "swapped"), ("swapped", "null")])
+def test_null_lists_flagged_by_the_grouping_scan_are_refused_in_the_references_order(parts, tmp_path, monkeypatch,
+                                                                                      narrow, order):
+    """The SQL engine flags null list cells and items as the _ops grouping reads the list columns (no scan of its own,
+    which cost 0.3 s per million rows). A run with a null id item and a run whose parts are out of seq order are
+    refused with the first run's line, as reports.load refuses them: the null item is found by a scan of that
+    run alone when a later run fails a check before the grouping is made."""
+    from test_sql import swapped
+
+    import reports
+    from reports.errors import ReportError
+    from reports.sql import engine
+    from reports.sql.engine import Trace
+
+    monkeypatch.setattr(engine, "SMALL_PARTS", (1, 1 << 40, 1 << 40) if narrow else (1 << 40, 0, 0))
+    null = shutil.copytree(parts, tmp_path / "null")
+    rewrite(part_paths(null)[0], set_cell("input_storage_ids", 3, [None]))
+    runs = {"null": null, "swapped": swapped(parts, tmp_path / "swapped")}
+    paths = [runs[name] for name in order]
+    with pytest.raises(ReportError) as ref:
+        reports.load(paths)
+    with pytest.raises(ReportError) as mine:
+        Trace(paths)
+    assert str(mine.value) == str(ref.value)
+    assert str(mine.value) == {"null": f"{null}: column 'input_storage_ids' holds a null item at seq 3; expected int64 "
+                                       "items",
+                               "swapped": f"{runs['swapped']}: seq 0 follows seq 63; expected seq to increase row by "
+                                          "row (a part or rows repeated?)"}[order[0]]  # fmt: skip
+
+
+def test_a_null_item_alone_is_found_without_a_scan_of_its_own(parts, tmp_path, monkeypatch):
+    """A trace whose only damage is a null id item: refused from the _ops grouping's flag (Trace._null_lists, the
+    separate scan, is not run), with the reference loader's line; the same trace undamaged opens."""
+    import reports
+    from reports.errors import ReportError
+    from reports.sql.engine import Trace
+
+    def no_scan(self, i):
+        raise AssertionError("a scan of the list columns of its own")
+
+    monkeypatch.setattr(Trace, "_null_lists", no_scan)
+    assert Trace(parts).totals["ops"].tolist() == [len(reports.load(parts))]
+    null = shutil.copytree(parts, tmp_path / "null")
+    rewrite(part_paths(null)[1], set_cell("output_storage_ids", 2, [None]))
+    with pytest.raises(ReportError, match=r"column 'output_storage_ids' holds a null item at seq 34; expected int64"):
+        Trace(null)
+

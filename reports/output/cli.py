@@ -254,7 +254,7 @@ def _report(args):
     # every rank, checked and warned about as a load of the pandas engine's columns would be
     everyone = _sql_all(args.trace, _frame_columns(args.trace, args.plot)) if args.engine == "sql" else None
     if everyone is not None:  # every section from SQL: no row of the trace is held in Python
-        sql = _first_rank_trace(args.trace, everyone) if everyone.several else everyone
+        sql = everyone.first_run() if everyone.several else everyone  # rank 0's sections: no second open
         df, ranks_src = None, Source(None, everyone)
         ranks_src = ranks_src if ranks_src.multi_rank() else None
     else:  # the reference: the rows loaded with pandas (and a v1 or v2 trace, which the SQL views do not read)
@@ -323,15 +323,6 @@ def _sql_all(path, columns):
         return Trace(path, columns=columns)
     except Unsupported:
         return None
-
-
-def _first_rank_trace(path, everyone):
-    """A Trace of the first rank's files alone, named as `everyone` (a Trace of every rank, which checked them) names it."""
-    from reports.loading.load import runs_with_ranks
-    from reports.sql.engine import Trace
-
-    (first, _), *_ = runs_with_ranks([path])
-    return Trace(first, checked=dict([next(iter(everyone.runs.items()))]))
 
 
 def _first_rank_frame(path, everyone):

@@ -11,9 +11,11 @@
     their footers, schema, metadata, trace ids and repeated parts checked, the damage counted;
   - the values are checked from the parts' statistics as read_run reads each footer (nulls,
     ranges; storage ids once the run's id limit is known, from the extremes kept per part) and seq
-    is checked to increase row by row (one scan of seq minus each row's number in its part); when
-    a check fails, the reference loader reads that run and raises its one-line ReportError, so a
-    damaged or hostile trace gets the same message on both paths;
+    is checked to increase row by row (one scan of seq minus each row's number in its part); null
+    list cells and null id items (which the statistics cannot tell from empty lists) are flagged by
+    the grouping scan that reads the list columns, before any view runs; when a check fails, the
+    reference loader reads that run and raises its one-line ReportError, so a damaged or hostile
+    trace gets the same message on both paths;
   - an incomplete or damaged trace warns, in the words reports.load uses.
 
 `rows` is defined over the literal list of the part files the checks accepted, each path made
@@ -21,7 +23,8 @@ absolute and its glob characters escaped (DuckDB globs every file name it is giv
 hive partitioning off (a `key=value` directory in a user's path adds no column). The views that
 group and sum are read from two groupings of the rows made once per trace (reports/sql/scan.py),
 each equal to its definition in views.sql; a trace of many small parts has the columns they read
-copied into memory once (SMALL_PARTS) instead of every part opened for every scan.
+copied into memory once (SMALL_PARTS) instead of every part opened for every scan. `first_run()`
+gives run 0 alone over the same tables (the report of a trace of several ranks is rank 0's).
 
 The tables (reports/sql/tables.py, reports/sql_report.py) are built from the views here; this
 module only runs SQL, divides totals per phase into per-step figures and says which int64 sums
@@ -39,7 +42,7 @@ from reports.errors import ReportError
 from reports.loading.integrity import Footers, describe_damage, footer, list_parts
 from reports.loading.load import id_limit, read_run, run_name, runs_with_ranks
 from reports.loading.validate import ITEMS_NOT_NULL, LIST_NOT_NULL, STORAGE_ID_COLUMNS, check_footers
-from reports.sql.scan import GRAINS, files_query, source
+from reports.sql.scan import GRAINS, files_query, source, source_views
 from reports.sql.scan import VIEWS as FAST
 from tracer.schema import COLUMN_NAMES, PHASES, SCHEMA_VERSION
 
@@ -93,11 +96,11 @@ class Trace:
     """One trace or several, checked, with a DuckDB connection holding `rows` and the views of views.sql.
 
     `runs`: {run name: metadata} as reports.load gives it in `df.attrs["runs"]`; `ranks`: the rank
-    of each run (None outside a distributed trace). `checked`: the `df.attrs["runs"]` of a reports.load of
-    the same paths, whose checks (and warnings) this then skips. `columns`: the columns the reference reader of
-    the same command reads (all by default): a run the checks here refuse is read with them, for its words."""
+    of each run (None outside a distributed trace). `columns`: the columns the reference reader of the same
+    command reads (all by default): a run the checks here refuse is read with them, for its words.
+    `first_run()`: run 0 alone, as a Trace over the same connection (the report of a trace of several ranks)."""
 
-    def __init__(self, paths, threads=None, checked=None, columns=None):
+    def __init__(self, paths, threads=None, columns=None):
         try:
             import duckdb
         except ImportError:
@@ -111,17 +114,13 @@ class Trace:
         self.runs, self.ranks, self.paths, self.files, self._phase_steps, self._totals = {}, [], [], [], None, None
         self._reference_columns = columns
         footers, refused = _IdFooters(), set()
-        given = iter((checked or {}).items())
         for path, rank in runs_with_ranks(paths):
-            if checked is not None:  # the runs reports.load just read and checked from these files: no second check
-                name, meta = next(given)
-            else:
-                try:  # the values from the parts' statistics too (all but storage ids), each footer read once
-                    meta = read_run(path, footers, unread=COLUMN_NAMES)
-                except ReportError:
-                    meta = read_run(path, _IdFooters())  # a damaged trace raises here, in reports.load's words
-                    refused.add(path)  # else a value the statistics refuse: the reference loader says which
-                name = run_name(path, rank, meta, self.runs)
+            try:  # the values from the parts' statistics too (all but storage ids), each footer read once
+                meta = read_run(path, footers, unread=COLUMN_NAMES)
+            except ReportError:
+                meta = read_run(path, _IdFooters())  # a damaged trace raises here, in reports.load's words
+                refused.add(path)  # else a value the statistics refuse: the reference loader says which
+            name = run_name(path, rank, meta, self.runs)
             if meta["schema_version"] < SCHEMA_VERSION:
                 raise Unsupported(f"{path}: a v{meta['schema_version']} trace; the SQL engine reads v{SCHEMA_VERSION}")
             self.runs[name] = meta
@@ -131,11 +130,10 @@ class Trace:
             if any("\\" in f and _GLOB.search(f) for f in map(os.path.abspath, self.files[-1])):
                 raise Unsupported(f"{path}: a backslash and a glob character in a part's path, which DuckDB's glob "
                                   "cannot be told to read literally")  # the pandas engine reads it
-            if checked is None:
-                present = footer(self.files[-1][0], footers).schema.to_arrow_schema().names
-                missing = [c for c in COLUMN_NAMES if c not in present]
-                if missing:  # reports.load's words
-                    raise ReportError(f"{path}: trace lacks column(s) {missing}")
+            present = footer(self.files[-1][0], footers).schema.to_arrow_schema().names
+            missing = [c for c in COLUMN_NAMES if c not in present]
+            if missing:  # reports.load's words
+                raise ReportError(f"{path}: trace lacks column(s) {missing}")
         self.db = duckdb.connect(config={"threads": threads} if threads else {})
         self.db.execute("SET enable_progress_bar = false")  # stdout is the report's
         self._reads = [f"read_parquet([{', '.join(file_literal(f) for f in files)}], hive_partitioning = false"
@@ -144,11 +142,11 @@ class Trace:
                    for i, (name, read) in enumerate(zip(self.runs, self._reads))]  # fmt: skip
         self.rows_view = "CREATE VIEW rows AS " + " UNION ALL ".join(selects)  # what views.sql reads, for another connection
         self.db.execute(self.rows_view)
+        self._first_rows = selects[0]  # run 0's rows alone (first_run)
         self.columns = [d[0] for d in self.db.execute("SELECT * FROM rows LIMIT 0").description
                         if d[0] not in ("run", "run_index")]  # fmt: skip
         files = sum(len(f) for f in self.files)
-        rows = sum(footers.rows.get(f, 0) for fs in self.files for f in fs) if checked is None else \
-            sum(int(m.get("rows") or 0) for m in self.runs.values())
+        rows = sum(footers.rows.get(f, 0) for fs in self.files for f in fs)
         self.narrow = files >= SMALL_PARTS[0] and rows <= min(SMALL_PARTS[1] * files, SMALL_PARTS[2])
         batches = [(literal(name), i, f"read_parquet([{', '.join(file_literal(f) for f in fs[k:k + BATCH])}], "
                     "hive_partitioning = false, filename = true, file_row_number = true)")
@@ -158,18 +156,47 @@ class Trace:
         self._null_where = " OR ".join(nulls) or "FALSE"
         for statement in source("rows", batches if self.narrow else None, self._null_where):
             self.db.execute(statement)
-        if checked is None:  # before any scan: no value of a damaged part reaches a view
-            self._check_values(footers, refused)
+        unscanned = self._check_values(footers, refused)  # before the grains: no value the statistics refuse in one
         for name, body in GRAINS.items():  # one scan each: most views are read from these (reports/sql/scan.py)
-            self.db.execute(f"CREATE TEMP TABLE {name} AS {body}")
-        for name, body, _ in (v for path in VIEW_FILES for v in statements(path)):
-            self.db.execute(f"CREATE VIEW {name} AS {FAST.get(name, body)}")
+            self.db.execute(f"CREATE TABLE {name} AS {body}")  # not TEMP: first_run's connection reads them too
+        self._check_null_lists(unscanned)  # from _ops, which flagged them as it read the list columns
+        self._views = [(name, FAST.get(name, body)) for path in VIEW_FILES for name, body, _ in statements(path)]
+        for name, body in self._views:
+            self.db.execute(f"CREATE VIEW {name} AS {body}")
         self.totals = self.table("run_totals")
-        for path, meta, ops in zip(self.paths, self.runs.values(), self._ops()) if checked is None else ():
+        for path, meta, ops in zip(self.paths, self.runs.values(), self._ops()):
             broken = describe_damage(meta["damage"])
             if not meta.get("complete") or broken:  # reports.load's warning, word for word
                 state = "incomplete (cut short)" if not meta.get("complete") else "damaged"
                 warnings.warn(f"{path}: trace is {state}{': ' + broken if broken else ''}; reporting the {ops} rows it has")
+
+    def first_run(self):
+        """Run 0 alone, as a Trace of its own (the report of a trace of several ranks is rank 0's), over a second
+        connection to this one's database: no file, footer or row is read again and no grain made again. Its schema
+        `first_run` shadows every table and view of this one: `rows` reads run 0's parts (or its rows read once),
+        the grains keep run_index = 0, and the views of the .sql files are made again over those (a view reads
+        its own schema first)."""
+        one = object.__new__(Trace)
+        name, meta = next(iter(self.runs.items()))
+        one.runs, one.ranks, one.paths, one.files = {name: meta}, self.ranks[:1], self.paths[:1], self.files[:1]
+        one.columns, one.narrow, one._reads, one._views = self.columns, self.narrow, self._reads[:1], self._views
+        one._reference_columns, one._null_where = self._reference_columns, self._null_where
+        one._first_rows = self._first_rows
+        one._phase_steps, one._totals, one.rows_view = None, None, "CREATE VIEW rows AS " + self._first_rows
+        one.db = self.db.cursor()
+        one.db.execute("SET enable_progress_bar = false")
+        one.db.execute("CREATE SCHEMA first_run")
+        one.db.execute("USE first_run")
+        for table in ("_rows", *GRAINS) if self.narrow else GRAINS:
+            one.db.execute(f"CREATE VIEW {table} AS SELECT * FROM main.{table} WHERE run_index = 0")
+        if not self.narrow:
+            one.db.execute(one.rows_view)
+        for statement in source_views("rows", self.narrow, self._null_where):
+            one.db.execute(statement)
+        for view, body in self._views:
+            one.db.execute(f"CREATE VIEW {view} AS {body}")
+        one.totals = self.totals[self.totals["run_index"] == 0].reset_index(drop=True)
+        return one
 
     def close(self):
         self.db.close()
@@ -260,31 +287,49 @@ class Trace:
         runs where one failed), storage ids from the extremes of their statistics (_IdFooters), seq increasing from
         one scan of the seq column (_seq_in_order). A run that fails one is read by the reference loader, which
         raises the one-line error naming the value and the row (or accepts it: a FLOP count clamped to int64 is a
-        flagged bound, not damage)."""
-        for i, (path, meta) in enumerate(zip(self.paths, self.runs.values())):
-            if path in refused:
-                self._reference_check(path)
+        flagged bound, not damage). Returns the runs that passed, in order, whose null list cells and items (which
+        the statistics cannot tell) _check_null_lists then checks from the grains; the runs before one that failed
+        are checked first, by a scan of their own (_null_lists): the runs are refused in reports.load's order."""
+        unscanned = []
+        for i, path in enumerate(self.paths):
+            if not self._statistics_refuse(i, footers, refused):
+                unscanned.append(i)
                 continue
-            limit = id_limit(meta, sum(footers.rows.get(f, 0) for f in self.files[i]))
-            extremes = [footers.ids.get(f) for f in self.files[i]]
-            if any(e is None or e[0] < 0 or e[1] > limit for e in extremes):
-                try:  # statistics missing or an id out of range: the check that names it
-                    check_footers(path, [(f, footer(f, footers)) for f in self.files[i]], self.columns, limit, {})
-                except ReportError:
-                    self._reference_check(path)
-                    continue
-            if not self._seq_in_order(i) and not _seq_increases(self.files[i], footers):
-                self._reference_check(path)
-            elif self._null_lists(i):
-                self._reference_check(path)
+            for k in unscanned:
+                if self._null_lists(k):
+                    self._reference_check(self.paths[k])
+            unscanned = []
+            self._reference_check(path)
+        return unscanned
+
+    def _statistics_refuse(self, i, footers, refused):
+        """Whether run i fails a check of _check_values (one the reference loader then makes, for its words)."""
+        path, meta = self.paths[i], list(self.runs.values())[i]
+        if path in refused:
+            return True
+        limit = id_limit(meta, sum(footers.rows.get(f, 0) for f in self.files[i]))
+        extremes = [footers.ids.get(f) for f in self.files[i]]
+        if any(e is None or e[0] < 0 or e[1] > limit for e in extremes):
+            try:  # statistics missing or an id out of range: the check that names it
+                check_footers(path, [(f, footer(f, footers)) for f in self.files[i]], self.columns, limit, {})
+            except ReportError:
+                return True
+        return not self._seq_in_order(i) and not _seq_increases(self.files[i], footers)
+
+    def _check_null_lists(self, runs):
+        """Read each of `runs` (run indices, in order) with the reference loader when a list cell of it is null where a
+        trace holds a list, or an id or size list holds a null item: flagged per group of _ops as the grain read the
+        list columns (reports/sql/scan.py `_src.null_lists`), no scan of its own."""
+        found = self.db.execute("SELECT DISTINCT run_index FROM _ops WHERE null_lists").fetchall()
+        flagged = {int(i) for (i,) in found}
+        for i in runs:
+            if i in flagged:
+                self._reference_check(self.paths[i])
 
     def _null_lists(self, i):
-        """Whether a list cell of run i is null where a trace holds a list, or an id or size list holds a null item (the
-        statistics cannot tell: a null list, a null item and an empty list all count as a null item there). One scan
-        of the list columns' cells."""
-        where = "null_lists" if self.narrow else f"({self._null_where})"
-        table = "_src" if self.narrow else "rows"  # a trace of many small parts: flagged as _src was read
-        return self.db.execute(f"SELECT count(*) FROM {table} WHERE run_index = {i} AND {where}").fetchone()[0] > 0
+        """Whether run i has a null list cell or item (see _check_null_lists), from a scan of its list columns: for a
+        run checked before the grains are made (one before a run the statistics refuse)."""
+        return self.db.execute(f"SELECT count(*) FROM _src WHERE run_index = {i} AND null_lists").fetchone()[0] > 0
 
     def _seq_in_order(self, i):
         """Whether run i's seq increases row by row, shown from one DuckDB scan of its seq column: each part's seq

@@ -3,7 +3,7 @@
 views.sql defines every view over `rows`, the Parquet parts: plain SQL another engine runs as it is
 written. Run that way, a report scans the parts about ten times (the dtype of a row alone, read from
 two list columns, costs more than the rest of a scan). The engine instead groups the rows once into
-small tables (GRAINS, each a TEMP TABLE of one scan) and defines the views listed in VIEWS from them.
+small tables (GRAINS, each a table of one scan) and defines the views listed in VIEWS from them.
 Every sum is an integer sum (exact in any order) and every key of a view is a key of its grain, so each
 view holds what views.sql's definition holds, column for column and type for type
 (tests/test_sql_scan.py compares them on every test trace):
@@ -12,14 +12,16 @@ view holds what views.sql's definition holds, column for column and type for typ
             process group and group size: op_facts, by_dtype, roofline_op, collective_totals and the
             roofline's split by bound (reports/sql_report.py), which needs each row's FLOPs and bytes
             (keys here). Rows of one op with the same shapes share a group: its size follows the
-            distinct shapes per op and phase, not the rows (a few hundred groups for a 1M-row trace)
+            distinct shapes per op and phase, not the rows (a few hundred groups for a 1M-row trace).
+            Its `null_lists`: whether a row of the group has a null list cell or a null id or size item,
+            which the engine's checks refuse (the list columns read in this scan, not one of their own)
     _steps  per run, step and phase: phase_steps, run_totals, by_step and the peak's live bytes
 
 `files(trace)` is the seq check's scan: per part, the range of seq - row number (seq increases row by
 row in a part whose range is one value: seq = first + row number).
 """
 
-__all__ = ["GRAINS", "VIEWS", "files_query", "source"]
+__all__ = ["GRAINS", "VIEWS", "files_query", "source", "source_views"]
 
 _DTYPE = ("CASE WHEN coalesce(input_dtypes[1], '') <> '' THEN input_dtypes[1] "
           "ELSE coalesce(output_dtypes[1], '') END")  # fmt: skip  (views.sql row_dtype)
@@ -35,7 +37,7 @@ SELECT run, run_index, op, phase, flop_kind, is_view, dtype, flops, bytes, proce
        count(comm_bytes) AS calls, sum(comm_bytes) AS message_bytes,
        min(CASE WHEN comm_bytes IS NOT NULL THEN seq END) AS comm_first_seq,
        max(bytes_allocated) AS bytes_allocated_max, max(bytes_read) AS bytes_read_max,
-       max(bytes_written) AS bytes_written_max, max(duration_ns) AS duration_ns_max
+       max(bytes_written) AS bytes_written_max, max(duration_ns) AS duration_ns_max, bool_or(null_lists) AS null_lists
 FROM (SELECT *, CASE WHEN is_view THEN 0 ELSE bytes_read + bytes_written END AS bytes FROM _src) AS r
 GROUP BY run, run_index, op, phase, flop_kind, is_view, dtype, flops, bytes, process_group, group_size
 """,
@@ -129,23 +131,31 @@ GROUP BY run, run_index, op, process_group, coalesce(group_size, 1), phase
 
 
 def source(rows, narrow, null_lists="FALSE"):
-    """The statements that make `_src`, what the grains read: a view of `rows` with each row's dtype, or, when
-    `narrow` ([(run name literal, run index, read_parquet of a batch of its parts with filename and row numbers)])
-    is given, the rows read once into a TEMP TABLE `_rows` (with each row's part file and row number), `rows`
-    redefined over it, and `_src` a view of it with the dtype and whether `null_lists` (a condition on the row)
-    holds: for a trace of many small parts, where opening the files costs more than their rows (DuckDB opens
-    every part for every scan, and holds every part's reader until a statement ends: hence one statement per
-    batch). Every later query, the sections' own included, then reads memory, not 10,000 files."""
+    """The statements that make `_src`, what the grains read: a view of `rows` with each row's dtype and whether
+    `null_lists` (a condition on the row) holds, or, when `narrow` ([(run name literal, run index, read_parquet of a
+    batch of its parts with filename and row numbers)]) is given, the rows read once into a table `_rows` (with
+    each row's part file and row number), `rows` redefined over it, and `_src` a view of it: for a trace of many
+    small parts, where opening the files costs more than their rows (DuckDB opens every part for every scan, and
+    holds every part's reader until a statement ends: hence one statement per batch). Every later query, the
+    sections' own included, then reads memory, not 10,000 files."""
     if narrow is None:
-        return [f"CREATE VIEW _src AS SELECT *, {_DTYPE} AS dtype FROM {rows}"]
-    out = [f"CREATE TEMP TABLE _rows AS SELECT *, '' AS filename, CAST(0 AS BIGINT) AS file_row_number FROM {rows} "
+        return source_views(rows, False, null_lists)
+    out = [f"CREATE TABLE _rows AS SELECT *, '' AS filename, CAST(0 AS BIGINT) AS file_row_number FROM {rows} "
            "LIMIT 0"]  # fmt: skip
     for name, i, read in narrow:
         out.append(f"INSERT INTO _rows SELECT {name} AS run, {i} AS run_index, * EXCLUDE (filename, file_row_number), "
                    f"filename, file_row_number FROM {read}")  # fmt: skip
-    out.append(f"CREATE OR REPLACE VIEW {rows} AS SELECT * EXCLUDE (filename, file_row_number) FROM _rows")
-    out.append(f"CREATE VIEW _src AS SELECT *, {_DTYPE} AS dtype, ({null_lists}) AS null_lists FROM _rows")
-    return out
+    return out + source_views(rows, True, null_lists)
+
+
+def source_views(rows, read_once, null_lists):
+    """The views of source(): `_src` over `rows`, or with the rows read once (`read_once`) `rows` and `_src` over
+    `_rows`."""
+    src = f"SELECT *, {_DTYPE} AS dtype, ({null_lists}) AS null_lists FROM"
+    if not read_once:
+        return [f"CREATE VIEW _src AS {src} {rows}"]
+    return [f"CREATE OR REPLACE VIEW {rows} AS SELECT * EXCLUDE (filename, file_row_number) FROM _rows",
+            f"CREATE VIEW _src AS {src} _rows"]
 
 
 def files_query(read):
