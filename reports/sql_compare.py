@@ -11,7 +11,7 @@ import pandas as pd
 
 from reports.compare import TOTAL, check_baseline, check_by, side_by_side
 
-__all__ = ["compare"]
+__all__ = ["compare", "mfu_pct"]
 
 _FIGURES = ("ops", "flops", "bytes_allocated", "duration_ns")
 _NAMES = {"ops": "ops_per_step", "flops": "flops_per_step", "bytes_allocated": "bytes_allocated_per_step",
@@ -47,3 +47,16 @@ def compare(trace, by="phase", baseline=None, mfu=None):
         table["steps"] = max(1, fb or traced)
         tables[run] = table
     return side_by_side(tables, runs, baseline, mfu or {}, by)
+
+
+def mfu_pct(trace):
+    """reports/compare.py mfu_pct of the trace's rows: {run: MFU in percent}. compare gives reports.mfu no step time,
+    so a run's MFU is NaN unless its metadata holds an untraced one, and side_by_side writes NaN for a run left out:
+    the FLOP sections' small frame (reports/sql/flops.py), which MFU's model FLOPs and dtype are read from, is cut
+    only when some run has a step time."""
+    from reports.compare import mfu_pct as of_rows
+    from reports.sql.flops import frame
+
+    if not any((meta.get("step_time") or {}).get("median_s") for meta in trace.runs.values()):  # as reports.mfu reads it
+        return {}
+    return of_rows(frame(trace))

@@ -6,6 +6,8 @@ equal to the pandas reference, floats to the last bit: both divide the same inte
 same step counts and add the phases in the same order.
 """
 
+import json
+import shutil
 import warnings
 
 import pandas as pd
@@ -86,3 +88,34 @@ def test_the_cli_prints_the_same_from_either_engine(runs, capsys, flags):
             assert main(["compare", *map(str, runs), "--engine", engine, *flags]) == 0
         outs.append(capsys.readouterr().out)
     assert outs[0] == outs[1] and "flops" in outs[0]
+
+
+@pytest.mark.parametrize("timed", [False, True])
+def test_the_flop_frame_is_cut_only_for_a_run_with_a_step_time(runs, tmp_path, capsys, monkeypatch, timed):
+    """compare passes reports.mfu no step time, so a run's MFU is NaN unless its metadata holds an untraced one: the
+    SQL engine cuts the FLOP sections' small frame (reports/sql/flops.py) for MFU only when a run has one, and prints
+    what the pandas engine prints either way. Timed: run b says it ran on an H100 at 0.01 s per untraced step."""
+    from test_damage import rewrite, set_metadata
+
+    from reports.flops.peaks import peak_flops
+    from reports.output.cli import main
+    from reports.sql import flops
+    from tracer.schema import part_paths
+
+    b = shutil.copytree(runs[1], tmp_path / "b")
+    device = {"type": "cuda", "name": "NVIDIA H100 80GB HBM3"}
+    for part in part_paths(b) if timed else ():
+        rewrite(part, set_metadata(step_time={"median_s": 0.01}, device=device))
+    cut = []
+    monkeypatch.setattr(flops, "frame", lambda trace, f=flops.frame: cut.append(1) or f(trace))
+    outs = []
+    for engine in ("pandas", "sql"):
+        assert main(["compare", str(runs[0]), str(b), "--engine", engine, "--json"]) == 0
+        outs.append(capsys.readouterr().out)
+    assert outs[0] == outs[1] and len(cut) == timed
+    mfu = {r["run"]: r["mfu_pct"] for r in json.loads(outs[1])["rows"] if r["phase"] == "total"}
+    assert mfu["a"] is None
+    if timed:  # model FLOPs per step at batch 8: 952 * 8 = 7616 (test_compare_equals_the_reference), float32 matmuls
+        assert mfu["b"] == pytest.approx(100 * 7616 / 0.01 / peak_flops(device, "float32")[0], rel=1e-12)
+    else:
+        assert mfu["b"] is None

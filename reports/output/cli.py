@@ -351,14 +351,12 @@ def _compare(args):
     from reports.compare import columns
 
     trace = _sql_all(args.traces, columns(args.by)) if args.engine == "sql" else None
-    if trace is not None:  # the figures from SQL; MFU on the small frame of reports/sql/flops.py
-        from reports.compare import mfu_pct
-        from reports.sql.flops import frame
-        from reports.sql_compare import compare
+    if trace is not None:  # the figures from SQL; MFU on the small frame of reports/sql/flops.py (with a step time)
+        from reports.sql_compare import compare, mfu_pct
 
         runs, ops = trace.runs, dict(zip(trace.totals["run_index"], trace.totals["ops"]))
         empty = {name for i, name in enumerate(runs) if not ops.get(i)}
-        table = None if empty else compare(trace, by=args.by, mfu=mfu_pct(frame(trace)))
+        table = None if empty else compare(trace, by=args.by, mfu=mfu_pct(trace))
     else:  # the reference: the rows loaded with pandas
         from reports.compare import compare
         from reports.loading.load import load
