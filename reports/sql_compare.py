@@ -52,11 +52,11 @@ def compare(trace, by="phase", baseline=None, mfu=None):
 def mfu_pct(trace):
     """reports/compare.py mfu_pct of the trace's rows: {run: MFU in percent}. compare gives reports.mfu no step time,
     so a run's MFU is NaN unless its metadata holds an untraced one, and side_by_side writes NaN for a run left out:
-    the FLOP sections' small frame (reports/sql/flops.py), which MFU's model FLOPs and dtype are read from, is cut
-    only when some run has a step time."""
+    the small frame MFU's model FLOPs and dtype are read from (reports/sql/flops.py, mfu_only: its matmul and
+    attention rows, the others summed) is cut only when some run has a step time."""
     from reports.compare import mfu_pct as of_rows
     from reports.sql.flops import frame
 
     if not any((meta.get("step_time") or {}).get("median_s") for meta in trace.runs.values()):  # as reports.mfu reads it
         return {}
-    return of_rows(frame(trace))
+    return of_rows(frame(trace, mfu_only=True))

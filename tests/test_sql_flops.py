@@ -224,6 +224,10 @@ def test_the_sections_on_the_small_frame_equal_those_on_the_rows(traces, name):
         _same_or_same_error(lambda d: reports.explain(d, n=n), df, small)
     _same_or_same_error(reports.mfu, df, small)
     _same_or_same_error(lambda d: reports.mfu(d, step_time_s=0.25, peak_flops=1e9), df, small)
+    mfu_only = frame(sql, mfu_only=True)  # compare's MFU: the matmul and attention rows, the others summed
+    assert len(mfu_only) <= len(small)
+    _same_or_same_error(reports.mfu, df, mfu_only)
+    _same_or_same_error(lambda d: reports.mfu(d, step_time_s=0.25, peak_flops=1e9), df, mfu_only)
 
 
 def test_two_runs_at_once(traces):
@@ -233,6 +237,8 @@ def test_two_runs_at_once(traces):
     pd.testing.assert_frame_equal(reports.breakdown(small), reports.breakdown(df), check_exact=True)
     assert reports.explain(small) == reports.explain(df)
     pd.testing.assert_frame_equal(reports.mfu(small, step_time_s=1.0), reports.mfu(df, step_time_s=1.0), check_exact=True)
+    pd.testing.assert_frame_equal(reports.mfu(frame(sql, mfu_only=True), step_time_s=1.0), reports.mfu(df, step_time_s=1.0),
+                                  check_exact=True)  # fmt: skip
 
 
 def _walked(df):

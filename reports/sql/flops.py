@@ -27,13 +27,22 @@ was first seen among the rows (a group stands at its first row; the step rows co
 no FLOP kind and no parameter), so the per-phase figures are added up in the same order. With a trace
 whose int64 FLOP sums could wrap, the FLOPs are float64 here (reports/steps.py sums those as float64
 too, row by row): a figure above 2**53 may then differ in its last bits.
+
+    frame(trace, mfu_only=True)   a smaller frame for reports.mfu alone (compare's MFU): the walked rows are the
+                   matmul and attention rows only (view mfu_marked: MFU reads the dtype of the first and the
+                   shapes of fused attention kernels, and walks no role), with the columns MFU reads; every other
+                   row is summed as flop_rest sums them. MFU's figures are sums per phase, recompute flag and
+                   step, so they are those of the whole trace for the reasons above.
 """
+
+import os
 
 import numpy as np
 import pandas as pd
 import pyarrow.compute as pc
 
 from reports.loading.columns import SharedRuns, to_pandas
+from reports.sql.engine import statements
 
 __all__ = ["frame"]
 
@@ -43,30 +52,45 @@ _REST = {"seq": "seq", "step": "step", "phase": "phase", "op": "op", "flop_kind"
          "recompute": "recompute", "input_dtypes": "first_dtype"}  # fmt: skip
 _CATEGORICAL = ("phase", "op", "module", "flop_kind")
 _STEPS = {"seq": "seq", "step": "step", "phase": "phase", "flops": "0", "recompute": "recompute"}
+_MFU_ROWS = {"seq": "seq", "step": "step", "phase": "phase", "op": "op", "flop_kind": "flop_kind", "flops": "flops",
+             "recompute": "coalesce(recompute, false)", "input_dtypes": "input_dtypes[1:2]",
+             "input_shapes": "CASE WHEN flop_kind = 'attention' THEN input_shapes END"}  # fmt: skip  (as flop_rows)
+_FLOPS_SQL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "flops.sql")
 
 
-def _select(view, columns, flops_type, order):
+def _select(view, columns, flops_type, order, names=_ROWS):
     picked = []
-    for c in _ROWS:
+    for c in names:
         value = columns.get(c, "NULL")
         picked.append(f"CAST({value} AS {flops_type}) AS flops" if c == "flops" else f"{value} AS {c}")
     return f"SELECT run_index, {order} AS part, {', '.join(picked)} FROM {view}"
 
 
-def frame(trace):
+def _mfu_rest():
+    """flop_rest's grouping of the rows mfu_marked does not walk (its body, read from flops.sql)."""
+    body = {name: body for name, body, _ in statements(_FLOPS_SQL)}["flop_rest"]
+    return f"({body.replace('flop_marked', 'mfu_marked')}) AS rest"
+
+
+def frame(trace, mfu_only=False):
     """The small frame of the FLOP sections (see the module docstring): reports.breakdown, explain and mfu of
-    it equal those of reports.load of the same trace. attrs["runs"] is the trace's runs' metadata."""
+    it equal those of reports.load of the same trace. attrs["runs"] is the trace's runs' metadata. `mfu_only`:
+    the smaller frame reports.mfu alone reads (the columns it reads, the matmul and attention rows one by one)."""
     wide = any(trace.wide("flops", i) for i in range(len(trace.runs)))
     flops_type = "DOUBLE" if wide else "BIGINT"  # as reports/steps.py summable takes sums that could wrap
-    query = " UNION ALL ".join([
-        _select("flop_rows", {c: c for c in _ROWS}, flops_type, 0),
-        _select("flop_rest", _REST, flops_type, 0),
-        _select("flop_steps", _STEPS, flops_type, 1),
-    ])  # fmt: skip
+    if mfu_only:
+        names = list(_MFU_ROWS)
+        parts = [_select("mfu_marked WHERE walked", _MFU_ROWS, flops_type, 0, names),
+                 _select(_mfu_rest(), _REST, flops_type, 0, names)]  # fmt: skip
+    else:
+        names = _ROWS
+        parts = [_select("flop_rows", {c: c for c in _ROWS}, flops_type, 0), _select("flop_rest", _REST, flops_type, 0)]
+    query = " UNION ALL ".join([*parts, _select("flop_steps", _STEPS, flops_type, 1, names)])
     table = trace.db.sql(query).to_arrow_table()
     keys = [table.column(c).to_numpy() for c in ("seq", "part", "run_index")]
     table = table.take(np.lexsort(keys))  # in order: run by run, its rows by seq, then its steps (less memory than SQL's sort)
-    for name in _CATEGORICAL:  # categorical, as reports.load gives them: packets and group-bys per category, not per row
+    # categorical, as reports.load gives them: packets and group-bys per category, not per row
+    for name in (c for c in _CATEGORICAL if c in names):
         table = table.set_column(table.schema.get_field_index(name), name, pc.dictionary_encode(table.column(name)))
     run_index = table.column("run_index").to_numpy()
     out = to_pandas(table.drop_columns(["run_index", "part"]), lists="arrow")

@@ -65,6 +65,11 @@ FROM (SELECT run, run_index, seq, step, phase, op, flop_kind, flops, coalesce(re
       FROM flop_marked WHERE NOT walked) AS r
 GROUP BY run, run_index, phase, CASE WHEN phase = 'optimizer' THEN op END, flop_kind, recompute, first_dtype, flops > 0
 ;
+-- MFU alone (reports/sql/flops.py frame(trace, mfu_only=True)) walks no role: it reads the matmul and attention rows
+-- one by one (their dtype, fused attention's shapes) and every other row's FLOPs summed, as flop_rest sums them.
+CREATE VIEW mfu_marked AS
+SELECT *, flop_kind IN ('matmul', 'attention') AS walked FROM rows
+;
 -- One row per run, step and phase, with whether any of its rows re-ran checkpointed work.
 CREATE VIEW flop_steps AS
 SELECT run, run_index, max(seq) AS seq, step, phase, bool_or(coalesce(recompute, false)) AS recompute
