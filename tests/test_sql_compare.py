@@ -93,8 +93,8 @@ def test_the_cli_prints_the_same_from_either_engine(runs, capsys, flags):
 @pytest.mark.parametrize("timed", [False, True])
 def test_the_flop_frame_is_cut_only_for_a_run_with_a_step_time(runs, tmp_path, capsys, monkeypatch, timed):
     """compare passes reports.mfu no step time, so a run's MFU is NaN unless its metadata holds an untraced one: the
-    SQL engine cuts the FLOP sections' small frame (reports/sql/flops.py) for MFU only when a run has one, and prints
-    what the pandas engine prints either way. Timed: run b says it ran on an H100 at 0.01 s per untraced step."""
+    SQL engine cuts MFU's small frame (reports/sql/flops.py, mfu_only) only when a run has one, and prints what the
+    pandas engine prints either way. Timed: run b says it ran on an H100 at 0.01 s per untraced step."""
     from test_damage import rewrite, set_metadata
 
     from reports.flops.peaks import peak_flops
@@ -107,12 +107,12 @@ def test_the_flop_frame_is_cut_only_for_a_run_with_a_step_time(runs, tmp_path, c
     for part in part_paths(b) if timed else ():
         rewrite(part, set_metadata(step_time={"median_s": 0.01}, device=device))
     cut = []
-    monkeypatch.setattr(flops, "frame", lambda trace, f=flops.frame: cut.append(1) or f(trace))
+    monkeypatch.setattr(flops, "frame", lambda trace, f=flops.frame, **kw: cut.append(kw) or f(trace, **kw))
     outs = []
     for engine in ("pandas", "sql"):
         assert main(["compare", str(runs[0]), str(b), "--engine", engine, "--json"]) == 0
         outs.append(capsys.readouterr().out)
-    assert outs[0] == outs[1] and len(cut) == timed
+    assert outs[0] == outs[1] and cut == ([{"mfu_only": True}] if timed else [])
     mfu = {r["run"]: r["mfu_pct"] for r in json.loads(outs[1])["rows"] if r["phase"] == "total"}
     assert mfu["a"] is None
     if timed:  # model FLOPs per step at batch 8: 952 * 8 = 7616 (test_compare_equals_the_reference), float32 matmuls
