@@ -195,7 +195,7 @@ class Trace:
             one.db.execute(statement)
         for view, body in self._views:
             one.db.execute(f"CREATE VIEW {view} AS {body}")
-        one.totals = self.totals[self.totals["run_index"] == 0].reset_index(drop=True)
+        one.totals = one.table("run_totals")  # run 0's row, typed as a Trace of run 0 alone types it
         return one
 
     def close(self):
