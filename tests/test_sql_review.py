@@ -2,6 +2,7 @@
 where the two printed different text or errors. Each trace is damaged by hand the way test_damage.py does it, and
 `optrace report` (text and --json) must give the same exit code, stdout and stderr from both engines."""
 
+import os
 import shutil
 
 import pandas as pd
@@ -320,3 +321,24 @@ def test_a_null_item_alone_is_found_without_a_scan_of_its_own(parts, tmp_path, m
     with pytest.raises(ReportError, match=r"column 'output_storage_ids' holds a null item at seq 34; expected int64"):
         Trace(null)
 
+
+
+def test_duckdb_spills_under_the_system_temporary_directory_never_the_working_one(trace, tmp_path, monkeypatch):
+    """DuckDB's default spill directory is `.tmp` in the working directory: a report past its memory limit would
+    write there. The Trace gives it a directory of its own under the system's temporary directory instead."""
+    import tempfile
+
+    from reports.sql.engine import Trace
+
+    monkeypatch.chdir(tmp_path)
+    with Trace(trace) as opened:
+        spill = opened.db.execute("SELECT current_setting('temp_directory')").fetchone()[0]
+        assert os.path.dirname(spill) == tempfile.gettempdir()
+        assert os.path.basename(spill).startswith("optrace-duckdb-")
+        opened.db.execute("SET memory_limit = '32MB'")  # force a spill: a 3M-row table (about 48 MB) does not fit
+        opened.db.execute("SET threads = 1")
+        opened.db.execute("CREATE TEMP TABLE big AS SELECT range AS a, range * 2 AS b FROM range(3000000)")
+        assert os.listdir(spill)  # spilled there
+        assert opened.db.execute("SELECT sum(b) FROM big").fetchone()[0] == 3_000_000 * 2_999_999  # 2 * n(n-1)/2
+    assert not os.path.exists(spill)
+    assert not os.path.exists(tmp_path / ".tmp")

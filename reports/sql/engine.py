@@ -33,6 +33,9 @@ could wrap (reports/steps.py summable: pandas sums those as float64).
 
 import os
 import re
+import shutil
+import tempfile
+import uuid
 import warnings
 
 import numpy as np
@@ -134,7 +137,12 @@ class Trace:
             missing = [c for c in COLUMN_NAMES if c not in present]
             if missing:  # reports.load's words
                 raise ReportError(f"{path}: trace lacks column(s) {missing}")
-        self.db = duckdb.connect(config={"threads": threads} if threads else {})
+        # DuckDB spills a query larger than its memory limit to temp_directory, by default `.tmp` in the working
+        # directory: a report must not write where the user runs it, so the spill goes to a directory of its own
+        # under the system's temporary directory (made by DuckDB only when it spills, removed at close)
+        self._spill = os.path.join(tempfile.gettempdir(), f"optrace-duckdb-{os.getpid()}-{uuid.uuid4().hex}")
+        config = {"temp_directory": self._spill, **({"threads": threads} if threads else {})}
+        self.db = duckdb.connect(config=config)
         self.db.execute("SET enable_progress_bar = false")  # stdout is the report's
         self._reads = [f"read_parquet([{', '.join(file_literal(f) for f in files)}], hive_partitioning = false"
                        for files in self.files]  # fmt: skip  (closed by the caller: options may follow)
@@ -183,7 +191,7 @@ class Trace:
         one._reference_columns, one._null_where = self._reference_columns, self._null_where
         one._first_rows = self._first_rows
         one._phase_steps, one._totals, one.rows_view = None, None, "CREATE VIEW rows AS " + self._first_rows
-        one.db = self.db.cursor()
+        one.db, one._spill = self.db.cursor(), None  # the spill directory stays this Trace's
         one.db.execute("SET enable_progress_bar = false")
         one.db.execute("CREATE SCHEMA first_run")
         one.db.execute("USE first_run")
@@ -200,6 +208,8 @@ class Trace:
 
     def close(self):
         self.db.close()
+        if self._spill is not None:  # DuckDB removes its files at close, and the directory if it made it: in case
+            shutil.rmtree(self._spill, ignore_errors=True)
 
     def __enter__(self):
         return self
