@@ -11,7 +11,9 @@ and, for metered steps, `meter.step()`. Per round, the ratio of the metered medi
 to the untraced median; the figure is the median ratio over rounds with its
 interquartile range and range. The mean ratio counts the table writes (60 s into the
 run, then at each doubling of its age), which medians leave out; `--write-cost` times
-one write of the table as it stands at the end.
+one write of the table as it stands at the end. `--hook-path` also times the forward pass alone
+(no_grad) without hooks, with a global module pre-hook that does nothing and with the meter's
+hooks: the cost PyTorch's module hook path adds to every module call once any global hook is set.
 """
 
 import argparse
@@ -45,6 +47,7 @@ def main(argv=None):
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--write-cost", action="store_true", help="also time writing the table (a metadata-only part)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1: a shared 2-core VM)")
+    parser.add_argument("--hook-path", action="store_true", help="also time the forward pass with a no-op global hook")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
 
@@ -72,6 +75,7 @@ def main(argv=None):
             return wrapper
 
         meter._remove_hooks()
+        unwrapped = meter._seen, meter._root_inputs
         meter._seen, meter._root_inputs = timed(meter._seen), timed(meter._root_inputs)
         meter._install_hooks()
         ratios, means, plain_all, metered_all, overhead_us = [], [], [], [], []
@@ -102,6 +106,11 @@ def main(argv=None):
             plain_all += times["plain"]
             metered_all += times["metered"]
         table = meter.table()
+        spent = dict(spent)  # the metered steps' figures; the hook path's passes run the hooks untimed
+        meter._remove_hooks()
+        meter._seen, meter._root_inputs = unwrapped
+        meter._install_hooks()
+        hook_path = forward_with_hooks(model, idx, targets, meter, args.rounds) if args.hook_path else None
         if args.write_cost:
             writes = []
             for _ in range(5):
@@ -129,8 +138,42 @@ def main(argv=None):
     if args.write_cost:
         print(f"  writing the table ({len(table['steps']['step'])} steps): median {statistics.median(writes) * 1e3:.1f} ms "
               f"(range {min(writes) * 1e3:.1f}-{max(writes) * 1e3:.1f})")
+    if hook_path is not None:
+        plain = hook_path["no hooks"]
+        print(f"  forward alone (no_grad, fastest of 20 per round, median over {args.rounds} rounds): "
+              + ", ".join(f"{k} {v * 1e6:.0f} us (+{(v - plain) * 1e6:.0f})" for k, v in hook_path.items()))
     traced = sum(table["steps"]["traced"])
     print(f"  steps traced by the meter: {traced} of {len(table['steps']['step'])}")
+
+
+def forward_with_hooks(model, idx, targets, meter, rounds):
+    """{variant: median over rounds of the fastest of 20 forward passes}: no hooks, a global module forward
+    pre-hook that does nothing, the meter's hooks."""
+    from torch.nn.modules.module import register_module_forward_pre_hook
+
+    def noop(module, args):
+        return None
+
+    found = {"no hooks": [], "no-op global hook": [], "the meter's hooks": []}
+    meter._remove_hooks()
+    for _ in range(rounds):
+        for kind, taken in found.items():
+            handle = register_module_forward_pre_hook(noop) if kind == "no-op global hook" else None
+            if kind == "the meter's hooks":
+                meter._install_hooks()
+            times = []
+            with torch.no_grad():
+                for _ in range(20):
+                    start = time.perf_counter()
+                    model(idx, targets)
+                    times.append(time.perf_counter() - start)
+            if handle is not None:
+                handle.remove()
+            if kind == "the meter's hooks":
+                meter._remove_hooks()
+                meter.begin()  # forget what these passes noted
+            taken.append(min(times))
+    return {k: statistics.median(v) for k, v in found.items()}
 
 
 if __name__ == "__main__":
