@@ -65,8 +65,8 @@ _GLOB = re.compile(r"([*?\[])")
 
 
 class Unsupported(ReportError):
-    """A trace the SQL engine does not read (a v1 or v2 trace: columns its views need are missing; a part's path
-    with a backslash and [, * or ?)."""
+    """A trace the SQL engine does not read (a v1 or v2 trace, or any trace lacking a column its views read: the
+    pandas engine reads only its sections' columns; a part's path with a backslash and [, * or ?)."""
 
 
 def statements(path=VIEWS_SQL):
@@ -117,26 +117,33 @@ class Trace:
         self.runs, self.ranks, self.paths, self.files, self._phase_steps, self._totals = {}, [], [], [], None, None
         self._reference_columns = columns
         footers, refused = _IdFooters(), set()
-        for path, rank in runs_with_ranks(paths):
-            try:  # the values from the parts' statistics too (all but storage ids), each footer read once
-                meta = read_run(path, footers, unread=COLUMN_NAMES)
-            except ReportError:
-                meta = read_run(path, _IdFooters())  # a damaged trace raises here, in reports.load's words
-                refused.add(path)  # else a value the statistics refuse: the reference loader says which
-            name = run_name(path, rank, meta, self.runs)
-            if meta["schema_version"] < SCHEMA_VERSION:
-                raise Unsupported(f"{path}: a v{meta['schema_version']} trace; the SQL engine reads v{SCHEMA_VERSION}")
-            self.runs[name] = meta
-            self.ranks.append(rank if rank is not None else meta.get("rank"))
-            self.paths.append(path)
-            self.files.append(list_parts(path))
-            if any("\\" in f and _GLOB.search(f) for f in map(os.path.abspath, self.files[-1])):
-                raise Unsupported(f"{path}: a backslash and a glob character in a part's path, which DuckDB's glob "
-                                  "cannot be told to read literally")  # the pandas engine reads it
-            present = footer(self.files[-1][0], footers).schema.to_arrow_schema().names
-            missing = [c for c in COLUMN_NAMES if c not in present]
-            if missing:  # reports.load's words
-                raise ReportError(f"{path}: trace lacks column(s) {missing}")
+        try:
+            for path, rank in runs_with_ranks(paths):
+                try:  # the values from the parts' statistics too (all but storage ids), each footer read once
+                    meta = read_run(path, footers, unread=COLUMN_NAMES)
+                except ReportError:
+                    meta = read_run(path, _IdFooters())  # a damaged trace raises here, in reports.load's words
+                    refused.add(path)  # else a value the statistics refuse: the reference loader says which
+                name = run_name(path, rank, meta, self.runs)
+                if meta["schema_version"] < SCHEMA_VERSION:
+                    raise Unsupported(f"{path}: a v{meta['schema_version']} trace; the SQL engine reads v{SCHEMA_VERSION}")
+                self.runs[name] = meta
+                self.ranks.append(rank if rank is not None else meta.get("rank"))
+                self.paths.append(path)
+                self.files.append(list_parts(path))
+                if any("\\" in f and _GLOB.search(f) for f in map(os.path.abspath, self.files[-1])):
+                    raise Unsupported(f"{path}: a backslash and a glob character in a part's path, which DuckDB's glob "
+                                      "cannot be told to read literally")  # the pandas engine reads it
+                present = footer(self.files[-1][0], footers).schema.to_arrow_schema().names
+                missing = [c for c in COLUMN_NAMES if c not in present]
+                if missing:  # the pandas engine reads it: refused in reports.load's words, or read when it reads none
+                    raise Unsupported(f"{path}: trace lacks column(s) {missing}")
+        except Unsupported:
+            raise
+        except ReportError:  # a run that cannot be read: reports.load checks the rows of the runs before it first
+            for earlier in self.paths:
+                self._reference_check(earlier)
+            raise
         # DuckDB spills a query larger than its memory limit to temp_directory, by default `.tmp` in the working
         # directory: a report must not write where the user runs it, so the spill goes to a directory of its own
         # under the system's temporary directory (made by DuckDB only when it spills, removed at close)

@@ -1,0 +1,69 @@
+"""Second review of the SQL engine (`--engine sql`, the default) against the pandas reference (`--engine pandas`):
+traces of several runs or ranks where one run cannot be read, or lacks a column, and Trace.first_run. Each trace is
+damaged by hand as test_damage.py does it; both engines must give the same exit code, stdout and stderr."""
+
+import shutil
+
+import pytest
+from test_damage import rewrite, set_cell
+from test_sql_review import _both, parts, template  # noqa: F401  (fixtures)
+
+from tracer.schema import part_paths
+
+
+def _job(template, tmp_path, ranks=2):
+    """A distributed trace: copies of the template as rank=0, rank=1, ..."""
+    job = tmp_path / "job"
+    for rank in range(ranks):
+        shutil.copytree(template, job / f"rank={rank}")
+    return job
+
+
+@pytest.mark.parametrize("narrow", [False, True])
+def test_a_bad_row_in_rank_0_is_named_before_a_part_of_rank_1_without_a_column(template, tmp_path, capsys,
+                                                                                 monkeypatch, narrow):
+    """rank=0 holds a null id item (found only by reading its rows), a part of rank=1 lacks `inplace` (found from its
+    footers). reports.load reads rank 0's rows before rank 1's footers and names the null item; the SQL engine read
+    every run's footers first and named rank 1's part."""
+    from reports.sql import engine
+
+    monkeypatch.setattr(engine, "SMALL_PARTS", (1, 1 << 40, 1 << 40) if narrow else (1 << 40, 0, 0))
+    job = _job(template, tmp_path)
+    rewrite(part_paths(job / "rank=0")[0], set_cell("input_storage_ids", 3, [None]))
+    rewrite(part_paths(job / "rank=1")[0], lambda t: t.drop_columns(["inplace"]))
+    for extra in ([], ["--json"]):
+        got = _both(capsys, "report", job, *extra)
+        assert got["sql"] == got["pandas"]
+        assert got["sql"] == (2, "", f"optrace report: error: {job / 'rank=0'}: column 'input_storage_ids' holds a "
+                                     "null item at seq 3; expected int64 items\n")  # fmt: skip
+
+
+def test_a_bad_row_in_the_first_trace_is_named_before_a_missing_second_one(template, tmp_path, capsys):
+    """`compare A B` where A holds a null input_shapes cell (a column compare reads for MFU) and B does not exist:
+    reports.load names A's cell, the SQL engine named B."""
+    bad = shutil.copytree(template, tmp_path / "a")
+    rewrite(part_paths(bad)[0], set_cell("input_shapes", 3, None))
+    got = _both(capsys, "compare", bad, tmp_path / "nothing")
+    assert got["sql"] == got["pandas"]
+    assert got["sql"][:2] == (2, "") and got["sql"][2].startswith(f"optrace compare: error: {bad}: column "
+                                                                  "'input_shapes' is null at seq 3")
+
+
+@pytest.mark.parametrize("column", ["inplace", "layout", "start_ns", "comm_bytes"])
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_a_trace_without_a_column_the_command_does_not_read(template, tmp_path, capsys, column, ranks):
+    """Every part of the trace (of rank=1 in a job) lacks `column`. The pandas engine reads only the columns its
+    sections read, so it reports a trace without layout, device or inplace (and a single rank without start_ns,
+    which only the rank figures read) and names the column where it reads it; the SQL engine refused every such trace ("trace lacks
+    column(s) ['inplace']"). It now leaves such a trace to the pandas engine, as it does a v2 trace."""
+    job = _job(template, tmp_path, ranks) if ranks > 1 else shutil.copytree(template, tmp_path / "t")
+    damaged = job / "rank=1" if ranks > 1 else job
+    for part in part_paths(damaged):
+        rewrite(part, lambda t: t.drop_columns([column]))
+    report = _both(capsys, "report", job)
+    compare = _both(capsys, "compare", template, damaged, "--json")
+    assert report["sql"] == report["pandas"] and compare["sql"] == compare["pandas"]
+    read = column == "comm_bytes" or (ranks > 1 and column == "start_ns")  # the job section, the rank figures
+    assert report["sql"][0] == (2 if read else 0) and compare["sql"][0] == 0
+    if read:
+        assert report["sql"][2] == f"optrace report: error: {damaged}: trace lacks column(s) ['{column}']\n"
