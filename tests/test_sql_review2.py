@@ -67,3 +67,21 @@ def test_a_trace_without_a_column_the_command_does_not_read(template, tmp_path, 
     assert report["sql"][0] == (2 if read else 0) and compare["sql"][0] == 0
     if read:
         assert report["sql"][2] == f"optrace report: error: {damaged}: trace lacks column(s) ['{column}']\n"
+
+
+@pytest.mark.parametrize("narrow", [False, True])
+def test_first_run_twice(template, tmp_path, monkeypatch, narrow):
+    """A second Trace.first_run() raised DuckDB's CatalogException (a traceback: schema "first_run" already exists).
+    Both now read run 0 alone (the template's 160 rows, of a job of 2 ranks), the first still open, and the Trace
+    itself still reads every run (USE first_run is the cursor's alone)."""
+    from reports.sql import engine, tables
+    from reports.sql.engine import Trace
+
+    monkeypatch.setattr(engine, "SMALL_PARTS", (1, 1 << 40, 1 << 40) if narrow else (1 << 40, 0, 0))
+    with Trace(_job(template, tmp_path)) as every:
+        one, again = every.first_run(), every.first_run()
+        assert tables.ops(one) == tables.ops(again) == 160
+        assert one.totals["ops"].tolist() == again.totals["ops"].tolist() == [160]
+        assert every.totals["ops"].tolist() == [160, 160]
+        assert every.db.execute("SELECT count(*) FROM rows").fetchone()[0] == 320  # 2 * 160
+        assert one.db.execute("SELECT count(*) FROM rows").fetchone()[0] == 160

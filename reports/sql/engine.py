@@ -200,16 +200,15 @@ class Trace:
         one._phase_steps, one._totals, one.rows_view = None, None, "CREATE VIEW rows AS " + self._first_rows
         one.db, one._spill = self.db.cursor(), None  # the spill directory stays this Trace's
         one.db.execute("SET enable_progress_bar = false")
-        one.db.execute("CREATE SCHEMA first_run")
+        one.db.execute("CREATE SCHEMA IF NOT EXISTS first_run")  # a second first_run() makes the same views again
         one.db.execute("USE first_run")
-        for table in ("_rows", *GRAINS) if self.narrow else GRAINS:
-            one.db.execute(f"CREATE VIEW {table} AS SELECT * FROM main.{table} WHERE run_index = 0")
-        if not self.narrow:
-            one.db.execute(one.rows_view)
-        for statement in source_views("rows", self.narrow, self._null_where):
-            one.db.execute(statement)
-        for view, body in self._views:
-            one.db.execute(f"CREATE VIEW {view} AS {body}")
+        made = [f"CREATE VIEW {table} AS SELECT * FROM main.{table} WHERE run_index = 0"
+               for table in (("_rows", *GRAINS) if self.narrow else GRAINS)]  # fmt: skip
+        made += [] if self.narrow else [one.rows_view]
+        made += [*source_views("rows", self.narrow, self._null_where),
+                 *(f"CREATE VIEW {view} AS {body}" for view, body in self._views)]  # fmt: skip
+        for statement in made:
+            one.db.execute(statement.replace("CREATE VIEW", "CREATE OR REPLACE VIEW", 1))
         one.totals = one.table("run_totals")  # run 0's row, typed as a Trace of run 0 alone types it
         return one
 
