@@ -85,3 +85,45 @@ def test_first_run_twice(template, tmp_path, monkeypatch, narrow):
         assert every.totals["ops"].tolist() == [160, 160]
         assert every.db.execute("SELECT count(*) FROM rows").fetchone()[0] == 320  # 2 * 160
         assert one.db.execute("SELECT count(*) FROM rows").fetchone()[0] == 160
+
+
+def _swapped_columns(table):
+    """`table` with flops and bytes_allocated (both int64) in each other's place, each keeping its name and values."""
+    names = table.column_names
+    a, b = names.index("flops"), names.index("bytes_allocated")
+    names[a], names[b] = names[b], names[a]
+    return table.select(names)
+
+
+def _reversed_columns(table):
+    return table.select(table.column_names[::-1])
+
+
+def _extra_column(table):
+    import pyarrow as pa
+
+    return table.append_column("note", pa.array([1] * len(table), pa.int64()))
+
+
+@pytest.mark.parametrize("narrow", [False, True])
+@pytest.mark.parametrize("change", [_swapped_columns, _reversed_columns, _extra_column])
+def test_a_rank_whose_parts_hold_the_columns_in_another_order(template, tmp_path, capsys, monkeypatch, narrow, change):
+    """rank=1 is a copy of rank=0 whose parts hold the columns in another order (or one more column). reports.load
+    reads columns by name; the SQL engine's `rows` (a UNION ALL of the runs) and its copy of many small parts (INSERT)
+    matched them by position: with flops and bytes_allocated swapped it reported rank 1's bytes as its FLOPs (exit 0,
+    other figures), with the columns reversed or one more it raised DuckDB's BinderException (a traceback)."""
+    import json
+
+    from reports.sql import engine
+
+    monkeypatch.setattr(engine, "SMALL_PARTS", (1, 1 << 40, 1 << 40) if narrow else (1 << 40, 0, 0))
+    job = _job(template, tmp_path)
+    for part in part_paths(job / "rank=1"):
+        rewrite(part, change)
+    for extra in ([], ["--json"]):
+        got = _both(capsys, "report", job, *extra)
+        assert got["sql"] == got["pandas"] and got["sql"][0] == 0
+    got = _both(capsys, "compare", job / "rank=0", job / "rank=1", "--json")
+    assert got["sql"] == got["pandas"] and got["sql"][0] == 0
+    total = [row for row in json.loads(got["sql"][1])["rows"] if row["phase"] == "total"]
+    assert [row["flops_ratio"] for row in total] == [1, 1] and [row["bytes_allocated_ratio"] for row in total] == [1, 1]

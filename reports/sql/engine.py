@@ -153,7 +153,10 @@ class Trace:
         self.db.execute("SET enable_progress_bar = false")  # stdout is the report's
         self._reads = [f"read_parquet([{', '.join(file_literal(f) for f in files)}], hive_partitioning = false"
                        for files in self.files]  # fmt: skip  (closed by the caller: options may follow)
-        selects = [f"SELECT {literal(name)} AS run, {i} AS run_index, * FROM {read})"
+        # the trace's columns by name: UNION ALL and INSERT match columns by position, and a run's parts may hold
+        # them in another order (or hold others), which reports.load, reading them by name, accepts
+        named = ", ".join(f'"{c}"' for c in COLUMN_NAMES)
+        selects = [f"SELECT {literal(name)} AS run, {i} AS run_index, {named} FROM {read})"
                    for i, (name, read) in enumerate(zip(self.runs, self._reads))]  # fmt: skip
         self.rows_view = "CREATE VIEW rows AS " + " UNION ALL ".join(selects)  # what views.sql reads, for another connection
         self.db.execute(self.rows_view)
@@ -163,8 +166,9 @@ class Trace:
         files = sum(len(f) for f in self.files)
         rows = sum(footers.rows.get(f, 0) for fs in self.files for f in fs)
         self.narrow = files >= SMALL_PARTS[0] and rows <= min(SMALL_PARTS[1] * files, SMALL_PARTS[2])
-        batches = [(literal(name), i, f"read_parquet([{', '.join(file_literal(f) for f in fs[k:k + BATCH])}], "
-                    "hive_partitioning = false, filename = true, file_row_number = true)")
+        batches = [(literal(name), i, f"(SELECT {named}, filename, file_row_number FROM read_parquet(["
+                    f"{', '.join(file_literal(f) for f in fs[k:k + BATCH])}], hive_partitioning = false, "
+                    "filename = true, file_row_number = true))")
                    for i, (name, fs) in enumerate(zip(self.runs, self.files)) for k in range(0, len(fs), BATCH)]  # fmt: skip
         nulls = [f"{c} IS NULL" for c in LIST_NOT_NULL if c in self.columns]
         nulls += [f"list_count({c}) < len({c})" for c in ITEMS_NOT_NULL if c in self.columns]  # a null item
