@@ -65,8 +65,8 @@ _GLOB = re.compile(r"([*?\[])")
 
 
 class Unsupported(ReportError):
-    """A trace the SQL engine does not read (a v1 or v2 trace: columns its views need are missing; a part's path
-    with a backslash and [, * or ?)."""
+    """A trace the SQL engine does not read (a v1 or v2 trace, or any trace lacking a column its views read: the
+    pandas engine reads only its sections' columns; a part's path with a backslash and [, * or ?)."""
 
 
 def statements(path=VIEWS_SQL):
@@ -117,26 +117,33 @@ class Trace:
         self.runs, self.ranks, self.paths, self.files, self._phase_steps, self._totals = {}, [], [], [], None, None
         self._reference_columns = columns
         footers, refused = _IdFooters(), set()
-        for path, rank in runs_with_ranks(paths):
-            try:  # the values from the parts' statistics too (all but storage ids), each footer read once
-                meta = read_run(path, footers, unread=COLUMN_NAMES)
-            except ReportError:
-                meta = read_run(path, _IdFooters())  # a damaged trace raises here, in reports.load's words
-                refused.add(path)  # else a value the statistics refuse: the reference loader says which
-            name = run_name(path, rank, meta, self.runs)
-            if meta["schema_version"] < SCHEMA_VERSION:
-                raise Unsupported(f"{path}: a v{meta['schema_version']} trace; the SQL engine reads v{SCHEMA_VERSION}")
-            self.runs[name] = meta
-            self.ranks.append(rank if rank is not None else meta.get("rank"))
-            self.paths.append(path)
-            self.files.append(list_parts(path))
-            if any("\\" in f and _GLOB.search(f) for f in map(os.path.abspath, self.files[-1])):
-                raise Unsupported(f"{path}: a backslash and a glob character in a part's path, which DuckDB's glob "
-                                  "cannot be told to read literally")  # the pandas engine reads it
-            present = footer(self.files[-1][0], footers).schema.to_arrow_schema().names
-            missing = [c for c in COLUMN_NAMES if c not in present]
-            if missing:  # reports.load's words
-                raise ReportError(f"{path}: trace lacks column(s) {missing}")
+        try:
+            for path, rank in runs_with_ranks(paths):
+                try:  # the values from the parts' statistics too (all but storage ids), each footer read once
+                    meta = read_run(path, footers, unread=COLUMN_NAMES)
+                except ReportError:
+                    meta = read_run(path, _IdFooters())  # a damaged trace raises here, in reports.load's words
+                    refused.add(path)  # else a value the statistics refuse: the reference loader says which
+                name = run_name(path, rank, meta, self.runs)
+                if meta["schema_version"] < SCHEMA_VERSION:
+                    raise Unsupported(f"{path}: a v{meta['schema_version']} trace; the SQL engine reads v{SCHEMA_VERSION}")
+                self.runs[name] = meta
+                self.ranks.append(rank if rank is not None else meta.get("rank"))
+                self.paths.append(path)
+                self.files.append(list_parts(path))
+                if any("\\" in f and _GLOB.search(f) for f in map(os.path.abspath, self.files[-1])):
+                    raise Unsupported(f"{path}: a backslash and a glob character in a part's path, which DuckDB's glob "
+                                      "cannot be told to read literally")  # the pandas engine reads it
+                present = footer(self.files[-1][0], footers).schema.to_arrow_schema().names
+                missing = [c for c in COLUMN_NAMES if c not in present]
+                if missing:  # the pandas engine reads it: refused in reports.load's words, or read when it reads none
+                    raise Unsupported(f"{path}: trace lacks column(s) {missing}")
+        except Unsupported:
+            raise
+        except ReportError:  # a run that cannot be read: reports.load checks the rows of the runs before it first
+            for earlier in self.paths:
+                self._reference_check(earlier)
+            raise
         # DuckDB spills a query larger than its memory limit to temp_directory, by default `.tmp` in the working
         # directory: a report must not write where the user runs it, so the spill goes to a directory of its own
         # under the system's temporary directory (made by DuckDB only when it spills, removed at close)
@@ -146,7 +153,10 @@ class Trace:
         self.db.execute("SET enable_progress_bar = false")  # stdout is the report's
         self._reads = [f"read_parquet([{', '.join(file_literal(f) for f in files)}], hive_partitioning = false"
                        for files in self.files]  # fmt: skip  (closed by the caller: options may follow)
-        selects = [f"SELECT {literal(name)} AS run, {i} AS run_index, * FROM {read})"
+        # the trace's columns by name: UNION ALL and INSERT match columns by position, and a run's parts may hold
+        # them in another order (or hold others), which reports.load, reading them by name, accepts
+        named = ", ".join(f'"{c}"' for c in COLUMN_NAMES)
+        selects = [f"SELECT {literal(name)} AS run, {i} AS run_index, {named} FROM {read})"
                    for i, (name, read) in enumerate(zip(self.runs, self._reads))]  # fmt: skip
         self.rows_view = "CREATE VIEW rows AS " + " UNION ALL ".join(selects)  # what views.sql reads, for another connection
         self.db.execute(self.rows_view)
@@ -156,8 +166,9 @@ class Trace:
         files = sum(len(f) for f in self.files)
         rows = sum(footers.rows.get(f, 0) for fs in self.files for f in fs)
         self.narrow = files >= SMALL_PARTS[0] and rows <= min(SMALL_PARTS[1] * files, SMALL_PARTS[2])
-        batches = [(literal(name), i, f"read_parquet([{', '.join(file_literal(f) for f in fs[k:k + BATCH])}], "
-                    "hive_partitioning = false, filename = true, file_row_number = true)")
+        batches = [(literal(name), i, f"(SELECT {named}, filename, file_row_number FROM read_parquet(["
+                    f"{', '.join(file_literal(f) for f in fs[k:k + BATCH])}], hive_partitioning = false, "
+                    "filename = true, file_row_number = true))")
                    for i, (name, fs) in enumerate(zip(self.runs, self.files)) for k in range(0, len(fs), BATCH)]  # fmt: skip
         nulls = [f"{c} IS NULL" for c in LIST_NOT_NULL if c in self.columns]
         nulls += [f"list_count({c}) < len({c})" for c in ITEMS_NOT_NULL if c in self.columns]  # a null item
@@ -193,16 +204,15 @@ class Trace:
         one._phase_steps, one._totals, one.rows_view = None, None, "CREATE VIEW rows AS " + self._first_rows
         one.db, one._spill = self.db.cursor(), None  # the spill directory stays this Trace's
         one.db.execute("SET enable_progress_bar = false")
-        one.db.execute("CREATE SCHEMA first_run")
+        one.db.execute("CREATE SCHEMA IF NOT EXISTS first_run")  # a second first_run() makes the same views again
         one.db.execute("USE first_run")
-        for table in ("_rows", *GRAINS) if self.narrow else GRAINS:
-            one.db.execute(f"CREATE VIEW {table} AS SELECT * FROM main.{table} WHERE run_index = 0")
-        if not self.narrow:
-            one.db.execute(one.rows_view)
-        for statement in source_views("rows", self.narrow, self._null_where):
-            one.db.execute(statement)
-        for view, body in self._views:
-            one.db.execute(f"CREATE VIEW {view} AS {body}")
+        made = [f"CREATE VIEW {table} AS SELECT * FROM main.{table} WHERE run_index = 0"
+               for table in (("_rows", *GRAINS) if self.narrow else GRAINS)]  # fmt: skip
+        made += [] if self.narrow else [one.rows_view]
+        made += [*source_views("rows", self.narrow, self._null_where),
+                 *(f"CREATE VIEW {view} AS {body}" for view, body in self._views)]  # fmt: skip
+        for statement in made:
+            one.db.execute(statement.replace("CREATE VIEW", "CREATE OR REPLACE VIEW", 1))
         one.totals = one.table("run_totals")  # run 0's row, typed as a Trace of run 0 alone types it
         return one
 
