@@ -5,7 +5,9 @@ the trace, then pauses the tracer (its dispatch mode and hooks come off). Every 
 step costs a clock read at its end (the device synchronised first when the step ran on a
 GPU) and two module hooks that note what the step ran: the shapes and dtypes of every
 tensor in the root module's inputs (positional and keyword, nested in lists, tuples and
-dicts), and the modules called, in the order of their first call, with their call counts.
+dicts) and whether grad mode was on at each root call (an evaluation step runs no backward),
+and the modules called, in the order of their first call, with their call counts (a module
+outside the model by its class: a loss module made anew each step is the same work).
 A step whose signature was traced before reuses that trace's FLOPs; a step with a new signature (a new batch or
 sequence length, a branch taken only sometimes) gets no FLOPs and the next step is traced
 again, once per new signature (a step of that signature seen before its trace gets the
@@ -33,6 +35,7 @@ costs about 40 bytes a step), and at close.
 """
 
 import atexit
+import operator
 import sys
 import threading
 import time
@@ -62,6 +65,19 @@ def _sync_for(device):
     if cuda_in_use():  # the model is on another device, but the step queued CUDA work
         return sync_all_cuda
     return None
+
+
+def _token_count(tokens):
+    """`step(tokens=)` as an int: an int, a numpy integer or a 0-d integer tensor (`mask.sum()`)."""
+    try:
+        count = None if isinstance(tokens, bool) else operator.index(tokens)
+    except TypeError:
+        count = None
+    if count is None or count < 0:
+        given = (f"a tensor of shape {tuple(tokens.shape)} and dtype {tokens.dtype}"
+                 if isinstance(tokens, torch.Tensor) and tokens.dim() else repr(tokens))
+        raise TraceError(f"Meter.step: tokens must be an int >= 0 (this step's tokens) or None, got {given}")
+    return count
 
 
 def _ratio(num, den):
@@ -103,7 +119,8 @@ class Meter:
         self._steps = {"step": [], "step_time_s": [], "tokens": [], "trace": [], "traced": [], "scale": []}
         self.max_traces, self._traced_steps = max_traces, 0
         self._pending = {}  # signature -> steps that ran with it before its trace
-        self._calls, self._inputs = {}, []  # id(module) -> calls this step; the root's input signatures
+        self._calls, self._inputs = {}, []  # module key -> calls this step; the root's input signatures
+        self._grads, self._inside = [], set()  # grad mode at each root call; id() of the root's modules
         self._next_write, self._closed, self._sync, self._use_sync = _FIRST_WRITE_S, False, None, sync
         self._handles = []
         self._install_hooks()
@@ -127,17 +144,20 @@ class Meter:
     def _seen(self, module, args):
         if threading.get_ident() != self._thread:
             return
-        key = id(module)
-        self._calls[key] = self._calls.get(key, 0) + 1
         if self._root is None:  # no model=: the first module called is the root; its hook runs for this call too
             self._root = module
             self._hook_root()
+        key = id(module)
+        if key not in self._inside:  # outside the model (ids of dead modules come back): by its class
+            key = type(module)
+        self._calls[key] = self._calls.get(key, 0) + 1
 
     def _root_inputs(self, module, args, kwargs, output):
         """The root's forward hook (after its forward: one registered in a pre-hook runs for the same call)."""
         if threading.get_ident() == self._thread:
             try:
                 self._inputs.append(signature(args, kwargs))
+                self._grads.append(torch.is_grad_enabled())
             except Exception as exc:  # an input pytree cannot walk: the step keeps the signature it has
                 self._failed(exc)
 
@@ -163,6 +183,7 @@ class Meter:
                 self._failed(exc)
         self._calls.clear()
         self._inputs.clear()
+        self._grads.clear()
         self._began = self._clock()
 
     def step(self, tokens=None):
@@ -170,6 +191,8 @@ class Meter:
         hardware_flops, mfu, hfu} (None where unknown). `tokens` overrides tokens= for this step."""
         if self._closed:
             return None
+        if tokens is not None:
+            tokens = _token_count(tokens)
         now = self._clock()
         try:
             return self._end_step(now - self._began, tokens if tokens is not None else self.tokens, now)
@@ -179,6 +202,7 @@ class Meter:
         finally:  # the next step starts now (after a trace or a table write: once that work is done)
             self._calls.clear()
             self._inputs.clear()
+            self._grads.clear()
             self._began = self._clock() if self._reclock else now
             self._reclock = False
 
@@ -188,7 +212,7 @@ class Meter:
             warn(f"optrace: meter: could not meter a step ({type(exc).__name__}: {exc}); the program runs on")
 
     def _end_step(self, seconds, tokens, now):
-        ran = (tuple(self._inputs), tuple(self._calls), tuple(self._calls.values()))  # modules in first-call order
+        ran = (tuple(self._inputs), tuple(self._calls), tuple(self._calls.values()), tuple(self._grads))  # first-call order
         index = len(self._steps["step"])
         traced, scale = self._tracing, None
         self._reclock = traced
@@ -322,6 +346,7 @@ class Meter:
             self._hook_root()
 
     def _hook_root(self):
+        self._inside = {id(m) for m in self._root.modules()}
         self._handles.append(self._root.register_forward_hook(self._root_inputs, with_kwargs=True))
 
     def _remove_hooks(self):

@@ -119,3 +119,8 @@ if _pl is not None:  # tests/test_meter.py runs it against a stand-in lightning.
         def on_train_end(self, trainer, pl_module):
             if self.meter is not None:
                 self.meter.close()
+
+        def on_exception(self, trainer, pl_module, exception):
+            """A step raised (Ctrl-C included; Lightning then skips on_train_end): the trace closes incomplete."""
+            if self.meter is not None:
+                self.meter.close(exception)

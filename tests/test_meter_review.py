@@ -1,0 +1,169 @@
+"""Review of tracer.meter.Meter: steps whose work changed where the signature did not look, step(tokens=) given
+as a tensor, and the Lightning callback after an exception in the step."""
+
+import sys
+import types
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.modules.module as module_hooks
+import torch.optim.optimizer as optimizer_hooks
+from torch import nn
+
+import reports
+import tracer
+from tracer import meter as meter_module
+from tracer.errors import TraceError
+from tracer.meter import Meter
+
+PEAK = 1e9  # FLOP/s, given
+
+
+class Net(nn.Module):
+    """x [B, 8] -> fc1 [8 -> 16] -> relu -> fc2 [16 -> 4], no biases (tests/test_meter.py's Net without its branch)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(8, 16, bias=False)
+        self.fc2 = nn.Linear(16, 4, bias=False)
+
+    def forward(self, x):
+        return self.fc2(torch.relu(self.fc1(x)))
+
+
+class SquareSum(nn.Module):
+    """A loss module outside the model."""
+
+    def forward(self, x):
+        return x.square().sum()
+
+
+# A training step at B = 2 (x needs no gradient; loss = out.square().sum(); SGD):
+#   forward   fc1 2·2·8·16 = 512, relu 2·16 = 32, fc2 2·2·16·4 = 256, square 8, sum 8: 816
+#   backward  square's grad 3·8 = 24, fc2 dW and dx 2·(2·2·16·4) = 512, relu grad 32, fc1 dW 512: 1080
+#   model 816 + 1080 = 1896; optimizer add_ 8·16 + 16·4 = 192; hardware 2088
+TRAIN_MODEL, TRAIN_HARDWARE = 1896, 2088
+
+
+def _leftovers():
+    """Global module and optimizer hooks and dispatch modes in place."""
+    return (len(module_hooks._global_forward_pre_hooks), len(module_hooks._global_forward_hooks),
+            len(optimizer_hooks._global_optimizer_pre_hooks), len(optimizer_hooks._global_optimizer_post_hooks),
+            torch._C._len_torch_dispatch_stack())  # fmt: skip
+
+
+def test_an_evaluation_step_under_no_grad_does_not_reuse_the_training_step_s_flops(tmp_path):
+    """Steps 2 and 3 evaluate (no_grad, same batch shape, same modules): they ran a forward only, not the
+    training step's forward, backward and optimizer."""
+    torch.manual_seed(0)
+    net = Net()
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    m = Meter(tmp_path / "eval", model=net, tokens=2, peak_flops=PEAK)
+    found = []
+    for evaluating in (False, False, True, True, False):
+        x = torch.randn(2, 8)
+        if evaluating:
+            with torch.no_grad():
+                net(x).square().sum()
+        else:
+            net(x).square().sum().backward()
+            opt.step()
+            opt.zero_grad()
+        found.append(m.step())
+    m.close()
+    assert [f["traced"] for f in found] == [True, False, False, True, False]
+    # evaluation: model FLOPs are the modules' forward, fc1 512 + relu 32 + fc2 256 = 800; hardware adds the
+    # square and sum outside any module under no_grad (phase other): 800 + 8 + 8 = 816
+    assert [f["model_flops"] for f in found] == [TRAIN_MODEL, TRAIN_MODEL, None, 800, TRAIN_MODEL]
+    assert [f["hardware_flops"] for f in found] == [TRAIN_HARDWARE, TRAIN_HARDWARE, None, 816, TRAIN_HARDWARE]
+    assert reports.meter(tmp_path / "eval")["model_flops"].tolist() == [1896, 1896, 800, 800, 1896]
+
+
+def test_a_loss_module_made_anew_every_step_is_the_same_work(tmp_path):
+    """`SquareSum()(out)` builds a new module object each step (the old ones kept alive: each has its own id).
+    The step's work is the same, so one trace serves every step, as with F.* or one loss module."""
+    torch.manual_seed(0)
+    net = Net()
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    m = Meter(tmp_path / "loss", model=net, tokens=2, peak_flops=PEAK, max_traces=2)
+    made, found = [], []
+    for _ in range(5):
+        made.append(SquareSum())
+        made[-1](net(torch.randn(2, 8))).backward()
+        opt.step()
+        opt.zero_grad()
+        found.append(m.step())
+    m.close()
+    assert [f["traced"] for f in found] == [True, False, False, False, False]
+    assert [f["model_flops"] for f in found] == [TRAIN_MODEL] * 5  # the loss's square and sum: forward, in a module
+    assert [f["hardware_flops"] for f in found] == [TRAIN_HARDWARE] * 5
+    assert [f["flops_estimated"] for f in found] == [False] * 5
+
+
+@pytest.mark.parametrize("given", [torch.tensor(6), np.int64(6)], ids=["tensor", "numpy"])
+def test_step_tokens_given_as_a_tensor_or_numpy_int_are_an_int(tmp_path, given):
+    """step(tokens=mask.sum()): a 0-d integer tensor (or a numpy int) is that many tokens."""
+    torch.manual_seed(0)
+    net = Net()
+    m = Meter(tmp_path / "tok", model=net, tokens=2, peak_flops=PEAK)
+    found = []
+    for _ in range(3):
+        net(torch.randn(2, 8)).sum().backward()
+        net.zero_grad()
+        found.append(m.step(tokens=given))
+    m.close()
+    assert [type(f["tokens"]) for f in found] == [int] * 3 and [f["tokens"] for f in found] == [6] * 3
+    assert all(type(f["tokens_per_s"]) is float and f["tokens_per_s"] == 6 / f["step_time_s"] for f in found[1:])
+    table = reports.meter(tmp_path / "tok")  # the table in the trace stays readable
+    assert table["tokens"].tolist() == [6, 6, 6]
+    assert table["tokens_per_s"].tolist()[1:] == [f["tokens_per_s"] for f in found[1:]]
+
+
+def test_step_tokens_that_are_no_count_are_one_line(tmp_path):
+    m = Meter(tmp_path / "bad", model=Net())
+    try:
+        with pytest.raises(TraceError, match=r"Meter.step: tokens must be an int >= 0 \(this step's tokens\) or None, got 4.5$"):
+            m.step(tokens=4.5)
+        with pytest.raises(TraceError, match=r"got -1$"):
+            m.step(tokens=-1)
+        with pytest.raises(TraceError, match=r"got a tensor of shape \(2,\) and dtype torch.int64$"):
+            m.step(tokens=torch.tensor([1, 2]))
+        assert m.step(tokens=3)["tokens"] == 3  # a bad call ended no step
+    finally:
+        m.close()
+    assert tracer.read_metadata(tmp_path / "bad")["meter"]["steps"]["step"] == [0]
+
+
+def test_lightning_callback_closes_the_meter_when_the_step_raises(tmp_path, monkeypatch):
+    """Lightning calls `on_exception`, not `on_train_end`, when a step raises (Ctrl-C included): the meter must
+    come off then, not stay with its hooks and, in a traced step, the tracer's dispatch mode."""
+    import importlib.util
+
+    class Callback:  # Lightning's base: every hook a no-op
+        def on_exception(self, trainer, pl_module, exception):
+            pass
+
+    fake = types.ModuleType("lightning.pytorch")
+    fake.Callback = Callback
+    monkeypatch.setitem(sys.modules, "lightning", types.ModuleType("lightning"))
+    monkeypatch.setitem(sys.modules, "lightning.pytorch", fake)
+    path = meter_module.__file__.replace("meter.py", "meter_callbacks.py")
+    spec = importlib.util.spec_from_file_location("meter_callbacks_review", path)
+    callbacks = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(callbacks)
+
+    before = _leftovers()
+    torch.manual_seed(0)
+    net = Net()
+    trainer = types.SimpleNamespace(accumulate_grad_batches=1)
+    cb = callbacks.LightningMeter(tmp_path / "pl", tokens=2, peak_flops=PEAK)
+    cb.on_train_start(trainer, net)
+    cb.on_train_batch_start(trainer, net, None, 0)
+    net(torch.randn(2, 8))
+    assert _leftovers() != before  # the first step is traced: hooks and the mode are in place
+    error = KeyboardInterrupt()
+    cb.on_exception(trainer, net, error)  # as Lightning's _call_and_handle_interrupt does
+    assert _leftovers() == before
+    meta = tracer.read_metadata(tmp_path / "pl")
+    assert meta["complete"] is False and meta["error"] == "KeyboardInterrupt: "
