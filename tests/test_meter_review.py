@@ -10,6 +10,8 @@ import torch
 import torch.nn.modules.module as module_hooks
 import torch.optim.optimizer as optimizer_hooks
 from torch import nn
+from torch.utils import _python_dispatch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import reports
 import tracer
@@ -18,6 +20,8 @@ from tracer.errors import TraceError
 from tracer.meter import Meter
 
 PEAK = 1e9  # FLOP/s, given
+_FLAGS = ("_is_in_torch_dispatch_mode", "_is_in_non_infra_torch_dispatch_mode",
+          "_is_in_any_mode_without_ignore_compile_internals")  # fmt: skip
 
 
 class Net(nn.Module):
@@ -167,3 +171,54 @@ def test_lightning_callback_closes_the_meter_when_the_step_raises(tmp_path, monk
     assert _leftovers() == before
     meta = tracer.read_metadata(tmp_path / "pl")
     assert meta["complete"] is False and meta["error"] == "KeyboardInterrupt: "
+
+
+class _CountOps(TorchDispatchMode):
+    """A user's own dispatch mode: counts the ops it sees."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _counted_steps(path, batches):
+    """Train Net under a _CountOps entered after the Meter (path None: no Meter): (ops the mode saw per step, figures)."""
+    torch.manual_seed(0)
+    net = Net()
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    xs = [torch.randn(b, 8) for b in batches]
+    m = Meter(path, model=net, tokens=2, peak_flops=PEAK) if path is not None else None
+    seen, found = [], []
+    with _CountOps() as counter:  # across the meter's step boundaries: pauses and a re-trace inside the block
+        for x in xs:
+            before = counter.ops
+            net(x).square().sum().backward()
+            opt.step()
+            opt.zero_grad()
+            seen.append(counter.ops - before)
+            found.append(m.step() if m is not None else None)
+    stack = [type(torch._C._get_dispatch_stack_at(i)).__name__ for i in range(torch._C._len_torch_dispatch_stack())]
+    if m is not None:
+        m.close()
+    return seen, found, stack
+
+
+def test_a_user_s_dispatch_mode_entered_after_the_meter_stays_on(tmp_path):
+    """The meter pauses its tracer at step boundaries, which do not nest with the user's `with` blocks: taking the
+    top of the mode stack off there took the user's mode off (it stopped counting) and left the tracer's recording."""
+    before = _leftovers()
+    plain, _, _ = _counted_steps(None, [2, 2, 3, 3, 4])
+    seen, found, stack = _counted_steps(tmp_path / "modes", [2, 2, 3, 3, 4])
+    assert seen == plain and min(plain) > 0  # the user's mode saw every op of every step, as without a meter
+    assert stack == ["_TraceMode"]  # the block left with a trace begun (step 4 is new): the user's mode came off
+    assert [f["traced"] for f in found] == [True, False, False, True, False]
+    # 948 · 2, 948 · 3 (tests/test_meter.py); step 4's batch of 4 never traced: estimated at close, not here
+    assert [f["model_flops"] for f in found] == [1896, 1896, None, 2844, None]
+    assert reports.load(tmp_path / "modes")["step"].nunique() == 2  # the two traced steps' rows, no other
+    assert _leftovers() == before
+    # torch's "in a dispatch mode" flags are off again, as before (the user's mode had kept its enter-time True)
+    assert [getattr(_python_dispatch, name) for name in _FLAGS] == [False] * 3

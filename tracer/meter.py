@@ -47,6 +47,7 @@ from torch.nn.modules.module import register_module_forward_pre_hook
 from tracer.device import cuda_in_use, sync_all_cuda
 from tracer.errors import TraceError
 from tracer.meter_flops import READ, input_size, signature, step_flops
+from tracer.meter_modes import depth_of, lifted_above
 from tracer.mode import Tracer
 from tracer.peaks import lookup, normalize_dtype
 from tracer.safety import warn
@@ -129,11 +130,12 @@ class Meter:
         except BaseException:
             self._remove_hooks()
             raise
+        self._depth = depth_of(self._tracer._mode)  # where the tracer's mode goes back on at a re-trace
         self.warmup = warmup
         self._tracing, self._reclock, self._trace_failures = True, False, 0
         self._first_seq = self._next_seq()  # the traced step's rows: from here to the pause
         if warmup:  # the first steps run untraced (compilation, autotuning, lazy state): timed, FLOPs from a later trace
-            self._tracer._pause()
+            self._pause_tracer()
             self._tracing = False
             self._sync = _sync_for(self._tracer._device) if sync else None
         self._begins = self._retrace = False  # begin() has been called; a trace waits for the next begin()
@@ -281,13 +283,27 @@ class Meter:
 
     def _resume(self):
         self._first_seq = self._next_seq()
-        self._tracer._resume()
+        self._resume_tracer()
+
+    # the tracer's mode off and on at its own place in the stack (tracer/meter_modes.py) -----------------
+    def _pause_tracer(self):
+        with self._lifted():
+            self._tracer._pause()
+
+    def _resume_tracer(self):
+        with lifted_above(self._depth if self._depth is not None else torch._C._len_torch_dispatch_stack()):
+            self._tracer._resume()
+
+    def _lifted(self):
+        """The modes above the tracer's lifted, so that taking the top of the stack off takes the tracer's."""
+        depth = depth_of(self._tracer._mode)
+        return lifted_above(depth + 1 if depth is not None else torch._C._len_torch_dispatch_stack())
 
     def _read_trace(self):
         """Pause the tracer after a traced step and read that step's FLOPs back from its parts."""
         tr = self._tracer
         tr._meta["meter"] = self.table()
-        tr._pause()
+        self._pause_tracer()
         self._tracing = False
         self._sync = _sync_for(tr._device) if self._use_sync else None
         # by seq, not step: a step that ran nothing leaves the tracer's step number where it was
@@ -367,9 +383,10 @@ class Meter:
             self._estimate_pending()
             tr._meta["meter"] = self.table()
             if not self._tracing:
-                tr._resume()
+                self._resume_tracer()
         finally:
-            tr.__exit__(type(exc) if exc is not None else None, exc, None)
+            with self._lifted():
+                tr.__exit__(type(exc) if exc is not None else None, exc, None)
 
     def _at_exit(self):
         """Close at the interpreter's exit; after an unhandled exception (Python sets sys.last_exc, before 3.12
