@@ -127,7 +127,8 @@ def test_step_tokens_given_as_a_tensor_or_numpy_int_are_an_int(tmp_path, given):
 def test_step_tokens_that_are_no_count_are_one_line(tmp_path):
     m = Meter(tmp_path / "bad", model=Net())
     try:
-        with pytest.raises(TraceError, match=r"Meter.step: tokens must be an int >= 0 \(this step's tokens\) or None, got 4.5$"):
+        expected = r"Meter.step: tokens must be an int >= 0 \(this step's tokens\) or None, got 4.5$"
+        with pytest.raises(TraceError, match=expected):
             m.step(tokens=4.5)
         with pytest.raises(TraceError, match=r"got -1$"):
             m.step(tokens=-1)
@@ -186,7 +187,7 @@ class _CountOps(TorchDispatchMode):
 
 
 def _counted_steps(path, batches):
-    """Train Net under a _CountOps entered after the Meter (path None: no Meter): (ops the mode saw per step, figures)."""
+    """Train Net under a _CountOps entered after the Meter (path None: no Meter): (ops it saw per step, figures, stack)."""
     torch.manual_seed(0)
     net = Net()
     opt = torch.optim.SGD(net.parameters(), lr=0.1)
@@ -222,3 +223,60 @@ def test_a_user_s_dispatch_mode_entered_after_the_meter_stays_on(tmp_path):
     assert _leftovers() == before
     # torch's "in a dispatch mode" flags are off again, as before (the user's mode had kept its enter-time True)
     assert [getattr(_python_dispatch, name) for name in _FLAGS] == [False] * 3
+
+
+def test_hf_callback_after_a_run_that_raised_starts_anew(tmp_path):
+    """Trainer calls no callback when a step raises: the next `trainer.train()` (a notebook's retry) began a second
+    Meter while the first was open, and Meter raised TraceError ('another Tracer is already active') into it."""
+    pytest.importorskip("transformers")
+    from transformers.trainer_callback import CallbackHandler, TrainerControl, TrainerState
+
+    from tracer.meter_callbacks import MeterCallback
+
+    before = _leftovers()
+    torch.manual_seed(0)
+    net = Net()
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    callback = MeterCallback(tmp_path / "hf", tokens=2, peak_flops=PEAK)
+    handler = CallbackHandler([callback], net, None, opt, None)
+    args, state, control = None, TrainerState(), TrainerControl()
+    control = handler.on_train_begin(args, state, control)
+    control = handler.on_step_begin(args, state, control)
+    with pytest.raises(RuntimeError, match="a bad batch"):
+        net(torch.randn(2, 8))
+        raise RuntimeError("a bad batch")  # Trainer.train raises out; on_train_end never runs
+    control = handler.on_train_begin(args, state, control)  # train() again
+    for _ in range(2):
+        control = handler.on_step_begin(args, state, control)
+        net(torch.randn(2, 8)).square().sum().backward()
+        opt.step()
+        opt.zero_grad()
+        control = handler.on_step_end(args, state, control)
+    handler.on_train_end(args, state, control)
+    assert _leftovers() == before
+    meta = tracer.read_metadata(tmp_path / "hf")  # the second run's trace, written over the first
+    assert meta["complete"] is True
+    assert reports.meter(tmp_path / "hf")["model_flops"].tolist() == [TRAIN_MODEL] * 2  # 1896: 948 · 2
+
+
+_UNKNOWN = {"step": None, "traced": False, "step_time_s": None, "tokens": None, "tokens_per_s": None,
+            "model_flops": None, "hardware_flops": None, "flops_estimated": False, "mfu": None, "hfu": None}
+
+
+def test_step_gives_figures_after_close_and_when_the_meter_fails(tmp_path, monkeypatch):
+    """step() returned None there, so `meter.step()["mfu"]` raised TypeError into the loop."""
+    net = Net()
+    m = Meter(tmp_path / "after", model=net, peak_flops=PEAK)
+    net(torch.ones(2, 8)).sum().backward()
+
+    def broken(*args):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(Meter, "_end_step", broken)
+    with pytest.warns(UserWarning, match="meter: could not meter a step"):
+        assert m.step() == _UNKNOWN
+    assert m.errors == 1
+    monkeypatch.undo()
+    m.close()
+    m.close()  # twice: nothing more
+    assert m.step() == _UNKNOWN and m.begin() is None

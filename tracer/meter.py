@@ -35,7 +35,6 @@ costs about 40 bytes a step), and at close.
 """
 
 import atexit
-import operator
 import sys
 import threading
 import time
@@ -46,7 +45,7 @@ from torch.nn.modules.module import register_module_forward_pre_hook
 
 from tracer.device import cuda_in_use, sync_all_cuda
 from tracer.errors import TraceError
-from tracer.meter_flops import READ, input_size, signature, step_flops
+from tracer.meter_flops import READ, input_size, signature, step_flops, token_count
 from tracer.meter_modes import depth_of, lifted_above
 from tracer.mode import Tracer
 from tracer.peaks import lookup, normalize_dtype
@@ -59,6 +58,10 @@ _MAX_TRACE_FAILURES = 3  # traced steps whose FLOPs could not be read before the
 _FIRST_WRITE_S = 60.0  # the table is written 60 s into the run, then each time the run has doubled its age
 
 
+_UNKNOWN = {"step": None, "traced": False, "step_time_s": None, "tokens": None, "tokens_per_s": None,  # step() after
+            "model_flops": None, "hardware_flops": None, "flops_estimated": False, "mfu": None, "hfu": None}  # close, failed
+
+
 def _sync_for(device):
     """The function that waits for the work queued on `device` before a clock read, or None."""
     if device is not None and device.type == "cuda":
@@ -66,19 +69,6 @@ def _sync_for(device):
     if cuda_in_use():  # the model is on another device, but the step queued CUDA work
         return sync_all_cuda
     return None
-
-
-def _token_count(tokens):
-    """`step(tokens=)` as an int: an int, a numpy integer or a 0-d integer tensor (`mask.sum()`)."""
-    try:
-        count = None if isinstance(tokens, bool) else operator.index(tokens)
-    except TypeError:
-        count = None
-    if count is None or count < 0:
-        given = (f"a tensor of shape {tuple(tokens.shape)} and dtype {tokens.dtype}"
-                 if isinstance(tokens, torch.Tensor) and tokens.dim() else repr(tokens))
-        raise TraceError(f"Meter.step: tokens must be an int >= 0 (this step's tokens) or None, got {given}")
-    return count
 
 
 def _ratio(num, den):
@@ -190,17 +180,18 @@ class Meter:
 
     def step(self, tokens=None):
         """End a step: returns {step, traced, step_time_s, tokens, tokens_per_s, model_flops,
-        hardware_flops, mfu, hfu} (None where unknown). `tokens` overrides tokens= for this step."""
+        hardware_flops, mfu, hfu} (None where unknown: all of them after close() or when the meter failed).
+        `tokens` overrides tokens= for this step."""
         if self._closed:
-            return None
+            return dict(_UNKNOWN)
         if tokens is not None:
-            tokens = _token_count(tokens)
+            tokens = token_count(tokens)
         now = self._clock()
         try:
             return self._end_step(now - self._began, tokens if tokens is not None else self.tokens, now)
         except Exception as exc:
             self._failed(exc)
-            return None
+            return dict(_UNKNOWN)
         finally:  # the next step starts now (after a trace or a table write: once that work is done)
             self._calls.clear()
             self._inputs.clear()
@@ -214,7 +205,8 @@ class Meter:
             warn(f"optrace: meter: could not meter a step ({type(exc).__name__}: {exc}); the program runs on")
 
     def _end_step(self, seconds, tokens, now):
-        ran = (tuple(self._inputs), tuple(self._calls), tuple(self._calls.values()), tuple(self._grads))  # first-call order
+        calls = self._calls  # modules in first-call order
+        ran = (tuple(self._inputs), tuple(calls), tuple(calls.values()), tuple(self._grads))
         index = len(self._steps["step"])
         traced, scale = self._tracing, None
         self._reclock = traced

@@ -13,6 +13,7 @@ step, whose time is traced time).
 
 import importlib
 
+from tracer.errors import TraceError
 from tracer.meter import Meter
 
 __all__ = ["MeterCallback", "logged"]
@@ -49,6 +50,8 @@ class MeterCallback(_TrainerCallback):
         self.meter, self._figures, self._seen = None, None, None
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
+        if self.meter is not None:  # the last run raised in a step (Trainer then calls no callback): it ends here
+            self.meter.close(TraceError("MeterCallback: the training run stopped before on_train_end"))
         self.meter = Meter(self.path, model=model, tokens=self.tokens, **self.meter_kwargs)
 
     def on_step_begin(self, args, state, control, **kwargs):

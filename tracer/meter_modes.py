@@ -16,9 +16,11 @@ from torch.utils import _python_dispatch
 __all__ = ["depth_of", "lifted_above"]
 
 # torch's "in a dispatch mode" flags, and the attribute in which each mode keeps their values from before its enter
-_FLAGS = (("_is_in_torch_dispatch_mode", "old_dispatch_mode_flags"),
-          ("_is_in_non_infra_torch_dispatch_mode", "old_non_infra_dispatch_mode_flags"),
-          ("_is_in_any_mode_without_ignore_compile_internals", "old_without_ignore_compile_internals_dispatch_mode_flags"))  # fmt: skip
+_FLAGS = (
+    ("_is_in_torch_dispatch_mode", "old_dispatch_mode_flags"),
+    ("_is_in_non_infra_torch_dispatch_mode", "old_non_infra_dispatch_mode_flags"),
+    ("_is_in_any_mode_without_ignore_compile_internals", "old_without_ignore_compile_internals_dispatch_mode_flags"),
+)
 
 
 def depth_of(mode):
