@@ -280,3 +280,66 @@ def test_step_gives_figures_after_close_and_when_the_meter_fails(tmp_path, monke
     m.close()
     m.close()  # twice: nothing more
     assert m.step() == _UNKNOWN and m.begin() is None
+
+
+def test_a_step_begun_again_is_traced_from_the_last_begin(tmp_path):
+    """begin() twice with no step() between (an attempt abandoned: a batch skipped after an error): the step's time
+    runs from the last begin(), and so must its traced FLOPs; the abandoned forward was counted in them."""
+    torch.manual_seed(0)
+    net = Net()
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    m = Meter(tmp_path / "again", model=net, tokens=2, peak_flops=PEAK)
+    found = []
+    for attempts in (2, 1, 1):
+        for attempt in range(attempts):
+            m.begin()
+            out = net(torch.randn(2, 8))
+            if attempt + 1 < attempts:
+                continue  # abandoned: forward 512 + 32 + 256 = 800 FLOPs that no step() ends
+            out.square().sum().backward()
+            opt.step()
+            opt.zero_grad()
+            found.append(m.step())
+    m.close()
+    assert [f["traced"] for f in found] == [True, False, False]
+    assert [f["model_flops"] for f in found] == [TRAIN_MODEL] * 3  # 1896, not 1896 + 800
+    assert [f["hardware_flops"] for f in found] == [TRAIN_HARDWARE] * 3
+
+
+def test_lightning_callback_meters_the_short_step_at_an_epoch_s_end(tmp_path, monkeypatch):
+    """5 batches an epoch, 2 accumulated: Lightning steps the optimizer after batches 1, 3 and 4 (the last batch
+    ends the epoch's accumulation). The step of batch 4 was never ended: it ran into the next epoch's first step."""
+    import importlib.util
+
+    fake = types.ModuleType("lightning.pytorch")
+    fake.Callback = object
+    monkeypatch.setitem(sys.modules, "lightning", types.ModuleType("lightning"))
+    monkeypatch.setitem(sys.modules, "lightning.pytorch", fake)
+    path = meter_module.__file__.replace("meter.py", "meter_callbacks.py")
+    spec = importlib.util.spec_from_file_location("meter_callbacks_review_epoch", path)
+    callbacks = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(callbacks)
+
+    torch.manual_seed(0)
+    net = Net()
+    net.log_dict = lambda values, **kwargs: None
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    trainer = types.SimpleNamespace(accumulate_grad_batches=2, is_last_batch=False)
+    cb = callbacks.LightningMeter(tmp_path / "pl", tokens=4, peak_flops=PEAK)
+    cb.on_train_start(trainer, net)
+    for _epoch in range(2):
+        for i in range(5):
+            trainer.is_last_batch = i == 4
+            cb.on_train_batch_start(trainer, net, None, i)
+            net(torch.randn(2, 8)).square().sum().backward()
+            if i % 2 or i == 4:
+                opt.step()
+                opt.zero_grad()
+            cb.on_train_batch_end(trainer, net, None, None, i)
+    cb.on_train_end(trainer, net)
+    table = reports.meter(tmp_path / "pl")
+    assert table["step"].tolist() == [0, 1, 2, 3, 4, 5]  # 3 optimizer steps an epoch
+    # two micro-batches: 2 · 1896 + the second's gradients added into the first's 8·16 + 16·4 = 3984; batch 4's step
+    # alone (1896) is a new signature, and the step after it, of two micro-batches, is what gets traced: unknown
+    assert table["model_flops"].tolist()[:2] == [3984, 3984] and table["model_flops"].tolist()[3:5] == [3984, 3984]
+    assert table["model_flops"].isna().tolist() == [False, False, True, False, False, True]

@@ -166,6 +166,8 @@ class Meter:
         if self._closed:
             return
         self._begins = True
+        if self._tracing:  # begun again with no step() since (an attempt abandoned): its FLOPs from here, as its time
+            self._first_seq = self._next_seq()
         if self._retrace:  # a step traced from here: what ran between steps stays out of its FLOPs
             self._retrace = False
             try:

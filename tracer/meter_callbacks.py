@@ -106,8 +106,9 @@ if _pl is not None:  # tests/test_meter.py runs it against a stand-in lightning.
         def on_train_start(self, trainer, pl_module):
             self.meter = Meter(self.path, model=pl_module, tokens=self.tokens, **self.meter_kwargs)
 
-        def _boundary(self, trainer, batch_idx):
-            return (batch_idx + 1) % max(1, getattr(trainer, "accumulate_grad_batches", 1)) == 0
+        def _boundary(self, trainer, batch_idx):  # the optimizer steps: each accumulate_grad_batches, and at an epoch's end
+            every = max(1, getattr(trainer, "accumulate_grad_batches", 1))
+            return (batch_idx + 1) % every == 0 or bool(getattr(trainer, "is_last_batch", False))
 
         def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
             if self.meter is not None and batch_idx % max(1, getattr(trainer, "accumulate_grad_batches", 1)) == 0:
