@@ -343,3 +343,42 @@ def test_lightning_callback_meters_the_short_step_at_an_epoch_s_end(tmp_path, mo
     # alone (1896) is a new signature, and the step after it, of two micro-batches, is what gets traced: unknown
     assert table["model_flops"].tolist()[:2] == [3984, 3984] and table["model_flops"].tolist()[3:5] == [3984, 3984]
     assert table["model_flops"].isna().tolist() == [False, False, True, False, False, True]
+
+
+def _stand_in_lightning(monkeypatch, name):
+    """tracer/meter_callbacks.py loaded against a stand-in `lightning.pytorch` (Lightning is not installed here)."""
+    import importlib.util
+
+    fake = types.ModuleType("lightning.pytorch")
+    fake.Callback = object
+    monkeypatch.setitem(sys.modules, "lightning", types.ModuleType("lightning"))
+    monkeypatch.setitem(sys.modules, "lightning.pytorch", fake)
+    spec = importlib.util.spec_from_file_location(name, meter_module.__file__.replace("meter.py", "meter_callbacks.py"))
+    callbacks = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(callbacks)
+    return callbacks
+
+
+def test_lightning_callback_sees_a_batch_change_when_forward_is_never_called(tmp_path, monkeypatch):
+    """Lightning runs `training_step(batch, batch_idx)`; a module whose step calls its submodules (self.fc1(x), as
+    Lightning's own examples do) never calls its forward, so the root's inputs were never seen: a smaller batch kept
+    the first trace's FLOPs."""
+    callbacks = _stand_in_lightning(monkeypatch, "meter_callbacks_review_batch")
+    torch.manual_seed(0)
+    net = Net()
+    net.log_dict = lambda values, **kwargs: None
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    trainer = types.SimpleNamespace(accumulate_grad_batches=1)
+    cb = callbacks.LightningMeter(tmp_path / "pl", tokens=2, peak_flops=PEAK)
+    cb.on_train_start(trainer, net)
+    for i, b in enumerate((2, 2, 3, 3)):
+        batch = torch.randn(b, 8)
+        cb.on_train_batch_start(trainer, net, batch, i)
+        net.fc2(torch.relu(net.fc1(batch))).square().sum().backward()  # training_step: no net(batch)
+        opt.step()
+        opt.zero_grad()
+        cb.on_train_batch_end(trainer, net, None, batch, i)
+    cb.on_train_end(trainer, net)
+    table = reports.meter(tmp_path / "pl")
+    assert table["traced"].tolist() == [True, False, False, True]
+    assert table["model_flops"].tolist() == [1896, 1896, 2844, 2844]  # 948 · 2, 948 · 3 (step 2 from step 3's trace)

@@ -46,7 +46,7 @@ from torch.nn.modules.module import register_module_forward_pre_hook
 from tracer.device import cuda_in_use, sync_all_cuda
 from tracer.errors import TraceError
 from tracer.meter_flops import READ, input_size, signature, step_flops, token_count
-from tracer.meter_modes import depth_of, lifted_above
+from tracer.meter_modes import depth_of, lifted_above, lifted_over
 from tracer.mode import Tracer
 from tracer.peaks import lookup, normalize_dtype
 from tracer.safety import warn
@@ -152,6 +152,12 @@ class Meter:
                 self._grads.append(torch.is_grad_enabled())
             except Exception as exc:  # an input pytree cannot walk: the step keeps the signature it has
                 self._failed(exc)
+
+    def _note_inputs(self, *args, **kwargs):
+        """Add these inputs to the step's signature as the root's are (tracer/meter_callbacks.py: the batch Lightning
+        hands to training_step, which need not call the root's forward)."""
+        if not self._closed:
+            self._root_inputs(None, args, kwargs, None)
 
     # the step boundary ------------------------------------------------------------------
     def _clock(self):
@@ -281,17 +287,12 @@ class Meter:
 
     # the tracer's mode off and on at its own place in the stack (tracer/meter_modes.py) -----------------
     def _pause_tracer(self):
-        with self._lifted():
+        with lifted_over(self._tracer._mode):
             self._tracer._pause()
 
     def _resume_tracer(self):
-        with lifted_above(self._depth if self._depth is not None else torch._C._len_torch_dispatch_stack()):
+        with lifted_above(self._depth):
             self._tracer._resume()
-
-    def _lifted(self):
-        """The modes above the tracer's lifted, so that taking the top of the stack off takes the tracer's."""
-        depth = depth_of(self._tracer._mode)
-        return lifted_above(depth + 1 if depth is not None else torch._C._len_torch_dispatch_stack())
 
     def _read_trace(self):
         """Pause the tracer after a traced step and read that step's FLOPs back from its parts."""
@@ -379,7 +380,7 @@ class Meter:
             if not self._tracing:
                 self._resume_tracer()
         finally:
-            with self._lifted():
+            with lifted_over(tr._mode):
                 tr.__exit__(type(exc) if exc is not None else None, exc, None)
 
     def _at_exit(self):

@@ -111,8 +111,11 @@ if _pl is not None:  # tests/test_meter.py runs it against a stand-in lightning.
             return (batch_idx + 1) % every == 0 or bool(getattr(trainer, "is_last_batch", False))
 
         def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
-            if self.meter is not None and batch_idx % max(1, getattr(trainer, "accumulate_grad_batches", 1)) == 0:
+            if self.meter is None:
+                return
+            if batch_idx % max(1, getattr(trainer, "accumulate_grad_batches", 1)) == 0:
                 self.meter.begin()
+            self.meter._note_inputs(batch)  # training_step(batch) need not call the module's forward
 
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
             if self.meter is not None and self._boundary(trainer, batch_idx):

@@ -13,7 +13,7 @@ import contextlib
 import torch
 from torch.utils import _python_dispatch
 
-__all__ = ["depth_of", "lifted_above"]
+__all__ = ["depth_of", "lifted_above", "lifted_over"]
 
 # torch's "in a dispatch mode" flags, and the attribute in which each mode keeps their values from before its enter
 _FLAGS = (
@@ -31,15 +31,22 @@ def depth_of(mode):
     return None
 
 
+def lifted_over(mode):
+    """`lifted_above` for the modes over `mode`, so that taking the top of the stack off takes `mode`; none lifted
+    when `mode` is not on the stack."""
+    depth = depth_of(mode)
+    return lifted_above(None if depth is None else depth + 1)
+
+
 @contextlib.contextmanager
 def lifted_above(depth):
-    """The modes at stack positions >= `depth` come off for the block and go back on after it, in their order.
+    """The modes at stack positions >= `depth` (None: none) come off for the block and go back on after it, in their order.
     The block enters or exits the tracer's mode beneath them: each lifted mode's record of the flags before its
     enter and the flags themselves are then set as if the modes had been entered in their new order, so that the
     flags are right once the lifted modes exit (torch.compile and inductor read them)."""
     lifted = []
     try:
-        while torch._C._len_torch_dispatch_stack() > depth:
+        while depth is not None and torch._C._len_torch_dispatch_stack() > depth:
             lifted.append(torch._C._pop_torch_dispatch_stack(None))
         if lifted:  # the flags of the modes left below, kept by the lowest lifted one: what the block starts from
             _set_flags([(getattr(lifted[-1], kept, None) or [None])[-1] for _, kept in _FLAGS])
