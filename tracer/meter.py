@@ -5,7 +5,9 @@ the trace, then pauses the tracer (its dispatch mode and hooks come off). Every 
 step costs a clock read at its end (the device synchronised first when the step ran on a
 GPU) and two module hooks that note what the step ran: the shapes and dtypes of every
 tensor in the root module's inputs (positional and keyword, nested in lists, tuples and
-dicts), and the modules called, in the order of their first call, with their call counts.
+dicts) and whether grad mode was on at each root call (an evaluation step runs no backward),
+and the modules called, in the order of their first call, with their call counts (a module
+outside the model by its class: a loss module made anew each step is the same work).
 A step whose signature was traced before reuses that trace's FLOPs; a step with a new signature (a new batch or
 sequence length, a branch taken only sometimes) gets no FLOPs and the next step is traced
 again, once per new signature (a step of that signature seen before its trace gets the
@@ -43,7 +45,8 @@ from torch.nn.modules.module import register_module_forward_pre_hook
 
 from tracer.device import cuda_in_use, sync_all_cuda
 from tracer.errors import TraceError
-from tracer.meter_flops import READ, input_size, signature, step_flops
+from tracer.meter_flops import READ, input_size, signature, step_flops, token_count
+from tracer.meter_modes import depth_of, lifted_above, lifted_over
 from tracer.mode import Tracer
 from tracer.peaks import lookup, normalize_dtype
 from tracer.safety import warn
@@ -53,6 +56,10 @@ __all__ = ["Meter"]
 
 _MAX_TRACE_FAILURES = 3  # traced steps whose FLOPs could not be read before the meter stops re-tracing
 _FIRST_WRITE_S = 60.0  # the table is written 60 s into the run, then each time the run has doubled its age
+
+
+_UNKNOWN = {"step": None, "traced": False, "step_time_s": None, "tokens": None, "tokens_per_s": None,  # step() after
+            "model_flops": None, "hardware_flops": None, "flops_estimated": False, "mfu": None, "hfu": None}  # close, failed
 
 
 def _sync_for(device):
@@ -103,7 +110,8 @@ class Meter:
         self._steps = {"step": [], "step_time_s": [], "tokens": [], "trace": [], "traced": [], "scale": []}
         self.max_traces, self._traced_steps = max_traces, 0
         self._pending = {}  # signature -> steps that ran with it before its trace
-        self._calls, self._inputs = {}, []  # id(module) -> calls this step; the root's input signatures
+        self._calls, self._inputs = {}, []  # module key -> calls this step; the root's input signatures
+        self._grads, self._inside = [], set()  # grad mode at each root call; id() of the root's modules
         self._next_write, self._closed, self._sync, self._use_sync = _FIRST_WRITE_S, False, None, sync
         self._handles = []
         self._install_hooks()
@@ -112,11 +120,12 @@ class Meter:
         except BaseException:
             self._remove_hooks()
             raise
+        self._depth = depth_of(self._tracer._mode)  # where the tracer's mode goes back on at a re-trace
         self.warmup = warmup
         self._tracing, self._reclock, self._trace_failures = True, False, 0
         self._first_seq = self._next_seq()  # the traced step's rows: from here to the pause
         if warmup:  # the first steps run untraced (compilation, autotuning, lazy state): timed, FLOPs from a later trace
-            self._tracer._pause()
+            self._pause_tracer()
             self._tracing = False
             self._sync = _sync_for(self._tracer._device) if sync else None
         self._begins = self._retrace = False  # begin() has been called; a trace waits for the next begin()
@@ -127,19 +136,28 @@ class Meter:
     def _seen(self, module, args):
         if threading.get_ident() != self._thread:
             return
-        key = id(module)
-        self._calls[key] = self._calls.get(key, 0) + 1
         if self._root is None:  # no model=: the first module called is the root; its hook runs for this call too
             self._root = module
             self._hook_root()
+        key = id(module)
+        if key not in self._inside:  # outside the model (ids of dead modules come back): by its class
+            key = type(module)
+        self._calls[key] = self._calls.get(key, 0) + 1
 
     def _root_inputs(self, module, args, kwargs, output):
         """The root's forward hook (after its forward: one registered in a pre-hook runs for the same call)."""
         if threading.get_ident() == self._thread:
             try:
                 self._inputs.append(signature(args, kwargs))
+                self._grads.append(torch.is_grad_enabled())
             except Exception as exc:  # an input pytree cannot walk: the step keeps the signature it has
                 self._failed(exc)
+
+    def _note_inputs(self, *args, **kwargs):
+        """Add these inputs to the step's signature as the root's are (tracer/meter_callbacks.py: the batch Lightning
+        hands to training_step, which need not call the root's forward)."""
+        if not self._closed:
+            self._root_inputs(None, args, kwargs, None)
 
     # the step boundary ------------------------------------------------------------------
     def _clock(self):
@@ -154,6 +172,8 @@ class Meter:
         if self._closed:
             return
         self._begins = True
+        if self._tracing:  # begun again with no step() since (an attempt abandoned): its FLOPs from here, as its time
+            self._first_seq = self._next_seq()
         if self._retrace:  # a step traced from here: what ran between steps stays out of its FLOPs
             self._retrace = False
             try:
@@ -163,22 +183,27 @@ class Meter:
                 self._failed(exc)
         self._calls.clear()
         self._inputs.clear()
+        self._grads.clear()
         self._began = self._clock()
 
     def step(self, tokens=None):
         """End a step: returns {step, traced, step_time_s, tokens, tokens_per_s, model_flops,
-        hardware_flops, mfu, hfu} (None where unknown). `tokens` overrides tokens= for this step."""
+        hardware_flops, mfu, hfu} (None where unknown: all of them after close() or when the meter failed).
+        `tokens` overrides tokens= for this step."""
         if self._closed:
-            return None
+            return dict(_UNKNOWN)
+        if tokens is not None:
+            tokens = token_count(tokens)
         now = self._clock()
         try:
             return self._end_step(now - self._began, tokens if tokens is not None else self.tokens, now)
         except Exception as exc:
             self._failed(exc)
-            return None
+            return dict(_UNKNOWN)
         finally:  # the next step starts now (after a trace or a table write: once that work is done)
             self._calls.clear()
             self._inputs.clear()
+            self._grads.clear()
             self._began = self._clock() if self._reclock else now
             self._reclock = False
 
@@ -188,7 +213,8 @@ class Meter:
             warn(f"optrace: meter: could not meter a step ({type(exc).__name__}: {exc}); the program runs on")
 
     def _end_step(self, seconds, tokens, now):
-        ran = (tuple(self._inputs), tuple(self._calls), tuple(self._calls.values()))  # modules in first-call order
+        calls = self._calls  # modules in first-call order
+        ran = (tuple(self._inputs), tuple(calls), tuple(calls.values()), tuple(self._grads))
         index = len(self._steps["step"])
         traced, scale = self._tracing, None
         self._reclock = traced
@@ -257,13 +283,22 @@ class Meter:
 
     def _resume(self):
         self._first_seq = self._next_seq()
-        self._tracer._resume()
+        self._resume_tracer()
+
+    # the tracer's mode off and on at its own place in the stack (tracer/meter_modes.py) -----------------
+    def _pause_tracer(self):
+        with lifted_over(self._tracer._mode):
+            self._tracer._pause()
+
+    def _resume_tracer(self):
+        with lifted_above(self._depth):
+            self._tracer._resume()
 
     def _read_trace(self):
         """Pause the tracer after a traced step and read that step's FLOPs back from its parts."""
         tr = self._tracer
         tr._meta["meter"] = self.table()
-        tr._pause()
+        self._pause_tracer()
         self._tracing = False
         self._sync = _sync_for(tr._device) if self._use_sync else None
         # by seq, not step: a step that ran nothing leaves the tracer's step number where it was
@@ -322,6 +357,7 @@ class Meter:
             self._hook_root()
 
     def _hook_root(self):
+        self._inside = {id(m) for m in self._root.modules()}
         self._handles.append(self._root.register_forward_hook(self._root_inputs, with_kwargs=True))
 
     def _remove_hooks(self):
@@ -342,9 +378,10 @@ class Meter:
             self._estimate_pending()
             tr._meta["meter"] = self.table()
             if not self._tracing:
-                tr._resume()
+                self._resume_tracer()
         finally:
-            tr.__exit__(type(exc) if exc is not None else None, exc, None)
+            with lifted_over(tr._mode):
+                tr.__exit__(type(exc) if exc is not None else None, exc, None)
 
     def _at_exit(self):
         """Close at the interpreter's exit; after an unhandled exception (Python sets sys.last_exc, before 3.12

@@ -13,6 +13,7 @@ step, whose time is traced time).
 
 import importlib
 
+from tracer.errors import TraceError
 from tracer.meter import Meter
 
 __all__ = ["MeterCallback", "logged"]
@@ -49,6 +50,8 @@ class MeterCallback(_TrainerCallback):
         self.meter, self._figures, self._seen = None, None, None
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
+        if self.meter is not None:  # the last run raised in a step (Trainer then calls no callback): it ends here
+            self.meter.close(TraceError("MeterCallback: the training run stopped before on_train_end"))
         self.meter = Meter(self.path, model=model, tokens=self.tokens, **self.meter_kwargs)
 
     def on_step_begin(self, args, state, control, **kwargs):
@@ -103,12 +106,16 @@ if _pl is not None:  # tests/test_meter.py runs it against a stand-in lightning.
         def on_train_start(self, trainer, pl_module):
             self.meter = Meter(self.path, model=pl_module, tokens=self.tokens, **self.meter_kwargs)
 
-        def _boundary(self, trainer, batch_idx):
-            return (batch_idx + 1) % max(1, getattr(trainer, "accumulate_grad_batches", 1)) == 0
+        def _boundary(self, trainer, batch_idx):  # the optimizer steps: each accumulate_grad_batches, and at an epoch's end
+            every = max(1, getattr(trainer, "accumulate_grad_batches", 1))
+            return (batch_idx + 1) % every == 0 or bool(getattr(trainer, "is_last_batch", False))
 
         def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
-            if self.meter is not None and batch_idx % max(1, getattr(trainer, "accumulate_grad_batches", 1)) == 0:
+            if self.meter is None:
+                return
+            if batch_idx % max(1, getattr(trainer, "accumulate_grad_batches", 1)) == 0:
                 self.meter.begin()
+            self.meter._note_inputs(batch)  # training_step(batch) need not call the module's forward
 
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
             if self.meter is not None and self._boundary(trainer, batch_idx):
@@ -119,3 +126,8 @@ if _pl is not None:  # tests/test_meter.py runs it against a stand-in lightning.
         def on_train_end(self, trainer, pl_module):
             if self.meter is not None:
                 self.meter.close()
+
+        def on_exception(self, trainer, pl_module, exception):
+            """A step raised (Ctrl-C included; Lightning then skips on_train_end): the trace closes incomplete."""
+            if self.meter is not None:
+                self.meter.close(exception)

@@ -1,16 +1,18 @@
 """What a metered step ran and what a traced step cost (tracer/meter.py): the signature of a step's inputs,
-their size, and the FLOPs of a traced step read back from its rows by tracer/rules.py's rules."""
+their size, its tokens, and the FLOPs of a traced step read back from its rows by tracer/rules.py's rules."""
 
 import math
+import operator
 from collections.abc import Mapping
 
 import numpy as np
 import torch
 from torch.utils._pytree import tree_leaves
 
+from tracer.errors import TraceError
 from tracer.rules import DTYPE_KINDS, carrying_dtype, dtype_rows, score_share, skipped_input
 
-__all__ = ["READ", "input_size", "signature", "step_flops"]
+__all__ = ["READ", "input_size", "signature", "step_flops", "token_count"]
 
 _SCALARS = (int, float, str, type(None))  # inputs that hold no tensor
 READ = ["step", "op", "phase", "flops", "flop_kind", "recompute", "input_shapes", "input_dtypes"]  # what step_flops reads
@@ -67,3 +69,16 @@ def input_size(inputs):
             elements += math.prod(shape)
             form.append((len(shape), dtype))
     return elements, tuple(form)
+
+
+def token_count(tokens):
+    """`step(tokens=)` as an int: an int, a numpy integer or a 0-d integer tensor (`mask.sum()`)."""
+    try:
+        count = None if isinstance(tokens, bool) else operator.index(tokens)
+    except TypeError:
+        count = None
+    if count is None or count < 0:
+        given = (f"a tensor of shape {tuple(tokens.shape)} and dtype {tokens.dtype}"
+                 if isinstance(tokens, torch.Tensor) and tokens.dim() else repr(tokens))
+        raise TraceError(f"Meter.step: tokens must be an int >= 0 (this step's tokens) or None, got {given}")
+    return count
