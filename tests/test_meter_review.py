@@ -134,6 +134,8 @@ def test_step_tokens_that_are_no_count_are_one_line(tmp_path):
             m.step(tokens=-1)
         with pytest.raises(TraceError, match=r"got a tensor of shape \(2,\) and dtype torch.int64$"):
             m.step(tokens=torch.tensor([1, 2]))
+        with pytest.raises(TraceError, match=r"got tensor\(\.\.\., device='meta', size=\(\), dtype=torch.int64\)$"):
+            m.step(tokens=torch.tensor(3, device="meta"))  # no value to read: one line, not torch's error
         assert m.step(tokens=3)["tokens"] == 3  # a bad call ended no step
     finally:
         m.close()

@@ -75,7 +75,7 @@ def token_count(tokens):
     """`step(tokens=)` as an int: an int, a numpy integer or a 0-d integer tensor (`mask.sum()`)."""
     try:
         count = None if isinstance(tokens, bool) else operator.index(tokens)
-    except TypeError:
+    except Exception:  # not an integer; a tensor without data (meta, fake) raises its own error
         count = None
     if count is None or count < 0:
         given = (f"a tensor of shape {tuple(tokens.shape)} and dtype {tokens.dtype}"
