@@ -145,20 +145,12 @@ def test_step_tokens_that_are_no_count_are_one_line(tmp_path):
 def test_lightning_callback_closes_the_meter_when_the_step_raises(tmp_path, monkeypatch):
     """Lightning calls `on_exception`, not `on_train_end`, when a step raises (Ctrl-C included): the meter must
     come off then, not stay with its hooks and, in a traced step, the tracer's dispatch mode."""
-    import importlib.util
 
     class Callback:  # Lightning's base: every hook a no-op
         def on_exception(self, trainer, pl_module, exception):
             pass
 
-    fake = types.ModuleType("lightning.pytorch")
-    fake.Callback = Callback
-    monkeypatch.setitem(sys.modules, "lightning", types.ModuleType("lightning"))
-    monkeypatch.setitem(sys.modules, "lightning.pytorch", fake)
-    path = meter_module.__file__.replace("meter.py", "meter_callbacks.py")
-    spec = importlib.util.spec_from_file_location("meter_callbacks_review", path)
-    callbacks = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(callbacks)
+    callbacks = _stand_in_lightning(monkeypatch, "meter_callbacks_review", base=Callback)
 
     before = _leftovers()
     torch.manual_seed(0)
@@ -311,16 +303,7 @@ def test_a_step_begun_again_is_traced_from_the_last_begin(tmp_path):
 def test_lightning_callback_meters_the_short_step_at_an_epoch_s_end(tmp_path, monkeypatch):
     """5 batches an epoch, 2 accumulated: Lightning steps the optimizer after batches 1, 3 and 4 (the last batch
     ends the epoch's accumulation). The step of batch 4 was never ended: it ran into the next epoch's first step."""
-    import importlib.util
-
-    fake = types.ModuleType("lightning.pytorch")
-    fake.Callback = object
-    monkeypatch.setitem(sys.modules, "lightning", types.ModuleType("lightning"))
-    monkeypatch.setitem(sys.modules, "lightning.pytorch", fake)
-    path = meter_module.__file__.replace("meter.py", "meter_callbacks.py")
-    spec = importlib.util.spec_from_file_location("meter_callbacks_review_epoch", path)
-    callbacks = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(callbacks)
+    callbacks = _stand_in_lightning(monkeypatch, "meter_callbacks_review_epoch")
 
     torch.manual_seed(0)
     net = Net()
@@ -347,12 +330,13 @@ def test_lightning_callback_meters_the_short_step_at_an_epoch_s_end(tmp_path, mo
     assert table["model_flops"].isna().tolist() == [False, False, True, False, False, True]
 
 
-def _stand_in_lightning(monkeypatch, name):
-    """tracer/meter_callbacks.py loaded against a stand-in `lightning.pytorch` (Lightning is not installed here)."""
+def _stand_in_lightning(monkeypatch, name, base=object):
+    """tracer/meter_callbacks.py loaded against a stand-in `lightning.pytorch` whose Callback is `base` (Lightning is
+    not installed here)."""
     import importlib.util
 
     fake = types.ModuleType("lightning.pytorch")
-    fake.Callback = object
+    fake.Callback = base
     monkeypatch.setitem(sys.modules, "lightning", types.ModuleType("lightning"))
     monkeypatch.setitem(sys.modules, "lightning.pytorch", fake)
     spec = importlib.util.spec_from_file_location(name, meter_module.__file__.replace("meter.py", "meter_callbacks.py"))
