@@ -19,7 +19,10 @@ holds for ops whose outputs have a batch dimension. It does not hold for a chang
 sequence length (attention's memory is not linear in it), of world size (the shards
 change) or of the checkpointing policy (what is saved changes): those need a re-trace.
 The peak may move to another op as k changes; taking the maximum over every op of the
-trace follows it.
+trace follows it. Optimizer state stays from step to step, so it counts at its largest
+size in the trace at every op: a trace of a fresh optimizer's first step (AdamW makes its
+state in that opt.step(), after the backward) would otherwise peak without the state that
+every later step's forward and backward hold (`optimizer_state_added_bytes` at the peak).
 
 The largest micro-batch b = floor(k_max x traced batch), k_max the largest k with
 total(k) <= the device's memory: min over ops with scaled bytes of
@@ -40,11 +43,14 @@ SCALED = ("activations", "temporaries", "inputs")
 
 
 def _split(df):
-    """Per op of the (one-run) trace: (fixed bytes, scaled bytes), int64 arrays, and the live bytes."""
+    """Per op of the (one-run) trace: (fixed bytes, scaled bytes, optimizer state added), int64
+    arrays, and the timeline; the optimizer state at its largest at every op (module docstring)."""
     t = timeline(df)
     scaled = sum(t[f"{c}_bytes"].to_numpy(np.int64) for c in SCALED)
     fixed = sum(t[f"{c}_bytes"].to_numpy(np.int64) for c in CATEGORIES if c not in SCALED)
-    return fixed, scaled, t
+    state = t["optimizer_state_bytes"].to_numpy(np.int64)
+    added = state.max() - state if len(state) else state
+    return fixed + added, scaled, added, t
 
 
 def traced_batch(df, meta):
@@ -82,7 +88,7 @@ def _fragmentation(meta, assumed):
 def fit(df, meta, memory_bytes, assumptions, batch, micro_batch=None, process_groups=1):
     """The memory figures of a plan, as a dict (see the module docstring); `batch` is the traced
     micro-batch, `micro_batch` the one planned (default: the traced one)."""
-    fixed, scaled, t = _split(df)
+    fixed, scaled, added, t = _split(df)
     context, _ = assumptions["cuda_context_bytes"]
     nccl = assumptions["nccl_buffer_bytes"][0] * process_groups
     frag, frag_source = _fragmentation(meta, assumptions["fragmentation"])
@@ -95,6 +101,7 @@ def fit(df, meta, memory_bytes, assumptions, batch, micro_batch=None, process_gr
         "peak_bytes_per_rank": peak,
         "peak_fixed_bytes": float(fixed[at]) if len(live) else 0.0,
         "peak_scaled_bytes": float(k * scaled[at]) if len(live) else 0.0,
+        "optimizer_state_added_bytes": int(added[at]) if len(live) else 0,
         "peak_seq": int(t["seq"].iloc[at]) if len(live) else None,
         "peak_phase": str(t["phase"].iloc[at]) if len(live) else None,
         "fragmentation": frag, "fragmentation_source": frag_source,

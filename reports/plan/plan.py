@@ -174,6 +174,9 @@ def _plan_run(rows, meta, gpu, gpus_per_node, micro_batch, batch, overlap, table
                      process_groups=max(1, len(meta.get("process_groups") or [])) if world > 1 else 0)
     if memory is None:
         notes.append("the CPU's memory size is not in the trace: fits is N/A")
+    if memory_fit["optimizer_state_added_bytes"]:
+        notes.append(f"optimizer state made during the trace ({memory_fit['optimizer_state_added_bytes']:,} bytes at "
+                     "the peak) counted as live from the first op: it stays from step to step")
     sources["fragmentation"] = memory_fit["fragmentation_source"]
     a["fragmentation"] = memory_fit["fragmentation"]
 
