@@ -41,3 +41,16 @@ def test_a_first_step_trace_plans_the_optimizer_state_a_steady_step_holds(jobs):
         assert row["required_bytes"] == pytest.approx(1.1 * 102_424 + 2**30 + 2**28, rel=1e-12)
     notes = reports.plan(one, "H100").attrs["plan"][one["run"].iloc[0]]["notes"]
     assert any("optimizer state made during the trace (16,400 bytes at the peak)" in n for n in notes)
+
+
+@pytest.mark.parametrize("world", [3, 48])  # 64 rows do not divide by 3 or 48: shards of 22 and 2 rows
+def test_the_traced_batch_of_an_fsdp2_job_is_its_input_not_the_all_gather_buffer(tmp_path, world):
+    """Without a mixed-precision cast, the first 2-d tensor a forward op reads that is not a parameter
+    was FSDP2's all-gather output viewed as [W, rows x 64] (split_with_sizes_copy): the plan took W
+    for the batch, so max_micro_batch and any planned micro-batch were off by 8 / W (at W = 8, by luck,
+    none). The batch is x's leading size, 8 sequences (the Linear's rows)."""
+    df = reports.load(simulate(tmp_path / "job", world, steps=1))
+    row = reports.plan(df, "H100").iloc[0]
+    assert row["batch"] == 8 and row["tokens_per_step"] == 8
+    # twice the traced batch: 16 sequences, 2 x 8 = 16 tokens per step
+    assert reports.plan(df, "H100", micro_batch=16).iloc[0]["tokens_per_step"] == 16

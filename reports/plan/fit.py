@@ -56,8 +56,10 @@ def _split(df):
 def traced_batch(df, meta):
     """(sequences per rank in the trace, how it was found): the leading size of the first
     embedding's indices, else of the first input of the first forward op that reads no parameter
-    first (a Linear's input x, not its weight)."""
+    first (a Linear's input x, not its weight; nor FSDP2's unsharded parameters or the all-gather
+    buffer it views as [world size, shard]: no storage of fixed size, reports/plan/ops.py)."""
     from reports.loading.columns import cell_objects
+    from reports.plan.ops import fixed_storages
 
     forward = np.flatnonzero((df["phase"] == "forward").to_numpy())
     if not len(forward):
@@ -68,7 +70,7 @@ def traced_batch(df, meta):
         shapes = cell_objects(df, "input_shapes", embedding[:1])[0]
         if len(shapes) > 1 and len(shapes[1]) >= 1:
             return int(shapes[1][0]), "the leading size of the first embedding's indices"
-    weights = {p.get("storage_id") for p in (meta.get("parameters") or {}).values()}
+    weights = set(fixed_storages(df, meta).tolist())
     head = forward[:256]
     for shapes, ids in zip(cell_objects(df, "input_shapes", head), cell_objects(df, "input_storage_ids", head)):
         if shapes is not None and len(shapes) and len(shapes[0]) >= 2 and int(ids[0]) not in weights:

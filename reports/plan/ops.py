@@ -47,7 +47,7 @@ from reports.memory.lifetimes import dtype_sizes
 from reports.memory.resizes import collective_storages
 from reports.tables import row_dtype_codes
 
-__all__ = ["CLASSES", "calibrate", "fixed_bytes", "price"]
+__all__ = ["CLASSES", "calibrate", "fixed_bytes", "fixed_storages", "price"]
 
 CLASSES = ("matmul", "attention", "vector", "memory")
 _MATMUL = ("matmul", "conv")
@@ -76,6 +76,11 @@ def _fixed_ids(rows, meta, ins, outs):
     ids += [i for role in ("gradient", "optimizer_state", "external_parameter") for i in roles.get(role) or ()]
     known = np.asarray([int(i) for i in ids if i is not None], dtype=np.int64)
     return np.union1d(known, collective_storages(rows, *ins, *outs))
+
+
+def fixed_storages(rows, meta):
+    """Ids (int64 array) of the storages whose size does not grow with the micro-batch."""
+    return _fixed_ids(rows, meta, _explode(rows, "input_storage_ids"), _explode(rows, "output_storage_ids"))
 
 
 def fixed_bytes(rows, meta):
