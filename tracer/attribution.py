@@ -31,8 +31,8 @@ Phase rules, checked in this order:
   forward    inside a module's forward (also in a closure `Optimizer.step` calls)
   optimizer  inside `Optimizer.step`, but for the next rule in a closure
   forward    outside any module, an op that builds the autograd graph (grad mode
-             on, an input requires grad, a floating output): the loss of every
-             micro-batch
+             on, an input requires grad, a floating output, not `detach`): the loss
+             of every micro-batch
   optimizer  outside any module, after this step's backward, an op that writes a
              parameter in place (a hand-written update, a Lookahead wrapper's slow
              weights after its inner step): it also ends the iteration when no
@@ -116,13 +116,15 @@ _TASKS_KEPT = 64  # engine runs remembered (their grad mode); nested runs are fe
 FORWARD, BACKWARD, OPTIMIZER, OTHER = Phase.FORWARD, Phase.BACKWARD, Phase.OPTIMIZER, Phase.OTHER
 NOT_RECOMPUTE, RECOMPUTE = 0, 1
 _SCALE_UPDATE = "aten._amp_update_scale_"  # GradScaler.update(): it runs whether or not the step was skipped
+# its input may require grad, its output never does: `loss.detach()` logged after the optimizer is no forward work
+_DETACH = "aten.detach.default"
 
 
-def _builds_graph(ins, outs):
+def _builds_graph(ins, outs, info=None):
     """Whether an op's output joins the autograd graph: grad mode on, an input requires
-    grad and the first output is floating point (its requires_grad is set only after
-    the dispatch hook returns)."""
-    if not outs or not _grad_enabled():
+    grad, the first output is floating point (its requires_grad is set only after
+    the dispatch hook returns) and the op is not `detach`."""
+    if not outs or not _grad_enabled() or (info is not None and info.name == _DETACH):
         return False
     out = outs[0]
     if not (out.is_floating_point() or out.is_complex()):
@@ -235,11 +237,11 @@ class Attribution:
         if stack:
             return FORWARD, stack[-1][1], NOT_RECOMPUTE
         if self.in_optimizer:
-            if self._closure and _builds_graph(ins, outs):  # the loss, in a closure the optimizer calls
+            if self._closure and _builds_graph(ins, outs, info):  # the loss, in a closure the optimizer calls
                 return FORWARD, "", NOT_RECOMPUTE
             self._optimizer_ops += 1
             return OPTIMIZER, "", NOT_RECOMPUTE
-        if _builds_graph(ins, outs):
+        if _builds_graph(ins, outs, info):
             if self.steps.forward_work():
                 self._step_began()
             return FORWARD, "", NOT_RECOMPUTE
