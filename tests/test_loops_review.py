@@ -16,21 +16,8 @@ from torch.utils.flop_counter import FlopCounterMode
 import reports
 from tracer import Tracer, read_metadata
 
-D, H, T = 16, 32, 8
-N = D * H + H * D  # 1,024
-FWD = 2 * N * T  # 2·1024·8 = 16,384
-BWD = 3 * 2 * T * D * H  # 3 · 2·8·16·32 = 24,576
-SGD = N  # 1,024
-
-
-def mlp():
-    torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(D, H, bias=False), nn.ReLU(), nn.Linear(H, D, bias=False))
-
-
-def batch():
-    g = torch.Generator().manual_seed(1)
-    return torch.randn(T, D, generator=g), torch.randn(T, D, generator=g)
+# the MLP, its batch and their FLOPs (N 1,024; forward 16,384; backward 24,576; SGD 1,024 per step)
+from test_steps import BWD, D, FWD, H, N, SGD, T, batch, mlp
 
 
 def detach_logging_loop(iters):
