@@ -120,15 +120,19 @@ _SCALE_UPDATE = "aten._amp_update_scale_"  # GradScaler.update(): it runs whethe
 _DETACH = "aten.detach.default"
 
 
-def _builds_graph(ins, outs, info=None):
+def _builds_graph(ins, outs, info=None, wrapped_grad=False):
     """Whether an op's output joins the autograd graph: grad mode on, an input requires
     grad, the first output is floating point (its requires_grad is set only after
-    the dispatch hook returns) and the op is not `detach`."""
+    the dispatch hook returns) and the op is not `detach`. `wrapped_grad`: a tensor
+    subclass the op received (a DTensor, an AsyncCollectiveTensor) requires grad; `ins`
+    are its inner tensors, which do not."""
     if not outs or not _grad_enabled() or (info is not None and info.name == _DETACH):
         return False
     out = outs[0]
     if not (out.is_floating_point() or out.is_complex()):
         return False
+    if wrapped_grad:
+        return True
     for t in ins:
         if t.requires_grad:
             return True
@@ -203,9 +207,10 @@ class Attribution:
             self._params.note(root.parameters())
 
     # state the dispatch hook reads ---------------------------------------
-    def where(self, ins, outs, info=None, args=(), kwargs=None):
+    def where(self, ins, outs, info=None, args=(), kwargs=None, wrapped_grad=False):
         """(schema.Phase, innermost module name, recompute flag) for the op that just ran
-        (`info`, `args`, `kwargs`: the op's dispatch._OpInfo and arguments)."""
+        (`info`, `args`, `kwargs`: the op's dispatch._OpInfo and arguments; `wrapped_grad`:
+        a tensor subclass among the arguments requires grad, see _builds_graph)."""
         task = _graph_task_id()
         if task != NO_GRAPH_TASK:
             self.trained = True
@@ -237,11 +242,11 @@ class Attribution:
         if stack:
             return FORWARD, stack[-1][1], NOT_RECOMPUTE
         if self.in_optimizer:
-            if self._closure and _builds_graph(ins, outs, info):  # the loss, in a closure the optimizer calls
+            if self._closure and _builds_graph(ins, outs, info, wrapped_grad):  # the loss, in a closure the optimizer calls
                 return FORWARD, "", NOT_RECOMPUTE
             self._optimizer_ops += 1
             return OPTIMIZER, "", NOT_RECOMPUTE
-        if _builds_graph(ins, outs, info):
+        if _builds_graph(ins, outs, info, wrapped_grad):
             if self.steps.forward_work():
                 self._step_began()
             return FORWARD, "", NOT_RECOMPUTE

@@ -189,7 +189,7 @@ class _TraceMode(TorchDispatchMode):
                 tracer._storages.collect()
             if types:  # tensor subclasses: record DTensors at their local shapes (the program gets `out` as is)
                 seen = distributed.unwrap(types, args, kwargs, out, start + duration, tracer._completions)
-                tracer._record(info, *seen, start, duration)
+                tracer._record(info, *seen, start, duration, distributed.requires_grad(args, kwargs))
             else:
                 tracer._record(info, args, kwargs, out, start, duration)
         except Exception as exc:  # never break the traced program over a bookkeeping error

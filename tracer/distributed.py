@@ -153,6 +153,14 @@ def unwrap(types, args, kwargs, out, end, completions):
     return tree_map_only(act, lambda t: t.elem, (args, kwargs, out))
 
 
+def requires_grad(args, kwargs):
+    """Whether a tensor among an op's arguments requires grad, seen before `unwrap`: a DTensor or
+    an AsyncCollectiveTensor of the autograd graph wraps a tensor that does not."""
+    from torch.utils._pytree import tree_leaves
+
+    return any(isinstance(t, Tensor) and t.requires_grad for t in tree_leaves((args, kwargs)))
+
+
 def local_tensor(t):
     """The tensor itself, or a DTensor's local shard."""
     inner = getattr(t, "_local_tensor", None)

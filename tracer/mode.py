@@ -326,7 +326,7 @@ class Tracer:
         self._write(RowBuffer(), self._metadata())
 
     # the hot path ------------------------------------------------------------------
-    def _record(self, info, args, kwargs, out, start, duration):
+    def _record(self, info, args, kwargs, out, start, duration, wrapped_grad=False):
         rows = self._rows
         storages = self._storages
         try:
@@ -372,7 +372,7 @@ class Tracer:
             else:
                 flops = PER_OUTPUT_ELEMENT if basis == _PER_ELEMENT else 0
             causal = CAUSAL_NONE if info.rule.causal is None else int(bool(info.rule.causal(args, kwargs)))
-            phase, module, recompute = self._attr.where(ins, outs, info, args, kwargs)
+            phase, module, recompute = self._attr.where(ins, outs, info, args, kwargs, wrapped_grad)
             module_id = self._module_ids.get(module)
             if module_id is None:
                 module_id = self._new_module(module)
