@@ -50,6 +50,11 @@ def print_ranks(src, out):
         "step ms": (table["step_time_s"] * 1e3).map("{:.2f}".format),
     })  # fmt: skip
     print(shown.to_string(index=False), file=out)
+    for run, rank in zip(table["run"], table["rank"]):  # the first line speaks of rank 0 only
+        meta = src.runs.get(run) or {}
+        if not meta.get("complete"):
+            why = f"the traced code raised {meta['error']}" if meta.get("error") else "cut short"
+            print(f"  rank {rank}: INCOMPLETE: {why}; its figures cover the rows it has", file=out)
     imb = src.imbalance()
     print("Imbalance (max / mean over ranks of the time per step)", file=out)
     for row in imb.itertuples():

@@ -230,4 +230,8 @@ class Source:
         """{"ranks": [...], "imbalance": [...]} of `report --json` on a trace of several ranks."""
         from reports.distributed.ranks import summary_records
 
-        return summary_records(self.ranks(), self.imbalance())
+        summary = summary_records(self.ranks(), self.imbalance())
+        for record in summary["ranks"]:  # a rank cut short or that raised is named, as the first line names rank 0
+            meta = self.runs.get(record["run"]) or {}
+            record["complete"], record["error"] = bool(meta.get("complete")), meta.get("error")
+        return summary
