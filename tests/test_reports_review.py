@@ -5,6 +5,7 @@ compare-by-module key "total", the name of each run's whole-run row.
 """
 
 import json
+import re
 
 import pytest
 import torch
@@ -92,3 +93,17 @@ def test_the_data_of_each_iteration_is_one_per_step_whatever_the_steps_traced(lo
     assert rows["other", "s3"]["bytes_allocated_ratio"] == 2
     # a step is 34 ops at either batch and step count: 1 randn + 8 forward + 21 backward + 4 SGD add_
     assert rows["total", "s2"]["ops_per_step"] == 34 and rows["total", "s3"]["ops_per_step"] == 34
+
+
+@pytest.mark.parametrize("engine", ["sql", "pandas"])
+def test_views_and_copies_say_they_are_totals(loops, capsys, engine):
+    # the 2-step loop: per step 9 t + 6 detach + 2 view + 1 expand = 18 views; the section sums all steps,
+    # 18 * 2 = 36, so its title and --json say "totals over all 2 step(s)" as the top modules' do
+    main(["report", str(loops[0]), "--engine", engine])
+    out = capsys.readouterr().out
+    assert "\nViews (no new memory) vs copies, totals over all 2 step(s)\n" in out
+    assert re.search(r"^view\s+36\s+0 B$", out, re.M)
+    main(["report", str(loops[0]), "--json", "--engine", engine])
+    views = json.loads(capsys.readouterr().out)["views"]
+    assert views["unit"] == "totals over all traced steps"
+    assert views["kinds"] == [{"kind": "view", "ops": 36, "bytes_allocated": 0}]
