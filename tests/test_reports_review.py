@@ -107,3 +107,26 @@ def test_views_and_copies_say_they_are_totals(loops, capsys, engine):
     views = json.loads(capsys.readouterr().out)["views"]
     assert views["unit"] == "totals over all traced steps"
     assert views["kinds"] == [{"kind": "view", "ops": 36, "bytes_allocated": 0}]
+
+
+def test_pftrace_cumulative_flops_past_int64(tmp_path):
+    # test_overflow's 405B-shaped matmuls on meta tensors: 400 x 29,273,397,577,908,224 FLOPs; the running
+    # total passes int64 at the 316th (316 x 29,273,397,577,908,224 = 9,250,393,634,618,998,784 > 2**63 - 1),
+    # which Perfetto's int64 counter_value cannot hold: that value and the later ones go as double_counter_value
+    pytest.importorskip("perfetto.trace_builder.proto_builder")
+    from perfetto.protos.perfetto.trace.perfetto_trace_pb2 import Trace
+    from test_overflow import PER_MATMUL, TOKENS, D, Matmuls
+
+    from reports.output.export import export_trace
+
+    model = Matmuls()
+    with Tracer(tmp_path / "t", model=model, tokens=TOKENS):
+        model(torch.empty(TOKENS, D, device="meta"))
+    out = tmp_path / "t.pftrace"
+    export_trace(tmp_path / "t", out)
+    events = [p.track_event for p in Trace.FromString(out.read_bytes()).packet if p.HasField("track_event")]
+    values = [e.counter_value if e.HasField("counter_value") else e.double_counter_value
+              for e in events if e.HasField("counter_value") or e.HasField("double_counter_value")]
+    flops = [v for v in values if v >= PER_MATMUL]  # the cumulative FLOPs counter (live bytes stay far below)
+    assert len(flops) == 400 and flops[314] == 315 * PER_MATMUL  # exact while it fits int64
+    assert flops[-1] == float(400 * PER_MATMUL)  # 11,709,359,031,163,289,600, as a double
