@@ -6,6 +6,7 @@ compare-by-module key "total", the name of each run's whole-run row.
 
 import json
 import re
+import shutil
 
 import pytest
 import torch
@@ -130,3 +131,15 @@ def test_pftrace_cumulative_flops_past_int64(tmp_path):
     flops = [v for v in values if v >= PER_MATMUL]  # the cumulative FLOPs counter (live bytes stay far below)
     assert len(flops) == 400 and flops[314] == 315 * PER_MATMUL  # exact while it fits int64
     assert flops[-1] == float(400 * PER_MATMUL)  # 11,709,359,031,163,289,600, as a double
+
+
+@pytest.mark.parametrize("name", ["t.json", "t.json.gz"])
+def test_export_refuses_to_write_inside_the_trace(loops, tmp_path, capsys, name):
+    # a file left in the trace directory makes the trace unreadable ("not an optrace part ... move it out")
+    trace = tmp_path / "copy"
+    shutil.copytree(loops[0], trace)
+    assert main(["export", str(trace), "-o", str(trace / name)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (f"optrace export: error: the output {str(trace / name)!r} is inside the trace {str(trace)!r}, "
+                   "which holds only the tracer's files: write it elsewhere")
+    assert sorted(p.name for p in trace.iterdir()) == sorted(p.name for p in loops[0].iterdir())  # nothing added
