@@ -4,7 +4,8 @@
 
 One row per (key, run), the key being a phase, an aten op or a module. Runs that
 traced different models still line up by op and by phase; by module, a module
-only one run has shows 0 for the others. Values are per training step (runs may
+only one run has shows 0 for the others (a module named `total` is the key "total (module)",
+apart from the whole run's "total" row). Values are per training step (runs may
 have traced different numbers of steps), except the peak:
 
   ops_per_step              aten ops
@@ -138,9 +139,18 @@ def compare(df_or_paths, by="phase", baseline=None):
     return side_by_side(tables, runs, baseline, mfu_pct(df), by)
 
 
+def _own_keys(table, by):
+    """`table` with a key named like the whole-run row (a module named `total`) renamed "total (module)"."""
+    keys = list(table.index)
+    if TOTAL not in keys[1:]:
+        return table
+    return table.set_axis(keys[:1] + [f"{TOTAL} ({by})" if k == TOTAL else k for k in keys[1:]])
+
+
 def side_by_side(tables, runs, baseline, mfu, by):
     """The compare table from each run's figures ({run: frame indexed by key, the "total" row first, with the
     *_per_step sums, peak_live_bytes and steps}), `mfu` {run: MFU in percent}: ratios, change_pct, order."""
+    tables = {run: _own_keys(t, by) for run, t in tables.items()}
     keys = list(dict.fromkeys(k for t in tables.values() for k in t.index))
     base = tables[baseline].reindex(keys)
     frames = []

@@ -5,7 +5,8 @@ step asks this module how many steps a phase ran in and divides by it here, once
 
   phase_steps(rows)   {phase: steps it has ops in}; each phase is averaged over its
                       own steps, so a trace cut mid-step (a forward without its
-                      backward) does not halve the backward
+                      backward) does not halve the backward; "other" (which runs in
+                      the step it follows) over at least the run's training steps
   count_steps(rows)   the run's training steps: steps with forward or backward ops
   per_step(rows, ...) sum a column (or any values) per phase, divide each phase's
                       total by its steps, add the phases up: one figure per step,
@@ -47,6 +48,7 @@ def summable(values):
     return values.astype(np.float64)
 
 _FORWARD_BACKWARD = ("forward", "backward")
+_OTHER = "other"
 
 
 def _codes(column):
@@ -64,10 +66,19 @@ def _steps_per_phase(rows):
     n = len(names)
     low = int(steps.min(initial=0))
     if len(codes) and (int(steps.max()) - low + 1) * max(n, 1) > 2**62:  # a step * n key would wrap int64
-        pairs = np.unique(np.stack([steps, codes], axis=1), axis=0)[:, 1]  # the phase code of each distinct pair
+        both = np.unique(np.stack([steps, codes], axis=1), axis=0)  # the distinct (step, phase code) pairs
+        pair_steps, pairs = both[:, 0], both[:, 1]
     else:
-        pairs = _distinct((steps - low) * max(n, 1) + codes) if len(codes) else np.zeros(0, np.int64)
+        keys = _distinct((steps - low) * max(n, 1) + codes) if len(codes) else np.zeros(0, np.int64)
+        pair_steps, pairs = keys // max(n, 1), keys % max(n, 1)
     counts = np.bincount(pairs % max(n, 1), minlength=n) if n else np.zeros(0, np.int64)
+    # "other" runs between an optimizer step and the next forward, in the step it follows: the data
+    # loading of k iterations sits in k - 1 steps (step 0 holds two), so it is averaged over the
+    # run's training steps (count_steps), never over fewer
+    for c, name in enumerate(names):
+        if name == _OTHER:
+            trained = np.isin(pairs, [i for i, p in enumerate(names) if p in _FORWARD_BACKWARD])
+            counts[c] = max(counts[c], len(np.unique(pair_steps[trained] if trained.any() else pair_steps)))
     return codes, names, np.maximum(counts, 1)
 
 

@@ -196,7 +196,7 @@ def _print_report(df, args, out, sql=None):
 
     v = src.views()
     kinds = v.groupby("kind", sort=False)[["ops", "bytes_allocated"]].sum().reset_index()
-    print("\nViews (no new memory) vs copies", file=out)
+    print(f"\nViews (no new memory) vs copies, totals over all {src.steps_traced()} step(s)", file=out)
     print(kinds.to_string(index=False, formatters=column_formatters(kinds)), file=out)
     made = v[v["kind"] == "copy"].head(args.top)
     if len(made):

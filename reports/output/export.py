@@ -394,6 +394,11 @@ def export_trace(trace, out, batch_rows=BATCH_ROWS):
         raise ReportError(f"export: the output must end in .json or .json.gz (Chrome JSON) or .pftrace (Perfetto), "
                           f"or be - (Chrome JSON to stdout), got {out!r}")
     ranks = trace_ranks(trace)
+    if out != "-":  # a file left inside a trace makes it unreadable (reports/loading/integrity.py: not a part)
+        where, home = os.path.realpath(os.path.dirname(os.path.abspath(out))), os.path.realpath(os.fspath(trace))
+        if where == home or where.startswith(home + os.sep):
+            raise ReportError(f"export: the output {out!r} is inside the trace {os.fspath(trace)!r}, which holds only "
+                              "the tracer's files: write it elsewhere")
     columns = {directory: _columns(directory) for _, directory, _ in ranks}  # a column missing: refused before writing
     for _, directory, meta in ranks:
         _warn_damage(directory, meta)

@@ -120,7 +120,10 @@ class ProtoEvents:
             packet = self._packet(ts)
             packet.track_event.type = TrackEvent.TYPE_COUNTER
             packet.track_event.track_uuid = uuid
-            packet.track_event.counter_value = value
+            if -(2**63) <= value < 2**63:
+                packet.track_event.counter_value = value
+            else:  # cumulative FLOPs past int64 (a 405B-sized step): the int64 field cannot hold it
+                packet.track_event.double_counter_value = float(value)
             self._builder.write_packet(packet)
 
     def finish(self):

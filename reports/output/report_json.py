@@ -140,7 +140,8 @@ def _views(src, top):
     v = src.views()
     kinds = v.groupby("kind", sort=False, observed=True)[["ops", "bytes_allocated"]].sum().reset_index()
     copies = v[v["kind"] == "copy"].head(top)
-    return {"kinds": records(kinds.astype({"kind": object})), "copies": records(copies, ["op", "ops", "bytes_allocated"])}
+    return {"unit": "totals over all traced steps", "kinds": records(kinds.astype({"kind": object})),
+            "copies": records(copies, ["op", "ops", "bytes_allocated"])}
 
 
 def sections(meta, accounts, peak_tflops, step_time_s, top, src):

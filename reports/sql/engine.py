@@ -266,6 +266,10 @@ class Trace:
             self._phase_steps = {i: {} for i in range(len(self.runs))}
             for run_index, phase, steps in self.db.execute("SELECT run_index, phase, steps FROM phase_steps").fetchall():
                 self._phase_steps[int(run_index)][phase] = int(steps)
+            for run_index, fb, traced in self.db.execute("SELECT run_index, fb_steps, steps_traced FROM run_totals").fetchall():
+                found = self._phase_steps[int(run_index)]
+                if "other" in found:  # over at least the run's training steps (reports/steps.py _steps_per_phase)
+                    found["other"] = max(found["other"], int(fb or traced))
         return {i: dict(steps) for i, steps in self._phase_steps.items()}
 
     def per_step(self, totals, columns, keys=()):
