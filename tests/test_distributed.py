@@ -144,15 +144,19 @@ def _free_port():
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    root = str(tmp_path_factory.mktemp("dist"))
-    mp.spawn(_worker, args=(root, os.path.join(root, "store")), nprocs=WORLD)
+def spawn(worker, root):
+    """`worker(rank, root, store)` on WORLD processes; (root, {rank: the results{rank}.json it wrote})."""
+    mp.spawn(worker, args=(root, os.path.join(root, "store")), nprocs=WORLD)
     results = {}
     for rank in range(WORLD):
         with open(os.path.join(root, f"results{rank}.json")) as f:
             results[rank] = json.load(f)
     return root, results
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    return spawn(_worker, str(tmp_path_factory.mktemp("dist")))
 
 
 def _load(root, name):

@@ -13,11 +13,12 @@ import pandas as pd
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 import reports
 from reports.distributed.ranks import ranks
 from tracer import Tracer, read_metadata
+
+from test_distributed import _load, _rows, spawn
 
 WORLD = 2
 T = 3
@@ -168,21 +169,7 @@ def _worker(rank, root, store):
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    root = str(tmp_path_factory.mktemp("dist_review"))
-    mp.spawn(_worker, args=(root, os.path.join(root, "store")), nprocs=WORLD)
-    results = {}
-    for rank in range(WORLD):
-        with open(os.path.join(root, f"results{rank}.json")) as f:
-            results[rank] = json.load(f)
-    return root, results
-
-
-def _load(root, name):
-    return reports.load(os.path.join(root, name))
-
-
-def _rows(df, op, rank):
-    return df[(df["rank"] == rank) & (df["op"].astype(str) == op)]
+    return spawn(_worker, str(tmp_path_factory.mktemp("dist_review")))
 
 
 ALL_REDUCE = "c10d.allreduce_.default"
