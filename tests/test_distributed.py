@@ -70,7 +70,7 @@ def _collectives(root, rank, results):
                    scattered=scattered[0].item(), parts=[p[0].item() for p in parts], summed=summed.item())
 
 
-def _ddp(root, rank):
+def _ddp(root, rank, results):
     ddp = torch.nn.parallel.DistributedDataParallel(_model())
     opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
     with Tracer(os.path.join(root, "ddp"), model=ddp, tokens=T_RANK):
@@ -113,15 +113,16 @@ def _fsdp(root, rank, results):
     results["comm_debug"] = {str(op): n for op, n in comm.get_comm_counts().items()}
 
 
-def _worker(rank, root, store):
+def worker(rank, root, store, parts):
+    """Each of `parts` (part(root, rank, results)) on this rank of a gloo group of WORLD; the results to
+    results{rank}.json."""
     os.environ.update(LOCAL_RANK=str(rank))
     # a file store, not a TCP port: no free port to pick and lose to another process before both ranks bind it
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=WORLD)
     results = {}
     try:
-        _collectives(root, rank, results)
-        _ddp(root, rank)
-        _fsdp(root, rank, results)
+        for part in parts:
+            part(root, rank, results)
     finally:
         dist.destroy_process_group()
     with open(os.path.join(root, f"results{rank}.json"), "w") as f:
@@ -144,9 +145,9 @@ def _free_port():
         return s.getsockname()[1]
 
 
-def spawn(worker, root):
-    """`worker(rank, root, store)` on WORLD processes; (root, {rank: the results{rank}.json it wrote})."""
-    mp.spawn(worker, args=(root, os.path.join(root, "store")), nprocs=WORLD)
+def spawn(parts, root):
+    """`worker` of `parts` on WORLD processes; (root, {rank: the results{rank}.json it wrote})."""
+    mp.spawn(worker, args=(root, os.path.join(root, "store"), parts), nprocs=WORLD)
     results = {}
     for rank in range(WORLD):
         with open(os.path.join(root, f"results{rank}.json")) as f:
@@ -156,7 +157,7 @@ def spawn(worker, root):
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    return spawn(_worker, str(tmp_path_factory.mktemp("dist")))
+    return spawn((_collectives, _ddp, _fsdp), str(tmp_path_factory.mktemp("dist")))
 
 
 def _load(root, name):

@@ -7,7 +7,6 @@ of gradients. Each rank runs T = 3 tokens of its own (x scaled by rank + 1)."""
 import contextlib
 import json
 import os
-import sys
 
 import pandas as pd
 import pytest
@@ -147,29 +146,9 @@ def _fork(root, rank, results):
     results["fork_y"] = y.tolist()
 
 
-def _worker(rank, root, store):
-    os.environ.update(LOCAL_RANK=str(rank))
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=WORLD)
-    results = {}
-    try:
-        _ddp(root, rank, results)
-        _no_sync(root, rank, results)
-        _tp(root, rank, results)
-        _fsdp(root, rank, results)
-        _raises(root, rank, results)
-        _fork(root, rank, results)
-    finally:
-        dist.destroy_process_group()
-    with open(os.path.join(root, f"results{rank}.json"), "w") as f:
-        json.dump(results, f)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)  # as tests/test_distributed.py: gloo's threads outlive the process group
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    return spawn(_worker, str(tmp_path_factory.mktemp("dist_review")))
+    return spawn((_ddp, _no_sync, _tp, _fsdp, _raises, _fork), str(tmp_path_factory.mktemp("dist_review")))
 
 
 ALL_REDUCE = "c10d.allreduce_.default"
