@@ -28,6 +28,7 @@
   other            everything else
 """
 
+import re
 from math import prod
 
 import numpy as np
@@ -260,7 +261,8 @@ class Roles:
                              CATEGORIES.index("attention"))
         self.category = pd.Series(pd.Categorical.from_codes(code, categories=CATEGORIES), index=rows.index)
         fwd = mm & (rows["phase"] == "forward") & (self.param >= 0)
-        self.matmul_params = sorted(set(self.param[fwd]))
+        used = set(self.param[fwd])
+        self.matmul_params = sorted(used | self._idle_siblings(used))
         self.training = self._feeds_backward(rows, np.flatnonzero(fwd.to_numpy()), at[backward[at]], ins)
 
     def _feeds_backward(self, rows, at, bwd, ins):
@@ -317,6 +319,16 @@ class Roles:
             out = tuple(int(d) for d in shapes[0]) if shapes is not None and len(shapes) else ()
             found[k] = len(out) >= 2 and any(out[-2:] in matrix.get(a, ()) for a in pair[k].tolist())
         return found
+
+    def _idle_siblings(self, used):
+        """Parameters that enter no matmul but are named like one that does, up to its last index, with its
+        shape: an expert that no token was routed to in the step (a loop over experts skips it) is still one
+        of the model's E experts, in N with a share of 0 tokens."""
+        def key(sid, name):
+            return re.sub(r"\.\d+\.(?!.*\.\d+\.)", ".*.", name), self.shape.get(sid)
+        keys = {key(s, n) for s in used for n in self.names.get(s, ()) if re.search(r"\.\d+\.", n)}
+        return {s for s, names in self.names.items() if s not in used and self.shape.get(s) is not None
+                and any(key(s, n) in keys for n in names)}
 
     def label(self, sid):
         return " = ".join(self.names.get(sid, [f"storage {sid}"]))
