@@ -75,7 +75,9 @@ class _OpInfo:
         # us; under inference_mode they arrive whole and run whole: tracer/composite_flops.py
         # has their formulas. The tracer never decomposes an op itself (that could change
         # what runs: a nested tensor's linear is not the composite's view + mm).
-        written = [
+        # An in-place view op (t_, unsqueeze_, as_strided_: tagged inplace_view) changes only sizes
+        # and strides: it writes no data, so it is a view, not an in-place write.
+        written = [] if torch.Tag.inplace_view in getattr(func, "tags", ()) else [
             (i, a.name, a.kwarg_only)
             for i, a in enumerate(func._schema.arguments)
             if a.alias_info is not None and a.alias_info.is_write
