@@ -48,6 +48,9 @@ def _passthrough(func):
     return func in METADATA_OPS or func.namespace == "profiler"
 
 
+_STORAGE_CHANGING = frozenset({"aten::resize_", "aten::resize_as_", "aten::set_"})  # tagged inplace_view, yet they change the storage
+
+
 class _OpInfo:
     """Facts about one op overload: those of the op alone, computed once per process while the FLOP
     registry is unchanged (`_op_info`), and its name and kind ids in one trace's string tables."""
@@ -75,7 +78,11 @@ class _OpInfo:
         # us; under inference_mode they arrive whole and run whole: tracer/composite_flops.py
         # has their formulas. The tracer never decomposes an op itself (that could change
         # what runs: a nested tensor's linear is not the composite's view + mm).
-        written = [
+        # An in-place view op (t_, unsqueeze_, as_strided_: tagged inplace_view) changes only sizes
+        # and strides: it writes no data, so it is a view, not an in-place write. resize_ and set_
+        # carry the tag too but change the storage: they stay writes (the storage table follows them).
+        metadata_only = torch.Tag.inplace_view in getattr(func, "tags", ()) and func._schema.name not in _STORAGE_CHANGING
+        written = [] if metadata_only else [
             (i, a.name, a.kwarg_only)
             for i, a in enumerate(func._schema.arguments)
             if a.alias_info is not None and a.alias_info.is_write
