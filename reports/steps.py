@@ -66,19 +66,16 @@ def _steps_per_phase(rows):
     n = len(names)
     low = int(steps.min(initial=0))
     if len(codes) and (int(steps.max()) - low + 1) * max(n, 1) > 2**62:  # a step * n key would wrap int64
-        both = np.unique(np.stack([steps, codes], axis=1), axis=0)  # the distinct (step, phase code) pairs
-        pair_steps, pairs = both[:, 0], both[:, 1]
+        pairs = np.unique(np.stack([steps, codes], axis=1), axis=0)[:, 1]  # the phase code of each distinct pair
     else:
-        keys = _distinct((steps - low) * max(n, 1) + codes) if len(codes) else np.zeros(0, np.int64)
-        pair_steps, pairs = keys // max(n, 1), keys % max(n, 1)
+        pairs = _distinct((steps - low) * max(n, 1) + codes) if len(codes) else np.zeros(0, np.int64)
     counts = np.bincount(pairs % max(n, 1), minlength=n) if n else np.zeros(0, np.int64)
     # "other" runs between an optimizer step and the next forward, in the step it follows: the data
     # loading of k iterations sits in k - 1 steps (step 0 holds two), so it is averaged over the
-    # run's training steps (count_steps), never over fewer
-    for c, name in enumerate(names):
-        if name == _OTHER:
-            trained = np.isin(pairs, [i for i, p in enumerate(names) if p in _FORWARD_BACKWARD])
-            counts[c] = max(counts[c], len(np.unique(pair_steps[trained] if trained.any() else pair_steps)))
+    # run's training steps, never over fewer
+    if _OTHER in names:
+        c = list(names).index(_OTHER)
+        counts[c] = max(counts[c], count_steps(rows))
     return codes, names, np.maximum(counts, 1)
 
 
