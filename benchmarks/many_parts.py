@@ -1,12 +1,15 @@
 """`optrace report` on a trace of many one-row parts: seconds and peak RSS, against pyarrow reading the same files.
 
-    .venv/bin/python benchmarks/many_parts.py [--parts 10000] [--trace /tmp/many_parts] [--no-merge]
+    .venv/bin/python benchmarks/many_parts.py [--parts 10000] [--trace /tmp/many_parts] [--killed | --no-merge]
                                               [--repeats 3] [--json] [--code DIR]
 
-Writes the trace with `Tracer(flush_rows=1)` (one `a + 1` per part; the trace's last part is
-the empty closing part) unless it exists, timing the close (where the tracer merges many small
-parts into one); `--no-merge` keeps the parts as a killed run leaves them. Then, `--repeats`
-rounds, each command in a fresh process (imports included; wall time and peak RSS from
+Writes the trace with `Tracer(flush_rows=1)` (`torch.zeros` and `a + 1` ops, one per part) unless it exists. By default
+the run closes (the trace's last part is the empty closing part), timing the close, where the
+tracer merges many small parts into one. `--killed`: the run ends with os._exit inside its `with`
+block after the last op, leaving its parts as the tracer merged them during the run (64
+neighbouring files at a time). `--no-merge`: the tracer merges nothing, during the run or at close
+(10,000 one-row files, as a killed run left them before the merges during the run). Then,
+`--repeats` rounds, each command in a fresh process (imports included; wall time and peak RSS from
 os.wait4): the baseline (pyarrow's `pq.read_table` of the trace's listed part files, every
 column) and `optrace report` (run from `--code`, a checkout of other code to compare with, when
 given). Prints medians (range) and the report's ratio to the baseline.
@@ -25,14 +28,15 @@ BASELINE = ("import sys, pyarrow.parquet as pq; from tracer.schema import part_p
             "pq.read_table(part_paths(sys.argv[1]))")  # fmt: skip
 
 
-def make(path, parts, merge):
+def make(path, parts, how):
+    """Trace `parts` one-row parts into `path`; `how`: "close", "killed" or "none" (see the module's text)."""
     import torch
 
     import tracer.writer
     from tracer import Tracer
 
-    if not merge:
-        tracer.writer.SmallParts.MIN_PARTS = 2**62  # never reached: the parts stay as written
+    if how == "none":  # never reached: the parts stay as written
+        tracer.writer.SmallParts.MIN_PARTS = tracer.writer.SmallParts.FANOUT = 2**62
     tr = Tracer(path, flush_rows=1)
     start = time.perf_counter()
     with tr:
@@ -40,10 +44,14 @@ def make(path, parts, merge):
         for _ in range(parts - 1):
             a = a + 1
         closing = time.perf_counter()
+        if how == "killed":
+            print(f"traced {parts} parts in {closing - start:.1f} s, killed: {len(os.listdir(path))} files")
+            sys.stdout.flush()
+            os._exit(0)
     end = time.perf_counter()
     import resource
 
-    print(f"traced {parts} parts in {closing - start:.1f} s, closed (merge: {merge}) in {end - closing:.2f} s, "
+    print(f"traced {parts} parts in {closing - start:.1f} s, closed (merging: {how}) in {end - closing:.2f} s, "
           f"peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB")
 
 
@@ -67,14 +75,17 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--parts", type=int, default=10_000)
     parser.add_argument("--trace", default="/tmp/many_parts")
-    parser.add_argument("--no-merge", action="store_true")
+    ending = parser.add_mutually_exclusive_group()
+    ending.add_argument("--killed", action="store_true", help="the run is killed after its last op")
+    ending.add_argument("--no-merge", action="store_true", help="the tracer merges no part")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--code", help="run the report from this checkout (its reports/ and tracer/) as well")
     args = parser.parse_args()
+    how = "killed" if args.killed else "none" if args.no_merge else "close"
     if not os.path.isdir(args.trace):  # a fresh process: the tracer's imports stay out of the report's RSS
         subprocess.run([sys.executable, "-c", f"import sys; sys.path.insert(0, {str(ROOT / 'benchmarks')!r}); "
-                        f"import many_parts; many_parts.make({args.trace!r}, {args.parts}, {not args.no_merge})"],
+                        f"import many_parts; many_parts.make({args.trace!r}, {args.parts}, {how!r})"],
                        cwd=ROOT, check=True)  # fmt: skip
     report = [sys.executable, "-m", "reports.output.cli", "report", args.trace] + (["--json"] if args.json else [])
     baseline = [sys.executable, "-c", BASELINE, args.trace]

@@ -11,6 +11,9 @@ character, as one trace of one part.
 import json
 import os
 import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -22,7 +25,9 @@ import tracer.writer as writer
 from reports.errors import ReportError
 from reports.output.cli import main
 from tracer import Tracer, read_metadata
-from tracer.schema import MARKER_NAME, merged_name, part_name
+from tracer.schema import MARKER_NAME, merged_name, part_name, superseded
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _train(path):
@@ -47,17 +52,18 @@ def _report(capsys, path, *flags):
 
 @pytest.fixture
 def interrupted(tmp_path, monkeypatch):
-    """A trace whose merge at close stopped after the merged part was renamed into place: the
-    merged part and every small part, as a process killed there leaves them. Returns (path, parts)."""
+    """A trace whose merges stopped after each merged part was renamed into place: the part merged
+    during the run (parts 0-63), the one merged at close and every small part, as a process killed
+    there leaves them. Returns (path, parts)."""
     path = tmp_path / "both"
     remove = os.remove
     monkeypatch.setattr(writer.os, "remove", lambda file: os.path.basename(file).startswith("part-") or remove(file))  # parts stay
     _train(path)
     monkeypatch.undo()
     names = sorted(os.listdir(path))
-    parts = len(names) - 2  # the marker and the merged part besides
-    assert parts >= writer.SmallParts.MIN_PARTS  # 1 part per op, then the closing part
-    assert names == [MARKER_NAME, merged_name(0, parts - 1)] + [part_name(i) for i in range(parts)]
+    parts = len(names) - 3  # the marker and the two merged parts besides
+    assert writer.SmallParts.MIN_PARTS <= parts < 2 * writer.SmallParts.FANOUT  # 1 part per op, then the closing part
+    assert names == [MARKER_NAME, merged_name(0, 63), merged_name(0, parts - 1)] + [part_name(i) for i in range(parts)]
     return path, parts
 
 
@@ -72,14 +78,19 @@ def _copy(src, dst, keep):
 def test_many_small_parts_report_as_their_rows_in_one_part(tmp_path, capsys, interrupted):
     path, parts = interrupted
     merged = merged_name(0, parts - 1)
-    small = _copy(path, tmp_path / "small", lambda name: name != merged)  # the trace before its merge
-    one = _copy(path, tmp_path / "one", lambda name: name == merged)  # the trace after it
+    small = _copy(path, tmp_path / "small", lambda name: name.count("-") == 1)  # the trace before any merge
+    later = {part_name(i) for i in range(64, parts)}  # and killed after the merge of the first 64 during the run:
+    rolled = _copy(path, tmp_path / "rolled", lambda name: name in later or name == merged_name(0, 63))
+    one = _copy(path, tmp_path / "one", lambda name: name == merged)  # the trace after the merge at close
     assert len(os.listdir(small)) == parts + 1 and sorted(os.listdir(one)) == [MARKER_NAME, merged]
+    assert len(os.listdir(rolled)) == 1 + 1 + parts - 64  # the marker, parts 0-63 merged, the parts after them
     text, as_json = _report(capsys, one), _report(capsys, one, "--json")
     found = json.loads(as_json)
     assert (found["run"], found["steps"], set(found["damage"].values())) == ("many", 2, {0})  # whole, not damaged
     assert "forward   215            180" in text  # per step: weight matmuls 2·5·4·3 + 2·5·3·2 = 120 + 60 = 180 of 215
     assert _report(capsys, small) == text and _report(capsys, small, "--json") == as_json
+    assert _report(capsys, rolled) == text and _report(capsys, rolled, "--json") == as_json
+    assert read_metadata(rolled)["parts"] == parts  # the newest part's count: 64 of them held by one file
     assert _report(capsys, path) == text  # a merge cut short: the small parts left are not read
     meta_small, meta_one = read_metadata(small), read_metadata(one)
     assert (meta_small["parts"], meta_one["parts"], meta_one["merged_parts"], meta_one["rows"]) == (parts, 1, parts, parts - 1)
@@ -107,11 +118,11 @@ def test_few_or_big_parts_are_not_merged(tmp_path):
         torch.ones(2) + 1  # 2 ops: 2 parts and the closing one, fewer than SmallParts.MIN_PARTS
     assert sorted(os.listdir(path)) == [MARKER_NAME, part_name(0), part_name(1), part_name(2)]
     kept = writer.SmallParts()
-    kept.add(writer.RowBuffer(), {})
+    kept.add(0, writer.RowBuffer(), {})
     big = writer.RowBuffer()
     big.ints.extend([0] * writer.ROW_WIDTH * writer.SmallParts.SMALL_ROWS)  # a part of 1,024 rows
-    kept.add(big, {})
-    assert not kept.open and not kept.buffers  # no merge after a part that is not small
+    kept.add(1, big, {})
+    assert not kept.open and not kept.files  # no merge after a part that is not small
 
 
 def test_a_copy_of_the_merged_part_is_refused(tmp_path, interrupted):
@@ -139,3 +150,49 @@ def test_a_failed_merge_keeps_the_small_parts_with_a_warning(tmp_path, monkeypat
     assert names[0] == MARKER_NAME and names[1:] == [part_name(i) for i in range(len(names) - 1)]  # no temporary file left
     meta = read_metadata(path)
     assert meta["complete"] and meta["parts"] == len(names) - 1 and len(reports.load(path)) == meta["rows"]
+
+
+_KILLED = """
+import os, sys, torch
+import tracer.writer as writer
+from tracer import Tracer
+writer.SmallParts.FANOUT = int(sys.argv[2])
+with Tracer(sys.argv[1], flush_rows=1, run_name="killed"):
+    a = torch.zeros(1)
+    for _ in range(99):
+        a = a + 1
+    os._exit(0)  # killed: no close, no merge at close
+"""
+
+
+def _killed(path, fanout):
+    """A run of 100 one-row parts killed inside its `with` block, merging `fanout` files at a time."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    subprocess.run([sys.executable, "-c", _KILLED, str(path), str(fanout)], check=True, env=env, timeout=120)
+    return sorted(name for name in os.listdir(path) if name != ".optrace.lock")  # the lock a killed run leaves
+
+
+def test_a_killed_run_leaves_its_small_parts_merged_level_by_level(tmp_path, capsys):
+    # 100 parts, 4 at a time: 64 = 4 * 4 * 4 of them in one file, then 16, 16 and the last 4
+    names = _killed(tmp_path / "merged", 4)
+    assert names == [MARKER_NAME, merged_name(0, 63), merged_name(64, 79), merged_name(80, 95), merged_name(96, 99)]
+    assert _killed(tmp_path / "parts", 10**6) == [MARKER_NAME] + [part_name(i) for i in range(100)]  # never merged
+    with pytest.warns(UserWarning, match="incomplete"):
+        merged, parts = reports.load(tmp_path / "merged"), reports.load(tmp_path / "parts")
+    assert len(merged) == 100  # aten.zeros and 99 aten.add, each once
+    timed = ["run", "start_ns", "duration_ns", "busy_ns"]  # two runs: every column but the clock's the same
+    pd.testing.assert_frame_equal(merged.drop(columns=timed), parts.drop(columns=timed))
+    found = json.loads(_report(capsys, tmp_path / "merged", "--json"))
+    assert found["complete"] is False and set(found["damage"].values()) == {0}  # cut short, nothing missing
+    os.remove(tmp_path / "merged" / merged_name(64, 79))  # a file of 16 parts deleted
+    damage = json.loads(_report(capsys, tmp_path / "merged", "--json"))["damage"]
+    assert damage == {"record_errors": 0, "lost_rows": 0, "missing_rows": 16, "missing_parts": 16, "seq_gaps": 1}
+
+
+def test_a_merged_part_supersedes_the_parts_and_narrower_merged_parts_it_holds():
+    names = [merged_name(0, 63), merged_name(0, 15), merged_name(16, 31), part_name(5), part_name(63), part_name(64),
+             merged_name(64, 79), merged_name(80, 95), "part-000070.parquet", MARKER_NAME]
+    assert superseded(names) == {merged_name(0, 15), merged_name(16, 31), part_name(5), part_name(63), part_name(64),
+                                 "part-000070.parquet"}
+    assert superseded(names, within=(64, 79)) == {part_name(64), "part-000070.parquet"}  # what merging 64-79 removes
+    assert superseded([part_name(0), part_name(1)]) == set()

@@ -561,6 +561,8 @@ class Tracer:
         except BaseException:
             self._pending.append((rows, meta))
             raise
+        if not self._closed:  # at close, _merge makes one part of them all
+            self._merge(self._writer.roll)
         return True
 
     def _close(self, complete):
@@ -591,13 +593,15 @@ class Tracer:
             self._storages.clear()
             self._writer.close(self._facts())
 
-    def _merge(self):
-        """Many small parts become one at close (tracer/writer.py merge_parts); a failure keeps them, with a warning."""
+    def _merge(self, merge=None):
+        """Many small parts become fewer during the run and one at close (tracer/writer.py SmallParts). A
+        failure keeps them, warns and stops the merging for this trace."""
         if self._lost_rows or self._in_child():
             return
         try:
-            self._writer.merge_parts()
+            (merge or self._writer.merge_parts)()
         except Exception as exc:
+            self._writer.small.stop()
             warn(f"optrace: trace {self._writer.directory!r}: merging its small parts failed ({type(exc).__name__}: "
                  f"{exc}); nothing is lost: optrace reads the parts as they are")
 

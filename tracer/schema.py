@@ -15,6 +15,7 @@ the tracer closed cleanly.
 """
 
 import base64
+import bisect
 import enum
 import re
 
@@ -38,16 +39,17 @@ def part_name(index: int) -> str:
     return f"part-{index:06d}.parquet"
 
 
-# At a clean close the tracer merges a trace's many small parts into one (tracer/writer.py
-# `merge_parts`): `part-000000-000099.parquet` holds the rows of parts 0 to 99. It is renamed into
-# place before those parts are removed, so a process killed in between leaves both; every optrace
-# reader lists parts through `part_paths`, which leaves out the parts a merged part holds.
+# The tracer writes a trace's many small parts again as fewer (tracer/writer.py SmallParts: 64 neighbouring
+# files at a time during the run, all of them at a clean close): `part-000000-000099.parquet` holds the rows
+# of parts 0 to 99. It is renamed into place before the files it holds are removed, so a process killed in
+# between leaves both; every optrace reader lists parts through `part_paths`, which leaves out the files a
+# merged part holds.
 _PART = re.compile(r"part-(\d{6,})\.parquet")
 _MERGED = re.compile(r"part-(\d{6,})-(\d{6,})\.parquet")
 
 
 def merged_name(first: int, last: int) -> str:
-    """The name of the part holding the rows of parts `first` to `last` (merged at close)."""
+    """The name of the part holding the rows of parts `first` to `last` (merged)."""
     return f"part-{first:06d}-{last:06d}.parquet"
 
 
@@ -55,12 +57,36 @@ def is_merged_name(name: str) -> bool:
     return _MERGED.fullmatch(name) is not None
 
 
-def superseded(names):
-    """The part names in `names` whose rows a merged part in `names` holds (left by a merge cut short)."""
-    ranges = [(int(m[1]), int(m[2])) for m in map(_MERGED.fullmatch, names) if m]
-    if not ranges:
+def merged_span(name: str):
+    """(first, last) part a merged part's name says it holds, or None for another name."""
+    m = _MERGED.fullmatch(name)
+    return (int(m[1]), int(m[2])) if m else None
+
+
+def superseded(names, within=None):
+    """The part names in `names` whose rows a merged part in `names` holds: a part, or a merged part of a
+    narrower span (left by a merge cut short). `within` (first, last): only those inside that span."""
+    spans = sorted({span for span in map(merged_span, names) if span}, key=lambda s: (s[0], -s[1]))
+    if not spans:
         return set()
-    return {name for name in names if (m := _PART.fullmatch(name)) and any(lo <= int(m[1]) <= hi for lo, hi in ranges)}
+    wide = []  # the spans no other holds, in order: those are what the held names are checked against
+    for low, high in spans:
+        if not wide or high > wide[-1][1]:
+            wide.append((low, high))
+    starts = [low for low, _ in wide]
+    gone = set()
+    for name in names:
+        if m := _PART.fullmatch(name):
+            low = high = int(m[1])
+        elif span := merged_span(name):
+            low, high = span
+        else:
+            continue
+        i = bisect.bisect_right(starts, low) - 1  # the widest span starting at or before `low`
+        if i >= 0 and high <= wide[i][1] and wide[i] != (low, high) and (
+                within is None or within[0] <= low and high <= within[1]):
+            gone.add(name)
+    return gone
 
 
 class Phase(enum.IntEnum):

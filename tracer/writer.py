@@ -32,6 +32,7 @@ from tracer.schema import (  # ARROW_SCHEMA_KEY: re-exported
     arrow_footer,
     merged_name,
     part_name,
+    superseded,
 )
 
 
@@ -131,6 +132,16 @@ class RowBuffer:
         freed = int(rows[:, ROW_FIELDS.index("freed")].sum())
         groups = int(np.maximum(rows[:, ROW_FIELDS.index("groups")], 0).sum())
         del self.tensors[TENSOR_WIDTH * tensors :], self.dims[dims:], self.freed[freed:], self.groups[groups:]
+
+    @classmethod
+    def concatenate(cls, buffers):
+        """One RowBuffer of the rows of `buffers`, consecutive parts in order."""
+        merged = cls(buffers[0].first_seq)
+        flat = [name for name, value in vars(merged).items() if isinstance(value, array)]  # each flat buffer
+        for rows in buffers:
+            for name in flat:
+                getattr(merged, name).extend(getattr(rows, name))
+        return merged
 
     def set_step(self, first_row, step):
         """Give the rows from `first_row` on the step number `step` (a step boundary decided late)."""
@@ -282,7 +293,7 @@ class PartWriter:
         self._write_whole(rows.table(self.names, self.itemsize, metadata, self.clock_offset_ns), part_name(self.parts))
         self.parts += 1
         self.rows += len(rows)
-        self.small.add(rows, metadata)
+        self.small.add(self.parts - 1, rows, metadata)
 
     def _write_whole(self, table, name):
         """Write `table` as part `name`: to a temporary renamed into place, so the part is whole or absent."""
@@ -298,19 +309,38 @@ class PartWriter:
             raise
 
     def merge_parts(self):
-        """Merge the trace's parts into one when there are many and all are small (see SmallParts).
-        The merged part is renamed into place before the parts are removed: a kill in between leaves
-        both, and readers leave out the parts it holds (tracer.schema.part_paths). Returns whether it merged;
-        a failed merge leaves the parts as they were."""
+        """At a clean close, the trace's files become one part when it has many parts and all are small
+        (see SmallParts). Returns whether it merged; a failed merge leaves the files as they were."""
         small, self.small = self.small, SmallParts()
         if not small.ready(self.parts):
             return False
-        metadata = dict(small.metadata, storage_roles=small.roles, parts=1, merged_parts=self.parts)
-        table = small.rows().table(self.names, self.itemsize, metadata, self.clock_offset_ns)
-        self._write_whole(table, merged_name(0, self.parts - 1))
-        for i in range(self.parts):  # a part left by a failure here is left out by every reader
-            os.remove(os.path.join(self.directory, part_name(i)))
+        group = small.files
+        metadata = dict(group[-1].metadata, storage_roles=_roles(group), parts=1, merged_parts=self.parts)
+        self._merge(group, metadata)
         return True
+
+    def roll(self):
+        """During the run, SmallParts.FANOUT neighbouring files of one level become one (see SmallParts):
+        called after each part written. A failure leaves the files as they were and raises."""
+        while (group := self.small.due()) is not None:
+            last = group[-1]
+            metadata = dict(last.metadata, storage_roles=_roles(group), merged_parts=last.last - group[0].first + 1)
+            self.small.merged(self._merge(group, metadata), metadata)
+
+    def _merge(self, group, metadata):
+        """Write the rows of `group` (SmallParts files) as one merged part, renamed into place before the
+        files it holds are removed: a kill in between leaves both, and readers leave out the held ones
+        (tracer.schema.superseded). Returns its (first, last) part."""
+        first, last = group[0].first, group[-1].last
+        rows = RowBuffer.concatenate([rows for file in group for rows in file.buffers])
+        self._write_whole(rows.table(self.names, self.itemsize, metadata, self.clock_offset_ns), merged_name(first, last))
+        names = os.listdir(self.directory)
+        for name in superseded(names, within=(first, last)):  # also those an earlier merge cut short left
+            try:
+                os.remove(os.path.join(self.directory, name))
+            except FileNotFoundError:
+                pass
+        return first, last
 
     def close(self, facts):
         """Write the closing facts into the marker and release the directory's lock."""
@@ -320,44 +350,83 @@ class PartWriter:
             release_directory(self.directory)
 
 
-class SmallParts:
-    """The RowBuffers of a trace's parts while every part is small (under SMALL_ROWS rows, at most
-    MAX_ROWS in all), and their storage roles merged: at a clean close, MIN_PARTS or more of them are
-    written again as one part. A trace of many one-row parts (`flush_rows=1`) costs a reader a file open
-    and a decode per part (about 1.5 ms each with pyarrow), where one part of the same rows costs one."""
+class _File:
+    """One file of a trace's small parts, as SmallParts keeps it: the parts it holds, its merge level
+    (0: a part as written), its rows and their buffers, and the metadata of its newest part."""
 
+    __slots__ = ("first", "last", "level", "rows", "buffers", "metadata")
+
+    def __init__(self, first, last, level, buffers, metadata):
+        self.first, self.last, self.level, self.buffers, self.metadata = first, last, level, buffers, metadata
+        self.rows = sum(len(rows) for rows in buffers)
+
+
+def _roles(group):
+    """The storage roles of the parts in `group`: each part's metadata holds those learned since the part before."""
+    roles = {}
+    for file in group:
+        for key, ids in file.metadata.get("storage_roles", {}).items():
+            roles.setdefault(key, []).extend(ids)
+    return roles
+
+
+class SmallParts:
+    """The newest files of a trace's small parts (under SMALL_ROWS rows each), with their rows, for merging.
+
+    A reader pays a file open and a footer per part (about 0.25 ms each with pyarrow or DuckDB),
+    so many small parts (`flush_rows=1`, a run that flushes often) are written again as fewer:
+    - during the run, FANOUT neighbouring files of one level become one file of the next level
+      (`part-000000-000063.parquet`), while it holds at most MAX_ROWS rows. One-row parts become
+      files of 64 and of 4,096 rows: a run killed after 10,000 of them leaves 46 files, not 10,000;
+    - at a clean close, when every part was small and the trace holds at most MAX_ROWS rows, its
+      MIN_PARTS or more parts become one part.
+    Only the buffers of the newest MAX_ROWS rows are kept (about 30 MB); older files stay as they are."""
+
+    FANOUT = 64
     MIN_PARTS = 64
     SMALL_ROWS = 1024
-    MAX_ROWS = 65536  # at most ~30 MB of buffers kept
+    MAX_ROWS = 65536
 
     def __init__(self):
-        self.buffers, self.count, self.metadata, self.roles, self.open = [], 0, {}, {}, True
+        self.files = []  # _File, oldest first: the trace's newest files, all small
+        self.kept = 0  # rows in `files`
+        self.open = True  # every part written so far is in `files`: the whole trace can become one part
+        self.stopped = False  # a merge failed: nothing more is kept
 
-    def add(self, rows, metadata):
-        """Keep a part just written (its RowBuffer is never changed after its write)."""
-        if not self.open:
+    def add(self, index, rows, metadata):
+        """Keep part `index`, just written (its RowBuffer is never changed after its write)."""
+        if self.stopped:
             return
-        if len(rows) >= self.SMALL_ROWS or self.count + len(rows) > self.MAX_ROWS or (
-                self.buffers and rows.first_seq != self.buffers[-1].first_seq + len(self.buffers[-1])):
-            self.buffers, self.roles, self.open = [], {}, False  # a big part or a seq gap: no merge
+        last = self.files[-1].buffers[-1] if self.files else None
+        if len(rows) >= self.SMALL_ROWS or (last is not None and rows.first_seq != last.first_seq + len(last)):
+            self.files, self.kept, self.open = [], 0, False  # a big part or a seq gap: nothing merges across it
             return
-        self.buffers.append(rows)
-        self.count += len(rows)
-        self.metadata = metadata  # the newest copy, with the storage roles of every part (each part has its own)
-        for key, ids in metadata.get("storage_roles", {}).items():
-            self.roles.setdefault(key, []).extend(ids)
+        self.files.append(_File(index, index, 0, [rows], metadata))
+        self.kept += len(rows)
+        while self.kept > self.MAX_ROWS:  # the oldest leave memory; their files stay as they are
+            self.kept -= self.files.pop(0).rows
+            self.open = False
+
+    def due(self):
+        """The newest FANOUT files when they are of one level and hold at most MAX_ROWS rows, else None."""
+        group = self.files[-self.FANOUT:]
+        if len(group) < self.FANOUT or any(f.level != group[-1].level for f in group):
+            return None
+        return group if sum(f.rows for f in group) <= self.MAX_ROWS else None
+
+    def merged(self, span, metadata):
+        """The newest FANOUT files are one file now, covering parts `span`."""
+        group = self.files[-self.FANOUT:]
+        del self.files[-self.FANOUT:]
+        self.files.append(_File(*span, group[-1].level + 1, [rows for f in group for rows in f.buffers], metadata))
+
+    def stop(self):
+        """No more merging in this trace (a merge failed)."""
+        self.files, self.kept, self.open, self.stopped = [], 0, False, True
 
     def ready(self, parts):
-        return self.open and len(self.buffers) == parts >= self.MIN_PARTS
-
-    def rows(self):
-        """One RowBuffer of every kept part's rows."""
-        merged = RowBuffer(self.buffers[0].first_seq)
-        buffers = [name for name, value in vars(merged).items() if isinstance(value, array)]  # each flat buffer
-        for rows in self.buffers:
-            for name in buffers:
-                getattr(merged, name).extend(getattr(rows, name))
-        return merged
+        """Whether the trace's `parts` parts, in more than one file, can become one at close."""
+        return self.open and parts >= self.MIN_PARTS and len(self.files) > 1
 
 
 def write_table(table, file):

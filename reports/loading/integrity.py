@@ -29,7 +29,7 @@ except ImportError:
 
 from reports.errors import ReportError
 from reports.loading.validate import check_footers, check_metadata, check_schema, parse_json
-from tracer.schema import footer_metadata, is_merged_name, marker_json, part_name, part_paths, read_marker_file, superseded
+from tracer.schema import footer_metadata, is_merged_name, marker_json, merged_span, part_name, part_paths, read_marker_file, superseded
 
 MAX_METADATA_BYTES = 64 << 20  # a part's metadata JSON (a 70B model's parameter table: ~100 KB)
 MAX_MARKER_BYTES = 1 << 20  # the marker is written 4 KiB long
@@ -237,9 +237,18 @@ def damage(path, parts, meta):
         "record_errors": max(int(meta.get("record_errors") or 0), int(marker.get("record_errors") or 0)),
         "lost_rows": lost,
         "missing_rows": missing,
-        "missing_parts": max(int(counted_parts) - len(parts), 0) if isinstance(counted_parts, int) else 0,
+        "missing_parts": max(int(counted_parts) - _held(parts), 0) if isinstance(counted_parts, int) else 0,
         "seq_gaps": gaps,
     }
+
+
+def _held(parts):
+    """How many of the tracer's parts the files hold: a merged part holds the span in its name."""
+    held = 0
+    for part, _, _ in parts:
+        span = merged_span(os.path.basename(part))
+        held += 1 if span is None else span[1] - span[0] + 1
+    return held
 
 
 def _seq_range(part, info):
