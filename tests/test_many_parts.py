@@ -196,3 +196,26 @@ def test_a_merged_part_supersedes_the_parts_and_narrower_merged_parts_it_holds()
                                  "part-000070.parquet"}
     assert superseded(names, within=(64, 79)) == {part_name(64), "part-000070.parquet"}  # what merging 64-79 removes
     assert superseded([part_name(0), part_name(1)]) == set()
+
+
+def test_a_part_merged_away_while_the_report_reads_it_is_read_in_the_merged_part(tmp_path, interrupted, monkeypatch):
+    import reports.loading.integrity as integrity
+
+    path, parts = interrupted
+    merged = merged_name(0, parts - 1)
+    live = _copy(path, tmp_path / "live", lambda name: name.count("-") == 1)  # the small parts, as a live reader lists them
+    real, calls = integrity.read_footer, []
+
+    def merge_meanwhile(part):  # the tracer merges them after the listing, before the first footer is read
+        if not calls:
+            shutil.copy(path / merged, live / merged)
+            for i in range(parts):
+                os.remove(live / part_name(i))
+        calls.append(os.path.basename(part))
+        return real(part)
+
+    monkeypatch.setattr(integrity, "read_footer", merge_meanwhile)
+    frame = reports.load(live)
+    assert calls == [part_name(0), merged]  # the first read found its part gone; the second listing, the merged part
+    monkeypatch.undo()
+    pd.testing.assert_frame_equal(frame.drop(columns="run"), reports.load(path).drop(columns="run"))

@@ -125,6 +125,8 @@ def check_parts(path, footers=None, unread=()):
             schema = found.schema.to_arrow_schema()
             raw = footer_metadata(found)  # the plain footer key (v3), or inside the Arrow schema (v1, v2)
         except Exception as exc:
+            if isinstance(exc, FileNotFoundError) and name not in (os.path.basename(p) for p in list_parts(path)):
+                raise MergedAway(f"{path}: {name} was merged into another part while it was read; read the trace again")
             raise ReportError(f"{path}: not a readable Parquet trace ({name}: {one_line(exc)})") from None
         if raw is None:
             foreign = foreign or name
@@ -156,6 +158,11 @@ def check_parts(path, footers=None, unread=()):
     parts.seq_ranges = ranges
     _check_repeats(path, parts)
     return parts
+
+
+class MergedAway(ReportError):
+    """A part listed, then removed before its footer was read: the tracer of a live trace merged it (tracer/writer.py
+    SmallParts). Reading the trace again finds the merged part; reports.loading.load.read_run does, twice."""
 
 
 class Parts(list):

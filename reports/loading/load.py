@@ -10,7 +10,7 @@ import pyarrow as pa
 
 from reports.errors import ReportError
 from reports.loading.columns import LIST_MODES, SharedRuns, concat_frames, has_column, read_table, to_pandas
-from reports.loading.integrity import Footers, check_parts, damage, describe_damage, list_parts, no_parts, one_line, read_marker
+from reports.loading.integrity import Footers, MergedAway, check_parts, damage, describe_damage, list_parts, no_parts, one_line, read_marker
 from reports.loading.validate import check_metadata_ids, check_rows, max_storage_id
 from tracer.schema import COLUMN_NAMES, SCHEMA_VERSION, merge_metadata, missing_columns
 
@@ -29,7 +29,13 @@ def read_run(path, footers=None, unread=()):
         raise ReportError(f"{path}: not an optrace trace (a trace is a directory of part-*.parquet files)")
     if not list_parts(path):
         raise ReportError(no_parts(path))
-    parts = check_parts(path, footers, unread)  # every part read and its metadata parsed (unreadable parts and bad JSON refused)
+    for attempt in range(3):  # every part read and its metadata parsed (unreadable parts and bad JSON refused)
+        try:
+            parts = check_parts(path, footers, unread)
+            break
+        except MergedAway:  # a live trace's small parts merged meanwhile: the listing has the merged part now
+            if attempt == 2:
+                raise
     try:
         meta = merge_metadata(part_meta for _, part_meta, _ in parts)
     except AttributeError:  # storage_roles that is not an object
