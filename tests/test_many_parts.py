@@ -219,3 +219,13 @@ def test_a_part_merged_away_while_the_report_reads_it_is_read_in_the_merged_part
     assert calls == [part_name(0), merged]  # the first read found its part gone; the second listing, the merged part
     monkeypatch.undo()
     pd.testing.assert_frame_equal(frame.drop(columns="run"), reports.load(path).drop(columns="run"))
+
+
+def test_parts_are_listed_in_write_order_past_a_million(tmp_path):
+    from tracer.schema import part_paths
+
+    names = [part_name(999_999), part_name(1_000_000), merged_name(0, 63), part_name(64), "part-000064 (1).parquet"]
+    for name in names:
+        (tmp_path / name).touch()
+    listed = [os.path.basename(p) for p in part_paths(tmp_path)]  # by name, part-1000000 would come first
+    assert listed == [merged_name(0, 63), part_name(64), "part-000064 (1).parquet", part_name(999_999), part_name(1_000_000)]

@@ -238,7 +238,19 @@ def part_paths(path):
         return []
     names = fnmatch.filter(names, PART_GLOB)
     gone = superseded(names)
-    return [os.path.join(path, name) for name in sorted(names) if name not in gone]
+    return [os.path.join(path, name) for name in sorted(names, key=_write_order) if name not in gone]
+
+
+_NUMBERED = re.compile(r"part-(\d+)(?:-(\d+))?")
+
+
+def _write_order(name):
+    """A part name's place in write order: by its part numbers, so part-1000000 follows part-999999; the
+    tracer's own name before another with the same numbers (a copy: `part-000064 (1).parquet`)."""
+    m = _NUMBERED.match(name)
+    if m is None:
+        return float("inf"), 0, 1, name
+    return int(m[1]), int(m[2] or m[1]), not (_PART.fullmatch(name) or _MERGED.fullmatch(name)), name
 
 
 def merge_metadata(metas) -> dict:
