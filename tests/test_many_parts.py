@@ -42,6 +42,7 @@ def _train(path):
             opt.step()
             opt.zero_grad()
             tr.step()
+    return tr
 
 
 def _report(capsys, path, *flags):
@@ -229,3 +230,14 @@ def test_parts_are_listed_in_write_order_past_a_million(tmp_path):
         (tmp_path / name).touch()
     listed = [os.path.basename(p) for p in part_paths(tmp_path)]  # by name, part-1000000 would come first
     assert listed == [merged_name(0, 63), part_name(64), "part-000064 (1).parquet", part_name(999_999), part_name(1_000_000)]
+
+
+def test_a_step_time_set_after_a_merged_close_is_not_damage(tmp_path, capsys):
+    path = tmp_path / "t"
+    tr = _train(path)
+    tr.set_step_time(0.01)  # one more part, after the merged one: it says parts written = merged_parts + 1
+    names = sorted(os.listdir(path))
+    parts = read_metadata(path)["parts"]
+    assert names == [MARKER_NAME, merged_name(0, parts - 2), part_name(parts - 1)]
+    found = json.loads(_report(capsys, path, "--json"))
+    assert set(found["damage"].values()) == {0}  # the merged part holds parts - 1 of them: none missing
