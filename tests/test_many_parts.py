@@ -241,3 +241,57 @@ def test_a_step_time_set_after_a_merged_close_is_not_damage(tmp_path, capsys):
     assert names == [MARKER_NAME, merged_name(0, parts - 2), part_name(parts - 1)]
     found = json.loads(_report(capsys, path, "--json"))
     assert set(found["damage"].values()) == {0}  # the merged part holds parts - 1 of them: none missing
+
+
+def _merge_in(path, live, parts):
+    """What the live trace's tracer does: the merged part renamed in, the small parts it holds removed."""
+    shutil.copy(path / merged_name(0, parts - 1), live / merged_name(0, parts - 1))
+    for i in range(parts):
+        os.remove(live / part_name(i))
+
+
+def test_the_sql_engine_reads_a_trace_again_when_its_parts_are_merged_away_meanwhile(tmp_path, interrupted, monkeypatch):
+    import reports.sql.engine as engine
+
+    path, parts = interrupted
+    live = _copy(path, tmp_path / "live", lambda name: name.count("-") == 1)
+    real, calls = engine.source, []
+
+    def merge_meanwhile(*args):  # after the listing and the footers, before DuckDB reads the rows
+        if not calls:
+            _merge_in(path, live, parts)
+        calls.append(len(calls))
+        return real(*args)
+
+    monkeypatch.setattr(engine, "source", merge_meanwhile)
+    with engine.Trace(live) as trace:
+        assert len(calls) == 2 and trace.files == [[str(live / merged_name(0, parts - 1))]]  # read twice: the second time, merged
+        assert trace.sql("SELECT count(*) AS n FROM rows")["n"][0] == parts - 1  # every row once
+
+
+def test_a_trace_cut_short_is_read_once_into_memory_by_the_sql_engine(tmp_path):
+    import reports.sql.engine as engine
+
+    _killed(tmp_path / "killed", 4)  # 100 rows in 4 files: a live trace's tracer could still merge them
+    _train(tmp_path / "closed")  # closed: its files stay as they are
+    with pytest.warns(UserWarning, match="incomplete"), engine.Trace(tmp_path / "killed") as killed:
+        assert killed.narrow and killed.sql("SELECT count(*) AS n FROM rows")["n"][0] == 100
+    with engine.Trace(tmp_path / "closed") as closed:
+        assert not closed.narrow  # read from its files at each scan
+
+
+def test_a_part_gone_during_a_query_is_one_line(tmp_path, capsys, monkeypatch):
+    import reports.sql.engine as engine
+
+    path = tmp_path / "t"
+    _train(path)
+    gone = tmp_path / "t" / "part-000007.parquet"
+
+    def query_fails(self, query):
+        raise OSError(f'IO Error: No files found that match the pattern "{gone}"')
+
+    monkeypatch.setattr(engine.Trace, "sql", query_fails)
+    assert main(["report", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (f'optrace report: error: IO Error: No files found that match the pattern "{gone}" (the tracer of a live '
+                   "trace merged that part away while it was read: read the trace again)")

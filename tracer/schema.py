@@ -236,6 +236,14 @@ def part_paths(path):
         names = os.listdir(path)
     except (FileNotFoundError, NotADirectoryError):
         return []
+    return parts_among(path, names)
+
+
+def parts_among(path, names):
+    """part_paths of the directory `path` whose listing is `names`."""
+    import fnmatch
+    import os
+
     names = fnmatch.filter(names, PART_GLOB)
     gone = superseded(names)
     return [os.path.join(path, name) for name in sorted(names, key=_write_order) if name not in gone]

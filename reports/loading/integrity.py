@@ -19,6 +19,7 @@ values inside the parts are checked by reports/loading/validate.py.
 """
 
 import os
+import re
 
 import pyarrow.parquet as pq
 
@@ -29,7 +30,7 @@ except ImportError:
 
 from reports.errors import ReportError
 from reports.loading.validate import check_footers, check_metadata, check_schema, parse_json
-from tracer.schema import footer_metadata, is_merged_name, marker_json, merged_span, part_name, part_paths, read_marker_file, superseded
+from tracer.schema import footer_metadata, is_merged_name, marker_json, merged_span, part_name, part_paths, parts_among, read_marker_file, superseded
 
 MAX_METADATA_BYTES = 64 << 20  # a part's metadata JSON (a 70B model's parameter table: ~100 KB)
 MAX_MARKER_BYTES = 1 << 20  # the marker is written 4 KiB long
@@ -97,12 +98,12 @@ def check_parts(path, footers=None, unread=()):
     """[(part file, metadata dict, row count)] of every part, or ReportError naming the first bad file.
     `unread`: columns the caller leaves in the files, checked from the parts' statistics (reports/loading/validate.py)."""
     path = os.fspath(path)
-    parts_here = list_parts(path)
-    known = set(parts_here)
-    try:
+    try:  # one listing: a live trace's tracer adds parts (and merges them) meanwhile
         names = sorted(os.listdir(path))
     except OSError as exc:
         raise ReportError(f"{path}: cannot list the trace directory ({exc.strerror or one_line(exc)})") from None
+    parts_here = parts_among(path, names)
+    known = set(parts_here)
     left = superseded(names)  # parts whose rows a merged part holds (a merge at close cut short): not read
     for name in names:
         full = os.path.join(path, name)
@@ -114,6 +115,8 @@ def check_parts(path, footers=None, unread=()):
                                   "(another trace's rows?); move it out")  # fmt: skip
             continue  # one rank of a distributed trace: checked when that rank is read
         if not os.path.isfile(full):
+            if not os.path.lexists(full):
+                raise MergedAway(f"{path}: {name} was merged into another part while it was read; read the trace again")
             raise ReportError(f"{path}: {name} is a directory, not an optrace part; move it out of the trace")
         if full not in known:
             raise ReportError(f"{path}: {name} is not an optrace part (a trace holds only part-*.parquet files); move it out")
@@ -163,6 +166,16 @@ def check_parts(path, footers=None, unread=()):
 class MergedAway(ReportError):
     """A part listed, then removed before its footer was read: the tracer of a live trace merged it (tracer/writer.py
     SmallParts). Reading the trace again finds the merged part; reports.loading.load.read_run does, twice."""
+
+
+REREADS = 3  # reads of a live trace whose parts were merged away while it was read, before the error stands
+_PART_PATH = re.compile(r"""([^'"\s]*part-[^'"\s/\\]*\.parquet)""")
+
+
+def merged_away(exc):
+    """Whether `exc` (pyarrow's or DuckDB's) names a part file that is gone now: a live trace's tracer merged it
+    after the trace was listed (or it was deleted; read again, its rows count as missing)."""
+    return any(not os.path.exists(name) for name in _PART_PATH.findall(str(exc)) if os.path.isabs(name))
 
 
 class Parts(list):

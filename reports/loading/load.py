@@ -10,7 +10,7 @@ import pyarrow as pa
 
 from reports.errors import ReportError
 from reports.loading.columns import LIST_MODES, SharedRuns, concat_frames, has_column, read_table, to_pandas
-from reports.loading.integrity import Footers, MergedAway, check_parts, damage, describe_damage, list_parts, no_parts, one_line, read_marker
+from reports.loading.integrity import REREADS, Footers, MergedAway, check_parts, damage, describe_damage, list_parts, merged_away, no_parts, one_line, read_marker
 from reports.loading.validate import check_metadata_ids, check_rows, max_storage_id
 from tracer.schema import COLUMN_NAMES, SCHEMA_VERSION, merge_metadata, missing_columns
 
@@ -29,12 +29,12 @@ def read_run(path, footers=None, unread=()):
         raise ReportError(f"{path}: not an optrace trace (a trace is a directory of part-*.parquet files)")
     if not list_parts(path):
         raise ReportError(no_parts(path))
-    for attempt in range(3):  # every part read and its metadata parsed (unreadable parts and bad JSON refused)
+    for attempt in range(REREADS):  # every part read and its metadata parsed (unreadable parts and bad JSON refused)
         try:
             parts = check_parts(path, footers, unread)
             break
         except MergedAway:  # a live trace's small parts merged meanwhile: the listing has the merged part now
-            if attempt == 2:
+            if attempt + 1 == REREADS:
                 raise
     try:
         meta = merge_metadata(part_meta for _, part_meta, _ in parts)
@@ -85,19 +85,22 @@ def load(paths, columns=None, lists="objects"):
     wanted_all = list(columns) if columns is not None else list(COLUMN_NAMES)
     unread = [c for c in COLUMN_NAMES if c not in wanted_all]  # left in the files: checked from the parts' statistics
     for path, rank in runs_with_ranks(paths):
-        meta = read_run(path, footers, unread)
+        for attempt in range(REREADS):  # a live trace's parts merged away while read: read it again
+            meta = read_run(path, footers, unread)
+            wanted = list(columns) if columns is not None else list(COLUMN_NAMES)
+            lacks = missing_columns(meta["schema_version"])  # v1, v2 traces lack later columns: read what exists, fill the rest
+            upgrade = any(c in lacks for c in wanted)
+            read = [c for c in wanted if c not in lacks] if upgrade else wanted
+            if upgrade and "busy_ns" in lacks and "busy_ns" in wanted and "duration_ns" not in read:
+                read.append("duration_ns")
+            try:
+                table = read_table(path, read, lists, footers)
+                break
+            except (pa.ArrowException, OSError) as exc:
+                if attempt + 1 == REREADS or not merged_away(exc):
+                    raise ReportError(f"{path}: not a readable Parquet trace ({one_line(exc)})") from None
         name = run_name(path, rank, meta, runs)
         frame_ranks.append(rank if rank is not None else meta.get("rank"))
-        wanted = list(columns) if columns is not None else list(COLUMN_NAMES)
-        lacks = missing_columns(meta["schema_version"])  # v1, v2 traces lack later columns: read what exists, fill the rest
-        upgrade = any(c in lacks for c in wanted)
-        read = [c for c in wanted if c not in lacks] if upgrade else wanted
-        if upgrade and "busy_ns" in lacks and "busy_ns" in wanted and "duration_ns" not in read:
-            read.append("duration_ns")
-        try:
-            table = read_table(path, read, lists, footers)
-        except (pa.ArrowException, OSError) as exc:
-            raise ReportError(f"{path}: not a readable Parquet trace ({one_line(exc)})") from None
         missing = sorted(set(read) - set(table.column_names))
         if missing:
             raise ReportError(f"{path}: trace lacks column(s) {missing}")

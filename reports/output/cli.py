@@ -14,7 +14,7 @@ import warnings
 
 from reports.errors import ReportError
 from reports.loading.columns import SharedRuns
-from reports.loading.integrity import describe_damage, list_parts
+from reports.loading.integrity import describe_damage, list_parts, merged_away, one_line
 from reports.output.report_json import compare_json, sections, strict
 from reports.output.source import Source
 from reports.output.text import column_formatters, human, human_bytes, human_seconds, json_number, percent, printable
@@ -528,6 +528,12 @@ def main(argv=None):
         except BrokenPipeError:  # `optrace report T | head`: the reader has what it wanted
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
             return 0
+        except Exception as exc:
+            if not merged_away(exc):
+                raise
+            print(f"optrace {args.command}: error: {printable(one_line(exc))} (the tracer of a live trace merged that part "
+                  "away while it was read: read the trace again)", file=sys.stderr)  # fmt: skip
+            return 2
     for w in caught:
         print(f"optrace {args.command}: note: {printable(w.message)}", file=sys.stderr)
     return 0

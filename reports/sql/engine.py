@@ -42,7 +42,7 @@ import numpy as np
 import pandas as pd
 
 from reports.errors import ReportError
-from reports.loading.integrity import Footers, describe_damage, footer, list_parts
+from reports.loading.integrity import REREADS, Footers, describe_damage, footer, list_parts, merged_away, one_line
 from reports.loading.load import id_limit, read_run, run_name, runs_with_ranks
 from reports.loading.validate import ITEMS_NOT_NULL, LIST_NOT_NULL, STORAGE_ID_COLUMNS, check_footers
 from reports.sql.scan import GRAINS, files_query, source, source_views
@@ -104,6 +104,20 @@ class Trace:
     `first_run()`: run 0 alone, as a Trace over the same connection (the report of a trace of several ranks)."""
 
     def __init__(self, paths, threads=None, columns=None):
+        for attempt in range(REREADS):  # a live trace's parts merged away while read (tracer/writer.py SmallParts)
+            try:
+                self._open(paths, threads, columns)
+                return
+            except Exception as exc:
+                if isinstance(exc, ReportError) or not merged_away(exc):
+                    raise
+                if getattr(self, "db", None) is not None:
+                    self.close()
+                if attempt + 1 == REREADS:
+                    raise ReportError(f"{one_line(exc)} (parts merged away while read, {REREADS} times: read the "
+                                      "trace again)") from None
+
+    def _open(self, paths, threads, columns):
         try:
             import duckdb
         except ImportError:
@@ -165,7 +179,10 @@ class Trace:
                         if d[0] not in ("run", "run_index")]  # fmt: skip
         files = sum(len(f) for f in self.files)
         rows = sum(footers.rows.get(f, 0) for fs in self.files for f in fs)
-        self.narrow = files >= SMALL_PARTS[0] and rows <= min(SMALL_PARTS[1] * files, SMALL_PARTS[2])
+        # read once into memory: many small parts, or a trace cut short or still being written (its tracer may merge
+        # small parts, removing the files a later scan would open)
+        changing = any(not meta.get("complete") for meta in self.runs.values())
+        self.narrow = rows <= SMALL_PARTS[2] and (changing or files >= SMALL_PARTS[0] and rows <= SMALL_PARTS[1] * files)
         batches = [(literal(name), i, f"(SELECT {named}, filename, file_row_number FROM read_parquet(["
                     f"{', '.join(file_literal(f) for f in fs[k:k + BATCH])}], hive_partitioning = false, "
                     "filename = true, file_row_number = true))")
