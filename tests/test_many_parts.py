@@ -295,3 +295,32 @@ def test_a_part_gone_during_a_query_is_one_line(tmp_path, capsys, monkeypatch):
     err = capsys.readouterr().err.strip()
     assert err == (f'optrace report: error: IO Error: No files found that match the pattern "{gone}" (the tracer of a live '
                    "trace merged that part away while it was read: read the trace again)")
+
+
+def test_export_of_a_trace_whose_parts_are_merged_away_meanwhile_starts_again(tmp_path, interrupted, monkeypatch, capsys):
+    import reports.output.export as export
+
+    path, parts = interrupted
+    live = _copy(path, tmp_path / "live", lambda name: name.count("-") == 1)
+    real, opened = export.pq.ParquetFile, []
+
+    def merge_meanwhile(part, *args, **kwargs):  # the streaming has begun with part 0 when the tracer merges
+        if not opened:
+            _merge_in(path, live, parts)
+        opened.append(os.path.basename(part))
+        return real(part, *args, **kwargs)
+
+    monkeypatch.setattr(export.pq, "ParquetFile", merge_meanwhile)
+    assert main(["export", str(live), "-o", str(tmp_path / "live.json")]) == 0
+    assert opened == [part_name(0), merged_name(0, parts - 1)]  # the second attempt reads the merged part
+    monkeypatch.undo()
+    assert main(["export", str(path), "-o", str(tmp_path / "whole.json")]) == 0
+    assert (tmp_path / "live.json").read_bytes() == (tmp_path / "whole.json").read_bytes()  # the same events
+    live = _copy(path, tmp_path / "live_again", lambda name: name.count("-") == 1)  # again, to stdout: its first
+    opened.clear()  # events are out when the part is found gone, so it is not exported twice
+    monkeypatch.setattr(export.pq, "ParquetFile", merge_meanwhile)
+    capsys.readouterr()
+    assert main(["export", str(live), "-o", "-"]) == 2
+    err = capsys.readouterr().err.splitlines()[-1]
+    assert err.startswith("optrace export: error: [Errno 2] Failed to open local file") and err.endswith(
+        "(the tracer of a live trace merged that part away while it was read: export the trace again)")
