@@ -324,8 +324,15 @@ class PartWriter:
         called after each part written. A failure leaves the files as they were and raises."""
         while (group := self.small.due()) is not None:
             last = group[-1]
+            span = group[0].first, last.last
             metadata = dict(last.metadata, storage_roles=_roles(group), merged_parts=last.last - group[0].first + 1)
-            self.small.merged(self._merge(group, metadata), metadata)
+            try:
+                self._merge(group, metadata)
+            except BaseException:  # a Ctrl-C or a failed removal after the rename: the merged part holds the group
+                if os.path.exists(os.path.join(self.directory, merged_name(*span))):  # now; merging its files again
+                    self.small.merged(span, metadata)  # would write a part overlapping it
+                raise
+            self.small.merged(span, metadata)
 
     def _merge(self, group, metadata):
         """Write the rows of `group` (SmallParts files) as one merged part, renamed into place before the
