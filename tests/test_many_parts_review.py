@@ -154,3 +154,56 @@ def test_a_deleted_merged_file_counts_its_parts_and_rows_missing(tmp_path, monke
     for engine in ("sql", "pandas"):
         damage = _report_json(capsys, path, "--engine", engine)["damage"]
         assert damage == {"record_errors": 0, "lost_rows": 0, "missing_rows": 4, "missing_parts": 4, "seq_gaps": 1}
+
+
+# copies of parts ----------------------------------------------------------------------------------------
+
+
+def test_a_copy_of_the_first_part_a_merged_part_holds_is_named_not_the_merged_part(tmp_path, monkeypatch):
+    path = tmp_path / "t"
+    remove = os.remove
+
+    def sync_copy(file):  # a sync tool copied part 4 before the tracer merged it into part-000004-000007
+        if os.path.basename(file) == part_name(4):
+            shutil.copy(file, path / "part-000004 (1).parquet")
+        remove(file)
+
+    monkeypatch.setattr(writer.os, "remove", sync_copy)
+    _adds(path, 10, 4, monkeypatch=monkeypatch)  # 0-3, 4-7, 8, 9 and the closing part 10
+    monkeypatch.setattr(writer.os, "remove", remove)
+    assert _files(path) == [merged_name(0, 3), "part-000004 (1).parquet", merged_name(4, 7)] + [part_name(i) for i in (8, 9, 10)]
+    with pytest.raises(ReportError, match=r"part-000004 \(1\)\.parquet repeats seq 4 to 4 of part-000004-000007\.parquet"):
+        reports.load(path)
+    os.remove(path / "part-000004 (1).parquet")
+    shutil.copy(path / merged_name(4, 7), path / "part-000004-000007 (1).parquet")  # and a copy of the merged part
+    with pytest.raises(ReportError, match=r"part-000004-000007 \(1\)\.parquet says it is part 8 like part-000004-000007\.parquet"):
+        reports.load(path)
+
+
+# a reader racing the tracer's merges ---------------------------------------------------------------------
+
+
+def test_a_merge_between_the_two_listings_of_check_parts_is_read_again(tmp_path, monkeypatch):
+    path, live = tmp_path / "t", tmp_path / "live"
+    remove = os.remove
+    monkeypatch.setattr(writer.os, "remove", lambda file: os.path.basename(file).startswith("part-") or remove(file))
+    _adds(path, 6, 4, monkeypatch=monkeypatch)  # parts 0-6 (6: the closing part) and part-000000-000003, all kept
+    monkeypatch.setattr(writer.os, "remove", remove)
+    shutil.copytree(path, live, ignore=lambda _, names: [merged_name(0, 3)])  # as a reader listed it before the merge
+    real, calls = os.listdir, []
+
+    def merge_after_listing(where):  # the tracer merges parts 0-3 right after check_parts lists the trace
+        found = real(where)
+        if os.fspath(where) == os.fspath(live):
+            calls.append(len(found))
+            if len(calls) == 3:  # load and read_run look for parts first, then check_parts lists them
+                shutil.copy(path / merged_name(0, 3), live / merged_name(0, 3))
+                for i in range(4):
+                    os.remove(live / part_name(i))
+        return found
+
+    monkeypatch.setattr(os, "listdir", merge_after_listing)
+    frame = reports.load(live)
+    monkeypatch.undo()
+    assert calls[:3] == [8, 8, 8] and _files(live) == [merged_name(0, 3)] + [part_name(i) for i in range(4, 7)]
+    assert frame["seq"].tolist() == list(range(6))

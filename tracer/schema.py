@@ -57,6 +57,11 @@ def is_merged_name(name: str) -> bool:
     return _MERGED.fullmatch(name) is not None
 
 
+def is_part_name(name: str) -> bool:
+    """Whether the tracer writes parts under `name` (a part's or a merged part's name; not a copy's)."""
+    return _PART.fullmatch(name) is not None or _MERGED.fullmatch(name) is not None
+
+
 def merged_span(name: str):
     """(first, last) part a merged part's name says it holds, or None for another name."""
     m = _MERGED.fullmatch(name)
@@ -224,18 +229,20 @@ ROLE_KEYS = ("gradient", "optimizer_state", "external_parameter")
 ROLE_RECORDS = {"at_entry": ("id", "bytes"), "resized": ("seq", "id", "bytes")}
 
 
-def part_paths(path):
+def part_paths(path, names=None):
     """The part files of a trace directory, in write order: the names PART_GLOB matches, listed
     (never globbed: the path is taken literally, `[` and `*` included), less those a merged part
-    holds (`superseded`). [] when `path` is no directory."""
+    holds (`superseded`). [] when `path` is no directory. `names`: the directory's listing, when the
+    caller has one (what it checks is then what is read, though a live trace merges meanwhile)."""
     import fnmatch
     import os
 
     path = os.fspath(path)
-    try:
-        names = os.listdir(path)
-    except (FileNotFoundError, NotADirectoryError):
-        return []
+    if names is None:
+        try:
+            names = os.listdir(path)
+        except (FileNotFoundError, NotADirectoryError):
+            return []
     names = fnmatch.filter(names, PART_GLOB)
     gone = superseded(names)
     return [os.path.join(path, name) for name in sorted(names) if name not in gone]
