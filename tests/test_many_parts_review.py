@@ -10,6 +10,7 @@ import bisect
 import json
 import os
 import random
+import re
 import shutil
 import time
 
@@ -160,23 +161,26 @@ def test_a_deleted_merged_file_counts_its_parts_and_rows_missing(tmp_path, monke
 
 
 def test_a_copy_of_the_first_part_a_merged_part_holds_is_named_not_the_merged_part(tmp_path, monkeypatch):
-    path = tmp_path / "t"
+    path, copies = tmp_path / "t", tmp_path / "copies"
+    copies.mkdir()
     remove = os.remove
 
-    def sync_copy(file):  # a sync tool copied part 4 before the tracer merged it into part-000004-000007
-        if os.path.basename(file) == part_name(4):
-            shutil.copy(file, path / "part-000004 (1).parquet")
+    def sync_copy(file):  # a sync tool copied part 0 and part-000000-000003 before the tracer merged them away
+        if os.path.basename(file) in (part_name(0), merged_name(0, 3)):
+            shutil.copy(file, copies / os.path.basename(file).replace(".parquet", " (1).parquet"))
         remove(file)
 
     monkeypatch.setattr(writer.os, "remove", sync_copy)
-    _adds(path, 10, 4, monkeypatch=monkeypatch)  # 0-3, 4-7, 8, 9 and the closing part 10
+    _adds(path, 17, 4, monkeypatch=monkeypatch)  # 0-15 (two levels), 16 and the closing part 17
     monkeypatch.setattr(writer.os, "remove", remove)
-    assert _files(path) == [merged_name(0, 3), "part-000004 (1).parquet", merged_name(4, 7)] + [part_name(i) for i in (8, 9, 10)]
-    with pytest.raises(ReportError, match=r"part-000004 \(1\)\.parquet repeats seq 4 to 4 of part-000004-000007\.parquet"):
-        reports.load(path)
-    os.remove(path / "part-000004 (1).parquet")
-    shutil.copy(path / merged_name(4, 7), path / "part-000004-000007 (1).parquet")  # and a copy of the merged part
-    with pytest.raises(ReportError, match=r"part-000004-000007 \(1\)\.parquet says it is part 8 like part-000004-000007\.parquet"):
+    assert _files(path) == [merged_name(0, 15), part_name(16), part_name(17)]
+    for copy in ("part-000000 (1).parquet", "part-000000-000003 (1).parquet"):  # sorted before part-000000-000015
+        shutil.copy(copies / copy, path / copy)
+        with pytest.raises(ReportError, match=rf"t: {re.escape(copy)} repeats seq 0 to \d of part-000000-000015\.parquet"):
+            reports.load(path)
+        os.remove(path / copy)
+    shutil.copy(path / merged_name(0, 15), path / "part-000000-000015 (1).parquet")  # a copy of the merged part
+    with pytest.raises(ReportError, match=r"part-000000-000015 \(1\)\.parquet says it is part 16 like part-000000-000015\.parquet"):
         reports.load(path)
 
 
@@ -207,3 +211,170 @@ def test_a_merge_between_the_two_listings_of_check_parts_is_read_again(tmp_path,
     monkeypatch.undo()
     assert calls[:3] == [8, 8, 8] and _files(live) == [merged_name(0, 3)] + [part_name(i) for i in range(4, 7)]
     assert frame["seq"].tolist() == list(range(6))
+
+
+# storage roles, metadata and mixed traces -----------------------------------------------------------------
+
+
+def _train(path, fanout, monkeypatch, min_parts=10**6):
+    """Two SGD steps with momentum of a small MLP, one part per op, merged `fanout` files at a time (93 parts)."""
+    monkeypatch.setattr(writer.SmallParts, "FANOUT", fanout)
+    monkeypatch.setattr(writer.SmallParts, "MIN_PARTS", min_parts)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    x = torch.randn(5, 4)
+    with Tracer(path, model=model, tokens=5, run_name="train", flush_rows=1) as tr:
+        for _ in range(2):
+            model(x).square().mean().backward()
+            opt.step()
+            opt.zero_grad()
+            tr.step()
+
+
+def test_the_memory_report_of_a_merged_trace_is_the_unmerged_ones(tmp_path, monkeypatch):
+    _train(tmp_path / "parts", 10**6, monkeypatch)  # never merged
+    _train(tmp_path / "levels", 4, monkeypatch)  # merged 4 at a time during the run, not at close
+    _train(tmp_path / "one", 4, monkeypatch, min_parts=64)  # and all in one part at close
+    parts = _files(tmp_path / "parts")
+    levels = _spans(_files(tmp_path / "levels"))
+    assert len(parts) == 93 and levels == [(0, 63), (64, 79), (80, 83), (84, 87), (88, 91), (92, 92)]  # 64 + 16 + 3*4 + 1
+    assert _files(tmp_path / "one") == [merged_name(0, 92)]
+    roles = read_metadata(tmp_path / "parts")["storage_roles"]
+    assert roles["gradient"] and roles["optimizer_state"]  # learned in the backward and the optimizer step
+    timed = ["run", "start_ns", "duration_ns", "busy_ns"]
+    frames = {name: reports.load(tmp_path / name) for name in ("parts", "levels", "one")}
+    for name in ("levels", "one"):
+        assert read_metadata(tmp_path / name)["storage_roles"] == roles, name
+        assert frames[name].attrs["runs"]["train"]["storage_roles"] == frames["parts"].attrs["runs"]["train"]["storage_roles"]
+        pd.testing.assert_frame_equal(frames[name].drop(columns=timed), frames["parts"].drop(columns=timed))
+        for table in (reports.by_category, reports.storages, reports.peak):
+            pd.testing.assert_frame_equal(table(frames[name]).drop(columns="run"), table(frames["parts"]).drop(columns="run"))
+
+
+def test_a_merged_part_says_how_many_parts_it_holds_and_the_rows_so_far(tmp_path, monkeypatch):
+    path = tmp_path / "t"
+    _adds(path, 21, 4, monkeypatch=monkeypatch)  # 0-15 (two levels), 16-19, 20 and the closing part 21
+    assert _files(path) == [merged_name(0, 15), merged_name(16, 19), part_name(20), part_name(21)]
+    import pyarrow.parquet as pq
+    from tracer.schema import footer_metadata
+
+    def meta(name):
+        return json.loads(footer_metadata(pq.read_metadata(path / name)))
+
+    assert [(meta(n)["parts"], meta(n).get("merged_parts"), meta(n)["rows"]) for n in _files(path)] == [
+        (16, 16, 16), (20, 4, 20), (21, None, 21), (22, None, 21)]  # one row per op; the closing part holds none
+    assert read_metadata(path)["parts"] == 22 and set(reports.load(path).attrs["runs"]["adds"]["damage"].values()) == {0}
+
+
+def test_a_failed_part_write_stops_the_merges_and_counts_its_rows_lost(tmp_path, monkeypatch):
+    path = tmp_path / "t"
+    real = writer.write_table
+
+    def full_disk_once(table, file):  # part 5 (seq 5) cannot be written; the part after it is part 5 again
+        if os.path.basename(file).startswith(f".{part_name(5)}.") and not full_disk_once.failed:
+            full_disk_once.failed = True
+            raise OSError(28, "No space left on device")
+        real(table, file)
+
+    full_disk_once.failed = False
+    monkeypatch.setattr(writer, "write_table", full_disk_once)
+    with pytest.warns(UserWarning) as caught:
+        _adds(path, 12, 2, monkeypatch=monkeypatch)
+    assert [str(w.message).split(" (")[0] for w in caught] == [
+        f"optrace: could not write {path / part_name(5)}", f"optrace: trace {str(path)!r} is incomplete: 1 rows lost to write errors"]
+    assert _spans(_files(path)) == [(0, 3), (4, 4)] + [(i, i) for i in range(5, 12)]  # nothing merged after the loss
+    with pytest.warns(UserWarning, match="incomplete"):
+        frame = reports.load(path)
+    assert frame["seq"].tolist() == [0, 1, 2, 3, 4] + list(range(6, 12))  # seq 5 lost
+    assert frame.attrs["runs"]["adds"]["damage"] == {
+        "record_errors": 0, "lost_rows": 1, "missing_rows": 0, "missing_parts": 0, "seq_gaps": 1}
+
+
+def test_big_parts_between_small_ones_are_never_merged_across(tmp_path, monkeypatch):
+    monkeypatch.setattr(writer.SmallParts, "SMALL_ROWS", 3)  # a part of 3 rows or more is big
+    monkeypatch.setattr(writer.SmallParts, "FANOUT", 2)
+    path = tmp_path / "t"
+    with Tracer(path, flush_rows=1, run_name="mixed") as tr:
+        a = torch.zeros(1)
+        for i in range(1, 12):
+            if i == 5:
+                tr.flush_rows = 3  # parts 5 and 6: 3 rows each (seq 5-7, 8-10)
+                tr._flush_at = 3 * writer.ROW_WIDTH
+            a = a + 1
+    # parts 0-3 merged, 4 alone, two big parts (5, 6) never merged, then the closing part of 1 row (seq 11)
+    names = _files(path)
+    assert names == [merged_name(0, 3), part_name(4), part_name(5), part_name(6), part_name(7)]
+    frame = reports.load(path)
+    assert frame["seq"].tolist() == list(range(12)) and set(frame.attrs["runs"]["mixed"]["damage"].values()) == {0}
+
+
+def test_set_step_time_after_a_merge_at_close_adds_a_part_counted_whole(tmp_path, monkeypatch, capsys):
+    path = tmp_path / "t"
+    monkeypatch.setattr(writer.SmallParts, "MIN_PARTS", 8)
+    tr = _adds(path, 9, 4, monkeypatch=monkeypatch)  # 9 one-row parts and the closing part: one part at close
+    assert _files(path) == [merged_name(0, 9)]
+    tr.set_step_time(0.5)
+    assert _files(path) == [merged_name(0, 9), part_name(10)]  # the late part, numbered after those merged
+    meta = read_metadata(path)
+    assert (meta["parts"], meta["step_time"], meta["rows"]) == (11, {"median_s": 0.5}, 9)
+    for engine in ("sql", "pandas"):
+        found = _report_json(capsys, path, "--engine", engine)
+        assert (found["complete"], set(found["damage"].values())) == (True, {0}), engine
+
+
+def test_a_forked_child_neither_writes_nor_merges(tmp_path, monkeypatch):
+    path = tmp_path / "t"
+    seen = {}
+
+    def fork_at(i):
+        if i != 3:
+            return
+        before = _files(path)  # parts 0-2 (FANOUT 4: nothing merged yet)
+        pid = os.fork()
+        if pid == 0:  # the child: ops, flushes and a roll, all inert
+            try:
+                b = torch.ones(1)
+                for _ in range(8):
+                    b = b + 1
+                tr = Tracer._active
+                tr._flush()
+                tr._merge(tr._writer.roll)
+                tr._close(True)
+            finally:
+                os._exit(0 if _files(path) == before else 1)
+        seen["child"] = os.waitpid(pid, 0)[1]
+
+    _adds(path, 10, 4, monkeypatch=monkeypatch, during=fork_at)
+    assert seen["child"] == 0
+    assert _spans(_files(path)) == [(0, 3), (4, 7), (8, 8), (9, 9), (10, 10)]
+    assert reports.load(path)["seq"].tolist() == list(range(10))
+
+
+def test_superseded_matches_a_plain_reading_and_takes_linear_time_on_10000_names():
+    rng = random.Random(0)
+    for _ in range(200):  # random traces: levels of FANOUT 2-4 files, some merges cut short (narrower files left)
+        fanout, names, files = rng.randint(2, 4), [], []
+        for i in range(rng.randint(1, 60)):
+            names.append(part_name(i))
+            files.append((i, i, 0))
+            while len(files) >= fanout and len({f[2] for f in files[-fanout:]}) == 1:
+                group = files[-fanout:]
+                del files[-fanout:]
+                files.append((group[0][0], group[-1][1], group[0][2] + 1))
+                names.append(merged_name(group[0][0], group[-1][1]))
+                if rng.random() < 0.7:  # the held ones removed, else left as a kill leaves them
+                    held = {part_name(j) for j in range(group[0][0], group[-1][1] + 1)}
+                    held |= {merged_name(a, b) for a, b, _ in group if a != b}
+                    names = [n for n in names if n not in held]
+        names.append("part-000001 (1).parquet")  # a copy: never superseded
+        spans = {n: (int(n[5:11]), int(n[-14:-8]) if n.count("-") == 2 else int(n[5:11])) for n in names if "(" not in n}
+        plain = {n for n, (a, b) in spans.items() if any(c <= a and b <= d and (c, d) != (a, b) for c, d in spans.values())}
+        assert superseded(names) == plain
+        low, high = files[-1][0], files[-1][1]
+        assert superseded(names, within=(low, high)) == {n for n in plain if low <= spans[n][0] and spans[n][1] <= high}
+    many = [part_name(i) for i in range(10_000)] + [merged_name(i, i + 63) for i in range(0, 9984, 64)]
+    start = time.process_time()
+    gone = superseded(many)
+    assert len(gone) == 9984 and part_name(9984) not in gone  # the parts of 156 merged files of 64; the last 16 not
+    assert time.process_time() - start < 1.0  # a quadratic reading takes ~1,560,000 comparisons of spans
