@@ -378,3 +378,36 @@ def test_superseded_matches_a_plain_reading_and_takes_linear_time_on_10000_names
     gone = superseded(many)
     assert len(gone) == 9984 and part_name(9984) not in gone  # the parts of 156 merged files of 64; the last 16 not
     assert time.process_time() - start < 1.0  # a quadratic reading takes ~1,560,000 comparisons of spans
+
+
+@pytest.mark.parametrize("lists", ["objects", "arrow"])
+def test_a_merge_between_the_checks_and_the_read_of_the_rows_is_read_again(tmp_path, monkeypatch, lists):
+    import reports.loading.load as load_module
+    import tracer.schema as schema
+
+    path, live = tmp_path / "t", tmp_path / "live"
+    remove = os.remove
+    monkeypatch.setattr(writer.os, "remove", lambda file: os.path.basename(file).startswith("part-") or remove(file))
+    _adds(path, 6, 4, monkeypatch=monkeypatch)  # parts 0-6 (6: the closing part) and part-000000-000003, all kept
+    monkeypatch.setattr(writer.os, "remove", remove)
+    shutil.copytree(path, live, ignore=lambda _, names: [merged_name(0, 3)])  # the trace before the merge
+    real_paths, real_read, armed = schema.part_paths, load_module.read_table, []
+
+    def merge_after_listing(where, names=None):  # the tracer merges parts 0-3 right after the rows' read lists them
+        found = real_paths(where, names)
+        if armed and armed.pop():
+            shutil.copy(path / merged_name(0, 3), live / merged_name(0, 3))
+            for i in range(4):
+                os.remove(live / part_name(i))
+        return found
+
+    def read_rows(*args, **kwargs):  # the trace's checks are done: its rows are read next
+        armed.append(True)
+        return real_read(*args, **kwargs)
+
+    monkeypatch.setattr(schema, "part_paths", merge_after_listing)
+    monkeypatch.setattr(load_module, "read_table", read_rows)
+    frame = reports.load(live, lists=lists)
+    monkeypatch.undo()
+    assert _files(live) == [merged_name(0, 3)] + [part_name(i) for i in range(4, 7)]
+    assert frame["seq"].tolist() == list(range(6))

@@ -150,12 +150,22 @@ class _Parts:
 
 def read_table(path, columns, lists="objects", footers=None):
     """The trace's `columns` as a pyarrow Table ("objects"), or as parts `to_pandas` frees as it goes
-    (`footers`: the parts' footers already read, as `reports.loading.integrity.footer` keeps them)."""
-    import pyarrow.parquet as pq
-
+    (`footers`: the parts' footers already read, as `reports.loading.integrity.footer` keeps them).
+    A live trace's tracer may merge listed parts away before they are read: listed and read again, twice."""
     from tracer.schema import part_paths
 
-    parts = part_paths(path)
+    for attempt in range(3):
+        parts = part_paths(path)
+        try:
+            return _read_listed(path, parts, columns, lists, footers)
+        except OSError:  # pyarrow's FileNotFoundError among them
+            if attempt == 2 or part_paths(path) == parts:  # the same parts: the error is the trace's own
+                raise
+
+
+def _read_listed(path, parts, columns, lists, footers):
+    import pyarrow.parquet as pq
+
     nested = any(entry.is_dir() for entry in os.scandir(path))
     if lists == "objects":  # the listed parts (a merged part's leftovers left out), or the directory's files
         return pq.read_table(parts if parts and not nested else path, columns=columns)
