@@ -6,7 +6,6 @@ files: with FANOUT 2, parts 0-7 become part-000000-000001, then part-000000-0000
 then level 2 in one roll), ..., part-000000-000007.
 """
 
-import bisect
 import json
 import os
 import random
@@ -15,17 +14,17 @@ import shutil
 import time
 
 import pandas as pd
+import pyarrow.parquet as pq
 import pytest
 import torch
 from torch import nn
 
 import reports
-import reports.loading.integrity as integrity
 import tracer.writer as writer
 from reports.errors import ReportError
 from reports.output.cli import main
 from tracer import Tracer, read_metadata
-from tracer.schema import MARKER_NAME, merged_name, part_name, part_paths, superseded
+from tracer.schema import footer_metadata, merge_metadata, merged_name, merged_span, part_name, part_paths, superseded
 
 
 def _adds(path, ops, fanout, *, min_parts=None, monkeypatch, during=None):
@@ -234,7 +233,18 @@ def _train(path, fanout, monkeypatch, min_parts=10**6):
 
 def test_the_memory_report_of_a_merged_trace_is_the_unmerged_ones(tmp_path, monkeypatch):
     _train(tmp_path / "parts", 10**6, monkeypatch)  # never merged
+    remove, killed = os.remove, []
+
+    def snapshot_cascades(file):  # what a kill leaves after a merged part of 16 or 64 parts is renamed into place
+        span = merged_span(os.path.basename(file))
+        if span and span[1] - span[0] == 3 and (span[1] + 1) % 16 == 0:  # the first removal of such a merge
+            killed.append(tmp_path / f"kill{len(killed)}")
+            shutil.copytree(tmp_path / "levels", killed[-1])
+        remove(file)
+
+    monkeypatch.setattr(writer.os, "remove", snapshot_cascades)
     _train(tmp_path / "levels", 4, monkeypatch)  # merged 4 at a time during the run, not at close
+    monkeypatch.setattr(writer.os, "remove", remove)
     _train(tmp_path / "one", 4, monkeypatch, min_parts=64)  # and all in one part at close
     parts = _files(tmp_path / "parts")
     levels = _spans(_files(tmp_path / "levels"))
@@ -242,6 +252,11 @@ def test_the_memory_report_of_a_merged_trace_is_the_unmerged_ones(tmp_path, monk
     assert _files(tmp_path / "one") == [merged_name(0, 92)]
     roles = read_metadata(tmp_path / "parts")["storage_roles"]
     assert roles["gradient"] and roles["optimizer_state"]  # learned in the backward and the optimizer step
+    metas = [json.loads(footer_metadata(pq.read_metadata(tmp_path / "parts" / name))) for name in parts]
+    assert len(killed) == 5  # parts 0-15, 16-31, 32-47, 48-63 (then 0-63) and 64-79 merged
+    for snap in killed:
+        last = _spans(_files(snap))[-1][1]  # the newest part merged
+        assert read_metadata(snap)["storage_roles"] == merge_metadata(metas[: last + 1])["storage_roles"], snap
     timed = ["run", "start_ns", "duration_ns", "busy_ns"]
     frames = {name: reports.load(tmp_path / name) for name in ("parts", "levels", "one")}
     for name in ("levels", "one"):
@@ -256,9 +271,6 @@ def test_a_merged_part_says_how_many_parts_it_holds_and_the_rows_so_far(tmp_path
     path = tmp_path / "t"
     _adds(path, 21, 4, monkeypatch=monkeypatch)  # 0-15 (two levels), 16-19, 20 and the closing part 21
     assert _files(path) == [merged_name(0, 15), merged_name(16, 19), part_name(20), part_name(21)]
-    import pyarrow.parquet as pq
-    from tracer.schema import footer_metadata
-
     def meta(name):
         return json.loads(footer_metadata(pq.read_metadata(path / name)))
 
