@@ -423,3 +423,61 @@ def test_a_merge_between_the_checks_and_the_read_of_the_rows_is_read_again(tmp_p
     monkeypatch.undo()
     assert _files(live) == [merged_name(0, 3)] + [part_name(i) for i in range(4, 7)]
     assert frame["seq"].tolist() == list(range(6))
+
+
+_KILLED = """
+import os, sys, torch
+import tracer.writer as writer
+from tracer import Tracer
+writer.SmallParts.FANOUT = 2
+remove, removals = os.remove, []
+
+def killed_inside_the_cascade(file):  # parts 0-7 merged into part-000000-000007: killed before its first removal
+    if os.path.basename(file).startswith("part-"):
+        removals.append(file)
+        if len(removals) == 13:
+            os._exit(0)
+    remove(file)
+
+os.remove = killed_inside_the_cascade
+with Tracer(sys.argv[1], flush_rows=1, run_name="killed"):
+    a = torch.zeros(1)
+    for _ in range(9):
+        a = a + 1
+"""
+
+
+def test_a_process_killed_inside_a_cascade_of_merges_is_read_whole(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    path = tmp_path / "t"
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    subprocess.run([sys.executable, "-c", _KILLED, str(path)], check=True, env=env, timeout=120)
+    assert _files(path) == [merged_name(0, 3), merged_name(0, 7), merged_name(4, 7)]  # seq 0-7; op 9 never flushed
+    with pytest.warns(UserWarning, match=r"incomplete \(cut short\); reporting the 8 rows"):
+        assert reports.load(path)["seq"].tolist() == list(range(8))
+    assert len(pd.read_parquet(part_paths(path))) == 8
+    meta = read_metadata(path)  # (the CLI's engines and export: on the same files, the snapshots above)
+    assert (meta["rows"], meta["parts"], meta["merged_parts"], meta["complete"]) == (8, 8, 8, False)
+
+
+def test_a_ctrl_c_while_a_merged_part_is_written_leaves_the_files_it_would_hold(tmp_path, monkeypatch):
+    path, snapshot = tmp_path / "t", tmp_path / "snapshot"
+    real, calls = writer.write_table, []
+
+    def ctrl_c_once(table, file):  # the first merged part (parts 0, 1): written, then Ctrl-C before its rename
+        real(table, file)
+        if os.path.basename(file).startswith(f".{merged_name(0, 1)}."):
+            calls.append(file)
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(writer, "write_table", ctrl_c_once)
+    _adds(path, 8, 2, monkeypatch=monkeypatch, during=lambda i: i == 5 and shutil.copytree(path, snapshot))
+    assert len(calls) == 1 and not [n for n in os.listdir(snapshot) if n.endswith(".tmp")]  # no temporary left
+    # part 0 stays alone; parts 1-2, 3-4 merge, then 1-4: the levels start one part later, nothing overlaps
+    assert _spans(_files(snapshot)) == [(0, 0), (1, 4), (5, 5)]
+    with pytest.warns(UserWarning, match="incomplete"):
+        assert reports.load(snapshot)["seq"].tolist() == list(range(6))
+    assert reports.load(path)["seq"].tolist() == list(range(8))
