@@ -481,3 +481,20 @@ def test_a_ctrl_c_while_a_merged_part_is_written_leaves_the_files_it_would_hold(
     with pytest.warns(UserWarning, match="incomplete"):
         assert reports.load(snapshot)["seq"].tolist() == list(range(6))
     assert reports.load(path)["seq"].tolist() == list(range(8))
+
+
+def test_parts_written_at_each_pause_merge_and_read_whole(tmp_path, monkeypatch):
+    monkeypatch.setattr(writer.SmallParts, "FANOUT", 2)
+    path = tmp_path / "t"
+    with Tracer(path, run_name="paused") as tr:  # tracer/meter.py pauses the tracer between the steps it traces
+        a = torch.zeros(1)
+        for _ in range(4):
+            a = a + 1  # traced: one row
+            tr._pause()  # a part of the rows so far; merges run
+            a = a * 2  # not traced
+            tr._resume()
+    # parts 0-3 (one per pause) merged as 0-1, 2-3, then 0-3; the closing part 4 holds none
+    assert _files(path) == [merged_name(0, 3), part_name(4)]
+    frame = reports.load(path)
+    assert frame["op"].astype(str).tolist() == ["aten.zeros.default"] + ["aten.add.Tensor"] * 4 and frame["seq"].tolist() == list(range(5))
+    assert a.item() == 30.0  # ((((0+1)*2+1)*2+1)*2+1)*2: the program's result is its own
