@@ -24,7 +24,7 @@ import tracer.writer as writer
 from reports.errors import ReportError
 from reports.output.cli import main
 from tracer import Tracer, read_metadata
-from tracer.schema import footer_metadata, merge_metadata, merged_name, merged_span, part_name, part_paths, superseded
+from tracer.schema import MARKER_NAME, footer_metadata, merge_metadata, merged_name, merged_span, part_name, part_paths, superseded
 
 
 def _adds(path, ops, fanout, *, min_parts=None, monkeypatch, during=None):
@@ -342,9 +342,12 @@ def test_a_forked_child_neither_writes_nor_merges(tmp_path, monkeypatch):
     def fork_at(i):
         if i != 3:
             return
-        before = _files(path)  # parts 0-2 (FANOUT 4: nothing merged yet)
+        def state():  # every file and the marker's bytes
+            return sorted(os.listdir(path)), (path / MARKER_NAME).read_bytes()
+
+        before = state()  # parts 0-2 (FANOUT 4: nothing merged yet)
         pid = os.fork()
-        if pid == 0:  # the child: ops, flushes and a roll, all inert
+        if pid == 0:  # the child: ops, a flush, a roll and leaving the block, all inert
             try:
                 b = torch.ones(1)
                 for _ in range(8):
@@ -352,9 +355,9 @@ def test_a_forked_child_neither_writes_nor_merges(tmp_path, monkeypatch):
                 tr = Tracer._active
                 tr._flush()
                 tr._merge(tr._writer.roll)
-                tr._close(True)
+                tr.__exit__(None, None, None)
             finally:
-                os._exit(0 if _files(path) == before else 1)
+                os._exit(0 if state() == before else 1)
         seen["child"] = os.waitpid(pid, 0)[1]
 
     _adds(path, 10, 4, monkeypatch=monkeypatch, during=fork_at)
