@@ -57,6 +57,11 @@ def is_merged_name(name: str) -> bool:
     return _MERGED.fullmatch(name) is not None
 
 
+def is_part_name(name: str) -> bool:
+    """Whether the tracer writes parts under `name` (a part's or a merged part's name; not a copy's)."""
+    return _PART.fullmatch(name) is not None or _MERGED.fullmatch(name) is not None
+
+
 def merged_span(name: str):
     """(first, last) part a merged part's name says it holds, or None for another name."""
     m = _MERGED.fullmatch(name)
@@ -224,26 +229,20 @@ ROLE_KEYS = ("gradient", "optimizer_state", "external_parameter")
 ROLE_RECORDS = {"at_entry": ("id", "bytes"), "resized": ("seq", "id", "bytes")}
 
 
-def part_paths(path):
+def part_paths(path, names=None):
     """The part files of a trace directory, in write order: the names PART_GLOB matches, listed
     (never globbed: the path is taken literally, `[` and `*` included), less those a merged part
-    holds (`superseded`). [] when `path` is no directory."""
+    holds (`superseded`). [] when `path` is no directory. `names`: the directory's listing, when the
+    caller has one (what it checks is then what is read, though a live trace merges meanwhile)."""
     import fnmatch
     import os
 
     path = os.fspath(path)
-    try:
-        names = os.listdir(path)
-    except (FileNotFoundError, NotADirectoryError):
-        return []
-    return parts_among(path, names)
-
-
-def parts_among(path, names):
-    """part_paths of the directory `path` whose listing is `names`."""
-    import fnmatch
-    import os
-
+    if names is None:
+        try:
+            names = os.listdir(path)
+        except (FileNotFoundError, NotADirectoryError):
+            return []
     names = fnmatch.filter(names, PART_GLOB)
     gone = superseded(names)
     return [os.path.join(path, name) for name in sorted(names, key=_write_order) if name not in gone]
@@ -258,7 +257,7 @@ def _write_order(name):
     m = _NUMBERED.match(name)
     if m is None:
         return float("inf"), 0, 1, name
-    return int(m[1]), int(m[2] or m[1]), not (_PART.fullmatch(name) or _MERGED.fullmatch(name)), name
+    return int(m[1]), int(m[2] or m[1]), not is_part_name(name), name
 
 
 def merge_metadata(metas) -> dict:

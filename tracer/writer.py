@@ -321,11 +321,19 @@ class PartWriter:
 
     def roll(self):
         """During the run, SmallParts.FANOUT neighbouring files of one level become one (see SmallParts):
-        called after each part written. A failure leaves the files as they were and raises."""
+        called after each part written. A failure (a Ctrl-C too) raises: before the merged part's rename it leaves
+        the files as they were, after it the merged part stands for them (merging them again would overlap it)."""
         while (group := self.small.due()) is not None:
             last = group[-1]
-            metadata = dict(last.metadata, storage_roles=_roles(group), merged_parts=last.last - group[0].first + 1)
-            self.small.merged(self._merge(group, metadata), metadata)
+            span = group[0].first, last.last
+            metadata = dict(last.metadata, storage_roles=_roles(group), merged_parts=span[1] - span[0] + 1)
+            try:
+                self._merge(group, metadata)
+            except BaseException:
+                if os.path.exists(os.path.join(self.directory, merged_name(*span))):
+                    self.small.merged(span, metadata)
+                raise
+            self.small.merged(span, metadata)
 
     def _merge(self, group, metadata):
         """Write the rows of `group` (SmallParts files) as one merged part, renamed into place before the

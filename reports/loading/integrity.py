@@ -30,7 +30,7 @@ except ImportError:
 
 from reports.errors import ReportError
 from reports.loading.validate import check_footers, check_metadata, check_schema, parse_json
-from tracer.schema import footer_metadata, is_merged_name, marker_json, merged_span, part_name, part_paths, parts_among, read_marker_file, superseded
+from tracer.schema import footer_metadata, is_merged_name, is_part_name, marker_json, merged_span, part_name, part_paths, read_marker_file, superseded
 
 MAX_METADATA_BYTES = 64 << 20  # a part's metadata JSON (a 70B model's parameter table: ~100 KB)
 MAX_MARKER_BYTES = 1 << 20  # the marker is written 4 KiB long
@@ -98,11 +98,11 @@ def check_parts(path, footers=None, unread=()):
     """[(part file, metadata dict, row count)] of every part, or ReportError naming the first bad file.
     `unread`: columns the caller leaves in the files, checked from the parts' statistics (reports/loading/validate.py)."""
     path = os.fspath(path)
-    try:  # one listing: a live trace's tracer adds parts (and merges them) meanwhile
+    try:
         names = sorted(os.listdir(path))
     except OSError as exc:
         raise ReportError(f"{path}: cannot list the trace directory ({exc.strerror or one_line(exc)})") from None
-    parts_here = parts_among(path, names)
+    parts_here = part_paths(path, names)  # one listing: a live trace's merge between two would be a foreign file
     known = set(parts_here)
     left = superseded(names)  # parts whose rows a merged part holds (a merge at close cut short): not read
     for name in names:
@@ -114,9 +114,7 @@ def check_parts(path, footers=None, unread=()):
                 raise ReportError(f"{path}: {name} is a rank directory inside a trace with parts of its own "
                                   "(another trace's rows?); move it out")  # fmt: skip
             continue  # one rank of a distributed trace: checked when that rank is read
-        if not os.path.isfile(full):
-            if not os.path.lexists(full):
-                raise MergedAway(f"{path}: {name} was merged into another part while it was read; read the trace again")
+        if not os.path.isfile(full) and os.path.lexists(full):  # one gone since the listing (merged): its footer read says so
             raise ReportError(f"{path}: {name} is a directory, not an optrace part; move it out of the trace")
         if full not in known:
             raise ReportError(f"{path}: {name} is not an optrace part (a trace holds only part-*.parquet files); move it out")
@@ -198,6 +196,8 @@ def _check_repeats(path, parts):
     ranges = sorted((*parts.seq_ranges[part], os.path.basename(part)) for part, _, _ in parts if part in parts.seq_ranges)
     for (low, high, _, name), (low2, high2, _, name2) in zip(ranges, ranges[1:]):
         if low2 <= high:
+            if is_part_name(name2) and not is_part_name(name):  # a copy of the first part a merged part holds
+                name, name2 = name2, name
             raise ReportError(f"{path}: {name2} repeats seq {low2} to {min(high, high2)} of {name} "
                               "(a copy of a part?); move it out")  # fmt: skip
 
