@@ -30,13 +30,13 @@ from tracer.schema import MARKER_NAME, merged_name, part_name, superseded
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _train(path):
+def _train(path, run_name="many"):
     """Two SGD steps of a Linear on tiny inputs, one part per op (flush_rows=1)."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2))
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     x = torch.randn(5, 4)
-    with Tracer(path, model=model, tokens=5, run_name="many", flush_rows=1) as tr:
+    with Tracer(path, model=model, tokens=5, run_name=run_name, flush_rows=1) as tr:
         for _ in range(2):
             model(x).square().mean().backward()
             opt.step()

@@ -17,7 +17,6 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 import torch
-from torch import nn
 
 import reports
 import tracer.writer as writer
@@ -25,6 +24,8 @@ from reports.errors import ReportError
 from reports.output.cli import main
 from tracer import Tracer, read_metadata
 from tracer.schema import MARKER_NAME, footer_metadata, merge_metadata, merged_name, merged_span, part_name, part_paths, superseded
+
+from test_many_parts import _train as train
 
 
 def _adds(path, ops, fanout, *, min_parts=None, monkeypatch, during=None):
@@ -216,19 +217,10 @@ def test_a_merge_between_the_two_listings_of_check_parts_is_read_again(tmp_path,
 
 
 def _train(path, fanout, monkeypatch, min_parts=10**6):
-    """Two SGD steps with momentum of a small MLP, one part per op, merged `fanout` files at a time (93 parts)."""
+    """test_many_parts' two SGD steps with momentum, one part per op, merged `fanout` files at a time (93 parts)."""
     monkeypatch.setattr(writer.SmallParts, "FANOUT", fanout)
     monkeypatch.setattr(writer.SmallParts, "MIN_PARTS", min_parts)
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2))
-    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    x = torch.randn(5, 4)
-    with Tracer(path, model=model, tokens=5, run_name="train", flush_rows=1) as tr:
-        for _ in range(2):
-            model(x).square().mean().backward()
-            opt.step()
-            opt.zero_grad()
-            tr.step()
+    train(path, run_name="train")
 
 
 def test_the_memory_report_of_a_merged_trace_is_the_unmerged_ones(tmp_path, monkeypatch):
