@@ -126,7 +126,7 @@ def check_parts(path, footers=None, unread=()):
             schema = found.schema.to_arrow_schema()
             raw = footer_metadata(found)  # the plain footer key (v3), or inside the Arrow schema (v1, v2)
         except Exception as exc:
-            if isinstance(exc, FileNotFoundError) and name not in (os.path.basename(p) for p in list_parts(path)):
+            if isinstance(exc, FileNotFoundError) and not os.path.lexists(part):
                 raise MergedAway(f"{path}: {name} was merged into another part while it was read; read the trace again")
             raise ReportError(f"{path}: not a readable Parquet trace ({name}: {one_line(exc)})") from None
         if raw is None:
@@ -163,7 +163,7 @@ def check_parts(path, footers=None, unread=()):
 
 class MergedAway(ReportError):
     """A part listed, then removed before its footer was read: the tracer of a live trace merged it (tracer/writer.py
-    SmallParts). Reading the trace again finds the merged part; reports.loading.load.read_run does, twice."""
+    SmallParts). Reading the trace again finds the merged part (`reread`)."""
 
 
 REREADS = 3  # reads of a live trace whose parts were merged away while it was read, before the error stands
@@ -171,9 +171,21 @@ _PART_PATH = re.compile(r"""([^'"\s]*part-[^'"\s/\\]*\.parquet)""")
 
 
 def merged_away(exc):
-    """Whether `exc` (pyarrow's or DuckDB's) names a part file that is gone now: a live trace's tracer merged it
-    after the trace was listed (or it was deleted; read again, its rows count as missing)."""
+    """Whether `exc` (MergedAway, or pyarrow's or DuckDB's naming a part file that is gone now) comes from a part
+    a live trace's tracer merged after the trace was listed (or one deleted: read again, its rows count as missing)."""
+    if isinstance(exc, MergedAway):
+        return True
     return any(not os.path.exists(name) for name in _PART_PATH.findall(str(exc)) if os.path.isabs(name))
+
+
+def reread(read):
+    """read(), called again (REREADS times in all) while it fails on a part merged away since it was listed."""
+    for attempt in range(REREADS):
+        try:
+            return read()
+        except Exception as exc:
+            if attempt + 1 == REREADS or not merged_away(exc):
+                raise
 
 
 class Parts(list):

@@ -10,7 +10,7 @@ import pyarrow as pa
 
 from reports.errors import ReportError
 from reports.loading.columns import LIST_MODES, SharedRuns, concat_frames, has_column, read_table, to_pandas
-from reports.loading.integrity import REREADS, Footers, MergedAway, check_parts, damage, describe_damage, list_parts, merged_away, no_parts, one_line, read_marker
+from reports.loading.integrity import Footers, check_parts, damage, describe_damage, list_parts, no_parts, one_line, read_marker, reread
 from reports.loading.validate import check_metadata_ids, check_rows, max_storage_id
 from tracer.schema import COLUMN_NAMES, SCHEMA_VERSION, merge_metadata, missing_columns
 
@@ -29,13 +29,7 @@ def read_run(path, footers=None, unread=()):
         raise ReportError(f"{path}: not an optrace trace (a trace is a directory of part-*.parquet files)")
     if not list_parts(path):
         raise ReportError(no_parts(path))
-    for attempt in range(REREADS):  # every part read and its metadata parsed (unreadable parts and bad JSON refused)
-        try:
-            parts = check_parts(path, footers, unread)
-            break
-        except MergedAway:  # a live trace's small parts merged meanwhile: the listing has the merged part now
-            if attempt + 1 == REREADS:
-                raise
+    parts = reread(lambda: check_parts(path, footers, unread))  # every part read and its metadata parsed
     try:
         meta = merge_metadata(part_meta for _, part_meta, _ in parts)
     except AttributeError:  # storage_roles that is not an object
@@ -85,20 +79,10 @@ def load(paths, columns=None, lists="objects"):
     wanted_all = list(columns) if columns is not None else list(COLUMN_NAMES)
     unread = [c for c in COLUMN_NAMES if c not in wanted_all]  # left in the files: checked from the parts' statistics
     for path, rank in runs_with_ranks(paths):
-        for attempt in range(REREADS):  # a live trace's parts merged away while read: read it again
-            meta = read_run(path, footers, unread)
-            wanted = list(columns) if columns is not None else list(COLUMN_NAMES)
-            lacks = missing_columns(meta["schema_version"])  # v1, v2 traces lack later columns: read what exists, fill the rest
-            upgrade = any(c in lacks for c in wanted)
-            read = [c for c in wanted if c not in lacks] if upgrade else wanted
-            if upgrade and "busy_ns" in lacks and "busy_ns" in wanted and "duration_ns" not in read:
-                read.append("duration_ns")
-            try:
-                table = read_table(path, read, lists, footers)
-                break
-            except (pa.ArrowException, OSError) as exc:
-                if attempt + 1 == REREADS or not merged_away(exc):
-                    raise ReportError(f"{path}: not a readable Parquet trace ({one_line(exc)})") from None
+        try:  # a live trace's parts merged away while read: its checks and its rows read again
+            meta, read, lacks, upgrade, table = reread(lambda: _read_rows(path, footers, unread, wanted_all, lists))
+        except (pa.ArrowException, OSError) as exc:
+            raise ReportError(f"{path}: not a readable Parquet trace ({one_line(exc)})") from None
         name = run_name(path, rank, meta, runs)
         frame_ranks.append(rank if rank is not None else meta.get("rank"))
         missing = sorted(set(read) - set(table.column_names))
@@ -109,7 +93,7 @@ def load(paths, columns=None, lists="objects"):
         check_rows(path, rows, limit)  # nulls, negative or absurd values, repeated seq
         frame = to_pandas(table, lists)
         if upgrade:
-            frame = _fill_v2(frame, wanted, lacks)
+            frame = _fill_v2(frame, wanted_all, lacks)
         broken = describe_damage(meta["damage"])
         if not meta.get("complete") or broken:  # one warning per trace, every fact in it
             state = "incomplete (cut short)" if not meta.get("complete") else "damaged"
@@ -123,6 +107,17 @@ def load(paths, columns=None, lists="objects"):
         df.insert(1, "rank", np.repeat(np.array([int(r or 0) for r in frame_ranks], dtype=np.int64), lengths))
     df.attrs["runs"] = runs
     return df
+
+
+def _read_rows(path, footers, unread, wanted, lists):
+    """(metadata, columns read, columns the trace's version lacks, whether any is wanted, table) of one run."""
+    meta = read_run(path, footers, unread)
+    lacks = missing_columns(meta["schema_version"])  # v1, v2 traces lack later columns: read what exists, fill the rest
+    upgrade = any(c in lacks for c in wanted)
+    read = [c for c in wanted if c not in lacks] if upgrade else wanted
+    if upgrade and "busy_ns" in lacks and "busy_ns" in wanted and "duration_ns" not in read:
+        read.append("duration_ns")
+    return meta, read, lacks, upgrade, read_table(path, read, lists, footers)
 
 
 def id_limit(meta, rows):

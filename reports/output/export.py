@@ -47,7 +47,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from reports.errors import ReportError
-from reports.loading.integrity import REREADS, Footers, describe_damage, list_parts, merged_away, one_line
+from reports.loading.integrity import Footers, describe_damage, list_parts, merged_away, one_line, reread
 from reports.loading.load import id_limit, read_run
 from reports.loading.validate import check_rows
 from reports.memory.lifetimes import dtype_sizes
@@ -381,29 +381,27 @@ def _damage_mark(meta):
     return " DAMAGED" if describe_damage(meta["damage"]) else ""
 
 
-class _Gone(Exception):
-    """A part read during the export is gone: the tracer of a live trace merged it (tracer/writer.py SmallParts)."""
-
-
 def export_trace(trace, out, batch_rows=BATCH_ROWS):
     """Write `trace` (a trace directory, with or without rank=R sub-directories) to `out`:
     Chrome trace-event JSON when `out` ends in .json, Perfetto's protobuf format when it ends
     in .pftrace (needs the `perfetto` package). Returns the number of op slices written.
     A live trace whose parts are merged away while read is exported again from its new parts
     (into a file; to stdout, the first events are out already: one line says so)."""
-    for attempt in range(REREADS):
+    def attempt():
         with warnings.catch_warnings(record=True) as caught:  # an attempt abandoned warns nothing
             warnings.simplefilter("always")
-            try:
-                ops = _export(trace, out, batch_rows)
-            except _Gone as exc:
-                if os.fspath(out) == "-" or attempt + 1 == REREADS:
-                    raise ReportError(f"export: {exc} (the tracer of a live trace merged that part away while it was "
-                                      "read: export the trace again)") from None  # fmt: skip
-                continue
-        for w in caught:
-            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
-        return ops
+            return _export(trace, out, batch_rows), caught
+
+    try:
+        ops, caught = attempt() if os.fspath(out) == "-" else reread(attempt)
+    except Exception as exc:
+        if isinstance(exc, ReportError) or not merged_away(exc):
+            raise
+        raise ReportError(f"export: {one_line(exc)} (the tracer of a live trace merged that part away while it was "
+                          "read: export the trace again)") from None  # fmt: skip
+    for w in caught:
+        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    return ops
 
 
 def _export(trace, out, batch_rows):
@@ -453,7 +451,7 @@ def _export(trace, out, batch_rows):
         raise
     except OSError as exc:
         if merged_away(exc):
-            raise _Gone(one_line(exc)) from None
+            raise
         raise ReportError(f"export: cannot write {out!r} ({exc.strerror or exc})") from None
     finally:
         if tmp is not None and os.path.exists(tmp):

@@ -42,7 +42,7 @@ import numpy as np
 import pandas as pd
 
 from reports.errors import ReportError
-from reports.loading.integrity import REREADS, Footers, describe_damage, footer, list_parts, merged_away, one_line
+from reports.loading.integrity import REREADS, Footers, describe_damage, footer, list_parts, merged_away, one_line, reread
 from reports.loading.load import id_limit, read_run, run_name, runs_with_ranks
 from reports.loading.validate import ITEMS_NOT_NULL, LIST_NOT_NULL, STORAGE_ID_COLUMNS, check_footers
 from reports.sql.scan import GRAINS, files_query, source, source_views
@@ -104,18 +104,22 @@ class Trace:
     `first_run()`: run 0 alone, as a Trace over the same connection (the report of a trace of several ranks)."""
 
     def __init__(self, paths, threads=None, columns=None):
-        for attempt in range(REREADS):  # a live trace's parts merged away while read (tracer/writer.py SmallParts)
-            try:
-                self._open(paths, threads, columns)
-                return
-            except Exception as exc:
-                if isinstance(exc, ReportError) or not merged_away(exc):
-                    raise
-                if getattr(self, "db", None) is not None:
-                    self.close()
-                if attempt + 1 == REREADS:
-                    raise ReportError(f"{one_line(exc)} (parts merged away while read, {REREADS} times: read the "
-                                      "trace again)") from None
+        self.db = None
+
+        def attempt():  # a live trace's parts merged away while read (tracer/writer.py SmallParts): read again
+            if self.db is not None:
+                self.close()
+            self._open(paths, threads, columns)
+
+        try:
+            reread(attempt)
+        except Exception as exc:
+            if isinstance(exc, ReportError) or not merged_away(exc):
+                raise
+            if self.db is not None:
+                self.close()
+            raise ReportError(f"{one_line(exc)} (parts merged away while read, {REREADS} times: read the "
+                              "trace again)") from None
 
     def _open(self, paths, threads, columns):
         try:
