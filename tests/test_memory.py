@@ -4,7 +4,6 @@ The model: Linear(4, 8) -> ReLU -> Linear(8, 2) on a batch x of 3 rows, loss = m
 P = 4*8 + 8 + 8*2 + 2 = 58 parameters in 4 tensors, all float32 (4 bytes each).
 """
 
-import time
 
 import numpy as np
 import pandas as pd
@@ -213,12 +212,9 @@ def _synthetic(n):
     return df
 
 
-def test_a_million_rows_in_seconds():
+def test_a_million_rows():
     df = _synthetic(1_000_000)
-    start = time.perf_counter()
-    line = timeline(df)
-    elapsed = time.perf_counter() - start
-    assert elapsed < 8, f"timeline took {elapsed:.1f} s on 1,000,000 rows"  # about 1-2 s on a 2-core CPU
+    line = timeline(df)  # its time is a benchmark's (benchmarks/long_run.py, report_engines.py), not a test's
     assert len(line) == 1_000_000
     parts = line[[f"{c}_bytes" for c in CATEGORIES]].sum(axis=1)
     assert (parts == line["live_bytes"]).all()
