@@ -1,19 +1,19 @@
 """Overhead of a metered step (tracer.meter.Meter) over an untraced step, on the example GPT, in one run.
 
-    .venv/bin/python benchmarks/meter.py [--rounds 30] [--steps 10] [--batch 8]
+    .venv/bin/python benchmarks/meter.py [--rounds 600] [--batch 8]
 
-The Meter traces the first step, then every step pays its hooks (a global module forward
-pre-hook and one on the root module) and `meter.step()` (a clock read, the signature
-compared, the figures). Rounds interleave the two: `--steps` untraced steps with the
-meter's hooks off, then `--steps` metered steps with them on (the order alternates
-between rounds), each step timed by this script's own clock around the training step
-and, for metered steps, `meter.step()`. Per round, the ratio of the metered median
-to the untraced median; the figure is the median ratio over rounds with its
-interquartile range and range. The mean ratio counts the table writes (60 s into the
-run, then at each doubling of its age), which medians leave out; `--write-cost` times
-one write of the table as it stands at the end. `--hook-path` also times the forward pass alone
-(no_grad) without hooks, with a global module pre-hook that does nothing and with the meter's
-hooks: the cost PyTorch's module hook path adds to every module call once any global hook is set.
+The Meter traces the first step, then every step pays its hook (a forward hook on the root
+module) and `meter.step()` (a clock read, the autograd sequence number read, the signature
+compared, the figures). Each round runs one untraced step with the meter's hook off and one
+metered step with it on (the order alternates between rounds), each timed by this script's
+own clock around the training step and, for the metered one, `meter.step()`: a pair a few
+milliseconds apart, so the machine's drift (other jobs, clock changes) cancels within it.
+The figure is the median over rounds of metered / untraced, with its interquartile range
+and range. The mean ratio counts the table writes (60 s into the run, then at each doubling
+of its age), which medians leave out; `--write-cost` times one write of the table as it
+stands at the end. `--hook-path` also times the forward pass alone (no_grad) without hooks,
+with a global module pre-hook that does nothing (what a meter counting module calls would
+pay on every module call) and with the meter's hook.
 """
 
 import argparse
@@ -42,8 +42,7 @@ def quantiles(values):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=30)
-    parser.add_argument("--steps", type=int, default=10, help="steps of each kind per round")
+    parser.add_argument("--rounds", type=int, default=600, help="pairs of an untraced and a metered step")
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--write-cost", action="store_true", help="also time writing the table (a metadata-only part)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1: a shared 2-core VM)")
@@ -75,42 +74,36 @@ def main(argv=None):
             return wrapper
 
         meter._remove_hooks()
-        unwrapped = meter._seen, meter._root_inputs
-        meter._seen, meter._root_inputs = timed(meter._seen), timed(meter._root_inputs)
+        unwrapped = meter._root_inputs
+        meter._root_inputs = timed(meter._root_inputs)
         meter._install_hooks()
-        ratios, means, plain_all, metered_all, overhead_us = [], [], [], [], []
+        ratios, plain_all, metered_all = [], [], []
+        gc.collect()
         for r in range(args.rounds):
-            gc.collect()
             times = {}
             for kind in (("plain", "metered") if r % 2 == 0 else ("metered", "plain")):
                 if kind == "plain":
                     meter._remove_hooks()
-                taken = []
-                for _ in range(args.steps):
-                    start = time.perf_counter()
-                    train_step(model, opt, idx, targets)
-                    if kind == "metered":
-                        inner = time.perf_counter()
-                        meter.step()
-                        spent["each"].append(time.perf_counter() - inner)
-                        spent["step"] += spent["each"][-1]
-                    taken.append(time.perf_counter() - start)
+                start = time.perf_counter()
+                train_step(model, opt, idx, targets)
+                if kind == "metered":
+                    inner = time.perf_counter()
+                    meter.step()
+                    spent["each"].append(time.perf_counter() - inner)
+                    spent["step"] += spent["each"][-1]
+                times[kind] = time.perf_counter() - start
                 if kind == "plain":
                     meter._install_hooks()
-                    meter.begin()  # the plain steps are not the next metered step's time
-                times[kind] = taken
-            plain, metered = statistics.median(times["plain"]), statistics.median(times["metered"])
-            ratios.append(metered / plain)
-            means.append(statistics.fmean(times["metered"]) / statistics.fmean(times["plain"]))
-            overhead_us.append((metered - plain) * 1e6)
-            plain_all += times["plain"]
-            metered_all += times["metered"]
+                    meter.begin()  # the plain step is not the next metered step's time
+            ratios.append(times["metered"] / times["plain"])
+            plain_all.append(times["plain"])
+            metered_all.append(times["metered"])
         table = meter.table()
         spent = dict(spent)  # the metered steps' figures; the hook path's passes run the hooks untimed
         meter._remove_hooks()
-        meter._seen, meter._root_inputs = unwrapped
+        meter._root_inputs = unwrapped
         meter._install_hooks()
-        hook_path = forward_with_hooks(model, idx, targets, meter, args.rounds) if args.hook_path else None
+        hook_path = forward_with_hooks(model, idx, targets, meter, min(args.rounds, 30)) if args.hook_path else None
         if args.write_cost:
             writes = []
             for _ in range(5):
@@ -121,14 +114,13 @@ def main(argv=None):
 
     lo, mid, hi = quantiles(ratios)
     print(f"example GPT (batch {args.batch}, seq {cfg.seq_len}, {cfg.n_layer} layers, d {cfg.d_model}), "
-          f"{args.rounds} rounds x {args.steps} steps of each kind, torch {torch.__version__}, "
+          f"{args.rounds} rounds of an untraced and a metered step, torch {torch.__version__}, "
           f"{torch.get_num_threads()} threads")
     print(f"untraced step: median {statistics.median(plain_all) * 1e3:.2f} ms; metered step: median "
           f"{statistics.median(metered_all) * 1e3:.2f} ms")
     print(f"metered / untraced, per round: median {mid:.4f} (IQR {lo:.4f}-{hi:.4f}, range {min(ratios):.4f}-{max(ratios):.4f})")
-    print(f"  mean ratio (table writes included): median {statistics.median(means):.4f}")
-    lo, mid, hi = quantiles(overhead_us)
-    print(f"  overhead per step: median {mid:.0f} us (IQR {lo:.0f} to {hi:.0f})")
+    print(f"  mean metered / mean untraced (table writes included): {statistics.fmean(metered_all) / statistics.fmean(plain_all):.4f}")
+    print(f"  overhead per step: median {(statistics.median(metered_all) - statistics.median(plain_all)) * 1e6:.0f} us")
     n = len(metered_all)
     own = (spent["hooks"] + spent["step"]) / n
     print(f"  the meter's own work per metered step (timed inside it): {own * 1e6:.0f} us = "
@@ -140,7 +132,7 @@ def main(argv=None):
               f"(range {min(writes) * 1e3:.1f}-{max(writes) * 1e3:.1f})")
     if hook_path is not None:
         plain = hook_path["no hooks"]
-        print(f"  forward alone (no_grad, fastest of 20 per round, median over {args.rounds} rounds): "
+        print(f"  forward alone (no_grad, fastest of 20 per round, median over {min(args.rounds, 30)} rounds): "
               + ", ".join(f"{k} {v * 1e6:.0f} us (+{(v - plain) * 1e6:.0f})" for k, v in hook_path.items()))
     traced = sum(table["steps"]["traced"])
     print(f"  steps traced by the meter: {traced} of {len(table['steps']['step'])}")

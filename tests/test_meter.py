@@ -141,6 +141,50 @@ def test_a_branch_taken_sometimes_retraces_once(tmp_path):
     assert losses == run(tmp_path / "plain", [2] * 6, branches, metered=False)[0]
 
 
+def test_a_branch_outside_any_module_retraces_once(tmp_path):
+    """The signature counts the autograd nodes a step makes, so a branch in plain code (no module called) is a new
+    signature as a module's is: steps 2 and 3 square the output once more (forward B·4, backward 3·B·4)."""
+    torch.manual_seed(0)
+    net = Net()
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    m = Meter(tmp_path / "op", model=net, tokens=2, peak_flops=PEAK)
+    found = []
+    for twice in (False, False, True, True, False):
+        out = net(torch.randn(2, 8))
+        if twice:
+            out = out.square()
+        out.square().sum().backward()
+        opt.step()
+        opt.zero_grad()
+        found.append(m.step())
+    m.close()
+    assert [f["traced"] for f in found] == [True, False, False, True, False]
+    # 1896 + forward square 2·4 + backward 3·2·4 = 1928
+    assert [f["model_flops"] for f in found] == [1896, 1896, None, 1928, 1896]
+
+
+@pytest.mark.parametrize("given", [True, False], ids=["model", "first-module"])
+def test_metered_steps_leave_module_calls_on_pytorch_s_fast_path(tmp_path, given):
+    """After the traced step the meter keeps one hook, on the root: no global module hook (which sends every
+    module call through Module._call_impl's hook path), with model= or with the first module called as root."""
+    from torch.nn.modules import module as module_hooks
+
+    torch.manual_seed(0)
+    net = Net()
+    before = (len(module_hooks._global_forward_pre_hooks), len(module_hooks._global_forward_hooks))
+    m = Meter(tmp_path / "hooks", model=net if given else None, tokens=2, peak_flops=PEAK)
+    for _ in range(3):
+        net(torch.randn(2, 8)).square().sum().backward()
+        net.zero_grad(set_to_none=True)
+        m.step()
+        hooks = (len(module_hooks._global_forward_pre_hooks), len(module_hooks._global_forward_hooks))
+        assert hooks == before
+        assert [len(mod._forward_pre_hooks) + len(mod._forward_hooks) for mod in net.modules()] == [1, 0, 0, 0]
+    m.close()
+    assert [len(mod._forward_hooks) for mod in net.modules()] == [0, 0, 0, 0]
+    assert reports.meter(tmp_path / "hooks")["traced"].tolist() == [True, False, False]
+
+
 def test_with_begin_an_evaluation_between_steps_stays_out_of_the_retrace(tmp_path):
     torch.manual_seed(0)
     net = Net()

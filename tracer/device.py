@@ -8,7 +8,6 @@ import sys
 
 import torch
 
-from tracer.errors import TraceError
 
 
 def cuda_sync_for(device_type):

@@ -3,17 +3,20 @@
 `Meter` traces the first step fully with a `Tracer`, reads that step's FLOPs back from
 the trace, then pauses the tracer (its dispatch mode and hooks come off). Every later
 step costs a clock read at its end (the device synchronised first when the step ran on a
-GPU) and two module hooks that note what the step ran: the shapes and dtypes of every
-tensor in the root module's inputs (positional and keyword, nested in lists, tuples and
-dicts) and whether grad mode was on at each root call (an evaluation step runs no backward),
-and the modules called, in the order of their first call, with their call counts (a module
-outside the model by its class: a loss module made anew each step is the same work).
-A step whose signature was traced before reuses that trace's FLOPs; a step with a new signature (a new batch or
-sequence length, a branch taken only sometimes) gets no FLOPs and the next step is traced
-again, once per new signature (a step of that signature seen before its trace gets the
-trace's FLOPs in the stored table), up to `max_traces` traced steps. Past that cap (dynamic
-padding: a new length nearly every step) a new signature is not traced: its FLOPs are the
-nearest traced signature's scaled by input elements, flagged `flops_estimated` (see _estimate).
+GPU), one forward hook on the root module noting the shapes and dtypes of every tensor in
+its inputs (positional and keyword, nested in lists, tuples and dicts) and whether grad mode
+was on at each root call (an evaluation step runs no backward), and two reads of the
+autograd sequence number, which counts the graph nodes the thread made in the step: a
+branch taken, a layer skipped, an expert called or a module called once more changes the
+step's forward ops and so that count, at a few nanoseconds a read, where a global module
+hook sends every module call through `Module._call_impl`'s hook path (0.7% of the example
+GPT's step before any work of the hook's own). A step whose signature was traced before
+reuses that trace's FLOPs; a step with a new signature (a new batch or sequence length, a
+branch taken only sometimes) gets no FLOPs and the next step is traced again, once per new
+signature (a step of that signature seen before its trace gets the trace's FLOPs in the
+stored table), up to `max_traces` traced steps. Past that cap (dynamic padding: a new
+length nearly every step) a new signature is not traced: its FLOPs are the nearest traced
+signature's scaled by input elements, flagged `flops_estimated` (see _estimate).
 
   model FLOPs     forward + backward FLOPs of the traced step, less what activation
                   checkpointing re-ran (rows flagged `recompute`) and the score
@@ -56,6 +59,8 @@ __all__ = ["Meter"]
 
 _MAX_TRACE_FAILURES = 3  # traced steps whose FLOPs could not be read before the meter stops re-tracing
 _FIRST_WRITE_S = 60.0  # the table is written 60 s into the run, then each time the run has doubled its age
+# graph nodes made so far by this thread (torch >= 2.1; without it the signature is the root's inputs alone)
+_nodes_made = getattr(torch.autograd, "_get_sequence_nr", lambda: 0)
 
 
 _UNKNOWN = {"step": None, "traced": False, "step_time_s": None, "tokens": None, "tokens_per_s": None,  # step() after
@@ -110,8 +115,7 @@ class Meter:
         self._steps = {"step": [], "step_time_s": [], "tokens": [], "trace": [], "traced": [], "scale": []}
         self.max_traces, self._traced_steps = max_traces, 0
         self._pending = {}  # signature -> steps that ran with it before its trace
-        self._calls, self._inputs = {}, []  # module key -> calls this step; the root's input signatures
-        self._grads, self._inside = [], set()  # grad mode at each root call; id() of the root's modules
+        self._inputs, self._grads = [], []  # the root's input signatures; grad mode at each root call
         self._next_write, self._closed, self._sync, self._use_sync = _FIRST_WRITE_S, False, None, sync
         self._handles = []
         self._install_hooks()
@@ -130,19 +134,17 @@ class Meter:
             self._sync = _sync_for(self._tracer._device) if sync else None
         self._begins = self._retrace = False  # begin() has been called; a trace waits for the next begin()
         self._began = self._started = time.perf_counter()
+        self._nodes = _nodes_made()  # the autograd sequence number where the step began
         atexit.register(self._at_exit)  # a loop that never calls close() still gets its table written
 
     # hooks: what the step ran ---------------------------------------------------------
-    def _seen(self, module, args):
-        if threading.get_ident() != self._thread:
-            return
-        if self._root is None:  # no model=: the first module called is the root; its hook runs for this call too
+    def _find_root(self, module, args):
+        """Without model=, the first module called on the meter's thread is the root: its hook goes on (and runs
+        for this call too), this global one comes off, so that no later module call takes the hook path."""
+        if threading.get_ident() == self._thread and self._root is None:
             self._root = module
+            self._remove_hooks()
             self._hook_root()
-        key = id(module)
-        if key not in self._inside:  # outside the model (ids of dead modules come back): by its class
-            key = type(module)
-        self._calls[key] = self._calls.get(key, 0) + 1
 
     def _root_inputs(self, module, args, kwargs, output):
         """The root's forward hook (after its forward: one registered in a pre-hook runs for the same call)."""
@@ -181,10 +183,10 @@ class Meter:
                 self._tracing = True
             except Exception as exc:
                 self._failed(exc)
-        self._calls.clear()
         self._inputs.clear()
         self._grads.clear()
         self._began = self._clock()
+        self._nodes = _nodes_made()
 
     def step(self, tokens=None):
         """End a step: returns {step, traced, step_time_s, tokens, tokens_per_s, model_flops,
@@ -201,10 +203,10 @@ class Meter:
             self._failed(exc)
             return dict(_UNKNOWN)
         finally:  # the next step starts now (after a trace or a table write: once that work is done)
-            self._calls.clear()
             self._inputs.clear()
             self._grads.clear()
             self._began = self._clock() if self._reclock else now
+            self._nodes = _nodes_made()
             self._reclock = False
 
     def _failed(self, exc):
@@ -213,8 +215,7 @@ class Meter:
             warn(f"optrace: meter: could not meter a step ({type(exc).__name__}: {exc}); the program runs on")
 
     def _end_step(self, seconds, tokens, now):
-        calls = self._calls  # modules in first-call order
-        ran = (tuple(self._inputs), tuple(calls), tuple(calls.values()), tuple(self._grads))
+        ran = (tuple(self._inputs), _nodes_made() - self._nodes, tuple(self._grads))
         index = len(self._steps["step"])
         traced, scale = self._tracing, None
         self._reclock = traced
@@ -254,14 +255,14 @@ class Meter:
         return self.figures(index)
 
     def _estimate(self, ran):
-        """(trace, scale) for a signature never traced: the traced one with the same module calls and the same
+        """(trace, scale) for a signature never traced: the traced one with the same graph nodes, grad modes and
         input tensors' ranks and dtypes, nearest in input elements, its FLOPs scaled by the ratio of input
         elements (padded tokens, for token inputs); (-1, None) when none fits."""
         size, form = input_size(ran[0])
         best = None
-        for (inputs, *calls), trace in self._known.items():
+        for (inputs, *rest), trace in self._known.items():
             known, known_form = input_size(inputs)
-            if calls != list(ran[1:]) or known_form != form or not known:
+            if rest != list(ran[1:]) or known_form != form or not known:
                 continue
             if best is None or abs(known - size) < abs(best[0] - size):  # the first traced wins a tie
                 best = (known, trace)
@@ -352,12 +353,12 @@ class Meter:
 
     # hooks on and off (benchmarks/meter.py times steps without them in the same run) ---------
     def _install_hooks(self):
-        self._handles.append(register_module_forward_pre_hook(self._seen))
-        if self._root is not None:
+        if self._root is None:
+            self._handles.append(register_module_forward_pre_hook(self._find_root))
+        else:
             self._hook_root()
 
     def _hook_root(self):
-        self._inside = {id(m) for m in self._root.modules()}
         self._handles.append(self._root.register_forward_hook(self._root_inputs, with_kwargs=True))
 
     def _remove_hooks(self):
