@@ -9,7 +9,6 @@ import sys
 import torch
 
 
-
 def cuda_sync_for(device_type):
     """The synchronising function to call around timed work on this device type, or None."""
     if device_type == "cuda" and torch.cuda.is_available():
