@@ -283,3 +283,24 @@ def test_a_v2_trace_without_entry_facts_reads_as_before(one_step):
     assert categories(old, "max") == categories(one_step, "max")
     line = timeline(old)
     assert (line[[f"{c}_bytes" for c in CATEGORIES]].sum(axis=1) == line["live_bytes"]).all()
+
+
+def test_optimizers_at_entry_are_found_by_their_class_at_any_depth():
+    """tracer/metadata.py finds the live optimizers of the model's parameters from Optimizer's subclass tree: a
+    subclass of a subclass defined here, Optimizer itself, and not one holding other parameters."""
+    from tracer.metadata import _optimizers
+
+    class Inner(torch.optim.SGD):
+        pass
+
+    class Outer(Inner):
+        pass
+
+    torch.manual_seed(0)
+    model, other = nn.Linear(2, 2), nn.Linear(2, 2)
+    deep = Outer(model.parameters(), lr=0.1)
+    base = torch.optim.Optimizer([model.weight], {})
+    elsewhere = torch.optim.AdamW(other.parameters())
+    found = list(_optimizers(list(model.parameters())))
+    assert {id(o) for o in found} == {id(deep), id(base)} and len(found) == 2
+    assert elsewhere not in found

@@ -172,12 +172,17 @@ def _register(table, tensor):
 
 def _optimizers(params):
     """The live optimizers holding any of `params` (one pass over the objects the garbage collector
-    tracks, in C: type() reads no attribute of an object, and some warn when one is read)."""
+    tracks, in C: type() reads no attribute of an object, and some warn when one is read). The optimizer
+    classes come from Optimizer's subclass tree (a class with a live instance is in it), not from the
+    types of every object: 15 against 22 ms a trace with the example GPT and torch imported."""
     ids = {id(p) for p in params}
+    kinds, todo = {torch.optim.Optimizer}, [torch.optim.Optimizer]
+    while todo:
+        for kind in todo.pop().__subclasses__():
+            if kind not in kinds:
+                kinds.add(kind)
+                todo.append(kind)
     objects = gc.get_objects()
-    kinds = {kind for kind in set(map(type, objects)) if issubclass(kind, torch.optim.Optimizer)}
-    if not kinds:
-        return
     for obj in itertools.compress(objects, map(kinds.__contains__, map(type, objects))):
         if any(id(p) in ids for g in obj.param_groups for p in g["params"]):
             yield obj
