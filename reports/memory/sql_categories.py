@@ -12,6 +12,7 @@ for those rows when asked (reports.loading.columns.Cells). On a million-row trac
 of Arrow where the whole rows were 560 MB.
 """
 
+import numpy as np
 import pandas as pd
 import pyarrow.compute as pc
 
@@ -37,7 +38,7 @@ def memory_rows(trace, run_index):
     frame = to_pandas(table, "arrow")
     if not frame["seq"].is_monotonic_increasing:
         frame = frame.sort_values("seq", kind="stable").reset_index(drop=True)
-    frame.insert(0, "run", pd.Categorical([name] * len(frame), categories=[name]))
+    frame.insert(0, "run", pd.Categorical.from_codes(np.zeros(len(frame), np.int8), categories=[name]))
     frame.attrs["runs"] = SharedRuns({name: meta})  # shared by derived frames, never deep-copied
     frame.attrs["cells"] = Cells([c for c in _WIDE if c in trace.columns], lambda column, seqs: _cells(trace, run_index,
                                                                                                        column, seqs))
@@ -49,7 +50,6 @@ _WIDE = ("input_shapes", "input_strides", "input_dtypes", "output_shapes")  # re
 
 def _cells(trace, run_index, column, seqs):
     """Column `column`'s cells at rows `seqs` (distinct) of run `run_index`, in the order of `seqs`, as Arrow."""
-    import numpy as np
     import pyarrow as pa
 
     seqs = np.asarray(seqs, dtype=np.int64)
