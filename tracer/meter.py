@@ -47,6 +47,7 @@ import torch
 from torch.nn.modules.module import register_module_forward_pre_hook
 
 from tracer.device import cuda_in_use, sync_all_cuda
+from tracer.dispatch import make_inert
 from tracer.errors import TraceError
 from tracer.meter_flops import READ, input_size, signature, step_flops, token_count
 from tracer.meter_modes import depth_of, lifted_above, lifted_over
@@ -94,7 +95,8 @@ class Meter:
     steps (a compiled model's first steps; they get the FLOPs of the trace of their signature). `step()` ends a step and returns its
     figures; `begin()` (optional) marks where a step begins, so that time between steps
     (evaluation, checkpoints, logging) is left out. `peak_flops` (FLOP/s) overrides the table.
-    One Meter (like one Tracer) is active per process, from its making to `close()`.
+    One Meter (like one Tracer) is active per process, from its making to `close()`, and meters the thread
+    that made it (`step()` and `begin()` on another thread count an error and return unknown figures).
     Bookkeeping failures become a warning and a count (`errors`); the program runs on."""
 
     def __init__(self, path, *, model=None, tokens=None, peak_flops=None, warmup=0, max_traces=8, sync=True,
@@ -171,7 +173,7 @@ class Meter:
         """Mark the start of a step (optional: without it a step starts where the last one ended). Once it
         has been called, a step to be traced is traced from the next begin(), so what runs between
         steps (an evaluation) stays out of its FLOPs as out of its time."""
-        if self._closed:
+        if self._closed or self._elsewhere("begin"):
             return
         self._begins = True
         if self._tracing:  # begun again with no step() since (an attempt abandoned): its FLOPs from here, as its time
@@ -192,7 +194,7 @@ class Meter:
         """End a step: returns {step, traced, step_time_s, tokens, tokens_per_s, model_flops,
         hardware_flops, mfu, hfu} (None where unknown: all of them after close() or when the meter failed).
         `tokens` overrides tokens= for this step."""
-        if self._closed:
+        if self._closed or self._elsewhere("step"):
             return dict(_UNKNOWN)
         if tokens is not None:
             tokens = token_count(tokens)
@@ -208,6 +210,15 @@ class Meter:
             self._began = self._clock() if self._reclock else now
             self._nodes = _nodes_made()
             self._reclock = False
+
+    def _elsewhere(self, call):
+        """True (a failure counted) on a thread other than the Meter's: the tracer records only the thread that
+        entered it, and its dispatch mode, on that thread's stack, cannot come off or go on from here."""
+        if threading.get_ident() == self._thread:
+            return False
+        self._failed(TraceError(f"{call}() on another thread than the one that made the Meter, which alone is "
+                                "traced: make the Meter in the thread that runs the loop"))
+        return True
 
     def _failed(self, exc):
         self.errors += 1
@@ -380,6 +391,9 @@ class Meter:
             tr._meta["meter"] = self.table()
             if not self._tracing:
                 self._resume_tracer()
+            elif depth_of(tr._mode) is None:  # closed on another thread (the exit handler) while tracing on the Meter's
+                make_inert(tr._mode)  # left on that thread's stack, it runs what comes there untraced
+                torch._C._push_on_torch_dispatch_stack(tr._mode)  # for the Tracer's exit to pop here, with its flags
         finally:
             with lifted_over(tr._mode):
                 tr.__exit__(type(exc) if exc is not None else None, exc, None)
