@@ -100,11 +100,15 @@ def meter(source):
 def meter_summary(source):
     """The meter section of the report (`optrace report`, `--json`): None without a Meter table, else
     {steps, traced_steps, unknown_flops_steps, estimated_flops_steps, metered_steps, step_time_s, tokens_per_s,
-    mfu, hfu} with
-    each figure's median, min and max over the metered steps that have it."""
-    table = meter(source)
-    if not len(table):
+    mfu, hfu, errors} with each figure's median, min and max over the metered steps that have it; `errors`:
+    the meter's own bookkeeping failures over the runs (a step ended on another thread, a trace not read back),
+    so a run whose steps all failed still has its section."""
+    runs = _runs(source)
+    tables = [meta["meter"] for meta in runs.values() if isinstance(meta.get("meter"), dict)]
+    if not tables:
         return None
+    errors = sum(int(t.get("errors") or 0) for t in tables)
+    table = meter(runs)
     metered = table[~table["traced"]]
 
     def spread(column):
@@ -118,5 +122,5 @@ def meter_summary(source):
         "unknown_flops_steps": int(table["model_flops"].isna().sum()),
         "estimated_flops_steps": int(table["flops_estimated"].sum()), "metered_steps": len(metered),
         "step_time_s": spread("step_time_s"), "tokens_per_s": spread("tokens_per_s"),
-        "mfu": spread("mfu"), "hfu": spread("hfu"),
+        "mfu": spread("mfu"), "hfu": spread("hfu"), "errors": errors,
     }  # fmt: skip

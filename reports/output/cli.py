@@ -292,7 +292,19 @@ def _no_ops(path):
         (first, rank), (other, _) = ranks[0], ranks[1]
         raise ReportError(f"{first}: rank {rank} has no ops (nothing ran inside `with Tracer(...)` there), and the report "
                           f"is of the lowest rank; report another rank's directory, e.g. {other}")
-    raise ReportError(f"{path}: the trace has no ops (nothing ran inside `with Tracer(...)`)")
+    raise ReportError(f"{path}: the trace has no ops (nothing ran inside `with Tracer(...)`){_meter_errors(path)}")
+
+
+def _meter_errors(path):
+    """A metered run's bookkeeping failures, for the one line of a trace with no ops ('' when none or unreadable)."""
+    from reports.flops.meter import meter_summary
+
+    try:
+        errors = (meter_summary(path) or {}).get("errors")
+    except (ReportError, OSError, ValueError):
+        return ""
+    return (f"; its Meter counted {errors:,} bookkeeping error(s), as a Meter made on another thread than the loop's "
+            "does") if errors else ""
 
 
 def _frame(path, plot):

@@ -19,13 +19,17 @@ def print_meter(src, out):
         return
     traced = ", ".join(str(s) for s in found["traced_steps"][:8]) + (", ..." if len(found["traced_steps"]) > 8 else "")
     print(f"\nMeter: {found['steps']:,} steps, {found['metered_steps']:,} metered untraced "
-          f"(medians over them), traced: step {traced}", file=out)
+          f"(medians over them), traced: {'step ' + traced if traced else 'none'}", file=out)
     print(f"  step time {_spread(found['step_time_s'], lambda s: f'{s * 1e3:.1f} ms')}", file=out)
     print(f"  tokens/s  {_spread(found['tokens_per_s'], lambda v: human(v))}", file=out)
     print(f"  MFU {_spread(found['mfu'], percent)}, HFU {_spread(found['hfu'], percent)}", file=out)
     if found["unknown_flops_steps"]:
-        print(f"  {found['unknown_flops_steps']:,} steps ran a signature (input shapes, modules) never traced: "
+        print(f"  {found['unknown_flops_steps']:,} steps ran a signature (input shapes, graph nodes) never traced: "
               "no FLOPs, no MFU", file=out)
     if found["estimated_flops_steps"]:
         print(f"  {found['estimated_flops_steps']:,} steps have ESTIMATED FLOPs and MFU (a signature never traced, "
               "past the Meter's max_traces: the nearest traced one's FLOPs scaled by input elements)", file=out)
+    if found["errors"]:
+        print(f"  {found['errors']:,} meter bookkeeping error(s) (the first one was warned when it happened; the run's "
+              "metadata `meter.errors`): steps whose figures the meter could not take are in the table without them",
+              file=out)
