@@ -252,7 +252,10 @@ class Meter:
             trace, scale = self._estimate(ran)
         for key, value in zip(self._steps, (index, seconds, tokens, -1 if trace is None else trace, traced, scale)):
             self._steps[key].append(value)
-        if new and can_trace and index + 1 >= self.warmup:
+        # the first step also makes what the later ones reuse (SGD's momentum buffer, gradients to add into,
+        # lazy modules): without warmup= the second step is traced too, and its trace serves the signature
+        again = traced and index == 0 and not self.warmup
+        if (new or again) and can_trace and index + 1 >= self.warmup:
             self._reclock = True  # new: trace the next step
             if self._begins:  # at the next begin()
                 self._retrace = True
