@@ -70,13 +70,13 @@ def run(path, batches, branches=None, ckpt=False, metered=True, **kwargs):
 def test_fixed_shapes_reuse_the_traced_flops_and_give_the_traced_mfu(tmp_path):
     path = tmp_path / "fixed"
     losses, figures = run(path, [2, 2, 2, 2])
-    assert [f["traced"] for f in figures] == [True, False, False, False]
+    assert [f["traced"] for f in figures] == [True, True, False, False]  # the first two steps traced
     assert [f["model_flops"] for f in figures] == [1896] * 4  # 948 * 2
     assert [f["hardware_flops"] for f in figures] == [2088] * 4  # 1896 + optimizer 192
-    assert figures[0]["mfu"] is None  # traced time is not step time
+    assert figures[0]["mfu"] is None and figures[1]["mfu"] is None  # traced time is not step time
     df = reports.load(path)
-    assert df["step"].nunique() == 1  # one step traced, three metered
-    for f in figures[1:]:
+    assert df["step"].nunique() == 2  # two steps traced, two metered
+    for f in figures[2:]:
         seconds = f["step_time_s"]
         assert f["mfu"] == 1896 / seconds / PEAK and f["hfu"] == 2088 / seconds / PEAK
         assert f["tokens_per_s"] == 2 / seconds
@@ -84,9 +84,9 @@ def test_fixed_shapes_reuse_the_traced_flops_and_give_the_traced_mfu(tmp_path):
         assert (traced["model_flops_per_step"], traced["hardware_flops_per_step"]) == (1896, 2088)
         assert f["mfu"] == traced["mfu"] and f["hfu"] == traced["hfu"]
     table = reports.meter(path)
-    assert table["mfu"].tolist()[1:] == [f["mfu"] for f in figures[1:]]
-    assert table["mfu"].isna().tolist() == [True, False, False, False]
-    assert table["flops_from_step"].tolist() == [0, 0, 0, 0]
+    assert table["mfu"].tolist()[2:] == [f["mfu"] for f in figures[2:]]
+    assert table["mfu"].isna().tolist() == [True, True, False, False]
+    assert table["flops_from_step"].tolist() == [0, 1, 1, 1]  # step 1's trace serves the steps after it
     assert table.equals(reports.meter(df))
     assert losses == run(tmp_path / "plain", [2, 2, 2, 2], metered=False)[0]  # the program's numbers are unchanged
 
@@ -102,15 +102,15 @@ def test_warmup_steps_run_untraced_and_get_the_later_trace_s_flops(tmp_path):
 def test_a_batch_change_retraces_exactly_one_step(tmp_path):
     path = tmp_path / "shapes"
     losses, figures = run(path, [2, 2, 3, 3, 3])
-    assert [f["traced"] for f in figures] == [True, False, False, True, False]
+    assert [f["traced"] for f in figures] == [True, True, False, True, False]  # steps 0 and 1, then 3
     assert figures[2]["model_flops"] is None  # new shapes: no FLOPs yet, the next step is traced
     assert [f["model_flops"] for f in figures[3:]] == [2844, 2844]  # 948 * 3
     assert figures[4]["hardware_flops"] == 3036  # 2844 + 192
     meta = tracer.read_metadata(path)["meter"]
-    assert len(meta["traces"]) == 2 and meta["traces"][1]["trace_steps"] == [1, 1]
+    assert len(meta["traces"]) == 3 and meta["traces"][2]["trace_steps"] == [2, 2]
     table = reports.meter(path)
     assert table["model_flops"].tolist() == [1896, 1896, 2844, 2844, 2844]  # step 2 filled from step 3's trace
-    assert table["flops_from_step"].tolist() == [0, 0, 3, 3, 3]
+    assert table["flops_from_step"].tolist() == [0, 1, 3, 3, 3]
     assert losses == run(tmp_path / "plain", [2, 2, 3, 3, 3], metered=False)[0]
 
 
@@ -119,37 +119,37 @@ def test_a_sequence_length_change_retraces(tmp_path):
     net = nn.Linear(8, 4, bias=False)
     m = Meter(tmp_path / "seq", model=net, peak_flops=PEAK)
     found = []
-    for s in (3, 3, 5, 5):
+    for s in (3, 3, 3, 5, 5):
         net(torch.randn(2, s, 8)).sum().backward()  # no optimizer: the meter's step() ends the step
         net.zero_grad()  # else the gradient of steps 1 on adds into the last (8·4 more FLOPs than step 0)
         found.append(m.step())
     m.close()
-    assert [f["traced"] for f in found] == [True, False, False, True]
+    assert [f["traced"] for f in found] == [True, True, False, False, True]
     # forward 2·(2·s)·8·4 + sum 2·s·4; backward dW 2·(2·s)·8·4 (x needs no gradient): 264·s
-    assert [f["model_flops"] for f in found] == [792, 792, None, 1320]
+    assert [f["model_flops"] for f in found] == [792, 792, 792, None, 1320]
 
 
 def test_a_branch_taken_sometimes_retraces_once(tmp_path):
     path = tmp_path / "branch"
-    branches = [False, False, True, True, False, True]
-    losses, figures = run(path, [2] * 6, branches)
-    assert [f["traced"] for f in figures] == [True, False, False, True, False, False]
+    branches = [False, False, False, True, True, False, True]
+    losses, figures = run(path, [2] * 7, branches)
+    assert [f["traced"] for f in figures] == [True, True, False, False, True, False, False]
     assert model_flops(2, True) == 2088  # 1896 + 3 · 2·2·4·4
-    assert [f["model_flops"] for f in figures] == [1896, 1896, None, 2088, 1896, 2088]
-    assert figures[5]["hardware_flops"] == 2088 + 192 + 16  # extra's add_ too
-    assert reports.meter(path)["model_flops"].tolist() == [1896, 1896, 2088, 2088, 1896, 2088]
-    assert losses == run(tmp_path / "plain", [2] * 6, branches, metered=False)[0]
+    assert [f["model_flops"] for f in figures] == [1896, 1896, 1896, None, 2088, 1896, 2088]
+    assert figures[6]["hardware_flops"] == 2088 + 192 + 16  # extra's add_ too
+    assert reports.meter(path)["model_flops"].tolist() == [1896, 1896, 1896, 2088, 2088, 1896, 2088]
+    assert losses == run(tmp_path / "plain", [2] * 7, branches, metered=False)[0]
 
 
 def test_a_branch_outside_any_module_retraces_once(tmp_path):
     """The signature counts the autograd nodes a step makes, so a branch in plain code (no module called) is a new
-    signature as a module's is: steps 2 and 3 square the output once more (forward B·4, backward 3·B·4)."""
+    signature as a module's is: steps 3 and 4 square the output once more (forward B·4, backward 3·B·4)."""
     torch.manual_seed(0)
     net = Net()
     opt = torch.optim.SGD(net.parameters(), lr=0.1)
     m = Meter(tmp_path / "op", model=net, tokens=2, peak_flops=PEAK)
     found = []
-    for twice in (False, False, True, True, False):
+    for twice in (False, False, False, True, True, False):
         out = net(torch.randn(2, 8))
         if twice:
             out = out.square()
@@ -158,31 +158,34 @@ def test_a_branch_outside_any_module_retraces_once(tmp_path):
         opt.zero_grad()
         found.append(m.step())
     m.close()
-    assert [f["traced"] for f in found] == [True, False, False, True, False]
+    assert [f["traced"] for f in found] == [True, True, False, False, True, False]
     # 1896 + forward square 2·4 + backward 3·2·4 = 1928
-    assert [f["model_flops"] for f in found] == [1896, 1896, None, 1928, 1896]
+    assert [f["model_flops"] for f in found] == [1896, 1896, 1896, None, 1928, 1896]
 
 
 @pytest.mark.parametrize("given", [True, False], ids=["model", "first-module"])
 def test_metered_steps_leave_module_calls_on_pytorch_s_fast_path(tmp_path, given):
-    """After the traced step the meter keeps one hook, on the root: no global module hook (which sends every
-    module call through Module._call_impl's hook path), with model= or with the first module called as root."""
+    """After the traced steps (the first two) the meter keeps one hook, on the root: no global module hook (which
+    sends every module call through Module._call_impl's hook path), with model= or with the first module called
+    as root."""
     from torch.nn.modules import module as module_hooks
 
     torch.manual_seed(0)
     net = Net()
     before = (len(module_hooks._global_forward_pre_hooks), len(module_hooks._global_forward_hooks))
     m = Meter(tmp_path / "hooks", model=net if given else None, tokens=2, peak_flops=PEAK)
-    for _ in range(3):
+    for i in range(4):
         net(torch.randn(2, 8)).square().sum().backward()
         net.zero_grad(set_to_none=True)
         m.step()
+        if i == 0:  # step 1 is traced too: the tracer's hooks are on for it
+            continue
         hooks = (len(module_hooks._global_forward_pre_hooks), len(module_hooks._global_forward_hooks))
         assert hooks == before
         assert [len(mod._forward_pre_hooks) + len(mod._forward_hooks) for mod in net.modules()] == [1, 0, 0, 0]
     m.close()
     assert [len(mod._forward_hooks) for mod in net.modules()] == [0, 0, 0, 0]
-    assert reports.meter(tmp_path / "hooks")["traced"].tolist() == [True, False, False]
+    assert reports.meter(tmp_path / "hooks")["traced"].tolist() == [True, True, False, False]
 
 
 def test_with_begin_an_evaluation_between_steps_stays_out_of_the_retrace(tmp_path):
@@ -191,7 +194,7 @@ def test_with_begin_an_evaluation_between_steps_stays_out_of_the_retrace(tmp_pat
     opt = torch.optim.SGD(net.parameters(), lr=0.1)
     m = Meter(tmp_path / "eval", model=net, tokens=2, peak_flops=PEAK)
     found = []
-    for b in (2, 2, 3, 3):
+    for b in (2, 2, 2, 3, 3):
         m.begin()
         net(torch.randn(b, 8)).square().sum().backward()
         opt.step()
@@ -200,20 +203,20 @@ def test_with_begin_an_evaluation_between_steps_stays_out_of_the_retrace(tmp_pat
         with torch.no_grad():  # an evaluation between steps: neither timed nor traced
             net(torch.randn(5, 8))
     m.close()
-    assert [f["traced"] for f in found] == [True, False, False, True]
-    assert [f["model_flops"] for f in found] == [1896, 1896, None, 2844]  # 948 · 2, 948 · 3
+    assert [f["traced"] for f in found] == [True, True, False, False, True]
+    assert [f["model_flops"] for f in found] == [1896, 1896, 1896, None, 2844]  # 948 · 2, 948 · 3
 
 
 def test_checkpoint_recompute_is_hardware_not_model_flops(tmp_path):
-    _, figures = run(tmp_path / "ckpt", [2, 2], ckpt=True)
+    _, figures = run(tmp_path / "ckpt", [2, 2, 2], ckpt=True)  # steps 0 and 1 traced, step 2 metered
     # checkpointing re-runs fc1 and relu in the backward: 2·2·8·16 + 2·16 = 544
-    assert [f["model_flops"] for f in figures] == [1896, 1896]
-    assert figures[1]["hardware_flops"] == 2088 + 544
+    assert [f["model_flops"] for f in figures] == [1896, 1896, 1896]
+    assert figures[2]["hardware_flops"] == 2088 + 544
     table = reports.meter(tmp_path / "ckpt")
-    assert table["recompute_flops"].tolist() == [544, 544]
+    assert table["recompute_flops"].tolist() == [544, 544, 544]
     df = reports.load(tmp_path / "ckpt")
-    traced = reports.mfu(df, step_time_s=figures[1]["step_time_s"], peak_flops=PEAK).iloc[0]
-    assert figures[1]["mfu"] == traced["mfu"] and figures[1]["hfu"] == traced["hfu"]
+    traced = reports.mfu(df, step_time_s=figures[2]["step_time_s"], peak_flops=PEAK).iloc[0]
+    assert figures[2]["mfu"] == traced["mfu"] and figures[2]["hfu"] == traced["hfu"]
 
 
 def test_fused_attention_and_dtype_as_reports_mfu_count_them(tmp_path):
@@ -226,15 +229,14 @@ def test_fused_attention_and_dtype_as_reports_mfu_count_them(tmp_path):
     model, idx_targets = GPT(cfg), make_batch(cfg, 2)
     opt = make_optimizer(model)
     m = Meter(tmp_path / "gpt", model=model, tokens=16)
-    train_step(model, opt, *idx_targets)
-    m.step()
-    train_step(model, opt, *idx_targets)
-    f = m.step()
+    for _ in range(3):  # steps 0 and 1 traced, step 2 metered
+        train_step(model, opt, *idx_targets)
+        f = m.step()
     m.close()
     traced = reports.mfu(reports.load(tmp_path / "gpt"), step_time_s=f["step_time_s"]).iloc[0]
     assert traced["recompute_flops_per_step"] > 0  # the fused backward's q @ kᵀ
     assert (f["model_flops"], f["hardware_flops"]) == (traced["model_flops_per_step"], traced["hardware_flops_per_step"])
-    assert reports.meter(tmp_path / "gpt")["dtype"].iloc[1] == traced["dtype"] == "float32"
+    assert reports.meter(tmp_path / "gpt")["dtype"].iloc[2] == traced["dtype"] == "float32"
     assert f["mfu"] == pytest.approx(traced["mfu"], rel=1e-12)  # the CPU's ideal peak, looked up on both sides
 
 
@@ -248,7 +250,7 @@ def test_the_table_is_written_while_the_run_goes_on(tmp_path, monkeypatch):
         net.zero_grad()
         m.step()
     written = tracer.read_metadata(tmp_path / "long")["meter"]["steps"]["step"]
-    assert written == list(range(len(written))) and 2 <= len(written) <= 17  # step 1's write at least
+    assert written == list(range(len(written))) and 3 <= len(written) <= 17  # step 2's write at least
     m.close()
     assert len(reports.meter(tmp_path / "long")) == 17
 
@@ -269,7 +271,8 @@ def test_every_step_boundary_waits_for_the_device(tmp_path, monkeypatch):
     waits = []
     monkeypatch.setattr(meter_module, "_sync_for", lambda device: lambda: waits.append(device.type))
     run(tmp_path / "sync", [2, 2, 2])
-    assert waits == ["cpu"] * 3  # the start of step 1 (after the trace is read back), the ends of steps 1 and 2
+    # the starts of steps 1 and 2 (after each trace is read back), the ends of steps 1 and 2
+    assert waits == ["cpu"] * 4
 
 
 def test_a_failing_meter_warns_once_and_the_program_runs_on(tmp_path, monkeypatch):
@@ -278,12 +281,12 @@ def test_a_failing_meter_warns_once_and_the_program_runs_on(tmp_path, monkeypatc
 
     monkeypatch.setattr(meter_module, "step_flops", broken)
     with pytest.warns(UserWarning, match="meter: could not meter a step"):
-        losses, figures = run(tmp_path / "broken", [2, 2, 2])
-    assert losses == run(tmp_path / "plain", [2, 2, 2], metered=False)[0]
-    assert [f["traced"] for f in figures] == [True, False, True]  # a failed read does not stop re-tracing
-    assert [f["model_flops"] for f in figures] == [None] * 3
+        losses, figures = run(tmp_path / "broken", [2, 2, 2, 2])
+    assert losses == run(tmp_path / "plain", [2, 2, 2, 2], metered=False)[0]
+    assert [f["traced"] for f in figures] == [True, True, False, True]  # a failed read does not stop re-tracing
+    assert [f["model_flops"] for f in figures] == [None] * 4
     meta = tracer.read_metadata(tmp_path / "broken")["meter"]
-    assert meta["errors"] == 2 and meta["steps"]["step"] == [0, 1, 2]  # every step stays in the table
+    assert meta["errors"] == 3 and meta["steps"]["step"] == [0, 1, 2, 3]  # every step stays in the table
 
 
 def test_re_tracing_stops_after_three_failed_reads(tmp_path, monkeypatch):
@@ -293,8 +296,8 @@ def test_re_tracing_stops_after_three_failed_reads(tmp_path, monkeypatch):
     monkeypatch.setattr(meter_module, "step_flops", broken)
     with pytest.warns(UserWarning, match="meter: could not meter a step"):
         _, figures = run(tmp_path / "broken", [2] * 8)
-    # traced, new, traced, new, traced (3 failures), then timed only
-    assert [f["traced"] for f in figures] == [True, False, True, False, True, False, False, False]
+    # traced, traced (the second step), new, traced (3 failures), then timed only
+    assert [f["traced"] for f in figures] == [True, True, False, True, False, False, False, False]
 
 
 def test_bad_input_is_one_line():
@@ -318,13 +321,13 @@ def test_a_trace_without_a_meter_has_an_empty_table_and_no_section(tmp_path, cap
 
 
 def test_the_report_shows_the_meter(tmp_path, capsys):
-    run(tmp_path / "r", [2, 2, 3, 3])
+    run(tmp_path / "r", [2, 2, 2, 3, 3])
     optrace(["report", str(tmp_path / "r")])
     out = capsys.readouterr().out
-    assert "Meter: 4 steps, 2 metered untraced (medians over them), traced: step 0, 3" in out
+    assert "Meter: 5 steps, 2 metered untraced (medians over them), traced: step 0, 1, 4" in out
     optrace(["report", str(tmp_path / "r"), "--json"])
     found = json.loads(capsys.readouterr().out)["meter"]
-    assert (found["steps"], found["traced_steps"], found["metered_steps"], found["unknown_flops_steps"]) == (4, [0, 3], 2, 0)
+    assert (found["steps"], found["traced_steps"], found["metered_steps"], found["unknown_flops_steps"]) == (5, [0, 1, 4], 2, 0)
     assert found["mfu"]["min"] > 0
 
 
@@ -340,7 +343,7 @@ def test_under_w_error_nothing_raises(tmp_path):
     done = subprocess.run([sys.executable, "-W", "error", "-c", code], capture_output=True, text=True, timeout=60,
                           cwd=str(tmp_path), env={"PYTHONPATH": str(meter_module.__file__.rsplit("/tracer/", 1)[0])})
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["True", "False", "False", "True"]
+    assert done.stdout.split() == ["True", "True", "False", "True"]
 
 
 def _tiny_gpt2(transformers):
@@ -353,12 +356,12 @@ def _tiny_gpt2(transformers):
 def _check_hf_logs(history, path):
     logged = [h for h in history if "loss" in h]
     assert [h["step"] for h in logged] == [1, 2, 3, 4]
-    assert "mfu" not in logged[0]  # the traced step: its time is traced time
-    assert all(h["mfu"] > 0 and h["hfu"] >= h["mfu"] and h["tokens_per_s"] > 0 for h in logged[1:])
+    assert "mfu" not in logged[0] and "mfu" not in logged[1]  # the traced steps: their time is traced time
+    assert all(h["mfu"] > 0 and h["hfu"] >= h["mfu"] and h["tokens_per_s"] > 0 for h in logged[2:])
     table = reports.meter(path)
-    assert table["traced"].tolist() == [True, False, False, False]
-    assert table["mfu"].tolist()[1:] == [h["mfu"] for h in logged[1:]]
-    assert table["model_flops"].nunique() == 1  # fixed shapes: one trace
+    assert table["traced"].tolist() == [True, True, False, False]
+    assert table["mfu"].tolist()[2:] == [h["mfu"] for h in logged[2:]]
+    assert table["model_flops"].nunique() == 1  # fixed shapes: the second trace's FLOPs are the first's
 
 
 def _hf_handler(tmp_path):
@@ -442,7 +445,7 @@ def test_lightning_callback_with_a_stand_in_lightning(tmp_path, monkeypatch):
     trainer = types.SimpleNamespace(accumulate_grad_batches=2)
     cb = callbacks.LightningMeter(tmp_path / "pl", tokens=4, peak_flops=PEAK)
     cb.on_train_start(trainer, net)
-    for i in range(6):
+    for i in range(8):
         cb.on_train_batch_start(trainer, net, None, i)
         net(torch.randn(2, 8)).square().sum().backward()
         if i % 2:
@@ -450,10 +453,10 @@ def test_lightning_callback_with_a_stand_in_lightning(tmp_path, monkeypatch):
             opt.zero_grad()
         cb.on_train_batch_end(trainer, net, None, None, i)
     cb.on_train_end(trainer, net)
-    assert len(net.logged) == 2 and all(d["mfu"] > 0 for d in net.logged)  # the metered steps 1 and 2
+    assert len(net.logged) == 2 and all(d["mfu"] > 0 for d in net.logged)  # the metered steps 2 and 3
     table = reports.meter(tmp_path / "pl")
     # two micro-batches of 948 · 2, and the second one's gradients added into the first's: 8·16 + 16·4
-    assert table["model_flops"].tolist() == [2 * 1896 + 192] * 3
+    assert table["model_flops"].tolist() == [2 * 1896 + 192] * 4
 
 
 def test_keyword_only_and_mapping_inputs_without_model_are_in_the_signature(tmp_path):
@@ -474,14 +477,14 @@ def test_keyword_only_and_mapping_inputs_without_model_are_in_the_signature(tmp_
     for name, call in (("kw", lambda b: net(x=xs[b])), ("map", lambda b: net(UserDict(x=xs[b])))):
         m = Meter(tmp_path / name, peak_flops=PEAK)
         found = []
-        for b in (2, 2, 16, 16):
+        for b in (2, 2, 2, 16, 16):
             call(b).backward()
             net.zero_grad(set_to_none=True)
             found.append(m.step())
         m.close()
-        assert [f["traced"] for f in found] == [True, False, False, True]
+        assert [f["traced"] for f in found] == [True, True, False, False, True]
         # forward 2·B·8·8 + sum B·8, dW 2·B·8·8: B = 2: 256 + 16 + 256 = 528; B = 16: 2048 + 128 + 2048 = 4224
-        assert [f["model_flops"] for f in found] == [528, 528, None, 4224]
+        assert [f["model_flops"] for f in found] == [528, 528, 528, None, 4224]
 
 
 def test_the_dtype_rules_are_one_module_both_sides_use():
@@ -515,19 +518,21 @@ def test_dynamic_padding_traces_at_most_max_traces_steps_and_estimates_the_rest(
         opt.zero_grad()
         found.append(m.step())
     m.close()
-    # a new length is traced the step after it is seen: steps 0, 2, ..., 14 (lengths 3, 5, ..., 17), then the cap
-    assert [f["step"] for f in found if f["traced"]] == [0, 2, 4, 6, 8, 10, 12, 14]
-    assert [f["flops_estimated"] for f in found[13:17]] == [False, False, True, True]
+    # steps 0 and 1 traced (the first two), then a new length the step after it is seen: steps 3, 5, ..., 13
+    # (lengths 3, 4, then 6, 8, ..., 16), then the cap
+    assert [f["step"] for f in found if f["traced"]] == [0, 1, 3, 5, 7, 9, 11, 13]
+    # step 12 new (estimated at close), step 13 the last trace, steps 14 and 15 past the cap
+    assert [f["flops_estimated"] for f in found[12:16]] == [False, False, True, True]
     # forward 2·(2·s)·8·4 + sum 2·s·4, dW 2·(2·s)·8·4: 264·s, linear in s, so the estimates are exact
-    # (length 18 from 17's trace: 4,488 · (2·18·8) / (2·17·8) = 4,752 = 264 · 18); SGD's add_ 8·4 = 32, not scaled
+    # (length 18 from 16's trace: 4,224 · (2·18·8) / (2·16·8) = 4,752 = 264 · 18); SGD's add_ 8·4 = 32, not scaled
     assert found[15]["model_flops"] == 4752 and found[15]["hardware_flops"] == 4752 + 32
     table = reports.meter(tmp_path / "pad")
     assert table["model_flops"].tolist() == [264 * s for s in lengths]
     assert table["hardware_flops"].tolist() == [264 * s + 32 for s in lengths]
-    # estimated: the 7 lengths seen before the cap and never traced (steps 1, 3, ..., 13; at close), the 14 new ones
-    # past it (steps 15..28: 18..31) and the 5 untraced among 3..13 seen again (4, 6, 8, 10, 12): 7 + 14 + 5 = 26
+    # estimated: the 6 lengths seen before the cap and never traced (steps 2, 4, ..., 12; at close), the 15 new ones
+    # past it (steps 14..28: 17..31) and the 5 untraced among 3..13 seen again (5, 7, 9, 11, 13): 6 + 15 + 5 = 26
     assert int(table["flops_estimated"].sum()) == 26
-    assert table.loc[table["flops_estimated"], "step"].tolist() == [*range(1, 14, 2), *range(15, 29), *range(30, 40, 2)]
+    assert table.loc[table["flops_estimated"], "step"].tolist() == [*range(2, 13, 2), *range(14, 29), *range(31, 40, 2)]
     optrace(["report", str(tmp_path / "pad"), "--json"])
     summary = json.loads(capsys.readouterr().out)["meter"]
     assert (summary["estimated_flops_steps"], summary["unknown_flops_steps"], len(summary["traced_steps"])) == (26, 0, 8)
@@ -584,9 +589,10 @@ def test_hf_callback_logs_each_metered_step_once(tmp_path):
             log({"eval_loss": 1.0})  # the same step again: nothing metered since
     log({"train_runtime": 1.0})
     handler.on_train_end(args, state, control)
-    mfu = reports.meter(tmp_path / "hf")["mfu"].tolist()  # step 0 traced: NaN
-    # step 2's log: meter steps 0 (traced) and 1 ran since the start, so step 1's figures; step 4's: step 3's
-    assert [entry.get("mfu") for entry in logs] == [mfu[1], None, mfu[3], None, None]
+    mfu = reports.meter(tmp_path / "hf")["mfu"].tolist()  # steps 0 and 1 traced: NaN
+    # step 2's log: meter steps 0 and 1 ran since the start, both traced, so no figures; step 4's: steps 2 and 3
+    # metered since, so step 3's
+    assert [entry.get("mfu") for entry in logs] == [None, None, mfu[3], None, None]
 
 
 def test_the_exit_handler_closes_a_run_that_ended_normally_complete(tmp_path, monkeypatch):

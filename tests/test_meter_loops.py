@@ -131,7 +131,7 @@ def test_gradient_accumulation_with_clipping_and_item_logging(tmp_path):
     #   model 2·(948·B + 2) + 192: B = 2 -> 3988, B = 3 -> 5884
     # clip_grad_norm_ (phase other): _foreach_norm 192, the norm of the 2 norms 2, + eps 1, reciprocal 1, · max 1,
     #   clamp 1, _foreach_mul_ 192 = 390; SGD 192: hardware model + 582 -> 4570, 6466
-    assert [f["traced"] for f in figures] == [True, False, False, False, False, True]
+    assert [f["traced"] for f in figures] == [True, True, False, False, False, True]
     assert _flops(figures) == [(3988, 4570)] * 4 + [(None, None), (5884, 6466)]
     assert stored == real == [(3988, 4570)] * 4 + [(5884, 6466)] * 2
 
@@ -189,7 +189,7 @@ def test_activation_checkpointing_reuses_and_sees_a_layer_added_in_the_segment(t
     # model 4968; recompute mid + relu 1056; SGD 8·16 + 16·16 + 16·4 = 448: hardware 4968 + 1056 + 448 = 6472
     # deep: extra forward 1024 + 32, backward 2048 + 32, recompute 1056, SGD 256:
     #   model 4968 + 3136 = 8104, hardware 8104 + 2112 + 704 = 10920
-    assert [f["traced"] for f in figures] == [True, False, False, False, True]
+    assert [f["traced"] for f in figures] == [True, True, False, False, True]
     assert _flops(figures) == [(4968, 6472)] * 3 + [(None, None), (8104, 10920)]
     assert stored == real == [(4968, 6472)] * 3 + [(8104, 10920)] * 2
     assert reports.meter(tmp_path / "metered")["recompute_flops"].tolist() == [1056] * 3 + [2112] * 2
@@ -224,7 +224,7 @@ def test_autocast_bf16_with_a_loss_scale(tmp_path):
     figures, stored, real = check(tmp_path, autocast_scaled([2, 2, 2, 3, 3]), 5)
     # model 948·B + the scale (1 forward, 1 backward): B = 2 -> 1898, B = 3 -> 2846
     # hardware + unscaling div_ 192 (phase other) + SGD 192: 2282, 3230
-    assert [f["traced"] for f in figures] == [True, False, False, False, True]
+    assert [f["traced"] for f in figures] == [True, True, False, False, True]
     assert _flops(figures) == [(1898, 2282)] * 3 + [(None, None), (2846, 3230)]
     assert stored == real == [(1898, 2282)] * 3 + [(2846, 3230)] * 2
     assert reports.meter(tmp_path / "metered")["dtype"].tolist() == ["bfloat16"] * 5
@@ -290,7 +290,7 @@ def lora(batches, prefix=False, skips=None):
 #   model 2192 (B = 3: 3288); SGD over the adapters 8·2 + 2·16 + 16·2 + 2·4 = 88: hardware 2280 (3376)
 def test_lora_adapters_over_frozen_layers(tmp_path):
     figures, stored, real = check(tmp_path, lora([2, 2, 2, 3, 3]), 5)
-    assert [f["traced"] for f in figures] == [True, False, False, False, True]
+    assert [f["traced"] for f in figures] == [True, True, False, False, True]
     assert _flops(figures) == [(2192, 2280)] * 3 + [(None, None), (3288, 3376)]
     assert stored == real == [(2192, 2280)] * 3 + [(3288, 3376)] * 2
 
@@ -299,11 +299,11 @@ def test_a_change_confined_to_frozen_first_layers_is_not_seen(tmp_path):
     """The documented limit (README, Metering every step, Limits: "frozen modules before the first tensor that
     requires grad"): the frozen prefix runs on tensors that need no gradient, so its ops make no graph node, and
     skipping its second layer keeps the root's inputs and the step's node count. Steps 2 and 3 skip it, cost
-    272 FLOPs less, and are metered with the traced step's FLOPs."""
+    272 FLOPs less, and are metered with the traced steps' FLOPs."""
     skips = [False, False, True, True, False]
     figures, stored, real = check(tmp_path, lora([2] * 5, prefix=True, skips=skips), 5)
     # the prefix at B = 2: 2 · (2·2·8·8 + relu 16) = 544 forward, no backward: 2192 + 544 = 2736, hardware 2824
-    assert [f["traced"] for f in figures] == [True, False, False, False, False]
+    assert [f["traced"] for f in figures] == [True, True, False, False, False]
     assert stored == _flops(figures) == [(2736, 2824)] * 5
     assert real == [(2736, 2824)] * 2 + [(2464, 2552)] * 2 + [(2736, 2824)]  # one prefix layer less: 544 / 2 = 272
 
@@ -347,7 +347,7 @@ def gan(batches, per_optimizer=False):
 def test_a_gan_step_with_two_models_and_two_optimizers(tmp_path, root):
     """Two optimizer steps in one meter step; with model=None the generator, called first, is the root."""
     figures, stored, real = check(tmp_path, gan([2, 2, 2, 3, 3]), 5, root=root)
-    assert [f["traced"] for f in figures] == [True, False, False, False, True]
+    assert [f["traced"] for f in figures] == [True, True, False, False, True]
     assert _flops(figures) == [(3409, 3577)] * 3 + [(None, None), (5041, 5209)]
     assert stored == real == [(3409, 3577)] * 3 + [(5041, 5209)] * 2
     assert len(module_hooks._global_forward_pre_hooks) == len(module_hooks._global_forward_hooks) == 0
@@ -355,18 +355,28 @@ def test_a_gan_step_with_two_models_and_two_optimizers(tmp_path, root):
 
 def test_a_gan_metered_per_optimizer_step_alternates_two_signatures(tmp_path):
     """A limit (README, Metering every step, Limits: a signature that never comes twice in a row): with
-    meter.step() after each optimizer's step, the discriminator's steps and the generator's alternate. Each
-    generator step is new, so the discriminator step after it is traced, until max_traces; the generator's steps
-    get no FLOPs (no estimate either: no traced step has their node count)."""
+    meter.step() after each optimizer's step, the discriminator's steps and the generator's alternate. By default
+    the first two steps are traced, one of each, and every step has its FLOPs. After warmup=1 the first trace is
+    alone: each discriminator step is then new, so the generator step after it is traced, until max_traces; the
+    discriminator's steps get no FLOPs (no estimate either: no traced step has their node count)."""
+    # B = 2. discriminator step: G forward 200·B, two D calls 304·B, their losses 4·B + 1, loss_d's backward
+    #   342·B + 72: model 850·B + 73 = 1773; its SGD 72: hardware 1845. The generator's: 3409 - 1773 = 1636, 3577 -
+    #   1845 = 1732 (its SGD 96)
     _, figures, _ = metered(tmp_path / "gan", gan([2] * 5, per_optimizer=True), 5, root="gen", max_traces=3)
     table = reports.meter(tmp_path / "gan")
-    assert table["traced"].tolist() == [True, False] * 3 + [False] * 4
-    # B = 2. discriminator step: G forward 200·B, two D calls 304·B, their losses 4·B + 1, loss_d's backward
-    #   342·B + 72: model 850·B + 73 = 1773; its SGD 72: hardware 1845 (the generator's half is 3409 - 1773)
+    assert table["traced"].tolist() == [True, True] + [False] * 8
     assert table["model_flops"].tolist()[::2] == [1773] * 5 and table["hardware_flops"].tolist()[::2] == [1845] * 5
-    assert table["model_flops"].isna().tolist()[1::2] == [True] * 5
-    assert [f["model_flops"] for f in figures] == [None] * 5  # the generator's steps, as step() gave them
-    assert meter_summary(tmp_path / "gan")["unknown_flops_steps"] == 5
+    assert table["model_flops"].tolist()[1::2] == [1636] * 5 and table["hardware_flops"].tolist()[1::2] == [1732] * 5
+    assert [f["model_flops"] for f in figures] == [1636] * 5  # the generator's steps, as step() gave them
+    assert meter_summary(tmp_path / "gan")["unknown_flops_steps"] == 0
+    _, figures, _ = metered(tmp_path / "warm", gan([2] * 5, per_optimizer=True), 5, root="gen", max_traces=3,
+                            warmup=1)
+    table = reports.meter(tmp_path / "warm")
+    assert table["traced"].tolist() == [False, True] * 3 + [False] * 4
+    assert table["model_flops"].tolist()[1::2] == [1636] * 5 and table["hardware_flops"].tolist()[1::2] == [1732] * 5
+    assert table["model_flops"].isna().tolist()[::2] == [True] * 5
+    assert [f["model_flops"] for f in figures] == [1636] * 5  # the generator's steps, as step() gave them
+    assert meter_summary(tmp_path / "warm")["unknown_flops_steps"] == 5
 
 
 # 6. layer drop ----------------------------------------------------------------------------------------------------
@@ -425,7 +435,7 @@ def test_layer_drop_retraces_a_depth_that_repeats_and_leaves_a_lone_one_unknown(
     # no block: inp 256, the draw's >= 0.5 2, out 2·2·8·4 = 128, square 8, sum 8; backward 24, out dW and dx
     #   2·128, inp dW 256: model 938; SGD 64 + 32 = 96 (a dropped block's weight has no gradient): hardware 1034
     one, two, none = (938 + 832, 1034 + 896), (938 + 2 * 832, 1034 + 2 * 896), (938, 1034)
-    assert [f["traced"] for f in figures] == [True, False, False, False, True, False, True, False]
+    assert [f["traced"] for f in figures] == [True, True, False, False, True, False, True, False]
     assert _flops(figures) == [one] * 3 + [(None, None), two, (None, None), one, one]
     assert real == [one] * 3 + [two] * 2 + [none] + [one] * 2
     assert stored == [one] * 3 + [two] * 2 + [(None, None)] + [one] * 2
@@ -468,7 +478,7 @@ def test_a_gradient_penalty_with_create_graph(tmp_path):
     # fc1 dW and dx 512·B, and each weight's two gradients summed 64 + 128:
     #   model 2320·B + 193: B = 2 -> 4833, B = 3 -> 7153; SGD 192: 5025, 7345
     # no penalty (x requires grad: fc1's dx 2·B·16·8 more than Net's 948·B): model 1204·B = 3612 at B = 3, 3804
-    assert [f["traced"] for f in figures] == [True, False, False, False, True, False, True]
+    assert [f["traced"] for f in figures] == [True, True, False, False, True, False, True]
     assert _flops(figures) == [(4833, 5025)] * 3 + [(None, None), (7153, 7345), (None, None), (3612, 3804)]
     assert stored == real == [(4833, 5025)] * 3 + [(7153, 7345)] * 2 + [(3612, 3804)] * 2
 
@@ -515,7 +525,7 @@ def test_an_evaluation_between_steps_with_begin(tmp_path):
     again = make()
     assert logs == [v for i in range(5) for v in (again["step"](i, None), again["evaluate"](i))]
     assert _same(_params([loop["model"]]), _params([again["model"]]))
-    assert [f["traced"] for f in figures] == [True, False, False, False, True]
+    assert [f["traced"] for f in figures] == [True, True, False, False, True]
     assert _flops(figures) == [(1896, 2088)] * 3 + [(None, None), (2844, 3036)]  # 948 · 2 + 192, 948 · 3 + 192
     df = reports.load(tmp_path / "eval")
     batches = {int(shape[0]) for shapes in df["input_shapes"] for shape in shapes if len(shape) == 2 and shape[1] == 8}
@@ -524,11 +534,13 @@ def test_an_evaluation_between_steps_with_begin(tmp_path):
 
 # the first step ------------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("case", ["momentum", "zero_grad-in-place"])
-def test_a_first_step_unlike_the_next_is_metered_with_its_own_flops_unless_warmup(tmp_path, case):
-    """A limit: the first step makes what later steps update (SGD's momentum buffer is a copy of the first
-    gradient, later a multiply-add; gradients zeroed in place rather than set to None are added into from the
-    second backward on), with the same signature. Traced at step 0, the later steps get step 0's FLOPs; with
-    warmup=1 the trace is of step 1, like all that follow (step 0 then gets step 1's)."""
+def test_a_first_step_unlike_the_next_keeps_its_own_flops_and_the_second_s_trace_serves_the_rest(tmp_path, case):
+    """The first step makes what later steps update (SGD's momentum buffer is a copy of the first gradient, later
+    a multiply-add; gradients zeroed in place rather than set to None are added into from the second backward on),
+    with the same signature. Without warmup= the first two steps are traced: step 0 keeps its own FLOPs and step
+    1's trace serves the later steps, each exactly what a Tracer around it alone counts. With warmup=1 the trace is
+    of step 1, like all that follow (step 0 then gets step 1's); with max_traces=1 only step 0 is traced and the
+    later steps get its FLOPs."""
     momentum, to_none = (0.9, True) if case == "momentum" else (0.0, False)
 
     def make():
@@ -551,10 +563,15 @@ def test_a_first_step_unlike_the_next_is_metered_with_its_own_flops_unless_warmu
     first = (1896, 2088)
     figures, stored, real = check(tmp_path, make, 4)
     assert real == [first] + [later] * 3
-    assert stored == _flops(figures) == [first] * 4  # what the meter gives: step 0's FLOPs
+    assert [f["traced"] for f in figures] == [True, True, False, False]
+    assert stored == _flops(figures) == real  # steps 2 and 3 reuse step 1's trace
+    assert reports.meter(tmp_path / "metered")["flops_from_step"].tolist() == [0, 1, 1, 1]
     figures, stored, _ = check(tmp_path / "warm", make, 4, warmup=1)
     assert [f["traced"] for f in figures] == [False, True, False, False]
     assert stored == [later] * 4
+    figures, stored, _ = check(tmp_path / "cap", make, 4, max_traces=1)
+    assert [f["traced"] for f in figures] == [True, False, False, False]
+    assert stored == _flops(figures) == [first] * 4  # the cap: step 0's FLOPs for all
 
 
 # a loop in another thread ------------------------------------------------------------------------------------------
@@ -620,7 +637,7 @@ def test_a_meter_made_in_the_loop_s_thread_closes_from_another(tmp_path):
 
     _in_thread(run)
     made[0].close()
-    assert [f["traced"] for f in figures] == [True, False, False, False]
+    assert [f["traced"] for f in figures] == [True, True, False, False]
     assert _flops(figures) == [(1896, 2088)] * 3 + [(None, None)]
     meta = tracer.read_metadata(tmp_path / "thread")
     assert meta["complete"] and meta["meter"]["errors"] == 0

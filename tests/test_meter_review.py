@@ -76,7 +76,7 @@ def test_an_evaluation_step_under_no_grad_does_not_reuse_the_training_step_s_flo
             opt.zero_grad()
         found.append(m.step())
     m.close()
-    assert [f["traced"] for f in found] == [True, False, False, True, False]
+    assert [f["traced"] for f in found] == [True, True, False, True, False]
     # evaluation: model FLOPs are the modules' forward, fc1 512 + relu 32 + fc2 256 = 800; hardware adds the
     # square and sum outside any module under no_grad (phase other): 800 + 8 + 8 = 816
     assert [f["model_flops"] for f in found] == [TRAIN_MODEL, TRAIN_MODEL, None, 800, TRAIN_MODEL]
@@ -99,7 +99,7 @@ def test_a_loss_module_made_anew_every_step_is_the_same_work(tmp_path):
         opt.zero_grad()
         found.append(m.step())
     m.close()
-    assert [f["traced"] for f in found] == [True, False, False, False, False]
+    assert [f["traced"] for f in found] == [True, True, False, False, False]  # the first two steps traced
     assert [f["model_flops"] for f in found] == [TRAIN_MODEL] * 5  # the loss's square and sum: forward, in a module
     assert [f["hardware_flops"] for f in found] == [TRAIN_HARDWARE] * 5
     assert [f["flops_estimated"] for f in found] == [False] * 5
@@ -112,16 +112,17 @@ def test_step_tokens_given_as_a_tensor_or_numpy_int_are_an_int(tmp_path, given):
     net = Net()
     m = Meter(tmp_path / "tok", model=net, tokens=2, peak_flops=PEAK)
     found = []
-    for _ in range(3):
+    for _ in range(4):
         net(torch.randn(2, 8)).sum().backward()
         net.zero_grad()
         found.append(m.step(tokens=given))
     m.close()
-    assert [type(f["tokens"]) for f in found] == [int] * 3 and [f["tokens"] for f in found] == [6] * 3
-    assert all(type(f["tokens_per_s"]) is float and f["tokens_per_s"] == 6 / f["step_time_s"] for f in found[1:])
+    assert [type(f["tokens"]) for f in found] == [int] * 4 and [f["tokens"] for f in found] == [6] * 4
+    # steps 0 and 1 traced (no tokens/s: traced time), steps 2 and 3 metered
+    assert all(type(f["tokens_per_s"]) is float and f["tokens_per_s"] == 6 / f["step_time_s"] for f in found[2:])
     table = reports.meter(tmp_path / "tok")  # the table in the trace stays readable
-    assert table["tokens"].tolist() == [6, 6, 6]
-    assert table["tokens_per_s"].tolist()[1:] == [f["tokens_per_s"] for f in found[1:]]
+    assert table["tokens"].tolist() == [6, 6, 6, 6]
+    assert table["tokens_per_s"].tolist()[2:] == [f["tokens_per_s"] for f in found[2:]]
 
 
 def test_step_tokens_that_are_no_count_are_one_line(tmp_path):
@@ -210,10 +211,10 @@ def test_a_user_s_dispatch_mode_entered_after_the_meter_stays_on(tmp_path):
     seen, found, stack = _counted_steps(tmp_path / "modes", [2, 2, 3, 3, 4])
     assert seen == plain and min(plain) > 0  # the user's mode saw every op of every step, as without a meter
     assert stack == ["_TraceMode"]  # the block left with a trace begun (step 4 is new): the user's mode came off
-    assert [f["traced"] for f in found] == [True, False, False, True, False]
+    assert [f["traced"] for f in found] == [True, True, False, True, False]
     # 948 · 2, 948 · 3 (tests/test_meter.py); step 4's batch of 4 never traced: estimated at close, not here
     assert [f["model_flops"] for f in found] == [1896, 1896, None, 2844, None]
-    assert reports.load(tmp_path / "modes")["step"].nunique() == 2  # the two traced steps' rows, no other
+    assert reports.load(tmp_path / "modes")["step"].nunique() == 3  # the three traced steps' rows, no other
     assert _leftovers() == before
     # torch's "in a dispatch mode" flags are off again, as before (the user's mode had kept its enter-time True)
     assert [getattr(_python_dispatch, name) for name in _FLAGS] == [False] * 3
@@ -295,7 +296,7 @@ def test_a_step_begun_again_is_traced_from_the_last_begin(tmp_path):
             opt.zero_grad()
             found.append(m.step())
     m.close()
-    assert [f["traced"] for f in found] == [True, False, False]
+    assert [f["traced"] for f in found] == [True, True, False]
     assert [f["model_flops"] for f in found] == [TRAIN_MODEL] * 3  # 1896, not 1896 + 800
     assert [f["hardware_flops"] for f in found] == [TRAIN_HARDWARE] * 3
 
@@ -366,5 +367,5 @@ def test_lightning_callback_sees_a_batch_change_when_forward_is_never_called(tmp
         cb.on_train_batch_end(trainer, net, None, batch, i)
     cb.on_train_end(trainer, net)
     table = reports.meter(tmp_path / "pl")
-    assert table["traced"].tolist() == [True, False, False, True]
+    assert table["traced"].tolist() == [True, True, False, True]
     assert table["model_flops"].tolist() == [1896, 1896, 2844, 2844]  # 948 · 2, 948 · 3 (step 2 from step 3's trace)

@@ -75,22 +75,23 @@ def test_meter_survives_a_step_boundary_before_any_work(tmp_path):
         net.zero_grad(set_to_none=True)  # else each step's dW adds into the last: 8·8 more FLOPs
     m.close()
     assert m.errors == 0
-    assert [f["traced"] for f in figures] == [True, False, True, False]  # 0: empty; 1: a new signature
-    assert [f["model_flops"] for f in figures] == [0, None, 528, 528]  # 2·2·64·2 + 2·8; got None
+    assert [f["traced"] for f in figures] == [True, True, False, False]  # 0: empty; 1: the second step, traced too
+    assert [f["model_flops"] for f in figures] == [0, 528, 528, 528]  # 2·2·64·2 + 2·8; got None
 
 
 def test_meter_mfu_of_a_conv_net_is_reports_mfu(tmp_path):
     torch.manual_seed(0)
     net = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU())
     m = Meter(tmp_path / "c", model=net)
-    for _ in range(2):
+    for _ in range(3):  # steps 0 and 1 traced, step 2 metered
         net(torch.randn(1, 3, 8, 8)).sum().backward()
+        net.zero_grad(set_to_none=True)  # else steps 1 on add into the gradients: 4·3·3·3 + 4 = 112 FLOPs more
         f = m.step()
     m.close()
     ref = reports.mfu(reports.load(tmp_path / "c"), step_time_s=f["step_time_s"]).iloc[0]
     # out [1, 4, 6, 6]: conv 2·144·(3·3·3) = 7,776, relu, sum and relu's backward 144 each, conv dW 7,776
     assert f["model_flops"] == ref["model_flops_per_step"] == 7776 + 3 * 144 + 7776 == 15984
-    assert reports.meter(tmp_path / "c")["dtype"].iloc[1] == ref["dtype"] == "float32"  # no matmul: the conv's dtype
+    assert reports.meter(tmp_path / "c")["dtype"].iloc[2] == ref["dtype"] == "float32"  # no matmul: the conv's dtype
     assert ref["mfu"] > 0 and f["mfu"] == ref["mfu"]  # the meter gave None
 
 

@@ -72,8 +72,8 @@ def _metered(path):
     model = torch.nn.Linear(8, 4)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     with Meter(path, model=model, tokens=4, peak_flops=1e12) as meter:
-        for i in range(4):
-            model(torch.randn(2 if i >= 2 else 4, 8)).sum().backward()  # step 2: a new shape, so step 3 is traced
+        for i in range(5):  # steps 0 and 1 traced, step 2 metered
+            model(torch.randn(2 if i >= 3 else 4, 8)).sum().backward()  # step 3: a new shape, so step 4 is traced
             opt.step()
             opt.zero_grad()
             meter.step()
@@ -152,7 +152,7 @@ def test_the_rank_tables_are_the_references(traces):
 def test_the_meter_section_reads_the_runs(traces):
     df, sql = _pair(traces["metered"])
     found = Source(None, sql).meter_summary()
-    assert found == meter_summary(df) and found["steps"] == 4 and found["traced_steps"] == [0, 3]
+    assert found == meter_summary(df) and found["steps"] == 5 and found["traced_steps"] == [0, 1, 4]
 
 
 @pytest.mark.parametrize("trace", ["job", "ckpt", "resized", "metered"])

@@ -1,7 +1,11 @@
 """Metering every step: MFU and HFU for a whole run at the cost of tracing one step per shape.
 
-`Meter` traces the first step fully with a `Tracer`, reads that step's FLOPs back from
-the trace, then pauses the tracer (its dispatch mode and hooks come off). Every later
+`Meter` traces the first two steps fully with a `Tracer` (after `warmup` untraced steps, the
+first after them alone), reads each one's FLOPs back from the trace, then pauses the tracer
+(its dispatch mode and hooks come off). Step 0 keeps its own FLOPs and the second step's
+trace serves the later steps of its signature: a first step often does work the later ones
+do not (SGD's momentum buffer made, gradients zeroed in place added into only from the
+second step on, lazy modules initialised), with their signature. Every later
 step costs a clock read at its end (the device synchronised first when the step ran on a
 GPU), one forward hook on the root module noting the shapes and dtypes of every tensor in
 its inputs (positional and keyword, nested in lists, tuples and dicts) and whether grad mode
@@ -91,8 +95,9 @@ class Meter:
         meter.close()                            # or `with Meter(...) as meter:`
 
     path, model, run_name and any other keyword go to the `Tracer`. Metering starts when the
-    Meter is made: the first step is traced from there, or the step after `warmup` untraced
-    steps (a compiled model's first steps; they get the FLOPs of the trace of their signature). `step()` ends a step and returns its
+    Meter is made: the first two steps are traced from there (step 0 keeps its FLOPs, the second's serve the
+    later steps: the first may do one-off work), or the step after `warmup` untraced steps alone (a compiled
+    model's first steps; they get the FLOPs of the trace of their signature). `step()` ends a step and returns its
     figures; `begin()` (optional) marks where a step begins, so that time between steps
     (evaluation, checkpoints, logging) is left out. `peak_flops` (FLOP/s) overrides the table.
     One Meter (like one Tracer) is active per process, from its making to `close()`, and meters the thread
@@ -252,7 +257,11 @@ class Meter:
             trace, scale = self._estimate(ran)
         for key, value in zip(self._steps, (index, seconds, tokens, -1 if trace is None else trace, traced, scale)):
             self._steps[key].append(value)
-        if new and can_trace and index + 1 >= self.warmup:
+        # the first step also makes what the later ones reuse (SGD's momentum buffer, gradients to add into,
+        # lazy modules): without warmup= the second step is traced too, and its trace serves the signature
+        # (it replaces step 0's in _known; step 0 keeps its own). After a warm-up the first trace is alone
+        again = traced and index == 0 and not self.warmup
+        if (new or again) and can_trace and index + 1 >= self.warmup:
             self._reclock = True  # new: trace the next step
             if self._begins:  # at the next begin()
                 self._retrace = True
