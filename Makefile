@@ -33,8 +33,12 @@ $(COLLECTOR): $(STAMP) tracer/_collector.cpp tracer/build_ext.py
 demo: $(STAMP) $(COLLECTOR)
 	$(PY) examples/gpt.py --export runs/gpt.json
 
+# The suite in 2 worker processes (pytest-xdist): about 140 s on a 2-core VM against 235 s in one.
+# Every test is independent of the others' order and process; `make test PYTEST_WORKERS=0` runs it in one.
+PYTEST_WORKERS ?= 2
+
 test: $(STAMP) $(COLLECTOR)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS)
 
 clean:
 	rm -rf $(VENV) runs tracer/_collector.so
