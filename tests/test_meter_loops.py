@@ -24,19 +24,17 @@ from reports.flops.meter import meter_summary
 from tracer import Tracer
 from tracer.meter import Meter
 
+from test_meter_review import Net  # x [B, 8] -> fc1 [8 -> 16] -> relu -> fc2 [16 -> 4], no biases
+
 PEAK = 1e9  # FLOP/s, given
 
 
-class Net(nn.Module):
-    """x [B, 8] -> fc1 [8 -> 16] -> relu -> fc2 [16 -> 4], no biases (tests/test_meter.py's Net)."""
-
-    def __init__(self):
-        super().__init__()
-        self.fc1 = nn.Linear(8, 16, bias=False)
-        self.fc2 = nn.Linear(16, 4, bias=False)
-
-    def forward(self, x):
-        return self.fc2(torch.relu(self.fc1(x)))
+def _train(loss, opt):
+    """A plain training step after the forward: backward, SGD step, zero_grad; the logged loss."""
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+    return loss.item()
 
 
 # Net at batch B, loss = out.square().sum(), x needs no gradient (tests/test_meter.py):
@@ -165,11 +163,7 @@ def checkpointed(reentrant, deeps):
         xs = [torch.randn(2, 8) for _ in deeps]
 
         def step(i, meter):
-            loss = net(xs[i], deep=deeps[i]).square().sum()
-            loss.backward()
-            opt.step()
-            opt.zero_grad()
-            return loss.item()
+            return _train(net(xs[i], deep=deeps[i]).square().sum(), opt)
 
         return {"model": net, "step": step, "modules": [net]}
 
@@ -271,11 +265,7 @@ def lora(batches, prefix=False, skips=None):
         xs = [torch.randn(b, 8) for b in batches]
 
         def step(i, meter):
-            loss = net(xs[i], prefix=prefix, skip=skips[i]).square().sum()
-            loss.backward()
-            opt.step()
-            opt.zero_grad()
-            return loss.item()
+            return _train(net(xs[i], prefix=prefix, skip=skips[i]).square().sum(), opt)
 
         return {"model": net, "step": step, "modules": [net]}
 
@@ -409,11 +399,7 @@ def layer_drop(n):
         xs = [torch.randn(2, 8) for _ in range(n)]
 
         def step(i, meter):
-            loss = net(xs[i]).square().sum()
-            loss.backward()
-            opt.step()
-            opt.zero_grad()
-            return loss.item()
+            return _train(net(xs[i]).square().sum(), opt)
 
         return {"model": net, "step": step, "modules": [net]}
 
@@ -493,11 +479,7 @@ def with_evaluation(batches, eval_batches):
         def step(i, meter):
             if meter is not None:
                 meter.begin()
-            loss = net(xs[i]).square().sum()
-            loss.backward()
-            opt.step()
-            opt.zero_grad()
-            return loss.item()
+            return _train(net(xs[i]).square().sum(), opt)
 
         def evaluate(i):
             with torch.no_grad():
