@@ -70,3 +70,40 @@ def test_a_no_grad_root_call_that_raises_leaves_no_global_hook(tmp_path):
         model(x)
         meter.close()
     assert len(module_hooks._global_forward_pre_hooks) == 0 and len(model._forward_hooks) == 0
+
+
+class Compiled(nn.Module):
+    """A module of its own for torch.compile (Dynamo keeps its state per code object)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 4, bias=False)
+
+    def forward(self, x):
+        return torch.relu(self.fc(x))
+
+
+def test_the_root_hooks_do_not_break_a_compiled_model_s_graph(tmp_path):
+    """Dynamo traces the root's hooks with its forward: the thread check in them was a builtin it cannot trace, so
+    each hook broke the user's compiled graph (2 graph breaks a call) with a warning that `python -W error` raised
+    into the program as InternalTorchDynamoError. The hooks now do nothing while Dynamo compiles (the steps run
+    compiled are untraced warm-up steps, whose node count is the compiled graph's anyway)."""
+    import warnings
+
+    from torch._dynamo.utils import counters
+
+    torch.manual_seed(0)
+    model = Compiled()
+    compiled = torch.compile(model, backend="eager")
+    breaks = sum(counters["graph_break"].values())
+    meter = Meter(tmp_path / "compiled", model=compiled, warmup=3, peak_flops=PEAK)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            for _ in range(2):
+                compiled(torch.randn(2, 8)).sum().backward()
+                meter.step()
+    finally:
+        meter.close()
+    assert sum(counters["graph_break"].values()) == breaks
+    assert meter.errors == 0 and len(model._forward_hooks) == 0 and len(model._forward_pre_hooks) == 0

@@ -67,6 +67,9 @@ _MAX_TRACE_FAILURES = 3  # traced steps whose FLOPs could not be read before the
 _FIRST_WRITE_S = 60.0  # the table is written 60 s into the run, then each time the run has doubled its age
 # graph nodes made so far by this thread (torch >= 2.1; without it the signature is the root's inputs alone)
 _nodes_made = getattr(torch.autograd, "_get_sequence_nr", lambda: 0)
+# True while Dynamo traces the hooks with a compiled root: they then do nothing (the thread check in them is a builtin
+# Dynamo cannot trace, which broke the user's graph with a warning that `python -W error` raised)
+_compiling = getattr(torch.compiler, "is_compiling", lambda: False)
 
 
 _UNKNOWN = {"step": None, "traced": False, "step_time_s": None, "tokens": None, "tokens_per_s": None,  # step() after
@@ -150,7 +153,7 @@ class Meter:
     def _find_root(self, module, args):
         """Without model=, the first module called on the meter's thread is the root: its hook goes on (and runs
         for this call too), this global one comes off, so that no later module call takes the hook path."""
-        if threading.get_ident() == self._thread and self._root is None:
+        if not _compiling() and threading.get_ident() == self._thread and self._root is None:
             self._root = module
             self._remove_hooks()
             self._hook_root()
@@ -158,11 +161,13 @@ class Meter:
     def _root_called(self, module, args):
         """The root's pre-hook: a root call without grad makes no graph nodes, so a global hook counts the modules
         it calls (a branch taken in an evaluation step), for that call alone."""
-        if threading.get_ident() == self._thread and not torch.is_grad_enabled() and self._counting is None:
+        if _compiling() or threading.get_ident() != self._thread:
+            return
+        if not torch.is_grad_enabled() and self._counting is None:
             self._counting = register_module_forward_pre_hook(self._count)
 
     def _count(self, module, args):
-        if threading.get_ident() == self._thread:
+        if not _compiling() and threading.get_ident() == self._thread:
             self._calls[type(module)] = self._calls.get(type(module), 0) + 1
 
     def _stop_counting(self):
@@ -172,7 +177,7 @@ class Meter:
 
     def _root_inputs(self, module, args, kwargs, output):
         """The root's forward hook (after its forward: one registered in a pre-hook runs for the same call)."""
-        if threading.get_ident() == self._thread:
+        if not _compiling() and threading.get_ident() == self._thread:
             if module is not None:
                 self._stop_counting()
             try:
