@@ -7,7 +7,7 @@ trace serves the later steps of its signature: a first step often does work the 
 do not (SGD's momentum buffer made, gradients zeroed in place added into only from the
 second step on, lazy modules initialised), with their signature. Every later
 step costs a clock read at its end (the device synchronised first when the step ran on a
-GPU), one forward hook on the root module noting the shapes and dtypes of every tensor in
+GPU), a forward hook on the root module noting the shapes and dtypes of every tensor in
 its inputs (positional and keyword, nested in lists, tuples and dicts) and whether grad mode
 was on at each root call (an evaluation step runs no backward; a root call without grad makes
 no graph nodes, so a global hook counts the modules it calls, for that call alone), and two reads of the
