@@ -165,7 +165,8 @@ def test_a_branch_outside_any_module_retraces_once(tmp_path):
 
 @pytest.mark.parametrize("given", [True, False], ids=["model", "first-module"])
 def test_metered_steps_leave_module_calls_on_pytorch_s_fast_path(tmp_path, given):
-    """After the traced steps (the first two) the meter keeps one hook, on the root: no global module hook (which
+    """After the traced steps (the first two) the meter keeps two hooks, on the root (a pre-hook that counts the
+    modules of a root call without grad, and the forward hook that notes its inputs): no global module hook (which
     sends every module call through Module._call_impl's hook path), with model= or with the first module called
     as root."""
     from torch.nn.modules import module as module_hooks
@@ -182,7 +183,7 @@ def test_metered_steps_leave_module_calls_on_pytorch_s_fast_path(tmp_path, given
             continue
         hooks = (len(module_hooks._global_forward_pre_hooks), len(module_hooks._global_forward_hooks))
         assert hooks == before
-        assert [len(mod._forward_pre_hooks) + len(mod._forward_hooks) for mod in net.modules()] == [1, 0, 0, 0]
+        assert [len(mod._forward_pre_hooks) + len(mod._forward_hooks) for mod in net.modules()] == [2, 0, 0, 0]
     m.close()
     assert [len(mod._forward_hooks) for mod in net.modules()] == [0, 0, 0, 0]
     assert reports.meter(tmp_path / "hooks")["traced"].tolist() == [True, True, False, False]

@@ -7,9 +7,10 @@ trace serves the later steps of its signature: a first step often does work the 
 do not (SGD's momentum buffer made, gradients zeroed in place added into only from the
 second step on, lazy modules initialised), with their signature. Every later
 step costs a clock read at its end (the device synchronised first when the step ran on a
-GPU), one forward hook on the root module noting the shapes and dtypes of every tensor in
+GPU), a forward hook on the root module noting the shapes and dtypes of every tensor in
 its inputs (positional and keyword, nested in lists, tuples and dicts) and whether grad mode
-was on at each root call (an evaluation step runs no backward), and two reads of the
+was on at each root call (an evaluation step runs no backward; a root call without grad makes
+no graph nodes, so a global hook counts the modules it calls, for that call alone), and two reads of the
 autograd sequence number, which counts the graph nodes the thread made in the step: a
 branch taken, a layer skipped, an expert called or a module called once more changes the
 step's forward ops and so that count, at a few nanoseconds a read, where a global module
@@ -66,6 +67,9 @@ _MAX_TRACE_FAILURES = 3  # traced steps whose FLOPs could not be read before the
 _FIRST_WRITE_S = 60.0  # the table is written 60 s into the run, then each time the run has doubled its age
 # graph nodes made so far by this thread (torch >= 2.1; without it the signature is the root's inputs alone)
 _nodes_made = getattr(torch.autograd, "_get_sequence_nr", lambda: 0)
+# True while Dynamo traces the hooks with a compiled root: they then do nothing (the thread check in them is a builtin
+# Dynamo cannot trace, which broke the user's graph with a warning that `python -W error` raised)
+_compiling = getattr(torch.compiler, "is_compiling", lambda: False)
 
 
 _UNKNOWN = {"step": None, "traced": False, "step_time_s": None, "tokens": None, "tokens_per_s": None,  # step() after
@@ -123,6 +127,7 @@ class Meter:
         self.max_traces, self._traced_steps = max_traces, 0
         self._pending = {}  # signature -> steps that ran with it before its trace
         self._inputs, self._grads = [], []  # the root's input signatures; grad mode at each root call
+        self._calls, self._counting = {}, None  # module class -> calls in root calls without grad; their hook
         self._next_write, self._closed, self._sync, self._use_sync = _FIRST_WRITE_S, False, None, sync
         self._handles = []
         self._install_hooks()
@@ -148,14 +153,33 @@ class Meter:
     def _find_root(self, module, args):
         """Without model=, the first module called on the meter's thread is the root: its hook goes on (and runs
         for this call too), this global one comes off, so that no later module call takes the hook path."""
-        if threading.get_ident() == self._thread and self._root is None:
+        if not _compiling() and threading.get_ident() == self._thread and self._root is None:
             self._root = module
             self._remove_hooks()
             self._hook_root()
 
+    def _root_called(self, module, args):
+        """The root's pre-hook: a root call without grad makes no graph nodes, so a global hook counts the modules
+        it calls (a branch taken in an evaluation step), for that call alone."""
+        if _compiling() or threading.get_ident() != self._thread:
+            return
+        if not torch.is_grad_enabled() and self._counting is None:
+            self._counting = register_module_forward_pre_hook(self._count)
+
+    def _count(self, module, args):
+        if not _compiling() and threading.get_ident() == self._thread:
+            self._calls[type(module)] = self._calls.get(type(module), 0) + 1
+
+    def _stop_counting(self):
+        if self._counting is not None:
+            self._counting.remove()
+            self._counting = None
+
     def _root_inputs(self, module, args, kwargs, output):
         """The root's forward hook (after its forward: one registered in a pre-hook runs for the same call)."""
-        if threading.get_ident() == self._thread:
+        if not _compiling() and threading.get_ident() == self._thread:
+            if module is not None:
+                self._stop_counting()
             try:
                 self._inputs.append(signature(args, kwargs))
                 self._grads.append(torch.is_grad_enabled())
@@ -192,6 +216,8 @@ class Meter:
                 self._failed(exc)
         self._inputs.clear()
         self._grads.clear()
+        self._calls.clear()
+        self._stop_counting()
         self._began = self._clock()
         self._nodes = _nodes_made()
 
@@ -212,6 +238,8 @@ class Meter:
         finally:  # the next step starts now (after a trace or a table write: once that work is done)
             self._inputs.clear()
             self._grads.clear()
+            self._calls.clear()
+            self._stop_counting()  # a root call without grad that raised
             self._began = self._clock() if self._reclock else now
             self._nodes = _nodes_made()
             self._reclock = False
@@ -231,7 +259,7 @@ class Meter:
             warn(f"optrace: meter: could not meter a step ({type(exc).__name__}: {exc}); the program runs on")
 
     def _end_step(self, seconds, tokens, now):
-        ran = (tuple(self._inputs), _nodes_made() - self._nodes, tuple(self._grads))
+        ran = (tuple(self._inputs), _nodes_made() - self._nodes, tuple(self._grads), tuple(self._calls.items()))
         index = len(self._steps["step"])
         traced, scale = self._tracing, None
         self._reclock = traced
@@ -379,12 +407,14 @@ class Meter:
             self._hook_root()
 
     def _hook_root(self):
+        self._handles.append(self._root.register_forward_pre_hook(self._root_called))
         self._handles.append(self._root.register_forward_hook(self._root_inputs, with_kwargs=True))
 
     def _remove_hooks(self):
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
+        self._stop_counting()
 
     # closing ---------------------------------------------------------------------------
     def close(self, exc=None):

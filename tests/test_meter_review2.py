@@ -1,0 +1,109 @@
+"""Second review of tracer.meter.Meter (signature by graph nodes, two traced steps): steps whose work changed where
+the new signature did not look."""
+
+import torch
+import torch.nn.modules.module as module_hooks
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+
+from tracer.meter import Meter
+
+PEAK = 1e9  # FLOP/s, given
+
+
+class Branchy(nn.Module):
+    """x [2, 8] -> a [8 -> 8], then b [8 -> 8] when `deep`; no biases."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(8, 8, bias=False)
+        self.b = nn.Linear(8, 8, bias=False)
+
+    def forward(self, x, deep=False):
+        x = self.a(x)
+        return self.b(x) if deep else x
+
+
+def _flops(figures):
+    return [f["model_flops"] for f in figures]
+
+
+def test_a_branch_taken_in_an_evaluation_step_under_no_grad_is_a_new_signature(tmp_path):
+    """Under no_grad a step makes no graph nodes, so the node count cannot see a branch: the root calls made
+    without grad count the modules they call (as the meter did for every step before). Before, the evaluation
+    steps that also ran `b` reused the 256 FLOPs of the steps that did not, silently."""
+    torch.manual_seed(0)
+    model, x = Branchy().eval(), torch.randn(2, 8)
+    with FlopCounterMode(display=False) as counter:
+        with torch.no_grad():
+            model(x, deep=True)
+    assert counter.get_total_flops() == 512  # two matmuls 2·2·8·8 = 256 each
+    figures = []
+    with torch.no_grad():
+        meter = Meter(tmp_path / "eval", model=model, peak_flops=PEAK)
+        for deep in [False, False, False, True, True, True]:
+            model(x, deep=deep)
+            figures.append(meter.step())
+        meter.close()
+    assert [f["traced"] for f in figures] == [True, True, False, False, True, False]
+    assert _flops(figures) == [256, 256, 256, None, 512, 512]
+    assert len(module_hooks._global_forward_pre_hooks) == 0 and len(model._forward_hooks) == 0
+    assert len(model._forward_pre_hooks) == 0
+
+
+def test_a_no_grad_root_call_that_raises_leaves_no_global_hook(tmp_path):
+    """The global hook that counts a no-grad root call's modules comes off at the step's end when the call raised
+    (the root's forward hook, which takes it off, did not run)."""
+    torch.manual_seed(0)
+    model, x = Branchy().eval(), torch.randn(2, 8)
+    with torch.no_grad():
+        meter = Meter(tmp_path / "raise", model=model, peak_flops=PEAK, max_traces=2)  # no re-trace after
+        for _ in range(2):  # the two traced steps
+            model(x)
+            meter.step()
+        try:
+            model(torch.randn(2, 3))  # a: 8 inputs expected
+        except RuntimeError:
+            pass
+        meter.step()
+        assert len(module_hooks._global_forward_pre_hooks) == 0
+        model(x)
+        meter.close()
+    assert len(module_hooks._global_forward_pre_hooks) == 0 and len(model._forward_hooks) == 0
+
+
+class Compiled(nn.Module):
+    """A module of its own for torch.compile (Dynamo keeps its state per code object)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 4, bias=False)
+
+    def forward(self, x):
+        return torch.relu(self.fc(x))
+
+
+def test_the_root_hooks_do_not_break_a_compiled_model_s_graph(tmp_path):
+    """Dynamo traces the root's hooks with its forward: the thread check in them was a builtin it cannot trace, so
+    each hook broke the user's compiled graph (2 graph breaks a call) with a warning that `python -W error` raised
+    into the program as InternalTorchDynamoError. The hooks now do nothing while Dynamo compiles (the steps run
+    compiled are untraced warm-up steps, whose node count is the compiled graph's anyway)."""
+    import warnings
+
+    from torch._dynamo.utils import counters
+
+    torch.manual_seed(0)
+    model = Compiled()
+    compiled = torch.compile(model, backend="eager")
+    breaks = sum(counters["graph_break"].values())
+    meter = Meter(tmp_path / "compiled", model=compiled, warmup=3, peak_flops=PEAK)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            for _ in range(2):
+                compiled(torch.randn(2, 8)).sum().backward()
+                meter.step()
+    finally:
+        meter.close()
+    assert sum(counters["graph_break"].values()) == breaks
+    assert meter.errors == 0 and len(model._forward_hooks) == 0 and len(model._forward_pre_hooks) == 0
