@@ -13,7 +13,8 @@ and range. The mean ratio counts the table writes (60 s into the run, then at ea
 of its age), which medians leave out; `--write-cost` times one write of the table as it
 stands at the end. `--hook-path` also times the forward pass alone (no_grad) without hooks,
 with a global module pre-hook that does nothing (what a meter counting module calls would
-pay on every module call) and with the meter's hook.
+pay on every module call) and with the meter's hooks (under no_grad these count the modules of the root call
+through a global hook, as an evaluation step does; a training step's root call takes none).
 """
 
 import argparse
