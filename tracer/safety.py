@@ -1,7 +1,9 @@
 """Messages for the failures optrace survives without stopping the traced program, the one
-way they are emitted (`warn`), and a weak map with no Python finaliser (`WeakMap`)."""
+way they are emitted (`warn`), the one warning of PyTorch's that optrace's own hooks cause
+(`quiet_global_hook_warning`), and a weak map with no Python finaliser (`WeakMap`)."""
 
 import errno
+import re
 import sys
 import warnings
 import weakref
@@ -24,6 +26,42 @@ def warn(message):
             sys.stderr.write(f"UserWarning: {message}\n")
         except Exception:  # no stderr: the metadata still says it
             pass
+
+
+# PyTorch warns at every call of a torch.compile'd module while any global module hook is set
+# (torch/_dynamo/eval_frame.py, OptimizedModule.__call__): the tracer's and the meter's global hooks
+# would make a program warn where it ran quietly untraced, and raise there under `python -W error`
+_GLOBAL_HOOKS = re.compile(r"Using `torch\.compile\(module\)` when there are global hooks on modules", re.I)
+
+
+def quiet_global_hook_warning():
+    """Ignore that warning until the returned function is called; that function takes this filter (and
+    only it) off again. The filter goes first in `warnings.filters`, ahead of an "error" one, as
+    `warnings.filterwarnings` puts it; nothing else in the list is touched."""
+    entry = ("ignore", _GLOBAL_HOOKS, UserWarning, None, 0)
+    try:
+        warnings.filters.insert(0, entry)
+        _filters_changed()
+    except Exception:  # another warnings module: the hooks still work, the warning shows
+        return lambda: None
+
+    def restore():
+        try:
+            for i, found in enumerate(warnings.filters):
+                if found is entry:
+                    del warnings.filters[i]
+                    _filters_changed()
+                    break
+        except Exception:
+            pass
+
+    return restore
+
+
+def _filters_changed():
+    changed = getattr(warnings, "_filters_mutated", None)  # warnings' caches of filter decisions restart
+    if changed is not None:
+        changed()
 
 
 def write_failure_message(file, exc, rows):
