@@ -82,6 +82,48 @@ def test_logging_a_detached_loss_is_other_and_opens_no_step(tmp_path):
     assert mm.groupby("step")["flops"].sum().tolist() == [counter.get_total_flops()] * 3 == [FWD + BWD] * 3
 
 
+def like_logging_loop(iters):
+    """After the optimizer step, a running sum started with `torch.zeros_like(loss)` and a flag made with
+    `loss.new_ones(())`: their inputs require grad, their outputs never do (torchgen's DONT_REQUIRE_DERIVATIVE)."""
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, foreach=True)
+    x, y = batch()
+    logged = []
+
+    def run():
+        for _ in range(iters):
+            loss = F.mse_loss(model(x), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            logged.append((torch.zeros_like(loss), loss.new_ones(())))
+        return [t for pair in logged for t in pair]
+
+    return model, run
+
+
+def test_zeros_like_and_new_ones_after_the_optimizer_are_other_and_open_no_step(tmp_path):
+    one, _ = traced(tmp_path, "one", like_logging_loop(1))
+    three, logged = traced(tmp_path, "three", like_logging_loop(3))
+    assert all(torch.equal(a, b) for a, b in zip(like_logging_loop(3)[1](), logged))  # bitwise, untraced
+    made = three[three["op"].isin(["aten.zeros_like.default", "aten.new_ones.default"]) & (three["module"] == "")]
+    # the seed of backward() (ones_like, no module) stays forward work of its step; the two logs are other
+    assert made.groupby(["step", "phase"], observed=True).size().to_dict() == {
+        (s, "other"): 2 for s in range(3)}  # fmt: skip
+    for step, rows in three.groupby("step"):  # after the step's optimizer, in that step (before: in the next)
+        assert rows.loc[rows["phase"] == "other", "seq"].min() > rows.loc[rows["phase"] == "optimizer", "seq"].max()
+    # k identical iterations: every step has the ops, FLOPs and bytes of the one-iteration trace
+    columns = ["op", "phase", "module", "flops", "bytes_read", "bytes_written", "bytes_allocated"]
+    ref = one[columns].astype(str).values.tolist()
+    for step, rows in three.groupby("step"):
+        assert rows[columns].astype(str).values.tolist() == ref, step
+    other = three[three["phase"] == "other"]
+    assert other.groupby("step")["bytes_allocated"].sum().tolist() == [4 + 4] * 3  # two 0-d float32 tensors
+    table = reports.by_step(three)
+    assert table["flops_forward"].tolist() == [FWD + 128 + 256] * 3  # + mse_loss 8·16 = 128 + relu 8·32 = 256
+    assert table["flops_optimizer"].tolist() == [SGD] * 3
+
+
 V, S, B = 32, 8, 2  # vocabulary, sequence, batch: 16 tokens per micro-batch
 
 

@@ -254,6 +254,8 @@ class Attribution:
             self._optimizer_ops += 1
             return OPTIMIZER, "", NOT_RECOMPUTE
         if _builds_graph(ins, outs, info, wrapped_grad):
+            if self.steps.armed and info is not None and info.graphless:  # `zeros_like(loss)` after the optimizer:
+                return OTHER, "", NOT_RECOMPUTE  # its output never requires grad, so it opens no step (dispatch._GRAPHLESS)
             if self.steps.forward_work():
                 self._step_began()
             return FORWARD, "", NOT_RECOMPUTE

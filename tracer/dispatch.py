@@ -48,6 +48,13 @@ def _passthrough(func):
     return func in METADATA_OPS or func.namespace == "profiler"
 
 
+# aten ops whose outputs never require grad, whatever their inputs (torchgen's DONT_REQUIRE_DERIVATIVE, the
+# floating-point ones): `torch.zeros_like(loss)` after the optimizer is not forward work, and autograd's seed of
+# `loss.backward()` (ones_like) is not an activation
+_GRAPHLESS = frozenset("""
+    empty_like zeros_like ones_like full_like rand_like randn_like randint_like
+    new_empty new_empty_strided new_zeros new_ones new_full
+""".split())
 _STORAGE_CHANGING = frozenset({"aten::resize_", "aten::resize_as_", "aten::set_"})  # tagged inplace_view, yet they change the storage
 
 
@@ -57,7 +64,7 @@ class _OpInfo:
 
     __slots__ = (
         "name", "name_id", "rule", "basis", "kind", "kind_id", "inplace",
-        "written_positions", "written_names", "out_only", "collective",
+        "written_positions", "written_names", "out_only", "collective", "graphless",
     )  # fmt: skip
 
     def __init__(self, func):
@@ -65,6 +72,7 @@ class _OpInfo:
         self.name_id = self.kind_id = None  # per trace: `named`
         self.rule = flop_rule(func)
         self.kind = self.rule.kind
+        self.graphless = func.namespace == "aten" and func._schema.name[6:] in _GRAPHLESS
         count = self.rule.count
         if count is ZERO:
             self.basis = int(FlopBasis.ZERO)

@@ -50,7 +50,7 @@ _RULES = {
 class HopInfo:
     """The facts `Tracer._record` reads about an op, for one higher-order operator."""
 
-    __slots__ = ("name", "name_id", "rule", "basis", "kind_id", "inplace", "written_positions", "collective")
+    __slots__ = ("name", "name_id", "rule", "basis", "kind_id", "inplace", "written_positions", "collective", "graphless")
 
     def __init__(self, hop, names):
         self.name = f"higher_order.{hop.name()}"
@@ -61,6 +61,7 @@ class HopInfo:
         self.inplace = 0
         self.written_positions = ()
         self.collective = None
+        self.graphless = False
 
 
 def hop_compile_running():
