@@ -96,13 +96,9 @@ from torch.nn.modules.module import (
 from tracer.backward import BackwardStack
 from tracer.compiled import compiled_in_place
 from tracer.modules import ModuleNames
-from tracer.safety import quiet_global_hook_warning
+from tracer.safety import GlobalModuleHook
 from tracer.schema import Phase
 from tracer.steps import Parameters, RunningSteps, Steps
-
-
-def _nothing():
-    pass
 
 
 _graph_task_id = torch._C._current_graph_task_id
@@ -192,7 +188,6 @@ class Attribution:
         self._on_step_end = on_step_end
         self._on_optimizer_start = on_optimizer_start
         self._handles = []
-        self._loud = _nothing  # takes the warning filter of install() off
         self._on_error = on_error or (lambda exc: None)
         # module boundaries of the forward, by autograd sequence number: the autograd node with sequence
         # number s was made inside module _event_names[i], i the last event with _event_seqs[i] <= s
@@ -322,10 +317,9 @@ class Attribution:
     def install(self):
         self._thread = _get_ident()
         err = self._on_error
-        self._loud = quiet_global_hook_warning()  # a torch.compile'd module's warning about these global hooks
-        self._handles = [
-            register_module_forward_pre_hook(_guarded(self._forward_pre, err)),
-            register_module_forward_hook(_guarded(self._forward_post, err), always_call=True),
+        self._handles = [  # global module hooks no torch.compile'd module warns about (tracer/safety.py)
+            GlobalModuleHook(register_module_forward_pre_hook, _guarded(self._forward_pre, err)),
+            GlobalModuleHook(register_module_forward_hook, _guarded(self._forward_post, err), always_call=True),
             optim_hooks.register_optimizer_step_pre_hook(_guarded(self._optimizer_pre, err)),
             optim_hooks.register_optimizer_step_post_hook(_guarded(self._optimizer_post, err)),
         ]
@@ -338,8 +332,6 @@ class Attribution:
             handle.remove()
         self._handles.clear()
         self.backward.remove()
-        self._loud()
-        self._loud = _nothing
 
     def _forward_pre(self, module, args):
         if not self.traced():

@@ -21,6 +21,7 @@ import torch.optim.optimizer as optimizer_hooks
 
 from tracer.directory import make_parents
 from tracer.errors import TraceError
+from tracer.safety import GlobalModuleHook
 
 Tensor = torch.Tensor
 
@@ -201,7 +202,7 @@ class UnshardedParameters:
     def install(self):
         if self._watch:
             self._handles = [
-                torch.nn.modules.module.register_module_forward_hook(self._after_forward),
+                GlobalModuleHook(torch.nn.modules.module.register_module_forward_hook, self._after_forward),
                 optimizer_hooks.register_optimizer_step_pre_hook(lambda *_: self.sync()),
             ]
 

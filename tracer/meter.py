@@ -58,7 +58,7 @@ from tracer.meter_flops import READ, input_size, signature, step_flops, token_co
 from tracer.meter_modes import depth_of, lifted_above, lifted_over
 from tracer.mode import Tracer
 from tracer.peaks import lookup, normalize_dtype
-from tracer.safety import quiet_global_hook_warning, warn
+from tracer.safety import GlobalModuleHook, warn
 from tracer.schema import part_paths
 
 __all__ = ["Meter"]
@@ -87,19 +87,6 @@ def _sync_for(device):
 
 def _ratio(num, den):
     return num / den if num is not None and den else None
-
-
-class _GlobalHook:
-    """A global module forward pre-hook, with the warning PyTorch gives at each call of a torch.compile'd module
-    while one is set quieted for as long (tracer/safety.py): removed together."""
-
-    def __init__(self, hook):
-        self._loud = quiet_global_hook_warning()
-        self._handle = register_module_forward_pre_hook(hook)
-
-    def remove(self):
-        self._handle.remove()
-        self._loud()
 
 
 class Meter:
@@ -177,7 +164,7 @@ class Meter:
         if _compiling() or threading.get_ident() != self._thread:
             return
         if not torch.is_grad_enabled() and self._counting is None:
-            self._counting = _GlobalHook(self._count)
+            self._counting = GlobalModuleHook(register_module_forward_pre_hook, self._count)
 
     def _count(self, module, args):
         if not _compiling() and threading.get_ident() == self._thread:
@@ -415,7 +402,7 @@ class Meter:
     # hooks on and off (benchmarks/meter.py times steps without them in the same run) ---------
     def _install_hooks(self):
         if self._root is None:
-            self._handles.append(_GlobalHook(self._find_root))
+            self._handles.append(GlobalModuleHook(register_module_forward_pre_hook, self._find_root))
         else:
             self._hook_root()
 

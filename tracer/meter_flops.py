@@ -24,14 +24,24 @@ def signature(args, kwargs):
     sig = []
     for value in (*args, *kwargs.values()):
         if isinstance(value, torch.Tensor):  # the common case without pytree: it costs 3 us a call
-            sig.append((value.shape, value.dtype))
+            sig.append((_shape(value), value.dtype))
         elif not isinstance(value, _SCALARS):
             for leaf in tree_leaves(value):  # tree_flatten without building the spec
                 if isinstance(leaf, torch.Tensor):
-                    sig.append((leaf.shape, leaf.dtype))
+                    sig.append((_shape(leaf), leaf.dtype))
                 elif isinstance(leaf, Mapping):
                     sig.extend(signature((), dict(leaf)))
     return tuple(sig)
+
+
+def _shape(t):
+    """A tensor's sizes, as ints. A nested tensor has symbolic sizes (jagged: a new one for each batch, which
+    no arithmetic takes) or none (strided): it stands for its stored values, read with no op dispatched (the
+    hook may run inside a traced step): a jagged tensor's packed values' shape, a strided one's element count."""
+    if not t.is_nested:
+        return t.shape
+    values = getattr(t, "_values", None)  # torch.nested's jagged NestedTensor
+    return values.shape if isinstance(values, torch.Tensor) else (t.numel(),)
 
 
 def step_flops(rows):

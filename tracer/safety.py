@@ -1,9 +1,8 @@
 """Messages for the failures optrace survives without stopping the traced program, the one
-way they are emitted (`warn`), the one warning of PyTorch's that optrace's own hooks cause
-(`quiet_global_hook_warning`), and a weak map with no Python finaliser (`WeakMap`)."""
+way they are emitted (`warn`), optrace's global module hooks, which no
+torch.compile'd module warns about (`GlobalModuleHook`), and a weak map with no Python finaliser (`WeakMap`)."""
 
 import errno
-import re
 import sys
 import warnings
 import weakref
@@ -29,39 +28,49 @@ def warn(message):
 
 
 # PyTorch warns at every call of a torch.compile'd module while any global module hook is set
-# (torch/_dynamo/eval_frame.py, OptimizedModule.__call__): the tracer's and the meter's global hooks
-# would make a program warn where it ran quietly untraced, and raise there under `python -W error`
-_GLOBAL_HOOKS = re.compile(r"Using `torch\.compile\(module\)` when there are global hooks on modules", re.I)
+# (torch/_dynamo/eval_frame.py, OptimizedModule.__call__, asking torch.nn.modules.module._has_any_global_hook):
+# the tracer's and the meter's global hooks would make a program warn where it ran quietly untraced, and raise
+# there under `python -W error`. A filter in `warnings.filters` cannot hide it for sure: a filter the program
+# puts ahead ("error", pytest's per-test ones), `resetwarnings()` or a `catch_warnings` block around the hooks'
+# removal undo or keep it. So while optrace's hooks are on, that question leaves them out.
+_OURS = set()  # handle ids of the global module hooks optrace has on
+_HOOK_DICTS = ("_global_backward_pre_hooks", "_global_backward_hooks", "_global_forward_pre_hooks",
+               "_global_forward_hooks")  # the kwargs and always-call flags are keyed by the same ids
+_asked = []  # [PyTorch's function] while ours stands in for it
 
 
-def quiet_global_hook_warning():
-    """Ignore that warning until the returned function is called; that function takes this filter (and
-    only it) off again. The filter goes first in `warnings.filters`, ahead of an "error" one, as
-    `warnings.filterwarnings` puts it; nothing else in the list is touched."""
-    entry = ("ignore", _GLOBAL_HOOKS, UserWarning, None, 0)
-    try:
-        warnings.filters.insert(0, entry)
-        _filters_changed()
-    except Exception:  # another warnings module: the hooks still work, the warning shows
-        return lambda: None
+def _program_has_global_hook():
+    """PyTorch's `_has_any_global_hook` with optrace's own hooks left out: the program's hooks alone."""
+    from torch.nn.modules import module
 
-    def restore():
-        try:
-            for i, found in enumerate(warnings.filters):
-                if found is entry:
-                    del warnings.filters[i]
-                    _filters_changed()
-                    break
-        except Exception:
-            pass
-
-    return restore
+    return any(getattr(module, name, {}).keys() - _OURS for name in _HOOK_DICTS)  # in C: no other thread cuts in
 
 
-def _filters_changed():
-    changed = getattr(warnings, "_filters_mutated", None)  # warnings' caches of filter decisions restart
-    if changed is not None:
-        changed()
+class GlobalModuleHook:
+    """A global module hook (`register(hook, **kwargs)`, one of torch.nn.modules.module's register_module_*
+    functions) that a torch.compile'd module does not warn about: while any is on, PyTorch's
+    `_has_any_global_hook` is `_program_has_global_hook`, so the program sees that warning exactly when its
+    own global hooks would give it untraced. No warnings filter is changed. `remove()` as a handle's."""
+
+    def __init__(self, register, hook, **kwargs):
+        from torch.nn.modules import module
+
+        self._handle = register(hook, **kwargs)
+        self.id = self._handle.id
+        _OURS.add(self.id)
+        if not _asked and getattr(module, "_has_any_global_hook", None) is not None:
+            _asked.append(module._has_any_global_hook)
+            module._has_any_global_hook = _program_has_global_hook
+
+    def remove(self):
+        self._handle.remove()
+        _OURS.discard(self.id)
+        if _asked and not _OURS:
+            from torch.nn.modules import module
+
+            if module._has_any_global_hook is _program_has_global_hook:  # another tool's stand-in stays
+                module._has_any_global_hook = _asked[0]
+            _asked.clear()
 
 
 def write_failure_message(file, exc, rows):
