@@ -17,7 +17,7 @@ import json
 
 import pytest
 import torch
-from torch.utils.flop_counter import FlopCounterMode, flop_registry
+from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
 import reports
 from tracer import Tracer
@@ -26,6 +26,7 @@ tf = pytest.importorskip("transformers")
 
 B, S, V, T = 2, 16, 128, 32
 KINDS = ("matmul", "attention", "conv")
+CPU_FLASH = "aten._scaled_dot_product_flash_attention_for_cpu"  # FlopCounterMode has no formula for it
 COMMON = dict(vocab_size=V, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=64)
 
 
@@ -52,6 +53,36 @@ def vit():
     return tf.ViTForImageClassification(tf.ViTConfig(
         hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, image_size=16,
         patch_size=4, num_channels=3, num_labels=10))
+
+
+def qwen3():  # q and k RMS-normed per head
+    return tf.Qwen3ForCausalLM(tf.Qwen3Config(intermediate_size=64, num_key_value_heads=2, head_dim=8, **COMMON))
+
+
+def olmoe():  # top-2 of 4 experts of width 16, the load-balancing loss on
+    return tf.OlmoeForCausalLM(tf.OlmoeConfig(intermediate_size=16, num_key_value_heads=2, num_experts=4,
+                                              num_experts_per_tok=2, output_router_logits=True, **COMMON))
+
+
+def deepseek_v3():  # MLA (q rank 16, kv rank 16, q·k heads 8 + 4 rope, v heads 8); layer 0 dense, layer 1 MoE
+    return tf.DeepseekV3ForCausalLM(tf.DeepseekV3Config(
+        intermediate_size=64, moe_intermediate_size=16, num_key_value_heads=4, n_routed_experts=4,
+        num_experts_per_tok=2, n_shared_experts=1, n_group=1, topk_group=1, first_k_dense_replace=1,
+        q_lora_rank=16, kv_lora_rank=16, qk_rope_head_dim=4, qk_nope_head_dim=8, v_head_dim=8, **COMMON))
+
+
+def gemma3():  # text only; the head is tied to the embedding
+    return tf.Gemma3ForCausalLM(tf.Gemma3TextConfig(intermediate_size=64, num_key_value_heads=2, head_dim=8,
+                                                    sliding_window=8, **COMMON))
+
+
+def phi3():  # fused qkv_proj and gate_up_proj
+    return tf.Phi3ForCausalLM(tf.Phi3Config(intermediate_size=64, num_key_value_heads=2, pad_token_id=0, **COMMON))
+
+
+def bert():  # masked LM, the decoder tied to the word embedding
+    return tf.BertForMaskedLM(tf.BertConfig(vocab_size=V, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                            intermediate_size=64, max_position_embeddings=64))
 
 
 def batch_for(model, decoder_len=S):
@@ -115,13 +146,26 @@ def trace_and_check(tmp_path, build, **kw):
 
 
 def assert_agrees_with_flop_counter(ours, theirs, missing):
-    """Equal on every op FlopCounterMode has a formula for; `missing` lists the ops it lacks (it counts 0)."""
+    """Equal on every op FlopCounterMode has a formula for; `missing` lists the ops it lacks (it counts 0 for
+    them: the callers check those by a closed form)."""
     for phase in ("forward", "backward"):
         for op in set(ours[phase]) | set(theirs[phase]):
             if op in missing:
-                assert op not in theirs[phase] and torch.ops.aten._grouped_mm not in flop_registry
+                assert theirs[phase].get(op, 0) == 0, (phase, op)
             else:
                 assert ours[phase].get(op, 0) == theirs[phase].get(op, 0), (phase, op)
+
+
+def assert_cpu_flash_rows(df):
+    """Each CPU flash-attention row counts what FlopCounterMode's formula for the CUDA SDPA kernels gives on its
+    shapes (that formula broadcasts GQA's KV heads to the query's): forward sdpa_flop_count(q, k, v), backward
+    sdpa_backward_flop_count(grad_out, q, k, v)."""
+    rows = df[df["op"].astype(str).str.startswith(CPU_FLASH)]
+    assert len(rows)
+    for op, shapes, flops in zip(rows["op"].astype(str), rows["input_shapes"], rows["flops"]):
+        shapes = [tuple(int(d) for d in s) for s in shapes]
+        count = sdpa_backward_flop_count(*shapes[:4]) if "backward" in op else sdpa_flop_count(*shapes[:3])
+        assert flops == count, (op, shapes)
 
 
 def assert_memory(df, model):
@@ -149,10 +193,14 @@ def test_llama_gqa_sdpa_and_eager(tmp_path):
     assert t.loc["forward", "weight_matmul_flops"] == ours["forward"]["aten.mm"] == 1441792
     assert t.loc["backward", "weight_matmul_flops"] == ours["backward"]["aten.mm"] == 2883584  # 4·N·T
     # the CPU flash kernel, GQA's 2 KV heads repeated to 4: 2 layers x 65,536 = 131,072; backward 2.5x = 327,680
-    cpu_flash = "aten._scaled_dot_product_flash_attention_for_cpu"
-    assert ours["forward"][cpu_flash] == 131072 and ours["backward"][cpu_flash + "_backward"] == 327680
+    assert ours["forward"][CPU_FLASH] == 131072 and ours["backward"][CPU_FLASH + "_backward"] == 327680
+    # GQA reaches the kernel unrepeated: q [2, 4, 16, 8], k and v [2, 2, 16, 8]; each row 65,536 forward, 163,840
+    # backward, as FlopCounterMode's formula for the CUDA kernels gives (it has none for the CPU kernel)
+    flash = df[df["op"].astype(str) == CPU_FLASH + ".default"]
+    assert [[int(s[1]) for s in shapes[:3]] for shapes in flash["input_shapes"]] == [[4, 2, 2]] * 2
+    assert_cpu_flash_rows(df)
     # FlopCounterMode counts the same mm FLOPs in each phase and nothing for the CPU flash kernel
-    assert_agrees_with_flop_counter(ours, flop_counter(llama), {cpu_flash, cpu_flash + "_backward"})
+    assert_agrees_with_flop_counter(ours, flop_counter(llama), {CPU_FLASH, CPU_FLASH + "_backward"})
     assert_memory(df, model)  # parameters 26,784·4 = 107,136 bytes; AdamW 2·107,136 + 4·21 = 214,356
     # eager attention: the same scores as bmm, which FlopCounterMode counts too; its backward is 2x (no recompute)
     df, ours, _ = trace_and_check(tmp_path / "eager", lambda: llama("eager"))
@@ -174,9 +222,8 @@ def test_qwen3_moe_top2_of_4(tmp_path, router_logits, capsys):
     assert ours["backward"]["aten._grouped_mm"] == 786432  # dL/dx and dL/dW of each
     # 393,216 + 671,744 = 1,064,960 = 2·N_active·T = 2·16,640·32
     assert t.loc["forward", "weight_matmul_flops"] == 1064960 and t.loc["backward", "weight_matmul_flops"] == 2129920
-    cpu_flash = "aten._scaled_dot_product_flash_attention_for_cpu"
-    assert_agrees_with_flop_counter(ours, flop_counter(build),
-                                    {"aten._grouped_mm", cpu_flash, cpu_flash + "_backward"})
+    assert_cpu_flash_rows(df)
+    assert_agrees_with_flop_counter(ours, flop_counter(build), {"aten._grouped_mm", CPU_FLASH, CPU_FLASH + "_backward"})
     assert_memory(df, model)
     assert "N_active = 16,640 (top-2 of 4 experts)" in "\n".join(reports.explain(df))
     # the router's sort, histc and topk have no formula: named, never a silent zero
@@ -184,7 +231,8 @@ def test_qwen3_moe_top2_of_4(tmp_path, router_logits, capsys):
 
     assert main(["report", str(tmp_path / "trace"), "--json"]) == 0
     summary = json.loads(capsys.readouterr().out)
-    assert {"aten.sort.default", "aten.histc.default", "aten.topk.default"} <= {u["op"] for u in summary["uncounted_ops"]}
+    uncounted = {u["op"] for u in summary["uncounted_ops"]}
+    assert {"aten.sort.default", "aten.histc.default", "aten.topk.default"} <= uncounted
     assert (summary["params"], summary["n_active"]) == (22784, 16640)
 
 
@@ -239,9 +287,9 @@ def test_vit_patches_and_the_cls_token(tmp_path):
     # patch embedding: 2 x 1,536 weights x 32 patches = 98,304, forward and backward (the pixels need no gradient)
     assert ours["forward"]["aten.convolution"] == ours["backward"]["aten.convolution_backward"] == 98304
     # attention over 17 tokens: 2 layers x 2 x 2·2·4·17·17·8 = 147,968
-    assert ours["forward"]["aten._scaled_dot_product_flash_attention_for_cpu"] == 147968
-    cpu_flash = "aten._scaled_dot_product_flash_attention_for_cpu"
-    assert_agrees_with_flop_counter(ours, flop_counter(vit), {cpu_flash, cpu_flash + "_backward"})
+    assert ours["forward"][CPU_FLASH] == 147968
+    assert_cpu_flash_rows(df)
+    assert_agrees_with_flop_counter(ours, flop_counter(vit), {CPU_FLASH, CPU_FLASH + "_backward"})
     assert_memory(df, model)
     text = "\n".join(reports.explain(df))
     assert "Above 2·N·T" not in text and "(classifier.weight)" in text
@@ -255,3 +303,40 @@ def test_vit_tokens_given_as_patches_are_not_called_shared_weights(tmp_path):
     assert "vit.layers.0.attention.q_proj.weight 1.06x (34 tokens)" in text
     assert "16,384 of the N = 16,704 parameters multiplied 34 tokens per step each: is tokens= (32)" in text
     assert "multiply each token more than once" not in text
+
+
+# model, N, N_active, forward attention op and its FLOPs; forward weight matmuls are 2·N_active·T in every row
+MATRIX = [
+    # Qwen3: the Llama block with 4 heads of 8 (q/k norms are no matmul): N = 2·9,216 + 4,096 = 22,528
+    (qwen3, 22528, 22528, CPU_FLASH, 131072),
+    # OLMoE: attention 3,072 + router 128 + experts 4·32·32 + 4·16·32 = 6,144 per layer, x 2 + head 4,096 = 22,784;
+    # top-2 of 4: N_active = 22,784 - 6,144 = 16,640
+    (olmoe, 22784, 16640, CPU_FLASH, 131072),
+    # DeepSeek-V3 MLA per layer: q_a 32·16 + q_b 16·48 + kv_a 32·20 + kv_b 16·64 + o 32·32 = 3,968; layer 0 MLP
+    # 3·32·64 = 6,144; layer 1 router 128 + experts 6,144 + shared expert 3·32·16 = 1,536; head 4,096: 25,984;
+    # N_active = 25,984 - 6,144/2 = 22,912. q·k heads of 12 and v heads of 8: SDPA falls back to its math path
+    # (bmm): 2 layers x 2·2·4·16·16·(12 + 8) = 163,840
+    (deepseek_v3, 25984, 22912, "aten.bmm", 163840),
+    # Gemma3: the Llama shapes, the head tied to the embedding (counted once): 22,528; the sliding window is a mask
+    (gemma3, 22528, 22528, CPU_FLASH, 131072),
+    # Phi3: qkv_proj 32·64 + o 32·32 + gate_up 32·128 + down 64·32 = 9,216 per layer: 22,528
+    (phi3, 22528, 22528, CPU_FLASH, 131072),
+    # BERT MLM: q, k, v, o 4·32·32 + 2·32·64 = 8,192 per layer + transform 32·32 + the tied decoder 4,096 = 21,504;
+    # attention dropout 0.1 in training: SDPA's math path, bmm
+    (bert, 21504, 21504, "aten.bmm", 131072),
+]
+
+
+@pytest.mark.parametrize("build, n, n_active, attention_op, attention_flops", MATRIX,
+                         ids=[row[0].__name__ for row in MATRIX])
+def test_model_matrix(tmp_path, build, n, n_active, attention_op, attention_flops):
+    df, ours, model = trace_and_check(tmp_path, build)
+    t = reports.breakdown(df).set_index("phase")
+    assert (t.loc["total", "n_params"], t.loc["total", "n_active"]) == (n, n_active)
+    assert t.loc["forward", "weight_matmul_flops"] == 2 * n_active * T
+    assert t.loc["backward", "weight_matmul_flops"] == 4 * n_active * T
+    assert ours["forward"][attention_op] == attention_flops
+    if attention_op == CPU_FLASH:
+        assert_cpu_flash_rows(df)
+    assert_agrees_with_flop_counter(ours, flop_counter(build), {"aten._grouped_mm", CPU_FLASH, CPU_FLASH + "_backward"})
+    assert_memory(df, model)
