@@ -340,3 +340,18 @@ def test_model_matrix(tmp_path, build, n, n_active, attention_op, attention_flop
         assert_cpu_flash_rows(df)
     assert_agrees_with_flop_counter(ours, flop_counter(build), {"aten._grouped_mm", CPU_FLASH, CPU_FLASH + "_backward"})
     assert_memory(df, model)
+
+
+def test_an_in_place_op_counts_as_its_out_of_place_twin(tmp_path):
+    # T5 shifts the labels right with masked_fill_ (no pointwise tag on the in-place packet, which masked_fill
+    # carries): it was 0 FLOPs and listed as without a formula, while masked_fill counts 1 per element
+    x, mask = torch.randn(2, 16), torch.rand(2, 16) > 0.5
+    with Tracer(tmp_path / "fill"):
+        x.masked_fill(mask, 0.0)
+        x.masked_fill_(mask, 0.0)
+        x.gt_(0.0)  # the comparisons, abs_, gelu_, threshold_, true_divide_ lack the tag the same way
+    df = reports.load(tmp_path / "fill")
+    counted = dict(zip(df["op"].astype(str), zip(df["flops"], df["flop_kind"].astype(str))))
+    # 2·16 = 32 elements written each
+    assert counted["aten.masked_fill.Scalar"] == counted["aten.masked_fill_.Scalar"] == (32, "elementwise")
+    assert counted["aten.gt_.Scalar"] == (32, "elementwise")
