@@ -92,6 +92,8 @@ def batch_for(model, decoder_len=S):
     ids = torch.randint(1, V, (B, S))
     if isinstance(model, tf.T5ForConditionalGeneration):
         return dict(input_ids=ids, labels=torch.randint(1, V, (B, decoder_len)))
+    if isinstance(model, tf.BertForMaskedLM):  # the loss on about 15% of the positions, the head on all of them
+        return dict(input_ids=ids, labels=ids.masked_fill(torch.rand(B, S) > 0.15, -100))
     return dict(input_ids=ids, labels=ids)
 
 
@@ -302,6 +304,9 @@ def test_vit_tokens_given_as_patches_are_not_called_shared_weights(tmp_path):
     text = "\n".join(reports.explain(reports.load(tmp_path / "patches")))
     assert "vit.layers.0.attention.q_proj.weight 1.06x (34 tokens)" in text
     assert "16,384 of the N = 16,704 parameters multiplied 34 tokens per step each: is tokens= (32)" in text
+    # backward 4·(16,384·34 + 320·2) = 2,230,784 against 4·N_active·T with T = 32: the same cause, said again
+    assert "Above 4·N·T: forward matmuls run again in the backward (activation checkpointing), or a weight " \
+           "multiplies more than T tokens (see the forward's line)." in text
     assert "multiply each token more than once" not in text
 
 
@@ -322,7 +327,7 @@ MATRIX = [
     # Phi3: qkv_proj 32·64 + o 32·32 + gate_up 32·128 + down 64·32 = 9,216 per layer: 22,528
     (phi3, 22528, 22528, CPU_FLASH, 131072),
     # BERT MLM: q, k, v, o 4·32·32 + 2·32·64 = 8,192 per layer + transform 32·32 + the tied decoder 4,096 = 21,504;
-    # attention dropout 0.1 in training: SDPA's math path, bmm
+    # attention dropout 0.1 in training: SDPA's math path, bmm. T = all 32 input tokens though the labels keep ~15%
     (bert, 21504, 21504, "aten.bmm", 131072),
 ]
 
