@@ -137,8 +137,8 @@ def traced_flops(df):
 
 
 def trace_and_check(tmp_path, build, **kw):
-    """Trace one step; assert it is bit for bit the untraced step; return the trace, its per-op FLOPs and
-    FlopCounterMode's, and the model."""
+    """Trace one step; assert it is bit for bit the untraced step (loss and every parameter after AdamW);
+    return the trace, its per-phase FLOPs by op packet (traced_flops) and the traced model."""
     loss0, params0, _ = one_step(build, **kw)
     loss1, params1, model = one_step(build, tmp_path / "trace", **kw)
     assert torch.equal(loss0, loss1)
