@@ -360,3 +360,12 @@ def test_an_in_place_op_counts_as_its_out_of_place_twin(tmp_path):
     # 2·16 = 32 elements written each
     assert counted["aten.masked_fill.Scalar"] == counted["aten.masked_fill_.Scalar"] == (32, "elementwise")
     assert counted["aten.gt_.Scalar"] == (32, "elementwise")
+
+
+def test_deepseek_v3_mla_attention_width(tmp_path):
+    # MLA's q·k heads are 8 + 4 = 12 wide, its v heads 8: 4 heads give 48 and 32, and L·S·d = 163,840 / (4·32)
+    # = 1,280 = 2 layers x 16 x 40, the mean of the two widths (the model's width is 32)
+    one_step(deepseek_v3, tmp_path / "mla")
+    text = "\n".join(reports.explain(reports.load(tmp_path / "mla")))
+    assert "forward 163,840 = 4·T·(L·S·d) with L·S·d = 1,280 (layers x sequence length x width; where q·k and v " \
+           "heads differ in width, d is the mean of the two)" in text

@@ -261,7 +261,7 @@ class _Run:
             f"Attention: {_f(att_fwd + att_bwd)} FLOPs ({_pct(att_fwd + att_bwd, fb)} of forward + backward) "
             f"multiply activations by activations (q @ kᵀ and softmax(·) @ v), so no parameter accounts for them "
             f"and 6·N·T leaves them out: forward {_f(att_fwd)} = 4·T·(L·S·d) with L·S·d = {att_fwd / (4 * T):,.0f} "
-            f"(layers x sequence length x width), backward {_f(att_bwd)} ({_x(att_bwd, att_fwd)} x forward). With a "
+            f"(layers x sequence length x width; where q·k and v heads differ in width, d is the mean of the two), backward {_f(att_bwd)} ({_x(att_bwd, att_fwd)} x forward). With a "
             f"backward of twice the forward this is the 12·L·d·S·T term; it grows with the sequence length S."
         )
         k_fwd = self.ps(self.kernel & self.is_fwd & ~self.recompute)
