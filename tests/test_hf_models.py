@@ -369,3 +369,27 @@ def test_deepseek_v3_mla_attention_width(tmp_path):
     text = "\n".join(reports.explain(reports.load(tmp_path / "mla")))
     assert "forward 163,840 = 4·T·(L·S·d) with L·S·d = 1,280 (layers x sequence length x width; where q·k and v " \
            "heads differ in width, d is the mean of the two)" in text
+
+
+def test_llama_gradient_checkpointing(tmp_path):
+    def checkpointed():
+        model = llama()
+        model.activation_checkpointing_enable()  # non-reentrant torch.utils.checkpoint around each decoder layer
+        return model
+
+    df, ours, _ = trace_and_check(tmp_path, checkpointed)
+    t = reports.breakdown(df).set_index("phase")
+    again = df["recompute"] & (df["op"].astype(str) == "aten.mm.default")
+    # each layer re-runs q, k, v, o, gate, up (3,072 + 4,096 = 7,168 weights) but not down_proj, whose output
+    # the backward does not need (the early stop): 2 layers x 2·7,168·32 = 917,504 on top of 4·N·T = 2,883,584
+    assert df.loc[again, "flops"].sum() == 917504
+    assert t.loc["backward", "weight_matmul_flops"] == 2883584 + 917504
+    assert_agrees_with_flop_counter(ours, flop_counter(checkpointed), {CPU_FLASH, CPU_FLASH + "_backward"})
+    text = "\n".join(reports.explain(df))
+    assert ("Activation checkpointing: 1,086,208 FLOPs per step re-run forward work in the backward (rows flagged "
+            "recompute; 917,504 of them weight matmuls") in text
+    # the re-run forward kernel is checkpointing's, not part of the fused attention backward
+    assert ("Recomputation: the fused attention backward (aten._scaled_dot_product_flash_attention_for_cpu_backward"
+            ".default) counts 2.500 x its forward (327,680 vs 131,072 FLOPs)") in text
+    assert "Above 4·N·T: forward matmuls run again in the backward (activation checkpointing) or a weight is " \
+           "used more than once." in text  # no weight multiplies more than T tokens here

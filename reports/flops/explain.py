@@ -238,8 +238,10 @@ class _Run:
             line += (f" Frozen weights (requires_grad=False) skip dL/dW = xᵀ @ dL/dy, as large as their forward "
                      f"matmuls: {'; '.join(parts)}.")
         if bwd_wm > expected + 0.5:
-            line += (" Above 4·N·T: forward matmuls run again in the backward (activation checkpointing), "
-                     "or a weight multiplies more than T tokens (see the forward's line).")
+            shared = any(v > 1 + 1e-9 for v in self.acc.shares.values())
+            line += (" Above 4·N·T: forward matmuls run again in the backward (activation checkpointing)" +
+                     (", or a weight multiplies more than T tokens (see the forward's line)." if shared else
+                      " or a weight is used more than once."))
         self.out.append(line)
 
     def attention(self):
@@ -268,7 +270,7 @@ class _Run:
         k_bwd = self.ps(self.kernel & self.is_bwd & ~self.recompute)
         if k_bwd:
             recompute = self.ps(values=attention_recompute(rows))
-            ops = ", ".join(sorted(set(rows.loc[self.kernel & self.is_bwd, "op"].astype(str))))
+            ops = ", ".join(sorted(set(rows.loc[self.kernel & self.is_bwd & ~self.recompute, "op"].astype(str))))
             self.out.append(
                 f"Recomputation: the fused attention backward ({ops}) counts {_x(k_bwd, k_fwd)} x its forward "
                 f"({_f(k_bwd)} vs {_f(k_fwd)} FLOPs) because it keeps no score matrix and recomputes q @ kᵀ: "
