@@ -130,7 +130,8 @@ def test_a_dense_model_has_N_active_equal_to_N(tmp_path):
     assert t.loc["forward", "weight_matmul_flops"] == 6144
     text = "\n".join(reports.explain(df))
     assert "N_active" not in text and "Mixture of experts" not in text
-    assert "Above 2·N·T: some weights multiply each token more than once" in text and "0.weight 2.00x" in text
+    assert "Above 2·N·T: some weights multiply more than T = 16 tokens per step" in text and "0.weight 2.00x (32 tokens)" in text
+    assert "is tokens=" not in text  # 64 of the 128 parameters: no majority, the question is not asked
 
 
 @pytest.mark.parametrize("impl", ["eager", "batched_mm", "grouped_mm"])

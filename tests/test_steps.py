@@ -303,7 +303,7 @@ def test_hand_written_sgd_steps_and_its_update_is_optimizer_work(tmp_path):
     assert by_step(df, (df["phase"] == "other") & (df["op"] == "aten.mul.Tensor"), 4) == [N] * 4
     assert reports.per_step(df, mask=df["phase"] == "forward") == FWD + T * H + T * D  # + ReLU 256 + mse_loss 128
     lines = reports.explain(df)
-    assert not any("shared, or called twice" in line for line in lines)
+    assert not any("Above 2·N·T" in line for line in lines)
     assert meta["cycles_without_step"] == 0
 
 
@@ -320,7 +320,7 @@ def test_cycles_no_rule_can_split_are_said_not_explained(tmp_path, capsys):
     main(["report", str(tmp_path / "rebinding")])
     text = capsys.readouterr().out
     assert f"Note: {said}" in text and f"  - {said}" in text  # a note, and explain's line in place of its terms
-    assert "shared, or called twice" not in text
+    assert "Above 2·N·T" not in text
     main(["report", str(tmp_path / "rebinding"), "--json"])
     assert json.loads(capsys.readouterr().out)["cycles_without_step"] == 4
 

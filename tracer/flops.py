@@ -12,7 +12,8 @@ in order, at:
    counts, except the flash/efficient attention kernels it reads in the wrong layout.
 2. a classification of every other op, by name table, schema and tags:
    - "elementwise": one FLOP per output element, whatever the function (gelu and exp count
-     1, like add); an in-place op writes, and counts, its input.
+     1, like add); an in-place op writes, and counts, its input. An in-place packet without
+     the pointwise tag (`masked_fill_`, `gt_`, `gelu_`, `abs_`) takes its out-of-place twin's.
    - "foreach": `_foreach_*` and `_fused_adam(w)_`-style optimizer ops, one FLOP per element
      of the first tensor list. NB: `_foreach_addcmul_` and `_foreach_lerp_` count 1 per
      element, as `addcmul_` does as "elementwise"; a fused Adam step counts 1, not ~15.

@@ -258,6 +258,9 @@ def flop_rule(func: torch._ops.OpOverload) -> FlopRule:
     kinds = {_TAG_KIND[t] for t in tags if t in _TAG_KIND}
     if not kinds:  # out= and Scalar overloads often lack their packet's tag: use it if unanimous
         kinds = {_TAG_KIND[t] for o in packet.overloads() for t in getattr(packet, o).tags if t in _TAG_KIND}
+    twin = getattr(torch.ops.aten, name[:-1], None) if name.endswith("_") and torch.Tag.inplace in tags else None
+    if not kinds and twin is not None:  # masked_fill_, gt_, gelu_ lack the tag their out-of-place packet has
+        kinds = {_TAG_KIND[t] for o in twin.overloads() for t in getattr(twin, o).tags if t in _TAG_KIND}
     if len(kinds) == 1:
         kind = kinds.pop()
         return FlopRule(kind, _numel_out if kind == "elementwise" else _numel_first)

@@ -170,10 +170,23 @@ class _Run:
             )
         shared = {s: v for s, v in self.acc.shares.items() if v > 1 + 1e-9}
         if shared and round(fwd_wm) > 2 * self.acc.n_active * T:
-            parts = [f"{roles.label(s)} {v:.2f}x" for s, v in sorted(shared.items(), key=lambda kv: -kv[1])[:5]]
-            line += (f" Above 2·N·T: some weights multiply each token more than once in training's forward (shared, "
-                     f"or called several times): {', '.join(parts)}{' ...' if len(shared) > 5 else ''}.")
+            parts = [f"{roles.label(s)} {v:.2f}x ({v * T:,.0f} tokens)"
+                     for s, v in sorted(shared.items(), key=lambda kv: -kv[1])[:5]]
+            line += (f" Above 2·N·T: some weights multiply more than T = {T:,} tokens per step in training's forward "
+                     f"(shared or called several times, or tokens= counts fewer tokens than they see: a [CLS] token "
+                     f"beside the patches, an encoder's source tokens beside the decoder's): "
+                     f"{', '.join(parts)}{' ...' if len(shared) > 5 else ''}.")
+            line += self._tokens_hint(shared)
         self.out.append(line)
+
+    def _tokens_hint(self, shared):
+        """When most of N multiplied one same token count above T, that count is likely the tokens per step."""
+        counts = {round(v * self.T) for v in shared.values()}
+        n_shared = sum(self.roles.numel[s] for s in shared)
+        if len(counts) != 1 or 2 * n_shared <= self._n_mm():
+            return ""
+        return (f" {n_shared:,} of the N = {self._n_mm():,} parameters multiplied {counts.pop():,} tokens per step "
+                f"each: is tokens= ({self.T:,}) the tokens per step?")
 
     def no_grad_forward(self):
         """Forward weight matmuls no backward reads: evaluation under no_grad, frozen weights with inputs that need no gradient."""
@@ -225,8 +238,10 @@ class _Run:
             line += (f" Frozen weights (requires_grad=False) skip dL/dW = xᵀ @ dL/dy, as large as their forward "
                      f"matmuls: {'; '.join(parts)}.")
         if bwd_wm > expected + 0.5:
-            line += (" Above 4·N·T: forward matmuls run again in the backward (activation checkpointing) "
-                     "or a weight is used more than once.")
+            shared = any(v > 1 + 1e-9 for v in self.acc.shares.values())
+            line += (" Above 4·N·T: forward matmuls run again in the backward (activation checkpointing)" +
+                     (", or a weight multiplies more than T tokens (see the forward's line)." if shared else
+                      " or a weight is used more than once."))
         self.out.append(line)
 
     def attention(self):
@@ -248,14 +263,14 @@ class _Run:
             f"Attention: {_f(att_fwd + att_bwd)} FLOPs ({_pct(att_fwd + att_bwd, fb)} of forward + backward) "
             f"multiply activations by activations (q @ kᵀ and softmax(·) @ v), so no parameter accounts for them "
             f"and 6·N·T leaves them out: forward {_f(att_fwd)} = 4·T·(L·S·d) with L·S·d = {att_fwd / (4 * T):,.0f} "
-            f"(layers x sequence length x width), backward {_f(att_bwd)} ({_x(att_bwd, att_fwd)} x forward). With a "
+            f"(layers x sequence length x width; where q·k and v heads differ in width, d is the mean of the two), backward {_f(att_bwd)} ({_x(att_bwd, att_fwd)} x forward). With a "
             f"backward of twice the forward this is the 12·L·d·S·T term; it grows with the sequence length S."
         )
         k_fwd = self.ps(self.kernel & self.is_fwd & ~self.recompute)
         k_bwd = self.ps(self.kernel & self.is_bwd & ~self.recompute)
         if k_bwd:
             recompute = self.ps(values=attention_recompute(rows))
-            ops = ", ".join(sorted(set(rows.loc[self.kernel & self.is_bwd, "op"].astype(str))))
+            ops = ", ".join(sorted(set(rows.loc[self.kernel & self.is_bwd & ~self.recompute, "op"].astype(str))))
             self.out.append(
                 f"Recomputation: the fused attention backward ({ops}) counts {_x(k_bwd, k_fwd)} x its forward "
                 f"({_f(k_bwd)} vs {_f(k_fwd)} FLOPs) because it keeps no score matrix and recomputes q @ kᵀ: "
