@@ -466,3 +466,32 @@ def test_step_counter_iteration_end_and_cycles():
         lone.backward_began()
         lone.backward_began()  # a second engine run with no forward work between: the same cycle
     assert lone.step == 0 and lone.cycles_without_step() == 3
+
+
+def test_a_closure_s_own_work_is_other_and_its_result_passes_through(tmp_path):
+    """Lightning's closure: forward, backward, then the loss copied for logging and the gradients clipped, all inside
+    Optimizer.step. The closure goes to the optimizer wrapped (to tell its work from the update) and returns the
+    closure's own result. Per step: clipping _foreach_norm N = 1,024 + the norm of the 2 norms 2 + add, reciprocal,
+    mul, clamp 4 + _foreach_mul_ N = 1,024: 2,054 FLOPs of `other`; the update alone is `optimizer` (N = 1,024)."""
+    model, (x, y) = mlp(), batch()
+    opt, returned = sgd(model.parameters()), []
+
+    def run(i, tr):
+        def closure():
+            opt.zero_grad()
+            loss = F.mse_loss(model(x), y)
+            loss.backward()
+            closure.logged = loss.detach().clone()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            closure.made = loss
+            return loss
+
+        returned.append(opt.step(closure) if i % 2 else opt.step(closure=closure))
+        assert returned[-1] is closure.made  # the closure's own tensor, through the wrapper
+
+    df, _ = trace(tmp_path, "closure", run, model, 3)
+    forward, backward, update = figures(df, 3)
+    assert forward == [FWD] * 3 and backward == [BWD] * 3 and update == [N] * 3  # 16,384; 24,576; 1,024
+    assert by_step(df, df["phase"] == "other", 3) == [2054] * 3
+    assert (df[df["op"] == "aten.clone.default"]["phase"] == "other").all()
+    assert (df[df["phase"] == "optimizer"]["op"] == "aten._foreach_add_.List").all()

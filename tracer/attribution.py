@@ -29,7 +29,9 @@ Phase rules, checked in this order:
   backward   the autograd engine is running (`_current_graph_task_id() != -1`),
              including forward work that activation checkpointing re-runs there
   forward    inside a module's forward (also in a closure `Optimizer.step` calls)
-  optimizer  inside `Optimizer.step`, but for the next rule in a closure
+  optimizer  inside `Optimizer.step`, but for the next rule in a closure, and
+             `other` for the closure's ops that build no graph (Lightning's copy of
+             the loss and its gradient clipping run in the closure it passes)
   forward    outside any module, an op that builds the autograd graph (grad mode
              on, an input requires grad, a floating output, not `detach`): the loss
              of every micro-batch
@@ -75,8 +77,10 @@ Known limitations:
     recompute of an engine run whose very first op is a recompute.
   * A custom autograd Function whose backward enables grad mode, or calls a
     module, is flagged as a recompute.
-  * In a closure `Optimizer.step` calls, ops outside any module that build no
-    graph (a zero_grad with set_to_none=False) have phase optimizer.
+  * The closure given to the outermost `Optimizer.step` is passed on wrapped (the
+    step pre-hook's (args, kwargs) result), so that its ops outside any module are
+    told from the update's: the optimizer and later pre-hooks see the wrapper, which
+    calls the closure with the same arguments and returns what it returns.
   * A wrapper that is not an initialised `Optimizer` (no step hooks of its own)
     is seen only through its inner step: of its work after that step, only the
     ops that write a parameter have phase optimizer (a Lookahead's slow-weight
@@ -179,6 +183,7 @@ class Attribution:
         self.backward_stack = self.backward.stack  # (name, graph task id); the same list, for where()
         self.in_optimizer = False
         self._closure = False  # the running optimizer step was given a closure (forward and backward)
+        self._in_closure = 0  # calls of that closure running (LBFGS calls it again and again)
         self.trained = False  # this step ran a backward, or a module's forward under grad mode
         self._traced_elsewhere = traced
         self._thread = None
@@ -246,6 +251,8 @@ class Attribution:
         if self.in_optimizer:
             if self._closure and _builds_graph(ins, outs, info, wrapped_grad):  # the loss, in a closure the optimizer calls
                 return FORWARD, "", NOT_RECOMPUTE
+            if self._in_closure:  # the closure's own work: the loss copied for logging, gradient clipping
+                return OTHER, "", NOT_RECOMPUTE
             self._optimizer_ops += 1
             return OPTIMIZER, "", NOT_RECOMPUTE
         if _builds_graph(ins, outs, info, wrapped_grad):
@@ -391,6 +398,23 @@ class Attribution:
         self.steps.optimizer_start(optimizer)
         if self._on_optimizer_start is not None:
             self._on_optimizer_start(optimizer)
+        if self._closure:
+            return self._wrap_closure(closure, args, kwargs)
+        return None
+
+    def _wrap_closure(self, closure, args, kwargs):
+        """(args, kwargs) with the closure replaced by one that marks while it runs (the pre-hook's result)."""
+
+        def closure_run(*a, **kw):
+            self._in_closure += 1
+            try:
+                return closure(*a, **kw)
+            finally:
+                self._in_closure = max(0, self._in_closure - 1)
+
+        if "closure" in kwargs:
+            return args, {**kwargs, "closure": closure_run}
+        return (args[0], closure_run, *args[2:]), kwargs
 
     def _end_raised_steps(self):
         """A module runs inside an optimizer step with no closure: when no step's hook wrapper is
@@ -399,6 +423,7 @@ class Attribution:
             return
         self._running.clear()
         self.in_optimizer = False
+        self._in_closure = 0
         self.steps.optimizer_end()
 
     def _optimizer_post(self, optimizer, args, kwargs):
@@ -409,6 +434,7 @@ class Attribution:
         if self._expect_ops and not self._optimizer_ops:  # compiled before the trace: it bypassed the dispatcher
             self.untraced_optimizer_steps += 1
         self.in_optimizer = self._closure = False
+        self._in_closure = 0
         self.steps.optimizer_end()
         if self._on_step_end is not None:
             self._on_step_end(optimizer)
