@@ -14,7 +14,7 @@ step, whose time is traced time).
 import importlib
 
 from tracer.errors import TraceError
-from tracer.meter import Meter
+from tracer.meter import Meter, _nodes_made
 
 __all__ = ["MeterCallback", "logged"]
 
@@ -98,10 +98,16 @@ if _pl is not None:  # tests/test_meter.py runs it against a stand-in lightning.
     __all__.append("LightningMeter")
 
     class LightningMeter(_pl.Callback):
-        """Meter every optimizer step of a Lightning run; logs the figures with `pl_module.log_dict`."""
+        """Meter every optimizer step of a Lightning run; logs the figures with `pl_module.log_dict`.
+
+        A validation Lightning runs inside a step (it validates every `val_check_interval` batches, between two
+        micro-batches of an accumulated step too) is held out of the step: its time, its root calls (the step
+        keeps its training signature) and, in a traced step, its ops (the tracer pauses for it, so the step's
+        rows span two tracer steps)."""
 
         def __init__(self, path, *, tokens=None, **meter_kwargs):
             self.path, self.tokens, self.meter_kwargs, self.meter = path, tokens, meter_kwargs, None
+            self._open, self._held = False, None  # a step begun and not ended; what a validation inside it holds
 
         def on_train_start(self, trainer, pl_module):
             self.meter = Meter(self.path, model=pl_module, tokens=self.tokens, **self.meter_kwargs)
@@ -115,13 +121,44 @@ if _pl is not None:  # tests/test_meter.py runs it against a stand-in lightning.
                 return
             if batch_idx % max(1, getattr(trainer, "accumulate_grad_batches", 1)) == 0:
                 self.meter.begin()
+                self._open = True
             self.meter._note_inputs(batch)  # training_step(batch) need not call the module's forward
 
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
             if self.meter is not None and self._boundary(trainer, batch_idx):
+                self._open = False
                 figures = logged(self.meter.step())
                 if figures:
                     pl_module.log_dict(figures, on_step=True, on_epoch=False)
+
+        def on_validation_start(self, trainer, pl_module):
+            meter = self.meter
+            if meter is None or not self._open or meter._closed:
+                return
+            try:
+                traced = meter._tracing
+                if traced:
+                    meter._pause_tracer()
+                self._held = (meter._clock(), len(meter._inputs), dict(meter._calls), _nodes_made(), traced)
+            except Exception as exc:
+                meter._failed(exc)
+
+        def on_validation_end(self, trainer, pl_module):
+            meter, held, self._held = self.meter, self._held, None
+            if meter is None or held is None or meter._closed:
+                return
+            began, inputs, calls, nodes, traced = held
+            try:
+                meter._stop_counting()
+                del meter._inputs[inputs:], meter._grads[inputs:]
+                meter._calls.clear()
+                meter._calls.update(calls)
+                meter._nodes += _nodes_made() - nodes
+                if traced:
+                    meter._resume_tracer()
+                meter._began += meter._clock() - began
+            except Exception as exc:
+                meter._failed(exc)
 
         def on_train_end(self, trainer, pl_module):
             if self.meter is not None:
