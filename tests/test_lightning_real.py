@@ -21,7 +21,7 @@ PEAK = 1e9  # FLOP/s, given: the figures do not depend on this machine's CPU
 
 # Per micro-batch of B = 2 rows (loss = out.square().sum(), divided by accumulate_grad_batches as Lightning does):
 #   forward   fc1 2·2·8·16 = 512 + relu 32 + fc2 2·2·16·4 = 256 + square 8 + sum 8 + Lightning's division 1 = 817
-#   backward  the division's grad 1 + square's grad 3·2·4 = 24 + fc2 dW and dx 2·256 + relu's grad 32 + fc1 dW 512 = 1,081
+#   backward  division's grad 1 + square's grad 3·2·4 = 24 + fc2 dW, dx 2·256 + relu's grad 32 + fc1 dW 512 = 1,081
 #   matmuls   forward 768 + backward 1,024 = 1,792 (FlopCounterMode's figure, checked below)
 # SGD: one add_ per parameter element, 8·16 + 16·4 = 192. Accumulating 2 micro-batches adds the second's gradients
 # into the first's: 192 more in the backward. Gradient clipping (norm): _foreach_norm 192 + vector norm of the 2
@@ -105,7 +105,8 @@ def test_lightning_meter_logs_every_metered_step_of_a_real_trainer(tmp_path):
         logged = [row for row in csv.DictReader(f) if row.get("mfu")]
     assert len(logged) == 4  # steps 2-5, one log each; the traced steps log nothing
     assert all(float(row["mfu"]) > 0 and float(row["step_time_s"]) > 0 for row in logged)
-    assert [float(row["tokens_per_s"]) for row in logged] == pytest.approx((table["tokens_per_s"][2:]).tolist(), rel=1e-6)
+    logged_rates = [float(row["tokens_per_s"]) for row in logged]
+    assert logged_rates == pytest.approx(table["tokens_per_s"][2:].tolist(), rel=1e-6)
 
 
 def test_lightning_meter_keeps_validation_inside_an_accumulation_window_out_of_the_step(tmp_path):
