@@ -93,11 +93,20 @@ def _lightning():
     return None
 
 
-_pl = _lightning()
-if _pl is not None:  # tests/test_meter.py runs it against a stand-in lightning.pytorch (Lightning is not a dependency)
-    __all__.append("LightningMeter")
+def __getattr__(name):
+    """`LightningMeter`, made at its first use: importing Lightning takes about 2 s, which `MeterCallback`'s users
+    (Hugging Face) should not pay for having it installed (tests/test_meter.py runs it against a stand-in)."""
+    if name != "LightningMeter":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    pl = _lightning()
+    if pl is None:
+        raise AttributeError("LightningMeter needs Lightning (lightning.pytorch or pytorch_lightning), which is not installed")
+    made = globals()["LightningMeter"] = _lightning_meter(pl)
+    return made
 
-    class LightningMeter(_pl.Callback):
+
+def _lightning_meter(pl):
+    class LightningMeter(pl.Callback):
         """Meter every optimizer step of a Lightning run; logs the figures with `pl_module.log_dict`.
 
         A validation Lightning runs inside a step (it validates every `val_check_interval` batches, between two
@@ -168,3 +177,5 @@ if _pl is not None:  # tests/test_meter.py runs it against a stand-in lightning.
             """A step raised (Ctrl-C included; Lightning then skips on_train_end): the trace closes incomplete."""
             if self.meter is not None:
                 self.meter.close(exception)
+
+    return LightningMeter
