@@ -1,0 +1,81 @@
+"""A review of the changes since 73d9634: the graphless ops after the optimizer (tracer/dispatch.py `_GRAPHLESS`),
+optrace's global module hooks (tracer/safety.py `GlobalModuleHook`), a nested tensor in the meter's signature
+(tracer/meter_flops.py) and explain's tokens= question (reports/flops/explain.py). Each test failed before its fix."""
+
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+
+import reports
+import tracer.attribution
+from tracer import Tracer
+from tracer.meter import Meter
+
+
+# ------------------------------------------------------------------ a functional forward that begins with zeros_like(w)
+def functional_loop(iters):
+    """A model written as a function of a leaf tensor (no module): its forward begins with `torch.zeros_like(w)`,
+    an op whose output never requires grad, after the step before's optimizer."""
+    torch.manual_seed(0)
+    w = torch.randn(4, 4, requires_grad=True)
+    x = torch.randn(2, 4)
+    opt = torch.optim.SGD([w], lr=0.1)
+
+    def run():
+        for _ in range(iters):
+            noise = torch.zeros_like(w)  # a perturbation of the weights, the forward's first op
+            (x @ (w + noise)).square().sum().backward()
+            opt.step()
+            opt.zero_grad()
+        return w
+
+    return run
+
+
+def test_a_functional_forward_that_begins_with_zeros_like_of_a_parameter_opens_its_step(tmp_path):
+    """Before: each iteration's zeros_like(w) was phase other in the step before (step 0 had two, the last none):
+    k identical iterations gave unequal steps. zeros_like(loss) after the optimizer stays other
+    (tests/test_loops_review.py): the loss is no leaf, w is."""
+    run_one, run_three = functional_loop(1), functional_loop(3)
+    with Tracer(tmp_path / "one"):
+        run_one()
+    with Tracer(tmp_path / "three"):
+        out = run_three()
+    assert torch.equal(out, functional_loop(3)())  # bitwise, untraced
+    one, three = reports.load(tmp_path / "one"), reports.load(tmp_path / "three")
+    made = three[three["op"] == "aten.zeros_like.default"]
+    assert made.groupby(["step", "phase"], observed=True).size().to_dict() == {(s, "forward"): 1 for s in range(3)}
+    columns = ["op", "phase", "module", "flops", "bytes_read", "bytes_written", "bytes_allocated"]
+    ref = one[columns].astype(str).values.tolist()
+    for step, rows in three.groupby("step"):
+        assert rows[columns].astype(str).values.tolist() == ref, step
+    with FlopCounterMode(display=False) as counter:
+        functional_loop(1)()
+    # x [2, 4] @ w [4, 4]: 2·2·4·4 = 64; backward dW = xᵀ [4, 2] @ dy [2, 4]: 2·4·2·4 = 64 (x needs no gradient)
+    mm = three[three["op"] == "aten.mm.default"].groupby("step")["flops"].sum().tolist()
+    assert mm == [counter.get_total_flops()] * 3 == [128] * 3
+
+
+# ------------------------------------------------------------------ a Tracer whose hooks could not all go on
+def test_a_tracer_whose_install_is_interrupted_leaves_no_global_hook(tmp_path, monkeypatch):
+    """Before: a Ctrl-C (or any error) between the hooks' registrations left the global module hooks already
+    on for good (every later module call ran them) and PyTorch's `_has_any_global_hook` replaced for good."""
+    module = torch.nn.modules.module
+    original = module._has_any_global_hook
+    before = [len(getattr(module, d)) for d in ("_global_forward_pre_hooks", "_global_forward_hooks")]
+
+    def interrupted(hook):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(tracer.attribution.optim_hooks, "register_optimizer_step_pre_hook", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        with Tracer(tmp_path / "t", model=nn.Linear(2, 2)):
+            pass
+    assert [len(getattr(module, d)) for d in ("_global_forward_pre_hooks", "_global_forward_hooks")] == before
+    assert module._has_any_global_hook is original
+
+
