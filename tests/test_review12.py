@@ -79,3 +79,39 @@ def test_a_tracer_whose_install_is_interrupted_leaves_no_global_hook(tmp_path, m
     assert module._has_any_global_hook is original
 
 
+# ------------------------------------------------------------------ jagged inputs of equal total length
+D = 8  # width; 2 heads of 4
+
+
+class JaggedAttention(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(D, D, bias=False)
+
+    def forward(self, x):
+        q = self.proj(x).unflatten(-1, (2, 4)).transpose(1, 2)
+        return F.scaled_dot_product_attention(q, q, q).transpose(1, 2).flatten(-2).values().sum()
+
+
+def test_jagged_batches_of_one_total_length_but_other_lengths_are_two_signatures(tmp_path):
+    """Sequences of lengths (2, 6) and (4, 4) pack into the same [8, 8] values. Before: one signature, so the third
+    step (2, 6) got the second's (4, 4) FLOPs, silently; now the offsets are in the signature."""
+    torch.manual_seed(0)
+    net = JaggedAttention()
+    opt = torch.optim.SGD(net.parameters(), lr=0.01)
+    figures = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # nested tensors are a prototype API
+        with Meter(tmp_path / "m", model=net, tokens=8, peak_flops=1e12) as meter:
+            for lengths in [(2, 6), (4, 4), (2, 6), (4, 4)]:
+                x = torch.nested.nested_tensor([torch.randn(n, D) for n in lengths], layout=torch.jagged)
+                net(x).backward()
+                opt.step()
+                opt.zero_grad()
+                figures.append(meter.step())
+    assert meter.errors == 0 and [f["flops_estimated"] for f in figures] == [False] * 4
+    # the two lengths differ only where a sequence's length is squared (2² + 6² = 40 against 4² + 4² = 32, 2 heads of
+    # width 4): q @ kᵀ and att @ v 2·2·4·2·(40 - 32) = 256, softmax 5·2·8 = 80, its backward 4·2·8 = 64: 400
+    assert [f["model_flops"] for f in figures] == [3478, 3078, 3478, 3078] and 3478 - 3078 == 256 + 80 + 64
+
+
