@@ -115,3 +115,32 @@ def test_jagged_batches_of_one_total_length_but_other_lengths_are_two_signatures
     assert [f["model_flops"] for f in figures] == [3478, 3078, 3478, 3078] and 3478 - 3078 == 256 + 80 + 64
 
 
+# ------------------------------------------------------------------ explain: a layer shared across depth
+class SharedDepth(nn.Module):
+    """One layer applied 3 times (ALBERT's sharing across depth), then a head: N = 16·16 + 16·2 = 288."""
+
+    def __init__(self):
+        super().__init__()
+        self.layer, self.head = nn.Linear(16, 16, bias=False), nn.Linear(16, 2, bias=False)
+
+    def forward(self, x):
+        for _ in range(3):
+            x = torch.relu(self.layer(x))
+        return self.head(x)
+
+
+def test_explain_on_a_layer_called_three_times_does_not_only_doubt_tokens(tmp_path):
+    """The shared layer multiplies 3·T tokens: before, explain asked only whether tokens= was the tokens per step
+    (it is); a whole multiple of T names the layer called k times as the other answer."""
+    torch.manual_seed(0)
+    net, x = SharedDepth(), torch.randn(4, 16)
+    with Tracer(tmp_path / "t", model=net, tokens=4):
+        net(x).sum().backward()
+    with FlopCounterMode(display=False) as counter:
+        net(x)
+    text = "\n".join(reports.explain(reports.load(tmp_path / "t")))
+    # forward: 3 x 2·4·16·16 = 6,144 + head 2·4·16·2 = 256 = 6,400
+    assert counter.get_total_flops() == 6400 and "Forward weight matmuls: 6,400 FLOPs" in text
+    assert "layer.weight 3.00x (12 tokens)" in text  # 3 calls x 4 rows
+    assert ("256 of the N = 288 parameters multiplied 12 tokens per step each: is tokens= (4) the tokens per step, "
+            "or is each of them called 3 times a step (a layer shared across depth)?") in text
