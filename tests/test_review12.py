@@ -14,6 +14,7 @@ import reports
 import tracer.attribution
 from tracer import Tracer
 from tracer.meter import Meter
+from tracer.meter_flops import input_size, settled, signature
 
 
 # ------------------------------------------------------------------ a functional forward that begins with zeros_like(w)
@@ -113,6 +114,19 @@ def test_jagged_batches_of_one_total_length_but_other_lengths_are_two_signatures
     # the two lengths differ only where a sequence's length is squared (2² + 6² = 40 against 4² + 4² = 32, 2 heads of
     # width 4): q @ kᵀ and att @ v 2·2·4·2·(40 - 32) = 256, softmax 5·2·8 = 80, its backward 4·2·8 = 64: 400
     assert [f["model_flops"] for f in figures] == [3478, 3078, 3478, 3078] and 3478 - 3078 == 256 + 80 + 64
+
+
+def test_a_jagged_signature_without_readable_offsets_keeps_the_packed_shape():
+    """Offsets without data (the meta device) cannot be read at step(): the signature keeps the packed shape, and
+    the step is metered, not failed."""
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        x = torch.nested.nested_tensor([torch.randn(2, 3), torch.randn(5, 3)], layout=torch.jagged)
+        on_meta = x.to("meta")
+    calls = settled([signature((x,), {}), signature((on_meta,), {})])
+    assert calls == (((torch.Size([7, 3]), torch.float32, (0, 2, 7)),), ((torch.Size([7, 3]), torch.float32, ()),))
+    assert input_size(calls) == (2 * 7 * 3, ((2, torch.float32), (2, torch.float32)))  # 2 x 21 packed elements
 
 
 # ------------------------------------------------------------------ explain: a layer shared across depth
