@@ -145,6 +145,15 @@ def _builds_graph(ins, outs, info=None, wrapped_grad=False):
     return False
 
 
+def _on_leaf(ins):
+    """Whether an input is a leaf that requires grad (a parameter): `torch.zeros_like(w)` may begin a functional
+    forward, where `zeros_like(loss)` after the optimizer reads only the graph of the step that ended."""
+    for t in ins:
+        if t.requires_grad and t.is_leaf:
+            return True
+    return False
+
+
 def _guarded(hook, on_error):
     """`hook`, made unable to raise into the traced program: a failure goes to `on_error`."""
 
@@ -256,8 +265,8 @@ class Attribution:
             self._optimizer_ops += 1
             return OPTIMIZER, "", NOT_RECOMPUTE
         if _builds_graph(ins, outs, info, wrapped_grad):
-            if self.steps.armed and info is not None and info.graphless:  # `zeros_like(loss)` after the optimizer:
-                return OTHER, "", NOT_RECOMPUTE  # its output never requires grad, so it opens no step (dispatch._GRAPHLESS)
+            if self.steps.armed and info is not None and info.graphless and not _on_leaf(ins):  # `zeros_like(loss)`
+                return OTHER, "", NOT_RECOMPUTE  # after the optimizer: no graph, so no step (dispatch._GRAPHLESS)
             if self.steps.forward_work():
                 self._step_began()
             return FORWARD, "", NOT_RECOMPUTE
@@ -324,12 +333,12 @@ class Attribution:
     def install(self):
         self._thread = _get_ident()
         err = self._on_error
-        self._handles = [  # global module hooks no torch.compile'd module warns about (tracer/safety.py)
-            GlobalModuleHook(register_module_forward_pre_hook, _guarded(self._forward_pre, err)),
-            GlobalModuleHook(register_module_forward_hook, _guarded(self._forward_post, err), always_call=True),
-            optim_hooks.register_optimizer_step_pre_hook(_guarded(self._optimizer_pre, err)),
-            optim_hooks.register_optimizer_step_post_hook(_guarded(self._optimizer_post, err)),
-        ]
+        handles = self._handles  # each kept as it goes on: a failed install (Ctrl-C) leaves `remove()` all of them
+        handles.clear()  # global module hooks no torch.compile'd module warns about (tracer/safety.py)
+        handles.append(GlobalModuleHook(register_module_forward_pre_hook, _guarded(self._forward_pre, err)))
+        handles.append(GlobalModuleHook(register_module_forward_hook, _guarded(self._forward_post, err), always_call=True))
+        handles.append(optim_hooks.register_optimizer_step_pre_hook(_guarded(self._optimizer_pre, err)))
+        handles.append(optim_hooks.register_optimizer_step_post_hook(_guarded(self._optimizer_post, err)))
 
     def live_hooks(self):
         return self.backward.live_hooks()

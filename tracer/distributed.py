@@ -201,10 +201,9 @@ class UnshardedParameters:
 
     def install(self):
         if self._watch:
-            self._handles = [
-                GlobalModuleHook(torch.nn.modules.module.register_module_forward_hook, self._after_forward),
-                optimizer_hooks.register_optimizer_step_pre_hook(lambda *_: self.sync()),
-            ]
+            self._handles = handles = []  # each kept as it goes on: a failed install leaves `remove()` all of them
+            handles.append(GlobalModuleHook(torch.nn.modules.module.register_module_forward_hook, self._after_forward))
+            handles.append(optimizer_hooks.register_optimizer_step_pre_hook(lambda *_: self.sync()))
 
     def remove(self):
         for handle in self._handles:

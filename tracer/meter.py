@@ -54,7 +54,7 @@ from torch.nn.modules.module import register_module_forward_pre_hook
 from tracer.device import cuda_in_use, sync_all_cuda
 from tracer.dispatch import make_inert
 from tracer.errors import TraceError
-from tracer.meter_flops import READ, input_size, signature, step_flops, token_count
+from tracer.meter_flops import READ, input_size, settled, signature, step_flops, token_count
 from tracer.meter_modes import depth_of, lifted_above, lifted_over
 from tracer.mode import Tracer
 from tracer.peaks import lookup, normalize_dtype
@@ -259,23 +259,23 @@ class Meter:
             warn(f"optrace: meter: could not meter a step ({type(exc).__name__}: {exc}); the program runs on")
 
     def _end_step(self, seconds, tokens, now):
-        ran = (tuple(self._inputs), _nodes_made() - self._nodes, tuple(self._grads), tuple(self._calls.items()))
+        nodes = _nodes_made() - self._nodes
         index = len(self._steps["step"])
-        traced, scale = self._tracing, None
+        traced, scale, trace = self._tracing, None, None
         self._reclock = traced
         if traced:
             self._traced_steps += 1
             try:
-                trace = self._read_trace()
+                trace = self._read_trace()  # pauses the tracer: a jagged input's offsets are read untraced below
             except Exception as exc:  # the step stays in the table without FLOPs; its signature may be traced again
                 self._failed(exc)
                 self._trace_failures += 1
-                trace = None
-            else:
-                self._known[ran] = trace
-                for k in self._pending.pop(ran, ()):  # earlier steps of this signature get its FLOPs
-                    self._steps["trace"][k] = trace
-        else:
+        ran = (settled(self._inputs), nodes, tuple(self._grads), tuple(self._calls.items()))
+        if trace is not None:
+            self._known[ran] = trace
+            for k in self._pending.pop(ran, ()):  # earlier steps of this signature get its FLOPs
+                self._steps["trace"][k] = trace
+        elif not traced:
             trace = self._known.get(ran)
         can_trace = self._traced_steps < self.max_traces and self._trace_failures < _MAX_TRACE_FAILURES
         new = not traced and trace is None

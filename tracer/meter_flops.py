@@ -12,7 +12,7 @@ from torch.utils._pytree import tree_leaves
 from tracer.errors import TraceError
 from tracer.rules import DTYPE_KINDS, carrying_dtype, dtype_rows, score_share, skipped_input
 
-__all__ = ["READ", "input_size", "signature", "step_flops", "token_count"]
+__all__ = ["READ", "input_size", "settled", "signature", "step_flops", "token_count"]
 
 _SCALARS = (int, float, str, type(None))  # inputs that hold no tensor
 READ = ["step", "op", "phase", "flops", "flop_kind", "recompute", "input_shapes", "input_dtypes"]  # what step_flops reads
@@ -24,24 +24,42 @@ def signature(args, kwargs):
     sig = []
     for value in (*args, *kwargs.values()):
         if isinstance(value, torch.Tensor):  # the common case without pytree: it costs 3 us a call
-            sig.append((_shape(value), value.dtype))
+            sig.append((value.shape, value.dtype) if not value.is_nested else _nested(value))
         elif not isinstance(value, _SCALARS):
             for leaf in tree_leaves(value):  # tree_flatten without building the spec
                 if isinstance(leaf, torch.Tensor):
-                    sig.append((_shape(leaf), leaf.dtype))
+                    sig.append((leaf.shape, leaf.dtype) if not leaf.is_nested else _nested(leaf))
                 elif isinstance(leaf, Mapping):
                     sig.extend(signature((), dict(leaf)))
     return tuple(sig)
 
 
-def _shape(t):
-    """A tensor's sizes, as ints. A nested tensor has symbolic sizes (jagged: a new one for each batch, which
-    no arithmetic takes) or none (strided): it stands for its stored values, read with no op dispatched (the
-    hook may run inside a traced step): a jagged tensor's packed values' shape, a strided one's element count."""
-    if not t.is_nested:
-        return t.shape
+def _nested(t):
+    """(sizes as ints, dtype[, offsets]) of a nested tensor, which has symbolic sizes (jagged: a new one for each
+    batch, which no arithmetic takes) or none (strided): it stands for its stored values, read with no op
+    dispatched (the hook may run inside a traced step): a jagged tensor's packed values' shape and its offsets
+    tensor, read as ints at the step's end (`settled`: attention's FLOPs grow with each sequence's length
+    squared, so (2, 6) and (4, 4) are two signatures), a strided one's element count."""
     values = getattr(t, "_values", None)  # torch.nested's jagged NestedTensor
-    return values.shape if isinstance(values, torch.Tensor) else (t.numel(),)
+    if isinstance(values, torch.Tensor):
+        offsets = getattr(t, "_offsets", None)
+        return values.shape, t.dtype, offsets if isinstance(offsets, torch.Tensor) else ()
+    return (t.numel(),), t.dtype
+
+
+def settled(inputs):
+    """The root calls' signatures as a key: a jagged tensor's offsets read as ints (after the step's device
+    sync, with the tracer paused; a device tensor costs a copy to the host)."""
+    return tuple(tuple(_settle(entry) for entry in call) for call in inputs)
+
+
+def _settle(entry):
+    if len(entry) == 3 and isinstance(entry[2], torch.Tensor):
+        try:
+            return entry[0], entry[1], tuple(entry[2].tolist())
+        except Exception:  # offsets without data (meta, fake): the packed shape alone, as before
+            return entry[0], entry[1], ()
+    return entry
 
 
 def step_flops(rows):
@@ -75,7 +93,7 @@ def input_size(inputs):
     """(input elements, (rank, dtype) of every input tensor) of a signature's root inputs."""
     elements, form = 0, []
     for call in inputs:
-        for shape, dtype in call:
+        for shape, dtype, *_ in call:  # a jagged tensor's offsets: its size is its packed values'
             elements += math.prod(shape)
             form.append((len(shape), dtype))
     return elements, tuple(form)

@@ -185,8 +185,11 @@ class _Run:
         n_shared = sum(self.roles.numel[s] for s in shared)
         if len(counts) != 1 or 2 * n_shared <= self._n_mm():
             return ""
-        return (f" {n_shared:,} of the N = {self._n_mm():,} parameters multiplied {counts.pop():,} tokens per step "
-                f"each: is tokens= ({self.T:,}) the tokens per step?")
+        count = counts.pop()
+        k = int(count // self.T) if count % self.T == 0 else 0  # a whole multiple of T: a layer called k times fits too
+        return (f" {n_shared:,} of the N = {self._n_mm():,} parameters multiplied {count:,} tokens per step "
+                f"each: is tokens= ({self.T:,}) the tokens per step"
+                f"{f', or is each of them called {k} times a step (a layer shared across depth)' if k else ''}?")
 
     def no_grad_forward(self):
         """Forward weight matmuls no backward reads: evaluation under no_grad, frozen weights with inputs that need no gradient."""
