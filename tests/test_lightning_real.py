@@ -9,13 +9,13 @@ import pytest
 pl = pytest.importorskip("lightning.pytorch")
 
 import torch  # noqa: E402
-from torch import nn  # noqa: E402
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
 import reports  # noqa: E402
 import tracer  # noqa: E402
 from tracer.meter_callbacks import LightningMeter  # noqa: E402
+from test_meter_review import Net  # noqa: E402
 
 PEAK = 1e9  # FLOP/s, given: the figures do not depend on this machine's CPU
 
@@ -31,16 +31,9 @@ ACC_FORWARD, ACC_BACKWARD = 2 * FORWARD, 2 * BACKWARD + SGD  # 1,634 and 2,354
 LOUD = dict(accumulate_grad_batches=2, gradient_clip_val=1.0, precision="bf16-mixed", limit_val_batches=2)
 
 
-class Lit(pl.LightningModule):
-    """x [2, 8] -> fc1 [8 -> 16] -> relu -> fc2 [16 -> 4], no biases; SGD."""
-
-    def __init__(self):
-        super().__init__()
-        self.fc1 = nn.Linear(8, 16, bias=False)
-        self.fc2 = nn.Linear(16, 4, bias=False)
-
-    def forward(self, x):
-        return self.fc2(torch.relu(self.fc1(x)))
+class Lit(Net, pl.LightningModule):
+    """tests/test_meter_review.py's Net (x [2, 8] -> fc1 [8 -> 16] -> relu -> fc2 [16 -> 4], no biases), trained
+    with SGD by Lightning."""
 
     def training_step(self, batch, batch_idx):
         return self(batch[0]).square().sum()

@@ -20,9 +20,9 @@ from tracer import Tracer, read_metadata
 from test_steps import BWD, D, FWD, H, N, SGD, T, batch, mlp
 
 
-def detach_logging_loop(iters):
-    """The loss logged with `loss.detach()` (no host sync), once between backward() and the
-    optimizer step and once after it, as torchtitan logs after optimizers.step()."""
+def logging_loop(iters, between, after):
+    """The MLP trained with SGD, logging `between(loss)` between backward() and the optimizer step and
+    `after(loss)` after it (each None: no log there); run() returns the logged tensors."""
     model = mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.01, foreach=True)
     x, y = batch()
@@ -32,13 +32,21 @@ def detach_logging_loop(iters):
         for _ in range(iters):
             loss = F.mse_loss(model(x), y)
             loss.backward()
-            logged.append(loss.detach())  # between backward() and step(): other
+            if between is not None:
+                logged.extend(between(loss))
             opt.step()
             opt.zero_grad()
-            logged.append(loss.detach())  # after the optimizer: other, in the step it follows
+            logged.extend(after(loss))
         return logged
 
     return model, run
+
+
+def detach_logging_loop(iters):
+    """The loss logged with `loss.detach()` (no host sync), once between backward() and the
+    optimizer step (other) and once after it (other, in the step it follows), as torchtitan logs after
+    optimizers.step()."""
+    return logging_loop(iters, lambda loss: [loss.detach()], lambda loss: [loss.detach()])
 
 
 def traced(tmp_path, name, loop):
@@ -85,21 +93,7 @@ def test_logging_a_detached_loss_is_other_and_opens_no_step(tmp_path):
 def like_logging_loop(iters):
     """After the optimizer step, a running sum started with `torch.zeros_like(loss)` and a flag made with
     `loss.new_ones(())`: their inputs require grad, their outputs never do (torchgen's DONT_REQUIRE_DERIVATIVE)."""
-    model = mlp()
-    opt = torch.optim.SGD(model.parameters(), lr=0.01, foreach=True)
-    x, y = batch()
-    logged = []
-
-    def run():
-        for _ in range(iters):
-            loss = F.mse_loss(model(x), y)
-            loss.backward()
-            opt.step()
-            opt.zero_grad()
-            logged.append((torch.zeros_like(loss), loss.new_ones(())))
-        return [t for pair in logged for t in pair]
-
-    return model, run
+    return logging_loop(iters, None, lambda loss: [torch.zeros_like(loss), loss.new_ones(())])
 
 
 def test_zeros_like_and_new_ones_after_the_optimizer_are_other_and_open_no_step(tmp_path):
