@@ -199,3 +199,17 @@ def test_the_meter_and_the_tracer_leave_the_fit_bitwise_unchanged(tmp_path):
     assert len(untraced) == 2 and not torch.equal(untraced[0], Lit().fc1.weight)  # it trained from seed 0's weights
     for a, b, c in zip(untraced, metered, traced):
         assert torch.equal(a, b) and torch.equal(a, c)
+
+
+def test_lightning_meter_traces_the_short_step_at_an_epoch_s_end_once(tmp_path):
+    """5 batches an epoch (limit_train_batches), 2 accumulated: Lightning steps after batches 1, 3 and 4, so each
+    epoch ends with a step of one micro-batch. The first such step is traced itself (its FLOPs its own); the next
+    epoch's first step is metered, not traced again, and the next short step reuses the first one's FLOPs."""
+    meter = LightningMeter(tmp_path / "pl", tokens=2, peak_flops=PEAK)
+    _fit([meter], steps=6, accumulate_grad_batches=2, limit_train_batches=5)
+    assert meter.meter.errors == 0
+    table = reports.meter(tmp_path / "pl")
+    assert table["traced"].tolist() == [True, True, True, False, False, False]
+    # two micro-batches 1,634 + 2,354 = 3,988; the short step one: 817 + 1,081 = 1,898 (its gradients are new)
+    assert table["model_flops"].tolist() == [3988, 3988, 1898, 3988, 3988, 1898]
+    assert table["mfu"].notna().tolist() == [False, False, False, True, True, True]

@@ -301,17 +301,17 @@ def test_a_step_begun_again_is_traced_from_the_last_begin(tmp_path):
     assert [f["hardware_flops"] for f in found] == [TRAIN_HARDWARE] * 3
 
 
-def test_lightning_callback_meters_the_short_step_at_an_epoch_s_end(tmp_path, monkeypatch):
-    """5 batches an epoch, 2 accumulated: Lightning steps the optimizer after batches 1, 3 and 4 (the last batch
-    ends the epoch's accumulation). The step of batch 4 was never ended: it ran into the next epoch's first step."""
-    callbacks = _stand_in_lightning(monkeypatch, "meter_callbacks_review_epoch")
+def _epochs_of_5_batches(tmp_path, monkeypatch, name, **trainer):
+    """2 epochs of 5 batches, 2 accumulated, under LightningMeter: Lightning steps the optimizer after batches 1, 3
+    and 4 (the last batch ends the epoch's accumulation). The meter's table."""
+    callbacks = _stand_in_lightning(monkeypatch, name)
 
     torch.manual_seed(0)
     net = Net()
     net.log_dict = lambda values, **kwargs: None
     opt = torch.optim.SGD(net.parameters(), lr=0.1)
-    trainer = types.SimpleNamespace(accumulate_grad_batches=2, is_last_batch=False)
-    cb = callbacks.LightningMeter(tmp_path / "pl", tokens=4, peak_flops=PEAK)
+    trainer = types.SimpleNamespace(accumulate_grad_batches=2, is_last_batch=False, **trainer)
+    cb = callbacks.LightningMeter(tmp_path / name, tokens=4, peak_flops=PEAK)
     cb.on_train_start(trainer, net)
     for _epoch in range(2):
         for i in range(5):
@@ -323,12 +323,31 @@ def test_lightning_callback_meters_the_short_step_at_an_epoch_s_end(tmp_path, mo
                 opt.zero_grad()
             cb.on_train_batch_end(trainer, net, None, None, i)
     cb.on_train_end(trainer, net)
-    table = reports.meter(tmp_path / "pl")
+    assert cb.meter.errors == 0
+    return reports.meter(tmp_path / name)
+
+
+def test_lightning_callback_meters_the_short_step_at_an_epoch_s_end(tmp_path, monkeypatch):
+    """Without `num_training_batches` (an iterable dataset's unknown length) the short step cannot be told ahead.
+    Before the fix the step of batch 4 was never ended: it ran into the next epoch's first step."""
+    table = _epochs_of_5_batches(tmp_path, monkeypatch, "unknown_length")
     assert table["step"].tolist() == [0, 1, 2, 3, 4, 5]  # 3 optimizer steps an epoch
     # two micro-batches: 2 · 1896 + the second's gradients added into the first's 8·16 + 16·4 = 3984; batch 4's step
     # alone (1896) is a new signature, and the step after it, of two micro-batches, is what gets traced: unknown
     assert table["model_flops"].tolist()[:2] == [3984, 3984] and table["model_flops"].tolist()[3:5] == [3984, 3984]
     assert table["model_flops"].isna().tolist() == [False, False, True, False, False, True]
+    assert table["traced"].tolist() == [True, True, False, True, False, False]
+
+
+def test_lightning_callback_traces_the_epoch_s_short_step_once(tmp_path, monkeypatch):
+    """With Lightning's `num_training_batches`, the short step that ends the first epoch is traced itself
+    (`Meter.begin(trace=True)`): it has its own FLOPs, the next epoch's first step is metered, not traced, and the
+    next epoch's short step reuses the first one's FLOPs, with an MFU."""
+    table = _epochs_of_5_batches(tmp_path, monkeypatch, "known_length", num_training_batches=5)
+    assert table["traced"].tolist() == [True, True, True, False, False, False]
+    # 2 · 1896 + 8·16 + 16·4 = 3984 for two micro-batches; batch 4's step alone: 1896 (its gradients are new)
+    assert table["model_flops"].tolist() == [3984, 3984, 1896, 3984, 3984, 1896]
+    assert table["mfu"].notna().tolist() == [False, False, False, True, True, True]
 
 
 def _stand_in_lightning(monkeypatch, name, base=object):

@@ -198,13 +198,17 @@ class Meter:
             self._sync()
         return time.perf_counter()
 
-    def begin(self):
+    def begin(self, trace=False):
         """Mark the start of a step (optional: without it a step starts where the last one ended). Once it
         has been called, a step to be traced is traced from the next begin(), so what runs between
-        steps (an evaluation) stays out of its FLOPs as out of its time."""
+        steps (an evaluation) stays out of its FLOPs as out of its time. `trace=True` traces this step (past the
+        warm-up, while the cap allows): a step known beforehand to differ from the others, such as the short step
+        that ends an epoch under gradient accumulation, gets its own FLOPs, not a re-trace of the step after it."""
         if self._closed or self._elsewhere("begin"):
             return
         self._begins = True
+        if trace and not self._tracing and self._can_trace() and len(self._steps["step"]) >= self.warmup:
+            self._retrace = True
         if self._tracing:  # begun again with no step() since (an attempt abandoned): its FLOPs from here, as its time
             self._first_seq = self._next_seq()
         if self._retrace:  # a step traced from here: what ran between steps stays out of its FLOPs
@@ -277,7 +281,7 @@ class Meter:
                 self._steps["trace"][k] = trace
         elif not traced:
             trace = self._known.get(ran)
-        can_trace = self._traced_steps < self.max_traces and self._trace_failures < _MAX_TRACE_FAILURES
+        can_trace = self._can_trace()
         new = not traced and trace is None
         if new and can_trace:
             self._pending.setdefault(ran, []).append(index)
@@ -301,6 +305,9 @@ class Meter:
             self._reclock = True
             self._write()
         return self.figures(index)
+
+    def _can_trace(self):
+        return self._traced_steps < self.max_traces and self._trace_failures < _MAX_TRACE_FAILURES
 
     def _estimate(self, ran):
         """(trace, scale) for a signature never traced: the traced one with the same graph nodes, grad modes and

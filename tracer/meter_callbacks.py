@@ -117,6 +117,7 @@ def _lightning_meter(pl):
         def __init__(self, path, *, tokens=None, **meter_kwargs):
             self.path, self.tokens, self.meter_kwargs, self.meter = path, tokens, meter_kwargs, None
             self._open, self._held = False, None  # a step begun and not ended; what a validation inside it holds
+            self._short_traced = False  # the epoch's short last step was asked to be traced
 
         def on_train_start(self, trainer, pl_module):
             self.meter = Meter(self.path, model=pl_module, tokens=self.tokens, **self.meter_kwargs)
@@ -128,10 +129,21 @@ def _lightning_meter(pl):
         def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
             if self.meter is None:
                 return
-            if batch_idx % max(1, getattr(trainer, "accumulate_grad_batches", 1)) == 0:
-                self.meter.begin()
+            every = max(1, getattr(trainer, "accumulate_grad_batches", 1))
+            if batch_idx % every == 0:
+                self.meter.begin(trace=self._short(trainer, batch_idx, every))
                 self._open = True
             self.meter._note_inputs(batch)  # training_step(batch) need not call the module's forward
+
+        def _short(self, trainer, batch_idx, every):
+            """Whether the step beginning at `batch_idx` is the epoch's short last step (fewer micro-batches than
+            accumulated: Lightning steps at an epoch's end), met for the first time: traced, so that it has its own
+            FLOPs and the next epoch's first step is not traced again in its place."""
+            batches = getattr(trainer, "num_training_batches", None)
+            if self._short_traced or not isinstance(batches, int) or batch_idx + every <= batches:
+                return False
+            self._short_traced = True
+            return True
 
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
             if self.meter is not None and self._boundary(trainer, batch_idx):
