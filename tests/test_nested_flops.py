@@ -107,3 +107,30 @@ def test_dense_flash_attention_is_unchanged():
     q = torch.empty(2, 16, H, D)  # [b, s, h, d]
     # 2 * 2 * 2 * 16 * 16 * (8 + 8) = 32768
     assert rule.count((q, q, q, None, None, 16, 16), {}, None) == FlopCount(32768)
+
+
+@pytest.mark.parametrize("input_grad", [False, True])
+def test_a_jagged_linear_s_backward_counts_what_the_packed_dense_one_counts(tmp_path, input_grad):
+    """A linear on a jagged tensor runs its own backward op (linear_backward, which no dense linear reaches): its
+    gradients count as the packed rows' dense backward counts them (it was 0, an op without a formula)."""
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(D, 4)
+    parts = [torch.randn(s, D) for s in (2, 6)]
+
+    def backward_flops(x, path):
+        lin.zero_grad(set_to_none=True)  # each run makes its gradients (none added into)
+        with Tracer(tmp_path / path, model=lin):
+            out = lin(x)
+            (out.values() if out.is_nested else out).sum().backward()
+        df = pd.read_parquet(tmp_path / path)
+        return df.loc[df["phase"] == "backward", "flops"].sum(), df
+
+    jagged = torch.nested.nested_tensor(parts, layout=torch.jagged, requires_grad=input_grad)
+    packed = torch.cat(parts).requires_grad_(input_grad)
+    nested_flops, df = backward_flops(jagged, "jagged")
+    row = df[df["op"] == "aten.linear_backward.default"]
+    # 8 rows: dL/dW = dL/dy.T @ x 2 * 8 * 4 * 8 = 512, dL/db 8 * 4 = 32, and with the input's gradient
+    # dL/dx = dL/dy @ W another 512
+    assert row["flops"].tolist() == [512 + 32 + (512 if input_grad else 0)]
+    assert row["flop_kind"].tolist() == ["matmul"]
+    assert nested_flops == backward_flops(packed, "packed")[0]

@@ -16,7 +16,8 @@ here. What can be read is recorded; nothing is computed that the program did not
   [B, j, k] @ [k, n] is a [sum j, k] @ [k, n]; a strided nested one reads each component's
   sizes); other formulas on strided nested tensors (softmax, norms) count the sum of the
   formula over components, so the CPU path of jagged attention counts each sequence at its
-  length; views and copies count 0 ("none"); anything else counts 0 with kind "unknown".
+  length; a nested linear's `linear_backward` counts each gradient it makes as a dense
+  linear's backward does (2 * M * N * K for dL/dx and dL/dW, M * N for dL/db); views and copies count 0 ("none"); anything else counts 0 with kind "unknown".
   NB: a jagged matmul whose contraction is the ragged dimension needs the lengths; where
   they cannot be read (meta, fake offsets) it counts 0 with kind "unknown".
 - A traceable wrapper subclass (`__tensor_flatten__`) owns no memory of its own: its
@@ -148,6 +149,16 @@ def _nested_matmul(info, ins, outs):
     return FlopCount(2 * sum(numels) * int(a.shape[-1]))
 
 
+def _nested_linear_backward(args):
+    """linear_backward(input, grad_output, weight, output_mask) of y = x @ W.T + b on a nested x: each gradient
+    asked for, over the M rows y stores (W [N, K]): dL/dx = dL/dy @ W and dL/dW = dL/dy.T @ x, 2·M·N·K each, as
+    a dense linear's backward matmuls count; dL/db sums dL/dy, M·N adds, as its sum does."""
+    _, grad_output, weight, mask = args[:4]
+    n, k = weight.shape
+    m = stored_elements(grad_output) // n
+    return FlopCount((bool(mask[0]) + bool(mask[1])) * 2 * m * n * k + bool(mask[2]) * m * n)
+
+
 def odd_flops(info, args, kwargs, out, ins, outs):
     """(FlopCount, kind) of an op with a sparse or nested argument; (0, 'unknown') when no formula fits."""
     kind = info.rule.kind
@@ -157,6 +168,8 @@ def odd_flops(info, args, kwargs, out, ins, outs):
     if kind == "none":  # views, copies, fills: no arithmetic on any layout
         return FlopCount(0), kind
     try:
+        if func_name == "linear_backward" and not sparse:  # a nested linear's own backward (dense ones decompose)
+            return _nested_linear_backward(args), "matmul"
         if kind == "matmul" and sparse and func_name in _SPARSE_MM:
             a, b = [t for t in ins if t.dim() == 2][-2:]
             if a.layout in _INDEX_GETTERS:  # [m, k] sparse @ [k, n] -> one multiply-add per stored value and column
