@@ -17,7 +17,9 @@ Per step with T tokens (the ops of a traced step, tests/test_distributed_review.
 
 import contextlib
 import functools
+import json
 import os
+import threading
 import warnings
 
 import pytest
@@ -144,9 +146,24 @@ def _job(kind, root, rank, results):
     }
 
 
+def _rank_one_fails(root, rank, results):
+    """3 plain steps metered on each rank; on rank 1 one step() comes from another thread: a meter error there."""
+    model = _model()
+    with Meter(os.path.join(root, "fails"), model=model, tokens=3) as meter:
+        for i in range(3):
+            model(_batch("plain", rank, i)).sum().backward()
+            if rank == 1 and i == 2:
+                worker = threading.Thread(target=meter.step)
+                worker.start()
+                worker.join()
+            meter.step()
+    results["fails_errors"] = meter.errors
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    return spawn(tuple(functools.partial(_job, kind) for kind in KINDS), str(tmp_path_factory.mktemp("meter_dist")))
+    parts = (*(functools.partial(_job, kind) for kind in KINDS), _rank_one_fails)
+    return spawn(parts, str(tmp_path_factory.mktemp("meter_dist")))
 
 
 def _one_step_flops(root, kind, step, rank):
@@ -187,7 +204,24 @@ def test_each_rank_writes_its_table_into_its_own_directory(runs, capsys):
         assert list(table["step"]) == list(range(STEPS)) * WORLD
     assert main(["report", os.path.join(root, "ddp")]) == 0  # the job's report is rank 0's, its Meter section too
     text = capsys.readouterr().out
-    assert "Meter: 7 steps, 4 metered untraced (medians over them), traced: step 0, 1, 5" in text
+    assert "Meter (rank 0): 7 steps, 4 metered untraced (medians over them), traced: step 0, 1, 5" in text
+
+
+@pytest.mark.parametrize("engine", ["pandas", "sql"])
+def test_the_job_report_names_a_meter_error_of_another_rank(runs, engine, capsys):
+    from reports.output.cli import main
+
+    root, results = runs
+    assert (results[0]["fails_errors"], results[1]["fails_errors"]) == (0, 1)
+    job = os.path.join(root, "fails")
+    assert main(["report", job, "--engine", engine]) == 0
+    text = capsys.readouterr().out  # the Meter section is rank 0's, as the report; rank 1's error gets a line
+    assert "Meter (rank 0): 3 steps, 1 metered untraced" in text
+    assert "  rank 1: 1 meter bookkeeping error(s) (its metadata `meter.errors`)" in text
+    assert main(["report", job, "--engine", engine, "--json"]) == 0
+    found = json.loads(capsys.readouterr().out)
+    assert found["meter"]["errors"] == 0  # rank 0's section
+    assert [(r["rank"], r["meter_errors"]) for r in found["ranks"]] == [(0, 0), (1, 1)]
 
 
 # --- FLOPs per step, per rank ---------------------------------------------------------------------------
