@@ -10,7 +10,8 @@ Per step with T tokens (the ops of a traced step, tests/test_distributed_review.
   forward   matmuls 2 * 192 * T = 384T, pow 4T, mean 4T                                  = 392T
   backward  weight gradients 2T * (8 * 16 + 16 * 4) = 384T, the second layer's input
             gradient 2T * 16 * 4 = 128T; pow's backward (pow, mul, mul) 12T, mean's div 4T  = 528T
-  DDP       + 192: the gradient bucket scaled by 1 / world size (mul.out) in the backward
+  DDP       + 192: the gradient bucket scaled by 1 / world size (mul.out) in the backward; FSDP2 averages
+            fp32 gradients in its reduce-scatter (ReduceOp.AVG): no op
   TP        each rank holds half of every weight: matmuls 192T forward, 256T backward
   optimizer SGD: one add per local weight, 192 (DDP), 96 (FSDP2, TP: the local half)
 """
@@ -256,7 +257,8 @@ def test_ddp_meter_flops_are_each_ranks_full_model_on_its_batch(runs):
 def test_fsdp2_meter_flops_are_ddps_matmuls_with_a_sharded_optimizer(runs):
     root, results = runs
     for rank in range(WORLD):
-        # 920T, no scaling op of its own on gloo: T = 3: 2760, T = 5: 4600; SGD on the 96 local weights: + 96
+        # 920T: fp32 gradients are averaged by the reduce-scatter itself (ReduceOp.AVG), no op of their own;
+        # T = 3: 2760, T = 5: 4600; SGD on the 96 local weights: + 96
         model = [2760] * NEW_SHAPE_AT + [4600] * (STEPS - NEW_SHAPE_AT)
         _check_flops(root, results, "fsdp", rank, model, [f + 96 for f in model])
 
