@@ -76,16 +76,18 @@ def _local(model):
     return [(p.to_local() if hasattr(p, "to_local") else p).detach().clone() for p in model.parameters()]
 
 
-class _CollectiveCount:
-    """Collective ops that reach the tracer's dispatch mode (its per-collective work: rows, completion callbacks)."""
+class _DispatchCount:
+    """Ops, and of them collectives, that reach the tracer's dispatch mode (its per-op work: rows, and for a
+    collective its completion callback)."""
 
     def __init__(self):
         from tracer.dispatch import _TraceMode
 
-        self.calls, self._mode, self._original = 0, _TraceMode, _TraceMode.__torch_dispatch__
+        self.ops, self.calls, self._mode, self._original = 0, 0, _TraceMode, _TraceMode.__torch_dispatch__
         count = self
 
         def counted(mode, func, types, args=(), kwargs=None):
+            count.ops += 1
             if getattr(func, "namespace", None) in COLLECTIVES:
                 count.calls += 1
             return count._original(mode, func, types, args, kwargs)
@@ -109,14 +111,14 @@ def _job(kind, root, rank, results):
     plain += _local(model)
 
     model, opt = _parallel(kind)
-    metered, figures, collectives = [], [], []
-    count = _CollectiveCount()
+    metered, figures, collectives, ops = [], [], [], []
+    count = _DispatchCount()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
             with Meter(os.path.join(root, kind), model=model, tokens=_tokens(kind, rank, 0)) as meter:
                 for i in range(STEPS):
-                    before = count.calls
+                    before, ops_before = count.calls, count.ops
                     x = _batch(kind, rank, i)
                     loss = model(x).pow(2).mean()
                     loss.backward()
@@ -124,6 +126,7 @@ def _job(kind, root, rank, results):
                     opt.zero_grad()
                     metered.append(loss.detach())
                     collectives.append(count.calls - before)
+                    ops.append(count.ops - ops_before)
                     figures.append(meter.step(tokens=x.shape[0]))
         finally:
             count.remove()
@@ -143,6 +146,7 @@ def _job(kind, root, rank, results):
         "errors": meter.errors,
         "warnings": [str(w.message) for w in caught],
         "collectives": collectives,
+        "ops": ops,
         "figures": [{k: f[k] for k in ("step", "traced", "model_flops", "hardware_flops")} for f in figures],
     }
 
@@ -272,7 +276,7 @@ def test_tensor_parallel_meter_flops_are_half_the_matmuls(runs):
 
 
 # --- the meter's pauses ------------------------------------------------------------------------------------
-def test_untraced_steps_send_no_collective_through_the_tracer(runs):
+def test_untraced_steps_send_no_op_or_collective_through_the_tracer(runs):
     root, results = runs
     # per traced step: DDP one bucket all-reduce (and 2 broadcasts in step 1, where DDP rebuilds its buckets);
     # FSDP2 2 all-gathers in the forward, 2 again in the backward, 2 reduce-scatters; TP the row-parallel all-reduce
@@ -282,6 +286,8 @@ def test_untraced_steps_send_no_collective_through_the_tracer(runs):
     for kind in KINDS:
         for rank in range(WORLD):
             assert results[rank][kind]["collectives"] == expected[kind]
+            ops = results[rank][kind]["ops"]  # nor any other op: the untraced steps run without the tracer's mode
+            assert [n > 0 for n in ops] == TRACED
             df = reports.load(os.path.join(root, kind, f"rank={rank}"))
             assert int(df["comm_bytes"].notna().sum()) == moved[kind]
 
