@@ -275,7 +275,7 @@ def _report(args):
         print(json.dumps(strict({**found, **extra}), indent=2, allow_nan=False))
     else:
         _print_report(df, args, sys.stdout, sql)
-        print_meter(src, sys.stdout)  # a metered run's per-step figures (reports/output/meter.py)
+        print_meter(src, sys.stdout, ranks_src)  # a metered run's per-step figures (reports/output/meter.py)
         print_job(src, ranks_present(args.trace), sys.stdout)
         if ranks_src is not None:
             print_ranks(ranks_src, sys.stdout)

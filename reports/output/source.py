@@ -234,4 +234,5 @@ class Source:
         for record in summary["ranks"]:  # a rank cut short or that raised is named, as the first line names rank 0
             meta = self.runs.get(record["run"]) or {}
             record["complete"], record["error"] = bool(meta.get("complete")), meta.get("error")
+            record["meter_errors"] = int((meta.get("meter") or {}).get("errors") or 0)  # its Meter's bookkeeping failures
         return summary
