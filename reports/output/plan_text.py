@@ -9,7 +9,7 @@ _KEYS = (
     "run", "gpu", "gpus_per_node", "world_size", "batch", "micro_batch", "tokens_per_step",
     "fits", "peak_bytes_per_rank", "required_bytes", "device_memory_bytes", "headroom_bytes", "max_micro_batch",
     "compute_s", "compute_bound_s", "memory_bound_s", "launch_s", "comm_s", "exposed_comm_s", "step_time_s",
-    "tokens_per_s_per_gpu", "model_flops_per_step", "causal_masked_flops_per_step", "peak_flops_per_s", "mfu", "calibrated", "traced_step_s", "error_pct",
+    "tokens_per_s_per_gpu", "model_flops_per_step", "bound_flops_per_step", "causal_masked_flops_per_step", "peak_flops_per_s", "mfu", "calibrated", "traced_step_s", "error_pct",
 )  # fmt: skip
 
 

@@ -24,6 +24,10 @@ One row per run (a trace of one rank: real, meta or fake, any world size), colum
                                        higher). Every op takes at least the FLOPs it performs
                                        over its peak, so mfu <= 1; (model + masked) / (step x
                                        peak) is the MFU of the full-matrix convention.
+  bound_flops_per_step                 FLOPs per step (at the planned micro-batch) of the ops whose count is
+                                       an upper bound (flops_bound: grouped matmuls on meta or fake
+                                       tensors, whose group sizes cannot be read); the compute time,
+                                       step time and MFU rest on them, and a note says so
   calibrated, traced_step_s, error_pct when the trace ran on the target with real op times:
                                        efficiencies measured from it, and the predicted step
                                        against the traced one (untraced median step time when
@@ -40,6 +44,7 @@ import numpy as np
 import pandas as pd
 
 from reports.errors import ReportError
+from reports.flops.coverage import bounds
 from reports.flops.mfu import mfu as mfu_table
 from reports.flops.peaks import BANDWIDTH, PEAKS, cpu_ideal_flops, match_device, peak_bandwidth
 from reports.flops.recompute import attention_recompute, checkpoint_recompute
@@ -170,6 +175,13 @@ def _plan_run(rows, meta, gpu, gpus_per_node, micro_batch, batch, overlap, table
     tokens = tokens * k if tokens else None
     if tokens is None:
         notes.append("the trace records no tokens per step (Tracer(tokens=...)): tokens/s is N/A")
+    bounded = bounds(rows)
+    bound_flops = bounded["flops"] * k
+    if bounded["rows"]:
+        notes.append(f"{bounded['rows']:,} ops count an upper bound of their FLOPs ({bound_flops:,.0f} FLOPs per step, "
+                     f"{100 * bounded['flops'] / max(float(per_step(rows)), 1):.1f}% of the step's; column flops_bound): "
+                     "the trace could not read their group sizes (meta or fake tensors), so their time, the step time "
+                     "and the model FLOPs of the MFU are upper bounds, exact only if every row of their operands is routed")
     memory_fit = fit(rows, meta, memory, table, found, planned if micro_batch is not None else None,
                      process_groups=max(1, len(meta.get("process_groups") or [])) if world > 1 else 0)
     if memory is None:
@@ -201,7 +213,7 @@ def _plan_run(rows, meta, gpu, gpus_per_node, micro_batch, batch, overlap, table
         "launch_s": float(per_step(rows, pd.Series(launch * p["kernel"], index=rows.index))),
         "comm_s": comm, "exposed_comm_s": exposed, "step_time_s": step_time,
         "tokens_per_s_per_gpu": tokens / step_time if tokens and step_time > 0 else math.nan,
-        "model_flops_per_step": model_flops, "causal_masked_flops_per_step": masked, "peak_flops_per_s": peak,
+        "model_flops_per_step": model_flops, "bound_flops_per_step": bound_flops, "causal_masked_flops_per_step": masked, "peak_flops_per_s": peak,
         "mfu": model_flops / (step_time * peak) if step_time > 0 and peak == peak else math.nan,
         "calibrated": calibrated, "traced_step_s": traced, "error_pct": error,
     }  # fmt: skip

@@ -1,0 +1,65 @@
+"""Planning a large job from one rank: what the plan and the report say about figures that are
+only bounds (grouped matmuls under meta or fake tensors, whose group sizes cannot be read).
+
+A tiny mixture-of-experts step on the meta device: T = 16 tokens, width K = 8, E = 4 experts of
+width F = 8, every token routed once (x [16, 8] @ w [4, 8, 8] with meta offsets), x needing a
+gradient so that both dL/dx and dL/dW are computed:
+    forward  _grouped_mm [16, 8] @ [4, 8, 8]: 2 * 16 * 8 * 8 = 2,048 FLOPs, flagged a bound
+    backward dL/dx [16, 8] @ [4, 8, 8]ᵀ and dL/dW [8, 16] @ [16, 8] grouped: 2,048 each
+    = 6,144 FLOPs per step, all of them upper bounds
+"""
+
+import json
+
+import torch
+from torch import nn
+
+import reports
+from reports.output.cli import main
+from tracer import Tracer
+
+T, K, F, E = 16, 8, 8, 4
+BOUND = 3 * 2 * T * K * F  # 6,144: the forward and both backward grouped matmuls, 2 * 16 * 8 * 8 each
+
+
+class MetaExperts(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.empty(E, K, F, dtype=torch.bfloat16, device="meta"))
+
+    def forward(self, x, offs):
+        return torch._grouped_mm(x, self.w, offs=offs)
+
+
+def trace_meta_experts(path):
+    model = MetaExperts()
+    x = torch.empty(T, K, dtype=torch.bfloat16, device="meta", requires_grad=True)
+    offs = torch.empty(E, dtype=torch.int32, device="meta")
+    with Tracer(path, model=model, tokens=T):
+        model(x, offs).backward(torch.empty(T, F, dtype=torch.bfloat16, device="meta"))  # a contiguous dL/dy
+    return reports.load(path)
+
+
+def test_plan_names_the_flops_that_are_upper_bounds(tmp_path, capsys):
+    df = trace_meta_experts(tmp_path / "moe")
+    rows = df[df["op"] == "aten._grouped_mm.default"]
+    assert rows["flops"].tolist() == [2048] * 3 and rows["flops_bound"].all()  # 2 * 16 * 8 * 8 each
+    frame = reports.plan(df, gpu="H100 SXM")
+    assert frame["bound_flops_per_step"].tolist() == [BOUND] == [6144]
+    notes = frame.attrs["plan"][frame["run"][0]]["notes"]
+    (line,) = [n for n in notes if "upper bound" in n]
+    assert "3 ops" in line and "6,144 FLOPs per step" in line and "flops_bound" in line
+    assert main(["plan", str(tmp_path / "moe"), "--gpu", "H100 SXM", "--json"]) in (0, None)
+    out = json.loads(capsys.readouterr().out)
+    assert out["bound_flops_per_step"] == 6144 and line in out["notes"]
+    main(["plan", str(tmp_path / "moe"), "--gpu", "B200"])
+    assert "6,144 FLOPs per step" in capsys.readouterr().out
+
+
+def test_plan_of_exact_flops_has_no_bound_note(tmp_path):
+    model = nn.Linear(K, F, bias=False, device="meta", dtype=torch.bfloat16)
+    with Tracer(tmp_path / "dense", model=model, tokens=T):
+        model(torch.empty(T, K, dtype=torch.bfloat16, device="meta")).sum().backward()
+    frame = reports.plan(reports.load(tmp_path / "dense"), gpu="H100 SXM")
+    assert frame["bound_flops_per_step"].tolist() == [0]
+    assert not [n for n in frame.attrs["plan"][frame["run"][0]]["notes"] if "upper bound" in n]
