@@ -63,3 +63,29 @@ def test_plan_of_exact_flops_has_no_bound_note(tmp_path):
     frame = reports.plan(reports.load(tmp_path / "dense"), gpu="H100 SXM")
     assert frame["bound_flops_per_step"].tolist() == [0]
     assert not [n for n in frame.attrs["plan"][frame["run"][0]]["notes"] if "upper bound" in n]
+
+
+def test_n_active_measured_from_bound_flops_is_called_a_bound(tmp_path, capsys):
+    """N = 4 * 8 * 8 = 256 expert parameters; the forward's bound 2,048 FLOPs = 2 * 256 * 16 * share gives share 1/4,
+    N_active = 64: exact only if every token is routed, which meta offsets cannot show."""
+    df = trace_meta_experts(tmp_path / "moe")
+    t = reports.breakdown(df).set_index("phase")
+    assert (t.loc["total", "n_params"], t.loc["total", "n_active"]) == (256, 64)
+    (line,) = [str(x) for x in reports.explain(df) if "N_active = 64" in str(x) and "parameters, of which" in str(x)]
+    assert "N_active is an upper bound" in line and "flops_bound" in line
+    main(["report", str(tmp_path / "moe"), "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert out["n_active"] == 64 and any("N_active is an upper bound" in x for x in out["breakdown"]["explain"])
+
+
+def test_n_active_of_readable_offsets_is_not_called_a_bound(tmp_path):
+    torch.manual_seed(0)
+    model = MetaExperts()
+    model.w = nn.Parameter(torch.randn(E, K, F, dtype=torch.bfloat16))
+    x = torch.randn(T, K, dtype=torch.bfloat16, requires_grad=True)
+    offs = torch.tensor([2, 6, 8, 16], dtype=torch.int32)  # all 16 tokens routed, 2 + 4 + 2 + 8
+    with Tracer(tmp_path / "cpu", model=model, tokens=T):
+        model(x, offs).backward(torch.ones(T, F, dtype=torch.bfloat16))
+    df = reports.load(tmp_path / "cpu")
+    assert reports.breakdown(df).set_index("phase").loc["total", "n_active"] == 64  # 256 * 16 / (4 * 16)
+    assert not [x for x in reports.explain(df) if "upper bound" in str(x) and "N_active" in str(x)]

@@ -144,6 +144,11 @@ class _Run:
             f"{_f(2 * acc.n_active * T)} FLOPs, backward 4·N_active·T, all phases 6·N_active·T = "
             f"{_f(6 * acc.n_active * T)}; the optimizer updates all {self._n_total():,} parameters."
         )
+        if "flops_bound" in self.rows and (self.train_fwd & self.roles.param.isin(list(routed))
+                                            & self.rows["flops_bound"].fillna(False).astype(bool)).any():
+            line += (" N_active is an upper bound: the routed weights' forward FLOPs it is measured from are upper "
+                     "bounds (flops_bound: their group sizes could not be read, meta or fake tensors), exact only "
+                     "if every row of their operands is routed.")
         if len(routed) == len(acc.shares) > 1 and len({round(v, 9) for v in routed.values()}) == 1:
             line += " Every weight multiplied the same fewer tokens than T: is tokens= the tokens per step?"
         self.out.append(line)

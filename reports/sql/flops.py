@@ -47,7 +47,7 @@ from reports.sql.engine import statements
 __all__ = ["frame"]
 
 _ROWS = ("seq", "step", "phase", "op", "module", "flop_kind", "flops", "recompute", "causal", "input_storage_ids",
-         "output_storage_ids", "input_dtypes", "input_shapes", "output_shapes")  # fmt: skip
+         "output_storage_ids", "input_dtypes", "input_shapes", "output_shapes", "flops_bound")  # fmt: skip
 _REST = {"seq": "seq", "step": "step", "phase": "phase", "op": "op", "flop_kind": "flop_kind", "flops": "flops",
          "recompute": "recompute", "input_dtypes": "first_dtype"}  # fmt: skip
 _CATEGORICAL = ("phase", "op", "module", "flop_kind")
