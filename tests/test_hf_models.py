@@ -393,3 +393,25 @@ def test_llama_gradient_checkpointing(tmp_path):
             ".default) counts 2.500 x its forward (327,680 vs 131,072 FLOPs)") in text
     assert "Above 4·N·T: forward matmuls run again in the backward (activation checkpointing) or a weight is " \
            "used more than once." in text  # no weight multiplies more than T tokens here
+
+
+@pytest.mark.parametrize("build", [llama, qwen3_moe, t5], ids=["llama", "qwen3_moe", "t5"])
+def test_three_identical_steps_give_the_per_step_figures_of_one(tmp_path, build):
+    """k identical AdamW steps: every step's FLOPs per phase are those of a trace of one step (the MoE's routing
+    moves with the weights, the number of routed tokens does not)."""
+    per_step = {}
+    for k in (1, 3):
+        torch.manual_seed(0)
+        model = build()
+        batch = batch_for(model)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        with Tracer(tmp_path / f"k{k}", model=model, tokens=T):
+            for _ in range(k):
+                torch.manual_seed(2)
+                model(**batch).loss.backward()
+                opt.step()
+                opt.zero_grad()
+        table = reports.by_step(reports.load(tmp_path / f"k{k}"))
+        per_step[k] = table[[c for c in table.columns if c.startswith("flops_")]].values.tolist()
+    assert len(per_step[3]) == 3 and per_step[3] == per_step[1] * 3
+    assert per_step[1][0][0] > 0  # the forward's FLOPs: not a table of zeros
