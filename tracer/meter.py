@@ -147,6 +147,7 @@ class Meter:
         self._begins = self._retrace = False  # begin() has been called; a trace waits for the next begin()
         self._began = self._started = time.perf_counter()
         self._nodes = _nodes_made()  # the autograd sequence number where the step began
+        self._held = None  # what _hold() keeps until _release()
         atexit.register(self._at_exit)  # a loop that never calls close() still gets its table written
 
     # hooks: what the step ran ---------------------------------------------------------
@@ -218,11 +219,16 @@ class Meter:
                 self._tracing = True
             except Exception as exc:
                 self._failed(exc)
+        self._start_step(self._clock())
+
+    def _start_step(self, began):
+        """What the next step ran starts empty: its root calls, grad modes, module counts (and their hook), its
+        clock at `began` and its graph node count here."""
         self._inputs.clear()
         self._grads.clear()
         self._calls.clear()
-        self._stop_counting()
-        self._began = self._clock()
+        self._stop_counting()  # a root call without grad that raised
+        self._began = began
         self._nodes = _nodes_made()
 
     def step(self, tokens=None):
@@ -240,13 +246,38 @@ class Meter:
             self._failed(exc)
             return dict(_UNKNOWN)
         finally:  # the next step starts now (after a trace or a table write: once that work is done)
-            self._inputs.clear()
-            self._grads.clear()
-            self._calls.clear()
-            self._stop_counting()  # a root call without grad that raised
-            self._began = self._clock() if self._reclock else now
-            self._nodes = _nodes_made()
+            self._start_step(self._clock() if self._reclock else now)
             self._reclock = False
+
+    def _hold(self):
+        """Leave what runs from here to `_release()` out of the step (a validation Lightning runs between two of its
+        micro-batches): its time, its root calls and graph nodes, and in a traced step its ops (the tracer paused)."""
+        if self._closed:
+            return
+        try:
+            traced = self._tracing
+            if traced:
+                self._pause_tracer()
+            self._held = (self._clock(), len(self._inputs), dict(self._calls), _nodes_made(), traced)
+        except Exception as exc:
+            self._failed(exc)
+
+    def _release(self):
+        held, self._held = self._held, None
+        if held is None or self._closed:
+            return
+        began, inputs, calls, nodes, traced = held
+        try:
+            self._stop_counting()
+            del self._inputs[inputs:], self._grads[inputs:]
+            self._calls.clear()
+            self._calls.update(calls)
+            self._nodes += _nodes_made() - nodes
+            if traced:
+                self._resume_tracer()
+            self._began += self._clock() - began
+        except Exception as exc:
+            self._failed(exc)
 
     def _elsewhere(self, call):
         """True (a failure counted) on a thread other than the Meter's: the tracer records only the thread that

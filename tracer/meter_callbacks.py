@@ -14,7 +14,7 @@ step, whose time is traced time).
 import importlib
 
 from tracer.errors import TraceError
-from tracer.meter import Meter, _nodes_made
+from tracer.meter import Meter
 
 __all__ = ["MeterCallback", "logged"]
 
@@ -116,7 +116,7 @@ def _lightning_meter(pl):
 
         def __init__(self, path, *, tokens=None, **meter_kwargs):
             self.path, self.tokens, self.meter_kwargs, self.meter = path, tokens, meter_kwargs, None
-            self._open, self._held = False, None  # a step begun and not ended; what a validation inside it holds
+            self._open = False  # a step begun and not ended (a validation inside it is held out of it)
             self._short_traced = False  # the epoch's short last step was asked to be traced
 
         def on_train_start(self, trainer, pl_module):
@@ -153,33 +153,12 @@ def _lightning_meter(pl):
                     pl_module.log_dict(figures, on_step=True, on_epoch=False)
 
         def on_validation_start(self, trainer, pl_module):
-            meter = self.meter
-            if meter is None or not self._open or meter._closed:
-                return
-            try:
-                traced = meter._tracing
-                if traced:
-                    meter._pause_tracer()
-                self._held = (meter._clock(), len(meter._inputs), dict(meter._calls), _nodes_made(), traced)
-            except Exception as exc:
-                meter._failed(exc)
+            if self.meter is not None and self._open:
+                self.meter._hold()
 
         def on_validation_end(self, trainer, pl_module):
-            meter, held, self._held = self.meter, self._held, None
-            if meter is None or held is None or meter._closed:
-                return
-            began, inputs, calls, nodes, traced = held
-            try:
-                meter._stop_counting()
-                del meter._inputs[inputs:], meter._grads[inputs:]
-                meter._calls.clear()
-                meter._calls.update(calls)
-                meter._nodes += _nodes_made() - nodes
-                if traced:
-                    meter._resume_tracer()
-                meter._began += meter._clock() - began
-            except Exception as exc:
-                meter._failed(exc)
+            if self.meter is not None:
+                self.meter._release()
 
         def on_train_end(self, trainer, pl_module):
             if self.meter is not None:
