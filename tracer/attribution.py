@@ -104,7 +104,6 @@ from tracer.safety import GlobalModuleHook
 from tracer.schema import Phase
 from tracer.steps import Parameters, RunningSteps, Steps
 
-
 _graph_task_id = torch._C._current_graph_task_id
 _grad_enabled = torch.is_grad_enabled
 _next_sequence_nr = torch.autograd._get_sequence_nr  # the sequence number the next autograd node will get

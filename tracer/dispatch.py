@@ -49,8 +49,7 @@ def _passthrough(func):
 
 
 # aten ops whose outputs never require grad, whatever their inputs (torchgen's DONT_REQUIRE_DERIVATIVE, the
-# floating-point ones): `torch.zeros_like(loss)` after the optimizer is not forward work, and autograd's seed of
-# `loss.backward()` (ones_like) is not an activation
+# floating-point ones): `torch.zeros_like(loss)` after the optimizer opens no step (attribution.py `where`)
 _GRAPHLESS = frozenset("""
     empty_like zeros_like ones_like full_like rand_like randn_like randint_like
     new_empty new_empty_strided new_zeros new_ones new_full

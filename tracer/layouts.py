@@ -17,7 +17,8 @@ here. What can be read is recorded; nothing is computed that the program did not
   sizes); other formulas on strided nested tensors (softmax, norms) count the sum of the
   formula over components, so the CPU path of jagged attention counts each sequence at its
   length; a nested linear's `linear_backward` counts each gradient it makes as a dense
-  linear's backward does (2 * M * N * K for dL/dx and dL/dW, M * N for dL/db); views and copies count 0 ("none"); anything else counts 0 with kind "unknown".
+  linear's backward does (2 * M * N * K for dL/dx and dL/dW, M * N for dL/db); views and
+  copies count 0 ("none"); anything else counts 0 with kind "unknown".
   NB: a jagged matmul whose contraction is the ragged dimension needs the lengths; where
   they cannot be read (meta, fake offsets) it counts 0 with kind "unknown".
 - A traceable wrapper subclass (`__tensor_flatten__`) owns no memory of its own: its
