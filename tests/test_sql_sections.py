@@ -25,7 +25,9 @@ from reports.output.cli import main
 from reports.output.source import Source
 from reports.distributed import sql_ranks as distributed
 from reports.sql.engine import Trace
-from reports.memory.sql_categories import by_category, memory_rows
+from reports.memory.lifetimes import Lists, Storages, lists_of, runs_in_order
+from reports.memory.memory import CATEGORY_DTYPES, categories_at
+from reports.memory.sql_categories import by_category, memory_lists, memory_rows
 from tracer import Meter, Tracer
 from tracer.schema import part_paths
 
@@ -107,17 +109,32 @@ def test_memory_categories_are_the_references(traces, trace):
     pd.testing.assert_frame_equal(by_category(sql), reports.by_category(df), check_exact=True)
 
 
+@pytest.mark.parametrize("trace", ["gpt", "cut", "ckpt", "resized", "meta", "damaged", "job", "two"])
+def test_the_storage_lists_by_sql_are_the_frames(traces, trace):
+    """Each run's lifetimes.Lists from SQL (one row per storage) equal those the reference reads from its frame."""
+    df, sql = _pair(traces[trace])
+    for i, (name, _, rows) in enumerate(runs_in_order(df)):
+        want, got = lists_of(rows), memory_lists(sql, i, memory_rows(sql, i))
+        assert got.top == want.top and len(got.seen) > 0
+        for field in Lists._fields:
+            if field not in ("top", "row_max"):
+                assert getattr(got, field).tolist() == getattr(want, field).tolist(), (name, field)
+        assert got.row_max().tolist() == want.row_max().tolist()
+
+
 def test_the_lifetime_model_reads_the_wide_columns_at_a_few_rows_only(traces):
     df, sql = _pair(traces["gpt"])
     frame = memory_rows(sql, 0)
     assert len(frame) == len(df) and frame["seq"].tolist() == df["seq"].tolist()
-    assert not {"input_shapes", "input_strides", "input_dtypes", "output_shapes", "duration_ns", "flops"} & set(frame)
+    assert set(frame) == {"run", "seq", "step", "phase", "bytes_allocated", "live_bytes", "n_inputs", "n_outputs",
+                          "n_freed"}  # no list column  # fmt: skip
+    assert frame["n_inputs"].tolist() == df["input_storage_ids"].map(len).tolist()
     cells, asked = frame.attrs["cells"], []
     real = cells.read
     cells.read = lambda column, seqs: asked.append((column, len(seqs))) or real(column, seqs)
-    from reports.memory.memory import by_category as reference
-
-    pd.testing.assert_frame_equal(reference(frame), reports.by_category(df), check_exact=True)
+    lists = memory_lists(sql, 0, frame)
+    got = categories_at(Storages("gpt", df.attrs["runs"]["gpt"], frame, lists), "peak")
+    pd.testing.assert_frame_equal(got.astype(CATEGORY_DTYPES), reports.by_category(df), check_exact=True)
     # input dtypes where a storage is first seen as an input, shapes and strides where no size is known
     assert {c for c, _ in asked} <= {"input_shapes", "input_strides", "input_dtypes", "output_shapes"}
     assert asked and all(0 < n < len(df) / 4 for _, n in asked), asked

@@ -45,6 +45,8 @@ Categories, first match wins:
   temporaries           everything else
 """
 
+from typing import Callable, NamedTuple
+
 import numpy as np
 import pandas as pd
 import pyarrow as pa
@@ -53,7 +55,7 @@ from reports.loading.columns import cell_lists, cell_objects, flat
 from reports.loading.load import runs_of
 from reports.memory.resizes import collective_storages, largest, resize_deltas, resize_events, split_pieces
 
-__all__ = ["CATEGORIES", "DTYPE_BYTES", "Storages", "dtype_sizes", "runs_in_order", "take"]
+__all__ = ["CATEGORIES", "DTYPE_BYTES", "Lists", "Storages", "lists_of", "dtype_sizes", "runs_in_order", "take"]
 
 CATEGORIES = (
     "parameters", "unsharded_parameters", "gradients", "optimizer_state", "communication_buffers",
@@ -121,17 +123,95 @@ def runs_in_order(df):
         yield name, meta, rows
 
 
+class Lists(NamedTuple):
+    """What the model reads from a run's storage id lists (input, output and freed storage ids, output storage bytes).
+
+    `lists_of(rows)` makes it from a frame's list columns; reports/memory/sql_categories.py by SQL over the trace's
+    files, without holding the lists in memory. Rows are positions in seq order; a flat position is an index into
+    all the rows' inputs (or outputs) one after the other."""
+
+    in_offsets: np.ndarray  # row i's inputs are flat positions in_offsets[i]:in_offsets[i + 1] (n + 1 values)
+    out_offsets: np.ndarray  # the same for outputs
+    free_rows: np.ndarray  # each freed id's row, in row order
+    free_ids: np.ndarray
+    free_offsets: np.ndarray  # row i frees free_ids[free_offsets[i]:free_offsets[i + 1]]
+    seen: np.ndarray  # every id a row names as an input or an output, ascending
+    first_row: np.ndarray  # the row of each one's first appearance (inputs before outputs within a row)
+    as_output: np.ndarray  # bool: first seen as an output
+    first_at: np.ndarray  # its flat position there (the first of the row's inputs or outputs with that id)
+    known: np.ndarray  # by id (0..top): output_storage_bytes at its first appearance as an output with bytes, else -1
+    comm: np.ndarray  # ids a collective row read or wrote, ascending
+    row_max: Callable  # row_max(): each row's highest id among its inputs and outputs (-1: none); read by few traces
+    top: int  # the highest id any list names (-1: none)
+
+
+def lists_of(rows):
+    """The `Lists` of one run's rows (a frame in seq order with the id list columns)."""
+    n = len(rows)
+    in_rows, in_ids, in_offsets = _explode(rows["input_storage_ids"])
+    out_rows, out_ids, out_offsets = _explode(rows["output_storage_ids"])
+    free_rows, free_ids, free_offsets = _explode(rows["freed_storage_ids"])
+    top = max([-1] + [int(a.max()) for a in (in_ids, out_ids, free_ids) if len(a)])
+    # First appearance of each id: the least (row, inputs before outputs, place in the flat list).
+    width = max(len(in_ids), len(out_ids)) + 1
+    first = np.full(top + 1, np.iinfo(np.int64).max, dtype=np.int64)
+    for ids, rows_of, side in ((in_ids, in_rows, 0), (out_ids, out_rows, 1)):
+        key = np.arange(len(ids), dtype=np.int64)  # (row * 2 + side) * width + place, a slice at a time: small temporaries
+        for lo in range(0, len(ids), 1 << 18):
+            key[lo : lo + (1 << 18)] += (rows_of[lo : lo + (1 << 18)].astype(np.int64) * 2 + side) * width
+        np.minimum.at(first, ids, key)
+        del key
+    seen = np.flatnonzero(first != np.iinfo(np.int64).max)
+    first_key, first_at = np.divmod(first[seen], width)  # index into the flat list
+    del first
+
+    def row_max():
+        found = np.full(n, -1, dtype=np.int64)
+        np.maximum.at(found, in_rows, in_ids)
+        np.maximum.at(found, out_rows, out_ids)
+        return found
+
+    return Lists(
+        in_offsets, out_offsets, free_rows, free_ids, free_offsets, seen, first_key // 2, (first_key % 2).astype(bool),
+        first_at, _first_output_bytes(rows, out_ids, out_offsets, top),
+        collective_storages(rows, in_rows, in_ids, out_rows, out_ids), row_max, top,
+    )  # fmt: skip
+
+
+def _first_output_bytes(rows, out_ids, out_offsets, top):
+    """Per storage id: `output_storage_bytes` at its first appearance as an output with bytes; -1 where none
+    (a v1 trace, or a storage never an output)."""
+    known = np.full(top + 1, -1, dtype=np.int64)
+    if "output_storage_bytes" not in rows.columns or not len(out_ids):
+        return known
+    offsets, values = flat(rows["output_storage_bytes"])  # a null list: no items, so its row is skipped below
+    lengths, counts = np.diff(offsets), np.diff(out_offsets)
+    ok = lengths == counts
+    if not ok.all():  # rows whose sizes do not pair with their outputs one to one are left out
+        keep = np.repeat(ok, counts)
+        sids, values = out_ids[keep], values[np.repeat(ok, lengths)]
+    else:
+        sids = out_ids
+    with_bytes = np.flatnonzero(values >= 0)
+    first = np.full(top + 1, len(values), dtype=np.int64)  # outputs are in row order: the first appearance
+    np.minimum.at(first, sids[with_bytes], with_bytes)
+    hit = np.flatnonzero(first < len(values))
+    known[hit] = values[first[hit]]
+    return known
+
+
 class Storages:
     """The storages of one run (with at least one row) as arrays indexed by storage id; rows are positions, not seq."""
 
-    def __init__(self, name, meta, rows):
+    def __init__(self, name, meta, rows, lists=None):
+        """`lists`: the run's `Lists`, when not read from `rows`' id list columns (reports/memory/sql_categories.py)."""
         self.name, self.meta, self.rows = name, meta, rows
         n = self.n = len(rows)
         self.live = rows["live_bytes"].to_numpy(dtype=np.int64)
         self.allocated = rows["bytes_allocated"].to_numpy(dtype=np.int64)
-        in_rows, in_ids, self.in_offsets = _explode(rows["input_storage_ids"])
-        out_rows, out_ids, self.out_offsets = _explode(rows["output_storage_ids"])
-        self.free_rows, self.free_ids, self.free_offsets = _explode(rows["freed_storage_ids"])
+        lists = lists_of(rows) if lists is None else lists
+        self.in_offsets, self.out_offsets = lists.in_offsets, lists.out_offsets
+        self.free_rows, self.free_ids, self.free_offsets = lists.free_rows, lists.free_ids, lists.free_offsets
 
         self.itemsize = dtype_sizes(meta)
         params = {}
@@ -142,7 +222,7 @@ class Storages:
         self.exact = AT_ENTRY in roles  # every storage alive at entry is listed with its size
         entry = np.asarray(roles.get(AT_ENTRY) or [], dtype=np.int64).reshape(-1, 2)
         resized = np.asarray(roles.get(RESIZED) or [], dtype=np.int64).reshape(-1, 3)
-        top = max([-1, *params] + [int(a.max()) for a in (in_ids, out_ids, self.free_ids, entry[:, 0], resized[:, 1]) if len(a)])
+        top = max([-1, lists.top, *params] + [int(a.max()) for a in (entry[:, 0], resized[:, 1]) if len(a)])
         self.size = np.full(top + 1, -1, dtype=np.int64)
         self.dtype = np.full(top + 1, None, dtype=object)
         self.alloc = np.full(top + 1, -2, dtype=np.int64)  # row that allocated it; -1: before the trace; -2: unseen
@@ -150,28 +230,17 @@ class Storages:
         self.free = np.full(top + 1, -1, dtype=np.int64)  # row whose freed list has it; -1: never freed
         self.free[self.free_ids] = self.free_rows
 
-        # First appearance of each id: the least (row, inputs before outputs, place in the flat list).
-        width = max(len(in_ids), len(out_ids)) + 1
-        first = np.full(top + 1, np.iinfo(np.int64).max, dtype=np.int64)
-        for ids, rows_of, side in ((in_ids, in_rows, 0), (out_ids, out_rows, 1)):
-            key = np.arange(len(ids), dtype=np.int64)  # (row * 2 + side) * width + place, a slice at a time: small temporaries
-            for lo in range(0, len(ids), 1 << 18):
-                key[lo : lo + (1 << 18)] += (rows_of[lo : lo + (1 << 18)].astype(np.int64) * 2 + side) * width
-            np.minimum.at(first, ids, key)
-            del key
-        seen = np.flatnonzero(first != np.iinfo(np.int64).max)
-        first_key, first_at = np.divmod(first[seen], width)  # index into the flat list
-        del first
-        first_row, as_output = first_key // 2, (first_key % 2).astype(bool)
+        seen, first_row, as_output, first_at = lists.seen, lists.first_row, lists.as_output, lists.first_at
         at_entry = np.zeros(top + 1, dtype=bool)
         at_entry[entry[:, 0]] = True
         if len(entry):  # given, not guessed: neither made by a row nor joined at one
             keep = ~at_entry[seen]
             seen, first_at, first_row, as_output = seen[keep], first_at[keep], first_row[keep], as_output[keep]
-        self.comm = collective_storages(rows, in_rows, in_ids, out_rows, out_ids)
+        self.comm = lists.comm
 
         self.new_out, self.new_out_at = seen[as_output], first_at[as_output]
-        self.known = self._first_output_bytes(rows, out_ids, top)
+        self.known = np.full(top + 1, -1, dtype=np.int64)
+        self.known[: len(lists.known)] = lists.known
         self._outputs(self.new_out, first_row[as_output], self.new_out_at)
         known = self.known[self.new_out]
         self.size[self.new_out] = np.where(known >= 0, known, self.size[self.new_out])
@@ -189,10 +258,7 @@ class Storages:
         if self.exact:  # what the tracer registered at entry is listed: every other input joined at its row
             seen_before = np.full(n, -1, dtype=np.int64)
         else:
-            row_max = np.full(n, -1, dtype=np.int64)
-            np.maximum.at(row_max, in_rows, in_ids)
-            np.maximum.at(row_max, out_rows, out_ids)
-            seen_before = np.maximum.accumulate(np.concatenate([[max(params, default=-1)], row_max]))[:-1]
+            seen_before = np.maximum.accumulate(np.concatenate([[max(params, default=-1)], lists.row_max()]))[:-1]
         self._inputs(seen[~as_output], first_row[~as_output], first_at[~as_output], seen_before)
         for sid in np.flatnonzero((self.free >= 0) & (self.size < 0)).tolist():
             self.size[sid], self.dtype[sid], self.alloc[sid] = 0, "unknown", -1  # registered at the start, never named
@@ -201,27 +267,6 @@ class Storages:
         self.unnamed = 0
         _, nbytes, alloc, free, _ = self.pieces()
         self.unnamed = int(self.live[0] - nbytes[(alloc <= 0) & ((free < 0) | (free > 0))].sum())
-
-    def _first_output_bytes(self, rows, out_ids, top):
-        """Per storage id: `output_storage_bytes` at its first appearance as an output with bytes; -1 where none
-        (a v1 trace, or a storage never an output)."""
-        known = np.full(top + 1, -1, dtype=np.int64)
-        if "output_storage_bytes" not in rows.columns or not len(out_ids):
-            return known
-        offsets, values = flat(rows["output_storage_bytes"])  # a null list: no items, so its row is skipped below
-        lengths, counts = np.diff(offsets), np.diff(self.out_offsets)
-        ok = lengths == counts
-        if not ok.all():  # rows whose sizes do not pair with their outputs one to one are left out
-            keep = np.repeat(ok, counts)
-            sids, values = out_ids[keep], values[np.repeat(ok, lengths)]
-        else:
-            sids = out_ids
-        with_bytes = np.flatnonzero(values >= 0)
-        first = np.full(top + 1, len(values), dtype=np.int64)  # outputs are in row order: the first appearance
-        np.minimum.at(first, sids[with_bytes], with_bytes)
-        hit = np.flatnonzero(first < len(values))
-        known[hit] = values[first[hit]]
-        return known
 
     def freed_at(self, row):
         return self.free_ids[self.free_offsets[row] : self.free_offsets[row + 1]]

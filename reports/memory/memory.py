@@ -157,46 +157,37 @@ def by_category(df, at="peak"):
     live_bytes at that seq)."""
     if not (at in _AT or (isinstance(at, (int, np.integer)) and not isinstance(at, bool))):
         raise ReportError(f"by_category: at must be one of {list(_AT)} or an op's seq (int), got {at!r}")
-    frames = []
-    for run in _each_run(df, "by_category"):
-        n, rows, name = run.n, run.rows, run.name
-        if not n:
-            continue
-        seq = rows["seq"].to_numpy(dtype=np.int64)
-        total = rows["live_bytes"].to_numpy(dtype=np.int64)
-        if at == "max":
-            columns = _live_columns(run)
-            where, values = np.zeros(len(CATEGORIES), dtype=np.int64), np.zeros(len(CATEGORIES), dtype=np.int64)
-            for c, column in enumerate(columns):
-                live = column()
-                where[c] = live.argmax()
-                values[c] = live[where[c]]
-        else:
-            if at == "peak":
-                row = int(np.argmax(total))
-            elif at == "end":
-                row = n - 1
-            else:
-                hits = np.flatnonzero(seq == at)
-                if not len(hits):
-                    raise ReportError(f"by_category: run {name!r} has no op with seq {at} (its seq runs {seq[0]}..{seq[-1]})")
-                row = int(hits[0])
-            where = np.full(len(CATEGORIES), row)
-            values = _live_at(run, row)
-        frames.append(
-            pd.DataFrame(
-                {
-                    "run": name,
-                    "category": list(CATEGORIES),
-                    "bytes": values,
-                    "seq": seq[where],
-                    "live_pct": pct(values, total[where]),
-                }
-            )
-        )
+    frames = [categories_at(run, at) for run in _each_run(df, "by_category")]
     if not frames:
         return empty_frame(CATEGORY_DTYPES)
     return pd.concat(frames, ignore_index=True).astype(CATEGORY_DTYPES)
+
+
+def categories_at(run, at):
+    """by_category's rows of one run (a `Storages`; `at` checked by the caller)."""
+    rows, name = run.rows, run.name
+    seq = rows["seq"].to_numpy(dtype=np.int64)
+    total = run.live
+    if at == "max":
+        where, values = np.zeros(len(CATEGORIES), dtype=np.int64), np.zeros(len(CATEGORIES), dtype=np.int64)
+        for c, column in enumerate(_live_columns(run)):
+            live = column()
+            where[c] = live.argmax()
+            values[c] = live[where[c]]
+    else:
+        if at == "peak":
+            row = int(np.argmax(total))
+        elif at == "end":
+            row = run.n - 1
+        else:
+            hits = np.flatnonzero(seq == at)
+            if not len(hits):
+                raise ReportError(f"by_category: run {name!r} has no op with seq {at} (its seq runs {seq[0]}..{seq[-1]})")
+            row = int(hits[0])
+        where = np.full(len(CATEGORIES), row)
+        values = _live_at(run, row)
+    return pd.DataFrame({"run": name, "category": list(CATEGORIES), "bytes": values, "seq": seq[where],
+                         "live_pct": pct(values, total[where])})  # fmt: skip
 
 
 _DTYPE_DTYPES = {"run": "object", "dtype": "object", "storages": "int64", "bytes_allocated": "int64", "peak_live_bytes": "int64"}

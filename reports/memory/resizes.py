@@ -9,7 +9,7 @@ is cut into pieces of constant size.
 import numpy as np
 import pandas as pd
 
-_COLLECTIVE_PREFIXES = ("c10d.", "_c10d_functional.", "_c10d_functional_autograd.")
+COLLECTIVE_PREFIXES = ("c10d.", "_c10d_functional.", "_c10d_functional_autograd.")
 
 
 def collective_storages(rows, in_rows, in_ids, out_rows, out_ids):
@@ -18,12 +18,12 @@ def collective_storages(rows, in_rows, in_ids, out_rows, out_ids):
     if isinstance(op.dtype, pd.CategoricalDtype):
         names = np.asarray(op.cat.categories, dtype=str)
         hit = np.zeros(len(names), dtype=bool)
-        for prefix in _COLLECTIVE_PREFIXES:
+        for prefix in COLLECTIVE_PREFIXES:
             hit |= np.char.startswith(names, prefix)
         codes = op.cat.codes.to_numpy()
         collective = np.where(codes >= 0, np.r_[hit, False][codes], False)
     else:
-        collective = op.astype(str).str.startswith(_COLLECTIVE_PREFIXES).to_numpy()
+        collective = op.astype(str).str.startswith(COLLECTIVE_PREFIXES).to_numpy()
     if not collective.any():
         return np.zeros(0, dtype=np.int64)
     return np.unique(np.concatenate([in_ids[collective[in_rows]], out_ids[collective[out_rows]]]))
