@@ -22,10 +22,13 @@ from reports.memory.memory import CATEGORY_DTYPES, categories_at
 from reports.memory.resizes import COLLECTIVE_PREFIXES
 from reports.sql.engine import literal
 
-__all__ = ["by_category", "memory_lists", "memory_rows"]
+__all__ = ["BIGINT_KEYS", "by_category", "memory_lists", "memory_rows"]
 
 _LISTS = ("input_storage_ids", "input_shapes", "input_strides", "input_dtypes", "output_storage_ids",
           "output_shapes", "output_dtypes", "output_storage_bytes", "freed_storage_ids")  # fmt: skip
+
+
+BIGINT_KEYS = 2**63  # list item keys below this are BIGINTs (a test lowers it to take the HUGEINT path)
 
 
 def memory_rows(trace, run_index):
@@ -71,7 +74,7 @@ def memory_lists(trace, run_index, rows):
     in_offsets, out_offsets, free_offsets = (offsets(c) for c in ("n_inputs", "n_outputs", "n_freed"))
     # a list item's key, (seq * 2 + side) * place + its place in the list: a BIGINT while it fits, else a HUGEINT
     place = 1 << max(1, int(max(rows["n_inputs"].max(), rows["n_outputs"].max()))).bit_length()
-    key = "BIGINT" if (int(seq[-1]) * 2 + 2) * place < 2**63 else "HUGEINT"
+    key = "BIGINT" if (int(seq[-1]) * 2 + 2) * place < BIGINT_KEYS else "HUGEINT"
 
     # each id's first appearance, (row, inputs before outputs, place), and its output_storage_bytes at its first
     # appearance as an output with bytes (rows whose sizes do not pair with their outputs one to one left out)
