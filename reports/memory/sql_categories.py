@@ -43,8 +43,8 @@ def memory_rows(trace, run_index):
     # order; no null list either (the checks)
     got = trace.db.sql(f"SELECT seq, step, {codes} AS phase, bytes_allocated, live_bytes, len(input_storage_ids) AS "
                        f"n_inputs, len(output_storage_ids) AS n_outputs, len(freed_storage_ids) AS n_freed FROM rows "
-                       f"WHERE {where}").to_arrow_table()  # fmt: skip
-    columns = {c: got.column(c).to_numpy() for c in got.column_names}  # int64 without nulls: no copy
+                       f"WHERE {where}").fetchnumpy()  # fmt: skip
+    columns = {c: np.asarray(v) for c, v in got.items()}  # int64 without nulls
     del got
     columns["phase"] = pd.Categorical.from_codes(columns["phase"], categories=phases)
     frame = pd.DataFrame(columns, copy=False)  # a block per column: not stacked into one copy
