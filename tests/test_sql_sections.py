@@ -122,37 +122,39 @@ def test_the_storage_lists_by_sql_are_the_frames(traces, trace):
         assert got.row_max().tolist() == want.row_max().tolist()
 
 
-def test_the_storage_lists_of_hugeint_keys_and_unpaired_sizes(traces, tmp_path, monkeypatch):
-    """Keys past a BIGINT (a trace of over a billion rows, or lists of billions of items) take HUGEINTs; a row whose
-    output_storage_bytes do not pair one to one with its outputs gives no sizes, in SQL as in the reference."""
+@pytest.mark.parametrize("shift", [0, 2**62])
+def test_the_storage_lists_of_hugeint_keys_and_unpaired_sizes(traces, tmp_path, shift):
+    """Keys past a BIGINT ((seq * 2 + 2) x the longest list's length past 2**63: a seq past 2**61, which the loader
+    accepts, or lists of billions of items) take HUGEINTs; a row whose output_storage_bytes do not pair one to one
+    with its outputs gives no sizes, in SQL as in the reference."""
     import pyarrow as pa
+    import pyarrow.compute as pc
     import pyarrow.parquet as pq
-
-    from reports.memory import sql_categories
 
     trace = tmp_path / "unpaired"
     shutil.copytree(traces["gpt"], trace)
-    part = part_paths(trace)[0]
-    table = pq.read_table(part)
-    sizes = table.column("output_storage_bytes").to_pylist()
-    made = [i for i, v in enumerate(sizes) if v and v[0] > 0][:3]
+    made = []
+    for n, part in enumerate(part_paths(trace)):
+        table, metadata = pq.read_table(part), pq.read_metadata(part).metadata
+        if n == 0:
+            sizes = table.column("output_storage_bytes").to_pylist()
+            made = [i for i, v in enumerate(sizes) if v and v[0] > 0][:3]
+            for i in made:
+                sizes[i] = sizes[i] + [8]  # one size more than outputs
+            index = table.column_names.index("output_storage_bytes")
+            table = table.set_column(index, table.schema.field(index), pa.array(sizes, table.schema.field(index).type))
+        index = table.column_names.index("seq")
+        table = table.set_column(index, table.schema.field(index), pc.add(table.column("seq"), shift))  # 2**62: seq * 2 no int64
+        pq.write_table(table.replace_schema_metadata(metadata), part)
     assert len(made) == 3
-    for i in made:
-        sizes[i] = sizes[i] + [8]  # one size more than outputs
-    index = table.column_names.index("output_storage_bytes")
-    table = table.set_column(index, table.schema.field(index), pa.array(sizes, table.schema.field(index).type))
-    metadata = pq.read_metadata(part).metadata
-    pq.write_table(table.replace_schema_metadata(metadata), part)
     df, sql = _pair(trace)
     rows = next(runs_in_order(df))[2]
     want = lists_of(rows)
     assert (want.known[[rows["output_storage_ids"].iloc[i][0] for i in made]] == -1).all()  # unpaired: no size
-    for limit in (2**63, 1):
-        monkeypatch.setattr(sql_categories, "BIGINT_KEYS", limit)
-        got = memory_lists(sql, 0, memory_rows(sql, 0))
-        for field in Lists._fields:
-            if field not in ("top", "row_max"):
-                assert getattr(got, field).tolist() == getattr(want, field).tolist(), (limit, field)
+    got = memory_lists(sql, 0, memory_rows(sql, 0))
+    for field in Lists._fields:
+        if field not in ("top", "row_max"):
+            assert getattr(got, field).tolist() == getattr(want, field).tolist(), field
     pd.testing.assert_frame_equal(by_category(sql), reports.by_category(df), check_exact=True)
 
 

@@ -4,11 +4,11 @@
     reports.by_category(df) (at="peak")      by_category(trace)
 
 The storage-lifetime model of reports/memory/lifetimes.py runs unchanged, so its result is the reference's, on
-what DuckDB gives it: the run's scalar columns at every row (seq, step, op, phase, module, bytes allocated, live
-bytes), the `Lists` of its storage id lists aggregated by SQL (each storage's first appearance and first known
-size, the frees, the ids collectives used: one row per storage, not per list item), and the wide list columns
-(input shapes, strides and dtypes, output shapes and dtypes) only at the rows the model asks for
-(reports.loading.columns.Cells). On a million-row trace no list column is held in memory.
+what DuckDB gives it: the scalar columns it reads at every row (seq, step, phase, bytes allocated, live bytes and
+the lengths of the three storage id lists: `memory_rows`), the run's `lifetimes.Lists` aggregated by SQL one row
+per storage (each storage's first appearance and first known size, the frees, the storages collectives used:
+`memory_lists`), and the other list columns (input shapes, strides and dtypes, output shapes and dtypes) only at
+the rows the model asks for (reports.loading.columns.Cells). No list column of the run is held in memory.
 """
 
 import numpy as np
@@ -22,13 +22,10 @@ from reports.memory.memory import CATEGORY_DTYPES, categories_at
 from reports.memory.resizes import COLLECTIVE_PREFIXES
 from reports.sql.engine import literal
 
-__all__ = ["BIGINT_KEYS", "by_category", "memory_lists", "memory_rows"]
+__all__ = ["by_category", "memory_lists", "memory_rows"]
 
 _LISTS = ("input_storage_ids", "input_shapes", "input_strides", "input_dtypes", "output_storage_ids",
           "output_shapes", "output_dtypes", "output_storage_bytes", "freed_storage_ids")  # fmt: skip
-
-
-BIGINT_KEYS = 2**63  # list item keys below this are BIGINTs (a test lowers it to take the HUGEINT path)
 
 
 def memory_rows(trace, run_index):
@@ -74,7 +71,7 @@ def memory_lists(trace, run_index, rows):
     in_offsets, out_offsets, free_offsets = (offsets(c) for c in ("n_inputs", "n_outputs", "n_freed"))
     # a list item's key, (seq * 2 + side) * place + its place in the list: a BIGINT while it fits, else a HUGEINT
     place = 1 << max(1, int(max(rows["n_inputs"].max(), rows["n_outputs"].max()))).bit_length()
-    key = "BIGINT" if (int(seq[-1]) * 2 + 2) * place < BIGINT_KEYS else "HUGEINT"
+    key = "BIGINT" if (int(seq[-1]) * 2 + 2) * place < 2**63 else "HUGEINT"
 
     # each id's first appearance, (row, inputs before outputs, place), and its output_storage_bytes at its first
     # appearance as an output with bytes (rows whose sizes do not pair with their outputs one to one left out)
@@ -89,13 +86,14 @@ def memory_lists(trace, run_index, rows):
                                ELSE []::BIGINT[] END)
             FROM rows WHERE {where}),
         firsts AS (
-            SELECT sid, min((seq * 2 + side)::{key} * {place} + k) AS key,
+            SELECT sid, min((seq::{key} * 2 + side) * {place} + k) AS key,
                    arg_min(nbytes, seq::{key} * {place} + k) FILTER (WHERE side = 1 AND nbytes >= 0) AS known
             FROM ids GROUP BY sid)
-        SELECT sid, (key // {place})::BIGINT AS rowside, (key % {place})::BIGINT AS k, coalesce(known, -1) AS known
+        SELECT sid, (key // {place} // 2)::BIGINT AS seq, (key // {place} % 2)::BIGINT AS side,
+               (key % {place})::BIGINT AS k, coalesce(known, -1) AS known
         FROM firsts ORDER BY sid""").fetchnumpy()  # fmt: skip
     seen = first["sid"].astype(np.int64)
-    first_row, as_output = rows_of(first["rowside"] >> 1), (first["rowside"] & 1).astype(bool)
+    first_row, as_output = rows_of(first["seq"]), first["side"].astype(bool)
     first_at = np.where(as_output, out_offsets[first_row], in_offsets[first_row]) + first["k"]
     freed = db.sql(f"SELECT seq, unnest(freed_storage_ids) AS sid, generate_subscripts(freed_storage_ids, 1) AS k "
                    f"FROM rows WHERE {where} AND len(freed_storage_ids) > 0 ORDER BY seq, k").fetchnumpy()  # fmt: skip
