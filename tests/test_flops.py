@@ -70,6 +70,19 @@ GOLDEN = [
     ("mv", aten.mv, lambda: torch.mv(ones(4, 5), ones(5)), 2 * 4 * 5, "matmul"),  # 40
     ("addmv", aten.addmv, lambda: torch.addmv(ones(4), ones(4, 5), ones(5)), 40, "matmul"),
     ("dot", aten.dot, lambda: torch.dot(ones(7), ones(7)), 2 * 7, "matmul"),  # 14
+    ("_addmm_activation", aten._addmm_activation,  # bias + a @ b, then gelu: the matmul only
+     lambda: torch._addmm_activation(ones(2), ones(16, 32), ones(32, 2), use_gelu=True), 2048, "matmul"),
+    # the weight-only quantized and FP8 matmuls, x [4, 64] times a weight of 64 x 32 values: 2 * 4 * 64 * 32 = 16384
+    ("_weight_int8pack_mm", aten._weight_int8pack_mm,
+     lambda: aten._weight_int8pack_mm(ones(4, 64), ones(32, 64, dtype=torch.int8), ones(32)), 16384, "matmul"),
+    ("_weight_int4pack_mm_for_cpu", aten._weight_int4pack_mm_for_cpu,  # the weight packed to [32, 32] bytes
+     lambda: aten._weight_int4pack_mm_for_cpu(
+         ones(4, 64, dtype=torch.bfloat16), aten._convert_weight_to_int4pack_for_cpu(ones(32, 64, dtype=torch.int32), 2),
+         32, ones(2, 32, 2, dtype=torch.bfloat16)), 16384, "matmul"),  # fmt: skip
+    ("_scaled_mm_v2", aten._scaled_mm_v2,
+     lambda: aten._scaled_mm_v2(ones(4, 64, dtype=torch.float8_e4m3fn), ones(32, 64, dtype=torch.float8_e4m3fn).t(),
+                                [torch.tensor(1.0)], [0], [0], [torch.tensor(1.0)], [0], [0], None, torch.float32),
+     16384, "matmul"),  # fmt: skip
     ("addr", aten.addr, lambda: torch.addr(ones(3, 4), ones(3), ones(4)), 2 * 3 * 4, "matmul"),  # 24
     # x [2, 3, 8, 8] * w [4, 3, 3, 3], padding 1 -> [2, 4, 8, 8]: 2 * 2 * 64 * (4 * 3 * 3 * 3) = 27648
     ("conv2d", aten.convolution,

@@ -159,6 +159,27 @@ def _wide(path):
         model(torch.empty(T, model.w.shape[0], device="meta"))
 
 
+class _Quantized(nn.Module):
+    """Inference with the fused and quantized matmuls: bias + x @ Wᵀ with its gelu in one op (_addmm_activation),
+    then a Linear beside a weight-only int8 matmul whose packed weight [4, 16] is a buffer."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc, self.out = nn.Linear(8, 16), nn.Linear(16, 4)
+        self.register_buffer("packed", torch.randint(-8, 8, (4, 16), dtype=torch.int8))
+        self.register_buffer("scales", torch.rand(4))
+
+    def forward(self, x):
+        h = torch._addmm_activation(self.fc.bias, x, self.fc.weight.t(), use_gelu=True)
+        return self.out(h) + torch.ops.aten._weight_int8pack_mm(h, self.packed, self.scales)
+
+
+def _quantized(path):
+    model = _Quantized()
+    with Tracer(path, model=model, tokens=TOKENS), torch.no_grad():
+        model(torch.randn(TOKENS, 8))
+
+
 BUILDERS = {
     "gpt": lambda p: __import__("test_sql")._gpt(p, 3),
     "cut": lambda p: __import__("test_sql")._gpt(p, 2, cut=True),
@@ -178,6 +199,7 @@ BUILDERS = {
     "fsdp_rank": lambda p: __import__("test_job").simulate(p, 4),
     "wide": _wide,
     "no_model": _no_model,
+    "quantized": _quantized,
 }
 
 
@@ -228,6 +250,19 @@ def test_the_sections_on_the_small_frame_equal_those_on_the_rows(traces, name):
     assert len(mfu_only) <= len(small)
     _same_or_same_error(reports.mfu, df, mfu_only)
     _same_or_same_error(lambda d: reports.mfu(d, step_time_s=0.25, peak_flops=1e9), df, mfu_only)
+
+
+def test_fused_and_quantized_matmuls(traces):
+    """_addmm_activation is a weight matmul whose bias is added, not multiplied (not in N); a weight-only int8
+    matmul whose packed weight is a buffer is a weight outside N, not attention."""
+    table = reports.breakdown(reports.load(traces["quantized"])).set_index("phase")
+    # N = fc.weight 8 * 16 + out.weight 16 * 4 = 192 (no bias); T = 32
+    assert table.loc["forward", "n_params"] == 192 and table.loc["forward", "tokens"] == TOKENS
+    assert table.loc["forward", "weight_matmul_flops"] == 2 * 192 * TOKENS  # 12288 = 2 * 32 * 8 * 16 + 2 * 32 * 16 * 4
+    assert table.loc["forward", "external_weight_flops"] == 2 * TOKENS * 16 * 4  # 4096: the int8 matmul
+    assert table.loc["forward", "attention_flops"] == 0
+    assert table.loc["forward", "other_flops"] == TOKENS * 4  # 128: the add of the two [32, 4] outputs
+    assert table.loc["forward", "ratio"] == (12288 + 128) / 12288  # the model's own FLOPs over 2·N·T
 
 
 def test_two_runs_at_once(traces):

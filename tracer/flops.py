@@ -105,12 +105,28 @@ def mm_flop(a, b, *args, out_shape=None, **kwargs) -> int:
     return 2 * a[0] * a[1] * b[1]
 
 
-@register_flop_formula(_packets("addmm", "addmm_", "_sparse_addmm"))
+@register_flop_formula(_packets("addmm", "addmm_", "_sparse_addmm", "_addmm_activation"))
 def addmm_flop(bias, a, b, *args, out_shape=None, **kwargs) -> int:
     """bias + a @ b: the matmul only."""
     # [m, n] + [m, k] @ [k, n] -> [m, n]
-    # NB: the m*n bias adds are not counted (nor by FlopCounterMode).
+    # NB: the m*n bias adds are not counted (nor by FlopCounterMode); nor is _addmm_activation's
+    # relu or gelu of each output element (the same bias + a @ b, then the activation, in one kernel).
     return mm_flop(a, b)
+
+
+@register_flop_formula(_packets(
+    "_scaled_mm_v2", "_weight_int8pack_mm", "_weight_int4pack_mm", "_weight_int4pack_mm_for_cpu",
+    "_weight_int4pack_mm_with_scales_and_zeros", "_dyn_quant_matmul_4bit",
+))  # fmt: skip
+def input_times_weight_flop(a, *args, out_shape=None, **kwargs) -> int:
+    """A matmul of an input [m, k] and a weight in a layout of its own: FP8 (_scaled_mm_v2) or packed int8 and
+    int4 weights (weight-only and dynamic quantization); its output is [m, n]."""
+    # [m, k] x (a weight of k * n values) -> [m, n]: 2 * m * k * n
+    # NB: read from the input's and the output's shapes: a packed weight's shape is not [k, n]
+    # (int4: [n / 8, k / (inner_k_tiles * 16), 32, inner_k_tiles / 2] on CUDA, [n, k / 2] on CPU),
+    # and _scaled_mm_v2 may take the input transposed (contraction_dim). Dequantizing and scaling
+    # are not counted, as for _scaled_mm.
+    return 2 * prod(a) * out_shape[-1]
 
 
 @register_flop_formula(_packets("bmm"))

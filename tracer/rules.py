@@ -4,6 +4,8 @@ Written once here so that the two cannot drift: pure Python and numpy, no torch,
 
   ADD_FIRST         ops whose first tensor input is added to the product, not multiplied
                     (bias + a @ b): a matmul row's multiplied operands start after it
+  PACKED_WEIGHT     matmuls whose second operand is a weight by definition (packed int8 or int4 weights
+                    of weight-only and dynamic quantization): a weight even when it is no parameter
   DTYPE_KINDS       the flop kinds whose FLOPs decide a run's dtype (the peak MFU is measured against)
   dtype_rows        which rows decide it: matmul and attention rows with FLOPs, else any row with FLOPs
                     (a conv net's dtype comes from its convolutions)
@@ -13,11 +15,15 @@ Written once here so that the two cannot drift: pure Python and numpy, no torch,
 
 import numpy as np
 
-__all__ = ["ADD_FIRST", "DTYPE_KINDS", "carrying_dtype", "dtype_rows", "score_share", "skipped_input"]
+__all__ = ["ADD_FIRST", "DTYPE_KINDS", "PACKED_WEIGHT", "carrying_dtype", "dtype_rows", "score_share", "skipped_input"]
 
 ADD_FIRST = frozenset(
-    "aten.addmm aten.addmm_ aten.addmv aten.addmv_ aten.addr aten.addr_ "
+    "aten.addmm aten.addmm_ aten._addmm_activation aten.addmv aten.addmv_ aten.addr aten.addr_ "
     "aten.baddbmm aten.baddbmm_ aten.addbmm aten.addbmm_".split()
+)
+PACKED_WEIGHT = frozenset(
+    "aten._weight_int8pack_mm aten._weight_int4pack_mm aten._weight_int4pack_mm_for_cpu "
+    "aten._weight_int4pack_mm_with_scales_and_zeros aten._dyn_quant_matmul_4bit".split()
 )
 DTYPE_KINDS = ("matmul", "attention")
 

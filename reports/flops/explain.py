@@ -308,8 +308,8 @@ class _Run:
         ext_fwd = self.ps(self.is_fwd & (self.cat == "external_weight"))
         self.out.append(
             f"Weights outside the model: {_f(ext)} FLOPs per step ({_f(ext_fwd)} forward) multiply by parameters of "
-            f"modules not in model= (a frozen teacher, say): not in N, not attention, left out of the ratios to "
-            f"2·N·T, 4·N·T and 6·N·T above."
+            f"modules not in model= (a frozen teacher, say) or by quantized weights held as buffers: not in N, not "
+            f"attention, left out of the ratios to 2·N·T, 4·N·T and 6·N·T above."
         )
 
     def head(self):

@@ -22,7 +22,9 @@
                    ([..., K, N] or its transpose) is W's dW.
   external_weight  an operand is a parameter of a module outside `model=` (metadata
                    storage_roles["external_parameter"]; absent in older traces): a
-                   frozen teacher's forward. Never part of N, never attention.
+                   frozen teacher's forward. Or a weight-only quantized matmul whose packed
+                   weight is no parameter (a buffer: tracer/rules.py PACKED_WEIGHT). Never
+                   part of N, never attention.
   attention        the other matmuls (two activations: q @ kᵀ, softmax(·) @ v and their
                    backward) and fused attention kernels (flop_kind "attention")
   other            everything else
@@ -44,6 +46,7 @@ __all__ = ["CATEGORIES", "Roles", "operands", "skipped_inputs"]
 CATEGORIES = ("weight_matmul", "external_weight", "attention", "other")
 EXTERNAL_ROLE = "external_parameter"
 
+from tracer.rules import PACKED_WEIGHT
 from tracer.rules import ADD_FIRST as _ADD_FIRST  # ops whose first tensor input is added, not multiplied (bias + a @ b)
 
 _ADDS = frozenset({"aten.add", "aten.add_"})
@@ -237,7 +240,8 @@ class Roles:
         hit = _lookup(alias, pair)
         param = np.where(hit[:, 0] != _NO_ID, hit[:, 0], hit[:, 1])
         no_hit = param == _NO_ID
-        ext = no_hit & np.isin(pair, np.fromiter(external, dtype=np.int64, count=len(external))).any(axis=1)
+        ext = no_hit & (np.isin(pair, np.fromiter(external, dtype=np.int64, count=len(external))).any(axis=1)
+                        | packets.iloc[at].isin(PACKED_WEIGHT).to_numpy())  # fmt: skip
         out_offsets, out_ids = _take_rows(outs, at)
         writes_grad = np.zeros(len(at), dtype=bool)
         out_rows = np.repeat(np.arange(len(at)), np.diff(out_offsets))
