@@ -79,6 +79,9 @@ GOLDEN = [
      lambda: aten._weight_int4pack_mm_for_cpu(
          ones(4, 64, dtype=torch.bfloat16), aten._convert_weight_to_int4pack_for_cpu(ones(32, 64, dtype=torch.int32), 2),
          32, ones(2, 32, 2, dtype=torch.bfloat16)), 16384, "matmul"),  # fmt: skip
+    ("_dyn_quant_matmul_4bit", aten._dyn_quant_matmul_4bit,  # on meta: a real packed weight needs KleidiAI
+     lambda: aten._dyn_quant_matmul_4bit(ones(4, 64, device="meta"), ones(1100, dtype=torch.uint8, device="meta"),
+                                         32, 64, 32), 16384, "matmul"),  # fmt: skip
     ("_scaled_mm_v2", aten._scaled_mm_v2,
      lambda: aten._scaled_mm_v2(ones(4, 64, dtype=torch.float8_e4m3fn), ones(32, 64, dtype=torch.float8_e4m3fn).t(),
                                 [torch.tensor(1.0)], [0], [0], [torch.tensor(1.0)], [0], [0], None, torch.float32),
