@@ -93,6 +93,15 @@ GOLDEN = [
     ("add", aten.add, lambda: ones(3, 4) + ones(4), 3 * 4, "elementwise"),  # one per output element
     ("add_", aten.add_, lambda: ones(3, 4).add_(1), 12, "elementwise"),  # in place: the input's numel
     ("gelu", aten.gelu, lambda: F.gelu(ones(3, 4)), 12, "elementwise"),  # gelu counts 1 per element
+    # activations without the pointwise tag, and their backward: one per element written
+    ("hardswish", aten.hardswish, lambda: F.hardswish(ones(3, 4)), 12, "elementwise"),
+    ("glu", aten.glu, lambda: F.glu(ones(3, 4)), 3 * 2, "elementwise"),  # halves the last dim: 6
+    ("log_sigmoid", aten.log_sigmoid_forward, lambda: F.logsigmoid(ones(3, 4)), 12, "elementwise"),  # not its buffer
+    ("floor_divide", aten.floor_divide, lambda: torch.floor_divide(ones(3, 4), ones(4)), 12, "elementwise"),
+    ("leaky_relu backward", aten.leaky_relu_backward,
+     lambda: F.leaky_relu(ones(3, 4, requires_grad=True)).sum().backward(), 12, "elementwise"),
+    ("glu backward", aten.glu_backward,  # writes dL/dx of the [3, 4] input: 12
+     lambda: F.glu(ones(3, 4, requires_grad=True)).sum().backward(), 12, "elementwise"),
     ("sum", aten.sum, lambda: ones(3, 4).sum(), 12, "reduction"),  # one per input element
     ("mean dim", aten.mean, lambda: ones(3, 4).mean(0), 12, "reduction"),
     ("softmax", aten._softmax, lambda: ones(3, 4).softmax(-1), 5 * 12, "softmax"),  # 60
@@ -372,6 +381,20 @@ def test_metadata_ops():
                torch.ops.prim.layout.default, torch.ops.prim.device.default):
         assert op in METADATA_OPS
     assert aten.view.default not in METADATA_OPS
+
+
+@pytest.mark.parametrize("module", [
+    torch.nn.Hardswish, torch.nn.LeakyReLU, torch.nn.ELU, torch.nn.SELU, torch.nn.CELU, torch.nn.Softplus,
+    torch.nn.Mish, torch.nn.GLU, torch.nn.PReLU, torch.nn.Hardtanh, torch.nn.ReLU6, torch.nn.Hardsigmoid,
+    torch.nn.LogSigmoid, torch.nn.RReLU, torch.nn.Softshrink, torch.nn.Hardshrink,
+], ids=lambda m: m.__name__)  # fmt: skip
+def test_activations_and_their_backward_have_a_kind(module):
+    torch.manual_seed(0)
+    rows = record(lambda: module()(torch.randn(4, 6, requires_grad=True)).sum().backward())
+    assert not [str(op) for op, kind, _, _ in rows if kind == "unknown"]
+    # each activation's forward and backward op counts the 24 elements it writes (GLU's forward 12)
+    counted = {str(op): flops for op, kind, flops, _ in rows if kind == "elementwise" and flops}
+    assert counted and set(counted.values()) <= {24, 12}, counted
 
 
 def test_training_step_has_no_unknown_op():

@@ -76,11 +76,20 @@ _PER_ELEMENT = {
     **_table("elementwise", "input", "native_dropout"),
     **_table("elementwise", "self", "_fused_dropout mse_loss_backward l1_loss_backward "
              "smooth_l1_loss_backward huber_loss_backward binary_cross_entropy_backward"),
+    # activations and their backward without the pointwise tag: one per element of the gradient they write (of
+    # grad_output's shape) or of their input; glu and floor_divide are in _PER_OUTPUT_ELEMENT
+    **_table("elementwise", "grad_output", "elu_backward leaky_relu_backward softplus_backward mish_backward "
+             "hardtanh_backward hardsigmoid_backward hardswish_backward log_sigmoid_backward "
+             "rrelu_with_noise_backward softshrink_backward"),
+    **_table("elementwise", "grad_out", "hardshrink_backward"),
+    **_table("elementwise", "self", "hardswish hardswish_ log_sigmoid_forward rrelu_with_noise rrelu_with_noise_ "
+             "rrelu_with_noise_functional _prelu_kernel _prelu_kernel_backward glu_backward"),
     **_table("reduction", "target", "nll_loss_forward nll_loss2d_forward"),
     **_table("reduction", "self", "cumsum cumsum_ cumprod cumprod_ logcumsumexp cummax cummin kl_div "
              "mse_loss l1_loss smooth_l1_loss huber_loss binary_cross_entropy "
              "binary_cross_entropy_with_logits"),
 }
+_PER_OUTPUT_ELEMENT = frozenset("glu floor_divide floor_divide_".split())  # elementwise, without the pointwise tag
 _TAG_KIND = {torch.Tag.pointwise: "elementwise", torch.Tag.reduction: "reduction"}
 
 
@@ -250,6 +259,8 @@ def flop_rule(func: torch._ops.OpOverload) -> FlopRule:
     if name in _PER_ELEMENT:
         kind, arg = _PER_ELEMENT[name]
         return FlopRule(kind, _numel_arg(func, arg))
+    if name in _PER_OUTPUT_ELEMENT:
+        return FlopRule("elementwise", _numel_out)
     if name.startswith(("_foreach_", "_amp_foreach_")) or name in _OPTIMIZER_OPS:
         return FlopRule("foreach", _numel_first_list)
     tags = func.tags
