@@ -10,6 +10,7 @@ an evaluation under no_grad, fused attention, convolutions, a traced FSDP2 rank,
 """
 
 import contextlib
+from math import prod
 import io
 import json
 import warnings
@@ -180,6 +181,24 @@ def _quantized(path):
         model(torch.randn(TOKENS, 8))
 
 
+def _parametrized(path):
+    """Weights that parametrizations compute at each forward: weight_norm's from (v, g), spectral_norm's w / sigma."""
+    from torch.nn.utils.parametrizations import spectral_norm, weight_norm
+
+    model = nn.Sequential(weight_norm(nn.Linear(16, 32, bias=False)), nn.ReLU(),
+                          spectral_norm(nn.Linear(32, 8, bias=False)))  # fmt: skip
+    x, opt = torch.randn(TOKENS, 16), torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def step():
+        model(x).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+
+    with Tracer(path, model=model, tokens=TOKENS):
+        for _ in range(2):
+            step()
+
+
 BUILDERS = {
     "gpt": lambda p: __import__("test_sql")._gpt(p, 3),
     "cut": lambda p: __import__("test_sql")._gpt(p, 2, cut=True),
@@ -200,6 +219,7 @@ BUILDERS = {
     "wide": _wide,
     "no_model": _no_model,
     "quantized": _quantized,
+    "parametrized": _parametrized,
 }
 
 
@@ -265,6 +285,19 @@ def test_fused_and_quantized_matmuls(traces):
     assert table.loc["forward", "ratio"] == (12288 + 128) / 12288  # the model's own FLOPs over 2·N·T
 
 
+def test_parametrized_weights_are_weights(traces):
+    """weight_norm's and spectral_norm's computed weights multiply as their parameters: weight matmuls, in N."""
+    table = reports.breakdown(reports.load(traces["parametrized"])).set_index("phase")
+    # N = weight_norm's v 16 * 32 + spectral_norm's weight 32 * 8 = 768 (g, 32 values, enters no matmul); T = 32
+    assert table.loc["forward", "n_params"] == 768
+    # 2·N·T = 49152 (2 * 32 * 16 * 32 + 2 * 32 * 32 * 8) and the power iteration's three mv of the [8, 32] weight:
+    # 3 * 2 * 256 = 1536
+    assert table.loc["forward", "weight_matmul_flops"] == 49152 + 1536
+    # dL/dW of both layers and dL/dx of the second (the input needs no gradient): 32768 + 16384 + 16384
+    assert table.loc["backward", "weight_matmul_flops"] == 65536
+    assert (table["attention_flops"] == 0).all()  # the power iteration's u · W v (16 FLOPs) is "other"
+
+
 def test_two_runs_at_once(traces):
     paths = [traces["gpt"], traces["tied_bf16"], traces["checkpoint"]]
     df, sql = reports.load(paths), Trace(paths)
@@ -281,8 +314,11 @@ def _walked(df):
     packets = df["op"].astype(str).map(packet)
     kind, phase = df["flop_kind"].astype(str), df["phase"].astype(str)
     hops = roles._ADDS | roles.GRADIENT_PLACES | roles._GRADIENT_MOVES
+    n_in = df["input_storage_ids"].map(len)
+    one = df["input_shapes"].map(lambda shapes: len(shapes) == 2 and any(prod(int(d) for d in s) == 1 for s in shapes))
     return (kind.isin(["matmul", "attention"]) | ((kind == "conv") & (phase == "forward"))
-            | packets.isin(ONE_TO_ONE_COPIES | roles._GATHERS)
+            | packets.isin(ONE_TO_ONE_COPIES | roles._GATHERS | roles.DERIVED)
+            | (packets.isin(roles.SCALED) & ((n_in == 1) | ((n_in == 2) & one)))
             | (phase.isin(["backward", "other"]) & ((kind == "collective") | packets.isin(hops))))
 
 
@@ -309,9 +345,11 @@ def test_the_sql_op_lists_are_the_python_ones():
 
     text = open(next(f for f in VIEW_FILES if f.endswith("flops.sql")), encoding="utf-8").read()
     body = text[text.index("CREATE VIEW flop_ops"):text.index("CREATE VIEW flop_marked")]
-    copies, hops = (set(re.findall(r"'([\w.]+)'", found)) for found in re.findall(r"packet IN \(([^)]*)\)", body))
+    lists = [set(re.findall(r"'([\w.]+)'", found)) for found in re.findall(r"packet IN \(([^)]*)\)", body)]
+    copies, hops, derives, scales = lists
     assert copies == ONE_TO_ONE_COPIES | roles._GATHERS
     assert hops == roles._ADDS | roles.GRADIENT_PLACES | roles._GRADIENT_MOVES
+    assert derives == roles.DERIVED and scales == roles.SCALED
 
 
 def test_figures_from_sql(traces):

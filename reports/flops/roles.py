@@ -80,11 +80,31 @@ def skipped_inputs(packets):
 
 # Gathers of a stacked weight: w[expert_ids] copies whole expert matrices of w [E, K, N] (first input).
 _GATHERS = frozenset({"aten.index", "aten.index_select", "aten._unsafe_index"})
+# Weights a parametrization computes from a parameter at each forward (torch.nn.utils.parametrizations):
+# weight_norm's _weight_norm_interface(v, g) -> (the weight, from v; the norms), and a weight times or over a
+# scalar (a number, or a tensor of one element): spectral_norm's weight / sigma, an equalized learning rate.
+DERIVED = frozenset({"aten._weight_norm_interface", "aten._weight_norm"})
+SCALED = frozenset({"aten.mul", "aten.div"})
+_INNER_PRODUCTS = frozenset({"aten.dot", "aten.vdot"})  # (spectral_norm's u · W v): "other" unless a weight's
+
+
+def _scalar_sides(rows, at, in_off):
+    """For rows `at` of SCALED ops: (the row scales one tensor by a scalar, its scaled tensor is the second
+    input). One tensor input: a number is the scalar; two: the one of one element (0-d or [1])."""
+    count = in_off[at + 1] - in_off[at]
+    ok, second = count == 1, np.zeros(len(at), dtype=bool)
+    two = np.flatnonzero(count == 2)
+    if len(two):
+        for k, shapes in zip(two.tolist(), cell_objects(rows, "input_shapes", at[two])):
+            first, other = (prod(int(d) for d in shape) for shape in list(shapes)[:2])
+            ok[k], second[k] = (other == 1 or first == 1), (first == 1 and other != 1)
+    return ok, second
 
 
 def _copies(rows, packets, sources, ins=None, outs=None, stacked=()):
     """{storage: source} for `sources` and every one-to-one copy (cast) made of them, transitively; with
-    `stacked` (storages of stacked expert weights, 3 dims or more) also their gathers (w[expert_ids])."""
+    `stacked` (storages of stacked expert weights, 3 dims or more) also their gathers (w[expert_ids]); and the
+    weights parametrizations compute from them (DERIVED, SCALED: their first output)."""
     alias = {sid: sid for sid in sources}
     if not alias:
         return alias
@@ -95,15 +115,24 @@ def _copies(rows, packets, sources, ins=None, outs=None, stacked=()):
         has = in_off[1:] > in_off[:-1]
         first[has] = in_ids[in_off[:-1][has]]
         copy |= packets.isin(_GATHERS).to_numpy() & np.isin(first, np.fromiter(stacked, dtype=np.int64))
-    at = np.flatnonzero(copy)
+    derived = packets.isin(DERIVED).to_numpy()
+    scaled = np.flatnonzero(packets.isin(SCALED).to_numpy())
+    scales, scaled_second = _scalar_sides(rows, scaled, in_off) if len(scaled) else ((), ())
+    at = np.flatnonzero(copy | derived)
+    at = np.concatenate([at, scaled[np.asarray(scales, dtype=bool)]]) if len(scaled) else at
+    order = np.argsort(at, kind="stable")  # in row order: a copy of a scaled weight follows it
+    at = at[order]
     count = in_off[at + 1] - in_off[at]
     second = (packets.iloc[at].to_numpy(dtype=object) == "aten.copy_") & (count > 1)  # copy_(dst, src): the source is the second input
+    if len(scaled):  # the scaled tensor of `scalar * w` is the second input
+        second[np.isin(at, scaled[np.asarray(scaled_second, dtype=bool)])] = True
+    first_only = derived[at] | np.isin(at, scaled)
     src = np.full(len(at), _NO_ID, dtype=np.int64)
     has = count > 0
     src[has] = in_ids[in_off[at[has]] + second[has]]
-    for row, sid in zip(at.tolist(), src.tolist()):
+    for row, sid, one in zip(at.tolist(), src.tolist(), first_only.tolist()):
         if sid in alias:
-            for o in _items(outs, row):
+            for o in _items(outs, row)[:1] if one else _items(outs, row):
                 alias.setdefault(o, alias[sid])
     return alias
 
@@ -261,8 +290,9 @@ class Roles:
         code = np.full(len(rows), CATEGORIES.index("other"), dtype=np.int8)
         code[(kind == "attention").to_numpy()] = CATEGORIES.index("attention")
         weight = ~no_hit | grad
-        code[at] = np.select([weight, ext], [CATEGORIES.index("weight_matmul"), CATEGORIES.index("external_weight")],
-                             CATEGORIES.index("attention"))
+        inner = packets.iloc[at].isin(_INNER_PRODUCTS).to_numpy()  # two vectors: never attention's scores or values
+        code[at] = np.select([weight, ext, inner], [CATEGORIES.index("weight_matmul"), CATEGORIES.index("external_weight"),
+                                                    CATEGORIES.index("other")], CATEGORIES.index("attention"))
         self.category = pd.Series(pd.Categorical.from_codes(code, categories=CATEGORIES), index=rows.index)
         fwd = mm & (rows["phase"] == "forward") & (self.param >= 0)
         used = set(self.param[fwd])

@@ -8,7 +8,7 @@
 --               divides by) and whether the step re-ran checkpointed work
 --
 -- The op lists below are reports/_util.py ONE_TO_ONE_COPIES and reports/flops/roles.py _GATHERS,
--- _ADDS, GRADIENT_PLACES and _GRADIENT_MOVES (tests/test_sql_flops.py checks that they agree).
+-- _ADDS, GRADIENT_PLACES, _GRADIENT_MOVES, DERIVED and SCALED (tests/test_sql_flops.py checks that they agree).
 
 -- Per run and op: whether its overload packet is a one-to-one copy or a gather (the copy/cast walk from
 -- parameters: a cast weight, w[expert_ids]), or an add, an op placing or moving a gradient (the gradient walk).
@@ -22,7 +22,9 @@ SELECT run_index, op,
                   'aten.slice_backward', 'aten.select_backward', 'aten.index_put', 'aten.index_put_',
                   'aten._index_put_impl_', 'aten.index_add', 'aten.index_add_', 'aten.cat', 'aten.stack',
                   'aten.slice_scatter', 'aten.select_scatter', 'aten.as_strided_scatter',
-                  'fsdp.chunk_cat', 'aten._chunk_cat') AS hops
+                  'fsdp.chunk_cat', 'aten._chunk_cat') AS hops,
+       packet IN ('aten._weight_norm_interface', 'aten._weight_norm') AS derives,
+       packet IN ('aten.mul', 'aten.div') AS scales
 FROM (SELECT run_index, op, split_part(op, '.', 1) || '.' || split_part(op, '.', 2) AS packet
       FROM (SELECT DISTINCT run_index, op FROM rows) AS d) AS p
 ;
@@ -30,26 +32,30 @@ FROM (SELECT run_index, op, split_part(op, '.', 1) || '.' || split_part(op, '.',
 --   matmul and attention rows       every matmul is sorted into weight, weight outside the model or attention;
 --                                   fused attention kernels (their shapes: the score recomputation, causal)
 --   forward convolutions            explain names their weights (ids and shapes)
---   one-to-one copies and gathers   the copy/cast walk from parameters, in every phase
+--   one-to-one copies and gathers   the copy/cast walk from parameters, in every phase, and the weights
+--                                   parametrizations compute: _weight_norm, a tensor times or over a scalar
 --   backward/other adds, copies, ops placing or moving a gradient, collectives: the gradient walk
 -- Every other row is an elementwise, reduction, norm, softmax, optimizer or view op that no walk follows
 -- and whose category is "other": the sections only sum its FLOPs, which flop_rest keeps.
 CREATE VIEW flop_marked AS
-SELECT r.*,
+SELECT r.*, o.scales,
        r.flop_kind IN ('matmul', 'attention') OR (r.flop_kind = 'conv' AND r.phase = 'forward') OR o.copies
-       OR (r.phase IN ('backward', 'other') AND (r.flop_kind = 'collective' OR o.hops)) AS walked
+       OR (r.phase IN ('backward', 'other') AND (r.flop_kind = 'collective' OR o.hops)) OR o.derives
+       OR (o.scales AND (len(r.input_storage_ids) = 1 OR len(r.input_storage_ids) = 2
+                         AND (coalesce(list_product(r.input_shapes[1]), 1) = 1
+                              OR coalesce(list_product(r.input_shapes[2]), 1) = 1))) AS walked
 FROM rows AS r
 JOIN flop_ops AS o ON r.run_index = o.run_index AND r.op = o.op
 ;
 -- The walked rows, with only what is read of them: the module of matmul rows (the output head), the first two
--- input dtypes (the multiplied operand of addmm is the second: MFU's dtype), input shapes of attention kernels
--- and convolutions, output shapes of matmuls (a weight gradient that never becomes a .grad) and convolutions,
+-- input dtypes (the multiplied operand of addmm is the second: MFU's dtype), input shapes of attention kernels,
+-- convolutions and the scaled tensors (which input is the scalar), output shapes of matmuls (a weight gradient that never becomes a .grad) and convolutions,
 -- and whether a matmul's FLOPs are an upper bound (explain: N_active measured from bounds).
 CREATE VIEW flop_rows AS
 SELECT run, run_index, seq, step, phase, op, CASE WHEN flop_kind = 'matmul' THEN module END AS module, flop_kind,
        flops, coalesce(recompute, false) AS recompute, causal, input_storage_ids, output_storage_ids,
        input_dtypes[1:2] AS input_dtypes,
-       CASE WHEN flop_kind IN ('attention', 'conv') THEN input_shapes END AS input_shapes,
+       CASE WHEN flop_kind IN ('attention', 'conv') OR scales THEN input_shapes END AS input_shapes,
        CASE WHEN flop_kind IN ('matmul', 'conv') THEN output_shapes END AS output_shapes,
        CASE WHEN flop_kind = 'matmul' THEN coalesce(flops_bound, false) END AS flops_bound
 FROM flop_marked
