@@ -283,6 +283,9 @@ def test_fused_and_quantized_matmuls(traces):
     assert table.loc["forward", "attention_flops"] == 0
     assert table.loc["forward", "other_flops"] == TOKENS * 4  # 128: the add of the two [32, 4] outputs
     assert table.loc["forward", "ratio"] == (12288 + 128) / 12288  # the model's own FLOPs over 2·N·T
+    lines = reports.explain(reports.load(traces["quantized"]))  # no backward ran: none was skipped either
+    assert any("the trace ran no backward" in line for line in lines)
+    assert not any("never computed" in line for line in lines)
 
 
 def test_parametrized_weights_are_weights(traces):

@@ -215,6 +215,10 @@ class _Run:
         roles, n_mm, T = self.roles, self._n_mm(), self.T
         if not n_mm:
             return
+        if not self.is_bwd.any():  # an inference or evaluation trace: no dL/dx was skipped, none was asked for
+            self.out.append("Backward weight matmuls: none, the trace ran no backward (inference or evaluation): "
+                            "4·N·T and 6·N·T describe a training step.")
+            return
         bwd_wm = self.ps(self.is_bwd & (self.cat == "weight_matmul"))
         has_param = (roles.param >= 0) & ~self.recompute
         fwd_by_param = self.ps(self.train_fwd & has_param, by=roles.param)
