@@ -199,6 +199,14 @@ def _parametrized(path):
             step()
 
 
+def _lstm(path):
+    """nn.LSTM on CPU runs fused kernels without a FLOP formula (mkldnn_rnn_layer and its backward)."""
+    model = nn.ModuleDict({"rnn": nn.LSTM(8, 16, batch_first=True), "head": nn.Linear(16, 4)})
+    x = torch.randn(2, TOKENS // 2, 8)
+    with Tracer(path, model=model, tokens=TOKENS):
+        model["head"](model["rnn"](x)[0]).sum().backward()
+
+
 BUILDERS = {
     "gpt": lambda p: __import__("test_sql")._gpt(p, 3),
     "cut": lambda p: __import__("test_sql")._gpt(p, 2, cut=True),
@@ -220,6 +228,7 @@ BUILDERS = {
     "no_model": _no_model,
     "quantized": _quantized,
     "parametrized": _parametrized,
+    "lstm": _lstm,
 }
 
 
@@ -299,6 +308,14 @@ def test_parametrized_weights_are_weights(traces):
     # dL/dW of both layers and dL/dx of the second (the input needs no gradient): 32768 + 16384 + 16384
     assert table.loc["backward", "weight_matmul_flops"] == 65536
     assert (table["attention_flops"] == 0).all()  # the power iteration's u · W v (16 FLOPs) is "other"
+
+
+def test_explain_names_ops_without_a_formula(traces):
+    df = reports.load(traces["lstm"])
+    if not (df["flop_kind"] == "unknown").any():  # aten.mkldnn_rnn_layer: 0 FLOPs
+        pytest.skip("this torch runs nn.LSTM as mm/addmm (no oneDNN), all of them counted")
+    assert any(line.startswith("Ops without a FLOP formula ran") for line in reports.explain(df))
+    assert not any(line.startswith("Ops without") for line in reports.explain(reports.load(traces["gpt"])))
 
 
 def test_two_runs_at_once(traces):

@@ -90,7 +90,7 @@ class _Run:
         # One method per term, in the order they are said; a new term is a method added here.
         for term in (self.totals, self.experts, self.forward_weights, self.no_grad_forward, self.backward_weights,
                      self.attention, self.checkpointing, self.external, self.head, self.n_parts, self.conv_weights,
-                     self.optimizer, self.other_ops):
+                     self.optimizer, self.other_ops, self.uncounted):
             term()
         return self.out
 
@@ -432,3 +432,12 @@ class _Run:
             f"Other ops: {_f(other_fb)} FLOPs in forward + backward ({_pct(other_fb, self.ps(self.is_fwd | self.is_bwd))} "
             f"of them; {', '.join(f'{kind} {_f(v)}' for kind, v in kinds.items())}), outside the matmul heuristic."
         )
+
+    def uncounted(self):
+        """Ops without a FLOP formula (flop_kind "unknown": nn.LSTM's fused kernels, say) count 0."""
+        if (self.rows["flop_kind"] == "unknown").any():
+            self.out.append(
+                "Ops without a FLOP formula ran (flop_kind unknown; the report lists them with their share of op "
+                "time): they count 0 FLOPs, so every figure above leaves their work out, and a weight only they "
+                "multiply is not in N."
+            )
