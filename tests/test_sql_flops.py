@@ -297,14 +297,39 @@ def test_fused_and_quantized_matmuls(traces):
     assert not any("never computed" in line for line in lines)
 
 
+def test_a_spectral_norm_convolution_is_not_in_n(tmp_path):
+    """spectral_norm's power iteration multiplies a convolution's weight, as a matrix, by its buffers u and v: that
+    puts no convolution weight in N (README: a convolution reuses each weight at every position)."""
+    from torch.nn.utils.parametrizations import spectral_norm
+
+    torch.manual_seed(0)
+    model = nn.Sequential(spectral_norm(nn.Conv2d(3, 4, 3, padding=1)), nn.Flatten(), spectral_norm(nn.Linear(64, 16)))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(4, 3, 4, 4)
+    with Tracer(tmp_path / "t", model=model, tokens=4):
+        for _ in range(2):
+            model(x).square().sum().backward()
+            opt.step()
+            opt.zero_grad()
+    df = reports.load(tmp_path / "t")
+    assert df.attrs["runs"]["t"]["storage_roles"]["buffer"]  # the parametrizations' u and v
+    table = reports.breakdown(df).set_index("phase")
+    assert table.loc["forward", "n_params"] == 64 * 16  # 1024: the Linear's weight, not the conv's 4 * 3 * 3 * 3
+    assert table.loc["forward", "weight_matmul_flops"] == 2 * 1024 * 4  # 8192 = 2·N·T exactly
+    assert table.loc["backward", "weight_matmul_flops"] == 4 * 1024 * 4  # 16384: dL/dW and dL/dx of the Linear
+    small = frame(Trace(tmp_path / "t"))
+    pd.testing.assert_frame_equal(reports.breakdown(small), reports.breakdown(df), check_exact=True)
+
+
 def test_parametrized_weights_are_weights(traces):
     """weight_norm's and spectral_norm's computed weights multiply as their parameters: weight matmuls, in N."""
     table = reports.breakdown(reports.load(traces["parametrized"])).set_index("phase")
     # N = weight_norm's v 16 * 32 + spectral_norm's weight 32 * 8 = 768 (g, 32 values, enters no matmul); T = 32
     assert table.loc["forward", "n_params"] == 768
-    # 2·N·T = 49152 (2 * 32 * 16 * 32 + 2 * 32 * 32 * 8) and the power iteration's three mv of the [8, 32] weight:
-    # 3 * 2 * 256 = 1536
-    assert table.loc["forward", "weight_matmul_flops"] == 49152 + 1536
+    # 2·N·T = 49152 (2 * 32 * 16 * 32 + 2 * 32 * 32 * 8); the power iteration's three mv of the [8, 32] weight by
+    # its buffers u and v (and their clones), 3 * 2 * 256 = 1536, multiply no token: other
+    assert table.loc["forward", "weight_matmul_flops"] == 49152 == 2 * 768 * TOKENS
+    assert table.loc["forward", "other_flops"] >= 1536
     # dL/dW of both layers and dL/dx of the second (the input needs no gradient): 32768 + 16384 + 16384
     assert table.loc["backward", "weight_matmul_flops"] == 65536
     assert (table["attention_flops"] == 0).all()  # the power iteration's u · W v (16 FLOPs) is "other"

@@ -187,6 +187,11 @@ class Tracer:
         )
         register_at_entry(self.model, self._storages, self._roles, self._unsharded, lambda: self._rows.first_seq + len(self._rows),
                           lambda exc: self._record_failed("the storages alive at entry", exc))
+        try:  # registered above: their ids get the role "buffer" (reports/flops/roles.py: a weight times a buffer)
+            for b in self.model.buffers() if self.model is not None else ():
+                self._roles.add("buffer", b)
+        except Exception as exc:
+            self._record_failed("the model's buffers", exc)
         first = next(self.model.parameters(), None) if self.model is not None else None
         self._model_device = first is not None  # the model's device is the run's device
         if first is not None:

@@ -214,7 +214,7 @@ ARROW_SCHEMA = pa.schema([pa.field(name, typ) for name, typ, _ in COLUMNS])
 #   params {total, trainable, embedding}, parameters {name: {storage_id,
 #   numel, dtype, shape, trainable, embedding}}, storage_roles {gradient: [ids],
 #   optimizer_state: [ids], external_parameter: [ids of the parameters of modules
-#   outside model=, e.g. a frozen teacher]} (each part holds the roles learned
+#   outside model=, e.g. a frozen teacher], buffer: [ids of model='s buffers at entry]} (each part holds the roles learned
 #   since the part before it; read_metadata merges them), rows, step_time (untraced step
 #   timing, when measured), error (the exception that ended the traced block),
 #   trace_id (the same in every part of one trace), parts (parts written,
@@ -224,7 +224,7 @@ ARROW_SCHEMA = pa.schema([pa.field(name, typ) for name, typ, _ in COLUMNS])
 #   memory triad tracer.memory_bandwidth measured, when recorded).
 #   meter: a metered run's per-step table (tracer/meter.py Meter.table; README: Metering every step).
 
-ROLE_KEYS = ("gradient", "optimizer_state", "external_parameter")
+ROLE_KEYS = ("gradient", "optimizer_state", "external_parameter", "buffer")
 # Size records kept in storage_roles beside the id lists (tracer/metadata.py): key -> the fields of each record.
 ROLE_RECORDS = {"at_entry": ("id", "bytes"), "resized": ("seq", "id", "bytes")}
 

@@ -27,7 +27,9 @@
                    part of N, never attention.
   attention        the other matmuls (two activations: q @ kᵀ, softmax(·) @ v and their
                    backward) and fused attention kernels (flop_kind "attention")
-  other            everything else
+  other            everything else, and a weight matmul whose other operand is a buffer of the model
+                   (or a copy of one: storage_roles["buffer"]), which multiplies no token:
+                   spectral_norm's power iteration W v and Wᵀ u. Not in N.
 """
 
 import re
@@ -45,6 +47,7 @@ __all__ = ["CATEGORIES", "Roles", "operands", "skipped_inputs"]
 
 CATEGORIES = ("weight_matmul", "external_weight", "attention", "other")
 EXTERNAL_ROLE = "external_parameter"
+BUFFER_ROLE = "buffer"  # the model's buffers (storage_roles; absent in older traces)
 
 from tracer.rules import PACKED_WEIGHT
 from tracer.rules import ADD_FIRST as _ADD_FIRST  # ops whose first tensor input is added, not multiplied (bias + a @ b)
@@ -268,6 +271,10 @@ class Roles:
         pair = _matmul_operands(packets.iloc[at], *_take_rows(ins, at))
         hit = _lookup(alias, pair)
         param = np.where(hit[:, 0] != _NO_ID, hit[:, 0], hit[:, 1])
+        # a weight times a buffer of the model (or a copy of one), not times tokens: spectral_norm's power iteration
+        buffers = _copies(rows, packets, {int(s) for s in roles.get(BUFFER_ROLE, [])}, ins, outs)
+        by_buffer = (param != _NO_ID) & (_lookup(buffers, np.where(hit[:, 0] != _NO_ID, pair[:, 1], pair[:, 0])) != _NO_ID)
+        param[by_buffer] = _NO_ID
         no_hit = param == _NO_ID
         ext = no_hit & (np.isin(pair, np.fromiter(external, dtype=np.int64, count=len(external))).any(axis=1)
                         | packets.iloc[at].isin(PACKED_WEIGHT).to_numpy())  # fmt: skip
@@ -291,8 +298,9 @@ class Roles:
         code[(kind == "attention").to_numpy()] = CATEGORIES.index("attention")
         weight = ~no_hit | grad
         inner = packets.iloc[at].isin(_INNER_PRODUCTS).to_numpy()  # two vectors: never attention's scores or values
-        code[at] = np.select([weight, ext, inner], [CATEGORIES.index("weight_matmul"), CATEGORIES.index("external_weight"),
-                                                    CATEGORIES.index("other")], CATEGORIES.index("attention"))
+        code[at] = np.select([weight, ext, inner | by_buffer],
+                             [CATEGORIES.index("weight_matmul"), CATEGORIES.index("external_weight"), CATEGORIES.index("other")],
+                             CATEGORIES.index("attention"))  # fmt: skip
         self.category = pd.Series(pd.Categorical.from_codes(code, categories=CATEGORIES), index=rows.index)
         fwd = mm & (rows["phase"] == "forward") & (self.param >= 0)
         used = set(self.param[fwd])
