@@ -319,6 +319,10 @@ def test_a_spectral_norm_convolution_is_not_in_n(tmp_path):
     assert table.loc["backward", "weight_matmul_flops"] == 4 * 1024 * 4  # 16384: dL/dW and dL/dx of the Linear
     small = frame(Trace(tmp_path / "t"))
     pd.testing.assert_frame_equal(reports.breakdown(small), reports.breakdown(df), check_exact=True)
+    lines = reports.explain(df)  # the conv's weight is named though the conv multiplies w / sigma, not w
+    assert any(line.startswith("Convolution weights: 0.parametrizations.weight.original (108 parameters) are not in N")
+               for line in lines), lines  # fmt: skip
+    assert reports.explain(small) == lines
 
 
 def test_parametrized_weights_are_weights(traces):

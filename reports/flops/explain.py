@@ -378,7 +378,7 @@ class _Run:
         outs = cell_objects(rows, "output_shapes", at) if has_column(rows, "output_shapes") else [None] * len(at)
         weights, patches = {}, {}
         for ids, shapes, out in zip(cell_objects(rows, "input_storage_ids", at), cell_objects(rows, "input_shapes", at), outs):
-            sid = int(ids[1]) if ids is not None and len(ids) > 1 else -1
+            sid = roles.alias.get(int(ids[1]), -1) if ids is not None and len(ids) > 1 else -1  # a cast, w / sigma
             if sid not in roles.numel or shapes is None or len(shapes) < 2:
                 continue
             weights[sid] = roles.numel[sid]

@@ -261,7 +261,7 @@ class Roles:
         packets = op_packets(rows["op"])
         ins, outs = flat(rows["input_storage_ids"]), flat(rows["output_storage_ids"])
         stacked = {s for s, shape in self.shape.items() if len(shape) >= 3}  # stacked experts [E, K, N]
-        alias = _copies(rows, packets, set(self.names), ins, outs, stacked)
+        alias = self.alias = _copies(rows, packets, set(self.names), ins, outs, stacked)  # storage -> its parameter
         external = _copies(rows, packets, self.external, ins, outs)
         to_grad = gradient_sources(rows, packets, {int(s) for s in roles.get("gradient", [])}, ins, outs)
 
