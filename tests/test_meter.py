@@ -401,7 +401,10 @@ def test_hf_callback_logs_mfu_for_every_metered_step(tmp_path):
     _check_hf_logs(state.log_history, tmp_path / "hf")
 
 
-def test_hf_trainer_callback_logs_mfu_for_every_metered_step(tmp_path):
+@pytest.mark.parametrize("tokens_seen", [False, True])
+def test_hf_trainer_callback_logs_mfu_for_every_metered_step(tmp_path, tokens_seen):
+    """With include_num_input_tokens_seen, the tokens per step come from the Trainer's count, and transformers 5
+    puts train_runtime into every log: only the train summary (train_loss) gets no figures."""
     transformers = pytest.importorskip("transformers")
     pytest.importorskip("accelerate")  # Trainer needs it
     from tracer.meter_callbacks import MeterCallback
@@ -411,13 +414,16 @@ def test_hf_trainer_callback_logs_mfu_for_every_metered_step(tmp_path):
     args = transformers.TrainingArguments(
         output_dir=str(tmp_path / "out"), max_steps=4, per_device_train_batch_size=2, logging_steps=1,
         report_to=[], use_cpu=True, save_strategy="no", disable_tqdm=True, seed=0,
+        include_num_input_tokens_seen=tokens_seen,
     )
-    callback = MeterCallback(tmp_path / "hf", tokens=16, peak_flops=PEAK)
+    callback = MeterCallback(tmp_path / "hf", tokens=None if tokens_seen else 16, peak_flops=PEAK)
     trainer = transformers.Trainer(model=model, args=args, train_dataset=data, callbacks=[callback])
     trainer.train()
     _check_hf_logs(trainer.state.log_history, tmp_path / "hf")
     summary = trainer.state.log_history[-1]
-    assert "train_runtime" in summary and "mfu" not in summary  # the summary is no step's log
+    assert "train_loss" in summary and "mfu" not in summary  # the summary is no step's log
+    if tokens_seen:  # 2 rows of 8 tokens a step, counted by the Trainer
+        assert reports.meter(tmp_path / "hf")["tokens"].tolist()[2:] == [16, 16]
 
 
 def test_lightning_callback_with_a_stand_in_lightning(tmp_path, monkeypatch):

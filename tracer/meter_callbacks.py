@@ -43,7 +43,7 @@ class MeterCallback(_TrainerCallback):
     The figures of the last step metered since the previous log go into the next `on_log`'s logs (and
     into `state.log_history`), so loggers called after this callback (the printer, callbacks added later)
     see them; a log with no step metered since the previous one (a second log of the step, an evaluation)
-    and the train summary (`train_runtime`) get none."""
+    and the train summary (`train_loss`) get none."""
 
     def __init__(self, path, *, tokens=None, **meter_kwargs):
         self.path, self.tokens, self.meter_kwargs = path, tokens, meter_kwargs
@@ -71,7 +71,8 @@ class MeterCallback(_TrainerCallback):
             self._figures = figures
 
     def on_log(self, args, state, control, logs=None, **kwargs):
-        if not self._figures or logs is None or "train_runtime" in logs:
+        # the train summary holds train_loss; every log holds train_runtime when tokens are counted (transformers 5)
+        if not self._figures or logs is None or "train_loss" in logs:
             return
         figures, self._figures = self._figures, None  # each metered step's figures go into one log
         logs.update(figures)
