@@ -14,7 +14,7 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode_stack as _mo
 from tracer import collectives, distributed
 from tracer.attention import META_ATTENTION, MetaAttention
 from tracer.attribution import NAMED_PER_ENGINE_RUN, Attribution
-from tracer.compiled import compiled_original, unwrap
+from tracer.compiled import DynamoSkips, compiled_original, unwrap
 from tracer.device import cuda_memory, device_info, is_fake
 from tracer.errors import TraceError
 from tracer.dispatch import _tensors, _TraceMode, make_inert
@@ -144,7 +144,7 @@ class Tracer:
 
     def _undo_start(self):
         """Remove the global hooks and the active mark a failed `_start` may have left."""
-        for part in ("_attr", "_unsharded"):
+        for part in ("_attr", "_unsharded", "_dynamo"):
             installed = getattr(self, part, None)
             if installed is not None:
                 try:
@@ -210,6 +210,8 @@ class Tracer:
             on_error=lambda exc: self._record_failed("a module or optimizer hook", exc),
         )
         self._steps = self._attr.steps
+        self._dynamo = DynamoSkips()  # compiled code skipped under the mode is given back at exit (tracer/compiled.py)
+        self._dynamo.install()
         self._attr.install()
         self._unsharded.install()
         self._mode.__enter__()
@@ -229,6 +231,7 @@ class Tracer:
         finally:
             self._attr.remove()
             self._unsharded.remove()
+            self._give_back_compiled()
             Tracer._active = None
         if self._in_child():
             self._closed = True
@@ -270,9 +273,21 @@ class Tracer:
             self._mode.__exit__(None, None, None)
             self._attr.remove()
             self._unsharded.remove()
+            self._give_back_compiled()
+
+    def _give_back_compiled(self):
+        """Compiled code Dynamo skipped for good under the mode runs compiled again (tracer/compiled.py)."""
+        try:
+            given = self._dynamo.remove()
+        except Exception as exc:
+            self._record_failed("giving compiled code back to torch.compile", exc)
+            return
+        if given:
+            self._meta["compiled_codes_given_back"] = self._meta.get("compiled_codes_given_back", 0) + given
 
     def _resume(self):
         """Record again after `_pause`: the next forward work begins a new step."""
+        self._dynamo.install()
         self._attr.install()
         self._unsharded.install()
         self._mode.__enter__()
