@@ -102,6 +102,10 @@ GOLDEN = [
      lambda: F.leaky_relu(ones(3, 4, requires_grad=True)).sum().backward(), 12, "elementwise"),
     ("glu backward", aten.glu_backward,  # writes dL/dx of the [3, 4] input: 12
      lambda: F.glu(ones(3, 4, requires_grad=True)).sum().backward(), 12, "elementwise"),
+    ("weight_norm", aten._weight_norm_interface,  # w = g v / ||v||: one per element of v [4, 3]
+     lambda: torch._weight_norm_interface(ones(4, 3), ones(4, 1), 0), 12, "elementwise"),
+    ("amp update scale", aten._amp_update_scale_,  # GradScaler's bookkeeping of one scale
+     lambda: torch._amp_update_scale_(ones(1), ones(1, dtype=torch.int32), torch.zeros(1), 2.0, 0.5, 100), 0, "none"),
     ("sum", aten.sum, lambda: ones(3, 4).sum(), 12, "reduction"),  # one per input element
     ("mean dim", aten.mean, lambda: ones(3, 4).mean(0), 12, "reduction"),
     ("softmax", aten._softmax, lambda: ones(3, 4).softmax(-1), 5 * 12, "softmax"),  # 60

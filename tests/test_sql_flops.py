@@ -337,6 +337,33 @@ def test_parametrized_weights_are_weights(traces):
     # dL/dW of both layers and dL/dx of the second (the input needs no gradient): 32768 + 16384 + 16384
     assert table.loc["backward", "weight_matmul_flops"] == 65536
     assert (table["attention_flops"] == 0).all()  # the power iteration's u · W v (16 FLOPs) is "other"
+    # _weight_norm_interface and its backward count 1 per element of v: no op is left without a formula
+    assert not any(line.startswith("Ops without") for line in reports.explain(reports.load(traces["parametrized"])))
+
+
+def test_a_buffer_of_coordinates_times_a_weight_is_token_work(tmp_path):
+    """A buffer multiplied as a matrix (coordinates, relative positions) is what the weight multiplies per token: the
+    weight is in N and its matmul a weight matmul in both passes (only a buffer vector, spectral_norm's, is not)."""
+
+    class Field(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("coords", torch.randn(TOKENS, 4))
+            self.l1, self.l2 = nn.Linear(4, 16, bias=False), nn.Linear(16, 1, bias=False)
+
+        def forward(self):
+            return self.l2(torch.relu(self.l1(self.coords)))
+
+    model = Field()
+    with Tracer(tmp_path / "t", model=model, tokens=TOKENS):
+        model().sum().backward()
+    df = reports.load(tmp_path / "t")
+    table = reports.breakdown(df).set_index("phase")
+    assert table.loc["forward", "n_params"] == 4 * 16 + 16  # 80
+    assert table.loc["forward", "weight_matmul_flops"] == 2 * 80 * TOKENS  # 5120
+    # dL/dW of both and dL/dx of l2's input (the coordinates need none): 2*32*4*16 + 2 * 2*32*16*1 = 6144
+    assert table.loc["backward", "weight_matmul_flops"] == 6144
+    pd.testing.assert_frame_equal(reports.breakdown(frame(Trace(tmp_path / "t"))), reports.breakdown(df), check_exact=True)
 
 
 def test_explain_names_ops_without_a_formula(traces):

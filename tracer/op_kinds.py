@@ -42,7 +42,7 @@ _NONE_OPS = frozenset("""
     select_backward diagonal_backward unfold_backward _reshape_copy narrow_copy split_with_sizes_copy
     unbind_copy pixel_shuffle pixel_unshuffle channel_shuffle index_copy index_copy_ index_fill index_fill_
     scatter scatter_ lift lift_fresh lift_fresh_copy detach_ set_ resize resize_ resize_as resize_as_
-    _resize_output _resize_output_ _local_scalar_dense item _pin_memory record_stream _foreach_copy_
+    _resize_output _resize_output_ _local_scalar_dense item _pin_memory record_stream _foreach_copy_ _amp_update_scale_
     _foreach_zero_ _assert_async _assert_scalar _functional_assert_async _assert_tensor_metadata
     empty empty_like empty_strided empty_permuted new_empty new_empty_strided new_zeros new_ones new_full
     zeros zeros_like ones ones_like full full_like fill fill_ zero zero_ arange linspace logspace eye
@@ -84,6 +84,9 @@ _PER_ELEMENT = {
     **_table("elementwise", "grad_out", "hardshrink_backward"),
     **_table("elementwise", "self", "hardswish hardswish_ log_sigmoid_forward rrelu_with_noise rrelu_with_noise_ "
              "rrelu_with_noise_functional _prelu_kernel _prelu_kernel_backward glu_backward"),
+    # weight_norm's w = g v / ||v|| and its backward: one per element of v
+    **_table("elementwise", "v", "_weight_norm_interface"),
+    **_table("elementwise", "saved_v", "_weight_norm_interface_backward"),
     **_table("reduction", "target", "nll_loss_forward nll_loss2d_forward"),
     **_table("reduction", "self", "cumsum cumsum_ cumprod cumprod_ logcumsumexp cummax cummin kl_div "
              "mse_loss l1_loss smooth_l1_loss huber_loss binary_cross_entropy "

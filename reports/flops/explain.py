@@ -435,7 +435,7 @@ class _Run:
 
     def uncounted(self):
         """Ops without a FLOP formula (flop_kind "unknown": nn.LSTM's fused kernels, say) count 0."""
-        if (self.rows["flop_kind"] == "unknown").any():
+        if ((self.rows["flop_kind"] == "unknown") & (self.is_fwd | self.is_bwd | self.is_opt)).any():  # not bookkeeping
             self.out.append(
                 "Ops without a FLOP formula ran (flop_kind unknown; the report lists them with their share of op "
                 "time): they count 0 FLOPs, so every figure above leaves their work out, and a weight only they "

@@ -27,9 +27,10 @@
                    part of N, never attention.
   attention        the other matmuls (two activations: q @ kᵀ, softmax(·) @ v and their
                    backward) and fused attention kernels (flop_kind "attention")
-  other            everything else, and a weight matmul whose other operand is a buffer of the model
-                   (or a copy of one: storage_roles["buffer"]), which multiplies no token:
-                   spectral_norm's power iteration W v and Wᵀ u. Not in N.
+  other            everything else, and a weight times a buffer vector of the model (`mv`; the
+                   buffer or a copy of it: storage_roles["buffer"]), which multiplies no token:
+                   spectral_norm's power iteration W v and Wᵀ u. Not in N. (A buffer multiplied
+                   as a matrix, positions or coordinates, is token work: a weight matmul.)
 """
 
 import re
@@ -89,6 +90,7 @@ _GATHERS = frozenset({"aten.index", "aten.index_select", "aten._unsafe_index"})
 DERIVED = frozenset({"aten._weight_norm_interface", "aten._weight_norm"})
 SCALED = frozenset({"aten.mul", "aten.div"})
 _INNER_PRODUCTS = frozenset({"aten.dot", "aten.vdot"})  # (spectral_norm's u · W v): "other" unless a weight's
+_VECTOR_PRODUCTS = frozenset({"aten.mv"})  # a matrix times a vector: a weight times a buffer vector is "other"
 
 
 def _scalar_sides(rows, at, in_off):
@@ -271,9 +273,11 @@ class Roles:
         pair = _matmul_operands(packets.iloc[at], *_take_rows(ins, at))
         hit = _lookup(alias, pair)
         param = np.where(hit[:, 0] != _NO_ID, hit[:, 0], hit[:, 1])
-        # a weight times a buffer of the model (or a copy of one), not times tokens: spectral_norm's power iteration
+        # a weight times a buffer vector of the model (or a copy of one), not times tokens: spectral_norm's power
+        # iteration W v, Wᵀ u. A buffer of positions or coordinates multiplied as a matrix (mm) is token work.
         buffers = _copies(rows, packets, {int(s) for s in roles.get(BUFFER_ROLE, [])}, ins, outs)
-        by_buffer = (param != _NO_ID) & (_lookup(buffers, np.where(hit[:, 0] != _NO_ID, pair[:, 1], pair[:, 0])) != _NO_ID)
+        by_buffer = ((param != _NO_ID) & packets.iloc[at].isin(_VECTOR_PRODUCTS).to_numpy()
+                     & (_lookup(buffers, np.where(hit[:, 0] != _NO_ID, pair[:, 1], pair[:, 0])) != _NO_ID))
         param[by_buffer] = _NO_ID
         no_hit = param == _NO_ID
         ext = no_hit & (np.isin(pair, np.fromiter(external, dtype=np.int64, count=len(external))).any(axis=1)
