@@ -122,6 +122,13 @@ def _copies(rows, packets, sources, ins=None, outs=None, stacked=()):
         copy |= packets.isin(_GATHERS).to_numpy() & np.isin(first, np.fromiter(stacked, dtype=np.int64))
     derived = packets.isin(DERIVED).to_numpy()
     scaled = np.flatnonzero(packets.isin(SCALED).to_numpy())
+    if len(scaled) and len(in_ids):  # only those scaling a source or what a copy made (shapes are read row by row)
+        near = np.concatenate([np.fromiter(alias, dtype=np.int64, count=len(alias)),
+                               _take_rows(outs, np.flatnonzero(copy | derived))[1]])  # fmt: skip
+        count = in_off[scaled + 1] - in_off[scaled]
+        first = np.where(count > 0, in_ids[np.minimum(in_off[scaled], len(in_ids) - 1)], _NO_ID)
+        second = np.where(count > 1, in_ids[np.minimum(in_off[scaled] + 1, len(in_ids) - 1)], _NO_ID)
+        scaled = scaled[np.isin(first, near) | np.isin(second, near)]
     scales, scaled_second = _scalar_sides(rows, scaled, in_off) if len(scaled) else ((), ())
     at = np.flatnonzero(copy | derived)
     at = np.concatenate([at, scaled[np.asarray(scales, dtype=bool)]]) if len(scaled) else at
