@@ -547,6 +547,25 @@ def test_dynamic_padding_traces_at_most_max_traces_steps_and_estimates_the_rest(
     assert "26 steps have ESTIMATED FLOPs and MFU" in capsys.readouterr().out
 
 
+def test_one_step_of_a_signature_never_seen_again_is_estimated(tmp_path, capsys):
+    """A batch of 8 at step 3 only: its trace was due at step 4, which ran the old batch; the step is estimated at
+    close, well within max_traces, and the report says why in the singular."""
+    torch.manual_seed(0)
+    net = nn.Linear(8, 4)
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    with Meter(tmp_path / "once", model=net, tokens=4, peak_flops=PEAK) as m:
+        for i in range(6):
+            net(torch.randn(8 if i == 3 else 4, 8)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+            m.step()
+    table = reports.meter(tmp_path / "once")
+    assert table["flops_estimated"].tolist() == [False, False, False, True, False, False]
+    optrace(["report", str(tmp_path / "once")])
+    out = capsys.readouterr().out
+    assert "1 step has ESTIMATED FLOPs and MFU" in out and "the step after it ran another signature" in out
+
+
 def test_no_traced_signature_fits_no_estimate(tmp_path):
     """Past the cap, a signature with other modules called (a branch) has no traced one to scale: no FLOPs."""
     _, figures = run(tmp_path / "cap", [2, 2, 2], [False, True, True], max_traces=1)

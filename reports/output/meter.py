@@ -28,11 +28,14 @@ def print_meter(src, out, ranks=None):
     print(f"  tokens/s  {_spread(found['tokens_per_s'], lambda v: human(v))}", file=out)
     print(f"  MFU {_spread(found['mfu'], percent)}, HFU {_spread(found['hfu'], percent)}", file=out)
     if found["unknown_flops_steps"]:
-        print(f"  {found['unknown_flops_steps']:,} steps ran a signature (input shapes, graph nodes) never traced: "
+        k = found["unknown_flops_steps"]
+        print(f"  {k:,} step{' ran' if k == 1 else 's ran'} a signature (input shapes, graph nodes) never traced: "
               "no FLOPs, no MFU", file=out)
     if found["estimated_flops_steps"]:
-        print(f"  {found['estimated_flops_steps']:,} steps have ESTIMATED FLOPs and MFU (a signature never traced, "
-              "past the Meter's max_traces: the nearest traced one's FLOPs scaled by input elements)", file=out)
+        k = found["estimated_flops_steps"]
+        print(f"  {k:,} step{' has' if k == 1 else 's have'} ESTIMATED FLOPs and MFU (a signature never traced: past "
+              "the Meter's max_traces, or the step after it ran another signature; the nearest traced one's FLOPs "
+              "scaled by input elements)", file=out)
     if found["errors"]:
         print(f"  {found['errors']:,} meter bookkeeping error(s) (the first one was warned when it happened; the run's "
               "metadata `meter.errors`): steps whose figures the meter could not take are in the table without them",
