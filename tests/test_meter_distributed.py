@@ -305,8 +305,10 @@ def test_fsdp2_retraced_step_memory_adds_up(runs):
         at = reports.by_category(df, at=int(peak["seq"])).set_index("category")["bytes"]
         assert (at >= 0).all() and at.sum() == peak["live_bytes"]
         # the sharded weights 96 * 4 = 384 B, their gradients as much; Linear(8, 16) unsharded 128 * 4 = 512 B,
-        # as a Tracer around that step alone finds them
-        alone = reports.by_category(reports.load(os.path.join(root, f"fsdp_step{NEW_SHAPE_AT}", f"rank={rank}")))
-        alone = alone.set_index("category")["bytes"]
+        # as a Tracer around that step alone finds them. Each category at its own highest: which row is the peak
+        # moves with the moment gloo frees its buffers on a loaded machine (the gradients may not exist yet there)
+        most = reports.by_category(df, at="max").set_index("category")["bytes"]
+        alone = reports.by_category(reports.load(os.path.join(root, f"fsdp_step{NEW_SHAPE_AT}", f"rank={rank}")),
+                                    at="max").set_index("category")["bytes"]  # fmt: skip
         for category, expected in (("parameters", 384), ("gradients", 384), ("unsharded_parameters", 512)):
-            assert at[category] == alone[category] == expected
+            assert most[category] == alone[category] == expected, (rank, category)
