@@ -75,7 +75,8 @@ class _Run:
         # forward weight matmuls of training (grad mode: a backward of their step reads them), reports/flops/roles.py
         self.train_fwd = self.is_fwd & self.roles.training
         self.idle_fwd = self.is_fwd & (self.roles.param >= 0) & ~self.roles.training
-        if not self.is_bwd.any():  # a forward-only trace: all of its forward is the forward
+        self.no_backward = not self.is_bwd.any()  # an inference or evaluation trace
+        if self.no_backward:  # a forward-only trace: all of its forward is the forward
             self.train_fwd, self.idle_fwd = self.is_fwd & (self.roles.param >= 0), self.is_fwd & False
 
     def ps(self, mask=None, by=None, values="flops"):
@@ -215,7 +216,7 @@ class _Run:
         roles, n_mm, T = self.roles, self._n_mm(), self.T
         if not n_mm:
             return
-        if not self.is_bwd.any():  # an inference or evaluation trace: no dL/dx was skipped, none was asked for
+        if self.no_backward:  # no dL/dx was skipped, none was asked for
             self.out.append("Backward weight matmuls: none, the trace ran no backward (inference or evaluation): "
                             "4·N·T and 6·N·T describe a training step.")
             return

@@ -277,26 +277,26 @@ class Roles:
         kind = rows["flop_kind"]
         mm = kind == "matmul"
         at = np.flatnonzero(mm.to_numpy())
-        pair = _matmul_operands(packets.iloc[at], *_take_rows(ins, at))
+        mm_packets = packets.iloc[at]
+        pair = _matmul_operands(mm_packets, *_take_rows(ins, at))
         hit = _lookup(alias, pair)
         param = np.where(hit[:, 0] != _NO_ID, hit[:, 0], hit[:, 1])
+        # the multiplied activation of each weight matmul: the operand that is not the weight
+        act = np.where(hit[:, 0] != _NO_ID, pair[:, 1], pair[:, 0])
         # a weight times a buffer vector of the model (or a copy of one), not times tokens: spectral_norm's power
         # iteration W v, Wᵀ u. A buffer of positions or coordinates multiplied as a matrix (mm) is token work.
         buffers = _copies(rows, packets, {int(s) for s in roles.get(BUFFER_ROLE, [])}, ins, outs)
-        by_buffer = ((param != _NO_ID) & packets.iloc[at].isin(_VECTOR_PRODUCTS).to_numpy()
-                     & (_lookup(buffers, np.where(hit[:, 0] != _NO_ID, pair[:, 1], pair[:, 0])) != _NO_ID))
+        by_buffer = (param != _NO_ID) & mm_packets.isin(_VECTOR_PRODUCTS).to_numpy() & (_lookup(buffers, act) != _NO_ID)
         param[by_buffer] = _NO_ID
         no_hit = param == _NO_ID
         ext = no_hit & (np.isin(pair, np.fromiter(external, dtype=np.int64, count=len(external))).any(axis=1)
-                        | packets.iloc[at].isin(PACKED_WEIGHT).to_numpy())  # fmt: skip
+                        | mm_packets.isin(PACKED_WEIGHT).to_numpy())  # fmt: skip
         out_offsets, out_ids = _take_rows(outs, at)
         writes_grad = np.zeros(len(at), dtype=bool)
         out_rows = np.repeat(np.arange(len(at)), np.diff(out_offsets))
         writes_grad[out_rows[np.isin(out_ids, np.fromiter(to_grad, dtype=np.int64, count=len(to_grad)))]] = True
         grad = no_hit & ~ext & writes_grad
         forward, backward = (rows["phase"] == "forward").to_numpy(), (rows["phase"] == "backward").to_numpy()
-        # the multiplied activation of each weight matmul: the operand that is not the weight
-        act = np.where(hit[:, 0] != _NO_ID, pair[:, 1], pair[:, 0])
         act[no_hit] = _NO_ID
         grad |= self._unstored_weight_gradients(rows, at, pair, no_hit & ~ext & ~grad & backward[at],
                                                 act[~no_hit & forward[at]], param[~no_hit & forward[at]])
@@ -308,7 +308,7 @@ class Roles:
         code = np.full(len(rows), CATEGORIES.index("other"), dtype=np.int8)
         code[(kind == "attention").to_numpy()] = CATEGORIES.index("attention")
         weight = ~no_hit | grad
-        inner = packets.iloc[at].isin(_INNER_PRODUCTS).to_numpy()  # two vectors: never attention's scores or values
+        inner = mm_packets.isin(_INNER_PRODUCTS).to_numpy()  # two vectors: never attention's scores or values
         code[at] = np.select([weight, ext, inner | by_buffer],
                              [CATEGORIES.index("weight_matmul"), CATEGORIES.index("external_weight"), CATEGORIES.index("other")],
                              CATEGORIES.index("attention"))  # fmt: skip
