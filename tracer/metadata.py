@@ -21,6 +21,7 @@ import gc
 import itertools
 import platform
 import sys
+import weakref
 
 import torch
 
@@ -142,7 +143,9 @@ def register_at_entry(model, table, roles, unsharded, next_seq, on_error):
     of every optimizer holding one of its parameters (found among the live objects: an
     optimizer's own hooks fire only at its next step, after the forward and backward have
     run), and FSDP2's unsharded parameters (`UnshardedParameters.at_entry`). Parameters and
-    buffers were registered by `run_metadata`. `next_seq()` is the seq of the next row."""
+    buffers were registered by `run_metadata`. `next_seq()` is the seq of the next row.
+    Returns (the optimizers found, the ids of the model's parameters); (None, None) without a model."""
+    found = param_ids = None
     if model is not None:
         try:
             params = list(model.parameters())
@@ -150,7 +153,9 @@ def register_at_entry(model, table, roles, unsharded, next_seq, on_error):
                 if p.grad is not None:
                     _register(table, p.grad)
             roles.gradients(params)
+            param_ids, found = {id(p) for p in params}, []
             for optimizer in _optimizers(params):
+                found.append(optimizer)
                 for state in optimizer.state.values():
                     for value in state.values():
                         if isinstance(value, torch.Tensor):
@@ -161,6 +166,7 @@ def register_at_entry(model, table, roles, unsharded, next_seq, on_error):
             on_error(exc)
     roles.new[AT_ENTRY] = [[sid, size] for sid, size in table.size.items()]
     table.on_resize = lambda sid, nbytes: roles.resized(next_seq(), sid, nbytes)
+    return found, param_ids
 
 
 def _register(table, tensor):
@@ -171,18 +177,79 @@ def _register(table, tensor):
 
 
 def _optimizers(params):
-    """The live optimizers holding any of `params` (one pass over the objects the garbage collector
-    tracks, in C: type() reads no attribute of an object, and some warn when one is read). The optimizer
-    classes come from Optimizer's subclass tree (a class with a live instance is in it), not from the
-    types of every object: 15 against 22 ms a trace with the example GPT and torch imported."""
+    """The live optimizers holding any of `params`, among every live optimizer (`LIVE_OPTIMIZERS`)."""
     ids = {id(p) for p in params}
+    for obj in LIVE_OPTIMIZERS.live():
+        if any(id(p) in ids for g in obj.param_groups for p in g["params"]):
+            yield obj
+
+
+def _optimizer_classes():
+    """Optimizer's subclass tree: a class with a live instance is in it."""
     kinds, todo = {torch.optim.Optimizer}, [torch.optim.Optimizer]
     while todo:
         for kind in todo.pop().__subclasses__():
             if kind not in kinds:
                 kinds.add(kind)
                 todo.append(kind)
-    objects = gc.get_objects()
-    for obj in itertools.compress(objects, map(kinds.__contains__, map(type, objects))):
-        if any(id(p) in ids for g in obj.param_groups for p in g["params"]):
-            yield obj
+    return kinds
+
+
+class _Probe:
+    pass
+
+
+def _counts_instances():
+    """Whether making and freeing an instance of a class defined in Python moves the class's reference count by
+    one each way here (it does on CPython with the GIL; a build without it may count them per thread)."""
+    gil = getattr(sys, "_is_gil_enabled", None)
+    if gil is not None and not gil():
+        return False
+    before = sys.getrefcount(_Probe)
+    probe = _Probe()
+    made = sys.getrefcount(_Probe)
+    del probe
+    return made == before + 1 and sys.getrefcount(_Probe) == before
+
+
+class LiveOptimizers:
+    """Every live optimizer of the process, for `register_at_entry` (one per process: LIVE_OPTIMIZERS).
+
+    Found in one pass over the objects the garbage collector tracks, in C: type() reads no attribute of an
+    object (some warn when one is read), and only the classes of Optimizer's subclass tree are kept. The pass
+    costs about 0.1 us a tracked object, 35 ms in a process that imported torch and built the example GPT
+    (benchmarks/per_trace.py), and every Tracer given model= ran it at entry. Later traces reuse the instances
+    the last pass found (held by weak reference) while none can have been made or freed since: every instance of
+    a class defined in Python holds a reference to its class, so with the same classes, each class's reference
+    count what it was after the pass, and every instance found still alive, they are all there are. An optimizer
+    made or freed, a new subclass, or a reference to an optimizer class taken or dropped runs the pass again.
+    Not caught: an optimizer made while another reference to its class is dropped, with no instance found freed
+    (`Tracer._check_optimizer_state` then names the state it finds at that optimizer's step). Where making an
+    instance does not move its class's count (`_counts_instances`), every trace runs the pass."""
+
+    def __init__(self):
+        self._refs = None  # weak references to the instances the last pass found
+        self._counts = None  # class -> its reference count after that pass
+        self.passes = 0
+        self._reuse = None  # _counts_instances(), asked once
+
+    def live(self):
+        kinds = _optimizer_classes()
+        if self._reuse is None:
+            self._reuse = _counts_instances()
+        if self._reuse and self._refs is not None and self._counts.keys() == kinds:
+            if {k: sys.getrefcount(k) for k in kinds} == self._counts:
+                found = [ref() for ref in self._refs]
+                if all(obj is not None for obj in found):
+                    return found
+        self.passes += 1
+        objects = gc.get_objects()
+        found = list(itertools.compress(objects, map(kinds.__contains__, map(type, objects))))
+        del objects  # it holds the classes too: counted without it, as at the next trace
+        self._refs = [weakref.ref(obj) for obj in found]
+        self._counts = dict.fromkeys(kinds)  # the classes held as at the next trace's count, then counted
+        self._counts = {k: sys.getrefcount(k) for k in kinds}
+        return found
+
+
+LIVE_OPTIMIZERS = LiveOptimizers()

@@ -185,8 +185,10 @@ class Tracer:
         self._unsharded = distributed.UnshardedParameters(
             self.model, self._storages, self._meta.get("parameters"), self._meta.setdefault("unsharded_parameters", {})
         )
-        register_at_entry(self.model, self._storages, self._roles, self._unsharded, lambda: self._rows.first_seq + len(self._rows),
-                          lambda exc: self._record_failed("the storages alive at entry", exc))
+        found, self._model_param_ids = register_at_entry(
+            self.model, self._storages, self._roles, self._unsharded, lambda: self._rows.first_seq + len(self._rows),
+            lambda exc: self._record_failed("the storages alive at entry", exc))
+        self._entry_optimizers = {id(o) for o in found} if found is not None else None  # ids only: nothing kept alive
         try:  # registered above: their ids get the role "buffer" (reports/flops/roles.py: a weight times a buffer)
             for b in self.model.buffers() if self.model is not None else ():
                 self._roles.add("buffer", b)
@@ -204,7 +206,7 @@ class Tracer:
             traced=lambda: self._mode in _mode_stack(),
             rows_so_far=lambda: len(self._rows),
             relabel=lambda first_row, step: self._rows.set_step(first_row, step),
-            on_optimizer_start=lambda opt: self._roles.gradients(p for g in opt.param_groups for p in g["params"]),
+            on_optimizer_start=self._optimizer_started,
             on_step_end=self._roles.optimizer_state,
             on_external_module=self._external_module,
             on_error=lambda exc: self._record_failed("a module or optimizer hook", exc),
@@ -533,6 +535,33 @@ class Tracer:
             if id(p) not in own:
                 self._storages.id_of(p.untyped_storage())
                 self._roles.add("external_parameter", p)
+
+    def _optimizer_started(self, optimizer):
+        """An optimizer's step begins: its parameters' gradients get their role. An optimizer of the model's parameters
+        that entry did not find (tracer/metadata.py LiveOptimizers) but whose state was alive then is named: its
+        state counts in live_bytes only from its first op on."""
+        params = [p for g in optimizer.param_groups for p in g["params"]]
+        self._roles.gradients(params)
+        if self._entry_optimizers is None or id(optimizer) in self._entry_optimizers:
+            return
+        self._entry_optimizers.add(id(optimizer))  # asked once per optimizer
+        if not any(id(p) in self._model_param_ids for p in params):
+            return  # not the model's: its state is never registered at entry (register_at_entry)
+        unseen = {}
+        for state in optimizer.state.values():
+            for value in state.values():
+                if not isinstance(value, Tensor):
+                    continue
+                try:
+                    storage = distributed.local_tensor(value).untyped_storage()
+                except Exception:  # no storage (sparse, nested): never registered at entry either
+                    continue
+                if self._storages.known(storage) is None:
+                    unseen[storage._cdata] = storage.nbytes()
+        if unseen:
+            warn(f"optrace: the state of optimizer {type(optimizer).__name__} ({sum(unseen.values()):,} bytes in "
+                 f"{len(unseen)} storage(s)) was alive when the Tracer was entered but was not found then; live_bytes "
+                 "before its step does not count it")
 
     def _record_failed(self, op, exc):
         self._errors += 1
