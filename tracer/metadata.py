@@ -224,12 +224,12 @@ class LiveOptimizers:
     count what it was after the pass, and every instance found still alive, they are all there are. An optimizer
     made or freed, a new subclass, or a reference to an optimizer class taken or dropped runs the pass again.
     Not caught: an optimizer made while another reference to its class is dropped, with no instance found freed
-    (`Tracer._check_optimizer_state` then names the state it finds at that optimizer's step). Where making an
+    (`Tracer._optimizer_started` names the state it finds at that optimizer's step). Where making an
     instance does not move its class's count (`_counts_instances`), every trace runs the pass."""
 
     def __init__(self):
         self._refs = None  # weak references to the instances the last pass found
-        self._counts = None  # class -> its reference count after that pass
+        self._counts = None  # (weak reference to each class, its reference count after that pass)
         self.passes = 0
         self._reuse = None  # _counts_instances(), asked once
 
@@ -237,19 +237,24 @@ class LiveOptimizers:
         kinds = _optimizer_classes()
         if self._reuse is None:
             self._reuse = _counts_instances()
-        if self._reuse and self._refs is not None and self._counts.keys() == kinds:
-            if {k: sys.getrefcount(k) for k in kinds} == self._counts:
+        if self._reuse and self._refs is not None:
+            # counted with the references to the classes held as at the pass below (kinds alone: no dict of them
+            # survives this line); a class freed since is a None key, so not equal
+            if _class_counts(kinds) == {ref(): n for ref, n in self._counts}:
                 found = [ref() for ref in self._refs]
                 if all(obj is not None for obj in found):
                     return found
         self.passes += 1
         objects = gc.get_objects()
         found = list(itertools.compress(objects, map(kinds.__contains__, map(type, objects))))
-        del objects  # it holds the classes too: counted without it, as at the next trace
+        del objects  # it holds the classes too
         self._refs = [weakref.ref(obj) for obj in found]
-        self._counts = dict.fromkeys(kinds)  # the classes held as at the next trace's count, then counted
-        self._counts = {k: sys.getrefcount(k) for k in kinds}
+        self._counts = [(weakref.ref(k), n) for k, n in _class_counts(kinds).items()]  # weak: no class kept alive
         return found
+
+
+def _class_counts(kinds):
+    return {k: sys.getrefcount(k) for k in kinds}
 
 
 LIVE_OPTIMIZERS = LiveOptimizers()
