@@ -49,3 +49,20 @@ def test_dictionary_columns_round_trip(tmp_path):
     loaded = reports.load(path)
     mm = loaded[loaded["op"] == "aten.addmm.default"].iloc[0]
     assert len(loaded) == len(df) and list(mm["input_dtypes"]) == ["float32"] * 3
+
+
+def test_parts_of_4096_rows_or_more_are_zstd_and_smaller_ones_snappy(tmp_path):
+    """tracer/writer.py ZSTD_ROWS: zstd's per-column contexts cost a small part more time than its bytes are worth.
+    4,096 adds of one tensor (one row each) make a zstd part; 4,095 a snappy one; the reports read both alike."""
+    x = torch.ones(3)
+    codecs, rows = {}, {}
+    for n in (4095, 4096):
+        with Tracer(tmp_path / f"t{n}", flush_rows=8192):
+            for _ in range(n):
+                x.add(1)
+        (part,) = part_paths(tmp_path / f"t{n}")
+        meta = pq.ParquetFile(part).metadata
+        codecs[n] = {meta.row_group(0).column(i).compression for i in range(meta.num_columns)}
+        rows[n] = len(reports.load(tmp_path / f"t{n}"))
+    assert codecs == {4095: {"SNAPPY"}, 4096: {"ZSTD"}}
+    assert rows == {4095: 4095, 4096: 4096}

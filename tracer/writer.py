@@ -437,8 +437,14 @@ class SmallParts:
         return self.open and parts >= self.MIN_PARTS and len(self.files) > 1
 
 
+# Parts of at least this many rows are compressed with zstd (level 1), smaller ones with snappy: zstd's contexts cost
+# about 1.5 ms a part whatever its rows (36 column chunks), snappy's 0.1 ms, and snappy's 1.3-1.5x more bytes weigh
+# little in a small part (benchmarks/README.md, stop 30). Every Parquet reader reads both.
+ZSTD_ROWS = 4096
+
+
 def write_table(table, file):
-    """One Parquet part (a seam for tests that fill the disk).
+    """One Parquet part (a seam for tests that fill the disk), zstd or snappy by its rows (ZSTD_ROWS).
 
     The run metadata (the table's schema metadata) is stored once, as the plain Parquet
     footer key `optrace`, where every Parquet reader finds it (pyarrow's
@@ -451,6 +457,7 @@ def write_table(table, file):
     footer = arrow_footer(plain)
     if blob is not None:
         footer[METADATA_KEY] = blob
-    with pq.ParquetWriter(file, plain, store_schema=False, compression="zstd", compression_level=1) as out:
+    codec = {"compression": "zstd", "compression_level": 1} if table.num_rows >= ZSTD_ROWS else {"compression": "snappy"}
+    with pq.ParquetWriter(file, plain, store_schema=False, **codec) as out:
         out.add_key_value_metadata(footer)
         out.write_table(table.replace_schema_metadata(None))
