@@ -193,9 +193,14 @@ class _Run:
             return ""
         count = counts.pop()
         k = int(count // self.T) if count % self.T == 0 else 0  # a whole multiple of T: a layer called k times fits too
+        called = ""
+        if k:
+            called = f", or is each of them called {k} times a step (a layer shared across depth"
+            if self.no_backward:  # without a backward or an optimizer step, a step ends only at Tracer.step()
+                called += f", or {k} forward passes in one step: call Tracer.step() after each pass"
+            called += ")"
         return (f" {n_shared:,} of the N = {self._n_mm():,} parameters multiplied {count:,} tokens per step "
-                f"each: is tokens= ({self.T:,}) the tokens per step"
-                f"{f', or is each of them called {k} times a step (a layer shared across depth)' if k else ''}?")
+                f"each: is tokens= ({self.T:,}) the tokens per step{called}?")
 
     def no_grad_forward(self):
         """Forward weight matmuls no backward reads: evaluation under no_grad, frozen weights with inputs that need no gradient."""
