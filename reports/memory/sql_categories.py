@@ -102,9 +102,9 @@ def _scan(trace, run_index, phases, order):
     known, freed = [], []  # (ids, sizes) at their first appearance with a size in a batch; the freed ids
     taken = [0, 0]  # inputs and outputs before this batch
     for batch in reader:
-        if done + batch.num_rows > n:
-            done = -1
-            break
+        if done + batch.num_rows > n:  # more rows than the trace's checks counted: a trace changed while read
+            done += batch.num_rows
+            continue
         rows = slice(done, done + batch.num_rows)
         for c in names[:5]:
             columns[c][rows] = batch.column(c).to_numpy()
@@ -133,7 +133,8 @@ def _scan(trace, run_index, phases, order):
         taken[0] += len(ins)
         taken[1] += len(outs)
     if done != n:
-        raise ReportError(f"{trace.paths[run_index]}: other rows read than the trace counted ({n}): read it again")
+        raise ReportError(f"{trace.paths[run_index]}: {done} rows read where the trace held {n} when opened (it "
+                          "changed while read): read the trace again")
     free_ids = np.concatenate(freed).astype(np.int64, copy=False) if freed else np.zeros(0, np.int64)
 
     def lists(rows):
