@@ -42,12 +42,16 @@ class _Firsts:
         self.at = np.full(0, _NONE, dtype=np.int64)
 
     def add(self, ids, positions):
-        """Note `ids` at `positions` (increasing); returns where an id was first seen here (it took that position)."""
+        """Note `ids` at `positions` (increasing)."""
         if len(ids) and int(ids.max()) >= len(self.at):
             grown = np.full(max(int(ids.max()) + 1, 2 * len(self.at)), _NONE, dtype=np.int64)
             grown[: len(self.at)] = self.at
             self.at = grown
         np.minimum.at(self.at, ids, positions)
+
+    def new(self, ids, positions):
+        """add(ids, positions), returning where an id was first seen here (it took that position)."""
+        self.add(ids, positions)
         return self.at[ids] == positions
 
     def of(self, size):
@@ -65,7 +69,8 @@ def memory_rows(trace, run_index):
     where = f"run_index = {run_index}"
     phases = [p for (p,) in trace.db.sql(f"SELECT DISTINCT phase FROM _steps WHERE {where} ORDER BY phase").fetchall()]
     columns, lists = _scan(trace, run_index, phases, order=False)
-    if not (np.diff(columns["seq"]) > 0).all():  # DuckDB keeps the files' order, which the Trace's checks found in seq
+    seq = columns["seq"]
+    if not (seq[1:] > seq[:-1]).all():  # DuckDB keeps the files' order, which the Trace's checks found in seq
         columns, lists = _scan(trace, run_index, phases, order=True)  # order (so this is for safety only)
     columns["phase"] = pd.Categorical.from_codes(columns["phase"], categories=phases)
     frame = pd.DataFrame(columns, copy=False)  # a block per column: not stacked into one copy
@@ -128,7 +133,7 @@ def _scan(trace, run_index, phases, order):
             outs[np.repeat(ok, counts)], at_out[np.repeat(ok, counts)], values[np.repeat(ok, lengths)])  # fmt: skip
         with_size = values >= 0
         sids, at, values = sids[with_size], at[with_size], values[with_size]
-        new = first_size.add(sids, at)  # an earlier batch's first size stays
+        new = first_size.new(sids, at)  # an earlier batch's first size stays
         known.append((sids[new], values[new]))
         taken[0] += len(ins)
         taken[1] += len(outs)
