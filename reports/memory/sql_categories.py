@@ -101,7 +101,8 @@ def _scan(trace, run_index, phases, order):
                     + (" ORDER BY seq" if order else "")).to_arrow_reader(_BATCH)  # fmt: skip
     names = ("seq", "step", "phase", "bytes_allocated", "live_bytes", "n_inputs", "n_outputs", "n_freed")
     n = trace._ops()[run_index]  # the run's rows (run_totals): each column filled in place, batch by batch
-    columns = {c: np.empty(n, np.int16 if c == "phase" else np.int32 if c.startswith("n_") else np.int64) for c in names}
+    kinds = {"phase": np.int16, "n_inputs": np.int32, "n_outputs": np.int32, "n_freed": np.int32}
+    columns = {c: np.empty(n, kinds.get(c, np.int64)) for c in names}
     done = 0
     first_in, first_out, first_size = _Firsts(), _Firsts(), _Firsts()
     known, freed = [], []  # (ids, sizes) at their first appearance with a size in a batch; the freed ids

@@ -37,13 +37,14 @@ _DTYPE = ("CASE WHEN coalesce(input_dtypes[1], '') <> '' THEN input_dtypes[1] "
 # made per row by the _ops grain for the ops whose name could be aten.mul or aten.div (NULL for the others)
 _SCALAR_OPERAND = ("CASE WHEN starts_with(op, 'aten.mul') OR starts_with(op, 'aten.div') THEN "
                    "len(input_storage_ids) = 1 OR len(input_storage_ids) = 2 "
-                   "AND (coalesce(list_product(input_shapes[1]), 1) = 1 OR coalesce(list_product(input_shapes[2]), 1) = 1) "
-                   "END")  # fmt: skip
+                   "AND (coalesce(list_product(input_shapes[1]), 1) = 1 "
+                   "OR coalesce(list_product(input_shapes[2]), 1) = 1) END")  # fmt: skip
 
 # flops.sql flop_rest's first_dtype (input_dtypes[1:1]) as a small key beside the grain's dtype, which is the first
 # input dtype where that is a non-empty string (a list slice per row cost about 0.07 CPU-s a million rows)
 _FIRST_DTYPE = ("CASE WHEN coalesce(input_dtypes[1], '') <> '' THEN 0 WHEN input_dtypes IS NULL THEN 4 "
-                "WHEN len(input_dtypes) = 0 THEN 1 WHEN input_dtypes[1] IS NULL THEN 2 ELSE 3 END::TINYINT")  # fmt: skip
+                "WHEN len(input_dtypes) = 0 THEN 1 WHEN input_dtypes[1] IS NULL THEN 2 "
+                "ELSE 3 END::TINYINT")  # fmt: skip
 _FIRST_DTYPE_LIST = ("CASE g.first_dtype WHEN 0 THEN [g.dtype] WHEN 1 THEN []::VARCHAR[] WHEN 2 THEN [NULL::VARCHAR] "
                      "WHEN 3 THEN [''] END")  # fmt: skip
 
@@ -81,7 +82,6 @@ SELECT run, run_index, step, phase, ops, flops, bytes_allocated, duration_ns, li
 FROM _steps_modules WHERE NOT by_module
 """,
 }
-
 
 
 def _flops_view(name):
@@ -154,7 +154,8 @@ JOIN (SELECT run_index, max(live_bytes_peak) AS top FROM _steps GROUP BY run_ind
 QUALIFY row_number() OVER (PARTITION BY r.run_index ORDER BY r.seq) = 1
 """,
     "module_own": """
-SELECT run, run_index, module, ops, flops, bytes_allocated, CAST(duration_ns AS DOUBLE) / 1000.0 AS duration_us, first_seq
+SELECT run, run_index, module, ops, flops, bytes_allocated, CAST(duration_ns AS DOUBLE) / 1000.0 AS duration_us,
+       first_seq
 FROM _steps_modules WHERE by_module
 """,
     "roofline_op": """
