@@ -317,21 +317,25 @@ class Storages:
         shapes, strides = (cell_objects(self.rows, c, measure) if len(measure) else [] for c in columns[:2])
         estimate, joined = {}, {}
         resized = resize_deltas(self.resizes, self.size, self.n)
-        for sid, r, j, i in zip(sids.tolist(), row.tolist(), at.tolist(), np.searchsorted(which, row).tolist()):
-            if sid in self.params:
-                continue
-            k = j - self.in_offsets[r]
+        keep = ~np.isin(sids, params)
+        sids, row, at = sids[keep], row[keep], at[keep]
+        place = at - self.in_offsets[row]  # in the row's inputs
+        # ids grow in registration order: one below every id seen before its row was registered at the start
+        early = sids < seen_before[row]
+        for sid, r, k, i, m, known, before in zip(sids.tolist(), row.tolist(), place.tolist(),
+                                                  np.searchsorted(which, row).tolist(),
+                                                  np.searchsorted(measure, row).tolist(), self.known[sids].tolist(),
+                                                  early.tolist()):  # fmt: skip
             self.dtype[sid] = dtypes[i][k]
-            known = int(self.known[sid])
             if known < 0:
-                m = int(np.searchsorted(measure, r))
                 estimate[sid] = _extent_bytes(shapes[m][k], strides[m][k], self.itemsize.get(dtypes[i][k], 0))
             else:
                 estimate[sid] = known
-            if sid < seen_before[r]:  # ids grow in registration order: this one was registered at the start
-                self.size[sid], self.alloc[sid] = estimate[sid], -1
-            else:
+            if not before:
                 joined.setdefault(r, []).append(sid)
+        start = sids[early]
+        self.size[start] = np.fromiter((estimate[s] for s in start.tolist()), dtype=np.int64, count=len(start))
+        self.alloc[start] = -1
         for r in sorted(joined):  # the rise of live_bytes gives their size (row 0 has no rise to read)
             cands = sorted(joined[r])
             guesses = [estimate[s] for s in cands]

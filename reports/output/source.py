@@ -167,6 +167,7 @@ class Source:
         if self.sql is not None:
             from reports.memory.sql_categories import by_category
 
+            self._flop_rows = None  # the report's FLOP sections come before: freed for the lifetime model's arrays
             return by_category(self.sql)
         from reports.memory.memory import by_category
 

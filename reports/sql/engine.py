@@ -169,6 +169,10 @@ class Trace:
         config = {"temp_directory": self._spill, **({"threads": threads} if threads else {})}
         self.db = duckdb.connect(config=config)
         self.db.execute("SET enable_progress_bar = false")  # stdout is the report's
+        try:  # give the memory of a scan's freed buffers back as it goes (20-25 MB of a 1M-row report's peak, same time)
+            self.db.execute("SET allocator_bulk_deallocation_flush_threshold = '2MB'")
+        except duckdb.Error:  # a DuckDB before the setting
+            pass
         self._reads = [f"read_parquet([{', '.join(file_literal(f) for f in files)}], hive_partitioning = false"
                        for files in self.files]  # fmt: skip  (closed by the caller: options may follow)
         # the trace's columns by name: UNION ALL and INSERT match columns by position, and a run's parts may hold

@@ -14,21 +14,44 @@ view holds what views.sql's definition holds, column for column and type for typ
             (keys here). Rows of one op with the same shapes share a group: its size follows the
             distinct shapes per op and phase, not the rows (a few hundred groups for a 1M-row trace).
             Its `null_lists`: whether a row of the group has a null list cell or a null id or size item,
-            which the engine's checks refuse (the list columns read in this scan, not one of their own)
-    _steps  per run, step and phase: phase_steps, run_totals, by_step and the peak's live bytes
+            which the engine's checks refuse (the list columns read in this scan, not one of their own).
+            Also keyed by what flops.sql's flop_rest groups by and flop_marked's `walked` reads of a row (the
+            first input dtype, the recompute flag, whether a mul or div has a scalar operand): flop_rest, the
+            rows of the FLOP sections that no walk reads, is summed from it instead of a scan of its own
+    _steps  per run, step and phase: phase_steps, run_totals, by_step, the peak's live bytes and flop_steps;
+            taken from _steps_modules, the same scan grouped also per run and module (module_own)
 
 `files(trace)` is the seq check's scan: per part, the range of seq - row number (seq increases row by
 row in a part whose range is one value: seq = first + row number).
 """
+
+import os
+import re
 
 __all__ = ["GRAINS", "VIEWS", "files_query", "source", "source_views"]
 
 _DTYPE = ("CASE WHEN coalesce(input_dtypes[1], '') <> '' THEN input_dtypes[1] "
           "ELSE coalesce(output_dtypes[1], '') END")  # fmt: skip  (views.sql row_dtype)
 
+# flops.sql flop_marked's test of a mul or div for a scalar operand (one input, or two of which one has one element),
+# made per row by the _ops grain for the ops whose name could be aten.mul or aten.div (NULL for the others)
+_SCALAR_OPERAND = ("CASE WHEN starts_with(op, 'aten.mul') OR starts_with(op, 'aten.div') THEN "
+                   "len(input_storage_ids) = 1 OR len(input_storage_ids) = 2 "
+                   "AND (coalesce(list_product(input_shapes[1]), 1) = 1 "
+                   "OR coalesce(list_product(input_shapes[2]), 1) = 1) END")  # fmt: skip
+
+# flops.sql flop_rest's first_dtype (input_dtypes[1:1]) as a small key beside the grain's dtype, which is the first
+# input dtype where that is a non-empty string (a list slice per row cost about 0.07 CPU-s a million rows)
+_FIRST_DTYPE = ("CASE WHEN coalesce(input_dtypes[1], '') <> '' THEN 0 WHEN input_dtypes IS NULL THEN 4 "
+                "WHEN len(input_dtypes) = 0 THEN 1 WHEN input_dtypes[1] IS NULL THEN 2 "
+                "ELSE 3 END::TINYINT")  # fmt: skip
+_FIRST_DTYPE_LIST = ("CASE g.first_dtype WHEN 0 THEN [g.dtype] WHEN 1 THEN []::VARCHAR[] WHEN 2 THEN [NULL::VARCHAR] "
+                     "WHEN 3 THEN [''] END")  # fmt: skip
+
 GRAINS = {
-    "_ops": """
+    "_ops": f"""
 SELECT run, run_index, op, phase, flop_kind, is_view, dtype, flops, bytes, process_group, group_size,
+       first_dtype, recompute_flag, scalar_operand,
        count(*) AS ops, sum(flops) AS flops_sum, sum(bytes) AS bytes_sum,
        sum(CASE WHEN flops_bound THEN flops ELSE 0 END) AS bound_flops,
        sum(CASE WHEN flops_bound THEN 1 ELSE 0 END) AS bound_rows,
@@ -37,17 +60,39 @@ SELECT run, run_index, op, phase, flop_kind, is_view, dtype, flops, bytes, proce
        count(comm_bytes) AS calls, sum(comm_bytes) AS message_bytes,
        min(CASE WHEN comm_bytes IS NOT NULL THEN seq END) AS comm_first_seq,
        max(bytes_allocated) AS bytes_allocated_max, max(bytes_read) AS bytes_read_max,
-       max(bytes_written) AS bytes_written_max, max(duration_ns) AS duration_ns_max, bool_or(null_lists) AS null_lists
-FROM (SELECT *, CASE WHEN is_view THEN 0 ELSE bytes_read + bytes_written END AS bytes FROM _src) AS r
-GROUP BY run, run_index, op, phase, flop_kind, is_view, dtype, flops, bytes, process_group, group_size
+       max(bytes_written) AS bytes_written_max, max(duration_ns) AS duration_ns_max, bool_or(null_lists) AS null_lists,
+       arg_min(step, seq) AS first_step
+FROM (SELECT *, CASE WHEN is_view THEN 0 ELSE bytes_read + bytes_written END AS bytes,
+             {_FIRST_DTYPE} AS first_dtype, coalesce(recompute, false) AS recompute_flag,
+             {_SCALAR_OPERAND} AS scalar_operand
+      FROM _src) AS r
+GROUP BY run, run_index, op, phase, flop_kind, is_view, dtype, flops, bytes, process_group, group_size,
+         first_dtype, recompute_flag, scalar_operand
+""",
+    # one scan for two groupings (grouping sets): per step and phase (by_module false), per module (true)
+    "_steps_modules": """
+SELECT run, run_index, step, phase, module, GROUPING(module) = 0 AS by_module, count(*) AS ops, sum(flops) AS flops,
+       sum(bytes_allocated) AS bytes_allocated, sum(duration_ns) AS duration_ns, max(live_bytes) AS live_bytes_peak,
+       min(seq) AS first_seq, max(seq) AS last_seq, bool_or(coalesce(recompute, false)) AS recompute
+FROM _src
+GROUP BY GROUPING SETS ((run, run_index, step, phase), (run, run_index, module))
 """,
     "_steps": """
-SELECT run, run_index, step, phase, count(*) AS ops, sum(flops) AS flops, sum(bytes_allocated) AS bytes_allocated,
-       sum(duration_ns) AS duration_ns, max(live_bytes) AS live_bytes_peak
-FROM _src
-GROUP BY run, run_index, step, phase
+SELECT run, run_index, step, phase, ops, flops, bytes_allocated, duration_ns, live_bytes_peak, last_seq, recompute
+FROM _steps_modules WHERE NOT by_module
 """,
 }
+
+
+def _flops_view(name):
+    """The body of view `name` of flops.sql (statements separated by a line holding only ';')."""
+    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "flops.sql"), encoding="utf-8") as f:
+        return re.split(r"^;\s*$", f.read().split(f"CREATE VIEW {name} AS\n", 1)[1], flags=re.MULTILINE)[0].strip()
+
+
+# flops.sql's flop_ops over the ops of _ops instead of a scan of rows (its packet lists as flops.sql writes them)
+_FLOP_OPS = _flops_view("flop_ops").replace("FROM (SELECT DISTINCT run_index, op FROM rows)",
+                                            "FROM (SELECT DISTINCT run_index, op FROM _ops)")
 
 _PCT = """CASE WHEN t.flops = 0 THEN 0.0 ELSE CAST(g.flops AS DOUBLE) * 100.0 / CAST(t.flops AS DOUBLE) END AS flops_pct"""
 _TIME_PCT = """CASE WHEN t.duration_ns = 0 THEN 0.0
@@ -109,16 +154,33 @@ JOIN (SELECT run_index, max(live_bytes_peak) AS top FROM _steps GROUP BY run_ind
 QUALIFY row_number() OVER (PARTITION BY r.run_index ORDER BY r.seq) = 1
 """,
     "module_own": """
-SELECT run, run_index, module, count(*) AS ops, sum(flops) AS flops, sum(bytes_allocated) AS bytes_allocated,
-       CAST(sum(duration_ns) AS DOUBLE) / 1000.0 AS duration_us, min(seq) AS first_seq
-FROM _src
-GROUP BY run, run_index, module
+SELECT run, run_index, module, ops, flops, bytes_allocated, CAST(duration_ns AS DOUBLE) / 1000.0 AS duration_us,
+       first_seq
+FROM _steps_modules WHERE by_module
 """,
     "roofline_op": """
 SELECT run, run_index, op, dtype, phase, CAST(sum(ops) AS BIGINT) AS ops, sum(flops_sum) AS flops,
        sum(bytes_sum) AS bytes, sum(time_ns) AS time_ns, min(first_seq) AS first_seq
 FROM _ops
 GROUP BY run, run_index, op, dtype, phase
+""",
+    # flops.sql's views of the FLOP sections (reports/sql/flops.py): the ops from _ops, the steps from _steps, and the
+    # rows no walk reads (flop_rest) summed from _ops, whose keys hold what flop_marked's `walked` reads of a row
+    "flop_ops": _FLOP_OPS,
+    "flop_steps": """
+SELECT run, run_index, last_seq AS seq, step, phase, recompute FROM _steps
+""",
+    "flop_rest": f"""
+SELECT g.run, g.run_index, min(g.first_seq) AS seq, arg_min(g.first_step, g.first_seq) AS step, g.phase,
+       CASE WHEN g.phase = 'optimizer' THEN g.op END AS op, g.flop_kind, sum(g.flops_sum) AS flops,
+       g.recompute_flag AS recompute, {_FIRST_DTYPE_LIST} AS first_dtype
+FROM _ops AS g
+JOIN flop_ops AS o ON g.run_index = o.run_index AND g.op = o.op
+WHERE NOT (g.flop_kind IN ('matmul', 'attention') OR (g.flop_kind = 'conv' AND g.phase = 'forward') OR o.copies
+           OR (g.phase IN ('backward', 'other') AND (g.flop_kind = 'collective' OR o.hops)) OR o.derives
+           OR (o.scales AND g.scalar_operand))
+GROUP BY g.run, g.run_index, g.phase, CASE WHEN g.phase = 'optimizer' THEN g.op END, g.flop_kind, g.recompute_flag,
+         {_FIRST_DTYPE_LIST}, g.flops > 0
 """,
     "collective_totals": """
 SELECT run, run_index, op, process_group, coalesce(group_size, 1) AS group_size, phase,
