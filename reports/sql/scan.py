@@ -18,8 +18,7 @@ view holds what views.sql's definition holds, column for column and type for typ
             Also keyed by what flops.sql's flop_rest groups by and flop_marked's `walked` reads of a row (the
             first input dtype, the recompute flag, whether a mul or div has a scalar operand): flop_rest, the
             rows of the FLOP sections that no walk reads, is summed from it instead of a scan of its own
-    _steps  per run, step and phase: phase_steps, run_totals, by_step, the peak's live bytes and flop_steps;
-            taken from _steps_modules, the same scan grouped also per run and module (module_own)
+    _steps  per run, step and phase: phase_steps, run_totals, by_step, the peak's live bytes and flop_steps
 
 `files(trace)` is the seq check's scan: per part, the range of seq - row number (seq increases row by
 row in a part whose range is one value: seq = first + row number).
@@ -69,17 +68,12 @@ FROM (SELECT *, CASE WHEN is_view THEN 0 ELSE bytes_read + bytes_written END AS 
 GROUP BY run, run_index, op, phase, flop_kind, is_view, dtype, flops, bytes, process_group, group_size,
          first_dtype, recompute_flag, scalar_operand
 """,
-    # one scan for two groupings (grouping sets): per step and phase (by_module false), per module (true)
-    "_steps_modules": """
-SELECT run, run_index, step, phase, module, GROUPING(module) = 0 AS by_module, count(*) AS ops, sum(flops) AS flops,
-       sum(bytes_allocated) AS bytes_allocated, sum(duration_ns) AS duration_ns, max(live_bytes) AS live_bytes_peak,
-       min(seq) AS first_seq, max(seq) AS last_seq, bool_or(coalesce(recompute, false)) AS recompute
-FROM _src
-GROUP BY GROUPING SETS ((run, run_index, step, phase), (run, run_index, module))
-""",
     "_steps": """
-SELECT run, run_index, step, phase, ops, flops, bytes_allocated, duration_ns, live_bytes_peak, last_seq, recompute
-FROM _steps_modules WHERE NOT by_module
+SELECT run, run_index, step, phase, count(*) AS ops, sum(flops) AS flops, sum(bytes_allocated) AS bytes_allocated,
+       sum(duration_ns) AS duration_ns, max(live_bytes) AS live_bytes_peak, max(seq) AS last_seq,
+       bool_or(coalesce(recompute, false)) AS recompute
+FROM _src
+GROUP BY run, run_index, step, phase
 """,
 }
 
@@ -154,9 +148,10 @@ JOIN (SELECT run_index, max(live_bytes_peak) AS top FROM _steps GROUP BY run_ind
 QUALIFY row_number() OVER (PARTITION BY r.run_index ORDER BY r.seq) = 1
 """,
     "module_own": """
-SELECT run, run_index, module, ops, flops, bytes_allocated, CAST(duration_ns AS DOUBLE) / 1000.0 AS duration_us,
-       first_seq
-FROM _steps_modules WHERE by_module
+SELECT run, run_index, module, count(*) AS ops, sum(flops) AS flops, sum(bytes_allocated) AS bytes_allocated,
+       CAST(sum(duration_ns) AS DOUBLE) / 1000.0 AS duration_us, min(seq) AS first_seq
+FROM _src
+GROUP BY run, run_index, module
 """,
     "roofline_op": """
 SELECT run, run_index, op, dtype, phase, CAST(sum(ops) AS BIGINT) AS ops, sum(flops_sum) AS flops,
