@@ -66,3 +66,21 @@ def test_a_part_out_of_order_read_once_gets_the_reference_loaders_line(traces, t
     with pytest.raises(ReportError) as mine:
         Trace(bad)
     assert str(mine.value) == str(ref.value) and "follows seq" in str(mine.value)
+
+
+def test_a_trace_of_several_runs_groups_without_the_keys_only_the_flop_views_read(traces):  # noqa: F811
+    """reports/sql/scan.py grains(several): the FLOP sections of a trace of several runs are run 0's, whose flop_rest
+    and flop_steps read flops.sql's definitions over run 0's rows; the _ops and _steps grains of every run then leave
+    out their keys. One run keeps them, and the two are read from the grains. Either way they hold what their
+    definitions hold."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        one, two = Trace(traces["gpt"]), Trace([traces["gpt"], traces["cut"]])
+    columns = {t: {c[0] for c in t.db.execute("DESCRIBE _ops").fetchall()} for t in (one, two)}
+    assert {"first_dtype", "recompute_flag", "scalar_operand", "first_step"} <= columns[one]
+    assert not {"first_dtype", "recompute_flag", "scalar_operand", "first_step"} & columns[two]
+    steps = {t: {c[0] for c in t.db.execute("DESCRIBE _steps").fetchall()} for t in (one, two)}
+    assert {"last_seq", "recompute"} <= steps[one] and not {"last_seq", "recompute"} & steps[two]
+    for sql in (one, two, two.first_run()):
+        for view in ("flop_rest", "flop_steps"):
+            assert _rows(sql.db, view) == _rows(_reference(sql), view), view

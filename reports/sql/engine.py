@@ -45,9 +45,13 @@ from reports.errors import ReportError
 from reports.loading.integrity import REREADS, Footers, describe_damage, footer, list_parts, merged_away, one_line, reread
 from reports.loading.load import id_limit, read_run, run_name, runs_with_ranks
 from reports.loading.validate import ITEMS_NOT_NULL, LIST_NOT_NULL, STORAGE_ID_COLUMNS, check_footers
-from reports.sql.scan import GRAINS, files_query, source, source_views
-from reports.sql.scan import VIEWS as FAST
+from reports.sql.scan import GRAINS, files_query, grains, source, source_views, views
 from tracer.schema import COLUMN_NAMES, PHASES, SCHEMA_VERSION
+
+# Traces of at most this many rows have DuckDB give a scan's freed buffers back as it goes: 20-35 MB less at the
+# peak of a 1M-row report in the same time; on 50M rows (128 ranks) its scans took 12-17% longer (benchmarks/README.md,
+# stop 30).
+FLUSH_FREED_ROWS = 4_000_000
 
 __all__ = ["VIEWS_SQL", "VIEW_FILES", "Trace", "Unsupported", "literal", "statements"]
 
@@ -169,10 +173,6 @@ class Trace:
         config = {"temp_directory": self._spill, **({"threads": threads} if threads else {})}
         self.db = duckdb.connect(config=config)
         self.db.execute("SET enable_progress_bar = false")  # stdout is the report's
-        try:  # give the memory of a scan's freed buffers back as it goes (20-25 MB of a 1M-row report's peak, same time)
-            self.db.execute("SET allocator_bulk_deallocation_flush_threshold = '2MB'")
-        except duckdb.Error:  # a DuckDB before the setting
-            pass
         self._reads = [f"read_parquet([{', '.join(file_literal(f) for f in files)}], hive_partitioning = false"
                        for files in self.files]  # fmt: skip  (closed by the caller: options may follow)
         # the trace's columns by name: UNION ALL and INSERT match columns by position, and a run's parts may hold
@@ -187,6 +187,11 @@ class Trace:
                         if d[0] not in ("run", "run_index")]  # fmt: skip
         files = sum(len(f) for f in self.files)
         rows = sum(footers.rows.get(f, 0) for fs in self.files for f in fs)
+        if rows <= FLUSH_FREED_ROWS:  # give the memory of a scan's freed buffers back as it goes
+            try:
+                self.db.execute("SET allocator_bulk_deallocation_flush_threshold = '2MB'")
+            except duckdb.Error:  # a DuckDB before the setting
+                pass
         # read once into memory: many small parts, or a trace cut short or still being written (its tracer may merge
         # small parts, removing the files a later scan would open)
         changing = any(not meta.get("complete") for meta in self.runs.values())
@@ -201,10 +206,12 @@ class Trace:
         for statement in source("rows", batches if self.narrow else None, self._null_where):
             self.db.execute(statement)
         unscanned = self._check_values(footers, refused)  # before the grains: no value the statistics refuse in one
-        for name, body in GRAINS.items():  # one scan each: most views are read from these (reports/sql/scan.py)
+        several = len(self.runs) > 1
+        for name, body in grains(several).items():  # one scan each: most views are read from these (reports/sql/scan.py)
             self.db.execute(f"CREATE TABLE {name} AS {body}")  # not TEMP: first_run's connection reads them too
         self._check_null_lists(unscanned)  # from _ops, which flagged them as it read the list columns
-        self._views = [(name, FAST.get(name, body)) for path in VIEW_FILES for name, body, _ in statements(path)]
+        fast = views(several)
+        self._views = [(name, fast.get(name, body)) for path in VIEW_FILES for name, body, _ in statements(path)]
         for name, body in self._views:
             self.db.execute(f"CREATE VIEW {name} AS {body}")
         self.totals = self.table("run_totals")

@@ -20,6 +20,9 @@ view holds what views.sql's definition holds, column for column and type for typ
             rows of the FLOP sections that no walk reads, is summed from it instead of a scan of its own
     _steps  per run, step and phase: phase_steps, run_totals, by_step, the peak's live bytes and flop_steps
 
+A trace of several runs leaves out of both what only flop_rest and flop_steps read (`grains(several)`): its FLOP
+sections are run 0's, read by flops.sql's definitions over run 0's rows.
+
 `files(trace)` is the seq check's scan: per part, the range of seq - row number (seq increases row by
 row in a part whose range is one value: seq = first + row number).
 """
@@ -27,7 +30,7 @@ row in a part whose range is one value: seq = first + row number).
 import os
 import re
 
-__all__ = ["GRAINS", "VIEWS", "files_query", "source", "source_views"]
+__all__ = ["GRAINS", "VIEWS", "files_query", "grains", "source", "source_views", "views"]
 
 _DTYPE = ("CASE WHEN coalesce(input_dtypes[1], '') <> '' THEN input_dtypes[1] "
           "ELSE coalesce(output_dtypes[1], '') END")  # fmt: skip  (views.sql row_dtype)
@@ -47,10 +50,16 @@ _FIRST_DTYPE = ("CASE WHEN coalesce(input_dtypes[1], '') <> '' THEN 0 WHEN input
 _FIRST_DTYPE_LIST = ("CASE g.first_dtype WHEN 0 THEN [g.dtype] WHEN 1 THEN []::VARCHAR[] WHEN 2 THEN [NULL::VARCHAR] "
                      "WHEN 3 THEN [''] END")  # fmt: skip
 
-GRAINS = {
-    "_ops": f"""
-SELECT run, run_index, op, phase, flop_kind, is_view, dtype, flops, bytes, process_group, group_size,
-       first_dtype, recompute_flag, scalar_operand,
+
+def _ops_grain(flop_keys):
+    """The _ops grain; `flop_keys`: also keyed by what flop_rest reads of a row (first_dtype, recompute_flag,
+    scalar_operand) and with each group's first step, for flop_rest to be summed from it."""
+    keys = ",\n         first_dtype, recompute_flag, scalar_operand" if flop_keys else ""
+    first_step = ",\n       arg_min(step, seq) AS first_step" if flop_keys else ""
+    made = (f",\n             {_FIRST_DTYPE} AS first_dtype, coalesce(recompute, false) AS recompute_flag,"
+            f"\n             {_SCALAR_OPERAND} AS scalar_operand") if flop_keys else ""  # fmt: skip
+    return f"""
+SELECT run, run_index, op, phase, flop_kind, is_view, dtype, flops, bytes, process_group, group_size{keys},
        count(*) AS ops, sum(flops) AS flops_sum, sum(bytes) AS bytes_sum,
        sum(CASE WHEN flops_bound THEN flops ELSE 0 END) AS bound_flops,
        sum(CASE WHEN flops_bound THEN 1 ELSE 0 END) AS bound_rows,
@@ -59,22 +68,29 @@ SELECT run, run_index, op, phase, flop_kind, is_view, dtype, flops, bytes, proce
        count(comm_bytes) AS calls, sum(comm_bytes) AS message_bytes,
        min(CASE WHEN comm_bytes IS NOT NULL THEN seq END) AS comm_first_seq,
        max(bytes_allocated) AS bytes_allocated_max, max(bytes_read) AS bytes_read_max,
-       max(bytes_written) AS bytes_written_max, max(duration_ns) AS duration_ns_max, bool_or(null_lists) AS null_lists,
-       arg_min(step, seq) AS first_step
-FROM (SELECT *, CASE WHEN is_view THEN 0 ELSE bytes_read + bytes_written END AS bytes,
-             {_FIRST_DTYPE} AS first_dtype, coalesce(recompute, false) AS recompute_flag,
-             {_SCALAR_OPERAND} AS scalar_operand
+       max(bytes_written) AS bytes_written_max, max(duration_ns) AS duration_ns_max,
+       bool_or(null_lists) AS null_lists{first_step}
+FROM (SELECT *, CASE WHEN is_view THEN 0 ELSE bytes_read + bytes_written END AS bytes{made}
       FROM _src) AS r
-GROUP BY run, run_index, op, phase, flop_kind, is_view, dtype, flops, bytes, process_group, group_size,
-         first_dtype, recompute_flag, scalar_operand
-""",
-    "_steps": """
+GROUP BY run, run_index, op, phase, flop_kind, is_view, dtype, flops, bytes, process_group, group_size{keys}
+"""
+
+
+def _steps_grain(flop_keys):
+    """The _steps grain; `flop_keys`: with each group's last seq and recompute flag, for flop_steps."""
+    flop = (",\n       max(seq) AS last_seq, bool_or(coalesce(recompute, false)) AS recompute" if flop_keys
+            else "")  # fmt: skip
+    return f"""
 SELECT run, run_index, step, phase, count(*) AS ops, sum(flops) AS flops, sum(bytes_allocated) AS bytes_allocated,
-       sum(duration_ns) AS duration_ns, max(live_bytes) AS live_bytes_peak, max(seq) AS last_seq,
-       bool_or(coalesce(recompute, false)) AS recompute
+       sum(duration_ns) AS duration_ns, max(live_bytes) AS live_bytes_peak{flop}
 FROM _src
 GROUP BY run, run_index, step, phase
-""",
+"""
+
+
+GRAINS = {
+    "_ops": _ops_grain(True),
+    "_steps": _steps_grain(True),
 }
 
 
@@ -185,6 +201,23 @@ WHERE calls > 0
 GROUP BY run, run_index, op, process_group, coalesce(group_size, 1), phase
 """,
 }
+
+
+# A trace of several runs (the ranks of a job) reports the FLOP sections of run 0 alone (reports/sql/engine.py
+# first_run), whose flop_rest then reads flops.sql's definition over run 0's rows: the grain's keys for it would be
+# made for every run, 2.7 s of a 128-rank, 50M-row trace's 14 s _ops scan and 1.1 s of its 2.5 s _steps scan
+# (benchmarks/README.md, stop 30), for views that read 1/128 of them. FLOP_VIEWS: the views read from those keys.
+FLOP_VIEWS = ("flop_rest", "flop_steps")
+
+
+def grains(several):
+    """GRAINS for a trace of one run, or of `several`: _ops and _steps without what only FLOP_VIEWS read."""
+    return GRAINS if not several else {**GRAINS, "_ops": _ops_grain(False), "_steps": _steps_grain(False)}
+
+
+def views(several):
+    """VIEWS for a trace of one run, or of `several`: FLOP_VIEWS as flops.sql defines them."""
+    return VIEWS if not several else {name: body for name, body in VIEWS.items() if name not in FLOP_VIEWS}
 
 
 def source(rows, narrow, null_lists="FALSE"):
