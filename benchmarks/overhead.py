@@ -105,16 +105,27 @@ def _python_path(path):
 
 
 def example_gpt():
+    return example_gpt_parts()[2]
+
+
+def example_gpt_parts():
+    """(model, tokens per step, step) of the example GPT's training step."""
     torch.manual_seed(0)
     cfg = GPTConfig()
     model = GPT(cfg)
     opt = make_optimizer(model)
     idx, targets = make_batch(cfg, BATCH)
-    return lambda: train_step(model, opt, idx, targets)
+    return model, idx.numel(), lambda: train_step(model, opt, idx, targets)
 
 
 def hf_gpt2():
-    """A small GPT-2 from its config (random weights, nothing downloaded), or None without transformers."""
+    parts = hf_gpt2_parts()
+    return parts[2] if parts is not None else None
+
+
+def hf_gpt2_parts():
+    """(model, tokens per step, step) of a small GPT-2 from its config (random weights, nothing downloaded), or None
+    without transformers."""
     try:
         from transformers import GPT2Config, GPT2LMHeadModel
     except ImportError:
@@ -131,7 +142,7 @@ def hf_gpt2():
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-    return step
+    return model, idx.numel(), step
 
 
 MODELS = {"example": ("example GPT (d 64, 2 layers, seq 64, batch 8)", example_gpt), "hf": ("HF GPT-2 (d 64, 2 layers, seq 64, batch 8, random init)", hf_gpt2)}

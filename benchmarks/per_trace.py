@@ -28,45 +28,14 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "examples"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from gpt import GPT, GPTConfig, make_batch, make_optimizer, train_step  # noqa: E402
+from overhead import example_gpt_parts, hf_gpt2_parts  # noqa: E402
 
 from tracer import Tracer  # noqa: E402
 from tracer.metadata import LIVE_OPTIMIZERS, LiveOptimizers  # noqa: E402
 
-BATCH, SEQ = 8, 64
-
-
-def example_gpt():
-    torch.manual_seed(0)
-    cfg = GPTConfig()
-    model = GPT(cfg)
-    opt = make_optimizer(model)
-    idx, targets = make_batch(cfg, BATCH)
-    return model, idx.numel(), lambda: train_step(model, opt, idx, targets)
-
-
-def hf_gpt2():
-    try:
-        from transformers import GPT2Config, GPT2LMHeadModel
-    except ImportError:
-        return None
-    torch.manual_seed(0)
-    cfg = GPT2Config(vocab_size=512, n_positions=SEQ, n_embd=64, n_layer=2, n_head=4,
-                     bos_token_id=0, eos_token_id=0, attn_implementation="eager")  # fmt: skip
-    model = GPT2LMHeadModel(cfg)
-    opt = make_optimizer(model)
-    idx = torch.randint(0, cfg.vocab_size, (BATCH, SEQ), generator=torch.Generator().manual_seed(0))
-
-    def step():
-        model(input_ids=idx, labels=idx).loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
-    return model, idx.numel(), step
-
-
-MODELS = {"example": ("example GPT", example_gpt), "hf": ("HF GPT-2 (random init)", hf_gpt2)}
+MODELS = {"example": ("example GPT", example_gpt_parts), "hf": ("HF GPT-2 (random init)", hf_gpt2_parts)}
 
 
 def quartiles(values):
