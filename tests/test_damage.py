@@ -222,9 +222,18 @@ def test_a_huge_marker_is_refused_unread(trace, capsys):
         ({"storage_roles": {"resized": [[0, 2**40, 8]]}},
          r"optrace metadata storage_roles 'resized' has storage id 1,099,511,627,776; expected 0 to 1,049,296 "
          r"\(a damaged or hand-edited trace\?\)"),
+        # the report's notes read these (a traceback before: int("x"), f"{'x':,}")
+        ({"untraced_optimizer_steps": "x"},
+         r"optrace metadata \(part-000009\.parquet\) 'untraced_optimizer_steps' is \"x\", expected an int"),
+        ({"cycles_without_step": -1}, r"optrace metadata \(part-000009\.parquet\) 'cycles_without_step' is -1, "
+                                      r"expected a count >= 0"),
+        ({"attention": [1]}, r"optrace metadata \(part-000009\.parquet\) 'attention' is \[1\], expected an object"),
+        ({"optimizer_state_found_late": 1.5},
+         r"optrace metadata \(part-000009\.parquet\) 'optimizer_state_found_late' is 1\.5, expected an int"),
     ],
     ids=["roles_not_a_list", "device_a_string", "rows_a_string", "negative_count", "parameter_id_2_40",
-         "at_entry_record_of_three", "resized_id_2_40"],
+         "at_entry_record_of_three", "resized_id_2_40", "untraced_steps_a_string", "negative_cycles",
+         "attention_a_list", "late_state_a_float"],
 )
 def test_wrongly_typed_metadata_is_one_line(trace, capsys, fields, message):
     rewrite(trace / "part-000009.parquet", set_metadata(**fields))

@@ -6,6 +6,7 @@ P = 4*8 + 8 + 8*2 + 2 = 58 parameters in 4 tensors, all float32 (4 bytes each).
 
 import functools
 import gc
+import json
 
 import numpy as np
 import pandas as pd
@@ -17,6 +18,7 @@ from torch import nn
 from reports.errors import ReportError
 from reports.loading.load import load
 from reports.memory.memory import CATEGORIES, by_category, by_dtype, peak, storages, timeline
+from reports.output.cli import main
 from tracer import Tracer
 from tracer.metadata import LIVE_OPTIMIZERS
 from tracer.schema import read_metadata
@@ -345,10 +347,11 @@ def test_the_optimizers_found_at_entry_are_kept_until_one_is_made_or_freed(tmp_p
     assert _traced_step(tmp_path / "again", model, x, second)[0] == 0
 
 
-def test_an_optimizer_a_kept_pass_cannot_see_is_named_at_its_step(tmp_path):
+def test_an_optimizer_a_kept_pass_cannot_see_is_named_at_its_step(tmp_path, capsys):
     """The one case the kept instances miss: an optimizer made while another reference to its class is dropped (here a
     functools.partial of AdamW, used once). Its state, alive at entry but found only at its step, is warned about:
-    exp_avg and exp_avg_sq of weight 4 * 4 * 4 = 64 bytes each, of bias 4 * 4 = 16 each, two 4-byte steps: 168."""
+    exp_avg and exp_avg_sq of weight 4 * 4 * 4 = 64 bytes each, of bias 4 * 4 = 16 each, two 4-byte steps: 168. Also
+    in the metadata (optimizer_state_found_late), a note of the report and its --json."""
     torch.manual_seed(0)
     model, x = nn.Linear(4, 4), torch.randn(2, 4)
     first = _adamw_stepped(model, x)
@@ -360,3 +363,11 @@ def test_an_optimizer_a_kept_pass_cannot_see_is_named_at_its_step(tmp_path):
                                          r"Tracer was entered but was not found then"):  # fmt: skip
         passes, roles = _traced_step(tmp_path / "t1", model, x, second)
     assert passes == 0 and len(roles["optimizer_state"]) == 12  # registered at its step: both roles known
+    assert read_metadata(tmp_path / "t1")["optimizer_state_found_late"] == 168
+    assert read_metadata(tmp_path / "t0")["optimizer_state_found_late"] == 0
+    capsys.readouterr()
+    main(["report", str(tmp_path / "t1")])
+    assert ("Note: 168 bytes of optimizer state were alive when the Tracer was entered but found only at their "
+            "optimizer's step") in capsys.readouterr().out
+    main(["report", str(tmp_path / "t1"), "--json"])
+    assert json.loads(capsys.readouterr().out)["optimizer_state_found_late"] == 168

@@ -189,6 +189,7 @@ class Tracer:
             self.model, self._storages, self._roles, self._unsharded, lambda: self._rows.first_seq + len(self._rows),
             lambda exc: self._record_failed("the storages alive at entry", exc))
         self._entry_optimizers = {id(o) for o in found} if found is not None else None  # ids only: nothing kept alive
+        self._state_found_late = 0  # bytes of optimizer state alive at entry that entry did not find (_optimizer_started)
         try:  # registered above: their ids get the role "buffer" (reports/flops/roles.py: a weight times a buffer)
             for b in self.model.buffers() if self.model is not None else ():
                 self._roles.add("buffer", b)
@@ -559,6 +560,7 @@ class Tracer:
                 if self._storages.known(storage) is None:
                     unseen[storage._cdata] = storage.nbytes()
         if unseen:
+            self._state_found_late += sum(unseen.values())  # the metadata's optimizer_state_found_late
             warn(f"optrace: the state of optimizer {type(optimizer).__name__} ({sum(unseen.values()):,} bytes in "
                  f"{len(unseen)} storage(s)) was alive when the Tracer was entered but was not found then; live_bytes "
                  "before its step does not count it")
@@ -673,6 +675,7 @@ class Tracer:
         meta["backward_unnamed_rows"] = self._attr.unnamed_backward
         meta["untraced_optimizer_steps"] = self._attr.untraced_optimizer_steps  # tracer/attribution.py
         meta["cycles_without_step"] = self._steps.cycles_without_step()  # tracer/steps.py
+        meta["optimizer_state_found_late"] = self._state_found_late
         dtypes = self._writer.names["dtype"].names  # bytes per element of every dtype recorded, parameters' too
         meta["dtype_bytes"] = {**meta.get("dtype_bytes", {}), **{dtypes[i]: n for i, n in self._writer.itemsize.items()}}
         return meta

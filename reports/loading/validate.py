@@ -261,7 +261,8 @@ META_FIELDS = {
     "trace_id": _STR, "rows": _INT, "parts": _INT, "lost_rows": _INT, "record_errors": _INT,
     "backward_unnamed_rows": _INT, "rank": _INT, "world_size": _INT, "device": _OBJ, "params": _OBJ,
     "parameters": _OBJ, "storage_roles": _OBJ, "step_time": _OBJ, "ceiling": _OBJ, "bandwidth": _OBJ,
-    "timing": _OBJ, "unsharded_parameters": _OBJ, "compiled_ran_eagerly": _BOOL,
+    "timing": _OBJ, "unsharded_parameters": _OBJ, "compiled_ran_eagerly": _BOOL, "attention": _OBJ,
+    "untraced_optimizer_steps": _INT, "cycles_without_step": _INT, "optimizer_state_found_late": _INT,
 }  # fmt: skip
 DEVICE_FIELDS = {
     "type": _STR, "name": _STR, "cores": _INT, "threads": _INT, "mhz": _NUM, "max_mhz": _NUM, "isa": _LIST,
@@ -270,7 +271,8 @@ DEVICE_FIELDS = {
 PARAMETER_FIELDS = {"storage_id": _INT, "numel": _INT, "shape": _LIST, "dtype": _STR}
 NESTED = {"params": dict.fromkeys(("total", "trainable", "embedding"), _INT), "step_time": {"median_s": _NUM},
           "ceiling": {"flops_per_s": _NUM, "dtype": _STR}, "bandwidth": {"bytes_per_s": _NUM}, "device": DEVICE_FIELDS}  # fmt: skip
-COUNTS = ("rows", "parts", "lost_rows", "record_errors", "backward_unnamed_rows")
+COUNTS = ("rows", "parts", "lost_rows", "record_errors", "backward_unnamed_rows", "untraced_optimizer_steps",
+          "cycles_without_step", "optimizer_state_found_late")  # fmt: skip
 
 
 def _is(value, kind):

@@ -76,6 +76,7 @@ def summary(df, peak_tflops=None, step_time_s=None, ranks_present=None, top=8, s
         "distributed": src.job(len(src.runs) if ranks_present is None else ranks_present),
         "untraced_optimizer_steps": int(meta.get("untraced_optimizer_steps") or 0),  # compiled before the trace
         "cycles_without_step": int(meta.get("cycles_without_step") or 0),  # iterations no step boundary split
+        "optimizer_state_found_late": int(meta.get("optimizer_state_found_late") or 0),  # bytes live_bytes missed
         "meter": src.meter_summary(),  # a metered run's per-step figures (tracer/meter.py); null without
         **sections(meta, accounts, peak_tflops, step_time_s, top, src),
     }
@@ -122,6 +123,10 @@ def _print_report(df, args, out, sql=None):
         k = meta["untraced_optimizer_steps"]
         print(f"Note: {k:,} optimizer step{'s' if k != 1 else ''} ran untraced (compiled before the trace: their "
               f"kernels bypass the dispatcher); optimizer FLOPs and bytes leave them out", file=out)
+    if meta.get("optimizer_state_found_late"):
+        print(f"Note: {meta['optimizer_state_found_late']:,} bytes of optimizer state were alive when the Tracer was "
+              "entered but found only at their optimizer's step: live_bytes and the memory figures before it leave "
+              "them out", file=out)
     if cycles_note(meta):  # explain says it too, but it needs model= and tokens=
         print(f"Note: {cycles_note(meta)}", file=out)
     if meta.get("backward_unnamed_rows"):
