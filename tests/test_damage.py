@@ -213,7 +213,7 @@ def test_a_huge_marker_is_refused_unread(trace, capsys):
         ({"device": "cpu"}, r"optrace metadata \(part-000009\.parquet\) 'device' is \"cpu\", expected an object"),
         ({"rows": "many"}, r"optrace metadata \(part-000009\.parquet\) 'rows' is \"many\", expected an int"),
         ({"lost_rows": -3}, r"optrace metadata \(part-000009\.parquet\) 'lost_rows' is -3, expected a count >= 0"),
-        ({"parameters": {"w": {"storage_id": 2**40, "shape": [2], "dtype": "float32"}}},
+        ({"parameters": {"w": {"storage_id": 2**40, "numel": 2, "shape": [2], "dtype": "float32"}}},
          r"optrace metadata parameter 'w' has storage id 1,099,511,627,776; expected 0 to 1,049,296 "
          r"\(a damaged or hand-edited trace\?\)"),  # 2**20 + 16 * 45 rows = 1,049,296
         ({"storage_roles": {"at_entry": [[3, 64, 1]]}},
@@ -230,10 +230,19 @@ def test_a_huge_marker_is_refused_unread(trace, capsys):
         ({"attention": [1]}, r"optrace metadata \(part-000009\.parquet\) 'attention' is \[1\], expected an object"),
         ({"optimizer_state_found_late": 1.5},
          r"optrace metadata \(part-000009\.parquet\) 'optimizer_state_found_late' is 1\.5, expected an int"),
+        # the entries of parameters and FSDP2's unsharded parameters (a KeyError or TypeError before)
+        ({"unsharded_parameters": {"w": 1}},
+         r"optrace metadata \(part-000009\.parquet\) unsharded parameter 'w' is 1, expected an object"),
+        ({"parameters": {"w": {"storage_id": 0}}},
+         r"optrace metadata \(part-000009\.parquet\) parameter 'w' has no 'numel', 'dtype'"),
+        ({"unsharded_parameters": {"w": {"storage_id": 2**40, "numel": 4, "dtype": "float32"}}},
+         r"optrace metadata unsharded parameter 'w' has storage id 1,099,511,627,776; expected 0 to 1,049,296 "
+         r"\(a damaged or hand-edited trace\?\)"),
     ],
     ids=["roles_not_a_list", "device_a_string", "rows_a_string", "negative_count", "parameter_id_2_40",
          "at_entry_record_of_three", "resized_id_2_40", "untraced_steps_a_string", "negative_cycles",
-         "attention_a_list", "late_state_a_float"],
+         "attention_a_list", "late_state_a_float", "unsharded_entry_an_int", "parameter_without_numel",
+         "unsharded_id_2_40"],
 )
 def test_wrongly_typed_metadata_is_one_line(trace, capsys, fields, message):
     rewrite(trace / "part-000009.parquet", set_metadata(**fields))

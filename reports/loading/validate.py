@@ -269,6 +269,7 @@ DEVICE_FIELDS = {
     "multi_processor_count": _INT, "total_memory_bytes": _INT, "fake": _BOOL,
 }  # fmt: skip
 PARAMETER_FIELDS = {"storage_id": _INT, "numel": _INT, "shape": _LIST, "dtype": _STR}
+PARAMETER_NEEDED = ("storage_id", "numel", "dtype")  # read by every report of a parameter
 NESTED = {"params": dict.fromkeys(("total", "trainable", "embedding"), _INT), "step_time": {"median_s": _NUM},
           "ceiling": {"flops_per_s": _NUM, "dtype": _STR}, "bandwidth": {"bytes_per_s": _NUM}, "device": DEVICE_FIELDS}  # fmt: skip
 COUNTS = ("rows", "parts", "lost_rows", "record_errors", "backward_unnamed_rows", "untraced_optimizer_steps",
@@ -311,12 +312,19 @@ def check_metadata(path, meta, what="optrace metadata", where=None, roles_only=F
     for key, fields in NESTED.items():
         if meta.get(key) is not None:
             _check_fields(path, f"{what} {key}", meta[key], fields)
-    for name, info in (meta.get("parameters") or {}).items():
-        if not isinstance(info, dict):
-            raise ReportError(f"{path}: {what} parameter {name!r} is {_short(info)}, expected an object")
-        _check_fields(path, f"{what} parameter {name!r}", info, PARAMETER_FIELDS)
-        if not all(_is(d, _INT) and d >= 0 for d in info.get("shape") or ()):
-            raise ReportError(f"{path}: {what} parameter {name!r} shape is {_short(info['shape'])}, expected a list of ints >= 0")
+    for key, kind in (("parameters", "parameter"), ("unsharded_parameters", "unsharded parameter")):
+        for name, info in (meta.get(key) or {}).items():
+            if not isinstance(info, dict):
+                raise ReportError(f"{path}: {what} {kind} {name!r} is {_short(info)}, expected an object")
+            _check_fields(path, f"{what} {kind} {name!r}", info, PARAMETER_FIELDS)
+            missing = [field for field in PARAMETER_NEEDED if info.get(field) is None]
+            if missing:  # the tracer has written them since its first version
+                raise ReportError(f"{path}: {what} {kind} {name!r} has no {', '.join(map(repr, missing))}")
+            if info["numel"] < 0:
+                raise ReportError(f"{path}: {what} {kind} {name!r} 'numel' is {info['numel']}, expected a count >= 0")
+            if not all(_is(d, _INT) and d >= 0 for d in info.get("shape") or ()):
+                raise ReportError(f"{path}: {what} {kind} {name!r} shape is {_short(info['shape'])}, expected a list of "
+                                  "ints >= 0")  # fmt: skip
     _check_roles(path, what, meta)
 
 
@@ -343,7 +351,9 @@ def _ints(values):
 
 def check_metadata_ids(path, meta, id_limit):
     """Raise ReportError when a storage id of the metadata (parameters, storage roles) is beyond `id_limit`."""
-    found = [(f"parameter {name!r}", info.get("storage_id")) for name, info in (meta.get("parameters") or {}).items()]
+    found = [(f"{kind} {name!r}", info.get("storage_id"))
+             for key, kind in (("parameters", "parameter"), ("unsharded_parameters", "unsharded parameter"))
+             for name, info in (meta.get(key) or {}).items()]  # fmt: skip
     for key, ids in (meta.get("storage_roles") or {}).items():
         at = ROLE_RECORDS[key].index("id") if key in ROLE_RECORDS else None
         values = ids if at is None else [i[at] for i in ids]
