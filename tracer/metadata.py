@@ -126,10 +126,8 @@ class Roles:
                 self.add("gradient", p.grad)
 
     def optimizer_state(self, optimizer):
-        for state in optimizer.state.values():
-            for value in state.values():
-                if isinstance(value, torch.Tensor):
-                    self.add("optimizer_state", value)
+        for value in state_tensors(optimizer):
+            self.add("optimizer_state", value)
 
     def resized(self, seq, sid, nbytes):
         self.new[RESIZED].append([seq, sid, nbytes])
@@ -154,12 +152,10 @@ def register_at_entry(model, table, roles, unsharded, next_seq, on_error):
                     _register(table, p.grad)
             roles.gradients(params)
             param_ids, found = {id(p) for p in params}, []
-            for optimizer in _optimizers(params):
+            for optimizer in _optimizers(param_ids):
                 found.append(optimizer)
-                for state in optimizer.state.values():
-                    for value in state.values():
-                        if isinstance(value, torch.Tensor):
-                            _register(table, value)
+                for value in state_tensors(optimizer):
+                    _register(table, value)
                 roles.optimizer_state(optimizer)
             unsharded.at_entry()
         except Exception as exc:  # bookkeeping only: counted, the program goes on
@@ -176,9 +172,16 @@ def _register(table, tensor):
         pass
 
 
-def _optimizers(params):
-    """The live optimizers holding any of `params`, among every live optimizer (`LIVE_OPTIMIZERS`)."""
-    ids = {id(p) for p in params}
+def state_tensors(optimizer):
+    """The tensors of `optimizer`'s state (exp_avg, exp_avg_sq, step, ...)."""
+    for state in optimizer.state.values():
+        for value in state.values():
+            if isinstance(value, torch.Tensor):
+                yield value
+
+
+def _optimizers(ids):
+    """The live optimizers holding a parameter whose id is in `ids`, among every live optimizer (`LIVE_OPTIMIZERS`)."""
     for obj in LIVE_OPTIMIZERS.live():
         if any(id(p) in ids for g in obj.param_groups for p in g["params"]):
             yield obj

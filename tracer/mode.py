@@ -20,7 +20,7 @@ from tracer.errors import TraceError
 from tracer.dispatch import _tensors, _TraceMode, make_inert
 from tracer.layouts import STRIDED, describe, odd_flops, register_subclass
 from tracer.native import choose, wanted as wanted_collector
-from tracer.metadata import Roles, dtype_name, now, register_at_entry, run_metadata
+from tracer.metadata import Roles, dtype_name, now, register_at_entry, run_metadata, state_tensors
 from tracer.safety import warn, write_failure_message
 from tracer.schema import CAUSAL_NONE, INT64_MAX, NO_VALUE, FlopBasis
 from tracer.storage import StorageTable
@@ -549,21 +549,19 @@ class Tracer:
         if not any(id(p) in self._model_param_ids for p in params):
             return  # not the model's: its state is never registered at entry (register_at_entry)
         unseen = {}
-        for state in optimizer.state.values():
-            for value in state.values():
-                if not isinstance(value, Tensor):
-                    continue
-                try:
-                    storage = distributed.local_tensor(value).untyped_storage()
-                except Exception:  # no storage (sparse, nested): never registered at entry either
-                    continue
-                if self._storages.known(storage) is None:
-                    unseen[storage._cdata] = storage.nbytes()
+        for value in state_tensors(optimizer):
+            try:
+                storage = distributed.local_tensor(value).untyped_storage()
+            except Exception:  # no storage (sparse, nested): never registered at entry either
+                continue
+            if self._storages.known(storage) is None:
+                unseen[storage._cdata] = storage.nbytes()
         if unseen:
-            self._state_found_late += sum(unseen.values())  # the metadata's optimizer_state_found_late
-            warn(f"optrace: the state of optimizer {type(optimizer).__name__} ({sum(unseen.values()):,} bytes in "
-                 f"{len(unseen)} storage(s)) was alive when the Tracer was entered but was not found then; live_bytes "
-                 "before its step does not count it")
+            late = sum(unseen.values())
+            self._state_found_late += late  # the metadata's optimizer_state_found_late
+            warn(f"optrace: the state of optimizer {type(optimizer).__name__} ({late:,} bytes in {len(unseen)} "
+                 "storage(s)) was alive when the Tracer was entered but was not found then; live_bytes before its "
+                 "step does not count it")
 
     def _record_failed(self, op, exc):
         self._errors += 1

@@ -270,6 +270,7 @@ DEVICE_FIELDS = {
 }  # fmt: skip
 PARAMETER_FIELDS = {"storage_id": _INT, "numel": _INT, "shape": _LIST, "dtype": _STR}
 PARAMETER_NEEDED = ("storage_id", "numel", "dtype")  # read by every report of a parameter
+PARAMETER_TABLES = (("parameters", "parameter"), ("unsharded_parameters", "unsharded parameter"))  # (key, word)
 NESTED = {"params": dict.fromkeys(("total", "trainable", "embedding"), _INT), "step_time": {"median_s": _NUM},
           "ceiling": {"flops_per_s": _NUM, "dtype": _STR}, "bandwidth": {"bytes_per_s": _NUM}, "device": DEVICE_FIELDS}  # fmt: skip
 COUNTS = ("rows", "parts", "lost_rows", "record_errors", "backward_unnamed_rows", "untraced_optimizer_steps",
@@ -312,7 +313,7 @@ def check_metadata(path, meta, what="optrace metadata", where=None, roles_only=F
     for key, fields in NESTED.items():
         if meta.get(key) is not None:
             _check_fields(path, f"{what} {key}", meta[key], fields)
-    for key, kind in (("parameters", "parameter"), ("unsharded_parameters", "unsharded parameter")):
+    for key, kind in PARAMETER_TABLES:
         for name, info in (meta.get(key) or {}).items():
             if not isinstance(info, dict):
                 raise ReportError(f"{path}: {what} {kind} {name!r} is {_short(info)}, expected an object")
@@ -352,8 +353,7 @@ def _ints(values):
 def check_metadata_ids(path, meta, id_limit):
     """Raise ReportError when a storage id of the metadata (parameters, storage roles) is beyond `id_limit`."""
     found = [(f"{kind} {name!r}", info.get("storage_id"))
-             for key, kind in (("parameters", "parameter"), ("unsharded_parameters", "unsharded parameter"))
-             for name, info in (meta.get(key) or {}).items()]  # fmt: skip
+             for key, kind in PARAMETER_TABLES for name, info in (meta.get(key) or {}).items()]  # fmt: skip
     for key, ids in (meta.get("storage_roles") or {}).items():
         at = ROLE_RECORDS[key].index("id") if key in ROLE_RECORDS else None
         values = ids if at is None else [i[at] for i in ids]
