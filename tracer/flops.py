@@ -17,7 +17,8 @@ in order, at:
    - "foreach": `_foreach_*` and `_fused_adam(w)_`-style optimizer ops, one FLOP per element
      of the first tensor list. NB: `_foreach_addcmul_` and `_foreach_lerp_` count 1 per
      element, as `addcmul_` does as "elementwise"; a fused Adam step counts 1, not ~15.
-   - "reduction": one FLOP per input element (sum, mean, amax, norm, cumsum, losses).
+   - "reduction": one FLOP per input element (sum, mean, amax, norm, cumsum, losses); a pool one per
+     input element each window reads (tracer/pool_flops.py).
    - "none": views, copies, fills, factories, random draws: 0 FLOPs.
    - "unknown": anything else, counted as 0. `flop_rule` never raises.
 

@@ -14,6 +14,7 @@ from typing import Callable
 import torch
 
 import tracer.composite_flops  # noqa: F401 (registers the formulas of composite ops)
+import tracer.pool_flops  # noqa: F401 (registers the formulas of pooling)
 from tracer.flops import FlopCount, _registry
 from tracer.grouped_flops import concrete_ints, grouped_mm_count, varlen_attention_count
 
@@ -51,6 +52,8 @@ _NONE_OPS = frozenset("""
     bernoulli bernoulli_ exponential exponential_ random_ cauchy cauchy_ geometric geometric_ log_normal
     log_normal_ multinomial _philox_normal_ _philox_uniform_ _philox_key_split _philox_key_fold_in
     _nested_tensor_from_tensor_list _nested_from_padded _nested_from_padded_and_nested_example to_padded_tensor
+    upsample_nearest1d upsample_nearest2d upsample_nearest3d _upsample_nearest_exact1d _upsample_nearest_exact2d
+    _upsample_nearest_exact3d
 """.split())
 _NONE_NAMESPACES = {"profiler", "prim", "fsdp"}  # fsdp: FSDP2's copy-in, copy-out and chunk_cat copies
 _OPTIMIZER_OPS = frozenset("_fused_adam_ _fused_adamw_ _fused_sgd_ _fused_adagrad_".split())
@@ -82,6 +85,13 @@ _PER_ELEMENT = {
              "hardtanh_backward hardsigmoid_backward hardswish_backward log_sigmoid_backward "
              "rrelu_with_noise_backward softshrink_backward"),
     **_table("elementwise", "grad_out", "hardshrink_backward"),
+    # a max pool's gradient goes to its argmax, a nearest upsampling's to the input it was copied from: one add
+    # per output gradient (tracer/pool_flops.py counts the other pools)
+    **_table("elementwise", "grad_output", "max_pool2d_with_indices_backward max_pool3d_with_indices_backward "
+             "adaptive_max_pool2d_backward adaptive_max_pool3d_backward mkldnn_max_pool2d_backward "
+             "mkldnn_max_pool3d_backward upsample_nearest1d_backward upsample_nearest2d_backward "
+             "upsample_nearest3d_backward _upsample_nearest_exact1d_backward _upsample_nearest_exact2d_backward "
+             "_upsample_nearest_exact3d_backward"),
     **_table("elementwise", "self", "hardswish hardswish_ log_sigmoid_forward rrelu_with_noise rrelu_with_noise_ "
              "rrelu_with_noise_functional _prelu_kernel _prelu_kernel_backward glu_backward"),
     # weight_norm's w = g v / ||v|| and its backward: one per element of v
