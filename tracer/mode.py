@@ -321,21 +321,20 @@ class Tracer:
 
     def set_ceiling(self, ceiling):
         """Record the achievable matmul FLOP/s (the dict `matmul_ceiling` returns) for "of achievable" MFU."""
-        if not isinstance(ceiling, dict) or not isinstance(ceiling.get("flops_per_s"), float):
-            raise TraceError(f"set_ceiling: expected the dict matmul_ceiling returns, got {ceiling!r}")
-        if self._writer is None:
-            raise TraceError("set_ceiling: the Tracer has not been entered yet")
-        self._meta["ceiling"] = ceiling
-        self._late_update("set_ceiling")
+        self._set_measured("set_ceiling", "ceiling", ceiling, "flops_per_s", "matmul_ceiling")
 
     def set_bandwidth(self, bandwidth):
         """Record the achievable memory bytes/s (the dict `memory_bandwidth` returns): the roofline's memory roof on a CPU."""
-        if not isinstance(bandwidth, dict) or not isinstance(bandwidth.get("bytes_per_s"), float):
-            raise TraceError(f"set_bandwidth: expected the dict memory_bandwidth returns, got {bandwidth!r}")
+        self._set_measured("set_bandwidth", "bandwidth", bandwidth, "bytes_per_s", "memory_bandwidth")
+
+    def _set_measured(self, what, key, value, field, maker):
+        """Put a measured figure (the dict `maker` returns, with a float `field`) in the metadata as `key`."""
+        if not isinstance(value, dict) or not isinstance(value.get(field), float):
+            raise TraceError(f"{what}: expected the dict {maker} returns, got {value!r}")
         if self._writer is None:
-            raise TraceError("set_bandwidth: the Tracer has not been entered yet")
-        self._meta["bandwidth"] = bandwidth
-        self._late_update("set_bandwidth")
+            raise TraceError(f"{what}: the Tracer has not been entered yet")
+        self._meta[key] = value
+        self._late_update(what)
 
     def _late_update(self, what):
         """After the `with` block, add one empty part carrying the updated metadata, if the trace
