@@ -288,6 +288,19 @@ def test_cli_bad_gpu_is_one_line(tmp_path, capsys):
     assert "unknown assumption 'warp_speed'" in capsys.readouterr().err
 
 
+def test_cpu_target_without_a_measured_bandwidth_is_one_line(tmp_path):
+    """A CPU trace without Tracer.set_bandwidth: no datasheet prices its memory-bound ops, so `plan --gpu cpu`
+    says what to record (it raised a TypeError dividing by None)."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 8)
+    with Tracer(tmp_path / "cpu", model=model, tokens=4):
+        model(torch.randn(4, 8)).sum().backward()
+    df = reports.load(tmp_path / "cpu")
+    with pytest.raises(reports.ReportError, match=r"gpu 'cpu' needs the CPU's memory bandwidth.*set_bandwidth"):
+        reports.plan(df, "cpu")
+    assert reports.plan(df, "H100 SXM")["gpu"].tolist() == ["H100 SXM"]  # a GPU target has its datasheet's
+
+
 def test_bad_arguments_name_the_value(small):
     with pytest.raises(reports.ReportError, match="gpus_per_node must be an int >= 1, got 0"):
         reports.plan(small, "H100", gpus_per_node=0)

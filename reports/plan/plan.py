@@ -75,6 +75,9 @@ def _target(gpu, meta):
             raise ReportError("plan: gpu 'cpu' plans a trace against the CPU it ran on; this trace ran on "
                               f"{device.get('name')!r}")
         bandwidth, bw_source = peak_bandwidth(device, None, meta.get("bandwidth"))
+        if bandwidth is None:  # no datasheet fits a CPU: memory-bound ops cannot be priced without a measured one
+            raise ReportError(f"plan: gpu 'cpu' needs the CPU's memory bandwidth, which this trace does not record "
+                              f"({bw_source})")
         return entry, lambda d: cpu_ideal_flops(device, d)[0], bandwidth, bw_source, None
     key = entry["peak_key"]
     bandwidth, bw_source = BANDWIDTH[entry["bandwidth_key"]]
