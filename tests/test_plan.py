@@ -343,3 +343,9 @@ def test_a_group_is_placed_by_its_ranks():
     assert seconds == pytest.approx(41.2e-6 + 1_572_864 / 80e9, rel=1e-12)
     # the same 4 ranks taken as consecutive: one node, NVLink 360e9 B/s, 8.4 + 6 x 3.4 = 28.8 us
     assert collective_cost("all_reduce", 2**20, 4, h100, 8, DEFAULTS)[0] == pytest.approx(28.8e-6 + 1_572_864 / 360e9, rel=1e-12)
+    # a broadcast is one pipelined ring step (NCCL tuning.cc): 8.4 + 3.4 = 11.8 us on one node whatever W (it
+    # was 8.4 + 7 x 3.4 + 9.6 = 41.8 us for 8 ranks, a network step on no network); 8.4 + 9.6 = 18 us across nodes
+    for w, ranks, latency in ((2, None, 11.8e-6), (8, None, 11.8e-6), (4, [0, 1, 8, 9], 18.0e-6)):
+        assert collective_cost("broadcast", 2**20, w, h100, 8, DEFAULTS, ranks)[3] == pytest.approx(latency, rel=1e-12)
+    # the others: W steps, none across nodes on one node (all-to-all on 4 consecutive ranks: 8.4 + 4 x 3.4 = 22 us)
+    assert collective_cost("all_to_all", 2**20, 4, h100, 8, DEFAULTS)[3] == pytest.approx(22.0e-6, rel=1e-12)

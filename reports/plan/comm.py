@@ -16,7 +16,9 @@ gpus_per_node)), and the plan says so.
              (NCCL tuning.cc: bus bandwidth = channels x the inter-node speed)
   latency    nccl_base_s + steps within a node x nvlink_step_s (pcie_step_s) + steps across
              nodes x net_step_s, with NCCL's step counts: W-1 (n-1 across) for all-gather and
-             reduce-scatter, 2(W-1) (2(n-1)) for all-reduce, W (n) for the others
+             reduce-scatter, 2(W-1) (2(n-1)) for all-reduce, 1 for broadcast and reduce (NCCL
+             prices its pipelined ring as one step, across nodes when it spans several), W (n,
+             none on one node) for the others
   time       latency + bytes / bandwidth; 0 for a group of one rank
 
 Overlap model (`overlap="prefetch"`, FSDP2's): the step runs on two streams, compute and
@@ -49,7 +51,9 @@ def _steps(kind, w, nodes):
         return w - 1, nodes - 1
     if kind == "all_reduce":
         return 2 * (w - 1), 2 * (nodes - 1)
-    return w, nodes
+    if kind in ("broadcast", "reduce"):  # a pipelined ring: one step's latency, over the network if it spans nodes
+        return 1, int(nodes > 1)
+    return w, nodes if nodes > 1 else 0
 
 
 def placement(w, gpus_per_node, ranks=None):
