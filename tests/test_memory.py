@@ -83,6 +83,32 @@ def test_optimizer_state_after_one_step(one_step):
     assert categories(one_step, "end")["optimizer_state"] == 2 * 4 * P + 4 * TENSORS == 480
 
 
+def test_zero_redundancy_optimizers_state_is_optimizer_state(tmp_path):
+    """ZeroRedundancyOptimizer keeps its state in the inner optimizer (`.optim`): it was 0 bytes of
+    optimizer_state, its AdamW moments counted as temporaries (and the plan scaled them with the batch)."""
+    import torch.distributed as dist
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+        opt = ZeroRedundancyOptimizer(model.parameters(), torch.optim.AdamW, lr=0.1)
+        x = torch.randn(3, 4)
+        with Tracer(tmp_path / "zero", model=model):
+            for _ in range(2):
+                model(x).pow(2).mean().backward()
+                opt.step()
+                opt.zero_grad()
+    finally:
+        dist.destroy_process_group()
+    df = load(tmp_path / "zero")
+    # the state the first step made: exp_avg and exp_avg_sq of every parameter and a float32 step per tensor
+    assert categories(df, "end")["optimizer_state"] == 2 * 4 * P + 4 * TENSORS == 480
+    roles = next(iter(df.attrs["runs"].values()))["storage_roles"]
+    assert len(roles["optimizer_state"]) == 3 * TENSORS  # 12 storages
+
+
 def test_categories_at_the_end_of_the_first_of_two_steps(two_steps):
     last = int(two_steps.loc[two_steps["step"] == 0, "seq"].max())  # zero_grad frees the gradients in step 1
     at = categories(two_steps, last)

@@ -437,6 +437,8 @@ class Attribution:
     def _optimizer_post(self, optimizer, args, kwargs):
         if not self.traced():
             return
+        if self._on_step_end is not None:  # every step's state, a wrapper's inner one's too (ZeRO keeps it in .optim)
+            self._on_step_end(optimizer)
         if not self._running.exit():  # a wrapper's inner step ended: the wrapper's step goes on
             return
         if self._expect_ops and not self._optimizer_ops:  # compiled before the trace: it bypassed the dispatcher
@@ -444,5 +446,3 @@ class Attribution:
         self.in_optimizer = self._closure = False
         self._in_closure = 0
         self.steps.optimizer_end()
-        if self._on_step_end is not None:
-            self._on_step_end(optimizer)
