@@ -110,6 +110,33 @@ def test_gradient_sources_follow_adds_and_one_cast_at_most(ops, weight_gradient)
 
 
 # 8. weights of modules outside model= ------------------------------------------------------------
+@pytest.mark.parametrize("engine", ["pandas", "sql"])
+def test_a_trained_module_outside_the_model_keeps_its_weight_gradients(tmp_path, capsys, engine):
+    """model=A, B outside it but trained (a GAN's discriminator with model=G): B's dW = xᵀ @ dL/dy becomes a
+    gradient as A's does, and was counted as A's backward weight matmul (making A's backward 4·N·T exactly)."""
+    torch.manual_seed(0)
+    a, b = nn.Linear(32, 32, bias=False), nn.Linear(32, 32, bias=False)
+    opt = torch.optim.SGD([*a.parameters(), *b.parameters()], lr=0.1)
+    x = torch.randn(64, 32)
+    path = str(tmp_path / "outside")
+    with Tracer(path, model=a, tokens=64):
+        for _ in range(3):
+            b(a(x)).square().mean().backward()
+            opt.step()
+            opt.zero_grad()
+    frame = reports.breakdown(reports.load(path)).set_index("phase")
+    # each matmul [64, 32] @ [32, 32]: 2·64·32·32 = 131,072 FLOPs, per step
+    # A: forward 131,072 = 2·N·T; backward dW only (x needs no gradient) 131,072 = 2·N·T
+    assert frame.loc["forward", "weight_matmul_flops"] == 131_072 and frame.loc["backward", "weight_matmul_flops"] == 131_072
+    # B: forward 131,072; backward dL/dx + dW = 262,144: all outside the model
+    assert frame.loc["forward", "external_weight_flops"] == 131_072
+    assert frame.loc["backward", "external_weight_flops"] == 262_144
+    from reports.output.cli import main
+
+    main(["report", path, "--engine", engine])
+    assert "Backward weight matmuls: 131,072 FLOPs = 2.00·N·T, not 4·N·T (262,144)" in capsys.readouterr().out
+
+
 def test_a_frozen_teachers_matmul_is_external_not_attention(tmp_path, capsys):
     torch.manual_seed(0)
     student, teacher = nn.Linear(8, 4, bias=False), nn.Linear(8, 4, bias=False)  # the same class

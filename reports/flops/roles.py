@@ -22,7 +22,10 @@
                    ([..., K, N] or its transpose) is W's dW.
   external_weight  an operand is a parameter of a module outside `model=` (metadata
                    storage_roles["external_parameter"]; absent in older traces): a
-                   frozen teacher's forward. Or a weight-only quantized matmul whose packed
+                   frozen teacher's forward. Or the dW of such a weight, when it is trained
+                   (a GAN's discriminator with model=G): a row that becomes a gradient and reads
+                   an activation that a forward multiplied by an external weight and by no model
+                   weight. Or a weight-only quantized matmul whose packed
                    weight is no parameter (a buffer: tracer/rules.py PACKED_WEIGHT). Never
                    part of N, never attention.
   attention        the other matmuls (two activations: q @ kᵀ, softmax(·) @ v and their
@@ -297,9 +300,17 @@ class Roles:
         writes_grad[out_rows[np.isin(out_ids, np.fromiter(to_grad, dtype=np.int64, count=len(to_grad)))]] = True
         grad = no_hit & ~ext & writes_grad
         forward, backward = (rows["phase"] == "forward").to_numpy(), (rows["phase"] == "backward").to_numpy()
+        # a trained module outside model= (a GAN's discriminator, a head): its dW = xᵀ @ dL/dy also becomes a
+        # gradient, and reads the x its forward multiplied by its external weight, which no model weight multiplied
+        model_acts = act[~no_hit & forward[at]]
+        ext_fwd = ext & forward[at]
+        is_ext = np.isin(pair[ext_fwd], np.fromiter(external, dtype=np.int64, count=len(external)))
+        ext_acts = np.where(is_ext[:, 0], pair[ext_fwd][:, 1], pair[ext_fwd][:, 0]) if len(is_ext) else pair[:0, 0]
+        theirs = grad & np.isin(pair, np.setdiff1d(ext_acts, model_acts)).any(axis=1) & ~np.isin(pair, model_acts).any(axis=1)
+        grad, ext = grad & ~theirs, ext | theirs
         act[no_hit] = _NO_ID
         grad |= self._unstored_weight_gradients(rows, at, pair, no_hit & ~ext & ~grad & backward[at],
-                                                act[~no_hit & forward[at]], param[~no_hit & forward[at]])
+                                                model_acts, param[~no_hit & forward[at]])
 
         self.param = pd.Series(_NO_PARAM, index=rows.index, dtype="int64")
         self.param.iloc[at] = np.where(no_hit, _NO_PARAM, param)
