@@ -31,6 +31,11 @@ def ids(values):
     return [int(i) for i in values] if values is not None else []
 
 
+def tokens_text(t):
+    """Tokens per step as printed: an int, or the mean over steps of different lengths to two decimals."""
+    return f"{int(t):,}" if float(t).is_integer() else f"{t:,.2f}"
+
+
 def pct(part, whole):
     """`part` as a percentage (0-100) of `whole`; 0 where `whole` is 0. Scalars, arrays or Series."""
     if np.ndim(whole) == 0:

@@ -212,6 +212,19 @@ def test_attention_matmuls_and_fused_kernel(tmp_path):
         assert "L·S·d = 64" in text  # 4,096 / (4 * T) with T = 16: 1 layer x 8 positions x width 8
         assert ("recomputes q @ kᵀ: 2,048 FLOPs of recomputation" in text) == fused  # 2 * b * h * s * s * e
 
+        # an evaluation under no_grad in the step (nanoGPT's estimate_loss): its attention is no training's L·S·d
+        def train_and_evaluate():
+            with torch.no_grad():
+                model(x)
+            model(x).backward()
+
+        df = trace(tmp_path / f"eval{fused}", model, train_and_evaluate, tokens=b * s)
+        assert breakdown(df).set_index("phase").loc["forward", "attention_flops"] == 2 * 4096  # both forwards
+        text = "\n".join(explain(df))
+        assert "L·S·d = 64" in text  # it was 128: the evaluation's 4,096 counted as training's forward
+        assert ("backward 10,240 (2.500 x forward)" if fused else "backward 8,192 (2.000 x forward)") in text
+        assert "Another 4,096 FLOPs per step of attention ran in forward passes that no backward reads" in text
+
 
 def test_errors(xw, tmp_path):
     with pytest.raises(ReportError, match=r"breakdown: n must be one of 'matmul', 'total', 'non_embedding' or a positive int, got 'bogus'"):
@@ -343,7 +356,7 @@ def test_the_optimizer_line_says_which_adamw_ran(tmp_path, how, words):
         opt.step()
 
     text = "\n".join(explain(trace(tmp_path / "opt", model, step)))
-    assert words in text and "over all 212 parameters" in text  # 192 weights + 16 + 4 biases
+    assert words in text and "over the 212 parameters its steps updated" in text  # 192 weights + 16 + 4 biases
 
 
 def test_a_tied_head_is_named_by_the_module_that_uses_it(tmp_path):

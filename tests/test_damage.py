@@ -230,6 +230,8 @@ def test_a_huge_marker_is_refused_unread(trace, capsys):
         ({"attention": [1]}, r"optrace metadata \(part-000009\.parquet\) 'attention' is \[1\], expected an object"),
         ({"optimizer_state_found_late": 1.5},
          r"optrace metadata \(part-000009\.parquet\) 'optimizer_state_found_late' is 1\.5, expected an int"),
+        ({"optimizer_params": "many"},
+         r"optrace metadata \(part-000009\.parquet\) 'optimizer_params' is \"many\", expected an int"),
         # the entries of parameters and FSDP2's unsharded parameters (a KeyError or TypeError before)
         ({"unsharded_parameters": {"w": 1}},
          r"optrace metadata \(part-000009\.parquet\) unsharded parameter 'w' is 1, expected an object"),
@@ -241,7 +243,8 @@ def test_a_huge_marker_is_refused_unread(trace, capsys):
     ],
     ids=["roles_not_a_list", "device_a_string", "rows_a_string", "negative_count", "parameter_id_2_40",
          "at_entry_record_of_three", "resized_id_2_40", "untraced_steps_a_string", "negative_cycles",
-         "attention_a_list", "late_state_a_float", "unsharded_entry_an_int", "parameter_without_numel",
+         "attention_a_list", "late_state_a_float", "updated_params_a_string", "unsharded_entry_an_int",
+         "parameter_without_numel",
          "unsharded_id_2_40"],
 )
 def test_wrongly_typed_metadata_is_one_line(trace, capsys, fields, message):

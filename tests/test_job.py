@@ -109,7 +109,7 @@ def test_fsdp2_rank_n_is_the_whole_model_and_its_optimizer_updates_its_shard(tmp
     # the rank holds 16,384 / 8 = 2,048 parameters; AdamW's foreach ops count 8 FLOPs per element, plus 4 step counters
     assert t.loc["optimizer", "flops"] == 8 * 2048 + 4 == 16388
     line = next(x for x in reports.explain(df) if x.startswith("Optimizer"))
-    assert "8.0 per parameter over the 2,048 parameters this rank holds" in line
+    assert "8.0 per parameter over the 2,048 parameters its steps updated" in line
     meta = df.attrs["runs"][next(iter(df.attrs["runs"]))]
     assert meta["device"] == {"type": "cpu", "name": "cpu (FakeTensorMode: no device ran the ops)", "fake": True}
 

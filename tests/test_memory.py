@@ -107,6 +107,7 @@ def test_zero_redundancy_optimizers_state_is_optimizer_state(tmp_path):
     assert categories(df, "end")["optimizer_state"] == 2 * 4 * P + 4 * TENSORS == 480
     roles = next(iter(df.attrs["runs"].values()))["storage_roles"]
     assert len(roles["optimizer_state"]) == 3 * TENSORS  # 12 storages
+    assert next(iter(df.attrs["runs"].values()))["optimizer_params"] == P  # the inner AdamW's, this rank's shard
 
 
 def test_categories_at_the_end_of_the_first_of_two_steps(two_steps):

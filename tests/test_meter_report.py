@@ -62,3 +62,32 @@ def test_the_report_prints_the_error_count(tmp_path, capsys):
     optrace(["report", str(tmp_path / "err"), "--json"])
     found = json.loads(capsys.readouterr().out)["meter"]
     assert (found["steps"], found["traced_steps"], found["errors"]) == (1, [0], 1)
+
+
+def test_a_retraced_step_of_another_length_is_explained_with_its_own_tokens(tmp_path, capsys):
+    """The traced steps of a metered run have the tokens meter.step(tokens=) gave each: T is their mean, not the
+    constructor's tokens=, which made every token of a dense Linear seem to use only part of its weights."""
+    import reports
+
+    torch.manual_seed(0)
+    model = nn.Linear(64, 64, bias=False)  # N = 4,096
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    meter = Meter(tmp_path / "m", model=model, tokens=32, peak_flops=1e12)
+    for it in range(8):
+        tokens = 32 if it < 5 else 16
+        model(torch.randn(tokens, 64, requires_grad=True)).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+        meter.step(tokens=tokens)
+    meter.close()
+    df = reports.load(tmp_path / "m")
+    t = reports.breakdown(df).set_index("phase")
+    # traced: steps 0 and 1 (32 tokens) and step 6 (16, the new shape's re-trace): T = 80 / 3
+    assert t.loc["total", "tokens"] == 80 / 3 and t.loc["total", "n_active"] == 4096  # it said N_active 3,413
+    # forward weight matmuls per step: 2·4,096·(32 + 32 + 16) / 3 = 218,453.3 = 2·N·T
+    assert t.loc["forward", "weight_matmul_flops"] == pytest.approx(2 * 4096 * 80 / 3, rel=1e-12)
+    assert t.loc["forward", "weight_matmul_flops"] == pytest.approx(t.loc["forward", "expected_flops"], rel=1e-12)
+    assert reports.mfu(df)["tokens_per_step"].tolist() == [80 / 3]
+    optrace(["report", str(tmp_path / "m")])
+    out = capsys.readouterr().out
+    assert "N = 4,096 parameters (matmul), T = 26.67 tokens per step" in out and "N_active" not in out

@@ -134,7 +134,38 @@ def test_a_trained_module_outside_the_model_keeps_its_weight_gradients(tmp_path,
     from reports.output.cli import main
 
     main(["report", path, "--engine", engine])
-    assert "Backward weight matmuls: 131,072 FLOPs = 2.00·N·T, not 4·N·T (262,144)" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "Backward weight matmuls: 131,072 FLOPs = 2.00·N·T, not 4·N·T (262,144)" in out
+    # SGD updates A's and B's 2 x 1,024 weights, 1 FLOP each (it said 2.0 per parameter over A's 1,024)
+    assert "Optimizer: 2,048 FLOPs per step (1.0 per parameter over the 2,048 parameters its steps updated" in out
+
+
+def test_the_optimizer_line_divides_by_the_parameters_it_updated(tmp_path):
+    """LoRA: AdamW updates the low-rank factors only, not the frozen base the model's N counts."""
+    torch.manual_seed(0)
+
+    class LoRA(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.base = nn.Linear(16, 16, bias=False).requires_grad_(False)
+            self.a, self.b = nn.Parameter(torch.randn(16, 2)), nn.Parameter(torch.zeros(2, 16))
+
+        def forward(self, x):
+            return self.base(x) + x @ self.a @ self.b
+
+    model = LoRA()
+    opt = torch.optim.AdamW([model.a, model.b], lr=0.1, foreach=False)
+    with Tracer(tmp_path / "lora", model=model, tokens=8) as tr:
+        for _ in range(2):
+            model(torch.randn(8, 16)).square().mean().backward()
+            opt.step()
+            opt.zero_grad()
+            tr.step()
+    df = reports.load(tmp_path / "lora")
+    assert next(iter(df.attrs["runs"].values()))["optimizer_params"] == 16 * 2 + 2 * 16 == 64
+    line = next(x for x in reports.explain(df) if "Optimizer:" in x)
+    # of the model's 256 + 64 = 320 parameters, the 64 of a and b are updated; it said "per parameter over all 320"
+    assert "per parameter over the 64 parameters its steps updated" in line
 
 
 def test_a_frozen_teachers_matmul_is_external_not_attention(tmp_path, capsys):

@@ -99,6 +99,7 @@ from torch.nn.modules.module import (
 
 from tracer.backward import BackwardStack
 from tracer.compiled import compiled_in_place
+from tracer.distributed import local_tensor
 from tracer.modules import ModuleNames
 from tracer.safety import GlobalModuleHook
 from tracer.schema import Phase
@@ -213,6 +214,8 @@ class Attribution:
         self._nested = {}  # graph task of a backward run inside another, on an engine thread -> the outer node's module
         self._recompute_outer = ""  # the module of the node that began re-running modules (checkpointing)
         self._running = RunningSteps()  # optimizer steps running, one inside another
+        self._updating = []  # per optimizer step running: [id(optimizer), {id(param): numel}, another step ran in it]
+        self.updated = {}  # id(param) -> local numel, of every parameter an innermost optimizer step updated
         self._optimizer_ops = 0  # ops recorded in the optimizer phase of the running outermost step
         self._expect_ops = False  # the running outermost step has parameters with gradients: it must run ops
         self.untraced_optimizer_steps = 0  # optimizer steps whose hooks fired around no recorded op
@@ -390,6 +393,7 @@ class Attribution:
     def _optimizer_pre(self, optimizer, args, kwargs):
         if not self.traced():
             return
+        self._note_updating(optimizer)
         if not self._running.enter(levels=2):  # a wrapper's inner step (or a subclass's super().step()): part of the outer one
             return
         params = [p for group in optimizer.param_groups for p in group["params"]]
@@ -430,13 +434,34 @@ class Attribution:
         if not self._running.over(levels=1):
             return
         self._running.clear()
+        self._updating.clear()
         self.in_optimizer = False
         self._in_closure = 0
         self.steps.optimizer_end()
 
+    def _note_updating(self, optimizer):
+        """Note the parameters with a gradient of a step beginning: what it updates, unless a step runs inside it (a
+        wrapper's inner optimizer updates them: ZeroRedundancyOptimizer's `.optim` holds this rank's shard only)."""
+        if self._updating:
+            self._updating[-1][2] = True
+        del self._updating[:-64]  # steps that raised before their post hook are never popped: keep it bounded
+        params = {id(p): local_tensor(p).numel() for g in optimizer.param_groups for p in g["params"] if p.grad is not None}
+        self._updating.append([id(optimizer), params, False])
+
+    def _updated_by(self, optimizer):
+        """A step ended: its parameters were updated, when no step ran inside it."""
+        for i in range(len(self._updating) - 1, -1, -1):
+            if self._updating[i][0] == id(optimizer):
+                _, params, wrapped = self._updating[i]
+                del self._updating[i:]
+                if not wrapped:
+                    self.updated.update(params)
+                return
+
     def _optimizer_post(self, optimizer, args, kwargs):
         if not self.traced():
             return
+        self._updated_by(optimizer)
         if self._on_step_end is not None:  # every step's state, a wrapper's inner one's too (ZeRO keeps it in .optim)
             self._on_step_end(optimizer)
         if not self._running.exit():  # a wrapper's inner step ended: the wrapper's step goes on

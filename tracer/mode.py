@@ -671,6 +671,7 @@ class Tracer:
         meta["storage_roles"] = self._roles.take()
         meta["backward_unnamed_rows"] = self._attr.unnamed_backward
         meta["untraced_optimizer_steps"] = self._attr.untraced_optimizer_steps  # tracer/attribution.py
+        meta["optimizer_params"] = sum(self._attr.updated.values())  # the parameter elements optimizer steps updated
         meta["cycles_without_step"] = self._steps.cycles_without_step()  # tracer/steps.py
         meta["optimizer_state_found_late"] = self._state_found_late
         dtypes = self._writer.names["dtype"].names  # bytes per element of every dtype recorded, parameters' too

@@ -105,11 +105,28 @@ def _n_local(meta, roles):
     return sum(held.values())
 
 
+def traced_tokens(meta):
+    """The tokens of a metered run's traced steps, as `meter.step(tokens=)` gave them (tracer/meter.py), or None."""
+    try:
+        steps, traces = meta["meter"]["steps"], meta["meter"]["traces"]
+        picked = [t for t, traced, i in zip(steps["tokens"], steps["traced"], steps["trace"])
+                  if traced is True and isinstance(i, int) and 0 <= i < len(traces)
+                  and traces[i].get("trace_steps") is not None]  # fmt: skip
+    except (TypeError, KeyError, AttributeError):
+        return None
+    ok = picked and all(isinstance(t, int) and not isinstance(t, bool) and t > 0 for t in picked)
+    return picked if ok else None
+
+
 def _tokens(tokens, meta, what):
     if tokens is not None:
         if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens <= 0:
             raise ReportError(f"{what}: tokens must be a positive int (tokens per training step), got {tokens!r}")
         return tokens
+    metered = traced_tokens(meta)  # a Meter re-traces a step of another length: its steps' own tokens, not tokens=
+    if metered:
+        mean = sum(metered) / len(metered)  # the per-step figures are means over the traced steps
+        return int(mean) if mean.is_integer() else mean
     t = meta.get("tokens")
     if not t:
         raise ReportError(

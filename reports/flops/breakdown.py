@@ -59,7 +59,10 @@ def breakdown(df, n="matmul", tokens=None, accounts=None):
               "expected_active_flops": "float64", "active_ratio": "float64", "steps": "int64", "n_params": "int64",
               "n_rank": "int64", "n_active": "float64", "n_kind": object, "tokens": "int64"}
     frames = []
-    for acc in analyse(df, n, tokens, "breakdown") if accounts is None else accounts:
+    accounts = analyse(df, n, tokens, "breakdown") if accounts is None else accounts
+    if not all(float(acc.T).is_integer() for acc in accounts):  # a metered run's steps of several lengths: their mean
+        dtypes["tokens"] = "float64"
+    for acc in accounts:
         rows, N, T = acc.rows, acc.N, acc.T
         ph = rows["phase"]
         phases = ["forward", "backward", "optimizer"] + (["other"] if (ph == "other").any() else [])

@@ -6,7 +6,7 @@ identical steps says exactly what a trace of one says (but for the step count).
 
 import numpy as np
 
-from reports._util import pct
+from reports._util import pct, tokens_text
 from reports.flops.accounting import analyse, name_pattern, routing
 from reports.flops.recompute import attention_recompute, checkpoint_recompute
 from reports.loading.columns import cell_objects, has_column
@@ -106,7 +106,7 @@ class _Run:
         k = acc.steps
         own = " of the model's own (less the weights outside it)" if ext else ""
         self.out.append(
-            f"{acc.run}: per training step ({k} step{'s' if k != 1 else ''} traced; T = {T:,} tokens per step; "
+            f"{acc.run}: per training step ({k} step{'s' if k != 1 else ''} traced; T = {tokens_text(T)} tokens per step; "
             f"N = {N:,} {_N_DESC[acc.n_kind]}): forward {_f(fwd - ext_fwd)} FLOPs{own} = {_x(fwd - ext_fwd, 2 * N * T)} x 2·N·T, "
             f"backward {_f(bwd - ext_bwd)} = {_x(bwd - ext_bwd, 4 * N * T)} x 4·N·T, all phases {_f(total - ext)} = "
             f"{_x(total - ext, 6 * N * T)} x 6·N·T."
@@ -178,7 +178,7 @@ class _Run:
         if shared and round(fwd_wm) > 2 * self.acc.n_active * T:
             parts = [f"{roles.label(s)} {v:.2f}x ({v * T:,.0f} tokens)"
                      for s, v in sorted(shared.items(), key=lambda kv: -kv[1])[:5]]
-            line += (f" Above 2·N·T: some weights multiply more than T = {T:,} tokens per step in training's forward "
+            line += (f" Above 2·N·T: some weights multiply more than T = {tokens_text(T)} tokens per step in training's forward "
                      f"(shared or called several times, or tokens= counts fewer tokens than they see: a [CLS] token "
                      f"beside the patches, an encoder's source tokens beside the decoder's): "
                      f"{', '.join(parts)}{' ...' if len(shared) > 5 else ''}.")
@@ -200,7 +200,7 @@ class _Run:
                 called += f", or {k} forward passes in one step: call Tracer.step() after each pass"
             called += ")"
         return (f" {n_shared:,} of the N = {self._n_mm():,} parameters multiplied {count:,} tokens per step "
-                f"each: is tokens= ({self.T:,}) the tokens per step{called}?")
+                f"each: is tokens= ({tokens_text(self.T)}) the tokens per step{called}?")
 
     def no_grad_forward(self):
         """Forward weight matmuls no backward reads: evaluation under no_grad, frozen weights with inputs that need no gradient."""
@@ -265,9 +265,15 @@ class _Run:
     def attention(self):
         """Activation x activation matmuls and fused kernels, and the fused backward's recomputation."""
         T, cat, rows = self.T, self.cat, self.rows
-        att_fwd = self.ps(self.is_fwd & (cat == "attention"))
+        # the forward attention a backward reads (an evaluation under no_grad is left out of L·S·d: roles.py)
+        trained = self.is_fwd & (cat == "attention") & (self.roles.attention_training | self.no_backward)
+        att_fwd = self.ps(trained)
         att_bwd = self.ps(self.is_bwd & (cat == "attention"))
+        att_eval = self.ps(self.is_fwd & (cat == "attention") & ~trained)
         if not (att_fwd or att_bwd):
+            if att_eval:
+                self.out.append(f"Attention: {_f(att_eval)} FLOPs per step in forward passes that no backward reads "
+                                f"(an evaluation under no_grad), outside 6·N·T.")
             return
         fb = self.ps(self.is_fwd | self.is_bwd)
         if not att_fwd:  # activation x activation matmuls that only the backward runs: no L·S·d to speak of
@@ -283,6 +289,8 @@ class _Run:
             f"and 6·N·T leaves them out: forward {_f(att_fwd)} = 4·T·(L·S·d) with L·S·d = {att_fwd / (4 * T):,.0f} "
             f"(layers x sequence length x width; where q·k and v heads differ in width, d is the mean of the two), backward {_f(att_bwd)} ({_x(att_bwd, att_fwd)} x forward). With a "
             f"backward of twice the forward this is the 12·L·d·S·T term; it grows with the sequence length S."
+            + (f" Another {_f(att_eval)} FLOPs per step of attention ran in forward passes that no backward reads (an "
+               f"evaluation under no_grad): in the forward total, not in L·S·d." if att_eval else "")
         )
         k_fwd = self.ps(self.kernel & self.is_fwd & ~self.recompute)
         k_bwd = self.ps(self.kernel & self.is_bwd & ~self.recompute)
@@ -408,7 +416,8 @@ class _Run:
     def optimizer(self):
         opt = self.ps(self.is_opt)
         if opt:
-            total_params = self.acc.n_local or self._n_total()  # what this rank's optimizer updates
+            updated = self.acc.meta.get("optimizer_params")  # the parameter elements its steps updated (tracer)
+            total_params = updated or self.acc.n_local or self._n_total()  # older traces: what this rank holds
             ops = {str(o) for o in self.rows.loc[self.is_opt & (self.rows["flops"] > 0), "op"].unique()}
             fused = sorted(o for o in ops if o.startswith("aten._fused_"))
             if fused:
@@ -421,11 +430,15 @@ class _Run:
                 how = "its per-parameter elementwise ops count 1 FLOP per element (tracer/flops.py)"
             self.out.append(
                 f"Optimizer: {_f(opt)} FLOPs per step ({opt / total_params:.1f} per parameter over "
-                f"{'the ' + format(total_params, ',') + ' parameters this rank holds' if total_params < self._n_total() else 'all ' + format(total_params, ',') + ' parameters'}"
-                f", whatever T is), outside 6·N·T; {how}."
+                f"{self._updated_text(updated, total_params)}, whatever T is), outside 6·N·T; {how}."
             )
         elif not self.is_opt.any():
             self.out.append("Optimizer: no optimizer step in the trace.")
+
+    def _updated_text(self, updated, n):
+        if updated:
+            return f"the {n:,} parameters its steps updated"
+        return f"the {n:,} parameters this rank holds" if n < self._n_total() else f"all {n:,} parameters"
 
     def other_ops(self):
         mask = (self.is_fwd | self.is_bwd) & (self.cat == "other")

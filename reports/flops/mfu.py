@@ -41,6 +41,7 @@ import pandas as pd
 import pyarrow as pa
 
 from reports.errors import ReportError
+from reports.flops.accounting import traced_tokens
 from reports.flops.peaks import cpu_ideal_flops, normalize_dtype
 from reports.flops.peaks import peak_flops as lookup_peak
 from reports.flops.recompute import attention_recompute, checkpoint_recompute
@@ -142,7 +143,8 @@ def mfu(df, step_time_s=None, peak_flops=None, dtype=None):
         ceiling_rate = ceiling.get("flops_per_s")
         ceiling_dtype = ceiling.get("dtype")
         same_dtype = ceiling_dtype is not None and normalize_dtype(ceiling_dtype) == normalize_dtype(run_dtype)
-        tokens = meta.get("tokens")
+        metered = traced_tokens(meta)  # a Meter's traced steps, with the tokens meter.step(tokens=) gave each
+        tokens = sum(metered) / len(metered) if metered else meta.get("tokens")
         records.append({
             "run": run,
             "device": device.get("name"),

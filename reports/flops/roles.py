@@ -328,6 +328,27 @@ class Roles:
         used = set(self.param[fwd])
         self.matmul_params = sorted(used | self._idle_siblings(used))
         self.training = self._feeds_backward(rows, np.flatnonzero(fwd.to_numpy()), at[backward[at]], ins)
+        self.attention_training = self._attention_trained(rows, ins)
+
+    def _attention_trained(self, rows, ins):
+        """Per row: a forward attention row whose inputs (q and k, the probabilities and v) an attention row of the
+        backward of its step reads: training, where an evaluation pass under no_grad saves nothing. In a step that
+        re-ran checkpointed work the backward reads the re-run's storages: all of its attention counts as training."""
+        out = pd.Series(False, index=rows.index)
+        attention, phase = (self.category == "attention").to_numpy(), rows["phase"]
+        fwd = np.flatnonzero(attention & (phase == "forward").to_numpy())
+        if not len(fwd):
+            return out
+        step = rows["step"].to_numpy(dtype=np.int64)
+        bwd = np.flatnonzero(attention & (phase == "backward").to_numpy())
+        in_off, in_ids = _take_rows(ins, bwd)
+        read = np.unique(np.repeat(step[bwd], np.diff(in_off)) << 32 | (in_ids & 0xFFFFFFFF))  # sorted (step, storage)
+        f_off, f_ids = _take_rows(ins, fwd)
+        hit = _member(np.repeat(step[fwd], np.diff(f_off)) << 32 | (f_ids & 0xFFFFFFFF), read)
+        read_by = np.zeros(len(fwd), dtype=bool)
+        np.logical_or.at(read_by, np.repeat(np.arange(len(fwd)), np.diff(f_off)), hit)
+        out.iloc[fwd] = read_by | np.isin(step[fwd], step[_recomputed(rows)])
+        return out
 
     def _feeds_backward(self, rows, at, bwd, ins):
         """Per row: a forward weight matmul (rows `at`) whose work a backward matmul of the same step

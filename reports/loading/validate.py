@@ -263,6 +263,7 @@ META_FIELDS = {
     "parameters": _OBJ, "storage_roles": _OBJ, "step_time": _OBJ, "ceiling": _OBJ, "bandwidth": _OBJ,
     "timing": _OBJ, "unsharded_parameters": _OBJ, "compiled_ran_eagerly": _BOOL, "attention": _OBJ,
     "untraced_optimizer_steps": _INT, "cycles_without_step": _INT, "optimizer_state_found_late": _INT,
+    "optimizer_params": _INT,
 }  # fmt: skip
 DEVICE_FIELDS = {
     "type": _STR, "name": _STR, "cores": _INT, "threads": _INT, "mhz": _NUM, "max_mhz": _NUM, "isa": _LIST,
@@ -274,7 +275,7 @@ PARAMETER_TABLES = (("parameters", "parameter"), ("unsharded_parameters", "unsha
 NESTED = {"params": dict.fromkeys(("total", "trainable", "embedding"), _INT), "step_time": {"median_s": _NUM},
           "ceiling": {"flops_per_s": _NUM, "dtype": _STR}, "bandwidth": {"bytes_per_s": _NUM}, "device": DEVICE_FIELDS}  # fmt: skip
 COUNTS = ("rows", "parts", "lost_rows", "record_errors", "backward_unnamed_rows", "untraced_optimizer_steps",
-          "cycles_without_step", "optimizer_state_found_late")  # fmt: skip
+          "cycles_without_step", "optimizer_state_found_late", "optimizer_params")  # fmt: skip
 
 
 def _is(value, kind):

@@ -12,6 +12,7 @@ import os
 import sys
 import warnings
 
+from reports._util import tokens_text
 from reports.errors import ReportError
 from reports.loading.columns import SharedRuns
 from reports.loading.integrity import describe_damage, list_parts, merged_away, one_line
@@ -151,11 +152,11 @@ def _print_report(df, args, out, sql=None):
         shown = table[["phase", "flops", "expected_flops", "ratio", *split]]
         print(shown.to_string(index=False, formatters=column_formatters(shown), na_rep=""), file=out)
         active = table["n_active"].iloc[0]
-        routed = f", N_active = {int(active):,} used per token" if active < table["n_params"].iloc[0] else ""
+        routed = f", N_active = {active:,.0f} used per token" if active < table["n_params"].iloc[0] else ""
         if table["n_rank"].iloc[0] != table["n_params"].iloc[0]:
             routed += f", this rank multiplies N = {table['n_rank'].iloc[0]:,} (its tensor-parallel shards)"
         print(f"N = {table['n_params'].iloc[0]:,} parameters ({table['n_kind'].iloc[0]}){routed}, "
-              f"T = {table['tokens'].iloc[0]:,} tokens per step", file=out)
+              f"T = {tokens_text(table['tokens'].iloc[0])} tokens per step", file=out)
         for line in src.explain(accounts):
             print(f"  - {printable(line)}", file=out)
         del accounts  # its per-row arrays: freed before the memory section's own
