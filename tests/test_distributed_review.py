@@ -5,6 +5,7 @@ Model: Linear(8, 16) and Linear(16, 4), no biases, fp32: N = 128 + 64 = 192 weig
 of gradients. Each rank runs T = 3 tokens of its own (x scaled by rank + 1)."""
 
 import contextlib
+import io
 import json
 import os
 
@@ -15,6 +16,7 @@ import torch.distributed as dist
 
 import reports
 from reports.distributed.ranks import ranks
+from reports.output.cli import main
 from tracer import Tracer, read_metadata
 
 from test_distributed import _load, _rows, spawn
@@ -211,6 +213,13 @@ def test_tensor_parallel_mlp_halves_the_flops_and_all_reduces_the_row_parallel_o
         assert table.loc[(run, "forward"), "weight_matmul_flops"] == 2 * N * T // 2 == 576  # half of 1152
         assert table.loc[(run, "backward"), "weight_matmul_flops"] == 1536 // 2 == 768
         assert table.loc[(run, "forward"), "n_rank"] == N // 2 == 96
+        # dense: a token uses all of this rank's shards; the report printed "N_active = 96 used per token" of N 192
+        assert table.loc[(run, "forward"), "n_active"] == 96
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            main(["report", os.path.join(root, "tp", f"rank={rank}")])
+        assert "this rank multiplies N = 96 (its tensor-parallel shards)" in out.getvalue()
+        assert "N_active" not in out.getvalue().split("\n  - ")[0]
         # the loss's pow and mean on the all-reduced output are forward work, as under DDP: 576 + 12 + 12
         assert table.loc[(run, "forward"), "flops"] == 600
         assert set(df.loc[df["rank"] == rank, "phase"].astype(str)) == {"forward", "backward", "optimizer"}

@@ -48,8 +48,8 @@ def breakdown(df, n="matmul", tokens=None, accounts=None):
     other_flops (= flops), then steps (the run's training steps), n_params (N, all the
     parameters counted: N_total, of the whole model also when a rank holds shards), n_rank
     (the N the expected figures use: the parameters this rank's matmuls multiply by, N
-    except under tensor parallelism, where it is the rank's shards), n_active (N_active, the parameters a token uses; N in a
-    dense model), n_kind (which N: "matmul", "total", "non_embedding" or "given") and
+    except under tensor parallelism, where it is the rank's shards), n_active (N_active, the parameters a token uses, of
+    n_rank's; n_rank in a dense model), n_kind (which N: "matmul", "total", "non_embedding" or "given") and
     tokens (T, tokens per step). See the module docstring for N, T and the split.
     `accounts`: what reports.flops.accounting.analyse(df, n, tokens, ...) returned, to share
     one analysis of the rows with `explain` (the CLI does); n and tokens are then unused."""

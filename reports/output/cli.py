@@ -152,7 +152,8 @@ def _print_report(df, args, out, sql=None):
         shown = table[["phase", "flops", "expected_flops", "ratio", *split]]
         print(shown.to_string(index=False, formatters=column_formatters(shown), na_rep=""), file=out)
         active = table["n_active"].iloc[0]
-        routed = f", N_active = {active:,.0f} used per token" if active < table["n_params"].iloc[0] else ""
+        # N_active is of the N this rank multiplies: its shards under tensor parallelism, of which a token uses all
+        routed = f", N_active = {active:,.0f} used per token" if active < table["n_rank"].iloc[0] - 0.5 else ""
         if table["n_rank"].iloc[0] != table["n_params"].iloc[0]:
             routed += f", this rank multiplies N = {table['n_rank'].iloc[0]:,} (its tensor-parallel shards)"
         print(f"N = {table['n_params'].iloc[0]:,} parameters ({table['n_kind'].iloc[0]}){routed}, "
