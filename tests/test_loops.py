@@ -984,3 +984,41 @@ def test_a_backward_of_more_ops_than_the_node_limit_is_named_whole(tmp_path):
     assert len(backward) == 1 + 2099 * 10 + 8 == 20999 > NAMED_PER_ENGINE_RUN  # the loss's expand, then the layers
     assert (backward["module"].iloc[1:] != "").all() and read_metadata(tmp_path / "t")["backward_unnamed_rows"] == 0
     assert backward["module"].iloc[-1] == "0" and backward["module"].iloc[1] == "2099"
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_a_checkpointed_forward_method_keeps_its_blocks_module_when_re_run(tmp_path, reentrant):
+    """transformers' GradientCheckpointingLayer checkpoints a block's forward method, not its call: the re-run calls
+    no hook of the block's, so its own ops (a residual add, a tanh) took the module of the autograd node whose saved
+    tensor began the re-run (blocks.1.mlp.down) under use_reentrant=False."""
+    import reports
+
+    class MLP(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.up, self.down = nn.Linear(8, 16, bias=False), nn.Linear(16, 8, bias=False)
+
+        def forward(self, x):
+            return self.down(F.silu(self.up(x)))
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.attn, self.mlp = nn.Linear(8, 8, bias=False), MLP()
+
+        def body(self, x):
+            h = x + self.attn(x)
+            return h + self.mlp(h.tanh())
+
+        def forward(self, x):
+            return checkpoint(self.body, x, use_reentrant=reentrant)
+
+    torch.manual_seed(0)
+    model = nn.Sequential(Block(), Block())
+    with Tracer(tmp_path / "ck", model=model, tokens=4):
+        model(torch.randn(4, 8, requires_grad=True)).pow(2).sum().backward()
+    df = reports.load(tmp_path / "ck")
+    mine = df[df["op"].isin(["aten.add.Tensor", "aten.tanh.default"]) & (df["phase"] == "forward")]
+    assert mine["module"].tolist() == ["0", "0", "0", "1", "1", "1"]
+    redo = df[df["op"].isin(["aten.add.Tensor", "aten.tanh.default"]) & df["recompute"]]
+    assert len(redo) and set(redo["module"]) <= {"0", "1"}, redo["module"].tolist()

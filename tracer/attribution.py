@@ -213,6 +213,8 @@ class Attribution:
         self.unnamed_backward = 0  # backward ops left unnamed past NAMED_PER_ENGINE_RUN
         self._nested = {}  # graph task of a backward run inside another, on an engine thread -> the outer node's module
         self._recompute_outer = ""  # the module of the node that began re-running modules (checkpointing)
+        self._recompute_region = None  # the module enclosing the first module a checkpoint's re-run called (_enclosing)
+        self._called = set()  # names of the modules called in a forward (outside the engine)
         self._running = RunningSteps()  # optimizer steps running, one inside another
         self._updating = []  # per optimizer step running: [id(optimizer), {id(param): numel}, another step ran in it]
         self.updated = {}  # id(param) -> local numel, of every parameter an innermost optimizer step updated
@@ -253,6 +255,11 @@ class Attribution:
             stack = self.backward_stack  # modules a checkpoint re-ran inside the engine (gradient hooks)
             if stack:
                 return BACKWARD, stack[-1][0], recompute
+            region = self._recompute_region
+            if region is not None:  # a checkpointed function re-run, outside the modules it calls: its module
+                if recompute:
+                    return BACKWARD, region, recompute
+                self._recompute_region = None  # the re-run is over: the backward goes on
             if task in self._nested:  # its nodes may come from this engine thread's sequence numbers (a checkpoint
                 return BACKWARD, self._nested[task], recompute  # re-run on a CUDA device): the outer node's module
             return BACKWARD, self._backward_module(), recompute
@@ -359,6 +366,8 @@ class Attribution:
             if _get_ident() == self._thread:  # the nodes the re-run makes are named like the forward's
                 if not self.recompute_stack:  # outside the re-run modules: the module of the node re-running them
                     self._recompute_outer = self._backward_module()
+                    if self._recompute_region is None:
+                        self._recompute_region = self._enclosing(name)
                 self._mark(name)
             self.recompute_stack.append((id(module), name))
         else:
@@ -371,11 +380,26 @@ class Attribution:
             elif not self.forward_stack:
                 self.backward.prune()  # a new outermost forward: bound the handles of graphs never backpropagated
             self.forward_stack.append((id(module), name))
+            self._called.add(name)
             self.trained = self.trained or _grad_enabled()
             self._mark(name)
             return
         if _grad_enabled():  # a re-run module's backward runs in a nested engine run: gradient hooks say when
             self.backward.watch_inputs(args, name)
+
+    def _enclosing(self, name):
+        """The module a checkpointed function ran in, from the first module its re-run calls (`name`): the innermost
+        module enclosing it that a forward called (past containers never called, ModuleList), or None. A
+        non-reentrant checkpoint of a block's forward method (transformers' GradientCheckpointingLayer) re-runs the
+        block's own ops with no hook of the block's: they are the block's, not the module of the autograd node whose
+        saved tensor started the re-run."""
+        root = self.names.root_name
+        while name and name != root:
+            head, dot, _ = name.rpartition(".")
+            name = head if dot else (root if "#" not in name else None)  # `Teacher#1` is no child of the root
+            if name in self._called:
+                return name
+        return None
 
     def _forward_post(self, module, args, output):
         if not self.traced():
@@ -384,7 +408,8 @@ class Attribution:
             if output is not None and _grad_enabled():
                 self.backward.watch_outputs(output, self.names.name_of(module))
             if _get_ident() == self._thread:
-                self._mark(self.recompute_stack[-1][1] if self.recompute_stack else self._recompute_outer)
+                self._mark(self.recompute_stack[-1][1] if self.recompute_stack else
+                           self._recompute_region or self._recompute_outer)
             return
         stack = self.forward_stack
         _pop(stack, id(module))
