@@ -389,3 +389,37 @@ def test_n_of_a_convolutional_model_says_which_weights_it_counts(tmp_path):
     assert "patch.weight: stride = kernel, a patch embedding" in text and "n=416 counts it" in text  # 32 + 384
     assert "conv.weight: stride" not in text
     assert explain(load(tmp_path / "patch", lists="arrow")) == explain(df)  # the shapes as Arrow lists: the same words
+
+
+@pytest.mark.parametrize("grad_off", ["no_grad", "inference_mode"])
+def test_weights_cast_by_autocast_in_inference_mode_are_weights(tmp_path, grad_off):
+    """Under inference_mode autocast's cast of a weight reaches the tracer as aten.to.dtype (and linear whole): it was
+    no copy of the weight, so N was 0 and every weight matmul counted as attention."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 64, bias=False), nn.ReLU(), nn.Linear(64, 32, bias=False))
+    with Tracer(tmp_path / grad_off, model=model, tokens=16):
+        with getattr(torch, grad_off)(), torch.autocast("cpu", dtype=torch.bfloat16):
+            model(torch.randn(16, 64))
+    t = breakdown(load(tmp_path / grad_off)).set_index("phase")
+    assert t.loc["forward", "n_params"] == 64 * 64 + 32 * 64 == 6144
+    # 2·16·64·64 + 2·16·64·32 = 131,072 + 65,536 = 196,608
+    assert t.loc["forward", "weight_matmul_flops"] == 196_608 and t.loc["forward", "attention_flops"] == 0
+
+
+def test_a_gradient_penalty_is_not_called_checkpointing(tmp_path):
+    """A double backward (autograd.grad(create_graph=True), then backward) runs more backward weight matmuls than
+    4·N·T with no recompute row and no weight used twice: the line named activation checkpointing first."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16, bias=False), nn.Tanh(), nn.Linear(16, 4, bias=False))
+    x = torch.randn(32, 8, requires_grad=True)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def step():
+        (grad,) = torch.autograd.grad(model(x).square().sum(), x, create_graph=True)
+        grad.square().sum().backward()
+        opt.step()
+
+    df = trace(tmp_path / "gp", model, step)
+    line = next(x for x in explain(df) if x.startswith("Backward weight matmuls"))
+    assert "a backward ran through the backward's own graph (a gradient penalty" in line
+    assert "checkpointing" not in line and not df["recompute"].any()

@@ -255,11 +255,14 @@ class _Run:
             parts = [f"{roles.label(s)} ({roles.numel[s]:,} parameters: {_f(fwd_all.get(s, 0.0))} FLOPs)" for s in frozen]
             line += (f" Frozen weights (requires_grad=False) skip dL/dW = xᵀ @ dL/dy, as large as their forward "
                      f"matmuls: {'; '.join(parts)}.")
-        if bwd_wm > expected + 0.5:
-            shared = any(v > 1 + 1e-9 for v in self.acc.shares.values())
-            line += (" Above 4·N·T: forward matmuls run again in the backward (activation checkpointing)" +
-                     (", or a weight multiplies more than T tokens (see the forward's line)." if shared else
-                      " or a weight is used more than once."))
+        if bwd_wm > expected + 0.5:  # each cause the trace shows, else the two it cannot tell apart
+            redo = self.ps(self.is_bwd & (self.cat == "weight_matmul") & self.recompute)
+            causes = [f"forward matmuls re-run in the backward by activation checkpointing ({_f(redo)} FLOPs)"] if redo else []
+            if any(v > 1 + 1e-9 for v in self.acc.shares.values()):
+                causes.append("a weight multiplies more than T tokens (see the forward's line)")
+            line += " Above 4·N·T: " + ("; ".join(causes) or (
+                "a weight is used more than once, or a backward ran through the backward's own graph (a gradient "
+                "penalty: autograd.grad(..., create_graph=True), then backward)")) + "."
         self.out.append(line)
 
     def attention(self):

@@ -16,7 +16,8 @@
 CREATE VIEW flop_ops AS
 SELECT run_index, op,
        packet IN ('aten.clone', 'aten.copy_', 'aten.copy', 'aten._to_copy', 'aten._to_dtype', 'aten._copy_from',
-                  'aten._copy_from_and_resize', 'aten.lift_fresh_copy',
+                  'aten._copy_from_and_resize', 'aten.lift_fresh_copy', 'aten.to', 'aten.type_as',
+                  'aten.contiguous',
                   'aten.index', 'aten.index_select', 'aten._unsafe_index') AS copies,
        packet IN ('aten.add', 'aten.add_',
                   'aten.slice_backward', 'aten.select_backward', 'aten.index_put', 'aten.index_put_',

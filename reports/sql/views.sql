@@ -172,7 +172,8 @@ SELECT run, run_index, op, kind, sum(ops) AS ops, sum(bytes_allocated) AS bytes_
        sum(bytes_written) AS bytes_written, min(first_seq) AS first_seq
 FROM (SELECT *, CASE WHEN is_view THEN 'view'
                      WHEN packet IN ('aten.clone', 'aten.copy_', 'aten.copy', 'aten._to_copy', 'aten._to_dtype',
-                                     'aten._copy_from', 'aten._copy_from_and_resize', 'aten.lift_fresh_copy',
+                                     'aten._copy_from', 'aten._copy_from_and_resize', 'aten.lift_fresh_copy', 'aten.to', 'aten.type_as',
+                  'aten.contiguous',
                                      'aten.cat', 'aten.stack', 'aten.repeat')
                           OR regexp_replace(packet, '_+$', '') LIKE '%\_copy' ESCAPE '\' THEN 'copy'
                      ELSE '' END AS kind
