@@ -150,3 +150,17 @@ def test_mfu_above_100_pct_has_a_caveat(linear, capsys):
             "the traced step, or a peak below the device's dense peak for this dtype)\n") in out
     rc, out, err = run(capsys, "report", linear, "--step-time", "1", "--peak-tflops", "1000")
     assert rc == 0 and "Caveat: above 100%" not in out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["report", "TRACE", "--top", "-3"], "optrace report: error: argument --top: expected an int >= 1, got '-3'"),
+    (["report", "TRACE", "--engine", "foo"], "optrace report: error: argument --engine: invalid choice: 'foo'"),
+    (["report"], "optrace report: error: the following arguments are required: trace"),
+    (["frob"], "optrace: error: argument command: invalid choice: 'frob'"),
+])  # fmt: skip
+def test_a_bad_flag_is_one_line(linear, capsys, argv, message):
+    """argparse printed its usage (four lines) before the error."""
+    with pytest.raises(SystemExit) as stopped:
+        main([str(linear) if a == "TRACE" else a for a in argv])
+    out, err = capsys.readouterr()
+    assert stopped.value.code == 2 and out == "" and err.count("\n") == 1 and err.startswith(message), err

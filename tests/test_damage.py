@@ -358,7 +358,7 @@ def test_export_of_a_damaged_trace_says_so(trace, capsys):
     written = json.loads(out_file.read_text())
     assert written["otherData"]["complete"] == {"0": True}
     assert written["otherData"]["damage"] == {
-        "0": {"record_errors": 0, "lost_rows": 0, "missing_rows": 5, "missing_parts": 1, "seq_gaps": 1}}
+        "0": {"record_errors": 0, "lost_rows": 0, "missing_rows": 5, "missing_parts": 1, "seq_gaps": 1, "damaged_marker": 0}}
     labels = [e["args"]["name"] for e in written["traceEvents"] if e.get("name") == "process_name"]
     assert labels == ["rank 0: t (" + tracer.read_metadata(trace)["device"]["name"] + ") DAMAGED"]
 

@@ -187,7 +187,8 @@ def test_a_killed_run_leaves_its_small_parts_merged_level_by_level(tmp_path, cap
     assert found["complete"] is False and set(found["damage"].values()) == {0}  # cut short, nothing missing
     os.remove(tmp_path / "merged" / merged_name(64, 79))  # a file of 16 parts deleted
     damage = json.loads(_report(capsys, tmp_path / "merged", "--json"))["damage"]
-    assert damage == {"record_errors": 0, "lost_rows": 0, "missing_rows": 16, "missing_parts": 16, "seq_gaps": 1}
+    assert damage == {"record_errors": 0, "lost_rows": 0, "missing_rows": 16, "missing_parts": 16, "seq_gaps": 1,
+        "damaged_marker": 0}
 
 
 def test_a_merged_part_supersedes_the_parts_and_narrower_merged_parts_it_holds():

@@ -153,7 +153,8 @@ def test_a_deleted_merged_file_counts_its_parts_and_rows_missing(tmp_path, monke
     os.remove(path / merged_name(8, 11))  # 4 one-row parts in one file, deleted
     for engine in ("sql", "pandas"):
         damage = _report_json(capsys, path, "--engine", engine)["damage"]
-        assert damage == {"record_errors": 0, "lost_rows": 0, "missing_rows": 4, "missing_parts": 4, "seq_gaps": 1}
+        assert damage == {"record_errors": 0, "lost_rows": 0, "missing_rows": 4, "missing_parts": 4, "seq_gaps": 1,
+        "damaged_marker": 0}
 
 
 # copies of parts ----------------------------------------------------------------------------------------
@@ -291,7 +292,8 @@ def test_a_failed_part_write_stops_the_merges_and_counts_its_rows_lost(tmp_path,
         frame = reports.load(path)
     assert frame["seq"].tolist() == [0, 1, 2, 3, 4] + list(range(6, 12))  # seq 5 lost
     assert frame.attrs["runs"]["adds"]["damage"] == {
-        "record_errors": 0, "lost_rows": 1, "missing_rows": 0, "missing_parts": 0, "seq_gaps": 1}
+        "record_errors": 0, "lost_rows": 1, "missing_rows": 0, "missing_parts": 0, "seq_gaps": 1,
+        "damaged_marker": 0}
 
 
 def test_big_parts_between_small_ones_are_never_merged_across(tmp_path, monkeypatch):

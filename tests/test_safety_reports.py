@@ -61,8 +61,23 @@ def test_a_deleted_middle_part_is_reported(tmp_path, capsys):
     )
     rc, out, _ = run(capsys, "report", path, "--json")
     assert json.loads(out)["damage"] == {
-        "record_errors": 0, "lost_rows": 0, "missing_rows": 5, "missing_parts": 1, "seq_gaps": 1,
+        "record_errors": 0, "lost_rows": 0, "missing_rows": 5, "missing_parts": 1, "seq_gaps": 1, "damaged_marker": 0,
     }
+
+
+@pytest.mark.parametrize("engine", ["sql", "pandas"])
+def test_a_cut_marker_is_reported(tmp_path, capsys, engine):
+    """The marker cut to 100 bytes: the report said the trace was complete and whole (DuckDB reading the directory
+    fails on it: no magic bytes at its end)."""
+    path = nine_parts(tmp_path / "t")
+    marker = path / MARKER_NAME
+    marker.write_bytes(marker.read_bytes()[:100])
+    rc, out, err = run(capsys, "report", path, "--engine", engine)
+    assert rc == 0
+    assert out.splitlines()[0].endswith(", DAMAGED; 1 unreadable marker (_optrace.parquet: its closing facts are lost, "
+                                        "and other Parquet readers of the directory fail on it))"), out.splitlines()[0]
+    rc, out, _ = run(capsys, "report", path, "--json", "--engine", engine)
+    assert json.loads(out)["damage"]["damaged_marker"] == 1
 
 
 @pytest.mark.parametrize("statistics", [True, False])
@@ -79,7 +94,7 @@ def test_a_seq_gap_is_found_with_or_without_parquet_statistics(tmp_path, capsys,
     rc, out, _ = run(capsys, "report", path, "--json")
     assert rc == 0
     assert json.loads(out)["damage"] == {
-        "record_errors": 0, "lost_rows": 0, "missing_rows": 5, "missing_parts": 1, "seq_gaps": 1,
+        "record_errors": 0, "lost_rows": 0, "missing_rows": 5, "missing_parts": 1, "seq_gaps": 1, "damaged_marker": 0,
     }
 
 
@@ -170,7 +185,7 @@ def test_a_whole_trace_reports_no_damage(tmp_path, capsys):
     rc, out, err = run(capsys, "report", path, "--json")
     got = json.loads(out)
     assert rc == 0 and err == "" and got["complete"] is True
-    assert got["damage"] == {"record_errors": 0, "lost_rows": 0, "missing_rows": 0, "missing_parts": 0, "seq_gaps": 0}
+    assert got["damage"] == {"record_errors": 0, "lost_rows": 0, "missing_rows": 0, "missing_parts": 0, "seq_gaps": 0, "damaged_marker": 0}
     assert marker_facts(path)["rows"] == 45
 
 
@@ -182,7 +197,7 @@ def test_top_must_be_at_least_one(tmp_path, capsys, value):
         main(["report", str(path), "--top", value])
     err = capsys.readouterr().err
     assert raised.value.code == 2
-    assert err.splitlines()[-1] == f"optrace report: error: argument --top: expected an int >= 1, got {value!r}"
+    assert err == f"optrace report: error: argument --top: expected an int >= 1, got {value!r} (see optrace report --help)\n"
 
 
 @pytest.mark.parametrize("flag, value", [("--step-time", "inf"), ("--step-time", "-2"), ("--peak-tflops", "nan")])
@@ -191,8 +206,8 @@ def test_bad_cli_numbers(tmp_path, capsys, flag, value):
     with pytest.raises(SystemExit) as raised:
         main(["report", str(path), flag, value])
     assert raised.value.code == 2
-    assert capsys.readouterr().err.splitlines()[-1] == (
-        f"optrace report: error: argument {flag}: expected a finite number > 0, got {value!r}"
+    assert capsys.readouterr().err == (
+        f"optrace report: error: argument {flag}: expected a finite number > 0, got {value!r} (see optrace report --help)\n"
     )
 
 

@@ -43,10 +43,11 @@ class MetaAttention(TorchFunctionMode):
         super().__init__()
         self.fused = fused
         self.counts = {"flash": 0, "efficient": 0, "math": 0}
+        self.inert = False  # left on a thread whose stack holds it (Tracer._leave_modes): every call runs as it is
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func is F.scaled_dot_product_attention:
+        if func is F.scaled_dot_product_attention and not self.inert:
             call = dict(_SDPA_DEFAULTS, **dict(zip(_SDPA_ARGS, args)), **kwargs)
             q = call["query"]
             if isinstance(q, torch.Tensor) and q.device.type == "meta":

@@ -7,7 +7,6 @@
   row lasts until its work finished (see its docstring).
 """
 
-import threading
 import time
 import weakref
 from dataclasses import dataclass
@@ -239,7 +238,6 @@ class Completions:
     def __init__(self, duration_field, busy_field, width):
         self._fields = (duration_field, busy_field)
         self._width = width
-        self._lock = threading.Lock()
         self._pending = {}  # seq -> (start perf ns, done-check or None)
         self._ended = {}  # seq -> end perf ns (filled from callback threads)
         self._by_storage = {}  # storage cdata of a functional collective's output -> seq
@@ -273,15 +271,13 @@ class Completions:
         self._pending[seq] = (start, _weak_done(future))  # a strong reference would keep its tensors alive
 
     def _end(self, seq):
-        with self._lock:
-            self._ended[seq] = _perf_ns()
+        self._ended[seq] = _perf_ns()  # one dict store, atomic: no lock a Ctrl-C could leave held on the traced thread
 
     def waited(self, tensor, end):
         """A functional collective's output was waited on; it completed at `end`."""
         seq = self._by_storage.pop(tensor.untyped_storage()._cdata, None)
         if seq is not None:
-            with self._lock:
-                self._ended[seq] = end
+            self._ended[seq] = end
 
     def apply(self, rows):
         """Write the completions of the collectives in `rows` (a RowBuffer being flushed)."""
@@ -295,9 +291,8 @@ class Completions:
                 continue
             for field in self._fields:
                 ints[(seq - first) * width + field] = max(0, end - start)
-        with self._lock:
-            for seq in [s for s in self._ended if s < last]:
-                del self._ended[seq]
+        for seq in [s for s in list(self._ended) if s < last]:  # list(): a copy made in one step, as callbacks add
+            self._ended.pop(seq, None)
 
     def _end_of(self, seq, done):
         if isinstance(done, CudaCompletion):

@@ -22,7 +22,6 @@ import json
 import os
 import re
 import uuid
-import warnings
 
 import pyarrow.parquet as pq
 
@@ -239,18 +238,23 @@ def _clear(path):
 
 def _lock(path):
     """Take the OS lock of `path` for this process, or raise TraceError: another process holds it."""
-    from filelock import FileLock, Timeout
+    from filelock import FileLock, SoftFileLock, Timeout
 
-    lock = FileLock(os.path.join(path, LOCK_NAME), timeout=0, thread_local=False)
+    file = os.path.join(path, LOCK_NAME)
+    refused = None
     try:
-        with warnings.catch_warnings(record=True) as caught:  # filelock warns where flock is missing:
-            warnings.simplefilter("always")  # passed on through optrace's warning, which -W error cannot raise
+        lock = FileLock(file, timeout=0, thread_local=False)
+        try:
+            lock.acquire()  # where the file system has no flock, filelock warns and takes a soft lock instead
+        except Warning as warning:  # the program's filters made that warning an error: take the soft lock here
+            refused = warning  # (no warnings filter is changed: they are the whole process's, every thread's)
+            lock = SoftFileLock(file, timeout=0, thread_local=False)
             lock.acquire()
     except Timeout:
         raise TraceError(
             f"cannot write trace {path!r}: another process is writing it (it holds the lock {LOCK_NAME}); "
             "choose another path or wait for it to finish"
         ) from None
-    for caught_warning in caught:
-        warn(f"optrace: trace {path!r}: {caught_warning.message}")
+    if refused is not None:
+        warn(f"optrace: trace {path!r}: {refused}")
     _held[os.path.abspath(path)] = lock

@@ -21,7 +21,7 @@ from tracer.dispatch import _tensors, _TraceMode, make_inert
 from tracer.layouts import STRIDED, describe, odd_flops, register_subclass
 from tracer.native import choose, wanted as wanted_collector
 from tracer.metadata import Roles, dtype_name, now, register_at_entry, run_metadata, state_tensors
-from tracer.safety import warn, write_failure_message
+from tracer.safety import interrupts_deferred, warn, write_failure_message
 from tracer.schema import CAUSAL_NONE, INT64_MAX, NO_VALUE, FlopBasis
 from tracer.storage import StorageTable
 from tracer.timing import check_timing, make_timer
@@ -83,6 +83,8 @@ class Tracer:
                  meta_attention="fused"):
         if not isinstance(path, (str, os.PathLike)):
             raise TraceError(f"Tracer: path must be a str or os.PathLike, got {type(path).__name__}")
+        if not os.fspath(path):  # '' would be the working directory itself
+            raise TraceError("Tracer: path is '', expected the directory to write the trace in, e.g. 'runs/step'")
         if model is not None and not isinstance(model, torch.nn.Module):
             raise TraceError(f"Tracer: model must be a torch.nn.Module or None, got {type(model).__name__}")
         if tokens is not None and (not isinstance(tokens, int) or isinstance(tokens, bool) or tokens <= 0):
@@ -104,9 +106,22 @@ class Tracer:
         self.timing = check_timing(timing)
         self._writer = None
         self._closed = False
+        self._exit_begun = False  # _exit began (it runs once)
 
     # context manager ---------------------------------------------------------
     def __enter__(self):
+        started = False
+        try:
+            with interrupts_deferred():  # a Ctrl-C while starting is delivered once the trace is whole
+                self._enter()
+                started = True
+            return self
+        except BaseException as exc:  # that Ctrl-C (or one just after): the trace ends at once, before the block
+            if started:
+                self.__exit__(type(exc), exc, exc.__traceback__)
+            raise
+
+    def _enter(self):
         with Tracer._claim:  # two threads entering at once: exactly one wins, the other is refused
             active = Tracer._active
             if active is self:
@@ -136,7 +151,7 @@ class Tracer:
             self._undo_start()
             release_directory(self._writer.directory)
             raise
-        return self
+        self._thread = threading.get_ident()
 
     def _in_child(self):
         """Whether this is a forked copy of the process that entered the Tracer."""
@@ -222,15 +237,42 @@ class Tracer:
             self._attention.__enter__()
 
     def __exit__(self, exc_type, exc, tb):
-        """Close the trace; never raises (a failure is a warning and a fact in the metadata).
-        In a forked child it only leaves the block: the parent's trace and lock are not touched."""
+        """Close the trace; never raises (a failure is a warning and a fact in the metadata; a Ctrl-C while it
+        closes comes after it). In a forked child it only leaves the block: the parent's trace and lock are not
+        touched."""
+        try:
+            with interrupts_deferred():
+                return self._exit(exc_type, exc, tb)
+        except BaseException:  # a Ctrl-C just before the handler that holds it was in place: close, then let it through
+            if not self._exit_begun:
+                self._exit(exc_type, exc, tb)
+            raise
+
+    def _leave_modes(self):
+        """Take the dispatch mode (and the meta attention mode) off the stack of the thread that entered them. Left
+        on another thread, whose stack does not hold them, the mode becomes inert where it stands: it passes every op
+        through, and nothing more is recorded."""
+        if threading.get_ident() != self._thread:
+            make_inert(self._mode)
+            if self._attention is not None:
+                self._attention.inert = True
+            warn(f"optrace: trace {self.path!r} was left on another thread than the one that entered it; its mode "
+                 "stays on that thread's stack and records nothing more")
+            return
+        try:
+            if self._attention is not None:
+                self._attention.__exit__(None, None, None)
+        finally:
+            self._mode.__exit__(None, None, None)
+
+    def _exit(self, exc_type, exc, tb):
+        self._exit_begun = True
         try:
             try:
                 if self._attention is not None:
-                    self._attention.__exit__(None, None, None)
                     self._meta["attention"] = self._attention.facts()
             finally:
-                self._mode.__exit__(None, None, None)
+                self._leave_modes()
         finally:
             self._attr.remove()
             self._unsharded.remove()
@@ -267,16 +309,15 @@ class Tracer:
     def _pause(self):
         """End the step, write the rows so far as a part and stop recording until `_resume`: the
         dispatch mode and every hook come off; the trace stays open and this Tracer the active one."""
-        self.step()
-        self._flush()
-        try:
-            if self._attention is not None:
-                self._attention.__exit__(None, None, None)
-        finally:
-            self._mode.__exit__(None, None, None)
-            self._attr.remove()
-            self._unsharded.remove()
-            self._give_back_compiled()
+        with interrupts_deferred():
+            self.step()
+            self._flush()
+            try:
+                self._leave_modes()
+            finally:
+                self._attr.remove()
+                self._unsharded.remove()
+                self._give_back_compiled()
 
     def _give_back_compiled(self):
         """Compiled code Dynamo skipped for good under the mode runs compiled again (tracer/compiled.py)."""
@@ -290,12 +331,13 @@ class Tracer:
 
     def _resume(self):
         """Record again after `_pause`: the next forward work begins a new step."""
-        self._dynamo.install()
-        self._attr.install()
-        self._unsharded.install()
-        self._mode.__enter__()
-        if self._attention is not None:
-            self._attention.__enter__()
+        with interrupts_deferred():
+            self._dynamo.install()
+            self._attr.install()
+            self._unsharded.install()
+            self._mode.__enter__()
+            if self._attention is not None:
+                self._attention.__enter__()
 
     @property
     def current_step(self):

@@ -1,9 +1,13 @@
 """Messages for the failures optrace survives without stopping the traced program, the one
-way they are emitted (`warn`), optrace's global module hooks, which no
-torch.compile'd module warns about (`GlobalModuleHook`), and a weak map with no Python finaliser (`WeakMap`)."""
+way they are emitted (`warn`), a Ctrl-C held while optrace's state is made or removed
+(`interrupts_deferred`), optrace's global module hooks, which no torch.compile'd module warns
+about (`GlobalModuleHook`), and a weak map with no Python finaliser (`WeakMap`)."""
 
+import contextlib
 import errno
+import signal
 import sys
+import threading
 import warnings
 import weakref
 
@@ -25,6 +29,43 @@ def warn(message):
             sys.stderr.write(f"UserWarning: {message}\n")
         except Exception:  # no stderr: the metadata still says it
             pass
+
+
+@contextlib.contextmanager
+def interrupts_deferred():
+    """Hold a Ctrl-C (SIGINT) that arrives while optrace installs or removes its state (a Tracer's entry and exit, a
+    Meter's pause and resume) until that is done, then hand it to the program's own handler (a KeyboardInterrupt):
+    the state is never left half made (no mode or hook left on, no lock held), and the program still gets its
+    interrupt right after. Several Ctrl-Cs meanwhile are one (the last part of a long trace may take seconds to
+    write; SIGQUIT or SIGTERM still end the process at once). Yields the list of held signals. Only the main thread
+    receives signals; elsewhere, or when the program's SIGINT handler is not a Python function (ignored, the
+    default, one set from C), nothing is changed."""
+    held = []
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        try:
+            previous = signal.getsignal(signal.SIGINT)
+        except (ValueError, AttributeError):
+            previous = None
+
+    def hold(signum, frame):
+        held[:] = [(signum, frame)]
+
+    installed = False
+    if callable(previous):
+        try:
+            signal.signal(signal.SIGINT, hold)
+            installed = True
+        except (ValueError, OSError):
+            pass
+    try:
+        yield held
+    finally:
+        if installed:
+            if signal.getsignal(signal.SIGINT) is hold:
+                signal.signal(signal.SIGINT, previous)
+            if held:
+                previous(*held.pop())
 
 
 # PyTorch warns at every call of a torch.compile'd module while any global module hook is set

@@ -30,12 +30,12 @@ except ImportError:
 
 from reports.errors import ReportError
 from reports.loading.validate import check_footers, check_metadata, check_schema, parse_json
-from tracer.schema import footer_metadata, is_merged_name, is_part_name, marker_json, merged_span, part_name, part_paths, read_marker_file, superseded
+from tracer.schema import MARKER_NAME, footer_metadata, is_merged_name, is_part_name, marker_json, merged_span, part_name, part_paths, read_marker_file, superseded
 
 MAX_METADATA_BYTES = 64 << 20  # a part's metadata JSON (a 70B model's parameter table: ~100 KB)
 MAX_MARKER_BYTES = 1 << 20  # the marker is written 4 KiB long
 
-DAMAGE_KEYS = ("record_errors", "lost_rows", "missing_rows", "missing_parts", "seq_gaps")
+DAMAGE_KEYS = ("record_errors", "lost_rows", "missing_rows", "missing_parts", "seq_gaps", "damaged_marker")
 
 
 def one_line(exc):
@@ -230,6 +230,18 @@ def read_marker(path):
     return facts
 
 
+def marker_damaged(path):
+    """Whether the trace's Parquet marker is there but unreadable (cut or overwritten): its closing facts are lost, and
+    every other Parquet reader of the directory (DuckDB, Spark) fails on it. The tracer writes it at entry and
+    rewrites it at close: a run killed in that rewrite leaves it cut, and is incomplete too."""
+    name, raw = read_marker_file(path, MAX_MARKER_BYTES)
+    if name != MARKER_NAME:
+        return False  # none, or a JSON marker of an older tracer
+    if raw is None or len(raw) > MAX_MARKER_BYTES:
+        return True
+    return raw[:4] != b"PAR1" or raw[-4:] != b"PAR1" or marker_json(raw) is None
+
+
 def no_parts(path):
     """The one line for a directory with no part: an optrace trace none of whose parts reached
     the disk (its marker says it is one), or not an optrace trace."""
@@ -271,6 +283,7 @@ def damage(path, parts, meta):
         "missing_rows": missing,
         "missing_parts": max(int(counted_parts) - _held(parts), 0) if isinstance(counted_parts, int) else 0,
         "seq_gaps": gaps,
+        "damaged_marker": int(marker_damaged(path)),
     }
 
 
@@ -308,5 +321,7 @@ def describe_damage(facts):
         "missing_rows": "rows missing from disk (a part deleted?)",
         "missing_parts": "part file(s) missing",
         "seq_gaps": "gap(s) in seq",
+        "damaged_marker": f"unreadable marker ({MARKER_NAME}: its closing facts are lost, and other Parquet readers of "
+                          "the directory fail on it)",
     }
     return "; ".join(f"{facts[key]} {words[key]}" for key in DAMAGE_KEYS if facts.get(key))

@@ -482,8 +482,15 @@ def _version():
         return "unknown (not installed)"
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with a one-line error (it printed the usage first: four lines more before the one that matters)."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def _parser():
-    parser = argparse.ArgumentParser(prog="optrace", description="Read optrace traces: FLOPs, MFU, memory, views.")
+    parser = _Parser(prog="optrace", description="Read optrace traces: FLOPs, MFU, memory, views.")
     parser.add_argument("--version", action="version", version=f"optrace {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     rep = sub.add_parser("report", help="summarise one trace")
