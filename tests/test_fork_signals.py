@@ -4,7 +4,6 @@ Each case runs in a subprocess (a fork, a signal and `-W error` must not reach p
 process) and checks what the program printed, its exit status and the trace on disk.
 """
 
-import json
 import os
 import subprocess
 import sys

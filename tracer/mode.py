@@ -229,6 +229,10 @@ class Tracer:
         )
         self._steps = self._attr.steps
         self._dynamo = DynamoSkips()  # compiled code skipped under the mode is given back at exit (tracer/compiled.py)
+        self._install()
+
+    def _install(self):
+        """Put on what recording needs: Dynamo's skips noted, the module and optimizer hooks, FSDP2's, the modes."""
         self._dynamo.install()
         self._attr.install()
         self._unsharded.install()
@@ -332,12 +336,7 @@ class Tracer:
     def _resume(self):
         """Record again after `_pause`: the next forward work begins a new step."""
         with interrupts_deferred():
-            self._dynamo.install()
-            self._attr.install()
-            self._unsharded.install()
-            self._mode.__enter__()
-            if self._attention is not None:
-                self._attention.__enter__()
+            self._install()
 
     @property
     def current_step(self):
