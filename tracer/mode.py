@@ -9,6 +9,7 @@ import time
 import uuid
 
 import torch
+from torch.overrides import _get_current_function_mode_stack as _function_mode_stack
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack as _mode_stack
 
 from tracer import collectives, distributed
@@ -151,7 +152,6 @@ class Tracer:
             self._undo_start()
             release_directory(self._writer.directory)
             raise
-        self._thread = threading.get_ident()
 
     def _in_child(self):
         """Whether this is a forked copy of the process that entered the Tracer."""
@@ -256,18 +256,18 @@ class Tracer:
         """Take the dispatch mode (and the meta attention mode) off the stack of the thread that entered them. Left
         on another thread, whose stack does not hold them, the mode becomes inert where it stands: it passes every op
         through, and nothing more is recorded."""
-        if threading.get_ident() != self._thread:
-            make_inert(self._mode)
-            if self._attention is not None:
-                self._attention.inert = True
-            warn(f"optrace: trace {self.path!r} was left on another thread than the one that entered it; its mode "
-                 "stays on that thread's stack and records nothing more")
-            return
-        try:
-            if self._attention is not None:
-                self._attention.__exit__(None, None, None)
-        finally:
+        attention = self._attention
+        if attention is not None:
+            if attention in _function_mode_stack():
+                attention.__exit__(None, None, None)
+            else:
+                attention.inert = True
+        if self._mode in _mode_stack():
             self._mode.__exit__(None, None, None)
+            return
+        make_inert(self._mode)
+        warn(f"optrace: trace {self.path!r} was left on another thread than the one that entered it; its mode stays "
+             "on that thread's stack and records nothing more")
 
     def _exit(self, exc_type, exc, tb):
         self._exit_begun = True
