@@ -252,6 +252,15 @@ class Tracer:
                 self._exit(exc_type, exc, tb)
             raise
 
+    def _uninstall(self):
+        """Take off what `_install` put on: the modes (`_leave_modes`), the hooks, Dynamo's skips given back."""
+        try:
+            self._leave_modes()
+        finally:
+            self._attr.remove()
+            self._unsharded.remove()
+            self._give_back_compiled()
+
     def _leave_modes(self):
         """Take the dispatch mode (and the meta attention mode) off the stack of the thread that entered them. Left
         on another thread, whose stack does not hold them, the mode becomes inert where it stands: it passes every op
@@ -276,11 +285,8 @@ class Tracer:
                 if self._attention is not None:
                     self._meta["attention"] = self._attention.facts()
             finally:
-                self._leave_modes()
+                self._uninstall()
         finally:
-            self._attr.remove()
-            self._unsharded.remove()
-            self._give_back_compiled()
             Tracer._active = None
         if self._in_child():
             self._closed = True
@@ -316,12 +322,7 @@ class Tracer:
         with interrupts_deferred():
             self.step()
             self._flush()
-            try:
-                self._leave_modes()
-            finally:
-                self._attr.remove()
-                self._unsharded.remove()
-                self._give_back_compiled()
+            self._uninstall()
 
     def _give_back_compiled(self):
         """Compiled code Dynamo skipped for good under the mode runs compiled again (tracer/compiled.py)."""

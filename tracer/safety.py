@@ -37,9 +37,9 @@ def interrupts_deferred():
     Meter's pause and resume) until that is done, then hand it to the program's own handler (a KeyboardInterrupt):
     the state is never left half made (no mode or hook left on, no lock held), and the program still gets its
     interrupt right after. Several Ctrl-Cs meanwhile are one (the last part of a long trace may take seconds to
-    write; SIGQUIT or SIGTERM still end the process at once). Yields the list of held signals. Only the main thread
-    receives signals; elsewhere, or when the program's SIGINT handler is not a Python function (ignored, the
-    default, one set from C), nothing is changed."""
+    write; SIGQUIT or SIGTERM still end the process at once). Only the main thread receives signals; elsewhere,
+    or when the program's SIGINT handler is not a Python function (ignored, the default, one set from C), nothing
+    is changed."""
     held = []
     previous = None
     if threading.current_thread() is threading.main_thread():
@@ -59,7 +59,7 @@ def interrupts_deferred():
         except (ValueError, OSError):
             pass
     try:
-        yield held
+        yield
     finally:
         if installed:
             if signal.getsignal(signal.SIGINT) is hold:
