@@ -106,7 +106,8 @@ def _n_local(meta, roles):
 
 
 def traced_tokens(meta):
-    """The tokens of a metered run's traced steps, as `meter.step(tokens=)` gave them (tracer/meter.py), or None."""
+    """The tokens per step of a metered run's traced steps, as `meter.step(tokens=)` gave them (tracer/meter.py): their
+    mean (an int when whole; the per-step figures are means over the traced steps), or None."""
     try:
         steps, traces = meta["meter"]["steps"], meta["meter"]["traces"]
         picked = [t for t, traced, i in zip(steps["tokens"], steps["traced"], steps["trace"])
@@ -114,8 +115,10 @@ def traced_tokens(meta):
                   and traces[i].get("trace_steps") is not None]  # fmt: skip
     except (TypeError, KeyError, AttributeError):
         return None
-    ok = picked and all(isinstance(t, int) and not isinstance(t, bool) and t > 0 for t in picked)
-    return picked if ok else None
+    if not picked or not all(isinstance(t, int) and not isinstance(t, bool) and t > 0 for t in picked):
+        return None
+    mean = sum(picked) / len(picked)
+    return int(mean) if mean.is_integer() else mean
 
 
 def _tokens(tokens, meta, what):
@@ -125,8 +128,7 @@ def _tokens(tokens, meta, what):
         return tokens
     metered = traced_tokens(meta)  # a Meter re-traces a step of another length: its steps' own tokens, not tokens=
     if metered:
-        mean = sum(metered) / len(metered)  # the per-step figures are means over the traced steps
-        return int(mean) if mean.is_integer() else mean
+        return metered
     t = meta.get("tokens")
     if not t:
         raise ReportError(

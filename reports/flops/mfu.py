@@ -143,8 +143,7 @@ def mfu(df, step_time_s=None, peak_flops=None, dtype=None):
         ceiling_rate = ceiling.get("flops_per_s")
         ceiling_dtype = ceiling.get("dtype")
         same_dtype = ceiling_dtype is not None and normalize_dtype(ceiling_dtype) == normalize_dtype(run_dtype)
-        metered = traced_tokens(meta)  # a Meter's traced steps, with the tokens meter.step(tokens=) gave each
-        tokens = sum(metered) / len(metered) if metered else meta.get("tokens")
+        tokens = traced_tokens(meta) or meta.get("tokens")  # a Meter's traced steps: the tokens meter.step() gave
         records.append({
             "run": run,
             "device": device.get("name"),

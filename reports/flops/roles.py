@@ -226,6 +226,13 @@ def _take_rows(lists, at):
     return new, ids[index]
 
 
+def _step_keys(step, lists, at):
+    """(offsets, keys) of the storages the rows at `at` list in `lists` (offsets, ids), each keyed with its row's
+    step: step << 32 | storage id."""
+    offsets, ids = _take_rows(lists, at)
+    return offsets, np.repeat(step[at], np.diff(offsets)) << 32 | (ids & 0xFFFFFFFF)
+
+
 def _lookup(mapping, keys):
     """mapping[key] for each key of an int array, _NO_ID where absent."""
     if not mapping:
@@ -341,10 +348,9 @@ class Roles:
             return out
         step = rows["step"].to_numpy(dtype=np.int64)
         bwd = np.flatnonzero(attention & (phase == "backward").to_numpy())
-        in_off, in_ids = _take_rows(ins, bwd)
-        read = np.unique(np.repeat(step[bwd], np.diff(in_off)) << 32 | (in_ids & 0xFFFFFFFF))  # sorted (step, storage)
-        f_off, f_ids = _take_rows(ins, fwd)
-        hit = _member(np.repeat(step[fwd], np.diff(f_off)) << 32 | (f_ids & 0xFFFFFFFF), read)
+        read = np.unique(_step_keys(step, ins, bwd)[1])  # sorted (step, storage)
+        f_off, keys = _step_keys(step, ins, fwd)
+        hit = _member(keys, read)
         read_by = np.zeros(len(fwd), dtype=bool)
         np.logical_or.at(read_by, np.repeat(np.arange(len(fwd)), np.diff(f_off)), hit)
         out.iloc[fwd] = read_by | np.isin(step[fwd], step[_recomputed(rows)])
@@ -370,8 +376,7 @@ class Roles:
         if not len(at):
             return out
         step = rows["step"].to_numpy(dtype=np.int64)
-        in_off, in_ids = _take_rows(ins, bwd)
-        read = np.unique(np.repeat(step[bwd], np.diff(in_off)) << 32 | (in_ids & 0xFFFFFFFF))  # sorted (step, storage)
+        read = np.unique(_step_keys(step, ins, bwd)[1])  # sorted (step, storage)
         param = self.param.to_numpy()
         frozen = [s for s, trained in self.trainable.items() if not trained]
         by_weight = np.isin(param[at], np.array(frozen, dtype=np.int64))  # a frozen weight: its dL/dx reads it
