@@ -307,6 +307,32 @@ def test_hand_written_sgd_steps_and_its_update_is_optimizer_work(tmp_path):
     assert meta["cycles_without_step"] == 0
 
 
+def test_an_ema_copy_that_requires_grad_is_not_optimizer_work(tmp_path):
+    """An EMA made with copy.deepcopy(model) keeps requires_grad on its weights; updated in place after
+    opt.step() it is not a hand-written optimizer step: an optimizer is known, so only the parameters
+    it (and model=) hold are."""
+    import copy
+
+    model = mlp()
+    ema = copy.deepcopy(model)
+    opt = sgd(model.parameters())
+    x, y = batch()
+
+    def run(i, tr):
+        F.mse_loss(model(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+        with torch.no_grad():
+            for e, p in zip(ema.parameters(), model.parameters()):
+                e.mul_(0.99).add_(p, alpha=0.01)
+
+    df, _ = trace(tmp_path, "ema", run, model, 3)
+    fwd, bwd, opt_flops = figures(df, 3)
+    assert fwd == [FWD] * 3 and bwd == [BWD] * 3 and opt_flops == [SGD] * 3  # was 3 · 1,024 = 3,072 with the EMA's
+    ema_rows = df["op"].isin(["aten.mul_.Tensor", "aten.mul_.Scalar", "aten.add_.Tensor"])
+    assert by_step(df, ema_rows & (df["phase"] == "other"), 3) == [2 * N] * 3  # mul_ + add_: 2 · 1,024 = 2,048
+
+
 def test_cycles_no_rule_can_split_are_said_not_explained(tmp_path, capsys):
     model, run = rebinding_loop()
     df, meta = trace(tmp_path, "rebinding", run, model, 4)

@@ -229,13 +229,15 @@ class Parameters:
             self.note(params)
 
     def written_by(self, info, args, kwargs):
-        """Whether the op writes a parameter in place (one known by storage, or a leaf that requires grad)."""
+        """Whether the op writes a parameter in place: one known by storage or, while none is known (no
+        model=, no optimizer), a leaf that requires grad. Once some are known, a copy of the weights that
+        requires grad (an EMA made with `copy.deepcopy(model)`) updated after the step is not one."""
         keys = self._keys
         try:
             for t, is_out in info.written(args, kwargs):
                 if is_out or t.layout is not torch.strided:
                     continue
-                if t.requires_grad and t.is_leaf or _storage_key(t) in keys:
+                if _storage_key(t) in keys if keys else t.requires_grad and t.is_leaf:
                     return True
         except Exception:  # a tensor with no storage to key: not a parameter this rule can know
             return False
