@@ -253,6 +253,47 @@ def test_recompute_rows_are_out_of_mfu_and_in_hfu(tmp_path):
     assert "Activation checkpointing: 8,704 FLOPs per step" in text and "8,192 of them weight matmuls" in text
 
 
+class _CheckpointedBlock(nn.Module):
+    """inp, then up -> GELU -> down checkpointed: N = 32·32 + 32·128 + 128·32 = 9,216."""
+
+    def __init__(self):
+        super().__init__()
+        self.inp = nn.Linear(32, 32, bias=False)
+        self.up, self.down = nn.Linear(32, 128, bias=False), nn.Linear(128, 32, bias=False)
+
+    def forward(self, x):
+        h = self.inp(x)
+        return h + checkpoint(lambda h: self.down(nn.functional.gelu(self.up(h))), h, use_reentrant=False)
+
+
+def test_a_checkpointed_blocks_last_weight_is_active_under_autocast(tmp_path):
+    """Under bf16 autocast the re-run casts the weights again and stops before `down` (nothing needs its output):
+    the dL/dh of `down` reads the re-run's cast of down.weight, not the forward's. That cast is the weight."""
+    torch.manual_seed(0)
+    model = _CheckpointedBlock()
+    opt = torch.optim.AdamW(model.parameters(), foreach=True)
+    x, y = torch.randn(16, 32), torch.randn(16, 32)
+
+    def step():
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = model(x)
+        nn.functional.mse_loss(out.float(), y).backward()
+        opt.step()
+        opt.zero_grad()
+
+    step()
+    path = str(tmp_path / "ckpt_bf16")
+    with Tracer(path, model=model, tokens=16):
+        step()
+    df = reports.load(path)
+    total = reports.breakdown(df).set_index("phase").loc["total"]
+    assert total["n_params"] == 9216
+    assert total["n_active"] == 9216  # was 5,120: down.weight (4,096) left out
+    assert total["active_ratio"] == total["ratio"]
+    text = " ".join(reports.explain(df))
+    assert "Weights partly used" not in text and "without a backward" not in text
+
+
 def test_a_frozen_teachers_weights_are_parameters_in_memory(tmp_path):
     torch.manual_seed(0)
     student, teacher = nn.Linear(8, 4, bias=False), nn.Linear(16, 8, bias=False)

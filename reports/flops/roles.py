@@ -376,7 +376,12 @@ class Roles:
         if not len(at):
             return out
         step = rows["step"].to_numpy(dtype=np.int64)
-        read = np.unique(_step_keys(step, ins, bwd)[1])  # sorted (step, storage)
+        _, read = _step_keys(step, ins, bwd)
+        # a copy of a weight the backward reads is the weight: under autocast a checkpoint's re-run casts it
+        # again, and the dL/dx of a layer its early stop did not re-run reads that new cast
+        source = _lookup(self.alias, read & 0xFFFFFFFF)
+        copied = source != _NO_ID
+        read = np.unique(np.concatenate([read, (read[copied] >> 32) << 32 | (source[copied] & 0xFFFFFFFF)]))
         param = self.param.to_numpy()
         frozen = [s for s, trained in self.trainable.items() if not trained]
         by_weight = np.isin(param[at], np.array(frozen, dtype=np.int64))  # a frozen weight: its dL/dx reads it
