@@ -86,6 +86,44 @@ def test_math_path_is_kept_on_request_and_flagged_in_the_report(tmp_path, capsys
     assert json.loads(capsys.readouterr().out)["attention"]["math"] == 1
 
 
+class Checkpointed(torch.nn.Module):
+    """q = x Wq, then attention over it, checkpointed as a block: the backward re-runs the attention."""
+
+    def __init__(self):
+        super().__init__()
+        self.wq = torch.nn.Linear(D, D, bias=False)
+
+    def block(self, x):
+        q = self.wq(x)
+        return F.scaled_dot_product_attention(q, q, q, is_causal=True)
+
+    def forward(self, x, reentrant):
+        return torch.utils.checkpoint.checkpoint(self.block, x, use_reentrant=reentrant)
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_a_checkpoints_re_run_runs_the_same_kernel(tmp_path, reentrant):
+    """The re-run happens in the backward, where no torch-function mode is active: a math path there saves other
+    tensors than the forward's flash kernel did, and a non-reentrant checkpoint raised CheckpointError."""
+    with torch.device("meta"):
+        model = Checkpointed().to(torch.bfloat16)
+        x = torch.empty(B, H, S, D, dtype=torch.bfloat16, requires_grad=True)
+    with Tracer(tmp_path / "t", model=model):
+        model(x, reentrant).sum().backward()
+    meta = tracer.read_metadata(tmp_path / "t")
+    assert meta["complete"] and meta["attention"] == {"meta": "fused", "flash": 2, "efficient": 0, "math": 0}
+    df = reports.load(tmp_path / "t")
+    rows = _attention(df)
+    assert rows["op"].tolist() == ["aten._scaled_dot_product_flash_attention.default"] * 2 + [
+        "aten._scaled_dot_product_flash_attention_backward.default"]
+    assert rows["recompute"].tolist() == [False, True, False]
+    assert rows["flops"].tolist() == [FORWARD, FORWARD, BACKWARD]
+    assert not (df["op"] == "aten.bmm.default").any()  # no math path, also in the re-run
+    q = torch.empty(B, H, S, D, dtype=torch.bfloat16, device="meta")
+    assert torch._C._dispatch_has_kernel_for_dispatch_key("aten::scaled_dot_product_attention", "AutogradMeta") is False
+    assert F.scaled_dot_product_attention(q, q, q).shape == q.shape  # after the trace: untouched
+
+
 def test_real_tensors_are_untouched(tmp_path):
     torch.manual_seed(0)
     model = Attend().to(torch.float32)

@@ -7,9 +7,13 @@ flash or memory-efficient kernel keeps one log-sum-exp per row. For a 405B-shape
 step that is most of the traced activation memory, and none of it exists on a GPU.
 
 With `Tracer(..., meta_attention="fused")` (the default) and a model on the meta
-device, a torch-function mode calls the kernel CUDA would choose, through its meta
-implementation (same output shape and dtype; the fused kernel's FLOPs, memory and
-`causal` flag in the trace):
+device, a kernel of the tracer's, registered for scaled_dot_product_attention on the
+meta device's autograd key while the trace records, calls the kernel CUDA would
+choose, through its meta implementation (same output shape and dtype; the fused
+kernel's FLOPs, memory and `causal` flag in the trace). Being a kernel, not a
+torch-function mode, it also runs where no such mode is active: in the backward,
+where activation checkpointing re-runs the forward (a re-run taking the math path
+would save other tensors than the forward did, and a non-reentrant checkpoint raises).
 
   flash             fp16/bf16, no attn_mask, head dim <= 256 and a multiple of 8
                     (grouped-query attention included)
@@ -17,52 +21,68 @@ implementation (same output shape and dtype; the fused kernel's FLOPs, memory an
                     value have the query's heads (an attn_mask is passed as its bias)
   math              anything else (3-d inputs, GQA in fp32, odd head dims): as untraced
 
+Under `torch.inference_mode()` no autograd key is dispatched: the op reaches the
+tracer whole, as other composite ops do there, and is counted by its own formula
+(tracer/composite_flops.py: the fused kernel's count).
+
 NB: the choice follows PyTorch's CUDA rules for the common cases, not every check
 (cuDNN attention, the SM-specific head-dim limits). Meta tensors hold no values, so
 the substitution changes no result; strides can differ from the math path's.
-`meta_attention="math"` keeps the math path. The metadata's `attention` says which
-kernels ran: {"meta": "fused" | "math", "flash": n, "efficient": n, "math": n}.
+`meta_attention="math"` keeps the math path. The metadata's
+`attention` says which kernels ran: {"meta": "fused" | "math", "flash": n, "efficient": n,
+"math": n}; a kernel someone else registered there is left alone, and the trace takes the
+math path ("meta": "math").
 """
 
 import torch
-import torch.nn.functional as F
-from torch.overrides import TorchFunctionMode
 
 __all__ = ["META_ATTENTION", "MetaAttention"]
 
 META_ATTENTION = ("fused", "math")
 aten = torch.ops.aten
-_SDPA_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
-_SDPA_DEFAULTS = {"attn_mask": None, "dropout_p": 0.0, "is_causal": False, "scale": None, "enable_gqa": False}
+_SDPA = "aten::scaled_dot_product_attention"
+_KEY = "AutogradMeta"
 
 
-class MetaAttention(TorchFunctionMode):
-    """Routes scaled_dot_product_attention on meta tensors to the fused kernel CUDA would pick."""
+class MetaAttention:
+    """Routes scaled_dot_product_attention on meta tensors to the fused kernel CUDA would pick, while installed."""
 
     def __init__(self, fused=True):
-        super().__init__()
         self.fused = fused
         self.counts = {"flash": 0, "efficient": 0, "math": 0}
-        self.inert = False  # left on a thread whose stack holds it (Tracer._leave_modes): every call runs as it is
+        self._library = None
 
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func is F.scaled_dot_product_attention and not self.inert:
-            call = dict(_SDPA_DEFAULTS, **dict(zip(_SDPA_ARGS, args)), **kwargs)
-            q = call["query"]
-            if isinstance(q, torch.Tensor) and q.device.type == "meta":
-                kernel = _kernel(call) if self.fused else "math"
-                self.counts[kernel] += 1
-                if kernel == "flash":
-                    return aten._scaled_dot_product_flash_attention(
-                        q, call["key"], call["value"], call["dropout_p"], call["is_causal"], False, scale=call["scale"])[0]
-                if kernel == "efficient":
-                    bias = _bias(call["attn_mask"], q, call["key"])
-                    needs_lse = any(call[n].requires_grad for n in ("query", "key", "value")) and torch.is_grad_enabled()
-                    return aten._scaled_dot_product_efficient_attention(
-                        q, call["key"], call["value"], bias, needs_lse, call["dropout_p"], call["is_causal"],
-                        scale=call["scale"])[0]  # fmt: skip
-        return func(*args, **kwargs)
+    def install(self):
+        """Register the kernel (not when another kernel is registered there already)."""
+        if self._library is not None:
+            return
+        if torch._C._dispatch_has_kernel_for_dispatch_key(_SDPA, _KEY):  # someone else's: leave it, count nothing
+            self.fused = False
+            return
+        library = torch.library.Library("aten", "IMPL")
+        library.impl("scaled_dot_product_attention", self._attention, _KEY)
+        self._library = library
+
+    def remove(self):
+        library, self._library = self._library, None
+        if library is not None:
+            library._destroy()
+
+    def _attention(self, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                   enable_gqa=False):
+        """The kernel: the fused kernel CUDA would pick, or, for the math path, the op's own composite kernel
+        (which on the meta device runs the math path, op for op as untraced)."""
+        call = {"query": query, "key": key, "value": value, "attn_mask": attn_mask, "enable_gqa": enable_gqa}
+        kernel = _kernel(call) if self.fused else "math"
+        self.counts[kernel] += 1
+        if kernel == "flash":
+            return aten._scaled_dot_product_flash_attention(query, key, value, dropout_p, is_causal, False, scale=scale)[0]
+        if kernel == "efficient":
+            needs_lse = any(t.requires_grad for t in (query, key, value)) and torch.is_grad_enabled()
+            return aten._scaled_dot_product_efficient_attention(
+                query, key, value, _bias(attn_mask, query, key), needs_lse, dropout_p, is_causal, scale=scale)[0]
+        return aten.scaled_dot_product_attention.default.decompose(
+            query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
 
     def facts(self):
         """The metadata's `attention` entry."""

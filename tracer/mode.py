@@ -9,7 +9,6 @@ import time
 import uuid
 
 import torch
-from torch.overrides import _get_current_function_mode_stack as _function_mode_stack
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack as _mode_stack
 
 from tracer import collectives, distributed
@@ -238,7 +237,7 @@ class Tracer:
         self._unsharded.install()
         self._mode.__enter__()
         if self._attention is not None:
-            self._attention.__enter__()
+            self._attention.install()
 
     def __exit__(self, exc_type, exc, tb):
         """Close the trace; never raises (a failure is a warning and a fact in the metadata; a Ctrl-C while it
@@ -262,15 +261,11 @@ class Tracer:
             self._give_back_compiled()
 
     def _leave_modes(self):
-        """Take the dispatch mode (and the meta attention mode) off the stack of the thread that entered them. Left
+        """Take the dispatch mode off the stack of the thread that entered it (and the meta attention kernel off). Left
         on another thread, whose stack does not hold them, the mode becomes inert where it stands: it passes every op
         through, and nothing more is recorded."""
-        attention = self._attention
-        if attention is not None:
-            if attention in _function_mode_stack():
-                attention.__exit__(None, None, None)
-            else:
-                attention.inert = True
+        if self._attention is not None:
+            self._attention.remove()
         if self._mode in _mode_stack():
             self._mode.__exit__(None, None, None)
             return
