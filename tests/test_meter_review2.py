@@ -1,6 +1,7 @@
 """Second review of tracer.meter.Meter (signature by graph nodes, two traced steps): steps whose work changed where
 the new signature did not look."""
 
+import pytest
 import torch
 import torch.nn.modules.module as module_hooks
 from torch import nn
@@ -107,3 +108,32 @@ def test_the_root_hooks_do_not_break_a_compiled_model_s_graph(tmp_path):
         meter.close()
     assert sum(counters["graph_break"].values()) == breaks
     assert meter.errors == 0 and len(model._forward_hooks) == 0 and len(model._forward_pre_hooks) == 0
+
+
+@pytest.mark.parametrize("how", ["wrapper", "in place"])
+def test_a_model_compiled_with_aot_autograd_is_metered_after_two_traces(tmp_path, how):
+    """An AOT-compiled step makes one graph node per compiled graph, the traced step (run eagerly) one per op; and
+    model.compile() runs the root's hooks inside the compiled code, which skips them. The signatures never matched:
+    every other step was traced again (eagerly) and none got FLOPs."""
+    torch.manual_seed(0)
+    model = Compiled()
+    if how == "wrapper":
+        root = torch.compile(model, backend="aot_eager")
+    else:
+        model.compile(backend="aot_eager")
+        root = model
+    x, wide = torch.randn(2, 8), torch.randn(3, 8)
+    traced, flops = [], []
+    with Meter(tmp_path / "aot", model=root, peak_flops=PEAK) as meter:
+        for batch in (x, x, x, x, x, wide, wide, wide):
+            root(batch).sum().backward()
+            figures = meter.step()
+            traced.append(figures["traced"])
+            flops.append(figures["hardware_flops"])
+    assert traced == [True, True, False, False, False, False, True, False]  # the wider batch: traced once
+    # forward 2·2·8·4 = 128 + relu 8 + sum 8; backward: threshold 8 + dW 128 (x needs no gradient) = 280; from the
+    # second step on the gradient is added into fc.weight's .grad (no zero_grad): + 4·8 = 32
+    assert flops[:5] == [280, 312, 312, 312, 312] and flops[5] is None
+    assert flops[6:] == [452, 452]  # batch 3: 2·3·8·4 = 192 + 12 + 12 + 12 + 192 + 32 = 452
+    assert meter.errors == 0
+    assert model.__dict__.get("_compiled_call_impl") is None or model._compiled_call_impl.__name__ != "call"

@@ -51,6 +51,7 @@ import pyarrow.parquet as pq
 import torch
 from torch.nn.modules.module import register_module_forward_pre_hook
 
+from tracer.compiled import compiled_in_place
 from tracer.device import cuda_in_use, sync_all_cuda
 from tracer.dispatch import make_inert
 from tracer.errors import TraceError
@@ -119,12 +120,13 @@ class Meter:
             raise TraceError(f"Meter: peak_flops must be FLOP/s > 0 or None, got {peak_flops!r}")
         self._tracer = Tracer(path, model=model, tokens=tokens, **tracer_kwargs)
         self.tokens, self.peak_flops, self.errors = tokens, peak_flops, 0
-        self._root = self._tracer.model
+        self._root = model  # a torch.compile wrapper itself: its hooks run outside the compiled code, the original's inside
         self._thread = threading.get_ident()
         self._traces = []  # per traced step: its FLOPs, dtype and peak
         self._known = {}  # signature -> index in _traces
         self._steps = {"step": [], "step_time_s": [], "tokens": [], "trace": [], "traced": [], "scale": []}
         self.max_traces, self._traced_steps = max_traces, 0
+        self._nodes_forgotten = False  # the signatures leave the node count out (compiled code: _compiled)
         self._pending = {}  # signature -> steps that ran with it before its trace
         self._inputs, self._grads = [], []  # the root's input signatures; grad mode at each root call
         self._calls, self._counting = {}, None  # module class -> calls in root calls without grad; their hook
@@ -305,7 +307,11 @@ class Meter:
             except Exception as exc:  # the step stays in the table without FLOPs; its signature may be traced again
                 self._failed(exc)
                 self._trace_failures += 1
-        ran = (settled(self._inputs), nodes, tuple(self._grads), tuple(self._calls.items()))
+        if self._compiled():  # a traced step runs compiled code eagerly: its graph nodes are not the compiled step's
+            nodes = None
+            self._forget_nodes()
+        calls = None if nodes is None else tuple(self._calls.items())  # compiled: the untraced steps count no calls
+        ran = (settled(self._inputs), nodes, tuple(self._grads), calls)
         if trace is not None:
             self._known[ran] = trace
             for k in self._pending.pop(ran, ()):  # earlier steps of this signature get its FLOPs
@@ -336,6 +342,30 @@ class Meter:
             self._reclock = True
             self._write()
         return self.figures(index)
+
+    def _compiled(self):
+        """Whether compiled code (torch.compile) runs in the steps: a compiled model=, or a compiled module a traced
+        step ran. An untraced step runs it compiled, a few graph nodes (one per compiled graph) where the traced
+        step, run eagerly, made one per op, and it runs no module hook inside the compiled code: the signature then
+        leaves the node count and the module calls out (the root's inputs and grad modes stay)."""
+        tracer = self._tracer
+        return tracer._model_compiled or tracer._attr.names.compiled_seen
+
+    def _forget_nodes(self):
+        """The signatures noted so far without their node count and module calls (once compiled code is seen)."""
+        if self._nodes_forgotten:
+            return
+        self._nodes_forgotten = True
+        for table in (self._known, self._pending):
+            merged = {}
+            for (inputs, _, grads, _), value in table.items():
+                key = (inputs, None, grads, None)
+                if table is self._pending:
+                    merged.setdefault(key, []).extend(value)
+                else:
+                    merged.setdefault(key, value)
+            table.clear()
+            table.update(merged)
 
     def _can_trace(self):
         return self._traced_steps < self.max_traces and self._trace_failures < _MAX_TRACE_FAILURES
@@ -445,8 +475,12 @@ class Meter:
             self._hook_root()
 
     def _hook_root(self):
-        self._handles.append(self._root.register_forward_pre_hook(self._root_called))
-        self._handles.append(self._root.register_forward_hook(self._root_inputs, with_kwargs=True))
+        root = self._root
+        if compiled_in_place(root):  # model.compile(): its hooks run inside the compiled code, which skips them
+            self._handles.append(_CompiledCall(root, self._root_called, self._root_inputs))
+            return
+        self._handles.append(root.register_forward_pre_hook(self._root_called))
+        self._handles.append(root.register_forward_hook(self._root_inputs, with_kwargs=True))
 
     def _remove_hooks(self):
         for handle in self._handles:
@@ -488,3 +522,25 @@ class Meter:
     def __exit__(self, exc_type, exc, tb):
         self.close(exc)
         return False
+
+
+class _CompiledCall:
+    """The root's hooks around a module compiled in place (`model.compile()` calls `_compiled_call_impl`, which runs
+    the module's hooks inside the compiled code, where they do nothing): its compiled call, wrapped while metered.
+    `remove()` puts the compiled call back (unless something else replaced it since)."""
+
+    def __init__(self, module, before, after):
+        compiled = module._compiled_call_impl
+
+        def call(*args, **kwargs):
+            before(module, args)
+            out = compiled(*args, **kwargs)
+            after(module, args, kwargs, out)
+            return out
+
+        self._module, self._compiled, self._call = module, compiled, call
+        module._compiled_call_impl = call
+
+    def remove(self):
+        if self._module.__dict__.get("_compiled_call_impl") is self._call:
+            self._module._compiled_call_impl = self._compiled
