@@ -629,3 +629,35 @@ def test_a_meter_made_in_the_loop_s_thread_closes_from_another(tmp_path):
     assert table["flops_estimated"].tolist() == [False] * 3 + [True]
     assert torch._C._len_torch_dispatch_stack() == stack and not _python_dispatch._is_in_torch_dispatch_mode
     assert len(loop["model"]._forward_hooks) == 0
+
+
+# a GradScaler that skips its first steps ---------------------------------------------------------------------------
+def skipping(skipped):
+    """fp16 under a fresh GradScaler: the first steps' gradients overflow and it skips their opt.step() (as here,
+    with the scaler's decision written out: the steps in `skipped` run no update)."""
+    def make():
+        net = Net()
+        opt = torch.optim.SGD(net.parameters(), lr=0.1)
+        x = torch.randn(2, 8)
+
+        def step(i, meter):
+            loss = net(x).square().sum()
+            loss.backward()
+            if i not in skipped:
+                opt.step()
+            opt.zero_grad()
+            return loss.item()
+
+        return {"model": net, "step": step, "modules": [net]}
+
+    return make
+
+
+def test_steps_a_grad_scaler_skipped_do_not_serve_the_steps_that_update(tmp_path):
+    """The two traced steps ran no optimizer step: the later steps, which do, got their hardware FLOPs without the
+    update. The signature counts the optimizer steps of a step, so the first updating step is traced again."""
+    figures, stored, true = check(tmp_path, skipping({0, 1}), 6)
+    assert [f["traced"] for f in figures] == [True, True, False, True, False, False]
+    # batch 2: model 948·2 = 1,896; SGD 192 more in the hardware FLOPs of the steps that update
+    assert stored == true == [(1896, 1896)] * 2 + [(1896, 2088)] * 4
+    assert _flops(figures)[4:] == [(1896, 2088)] * 2  # were (1896, 1896)

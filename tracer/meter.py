@@ -9,7 +9,8 @@ second step on, lazy modules initialised), with their signature. Every later
 step costs a clock read at its end (the device synchronised first when the step ran on a
 GPU), a forward hook on the root module noting the shapes and dtypes of every tensor in
 its inputs (positional and keyword, nested in lists, tuples and dicts) and whether grad mode
-was on at each root call (an evaluation step runs no backward; a root call without grad makes
+was on at each root call, the optimizer steps it ran (a GradScaler skips an update whose gradients overflowed;
+an evaluation step runs no backward; a root call without grad makes
 no graph nodes, so a global hook counts the modules it calls, for that call alone), and two reads of the
 autograd sequence number, which counts the graph nodes the thread made in the step: a
 branch taken, a layer skipped, an expert called or a module called once more changes the
@@ -50,6 +51,7 @@ import time
 import pyarrow.parquet as pq
 import torch
 from torch.nn.modules.module import register_module_forward_pre_hook
+from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from tracer.compiled import compiled_in_place
 from tracer.device import cuda_in_use, sync_all_cuda
@@ -132,11 +134,14 @@ class Meter:
         self._calls, self._counting = {}, None  # module class -> calls in root calls without grad; their hook
         self._next_write, self._closed, self._sync, self._use_sync = _FIRST_WRITE_S, False, None, sync
         self._handles = []
+        self._optimizer_steps = 0  # optimizer steps the step ran (a GradScaler skips one whose gradients overflowed)
+        self._stepped = register_optimizer_step_post_hook(self._optimizer_stepped)
         self._install_hooks()
         try:
             self._tracer.__enter__()
         except BaseException:
             self._remove_hooks()
+            self._stepped.remove()
             raise
         self._depth = depth_of(self._tracer._mode)  # where the tracer's mode goes back on at a re-trace
         self.warmup = warmup
@@ -189,6 +194,12 @@ class Meter:
             except Exception as exc:  # an input pytree cannot walk: the step keeps the signature it has
                 self._failed(exc)
 
+    def _optimizer_stepped(self, optimizer, args, kwargs):
+        """A global optimizer step post-hook: the signature counts the step's optimizer steps, so that a step whose
+        update a GradScaler skipped (fp16's first steps often overflow) does not serve the steps that update."""
+        if not _compiling() and threading.get_ident() == self._thread:
+            self._optimizer_steps += 1
+
     def _note_inputs(self, *args, **kwargs):
         """Add these inputs to the step's signature as the root's are (tracer/meter_callbacks.py: the batch Lightning
         hands to training_step, which need not call the root's forward)."""
@@ -230,6 +241,7 @@ class Meter:
         self._grads.clear()
         self._calls.clear()
         self._stop_counting()  # a root call without grad that raised
+        self._optimizer_steps = 0
         self._began = began
         self._nodes = _nodes_made()
 
@@ -311,7 +323,7 @@ class Meter:
             nodes = None
             self._forget_nodes()
         calls = None if nodes is None else tuple(self._calls.items())  # compiled: the untraced steps count no calls
-        ran = (settled(self._inputs), nodes, tuple(self._grads), calls)
+        ran = (settled(self._inputs), nodes, tuple(self._grads), calls, self._optimizer_steps)
         if trace is not None:
             self._known[ran] = trace
             for k in self._pending.pop(ran, ()):  # earlier steps of this signature get its FLOPs
@@ -358,8 +370,8 @@ class Meter:
         self._nodes_forgotten = True
         for table in (self._known, self._pending):
             merged = {}
-            for (inputs, _, grads, _), value in table.items():
-                key = (inputs, None, grads, None)
+            for (inputs, _, grads, _, stepped), value in table.items():
+                key = (inputs, None, grads, None, stepped)
                 if table is self._pending:
                     merged.setdefault(key, []).extend(value)
                 else:
@@ -496,6 +508,7 @@ class Meter:
         self._closed = True
         atexit.unregister(self._at_exit)
         self._remove_hooks()
+        self._stepped.remove()
         tr = self._tracer
         try:
             self._estimate_pending()
