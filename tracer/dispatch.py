@@ -20,6 +20,7 @@ from tracer.schema import FlopBasis
 
 Tensor = torch.Tensor
 _perf_ns = time.perf_counter_ns
+_PLAIN = frozenset({Tensor, torch.nn.Parameter})  # `types` may name these (a Tensor method's detach): no subclass
 
 
 def _tensors(args, kwargs):
@@ -201,7 +202,7 @@ class _TraceMode(TorchDispatchMode):
         try:
             if tracer._storages._dead:  # frees noted since the last op (tracer/storage.py)
                 tracer._storages.collect()
-            if types:  # tensor subclasses: record DTensors at their local shapes (the program gets `out` as is)
+            if types and not _PLAIN.issuperset(types):  # subclasses: DTensors at their local shapes (`out` as is)
                 seen = distributed.unwrap(types, args, kwargs, out, start + duration, tracer._completions)
                 tracer._record(info, *seen, start, duration, distributed.requires_grad(args, kwargs))
             else:
