@@ -397,3 +397,46 @@ def test_a_null_list_cell_is_one_line_whichever_way_the_sql_engine_reads_the_par
     seq = read_part(trace / "part-000002.parquet").column("seq")[0].as_py()
     one_error(capsys, "report", trace, rf"column 'input_shapes' is null at seq {seq} \(1 null value\(s\)\); "
                                        r"expected list<item: list<item: int64>> values")  # fmt: skip
+
+
+# ------------------------------------------------------------------ 12. the traced code's exception text
+def _raising_trace(path, message, **kwargs):
+    with pytest.raises(RuntimeError):
+        with Tracer(path, **kwargs):
+            torch.zeros(1) + 1
+            raise RuntimeError(message)
+    return path
+
+
+FORGED = "Boom\x1b[31mRED\nFORGED LINE"
+
+
+def test_the_traced_codes_exception_is_escaped(tmp_path, capsys):
+    """The metadata's `error` reached the terminal raw: an escape recoloured it, a newline forged a line."""
+    path = _raising_trace(tmp_path / "t", FORGED)
+    rc, out, err = run(capsys, "report", path)
+    assert rc == 0
+    assert out.splitlines()[0].endswith(r", INCOMPLETE: the traced code raised RuntimeError: Boom\x1b[31mRED\nFORGED LINE; "
+                                        "figures cover the rows it has)"), out.splitlines()[0]  # fmt: skip
+    assert "\x1b" not in out and not any(line.startswith("FORGED") for line in out.splitlines())
+
+
+def test_a_ranks_exception_is_escaped(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    for rank in (0, 1):
+        monkeypatch.setenv("RANK", str(rank))
+        if rank:
+            _raising_trace(tmp_path / "t", FORGED)
+        else:
+            with Tracer(tmp_path / "t"):
+                torch.zeros(1) + 1
+    rc, out, err = run(capsys, "report", tmp_path / "t")
+    assert rc == 0, err
+    assert (r"  rank 1: INCOMPLETE: the traced code raised RuntimeError: Boom\x1b[31mRED\nFORGED LINE; its figures cover "
+            "the rows it has") in out.splitlines()  # fmt: skip
+    assert "\x1b" not in out and not any(line.startswith("FORGED") for line in out.splitlines())
+
+
+def test_an_error_that_is_not_a_string_is_one_line(trace, capsys):
+    rewrite(trace / "part-000009.parquet", set_metadata(complete=False, error={"x": 1}))
+    one_error(capsys, "report", trace, r"optrace metadata \(part-000009\.parquet\) 'error' is \{\"x\": 1\}, expected a string")

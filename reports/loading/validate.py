@@ -263,7 +263,7 @@ META_FIELDS = {
     "parameters": _OBJ, "storage_roles": _OBJ, "step_time": _OBJ, "ceiling": _OBJ, "bandwidth": _OBJ,
     "timing": _OBJ, "unsharded_parameters": _OBJ, "compiled_ran_eagerly": _BOOL, "attention": _OBJ,
     "untraced_optimizer_steps": _INT, "cycles_without_step": _INT, "optimizer_state_found_late": _INT,
-    "optimizer_params": _INT,
+    "optimizer_params": _INT, "error": _STR,
 }  # fmt: skip
 DEVICE_FIELDS = {
     "type": _STR, "name": _STR, "cores": _INT, "threads": _INT, "mhz": _NUM, "max_mhz": _NUM, "isa": _LIST,

@@ -108,7 +108,7 @@ def _print_report(df, args, out, sql=None):
     device = (meta.get("device") or {}).get("name", "?")
     state = "complete" if meta.get("complete") else "INCOMPLETE (cut short): figures cover the rows it has"
     if not meta.get("complete") and meta.get("error"):  # the exception the traced code raised (tracer/mode.py)
-        state = f"INCOMPLETE: the traced code raised {meta['error']}; figures cover the rows it has"
+        state = f"INCOMPLETE: the traced code raised {printable(meta['error'])}; figures cover the rows it has"
     broken = describe_damage(meta.get("damage") or {})
     if broken:
         state = ("DAMAGED" if meta.get("complete") else state) + f"; {broken}"
