@@ -440,3 +440,55 @@ def test_a_ranks_exception_is_escaped(tmp_path, capsys, monkeypatch):
 def test_an_error_that_is_not_a_string_is_one_line(trace, capsys):
     rewrite(trace / "part-000009.parquet", set_metadata(complete=False, error={"x": 1}))
     one_error(capsys, "report", trace, r"optrace metadata \(part-000009\.parquet\) 'error' is \{\"x\": 1\}, expected a string")
+
+
+# ------------------------------------------------------------------ 13. one directory per rank
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory):
+    """A trace of 2 ranks (RANK and WORLD_SIZE set: the tracer writes rank=R directories)."""
+    path = tmp_path_factory.mktemp("ranks") / "t"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("WORLD_SIZE", "2")
+        for rank in (0, 1):
+            patch.setenv("RANK", str(rank))
+            with Tracer(path):
+                torch.zeros(1) + 1
+    return path
+
+
+def _set_rank(directory, rank):
+    for part in part_paths(directory):
+        rewrite(part, set_metadata(rank=rank))
+
+
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        (lambda t: shutil.copytree(t / "rank=1", t / "rank=01"),
+         r"rank=01 and rank=1 are both rank 1; expected one directory per rank \(a copy\?\); move one out"),
+        (lambda t: shutil.copytree(t / "rank=0", t / "rank=2"),
+         r"rank=2's metadata says it is rank 0 \(as rank=0's does\); expected the directory's rank to be its metadata's "
+         r"rank \(a copy of another rank's directory\?\); move it out"),
+        (lambda t: (shutil.copytree(t / "rank=1", t / "rank=3"), _set_rank(t / "rank=3", 3)),
+         r"rank=1 and rank=3 hold the same trace \(trace_id \w+\); expected one directory per rank \(a copy\?\); "
+         r"move one out"),
+        (lambda t: (t / "rank=1").rename(t / "rank=99999999999999999999999"),
+         r"rank=99999999999999999999999 names rank 99999999999999999999999; expected a rank below 2,147,483,648 "
+         r"\(not written by optrace\?\)"),
+    ],
+    ids=["rank_01_beside_rank_1", "metadata_of_another_rank", "same_trace_id", "rank_past_int32"],
+)
+@pytest.mark.parametrize("engine", ["sql", "pandas"])
+def test_a_rank_directory_that_is_not_its_rank_is_one_line(two_ranks, tmp_path, capsys, damage, message, engine):
+    """They were counted twice (a copied rank), or gave an OverflowError's traceback (a rank past int64)."""
+    trace = shutil.copytree(two_ranks, tmp_path / "t")
+    damage(trace)
+    one_error(capsys, "report", trace, message, "--engine", engine)
+    if engine == "pandas":
+        with pytest.raises(ReportError, match=re.escape(str(trace)) + ": " + message):
+            reports.load(trace, lists="arrow")
+
+
+def test_two_ranks_each_in_its_directory_report(two_ranks, capsys):
+    rc, out, err = run(capsys, "report", two_ranks)
+    assert rc == 0 and err == "" and "Ranks (2): per step, traced times" in out

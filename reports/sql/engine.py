@@ -43,7 +43,7 @@ import pandas as pd
 
 from reports.errors import ReportError
 from reports.loading.integrity import REREADS, Footers, describe_damage, footer, list_parts, merged_away, one_line, reread
-from reports.loading.load import id_limit, read_run, run_name, runs_with_ranks
+from reports.loading.load import check_rank, id_limit, read_run, run_name, runs_with_ranks
 from reports.loading.validate import ITEMS_NOT_NULL, LIST_NOT_NULL, STORAGE_ID_COLUMNS, check_footers
 from reports.sql.scan import GRAINS, files_query, grains, source, source_views, views
 from tracer.schema import COLUMN_NAMES, PHASES, SCHEMA_VERSION
@@ -138,7 +138,7 @@ class Trace:
             raise ReportError("load: expected at least one trace path, got none")
         self.runs, self.ranks, self.paths, self.files, self._phase_steps, self._totals = {}, [], [], [], None, None
         self._reference_columns = columns
-        footers, refused = _IdFooters(), set()
+        footers, refused, seen = _IdFooters(), set(), {}
         try:
             for path, rank in runs_with_ranks(paths):
                 try:  # the values from the parts' statistics too (all but storage ids), each footer read once
@@ -146,6 +146,7 @@ class Trace:
                 except ReportError:
                     meta = read_run(path, _IdFooters())  # a damaged trace raises here, in reports.load's words
                     refused.add(path)  # else a value the statistics refuse: the reference loader says which
+                check_rank(path, rank, meta, seen)
                 name = run_name(path, rank, meta, self.runs)
                 if meta["schema_version"] < SCHEMA_VERSION:
                     raise Unsupported(f"{path}: a v{meta['schema_version']} trace; the SQL engine reads v{SCHEMA_VERSION}")
