@@ -492,3 +492,51 @@ def test_a_rank_directory_that_is_not_its_rank_is_one_line(two_ranks, tmp_path, 
 def test_two_ranks_each_in_its_directory_report(two_ranks, capsys):
     rc, out, err = run(capsys, "report", two_ranks)
     assert rc == 0 and err == "" and "Ranks (2): per step, traced times" in out
+
+
+# ------------------------------------------------------------------ 14. metadata numbers in their ranges
+M = r"optrace metadata \(part-000009\.parquet\) "
+BYTES_MAX = "1,152,921,504,606,846,976"  # 2**60
+
+
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        ({"tokens": -16}, M + r"'tokens' is -16, expected tokens per step 1 to 9,007,199,254,740,992"),  # 2**53
+        ({"tokens": 0}, M + r"'tokens' is 0, expected tokens per step 1 to 9,007,199,254,740,992"),
+        ({"tokens": 10**40}, M + r"'tokens' is 1000000000000000000000000000000000000\.\.\., expected tokens per step 1 "
+                                 r"to 9,007,199,254,740,992"),
+        ({"tokens": 0.5}, M + r"'tokens' is 0\.5, expected an int"),  # the tracer has only ever written an int > 0
+        ({"tokens": float("nan")}, M + r"'tokens' is NaN, expected an int"),
+        ({"tokens": 1e308}, M + r"'tokens' is 1e\+308, expected an int"),
+        ({"step_time": {"median_s": -0.01}}, M + r"step_time 'median_s' is -0\.01, expected seconds > 0"),
+        ({"step_time": {"median_s": 0}}, M + r"step_time 'median_s' is 0, expected seconds > 0"),
+        ({"step_time": {"median_s": float("nan")}}, M + r"step_time 'median_s' is NaN, expected seconds > 0"),
+        ({"step_time": {"median_s": float("inf")}}, M + r"step_time 'median_s' is Infinity, expected seconds > 0"),
+        ({"ceiling": {"flops_per_s": -1e9, "dtype": "float32"}},
+         M + r"ceiling 'flops_per_s' is -1000000000\.0, expected FLOP/s > 0"),
+        ({"bandwidth": {"bytes_per_s": 0}}, M + r"bandwidth 'bytes_per_s' is 0, expected bytes/s > 0"),
+        ({"device": {"type": "cpu", "name": "x", "cores": -4}}, M + r"device 'cores' is -4, expected a count >= 1"),
+        ({"device": {"type": "cpu", "name": "x", "mhz": -1.0}}, M + r"device 'mhz' is -1\.0, expected MHz >= 0"),
+        ({"device": {"type": "cuda", "name": "x", "total_memory_bytes": 2**61}},
+         M + rf"device 'total_memory_bytes' is 2305843009213693952, expected bytes 0 to {BYTES_MAX}"),
+        ({"params": {"total": 10**30}}, M + rf"params 'total' is 1000000000000000000000000000000, expected a count 0 to "
+                                            rf"{BYTES_MAX}"),
+        ({"parameters": {"w": {"storage_id": 0, "numel": 10**30, "shape": [2], "dtype": "float32"}}},
+         M + rf"parameter 'w' 'numel' is 1000000000000000000000000000000, expected a count 0 to {BYTES_MAX}"),
+        ({"world_size": 0}, M + r"'world_size' is 0, expected ranks >= 1"),
+        ({"rank": -1}, M + r"'rank' is -1, expected a rank >= 0"),
+        ({"rank": 2, "world_size": 2}, M + r"'rank' is 2, expected a rank 0 to 1 \(world_size 2\)"),
+        ({"schema_version": 0}, M + r"'schema_version' is 0, expected a schema version >= 1"),
+    ],
+    ids=["tokens_negative", "tokens_zero", "tokens_10_40", "tokens_half", "tokens_nan", "tokens_1e308",
+         "step_time_negative", "step_time_zero", "step_time_nan", "step_time_inf", "ceiling_negative", "bandwidth_zero",
+         "cores_negative", "mhz_negative", "memory_2_61", "params_10_30", "numel_10_30", "world_size_zero",
+         "rank_negative", "rank_of_world", "schema_version_0"],
+)
+def test_metadata_numbers_out_of_range_are_one_line(trace, capsys, fields, message):
+    """Type-checked but not range-checked, they gave negative figures, an MFU of -0.1%, an invented CPU peak,
+    'no untraced step time' for a NaN, or an OverflowError's traceback."""
+    rewrite(trace / "part-000009.parquet", set_metadata(**fields))
+    one_error(capsys, "report", trace, message)
+    one_error(capsys, "report", trace, message, "--engine", "pandas")
