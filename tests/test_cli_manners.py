@@ -164,3 +164,21 @@ def test_a_bad_flag_is_one_line(linear, capsys, argv, message):
         main([str(linear) if a == "TRACE" else a for a in argv])
     out, err = capsys.readouterr()
     assert stopped.value.code == 2 and out == "" and err.count("\n") == 1 and err.startswith(message), err
+
+
+@pytest.mark.parametrize("command", ["report", "export"])
+def test_ctrl_c_is_one_line_and_status_130(linear, tmp_path, capsys, monkeypatch, command):
+    """Ctrl-C printed a KeyboardInterrupt traceback of ~20 lines; now one line and the shell's status for SIGINT
+    (128 + 2), as a broken pipe is one quiet exit too."""
+    import reports.output.cli as cli
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, f"_{command}", interrupted)
+    argv = [command, linear] + (["-o", str(tmp_path / "out.json")] if command == "export" else [])
+    try:
+        rc, out, err = run(capsys, *argv)
+    except KeyboardInterrupt:  # pytest would stop the session
+        pytest.fail("the KeyboardInterrupt left main: a traceback for the user")
+    assert (rc, out, err) == (130, "", f"optrace {command}: interrupted\n")

@@ -554,6 +554,9 @@ def main(argv=None):
         except BrokenPipeError:  # `optrace report T | head`: the reader has what it wanted
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
             return 0
+        except KeyboardInterrupt:  # Ctrl-C: the shell's status for SIGINT, one line, no traceback
+            print(f"optrace {args.command}: interrupted", file=sys.stderr)
+            return 130
         except Exception as exc:
             if not merged_away(exc):
                 raise
