@@ -535,6 +535,12 @@ def _parser():
     return parser
 
 
+def _interrupted(exc):
+    """Whether `exc` is DuckDB's word for a Ctrl-C during a query: its own SIGINT check takes the KeyboardInterrupt
+    and raises InterruptException, or RuntimeError('Query interrupted') from a fetch."""
+    return type(exc).__name__ == "InterruptException" or isinstance(exc, RuntimeError) and str(exc) == "Query interrupted"
+
+
 def main(argv=None):
     args = _parser().parse_args(argv)
     from reports.loading.columns import lean_memory
@@ -558,6 +564,9 @@ def main(argv=None):
             print(f"optrace {args.command}: interrupted", file=sys.stderr)
             return 130
         except Exception as exc:
+            if _interrupted(exc):
+                print(f"optrace {args.command}: interrupted", file=sys.stderr)
+                return 130
             if not merged_away(exc):
                 raise
             print(f"optrace {args.command}: error: {printable(one_line(exc))} (the tracer of a live trace merged that part "
