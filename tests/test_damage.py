@@ -540,3 +540,26 @@ def test_metadata_numbers_out_of_range_are_one_line(trace, capsys, fields, messa
     rewrite(trace / "part-000009.parquet", set_metadata(**fields))
     one_error(capsys, "report", trace, message)
     one_error(capsys, "report", trace, message, "--engine", "pandas")
+
+
+# ------------------------------------------------------------------ 15. phases and FLOP kinds the tracer writes
+@pytest.mark.parametrize(
+    "column, value, message",
+    [
+        ("phase", "warmup", r"column 'phase' holds 'warmup' at seq 13; expected one of forward, backward, optimizer, "
+                            r"other"),
+        ("flop_kind", "bogus", r"column 'flop_kind' holds 'bogus' at seq 13; expected one of matmul, attention, conv, "
+                               r"elementwise, reduction, norm, softmax, foreach, collective, none, unknown"),
+    ],
+)
+@pytest.mark.parametrize("engine", ["sql", "pandas"])
+def test_an_unknown_phase_or_flop_kind_is_one_line(trace, capsys, column, value, message, engine):
+    """They were read as they were, and the phases then no longer added up to the total."""
+    rewrite(trace / "part-000002.parquet", set_cell(column, 3, value))  # rows 10-14
+    message += r" \(a damaged or hand-edited trace\?\)"
+    one_error(capsys, "report", trace, message, "--engine", engine)
+    one_error(capsys, "compare", trace, message, trace, "--engine", engine)
+    if engine == "sql":
+        one_error(capsys, "export", trace, message, "-o", trace.parent / "out.json")
+        with pytest.raises(ReportError, match=re.escape(str(trace)) + ": " + message):
+            reports.load(trace, lists="arrow")

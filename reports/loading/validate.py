@@ -12,6 +12,7 @@ expected, never a traceback deep inside a report and never a figure made from it
   ranges   counts, bytes and times are >= 0; FLOPs at most MAX_ROW_FLOPS per row, bytes at
            most MAX_BYTES, storage ids below `max_storage_id` (ids are handed out one by one as
            storages appear, so a trace of n rows cannot use ids far beyond n)
+  values   phase and flop_kind hold only the values tracer/schema.py names (ALLOWED)
   seq      strictly increasing in write order (a repeated part or a repeated row is refused)
   JSON     the metadata and the marker are bounded in size and nesting depth before they
            are parsed, and their fields must have the types the tracer writes, their numbers
@@ -27,9 +28,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from reports.errors import ReportError
-from tracer.schema import ARROW_SCHEMA, ROLE_RECORDS
+from tracer.schema import ARROW_SCHEMA, FLOP_KINDS, PHASES, ROLE_RECORDS
 
-__all__ = ["ITEMS_NOT_NULL", "MAX_BYTES", "MAX_JSON_DEPTH", "MAX_ROW_FLOPS", "check_footers", "check_metadata",
+__all__ = ["ALLOWED", "ITEMS_NOT_NULL", "MAX_BYTES", "MAX_JSON_DEPTH", "MAX_ROW_FLOPS", "check_footers", "check_metadata",
            "check_metadata_ids", "check_rows", "check_schema", "max_storage_id", "parse_json"]  # fmt: skip
 
 MAX_JSON_DEPTH = 64  # the tracer's metadata nests 4 deep
@@ -52,6 +53,8 @@ RANGES = {
     "comm_bytes": (0, MAX_BYTES, "bytes"), "group_size": (1, None, "ranks"),
     "output_storage_bytes": (0, MAX_BYTES, "bytes"),
 }  # fmt: skip
+# string column: the values the tracer writes (tracer/schema.py); another is damage (the phases would not add up)
+ALLOWED = {"phase": PHASES, "flop_kind": FLOP_KINDS}
 _EXPECTED = {field.name: field.type for field in ARROW_SCHEMA}
 # The list columns that hold a list in every row: their Parquet statistics cannot tell a null cell from an empty
 # list, so a reader that checks from the statistics scans these cells (reports/sql/engine.py).
@@ -135,6 +138,9 @@ def check_rows(path, table, id_limit, last_seq=None):
             index = _first(pc.is_null(column))
             raise ReportError(f"{path}: column {name!r} is null{_at(table, index)} ({column.null_count} null value(s)); "
                               f"expected {_type_name(expected)} values")  # fmt: skip
+        if name in ALLOWED:
+            _check_allowed(path, table, name, column)
+            continue
         limits = RANGES.get(name)
         ids = name in STORAGE_ID_COLUMNS
         if limits is None and not ids:
@@ -173,6 +179,21 @@ def check_rows(path, table, id_limit, last_seq=None):
                               "row by row (a part or rows repeated?)")  # fmt: skip
         return int(seq[-1])
     return last_seq
+
+
+def _check_allowed(path, table, name, column):
+    """ReportError for the first value of string column `name` that is not one of ALLOWED[name]."""
+    found = pc.unique(column)
+    if pa.types.is_dictionary(found.type):
+        found = found.dictionary_decode()
+    bad = [v for v in found.to_pylist() if v is not None and v not in ALLOWED[name]]
+    if bad:
+        raise _not_allowed(path, name, bad[0], _at(table, _first(pc.equal(column.cast(pa.string()), bad[0]))))
+
+
+def _not_allowed(path, name, value, where):
+    return ReportError(f"{path}: column {name!r} holds {value!r}{where}; expected one of {', '.join(ALLOWED[name])} "
+                       "(a damaged or hand-edited trace?)")  # fmt: skip
 
 
 def _out_of_range(path, name, value, where, low, high, unit):
