@@ -450,6 +450,16 @@ def _assumption(text):
         raise argparse.ArgumentTypeError(f"expected NAME=NUMBER, got {text!r}") from None
 
 
+def _step_time(text):
+    """An argparse type: seconds, at least MIN_STEP_TIME_S (one ns), as Tracer.set_step_time takes them."""
+    from tracer.schema import MIN_STEP_TIME_S
+
+    value = _positive(text)
+    if value < MIN_STEP_TIME_S:
+        raise argparse.ArgumentTypeError(f"expected seconds >= {MIN_STEP_TIME_S:g} (one ns), got {text!r}")
+    return value
+
+
 def _positive(text):
     """An argparse type: a finite number > 0."""
     try:
@@ -496,7 +506,7 @@ def _parser():
     rep = sub.add_parser("report", help="summarise one trace")
     rep.add_argument("trace", help="a trace directory written by tracer.Tracer (with or without rank=R sub-directories)")
     rep.add_argument("--peak-tflops", type=_positive, help="promised peak TFLOP/s (overrides the device table)")
-    rep.add_argument("--step-time", type=_positive, help="untraced step time in seconds (overrides the trace's)")
+    rep.add_argument("--step-time", type=_step_time, help="untraced step time in seconds (overrides the trace's)")
     rep.add_argument("--json", action="store_true", help="print one JSON object")
     rep.add_argument("--plot", metavar="DIR", help="write PNG plots to DIR")
     rep.add_argument("--top", type=_top, default=8, help="rows in the top-N tables")
