@@ -563,3 +563,21 @@ def test_an_unknown_phase_or_flop_kind_is_one_line(trace, capsys, column, value,
         one_error(capsys, "export", trace, message, "-o", trace.parent / "out.json")
         with pytest.raises(ReportError, match=re.escape(str(trace)) + ": " + message):
             reports.load(trace, lists="arrow")
+
+
+# ------------------------------------------------------------------ 16. a late part is counted
+@pytest.mark.parametrize("engine", ["sql", "pandas"])
+def test_a_deleted_late_part_is_damage(tmp_path, capsys, engine):
+    """The zero-row part set_step_time writes after the `with` block: its deletion went unnoticed (the marker
+    counted the parts at close). Now the marker counts it too."""
+    path = tmp_path / "t"
+    with Tracer(path) as tr:
+        torch.zeros(1) + 1
+    closed = marker_facts(path)["parts"]
+    tr.set_step_time(0.01)
+    parts = part_paths(path)
+    assert marker_facts(path)["parts"] == closed + 1 and len(parts) == 2  # the closing part and the late one
+    os.remove(parts[-1])
+    rc, out, err = run(capsys, "report", path, "--engine", engine)
+    assert rc == 0, err
+    assert out.splitlines()[0].endswith(", DAMAGED; 1 part file(s) missing)"), out.splitlines()[0]

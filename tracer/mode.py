@@ -36,7 +36,7 @@ from tracer.writer import (
     prepare_directory,
     release_directory,
 )
-from tracer.directory import still_ours
+from tracer.directory import still_ours, write_facts
 
 Tensor = torch.Tensor
 _perf_ns = time.perf_counter_ns
@@ -386,7 +386,13 @@ class Tracer:
             warn(f"optrace: {what}: the trace at {self._writer.directory!r} is no longer this Tracer's "
                           "(another run replaced it); nothing written")
             return
-        self._write(RowBuffer(), self._metadata())
+        if not self._write(RowBuffer(), self._metadata()):
+            return
+        try:  # the marker counts the late part too: a reader names it missing when it is deleted
+            write_facts(self._writer.directory, self._facts())
+        except Exception as exc:
+            warn(f"optrace: {what}: updating the marker of {self._writer.directory!r} failed ({type(exc).__name__}: "
+                 f"{exc}); the part is written")
 
     # the hot path ------------------------------------------------------------------
     def _record(self, info, args, kwargs, out, start, duration, wrapped_grad=False):
