@@ -458,7 +458,7 @@ def two_ranks(tmp_path_factory):
 
 def _set_rank(directory, rank):
     for part in part_paths(directory):
-        rewrite(part, set_metadata(rank=rank))
+        rewrite(part, set_metadata(rank=rank, world_size=rank + 1))
 
 
 @pytest.mark.parametrize(
