@@ -155,6 +155,8 @@ def test_mfu_above_100_pct_has_a_caveat(linear, capsys):
 @pytest.mark.parametrize("argv, message", [
     (["report", "TRACE", "--top", "-3"], "optrace report: error: argument --top: expected an int >= 1, got '-3'"),
     (["report", "TRACE", "--engine", "foo"], "optrace report: error: argument --engine: invalid choice: 'foo'"),
+    (["report", "TRACE", "--step-time", "1e-320"],  # MFU was inf: no step of a traced model runs in under a ns
+     "optrace report: error: argument --step-time: expected seconds >= 1e-09 (one ns), got '1e-320'"),
     (["report"], "optrace report: error: the following arguments are required: trace"),
     (["frob"], "optrace: error: argument command: invalid choice: 'frob'"),
 ])  # fmt: skip
@@ -164,3 +166,45 @@ def test_a_bad_flag_is_one_line(linear, capsys, argv, message):
         main([str(linear) if a == "TRACE" else a for a in argv])
     out, err = capsys.readouterr()
     assert stopped.value.code == 2 and out == "" and err.count("\n") == 1 and err.startswith(message), err
+
+
+@pytest.mark.parametrize("command, raised", [
+    ("report", KeyboardInterrupt), ("export", KeyboardInterrupt),
+    ("report", RuntimeError("Query interrupted")),  # DuckDB takes the SIGINT during a query and raises this
+])  # fmt: skip
+def test_ctrl_c_is_one_line_and_status_130(linear, tmp_path, capsys, monkeypatch, command, raised):
+    """Ctrl-C printed a KeyboardInterrupt traceback of ~20 lines; now one line and the shell's status for SIGINT
+    (128 + 2), as a broken pipe is one quiet exit too."""
+    import reports.output.cli as cli
+
+    def interrupted(args):
+        raise raised
+
+    monkeypatch.setattr(cli, f"_{command}", interrupted)
+    argv = [command, linear] + (["-o", str(tmp_path / "out.json")] if command == "export" else [])
+    try:
+        rc, out, err = run(capsys, *argv)
+    except KeyboardInterrupt:  # pytest would stop the session
+        pytest.fail("the KeyboardInterrupt left main: a traceback for the user")
+    assert (rc, out, err) == (130, "", f"optrace {command}: interrupted\n")
+
+
+def test_an_infinite_mfu_is_above_100_pct_in_json(linear, tmp_path, capsys):
+    """A step time of 5e-324 s in the metadata makes MFU inf: --json said "above_100_pct": [] (it tested the
+    figure after it became the string "inf"), and numpy's overflow warnings came out as notes."""
+    import shutil
+
+    import pyarrow.parquet as pq
+
+    from tracer.schema import METADATA_KEY, part_paths, read_part
+
+    path = shutil.copytree(linear, tmp_path / "t")
+    last = part_paths(path)[-1]
+    table = read_part(last)
+    meta = json.loads(table.schema.metadata[METADATA_KEY])
+    meta["step_time"] = {"median_s": 5e-324}
+    pq.write_table(table.replace_schema_metadata({METADATA_KEY: json.dumps(meta).encode()}), last)
+    rc, out, err = run(capsys, "report", path, "--json")
+    found = json.loads(out)["mfu_details"]
+    assert (rc, err) == (0, "")
+    assert (found["mfu"], found["hfu"], found["above_100_pct"]) == ("inf", "inf", ["mfu", "hfu"])

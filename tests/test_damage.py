@@ -397,3 +397,187 @@ def test_a_null_list_cell_is_one_line_whichever_way_the_sql_engine_reads_the_par
     seq = read_part(trace / "part-000002.parquet").column("seq")[0].as_py()
     one_error(capsys, "report", trace, rf"column 'input_shapes' is null at seq {seq} \(1 null value\(s\)\); "
                                        r"expected list<item: list<item: int64>> values")  # fmt: skip
+
+
+# ------------------------------------------------------------------ 12. the traced code's exception text
+def _raising_trace(path, message, **kwargs):
+    with pytest.raises(RuntimeError):
+        with Tracer(path, **kwargs):
+            torch.zeros(1) + 1
+            raise RuntimeError(message)
+    return path
+
+
+FORGED = "Boom\x1b[31mRED\nFORGED LINE"
+
+
+def test_the_traced_codes_exception_is_escaped(tmp_path, capsys):
+    """The metadata's `error` reached the terminal raw: an escape recoloured it, a newline forged a line."""
+    path = _raising_trace(tmp_path / "t", FORGED)
+    rc, out, err = run(capsys, "report", path)
+    assert rc == 0
+    assert out.splitlines()[0].endswith(r", INCOMPLETE: the traced code raised RuntimeError: Boom\x1b[31mRED\nFORGED LINE; "
+                                        "figures cover the rows it has)"), out.splitlines()[0]  # fmt: skip
+    assert "\x1b" not in out and not any(line.startswith("FORGED") for line in out.splitlines())
+
+
+def test_a_ranks_exception_is_escaped(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    for rank in (0, 1):
+        monkeypatch.setenv("RANK", str(rank))
+        if rank:
+            _raising_trace(tmp_path / "t", FORGED)
+        else:
+            with Tracer(tmp_path / "t"):
+                torch.zeros(1) + 1
+    rc, out, err = run(capsys, "report", tmp_path / "t")
+    assert rc == 0, err
+    assert (r"  rank 1: INCOMPLETE: the traced code raised RuntimeError: Boom\x1b[31mRED\nFORGED LINE; its figures cover "
+            "the rows it has") in out.splitlines()  # fmt: skip
+    assert "\x1b" not in out and not any(line.startswith("FORGED") for line in out.splitlines())
+
+
+def test_an_error_that_is_not_a_string_is_one_line(trace, capsys):
+    rewrite(trace / "part-000009.parquet", set_metadata(complete=False, error={"x": 1}))
+    one_error(capsys, "report", trace, r"optrace metadata \(part-000009\.parquet\) 'error' is \{\"x\": 1\}, expected a string")
+
+
+# ------------------------------------------------------------------ 13. one directory per rank
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory):
+    """A trace of 2 ranks (RANK and WORLD_SIZE set: the tracer writes rank=R directories)."""
+    path = tmp_path_factory.mktemp("ranks") / "t"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("WORLD_SIZE", "2")
+        for rank in (0, 1):
+            patch.setenv("RANK", str(rank))
+            with Tracer(path):
+                torch.zeros(1) + 1
+    return path
+
+
+def _set_rank(directory, rank):
+    for part in part_paths(directory):
+        rewrite(part, set_metadata(rank=rank, world_size=rank + 1))
+
+
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        (lambda t: shutil.copytree(t / "rank=1", t / "rank=01"),
+         r"rank=01 and rank=1 are both rank 1; expected one directory per rank \(a copy\?\); move one out"),
+        (lambda t: shutil.copytree(t / "rank=0", t / "rank=2"),
+         r"rank=2's metadata says it is rank 0 \(as rank=0's does\); expected the directory's rank to be its metadata's "
+         r"rank \(a copy of another rank's directory\?\); move it out"),
+        (lambda t: (shutil.copytree(t / "rank=1", t / "rank=3"), _set_rank(t / "rank=3", 3)),
+         r"rank=1 and rank=3 hold the same trace \(trace_id \w+\); expected one directory per rank \(a copy\?\); "
+         r"move one out"),
+        (lambda t: (t / "rank=1").rename(t / "rank=99999999999999999999999"),
+         r"rank=99999999999999999999999 names rank 99999999999999999999999; expected a rank below 2,147,483,648 "
+         r"\(not written by optrace\?\)"),
+    ],
+    ids=["rank_01_beside_rank_1", "metadata_of_another_rank", "same_trace_id", "rank_past_int32"],
+)
+@pytest.mark.parametrize("engine", ["sql", "pandas"])
+def test_a_rank_directory_that_is_not_its_rank_is_one_line(two_ranks, tmp_path, capsys, damage, message, engine):
+    """They were counted twice (a copied rank), or gave an OverflowError's traceback (a rank past int64)."""
+    trace = shutil.copytree(two_ranks, tmp_path / "t")
+    damage(trace)
+    one_error(capsys, "report", trace, message, "--engine", engine)
+    if engine == "pandas":
+        with pytest.raises(ReportError, match=re.escape(str(trace)) + ": " + message):
+            reports.load(trace, lists="arrow")
+
+
+def test_two_ranks_each_in_its_directory_report(two_ranks, capsys):
+    rc, out, err = run(capsys, "report", two_ranks)
+    assert rc == 0 and err == "" and "Ranks (2): per step, traced times" in out
+
+
+# ------------------------------------------------------------------ 14. metadata numbers in their ranges
+M = r"optrace metadata \(part-000009\.parquet\) "
+BYTES_MAX = "1,152,921,504,606,846,976"  # 2**60
+
+
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        ({"tokens": -16}, M + r"'tokens' is -16, expected tokens per step 1 to 9,007,199,254,740,992"),  # 2**53
+        ({"tokens": 0}, M + r"'tokens' is 0, expected tokens per step 1 to 9,007,199,254,740,992"),
+        ({"tokens": 10**40}, M + r"'tokens' is 1000000000000000000000000000000000000\.\.\., expected tokens per step 1 "
+                                 r"to 9,007,199,254,740,992"),
+        ({"tokens": 0.5}, M + r"'tokens' is 0\.5, expected an int"),  # the tracer has only ever written an int > 0
+        ({"tokens": float("nan")}, M + r"'tokens' is NaN, expected an int"),
+        ({"tokens": 1e308}, M + r"'tokens' is 1e\+308, expected an int"),
+        ({"step_time": {"median_s": -0.01}}, M + r"step_time 'median_s' is -0\.01, expected seconds > 0"),
+        ({"step_time": {"median_s": 0}}, M + r"step_time 'median_s' is 0, expected seconds > 0"),
+        ({"step_time": {"median_s": float("nan")}}, M + r"step_time 'median_s' is NaN, expected seconds > 0"),
+        ({"step_time": {"median_s": float("inf")}}, M + r"step_time 'median_s' is Infinity, expected seconds > 0"),
+        ({"ceiling": {"flops_per_s": -1e9, "dtype": "float32"}},
+         M + r"ceiling 'flops_per_s' is -1000000000\.0, expected FLOP/s > 0"),
+        ({"bandwidth": {"bytes_per_s": 0}}, M + r"bandwidth 'bytes_per_s' is 0, expected bytes/s > 0"),
+        ({"device": {"type": "cpu", "name": "x", "cores": -4}}, M + r"device 'cores' is -4, expected a count >= 1"),
+        ({"device": {"type": "cpu", "name": "x", "mhz": -1.0}}, M + r"device 'mhz' is -1\.0, expected MHz >= 0"),
+        ({"device": {"type": "cuda", "name": "x", "total_memory_bytes": 2**61}},
+         M + rf"device 'total_memory_bytes' is 2305843009213693952, expected bytes 0 to {BYTES_MAX}"),
+        ({"params": {"total": 10**30}}, M + rf"params 'total' is 1000000000000000000000000000000, expected a count 0 to "
+                                            rf"{BYTES_MAX}"),
+        ({"parameters": {"w": {"storage_id": 0, "numel": 10**30, "shape": [2], "dtype": "float32"}}},
+         M + rf"parameter 'w' 'numel' is 1000000000000000000000000000000, expected a count 0 to {BYTES_MAX}"),
+        ({"world_size": 0}, M + r"'world_size' is 0, expected ranks >= 1"),
+        ({"rank": -1}, M + r"'rank' is -1, expected a rank >= 0"),
+        ({"rank": 2, "world_size": 2}, M + r"'rank' is 2, expected a rank 0 to 1 \(world_size 2\)"),
+        ({"schema_version": 0}, M + r"'schema_version' is 0, expected a schema version >= 1"),
+    ],
+    ids=["tokens_negative", "tokens_zero", "tokens_10_40", "tokens_half", "tokens_nan", "tokens_1e308",
+         "step_time_negative", "step_time_zero", "step_time_nan", "step_time_inf", "ceiling_negative", "bandwidth_zero",
+         "cores_negative", "mhz_negative", "memory_2_61", "params_10_30", "numel_10_30", "world_size_zero",
+         "rank_negative", "rank_of_world", "schema_version_0"],
+)
+def test_metadata_numbers_out_of_range_are_one_line(trace, capsys, fields, message):
+    """Type-checked but not range-checked, they gave negative figures, an MFU of -0.1%, an invented CPU peak,
+    'no untraced step time' for a NaN, or an OverflowError's traceback."""
+    rewrite(trace / "part-000009.parquet", set_metadata(**fields))
+    one_error(capsys, "report", trace, message)
+    one_error(capsys, "report", trace, message, "--engine", "pandas")
+
+
+# ------------------------------------------------------------------ 15. phases and FLOP kinds the tracer writes
+@pytest.mark.parametrize(
+    "column, value, message",
+    [
+        ("phase", "warmup", r"column 'phase' holds 'warmup' at seq 13; expected one of forward, backward, optimizer, "
+                            r"other"),
+        ("flop_kind", "bogus", r"column 'flop_kind' holds 'bogus' at seq 13; expected one of matmul, attention, conv, "
+                               r"elementwise, reduction, norm, softmax, foreach, collective, none, unknown"),
+    ],
+)
+@pytest.mark.parametrize("engine", ["sql", "pandas"])
+def test_an_unknown_phase_or_flop_kind_is_one_line(trace, capsys, column, value, message, engine):
+    """They were read as they were, and the phases then no longer added up to the total."""
+    rewrite(trace / "part-000002.parquet", set_cell(column, 3, value))  # rows 10-14
+    message += r" \(a damaged or hand-edited trace\?\)"
+    one_error(capsys, "report", trace, message, "--engine", engine)
+    one_error(capsys, "compare", trace, message, trace, "--engine", engine)
+    if engine == "sql":
+        one_error(capsys, "export", trace, message, "-o", trace.parent / "out.json")
+        with pytest.raises(ReportError, match=re.escape(str(trace)) + ": " + message):
+            reports.load(trace, lists="arrow")
+
+
+# ------------------------------------------------------------------ 16. a late part is counted
+@pytest.mark.parametrize("engine", ["sql", "pandas"])
+def test_a_deleted_late_part_is_damage(tmp_path, capsys, engine):
+    """The zero-row part set_step_time writes after the `with` block: its deletion went unnoticed (the marker
+    counted the parts at close). Now the marker counts it too."""
+    path = tmp_path / "t"
+    with Tracer(path) as tr:
+        torch.zeros(1) + 1
+    closed = marker_facts(path)["parts"]
+    tr.set_step_time(0.01)
+    parts = part_paths(path)
+    assert marker_facts(path)["parts"] == closed + 1 and len(parts) == 2  # the closing part and the late one
+    os.remove(parts[-1])
+    rc, out, err = run(capsys, "report", path, "--engine", engine)
+    assert rc == 0, err
+    assert out.splitlines()[0].endswith(", DAMAGED; 1 part file(s) missing)"), out.splitlines()[0]

@@ -107,8 +107,9 @@ def test_load_warns_once_per_damaged_trace(tmp_path):
         df = reports.load(path)
     assert len(df) == 40
     assert [str(w.message) for w in caught] == [
-        f"{path}: trace is incomplete (cut short): 5 rows missing from disk (a part deleted?); reporting the 40 rows it has"
-    ]  # part 7's metadata says 40 rows (still writing); the marker's closing facts say 45: 45 - 40 = 5
+        f"{path}: trace is incomplete (cut short): 5 rows missing from disk (a part deleted?); 2 part file(s) missing; "
+        "reporting the 40 rows it has"
+    ]  # part 7's metadata says 40 rows and 8 parts (still writing); the marker's closing facts say 45 rows, 10 parts
 
 
 def test_record_errors_are_in_the_report(tmp_path, capsys):

@@ -22,7 +22,7 @@ from tracer.layouts import STRIDED, describe, odd_flops, register_subclass
 from tracer.native import choose, wanted as wanted_collector
 from tracer.metadata import Roles, dtype_name, now, register_at_entry, run_metadata, state_tensors
 from tracer.safety import interrupts_deferred, warn, write_failure_message
-from tracer.schema import CAUSAL_NONE, INT64_MAX, NO_VALUE, FlopBasis
+from tracer.schema import CAUSAL_NONE, INT64_MAX, MIN_STEP_TIME_S, NO_VALUE, FlopBasis
 from tracer.storage import StorageTable
 from tracer.timing import check_timing, make_timer
 from tracer.writer import (
@@ -35,12 +35,11 @@ from tracer.writer import (
     prepare_directory,
     release_directory,
 )
-from tracer.directory import still_ours
+from tracer.directory import still_ours, write_facts
 
 Tensor = torch.Tensor
 _perf_ns = time.perf_counter_ns
 _storage_key = torch._C._storage_id  # a tensor's storage, as its UntypedStorage's _cdata, with no storage object made
-MIN_STEP_TIME_S = 1e-9  # a step shorter than a nanosecond is a unit mistake, not a measurement
 _PER_ELEMENT, _FORMULA, _DETAILED = int(FlopBasis.PER_OUTPUT_ELEMENT), int(FlopBasis.FORMULA), int(FlopBasis.DETAILED)
 
 
@@ -382,7 +381,13 @@ class Tracer:
             warn(f"optrace: {what}: the trace at {self._writer.directory!r} is no longer this Tracer's "
                           "(another run replaced it); nothing written")
             return
-        self._write(RowBuffer(), self._metadata())
+        if not self._write(RowBuffer(), self._metadata()):
+            return
+        try:  # the marker counts the late part too: a reader names it missing when it is deleted
+            write_facts(self._writer.directory, self._facts())
+        except Exception as exc:
+            warn(f"optrace: {what}: updating the marker of {self._writer.directory!r} failed ({type(exc).__name__}: "
+                 f"{exc}); the part is written")
 
     # the hot path ------------------------------------------------------------------
     def _record(self, info, args, kwargs, out, start, duration, wrapped_grad=False):

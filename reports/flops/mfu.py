@@ -97,7 +97,12 @@ def matmul_dtype(rows):
 
 
 def _ratio(num, den):
-    return num / den if num is not None and den else None
+    """num / den, None when either is unknown; a quotient past float64 is inf (an MFU above 100%, flagged as such)
+    without numpy's overflow warning, which the CLI would print as a note."""
+    if num is None or not den:
+        return None
+    with np.errstate(over="ignore"):
+        return num / den
 
 
 def mfu(df, step_time_s=None, peak_flops=None, dtype=None):

@@ -272,7 +272,8 @@ def damage(path, parts, meta):
             gaps += 1
         expected = high + 1
     written = meta.get("rows")
-    counted_parts = meta.get("parts")
+    counted = [n for n in (meta.get("parts"), marker.get("parts")) if isinstance(n, int)]  # the marker counts late parts
+    counted_parts = max(counted) if counted else None
     lost = max(int(meta.get("lost_rows") or 0), int(marker.get("lost_rows") or 0))
     missing = max(int(written) - present, 0) if isinstance(written, int) else 0
     if isinstance(marker.get("rows"), int):

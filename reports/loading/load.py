@@ -15,6 +15,7 @@ from reports.loading.validate import check_metadata_ids, check_rows, max_storage
 from tracer.schema import COLUMN_NAMES, SCHEMA_VERSION, merge_metadata, missing_columns
 
 _RANK_DIR = re.compile(r"^rank=(\d+)$")
+MAX_RANK = 2**31  # ranks are int32 in torch.distributed and in the SQL engine's tables
 
 
 def read_run(path, footers=None, unread=()):
@@ -78,11 +79,13 @@ def load(paths, columns=None, lists="objects"):
     footers = Footers()  # each part's footer, read once by this load
     wanted_all = list(columns) if columns is not None else list(COLUMN_NAMES)
     unread = [c for c in COLUMN_NAMES if c not in wanted_all]  # left in the files: checked from the parts' statistics
+    seen = {}  # the rank directories read: one per rank
     for path, rank in runs_with_ranks(paths):
         try:  # a live trace's parts merged away while read: its checks and its rows read again
             meta, read, lacks, upgrade, table = reread(lambda: _read_rows(path, footers, unread, wanted_all, lists))
         except (pa.ArrowException, OSError) as exc:
             raise ReportError(f"{path}: not a readable Parquet trace ({one_line(exc)})") from None
+        check_rank(path, rank, meta, seen)
         name = run_name(path, rank, meta, runs)
         frame_ranks.append(rank if rank is not None else meta.get("rank"))
         missing = sorted(set(read) - set(table.column_names))
@@ -127,16 +130,46 @@ def id_limit(meta, rows):
 
 
 def rank_paths(path):
-    """[(rank directory, rank)] of a distributed trace in rank order, or [] for any other path."""
+    """[(rank directory, rank)] of a distributed trace in rank order, or [] for any other path. ReportError for
+    two directories of one rank (`rank=01` beside `rank=1`) and for a rank that does not fit (MAX_RANK)."""
     path = os.fspath(path)
     if not os.path.isdir(path):
         return []
-    found = []
-    for name in os.listdir(path):
+    found = {}
+    for name in sorted(os.listdir(path)):
         match = _RANK_DIR.match(name)
-        if match and os.path.isdir(os.path.join(path, name)):
-            found.append((os.path.join(path, name), int(match.group(1))))
-    return sorted(found, key=lambda item: item[1])
+        if not match or not os.path.isdir(os.path.join(path, name)):
+            continue
+        digits = match.group(1)
+        rank = int(digits) if len(digits) <= 20 else MAX_RANK  # a file name is short: no int of 4,300 digits
+        if rank >= MAX_RANK:
+            raise ReportError(f"{path}: {name} names rank {digits}; expected a rank below {MAX_RANK:,} (not written by optrace?)")
+        if rank in found:
+            raise ReportError(f"{path}: {os.path.basename(found[rank])} and {name} are both rank {rank}; expected one "
+                              "directory per rank (a copy?); move one out")  # fmt: skip
+        found[rank] = os.path.join(path, name)
+    return [(found[rank], rank) for rank in sorted(found)]
+
+
+def check_rank(path, rank, meta, seen):
+    """ReportError when rank directory `path` of rank `rank` does not hold that rank's trace: its metadata names
+    another rank, or a directory read before holds the same trace. `seen`: {trace_id or ("rank", R): directory}
+    of the rank directories read before, filled here."""
+    if rank is None:
+        return
+    root, name = os.path.split(path)
+    said, trace_id = meta.get("rank"), meta.get("trace_id")
+    if said is not None and said != rank:
+        other = seen.get(("rank", said)) or (seen.get(trace_id) if trace_id is not None else None)
+        like = f" (as {os.path.basename(other)}'s does)" if other else ""
+        raise ReportError(f"{root}: {name}'s metadata says it is rank {said}{like}; expected the directory's rank to be "
+                          "its metadata's rank (a copy of another rank's directory?); move it out")  # fmt: skip
+    if trace_id is not None and trace_id in seen:
+        raise ReportError(f"{root}: {os.path.basename(seen[trace_id])} and {name} hold the same trace (trace_id "
+                          f"{trace_id}); expected one directory per rank (a copy?); move one out")  # fmt: skip
+    seen[("rank", rank)] = path
+    if trace_id is not None:
+        seen[trace_id] = path
 
 
 def ranks_present(path):

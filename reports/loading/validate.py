@@ -12,12 +12,15 @@ expected, never a traceback deep inside a report and never a figure made from it
   ranges   counts, bytes and times are >= 0; FLOPs at most MAX_ROW_FLOPS per row, bytes at
            most MAX_BYTES, storage ids below `max_storage_id` (ids are handed out one by one as
            storages appear, so a trace of n rows cannot use ids far beyond n)
+  values   phase and flop_kind hold only the values tracer/schema.py names (ALLOWED)
   seq      strictly increasing in write order (a repeated part or a repeated row is refused)
   JSON     the metadata and the marker are bounded in size and nesting depth before they
-           are parsed, and their fields must have the types the tracer writes
+           are parsed, and their fields must have the types the tracer writes, their numbers
+           finite and in the ranges META_RANGES gives (tokens > 0, a step time > 0, rank < world_size)
 """
 
 import json
+import math
 import re
 
 import numpy as np
@@ -25,9 +28,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from reports.errors import ReportError
-from tracer.schema import ARROW_SCHEMA, ROLE_RECORDS
+from tracer.schema import ARROW_SCHEMA, FLOP_KINDS, PHASES, ROLE_RECORDS
 
-__all__ = ["ITEMS_NOT_NULL", "MAX_BYTES", "MAX_JSON_DEPTH", "MAX_ROW_FLOPS", "check_footers", "check_metadata",
+__all__ = ["ALLOWED", "ITEMS_NOT_NULL", "MAX_BYTES", "MAX_JSON_DEPTH", "MAX_ROW_FLOPS", "check_footers", "check_metadata",
            "check_metadata_ids", "check_rows", "check_schema", "max_storage_id", "parse_json"]  # fmt: skip
 
 MAX_JSON_DEPTH = 64  # the tracer's metadata nests 4 deep
@@ -50,6 +53,8 @@ RANGES = {
     "comm_bytes": (0, MAX_BYTES, "bytes"), "group_size": (1, None, "ranks"),
     "output_storage_bytes": (0, MAX_BYTES, "bytes"),
 }  # fmt: skip
+# string column: the values the tracer writes (tracer/schema.py); another is damage (the phases would not add up)
+ALLOWED = {"phase": PHASES, "flop_kind": FLOP_KINDS}
 _EXPECTED = {field.name: field.type for field in ARROW_SCHEMA}
 # The list columns that hold a list in every row: their Parquet statistics cannot tell a null cell from an empty
 # list, so a reader that checks from the statistics scans these cells (reports/sql/engine.py).
@@ -133,6 +138,9 @@ def check_rows(path, table, id_limit, last_seq=None):
             index = _first(pc.is_null(column))
             raise ReportError(f"{path}: column {name!r} is null{_at(table, index)} ({column.null_count} null value(s)); "
                               f"expected {_type_name(expected)} values")  # fmt: skip
+        if name in ALLOWED:
+            _check_allowed(path, table, name, column)
+            continue
         limits = RANGES.get(name)
         ids = name in STORAGE_ID_COLUMNS
         if limits is None and not ids:
@@ -171,6 +179,21 @@ def check_rows(path, table, id_limit, last_seq=None):
                               "row by row (a part or rows repeated?)")  # fmt: skip
         return int(seq[-1])
     return last_seq
+
+
+def _check_allowed(path, table, name, column):
+    """ReportError for the first value of string column `name` that is not one of ALLOWED[name]."""
+    found = pc.unique(column)
+    if pa.types.is_dictionary(found.type):
+        found = found.dictionary_decode()
+    bad = [v for v in found.to_pylist() if v is not None and v not in ALLOWED[name]]
+    if bad:
+        raise _not_allowed(path, name, bad[0], _at(table, _first(pc.equal(column.cast(pa.string()), bad[0]))))
+
+
+def _not_allowed(path, name, value, where):
+    return ReportError(f"{path}: column {name!r} holds {value!r}{where}; expected one of {', '.join(ALLOWED[name])} "
+                       "(a damaged or hand-edited trace?)")  # fmt: skip
 
 
 def _out_of_range(path, name, value, where, low, high, unit):
@@ -257,13 +280,13 @@ def parse_json(path, raw, what, where, limit, invalid=ReportError):
 _INT, _NUM, _STR, _BOOL, _OBJ, _LIST = "an int", "a number", "a string", "a boolean", "an object", "a list"
 # field: what it must be when present and not null (the fields the reports read)
 META_FIELDS = {
-    "schema_version": _INT, "complete": _BOOL, "run_name": _STR, "tokens": _NUM, "root_module": _STR,
+    "schema_version": _INT, "complete": _BOOL, "run_name": _STR, "tokens": _INT, "root_module": _STR,
     "trace_id": _STR, "rows": _INT, "parts": _INT, "lost_rows": _INT, "record_errors": _INT,
     "backward_unnamed_rows": _INT, "rank": _INT, "world_size": _INT, "device": _OBJ, "params": _OBJ,
     "parameters": _OBJ, "storage_roles": _OBJ, "step_time": _OBJ, "ceiling": _OBJ, "bandwidth": _OBJ,
     "timing": _OBJ, "unsharded_parameters": _OBJ, "compiled_ran_eagerly": _BOOL, "attention": _OBJ,
     "untraced_optimizer_steps": _INT, "cycles_without_step": _INT, "optimizer_state_found_late": _INT,
-    "optimizer_params": _INT,
+    "optimizer_params": _INT, "error": _STR,
 }  # fmt: skip
 DEVICE_FIELDS = {
     "type": _STR, "name": _STR, "cores": _INT, "threads": _INT, "mhz": _NUM, "max_mhz": _NUM, "isa": _LIST,
@@ -276,6 +299,20 @@ NESTED = {"params": dict.fromkeys(("total", "trainable", "embedding"), _INT), "s
           "ceiling": {"flops_per_s": _NUM, "dtype": _STR}, "bandwidth": {"bytes_per_s": _NUM}, "device": DEVICE_FIELDS}  # fmt: skip
 COUNTS = ("rows", "parts", "lost_rows", "record_errors", "backward_unnamed_rows", "untraced_optimizer_steps",
           "cycles_without_step", "optimizer_state_found_late", "optimizer_params")  # fmt: skip
+MAX_TOKENS = 2**53  # tokens per step: exact in float64, where the figures made from them are computed
+# (where, field): (lowest, highest, what it counts, whether the lowest itself is out): a number outside, or not
+# finite, is damage. `where`: None for the metadata itself, else the object it is in.
+META_RANGES = {
+    (None, "schema_version"): (1, None, "a schema version", False), (None, "tokens"): (1, MAX_TOKENS, "tokens per step", False),
+    (None, "world_size"): (1, None, "ranks", False), (None, "rank"): (0, None, "a rank", False),
+    ("step_time", "median_s"): (0, None, "seconds", True), ("ceiling", "flops_per_s"): (0, None, "FLOP/s", True),
+    ("bandwidth", "bytes_per_s"): (0, None, "bytes/s", True),
+    ("device", "mhz"): (0, None, "MHz", False), ("device", "max_mhz"): (0, None, "MHz", False),  # 0: unknown, no peak
+    ("device", "cores"): (1, None, "a count", False), ("device", "threads"): (1, None, "a count", False),
+    ("device", "multi_processor_count"): (1, None, "a count", False),
+    ("device", "total_memory_bytes"): (0, MAX_BYTES, "bytes", False),
+    **{("params", key): (0, MAX_BYTES, "a count", False) for key in ("total", "trainable", "embedding")},
+}  # fmt: skip
 
 
 def _is(value, kind):
@@ -291,6 +328,15 @@ def _check_fields(path, what, found, fields):
         value = found.get(key)
         if value is not None and not _is(value, kind):
             raise ReportError(f"{path}: {what} {key!r} is {_short(value)}, expected {kind}")
+
+
+def _check_range(path, what, key, value, low, high, unit, open_low):
+    """ReportError when the number `value` (None: absent) is not finite or is outside `low` (excluded when
+    `open_low`) to `high` (None: no bound)."""
+    if value is None or (math.isfinite(value) and (value > low if open_low else value >= low) and (high is None or value <= high)):
+        return
+    bound = f"> {low}" if open_low else f"{low} to {high:,}" if high is not None else f">= {low}"
+    raise ReportError(f"{path}: {what} {key!r} is {_short(value)}, expected {unit} {bound}")
 
 
 def _short(value):
@@ -314,6 +360,12 @@ def check_metadata(path, meta, what="optrace metadata", where=None, roles_only=F
     for key, fields in NESTED.items():
         if meta.get(key) is not None:
             _check_fields(path, f"{what} {key}", meta[key], fields)
+    for (within, key), limits in META_RANGES.items():
+        found = meta if within is None else meta.get(within) or {}
+        _check_range(path, what if within is None else f"{what} {within}", key, found.get(key), *limits)
+    rank, world = meta.get("rank"), meta.get("world_size")
+    if rank is not None and world is not None and rank >= world:
+        raise ReportError(f"{path}: {what} 'rank' is {rank}, expected a rank 0 to {world - 1} (world_size {world})")
     for key, kind in PARAMETER_TABLES:
         for name, info in (meta.get(key) or {}).items():
             if not isinstance(info, dict):
@@ -322,8 +374,7 @@ def check_metadata(path, meta, what="optrace metadata", where=None, roles_only=F
             missing = [field for field in PARAMETER_NEEDED if info.get(field) is None]
             if missing:  # the tracer has written them since its first version
                 raise ReportError(f"{path}: {what} {kind} {name!r} has no {', '.join(map(repr, missing))}")
-            if info["numel"] < 0:
-                raise ReportError(f"{path}: {what} {kind} {name!r} 'numel' is {info['numel']}, expected a count >= 0")
+            _check_range(path, f"{what} {kind} {name!r}", "numel", info["numel"], 0, MAX_BYTES, "a count", False)
             if not all(_is(d, _INT) and d >= 0 for d in info.get("shape") or ()):
                 raise ReportError(f"{path}: {what} {kind} {name!r} shape is {_short(info['shape'])}, expected a list of "
                                   "ints >= 0")  # fmt: skip

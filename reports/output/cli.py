@@ -108,7 +108,7 @@ def _print_report(df, args, out, sql=None):
     device = (meta.get("device") or {}).get("name", "?")
     state = "complete" if meta.get("complete") else "INCOMPLETE (cut short): figures cover the rows it has"
     if not meta.get("complete") and meta.get("error"):  # the exception the traced code raised (tracer/mode.py)
-        state = f"INCOMPLETE: the traced code raised {meta['error']}; figures cover the rows it has"
+        state = f"INCOMPLETE: the traced code raised {printable(meta['error'])}; figures cover the rows it has"
     broken = describe_damage(meta.get("damage") or {})
     if broken:
         state = ("DAMAGED" if meta.get("complete") else state) + f"; {broken}"
@@ -450,6 +450,16 @@ def _assumption(text):
         raise argparse.ArgumentTypeError(f"expected NAME=NUMBER, got {text!r}") from None
 
 
+def _step_time(text):
+    """An argparse type: seconds, at least MIN_STEP_TIME_S (one ns), as Tracer.set_step_time takes them."""
+    from tracer.schema import MIN_STEP_TIME_S
+
+    value = _positive(text)
+    if value < MIN_STEP_TIME_S:
+        raise argparse.ArgumentTypeError(f"expected seconds >= {MIN_STEP_TIME_S:g} (one ns), got {text!r}")
+    return value
+
+
 def _positive(text):
     """An argparse type: a finite number > 0."""
     try:
@@ -496,7 +506,7 @@ def _parser():
     rep = sub.add_parser("report", help="summarise one trace")
     rep.add_argument("trace", help="a trace directory written by tracer.Tracer (with or without rank=R sub-directories)")
     rep.add_argument("--peak-tflops", type=_positive, help="promised peak TFLOP/s (overrides the device table)")
-    rep.add_argument("--step-time", type=_positive, help="untraced step time in seconds (overrides the trace's)")
+    rep.add_argument("--step-time", type=_step_time, help="untraced step time in seconds (overrides the trace's)")
     rep.add_argument("--json", action="store_true", help="print one JSON object")
     rep.add_argument("--plot", metavar="DIR", help="write PNG plots to DIR")
     rep.add_argument("--top", type=_top, default=8, help="rows in the top-N tables")
@@ -535,6 +545,12 @@ def _parser():
     return parser
 
 
+def _interrupted(exc):
+    """Whether `exc` is DuckDB's word for a Ctrl-C during a query: its own SIGINT check takes the KeyboardInterrupt
+    and raises InterruptException, or RuntimeError('Query interrupted') from a fetch."""
+    return type(exc).__name__ == "InterruptException" or isinstance(exc, RuntimeError) and str(exc) == "Query interrupted"
+
+
 def main(argv=None):
     args = _parser().parse_args(argv)
     from reports.loading.columns import lean_memory
@@ -554,7 +570,13 @@ def main(argv=None):
         except BrokenPipeError:  # `optrace report T | head`: the reader has what it wanted
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
             return 0
+        except KeyboardInterrupt:  # Ctrl-C: the shell's status for SIGINT, one line, no traceback
+            print(f"optrace {args.command}: interrupted", file=sys.stderr)
+            return 130
         except Exception as exc:
+            if _interrupted(exc):
+                print(f"optrace {args.command}: interrupted", file=sys.stderr)
+                return 130
             if not merged_away(exc):
                 raise
             print(f"optrace {args.command}: error: {printable(one_line(exc))} (the tracer of a live trace merged that part "

@@ -69,9 +69,17 @@ def _mfu(src, peak_tflops, step_time_s):
     keys = ("mfu", "hfu", "mfu_of_achievable", "achieved_flops_per_s", "step_time_s", "peak_flops_per_s", "peak_source",
             "dtype", "model_flops_per_step", "hardware_flops_per_step")  # fmt: skip
     out = {k: json_value(rate[k]) for k in keys if k in rate}
-    above = [k for k in ("mfu", "hfu") if isinstance(out.get(k), (int, float)) and out[k] > 1]
+    above = [k for k in ("mfu", "hfu") if _above_one(rate.get(k))]  # from the numbers: json_value makes inf "inf"
     out["above_100_pct"] = above  # outside the model: a step time or peak that cannot be right
     return out
+
+
+def _above_one(value):
+    """Whether a figure is a number above 1 (inf included; None, NA and NaN are not)."""
+    try:
+        return value is not None and float(value) > 1
+    except (TypeError, ValueError):
+        return False
 
 
 def top_ops(df, top):

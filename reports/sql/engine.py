@@ -43,10 +43,13 @@ import pandas as pd
 
 from reports.errors import ReportError
 from reports.loading.integrity import REREADS, Footers, describe_damage, footer, list_parts, merged_away, one_line, reread
-from reports.loading.load import id_limit, read_run, run_name, runs_with_ranks
-from reports.loading.validate import ITEMS_NOT_NULL, LIST_NOT_NULL, STORAGE_ID_COLUMNS, check_footers
+from reports.loading.load import check_rank, id_limit, read_run, run_name, runs_with_ranks
+from reports.loading.validate import ALLOWED, ITEMS_NOT_NULL, LIST_NOT_NULL, STORAGE_ID_COLUMNS, check_footers
 from reports.sql.scan import GRAINS, files_query, grains, source, source_views, views
 from tracer.schema import COLUMN_NAMES, PHASES, SCHEMA_VERSION
+
+# a row whose phase or FLOP kind the tracer never writes (validate.ALLOWED): the reference loader names it
+_UNKNOWN_VALUES = " OR ".join(f"{name} NOT IN ({', '.join(repr(v) for v in values)})" for name, values in ALLOWED.items())
 
 # Traces of at most this many rows have DuckDB give a scan's freed buffers back as it goes: 20-35 MB less at the
 # peak of a 1M-row report in the same time; on 50M rows (128 ranks) its scans took 12-17% longer (benchmarks/README.md,
@@ -138,7 +141,7 @@ class Trace:
             raise ReportError("load: expected at least one trace path, got none")
         self.runs, self.ranks, self.paths, self.files, self._phase_steps, self._totals = {}, [], [], [], None, None
         self._reference_columns = columns
-        footers, refused = _IdFooters(), set()
+        footers, refused, seen = _IdFooters(), set(), {}
         try:
             for path, rank in runs_with_ranks(paths):
                 try:  # the values from the parts' statistics too (all but storage ids), each footer read once
@@ -146,6 +149,7 @@ class Trace:
                 except ReportError:
                     meta = read_run(path, _IdFooters())  # a damaged trace raises here, in reports.load's words
                     refused.add(path)  # else a value the statistics refuse: the reference loader says which
+                check_rank(path, rank, meta, seen)
                 name = run_name(path, rank, meta, self.runs)
                 if meta["schema_version"] < SCHEMA_VERSION:
                     raise Unsupported(f"{path}: a v{meta['schema_version']} trace; the SQL engine reads v{SCHEMA_VERSION}")
@@ -375,8 +379,9 @@ class Trace:
     def _check_null_lists(self, runs):
         """Read each of `runs` (run indices, in order) with the reference loader when a list cell of it is null where a
         trace holds a list, or an id or size list holds a null item: flagged per group of _ops as the grain read the
-        list columns (reports/sql/scan.py `_src.null_lists`), no scan of its own."""
-        found = self.db.execute("SELECT DISTINCT run_index FROM _ops WHERE null_lists").fetchall()
+        list columns (reports/sql/scan.py `_src.null_lists`), no scan of its own; and when a phase or FLOP kind is none
+        the tracer writes (validate.ALLOWED: statistics cannot show that), from the grains' groups."""
+        found = self.db.execute(f"SELECT DISTINCT run_index FROM _ops WHERE null_lists OR {_UNKNOWN_VALUES}").fetchall()
         flagged = {int(i) for (i,) in found}
         for i in runs:
             if i in flagged:
@@ -385,7 +390,7 @@ class Trace:
     def _null_lists(self, i):
         """Whether run i has a null list cell or item (see _check_null_lists), from a scan of its list columns: for a
         run checked before the grains are made (one before a run the statistics refuse)."""
-        return self.db.execute(f"SELECT count(*) FROM _src WHERE run_index = {i} AND null_lists").fetchone()[0] > 0
+        return self.db.execute(f"SELECT count(*) FROM _src WHERE run_index = {i} AND (null_lists OR {_UNKNOWN_VALUES})").fetchone()[0] > 0
 
     def _seq_in_order(self, i):
         """Whether run i's seq increases row by row, shown from one DuckDB scan of its seq column: each part's seq
