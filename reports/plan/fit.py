@@ -13,7 +13,9 @@ storage's size, lifetime and category at every op). On the target they need, bes
 where, at each op, `scaled_op` is the bytes of the categories that grow with the tokens a
 rank processes (SCALED: activations, temporaries, inputs) and `fixed_op` the rest
 (parameters, unsharded parameters, gradients, optimizer state, communication buffers),
-and k is the micro-batch over the traced one. This is the extrapolation: activation
+and k is the micro-batch over the traced one. What an optimizer-phase op made counts as
+fixed whatever its category: AdamW foreach's temporaries (`_foreach_sqrt` of exp_avg_sq,
+...) are the size of the optimizer state, not of the batch. This is the extrapolation: activation
 bytes linear in the micro-batch at a fixed sequence length, everything else fixed; it
 holds for ops whose outputs have a batch dimension. It does not hold for a change of
 sequence length (attention's memory is not linear in it), of world size (the shards
@@ -34,23 +36,43 @@ import math
 
 import numpy as np
 
-from reports.memory.lifetimes import CATEGORIES
-from reports.memory.memory import timeline
+from reports.loading.load import require
+from reports.memory.lifetimes import CATEGORIES, Storages, runs_in_order, take
+from reports.memory.memory import STORAGE_COLUMNS
+from tracer.schema import PHASES, Phase
 
 __all__ = ["SCALED", "fit", "traced_batch"]
 
 SCALED = ("activations", "temporaries", "inputs")
 
 
+_OPTIMIZER = PHASES[Phase.OPTIMIZER]
+
+
+def _live(n, nbytes, alloc, free, pick):
+    """int64 bytes of the picked pieces live after each of n rows (alive from alloc + 1 to free, as timeline counts)."""
+    start, end = alloc[pick] + 1, free[pick] + 1
+    freed = end > 0
+    weights = np.r_[nbytes[pick], -nbytes[pick][freed]].astype(np.float64)
+    delta = np.bincount(np.r_[start, end[freed]], weights=weights, minlength=n + 1)[: n + 1]
+    return np.rint(delta).astype(np.int64).cumsum()[1:]
+
+
 def _split(df):
     """Per op of the (one-run) trace: (fixed bytes, scaled bytes, optimizer state added), int64
-    arrays, and the timeline; the optimizer state at its largest at every op (module docstring)."""
-    t = timeline(df)
-    scaled = sum(t[f"{c}_bytes"].to_numpy(np.int64) for c in SCALED)
-    fixed = sum(t[f"{c}_bytes"].to_numpy(np.int64) for c in CATEGORIES if c not in SCALED)
-    state = t["optimizer_state_bytes"].to_numpy(np.int64)
-    added = state.max() - state if len(state) else state
-    return fixed + added, scaled, added, t
+    arrays, and the rows' seq and phase; the optimizer state at its largest at every op, and what
+    an optimizer-phase op made fixed (module docstring)."""
+    require(df, STORAGE_COLUMNS, "plan")
+    name, meta, rows = next(r for r in runs_in_order(df) if len(r[2]))
+    n, phase = len(rows), take(rows["phase"], slice(None))
+    nbytes, alloc, free, cat = Storages(name, meta, rows).live_pieces()
+    by_optimizer = (alloc >= 0) & (phase[np.maximum(alloc, 0)] == _OPTIMIZER)
+    grows = np.isin(cat, [CATEGORIES.index(c) for c in SCALED]) & ~by_optimizer
+    scaled = _live(n, nbytes, alloc, free, grows)
+    fixed = _live(n, nbytes, alloc, free, ~grows)
+    state = _live(n, nbytes, alloc, free, cat == CATEGORIES.index("optimizer_state"))
+    added = state.max() - state if n else state
+    return fixed + added, scaled, added, rows["seq"].to_numpy(dtype=np.int64), phase
 
 
 def traced_batch(df, meta):
@@ -90,7 +112,7 @@ def _fragmentation(meta, assumed):
 def fit(df, meta, memory_bytes, assumptions, batch, micro_batch=None, process_groups=1):
     """The memory figures of a plan, as a dict (see the module docstring); `batch` is the traced
     micro-batch, `micro_batch` the one planned (default: the traced one)."""
-    fixed, scaled, added, t = _split(df)
+    fixed, scaled, added, seq, phase = _split(df)
     context, _ = assumptions["cuda_context_bytes"]
     nccl = assumptions["nccl_buffer_bytes"][0] * process_groups
     frag, frag_source = _fragmentation(meta, assumptions["fragmentation"])
@@ -104,8 +126,8 @@ def fit(df, meta, memory_bytes, assumptions, batch, micro_batch=None, process_gr
         "peak_fixed_bytes": float(fixed[at]) if len(live) else 0.0,
         "peak_scaled_bytes": float(k * scaled[at]) if len(live) else 0.0,
         "optimizer_state_added_bytes": int(added[at]) if len(live) else 0,
-        "peak_seq": int(t["seq"].iloc[at]) if len(live) else None,
-        "peak_phase": str(t["phase"].iloc[at]) if len(live) else None,
+        "peak_seq": int(seq[at]) if len(live) else None,
+        "peak_phase": str(phase[at]) if len(live) else None,
         "fragmentation": frag, "fragmentation_source": frag_source,
         "fragmentation_bytes": frag * peak, "cuda_context_bytes": float(context), "nccl_buffer_bytes": float(nccl),
         "required_bytes": peak + allowances,

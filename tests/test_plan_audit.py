@@ -1,0 +1,54 @@
+"""reports.plan on what an audit found wrong: what the optimizer makes, the traced batch, an
+incomplete trace, a trace without model=, assumptions out of range, allowances, steady steps.
+
+AdamW below is one bias-free fp32 Linear(1024, 1024) on the meta device, x [batch, 1024],
+`model(x).sum().backward(); opt.step(); opt.zero_grad()` with AdamW(foreach=True): weight,
+gradient, exp_avg, exp_avg_sq and each of the foreach temporaries 1024^2 x 4 = 4,194,304 bytes,
+AdamW's step a 4-byte fp32 scalar. Planned on an H100 SXM (80 GiB) with a 1 GiB CUDA context and
+10% fragmentation: a budget of (85,899,345,920 - 1,073,741,824) / 1.1 = 77,114,185,541.8 live bytes.
+"""
+
+import pytest
+import torch
+
+import reports
+from tracer import Tracer
+
+
+def adamw(path, batch, d=1024, steps=1, **tracer):
+    with torch.device("meta"):
+        model = torch.nn.Linear(d, d, bias=False)
+        x = torch.empty(batch, d)
+    opt = torch.optim.AdamW(model.parameters(), foreach=True)
+    with Tracer(path, model=model, tokens=batch, **tracer) as t:
+        for _ in range(steps):
+            model(x).sum().backward()
+            opt.step()
+            opt.zero_grad()
+            if steps > 1:
+                t.step()
+    return reports.load(path)
+
+
+def test_what_the_optimizer_step_makes_does_not_grow_with_the_micro_batch(tmp_path):
+    one, four = adamw(tmp_path / "b1", 1), adamw(tmp_path / "b4", 4)
+    frame = reports.plan(one, "H100", micro_batch=4)
+    row, memory = frame.iloc[0], frame.attrs["plan"][frame["run"].iloc[0]]["memory"]
+    # the peak is at AdamW's _foreach_sqrt(exp_avg_sq): weight, gradient, exp_avg, exp_avg_sq and the
+    # sqrt's temporary, 5 x 4,194,304, and the step's 4 bytes: 20,971,524 fixed; x [4, 1024] fp32
+    # 16,384 growing: 20,987,908, the peak a trace at batch 4 has. Scaling the sqrt's temporary
+    # with the batch made it 16,777,220 + 4 x (4,194,304 + 4,096) = 33,570,820
+    assert memory["peak_phase"] == "optimizer"
+    assert memory["peak_fixed_bytes"] == 20_971_524 and memory["peak_scaled_bytes"] == 16_384
+    assert row["peak_bytes_per_rank"] == 20_987_908 == reports.peak(four)["peak_live_bytes"].iloc[0]
+    # the largest micro-batch binds at the forward's sum: fixed the weight and the optimizer state
+    # every later step holds, 4,194,304 + 8,388,612 = 12,582,916; growing x, x @ W^T and the sum's
+    # 0-d output, 4,096 + 4,096 + 4 = 8,196: (77,114,185,541.8 - 12,582,916) / 8,196 = 9,407,223.4
+    # (it was (77,114,185,541.8 - 16,777,220) / 4,198,400 = 18,363.1 at the sqrt)
+    assert row["max_micro_batch"] == 9_407_223
+    # from the trace at 4: the same sum, growing 4 x 8,192 + 4 = 32,772 (the 0-d scalar does not grow):
+    # (77,114,185,541.8 - 12,582,916) / 32,772 x 4 = 9,410,667.5 (it was 73,239)
+    assert reports.plan(four, "H100").iloc[0]["max_micro_batch"] == 9_410_667
+    # the optimizer's time does not scale either: the what-if from batch 1 prices what the trace at 4
+    # does, within the 0-d scalar's 4 x 4 - 4 bytes counted as growing
+    assert row["memory_bound_s"] == pytest.approx(reports.plan(four, "H100").iloc[0]["memory_bound_s"], rel=1e-6)
