@@ -52,3 +52,52 @@ def test_what_the_optimizer_step_makes_does_not_grow_with_the_micro_batch(tmp_pa
     # the optimizer's time does not scale either: the what-if from batch 1 prices what the trace at 4
     # does, within the 0-d scalar's 4 x 4 - 4 bytes counted as growing
     assert row["memory_bound_s"] == pytest.approx(reports.plan(four, "H100").iloc[0]["memory_bound_s"], rel=1e-6)
+
+
+class PositionFirst(torch.nn.Module):
+    """x = wpe(positions) + wte(idx): the position embedding is looked up first, on indices without
+    the batch ([S], or [1, S] as Hugging Face's position_ids)."""
+
+    def __init__(self, positions_shape, vocab=64, seq=8, d=16):
+        super().__init__()
+        self.shape = positions_shape
+        self.wpe, self.wte = torch.nn.Embedding(seq, d), torch.nn.Embedding(vocab, d)
+        self.head = torch.nn.Linear(d, vocab, bias=False)
+
+    def forward(self, idx):
+        positions = torch.arange(idx.shape[1], device=idx.device).view(self.shape)
+        return self.head(self.wpe(positions) + self.wte(idx)).sum()
+
+
+@pytest.mark.parametrize("positions_shape", [(-1,), (1, -1)])
+def test_the_traced_batch_is_the_embedding_indices_that_hold_the_tokens(tmp_path, positions_shape):
+    with torch.device("meta"):
+        model = PositionFirst(positions_shape)
+        idx = torch.zeros(4, 8, dtype=torch.long)
+    with Tracer(tmp_path / "t", model=model, tokens=4 * 8):
+        model(idx).backward()
+    frame = reports.plan(reports.load(tmp_path / "t"), "H100", micro_batch=8)
+    # wpe's indices [8] have no batch dimension and [1, 8] hold 8 of the 32 tokens: the batch is
+    # wte's [4, 8], 4 x 8 = 32 tokens (it was 8, then 1: the leading size of wpe's indices)
+    assert frame.iloc[0]["batch"] == 4 and frame.iloc[0]["micro_batch"] == 8
+    assert frame.iloc[0]["tokens_per_step"] == 64  # 32 x 8 / 4
+    notes = frame.attrs["plan"][frame["run"].iloc[0]]["notes"]
+    assert any("traced 4 (the leading size of the first embedding's indices of 32 tokens)" in n for n in notes)
+
+
+def test_a_trace_without_a_batch_dimension_says_so(tmp_path, capsys):
+    from reports.output.cli import main
+
+    with torch.device("meta"):
+        w = torch.nn.Parameter(torch.empty(16))
+        x = torch.empty(16)
+    with Tracer(tmp_path / "t", tokens=16):
+        (w * x).sum().backward()
+    frame = reports.plan(reports.load(tmp_path / "t"), "H100")
+    assert frame.iloc[0]["batch"] is None and frame.iloc[0]["max_micro_batch"] is None
+    notes = frame.attrs["plan"][frame["run"].iloc[0]]["notes"]
+    assert any(n.startswith("the traced micro-batch could not be found (no forward op with a batch dimension)")
+               for n in notes)
+    assert main(["plan", str(tmp_path / "t"), "--gpu", "H100"]) in (0, None)
+    out = capsys.readouterr().out
+    assert "micro-batch N/A (traced N/A)" in out and "largest micro-batch    N/A" in out

@@ -30,6 +30,10 @@ def plan_json(frame):
     return strict(out)
 
 
+def _na(v):
+    return "N/A" if v is None else v
+
+
 def _bytes(v):
     return "N/A" if v is None or v != v else human_bytes(v)
 
@@ -44,7 +48,7 @@ def print_plan(frame, out):
     m = p["memory"]
     fits = {True: "fits", False: "DOES NOT FIT", None: "N/A"}[p["fits"]]
     print(f"optrace plan: {printable(p['run'])} on {p['gpu']} ({p['gpus_per_node']} per node), world size "
-          f"{p['world_size']}, micro-batch {p['micro_batch']} (traced {p['batch']})", file=out)
+          f"{p['world_size']}, micro-batch {_na(p['micro_batch'])} (traced {_na(p['batch'])})", file=out)
     print("\nMemory per rank", file=out)
     print(f"  peak live bytes        {_bytes(p['peak_bytes_per_rank'])} (fixed {_bytes(m['peak_fixed_bytes'])}, "
           f"growing with the micro-batch {_bytes(m['peak_scaled_bytes'])}; {m['peak_phase']})", file=out)
@@ -53,7 +57,7 @@ def print_plan(frame, out):
     print(f"  = required             {_bytes(p['required_bytes'])} of {_bytes(p['device_memory_bytes'])}: {fits}, "
           f"headroom {_signed_bytes(p['headroom_bytes'])}",
           file=out)
-    print(f"  largest micro-batch    {'N/A' if p['max_micro_batch'] is None else p['max_micro_batch']}", file=out)
+    print(f"  largest micro-batch    {_na(p['max_micro_batch'])}", file=out)
     print("\nStep time", file=out)
     print(f"  compute                {human_seconds(p['compute_s'])} (compute-bound {human_seconds(p['compute_bound_s'])}, "
           f"memory-bound {human_seconds(p['memory_bound_s'])}, launches {human_seconds(p['launch_s'])})", file=out)

@@ -76,10 +76,13 @@ def _split(df):
 
 
 def traced_batch(df, meta):
-    """(sequences per rank in the trace, how it was found): the leading size of the first
-    embedding's indices, else of the first input of the first forward op that reads no parameter
-    first (a Linear's input x, not its weight; nor FSDP2's unsharded parameters or the all-gather
-    buffer it views as [world size, shard]: no storage of fixed size, reports/plan/ops.py)."""
+    """(sequences per rank in the trace, how it was found): the leading size of the indices of a
+    forward embedding whose indices have a batch dimension (2-d or more: a position embedding's
+    wpe(arange(S)) has none), the first whose indices hold the metadata's `tokens` (batch x
+    sequence = tokens) if one does, else the first; without one, the leading size of the first
+    input of the first forward op that reads no parameter first (a Linear's input x, not its
+    weight; nor FSDP2's unsharded parameters or the all-gather buffer it views as [world size,
+    shard]: no storage of fixed size, reports/plan/ops.py)."""
     from reports.loading.columns import cell_objects
     from reports.plan.ops import fixed_storages
 
@@ -87,11 +90,15 @@ def traced_batch(df, meta):
     if not len(forward):
         return None, "no forward op"
     ops = df["op"].astype(str).to_numpy()[forward]
-    embedding = forward[np.char.startswith(ops.astype(str), "aten.embedding")]
-    if len(embedding):
-        shapes = cell_objects(df, "input_shapes", embedding[:1])[0]
-        if len(shapes) > 1 and len(shapes[1]) >= 1:
-            return int(shapes[1][0]), "the leading size of the first embedding's indices"
+    embedding = forward[np.char.startswith(ops.astype(str), "aten.embedding")][:256]
+    batched = [tuple(shapes[1]) for shapes in cell_objects(df, "input_shapes", embedding)
+               if shapes is not None and len(shapes) > 1 and len(shapes[1]) >= 2]  # fmt: skip
+    if batched:
+        tokens = meta.get("tokens")
+        held = [s for s in batched if tokens and not isinstance(tokens, bool) and math.prod(s) == tokens]
+        if held:
+            return int(held[0][0]), f"the leading size of the first embedding's indices of {tokens:,} tokens"
+        return int(batched[0][0]), "the leading size of the first embedding's indices with a batch dimension"
     weights = set(fixed_storages(df, meta).tolist())
     head = forward[:256]
     for shapes, ids in zip(cell_objects(df, "input_shapes", head), cell_objects(df, "input_storage_ids", head)):

@@ -125,7 +125,8 @@ def _plan_run(rows, meta, gpu, gpus_per_node, micro_batch, batch, overlap, table
     notes = []
     found, how = (batch, "given") if batch is not None else traced_batch(rows, meta)
     if found is None:
-        notes.append(f"the traced micro-batch could not be found ({how}): pass batch=; max_micro_batch is N/A")
+        notes.append(f"the traced micro-batch could not be found ({how}): pass batch= (--batch); max_micro_batch "
+                     "is N/A and no what-if of the micro-batch can be planned")
     planned = micro_batch if micro_batch is not None else found
     if micro_batch is not None and found is None:
         raise ReportError("plan: micro_batch needs the traced batch, which the trace does not show: pass batch=")
