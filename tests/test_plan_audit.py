@@ -8,6 +8,8 @@ AdamW's step a 4-byte fp32 scalar. Planned on an H100 SXM (80 GiB) with a 1 GiB 
 10% fragmentation: a budget of (85,899,345,920 - 1,073,741,824) / 1.1 = 77,114,185,541.8 live bytes.
 """
 
+import json
+
 import pytest
 import torch
 
@@ -101,3 +103,36 @@ def test_a_trace_without_a_batch_dimension_says_so(tmp_path, capsys):
     assert main(["plan", str(tmp_path / "t"), "--gpu", "H100"]) in (0, None)
     out = capsys.readouterr().out
     assert "micro-batch N/A (traced N/A)" in out and "largest micro-batch    N/A" in out
+
+
+def test_a_trace_whose_code_raised_says_so_first(tmp_path, capsys):
+    from reports.output.cli import main
+
+    with torch.device("meta"):
+        model, x = torch.nn.Linear(16, 16, bias=False), torch.empty(4, 16)
+    with pytest.raises(RuntimeError):
+        with Tracer(tmp_path / "t", model=model, tokens=4):
+            model(x).sum().backward()
+            raise RuntimeError("out of memory\x1b[31m\nforged line")
+    assert main(["plan", str(tmp_path / "t"), "--gpu", "H100"]) in (0, None)
+    lines = capsys.readouterr().out.splitlines()
+    # the exception's escape and newline printed as Python writes them (printable), as the report does
+    assert lines[0] == r"INCOMPLETE: the traced code raised RuntimeError: out of memory\x1b[31m\nforged line; the plan covers the rows it has"
+    assert lines[1].startswith("optrace plan: t on H100 SXM")
+    assert main(["plan", str(tmp_path / "t"), "--gpu", "H100", "--json"]) in (0, None)
+    out = json.loads(capsys.readouterr().out)
+    assert out["complete"] is False and out["error"] == "RuntimeError: out of memory\x1b[31m\nforged line"
+    with pytest.warns(UserWarning, match="trace is incomplete"):
+        frame = reports.plan(reports.load(tmp_path / "t"), "H100")
+    assert frame.iloc[0]["complete"] == False and frame.iloc[0]["error"] == out["error"]  # noqa: E712
+
+
+def test_a_complete_trace_has_no_error(tmp_path, capsys):
+    from reports.output.cli import main
+
+    adamw(tmp_path / "t", 1)
+    assert main(["plan", str(tmp_path / "t"), "--gpu", "H100", "--json"]) in (0, None)
+    out = json.loads(capsys.readouterr().out)
+    assert out["complete"] is True and out["error"] is None
+    main(["plan", str(tmp_path / "t"), "--gpu", "H100"])
+    assert capsys.readouterr().out.startswith("optrace plan: t on H100 SXM")

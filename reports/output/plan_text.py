@@ -6,7 +6,7 @@ from reports.output.text import human, human_bytes, human_seconds, json_number, 
 __all__ = ["plan_json", "print_plan"]
 
 _KEYS = (
-    "run", "gpu", "gpus_per_node", "world_size", "batch", "micro_batch", "tokens_per_step",
+    "run", "complete", "error", "gpu", "gpus_per_node", "world_size", "batch", "micro_batch", "tokens_per_step",
     "fits", "peak_bytes_per_rank", "required_bytes", "device_memory_bytes", "headroom_bytes", "max_micro_batch",
     "compute_s", "compute_bound_s", "memory_bound_s", "launch_s", "comm_s", "exposed_comm_s", "step_time_s",
     "tokens_per_s_per_gpu", "model_flops_per_step", "bound_flops_per_step", "causal_masked_flops_per_step", "peak_flops_per_s", "mfu", "calibrated", "traced_step_s", "error_pct",
@@ -47,6 +47,9 @@ def print_plan(frame, out):
     p = plan_json(frame)
     m = p["memory"]
     fits = {True: "fits", False: "DOES NOT FIT", None: "N/A"}[p["fits"]]
+    if not p["complete"]:  # as the report's first line says it (reports/output/cli.py)
+        why = f": the traced code raised {printable(p['error'])};" if p["error"] else " (cut short):"
+        print(f"INCOMPLETE{why} the plan covers the rows it has", file=out)
     print(f"optrace plan: {printable(p['run'])} on {p['gpu']} ({p['gpus_per_node']} per node), world size "
           f"{p['world_size']}, micro-batch {_na(p['micro_batch'])} (traced {_na(p['batch'])})", file=out)
     print("\nMemory per rank", file=out)

@@ -2,6 +2,8 @@
 
 One row per run (a trace of one rank: real, meta or fake, any world size), columns:
 
+  complete, error                      whether the traced code ran to the end; the exception it raised
+                                       (the metadata's), else None: the plan covers the rows it has
   gpu, gpus_per_node, world_size       the target and the job (world size: the trace's)
   batch, micro_batch                   sequences per rank: traced (and how found), planned
   tokens_per_step                      tokens per rank per step at the planned micro-batch
@@ -123,6 +125,11 @@ def plan(df, gpu, gpus_per_node=8, micro_batch=None, batch=None, overlap="prefet
 def _plan_run(rows, meta, gpu, gpus_per_node, micro_batch, batch, overlap, table):
     entry, peak_of, bandwidth, bw_source, memory = _target(gpu, meta)
     notes = []
+    complete, raised = bool(meta.get("complete")), meta.get("error")
+    raised = None if complete or raised is None else str(raised)
+    if not complete:
+        notes.append(("the traced code raised " + raised if raised else "the trace was cut short") +
+                     ": the plan covers the rows the trace has, which may be part of a step")
     found, how = (batch, "given") if batch is not None else traced_batch(rows, meta)
     if found is None:
         notes.append(f"the traced micro-batch could not be found ({how}): pass batch= (--batch); max_micro_batch "
@@ -206,6 +213,7 @@ def _plan_run(rows, meta, gpu, gpus_per_node, micro_batch, batch, overlap, table
                  "optimizer state, communication buffers (and the ops' reads and writes of them) and collectives stay fixed")
     notes.append(_RETRACE)
     record = {
+        "complete": complete, "error": raised,
         "gpu": entry if entry == CPU else entry["name"], "gpus_per_node": gpus_per_node, "world_size": world,
         "batch": found, "micro_batch": planned, "tokens_per_step": tokens,
         "fits": memory_fit["fits"], "peak_bytes_per_rank": memory_fit["peak_bytes_per_rank"],
