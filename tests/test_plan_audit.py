@@ -136,3 +136,28 @@ def test_a_complete_trace_has_no_error(tmp_path, capsys):
     assert out["complete"] is True and out["error"] is None
     main(["plan", str(tmp_path / "t"), "--gpu", "H100"])
     assert capsys.readouterr().out.startswith("optrace plan: t on H100 SXM")
+
+
+def test_a_trace_without_model_says_its_parameters_count_as_inputs(tmp_path):
+    with torch.device("meta"):
+        model, x = torch.nn.Linear(1024, 1024, bias=False), torch.empty(1, 1024)
+    opt = torch.optim.AdamW(model.parameters(), foreach=True)
+    with Tracer(tmp_path / "t", tokens=1):  # no model=
+        model(x).sum().backward()
+        opt.step()
+    frame = reports.plan(reports.load(tmp_path / "t"), "H100", micro_batch=4, batch=1)
+    row, detail = frame.iloc[0], frame.attrs["plan"][frame["run"].iloc[0]]
+    # still planned: at AdamW's sqrt, gradient, exp_avg, exp_avg_sq and the sqrt's temporary, 4 x 4,194,304,
+    # and the step's 4 bytes stay: 16,777,220; the weight, an input, grows with x: 4 x (4,194,304 + 4,096)
+    # = 16,793,600; 33,570,820 (20,987,908 traced with model=, the weight fixed)
+    assert detail["memory"]["peak_fixed_bytes"] == 16_777_220 and detail["memory"]["peak_scaled_bytes"] == 16_793_600
+    assert row["peak_bytes_per_rank"] == 33_570_820
+    assert ("the parameters are unknown (the trace was made without model=): their bytes count as inputs, growing "
+            "with the micro-batch, so the peak and the largest micro-batch are pessimistic; trace with "
+            "Tracer(..., model=model)") in detail["notes"]
+    # without batch=, the batch is read from the first forward input that is not a known parameter: the
+    # weight's W.t() [1024, 1024], and the note says so
+    notes = reports.plan(reports.load(tmp_path / "t"), "H100").attrs["plan"][frame["run"].iloc[0]]["notes"]
+    assert any("pessimistic and the traced batch may be a weight's leading size;" in n for n in notes)
+    assert not any("the parameters are unknown" in n for n in reports.plan(adamw(tmp_path / "m", 1), "H100")
+                   .attrs["plan"]["m"]["notes"])  # fmt: skip

@@ -197,6 +197,11 @@ def _plan_run(rows, meta, gpu, gpus_per_node, micro_batch, batch, overlap, table
                      process_groups=max(1, len(meta.get("process_groups") or [])) if world > 1 else 0)
     if memory is None:
         notes.append("the CPU's memory size is not in the trace: fits is N/A")
+    if not meta.get("parameters"):
+        guessed = " and the traced batch may be a weight's leading size" if batch is None and "embedding" not in how else ""
+        notes.append("the parameters are unknown (the trace was made without model=): their bytes count as inputs, "
+                     "growing with the micro-batch, so the peak and the largest micro-batch are pessimistic" + guessed +
+                     "; trace with Tracer(..., model=model)")
     if memory_fit["optimizer_state_added_bytes"]:
         notes.append(f"optimizer state made during the trace ({memory_fit['optimizer_state_added_bytes']:,} bytes at "
                      "the peak) counted as live from the first op: it stays from step to step")
