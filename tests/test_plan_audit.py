@@ -161,3 +161,54 @@ def test_a_trace_without_model_says_its_parameters_count_as_inputs(tmp_path):
     assert any("pessimistic and the traced batch may be a weight's leading size;" in n for n in notes)
     assert not any("the parameters are unknown" in n for n in reports.plan(adamw(tmp_path / "m", 1), "H100")
                    .attrs["plan"]["m"]["notes"])  # fmt: skip
+
+
+@pytest.mark.parametrize(("given", "message"), [
+    ({"launch_s": float("inf")}, "assumption launch_s must be in [0, 1] s, got inf"),
+    ({"launch_s": 1e308}, "assumption launch_s must be in [0, 1] s, got 1e+308"),  # 1e308 x 900 kernels: inf
+    ({"net_step_s": float("nan")}, "assumption net_step_s must be in [0, 1] s, got nan"),
+    ({"matmul_efficiency": 1.5}, "assumption matmul_efficiency must be in (0, 1], got 1.5"),
+    ({"link_efficiency": 0}, "assumption link_efficiency must be in (0, 1], got 0"),
+    ({"fragmentation": 1e300}, "assumption fragmentation must be in [0, 10], got 1e+300"),
+    ({"nccl_buffer_bytes": 2**51}, "assumption nccl_buffer_bytes must be in [0, 2^50] bytes, got 2251799813685248"),
+    ({"cuda_context_bytes": "1 GiB"}, "assumption cuda_context_bytes must be in [0, 2^50] bytes, got '1 GiB'"),
+    ([("launch_s", 1e-6)], "assumptions must be a dict {name: number}, got a list: [('launch_s', 1e-06)]"),
+])  # fmt: skip
+def test_an_assumption_out_of_its_range_is_one_line_naming_it(given, message):
+    from reports.plan.assumptions import resolve
+
+    with pytest.raises(reports.ReportError) as raised:
+        resolve(given)
+    assert str(raised.value) == "plan: " + message
+
+
+def test_the_ends_of_each_range_are_accepted():
+    from reports.plan.assumptions import resolve
+
+    table = resolve({"launch_s": 1, "fragmentation": 10, "cuda_context_bytes": 2**50, "memory_efficiency": 1, "net_step_s": 0})
+    assert table["launch_s"] == (1.0, "given") and table["cuda_context_bytes"] == (2.0**50, "given")
+
+
+def test_cli_refuses_an_infinite_assumption_in_one_line(tmp_path, capsys):
+    from reports.output.cli import main
+
+    adamw(tmp_path / "t", 1)
+    for value in ("inf", "1e309"):  # 1e309 overflows to inf when parsed; before, print_plan raised
+        # TypeError: bad operand type for abs(): 'str' on the "inf" plan_json made of the launch time
+        assert main(["plan", str(tmp_path / "t"), "--gpu", "H100", "--assume", f"launch_s={value}"]) == 2
+        captured = capsys.readouterr()
+        assert captured.out == "" and captured.err == "optrace plan: error: assumption launch_s must be in [0, 1] s, got inf\n"
+
+
+def test_an_infinite_figure_prints_as_inf(tmp_path, capsys):
+    from reports.output.cli import main
+
+    with torch.device("meta"):
+        model, x = torch.nn.Linear(16, 16, bias=False), torch.empty(4, 16)
+    with Tracer(tmp_path / "t", model=model, tokens=10**308):
+        model(x).sum().backward()
+    # 1e308 tokens over a step of microseconds: inf tokens/s, "inf" in --json
+    assert main(["plan", str(tmp_path / "t"), "--gpu", "H100"]) in (0, None)
+    assert "  tokens/s per GPU       inf\n" in capsys.readouterr().out
+    assert main(["plan", str(tmp_path / "t"), "--gpu", "H100", "--json"]) in (0, None)
+    assert json.loads(capsys.readouterr().out)["tokens_per_s_per_gpu"] == "inf"

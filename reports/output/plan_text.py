@@ -1,5 +1,7 @@
 """`optrace plan`: the plan of reports.plan.plan as text and as one JSON object."""
 
+import math
+
 from reports.output.report_json import strict
 from reports.output.text import human, human_bytes, human_seconds, json_number, percent, printable
 
@@ -19,15 +21,29 @@ def _value(v):
     return json_number(v)
 
 
-def plan_json(frame):
-    """The first run's plan as a JSON-ready dict: the figures, `memory` (its parts), `classes`,
-    `assumptions` (each with value, unit and source) and `notes`."""
+def _figures(frame):
+    """The first run's plan as a dict of Python values (NaN as None, infinities kept)."""
     row = frame.iloc[0]
     detail = frame.attrs["plan"][row["run"]]
     memory = {k: _value(v) for k, v in detail["memory"].items()}
     out = {k: _value(row[k]) for k in _KEYS}
     out.update(memory=memory, classes=detail["classes"], assumptions=detail["assumptions"], notes=detail["notes"])
-    return strict(out)
+    return out
+
+
+def plan_json(frame):
+    """The first run's plan as a JSON-ready dict: the figures, `memory` (its parts), `classes`,
+    `assumptions` (each with value, unit and source) and `notes`; an infinity as "inf"."""
+    return strict(_figures(frame))
+
+
+def _finite(show):
+    """`show` for a figure, "inf" (or "-inf") for an infinite one, which the plan's assumptions keep out but a
+    trace's own figures (a huge `tokens`) may bring."""
+    return lambda v, *a: (("-" if v < 0 else "") + "inf") if isinstance(v, float) and math.isinf(v) else show(v, *a)
+
+
+_human, _human_bytes, _human_seconds, _percent = (_finite(f) for f in (human, human_bytes, human_seconds, percent))
 
 
 def _na(v):
@@ -35,7 +51,7 @@ def _na(v):
 
 
 def _bytes(v):
-    return "N/A" if v is None or v != v else human_bytes(v)
+    return "N/A" if v is None or v != v else _human_bytes(v)
 
 
 def _signed_bytes(v):
@@ -44,7 +60,7 @@ def _signed_bytes(v):
 
 def print_plan(frame, out):
     """The first run's plan in words and figures."""
-    p = plan_json(frame)
+    p = _figures(frame)
     m = p["memory"]
     fits = {True: "fits", False: "DOES NOT FIT", None: "N/A"}[p["fits"]]
     if not p["complete"]:  # as the report's first line says it (reports/output/cli.py)
@@ -56,26 +72,26 @@ def print_plan(frame, out):
     print(f"  peak live bytes        {_bytes(p['peak_bytes_per_rank'])} (fixed {_bytes(m['peak_fixed_bytes'])}, "
           f"growing with the micro-batch {_bytes(m['peak_scaled_bytes'])}; {m['peak_phase']})", file=out)
     print(f"  + allowances           {_bytes(m['cuda_context_bytes'])} CUDA context, {_bytes(m['nccl_buffer_bytes'])} "
-          f"NCCL, {_bytes(m['fragmentation_bytes'])} fragmentation ({percent(m['fragmentation'])})", file=out)
+          f"NCCL, {_bytes(m['fragmentation_bytes'])} fragmentation ({_percent(m['fragmentation'])})", file=out)
     print(f"  = required             {_bytes(p['required_bytes'])} of {_bytes(p['device_memory_bytes'])}: {fits}, "
           f"headroom {_signed_bytes(p['headroom_bytes'])}",
           file=out)
     print(f"  largest micro-batch    {_na(p['max_micro_batch'])}", file=out)
     print("\nStep time", file=out)
-    print(f"  compute                {human_seconds(p['compute_s'])} (compute-bound {human_seconds(p['compute_bound_s'])}, "
-          f"memory-bound {human_seconds(p['memory_bound_s'])}, launches {human_seconds(p['launch_s'])})", file=out)
-    print(f"  communication          {human_seconds(p['comm_s'])}, of which exposed {human_seconds(p['exposed_comm_s'])}", file=out)
-    print(f"  step                   {human_seconds(p['step_time_s'])}", file=out)
-    print(f"  tokens/s per GPU       {human(p['tokens_per_s_per_gpu'])}", file=out)
-    print(f"  MFU                    {percent(p['mfu'])} ({human(p['model_flops_per_step'], 'FLOP')} per step at "
-          f"{human(p['peak_flops_per_s'], 'FLOP/s')})", file=out)
+    print(f"  compute                {_human_seconds(p['compute_s'])} (compute-bound {_human_seconds(p['compute_bound_s'])}, "
+          f"memory-bound {_human_seconds(p['memory_bound_s'])}, launches {_human_seconds(p['launch_s'])})", file=out)
+    print(f"  communication          {_human_seconds(p['comm_s'])}, of which exposed {_human_seconds(p['exposed_comm_s'])}", file=out)
+    print(f"  step                   {_human_seconds(p['step_time_s'])}", file=out)
+    print(f"  tokens/s per GPU       {_human(p['tokens_per_s_per_gpu'])}", file=out)
+    print(f"  MFU                    {_percent(p['mfu'])} ({_human(p['model_flops_per_step'], 'FLOP')} per step at "
+          f"{_human(p['peak_flops_per_s'], 'FLOP/s')})", file=out)
     if p["causal_masked_flops_per_step"]:
         full = (p["model_flops_per_step"] + p["causal_masked_flops_per_step"]) / p["model_flops_per_step"] * p["mfu"]
-        print(f"                         causal attention at half its FLOPs; {percent(full)} counting the masked "
-              f"half ({human(p['causal_masked_flops_per_step'], 'FLOP')}), as PaLM and torchtitan do", file=out)
+        print(f"                         causal attention at half its FLOPs; {_percent(full)} counting the masked "
+              f"half ({_human(p['causal_masked_flops_per_step'], 'FLOP')}), as PaLM and torchtitan do", file=out)
     if p["calibrated"]:
         print(f"  calibrated             error on the traced step {p['error_pct']:+.1f}% "
-              f"(traced {human_seconds(p['traced_step_s'])})", file=out)
+              f"(traced {_human_seconds(p['traced_step_s'])})", file=out)
     print("\nAssumptions", file=out)
     for a in p["assumptions"]:
         value = a["value"] if isinstance(a["value"], str) or a["value"] is None else f"{a['value']:.4g}"
