@@ -212,3 +212,30 @@ def test_an_infinite_figure_prints_as_inf(tmp_path, capsys):
     assert "  tokens/s per GPU       inf\n" in capsys.readouterr().out
     assert main(["plan", str(tmp_path / "t"), "--gpu", "H100", "--json"]) in (0, None)
     assert json.loads(capsys.readouterr().out)["tokens_per_s_per_gpu"] == "inf"
+
+
+def test_nccl_buffers_count_only_the_groups_that_ran_a_collective(tmp_path):
+    import torch.distributed as dist
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=8)
+    try:  # HSDP on a 2 x 4 (replicate x shard) mesh: the world group is made, and runs no collective
+        mesh = init_device_mesh("cpu", (2, 4), mesh_dim_names=("replicate", "shard"))
+        with FakeTensorMode():
+            model = torch.nn.Sequential(torch.nn.Linear(64, 64, bias=False), torch.nn.Linear(64, 64, bias=False))
+            fully_shard(model, mesh=mesh)
+            x = torch.randn(8, 64)
+            with Tracer(tmp_path / "t", model=model, tokens=8):
+                model(x).sum().backward()
+    finally:
+        dist.destroy_process_group()
+    df = reports.load(tmp_path / "t")
+    assert len(next(iter(df.attrs["runs"].values()))["process_groups"]) == 3  # world, replicate, shard
+    frame = reports.plan(df, "H100")
+    memory = frame.attrs["plan"][frame["run"].iloc[0]]["memory"]
+    # the shard group's all-gather and reduce-scatter, the replicate group's all-reduce: 2 x 256 MiB =
+    # 536,870,912 bytes (3 x 256 MiB = 805,306,368 counted the world group too)
+    assert memory["nccl_buffer_bytes"] == 2 * 256 * 2**20 == 536_870_912

@@ -12,7 +12,7 @@
   pcie_step_s           5.7e-6    [0, 1] s     ... over PCIe
   net_step_s            9.6e-6    [0, 1] s     ... per ring step that crosses nodes
   cuda_context_bytes    1 GiB     [0, 2^50]    the CUDA context, cuBLAS/cuDNN workspaces and kernels
-  nccl_buffer_bytes     256 MiB   [0, 2^50]    NCCL's buffers, per process group
+  nccl_buffer_bytes     256 MiB   [0, 2^50]    NCCL's buffers, per process group with a collective in the trace
   fragmentation         0.10      [0, 10]      the caching allocator's reserved bytes over the peak live bytes, minus 1
 The ranges (RANGES) keep a plan's figures finite: a value outside one (inf, nan, a launch cost of
 1e308 s, a fragmentation of 1e300) is refused with its name, the value and the range. The sources

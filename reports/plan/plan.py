@@ -194,7 +194,7 @@ def _plan_run(rows, meta, gpu, gpus_per_node, micro_batch, batch, overlap, table
                      "the trace could not read their group sizes (meta or fake tensors), so their time, the step time "
                      "and the model FLOPs of the MFU are upper bounds, exact only if every row of their operands is routed")
     memory_fit = fit(rows, meta, memory, table, found, planned if micro_batch is not None else None,
-                     process_groups=max(1, len(meta.get("process_groups") or [])) if world > 1 else 0)
+                     process_groups=_groups_used(rows) if world > 1 else 0)
     if memory is None:
         notes.append("the CPU's memory size is not in the trace: fits is N/A")
     if not meta.get("parameters"):
@@ -270,6 +270,13 @@ def _causal_masked(rows):
         return 0.0
     model = rows["flops"].astype(np.float64) - attention_recompute(rows)
     return float(per_step(rows, values=model.where(causal, 0.0))) / 2
+
+
+def _groups_used(rows):
+    """Process groups with a collective in the trace (by the rows' process_group; 1 when collectives name
+    none): NCCL makes its buffers for a group at its first collective, not for every group made."""
+    comm = rows["comm_bytes"].notna()
+    return max(1, rows.loc[comm, "process_group"].dropna().astype(str).nunique()) if comm.any() else 0
 
 
 def _measured(rows):
