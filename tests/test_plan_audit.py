@@ -239,3 +239,25 @@ def test_nccl_buffers_count_only_the_groups_that_ran_a_collective(tmp_path):
     # the shard group's all-gather and reduce-scatter, the replicate group's all-reduce: 2 x 256 MiB =
     # 536,870,912 bytes (3 x 256 MiB = 805,306,368 counted the world group too)
     assert memory["nccl_buffer_bytes"] == 2 * 256 * 2**20 == 536_870_912
+
+
+def test_the_cpu_target_has_no_gpu_allowances(tmp_path, capsys):
+    from reports.output.cli import main
+
+    model = torch.nn.Linear(32, 8, bias=False)
+    with Tracer(tmp_path / "cpu", model=model, tokens=16) as tr:
+        model(torch.randn(16, 32)).sum().backward()
+        tr.set_bandwidth({"bytes_per_s": 1.0e10, "n": 1, "dtype": "float32"})
+    frame = reports.plan(reports.load(tmp_path / "cpu"), "cpu", assumptions={"cuda_context_bytes": 2**30})
+    row, detail = frame.iloc[0], frame.attrs["plan"][frame["run"].iloc[0]]
+    memory = detail["memory"]
+    # required: the peak and its 10% fragmentation alone (it was peak x 1.1 + 1 GiB of CUDA context)
+    assert memory["cuda_context_bytes"] == 0 and memory["nccl_buffer_bytes"] == 0
+    assert row["required_bytes"] == pytest.approx(1.1 * row["peak_bytes_per_rank"], rel=1e-12)
+    listed = {a["name"]: a for a in detail["assumptions"]}
+    assert listed["cuda_context_bytes"]["value"] == 0 and listed["cuda_context_bytes"]["source"].startswith("none: the target is the CPU")
+    assert "the target is the CPU: its memory needs no CUDA context or NCCL buffers, only fragmentation" in detail["notes"]
+    assert main(["plan", str(tmp_path / "cpu"), "--gpu", "cpu"]) in (0, None)
+    out = capsys.readouterr().out
+    assert out.startswith("optrace plan: cpu on cpu, world size 1,") and "per node" not in out
+    assert "  + allowances           no CUDA context or NCCL (a CPU), " in out

@@ -3,6 +3,7 @@
 import math
 
 from reports.output.report_json import strict
+from reports.plan.devices import CPU
 from reports.output.text import human, human_bytes, human_seconds, json_number, percent, printable
 
 __all__ = ["plan_json", "print_plan"]
@@ -66,13 +67,17 @@ def print_plan(frame, out):
     if not p["complete"]:  # as the report's first line says it (reports/output/cli.py)
         why = f": the traced code raised {printable(p['error'])};" if p["error"] else " (cut short):"
         print(f"INCOMPLETE{why} the plan covers the rows it has", file=out)
-    print(f"optrace plan: {printable(p['run'])} on {p['gpu']} ({p['gpus_per_node']} per node), world size "
+    cpu = p["gpu"] == CPU
+    where = p["gpu"] if cpu else f"{p['gpu']} ({p['gpus_per_node']} per node)"
+    print(f"optrace plan: {printable(p['run'])} on {where}, world size "
           f"{p['world_size']}, micro-batch {_na(p['micro_batch'])} (traced {_na(p['batch'])})", file=out)
     print("\nMemory per rank", file=out)
     print(f"  peak live bytes        {_bytes(p['peak_bytes_per_rank'])} (fixed {_bytes(m['peak_fixed_bytes'])}, "
           f"growing with the micro-batch {_bytes(m['peak_scaled_bytes'])}; {m['peak_phase']})", file=out)
-    print(f"  + allowances           {_bytes(m['cuda_context_bytes'])} CUDA context, {_bytes(m['nccl_buffer_bytes'])} "
-          f"NCCL, {_bytes(m['fragmentation_bytes'])} fragmentation ({_percent(m['fragmentation'])})", file=out)
+    gpu = "no CUDA context or NCCL (a CPU)" if cpu else (f"{_bytes(m['cuda_context_bytes'])} CUDA context, "
+                                                         f"{_bytes(m['nccl_buffer_bytes'])} NCCL")
+    print(f"  + allowances           {gpu}, {_bytes(m['fragmentation_bytes'])} fragmentation "
+          f"({_percent(m['fragmentation'])})", file=out)
     print(f"  = required             {_bytes(p['required_bytes'])} of {_bytes(p['device_memory_bytes'])}: {fits}, "
           f"headroom {_signed_bytes(p['headroom_bytes'])}",
           file=out)

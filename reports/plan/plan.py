@@ -138,6 +138,10 @@ def _plan_run(rows, meta, gpu, gpus_per_node, micro_batch, batch, overlap, table
     if micro_batch is not None and found is None:
         raise ReportError("plan: micro_batch needs the traced batch, which the trace does not show: pass batch=")
     k = planned / found if micro_batch is not None else 1.0
+    if entry == CPU:  # no GPU: no CUDA context, no NCCL (whatever was assumed for a GPU)
+        table = {**table, **{name: (0.0, "none: the target is the CPU, which has no CUDA context or NCCL buffers")
+                             for name in ("cuda_context_bytes", "nccl_buffer_bytes")}}
+        notes.append("the target is the CPU: its memory needs no CUDA context or NCCL buffers, only fragmentation")
     a = {name: value for name, (value, _) in table.items()}
     sources = {name: source for name, (_, source) in table.items()}
 
