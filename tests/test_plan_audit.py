@@ -22,13 +22,11 @@ def adamw(path, batch, d=1024, steps=1, **tracer):
         model = torch.nn.Linear(d, d, bias=False)
         x = torch.empty(batch, d)
     opt = torch.optim.AdamW(model.parameters(), foreach=True)
-    with Tracer(path, model=model, tokens=batch, **tracer) as t:
+    with Tracer(path, model=model, tokens=batch, **tracer):
         for _ in range(steps):
             model(x).sum().backward()
             opt.step()
             opt.zero_grad()
-            if steps > 1:
-                t.step()
     return reports.load(path)
 
 
@@ -261,3 +259,29 @@ def test_the_cpu_target_has_no_gpu_allowances(tmp_path, capsys):
     out = capsys.readouterr().out
     assert out.startswith("optrace plan: cpu on cpu, world size 1,") and "per node" not in out
     assert "  + allowances           no CUDA context or NCCL (a CPU), " in out
+
+
+def test_a_trace_of_several_steps_prices_its_last_complete_step(tmp_path):
+    one, three = adamw(tmp_path / "k1", 1), adamw(tmp_path / "k3", 1, steps=3)
+    frame = reports.plan(three, "H100")
+    row, notes = frame.iloc[0], frame.attrs["plan"]["k3"]["notes"]
+    # step 2 moves 96,489,504 bytes in 15 kernels: 96,489,504 / (3.35e12 x 0.8) = 36.00 us + 15 x 3 us.
+    # Step 0 has AdamW's two zeros_like besides (2 x 8,388,608 bytes read and written): 113,266,720 bytes
+    # in 17 kernels; the mean of the three steps priced before, (113,266,720 + 2 x 96,489,504) / 3 bytes
+    # and 49 / 3 kernels, held a third of that one-off work
+    assert row["memory_bound_s"] == pytest.approx(96_489_504 / 2.68e12, rel=1e-12)
+    assert row["launch_s"] == pytest.approx(15 * 3e-6, rel=1e-12)
+    assert ("step time, FLOPs and MFU are those of step 2, the last complete one of the 3 traced (the first holds "
+            "one-off work, such as an optimizer making its state); the memory peak is over every step") in notes
+    # the memory peak is over every step: AdamW's sqrt, as in one step (5 x 4,194,304 + 4 + x's 4,096)
+    assert row["peak_bytes_per_rank"] == 20_975_620
+    # a one-step trace prices its step, and says the optimizer made its state in it
+    frame = reports.plan(one, "H100")
+    assert frame.iloc[0]["memory_bound_s"] == pytest.approx(113_266_720 / 2.68e12, rel=1e-12)
+    assert frame.iloc[0]["launch_s"] == pytest.approx(17 * 3e-6, rel=1e-12)
+    assert frame.iloc[0]["peak_bytes_per_rank"] == 20_975_620
+    # exp_avg, exp_avg_sq 2 x 4,194,304 and the step's 4 bytes
+    assert ("the traced step is the optimizer's first: it makes its state (8,388,612 bytes; AdamW's zeros_like), work "
+            "its step time includes and later steps skip (trace two steps to price the steady one)"
+            ) in frame.attrs["plan"]["k1"]["notes"]
+    assert not any(n.startswith("the traced step is the optimizer's first") for n in notes)

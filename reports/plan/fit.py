@@ -133,6 +133,7 @@ def fit(df, meta, memory_bytes, assumptions, batch, micro_batch=None, process_gr
         "peak_fixed_bytes": float(fixed[at]) if len(live) else 0.0,
         "peak_scaled_bytes": float(k * scaled[at]) if len(live) else 0.0,
         "optimizer_state_added_bytes": int(added[at]) if len(live) else 0,
+        "optimizer_state_made_bytes": int(added[0]) if len(live) else 0,  # by the trace's ops: largest - first
         "peak_seq": int(seq[at]) if len(live) else None,
         "peak_phase": str(phase[at]) if len(live) else None,
         "fragmentation": frag, "fragmentation_source": frag_source,

@@ -56,7 +56,7 @@ from reports.plan.comm import OVERLAPS, costs, simulate
 from reports.plan.devices import CPU, resolve_gpu
 from reports.plan.fit import fit, traced_batch
 from reports.plan.ops import CLASSES, calibrate, fixed_bytes, price, roofs
-from reports.steps import per_step
+from reports.steps import count_steps, per_step
 from reports.tables import split_runs
 
 __all__ = ["plan"]
@@ -144,6 +144,10 @@ def _plan_run(rows, meta, gpu, gpus_per_node, micro_batch, batch, overlap, table
         notes.append("the target is the CPU: its memory needs no CUDA context or NCCL buffers, only fragmentation")
     a = {name: value for name, (value, _) in table.items()}
     sources = {name: source for name, (_, source) in table.items()}
+    every = rows  # the memory fit reads every step; the step time, one steady step
+    rows, steady = _steady_step(rows)
+    if steady:
+        notes.append(steady)
 
     p = roofs(rows, peak_of, bandwidth, k, fixed_bytes(rows, meta) if k != 1.0 else None)
     notes += p["notes"]
@@ -197,8 +201,8 @@ def _plan_run(rows, meta, gpu, gpus_per_node, micro_batch, batch, overlap, table
                      f"{100 * bounded['flops'] / max(float(per_step(rows)), 1):.1f}% of the step's; column flops_bound): "
                      "the trace could not read their group sizes (meta or fake tensors), so their time, the step time "
                      "and the model FLOPs of the MFU are upper bounds, exact only if every row of their operands is routed")
-    memory_fit = fit(rows, meta, memory, table, found, planned if micro_batch is not None else None,
-                     process_groups=_groups_used(rows) if world > 1 else 0)
+    memory_fit = fit(every, meta, memory, table, found, planned if micro_batch is not None else None,
+                     process_groups=_groups_used(every) if world > 1 else 0)
     if memory is None:
         notes.append("the CPU's memory size is not in the trace: fits is N/A")
     if not meta.get("parameters"):
@@ -209,6 +213,10 @@ def _plan_run(rows, meta, gpu, gpus_per_node, micro_batch, batch, overlap, table
     if memory_fit["optimizer_state_added_bytes"]:
         notes.append(f"optimizer state made during the trace ({memory_fit['optimizer_state_added_bytes']:,} bytes at "
                      "the peak) counted as live from the first op: it stays from step to step")
+    if memory_fit["optimizer_state_made_bytes"] and count_steps(every) == 1:
+        notes.append(f"the traced step is the optimizer's first: it makes its state "
+                     f"({memory_fit['optimizer_state_made_bytes']:,} bytes; AdamW's zeros_like), work its step time "
+                     "includes and later steps skip (trace two steps to price the steady one)")
     sources["fragmentation"] = memory_fit["fragmentation_source"]
     a["fragmentation"] = memory_fit["fragmentation"]
 
@@ -274,6 +282,25 @@ def _causal_masked(rows):
         return 0.0
     model = rows["flops"].astype(np.float64) - attention_recompute(rows)
     return float(per_step(rows, values=model.where(causal, 0.0))) / 2
+
+
+def _steady_step(rows):
+    """(rows to price, note or None): of a trace of several training steps, the last complete one (forward,
+    backward and optimizer rows, when the trace has any), without the first step's one-off work (AdamW's
+    zeros_like making its state; under FakeTensorMode the lift_fresh of its scalars); else every row."""
+    step = rows["step"].to_numpy(dtype=np.int64)
+    seen = pd.Series(rows["phase"].astype(str).to_numpy()).groupby(step).agg(set)
+    training = [s for s, phases in seen.items() if phases & {"forward", "backward"}]
+    if len(training) < 2:
+        return rows, None
+    need = {"forward", "backward"} | ({"optimizer"} & set().union(*seen))
+    complete = [s for s in training if need <= seen[s]]
+    if not complete:
+        return rows, None
+    last = max(complete)
+    return rows[step == last], (
+        f"step time, FLOPs and MFU are those of step {last}, the last complete one of the {len(training)} traced "
+        "(the first holds one-off work, such as an optimizer making its state); the memory peak is over every step")
 
 
 def _groups_used(rows):
