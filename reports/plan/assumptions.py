@@ -1,29 +1,32 @@
 """Every number a plan assumes, with its source: one table, overridable by name.
 
-  name                  default   what it is, and where the figure comes from
-  matmul_efficiency     0.80      share of the dense peak a matmul or convolution reaches
-  attention_efficiency  0.35      share of the dense peak a fused attention kernel reaches
-  vector_efficiency     0.80      share of the float32 (vector) peak other compute-bound ops reach
-  memory_efficiency     0.80      share of the datasheet HBM bandwidth memory-bound ops reach
-  launch_s              3e-6      GPU time per kernel beyond its roofline time
-  link_efficiency       0.80      share of a link's datasheet bandwidth a collective's ring reaches
-  nccl_base_s           8.4e-6    NCCL's base latency of a ring collective (Simple protocol)
-  nvlink_step_s         3.4e-6    NCCL's latency per ring step over NVLink
-  pcie_step_s           5.7e-6    ... over PCIe
-  net_step_s            9.6e-6    ... per ring step that crosses nodes
-  cuda_context_bytes    1 GiB     the CUDA context, cuBLAS/cuDNN workspaces and kernels
-  nccl_buffer_bytes     256 MiB   NCCL's buffers, per process group
-  fragmentation         0.10      the caching allocator's reserved bytes over the peak live bytes, minus 1
-
-The sources are in SOURCES. Efficiencies that are judgements say so, and why; a plan on
+  name                  default   range        what it is, and where the figure comes from
+  matmul_efficiency     0.80      (0, 1]       share of the dense peak a matmul or convolution reaches
+  attention_efficiency  0.35      (0, 1]       share of the dense peak a fused attention kernel reaches
+  vector_efficiency     0.80      (0, 1]       share of the float32 (vector) peak other compute-bound ops reach
+  memory_efficiency     0.80      (0, 1]       share of the datasheet HBM bandwidth memory-bound ops reach
+  launch_s              3e-6      [0, 1] s     GPU time per kernel beyond its roofline time
+  link_efficiency       0.80      (0, 1]       share of a link's datasheet bandwidth a collective's ring reaches
+  nccl_base_s           8.4e-6    [0, 1] s     NCCL's base latency of a ring collective (Simple protocol)
+  nvlink_step_s         3.4e-6    [0, 1] s     NCCL's latency per ring step over NVLink
+  pcie_step_s           5.7e-6    [0, 1] s     ... over PCIe
+  net_step_s            9.6e-6    [0, 1] s     ... per ring step that crosses nodes
+  cuda_context_bytes    1 GiB     [0, 2^50]    the CUDA context, cuBLAS/cuDNN workspaces and kernels
+  nccl_buffer_bytes     256 MiB   [0, 2^50]    NCCL's buffers, per process group with a collective in the trace
+  fragmentation         0.10      [0, 10]      the caching allocator's reserved bytes over the peak live bytes, minus 1
+The ranges (RANGES) keep a plan's figures finite: a value outside one (inf, nan, a launch cost of
+1e308 s, a fragmentation of 1e300) is refused with its name, the value and the range. The sources
+are in SOURCES. Efficiencies that are judgements say so, and why; a plan on
 the device the trace was taken on replaces the four compute and memory efficiencies with
 what the trace measured (reports/plan/ops.py `calibrate`), and a trace taken on a GPU
 replaces `fragmentation` with its own reserved / peak allocated bytes (reports/plan/fit.py).
 """
 
+from collections.abc import Mapping
+
 from reports.errors import ReportError
 
-__all__ = ["DEFAULTS", "SOURCES", "UNITS", "resolve"]
+__all__ = ["DEFAULTS", "RANGES", "SOURCES", "UNITS", "resolve"]
 
 DEFAULTS = {
     "matmul_efficiency": 0.80,
@@ -45,6 +48,16 @@ UNITS = {
     "launch_s": "s", "nccl_base_s": "s", "nvlink_step_s": "s", "pcie_step_s": "s", "net_step_s": "s",
     "cuda_context_bytes": "bytes", "nccl_buffer_bytes": "bytes",
 }  # fmt: skip  (the rest are fractions)
+
+# (low, high, whether low itself is allowed): efficiencies are shares of a peak, latencies under a second,
+# byte sizes under a PiB (2^50), fragmentation under 10x the peak
+RANGES = {
+    **{name: (0.0, 1.0, False) for name in DEFAULTS if name.endswith("_efficiency")},
+    **{name: (0.0, 1.0, True) for name in DEFAULTS if name.endswith("_s")},
+    "cuda_context_bytes": (0, 2**50, True),
+    "nccl_buffer_bytes": (0, 2**50, True),
+    "fragmentation": (0.0, 10.0, True),
+}
 
 _NCCL = "NCCL src/graph/tuning.cc (NVIDIA/nccl, ring algorithm, Simple protocol: baseLat and hwLat)"
 SOURCES = {
@@ -81,17 +94,28 @@ SOURCES = {
 }
 
 
+def _interval(name):
+    low, high, closed = RANGES[name]
+    unit = UNITS.get(name, "")
+    high = "2^50" if high == 2**50 else f"{high:g}"
+    return f"{'[' if closed else '('}{low:g}, {high}]" + (f" {unit}" if unit else "")
+
+
 def resolve(overrides=None):
     """{name: (value, source)}: DEFAULTS with `overrides` ({name: number}) applied, their source "given".
 
-    An unknown name or a value that is not a number >= 0 is a ReportError naming it and the choices."""
+    An unknown name, or a value that is not a number in its RANGES (inf and nan never are), is a
+    ReportError naming it, the value and the range; overrides that are not a dict, one naming that."""
     table = {name: (value, SOURCES[name]) for name, value in DEFAULTS.items()}
+    if overrides is not None and not isinstance(overrides, Mapping):
+        raise ReportError(f"plan: assumptions must be a dict {{name: number}}, got a {type(overrides).__name__}: "
+                          f"{overrides!r:.80}")
     for name, value in (overrides or {}).items():
         if name not in DEFAULTS:
             raise ReportError(f"plan: unknown assumption {name!r}; expected one of {', '.join(DEFAULTS)}")
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
-            raise ReportError(f"plan: assumption {name} must be a number >= 0, got {value!r}")
-        if name.endswith("efficiency") and not 0 < value <= 1:
-            raise ReportError(f"plan: assumption {name} must be in (0, 1], got {value!r}")
+        low, high, closed = RANGES[name]
+        number = not isinstance(value, bool) and isinstance(value, (int, float))
+        if not number or not (low <= value <= high) or (value == low and not closed):  # nan fails low <= value
+            raise ReportError(f"plan: assumption {name} must be in {_interval(name)}, got {value!r}")
         table[name] = (float(value), "given")
     return table

@@ -13,7 +13,9 @@ storage's size, lifetime and category at every op). On the target they need, bes
 where, at each op, `scaled_op` is the bytes of the categories that grow with the tokens a
 rank processes (SCALED: activations, temporaries, inputs) and `fixed_op` the rest
 (parameters, unsharded parameters, gradients, optimizer state, communication buffers),
-and k is the micro-batch over the traced one. This is the extrapolation: activation
+and k is the micro-batch over the traced one. What an optimizer-phase op made counts as
+fixed whatever its category: AdamW foreach's temporaries (`_foreach_sqrt` of exp_avg_sq,
+...) are the size of the optimizer state, not of the batch. This is the extrapolation: activation
 bytes linear in the micro-batch at a fixed sequence length, everything else fixed; it
 holds for ops whose outputs have a batch dimension. It does not hold for a change of
 sequence length (attention's memory is not linear in it), of world size (the shards
@@ -34,30 +36,53 @@ import math
 
 import numpy as np
 
-from reports.memory.lifetimes import CATEGORIES
-from reports.memory.memory import timeline
+from reports.loading.load import require
+from reports.memory.lifetimes import CATEGORIES, Storages, runs_in_order, take
+from reports.memory.memory import STORAGE_COLUMNS
+from tracer.schema import PHASES, Phase
 
 __all__ = ["SCALED", "fit", "traced_batch"]
 
 SCALED = ("activations", "temporaries", "inputs")
 
 
+_OPTIMIZER = PHASES[Phase.OPTIMIZER]
+
+
+def _live(n, nbytes, alloc, free, pick):
+    """int64 bytes of the picked pieces live after each of n rows (alive from alloc + 1 to free, as timeline counts)."""
+    start, end = alloc[pick] + 1, free[pick] + 1
+    freed = end > 0
+    weights = np.r_[nbytes[pick], -nbytes[pick][freed]].astype(np.float64)
+    delta = np.bincount(np.r_[start, end[freed]], weights=weights, minlength=n + 1)[: n + 1]
+    return np.rint(delta).astype(np.int64).cumsum()[1:]
+
+
 def _split(df):
     """Per op of the (one-run) trace: (fixed bytes, scaled bytes, optimizer state added), int64
-    arrays, and the timeline; the optimizer state at its largest at every op (module docstring)."""
-    t = timeline(df)
-    scaled = sum(t[f"{c}_bytes"].to_numpy(np.int64) for c in SCALED)
-    fixed = sum(t[f"{c}_bytes"].to_numpy(np.int64) for c in CATEGORIES if c not in SCALED)
-    state = t["optimizer_state_bytes"].to_numpy(np.int64)
-    added = state.max() - state if len(state) else state
-    return fixed + added, scaled, added, t
+    arrays, and the rows' seq and phase; the optimizer state at its largest at every op, and what
+    an optimizer-phase op made fixed (module docstring)."""
+    require(df, STORAGE_COLUMNS, "plan")
+    name, meta, rows = next(r for r in runs_in_order(df) if len(r[2]))
+    n, phase = len(rows), take(rows["phase"], slice(None))
+    nbytes, alloc, free, cat = Storages(name, meta, rows).live_pieces()
+    by_optimizer = (alloc >= 0) & (phase[np.maximum(alloc, 0)] == _OPTIMIZER)
+    grows = np.isin(cat, [CATEGORIES.index(c) for c in SCALED]) & ~by_optimizer
+    scaled = _live(n, nbytes, alloc, free, grows)
+    fixed = _live(n, nbytes, alloc, free, ~grows)
+    state = _live(n, nbytes, alloc, free, cat == CATEGORIES.index("optimizer_state"))
+    added = state.max() - state if n else state
+    return fixed + added, scaled, added, rows["seq"].to_numpy(dtype=np.int64), phase
 
 
 def traced_batch(df, meta):
-    """(sequences per rank in the trace, how it was found): the leading size of the first
-    embedding's indices, else of the first input of the first forward op that reads no parameter
-    first (a Linear's input x, not its weight; nor FSDP2's unsharded parameters or the all-gather
-    buffer it views as [world size, shard]: no storage of fixed size, reports/plan/ops.py)."""
+    """(sequences per rank in the trace, how it was found): the leading size of the indices of a
+    forward embedding whose indices have a batch dimension (2-d or more: a position embedding's
+    wpe(arange(S)) has none), the first whose indices hold the metadata's `tokens` (batch x
+    sequence = tokens) if one does, else the first; without one, the leading size of the first
+    input of the first forward op that reads no parameter first (a Linear's input x, not its
+    weight; nor FSDP2's unsharded parameters or the all-gather buffer it views as [world size,
+    shard]: no storage of fixed size, reports/plan/ops.py)."""
     from reports.loading.columns import cell_objects
     from reports.plan.ops import fixed_storages
 
@@ -65,11 +90,15 @@ def traced_batch(df, meta):
     if not len(forward):
         return None, "no forward op"
     ops = df["op"].astype(str).to_numpy()[forward]
-    embedding = forward[np.char.startswith(ops.astype(str), "aten.embedding")]
-    if len(embedding):
-        shapes = cell_objects(df, "input_shapes", embedding[:1])[0]
-        if len(shapes) > 1 and len(shapes[1]) >= 1:
-            return int(shapes[1][0]), "the leading size of the first embedding's indices"
+    embedding = forward[np.char.startswith(ops.astype(str), "aten.embedding")][:256]
+    batched = [tuple(shapes[1]) for shapes in cell_objects(df, "input_shapes", embedding)
+               if shapes is not None and len(shapes) > 1 and len(shapes[1]) >= 2]  # fmt: skip
+    if batched:
+        tokens = meta.get("tokens")
+        held = [s for s in batched if tokens and not isinstance(tokens, bool) and math.prod(s) == tokens]
+        if held:
+            return int(held[0][0]), f"the leading size of the first embedding's indices of {tokens:,} tokens"
+        return int(batched[0][0]), "the leading size of the first embedding's indices with a batch dimension"
     weights = set(fixed_storages(df, meta).tolist())
     head = forward[:256]
     for shapes, ids in zip(cell_objects(df, "input_shapes", head), cell_objects(df, "input_storage_ids", head)):
@@ -90,7 +119,7 @@ def _fragmentation(meta, assumed):
 def fit(df, meta, memory_bytes, assumptions, batch, micro_batch=None, process_groups=1):
     """The memory figures of a plan, as a dict (see the module docstring); `batch` is the traced
     micro-batch, `micro_batch` the one planned (default: the traced one)."""
-    fixed, scaled, added, t = _split(df)
+    fixed, scaled, added, seq, phase = _split(df)
     context, _ = assumptions["cuda_context_bytes"]
     nccl = assumptions["nccl_buffer_bytes"][0] * process_groups
     frag, frag_source = _fragmentation(meta, assumptions["fragmentation"])
@@ -104,8 +133,9 @@ def fit(df, meta, memory_bytes, assumptions, batch, micro_batch=None, process_gr
         "peak_fixed_bytes": float(fixed[at]) if len(live) else 0.0,
         "peak_scaled_bytes": float(k * scaled[at]) if len(live) else 0.0,
         "optimizer_state_added_bytes": int(added[at]) if len(live) else 0,
-        "peak_seq": int(t["seq"].iloc[at]) if len(live) else None,
-        "peak_phase": str(t["phase"].iloc[at]) if len(live) else None,
+        "optimizer_state_made_bytes": int(added[0]) if len(live) else 0,  # by the trace's ops: largest - first
+        "peak_seq": int(seq[at]) if len(live) else None,
+        "peak_phase": str(phase[at]) if len(live) else None,
         "fragmentation": frag, "fragmentation_source": frag_source,
         "fragmentation_bytes": frag * peak, "cuda_context_bytes": float(context), "nccl_buffer_bytes": float(nccl),
         "required_bytes": peak + allowances,

@@ -2,6 +2,8 @@
 
 One row per run (a trace of one rank: real, meta or fake, any world size), columns:
 
+  complete, error                      whether the traced code ran to the end; the exception it raised
+                                       (the metadata's), else None: the plan covers the rows it has
   gpu, gpus_per_node, world_size       the target and the job (world size: the trace's)
   batch, micro_batch                   sequences per rank: traced (and how found), planned
   tokens_per_step                      tokens per rank per step at the planned micro-batch
@@ -54,7 +56,7 @@ from reports.plan.comm import OVERLAPS, costs, simulate
 from reports.plan.devices import CPU, resolve_gpu
 from reports.plan.fit import fit, traced_batch
 from reports.plan.ops import CLASSES, calibrate, fixed_bytes, price, roofs
-from reports.steps import per_step
+from reports.steps import count_steps, per_step
 from reports.tables import split_runs
 
 __all__ = ["plan"]
@@ -123,15 +125,29 @@ def plan(df, gpu, gpus_per_node=8, micro_batch=None, batch=None, overlap="prefet
 def _plan_run(rows, meta, gpu, gpus_per_node, micro_batch, batch, overlap, table):
     entry, peak_of, bandwidth, bw_source, memory = _target(gpu, meta)
     notes = []
+    complete, raised = bool(meta.get("complete")), meta.get("error")
+    raised = None if complete or raised is None else str(raised)
+    if not complete:
+        notes.append(("the traced code raised " + raised if raised else "the trace was cut short") +
+                     ": the plan covers the rows the trace has, which may be part of a step")
     found, how = (batch, "given") if batch is not None else traced_batch(rows, meta)
     if found is None:
-        notes.append(f"the traced micro-batch could not be found ({how}): pass batch=; max_micro_batch is N/A")
+        notes.append(f"the traced micro-batch could not be found ({how}): pass batch= (--batch); max_micro_batch "
+                     "is N/A and no what-if of the micro-batch can be planned")
     planned = micro_batch if micro_batch is not None else found
     if micro_batch is not None and found is None:
         raise ReportError("plan: micro_batch needs the traced batch, which the trace does not show: pass batch=")
     k = planned / found if micro_batch is not None else 1.0
+    if entry == CPU:  # no GPU: no CUDA context, no NCCL (whatever was assumed for a GPU)
+        table = {**table, **{name: (0.0, "none: the target is the CPU, which has no CUDA context or NCCL buffers")
+                             for name in ("cuda_context_bytes", "nccl_buffer_bytes")}}
+        notes.append("the target is the CPU: its memory needs no CUDA context or NCCL buffers, only fragmentation")
     a = {name: value for name, (value, _) in table.items()}
     sources = {name: source for name, (_, source) in table.items()}
+    every = rows  # the memory fit reads every step; the step time, one steady step
+    rows, steady = _steady_step(rows)
+    if steady:
+        notes.append(steady)
 
     p = roofs(rows, peak_of, bandwidth, k, fixed_bytes(rows, meta) if k != 1.0 else None)
     notes += p["notes"]
@@ -185,13 +201,22 @@ def _plan_run(rows, meta, gpu, gpus_per_node, micro_batch, batch, overlap, table
                      f"{100 * bounded['flops'] / max(float(per_step(rows)), 1):.1f}% of the step's; column flops_bound): "
                      "the trace could not read their group sizes (meta or fake tensors), so their time, the step time "
                      "and the model FLOPs of the MFU are upper bounds, exact only if every row of their operands is routed")
-    memory_fit = fit(rows, meta, memory, table, found, planned if micro_batch is not None else None,
-                     process_groups=max(1, len(meta.get("process_groups") or [])) if world > 1 else 0)
+    memory_fit = fit(every, meta, memory, table, found, planned if micro_batch is not None else None,
+                     process_groups=_groups_used(every) if world > 1 else 0)
     if memory is None:
         notes.append("the CPU's memory size is not in the trace: fits is N/A")
+    if not meta.get("parameters"):
+        guessed = " and the traced batch may be a weight's leading size" if batch is None and "embedding" not in how else ""
+        notes.append("the parameters are unknown (the trace was made without model=): their bytes count as inputs, "
+                     "growing with the micro-batch, so the peak and the largest micro-batch are pessimistic" + guessed +
+                     "; trace with Tracer(..., model=model)")
     if memory_fit["optimizer_state_added_bytes"]:
         notes.append(f"optimizer state made during the trace ({memory_fit['optimizer_state_added_bytes']:,} bytes at "
                      "the peak) counted as live from the first op: it stays from step to step")
+    if memory_fit["optimizer_state_made_bytes"] and count_steps(every) == 1:
+        notes.append(f"the traced step is the optimizer's first: it makes its state "
+                     f"({memory_fit['optimizer_state_made_bytes']:,} bytes; AdamW's zeros_like), work its step time "
+                     "includes and later steps skip (trace two steps to price the steady one)")
     sources["fragmentation"] = memory_fit["fragmentation_source"]
     a["fragmentation"] = memory_fit["fragmentation"]
 
@@ -205,6 +230,7 @@ def _plan_run(rows, meta, gpu, gpus_per_node, micro_batch, batch, overlap, table
                  "optimizer state, communication buffers (and the ops' reads and writes of them) and collectives stay fixed")
     notes.append(_RETRACE)
     record = {
+        "complete": complete, "error": raised,
         "gpu": entry if entry == CPU else entry["name"], "gpus_per_node": gpus_per_node, "world_size": world,
         "batch": found, "micro_batch": planned, "tokens_per_step": tokens,
         "fits": memory_fit["fits"], "peak_bytes_per_rank": memory_fit["peak_bytes_per_rank"],
@@ -256,6 +282,32 @@ def _causal_masked(rows):
         return 0.0
     model = rows["flops"].astype(np.float64) - attention_recompute(rows)
     return float(per_step(rows, values=model.where(causal, 0.0))) / 2
+
+
+def _steady_step(rows):
+    """(rows to price, note or None): of a trace of several training steps, the last complete one (forward,
+    backward and optimizer rows, when the trace has any), without the first step's one-off work (AdamW's
+    zeros_like making its state; under FakeTensorMode the lift_fresh of its scalars); else every row."""
+    step = rows["step"].to_numpy(dtype=np.int64)
+    seen = pd.Series(rows["phase"].astype(str).to_numpy()).groupby(step).agg(set)
+    training = [s for s, phases in seen.items() if phases & {"forward", "backward"}]
+    if len(training) < 2:
+        return rows, None
+    need = {"forward", "backward"} | ({"optimizer"} & set().union(*seen))
+    complete = [s for s in training if need <= seen[s]]
+    if not complete:
+        return rows, None
+    last = max(complete)
+    return rows[step == last], (
+        f"step time, FLOPs and MFU are those of step {last}, the last complete one of the {len(training)} traced "
+        "(the first holds one-off work, such as an optimizer making its state); the memory peak is over every step")
+
+
+def _groups_used(rows):
+    """Process groups with a collective in the trace (by the rows' process_group; 1 when collectives name
+    none): NCCL makes its buffers for a group at its first collective, not for every group made."""
+    comm = rows["comm_bytes"].notna()
+    return max(1, rows.loc[comm, "process_group"].dropna().astype(str).nunique()) if comm.any() else 0
 
 
 def _measured(rows):
