@@ -29,3 +29,30 @@ def _seeded():
 
     random.seed(0)
     torch.manual_seed(0)
+
+
+def copy_rank(source, target, rank):
+    """A copy of trace directory `source` at `target` as rank `rank` of the same job: every part's metadata and the
+    marker name that rank and a trace id of its own (a plain copy is refused by the reports: two directories of
+    one trace)."""
+    import json
+    import shutil
+
+    import pyarrow.parquet as pq
+
+    from reports.loading.integrity import read_marker
+    from tracer.directory import write_facts
+    from tracer.schema import METADATA_KEY, part_paths, read_part
+
+    shutil.copytree(source, target)
+    for part in part_paths(target):
+        table = read_part(part)
+        meta = json.loads(table.schema.metadata[METADATA_KEY])
+        trace_id = f"{meta.get('trace_id')}-rank{rank}"
+        meta.update(rank=rank, trace_id=trace_id, world_size=max(int(meta.get("world_size") or 1), rank + 1))
+        pq.write_table(table.replace_schema_metadata({**table.schema.metadata, METADATA_KEY: json.dumps(meta).encode()}),
+                       part)
+    marker = read_marker(target)
+    if marker.get("trace_id") is not None:
+        write_facts(target, {**marker, "trace_id": f"{marker['trace_id']}-rank{rank}"})
+    return target

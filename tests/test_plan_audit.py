@@ -198,18 +198,30 @@ def test_cli_refuses_an_infinite_assumption_in_one_line(tmp_path, capsys):
         assert captured.out == "" and captured.err == "optrace plan: error: assumption launch_s must be in [0, 1] s, got inf\n"
 
 
-def test_an_infinite_figure_prints_as_inf(tmp_path, capsys):
+def test_an_infinite_figure_prints_as_inf(tmp_path, capsys, monkeypatch):
+    from reports.output import plan_text
     from reports.output.cli import main
 
     with torch.device("meta"):
         model, x = torch.nn.Linear(16, 16, bias=False), torch.empty(4, 16)
-    with Tracer(tmp_path / "t", model=model, tokens=10**308):
+    with Tracer(tmp_path / "t", model=model, tokens=4):
         model(x).sum().backward()
-    # 1e308 tokens over a step of microseconds: inf tokens/s, "inf" in --json
+    # the inputs that made one (1e308 tokens, an infinite assumption) are refused now; a figure that still overflows
+    # prints as inf: tokens/s here made infinite by hand
+    figures = plan_text._figures
+    monkeypatch.setattr(plan_text, "_figures", lambda frame: {**figures(frame), "tokens_per_s_per_gpu": float("inf")})
     assert main(["plan", str(tmp_path / "t"), "--gpu", "H100"]) in (0, None)
     assert "  tokens/s per GPU       inf\n" in capsys.readouterr().out
     assert main(["plan", str(tmp_path / "t"), "--gpu", "H100", "--json"]) in (0, None)
     assert json.loads(capsys.readouterr().out)["tokens_per_s_per_gpu"] == "inf"
+
+
+def test_absurd_tokens_are_refused_in_one_line():
+    from tracer import TraceError
+
+    with pytest.raises(TraceError, match=r"^Tracer: tokens must be an int from 1 to 2\*\*53 \(tokens per step\) or None, "
+                                         r"got 1000000000000000000000000"):
+        Tracer("unused", tokens=10**24)
 
 
 def test_nccl_buffers_count_only_the_groups_that_ran_a_collective(tmp_path):

@@ -142,7 +142,7 @@ def test_a_directory_of_rank_traces_is_an_optrace_trace(tmp_path):
         ({"path": 123}, "Tracer: path must be a str or os.PathLike, got int"),
         ({"path": ""}, "Tracer: path is '', expected the directory to write the trace in, e.g. 'runs/step'"),  # into cwd
         ({"model": "gpt"}, "Tracer: model must be a torch.nn.Module or None, got str"),
-        ({"tokens": -4}, r"Tracer: tokens must be a positive int \(tokens per step\) or None, got -4"),
+        ({"tokens": -4}, r"Tracer: tokens must be an int from 1 to 2\*\*53 \(tokens per step\) or None, got -4"),
         ({"run_name": ["a"]}, "Tracer: run_name must be a str or None, got list"),
         ({"flush_rows": 2.5}, "Tracer: flush_rows must be a positive int, got 2.5"),
     ],

@@ -15,6 +15,7 @@ import warnings
 
 import pandas as pd
 import pytest
+from conftest import copy_rank
 import torch
 from gpt import GPT, GPTConfig, make_batch, make_optimizer, train_step
 
@@ -55,7 +56,7 @@ def traces(tmp_path_factory):
     cut = _gpt(root / "cut", 2, cut=True)
     job = root / "job"
     simulate(job, 4)  # under a process group the tracer writes job/rank=0
-    shutil.copytree(job / "rank=0", job / "rank=1")
+    copy_rank(job / "rank=0", job / "rank=1", 1)
     damaged = root / "damaged"
     shutil.copytree(gpt, damaged)
     os.remove(part_paths(damaged)[1])  # a part deleted: the report names the missing rows and parts

@@ -5,6 +5,7 @@ damaged by hand as test_damage.py does it; both engines must give the same exit 
 import shutil
 
 import pytest
+from conftest import copy_rank
 from test_damage import rewrite, set_cell
 from test_sql_review import _both, parts, template  # noqa: F401  (fixtures)
 
@@ -14,8 +15,9 @@ from tracer.schema import part_paths
 def _job(template, tmp_path, ranks=2):
     """A distributed trace: copies of the template as rank=0, rank=1, ..."""
     job = tmp_path / "job"
-    for rank in range(ranks):
-        shutil.copytree(template, job / f"rank={rank}")
+    shutil.copytree(template, job / "rank=0")
+    for rank in range(1, ranks):
+        copy_rank(template, job / f"rank={rank}", rank)
     return job
 
 

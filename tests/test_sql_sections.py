@@ -13,6 +13,7 @@ import warnings
 
 import pandas as pd
 import pytest
+from conftest import copy_rank
 import torch
 from test_job import LAYER_BYTES, simulate
 from test_sql import _gpt
@@ -88,7 +89,7 @@ def traces(tmp_path_factory):
     gpt = _gpt(root / "gpt", 3)
     job = root / "job"
     simulate(job, 4)
-    shutil.copytree(job / "rank=0", job / "rank=1")
+    copy_rank(job / "rank=0", job / "rank=1", 1)
     damaged = root / "damaged"
     shutil.copytree(gpt, damaged)
     os.remove(part_paths(damaged)[1])

@@ -371,9 +371,9 @@ def test_a_failing_formula_does_not_break_the_program(tmp_path):
     [
         ({"path": 123}, "path must be a str or os.PathLike, got int"),
         ({"model": "gpt"}, "model must be a torch.nn.Module or None, got str"),
-        ({"tokens": 0}, r"tokens must be a positive int \(tokens per step\) or None, got 0"),
-        ({"tokens": True}, "tokens must be a positive int .* got True"),
-        ({"tokens": 8.0}, "tokens must be a positive int .* got 8.0"),
+        ({"tokens": 0}, r"tokens must be an int from 1 to 2\*\*53 \(tokens per step\) or None, got 0"),
+        ({"tokens": True}, "tokens must be an int from 1 .* got True"),
+        ({"tokens": 8.0}, "tokens must be an int from 1 .* got 8.0"),
         ({"run_name": 5}, "run_name must be a str or None, got int"),
         ({"flush_rows": 0}, "flush_rows must be a positive int, got 0"),
     ],

@@ -22,7 +22,7 @@ from tracer.layouts import STRIDED, describe, odd_flops, register_subclass
 from tracer.native import choose, wanted as wanted_collector
 from tracer.metadata import Roles, dtype_name, now, register_at_entry, run_metadata, state_tensors
 from tracer.safety import interrupts_deferred, warn, write_failure_message
-from tracer.schema import CAUSAL_NONE, INT64_MAX, MIN_STEP_TIME_S, NO_VALUE, FlopBasis
+from tracer.schema import CAUSAL_NONE, INT64_MAX, MAX_TOKENS, MIN_STEP_TIME_S, NO_VALUE, FlopBasis
 from tracer.storage import StorageTable
 from tracer.timing import check_timing, make_timer
 from tracer.writer import (
@@ -86,8 +86,8 @@ class Tracer:
             raise TraceError("Tracer: path is '', expected the directory to write the trace in, e.g. 'runs/step'")
         if model is not None and not isinstance(model, torch.nn.Module):
             raise TraceError(f"Tracer: model must be a torch.nn.Module or None, got {type(model).__name__}")
-        if tokens is not None and (not isinstance(tokens, int) or isinstance(tokens, bool) or tokens <= 0):
-            raise TraceError(f"Tracer: tokens must be a positive int (tokens per step) or None, got {tokens!r}")
+        if tokens is not None and (not isinstance(tokens, int) or isinstance(tokens, bool) or not 0 < tokens <= MAX_TOKENS):
+            raise TraceError(f"Tracer: tokens must be an int from 1 to 2**53 (tokens per step) or None, got {tokens!r}")
         if run_name is not None and not isinstance(run_name, str):
             raise TraceError(f"Tracer: run_name must be a str or None, got {type(run_name).__name__}")
         if not isinstance(flush_rows, int) or isinstance(flush_rows, bool) or flush_rows <= 0:

@@ -124,6 +124,7 @@ CAUSAL_NONE = -1  # causal: not an attention kernel
 NO_VALUE = -1  # busy_ns, comm_bytes, group_size: not measured / not a collective; groups: no group sizes
 INT64_MAX = 2**63 - 1  # a row's flops above this are stored as INT64_MAX with flops_bound true
 MIN_STEP_TIME_S = 1e-9  # a step shorter than a nanosecond is a unit mistake, not a measurement (set_step_time, --step-time)
+MAX_TOKENS = 2**53  # tokens per step: exact in float64, where the figures made from them are computed
 
 FLOP_KINDS = (
     "matmul",  # mm, bmm, addmm, baddbmm, mv, dot, _scaled_mm, _int_mm, ...

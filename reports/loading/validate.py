@@ -28,7 +28,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from reports.errors import ReportError
-from tracer.schema import ARROW_SCHEMA, FLOP_KINDS, PHASES, ROLE_RECORDS
+from tracer.schema import ARROW_SCHEMA, FLOP_KINDS, MAX_TOKENS, PHASES, ROLE_RECORDS
 
 __all__ = ["ALLOWED", "ITEMS_NOT_NULL", "MAX_BYTES", "MAX_JSON_DEPTH", "MAX_ROW_FLOPS", "check_footers", "check_metadata",
            "check_metadata_ids", "check_rows", "check_schema", "max_storage_id", "parse_json"]  # fmt: skip
@@ -299,7 +299,6 @@ NESTED = {"params": dict.fromkeys(("total", "trainable", "embedding"), _INT), "s
           "ceiling": {"flops_per_s": _NUM, "dtype": _STR}, "bandwidth": {"bytes_per_s": _NUM}, "device": DEVICE_FIELDS}  # fmt: skip
 COUNTS = ("rows", "parts", "lost_rows", "record_errors", "backward_unnamed_rows", "untraced_optimizer_steps",
           "cycles_without_step", "optimizer_state_found_late", "optimizer_params")  # fmt: skip
-MAX_TOKENS = 2**53  # tokens per step: exact in float64, where the figures made from them are computed
 # (where, field): (lowest, highest, what it counts, whether the lowest itself is out): a number outside, or not
 # finite, is damage. `where`: None for the metadata itself, else the object it is in.
 META_RANGES = {
