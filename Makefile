@@ -22,10 +22,10 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 	@echo "==> $(VENV) is ready: run '$(VENV)/bin/optrace', or 'source $(VENV)/bin/activate' first"
 
-# The compiled collector (tracer/_collector.cpp), built against the installed torch with torch's
+# The compiled collector and dispatch hook (tracer/_collector.cpp, tracer/_dispatch.cpp), built against the installed torch with torch's
 # extension tooling into tracer/_collector.so (about 12 s); if it cannot be built, optrace runs its
 # pure-Python path and the trace's metadata says so (`collector`).
-$(COLLECTOR): $(STAMP) tracer/_collector.cpp tracer/build_ext.py
+$(COLLECTOR): $(STAMP) tracer/_collector.cpp tracer/_dispatch.cpp tracer/_collector.h tracer/build_ext.py
 	@echo "==> building optrace's compiled collector"
 	$(PY) -m tracer.build_ext
 	touch $(COLLECTOR)

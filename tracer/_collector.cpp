@@ -19,23 +19,20 @@
 // Built at install time by tracer/build_ext.py with torch's extension tooling; the Python path
 // runs when it is missing or was built for another torch (tracer/native.py).
 
+#include "_collector.h"
+
 #include <torch/csrc/DynamicTypes.h>
 #include <torch/csrc/Storage.h>
 #include <torch/csrc/autograd/python_variable.h>
 
-#include <cstdint>
-#include <vector>
+#include <cstring>
 
 #ifndef OPTRACE_TORCH_VERSION
 #define OPTRACE_TORCH_VERSION "unknown"
 #endif
 
+namespace optrace {
 namespace {
-
-// ctx (tracer/mode.py builds it): the StorageTable's storage key -> id, id -> bytes, weak
-// references and their finaliser, hollow ids and regrow(storage); the tracer's dtype -> dtype id
-// and new_dtype(dtype) -> dtype id; the StorageTable itself (next_id, live_bytes, registered_bytes).
-enum { BY_CDATA, SIZE, REFS, NOTE_FREE, HOLLOW, REGROW, DTYPE_IDS, NEW_DTYPE, STORAGES, CTX_WIDTH };
 
 PyObject* frombytes_name = nullptr;
 PyObject* registered_name = nullptr;
@@ -127,32 +124,6 @@ bool is_tensor(PyObject* o, int* error) {
   return found > 0;
 }
 
-// Appends the tensors among `o`, looking one level into lists and tuples.
-int gather(PyObject* o, PyObject* found) {
-  int error = 0;
-  if (is_tensor(o, &error)) {
-    return PyList_Append(found, o);
-  }
-  if (error) {
-    return -1;
-  }
-  if (PyList_Check(o) || PyTuple_Check(o)) {
-    PyObject* seq = o;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-    for (Py_ssize_t i = 0; i < n; i++) {
-      PyObject* item = PySequence_Fast_GET_ITEM(seq, i);
-      if (is_tensor(item, &error)) {
-        if (PyList_Append(found, item) < 0) {
-          return -1;
-        }
-      } else if (error) {
-        return -1;
-      }
-    }
-  }
-  return 0;
-}
-
 // A tensor the fast path can read: exactly Tensor or Parameter, strided, not nested, with
 // concrete sizes and a storage.
 bool plain(PyObject* o) {
@@ -229,24 +200,16 @@ int describe(PyObject* const* ctx, PyObject* o, std::vector<int64_t>& tensors, s
 
 // The bytes of the tensors an op wrote into (all of them; out= ones apart) and, for a storage an
 // op resized in place, StorageTable.regrow (tracer/storage.py), as the Python path does.
-int written_bytes(PyObject* const* ctx, PyObject* written, int64_t* inplace_bytes, int64_t* out_bytes) {
-  for (Py_ssize_t i = 0; i < PyList_GET_SIZE(written); i++) {
-    PyObject* pair = PyList_GET_ITEM(written, i);
-    if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2) {
-      PyErr_SetString(PyExc_TypeError, "optrace collector: written must be a list of (tensor, is_out)");
-      return -1;
-    }
-    PyObject* o = PyTuple_GET_ITEM(pair, 0);
+// The bytes of the tensors an op wrote into (all of them; out= ones apart) and, for a storage an
+// op resized in place, StorageTable.regrow (tracer/storage.py), as the Python path does.
+int written_bytes(PyObject* const* ctx, const Written& written, int64_t* inplace_bytes, int64_t* out_bytes) {
+  for (const auto& [o, is_out] : written) {
     if (!plain(o)) {  // the inputs were all plain; a written tensor is one of them
       continue;
     }
     c10::TensorImpl* impl = THPVariable_Unpack(o).unsafeGetTensorImpl();
     int64_t n = impl->numel() * static_cast<int64_t>(impl->itemsize());
     *inplace_bytes += n;
-    int is_out = PyObject_IsTrue(PyTuple_GET_ITEM(pair, 1));
-    if (is_out < 0) {
-      return -1;
-    }
     if (is_out) {  // out= tensors are written, not read
       *out_bytes += n;
     }
@@ -289,18 +252,97 @@ int written_bytes(PyObject* const* ctx, PyObject* written, int64_t* inplace_byte
   return 0;
 }
 
-int append(PyObject* array, const std::vector<int64_t>& values) {
-  PyObject* bytes = PyBytes_FromStringAndSize(
-      reinterpret_cast<const char*>(values.data()), static_cast<Py_ssize_t>(values.size() * sizeof(int64_t)));
-  if (bytes == nullptr) {
+// Appends the tensors among `o` to `found`, looking one level into lists and tuples.
+int gather_into(PyObject* o, std::vector<PyObject*>& found) {
+  int error = 0;
+  if (is_tensor(o, &error)) {
+    found.push_back(o);
+    return 0;
+  }
+  if (error) {
     return -1;
   }
-  PyObject* done = PyObject_CallMethodOneArg(array, frombytes_name, bytes);
-  Py_DECREF(bytes);
-  if (done == nullptr) {
+  if (PyList_Check(o) || PyTuple_Check(o)) {
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(o);
+    for (Py_ssize_t i = 0; i < n; i++) {
+      PyObject* item = PySequence_Fast_GET_ITEM(o, i);
+      if (is_tensor(item, &error)) {
+        found.push_back(item);
+      } else if (error) {
+        return -1;
+      }
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+int64_t registered_bytes(PyObject* const* ctx, int* failed) {
+  PyObject* value = PyObject_GetAttr(ctx[STORAGES], registered_name);
+  if (value == nullptr) {
+    *failed = 1;
+    return 0;
+  }
+  int64_t n = PyLong_AsLongLong(value);
+  Py_DECREF(value);
+  if (n == -1 && PyErr_Occurred()) {
+    *failed = 1;
+  }
+  return n;
+}
+
+namespace {
+
+// The layout of CPython's array object (Modules/arraymodule.c, unchanged from 3.3 to 3.13): appending
+// into the room an array('q') already has is a memcpy, where its `frombytes` method costs a method call
+// and a bytes object (about 1,650 instructions, 3 or 4 times per op). `array_layout_ok` says whether
+// the layout was confirmed on a live array when the module was imported (check_array_layout); when it
+// was not, every append goes through `frombytes`.
+struct ArrayObject {
+  PyObject_VAR_HEAD
+  char* ob_item;
+  Py_ssize_t allocated;
+  const void* ob_descr;
+  PyObject* weakreflist;
+  Py_ssize_t ob_exports;
+};
+bool array_layout_ok = false;
+PyTypeObject* array_type = nullptr;
+
+int check_array_layout() {
+  PyObject* module = PyImport_ImportModule("array");
+  if (module == nullptr) {
     return -1;
   }
-  Py_DECREF(done);
+  PyObject* cls = PyObject_GetAttrString(module, "array");
+  Py_DECREF(module);
+  if (cls == nullptr) {
+    return -1;
+  }
+  PyObject* probe = PyObject_CallFunction(cls, "s(LLL)", "q", 11LL, 22LL, 33LL);
+  if (probe == nullptr) {
+    Py_DECREF(cls);
+    return -1;
+  }
+  auto* a = reinterpret_cast<ArrayObject*>(probe);
+  bool ok = Py_TYPE(probe) == reinterpret_cast<PyTypeObject*>(cls) && Py_SIZE(probe) == 3 && a->allocated >= 3 &&
+      a->ob_exports == 0 && a->ob_item != nullptr;
+  if (ok) {
+    Py_buffer view;
+    if (PyObject_GetBuffer(probe, &view, PyBUF_SIMPLE) < 0) {
+      PyErr_Clear();
+      ok = false;
+    } else {
+      const int64_t* items = static_cast<const int64_t*>(view.buf);
+      ok = view.buf == a->ob_item && view.len == 24 && a->ob_exports == 1 && items[0] == 11 && items[2] == 33;
+      PyBuffer_Release(&view);
+      ok = ok && a->ob_exports == 0;
+    }
+  }
+  Py_DECREF(probe);
+  array_layout_ok = ok;
+  array_type = reinterpret_cast<PyTypeObject*>(cls);  // kept for the module's life
   return 0;
 }
 
@@ -311,110 +353,49 @@ PyObject* collect_impl(PyObject* const* args) {
     return nullptr;
   }
   PyObject* const* ctx = &PyTuple_GET_ITEM(ctx_tuple, 0);
-  PyObject *op_args = args[1], *op_kwargs = args[2], *out = args[3], *written = args[4];
-  if (written != Py_None && !PyList_Check(written)) {
-    PyErr_SetString(PyExc_TypeError, "optrace collector: written must be a list of (tensor, is_out) or None");
-    return nullptr;
-  }
-  PyObject* ins = PyList_New(0);
-  PyObject* outs = PyList_New(0);
-  PyObject* result = nullptr;
-  if (ins == nullptr || outs == nullptr) {
-    goto done;
-  }
-  if (PyTuple_Check(op_args)) {
-    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(op_args); i++) {
-      if (gather(PyTuple_GET_ITEM(op_args, i), ins) < 0) {
-        goto done;
-      }
+  PyObject *op_args = args[1], *op_kwargs = args[2], *out = args[3], *written_list = args[4];
+  Written written;
+  if (written_list != Py_None) {
+    if (!PyList_Check(written_list)) {
+      PyErr_SetString(PyExc_TypeError, "optrace collector: written must be a list of (tensor, is_out) or None");
+      return nullptr;
     }
-  }
-  if (op_kwargs != Py_None && PyDict_Check(op_kwargs)) {
-    Py_ssize_t pos = 0;
-    PyObject *k, *v;
-    while (PyDict_Next(op_kwargs, &pos, &k, &v)) {
-      if (gather(v, ins) < 0) {
-        goto done;
-      }
-    }
-  }
-  if (out == Py_None && written != Py_None) {  // returns nothing: its outputs are what it wrote
-    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(written); i++) {
-      PyObject* pair = PyList_GET_ITEM(written, i);
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(written_list); i++) {
+      PyObject* pair = PyList_GET_ITEM(written_list, i);
       if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2) {
         PyErr_SetString(PyExc_TypeError, "optrace collector: written must be a list of (tensor, is_out)");
-        goto done;
+        return nullptr;
       }
-      if (PyList_Append(outs, PyTuple_GET_ITEM(pair, 0)) < 0) {
-        goto done;
+      int is_out = PyObject_IsTrue(PyTuple_GET_ITEM(pair, 1));
+      if (is_out < 0) {
+        return nullptr;
       }
+      written.emplace_back(PyTuple_GET_ITEM(pair, 0), is_out != 0);
     }
-  } else if (gather(out, outs) < 0) {
-    goto done;
   }
-  {
-    Py_ssize_t n_in = PyList_GET_SIZE(ins), n_out = PyList_GET_SIZE(outs);
-    for (Py_ssize_t i = 0; i < n_in + n_out; i++) {
-      if (!plain(i < n_in ? PyList_GET_ITEM(ins, i) : PyList_GET_ITEM(outs, i - n_in))) {
-        result = Py_NewRef(Py_None);  // the Python path records this op
-        goto done;
-      }
-    }
-    std::vector<int64_t> tensors, dims;
-    tensors.reserve(4 * (n_in + n_out));
-    dims.reserve(16 * (n_in + n_out));
-    PyObject* registered = nullptr;
-    int64_t device_key = -1, inplace_bytes = 0, out_bytes = 0;
-    try {
-      for (Py_ssize_t i = 0; i < n_in + n_out; i++) {
-        if (i == n_in) {  // storages first seen as outputs were made by this op
-          registered = PyObject_GetAttr(ctx[STORAGES], registered_name);
-          if (registered == nullptr) {
-            goto done;
-          }
-        }
-        if (describe(ctx, i < n_in ? PyList_GET_ITEM(ins, i) : PyList_GET_ITEM(outs, i - n_in), tensors, dims) < 0) {
-          Py_XDECREF(registered);
-          goto done;
-        }
-      }
-      if (registered == nullptr) {
-        registered = PyObject_GetAttr(ctx[STORAGES], registered_name);
-        if (registered == nullptr) {
-          goto done;
-        }
-      }
-      if (written != Py_None && written_bytes(ctx, written, &inplace_bytes, &out_bytes) < 0) {
-        Py_DECREF(registered);
-        goto done;
-      }
-      if (n_in + n_out) {
-        const c10::Device device = THPVariable_Unpack(n_in ? PyList_GET_ITEM(ins, 0) : PyList_GET_ITEM(outs, 0)).device();
-        device_key = (static_cast<int64_t>(device.type()) << 16) | (static_cast<int64_t>(device.index()) + 1);
-      }
-    } catch (const std::exception& e) {
-      Py_XDECREF(registered);
-      if (!PyErr_Occurred()) {
-        PyErr_SetString(PyExc_RuntimeError, e.what());
-      }
-      goto done;
-    }
-    if (append(args[5], tensors) < 0 || append(args[6], dims) < 0) {
-      Py_DECREF(registered);
-      goto done;
-    }
-    PyObject* key = PyLong_FromLongLong(device_key);
-    PyObject* inplace = PyLong_FromLongLong(inplace_bytes);
-    PyObject* outb = PyLong_FromLongLong(out_bytes);
-    if (key != nullptr && inplace != nullptr && outb != nullptr) {
-      result = PyTuple_Pack(6, ins, outs, registered, key, inplace, outb);
-    }
-    Py_XDECREF(key);
-    Py_XDECREF(inplace);
-    Py_XDECREF(outb);
-    Py_DECREF(registered);
+  Collected c;
+  int done = collect_core(ctx, op_args, op_kwargs, out, written_list == Py_None ? nullptr : &written, c);
+  if (done <= 0) {
+    return done == 0 ? Py_NewRef(Py_None) : nullptr;  // None: the Python path records this op
   }
-done:
+  if (append_int64(args[5], c.tensors.data(), static_cast<Py_ssize_t>(c.tensors.size())) < 0 ||
+      append_int64(args[6], c.dims.data(), static_cast<Py_ssize_t>(c.dims.size())) < 0) {
+    return nullptr;
+  }
+  PyObject* ins = PyList_New(static_cast<Py_ssize_t>(c.ins.size()));
+  PyObject* outs = PyList_New(static_cast<Py_ssize_t>(c.outs.size()));
+  PyObject* result = nullptr;
+  if (ins != nullptr && outs != nullptr) {
+    for (size_t i = 0; i < c.ins.size(); i++) {
+      PyList_SET_ITEM(ins, i, Py_NewRef(c.ins[i]));
+    }
+    for (size_t i = 0; i < c.outs.size(); i++) {
+      PyList_SET_ITEM(outs, i, Py_NewRef(c.outs[i]));
+    }
+    result = Py_BuildValue("(OOLLLL)", ins, outs, static_cast<long long>(c.registered),
+                           static_cast<long long>(c.device_key), static_cast<long long>(c.inplace_bytes),
+                           static_cast<long long>(c.out_bytes));
+  }
   Py_XDECREF(ins);
   Py_XDECREF(outs);
   return result;
@@ -428,8 +409,8 @@ PyObject* collect(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   return collect_impl(args);
 }
 
-// extend(buffer, *values): buffer.frombytes of the values as int64, what array('q').extend(values) does
-// (which parses each item through PyArg_Parse: about 0.1 us an item) at a single copy.
+// extend(buffer, *values): the values appended to an array('q') as int64, what array('q').extend(values)
+// does (which parses each item through PyArg_Parse: about 0.1 us an item) at a single copy.
 PyObject* extend(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   constexpr Py_ssize_t most = 64;
   if (nargs < 1 || nargs - 1 > most) {
@@ -443,13 +424,10 @@ PyObject* extend(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
       return nullptr;
     }
   }
-  PyObject* bytes = PyBytes_FromStringAndSize(reinterpret_cast<const char*>(values), (nargs - 1) * sizeof(int64_t));
-  if (bytes == nullptr) {
+  if (append_int64(args[0], values, nargs - 1) < 0) {
     return nullptr;
   }
-  PyObject* done = PyObject_CallMethodOneArg(args[0], frombytes_name, bytes);
-  Py_DECREF(bytes);
-  return done;
+  Py_RETURN_NONE;
 }
 
 PyObject* storage_key(PyObject*, PyObject* o) {
@@ -460,27 +438,139 @@ PyObject* storage_key(PyObject*, PyObject* o) {
   return PyLong_FromVoidPtr(THPVariable_Unpack(o).unsafeGetTensorImpl()->storage().unsafeGetStorageImpl());
 }
 
+PyObject* fast_appends(PyObject*, PyObject*) {
+  return PyBool_FromLong(array_layout_ok);
+}
+
 PyMethodDef methods[] = {
     {"collect", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(collect)), METH_FASTCALL,
      "collect(ctx, args, kwargs, out, written, tensors, dims): (inputs, outputs, registered bytes, device key, "
      "in-place bytes, out= bytes) or None"},
     {"extend", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(extend)), METH_FASTCALL,
-     "extend(buffer, *values): buffer.frombytes(the values as int64)"},
+     "extend(buffer, *values): the values appended to an array('q') as int64"},
     {"storage_key", storage_key, METH_O, "the key of a tensor's storage (its StorageImpl address)"},
+    {"fast_appends", fast_appends, METH_NOARGS, "whether appends to array('q') write into its room directly"},
     {nullptr, nullptr, 0, nullptr},
 };
 
-PyModuleDef module = {PyModuleDef_HEAD_INIT, "_collector", "optrace's compiled collector", -1, methods};
+PyModuleDef module = {PyModuleDef_HEAD_INIT, "_collector", "optrace's compiled collector and dispatch hook", -1,
+                      nullptr};
 
 }  // namespace
 
+int collect_core(PyObject* const* ctx, PyObject* op_args, PyObject* op_kwargs, PyObject* out, const Written* written,
+                 Collected& c) {
+  if (PyTuple_Check(op_args)) {
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(op_args); i++) {
+      if (gather_into(PyTuple_GET_ITEM(op_args, i), c.ins) < 0) {
+        return -1;
+      }
+    }
+  }
+  if (op_kwargs != nullptr && op_kwargs != Py_None && PyDict_Check(op_kwargs)) {
+    Py_ssize_t pos = 0;
+    PyObject *k, *v;
+    while (PyDict_Next(op_kwargs, &pos, &k, &v)) {
+      if (gather_into(v, c.ins) < 0) {
+        return -1;
+      }
+    }
+  }
+  if (out == Py_None && written != nullptr) {  // returns nothing: its outputs are what it wrote
+    for (const auto& pair : *written) {
+      c.outs.push_back(pair.first);
+    }
+  } else if (gather_into(out, c.outs) < 0) {
+    return -1;
+  }
+  size_t n_in = c.ins.size(), n = n_in + c.outs.size();
+  for (size_t i = 0; i < n; i++) {
+    if (!plain(i < n_in ? c.ins[i] : c.outs[i - n_in])) {
+      return 0;  // the Python path records this op
+    }
+  }
+  c.tensors.reserve(4 * n);
+  c.dims.reserve(16 * n);
+  int failed = 0;
+  try {
+    for (size_t i = 0; i < n; i++) {
+      if (i == n_in) {  // storages first seen as outputs were made by this op
+        c.registered = registered_bytes(ctx, &failed);
+        if (failed) {
+          return -1;
+        }
+      }
+      if (describe(ctx, i < n_in ? c.ins[i] : c.outs[i - n_in], c.tensors, c.dims) < 0) {
+        return -1;
+      }
+    }
+    if (n == n_in) {
+      c.registered = registered_bytes(ctx, &failed);
+      if (failed) {
+        return -1;
+      }
+    }
+    if (written != nullptr && written_bytes(ctx, *written, &c.inplace_bytes, &c.out_bytes) < 0) {
+      return -1;
+    }
+    if (n) {
+      const c10::Device device = THPVariable_Unpack(n_in ? c.ins[0] : c.outs[0]).device();
+      c.device_key = (static_cast<int64_t>(device.type()) << 16) | (static_cast<int64_t>(device.index()) + 1);
+    }
+  } catch (const std::exception& e) {
+    if (!PyErr_Occurred()) {
+      PyErr_SetString(PyExc_RuntimeError, e.what());
+    }
+    return -1;
+  }
+  return 1;
+}
+
+int append_int64(PyObject* array, const int64_t* values, Py_ssize_t n) {
+  if (n == 0) {
+    return 0;
+  }
+  if (array_layout_ok && Py_TYPE(array) == array_type) {
+    auto* a = reinterpret_cast<ArrayObject*>(array);
+    Py_ssize_t size = Py_SIZE(array);
+    if (a->ob_exports == 0 && a->allocated - size >= n) {
+      std::memcpy(a->ob_item + size * sizeof(int64_t), values, n * sizeof(int64_t));
+      Py_SET_SIZE(array, size + n);
+      return 0;
+    }
+  }
+  // no room (the array grows by its own rule), an exported buffer (frombytes raises BufferError), or not an array
+  PyObject* bytes = PyBytes_FromStringAndSize(reinterpret_cast<const char*>(values), n * sizeof(int64_t));
+  if (bytes == nullptr) {
+    return -1;
+  }
+  PyObject* done = PyObject_CallMethodOneArg(array, frombytes_name, bytes);
+  Py_DECREF(bytes);
+  if (done == nullptr) {
+    return -1;
+  }
+  Py_DECREF(done);
+  return 0;
+}
+
+int truncate(PyObject* array, Py_ssize_t n) {
+  return PySequence_Size(array) > n ? PySequence_DelSlice(array, n, PY_SSIZE_T_MAX) : 0;
+}
+
+}  // namespace optrace
+
 PyMODINIT_FUNC PyInit__collector(void) {
+  using namespace optrace;
   frombytes_name = PyUnicode_InternFromString("frombytes");
   registered_name = PyUnicode_InternFromString("registered_bytes");
   live_name = PyUnicode_InternFromString("live_bytes");
   next_id_name = PyUnicode_InternFromString("next_id");
+  if (check_array_layout() < 0) {
+    return nullptr;
+  }
   PyObject* m = PyModule_Create(&module);
-  if (m == nullptr || PyModule_AddStringConstant(m, "torch_version", OPTRACE_TORCH_VERSION) < 0) {
+  if (m == nullptr || PyModule_AddFunctions(m, methods) < 0 || PyModule_AddFunctions(m, dispatch_methods) < 0 ||
+      dispatch_init(m) < 0 || PyModule_AddStringConstant(m, "torch_version", OPTRACE_TORCH_VERSION) < 0) {
     Py_XDECREF(m);
     return nullptr;
   }

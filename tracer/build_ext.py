@@ -1,4 +1,4 @@
-"""Build the compiled collector (tracer/_collector.cpp) into the package, at install time.
+"""Build the compiled collector and dispatch hook (tracer/_collector.cpp, tracer/_dispatch.cpp) into the package, at install time.
 
     python -m tracer.build_ext        # the Makefile runs this after installing optrace
 
@@ -19,7 +19,7 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SOURCE = os.path.join(HERE, "_collector.cpp")
+SOURCES = [os.path.join(HERE, name) for name in ("_collector.cpp", "_dispatch.cpp")]  # and their _collector.h
 TARGET = os.path.join(HERE, "_collector.so")
 
 
@@ -31,7 +31,7 @@ def build(verbose=False):
     with tempfile.TemporaryDirectory(prefix="optrace-build-") as tmp:
         module = cpp_extension.load(
             name="_collector",
-            sources=[SOURCE],
+            sources=SOURCES,
             build_directory=tmp,
             extra_cflags=["-O2", f"'-DOPTRACE_TORCH_VERSION=\"{torch.__version__}\"'"],
             verbose=verbose,

@@ -181,12 +181,24 @@ class _TraceMode(TorchDispatchMode):
             self._tracer._record_failed(str(func), exc)
             return None
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
+    def _info(self, func):
+        """The op's facts (`_OpInfo`, a higher-order operator's `HopInfo`), or None for an op passed through
+        unrecorded: described once per trace (the compiled hook asks here too)."""
         info = self._ops.get(id(func), _UNSEEN)
         if info is _UNSEEN:
             info = self._ops[id(func)] = self._describe(func)
             self._seen.append(func)
+        return info
+
+    def use_compiled(self, hot, hook):
+        """Let the compiled hook (tracer/_dispatch.cpp) run every op: `hook` is `__torch_dispatch__` bound to this
+        mode, `hot` its state. It hands back to the method below every op it does not record itself."""
+        self._hot = hot
+        self.__torch_dispatch__ = hook
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        info = self._info(func)
         if info is None:
             return func(*args, **kwargs)
         tracer = self._tracer
@@ -222,4 +234,23 @@ class _InertMode(_TraceMode):
 
 def make_inert(mode):
     """Turn a live `_TraceMode` into an `_InertMode` in place (it may be on the mode stack)."""
+    mode.__dict__.pop("__torch_dispatch__", None)  # the compiled hook, bound to this mode: the class's from now on
     mode.__class__ = _InertMode
+
+
+def compiled_spec():
+    """What the compiled hook (tracer/_dispatch.cpp) takes from Python rather than restating: the row's fields,
+    which it checks against its own, and the schema's and attribution's values it writes."""
+    from tracer.attribution import NO_SEQUENCE_NR, NOT_RECOMPUTE, RECOMPUTE
+    from tracer.schema import CAUSAL_NONE, INT64_MAX, NO_VALUE, Phase
+    from tracer.writer import PER_OUTPUT_ELEMENT, ROW_FIELDS
+
+    return {
+        "row_fields": ROW_FIELDS, "forward": int(Phase.FORWARD), "backward": int(Phase.BACKWARD),
+        "optimizer": int(Phase.OPTIMIZER), "causal_none": CAUSAL_NONE, "no_value": NO_VALUE,
+        "per_output_element": PER_OUTPUT_ELEMENT, "int64_max": INT64_MAX, "basis_zero": int(FlopBasis.ZERO),
+        "basis_per_element": int(FlopBasis.PER_OUTPUT_ELEMENT), "basis_formula": int(FlopBasis.FORMULA),
+        "basis_detailed": int(FlopBasis.DETAILED), "not_recompute": NOT_RECOMPUTE, "recompute": RECOMPUTE,
+        "no_sequence_nr": NO_SEQUENCE_NR, "op_info_type": _OpInfo, "plain_types": (Tensor, torch.nn.Parameter),
+        "op_call": torch._ops.OpOverload.__call__,
+    }  # fmt: skip

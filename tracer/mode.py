@@ -17,7 +17,7 @@ from tracer.attribution import NAMED_PER_ENGINE_RUN, Attribution
 from tracer.compiled import DynamoSkips, compiled_original, unwrap
 from tracer.device import cuda_memory, device_info, is_fake
 from tracer.errors import TraceError
-from tracer.dispatch import _tensors, _TraceMode, make_inert
+from tracer.dispatch import _tensors, _TraceMode, compiled_spec, make_inert
 from tracer.layouts import STRIDED, describe, odd_flops, register_subclass
 from tracer.native import choose, wanted as wanted_collector
 from tracer.metadata import Roles, dtype_name, now, register_at_entry, run_metadata, state_tensors
@@ -157,6 +157,9 @@ class Tracer:
 
     def _undo_start(self):
         """Remove the global hooks and the active mark a failed `_start` may have left."""
+        hot = getattr(self, "_hot", None)
+        if hot is not None:
+            hot.close()
         for part in ("_attr", "_unsharded", "_dynamo"):
             installed = getattr(self, part, None)
             if installed is not None:
@@ -177,6 +180,8 @@ class Tracer:
         self._device_ids = {}  # torch.device -> device name id
         self._device_keys = {}  # the compiled collector's device key (type, index) -> device name id
         native, self._collector_facts = choose()
+        self._native = native
+        self._hot = None  # the compiled dispatch hook's state (tracer/_dispatch.cpp), made once the rest is
         self._collect = native.collect if native is not None else None
         self._extend = native.extend if native is not None else extend  # buffer.extend(values), without array's per-item parsing
         self._module_ids = {}  # module name -> module name id
@@ -227,6 +232,9 @@ class Tracer:
         )
         self._steps = self._attr.steps
         self._dynamo = DynamoSkips()  # compiled code skipped under the mode is given back at exit (tracer/compiled.py)
+        if self._native is not None:  # the common op recorded in C++, with no Python frame (tracer/_dispatch.cpp)
+            self._hot = self._native.Dispatch(self, _TraceMode.__torch_dispatch__, compiled_spec())
+            self._mode.use_compiled(self._hot, self._native.dispatch_for(self._mode))
         self._install()
 
     def _install(self):
@@ -280,6 +288,8 @@ class Tracer:
                     self._meta["attention"] = self._attention.facts()
             finally:
                 self._uninstall()
+                if self._hot is not None:
+                    self._hot.close()  # its references go (a mode left on another thread runs the class's hook)
         finally:
             Tracer._active = None
         if self._in_child():
@@ -443,12 +453,7 @@ class Tracer:
             first = ins[0] if ins else outs[0] if outs else None  # the row's device is its first tensor's
             device_id = self._device_keys.get(device_key)  # None: the Python path
             if device_id is None:
-                device = first.device if first is not None else None
-                device_id = self._device_ids.get(device)
-                if device_id is None:
-                    device_id = self._new_device(device, first)
-                if device_key is not None:
-                    self._device_keys[device_key] = device_id
+                device_id = self._device_of(first, device_key)
             comm_bytes = group_size = NO_VALUE
             group_id = 0
             if collective is not None:  # always the Python path: `device` is set above
@@ -478,6 +483,17 @@ class Tracer:
             timer.bind(rows)
         if len(rows.ints) >= self._flush_at:
             self._flush()
+
+    def _device_of(self, first, device_key=None):
+        """The device name id of a row whose first tensor is `first` (None: no tensor), noted under the compiled
+        collector's `device_key` when given."""
+        device = first.device if first is not None else None
+        device_id = self._device_ids.get(device)
+        if device_id is None:
+            device_id = self._new_device(device, first)
+        if device_key is not None:
+            self._device_keys[device_key] = device_id
+        return device_id
 
     def _collect_python(self, info, args, kwargs, out):
         """(inputs, outputs, registered bytes after the inputs, layout id) of one op, with each tensor's
@@ -710,6 +726,8 @@ class Tracer:
         meta["lost_rows"] = self._lost_rows
         meta["write_error"] = self._write_error
         meta["timing"] = {"mode": self._timer.name, "unresolved_rows": getattr(self._timer, "failed", 0)}
+        if self._hot is not None:  # how many rows the compiled hook wrote itself; Python the others
+            meta["collector"] = {**self._collector_facts, "compiled_rows": self._hot.recorded()}
         meta["storage_roles"] = self._roles.take()
         meta["backward_unnamed_rows"] = self._attr.unnamed_backward
         meta["untraced_optimizer_steps"] = self._attr.untraced_optimizer_steps  # tracer/attribution.py

@@ -1,7 +1,9 @@
-"""Which collector reads an op's tensors: the compiled one (tracer/_collector.cpp) or Python.
+"""Which path records an op: the compiled one (tracer/_collector.cpp, tracer/_dispatch.cpp) or Python.
 
 Both append the same integers to the same buffers (tests/test_collector.py compares the
-traces column by column); the compiled one does it in one call per op. It is used when
+traces column by column). The compiled one is the dispatch hook itself for the common op
+(tracer/_dispatch.cpp), and reads the tensors in one call for the ops it hands to
+`Tracer._record` (tracer/_collector.cpp). It is used when
 `tracer/_collector.so` (built at install time by tracer/build_ext.py) imports and was built
 for the running torch, and `OPTRACE_COLLECTOR` is not `python`. The run metadata's
 `collector` says which ran, and why the Python path did.
@@ -15,7 +17,7 @@ from tracer.errors import TraceError
 
 ENV = "OPTRACE_COLLECTOR"  # "python" forces the Python path; "compiled" (or unset) uses the compiled one when it loads
 CHOICES = ("compiled", "python")
-FUNCTIONS = ("collect", "extend")  # what tracer/mode.py calls on the compiled module
+FUNCTIONS = ("collect", "extend", "Dispatch", "dispatch_for")  # what tracer/mode.py calls on the compiled module
 
 
 def _import():

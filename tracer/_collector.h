@@ -1,0 +1,50 @@
+// What tracer/_collector.cpp (reading an op's tensors) and tracer/_dispatch.cpp (the dispatch hook in C++)
+// share. Both are compiled into one module, `tracer._collector`, by tracer/build_ext.py.
+#pragma once
+
+#include <Python.h>
+
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+namespace optrace {
+
+// ctx (tracer/mode.py builds it): the StorageTable's storage key -> id, id -> bytes, weak
+// references and their finaliser, hollow ids and regrow(storage); the tracer's dtype -> dtype id
+// and new_dtype(dtype) -> dtype id; the StorageTable itself (next_id, live_bytes, registered_bytes).
+enum { BY_CDATA, SIZE, REFS, NOTE_FREE, HOLLOW, REGROW, DTYPE_IDS, NEW_DTYPE, STORAGES, CTX_WIDTH };
+
+// (tensor, written as an out= argument) for each tensor an op writes into
+using Written = std::vector<std::pair<PyObject*, bool>>;
+
+// One op's tensors as the row buffers take them (tracer/writer.py RowBuffer): per tensor, inputs then
+// outputs, ndim, dtype id, storage id and storage bytes in `tensors`, its sizes then strides in `dims`.
+struct Collected {
+  std::vector<PyObject*> ins, outs;  // borrowed from the op's arguments and result
+  std::vector<int64_t> tensors, dims;
+  int64_t registered = 0;  // StorageTable.registered_bytes after the inputs: what the outputs add is the op's allocation
+  int64_t device_key = -1;  // (device type << 16) | (index + 1) of the first tensor; -1 without tensors
+  int64_t inplace_bytes = 0, out_bytes = 0;
+};
+
+// Reads an op's tensor arguments (one level into lists) and outputs (what it wrote, when it returns
+// nothing), registering storages seen for the first time. 1: done; 0: a tensor only the Python path
+// reads (a subclass other than Parameter, sparse, nested, symbolic sizes), nothing changed; -1: a
+// Python error is set.
+int collect_core(PyObject* const* ctx, PyObject* args, PyObject* kwargs, PyObject* out, const Written* written,
+                 Collected& c);
+
+// StorageTable.registered_bytes; *failed set (and a Python error) when it cannot be read.
+int64_t registered_bytes(PyObject* const* ctx, int* failed);
+
+// Appends int64 values to an `array('q')`, in place when it has room (see _collector.cpp).
+int append_int64(PyObject* array, const int64_t* values, Py_ssize_t n);
+// Cuts an `array('q')` back to its first n items.
+int truncate(PyObject* array, Py_ssize_t n);
+
+// The dispatch hook's functions, added to the module by PyInit__collector.
+extern PyMethodDef dispatch_methods[];
+int dispatch_init(PyObject* module);
+
+}  // namespace optrace
