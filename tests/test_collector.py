@@ -185,3 +185,30 @@ def test_stale_build_runs_python_path(tmp_path, monkeypatch, compiled):
         "path": "python", "reason": f"built for torch 0.0.0, running {torch.__version__}"}
     df = reports.load(tmp_path / "t")
     assert df.loc[df["op"] == "aten.add.Tensor", "flops"].tolist() == [3]  # one per output element: 3
+
+
+def test_counts_the_compiled_hook_makes_itself(tmp_path, monkeypatch, compiled):
+    """mm, addmm, bmm, baddbmm, a reduction and a foreach op are counted in C++ (tracer/_dispatch.cpp
+    native_flops) with the Python formulas' arithmetic; a count past int64 is left to Python, which stores
+    INT64_MAX flagged as a bound."""
+    a, b = torch.ones(3, 4), torch.ones(4, 5)
+    a3, b3 = a.expand(2, 3, 4), b.expand(2, 4, 5)
+    xs = [torch.ones(3), torch.ones(2, 2)]
+    with Tracer(tmp_path / "t"):
+        a @ b  # 2 * 3 * 4 * 5 = 120
+        torch.addmm(torch.ones(3, 5), a, b, beta=0.5)  # 120: the bias adds are not counted
+        torch.bmm(a3, b3)  # 2 * 2 * 3 * 4 * 5 = 240
+        torch.baddbmm(torch.ones(2, 3, 5), a3, b3, alpha=2.0)  # 240
+        a.sum(dtype=torch.float64)  # one per input element: 12
+        torch._foreach_mul_(xs, 2.0)  # one per element of the list: 3 + 4 = 7
+        with torch.device("meta"):
+            torch.empty(2**21, 2**21) @ torch.empty(2**21, 2**21)  # 2 * 2**63 = 2**64, past int64
+    df = reports.load(tmp_path / "t")
+    counted = df[df["flop_kind"] != "none"]
+    assert counted["op"].tolist() == ["aten.mm.default", "aten.addmm.default", "aten.bmm.default",
+                                      "aten.baddbmm.default", "aten.sum.default", "aten._foreach_mul_.Scalar",
+                                      "aten.mm.default"]
+    assert counted["flops"].tolist() == [120, 120, 240, 240, 12, 7, 2**63 - 1]
+    assert counted["flops_bound"].tolist() == [False] * 6 + [True]
+    # every row was written by the compiled hook (the count past int64 was asked of the Python formula from there)
+    assert read_metadata(tmp_path / "t")["collector"]["compiled_rows"] == len(df)

@@ -244,6 +244,22 @@ def _functionalize():
     return functionalize(f)(x), f(x)
 
 
+def _native_counts():
+    # the counts the compiled hook makes itself (tracer/_dispatch.cpp native_flops), at their edges: a matmul past
+    # int64 (left to the Python count: INT64_MAX, flagged a bound), bias forms with kwarg-only alpha and beta,
+    # a reduction and a foreach op, whose counts read the first tensor and the first list
+    with torch.device("meta"):
+        huge = torch.empty(2**21, 2**21) @ torch.empty(2**21, 2**21)  # 2 * 2**63 FLOPs
+        big = torch.bmm(torch.empty(2**10, 2**20, 2**20), torch.empty(2**10, 2**20, 2**13))  # 2 * 2**63 FLOPs
+    a, b = torch.randn(3, 4), torch.randn(4, 5)
+    c = torch.addmm(torch.randn(3, 5), a, b, beta=0.5, alpha=2.0)
+    d = torch.baddbmm(torch.randn(2, 3, 5), a.expand(2, 3, 4), b.expand(2, 4, 5), alpha=3.0)
+    e = torch.bmm(a.expand(2, 3, 4), b.expand(2, 4, 5))
+    xs = [torch.randn(3), torch.randn(2, 2)]
+    torch._foreach_mul_(xs, 2.0)
+    return huge, big, c, d, e, a.sum(dtype=torch.float64), torch.amax(b, dim=1), xs
+
+
 CASES = {
     "zero_dim": _zero_dim, "zero_size": _zero_size, "bool": _bool, "complex64": _complex64,
     "int8_uint8": _int8_uint8, "half_bfloat16": _half_bfloat16, "float8_e4m3fn": _float8,
@@ -254,6 +270,7 @@ CASES = {
     "optional_none": _optional_none, "tuple_outputs": _tuple_outputs, "inplace_view": _inplace_view,
     "out_resize": _out_resize, "odd_dtypes": _odd_dtypes, "optional_lists": _optional_lists,
     "odd_layouts": _odd_layouts, "functionalize": _functionalize, "mkldnn": _mkldnn,
+    "native_counts": _native_counts,
 }  # fmt: skip
 
 

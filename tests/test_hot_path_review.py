@@ -216,6 +216,9 @@ def test_ctrl_c_just_after_a_row_is_packed_keeps_its_frees_with_it(tmp_path, col
     """Ctrl-C lands between two bytecodes: here just after a row's integers were packed, before anything
     else (a stand-in packer that packs, then raises). The row is kept with the frees it counts, so the
     rows after it keep theirs: the trace has no row claiming a free another row holds."""
+    from tracer.timing import WallTimer
+    from tracer.writer import extend as writer_extend
+
     packed = []
 
     def pack_then_interrupt(buffer, *values):
@@ -224,12 +227,24 @@ def test_ctrl_c_just_after_a_row_is_packed_keeps_its_frees_with_it(tmp_path, col
         if len(packed) == 2:
             raise KeyboardInterrupt
 
-    from tracer.writer import extend as writer_extend
+    class InterruptingTimer(WallTimer):
+        """The compiled hook packs the row in C++, where no bytecode runs: the first Python after the packed row
+        is the timer's bind, which a timer that binds calls (tracer/_dispatch.cpp `record`)."""
 
+        binds = True
+
+        def bind(self, rows):
+            packed.append(len(rows))
+            if len(packed) == 2:
+                raise KeyboardInterrupt
+
+    if collector == "compiled":  # every timer the trace makes, the first device's too
+        monkeypatch.setattr("tracer.mode.make_timer", lambda timing, device: InterruptingTimer())
     tr = Tracer(tmp_path / "t")
     with pytest.raises(KeyboardInterrupt):
         with tr:
-            tr._extend = pack_then_interrupt
+            if collector == "python":
+                tr._extend = pack_then_interrupt
             a = torch.ones(3)
             del a  # freed before the next op: that row's freed_storage_ids
             torch.ones(2)

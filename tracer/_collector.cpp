@@ -25,6 +25,7 @@
 #include <torch/csrc/Storage.h>
 #include <torch/csrc/autograd/python_variable.h>
 
+#include <algorithm>
 #include <cstring>
 
 #ifndef OPTRACE_TORCH_VERSION
@@ -533,13 +534,28 @@ int append_int64(PyObject* array, const int64_t* values, Py_ssize_t n) {
   if (array_layout_ok && Py_TYPE(array) == array_type) {
     auto* a = reinterpret_cast<ArrayObject*>(array);
     Py_ssize_t size = Py_SIZE(array);
-    if (a->ob_exports == 0 && a->allocated - size >= n) {
+    if (a->ob_exports == 0) {
+      if (a->allocated - size < n) {  // grown by doubling (array's own rule adds 1/16: a copy of it every few rows)
+        Py_ssize_t room = std::max<Py_ssize_t>({2 * a->allocated, size + n, 1024});
+        if (room > PY_SSIZE_T_MAX / static_cast<Py_ssize_t>(sizeof(int64_t))) {
+          PyErr_NoMemory();
+          return -1;
+        }
+        // array's items live in the PyMem domain (PyMem_NEW, PyMem_RESIZE, PyMem_Free in Modules/arraymodule.c)
+        char* items = static_cast<char*>(PyMem_Realloc(a->ob_item, room * sizeof(int64_t)));
+        if (items == nullptr) {
+          PyErr_NoMemory();
+          return -1;
+        }
+        a->ob_item = items;
+        a->allocated = room;
+      }
       std::memcpy(a->ob_item + size * sizeof(int64_t), values, n * sizeof(int64_t));
       Py_SET_SIZE(array, size + n);
       return 0;
     }
   }
-  // no room (the array grows by its own rule), an exported buffer (frombytes raises BufferError), or not an array
+  // an exported buffer (frombytes raises BufferError), or not an array
   PyObject* bytes = PyBytes_FromStringAndSize(reinterpret_cast<const char*>(values), n * sizeof(int64_t));
   if (bytes == nullptr) {
     return -1;

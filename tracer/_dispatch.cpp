@@ -49,7 +49,7 @@ namespace {
   X(_nested) X(_named_left) X(_node_key) X(_last_module) X(_node_module) X(_event_seqs) X(_event_names)          \
   X(in_optimizer) X(_closure) X(_in_closure) X(_optimizer_ops) X(_op) X(__call__) X(name) X(name_id) X(kind_id) \
   X(inplace) X(basis) X(rule) X(count) X(causal) X(collective) X(written_positions) X(written_names)             \
-  X(out_only) X(live_bytes)
+  X(out_only) X(live_bytes) X(native) X(_refs) X(_by_cdata) X(size) X(hollow)
 #define OPTRACE_DECLARE(n) PyObject* s_##n = nullptr;
 OPTRACE_NAMES(OPTRACE_DECLARE)
 #undef OPTRACE_DECLARE
@@ -68,6 +68,9 @@ struct Constants {
 // How an op goes through the hook.
 enum Route { PASS, FAST, RECORD_IN_PYTHON, PYTHON_HOOK };
 
+// The counts computed here rather than called in Python (tracer/op_kinds.py `native_count`).
+enum Native { IN_PYTHON, MM, ADDMM, BMM, BADDBMM, NUMEL_FIRST, NUMEL_FIRST_LIST };
+
 struct Op {
   PyObject* func = nullptr;  // the OpOverload, kept: its address is the table's key
   PyObject* call = nullptr;  // func._op, or func when its class has a __call__ of its own
@@ -76,6 +79,7 @@ struct Op {
   PyObject* count = nullptr;  // rule.count, for a formula
   PyObject* causal = nullptr;  // rule.causal, or nullptr
   Route route = PASS;
+  Native native = IN_PYTHON;
   int64_t name_id = 0, kind_id = 0, inplace = 0, basis = 0;
   struct WrittenArg {
     Py_ssize_t position;
@@ -104,7 +108,6 @@ struct Dispatch {
   PyObject* timer;  // the timer whose flags are below (it changes at the first device)
   bool timer_inline, timer_binds;
   bool closed;
-  int64_t flush_at;
   int64_t recorded;  // rows this hook wrote itself
   Constants k;
   std::unordered_map<PyObject*, Op>* ops;
@@ -263,6 +266,21 @@ int describe_op(Dispatch* self, PyObject* mode, PyObject* func, Op& op) {
   } else {
     op.causal = causal;
   }
+  PyObject* native = PyObject_GetAttr(info, s_native);
+  if (native == nullptr) {
+    return -1;
+  }
+  if (native != Py_None) {
+    const char* name = PyUnicode_AsUTF8(native);
+    if (name == nullptr) {
+      Py_DECREF(native);
+      return -1;
+    }
+    const std::string n(name);
+    op.native = n == "mm" ? MM : n == "addmm" ? ADDMM : n == "bmm" ? BMM : n == "baddbmm" ? BADDBMM
+              : n == "numel_first" ? NUMEL_FIRST : n == "numel_first_list" ? NUMEL_FIRST_LIST : IN_PYTHON;
+  }
+  Py_DECREF(native);
   PyObject* positions = PyObject_GetAttr(info, s_written_positions);
   PyObject* names = positions == nullptr ? nullptr : PyObject_GetAttr(info, s_written_names);
   PyObject* out_only = names == nullptr ? nullptr : PyObject_GetAttr(info, s_out_only);
@@ -591,6 +609,165 @@ PyObject* kwargs_dict(PyObject* kwargs) {
   return kwargs != nullptr && PyDict_Check(kwargs) ? Py_NewRef(kwargs) : PyDict_New();
 }
 
+int64_t numel_of(PyObject* tensor) {
+  return THPVariable_Unpack(tensor).unsafeGetTensorImpl()->numel();
+}
+
+// a * b * c * d, or false when it would pass int64
+bool product(std::initializer_list<int64_t> factors, int64_t* out) {
+  int64_t p = 1;
+  for (int64_t f : factors) {
+    if (__builtin_mul_overflow(p, f, &p)) {
+      return false;
+    }
+  }
+  *out = p;
+  return true;
+}
+
+// The FLOPs of tracer/flops.py's mm_flop, addmm_flop, bmm_flop, baddbmm_flop and tracer/op_kinds.py's
+// _numel_first, _numel_first_list, from the same sizes: 1 with *flops set; 0 when the arguments are not what
+// the arithmetic here reads or the count passes int64 (the Python count then decides, errors and big ints
+// included).
+int native_flops(Native native, PyObject* args, PyObject* kwargs, int64_t* flops) {
+  if (!PyTuple_Check(args)) {
+    return 0;
+  }
+  Py_ssize_t n = PyTuple_GET_SIZE(args);
+  switch (native) {
+    case MM:
+    case ADDMM:
+    case BMM:
+    case BADDBMM: {
+      Py_ssize_t first = native == ADDMM || native == BADDBMM ? 1 : 0;  // bias + a @ b
+      bool batched = native == BMM || native == BADDBMM;
+      if (n < first + 2 || !THPVariable_Check(PyTuple_GET_ITEM(args, first)) ||
+          !THPVariable_Check(PyTuple_GET_ITEM(args, first + 1))) {
+        return 0;
+      }
+      c10::IntArrayRef a = THPVariable_Unpack(PyTuple_GET_ITEM(args, first)).sizes();
+      c10::IntArrayRef b = THPVariable_Unpack(PyTuple_GET_ITEM(args, first + 1)).sizes();
+      if (batched) {  // [b, m, k] @ [b, k, n]: 2 * b * m * k * n
+        return a.size() >= 3 && b.size() >= 3 && product({2, a[0], a[1], a[2], b[2]}, flops);
+      }
+      return a.size() >= 2 && b.size() >= 2 && product({2, a[0], a[1], b[1]}, flops);  // [m, k] @ [k, n]
+    }
+    case NUMEL_FIRST:
+    case NUMEL_FIRST_LIST: {  // the first tensor argument / the first list argument, positional then keyword
+      bool list = native == NUMEL_FIRST_LIST;
+      auto take = [&](PyObject* a) -> bool {
+        if (list ? (PyList_Check(a) || PyTuple_Check(a)) : THPVariable_Check(a)) {
+          int64_t total = 0;
+          if (!list) {
+            total = numel_of(a);
+          } else {
+            for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(a); i++) {
+              PyObject* t = PySequence_Fast_GET_ITEM(a, i);
+              if (THPVariable_Check(t) && __builtin_add_overflow(total, numel_of(t), &total)) {
+                return false;
+              }
+            }
+          }
+          *flops = total;
+          return true;
+        }
+        return false;
+      };
+      *flops = 0;
+      for (Py_ssize_t i = 0; i < n; i++) {
+        if (take(PyTuple_GET_ITEM(args, i))) {
+          return 1;
+        }
+      }
+      if (kwargs != nullptr && PyDict_Check(kwargs)) {
+        Py_ssize_t pos = 0;
+        PyObject *k, *v;
+        while (PyDict_Next(kwargs, &pos, &k, &v)) {
+          if (take(v)) {
+            return 1;
+          }
+        }
+      }
+      return 1;  // no such argument: 0
+    }
+    default:
+      return 0;
+  }
+}
+
+// StorageTable.collect (tracer/storage.py) in C++: the frees the weak references' finaliser noted.
+int collect_frees(Dispatch* self) {
+  PyObject* d = self->storages_dict;
+  PyObject* dead = item(d, s__dead);
+  if (dead == nullptr || !PyList_Check(dead)) {
+    if (!PyErr_Occurred()) {
+      PyErr_SetString(PyExc_TypeError, "optrace dispatch: StorageTable._dead is not a list");
+    }
+    return -1;
+  }
+  Py_ssize_t n = PyList_GET_SIZE(dead);  // others may append meanwhile: only these n are removed below
+  if (n == 0) {
+    return 0;
+  }
+  PyObject *refs = item(d, s__refs), *by_cdata = item(d, s__by_cdata), *size = item(d, s_size),
+           *hollow = item(d, s_hollow), *freed = item(d, s_freed);
+  if (refs == nullptr || by_cdata == nullptr || size == nullptr || hollow == nullptr || freed == nullptr ||
+      !PyDict_Check(refs) || !PyDict_Check(by_cdata) || !PyDict_Check(size) || !PySet_Check(hollow) ||
+      !PyList_Check(freed)) {
+    if (!PyErr_Occurred()) {
+      PyErr_SetString(PyExc_TypeError, "optrace dispatch: a StorageTable without its tables");
+    }
+    return -1;
+  }
+  for (Py_ssize_t i = 0; i < n && i < PyList_GET_SIZE(dead); i++) {
+    PyObject* ref_id = PyLong_FromVoidPtr(PyList_GET_ITEM(dead, i));  // id(ref)
+    if (ref_id == nullptr) {
+      return -1;
+    }
+    PyObject* entry = item(refs, ref_id);
+    if (entry == nullptr) {  // already taken, or cleared
+      Py_DECREF(ref_id);
+      if (PyErr_Occurred()) {
+        return -1;
+      }
+      continue;
+    }
+    Py_INCREF(entry);
+    int rc = PyDict_DelItem(refs, ref_id);
+    Py_DECREF(ref_id);
+    if (rc < 0 || !PyTuple_Check(entry) || PyTuple_GET_SIZE(entry) != 3) {
+      Py_DECREF(entry);
+      if (!PyErr_Occurred()) {
+        PyErr_SetString(PyExc_TypeError, "optrace dispatch: a storage's entry is not (ref, key, id)");
+      }
+      return -1;
+    }
+    PyObject *key = PyTuple_GET_ITEM(entry, 1), *sid = PyTuple_GET_ITEM(entry, 2);
+    PyObject* now = item(by_cdata, key);
+    int same = now == nullptr ? 0 : PyObject_RichCompareBool(now, sid, Py_EQ);
+    if (same < 0 || (same && PyDict_DelItem(by_cdata, key) < 0) || (now == nullptr && PyErr_Occurred())) {
+      Py_DECREF(entry);
+      return -1;
+    }
+    PyObject* bytes = item(size, sid);
+    if (bytes == nullptr) {
+      if (!PyErr_Occurred()) {
+        PyErr_SetObject(PyExc_KeyError, sid);
+      }
+      Py_DECREF(entry);
+      return -1;
+    }
+    int64_t nbytes = PyLong_AsLongLong(bytes), live;
+    if ((nbytes == -1 && PyErr_Occurred()) || PyDict_DelItem(size, sid) < 0 || item_int(d, s_live_bytes, &live) < 0 ||
+        set_int(d, s_live_bytes, live - nbytes) < 0 || PySet_Discard(hollow, sid) < 0 || PyList_Append(freed, sid) < 0) {
+      Py_DECREF(entry);
+      return -1;
+    }
+    Py_DECREF(entry);
+  }
+  return PyList_SetSlice(dead, 0, n, nullptr);
+}
+
 // Tracer._record(info, args, kwargs, out, start, duration): the Python path for this op's row.
 int record_in_python(Dispatch* self, const Op& op, PyObject* args, PyObject* kwargs, PyObject* out, int64_t start,
                      int64_t duration) {
@@ -612,14 +789,7 @@ int record_in_python(Dispatch* self, const Op& op, PyObject* args, PyObject* kwa
 int record(Dispatch* self, const Op& op, PyObject* args, PyObject* kwargs, PyObject* out, int64_t start,
            int64_t duration, bool* whole) {
   const Constants& k = self->k;
-  PyObject* dead = item(self->storages_dict, s__dead);  // frees noted since the last op (tracer/storage.py)
-  if (dead != nullptr && PyList_Check(dead) && PyList_GET_SIZE(dead)) {
-    PyObject* done = PyObject_CallMethodNoArgs(self->storages, s_collect);
-    if (done == nullptr) {
-      return -1;
-    }
-    Py_DECREF(done);
-  } else if (dead == nullptr && PyErr_Occurred()) {
+  if (collect_frees(self) < 0) {  // frees noted since the last op (tracer/storage.py)
     return -1;
   }
   if (op.route == RECORD_IN_PYTHON) {
@@ -647,6 +817,8 @@ int record(Dispatch* self, const Op& op, PyObject* args, PyObject* kwargs, PyObj
   int64_t flops = 0, bound = 0, causal = k.causal_none;
   if (op.basis == k.basis_per_element) {
     flops = k.per_output_element;
+  } else if (op.basis == k.basis_formula && native_flops(op.native, args, kwargs, &flops)) {
+    // counted here: the formula's arithmetic on the same sizes
   } else if (op.basis == k.basis_formula) {
     kw = kwargs_dict(kwargs);
     PyObject* n = kw == nullptr ? nullptr : PyObject_CallFunctionObjArgs(op.count, args, kw, out, nullptr);
@@ -834,7 +1006,11 @@ int record(Dispatch* self, const Op& op, PyObject* args, PyObject* kwargs, PyObj
     }
     Py_DECREF(done);
   }
-  if (PySequence_Size(self->ints) >= self->flush_at) {
+  int64_t flush_at;  // read at each row, as the Python path reads it
+  if (item_int(self->tracer_dict, s__flush_at, &flush_at) < 0) {
+    return -1;
+  }
+  if (PySequence_Size(self->ints) >= flush_at) {
     PyObject* done = PyObject_CallMethodNoArgs(self->tracer, s__flush);
     if (done == nullptr) {
       return -1;
@@ -1099,9 +1275,7 @@ int Dispatch_init(PyObject* o, PyObject* args, PyObject* kwds) {
   }
   PyObject *storages = item(tracer_dict, s__storages), *attr = item(tracer_dict, s__attr),
            *steps = item(tracer_dict, s__steps), *ctx = item(tracer_dict, s__collect_ctx);
-  int64_t flush_at = 0;
-  if (storages == nullptr || attr == nullptr || steps == nullptr || ctx == nullptr ||
-      item_int(tracer_dict, s__flush_at, &flush_at) < 0) {
+  if (storages == nullptr || attr == nullptr || steps == nullptr || ctx == nullptr) {
     if (!PyErr_Occurred()) {
       PyErr_SetString(PyExc_AttributeError, "optrace dispatch: the tracer is not started");
     }
@@ -1134,7 +1308,6 @@ int Dispatch_init(PyObject* o, PyObject* args, PyObject* kwds) {
   self->op_info_type = Py_NewRef(op_info_type);
   self->plain_types = Py_NewRef(plain);
   self->op_call = Py_NewRef(op_call);
-  self->flush_at = flush_at;
   self->closed = false;
   return 0;
 }

@@ -15,7 +15,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from tracer import collectives, distributed
 from tracer.flops import _registry
 from tracer.hops import HopInfo, hop_compile_running
-from tracer.op_kinds import METADATA_OPS, OUTPUT_ELEMENTS, ZERO, flop_rule
+from tracer.op_kinds import METADATA_OPS, OUTPUT_ELEMENTS, ZERO, flop_rule, native_count
 from tracer.schema import FlopBasis
 
 Tensor = torch.Tensor
@@ -64,13 +64,14 @@ class _OpInfo:
 
     __slots__ = (
         "name", "name_id", "rule", "basis", "kind", "kind_id", "inplace",
-        "written_positions", "written_names", "out_only", "collective", "graphless",
+        "written_positions", "written_names", "out_only", "collective", "graphless", "native",
     )  # fmt: skip
 
     def __init__(self, func):
         self.name = str(func)
         self.name_id = self.kind_id = None  # per trace: `named`
         self.rule = flop_rule(func)
+        self.native = native_count(self.rule)  # the compiled hook's own count of it, or None (tracer/op_kinds.py)
         self.kind = self.rule.kind
         self.graphless = func.namespace == "aten" and func._schema.name[6:] in _GRAPHLESS
         count = self.rule.count

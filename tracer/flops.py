@@ -145,6 +145,11 @@ def baddbmm_flop(bias, a, b, *args, out_shape=None, **kwargs) -> int:
     return bmm_flop(a, b)
 
 
+# Formulas the compiled hook (tracer/_dispatch.cpp `native_flops`) computes itself, with the same arithmetic on
+# the two matrices' sizes: {formula: its name there}. A formula registered in their place is called in Python.
+NATIVE = {mm_flop: "mm", addmm_flop: "addmm", bmm_flop: "bmm", baddbmm_flop: "baddbmm"}
+
+
 @register_flop_formula(_packets("mv"))
 def mv_flop(a, x, *args, out_shape=None, **kwargs) -> int:
     """Matrix-vector product."""

@@ -456,7 +456,8 @@ class Tracer:
                 device_id = self._device_of(first, device_key)
             comm_bytes = group_size = NO_VALUE
             group_id = 0
-            if collective is not None:  # always the Python path: `device` is set above
+            if collective is not None:  # always the Python path
+                device = first.device if first is not None else None
                 comm_bytes, group_size, group_id = self._collective(collective, args, kwargs, out, outs, start, duration, device)
             freed = storages.freed
             n_freed = len(freed)

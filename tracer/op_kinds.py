@@ -15,10 +15,10 @@ import torch
 
 import tracer.composite_flops  # noqa: F401 (registers the formulas of composite ops)
 import tracer.pool_flops  # noqa: F401 (registers the formulas of pooling)
-from tracer.flops import FlopCount, _registry
+from tracer.flops import NATIVE, FlopCount, _registry
 from tracer.grouped_flops import concrete_ints, grouped_mm_count, varlen_attention_count
 
-__all__ = ["FlopRule", "METADATA_OPS", "flop_rule"]
+__all__ = ["FlopRule", "METADATA_OPS", "flop_rule", "native_count"]
 
 def _overloads(*names) -> frozenset:
     """Every overload of these packets ("size" is aten.size, "prim.device" torch.ops.prim.device)."""
@@ -294,3 +294,13 @@ def flop_rule(func: torch._ops.OpOverload) -> FlopRule:
 # The two counts the tracer's hook computes itself from what it already has.
 ZERO = _zero
 OUTPUT_ELEMENTS = _numel_out
+
+
+def native_count(rule: FlopRule) -> str | None:
+    """The name under which the compiled hook (tracer/_dispatch.cpp `native_flops`) computes `rule.count` itself,
+    or None: it is called in Python. The same arithmetic on the same sizes, so both paths write the same FLOPs."""
+    if rule.detailed:
+        return None
+    if rule.formula is not None:
+        return NATIVE.get(rule.formula)
+    return {_numel_first: "numel_first", _numel_first_list: "numel_first_list"}.get(rule.count)
