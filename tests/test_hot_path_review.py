@@ -253,3 +253,29 @@ def test_ctrl_c_just_after_a_row_is_packed_keeps_its_frees_with_it(tmp_path, col
     assert df["op"].tolist() == ["aten.ones.default", "aten.ones.default"]
     first_storage = df["output_storage_ids"].iloc[0].tolist()
     assert [s.tolist() for s in df["freed_storage_ids"]] == [[], first_storage]  # the first row's storage
+
+
+def test_the_compiled_hook_closed_during_an_op_finishes_it_first(tmp_path, library):
+    """The compiled hook's state closed while an op runs inside it (by a formula here; another thread's Tracer exit
+    in a program) is dropped once that op returns (tracer/_dispatch.cpp `Dispatch_close`): the op's row is whole,
+    and the ops after it go to the Python hook, which records them."""
+    if native.choose()[0] is None:
+        pytest.skip("the compiled collector was not built")
+    tr = Tracer(tmp_path / "t")
+
+    def closing(x, out_shape=None):
+        tr._hot.close()
+        return 5
+
+    library("closing(Tensor x) -> Tensor", lambda x: x.clone())
+    register_flop_formula(_packet("closing"))(closing)
+    x = torch.ones(5)
+    with tr:
+        y = _packet("closing")(x)
+        z = y * 2
+    assert torch.equal(z, torch.full((5,), 2.0))
+    df = reports.load(tmp_path / "t")
+    assert df["op"].tolist() == [f"{NS}.closing.default", "aten.mul.Tensor"]
+    assert df["flops"].tolist() == [5, 5]  # the formula's 5; one per output element of the mul: 5
+    meta = read_metadata(tmp_path / "t")
+    assert meta["record_errors"] == 0 and meta["collector"]["compiled_rows"] == 1  # the mul: the Python hook's

@@ -108,6 +108,8 @@ struct Dispatch {
   PyObject* timer;  // the timer whose flags are below (it changes at the first device)
   bool timer_inline, timer_binds;
   bool closed;
+  int busy;  // ops inside `run` (another thread's, while this one runs Python): close waits for them to clear
+  bool clear_when_idle;
   int64_t recorded;  // rows this hook wrote itself
   Constants k;
   std::unordered_map<PyObject*, Op>* ops;
@@ -1044,6 +1046,8 @@ PyObject* python_hook(PyObject* hook, PyObject* mode, PyObject* func, PyObject* 
   return PyObject_Vectorcall(hook, call_args, 5, nullptr);
 }
 
+int Dispatch_clear(PyObject* o);
+
 // The op through the hook's state `self`: its result, or nullptr with an error set.
 PyObject* run(Dispatch* self, PyObject* mode, PyObject* func, PyObject* types, PyObject* args, PyObject* kwargs) {
   if (self->closed) {  // the trace is over: the mode's class decides
@@ -1163,7 +1167,15 @@ PyObject* torch_dispatch(PyObject* mode, PyObject* const* argv, size_t nargsf, P
   PyObject* empty = args == nullptr ? PyTuple_New(0) : nullptr;
   PyObject* result = nullptr;
   if (args != nullptr || empty != nullptr) {
-    result = run(reinterpret_cast<Dispatch*>(found), mode, func, types, args != nullptr ? args : empty, kwargs);
+    auto* self = reinterpret_cast<Dispatch*>(found);
+    self->busy++;
+    result = run(self, mode, func, types, args != nullptr ? args : empty, kwargs);
+    if (--self->busy == 0 && self->clear_when_idle) {  // closed while this op ran
+      PyObject *type, *value, *tb;
+      PyErr_Fetch(&type, &value, &tb);
+      Dispatch_clear(found);
+      PyErr_Restore(type, value, tb);
+    }
   }
   Py_XDECREF(empty);
   Py_DECREF(found);
@@ -1317,6 +1329,8 @@ PyObject* Dispatch_new(PyTypeObject* type, PyObject*, PyObject*) {
   if (self != nullptr) {
     self->ops = new std::unordered_map<PyObject*, Op>();
     self->closed = true;  // until __init__ ran
+    self->busy = 0;
+    self->clear_when_idle = false;
     self->recorded = 0;
   }
   return reinterpret_cast<PyObject*>(self);
@@ -1348,6 +1362,7 @@ int Dispatch_traverse(PyObject* o, visitproc visit, void* arg) {
 int Dispatch_clear(PyObject* o) {
   auto* self = reinterpret_cast<Dispatch*>(o);
   self->closed = true;
+  self->clear_when_idle = false;
   Py_CLEAR(self->tracer);
   Py_CLEAR(self->tracer_dict);
   Py_CLEAR(self->hook);
@@ -1383,9 +1398,16 @@ void Dispatch_dealloc(PyObject* o) {
   Py_TYPE(o)->tp_free(o);
 }
 
-// close(): drop every reference; later ops reaching a mode bound to it go to the Python hook.
+// close(): later ops reaching a mode bound to it go to the mode's class; every reference is dropped, at once or,
+// while ops run inside it (on another thread), when the last of them returns.
 PyObject* Dispatch_close(PyObject* o, PyObject*) {
-  Dispatch_clear(o);
+  auto* self = reinterpret_cast<Dispatch*>(o);
+  self->closed = true;
+  if (self->busy) {
+    self->clear_when_idle = true;
+  } else {
+    Dispatch_clear(o);
+  }
   Py_RETURN_NONE;
 }
 
