@@ -21,7 +21,8 @@ itertools.starmap, ...) with collection on only there, so the import and set-up
 are not counted; per op = (variant - untraced) / (steps x ops per step). With one
 torch thread (a second thread's share of the work varies between runs) the counts of
 the same code repeat within 0.5% run to run, so they are the figures to decide on. `--ablations` adds optrace without its gradient
-hooks, without `_record` and without writing parts: where its instructions go.
+hooks and without writing parts: where its instructions go (the compiled hook records the common op itself, so
+`_record` is no longer a part of its own).
 """
 
 import argparse
@@ -232,7 +233,6 @@ def _patched(owner, name, value):
 def ablations(directory):
     """optrace with one part of its work removed: the differences say where its time goes."""
     from tracer.backward import BackwardStack
-    from tracer.mode import Tracer as TracerClass
     from tracer.writer import PartWriter
 
     def without(owner, name, value, trace):
@@ -255,7 +255,6 @@ def ablations(directory):
 
     return {
         "optrace, no gradient hooks": no_hooks,
-        "optrace, no _record": without(TracerClass, "_record", lambda *a: None, "no_record"),
         "optrace, no part written": without(PartWriter, "write", skip_write, "no_write"),
     }
 
@@ -264,7 +263,7 @@ def callgrind_child(model, steps, with_ablations):
     """Run under valgrind: each variant's steps inside its own entry point."""
     step = MODELS[model][1]()
     with tempfile.TemporaryDirectory() as tmp:
-        contexts = variants(Path(tmp), with_profiler=False, python_path=not with_ablations)  # 7 entry points
+        contexts = variants(Path(tmp), with_profiler=False)  # 7 entry points
         if with_ablations:
             contexts.update(ablations(Path(tmp)))
         for make in contexts.values():  # warm-up, uncounted
@@ -285,7 +284,7 @@ def callgrind_child(model, steps, with_ablations):
 def callgrind(model, steps, directory, with_ablations):
     step = MODELS[model][1]()
     ops = ops_per_step(step, directory)
-    names = list(variants(directory, with_profiler=False, python_path=not with_ablations))
+    names = list(variants(directory, with_profiler=False))
     if with_ablations:
         names += list(ablations(directory))
     out = directory / f"callgrind.{model}.out"
@@ -328,7 +327,7 @@ def main(argv=None):
     parser.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch intra-op threads")
     parser.add_argument("--model", choices=("example", "hf", "both"), default="both")
     parser.add_argument("--callgrind", action="store_true", help="instruction counts under valgrind instead of wall clock")
-    parser.add_argument("--ablations", action="store_true", help="with --callgrind: also optrace without its hooks, _record or part writes")
+    parser.add_argument("--ablations", action="store_true", help="with --callgrind: also optrace without its gradient hooks or part writes")
     parser.add_argument("--no-profiler", action="store_true", help="leave torch.profiler out of the wall-clock rounds")
     parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
                         help="cpu: the process's CPU time (time.process_time), less swayed by other jobs on a shared machine")

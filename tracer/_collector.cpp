@@ -40,14 +40,28 @@ PyObject* registered_name = nullptr;
 PyObject* live_name = nullptr;
 PyObject* next_id_name = nullptr;
 
-// storages.<name> += delta
-int add_to(PyObject* storages, PyObject* name, int64_t delta) {
-  PyObject* value = PyObject_GetAttr(storages, name);
+// The StorageTable's instance dict (a new reference): its counters are read and written there, as attribute
+// access would, without the attribute lookup's detour through its class.
+PyObject* storages_dict(PyObject* const* ctx) {
+  PyObject* d = PyObject_GenericGetDict(ctx[STORAGES], nullptr);
+  if (d != nullptr && !PyDict_Check(d)) {
+    Py_DECREF(d);
+    PyErr_SetString(PyExc_TypeError, "optrace collector: the StorageTable's __dict__ is not a dict");
+    return nullptr;
+  }
+  return d;
+}
+
+// storages.<name> += delta, in the StorageTable's dict `d`
+int add_to(PyObject* d, PyObject* name, int64_t delta) {
+  PyObject* value = PyDict_GetItemWithError(d, name);
   if (value == nullptr) {
+    if (!PyErr_Occurred()) {
+      PyErr_SetObject(PyExc_AttributeError, name);
+    }
     return -1;
   }
   int64_t now = PyLong_AsLongLong(value);
-  Py_DECREF(value);
   if (now == -1 && PyErr_Occurred()) {
     return -1;
   }
@@ -55,7 +69,7 @@ int add_to(PyObject* storages, PyObject* name, int64_t delta) {
   if (updated == nullptr) {
     return -1;
   }
-  int failed = PyObject_SetAttr(storages, name, updated);
+  int failed = PyDict_SetItem(d, name, updated);
   Py_DECREF(updated);
   return failed;
 }
@@ -65,18 +79,26 @@ int add_to(PyObject* storages, PyObject* name, int64_t delta) {
 PyObject* register_storage(PyObject* const* ctx, c10::TensorImpl* impl, PyObject* key) {
   const c10::Storage& storage = impl->storage();
   int64_t nbytes = static_cast<int64_t>(storage.nbytes());
-  PyObject* next = PyObject_GetAttr(ctx[STORAGES], next_id_name);
-  if (next == nullptr) {
+  PyObject* d = storages_dict(ctx);
+  if (d == nullptr) {
     return nullptr;
   }
-  PyObject* sid = next;  // the id given out; next_id moves on
+  PyObject* sid = PyDict_GetItemWithError(d, next_id_name);  // the id given out; next_id moves on
+  if (sid == nullptr) {
+    if (!PyErr_Occurred()) {
+      PyErr_SetObject(PyExc_AttributeError, next_id_name);
+    }
+    Py_DECREF(d);
+    return nullptr;
+  }
+  Py_INCREF(sid);
   PyObject *size = nullptr, *wrapped = nullptr, *ref = nullptr, *ref_id = nullptr, *entry = nullptr;
-  if (add_to(ctx[STORAGES], next_id_name, 1) < 0) {
+  if (add_to(d, next_id_name, 1) < 0) {
     goto fail;
   }
   size = PyLong_FromLongLong(nbytes);
   if (size == nullptr || PyDict_SetItem(ctx[BY_CDATA], key, sid) < 0 || PyDict_SetItem(ctx[SIZE], sid, size) < 0 ||
-      add_to(ctx[STORAGES], live_name, nbytes) < 0 || add_to(ctx[STORAGES], registered_name, nbytes) < 0) {
+      add_to(d, live_name, nbytes) < 0 || add_to(d, registered_name, nbytes) < 0) {
     goto fail;
   }
   wrapped = THPStorage_Wrap(storage);
@@ -92,6 +114,7 @@ PyObject* register_storage(PyObject* const* ctx, c10::TensorImpl* impl, PyObject
   if (entry == nullptr || PyDict_SetItem(ctx[REFS], ref_id, entry) < 0) {
     goto fail;
   }
+  Py_DECREF(d);
   Py_DECREF(size);
   Py_DECREF(wrapped);
   Py_DECREF(ref);
@@ -99,6 +122,7 @@ PyObject* register_storage(PyObject* const* ctx, c10::TensorImpl* impl, PyObject
   Py_DECREF(entry);
   return sid;
 fail:
+  Py_DECREF(d);
   Py_XDECREF(size);
   Py_XDECREF(wrapped);
   Py_XDECREF(ref);
@@ -280,13 +304,13 @@ int gather_into(PyObject* o, std::vector<PyObject*>& found) {
 }  // namespace
 
 int64_t registered_bytes(PyObject* const* ctx, int* failed) {
-  PyObject* value = PyObject_GetAttr(ctx[STORAGES], registered_name);
-  if (value == nullptr) {
-    *failed = 1;
-    return 0;
+  PyObject* d = storages_dict(ctx);
+  PyObject* value = d == nullptr ? nullptr : PyDict_GetItemWithError(d, registered_name);  // borrowed from d
+  int64_t n = value == nullptr ? -1 : PyLong_AsLongLong(value);
+  if (value == nullptr && d != nullptr && !PyErr_Occurred()) {
+    PyErr_SetObject(PyExc_AttributeError, registered_name);
   }
-  int64_t n = PyLong_AsLongLong(value);
-  Py_DECREF(value);
+  Py_XDECREF(d);
   if (n == -1 && PyErr_Occurred()) {
     *failed = 1;
   }

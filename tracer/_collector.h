@@ -26,6 +26,15 @@ struct Collected {
   int64_t registered = 0;  // StorageTable.registered_bytes after the inputs: what the outputs add is the op's allocation
   int64_t device_key = -1;  // (device type << 16) | (index + 1) of the first tensor; -1 without tensors
   int64_t inplace_bytes = 0, out_bytes = 0;
+
+  void clear() {  // for reuse: the vectors keep their room
+    ins.clear();
+    outs.clear();
+    tensors.clear();
+    dims.clear();
+    registered = inplace_bytes = out_bytes = 0;
+    device_key = -1;
+  }
 };
 
 // Reads an op's tensor arguments (one level into lists) and outputs (what it wrote, when it returns

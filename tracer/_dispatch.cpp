@@ -798,11 +798,16 @@ int record(Dispatch* self, const Op& op, PyObject* args, PyObject* kwargs, PyObj
     return record_in_python(self, op, args, kwargs, out, start, duration);
   }
   PyObject* const* ctx = &PyTuple_GET_ITEM(self->ctx, 0);
-  Written written;
+  // this thread's buffers, kept between ops (no op's record runs inside another's on one thread: the mode is off
+  // the stack while its hook runs)
+  thread_local Written written;
+  thread_local Collected c;
+  thread_local std::vector<int64_t> freed_ids;
+  written.clear();
+  c.clear();
   if (!op.written.empty()) {
     written_args(op, args, kwargs, written);
   }
-  Collected c;
   int collected = collect_core(ctx, args, kwargs, out, op.written.empty() ? nullptr : &written, c);
   if (collected < 0) {
     return -1;
@@ -954,7 +959,7 @@ int record(Dispatch* self, const Op& op, PyObject* args, PyObject* kwargs, PyObj
     return -1;
   }
   Py_ssize_t n_freed = PyList_GET_SIZE(freed);
-  std::vector<int64_t> freed_ids(n_freed);
+  freed_ids.resize(n_freed);
   for (Py_ssize_t i = 0; i < n_freed; i++) {
     freed_ids[i] = PyLong_AsLongLong(PyList_GET_ITEM(freed, i));
     if (freed_ids[i] == -1 && PyErr_Occurred()) {
