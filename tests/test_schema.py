@@ -99,12 +99,16 @@ def test_rowbuffer_rollback_drops_half_a_row():
     rows = RowBuffer()
     rows.ints.extend([0] * ROW_WIDTH)
     rows.ints[FIELD["inputs"]] = 1
-    rows.tensors.extend((2, 0, 0, 64))
-    rows.dims.extend((4, 4, 4, 1))
-    rows.tensors.extend((1, 0, 1, 8))  # a second row's tensor, appended before its ints
-    rows.dims.extend((2, 1))
+    rows.in_tensors.extend((2, 0, 0, 64))  # a [4, 4] input with strides (4, 1)
+    rows.in_sizes.extend((4, 4))
+    rows.in_strides.extend((4, 1))
+    rows.in_tensors.extend((1, 0, 1, 8))  # a second row's tensors, appended before its ints
+    rows.in_sizes.extend((2,))
+    rows.in_strides.extend((1,))
+    rows.out_tensors.extend((0, 0, 2, 4))
     rows.rollback()
-    assert list(rows.tensors) == [2, 0, 0, 64] and list(rows.dims) == [4, 4, 4, 1]
+    assert (list(rows.in_tensors), list(rows.in_sizes), list(rows.in_strides)) == ([2, 0, 0, 64], [4, 4], [4, 1])
+    assert list(rows.out_tensors) == [] and list(rows.out_sizes) == [] and list(rows.out_strides) == []
 
 
 

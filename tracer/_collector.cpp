@@ -1,9 +1,10 @@
 // The compiled collector: what `Tracer._record` reads from an op's tensors, in one call.
 //
-// `collect(ctx, args, kwargs, out, written, tensors, dims)` finds the tensor arguments (one level into
+// `collect(ctx, args, kwargs, out, written, sides)` finds the tensor arguments (one level into
 // lists, as tracer/dispatch.py `_tensors` does) and the tensor outputs of an op, and appends, for
-// each, the same integers the pure-Python loop in tracer/mode.py appends: ndim, dtype id, storage
-// id and storage bytes to `tensors`, then its sizes and strides to `dims` (both `array('q')`).
+// each, the same integers the pure-Python loop in tracer/mode.py appends to its side's `array('q')`
+// buffers (tracer/writer.py RowBuffer.sides): ndim, dtype id, storage id and storage bytes, its sizes,
+// its strides.
 // Dictionaries and callbacks are the tracer's own (ctx, built by tracer/mode.py), so storage
 // and dtype ids are given out in the same order as the Python path gives them.
 //
@@ -178,7 +179,7 @@ PyObject* lookup(PyObject* dict, PyObject* key, PyObject* make, PyObject* arg) {
 }
 
 // One tensor's record; -1 with a Python error set on failure.
-int describe(PyObject* const* ctx, PyObject* o, std::vector<int64_t>& tensors, std::vector<int64_t>& dims) {
+int describe(PyObject* const* ctx, PyObject* o, Side& side) {
   c10::TensorImpl* impl = THPVariable_Unpack(o).unsafeGetTensorImpl();
   PyObject* key = PyLong_FromVoidPtr(impl->storage().unsafeGetStorageImpl());
   if (key == nullptr) {
@@ -217,9 +218,9 @@ int describe(PyObject* const* ctx, PyObject* o, std::vector<int64_t>& tensors, s
   }
   c10::IntArrayRef sizes = impl->sizes();
   c10::IntArrayRef strides = impl->strides();
-  tensors.insert(tensors.end(), {static_cast<int64_t>(sizes.size()), dtype_value, sid_value, size_value});
-  dims.insert(dims.end(), sizes.begin(), sizes.end());
-  dims.insert(dims.end(), strides.begin(), strides.end());
+  side.tensors.insert(side.tensors.end(), {static_cast<int64_t>(sizes.size()), dtype_value, sid_value, size_value});
+  side.sizes.insert(side.sizes.end(), sizes.begin(), sizes.end());
+  side.strides.insert(side.strides.end(), strides.begin(), strides.end());
   return 0;
 }
 
@@ -403,8 +404,8 @@ PyObject* collect_impl(PyObject* const* args) {
   if (done <= 0) {
     return done == 0 ? Py_NewRef(Py_None) : nullptr;  // None: the Python path records this op
   }
-  if (append_int64(args[5], c.tensors.data(), static_cast<Py_ssize_t>(c.tensors.size())) < 0 ||
-      append_int64(args[6], c.dims.data(), static_cast<Py_ssize_t>(c.dims.size())) < 0) {
+  PyObject* buffers[6];
+  if (side_buffers(args[5], buffers) < 0 || append_sides(buffers, c) < 0) {
     return nullptr;
   }
   PyObject* ins = PyList_New(static_cast<Py_ssize_t>(c.ins.size()));
@@ -427,8 +428,8 @@ PyObject* collect_impl(PyObject* const* args) {
 }
 
 PyObject* collect(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-  if (nargs != 7) {
-    PyErr_SetString(PyExc_TypeError, "collect(ctx, args, kwargs, out, written, tensors, dims) takes 7 arguments");
+  if (nargs != 6) {
+    PyErr_SetString(PyExc_TypeError, "collect(ctx, args, kwargs, out, written, sides) takes 6 arguments");
     return nullptr;
   }
   return collect_impl(args);
@@ -469,7 +470,7 @@ PyObject* fast_appends(PyObject*, PyObject*) {
 
 PyMethodDef methods[] = {
     {"collect", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(collect)), METH_FASTCALL,
-     "collect(ctx, args, kwargs, out, written, tensors, dims): (inputs, outputs, registered bytes, device key, "
+     "collect(ctx, args, kwargs, out, written, sides): (inputs, outputs, registered bytes, device key, "
      "in-place bytes, out= bytes) or None"},
     {"extend", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(extend)), METH_FASTCALL,
      "extend(buffer, *values): the values appended to an array('q') as int64"},
@@ -514,8 +515,7 @@ int collect_core(PyObject* const* ctx, PyObject* op_args, PyObject* op_kwargs, P
       return 0;  // the Python path records this op
     }
   }
-  c.tensors.reserve(4 * n);
-  c.dims.reserve(16 * n);
+
   int failed = 0;
   try {
     for (size_t i = 0; i < n; i++) {
@@ -525,7 +525,7 @@ int collect_core(PyObject* const* ctx, PyObject* op_args, PyObject* op_kwargs, P
           return -1;
         }
       }
-      if (describe(ctx, i < n_in ? c.ins[i] : c.outs[i - n_in], c.tensors, c.dims) < 0) {
+      if (describe(ctx, i < n_in ? c.ins[i] : c.outs[i - n_in], c.sides[i < n_in ? 0 : 1]) < 0) {
         return -1;
       }
     }
@@ -590,6 +590,36 @@ int append_int64(PyObject* array, const int64_t* values, Py_ssize_t n) {
     return -1;
   }
   Py_DECREF(done);
+  return 0;
+}
+
+int side_buffers(PyObject* sides, PyObject* buffers[6]) {
+  if (!PyTuple_Check(sides) || PyTuple_GET_SIZE(sides) != 2) {
+    PyErr_SetString(PyExc_TypeError, "optrace collector: sides must be RowBuffer.sides, two tuples of three arrays");
+    return -1;
+  }
+  for (int s = 0; s < 2; s++) {
+    PyObject* side = PyTuple_GET_ITEM(sides, s);
+    if (!PyTuple_Check(side) || PyTuple_GET_SIZE(side) != 3) {
+      PyErr_SetString(PyExc_TypeError, "optrace collector: sides must be RowBuffer.sides, two tuples of three arrays");
+      return -1;
+    }
+    for (int i = 0; i < 3; i++) {
+      buffers[3 * s + i] = PyTuple_GET_ITEM(side, i);
+    }
+  }
+  return 0;
+}
+
+int append_sides(PyObject* const buffers[6], const Collected& c) {
+  for (int s = 0; s < 2; s++) {
+    const Side& side = c.sides[s];
+    if (append_int64(buffers[3 * s], side.tensors.data(), static_cast<Py_ssize_t>(side.tensors.size())) < 0 ||
+        append_int64(buffers[3 * s + 1], side.sizes.data(), static_cast<Py_ssize_t>(side.sizes.size())) < 0 ||
+        append_int64(buffers[3 * s + 2], side.strides.data(), static_cast<Py_ssize_t>(side.strides.size())) < 0) {
+      return -1;
+    }
+  }
   return 0;
 }
 

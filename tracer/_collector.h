@@ -18,11 +18,23 @@ enum { BY_CDATA, SIZE, REFS, NOTE_FREE, HOLLOW, REGROW, DTYPE_IDS, NEW_DTYPE, ST
 // (tensor, written as an out= argument) for each tensor an op writes into
 using Written = std::vector<std::pair<PyObject*, bool>>;
 
-// One op's tensors as the row buffers take them (tracer/writer.py RowBuffer): per tensor, inputs then
-// outputs, ndim, dtype id, storage id and storage bytes in `tensors`, its sizes then strides in `dims`.
+// One side of an op's tensors (its inputs, or its outputs) as the row buffers take them (tracer/writer.py
+// RowBuffer.sides): per tensor, ndim, dtype id, storage id and storage bytes in `tensors`, its sizes in `sizes`
+// and its strides in `strides`.
+struct Side {
+  std::vector<int64_t> tensors, sizes, strides;
+
+  void clear() {
+    tensors.clear();
+    sizes.clear();
+    strides.clear();
+  }
+};
+
+// One op's tensors: its inputs' side, then its outputs'.
 struct Collected {
   std::vector<PyObject*> ins, outs;  // borrowed from the op's arguments and result
-  std::vector<int64_t> tensors, dims;
+  Side sides[2];
   int64_t registered = 0;  // StorageTable.registered_bytes after the inputs: what the outputs add is the op's allocation
   int64_t device_key = -1;  // (device type << 16) | (index + 1) of the first tensor; -1 without tensors
   int64_t inplace_bytes = 0, out_bytes = 0;
@@ -30,8 +42,8 @@ struct Collected {
   void clear() {  // for reuse: the vectors keep their room
     ins.clear();
     outs.clear();
-    tensors.clear();
-    dims.clear();
+    sides[0].clear();
+    sides[1].clear();
     registered = inplace_bytes = out_bytes = 0;
     device_key = -1;
   }
@@ -49,6 +61,12 @@ int64_t registered_bytes(PyObject* const* ctx, int* failed);
 
 // Appends int64 values to an `array('q')`, in place when it has room (see _collector.cpp).
 int append_int64(PyObject* array, const int64_t* values, Py_ssize_t n);
+
+// RowBuffer.sides, ((in_tensors, in_sizes, in_strides), (out_tensors, out_sizes, out_strides)), as its six
+// arrays in that order; -1 with an error set when `sides` is not that.
+int side_buffers(PyObject* sides, PyObject* buffers[6]);
+// Appends both sides of `c` to the six arrays side_buffers found.
+int append_sides(PyObject* const buffers[6], const Collected& c);
 // Cuts an `array('q')` back to its first n items.
 int truncate(PyObject* array, Py_ssize_t n);
 

@@ -44,7 +44,7 @@ namespace {
 #define OPTRACE_NAMES(X)                                                                                           \
   X(_hot) X(_info) X(_rows) X(_timer) X(_storages) X(_attr) X(_steps) X(_collect_ctx) X(_module_ids)             \
   X(_device_keys) X(_flush_at) X(_record) X(_record_failed) X(_new_module) X(_device_of) X(_flush) X(ints)       \
-  X(tensors) X(dims) X(freed) X(_dead) X(collect) X(step) X(inline_) X(binds) X(start) X(stop) X(bind) X(where) \
+  X(sides) X(freed) X(_dead) X(collect) X(step) X(inline_) X(binds) X(start) X(stop) X(bind) X(where) \
   X(trained) X(recompute_stack) X(backward_stack) X(forward_stack) X(_task) X(_task_grad) X(_recompute_region)    \
   X(_nested) X(_named_left) X(_node_key) X(_last_module) X(_node_module) X(_event_seqs) X(_event_names)          \
   X(in_optimizer) X(_closure) X(_in_closure) X(_optimizer_ops) X(_op) X(__call__) X(name) X(name_id) X(kind_id) \
@@ -104,7 +104,9 @@ struct Dispatch {
   PyObject* plain_types;  // (Tensor, Parameter): `types` that are no subclass
   PyObject* op_call;  // OpOverload.__call__
   PyObject* rows;  // the RowBuffer whose arrays are below (it changes at each flush)
-  PyObject *ints, *tensors_buf, *dims_buf, *freed_buf;
+  PyObject* ints;
+  PyObject* side_bufs[6];  // RowBuffer.sides' arrays: in_tensors, in_sizes, in_strides, out_tensors, ...
+  PyObject* freed_buf;
   PyObject* timer;  // the timer whose flags are below (it changes at the first device)
   bool timer_inline, timer_binds;
   bool closed;
@@ -553,8 +555,9 @@ int bind_rows(Dispatch* self, PyObject** rows_out) {
     if (d == nullptr) {
       return -1;
     }
-    PyObject *ints = item(d, s_ints), *tensors = item(d, s_tensors), *dims = item(d, s_dims), *freed = item(d, s_freed);
-    if (ints == nullptr || tensors == nullptr || dims == nullptr || freed == nullptr) {
+    PyObject *ints = item(d, s_ints), *sides = item(d, s_sides), *freed = item(d, s_freed);
+    PyObject* buffers[6];
+    if (ints == nullptr || sides == nullptr || freed == nullptr || side_buffers(sides, buffers) < 0) {
       Py_DECREF(d);
       if (!PyErr_Occurred()) {
         PyErr_SetString(PyExc_AttributeError, "optrace dispatch: a RowBuffer without its arrays");
@@ -562,8 +565,9 @@ int bind_rows(Dispatch* self, PyObject** rows_out) {
       return -1;
     }
     Py_XSETREF(self->ints, Py_NewRef(ints));
-    Py_XSETREF(self->tensors_buf, Py_NewRef(tensors));
-    Py_XSETREF(self->dims_buf, Py_NewRef(dims));
+    for (int i = 0; i < 6; i++) {
+      Py_XSETREF(self->side_bufs[i], Py_NewRef(buffers[i]));
+    }
     Py_XSETREF(self->freed_buf, Py_NewRef(freed));
     Py_XSETREF(self->rows, Py_NewRef(rows));
     Py_DECREF(d);
@@ -982,18 +986,20 @@ int record(Dispatch* self, const Op& op, PyObject* args, PyObject* kwargs, PyObj
   if (bind_rows(self, &rows) < 0) {
     return -1;
   }
-  Py_ssize_t lengths[] = {PySequence_Size(self->tensors_buf), PySequence_Size(self->dims_buf),
-                          PySequence_Size(self->freed_buf), PySequence_Size(self->ints)};
-  if (append_int64(self->tensors_buf, c.tensors.data(), static_cast<Py_ssize_t>(c.tensors.size())) < 0 ||
-      append_int64(self->dims_buf, c.dims.data(), static_cast<Py_ssize_t>(c.dims.size())) < 0 ||
-      append_int64(self->freed_buf, freed_ids.data(), n_freed) < 0 ||
+  Py_ssize_t lengths[6];
+  for (int i = 0; i < 6; i++) {
+    lengths[i] = PySequence_Size(self->side_bufs[i]);
+  }
+  Py_ssize_t freed_length = PySequence_Size(self->freed_buf), ints_length = PySequence_Size(self->ints);
+  if (append_sides(self->side_bufs, c) < 0 || append_int64(self->freed_buf, freed_ids.data(), n_freed) < 0 ||
       append_int64(self->ints, row, static_cast<Py_ssize_t>(sizeof(row) / sizeof(row[0]))) < 0) {
     PyObject *type, *value, *tb;  // keep the first error while the half-made row is dropped
     PyErr_Fetch(&type, &value, &tb);
-    truncate(self->tensors_buf, lengths[0]);
-    truncate(self->dims_buf, lengths[1]);
-    truncate(self->freed_buf, lengths[2]);
-    truncate(self->ints, lengths[3]);
+    for (int i = 0; i < 6; i++) {
+      truncate(self->side_bufs[i], lengths[i]);
+    }
+    truncate(self->freed_buf, freed_length);
+    truncate(self->ints, ints_length);
     PyErr_Restore(type, value, tb);
     return -1;
   }
@@ -1382,8 +1388,9 @@ int Dispatch_clear(PyObject* o) {
   Py_CLEAR(self->op_call);
   Py_CLEAR(self->rows);
   Py_CLEAR(self->ints);
-  Py_CLEAR(self->tensors_buf);
-  Py_CLEAR(self->dims_buf);
+  for (auto& buffer : self->side_bufs) {
+    Py_CLEAR(buffer);
+  }
   Py_CLEAR(self->freed_buf);
   Py_CLEAR(self->timer);
   if (self->ops != nullptr) {

@@ -408,7 +408,7 @@ class Tracer:
             collected = None
             if self._collect is not None and collective is None:  # the compiled collector (tracer/native.py)
                 written = info.written(args, kwargs) if info.written_positions else None
-                collected = self._collect(self._collect_ctx, args, kwargs, out, written, rows.tensors, rows.dims)
+                collected = self._collect(self._collect_ctx, args, kwargs, out, written, rows.sides)
             if collected is not None:
                 ins, outs, registered, device_key, inplace_bytes, out_bytes = collected
                 layout = 0
@@ -498,11 +498,9 @@ class Tracer:
 
     def _collect_python(self, info, args, kwargs, out):
         """(inputs, outputs, registered bytes after the inputs, layout id) of one op, with each tensor's
-        ndim, dtype id, storage id and storage bytes appended to the row buffer, its sizes and strides
-        to `dims`: what the compiled collector (tracer/_collector.cpp) does in one call."""
-        rows = self._rows
-        tensors = rows.tensors
-        dims = rows.dims
+        ndim, dtype id, storage id and storage bytes appended to its side's buffers, and its sizes and
+        strides to theirs (RowBuffer.sides): what the compiled collector (tracer/_collector.cpp) does in one call."""
+        sides = self._rows.sides
         storages = self._storages
         known = storages._by_cdata.get
         size_of = storages.size.__getitem__
@@ -525,14 +523,15 @@ class Tracer:
         for side, group in enumerate((ins, outs)):
             if side:  # storages first seen as outputs were made by this op; inputs existed before
                 registered = storages.registered_bytes
+            tensors, sizes, strides = sides[side]
             for t in group:
                 if t.layout is not STRIDED:  # sparse, jagged: tracer/layouts.py
-                    layout = self._odd_tensor(t, layout)
+                    layout = self._odd_tensor(t, layout, sides[side])
                     continue
                 try:
                     shape = t.shape
                 except RuntimeError:  # a strided nested tensor has no sizes
-                    layout = self._odd_tensor(t, layout)
+                    layout = self._odd_tensor(t, layout, sides[side])
                     continue
                 sid = known(_storage_key(t))
                 if sid is None:
@@ -541,7 +540,8 @@ class Tracer:
                 if dtype is None:
                     dtype = self._new_dtype(t.dtype)
                 extend(tensors, len(shape), dtype, sid, size_of(sid))
-                extend(dims, *shape, *t.stride())
+                extend(sizes, *shape)
+                extend(strides, *t.stride())
         return ins, outs, registered, layout
 
     def _register(self, t):
@@ -549,15 +549,17 @@ class Tracer:
         st = t.untyped_storage()
         return self._storages.register(st) if type(t) is Tensor else register_subclass(self._storages, t, st)
 
-    def _odd_tensor(self, t, layout):
-        """Append a sparse or nested tensor's record; the row's layout id (its first odd layout)."""
+    def _odd_tensor(self, t, layout, side):
+        """Append a sparse or nested tensor's record to its `side` (RowBuffer.sides); the row's layout id (its
+        first odd layout)."""
         name, sizes, strides, sid = describe(t, self._storages)
         dtype = self._dtype_ids.get(t.dtype)
         if dtype is None:
             dtype = self._new_dtype(t.dtype)
         size = self._storages.size.get(sid, 0)
-        extend(self._rows.tensors, len(sizes), dtype, sid, size)
-        extend(self._rows.dims, *sizes, *strides)
+        extend(side[0], len(sizes), dtype, sid, size)
+        extend(side[1], *sizes)
+        extend(side[2], *strides)
         return layout or self._writer.names["layout"].id(name)
 
     def _collective(self, op, args, kwargs, out, outs, start, duration, device):

@@ -1,8 +1,10 @@
 """Rows to Parquet: column buffers of flat integer arrays, one part file per flush.
 
-The dispatch hook appends plain integers to three `array.array` buffers (no
-Python object per row or per tensor survives the hook, so the garbage collector
-has nothing to scan); at flush time numpy splits them into Arrow columns in bulk.
+The dispatch hook appends plain integers to `array.array` buffers (no Python object
+per row or per tensor survives the hook, so the garbage collector has nothing to
+scan); at flush time numpy turns them into Arrow columns in bulk. Each list column's
+values have a buffer of their own (input sizes, output strides, ...), so a list
+column is its values and its offsets, with no value picked out of a shared buffer.
 
 A part is written under a hidden temporary name, unique to the process, and renamed
 when complete, so a reader, or a process killed mid-write, never sees a half-written
@@ -102,44 +104,84 @@ def _struct(n):
     return struct.Struct(f"{n}q")
 
 
-class RowBuffer:
-    """The rows of one part as three flat integer arrays, with no Python object per row.
+class _Side:
+    """The inputs or the outputs of a part's rows, read from their buffers (RowBuffer.sides) for `table`."""
 
-    ints     ROW_WIDTH integers per row (ROW_FIELDS).
-    tensors  per tensor, inputs then outputs of each row: ndim, dtype id, storage id,
-             storage bytes (TENSOR_WIDTH integers).
-    dims     per tensor: its sizes, then its strides (2 x ndim integers).
-    freed    the storage ids each row freed, `freed` of them per row.
-    groups   the group sizes of each row with some (`groups` of them per row; NO_VALUE: none).
+    def __init__(self, buffers, counts, itemsize):
+        tensors = _np(buffers[0], np.int64).reshape(-1, TENSOR_WIDTH)
+        self.ndim, self.dtype, self.sid, self.storage_bytes = tensors.T
+        self.sizes, self.strides = _np(buffers[1], np.int64), _np(buffers[2], np.int64)
+        self.counts = counts  # tensors per row
+        self.row_of = np.repeat(np.arange(len(counts)), counts)
+        # numel of every tensor: the product of its sizes (1 for a 0-d tensor)
+        self.numel = np.ones(len(tensors), np.int64)
+        has_dims = self.ndim > 0
+        if has_dims.any():
+            self.numel[has_dims] = np.multiply.reduceat(self.sizes, (np.cumsum(self.ndim) - self.ndim)[has_dims])
+        self.nbytes = self.numel * itemsize[self.dtype]
+
+    def per_row(self, values):
+        """The sum of `values` (one per tensor of this side) over each row's tensors."""
+        total = np.zeros(len(values) + 1, np.int64)
+        np.cumsum(values, out=total[1:])
+        ends = np.cumsum(self.counts)
+        return total[ends] - total[ends - self.counts]
+
+    def columns(self, names):
+        """(shapes, dtypes, strides, storage ids, storage bytes): this side's list columns."""
+        offsets = _offsets(self.ndim)
+        return (
+            _lists(self.counts, pa.ListArray.from_arrays(offsets, pa.array(self.sizes))),
+            _lists(self.counts, names["dtype"].dictionary(self.dtype.astype(np.int32))),
+            _lists(self.counts, pa.ListArray.from_arrays(offsets, pa.array(self.strides))),
+            _lists(self.counts, pa.array(self.sid)),
+            _lists(self.counts, pa.array(self.storage_bytes)),
+        )
+
+
+class RowBuffer:
+    """The rows of one part as flat integer arrays, with no Python object per row.
+
+    ints        ROW_WIDTH integers per row (ROW_FIELDS).
+    in_tensors, out_tensors
+                per tensor of each row, its inputs / its outputs: ndim, dtype id, storage id,
+                storage bytes (TENSOR_WIDTH integers).
+    in_sizes, in_strides, out_sizes, out_strides
+                per tensor of that side: its sizes / its strides (ndim integers).
+    freed       the storage ids each row freed, `freed` of them per row.
+    groups      the group sizes of each row with some (`groups` of them per row; NO_VALUE: none).
+    `sides`: ((in_tensors, in_sizes, in_strides), (out_tensors, out_sizes, out_strides)), what the
+    collectors append a tensor to (tracer/_collector.cpp takes the same tuple).
     """
+
+    FLAT = ("ints", "in_tensors", "in_sizes", "in_strides", "out_tensors", "out_sizes", "out_strides", "freed", "groups")
 
     def __init__(self, first_seq=0):
         self.first_seq = first_seq
-        self.ints = array("q")
-        self.tensors = array("q")
-        self.dims = array("q")
-        self.freed = array("q")
-        self.groups = array("q")
+        for name in self.FLAT:
+            setattr(self, name, array("q"))
+        self.sides = ((self.in_tensors, self.in_sizes, self.in_strides), (self.out_tensors, self.out_sizes, self.out_strides))
 
     def __len__(self):
         return len(self.ints) // ROW_WIDTH
 
     def rollback(self):
-        """Drop a half-appended row (its tensors were appended, its ints were not)."""
+        """Drop a half-appended row (its tensors, frees or group sizes were appended, its ints were not)."""
         rows = _np(self.ints, np.int64).reshape(-1, ROW_WIDTH)
-        tensors = int(rows[:, ROW_FIELDS.index("inputs")].sum() + rows[:, ROW_FIELDS.index("outputs")].sum())
-        dims = int(2 * _np(self.tensors, np.int64)[0 : TENSOR_WIDTH * tensors : TENSOR_WIDTH].sum())
+        for side, count in zip(self.sides, ("inputs", "outputs")):
+            tensors = int(rows[:, ROW_FIELDS.index(count)].sum())
+            values = int(_np(side[0], np.int64)[0 : TENSOR_WIDTH * tensors : TENSOR_WIDTH].sum())
+            del side[0][TENSOR_WIDTH * tensors :], side[1][values:], side[2][values:]
         freed = int(rows[:, ROW_FIELDS.index("freed")].sum())
         groups = int(np.maximum(rows[:, ROW_FIELDS.index("groups")], 0).sum())
-        del self.tensors[TENSOR_WIDTH * tensors :], self.dims[dims:], self.freed[freed:], self.groups[groups:]
+        del self.freed[freed:], self.groups[groups:]
 
     @classmethod
     def concatenate(cls, buffers):
         """One RowBuffer of the rows of `buffers`, consecutive parts in order."""
         merged = cls(buffers[0].first_seq)
-        flat = [name for name, value in vars(merged).items() if isinstance(value, array)]  # each flat buffer
         for rows in buffers:
-            for name in flat:
+            for name in cls.FLAT:
                 getattr(merged, name).extend(getattr(rows, name))
         return merged
 
@@ -157,62 +199,23 @@ class RowBuffer:
         rows = _np(self.ints, np.int64).reshape(-1, ROW_WIDTH)
         n = len(rows)
         col = {name: rows[:, i] for i, name in enumerate(ROW_FIELDS)}
-        tensors = _np(self.tensors, np.int64).reshape(-1, TENSOR_WIDTH)
-        ndim, dtype, sid, storage_bytes = tensors[:, 0], tensors[:, 1], tensors[:, 2], tensors[:, 3]
-        per_row = col["inputs"] + col["outputs"]
-        row_of = np.repeat(np.arange(n), per_row)
-        # which tensors are inputs: the first `inputs` of each row's tensors
-        row_start = np.repeat(np.cumsum(per_row) - per_row, per_row)
-        is_input = np.arange(len(tensors)) - row_start < np.repeat(col["inputs"], per_row)
-        # which values of `dims` are sizes: the first ndim of each tensor's 2 x ndim
-        width = 2 * ndim
-        tensor_start = np.cumsum(width) - width
-        values = _np(self.dims, np.int64)
-        is_size = np.arange(len(values)) - np.repeat(tensor_start, width) < np.repeat(ndim, width)
-        value_is_input = np.repeat(is_input, width)
-        sizes = values[is_size]
-
-        # numel of every tensor: the product of its sizes (1 for a 0-d tensor)
-        numel = np.ones(len(tensors), np.int64)
-        has_dims = ndim > 0
-        if has_dims.any():
-            starts = (np.cumsum(ndim) - ndim)[has_dims]
-            numel[has_dims] = np.multiply.reduceat(sizes, starts)
         table_itemsize = np.array([itemsize[i] for i in range(len(names["dtype"].names))] or [0], np.int64)
-        nbytes = numel * table_itemsize[dtype]
+        ins = _Side(self.sides[0], col["inputs"], table_itemsize)
+        outs = _Side(self.sides[1], col["outputs"], table_itemsize)
         # an output aliases an input when its storage is one of the same row's input storages
-        key = row_of * (1 << 40) + sid
-        input_keys = np.sort(key[is_input])
-        at = np.minimum(np.searchsorted(input_keys, key), max(len(input_keys) - 1, 0))
-        aliased = ~is_input & (input_keys[at] == key if len(input_keys) else False)
-        fresh = ~is_input & ~aliased
+        input_keys = np.sort(ins.row_of * (1 << 40) + ins.sid)
+        out_keys = outs.row_of * (1 << 40) + outs.sid
+        at = np.minimum(np.searchsorted(input_keys, out_keys), max(len(input_keys) - 1, 0))
+        aliased = input_keys[at] == out_keys if len(input_keys) else np.zeros(len(out_keys), bool)
 
-        def per_row_sum(mask, weights):
-            total = np.zeros(n, np.int64)
-            np.add.at(total, row_of[mask], weights[mask])
-            return total
-
-        bytes_read = per_row_sum(is_input, nbytes) - col["out_bytes"]
-        bytes_written = per_row_sum(fresh, nbytes) + col["inplace_bytes"]
-        out_elements = per_row_sum(~is_input, numel)
-        n_aliased = per_row_sum(aliased, np.ones(len(tensors), np.int64))
+        bytes_read = ins.per_row(ins.nbytes) - col["out_bytes"]
+        bytes_written = outs.per_row(np.where(aliased, 0, outs.nbytes)) + col["inplace_bytes"]
+        out_elements = outs.per_row(outs.numel)
+        n_aliased = outs.per_row(aliased.astype(np.int64))
         inplace = col["inplace"].astype(bool)
         is_view = (col["outputs"] > 0) & (n_aliased == col["outputs"]) & ~inplace
         flops = np.where(col["flops"] == PER_OUTPUT_ELEMENT, out_elements, col["flops"])
-
-        def side(mask, value_mask, counts):
-            shapes = pa.ListArray.from_arrays(_offsets(ndim[mask]), pa.array(values[is_size & value_mask]))
-            strides = pa.ListArray.from_arrays(_offsets(ndim[mask]), pa.array(values[~is_size & value_mask]))
-            dtypes = names["dtype"].dictionary(dtype[mask].astype(np.int32))
-            return (
-                _lists(counts, shapes),
-                _lists(counts, dtypes),
-                _lists(counts, strides),
-                _lists(counts, pa.array(sid[mask])),
-            )
-
-        ins = side(is_input, value_is_input, col["inputs"])
-        outs = side(~is_input, ~value_is_input, col["outputs"])
+        ins, outs = ins.columns(names), outs.columns(names)
         causal = col["causal"]
 
         def nullable(values):
@@ -245,7 +248,7 @@ class RowBuffer:
             "bytes_written": pa.array(bytes_written),
             "duration_ns": pa.array(col["duration_ns"]),
             "recompute": pa.array(col["recompute"].astype(bool)),
-            "output_storage_bytes": _lists(col["outputs"], pa.array(storage_bytes[~is_input])),
+            "output_storage_bytes": outs[4],
             "start_ns": pa.array(col["start"] + clock_offset_ns),
             "busy_ns": nullable(col["busy_ns"]),
             "layout": names["layout"].dictionary(col["layout"].astype(np.int32)),
