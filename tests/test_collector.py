@@ -188,12 +188,22 @@ def test_stale_build_runs_python_path(tmp_path, monkeypatch, compiled):
 
 
 def test_counts_the_compiled_hook_makes_itself(tmp_path, monkeypatch, compiled):
-    """mm, addmm, bmm, baddbmm, a reduction and a foreach op are counted in C++ (tracer/_dispatch.cpp
-    native_flops) with the Python formulas' arithmetic; a count past int64 is left to Python, which stores
-    INT64_MAX flagged as a bound."""
+    """mm, addmm, bmm, baddbmm, layer norm and softmax (forward and backward), a reduction and a foreach op are
+    counted in C++ (tracer/_dispatch.cpp native_flops) with the Python formulas' arithmetic; a count past int64 is
+    left to Python, which stores INT64_MAX flagged as a bound."""
     a, b = torch.ones(3, 4), torch.ones(4, 5)
     a3, b3 = a.expand(2, 3, 4), b.expand(2, 4, 5)
     xs = [torch.ones(3), torch.ones(2, 2)]
+    x, w = torch.ones(3, 4, requires_grad=True), torch.ones(4, requires_grad=True)
+    y = torch.ones(2, 5, requires_grad=True)
+    with Tracer(tmp_path / "norms"):
+        torch.nn.functional.layer_norm(x, (4,), weight=w).sum().backward()
+        torch.softmax(y, dim=-1).sum().backward()
+    norms = reports.load(tmp_path / "norms")
+    counted = norms[norms["flop_kind"].isin(["norm", "softmax"])]
+    # 12 elements x (5 + 1 for the weight) = 72; backward with grad_input and grad_weight 12 x (9 + 1 + 2) = 144;
+    # softmax 10 x 5 = 50, its backward 10 x 4 = 40
+    assert counted["flops"].tolist() == [72, 144, 50, 40]
     with Tracer(tmp_path / "t"):
         a @ b  # 2 * 3 * 4 * 5 = 120
         torch.addmm(torch.ones(3, 5), a, b, beta=0.5)  # 120: the bias adds are not counted

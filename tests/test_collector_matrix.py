@@ -257,7 +257,14 @@ def _native_counts():
     e = torch.bmm(a.expand(2, 3, 4), b.expand(2, 4, 5))
     xs = [torch.randn(3), torch.randn(2, 2)]
     torch._foreach_mul_(xs, 2.0)
-    return huge, big, c, d, e, a.sum(dtype=torch.float64), torch.amax(b, dim=1), xs
+    # layer norms without and with a weight, their backward with and without the weight's gradient, and softmaxes
+    x = torch.randn(3, 4, requires_grad=True)
+    w = torch.randn(4, requires_grad=True)
+    norms = F.layer_norm(x, (4,)), F.layer_norm(x, (4,), weight=w.detach()), F.layer_norm(x, (4,), w, torch.zeros(4))
+    (norms[0].sum() + norms[1].sum() + norms[2].sum()).backward()
+    y = torch.randn(2, 5, requires_grad=True)
+    (F.softmax(y, dim=-1).pow(2).sum() + F.log_softmax(y, dim=0).sum()).backward()
+    return huge, big, c, d, e, a.sum(dtype=torch.float64), torch.amax(b, dim=1), xs, x.grad, w.grad, y.grad
 
 
 CASES = {

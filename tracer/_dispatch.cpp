@@ -69,7 +69,10 @@ struct Constants {
 enum Route { PASS, FAST, RECORD_IN_PYTHON, PYTHON_HOOK };
 
 // The counts computed here rather than called in Python (tracer/op_kinds.py `native_count`).
-enum Native { IN_PYTHON, MM, ADDMM, BMM, BADDBMM, NUMEL_FIRST, NUMEL_FIRST_LIST };
+enum Native {
+  IN_PYTHON, MM, ADDMM, BMM, BADDBMM, SOFTMAX, SOFTMAX_BACKWARD, LAYER_NORM, LAYER_NORM_BACKWARD, NUMEL_FIRST,
+  NUMEL_FIRST_LIST,
+};
 
 struct Op {
   PyObject* func = nullptr;  // the OpOverload, kept: its address is the table's key
@@ -281,8 +284,12 @@ int describe_op(Dispatch* self, PyObject* mode, PyObject* func, Op& op) {
       return -1;
     }
     const std::string n(name);
-    op.native = n == "mm" ? MM : n == "addmm" ? ADDMM : n == "bmm" ? BMM : n == "baddbmm" ? BADDBMM
-              : n == "numel_first" ? NUMEL_FIRST : n == "numel_first_list" ? NUMEL_FIRST_LIST : IN_PYTHON;
+    static const std::unordered_map<std::string, Native> names = {
+        {"mm", MM}, {"addmm", ADDMM}, {"bmm", BMM}, {"baddbmm", BADDBMM}, {"softmax", SOFTMAX},
+        {"softmax_backward", SOFTMAX_BACKWARD}, {"layer_norm", LAYER_NORM}, {"layer_norm_backward", LAYER_NORM_BACKWARD},
+        {"numel_first", NUMEL_FIRST}, {"numel_first_list", NUMEL_FIRST_LIST}};
+    auto found = names.find(name);
+    op.native = found != names.end() ? found->second : IN_PYTHON;
   }
   Py_DECREF(native);
   PyObject* positions = PyObject_GetAttr(info, s_written_positions);
@@ -631,10 +638,9 @@ bool product(std::initializer_list<int64_t> factors, int64_t* out) {
   return true;
 }
 
-// The FLOPs of tracer/flops.py's mm_flop, addmm_flop, bmm_flop, baddbmm_flop and tracer/op_kinds.py's
-// _numel_first, _numel_first_list, from the same sizes: 1 with *flops set; 0 when the arguments are not what
-// the arithmetic here reads or the count passes int64 (the Python count then decides, errors and big ints
-// included).
+// The FLOPs of tracer/flops.py's formulas in NATIVE and tracer/op_kinds.py's _numel_first and _numel_first_list,
+// from the same sizes and arguments: 1 with *flops set; 0 when the arguments are not what the arithmetic here
+// reads or the count passes int64 (the Python count then decides, errors and big ints included).
 int native_flops(Native native, PyObject* args, PyObject* kwargs, int64_t* flops) {
   if (!PyTuple_Check(args)) {
     return 0;
@@ -657,6 +663,38 @@ int native_flops(Native native, PyObject* args, PyObject* kwargs, int64_t* flops
         return a.size() >= 3 && b.size() >= 3 && product({2, a[0], a[1], a[2], b[2]}, flops);
       }
       return a.size() >= 2 && b.size() >= 2 && product({2, a[0], a[1], b[1]}, flops);  // [m, k] @ [k, n]
+    }
+    case SOFTMAX:  // 5 per element of the input
+    case SOFTMAX_BACKWARD:  // 4 per element of the gradient
+      return n >= 1 && THPVariable_Check(PyTuple_GET_ITEM(args, 0)) &&
+          product({native == SOFTMAX ? 5 : 4, numel_of(PyTuple_GET_ITEM(args, 0))}, flops);
+    case LAYER_NORM: {  // (x, normalized_shape, weight, bias, eps): 5 per element, +1 with a weight, +1 with a bias
+      if (n < 4 || !THPVariable_Check(PyTuple_GET_ITEM(args, 0))) {
+        return 0;
+      }
+      int64_t per = 5 + (PyTuple_GET_ITEM(args, 2) != Py_None) + (PyTuple_GET_ITEM(args, 3) != Py_None);
+      return product({per, numel_of(PyTuple_GET_ITEM(args, 0))}, flops);
+    }
+    case LAYER_NORM_BACKWARD: {  // (grad_out, x, normalized_shape, mean, rstd, weight, bias, output_mask)
+      if (n < 8 || !THPVariable_Check(PyTuple_GET_ITEM(args, 1))) {
+        return 0;
+      }
+      PyObject* mask = PyTuple_GET_ITEM(args, 7);
+      if (!(PyList_Check(mask) || PyTuple_Check(mask)) || PySequence_Fast_GET_SIZE(mask) < 2) {
+        return 0;
+      }
+      int wanted[3] = {0, 0, 0};
+      Py_ssize_t size = PySequence_Fast_GET_SIZE(mask);
+      for (Py_ssize_t i = 0; i < size && i < 3; i++) {
+        PyObject* m = PySequence_Fast_GET_ITEM(mask, i);
+        if (!PyBool_Check(m)) {  // bool(...) of anything else may run Python: the formula decides
+          return 0;
+        }
+        wanted[i] = m == Py_True;
+      }
+      // grad_input 9 (+1 with a weight), grad_weight 2, grad_bias 1 per element of x
+      int64_t per = (9 + (PyTuple_GET_ITEM(args, 5) != Py_None)) * wanted[0] + 2 * wanted[1] + (size > 2 && wanted[2]);
+      return product({per, numel_of(PyTuple_GET_ITEM(args, 1))}, flops);
     }
     case NUMEL_FIRST:
     case NUMEL_FIRST_LIST: {  // the first tensor argument / the first list argument, positional then keyword

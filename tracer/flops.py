@@ -145,9 +145,6 @@ def baddbmm_flop(bias, a, b, *args, out_shape=None, **kwargs) -> int:
     return bmm_flop(a, b)
 
 
-# Formulas the compiled hook (tracer/_dispatch.cpp `native_flops`) computes itself, with the same arithmetic on
-# the two matrices' sizes: {formula: its name there}. A formula registered in their place is called in Python.
-NATIVE = {mm_flop: "mm", addmm_flop: "addmm", bmm_flop: "bmm", baddbmm_flop: "baddbmm"}
 
 
 @register_flop_formula(_packets("mv"))
@@ -363,6 +360,14 @@ def layer_norm_backward_flop(grad_out, x, normalized_shape, mean, rstd, weight, 
                              *args, out_shape=None, **kwargs) -> int:
     """Layer norm backward: grad_input 9 (+1 weight), grad_weight 2, grad_bias 1 per element."""
     return _norm_backward(x, output_mask, weight)
+
+
+# Formulas the compiled hook (tracer/_dispatch.cpp `native_flops`) computes itself, with the same arithmetic on the
+# same sizes and arguments: {formula: its name there}. A formula registered in their place is called in Python.
+NATIVE = {
+    mm_flop: "mm", addmm_flop: "addmm", bmm_flop: "bmm", baddbmm_flop: "baddbmm", softmax_flop: "softmax",
+    softmax_backward_flop: "softmax_backward", layer_norm_flop: "layer_norm", layer_norm_backward_flop: "layer_norm_backward",
+}  # fmt: skip
 
 
 @register_flop_formula(_packets("_fused_rms_norm"), kind="norm")
