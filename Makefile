@@ -22,11 +22,11 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 	@echo "==> $(VENV) is ready: run '$(VENV)/bin/optrace', or 'source $(VENV)/bin/activate' first"
 
-# The compiled collector and dispatch hook (tracer/_collector.cpp, tracer/_dispatch.cpp), built against the installed torch with torch's
-# extension tooling into tracer/_collector.so (about 12 s); if it cannot be built, optrace runs its
+# The compiled hook (tracer/_dispatch.cpp, with tracer/_collector.cpp), built against the installed torch with
+# torch's extension tooling into tracer/_collector.so (about 20 s); if it cannot be built, optrace runs its
 # pure-Python path and the trace's metadata says so (`collector`).
 $(COLLECTOR): $(STAMP) tracer/_collector.cpp tracer/_dispatch.cpp tracer/_collector.h tracer/build_ext.py
-	@echo "==> building optrace's compiled collector"
+	@echo "==> building optrace's compiled hook (tracer/_dispatch.cpp, tracer/_collector.cpp)"
 	$(PY) -m tracer.build_ext
 	touch $(COLLECTOR)
 

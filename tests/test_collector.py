@@ -1,4 +1,4 @@
-"""The compiled collector (tracer/_collector.cpp) and the pure-Python path write identical traces.
+"""The compiled path (tracer/_dispatch.cpp, tracer/_collector.cpp) and the pure-Python path write identical traces.
 
 Each workload runs twice from the same seed, once per path (OPTRACE_COLLECTOR), and the two
 traces are compared column by column (every column but the op times) and key by key in the

@@ -1,4 +1,4 @@
-"""The compiled collector on tensors the workloads of tests/test_collector.py do not reach.
+"""The compiled path on tensors the workloads of tests/test_collector.py do not reach.
 
 Each case runs three times from the same seed: untraced, traced by the Python path and traced
 by the compiled path (tracer/_collector.cpp). The two traces must be identical column by column

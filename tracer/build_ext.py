@@ -54,10 +54,10 @@ def main(argv=None):
             os.remove(TARGET)  # a module built for another torch must not stay behind a failed build
         build(args.verbose)
     except Exception as exc:  # the Python path still works: say so and go on
-        print(f"optrace: the compiled collector was not built ({type(exc).__name__}: {str(exc)[-2000:]}); "
+        print(f"optrace: the compiled hook was not built ({type(exc).__name__}: {str(exc)[-2000:]}); "
               "optrace will run its pure-Python path", file=sys.stderr)
         return 1 if args.strict else 0
-    print(f"optrace: built the compiled collector {os.path.relpath(TARGET)} in {time.perf_counter() - start:.1f} s")
+    print(f"optrace: built the compiled hook {os.path.relpath(TARGET)} in {time.perf_counter() - start:.1f} s")
     return 0
 
 
