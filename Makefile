@@ -25,7 +25,7 @@ $(STAMP): pyproject.toml
 # The compiled hook (tracer/_dispatch.cpp, with tracer/_collector.cpp), built against the installed torch with
 # torch's extension tooling into tracer/_collector.so (about 20 s); if it cannot be built, optrace runs its
 # pure-Python path and the trace's metadata says so (`collector`).
-$(COLLECTOR): $(STAMP) tracer/_collector.cpp tracer/_dispatch.cpp tracer/_collector.h tracer/build_ext.py
+$(COLLECTOR): $(STAMP) tracer/_collector.cpp tracer/_dispatch.cpp tracer/_where.cpp tracer/_native_flops.cpp tracer/_collector.h tracer/_dispatch.h tracer/build_ext.py
 	@echo "==> building optrace's compiled hook (tracer/_dispatch.cpp, tracer/_collector.cpp)"
 	$(PY) -m tracer.build_ext
 	touch $(COLLECTOR)

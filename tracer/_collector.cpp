@@ -20,7 +20,7 @@
 // Built at install time by tracer/build_ext.py with torch's extension tooling; the Python path
 // runs when it is missing or was built for another torch (tracer/native.py).
 
-#include "_collector.h"
+#include "_dispatch.h"  // with _collector.h: the interned names and dict helpers collect_frees uses
 
 #include <torch/csrc/DynamicTypes.h>
 #include <torch/csrc/Storage.h>
@@ -591,6 +591,78 @@ int append_int64(PyObject* array, const int64_t* values, Py_ssize_t n) {
   }
   Py_DECREF(done);
   return 0;
+}
+
+// StorageTable.collect (tracer/storage.py) in C++: the frees the weak references' finaliser noted.
+int collect_frees(PyObject* d) {
+  PyObject* dead = item(d, s__dead);
+  if (dead == nullptr || !PyList_Check(dead)) {
+    if (!PyErr_Occurred()) {
+      PyErr_SetString(PyExc_TypeError, "optrace collector: StorageTable._dead is not a list");
+    }
+    return -1;
+  }
+  Py_ssize_t n = PyList_GET_SIZE(dead);  // others may append meanwhile: only these n are removed below
+  if (n == 0) {
+    return 0;
+  }
+  PyObject *refs = item(d, s__refs), *by_cdata = item(d, s__by_cdata), *size = item(d, s_size),
+           *hollow = item(d, s_hollow), *freed = item(d, s_freed);
+  if (refs == nullptr || by_cdata == nullptr || size == nullptr || hollow == nullptr || freed == nullptr ||
+      !PyDict_Check(refs) || !PyDict_Check(by_cdata) || !PyDict_Check(size) || !PySet_Check(hollow) ||
+      !PyList_Check(freed)) {
+    if (!PyErr_Occurred()) {
+      PyErr_SetString(PyExc_TypeError, "optrace collector: a StorageTable without its tables");
+    }
+    return -1;
+  }
+  for (Py_ssize_t i = 0; i < n && i < PyList_GET_SIZE(dead); i++) {
+    PyObject* ref_id = PyLong_FromVoidPtr(PyList_GET_ITEM(dead, i));  // id(ref)
+    if (ref_id == nullptr) {
+      return -1;
+    }
+    PyObject* entry = item(refs, ref_id);
+    if (entry == nullptr) {  // already taken, or cleared
+      Py_DECREF(ref_id);
+      if (PyErr_Occurred()) {
+        return -1;
+      }
+      continue;
+    }
+    Py_INCREF(entry);
+    int rc = PyDict_DelItem(refs, ref_id);
+    Py_DECREF(ref_id);
+    if (rc < 0 || !PyTuple_Check(entry) || PyTuple_GET_SIZE(entry) != 3) {
+      Py_DECREF(entry);
+      if (!PyErr_Occurred()) {
+        PyErr_SetString(PyExc_TypeError, "optrace collector: a storage's entry is not (ref, key, id)");
+      }
+      return -1;
+    }
+    PyObject *key = PyTuple_GET_ITEM(entry, 1), *sid = PyTuple_GET_ITEM(entry, 2);
+    PyObject* now = item(by_cdata, key);
+    int same = now == nullptr ? 0 : PyObject_RichCompareBool(now, sid, Py_EQ);
+    if (same < 0 || (same && PyDict_DelItem(by_cdata, key) < 0) || (now == nullptr && PyErr_Occurred())) {
+      Py_DECREF(entry);
+      return -1;
+    }
+    PyObject* bytes = item(size, sid);
+    if (bytes == nullptr) {
+      if (!PyErr_Occurred()) {
+        PyErr_SetObject(PyExc_KeyError, sid);
+      }
+      Py_DECREF(entry);
+      return -1;
+    }
+    int64_t nbytes = PyLong_AsLongLong(bytes), live;
+    if ((nbytes == -1 && PyErr_Occurred()) || PyDict_DelItem(size, sid) < 0 || item_int(d, s_live_bytes, &live) < 0 ||
+        set_int(d, s_live_bytes, live - nbytes) < 0 || PySet_Discard(hollow, sid) < 0 || PyList_Append(freed, sid) < 0) {
+      Py_DECREF(entry);
+      return -1;
+    }
+    Py_DECREF(entry);
+  }
+  return PyList_SetSlice(dead, 0, n, nullptr);
 }
 
 int side_buffers(PyObject* sides, PyObject* buffers[6]) {

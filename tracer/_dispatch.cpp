@@ -24,12 +24,8 @@
 // an Exception becomes `Tracer._record_failed(op, exc)` and the op's result is returned; anything else
 // (a KeyboardInterrupt) drops the half-made row and propagates.
 
-#include "_collector.h"
+#include "_dispatch.h"
 
-#include <c10/core/GradMode.h>
-#include <torch/csrc/autograd/function.h>
-#include <torch/csrc/autograd/graph_task.h>
-#include <torch/csrc/autograd/python_cpp_function.h>
 #include <torch/csrc/autograd/python_variable.h>
 
 #include <time.h>
@@ -38,41 +34,16 @@
 #include <unordered_map>
 
 namespace optrace {
+
+#define OPTRACE_DEFINE(n) PyObject* s_##n = nullptr;
+OPTRACE_NAMES(OPTRACE_DEFINE)
+#undef OPTRACE_DEFINE
+PyObject* s_empty = nullptr;
+
 namespace {
-
-// Interned attribute names, made at import.
-#define OPTRACE_NAMES(X)                                                                                           \
-  X(_hot) X(_info) X(_rows) X(_timer) X(_storages) X(_attr) X(_steps) X(_collect_ctx) X(_module_ids)             \
-  X(_device_keys) X(_flush_at) X(_record) X(_record_failed) X(_new_module) X(_device_of) X(_flush) X(ints)       \
-  X(sides) X(freed) X(_dead) X(collect) X(step) X(inline_) X(binds) X(start) X(stop) X(bind) X(where) \
-  X(trained) X(recompute_stack) X(backward_stack) X(forward_stack) X(_task) X(_task_grad) X(_recompute_region)    \
-  X(_nested) X(_named_left) X(_node_key) X(_last_module) X(_node_module) X(_event_seqs) X(_event_names)          \
-  X(in_optimizer) X(_closure) X(_in_closure) X(_optimizer_ops) X(_op) X(__call__) X(name) X(name_id) X(kind_id) \
-  X(inplace) X(basis) X(rule) X(count) X(causal) X(collective) X(written_positions) X(written_names)             \
-  X(out_only) X(live_bytes) X(native) X(_refs) X(_by_cdata) X(size) X(hollow)
-#define OPTRACE_DECLARE(n) PyObject* s_##n = nullptr;
-OPTRACE_NAMES(OPTRACE_DECLARE)
-#undef OPTRACE_DECLARE
-PyObject* s_empty = nullptr;  // ""
-
-// The phase, FLOP-basis and sentinel values the row holds: tracer/schema.py's, passed in `spec` so
-// that nothing here restates them (checked in Dispatch's constructor).
-struct Constants {
-  int64_t forward, backward, optimizer;
-  int64_t causal_none, no_value, per_output_element, int64_max;
-  int64_t basis_zero, basis_per_element, basis_formula, basis_detailed;
-  int64_t not_recompute, recompute;
-  uint64_t no_sequence_nr;
-};
 
 // How an op goes through the hook.
 enum Route { PASS, FAST, RECORD_IN_PYTHON, PYTHON_HOOK };
-
-// The counts computed here rather than called in Python (tracer/op_kinds.py `native_count`).
-enum Native {
-  IN_PYTHON, MM, ADDMM, BMM, BADDBMM, SOFTMAX, SOFTMAX_BACKWARD, LAYER_NORM, LAYER_NORM_BACKWARD, NUMEL_FIRST,
-  NUMEL_FIRST_LIST,
-};
 
 struct Op {
   PyObject* func = nullptr;  // the OpOverload, kept: its address is the table's key
@@ -127,44 +98,6 @@ int64_t now_ns() {
   timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);  // time.perf_counter_ns's clock on Linux (checked at construction)
   return static_cast<int64_t>(ts.tv_sec) * 1000000000LL + ts.tv_nsec;
-}
-
-// A borrowed item of a dict, KeyError-free: nullptr with no error set when absent.
-PyObject* item(PyObject* dict, PyObject* key) {
-  return PyDict_GetItemWithError(dict, key);
-}
-
-// dict[key] as int64 into *value; -1 with an error set when absent or not an int.
-int item_int(PyObject* dict, PyObject* key, int64_t* value) {
-  PyObject* o = item(dict, key);
-  if (o == nullptr) {
-    if (!PyErr_Occurred()) {
-      PyErr_Format(PyExc_AttributeError, "optrace dispatch: no attribute %R", key);
-    }
-    return -1;
-  }
-  *value = PyLong_AsLongLong(o);
-  return (*value == -1 && PyErr_Occurred()) ? -1 : 0;
-}
-
-int set_int(PyObject* dict, PyObject* key, int64_t value) {
-  PyObject* o = PyLong_FromLongLong(value);
-  if (o == nullptr) {
-    return -1;
-  }
-  int rc = PyDict_SetItem(dict, key, o);
-  Py_DECREF(o);
-  return rc;
-}
-
-PyObject* instance_dict(PyObject* o) {
-  PyObject* d = PyObject_GenericGetDict(o, nullptr);
-  if (d != nullptr && !PyDict_Check(d)) {
-    Py_DECREF(d);
-    PyErr_SetString(PyExc_TypeError, "optrace dispatch: an instance dict is not a dict");
-    return nullptr;
-  }
-  return d;
 }
 
 PyObject* list_of(const std::vector<PyObject*>& items) {
@@ -283,13 +216,7 @@ int describe_op(Dispatch* self, PyObject* mode, PyObject* func, Op& op) {
       Py_DECREF(native);
       return -1;
     }
-    const std::string n(name);
-    static const std::unordered_map<std::string, Native> names = {
-        {"mm", MM}, {"addmm", ADDMM}, {"bmm", BMM}, {"baddbmm", BADDBMM}, {"softmax", SOFTMAX},
-        {"softmax_backward", SOFTMAX_BACKWARD}, {"layer_norm", LAYER_NORM}, {"layer_norm_backward", LAYER_NORM_BACKWARD},
-        {"numel_first", NUMEL_FIRST}, {"numel_first_list", NUMEL_FIRST_LIST}};
-    auto found = names.find(name);
-    op.native = found != names.end() ? found->second : IN_PYTHON;
+    op.native = native_named(name);
   }
   Py_DECREF(native);
   PyObject* positions = PyObject_GetAttr(info, s_written_positions);
@@ -360,191 +287,6 @@ void written_args(const Op& op, PyObject* args, PyObject* kwargs, Written& found
       }
     }
   }
-}
-
-// ------------------------------------------------------------------------------------------ attribution
-// Attribution.where's common cases (tracer/attribution.py), read and written through the Attribution's
-// own attributes: an op inside a module's forward, an op of a backward engine run already begun (the
-// module of the autograd node running it), an optimizer step's op. 1: *phase, *module (a new reference)
-// and *recompute are set; 0: another case, which `where` decides (nothing was changed but `trained`,
-// which `where` sets again); -1: error.
-int fast_where(Dispatch* self, int64_t* phase, PyObject** module, int64_t* recompute) {
-  const Constants& k = self->k;
-  PyObject* d = self->attr_dict;
-  int64_t task = torch::autograd::get_current_graph_task_id();
-  if (task == -1) {
-    PyObject* stack = item(d, s_forward_stack);
-    if (stack == nullptr || !PyList_Check(stack)) {
-      return PyErr_Occurred() ? -1 : 0;
-    }
-    if (PyList_GET_SIZE(stack)) {
-      PyObject* top = PyList_GET_ITEM(stack, PyList_GET_SIZE(stack) - 1);
-      if (!PyTuple_Check(top) || PyTuple_GET_SIZE(top) != 2) {
-        return 0;
-      }
-      *phase = k.forward;
-      *module = Py_NewRef(PyTuple_GET_ITEM(top, 1));
-      *recompute = k.not_recompute;
-      return 1;
-    }
-    PyObject* in_optimizer = item(d, s_in_optimizer);
-    PyObject* closure = item(d, s__closure);
-    PyObject* in_closure = item(d, s__in_closure);
-    if (in_optimizer != Py_True || closure != Py_False || in_closure == nullptr || !PyLong_CheckExact(in_closure) ||
-        PyLong_AsLong(in_closure) != 0) {
-      return PyErr_Occurred() ? -1 : 0;
-    }
-    int64_t ops;
-    if (item_int(d, s__optimizer_ops, &ops) < 0 || set_int(d, s__optimizer_ops, ops + 1) < 0) {
-      return -1;
-    }
-    *phase = k.optimizer;
-    *module = Py_NewRef(s_empty);
-    *recompute = k.not_recompute;
-    return 1;
-  }
-  if (item(d, s_trained) != Py_True && PyDict_SetItem(d, s_trained, Py_True) < 0) {
-    return -1;
-  }
-  PyObject* recomputed = item(d, s_recompute_stack);
-  if (recomputed == nullptr || !PyList_Check(recomputed)) {
-    return PyErr_Occurred() ? -1 : 0;
-  }
-  if (PyList_GET_SIZE(recomputed)) {
-    PyObject* top = PyList_GET_ITEM(recomputed, PyList_GET_SIZE(recomputed) - 1);
-    if (!PyTuple_Check(top) || PyTuple_GET_SIZE(top) != 2) {
-      return 0;
-    }
-    *phase = k.backward;
-    *module = Py_NewRef(PyTuple_GET_ITEM(top, 1));
-    *recompute = k.recompute;
-    return 1;
-  }
-  int64_t seen_task;
-  if (item_int(d, s__task, &seen_task) < 0) {
-    return -1;
-  }
-  if (task != seen_task) {  // a new engine run: its bookkeeping is where's
-    return 0;
-  }
-  PyObject* task_grad = item(d, s__task_grad);
-  if (task_grad == nullptr) {
-    return PyErr_Occurred() ? -1 : 0;
-  }
-  int task_grad_on = PyObject_IsTrue(task_grad);
-  if (task_grad_on < 0) {
-    return -1;
-  }
-  *recompute = c10::GradMode::is_enabled() && !task_grad_on ? k.recompute : k.not_recompute;
-  PyObject* stack = item(d, s_backward_stack);
-  if (stack == nullptr || !PyList_Check(stack)) {
-    return PyErr_Occurred() ? -1 : 0;
-  }
-  if (PyList_GET_SIZE(stack)) {
-    PyObject* top = PyList_GET_ITEM(stack, PyList_GET_SIZE(stack) - 1);
-    if (!PyTuple_Check(top) || PyTuple_GET_SIZE(top) < 1) {
-      return 0;
-    }
-    *phase = k.backward;
-    *module = Py_NewRef(PyTuple_GET_ITEM(top, 0));
-    return 1;
-  }
-  PyObject* region = item(d, s__recompute_region);
-  PyObject* nested = item(d, s__nested);
-  if (region != Py_None || nested == nullptr || !PyDict_Check(nested) || PyDict_GET_SIZE(nested)) {
-    return PyErr_Occurred() ? -1 : 0;
-  }
-  // Attribution._backward_module
-  int64_t named_left;
-  if (item_int(d, s__named_left, &named_left) < 0) {
-    return -1;
-  }
-  if (named_left <= 0) {
-    return 0;
-  }
-  *phase = k.backward;
-  auto node = torch::autograd::get_current_node();
-  if (!node) {  // an engine callback: no node made it
-    *module = Py_NewRef(s_empty);
-    return 1;
-  }
-  // the key is (id of the node's Python object, its sequence number), as where's: that object lives as long as
-  // the node
-  PyObject* py_node = torch::autograd::functionToPyObject(node);
-  if (py_node == nullptr) {
-    return -1;
-  }
-  uint64_t seq = node->sequence_nr();
-  void* node_id = py_node;
-  Py_DECREF(py_node);
-  PyObject* key = item(d, s__node_key);
-  if (key != nullptr && PyTuple_Check(key) && PyTuple_GET_SIZE(key) == 2 && PyLong_Check(PyTuple_GET_ITEM(key, 0)) &&
-      PyLong_Check(PyTuple_GET_ITEM(key, 1))) {
-    void* key_id = PyLong_AsVoidPtr(PyTuple_GET_ITEM(key, 0));
-    uint64_t key_seq = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(key, 1));
-    if (PyErr_Occurred()) {
-      return -1;
-    }
-    if (key_id == node_id && key_seq == seq) {
-      PyObject* last = item(d, s__last_module);
-      if (last == nullptr) {
-        return PyErr_Occurred() ? -1 : 0;
-      }
-      *module = Py_NewRef(last);
-      return 1;
-    }
-  } else if (PyErr_Occurred()) {
-    return -1;
-  }
-  PyObject* node_module = item(d, s__node_module);
-  if (node_module == nullptr) {
-    return PyErr_Occurred() ? -1 : 0;
-  }
-  Py_INCREF(node_module);  // held across the writes below
-  PyObject* new_key = Py_BuildValue("(NK)", PyLong_FromVoidPtr(node_id), static_cast<unsigned long long>(seq));
-  int rc = new_key == nullptr ? -1 : PyDict_SetItem(d, s__node_key, new_key);
-  Py_XDECREF(new_key);
-  if (rc < 0 || set_int(d, s__named_left, named_left - 1) < 0) {
-    Py_DECREF(node_module);
-    return -1;
-  }
-  if (seq != k.no_sequence_nr) {  // AccumulateGrad runs as soon as the node before made its gradient: that one's module
-    PyObject* seqs = item(d, s__event_seqs);
-    PyObject* names = item(d, s__event_names);
-    if (seqs == nullptr || names == nullptr || !PyList_Check(seqs) || !PyList_Check(names) ||
-        PyList_GET_SIZE(names) != PyList_GET_SIZE(seqs)) {
-      if (!PyErr_Occurred()) {
-        PyErr_SetString(PyExc_TypeError, "optrace dispatch: the module boundaries are not two lists of one length");
-      }
-      Py_DECREF(node_module);
-      return -1;
-    }
-    Py_ssize_t lo = 0, hi = PyList_GET_SIZE(seqs);  // bisect.bisect_right(seqs, seq)
-    while (lo < hi) {
-      Py_ssize_t mid = (lo + hi) / 2;
-      uint64_t at = PyLong_AsUnsignedLongLong(PyList_GET_ITEM(seqs, mid));
-      if (at == static_cast<uint64_t>(-1) && PyErr_Occurred()) {
-        Py_DECREF(node_module);
-        return -1;
-      }
-      if (seq < at) {
-        hi = mid;
-      } else {
-        lo = mid + 1;
-      }
-    }
-    Py_SETREF(node_module, Py_NewRef(lo > 0 ? PyList_GET_ITEM(names, lo - 1) : s_empty));
-    if (PyDict_SetItem(d, s__node_module, node_module) < 0) {
-      Py_DECREF(node_module);
-      return -1;
-    }
-  }
-  if (PyDict_SetItem(d, s__last_module, node_module) < 0) {
-    Py_DECREF(node_module);
-    return -1;
-  }
-  *module = node_module;
-  return 1;
 }
 
 // ------------------------------------------------------------------------------------------------ a row
@@ -622,196 +364,6 @@ PyObject* kwargs_dict(PyObject* kwargs) {
   return kwargs != nullptr && PyDict_Check(kwargs) ? Py_NewRef(kwargs) : PyDict_New();
 }
 
-int64_t numel_of(PyObject* tensor) {
-  return THPVariable_Unpack(tensor).unsafeGetTensorImpl()->numel();
-}
-
-// a * b * c * d, or false when it would pass int64
-bool product(std::initializer_list<int64_t> factors, int64_t* out) {
-  int64_t p = 1;
-  for (int64_t f : factors) {
-    if (__builtin_mul_overflow(p, f, &p)) {
-      return false;
-    }
-  }
-  *out = p;
-  return true;
-}
-
-// The FLOPs of tracer/flops.py's formulas in NATIVE and tracer/op_kinds.py's _numel_first and _numel_first_list,
-// from the same sizes and arguments: 1 with *flops set; 0 when the arguments are not what the arithmetic here
-// reads or the count passes int64 (the Python count then decides, errors and big ints included).
-int native_flops(Native native, PyObject* args, PyObject* kwargs, int64_t* flops) {
-  if (!PyTuple_Check(args)) {
-    return 0;
-  }
-  Py_ssize_t n = PyTuple_GET_SIZE(args);
-  switch (native) {
-    case MM:
-    case ADDMM:
-    case BMM:
-    case BADDBMM: {
-      Py_ssize_t first = native == ADDMM || native == BADDBMM ? 1 : 0;  // bias + a @ b
-      bool batched = native == BMM || native == BADDBMM;
-      if (n < first + 2 || !THPVariable_Check(PyTuple_GET_ITEM(args, first)) ||
-          !THPVariable_Check(PyTuple_GET_ITEM(args, first + 1))) {
-        return 0;
-      }
-      c10::IntArrayRef a = THPVariable_Unpack(PyTuple_GET_ITEM(args, first)).sizes();
-      c10::IntArrayRef b = THPVariable_Unpack(PyTuple_GET_ITEM(args, first + 1)).sizes();
-      if (batched) {  // [b, m, k] @ [b, k, n]: 2 * b * m * k * n
-        return a.size() >= 3 && b.size() >= 3 && product({2, a[0], a[1], a[2], b[2]}, flops);
-      }
-      return a.size() >= 2 && b.size() >= 2 && product({2, a[0], a[1], b[1]}, flops);  // [m, k] @ [k, n]
-    }
-    case SOFTMAX:  // 5 per element of the input
-    case SOFTMAX_BACKWARD:  // 4 per element of the gradient
-      return n >= 1 && THPVariable_Check(PyTuple_GET_ITEM(args, 0)) &&
-          product({native == SOFTMAX ? 5 : 4, numel_of(PyTuple_GET_ITEM(args, 0))}, flops);
-    case LAYER_NORM: {  // (x, normalized_shape, weight, bias, eps): 5 per element, +1 with a weight, +1 with a bias
-      if (n < 4 || !THPVariable_Check(PyTuple_GET_ITEM(args, 0))) {
-        return 0;
-      }
-      int64_t per = 5 + (PyTuple_GET_ITEM(args, 2) != Py_None) + (PyTuple_GET_ITEM(args, 3) != Py_None);
-      return product({per, numel_of(PyTuple_GET_ITEM(args, 0))}, flops);
-    }
-    case LAYER_NORM_BACKWARD: {  // (grad_out, x, normalized_shape, mean, rstd, weight, bias, output_mask)
-      if (n < 8 || !THPVariable_Check(PyTuple_GET_ITEM(args, 1))) {
-        return 0;
-      }
-      PyObject* mask = PyTuple_GET_ITEM(args, 7);
-      if (!(PyList_Check(mask) || PyTuple_Check(mask)) || PySequence_Fast_GET_SIZE(mask) < 2) {
-        return 0;
-      }
-      int wanted[3] = {0, 0, 0};
-      Py_ssize_t size = PySequence_Fast_GET_SIZE(mask);
-      for (Py_ssize_t i = 0; i < size && i < 3; i++) {
-        PyObject* m = PySequence_Fast_GET_ITEM(mask, i);
-        if (!PyBool_Check(m)) {  // bool(...) of anything else may run Python: the formula decides
-          return 0;
-        }
-        wanted[i] = m == Py_True;
-      }
-      // grad_input 9 (+1 with a weight), grad_weight 2, grad_bias 1 per element of x
-      int64_t per = (9 + (PyTuple_GET_ITEM(args, 5) != Py_None)) * wanted[0] + 2 * wanted[1] + (size > 2 && wanted[2]);
-      return product({per, numel_of(PyTuple_GET_ITEM(args, 1))}, flops);
-    }
-    case NUMEL_FIRST:
-    case NUMEL_FIRST_LIST: {  // the first tensor argument / the first list argument, positional then keyword
-      bool list = native == NUMEL_FIRST_LIST;
-      auto take = [&](PyObject* a) -> bool {
-        if (list ? (PyList_Check(a) || PyTuple_Check(a)) : THPVariable_Check(a)) {
-          int64_t total = 0;
-          if (!list) {
-            total = numel_of(a);
-          } else {
-            for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(a); i++) {
-              PyObject* t = PySequence_Fast_GET_ITEM(a, i);
-              if (THPVariable_Check(t) && __builtin_add_overflow(total, numel_of(t), &total)) {
-                return false;
-              }
-            }
-          }
-          *flops = total;
-          return true;
-        }
-        return false;
-      };
-      *flops = 0;
-      for (Py_ssize_t i = 0; i < n; i++) {
-        if (take(PyTuple_GET_ITEM(args, i))) {
-          return 1;
-        }
-      }
-      if (kwargs != nullptr && PyDict_Check(kwargs)) {
-        Py_ssize_t pos = 0;
-        PyObject *k, *v;
-        while (PyDict_Next(kwargs, &pos, &k, &v)) {
-          if (take(v)) {
-            return 1;
-          }
-        }
-      }
-      return 1;  // no such argument: 0
-    }
-    default:
-      return 0;
-  }
-}
-
-// StorageTable.collect (tracer/storage.py) in C++: the frees the weak references' finaliser noted.
-int collect_frees(Dispatch* self) {
-  PyObject* d = self->storages_dict;
-  PyObject* dead = item(d, s__dead);
-  if (dead == nullptr || !PyList_Check(dead)) {
-    if (!PyErr_Occurred()) {
-      PyErr_SetString(PyExc_TypeError, "optrace dispatch: StorageTable._dead is not a list");
-    }
-    return -1;
-  }
-  Py_ssize_t n = PyList_GET_SIZE(dead);  // others may append meanwhile: only these n are removed below
-  if (n == 0) {
-    return 0;
-  }
-  PyObject *refs = item(d, s__refs), *by_cdata = item(d, s__by_cdata), *size = item(d, s_size),
-           *hollow = item(d, s_hollow), *freed = item(d, s_freed);
-  if (refs == nullptr || by_cdata == nullptr || size == nullptr || hollow == nullptr || freed == nullptr ||
-      !PyDict_Check(refs) || !PyDict_Check(by_cdata) || !PyDict_Check(size) || !PySet_Check(hollow) ||
-      !PyList_Check(freed)) {
-    if (!PyErr_Occurred()) {
-      PyErr_SetString(PyExc_TypeError, "optrace dispatch: a StorageTable without its tables");
-    }
-    return -1;
-  }
-  for (Py_ssize_t i = 0; i < n && i < PyList_GET_SIZE(dead); i++) {
-    PyObject* ref_id = PyLong_FromVoidPtr(PyList_GET_ITEM(dead, i));  // id(ref)
-    if (ref_id == nullptr) {
-      return -1;
-    }
-    PyObject* entry = item(refs, ref_id);
-    if (entry == nullptr) {  // already taken, or cleared
-      Py_DECREF(ref_id);
-      if (PyErr_Occurred()) {
-        return -1;
-      }
-      continue;
-    }
-    Py_INCREF(entry);
-    int rc = PyDict_DelItem(refs, ref_id);
-    Py_DECREF(ref_id);
-    if (rc < 0 || !PyTuple_Check(entry) || PyTuple_GET_SIZE(entry) != 3) {
-      Py_DECREF(entry);
-      if (!PyErr_Occurred()) {
-        PyErr_SetString(PyExc_TypeError, "optrace dispatch: a storage's entry is not (ref, key, id)");
-      }
-      return -1;
-    }
-    PyObject *key = PyTuple_GET_ITEM(entry, 1), *sid = PyTuple_GET_ITEM(entry, 2);
-    PyObject* now = item(by_cdata, key);
-    int same = now == nullptr ? 0 : PyObject_RichCompareBool(now, sid, Py_EQ);
-    if (same < 0 || (same && PyDict_DelItem(by_cdata, key) < 0) || (now == nullptr && PyErr_Occurred())) {
-      Py_DECREF(entry);
-      return -1;
-    }
-    PyObject* bytes = item(size, sid);
-    if (bytes == nullptr) {
-      if (!PyErr_Occurred()) {
-        PyErr_SetObject(PyExc_KeyError, sid);
-      }
-      Py_DECREF(entry);
-      return -1;
-    }
-    int64_t nbytes = PyLong_AsLongLong(bytes), live;
-    if ((nbytes == -1 && PyErr_Occurred()) || PyDict_DelItem(size, sid) < 0 || item_int(d, s_live_bytes, &live) < 0 ||
-        set_int(d, s_live_bytes, live - nbytes) < 0 || PySet_Discard(hollow, sid) < 0 || PyList_Append(freed, sid) < 0) {
-      Py_DECREF(entry);
-      return -1;
-    }
-    Py_DECREF(entry);
-  }
-  return PyList_SetSlice(dead, 0, n, nullptr);
-}
-
 // Tracer._record(info, args, kwargs, out, start, duration): the Python path for this op's row.
 int record_in_python(Dispatch* self, const Op& op, PyObject* args, PyObject* kwargs, PyObject* out, int64_t start,
                      int64_t duration) {
@@ -829,11 +381,184 @@ int record_in_python(Dispatch* self, const Op& op, PyObject* args, PyObject* kwa
   return 0;
 }
 
-// The row of an op the fast path takes; -1 with an error set (*whole: the row was appended before it).
+// A new reference, released when this goes out of scope.
+struct Owned {
+  PyObject* p = nullptr;
+  Owned() = default;
+  explicit Owned(PyObject* o) : p(o) {}
+  Owned(const Owned&) = delete;
+  Owned& operator=(const Owned&) = delete;
+  ~Owned() {
+    Py_XDECREF(p);
+  }
+};
+
+// The keyword arguments as a dict, made at the first Python call that takes them (as the Python hook hands
+// them on: {} for none).
+struct Kwargs {
+  PyObject* given;
+  Owned dict;
+  explicit Kwargs(PyObject* kwargs) : given(kwargs) {}
+  PyObject* get() {
+    if (dict.p == nullptr) {
+      dict.p = kwargs_dict(given);
+    }
+    return dict.p;
+  }
+};
+
+// The op's FLOPs from its rule (tracer/mode.py `_record` does the same): per output element (counted at the
+// write), a count computed here (native_flops), or the rule's count called in Python, stored as INT64_MAX and
+// flagged a bound past int64.
+int count_flops(const Constants& k, const Op& op, PyObject* args, Kwargs& kw, PyObject* out, int64_t* flops,
+                int64_t* bound) {
+  *flops = *bound = 0;
+  if (op.basis == k.basis_per_element) {
+    *flops = k.per_output_element;
+    return 0;
+  }
+  if (op.basis != k.basis_formula || native_flops(op.native, args, kw.given, flops)) {
+    return 0;
+  }
+  PyObject* kwargs = kw.get();
+  Owned n(kwargs == nullptr ? nullptr : PyObject_CallFunctionObjArgs(op.count, args, kwargs, out, nullptr));
+  if (n.p == nullptr) {
+    return -1;
+  }
+  int overflow = 0;
+  if (PyLong_Check(n.p)) {
+    *flops = PyLong_AsLongLongAndOverflow(n.p, &overflow);
+  } else {  // not an int (a float): compared with INT64_MAX first, as tracer/mode.py does, then packed
+    Owned most(PyLong_FromLongLong(k.int64_max));
+    int above = most.p == nullptr ? -1 : PyObject_RichCompareBool(n.p, most.p, Py_GT);
+    if (above < 0) {
+      return -1;
+    }
+    overflow = above;
+    *flops = above ? 0 : PyLong_AsLongLong(n.p);
+  }
+  if (overflow > 0) {  // past int64: stored as the largest int64, flagged a bound
+    *flops = k.int64_max;
+    *bound = 1;
+  } else if (overflow < 0 || (*flops == -1 && PyErr_Occurred())) {
+    if (!PyErr_Occurred()) {
+      PyErr_SetString(PyExc_OverflowError, "optrace dispatch: a FLOP count below -2**63");
+    }
+    return -1;
+  }
+  return 0;
+}
+
+// Whether an attention kernel's mask was causal: rule.causal(args, kwargs), or CAUSAL_NONE for other ops.
+int causal_of(const Constants& k, const Op& op, PyObject* args, Kwargs& kw, int64_t* causal) {
+  *causal = k.causal_none;
+  if (op.causal == nullptr) {
+    return 0;
+  }
+  PyObject* kwargs = kw.get();
+  Owned is_causal(kwargs == nullptr ? nullptr : PyObject_CallFunctionObjArgs(op.causal, args, kwargs, nullptr));
+  int on = is_causal.p == nullptr ? -1 : PyObject_IsTrue(is_causal.p);
+  *causal = on;
+  return on < 0 ? -1 : 0;
+}
+
+// (phase, module, recompute): fast_where's common cases, else Attribution.where called in Python.
+int where_of(Dispatch* self, const Op& op, const Collected& c, PyObject* args, Kwargs& kw, int64_t* phase,
+             Owned& module, int64_t* recompute) {
+  int fast = fast_where(self->attr_dict, self->k, phase, &module.p, recompute);
+  if (fast != 0) {
+    return fast < 0 ? -1 : 0;
+  }
+  PyObject* kwargs = kw.get();
+  Owned ins(kwargs == nullptr ? nullptr : list_of(c.ins));
+  Owned outs(ins.p == nullptr ? nullptr : list_of(c.outs));
+  Owned where(outs.p == nullptr ? nullptr : PyObject_CallMethodObjArgs(self->attr, s_where, ins.p, outs.p, op.info,
+                                                                      args, kwargs, Py_False, nullptr));
+  if (where.p == nullptr) {
+    return -1;
+  }
+  if (!PyTuple_Check(where.p) || PyTuple_GET_SIZE(where.p) != 3) {
+    PyErr_SetString(PyExc_TypeError, "optrace dispatch: where() must return (phase, module, recompute)");
+    return -1;
+  }
+  *phase = PyLong_AsLongLong(PyTuple_GET_ITEM(where.p, 0));
+  module.p = Py_NewRef(PyTuple_GET_ITEM(where.p, 1));
+  *recompute = PyLong_AsLongLong(PyTuple_GET_ITEM(where.p, 2));
+  return PyErr_Occurred() ? -1 : 0;
+}
+
+// The id under `key` in the tracer's dict `table` (_module_ids, _device_keys), or what the tracer's method
+// `make(key, extra...)` gives for one it has not seen (it notes it there).
+int id_of(Dispatch* self, PyObject* table, PyObject* key, PyObject* make, PyObject* first, int64_t* id) {
+  PyObject* ids = item(self->tracer_dict, table);
+  PyObject* found = ids == nullptr ? nullptr : item(ids, key);
+  if (found != nullptr) {
+    *id = PyLong_AsLongLong(found);
+    return (*id == -1 && PyErr_Occurred()) ? -1 : 0;
+  }
+  if (PyErr_Occurred()) {
+    return -1;
+  }
+  Owned made(first == nullptr ? PyObject_CallMethodOneArg(self->tracer, make, key)
+                              : PyObject_CallMethodObjArgs(self->tracer, make, first, key, nullptr));
+  *id = made.p == nullptr ? -1 : PyLong_AsLongLong(made.p);
+  return (*id == -1 && PyErr_Occurred()) ? -1 : 0;
+}
+
+// Appends the row: its tensors' sides, its frees and its integers; all or nothing (a failure cuts every buffer
+// back).
+int append_row(Dispatch* self, const Collected& c, const std::vector<int64_t>& freed, const int64_t* row, Py_ssize_t width) {
+  Py_ssize_t lengths[6];
+  for (int i = 0; i < 6; i++) {
+    lengths[i] = PySequence_Size(self->side_bufs[i]);
+  }
+  Py_ssize_t freed_length = PySequence_Size(self->freed_buf), ints_length = PySequence_Size(self->ints);
+  if (append_sides(self->side_bufs, c) == 0 &&
+      append_int64(self->freed_buf, freed.data(), static_cast<Py_ssize_t>(freed.size())) == 0 &&
+      append_int64(self->ints, row, width) == 0) {
+    return 0;
+  }
+  PyObject *type, *value, *tb;  // keep the first error while the half-made row is dropped
+  PyErr_Fetch(&type, &value, &tb);
+  for (int i = 0; i < 6; i++) {
+    truncate(self->side_bufs[i], lengths[i]);
+  }
+  truncate(self->freed_buf, freed_length);
+  truncate(self->ints, ints_length);
+  PyErr_Restore(type, value, tb);
+  return -1;
+}
+
+// After a row: the timer binds it (CUDA events, no times: the row's time is the timer's, tracer/timing.py), and
+// a full buffer is flushed as a part.
+int after_row(Dispatch* self, PyObject* rows) {
+  PyObject* timer;
+  if (bind_timer(self, &timer) < 0) {
+    return -1;
+  }
+  if (self->timer_binds) {
+    Owned done(PyObject_CallMethodOneArg(timer, s_bind, rows));
+    if (done.p == nullptr) {
+      return -1;
+    }
+  }
+  int64_t flush_at;  // read at each row, as the Python path reads it
+  if (item_int(self->tracer_dict, s__flush_at, &flush_at) < 0) {
+    return -1;
+  }
+  if (PySequence_Size(self->ints) >= flush_at) {
+    Owned done(PyObject_CallMethodNoArgs(self->tracer, s__flush));
+    return done.p == nullptr ? -1 : 0;
+  }
+  return 0;
+}
+
+// The row of an op the fast path takes, what Tracer._record does (tracer/mode.py); -1 with an error set
+// (*whole: the row was appended before it).
 int record(Dispatch* self, const Op& op, PyObject* args, PyObject* kwargs, PyObject* out, int64_t start,
            int64_t duration, bool* whole) {
   const Constants& k = self->k;
-  if (collect_frees(self) < 0) {  // frees noted since the last op (tracer/storage.py)
+  if (collect_frees(self->storages_dict) < 0) {  // frees noted since the last op (tracer/storage.py)
     return -1;
   }
   if (op.route == RECORD_IN_PYTHON) {
@@ -851,145 +576,24 @@ int record(Dispatch* self, const Op& op, PyObject* args, PyObject* kwargs, PyObj
     written_args(op, args, kwargs, written);
   }
   int collected = collect_core(ctx, args, kwargs, out, op.written.empty() ? nullptr : &written, c);
-  if (collected < 0) {
-    return -1;
-  }
-  if (collected == 0) {  // a sparse, nested or symbolic tensor: the Python path reads them
-    return record_in_python(self, op, args, kwargs, out, start, duration);
+  if (collected <= 0) {  // 0: a sparse, nested or symbolic tensor, which the Python path reads
+    return collected < 0 ? -1 : record_in_python(self, op, args, kwargs, out, start, duration);
   }
   int failed = 0;
   int64_t allocated = registered_bytes(ctx, &failed) - c.registered;
-  if (failed) {
+  Kwargs kw(kwargs);
+  int64_t flops, bound, causal, phase = 0, recompute = 0, module_id, device_id, step, live_bytes;
+  Owned module;
+  if (failed || count_flops(k, op, args, kw, out, &flops, &bound) < 0 || causal_of(k, op, args, kw, &causal) < 0 ||
+      where_of(self, op, c, args, kw, &phase, module, &recompute) < 0 ||
+      id_of(self, s__module_ids, module.p, s__new_module, nullptr, &module_id) < 0) {
     return -1;
   }
-  PyObject* kw = nullptr;  // the Python calls below get a dict, as from the Python hook
-  int64_t flops = 0, bound = 0, causal = k.causal_none;
-  if (op.basis == k.basis_per_element) {
-    flops = k.per_output_element;
-  } else if (op.basis == k.basis_formula && native_flops(op.native, args, kwargs, &flops)) {
-    // counted here: the formula's arithmetic on the same sizes
-  } else if (op.basis == k.basis_formula) {
-    kw = kwargs_dict(kwargs);
-    PyObject* n = kw == nullptr ? nullptr : PyObject_CallFunctionObjArgs(op.count, args, kw, out, nullptr);
-    if (n == nullptr) {
-      Py_XDECREF(kw);
-      return -1;
-    }
-    int overflow = 0;
-    if (PyLong_Check(n)) {
-      flops = PyLong_AsLongLongAndOverflow(n, &overflow);
-    } else {  // not an int (a float): compared with INT64_MAX first, as tracer/mode.py does, then packed
-      PyObject* most = PyLong_FromLongLong(k.int64_max);
-      int above = most == nullptr ? -1 : PyObject_RichCompareBool(n, most, Py_GT);
-      Py_XDECREF(most);
-      if (above < 0) {
-        Py_DECREF(n);
-        Py_DECREF(kw);
-        return -1;
-      }
-      overflow = above;
-      flops = above ? 0 : PyLong_AsLongLong(n);
-    }
-    Py_DECREF(n);
-    if (overflow > 0) {  // past int64: stored as the largest int64, flagged a bound
-      flops = k.int64_max;
-      bound = 1;
-    } else if (overflow < 0 || (flops == -1 && PyErr_Occurred())) {
-      if (!PyErr_Occurred()) {
-        PyErr_SetString(PyExc_OverflowError, "optrace dispatch: a FLOP count below -2**63");
-      }
-      Py_DECREF(kw);
-      return -1;
-    }
-  }
-  if (op.causal != nullptr) {
-    if (kw == nullptr && (kw = kwargs_dict(kwargs)) == nullptr) {
-      return -1;
-    }
-    PyObject* is_causal = PyObject_CallFunctionObjArgs(op.causal, args, kw, nullptr);
-    int on = is_causal == nullptr ? -1 : PyObject_IsTrue(is_causal);
-    Py_XDECREF(is_causal);
-    if (on < 0) {
-      Py_DECREF(kw);
-      return -1;
-    }
-    causal = on;
-  }
-  int64_t phase = 0, recompute = 0;
-  PyObject* module = nullptr;
-  int fast = fast_where(self, &phase, &module, &recompute);
-  if (fast < 0) {
-    Py_XDECREF(kw);
-    return -1;
-  }
-  PyObject *ins = nullptr, *outs = nullptr;
-  if (!fast) {
-    if (kw == nullptr && (kw = kwargs_dict(kwargs)) == nullptr) {
-      return -1;
-    }
-    ins = list_of(c.ins);
-    outs = ins == nullptr ? nullptr : list_of(c.outs);
-    PyObject* where = outs == nullptr ? nullptr : PyObject_CallMethodObjArgs(self->attr, s_where, ins, outs, op.info,
-                                                                              args, kw, Py_False, nullptr);
-    bool ok = where != nullptr && PyTuple_Check(where) && PyTuple_GET_SIZE(where) == 3;
-    if (ok) {
-      phase = PyLong_AsLongLong(PyTuple_GET_ITEM(where, 0));
-      module = Py_NewRef(PyTuple_GET_ITEM(where, 1));
-      recompute = PyLong_AsLongLong(PyTuple_GET_ITEM(where, 2));
-    } else if (where != nullptr) {
-      PyErr_SetString(PyExc_TypeError, "optrace dispatch: where() must return (phase, module, recompute)");
-    }
-    Py_XDECREF(where);
-    Py_XDECREF(ins);
-    Py_XDECREF(outs);
-    if (!ok || PyErr_Occurred()) {
-      Py_XDECREF(module);
-      Py_DECREF(kw);
-      return -1;
-    }
-  }
-  Py_XDECREF(kw);
-  // the module's name id
-  int64_t module_id;
-  PyObject* module_ids = item(self->tracer_dict, s__module_ids);
-  PyObject* found = module_ids == nullptr ? nullptr : item(module_ids, module);
-  if (found == nullptr) {
-    if (PyErr_Occurred() || (found = PyObject_CallMethodOneArg(self->tracer, s__new_module, module)) == nullptr) {
-      Py_DECREF(module);
-      return -1;
-    }
-    module_id = PyLong_AsLongLong(found);
-    Py_DECREF(found);
-  } else {
-    module_id = PyLong_AsLongLong(found);
-  }
-  Py_DECREF(module);
-  if (module_id == -1 && PyErr_Occurred()) {
-    return -1;
-  }
-  // the device's name id: the row's device is its first tensor's
-  int64_t device_id;
-  PyObject* key = PyLong_FromLongLong(c.device_key);
-  PyObject* device_keys = key == nullptr ? nullptr : item(self->tracer_dict, s__device_keys);
-  found = device_keys == nullptr ? nullptr : item(device_keys, key);
-  if (found == nullptr) {
-    PyObject* first = !c.ins.empty() ? c.ins[0] : !c.outs.empty() ? c.outs[0] : Py_None;
-    if (PyErr_Occurred() || key == nullptr ||
-        (found = PyObject_CallMethodObjArgs(self->tracer, s__device_of, first, key, nullptr)) == nullptr) {
-      Py_XDECREF(key);
-      return -1;
-    }
-    device_id = PyLong_AsLongLong(found);
-    Py_DECREF(found);
-  } else {
-    device_id = PyLong_AsLongLong(found);
-  }
-  Py_DECREF(key);
-  if (device_id == -1 && PyErr_Occurred()) {
-    return -1;
-  }
-  int64_t step;
-  if (item_int(self->steps_dict, s_step, &step) < 0) {
+  // the row's device is its first tensor's
+  Owned key(PyLong_FromLongLong(c.device_key));
+  PyObject* first = !c.ins.empty() ? c.ins[0] : !c.outs.empty() ? c.outs[0] : Py_None;
+  if (key.p == nullptr || id_of(self, s__device_keys, key.p, s__device_of, first, &device_id) < 0 ||
+      item_int(self->steps_dict, s_step, &step) < 0) {
     return -1;
   }
   // the storages freed since the previous row
@@ -1008,7 +612,6 @@ int record(Dispatch* self, const Op& op, PyObject* args, PyObject* kwargs, PyObj
       return -1;
     }
   }
-  int64_t live_bytes;
   if (item_int(self->storages_dict, s_live_bytes, &live_bytes) < 0) {
     return -1;
   }
@@ -1021,24 +624,7 @@ int record(Dispatch* self, const Op& op, PyObject* args, PyObject* kwargs, PyObj
       bound, k.no_value,
   };
   PyObject* rows;
-  if (bind_rows(self, &rows) < 0) {
-    return -1;
-  }
-  Py_ssize_t lengths[6];
-  for (int i = 0; i < 6; i++) {
-    lengths[i] = PySequence_Size(self->side_bufs[i]);
-  }
-  Py_ssize_t freed_length = PySequence_Size(self->freed_buf), ints_length = PySequence_Size(self->ints);
-  if (append_sides(self->side_bufs, c) < 0 || append_int64(self->freed_buf, freed_ids.data(), n_freed) < 0 ||
-      append_int64(self->ints, row, static_cast<Py_ssize_t>(sizeof(row) / sizeof(row[0]))) < 0) {
-    PyObject *type, *value, *tb;  // keep the first error while the half-made row is dropped
-    PyErr_Fetch(&type, &value, &tb);
-    for (int i = 0; i < 6; i++) {
-      truncate(self->side_bufs[i], lengths[i]);
-    }
-    truncate(self->freed_buf, freed_length);
-    truncate(self->ints, ints_length);
-    PyErr_Restore(type, value, tb);
+  if (bind_rows(self, &rows) < 0 || append_row(self, c, freed_ids, row, sizeof(row) / sizeof(row[0])) < 0) {
     return -1;
   }
   *whole = true;  // a Ctrl-C from here on leaves the row as it is
@@ -1046,29 +632,7 @@ int record(Dispatch* self, const Op& op, PyObject* args, PyObject* kwargs, PyObj
   if (n_freed && PyList_SetSlice(freed, 0, n_freed, nullptr) < 0) {
     return -1;
   }
-  PyObject* timer;
-  if (bind_timer(self, &timer) < 0) {
-    return -1;
-  }
-  if (self->timer_binds) {  // CUDA events, or no times: the row's time is the timer's (tracer/timing.py)
-    PyObject* done = PyObject_CallMethodOneArg(timer, s_bind, rows);
-    if (done == nullptr) {
-      return -1;
-    }
-    Py_DECREF(done);
-  }
-  int64_t flush_at;  // read at each row, as the Python path reads it
-  if (item_int(self->tracer_dict, s__flush_at, &flush_at) < 0) {
-    return -1;
-  }
-  if (PySequence_Size(self->ints) >= flush_at) {
-    PyObject* done = PyObject_CallMethodNoArgs(self->tracer, s__flush);
-    if (done == nullptr) {
-      return -1;
-    }
-    Py_DECREF(done);
-  }
-  return 0;
+  return after_row(self, rows);
 }
 
 // --------------------------------------------------------------------------------------------- the hook

@@ -19,7 +19,8 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SOURCES = [os.path.join(HERE, name) for name in ("_collector.cpp", "_dispatch.cpp")]  # and their _collector.h
+# and their headers, _collector.h and _dispatch.h
+SOURCES = [os.path.join(HERE, name) for name in ("_collector.cpp", "_dispatch.cpp", "_where.cpp", "_native_flops.cpp")]
 TARGET = os.path.join(HERE, "_collector.so")
 
 
