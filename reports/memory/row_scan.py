@@ -17,6 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from reports._util import unique
 from reports.errors import ReportError
 from reports.memory.lifetimes import Lists
 from reports.memory.resizes import COLLECTIVE_PREFIXES
@@ -113,7 +114,7 @@ class Scan:
         out_start = np.concatenate([[0], np.cumsum(n_outputs)]).astype(np.int64) + self.taken[1]
         out_rows = np.searchsorted(out_start, np.where(seen != _NONE, seen, 0), side="right") - 1  # -1: an earlier batch
         first = (seen == _NONE) | (out_rows >= in_rows)
-        picked = pa.array(np.unique(in_rows[first]))
+        picked = pa.array(unique(in_rows[first]))
         if len(picked):
             cells = {c: batch.column(c).take(picked) for c in ("seq", *CELLS)}
             cells["input_dtypes"] = cells["input_dtypes"].cast(pa.list_(pa.string()))  # as DuckDB gives them
@@ -163,7 +164,7 @@ class Scan:
 
     def kept_comm(self):
         """The ids collective rows read or wrote, ascending (comm of Lists); None when the batches held no op."""
-        return np.unique(np.concatenate([np.zeros(0, np.int64), *self.comm])) if "op" in self.held else None
+        return unique(np.concatenate([np.zeros(0, np.int64), *self.comm])) if "op" in self.held else None
 
     def kept_cells(self):
         """A Table of seq and CELLS at the rows kept (ascending seq); None when the batches held no CELLS."""

@@ -347,11 +347,13 @@ def _sql_all(path, columns, keep=()):
 
 
 def _report_keep():
-    """What the report's FLOP and memory sections read of rank 0's rows, kept from the Trace's read of its parts."""
+    """What the report's FLOP and memory sections, its by-module table and its peak read of rank 0's rows, kept from
+    the Trace's read of its parts."""
     from reports.memory.row_scan import Scan
     from reports.sql.flop_rows import FlopRows
+    from reports.sql.kept_views import ModuleOwn, Peak
 
-    return (FlopRows, Scan)
+    return (FlopRows, Scan, ModuleOwn, Peak)
 
 
 def _first_rank_frame(path, everyone):

@@ -20,6 +20,7 @@ import pyarrow.compute as pc
 
 from reports._util import ONE_TO_ONE_COPIES, packet
 from reports.flops.roles import _ADDS, _GATHERS, _GRADIENT_MOVES, DERIVED, GRADIENT_PLACES, SCALED
+from reports.sql.rowpass import Codes
 
 __all__ = ["FlopRows"]
 
@@ -31,30 +32,6 @@ SCHEMA = pa.schema([("seq", pa.int64()), ("step", pa.int64()), ("phase", pa.stri
                     ("causal", pa.bool_()), ("input_storage_ids", _INTS), ("output_storage_ids", _INTS),
                     ("input_dtypes", pa.list_(pa.field("l", pa.string()))), ("input_shapes", _SHAPES),
                     ("output_shapes", _SHAPES), ("flops_bound", pa.bool_())])  # fmt: skip
-
-
-class _Codes:
-    """Run-wide codes of the strings of a column (dictionary-encoded or plain), numbered as first seen."""
-
-    def __init__(self):
-        self.names, self.index = [], {}
-
-    def of(self, column):
-        codes = []
-        for chunk in column.chunks if isinstance(column, pa.ChunkedArray) else [column]:
-            chunk = chunk if pa.types.is_dictionary(chunk.type) else pc.dictionary_encode(chunk)
-            index = np.asarray([self._code(v) for v in chunk.dictionary.to_pylist()], dtype=np.int64)
-            codes.append(index[chunk.indices.fill_null(0).to_numpy()] if len(index) else np.zeros(len(chunk), np.int64))
-        return np.concatenate(codes) if codes else np.zeros(0, np.int64)
-
-    def _code(self, value):
-        if value not in self.index:
-            self.index[value] = len(self.names)
-            self.names.append(value)
-        return self.index[value]
-
-    def flags(self, test):
-        return np.fromiter((test(v) for v in self.names), dtype=bool, count=len(self.names))
 
 
 def _product_is_one(shapes, k):
@@ -83,7 +60,7 @@ class FlopRows:
     holds = "flop_rest"  # the view it holds: the Trace's _ops grain then leaves out its keys (reports/sql/scan.py)
 
     def __init__(self, rows=None):
-        self.op, self.phase, self.kind, self.dtype = _Codes(), _Codes(), _Codes(), _Codes()
+        self.op, self.phase, self.kind, self.dtype = Codes(), Codes(), Codes(), Codes()
         self.walked, self.rest = [], {}  # Tables of walked rows; {group key: [seq, step, FLOPs]} in order of first seq
 
     def feed(self, table):
@@ -143,11 +120,12 @@ class FlopRows:
         packed = np.zeros(len(at), dtype=np.int64)  # one int per key (mixed radix): a sort of ints, not of rows
         for key, size in zip(keys, sizes):
             packed = packed * size + key
-        _, first_at, group = np.unique(packed, return_index=True, return_inverse=True)
+        order = np.argsort(packed, kind="stable")  # each group's rows together, in row order
+        starts = np.flatnonzero(np.concatenate(([True], packed[order][1:] != packed[order][:-1])))
+        first_at = order[starts]  # each group's first row
         found = np.stack([key[first_at] for key in keys], axis=1)
-        high, low = (np.zeros(len(found), dtype=np.int64) for _ in range(2))  # exact integer halves, summed per group
-        np.add.at(high, group, flops >> 32)
-        np.add.at(low, group, flops & 0xFFFFFFFF)
+        flops = flops[order]
+        high, low = np.add.reduceat(flops >> 32, starts), np.add.reduceat(flops & 0xFFFFFFFF, starts)  # exact halves
         seq, step = table.column("seq").to_numpy()[at[first_at]], table.column("step").to_numpy()[at[first_at]]
         for key, s, st, hi, lo in zip(map(tuple, found.tolist()), seq.tolist(), step.tolist(), high.tolist(), low.tolist()):
             key = (key[0], key[1] - 1, key[2], key[3], key[4] - 2, key[5])

@@ -32,7 +32,7 @@ try:
 except ImportError:
     ParquetReader = None
 
-__all__ = ["read"]
+__all__ = ["Codes", "read"]
 
 CHECKED = ("seq", *ALLOWED)
 
@@ -98,3 +98,29 @@ class _Reader:
         reader = ParquetReader(memory_pool=pa.system_memory_pool())  # see _ahead
         reader.open(part, metadata=info)
         return reader.read_all(column_indices=self._leaves, use_threads=False)
+
+
+class Codes:
+    """For consumers: run-wide codes of the strings of a column (dictionary-encoded or plain), numbered as first seen
+    (`names`), each part's dictionary looked up once."""
+
+    def __init__(self):
+        self.names, self.index = [], {}
+
+    def of(self, column):
+        codes = []
+        for chunk in column.chunks if isinstance(column, pa.ChunkedArray) else [column]:
+            chunk = chunk if pa.types.is_dictionary(chunk.type) else pc.dictionary_encode(chunk)
+            index = np.asarray([self._code(v) for v in chunk.dictionary.to_pylist()], dtype=np.int64)
+            codes.append(index[chunk.indices.fill_null(0).to_numpy()] if len(index) else np.zeros(len(chunk), np.int64))
+        return np.concatenate(codes) if codes else np.zeros(0, np.int64)
+
+    def _code(self, value):
+        if value not in self.index:
+            self.index[value] = len(self.names)
+            self.names.append(value)
+        return self.index[value]
+
+    def flags(self, test):
+        """test(name) of each name, by code."""
+        return np.fromiter((test(v) for v in self.names), dtype=bool, count=len(self.names))
