@@ -24,6 +24,8 @@ from reports.sql.rowpass import Codes
 
 __all__ = ["FlopRows"]
 
+_CATEGORICAL = ("phase", "op", "module", "flop_kind")  # as flops.py gives them: categorical
+
 _COPIES, _HOPS = ONE_TO_ONE_COPIES | _GATHERS, _ADDS | GRADIENT_PLACES | _GRADIENT_MOVES
 # flop_rows' and flop_rest's columns as DuckDB gives them (reports/sql/flops.py _ROWS)
 _INTS, _SHAPES = pa.list_(pa.field("l", pa.int64())), pa.list_(pa.field("l", pa.list_(pa.field("l", pa.int64()))))
@@ -60,17 +62,19 @@ class FlopRows:
     holds = "flop_rest"  # the view it holds: the Trace's _ops grain then leaves out its keys (reports/sql/scan.py)
 
     def __init__(self, rows=None):
-        self.op, self.phase, self.kind, self.dtype = Codes(), Codes(), Codes(), Codes()
-        self.walked, self.rest = [], {}  # Tables of walked rows; {group key: [seq, step, FLOPs]} in order of first seq
+        self.codes = {c: Codes() for c in (*_CATEGORICAL, "dtype")}
+        self.walked = {c: [] for c in SCHEMA.names}  # per column, each part's walked rows: codes for _CATEGORICAL
+        self.rest = {}  # {group key: [seq, step, FLOPs]}
 
     def feed(self, table):
-        op, phase, kind = self.op.of(table.column("op")), self.phase.of(table.column("phase")), self.kind.of(table.column("flop_kind"))
-        packets = [packet(v) for v in self.op.names]
+        op, phase, kind = (self.codes[c].of(table.column(c)) for c in ("op", "phase", "flop_kind"))
+        packets = [packet(v) for v in self.codes["op"].names]
         copies, hops, derives, scales = (np.fromiter((p in names for p in packets), dtype=bool, count=len(packets))[op]
                                          for names in (_COPIES, _HOPS, DERIVED, SCALED))  # fmt: skip
-        is_kind = {k: self.kind.flags(lambda v, k=k: v == k)[kind] for k in ("matmul", "attention", "conv", "collective")}
-        forward = self.phase.flags(lambda v: v == "forward")[phase]
-        late = self.phase.flags(lambda v: v in ("backward", "other"))[phase]
+        kinds = self.codes["flop_kind"]
+        is_kind = {k: kinds.flags(lambda v, k=k: v == k)[kind] for k in ("matmul", "attention", "conv", "collective")}
+        forward = self.codes["phase"].flags(lambda v: v == "forward")[phase]
+        late = self.codes["phase"].flags(lambda v: v in ("backward", "other"))[phase]
         scalar = np.zeros(len(op), dtype=bool)
         at = np.flatnonzero(scales)
         if len(at):
@@ -79,44 +83,39 @@ class FlopRows:
             scalar[at] = (n_in == 1) | (n_in == 2) & (_product_is_one(shapes, 0) | _product_is_one(shapes, 1))
         walked = (is_kind["matmul"] | is_kind["attention"] | is_kind["conv"] & forward | copies
                   | late & (is_kind["collective"] | hops) | derives | scales & scalar)  # fmt: skip
-        self._keep(table, walked, is_kind, scales)
-        self._sum(table, ~walked, op, phase, kind)
+        self._keep(table, np.flatnonzero(walked), (op, phase, kind), is_kind, scales)
+        self._sum(table, np.flatnonzero(~walked), op, phase, kind)
 
-    def _keep(self, table, walked, is_kind, scales):
-        """The walked rows, with flop_rows' columns."""
-        at = pa.array(np.flatnonzero(walked))
-        rows = table.take(at)
-        mm = pa.array(is_kind["matmul"][walked])
-        shaped = pa.array((is_kind["attention"] | is_kind["conv"] | scales)[walked])
-        out_shaped = pa.array((is_kind["matmul"] | is_kind["conv"])[walked])
+    def _keep(self, table, at, codes, is_kind, scales):
+        """The walked rows `at`, with flop_rows' columns (a cell flop_rows leaves null taken at a null index)."""
+        index, w = pa.array(at), self.walked
+        mm = is_kind["matmul"][at]
 
-        def text(name):
-            return rows.column(name).cast(pa.string())
+        def masked(column, keep):
+            return column.take(pa.array(at, mask=~keep))
 
-        columns = {
-            "seq": rows.column("seq"), "step": rows.column("step"), "phase": text("phase"), "op": text("op"),
-            "module": pc.if_else(mm, text("module").combine_chunks(), None), "flop_kind": text("flop_kind"),
-            "flops": rows.column("flops"), "recompute": pc.fill_null(rows.column("recompute"), False),
-            "causal": rows.column("causal"), "input_storage_ids": rows.column("input_storage_ids"),
-            "output_storage_ids": rows.column("output_storage_ids"),
-            "input_dtypes": pc.list_slice(rows.column("input_dtypes"), 0, 2).cast(SCHEMA.field("input_dtypes").type),
-            "input_shapes": _where(shaped, rows.column("input_shapes"), _SHAPES),
-            "output_shapes": _where(out_shaped, rows.column("output_shapes"), _SHAPES),
-            "flops_bound": pc.if_else(mm, pc.fill_null(rows.column("flops_bound"), False).combine_chunks(), None),
-        }  # fmt: skip
-        self.walked.append(pa.table({n: _cast(v, SCHEMA.field(n).type) for n, v in columns.items()}, schema=SCHEMA))
+        for name, code in zip(("op", "phase", "flop_kind"), codes):
+            w[name].append(code[at])
+        w["module"].append(np.where(mm, self.codes["module"].of(table.column("module"))[at], -1))
+        for name in ("seq", "step", "flops", "causal", "input_storage_ids", "output_storage_ids"):
+            w[name].append(table.column(name).take(index))
+        w["recompute"].append(pc.fill_null(table.column("recompute").take(index), False))
+        w["input_dtypes"].append(pc.list_slice(table.column("input_dtypes").take(index), 0, 2))
+        w["input_shapes"].append(masked(table.column("input_shapes"), (is_kind["attention"] | is_kind["conv"] | scales)[at]))
+        w["output_shapes"].append(masked(table.column("output_shapes"), (is_kind["matmul"] | is_kind["conv"])[at]))
+        w["flops_bound"].append(masked(pc.fill_null(table.column("flops_bound"), False), mm))
 
-    def _sum(self, table, rest, op, phase, kind):
-        """The other rows' FLOPs per flop_rest's group."""
-        at = np.flatnonzero(rest)
+    def _sum(self, table, at, op, phase, kind):
+        """The other rows' (`at`) FLOPs per flop_rest's group."""
         if not len(at):
             return
-        optimizer = self.phase.flags(lambda v: v == "optimizer")[phase[at]]
+        optimizer = self.codes["phase"].flags(lambda v: v == "optimizer")[phase[at]]
         dtype = self._first_dtypes(table.column("input_dtypes"), at)
         recompute = pc.fill_null(table.column("recompute").take(at), False).to_numpy()
         flops = table.column("flops").take(at).to_numpy()
         keys = [phase[at], np.where(optimizer, op[at], -1) + 1, kind[at], recompute, dtype + 2, flops > 0]
-        sizes = [len(self.phase.names), len(self.op.names) + 1, len(self.kind.names), 2, len(self.dtype.names) + 2, 2]
+        sizes = [len(self.codes[c].names) for c in ("phase", "op", "flop_kind")]
+        sizes = [sizes[0], sizes[1] + 1, sizes[2], 2, len(self.codes["dtype"].names) + 2, 2]
         packed = np.zeros(len(at), dtype=np.int64)  # one int per key (mixed radix): a sort of ints, not of rows
         for key, size in zip(keys, sizes):
             packed = packed * size + key
@@ -136,49 +135,73 @@ class FlopRows:
 
     def _first_dtypes(self, column, at):
         """Code of each row `at`'s first input dtype (flop_rest's input_dtypes[1:1]): -1 none, -2 a null one."""
-        chunk = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+        chunk = column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()  # a part: one chunk
         offsets = chunk.offsets.to_numpy()
         start, has = offsets[at], offsets[at + 1] > offsets[at]
         values = chunk.values if pa.types.is_dictionary(chunk.type.value_type) else pc.dictionary_encode(chunk.values)
         first = values.take(pa.array(start[has]))
         dtype = np.full(len(at), -1, dtype=np.int64)
-        dtype[has] = np.where(np.asarray(first.is_null()), -2, self.dtype.of(first))
+        dtype[has] = np.where(np.asarray(first.is_null()), -2, self.codes["dtype"].of(first))
         return dtype
 
-    def table(self, wide):
-        """flop_rows and flop_rest of the run as one Table of SCHEMA, in seq order (flops float64 when `wide`: an int64
-        sum could wrap, as flops.py reads it then); None when a FLOP sum does not fit an int64 (flops.py's query)."""
-        walked = pa.concat_tables(self.walked) if self.walked else SCHEMA.empty_table()
+    def table(self, wide, steps):
+        """flop_rows, flop_rest and `steps` (flop_steps' rows of the run, after the others, in seq order) as one Table
+        of SCHEMA in seq order, _CATEGORICAL columns dictionary-encoded as flops.py encodes them; None when `wide` (an
+        int64 FLOP sum could wrap: flops.py's query reads them as float64)."""
         groups = sorted(self.rest.items(), key=lambda item: item[1][0])
-        if any(not -(2**63) <= total < 2**63 for _, (_, _, total) in groups) or wide:
+        if wide or any(not -(2**63) <= total < 2**63 for _, (_, _, total) in groups):
             return None
-        names = self.phase.names, self.kind.names, self.op.names, self.dtype.names
-        rest = pa.table({
+        names = {c: self.codes[c].names for c in ("phase", "op", "flop_kind", "dtype")}
+        rest = {
             "seq": [s for _, (s, _, _) in groups], "step": [st for _, (_, st, _) in groups],
-            "phase": [names[0][k[0]] for k, _ in groups],
-            "op": [names[2][k[1]] if k[1] >= 0 else None for k, _ in groups],
-            "module": pa.nulls(len(groups), pa.string()), "flop_kind": [names[1][k[2]] for k, _ in groups],
             "flops": [total for _, (_, _, total) in groups], "recompute": [bool(k[3]) for k, _ in groups],
-            "causal": pa.nulls(len(groups), pa.bool_()),
-            "input_storage_ids": pa.nulls(len(groups), _INTS), "output_storage_ids": pa.nulls(len(groups), _INTS),
-            "input_dtypes": [[] if k[4] == -1 else [None] if k[4] == -2 else [names[3][k[4]]] for k, _ in groups],
-            "input_shapes": pa.nulls(len(groups), _SHAPES), "output_shapes": pa.nulls(len(groups), _SHAPES),
-            "flops_bound": pa.nulls(len(groups), pa.bool_()),
-        }, schema=SCHEMA)  # fmt: skip
-        # rest's groups between the walked rows, by seq (seq is unique in a run)
-        cut = np.searchsorted(walked.column("seq").to_numpy(), rest.column("seq").to_numpy())
-        pieces, last = [], 0
-        for i, c in enumerate(cut.tolist()):
-            pieces += [walked.slice(last, c - last), rest.slice(i, 1)]
-            last = c
-        return pa.concat_tables([*pieces, walked.slice(last)])
+            "input_dtypes": [[] if k[4] == -1 else [None] if k[4] == -2 else [names["dtype"][k[4]]] for k, _ in groups],
+        }  # fmt: skip
+        rest = {c: pa.array(rest[c], SCHEMA.field(c).type) if c in rest else pa.nulls(len(groups), SCHEMA.field(c).type)
+                for c in SCHEMA.names if c not in _CATEGORICAL}  # fmt: skip
+        rest_codes = {"phase": [k[0] for k, _ in groups], "op": [k[1] for k, _ in groups],
+                      "flop_kind": [k[2] for k, _ in groups], "module": [-1] * len(groups)}  # fmt: skip
+        steps_codes = {c: np.full(len(steps), -1, dtype=np.int64) for c in _CATEGORICAL}
+        steps_codes["phase"] = self.codes["phase"].of(steps.column("phase"))
+        # rest's groups between the walked rows, by seq (seq is unique in a run); the steps after them
+        walked_seq = np.concatenate([np.zeros(0, np.int64), *(a.to_numpy() for a in self.walked["seq"])])
+        cut = np.searchsorted(walked_seq, np.asarray(rest["seq"], dtype=np.int64)).tolist()
+        out = {}
+        for c in SCHEMA.names:
+            kind = SCHEMA.field(c).type
+            if c in _CATEGORICAL:
+                codes = np.concatenate([np.zeros(0, np.int64), *self.walked[c]])
+                codes = np.insert(codes, cut, np.asarray(rest_codes[c], dtype=np.int64))
+                out[c] = _categorical(np.concatenate([codes, steps_codes[c]]), self.codes[c].names)
+                continue
+            parts = [chunk for part in self.walked[c] for chunk in _chunks(part)]
+            walked = pa.chunked_array(parts, type=parts[0].type) if parts else pa.chunked_array([], type=kind)
+            walked = walked.cast(kind) if walked.type != kind else walked
+            pieces, last = [], 0
+            for i, at in enumerate(cut):
+                pieces += [walked.slice(last, at - last), rest[c].slice(i, 1)]
+                last = at
+            pieces += [walked.slice(last), steps.column(c).cast(kind) if c in steps.column_names else
+                       pa.nulls(len(steps), kind)]  # fmt: skip
+            out[c] = pa.concat_arrays([chunk for piece in pieces for chunk in _chunks(piece)])
+        self.walked = self.rest = None
+        return pa.table(out)
 
 
-def _where(mask, column, kind):
-    """column where mask, else null."""
-    column = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
-    return pc.if_else(mask, column.cast(kind), pa.nulls(len(column), kind))
+def _chunks(values):
+    return values.chunks if isinstance(values, pa.ChunkedArray) else [values]
 
 
-def _cast(values, kind):
-    return values if values.type == kind else values.cast(kind)
+def _categorical(codes, names):
+    """Codes (-1: null) over `names` as the DictionaryArray pc.dictionary_encode makes of their strings: the dictionary
+    holds the names used, in order of first appearance."""
+    valid = codes >= 0
+    used = codes[valid]
+    order = np.argsort(used, kind="stable")
+    starts = np.flatnonzero(np.concatenate(([True], used[order][1:] != used[order][:-1]))) if len(used) else order
+    first = order[starts]  # each code's first row among the valid ones
+    seen = used[np.sort(first)]  # the codes in order of first appearance
+    lookup = np.zeros(len(names) + 1, dtype=np.int32)
+    lookup[seen] = np.arange(len(seen), dtype=np.int32)
+    indices = pa.array(lookup[np.where(valid, codes, len(names))], mask=~valid)
+    return pa.DictionaryArray.from_arrays(indices, pa.array([names[k] for k in seen.tolist()], pa.string()))

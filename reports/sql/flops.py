@@ -48,7 +48,7 @@ import pyarrow.compute as pc
 
 from reports.loading.columns import SharedRuns, to_pandas
 from reports.sql.engine import statements
-from reports.sql.flop_rows import SCHEMA, FlopRows
+from reports.sql.flop_rows import FlopRows
 
 __all__ = ["frame"]
 
@@ -92,11 +92,10 @@ def frame(trace, mfu_only=False):
         names = _ROWS
         parts = [_select("flop_rows", {c: c for c in _ROWS}, flops_type, 0), _select("flop_rest", _REST, flops_type, 0)]
     kept = None if mfu_only or trace.several else trace.take_kept(FlopRows, 0)
-    rows = kept.table(wide) if kept is not None else None
-    if rows is not None:  # the walked rows and groups from the Trace's read of the parts (reports/sql/flop_rows.py)
-        steps = trace.db.sql(_select("flop_steps", _STEPS, flops_type, 1, names)).to_arrow_table()
-        steps = steps.select(SCHEMA.names).cast(SCHEMA).sort_by("seq")  # after the run's other rows, as below
-        table = pa.concat_tables([rows, steps]).combine_chunks()
+    if kept is not None:  # the walked rows and groups from the Trace's read of the parts (reports/sql/flop_rows.py)
+        steps = trace.db.sql("SELECT seq, step, phase, 0 AS flops, recompute FROM flop_steps ORDER BY seq").to_arrow_table()
+        table = kept.table(wide, steps)  # the run's steps after its other rows, as below
+    if kept is not None and table is not None:
         table = table.append_column("run_index", pa.array(np.zeros(len(table), np.int32)))
     else:
         query = " UNION ALL ".join([*parts, _select("flop_steps", _STEPS, flops_type, 1, names)])
