@@ -178,7 +178,7 @@ class Scan:
 
         def offsets(column):
             found = np.zeros(n + 1, dtype=np.int64)
-            np.cumsum(rows[column].to_numpy(), out=found[1:])
+            np.cumsum(rows[column].to_numpy(), dtype=np.int64, out=found[1:])  # int32 counts summed as int64
             return found
 
         in_offsets, out_offsets, free_offsets = (offsets(c) for c in ("n_inputs", "n_outputs", "n_freed"))

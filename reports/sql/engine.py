@@ -197,8 +197,6 @@ class Trace:
                         if d[0] not in ("run", "run_index")]  # fmt: skip
         files = sum(len(f) for f in self.files)
         rows = sum(footers.rows.get(f, 0) for fs in self.files for f in fs)
-        if files <= Footers.LIMIT:  # each scan parses every part's footer again: 0.01-0.02 s a scan of 62 parts
-            self.db.execute("SET parquet_metadata_cache = true")  # (about 90 KB a footer)
         if rows <= FLUSH_FREED_ROWS:  # give the memory of a scan's freed buffers back as it goes
             try:
                 self.db.execute("SET allocator_bulk_deallocation_flush_threshold = '2MB'")

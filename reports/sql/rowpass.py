@@ -43,7 +43,7 @@ def read(files, footers, present, consumers=()):
     lists = [c for c in LIST_NOT_NULL if c in present]
     items = [c for c in ITEMS_NOT_NULL if c in present]
     wanted = {*CHECKED, *lists, *(c for consumer in consumers for c in consumer.columns)}
-    reader = _Reader([c for c in present if c in wanted])
+    reader = _Reader([c for c in present if c in wanted], threads=not consumers)
     last = None
     for table in _ahead(reader, files, footers):
         if not table.num_rows:
@@ -81,8 +81,8 @@ def _ahead(reader, files, footers):
 class _Reader:
     """Reads `columns` of part files: the leaf column indices found once per Parquet schema."""
 
-    def __init__(self, columns):
-        self.columns, self._schema, self._leaves = columns, None, None
+    def __init__(self, columns, threads):
+        self.columns, self.threads, self._schema, self._leaves = columns, threads, None, None
 
     def read(self, part, footers):
         info = footer(part, footers)
@@ -97,7 +97,7 @@ class _Reader:
                             if leaf == name or leaf.startswith(name + ".")]  # fmt: skip
         reader = ParquetReader(memory_pool=pa.system_memory_pool())  # see _ahead
         reader.open(part, metadata=info)
-        return reader.read_all(column_indices=self._leaves, use_threads=False)
+        return reader.read_all(column_indices=self._leaves, use_threads=self.threads and info.num_rows >= 1024)
 
 
 class Codes:
