@@ -395,7 +395,12 @@ class Trace:
         if self.narrow:
             return self._seq_in_order(i) or _seq_increases(self.files[i], footers)
         consumers = [make(sum(footers.rows.get(f, 0) for f in self.files[i])) for make in keep] if i == 0 else []
-        if not rowpass.read(self.files[i], footers, self.columns, consumers):
+        try:
+            if not rowpass.read(self.files[i], footers, self.columns, consumers):
+                return False
+        except Exception as exc:  # a part whose pages cannot be read (corrupt, truncated): the reference loader's line
+            if merged_away(exc):
+                raise
             return False
         self.kept.update({(type(c), i): c for c in consumers})
         return True

@@ -7,26 +7,39 @@ the query of flops.sql that decoded five list columns of every row again (report
     rest     flop_rest: the other rows' FLOPs summed per phase, optimizer op, FLOP kind, recompute flag, first input
              dtype and FLOPs > 0, each group at its first row's seq and step
 
-`walked` is flop_marked's condition on the same op lists (the Python ones flops.sql copies: tests/test_sql_flops.py),
+`walked` is flop_marked's condition on flop_ops' op lists, read from flops.sql (tests/test_sql_flops.py checks them),
 a mul or div's scalar operand tested as flop_marked tests it (one tensor input, or two of which one's shape has a
 product of 1, a missing or empty shape counting as 1: list_product skips nulls and gives NULL for no item). The
 FLOP sums are exact (integer halves), so `table` gives what flops.py's query gives of a run, row for row
 (tests/test_sql_flops.py compares the frames).
 """
 
+import os
+import re
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from reports._util import ONE_TO_ONE_COPIES, packet
-from reports.flops.roles import _ADDS, _GATHERS, _GRADIENT_MOVES, DERIVED, GRADIENT_PLACES, SCALED
+from reports._util import packet
 from reports.sql.rowpass import Codes
 
 __all__ = ["FlopRows"]
 
 _CATEGORICAL = ("phase", "op", "module", "flop_kind")  # as flops.py gives them: categorical
 
-_COPIES, _HOPS = ONE_TO_ONE_COPIES | _GATHERS, _ADDS | GRADIENT_PLACES | _GRADIENT_MOVES
+
+
+def _packets():
+    """{copies, hops, derives, scales: the op packets flops.sql's flop_ops lists for each}, read from flops.sql."""
+    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "flops.sql"), encoding="utf-8") as f:
+        text = f.read()
+    body = text[text.index("CREATE VIEW flop_ops"):text.index("CREATE VIEW flop_marked")]
+    return {name: frozenset(re.findall(r"'([\w.]+)'", found)) for found, name in
+            re.findall(r"packet IN \(([^)]*)\) AS (\w+)", body)}  # fmt: skip
+
+
+_PACKETS = _packets()
 # flop_rows' and flop_rest's columns as DuckDB gives them (reports/sql/flops.py _ROWS)
 _INTS, _SHAPES = pa.list_(pa.field("l", pa.int64())), pa.list_(pa.field("l", pa.list_(pa.field("l", pa.int64()))))
 SCHEMA = pa.schema([("seq", pa.int64()), ("step", pa.int64()), ("phase", pa.string()), ("op", pa.string()),
@@ -69,8 +82,8 @@ class FlopRows:
     def feed(self, table):
         op, phase, kind = (self.codes[c].of(table.column(c)) for c in ("op", "phase", "flop_kind"))
         packets = [packet(v) for v in self.codes["op"].names]
-        copies, hops, derives, scales = (np.fromiter((p in names for p in packets), dtype=bool, count=len(packets))[op]
-                                         for names in (_COPIES, _HOPS, DERIVED, SCALED))  # fmt: skip
+        copies, hops, derives, scales = (np.fromiter((p in _PACKETS[k] for p in packets), dtype=bool, count=len(packets))[op]
+                                         for k in ("copies", "hops", "derives", "scales"))  # fmt: skip
         kinds = self.codes["flop_kind"]
         is_kind = {k: kinds.flags(lambda v, k=k: v == k)[kind] for k in ("matmul", "attention", "conv", "collective")}
         forward = self.codes["phase"].flags(lambda v: v == "forward")[phase]
