@@ -4,12 +4,13 @@
     reports.by_category(df) (at="peak")      by_category(trace)
 
 The storage-lifetime model of reports/memory/lifetimes.py runs unchanged, so its result is the reference's, on
-what one scan of the run gives it (memory_rows, Arrow batches of 65,536 rows): the scalar columns it reads at every
-row (seq, step, phase, bytes allocated, live bytes and the lengths of the three storage id lists) and the run's
-`lifetimes.Lists`, one entry per storage (each storage's first appearance and first known size, found batch by batch
-with numpy as the reference finds them; the frees), with the storages collectives used (`memory_lists`); the other
-list columns (input shapes, strides and dtypes, output shapes and dtypes) only at the rows the model asks for
-(reports.loading.columns.Cells). No list column of the run is held in memory.
+what one scan of the run gives it (memory_rows; reports/memory/row_scan.py fed the Trace's read of the parts, or Arrow
+batches of 65,536 rows of a DuckDB scan of its own): the scalar columns it reads at every row (seq, step, phase,
+bytes allocated, live bytes and the lengths of the three storage id lists) and the run's `lifetimes.Lists`, one entry
+per storage (each storage's first appearance and first known size, found batch by batch with numpy as the reference
+finds them; the frees), with the storages collectives used (`memory_lists`); the other list columns (input shapes,
+strides and dtypes, output shapes and dtypes) only at the rows the model asks for (reports.loading.columns.Cells:
+kept by that read where it was the Trace's, else read then). No list column of the run is held in memory.
 """
 
 import numpy as np
