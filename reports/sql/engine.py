@@ -48,6 +48,7 @@ from reports.loading.integrity import REREADS, Footers, describe_damage, footer,
 from reports.loading.load import check_rank, id_limit, read_run, run_name, runs_with_ranks
 from reports.loading.validate import ALLOWED, ITEMS_NOT_NULL, LIST_NOT_NULL, STORAGE_ID_COLUMNS, check_footers
 from reports.sql import rowpass
+from reports.sql.kept_views import kept_views
 from reports.sql.scan import GRAINS, files_query, grains, source, source_views, views
 from tracer.schema import COLUMN_NAMES, PHASES, SCHEMA_VERSION
 
@@ -222,7 +223,8 @@ class Trace:
             self.db.execute(f"CREATE TABLE {name} AS {body}")  # are read from these (reports/sql/scan.py); not TEMP:
             # first_run's connection reads them too
         self._check_null_lists(unscanned)  # a narrow trace's: from _ops, which flagged them as it read the lists
-        fast = {**views(several, "flop_rest" not in held), **self._kept_views()}
+        fast = {**views(several, "flop_rest" not in held), **kept_views(self.db, self.kept, None if several else
+                                                                         next(iter(self.runs)))}  # fmt: skip
         self._views = [(name, fast.get(name, body)) for path in VIEW_FILES for name, body, _ in statements(path)]
         for name, body in self._views:  # run_totals, which most tables join, computed once (its distinct counts:
             self.db.execute(f"CREATE {'TABLE' if name == 'run_totals' else 'VIEW'} {name} AS {body}")  # 13 ms a read)
@@ -404,22 +406,6 @@ class Trace:
             return False
         self.kept.update({(type(c), i): c for c in consumers})
         return True
-
-    def _kept_views(self):
-        """{view: its body} of the views a kept consumer of run 0's rows made (one with `view`, `table` and `SELECT`:
-        reports/sql/kept_views.py), each read from a table of its rows; none for a trace of several runs."""
-        made = {}
-        for key, consumer in list(self.kept.items()):
-            if getattr(consumer, "view", None) is None:
-                continue
-            del self.kept[key]
-            rows = None if self.several else consumer.table(next(iter(self.runs)))
-            if rows is not None:  # else the view as scan.py makes it (a sum past int64)
-                self.db.register("_kept_rows", rows)
-                self.db.execute(f"CREATE TABLE _kept_{consumer.view} AS SELECT * FROM _kept_rows")
-                self.db.unregister("_kept_rows")
-                made[consumer.view] = consumer.SELECT.format(table=f"_kept_{consumer.view}")
-        return made
 
     def take_kept(self, kind, run_index):
         """The consumer of type `kind` the read of run `run_index` fed (Trace(keep=...)), once; None when none was."""

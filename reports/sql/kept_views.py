@@ -12,9 +12,26 @@ import pyarrow as pa
 
 from reports.sql.rowpass import Codes
 
-__all__ = ["ModuleOwn", "Peak"]
+__all__ = ["ModuleOwn", "Peak", "kept_views"]
 
 _INT64 = 2**63
+
+
+def kept_views(db, kept, run):
+    """{view: its body} of the views the consumers of run 0's rows in `kept` ({key: consumer}: those with `view`, taken
+    out of it) made, each over a table of its rows on connection `db`; none for a trace of several runs (`run` None)."""
+    made = {}
+    for key, consumer in list(kept.items()):
+        if getattr(consumer, "view", None) is None:
+            continue
+        del kept[key]
+        rows = None if run is None else consumer.table(run)
+        if rows is not None:  # else the view as scan.py makes it (a sum past int64)
+            db.register("_kept_rows", rows)
+            db.execute(f"CREATE TABLE _kept_{consumer.view} AS SELECT * FROM _kept_rows")
+            db.unregister("_kept_rows")
+            made[consumer.view] = consumer.SELECT.format(table=f"_kept_{consumer.view}")
+    return made
 
 
 class ModuleOwn:
