@@ -11,7 +11,8 @@ For each trace:
                   report costs once no section needs the rows in Python
   SQL tables (--code)  the same from DIR, a checkout of other code (`git archive COMMIT | tar -x -C DIR`)
   --reports: report --engine sql (every section from SQL, no frame of the rows: `optrace report` as shipped)
-             and report --engine pandas (the rows loaded, the pandas functions)
+             and report --engine pandas (the rows loaded, the pandas functions); with --code also the
+             `optrace report` of DIR (report sql (--code))
 
 --ranks R,...: a synthetic distributed trace of R ranks made of hard links to the first TRACE's parts
 (R times its rows, no disk used), with its SQL tables over every rank. Each figure is the median of --repeats
@@ -107,7 +108,8 @@ def main(argv=None):
     parser.add_argument("traces", nargs="+")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--ranks", default="", help="comma-separated rank counts for the synthetic distributed trace")
-    parser.add_argument("--code", help="also run the SQL tables from this checkout of other code")
+    parser.add_argument("--code", help="also run the SQL tables (and with --reports the SQL report) from this checkout of "
+                        "other code")
     parser.add_argument("--reports", action="store_true", help="also run `optrace report` with either engine")
     args = parser.parse_args(argv)
     py = sys.executable
@@ -124,8 +126,10 @@ def main(argv=None):
         rows = sum(pq.read_metadata(os.path.join(d, f)).num_rows for d, _, fs in os.walk(trace) for f in fs
                    if f.endswith(".parquet"))  # fmt: skip
         print(f"{trace}: {rows:,} rows in {parts:,} files; {args.repeats} runs each, median (range)")
-        reports = [("report --engine sql", [py, "-m", "reports.output.cli", "report", "--engine", "sql", trace]),
-                   ("report (pandas)", [py, "-m", "reports.output.cli", "report", "--engine", "pandas", trace])] if args.reports else []  # fmt: skip
+        report = [py, "-m", "reports.output.cli", "report", os.path.abspath(trace), "--engine"]
+        reports = [("report --engine sql", [*report, "sql"]), ("report (pandas)", [*report, "pandas"])] if args.reports else []
+        if args.reports and args.code:  # the default report of the other checkout, interleaved with this one's
+            reports.insert(1, ("report sql (--code)", [*report, "sql"], os.path.abspath(args.code)))
         measure([("baseline DuckDB", [py, "-c", DUCKDB_BASELINE, trace]), *sql(trace), *reports], args.repeats)
     if args.ranks:
         where = tempfile.mkdtemp(dir=os.path.dirname(os.path.abspath(args.traces[0])))

@@ -25,6 +25,7 @@ reports/tables.py, reports/time/roofline.py).
 import numpy as np
 import pandas as pd
 
+from reports._util import unique
 from tracer.schema import PHASES
 
 __all__ = ["count_steps", "fits_int64", "per_step", "phase_steps", "row_divisor", "step_phases", "summable"]
@@ -83,7 +84,7 @@ def _distinct(keys):
     """np.unique(keys) for keys >= -1; a presence table when the keys span little more than their count."""
     top = int(keys.max())
     if top > 4 * len(keys) + 1024:  # sparse step numbers: sort instead
-        return np.unique(keys)
+        return unique(keys)
     seen = np.zeros(top + 2, dtype=bool)
     seen[keys + 1] = True
     return np.flatnonzero(seen) - 1
@@ -157,7 +158,7 @@ def per_step(rows, values="flops", mask=None, by=None, phases=None):
         return sum((totals[c] / steps[c] for c in _phase_order(names)), 0.0)
     key_codes, keys = _codes(rows[by] if isinstance(by, str) else by)
     keep &= key_codes >= 0
-    used = np.unique(key_codes[keep])
+    used = unique(key_codes[keep])
     first = {k: i for i, k in enumerate(pd.unique(key_codes[keep]))}  # keys in order of first appearance
     totals = _totals(key_codes[keep] * max(n, 1) + codes[keep], len(keys) * max(n, 1), v[keep]).reshape(len(keys), max(n, 1))
     figures = np.zeros(len(keys))

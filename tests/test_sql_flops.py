@@ -502,3 +502,24 @@ def test_every_row_keeps_its_role(traces, name):
         assert getattr(cut, field)[kept].tolist() == getattr(whole, field)[at].tolist(), field
     assert (whole.category[~at] == "other").all() and (whole.param[~at] == -1).all() and not whole.training[~at].any()
     assert cut.matmul_params == whole.matmul_params and cut.names == whole.names
+
+
+@pytest.mark.parametrize("name", list(BUILDERS))
+def test_the_frame_from_the_traces_read_is_the_querys(traces, name):
+    """reports/sql/flop_rows.py: the walked rows and groups kept from the Trace's one read of the parts (Trace(keep=...),
+    as `optrace report` opens it) make the frame flops.sql's query makes, column for column (a trace whose FLOP sums
+    could wrap int64 is read by the query)."""
+    from reports.sql import tables
+    from reports.sql.flop_rows import FlopRows
+    from reports.sql.kept_views import ModuleOwn, Peak
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        kept, sql = Trace(traces[name], keep=(FlopRows, ModuleOwn, Peak)), Trace(traces[name])
+    assert (FlopRows, 0) in kept.kept
+    pd.testing.assert_frame_equal(frame(kept), frame(sql), check_exact=True)
+    assert not kept.kept  # taken once: a second frame is the query's
+    pd.testing.assert_frame_equal(frame(kept), frame(sql), check_exact=True)
+    # module_own and peak from tables of the kept rows (reports/sql/kept_views.py), FLOPs past int64 by the scan's view
+    pd.testing.assert_frame_equal(tables.module_own(kept)[0], tables.module_own(sql)[0], check_exact=True)
+    pd.testing.assert_frame_equal(tables.peak(kept), tables.peak(sql), check_exact=True)

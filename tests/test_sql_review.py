@@ -277,10 +277,11 @@ def parts(tmp_path_factory):
 @pytest.mark.parametrize("order", [("null", "swapped"), ("swapped", "null")])
 def test_null_lists_flagged_by_the_grouping_scan_are_refused_in_the_references_order(parts, tmp_path, monkeypatch,
                                                                                       narrow, order):
-    """The SQL engine flags null list cells and items as the _ops grouping reads the list columns (no scan of its own,
-    which cost 0.3 s per million rows). A run with a null id item and a run whose parts are out of seq order are
-    refused with the first run's line, as reports.load refuses them: the null item is found by a scan of that
-    run alone when a later run fails a check before the grouping is made."""
+    """The SQL engine finds null list cells and items as it reads each run's parts once (reports/sql/rowpass.py; a
+    trace read once into memory: as the _ops grouping reads the list columns). A run with a null id item and a run
+    whose parts are out of seq order are refused with the first run's line, as reports.load refuses them (read once
+    into memory: the null item is found by a scan of that run alone when a later run fails a check before the
+    grouping is made)."""
     from test_sql import swapped
 
     import reports
@@ -305,8 +306,9 @@ def test_null_lists_flagged_by_the_grouping_scan_are_refused_in_the_references_o
 
 
 def test_a_null_item_alone_is_found_without_a_scan_of_its_own(parts, tmp_path, monkeypatch):
-    """A trace whose only damage is a null id item: refused from the _ops grouping's flag (Trace._null_lists, the
-    separate scan, is not run), with the reference loader's line; the same trace undamaged opens."""
+    """A trace whose only damage is a null id item: refused from the read of its parts that checks them
+    (Trace._null_lists, a scan of the list columns of its own, is not run), with the reference loader's line; the
+    same trace undamaged opens."""
     import reports
     from reports.errors import ReportError
     from reports.sql.engine import Trace
@@ -321,6 +323,27 @@ def test_a_null_item_alone_is_found_without_a_scan_of_its_own(parts, tmp_path, m
     with pytest.raises(ReportError, match=r"column 'output_storage_ids' holds a null item at seq 34; expected int64"):
         Trace(null)
 
+
+
+@pytest.mark.parametrize("part", [0, 1])
+def test_a_part_whose_pages_cannot_be_read_gets_the_reference_loaders_line(parts, tmp_path, part):
+    """A part with a sound footer and a corrupt page: the SQL engine's read of the parts fails on it, and the
+    reference loader names it, as reports.load does (a DuckDB traceback before)."""
+    import reports
+    from reports.errors import ReportError
+    from reports.sql.engine import Trace
+
+    bad = shutil.copytree(parts, tmp_path / "bad")
+    path = part_paths(bad)[part]
+    data = bytearray(path.read_bytes() if hasattr(path, "read_bytes") else open(path, "rb").read())
+    data[200:600] = bytes((b * 7 + 13) % 256 for b in data[200:600])  # inside the first column chunks
+    with open(path, "wb") as f:
+        f.write(bytes(data))
+    with pytest.raises(ReportError) as ref:
+        reports.load(bad)
+    with pytest.raises(ReportError) as mine:
+        Trace(bad)
+    assert str(mine.value) == str(ref.value) and "not a readable Parquet trace" in str(mine.value)
 
 
 def test_duckdb_spills_under_the_system_temporary_directory_never_the_working_one(trace, tmp_path, monkeypatch):

@@ -45,6 +45,25 @@ def test_each_view_from_the_grains_equals_its_definition(traces, trace, narrow, 
     assert VIEWS.keys() <= {name for path in VIEW_FILES for name, _, _ in statements(path)}  # no new names
 
 
+@pytest.mark.parametrize("trace", ["gpt", "cut", "job", "damaged"])
+def test_each_view_of_a_trace_that_kept_its_rows_equals_its_definition(traces, trace):  # noqa: F811
+    """A Trace that kept run 0's rows from its read of the parts, as `optrace report` opens one, reads module_own and
+    peak from tables made of them (reports/sql/kept_views.py) and flop_rest by flops.sql (reports/sql/flop_rows.py
+    holds it): every view still holds what its definition holds. A trace of several runs (the job) keeps no view."""
+    from reports.memory.row_scan import Scan
+    from reports.sql.flop_rows import FlopRows
+    from reports.sql.kept_views import ModuleOwn, Peak
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        sql = Trace(traces[trace], keep=(FlopRows, Scan, ModuleOwn, Peak))
+    reference = _reference(sql)
+    for name in VIEWS:
+        assert _rows(sql.db, name) == _rows(reference, name), name
+    tables = {name for (name,) in sql.db.execute("SELECT table_name FROM duckdb_tables()").fetchall()}
+    assert {"_kept_module_own", "_kept_peak"} <= tables if trace != "job" else not tables & {"_kept_peak"}
+
+
 @pytest.mark.parametrize("narrow", [False, True])
 def test_the_seq_scan_finds_each_run_in_order(traces, narrow, monkeypatch):  # noqa: F811
     monkeypatch.setattr(engine, "SMALL_PARTS", (1, 1 << 40, 1 << 40) if narrow else (1 << 40, 0, 0))

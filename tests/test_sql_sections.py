@@ -152,10 +152,13 @@ def test_the_storage_lists_of_hugeint_keys_and_unpaired_sizes(traces, tmp_path, 
     rows = next(runs_in_order(df))[2]
     want = lists_of(rows)
     assert (want.known[[rows["output_storage_ids"].iloc[i][0] for i in made]] == -1).all()  # unpaired: no size
-    got = memory_lists(sql, 0, memory_rows(sql, 0))
-    for field in Lists._fields:
-        if field not in ("top", "row_max"):
-            assert getattr(got, field).tolist() == getattr(want, field).tolist(), field
+    from reports.memory.row_scan import Scan
+
+    for opened in (sql, Trace(trace, keep=(Scan,))):  # a DuckDB scan of its own; the Trace's read of the parts
+        got = memory_lists(opened, 0, memory_rows(opened, 0))
+        for field in Lists._fields:
+            if field not in ("top", "row_max"):
+                assert getattr(got, field).tolist() == getattr(want, field).tolist(), field
     pd.testing.assert_frame_equal(by_category(sql), reports.by_category(df), check_exact=True)
 
 
@@ -246,3 +249,44 @@ def test_the_rank_views_marked_portable_run_in_polars(traces):
         pd.testing.assert_frame_equal(got, want.astype({"process_group": object}) if "process_group" in want else want,
                                       check_dtype=False, rtol=1e-12, obj=name)  # fmt: skip
         assert len(got) > 0
+
+
+@pytest.mark.parametrize("trace", ["gpt", "cut", "ckpt", "resized", "meta", "job", "two"])
+def test_the_memory_scan_kept_from_the_traces_read_is_the_sql_one(traces, trace):
+    """reports/memory/row_scan.py fed by the Trace's one read of the parts (Trace(keep=[Scan]), as `optrace report`
+    opens it) gives run 0 the frame, Lists and categories a DuckDB scan of its own gives; the cells the model reads
+    come from the rows it kept (no scan of the list columns), and the other runs are read by SQL."""
+    from reports.memory.row_scan import Scan
+
+    df, sql = _pair(traces[trace])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        kept = Trace(traces[trace], keep=(Scan,))
+    assert (Scan, 0) in kept.kept
+
+    class NoListScan:  # the DuckDB connection, but no read of cells by a scan of their own (sql_categories._cells)
+        def __init__(self, db):
+            self.db = db
+
+        def register(self, *args):
+            raise AssertionError("a scan of the list columns for the model's cells")
+
+        def __getattr__(self, name):
+            return getattr(self.db, name)
+
+    kept.db = NoListScan(kept.db)
+    got = memory_rows(kept, 0)
+    assert (Scan, 0) not in kept.kept  # taken once
+    want = memory_rows(sql, 0)
+    pd.testing.assert_frame_equal(got, want, check_exact=True)
+    for field in Lists._fields:
+        if field not in ("top", "row_max"):
+            assert getattr(got.attrs["lists"].value, field).tolist() == getattr(want.attrs["lists"].value, field).tolist()
+    assert got.attrs["lists"].value.top == want.attrs["lists"].value.top
+    assert got.attrs["lists"].value.row_max().tolist() == want.attrs["lists"].value.row_max().tolist()
+    name, meta = next(iter(df.attrs["runs"].items()))
+    categories = categories_at(Storages(name, meta, got, got.attrs["lists"].value), "peak").astype(CATEGORY_DTYPES)
+    reference = reports.by_category(df)
+    pd.testing.assert_frame_equal(categories, reference[reference["run"] == name].reset_index(drop=True), check_exact=True)
+    kept.db = kept.db.db  # read again: by SQL, as the other runs are
+    pd.testing.assert_frame_equal(by_category(kept), by_category(sql), check_exact=True)

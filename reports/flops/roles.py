@@ -42,7 +42,7 @@ from math import prod
 import numpy as np
 import pandas as pd
 
-from reports._util import ONE_TO_ONE_COPIES, ids, packet
+from reports._util import ONE_TO_ONE_COPIES, ids, packet, unique
 from reports.errors import ReportError
 from reports.loading.columns import cell_objects, flat, has_column
 from reports.loading.columns import packets as op_packets
@@ -181,13 +181,15 @@ def gradient_sources(rows, packets, gradients, ins=None, outs=None):
     hop = rows["phase"].isin(("backward", "other")) & (packets.isin(ONE_TO_ONE_COPIES) | packets.isin(_ADDS) | moved)
     at = np.flatnonzero(hop.to_numpy())
     casts = packets.iloc[at].isin(ONE_TO_ONE_COPIES).to_numpy() & ~moved.iloc[at].to_numpy()
-    for row, cast in zip(at[::-1].tolist(), casts[::-1].tolist()):  # the last op first: cast -> add -> gradient is followed back
-        hits = [reach[o] for o in _items(outs, row) if o in reach]
+    (in_off, in_ids), (out_off, out_ids) = (_take_rows(lists, at) for lists in (ins, outs))  # as Python lists once
+    in_off, in_ids, out_off, out_ids = in_off.tolist(), in_ids.tolist(), out_off.tolist(), out_ids.tolist()
+    for k in range(len(at) - 1, -1, -1):  # the last op first: cast -> add -> gradient is followed back
+        hits = [reach[o] for o in out_ids[out_off[k] : out_off[k + 1]] if o in reach]
         if not hits:
             continue
         states = frozenset().union(*hits)
-        after = frozenset(c + 1 for c in states if c == 0) if cast else states  # a cast: at most one on the way
-        for sid in _items(ins, row) if after else ():
+        after = frozenset(c + 1 for c in states if c == 0) if casts[k] else states  # a cast: at most one on the way
+        for sid in in_ids[in_off[k] : in_off[k + 1]] if after else ():
             reach[sid] = reach.get(sid, frozenset()) | after
     return set(reach)
 
@@ -348,7 +350,7 @@ class Roles:
             return out
         step = rows["step"].to_numpy(dtype=np.int64)
         bwd = np.flatnonzero(attention & (phase == "backward").to_numpy())
-        read = np.unique(_step_keys(step, ins, bwd)[1])  # sorted (step, storage)
+        read = unique(_step_keys(step, ins, bwd)[1])  # sorted (step, storage)
         f_off, keys = _step_keys(step, ins, fwd)
         hit = _member(keys, read)
         read_by = np.zeros(len(fwd), dtype=bool)
@@ -381,7 +383,7 @@ class Roles:
         # again, and the dL/dx of a layer its early stop did not re-run reads that new cast
         source = _lookup(self.alias, read & 0xFFFFFFFF)
         copied = source != _NO_ID
-        read = np.unique(np.concatenate([read, (read[copied] >> 32) << 32 | (source[copied] & 0xFFFFFFFF)]))
+        read = unique(np.concatenate([read, (read[copied] >> 32) << 32 | (source[copied] & 0xFFFFFFFF)]))
         param = self.param.to_numpy()
         frozen = [s for s, trained in self.trainable.items() if not trained]
         by_weight = np.isin(param[at], np.array(frozen, dtype=np.int64))  # a frozen weight: its dL/dx reads it
@@ -401,15 +403,20 @@ class Roles:
         found = np.zeros(len(at), dtype=bool)
         if not candidates.any() or not len(acts) or not has_column(rows, "output_shapes"):
             return found
-        matrix = {}  # activation storage -> the matrix shapes of the weights it multiplies
-        for a, p in zip(acts.tolist(), params.tolist()):
-            shape = self.shape.get(p, ())
-            if len(shape) >= 2:
-                matrix.setdefault(a, set()).update({shape[-2:], shape[-2:][::-1]})
-        reads = np.isin(pair, np.fromiter(matrix, dtype=np.int64, count=len(matrix))).any(axis=1) & candidates
+        # the forward rows whose weight is a matrix (2 dims or more), each weight's shape looked up once
+        weights = unique(params)
+        by_matrix = weights[[len(self.shape.get(p, ())) >= 2 for p in weights.tolist()]]
+        mine = np.isin(params, by_matrix)
+        acts, params = acts[mine], params[mine]
+        reads = np.isin(pair, acts).any(axis=1) & candidates
         picked = np.flatnonzero(reads)
         if not len(picked):
             return found
+        mine = np.isin(acts, pair[picked])  # only the activations the picked rows read
+        matrix = {}  # activation storage -> the matrix shapes of the weights it multiplies
+        for a, p in zip(acts[mine].tolist(), params[mine].tolist()):
+            shape = self.shape[p]
+            matrix.setdefault(a, set()).update({shape[-2:], shape[-2:][::-1]})
         for k, shapes in zip(picked.tolist(), cell_objects(rows, "output_shapes", at[picked])):
             out = tuple(int(d) for d in shapes[0]) if shapes is not None and len(shapes) else ()
             found[k] = len(out) >= 2 and any(out[-2:] in matrix.get(a, ()) for a in pair[k].tolist())

@@ -51,6 +51,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
+from reports._util import unique
 from reports.loading.columns import cell_lists, cell_objects, flat
 from reports.loading.load import runs_of
 from reports.memory.resizes import collective_storages, largest, resize_deltas, resize_events, split_pieces
@@ -284,7 +285,7 @@ class Storages:
         sids, row, at = sids[unknown], row[unknown], at[unknown]
         if not len(sids):
             return
-        several = np.unique(row)
+        several = unique(row)
         shapes = cell_lists(self.rows, "output_shapes", several, pa.list_(pa.int64()))
         dtypes = cell_lists(self.rows, "output_dtypes", several, pa.string()).flatten().to_numpy(zero_copy_only=False)
         tensors = shapes.flatten()  # one shape per output tensor of those rows, in order
@@ -309,11 +310,11 @@ class Storages:
     def _inputs(self, sids, row, at, seen_before):
         """Storages first seen as inputs: registered at the start (buffers) or joining live_bytes at their row."""
         columns = ("input_shapes", "input_strides", "input_dtypes")
-        which = np.unique(row)  # only the rows where a storage is first seen as an input are read
+        which = unique(row)  # only the rows where a storage is first seen as an input are read
         dtypes = cell_objects(self.rows, columns[2], which)
         # shapes and strides only where no output_storage_bytes gives the size
         params = np.fromiter(self.params, dtype=np.int64, count=len(self.params))
-        measure = np.unique(row[(self.known[sids] < 0) & ~np.isin(sids, params)])
+        measure = unique(row[(self.known[sids] < 0) & ~np.isin(sids, params)])
         shapes, strides = (cell_objects(self.rows, c, measure) if len(measure) else [] for c in columns[:2])
         estimate, joined = {}, {}
         resized = resize_deltas(self.resizes, self.size, self.n)

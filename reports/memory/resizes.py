@@ -9,6 +9,8 @@ is cut into pieces of constant size.
 import numpy as np
 import pandas as pd
 
+from reports._util import unique
+
 COLLECTIVE_PREFIXES = ("c10d.", "_c10d_functional.", "_c10d_functional_autograd.")
 
 
@@ -26,7 +28,7 @@ def collective_storages(rows, in_rows, in_ids, out_rows, out_ids):
         collective = op.astype(str).str.startswith(COLLECTIVE_PREFIXES).to_numpy()
     if not collective.any():
         return np.zeros(0, dtype=np.int64)
-    return np.unique(np.concatenate([in_ids[collective[in_rows]], out_ids[collective[out_rows]]]))
+    return unique(np.concatenate([in_ids[collective[in_rows]], out_ids[collective[out_rows]]]))
 
 
 def resize_events(resizes, size):

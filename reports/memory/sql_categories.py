@@ -4,25 +4,25 @@
     reports.by_category(df) (at="peak")      by_category(trace)
 
 The storage-lifetime model of reports/memory/lifetimes.py runs unchanged, so its result is the reference's, on
-what one scan of the run gives it (memory_rows, Arrow batches of 65,536 rows): the scalar columns it reads at every
-row (seq, step, phase, bytes allocated, live bytes and the lengths of the three storage id lists) and the run's
-`lifetimes.Lists`, one entry per storage (each storage's first appearance and first known size, found batch by batch
-with numpy as the reference finds them; the frees), with the storages collectives used (`memory_lists`); the other
-list columns (input shapes, strides and dtypes, output shapes and dtypes) only at the rows the model asks for
-(reports.loading.columns.Cells). No list column of the run is held in memory.
+what one scan of the run gives it (memory_rows; reports/memory/row_scan.py fed the Trace's read of the parts, or Arrow
+batches of 65,536 rows of a DuckDB scan of its own): the scalar columns it reads at every row (seq, step, phase,
+bytes allocated, live bytes and the lengths of the three storage id lists) and the run's `lifetimes.Lists`, one entry
+per storage (each storage's first appearance and first known size, found batch by batch with numpy as the reference
+finds them; the frees), with the storages collectives used (`memory_lists`); the other list columns (input shapes,
+strides and dtypes, output shapes and dtypes) only at the rows the model asks for (reports.loading.columns.Cells:
+kept by that read where it was the Trace's, else read then). No list column of the run is held in memory.
 """
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from reports._util import empty_frame
-from reports.errors import ReportError
 from reports.loading.columns import Cells, SharedRuns
-from reports.memory.lifetimes import Lists, Storages
+from reports.memory.lifetimes import Storages
 from reports.memory.memory import CATEGORY_DTYPES, categories_at
 from reports.memory.resizes import COLLECTIVE_PREFIXES
+from reports.memory.row_scan import Scan
 from reports.sql.engine import literal
 
 __all__ = ["by_category", "memory_lists", "memory_rows"]
@@ -32,30 +32,6 @@ _LISTS = ("input_storage_ids", "input_shapes", "input_strides", "input_dtypes", 
 
 
 _BATCH = 1 << 16  # rows per Arrow batch of the one scan of memory_rows
-_NONE = np.iinfo(np.int64).max
-
-
-class _Firsts:
-    """Per storage id, the least flat position it was seen at so far (_NONE: not seen), the array grown as ids come."""
-
-    def __init__(self):
-        self.at = np.full(0, _NONE, dtype=np.int64)
-
-    def add(self, ids, positions):
-        """Note `ids` at `positions` (increasing)."""
-        if len(ids) and int(ids.max()) >= len(self.at):
-            grown = np.full(max(int(ids.max()) + 1, 2 * len(self.at)), _NONE, dtype=np.int64)
-            grown[: len(self.at)] = self.at
-            self.at = grown
-        np.minimum.at(self.at, ids, positions)
-
-    def new(self, ids, positions):
-        """add(ids, positions), returning where an id was first seen here (it took that position)."""
-        self.add(ids, positions)
-        return self.at[ids] == positions
-
-    def of(self, size):
-        return np.concatenate([self.at[:size], np.full(max(0, size - len(self.at)), _NONE, dtype=np.int64)])
 
 
 def memory_rows(trace, run_index):
@@ -63,22 +39,29 @@ def memory_rows(trace, run_index):
     columns the model reads at every row and the lengths of the id lists (`n_inputs`, `n_outputs`, `n_freed`);
     `attrs["runs"]` holds that run only and `attrs["cells"]` gives the list columns at the rows asked.
 
-    One scan of the run reads those columns and the id lists, a batch of rows at a time: the lists are not kept, only
-    what memory_lists gives (each id's first appearance and first known size, the frees), in `attrs["lists"]`."""
+    One scan of the run reads those columns and the id lists, a batch of rows at a time (reports/memory/row_scan.py):
+    the lists are not kept, only what memory_lists gives (each id's first appearance and first known size, the frees),
+    in `attrs["lists"]`. The scan is the one the Trace made as it checked the run's rows (Trace(keep=[Scan]):
+    reports/sql/rowpass.py), else a DuckDB scan of its own."""
     name, meta = list(trace.runs.items())[run_index]
     where = f"run_index = {run_index}"
     phases = [p for (p,) in trace.db.sql(f"SELECT DISTINCT phase FROM _steps WHERE {where} ORDER BY phase").fetchall()]
-    columns, lists = _scan(trace, run_index, phases, order=False)
+    scan = trace.take_kept(Scan, run_index) or _scan(trace, run_index, phases, order=False)
+    columns = scan.finish(trace.paths[run_index], phases)
     seq = columns["seq"]
     if not (seq[1:] > seq[:-1]).all():  # DuckDB keeps the files' order, which the Trace's checks found in seq
-        columns, lists = _scan(trace, run_index, phases, order=True)  # order (so this is for safety only)
+        scan = _scan(trace, run_index, phases, order=True)  # order (so this is for safety only)
+        columns = scan.finish(trace.paths[run_index], phases)
     columns["phase"] = pd.Categorical.from_codes(columns["phase"], categories=phases)
     frame = pd.DataFrame(columns, copy=False)  # a block per column: not stacked into one copy
     frame.insert(0, "run", pd.Categorical.from_codes(np.zeros(len(frame), np.int8), categories=[name]))
     frame.attrs["runs"] = SharedRuns({name: meta})  # shared by derived frames, never deep-copied
+    kept = scan.kept_cells()
     frame.attrs["cells"] = Cells([c for c in _LISTS if c in trace.columns],
-                                 lambda column, seqs: _cells(trace, run_index, column, seqs))  # fmt: skip
-    frame.attrs["lists"] = _Kept(lists(frame))
+                                 lambda column, seqs: _cells(trace, run_index, column, seqs, kept))  # fmt: skip
+    comm = scan.kept_comm()
+    comm = _comm(trace.db, where) if comm is None else comm
+    frame.attrs["lists"] = _Kept(scan.lists(frame, comm, _row_max(trace.db, where, frame["seq"].to_numpy())))
     return frame
 
 
@@ -93,83 +76,15 @@ class _Kept:
 
 
 def _scan(trace, run_index, phases, order):
-    """({column: array} of memory_rows, a function of the frame giving its Lists) from one scan of run `run_index`."""
-    db, where = trace.db, f"run_index = {run_index}"
+    """A Scan of run `run_index` fed by one DuckDB scan of its rows (phase as its index in `phases`)."""
     codes = f"(list_position([{', '.join(literal(p) for p in phases)}], phase) - 1)::SMALLINT" if phases else "0"
-    reader = db.sql(f"SELECT seq, step, {codes} AS phase, bytes_allocated, live_bytes, input_storage_ids, "
-                    f"output_storage_ids, output_storage_bytes, freed_storage_ids FROM rows WHERE {where}"
-                    + (" ORDER BY seq" if order else "")).to_arrow_reader(_BATCH)  # fmt: skip
-    names = ("seq", "step", "phase", "bytes_allocated", "live_bytes", "n_inputs", "n_outputs", "n_freed")
-    n = trace._ops()[run_index]  # the run's rows (run_totals): each column filled in place, batch by batch
-    kinds = {"phase": np.int16, "n_inputs": np.int32, "n_outputs": np.int32, "n_freed": np.int32}
-    columns = {c: np.empty(n, kinds.get(c, np.int64)) for c in names}
-    done = 0
-    first_in, first_out, first_size = _Firsts(), _Firsts(), _Firsts()
-    known, freed = [], []  # (ids, sizes) at their first appearance with a size in a batch; the freed ids
-    taken = [0, 0]  # inputs and outputs before this batch
+    reader = trace.db.sql(f"SELECT seq, step, {codes} AS phase, bytes_allocated, live_bytes, input_storage_ids, "
+                          f"output_storage_ids, output_storage_bytes, freed_storage_ids FROM rows WHERE run_index = "
+                          f"{run_index}" + (" ORDER BY seq" if order else "")).to_arrow_reader(_BATCH)  # fmt: skip
+    scan = Scan(trace._ops()[run_index])  # the run's rows (run_totals): each column filled in place, batch by batch
     for batch in reader:
-        if done + batch.num_rows > n:  # more rows than the trace's checks counted: a trace changed while read
-            done += batch.num_rows
-            continue
-        rows = slice(done, done + batch.num_rows)
-        for c in names[:5]:
-            columns[c][rows] = batch.column(c).to_numpy()
-        ids = []
-        for c, length in zip(("input_storage_ids", "output_storage_ids", "freed_storage_ids"), names[5:]):
-            column = batch.column(c)  # no null list or item: the Trace's checks
-            columns[length][rows] = pc.list_value_length(column).to_numpy()
-            ids.append(column.flatten().to_numpy())
-        (ins, outs, frees), counts = ids, columns["n_outputs"][rows]
-        done += batch.num_rows
-        at_in = np.arange(taken[0], taken[0] + len(ins), dtype=np.int64)
-        at_out = np.arange(taken[1], taken[1] + len(outs), dtype=np.int64)
-        first_in.add(ins, at_in)
-        first_out.add(outs, at_out)
-        freed.append(frees.copy())  # a view would keep the whole batch alive (DuckDB's Arrow batch is one allocation)
-        # the sizes of rows whose output_storage_bytes pair with their outputs one to one, where >= 0
-        sizes = batch.column("output_storage_bytes")
-        lengths, values = pc.list_value_length(sizes).to_numpy(), sizes.flatten().to_numpy()
-        ok = lengths == counts
-        sids, at, values = (outs, at_out, values) if ok.all() else (
-            outs[np.repeat(ok, counts)], at_out[np.repeat(ok, counts)], values[np.repeat(ok, lengths)])  # fmt: skip
-        with_size = values >= 0
-        sids, at, values = sids[with_size], at[with_size], values[with_size]
-        new = first_size.new(sids, at)  # an earlier batch's first size stays
-        known.append((sids[new], values[new]))
-        taken[0] += len(ins)
-        taken[1] += len(outs)
-    if done != n:
-        raise ReportError(f"{trace.paths[run_index]}: {done} rows read where the trace held {n} when opened (it "
-                          "changed while read): read the trace again")
-    free_ids = np.concatenate(freed).astype(np.int64, copy=False) if freed else np.zeros(0, np.int64)
-
-    def lists(rows):
-        n = len(rows)
-
-        def offsets(column):
-            found = np.zeros(n + 1, dtype=np.int64)
-            np.cumsum(rows[column].to_numpy(), out=found[1:])
-            return found
-
-        in_offsets, out_offsets, free_offsets = (offsets(c) for c in ("n_inputs", "n_outputs", "n_freed"))
-        size = max(len(first_in.at), len(first_out.at))
-        fin, fout = first_in.of(size), first_out.of(size)
-        seen = np.flatnonzero((fin != _NONE) | (fout != _NONE))
-        fin, fout = fin[seen], fout[seen]
-        row_in = np.searchsorted(in_offsets, np.where(fin != _NONE, fin, 0), side="right") - 1
-        row_out = np.searchsorted(out_offsets, np.where(fout != _NONE, fout, 0), side="right") - 1
-        # the first appearance: the least row, inputs before outputs within a row
-        as_output = (fout != _NONE) & ((fin == _NONE) | (row_out < row_in))
-        first_row, first_at = np.where(as_output, row_out, row_in), np.where(as_output, fout, fin)
-        free_rows = np.repeat(np.arange(n, dtype=np.int64), np.diff(free_offsets))
-        top = max([-1] + [int(a.max()) for a in (seen, free_ids) if len(a)])
-        sizes = np.full(top + 1, -1, dtype=np.int64)
-        for sids, values in known:
-            sizes[sids] = values
-        return Lists(in_offsets, out_offsets, free_rows, free_ids, free_offsets, seen, first_row, as_output, first_at,
-                     sizes, _comm(db, where), _row_max(db, where, rows["seq"].to_numpy()), top)  # fmt: skip
-
-    return columns, lists
+        scan.feed(batch)
+    return scan
 
 
 def _comm(db, where):
@@ -197,9 +112,15 @@ def memory_lists(trace, run_index, rows):
     return rows.attrs["lists"].value
 
 
-def _cells(trace, run_index, column, seqs):
-    """Column `column`'s cells at rows `seqs` (distinct) of run `run_index`, in the order of `seqs`, as Arrow."""
+def _cells(trace, run_index, column, seqs, kept=None):
+    """Column `column`'s cells at rows `seqs` (distinct) of run `run_index`, in the order of `seqs`, as Arrow: from
+    `kept` (a Table of seq and some columns at some rows, ascending: row_scan.Scan.kept_cells) when it holds them."""
     seqs = np.asarray(seqs, dtype=np.int64)
+    if kept is not None and column in kept.column_names:
+        have = kept.column("seq").to_numpy()
+        at = np.minimum(np.searchsorted(have, seqs), max(len(have) - 1, 0))
+        if len(have) and (have[at] == seqs).all() or not len(seqs):
+            return kept.column(column).combine_chunks().take(pa.array(at if len(seqs) else at[:0]))
     if not len(seqs):
         return trace.db.sql(f"SELECT {column} FROM rows LIMIT 0").to_arrow_table().column(0).combine_chunks()
     trace.db.register("_wanted", pa.table({"seq": np.unique(seqs)}))

@@ -259,7 +259,8 @@ def _report(args):
 
     list_parts(args.trace)  # a directory that cannot be listed: one line, before the ranks are looked for
     # every rank, checked and warned about as a load of the pandas engine's columns would be
-    everyone = _sql_all(args.trace, _frame_columns(args.trace, args.plot)) if args.engine == "sql" else None
+    columns = _frame_columns(args.trace, args.plot)
+    everyone = _sql_all(args.trace, columns, _report_keep) if args.engine == "sql" else None
     if everyone is not None:  # every section from SQL: no row of the trace is held in Python
         sql = everyone.first_run() if everyone.several else everyone  # rank 0's sections: no second open
         df, ranks_src = None, Source(None, everyone)
@@ -332,16 +333,27 @@ def _frame_columns(path, plot):
     return [c for c in COLUMN_NAMES if c not in unused]
 
 
-def _sql_all(path, columns):
+def _sql_all(path, columns, keep=()):
     """The SQL engine's Trace of every rank of the trace (one run per rank), checked and warned about as
     reports.load does (damage named in the words of a load of `columns`: the pandas engine's); None for a trace
-    it does not read (v1, v2: the frame's sections then)."""
+    it does not read (v1, v2: the frame's sections then). `keep`: what its read of rank 0's rows keeps for the
+    sections (reports/sql/engine.py Trace)."""
     from reports.sql.engine import Trace, Unsupported
 
     try:
-        return Trace(path, columns=columns)
+        return Trace(path, columns=columns, keep=keep() if callable(keep) else keep)
     except Unsupported:
         return None
+
+
+def _report_keep():
+    """What the report's FLOP and memory sections, its by-module table and its peak read of rank 0's rows, kept from
+    the Trace's read of its parts."""
+    from reports.memory.row_scan import Scan
+    from reports.sql.flop_rows import FlopRows
+    from reports.sql.kept_views import ModuleOwn, Peak
+
+    return (FlopRows, Scan, ModuleOwn, Peak)
 
 
 def _first_rank_frame(path, everyone):

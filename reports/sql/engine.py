@@ -10,10 +10,12 @@
   - each run passes reports.loading.load.read_run: the part files listed (never globbed),
     their footers, schema, metadata, trace ids and repeated parts checked, the damage counted;
   - the values are checked from the parts' statistics as read_run reads each footer (nulls,
-    ranges; storage ids once the run's id limit is known, from the extremes kept per part) and seq
-    is checked to increase row by row (one scan of seq minus each row's number in its part); null
-    list cells and null id items (which the statistics cannot tell from empty lists) are flagged by
-    the grouping scan that reads the list columns, before any view runs; when a check fails, the
+    ranges; storage ids once the run's id limit is known, from the extremes kept per part); seq
+    increasing row by row, null list cells and null id items (which the statistics cannot tell
+    from empty lists) and the phase and FLOP kind values are checked by one read of each run's
+    parts (reports/sql/rowpass.py), before any view runs, which also keeps what the report's
+    FLOP and memory sections read of run 0's rows (`keep`); a trace read once into memory (many
+    small parts, or a live one) has them checked by scans of that copy; when a check fails, the
     reference loader reads that run and raises its one-line ReportError, so a damaged or hostile
     trace gets the same message on both paths;
   - an incomplete or damaged trace warns, in the words reports.load uses.
@@ -45,6 +47,8 @@ from reports.errors import ReportError
 from reports.loading.integrity import REREADS, Footers, describe_damage, footer, list_parts, merged_away, one_line, reread
 from reports.loading.load import check_rank, id_limit, read_run, run_name, runs_with_ranks
 from reports.loading.validate import ALLOWED, ITEMS_NOT_NULL, LIST_NOT_NULL, STORAGE_ID_COLUMNS, check_footers
+from reports.sql import rowpass
+from reports.sql.kept_views import kept_views
 from reports.sql.scan import GRAINS, files_query, grains, source, source_views, views
 from tracer.schema import COLUMN_NAMES, PHASES, SCHEMA_VERSION
 
@@ -108,15 +112,17 @@ class Trace:
     `runs`: {run name: metadata} as reports.load gives it in `df.attrs["runs"]`; `ranks`: the rank
     of each run (None outside a distributed trace). `columns`: the columns the reference reader of the same
     command reads (all by default): a run the checks here refuse is read with them, for its words.
-    `first_run()`: run 0 alone, as a Trace over the same connection (the report of a trace of several ranks)."""
+    `first_run()`: run 0 alone, as a Trace over the same connection (the report of a trace of several ranks).
+    `keep`: makers of consumers of run 0's rows, fed by the read that checks them (reports/sql/rowpass.py), taken
+    once each by take_kept (the report's FLOP and memory sections: reports/sql/flop_rows.py, reports/memory/row_scan.py)."""
 
-    def __init__(self, paths, threads=None, columns=None):
+    def __init__(self, paths, threads=None, columns=None, keep=()):
         self.db = None
 
         def attempt():  # a live trace's parts merged away while read (tracer/writer.py SmallParts): read again
             if self.db is not None:
                 self.close()
-            self._open(paths, threads, columns)
+            self._open(paths, threads, columns, keep)
 
         try:
             reread(attempt)
@@ -128,7 +134,7 @@ class Trace:
             raise ReportError(f"{one_line(exc)} (parts merged away while read, {REREADS} times: read the "
                               "trace again)") from None
 
-    def _open(self, paths, threads, columns):
+    def _open(self, paths, threads, columns, keep):
         try:
             import duckdb
         except ImportError:
@@ -140,6 +146,7 @@ class Trace:
         if not paths:
             raise ReportError("load: expected at least one trace path, got none")
         self.runs, self.ranks, self.paths, self.files, self._phase_steps, self._totals = {}, [], [], [], None, None
+        self.kept = {}
         self._reference_columns = columns
         footers, refused, seen = _IdFooters(), set(), {}
         try:
@@ -209,15 +216,18 @@ class Trace:
         self._null_where = " OR ".join(nulls) or "FALSE"
         for statement in source("rows", batches if self.narrow else None, self._null_where):
             self.db.execute(statement)
-        unscanned = self._check_values(footers, refused)  # before the grains: no value the statistics refuse in one
+        unscanned = self._check_values(footers, refused, keep)  # before the grains: no value the statistics refuse in one
         several = len(self.runs) > 1
-        for name, body in grains(several).items():  # one scan each: most views are read from these (reports/sql/scan.py)
-            self.db.execute(f"CREATE TABLE {name} AS {body}")  # not TEMP: first_run's connection reads them too
-        self._check_null_lists(unscanned)  # from _ops, which flagged them as it read the list columns
-        fast = views(several)
+        held = {getattr(c, "holds", None) for c in self.kept.values()}  # views a kept consumer holds for run 0
+        for name, body in grains(several, self.narrow, "flop_rest" not in held).items():  # one scan each: most views
+            self.db.execute(f"CREATE TABLE {name} AS {body}")  # are read from these (reports/sql/scan.py); not TEMP:
+            # first_run's connection reads them too
+        self._check_null_lists(unscanned)  # a narrow trace's: from _ops, which flagged them as it read the lists
+        fast = {**views(several, "flop_rest" not in held), **kept_views(self.db, self.kept, None if several else
+                                                                         next(iter(self.runs)))}  # fmt: skip
         self._views = [(name, fast.get(name, body)) for path in VIEW_FILES for name, body, _ in statements(path)]
-        for name, body in self._views:
-            self.db.execute(f"CREATE VIEW {name} AS {body}")
+        for name, body in self._views:  # run_totals, which most tables join, computed once (its distinct counts:
+            self.db.execute(f"CREATE {'TABLE' if name == 'run_totals' else 'VIEW'} {name} AS {body}")  # 13 ms a read)
         self.totals = self.table("run_totals")
         for path, meta, ops in zip(self.paths, self.runs.values(), self._ops()):
             broken = describe_damage(meta["damage"])
@@ -239,6 +249,7 @@ class Trace:
         one._first_rows = self._first_rows
         one._phase_steps, one._totals, one.rows_view = None, None, "CREATE VIEW rows AS " + self._first_rows
         one.db, one._spill = self.db.cursor(), None  # the spill directory stays this Trace's
+        one.kept = self.kept  # run 0's, taken once by either
         one.db.execute("SET enable_progress_bar = false")
         one.db.execute("CREATE SCHEMA IF NOT EXISTS first_run")  # a second first_run() makes the same views again
         one.db.execute("USE first_run")
@@ -302,7 +313,7 @@ class Trace:
             self._phase_steps = {i: {} for i in range(len(self.runs))}
             for run_index, phase, steps in self.db.execute("SELECT run_index, phase, steps FROM phase_steps").fetchall():
                 self._phase_steps[int(run_index)][phase] = int(steps)
-            for run_index, fb, traced in self.db.execute("SELECT run_index, fb_steps, steps_traced FROM run_totals").fetchall():
+            for run_index, fb, traced in zip(self.totals["run_index"], self.totals["fb_steps"], self.totals["steps_traced"]):
                 found = self._phase_steps[int(run_index)]
                 if "other" in found:  # over at least the run's training steps (reports/steps.py _steps_per_phase)
                     found["other"] = max(found["other"], int(fb or traced))
@@ -341,19 +352,22 @@ class Trace:
         return out
 
     # ---------------------------------------------------------------------------- value checks
-    def _check_values(self, footers, refused):
-        """The checks of reports/loading/validate.py check_rows without reading the rows into Python: nulls and
-        ranges from each part's Parquet statistics (check_footers, as read_run read the footers: `refused` holds the
-        runs where one failed), storage ids from the extremes of their statistics (_IdFooters), seq increasing from
-        one scan of the seq column (_seq_in_order). A run that fails one is read by the reference loader, which
-        raises the one-line error naming the value and the row (or accepts it: a FLOP count clamped to int64 is a
-        flagged bound, not damage). Returns the runs that passed, in order, whose null list cells and items (which
-        the statistics cannot tell) _check_null_lists then checks from the grains; the runs before one that failed
-        are checked first, by a scan of their own (_null_lists): the runs are refused in reports.load's order."""
+    def _check_values(self, footers, refused, keep):
+        """The checks of reports/loading/validate.py check_rows without reading the rows into a frame: nulls and ranges
+        from each part's Parquet statistics (check_footers, as read_run read the footers: `refused` holds the runs where
+        one failed), storage ids from the extremes of their statistics (_IdFooters), the rest from the rows. A trace
+        read from its files: one read of each run's parts (reports/sql/rowpass.py: null list cells and items, phase
+        and flop_kind values, seq increasing), which also feeds run 0's rows to the consumers `keep` makes (_rows_pass).
+        A trace whose rows were read once into DuckDB (narrow): seq from one scan of its seq column (_seq_in_order),
+        null lists and values from the grains (_check_null_lists). A run that fails one is read by the reference
+        loader, which raises the one-line error naming the value and the row (or accepts it: a FLOP count clamped to
+        int64 is a flagged bound, not damage). Returns the narrow runs that passed, in order, for _check_null_lists;
+        the runs before one that failed are checked first, by a scan of their own (_null_lists): the runs are refused
+        in reports.load's order."""
         unscanned = []
         for i, path in enumerate(self.paths):
-            if not self._statistics_refuse(i, footers, refused):
-                unscanned.append(i)
+            if not self._statistics_refuse(i, footers, refused) and self._rows_pass(i, footers, keep):
+                unscanned += [i] if self.narrow else []
                 continue
             for k in unscanned:
                 if self._null_lists(k):
@@ -363,7 +377,7 @@ class Trace:
         return unscanned
 
     def _statistics_refuse(self, i, footers, refused):
-        """Whether run i fails a check of _check_values (one the reference loader then makes, for its words)."""
+        """Whether run i fails a check of _check_values made from its parts' statistics."""
         path, meta = self.paths[i], list(self.runs.values())[i]
         if path in refused:
             return True
@@ -374,13 +388,36 @@ class Trace:
                 check_footers(path, [(f, footer(f, footers)) for f in self.files[i]], self.columns, limit, {})
             except ReportError:
                 return True
-        return not self._seq_in_order(i) and not _seq_increases(self.files[i], footers)
+        return False
+
+    def _rows_pass(self, i, footers, keep):
+        """Whether run i passes the checks of _check_values made from its rows (a narrow trace: its seq here, its
+        null lists from the grains). Run 0's read feeds the consumers each of `keep` makes of its row count (objects
+        with `columns` and `feed`: reports/sql/rowpass.py), kept in `self.kept` when the run passed (take_kept)."""
+        if self.narrow:
+            return self._seq_in_order(i) or _seq_increases(self.files[i], footers)
+        consumers = [make(sum(footers.rows.get(f, 0) for f in self.files[i])) for make in keep] if i == 0 else []
+        try:
+            if not rowpass.read(self.files[i], footers, self.columns, consumers):
+                return False
+        except Exception as exc:  # a part whose pages cannot be read (corrupt, truncated): the reference loader's line
+            if merged_away(exc):
+                raise
+            return False
+        self.kept.update({(type(c), i): c for c in consumers})
+        return True
+
+    def take_kept(self, kind, run_index):
+        """The consumer of type `kind` the read of run `run_index` fed (Trace(keep=...)), once; None when none was."""
+        return self.kept.pop((kind, run_index), None)
 
     def _check_null_lists(self, runs):
         """Read each of `runs` (run indices, in order) with the reference loader when a list cell of it is null where a
         trace holds a list, or an id or size list holds a null item: flagged per group of _ops as the grain read the
         list columns (reports/sql/scan.py `_src.null_lists`), no scan of its own; and when a phase or FLOP kind is none
         the tracer writes (validate.ALLOWED: statistics cannot show that), from the grains' groups."""
+        if not runs:  # a trace read from its files: its runs' reads checked them (rowpass)
+            return
         found = self.db.execute(f"SELECT DISTINCT run_index FROM _ops WHERE null_lists OR {_UNKNOWN_VALUES}").fetchall()
         flagged = {int(i) for (i,) in found}
         for i in runs:

@@ -18,6 +18,10 @@ of the whole trace: SQL (reports/sql/flops.sql) cuts the rows down to a small fr
                    work), after a run's other rows: the steps each phase ran in, as reports/steps.py counts
                    them, and the steps with a backward or with recomputation, as Roles and explain read them.
 
+A Trace that kept run 0's rows from its read of the parts (Trace(keep=[FlopRows]), as `optrace report` opens one) gives
+the walked rows and flop_rest from what it kept (reports/sql/flop_rows.py), the same rows without a query that decodes
+five list columns of every row again.
+
 Why the results are those of the whole trace: each walk of Roles reads only walked rows, in their order
 (the others are not copies, matmuls or gradient hops), so every walked row gets the role it gets among all
 rows and every other row is "other". Each section's figure is a sum per phase divided by the steps that
@@ -39,10 +43,12 @@ import os
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import pyarrow.compute as pc
 
 from reports.loading.columns import SharedRuns, to_pandas
 from reports.sql.engine import statements
+from reports.sql.flop_rows import FlopRows
 
 __all__ = ["frame"]
 
@@ -85,15 +91,23 @@ def frame(trace, mfu_only=False):
     else:
         names = _ROWS
         parts = [_select("flop_rows", {c: c for c in _ROWS}, flops_type, 0), _select("flop_rest", _REST, flops_type, 0)]
-    query = " UNION ALL ".join([*parts, _select("flop_steps", _STEPS, flops_type, 1, names)])
-    table = trace.db.sql(query).to_arrow_table()
-    keys = [table.column(c).to_numpy() for c in ("seq", "part", "run_index")]
-    table = table.take(np.lexsort(keys))  # in order: run by run, its rows by seq, then its steps (less memory than SQL's sort)
+    kept = None if mfu_only or trace.several else trace.take_kept(FlopRows, 0)
+    if kept is not None:  # the walked rows and groups from the Trace's read of the parts (reports/sql/flop_rows.py)
+        steps = trace.db.sql("SELECT seq, step, phase, 0 AS flops, recompute FROM flop_steps ORDER BY seq").to_arrow_table()
+        table = kept.table(wide, steps)  # the run's steps after its other rows, as below
+    if kept is not None and table is not None:
+        table = table.append_column("run_index", pa.array(np.zeros(len(table), np.int32)))
+    else:
+        query = " UNION ALL ".join([*parts, _select("flop_steps", _STEPS, flops_type, 1, names)])
+        table = trace.db.sql(query).to_arrow_table()
+        keys = [table.column(c).to_numpy() for c in ("seq", "part", "run_index")]
+        table = table.take(np.lexsort(keys)).drop_columns(["part"])  # in order: run by run, its rows by seq, then
+        # its steps (less memory than SQL's sort)
     # categorical, as reports.load gives them: packets and group-bys per category, not per row
     for name in (c for c in _CATEGORICAL if c in names):
         table = table.set_column(table.schema.get_field_index(name), name, pc.dictionary_encode(table.column(name)))
     run_index = table.column("run_index").to_numpy()
-    out = to_pandas(table.drop_columns(["run_index", "part"]), lists="arrow")
+    out = to_pandas(table.drop_columns(["run_index"]), lists="arrow")
     out.insert(0, "run", pd.Categorical.from_codes(run_index.astype(np.int64), categories=list(trace.runs)))
     out.attrs["runs"] = SharedRuns(trace.runs)
     return out

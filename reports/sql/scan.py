@@ -13,18 +13,21 @@ view holds what views.sql's definition holds, column for column and type for typ
             roofline's split by bound (reports/sql_report.py), which needs each row's FLOPs and bytes
             (keys here). Rows of one op with the same shapes share a group: its size follows the
             distinct shapes per op and phase, not the rows (a few hundred groups for a 1M-row trace).
-            Its `null_lists`: whether a row of the group has a null list cell or a null id or size item,
-            which the engine's checks refuse (the list columns read in this scan, not one of their own).
+            Its `null_lists` (a trace read once into memory): whether a row of the group has a null list cell
+            or a null id or size item, which the engine's checks refuse (the lists read in this scan; a trace
+            read from its files has them checked by reports/sql/rowpass.py, and the grain reads no list
+            but the two dtype lists).
             Also keyed by what flops.sql's flop_rest groups by and flop_marked's `walked` reads of a row (the
             first input dtype, the recompute flag, whether a mul or div has a scalar operand): flop_rest, the
-            rows of the FLOP sections that no walk reads, is summed from it instead of a scan of its own
+            rows of the FLOP sections that no walk reads, is summed from it instead of a scan of its own (unless
+            the Trace's read of the parts kept flop_rest: reports/sql/flop_rows.py)
     _steps  per run, step and phase: phase_steps, run_totals, by_step, the peak's live bytes and flop_steps
 
 A trace of several runs leaves out of both what only flop_rest and flop_steps read (`grains(several)`): its FLOP
 sections are run 0's, read by flops.sql's definitions over run 0's rows.
 
-`files(trace)` is the seq check's scan: per part, the range of seq - row number (seq increases row by
-row in a part whose range is one value: seq = first + row number).
+`files_query(read)` is the seq check's scan of a trace read once into memory: per part, the range of seq - row
+number (seq increases row by row in a part whose range is one value: seq = first + row number).
 """
 
 import os
@@ -51,9 +54,10 @@ _FIRST_DTYPE_LIST = ("CASE g.first_dtype WHEN 0 THEN [g.dtype] WHEN 1 THEN []::V
                      "WHEN 3 THEN [''] END")  # fmt: skip
 
 
-def _ops_grain(flop_keys):
+def _ops_grain(flop_keys, null_lists=True):
     """The _ops grain; `flop_keys`: also keyed by what flop_rest reads of a row (first_dtype, recompute_flag,
-    scalar_operand) and with each group's first step, for flop_rest to be summed from it."""
+    scalar_operand) and with each group's first step, for flop_rest to be summed from it; `null_lists`: with the flag of
+    a null list cell or item (else the runs' reads checked them: reports/sql/rowpass.py)."""
     keys = ",\n         first_dtype, recompute_flag, scalar_operand" if flop_keys else ""
     first_step = ",\n       arg_min(step, seq) AS first_step" if flop_keys else ""
     made = (f",\n             {_FIRST_DTYPE} AS first_dtype, coalesce(recompute, false) AS recompute_flag,"
@@ -69,7 +73,7 @@ SELECT run, run_index, op, phase, flop_kind, is_view, dtype, flops, bytes, proce
        min(CASE WHEN comm_bytes IS NOT NULL THEN seq END) AS comm_first_seq,
        max(bytes_allocated) AS bytes_allocated_max, max(bytes_read) AS bytes_read_max,
        max(bytes_written) AS bytes_written_max, max(duration_ns) AS duration_ns_max,
-       bool_or(null_lists) AS null_lists{first_step}
+       {"bool_or(null_lists)" if null_lists else "false"} AS null_lists{first_step}
 FROM (SELECT *, CASE WHEN is_view THEN 0 ELSE bytes_read + bytes_written END AS bytes{made}
       FROM _src) AS r
 GROUP BY run, run_index, op, phase, flop_kind, is_view, dtype, flops, bytes, process_group, group_size{keys}
@@ -210,14 +214,19 @@ GROUP BY run, run_index, op, process_group, coalesce(group_size, 1), phase
 FLOP_VIEWS = ("flop_rest", "flop_steps")
 
 
-def grains(several):
-    """GRAINS for a trace of one run, or of `several`: _ops and _steps without what only FLOP_VIEWS read."""
-    return GRAINS if not several else {**GRAINS, "_ops": _ops_grain(False), "_steps": _steps_grain(False)}
+def grains(several, null_lists=True, flop_rest=True):
+    """GRAINS for a trace of one run, or of `several`: _ops and _steps without what only FLOP_VIEWS read. Without
+    `null_lists`, _ops without the flag of a null list (its rows checked by a read of their own: rowpass); without
+    `flop_rest`, without flop_rest's keys (the run's flop_rest kept from that read: reports/sql/flop_rows.py)."""
+    made = {"_ops": _ops_grain(not several and flop_rest, null_lists), "_steps": _steps_grain(not several)}
+    return GRAINS if made == GRAINS else made
 
 
-def views(several):
-    """VIEWS for a trace of one run, or of `several`: FLOP_VIEWS as flops.sql defines them."""
-    return VIEWS if not several else {name: body for name, body in VIEWS.items() if name not in FLOP_VIEWS}
+def views(several, flop_rest=True):
+    """VIEWS for a trace of one run, or of `several`: FLOP_VIEWS as flops.sql defines them (without `flop_rest`: that
+    view as flops.sql defines it)."""
+    left = FLOP_VIEWS if several else () if flop_rest else ("flop_rest",)
+    return {name: body for name, body in VIEWS.items() if name not in left}
 
 
 def source(rows, narrow, null_lists="FALSE"):

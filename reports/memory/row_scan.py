@@ -1,0 +1,201 @@
+"""What the memory categories read of a run's rows, from one scan of them a batch at a time in seq order
+(reports/memory/sql_categories.py): the scalar columns the lifetime model reads at every row, and what it reads
+of the storage id lists (`lifetimes.Lists`), without keeping the lists.
+
+    scan = Scan(rows)          the run's row count: each column filled in place
+    scan.feed(batch)           an Arrow Table or batch of Scan.columns (phase as names or as codes), in seq order
+    columns = scan.finish(phases)
+
+The Trace's read of the parts feeds it (Trace(keep=[Scan]): reports/sql/rowpass.py), or a DuckDB scan of its own
+does (sql_categories.py). Fed by the Trace's read, which holds every column, it also keeps what the model would
+otherwise ask DuckDB for in a scan each: the input dtypes, shapes and strides of the rows where a storage is first
+seen as an input (`cells`: the only rows whose cells the model reads, lifetimes.Storages._inputs) and the ids
+collective ops read or wrote (`comm`).
+"""
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from reports._util import unique
+from reports.errors import ReportError
+from reports.memory.lifetimes import Lists
+from reports.memory.resizes import COLLECTIVE_PREFIXES
+
+__all__ = ["CELLS", "Scan"]
+
+_NONE = np.iinfo(np.int64).max
+CELLS = ("input_dtypes", "input_shapes", "input_strides")  # kept at the rows where a storage is first seen as an input
+
+
+class _Firsts:
+    """Per storage id, the least flat position it was seen at so far (_NONE: not seen), the array grown as ids come."""
+
+    def __init__(self):
+        self.at = np.full(0, _NONE, dtype=np.int64)
+
+    def add(self, ids, positions):
+        """Note `ids` at `positions` (increasing)."""
+        if len(ids) and int(ids.max()) >= len(self.at):
+            grown = np.full(max(int(ids.max()) + 1, 2 * len(self.at)), _NONE, dtype=np.int64)
+            grown[: len(self.at)] = self.at
+            self.at = grown
+        np.minimum.at(self.at, ids, positions)
+
+    def new(self, ids, positions):
+        """add(ids, positions), returning where an id was first seen here (it took that position)."""
+        self.add(ids, positions)
+        return self.at[ids] == positions
+
+    def of(self, size):
+        return np.concatenate([self.at[:size], np.full(max(0, size - len(self.at)), _NONE, dtype=np.int64)])
+
+
+class Scan:
+    """What memory_rows reads of a run, fed its rows a batch at a time in seq order (see the module docstring)."""
+
+    columns = ("seq", "step", "phase", "op", "bytes_allocated", "live_bytes", "input_storage_ids", "output_storage_ids",
+               "output_storage_bytes", "freed_storage_ids", *CELLS)  # fmt: skip
+    _NAMES = ("seq", "step", "phase", "bytes_allocated", "live_bytes", "n_inputs", "n_outputs", "n_freed")
+
+    def __init__(self, rows):
+        kinds = {"phase": np.int16, "n_inputs": np.int32, "n_outputs": np.int32, "n_freed": np.int32}
+        self.n, self.done, self.named = rows, 0, {}  # named: {phase: code} where phases come as strings
+        self.arrays = {c: np.empty(rows, kinds.get(c, np.int64)) for c in self._NAMES}
+        self.first_in, self.first_out, self.first_size = _Firsts(), _Firsts(), _Firsts()
+        self.known, self.freed = [], []  # (ids, sizes) at their first appearance with a size in a batch; the freed ids
+        self.taken = [0, 0]  # inputs and outputs before this batch
+        self.cells, self.comm, self.held = [], [], ()  # with CELLS and op in the batches (held): see the module docstring
+
+    def feed(self, batch):
+        if self.done + batch.num_rows > self.n:  # more rows than the trace's checks counted: a trace changed while read
+            self.done += batch.num_rows
+            return
+        arrays, names, self.held = self.arrays, self._NAMES, batch.schema.names
+        rows = slice(self.done, self.done + batch.num_rows)
+        for c in names[:5]:
+            arrays[c][rows] = self._phases(batch.column(c)) if c == "phase" else batch.column(c).to_numpy()
+        ids = []
+        for c, length in zip(("input_storage_ids", "output_storage_ids", "freed_storage_ids"), names[5:]):
+            column = batch.column(c)  # no null list or item: the Trace's checks
+            arrays[length][rows] = pc.list_value_length(column).to_numpy()
+            ids.append(pc.list_flatten(column).to_numpy())
+        (ins, outs, frees), counts = ids, arrays["n_outputs"][rows]
+        self.done += batch.num_rows
+        at_in = np.arange(self.taken[0], self.taken[0] + len(ins), dtype=np.int64)
+        at_out = np.arange(self.taken[1], self.taken[1] + len(outs), dtype=np.int64)
+        new_in = self.first_in.new(ins, at_in)
+        self.first_out.add(outs, at_out)
+        self.freed.append(frees.copy())  # a view would keep the whole batch alive (DuckDB's Arrow batch is one allocation)
+        # the sizes of rows whose output_storage_bytes pair with their outputs one to one, where >= 0
+        sizes = batch.column("output_storage_bytes")
+        lengths, values = pc.list_value_length(sizes).to_numpy(), pc.list_flatten(sizes).to_numpy()
+        ok = lengths == counts
+        sids, at, values = (outs, at_out, values) if ok.all() else (
+            outs[np.repeat(ok, counts)], at_out[np.repeat(ok, counts)], values[np.repeat(ok, lengths)])  # fmt: skip
+        with_size = values >= 0
+        sids, at, values = sids[with_size], at[with_size], values[with_size]
+        new = self.first_size.new(sids, at)  # an earlier batch's first size stays
+        self.known.append((sids[new], values[new]))
+        if all(c in self.held for c in CELLS):
+            self._keep_cells(batch, ins[new_in], at_in[new_in] - self.taken[0], arrays["n_inputs"][rows], counts)
+        if "op" in self.held:
+            self._keep_comm(batch)
+        self.taken[0] += len(ins)
+        self.taken[1] += len(outs)
+
+    def _keep_cells(self, batch, sids, at, n_inputs, n_outputs):
+        """CELLS at the rows of this batch where an id is first seen as an input (`sids` at input positions `at` in the
+        batch) and not before as an output (an output of an earlier row: inputs come before outputs in a row)."""
+        in_rows = np.repeat(np.arange(len(n_inputs)), n_inputs)[at]
+        known = self.first_out.at  # holds this batch's outputs already
+        seen = np.where(sids < len(known), known[np.minimum(sids, len(known) - 1)], _NONE) if len(known) else \
+            np.full(len(sids), _NONE, dtype=np.int64)  # fmt: skip
+        out_start = np.concatenate([[0], np.cumsum(n_outputs)]).astype(np.int64) + self.taken[1]
+        out_rows = np.searchsorted(out_start, np.where(seen != _NONE, seen, 0), side="right") - 1  # -1: an earlier batch
+        first = (seen == _NONE) | (out_rows >= in_rows)
+        picked = pa.array(unique(in_rows[first]))
+        if len(picked):
+            cells = {c: batch.column(c).take(picked) for c in ("seq", *CELLS)}
+            cells["input_dtypes"] = cells["input_dtypes"].cast(pa.list_(pa.string()))  # as DuckDB gives them
+            self.cells.append(pa.table(cells))
+
+    def _keep_comm(self, batch):
+        """The ids of the batch's collective rows (resizes.COLLECTIVE_PREFIXES)."""
+        hits = []
+        for chunk in (op.chunks if isinstance(op := batch.column("op"), pa.ChunkedArray) else [op]):
+            chunk = chunk if pa.types.is_dictionary(chunk.type) else pc.dictionary_encode(chunk)
+            names = chunk.dictionary.to_pylist()  # each op name tested once, not per row
+            collective = np.array([any(n.startswith(p) for p in COLLECTIVE_PREFIXES) for n in names] + [False])
+            hits.append(collective[chunk.indices.fill_null(len(names)).to_numpy()])
+        at = np.flatnonzero(np.concatenate(hits)) if hits else np.zeros(0, np.int64)
+        if len(at):
+            rows = pa.array(at)
+            for c in ("input_storage_ids", "output_storage_ids"):
+                self.comm.append(pc.list_flatten(batch.column(c).take(rows)).to_numpy())
+
+    def _phases(self, column):
+        """Phase codes of a column of codes, or of phase names (numbered as first seen, for `finish` to renumber)."""
+        if pa.types.is_integer(column.type):
+            return column.to_numpy()
+        codes = []
+        for chunk in column.chunks if isinstance(column, pa.ChunkedArray) else [column]:
+            chunk = chunk if pa.types.is_dictionary(chunk.type) else pc.dictionary_encode(chunk)
+            index = [self.named.setdefault(p, len(self.named)) for p in chunk.dictionary.to_pylist()]
+            codes.append(np.asarray(index, dtype=np.int16)[chunk.indices.to_numpy()] if index else
+                         np.zeros(len(chunk), np.int16))  # fmt: skip
+        return np.concatenate(codes) if codes else np.zeros(0, np.int16)
+
+    def finish(self, path, phases):
+        """{column: array} of memory_rows (phases numbered as in `phases`); then `lists` and `kept_cells` read what
+        was kept. `path`: the run's, for the error of a trace that changed while read."""
+        if self.done != self.n:
+            raise ReportError(f"{path}: {self.done} rows read where the trace held {self.n} when opened (it changed "
+                              "while read): read the trace again")  # fmt: skip
+        arrays = self.arrays
+        if self.named:
+            lookup = np.zeros(len(self.named), dtype=np.int16)
+            for p, code in self.named.items():  # a part's dictionary may hold a phase no row of it has
+                lookup[code] = phases.index(p) if p in phases else 0
+            arrays["phase"] = lookup[arrays["phase"]]
+        self.free_ids = np.concatenate(self.freed).astype(np.int64, copy=False) if self.freed else np.zeros(0, np.int64)
+        self.freed = None
+        return arrays
+
+    def kept_comm(self):
+        """The ids collective rows read or wrote, ascending (comm of Lists); None when the batches held no op."""
+        return unique(np.concatenate([np.zeros(0, np.int64), *self.comm])) if "op" in self.held else None
+
+    def kept_cells(self):
+        """A Table of seq and CELLS at the rows kept (ascending seq); None when the batches held no CELLS."""
+        if not all(c in self.held for c in CELLS):
+            return None
+        return pa.concat_tables(self.cells) if self.cells else pa.table({c: [] for c in ("seq", *CELLS)})
+
+    def lists(self, rows, comm, row_max):
+        """The run's lifetimes.Lists; `rows`: memory_rows' frame, `comm` and `row_max` as Lists holds them."""
+        n = len(rows)
+
+        def offsets(column):
+            found = np.zeros(n + 1, dtype=np.int64)
+            np.cumsum(rows[column].to_numpy(), dtype=np.int64, out=found[1:])  # int32 counts summed as int64
+            return found
+
+        in_offsets, out_offsets, free_offsets = (offsets(c) for c in ("n_inputs", "n_outputs", "n_freed"))
+        size = max(len(self.first_in.at), len(self.first_out.at))
+        fin, fout = self.first_in.of(size), self.first_out.of(size)
+        seen = np.flatnonzero((fin != _NONE) | (fout != _NONE))
+        fin, fout = fin[seen], fout[seen]
+        row_in = np.searchsorted(in_offsets, np.where(fin != _NONE, fin, 0), side="right") - 1
+        row_out = np.searchsorted(out_offsets, np.where(fout != _NONE, fout, 0), side="right") - 1
+        # the first appearance: the least row, inputs before outputs within a row
+        as_output = (fout != _NONE) & ((fin == _NONE) | (row_out < row_in))
+        first_row, first_at = np.where(as_output, row_out, row_in), np.where(as_output, fout, fin)
+        free_rows = np.repeat(np.arange(n, dtype=np.int64), np.diff(free_offsets))
+        free_ids = self.free_ids
+        top = max([-1] + [int(a.max()) for a in (seen, free_ids) if len(a)])
+        sizes = np.full(top + 1, -1, dtype=np.int64)
+        for sids, values in self.known:
+            sizes[sids] = values
+        return Lists(in_offsets, out_offsets, free_rows, free_ids, free_offsets, seen, first_row, as_output, first_at,
+                     sizes, comm, row_max, top)  # fmt: skip

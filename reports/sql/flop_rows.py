@@ -1,0 +1,220 @@
+"""The FLOP sections' rows of a run from the Trace's one read of its parts (reports/sql/rowpass.py), instead of
+the query of flops.sql that decoded five list columns of every row again (reports/sql/flops.py).
+
+`FlopRows`, fed each part in seq order, keeps what flops.sql's views hold of the run:
+
+    walked   flop_rows: the rows flop_marked walks, with flop_rows' columns (each cell as flop_rows writes it)
+    rest     flop_rest: the other rows' FLOPs summed per phase, optimizer op, FLOP kind, recompute flag, first input
+             dtype and FLOPs > 0, each group at its first row's seq and step
+
+`walked` is flop_marked's condition on flop_ops' op lists, read from flops.sql (tests/test_sql_flops.py checks them),
+a mul or div's scalar operand tested as flop_marked tests it (one tensor input, or two of which one's shape has a
+product of 1, a missing or empty shape counting as 1: list_product skips nulls and gives NULL for no item). The
+FLOP sums are exact (integer halves), so `table` gives what flops.py's query gives of a run, row for row
+(tests/test_sql_flops.py compares the frames).
+"""
+
+import os
+import re
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from reports._util import packet
+from reports.sql.rowpass import Codes
+
+__all__ = ["FlopRows"]
+
+_CATEGORICAL = ("phase", "op", "module", "flop_kind")  # as flops.py gives them: categorical
+
+
+
+def _packets():
+    """{copies, hops, derives, scales: the op packets flops.sql's flop_ops lists for each}, read from flops.sql."""
+    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "flops.sql"), encoding="utf-8") as f:
+        text = f.read()
+    body = text[text.index("CREATE VIEW flop_ops"):text.index("CREATE VIEW flop_marked")]
+    return {name: frozenset(re.findall(r"'([\w.]+)'", found)) for found, name in
+            re.findall(r"packet IN \(([^)]*)\) AS (\w+)", body)}  # fmt: skip
+
+
+_PACKETS = _packets()
+# flop_rows' and flop_rest's columns as DuckDB gives them (reports/sql/flops.py _ROWS)
+_INTS, _SHAPES = pa.list_(pa.field("l", pa.int64())), pa.list_(pa.field("l", pa.list_(pa.field("l", pa.int64()))))
+SCHEMA = pa.schema([("seq", pa.int64()), ("step", pa.int64()), ("phase", pa.string()), ("op", pa.string()),
+                    ("module", pa.string()), ("flop_kind", pa.string()), ("flops", pa.int64()), ("recompute", pa.bool_()),
+                    ("causal", pa.bool_()), ("input_storage_ids", _INTS), ("output_storage_ids", _INTS),
+                    ("input_dtypes", pa.list_(pa.field("l", pa.string()))), ("input_shapes", _SHAPES),
+                    ("output_shapes", _SHAPES), ("flops_bound", pa.bool_())])  # fmt: skip
+
+
+def _product_is_one(shapes, k):
+    """Per row of `shapes` (list<list<int64>>): whether its shape k has a product of 1 (a missing, null or empty shape
+    and null dimensions count as 1), in float64 as list_product multiplies."""
+    one = pc.list_slice(shapes, k, k + 1)
+    rows = pc.list_parent_indices(one).to_numpy()
+    inner = pc.list_flatten(one)
+    out = np.ones(len(shapes), dtype=np.float64)
+    if len(inner):
+        dims = pc.fill_null(pc.list_flatten(inner), 1).to_numpy().astype(np.float64)
+        lengths = pc.fill_null(pc.list_value_length(inner), 0).to_numpy()
+        starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+        product = np.ones(len(lengths), dtype=np.float64)
+        full = lengths > 0
+        if full.any():
+            product[full] = np.multiply.reduceat(dims, starts[full]) if len(dims) else 1.0
+        out[rows] = product
+    return out == 1
+
+
+class FlopRows:
+    """flop_rows and flop_rest of one run, fed its parts in seq order (a consumer of rowpass.read)."""
+
+    columns = tuple(SCHEMA.names)
+    holds = "flop_rest"  # the view it holds: the Trace's _ops grain then leaves out its keys (reports/sql/scan.py)
+
+    def __init__(self, rows=None):
+        self.codes = {c: Codes() for c in (*_CATEGORICAL, "dtype")}
+        self.walked = {c: [] for c in SCHEMA.names}  # per column, each part's walked rows: codes for _CATEGORICAL
+        self.rest = {}  # {group key: [seq, step, FLOPs]}
+
+    def feed(self, table):
+        op, phase, kind = (self.codes[c].of(table.column(c)) for c in ("op", "phase", "flop_kind"))
+        packets = [packet(v) for v in self.codes["op"].names]
+        copies, hops, derives, scales = (np.fromiter((p in _PACKETS[k] for p in packets), dtype=bool, count=len(packets))[op]
+                                         for k in ("copies", "hops", "derives", "scales"))  # fmt: skip
+        kinds = self.codes["flop_kind"]
+        is_kind = {k: kinds.flags(lambda v, k=k: v == k)[kind] for k in ("matmul", "attention", "conv", "collective")}
+        forward = self.codes["phase"].flags(lambda v: v == "forward")[phase]
+        late = self.codes["phase"].flags(lambda v: v in ("backward", "other"))[phase]
+        scalar = np.zeros(len(op), dtype=bool)
+        at = np.flatnonzero(scales)
+        if len(at):
+            n_in = pc.list_value_length(table.column("input_storage_ids").take(at)).to_numpy()
+            shapes = table.column("input_shapes").take(at)
+            scalar[at] = (n_in == 1) | (n_in == 2) & (_product_is_one(shapes, 0) | _product_is_one(shapes, 1))
+        walked = (is_kind["matmul"] | is_kind["attention"] | is_kind["conv"] & forward | copies
+                  | late & (is_kind["collective"] | hops) | derives | scales & scalar)  # fmt: skip
+        self._keep(table, np.flatnonzero(walked), (op, phase, kind), is_kind, scales)
+        self._sum(table, np.flatnonzero(~walked), op, phase, kind)
+
+    def _keep(self, table, at, codes, is_kind, scales):
+        """The walked rows `at`, with flop_rows' columns (a cell flop_rows leaves null taken at a null index)."""
+        index, w = pa.array(at), self.walked
+        mm = is_kind["matmul"][at]
+
+        def masked(column, keep):
+            return column.take(pa.array(at, mask=~keep))
+
+        for name, code in zip(("op", "phase", "flop_kind"), codes):
+            w[name].append(code[at])
+        w["module"].append(np.where(mm, self.codes["module"].of(table.column("module"))[at], -1))
+        for name in ("seq", "step", "flops", "causal", "input_storage_ids", "output_storage_ids"):
+            w[name].append(table.column(name).take(index))
+        w["recompute"].append(pc.fill_null(table.column("recompute").take(index), False))
+        w["input_dtypes"].append(pc.list_slice(table.column("input_dtypes").take(index), 0, 2))
+        w["input_shapes"].append(masked(table.column("input_shapes"), (is_kind["attention"] | is_kind["conv"] | scales)[at]))
+        w["output_shapes"].append(masked(table.column("output_shapes"), (is_kind["matmul"] | is_kind["conv"])[at]))
+        w["flops_bound"].append(masked(pc.fill_null(table.column("flops_bound"), False), mm))
+
+    def _sum(self, table, at, op, phase, kind):
+        """The other rows' (`at`) FLOPs per flop_rest's group."""
+        if not len(at):
+            return
+        optimizer = self.codes["phase"].flags(lambda v: v == "optimizer")[phase[at]]
+        dtype = self._first_dtypes(table.column("input_dtypes"), at)
+        recompute = pc.fill_null(table.column("recompute").take(at), False).to_numpy()
+        flops = table.column("flops").take(at).to_numpy()
+        keys = [phase[at], np.where(optimizer, op[at], -1) + 1, kind[at], recompute, dtype + 2, flops > 0]
+        sizes = [len(self.codes[c].names) for c in ("phase", "op", "flop_kind")]
+        sizes = [sizes[0], sizes[1] + 1, sizes[2], 2, len(self.codes["dtype"].names) + 2, 2]
+        packed = np.zeros(len(at), dtype=np.int64)  # one int per key (mixed radix): a sort of ints, not of rows
+        for key, size in zip(keys, sizes):
+            packed = packed * size + key
+        order = np.argsort(packed, kind="stable")  # each group's rows together, in row order
+        starts = np.flatnonzero(np.concatenate(([True], packed[order][1:] != packed[order][:-1])))
+        first_at = order[starts]  # each group's first row
+        found = np.stack([key[first_at] for key in keys], axis=1)
+        flops = flops[order]
+        high, low = np.add.reduceat(flops >> 32, starts), np.add.reduceat(flops & 0xFFFFFFFF, starts)  # exact halves
+        seq, step = table.column("seq").to_numpy()[at[first_at]], table.column("step").to_numpy()[at[first_at]]
+        for key, s, st, hi, lo in zip(map(tuple, found.tolist()), seq.tolist(), step.tolist(), high.tolist(), low.tolist()):
+            key = (key[0], key[1] - 1, key[2], key[3], key[4] - 2, key[5])
+            if key in self.rest:
+                self.rest[key][2] += (hi << 32) + lo
+            else:
+                self.rest[key] = [s, st, (hi << 32) + lo]
+
+    def _first_dtypes(self, column, at):
+        """Code of each row `at`'s first input dtype (flop_rest's input_dtypes[1:1]): -1 none, -2 a null one."""
+        chunk = column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()  # a part: one chunk
+        offsets = chunk.offsets.to_numpy()
+        start, has = offsets[at], offsets[at + 1] > offsets[at]
+        values = chunk.values if pa.types.is_dictionary(chunk.type.value_type) else pc.dictionary_encode(chunk.values)
+        first = values.take(pa.array(start[has]))
+        dtype = np.full(len(at), -1, dtype=np.int64)
+        dtype[has] = np.where(np.asarray(first.is_null()), -2, self.codes["dtype"].of(first))
+        return dtype
+
+    def table(self, wide, steps):
+        """flop_rows, flop_rest and `steps` (flop_steps' rows of the run, after the others, in seq order) as one Table
+        of SCHEMA in seq order, _CATEGORICAL columns dictionary-encoded as flops.py encodes them; None when `wide` (an
+        int64 FLOP sum could wrap: flops.py's query reads them as float64)."""
+        groups = sorted(self.rest.items(), key=lambda item: item[1][0])
+        if wide or any(not -(2**63) <= total < 2**63 for _, (_, _, total) in groups):
+            return None
+        names = {c: self.codes[c].names for c in ("phase", "op", "flop_kind", "dtype")}
+        rest = {
+            "seq": [s for _, (s, _, _) in groups], "step": [st for _, (_, st, _) in groups],
+            "flops": [total for _, (_, _, total) in groups], "recompute": [bool(k[3]) for k, _ in groups],
+            "input_dtypes": [[] if k[4] == -1 else [None] if k[4] == -2 else [names["dtype"][k[4]]] for k, _ in groups],
+        }  # fmt: skip
+        rest = {c: pa.array(rest[c], SCHEMA.field(c).type) if c in rest else pa.nulls(len(groups), SCHEMA.field(c).type)
+                for c in SCHEMA.names if c not in _CATEGORICAL}  # fmt: skip
+        rest_codes = {"phase": [k[0] for k, _ in groups], "op": [k[1] for k, _ in groups],
+                      "flop_kind": [k[2] for k, _ in groups], "module": [-1] * len(groups)}  # fmt: skip
+        steps_codes = {c: np.full(len(steps), -1, dtype=np.int64) for c in _CATEGORICAL}
+        steps_codes["phase"] = self.codes["phase"].of(steps.column("phase"))
+        # rest's groups between the walked rows, by seq (seq is unique in a run); the steps after them
+        walked_seq = np.concatenate([np.zeros(0, np.int64), *(a.to_numpy() for a in self.walked["seq"])])
+        cut = np.searchsorted(walked_seq, np.asarray(rest["seq"], dtype=np.int64)).tolist()
+        out = {}
+        for c in SCHEMA.names:
+            kind = SCHEMA.field(c).type
+            if c in _CATEGORICAL:
+                codes = np.concatenate([np.zeros(0, np.int64), *self.walked[c]])
+                codes = np.insert(codes, cut, np.asarray(rest_codes[c], dtype=np.int64))
+                out[c] = _categorical(np.concatenate([codes, steps_codes[c]]), self.codes[c].names)
+                continue
+            parts = [chunk for part in self.walked[c] for chunk in _chunks(part)]
+            walked = pa.chunked_array(parts, type=parts[0].type) if parts else pa.chunked_array([], type=kind)
+            walked = walked.cast(kind) if walked.type != kind else walked
+            pieces, last = [], 0
+            for i, at in enumerate(cut):
+                pieces += [walked.slice(last, at - last), rest[c].slice(i, 1)]
+                last = at
+            pieces += [walked.slice(last), steps.column(c).cast(kind) if c in steps.column_names else
+                       pa.nulls(len(steps), kind)]  # fmt: skip
+            out[c] = pa.concat_arrays([chunk for piece in pieces for chunk in _chunks(piece)])
+        self.walked = self.rest = None
+        return pa.table(out)
+
+
+def _chunks(values):
+    return values.chunks if isinstance(values, pa.ChunkedArray) else [values]
+
+
+def _categorical(codes, names):
+    """Codes (-1: null) over `names` as the DictionaryArray pc.dictionary_encode makes of their strings: the dictionary
+    holds the names used, in order of first appearance."""
+    valid = codes >= 0
+    used = codes[valid]
+    order = np.argsort(used, kind="stable")
+    starts = np.flatnonzero(np.concatenate(([True], used[order][1:] != used[order][:-1]))) if len(used) else order
+    first = order[starts]  # each code's first row among the valid ones
+    seen = used[np.sort(first)]  # the codes in order of first appearance
+    lookup = np.zeros(len(names) + 1, dtype=np.int32)
+    lookup[seen] = np.arange(len(seen), dtype=np.int32)
+    indices = pa.array(lookup[np.where(valid, codes, len(names))], mask=~valid)
+    return pa.DictionaryArray.from_arrays(indices, pa.array([names[k] for k in seen.tolist()], pa.string()))

@@ -1,0 +1,126 @@
+"""One read of a run's part files with pyarrow, part by part in order: the row checks the statistics cannot make, and
+what the report's FLOP and memory sections read row by row, from the same read (reports/sql/engine.py).
+
+Parquet's statistics count a null list and an empty one together, so whether a list cell is null where the tracer
+always writes a list (validate.LIST_NOT_NULL) or an id or size list holds a null item (ITEMS_NOT_NULL) is read from
+the cells. DuckDB decodes every row of a list column an expression reads: the grouping scan that made these checks
+decoded ten list columns (0.3-0.5 CPU-s a million rows), then the FLOP sections' query five of them again and the
+memory categories four. pyarrow reads a part's list columns in about half DuckDB's time, and an Arrow list column
+knows its null cells without a look at its items; so each part is read here once, for the checks and for the
+sections' consumers.
+
+    read(files, footers, present, consumers)   True when every part passes the checks
+
+The checks, on every part in order: no null list cell or null item as above; phase and flop_kind only the values the
+tracer writes (validate.ALLOWED); seq increasing row by row and from part to part (what engine.py's seq check shows).
+A run that fails one is read by the reference loader, whose one line names the value (engine.py). Consumers: objects
+with `columns` (the trace columns they read) and `feed(table)`, called with each part's Table (those columns and the
+checked ones), in seq order, while every part so far passed; the read stops at the first part that fails.
+"""
+
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from reports.loading.integrity import footer
+from reports.loading.validate import ALLOWED, ITEMS_NOT_NULL, LIST_NOT_NULL
+
+try:
+    from pyarrow._parquet import ParquetReader  # what pq.ParquetFile opens, without its Python per file
+except ImportError:
+    ParquetReader = None
+
+__all__ = ["Codes", "read"]
+
+CHECKED = ("seq", *ALLOWED)
+
+
+def read(files, footers, present, consumers=()):
+    """Read each part of `files` (one run's, in order) once, checking it and handing it to `consumers`: True when every
+    part passed the checks. `present`: the trace's columns, in order; `footers`: the parts' footers as read_run kept them."""
+    lists = [c for c in LIST_NOT_NULL if c in present]
+    items = [c for c in ITEMS_NOT_NULL if c in present]
+    wanted = {*CHECKED, *lists, *(c for consumer in consumers for c in consumer.columns)}
+    reader = _Reader([c for c in present if c in wanted], threads=not consumers)
+    last = None
+    for table in _ahead(reader, files, footers):
+        if not table.num_rows:
+            continue
+        seq = table.column("seq").to_numpy()
+        if last is not None and seq[0] <= last or not (seq[1:] > seq[:-1]).all():
+            return False
+        last = int(seq[-1])
+        if any(table.column(c).null_count for c in lists) or any(pc.list_flatten(table.column(c)).null_count for c in items):
+            return False
+        for name, allowed in ALLOWED.items():
+            if not set(pc.unique(table.column(name)).to_pylist()) <= {*allowed, None}:  # a null: the statistics' check
+                return False
+        for consumer in consumers:
+            consumer.feed(table)
+    return True
+
+
+def _ahead(reader, files, footers):
+    """Each part's Table in order, the next part read on a thread while the caller works on this one (the reading
+    and decoding release the GIL). The parts are read into the C library's pool: the pool the command sets
+    (reports/loading/columns.py lean_memory: jemalloc giving freed pages back at once) has each part's pages faulted
+    in again by the next, 0.6 s of system time a million rows; malloc keeps them for the next part."""
+    if len(files) < 2:
+        yield from (reader.read(part, footers) for part in files)
+        return
+    with ThreadPoolExecutor(1) as pool:
+        pending = pool.submit(reader.read, files[0], footers)
+        for part in files[1:]:
+            table, pending = pending.result(), pool.submit(reader.read, part, footers)
+            yield table
+        yield pending.result()
+
+
+class _Reader:
+    """Reads `columns` of part files: the leaf column indices found once per Parquet schema."""
+
+    def __init__(self, columns, threads):
+        self.columns, self.threads, self._schema, self._leaves = columns, threads, None, None
+
+    def read(self, part, footers):
+        info = footer(part, footers)
+        if ParquetReader is None:
+            import pyarrow.parquet as pq
+
+            return pq.ParquetFile(part, metadata=info).read(columns=self.columns, use_threads=False)
+        if self._schema is None or not info.schema.equals(self._schema):
+            paths = [info.schema.column(j).path for j in range(info.num_columns)]
+            self._schema = info.schema
+            self._leaves = [j for name in self.columns for j, leaf in enumerate(paths)
+                            if leaf == name or leaf.startswith(name + ".")]  # fmt: skip
+        reader = ParquetReader(memory_pool=pa.system_memory_pool())  # see _ahead
+        reader.open(part, metadata=info)
+        return reader.read_all(column_indices=self._leaves, use_threads=self.threads and info.num_rows >= 1024)
+
+
+class Codes:
+    """For consumers: run-wide codes of the strings of a column (dictionary-encoded or plain), numbered as first seen
+    (`names`), each part's dictionary looked up once."""
+
+    def __init__(self):
+        self.names, self.index = [], {}
+
+    def of(self, column):
+        codes = []
+        for chunk in column.chunks if isinstance(column, pa.ChunkedArray) else [column]:
+            chunk = chunk if pa.types.is_dictionary(chunk.type) else pc.dictionary_encode(chunk)
+            index = np.asarray([self._code(v) for v in chunk.dictionary.to_pylist()], dtype=np.int64)
+            codes.append(index[chunk.indices.fill_null(0).to_numpy()] if len(index) else np.zeros(len(chunk), np.int64))
+        return np.concatenate(codes) if codes else np.zeros(0, np.int64)
+
+    def _code(self, value):
+        if value not in self.index:
+            self.index[value] = len(self.names)
+            self.names.append(value)
+        return self.index[value]
+
+    def flags(self, test):
+        """test(name) of each name, by code."""
+        return np.fromiter((test(v) for v in self.names), dtype=bool, count=len(self.names))
