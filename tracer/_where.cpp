@@ -13,23 +13,39 @@
 #include <torch/csrc/autograd/python_cpp_function.h>
 
 namespace optrace {
+namespace {
+
+const int EMPTY = 2;
+
+// The module of the (key, module) pair on top of the attribution's stack `name` (a list): 1 with *module set,
+// EMPTY for an empty stack, 0 for one not as the tracer writes it (where decides), -1 with an error set.
+int stack_top(PyObject* d, PyObject* name, PyObject** module) {
+  PyObject* stack = item(d, name);
+  if (stack == nullptr || !PyList_Check(stack)) {
+    return PyErr_Occurred() ? -1 : 0;
+  }
+  Py_ssize_t n = PyList_GET_SIZE(stack);
+  if (n == 0) {
+    return EMPTY;
+  }
+  PyObject* top = PyList_GET_ITEM(stack, n - 1);
+  if (!PyTuple_Check(top) || PyTuple_GET_SIZE(top) != 2) {
+    return 0;
+  }
+  *module = Py_NewRef(PyTuple_GET_ITEM(top, 1));
+  return 1;
+}
+
+}  // namespace
 
 int fast_where(PyObject* d, const Constants& k, int64_t* phase, PyObject** module, int64_t* recompute) {
   int64_t task = torch::autograd::get_current_graph_task_id();
   if (task == -1) {
-    PyObject* stack = item(d, s_forward_stack);
-    if (stack == nullptr || !PyList_Check(stack)) {
-      return PyErr_Occurred() ? -1 : 0;
-    }
-    if (PyList_GET_SIZE(stack)) {
-      PyObject* top = PyList_GET_ITEM(stack, PyList_GET_SIZE(stack) - 1);
-      if (!PyTuple_Check(top) || PyTuple_GET_SIZE(top) != 2) {
-        return 0;
-      }
+    int top = stack_top(d, s_forward_stack, module);
+    if (top != EMPTY) {
       *phase = k.forward;
-      *module = Py_NewRef(PyTuple_GET_ITEM(top, 1));
       *recompute = k.not_recompute;
-      return 1;
+      return top;
     }
     PyObject* in_optimizer = item(d, s_in_optimizer);
     PyObject* closure = item(d, s__closure);
@@ -50,19 +66,11 @@ int fast_where(PyObject* d, const Constants& k, int64_t* phase, PyObject** modul
   if (item(d, s_trained) != Py_True && PyDict_SetItem(d, s_trained, Py_True) < 0) {
     return -1;
   }
-  PyObject* recomputed = item(d, s_recompute_stack);
-  if (recomputed == nullptr || !PyList_Check(recomputed)) {
-    return PyErr_Occurred() ? -1 : 0;
-  }
-  if (PyList_GET_SIZE(recomputed)) {
-    PyObject* top = PyList_GET_ITEM(recomputed, PyList_GET_SIZE(recomputed) - 1);
-    if (!PyTuple_Check(top) || PyTuple_GET_SIZE(top) != 2) {
-      return 0;
-    }
+  int top = stack_top(d, s_recompute_stack, module);
+  if (top != EMPTY) {
     *phase = k.backward;
-    *module = Py_NewRef(PyTuple_GET_ITEM(top, 1));
     *recompute = k.recompute;
-    return 1;
+    return top;
   }
   int64_t seen_task;
   if (item_int(d, s__task, &seen_task) < 0) {
