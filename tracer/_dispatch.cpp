@@ -290,13 +290,19 @@ void written_args(const Op& op, PyObject* args, PyObject* kwargs, Written& found
 }
 
 // ------------------------------------------------------------------------------------------------ a row
+// The tracer's attribute `name` (borrowed), or nullptr with an error set.
+PyObject* tracer_item(Dispatch* self, PyObject* name) {
+  PyObject* value = item(self->tracer_dict, name);
+  if (value == nullptr && !PyErr_Occurred()) {
+    PyErr_Format(PyExc_AttributeError, "optrace dispatch: the tracer has no %U", name);
+  }
+  return value;
+}
+
 // The row buffer's arrays, read again when the tracer made a new RowBuffer (at each flush).
 int bind_rows(Dispatch* self, PyObject** rows_out) {
-  PyObject* rows = item(self->tracer_dict, s__rows);
+  PyObject* rows = tracer_item(self, s__rows);
   if (rows == nullptr) {
-    if (!PyErr_Occurred()) {
-      PyErr_SetString(PyExc_AttributeError, "optrace dispatch: the tracer has no rows");
-    }
     return -1;
   }
   if (rows != self->rows) {
@@ -327,11 +333,8 @@ int bind_rows(Dispatch* self, PyObject** rows_out) {
 
 // The timer's flags, read again when the tracer made a new timer (at its first device).
 int bind_timer(Dispatch* self, PyObject** timer_out) {
-  PyObject* timer = item(self->tracer_dict, s__timer);
+  PyObject* timer = tracer_item(self, s__timer);
   if (timer == nullptr) {
-    if (!PyErr_Occurred()) {
-      PyErr_SetString(PyExc_AttributeError, "optrace dispatch: the tracer has no timer");
-    }
     return -1;
   }
   if (timer != self->timer) {
