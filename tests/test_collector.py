@@ -8,6 +8,7 @@ views, in-place writes, out=, list outputs, a Parameter, a sparse tensor (record
 Python path inside a compiled trace) and FakeTensorMode (tensor subclasses: Python path).
 """
 
+import json
 import shutil
 import sys
 from pathlib import Path
@@ -185,6 +186,30 @@ def test_stale_build_runs_python_path(tmp_path, monkeypatch, compiled):
         "path": "python", "reason": f"built for torch 0.0.0, running {torch.__version__}"}
     df = reports.load(tmp_path / "t")
     assert df.loc[df["op"] == "aten.add.Tensor", "flops"].tolist() == [3]  # one per output element: 3
+
+
+def test_the_report_names_the_python_path_and_why(tmp_path, monkeypatch, capsys, compiled):
+    """A trace the pure-Python path wrote gets a note naming why, and `--json` its `collector`; the compiled hook's
+    trace gets no note and its row count."""
+    from reports.output.cli import main
+
+    monkeypatch.setenv(native.ENV, "python")
+    with Tracer(tmp_path / "py"):
+        torch.ones(3) + 1
+    monkeypatch.delenv(native.ENV)
+    with Tracer(tmp_path / "c"):
+        torch.ones(3) + 1
+    for name, engine in (("py", "sql"), ("py", "pandas"), ("c", "sql")):
+        assert main(["report", str(tmp_path / name), "--engine", engine]) == 0
+        notes = [line for line in capsys.readouterr().out.splitlines() if "pure-Python path" in line]
+        expected = ["Note: traced by optrace's pure-Python path (OPTRACE_COLLECTOR=python): the same rows as the compiled "
+                    "hook's, at about twice its tracing cost per op (README, Performance)"]
+        assert notes == (expected if name == "py" else [])
+    assert main(["report", str(tmp_path / "py"), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["collector"] == {"path": "python", "reason": "OPTRACE_COLLECTOR=python"}
+    assert main(["report", str(tmp_path / "c"), "--json"]) == 0
+    # ones (a factory op) and the add: 2 rows, both from the compiled hook
+    assert json.loads(capsys.readouterr().out)["collector"] == {"path": "compiled", "compiled_rows": 2}
 
 
 def test_counts_the_compiled_hook_makes_itself(tmp_path, monkeypatch, compiled):

@@ -78,9 +78,21 @@ def summary(df, peak_tflops=None, step_time_s=None, ranks_present=None, top=8, s
         "untraced_optimizer_steps": int(meta.get("untraced_optimizer_steps") or 0),  # compiled before the trace
         "cycles_without_step": int(meta.get("cycles_without_step") or 0),  # iterations no step boundary split
         "optimizer_state_found_late": int(meta.get("optimizer_state_found_late") or 0),  # bytes live_bytes missed
+        "collector": meta.get("collector"),  # which path traced it (tracer/native.py); null before it was recorded
         "meter": src.meter_summary(),  # a metered run's per-step figures (tracer/meter.py); null without
         **sections(meta, accounts, peak_tflops, step_time_s, top, src),
     }
+
+
+def python_path_note(meta):
+    """The note of a trace the pure-Python path wrote (its metadata's `collector`, tracer/native.py): why, and what it
+    cost; "" for the compiled hook's and for traces from before `collector` was recorded."""
+    collector = meta.get("collector")
+    if not isinstance(collector, dict) or collector.get("path") != "python":
+        return ""
+    reason = printable(str(collector.get("reason") or "no reason recorded"))
+    return (f"traced by optrace's pure-Python path ({reason}): the same rows as the compiled hook's, at about twice its "
+            "tracing cost per op (README, Performance)")
 
 
 def _coverage_json(src):
@@ -128,6 +140,8 @@ def _print_report(df, args, out, sql=None):
         print(f"Note: {meta['optimizer_state_found_late']:,} bytes of optimizer state were alive when the Tracer was "
               "entered but found only at their optimizer's step: live_bytes and the memory figures before it leave "
               "them out", file=out)
+    if python_path_note(meta):
+        print(f"Note: {python_path_note(meta)}", file=out)
     if cycles_note(meta):  # explain says it too, but it needs model= and tokens=
         print(f"Note: {cycles_note(meta)}", file=out)
     if meta.get("backward_unnamed_rows"):
