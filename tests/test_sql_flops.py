@@ -523,3 +523,63 @@ def test_the_frame_from_the_traces_read_is_the_querys(traces, name):
     # module_own and peak from tables of the kept rows (reports/sql/kept_views.py), FLOPs past int64 by the scan's view
     pd.testing.assert_frame_equal(tables.module_own(kept)[0], tables.module_own(sql)[0], check_exact=True)
     pd.testing.assert_frame_equal(tables.peak(kept), tables.peak(sql), check_exact=True)
+
+
+def test_a_part_storing_strings_plain_gives_the_frame_of_the_dictionary_one(tmp_path):
+    """One part rewritten with plain strings where the tracer writes dictionaries (`input_dtypes` a list<string>, as
+    another tool may save it; validate accepts either): the FLOP rows kept from the read of the parts (flop_rows.py)
+    make the same frame as the unchanged trace's. Before, building the rows raised ArrowTypeError (the parts' chunks
+    of two types) and `optrace report` printed a traceback."""
+    import shutil
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from test_damage import rewrite
+    from test_sql import _gpt
+
+    from reports.sql.flop_rows import FlopRows
+    from tracer.schema import part_paths
+
+    def plain(table):
+        fields = []
+        for f in table.schema:
+            t = f.type
+            if pa.types.is_dictionary(t):
+                t = pa.string()
+            elif pa.types.is_list(t) and pa.types.is_dictionary(t.value_type):
+                t = pa.list_(pa.string())
+            fields.append(pa.field(f.name, t))
+        schema = pa.schema(fields, metadata=table.schema.metadata)
+        return pa.Table.from_arrays([c.cast(f.type) for c, f in zip(table.columns, schema)], schema=schema)
+
+    _gpt(tmp_path / "dictionary", 3)
+    mixed = shutil.copytree(tmp_path / "dictionary", tmp_path / "mixed")
+    rewrite(part_paths(mixed)[1], plain)
+    assert pa.types.is_list(pq.read_schema(part_paths(mixed)[1]).field("input_dtypes").type)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        kept, whole = Trace(mixed, keep=(FlopRows,)), Trace(tmp_path / "dictionary", keep=(FlopRows,))
+    assert (FlopRows, 0) in kept.kept
+    pd.testing.assert_frame_equal(frame(kept), frame(whole), check_exact=True)
+
+
+def test_kept_rows_that_cannot_be_joined_leave_the_frame_to_the_query(tmp_path, monkeypatch):
+    """If the kept FLOP rows cannot be made into one table (an Arrow type error on parts of unforeseen types), the
+    frame is the flops.sql query's, as for a Trace that kept nothing: the same frame, no traceback."""
+    import pyarrow as pa
+    from test_sql import _gpt
+
+    from reports.sql.flop_rows import FlopRows
+
+    _gpt(tmp_path / "t", 3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        reference = frame(Trace(tmp_path / "t"))
+
+        def fail(self, wide, steps):
+            raise pa.ArrowTypeError("Array chunks must all be same type")
+
+        monkeypatch.setattr(FlopRows, "table", fail)
+        kept = Trace(tmp_path / "t", keep=(FlopRows,))
+    assert (FlopRows, 0) in kept.kept
+    pd.testing.assert_frame_equal(frame(kept), reference, check_exact=True)

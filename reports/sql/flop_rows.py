@@ -187,9 +187,9 @@ class FlopRows:
                 codes = np.insert(codes, cut, np.asarray(rest_codes[c], dtype=np.int64))
                 out[c] = _categorical(np.concatenate([codes, steps_codes[c]]), self.codes[c].names)
                 continue
-            parts = [chunk for part in self.walked[c] for chunk in _chunks(part)]
-            walked = pa.chunked_array(parts, type=parts[0].type) if parts else pa.chunked_array([], type=kind)
-            walked = walked.cast(kind) if walked.type != kind else walked
+            # each part in its own type (a part may store strings plain where another has a dictionary)
+            parts = [chunk if chunk.type == kind else chunk.cast(kind) for part in self.walked[c] for chunk in _chunks(part)]
+            walked = pa.chunked_array(parts, type=kind)
             pieces, last = [], 0
             for i, at in enumerate(cut):
                 pieces += [walked.slice(last, at - last), rest[c].slice(i, 1)]

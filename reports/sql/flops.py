@@ -94,7 +94,10 @@ def frame(trace, mfu_only=False):
     kept = None if mfu_only or trace.several else trace.take_kept(FlopRows, 0)
     if kept is not None:  # the walked rows and groups from the Trace's read of the parts (reports/sql/flop_rows.py)
         steps = trace.db.sql("SELECT seq, step, phase, 0 AS flops, recompute FROM flop_steps ORDER BY seq").to_arrow_table()
-        table = kept.table(wide, steps)  # the run's steps after its other rows, as below
+        try:
+            table = kept.table(wide, steps)  # the run's steps after its other rows, as below
+        except (pa.ArrowException, ValueError):  # parts whose types it cannot join: the query reads them as DuckDB does
+            table = None
     if kept is not None and table is not None:
         table = table.append_column("run_index", pa.array(np.zeros(len(table), np.int32)))
     else:
