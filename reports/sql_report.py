@@ -34,7 +34,8 @@ def by_module(trace):
         if not len(own):
             continue
         own.index = own.index.astype(object)
-        t = module_rows(own, runs[i][1].get("root_module"), int(totals.loc[i, "flops"]))
+        own = trace.sums(own, ["flops", "bytes_allocated"], i)  # float64 where a sum could wrap, as pandas sums them
+        t = module_rows(own, runs[i][1].get("root_module"), totals.loc[i, "flops"])
         if trace.several:
             t.insert(0, "run", runs[i][0])
         frames.append(t)

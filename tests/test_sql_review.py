@@ -166,6 +166,39 @@ def test_a_flops_bound_row_is_no_negative_module_total(bound, capsys):
     assert rc == 0 and "-9.22e+18" not in out
 
 
+def test_modules_whose_flops_pass_int64_together_roll_up_as_the_reference(tmp_path, capsys):
+    """Ten Linear layers whose addmm each counts 10**18 FLOPs (a registered formula; the loader's most for one row):
+    each module's own sum fits int64, the root's subtree (10**19) does not. The SQL engine rolled the modules up in
+    int64 and printed the root at a negative total and share ("overflow encountered in scalar add"); both engines now
+    give 1e19 as float64."""
+    from tracer.flops import _registry
+
+    import reports
+    from reports import sql_report
+    from reports.sql.engine import Trace
+
+    op = torch.ops.aten.addmm
+    saved = _registry.get(op)
+    _registry[op] = (lambda *a, **k: 10**18, "matmul")
+    try:
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(*[torch.nn.Linear(4, 4) for _ in range(10)])
+        with Tracer(tmp_path / "t", model=model):
+            with torch.no_grad():
+                model(torch.randn(3, 4))
+    finally:
+        if saved is None:
+            del _registry[op]
+        else:
+            _registry[op] = saved
+    tables = reports.by_module(reports.load(tmp_path / "t")), sql_report.by_module(Trace(tmp_path / "t"))
+    pd.testing.assert_frame_equal(tables[1], tables[0], check_exact=True)
+    root = tables[1][tables[1]["module"] == "Sequential"].iloc[0]
+    assert root["subtree_flops"] == 1e19 and root["subtree_flops_pct"] == 100.0  # 10 x 10**18
+    rc, out, err = _same_report(capsys, tmp_path / "t")
+    assert rc == 0 and "overflow" not in err and "-" not in out.split("Top modules")[1].split("\n\n")[0]
+
+
 @pytest.mark.parametrize("by", ["phase", "op", "module"])
 def test_compare_reads_a_trace_with_a_flops_bound_row(bound, template, capsys, by):
     """A count clamped to int64 is a flagged bound, not damage (reports.load accepts it), but compare read flops
