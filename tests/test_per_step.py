@@ -201,6 +201,8 @@ def test_cli_json(runs):
     (ma, mb), (va, vb) = (a.pop("top_modules"), b.pop("top_modules")), (a.pop("views"), b.pop("views"))
     assert [3 * r["subtree_flops"] for r in ma["rows"]] == [r["subtree_flops"] for r in mb["rows"]]
     assert [3 * k["ops"] for k in va["kinds"]] == [k["ops"] for k in vb["kinds"]]
+    ca, cb = a.pop("collector"), b.pop("collector")  # the path that traced each run, with its rows: a total too
+    assert ca["path"] == cb["path"] and 3 * ca.get("compiled_rows", 0) == cb.get("compiled_rows", 0)
     assert a["roofline"]["available"] is False  # no bandwidth recorded: N/A in both, so equal below
     for run in (a, b):  # every op (--top 100): ops tied on FLOPs come in order of traced time, which varies
         run["top_ops"]["rows"].sort(key=lambda r: (-r["flops_per_step"], r["op"]))
