@@ -128,15 +128,18 @@ class _Side:
         return total[ends] - total[ends - self.counts]
 
     def columns(self, names):
-        """(shapes, dtypes, strides, storage ids, storage bytes): this side's list columns."""
+        """(shapes, dtypes, strides, storage ids): this side's list columns (the outputs' storage bytes: `per_tensor`)."""
         offsets = _offsets(self.ndim)
         return (
             _lists(self.counts, pa.ListArray.from_arrays(offsets, pa.array(self.sizes))),
             _lists(self.counts, names["dtype"].dictionary(self.dtype.astype(np.int32))),
             _lists(self.counts, pa.ListArray.from_arrays(offsets, pa.array(self.strides))),
-            _lists(self.counts, pa.array(self.sid)),
-            _lists(self.counts, pa.array(self.storage_bytes)),
+            self.per_tensor(self.sid),
         )
+
+    def per_tensor(self, values):
+        """A list column of `values`, one per tensor of this side, each row's list its tensors'."""
+        return _lists(self.counts, pa.array(values))
 
 
 class RowBuffer:
@@ -215,6 +218,7 @@ class RowBuffer:
         inplace = col["inplace"].astype(bool)
         is_view = (col["outputs"] > 0) & (n_aliased == col["outputs"]) & ~inplace
         flops = np.where(col["flops"] == PER_OUTPUT_ELEMENT, out_elements, col["flops"])
+        output_storage_bytes = outs.per_tensor(outs.storage_bytes)
         ins, outs = ins.columns(names), outs.columns(names)
         causal = col["causal"]
 
@@ -248,7 +252,7 @@ class RowBuffer:
             "bytes_written": pa.array(bytes_written),
             "duration_ns": pa.array(col["duration_ns"]),
             "recompute": pa.array(col["recompute"].astype(bool)),
-            "output_storage_bytes": outs[4],
+            "output_storage_bytes": output_storage_bytes,
             "start_ns": pa.array(col["start"] + clock_offset_ns),
             "busy_ns": nullable(col["busy_ns"]),
             "layout": names["layout"].dictionary(col["layout"].astype(np.int32)),
