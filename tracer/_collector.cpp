@@ -37,42 +37,11 @@ namespace optrace {
 namespace {
 
 PyObject* frombytes_name = nullptr;
-PyObject* registered_name = nullptr;
-PyObject* live_name = nullptr;
-PyObject* next_id_name = nullptr;
-
-// The StorageTable's instance dict (a new reference): its counters are read and written there, as attribute
-// access would, without the attribute lookup's detour through its class.
-PyObject* storages_dict(PyObject* const* ctx) {
-  PyObject* d = PyObject_GenericGetDict(ctx[STORAGES], nullptr);
-  if (d != nullptr && !PyDict_Check(d)) {
-    Py_DECREF(d);
-    PyErr_SetString(PyExc_TypeError, "optrace collector: the StorageTable's __dict__ is not a dict");
-    return nullptr;
-  }
-  return d;
-}
 
 // storages.<name> += delta, in the StorageTable's dict `d`
 int add_to(PyObject* d, PyObject* name, int64_t delta) {
-  PyObject* value = PyDict_GetItemWithError(d, name);
-  if (value == nullptr) {
-    if (!PyErr_Occurred()) {
-      PyErr_SetObject(PyExc_AttributeError, name);
-    }
-    return -1;
-  }
-  int64_t now = PyLong_AsLongLong(value);
-  if (now == -1 && PyErr_Occurred()) {
-    return -1;
-  }
-  PyObject* updated = PyLong_FromLongLong(now + delta);
-  if (updated == nullptr) {
-    return -1;
-  }
-  int failed = PyDict_SetItem(d, name, updated);
-  Py_DECREF(updated);
-  return failed;
+  int64_t now;
+  return item_int(d, name, &now) < 0 ? -1 : set_int(d, name, now + delta);
 }
 
 // StorageTable.register(t.untyped_storage()) in C++ (tracer/storage.py): the next id, counted
@@ -80,26 +49,26 @@ int add_to(PyObject* d, PyObject* name, int64_t delta) {
 PyObject* register_storage(PyObject* const* ctx, c10::TensorImpl* impl, PyObject* key) {
   const c10::Storage& storage = impl->storage();
   int64_t nbytes = static_cast<int64_t>(storage.nbytes());
-  PyObject* d = storages_dict(ctx);
+  PyObject* d = instance_dict(ctx[STORAGES]);
   if (d == nullptr) {
     return nullptr;
   }
-  PyObject* sid = PyDict_GetItemWithError(d, next_id_name);  // the id given out; next_id moves on
+  PyObject* sid = item(d, s_next_id);  // the id given out; next_id moves on
   if (sid == nullptr) {
     if (!PyErr_Occurred()) {
-      PyErr_SetObject(PyExc_AttributeError, next_id_name);
+      PyErr_SetObject(PyExc_AttributeError, s_next_id);
     }
     Py_DECREF(d);
     return nullptr;
   }
   Py_INCREF(sid);
   PyObject *size = nullptr, *wrapped = nullptr, *ref = nullptr, *ref_id = nullptr, *entry = nullptr;
-  if (add_to(d, next_id_name, 1) < 0) {
+  if (add_to(d, s_next_id, 1) < 0) {
     goto fail;
   }
   size = PyLong_FromLongLong(nbytes);
   if (size == nullptr || PyDict_SetItem(ctx[BY_CDATA], key, sid) < 0 || PyDict_SetItem(ctx[SIZE], sid, size) < 0 ||
-      add_to(d, live_name, nbytes) < 0 || add_to(d, registered_name, nbytes) < 0) {
+      add_to(d, s_live_bytes, nbytes) < 0 || add_to(d, s_registered_bytes, nbytes) < 0) {
     goto fail;
   }
   wrapped = THPStorage_Wrap(storage);
@@ -305,16 +274,12 @@ int gather_into(PyObject* o, std::vector<PyObject*>& found) {
 }  // namespace
 
 int64_t registered_bytes(PyObject* const* ctx, int* failed) {
-  PyObject* d = storages_dict(ctx);
-  PyObject* value = d == nullptr ? nullptr : PyDict_GetItemWithError(d, registered_name);  // borrowed from d
-  int64_t n = value == nullptr ? -1 : PyLong_AsLongLong(value);
-  if (value == nullptr && d != nullptr && !PyErr_Occurred()) {
-    PyErr_SetObject(PyExc_AttributeError, registered_name);
-  }
-  Py_XDECREF(d);
-  if (n == -1 && PyErr_Occurred()) {
+  PyObject* d = instance_dict(ctx[STORAGES]);
+  int64_t n = 0;
+  if (d == nullptr || item_int(d, s_registered_bytes, &n) < 0) {
     *failed = 1;
   }
+  Py_XDECREF(d);
   return n;
 }
 
@@ -654,9 +619,9 @@ int collect_frees(PyObject* d) {
       Py_DECREF(entry);
       return -1;
     }
-    int64_t nbytes = PyLong_AsLongLong(bytes), live;
-    if ((nbytes == -1 && PyErr_Occurred()) || PyDict_DelItem(size, sid) < 0 || item_int(d, s_live_bytes, &live) < 0 ||
-        set_int(d, s_live_bytes, live - nbytes) < 0 || PySet_Discard(hollow, sid) < 0 || PyList_Append(freed, sid) < 0) {
+    int64_t nbytes = PyLong_AsLongLong(bytes);
+    if ((nbytes == -1 && PyErr_Occurred()) || PyDict_DelItem(size, sid) < 0 || add_to(d, s_live_bytes, -nbytes) < 0 ||
+        PySet_Discard(hollow, sid) < 0 || PyList_Append(freed, sid) < 0) {
       Py_DECREF(entry);
       return -1;
     }
@@ -704,9 +669,6 @@ int truncate(PyObject* array, Py_ssize_t n) {
 PyMODINIT_FUNC PyInit__collector(void) {
   using namespace optrace;
   frombytes_name = PyUnicode_InternFromString("frombytes");
-  registered_name = PyUnicode_InternFromString("registered_bytes");
-  live_name = PyUnicode_InternFromString("live_bytes");
-  next_id_name = PyUnicode_InternFromString("next_id");
   if (check_array_layout() < 0) {
     return nullptr;
   }

@@ -18,7 +18,7 @@ namespace optrace {
   X(_nested) X(_named_left) X(_node_key) X(_last_module) X(_node_module) X(_event_seqs) X(_event_names)          \
   X(in_optimizer) X(_closure) X(_in_closure) X(_optimizer_ops) X(_op) X(__call__) X(name) X(name_id) X(kind_id) \
   X(inplace) X(basis) X(rule) X(count) X(causal) X(collective) X(written_positions) X(written_names)             \
-  X(out_only) X(live_bytes) X(native) X(_refs) X(_by_cdata) X(size) X(hollow)
+  X(out_only) X(live_bytes) X(native) X(_refs) X(_by_cdata) X(size) X(hollow) X(registered_bytes) X(next_id)
 #define OPTRACE_EXTERN(n) extern PyObject* s_##n;
 OPTRACE_NAMES(OPTRACE_EXTERN)
 #undef OPTRACE_EXTERN
