@@ -238,12 +238,15 @@ def test_counts_the_compiled_hook_makes_itself(tmp_path, monkeypatch, compiled):
         torch._foreach_mul_(xs, 2.0)  # one per element of the list: 3 + 4 = 7
         with torch.device("meta"):
             torch.empty(2**21, 2**21) @ torch.empty(2**21, 2**21)  # 2 * 2**63 = 2**64, past int64
+            # a foreach list of 3 x 2**62 elements (expanded: one element of storage each) = 3 * 2**62, past int64;
+            # the compiled count gave 0 before
+            torch._foreach_norm([torch.empty(1).expand(2**62) for _ in range(3)], 1)
     df = reports.load(tmp_path / "t")
     counted = df[df["flop_kind"] != "none"]
     assert counted["op"].tolist() == ["aten.mm.default", "aten.addmm.default", "aten.bmm.default",
                                       "aten.baddbmm.default", "aten.sum.default", "aten._foreach_mul_.Scalar",
-                                      "aten.mm.default"]
-    assert counted["flops"].tolist() == [120, 120, 240, 240, 12, 7, 2**63 - 1]
-    assert counted["flops_bound"].tolist() == [False] * 6 + [True]
+                                      "aten.mm.default", "aten._foreach_norm.Scalar"]
+    assert counted["flops"].tolist() == [120, 120, 240, 240, 12, 7, 2**63 - 1, 2**63 - 1]
+    assert counted["flops_bound"].tolist() == [False] * 6 + [True, True]
     # every row was written by the compiled hook (the count past int64 was asked of the Python formula from there)
     assert read_metadata(tmp_path / "t")["collector"]["compiled_rows"] == len(df)

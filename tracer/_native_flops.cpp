@@ -102,40 +102,41 @@ int native_flops(Native native, PyObject* args, PyObject* kwargs, int64_t* flops
     case NUMEL_FIRST:
     case NUMEL_FIRST_LIST: {  // the first tensor argument / the first list argument, positional then keyword
       bool list = native == NUMEL_FIRST_LIST;
-      auto take = [&](PyObject* a) -> bool {
-        if (list ? (PyList_Check(a) || PyTuple_Check(a)) : THPVariable_Check(a)) {
-          int64_t total = 0;
-          if (!list) {
-            total = numel_of(a);
-          } else {
-            for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(a); i++) {
-              PyObject* t = PySequence_Fast_GET_ITEM(a, i);
-              if (THPVariable_Check(t) && __builtin_add_overflow(total, numel_of(t), &total)) {
-                return false;
-              }
+      // 1: `a` is the argument counted, *flops set; 0: not one; -1: its count passes int64 (Python decides)
+      auto take = [&](PyObject* a) -> int {
+        if (!(list ? (PyList_Check(a) || PyTuple_Check(a)) : THPVariable_Check(a))) {
+          return 0;
+        }
+        int64_t total = 0;
+        if (!list) {
+          total = numel_of(a);
+        } else {
+          for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(a); i++) {
+            PyObject* t = PySequence_Fast_GET_ITEM(a, i);
+            if (THPVariable_Check(t) && __builtin_add_overflow(total, numel_of(t), &total)) {
+              return -1;
             }
           }
-          *flops = total;
-          return true;
         }
-        return false;
+        *flops = total;
+        return 1;
       };
-      *flops = 0;
       for (Py_ssize_t i = 0; i < n; i++) {
-        if (take(PyTuple_GET_ITEM(args, i))) {
-          return 1;
+        if (int taken = take(PyTuple_GET_ITEM(args, i))) {
+          return taken > 0;
         }
       }
       if (kwargs != nullptr && PyDict_Check(kwargs)) {
         Py_ssize_t pos = 0;
         PyObject *k, *v;
         while (PyDict_Next(kwargs, &pos, &k, &v)) {
-          if (take(v)) {
-            return 1;
+          if (int taken = take(v)) {
+            return taken > 0;
           }
         }
       }
-      return 1;  // no such argument: 0
+      *flops = 0;  // no such argument: 0
+      return 1;
     }
     default:
       return 0;
