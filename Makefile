@@ -10,7 +10,7 @@ PIP := $(PY) -m pip install --disable-pip-version-check --progress-bar on
 OMP_NUM_THREADS ?= 1
 export OMP_NUM_THREADS
 
-.PHONY: demo test clean
+.PHONY: demo test gpu-check clean
 
 $(STAMP): pyproject.toml
 	@echo "==> creating $(VENV) (first run only)"
@@ -39,6 +39,12 @@ PYTEST_WORKERS ?= 2
 
 test: $(STAMP) $(COLLECTOR)
 	$(PY) -m pytest -q -n $(PYTEST_WORKERS)
+
+# benchmarks/gpu_check.py: every CUDA path (event and sync timing, cuda_memory, the Meter, MFU, torch.compile, NCCL)
+# against torch.cuda's own figures, one table, exit status 1 when a check fails; without a GPU one line, exit 0.
+# It needs a CUDA build of torch in $(VENV) (the pin above installs the CPU build).
+gpu-check: $(STAMP) $(COLLECTOR)
+	$(PY) benchmarks/gpu_check.py
 
 clean:
 	rm -rf $(VENV) runs tracer/_collector.so

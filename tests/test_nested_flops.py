@@ -134,3 +134,86 @@ def test_a_jagged_linear_s_backward_counts_what_the_packed_dense_one_counts(tmp_
     assert row["flops"].tolist() == [512 + 32 + (512 if input_grad else 0)]
     assert row["flop_kind"].tolist() == ["matmul"]
     assert nested_flops == backward_flops(packed, "packed")[0]
+
+
+def _sdpa_fw_bw(make_qkv, unpack, backend=None):
+    """F.scaled_dot_product_attention on make_qkv()'s [b, h, s, d] inputs, then the backward of its sum."""
+    from contextlib import nullcontext
+
+    from torch.nn.attention import sdpa_kernel
+    q, k, v = make_qkv()
+    with sdpa_kernel(backend) if backend is not None else nullcontext():
+        out = F.scaled_dot_product_attention(q, k, v)
+    unpack(out).sum().backward()
+
+
+@pytest.mark.parametrize("collector", ["python", "compiled"])
+def test_jagged_attention_forward_and_backward_count_the_dense_split(tmp_path, monkeypatch, collector):
+    """The CPU path of jagged attention runs a strided nested matmul's own backward (matmul_backward, which no
+    dense matmul reaches): it counts both gradients (it was 0 FLOPs, "unknown": fw+bw was a third of the dense
+    split's). Lengths 3 and 5, 2 heads, head dim 8."""
+    from torch.nn.attention import SDPBackend
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from tracer import native, read_metadata
+    monkeypatch.setenv(native.ENV, collector)
+    lengths = (3, 5)
+    torch.manual_seed(0)
+    parts = [[torch.randn(s, H, D) for s in lengths] for _ in range(3)]
+
+    def jagged():
+        return [torch.nested.nested_tensor(p, layout=torch.jagged, requires_grad=True).transpose(1, 2) for p in parts]
+
+    def split(i):  # sequence i alone, dense [1, h, s, d]
+        return lambda: [p[i].transpose(0, 1).unsqueeze(0).requires_grad_() for p in parts]
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with Tracer(tmp_path / "jagged"):
+            _sdpa_fw_bw(jagged, lambda out: out.values())
+        with Tracer(tmp_path / "dense"):
+            for i in range(len(lengths)):
+                _sdpa_fw_bw(split(i), lambda out: out, SDPBackend.MATH)
+        counter = FlopCounterMode(display=False)  # it counts the dense split's bmm; it cannot run the jagged one
+        with counter:
+            for i in range(len(lengths)):
+                _sdpa_fw_bw(split(i), lambda out: out, SDPBackend.MATH)
+    assert read_metadata(tmp_path / "jagged")["collector"]["path"] == collector
+    rows, dense = pd.read_parquet(tmp_path / "jagged"), pd.read_parquet(tmp_path / "dense")
+    backward = rows[rows["op"] == "aten.matmul_backward.default"]
+    # dL/dp = dL/dout @ v^T and dL/dv = p^T @ dL/dout: 2 * (2 * h * s * s * d) per sequence,
+    # 2 * 2 * 2 * 8 * (3 * 3 + 5 * 5) = 2176; dL/dq and dL/dk of q @ k^T alike
+    assert backward["flops"].tolist() == [2176, 2176] and set(backward["flop_kind"]) == {"matmul"}
+    # forward: q @ k^T and p @ v, 2 * h * s * s * d each: 2 * 2 * 8 * 34 = 1088 each, 2176 in all;
+    # backward: 4 products of the same size, 4352; the softmax, scalings and sum as the dense ones count them
+    by_phase = rows.groupby("phase")["flops"].sum()
+    dense_by_phase = dense.groupby("phase")["flops"].sum()
+    assert (by_phase["forward"], by_phase["backward"]) == (dense_by_phase["forward"], dense_by_phase["backward"])
+    assert by_phase["backward"] == 4880  # 4352 + softmax backward 4 * 2 * 34 = 272 + scalings of q and k 2 * (2 * 8 * 8) = 256
+    matmuls = rows[rows["flop_kind"] == "matmul"]["flops"].sum()
+    assert matmuls == counter.get_total_flops() == 6528  # 2176 + 4352: FlopCounterMode's bmm on the dense split
+
+
+@pytest.mark.parametrize("input_grad", [False, True])
+def test_a_jagged_matmul_s_backward_counts_what_the_packed_dense_one_counts(tmp_path, input_grad):
+    """x @ W on a jagged x runs matmul_backward on the jagged layout: each gradient asked for counts as the
+    packed rows' dense mm does (it was 0 FLOPs, "unknown")."""
+    torch.manual_seed(0)
+    parts, w = [torch.randn(s, D) for s in (3, 5)], torch.randn(D, 4, requires_grad=True)
+
+    def backward_rows(x, path):
+        with Tracer(tmp_path / path):
+            out = x @ w
+            (out.values() if out.is_nested else out).sum().backward()
+        df = pd.read_parquet(tmp_path / path)
+        return df[(df["phase"] == "backward") & (df["flops"] > 0)]
+
+    jagged = backward_rows(torch.nested.nested_tensor(parts, layout=torch.jagged, requires_grad=input_grad), "j")
+    packed = backward_rows(torch.cat(parts).requires_grad_(input_grad), "p")
+    # 8 rows of [8] @ [8, 4]: dL/dW = x^T @ dL/dy 2 * 8 * 8 * 4 = 512, and with the input's gradient
+    # dL/dx = dL/dy @ W^T another 512
+    # (the jagged path also sums dL/dW's per-sequence [2, 8, 4] parts: 2 * 8 * 4 = 64 adds, a reduction)
+    assert jagged[["op", "flops", "layout"]].values.tolist() == [
+        ["aten.matmul_backward.default", 512 + (512 if input_grad else 0), "jagged"],
+        ["aten.sum.dim_IntList", 64, ""]]
+    assert jagged["flops"].iloc[0] == packed.loc[packed["flop_kind"] == "matmul", "flops"].sum()

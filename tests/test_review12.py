@@ -112,9 +112,11 @@ def test_jagged_batches_of_one_total_length_but_other_lengths_are_two_signatures
                 figures.append(meter.step())
     assert meter.errors == 0 and [f["flops_estimated"] for f in figures] == [False] * 4
     # the two lengths differ only where a sequence's length is squared (2² + 6² = 40 against 4² + 4² = 32, 2 heads of
-    # width 4): q @ kᵀ and att @ v 2·2·4·2·(40 - 32) = 256, softmax 5·2·8 = 80, its backward 4·2·8 = 64: 400
-    # (the projection's backward on the jagged input is linear_backward: dL/dW 2·8·8·8 = 1,024 of each step's 4,502)
-    assert [f["model_flops"] for f in figures] == [4502, 4102, 4502, 4102] and 4502 - 4102 == 256 + 80 + 64
+    # width 4): q @ kᵀ and att @ v 2·2·4·2·(40 - 32) = 256, softmax 5·2·8 = 80, its backward 4·2·8 = 64, the two
+    # products' backward (matmul_backward, two gradients each) 4·2·2·4·(40 - 32) = 512: 912
+    # (the projection's backward on the jagged input is linear_backward: dL/dW 2·8·8·8 = 1,024 of each step's 7,062;
+    # the products' backward 4·2·2·4·40 = 2,560 of it)
+    assert [f["model_flops"] for f in figures] == [7062, 6150, 7062, 6150] and 7062 - 6150 == 256 + 80 + 64 + 512
 
 
 def test_a_jagged_signature_without_readable_offsets_keeps_the_packed_shape():

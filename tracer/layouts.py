@@ -17,7 +17,9 @@ here. What can be read is recorded; nothing is computed that the program did not
   sizes); other formulas on strided nested tensors (softmax, norms) count the sum of the
   formula over components, so the CPU path of jagged attention counts each sequence at its
   length; a nested linear's `linear_backward` counts each gradient it makes as a dense
-  linear's backward does (2 * M * N * K for dL/dx and dL/dW, M * N for dL/db); views and
+  linear's backward does (2 * M * N * K for dL/dx and dL/dW, M * N for dL/db), and a nested
+  matmul's `matmul_backward` (the backward of jagged attention's CPU path) each gradient as
+  a product the size of the forward's (2 * k per output element of every component); views and
   copies count 0 ("none"); anything else counts 0 with kind "unknown".
   NB: a jagged matmul whose contraction is the ragged dimension needs the lengths; where
   they cannot be read (meta, fake offsets) it counts 0 with kind "unknown".
@@ -132,22 +134,35 @@ def _nested_matmul(info, ins, outs):
     """A matmul-kind op on nested tensors: 2 * k per output element of every component, where
     k is the contraction length of the multiplied operand (the first input; the second for
     addmm-style ops, whose first is the bias)."""
-    out = outs[0]
     a = ins[1] if info.name.split(".")[1].startswith(("addmm", "baddbmm", "addbmm", "_addmm")) else ins[0]
+    return FlopCount(_contraction_flops(a, outs[0]))
+
+
+def _contraction_flops(a, out):
+    """2 * k per element of every component of the nested product out = a @ b, k being a's last dimension."""
     if out.layout is STRIDED:  # strided nested output: its components' sizes are concrete
         numels = [prod(shape) for shape in _component_shapes(out)]
     else:
         numels = [out._values.numel()]  # jagged: the ragged dimension is stored in full
     if not a.is_nested:
-        return FlopCount(2 * sum(numels) * a.shape[-1])
+        return 2 * sum(numels) * a.shape[-1]
     if a.layout is STRIDED:
-        return FlopCount(2 * sum(n * shape[-1] for n, shape in zip(numels, _component_shapes(a))))
+        return 2 * sum(n * shape[-1] for n, shape in zip(numels, _component_shapes(a)))
     if a._ragged_idx == a.dim() - 1:  # the contraction is the ragged dimension: lengths needed
         shapes, out_shapes = _component_shapes(a), _component_shapes(out) if out.is_nested else None
         if shapes is None or out_shapes is None:
             raise ValueError("lengths unknown")
-        return FlopCount(2 * sum(prod(o) * s[-1] for o, s in zip(out_shapes, shapes)))
-    return FlopCount(2 * sum(numels) * int(a.shape[-1]))
+        return 2 * sum(prod(o) * s[-1] for o, s in zip(out_shapes, shapes))
+    return 2 * sum(numels) * int(a.shape[-1])
+
+
+def _nested_matmul_backward(args):
+    """matmul_backward(grad, self, other, mask) of out = self @ other on nested tensors: each gradient asked for
+    is one product as large as the forward's, 2 * k per element of out ([.., m, k] @ [.., k, n]): dL/dself =
+    dL/dout @ other^T and dL/dother = self^T @ dL/dout, 2 * m * k * n per component each, as the dense
+    backward's two bmm count."""
+    grad, a, _, mask = args[:4]
+    return FlopCount((bool(mask[0]) + bool(mask[1])) * _contraction_flops(a, grad))
 
 
 def _nested_linear_backward(args):
@@ -171,6 +186,8 @@ def odd_flops(info, args, kwargs, out, ins, outs):
     try:
         if func_name == "linear_backward" and not sparse:  # a nested linear's own backward (dense ones decompose)
             return _nested_linear_backward(args), "matmul"
+        if func_name == "matmul_backward" and not sparse:  # a nested matmul's own backward (dense ones decompose)
+            return _nested_matmul_backward(args), "matmul"
         if kind == "matmul" and sparse and func_name in _SPARSE_MM:
             a, b = [t for t in ins if t.dim() == 2][-2:]
             if a.layout in _INDEX_GETTERS:  # [m, k] sparse @ [k, n] -> one multiply-add per stored value and column
