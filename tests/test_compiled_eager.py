@@ -162,3 +162,17 @@ def test_the_meter_traces_one_step_of_an_eager_model_with_a_compiled_loss(tmp_pa
     assert meter.errors == 0
     assert meter.table()["steps"]["traced"] == [False, True, False, False, False]
     assert calls == {"graphs": 1, "runs": 4}  # the loss's graph in the 4 untraced steps
+
+
+def test_the_stance_found_at_entry_comes_back(tmp_path):
+    """force_eager while the trace records, the program's own stance (here eager_on_recompile) after it."""
+    from torch._dynamo import eval_frame
+
+    net = torch.nn.Linear(4, 2)
+    with torch.compiler.set_stance("eager_on_recompile"):
+        with Tracer(tmp_path / "t", model=net):
+            assert eval_frame._stance.stance == "force_eager"
+            net(torch.randn(3, 4))
+        assert eval_frame._stance.stance == "eager_on_recompile"
+    assert eval_frame._stance.stance == "default"
+    assert "compiled_regions_eager" not in read_metadata(tmp_path / "t")  # no compiled region ran

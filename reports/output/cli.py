@@ -97,7 +97,8 @@ def compiled_note(meta):
                  for name, calls in (regions.get("names") or {}).items()]
         if regions.get("other_calls"):
             named.append(f"others {regions['other_calls']:,}")
-        counted = f" ({regions['calls']:,} calls of compiled regions: {', '.join(named)})"
+        calls = regions["calls"]
+        counted = f" ({calls:,} call{'s' if calls != 1 else ''} of compiled regions: {', '.join(named)})"
     return (f"torch.compile'd code ran eagerly under the tracer{counted}; the figures describe the eager program. "
             "Its FLOPs are the eager program's (a compiler's fusion changes bytes and time, not FLOPs); traced "
             "numerics can differ from compiled ones in the last bits")
