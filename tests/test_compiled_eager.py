@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 import reports
 from reports.output.cli import main
+from test_fork_signals import run
 from tracer import Meter, Tracer, native, read_metadata
 
 pytestmark = pytest.mark.skipif(not hasattr(torch.compiler, "set_stance"), reason="torch.compile has no stance")
@@ -176,3 +177,22 @@ def test_the_stance_found_at_entry_comes_back(tmp_path):
         assert eval_frame._stance.stance == "eager_on_recompile"
     assert eval_frame._stance.stance == "default"
     assert "compiled_regions_eager" not in read_metadata(tmp_path / "t")  # no compiled region ran
+
+
+def test_a_compiled_flex_attention_traced_under_w_error_runs_on(tmp_path):
+    """Run eagerly, flex_attention warned "called without torch.compile()" (once per process; untraced, Dynamo's
+    tracing notes it shown and gives none): under `python -W error` the traced program raised there."""
+    proc = run(tmp_path, f"""
+    import torch
+    from torch.nn.attention.flex_attention import flex_attention
+    from tracer import Tracer, read_metadata
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 16, 8) for _ in range(3))
+    attend = torch.compile(flex_attention, backend="eager")
+    before = attend(q, k, v)
+    with Tracer({str(tmp_path / 't')!r}):
+        traced = attend(q, k, v)
+    print(torch.equal(traced, before), read_metadata({str(tmp_path / 't')!r})["compiled_regions_eager"]["names"])
+    """, "-W", "error")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "True {'flex_attention': 1}\n"

@@ -18,11 +18,14 @@ before the trace (`opt.step = torch.compile(opt.step)`) runs its compiled kernel
 """
 
 import sys
+import types
 
 _WRAPPER = "OptimizedModule"
 _LEVEL = "_orig_mod"
 NAMES_KEPT = 32  # compiled regions named in `compiled_regions_eager`; the calls of any more are counted together
 _CALLER = "compile_wrapper"  # the function of torch._dynamo.eval_frame that enters a compiled region
+# torch's warnings "called without torch.compile()", given once per process unless Dynamo is tracing: (module, function)
+_WARN_ONCE = (("torch.nn.attention.flex_attention", "_warn_once"),)
 
 
 def compiled_original(module):
@@ -106,16 +109,23 @@ class DynamoSkips:
         return len(codes)
 
 
+def _innermost(fn):
+    """What a compiled callable wraps: through functools.wraps chains (torch._dynamo's wrap_inline, the optimizer's
+    profiling wrapper)."""
+    for _ in range(8):
+        inner = getattr(fn, "__wrapped__", None)
+        if inner is None:
+            break
+        fn = inner
+    return fn
+
+
 def region_name(fn):
     """What a compiled region is called in the metadata: a module's class name, else the function's qualified
     name (`loss_fn`, `SGD.step`, `flex_attention`)."""
     import torch
 
-    for _ in range(8):  # functools.wraps chains (torch._dynamo's wrap_inline, the optimizer's profiling wrapper)
-        inner = getattr(fn, "__wrapped__", None)
-        if inner is None:
-            break
-        fn = inner
+    fn = _innermost(fn)
     owner = getattr(fn, "__self__", None)
     for candidate in (fn, owner):
         if isinstance(candidate, torch.nn.Module):
@@ -132,8 +142,12 @@ class EagerCompiled:
     sets `torch.compiler.set_stance("force_eager")` (torch >= 2.6): a compiled region then calls its original
     code with Dynamo off, nothing is compiled, skipped or marked, and Dynamo's caches stay as they were. A
     stand-in for `torch._dynamo.eval_frame._callback_from_stance`, which each compiled region calls on entry,
-    counts the entries by `region_name` (`calls`, `names`: at most NAMES_KEPT, `other_calls`). `remove()` puts
-    back the stance found at `install()` and Dynamo's function (unless something replaced either since).
+    counts the entries by `region_name` (`calls`, `names`: at most NAMES_KEPT, `other_calls`), but for torch's
+    own helpers (`_torch_internal`: flex_attention called eagerly compiles one with backend "eager"). Inside a compiled
+    region torch's own "called without torch.compile()" warning (flex_attention's `_warn_once`) is noted as
+    shown and not given, as Dynamo's tracing of it does untraced: under `python -W error` it raised into the
+    program. `remove()` puts back the stance found at `install()` and the functions replaced (unless something
+    replaced them since).
     The stance is the process's: while installed, compiled code on every thread runs eagerly. Where torch
     lacks the stance nothing is installed (`active` stays False) and nothing is counted."""
 
@@ -143,7 +157,7 @@ class EagerCompiled:
         self.other_calls = 0  # calls of the regions past NAMES_KEPT names
         self.active = False
         self._stance = None  # torch.compiler.set_stance's object: it holds the stance to put back
-        self._patched = None  # (torch._dynamo.eval_frame, Dynamo's function, the stand-in)
+        self._patched = []  # (module, name, torch's function, the stand-in)
 
     def install(self):
         if self.active:
@@ -165,14 +179,23 @@ class EagerCompiled:
             if chosen is None and callback not in (None, False):  # a region Dynamo would have run, run eagerly
                 try:
                     caller = sys._getframe(1)
-                    if caller.f_code.co_name == _CALLER:
-                        self._count(region_name(caller.f_locals.get("fn")))
+                    fn = caller.f_locals.get("fn") if caller.f_code.co_name == _CALLER else None
+                    if fn is not None and not _torch_internal(fn):
+                        self._count(region_name(fn))
                 except Exception:  # never in Dynamo's way
                     pass
             return chosen
 
-        eval_frame._callback_from_stance = _callback_from_stance
-        self._patched = (eval_frame, original, _callback_from_stance)
+        self._patch(eval_frame, "_callback_from_stance", _callback_from_stance)
+        for module_name, name in _WARN_ONCE:
+            module = sys.modules.get(module_name)  # imported already wherever a compiled region calls it
+            warn_once = getattr(module, name, None)
+            if warn_once is not None:
+                self._patch(module, name, _quiet_in_regions(warn_once, getattr(module, "_WARNINGS_SHOWN", None)))
+
+    def _patch(self, module, name, ours):
+        self._patched.append((module, name, getattr(module, name), ours))
+        setattr(module, name, ours)
 
     def _count(self, name):
         self.calls += 1
@@ -182,11 +205,10 @@ class EagerCompiled:
             self.other_calls += 1
 
     def remove(self):
-        if self._patched is not None:
-            module, original, ours = self._patched
-            if module.__dict__.get("_callback_from_stance") is ours:
-                module._callback_from_stance = original
-            self._patched = None
+        patched, self._patched = self._patched, []
+        for module, name, original, ours in reversed(patched):
+            if module.__dict__.get(name) is ours:
+                setattr(module, name, original)
         stance, self._stance, self.active = self._stance, None, False
         if stance is not None:
             from torch._dynamo import eval_frame
@@ -199,3 +221,37 @@ class EagerCompiled:
         if not self.calls:
             return None
         return {"calls": self.calls, "names": dict(self.names), "other_calls": self.other_calls}
+
+
+def _torch_internal(fn):
+    """Whether `fn` is a function torch defines inside one of its own and compiles as its way of running an eager
+    call (flex_attention's `_flex_attention_hop_wrapper`), not a region the program compiled."""
+    fn = _innermost(fn)
+    if not isinstance(fn, types.FunctionType):  # a module, a bound method: the program's
+        return False
+    module = getattr(fn, "__module__", None) or ""
+    return module.startswith("torch.") and "<locals>" in (getattr(fn, "__qualname__", None) or "")
+
+
+def _in_region():
+    """Whether a compiled region (torch._dynamo.eval_frame's `compile_wrapper`) is on this thread's stack."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        if frame.f_code.co_name == _CALLER and frame.f_code.co_filename.endswith("eval_frame.py"):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _quiet_in_regions(warn_once, shown):
+    """torch's `_warn_once(warning_id, message, ...)`, which inside a compiled region notes the warning as shown
+    (in `shown`, its set) and gives none, as it does while Dynamo traces the region untraced."""
+
+    def quiet(warning_id, *args, **kwargs):
+        if _in_region():
+            if shown is not None:
+                shown.add(warning_id)
+            return None
+        return warn_once(warning_id, *args, **kwargs)
+
+    return quiet
