@@ -213,7 +213,8 @@ class EagerCompiled:
         if stance is not None:
             from torch._dynamo import eval_frame
 
-            if getattr(eval_frame, "_stance", None) is stance.stance:  # still ours: the stance before it comes back
+            current, ours = getattr(eval_frame, "_stance", None), getattr(stance, "stance", None)
+            if current is None or ours is None or current is ours:  # still ours: the stance before it comes back
                 stance.__exit__(None, None, None)
 
     def facts(self):
