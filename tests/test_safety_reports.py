@@ -241,7 +241,9 @@ def test_the_report_says_compiled_code_ran_eagerly(tmp_path, capsys):
     rc, out, err = run(capsys, "report", path)
     assert rc == 0 and err == ""
     assert out.splitlines()[1] == (
-        "Note: torch.compile'd code ran eagerly under the tracer; the figures describe the eager program"
+        "Note: torch.compile'd code ran eagerly under the tracer (1 call of compiled regions: Sequential 1); the "
+        "figures describe the eager program. Its FLOPs are the eager program's (a compiler's fusion changes bytes and "
+        "time, not FLOPs); traced numerics can differ from compiled ones in the last bits"
     )
     rc, out, _ = run(capsys, "report", path, "--json")
     assert json.loads(out)["compiled_ran_eagerly"] is True

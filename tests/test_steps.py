@@ -361,24 +361,30 @@ def test_without_tokens_the_report_still_says_the_cycles(tmp_path, capsys):
 
 
 def _untraced_backend(gm, example_inputs):
-    """A backend whose code bypasses the dispatcher, as compiled kernels do."""
+    """A backend whose code bypasses the dispatcher, as compiled kernels do; counts its runs."""
 
     def run(*args):
+        _untraced_backend.runs += 1
         with _disable_current_modes():
             return gm(*args)
 
     return run
 
 
-def test_an_optimizer_step_compiled_before_the_trace_is_counted_untraced(tmp_path):
+def test_an_optimizer_step_compiled_before_the_trace_runs_eagerly_and_is_counted(tmp_path):
+    """Compiled and run before the trace, the step used to run its compiled code under the tracer: 0 optimizer
+    FLOPs, counted in `untraced_optimizer_steps`. torch.compile's stance is force_eager while tracing
+    (tracer/compiled.py EagerCompiled): the step's eager ops are traced, and it is named as a compiled region."""
     model = mlp()
     opt = sgd(model.parameters())
     x, y = batch()
     torch._dynamo.reset()
+    _untraced_backend.runs = 0
     opt.step = torch.compile(opt.step, backend=_untraced_backend)
     F.mse_loss(model(x), y).backward()
     opt.step()  # compiled here, before the trace
     opt.zero_grad()
+    compiled_runs = _untraced_backend.runs
 
     def run(i, tr):
         F.mse_loss(model(x), y).backward()
@@ -389,8 +395,13 @@ def test_an_optimizer_step_compiled_before_the_trace_is_counted_untraced(tmp_pat
         warnings.simplefilter("ignore", UserWarning)  # Dynamo: the profiler's record_function is ignored
         df, meta = trace(tmp_path, "compiled_step", run, model, 3)
     fwd, bwd, opt_flops = figures(df, 3)
-    assert fwd == [FWD] * 3 and bwd == [BWD] * 3 and opt_flops == [0] * 3
-    assert meta["untraced_optimizer_steps"] == 3
+    assert fwd == [FWD] * 3 and bwd == [BWD] * 3 and opt_flops == [SGD] * 3  # SGD: 1,024 per step
+    assert meta["untraced_optimizer_steps"] == 0 and _untraced_backend.runs == compiled_runs
+    assert meta["compiled_regions_eager"] == {"calls": 3, "names": {"SGD.step": 3}, "other_calls": 0}
+    assert meta["compiled_ran_eagerly"] is True
+    F.mse_loss(model(x), y).backward()
+    opt.step()  # after the trace: the compiled code again
+    assert _untraced_backend.runs > compiled_runs
 
 
 class Untraced(torch.optim.SGD):

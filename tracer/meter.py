@@ -356,12 +356,12 @@ class Meter:
         return self.figures(index)
 
     def _compiled(self):
-        """Whether compiled code (torch.compile) runs in the steps: a compiled model=, or a compiled module a traced
-        step ran. An untraced step runs it compiled, a few graph nodes (one per compiled graph) where the traced
+        """Whether compiled code (torch.compile) runs in the steps: a compiled model=, or a compiled module or function
+        a traced step ran (eagerly: tracer/compiled.py EagerCompiled). An untraced step runs it compiled, a few graph nodes (one per compiled graph) where the traced
         step, run eagerly, made one per op, and it runs no module hook inside the compiled code: the signature then
         leaves the node count and the module calls out (the root's inputs and grad modes stay)."""
         tracer = self._tracer
-        return tracer._model_compiled or tracer._attr.names.compiled_seen
+        return tracer._model_compiled or tracer._attr.names.compiled_seen or tracer._eager.calls > 0
 
     def _forget_nodes(self):
         """The signatures noted so far without their node count and module calls (once compiled code is seen)."""

@@ -14,7 +14,7 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode_stack as _mo
 from tracer import collectives, distributed
 from tracer.attention import META_ATTENTION, MetaAttention
 from tracer.attribution import NAMED_PER_ENGINE_RUN, Attribution
-from tracer.compiled import DynamoSkips, compiled_original, unwrap
+from tracer.compiled import DynamoSkips, EagerCompiled, compiled_original, unwrap
 from tracer.device import cuda_memory, device_info, is_fake
 from tracer.errors import TraceError
 from tracer.dispatch import _tensors, _TraceMode, compiled_spec, make_inert
@@ -160,7 +160,7 @@ class Tracer:
         hot = getattr(self, "_hot", None)
         if hot is not None:
             hot.close()
-        for part in ("_attr", "_unsharded", "_dynamo"):
+        for part in ("_attr", "_unsharded", "_dynamo", "_eager"):
             installed = getattr(self, part, None)
             if installed is not None:
                 try:
@@ -232,13 +232,19 @@ class Tracer:
         )
         self._steps = self._attr.steps
         self._dynamo = DynamoSkips()  # compiled code skipped under the mode is given back at exit (tracer/compiled.py)
+        self._eager = EagerCompiled()  # compiled code runs eagerly while recording, counted (tracer/compiled.py)
         if self._native is not None:  # the common op recorded in C++, with no Python frame (tracer/_dispatch.cpp)
             self._hot = self._native.Dispatch(self, _TraceMode.__torch_dispatch__, compiled_spec())
             self._mode.use_compiled(self._hot, self._native.dispatch_for(self._mode))
         self._install()
 
     def _install(self):
-        """Put on what recording needs: Dynamo's skips noted, the module and optimizer hooks, FSDP2's, the modes."""
+        """Put on what recording needs: compiled code eager, Dynamo's skips noted, the module and optimizer hooks,
+        FSDP2's, the modes."""
+        try:
+            self._eager.install()
+        except Exception as exc:  # e.g. entered inside a compiled region: Dynamo skips under the mode instead
+            self._record_failed("running compiled code eagerly", exc)
         self._dynamo.install()
         self._attr.install()
         self._unsharded.install()
@@ -266,6 +272,21 @@ class Tracer:
             self._attr.remove()
             self._unsharded.remove()
             self._give_back_compiled()
+
+    def _give_back_compiled(self):
+        """Compiled code runs compiled again: torch.compile's stance as before the trace, and the code Dynamo
+        skipped for good under the mode given back (tracer/compiled.py)."""
+        try:
+            self._eager.remove()
+        except Exception as exc:
+            self._record_failed("putting torch.compile's stance back", exc)
+        try:
+            given = self._dynamo.remove()
+        except Exception as exc:
+            self._record_failed("giving compiled code back to torch.compile", exc)
+            return
+        if given:
+            self._meta["compiled_codes_given_back"] = self._meta.get("compiled_codes_given_back", 0) + given
 
     def _leave_modes(self):
         """Take the dispatch mode off the stack of the thread that entered it (and the meta attention kernel off). Left
@@ -327,16 +348,6 @@ class Tracer:
             self.step()
             self._flush()
             self._uninstall()
-
-    def _give_back_compiled(self):
-        """Compiled code Dynamo skipped for good under the mode runs compiled again (tracer/compiled.py)."""
-        try:
-            given = self._dynamo.remove()
-        except Exception as exc:
-            self._record_failed("giving compiled code back to torch.compile", exc)
-            return
-        if given:
-            self._meta["compiled_codes_given_back"] = self._meta.get("compiled_codes_given_back", 0) + given
 
     def _resume(self):
         """Record again after `_pause`: the next forward work begins a new step."""
@@ -682,7 +693,8 @@ class Tracer:
         if memory is not None:
             self._meta.setdefault("cuda_memory", {})["end"] = memory
         self._meta["end_time"] = now()
-        if self._model_compiled or self._attr.names.compiled_seen:
+        if (self._model_compiled or self._attr.names.compiled_seen or self._eager.calls
+                or self._meta.get("compiled_codes_given_back")):
             self._meta["compiled_ran_eagerly"] = True
         groups = distributed.process_groups() if self._rank is not None else None
         if groups:  # groups made while tracing (FSDP2's, DeviceMesh's); none if destroyed inside the block
@@ -737,6 +749,9 @@ class Tracer:
         meta["optimizer_params"] = sum(self._attr.updated.values())  # the parameter elements optimizer steps updated
         meta["cycles_without_step"] = self._steps.cycles_without_step()  # tracer/steps.py
         meta["optimizer_state_found_late"] = self._state_found_late
+        regions = self._eager.facts()  # compiled regions run eagerly so far (tracer/compiled.py EagerCompiled)
+        if regions is not None:
+            meta["compiled_regions_eager"] = regions
         dtypes = self._writer.names["dtype"].names  # bytes per element of every dtype recorded, parameters' too
         meta["dtype_bytes"] = {**meta.get("dtype_bytes", {}), **{dtypes[i]: n for i, n in self._writer.itemsize.items()}}
         return meta

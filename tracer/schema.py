@@ -221,7 +221,8 @@ ARROW_SCHEMA = pa.schema([pa.field(name, typ) for name, typ, _ in COLUMNS])
 #   timing, when measured), error (the exception that ended the traced block),
 #   trace_id (the same in every part of one trace), parts (parts written,
 #   this one included), lost_rows, record_errors, write_errors (the first
-#   failed write: file and OS error), compiled_ran_eagerly (torch.compile ran eagerly), compiled_codes_given_back
+#   failed write: file and OS error), compiled_ran_eagerly (torch.compile ran eagerly), compiled_regions_eager
+#   {calls, names: {module class or function name: calls}, other_calls} (tracer/compiled.py EagerCompiled), compiled_codes_given_back
 #   (codes Dynamo skipped under the mode, given back to it at exit: tracer/compiled.py DynamoSkips),
 #   timing {mode: events | sync | wall | off, unresolved_rows}, bandwidth (the
 #   memory triad tracer.memory_bandwidth measured, when recorded).

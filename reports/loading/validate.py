@@ -285,6 +285,7 @@ META_FIELDS = {
     "backward_unnamed_rows": _INT, "rank": _INT, "world_size": _INT, "device": _OBJ, "params": _OBJ,
     "parameters": _OBJ, "storage_roles": _OBJ, "step_time": _OBJ, "ceiling": _OBJ, "bandwidth": _OBJ,
     "timing": _OBJ, "unsharded_parameters": _OBJ, "compiled_ran_eagerly": _BOOL, "attention": _OBJ,
+    "compiled_regions_eager": _OBJ,
     "untraced_optimizer_steps": _INT, "cycles_without_step": _INT, "optimizer_state_found_late": _INT,
     "optimizer_params": _INT, "error": _STR,
 }  # fmt: skip
@@ -296,7 +297,8 @@ PARAMETER_FIELDS = {"storage_id": _INT, "numel": _INT, "shape": _LIST, "dtype": 
 PARAMETER_NEEDED = ("storage_id", "numel", "dtype")  # read by every report of a parameter
 PARAMETER_TABLES = (("parameters", "parameter"), ("unsharded_parameters", "unsharded parameter"))  # (key, word)
 NESTED = {"params": dict.fromkeys(("total", "trainable", "embedding"), _INT), "step_time": {"median_s": _NUM},
-          "ceiling": {"flops_per_s": _NUM, "dtype": _STR}, "bandwidth": {"bytes_per_s": _NUM}, "device": DEVICE_FIELDS}  # fmt: skip
+          "ceiling": {"flops_per_s": _NUM, "dtype": _STR}, "bandwidth": {"bytes_per_s": _NUM}, "device": DEVICE_FIELDS,
+          "compiled_regions_eager": {"calls": _INT, "names": _OBJ, "other_calls": _INT}}  # fmt: skip
 COUNTS = ("rows", "parts", "lost_rows", "record_errors", "backward_unnamed_rows", "untraced_optimizer_steps",
           "cycles_without_step", "optimizer_state_found_late", "optimizer_params")  # fmt: skip
 # (where, field): (lowest, highest, what it counts, whether the lowest itself is out): a number outside, or not

@@ -71,6 +71,8 @@ def summary(df, peak_tflops=None, step_time_s=None, ranks_present=None, top=8, s
         "peak_live_bytes": json_number(highest["peak_live_bytes"]),
         "damage": dict(meta.get("damage") or {}),
         "compiled_ran_eagerly": bool(meta.get("compiled_ran_eagerly")),
+        "compiled_regions_eager": meta.get("compiled_regions_eager"),  # {calls, names, other_calls} (tracer/compiled.py)
+        "compiled_note": compiled_note(meta) or None,
         "backward_unnamed_rows": int(meta.get("backward_unnamed_rows") or 0),
         "attention": meta.get("attention"),  # on meta: which SDPA kernels ran (tracer/attention.py)
         **_coverage_json(src),
@@ -82,6 +84,24 @@ def summary(df, peak_tflops=None, step_time_s=None, ranks_present=None, top=8, s
         "meter": src.meter_summary(),  # a metered run's per-step figures (tracer/meter.py); null without
         **sections(meta, accounts, peak_tflops, step_time_s, top, src),
     }
+
+
+def compiled_note(meta):
+    """What the report says of torch.compile'd code the tracer ran eagerly (tracer/compiled.py), or ""."""
+    if not meta.get("compiled_ran_eagerly"):
+        return ""
+    regions = meta.get("compiled_regions_eager") or {}
+    counted = ""
+    if regions.get("calls"):
+        named = [f"{printable(str(name))} {calls:,}" if isinstance(calls, int) else printable(str(name))
+                 for name, calls in (regions.get("names") or {}).items()]
+        if regions.get("other_calls"):
+            named.append(f"others {regions['other_calls']:,}")
+        calls = regions["calls"]
+        counted = f" ({calls:,} call{'s' if calls != 1 else ''} of compiled regions: {', '.join(named)})"
+    return (f"torch.compile'd code ran eagerly under the tracer{counted}; the figures describe the eager program. "
+            "Its FLOPs are the eager program's (a compiler's fusion changes bytes and time, not FLOPs); traced "
+            "numerics can differ from compiled ones in the last bits")
 
 
 def python_path_note(meta):
@@ -126,7 +146,7 @@ def _print_report(df, args, out, sql=None):
         state = ("DAMAGED" if meta.get("complete") else state) + f"; {broken}"
     print(f"optrace report: {printable(run)}  ({src.ops()} ops, {src.steps_traced()} step(s), {printable(device)}, {state})", file=out)
     if meta.get("compiled_ran_eagerly"):
-        print("Note: torch.compile'd code ran eagerly under the tracer; the figures describe the eager program", file=out)
+        print(f"Note: {compiled_note(meta)}", file=out)
     math_calls = (meta.get("attention") or {}).get("math") or 0
     if math_calls:
         print(f"Note: {math_calls} scaled_dot_product_attention call(s) ran PyTorch's math path on the meta device: it keeps "
