@@ -84,7 +84,10 @@ Known limitations:
   * A wrapper that is not an initialised `Optimizer` (no step hooks of its own)
     is seen only through its inner step: of its work after that step, only the
     ops that write a parameter have phase optimizer (a Lookahead's slow-weight
-    arithmetic before its copy into the parameters stays other).
+    arithmetic before its copy into the parameters stays other). An Optimizer
+    subclass that skips `Optimizer.__init__` (timm's Lookahead) gets the hooks
+    when its inherited `zero_grad` first runs: from then on its whole step is
+    optimizer work, and it is one optimizer with its inner one (`Steps`).
 """
 
 import bisect
@@ -432,7 +435,7 @@ class Attribution:
         elif not self._closure:  # no module runs now: drop what a BaseException (no always_call) left
             self.forward_stack.clear()
         self.in_optimizer = True
-        self.steps.optimizer_start(optimizer)
+        self.steps.optimizer_start(optimizer, params)
         if self._on_optimizer_start is not None:
             self._on_optimizer_start(optimizer)
         if self._closure:

@@ -13,7 +13,11 @@ after the forward work that follows an optimizer step has begun, so the step
 that forward work begins is *tentative*: when the next optimizer to step did not
 step in the step before, both are one step (a GAN: the generator's forward and
 step join the discriminator's), and the rows recorded since the tentative step
-began get the earlier step number back (`relabel`).
+began get the earlier step number back (`relabel`). An optimizer is known by
+itself and its parameters: a wrapper shares its inner optimizer's parameters, so
+a wrapper first seen stepping after its inner optimizer stepped alone (one that
+never called `Optimizer.__init__`, whose step is hooked only once `zero_grad`
+has patched it) is the same optimizer, and begins a new step.
 
 A tentative step still open when a part of the trace is written is settled
 then (its rows are final), by what the same situation gave last time, else it
@@ -63,8 +67,8 @@ class Steps:
         self.armed = True  # the next forward work begins a step
         self._began = False  # step 0 has begun
         self._joinable = False  # the last boundary came from an optimizer, not from Tracer.step()
-        self._stepped = set()  # id() of the optimizers that stepped in this step
-        self._before = None  # while the step is tentative: the optimizers of the step before
+        self._stepped = set()  # id() of the optimizers that stepped in this step, and of their parameters
+        self._before = None  # while the step is tentative: the optimizers (and parameters) of the step before
         self._began_at = 0  # while tentative: the row the step began at
         self._joined_last = {}  # frozenset of optimizers before -> whether the last tentative step after them joined
         self._guessed = None  # the optimizers before a tentative step settled by a guess, until the truth comes
@@ -90,15 +94,18 @@ class Steps:
         self._stepped = set()
         return True
 
-    def optimizer_start(self, optimizer):
+    def optimizer_start(self, optimizer, params=()):
+        """An outermost optimizer step begins; `params`: the parameters it holds. It stepped in the step
+        before when it, or an optimizer sharing a parameter with it, did."""
         self._began = True
-        key = id(optimizer)
+        keys = {id(optimizer)}
+        keys.update(id(p) for p in params)
         if self._before is not None:
-            self._decide(join=key not in self._before)
+            self._decide(join=self._before.isdisjoint(keys))
         elif self._guessed is not None:
-            self._joined_last[frozenset(self._guessed)] = key not in self._guessed
+            self._joined_last[frozenset(self._guessed)] = self._guessed.isdisjoint(keys)
         self._guessed = None
-        self._stepped.add(key)
+        self._stepped |= keys
 
     def optimizer_end(self):
         self.armed = True
