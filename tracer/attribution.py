@@ -170,12 +170,13 @@ def _guarded(hook, on_error):
 
 
 def _pop(stack, key):
-    """Remove the innermost entry of `key` (and any entry above it); False when absent."""
+    """Remove the innermost entry of `key` (and any entry above it); its name, or None when absent."""
     for i in range(len(stack) - 1, -1, -1):
         if stack[i][0] == key:
+            name = stack[i][1]
             del stack[i:]
-            return True
-    return False
+            return name
+    return None
 
 
 class Attribution:
@@ -330,6 +331,7 @@ class Attribution:
         return self.steps.step
 
     def _step_began(self):
+        self.names.new_step()
         self.trained = False
         self._backward_seen = False
         self.forward_stack.clear()  # nothing can still be running when a step begins
@@ -364,25 +366,36 @@ class Attribution:
     def _forward_pre(self, module, args):
         if not self.traced():
             return
-        name = self.names.name_of(module)
+        names = self.names
         if _graph_task_id() != NO_GRAPH_TASK:  # activation checkpointing re-runs it in the backward
+            if self.recompute_stack:
+                caller = self.recompute_stack[-1][1]
+            elif _get_ident() == self._thread:  # outside the re-run modules: the module of the node re-running them
+                self._recompute_outer = self._backward_module()
+                caller = names.owner(self._recompute_region or self._recompute_outer)
+            else:
+                caller = None
+            name = names.name_of(module, caller)
+            names.entered(name)
             if _get_ident() == self._thread:  # the nodes the re-run makes are named like the forward's
-                if not self.recompute_stack:  # outside the re-run modules: the module of the node re-running them
-                    self._recompute_outer = self._backward_module()
+                if not self.recompute_stack:
                     if self._recompute_region is None:
                         self._recompute_region = self._enclosing(name)
                 self._mark(name)
             self.recompute_stack.append((id(module), name))
         else:
             if compiled_in_place(module):  # model.compile(): it runs eagerly here too
-                self.names.compiled_seen = True
+                names.compiled_seen = True
             if self.in_optimizer and not self._closure and _get_ident() == self._thread:
                 self._end_raised_steps()
+            stack = self.forward_stack
             if not self.in_optimizer and self.steps.forward_work():
                 self._step_began()
-            elif not self.forward_stack:
+            elif not stack:
                 self.backward.prune()  # a new outermost forward: bound the handles of graphs never backpropagated
-            self.forward_stack.append((id(module), name))
+            name = names.name_of(module, stack[-1][1] if stack else None)  # called inside a module: in its subtree
+            names.entered(name)
+            stack.append((id(module), name))
             self._called.add(name)
             self.trained = self.trained or _grad_enabled()
             self._mark(name)
@@ -407,9 +420,10 @@ class Attribution:
     def _forward_post(self, module, args, output):
         if not self.traced():
             return
-        if _pop(self.recompute_stack, id(module)):
+        name = _pop(self.recompute_stack, id(module))
+        if name is not None:
             if output is not None and _grad_enabled():
-                self.backward.watch_outputs(output, self.names.name_of(module))
+                self.backward.watch_outputs(output, name)
             if _get_ident() == self._thread:
                 self._mark(self.recompute_stack[-1][1] if self.recompute_stack else
                            self._recompute_region or self._recompute_outer)
