@@ -230,3 +230,41 @@ def test_a_helper_with_parameters_keeps_them_external(tmp_path):
     assert meta["params"]["total"] == D * D  # the model's 64 weights only (before: the head was Linear#1)
     external = set(meta["storage_roles"]["external_parameter"])
     assert len(external) == 1 and external <= set(mm.loc[mm["module"] == "Linear", "input_storage_ids"].explode())
+
+
+class ScanBlock(nn.Module):
+    """proj, then two scans made and called by a checkpointed function, outside every module it re-runs."""
+
+    def __init__(self, reentrant):
+        super().__init__()
+        self.proj = nn.Linear(D, D, bias=False)
+        self.reentrant = reentrant
+
+    def forward(self, x):
+        return checkpoint(lambda h: Func(scan)(Func(scan)(h)), self.proj(x), use_reentrant=self.reentrant)
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_helpers_a_checkpointed_function_calls_are_re_run_under_their_forward_names(tmp_path, reentrant):
+    torch.manual_seed(0)
+    model = nn.Sequential(ScanBlock(reentrant), ScanBlock(reentrant))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x = torch.randn(T, D, generator=torch.Generator().manual_seed(1))
+    with Tracer(tmp_path / "scan", model=model):
+        for _ in range(2):
+            model(x).sum().backward()
+            opt.step()
+            opt.zero_grad()
+    df = pd.read_parquet(tmp_path / "scan")
+    rows = df[df["module"].str.contains("Func")]
+    table = rows.groupby(["step", "module", "phase", "recompute"])["flops"].sum()
+    # the second scan's re-run stops after its first product (256) without the reentrant variant, which re-runs all
+    last = SCAN if reentrant else T * D * T * 2
+    per_step = {}
+    for i in range(2):  # before: the re-run named them Func~2 and Func~3 in their block (Func#5... at first)
+        per_step |= {(f"{i}.Func", "forward", False): SCAN, (f"{i}.Func", "backward", False): SCAN_BACKWARD,
+                     (f"{i}.Func", "backward", True): SCAN,
+                     (f"{i}.Func~1", "forward", False): SCAN, (f"{i}.Func~1", "backward", False): SCAN_BACKWARD,
+                     (f"{i}.Func~1", "backward", True): last}  # fmt: skip
+    for step in range(2):
+        assert {key[1:]: int(v) for key, v in table.items() if key[0] == step} == per_step

@@ -370,11 +370,14 @@ class Attribution:
         if _graph_task_id() != NO_GRAPH_TASK:  # activation checkpointing re-runs it in the backward
             if self.recompute_stack:
                 caller = self.recompute_stack[-1][1]
-            elif _get_ident() == self._thread:  # outside the re-run modules: the module of the node re-running them
-                self._recompute_outer = self._backward_module()
-                caller = names.owner(self._recompute_region or self._recompute_outer)
-            else:
-                caller = None
+            else:  # outside the re-run modules: the module of the node re-running them
+                if _get_ident() == self._thread:
+                    self._recompute_outer = outer = self._backward_module()
+                else:  # an engine thread's own sequence numbers: the node it named last
+                    outer = self._node_module
+                caller = names.owner(self._recompute_region or outer)
+                if self._recompute_region is None:  # a re-run begins: the modules it calls are counted afresh
+                    names.entered(caller)
             name = names.name_of(module, caller)
             names.entered(name)
             if _get_ident() == self._thread:  # the nodes the re-run makes are named like the forward's
