@@ -81,13 +81,14 @@ Known limitations:
     step pre-hook's (args, kwargs) result), so that its ops outside any module are
     told from the update's: the optimizer and later pre-hooks see the wrapper, which
     calls the closure with the same arguments and returns what it returns.
-  * A wrapper that is not an initialised `Optimizer` (no step hooks of its own)
+  * A wrapper that is no `Optimizer` (a plain class, no step hooks of its own)
     is seen only through its inner step: of its work after that step, only the
     ops that write a parameter have phase optimizer (a Lookahead's slow-weight
     arithmetic before its copy into the parameters stays other). An Optimizer
-    subclass that skips `Optimizer.__init__` (timm's Lookahead) gets the hooks
-    when its inherited `zero_grad` first runs: from then on its whole step is
-    optimizer work, and it is one optimizer with its inner one (`Steps`).
+    subclass that skips `Optimizer.__init__` (timm's Lookahead) has no hooks
+    until its inherited `zero_grad` patches its class; until then its `step()`
+    is found as the caller of the inner step (`steps.UnhookedWrapper`), and its
+    work after the inner step, while it runs, is optimizer work too.
 """
 
 import bisect
@@ -106,7 +107,7 @@ from tracer.distributed import local_tensor
 from tracer.modules import ModuleNames
 from tracer.safety import GlobalModuleHook
 from tracer.schema import Phase
-from tracer.steps import Parameters, RunningSteps, Steps
+from tracer.steps import Parameters, RunningSteps, Steps, UnhookedWrapper
 
 _graph_task_id = torch._C._current_graph_task_id
 _grad_enabled = torch.is_grad_enabled
@@ -220,6 +221,7 @@ class Attribution:
         self._recompute_region = None  # the module enclosing the first module a checkpoint's re-run called (_enclosing)
         self._called = set()  # names of the modules called in a forward (outside the engine)
         self._running = RunningSteps()  # optimizer steps running, one inside another
+        self._wrapper = UnhookedWrapper()  # an Optimizer subclass with no step hooks whose step() runs the outermost
         self._updating = []  # per optimizer step running: [id(optimizer), {id(param): numel}, another step ran in it]
         self.updated = {}  # id(param) -> local numel, of every parameter an innermost optimizer step updated
         self._optimizer_ops = 0  # ops recorded in the optimizer phase of the running outermost step
@@ -277,6 +279,8 @@ class Attribution:
                 return OTHER, "", NOT_RECOMPUTE
             self._optimizer_ops += 1
             return OPTIMIZER, "", NOT_RECOMPUTE
+        if self._wrapper.frame is not None and self._wrapper.running():  # its own update after the inner step
+            return OPTIMIZER, "", NOT_RECOMPUTE
         if _builds_graph(ins, outs, info, wrapped_grad):
             if self.steps.armed and info is not None and info.graphless and not _on_leaf(ins):  # `zeros_like(loss)`
                 return OTHER, "", NOT_RECOMPUTE  # after the optimizer: no graph, so no step (dispatch._GRAPHLESS)
@@ -332,6 +336,7 @@ class Attribution:
 
     def _step_began(self):
         self.names.new_step()
+        self._wrapper.clear()
         self.trained = False
         self._backward_seen = False
         self.forward_stack.clear()  # nothing can still be running when a step begins
@@ -441,6 +446,7 @@ class Attribution:
         self._note_updating(optimizer)
         if not self._running.enter(levels=2):  # a wrapper's inner step (or a subclass's super().step()): part of the outer one
             return
+        self._wrapper.enter(optimizer, levels=2)
         params = [p for group in optimizer.param_groups for p in group["params"]]
         self._params.note_optimizer(optimizer, params)
         self._optimizer_ops = 0

@@ -216,6 +216,44 @@ class RunningSteps:
         return kept
 
 
+class UnhookedWrapper:
+    """The `step()` of an Optimizer subclass that skipped `Optimizer.__init__` (no step hooks of its own: timm's
+    Lookahead, until its inherited `zero_grad` patches its class) calling the outermost hooked step: while that
+    `step()` runs, its own work after the inner step (the slow weights) is optimizer work. Known by its frame's
+    id, depth and code (ids only: no frame, and so no local of the program, is kept alive)."""
+
+    def __init__(self):
+        self.frame = None  # (id, depth, id of the code) of the wrapper's step() frame, while it may run
+
+    def enter(self, optimizer, levels):
+        """An outermost step's pre hook, `levels` frames below the hook wrapper: note the wrapper calling it."""
+        self.frame = None
+        caller = sys._getframe(levels + 1).f_back  # what called the hook wrapper
+        if caller is None or caller.f_code.co_name != "step":
+            return
+        owner = caller.f_locals.get("self")
+        if isinstance(owner, torch.optim.Optimizer) and owner is not optimizer \
+                and not getattr(type(owner).step, "hooked", False):  # fmt: skip
+            self.frame = (id(caller), _depth(caller), id(caller.f_code))
+
+    def running(self):
+        """Whether the noted wrapper's step() still runs (it is forgotten once it has returned)."""
+        if self.frame is None:
+            return False
+        frame_id, at, code = self.frame
+        frame = sys._getframe(1)
+        depth = _depth(frame)
+        while depth > at:
+            frame, depth = frame.f_back, depth - 1
+        if depth == at and id(frame) == frame_id and id(frame.f_code) == code:
+            return True
+        self.frame = None
+        return False
+
+    def clear(self):
+        self.frame = None
+
+
 class Parameters:
     """The parameters known (model=, every optimizer's), by storage: `p.data.add_(...)` writes one too."""
 
