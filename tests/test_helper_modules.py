@@ -268,3 +268,31 @@ def test_helpers_a_checkpointed_function_calls_are_re_run_under_their_forward_na
                      (f"{i}.Func~1", "backward", True): last}  # fmt: skip
     for step in range(2):
         assert {key[1:]: int(v) for key, v in table.items() if key[0] == step} == per_step
+
+
+def test_a_compiled_helper_shares_its_name_with_the_module_it_wraps(tmp_path):
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    compiled_scan = torch.compile(Func(scan), backend="eager")  # compiled once, called by both blocks: runs eagerly
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = nn.Linear(D, D, bias=False)
+
+        def forward(self, x):
+            return compiled_scan(self.proj(x))
+
+    model = nn.Sequential(Block(), Block())
+    x = torch.randn(T, D, generator=torch.Generator().manual_seed(1))
+    with Tracer(tmp_path / "compiled", model=model) as tr:
+        for _ in range(2):
+            model(x).sum().backward()
+            tr.step()
+    df = pd.read_parquet(tmp_path / "compiled")
+    assert set(df["module"]) == {"0.proj", "0.Func", "1.proj", "1.Func", ""}  # the wrapper and its module: one name
+    scans = df[df["module"].str.endswith("Func")].groupby(["step", "module", "phase"])["flops"].sum()
+    assert {key: int(v) for key, v in scans.items()} == {
+        (step, f"{i}.Func", phase): flops for step in range(2) for i in range(2)
+        for phase, flops in (("forward", SCAN), ("backward", SCAN_BACKWARD))}  # fmt: skip
+    assert read_metadata(tmp_path / "compiled")["compiled_ran_eagerly"]

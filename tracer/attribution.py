@@ -3,7 +3,10 @@ and whether it re-runs forward work for activation checkpointing.
 
 Forward: global module forward hooks keep a stack of the modules running; the
 post hook is registered with `always_call`, so a forward that raises (and is
-caught) or a checkpoint recompute that stops early still leaves the stack.
+caught) or a checkpoint recompute that stops early still leaves the stack. A
+module outside the model is named below the module on top of it, its caller
+(`tracer/modules.py`); re-run by a checkpoint, below the module re-run, else
+below the module of the node re-running it.
 Backward: an op belongs to the module whose forward made the autograd node the
 engine is running. The forward hooks note the autograd sequence number at each
 module boundary (the number the next node will get); in backward the running
@@ -77,6 +80,9 @@ Known limitations:
     recompute of an engine run whose very first op is a recompute.
   * A custom autograd Function whose backward enables grad mode, or calls a
     module, is flagged as a recompute.
+  * A module outside the model that a checkpointed function calls outside every
+    module it re-runs is named, when re-run on an engine thread of its own (a
+    CUDA device's), below the module of the node that thread named last.
   * The closure given to the outermost `Optimizer.step` is passed on wrapped (the
     step pre-hook's (args, kwargs) result), so that its ops outside any module are
     told from the update's: the optimizer and later pre-hooks see the wrapper, which

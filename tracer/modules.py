@@ -154,6 +154,9 @@ class ModuleNames:
         name = names.get(module)
         if name is not None:
             return name
+        ref = self._holders_in.get(caller)
+        if ref is not None and ref() is module:  # a compiled wrapper's module, called inside it: named as it
+            return caller
         path = self._path_below(caller, module)
         if path is None:
             cls = type(module).__name__
