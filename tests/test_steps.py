@@ -129,6 +129,39 @@ class PlainLookahead:
         self.inner.zero_grad()
 
 
+class UninitLookahead(Optimizer):
+    """Lookahead as timm.optim.Lookahead writes it: an Optimizer subclass that never calls Optimizer.__init__
+    (its step gets the step hooks only when the inherited zero_grad patches the class), the inner step first,
+    then the slow weights every k steps: slow += (fast - slow) * alpha (sub 1 + add_ 1 FLOP per element,
+    2 * 1,024 = 2,048) and fast <- slow (copy_, 0)."""
+
+    def __init__(self, inner, alpha=0.5, k=1):
+        self._base_optimizer = inner
+        self.param_groups = inner.param_groups
+        self.defaults = inner.defaults
+        self.state = {}
+        self._optimizer_step_pre_hooks, self._optimizer_step_post_hooks = {}, {}
+        for group in self.param_groups:
+            group.setdefault("lookahead_alpha", alpha)
+            group.setdefault("lookahead_k", k)
+            group.setdefault("lookahead_step", 0)
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = self._base_optimizer.step(closure)
+        for group in self.param_groups:
+            group["lookahead_step"] += 1
+            if group["lookahead_step"] % group["lookahead_k"] == 0:
+                for fast in group["params"]:
+                    state = self._base_optimizer.state[fast]
+                    if "slow" not in state:
+                        state["slow"] = torch.empty_like(fast)
+                        state["slow"].copy_(fast)
+                    state["slow"].add_(fast - state["slow"], alpha=group["lookahead_alpha"])
+                    fast.copy_(state["slow"])
+        return loss
+
+
 def scaler_loop(skip_at):
     """torch.amp.GradScaler on the CPU; the loss of iteration `skip_at` is scaled to inf, so
     scaler.step skips optimizer.step() there (only scaler.update's _amp_update_scale_ runs)."""
@@ -226,6 +259,50 @@ def test_an_optimizer_stepping_another_is_one_step(tmp_path, wrapper):
     assert opt == ([SGD] * 3 if wrapper is Wrap else [2 * SGD] * 3)
     names = {"aten._foreach_add_.List", "aten._foreach_lerp_.Scalar", "aten._foreach_copy_.default"}
     assert set(df.loc[df["op"].isin(names), "phase"]) == {"optimizer"}
+    assert meta["untraced_optimizer_steps"] == 0
+
+
+ZERO_GRAD = {  # where the loop zeroes the gradients
+    "after": lambda opt: opt.zero_grad(),
+    "after_set_to_none": lambda opt: opt.zero_grad(set_to_none=True),
+    "after_keep": lambda opt: opt.zero_grad(set_to_none=False),
+}
+
+
+@pytest.mark.parametrize("zero", ["before", *ZERO_GRAD])
+def test_a_lookahead_that_never_called_optimizer_init_counts_every_iteration(tmp_path, zero):
+    """4 iterations are 4 steps (they were 3 with zero_grad after the step: the wrapper's step is hooked from
+    the second iteration on, and the wrapper, never seen in the first step, joined it as a GAN's second
+    optimizer would), each with the same figures. Per step: forward 16,768 + backward 24,960 + SGD 1,024 + slow
+    weights 2,048 = 44,800."""
+    model = mlp()
+    fresh = type("UninitLookahead", (UninitLookahead,), {})  # zero_grad patches the class: a new one per test
+    opt = fresh(sgd(model.parameters()))
+    x, y = batch()
+
+    def run(i, tr):
+        if zero == "before":
+            opt.zero_grad()
+        F.mse_loss(model(x), y).backward()
+        opt.step()
+        if zero != "before":
+            ZERO_GRAD[zero](opt)
+
+    df, meta = trace(tmp_path, zero, run, model, 4)
+    fwd, bwd, opt_flops = figures(df, 4)
+    assert fwd == [FWD] * 4 and bwd == [BWD] * 4
+    # zero_grad(set_to_none=False) keeps the gradients: from the second backward on, AccumulateGrad adds into them
+    # (add_, 1 FLOP per weight: 1,024 more, phase backward), as it does untraced
+    accumulate = [0] + [N] * 3 if zero == "after_keep" else [0] * 4
+    totals = [44_800 + extra for extra in accumulate]  # 16,768 + 24,960 + 1,024 + 2,048 = 44,800
+    assert df.groupby("step")["flops"].sum().tolist() == totals
+    # the wrapper's slow-weight arithmetic is optimizer work: 1,024 + 2,048 = 3,072, also in the first step, before
+    # zero_grad patched the wrapper's step (its step() is found as the caller of the inner one; it was other: 1,024)
+    assert opt_flops == [3 * SGD] * 4
+    phases = df.groupby(["step", "phase"], observed=True)["flops"].sum()
+    for step in range(4):  # forward 16,384 + ReLU 256 + mse_loss 128; backward 24,576 + 128 + 256 (+ accumulation)
+        figures_of = {phase: int(flops) for phase, flops in phases[step].items() if flops}  # zero_grad's: 0
+        assert figures_of == {"forward": 16_768, "backward": 24_960 + accumulate[step], "optimizer": 3_072}
     assert meta["untraced_optimizer_steps"] == 0
 
 

@@ -3,7 +3,10 @@ and whether it re-runs forward work for activation checkpointing.
 
 Forward: global module forward hooks keep a stack of the modules running; the
 post hook is registered with `always_call`, so a forward that raises (and is
-caught) or a checkpoint recompute that stops early still leaves the stack.
+caught) or a checkpoint recompute that stops early still leaves the stack. A
+module outside the model is named below the module on top of it, its caller
+(`tracer/modules.py`); re-run by a checkpoint, below the module re-run, else
+below the module of the node re-running it.
 Backward: an op belongs to the module whose forward made the autograd node the
 engine is running. The forward hooks note the autograd sequence number at each
 module boundary (the number the next node will get); in backward the running
@@ -77,14 +80,21 @@ Known limitations:
     recompute of an engine run whose very first op is a recompute.
   * A custom autograd Function whose backward enables grad mode, or calls a
     module, is flagged as a recompute.
+  * A module outside the model that a checkpointed function calls outside every
+    module it re-runs is named, when re-run on an engine thread of its own (a
+    CUDA device's), below the module of the node that thread named last.
   * The closure given to the outermost `Optimizer.step` is passed on wrapped (the
     step pre-hook's (args, kwargs) result), so that its ops outside any module are
     told from the update's: the optimizer and later pre-hooks see the wrapper, which
     calls the closure with the same arguments and returns what it returns.
-  * A wrapper that is not an initialised `Optimizer` (no step hooks of its own)
+  * A wrapper that is no `Optimizer` (a plain class, no step hooks of its own)
     is seen only through its inner step: of its work after that step, only the
     ops that write a parameter have phase optimizer (a Lookahead's slow-weight
-    arithmetic before its copy into the parameters stays other).
+    arithmetic before its copy into the parameters stays other). An Optimizer
+    subclass that skips `Optimizer.__init__` (timm's Lookahead) has no hooks
+    until its inherited `zero_grad` patches its class; until then its `step()`
+    is found as the caller of the inner step (`steps.UnhookedWrapper`), and its
+    work after the inner step, while it runs, is optimizer work too.
 """
 
 import bisect
@@ -103,7 +113,7 @@ from tracer.distributed import local_tensor
 from tracer.modules import ModuleNames
 from tracer.safety import GlobalModuleHook
 from tracer.schema import Phase
-from tracer.steps import Parameters, RunningSteps, Steps
+from tracer.steps import Parameters, RunningSteps, Steps, UnhookedWrapper
 
 _graph_task_id = torch._C._current_graph_task_id
 _grad_enabled = torch.is_grad_enabled
@@ -167,12 +177,13 @@ def _guarded(hook, on_error):
 
 
 def _pop(stack, key):
-    """Remove the innermost entry of `key` (and any entry above it); False when absent."""
+    """Remove the innermost entry of `key` (and any entry above it); its name, or None when absent."""
     for i in range(len(stack) - 1, -1, -1):
         if stack[i][0] == key:
+            name = stack[i][1]
             del stack[i:]
-            return True
-    return False
+            return name
+    return None
 
 
 class Attribution:
@@ -216,6 +227,7 @@ class Attribution:
         self._recompute_region = None  # the module enclosing the first module a checkpoint's re-run called (_enclosing)
         self._called = set()  # names of the modules called in a forward (outside the engine)
         self._running = RunningSteps()  # optimizer steps running, one inside another
+        self._wrapper = UnhookedWrapper()  # an Optimizer subclass with no step hooks whose step() runs the outermost
         self._updating = []  # per optimizer step running: [id(optimizer), {id(param): numel}, another step ran in it]
         self.updated = {}  # id(param) -> local numel, of every parameter an innermost optimizer step updated
         self._optimizer_ops = 0  # ops recorded in the optimizer phase of the running outermost step
@@ -273,6 +285,8 @@ class Attribution:
                 return OTHER, "", NOT_RECOMPUTE
             self._optimizer_ops += 1
             return OPTIMIZER, "", NOT_RECOMPUTE
+        if self._wrapper.frame is not None and self._wrapper.running():  # its own update after the inner step
+            return OPTIMIZER, "", NOT_RECOMPUTE
         if _builds_graph(ins, outs, info, wrapped_grad):
             if self.steps.armed and info is not None and info.graphless and not _on_leaf(ins):  # `zeros_like(loss)`
                 return OTHER, "", NOT_RECOMPUTE  # after the optimizer: no graph, so no step (dispatch._GRAPHLESS)
@@ -327,6 +341,8 @@ class Attribution:
         return self.steps.step
 
     def _step_began(self):
+        self.names.new_step()
+        self._wrapper.clear()
         self.trained = False
         self._backward_seen = False
         self.forward_stack.clear()  # nothing can still be running when a step begins
@@ -361,25 +377,39 @@ class Attribution:
     def _forward_pre(self, module, args):
         if not self.traced():
             return
-        name = self.names.name_of(module)
+        names = self.names
         if _graph_task_id() != NO_GRAPH_TASK:  # activation checkpointing re-runs it in the backward
+            if self.recompute_stack:
+                caller = self.recompute_stack[-1][1]
+            else:  # outside the re-run modules: the module of the node re-running them
+                if _get_ident() == self._thread:
+                    self._recompute_outer = outer = self._backward_module()
+                else:  # an engine thread's own sequence numbers: the node it named last
+                    outer = self._node_module
+                caller = names.owner(self._recompute_region or outer)
+                if self._recompute_region is None:  # a re-run begins: the modules it calls are counted afresh
+                    names.entered(caller)
+            name = names.name_of(module, caller)
+            names.entered(name)
             if _get_ident() == self._thread:  # the nodes the re-run makes are named like the forward's
-                if not self.recompute_stack:  # outside the re-run modules: the module of the node re-running them
-                    self._recompute_outer = self._backward_module()
+                if not self.recompute_stack:
                     if self._recompute_region is None:
                         self._recompute_region = self._enclosing(name)
                 self._mark(name)
             self.recompute_stack.append((id(module), name))
         else:
             if compiled_in_place(module):  # model.compile(): it runs eagerly here too
-                self.names.compiled_seen = True
+                names.compiled_seen = True
             if self.in_optimizer and not self._closure and _get_ident() == self._thread:
                 self._end_raised_steps()
+            stack = self.forward_stack
             if not self.in_optimizer and self.steps.forward_work():
                 self._step_began()
-            elif not self.forward_stack:
+            elif not stack:
                 self.backward.prune()  # a new outermost forward: bound the handles of graphs never backpropagated
-            self.forward_stack.append((id(module), name))
+            name = names.name_of(module, stack[-1][1] if stack else None)  # called inside a module: in its subtree
+            names.entered(name)
+            stack.append((id(module), name))
             self._called.add(name)
             self.trained = self.trained or _grad_enabled()
             self._mark(name)
@@ -404,9 +434,10 @@ class Attribution:
     def _forward_post(self, module, args, output):
         if not self.traced():
             return
-        if _pop(self.recompute_stack, id(module)):
+        name = _pop(self.recompute_stack, id(module))
+        if name is not None:
             if output is not None and _grad_enabled():
-                self.backward.watch_outputs(output, self.names.name_of(module))
+                self.backward.watch_outputs(output, name)
             if _get_ident() == self._thread:
                 self._mark(self.recompute_stack[-1][1] if self.recompute_stack else
                            self._recompute_region or self._recompute_outer)
@@ -421,6 +452,7 @@ class Attribution:
         self._note_updating(optimizer)
         if not self._running.enter(levels=2):  # a wrapper's inner step (or a subclass's super().step()): part of the outer one
             return
+        self._wrapper.enter(optimizer, levels=2)
         params = [p for group in optimizer.param_groups for p in group["params"]]
         self._params.note_optimizer(optimizer, params)
         self._optimizer_ops = 0
@@ -432,7 +464,7 @@ class Attribution:
         elif not self._closure:  # no module runs now: drop what a BaseException (no always_call) left
             self.forward_stack.clear()
         self.in_optimizer = True
-        self.steps.optimizer_start(optimizer)
+        self.steps.optimizer_start(optimizer, params)
         if self._on_optimizer_start is not None:
             self._on_optimizer_start(optimizer)
         if self._closure:

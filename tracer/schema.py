@@ -115,8 +115,9 @@ class FlopBasis(enum.IntEnum):
 
 
 # In a module name: the model's modules are its class name and dotted paths below it; a module
-# outside the model is an external root `<ClassName>#<k>` (tracer/modules.py), e.g. a frozen
-# teacher `MLP#1` with `MLP#1.fc1` below it. Such a root is no child of the model.
+# outside the model run outside every module is an external root `<ClassName>#<k>` (tracer.modules.
+# ModuleNames), e.g. a frozen teacher `MLP#1` with `MLP#1.fc1` below it. Such a root is no child of
+# the model. (One that a module calls is named below its caller: `layers.3.mixer.Func`.)
 EXTERNAL_MARK = "#"
 
 # Sentinels of the packed integer row (tracer/writer.py ROW_FIELDS); each becomes null in Parquet.

@@ -13,7 +13,11 @@ after the forward work that follows an optimizer step has begun, so the step
 that forward work begins is *tentative*: when the next optimizer to step did not
 step in the step before, both are one step (a GAN: the generator's forward and
 step join the discriminator's), and the rows recorded since the tentative step
-began get the earlier step number back (`relabel`).
+began get the earlier step number back (`relabel`). An optimizer is known by
+itself and its parameters: a wrapper shares its inner optimizer's parameters, so
+a wrapper first seen stepping after its inner optimizer stepped alone (one that
+never called `Optimizer.__init__`, whose step is hooked only once `zero_grad`
+has patched it) is the same optimizer, and begins a new step.
 
 A tentative step still open when a part of the trace is written is settled
 then (its rows are final), by what the same situation gave last time, else it
@@ -63,8 +67,8 @@ class Steps:
         self.armed = True  # the next forward work begins a step
         self._began = False  # step 0 has begun
         self._joinable = False  # the last boundary came from an optimizer, not from Tracer.step()
-        self._stepped = set()  # id() of the optimizers that stepped in this step
-        self._before = None  # while the step is tentative: the optimizers of the step before
+        self._stepped = set()  # id() of the optimizers that stepped in this step, and of their parameters
+        self._before = None  # while the step is tentative: the optimizers (and parameters) of the step before
         self._began_at = 0  # while tentative: the row the step began at
         self._joined_last = {}  # frozenset of optimizers before -> whether the last tentative step after them joined
         self._guessed = None  # the optimizers before a tentative step settled by a guess, until the truth comes
@@ -90,15 +94,18 @@ class Steps:
         self._stepped = set()
         return True
 
-    def optimizer_start(self, optimizer):
+    def optimizer_start(self, optimizer, params=()):
+        """An outermost optimizer step begins; `params`: the parameters it holds. It stepped in the step
+        before when it, or an optimizer sharing a parameter with it, did."""
         self._began = True
-        key = id(optimizer)
+        keys = {id(optimizer)}
+        keys.update(id(p) for p in params)
         if self._before is not None:
-            self._decide(join=key not in self._before)
+            self._decide(join=self._before.isdisjoint(keys))
         elif self._guessed is not None:
-            self._joined_last[frozenset(self._guessed)] = key not in self._guessed
+            self._joined_last[frozenset(self._guessed)] = self._guessed.isdisjoint(keys)
         self._guessed = None
-        self._stepped.add(key)
+        self._stepped |= keys
 
     def optimizer_end(self):
         self.armed = True
@@ -207,6 +214,44 @@ class RunningSteps:
                 break
             kept += 1
         return kept
+
+
+class UnhookedWrapper:
+    """The `step()` of an Optimizer subclass that skipped `Optimizer.__init__` (no step hooks of its own: timm's
+    Lookahead, until its inherited `zero_grad` patches its class) calling the outermost hooked step: while that
+    `step()` runs, its own work after the inner step (the slow weights) is optimizer work. Known by its frame's
+    id, depth and code (ids only: no frame, and so no local of the program, is kept alive)."""
+
+    def __init__(self):
+        self.frame = None  # (id, depth, id of the code) of the wrapper's step() frame, while it may run
+
+    def enter(self, optimizer, levels):
+        """An outermost step's pre hook, `levels` frames below the hook wrapper: note the wrapper calling it."""
+        self.frame = None
+        caller = sys._getframe(levels + 1).f_back  # what called the hook wrapper
+        if caller is None or caller.f_code.co_name != "step":
+            return
+        owner = caller.f_locals.get("self")
+        if isinstance(owner, torch.optim.Optimizer) and owner is not optimizer \
+                and not getattr(type(owner).step, "hooked", False):  # fmt: skip
+            self.frame = (id(caller), _depth(caller), id(caller.f_code))
+
+    def running(self):
+        """Whether the noted wrapper's step() still runs (it is forgotten once it has returned)."""
+        if self.frame is None:
+            return False
+        frame_id, at, code = self.frame
+        frame = sys._getframe(1)
+        depth = _depth(frame)
+        while depth > at:
+            frame, depth = frame.f_back, depth - 1
+        if depth == at and id(frame) == frame_id and id(frame.f_code) == code:
+            return True
+        self.frame = None
+        return False
+
+    def clear(self):
+        self.frame = None
 
 
 class Parameters:
