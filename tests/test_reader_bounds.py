@@ -6,6 +6,7 @@ capped (RLIMIT_AS, CAP bytes): a reader that decodes the bomb, or allocates from
 with a MemoryError traceback instead of swapping, and the test sees it.
 """
 
+import json
 import os
 import resource
 import shutil
@@ -14,6 +15,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
@@ -23,7 +25,7 @@ import reports
 from reports.errors import ReportError
 from reports.loading.widths import ITEMS_SLACK, MAX_ITEMS_PER_ROW, items_bound
 from tracer import Tracer
-from tracer.schema import read_part
+from tracer.schema import METADATA_KEY, part_paths, read_part
 from tracer.writer import write_table
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -112,3 +114,116 @@ def test_one_wide_row_alone_in_a_part_is_read(tmp_path):
     df = reports.load(tmp_path / "t")
     assert df["op"].tolist() == ["aten.cat.default"]
     assert len(df["input_storage_ids"].iloc[0]) == 70_000  # 70,000 items in a part of 1 row: over 65,536
+
+
+# ------------------------------------------------------------------ counts from the metadata never size an allocation
+def set_metadata(part, **fields):
+    """Rewrite `part` with its optrace metadata updated by `fields` (its rows as they are)."""
+    table = read_part(part)
+    meta = json.loads(table.schema.metadata[METADATA_KEY])
+    meta.update(fields)
+    os.remove(part)
+    write_table(table.replace_schema_metadata({METADATA_KEY: json.dumps(meta).encode()}), part)
+
+
+def set_cell(part, name, row, value):
+    table = read_part(part)
+    values = table.column(name).to_pylist()
+    values[row] = value
+    os.remove(part)
+    write_table(table.set_column(table.schema.get_field_index(name), name, pa.array(values, table.schema.field(name).type)),
+                part)  # fmt: skip
+
+
+@pytest.fixture
+def counted(template, tmp_path):
+    """The template with record_errors = 10^15 in its newest part's metadata, and storage id 2^40 as the output of
+    seq 3: the id limit, 2^20 + 16 x (45 rows + 10^15), lets 2^40 through, and the memory model's arrays by id
+    asked for 2^40 + 1 int64 (8 TiB)."""
+    path = shutil.copytree(template, tmp_path / "t")
+    set_metadata(part_paths(path)[-1], record_errors=10**15)
+    set_cell(path / "part-000000.parquet", "output_storage_ids", 3, [2**40])
+    return path
+
+
+DAMAGE = "optrace {}: note: {}: trace is damaged: 1000000000000000 op(s) ran but were not recorded; {} the 45 rows it has\n"
+
+
+@pytest.mark.parametrize("engine", ["sql", "pandas"])
+def test_a_huge_record_errors_count_is_damage_not_an_allocation(counted, engine):
+    """`optrace report` raised numpy's "Unable to allocate 8.00 TiB" (both engines); now it prints, the count named
+    as damage, in an address space of CAP."""
+    rc, out, err = capped("report", counted, "--engine", engine)
+    assert (rc, err) == (0, DAMAGE.format("report", counted, "reporting")), err
+    # the peak: 45 one-element float32 tensors (a = zeros(1), then a + 1 44 times), each freed after the next add
+    # made its successor: 2 alive at once, 4 + 4 = 8 bytes
+    assert "Memory: peak 8 B live" in out
+
+
+def test_plan_and_export_of_the_huge_count(counted, tmp_path):
+    rc, out, err = capped("plan", counted, "--gpu", "H100")
+    assert (rc, err) == (0, DAMAGE.format("plan", counted, "reporting")), err
+    rc, out, err = capped("export", counted, "-o", tmp_path / "out.json")
+    assert (rc, err) == (0, DAMAGE.format("export", counted, "exporting").replace(" the 45 rows it has", " the rows it has")), err
+
+
+def test_storage_ids_of_2_40_keep_their_ids_in_the_storages_table(counted):
+    """The sparse ids are kept as positions inside the model (reports/memory/id_space.py) and given back as ids."""
+    with pytest.warns(UserWarning, match="trace is damaged: 1000000000000000 op"):
+        table = reports.storages(reports.load(counted))
+    assert 2**40 in table["storage_id"].tolist()
+    assert table.loc[table["storage_id"] == 2**40, "nbytes"].tolist() == [4]  # one float32 element
+
+
+def test_the_positions_give_the_same_memory_figures_as_the_ids(template, monkeypatch, capsys):
+    """Every run's storages taken by position (as for sparse ids) give the figures of the arrays by id, in both
+    engines: the pandas model (reports.storages, by_category, timeline) and the SQL report's categories."""
+    import reports.memory.id_space as id_space
+    import reports.memory.lifetimes as lifetimes
+    import reports.memory.row_scan as row_scan
+    from reports.output.cli import main
+
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    torch.manual_seed(0)
+    opt = torch.optim.AdamW(model.parameters())
+    path = template.parent / "adamw"
+    if not path.exists():
+        with Tracer(path, model=model, tokens=4, flush_rows=64):
+            for _ in range(2):
+                model(torch.randn(4, 8)).sum().backward()
+                opt.step()
+                opt.zero_grad()
+    df = reports.load(path)
+    dense = [reports.storages(df), reports.by_category(df, at="max"), reports.timeline(df)]
+    assert main(["report", str(path)]) == 0
+    text = capsys.readouterr().out
+    monkeypatch.setattr(lifetimes, "dense_enough", lambda top, count: False)
+    monkeypatch.setattr(id_space, "dense_enough", lambda top, count: False)
+    monkeypatch.setattr(row_scan, "SLACK", 0)
+    monkeypatch.setattr(row_scan, "PER_ID", 0)  # every id from 0 up kept as it comes (the far ids of row_scan._Firsts)
+    sparse = [reports.storages(df), reports.by_category(df, at="max"), reports.timeline(df)]
+    for a, b in zip(dense, sparse):
+        pd.testing.assert_frame_equal(a, b)
+    assert set(dense[0]["category"]) >= {"parameters", "gradients", "optimizer_state"}
+    assert main(["report", str(path)]) == 0
+    assert capsys.readouterr().out == text and "Memory: peak" in text
+
+
+def test_a_process_groups_rank_sizes_no_array():
+    """plan placed a group's ranks on nodes with np.bincount(ranks // gpus_per_node): a metadata rank of 10^15 asked
+    for 125,000,000,000,000 counts (1 PB); the nodes are counted from the distinct ranks now."""
+    from reports.plan.comm import placement
+
+    # ranks 0 and 10^15 at 8 per node: nodes 0 and 125,000,000,000,000, one GPU of the group on each
+    assert placement(2, 8, [0, 10**15]) == (2, 1)
+    assert placement(16, 8, list(range(16))) == (2, 8)  # 2 nodes of 8
+
+
+def test_a_process_groups_rank_beyond_the_world_is_one_line(template, tmp_path):
+    path = shutil.copytree(template, tmp_path / "t")
+    set_metadata(part_paths(path)[-1], world_size=2, rank=0,
+                 process_groups=[{"name": "0", "size": 2, "ranks": [0, 10**15]}])  # fmt: skip
+    with pytest.raises(ReportError) as raised:
+        reports.load(path)
+    assert str(raised.value) == (f"{path}: optrace metadata (part-000009.parquet) process group \"0\" has rank "
+                                 "1000000000000000, expected a rank 0 to 1")  # fmt: skip
