@@ -99,6 +99,37 @@ def test_reports_load_refuses_the_bomb(bomb):
         reports.load(bomb)
 
 
+@pytest.fixture(scope="module")
+def long_name(template, tmp_path_factory):
+    """The template with a module name of 100,000,000 bytes at row 3 of part-000000 (about 5 MB on disk)."""
+    path = shutil.copytree(template, tmp_path_factory.mktemp("long") / "t")
+    part = path / "part-000000.parquet"
+    table = read_part(part)
+    names = table.column("module").to_pylist()
+    names[3] = "m" * 100_000_000
+    at = table.schema.get_field_index("module")
+    table = table.set_column(at, "module", pa.array(names, pa.string()).dictionary_encode().cast(table.schema.field(at).type))
+    os.remove(part)
+    write_table(table, part)
+    return path
+
+
+@pytest.mark.parametrize("command", ["report", "export"])
+def test_a_string_bomb_is_refused_from_the_footer(long_name, tmp_path, command):
+    """A 300,000,000-byte module name (14 MB on disk) took `optrace report` to 5.3 GB and `export` to 3.0 GB
+    (RSS); a name of 100,000,000 bytes is refused from the footer's uncompressed size, unread."""
+    rc, out, err = capped(command, long_name, *(["-o", tmp_path / "out.json"] if command == "export" else []))
+    # the chunk: a dictionary page of "" and the name, each after its 4-byte length (4 + 4 + 100,000,000), the
+    # page of indices and the pages' headers: 100,000,061 bytes uncompressed; the bound 16,777,216 + 5 x 4,096
+    assert (rc, out) == (2, ""), err
+    assert err == (f"optrace {command}: error: {long_name}: column 'module' of part-000000.parquet holds 100,000,061 "
+                   "bytes of strings in 5 row(s); expected at most 16,797,696 (16,777,216 + 4,096 per row): a damaged "
+                   "or hand-made part, not read\n")  # fmt: skip
+    from reports.loading.widths import string_bound
+
+    assert string_bound(5) == 16_797_696
+
+
 def test_the_bound_has_an_absolute_cap():
     # 16,777,216 + 65,536 x 1,048,576 rows (pyarrow's largest row group) = 68,736,253,952 > 2^28 = 268,435,456
     assert items_bound(1_048_576) == 268_435_456
@@ -211,7 +242,7 @@ def test_the_positions_give_the_same_memory_figures_as_the_ids(template, monkeyp
 
 def test_a_process_groups_rank_sizes_no_array():
     """plan placed a group's ranks on nodes with np.bincount(ranks // gpus_per_node): a metadata rank of 10^15 asked
-    for 125,000,000,000,000 counts (1 PB); the nodes are counted from the distinct ranks now."""
+    for 125,000,000,000,001 int64 counts (909 TiB); the nodes are counted from the distinct ranks now."""
     from reports.plan.comm import placement
 
     # ranks 0 and 10^15 at 8 per node: nodes 0 and 125,000,000,000,000, one GPU of the group on each
