@@ -258,3 +258,17 @@ def test_a_process_groups_rank_beyond_the_world_is_one_line(template, tmp_path):
         reports.load(path)
     assert str(raised.value) == (f"{path}: optrace metadata (part-000009.parquet) process group \"0\" has rank "
                                  "1000000000000000, expected a rank 0 to 1")  # fmt: skip
+
+
+def test_the_memory_scan_allocates_by_the_rows_it_is_fed_not_by_the_footers_count(template):
+    """row_scan.Scan took its arrays' length from the footers' row count, a claim of the files: Scan(10^15) asked
+    for 7.11 PiB at once. Its arrays grow as rows come now, and a count the rows do not reach is one line at the end."""
+    from reports.memory.row_scan import Scan
+
+    scan = Scan(10**15)
+    table = reports.load(template, lists="arrow")
+    batch = pa.Table.from_pandas(table[list(Scan.columns[:3]) + list(Scan.columns[4:10])], preserve_index=False)
+    scan.feed(batch)
+    assert scan.done == 45 and len(scan.arrays["seq"]) == 65_536  # _FIRST_ROWS, not 10^15
+    with pytest.raises(ReportError, match=r"^T: 45 rows read where the trace held 1000000000000000 when opened"):
+        scan.finish("T", ["forward"])

@@ -26,17 +26,18 @@ from reports.memory.resizes import COLLECTIVE_PREFIXES
 __all__ = ["CELLS", "Scan"]
 
 _NONE = np.iinfo(np.int64).max
+_FIRST_ROWS = 1 << 16  # rows the arrays hold before the first batch (Scan grows them up to the rows counted)
 CELLS = ("input_dtypes", "input_shapes", "input_strides")  # kept at the rows where a storage is first seen as an input
 
 
 class _Firsts:
     """Per storage id, the least flat position it was seen at so far (_NONE: not seen), the array grown as ids come,
-    up to id `cap`; ids from `cap` up (a damaged trace's: reports/memory/id_space.py) are kept as they come, in `far`,
-    and sorted out in `pairs`."""
+    up to id `cap` (which Scan raises with the rows it was fed); ids from `cap` up (a damaged trace's:
+    reports/memory/id_space.py) are kept as they come, in `far`, and sorted out in `pairs`."""
 
-    def __init__(self, cap):
+    def __init__(self):
         self.at = np.full(0, _NONE, dtype=np.int64)
-        self.cap, self.far = cap, []
+        self.cap, self.far = 0, []
 
     def add(self, ids, positions):
         """Note `ids` at `positions` (increasing)."""
@@ -65,9 +66,9 @@ class _Firsts:
         """(ids seen, ascending; the least position of each)."""
         seen = np.flatnonzero(self.at != _NONE)
         at = self.at[seen]
-        if self.far:  # all above the ids in `at`: still ascending
-            ids, first = lowest(*(np.concatenate(a) for a in zip(*self.far)))
-            seen, at = np.concatenate([seen, ids]), np.concatenate([at, first])
+        if self.far:  # an id far when it came may be in `at` too, the cap raised since
+            far_ids, far_at = (np.concatenate(a) for a in zip(*self.far))
+            seen, at = lowest(np.concatenate([seen, far_ids]), np.concatenate([at, far_at]))
         return seen, at
 
 
@@ -79,11 +80,11 @@ class Scan:
     _NAMES = ("seq", "step", "phase", "bytes_allocated", "live_bytes", "n_inputs", "n_outputs", "n_freed")
 
     def __init__(self, rows):
+        """`rows`: the run's row count in its footers, a claim: arrays grow to it as rows come, never before."""
         kinds = {"phase": np.int16, "n_inputs": np.int32, "n_outputs": np.int32, "n_freed": np.int32}
         self.n, self.done, self.named = rows, 0, {}  # named: {phase: code} where phases come as strings
-        self.arrays = {c: np.empty(rows, kinds.get(c, np.int64)) for c in self._NAMES}
-        cap = SLACK + PER_ID * rows  # ids a run of `rows` rows hands out, with slack: arrays by id up to here
-        self.first_in, self.first_out, self.first_size = _Firsts(cap), _Firsts(cap), _Firsts(cap)
+        self.arrays = {c: np.empty(min(rows, _FIRST_ROWS), kinds.get(c, np.int64)) for c in self._NAMES}
+        self.first_in, self.first_out, self.first_size = _Firsts(), _Firsts(), _Firsts()
         self.known, self.freed = [], []  # (ids, positions, sizes) at a first appearance with a size; the freed ids
         self.taken = [0, 0]  # inputs and outputs before this batch
         self.cells, self.comm, self.held = [], [], ()  # with CELLS and op in the batches (held): see the module docstring
@@ -92,8 +93,14 @@ class Scan:
         if self.done + batch.num_rows > self.n:  # more rows than the trace's checks counted: a trace changed while read
             self.done += batch.num_rows
             return
+        end = self.done + batch.num_rows
+        if end > len(self.arrays["seq"]):  # room for the batch, doubling up to the rows counted
+            size = min(self.n, max(end, 2 * len(self.arrays["seq"])))
+            self.arrays = {c: np.concatenate([a[: self.done], np.empty(size - self.done, a.dtype)]) for c, a in self.arrays.items()}
+        for firsts in (self.first_in, self.first_out, self.first_size):  # ids a run of `end` rows hands out, with slack
+            firsts.cap = SLACK + PER_ID * end
         arrays, names, self.held = self.arrays, self._NAMES, batch.schema.names
-        rows = slice(self.done, self.done + batch.num_rows)
+        rows = slice(self.done, end)
         for c in names[:5]:
             arrays[c][rows] = self._phases(batch.column(c)) if c == "phase" else batch.column(c).to_numpy()
         ids = []
@@ -217,11 +224,13 @@ class Scan:
         top = max([-1] + [int(a.max()) for a in (seen, free_ids) if len(a)])
         sids, at, values = (np.concatenate([np.zeros(0, np.int64), *k]) for k in zip(*self.known)) if self.known \
             else (np.zeros(0, np.int64),) * 3  # fmt: skip
-        far = sids >= self.first_size.cap
-        sizes = np.full(min(top + 1, self.first_size.cap), -1, dtype=np.int64)  # the near ids' (each once), by id
-        sizes[sids[~far]] = values[~far]
-        near = np.flatnonzero(sizes >= 0)
-        ids, first = lowest(sids[far], at[far])  # a far id may come more than once: its first position's size
-        known = np.stack([np.concatenate([near, ids]), np.concatenate([sizes[near], values[far][np.searchsorted(at[far], first)]])])
+        if self.first_size.far:  # a far id may come more than once: its first position's size (`at` ascends)
+            ids, first = lowest(sids, at)
+            known = np.stack([ids, values[np.searchsorted(at, first)]])
+        else:  # each id once, all below the cap: by id
+            sizes = np.full(int(sids.max(initial=-1)) + 1, -1, dtype=np.int64)
+            sizes[sids] = values
+            near = np.flatnonzero(sizes >= 0)
+            known = np.stack([near, sizes[near]])
         return Lists(in_offsets, out_offsets, free_rows, free_ids, free_offsets, seen, first_row, as_output, first_at,
                      known.astype(np.int64, copy=False), comm, row_max, top)  # fmt: skip
