@@ -7,6 +7,7 @@ T = 2 * 8 = 16 tokens per step. N, the parameters that enter a matmul (reports' 
 """
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -455,6 +456,33 @@ def test_report_into_a_closed_pipe_is_quiet(traces):
     err = report.stderr.read().decode()
     assert report.wait(timeout=60) == 0, err
     assert "Traceback" not in err and "BrokenPipe" not in err, err
+
+
+@pytest.mark.parametrize("argv", [
+    ("report", "TRACE"), ("report", "TRACE", "--json"), ("compare", "TRACE", "TRACE"), ("plan", "TRACE", "--gpu", "h100"),
+    ("export", "TRACE", "-o", "-"),
+], ids=["report", "report_json", "compare", "plan", "export"])  # fmt: skip
+def test_a_stdout_that_cannot_be_written_is_one_line(traces, argv):
+    """`optrace report T > /dev/full` printed an OSError traceback (report, compare and plan; export said
+    "cannot write '-'"): now each command says it in one line and exits 2 (reports/output/stdout.py)."""
+    command = [sys.executable, "-m", "reports.output.cli", *(traces["fp32"] if a == "TRACE" else a for a in argv)]
+    with open("/dev/full", "w") as full:
+        done = subprocess.run(command, cwd=ROOT, stdout=full, stderr=subprocess.PIPE, text=True, timeout=120)
+    assert (done.returncode, done.stderr) == (2, f"optrace {argv[0]}: error: cannot write to stdout (No space left on device)\n")
+
+
+@pytest.mark.parametrize("argv", [("report", "TRACE", "--json"), ("compare", "TRACE", "TRACE"), ("plan", "TRACE", "--gpu", "h100")],
+                         ids=["report_json", "compare", "plan"])  # fmt: skip
+def test_a_closed_pipe_is_quiet_for_every_command(traces, argv):
+    """`optrace plan T | head -0`: the reader gone before the first write; a quiet exit 0, as for report."""
+    read, write = os.pipe()
+    os.close(read)  # closed before the command starts: its first flush meets a broken pipe
+    command = [sys.executable, "-m", "reports.output.cli", *(traces["fp32"] if a == "TRACE" else a for a in argv)]
+    try:
+        done = subprocess.run(command, cwd=ROOT, stdout=write, stderr=subprocess.PIPE, text=True, timeout=120)
+    finally:
+        os.close(write)
+    assert (done.returncode, done.stderr) == (0, "")
 
 
 def test_subprocess_bad_arguments_exit_2(traces):

@@ -306,10 +306,32 @@ def test_bad_arguments_name_the_value(small):
         reports.plan(small, "H100", gpus_per_node=0)
     with pytest.raises(reports.ReportError, match="overlap must be one of prefetch, none, got 'some'"):
         reports.plan(small, "H100", overlap="some")
-    with pytest.raises(reports.ReportError, match=r"matmul_efficiency must be in \(0, 1\], got 1.5"):
+    with pytest.raises(reports.ReportError, match=r"matmul_efficiency must be in \[0.01, 1\], got 1.5"):
         reports.plan(small, "H100", assumptions={"matmul_efficiency": 1.5})
     with pytest.raises(reports.ReportError, match="this trace ran on 'meta'"):
         reports.plan(small, "cpu")
+
+
+@pytest.mark.parametrize("value", ["1e-320", "0.0099"])
+def test_an_efficiency_that_makes_a_time_infinite_is_refused(tmp_path, capsys, value):
+    """memory_efficiency=1e-320 was inside (0, 1] and gave an "inf" step time (bytes / (bandwidth x 1e-320)
+    overflows); every efficiency's range now starts at 1%, and a value below is one line with the range."""
+    stack(tmp_path / "t", 64)
+    assert main(["plan", str(tmp_path / "t"), "--gpu", "H100", "--assume", f"memory_efficiency={value}"]) == 2
+    out, err = capsys.readouterr()
+    assert (out, err) == ("", f"optrace plan: error: assumption memory_efficiency must be in [0.01, 1], got {float(value)!r}\n")
+
+
+def test_every_figure_is_finite_at_the_least_efficiencies(small):
+    """At the lowest end of every efficiency range (0.01) the plan's times are finite and scale as 0.8 / 0.01."""
+    least = {name: 0.01 for name in ("matmul_efficiency", "attention_efficiency", "vector_efficiency",
+                                      "memory_efficiency", "link_efficiency")}  # fmt: skip
+    row = reports.plan(small, "H100 SXM", assumptions=least).iloc[0]
+    # 1,511,828,488,192 FLOPs / (989.4e12 x 0.01) = 0.152802 s, 80x the 1.91003e-3 s at 0.8
+    assert row["compute_bound_s"] == pytest.approx(1_511_828_488_192 / (989.4e12 * 0.01), rel=1e-12)
+    figures = [v for v in row.to_numpy() if isinstance(v, float)]
+    assert figures and all(np.isfinite(v) or np.isnan(v) for v in figures)
+    assert np.isfinite(row["step_time_s"]) and np.isfinite(row["mfu"]) and row["step_time_s"] > 0.15
 
 
 def test_plan_llama_example_on_its_tiny_configuration(tmp_path, capsys):

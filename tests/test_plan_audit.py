@@ -165,8 +165,9 @@ def test_a_trace_without_model_says_its_parameters_count_as_inputs(tmp_path):
     ({"launch_s": float("inf")}, "assumption launch_s must be in [0, 1] s, got inf"),
     ({"launch_s": 1e308}, "assumption launch_s must be in [0, 1] s, got 1e+308"),  # 1e308 x 900 kernels: inf
     ({"net_step_s": float("nan")}, "assumption net_step_s must be in [0, 1] s, got nan"),
-    ({"matmul_efficiency": 1.5}, "assumption matmul_efficiency must be in (0, 1], got 1.5"),
-    ({"link_efficiency": 0}, "assumption link_efficiency must be in (0, 1], got 0"),
+    ({"matmul_efficiency": 1.5}, "assumption matmul_efficiency must be in [0.01, 1], got 1.5"),
+    ({"link_efficiency": 0}, "assumption link_efficiency must be in [0.01, 1], got 0"),
+    ({"link_efficiency": 1e-320}, "assumption link_efficiency must be in [0.01, 1], got 1e-320"),  # comm time: inf
     ({"fragmentation": 1e300}, "assumption fragmentation must be in [0, 10], got 1e+300"),
     ({"nccl_buffer_bytes": 2**51}, "assumption nccl_buffer_bytes must be in [0, 2^50] bytes, got 2251799813685248"),
     ({"cuda_context_bytes": "1 GiB"}, "assumption cuda_context_bytes must be in [0, 2^50] bytes, got '1 GiB'"),

@@ -15,7 +15,8 @@ part) is refused with one line naming it. Damage is reported, never hidden:
 A part that repeats another's rows (a sync tool's `part-000001 (1).parquet`, a
 symlinked copy) or its part number, and a `rank=R` directory inside a trace that
 has parts of its own (another trace's rows), are refused with one line too; the
-values inside the parts are checked by reports/loading/validate.py.
+values inside the parts are checked by reports/loading/validate.py, and the list items
+a part holds, from its footer before it is read, by reports/loading/widths.py.
 """
 
 import os
@@ -30,6 +31,7 @@ except ImportError:
 
 from reports.errors import ReportError
 from reports.loading.validate import check_footers, check_metadata, check_schema, parse_json
+from reports.loading.widths import check_widths
 from tracer.schema import MARKER_NAME, footer_metadata, is_merged_name, is_part_name, marker_json, merged_span, part_name, part_paths, read_marker_file, superseded
 
 MAX_METADATA_BYTES = 64 << 20  # a part's metadata JSON (a 70B model's parameter table: ~100 KB)
@@ -118,7 +120,7 @@ def check_parts(path, footers=None, unread=()):
             raise ReportError(f"{path}: {name} is a directory, not an optrace part; move it out of the trace")
         if full not in known:
             raise ReportError(f"{path}: {name} is not an optrace part (a trace holds only part-*.parquet files); move it out")
-    parts, first_id, foreign, checked, seen, ranges = [], None, None, None, {}, {}
+    parts, first_id, foreign, checked, seen, ranges, lists = [], None, None, None, {}, {}, {}
     for part in parts_here:
         name = os.path.basename(part)
         try:
@@ -132,6 +134,7 @@ def check_parts(path, footers=None, unread=()):
         if raw is None:
             foreign = foreign or name
             continue
+        check_widths(path, part, found, lists)  # before any read of its rows: a list bomb is refused from the footer
         meta = parse_json(path, raw, "optrace metadata", name, MAX_METADATA_BYTES)
         check_metadata(path, meta, "optrace metadata", name, roles_only=True)  # the newest part's: all of it, below
         if checked is None or not schema.equals(checked):  # the parts of one trace share one schema: checked once

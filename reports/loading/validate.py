@@ -287,7 +287,7 @@ META_FIELDS = {
     "timing": _OBJ, "unsharded_parameters": _OBJ, "compiled_ran_eagerly": _BOOL, "attention": _OBJ,
     "compiled_regions_eager": _OBJ,
     "untraced_optimizer_steps": _INT, "cycles_without_step": _INT, "optimizer_state_found_late": _INT,
-    "optimizer_params": _INT, "error": _STR,
+    "optimizer_params": _INT, "error": _STR, "process_groups": _LIST,
 }  # fmt: skip
 DEVICE_FIELDS = {
     "type": _STR, "name": _STR, "cores": _INT, "threads": _INT, "mhz": _NUM, "max_mhz": _NUM, "isa": _LIST,
@@ -367,6 +367,7 @@ def check_metadata(path, meta, what="optrace metadata", where=None, roles_only=F
     rank, world = meta.get("rank"), meta.get("world_size")
     if rank is not None and world is not None and rank >= world:
         raise ReportError(f"{path}: {what} 'rank' is {rank}, expected a rank 0 to {world - 1} (world_size {world})")
+    _check_groups(path, what, meta.get("process_groups") or [], world)
     for key, kind in PARAMETER_TABLES:
         for name, info in (meta.get(key) or {}).items():
             if not isinstance(info, dict):
@@ -380,6 +381,20 @@ def check_metadata(path, meta, what="optrace metadata", where=None, roles_only=F
                 raise ReportError(f"{path}: {what} {kind} {name!r} shape is {_short(info['shape'])}, expected a list of "
                                   "ints >= 0")  # fmt: skip
     _check_roles(path, what, meta)
+
+
+def _check_groups(path, what, groups, world):
+    """ReportError for a process group that is not an object, or whose `ranks` are not global ranks (ints from 0,
+    below world_size when known): the plan places a group's ranks on nodes from them."""
+    expected = f"a rank 0 to {world - 1:,}" if world else "a rank >= 0"
+    for group in groups:
+        ranks = group.get("ranks") if isinstance(group, dict) else None
+        if not isinstance(group, dict) or ranks is not None and not isinstance(ranks, list):
+            raise ReportError(f"{path}: {what} process group {_short(group)} is not {{name, size, ranks: [rank, ...]}}")
+        for r in ranks or ():
+            if not (_is(r, _INT) and 0 <= r < (world or 2**63)):
+                raise ReportError(f"{path}: {what} process group {_short(group.get('name'))} has rank {_short(r)}, "
+                                  f"expected {expected}")  # fmt: skip
 
 
 def _check_roles(path, what, meta):

@@ -54,6 +54,7 @@ import pyarrow as pa
 from reports._util import unique
 from reports.loading.columns import cell_lists, cell_objects, flat
 from reports.loading.load import runs_of
+from reports.memory.id_space import dense_enough, lowest, place
 from reports.memory.resizes import collective_storages, largest, resize_deltas, resize_events, split_pieces
 
 __all__ = ["CATEGORIES", "DTYPE_BYTES", "Lists", "Storages", "lists_of", "dtype_sizes", "runs_in_order", "take"]
@@ -140,7 +141,7 @@ class Lists(NamedTuple):
     first_row: np.ndarray  # the row of each one's first appearance (inputs before outputs within a row)
     as_output: np.ndarray  # bool: first seen as an output
     first_at: np.ndarray  # its flat position there (the first of the row's inputs or outputs with that id)
-    known: np.ndarray  # by id (0..top): output_storage_bytes at its first appearance as an output with bytes, else -1
+    known: np.ndarray  # [2, k]: ids ascending, and output_storage_bytes at each one's first appearance as an output with bytes
     comm: np.ndarray  # ids a collective row read or wrote, ascending
     row_max: Callable  # row_max(): each row's highest id among its inputs and outputs (-1: none); read by few traces
     top: int  # the highest id any list names (-1: none)
@@ -153,18 +154,27 @@ def lists_of(rows):
     out_rows, out_ids, out_offsets = _explode(rows["output_storage_ids"])
     free_rows, free_ids, free_offsets = _explode(rows["freed_storage_ids"])
     top = max([-1] + [int(a.max()) for a in (in_ids, out_ids, free_ids) if len(a)])
+    dense = dense_enough(top, len(in_ids) + len(out_ids) + len(free_ids) + n)  # else arrays by id: id_space.py
     # First appearance of each id: the least (row, inputs before outputs, place in the flat list).
     width = max(len(in_ids), len(out_ids)) + 1
-    first = np.full(top + 1, np.iinfo(np.int64).max, dtype=np.int64)
+    first = np.full(top + 1 if dense else 0, np.iinfo(np.int64).max, dtype=np.int64)
+    keys = []
     for ids, rows_of, side in ((in_ids, in_rows, 0), (out_ids, out_rows, 1)):
         key = np.arange(len(ids), dtype=np.int64)  # (row * 2 + side) * width + place, a slice at a time: small temporaries
         for lo in range(0, len(ids), 1 << 18):
             key[lo : lo + (1 << 18)] += (rows_of[lo : lo + (1 << 18)].astype(np.int64) * 2 + side) * width
-        np.minimum.at(first, ids, key)
+        if dense:
+            np.minimum.at(first, ids, key)
+        else:
+            keys.append(key)
         del key
-    seen = np.flatnonzero(first != np.iinfo(np.int64).max)
-    first_key, first_at = np.divmod(first[seen], width)  # index into the flat list
-    del first
+    if dense:
+        seen = np.flatnonzero(first != np.iinfo(np.int64).max)
+        first = first[seen]
+    else:
+        seen, first = lowest(np.concatenate([in_ids, out_ids]).astype(np.int64, copy=False), np.concatenate(keys))
+    first_key, first_at = np.divmod(first, width)  # index into the flat list
+    del first, keys
 
     def row_max():
         found = np.full(n, -1, dtype=np.int64)
@@ -174,17 +184,16 @@ def lists_of(rows):
 
     return Lists(
         in_offsets, out_offsets, free_rows, free_ids, free_offsets, seen, first_key // 2, (first_key % 2).astype(bool),
-        first_at, _first_output_bytes(rows, out_ids, out_offsets, top),
+        first_at, _first_output_bytes(rows, out_ids, out_offsets, top if dense else None),
         collective_storages(rows, in_rows, in_ids, out_rows, out_ids), row_max, top,
     )  # fmt: skip
 
 
 def _first_output_bytes(rows, out_ids, out_offsets, top):
-    """Per storage id: `output_storage_bytes` at its first appearance as an output with bytes; -1 where none
-    (a v1 trace, or a storage never an output)."""
-    known = np.full(top + 1, -1, dtype=np.int64)
+    """[ids ascending, bytes]: `output_storage_bytes` of each storage at its first appearance as an output with bytes
+    (none in a v1 trace). `top`: the highest id, for an array by id; None: ids too sparse for one (id_space.py)."""
     if "output_storage_bytes" not in rows.columns or not len(out_ids):
-        return known
+        return np.zeros((2, 0), dtype=np.int64)
     offsets, values = flat(rows["output_storage_bytes"])  # a null list: no items, so its row is skipped below
     lengths, counts = np.diff(offsets), np.diff(out_offsets)
     ok = lengths == counts
@@ -194,15 +203,18 @@ def _first_output_bytes(rows, out_ids, out_offsets, top):
     else:
         sids = out_ids
     with_bytes = np.flatnonzero(values >= 0)
-    first = np.full(top + 1, len(values), dtype=np.int64)  # outputs are in row order: the first appearance
+    if top is None:  # outputs are in row order: the first appearance
+        hit, first = lowest(sids[with_bytes].astype(np.int64, copy=False), with_bytes)
+        return np.stack([hit, values[first]]).astype(np.int64, copy=False)
+    first = np.full(top + 1, len(values), dtype=np.int64)
     np.minimum.at(first, sids[with_bytes], with_bytes)
     hit = np.flatnonzero(first < len(values))
-    known[hit] = values[first[hit]]
-    return known
+    return np.stack([hit, values[first[hit]]]).astype(np.int64, copy=False)
 
 
 class Storages:
-    """The storages of one run (with at least one row) as arrays indexed by storage id; rows are positions, not seq."""
+    """The storages of one run (with at least one row) as arrays indexed by storage id, or by position among the ids
+    named where those are too sparse for that (`space`: reports/memory/id_space.py); rows are positions, not seq."""
 
     def __init__(self, name, meta, rows, lists=None):
         """`lists`: the run's `Lists`, when not read from `rows`' id list columns (reports/memory/sql_categories.py)."""
@@ -212,18 +224,20 @@ class Storages:
         self.allocated = rows["bytes_allocated"].to_numpy(dtype=np.int64)
         lists = lists_of(rows) if lists is None else lists
         self.in_offsets, self.out_offsets = lists.in_offsets, lists.out_offsets
-        self.free_rows, self.free_ids, self.free_offsets = lists.free_rows, lists.free_ids, lists.free_offsets
 
         self.itemsize = dtype_sizes(meta)
         params = {}
         for p in (meta.get("parameters") or {}).values():  # tied parameters share one storage
             params.setdefault(int(p["storage_id"]), (int(p["numel"]) * self.itemsize.get(p["dtype"], 0), p["dtype"]))
-        self.params = params
         roles = meta.get("storage_roles") or {}
         self.exact = AT_ENTRY in roles  # every storage alive at entry is listed with its size
         entry = np.asarray(roles.get(AT_ENTRY) or [], dtype=np.int64).reshape(-1, 2)
         resized = np.asarray(roles.get(RESIZED) or [], dtype=np.int64).reshape(-1, 3)
         top = max([-1, lists.top, *params] + [int(a.max()) for a in (entry[:, 0], resized[:, 1]) if len(a)])
+        known_ids, known_bytes = lists.known
+        self.space, lists, params, entry, resized, top = place(lists, params, entry, resized, top, n)
+        self.params = params
+        self.free_rows, self.free_ids, self.free_offsets = lists.free_rows, lists.free_ids, lists.free_offsets
         self.size = np.full(top + 1, -1, dtype=np.int64)
         self.dtype = np.full(top + 1, None, dtype=object)
         self.alloc = np.full(top + 1, -2, dtype=np.int64)  # row that allocated it; -1: before the trace; -2: unseen
@@ -241,7 +255,7 @@ class Storages:
 
         self.new_out, self.new_out_at = seen[as_output], first_at[as_output]
         self.known = np.full(top + 1, -1, dtype=np.int64)
-        self.known[: len(lists.known)] = lists.known
+        self.known[self.space.dense(known_ids)] = known_bytes
         self._outputs(self.new_out, first_row[as_output], self.new_out_at)
         known = self.known[self.new_out]
         self.size[self.new_out] = np.where(known >= 0, known, self.size[self.new_out])
@@ -395,11 +409,12 @@ class Storages:
             cat[forward & ((free < 0) | (free > start))] = _CAT["activations"]
         roles = self.meta.get("storage_roles") or {}
         cat[np.isin(sids, self.comm)] = _CAT["communication_buffers"]
-        cat[np.isin(sids, np.asarray(roles.get("optimizer_state", []), dtype=np.int64))] = _CAT["optimizer_state"]
-        cat[np.isin(sids, np.asarray(roles.get("gradient", []), dtype=np.int64))] = _CAT["gradients"]
+        ids = self.space.raw(sids)  # the metadata's roles name ids, not positions
+        cat[np.isin(ids, np.asarray(roles.get("optimizer_state", []), dtype=np.int64))] = _CAT["optimizer_state"]
+        cat[np.isin(ids, np.asarray(roles.get("gradient", []), dtype=np.int64))] = _CAT["gradients"]
         unsharded = [int(p["storage_id"]) for p in (self.meta.get("unsharded_parameters") or {}).values()]
-        cat[np.isin(sids, np.asarray(unsharded, dtype=np.int64))] = _CAT["unsharded_parameters"]
-        cat[np.isin(sids, np.asarray(roles.get("external_parameter", []), dtype=np.int64))] = _CAT["parameters"]
+        cat[np.isin(ids, np.asarray(unsharded, dtype=np.int64))] = _CAT["unsharded_parameters"]
+        cat[np.isin(ids, np.asarray(roles.get("external_parameter", []), dtype=np.int64))] = _CAT["parameters"]
         cat[np.isin(sids, np.fromiter(self.params, dtype=np.int64, count=len(self.params)))] = _CAT["parameters"]
         return cat
 
@@ -423,7 +438,7 @@ class Storages:
         return pd.DataFrame(
             {
                 "run": self.name,
-                "storage_id": sids.astype(np.int64),
+                "storage_id": np.asarray(self.space.raw(sids), dtype=np.int64),
                 "nbytes": nbytes.astype(np.int64),
                 "dtype": dtype,
                 "category": np.asarray(CATEGORIES, dtype=object)[cat],

@@ -19,36 +19,57 @@ import pyarrow.compute as pc
 
 from reports._util import unique
 from reports.errors import ReportError
+from reports.memory.id_space import PER_ID, SLACK, lowest
 from reports.memory.lifetimes import Lists
 from reports.memory.resizes import COLLECTIVE_PREFIXES
 
 __all__ = ["CELLS", "Scan"]
 
 _NONE = np.iinfo(np.int64).max
+_FIRST_ROWS = 1 << 16  # rows the arrays hold before the first batch (Scan grows them up to the rows counted)
 CELLS = ("input_dtypes", "input_shapes", "input_strides")  # kept at the rows where a storage is first seen as an input
 
 
 class _Firsts:
-    """Per storage id, the least flat position it was seen at so far (_NONE: not seen), the array grown as ids come."""
+    """Per storage id, the least flat position it was seen at so far (_NONE: not seen), the array grown as ids come,
+    up to id `cap` (which Scan raises with the rows it was fed); ids from `cap` up (a damaged trace's:
+    reports/memory/id_space.py) are kept as they come, in `far`, and sorted out in `pairs`."""
 
     def __init__(self):
         self.at = np.full(0, _NONE, dtype=np.int64)
+        self.cap, self.far = 0, []
 
     def add(self, ids, positions):
         """Note `ids` at `positions` (increasing)."""
+        far = ids >= self.cap
+        if far.any():
+            self.far.append((ids[far], positions[far]))
+            ids, positions = ids[~far], positions[~far]
         if len(ids) and int(ids.max()) >= len(self.at):
-            grown = np.full(max(int(ids.max()) + 1, 2 * len(self.at)), _NONE, dtype=np.int64)
+            grown = np.full(max(int(ids.max()) + 1, min(2 * len(self.at), self.cap)), _NONE, dtype=np.int64)
             grown[: len(self.at)] = self.at
             self.at = grown
         np.minimum.at(self.at, ids, positions)
 
     def new(self, ids, positions):
-        """add(ids, positions), returning where an id was first seen here (it took that position)."""
+        """add(ids, positions), returning where an id was first seen here (it took that position); an id from `cap`
+        up counts as new each time (`pairs` keeps its first)."""
         self.add(ids, positions)
-        return self.at[ids] == positions
+        near = ids < self.cap
+        if near.all():
+            return self.at[ids] == positions
+        hit = np.ones(len(ids), dtype=bool)
+        hit[near] = self.at[ids[near]] == positions[near]
+        return hit
 
-    def of(self, size):
-        return np.concatenate([self.at[:size], np.full(max(0, size - len(self.at)), _NONE, dtype=np.int64)])
+    def pairs(self):
+        """(ids seen, ascending; the least position of each)."""
+        seen = np.flatnonzero(self.at != _NONE)
+        at = self.at[seen]
+        if self.far:  # an id far when it came may be in `at` too, the cap raised since
+            far_ids, far_at = (np.concatenate(a) for a in zip(*self.far))
+            seen, at = lowest(np.concatenate([seen, far_ids]), np.concatenate([at, far_at]))
+        return seen, at
 
 
 class Scan:
@@ -59,11 +80,12 @@ class Scan:
     _NAMES = ("seq", "step", "phase", "bytes_allocated", "live_bytes", "n_inputs", "n_outputs", "n_freed")
 
     def __init__(self, rows):
+        """`rows`: the run's row count in its footers, a claim: arrays grow to it as rows come, never before."""
         kinds = {"phase": np.int16, "n_inputs": np.int32, "n_outputs": np.int32, "n_freed": np.int32}
         self.n, self.done, self.named = rows, 0, {}  # named: {phase: code} where phases come as strings
-        self.arrays = {c: np.empty(rows, kinds.get(c, np.int64)) for c in self._NAMES}
+        self.arrays = {c: np.empty(min(rows, _FIRST_ROWS), kinds.get(c, np.int64)) for c in self._NAMES}
         self.first_in, self.first_out, self.first_size = _Firsts(), _Firsts(), _Firsts()
-        self.known, self.freed = [], []  # (ids, sizes) at their first appearance with a size in a batch; the freed ids
+        self.known, self.freed = [], []  # (ids, positions, sizes) at a first appearance with a size; the freed ids
         self.taken = [0, 0]  # inputs and outputs before this batch
         self.cells, self.comm, self.held = [], [], ()  # with CELLS and op in the batches (held): see the module docstring
 
@@ -71,8 +93,14 @@ class Scan:
         if self.done + batch.num_rows > self.n:  # more rows than the trace's checks counted: a trace changed while read
             self.done += batch.num_rows
             return
+        end = self.done + batch.num_rows
+        if end > len(self.arrays["seq"]):  # room for the batch, doubling up to the rows counted
+            size = min(self.n, max(end, 2 * len(self.arrays["seq"])))
+            self.arrays = {c: np.concatenate([a[: self.done], np.empty(size - self.done, a.dtype)]) for c, a in self.arrays.items()}
+        for firsts in (self.first_in, self.first_out, self.first_size):  # ids a run of `end` rows hands out, with slack
+            firsts.cap = SLACK + PER_ID * end
         arrays, names, self.held = self.arrays, self._NAMES, batch.schema.names
-        rows = slice(self.done, self.done + batch.num_rows)
+        rows = slice(self.done, end)
         for c in names[:5]:
             arrays[c][rows] = self._phases(batch.column(c)) if c == "phase" else batch.column(c).to_numpy()
         ids = []
@@ -96,7 +124,7 @@ class Scan:
         with_size = values >= 0
         sids, at, values = sids[with_size], at[with_size], values[with_size]
         new = self.first_size.new(sids, at)  # an earlier batch's first size stays
-        self.known.append((sids[new], values[new]))
+        self.known.append((sids[new], at[new], values[new]))
         if all(c in self.held for c in CELLS):
             self._keep_cells(batch, ins[new_in], at_in[new_in] - self.taken[0], arrays["n_inputs"][rows], counts)
         if "op" in self.held:
@@ -182,10 +210,10 @@ class Scan:
             return found
 
         in_offsets, out_offsets, free_offsets = (offsets(c) for c in ("n_inputs", "n_outputs", "n_freed"))
-        size = max(len(self.first_in.at), len(self.first_out.at))
-        fin, fout = self.first_in.of(size), self.first_out.of(size)
-        seen = np.flatnonzero((fin != _NONE) | (fout != _NONE))
-        fin, fout = fin[seen], fout[seen]
+        (in_ids, in_at), (out_ids, out_at) = self.first_in.pairs(), self.first_out.pairs()
+        seen = np.union1d(in_ids, out_ids)
+        fin, fout = np.full(len(seen), _NONE, dtype=np.int64), np.full(len(seen), _NONE, dtype=np.int64)
+        fin[np.searchsorted(seen, in_ids)], fout[np.searchsorted(seen, out_ids)] = in_at, out_at
         row_in = np.searchsorted(in_offsets, np.where(fin != _NONE, fin, 0), side="right") - 1
         row_out = np.searchsorted(out_offsets, np.where(fout != _NONE, fout, 0), side="right") - 1
         # the first appearance: the least row, inputs before outputs within a row
@@ -194,8 +222,15 @@ class Scan:
         free_rows = np.repeat(np.arange(n, dtype=np.int64), np.diff(free_offsets))
         free_ids = self.free_ids
         top = max([-1] + [int(a.max()) for a in (seen, free_ids) if len(a)])
-        sizes = np.full(top + 1, -1, dtype=np.int64)
-        for sids, values in self.known:
+        sids, at, values = (np.concatenate([np.zeros(0, np.int64), *k]) for k in zip(*self.known)) if self.known \
+            else (np.zeros(0, np.int64),) * 3  # fmt: skip
+        if self.first_size.far:  # a far id may come more than once: its first position's size (`at` ascends)
+            ids, first = lowest(sids, at)
+            known = np.stack([ids, values[np.searchsorted(at, first)]])
+        else:  # each id once, all below the cap: by id
+            sizes = np.full(int(sids.max(initial=-1)) + 1, -1, dtype=np.int64)
             sizes[sids] = values
+            near = np.flatnonzero(sizes >= 0)
+            known = np.stack([near, sizes[near]])
         return Lists(in_offsets, out_offsets, free_rows, free_ids, free_offsets, seen, first_row, as_output, first_at,
-                     sizes, comm, row_max, top)  # fmt: skip
+                     known.astype(np.int64, copy=False), comm, row_max, top)  # fmt: skip

@@ -2,13 +2,14 @@
 `optrace plan TRACE --gpu NAME`.
 
 Bad input (a missing file, not Parquet, no optrace metadata, a newer schema)
-prints one line naming the file and what is wrong, and exits with status 2.
+prints one line naming the file and what is wrong, and exits with status 2; so does a
+stdout that cannot be written (a full disk), while a closed pipe (`| head -1`) ends the
+command quietly with status 0 (reports/output/stdout.py).
 """
 
 import argparse
 import json
 import math
-import os
 import sys
 import warnings
 
@@ -18,6 +19,7 @@ from reports.loading.columns import SharedRuns
 from reports.loading.integrity import describe_damage, list_parts, merged_away, one_line
 from reports.output.report_json import compare_json, sections, strict
 from reports.output.source import Source
+from reports.output.stdout import checked_stdout
 from reports.output.text import column_formatters, human, human_bytes, human_seconds, json_number, percent, printable
 
 # Columns no section of `optrace report` reads, left out of its load (a section that needs one takes it out of here).
@@ -608,13 +610,13 @@ def main(argv=None):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            args.run(args)
+            with checked_stdout():  # an OSError writing stdout: StdoutError, one line (reports/output/stdout.py)
+                args.run(args)
         except ReportError as exc:  # one prefix: a message that starts with the command's name loses it
             message = printable(exc).removeprefix(f"{args.command}: ")
             print(f"optrace {args.command}: error: {message}", file=sys.stderr)
             return 2
-        except BrokenPipeError:  # `optrace report T | head`: the reader has what it wanted
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+        except BrokenPipeError:  # `optrace report T | head`: the reader has what it wanted (checked_stdout dropped the rest)
             return 0
         except KeyboardInterrupt:  # Ctrl-C: the shell's status for SIGINT, one line, no traceback
             print(f"optrace {args.command}: interrupted", file=sys.stderr)

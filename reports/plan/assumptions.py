@@ -1,12 +1,12 @@
 """Every number a plan assumes, with its source: one table, overridable by name.
 
   name                  default   range        what it is, and where the figure comes from
-  matmul_efficiency     0.80      (0, 1]       share of the dense peak a matmul or convolution reaches
-  attention_efficiency  0.35      (0, 1]       share of the dense peak a fused attention kernel reaches
-  vector_efficiency     0.80      (0, 1]       share of the float32 (vector) peak other compute-bound ops reach
-  memory_efficiency     0.80      (0, 1]       share of the datasheet HBM bandwidth memory-bound ops reach
+  matmul_efficiency     0.80      [0.01, 1]    share of the dense peak a matmul or convolution reaches
+  attention_efficiency  0.35      [0.01, 1]    share of the dense peak a fused attention kernel reaches
+  vector_efficiency     0.80      [0.01, 1]    share of the float32 (vector) peak other compute-bound ops reach
+  memory_efficiency     0.80      [0.01, 1]    share of the datasheet HBM bandwidth memory-bound ops reach
   launch_s              3e-6      [0, 1] s     GPU time per kernel beyond its roofline time
-  link_efficiency       0.80      (0, 1]       share of a link's datasheet bandwidth a collective's ring reaches
+  link_efficiency       0.80      [0.01, 1]    share of a link's datasheet bandwidth a collective's ring reaches
   nccl_base_s           8.4e-6    [0, 1] s     NCCL's base latency of a ring collective (Simple protocol)
   nvlink_step_s         3.4e-6    [0, 1] s     NCCL's latency per ring step over NVLink
   pcie_step_s           5.7e-6    [0, 1] s     ... over PCIe
@@ -15,7 +15,10 @@
   nccl_buffer_bytes     256 MiB   [0, 2^50]    NCCL's buffers, per process group with a collective in the trace
   fragmentation         0.10      [0, 10]      the caching allocator's reserved bytes over the peak live bytes, minus 1
 The ranges (RANGES) keep a plan's figures finite: a value outside one (inf, nan, a launch cost of
-1e308 s, a fragmentation of 1e300) is refused with its name, the value and the range. The sources
+1e308 s, a fragmentation of 1e300, an efficiency of 1e-320, which made a time of bytes / (bandwidth x
+1e-320) = inf) is refused with its name, the value and the range. An efficiency divides, so its range
+stops at MIN_EFFICIENCY (1% of a peak, below what a plan can mean; the largest time, 2^60 bytes of
+an op over 1 GB/s x 0.01, stays finite); latencies, sizes and fragmentation add or multiply. The sources
 are in SOURCES. Efficiencies that are judgements say so, and why; a plan on
 the device the trace was taken on replaces the four compute and memory efficiencies with
 what the trace measured (reports/plan/ops.py `calibrate`), and a trace taken on a GPU
@@ -26,7 +29,7 @@ from collections.abc import Mapping
 
 from reports.errors import ReportError
 
-__all__ = ["DEFAULTS", "RANGES", "SOURCES", "UNITS", "resolve"]
+__all__ = ["DEFAULTS", "MIN_EFFICIENCY", "RANGES", "SOURCES", "UNITS", "resolve"]
 
 DEFAULTS = {
     "matmul_efficiency": 0.80,
@@ -49,10 +52,11 @@ UNITS = {
     "cuda_context_bytes": "bytes", "nccl_buffer_bytes": "bytes",
 }  # fmt: skip  (the rest are fractions)
 
-# (low, high, whether low itself is allowed): efficiencies are shares of a peak, latencies under a second,
-# byte sizes under a PiB (2^50), fragmentation under 10x the peak
+MIN_EFFICIENCY = 0.01  # the least share of a peak: every time divided by an efficiency stays finite (module docstring)
+# (low, high, whether low itself is allowed): efficiencies are shares of a peak from MIN_EFFICIENCY, latencies
+# under a second, byte sizes under a PiB (2^50), fragmentation under 10x the peak
 RANGES = {
-    **{name: (0.0, 1.0, False) for name in DEFAULTS if name.endswith("_efficiency")},
+    **{name: (MIN_EFFICIENCY, 1.0, True) for name in DEFAULTS if name.endswith("_efficiency")},
     **{name: (0.0, 1.0, True) for name in DEFAULTS if name.endswith("_s")},
     "cuda_context_bytes": (0, 2**50, True),
     "nccl_buffer_bytes": (0, 2**50, True),
