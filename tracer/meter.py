@@ -58,7 +58,7 @@ from tracer.device import cuda_in_use, sync_all_cuda
 from tracer.dispatch import make_inert
 from tracer.errors import TraceError
 from tracer.meter_flops import READ, input_size, settled, signature, step_flops, token_count
-from tracer.meter_modes import depth_of, lifted_above, lifted_over
+from tracer.mode_stack import depth_of
 from tracer.mode import Tracer
 from tracer.peaks import lookup, normalize_dtype
 from tracer.safety import GlobalModuleHook, warn
@@ -143,7 +143,6 @@ class Meter:
             self._remove_hooks()
             self._stepped.remove()
             raise
-        self._depth = depth_of(self._tracer._mode)  # where the tracer's mode goes back on at a re-trace
         self.warmup = warmup
         self._tracing, self._reclock, self._trace_failures = True, False, 0
         self._first_seq = self._next_seq()  # the traced step's rows: from here to the pause
@@ -414,14 +413,12 @@ class Meter:
         self._first_seq = self._next_seq()
         self._resume_tracer()
 
-    # the tracer's mode off and on at its own place in the stack (tracer/meter_modes.py) -----------------
+    # the tracer's mode off and on at its own place in the stack (tracer/mode_stack.py) -----------------
     def _pause_tracer(self):
-        with lifted_over(self._tracer._mode):
-            self._tracer._pause()
+        self._tracer._pause()
 
     def _resume_tracer(self):
-        with lifted_above(self._depth):
-            self._tracer._resume()
+        self._tracer._resume()
 
     def _read_trace(self):
         """Pause the tracer after a traced step and read that step's FLOPs back from its parts."""
@@ -519,8 +516,7 @@ class Meter:
                 make_inert(tr._mode)  # left on that thread's stack, it runs what comes there untraced
                 torch._C._push_on_torch_dispatch_stack(tr._mode)  # for the Tracer's exit to pop here, with its flags
         finally:
-            with lifted_over(tr._mode):
-                tr.__exit__(type(exc) if exc is not None else None, exc, None)
+            tr.__exit__(type(exc) if exc is not None else None, exc, None)
 
     def _at_exit(self):
         """Close at the interpreter's exit; after an unhandled exception (Python sets sys.last_exc, before 3.12

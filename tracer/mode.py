@@ -36,6 +36,7 @@ from tracer.writer import (
     release_directory,
 )
 from tracer.directory import still_ours, write_facts
+from tracer.mode_stack import depth_of, entered_below, lifted_above, lifted_over, refit_infra, take_off_exited
 
 Tensor = torch.Tensor
 _perf_ns = time.perf_counter_ns
@@ -218,6 +219,8 @@ class Tracer:
         if first is not None:
             self._first_device(first.device, first)
         self._mode = _TraceMode(self)
+        self._depth = None  # its position in the dispatch mode stack once entered (tracer/mode_stack.py)
+        self._thread = threading.get_ident()  # the thread whose stack holds the mode
         on_meta = first is not None and first.device.type == "meta"
         self._attention = MetaAttention(fused=self.meta_attention == "fused") if on_meta else None
         self._attr = Attribution(
@@ -242,7 +245,13 @@ class Tracer:
         self._dynamo.install()
         self._attr.install()
         self._unsharded.install()
-        self._mode.__enter__()
+        if self._depth is None:  # entry: on top; where it goes back on at `_resume`, under the modes entered after it
+            self._mode.__enter__()
+            self._depth = depth_of(self._mode)
+            self._below = entered_below(self._depth)
+        else:
+            with lifted_above(self._depth):
+                self._mode.__enter__()
         if self._attention is not None:
             self._attention.install()
 
@@ -268,13 +277,22 @@ class Tracer:
             self._give_back_compiled()
 
     def _leave_modes(self):
-        """Take the dispatch mode off the stack of the thread that entered it (and the meta attention kernel off). Left
-        on another thread, whose stack does not hold them, the mode becomes inert where it stands: it passes every op
-        through, and nothing more is recorded."""
+        """Take the dispatch mode off the stack of the thread that entered it, wherever it stands there: the modes the
+        program entered after it stay on, in their order (tracer/mode_stack.py); and the meta attention kernel off.
+        Left on another thread, whose stack does not hold them, the mode becomes inert where it stands: it passes
+        every op through, and nothing more is recorded."""
         if self._attention is not None:
             self._attention.remove()
         if self._mode in _mode_stack():
-            self._mode.__exit__(None, None, None)
+            with lifted_over(self._mode):
+                self._mode.__exit__(None, None, None)
+                refit_infra(self._below)
+            return
+        if threading.get_ident() == self._thread:  # a mode entered before the Tracer was left inside its block
+            left = take_off_exited(self._below)
+            warn(f"optrace: trace {self.path!r}: the dispatch mode {left or 'entered before the Tracer'} was left inside "
+                 "the Tracer's block and took the tracer's mode off the stack with it; the ops after that are not in "
+                 "the trace")
             return
         make_inert(self._mode)
         warn(f"optrace: trace {self.path!r} was left on another thread than the one that entered it; its mode stays "
