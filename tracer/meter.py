@@ -61,7 +61,7 @@ from tracer.meter_flops import READ, input_size, settled, signature, step_flops,
 from tracer.mode_stack import depth_of
 from tracer.mode import Tracer
 from tracer.peaks import lookup, normalize_dtype
-from tracer.safety import GlobalModuleHook, warn
+from tracer.safety import GlobalModuleHook, describe, warn
 from tracer.schema import part_paths
 
 __all__ = ["Meter"]
@@ -304,7 +304,7 @@ class Meter:
     def _failed(self, exc):
         self.errors += 1
         if self.errors == 1:
-            warn(f"optrace: meter: could not meter a step ({type(exc).__name__}: {exc}); the program runs on")
+            warn(f"optrace: meter: could not meter a step ({describe(exc)}); the program runs on")
 
     def _end_step(self, seconds, tokens, now):
         nodes = _nodes_made() - self._nodes

@@ -21,7 +21,7 @@ from tracer.dispatch import _tensors, _TraceMode, compiled_spec, make_inert
 from tracer.layouts import STRIDED, describe, odd_flops, register_subclass
 from tracer.native import choose, wanted as wanted_collector
 from tracer.metadata import Roles, dtype_name, now, register_at_entry, run_metadata, state_tensors
-from tracer.safety import interrupts_deferred, warn, write_failure_message
+from tracer.safety import describe, interrupts_deferred, warn, write_failure_message
 from tracer.schema import CAUSAL_NONE, INT64_MAX, MAX_TOKENS, MIN_STEP_TIME_S, NO_VALUE, FlopBasis
 from tracer.storage import StorageTable
 from tracer.timing import check_timing, make_timer
@@ -314,11 +314,11 @@ class Tracer:
             self._closed = True
             return False
         if exc is not None:
-            self._meta["error"] = f"{exc_type.__name__}: {exc}"
+            self._meta["error"] = describe(exc)  # its own description cannot fail: the program gets its exception
         try:
             self._close(complete=exc is None)
         except Exception as failure:
-            warn(f"optrace: could not finish trace {self.path!r} ({type(failure).__name__}: {failure})")
+            warn(f"optrace: could not finish trace {self.path!r} ({describe(failure)})")
         if self._attr.unnamed_backward:
             warn(
                 f"optrace: {self._attr.unnamed_backward} backward ops of trace {self.path!r} have no module: an engine run "
@@ -414,8 +414,8 @@ class Tracer:
         try:  # the marker counts the late part too: a reader names it missing when it is deleted
             write_facts(self._writer.directory, self._facts())
         except Exception as exc:
-            warn(f"optrace: {what}: updating the marker of {self._writer.directory!r} failed ({type(exc).__name__}: "
-                 f"{exc}); the part is written")
+            warn(f"optrace: {what}: updating the marker of {self._writer.directory!r} failed ({describe(exc)}); "
+                 "the part is written")
 
     # the hot path ------------------------------------------------------------------
     def _record(self, info, args, kwargs, out, start, duration, wrapped_grad=False):
@@ -644,7 +644,7 @@ class Tracer:
     def _record_failed(self, op, exc):
         self._errors += 1
         if self._errors == 1:
-            warn(f"optrace: could not record {op} ({type(exc).__name__}: {exc}); the op ran normally")
+            warn(f"optrace: could not record {op} ({describe(exc)}); the op ran normally")
 
     # the rest ----------------------------------------------------------------------
     def _first_device(self, device, tensor=None):
@@ -682,7 +682,7 @@ class Tracer:
             self._lost_rows += len(rows)
             self._roles.put_back(meta["storage_roles"])
             if self._write_error is None:
-                self._write_error = f"{os.path.basename(file)}: {type(exc).__name__}: {exc}"
+                self._write_error = f"{os.path.basename(file)}: {describe(exc)}"
                 warn(write_failure_message(file, exc, len(rows)))
             return False
         except BaseException:
@@ -729,8 +729,8 @@ class Tracer:
             (merge or self._writer.merge_parts)()
         except Exception as exc:
             self._writer.small.stop()
-            warn(f"optrace: trace {self._writer.directory!r}: merging its small parts failed ({type(exc).__name__}: "
-                 f"{exc}); nothing is lost: optrace reads the parts as they are")
+            warn(f"optrace: trace {self._writer.directory!r}: merging its small parts failed ({describe(exc)}); "
+                 "nothing is lost: optrace reads the parts as they are")
 
     def _facts(self):
         """What the marker keeps when every part write fails: enough to report the damage."""
