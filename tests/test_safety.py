@@ -482,7 +482,7 @@ def test_a_formula_raising_an_unprintable_exception_never_reaches_the_op(tmp_pat
 
 
 def test_describe_never_raises():
-    from tracer.safety import describe
+    from tracer.safety import describe_exception
 
     class NoName(type):
         @property
@@ -492,9 +492,9 @@ def test_describe_never_raises():
     class Hostile(_Unprintable, metaclass=NoName):
         pass
 
-    assert describe(ValueError("bad")) == "ValueError: bad"
-    assert describe(_Unprintable()) == "_Unprintable (message not printable: its __str__ raised AttributeError)"
-    assert describe(Hostile()) == "exception (message not printable: its __str__ raised AttributeError)"
+    assert describe_exception(ValueError("bad")) == "ValueError: bad"
+    assert describe_exception(_Unprintable()) == "_Unprintable (message not printable: its __str__ raised AttributeError)"
+    assert describe_exception(Hostile()) == "exception (message not printable: its __str__ raised AttributeError)"
 
 
 @pytest.mark.parametrize("sig", ["SIGINT", "SIGKILL"])

@@ -114,7 +114,7 @@ class GlobalModuleHook:
             _asked.clear()
 
 
-def describe(exc):
+def describe_exception(exc):
     """"TypeName: message" of an exception, for a warning or the metadata; never raises: an exception whose
     `__str__` (or its class's name) fails is described by what can be read, "TypeName (message not printable:
     ...)"."""
@@ -139,7 +139,7 @@ def write_failure_message(file, exc, rows):
         hint = _HINTS.get(getattr(exc, "errno", None))
     except Exception:  # an errno that does not hash
         hint = None
-    reason = describe(exc) + (f"; {hint}" if hint else "")
+    reason = describe_exception(exc) + (f"; {hint}" if hint else "")
     return (
         f"optrace: could not write {file} ({reason}); its {rows} rows are lost, the program goes on "
         "and the trace will say so"
