@@ -298,8 +298,8 @@ class Tracer:
             return
         if threading.get_ident() == self._thread:  # a mode entered before the Tracer was left inside its block
             left = take_off_exited(self._below)
-            warn(f"optrace: trace {self.path!r}: the dispatch mode {left or 'entered before the Tracer'} was left inside "
-                 "the Tracer's block and took the tracer's mode off the stack with it; the ops after that are not in "
+            warn(f"optrace: trace {self.path!r}: the dispatch mode {left or 'entered before the Tracer'} was left "
+                 "inside the Tracer's block and took the tracer's mode off the stack with it; the ops after that are not in "
                  "the trace")
             return
         make_inert(self._mode)
@@ -323,7 +323,7 @@ class Tracer:
             self._term.remove()
             return False
         if exc is not None:
-            self._meta["error"] = describe_exception(exc)  # its own description cannot fail: the program gets its exception
+            self._meta["error"] = describe_exception(exc)  # cannot fail: the program gets its own exception
         try:
             self._close(complete=exc is None)
         except Exception as failure:
@@ -427,8 +427,8 @@ class Tracer:
         try:  # the marker counts the late part too: a reader names it missing when it is deleted
             write_facts(self._writer.directory, self._facts())
         except Exception as exc:
-            warn(f"optrace: {what}: updating the marker of {self._writer.directory!r} failed ({describe_exception(exc)}); "
-                 "the part is written")
+            warn(f"optrace: {what}: updating the marker of {self._writer.directory!r} failed "
+                 f"({describe_exception(exc)}); the part is written")
         if self._term_pending:  # a SIGTERM held while the part was written (tracer/signals.py)
             self._term.due(sys._getframe(1))
 
@@ -755,8 +755,8 @@ class Tracer:
             (merge or self._writer.merge_parts)()
         except Exception as exc:
             self._writer.small.stop()
-            warn(f"optrace: trace {self._writer.directory!r}: merging its small parts failed ({describe_exception(exc)}); "
-                 "nothing is lost: optrace reads the parts as they are")
+            warn(f"optrace: trace {self._writer.directory!r}: merging its small parts failed "
+                 f"({describe_exception(exc)}); nothing is lost: optrace reads the parts as they are")
 
     def _facts(self):
         """What the marker keeps when every part write fails: enough to report the damage."""

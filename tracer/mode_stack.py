@@ -60,7 +60,8 @@ def take_off_exited(below):
     `__exit__` pops the top of the stack) took the tracer's mode off in its place; its exit set torch's flags back."""
     names = []
     for mode, enters in below:
-        if len(getattr(mode, _FLAGS[0][1], ())) < enters and depth_of(mode) is not None and not hasattr(mode, "_mode_key"):
+        exited = len(getattr(mode, _FLAGS[0][1], ())) < enters
+        if exited and depth_of(mode) is not None and not hasattr(mode, "_mode_key"):
             with lifted_over(mode):
                 torch._C._pop_torch_dispatch_stack(None)
             names.append(type(mode).__name__)
