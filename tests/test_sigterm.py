@@ -204,3 +204,41 @@ def test_a_forked_child_ends_by_sigterm_as_untraced_and_writes_nothing(tmp_path)
     meta = read_metadata(path)
     assert meta["complete"] is True and "signal" not in meta
     assert reports.load(path)["op"].tolist() == ["aten.ones.default", "aten.add.Tensor", "aten.sub.Tensor"]
+
+
+def test_no_handler_from_another_thread_and_a_row_held_on_another_thread_is_acted_on_in_the_main_one(tmp_path):
+    import threading
+    import time
+
+    seen = []
+    before = signal.signal(signal.SIGTERM, lambda signum, frame: seen.append(signum))
+    try:
+        def traced_elsewhere():
+            with Tracer(tmp_path / "thread"):
+                seen.append(signal.getsignal(signal.SIGTERM) is before_thread)
+
+        before_thread = signal.getsignal(signal.SIGTERM)
+        worker = threading.Thread(target=traced_elsewhere)
+        worker.start()
+        worker.join()
+        assert seen == [True]  # entered on a thread that cannot set signals: nothing installed
+        seen.clear()
+        with Tracer(tmp_path / "t") as tr:
+            torch.ones(2) + 1
+            tr._term.pending = (signal.SIGTERM, None)  # as if held while an engine thread made a row (recording())
+            tr._term_pending = True
+            worker = threading.Thread(target=tr._term.due, args=(None,))
+            worker.start()
+            worker.join()  # due() on that thread hands the signal to the main thread (_thread.interrupt_main)
+            for _ in range(100):  # the main thread runs the handler at its next check
+                if seen:
+                    break
+                time.sleep(0.01)
+            assert seen == [signal.SIGTERM]  # the program's handler, once, on the main thread
+            assert tr._term.pending is None
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    meta = read_metadata(tmp_path / "t")
+    assert meta["signal"] == "SIGTERM" and meta["complete"] is False
+    with pytest.warns(UserWarning, match="stopped by SIGTERM"):
+        assert len(reports.load(tmp_path / "t")) == 2  # ones, add: written at the signal, nothing lost at close
