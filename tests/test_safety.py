@@ -430,6 +430,73 @@ def test_an_exception_in_forward_reaches_the_user(tmp_path):
     assert meta["complete"] is False and meta["error"].startswith("RuntimeError: mat1 and mat2")
 
 
+class _Unprintable(Exception):
+    """An exception whose message cannot be formatted."""
+
+    def __str__(self):
+        raise AttributeError("no message here")
+
+
+@pytest.mark.parametrize("collector", ["compiled", "python"])
+def test_an_exception_whose_str_raises_reaches_the_user_unchanged(tmp_path, monkeypatch, collector):
+    if collector == "python":
+        monkeypatch.setenv("OPTRACE_COLLECTOR", "python")
+    thrown = _Unprintable()
+    with pytest.raises(_Unprintable) as caught:
+        with Tracer(tmp_path / "t"):
+            torch.ones(2) * 3
+            raise thrown
+    assert caught.value is thrown  # the program's own object (before: AttributeError from optrace)
+    meta = read_metadata(tmp_path / "t")
+    assert meta["complete"] is False
+    assert meta["error"] == "_Unprintable (message not printable: its __str__ raised AttributeError)"
+    assert len(pd.read_parquet(tmp_path / "t")) == 2  # ones, mul (before: 0 parts, the lock left)
+    with Tracer(tmp_path / "t"):  # no lock left behind
+        torch.ones(1)
+
+
+_LIBRARY = []
+
+
+@pytest.mark.parametrize("collector", ["compiled", "python"])
+def test_a_formula_raising_an_unprintable_exception_never_reaches_the_op(tmp_path, monkeypatch, collector):
+    if collector == "python":
+        monkeypatch.setenv("OPTRACE_COLLECTOR", "python")
+    if not _LIBRARY:  # one op for both collectors, its formula raising the unprintable exception
+        _LIBRARY.append(torch.library.Library("optrace_unprintable_test", "DEF"))
+        _LIBRARY[0].define("twice(Tensor x) -> Tensor")
+        _LIBRARY[0].impl("twice", lambda x: x * 2, "CompositeExplicitAutograd")
+
+        @tracer.register_flop_formula(torch.ops.optrace_unprintable_test.twice, kind="elementwise")
+        def hostile(x_shape, out_shape=None, **kwargs):
+            raise _Unprintable()
+
+    with pytest.warns(UserWarning, match=r"could not record optrace_unprintable_test.twice.default \(_Unprintable "
+                                         r"\(message not printable: its __str__ raised AttributeError\)\); the op ran"):
+        with Tracer(tmp_path / "t"):
+            out = torch.ops.optrace_unprintable_test.twice(torch.ones(2)) + 1
+    assert out.tolist() == [3.0, 3.0]  # (1 * 2) + 1; before: AttributeError from the op
+    meta = read_metadata(tmp_path / "t")
+    assert meta["complete"] is True and meta["record_errors"] == 1
+    assert pd.read_parquet(tmp_path / "t")["op"].tolist() == ["aten.ones.default", "aten.add.Tensor"]
+
+
+def test_describe_never_raises():
+    from tracer.safety import describe_exception
+
+    class NoName(type):
+        @property
+        def __name__(cls):
+            raise RuntimeError("no name either")
+
+    class Hostile(_Unprintable, metaclass=NoName):
+        pass
+
+    assert describe_exception(ValueError("bad")) == "ValueError: bad"
+    assert describe_exception(_Unprintable()) == "_Unprintable (message not printable: its __str__ raised AttributeError)"
+    assert describe_exception(Hostile()) == "exception (message not printable: its __str__ raised AttributeError)"
+
+
 @pytest.mark.parametrize("sig", ["SIGINT", "SIGKILL"])
 def test_a_signal_in_a_subprocess_keeps_flushed_rows(tmp_path, sig):
     path = tmp_path / "t"

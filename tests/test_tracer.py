@@ -346,6 +346,22 @@ def test_time_step_measures_untraced_steps():
     assert len(calls) == 5 and len(timing["times_s"]) == 3 and timing["median_s"] >= 0
 
 
+@pytest.mark.parametrize("call, what", [
+    (lambda device, ran: tracer.time_step(lambda: ran.append(1), device=device), "time_step"),
+    (lambda device, ran: tracer.matmul_ceiling(device, n=4), "matmul_ceiling"),
+], ids=["time_step", "matmul_ceiling"])
+def test_a_cuda_device_without_cuda_is_refused_in_one_line(monkeypatch, call, what):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # as on a machine without CUDA
+    ran = []
+    with pytest.raises(TraceError, match=rf"^{what}: device 'cuda' asked for, but CUDA is not available in this "
+                                         r"process \(torch.cuda.is_available\(\) is False\); pass device='cpu' or leave it out$"):
+        call("cuda", ran)  # before: time_step timed the CPU unsynchronised; matmul_ceiling raised torch's error
+    with pytest.raises(TraceError, match=rf"^{what}: device must be a torch.device or a device string such as 'cpu' "
+                                         r"or 'cuda:0', got 'gpu'$"):
+        call("gpu", ran)
+    assert ran == []  # refused before the warm-up calls
+
+
 def test_a_failing_formula_does_not_break_the_program(tmp_path):
     lib = torch.library.Library("optrace_tracer_test", "DEF")
     lib.define("twice(Tensor x) -> Tensor")

@@ -87,6 +87,8 @@ struct Dispatch {
   int busy;  // ops inside `run` (another thread's, while this one runs Python): close waits for them to clear
   bool clear_when_idle;
   int64_t recorded;  // rows this hook wrote itself
+  int recording;  // rows being made (`record`): a SIGTERM then is held (tracer/signals.py) until they are whole
+  bool held;  // a SIGTERM came while a row was made: Tracer._signal_due once none is
   Constants k;
   std::unordered_map<PyObject*, Op>* ops;
 };
@@ -664,6 +666,22 @@ PyObject* python_hook(PyObject* hook, PyObject* mode, PyObject* func, PyObject* 
 
 int Dispatch_clear(PyObject* o);
 
+// `result` once a SIGTERM held while a row was made (`held`) has been handed to Tracer._signal_due: nullptr with
+// its error when that raised (the program's own handler's SystemExit).
+PyObject* signal_due(Dispatch* self, PyObject* result) {
+  if (!self->held || self->recording) {
+    return result;
+  }
+  self->held = false;
+  PyObject* done = PyObject_CallMethodNoArgs(self->tracer, s__signal_due);
+  if (done == nullptr) {
+    Py_DECREF(result);
+    return nullptr;
+  }
+  Py_DECREF(done);
+  return result;
+}
+
 // The op through the hook's state `self`: its result, or nullptr with an error set.
 PyObject* run(Dispatch* self, PyObject* mode, PyObject* func, PyObject* types, PyObject* args, PyObject* kwargs) {
   if (self->closed) {  // the trace is over: the mode's class decides
@@ -719,8 +737,11 @@ PyObject* run(Dispatch* self, PyObject* mode, PyObject* func, PyObject* types, P
     return nullptr;
   }
   bool whole = false;
-  if (record(self, *op, args, kwargs, result, start, duration, &whole) == 0) {
-    return result;
+  self->recording++;
+  int failed = record(self, *op, args, kwargs, result, start, duration, &whole);
+  self->recording--;
+  if (failed == 0) {
+    return signal_due(self, result);
   }
   if (!PyErr_ExceptionMatches(PyExc_Exception)) {  // a KeyboardInterrupt: the program gets it (record dropped a half-made row)
     Py_DECREF(result);
@@ -738,7 +759,7 @@ PyObject* run(Dispatch* self, PyObject* mode, PyObject* func, PyObject* types, P
     return nullptr;
   }
   Py_DECREF(told);
-  return result;
+  return signal_due(self, result);
 }
 
 // mode.__torch_dispatch__(func, types, args=(), kwargs=None), bound to the mode.
@@ -948,6 +969,8 @@ PyObject* Dispatch_new(PyTypeObject* type, PyObject*, PyObject*) {
     self->busy = 0;
     self->clear_when_idle = false;
     self->recorded = 0;
+    self->recording = 0;
+    self->held = false;
   }
   return reinterpret_cast<PyObject*>(self);
 }
@@ -1036,10 +1059,21 @@ PyObject* Dispatch_recorded(PyObject* o, PyObject*) {
   return PyLong_FromLongLong(reinterpret_cast<Dispatch*>(o)->recorded);
 }
 
+PyObject* Dispatch_recording(PyObject* o, PyObject*) {
+  return PyBool_FromLong(reinterpret_cast<Dispatch*>(o)->recording > 0);
+}
+
+PyObject* Dispatch_hold(PyObject* o, PyObject*) {
+  reinterpret_cast<Dispatch*>(o)->held = true;
+  Py_RETURN_NONE;
+}
+
 PyMethodDef Dispatch_methods[] = {
     {"close", Dispatch_close, METH_NOARGS, "drop every reference: the hook then hands every op to Python"},
     {"ops", Dispatch_ops, METH_NOARGS, "how many ops the table holds"},
     {"recorded", Dispatch_recorded, METH_NOARGS, "how many rows the hook wrote itself (the others, Python's)"},
+    {"recording", Dispatch_recording, METH_NOARGS, "whether a row is being made (a signal now is held: hold())"},
+    {"hold", Dispatch_hold, METH_NOARGS, "call Tracer._signal_due once the row being made is whole"},
     {nullptr, nullptr, 0, nullptr},
 };
 

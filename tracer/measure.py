@@ -28,7 +28,7 @@ def time_step(fn, *, warmup=2, repeats=5, device=None):
             raise TraceError(f"time_step: {name} must be an int >= {least}, got {value!r}")
     if torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE) is not None or _tracing_active():
         raise TraceError("time_step: call it outside the Tracer (and outside FakeTensorMode): traced time is not step time")
-    device = torch.device(device) if device is not None else None
+    device = _usable_device("time_step", device) if device is not None else None
     for _ in range(warmup):
         fn()
     if device is not None:
@@ -53,6 +53,24 @@ def time_step(fn, *, warmup=2, repeats=5, device=None):
         "repeats": repeats,
         "device": device_info(device),
     }
+
+
+def _usable_device(what, device):
+    """`device` as a torch.device this process can run on; else a one-line TraceError (a CUDA device without CUDA
+    would be timed on the CPU, unsynchronised, or fail in torch)."""
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise TraceError(f"{what}: device must be a torch.device or a device string such as 'cpu' or 'cuda:0', "
+                         f"got {device!r}") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise TraceError(f"{what}: device {str(device)!r} asked for, but CUDA is not available in this process "
+                             "(torch.cuda.is_available() is False); pass device='cpu' or leave it out")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise TraceError(f"{what}: device {str(device)!r} asked for, but this process sees "
+                             f"{torch.cuda.device_count()} CUDA device(s)")
+    return device
 
 
 def _tracing_active():
@@ -83,7 +101,7 @@ def matmul_ceiling(device="cpu", dtype=torch.float32, n=2048, trials=5):
         raise TraceError(f"matmul_ceiling: n must be a positive int, got {n!r}")
     if not isinstance(dtype, torch.dtype):
         raise TraceError(f"matmul_ceiling: dtype must be a torch.dtype, got {dtype!r}")
-    device = torch.device(device)
+    device = _usable_device("matmul_ceiling", device)
     a = torch.randn(n, n, device=device).to(dtype)
     b = torch.randn(n, n, device=device).to(dtype)
     seconds = time_matmul(a, b, trials=trials)

@@ -38,9 +38,9 @@ signature's scaled by input elements, flagged `flops_estimated` (see _estimate).
                   that carries most matmul FLOPs (the table reports.mfu uses).
 
 The per-step table goes to the trace's run metadata under `meter` (see `table`),
-written with every traced step, 60 s into the run and then each time the run has doubled
-its age (log2 writes: a killed run keeps the table of at least half its steps; the table
-costs about 40 bytes a step), and at close.
+written with every traced step, at the first metered step and then each time the number of
+steps has doubled (log2 writes: a killed run keeps the table of at least half its steps; the
+table costs about 40 bytes a step), at a SIGTERM (tracer/signals.py) and at close.
 """
 
 import atexit
@@ -58,16 +58,16 @@ from tracer.device import cuda_in_use, sync_all_cuda
 from tracer.dispatch import make_inert
 from tracer.errors import TraceError
 from tracer.meter_flops import READ, input_size, settled, signature, step_flops, token_count
-from tracer.meter_modes import depth_of, lifted_above, lifted_over
+from tracer.mode_stack import depth_of
 from tracer.mode import Tracer
 from tracer.peaks import lookup, normalize_dtype
-from tracer.safety import GlobalModuleHook, warn
+from tracer.safety import GlobalModuleHook, describe_exception, warn
 from tracer.schema import part_paths
 
 __all__ = ["Meter"]
 
 _MAX_TRACE_FAILURES = 3  # traced steps whose FLOPs could not be read before the meter stops re-tracing
-_FIRST_WRITE_S = 60.0  # the table is written 60 s into the run, then each time the run has doubled its age
+_FIRST_WRITE = 1  # the table is written at the first metered step, then each time the number of steps doubles
 # graph nodes made so far by this thread (torch >= 2.1; without it the signature is the root's inputs alone)
 _nodes_made = getattr(torch.autograd, "_get_sequence_nr", lambda: 0)
 # True while Dynamo traces the hooks with a compiled root: they then do nothing (the thread check in them is a builtin
@@ -132,7 +132,7 @@ class Meter:
         self._pending = {}  # signature -> steps that ran with it before its trace
         self._inputs, self._grads = [], []  # the root's input signatures; grad mode at each root call
         self._calls, self._counting = {}, None  # module class -> calls in root calls without grad; their hook
-        self._next_write, self._closed, self._sync, self._use_sync = _FIRST_WRITE_S, False, None, sync
+        self._next_write, self._closed, self._sync, self._use_sync = _FIRST_WRITE, False, None, sync
         self._handles = []
         self._optimizer_steps = 0  # optimizer steps the step ran (a GradScaler skips one whose gradients overflowed)
         self._stepped = register_optimizer_step_post_hook(self._optimizer_stepped)
@@ -143,16 +143,16 @@ class Meter:
             self._remove_hooks()
             self._stepped.remove()
             raise
-        self._depth = depth_of(self._tracer._mode)  # where the tracer's mode goes back on at a re-trace
         self.warmup = warmup
         self._tracing, self._reclock, self._trace_failures = True, False, 0
         self._first_seq = self._next_seq()  # the traced step's rows: from here to the pause
+        self._tracer._term.before_flush.append(self._table_at_signal)  # a SIGTERM writes the table with the rows
         if warmup:  # the first steps run untraced (compilation, autotuning, lazy state): timed, FLOPs from a later trace
             self._pause_tracer()
             self._tracing = False
             self._sync = _sync_for(self._tracer._device) if sync else None
         self._begins = self._retrace = False  # begin() has been called; a trace waits for the next begin()
-        self._began = self._started = time.perf_counter()
+        self._began = time.perf_counter()
         self._nodes = _nodes_made()  # the autograd sequence number where the step began
         self._held = None  # what _hold() keeps until _release()
         atexit.register(self._at_exit)  # a loop that never calls close() still gets its table written
@@ -305,7 +305,7 @@ class Meter:
     def _failed(self, exc):
         self.errors += 1
         if self.errors == 1:
-            warn(f"optrace: meter: could not meter a step ({type(exc).__name__}: {exc}); the program runs on")
+            warn(f"optrace: meter: could not meter a step ({describe_exception(exc)}); the program runs on")
 
     def _end_step(self, seconds, tokens, now):
         nodes = _nodes_made() - self._nodes
@@ -349,8 +349,8 @@ class Meter:
             else:
                 self._resume()
                 self._tracing = True
-        elif not traced and now - self._started >= self._next_write:
-            self._next_write = 2 * (now - self._started)
+        elif not traced and index + 1 >= self._next_write:  # steps 0..index in the table: written at least half
+            self._next_write = 2 * (index + 1)
             self._reclock = True
             self._write()
         return self.figures(index)
@@ -414,14 +414,12 @@ class Meter:
         self._first_seq = self._next_seq()
         self._resume_tracer()
 
-    # the tracer's mode off and on at its own place in the stack (tracer/meter_modes.py) -----------------
+    # the tracer's mode off and on at its own place in the stack (tracer/mode_stack.py) -----------------
     def _pause_tracer(self):
-        with lifted_over(self._tracer._mode):
-            self._tracer._pause()
+        self._tracer._pause()
 
     def _resume_tracer(self):
-        with lifted_above(self._depth):
-            self._tracer._resume()
+        self._tracer._resume()
 
     def _read_trace(self):
         """Pause the tracer after a traced step and read that step's FLOPs back from its parts."""
@@ -471,8 +469,13 @@ class Meter:
         trace), first_step], steps: {step, step_time_s, tokens, trace (index into traces, -1: FLOPs unknown),
         traced, scale (null, or the factor an estimate scales the trace's FLOPs by): column lists},
         max_traces, errors}."""
-        return {"traces": [dict(t) for t in self._traces], "steps": {k: list(v) for k, v in self._steps.items()},
+        whole = min(len(v) for v in self._steps.values())  # a step half appended (a SIGTERM in _end_step): left out
+        return {"traces": [dict(t) for t in self._traces], "steps": {k: v[:whole] for k, v in self._steps.items()},
                 "max_traces": self.max_traces, "errors": self.errors}
+
+    def _table_at_signal(self):
+        if not self._closed:
+            self._tracer._meta["meter"] = self.table()
 
     def _write(self):
         """Write the table now (one metadata-only part)."""
@@ -519,8 +522,7 @@ class Meter:
                 make_inert(tr._mode)  # left on that thread's stack, it runs what comes there untraced
                 torch._C._push_on_torch_dispatch_stack(tr._mode)  # for the Tracer's exit to pop here, with its flags
         finally:
-            with lifted_over(tr._mode):
-                tr.__exit__(type(exc) if exc is not None else None, exc, None)
+            tr.__exit__(type(exc) if exc is not None else None, exc, None)
 
     def _at_exit(self):
         """Close at the interpreter's exit; after an unhandled exception (Python sets sys.last_exc, before 3.12

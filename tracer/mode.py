@@ -4,6 +4,7 @@ The dispatch mode that calls `Tracer._record` for every op is in tracer/dispatch
 
 import math
 import os
+import sys
 import threading
 import time
 import uuid
@@ -21,7 +22,8 @@ from tracer.dispatch import _tensors, _TraceMode, compiled_spec, make_inert
 from tracer.layouts import STRIDED, describe, odd_flops, register_subclass
 from tracer.native import choose, wanted as wanted_collector
 from tracer.metadata import Roles, dtype_name, now, register_at_entry, run_metadata, state_tensors
-from tracer.safety import interrupts_deferred, warn, write_failure_message
+from tracer.signals import TermHandler, unsafe
+from tracer.safety import describe_exception, interrupts_deferred, warn, write_failure_message
 from tracer.schema import CAUSAL_NONE, INT64_MAX, MAX_TOKENS, MIN_STEP_TIME_S, NO_VALUE, FlopBasis
 from tracer.storage import StorageTable
 from tracer.timing import check_timing, make_timer
@@ -36,6 +38,7 @@ from tracer.writer import (
     release_directory,
 )
 from tracer.directory import still_ours, write_facts
+from tracer.mode_stack import depth_of, entered_below, lifted_above, lifted_over, refit_infra, take_off_exited
 
 Tensor = torch.Tensor
 _perf_ns = time.perf_counter_ns
@@ -156,7 +159,10 @@ class Tracer:
         return os.getpid() != self._pid
 
     def _undo_start(self):
-        """Remove the global hooks and the active mark a failed `_start` may have left."""
+        """Remove the global hooks, the SIGTERM handler and the active mark a failed `_start` may have left."""
+        term = getattr(self, "_term", None)
+        if term is not None:
+            term.remove()
         hot = getattr(self, "_hot", None)
         if hot is not None:
             hot.close()
@@ -171,6 +177,8 @@ class Tracer:
             Tracer._active = None
 
     def _start(self):
+        self._term = TermHandler(self)
+        self._term_pending = False  # a SIGTERM held until a row or part is whole (TermHandler.due)
         self._pending = []  # (rows, metadata) of parts a KeyboardInterrupt stopped mid-write
         self._write_error = None  # "file: OS error" of the first failed write
         self._completions = collectives.Completions(FIELD["duration_ns"], FIELD["busy_ns"], ROW_WIDTH)
@@ -218,6 +226,8 @@ class Tracer:
         if first is not None:
             self._first_device(first.device, first)
         self._mode = _TraceMode(self)
+        self._depth = None  # its position in the dispatch mode stack once entered (tracer/mode_stack.py)
+        self._thread = threading.get_ident()  # the thread whose stack holds the mode
         on_meta = first is not None and first.device.type == "meta"
         self._attention = MetaAttention(fused=self.meta_attention == "fused") if on_meta else None
         self._attr = Attribution(
@@ -237,6 +247,7 @@ class Tracer:
             self._hot = self._native.Dispatch(self, _TraceMode.__torch_dispatch__, compiled_spec())
             self._mode.use_compiled(self._hot, self._native.dispatch_for(self._mode))
         self._install()
+        self._term.install()  # SIGTERM: the rows so far written first (tracer/signals.py)
 
     def _install(self):
         """Put on what recording needs: compiled code eager, Dynamo's skips noted, the module and optimizer hooks,
@@ -248,7 +259,13 @@ class Tracer:
         self._dynamo.install()
         self._attr.install()
         self._unsharded.install()
-        self._mode.__enter__()
+        if self._depth is None:  # entry: on top; where it goes back on at `_resume`, under the modes entered after it
+            self._mode.__enter__()
+            self._depth = depth_of(self._mode)
+            self._below = entered_below(self._depth)
+        else:
+            with lifted_above(self._depth):
+                self._mode.__enter__()
         if self._attention is not None:
             self._attention.install()
 
@@ -289,13 +306,22 @@ class Tracer:
             self._meta["compiled_codes_given_back"] = self._meta.get("compiled_codes_given_back", 0) + given
 
     def _leave_modes(self):
-        """Take the dispatch mode off the stack of the thread that entered it (and the meta attention kernel off). Left
-        on another thread, whose stack does not hold them, the mode becomes inert where it stands: it passes every op
-        through, and nothing more is recorded."""
+        """Take the dispatch mode off the stack of the thread that entered it, wherever it stands there: the modes the
+        program entered after it stay on, in their order (tracer/mode_stack.py); and the meta attention kernel off.
+        Left on another thread, whose stack does not hold them, the mode becomes inert where it stands: it passes
+        every op through, and nothing more is recorded."""
         if self._attention is not None:
             self._attention.remove()
         if self._mode in _mode_stack():
-            self._mode.__exit__(None, None, None)
+            with lifted_over(self._mode):
+                self._mode.__exit__(None, None, None)
+                refit_infra(self._below)
+            return
+        if threading.get_ident() == self._thread:  # a mode entered before the Tracer was left inside its block
+            left = take_off_exited(self._below)
+            warn(f"optrace: trace {self.path!r}: the dispatch mode {left or 'entered before the Tracer'} was left "
+                 "inside the Tracer's block and took the tracer's mode off the stack with it; the ops after that are not in "
+                 "the trace")
             return
         make_inert(self._mode)
         warn(f"optrace: trace {self.path!r} was left on another thread than the one that entered it; its mode stays "
@@ -315,13 +341,16 @@ class Tracer:
             Tracer._active = None
         if self._in_child():
             self._closed = True
+            self._term.remove()
             return False
         if exc is not None:
-            self._meta["error"] = f"{exc_type.__name__}: {exc}"
+            self._meta["error"] = describe_exception(exc)  # cannot fail: the program gets its own exception
         try:
             self._close(complete=exc is None)
         except Exception as failure:
-            warn(f"optrace: could not finish trace {self.path!r} ({type(failure).__name__}: {failure})")
+            warn(f"optrace: could not finish trace {self.path!r} ({describe_exception(failure)})")
+        finally:
+            self._term.remove()  # after the close: a SIGTERM until then still writes the rows first
         if self._attr.unnamed_backward:
             warn(
                 f"optrace: {self._attr.unnamed_backward} backward ops of trace {self.path!r} have no module: an engine run "
@@ -332,6 +361,8 @@ class Tracer:
                 f"optrace: trace {self.path!r} is incomplete: {self._lost_rows} rows lost to write errors "
                 f"(first: {self._write_error})"
             )
+        if self._term_pending:  # a SIGTERM that came while the trace closed: it does now what it does untraced
+            self._term.due(sys._getframe(1))
         return False
 
     def step(self):
@@ -407,8 +438,10 @@ class Tracer:
         try:  # the marker counts the late part too: a reader names it missing when it is deleted
             write_facts(self._writer.directory, self._facts())
         except Exception as exc:
-            warn(f"optrace: {what}: updating the marker of {self._writer.directory!r} failed ({type(exc).__name__}: "
-                 f"{exc}); the part is written")
+            warn(f"optrace: {what}: updating the marker of {self._writer.directory!r} failed "
+                 f"({describe_exception(exc)}); the part is written")
+        if self._term_pending:  # a SIGTERM held while the part was written (tracer/signals.py)
+            self._term.due(sys._getframe(1))
 
     # the hot path ------------------------------------------------------------------
     def _record(self, info, args, kwargs, out, start, duration, wrapped_grad=False):
@@ -495,6 +528,8 @@ class Tracer:
             timer.bind(rows)
         if len(rows.ints) >= self._flush_at:
             self._flush()
+        if self._term_pending:  # the row is whole: a SIGTERM held meanwhile goes on (tracer/signals.py)
+            self._term.due(sys._getframe(1))
 
     def _device_of(self, first, device_key=None):
         """The device name id of a row whose first tensor is `first` (None: no tensor), noted under the compiled
@@ -634,10 +669,16 @@ class Tracer:
                  "storage(s)) was alive when the Tracer was entered but was not found then; live_bytes before its "
                  "step does not count it")
 
+    def _signal_due(self):
+        """The compiled hook's call once the row it made while a SIGTERM came is whole (tracer/signals.py)."""
+        self._term.due(sys._getframe(1))
+
     def _record_failed(self, op, exc):
         self._errors += 1
         if self._errors == 1:
-            warn(f"optrace: could not record {op} ({type(exc).__name__}: {exc}); the op ran normally")
+            warn(f"optrace: could not record {op} ({describe_exception(exc)}); the op ran normally")
+        if self._term_pending:  # a SIGTERM held while the failed row was made
+            self._term.due(sys._getframe(1))
 
     # the rest ----------------------------------------------------------------------
     def _first_device(self, device, tensor=None):
@@ -659,7 +700,10 @@ class Tracer:
         rows, self._rows = self._rows, RowBuffer(self._rows.first_seq + len(self._rows))
         self._completions.apply(rows)  # collectives end when their work completed, not at launch
         meta["collectives_untimed"] = self._completions.untimed
-        return self._write(rows, meta)
+        written = self._write(rows, meta)
+        if self._term_pending:  # the part is whole: a SIGTERM held meanwhile goes on (tracer/signals.py)
+            self._term.due(sys._getframe(1))
+        return written
 
     def _write(self, rows, meta):
         """Write one part. A failed write loses its rows (seq keeps counting; their storage
@@ -675,7 +719,7 @@ class Tracer:
             self._lost_rows += len(rows)
             self._roles.put_back(meta["storage_roles"])
             if self._write_error is None:
-                self._write_error = f"{os.path.basename(file)}: {type(exc).__name__}: {exc}"
+                self._write_error = f"{os.path.basename(file)}: {describe_exception(exc)}"
                 warn(write_failure_message(file, exc, len(rows)))
             return False
         except BaseException:
@@ -704,7 +748,7 @@ class Tracer:
             pending, self._pending = self._pending, []
             for rows, meta in pending:  # parts a KeyboardInterrupt stopped mid-write
                 self._write(rows, meta)
-            self._meta["complete"] = complete and not self._lost_rows
+            self._meta["complete"] = complete and not self._lost_rows and "signal" not in self._meta
             rows = self._rows
             if not self._flush() and len(rows):  # the last rows are lost: write the facts alone, if space allows
                 self._meta["complete"] = False
@@ -723,8 +767,8 @@ class Tracer:
             (merge or self._writer.merge_parts)()
         except Exception as exc:
             self._writer.small.stop()
-            warn(f"optrace: trace {self._writer.directory!r}: merging its small parts failed ({type(exc).__name__}: "
-                 f"{exc}); nothing is lost: optrace reads the parts as they are")
+            warn(f"optrace: trace {self._writer.directory!r}: merging its small parts failed "
+                 f"({describe_exception(exc)}); nothing is lost: optrace reads the parts as they are")
 
     def _facts(self):
         """What the marker keeps when every part write fails: enough to report the damage."""
@@ -769,3 +813,8 @@ def _after_fork_in_child():
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+# a SIGTERM inside these is held until they are done: a row or a part is half made there (tracer/signals.py)
+unsafe(Tracer._record, Tracer._collect_python, Tracer._flush, Tracer._write, Tracer._close, Tracer._exit,
+       Tracer._merge, Tracer._late_update)

@@ -114,10 +114,32 @@ class GlobalModuleHook:
             _asked.clear()
 
 
+def describe_exception(exc):
+    """"TypeName: message" of an exception, for a warning or the metadata; never raises: an exception whose
+    `__str__` (or its class's name) fails is described by what can be read, "TypeName (message not printable:
+    ...)"."""
+    try:
+        name = type(exc).__name__
+        name = name if isinstance(name, str) else "exception"
+    except Exception:
+        name = "exception"
+    try:
+        return f"{name}: {exc}"
+    except Exception as failure:
+        try:
+            why = type(failure).__name__
+        except Exception:
+            why = "exception"
+        return f"{name} (message not printable: its __str__ raised {why})"
+
+
 def write_failure_message(file, exc, rows):
     """One line: which part could not be written, the OS error, and what it cost."""
-    hint = _HINTS.get(getattr(exc, "errno", None))
-    reason = f"{type(exc).__name__}: {exc}" + (f"; {hint}" if hint else "")
+    try:
+        hint = _HINTS.get(getattr(exc, "errno", None))
+    except Exception:  # an errno that does not hash
+        hint = None
+    reason = describe_exception(exc) + (f"; {hint}" if hint else "")
     return (
         f"optrace: could not write {file} ({reason}); its {rows} rows are lost, the program goes on "
         "and the trace will say so"

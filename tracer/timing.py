@@ -48,7 +48,7 @@ from array import array
 import torch
 
 from tracer.errors import TraceError
-from tracer.safety import warn
+from tracer.safety import describe_exception, warn
 from tracer.schema import NO_VALUE
 from tracer.writer import FIELD, ROW_WIDTH
 
@@ -195,7 +195,7 @@ class EventTimer:
             self._set_anchor()
         except Exception as exc:  # bookkeeping must not break the run: keep the wall times
             self.failed += len(starts)
-            warn(f"optrace: could not read CUDA event times ({type(exc).__name__}: {exc}); "
+            warn(f"optrace: could not read CUDA event times ({describe_exception(exc)}); "
                           f"{len(starts)} ops keep their CPU wall time")  # fmt: skip
             return len(starts)
         finally:

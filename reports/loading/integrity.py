@@ -317,6 +317,20 @@ def _seq_range(part, info):
     return int(low), int(high), info.num_rows
 
 
+def signal_of(meta):
+    """The signal that stopped the traced run (the run metadata's `signal`, set by tracer/signals.py: "SIGTERM"), or
+    None; a value of another form (a foreign file) is None."""
+    sig = meta.get("signal")
+    return sig if isinstance(sig, str) and re.fullmatch(r"SIG[A-Z0-9]{1,12}|signal \d{1,3}", sig) else None
+
+
+def stopped_by(meta):
+    """Why an incomplete trace stopped, in words: "stopped by SIGTERM" when a signal stopped the run, else "cut
+    short"."""
+    sig = signal_of(meta)
+    return f"stopped by {sig}" if sig else "cut short"
+
+
 def describe_damage(facts):
     """The damage facts in words, '' when there are none."""
     words = {

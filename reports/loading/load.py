@@ -10,7 +10,8 @@ import pyarrow as pa
 
 from reports.errors import ReportError
 from reports.loading.columns import LIST_MODES, SharedRuns, concat_frames, has_column, read_table, to_pandas
-from reports.loading.integrity import Footers, check_parts, damage, describe_damage, list_parts, no_parts, one_line, read_marker, reread
+from reports.loading.integrity import (Footers, check_parts, damage, describe_damage, list_parts, no_parts, one_line, read_marker,
+                                       reread, stopped_by)
 from reports.loading.validate import check_metadata_ids, check_rows, max_storage_id
 from tracer.schema import COLUMN_NAMES, SCHEMA_VERSION, merge_metadata, missing_columns
 
@@ -99,7 +100,7 @@ def load(paths, columns=None, lists="objects"):
             frame = _fill_v2(frame, wanted_all, lacks)
         broken = describe_damage(meta["damage"])
         if not meta.get("complete") or broken:  # one warning per trace, every fact in it
-            state = "incomplete (cut short)" if not meta.get("complete") else "damaged"
+            state = f"incomplete ({stopped_by(meta)})" if not meta.get("complete") else "damaged"
             warnings.warn(f"{path}: trace is {state}{': ' + broken if broken else ''}; reporting the {len(frame)} rows it has")
         frames.append(frame)
         runs[name] = meta

@@ -16,7 +16,7 @@ import warnings
 from reports._util import tokens_text
 from reports.errors import ReportError
 from reports.loading.columns import SharedRuns
-from reports.loading.integrity import describe_damage, list_parts, merged_away, one_line
+from reports.loading.integrity import describe_damage, list_parts, merged_away, one_line, signal_of, stopped_by
 from reports.output.report_json import compare_json, sections, strict
 from reports.output.source import Source
 from reports.output.stdout import checked_stdout
@@ -54,6 +54,7 @@ def summary(df, peak_tflops=None, step_time_s=None, ranks_present=None, top=8, s
     return {
         "run": run,
         "complete": bool(meta.get("complete")),
+        "signal": signal_of(meta),  # the signal that stopped the run (tracer/signals.py), or None
         "device": (meta.get("device") or {}).get("name"),
         "params": json_number(table["n_params"].iloc[0]) if table is not None else None,
         "n_rank": json_number(table["n_rank"].iloc[0]) if table is not None else None,  # the N this rank multiplies by
@@ -140,9 +141,10 @@ def _print_report(df, args, out, sql=None):
     src = Source(df, sql)  # every table from the SQL engine when `sql` (a Trace of the run) is given, df then None
     run, meta = src.run()
     device = (meta.get("device") or {}).get("name", "?")
-    state = "complete" if meta.get("complete") else "INCOMPLETE (cut short): figures cover the rows it has"
+    state = "complete" if meta.get("complete") else f"INCOMPLETE ({stopped_by(meta)}): figures cover the rows it has"
     if not meta.get("complete") and meta.get("error"):  # the exception the traced code raised (tracer/mode.py)
-        state = f"INCOMPLETE: the traced code raised {printable(meta['error'])}; figures cover the rows it has"
+        after = f" after {signal_of(meta)}" if signal_of(meta) else ""  # a SIGTERM handler's sys.exit
+        state = f"INCOMPLETE: the traced code raised {printable(meta['error'])}{after}; figures cover the rows it has"
     broken = describe_damage(meta.get("damage") or {})
     if broken:
         state = ("DAMAGED" if meta.get("complete") else state) + f"; {broken}"

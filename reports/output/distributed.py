@@ -4,6 +4,7 @@ step) and, for a trace of several ranks, the ranks side by side with their imbal
 import pandas as pd
 
 from reports.distributed.collectives import FAKE_BACKENDS
+from reports.loading.integrity import stopped_by
 from reports.output.text import human, human_bytes, printable
 
 __all__ = ["print_job", "print_ranks"]
@@ -53,7 +54,7 @@ def print_ranks(src, out):
     for run, rank in zip(table["run"], table["rank"]):  # the first line speaks of rank 0 only
         meta = src.runs.get(run) or {}
         if not meta.get("complete"):
-            why = f"the traced code raised {printable(meta['error'])}" if meta.get("error") else "cut short"
+            why = f"the traced code raised {printable(meta['error'])}" if meta.get("error") else stopped_by(meta)
             print(f"  rank {rank}: INCOMPLETE: {why}; its figures cover the rows it has", file=out)
     imb = src.imbalance()
     print("Imbalance (max / mean over ranks of the time per step)", file=out)

@@ -47,7 +47,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from reports.errors import ReportError
-from reports.loading.integrity import Footers, describe_damage, list_parts, merged_away, one_line, reread
+from reports.loading.integrity import Footers, describe_damage, list_parts, merged_away, one_line, reread, stopped_by
 from reports.loading.load import id_limit, read_run
 from reports.loading.validate import check_rows
 from reports.memory.lifetimes import dtype_sizes
@@ -99,7 +99,7 @@ def _warn_damage(directory, meta):
     broken = describe_damage(meta["damage"])
     if meta.get("complete") and not broken:
         return
-    state = "incomplete (cut short)" if not meta.get("complete") else "damaged"
+    state = f"incomplete ({stopped_by(meta)})" if not meta.get("complete") else "damaged"
     warnings.warn(f"{directory}: trace is {state}{': ' + broken if broken else ''}; exporting the rows it has")
 
 
@@ -377,7 +377,7 @@ def _label(rank, meta):
 
 def _damage_mark(meta):
     if not meta.get("complete"):
-        return " INCOMPLETE (cut short)"
+        return f" INCOMPLETE ({stopped_by(meta)})"
     return " DAMAGED" if describe_damage(meta["damage"]) else ""
 
 

@@ -65,7 +65,8 @@ def print_plan(frame, out):
     m = p["memory"]
     fits = {True: "fits", False: "DOES NOT FIT", None: "N/A"}[p["fits"]]
     if not p["complete"]:  # as the report's first line says it (reports/output/cli.py)
-        why = f": the traced code raised {printable(p['error'])};" if p["error"] else " (cut short):"
+        stop = f"stopped by {p['signal']}" if p.get("signal") else "cut short"
+        why = f": the traced code raised {printable(p['error'])};" if p["error"] else f" ({stop}):"
         print(f"INCOMPLETE{why} the plan covers the rows it has", file=out)
     cpu = p["gpu"] == CPU
     where = p["gpu"] if cpu else f"{p['gpu']} ({p['gpus_per_node']} per node)"

@@ -46,6 +46,7 @@ import numpy as np
 import pandas as pd
 
 from reports.errors import ReportError
+from reports.loading.integrity import signal_of, stopped_by
 from reports.flops.coverage import bounds
 from reports.flops.mfu import mfu as mfu_table
 from reports.flops.peaks import BANDWIDTH, PEAKS, cpu_ideal_flops, match_device, peak_bandwidth
@@ -128,7 +129,7 @@ def _plan_run(rows, meta, gpu, gpus_per_node, micro_batch, batch, overlap, table
     complete, raised = bool(meta.get("complete")), meta.get("error")
     raised = None if complete or raised is None else str(raised)
     if not complete:
-        notes.append(("the traced code raised " + raised if raised else "the trace was cut short") +
+        notes.append(("the traced code raised " + raised if raised else f"the trace was {stopped_by(meta)}") +
                      ": the plan covers the rows the trace has, which may be part of a step")
     found, how = (batch, "given") if batch is not None else traced_batch(rows, meta)
     if found is None:
@@ -230,7 +231,7 @@ def _plan_run(rows, meta, gpu, gpus_per_node, micro_batch, batch, overlap, table
                  "optimizer state, communication buffers (and the ops' reads and writes of them) and collectives stay fixed")
     notes.append(_RETRACE)
     record = {
-        "complete": complete, "error": raised,
+        "complete": complete, "error": raised, "signal": signal_of(meta),
         "gpu": entry if entry == CPU else entry["name"], "gpus_per_node": gpus_per_node, "world_size": world,
         "batch": found, "micro_batch": planned, "tokens_per_step": tokens,
         "fits": memory_fit["fits"], "peak_bytes_per_rank": memory_fit["peak_bytes_per_rank"],

@@ -44,7 +44,8 @@ import numpy as np
 import pandas as pd
 
 from reports.errors import ReportError
-from reports.loading.integrity import REREADS, Footers, describe_damage, footer, list_parts, merged_away, one_line, reread
+from reports.loading.integrity import (REREADS, Footers, describe_damage, footer, list_parts, merged_away, one_line, reread,
+                                       stopped_by)
 from reports.loading.load import check_rank, id_limit, read_run, run_name, runs_with_ranks
 from reports.loading.validate import ALLOWED, ITEMS_NOT_NULL, LIST_NOT_NULL, STORAGE_ID_COLUMNS, check_footers
 from reports.sql import rowpass
@@ -232,7 +233,7 @@ class Trace:
         for path, meta, ops in zip(self.paths, self.runs.values(), self._ops()):
             broken = describe_damage(meta["damage"])
             if not meta.get("complete") or broken:  # reports.load's warning, word for word
-                state = "incomplete (cut short)" if not meta.get("complete") else "damaged"
+                state = f"incomplete ({stopped_by(meta)})" if not meta.get("complete") else "damaged"
                 warnings.warn(f"{path}: trace is {state}{': ' + broken if broken else ''}; reporting the {ops} rows it has")
 
     def first_run(self):
