@@ -12,7 +12,7 @@ from reports.errors import ReportError
 from reports.loading.columns import LIST_MODES, SharedRuns, concat_frames, has_column, read_table, to_pandas
 from reports.loading.integrity import Footers, check_parts, damage, describe_damage, list_parts, no_parts, one_line, read_marker, reread
 from reports.loading.validate import check_metadata_ids, check_rows, max_storage_id
-from tracer.schema import COLUMN_NAMES, SCHEMA_VERSION, merge_metadata, missing_columns
+from tracer.schema import COLUMN_NAMES, GRAD_MODES, SCHEMA_VERSION, merge_metadata, missing_columns
 
 _RANK_DIR = re.compile(r"^rank=(\d+)$")
 MAX_RANK = 2**31  # ranks are int32 in torch.distributed and in the SQL engine's tables
@@ -200,7 +200,8 @@ def runs_with_ranks(paths):
 
 
 def _fill_v2(frame, wanted, lacks):
-    """A v1 or v2 trace's frame with the columns added since, holding the values its semantics imply."""
+    """A trace's frame of an older version with the columns added since, holding the values its semantics imply
+    (null where they are unknown: grad_mode before v4)."""
     for name in wanted:
         if name in frame.columns:
             continue
@@ -209,6 +210,8 @@ def _fill_v2(frame, wanted, lacks):
             frame[name] = frame["duration_ns"]
         elif name in ("output_storage_bytes", "group_sizes"):
             frame[name] = pd.Series([None] * len(frame), dtype=object)
+        elif name == "grad_mode":  # categorical, as a v4 trace's loads: the two concatenate as one
+            frame[name] = pd.Categorical([None] * len(frame), categories=GRAD_MODES)
         elif default is None:
             frame[name] = pd.Series(pd.NA, index=frame.index, dtype="Int64")
         else:
