@@ -235,7 +235,7 @@ def missing_columns(version: int) -> dict:
 COLUMN_NAMES = tuple(name for name, _, _ in COLUMNS)
 ARROW_SCHEMA = pa.schema([pa.field(name, typ) for name, typ, _ in COLUMNS])
 
-# Metadata fields (JSON under METADATA_KEY):
+# Metadata fields (JSON under METADATA_KEY; docs/schema.md "Run metadata" says what each key means):
 #   schema_version, complete, run_name, start_time, end_time, torch_version,
 #   python_version, device {type, name, ...properties}, tokens, root_module,
 #   params {total, trainable, embedding}, parameters {name: {storage_id,

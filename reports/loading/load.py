@@ -115,7 +115,7 @@ def load(paths, columns=None, lists="objects"):
 def _read_rows(path, footers, unread, wanted, lists):
     """(metadata, columns read, columns the trace's version lacks, whether any is wanted, table) of one run."""
     meta = read_run(path, footers, unread)
-    lacks = missing_columns(meta["schema_version"])  # v1, v2 traces lack later columns: read what exists, fill the rest
+    lacks = missing_columns(meta["schema_version"])  # older traces lack later columns: read what exists, fill the rest
     upgrade = any(c in lacks for c in wanted)
     read = [c for c in wanted if c not in lacks] if upgrade else wanted
     if upgrade and "busy_ns" in lacks and "busy_ns" in wanted and "duration_ns" not in read:
