@@ -226,6 +226,95 @@ def test_attention_matmuls_and_fused_kernel(tmp_path):
         assert "Another 4,096 FLOPs per step of attention ran in forward passes that no backward reads" in text
 
 
+class _SelfAttention(nn.Module):
+    """q, k, v from x (or k, v from `memory`: cross-attention), fused attention, causal or not as built."""
+
+    def __init__(self, causal, width=8, heads=2):
+        super().__init__()
+        self.q, self.kv, self.causal, self.heads = nn.Linear(width, width), nn.Linear(width, 2 * width), causal, heads
+
+    def forward(self, x, memory=None):
+        b, s, w = x.shape
+        split = lambda t: t.view(b, -1, self.heads, w // self.heads).transpose(1, 2)  # noqa: E731
+        k, v = self.kv(x if memory is None else memory).chunk(2, -1)
+        y = nn.functional.scaled_dot_product_attention(split(self.q(x)), split(k), split(v), is_causal=self.causal)
+        return y.transpose(1, 2).reshape(b, s, w)
+
+
+class _Encoder(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.self_attn = _SelfAttention(causal=False)
+
+    def forward(self, x):
+        return self.self_attn(x)
+
+
+class _Decoder(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.self_attn, self.cross_attn = _SelfAttention(causal=True), _SelfAttention(causal=False)
+
+    def forward(self, y, memory):
+        return self.cross_attn(self.self_attn(y), memory)
+
+
+class _EncoderDecoder(nn.Module):
+    def __init__(self, decoder=True):
+        super().__init__()
+        self.encoder = _Encoder()
+        self.decoder = _Decoder() if decoder else None
+
+    def forward(self, x, y):
+        memory = self.encoder(x)
+        return (memory if self.decoder is None else self.decoder(y, memory)).square().mean()
+
+
+def _explain_encoder_decoder(path, decoder):
+    torch.manual_seed(0)
+    model = _EncoderDecoder(decoder)
+    x, y = torch.randn(2, 4, 8), torch.randn(2, 4, 8)
+    return "\n".join(explain(trace(path, model, lambda: model(x, y).backward(), tokens=8)))
+
+
+def test_explain_says_causal_only_where_the_causal_column_does(tmp_path):
+    text = _explain_encoder_decoder(tmp_path / "encdec", decoder=True)
+    # the decoder's self-attention ran is_causal=True; the encoder's self-attention and the decoder's cross-attention
+    # did not (it said "Causal attention: the full score matrix is counted ..." for all three)
+    assert ("Causal attention (the causal column) in decoder.self_attn: the full score matrix is counted (as PaLM "
+            "does), though a causal kernel can skip the masked half. Attention that is not causal (the causal column) "
+            "in decoder.cross_attn, encoder.self_attn: every score is computed, and counted.") in text
+    assert ("multiply activations by activations (fused attention kernels, which compute q @ kᵀ and softmax(·) @ v: "
+            "aten._scaled_dot_product_flash_attention_for_cpu.default)") in text
+    encoder = _explain_encoder_decoder(tmp_path / "enc", decoder=False)
+    assert ("Attention that is not causal (the causal column) in encoder.self_attn: every score is computed, and "
+            "counted.") in encoder
+    assert "Causal attention" not in encoder
+
+
+def test_explain_names_activation_products_by_their_ops(tmp_path):
+    """A state-space-like mixer whose activation x activation products are bmm, with no softmax: not "q @ kᵀ"."""
+
+    class Mixer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.in_proj = nn.Linear(4, 8, bias=False)
+
+        def forward(self, x):
+            u, g = self.in_proj(x).chunk(2, -1)  # [2, 4, 4] each
+            state = torch.bmm(u.transpose(1, 2), g)  # [2, 4, 4] @ [2, 4, 4]: 2·2·4·4·4 = 256 FLOPs
+            return torch.bmm(u, state).square().mean()  # another 256
+
+    torch.manual_seed(0)
+    model, x = Mixer(), torch.randn(2, 4, 4)
+    text = "\n".join(explain(trace(tmp_path / "mixer", model, lambda: model(x).backward(), tokens=8)))
+    # forward 2 x 256 = 512; backward: both inputs of each bmm need a gradient, 2 bmms of 256 each per bmm = 1,024
+    assert "Activation x activation matmuls: 1,536 FLOPs (" in text
+    assert ("multiply activations by activations (matmuls of two activations: aten.bmm.default), so no parameter "
+            "accounts for them") in text
+    assert "q @ kᵀ" not in text and "softmax(·)" not in text and "ausal" not in text
+
+
 def test_errors(xw, tmp_path):
     with pytest.raises(ReportError, match=r"breakdown: n must be one of 'matmul', 'total', 'non_embedding' or a positive int, got 'bogus'"):
         breakdown(xw, n="bogus")
@@ -320,10 +409,87 @@ def test_an_evaluation_pass_under_no_grad_is_its_own_line(tmp_path):
     # training's forward: fc1 2·32·8·16 = 8,192 + fc2 2·32·16·4 = 4,096 = 12,288 = 2·N·T (N = 192); the evaluation
     # pass's 12,288 more is its own line, not a weight "shared, or called twice"
     assert "Forward weight matmuls: 12,288 FLOPs = 2.00·N·T" in text
-    assert "Forward work without a backward: 12,288 FLOPs per step" in text and "Above 2·N·T" not in text
+    assert ("Evaluation: 12,288 FLOPs per step of forward matmuls ran with grad mode off (grad_mode no_grad; weight "
+            "matmuls 12,288): an evaluation pass, which no backward follows." in text)
+    assert "Above 2·N·T" not in text and "Forward work without a backward" not in text
     assert breakdown(df).set_index("phase").loc["forward", "weight_matmul_flops"] == 2 * 12288
     # skipped dL/dx over training's forward only: fc1's, 8,192 (not 16,384 with the evaluation's)
     assert "Skipped: fc1.weight (128 parameters: 8,192 FLOPs)." in text
+
+
+def _train_then_evaluate_the_same_batch(path):
+    """One step: a training forward, backward and SGD step, and between the backward and the step an evaluation of the
+    same model under no_grad on the batch being trained (its first layer reads what fc1's dL/dW reads)."""
+    torch.manual_seed(0)
+    model, x = MLP(), torch.randn(B, D)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def step():
+        model(x).backward()
+        with torch.no_grad():
+            model(x)
+        opt.step()
+
+    return trace(path, model, step)
+
+
+def _as_v3(path, to):
+    """The trace at `path` rewritten at `to` as a v3 trace: no grad_mode column, schema_version 3."""
+    import json
+
+    import pyarrow.parquet as pq
+
+    from tracer.schema import METADATA_KEY, V4_DEFAULTS, part_paths, read_part
+
+    to.mkdir()
+    for part in part_paths(path):
+        table = read_part(part)
+        meta = dict(json.loads(table.schema.metadata[METADATA_KEY]), schema_version=3)
+        table = table.drop_columns(list(V4_DEFAULTS)).replace_schema_metadata({METADATA_KEY: json.dumps(meta)})
+        pq.write_table(table, to / part.rsplit("/", 1)[1])
+    return to
+
+
+def test_an_evaluation_of_the_batch_being_trained_is_evaluation_by_its_grad_mode(tmp_path):
+    from reports.sql.engine import Trace
+    from reports.sql.flops import frame
+
+    df = _train_then_evaluate_the_same_batch(tmp_path / "t")
+    # training: t, addmm, relu, detach, t, addmm, pow, mean, ones_like (the loss's gradient seed); the evaluation: t,
+    # addmm, relu, t, addmm, pow, mean
+    assert df.loc[df["phase"] == "forward", "grad_mode"].astype(str).value_counts().to_dict() == {"grad": 9, "no_grad": 7}
+    text = "\n".join(explain(df))
+    # training's forward: fc1 2·32·8·16 = 8,192 + fc2 2·32·16·4 = 4,096 = 12,288 = 2·N·T (N = 192); the evaluation's
+    # 12,288 ran under no_grad. Before the grad_mode column its fc1 (whose input fc1's dL/dW reads) counted as
+    # training: fc1 "2.00x (64 tokens)", and the skipped dL/dx doubled to 16,384
+    assert "Forward weight matmuls: 12,288 FLOPs = 2.00·N·T" in text and "Above 2·N·T" not in text
+    assert ("Evaluation: 12,288 FLOPs per step of forward matmuls ran with grad mode off (grad_mode no_grad; weight "
+            "matmuls 12,288): an evaluation pass, which no backward follows." in text)
+    assert "Forward work without a backward" not in text
+    # the skipped dL/dx over training's forward only: fc1's, 2·32·8·16 = 8,192
+    assert "never computed because the input x needs no gradient" in text
+    assert "Skipped: fc1.weight (128 parameters: 8,192 FLOPs)." in text
+    assert breakdown(df).set_index("phase").loc["forward", "weight_matmul_flops"] == 2 * 12288  # both forwards: 24,576
+    with Trace(tmp_path / "t") as sql:  # the SQL engine's frame says the same
+        assert explain(frame(sql)) == explain(df)
+
+
+def test_a_v3_trace_without_grad_mode_reads_and_reports_as_before(tmp_path):
+    from reports.sql.engine import Trace
+    from reports.sql.flops import frame
+
+    _train_then_evaluate_the_same_batch(tmp_path / "t")
+    df = load(_as_v3(tmp_path / "t", tmp_path / "v3"))
+    assert df["grad_mode"].isna().all() and len(df) == 45  # 16 forward, 25 backward, 4 optimizer rows
+    text = "\n".join(explain(df))
+    # as v3 read it: the evaluation's fc1 reads the batch fc1's dL/dW reads, so it counts as training (2 x 32 tokens);
+    # its fc2, 2·32·16·4 = 4,096, is forward work without a backward; the skipped dL/dx is 2 x 8,192
+    assert "fc1.weight 2.00x (64 tokens)" in text
+    assert "Forward work without a backward: 4,096 FLOPs per step of forward weight matmuls" in text
+    assert "Skipped: fc1.weight (128 parameters: 16,384 FLOPs)." in text and "Evaluation:" not in text
+    with Trace(tmp_path / "v3") as sql:  # the SQL engine reads a v3 trace, grad_mode null
+        assert explain(frame(sql)) == explain(df)
+        assert sql.sql("SELECT count(*) AS n, count(grad_mode) AS known FROM rows").iloc[0].tolist() == [45, 0]
 
 
 def test_frozen_weights_get_the_flops_of_their_skipped_weight_gradients(tmp_path):

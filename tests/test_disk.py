@@ -10,7 +10,7 @@ import torch
 
 import reports
 from tracer import Tracer, read_metadata
-from tracer.schema import METADATA_KEY, part_paths
+from tracer.schema import METADATA_KEY, SCHEMA_VERSION, part_paths
 from tracer.writer import ARROW_SCHEMA_KEY
 
 
@@ -32,7 +32,7 @@ def test_each_part_stores_the_run_metadata_once(tmp_path):
         stored = pa.ipc.read_schema(pa.py_buffer(base64.b64decode(footer[ARROW_SCHEMA_KEY])))
         assert stored.metadata is None  # not a second copy inside the Arrow schema
         meta = json.loads(footer[METADATA_KEY])
-        assert meta["schema_version"] == 3 and meta["parameters"]["weight"]["shape"] == [4, 8]
+        assert meta["schema_version"] == SCHEMA_VERSION == 4 and meta["parameters"]["weight"]["shape"] == [4, 8]
         raw = open(part, "rb").read()
         assert raw.count(b'"trace_id"') == 1  # stored once, as plain JSON
     assert read_metadata(path)["complete"] is True

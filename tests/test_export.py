@@ -203,6 +203,7 @@ def _synthetic_trace(path):
             "layout": strs([""], np.zeros(n, np.int32)), "comm_bytes": pa.nulls(n, pa.int64()),
             "group_size": pa.nulls(n, pa.int64()), "process_group": strs([""], np.zeros(n, np.int32)),
             "flops_bound": pa.array(np.zeros(n, bool)), "group_sizes": pa.nulls(n, pa.list_(pa.int64())),
+            "grad_mode": strs(["grad", "no_grad"], ((seq // 500) % 2).astype(np.int32)),  # the backward's: no_grad
         }  # fmt: skip
         table = pa.Table.from_arrays([columns[f.name].cast(f.type) for f in ARROW_SCHEMA], schema=schema)
         pq.write_table(table, path / part_name(p), compression="zstd")

@@ -20,7 +20,7 @@ import reports
 from reports.output.cli import main
 from reports.output.text import human_bytes
 from tracer import Tracer
-from tracer.schema import read_part, MARKER_NAME, marker_facts, METADATA_KEY, part_paths
+from tracer.schema import read_part, MARKER_NAME, marker_facts, METADATA_KEY, SCHEMA_VERSION, part_paths
 
 
 def run(capsys, *argv):
@@ -178,7 +178,7 @@ def test_a_newer_schema_is_refused(tmp_path, capsys):
         meta = json.loads(table.schema.metadata[METADATA_KEY])
         meta["schema_version"] = 7
         pq.write_table(table.replace_schema_metadata({METADATA_KEY: json.dumps(meta).encode()}), part)
-    one_error(capsys, path, r"trace schema version 7 is newer than this optrace reads \(3\); upgrade optrace")
+    one_error(capsys, path, rf"trace schema version 7 is newer than this optrace reads \({SCHEMA_VERSION}\); upgrade optrace")
 
 
 def test_a_whole_trace_reports_no_damage(tmp_path, capsys):

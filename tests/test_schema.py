@@ -1,7 +1,9 @@
-"""Schema v3: the packed row is tied to ROW_FIELDS, the v2 and v3 columns hold what they say, v1 and v2 traces still load."""
+"""Schema v4: the packed row is tied to ROW_FIELDS, the v2, v3 and v4 columns hold what they say, older traces still load,
+and docs/schema.md names every column and run-metadata key."""
 
 import json
 import time
+from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
@@ -11,7 +13,8 @@ import reports
 from tracer import Tracer
 from tracer.schema import (
     read_part,
-    COLUMN_NAMES, INT64_MAX, METADATA_KEY, NO_VALUE, PHASES, V2_DEFAULTS, V3_DEFAULTS, Phase, part_paths,
+    COLUMN_NAMES, GRAD_MODES, INT64_MAX, METADATA_KEY, NO_VALUE, PHASES, SCHEMA_VERSION, V2_DEFAULTS, V3_DEFAULTS,
+    V4_DEFAULTS, GradMode, Phase, part_paths,
 )
 from tracer.writer import FIELD, ROW_FIELDS, ROW_WIDTH, RowBuffer
 
@@ -45,6 +48,7 @@ def test_recorded_row_matches_row_fields(tmp_path, monkeypatch):
     assert row["duration_ns"] >= 0 and row["start"] > 0
     assert FIELD["start"] == ROW_FIELDS.index("start")
     assert row["bound"] == 0 and row["groups"] == NO_VALUE  # a count, no group sizes
+    assert row["grad_mode"] == GradMode.GRAD and ROW_FIELDS[-1] == "grad_mode"
 
 
 def test_v2_columns(tmp_path):
@@ -83,9 +87,9 @@ def test_v1_trace_loads_with_v2_defaults(tmp_path):
     """A v1 trace (made here by dropping the v2 and v3 columns and version) loads with every column."""
     with Tracer(tmp_path / "t"):
         torch.ones(4, 8) @ torch.ones(8, 2)
-    v1 = _older(tmp_path, 1, [*V2_DEFAULTS, *V3_DEFAULTS])
+    v1 = _older(tmp_path, 1, [*V2_DEFAULTS, *V3_DEFAULTS, *V4_DEFAULTS])
     df = reports.load(v1)
-    assert not df["flops_bound"].any() and df["group_sizes"].isna().all()
+    assert not df["flops_bound"].any() and df["group_sizes"].isna().all() and df["grad_mode"].isna().all()
     assert tuple(c for c in df.columns if c != "run") == COLUMN_NAMES
     assert (df["busy_ns"] == df["duration_ns"]).all()
     assert not df["recompute"].any() and set(df["layout"]) == {""}
@@ -117,7 +121,7 @@ def test_v2_trace_loads_with_v3_defaults(tmp_path, lists):
     """A v2 trace (made here by dropping the v3 columns) reads flops_bound False, group_sizes null."""
     with Tracer(tmp_path / "t"):
         torch.ones(4, 8) @ torch.ones(8, 2)
-    df = reports.load(_older(tmp_path, 2, V3_DEFAULTS), lists=lists)
+    df = reports.load(_older(tmp_path, 2, {**V3_DEFAULTS, **V4_DEFAULTS}), lists=lists)
     assert tuple(c for c in df.columns if c != "run") == COLUMN_NAMES
     assert df["flops_bound"].tolist() == [False, False, False]
     assert df["group_sizes"].isna().all()
@@ -168,10 +172,78 @@ def test_group_sizes_of_grouped_rows_and_null_elsewhere(tmp_path):
     assert not df["flops_bound"].any()
 
 
-def test_readme_schema_table_names_every_column():
-    from pathlib import Path
+_DOC = Path(__file__).resolve().parents[1] / "docs" / "schema.md"
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    table = readme.split("### Trace schema v3", 1)[1].split("\n\n", 2)[2].split("\n\n", 1)[0]
-    names = {n.strip("` ") for line in table.splitlines()[2:] for n in line.split("|")[1].split(",")}
-    assert names == set(COLUMN_NAMES)
+
+def _doc_table(heading):
+    """{name: its row's cells} of the first table under `## heading` in docs/schema.md (a row naming several, one each)."""
+    section = _DOC.read_text().split(f"\n## {heading}\n", 1)[1].split("\n## ", 1)[0]
+    table = section[section.index("\n|"):].split("\n\n", 1)[0]
+    rows = [line for line in table.splitlines() if line.startswith("| `")]
+    return {n.strip("` "): [c.strip() for c in line.split("|")[2:-1]] for line in rows for n in line.split("|")[1].split(",")}
+
+
+def test_the_schema_page_names_every_column_and_no_other():
+    columns = _doc_table("Columns")
+    assert set(columns) == set(COLUMN_NAMES)
+    assert f"# Trace schema v{SCHEMA_VERSION}" in _DOC.read_text()
+    assert "(v4)" in columns["grad_mode"][-1]  # the version that added it, in its fill cell
+    readme = (_DOC.parents[1] / "README.md").read_text()
+    assert "[docs/schema.md](docs/schema.md)" in readme and "| `seq` |" not in readme  # a link, not a second table
+
+
+def test_the_schema_page_lists_every_run_metadata_key(tmp_path):
+    """Every key the run metadata of a traced training step holds has a row under Run metadata."""
+    model = torch.nn.Linear(4, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with Tracer(tmp_path / "t", model=model, tokens=2) as tr:
+        model(torch.randn(2, 4)).sum().backward()
+        opt.step()
+    tr.set_step_time({"median_s": 0.5, "times_s": [0.5], "warmup": 0})
+    from tracer import read_metadata
+
+    keys = set(read_metadata(tmp_path / "t"))
+    listed = set(_doc_table("Run metadata"))
+    assert "step_time" in keys and keys - listed == set()
+
+
+def test_grad_mode_is_the_mode_each_op_ran_in(tmp_path):
+    """The grad_mode column: grad for a training forward, no_grad for its backward and an evaluation, inference_mode
+    for one under torch.inference_mode (written by the compiled hook here, by the Python path in tests/test_collector.py)."""
+    assert GRAD_MODES == ("grad", "no_grad", "inference_mode") and [GRAD_MODES[g] for g in GradMode] == list(GRAD_MODES)
+    torch.manual_seed(0)
+    model, x = torch.nn.Linear(4, 4), torch.randn(2, 4)
+    with Tracer(tmp_path / "t", model=model):
+        model(x).sum().backward()
+        with torch.no_grad():
+            model(x)
+        with torch.inference_mode():
+            model(x)
+    df = reports.load(tmp_path / "t")
+    got = list(zip(df["phase"].astype(str), df["op"].astype(str), df["grad_mode"].astype(str)))
+    assert got[:4] == [("forward", "aten.t.default", "grad"), ("forward", "aten.addmm.default", "grad"),
+                       ("forward", "aten.sum.default", "grad"), ("forward", "aten.ones_like.default", "grad")]
+    assert {mode for phase, _, mode in got if phase == "backward"} == {"no_grad"}
+    # the evaluation: t and addmm under no_grad; linear whole under inference_mode (never decomposed there)
+    assert got[-3:] == [("forward", "aten.t.default", "no_grad"), ("forward", "aten.addmm.default", "no_grad"),
+                        ("forward", "aten.linear.default", "inference_mode")]
+
+
+def test_a_grad_mode_the_tracer_never_writes_is_refused(tmp_path):
+    import pyarrow as pa
+
+    with Tracer(tmp_path / "t"):
+        torch.ones(2) + 1
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (part,) = part_paths(tmp_path / "t")
+    table = read_part(part)
+    at = table.schema.get_field_index("grad_mode")
+    table = table.set_column(at, "grad_mode", pa.array(["train"] * table.num_rows).dictionary_encode())
+    pq.write_table(table, bad / "part-000000.parquet")
+    from reports.sql.engine import Trace
+
+    for read in (reports.load, Trace):  # the SQL engine says it in reports.load's words
+        with pytest.raises(reports.ReportError, match=r"column 'grad_mode' holds 'train' at seq 0; expected one of "
+                                                      r"grad, no_grad, inference_mode"):
+            read(bad)

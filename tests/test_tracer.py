@@ -15,7 +15,7 @@ from torch import nn
 import reports
 import tracer
 from tracer import TraceError, Tracer, read_metadata
-from tracer.schema import COLUMN_NAMES
+from tracer.schema import COLUMN_NAMES, SCHEMA_VERSION
 
 
 def trace(tmp_path, fn, name="t.parquet", **kwargs):
@@ -46,7 +46,7 @@ def test_columns_and_metadata(tmp_path):
     df, meta = trace(tmp_path, lambda: model(x), model=model, tokens=8, run_name="mlp")
     assert tuple(df.columns) == COLUMN_NAMES
     assert df["seq"].tolist() == list(range(len(df)))
-    assert meta["schema_version"] == 3 and meta["complete"] is True
+    assert meta["schema_version"] == SCHEMA_VERSION == 4 and meta["complete"] is True
     assert meta["run_name"] == "mlp" and meta["tokens"] == 8 and meta["root_module"] == "Sequential"
     # 32 * 16 + 16 + 16 * 2 + 2 = 562 parameters
     assert meta["params"] == {"total": 562, "trainable": 562, "embedding": 0}

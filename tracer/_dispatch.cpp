@@ -26,6 +26,8 @@
 
 #include "_dispatch.h"
 
+#include <c10/core/GradMode.h>
+#include <c10/core/InferenceMode.h>
 #include <torch/csrc/autograd/python_variable.h>
 
 #include <time.h>
@@ -558,6 +560,12 @@ int after_row(Dispatch* self, PyObject* rows) {
   return 0;
 }
 
+// Autograd's mode on this thread, as tracer.schema.GradMode: what Tracer._record reads with torch.is_grad_enabled() and
+// torch.is_inference_mode_enabled() (two thread-local reads).
+inline int64_t grad_mode(const Constants& k) {
+  return c10::GradMode::is_enabled() ? k.grad : c10::InferenceMode::is_enabled() ? k.inference_mode : k.no_grad;
+}
+
 // The row of an op the fast path takes, what Tracer._record does (tracer/mode.py); -1 with an error set
 // (*whole: the row was appended before it).
 int record(Dispatch* self, const Op& op, PyObject* args, PyObject* kwargs, PyObject* out, int64_t start,
@@ -626,7 +634,7 @@ int record(Dispatch* self, const Op& op, PyObject* args, PyObject* kwargs, PyObj
       flops, allocated, live_bytes, c.inplace_bytes, c.out_bytes, duration,
       static_cast<int64_t>(c.ins.size()), static_cast<int64_t>(c.outs.size()), n_freed,
       recompute, start, duration, 0 /* layout: strided */, k.no_value, k.no_value, 0 /* process group */,
-      bound, k.no_value,
+      bound, k.no_value, grad_mode(k),
   };
   PyObject* rows;
   if (bind_rows(self, &rows) < 0 || append_row(self, c, freed_ids, row, sizeof(row) / sizeof(row[0])) < 0) {
@@ -847,7 +855,7 @@ const char* const ROW[] = {
     "flops", "bytes_allocated", "live_bytes", "inplace_bytes", "out_bytes", "duration_ns",
     "inputs", "outputs", "freed",
     "recompute", "start", "busy_ns", "layout", "comm_bytes", "group_size", "process_group",
-    "bound", "groups",
+    "bound", "groups", "grad_mode",
 };
 
 int Dispatch_init(PyObject* o, PyObject* args, PyObject* kwds) {
@@ -889,7 +897,9 @@ int Dispatch_init(PyObject* o, PyObject* args, PyObject* kwds) {
       spec_int(spec, "int64_max", &k.int64_max) < 0 || spec_int(spec, "basis_zero", &k.basis_zero) < 0 ||
       spec_int(spec, "basis_per_element", &k.basis_per_element) < 0 ||
       spec_int(spec, "basis_formula", &k.basis_formula) < 0 || spec_int(spec, "basis_detailed", &k.basis_detailed) < 0 ||
-      spec_int(spec, "not_recompute", &k.not_recompute) < 0 || spec_int(spec, "recompute", &k.recompute) < 0) {
+      spec_int(spec, "not_recompute", &k.not_recompute) < 0 || spec_int(spec, "recompute", &k.recompute) < 0 ||
+      spec_int(spec, "grad", &k.grad) < 0 || spec_int(spec, "no_grad", &k.no_grad) < 0 ||
+      spec_int(spec, "inference_mode", &k.inference_mode) < 0) {
     return -1;
   }
   PyObject *op_info_type = spec_item(spec, "op_info_type"), *plain = spec_item(spec, "plain_types"),

@@ -25,13 +25,14 @@ OPTRACE_NAMES(OPTRACE_EXTERN)
 #undef OPTRACE_EXTERN
 extern PyObject* s_empty;  // ""
 
-// The phase, FLOP-basis and sentinel values the row holds: tracer/schema.py's, passed in `spec` so
+// The phase, FLOP-basis, grad-mode and sentinel values the row holds: tracer/schema.py's, passed in `spec` so
 // that nothing here restates them (checked in Dispatch's constructor).
 struct Constants {
   int64_t forward, backward, optimizer;
   int64_t causal_none, no_value, per_output_element, int64_max;
   int64_t basis_zero, basis_per_element, basis_formula, basis_detailed;
   int64_t not_recompute, recompute;
+  int64_t grad, no_grad, inference_mode;  // tracer.schema.GradMode
   uint64_t no_sequence_nr;
 };
 

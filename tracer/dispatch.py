@@ -243,7 +243,7 @@ def compiled_spec():
     """What the compiled hook (tracer/_dispatch.cpp) takes from Python rather than restating: the row's fields,
     which it checks against its own, and the schema's and attribution's values it writes."""
     from tracer.attribution import NO_SEQUENCE_NR, NOT_RECOMPUTE, RECOMPUTE
-    from tracer.schema import CAUSAL_NONE, INT64_MAX, NO_VALUE, Phase
+    from tracer.schema import CAUSAL_NONE, INT64_MAX, NO_VALUE, GradMode, Phase
     from tracer.writer import PER_OUTPUT_ELEMENT, ROW_FIELDS
 
     return {
@@ -252,6 +252,7 @@ def compiled_spec():
         "per_output_element": PER_OUTPUT_ELEMENT, "int64_max": INT64_MAX, "basis_zero": int(FlopBasis.ZERO),
         "basis_per_element": int(FlopBasis.PER_OUTPUT_ELEMENT), "basis_formula": int(FlopBasis.FORMULA),
         "basis_detailed": int(FlopBasis.DETAILED), "not_recompute": NOT_RECOMPUTE, "recompute": RECOMPUTE,
+        "grad": int(GradMode.GRAD), "no_grad": int(GradMode.NO_GRAD), "inference_mode": int(GradMode.INFERENCE_MODE),
         "no_sequence_nr": NO_SEQUENCE_NR, "op_info_type": _OpInfo, "plain_types": (Tensor, torch.nn.Parameter),
         "op_call": torch._ops.OpOverload.__call__,
     }  # fmt: skip

@@ -24,7 +24,7 @@ from tracer.native import choose, wanted as wanted_collector
 from tracer.metadata import Roles, dtype_name, now, register_at_entry, run_metadata, state_tensors
 from tracer.signals import TermHandler, unsafe
 from tracer.safety import describe_exception, interrupts_deferred, warn, write_failure_message
-from tracer.schema import CAUSAL_NONE, INT64_MAX, MAX_TOKENS, MIN_STEP_TIME_S, NO_VALUE, FlopBasis
+from tracer.schema import CAUSAL_NONE, INT64_MAX, MAX_TOKENS, MIN_STEP_TIME_S, NO_VALUE, FlopBasis, GradMode
 from tracer.storage import StorageTable
 from tracer.timing import check_timing, make_timer
 from tracer.writer import (
@@ -44,6 +44,8 @@ Tensor = torch.Tensor
 _perf_ns = time.perf_counter_ns
 _storage_key = torch._C._storage_id  # a tensor's storage, as its UntypedStorage's _cdata, with no storage object made
 _PER_ELEMENT, _FORMULA, _DETAILED = int(FlopBasis.PER_OUTPUT_ELEMENT), int(FlopBasis.FORMULA), int(FlopBasis.DETAILED)
+_grad_enabled, _inference_mode = torch.is_grad_enabled, torch.is_inference_mode_enabled
+_GRAD, _NO_GRAD, _INFERENCE_MODE = int(GradMode.GRAD), int(GradMode.NO_GRAD), int(GradMode.INFERENCE_MODE)
 
 
 class Tracer:
@@ -514,7 +516,7 @@ class Tracer:
                 info.inplace, causal, flops, allocated, storages.live_bytes, inplace_bytes, out_bytes, duration,
                 len(ins), len(outs), n_freed,
                 recompute, start, duration, layout, comm_bytes, group_size, group_id,
-                bound, n_groups,
+                bound, n_groups, _GRAD if _grad_enabled() else _INFERENCE_MODE if _inference_mode() else _NO_GRAD,
             )  # fmt: skip
         except BaseException:
             rows.rollback()

@@ -1,4 +1,4 @@
-"""Trace schema v3: column names, Arrow types, named row constants and the metadata key.
+"""Trace schema v4: column names, Arrow types, named row constants and the metadata key.
 
 This module is the contract between `tracer` (which writes traces) and
 `reports` (which reads them). It imports pyarrow only, never torch or pandas.
@@ -21,7 +21,7 @@ import re
 
 import pyarrow as pa
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 METADATA_KEY = b"optrace"
 PART_GLOB = "part-*.parquet"
 # The marker says "this directory is an optrace trace": a Parquet file of zero rows with the trace's
@@ -105,6 +105,21 @@ class Phase(enum.IntEnum):
 
 PHASES = tuple(p.name.lower() for p in Phase)
 
+
+class GradMode(enum.IntEnum):
+    """Autograd's mode at an op (the grad_mode column); the value is its index in GRAD_MODES (the column's dictionary).
+
+    Read from the thread's state when the op runs: torch.is_grad_enabled(), then torch.is_inference_mode_enabled()
+    (inference mode turns grad mode off too). The backward pass runs in NO_GRAD unless create_graph=True, an
+    optimizer's step in NO_GRAD (torch.optim's steps turn it off)."""
+
+    GRAD = 0  # grad mode on: a forward op here is recorded for a backward
+    NO_GRAD = 1  # off: torch.no_grad(), torch.set_grad_enabled(False)
+    INFERENCE_MODE = 2  # torch.inference_mode()
+
+
+GRAD_MODES = tuple(g.name.lower() for g in GradMode)
+
 class FlopBasis(enum.IntEnum):
     """How the dispatch hook finds an op's FLOPs (tracer/mode.py `_OpInfo.basis`)."""
 
@@ -144,7 +159,7 @@ FLOP_KINDS = (
 _shape_list = pa.list_(pa.list_(pa.int64()))
 _str = pa.dictionary(pa.int32(), pa.string())
 
-# (name, type, meaning): the README's schema table is written from this list.
+# (name, type, meaning): docs/schema.md's column table holds one row per entry (tests/test_schema.py checks it).
 COLUMNS = (
     ("seq", pa.int64(), "op index in the trace, from 0"),
     ("step", pa.int64(), "training step: begins with the first forward work after an optimizer step or Tracer.step()"),
@@ -183,6 +198,8 @@ COLUMNS = (
     # added in v3
     ("flops_bound", pa.bool_(), "flops is an upper bound, not a count: lengths or group sizes could not be read (meta, fake, symbolic) or the count passed INT64_MAX"),
     ("group_sizes", pa.list_(pa.int64()), "grouped ops: rows per group (tokens per expert of _grouped_mm, sequence lengths of jagged attention); null for other ops"),
+    # added in v4
+    ("grad_mode", _str, "autograd's mode at the op: grad | no_grad | inference_mode (GradMode); null in traces before v4 (unknown)"),
 )
 
 # Columns a v1 trace lacks, and the value `reports.load` gives them when reading one.
@@ -204,14 +221,22 @@ V3_DEFAULTS = {
 }
 
 
+# Columns a v3 (or older) trace lacks, and the value `reports.load` gives them when reading one: null, unknown (a
+# report then decides as it did before v4, from what the rows show).
+V4_DEFAULTS = {
+    "grad_mode": None,
+}
+
+
 def missing_columns(version: int) -> dict:
     """{column: default} of the columns a trace of schema `version` lacks."""
-    return {**(V2_DEFAULTS if version < 2 else {}), **(V3_DEFAULTS if version < 3 else {})}
+    return {**(V2_DEFAULTS if version < 2 else {}), **(V3_DEFAULTS if version < 3 else {}),
+            **(V4_DEFAULTS if version < 4 else {})}
 
 COLUMN_NAMES = tuple(name for name, _, _ in COLUMNS)
 ARROW_SCHEMA = pa.schema([pa.field(name, typ) for name, typ, _ in COLUMNS])
 
-# Metadata fields (JSON under METADATA_KEY):
+# Metadata fields (JSON under METADATA_KEY; docs/schema.md "Run metadata" says what each key means):
 #   schema_version, complete, run_name, start_time, end_time, torch_version,
 #   python_version, device {type, name, ...properties}, tokens, root_module,
 #   params {total, trainable, embedding}, parameters {name: {storage_id,
@@ -280,7 +305,7 @@ def merge_metadata(metas) -> dict:
 
 def footer_metadata(file_metadata):
     """The raw optrace metadata (JSON bytes) of a part from its Parquet footer (`pq.read_metadata(part)`),
-    or None: the plain footer key (v3), else inside the serialised Arrow schema (v1, v2)."""
+    or None: the plain footer key (v3 on), else inside the serialised Arrow schema (v1, v2)."""
     raw = (file_metadata.metadata or {}).get(METADATA_KEY)
     if raw is None:
         raw = (file_metadata.schema.to_arrow_schema().metadata or {}).get(METADATA_KEY)

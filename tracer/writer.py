@@ -28,6 +28,7 @@ from tracer.schema import (  # ARROW_SCHEMA_KEY: re-exported
     ARROW_SCHEMA_KEY,  # noqa: F401
     CAUSAL_NONE,
     FLOP_KINDS,
+    GRAD_MODES,
     METADATA_KEY,
     NO_VALUE,
     PHASES,
@@ -78,13 +79,14 @@ def _lists(counts, values):
 # those, the out= arguments, which are written but not read. start: perf_counter_ns at the
 # op's start (the writer adds clock_offset_ns). causal, busy_ns, comm_bytes and group_size
 # use the schema's sentinels (CAUSAL_NONE, NO_VALUE) for null. bound: flops_bound (0 or 1);
-# groups: how many group sizes the row appended to RowBuffer.groups, NO_VALUE for null.
+# groups: how many group sizes the row appended to RowBuffer.groups, NO_VALUE for null. grad_mode: a
+# tracer.schema.GradMode value.
 ROW_FIELDS = (
     "step", "op", "phase", "module", "device", "kind", "inplace", "causal",
     "flops", "bytes_allocated", "live_bytes", "inplace_bytes", "out_bytes", "duration_ns",
     "inputs", "outputs", "freed",
     "recompute", "start", "busy_ns", "layout", "comm_bytes", "group_size", "process_group",
-    "bound", "groups",
+    "bound", "groups", "grad_mode",
 )  # fmt: skip
 ROW_WIDTH = len(ROW_FIELDS)
 FIELD = {name: i for i, name in enumerate(ROW_FIELDS)}  # field name -> position in a row
@@ -263,6 +265,7 @@ class RowBuffer:
             "group_sizes": pa.ListArray.from_arrays(
                 _offsets(np.maximum(col["groups"], 0)), pa.array(_np(self.groups, np.int64)),
                 mask=pa.array(col["groups"] == NO_VALUE)),
+            "grad_mode": names["grad_mode"].dictionary(col["grad_mode"].astype(np.int32)),
         }
         blob = json.dumps(metadata, default=str, separators=(",", ":")).encode()
         schema = ARROW_SCHEMA.with_metadata({METADATA_KEY: blob})
@@ -270,10 +273,11 @@ class RowBuffer:
 
 
 def new_names():
-    """The string tables of one trace: fixed for phase and kind, growing for the rest."""
+    """The string tables of one trace: fixed for phase, kind and grad mode, growing for the rest."""
     return {
         "op": Names(), "phase": Names(PHASES), "module": Names(), "device": Names(),
         "kind": Names(FLOP_KINDS), "dtype": Names(), "layout": Names([""]), "process_group": Names([""]),
+        "grad_mode": Names(GRAD_MODES),
     }  # fmt: skip
 
 

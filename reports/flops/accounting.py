@@ -20,7 +20,7 @@ A stacked expert weight [E, K, N] used by t_e tokens per expert does 2·K·N·Σ
 its share is Σt_e / (E·T) = k/E with top-k routing, whatever the routing: N_active =
 N - Σ numel(W)·(1 - share(W)) is exact for any routing, and equals N in a dense model. Only
 the forward rows of training count (reports.roles: evaluation passes under no_grad are left
-out); a forward-only trace uses all of them. The optimizer updates all N parameters.
+out, by the grad_mode column where the trace has it); a forward-only trace uses all of them. The optimizer updates all N parameters.
 
 T is the run's tokens per step (metadata `tokens`, set by Tracer(tokens=...)) unless
 `tokens` is given.
@@ -165,7 +165,7 @@ def _shares(rows, roles, T, n_kind):
     fwd = (rows["phase"] == "forward") & (roles.param >= 0)
     if (rows["phase"] == "backward").any():  # frozen weights' rows count whether or not a backward reads them
         frozen = roles.param.isin([s for s in weights if not roles.trainable.get(s, True)])
-        fwd &= roles.training | frozen
+        fwd &= (roles.training | frozen) & ~roles.evaluation
     flops = per_step(rows, mask=fwd, by=roles.param)
     return {s: float(flops.get(s, 0.0)) / (2 * roles.numel[s] * T) for s in weights}
 

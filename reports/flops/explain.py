@@ -8,6 +8,7 @@ import numpy as np
 
 from reports._util import pct, tokens_text
 from reports.flops.accounting import analyse, name_pattern, routing
+from reports.flops.attention_words import causal_line, kernel_words
 from reports.flops.recompute import attention_recompute, checkpoint_recompute
 from reports.loading.columns import cell_objects, has_column
 from reports.steps import per_step, step_phases
@@ -203,17 +204,41 @@ class _Run:
                 f"each: is tokens= ({tokens_text(self.T)}) the tokens per step{called}?")
 
     def no_grad_forward(self):
-        """Forward weight matmuls no backward reads: evaluation under no_grad, frozen weights with inputs that need no gradient."""
-        idle = self.ps(self.idle_fwd & (self.cat == "weight_matmul"))
+        """Forward weight matmuls no backward reads: an evaluation (grad mode off: the grad_mode column), frozen
+        weights with inputs that need no gradient."""
+        evaluation, cat = self.roles.evaluation, self.cat
+        if not self.no_backward:
+            self.evaluation_pass()
+        idle_rows = self.idle_fwd & ~evaluation
+        idle = self.ps(idle_rows & (cat == "weight_matmul"))
         if not idle:
             return
-        frozen = self.roles.param[self.idle_fwd].map(lambda s: not self.roles.trainable.get(int(s), True)).all()
+        frozen = self.roles.param[idle_rows].map(lambda s: not self.roles.trainable.get(int(s), True)).all()
+        known = has_column(self.rows, "grad_mode") and self.rows.loc[idle_rows, "grad_mode"].notna().all()
         why = ("frozen weights whose inputs need no gradient: autograd records nothing for them" if frozen else
+               "run in grad mode (the grad_mode column): frozen weights whose inputs need no gradient, or a forward "
+               "whose output no backward reaches" if known else
                "an evaluation pass under no_grad or eval, or frozen weights whose inputs need no gradient")
         self.out.append(
             f"Forward work without a backward: {_f(idle)} FLOPs per step of forward weight matmuls that no backward "
             f"reads ({why}); they are in the forward total above, but not in training's 2·N·T: the 6·N·T heuristic "
             f"counts a forward that is differentiated."
+        )
+
+    def evaluation_pass(self):
+        """Forward work with grad mode off in a trace that trains: an evaluation, by the grad_mode column."""
+        # the matmul and attention rows only: the SQL engine's frame sums the other rows without their grad mode
+        cat = self.cat
+        matmuls = self.roles.evaluation & self.is_fwd & cat.isin(("weight_matmul", "attention"))
+        weights, attention = self.ps(matmuls & (cat == "weight_matmul")), self.ps(matmuls & (cat == "attention"))
+        if not (weights or attention):
+            return
+        modes = " or ".join(sorted(set(self.rows.loc[matmuls, "grad_mode"].astype(str))))
+        parts = [f"weight matmuls {_f(weights)}"] + ([f"attention {_f(attention)}"] if attention else [])
+        self.out.append(
+            f"Evaluation: {_f(weights + attention)} FLOPs per step of forward matmuls ran with grad mode off "
+            f"(grad_mode {modes}; {', '.join(parts)}): an evaluation pass, which no backward follows. They are in the "
+            f"forward total above, not in training's 2·N·T, and no weight counts the tokens it saw as training's."
         )
 
     def backward_weights(self):
@@ -250,8 +275,8 @@ class _Run:
                 f"For the lecture's y = x @ w with x not requiring grad, the backward is 2·N·T, not 4·N·T."
             )
         if frozen:
-            fwd_all = self.ps(self.is_fwd & has_param & self.is_bwd.groupby(self.rows["step"]).transform("any"),
-                              by=roles.param)
+            fwd_all = self.ps(self.is_fwd & has_param & self.is_bwd.groupby(self.rows["step"]).transform("any")
+                              & ~roles.evaluation, by=roles.param)
             parts = [f"{roles.label(s)} ({roles.numel[s]:,} parameters: {_f(fwd_all.get(s, 0.0))} FLOPs)" for s in frozen]
             line += (f" Frozen weights (requires_grad=False) skip dL/dW = xᵀ @ dL/dy, as large as their forward "
                      f"matmuls: {'; '.join(parts)}.")
@@ -286,12 +311,13 @@ class _Run:
                 f"out (a double backward, say, as a gradient penalty runs)."
             )
             return
+        label, what = kernel_words(rows, trained, self.kernel)
         self.out.append(
-            f"Attention: {_f(att_fwd + att_bwd)} FLOPs ({_pct(att_fwd + att_bwd, fb)} of forward + backward) "
-            f"multiply activations by activations (q @ kᵀ and softmax(·) @ v), so no parameter accounts for them "
+            f"{label}: {_f(att_fwd + att_bwd)} FLOPs ({_pct(att_fwd + att_bwd, fb)} of forward + backward) "
+            f"multiply activations by activations ({what}), so no parameter accounts for them "
             f"and 6·N·T leaves them out: forward {_f(att_fwd)} = 4·T·(L·S·d) with L·S·d = {att_fwd / (4 * T):,.0f} "
-            f"(layers x sequence length x width; where q·k and v heads differ in width, d is the mean of the two), backward {_f(att_bwd)} ({_x(att_bwd, att_fwd)} x forward). With a "
-            f"backward of twice the forward this is the 12·L·d·S·T term; it grows with the sequence length S."
+            f"(layers x sequence length x width; where q·k and v heads differ in width, d is the mean of the two), backward {_f(att_bwd)} ({_x(att_bwd, att_fwd)} x forward). In "
+            f"attention, with a backward of twice the forward, this is the 12·L·d·S·T term; it grows with the sequence length S."
             + (f" Another {_f(att_eval)} FLOPs per step of attention ran in forward passes that no backward reads (an "
                f"evaluation under no_grad): in the forward total, not in L·S·d." if att_eval else "")
         )
@@ -306,10 +332,9 @@ class _Run:
                 f"{_f(recompute)} FLOPs of recomputation, which reports.mfu leaves out of the model FLOPs "
                 f"(a backward needs 2x the forward, this one does 2.5x)."
             )
-        causal = rows["causal"].astype("boolean").fillna(False) if "causal" in rows else None
-        if causal is not None and causal[self.kernel].any():
-            self.out.append("Causal attention: the full score matrix is counted (as PaLM does), though a causal kernel "
-                            "can skip the masked half.")
+        line = causal_line(rows, self.kernel & self.is_fwd & ~self.recompute)
+        if line:
+            self.out.append(line)
 
     def checkpointing(self):
         again = self.ps(self.recompute)

@@ -44,6 +44,7 @@ import pandas as pd
 
 from reports._util import ONE_TO_ONE_COPIES, ids, packet, unique
 from reports.errors import ReportError
+from reports.flops.evaluation import evaluation_rows
 from reports.loading.columns import cell_objects, flat, has_column
 from reports.loading.columns import packets as op_packets
 
@@ -254,8 +255,9 @@ class Roles:
     activation: per weight matmul row, the storage it multiplies the weight with.
     category: per row, one of CATEGORIES. matmul_params: the parameter storages that
     enter a forward matmul (the default N). external: storages of parameters outside
-    the model. training: per row, a forward weight matmul whose work the backward of its
-    step uses (grad mode; False for an evaluation under no_grad: _feeds_backward)."""
+    the model. evaluation: per row, forward work with grad mode off (evaluation_rows). training:
+    per row, a forward weight matmul whose work the backward of its step uses (_feeds_backward),
+    never an evaluation row."""
 
     def __init__(self, rows, meta):
         params = meta.get("parameters")
@@ -336,8 +338,9 @@ class Roles:
         fwd = mm & (rows["phase"] == "forward") & (self.param >= 0)
         used = set(self.param[fwd])
         self.matmul_params = sorted(used | self._idle_siblings(used))
-        self.training = self._feeds_backward(rows, np.flatnonzero(fwd.to_numpy()), at[backward[at]], ins)
-        self.attention_training = self._attention_trained(rows, ins)
+        self.evaluation = evaluation_rows(rows, self.param)
+        self.training = self._feeds_backward(rows, np.flatnonzero(fwd.to_numpy()), at[backward[at]], ins) & ~self.evaluation
+        self.attention_training = self._attention_trained(rows, ins) & ~self.evaluation
 
     def _attention_trained(self, rows, ins):
         """Per row: a forward attention row whose inputs (q and k, the probabilities and v) an attention row of the
@@ -362,7 +365,8 @@ class Roles:
         """Per row: a forward weight matmul (rows `at`) whose work a backward matmul of the same step
         (rows `bwd`) uses: grad mode, training.
 
-        The trace has no grad-mode column, so this reads it from the storages: in grad mode,
+        A row whose grad_mode says grad mode was off is never training (Roles.evaluation); for the others
+        (grad mode on, or a trace before v4 that does not say) this reads it from the storages: in grad mode,
         y = x @ W saves x for dL/dW = xᵀ @ dL/dy (a backward matmul that reads x when W is
         trained) or W for dL/dx = dL/dy @ Wᵀ (one that reads W: a frozen weight whose input
         needs a gradient). A row whose activation (or frozen weight) no backward matmul of its
@@ -371,9 +375,9 @@ class Roles:
         activations and re-runs the forward in the backward on new storages: in a step with
         recomputed rows, a forward row is training work when a recomputed row multiplies by the
         same weight or a backward matmul reads that weight (the dL/dx of the layers its early
-        stop did not re-run). NB: an
-        evaluation on the very batch the step trains on counts its first layer (whose input is
-        that batch) as training work, and so does an evaluation in a checkpointed step."""
+        stop did not re-run). NB: in a trace before v4 (no grad_mode), an evaluation on the very
+        batch the step trains on counts its first layer (whose input is that batch) as training
+        work, and so does an evaluation in a checkpointed step."""
         out = pd.Series(False, index=rows.index)
         if not len(at):
             return out

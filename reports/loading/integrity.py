@@ -126,7 +126,7 @@ def check_parts(path, footers=None, unread=()):
         try:
             found = footer(part, footers)  # one open per part: its key-value metadata, row count and statistics
             schema = found.schema.to_arrow_schema()
-            raw = footer_metadata(found)  # the plain footer key (v3), or inside the Arrow schema (v1, v2)
+            raw = footer_metadata(found)  # the plain footer key (v3 on), or inside the Arrow schema (v1, v2)
         except Exception as exc:
             if isinstance(exc, FileNotFoundError) and not os.path.lexists(part):
                 raise MergedAway(f"{path}: {name} was merged into another part while it was read; read the trace again")

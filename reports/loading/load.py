@@ -13,7 +13,7 @@ from reports.loading.columns import LIST_MODES, SharedRuns, concat_frames, has_c
 from reports.loading.integrity import (Footers, check_parts, damage, describe_damage, list_parts, no_parts, one_line, read_marker,
                                        reread, stopped_by)
 from reports.loading.validate import check_metadata_ids, check_rows, max_storage_id
-from tracer.schema import COLUMN_NAMES, SCHEMA_VERSION, merge_metadata, missing_columns
+from tracer.schema import COLUMN_NAMES, GRAD_MODES, SCHEMA_VERSION, merge_metadata, missing_columns
 
 _RANK_DIR = re.compile(r"^rank=(\d+)$")
 MAX_RANK = 2**31  # ranks are int32 in torch.distributed and in the SQL engine's tables
@@ -116,7 +116,7 @@ def load(paths, columns=None, lists="objects"):
 def _read_rows(path, footers, unread, wanted, lists):
     """(metadata, columns read, columns the trace's version lacks, whether any is wanted, table) of one run."""
     meta = read_run(path, footers, unread)
-    lacks = missing_columns(meta["schema_version"])  # v1, v2 traces lack later columns: read what exists, fill the rest
+    lacks = missing_columns(meta["schema_version"])  # older traces lack later columns: read what exists, fill the rest
     upgrade = any(c in lacks for c in wanted)
     read = [c for c in wanted if c not in lacks] if upgrade else wanted
     if upgrade and "busy_ns" in lacks and "busy_ns" in wanted and "duration_ns" not in read:
@@ -201,7 +201,8 @@ def runs_with_ranks(paths):
 
 
 def _fill_v2(frame, wanted, lacks):
-    """A v1 or v2 trace's frame with the columns added since, holding the values its semantics imply."""
+    """A trace's frame of an older version with the columns added since, holding the values its semantics imply
+    (null where they are unknown: grad_mode before v4)."""
     for name in wanted:
         if name in frame.columns:
             continue
@@ -210,6 +211,8 @@ def _fill_v2(frame, wanted, lacks):
             frame[name] = frame["duration_ns"]
         elif name in ("output_storage_bytes", "group_sizes"):
             frame[name] = pd.Series([None] * len(frame), dtype=object)
+        elif name == "grad_mode":  # categorical, as a v4 trace's loads: the two concatenate as one
+            frame[name] = pd.Categorical([None] * len(frame), categories=GRAD_MODES)
         elif default is None:
             frame[name] = pd.Series(pd.NA, index=frame.index, dtype="Int64")
         else:

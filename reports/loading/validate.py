@@ -12,7 +12,8 @@ expected, never a traceback deep inside a report and never a figure made from it
   ranges   counts, bytes and times are >= 0; FLOPs at most MAX_ROW_FLOPS per row, bytes at
            most MAX_BYTES, storage ids below `max_storage_id` (ids are handed out one by one as
            storages appear, so a trace of n rows cannot use ids far beyond n)
-  values   phase and flop_kind hold only the values tracer/schema.py names (ALLOWED)
+  values   phase, flop_kind and grad_mode hold only the values tracer/schema.py names (ALLOWED; grad_mode
+           may be null: unknown, before v4)
   seq      strictly increasing in write order (a repeated part or a repeated row is refused)
   JSON     the metadata and the marker are bounded in size and nesting depth before they
            are parsed, and their fields must have the types the tracer writes, their numbers
@@ -28,7 +29,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from reports.errors import ReportError
-from tracer.schema import ARROW_SCHEMA, FLOP_KINDS, MAX_TOKENS, PHASES, ROLE_RECORDS
+from tracer.schema import ARROW_SCHEMA, FLOP_KINDS, GRAD_MODES, MAX_TOKENS, PHASES, ROLE_RECORDS
 
 __all__ = ["ALLOWED", "ITEMS_NOT_NULL", "MAX_BYTES", "MAX_JSON_DEPTH", "MAX_ROW_FLOPS", "check_footers", "check_metadata",
            "check_metadata_ids", "check_rows", "check_schema", "max_storage_id", "parse_json"]  # fmt: skip
@@ -54,7 +55,7 @@ RANGES = {
     "output_storage_bytes": (0, MAX_BYTES, "bytes"),
 }  # fmt: skip
 # string column: the values the tracer writes (tracer/schema.py); another is damage (the phases would not add up)
-ALLOWED = {"phase": PHASES, "flop_kind": FLOP_KINDS}
+ALLOWED = {"phase": PHASES, "flop_kind": FLOP_KINDS, "grad_mode": GRAD_MODES}
 _EXPECTED = {field.name: field.type for field in ARROW_SCHEMA}
 # The list columns that hold a list in every row: their Parquet statistics cannot tell a null cell from an empty
 # list, so a reader that checks from the statistics scans these cells (reports/sql/engine.py).

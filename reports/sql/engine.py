@@ -42,6 +42,7 @@ import warnings
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 
 from reports.errors import ReportError
 from reports.loading.integrity import (REREADS, Footers, describe_damage, footer, list_parts, merged_away, one_line, reread,
@@ -51,10 +52,18 @@ from reports.loading.validate import ALLOWED, ITEMS_NOT_NULL, LIST_NOT_NULL, STO
 from reports.sql import rowpass
 from reports.sql.kept_views import kept_views
 from reports.sql.scan import GRAINS, files_query, grains, source, source_views, views
-from tracer.schema import COLUMN_NAMES, PHASES, SCHEMA_VERSION
+from tracer.schema import ARROW_SCHEMA, COLUMN_NAMES, PHASES, missing_columns
 
-# a row whose phase or FLOP kind the tracer never writes (validate.ALLOWED): the reference loader names it
-_UNKNOWN_VALUES = " OR ".join(f"{name} NOT IN ({', '.join(repr(v) for v in values)})" for name, values in ALLOWED.items())
+# a row whose phase or FLOP kind the tracer never writes (validate.ALLOWED): the reference loader names it. Checked on the
+# _ops grain, which is keyed by both; a grad_mode the tracer never writes is checked per row (_BAD_ROW_VALUES, with the
+# null lists: the grain is not keyed by it)
+_GRAIN_CHECKED = ("phase", "flop_kind")
+_UNKNOWN_VALUES = " OR ".join(f"{name} NOT IN ({', '.join(repr(v) for v in ALLOWED[name])})" for name in _GRAIN_CHECKED)
+_BAD_ROW_VALUES = [f"{name} NOT IN ({', '.join(repr(v) for v in values)})" for name, values in ALLOWED.items()
+                   if name not in _GRAIN_CHECKED]  # fmt: skip
+# The oldest schema version the engine reads. A trace of it lacks the columns added since, all of them null when
+# reports.load reads one (tracer.schema.missing_columns: grad_mode, unknown before v4): they are read as NULL here.
+OLDEST_VERSION = 3
 
 # Traces of at most this many rows have DuckDB give a scan's freed buffers back as it goes: 20-35 MB less at the
 # peak of a 1M-row report in the same time; on 50M rows (128 ranks) its scans took 12-17% longer (benchmarks/README.md,
@@ -77,8 +86,21 @@ _GLOB = re.compile(r"([*?\[])")
 
 
 class Unsupported(ReportError):
-    """A trace the SQL engine does not read (a v1 or v2 trace, or any trace lacking a column its views read: the
-    pandas engine reads only its sections' columns; a part's path with a backslash and [, * or ?)."""
+    """A trace the SQL engine does not read (a v1 or v2 trace, or any trace lacking a column its views read that its
+    version has: the pandas engine reads only its sections' columns; a part's path with a backslash and [, * or ?)."""
+
+
+_SQL_TYPES = {"string": "VARCHAR", "bool": "BOOLEAN", "int64": "BIGINT"}  # of the columns a version may lack
+
+
+def _named(lacking):
+    """The trace's columns by name, for a select from one run's parts: a column its version lacks (`lacking`) as a
+    typed NULL."""
+    def null(field):
+        typ = field.type.value_type if pa.types.is_dictionary(field.type) else field.type
+        return f'CAST(NULL AS {_SQL_TYPES[str(typ)]}) AS "{field.name}"'
+
+    return ", ".join(null(f) if f.name in lacking else f'"{f.name}"' for f in ARROW_SCHEMA)
 
 
 def statements(path=VIEWS_SQL):
@@ -147,6 +169,7 @@ class Trace:
         if not paths:
             raise ReportError("load: expected at least one trace path, got none")
         self.runs, self.ranks, self.paths, self.files, self._phase_steps, self._totals = {}, [], [], [], None, None
+        self.lacking = []  # per run: the columns its version lacks, read as NULL
         self.kept = {}
         self._reference_columns = columns
         footers, refused, seen = _IdFooters(), set(), {}
@@ -159,8 +182,9 @@ class Trace:
                     refused.add(path)  # else a value the statistics refuse: the reference loader says which
                 check_rank(path, rank, meta, seen)
                 name = run_name(path, rank, meta, self.runs)
-                if meta["schema_version"] < SCHEMA_VERSION:
-                    raise Unsupported(f"{path}: a v{meta['schema_version']} trace; the SQL engine reads v{SCHEMA_VERSION}")
+                if meta["schema_version"] < OLDEST_VERSION:
+                    raise Unsupported(f"{path}: a v{meta['schema_version']} trace; the SQL engine reads v{OLDEST_VERSION} "
+                                      "and later")
                 self.runs[name] = meta
                 self.ranks.append(rank if rank is not None else meta.get("rank"))
                 self.paths.append(path)
@@ -169,9 +193,11 @@ class Trace:
                     raise Unsupported(f"{path}: a backslash and a glob character in a part's path, which DuckDB's glob "
                                       "cannot be told to read literally")  # the pandas engine reads it
                 present = footer(self.files[-1][0], footers).schema.to_arrow_schema().names
-                missing = [c for c in COLUMN_NAMES if c not in present]
+                lacks = missing_columns(meta["schema_version"])  # null in every row: read as NULL
+                missing = [c for c in COLUMN_NAMES if c not in present and c not in lacks]
                 if missing:  # the pandas engine reads it: refused in reports.load's words, or read when it reads none
                     raise Unsupported(f"{path}: trace lacks column(s) {missing}")
+                self.lacking.append({c for c in lacks if c not in present})
         except Unsupported:
             raise
         except ReportError:  # a run that cannot be read: reports.load checks the rows of the runs before it first
@@ -189,8 +215,8 @@ class Trace:
                        for files in self.files]  # fmt: skip  (closed by the caller: options may follow)
         # the trace's columns by name: UNION ALL and INSERT match columns by position, and a run's parts may hold
         # them in another order (or hold others), which reports.load, reading them by name, accepts
-        named = ", ".join(f'"{c}"' for c in COLUMN_NAMES)
-        selects = [f"SELECT {literal(name)} AS run, {i} AS run_index, {named} FROM {read})"
+        named = [_named(lacking) for lacking in self.lacking]
+        selects = [f"SELECT {literal(name)} AS run, {i} AS run_index, {named[i]} FROM {read})"
                    for i, (name, read) in enumerate(zip(self.runs, self._reads))]  # fmt: skip
         self.rows_view = "CREATE VIEW rows AS " + " UNION ALL ".join(selects)  # what views.sql reads, for another connection
         self.db.execute(self.rows_view)
@@ -208,12 +234,13 @@ class Trace:
         # small parts, removing the files a later scan would open)
         changing = any(not meta.get("complete") for meta in self.runs.values())
         self.narrow = rows <= SMALL_PARTS[2] and (changing or files >= SMALL_PARTS[0] and rows <= SMALL_PARTS[1] * files)
-        batches = [(literal(name), i, f"(SELECT {named}, filename, file_row_number FROM read_parquet(["
+        batches = [(literal(name), i, f"(SELECT {named[i]}, filename, file_row_number FROM read_parquet(["
                     f"{', '.join(file_literal(f) for f in fs[k:k + BATCH])}], hive_partitioning = false, "
                     "filename = true, file_row_number = true))")
                    for i, (name, fs) in enumerate(zip(self.runs, self.files)) for k in range(0, len(fs), BATCH)]  # fmt: skip
         nulls = [f"{c} IS NULL" for c in LIST_NOT_NULL if c in self.columns]
         nulls += [f"list_count({c}) < len({c})" for c in ITEMS_NOT_NULL if c in self.columns]  # a null item
+        nulls += _BAD_ROW_VALUES  # a value the tracer never writes, in a column the grains are not keyed by
         self._null_where = " OR ".join(nulls) or "FALSE"
         for statement in source("rows", batches if self.narrow else None, self._null_where):
             self.db.execute(statement)

@@ -26,7 +26,7 @@ from reports.sql.rowpass import Codes
 
 __all__ = ["FlopRows"]
 
-_CATEGORICAL = ("phase", "op", "module", "flop_kind")  # as flops.py gives them: categorical
+_CATEGORICAL = ("phase", "op", "module", "flop_kind", "grad_mode")  # as flops.py gives them: categorical
 
 
 
@@ -46,7 +46,7 @@ SCHEMA = pa.schema([("seq", pa.int64()), ("step", pa.int64()), ("phase", pa.stri
                     ("module", pa.string()), ("flop_kind", pa.string()), ("flops", pa.int64()), ("recompute", pa.bool_()),
                     ("causal", pa.bool_()), ("input_storage_ids", _INTS), ("output_storage_ids", _INTS),
                     ("input_dtypes", pa.list_(pa.field("l", pa.string()))), ("input_shapes", _SHAPES),
-                    ("output_shapes", _SHAPES), ("flops_bound", pa.bool_())])  # fmt: skip
+                    ("output_shapes", _SHAPES), ("flops_bound", pa.bool_()), ("grad_mode", pa.string())])  # fmt: skip
 
 
 def _product_is_one(shapes, k):
@@ -109,7 +109,13 @@ class FlopRows:
 
         for name, code in zip(("op", "phase", "flop_kind"), codes):
             w[name].append(code[at])
-        w["module"].append(np.where(mm, self.codes["module"].of(table.column("module"))[at], -1))
+        w["module"].append(np.where(mm | is_kind["attention"][at], self.codes["module"].of(table.column("module"))[at], -1))
+        if "grad_mode" in table.column_names:  # a v3 trace has none: null (reports/sql/engine.py)
+            grad = table.column("grad_mode")
+            w["grad_mode"].append(np.where(pc.is_null(grad).to_numpy(zero_copy_only=False)[at], -1,
+                                           self.codes["grad_mode"].of(grad)[at]))
+        else:
+            w["grad_mode"].append(np.full(len(at), -1, dtype=np.int64))
         for name in ("seq", "step", "flops", "causal", "input_storage_ids", "output_storage_ids"):
             w[name].append(table.column(name).take(index))
         w["recompute"].append(pc.fill_null(table.column("recompute").take(index), False))
@@ -173,7 +179,8 @@ class FlopRows:
         rest = {c: pa.array(rest[c], SCHEMA.field(c).type) if c in rest else pa.nulls(len(groups), SCHEMA.field(c).type)
                 for c in SCHEMA.names if c not in _CATEGORICAL}  # fmt: skip
         rest_codes = {"phase": [k[0] for k, _ in groups], "op": [k[1] for k, _ in groups],
-                      "flop_kind": [k[2] for k, _ in groups], "module": [-1] * len(groups)}  # fmt: skip
+                      "flop_kind": [k[2] for k, _ in groups], "module": [-1] * len(groups),
+                      "grad_mode": [-1] * len(groups)}  # fmt: skip
         steps_codes = {c: np.full(len(steps), -1, dtype=np.int64) for c in _CATEGORICAL}
         steps_codes["phase"] = self.codes["phase"].of(steps.column("phase"))
         # rest's groups between the walked rows, by seq (seq is unique in a run); the steps after them

@@ -8,7 +8,7 @@ of the whole trace: SQL (reports/sql/flops.sql) cuts the rows down to a small fr
       the walked rows (view flop_rows)  matmul and attention rows, forward convolutions, one-to-one copies
                    and gathers, and in the backward and other phases the adds, the ops that place or move a
                    gradient and collectives: every row a walk of Roles follows or a section reads a cell of
-                   (ids, shapes, dtypes, module, causal), with those columns only
+                   (ids, shapes, dtypes, module, causal, grad mode), with those columns only
       the rest (view flop_rest)  every other row: none is a matmul, attention kernel, copy or gradient hop,
                    so its category is "other" and the sections only sum its FLOPs, per phase, FLOP kind and
                    recompute flag (explain's and MFU's masks), per first input dtype and FLOPs > 0 (MFU's
@@ -53,10 +53,10 @@ from reports.sql.flop_rows import FlopRows
 __all__ = ["frame"]
 
 _ROWS = ("seq", "step", "phase", "op", "module", "flop_kind", "flops", "recompute", "causal", "input_storage_ids",
-         "output_storage_ids", "input_dtypes", "input_shapes", "output_shapes", "flops_bound")  # fmt: skip
+         "output_storage_ids", "input_dtypes", "input_shapes", "output_shapes", "flops_bound", "grad_mode")  # fmt: skip
 _REST = {"seq": "seq", "step": "step", "phase": "phase", "op": "op", "flop_kind": "flop_kind", "flops": "flops",
          "recompute": "recompute", "input_dtypes": "first_dtype"}  # fmt: skip
-_CATEGORICAL = ("phase", "op", "module", "flop_kind")
+_CATEGORICAL = ("phase", "op", "module", "flop_kind", "grad_mode")
 _STEPS = {"seq": "seq", "step": "step", "phase": "phase", "flops": "0", "recompute": "recompute"}
 _MFU_ROWS = {"seq": "seq", "step": "step", "phase": "phase", "op": "op", "flop_kind": "flop_kind", "flops": "flops",
              "recompute": "coalesce(recompute, false)", "input_dtypes": "input_dtypes[1:2]",

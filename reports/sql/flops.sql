@@ -48,17 +48,20 @@ SELECT r.*, o.scales,
 FROM rows AS r
 JOIN flop_ops AS o ON r.run_index = o.run_index AND r.op = o.op
 ;
--- The walked rows, with only what is read of them: the module of matmul rows (the output head), the first two
+-- The walked rows, with only what is read of them: the module of matmul rows (the output head) and of attention
+-- kernels (explain names where a kernel was causal), the first two
 -- input dtypes (the multiplied operand of addmm is the second: MFU's dtype), input shapes of attention kernels,
 -- convolutions and the scaled tensors (which input is the scalar), output shapes of matmuls (a weight gradient that never becomes a .grad) and convolutions,
--- and whether a matmul's FLOPs are an upper bound (explain: N_active measured from bounds).
+-- whether a matmul's FLOPs are an upper bound (explain: N_active measured from bounds) and the grad mode (explain: a
+-- forward under no_grad is an evaluation).
 CREATE VIEW flop_rows AS
-SELECT run, run_index, seq, step, phase, op, CASE WHEN flop_kind = 'matmul' THEN module END AS module, flop_kind,
+SELECT run, run_index, seq, step, phase, op, CASE WHEN flop_kind IN ('matmul', 'attention') THEN module END AS module,
+       flop_kind,
        flops, coalesce(recompute, false) AS recompute, causal, input_storage_ids, output_storage_ids,
        input_dtypes[1:2] AS input_dtypes,
        CASE WHEN flop_kind IN ('attention', 'conv') OR scales THEN input_shapes END AS input_shapes,
        CASE WHEN flop_kind IN ('matmul', 'conv') THEN output_shapes END AS output_shapes,
-       CASE WHEN flop_kind = 'matmul' THEN coalesce(flops_bound, false) END AS flops_bound
+       CASE WHEN flop_kind = 'matmul' THEN coalesce(flops_bound, false) END AS flops_bound, grad_mode
 FROM flop_marked
 WHERE walked
 ;

@@ -1,6 +1,6 @@
 -- optrace's report tables as SQL views over one view `rows`.
 --
--- `rows` is the trace: every column of the trace schema (README, "Trace schema v3"), one row per
+-- `rows` is the trace: every column of the trace schema (docs/schema.md), one row per
 -- aten op, plus `run` (the run's name) and `run_index` (0, 1, ... in the order the runs were given;
 -- one per rank of a distributed trace). reports/sql/engine.py defines it over the literal list of
 -- part files the integrity checks accepted:
