@@ -248,3 +248,19 @@ def test_a_fifo_named_like_a_part_is_refused_by_read_metadata(tmp_path):
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=20)
     assert done.stderr.strip().splitlines()[-1] == (f"tracer.schema.NotRegular: {path / 'part-000001.parquet'} is not a "
                                                     "regular file, not an optrace part; move it out of the trace")
+
+
+def test_a_distributed_run_at_a_users_directory_of_part_files_removes_none(tmp_path, monkeypatch):
+    users = tmp_path / "spark"
+    users.mkdir()
+    (users / "part-00000-abc.parquet").write_bytes(b"Spark's rows\n")  # named like a part, not optrace's
+    (users / ".part-mine.tmp").write_bytes(b"mine\n")
+    before = _hashes(users)
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "1")  # as torchrun sets them
+    with pytest.raises(TraceError) as raised:
+        with Tracer(users):
+            _adds(1)
+    assert str(raised.value) == (f"cannot write trace {str(users)!r}: it is a directory holding '.part-mine.tmp', which "
+                                 "optrace did not write; choose a new path")
+    assert _hashes(users) == before and sorted(os.listdir(users)) == [".part-mine.tmp", "part-00000-abc.parquet"]
