@@ -264,3 +264,12 @@ def test_a_distributed_run_at_a_users_directory_of_part_files_removes_none(tmp_p
     assert str(raised.value) == (f"cannot write trace {str(users)!r}: it is a directory holding '.part-mine.tmp', which "
                                  "optrace did not write; choose a new path")
     assert _hashes(users) == before and sorted(os.listdir(users)) == [".part-mine.tmp", "part-00000-abc.parquet"]
+
+
+def test_a_trace_path_that_is_not_utf8_is_one_line_for_the_readers(tmp_path):
+    path = os.path.join(tmp_path, os.fsdecode(b"run\xff"))
+    shutil.copytree(_other_trace(tmp_path)[0], path)  # a good trace, moved to a name that is not UTF-8
+    with pytest.raises(ReportError) as raised:
+        reports.load(path)
+    assert str(raised.value) == (f"{tmp_path}/run\\udcff: the path is not valid UTF-8, and the Parquet readers "
+                                 "(pyarrow, DuckDB) open files by UTF-8 paths; rename it")
