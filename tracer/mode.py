@@ -22,7 +22,7 @@ from tracer.layouts import STRIDED, describe, odd_flops, register_subclass
 from tracer.native import choose, wanted as wanted_collector
 from tracer.metadata import Roles, dtype_name, now, register_at_entry, run_metadata, state_tensors
 from tracer.safety import interrupts_deferred, warn, write_failure_message
-from tracer.schema import CAUSAL_NONE, INT64_MAX, MAX_TOKENS, MIN_STEP_TIME_S, NO_VALUE, FlopBasis
+from tracer.schema import CAUSAL_NONE, INT64_MAX, MAX_TOKENS, MIN_STEP_TIME_S, NO_VALUE, FlopBasis, is_unicode
 from tracer.storage import StorageTable
 from tracer.timing import check_timing, make_timer
 from tracer.writer import (
@@ -46,7 +46,7 @@ _PER_ELEMENT, _FORMULA, _DETAILED = int(FlopBasis.PER_OUTPUT_ELEMENT), int(FlopB
 class Tracer:
     """Trace every aten op run inside `with Tracer(path): ...` to a Parquet trace at `path`.
 
-    path       where the trace goes: a directory of Parquet parts, which
+    path       where the trace goes (str, bytes or os.PathLike): a directory of Parquet parts, which
                `pandas.read_parquet(path)` reads as one table. Its parent
                directory must exist. An earlier trace at `path` is replaced.
                Under a process group or torchrun, each rank writes `path/rank=R`.
@@ -90,7 +90,7 @@ class Tracer:
             raise TraceError(f"Tracer: tokens must be an int from 1 to 2**53 (tokens per step) or None, got {tokens!r}")
         if run_name is not None and not isinstance(run_name, str):
             raise TraceError(f"Tracer: run_name must be a str or None, got {type(run_name).__name__}")
-        if run_name is not None and not _is_unicode(run_name):  # a lone surrogate (os.fsdecode of a Latin-1 name)
+        if run_name is not None and not is_unicode(run_name):  # a lone surrogate (os.fsdecode of a Latin-1 name)
             raise TraceError(f"Tracer: run_name must be valid Unicode text (encodable as UTF-8), got {run_name!r}")
         if not isinstance(flush_rows, int) or isinstance(flush_rows, bool) or flush_rows <= 0:
             raise TraceError(f"Tracer: flush_rows must be a positive int, got {flush_rows!r}")
@@ -745,14 +745,6 @@ class Tracer:
         dtypes = self._writer.names["dtype"].names  # bytes per element of every dtype recorded, parameters' too
         meta["dtype_bytes"] = {**meta.get("dtype_bytes", {}), **{dtypes[i]: n for i, n in self._writer.itemsize.items()}}
         return meta
-
-
-def _is_unicode(text):
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def _after_fork_in_child():

@@ -406,6 +406,16 @@ def read_marker_file(path, limit):
     return None, None
 
 
+def is_unicode(text):
+    """Whether the str `text` encodes as UTF-8: a lone surrogate (os.fsdecode of a name that is not UTF-8, a
+    Latin-1 one) does not, and every Parquet reader and every output would fail on it."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _is_regular(file):
     import os
     import stat

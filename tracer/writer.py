@@ -9,7 +9,8 @@ column is its values and its offsets, with no value picked out of a shared buffe
 A part is written under a hidden temporary name, unique to the process, and renamed
 when complete, so a reader, or a process killed mid-write, never sees a half-written
 part: pyarrow's dataset discovery skips names that start with '.'. A failed write
-removes its temporary file.
+removes its temporary file. Every file is created, renamed and removed through the
+directory's descriptor (tracer.held.Held), never through the path again.
 """
 
 import contextlib
@@ -282,7 +283,7 @@ class PartWriter:
     """Writes RowBuffers as numbered parts of one trace directory."""
 
     def __init__(self, directory, trace_id=""):
-        self.held = directory if isinstance(directory, Held) else Held(directory)  # tracer.directory.Held
+        self.held = directory if isinstance(directory, Held) else Held(directory)  # tracer.held.Held
         self.directory = self.held.path
         self.trace_id = trace_id  # in the temporary names, so a later run removes only this trace's
         self.names = new_names()

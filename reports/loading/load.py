@@ -12,7 +12,7 @@ from reports.errors import ReportError
 from reports.loading.columns import LIST_MODES, SharedRuns, concat_frames, has_column, read_table, to_pandas
 from reports.loading.integrity import Footers, check_parts, damage, describe_damage, list_parts, no_parts, one_line, read_marker, reread
 from reports.loading.validate import check_metadata_ids, check_rows, max_storage_id
-from tracer.schema import COLUMN_NAMES, SCHEMA_VERSION, merge_metadata, missing_columns
+from tracer.schema import COLUMN_NAMES, SCHEMA_VERSION, is_unicode, merge_metadata, missing_columns
 
 _RANK_DIR = re.compile(r"^rank=(\d+)$")
 MAX_RANK = 2**31  # ranks are int32 in torch.distributed and in the SQL engine's tables
@@ -195,15 +195,6 @@ def run_name(path, rank, meta, taken):
     while name in taken:
         name, n = f"{base}#{n}", n + 1
     return name
-
-
-def is_unicode(text):
-    """Whether the str `text` encodes as UTF-8 (a lone surrogate, from os.fsdecode of a Latin-1 name, does not)."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def escaped(text):
