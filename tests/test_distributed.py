@@ -469,12 +469,22 @@ def test_rank_directory_makes_missing_parents(tmp_path, monkeypatch):
 
 def test_rank_zero_clears_a_stale_trace(tmp_path):
     path = tmp_path / "t"
+    with Tracer(path, flush_rows=2):  # a single-process trace: its parts would mix with the ranks'
+        torch.ones(2) + 1
+    assert tdist.rank_directory(str(path), 0, 2) == str(path / "rank=0")
+    assert sorted(os.listdir(path)) == ["_optrace.parquet"]  # its parts removed
+
+
+def test_rank_zero_refuses_a_directory_holding_files_optrace_did_not_write(tmp_path):
+    path = tmp_path / "t"
     (path / "rank=5").mkdir(parents=True)
-    (path / "rank=5" / "part-000000.parquet").write_bytes(b"")
+    (path / "rank=5" / "part-000000.parquet").write_bytes(b"")  # named like parts, without optrace metadata
     (path / "part-000000.parquet").write_bytes(b"")
     (path / "notes.txt").write_text("mine")
-    assert tdist.rank_directory(str(path), 0, 2) == str(path / "rank=0")
-    assert sorted(os.listdir(path)) == ["notes.txt"]  # not optrace's: left alone
+    with pytest.raises(TraceError, match=r"it is a directory holding 'notes.txt', which optrace did not write"):
+        tdist.rank_directory(str(path), 0, 2)
+    assert sorted(os.listdir(path)) == ["notes.txt", "part-000000.parquet", "rank=5"]  # nothing removed
+    assert os.listdir(path / "rank=5") == ["part-000000.parquet"]
 
 
 def test_single_process_trace_has_no_rank_column(tmp_path):

@@ -159,6 +159,36 @@ def test_export_cli_and_errors(traced, tmp_path, capsys):
     assert "no such file or directory" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("fails", [False, True])
+@pytest.mark.parametrize("out_name", ["out.json", "out.json.gz"])
+def test_export_never_writes_or_removes_a_users_file_named_like_its_temporary(traced, tmp_path, monkeypatch, fails, out_name):
+    """The export's temporary is `.NAME.<random>.tmp`, created exclusively: a user's `.NAME.tmp` (the name export
+    used before), a file or a link to the user's file, is left as it was, whether the export succeeds or fails."""
+    users = tmp_path / "users.txt"
+    users.write_bytes(b"the user's own\n")
+    out = tmp_path / out_name
+    (tmp_path / f".{out_name}.tmp").symlink_to(users)  # a link where export wrote before
+    own = tmp_path / "sub"
+    own.mkdir()
+    (own / f".{out_name}.tmp").write_bytes(b"mine too\n")  # a regular file of that name, beside a second output
+    if fails:
+        def broken(*args):
+            raise ReportError("export: a part is damaged")
+        monkeypatch.setattr("reports.output.export.check_rows", broken)  # fails after the temporary is open
+    for target in (out, own / out_name):
+        if fails:
+            with pytest.raises(ReportError, match="a part is damaged"):
+                export_trace(traced, target)
+        else:
+            assert export_trace(traced, target) > 0
+        assert target.exists() is not fails
+    assert users.read_bytes() == b"the user's own\n" and os.readlink(tmp_path / f".{out_name}.tmp") == str(users)
+    assert (own / f".{out_name}.tmp").read_bytes() == b"mine too\n"
+    expected = [out_name] if not fails else []
+    assert sorted(os.listdir(own)) == sorted([f".{out_name}.tmp"] + expected)  # no temporary of the export's left
+    assert sorted(os.listdir(tmp_path)) == sorted([f".{out_name}.tmp", "sub", "users.txt"] + expected)
+
+
 ROWS = 500_000  # 4 parts; the JSON (about 200 MiB) is twice what the export may hold
 PART_ROWS = 125_000
 

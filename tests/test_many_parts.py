@@ -58,7 +58,7 @@ def interrupted(tmp_path, monkeypatch):
     there leaves them. Returns (path, parts)."""
     path = tmp_path / "both"
     remove = os.remove
-    monkeypatch.setattr(writer.os, "remove", lambda file: os.path.basename(file).startswith("part-") or remove(file))  # parts stay
+    monkeypatch.setattr(writer.os, "remove", lambda file, **at: os.path.basename(file).startswith("part-") or remove(file, **at))  # parts stay
     _train(path)
     monkeypatch.undo()
     names = sorted(os.listdir(path))

@@ -74,11 +74,12 @@ def test_a_ctrl_c_between_a_merged_part_and_its_removals_leaves_no_overlapping_p
     path, snapshot = tmp_path / "t", tmp_path / "snapshot"
     remove, calls = os.remove, []
 
-    def ctrl_c_once(file):  # the first removal of the first merge (parts 0, 1 into part-000000-000001)
-        calls.append(os.path.basename(file))
-        if len(calls) == 1:
-            raise KeyboardInterrupt
-        remove(file)
+    def ctrl_c_once(file, **at):  # the first removal of the first merge (parts 0, 1 into part-000000-000001)
+        if os.path.basename(file).startswith("part-"):  # (the writer removes a name in its held directory: dir_fd)
+            calls.append(os.path.basename(file))
+            if len(calls) == 1:
+                raise KeyboardInterrupt
+        remove(file, **at)
 
     def keep(i):  # the trace as a kill after op 5 leaves it (no merge at close)
         if i == 5:
@@ -107,12 +108,12 @@ def test_a_kill_at_any_removal_of_a_merge_cascade_leaves_every_row_once(tmp_path
     path = tmp_path / "t"
     remove, snapshots = os.remove, []
 
-    def snapshot_then_remove(file):  # what a kill just before this removal leaves (the lock and temporaries too)
+    def snapshot_then_remove(file, **at):  # what a kill just before this removal leaves (the lock and temporaries too)
         if os.path.basename(file).startswith("part-"):  # (os.remove is the os module's: the lock's removal too)
             snap = tmp_path / f"kill{len(snapshots):02d}"
             shutil.copytree(path, snap)
             snapshots.append(snap)
-        remove(file)
+        remove(file, **at)
 
     monkeypatch.setattr(writer.os, "remove", snapshot_then_remove)
     _adds(path, 8, 2, min_parts=10**6, monkeypatch=monkeypatch)  # no merge at close: the levels stay
@@ -165,10 +166,10 @@ def test_a_copy_of_the_first_part_a_merged_part_holds_is_named_not_the_merged_pa
     copies.mkdir()
     remove = os.remove
 
-    def sync_copy(file):  # a sync tool copied part 0 and part-000000-000003 before the tracer merged them away
-        if os.path.basename(file) in (part_name(0), merged_name(0, 3)):
-            shutil.copy(file, copies / os.path.basename(file).replace(".parquet", " (1).parquet"))
-        remove(file)
+    def sync_copy(file, **at):  # a sync tool copied part 0 and part-000000-000003 before the tracer merged them away
+        if os.path.basename(file) in (part_name(0), merged_name(0, 3)):  # (a name in the writer's held directory)
+            shutil.copy(path / file, copies / os.path.basename(file).replace(".parquet", " (1).parquet"))
+        remove(file, **at)
 
     monkeypatch.setattr(writer.os, "remove", sync_copy)
     _adds(path, 17, 4, monkeypatch=monkeypatch)  # 0-15 (two levels), 16 and the closing part 17
@@ -190,7 +191,7 @@ def test_a_copy_of_the_first_part_a_merged_part_holds_is_named_not_the_merged_pa
 def test_a_merge_between_the_two_listings_of_check_parts_is_read_again(tmp_path, monkeypatch):
     path, live = tmp_path / "t", tmp_path / "live"
     remove = os.remove
-    monkeypatch.setattr(writer.os, "remove", lambda file: os.path.basename(file).startswith("part-") or remove(file))
+    monkeypatch.setattr(writer.os, "remove", lambda file, **at: os.path.basename(file).startswith("part-") or remove(file, **at))
     _adds(path, 6, 4, monkeypatch=monkeypatch)  # parts 0-6 (6: the closing part) and part-000000-000003, all kept
     monkeypatch.setattr(writer.os, "remove", remove)
     shutil.copytree(path, live, ignore=lambda _, names: [merged_name(0, 3)])  # as a reader listed it before the merge
@@ -227,12 +228,12 @@ def test_the_memory_report_of_a_merged_trace_is_the_unmerged_ones(tmp_path, monk
     _train(tmp_path / "parts", 10**6, monkeypatch)  # never merged
     remove, killed = os.remove, []
 
-    def snapshot_cascades(file):  # what a kill leaves after a merged part of 16 or 64 parts is renamed into place
+    def snapshot_cascades(file, **at):  # what a kill leaves after a merged part of 16 or 64 parts is renamed into place
         span = merged_span(os.path.basename(file))
         if span and span[1] - span[0] == 3 and (span[1] + 1) % 16 == 0:  # the first removal of such a merge
             killed.append(tmp_path / f"kill{len(killed)}")
             shutil.copytree(tmp_path / "levels", killed[-1])
-        remove(file)
+        remove(file, **at)
 
     monkeypatch.setattr(writer.os, "remove", snapshot_cascades)
     _train(tmp_path / "levels", 4, monkeypatch)  # merged 4 at a time during the run, not at close
@@ -398,7 +399,7 @@ def test_a_merge_between_the_checks_and_the_read_of_the_rows_is_read_again(tmp_p
 
     path, live = tmp_path / "t", tmp_path / "live"
     remove = os.remove
-    monkeypatch.setattr(writer.os, "remove", lambda file: os.path.basename(file).startswith("part-") or remove(file))
+    monkeypatch.setattr(writer.os, "remove", lambda file, **at: os.path.basename(file).startswith("part-") or remove(file, **at))
     _adds(path, 6, 4, monkeypatch=monkeypatch)  # parts 0-6 (6: the closing part) and part-000000-000003, all kept
     monkeypatch.setattr(writer.os, "remove", remove)
     shutil.copytree(path, live, ignore=lambda _, names: [merged_name(0, 3)])  # the trace before the merge
@@ -432,12 +433,12 @@ from tracer import Tracer
 writer.SmallParts.FANOUT = 2
 remove, removals = os.remove, []
 
-def killed_inside_the_cascade(file):  # parts 0-7 merged into part-000000-000007: killed before its first removal
+def killed_inside_the_cascade(file, **at):  # parts 0-7 merged into part-000000-000007: killed before its first removal
     if os.path.basename(file).startswith("part-"):
         removals.append(file)
         if len(removals) == 13:
             os._exit(0)
-    remove(file)
+    remove(file, **at)
 
 os.remove = killed_inside_the_cascade
 with Tracer(sys.argv[1], flush_rows=1, run_name="killed"):

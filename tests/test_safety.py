@@ -139,7 +139,7 @@ def test_a_directory_of_rank_traces_is_an_optrace_trace(tmp_path):
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        ({"path": 123}, "Tracer: path must be a str or os.PathLike, got int"),
+        ({"path": 123}, "Tracer: path must be a str, bytes or os.PathLike, got int"),
         ({"path": ""}, "Tracer: path is '', expected the directory to write the trace in, e.g. 'runs/step'"),  # into cwd
         ({"model": "gpt"}, "Tracer: model must be a torch.nn.Module or None, got str"),
         ({"tokens": -4}, r"Tracer: tokens must be an int from 1 to 2\*\*53 \(tokens per step\) or None, got -4"),
@@ -369,7 +369,7 @@ def test_a_really_full_disk(tiny_disk):
         after.append("checkpoint saved")
     assert a.item() == 1499.0 and after == ["checkpoint saved"]
     messages = [str(w.message) for w in caught]
-    assert len(messages) == 2 and "[errno 28] No space left on device; the disk is full)" in messages[0]
+    assert len(messages) == 2 and "[Errno 28] No space left on device; the disk is full)" in messages[0]
     kept = len(pd.read_parquet(path))
     lost = 1500 - kept
     assert kept % 100 == 0 and 0 < kept < 1500

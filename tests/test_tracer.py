@@ -385,7 +385,7 @@ def test_a_failing_formula_does_not_break_the_program(tmp_path):
 @pytest.mark.parametrize(
     "kwargs, match",
     [
-        ({"path": 123}, "path must be a str or os.PathLike, got int"),
+        ({"path": 123}, "path must be a str, bytes or os.PathLike, got int"),
         ({"model": "gpt"}, "model must be a torch.nn.Module or None, got str"),
         ({"tokens": 0}, r"tokens must be an int from 1 to 2\*\*53 \(tokens per step\) or None, got 0"),
         ({"tokens": True}, "tokens must be an int from 1 .* got True"),

@@ -19,7 +19,7 @@ import os
 import torch
 import torch.optim.optimizer as optimizer_hooks
 
-from tracer.directory import make_parents
+from tracer.directory import foreign_entry, make_parents
 from tracer.errors import TraceError
 from tracer.safety import GlobalModuleHook
 
@@ -89,11 +89,25 @@ def rank_directory(path, rank, world_size):
     return os.path.join(path, RANK_DIR.format(rank))
 
 
+def _refuse_foreign(path):
+    """TraceError when `path` holds a file optrace did not write (tracer.directory.foreign_entry): a user's
+    `part-00000-x.parquet` (Spark's) or `.part-mine.tmp` is never removed as stale. An entry the other ranks remove
+    or write meanwhile (an earlier trace of their rank cleared) is looked at again."""
+    for _ in range(3):
+        foreign = foreign_entry(path)
+        if foreign is None or os.path.lexists(os.path.join(path, foreign)):
+            break
+    if foreign is not None:
+        raise TraceError(f"cannot write trace {path!r}: it is a directory holding {foreign!r}, which optrace did not "
+                         "write; choose a new path")
+
+
 def _is_part(name):
     return name.startswith(("part-", ".part-")) and name.endswith((".parquet", ".tmp"))
 
 
 def _remove_stale(path, world_size):
+    _refuse_foreign(path)
     for name in os.listdir(path):
         full = os.path.join(path, name)
         if os.path.isfile(full) and _is_part(name):

@@ -24,7 +24,7 @@ from tracer.native import choose, wanted as wanted_collector
 from tracer.metadata import Roles, dtype_name, now, register_at_entry, run_metadata, state_tensors
 from tracer.signals import TermHandler, unsafe
 from tracer.safety import describe_exception, interrupts_deferred, warn, write_failure_message
-from tracer.schema import CAUSAL_NONE, INT64_MAX, MAX_TOKENS, MIN_STEP_TIME_S, NO_VALUE, FlopBasis, GradMode
+from tracer.schema import CAUSAL_NONE, INT64_MAX, MAX_TOKENS, MIN_STEP_TIME_S, NO_VALUE, FlopBasis, GradMode, is_unicode
 from tracer.storage import StorageTable
 from tracer.timing import check_timing, make_timer
 from tracer.writer import (
@@ -37,7 +37,7 @@ from tracer.writer import (
     prepare_directory,
     release_directory,
 )
-from tracer.directory import still_ours, write_facts
+from tracer.directory import write_facts
 from tracer.mode_stack import depth_of, entered_below, lifted_above, lifted_over, refit_infra, take_off_exited
 
 Tensor = torch.Tensor
@@ -51,7 +51,7 @@ _GRAD, _NO_GRAD, _INFERENCE_MODE = int(GradMode.GRAD), int(GradMode.NO_GRAD), in
 class Tracer:
     """Trace every aten op run inside `with Tracer(path): ...` to a Parquet trace at `path`.
 
-    path       where the trace goes: a directory of Parquet parts, which
+    path       where the trace goes (str, bytes or os.PathLike): a directory of Parquet parts, which
                `pandas.read_parquet(path)` reads as one table. Its parent
                directory must exist. An earlier trace at `path` is replaced.
                Under a process group or torchrun, each rank writes `path/rank=R`.
@@ -85,8 +85,8 @@ class Tracer:
 
     def __init__(self, path, *, model=None, tokens=None, run_name=None, flush_rows=16384, timing="events",
                  meta_attention="fused"):
-        if not isinstance(path, (str, os.PathLike)):
-            raise TraceError(f"Tracer: path must be a str or os.PathLike, got {type(path).__name__}")
+        if not isinstance(path, (str, bytes, os.PathLike)):
+            raise TraceError(f"Tracer: path must be a str, bytes or os.PathLike, got {type(path).__name__}")
         if not os.fspath(path):  # '' would be the working directory itself
             raise TraceError("Tracer: path is '', expected the directory to write the trace in, e.g. 'runs/step'")
         if model is not None and not isinstance(model, torch.nn.Module):
@@ -95,13 +95,15 @@ class Tracer:
             raise TraceError(f"Tracer: tokens must be an int from 1 to 2**53 (tokens per step) or None, got {tokens!r}")
         if run_name is not None and not isinstance(run_name, str):
             raise TraceError(f"Tracer: run_name must be a str or None, got {type(run_name).__name__}")
+        if run_name is not None and not is_unicode(run_name):  # a lone surrogate (os.fsdecode of a Latin-1 name)
+            raise TraceError(f"Tracer: run_name must be valid Unicode text (encodable as UTF-8), got {run_name!r}")
         if not isinstance(flush_rows, int) or isinstance(flush_rows, bool) or flush_rows <= 0:
             raise TraceError(f"Tracer: flush_rows must be a positive int, got {flush_rows!r}")
         if meta_attention not in META_ATTENTION:
             raise TraceError(f"Tracer: meta_attention must be one of {', '.join(map(repr, META_ATTENTION))}, got {meta_attention!r}")
         self.meta_attention = meta_attention
         wanted_collector()  # OPTRACE_COLLECTOR, when set, names a collector (tracer/native.py)
-        self.path = os.path.abspath(os.fspath(path))
+        self.path = os.path.abspath(os.fsdecode(path))  # a path that is not UTF-8 is refused at entry (directory.probe)
         self.model = unwrap(model) if model is not None else None  # a torch.compile wrapper: its original
         self._model_compiled = model is not None and compiled_original(model) is not None
         self.tokens = tokens
@@ -153,7 +155,7 @@ class Tracer:
             self._start()
         except BaseException:  # nothing ran: remove what was installed, give the directory back
             self._undo_start()
-            release_directory(self._writer.directory)
+            release_directory(self._writer.directory, self._writer.held)
             raise
 
     def _in_child(self):
@@ -431,17 +433,20 @@ class Tracer:
         at the path is still this one; never raises into the program (a failure is a warning)."""
         if not self._closed or self._in_child():
             return
-        if not still_ours(self._writer.directory, self.trace_id):
+        if not self._writer.reopen():  # held by descriptor again, while its marker names this trace
             warn(f"optrace: {what}: the trace at {self._writer.directory!r} is no longer this Tracer's "
                           "(another run replaced it); nothing written")
             return
-        if not self._write(RowBuffer(), self._metadata()):
-            return
-        try:  # the marker counts the late part too: a reader names it missing when it is deleted
-            write_facts(self._writer.directory, self._facts())
-        except Exception as exc:
-            warn(f"optrace: {what}: updating the marker of {self._writer.directory!r} failed "
-                 f"({describe_exception(exc)}); the part is written")
+        try:
+            if not self._write(RowBuffer(), self._metadata()):
+                return
+            try:  # the marker counts the late part too: a reader names it missing when it is deleted
+                write_facts(self._writer.held, self._facts())
+            except Exception as exc:
+                warn(f"optrace: {what}: updating the marker of {self._writer.directory!r} failed "
+                     f"({describe_exception(exc)}); the part is written")
+        finally:
+            self._writer.held.close()
         if self._term_pending:  # a SIGTERM held while the part was written (tracer/signals.py)
             self._term.due(sys._getframe(1))
 

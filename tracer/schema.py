@@ -350,6 +350,9 @@ def read_metadata(path) -> dict:
         if ranks:
             ranks = dict(sorted(ranks.items()))
             return {"world_size": len(ranks), "complete": all(m.get("complete") is True for m in ranks.values()), "ranks": ranks}
+    for part in parts:  # a FIFO named like a part: never opened (pyarrow would wait on it for ever)
+        if not _is_regular(part):
+            raise NotRegular(f"{part} is not a regular file, not an optrace part; move it out of the trace")
     raws = (footer_metadata(pq.read_metadata(part)) for part in parts)
     meta = merge_metadata(json.loads(raw) for raw in raws if raw is not None)
     marker = marker_facts(path)
@@ -422,13 +425,52 @@ def read_marker_file(path, limit):
 
     for name in (MARKER_NAME, LEGACY_MARKER_NAME):
         try:
-            with open(os.path.join(os.fspath(path), name), "rb") as f:
-                return name, f.read(limit + 1)
+            return name, read_regular(os.path.join(os.fspath(path), name), limit)
         except FileNotFoundError:
             continue
-        except OSError:
+        except OSError:  # unreadable, or no regular file (a FIFO named like the marker: never read, never waited on)
             return name, None
     return None, None
+
+
+def is_unicode(text):
+    """Whether the str `text` encodes as UTF-8: a lone surrogate (os.fsdecode of a name that is not UTF-8, a
+    Latin-1 one) does not, and every Parquet reader and every output would fail on it."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _is_regular(file):
+    import os
+    import stat
+
+    try:
+        return stat.S_ISREG(os.stat(file).st_mode)
+    except FileNotFoundError:
+        return True  # merged away since the listing: its read says so
+    except OSError:
+        return False
+
+
+class NotRegular(OSError):
+    """A FIFO, a device, a socket or a directory where optrace reads or writes a file: never read, never waited on."""
+
+
+def read_regular(file, limit, dir_fd=None):
+    """At most limit + 1 bytes of the regular file `file` (relative to the directory descriptor `dir_fd` when given).
+    OSError when it cannot be read; NotRegular for any other kind of file: opened without blocking (a FIFO with no
+    writer would block an ordinary open for ever) and refused before a byte is read."""
+    import os
+    import stat
+
+    fd = os.open(file, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0), dir_fd=dir_fd)
+    with open(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise NotRegular(f"{os.fspath(file)} is not a regular file")
+        return f.read(limit + 1)
 
 
 def marker_json(raw):

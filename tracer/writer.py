@@ -9,9 +9,11 @@ column is its values and its offsets, with no value picked out of a shared buffe
 A part is written under a hidden temporary name, unique to the process, and renamed
 when complete, so a reader, or a process killed mid-write, never sees a half-written
 part: pyarrow's dataset discovery skips names that start with '.'. A failed write
-removes its temporary file.
+removes its temporary file. Every file is created, renamed and removed through the
+directory's descriptor (tracer.held.Held), never through the path again.
 """
 
+import contextlib
 import functools
 import json
 import os
@@ -22,7 +24,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from tracer.directory import prepare_directory, release_directory, temporary_name, write_facts  # noqa: F401 (re-exported)
+from tracer.directory import Held, prepare_directory, release_directory, temporary_name, write_facts  # noqa: F401 (re-exported)
 from tracer.schema import (  # ARROW_SCHEMA_KEY: re-exported
     ARROW_SCHEMA,
     ARROW_SCHEMA_KEY,  # noqa: F401
@@ -285,7 +287,8 @@ class PartWriter:
     """Writes RowBuffers as numbered parts of one trace directory."""
 
     def __init__(self, directory, trace_id=""):
-        self.directory = directory
+        self.held = directory if isinstance(directory, Held) else Held(directory)  # tracer.held.Held
+        self.directory = self.held.path
         self.trace_id = trace_id  # in the temporary names, so a later run removes only this trace's
         self.names = new_names()
         self.itemsize = {}  # dtype id -> bytes per element
@@ -308,15 +311,17 @@ class PartWriter:
 
     def _write_whole(self, table, name):
         """Write `table` as part `name`: to a temporary renamed into place, so the part is whole or absent."""
-        tmp = temporary_name(self.directory, name, self.trace_id)
+        self.held.check()  # the path names another directory now: nothing is written (DirectoryReplaced)
+        tmp = self.held.entry(os.path.basename(temporary_name(self.directory, name, self.trace_id)))
         try:
             write_table(table, tmp)
-            os.replace(tmp, os.path.join(self.directory, name))
+            self.held.replace(tmp.name, name)
         except BaseException:
-            try:
-                os.remove(tmp)
-            except OSError:
-                pass
+            if tmp.created:  # only the file this call created
+                try:
+                    self.held.remove(tmp.name)
+                except OSError:
+                    pass
             raise
 
     def merge_parts(self):
@@ -341,7 +346,7 @@ class PartWriter:
             try:
                 self._merge(group, metadata)
             except BaseException:
-                if os.path.exists(os.path.join(self.directory, merged_name(*span))):
+                if self.held.exists(merged_name(*span)):
                     self.small.merged(span, metadata)
                 raise
             self.small.merged(span, metadata)
@@ -353,20 +358,34 @@ class PartWriter:
         first, last = group[0].first, group[-1].last
         rows = RowBuffer.concatenate([rows for file in group for rows in file.buffers])
         self._write_whole(rows.table(self.names, self.itemsize, metadata, self.clock_offset_ns), merged_name(first, last))
-        names = os.listdir(self.directory)
+        names = self.held.listdir()
         for name in superseded(names, within=(first, last)):  # also those an earlier merge cut short left
             try:
-                os.remove(os.path.join(self.directory, name))
+                self.held.remove(name)
             except FileNotFoundError:
                 pass
         return first, last
 
     def close(self, facts):
-        """Write the closing facts into the marker and release the directory's lock."""
+        """Write the closing facts into the marker and release the directory's lock. A directory no longer at the path
+        gets its facts while its marker is this trace's (moved away: the rows lost are counted there), else none."""
         try:
-            write_facts(self.directory, facts)
+            if self.held.lost is None or self.held.trace_id() == self.trace_id:
+                write_facts(self.held, facts)
         finally:
-            release_directory(self.directory)
+            release_directory(self.directory, self.held)
+
+    def reopen(self):
+        """After close, for a late metadata update: hold the directory at the path again. False (nothing held) when
+        its marker names another trace (another run replaced it) or none; the caller closes `held` when done."""
+        try:
+            self.held = Held(self.directory)
+        except OSError:
+            return False
+        if self.held.trace_id() != self.trace_id:
+            self.held.close()
+            return False
+        return True
 
 
 class _File:
@@ -469,6 +488,7 @@ def write_table(table, file):
     if blob is not None:
         footer[METADATA_KEY] = blob
     codec = {"compression": "zstd", "compression_level": 1} if table.num_rows >= ZSTD_ROWS else {"compression": "snappy"}
-    with pq.ParquetWriter(file, plain, store_schema=False, **codec) as out:
-        out.add_key_value_metadata(footer)
-        out.write_table(table.replace_schema_metadata(None))
+    with file.create() if hasattr(file, "create") else contextlib.nullcontext(file) as sink:  # a held directory's entry
+        with pq.ParquetWriter(sink, plain, store_schema=False, **codec) as out:
+            out.add_key_value_metadata(footer)
+            out.write_table(table.replace_schema_metadata(None))

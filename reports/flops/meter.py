@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 
 from reports.errors import ReportError
+from reports.loading.load import escaped
 from tracer.schema import read_metadata
 
 __all__ = ["COLUMNS", "meter", "meter_summary"]
@@ -41,10 +42,13 @@ def _runs(source):
         return runs
     if not isinstance(source, (str, os.PathLike)):
         raise ReportError(f"meter: expected a trace path or a DataFrame from reports.load, got {type(source).__name__}")
-    meta = read_metadata(source)
+    try:
+        meta = read_metadata(source)
+    except OSError as exc:  # a part that is no regular file (tracer.schema.NotRegular), or one that cannot be read
+        raise ReportError(f"meter: {exc}") from None
     if not meta:
         raise ReportError(f"meter: {os.fspath(source)!r} holds no optrace trace")
-    name = meta.get("run_name") or os.path.basename(os.path.normpath(os.fspath(source)))
+    name = escaped(meta.get("run_name") or os.path.basename(os.path.normpath(os.fspath(source))))
     if "ranks" in meta:
         return {f"{name}/rank={r}": m for r, m in meta["ranks"].items()}
     return {name: meta}

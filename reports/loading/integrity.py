@@ -21,6 +21,7 @@ a part holds, from its footer before it is read, by reports/loading/widths.py.
 
 import os
 import re
+import stat
 
 import pyarrow.parquet as pq
 
@@ -32,7 +33,7 @@ except ImportError:
 from reports.errors import ReportError
 from reports.loading.validate import check_footers, check_metadata, check_schema, parse_json
 from reports.loading.widths import check_widths
-from tracer.schema import MARKER_NAME, footer_metadata, is_merged_name, is_part_name, marker_json, merged_span, part_name, part_paths, read_marker_file, superseded
+from tracer.schema import LEGACY_MARKER_NAME, MARKER_NAME, footer_metadata, is_merged_name, is_part_name, marker_json, merged_span, part_name, part_paths, read_marker_file, superseded
 
 MAX_METADATA_BYTES = 64 << 20  # a part's metadata JSON (a 70B model's parameter table: ~100 KB)
 MAX_MARKER_BYTES = 1 << 20  # the marker is written 4 KiB long
@@ -44,6 +45,14 @@ def one_line(exc):
     """The first line of an exception's message (pyarrow's can run to several)."""
     text = str(exc).strip().splitlines()
     return text[0] if text else type(exc).__name__
+
+
+def _regular(full):
+    """Whether `full` is a regular file (a link followed): a FIFO named like a part or the marker is never opened."""
+    try:
+        return stat.S_ISREG(os.stat(full).st_mode)
+    except OSError:
+        return False
 
 
 def list_parts(path):
@@ -109,6 +118,8 @@ def check_parts(path, footers=None, unread=()):
     left = superseded(names)  # parts whose rows a merged part holds (a merge at close cut short): not read
     for name in names:
         full = os.path.join(path, name)
+        if name in (MARKER_NAME, LEGACY_MARKER_NAME) and os.path.lexists(full) and not _regular(full):
+            raise ReportError(f"{path}: {name} is not a regular file, not an optrace marker; move it out of the trace")
         if name.startswith((".", "_")) or name in left:
             continue  # hidden and marker files: no Parquet reader reads them
         if name.startswith("rank=") and os.path.isdir(full):
@@ -117,7 +128,8 @@ def check_parts(path, footers=None, unread=()):
                                   "(another trace's rows?); move it out")  # fmt: skip
             continue  # one rank of a distributed trace: checked when that rank is read
         if not os.path.isfile(full) and os.path.lexists(full):  # one gone since the listing (merged): its footer read says so
-            raise ReportError(f"{path}: {name} is a directory, not an optrace part; move it out of the trace")
+            kind = "a directory" if os.path.isdir(full) else "not a regular file"  # a FIFO: never opened (it would block)
+            raise ReportError(f"{path}: {name} is {kind}, not an optrace part; move it out of the trace")
         if full not in known:
             raise ReportError(f"{path}: {name} is not an optrace part (a trace holds only part-*.parquet files); move it out")
     parts, first_id, foreign, checked, seen, ranges, lists = [], None, None, None, {}, {}, {}

@@ -13,7 +13,7 @@ from reports.loading.columns import LIST_MODES, SharedRuns, concat_frames, has_c
 from reports.loading.integrity import (Footers, check_parts, damage, describe_damage, list_parts, no_parts, one_line, read_marker,
                                        reread, stopped_by)
 from reports.loading.validate import check_metadata_ids, check_rows, max_storage_id
-from tracer.schema import COLUMN_NAMES, GRAD_MODES, SCHEMA_VERSION, merge_metadata, missing_columns
+from tracer.schema import COLUMN_NAMES, GRAD_MODES, SCHEMA_VERSION, is_unicode, merge_metadata, missing_columns
 
 _RANK_DIR = re.compile(r"^rank=(\d+)$")
 MAX_RANK = 2**31  # ranks are int32 in torch.distributed and in the SQL engine's tables
@@ -25,6 +25,9 @@ def read_run(path, footers=None, unread=()):
     `footers`: a dict (integrity.Footers) that keeps the parts' Parquet footers read here, for the reads
     that follow. `unread`: the columns the caller leaves in the files, checked from the parts' statistics."""
     path = os.fspath(path)
+    if not is_unicode(path):  # os.fsdecode of a name that is not UTF-8
+        raise ReportError(f"{escaped(path)}: the path is not valid UTF-8, and the Parquet readers (pyarrow, DuckDB) open "
+                          "files by UTF-8 paths; rename it")
     if not os.path.exists(path):
         raise ReportError(f"{path}: no such file or directory")
     if not os.path.isdir(path):
@@ -45,6 +48,8 @@ def read_run(path, footers=None, unread=()):
         raise ReportError(
             f"{path}: trace schema version {version!r} is newer than this optrace reads ({SCHEMA_VERSION}); upgrade optrace"
         )
+    if isinstance(meta.get("run_name"), str):  # one that is not valid Unicode (an older tracer's): escaped, printable
+        meta["run_name"] = escaped(meta["run_name"])
     meta["damage"] = damage(path, parts, meta)
     check_metadata_ids(path, meta, id_limit(meta, sum(rows for _, _, rows in parts)))
     meta["complete"] = bool(meta.get("complete")) and read_marker(path).get("complete", True) is not False
@@ -66,7 +71,7 @@ def load(paths, columns=None, lists="objects"):
     A distributed trace (a directory of `rank=R` directories) loads one run per rank,
     named `<run name>/rank=R`; a `rank` column (after `run`) then says which rank each
     row came from (0 for traces made outside a process group)."""
-    if isinstance(paths, (str, os.PathLike)):
+    if isinstance(paths, (str, bytes, os.PathLike)):
         paths = [paths]
     if not paths:
         raise ReportError("load: expected at least one trace path, got none")
@@ -184,7 +189,7 @@ def ranks_present(path):
 def run_name(path, rank, meta, taken):
     """A run's name: its run_name (else the directory's name), `/rank=R` for a rank of a distributed trace,
     `#2`, `#3`, ... when a run in `taken` has it already (two runs with one name: keep both)."""
-    name = meta.get("run_name") or os.path.basename(os.fspath(path))
+    name = escaped(meta.get("run_name") or os.path.basename(os.fspath(path)))
     if rank is not None:
         name = f"{name}/rank={rank}"
     base, n = name, 2
@@ -193,9 +198,15 @@ def run_name(path, rank, meta, taken):
     return name
 
 
+def escaped(text):
+    """`text` with its lone surrogates written as Python escapes ('\\udce9'): a name every output can encode."""
+    return text if is_unicode(text) else text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def runs_with_ranks(paths):
     """(path, rank) per trace to read: a distributed trace's rank directories, each with its rank."""
     for path in paths:
+        path = os.fsdecode(path) if isinstance(path, bytes) else path  # b'/path': what os.fsdecode makes of it
         found = rank_paths(path) if not list_parts(path) else []
         yield from found or [(path, None)]
 

@@ -426,9 +426,11 @@ def _export(trace, out, batch_rows):
     base = min(starts) if starts else None
     text = _Strings()
     ops = 0
-    tmp = None if out == "-" else os.path.join(os.path.dirname(os.path.abspath(out)), "." + os.path.basename(out) + ".tmp")
+    tmp = None  # the temporary file this export created (and removes, unless it became `out`)
     try:
-        with _open_output(out, tmp, binary=events is not JsonEvents) as f:
+        if out != "-":
+            tmp, fd = _temporary(out)
+        with _open_output(out, fd if tmp is not None else None, binary=events is not JsonEvents) as f:
             sink = events(f, text)
             sink.start({"exporter": "optrace export", "ranks": [r for r, _, _ in ranks],
                         "time": "start_ns" if base is not None else "ops laid end to end",
@@ -447,6 +449,7 @@ def _export(trace, out, batch_rows):
             sink.finish()
         if tmp is not None:
             os.replace(tmp, out)
+            tmp = None
     except BrokenPipeError:  # -o - into `head`: the reader has what it wanted (the CLI exits quietly)
         raise
     except OSError as exc:
@@ -454,22 +457,41 @@ def _export(trace, out, batch_rows):
             raise
         raise ReportError(f"export: cannot write {out!r} ({exc.strerror or exc})") from None
     finally:
-        if tmp is not None and os.path.exists(tmp):
-            os.remove(tmp)
+        if tmp is not None:
+            try:
+                os.remove(tmp)
+            except OSError:
+                pass
     return ops
 
 
+def _temporary(out):
+    """(path, descriptor) of a new temporary file beside `out`, renamed onto it when the export is whole:
+    `.NAME.<random>.tmp`, created exclusively and never through a link (O_EXCL, O_NOFOLLOW), so a file or link
+    of the user's there is never written, truncated or removed."""
+    directory, name = os.path.split(os.path.abspath(out))
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    for _ in range(100):
+        tmp = os.path.join(directory, f".{name}.{os.urandom(4).hex()}.tmp")
+        try:
+            return tmp, os.open(tmp, flags, 0o666)
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"no free temporary name beside {out!r}")
+
+
 @contextlib.contextmanager
-def _open_output(out, tmp, binary):
-    """The file the events stream into: stdout for "-" (left open), else `tmp`, gzip-compressed for .json.gz."""
+def _open_output(out, fd, binary):
+    """The file the events stream into: stdout for "-" (left open), else the temporary file `fd`, gzip-compressed
+    for .json.gz."""
     if out == "-":
         yield sys.stdout
         sys.stdout.flush()
     elif out.endswith(".gz"):
-        with gzip.open(tmp, "wt", encoding="utf-8", compresslevel=6) as f:
+        with open(fd, "wb") as raw, gzip.open(raw, "wt", encoding="utf-8", compresslevel=6) as f:
             yield f
     else:
-        with open(tmp, "wb" if binary else "w", buffering=1 << 20) as f:
+        with open(fd, "wb" if binary else "w", buffering=1 << 20) as f:
             yield f
 
 

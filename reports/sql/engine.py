@@ -164,7 +164,7 @@ class Trace:
             raise ReportError("the SQL engine needs duckdb (an optrace dependency), which is not installed: pip install "
                               "duckdb, or run with --engine pandas") from None
 
-        if isinstance(paths, (str, os.PathLike)):
+        if isinstance(paths, (str, bytes, os.PathLike)):
             paths = [paths]
         if not paths:
             raise ReportError("load: expected at least one trace path, got none")
