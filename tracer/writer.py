@@ -395,16 +395,16 @@ class _File:
     written), its rows (one RowBuffer), the storage roles its parts learned, the metadata of its newest part (the
     newest file's only: the others' is dropped) and the bytes it takes."""
 
-    __slots__ = ("first", "last", "level", "rows", "buffer", "roles", "metadata", "nbytes")
+    __slots__ = ("first", "last", "level", "buffer", "roles", "metadata", "nbytes")
 
     def __init__(self, first, last, level, buffer, metadata):
         self.first, self.last, self.level, self.buffer, self.metadata = first, last, level, buffer, metadata
-        self.rows = len(buffer)
         self.roles = metadata.get("storage_roles", {})
         self.nbytes = buffer.nbytes() + sys.getsizeof(self) + _sizeof_roles(self.roles)
 
     @property
     def buffers(self):
+        """Its rows as the list of RowBuffers PartWriter._merge concatenates."""
         return [self.buffer]
 
 
@@ -453,7 +453,8 @@ class SmallParts:
         if self.stopped:
             return
         last = self.files[-1].buffer if self.files else None
-        file = _File(index, index, 0, rows.compacted(), metadata) if len(rows) < self.SMALL_ROWS else None
+        small = len(rows) < self.SMALL_ROWS and 8 * rows.values() < self.MAX_BYTES // self.FANOUT  # before a copy
+        file = _File(index, index, 0, rows.compacted(), metadata) if small else None
         if (file is None or file.nbytes >= self.MAX_BYTES // self.FANOUT
                 or (last is not None and rows.first_seq != last.first_seq + len(last))):
             self.files, self.kept, self.open = [], 0, False  # a big part or a seq gap: nothing merges across it
