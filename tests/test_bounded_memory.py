@@ -70,13 +70,15 @@ def test_a_forward_only_loop_under_grad_holds_under_4_mb_over_3000_passes(tmp_pa
 def test_wide_rows_hold_under_flush_rows_rows_worth_of_bytes(tmp_path, collector):
     xs = [torch.randn(2) for _ in range(1000)]
     with Tracer(tmp_path / "t", flush_rows=64) as tr:
-        growth = _growth(lambda: torch._foreach_add(xs, 1.0), warmup=5, passes=70)
-    # a row: 26 integers and 1,000 1-d inputs and outputs of 6 each: 26 + 2,000 * 6 = 12,026 integers of 8 bytes
-    row_bytes = (ROW_WIDTH + 2000 * TENSOR_INTS) * 8  # 96,208
-    # before: +9.1 MB (compiled), +8.6 MB (python): 64 rows buffered, then every part kept by the merger; now 0.8, 0.7
-    assert growth < 64 * row_bytes, growth  # 6,157,312
-    # 12,026 integers pass 64 * ROW_VALUES = 8,192: every row is a part of its own (75 rows), then the closing part
-    assert [pq.read_metadata(p).num_rows for p in part_paths(tr.path)] == [1] * 75 + [0]
+        growth = _growth(lambda: torch.cat(xs), warmup=4, passes=100)
+    # a row: 26 integers, 1,000 1-d inputs and a 1-d output of 6 each: 26 + 1,001 * 6 = 6,032 integers of 8 bytes
+    row_bytes = (ROW_WIDTH + 1001 * TENSOR_INTS) * 8  # 48,256
+    # before: +6.3 MB (compiled), +5.2 MB (python): 64 rows buffered, then every part kept by the merger; now 0.15
+    # and 0.03 MB
+    assert growth < 64 * row_bytes, growth  # 3,088,384
+    # 2 rows (6,032 + 6,033 with the id of the cat output the second freed) pass 64 * ROW_VALUES = 8,192: parts of
+    # 2 rows (104 rows), then the closing part
+    assert [pq.read_metadata(p).num_rows for p in part_paths(tr.path)] == [2] * 52 + [0]
 
 
 def test_a_part_is_written_when_its_integers_reach_flush_rows_times_row_values(tmp_path, collector):
