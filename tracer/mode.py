@@ -60,8 +60,9 @@ class Tracer:
                whatever the rows: a part is written when its rows reach flush_rows
                or their integers take flush_rows KiB (tracer.writer.ROW_VALUES: wide
                rows, such as a torch.cat of 1,000 tensors, make smaller parts; the
-               buffers' arrays reserve up to twice that), and the small parts kept
-               for merging take at most 2 MiB (tracer.writer.SmallParts.MAX_BYTES).
+               buffers' arrays reserve up to twice that, or 8 KiB each), and the
+               small parts kept for merging take at most 2 MiB
+               (tracer.writer.SmallParts.MAX_BYTES).
     timing     "events" (default: CUDA events on CUDA, resolved at each flush with
                one synchronise; perf_counter_ns elsewhere), "sync" (synchronise
                around every op on CUDA) or "off" (duration_ns 0, busy_ns null).
