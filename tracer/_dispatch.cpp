@@ -83,6 +83,7 @@ struct Dispatch {
   PyObject* ints;
   PyObject* side_bufs[6];  // RowBuffer.sides' arrays: in_tensors, in_sizes, in_strides, out_tensors, ...
   PyObject* freed_buf;
+  PyObject* groups_buf;  // RowBuffer.groups: appended in Python only, counted in the flush (after_row)
   PyObject* timer;  // the timer whose flags are below (it changes at the first device)
   bool timer_inline, timer_binds;
   bool closed;
@@ -315,8 +316,9 @@ int bind_rows(Dispatch* self, PyObject** rows_out) {
       return -1;
     }
     PyObject *ints = item(d, s_ints), *sides = item(d, s_sides), *freed = item(d, s_freed);
+    PyObject* groups = item(d, s_groups);
     PyObject* buffers[6];
-    if (ints == nullptr || sides == nullptr || freed == nullptr || side_buffers(sides, buffers) < 0) {
+    if (ints == nullptr || sides == nullptr || freed == nullptr || groups == nullptr || side_buffers(sides, buffers) < 0) {
       Py_DECREF(d);
       if (!PyErr_Occurred()) {
         PyErr_SetString(PyExc_AttributeError, "optrace dispatch: a RowBuffer without its arrays");
@@ -328,6 +330,7 @@ int bind_rows(Dispatch* self, PyObject** rows_out) {
       Py_XSETREF(self->side_bufs[i], Py_NewRef(buffers[i]));
     }
     Py_XSETREF(self->freed_buf, Py_NewRef(freed));
+    Py_XSETREF(self->groups_buf, Py_NewRef(groups));
     Py_XSETREF(self->rows, Py_NewRef(rows));
     Py_DECREF(d);
   }
@@ -549,11 +552,20 @@ int after_row(Dispatch* self, PyObject* rows) {
       return -1;
     }
   }
-  int64_t flush_at;  // read at each row, as the Python path reads it
-  if (item_int(self->tracer_dict, s__flush_at, &flush_at) < 0) {
+  int64_t flush_at, flush_values;  // read at each row, as the Python path reads them
+  if (item_int(self->tracer_dict, s__flush_at, &flush_at) < 0 ||
+      item_int(self->tracer_dict, s__flush_values, &flush_values) < 0) {
     return -1;
   }
-  if (PySequence_Size(self->ints) >= flush_at) {
+  Py_ssize_t rows_length = PySequence_Size(self->ints);
+  Py_ssize_t values = rows_length + PySequence_Size(self->freed_buf) + PySequence_Size(self->groups_buf);
+  for (PyObject* buffer : self->side_bufs) {  // RowBuffer.values: the integers of all its arrays
+    values += PySequence_Size(buffer);
+  }
+  if (PyErr_Occurred()) {  // a length failed (never, for an array)
+    return -1;
+  }
+  if (rows_length >= flush_at || values >= flush_values) {
     Owned done(PyObject_CallMethodNoArgs(self->tracer, s__flush));
     return done.p == nullptr ? -1 : 0;
   }
@@ -1030,6 +1042,7 @@ int Dispatch_clear(PyObject* o) {
     Py_CLEAR(buffer);
   }
   Py_CLEAR(self->freed_buf);
+  Py_CLEAR(self->groups_buf);
   Py_CLEAR(self->timer);
   if (self->ops != nullptr) {
     auto ops = std::move(*self->ops);  // cleared before the references go: a finaliser may call back

@@ -12,9 +12,9 @@ namespace optrace {
 // Interned attribute names, made at import.
 #define OPTRACE_NAMES(X)                                                                                           \
   X(_hot) X(_info) X(_rows) X(_timer) X(_storages) X(_attr) X(_steps) X(_collect_ctx) X(_module_ids)             \
-  X(_device_keys) X(_flush_at) X(_record) X(_record_failed) X(_new_module) X(_device_of) X(_flush) X(ints)       \
+  X(_device_keys) X(_flush_at) X(_flush_values) X(_record) X(_record_failed) X(_new_module) X(_device_of) X(_flush) X(ints)       \
   X(_signal_due)                                                                                                  \
-  X(sides) X(freed) X(_dead) X(collect) X(step) X(inline_) X(binds) X(start) X(stop) X(bind) X(where) \
+  X(sides) X(freed) X(groups) X(_dead) X(collect) X(step) X(inline_) X(binds) X(start) X(stop) X(bind) X(where) \
   X(trained) X(recompute_stack) X(backward_stack) X(forward_stack) X(_task) X(_task_grad) X(_recompute_region)    \
   X(_nested) X(_named_left) X(_node_key) X(_last_module) X(_node_module) X(_event_seqs) X(_event_names)          \
   X(in_optimizer) X(_closure) X(_in_closure) X(_optimizer_ops) X(_op) X(__call__) X(name) X(name_id) X(kind_id) \

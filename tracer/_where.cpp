@@ -8,6 +8,7 @@
 #include "_dispatch.h"
 
 #include <c10/core/GradMode.h>
+#include <cstring>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/graph_task.h>
 #include <torch/csrc/autograd/python_cpp_function.h>
@@ -163,28 +164,34 @@ int fast_where(PyObject* d, const Constants& k, int64_t* phase, PyObject** modul
   if (seq != k.no_sequence_nr) {  // AccumulateGrad runs as soon as the node before made its gradient: that one's module
     PyObject* seqs = item(d, s__event_seqs);
     PyObject* names = item(d, s__event_names);
-    if (seqs == nullptr || names == nullptr || !PyList_Check(seqs) || !PyList_Check(names) ||
-        PyList_GET_SIZE(names) != PyList_GET_SIZE(seqs)) {
+    Py_buffer view;  // the sequence numbers: an array('Q'), read in place
+    if (seqs == nullptr || names == nullptr || !PyList_Check(names) ||
+        PyObject_GetBuffer(seqs, &view, PyBUF_FORMAT) < 0) {
       if (!PyErr_Occurred()) {
-        PyErr_SetString(PyExc_TypeError, "optrace dispatch: the module boundaries are not two lists of one length");
+        PyErr_SetString(PyExc_TypeError, "optrace dispatch: the module boundaries are not an array('Q') and a list");
       }
       Py_DECREF(node_module);
       return -1;
     }
-    Py_ssize_t lo = 0, hi = PyList_GET_SIZE(seqs);  // bisect.bisect_right(seqs, seq)
+    Py_ssize_t n = view.len / 8;
+    if (view.itemsize != 8 || view.format == nullptr || std::strcmp(view.format, "Q") != 0 ||
+        n != PyList_GET_SIZE(names)) {
+      PyBuffer_Release(&view);
+      PyErr_SetString(PyExc_TypeError, "optrace dispatch: the module boundaries are not an array('Q') and a list of one length");
+      Py_DECREF(node_module);
+      return -1;
+    }
+    const uint64_t* boundaries = static_cast<const uint64_t*>(view.buf);
+    Py_ssize_t lo = 0, hi = n;  // bisect.bisect_right(seqs, seq)
     while (lo < hi) {
       Py_ssize_t mid = (lo + hi) / 2;
-      uint64_t at = PyLong_AsUnsignedLongLong(PyList_GET_ITEM(seqs, mid));
-      if (at == static_cast<uint64_t>(-1) && PyErr_Occurred()) {
-        Py_DECREF(node_module);
-        return -1;
-      }
-      if (seq < at) {
+      if (seq < boundaries[mid]) {
         hi = mid;
       } else {
         lo = mid + 1;
       }
     }
+    PyBuffer_Release(&view);
     Py_SETREF(node_module, Py_NewRef(lo > 0 ? PyList_GET_ITEM(names, lo - 1) : s_empty));
     if (PyDict_SetItem(d, s__node_module, node_module) < 0) {
       Py_DECREF(node_module);

@@ -99,6 +99,7 @@ Known limitations:
 
 import bisect
 import threading
+from array import array
 
 import torch
 import torch.optim.optimizer as optim_hooks
@@ -120,7 +121,7 @@ _grad_enabled = torch.is_grad_enabled
 _next_sequence_nr = torch.autograd._get_sequence_nr  # the sequence number the next autograd node will get
 _current_node = torch._C._current_autograd_node  # the autograd node the engine is running, or None
 NO_SEQUENCE_NR = 2**64 - 1  # an AccumulateGrad node's: it belongs to no forward op
-_EVENTS_KEPT = 1 << 18  # module boundaries remembered for backward attribution (about 11 MB at most)
+_EVENTS_KEPT = 1 << 18  # module boundaries remembered for backward attribution (16 bytes each: 4 MiB at most)
 # Autograd nodes whose ops are named per engine run. Reading a node from Python gives it a Python object,
 # and PyTorch frees a chain of such nodes recursively: about 40,000 of them in a chain overflow an 8 MB
 # stack when the graph is freed (without the tracer, too; 60,000 measured to crash). Half of that bounds the
@@ -215,8 +216,10 @@ class Attribution:
         self._handles = []
         self._on_error = on_error or (lambda exc: None)
         # module boundaries of the forward, by autograd sequence number: the autograd node with sequence
-        # number s was made inside module _event_names[i], i the last event with _event_seqs[i] <= s
-        self._event_seqs, self._event_names = [], []
+        # number s was made inside module _event_names[i], i the last event with _event_seqs[i] <= s. The numbers
+        # in an array (8 bytes each, not an int object each: a forward-only loop under grad mode, which nothing
+        # clears, fills _EVENTS_KEPT of them); tracer/_where.cpp reads it in place
+        self._event_seqs, self._event_names = array("Q"), []
         self._node_module = ""  # the module of the last node attributed (an AccumulateGrad node runs right after it)
         self._named_left = NAMED_PER_ENGINE_RUN  # autograd nodes this engine run may still name its ops from
         self._node_key = None  # (id, sequence number) of the node the last backward op ran in

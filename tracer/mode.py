@@ -30,6 +30,7 @@ from tracer.timing import check_timing, make_timer
 from tracer.writer import (
     FIELD,
     PER_OUTPUT_ELEMENT,
+    ROW_VALUES,
     ROW_WIDTH,
     PartWriter,
     RowBuffer,
@@ -60,8 +61,13 @@ class Tracer:
                the storage ids of parameters.
     tokens     optional tokens per training step (for the 6·N·T accounting).
     run_name   optional label for reports; default: the trace's file name.
-    flush_rows rows per Parquet part; memory held by the tracer stays bounded
-               by this many rows.
+    flush_rows rows per Parquet part. Memory held by the tracer stays bounded
+               whatever the rows: a part is written when its rows reach flush_rows
+               or their integers take flush_rows KiB (tracer.writer.ROW_VALUES: wide
+               rows, such as a torch.cat of 1,000 tensors, make smaller parts; the
+               buffers' arrays reserve up to twice that, or 8 KiB each), and the
+               small parts kept for merging take at most 2 MiB
+               (tracer.writer.SmallParts.MAX_BYTES).
     timing     "events" (default: CUDA events on CUDA, resolved at each flush with
                one synchronise; perf_counter_ns elsewhere), "sync" (synchronise
                around every op on CUDA) or "off" (duration_ns 0, busy_ns null).
@@ -199,6 +205,7 @@ class Tracer:
         self._module_ids = {}  # module name -> module name id
         self._writer.clock_offset_ns = time.time_ns() - _perf_ns()
         self._flush_at = self.flush_rows * ROW_WIDTH
+        self._flush_values = self.flush_rows * ROW_VALUES  # the integers of all its buffers (RowBuffer.values)
         self._errors = 0
         self._lost_rows = 0  # rows whose part could not be written
         self._device = None
@@ -533,7 +540,7 @@ class Tracer:
         timer = self._timer
         if timer.binds:  # CUDA events, or no times: the row's time is the timer's (tracer/timing.py)
             timer.bind(rows)
-        if len(rows.ints) >= self._flush_at:
+        if len(rows.ints) >= self._flush_at or rows.values() >= self._flush_values:
             self._flush()
         if self._term_pending:  # the row is whole: a SIGTERM held meanwhile goes on (tracer/signals.py)
             self._term.due(sys._getframe(1))

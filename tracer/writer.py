@@ -18,6 +18,7 @@ import functools
 import json
 import os
 import struct
+import sys
 from array import array
 
 import numpy as np
@@ -94,6 +95,12 @@ ROW_WIDTH = len(ROW_FIELDS)
 FIELD = {name: i for i, name in enumerate(ROW_FIELDS)}  # field name -> position in a row
 PER_OUTPUT_ELEMENT = -1
 TENSOR_WIDTH = 4  # per tensor in RowBuffer.tensors: ndim, dtype id, storage id, storage bytes
+# A part is written when its rows reach `Tracer(flush_rows=)` or the integers of its buffers (RowBuffer.values: a
+# row's ROW_WIDTH, TENSOR_WIDTH and the sizes and strides of each of its tensors, the storage ids it freed, its group
+# sizes) reach flush_rows * ROW_VALUES: at 8 bytes an integer, the buffers hold at most flush_rows KiB, plus the row
+# that passed it. A row of a few tensors of up to 4 dimensions takes 30 to 130 integers (an addmm of 2-d tensors
+# 58), a row of 1,000 one-dimensional inputs and outputs about 12,000.
+ROW_VALUES = 128
 
 
 def extend(buffer, *values):
@@ -168,9 +175,20 @@ class RowBuffer:
         for name in self.FLAT:
             setattr(self, name, array("q"))
         self.sides = ((self.in_tensors, self.in_sizes, self.in_strides), (self.out_tensors, self.out_sizes, self.out_strides))
+        self.arrays = tuple(getattr(self, name) for name in self.FLAT)
 
     def __len__(self):
         return len(self.ints) // ROW_WIDTH
+
+    def values(self):
+        """The integers its buffers hold, all of them (8 bytes each): what the flush bounds (ROW_VALUES). The
+        compiled hook counts the same arrays (tracer/_dispatch.cpp `after_row`)."""
+        return sum(map(len, self.arrays))
+
+    def nbytes(self):
+        """The bytes it takes in memory: its arrays (their spare room included) and the objects that hold them."""
+        holders = (self, self.__dict__, self.arrays, self.sides, *self.sides)
+        return sum(map(sys.getsizeof, holders)) + sum(map(sys.getsizeof, self.arrays))
 
     def rollback(self):
         """Drop a half-appended row (its tensors, frees or group sizes were appended, its ints were not)."""
@@ -182,6 +200,13 @@ class RowBuffer:
         freed = int(rows[:, ROW_FIELDS.index("freed")].sum())
         groups = int(np.maximum(rows[:, ROW_FIELDS.index("groups")], 0).sum())
         del self.freed[freed:], self.groups[groups:]
+
+    def compacted(self):
+        """A copy whose arrays hold no spare room (the collectors grow them by doubling, from 1,024 integers)."""
+        copy = type(self)(self.first_seq)
+        for mine, its in zip(self.arrays, copy.arrays):
+            its.frombytes(memoryview(mine).cast("B"))
+        return copy
 
     @classmethod
     def concatenate(cls, buffers):
@@ -389,74 +414,99 @@ class PartWriter:
 
 
 class _File:
-    """One file of a trace's small parts, as SmallParts keeps it: the parts it holds, its merge level
-    (0: a part as written), its rows and their buffers, and the metadata of its newest part."""
+    """One file of a trace's small parts, as SmallParts keeps it: the parts it holds, its merge level (0: a part as
+    written), its rows (one RowBuffer), the storage roles its parts learned, the metadata of its newest part (the
+    newest file's only: the others' is dropped) and the bytes it takes."""
 
-    __slots__ = ("first", "last", "level", "rows", "buffers", "metadata")
+    __slots__ = ("first", "last", "level", "buffer", "roles", "metadata", "nbytes")
 
-    def __init__(self, first, last, level, buffers, metadata):
-        self.first, self.last, self.level, self.buffers, self.metadata = first, last, level, buffers, metadata
-        self.rows = sum(len(rows) for rows in buffers)
+    def __init__(self, first, last, level, buffer, metadata):
+        self.first, self.last, self.level, self.buffer, self.metadata = first, last, level, buffer, metadata
+        self.roles = metadata.get("storage_roles", {})
+        self.nbytes = buffer.nbytes() + sys.getsizeof(self) + _sizeof_roles(self.roles)
+
+    @property
+    def buffers(self):
+        """Its rows as the list of RowBuffers PartWriter._merge concatenates."""
+        return [self.buffer]
+
+
+def _sizeof_roles(roles):
+    """The bytes of a storage_roles dict: {role: [storage id, ...]} (small ints: those above 256 counted as 32 bytes)."""
+    return sys.getsizeof(roles) + sum(sys.getsizeof(ids) + 32 * len(ids) for ids in roles.values())
 
 
 def _roles(group):
     """The storage roles of the parts in `group`: each part's metadata holds those learned since the part before."""
     roles = {}
     for file in group:
-        for key, ids in file.metadata.get("storage_roles", {}).items():
+        for key, ids in file.roles.items():
             roles.setdefault(key, []).extend(ids)
     return roles
 
 
 class SmallParts:
-    """The newest files of a trace's small parts (under SMALL_ROWS rows each), with their rows, for merging.
+    """The newest files of a trace's small parts (under SMALL_ROWS rows and MAX_BYTES / FANOUT bytes each), with
+    their rows, for merging.
 
     A reader pays a file open and a footer per part (about 0.25 ms each with pyarrow or DuckDB),
     so many small parts (`flush_rows=1`, a run that flushes often) are written again as fewer:
     - during the run, FANOUT neighbouring files of one level become one file of the next level
-      (`part-000000-000063.parquet`), while it holds at most MAX_ROWS rows. One-row parts become
-      files of 64 and of 4,096 rows: a run killed after 10,000 of them leaves 46 files, not 10,000;
-    - at a clean close, when every part was small and the trace holds at most MAX_ROWS rows, its
-      MIN_PARTS or more parts become one part.
-    Only the buffers of the newest MAX_ROWS rows are kept (about 30 MB); older files stay as they are."""
+      (`part-000000-000063.parquet`). One-row parts of a few tensors become files of 64 and of 4,096 rows:
+      a run killed after 10,000 of them leaves 46 files, not 10,000;
+    - at a clean close, when every part was small and all are still kept, its MIN_PARTS or more parts become
+      one part.
+    What it keeps is bounded in bytes, whatever the rows: the newest files' buffers, at most MAX_BYTES (RowBuffer.nbytes
+    with the objects that hold them); older files stay as they are, and a part of MAX_BYTES / FANOUT bytes or more is
+    not small (FANOUT of them could not be merged)."""
 
     FANOUT = 64
     MIN_PARTS = 64
     SMALL_ROWS = 1024
-    MAX_ROWS = 65536
+    MAX_BYTES = 2 << 20  # 2 MiB
 
     def __init__(self):
         self.files = []  # _File, oldest first: the trace's newest files, all small
-        self.kept = 0  # rows in `files`
+        self.kept = 0  # bytes of `files` (_File.nbytes)
         self.open = True  # every part written so far is in `files`: the whole trace can become one part
         self.stopped = False  # a merge failed: nothing more is kept
 
     def add(self, index, rows, metadata):
-        """Keep part `index`, just written (its RowBuffer is never changed after its write)."""
+        """Keep part `index`, just written, when it is small: a copy of its RowBuffer, with no spare room."""
         if self.stopped:
             return
-        last = self.files[-1].buffers[-1] if self.files else None
-        if len(rows) >= self.SMALL_ROWS or (last is not None and rows.first_seq != last.first_seq + len(last)):
+        last = self.files[-1].buffer if self.files else None
+        small = len(rows) < self.SMALL_ROWS and 8 * rows.values() < self.MAX_BYTES // self.FANOUT  # before a copy
+        file = _File(index, index, 0, rows.compacted(), metadata) if small else None
+        if (file is None or file.nbytes >= self.MAX_BYTES // self.FANOUT
+                or (last is not None and rows.first_seq != last.first_seq + len(last))):
             self.files, self.kept, self.open = [], 0, False  # a big part or a seq gap: nothing merges across it
             return
-        self.files.append(_File(index, index, 0, [rows], metadata))
-        self.kept += len(rows)
-        while self.kept > self.MAX_ROWS:  # the oldest leave memory; their files stay as they are
-            self.kept -= self.files.pop(0).rows
+        if self.files:
+            self.files[-1].metadata = None  # only the newest file's is read (`due`, `ready`)
+        self.files.append(file)
+        self.kept += file.nbytes
+        while self.kept > self.MAX_BYTES:  # the oldest leave memory; their files stay as they are
+            self.kept -= self.files.pop(0).nbytes
             self.open = False
 
     def due(self):
-        """The newest FANOUT files when they are of one level and hold at most MAX_ROWS rows, else None."""
+        """The newest FANOUT files when they are of one level, else None (together they take at most MAX_BYTES)."""
         group = self.files[-self.FANOUT:]
         if len(group) < self.FANOUT or any(f.level != group[-1].level for f in group):
             return None
-        return group if sum(f.rows for f in group) <= self.MAX_ROWS else None
+        return group
 
     def merged(self, span, metadata):
-        """The newest FANOUT files are one file now, covering parts `span`."""
+        """The newest FANOUT files are one file now, covering parts `span`: its rows are kept as one RowBuffer."""
         group = self.files[-self.FANOUT:]
         del self.files[-self.FANOUT:]
-        self.files.append(_File(*span, group[-1].level + 1, [rows for f in group for rows in f.buffers], metadata))
+        file = _File(*span, group[-1].level + 1, RowBuffer.concatenate([f.buffer for f in group]), metadata)
+        self.files.append(file)
+        self.kept += file.nbytes - sum(f.nbytes for f in group)
+        while self.kept > self.MAX_BYTES and len(self.files) > 1:  # one buffer instead of FANOUT: fewer bytes, but bounded
+            self.kept -= self.files.pop(0).nbytes
+            self.open = False
 
     def stop(self):
         """No more merging in this trace (a merge failed)."""
