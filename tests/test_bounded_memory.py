@@ -72,11 +72,11 @@ def test_wide_rows_hold_under_flush_rows_rows_worth_of_bytes(tmp_path, collector
     with Tracer(tmp_path / "t", flush_rows=64) as tr:
         growth = _growth(lambda: torch.cat(xs), warmup=4, passes=100)
     # a row: 26 integers, 1,000 1-d inputs and a 1-d output of 6 each: 26 + 1,001 * 6 = 6,032 integers of 8 bytes
-    row_bytes = (ROW_WIDTH + 1001 * TENSOR_INTS) * 8  # 48,256
+    row_bytes = (ROW_WIDTH + 1001 * TENSOR_INTS) * 8  # (27 + 1,001 * 6) * 8 = 48,264
     # before: +6.3 MB (compiled), +5.2 MB (python): 64 rows buffered, then every part kept by the merger; now 0.15
     # and 0.03 MB
-    assert growth < 64 * row_bytes, growth  # 3,088,384
-    # 2 rows (6,032 + 6,033 with the id of the cat output the second freed) pass 64 * ROW_VALUES = 8,192: parts of
+    assert growth < 64 * row_bytes, growth  # 3,088,896
+    # 2 rows (6,033 + 6,034 with the id of the cat output the second freed) pass 64 * ROW_VALUES = 8,192: parts of
     # 2 rows (104 rows), then the closing part
     assert [pq.read_metadata(p).num_rows for p in part_paths(tr.path)] == [2] * 52 + [0]
 
@@ -87,9 +87,9 @@ def test_a_part_is_written_when_its_integers_reach_flush_rows_times_row_values(t
     with Tracer(tmp_path / "t", flush_rows=4) as tr:
         for _ in range(9):
             torch.cat(parts)
-    # a cat row: 26 + 40 inputs * 6 + 1 output * 6 = 272 integers (and the id of the cat output it freed, from the
-    # second on); 4 * ROW_VALUES = 512: the second row reaches it (272 + 273 = 545), so a part holds 2 rows, not 4
-    assert ROW_VALUES == 128 and ROW_WIDTH + 41 * TENSOR_INTS == 272
+    # a cat row: 27 + 40 inputs * 6 + 1 output * 6 = 273 integers (and the id of the cat output it freed, from the
+    # second on); 4 * ROW_VALUES = 512: the second row reaches it (273 + 274 = 547), so a part holds 2 rows, not 4
+    assert ROW_VALUES == 128 and ROW_WIDTH + 41 * TENSOR_INTS == 273
     assert [pq.read_metadata(p).num_rows for p in part_paths(tr.path)] == [2, 2, 2, 2, 1]
 
 
