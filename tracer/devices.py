@@ -32,7 +32,9 @@ tracer.peaks for boards of several dies or GPUs):
                 50 GB/s; DGX A100: 200 Gb/s HDR, 25 GB/s)
 Each figure has a `*_source` beside it. A figure no datasheet publishes is None, its source
 says why, and a consumer that needs it refuses in one line naming it (`optrace plan` needs
-`intra` only for a collective and `nic` only for one that crosses nodes); nothing is guessed.
+`intra` only for a collective and `nic` only for one that crosses nodes). Where a figure is
+derived or assumed rather than printed, an NB says so beside it (the A10G's, from AWS; the
+H100 PCIe's network port, assumed as DGX H100's; DGX-1's ports shared by two V100s).
 
 Names match on whole tokens of the upper-cased name split at anything that is not a letter
 or digit ("NVIDIA A100-SXM4-80GB" -> NVIDIA, A100, SXM4, 80GB), so "A100" never matches
@@ -42,6 +44,9 @@ where a family has several records, the variant: a PCIE token picks the PCIe boa
 the others); a size token ("40GB") picks that size; else the memory torch reports
 (device.total_memory_bytes) picks the record of the nearest size (79.2 GiB: the 80GB one).
 A name that leaves several records is ambiguous: `find` gives None, `candidates` lists them.
+A person's name for a device (`optrace plan --gpu`) goes through `named`: the catalogue name
+("h100-sxm" too), else a device name (a bare "H100" is the SXM part, as torch names it; "A100
+80GB" names both forms), else the records whose names hold all its tokens ("RTX").
 """
 
 import re
@@ -145,7 +150,8 @@ _A100_PCIE = "NVIDIA A100 Tensor Core GPU datasheet (PCIe: 40GB or 80GB HBM2e, P
 _NV_A100_BW = "NVIDIA A100 Tensor Core GPU datasheet (40GB: 1,555 GB/s; 80GB SXM: 2,039 GB/s; 80GB PCIe: 1,935 GB/s)"
 _DGX_A100 = "NVIDIA DGX A100 datasheet: 8x single-port ConnectX-6 200Gb/s HDR InfiniBand, one per GPU"
 _H100 = "NVIDIA H100 Tensor Core GPU datasheet (SXM: 80GB HBM3, NVLink 900GB/s; PCIe: 80GB, PCIe Gen5 128GB/s)"
-_H100_NVL_SHEET = "NVIDIA H100 Tensor Core GPU datasheet (NVL: 94GB HBM3, NVLink bridge 600GB/s to its pair, PCIe Gen5 128GB/s)"
+_H100_NVL_SHEET = ("NVIDIA H100 Tensor Core GPU datasheet (NVL: 94GB HBM3, NVLink bridge 600GB/s to its pair, "
+                   "PCIe Gen5 128GB/s)")
 _NV_H100_BW = "NVIDIA H100 Tensor Core GPU datasheet (SXM 3.35 TB/s, PCIe 2 TB/s, NVL 3.9 TB/s)"
 _DGX_H100 = "NVIDIA DGX H100 datasheet: 8x single-port ConnectX-7 VPI, 400Gb/s InfiniBand/Ethernet, one per GPU"
 _H200 = "NVIDIA H200 Tensor Core GPU datasheet (SXM: 141GB HBM3e, NVLink 900GB/s)"
@@ -173,8 +179,8 @@ def _v100(name, family, peaks, memory, intra, intra_source, nic=None, nic_source
 
 def _a100(name, memory, bandwidth):
     if "PCIe" in name:
-        return _device(name, "A100", _A100_RATES, _NV_A100, memory * GiB, _A100_PCIE, bandwidth * G, _NV_A100_BW, "PCIe",
-                       32 * G, _A100_PCIE + ": " + _PCIE4, units=108)
+        return _device(name, "A100", _A100_RATES, _NV_A100, memory * GiB, _A100_PCIE, bandwidth * G, _NV_A100_BW,
+                       "PCIe", 32 * G, _A100_PCIE + ": " + _PCIE4, units=108)
     return _device(name, "A100", _A100_RATES, _NV_A100, memory * GiB, _A100, bandwidth * G, _NV_A100_BW, "NVLink",
                    300 * G, _A100 + ": 300 GB/s each way", 25 * G, _DGX_A100, units=108)
 
@@ -203,7 +209,7 @@ DEVICES = (
             450 * G, _H100 + ": 450 GB/s each way", 50 * G, _DGX_H100, units=132),
     _device("H100 PCIe", "H100 PCIe", _H100_PCIE, _NV_H100, 80 * GiB, _H100, 2000 * G, _NV_H100_BW, "PCIe",
             64 * G, _H100 + ": PCIe Gen5 64 GB/s each way",
-            50 * G, "assumed as DGX H100 (no DGX of PCIe parts): " + _DGX_H100, units=114),
+            50 * G, "assumed as DGX H100 (no DGX of PCIe parts): " + _DGX_H100, units=114),  # NB: assumed
     # per GPU, as the later datasheet gives it; the NVLink bridge joins a pair only, so a node's GPUs meet over PCIe
     _device("H100 NVL", "H100 NVL", _H100_NVL, _NV_H100, 94 * GiB, _H100_NVL_SHEET, 3900 * G, _NV_H100_BW, "PCIe",
             64 * G, _H100_NVL_SHEET + ": PCIe Gen5 64 GB/s each way", units=132),
@@ -224,7 +230,8 @@ DEVICES = (
             "AMD Instinct MI250X datasheet: 128 GB HBM2e per module of two GCDs; halved per GCD", 1638.4 * G,
             _AMD_MI250X_BW, "xGMI", None, _MI250X_LINKS, units=110),  # 110 CUs per GCD (220 per module)
     _device("MI300X", "MI300X", _MI300X, _AMD_MI300X, 192 * GiB, _MI300X_SHEET, 5300 * G,
-            "AMD Instinct MI300X datasheet: 5.3 TB/s HBM3", "xGMI", 448 * G, _MI300X_SHEET + ": 7 x 64 = 448 GB/s each way",
+            "AMD Instinct MI300X datasheet: 5.3 TB/s HBM3", "xGMI",
+            448 * G, _MI300X_SHEET + ": 7 x 64 = 448 GB/s each way",
             units=304),
 )  # fmt: skip
 

@@ -83,7 +83,8 @@ def collective_cost(kind, message_bytes, w, gpu, gpus_per_node, a, ranks=None):
         bandwidth = min(intra, local * gpu["nic_bytes_per_s"])
     bandwidth *= a["link_efficiency"]
     steps, across = _steps(kind, w, nodes)
-    step = a["pcie_step_s"] if gpu["link"] == "PCIe" else a["nvlink_step_s"]  # NB: an xGMI step at NVLink's latency (judgement)
+    # NB: an xGMI ring step (AMD Infinity Fabric) is priced at NVLink's latency (judgement: both link GPU to GPU)
+    step = a["pcie_step_s"] if gpu["link"] == "PCIe" else a["nvlink_step_s"]
     latency = a["nccl_base_s"] + (steps - across) * step + across * a["net_step_s"]
     return latency + sent / bandwidth, sent, bandwidth, latency
 
