@@ -190,7 +190,7 @@ def test_fsdp_communication_is_the_bytes_over_the_stated_bandwidths(job):
     one_node = reports.plan(job, "H100", gpus_per_node=64).iloc[0]
     assert one_node["comm_s"] == pytest.approx(12 * (8.4e-6 + 63 * 3.4e-6 + 16_128 / 360e9), rel=1e-12)
     # an A100's 200 Gb/s ports: min(300e9, 8 x 25e9) x 0.8 = 160e9 B/s
-    a100 = reports.plan(job, "A100").iloc[0]
+    a100 = reports.plan(job, "A100 80GB SXM").iloc[0]
     assert a100["comm_s"] == pytest.approx(12 * (8.4e-6 + 56 * 3.4e-6 + 7 * 9.6e-6 + 16_128 / 160e9), rel=1e-12)
 
 
@@ -282,8 +282,10 @@ def test_cli_bad_gpu_is_one_line(tmp_path, capsys):
     stack(tmp_path / "t", 64)
     assert main(["plan", str(tmp_path / "t"), "--gpu", "X900"]) == 2
     err = capsys.readouterr().err.strip()
-    assert err == ("optrace plan: error: unknown gpu 'X900'; expected one of H100 SXM, H100 PCIe, H200, B200, "
-                   "A100 80GB SXM, A100 40GB SXM, cpu")
+    assert err == ("optrace plan: error: unknown gpu 'X900'; expected one of T4, V100 SXM2 16GB, V100 SXM2 32GB, "
+                   "V100 PCIe 16GB, V100 PCIe 32GB, A10, A10G, A100 40GB SXM, A100 80GB SXM, A100 40GB PCIe, "
+                   "A100 80GB PCIe, L4, L40S, H100 SXM, H100 PCIe, H100 NVL, H200, B200, RTX 3090, RTX 4090, MI250X, "
+                   "MI300X, cpu")
     assert main(["plan", str(tmp_path / "t"), "--gpu", "H100", "--assume", "warp_speed=2"]) == 2
     assert "unknown assumption 'warp_speed'" in capsys.readouterr().err
 

@@ -145,9 +145,11 @@ def test_tracer_and_reports_meet_only_at_the_schema():
     graph = _without_front_doors(_graph())
     into_reports = sorted(f"{n} -> {t}" for n, e in graph.items() if n.startswith("tracer") for t in e if t.startswith("reports"))
     into_tracer = sorted({t for n, e in graph.items() if n.startswith("reports") for t in e if t.startswith("tracer")})
-    # tracer.peaks: the peak FLOP/s table, pure data, shared with the tracer's run-time meter (tracer/meter.py);
+    # tracer.devices: the device catalogue (peaks, memory, bandwidth, links), pure data: the tracer's run-time meter
+    # needs its peaks (tracer.meter), and the roofline's bandwidth and the plan's targets are the same records;
+    # tracer.peaks: the peak FLOP/s lookup over it, shared with the meter;
     # tracer.rules: the counting rules both apply (add-first ops, the run's dtype, attention's score recomputation)
-    assert into_reports == [] and into_tracer == ["tracer.peaks", "tracer.rules", "tracer.schema"]
+    assert into_reports == [] and into_tracer == ["tracer.devices", "tracer.peaks", "tracer.rules", "tracer.schema"]
 
 
 def test_no_reports_module_imports_torch():

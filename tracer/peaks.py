@@ -1,11 +1,13 @@
-"""Peak FLOP/s as data: dense datasheet figures per (device, dtype), and a CPU's ideal peak.
+"""Peak FLOP/s: dense datasheet figures per (device, dtype), and a CPU's ideal peak.
 
-Shared by the tracer (tracer/meter.py, MFU at run time) and the reports (reports/flops/peaks.py
-re-exports every name): pure Python, no torch, pandas or pyarrow.
+The figures are the device catalogue's (tracer.devices: one record per device, with its memory,
+bandwidth and links); this module looks them up. Shared by the tracer (tracer.meter, MFU at run
+time) and the reports (reports.flops.peaks re-exports every name): pure Python, no torch, pandas
+or pyarrow.
 
 Every GPU figure is DENSE: no 2:4 structured sparsity. NVIDIA's Hopper, Ada and
 Blackwell datasheets print the sparse figure, twice the dense one, with an
-asterisk; the values below are halved back (the H100 SXM's "1,979 TFLOPS BF16*" is
+asterisk; the catalogue's values are halved back (the H100 SXM's "1,979 TFLOPS BF16*" is
 989.4 dense). Dtype keys are torch dtype names:
 
   float32   plain fp32 math, which is what PyTorch runs unless TF32 is switched on
@@ -32,157 +34,20 @@ units (metadata device.multi_processor_count) than the whole part has; for the p
 in FULL_UNITS the peak is scaled by that fraction (NB: it assumes the same clock).
 """
 
-import re
+from tracer.devices import DEVICES, T, family
 
 __all__ = ["FULL_UNITS", "PEAKS", "cpu_ideal_flops", "lookup", "match_device", "normalize_dtype"]
 
-T = 1e12
+# (family, dtype) -> (dense FLOP/s, source): the catalogue's peaks (tracer.devices.DEVICES), one entry per family
+PEAKS = {(d.family, dtype): (value, d.peaks_source) for d in DEVICES for dtype, value in d.peaks.items()}
 
-_NV_T4 = "NVIDIA T4 Tensor Core GPU datasheet (dense)"
-_NV_V100 = "NVIDIA Tesla V100 GPU datasheet (dense)"
-_NV_A10 = "NVIDIA A10 Tensor Core GPU datasheet (dense)"
-_NV_A100 = "NVIDIA A100 Tensor Core GPU datasheet (dense; SXM and PCIe list the same rates)"
-_NV_L4 = "NVIDIA L4 Tensor Core GPU datasheet (dense: half the sparse figures)"
-_NV_L40S = "NVIDIA L40S GPU datasheet (dense)"
-_NV_H100 = "NVIDIA H100 Tensor Core GPU datasheet (dense: half the sparse figures)"
-_NV_H200 = "NVIDIA H200 Tensor Core GPU datasheet (dense: half the sparse figures)"
-_NV_B200 = "NVIDIA HGX B200 datasheet, per GPU (dense: half the sparse figures)"
-_NV_GA102 = "NVIDIA Ampere GA102 GPU Architecture whitepaper, RTX 3090 (dense, FP32 accumulate)"
-_NV_AD102 = "NVIDIA Ada GPU Architecture whitepaper, RTX 4090 (dense, FP32 accumulate)"
-_AMD_MI250X = ("AMD Instinct MI250X datasheet (dense), per GCD: ROCm shows each of the module's two GCDs as a "
-               "device, so the module's 95.7 / 383 TFLOPS are halved (https://www.amd.com/en/products/accelerators/"
-               "instinct/mi200/mi250x.html; torchtitan get_peak_flops: 191.5e12 per GCD)")
-_AMD_MI300X = "AMD Instinct MI300X datasheet (dense; one device in SPX mode)"
-# NB (unsure): the A10G is an AWS-only part with no NVIDIA datasheet. Its figures are
-# derived from its configuration (80 SMs at 1.71 GHz, GA102 with half-rate FP32-accumulate
-# tensor math like the GeForce parts): 35 TFLOPS FP32, 70 TFLOPS BF16/FP16 dense, as
-# AWS's G5 documentation and Baseten's "A10 vs A10G" comparison give them. Some tables
-# (Lightning's) reuse the A10's 125 TFLOPS instead.
-_A10G = "AWS A10G (G5 instances; no NVIDIA datasheet): derived dense figures, see NB in tracer/peaks.py"
-
-# (device key, dtype) -> (dense FLOP/s, source)
-PEAKS = {
-    ("T4", "float32"): (8.1 * T, _NV_T4),
-    ("T4", "float16"): (65 * T, _NV_T4),  # "Mixed precision (FP16/FP32)"; Turing has no bf16
-    ("V100 SXM2", "float32"): (15.7 * T, _NV_V100),
-    ("V100 SXM2", "float16"): (125 * T, _NV_V100),  # Volta has no bf16 tensor cores
-    ("V100 PCIe", "float32"): (14 * T, _NV_V100),
-    ("V100 PCIe", "float16"): (112 * T, _NV_V100),
-    ("A10", "float32"): (31.2 * T, _NV_A10),
-    ("A10", "tfloat32"): (62.5 * T, _NV_A10),
-    ("A10", "bfloat16"): (125 * T, _NV_A10),
-    ("A10", "float16"): (125 * T, _NV_A10),
-    ("A10G", "float32"): (35 * T, _A10G),
-    ("A10G", "tfloat32"): (35 * T, _A10G),
-    ("A10G", "bfloat16"): (70 * T, _A10G),
-    ("A10G", "float16"): (70 * T, _A10G),
-    ("A100", "float32"): (19.5 * T, _NV_A100),
-    ("A100", "tfloat32"): (156 * T, _NV_A100),
-    ("A100", "bfloat16"): (312 * T, _NV_A100),
-    ("A100", "float16"): (312 * T, _NV_A100),
-    ("L4", "float32"): (30.3 * T, _NV_L4),
-    ("L4", "tfloat32"): (60 * T, _NV_L4),
-    ("L4", "bfloat16"): (121 * T, _NV_L4),
-    ("L4", "float16"): (121 * T, _NV_L4),
-    ("L4", "float8"): (242.5 * T, _NV_L4),
-    ("L40S", "float32"): (91.6 * T, _NV_L40S),
-    ("L40S", "tfloat32"): (183 * T, _NV_L40S),
-    ("L40S", "bfloat16"): (362.05 * T, _NV_L40S),
-    ("L40S", "float16"): (362.05 * T, _NV_L40S),
-    ("L40S", "float8"): (733 * T, _NV_L40S),
-    ("H100 SXM", "float32"): (67 * T, _NV_H100),
-    ("H100 SXM", "tfloat32"): (494.7 * T, _NV_H100),
-    ("H100 SXM", "bfloat16"): (989.4 * T, _NV_H100),
-    ("H100 SXM", "float16"): (989.4 * T, _NV_H100),
-    ("H100 SXM", "float8"): (1978.9 * T, _NV_H100),
-    ("H100 PCIe", "float32"): (51 * T, _NV_H100),
-    ("H100 PCIe", "tfloat32"): (378 * T, _NV_H100),
-    ("H100 PCIe", "bfloat16"): (756.5 * T, _NV_H100),
-    ("H100 PCIe", "float16"): (756.5 * T, _NV_H100),
-    ("H100 PCIe", "float8"): (1513 * T, _NV_H100),
-    # NB (unsure): the first H100 NVL datasheet gave figures for a bridged pair of GPUs (two torch
-    # devices); these are the per-GPU ones of the later H100 datasheet (FP32 60, TF32 835*, BF16
-    # 1,671*, FP8 3,341*), sparse halved to dense. torchtitan's table has 835e12 bf16 per device.
-    ("H100 NVL", "float32"): (60 * T, _NV_H100),
-    ("H100 NVL", "tfloat32"): (417.5 * T, _NV_H100),
-    ("H100 NVL", "bfloat16"): (835.5 * T, _NV_H100),
-    ("H100 NVL", "float16"): (835.5 * T, _NV_H100),
-    ("H100 NVL", "float8"): (1670.5 * T, _NV_H100),
-    ("H200", "float32"): (67 * T, _NV_H200),  # H200 SXM: the H100 SXM's rates with more memory
-    ("H200", "tfloat32"): (494.7 * T, _NV_H200),
-    ("H200", "bfloat16"): (989.4 * T, _NV_H200),
-    ("H200", "float16"): (989.4 * T, _NV_H200),
-    ("H200", "float8"): (1978.9 * T, _NV_H200),
-    # NB (unsure): per GPU of an 8-GPU HGX B200 (FP32 600, TF32 18 P*, BF16 36 P*, FP8 72 P*
-    # for eight). The 1,200 W GB200 parts are faster (BF16 2.5 PFLOPS dense).
-    ("B200", "float32"): (75 * T, _NV_B200),
-    ("B200", "tfloat32"): (1125 * T, _NV_B200),
-    ("B200", "bfloat16"): (2250 * T, _NV_B200),
-    ("B200", "float16"): (2250 * T, _NV_B200),
-    ("B200", "float8"): (4500 * T, _NV_B200),
-    # GeForce: tensor math with FP32 accumulation runs at half the FP16-accumulate rate.
-    ("RTX 3090", "float32"): (35.6 * T, _NV_GA102),
-    ("RTX 3090", "tfloat32"): (35.6 * T, _NV_GA102),
-    ("RTX 3090", "bfloat16"): (71 * T, _NV_GA102),
-    ("RTX 3090", "float16"): (71 * T, _NV_GA102),
-    ("RTX 4090", "float32"): (82.6 * T, _NV_AD102),
-    ("RTX 4090", "tfloat32"): (82.6 * T, _NV_AD102),
-    ("RTX 4090", "bfloat16"): (165.2 * T, _NV_AD102),
-    ("RTX 4090", "float16"): (165.2 * T, _NV_AD102),
-    ("RTX 4090", "float8"): (330.3 * T, _NV_AD102),
-    # per GCD (one torch device): half the module's FP32 matrix 95.7 (vector 47.9), BF16/FP16 383
-    ("MI250X", "float32"): (47.85 * T, _AMD_MI250X),
-    ("MI250X", "bfloat16"): (191.5 * T, _AMD_MI250X),
-    ("MI250X", "float16"): (191.5 * T, _AMD_MI250X),
-    ("MI300X", "float32"): (163.4 * T, _AMD_MI300X),  # FP32 matrix (vector: 81.7)
-    ("MI300X", "tfloat32"): (653.7 * T, _AMD_MI300X),
-    ("MI300X", "bfloat16"): (1307.4 * T, _AMD_MI300X),
-    ("MI300X", "float16"): (1307.4 * T, _AMD_MI300X),
-    ("MI300X", "float8"): (2614.9 * T, _AMD_MI300X),
-}
-
-# Compute units (SMs / CUs) of one whole device, for scaling a partition's peak (MIG, CPX/DPX):
-# NVIDIA's architecture whitepapers and AMD's CDNA 2/3 whitepapers.
-FULL_UNITS = {
-    "A100": 108, "H100 SXM": 132, "H100 PCIe": 114, "H100 NVL": 132, "H200": 132, "B200": 148,
-    "MI250X": 110,  # per GCD (220 per module)
-    "MI300X": 304,
-}  # fmt: skip
-
-# Name matching works on whole tokens of the upper-cased name split at anything that is
-# not a letter or digit ("NVIDIA A100-SXM4-80GB" -> NVIDIA, A100, SXM4, 80GB), so "A100"
-# never matches inside "A1000" nor "A10" inside "A100" or "A10G". Rules are tried in order:
-# (key, tokens that must all appear, tokens that must not appear).
-_RULES = (
-    ("H100 NVL", {"H100", "NVL"}, set()),
-    ("H100 PCIe", {"H100", "PCIE"}, set()),
-    ("H100 SXM", {"H100"}, {"NVL", "PCIE"}),  # "NVIDIA H100 80GB HBM3" is the SXM5 part
-    ("H200", {"H200"}, {"NVL"}),  # the H200 NVL runs slower and has no entry
-    ("B200", {"B200"}, set()),
-    ("A100", {"A100"}, set()),
-    ("A10G", {"A10G"}, set()),
-    ("A10", {"A10"}, set()),
-    ("L40S", {"L40S"}, set()),
-    ("L4", {"L4"}, set()),
-    ("T4", {"T4"}, set()),
-    ("V100 SXM2", {"V100", "SXM2"}, set()),
-    ("V100 PCIe", {"V100", "PCIE"}, set()),
-    ("RTX 3090", {"RTX", "3090"}, {"TI", "LAPTOP", "MOBILE"}),
-    ("RTX 4090", {"RTX", "4090"}, {"D", "LAPTOP", "MOBILE"}),
-    ("MI250X", {"MI250X"}, set()),
-    ("MI300X", {"MI300X"}, set()),
-)
+# family -> compute units (SMs / CUs) of one whole device, for scaling a partition's peak (MIG, CPX/DPX)
+FULL_UNITS = {d.family: d.units for d in DEVICES if d.units}
 
 
 def match_device(name):
-    """The PEAKS device key for a device name (torch.cuda.get_device_name), or None."""
-    if not isinstance(name, str):
-        return None
-    tokens = set(re.split(r"[^A-Z0-9]+", name.upper())) - {""}
-    for key, need, forbid in _RULES:
-        if need <= tokens and not forbid & tokens:
-            return key
-    return None
+    """The PEAKS device key (tracer.devices.family) for a device name (torch.cuda.get_device_name), or None."""
+    return family(name)
 
 
 _DTYPE_ALIASES = {

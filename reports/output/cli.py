@@ -21,6 +21,7 @@ from reports.output.report_json import compare_json, sections, strict
 from reports.output.source import Source
 from reports.output.stdout import checked_stdout
 from reports.output.text import column_formatters, human, human_bytes, human_seconds, json_number, percent, printable
+from reports.plan.devices import CHOICES as GPU_CHOICES
 
 # Columns no section of `optrace report` reads, left out of its load (a section that needs one takes it out of here).
 _REPORT_UNUSED = ("layout", "device", "inplace")
@@ -581,8 +582,9 @@ def _parser():
     exp.set_defaults(run=_export)
     pln = sub.add_parser("plan", help="will a traced rank fit on a GPU, and how fast will a step go")
     pln.add_argument("trace", help="a trace of one rank (real, meta or fake; any world size)")
-    pln.add_argument("--gpu", required=True, help="the target: H100 SXM, H100 PCIe, H200, B200, A100 80GB SXM, "
-                     "A100 40GB SXM, or cpu (the CPU the trace ran on)")
+    pln.add_argument("--gpu", required=True, metavar="NAME",
+                     help=f"the target, a device of the catalogue (tracer.devices): {', '.join(GPU_CHOICES[:-1])}; or "
+                     "a name only one of them has (H100); or cpu (the CPU the trace ran on)")
     pln.add_argument("--gpus-per-node", type=_top, default=8, help="GPUs per node (default: 8)")
     pln.add_argument("--micro-batch", type=_top, help="sequences per rank to plan (default: the traced batch)")
     pln.add_argument("--batch", type=_top, help="sequences per rank in the trace (default: found in the trace)")

@@ -39,6 +39,7 @@ import numpy as np
 
 from reports.distributed.collectives import collective_kind, traffic
 from reports.loading.columns import cell_objects
+from reports.plan.devices import missing
 
 __all__ = ["OVERLAPS", "collective_cost", "simulate"]
 
@@ -72,6 +73,9 @@ def collective_cost(kind, message_bytes, w, gpu, gpus_per_node, a, ranks=None):
         return 0.0, 0.0, math.nan, 0.0
     nodes, local = placement(w, gpus_per_node, ranks)
     sent = message_bytes * traffic(kind, w)[0]
+    for figure in ("intra_bytes_per_s",) if nodes == 1 else ("intra_bytes_per_s", "nic_bytes_per_s"):
+        if gpu[figure] is None:
+            raise missing(gpu, figure)
     intra = gpu["intra_bytes_per_s"]
     if nodes == 1:
         bandwidth = intra
@@ -79,7 +83,8 @@ def collective_cost(kind, message_bytes, w, gpu, gpus_per_node, a, ranks=None):
         bandwidth = min(intra, local * gpu["nic_bytes_per_s"])
     bandwidth *= a["link_efficiency"]
     steps, across = _steps(kind, w, nodes)
-    step = a["pcie_step_s"] if "PCIe" in gpu["name"] else a["nvlink_step_s"]
+    # NB: an xGMI ring step (AMD Infinity Fabric) is priced at NVLink's latency (judgement: both link GPU to GPU)
+    step = a["pcie_step_s"] if gpu["link"] == "PCIe" else a["nvlink_step_s"]
     latency = a["nccl_base_s"] + (steps - across) * step + across * a["net_step_s"]
     return latency + sent / bandwidth, sent, bandwidth, latency
 

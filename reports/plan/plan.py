@@ -49,7 +49,7 @@ from reports.errors import ReportError
 from reports.loading.integrity import signal_of, stopped_by
 from reports.flops.coverage import bounds
 from reports.flops.mfu import mfu as mfu_table
-from reports.flops.peaks import BANDWIDTH, PEAKS, cpu_ideal_flops, match_device, peak_bandwidth
+from reports.flops.peaks import PEAKS, cpu_ideal_flops, peak_bandwidth
 from reports.flops.recompute import attention_recompute, checkpoint_recompute
 from reports.loading.load import require, runs_of
 from reports.plan import assumptions as assumed
@@ -59,6 +59,7 @@ from reports.plan.fit import fit, traced_batch
 from reports.plan.ops import CLASSES, calibrate, fixed_bytes, price, roofs
 from reports.steps import count_steps, per_step
 from reports.tables import split_runs
+from tracer.devices import candidates
 
 __all__ = ["plan"]
 
@@ -82,9 +83,7 @@ def _target(gpu, meta):
             raise ReportError(f"plan: gpu 'cpu' needs the CPU's memory bandwidth, which this trace does not record "
                               f"({bw_source})")
         return entry, lambda d: cpu_ideal_flops(device, d)[0], bandwidth, bw_source, None
-    key = entry["peak_key"]
-    bandwidth, bw_source = BANDWIDTH[entry["bandwidth_key"]]
-    return entry, lambda d: (PEAKS.get((key, d)) or (None,))[0], bandwidth, bw_source, entry["memory_bytes"]
+    return entry, entry["peaks"].get, entry["bandwidth_bytes_per_s"], entry["bandwidth_source"], entry["memory_bytes"]
 
 
 def _on_target(entry, meta):
@@ -94,7 +93,9 @@ def _on_target(entry, meta):
         return False
     if entry == CPU:
         return device.get("type") == "cpu"
-    return device.get("type") == "cuda" and match_device(device.get("name")) == entry["peak_key"]
+    # the catalogue records the trace's device can be (by name, then memory size): an A100 40GB is not the 80GB target
+    found = candidates(device.get("name"), device.get("total_memory_bytes"))
+    return device.get("type") == "cuda" and entry["name"] in {d.name for d in found}
 
 
 def plan(df, gpu, gpus_per_node=8, micro_batch=None, batch=None, overlap="prefetch", assumptions=None):
