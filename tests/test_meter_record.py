@@ -15,15 +15,16 @@ H100 = {"type": "cuda", "name": "NVIDIA H100 80GB HBM3"}
 BF16_TRACE = {"dtype": "bfloat16", "peak_flops_per_s": 989.4e12, "peak_source": "NVIDIA H100 SXM datasheet"}
 
 
-def figures(**given):
-    return StepFigures({**dict.fromkeys(KEYS), "traced": False, "flops_estimated": False, **given},
-                       peak=given.pop("peak", None))
+GIVEN = {"dtype": "float32", "peak_flops_per_s": 1e9, "peak_source": "given"}  # Meter(peak_flops=1e9)
+
+
+def figures(trace=None, device=None, **given):
+    return StepFigures({**dict.fromkeys(KEYS), "traced": False, "flops_estimated": False, **given}, trace, device)
 
 
 def test_a_metered_step_prints_step_time_tokens_per_s_and_mfu_in_one_line():
-    step = figures(step=12, step_time_s=0.04131, tokens=1024, tokens_per_s=1024 / 0.04131, model_flops=1.165e13,
-                   hardware_flops=1.2e13, mfu=0.28503, hfu=0.29)
-    step.peak = peak_label(BF16_TRACE, H100)
+    step = figures(BF16_TRACE, H100, step=12, step_time_s=0.04131, tokens=1024, tokens_per_s=1024 / 0.04131,
+                   model_flops=1.165e13, hardware_flops=1.2e13, mfu=0.28503, hfu=0.29)
     # 1024 / 0.04131 = 24,788.2 tok/s; 0.28503 = 28.5%; the H100's name as tracer.peaks.match_device reads it
     assert str(step) == "step 12: 41.3 ms, 24,788 tok/s, MFU 28.5% (bf16 peak of H100 SXM)"
     assert step["mfu"] == 0.28503 and step == dict(step)  # still the dict of unrounded figures
@@ -37,15 +38,14 @@ def test_the_line_names_what_is_missing():
     assert str(new) == "step 5: 2.50 s, 102 tok/s, MFU N/A: no traced FLOPs for this step's signature yet"
     no_peak = figures(step=3, step_time_s=0.0015, model_flops=1000)  # no tokens=: no tokens/s
     assert str(no_peak) == "step 3: 1.50 ms, MFU N/A: no peak for this device and dtype (pass peak_flops=)"
-    estimated = figures(step=9, step_time_s=0.005, mfu=0.000123, model_flops=7, peak="given peak",
-                        flops_estimated=True)
+    estimated = figures(GIVEN, step=9, step_time_s=0.005, mfu=0.000123, model_flops=7, flops_estimated=True)
     assert str(estimated) == "step 9: 5.00 ms, MFU 0.0123% (FLOPs estimated; given peak)"
     assert str(StepFigures(dict.fromkeys(KEYS))) == "step ?: no figures (the meter is closed, or could not meter this step)"
 
 
 def test_the_line_is_at_most_120_characters_whatever_the_figures():
-    long = peak_label(BF16_TRACE, {"type": "cuda", "name": "Accelerator " * 20})
-    step = figures(step=10**12, step_time_s=12345.678, tokens_per_s=1.5e15, mfu=0.5, model_flops=1, peak=long,
+    long = {"type": "cuda", "name": "Accelerator " * 20}  # no datasheet entry: the name as given
+    step = figures(BF16_TRACE, long, step=10**12, step_time_s=12345.678, tokens_per_s=1.5e15, mfu=0.5, model_flops=1,
                    flops_estimated=True)
     assert len(str(step)) == WIDTH == 120  # cut at 117 characters and "..."
     assert str(step) == ("step 1000000000000: 12345.68 s, 1,500,000,000,000,000 tok/s, MFU 50.0% (FLOPs estimated; "

@@ -59,7 +59,7 @@ from tracer.dispatch import make_inert
 from tracer.errors import TraceError
 from tracer.meter_flops import READ, input_size, settled, signature, step_flops, token_count
 from tracer.meter_modes import depth_of, lifted_above, lifted_over
-from tracer.meter_record import StepFigures, peak_label
+from tracer.meter_record import StepFigures
 from tracer.mode import Tracer
 from tracer.peaks import lookup, normalize_dtype
 from tracer.safety import GlobalModuleHook, warn
@@ -465,7 +465,7 @@ class Meter:
             "tokens_per_s": _ratio(tokens, timed), "model_flops": model, "hardware_flops": hardware,
             "flops_estimated": scale is not None,
             "mfu": _ratio(_ratio(model, timed), peak), "hfu": _ratio(_ratio(hardware, timed), peak),
-        }, peak=peak_label(found, self._tracer._meta.get("device")))  # fmt: skip
+        }, found, self._tracer._meta.get("device"))  # fmt: skip
 
     def table(self):
         """The run metadata's `meter`: {traces: [per traced step: model_flops, hardware_flops,

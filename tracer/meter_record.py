@@ -50,13 +50,19 @@ def _percent(ratio):
 class StepFigures(dict):
     """One step's figures (a dict: step, traced, step_time_s, tokens, tokens_per_s, model_flops, hardware_flops,
     flops_estimated, mfu, hfu; None where unknown) whose `str` is one line of at most `WIDTH` characters.
-    `peak`: the peak the MFU is taken against, in words (`peak_label`), or None."""
+    `trace` and `device`: what `peak_label` names the peak from, read only when the line is made (a step's
+    bookkeeping stays a dict copy)."""
 
-    __slots__ = ("peak",)
+    __slots__ = ("_trace", "_device")
 
-    def __init__(self, figures, peak=None):
+    def __init__(self, figures, trace=None, device=None):
         super().__init__(figures)
-        self.peak = peak
+        self._trace, self._device = trace, device
+
+    @property
+    def peak(self):
+        """The peak the MFU is taken against, in words (`peak_label`), or None."""
+        return peak_label(self._trace, self._device)
 
     def __str__(self):
         if self.get("step") is None:
