@@ -25,7 +25,7 @@ from tracer import Tracer  # noqa: E402
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                     epilog="Run it under torchrun: torchrun --nproc_per_node=2 examples/distributed.py")
+                                     epilog="run it under torchrun (--nproc_per_node=2 for the README's tables)")
     parser.add_argument("--out", default="runs/ddp", help="trace directory, one rank=R directory in it per rank "
                         "(default: %(default)s)")
     parser.add_argument("--steps", type=int, default=2, help="training steps to trace (default: %(default)s)")

@@ -40,7 +40,8 @@ def test_the_line_names_what_is_missing():
     assert str(no_peak) == "step 3: 1.50 ms, MFU N/A: no peak for this device and dtype (pass peak_flops=)"
     estimated = figures(GIVEN, step=9, step_time_s=0.005, mfu=0.000123, model_flops=7, flops_estimated=True)
     assert str(estimated) == "step 9: 5.00 ms, MFU 0.0123% (FLOPs estimated; given peak)"
-    assert str(StepFigures(dict.fromkeys(KEYS))) == "step ?: no figures (the meter is closed, or could not meter this step)"
+    unknown = StepFigures(dict.fromkeys(KEYS))  # after close(), or a step the meter could not meter
+    assert str(unknown) == "step ?: no figures (the meter is closed, or could not meter this step)"
 
 
 def test_the_line_is_at_most_120_characters_whatever_the_figures():
@@ -54,7 +55,8 @@ def test_the_line_is_at_most_120_characters_whatever_the_figures():
 
 def test_peak_label():
     assert peak_label(BF16_TRACE, {"type": "cuda", "name": "Some GPU"}) == "bf16 peak of Some GPU"  # not in the table
-    assert peak_label({**BF16_TRACE, "dtype": "float32"}, {"type": "cpu", "name": "x86"}) == "fp32 ideal peak of the CPU"
+    cpu = {"type": "cpu", "name": "x86"}
+    assert peak_label({**BF16_TRACE, "dtype": "float32"}, cpu) == "fp32 ideal peak of the CPU"
     assert peak_label({**BF16_TRACE, "peak_source": "given"}, H100) == "given peak"
     assert peak_label({**BF16_TRACE, "peak_flops_per_s": None}, H100) is None
     assert peak_label({}, H100) is None  # no trace: no FLOPs, no peak
