@@ -1,11 +1,12 @@
 """The same GPT training step in float32 and under bf16 autocast, traced and compared.
 
-    python examples/compare_precision.py
+    python examples/compare_precision.py        # -> runs/gpt_fp32.parquet, runs/gpt_bf16.parquet
 
 Autocast runs the matmuls in bfloat16 (2 bytes per element instead of 4), so their
 outputs take half the bytes; parameters, gradients and optimizer state stay float32.
 """
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -34,11 +35,16 @@ def trace(path, dtype, batch=8):
         train_step(model, opt, idx, targets, dtype)
 
 
-def main():
-    Path("runs").mkdir(exist_ok=True)
-    trace("runs/gpt_fp32.parquet", None)
-    trace("runs/gpt_bf16.parquet", torch.bfloat16)
-    df = reports.load(["runs/gpt_fp32.parquet", "runs/gpt_bf16.parquet"])
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", default="runs", help="directory of the two traces, gpt_fp32.parquet and "
+                        "gpt_bf16.parquet (default: %(default)s)")
+    args = parser.parse_args(argv)
+    fp32, bf16 = (str(Path(args.runs) / f"gpt_{name}.parquet") for name in ("fp32", "bf16"))
+    Path(args.runs).mkdir(parents=True, exist_ok=True)
+    trace(fp32, None)
+    trace(bf16, torch.bfloat16)
+    df = reports.load([fp32, bf16])
     print("By phase (ratios: bf16 / fp32)")
     table = reports.compare(df, by="phase")
     columns = ["phase", "run", "flops_per_step", "bytes_allocated_per_step", "peak_live_bytes", "bytes_allocated_ratio", "peak_live_bytes_ratio"]

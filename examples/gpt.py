@@ -1,7 +1,7 @@
 """A small GPT-2-style decoder, and a traced training step of it.
 
     python examples/gpt.py                       # 3 AdamW steps -> runs/gpt.parquet
-    python examples/gpt.py --attention sdpa --dtype bf16 --steps 1
+    python examples/gpt.py --attention sdpa --dtype bf16 --steps 1   # -> runs/gpt-sdpa-bf16-s1.parquet
 
 The model is written so that the trace reads like the arithmetic of lecture 2:
 every weight enters exactly one matmul per token (the Linear layers and the
@@ -200,9 +200,19 @@ def matmul_params(df, meta):
     return {name: p for name, p in meta["parameters"].items() if name in names}
 
 
+def default_out(parser, args):
+    """runs/gpt.parquet, with each option that changes the trace and is not at its default in the name
+    (runs/gpt-sdpa-bf16-b2.parquet): two runs of different options do not write one directory."""
+    parts = [f"{value}" if name in ("attention", "dtype") else f"{name[0]}{value}"
+             for name in ("attention", "dtype", "batch", "steps")
+             if (value := getattr(args, name)) != parser.get_default(name)]
+    return f"runs/{'-'.join(['gpt', *parts])}.parquet"
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="runs/gpt.parquet", help="trace directory (default: %(default)s)")
+    parser.add_argument("--out", help="trace directory (default: runs/gpt.parquet, with the options that differ "
+                        "from their defaults in the name: runs/gpt-sdpa-bf16.parquet)")
     parser.add_argument("--steps", type=int, default=3, help="training steps to trace (default: %(default)s)")
     parser.add_argument("--attention", choices=ATTENTION, default="matmul")
     parser.add_argument("--dtype", choices=tuple(DTYPES), default="fp32", help="bf16: CPU autocast")
@@ -211,6 +221,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.steps < 1 or args.batch < 1:
         parser.error(f"--steps and --batch must be at least 1, got {args.steps} and {args.batch}")
+    args.out = args.out or default_out(parser, args)
 
     from reports.output.cli import main as optrace
     from tracer import Tracer, matmul_ceiling, memory_bandwidth, time_step

@@ -138,6 +138,13 @@ def trace(path, cfg, world, batch, checkpoint=False):
     return simulate(path, world, cfg, batch, checkpoint, build=Llama, blocks="layers")
 
 
+def default_out(args):
+    """The trace directory of a run without --out: every option that changes the trace is in its name, so that two
+    runs of different shapes do not write one directory (--gpu and --gpus-per-node change only the plan)."""
+    seq = f"-s{args.seq}" if args.seq else ""
+    return f"runs/llama-{args.model}-w{args.world}-b{args.batch}{seq}{'-ck' if args.checkpoint else ''}.parquet"
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", choices=sorted(MODELS), default="8b")
@@ -148,12 +155,13 @@ def main(argv=None):
     parser.add_argument("--gpu", default="H100 SXM")
     parser.add_argument("--gpus-per-node", type=int, default=8)
     parser.add_argument("--json", action="store_true")
-    parser.add_argument("--out", default=None, help="trace directory (default: runs/llama-<model>-w<world>.parquet)")
+    parser.add_argument("--out", default=None,
+                        help="trace directory (default: runs/llama-<model>-w<world>-b<batch>[-s<seq>][-ck].parquet)")
     args = parser.parse_args(argv)
     cfg = MODELS[args.model]
     if args.seq:
         cfg = LlamaConfig(**{**cfg.__dict__, "seq_len": args.seq})
-    out = args.out or f"runs/llama-{args.model}-w{args.world}.parquet"
+    out = args.out or default_out(args)
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     trace(out, cfg, args.world, args.batch, args.checkpoint)
     plan = ["plan", out, "--gpu", args.gpu, "--gpus-per-node", str(args.gpus_per_node)]

@@ -14,6 +14,13 @@ if str(EXAMPLES) not in sys.path:
     sys.path.append(str(EXAMPLES))  # `import gpt`, `import linear`, `import tensors`
 
 
+# The first line of a child program that takes a Ctrl-C: Python's own SIGINT handler, whatever the suite inherited.
+# A suite started with SIGINT ignored (`make test &` from a script, `nohup ... &`, an ignoring parent) passes that
+# on to every child: Python then installs no handler, so `os.kill(pid, SIGINT)`, `signal.raise_signal` and
+# `_thread.interrupt_main` do nothing, and no KeyboardInterrupt comes.
+DEFAULT_SIGINT = "import signal; signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+
+
 @pytest.fixture(scope="session")
 def examples_dir():
     """The examples/ directory, for running the example scripts as subprocesses."""

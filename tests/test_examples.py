@@ -1,8 +1,10 @@
 """The lecture's facts, asserted on traces of the example scripts, with the arithmetic."""
 
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import gpt
 import linear
@@ -177,8 +179,10 @@ def test_example_script_runs(examples_dir, tmp_path, script, expected):
     assert (tmp_path / "runs" / script.replace(".py", ".parquet")).is_dir()
 
 
-def test_gpt_main_sdpa_bf16(tmp_path, capsys):
-    gpt.main(["--out", str(tmp_path / "gpt.parquet"), "--steps", "1", "--attention", "sdpa", "--dtype", "bf16"])
+def test_gpt_main_sdpa_bf16(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    gpt.main(["--steps", "1", "--attention", "sdpa", "--dtype", "bf16"])
+    assert os.listdir(tmp_path / "runs") == ["gpt-sdpa-bf16-s1.parquet"]  # the options that differ from the defaults
     out = capsys.readouterr().out
     assert "1 step(s)" in out
     assert "aten._scaled_dot_product_flash_attention_for_cpu" in out
@@ -193,3 +197,101 @@ def test_gpt_main_export(tmp_path, capsys):
 
     events = json.loads((tmp_path / "gpt.json").read_text())["traceEvents"]
     assert sum(e["ph"] == "X" for e in events) == len(load(tmp_path / "gpt.parquet"))
+
+
+# ------------------------------------------------------------------ --help, and where each run writes
+EXAMPLES = sorted(p.name for p in (Path(__file__).resolve().parents[1] / "examples").glob("*.py"))
+# Every example's `--help` in one child process (one torch import, not one per script): each script run as
+# `python examples/<script> --help` runs it, from an empty directory of its own named as the script; what it printed,
+# its exit status or exception.
+HELP_ALL = """
+import contextlib, io, json, os, runpy, sys
+results, base = {}, os.getcwd()
+for script in sys.argv[1:]:
+    os.mkdir(os.path.join(base, os.path.basename(script)))
+    os.chdir(os.path.join(base, os.path.basename(script)))
+    out, err = io.StringIO(), io.StringIO()
+    sys.argv = [script, "--help"]
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            runpy.run_path(script, run_name="__main__")
+            code = "returned without exiting"
+        except SystemExit as exc:
+            code = exc.code or 0
+        except BaseException as exc:
+            code = f"{type(exc).__name__}: {exc}"
+    results[script] = {"code": code, "stdout": out.getvalue(), "stderr": err.getvalue()[-2000:]}
+print(json.dumps(results))
+"""
+
+
+@pytest.fixture(scope="module")
+def helps(examples_dir, tmp_path_factory):
+    cwd = tmp_path_factory.mktemp("help")
+    done = subprocess.run(
+        [sys.executable, "-c", HELP_ALL, *(str(examples_dir / name) for name in EXAMPLES)],
+        cwd=cwd, capture_output=True, text=True, timeout=240,
+        env={**os.environ, "PYTHONPATH": str(examples_dir.parent)},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.splitlines()[-1]), cwd
+
+
+@pytest.mark.parametrize("script", EXAMPLES)
+def test_every_example_prints_its_usage_and_runs_nothing(helps, script):
+    """`--help` exits 0 with the usage; compare_precision.py ran both traces, distributed.py raised (no RANK)."""
+    results, cwd = helps
+    result = next(r for name, r in results.items() if name.endswith("/" + script))
+    assert result["code"] == 0, result
+    assert result["stdout"].startswith(f"usage: {script} "), result
+    assert list((cwd / script).iterdir()) == []  # no runs/ made, no trace written
+
+
+def test_distributed_outside_torchrun_is_one_line(examples_dir, tmp_path):
+    done = subprocess.run([sys.executable, str(examples_dir / "distributed.py")], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(examples_dir.parent)})
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.splitlines()[-1] == ("distributed.py: error: no process group to join (RANK is not set): run it "
+                                            "under torchrun, e.g. torchrun --nproc_per_node=2 examples/distributed.py")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "argv, out",
+    [
+        ([], "runs/llama-8b-w8-b1.parquet"),
+        (["--batch", "2", "--checkpoint"], "runs/llama-8b-w8-b2-ck.parquet"),  # the README's worked example
+        (["--model", "tiny", "--world", "64", "--seq", "16"], "runs/llama-tiny-w64-b1-s16.parquet"),
+    ],
+)
+def test_plan_llama_default_path_names_the_run(monkeypatch, tmp_path, argv, out):
+    """Before, every run of one model and world wrote runs/llama-8b-w8.parquet, whatever its batch or checkpointing."""
+    import plan_llama
+
+    traced, planned = [], []
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(plan_llama, "trace", lambda path, cfg, world, batch, checkpoint: traced.append(path))
+    monkeypatch.setattr(plan_llama, "optrace", lambda argv: planned.append(argv) or 0)
+    assert plan_llama.main(argv) == 0
+    assert traced == [out] and planned[0][:2] == ["plan", out]
+    assert (tmp_path / "runs").is_dir()
+
+
+@pytest.mark.parametrize(
+    "argv, out",
+    [
+        ([], "runs/simulate.parquet"),
+        (["--world", "8", "--layers", "2", "--checkpoint"], "runs/simulate-w8-l2-ck.parquet"),
+        (["--d-model", "256", "--heads", "4", "--seq", "128", "--batch", "2", "--vocab", "1000"],
+         "runs/simulate-d256-h4-s128-b2-v1000.parquet"),
+    ],
+)
+def test_simulate_default_path_names_the_run(monkeypatch, tmp_path, argv, out):
+    import simulate as script
+
+    traced = []
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(script, "simulate", lambda path, *args: traced.append(path))
+    monkeypatch.setattr(script, "optrace", lambda argv: 0)
+    assert script.main(argv) == 0
+    assert traced == [out]

@@ -10,6 +10,8 @@ import sys
 import textwrap
 
 import pandas as pd
+import pytest
+from conftest import DEFAULT_SIGINT
 
 from tracer import read_metadata
 from tracer.schema import MARKER_NAME, marker_facts
@@ -18,9 +20,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def run(tmp_path, code, *flags):
-    """Run `code` as a script file (spawned workers import it) in a fresh interpreter."""
+    """Run `code` as a script file (spawned workers import it) in a fresh interpreter, with Python's own SIGINT
+    handler (conftest.DEFAULT_SIGINT) however the suite was started."""
     script = tmp_path / "program.py"
-    script.write_text(textwrap.dedent(code))
+    script.write_text(DEFAULT_SIGINT + textwrap.dedent(code))
     return subprocess.run([sys.executable, *flags, str(script)], cwd=ROOT, capture_output=True, text=True,
                           env={**os.environ, "PYTHONPATH": ROOT}, timeout=300)
 
@@ -150,6 +153,19 @@ def test_a_forked_child_runs_its_ops_untraced_and_leaves_the_trace_and_lock_alon
 
 
 # ------------------------------------------------------------------ Ctrl-C is never swallowed
+@pytest.mark.parametrize("prelude, out", [("", "went on\n"), (DEFAULT_SIGINT, "")])
+def test_the_children_take_a_ctrl_c_however_the_suite_was_started(prelude, out):
+    """A suite started with SIGINT ignored (`sh -c 'make test &'`; here `trap "" INT`, as such a shell does) passed
+    that on to the programs of the Ctrl-C tests below, which then went on past their interrupt and failed; run()
+    starts each with conftest.DEFAULT_SIGINT."""
+    code = prelude + "import os, signal\nos.kill(os.getpid(), signal.SIGINT)\nprint('went on')\n"
+    proc = subprocess.run(["sh", "-c", 'trap "" INT; exec "$0" -c "$1"', sys.executable, code],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.stdout == out
+    # an uncaught KeyboardInterrupt ends Python by SIGINT itself, as a shell expects: status -2
+    assert (proc.returncode, proc.stderr.splitlines()[-1:]) == ((-2, ["KeyboardInterrupt"]) if prelude else (0, []))
+
+
 INTERRUPT_AT_FREE = """
     import _thread, operator, signal, weakref, torch
     from tracer import Tracer

@@ -20,6 +20,7 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
 import torch
+from conftest import DEFAULT_SIGINT
 from torch import nn
 
 import reports
@@ -500,7 +501,7 @@ def test_describe_never_raises():
 @pytest.mark.parametrize("sig", ["SIGINT", "SIGKILL"])
 def test_a_signal_in_a_subprocess_keeps_flushed_rows(tmp_path, sig):
     path = tmp_path / "t"
-    code = textwrap.dedent(f"""
+    code = DEFAULT_SIGINT + textwrap.dedent(f"""
         import os, signal, torch
         from tracer import Tracer
         with Tracer({str(path)!r}, flush_rows=2):

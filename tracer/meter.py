@@ -59,6 +59,7 @@ from tracer.dispatch import make_inert
 from tracer.errors import TraceError
 from tracer.meter_flops import READ, input_size, settled, signature, step_flops, token_count
 from tracer.mode_stack import depth_of
+from tracer.meter_record import StepFigures
 from tracer.mode import Tracer
 from tracer.peaks import lookup, normalize_dtype
 from tracer.safety import GlobalModuleHook, describe_exception, warn
@@ -247,10 +248,11 @@ class Meter:
 
     def step(self, tokens=None):
         """End a step: returns {step, traced, step_time_s, tokens, tokens_per_s, model_flops,
-        hardware_flops, mfu, hfu} (None where unknown: all of them after close() or when the meter failed).
+        hardware_flops, flops_estimated, mfu, hfu} (None where unknown: all of them after close() or when the meter
+        failed), a dict printed as one line (tracer.meter_record.StepFigures).
         `tokens` overrides tokens= for this step."""
         if self._closed or self._elsewhere("step"):
-            return dict(_UNKNOWN)
+            return StepFigures(_UNKNOWN)
         if tokens is not None:
             tokens = token_count(tokens)
         now = self._clock()
@@ -258,7 +260,7 @@ class Meter:
             return self._end_step(now - self._began, tokens if tokens is not None else self.tokens, now)
         except Exception as exc:
             self._failed(exc)
-            return dict(_UNKNOWN)
+            return StepFigures(_UNKNOWN)
         finally:  # the next step starts now (after a trace or a table write: once that work is done)
             self._start_step(self._clock() if self._reclock else now)
             self._reclock = False
@@ -456,12 +458,12 @@ class Meter:
             optimizer = found["optimizer_flops"]
             model, hardware = round(model * scale), round((hardware - optimizer) * scale + optimizer)
         timed = None if traced else seconds  # traced time is not step time
-        return {
+        return StepFigures({
             "step": index, "traced": traced, "step_time_s": seconds, "tokens": tokens,
             "tokens_per_s": _ratio(tokens, timed), "model_flops": model, "hardware_flops": hardware,
             "flops_estimated": scale is not None,
             "mfu": _ratio(_ratio(model, timed), peak), "hfu": _ratio(_ratio(hardware, timed), peak),
-        }  # fmt: skip
+        }, found, self._tracer._meta.get("device"))  # fmt: skip
 
     def table(self):
         """The run metadata's `meter`: {traces: [per traced step: model_flops, hardware_flops,
