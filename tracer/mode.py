@@ -39,7 +39,9 @@ from tracer.writer import (
     release_directory,
 )
 from tracer.directory import write_facts
-from tracer.mode_stack import depth_of, entered_below, lifted_above, lifted_over, refit_infra, take_off_exited
+from tracer.mode_stack import (
+    depth_of, entered_below, lifted_above, lifted_over, refit_below, refit_infra, take_off_exited,
+)  # fmt: skip
 
 Tensor = torch.Tensor
 _perf_ns = time.perf_counter_ns
@@ -326,6 +328,7 @@ class Tracer:
         if self._mode in _mode_stack():
             with lifted_over(self._mode):
                 self._mode.__exit__(None, None, None)
+                refit_below(self._below)
                 refit_infra(self._below)
             return
         if threading.get_ident() == self._thread:  # a mode entered before the Tracer was left inside its block
