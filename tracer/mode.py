@@ -393,11 +393,15 @@ class Tracer:
             self.step()
             self._flush()
             self._uninstall()
+        if self._term_pending:  # a SIGTERM held while the hooks came off (tracer/signals.py)
+            self._term.due(sys._getframe(1))
 
     def _resume(self):
         """Record again after `_pause`: the next forward work begins a new step."""
         with interrupts_deferred():
             self._install()
+        if self._term_pending:  # a SIGTERM held while the hooks went on
+            self._term.due(sys._getframe(1))
 
     @property
     def current_step(self):
@@ -832,6 +836,7 @@ def _after_fork_in_child():
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-# a SIGTERM inside these is held until they are done: a row or a part is half made there (tracer/signals.py)
+# a SIGTERM inside these is held until they are done: a row or a part is half made there, or the hooks half on or
+# off (a Meter's pause and resume) (tracer/signals.py)
 unsafe(Tracer._record, Tracer._collect_python, Tracer._flush, Tracer._write, Tracer._close, Tracer._exit,
-       Tracer._merge, Tracer._late_update)
+       Tracer._merge, Tracer._late_update, Tracer._pause, Tracer._resume)
