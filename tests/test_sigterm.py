@@ -267,7 +267,8 @@ def test_a_sigterm_while_a_pause_takes_the_hooks_off_waits_for_the_pause(tmp_pat
                 tr._pause()  # as a Meter pauses after its traced step
             # the pause finished before the program's handler ran: compiled code runs compiled again (before: the
             # handler's exception left _pause after the module hooks, with torch.compile's stance still force_eager)
-            assert tr._eager.active is False and tr._mode not in torch.utils._python_dispatch._get_current_dispatch_mode_stack()
+            assert tr._eager.active is False
+            assert tr._mode not in torch.utils._python_dispatch._get_current_dispatch_mode_stack()
             tr._resume()
             torch.ones(2) * 3
     finally:
