@@ -16,27 +16,13 @@ import torch.nn.functional as F
 
 import reports
 from reports.output.cli import main
+from test_compiled_after import _counting  # a backend that counts the graphs compiled and their runs
 from test_fork_signals import run
 from tracer import Meter, Tracer, native, read_metadata
 
 pytestmark = pytest.mark.skipif(not hasattr(torch.compiler, "set_stance"), reason="torch.compile has no stance")
 
 NOTE = ("traced numerics can differ from compiled ones in the last bits")
-
-
-def _counting():
-    calls = {"graphs": 0, "runs": 0}
-
-    def backend(gm, example_inputs):
-        calls["graphs"] += 1
-
-        def run(*args):
-            calls["runs"] += 1
-            return gm.forward(*args)
-
-        return run
-
-    return calls, backend
 
 
 class Net(torch.nn.Module):

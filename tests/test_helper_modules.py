@@ -296,3 +296,22 @@ def test_a_compiled_helper_shares_its_name_with_the_module_it_wraps(tmp_path):
         (step, f"{i}.Func", phase): flops for step in range(2) for i in range(2)
         for phase, flops in (("forward", SCAN), ("backward", SCAN_BACKWARD))}  # fmt: skip
     assert read_metadata(tmp_path / "compiled")["compiled_ran_eagerly"]
+
+
+def test_the_boundaries_kept_hold_one_name_object_per_module_name(tmp_path, monkeypatch):
+    """The module boundaries kept for the backward (Attribution._event_names, up to _EVENTS_KEPT) point at one str per
+    name: a helper is named per call, and an equal name made anew at each call cost its own str at each boundary."""
+    torch.manual_seed(0)
+    model = Net()
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(T, D, generator=g), torch.randint(0, D, (T,), generator=g)
+    with Tracer(tmp_path / "t", model=model) as tr:
+        for _ in range(50):
+            model(x, y).backward()
+        names = tr._attr._event_names
+        distinct = set(names)
+        # the helper names: layers.{0,1}.mixer.Func and Func~1, CrossEntropyLoss, each a boundary in 50 steps
+        assert {"layers.0.mixer.Func", "layers.1.mixer.Func~1", "CrossEntropyLoss"} <= distinct
+        # 8 names ('', the 2 projs, the 4 helpers, CrossEntropyLoss): before, 204 str objects over these 50 steps,
+        # about 4 new ones a step (the helpers' boundaries), none freed until _EVENTS_KEPT boundaries
+        assert len(distinct) == 8 and len({id(n) for n in names}) == 8

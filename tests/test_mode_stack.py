@@ -113,3 +113,20 @@ def test_fake_tensor_mode_entered_inside_the_block_stays_on_after_it(tmp_path):
     fake.__exit__(None, None, None)
     assert _get_current_dispatch_mode_stack() == [] and _flags() == (False, False, False)
     assert not isinstance(torch.ones(3), FakeTensor)
+
+
+def test_fake_tensor_mode_entered_before_the_block_and_left_inside_it_leaves_no_flag_on(tmp_path, collector):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    before = _flags()
+    fake = FakeTensorMode()
+    fake.__enter__()
+    tracer = Tracer(tmp_path / "t")
+    tracer.__enter__()
+    torch.ones(3) * 2
+    fake.__exit__(None, None, None)  # an infra mode: its exit pops its own slot, below the tracer's mode
+    tracer.__exit__(None, None, None)
+    assert _get_current_dispatch_mode_stack() == []
+    # untraced (fake entered and left alone) the flags end as before: (False, False, False); the tracer's exit put
+    # back those at its enter, inside FakeTensorMode: (True, False, False)
+    assert before == (False, False, False) and _flags() == before

@@ -242,3 +242,38 @@ def test_no_handler_from_another_thread_and_a_row_held_on_another_thread_is_acte
     assert meta["signal"] == "SIGTERM" and meta["complete"] is False
     with pytest.warns(UserWarning, match="stopped by SIGTERM"):
         assert len(reports.load(tmp_path / "t")) == 2  # ones, add: written at the signal, nothing lost at close
+
+
+def test_a_sigterm_while_a_pause_takes_the_hooks_off_waits_for_the_pause(tmp_path):
+    class Stop(Exception):
+        pass
+
+    def on_term(signum, frame):
+        raise Stop
+
+    before = signal.signal(signal.SIGTERM, on_term)
+    try:
+        with Tracer(tmp_path / "t") as tr:
+            torch.ones(2) + 1
+            remove = tr._attr.remove
+
+            def remove_with_a_signal():  # the signal comes while Tracer._uninstall takes the hooks off
+                tr._attr.remove = remove
+                os.kill(os.getpid(), signal.SIGTERM)
+                remove()
+
+            tr._attr.remove = remove_with_a_signal
+            with pytest.raises(Stop):
+                tr._pause()  # as a Meter pauses after its traced step
+            # the pause finished before the program's handler ran: compiled code runs compiled again (before: the
+            # handler's exception left _pause after the module hooks, with torch.compile's stance still force_eager)
+            assert tr._eager.active is False
+            assert tr._mode not in torch.utils._python_dispatch._get_current_dispatch_mode_stack()
+            tr._resume()
+            torch.ones(2) * 3
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    with pytest.warns(UserWarning, match="stopped by SIGTERM"):
+        # ones, add (written at the signal); ones, mul after the resume: 4 rows
+        assert reports.load(tmp_path / "t")["op"].tolist() == [
+            "aten.ones.default", "aten.add.Tensor", "aten.ones.default", "aten.mul.Tensor"]

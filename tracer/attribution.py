@@ -220,6 +220,9 @@ class Attribution:
         # in an array (8 bytes each, not an int object each: a forward-only loop under grad mode, which nothing
         # clears, fills _EVENTS_KEPT of them); tracer/_where.cpp reads it in place
         self._event_seqs, self._event_names = array("Q"), []
+        # one str per module name for _event_names: a module named per call (a helper in its caller's subtree, an
+        # external root made anew each step) gets an equal but new str each time, about 60 bytes per boundary kept
+        self._name_objects = {}
         self._node_module = ""  # the module of the last node attributed (an AccumulateGrad node runs right after it)
         self._named_left = NAMED_PER_ENGINE_RUN  # autograd nodes this engine run may still name its ops from
         self._node_key = None  # (id, sequence number) of the node the last backward op ran in
@@ -330,6 +333,7 @@ class Attribution:
     def _mark(self, name):
         """From here on, autograd nodes are made inside module `name` ('' outside every module)."""
         seqs, names = self._event_seqs, self._event_names
+        name = self._name_objects.setdefault(name, name)
         seq = _next_sequence_nr()
         if seqs and seqs[-1] == seq:  # no node made since the last boundary
             names[-1] = name

@@ -39,7 +39,9 @@ from tracer.writer import (
     release_directory,
 )
 from tracer.directory import write_facts
-from tracer.mode_stack import depth_of, entered_below, lifted_above, lifted_over, refit_infra, take_off_exited
+from tracer.mode_stack import (
+    depth_of, entered_below, lifted_above, lifted_over, refit_below, refit_infra, take_off_exited,
+)  # fmt: skip
 
 Tensor = torch.Tensor
 _perf_ns = time.perf_counter_ns
@@ -326,6 +328,7 @@ class Tracer:
         if self._mode in _mode_stack():
             with lifted_over(self._mode):
                 self._mode.__exit__(None, None, None)
+                refit_below(self._below)
                 refit_infra(self._below)
             return
         if threading.get_ident() == self._thread:  # a mode entered before the Tracer was left inside its block
@@ -390,11 +393,15 @@ class Tracer:
             self.step()
             self._flush()
             self._uninstall()
+        if self._term_pending:  # a SIGTERM held while the hooks came off (tracer/signals.py)
+            self._term.due(sys._getframe(1))
 
     def _resume(self):
         """Record again after `_pause`: the next forward work begins a new step."""
         with interrupts_deferred():
             self._install()
+        if self._term_pending:  # a SIGTERM held while the hooks went on
+            self._term.due(sys._getframe(1))
 
     @property
     def current_step(self):
@@ -829,6 +836,7 @@ def _after_fork_in_child():
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-# a SIGTERM inside these is held until they are done: a row or a part is half made there (tracer/signals.py)
+# a SIGTERM inside these is held until they are done: a row or a part is half made there, or the hooks half on or
+# off (a Meter's pause and resume) (tracer/signals.py)
 unsafe(Tracer._record, Tracer._collect_python, Tracer._flush, Tracer._write, Tracer._close, Tracer._exit,
-       Tracer._merge, Tracer._late_update)
+       Tracer._merge, Tracer._late_update, Tracer._pause, Tracer._resume)

@@ -15,7 +15,7 @@ import contextlib
 import torch
 from torch.utils import _python_dispatch
 
-__all__ = ["depth_of", "entered_below", "lifted_above", "lifted_over", "refit_infra", "take_off_exited"]
+__all__ = ["depth_of", "entered_below", "lifted_above", "lifted_over", "refit_below", "refit_infra", "take_off_exited"]
 
 # torch's "in a dispatch mode" flags, and the attribute in which each mode keeps their values from before its enter
 _FLAGS = (
@@ -52,6 +52,21 @@ def refit_infra(below):
             refit = True
     if refit:
         _set_flags(flags)
+
+
+def refit_below(below):
+    """Once the tracer's mode is off (inside `lifted_over` it, before the lifted modes go back on): when a mode of
+    `below` (`entered_below` at the tracer's entry) has exited since and is off the stack (an infra mode: its exit
+    pops its own slot), the flags the tracer's exit put back (those at its enter) still count it; they are set as if
+    the modes below still on the stack had been entered alone, in order (FakeTensorMode entered, the Tracer inside
+    it, FakeTensorMode left first: the stack is empty after the Tracer, and so are the flags)."""
+    on = [m for m, _ in below if depth_of(m) is not None]
+    if len(on) == len(below):
+        return
+    flags = [False, False, False]
+    for mode in on:
+        flags = _after_enter(mode, flags)
+    _set_flags(flags)
 
 
 def take_off_exited(below):
@@ -125,6 +140,11 @@ def _entered(mode, flags, above):
         before = getattr(mode, kept, None)
         if before is not None and len(before) > above:  # a mode pushed without its enter has no record to set
             before[-1 - above] = value
+    return _after_enter(mode, flags)
+
+
+def _after_enter(mode, flags):
+    """The flags after `mode`'s enter from `flags` (TorchDispatchMode.__enter__'s rule); no record is set."""
     infra = getattr(mode, "is_infra_mode", lambda: False)()
     ignores = getattr(mode, "ignore_compile_internals", lambda: False)()
     return [True, flags[1] or not infra, flags[2] or not ignores]
