@@ -111,6 +111,18 @@ def test_a_compiled_function_is_counted_and_reported(tmp_path, capsys):
         assert found["compiled_regions_eager"] == {"calls": 2, "names": {"loss_fn": 2}, "other_calls": 0}
 
 
+def _metered(tmp_path, net, step, compiled_loss, y):
+    """Five steps under a Meter (warmup 1): step 0 untraced warm-up (compiles), step 1 traced, 2 to 4 metered."""
+    meter = Meter(tmp_path / "m", model=net, warmup=1, tokens=4, peak_flops=1e12)
+    try:
+        for _ in range(5):
+            step(lambda out: compiled_loss(out, y))
+            meter.step()
+    finally:
+        meter.close()
+    return meter
+
+
 def test_the_meter_meters_fullgraph_steps_compiled(tmp_path):
     """The Meter traces one step and meters the others: those run the compiled graphs (the counting backend's
     runs), and a compiled function in the step (eager and so with more graph nodes in the traced step) does
@@ -118,14 +130,7 @@ def test_the_meter_meters_fullgraph_steps_compiled(tmp_path):
     torch._dynamo.reset()
     calls, backend = _counting()
     net, step, x, y = _setup(backend)
-    compiled_loss = torch.compile(loss_fn, backend=backend)
-    meter = Meter(tmp_path / "m", model=net, warmup=1, tokens=4, peak_flops=1e12)
-    try:
-        for _ in range(5):  # step 0 untraced warm-up (compiles), step 1 traced, 2 to 4 metered
-            step(lambda out: compiled_loss(out, y))
-            meter.step()
-    finally:
-        meter.close()
+    meter = _metered(tmp_path, net, step, torch.compile(loss_fn, backend=backend), y)
     assert meter.errors == 0
     assert calls == {"graphs": 3, "runs": 12}  # 3 graphs (2 blocks, the loss) run in 4 untraced steps: 3·4 = 12
     assert meter.table()["steps"]["traced"] == [False, True, False, False, False]
@@ -138,14 +143,7 @@ def test_the_meter_traces_one_step_of_an_eager_model_with_a_compiled_loss(tmp_pa
     torch._dynamo.reset()
     calls, backend = _counting()
     net, step, x, y = _setup(None)
-    compiled_loss = torch.compile(loss_fn, backend=backend)
-    meter = Meter(tmp_path / "m", model=net, warmup=1, tokens=4, peak_flops=1e12)
-    try:
-        for _ in range(5):
-            step(lambda out: compiled_loss(out, y))
-            meter.step()
-    finally:
-        meter.close()
+    meter = _metered(tmp_path, net, step, torch.compile(loss_fn, backend=backend), y)
     assert meter.errors == 0
     assert meter.table()["steps"]["traced"] == [False, True, False, False, False]
     assert calls == {"graphs": 1, "runs": 4}  # the loss's graph in the 4 untraced steps
