@@ -22,14 +22,14 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 	@echo "==> $(VENV) is ready: run '$(VENV)/bin/optrace', or 'source $(VENV)/bin/activate' first"
 
-# The compiled hook (tracer/_dispatch.cpp, with tracer/_collector.cpp), built against the installed torch with
-# torch's extension tooling into tracer/_collector.so (57 s on a 2-core VM, 181 s with other jobs sharing it; it prints
+# The compiled hook (tracer/native/_dispatch.cpp, with tracer/native/_collector.cpp), built against the installed torch with
+# torch's extension tooling into tracer/native/_collector.so (57 s on a 2-core VM, 181 s with other jobs sharing it; it prints
 # a line per source compiled); if it cannot be built, optrace runs its pure-Python path and the trace's metadata
 # says so (`collector`).
 # `make test BUILD_EXT_FLAGS=--strict` (.ci/run) stops there instead.
 BUILD_EXT_FLAGS ?=
-$(COLLECTOR): $(STAMP) tracer/_collector.cpp tracer/_dispatch.cpp tracer/_where.cpp tracer/_native_flops.cpp tracer/_collector.h tracer/_dispatch.h tracer/build_ext.py
-	$(PY) -m tracer.build_ext $(BUILD_EXT_FLAGS)
+$(COLLECTOR): $(STAMP) tracer/native/_collector.cpp tracer/native/_dispatch.cpp tracer/native/_where.cpp tracer/native/_native_flops.cpp tracer/native/_collector.h tracer/native/_dispatch.h tracer/native/build_ext.py
+	$(PY) -m tracer.native.build_ext $(BUILD_EXT_FLAGS)
 	touch $(COLLECTOR)
 
 collector: $(COLLECTOR)
@@ -51,4 +51,4 @@ gpu-check: $(STAMP) $(COLLECTOR)
 	$(PY) benchmarks/gpu_check.py
 
 clean:
-	rm -rf $(VENV) runs tracer/_collector.so
+	rm -rf $(VENV) runs tracer/native/_collector.so

@@ -32,11 +32,11 @@ def make(path, parts, how):
     """Trace `parts` one-row parts into `path`; `how`: "close", "killed" or "none" (see the module's text)."""
     import torch
 
-    import tracer.writer
+    import tracer.store.writer
     from tracer import Tracer
 
     if how == "none":  # never reached: the parts stay as written
-        tracer.writer.SmallParts.MIN_PARTS = tracer.writer.SmallParts.FANOUT = 2**62
+        tracer.store.writer.SmallParts.MIN_PARTS = tracer.store.writer.SmallParts.FANOUT = 2**62
     tr = Tracer(path, flush_rows=1)
     start = time.perf_counter()
     with tr:

@@ -1,4 +1,4 @@
-"""Overhead of a metered step (tracer.meter.Meter) over an untraced step, on the example GPT, in one run.
+"""Overhead of a metered step (tracer.metering.meter.Meter) over an untraced step, on the example GPT, in one run.
 
     .venv/bin/python benchmarks/meter.py [--rounds 600] [--batch 8]
 
@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT / "examples"))
 
 from gpt import GPT, GPTConfig, make_batch, make_optimizer, train_step  # noqa: E402
 
-from tracer.meter import Meter  # noqa: E402
+from tracer.metering.meter import Meter  # noqa: E402
 
 
 def quantiles(values):

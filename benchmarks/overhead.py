@@ -49,7 +49,8 @@ sys.path.insert(0, str(ROOT / "examples"))
 
 from gpt import GPT, GPTConfig, make_batch, make_optimizer, train_step  # noqa: E402
 
-from tracer import Tracer, native  # noqa: E402
+from tracer import Tracer  # noqa: E402
+from tracer.native import loader as native  # noqa: E402
 
 BATCH = 8
 SEQ = 64
@@ -232,8 +233,8 @@ def _patched(owner, name, value):
 
 def ablations(directory):
     """optrace with one part of its work removed: the differences say where its time goes."""
-    from tracer.backward import BackwardStack
-    from tracer.writer import PartWriter
+    from tracer.recording.backward import BackwardStack
+    from tracer.store.writer import PartWriter
 
     def without(owner, name, value, trace):
         @contextlib.contextmanager

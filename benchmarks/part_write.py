@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from overhead import example_gpt  # noqa: E402
 
 from tracer import Tracer  # noqa: E402
-from tracer import writer  # noqa: E402
+from tracer.store import writer  # noqa: E402
 
 
 def main(argv=None):

@@ -9,7 +9,7 @@ README's example calls it, once as a later trace of the process does (the optimi
 found reused) and once with that pass made again (as the first trace of a process, or one after an
 optimizer was made or freed). Per trace = traced step - untraced step, the process's CPU time, median
 over rounds (IQR). With `model=`, entering finds the optimizers holding the model's parameters (their
-state is alive at entry: tracer/metadata.py `register_at_entry`, `LiveOptimizers`) in one pass over
+state is alive at entry: tracer.recording.metadata `register_at_entry`, `LiveOptimizers`) in one pass over
 every object the garbage collector tracks, so its cost grows with the program's live objects, not with
 the model: `--objects` runs the rounds again with that many extra small live objects (lists, as a
 dataset's rows or a tokenizer's tables would be), and the pass alone is timed too.
@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from overhead import example_gpt_parts, hf_gpt2_parts  # noqa: E402
 
 from tracer import Tracer  # noqa: E402
-from tracer.metadata import LIVE_OPTIMIZERS, LiveOptimizers  # noqa: E402
+from tracer.recording.metadata import LIVE_OPTIMIZERS, LiveOptimizers  # noqa: E402
 
 MODELS = {"example": ("example GPT", example_gpt_parts), "hf": ("HF GPT-2 (random init)", hf_gpt2_parts)}
 

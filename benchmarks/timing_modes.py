@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tracer import Tracer  # noqa: E402
-from tracer import timing  # noqa: E402
+from tracer.recording import timing  # noqa: E402
 
 
 class _Event:

@@ -4,7 +4,7 @@ Each function takes the DataFrame `reports.load` returns and gives back a new
 DataFrame with a RangeIndex and units in the column names:
 
     ops              number of aten ops (rows of the trace)
-    flops            analytic FLOPs, 2 per multiply-add (see tracer/flops.py)
+    flops            analytic FLOPs, 2 per multiply-add (see tracer.flops.formulas)
     flops_pct        share of the run's FLOPs, in percent (0-100)
     bytes_allocated  bytes of the storages the ops created (views create none)
     bytes_read       bytes of the tensor inputs; bytes_written: of the outputs

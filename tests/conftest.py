@@ -48,7 +48,7 @@ def copy_rank(source, target, rank):
     import pyarrow.parquet as pq
 
     from reports.loading.integrity import read_marker
-    from tracer.directory import write_facts
+    from tracer.store.directory import write_facts
     from tracer.schema import METADATA_KEY, part_paths, read_part
 
     shutil.copytree(source, target)

@@ -1,8 +1,8 @@
 """What the tracer holds in memory is bounded in bytes, whatever the rows, on both collectors.
 
 A part is written when its rows reach `flush_rows` or the integers of its buffers reach flush_rows * ROW_VALUES
-(tracer.writer.RowBuffer.values), and the small parts kept for merging take at most SmallParts.MAX_BYTES
-(tracer.writer.SmallParts). Growth is measured with tracemalloc inside the traced block, after a warm-up.
+(tracer.store.writer.RowBuffer.values), and the small parts kept for merging take at most SmallParts.MAX_BYTES
+(tracer.store.writer.SmallParts). Growth is measured with tracemalloc inside the traced block, after a warm-up.
 """
 
 import gc
@@ -12,9 +12,11 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from tracer import Tracer, attribution, native, read_metadata
+from tracer import Tracer, read_metadata
+from tracer.recording import attribution
+from tracer.native import loader as native
 from tracer.schema import part_paths
-from tracer.writer import ROW_VALUES, ROW_WIDTH, SmallParts
+from tracer.store.writer import ROW_VALUES, ROW_WIDTH, SmallParts
 
 TENSOR_INTS = 4 + 1 + 1  # per 1-d tensor in a row: TENSOR_WIDTH (ndim, dtype, storage id, bytes), its size, its stride
 
@@ -24,7 +26,7 @@ def collector(request, monkeypatch):
     """Each collector path in turn (OPTRACE_COLLECTOR); the compiled one must have been built."""
     monkeypatch.setenv(native.ENV, request.param)
     if request.param == "compiled" and native.choose()[0] is None:
-        pytest.fail("the compiled collector is not available: run `python -m tracer.build_ext`")
+        pytest.fail("the compiled collector is not available: run `python -m tracer.native.build_ext`")
     return request.param
 
 
@@ -58,7 +60,7 @@ def test_a_forward_only_loop_under_grad_holds_under_4_mb_over_3000_passes(tmp_pa
     # before: +9.3 MB (compiled), +7.7 MB (python): the small-parts merger kept every 500-row part (65,536 rows);
     # now 0.4 MB on each
     assert growth < 4_000_000, growth
-    # module boundaries (tracer.attribution.Attribution._mark), which nothing clears without a backward: 3 a pass
+    # module boundaries (tracer.recording.attribution.Attribution._mark), which nothing clears without a backward: 3 a pass
     # (after each Linear and the ReLU, whose ops made a node), 16 bytes each (a sequence number in an array, a
     # pointer to the module's name): 3 * 3,000 * 16 = 144,000 bytes and the room the array and list reserve.
     # Before: 403 KB (an int object each); now 151 KB

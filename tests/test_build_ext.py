@@ -1,4 +1,4 @@
-"""tracer.build_ext: progress while the compiled hook builds; --strict and --check fail, in one line, where CI must."""
+"""tracer.native.build_ext: progress while the compiled hook builds; --strict and --check fail, in one line, where CI must."""
 
 import io
 import time
@@ -6,7 +6,7 @@ import types
 
 import pytest
 
-from tracer import build_ext, native
+from tracer.native import build_ext, loader as native
 
 
 @pytest.fixture

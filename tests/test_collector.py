@@ -1,4 +1,4 @@
-"""The compiled path (tracer/_dispatch.cpp, tracer/_collector.cpp) and the pure-Python path write identical traces.
+"""The compiled path (tracer/native/_dispatch.cpp, tracer/native/_collector.cpp) and the pure-Python path write identical traces.
 
 Each workload runs twice from the same seed, once per path (OPTRACE_COLLECTOR), and the two
 traces are compared column by column (every column but the op times) and key by key in the
@@ -17,7 +17,8 @@ import pytest
 import torch
 
 import reports
-from tracer import Tracer, native, read_metadata
+from tracer import Tracer, read_metadata
+from tracer.native import loader as native
 from tracer.errors import TraceError
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
@@ -35,7 +36,7 @@ def compiled(monkeypatch):
     module, facts = native.choose()
     if module is None:
         if shutil.which("c++") or shutil.which("g++"):
-            pytest.fail(f"the compiled collector is not available ({facts['reason']}): run `python -m tracer.build_ext`")
+            pytest.fail(f"the compiled collector is not available ({facts['reason']}): run `python -m tracer.native.build_ext`")
         pytest.skip(f"no C++ compiler, so no compiled collector ({facts['reason']})")
     return module
 
@@ -214,7 +215,7 @@ def test_the_report_names_the_python_path_and_why(tmp_path, monkeypatch, capsys,
 
 def test_counts_the_compiled_hook_makes_itself(tmp_path, monkeypatch, compiled):
     """mm, addmm, bmm, baddbmm, layer norm and softmax (forward and backward), a reduction and a foreach op are
-    counted in C++ (tracer/_dispatch.cpp native_flops) with the Python formulas' arithmetic; a count past int64 is
+    counted in C++ (tracer/native/_dispatch.cpp native_flops) with the Python formulas' arithmetic; a count past int64 is
     left to Python, which stores INT64_MAX flagged as a bound."""
     a, b = torch.ones(3, 4), torch.ones(4, 5)
     a3, b3 = a.expand(2, 3, 4), b.expand(2, 4, 5)

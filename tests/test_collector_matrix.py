@@ -1,7 +1,7 @@
 """The compiled path on tensors the workloads of tests/test_collector.py do not reach.
 
 Each case runs three times from the same seed: untraced, traced by the Python path and traced
-by the compiled path (tracer/_collector.cpp). The two traces must be identical column by column
+by the compiled path (tracer/native/_collector.cpp). The two traces must be identical column by column
 (`_assert_identical` of tests/test_collector.py: every column but the op times, and the run
 metadata), neither may fail to record an op or warn, and the program's results must be
 bit-identical to the untraced run's.
@@ -245,7 +245,7 @@ def _functionalize():
 
 
 def _native_counts():
-    # the counts the compiled hook makes itself (tracer/_dispatch.cpp native_flops), at their edges: a matmul past
+    # the counts the compiled hook makes itself (tracer/native/_dispatch.cpp native_flops), at their edges: a matmul past
     # int64 (left to the Python count: INT64_MAX, flagged a bound), bias forms with kwarg-only alpha and beta,
     # a reduction and a foreach op, whose counts read the first tensor and the first list
     with torch.device("meta"):
@@ -302,7 +302,7 @@ def _assert_same(got, want):
 
 _PYTHON_ONLY = {"fake"}  # every tensor a subclass: the compiled collector reads none
 
-# tracer/layouts.py `describe` records a tensor without a storage (mkldnn's opaque ones) under
+# tracer.flops.layouts `describe` records a tensor without a storage (mkldnn's opaque ones) under
 # storage id -1, which reports/loading/validate.py rejects as damage: both paths alike.
 
 

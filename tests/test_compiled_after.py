@@ -1,7 +1,7 @@
 """A torch.compile'd module after a trace runs compiled again. Dynamo skips every frame it is called on while a
 dispatch mode is active and marks the frame's code to be skipped for good, so a module traced once used to run
 eagerly for the rest of the program: slower, and with eager numerics. The tracer now turns Dynamo off while it
-records (tracer/compiled.py `EagerCompiled`: torch.compile's stance force_eager), so Dynamo marks nothing; where a
+records (tracer.recording.compiled `EagerCompiled`: torch.compile's stance force_eager), so Dynamo marks nothing; where a
 torch has no stance it notes the codes Dynamo skips for its mode and gives them back at exit (`DynamoSkips`):
 either way the graphs compiled before the trace run again, none is compiled twice."""
 

@@ -3,7 +3,7 @@
 Before: a block compiled with fullgraph=True raised under the tracer (the compiled hook: Dynamo compiled the
 tracer's own Python, `Unsupported`; the Python path: "torch.compile with fullgraph=True found no compiled
 frames"), and a compiled plain function ran eagerly with nothing said. The tracer now sets torch.compile's
-stance to force_eager while it records (tracer/compiled.py `EagerCompiled`): every compiled region runs its
+stance to force_eager while it records (tracer.recording.compiled `EagerCompiled`): every compiled region runs its
 eager code, is counted in the metadata (`compiled_regions_eager`) and the report, and runs its compiled graph
 again after the trace, none compiled twice.
 """
@@ -18,7 +18,8 @@ import reports
 from reports.output.cli import main
 from test_compiled_after import _counting  # a backend that counts the graphs compiled and their runs
 from test_fork_signals import run
-from tracer import Meter, Tracer, native, read_metadata
+from tracer import Meter, Tracer, read_metadata
+from tracer.native import loader as native
 
 pytestmark = pytest.mark.skipif(not hasattr(torch.compiler, "set_stance"), reason="torch.compile has no stance")
 

@@ -37,7 +37,7 @@ def test_the_meter_s_global_hooks_under_w_error(tmp_path):
     count of a root call without grad (an evaluation) with a compiled module inside."""
     proc = run(tmp_path, f"""
     import warnings, torch
-    from tracer.meter import Meter
+    from tracer.metering.meter import Meter
     torch.manual_seed(0)
     inner = torch.compile(torch.nn.Linear(4, 4), backend="eager")
     net = torch.nn.Sequential(inner, torch.nn.Linear(4, 2))

@@ -2,13 +2,13 @@
 
 A grouped convolution's backward costs twice its forward (grad_input and grad_weight each
 cost the forward); FlopCounterMode agrees on the forward and on grad_input, and counts the
-weight gradient `groups` times too high (tracer/flops.py conv_backward_flop)."""
+weight gradient `groups` times too high (tracer.flops.formulas conv_backward_flop)."""
 
 import torch
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
-from tracer.op_kinds import flop_rule
+from tracer.flops.op_kinds import flop_rule
 
 aten = torch.ops.aten
 

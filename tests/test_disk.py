@@ -11,7 +11,7 @@ import torch
 import reports
 from tracer import Tracer, read_metadata
 from tracer.schema import METADATA_KEY, SCHEMA_VERSION, part_paths
-from tracer.writer import ARROW_SCHEMA_KEY
+from tracer.store.writer import ARROW_SCHEMA_KEY
 
 
 def _trace(path):
@@ -52,7 +52,7 @@ def test_dictionary_columns_round_trip(tmp_path):
 
 
 def test_parts_of_4096_rows_or_more_are_zstd_and_smaller_ones_snappy(tmp_path):
-    """tracer/writer.py ZSTD_ROWS: zstd's per-column contexts cost a small part more time than its bytes are worth.
+    """tracer.store.writer ZSTD_ROWS: zstd's per-column contexts cost a small part more time than its bytes are worth.
     4,096 adds of one tensor (one row each) make a zstd part; 4,095 a snappy one; the reports read both alike."""
     x = torch.ones(3)
     codecs, rows = {}, {}

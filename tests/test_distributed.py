@@ -18,9 +18,9 @@ import reports
 from reports.distributed.collectives import bus_factor, collective_kind, collectives, comm_split
 from reports.distributed.ranks import imbalance, ranks
 from tracer import Tracer, TraceError, read_metadata
-from tracer import collectives as tcoll
-from tracer import distributed as tdist
-from tracer.writer import FIELD, ROW_WIDTH, RowBuffer
+from tracer.recording import collectives as tcoll
+from tracer.recording import distributed as tdist
+from tracer.store.writer import FIELD, ROW_WIDTH, RowBuffer
 
 WORLD = 2
 LATE_S = 0.5  # rank 1 joins the late all-reduce this long after rank 0

@@ -263,7 +263,8 @@ def test_a_full_disk_under_w_error_lets_training_finish(tmp_path):
     path = tmp_path / "t"
     proc = run(tmp_path, f"""
     import errno, warnings, torch
-    from tracer import Tracer, writer
+    from tracer import Tracer
+    from tracer.store import writer
 
     warnings.filterwarnings("error")
     real, calls = writer.write_table, []
@@ -328,8 +329,8 @@ INTERRUPT_IN = """
     from torch.nn.modules import module as _module
     from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
-    import tracer.attribution as attribution
-    import tracer.mode as mode
+    import tracer.recording.attribution as attribution
+    import tracer.recording.mode as mode
     from tracer import Tracer
 
     def interrupting(owner, name, times=1):

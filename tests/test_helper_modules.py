@@ -3,7 +3,7 @@
 Model code makes modules on the fly that are not registered under the model: a kernel-hub
 wrapper turning a helper function into a module (a state-space mixer's causal conv and scan),
 a loss module made anew in each forward. Each is named under its caller by class, the second
-of a class in one call of the caller with `~1` (tracer.modules.ModuleNames), on both collector
+of a class in one call of the caller with `~1` (tracer.recording.modules.ModuleNames), on both collector
 paths, forward and backward; a module outside the model run outside every module keeps its
 `<Class>#<k>` name, the same k for a loss module made anew in each step.
 
@@ -19,7 +19,8 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 import reports
-from tracer import Tracer, native, read_metadata
+from tracer import Tracer, read_metadata
+from tracer.native import loader as native
 
 T, D = 4, 8
 MM = 2 * T * D * D  # a [4, 8] @ [8, 8] product: 2·4·8·8 = 512

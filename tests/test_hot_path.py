@@ -1,8 +1,8 @@
 """The tracer's hot-path shortcuts give the bytes and times the plain code gives.
 
-`extend` (tracer/writer.py, and the compiled collector's in tracer/_collector.cpp) appends
+`extend` (tracer.store.writer, and the compiled collector's in tracer/native/_collector.cpp) appends
 int64 values in one packed call; `marker_file` splices the facts into a marker built once
-(tracer/schema.py); the wall clock is read inline in the dispatch hook (tracer/timing.py
+(tracer/schema.py); the wall clock is read inline in the dispatch hook (tracer.recording.timing
 WallTimer.inline). Traces stay identical: tests/test_collector.py compares them column by column.
 """
 
@@ -12,9 +12,11 @@ from array import array
 
 import pytest
 
-from tracer import native, schema, writer
-from tracer.directory import MARKER_BYTES
-from tracer.timing import OffTimer, WallTimer
+from tracer import schema
+from tracer.native import loader as native
+from tracer.store import writer
+from tracer.store.directory import MARKER_BYTES
+from tracer.recording.timing import OffTimer, WallTimer
 
 # 0, negatives, the int64 ends and a row's width of values
 VALUES = [(0,), (-1, 1, 2**63 - 1, -(2**63)), tuple(range(-13, 13))]
@@ -60,14 +62,14 @@ def test_only_a_plain_wall_clock_is_read_inline():
 
 
 def test_op_facts_kept_across_traces_follow_a_replaced_formula(tmp_path):
-    """The facts of an op are kept from trace to trace (tracer/dispatch.py `_op_info`), and made
+    """The facts of an op are kept from trace to trace (tracer.recording.dispatch `_op_info`), and made
     again when a FLOP formula is replaced in between: each trace counts with the formula it began with."""
     import pandas as pd
     import torch
 
     from tracer import Tracer
-    from tracer.dispatch import _described
-    from tracer.flops import _registry
+    from tracer.recording.dispatch import _described
+    from tracer.flops.formulas import _registry
 
     a = torch.ones(3)
     with Tracer(tmp_path / "first"):

@@ -5,7 +5,7 @@ plain code, with both collectors where a trace is written.
   in `record_errors` and leaves the rows around it whole (`Tracer._record`: the packing can fail);
 - the spliced marker (tracer/schema.py `marker_file`) is pyarrow's own for texts of unusual length and
   content, and reads back;
-- the facts kept across traces (tracer/dispatch.py `_op_info`) follow a custom op that is destroyed and
+- the facts kept across traces (tracer.recording.dispatch `_op_info`) follow a custom op that is destroyed and
   defined again with another schema, and a formula registered while a trace runs (before the op's first
   call in it), as the per-trace facts of before did.
 """
@@ -19,9 +19,10 @@ import pytest
 import torch
 
 import reports
-from tracer import Tracer, native, read_metadata, register_flop_formula, schema
+from tracer import Tracer, read_metadata, register_flop_formula, schema
+from tracer.native import loader as native
 from test_collector import compiled  # noqa: F401 (a fixture)
-from tracer.flops import _registry
+from tracer.flops.formulas import _registry
 
 NS = "optrace_review"
 
@@ -192,18 +193,18 @@ def test_an_interrupt_in_a_formula_reaches_the_program_and_the_trace_keeps_its_r
 
 
 def test_a_module_built_before_extend_runs_the_python_path(tmp_path, monkeypatch, compiled):
-    """A `tracer/_collector.so` built from the source before `extend` was added (an install updated without
-    `python -m tracer.build_ext`; the same torch) is not used: the trace is written by the Python path and
+    """A `tracer/native/_collector.so` built from the source before `extend` was added (an install updated without
+    `python -m tracer.native.build_ext`; the same torch) is not used: the trace is written by the Python path and
     its metadata says why, where entering the Tracer failed on `native.extend`."""
     import sys
     import types
 
-    import tracer
+    import tracer.native
 
-    older = types.ModuleType("tracer._collector")
+    older = types.ModuleType("tracer.native._collector")
     older.torch_version, older.collect = compiled.torch_version, compiled.collect  # no `extend`
-    monkeypatch.setitem(sys.modules, "tracer._collector", older)
-    monkeypatch.setattr(tracer, "_collector", older, raising=False)
+    monkeypatch.setitem(sys.modules, "tracer.native._collector", older)
+    monkeypatch.setattr(tracer.native, "_collector", older, raising=False)
     monkeypatch.setattr(native, "_imported", None)
     with Tracer(tmp_path / "t"):
         torch.ones(2) + 1
@@ -216,8 +217,8 @@ def test_ctrl_c_just_after_a_row_is_packed_keeps_its_frees_with_it(tmp_path, col
     """Ctrl-C lands between two bytecodes: here just after a row's integers were packed, before anything
     else (a stand-in packer that packs, then raises). The row is kept with the frees it counts, so the
     rows after it keep theirs: the trace has no row claiming a free another row holds."""
-    from tracer.timing import WallTimer
-    from tracer.writer import extend as writer_extend
+    from tracer.recording.timing import WallTimer
+    from tracer.store.writer import extend as writer_extend
 
     packed = []
 
@@ -229,7 +230,7 @@ def test_ctrl_c_just_after_a_row_is_packed_keeps_its_frees_with_it(tmp_path, col
 
     class InterruptingTimer(WallTimer):
         """The compiled hook packs the row in C++, where no bytecode runs: the first Python after the packed row
-        is the timer's bind, which a timer that binds calls (tracer/_dispatch.cpp `record`)."""
+        is the timer's bind, which a timer that binds calls (tracer/native/_dispatch.cpp `record`)."""
 
         binds = True
 
@@ -239,7 +240,7 @@ def test_ctrl_c_just_after_a_row_is_packed_keeps_its_frees_with_it(tmp_path, col
                 raise KeyboardInterrupt
 
     if collector == "compiled":  # every timer the trace makes, the first device's too
-        monkeypatch.setattr("tracer.mode.make_timer", lambda timing, device: InterruptingTimer())
+        monkeypatch.setattr("tracer.recording.mode.make_timer", lambda timing, device: InterruptingTimer())
     tr = Tracer(tmp_path / "t")
     with pytest.raises(KeyboardInterrupt):
         with tr:
@@ -257,7 +258,7 @@ def test_ctrl_c_just_after_a_row_is_packed_keeps_its_frees_with_it(tmp_path, col
 
 def test_the_compiled_hook_closed_during_an_op_finishes_it_first(tmp_path, library):
     """The compiled hook's state closed while an op runs inside it (by a formula here; another thread's Tracer exit
-    in a program) is dropped once that op returns (tracer/_dispatch.cpp `Dispatch_close`): the op's row is whole,
+    in a program) is dropped once that op returns (tracer/native/_dispatch.cpp `Dispatch_close`): the op's row is whole,
     and the ops after it go to the Python hook, which records them."""
     if native.choose()[0] is None:
         pytest.skip("the compiled collector was not built")

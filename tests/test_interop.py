@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from tracer import Tracer, read_metadata
-from tracer.directory import LOCK_NAME
+from tracer.store.directory import LOCK_NAME
 from tracer.schema import MARKER_NAME
 
 def _trace(path):

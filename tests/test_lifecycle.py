@@ -57,7 +57,7 @@ def test_an_op_without_tensors_is_a_row_not_a_record_error(tmp_path):
 
 
 def test_a_failed_start_leaves_no_hooks_and_no_active_tracer(tmp_path, monkeypatch):
-    from tracer import distributed
+    from tracer.recording import distributed
 
     before = _hook_counts()
 
@@ -96,7 +96,7 @@ def test_a_long_run_keeps_only_live_roles_and_recent_engine_runs(tmp_path):
 
 # ------------------------------------------------------------------ one reader, one answer
 def test_read_metadata_of_a_full_disk_says_what_the_report_says(tmp_path, monkeypatch):
-    from tracer import writer
+    from tracer.store import writer
 
     real, calls = writer.write_table, []
 
@@ -161,7 +161,7 @@ def test_a_run_killed_before_its_first_part_is_a_damaged_trace(tmp_path, capsys)
 
 def test_a_trace_whose_every_write_failed_says_so_in_one_line(tmp_path, monkeypatch, capsys):
     from reports.output.cli import main
-    from tracer import writer
+    from tracer.store import writer
 
     def full(table, file):
         raise OSError(28, "No space left on device")

@@ -14,7 +14,7 @@ from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
 import reports  # noqa: E402
 import tracer  # noqa: E402
-from tracer.meter_callbacks import LightningMeter  # noqa: E402
+from tracer.metering.callbacks import LightningMeter  # noqa: E402
 from test_meter_review import Net  # noqa: E402
 
 PEAK = 1e9  # FLOP/s, given: the figures do not depend on this machine's CPU

@@ -31,7 +31,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint, set_checkpoint_early_stop
 
 from tracer import Tracer, read_metadata
-from tracer.steps import Steps
+from tracer.recording.steps import Steps
 
 D, H, T = 16, 32, 8
 FWD_MB = 2 * (D * H + H * D) * T  # 2·N·T = 2·1024·8 = 16,384 per micro-batch
@@ -674,7 +674,7 @@ def test_manual_step_marks_steps(traces):
 
 
 def test_forward_only_loops_hold_no_gradient_hooks_and_a_bounded_list_of_module_boundaries(tmp_path, monkeypatch):
-    from tracer import attribution
+    from tracer.recording import attribution
 
     monkeypatch.setattr(attribution, "_EVENTS_KEPT", 64)
     torch.manual_seed(0)
@@ -817,7 +817,7 @@ def test_external_modules_without_model_argument(tmp_path):
 
 
 def test_a_failing_hook_does_not_break_the_program(tmp_path, monkeypatch):
-    from tracer.modules import ModuleNames
+    from tracer.recording.modules import ModuleNames
 
     def broken(self, module):
         raise RuntimeError("naming failed")
@@ -924,7 +924,7 @@ def test_a_backward_inside_a_hook_names_the_forward_modules_of_its_nodes(tmp_pat
 
 def test_a_backward_past_the_naming_limit_is_counted_warned_and_reported(tmp_path, monkeypatch, capsys):
     from reports.output.cli import main
-    from tracer import attribution
+    from tracer.recording import attribution
 
     monkeypatch.setattr(attribution, "NAMED_PER_ENGINE_RUN", 5)
     torch.manual_seed(0)
@@ -973,7 +973,7 @@ def test_a_backward_of_more_ops_than_the_node_limit_is_named_whole(tmp_path):
     """2,100 Linear layers: each backward runs 10 ops in 4 autograd nodes (AddmmBackward: t, mm, t, mm, t, sum,
     view; TBackward: t; two AccumulateGrad: detach; layer 0, whose input needs no gradient, skips one mm and its t),
     so 20,999 ops > 20,000 in 8,400 nodes < NAMED_PER_ENGINE_RUN: every one is named."""
-    from tracer.attribution import NAMED_PER_ENGINE_RUN
+    from tracer.recording.attribution import NAMED_PER_ENGINE_RUN
 
     torch.manual_seed(0)
     model = nn.Sequential(*[nn.Linear(2, 2) for _ in range(2100)])

@@ -1,7 +1,7 @@
 """A trace of many small parts: merged into one part at close, reported as the same rows in one part.
 
 `Tracer(flush_rows=1)` writes a part per op; at a clean close the tracer writes those rows again
-as one part (`part-000000-000NNN.parquet`) and removes the small ones (tracer/writer.py
+as one part (`part-000000-000NNN.parquet`) and removes the small ones (tracer.store.writer
 `merge_parts`). A process killed between the two leaves both: every reader lists parts through
 `tracer.schema.part_paths`, which leaves out the parts the merged one holds. Each of the three
 directories (the small parts alone, the merged part alone, both) gives the same report, to the
@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 import reports
-import tracer.writer as writer
+import tracer.store.writer as writer
 from reports.errors import ReportError
 from reports.output.cli import main
 from tracer import Tracer, read_metadata
@@ -155,7 +155,7 @@ def test_a_failed_merge_keeps_the_small_parts_with_a_warning(tmp_path, monkeypat
 
 _KILLED = """
 import os, sys, torch
-import tracer.writer as writer
+import tracer.store.writer as writer
 from tracer import Tracer
 writer.SmallParts.FANOUT = int(sys.argv[2])
 with Tracer(sys.argv[1], flush_rows=1, run_name="killed"):

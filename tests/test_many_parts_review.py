@@ -1,4 +1,4 @@
-"""Review of the merges during the run (tracer/writer.py SmallParts, PartWriter.roll): a kill or a Ctrl-C at
+"""Review of the merges during the run (tracer.store.writer SmallParts, PartWriter.roll): a kill or a Ctrl-C at
 any point of a merge, copies of parts, a reader racing the tracer, the storage roles of merged parts.
 
 SmallParts.FANOUT is made 2 or 4 here so that a few one-row parts (`flush_rows=1`) make levels of merged
@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import reports
-import tracer.writer as writer
+import tracer.store.writer as writer
 from reports.errors import ReportError
 from reports.output.cli import main
 from tracer import Tracer, read_metadata
@@ -428,7 +428,7 @@ def test_a_merge_between_the_checks_and_the_read_of_the_rows_is_read_again(tmp_p
 
 _KILLED = """
 import os, sys, torch
-import tracer.writer as writer
+import tracer.store.writer as writer
 from tracer import Tracer
 writer.SmallParts.FANOUT = 2
 remove, removals = os.remove, []
@@ -487,7 +487,7 @@ def test_a_ctrl_c_while_a_merged_part_is_written_leaves_the_files_it_would_hold(
 def test_parts_written_at_each_pause_merge_and_read_whole(tmp_path, monkeypatch):
     monkeypatch.setattr(writer.SmallParts, "FANOUT", 2)
     path = tmp_path / "t"
-    with Tracer(path, run_name="paused") as tr:  # tracer/meter.py pauses the tracer between the steps it traces
+    with Tracer(path, run_name="paused") as tr:  # tracer.metering.meter pauses the tracer between the steps it traces
         a = torch.zeros(1)
         for _ in range(4):
             a = a + 1  # traced: one row

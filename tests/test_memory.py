@@ -20,7 +20,7 @@ from reports.loading.load import load
 from reports.memory.memory import CATEGORIES, by_category, by_dtype, peak, storages, timeline
 from reports.output.cli import main
 from tracer import Tracer
-from tracer.metadata import LIVE_OPTIMIZERS
+from tracer.recording.metadata import LIVE_OPTIMIZERS
 from tracer.schema import read_metadata
 
 P = 4 * 8 + 8 + 8 * 2 + 2  # 58 parameters
@@ -319,9 +319,9 @@ def test_a_v2_trace_without_entry_facts_reads_as_before(one_step):
 
 
 def test_optimizers_at_entry_are_found_by_their_class_at_any_depth():
-    """tracer/metadata.py finds the live optimizers of the model's parameters from Optimizer's subclass tree: a
+    """tracer.recording.metadata finds the live optimizers of the model's parameters from Optimizer's subclass tree: a
     subclass of a subclass defined here, Optimizer itself, and not one holding other parameters."""
-    from tracer.metadata import _optimizers
+    from tracer.recording.metadata import _optimizers
 
     class Inner(torch.optim.SGD):
         pass
@@ -356,7 +356,7 @@ def _traced_step(path, model, x, opt):
 
 
 def test_the_optimizers_found_at_entry_are_kept_until_one_is_made_or_freed(tmp_path):
-    """tracer/metadata.py LiveOptimizers: one pass over the live objects finds the optimizers, and later traces reuse
+    """tracer.recording.metadata LiveOptimizers: one pass over the live objects finds the optimizers, and later traces reuse
     what it found until an optimizer is made or freed. The state found at entry is the same either way: AdamW on
     Linear(4, 4) keeps exp_avg and exp_avg_sq per parameter and a step tensor each: 2 * 3 = 6 storages."""
     torch.manual_seed(0)

@@ -1,5 +1,5 @@
 """On the meta device, scaled_dot_product_attention is traced as the fused kernel a GPU would run
-(tracer/attention.py), not PyTorch's math path; meta_attention="math" keeps the math path and the
+(tracer.recording.meta_attention), not PyTorch's math path; meta_attention="math" keeps the math path and the
 report says so.
 
 Shapes: b = 2, h = 4, s = 16, d = 32. Attention forward 2·b·h·s·s·(d_qk + d_v) = 2 * 2 * 4 * 16 * 16 * 64

@@ -1,4 +1,4 @@
-"""tracer.meter.Meter: per-step MFU from one traced step per signature; reports.meter; the report section; callbacks."""
+"""tracer.metering.meter.Meter: per-step MFU from one traced step per signature; reports.meter; the report section; callbacks."""
 
 import json
 import subprocess
@@ -13,9 +13,9 @@ import reports
 import tracer
 from reports.errors import ReportError
 from reports.output.cli import main as optrace
-from tracer import meter as meter_module
+from tracer.metering import meter as meter_module
 from tracer.errors import TraceError
-from tracer.meter import Meter
+from tracer.metering.meter import Meter
 
 PEAK = 1e9  # FLOP/s, given: the figures do not depend on this machine's CPU
 
@@ -335,7 +335,7 @@ def test_the_report_shows_the_meter(tmp_path, capsys):
 
 def test_under_w_error_nothing_raises(tmp_path):
     code = (
-        "import torch; from tracer.meter import Meter\n"
+        "import torch; from tracer.metering.meter import Meter\n"
         "torch.manual_seed(0); net = torch.nn.Linear(4, 2); opt = torch.optim.SGD(net.parameters(), lr=0.1)\n"
         f"m = Meter({str(tmp_path / 'w')!r}, model=net, tokens=1)\n"
         "for b in (1, 1, 2, 2):\n"
@@ -372,7 +372,7 @@ def _hf_handler(tmp_path):
     transformers = pytest.importorskip("transformers")
     from transformers.trainer_callback import CallbackHandler, TrainerControl, TrainerState
 
-    from tracer.meter_callbacks import MeterCallback
+    from tracer.metering.callbacks import MeterCallback
 
     model, ids = _tiny_gpt2(transformers)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
@@ -408,7 +408,7 @@ def test_hf_trainer_callback_logs_mfu_for_every_metered_step(tmp_path, tokens_se
     puts train_runtime into every log: only the train summary (train_loss) gets no figures."""
     transformers = pytest.importorskip("transformers")
     pytest.importorskip("accelerate")  # Trainer needs it
-    from tracer.meter_callbacks import MeterCallback
+    from tracer.metering.callbacks import MeterCallback
 
     model, ids = _tiny_gpt2(transformers)
     data = [{"input_ids": row, "labels": row} for row in ids]
@@ -437,7 +437,7 @@ def test_lightning_callback_with_a_stand_in_lightning(tmp_path, monkeypatch):
     fake.Callback = object
     monkeypatch.setitem(sys.modules, "lightning", types.ModuleType("lightning"))
     monkeypatch.setitem(sys.modules, "lightning.pytorch", fake)
-    spec = importlib.util.spec_from_file_location("meter_callbacks_copy", meter_module.__file__.replace("meter.py", "meter_callbacks.py"))
+    spec = importlib.util.spec_from_file_location("meter_callbacks_copy", meter_module.__file__.replace("meter.py", "callbacks.py"))
     callbacks = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(callbacks)  # a copy: the real module keeps its import-time view
 
@@ -498,7 +498,8 @@ def test_keyword_only_and_mapping_inputs_without_model_are_in_the_signature(tmp_
 def test_the_dtype_rules_are_one_module_both_sides_use():
     """tracer/rules.py holds the rules; reports/flops (mfu, recompute, roles) and the meter import them."""
     from reports.flops import mfu, recompute, roles
-    from tracer import meter_flops, rules
+    from tracer import rules
+    from tracer.metering import flops as meter_flops
 
     assert roles._ADD_FIRST is rules.ADD_FIRST and recompute.score_share is rules.score_share
     assert mfu.dtype_rows is rules.dtype_rows and meter_flops.dtype_rows is rules.dtype_rows
@@ -578,7 +579,7 @@ def test_no_traced_signature_fits_no_estimate(tmp_path):
 def test_a_run_that_crashes_is_closed_incomplete_at_exit(tmp_path):
     """A Meter never closed: the exit handler writes the table, and an unhandled exception marks the trace incomplete."""
     code = (
-        "import torch; from tracer.meter import Meter\n"
+        "import torch; from tracer.metering.meter import Meter\n"
         "torch.manual_seed(0); net = torch.nn.Linear(4, 2, bias=False)\n"
         f"m = Meter({str(tmp_path / 'x')!r}, model=net, peak_flops=1e9)\n"
         "for _ in range(2):\n"

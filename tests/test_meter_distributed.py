@@ -81,7 +81,7 @@ class _DispatchCount:
     collective its completion callback)."""
 
     def __init__(self):
-        from tracer.dispatch import _TraceMode
+        from tracer.recording.dispatch import _TraceMode
 
         self.ops, self.calls, self._mode, self._original = 0, 0, _TraceMode, _TraceMode.__torch_dispatch__
         count = self

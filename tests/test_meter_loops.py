@@ -22,7 +22,7 @@ import reports
 import tracer
 from reports.flops.meter import meter_summary
 from tracer import Tracer
-from tracer.meter import Meter
+from tracer.metering.meter import Meter
 
 from test_meter_review import Net  # x [B, 8] -> fc1 [8 -> 16] -> relu -> fc2 [16 -> 4], no biases
 

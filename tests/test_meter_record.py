@@ -1,13 +1,13 @@
-"""What Meter.step() returns: tracer.meter_record.StepFigures, a dict of the step's figures printed as one line."""
+"""What Meter.step() returns: tracer.metering.record.StepFigures, a dict of the step's figures printed as one line."""
 
 import re
 
 import torch
 from test_meter import PEAK, Net, run
 
-from tracer import meter as meter_module
-from tracer.meter import Meter
-from tracer.meter_record import WIDTH, StepFigures, peak_label
+from tracer.metering import meter as meter_module
+from tracer.metering.meter import Meter
+from tracer.metering.record import WIDTH, StepFigures, peak_label
 
 KEYS = ["step", "traced", "step_time_s", "tokens", "tokens_per_s", "model_flops", "hardware_flops", "flops_estimated",
         "mfu", "hfu"]

@@ -9,7 +9,7 @@ from torch import nn
 
 from reports.flops.meter import meter_summary
 from reports.output.cli import main as optrace
-from tracer.meter import Meter
+from tracer.metering.meter import Meter
 
 
 def test_steps_ended_on_another_thread_are_errors_the_report_names(tmp_path, capsys):

@@ -1,4 +1,4 @@
-"""Review of tracer.meter.Meter: steps whose work changed where the signature did not look, step(tokens=) given
+"""Review of tracer.metering.meter.Meter: steps whose work changed where the signature did not look, step(tokens=) given
 as a tensor, and the Lightning callback after an exception in the step."""
 
 import sys
@@ -15,9 +15,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import reports
 import tracer
-from tracer import meter as meter_module
+from tracer.metering import meter as meter_module
 from tracer.errors import TraceError
-from tracer.meter import Meter
+from tracer.metering.meter import Meter
 
 PEAK = 1e9  # FLOP/s, given
 _FLAGS = ("_is_in_torch_dispatch_mode", "_is_in_non_infra_torch_dispatch_mode",
@@ -226,7 +226,7 @@ def test_hf_callback_after_a_run_that_raised_starts_anew(tmp_path):
     pytest.importorskip("transformers")
     from transformers.trainer_callback import CallbackHandler, TrainerControl, TrainerState
 
-    from tracer.meter_callbacks import MeterCallback
+    from tracer.metering.callbacks import MeterCallback
 
     before = _leftovers()
     torch.manual_seed(0)
@@ -351,7 +351,7 @@ def test_lightning_callback_traces_the_epoch_s_short_step_once(tmp_path, monkeyp
 
 
 def _stand_in_lightning(monkeypatch, name, base=object):
-    """tracer/meter_callbacks.py loaded against a stand-in `lightning.pytorch` whose Callback is `base` (Lightning is
+    """tracer.metering.callbacks loaded against a stand-in `lightning.pytorch` whose Callback is `base` (Lightning is
     not installed here)."""
     import importlib.util
 
@@ -359,7 +359,7 @@ def _stand_in_lightning(monkeypatch, name, base=object):
     fake.Callback = base
     monkeypatch.setitem(sys.modules, "lightning", types.ModuleType("lightning"))
     monkeypatch.setitem(sys.modules, "lightning.pytorch", fake)
-    spec = importlib.util.spec_from_file_location(name, meter_module.__file__.replace("meter.py", "meter_callbacks.py"))
+    spec = importlib.util.spec_from_file_location(name, meter_module.__file__.replace("meter.py", "callbacks.py"))
     callbacks = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(callbacks)
     return callbacks

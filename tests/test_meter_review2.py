@@ -1,4 +1,4 @@
-"""Second review of tracer.meter.Meter (signature by graph nodes, two traced steps): steps whose work changed where
+"""Second review of tracer.metering.meter.Meter (signature by graph nodes, two traced steps): steps whose work changed where
 the new signature did not look."""
 
 import pytest
@@ -7,7 +7,7 @@ import torch.nn.modules.module as module_hooks
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from tracer.meter import Meter
+from tracer.metering.meter import Meter
 
 PEAK = 1e9  # FLOP/s, given
 

@@ -72,7 +72,7 @@ def grouped_mm_flops(shapes):
 
 
 def assert_grouped_mm_counted(df, layers=1):
-    """Every _grouped_mm row is a matmul counted at the closed form 2·S·K·N (tracer/flops.py, from the offsets)."""
+    """Every _grouped_mm row is a matmul counted at the closed form 2·S·K·N (tracer.flops.formulas, from the offsets)."""
     rows = df["op"].astype(str) == "aten._grouped_mm.default"
     assert rows.sum() == 6 * layers  # per layer 2 expert matmuls forward; dL/dx and dL/dW of each backward
     assert (df.loc[rows, "flop_kind"].astype(str) == "matmul").all()

@@ -7,9 +7,9 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from tracer import Tracer
-from tracer.flops import FlopCount
-from tracer.grouped_flops import concrete_ints, grouped_mm_count
-from tracer.op_kinds import flop_rule
+from tracer.flops.formulas import FlopCount
+from tracer.flops.grouped import concrete_ints, grouped_mm_count
+from tracer.flops.op_kinds import flop_rule
 
 aten = torch.ops.aten
 T, K, N, E = 16, 8, 8, 3  # tokens, model width, expert width, experts (16-byte aligned strides in bf16)

@@ -10,8 +10,8 @@ import torch
 import torch.nn.functional as F
 
 from tracer import Tracer
-from tracer.flops import FlopCount
-from tracer.op_kinds import flop_rule
+from tracer.flops.formulas import FlopCount
+from tracer.flops.op_kinds import flop_rule
 
 aten = torch.ops.aten
 LENGTHS = (32, 64, 96, 128)
@@ -155,7 +155,8 @@ def test_jagged_attention_forward_and_backward_count_the_dense_split(tmp_path, m
     from torch.nn.attention import SDPBackend
     from torch.utils.flop_counter import FlopCounterMode
 
-    from tracer import native, read_metadata
+    from tracer import read_metadata
+    from tracer.native import loader as native
     monkeypatch.setenv(native.ENV, collector)
     lengths = (3, 5)
     torch.manual_seed(0)

@@ -1,4 +1,4 @@
-"""Pooling and nearest upsampling FLOPs (tracer/pool_flops.py): one per input element each window reads."""
+"""Pooling and nearest upsampling FLOPs (tracer.flops.pool): one per input element each window reads."""
 
 import pytest
 import torch

@@ -26,7 +26,7 @@ from reports.errors import ReportError
 from reports.loading.widths import ITEMS_SLACK, MAX_ITEMS_PER_ROW, items_bound
 from tracer import Tracer
 from tracer.schema import METADATA_KEY, part_paths, read_part
-from tracer.writer import write_table
+from tracer.store.writer import write_table
 
 ROOT = Path(__file__).resolve().parents[1]
 CAP = 3 * 2**30  # the child's address space: `optrace report` of a small trace needs about 1.2 GB of it (torch, DuckDB)
@@ -58,7 +58,7 @@ def capped(*argv):
 @pytest.fixture(scope="module")
 def bomb(template, tmp_path_factory):
     """The template with row 3 of part-000000's input_storage_ids holding BOMB zeros (valid storage ids),
-    written as the tracer writes a part (tracer.writer.write_table: dictionary-encoded, snappy)."""
+    written as the tracer writes a part (tracer.store.writer.write_table: dictionary-encoded, snappy)."""
     path = shutil.copytree(template, tmp_path_factory.mktemp("bomb") / "t")
     part = path / "part-000000.parquet"
     table = read_part(part)

@@ -1,6 +1,6 @@
-"""A review of the changes since 73d9634: the graphless ops after the optimizer (tracer/dispatch.py `_GRAPHLESS`),
+"""A review of the changes since 73d9634: the graphless ops after the optimizer (tracer.recording.dispatch `_GRAPHLESS`),
 optrace's global module hooks (tracer/safety.py `GlobalModuleHook`), a nested tensor in the meter's signature
-(tracer/meter_flops.py) and explain's tokens= question (reports/flops/explain.py). Each test failed before its fix."""
+(tracer.metering.flops) and explain's tokens= question (reports/flops/explain.py). Each test failed before its fix."""
 
 import warnings
 
@@ -11,10 +11,10 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 import reports
-import tracer.attribution
+import tracer.recording.attribution
 from tracer import Tracer
-from tracer.meter import Meter
-from tracer.meter_flops import input_size, settled, signature
+from tracer.metering.meter import Meter
+from tracer.metering.flops import input_size, settled, signature
 
 
 # ------------------------------------------------------------------ a functional forward that begins with zeros_like(w)
@@ -72,7 +72,7 @@ def test_a_tracer_whose_install_is_interrupted_leaves_no_global_hook(tmp_path, m
     def interrupted(hook):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(tracer.attribution.optim_hooks, "register_optimizer_step_pre_hook", interrupted)
+    monkeypatch.setattr(tracer.recording.attribution.optim_hooks, "register_optimizer_step_pre_hook", interrupted)
     with pytest.raises(KeyboardInterrupt):
         with Tracer(tmp_path / "t", model=nn.Linear(2, 2)):
             pass

@@ -12,7 +12,7 @@ from torch import nn
 
 import reports
 from tracer import Tracer
-from tracer.meter import Meter
+from tracer.metering.meter import Meter
 
 
 class DictNet(nn.Module):
@@ -144,7 +144,7 @@ def test_plan_prices_a_strided_group_across_nodes(tmp_path):
 def test_an_interrupted_marker_write_leaves_no_empty_marker(tmp_path, monkeypatch):
     """The first marker is written to a temporary renamed into place: an interrupt leaves no 0-byte
     _optrace.parquet (DuckDB refuses one) and no temporary."""
-    import tracer.directory as directory
+    import tracer.store.directory as directory
 
     def interrupted(text):
         raise KeyboardInterrupt

@@ -120,13 +120,13 @@ def test_a_directory_of_rank_traces_is_an_optrace_trace(tmp_path):
     for rank in (0, 1):
         with Tracer(path / f"rank={rank}"):
             torch.ones(2)
-    assert tracer.directory.foreign_entry(path) is None
+    assert tracer.store.directory.foreign_entry(path) is None
     with Tracer(path):
         torch.ones(1)
     assert listing(path) == [MARKER_NAME, "part-000000.parquet"]
     with Tracer(path / "rank=0"):  # a rank directory beside a trace's own parts is optrace's too
         torch.ones(1)
-    assert tracer.directory.foreign_entry(path) is None
+    assert tracer.store.directory.foreign_entry(path) is None
     with Tracer(path):
         torch.ones(1)
     assert listing(path) == [MARKER_NAME, "part-000000.parquet"]
@@ -134,7 +134,7 @@ def test_a_directory_of_rank_traces_is_an_optrace_trace(tmp_path):
     (path / "rank=0" / "notes.txt").write_text("mine")
     (path / "part-000000.parquet").unlink()
     (path / MARKER_NAME).unlink()
-    assert tracer.directory.foreign_entry(path) == os.path.join("rank=0", "notes.txt")
+    assert tracer.store.directory.foreign_entry(path) == os.path.join("rank=0", "notes.txt")
 
 
 @pytest.mark.parametrize(
@@ -282,7 +282,7 @@ def test_a_stale_lock_of_a_dead_process_is_taken_over(tmp_path):
 
 def test_temporary_names_are_unique_per_trace_and_process(tmp_path):
     trace_id = "0123456789abcdef" * 2
-    names = {os.path.basename(tracer.directory.temporary_name(str(tmp_path), "part-000000.parquet", trace_id)) for _ in range(3)}
+    names = {os.path.basename(tracer.store.directory.temporary_name(str(tmp_path), "part-000000.parquet", trace_id)) for _ in range(3)}
     assert len(names) == 3 and all(n.startswith(f".part-000000.parquet.{trace_id}.{os.getpid()}.") for n in names)
 
 
@@ -291,7 +291,7 @@ def test_re_tracing_removes_only_its_own_temporary_parts(tmp_path):
     with Tracer(path):
         torch.ones(2)
     trace_id = marker_facts(path)["trace_id"]
-    left = os.path.basename(tracer.directory.temporary_name(str(path), "part-000001.parquet", trace_id))
+    left = os.path.basename(tracer.store.directory.temporary_name(str(path), "part-000001.parquet", trace_id))
     (path / left).write_bytes(b"half a part")  # what a run killed mid-write leaves
     with Tracer(path):  # optrace's own temporary file: removed with the old trace
         torch.ones(2)
@@ -306,7 +306,7 @@ def test_re_tracing_removes_only_its_own_temporary_parts(tmp_path):
 
 # ------------------------------------------------------------------ 4. a full disk
 def test_a_full_disk_never_stops_the_program(tmp_path, monkeypatch):
-    from tracer import writer
+    from tracer.store import writer
 
     real = writer.write_table
     calls = []
@@ -387,7 +387,7 @@ def test_a_really_full_disk(tiny_disk):
 
 
 def test_keyboard_interrupt_during_a_flush_keeps_the_rows(tmp_path, monkeypatch):
-    from tracer import writer
+    from tracer.store import writer
 
     real = writer.write_table
     calls = []
@@ -412,7 +412,7 @@ def test_keyboard_interrupt_during_a_flush_keeps_the_rows(tmp_path, monkeypatch)
 
 
 def test_exit_never_raises_when_closing_fails(tmp_path, monkeypatch):
-    from tracer import writer
+    from tracer.store import writer
 
     monkeypatch.setattr(writer, "write_facts", lambda *a: (_ for _ in ()).throw(OSError(errno.EIO, "I/O error")))
     with pytest.warns(UserWarning, match=r"optrace: could not finish trace '.*' \(OSError: \[Errno 5\] I/O error\)"):

@@ -16,7 +16,7 @@ from tracer.schema import (
     COLUMN_NAMES, GRAD_MODES, INT64_MAX, METADATA_KEY, NO_VALUE, PHASES, SCHEMA_VERSION, V2_DEFAULTS, V3_DEFAULTS,
     V4_DEFAULTS, GradMode, Phase, part_paths,
 )
-from tracer.writer import FIELD, ROW_FIELDS, ROW_WIDTH, RowBuffer
+from tracer.store.writer import FIELD, ROW_FIELDS, ROW_WIDTH, RowBuffer
 
 
 def test_phase_constants_are_the_phase_dictionary():
@@ -143,7 +143,7 @@ def test_rowbuffer_rollback_drops_half_a_row_of_group_sizes():
 def test_a_formula_past_int64_is_clamped_and_flagged(tmp_path):
     """A Python-int count above 2**63 - 1 cannot go into the int64 column: it is stored as
     INT64_MAX with flops_bound true, and the op runs as untraced."""
-    from tracer.flops import _registry
+    from tracer.flops.formulas import _registry
 
     op = torch.ops.aten.dot
     saved = _registry[op]

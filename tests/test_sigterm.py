@@ -1,5 +1,5 @@
 """SIGTERM (what torchrun, SLURM and Kubernetes send before they kill): the rows buffered since the last part are
-written and the trace says which signal stopped it, then the signal does what it does untraced (tracer/signals.py).
+written and the trace says which signal stopped it, then the signal does what it does untraced (tracer.recording.signals).
 Each case runs a child that sends itself the signal, traced and untraced, and compares."""
 
 import json
@@ -159,7 +159,7 @@ def test_the_previous_handler_comes_back_at_exit(tmp_path):
 METERED = textwrap.dedent("""
     import os, signal, sys, torch
     from torch import nn
-    from tracer.meter import Meter
+    from tracer.metering.meter import Meter
     torch.manual_seed(0)
     net = nn.Linear(4, 2, bias=False)
     meter = Meter(sys.argv[1], model=net, peak_flops=1e12)

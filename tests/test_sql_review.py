@@ -133,7 +133,7 @@ def test_damage_compare_does_not_read_is_accepted_by_both_engines(trace, templat
 def bound(tmp_path_factory):
     """A dot whose FLOP formula passes int64 (stored as 2**63 - 1 with flops_bound, as test_schema.py makes it), then
     a Linear(8, 4) forward and backward on 4 rows."""
-    from tracer.flops import _registry
+    from tracer.flops.formulas import _registry
 
     path = tmp_path_factory.mktemp("bound") / "b"
     torch.manual_seed(0)
@@ -171,7 +171,7 @@ def test_modules_whose_flops_pass_int64_together_roll_up_as_the_reference(tmp_pa
     each module's own sum fits int64, the root's subtree (10**19) does not. The SQL engine rolled the modules up in
     int64 and printed the root at a negative total and share ("overflow encountered in scalar add"); both engines now
     give 1e19 as float64."""
-    from tracer.flops import _registry
+    from tracer.flops.formulas import _registry
 
     import reports
     from reports import sql_report

@@ -32,7 +32,7 @@ import reports
 from reports.output.cli import main
 from reports.steps import count_steps
 from tracer import Tracer, read_metadata
-from tracer.steps import Steps
+from tracer.recording.steps import Steps
 
 D, H, T = 16, 32, 8
 N = D * H + H * D  # 1,024
@@ -451,7 +451,7 @@ def _untraced_backend(gm, example_inputs):
 def test_an_optimizer_step_compiled_before_the_trace_runs_eagerly_and_is_counted(tmp_path):
     """Compiled and run before the trace, the step used to run its compiled code under the tracer: 0 optimizer
     FLOPs, counted in `untraced_optimizer_steps`. torch.compile's stance is force_eager while tracing
-    (tracer/compiled.py EagerCompiled): the step's eager ops are traced, and it is named as a compiled region."""
+    (tracer.recording.compiled EagerCompiled): the step's eager ops are traced, and it is named as a compiled region."""
     model = mlp()
     opt = sgd(model.parameters())
     x, y = batch()

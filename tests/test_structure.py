@@ -6,7 +6,15 @@ packages becomes an edge. The layers of reports/, from the bottom:
 the base (errors, _util, steps) -> loading/ and sql/ -> the analyses (tables, compare, flops/,
 memory/, time/, distributed/) -> output/ (text, the CLI, its sections, plots, exports).
 A module may import its own layer or those below it, never one above.
+
+The layers of tracer/, from the bottom: the base (its top-level modules: errors, safety, the schema,
+the counting rules, the device catalogue and its lookups) -> store/ (the trace directory and its
+parts), native/ (the compiled hook) and flops/ (the formulas), which do not import each other ->
+recording/ (the dispatch mode and what it reads per op) -> metering/ and tracer.measure, which run
+a Tracer. reports/ meets tracer/ only at a few base modules.
 """
+
+import tomllib
 
 import ast
 import subprocess
@@ -19,6 +27,15 @@ BASE = {"reports", "reports.errors", "reports._util", "reports.steps"}
 LOADING = "reports.loading"
 SQL = "reports.sql"  # the SQL views and their engine: beside loading (analyses use it; it uses loading only)
 OUTPUT = "reports.output"
+# tracer's folders by layer (tracer.<folder>); folders of one layer are independent of each other
+TRACER_LAYERS = {"store": 1, "native": 1, "flops": 1, "recording": 2, "metering": 3}
+TRACER_TOP = {"measure": 3}  # a top-level module above the base: time_step times steps around a Tracer
+TRACER_TOP_LEVEL_MAX = 15  # modules at the top of tracer/, its front door included
+# private names one tracer folder takes from another, each with its reason
+TRACER_PRIVATE_CROSSINGS = {
+    # the hook looks up the formula registered now, a formula registered during the trace included
+    "tracer.recording.dispatch: from tracer.flops.formulas import _registry",
+}
 
 
 def _modules():
@@ -111,6 +128,30 @@ def _layer(name):
     return 2  # an analysis
 
 
+def _tracer_place(name):
+    """(the folder of tracer/ a module is in, "" at the top level; its layer)."""
+    parts = name.split(".")
+    if len(parts) > 2 or len(parts) == 2 and parts[1] in TRACER_LAYERS:  # a folder's module, or its __init__
+        return parts[1], TRACER_LAYERS[parts[1]]
+    return "", TRACER_TOP.get(parts[-1], 0) if len(parts) == 2 else 0
+
+
+def _tracer_upward(graph):
+    """The imports between tracer's modules that do not run down: to a higher layer, or to another folder of the
+    same layer."""
+    found = []
+    for name, edges in graph.items():
+        if not name.startswith("tracer"):
+            continue
+        folder, layer = _tracer_place(name)
+        for target in edges:
+            if target.startswith("tracer"):
+                to_folder, to_layer = _tracer_place(target)
+                if to_layer > layer or to_layer == layer and to_folder != folder:
+                    found.append(f"{name} imports {target}")
+    return sorted(found)
+
+
 def test_the_graph_sees_every_kind_of_import():
     graph = _graph()
     assert "reports.loading.load" in graph["reports"]  # `from reports.loading.load import load`, at the top
@@ -146,10 +187,55 @@ def test_tracer_and_reports_meet_only_at_the_schema():
     into_reports = sorted(f"{n} -> {t}" for n, e in graph.items() if n.startswith("tracer") for t in e if t.startswith("reports"))
     into_tracer = sorted({t for n, e in graph.items() if n.startswith("reports") for t in e if t.startswith("tracer")})
     # tracer.devices: the device catalogue (peaks, memory, bandwidth, links), pure data: the tracer's run-time meter
-    # needs its peaks (tracer.meter), and the roofline's bandwidth and the plan's targets are the same records;
+    # needs its peaks (tracer.metering.meter), and the roofline's bandwidth and the plan's targets are the same records;
     # tracer.peaks: the peak FLOP/s lookup over it, shared with the meter;
     # tracer.rules: the counting rules both apply (add-first ops, the run's dtype, attention's score recomputation)
     assert into_reports == [] and into_tracer == ["tracer.devices", "tracer.peaks", "tracer.rules", "tracer.schema"]
+
+
+def test_tracer_imports_run_one_way():
+    """metering/ and measure -> recording/ -> store/, native/, flops/ (not each other) -> the top-level base."""
+    assert _tracer_upward(_without_front_doors(_graph())) == []
+
+
+def test_the_tracer_layer_check_names_an_upward_import():
+    graph = {
+        "tracer.store.writer": {"tracer.recording.mode", "tracer.store.directory", "tracer.schema"},
+        "tracer.flops.formulas": {"tracer.native.loader"},  # the same layer, another folder
+        "tracer.peaks": {"tracer.measure"},  # the base, above it at the top level
+        "tracer.measure": {"tracer.recording.mode", "tracer.device"},
+    }
+    assert _tracer_upward(graph) == ["tracer.flops.formulas imports tracer.native.loader",
+                                     "tracer.peaks imports tracer.measure",
+                                     "tracer.store.writer imports tracer.recording.mode"]
+
+
+def test_every_tracer_folder_has_a_layer_and_is_installed():
+    folders = sorted(p.parent.name for p in (ROOT / "tracer").glob("*/__init__.py"))
+    assert folders == sorted(TRACER_LAYERS)
+    with open(ROOT / "pyproject.toml", "rb") as f:
+        installed = tomllib.load(f)["tool"]["setuptools"]["packages"]
+    packages = sorted(".".join(p.parent.relative_to(ROOT).parts) for package in PACKAGES
+                      for p in (ROOT / package).rglob("__init__.py"))
+    assert sorted(installed) == packages
+
+
+def test_tracer_keeps_at_most_15_modules_at_its_top_level():
+    top = sorted(p.name for p in (ROOT / "tracer").glob("*.py"))
+    assert len(top) <= TRACER_TOP_LEVEL_MAX, f"{len(top)} modules at the top of tracer/: {top}"
+
+
+def test_tracer_folders_use_only_public_names_of_each_other():
+    # a name starting with `_` belongs to its folder of tracer/; another folder that needs it gets a public name
+    crossings = set()
+    for name, path in _modules().items():
+        if not name.startswith("tracer"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("tracer."):
+                if _tracer_place(node.module)[0] != _tracer_place(name)[0]:
+                    crossings |= {f"{name}: from {node.module} import {a.name}" for a in node.names if a.name.startswith("_")}
+    assert crossings == TRACER_PRIVATE_CROSSINGS
 
 
 def test_no_reports_module_imports_torch():

@@ -7,10 +7,10 @@ import torch
 
 import reports
 from tracer import TraceError, Tracer, read_metadata
-from tracer import timing as timing_mod
+from tracer.recording import timing as timing_mod
 from tracer.schema import NO_VALUE
-from tracer.timing import EventTimer, busy_time, make_timer
-from tracer.writer import FIELD, ROW_WIDTH, RowBuffer
+from tracer.recording.timing import EventTimer, busy_time, make_timer
+from tracer.store.writer import FIELD, ROW_WIDTH, RowBuffer
 
 
 class FakeClock:

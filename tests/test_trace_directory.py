@@ -1,5 +1,5 @@
 """The trace directory and the user's files: a directory replaced while the run writes, files that are not regular
-files where optrace reads, and paths the writer or the readers cannot use (tracer.directory.Held, probe)."""
+files where optrace reads, and paths the writer or the readers cannot use (tracer.store.directory.Held, probe)."""
 
 import hashlib
 import os
@@ -128,7 +128,7 @@ sys.path.insert(0, {root!r})
 path, what = sys.argv[1], sys.argv[2]
 import duckdb, pyarrow.parquet, reports.output.cli, reports.output.export, reports.sql.engine  # imported before the clock
 from tracer import Tracer
-import tracer.mode
+import tracer.recording.mode
 start = time.perf_counter()
 try:
     if what == "tracer":

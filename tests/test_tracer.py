@@ -504,7 +504,7 @@ def test_out_argument_and_resize_count_as_allocations(tmp_path):
 
 
 def test_a_failed_flush_loses_its_rows_but_not_the_trace(tmp_path, monkeypatch):
-    from tracer import writer
+    from tracer.store import writer
 
     real_write = writer.write_table
     calls = []

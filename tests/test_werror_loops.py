@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from tracer import Tracer
-from tracer.meter import Meter
+from tracer.metering.meter import Meter
 
 _module = torch.nn.modules.module
 _ORIGINAL = _module._has_any_global_hook

@@ -6,11 +6,11 @@ Imports are lazy so that `reports` can read the trace schema without loading tor
 __all__ = ["Meter", "MeterCallback", "Tracer", "TraceError", "matmul_ceiling", "memory_bandwidth", "read_metadata", "register_flop_formula", "time_matmul", "time_step"]
 
 _HOME = {
-    "Tracer": "tracer.mode",
-    "Meter": "tracer.meter",
-    "MeterCallback": "tracer.meter_callbacks",
+    "Tracer": "tracer.recording.mode",
+    "Meter": "tracer.metering.meter",
+    "MeterCallback": "tracer.metering.callbacks",
     "TraceError": "tracer.errors",
-    "register_flop_formula": "tracer.flops",
+    "register_flop_formula": "tracer.flops.formulas",
     "read_metadata": "tracer.schema",
     "time_step": "tracer.measure",
     "time_matmul": "tracer.measure",

@@ -74,7 +74,7 @@ def _usable_device(what, device):
 
 
 def _tracing_active():
-    from tracer import mode
+    from tracer.recording import mode
 
     return mode.Tracer._active is not None
 

@@ -1,7 +1,7 @@
 """Peak FLOP/s: dense datasheet figures per (device, dtype), and a CPU's ideal peak.
 
 The figures are the device catalogue's (tracer.devices: one record per device, with its memory,
-bandwidth and links); this module looks them up. Shared by the tracer (tracer.meter, MFU at run
+bandwidth and links); this module looks them up. Shared by the tracer (tracer.metering.meter, MFU at run
 time) and the reports (reports.flops.peaks re-exports every name): pure Python, no torch, pandas
 or pyarrow.
 

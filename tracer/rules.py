@@ -1,4 +1,4 @@
-"""Counting rules shared by the reports (reports/flops/) and the tracer's run-time meter (tracer/meter.py).
+"""Counting rules shared by the reports (reports/flops/) and the tracer's run-time meter (tracer.metering.meter).
 
 Written once here so that the two cannot drift: pure Python and numpy, no torch, pandas or pyarrow.
 

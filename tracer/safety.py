@@ -37,7 +37,7 @@ def interrupts_deferred():
     Meter's pause and resume) until that is done, then hand it to the program's own handler (a KeyboardInterrupt):
     the state is never left half made (no mode or hook left on, no lock held), and the program still gets its
     interrupt right after. Several Ctrl-Cs meanwhile are one (the last part of a long trace may take seconds to
-    write; SIGQUIT still ends the process at once, and a SIGTERM waits for the close in tracer.signals.TermHandler).
+    write; SIGQUIT still ends the process at once, and a SIGTERM waits for the close in tracer.recording.signals.TermHandler).
     Only the main thread receives signals; elsewhere,
     or when the program's SIGINT handler is not a Python function (ignored, the default, one set from C), nothing
     is changed."""

@@ -8,7 +8,7 @@ flushed row group, so that every flushed row survives a crash or a kill.
 `pandas.read_parquet(path)` reads the directory as one table. Each part carries
 the run metadata, as JSON, under the plain Parquet footer key `optrace`
 (`pq.read_metadata(part).metadata`, where every Parquet reader looks), stored
-once (tracer/writer.py `write_table`; v1 and v2 traces kept it inside the footer's
+once (tracer.store.writer `write_table`; v1 and v2 traces kept it inside the footer's
 serialised Arrow schema instead: `footer_metadata` reads both); the part with the
 highest number holds the newest copy, and its `complete` field is true only when
 the tracer closed cleanly.
@@ -39,7 +39,7 @@ def part_name(index: int) -> str:
     return f"part-{index:06d}.parquet"
 
 
-# The tracer writes a trace's many small parts again as fewer (tracer/writer.py SmallParts: 64 neighbouring
+# The tracer writes a trace's many small parts again as fewer (tracer.store.writer SmallParts: 64 neighbouring
 # files at a time during the run, all of them at a clean close): `part-000000-000099.parquet` holds the rows
 # of parts 0 to 99. It is renamed into place before the files it holds are removed, so a process killed in
 # between leaves both; every optrace reader lists parts through `part_paths`, which leaves out the files a
@@ -121,7 +121,7 @@ class GradMode(enum.IntEnum):
 GRAD_MODES = tuple(g.name.lower() for g in GradMode)
 
 class FlopBasis(enum.IntEnum):
-    """How the dispatch hook finds an op's FLOPs (tracer/mode.py `_OpInfo.basis`)."""
+    """How the dispatch hook finds an op's FLOPs (tracer.recording.mode `_OpInfo.basis`)."""
 
     ZERO = 0  # the op does no arithmetic
     PER_OUTPUT_ELEMENT = 1  # one FLOP per output element: the writer counts them from the output shapes
@@ -130,12 +130,12 @@ class FlopBasis(enum.IntEnum):
 
 
 # In a module name: the model's modules are its class name and dotted paths below it; a module
-# outside the model run outside every module is an external root `<ClassName>#<k>` (tracer.modules.
+# outside the model run outside every module is an external root `<ClassName>#<k>` (tracer.recording.modules.
 # ModuleNames), e.g. a frozen teacher `MLP#1` with `MLP#1.fc1` below it. Such a root is no child of
 # the model. (One that a module calls is named below its caller: `layers.3.mixer.Func`.)
 EXTERNAL_MARK = "#"
 
-# Sentinels of the packed integer row (tracer/writer.py ROW_FIELDS); each becomes null in Parquet.
+# Sentinels of the packed integer row (tracer.store.writer ROW_FIELDS); each becomes null in Parquet.
 CAUSAL_NONE = -1  # causal: not an attention kernel
 NO_VALUE = -1  # busy_ns, comm_bytes, group_size: not measured / not a collective; groups: no group sizes
 INT64_MAX = 2**63 - 1  # a row's flops above this are stored as INT64_MAX with flops_bound true
@@ -248,14 +248,14 @@ ARROW_SCHEMA = pa.schema([pa.field(name, typ) for name, typ, _ in COLUMNS])
 #   trace_id (the same in every part of one trace), parts (parts written,
 #   this one included), lost_rows, record_errors, write_errors (the first
 #   failed write: file and OS error), compiled_ran_eagerly (torch.compile ran eagerly), compiled_regions_eager
-#   {calls, names: {module class or function name: calls}, other_calls} (tracer/compiled.py EagerCompiled), compiled_codes_given_back
-#   (codes Dynamo skipped under the mode, given back to it at exit: tracer/compiled.py DynamoSkips),
+#   {calls, names: {module class or function name: calls}, other_calls} (tracer.recording.compiled EagerCompiled), compiled_codes_given_back
+#   (codes Dynamo skipped under the mode, given back to it at exit: tracer.recording.compiled DynamoSkips),
 #   timing {mode: events | sync | wall | off, unresolved_rows}, bandwidth (the
 #   memory triad tracer.memory_bandwidth measured, when recorded).
-#   meter: a metered run's per-step table (tracer/meter.py Meter.table; README: Metering every step).
+#   meter: a metered run's per-step table (tracer.metering.meter Meter.table; README: Metering every step).
 
 ROLE_KEYS = ("gradient", "optimizer_state", "external_parameter", "buffer")
-# Size records kept in storage_roles beside the id lists (tracer/metadata.py): key -> the fields of each record.
+# Size records kept in storage_roles beside the id lists (tracer.recording.metadata): key -> the fields of each record.
 ROLE_RECORDS = {"at_entry": ("id", "bytes"), "resized": ("seq", "id", "bytes")}
 
 

@@ -4,7 +4,7 @@
                         broadcast the tensor; all-gather and reduce-scatter the full
                         array (per-rank size x ranks)
     duration_s          time from the launch until the collective's work completed,
-                        waiting for the slowest rank included (tracer/distributed.py)
+                        waiting for the slowest rank included (tracer.recording.distributed)
     algbw_bytes_per_s   S / duration
     busbw_bytes_per_s   algbw x the nccl-tests factor for n ranks: all-reduce
                         2(n-1)/n; all-gather, reduce-scatter and all-to-all (n-1)/n;

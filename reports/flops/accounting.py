@@ -106,7 +106,7 @@ def _n_local(meta, roles):
 
 
 def traced_tokens(meta):
-    """The tokens per step of a metered run's traced steps, as `meter.step(tokens=)` gave them (tracer/meter.py): their
+    """The tokens per step of a metered run's traced steps, as `meter.step(tokens=)` gave them (tracer.metering.meter): their
     mean (an int when whole; the per-step figures are means over the traced steps), or None."""
     try:
         steps, traces = meta["meter"]["steps"], meta["meter"]["traces"]

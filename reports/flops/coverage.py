@@ -1,7 +1,7 @@
 """Which FLOPs are missing or only bounds: the ops no formula counted, so no zero passes silently.
 
 An op without a FLOP formula is recorded with 0 FLOPs and `flop_kind` "unknown"
-(tracer/flops.py). `uncounted(df)` lists them, as fvcore lists the ops it skips,
+(tracer.flops.formulas). `uncounted(df)` lists them, as fvcore lists the ops it skips,
 with their share of the traced op time: an op that takes 30% of the time and
 counts nothing is worth a formula (`tracer.register_flop_formula`). `bounds(df)`
 gives the FLOPs per step that are upper bounds rather than counts (the `flops_bound`

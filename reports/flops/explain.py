@@ -51,7 +51,7 @@ def explain(df, n="matmul", tokens=None, accounts=None):
 
 
 def cycles_note(meta):
-    """The sentence for a trace whose forward/backward cycles no step boundary split (tracer/steps.py), or None."""
+    """The sentence for a trace whose forward/backward cycles no step boundary split (tracer.recording.steps), or None."""
     cycles = meta.get("cycles_without_step") or 0
     if cycles < 2:
         return None
@@ -450,12 +450,12 @@ class _Run:
             fused = sorted(o for o in ops if o.startswith("aten._fused_"))
             if fused:
                 how = (f"the fused kernel ({', '.join(fused)}) counts 1 FLOP per parameter element, though an Adam "
-                       f"update does about 15 (tracer/flops.py), so this is a lower bound")
+                       f"update does about 15 (tracer.flops.formulas), so this is a lower bound")
             elif any(o.startswith("aten._foreach_") for o in ops):
-                how = ("its _foreach ops (foreach=True) count 1 FLOP per element each (tracer/flops.py), so this is "
+                how = ("its _foreach ops (foreach=True) count 1 FLOP per element each (tracer.flops.formulas), so this is "
                        "a lower bound")
             else:
-                how = "its per-parameter elementwise ops count 1 FLOP per element (tracer/flops.py)"
+                how = "its per-parameter elementwise ops count 1 FLOP per element (tracer.flops.formulas)"
             self.out.append(
                 f"Optimizer: {_f(opt)} FLOPs per step ({opt / total_params:.1f} per parameter over "
                 f"{self._updated_text(updated, total_params)}, whatever T is), outside 6·N·T; {how}."

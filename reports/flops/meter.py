@@ -1,4 +1,4 @@
-"""The per-step table of a metered run (tracer/meter.py): step time, tokens/s, MFU and HFU of every step.
+"""The per-step table of a metered run (tracer.metering.meter): step time, tokens/s, MFU and HFU of every step.
 
 A `Meter` traces one step per signature (input shapes and dtypes, modules run) and times
 every step; the run metadata's `meter` holds the traced steps' FLOPs and every step's time.

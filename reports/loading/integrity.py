@@ -177,7 +177,7 @@ def check_parts(path, footers=None, unread=()):
 
 
 class MergedAway(ReportError):
-    """A part listed, then removed before its footer was read: the tracer of a live trace merged it (tracer/writer.py
+    """A part listed, then removed before its footer was read: the tracer of a live trace merged it (tracer.store.writer
     SmallParts). Reading the trace again finds the merged part (`reread`)."""
 
 
@@ -330,7 +330,7 @@ def _seq_range(part, info):
 
 
 def signal_of(meta):
-    """The signal that stopped the traced run (the run metadata's `signal`, set by tracer/signals.py: "SIGTERM"), or
+    """The signal that stopped the traced run (the run metadata's `signal`, set by tracer.recording.signals: "SIGTERM"), or
     None; a value of another form (a foreign file) is None."""
     sig = meta.get("signal")
     return sig if isinstance(sig, str) and re.fullmatch(r"SIG[A-Z0-9]{1,12}|signal \d{1,3}", sig) else None

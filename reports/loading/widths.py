@@ -16,7 +16,7 @@ indices, or its plain strings, before compression; one string of 300,000,000 byt
 
 or the part is refused with one ReportError naming the file, the column, the count and the bound.
 
-Why these bounds cover every part the tracer writes (tracer.writer.PartWriter):
+Why these bounds cover every part the tracer writes (tracer.store.writer.PartWriter):
   MAX_ITEMS_PER_ROW  65,536 items per row on average: a foreach over 8,192 tensors of 8 dims in every row of a
                      part. A traced row holds one shape, stride, dtype and storage id per tensor argument; a
                      training step's rows average under 20 items (tests: 45-op traces average 3).

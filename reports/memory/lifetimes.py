@@ -1,6 +1,6 @@
 """The storage-lifetime model behind the memory reports: each storage's size, birth, death and category.
 
-How a trace's storages are accounted (see tracer/storage.py):
+How a trace's storages are accounted (see tracer.recording.storage):
   * a storage is allocated by the row where it first appears as an output of
     an op that allocated bytes. Its size is the `output_storage_bytes` of its
     first appearance as an output with bytes (schema v2: the whole storage, as
@@ -63,7 +63,7 @@ CATEGORIES = (
     "parameters", "unsharded_parameters", "gradients", "optimizer_state", "communication_buffers",
     "activations", "inputs", "temporaries",
 )  # fmt: skip
-AT_ENTRY, RESIZED = "at_entry", "resized"  # size facts in storage_roles (tracer/metadata.py)
+AT_ENTRY, RESIZED = "at_entry", "resized"  # size facts in storage_roles (tracer.recording.metadata)
 _CAT = {name: i for i, name in enumerate(CATEGORIES)}
 
 # Bytes per element, by the dtype names the tracer writes: the fallback for traces made before the

@@ -55,7 +55,7 @@ def summary(df, peak_tflops=None, step_time_s=None, ranks_present=None, top=8, s
     return {
         "run": run,
         "complete": bool(meta.get("complete")),
-        "signal": signal_of(meta),  # the signal that stopped the run (tracer/signals.py), or None
+        "signal": signal_of(meta),  # the signal that stopped the run (tracer.recording.signals), or None
         "device": (meta.get("device") or {}).get("name"),
         "params": json_number(table["n_params"].iloc[0]) if table is not None else None,
         "n_rank": json_number(table["n_rank"].iloc[0]) if table is not None else None,  # the N this rank multiplies by
@@ -75,23 +75,23 @@ def summary(df, peak_tflops=None, step_time_s=None, ranks_present=None, top=8, s
         "peak_live_bytes": json_number(highest["peak_live_bytes"]),
         "damage": dict(meta.get("damage") or {}),
         "compiled_ran_eagerly": bool(meta.get("compiled_ran_eagerly")),
-        "compiled_regions_eager": meta.get("compiled_regions_eager"),  # {calls, names, other_calls} (tracer/compiled.py)
+        "compiled_regions_eager": meta.get("compiled_regions_eager"),  # {calls, names, other_calls} (tracer.recording.compiled)
         "compiled_note": compiled_note(meta) or None,
         "backward_unnamed_rows": int(meta.get("backward_unnamed_rows") or 0),
-        "attention": meta.get("attention"),  # on meta: which SDPA kernels ran (tracer/attention.py)
+        "attention": meta.get("attention"),  # on meta: which SDPA kernels ran (tracer.recording.meta_attention)
         **_coverage_json(src),
         "distributed": src.job(len(src.runs) if ranks_present is None else ranks_present),
         "untraced_optimizer_steps": int(meta.get("untraced_optimizer_steps") or 0),  # compiled before the trace
         "cycles_without_step": int(meta.get("cycles_without_step") or 0),  # iterations no step boundary split
         "optimizer_state_found_late": int(meta.get("optimizer_state_found_late") or 0),  # bytes live_bytes missed
-        "collector": meta.get("collector"),  # which path traced it (tracer/native.py); null before it was recorded
-        "meter": src.meter_summary(),  # a metered run's per-step figures (tracer/meter.py); null without
+        "collector": meta.get("collector"),  # which path traced it (tracer.native.loader); null before it was recorded
+        "meter": src.meter_summary(),  # a metered run's per-step figures (tracer.metering.meter); null without
         **sections(meta, accounts, peak_tflops, step_time_s, top, src),
     }
 
 
 def compiled_note(meta):
-    """What the report says of torch.compile'd code the tracer ran eagerly (tracer/compiled.py), or ""."""
+    """What the report says of torch.compile'd code the tracer ran eagerly (tracer.recording.compiled), or ""."""
     if not meta.get("compiled_ran_eagerly"):
         return ""
     regions = meta.get("compiled_regions_eager") or {}
@@ -109,7 +109,7 @@ def compiled_note(meta):
 
 
 def python_path_note(meta):
-    """The note of a trace the pure-Python path wrote (its metadata's `collector`, tracer/native.py): why, and what it
+    """The note of a trace the pure-Python path wrote (its metadata's `collector`, tracer.native.loader): why, and what it
     cost; "" for the compiled hook's and for traces from before `collector` was recorded."""
     collector = meta.get("collector")
     if not isinstance(collector, dict) or collector.get("path") != "python":
@@ -143,7 +143,7 @@ def _print_report(df, args, out, sql=None):
     run, meta = src.run()
     device = (meta.get("device") or {}).get("name", "?")
     state = "complete" if meta.get("complete") else f"INCOMPLETE ({stopped_by(meta)}): figures cover the rows it has"
-    if not meta.get("complete") and meta.get("error"):  # the exception the traced code raised (tracer/mode.py)
+    if not meta.get("complete") and meta.get("error"):  # the exception the traced code raised (tracer.recording.mode)
         after = f" after {signal_of(meta)}" if signal_of(meta) else ""  # a SIGTERM handler's sys.exit
         state = f"INCOMPLETE: the traced code raised {printable(meta['error'])}{after}; figures cover the rows it has"
     broken = describe_damage(meta.get("damage") or {})

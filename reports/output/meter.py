@@ -1,4 +1,4 @@
-"""The report's meter section: a metered run's (tracer/meter.py) step time, tokens/s, MFU and HFU over its steps."""
+"""The report's meter section: a metered run's (tracer.metering.meter) step time, tokens/s, MFU and HFU over its steps."""
 
 from reports.flops.meter import meter_summary as rank_summary
 from reports.output.text import human, percent

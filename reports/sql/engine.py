@@ -142,7 +142,7 @@ class Trace:
     def __init__(self, paths, threads=None, columns=None, keep=()):
         self.db = None
 
-        def attempt():  # a live trace's parts merged away while read (tracer/writer.py SmallParts): read again
+        def attempt():  # a live trace's parts merged away while read (tracer.store.writer SmallParts): read again
             if self.db is not None:
                 self.close()
             self._open(paths, threads, columns, keep)

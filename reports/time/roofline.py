@@ -12,7 +12,7 @@ steps give exactly the figures of one.
                           really moves. Views (is_view) count 0: they move nothing.
     arithmetic_intensity  flops / bytes (FLOPs per byte)
     time_s_per_step       the ops' time: busy_ns (GPU time with the idle gap before the
-                          op removed, tracer/timing.py), else duration_ns
+                          op removed, tracer.recording.timing), else duration_ns
     time_pct              the share of the step's op time
     achieved_flops_per_s  flops / time; achieved_bytes_per_s: bytes / time
     attainable_flops_per_s min(peak FLOP/s, intensity x bandwidth): the roof above the op

@@ -1,0 +1,544 @@
+"""Rows to Parquet: column buffers of flat integer arrays, one part file per flush.
+
+The dispatch hook appends plain integers to `array.array` buffers (no Python object
+per row or per tensor survives the hook, so the garbage collector has nothing to
+scan); at flush time numpy turns them into Arrow columns in bulk. Each list column's
+values have a buffer of their own (input sizes, output strides, ...), so a list
+column is its values and its offsets, with no value picked out of a shared buffer.
+
+A part is written under a hidden temporary name, unique to the process, and renamed
+when complete, so a reader, or a process killed mid-write, never sees a half-written
+part: pyarrow's dataset discovery skips names that start with '.'. A failed write
+removes its temporary file. Every file is created, renamed and removed through the
+directory's descriptor (tracer.store.held.Held), never through the path again.
+"""
+
+import contextlib
+import functools
+import json
+import os
+import struct
+import sys
+from array import array
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from tracer.store.directory import Held, prepare_directory, release_directory, temporary_name, write_facts  # noqa: F401 (re-exported)
+from tracer.schema import (  # ARROW_SCHEMA_KEY: re-exported
+    ARROW_SCHEMA,
+    ARROW_SCHEMA_KEY,  # noqa: F401
+    CAUSAL_NONE,
+    FLOP_KINDS,
+    GRAD_MODES,
+    METADATA_KEY,
+    NO_VALUE,
+    PHASES,
+    arrow_footer,
+    merged_name,
+    part_name,
+    superseded,
+)
+
+
+class Names:
+    """Strings interned to small ints: the dictionary of one dictionary-encoded column."""
+
+    def __init__(self, fixed=()):
+        self.ids = {name: i for i, name in enumerate(fixed)}
+        self.names = list(fixed)
+
+    def id(self, name):
+        i = self.ids.get(name)
+        if i is None:
+            i = self.ids[name] = len(self.names)
+            self.names.append(name)
+        return i
+
+    def dictionary(self, indices):
+        return pa.DictionaryArray.from_arrays(pa.array(indices, pa.int32()), pa.array(self.names, pa.string()))
+
+
+def _np(buffer, dtype):
+    return np.frombuffer(buffer, dtype=dtype) if len(buffer) else np.zeros(0, dtype)
+
+
+def _offsets(counts):
+    """Arrow list offsets from per-list lengths: [2, 0, 3] -> [0, 2, 2, 5]."""
+    offsets = np.zeros(len(counts) + 1, np.int32)
+    np.cumsum(counts, out=offsets[1:])
+    return pa.array(offsets)
+
+
+def _lists(counts, values):
+    return pa.ListArray.from_arrays(_offsets(counts), values)
+
+
+# The integers of one row, in RowBuffer.ints. Row order is seq order, so seq itself
+# is not stored: a part's rows are numbered from the part's first seq.
+# flops: -1 means one FLOP per output element, counted here from the output shapes.
+# inplace_bytes: bytes of the inputs the op wrote into (0 unless inplace); out_bytes: of
+# those, the out= arguments, which are written but not read. start: perf_counter_ns at the
+# op's start (the writer adds clock_offset_ns). causal, busy_ns, comm_bytes and group_size
+# use the schema's sentinels (CAUSAL_NONE, NO_VALUE) for null. bound: flops_bound (0 or 1);
+# groups: how many group sizes the row appended to RowBuffer.groups, NO_VALUE for null. grad_mode: a
+# tracer.schema.GradMode value.
+ROW_FIELDS = (
+    "step", "op", "phase", "module", "device", "kind", "inplace", "causal",
+    "flops", "bytes_allocated", "live_bytes", "inplace_bytes", "out_bytes", "duration_ns",
+    "inputs", "outputs", "freed",
+    "recompute", "start", "busy_ns", "layout", "comm_bytes", "group_size", "process_group",
+    "bound", "groups", "grad_mode",
+)  # fmt: skip
+ROW_WIDTH = len(ROW_FIELDS)
+FIELD = {name: i for i, name in enumerate(ROW_FIELDS)}  # field name -> position in a row
+PER_OUTPUT_ELEMENT = -1
+TENSOR_WIDTH = 4  # per tensor in RowBuffer.tensors: ndim, dtype id, storage id, storage bytes
+# A part is written when its rows reach `Tracer(flush_rows=)` or the integers of its buffers (RowBuffer.values: a
+# row's ROW_WIDTH, TENSOR_WIDTH and the sizes and strides of each of its tensors, the storage ids it freed, its group
+# sizes) reach flush_rows * ROW_VALUES: at 8 bytes an integer, the buffers hold at most flush_rows KiB, plus the row
+# that passed it. A row of a few tensors of up to 4 dimensions takes 30 to 130 integers (an addmm of 2-d tensors
+# 58), a row of 1,000 one-dimensional inputs and outputs about 12,000.
+ROW_VALUES = 128
+
+
+def extend(buffer, *values):
+    """Append `values` to an `array('q')` buffer: what `buffer.extend(values)` does, packed in one call
+    (array's own extend parses each item on its own: about 0.1 us an item). The compiled collector's
+    `extend` does the same in C++ (tracer/native/_collector.cpp)."""
+    buffer.frombytes(_struct(len(values)).pack(*values))
+
+
+@functools.lru_cache(maxsize=None)
+def _struct(n):
+    return struct.Struct(f"{n}q")
+
+
+class _Side:
+    """The inputs or the outputs of a part's rows, read from their buffers (RowBuffer.sides) for `table`."""
+
+    def __init__(self, buffers, counts, itemsize):
+        tensors = _np(buffers[0], np.int64).reshape(-1, TENSOR_WIDTH)
+        self.ndim, self.dtype, self.sid, self.storage_bytes = tensors.T
+        self.sizes, self.strides = _np(buffers[1], np.int64), _np(buffers[2], np.int64)
+        self.counts = counts  # tensors per row
+        self.row_of = np.repeat(np.arange(len(counts)), counts)
+        # numel of every tensor: the product of its sizes (1 for a 0-d tensor)
+        self.numel = np.ones(len(tensors), np.int64)
+        has_dims = self.ndim > 0
+        if has_dims.any():
+            self.numel[has_dims] = np.multiply.reduceat(self.sizes, (np.cumsum(self.ndim) - self.ndim)[has_dims])
+        self.nbytes = self.numel * itemsize[self.dtype]
+
+    def per_row(self, values):
+        """The sum of `values` (one per tensor of this side) over each row's tensors."""
+        total = np.zeros(len(values) + 1, np.int64)
+        np.cumsum(values, out=total[1:])
+        ends = np.cumsum(self.counts)
+        return total[ends] - total[ends - self.counts]
+
+    def columns(self, names):
+        """(shapes, dtypes, strides, storage ids): this side's list columns (the outputs' storage bytes: `per_tensor`)."""
+        offsets = _offsets(self.ndim)
+        return (
+            _lists(self.counts, pa.ListArray.from_arrays(offsets, pa.array(self.sizes))),
+            _lists(self.counts, names["dtype"].dictionary(self.dtype.astype(np.int32))),
+            _lists(self.counts, pa.ListArray.from_arrays(offsets, pa.array(self.strides))),
+            self.per_tensor(self.sid),
+        )
+
+    def per_tensor(self, values):
+        """A list column of `values`, one per tensor of this side, each row's list its tensors'."""
+        return _lists(self.counts, pa.array(values))
+
+
+class RowBuffer:
+    """The rows of one part as flat integer arrays, with no Python object per row.
+
+    ints        ROW_WIDTH integers per row (ROW_FIELDS).
+    in_tensors, out_tensors
+                per tensor of each row, its inputs / its outputs: ndim, dtype id, storage id,
+                storage bytes (TENSOR_WIDTH integers).
+    in_sizes, in_strides, out_sizes, out_strides
+                per tensor of that side: its sizes / its strides (ndim integers).
+    freed       the storage ids each row freed, `freed` of them per row.
+    groups      the group sizes of each row with some (`groups` of them per row; NO_VALUE: none).
+    `sides`: ((in_tensors, in_sizes, in_strides), (out_tensors, out_sizes, out_strides)), what the
+    collectors append a tensor to (tracer/native/_collector.cpp takes the same tuple).
+    """
+
+    FLAT = ("ints", "in_tensors", "in_sizes", "in_strides", "out_tensors", "out_sizes", "out_strides", "freed", "groups")
+
+    def __init__(self, first_seq=0):
+        self.first_seq = first_seq
+        for name in self.FLAT:
+            setattr(self, name, array("q"))
+        self.sides = ((self.in_tensors, self.in_sizes, self.in_strides), (self.out_tensors, self.out_sizes, self.out_strides))
+        self.arrays = tuple(getattr(self, name) for name in self.FLAT)
+
+    def __len__(self):
+        return len(self.ints) // ROW_WIDTH
+
+    def values(self):
+        """The integers its buffers hold, all of them (8 bytes each): what the flush bounds (ROW_VALUES). The
+        compiled hook counts the same arrays (tracer/native/_dispatch.cpp `after_row`)."""
+        return sum(map(len, self.arrays))
+
+    def nbytes(self):
+        """The bytes it takes in memory: its arrays (their spare room included) and the objects that hold them."""
+        holders = (self, self.__dict__, self.arrays, self.sides, *self.sides)
+        return sum(map(sys.getsizeof, holders)) + sum(map(sys.getsizeof, self.arrays))
+
+    def rollback(self):
+        """Drop a half-appended row (its tensors, frees or group sizes were appended, its ints were not)."""
+        rows = _np(self.ints, np.int64).reshape(-1, ROW_WIDTH)
+        for side, count in zip(self.sides, ("inputs", "outputs")):
+            tensors = int(rows[:, ROW_FIELDS.index(count)].sum())
+            values = int(_np(side[0], np.int64)[0 : TENSOR_WIDTH * tensors : TENSOR_WIDTH].sum())
+            del side[0][TENSOR_WIDTH * tensors :], side[1][values:], side[2][values:]
+        freed = int(rows[:, ROW_FIELDS.index("freed")].sum())
+        groups = int(np.maximum(rows[:, ROW_FIELDS.index("groups")], 0).sum())
+        del self.freed[freed:], self.groups[groups:]
+
+    def compacted(self):
+        """A copy whose arrays hold no spare room (the collectors grow them by doubling, from 1,024 integers)."""
+        copy = type(self)(self.first_seq)
+        for mine, its in zip(self.arrays, copy.arrays):
+            its.frombytes(memoryview(mine).cast("B"))
+        return copy
+
+    @classmethod
+    def concatenate(cls, buffers):
+        """One RowBuffer of the rows of `buffers`, consecutive parts in order."""
+        merged = cls(buffers[0].first_seq)
+        for rows in buffers:
+            for name in cls.FLAT:
+                getattr(merged, name).extend(getattr(rows, name))
+        return merged
+
+    def set_step(self, first_row, step):
+        """Give the rows from `first_row` on the step number `step` (a step boundary decided late)."""
+        rows = range(first_row * ROW_WIDTH + FIELD["step"], len(self.ints), ROW_WIDTH)
+        self.ints[rows.start :: ROW_WIDTH] = array("q", [step]) * len(rows)
+
+    def table(self, names, itemsize, metadata, clock_offset_ns=0):
+        """The rows as a pyarrow Table with the trace schema and `metadata` attached.
+
+        `itemsize` maps dtype ids to bytes per element. Derived here, in bulk: numel
+        and bytes of every tensor, bytes read and written, which outputs alias an
+        input (views), and the FLOPs of ops counted per output element."""
+        rows = _np(self.ints, np.int64).reshape(-1, ROW_WIDTH)
+        n = len(rows)
+        col = {name: rows[:, i] for i, name in enumerate(ROW_FIELDS)}
+        table_itemsize = np.array([itemsize[i] for i in range(len(names["dtype"].names))] or [0], np.int64)
+        ins = _Side(self.sides[0], col["inputs"], table_itemsize)
+        outs = _Side(self.sides[1], col["outputs"], table_itemsize)
+        # an output aliases an input when its storage is one of the same row's input storages
+        input_keys = np.sort(ins.row_of * (1 << 40) + ins.sid)
+        out_keys = outs.row_of * (1 << 40) + outs.sid
+        at = np.minimum(np.searchsorted(input_keys, out_keys), max(len(input_keys) - 1, 0))
+        aliased = input_keys[at] == out_keys if len(input_keys) else np.zeros(len(out_keys), bool)
+
+        bytes_read = ins.per_row(ins.nbytes) - col["out_bytes"]
+        bytes_written = outs.per_row(np.where(aliased, 0, outs.nbytes)) + col["inplace_bytes"]
+        out_elements = outs.per_row(outs.numel)
+        n_aliased = outs.per_row(aliased.astype(np.int64))
+        inplace = col["inplace"].astype(bool)
+        is_view = (col["outputs"] > 0) & (n_aliased == col["outputs"]) & ~inplace
+        flops = np.where(col["flops"] == PER_OUTPUT_ELEMENT, out_elements, col["flops"])
+        output_storage_bytes = outs.per_tensor(outs.storage_bytes)
+        ins, outs = ins.columns(names), outs.columns(names)
+        causal = col["causal"]
+
+        def nullable(values):
+            return pa.array(values, mask=values == NO_VALUE)
+
+        columns = {
+            "seq": pa.array(np.arange(self.first_seq, self.first_seq + n, dtype=np.int64)),
+            "step": pa.array(col["step"]),
+            "op": names["op"].dictionary(col["op"].astype(np.int32)),
+            "phase": names["phase"].dictionary(col["phase"].astype(np.int32)),
+            "module": names["module"].dictionary(col["module"].astype(np.int32)),
+            "input_shapes": ins[0],
+            "input_dtypes": ins[1],
+            "input_strides": ins[2],
+            "output_shapes": outs[0],
+            "output_dtypes": outs[1],
+            "output_strides": outs[2],
+            "device": names["device"].dictionary(col["device"].astype(np.int32)),
+            "input_storage_ids": ins[3],
+            "output_storage_ids": outs[3],
+            "freed_storage_ids": _lists(col["freed"], pa.array(_np(self.freed, np.int64))),
+            "is_view": pa.array(is_view),
+            "inplace": pa.array(inplace),
+            "flops": pa.array(flops),
+            "flop_kind": names["kind"].dictionary(col["kind"].astype(np.int32)),
+            "causal": pa.array(causal == 1, mask=causal == CAUSAL_NONE),
+            "bytes_allocated": pa.array(col["bytes_allocated"]),
+            "live_bytes": pa.array(col["live_bytes"]),
+            "bytes_read": pa.array(bytes_read),
+            "bytes_written": pa.array(bytes_written),
+            "duration_ns": pa.array(col["duration_ns"]),
+            "recompute": pa.array(col["recompute"].astype(bool)),
+            "output_storage_bytes": output_storage_bytes,
+            "start_ns": pa.array(col["start"] + clock_offset_ns),
+            "busy_ns": nullable(col["busy_ns"]),
+            "layout": names["layout"].dictionary(col["layout"].astype(np.int32)),
+            "comm_bytes": nullable(col["comm_bytes"]),
+            "group_size": nullable(col["group_size"]),
+            "process_group": names["process_group"].dictionary(col["process_group"].astype(np.int32)),
+            "flops_bound": pa.array(col["bound"].astype(bool)),
+            "group_sizes": pa.ListArray.from_arrays(
+                _offsets(np.maximum(col["groups"], 0)), pa.array(_np(self.groups, np.int64)),
+                mask=pa.array(col["groups"] == NO_VALUE)),
+            "grad_mode": names["grad_mode"].dictionary(col["grad_mode"].astype(np.int32)),
+        }
+        blob = json.dumps(metadata, default=str, separators=(",", ":")).encode()
+        schema = ARROW_SCHEMA.with_metadata({METADATA_KEY: blob})
+        return pa.Table.from_arrays([columns[field.name] for field in ARROW_SCHEMA], schema=schema)
+
+
+def new_names():
+    """The string tables of one trace: fixed for phase, kind and grad mode, growing for the rest."""
+    return {
+        "op": Names(), "phase": Names(PHASES), "module": Names(), "device": Names(),
+        "kind": Names(FLOP_KINDS), "dtype": Names(), "layout": Names([""]), "process_group": Names([""]),
+        "grad_mode": Names(GRAD_MODES),
+    }  # fmt: skip
+
+
+class PartWriter:
+    """Writes RowBuffers as numbered parts of one trace directory."""
+
+    def __init__(self, directory, trace_id=""):
+        self.held = directory if isinstance(directory, Held) else Held(directory)  # tracer.store.held.Held
+        self.directory = self.held.path
+        self.trace_id = trace_id  # in the temporary names, so a later run removes only this trace's
+        self.names = new_names()
+        self.itemsize = {}  # dtype id -> bytes per element
+        self.parts = 0
+        self.rows = 0
+        self.clock_offset_ns = 0  # time.time_ns() - time.perf_counter_ns(), set once per trace
+        self.small = SmallParts()  # the rows of the parts written so far while all are small, for `merge_parts`
+
+    def next_part(self):
+        """The path of the next part to be written."""
+        return os.path.join(self.directory, part_name(self.parts))
+
+    def write(self, rows, metadata):
+        """Write one part; on failure nothing of it stays on disk and the part number is kept."""
+        metadata = dict(metadata, parts=self.parts + 1)
+        self._write_whole(rows.table(self.names, self.itemsize, metadata, self.clock_offset_ns), part_name(self.parts))
+        self.parts += 1
+        self.rows += len(rows)
+        self.small.add(self.parts - 1, rows, metadata)
+
+    def _write_whole(self, table, name):
+        """Write `table` as part `name`: to a temporary renamed into place, so the part is whole or absent."""
+        self.held.check()  # the path names another directory now: nothing is written (DirectoryReplaced)
+        tmp = self.held.entry(os.path.basename(temporary_name(self.directory, name, self.trace_id)))
+        try:
+            write_table(table, tmp)
+            self.held.replace(tmp.name, name)
+        except BaseException:
+            if tmp.created:  # only the file this call created
+                try:
+                    self.held.remove(tmp.name)
+                except OSError:
+                    pass
+            raise
+
+    def merge_parts(self):
+        """At a clean close, the trace's files become one part when it has many parts and all are small
+        (see SmallParts). Returns whether it merged; a failed merge leaves the files as they were."""
+        small, self.small = self.small, SmallParts()
+        if not small.ready(self.parts):
+            return False
+        group = small.files
+        metadata = dict(group[-1].metadata, storage_roles=_roles(group), parts=1, merged_parts=self.parts)
+        self._merge(group, metadata)
+        return True
+
+    def roll(self):
+        """During the run, SmallParts.FANOUT neighbouring files of one level become one (see SmallParts):
+        called after each part written. A failure (a Ctrl-C too) raises: before the merged part's rename it leaves
+        the files as they were, after it the merged part stands for them (merging them again would overlap it)."""
+        while (group := self.small.due()) is not None:
+            last = group[-1]
+            span = group[0].first, last.last
+            metadata = dict(last.metadata, storage_roles=_roles(group), merged_parts=span[1] - span[0] + 1)
+            try:
+                self._merge(group, metadata)
+            except BaseException:
+                if self.held.exists(merged_name(*span)):
+                    self.small.merged(span, metadata)
+                raise
+            self.small.merged(span, metadata)
+
+    def _merge(self, group, metadata):
+        """Write the rows of `group` (SmallParts files) as one merged part, renamed into place before the
+        files it holds are removed: a kill in between leaves both, and readers leave out the held ones
+        (tracer.schema.superseded). Returns its (first, last) part."""
+        first, last = group[0].first, group[-1].last
+        rows = RowBuffer.concatenate([rows for file in group for rows in file.buffers])
+        self._write_whole(rows.table(self.names, self.itemsize, metadata, self.clock_offset_ns), merged_name(first, last))
+        names = self.held.listdir()
+        for name in superseded(names, within=(first, last)):  # also those an earlier merge cut short left
+            try:
+                self.held.remove(name)
+            except FileNotFoundError:
+                pass
+        return first, last
+
+    def close(self, facts):
+        """Write the closing facts into the marker and release the directory's lock. A directory no longer at the path
+        gets its facts while its marker is this trace's (moved away: the rows lost are counted there), else none."""
+        try:
+            if self.held.lost is None or self.held.trace_id() == self.trace_id:
+                write_facts(self.held, facts)
+        finally:
+            release_directory(self.directory, self.held)
+
+    def reopen(self):
+        """After close, for a late metadata update: hold the directory at the path again. False (nothing held) when
+        its marker names another trace (another run replaced it) or none; the caller closes `held` when done."""
+        try:
+            self.held = Held(self.directory)
+        except OSError:
+            return False
+        if self.held.trace_id() != self.trace_id:
+            self.held.close()
+            return False
+        return True
+
+
+class _File:
+    """One file of a trace's small parts, as SmallParts keeps it: the parts it holds, its merge level (0: a part as
+    written), its rows (one RowBuffer), the storage roles its parts learned, the metadata of its newest part (the
+    newest file's only: the others' is dropped) and the bytes it takes."""
+
+    __slots__ = ("first", "last", "level", "buffer", "roles", "metadata", "nbytes")
+
+    def __init__(self, first, last, level, buffer, metadata):
+        self.first, self.last, self.level, self.buffer, self.metadata = first, last, level, buffer, metadata
+        self.roles = metadata.get("storage_roles", {})
+        self.nbytes = buffer.nbytes() + sys.getsizeof(self) + _sizeof_roles(self.roles)
+
+    @property
+    def buffers(self):
+        """Its rows as the list of RowBuffers PartWriter._merge concatenates."""
+        return [self.buffer]
+
+
+def _sizeof_roles(roles):
+    """The bytes of a storage_roles dict: {role: [storage id, ...]} (small ints: those above 256 counted as 32 bytes)."""
+    return sys.getsizeof(roles) + sum(sys.getsizeof(ids) + 32 * len(ids) for ids in roles.values())
+
+
+def _roles(group):
+    """The storage roles of the parts in `group`: each part's metadata holds those learned since the part before."""
+    roles = {}
+    for file in group:
+        for key, ids in file.roles.items():
+            roles.setdefault(key, []).extend(ids)
+    return roles
+
+
+class SmallParts:
+    """The newest files of a trace's small parts (under SMALL_ROWS rows and MAX_BYTES / FANOUT bytes each), with
+    their rows, for merging.
+
+    A reader pays a file open and a footer per part (about 0.25 ms each with pyarrow or DuckDB),
+    so many small parts (`flush_rows=1`, a run that flushes often) are written again as fewer:
+    - during the run, FANOUT neighbouring files of one level become one file of the next level
+      (`part-000000-000063.parquet`). One-row parts of a few tensors become files of 64 and of 4,096 rows:
+      a run killed after 10,000 of them leaves 46 files, not 10,000;
+    - at a clean close, when every part was small and all are still kept, its MIN_PARTS or more parts become
+      one part.
+    What it keeps is bounded in bytes, whatever the rows: the newest files' buffers, at most MAX_BYTES (RowBuffer.nbytes
+    with the objects that hold them); older files stay as they are, and a part of MAX_BYTES / FANOUT bytes or more is
+    not small (FANOUT of them could not be merged)."""
+
+    FANOUT = 64
+    MIN_PARTS = 64
+    SMALL_ROWS = 1024
+    MAX_BYTES = 2 << 20  # 2 MiB
+
+    def __init__(self):
+        self.files = []  # _File, oldest first: the trace's newest files, all small
+        self.kept = 0  # bytes of `files` (_File.nbytes)
+        self.open = True  # every part written so far is in `files`: the whole trace can become one part
+        self.stopped = False  # a merge failed: nothing more is kept
+
+    def add(self, index, rows, metadata):
+        """Keep part `index`, just written, when it is small: a copy of its RowBuffer, with no spare room."""
+        if self.stopped:
+            return
+        last = self.files[-1].buffer if self.files else None
+        small = len(rows) < self.SMALL_ROWS and 8 * rows.values() < self.MAX_BYTES // self.FANOUT  # before a copy
+        file = _File(index, index, 0, rows.compacted(), metadata) if small else None
+        if (file is None or file.nbytes >= self.MAX_BYTES // self.FANOUT
+                or (last is not None and rows.first_seq != last.first_seq + len(last))):
+            self.files, self.kept, self.open = [], 0, False  # a big part or a seq gap: nothing merges across it
+            return
+        if self.files:
+            self.files[-1].metadata = None  # only the newest file's is read (`due`, `ready`)
+        self.files.append(file)
+        self.kept += file.nbytes
+        while self.kept > self.MAX_BYTES:  # the oldest leave memory; their files stay as they are
+            self.kept -= self.files.pop(0).nbytes
+            self.open = False
+
+    def due(self):
+        """The newest FANOUT files when they are of one level, else None (together they take at most MAX_BYTES)."""
+        group = self.files[-self.FANOUT:]
+        if len(group) < self.FANOUT or any(f.level != group[-1].level for f in group):
+            return None
+        return group
+
+    def merged(self, span, metadata):
+        """The newest FANOUT files are one file now, covering parts `span`: its rows are kept as one RowBuffer."""
+        group = self.files[-self.FANOUT:]
+        del self.files[-self.FANOUT:]
+        file = _File(*span, group[-1].level + 1, RowBuffer.concatenate([f.buffer for f in group]), metadata)
+        self.files.append(file)
+        self.kept += file.nbytes - sum(f.nbytes for f in group)
+        while self.kept > self.MAX_BYTES and len(self.files) > 1:  # one buffer instead of FANOUT: fewer bytes, but bounded
+            self.kept -= self.files.pop(0).nbytes
+            self.open = False
+
+    def stop(self):
+        """No more merging in this trace (a merge failed)."""
+        self.files, self.kept, self.open, self.stopped = [], 0, False, True
+
+    def ready(self, parts):
+        """Whether the trace's `parts` parts, in more than one file, can become one at close."""
+        return self.open and parts >= self.MIN_PARTS and len(self.files) > 1
+
+
+# Parts of at least this many rows are compressed with zstd (level 1), smaller ones with snappy: zstd's contexts cost
+# about 1.5 ms a part whatever its rows (36 column chunks), snappy's 0.1 ms, and snappy's 1.3-1.5x more bytes weigh
+# little in a small part (benchmarks/README.md, stop 30). Every Parquet reader reads both.
+ZSTD_ROWS = 4096
+
+
+def write_table(table, file):
+    """One Parquet part (a seam for tests that fill the disk), zstd or snappy by its rows (ZSTD_ROWS).
+
+    The run metadata (the table's schema metadata) is stored once, as the plain Parquet
+    footer key `optrace`, where every Parquet reader finds it (pyarrow's
+    `pq.read_metadata(part).metadata`, DuckDB's `parquet_kv_metadata`, polars'
+    `read_parquet_metadata`, parquet-tools); the Arrow schema beside it (`ARROW:schema`,
+    for the dictionary columns) carries none. pyarrow's default would store it twice, the
+    second copy base64-encoded inside that schema where only Arrow readers look."""
+    plain = table.schema.remove_metadata()
+    blob = (table.schema.metadata or {}).get(METADATA_KEY)
+    footer = arrow_footer(plain)
+    if blob is not None:
+        footer[METADATA_KEY] = blob
+    codec = {"compression": "zstd", "compression_level": 1} if table.num_rows >= ZSTD_ROWS else {"compression": "snappy"}
+    with file.create() if hasattr(file, "create") else contextlib.nullcontext(file) as sink:  # a held directory's entry
+        with pq.ParquetWriter(sink, plain, store_schema=False, **codec) as out:
+            out.add_key_value_metadata(footer)
+            out.write_table(table.replace_schema_metadata(None))
