@@ -12,9 +12,9 @@ Trino: no engine here; its statements are checked as text (sqlglot reads them ba
 item past its end is NULL there as in DuckDB).
 """
 
+import functools
+import os
 import shutil
-import subprocess
-import sys
 import warnings
 
 import pytest
@@ -22,17 +22,20 @@ import torch
 from gpt import GPT, GPTConfig, make_batch, make_optimizer, train_step
 
 from reports.errors import ReportError
-from reports.sql.dialects import columns, views
+from reports.sql.dialects import columns, main, views as generate
 from reports.sql.engine import Trace
 from tracer import Tracer
 from tracer.schema import COLUMN_NAMES
 
+views = functools.cache(generate)  # each dialect transpiled once for the file (0.8 s each)
 NAMES = list(views("duckdb"))
 # pyspark's check of the installed pandas (it reads none here)
 pytestmark = pytest.mark.filterwarnings("ignore:PySpark does not yet fully support pandas:FutureWarning")
 
 
 def test_every_view_has_a_statement_in_each_dialect():
+    import sqlglot
+
     # views.sql 18, compare.sql 3, flops.sql 6, ranks.sql 2: 29 views
     assert len(NAMES) == 29 and NAMES[:2] == ["phase_steps", "run_totals"] and NAMES[-1] == "collective_calls"
     spark, trino = views("spark"), views("trino")
@@ -41,6 +44,9 @@ def test_every_view_has_a_statement_in_each_dialect():
     assert trino["by_step"].startswith("CREATE OR REPLACE VIEW by_step AS\n")
     with pytest.raises(ReportError, match="dialect 'postgres': expected one of duckdb, spark, trino"):
         views("postgres")
+    # the Spark test compares rows as multisets: no view orders its rows
+    ordered = [n for n, st in views("duckdb").items() if sqlglot.parse_one(st, read="duckdb").expression.args.get("order")]
+    assert ordered == []
 
 
 def test_a_list_item_past_the_end_is_null_in_every_dialect():
@@ -74,10 +80,13 @@ def test_a_construct_sqlglot_passes_through_is_refused():
         _transpile("v", "SELECT input_dtypes[1:2] FROM rows", "trino")
 
 
-def test_the_module_prints_a_dialect():
-    done = subprocess.run([sys.executable, "-m", "reports.sql.dialects", "spark"], capture_output=True, text=True,
-                          check=True)  # fmt: skip
-    assert done.stdout.count("\n;\n") == 29 and "CREATE OR REPLACE TEMPORARY VIEW peak AS" in done.stdout
+def test_the_module_prints_a_dialect(capsys):
+    # python -m reports.sql.dialects spark
+    assert main(["spark"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("\n;\n") == 29 and "CREATE OR REPLACE TEMPORARY VIEW peak AS" in out
+    assert main(["trino", "--columns"]) == 0 and capsys.readouterr().out == columns("trino") + "\n"
+    assert main(["mysql"]) == 2 and "error: dialect 'mysql': expected one of duckdb, spark, trino" in capsys.readouterr().err
 
 
 def _spark_missing():
@@ -85,8 +94,9 @@ def _spark_missing():
         import pyspark  # noqa: F401
     except ImportError:
         return "pyspark is not installed (pip install pyspark; the dev extra has it)"
-    if shutil.which("java") is None:
-        return "no JDK: `java` is not on PATH (Spark runs on the JVM)"
+    home = os.environ.get("JAVA_HOME")  # where pyspark looks first, then PATH
+    if not (home and os.path.isfile(os.path.join(home, "bin", "java"))) and shutil.which("java") is None:
+        return "no JDK: no `java` under JAVA_HOME or on PATH (Spark runs on the JVM)"
     return None
 
 
@@ -97,9 +107,9 @@ def spark():
         pytest.skip(missing)
     from pyspark.sql import SparkSession
 
-    # A JVM of C1 only and the serial collector, Spark's own classes not verified again as they load (its jars), and
-    # no whole-stage code generation or adaptive plans: on the shared 2-core VM at load 7-9 the file took 105 s
-    # without these, 33 s with them (tests/test_sql_dialects.py's own timing, see the module docstring)
+    # A JVM of C1 only and the serial collector, the classes of Spark's jars not verified as they load, no whole-stage
+    # code generation or adaptive plans, `rows` cached: on the shared 2-core VM the session, its reads and the 29
+    # queries took 105 s (load 6) without these, 32-43 s (load 7-9) with them
     session = (SparkSession.builder.master("local[1]").appName("optrace-dialects")
                .config("spark.sql.shuffle.partitions", "1").config("spark.default.parallelism", "1")
                .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
@@ -166,14 +176,29 @@ def _typed(value):
     return (type(value).__name__, value)
 
 
-@pytest.mark.parametrize("name", NAMES)
-def test_every_view_runs_on_spark_with_duckdbs_result(engines, name):
+def _rows(rows):
+    return sorted((tuple(_typed(v) for v in row) for row in rows), key=repr)
+
+
+def test_every_view_runs_on_spark_with_duckdbs_result(engines):
+    """All 29 views in one test: pytest-xdist then runs it, and the file's one Spark session, on one worker. A view
+    Spark refuses, or whose result differs, is named with the others."""
     db, spark = engines
-    found = db.execute(f"SELECT * FROM {name}")
-    want_columns = [d[0] for d in found.description]
-    want = sorted((tuple(_typed(v) for v in row) for row in found.fetchall()), key=repr)
-    frame = spark.sql(f"SELECT * FROM {name}")
-    got = sorted((tuple(_typed(v) for v in row) for row in frame.collect()), key=repr)
-    assert frame.columns == want_columns
-    assert len(want) > 0  # every view has rows on these traces: a comparison of two empty results proves nothing
-    assert got == want
+    differ = {}
+    for name in NAMES:
+        found = db.execute(f"SELECT * FROM {name}")
+        want_columns, want = [d[0] for d in found.description], _rows(found.fetchall())
+        try:
+            frame = spark.sql(f"SELECT * FROM {name}")
+            got = _rows(frame.collect())
+        except Exception as exc:  # noqa: BLE001 (pyspark's errors have no common base but Exception)
+            differ[name] = str(exc).splitlines()[0][:300]
+            continue
+        if frame.columns != want_columns:
+            differ[name] = f"columns {frame.columns}, DuckDB's {want_columns}"
+        elif not want:  # every view has rows on these traces: two empty results would prove nothing
+            differ[name] = "no rows"
+        elif got != want:
+            mine, theirs = [r for r in got if r not in want], [r for r in want if r not in got]
+            differ[name] = f"{len(got)} rows, DuckDB {len(want)}; first of Spark's only {mine[:1]}, DuckDB's {theirs[:1]}"
+    assert differ == {}

@@ -44,8 +44,7 @@ DIALECTS = {"duckdb": "CREATE VIEW", "spark": "CREATE OR REPLACE TEMPORARY VIEW"
 def views(dialect):
     """{view name: its CREATE statement in `dialect`} for every view of the report, in an order in which each reads
     only `rows` and the views before it. `dialect`: 'spark', 'trino' or 'duckdb' (the source, unchanged)."""
-    if dialect not in DIALECTS:
-        raise ReportError(f"dialect {dialect!r}: expected one of {', '.join(DIALECTS)}")
+    _known(dialect)
     out = {}
     for path in VIEW_FILES:
         for name, body, _ in statements(path):
@@ -59,8 +58,7 @@ def columns(dialect):
     VARCHAR / STRING, lists arrays)."""
     from sqlglot import exp
 
-    if dialect not in DIALECTS:
-        raise ReportError(f"dialect {dialect!r}: expected one of {', '.join(DIALECTS)}")
+    _known(dialect)
 
     def duckdb_type(typ):
         if pa.types.is_dictionary(typ):
@@ -73,6 +71,11 @@ def columns(dialect):
                      for field in ARROW_SCHEMA)  # fmt: skip
 
 
+def _known(dialect):
+    if dialect not in DIALECTS:
+        raise ReportError(f"dialect {dialect!r}: expected one of {', '.join(DIALECTS)}")
+
+
 def _transpile(name, body, dialect):
     """One view's SELECT (DuckDB's SQL) in `dialect`, by sqlglot, with the rules of the module's docstring."""
     import sqlglot
@@ -83,7 +86,8 @@ def _transpile(name, body, dialect):
         raise ValueError(f"view {name}: sqlglot does not know DuckDB's {node.name}(); spell it portably in the source")
     for node in tree.find_all(exp.Bracket):
         if len(node.expressions) != 1 or isinstance(node.expressions[0], exp.Slice):
-            raise ValueError(f"view {name}: {node.sql('duckdb')} is a slice sqlglot leaves as it is; write array_slice")
+            raise ValueError(f"view {name}: {node.sql('duckdb')} is a slice sqlglot leaves as it is (or an index of "
+                             "several items); write array_slice")
         node.set("safe", True)  # DuckDB's list[i] is NULL past the end
     return tree.sql(dialect=dialect, pretty=True, unsupported_level=sqlglot.ErrorLevel.RAISE)
 
