@@ -45,7 +45,8 @@ def test_every_view_has_a_statement_in_each_dialect():
     with pytest.raises(ReportError, match="dialect 'postgres': expected one of duckdb, spark, trino"):
         views("postgres")
     # the Spark test compares rows as multisets: no view orders its rows
-    ordered = [n for n, st in views("duckdb").items() if sqlglot.parse_one(st, read="duckdb").expression.args.get("order")]
+    ordered = [n for n, statement in views("duckdb").items()
+               if sqlglot.parse_one(statement, read="duckdb").expression.args.get("order")]  # fmt: skip
     assert ordered == []
 
 
@@ -86,7 +87,8 @@ def test_the_module_prints_a_dialect(capsys):
     out = capsys.readouterr().out
     assert out.count("\n;\n") == 29 and "CREATE OR REPLACE TEMPORARY VIEW peak AS" in out
     assert main(["trino", "--columns"]) == 0 and capsys.readouterr().out == columns("trino") + "\n"
-    assert main(["mysql"]) == 2 and "error: dialect 'mysql': expected one of duckdb, spark, trino" in capsys.readouterr().err
+    assert main(["mysql"]) == 2
+    assert "error: dialect 'mysql': expected one of duckdb, spark, trino" in capsys.readouterr().err
 
 
 def _spark_missing():
@@ -157,7 +159,8 @@ def engines(spark, trace):
     db.execute(trace.rows_view)
     for statement in views("duckdb").values():
         db.execute(statement)
-    runs = [spark.read.schema(columns("spark")).parquet(*files).select(F.lit(name).alias("run"), F.lit(i).alias("run_index"), *COLUMN_NAMES)
+    runs = [spark.read.schema(columns("spark")).parquet(*files)
+            .select(F.lit(name).alias("run"), F.lit(i).alias("run_index"), *COLUMN_NAMES)
             for i, (name, files) in enumerate(zip(trace.runs, trace.files))]  # fmt: skip
     rows = runs[0]
     for run in runs[1:]:
@@ -200,5 +203,6 @@ def test_every_view_runs_on_spark_with_duckdbs_result(engines):
             differ[name] = "no rows"
         elif got != want:
             mine, theirs = [r for r in got if r not in want], [r for r in want if r not in got]
-            differ[name] = f"{len(got)} rows, DuckDB {len(want)}; first of Spark's only {mine[:1]}, DuckDB's {theirs[:1]}"
+            differ[name] = (f"{len(got)} rows, DuckDB {len(want)}; first of Spark's only {mine[:1]}, "
+                            f"DuckDB's {theirs[:1]}")
     assert differ == {}

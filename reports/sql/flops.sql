@@ -38,15 +38,16 @@ FROM (SELECT run_index, op, split_part(op, '.', 1) || '.' || split_part(op, '.',
 --   backward/other adds, copies, ops placing or moving a gradient, collectives: the gradient walk
 -- Every other row is an elementwise, reduction, norm, softmax, optimizer or view op that no walk follows
 -- and whose category is "other": the sections only sum its FLOPs, which flop_rest keeps.
--- A scalar input is a shape with no size other than 1 (sizes are >= 0, so its product is 1): its least and greatest
--- size are 1, or it has none (list_min and list_max: Spark's and Trino's array_min and array_max, where DuckDB's
--- list_product has no counterpart).
+-- A scalar input is a shape whose sizes multiply to 1: sizes being >= 0, each is 1 or there is none, so its least and
+-- greatest sizes are 1 or NULL (list_min and list_max, which are array_min and array_max in Spark and Trino, where
+-- DuckDB's list_product has no counterpart).
 CREATE VIEW flop_marked AS
 SELECT r.*, o.scales,
        r.flop_kind IN ('matmul', 'attention') OR (r.flop_kind = 'conv' AND r.phase = 'forward') OR o.copies
        OR (r.phase IN ('backward', 'other') AND (r.flop_kind = 'collective' OR o.hops)) OR o.derives
        OR (o.scales AND (array_length(r.input_storage_ids) = 1 OR array_length(r.input_storage_ids) = 2
-                         AND (coalesce(list_min(r.input_shapes[1]), 1) = 1 AND coalesce(list_max(r.input_shapes[1]), 1) = 1
+                         AND (coalesce(list_min(r.input_shapes[1]), 1) = 1
+                                 AND coalesce(list_max(r.input_shapes[1]), 1) = 1
                               OR coalesce(list_min(r.input_shapes[2]), 1) = 1
                                  AND coalesce(list_max(r.input_shapes[2]), 1) = 1))) AS walked
 FROM rows AS r
