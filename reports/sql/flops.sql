@@ -38,13 +38,18 @@ FROM (SELECT run_index, op, split_part(op, '.', 1) || '.' || split_part(op, '.',
 --   backward/other adds, copies, ops placing or moving a gradient, collectives: the gradient walk
 -- Every other row is an elementwise, reduction, norm, softmax, optimizer or view op that no walk follows
 -- and whose category is "other": the sections only sum its FLOPs, which flop_rest keeps.
+-- A scalar input is a shape whose sizes multiply to 1: sizes being >= 0, each is 1 or there is none, so its least and
+-- greatest sizes are 1 or NULL (list_min and list_max, which are array_min and array_max in Spark and Trino, where
+-- DuckDB's list_product has no counterpart).
 CREATE VIEW flop_marked AS
 SELECT r.*, o.scales,
        r.flop_kind IN ('matmul', 'attention') OR (r.flop_kind = 'conv' AND r.phase = 'forward') OR o.copies
        OR (r.phase IN ('backward', 'other') AND (r.flop_kind = 'collective' OR o.hops)) OR o.derives
-       OR (o.scales AND (len(r.input_storage_ids) = 1 OR len(r.input_storage_ids) = 2
-                         AND (coalesce(list_product(r.input_shapes[1]), 1) = 1
-                              OR coalesce(list_product(r.input_shapes[2]), 1) = 1))) AS walked
+       OR (o.scales AND (array_length(r.input_storage_ids) = 1 OR array_length(r.input_storage_ids) = 2
+                         AND (coalesce(list_min(r.input_shapes[1]), 1) = 1
+                                 AND coalesce(list_max(r.input_shapes[1]), 1) = 1
+                              OR coalesce(list_min(r.input_shapes[2]), 1) = 1
+                                 AND coalesce(list_max(r.input_shapes[2]), 1) = 1))) AS walked
 FROM rows AS r
 JOIN flop_ops AS o ON r.run_index = o.run_index AND r.op = o.op
 ;
@@ -58,7 +63,7 @@ CREATE VIEW flop_rows AS
 SELECT run, run_index, seq, step, phase, op, CASE WHEN flop_kind IN ('matmul', 'attention') THEN module END AS module,
        flop_kind,
        flops, coalesce(recompute, false) AS recompute, causal, input_storage_ids, output_storage_ids,
-       input_dtypes[1:2] AS input_dtypes,
+       array_slice(input_dtypes, 1, 2) AS input_dtypes,
        CASE WHEN flop_kind IN ('attention', 'conv') OR scales THEN input_shapes END AS input_shapes,
        CASE WHEN flop_kind IN ('matmul', 'conv') THEN output_shapes END AS output_shapes,
        CASE WHEN flop_kind = 'matmul' THEN coalesce(flops_bound, false) END AS flops_bound, grad_mode
@@ -73,7 +78,7 @@ CREATE VIEW flop_rest AS
 SELECT run, run_index, min(seq) AS seq, min_by(step, seq) AS step, phase,
        CASE WHEN phase = 'optimizer' THEN op END AS op, flop_kind, sum(flops) AS flops, recompute, first_dtype
 FROM (SELECT run, run_index, seq, step, phase, op, flop_kind, flops, coalesce(recompute, false) AS recompute,
-             input_dtypes[1:1] AS first_dtype
+             array_slice(input_dtypes, 1, 1) AS first_dtype
       FROM flop_marked WHERE NOT walked) AS r
 GROUP BY run, run_index, phase, CASE WHEN phase = 'optimizer' THEN op END, flop_kind, recompute, first_dtype, flops > 0
 ;

@@ -16,11 +16,12 @@
 -- Per step: a figure per training step is, for each phase, the phase's total divided by the
 -- number of distinct steps that phase ran in (view phase_steps), summed over the phases.
 --
--- Dialect: DuckDB's, kept to what Spark SQL and Trino also have, so the same views run over the
--- same Parquet files on a cluster. Two spellings differ there: list items are 1-based
--- `input_dtypes[1]` in DuckDB and Trino (Spark: `element_at(input_dtypes, 1)`), and `len(x)` of
--- a list is `cardinality(x)` in Trino and `size(x)` in Spark. The views marked "portable" use
--- neither and run unchanged in polars' SQL too (tests/test_sql.py checks them).
+-- Dialect: DuckDB's, in spellings sqlglot writes in Spark SQL's and Trino's (reports.sql.dialects.views;
+-- docs/sql_dialects.md), so the same views run over the same Parquet files on a cluster: a list's item
+-- `input_dtypes[1]`, its length `array_length(x)`, a slice `array_slice(x, 1, 2)`, its least and greatest
+-- items `list_min(x)`, `list_max(x)` (a function sqlglot does not know, such as list_product, is refused
+-- there). tests/test_sql_dialects.py runs every view in Spark. The views marked "portable" use no list
+-- function and run unchanged in polars' SQL too (tests/test_sql.py checks them).
 -- Statements are separated by a line holding only ';'.
 
 -- portable: the steps each phase of each run ran in (reports/steps.py phase_steps).
