@@ -414,7 +414,7 @@ def _marker_file(data):
     sink = pa.BufferOutputStream()
     with pq.ParquetWriter(sink, ARROW_SCHEMA, store_schema=False) as out:
         out.add_key_value_metadata({**arrow_footer(ARROW_SCHEMA), MARKER_KEY: data})
-        out.write_table(ARROW_SCHEMA.empty_table())
+        out.write_table(pa.Table.from_batches([], schema=ARROW_SCHEMA))  # Schema.empty_table imports pandas
     return sink.getvalue().to_pybytes()
 
 
