@@ -478,6 +478,9 @@ def marker_json(raw):
     whole of a JSON one (a legacy marker); None when there are none (no marker, a damaged Parquet one)."""
     if raw is None or raw[:4] != b"PAR1" or raw[-4:] != b"PAR1":
         return raw
+    for length, (prefix, suffix) in list(_templates.items()):  # the bytes of a marker `marker_file` built: its text
+        if prefix is not None and len(raw) == len(prefix) + length + len(suffix) and raw.startswith(prefix) and raw.endswith(suffix):
+            return raw[len(prefix) : len(prefix) + length]  # what the footer holds, read without parsing it again
     import pyarrow.parquet as pq
 
     try:
