@@ -41,8 +41,8 @@ def test_import_tracer_does_not_import_pandas():
 
 
 def test_tracing_and_metering_do_not_import_pandas(tmp_path):
-    """A traced step (its marker, parts, a late metadata part) and a Meter's steps (it reads its traced steps back) in a
-    fresh interpreter leave pandas unimported (pyarrow's Schema.empty_table, pa.array and pyarrow.dataset import it)."""
+    """A traced step (its marker, parts, a late metadata part, an earlier trace replaced) and a Meter's steps (it reads its
+    traced steps back) in a fresh interpreter leave pandas unimported (pyarrow's Schema.empty_table, pa.array and pyarrow.dataset import it)."""
     code = textwrap.dedent(f"""
         import sys
         import torch
@@ -52,8 +52,9 @@ def test_tracing_and_metering_do_not_import_pandas(tmp_path):
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         def step():
             model(torch.ones(2, 4)).sum().backward(); opt.step(); opt.zero_grad()
-        with Tracer({str(tmp_path / "t")!r}, model=model, flush_rows=4) as t:
-            step()
+        for _ in range(2):  # the second replaces the first: its marker and parts are read
+            with Tracer({str(tmp_path / "t")!r}, model=model, flush_rows=4) as t:
+                step()
         t.set_step_time(0.01)
         with Meter({str(tmp_path / "m")!r}, model=model, tokens=2) as meter:
             figures = [(step(), meter.step())[1] for _ in range(3)]
