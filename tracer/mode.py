@@ -1,6 +1,8 @@
 """The public `Tracer` context manager: set-up, the row each op becomes, flushing and closing.
 
-The dispatch mode that calls `Tracer._record` for every op is in tracer/dispatch.py."""
+The dispatch mode that calls `Tracer._record` for every op is in tracer/dispatch.py. `Tracer` composes
+tracer.hooks.Hooks (what recording puts on and takes off), tracer.trace_output.TraceOutput (its parts),
+tracer.optimizer_state.OptimizerState (the roles the training loop brings) and tracer.python_collector.PythonCollector."""
 
 import math
 import os
