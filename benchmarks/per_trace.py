@@ -12,7 +12,9 @@ over rounds (IQR). With `model=`, entering finds the optimizers holding the mode
 state is alive at entry: tracer.recording.metadata `register_at_entry`, `LiveOptimizers`) in one pass over
 every object the garbage collector tracks, so its cost grows with the program's live objects, not with
 the model: `--objects` runs the rounds again with that many extra small live objects (lists, as a
-dataset's rows or a tokenizer's tables would be), and the pass alone is timed too.
+dataset's rows or a tokenizer's tables would be), and the pass alone is timed too. Entering (the Tracer made and
+its `__enter__`) and leaving (`__exit__`) are timed on their own for `Tracer(path, model=, tokens=)`: the fixed
+cost of a trace, the rest of traced - untraced being its ops.
 """
 
 import argparse
@@ -57,6 +59,7 @@ def measure(model, tokens, step, rounds, directory):
     }
     times = {name: [] for name in variants}
     names = list(variants)
+    enter, leave = [], []  # of Tracer(path, model=, tokens=): __enter__ and __exit__ alone
     for r in range(rounds + 1):  # round 0: warm-up, not kept
         for name in names[r % len(names):] + names[: r % len(names)]:
             gc.collect()
@@ -67,9 +70,14 @@ def measure(model, tokens, step, rounds, directory):
                 step()
             else:
                 with tracer:
+                    entered = time.process_time()
                     step()
+                    stepped = time.process_time()
             if r:
                 times[name].append((time.process_time() - start) * 1e3)
+                if name == "Tracer(path, model=, tokens=)":
+                    enter.append((entered - start) * 1e3)
+                    leave.append((time.process_time() - stepped) * 1e3)
     scans = []
     for _ in range(rounds):
         start = time.process_time()
@@ -80,6 +88,9 @@ def measure(model, tokens, step, rounds, directory):
     for name in names[1:]:
         out[f"traced - untraced, {name}"] = [t - b for t, b in zip(times[name], base)]
     out["the optimizers' pass alone"] = scans
+    out["Tracer(path, model=, tokens=): entering (Tracer() and __enter__)"] = enter
+    out["Tracer(path, model=, tokens=): leaving (__exit__: the last part, the marker)"] = leave
+    out["Tracer(path, model=, tokens=): entering + leaving"] = [a + b for a, b in zip(enter, leave)]
     return out
 
 

@@ -330,6 +330,7 @@ INTERRUPT_IN = """
     from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
     import tracer.recording.attribution as attribution
+    import tracer.recording.hooks as hooks
     import tracer.recording.mode as mode
     from tracer import Tracer
 
@@ -352,7 +353,7 @@ INTERRUPT_IN = """
 
 def test_a_ctrl_c_while_the_trace_closes_comes_after_it_is_closed(tmp_path):
     proc = run(tmp_path, INTERRUPT_IN + f"""
-    restore = interrupting(mode.Tracer, "_give_back_compiled", times=3)  # after the mode is left, before the rest
+    restore = interrupting(hooks.Hooks, "_give_back_compiled", times=3)  # after the mode is left, before the rest
     try:
         with Tracer({str(tmp_path / "t")!r}, model=model):
             model(torch.ones(2, 4)).sum().backward()

@@ -247,3 +247,22 @@ def test_a_grad_mode_the_tracer_never_writes_is_refused(tmp_path):
         with pytest.raises(reports.ReportError, match=r"column 'grad_mode' holds 'train' at seq 0; expected one of "
                                                       r"grad, no_grad, inference_mode"):
             read(bad)
+
+
+def test_a_marker_this_process_wrote_is_read_without_parsing_its_footer(monkeypatch):
+    """tracer.schema.marker_json finds the text of a marker built by marker_file between the bytes around it (the
+    tracer reads its marker at entry and at close); other bytes are parsed as Parquet, as before."""
+    import pyarrow as pa
+
+    from tracer.store.directory import MARKER_BYTES, _padded
+    from tracer.schema import MARKER_KEY, marker_file, marker_json
+
+    text = _padded({"format": "optrace", "trace_id": "ab" * 16, "rows": 7})
+    raw = marker_file(text)
+    assert pq.read_metadata(pa.BufferReader(raw)).metadata[MARKER_KEY] == text.encode()
+    assert len(text) == MARKER_BYTES  # padded: 4,096 bytes of JSON and spaces
+    parsed = []
+    monkeypatch.setattr(pq, "read_metadata", lambda source: parsed.append(source) or pq.FileMetaData())
+    assert marker_json(raw) == text.encode() and parsed == []
+    damaged = raw[:-12] + b"\0" + raw[-11:]  # a byte of the footer changed: not the bytes marker_file builds
+    assert marker_json(damaged) is None and len(parsed) == 1  # parsed (FileMetaData() holds no marker key)

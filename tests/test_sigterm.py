@@ -257,7 +257,7 @@ def test_a_sigterm_while_a_pause_takes_the_hooks_off_waits_for_the_pause(tmp_pat
             torch.ones(2) + 1
             remove = tr._attr.remove
 
-            def remove_with_a_signal():  # the signal comes while Tracer._uninstall takes the hooks off
+            def remove_with_a_signal():  # the signal comes while tracer.recording.hooks.Hooks.remove takes the hooks off
                 tr._attr.remove = remove
                 os.kill(os.getpid(), signal.SIGTERM)
                 remove()

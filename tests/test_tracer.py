@@ -40,6 +40,38 @@ def test_import_tracer_does_not_import_pandas():
     subprocess.run([sys.executable, "-c", code], check=True, cwd=os.path.dirname(os.path.dirname(__file__)))
 
 
+def test_tracing_and_metering_do_not_import_pandas(tmp_path):
+    """A traced step (its marker, parts, a late metadata part, an earlier trace replaced) and a Meter's steps (it reads its
+    traced steps back) in a fresh interpreter leave pandas unimported (pyarrow's Schema.empty_table, pa.array and pyarrow.dataset import it)."""
+    code = textwrap.dedent(f"""
+        import sys
+        import torch
+        from tracer import Meter, Tracer, read_metadata
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        def step():
+            model(torch.ones(2, 4)).sum().backward(); opt.step(); opt.zero_grad()
+        for _ in range(2):  # the second replaces the first: its marker and parts are read
+            with Tracer({str(tmp_path / "t")!r}, model=model, flush_rows=4) as t:
+                step()
+        t.set_step_time(0.01)
+        with Meter({str(tmp_path / "m")!r}, model=model, tokens=2) as meter:
+            figures = [(step(), meter.step())[1] for _ in range(3)]
+        print(read_metadata({str(tmp_path / "t")!r})["rows"], [f["model_flops"] for f in figures])
+        assert "pandas" not in sys.modules, "pandas imported"
+    """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=os.path.dirname(os.path.dirname(__file__)))
+    assert done.returncode == 0, done.stderr
+    rows, flops = done.stdout.split(maxsplit=1)
+    assert int(rows) > 0
+    # forward: addmm 2 * 2 * 4 * 4 = 64, relu 2 * 4 = 8, addmm 2 * 2 * 4 * 2 = 32, sum 2 * 2 = 4 (108); backward: two mm
+    # 2 * 2 * 2 * 4 = 32 each, bias sum 2 * 2 = 4, threshold_backward 2 * 4 = 8, mm 2 * 4 * 2 * 4 = 64, bias sum
+    # 2 * 4 = 8 (148, the first layer's input needs no gradient); 108 + 148 = 256 each step, one signature
+    assert flops.strip() == "[256, 256, 256]", flops
+
+
 def test_columns_and_metadata(tmp_path):
     model = mlp()
     x = torch.randn(8, 32)

@@ -414,7 +414,7 @@ def _marker_file(data):
     sink = pa.BufferOutputStream()
     with pq.ParquetWriter(sink, ARROW_SCHEMA, store_schema=False) as out:
         out.add_key_value_metadata({**arrow_footer(ARROW_SCHEMA), MARKER_KEY: data})
-        out.write_table(ARROW_SCHEMA.empty_table())
+        out.write_table(pa.Table.from_batches([], schema=ARROW_SCHEMA))  # Schema.empty_table imports pandas
     return sink.getvalue().to_pybytes()
 
 
@@ -478,6 +478,9 @@ def marker_json(raw):
     whole of a JSON one (a legacy marker); None when there are none (no marker, a damaged Parquet one)."""
     if raw is None or raw[:4] != b"PAR1" or raw[-4:] != b"PAR1":
         return raw
+    for length, (prefix, suffix) in list(_templates.items()):  # the bytes of a marker `marker_file` built: its text
+        if prefix is not None and len(raw) == len(prefix) + length + len(suffix) and raw.startswith(prefix) and raw.endswith(suffix):
+            return raw[len(prefix) : len(prefix) + length]  # what the footer holds, read without parsing it again
     import pyarrow.parquet as pq
 
     try:

@@ -1,21 +1,44 @@
 """What a metered step ran and what a traced step cost (tracer.metering.meter): the signature of a step's inputs,
 their size, its tokens, and the FLOPs of a traced step read back from its rows by tracer/rules.py's rules."""
 
+import bisect
 import math
 import operator
 from collections.abc import Mapping
 
 import numpy as np
+import pyarrow.parquet as pq
 import torch
 from torch.utils._pytree import tree_leaves
 
 from tracer.errors import TraceError
 from tracer.rules import DTYPE_KINDS, carrying_dtype, dtype_rows, score_share, skipped_input
 
-__all__ = ["READ", "input_size", "settled", "signature", "step_flops", "token_count"]
+__all__ = ["READ", "input_size", "read_rows", "settled", "signature", "step_flops", "token_count"]
 
 _SCALARS = (int, float, str, type(None))  # inputs that hold no tensor
 READ = ["step", "op", "phase", "flops", "flop_kind", "recompute", "input_shapes", "input_dtypes"]  # what step_flops reads
+
+
+def read_rows(parts, first, end):
+    """The READ columns of the rows numbered `first` to `end` - 1 (seq) of the trace parts `parts`, as lists
+    (what `pq.read_table(parts, columns=READ, filters=...).to_pydict()` gives, without pyarrow.dataset, which
+    imports pandas). The tracer writes each part's rows in seq order (tracer.store.writer.RowBuffer.table), so a part's
+    rows of the range are one slice; a part whose seq statistics lie outside it is not read."""
+    found = {name: [] for name in READ}
+    for path in parts:
+        file = pq.ParquetFile(path)
+        column = file.schema_arrow.get_field_index("seq")
+        stats = [file.metadata.row_group(g).column(column).statistics for g in range(file.metadata.num_row_groups)]
+        if all(s is not None and s.has_min_max for s in stats) and (
+                not stats or max(s.max for s in stats) < first or min(s.min for s in stats) >= end):
+            continue
+        table = file.read(columns=["seq", *READ])
+        seq = table.column("seq").to_pylist()
+        lo, hi = bisect.bisect_left(seq, first), bisect.bisect_left(seq, end)
+        for name, values in table.slice(lo, hi - lo).drop_columns(["seq"]).to_pydict().items():
+            found[name].extend(values)
+    return found
 
 
 def signature(args, kwargs):

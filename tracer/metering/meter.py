@@ -48,7 +48,6 @@ import sys
 import threading
 import time
 
-import pyarrow.parquet as pq
 import torch
 from torch.nn.modules.module import register_module_forward_pre_hook
 from torch.optim.optimizer import register_optimizer_step_post_hook
@@ -57,7 +56,7 @@ from tracer.recording.compiled import compiled_in_place
 from tracer.device import cuda_in_use, sync_all_cuda
 from tracer.recording.dispatch import make_inert
 from tracer.errors import TraceError
-from tracer.metering.flops import READ, input_size, settled, signature, step_flops, token_count
+from tracer.metering.flops import input_size, read_rows, settled, signature, step_flops, token_count
 from tracer.recording.mode_stack import depth_of
 from tracer.metering.record import StepFigures
 from tracer.recording.mode import Tracer
@@ -431,8 +430,7 @@ class Meter:
         self._tracing = False
         self._sync = _sync_for(tr._device) if self._use_sync else None
         # by seq, not step: a step that ran nothing leaves the tracer's step number where it was
-        table = pq.read_table(part_paths(tr._writer.directory), columns=READ,
-                              filters=[("seq", ">=", self._first_seq), ("seq", "<", self._next_seq())]).to_pydict()
+        table = read_rows(part_paths(tr._writer.directory), self._first_seq, self._next_seq())
         found = step_flops(table)
         found["trace_steps"] = [min(table["step"]), max(table["step"])] if table["step"] else None
         found["first_step"] = len(self._steps["step"])

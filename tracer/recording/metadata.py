@@ -227,7 +227,7 @@ class LiveOptimizers:
     count what it was after the pass, and every instance found still alive, they are all there are. An optimizer
     made or freed, a new subclass, or a reference to an optimizer class taken or dropped runs the pass again.
     Not caught: an optimizer made while another reference to its class is dropped, with no instance found freed
-    (`Tracer._optimizer_started` names the state it finds at that optimizer's step). Where making an
+    (`tracer.recording.optimizer_state.OptimizerState.started` names the state it finds at that optimizer's step). Where making an
     instance does not move its class's count (`_counts_instances`), every trace runs the pass."""
 
     def __init__(self):

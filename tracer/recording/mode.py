@@ -1,6 +1,8 @@
 """The public `Tracer` context manager: set-up, the row each op becomes, flushing and closing.
 
-The dispatch mode that calls `Tracer._record` for every op is in tracer.recording.dispatch."""
+The dispatch mode that calls `Tracer._record` for every op is in tracer.recording.dispatch. `Tracer` composes
+tracer.recording.hooks.Hooks (what recording puts on and takes off), tracer.store.trace_output.TraceOutput (its parts),
+tracer.recording.optimizer_state.OptimizerState (the roles the training loop brings) and tracer.recording.python_collector.PythonCollector."""
 
 import math
 import os
@@ -15,15 +17,18 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode_stack as _mo
 from tracer.recording import collectives, distributed
 from tracer.recording.meta_attention import META_ATTENTION, MetaAttention
 from tracer.recording.attribution import NAMED_PER_ENGINE_RUN, Attribution
-from tracer.recording.compiled import DynamoSkips, EagerCompiled, compiled_original, unwrap
+from tracer.recording.compiled import compiled_original, unwrap
 from tracer.device import cuda_memory, device_info, is_fake
 from tracer.errors import TraceError
-from tracer.recording.dispatch import _tensors, _TraceMode, compiled_spec, make_inert
-from tracer.flops.layouts import STRIDED, describe, odd_flops, register_subclass
+from tracer.recording.dispatch import _TraceMode, compiled_spec, make_inert
+from tracer.recording.hooks import Hooks
+from tracer.recording.optimizer_state import OptimizerState
+from tracer.recording.python_collector import PythonCollector
+from tracer.flops.layouts import STRIDED, odd_flops
 from tracer.native.loader import choose, wanted as wanted_collector
-from tracer.recording.metadata import Roles, dtype_name, now, register_at_entry, run_metadata, state_tensors
+from tracer.recording.metadata import Roles, dtype_name, now, register_at_entry, run_metadata
 from tracer.recording.signals import TermHandler, unsafe
-from tracer.safety import describe_exception, interrupts_deferred, warn, write_failure_message
+from tracer.safety import describe_exception, interrupts_deferred, warn
 from tracer.schema import CAUSAL_NONE, INT64_MAX, MAX_TOKENS, MIN_STEP_TIME_S, NO_VALUE, FlopBasis, GradMode, is_unicode
 from tracer.recording.storage import StorageTable
 from tracer.recording.timing import check_timing, make_timer
@@ -38,14 +43,9 @@ from tracer.store.writer import (
     prepare_directory,
     release_directory,
 )
-from tracer.store.directory import write_facts
-from tracer.recording.mode_stack import (
-    depth_of, entered_below, lifted_above, lifted_over, refit_below, refit_infra, take_off_exited,
-)  # fmt: skip
+from tracer.store.trace_output import TraceOutput
 
-Tensor = torch.Tensor
 _perf_ns = time.perf_counter_ns
-_storage_key = torch._C._storage_id  # a tensor's storage, as its UntypedStorage's _cdata, with no storage object made
 _PER_ELEMENT, _FORMULA, _DETAILED = int(FlopBasis.PER_OUTPUT_ELEMENT), int(FlopBasis.FORMULA), int(FlopBasis.DETAILED)
 _grad_enabled, _inference_mode = torch.is_grad_enabled, torch.is_inference_mode_enabled
 _GRAD, _NO_GRAD, _INFERENCE_MODE = int(GradMode.GRAD), int(GradMode.NO_GRAD), int(GradMode.INFERENCE_MODE)
@@ -191,8 +191,6 @@ class Tracer:
     def _start(self):
         self._term = TermHandler(self)
         self._term_pending = False  # a SIGTERM held until a row or part is whole (TermHandler.due)
-        self._pending = []  # (rows, metadata) of parts a KeyboardInterrupt stopped mid-write
-        self._write_error = None  # "file: OS error" of the first failed write
         self._completions = collectives.Completions(FIELD["duration_ns"], FIELD["busy_ns"], ROW_WIDTH)
         self._storages = StorageTable()
         self._rows = RowBuffer()
@@ -204,15 +202,16 @@ class Tracer:
         self._hot = None  # the compiled dispatch hook's state (tracer/native/_dispatch.cpp), made once the rest is
         self._collect = native.collect if native is not None else None
         self._extend = native.extend if native is not None else extend  # buffer.extend(values), without array's per-item parsing
+        self._python = PythonCollector(self._storages, self._dtype_ids, self._new_dtype, self._writer.names["layout"])
         self._module_ids = {}  # module name -> module name id
         self._writer.clock_offset_ns = time.time_ns() - _perf_ns()
         self._flush_at = self.flush_rows * ROW_WIDTH
         self._flush_values = self.flush_rows * ROW_VALUES  # the integers of all its buffers (RowBuffer.values)
         self._errors = 0
-        self._lost_rows = 0  # rows whose part could not be written
         self._device = None
         self._timer = make_timer(self.timing, None)
         self._roles = Roles(self._storages.known, self._storages.size)
+        self._output = TraceOutput(self._writer, self._roles, self._in_child)  # the parts, written or lost
         self._meta = run_metadata(self.run_name, self.tokens, self.model, self._storages.id_of)
         self._meta["trace_id"] = self.trace_id
         self._meta["collector"] = self._collector_facts  # which collector read the tensors (tracer.native.loader)
@@ -224,11 +223,11 @@ class Tracer:
         self._unsharded = distributed.UnshardedParameters(
             self.model, self._storages, self._meta.get("parameters"), self._meta.setdefault("unsharded_parameters", {})
         )
-        found, self._model_param_ids = register_at_entry(
+        found, param_ids = register_at_entry(
             self.model, self._storages, self._roles, self._unsharded, lambda: self._rows.first_seq + len(self._rows),
             lambda exc: self._record_failed("the storages alive at entry", exc))
-        self._entry_optimizers = {id(o) for o in found} if found is not None else None  # ids only: nothing kept alive
-        self._state_found_late = 0  # bytes of optimizer state alive at entry that entry did not find (_optimizer_started)
+        self._optimizers = OptimizerState(self.model, self._storages, self._roles,
+                                          {id(o) for o in found} if found is not None else None, param_ids)
         try:  # registered above: their ids get the role "buffer" (reports/flops/roles.py: a weight times a buffer)
             for b in self.model.buffers() if self.model is not None else ():
                 self._roles.add("buffer", b)
@@ -239,8 +238,6 @@ class Tracer:
         if first is not None:
             self._first_device(first.device, first)
         self._mode = _TraceMode(self)
-        self._depth = None  # its position in the dispatch mode stack once entered (tracer.recording.mode_stack)
-        self._thread = threading.get_ident()  # the thread whose stack holds the mode
         on_meta = first is not None and first.device.type == "meta"
         self._attention = MetaAttention(fused=self.meta_attention == "fused") if on_meta else None
         self._attr = Attribution(
@@ -248,39 +245,20 @@ class Tracer:
             traced=lambda: self._mode in _mode_stack(),
             rows_so_far=lambda: len(self._rows),
             relabel=lambda first_row, step: self._rows.set_step(first_row, step),
-            on_optimizer_start=self._optimizer_started,
+            on_optimizer_start=self._optimizers.started,
             on_step_end=self._roles.optimizer_state,
-            on_external_module=self._external_module,
+            on_external_module=self._optimizers.external_module,
             on_error=lambda exc: self._record_failed("a module or optimizer hook", exc),
         )
         self._steps = self._attr.steps
-        self._dynamo = DynamoSkips()  # compiled code skipped under the mode is given back at exit (tracer.recording.compiled)
-        self._eager = EagerCompiled()  # compiled code runs eagerly while recording, counted (tracer.recording.compiled)
+        self._hooks = Hooks(self.path, self._mode, self._attr, self._unsharded, self._attention, self._record_failed,
+                            self._given_back)
+        self._dynamo, self._eager = self._hooks.dynamo, self._hooks.eager  # the compiled code's (tracer.recording.compiled)
         if self._native is not None:  # the common op recorded in C++, with no Python frame (tracer/native/_dispatch.cpp)
             self._hot = self._native.Dispatch(self, _TraceMode.__torch_dispatch__, compiled_spec())
             self._mode.use_compiled(self._hot, self._native.dispatch_for(self._mode))
-        self._install()
+        self._hooks.install()
         self._term.install()  # SIGTERM: the rows so far written first (tracer.recording.signals)
-
-    def _install(self):
-        """Put on what recording needs: compiled code eager, Dynamo's skips noted, the module and optimizer hooks,
-        FSDP2's, the modes."""
-        try:
-            self._eager.install()
-        except Exception as exc:  # e.g. entered inside a compiled region: Dynamo skips under the mode instead
-            self._record_failed("running compiled code eagerly", exc)
-        self._dynamo.install()
-        self._attr.install()
-        self._unsharded.install()
-        if self._depth is None:  # entry: on top; where it goes back on at `_resume`, under the modes entered after it
-            self._mode.__enter__()
-            self._depth = depth_of(self._mode)
-            self._below = entered_below(self._depth)
-        else:
-            with lifted_above(self._depth):
-                self._mode.__enter__()
-        if self._attention is not None:
-            self._attention.install()
 
     def __exit__(self, exc_type, exc, tb):
         """Close the trace; never raises (a failure is a warning and a fact in the metadata; a Ctrl-C while it
@@ -294,52 +272,9 @@ class Tracer:
                 self._exit(exc_type, exc, tb)
             raise
 
-    def _uninstall(self):
-        """Take off what `_install` put on: the modes (`_leave_modes`), the hooks, Dynamo's skips given back."""
-        try:
-            self._leave_modes()
-        finally:
-            self._attr.remove()
-            self._unsharded.remove()
-            self._give_back_compiled()
-
-    def _give_back_compiled(self):
-        """Compiled code runs compiled again: torch.compile's stance as before the trace, and the code Dynamo
-        skipped for good under the mode given back (tracer.recording.compiled)."""
-        try:
-            self._eager.remove()
-        except Exception as exc:
-            self._record_failed("putting torch.compile's stance back", exc)
-        try:
-            given = self._dynamo.remove()
-        except Exception as exc:
-            self._record_failed("giving compiled code back to torch.compile", exc)
-            return
-        if given:
-            self._meta["compiled_codes_given_back"] = self._meta.get("compiled_codes_given_back", 0) + given
-
-    def _leave_modes(self):
-        """Take the dispatch mode off the stack of the thread that entered it, wherever it stands there: the modes the
-        program entered after it stay on, in their order (tracer.recording.mode_stack); and the meta attention kernel off.
-        Left on another thread, whose stack does not hold them, the mode becomes inert where it stands: it passes
-        every op through, and nothing more is recorded."""
-        if self._attention is not None:
-            self._attention.remove()
-        if self._mode in _mode_stack():
-            with lifted_over(self._mode):
-                self._mode.__exit__(None, None, None)
-                refit_below(self._below)
-                refit_infra(self._below)
-            return
-        if threading.get_ident() == self._thread:  # a mode entered before the Tracer was left inside its block
-            left = take_off_exited(self._below)
-            warn(f"optrace: trace {self.path!r}: the dispatch mode {left or 'entered before the Tracer'} was left "
-                 "inside the Tracer's block and took the tracer's mode off the stack with it; the ops after that are not in "
-                 "the trace")
-            return
-        make_inert(self._mode)
-        warn(f"optrace: trace {self.path!r} was left on another thread than the one that entered it; its mode stays "
-             "on that thread's stack and records nothing more")
+    def _given_back(self, given):
+        """Compiled codes given back to torch.compile at the hooks' removal (tracer.recording.hooks.Hooks)."""
+        self._meta["compiled_codes_given_back"] = self._meta.get("compiled_codes_given_back", 0) + given
 
     def _exit(self, exc_type, exc, tb):
         self._exit_begun = True
@@ -348,7 +283,7 @@ class Tracer:
                 if self._attention is not None:
                     self._meta["attention"] = self._attention.facts()
             finally:
-                self._uninstall()
+                self._hooks.remove()
                 if self._hot is not None:
                     self._hot.close()  # its references go (a mode left on another thread runs the class's hook)
         finally:
@@ -370,10 +305,10 @@ class Tracer:
                 f"optrace: {self._attr.unnamed_backward} backward ops of trace {self.path!r} have no module: an engine run "
                 f"of more than {NAMED_PER_ENGINE_RUN:,} autograd nodes (naming more could overflow the stack when PyTorch frees the graph)"
             )
-        if self._lost_rows:
+        if self._output.lost_rows:
             warn(
-                f"optrace: trace {self.path!r} is incomplete: {self._lost_rows} rows lost to write errors "
-                f"(first: {self._write_error})"
+                f"optrace: trace {self.path!r} is incomplete: {self._output.lost_rows} rows lost to write errors "
+                f"(first: {self._output.write_error})"
             )
         if self._term_pending:  # a SIGTERM that came while the trace closed: it does now what it does untraced
             self._term.due(sys._getframe(1))
@@ -392,14 +327,14 @@ class Tracer:
         with interrupts_deferred():
             self.step()
             self._flush()
-            self._uninstall()
+            self._hooks.remove()
         if self._term_pending:  # a SIGTERM held while the hooks came off (tracer.recording.signals)
             self._term.due(sys._getframe(1))
 
     def _resume(self):
         """Record again after `_pause`: the next forward work begins a new step."""
         with interrupts_deferred():
-            self._install()
+            self._hooks.install()
         if self._term_pending:  # a SIGTERM held while the hooks went on
             self._term.due(sys._getframe(1))
 
@@ -447,21 +382,7 @@ class Tracer:
         at the path is still this one; never raises into the program (a failure is a warning)."""
         if not self._closed or self._in_child():
             return
-        if not self._writer.reopen():  # held by descriptor again, while its marker names this trace
-            warn(f"optrace: {what}: the trace at {self._writer.directory!r} is no longer this Tracer's "
-                          "(another run replaced it); nothing written")
-            return
-        try:
-            if not self._write(RowBuffer(), self._metadata()):
-                return
-            try:  # the marker counts the late part too: a reader names it missing when it is deleted
-                write_facts(self._writer.held, self._facts())
-            except Exception as exc:
-                warn(f"optrace: {what}: updating the marker of {self._writer.directory!r} failed "
-                     f"({describe_exception(exc)}); the part is written")
-        finally:
-            self._writer.held.close()
-        if self._term_pending:  # a SIGTERM held while the part was written (tracer.recording.signals)
+        if self._output.late_part(what, self._metadata, self._facts) and self._term_pending:  # a SIGTERM held meanwhile
             self._term.due(sys._getframe(1))
 
     # the hot path ------------------------------------------------------------------
@@ -478,7 +399,7 @@ class Tracer:
                 ins, outs, registered, device_key, inplace_bytes, out_bytes = collected
                 layout = 0
             else:  # the Python path: rare tensors (subclasses, sparse, nested), collectives, or no compiled collector
-                ins, outs, registered, layout = self._collect_python(info, args, kwargs, out)
+                ins, outs, registered, layout = self._python.collect(info, args, kwargs, out, rows.sides)
                 device_key = None
                 inplace_bytes = out_bytes = 0
                 if info.written_positions:
@@ -563,72 +484,6 @@ class Tracer:
             self._device_keys[device_key] = device_id
         return device_id
 
-    def _collect_python(self, info, args, kwargs, out):
-        """(inputs, outputs, registered bytes after the inputs, layout id) of one op, with each tensor's
-        ndim, dtype id, storage id and storage bytes appended to its side's buffers, and its sizes and
-        strides to theirs (RowBuffer.sides): what the compiled collector (tracer/native/_collector.cpp) does in one call."""
-        sides = self._rows.sides
-        storages = self._storages
-        known = storages._by_cdata.get
-        size_of = storages.size.__getitem__
-        dtype_of = self._dtype_ids.get
-        collective = info.collective
-        if collective is not None:
-            ins, outs = collective.tensors(args, kwargs, out)
-        else:
-            ins = _tensors(args, kwargs)
-            if isinstance(out, Tensor):
-                outs = (out,)
-            elif isinstance(out, (list, tuple)):
-                outs = [o for o in out if isinstance(o, Tensor)]
-            elif out is None and info.written_positions:  # returns nothing: its outputs are what it wrote
-                outs = [t for t, _ in info.written(args, kwargs)]
-            else:
-                outs = ()
-        registered = storages.registered_bytes
-        layout = 0
-        for side, group in enumerate((ins, outs)):
-            if side:  # storages first seen as outputs were made by this op; inputs existed before
-                registered = storages.registered_bytes
-            tensors, sizes, strides = sides[side]
-            for t in group:
-                if t.layout is not STRIDED:  # sparse, jagged: tracer.flops.layouts
-                    layout = self._odd_tensor(t, layout, sides[side])
-                    continue
-                try:
-                    shape = t.shape
-                except RuntimeError:  # a strided nested tensor has no sizes
-                    layout = self._odd_tensor(t, layout, sides[side])
-                    continue
-                sid = known(_storage_key(t))
-                if sid is None:
-                    sid = self._register(t)
-                dtype = dtype_of(t.dtype)
-                if dtype is None:
-                    dtype = self._new_dtype(t.dtype)
-                extend(tensors, len(shape), dtype, sid, size_of(sid))
-                extend(sizes, *shape)
-                extend(strides, *t.stride())
-        return ins, outs, registered, layout
-
-    def _register(self, t):
-        """The id of a tensor's storage, seen for the first time (both collectors call this)."""
-        st = t.untyped_storage()
-        return self._storages.register(st) if type(t) is Tensor else register_subclass(self._storages, t, st)
-
-    def _odd_tensor(self, t, layout, side):
-        """Append a sparse or nested tensor's record to its `side` (RowBuffer.sides); the row's layout id (its
-        first odd layout)."""
-        name, sizes, strides, sid = describe(t, self._storages)
-        dtype = self._dtype_ids.get(t.dtype)
-        if dtype is None:
-            dtype = self._new_dtype(t.dtype)
-        size = self._storages.size.get(sid, 0)
-        extend(side[0], len(sizes), dtype, sid, size)
-        extend(side[1], *sizes)
-        extend(side[2], *strides)
-        return layout or self._writer.names["layout"].id(name)
-
     def _collective(self, op, args, kwargs, out, outs, start, duration, device):
         """(comm_bytes, group_size, process-group name id) of a collective row; tracks its completion."""
         comm_bytes, group_size, group = op.describe(args, kwargs)
@@ -655,40 +510,6 @@ class Tracer:
                 self._first_device(device, tensor)  # a model's device, else the first device that is not the CPU
         device_id = self._device_ids[device] = self._writer.names["device"].id(name)
         return device_id
-
-    def _external_module(self, module):
-        """A module outside model= ran: its parameters get the storage role external_parameter."""
-        own = {id(p) for p in self.model.parameters()} if self.model is not None else set()
-        for p in module.parameters():
-            if id(p) not in own:
-                self._storages.id_of(p.untyped_storage())
-                self._roles.add("external_parameter", p)
-
-    def _optimizer_started(self, optimizer):
-        """An optimizer's step begins: its parameters' gradients get their role. An optimizer of the model's parameters
-        that entry did not find (tracer.recording.metadata LiveOptimizers) but whose state was alive then is named: its
-        state counts in live_bytes only from its first op on."""
-        params = [p for g in optimizer.param_groups for p in g["params"]]
-        self._roles.gradients(params)
-        if self._entry_optimizers is None or id(optimizer) in self._entry_optimizers:
-            return
-        self._entry_optimizers.add(id(optimizer))  # asked once per optimizer
-        if not any(id(p) in self._model_param_ids for p in params):
-            return  # not the model's: its state is never registered at entry (register_at_entry)
-        unseen = {}
-        for value in state_tensors(optimizer):
-            try:
-                storage = distributed.local_tensor(value).untyped_storage()
-            except Exception:  # no storage (sparse, nested): never registered at entry either
-                continue
-            if self._storages.known(storage) is None:
-                unseen[storage._cdata] = storage.nbytes()
-        if unseen:
-            late = sum(unseen.values())
-            self._state_found_late += late  # the metadata's optimizer_state_found_late
-            warn(f"optrace: the state of optimizer {type(optimizer).__name__} ({late:,} bytes in {len(unseen)} "
-                 "storage(s)) was alive when the Tracer was entered but was not found then; live_bytes before its "
-                 "step does not count it")
 
     def _signal_due(self):
         """The compiled hook's call once the row it made while a SIGTERM came is whole (tracer.recording.signals)."""
@@ -727,28 +548,8 @@ class Tracer:
         return written
 
     def _write(self, rows, meta):
-        """Write one part. A failed write loses its rows (seq keeps counting; their storage
-        roles are kept), warns once naming the file and the OS error, and never raises into
-        the program; a KeyboardInterrupt mid-write keeps the rows for close and goes on up.
-        A forked child writes nothing."""
-        if self._in_child():
-            return False
-        file = self._writer.next_part()
-        try:
-            self._writer.write(rows, meta)
-        except Exception as exc:
-            self._lost_rows += len(rows)
-            self._roles.put_back(meta["storage_roles"])
-            if self._write_error is None:
-                self._write_error = f"{os.path.basename(file)}: {describe_exception(exc)}"
-                warn(write_failure_message(file, exc, len(rows)))
-            return False
-        except BaseException:
-            self._pending.append((rows, meta))
-            raise
-        if not self._closed:  # at close, _merge makes one part of them all
-            self._merge(self._writer.roll)
-        return True
+        """Write one part (TraceOutput.write): during the run, the small parts due are merged after it."""
+        return self._output.write(rows, meta, roll=not self._closed)
 
     def _close(self, complete):
         self._steps.finish(self._attr.trained)
@@ -766,10 +567,8 @@ class Tracer:
             self._meta["process_groups"] = groups
         self._closed = True
         try:
-            pending, self._pending = self._pending, []
-            for rows, meta in pending:  # parts a KeyboardInterrupt stopped mid-write
-                self._write(rows, meta)
-            self._meta["complete"] = complete and not self._lost_rows and "signal" not in self._meta
+            self._output.write_pending()  # parts a KeyboardInterrupt stopped mid-write
+            self._meta["complete"] = complete and not self._output.lost_rows and "signal" not in self._meta
             rows = self._rows
             if not self._flush() and len(rows):  # the last rows are lost: write the facts alone, if space allows
                 self._meta["complete"] = False
@@ -780,31 +579,23 @@ class Tracer:
             self._writer.close(self._facts())
 
     def _merge(self, merge=None):
-        """Many small parts become fewer during the run and one at close (tracer.store.writer SmallParts). A
-        failure keeps them, warns and stops the merging for this trace."""
-        if self._lost_rows or self._in_child():
-            return
-        try:
-            (merge or self._writer.merge_parts)()
-        except Exception as exc:
-            self._writer.small.stop()
-            warn(f"optrace: trace {self._writer.directory!r}: merging its small parts failed "
-                 f"({describe_exception(exc)}); nothing is lost: optrace reads the parts as they are")
+        """Merge the small parts (TraceOutput.merge): `merge`, else all of them into one at close."""
+        self._output.merge(merge)
 
     def _facts(self):
         """What the marker keeps when every part write fails: enough to report the damage."""
         return {
             "format": "optrace", "trace_id": self.trace_id, "complete": bool(self._meta.get("complete")),
-            "rows": self._rows.first_seq + len(self._rows), "lost_rows": self._lost_rows,
-            "record_errors": self._errors, "write_error": self._write_error, "parts": self._writer.parts,
+            "rows": self._rows.first_seq + len(self._rows), "lost_rows": self._output.lost_rows,
+            "record_errors": self._errors, "write_error": self._output.write_error, "parts": self._writer.parts,
         }
 
     def _metadata(self):
         meta = dict(self._meta)
         meta["rows"] = self._writer.rows + len(self._rows)
         meta["record_errors"] = self._errors
-        meta["lost_rows"] = self._lost_rows
-        meta["write_error"] = self._write_error
+        meta["lost_rows"] = self._output.lost_rows
+        meta["write_error"] = self._output.write_error
         meta["timing"] = {"mode": self._timer.name, "unresolved_rows": getattr(self._timer, "failed", 0)}
         if self._hot is not None:  # how many rows the compiled hook wrote itself; Python the others
             meta["collector"] = {**self._collector_facts, "compiled_rows": self._hot.recorded()}
@@ -813,7 +604,7 @@ class Tracer:
         meta["untraced_optimizer_steps"] = self._attr.untraced_optimizer_steps  # tracer.recording.attribution
         meta["optimizer_params"] = sum(self._attr.updated.values())  # the parameter elements optimizer steps updated
         meta["cycles_without_step"] = self._steps.cycles_without_step()  # tracer.recording.steps
-        meta["optimizer_state_found_late"] = self._state_found_late
+        meta["optimizer_state_found_late"] = self._optimizers.found_late
         regions = self._eager.facts()  # compiled regions run eagerly so far (tracer.recording.compiled EagerCompiled)
         if regions is not None:
             meta["compiled_regions_eager"] = regions
@@ -838,5 +629,6 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 
 # a SIGTERM inside these is held until they are done: a row or a part is half made there, or the hooks half on or
 # off (a Meter's pause and resume) (tracer.recording.signals)
-unsafe(Tracer._record, Tracer._collect_python, Tracer._flush, Tracer._write, Tracer._close, Tracer._exit,
-       Tracer._merge, Tracer._late_update, Tracer._pause, Tracer._resume)
+unsafe(Tracer._record, PythonCollector.collect, Tracer._flush, Tracer._write, Tracer._close, Tracer._exit,
+       Tracer._merge, Tracer._late_update, Tracer._pause, Tracer._resume, TraceOutput.write, TraceOutput.write_pending,
+       TraceOutput.merge, TraceOutput.late_part)

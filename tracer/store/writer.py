@@ -25,6 +25,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from tracer.store.arrow_arrays import from_numpy, strings
 from tracer.store.directory import Held, prepare_directory, release_directory, temporary_name, write_facts  # noqa: F401 (re-exported)
 from tracer.schema import (  # ARROW_SCHEMA_KEY: re-exported
     ARROW_SCHEMA,
@@ -57,7 +58,7 @@ class Names:
         return i
 
     def dictionary(self, indices):
-        return pa.DictionaryArray.from_arrays(pa.array(indices, pa.int32()), pa.array(self.names, pa.string()))
+        return pa.DictionaryArray.from_arrays(from_numpy(indices.astype(np.int32, copy=False)), strings(self.names))
 
 
 def _np(buffer, dtype):
@@ -68,7 +69,7 @@ def _offsets(counts):
     """Arrow list offsets from per-list lengths: [2, 0, 3] -> [0, 2, 2, 5]."""
     offsets = np.zeros(len(counts) + 1, np.int32)
     np.cumsum(counts, out=offsets[1:])
-    return pa.array(offsets)
+    return from_numpy(offsets)
 
 
 def _lists(counts, values):
@@ -142,15 +143,15 @@ class _Side:
         """(shapes, dtypes, strides, storage ids): this side's list columns (the outputs' storage bytes: `per_tensor`)."""
         offsets = _offsets(self.ndim)
         return (
-            _lists(self.counts, pa.ListArray.from_arrays(offsets, pa.array(self.sizes))),
+            _lists(self.counts, pa.ListArray.from_arrays(offsets, from_numpy(self.sizes))),
             _lists(self.counts, names["dtype"].dictionary(self.dtype.astype(np.int32))),
-            _lists(self.counts, pa.ListArray.from_arrays(offsets, pa.array(self.strides))),
+            _lists(self.counts, pa.ListArray.from_arrays(offsets, from_numpy(self.strides))),
             self.per_tensor(self.sid),
         )
 
     def per_tensor(self, values):
         """A list column of `values`, one per tensor of this side, each row's list its tensors'."""
-        return _lists(self.counts, pa.array(values))
+        return _lists(self.counts, from_numpy(values))
 
 
 class RowBuffer:
@@ -252,11 +253,11 @@ class RowBuffer:
         causal = col["causal"]
 
         def nullable(values):
-            return pa.array(values, mask=values == NO_VALUE)
+            return from_numpy(values, mask=values == NO_VALUE)
 
         columns = {
-            "seq": pa.array(np.arange(self.first_seq, self.first_seq + n, dtype=np.int64)),
-            "step": pa.array(col["step"]),
+            "seq": from_numpy(np.arange(self.first_seq, self.first_seq + n, dtype=np.int64)),
+            "step": from_numpy(col["step"]),
             "op": names["op"].dictionary(col["op"].astype(np.int32)),
             "phase": names["phase"].dictionary(col["phase"].astype(np.int32)),
             "module": names["module"].dictionary(col["module"].astype(np.int32)),
@@ -269,29 +270,29 @@ class RowBuffer:
             "device": names["device"].dictionary(col["device"].astype(np.int32)),
             "input_storage_ids": ins[3],
             "output_storage_ids": outs[3],
-            "freed_storage_ids": _lists(col["freed"], pa.array(_np(self.freed, np.int64))),
-            "is_view": pa.array(is_view),
-            "inplace": pa.array(inplace),
-            "flops": pa.array(flops),
+            "freed_storage_ids": _lists(col["freed"], from_numpy(_np(self.freed, np.int64))),
+            "is_view": from_numpy(is_view),
+            "inplace": from_numpy(inplace),
+            "flops": from_numpy(flops),
             "flop_kind": names["kind"].dictionary(col["kind"].astype(np.int32)),
-            "causal": pa.array(causal == 1, mask=causal == CAUSAL_NONE),
-            "bytes_allocated": pa.array(col["bytes_allocated"]),
-            "live_bytes": pa.array(col["live_bytes"]),
-            "bytes_read": pa.array(bytes_read),
-            "bytes_written": pa.array(bytes_written),
-            "duration_ns": pa.array(col["duration_ns"]),
-            "recompute": pa.array(col["recompute"].astype(bool)),
+            "causal": from_numpy(causal == 1, mask=causal == CAUSAL_NONE),
+            "bytes_allocated": from_numpy(col["bytes_allocated"]),
+            "live_bytes": from_numpy(col["live_bytes"]),
+            "bytes_read": from_numpy(bytes_read),
+            "bytes_written": from_numpy(bytes_written),
+            "duration_ns": from_numpy(col["duration_ns"]),
+            "recompute": from_numpy(col["recompute"].astype(bool)),
             "output_storage_bytes": output_storage_bytes,
-            "start_ns": pa.array(col["start"] + clock_offset_ns),
+            "start_ns": from_numpy(col["start"] + clock_offset_ns),
             "busy_ns": nullable(col["busy_ns"]),
             "layout": names["layout"].dictionary(col["layout"].astype(np.int32)),
             "comm_bytes": nullable(col["comm_bytes"]),
             "group_size": nullable(col["group_size"]),
             "process_group": names["process_group"].dictionary(col["process_group"].astype(np.int32)),
-            "flops_bound": pa.array(col["bound"].astype(bool)),
+            "flops_bound": from_numpy(col["bound"].astype(bool)),
             "group_sizes": pa.ListArray.from_arrays(
-                _offsets(np.maximum(col["groups"], 0)), pa.array(_np(self.groups, np.int64)),
-                mask=pa.array(col["groups"] == NO_VALUE)),
+                _offsets(np.maximum(col["groups"], 0)), from_numpy(_np(self.groups, np.int64)),
+                mask=from_numpy(col["groups"] == NO_VALUE)),
             "grad_mode": names["grad_mode"].dictionary(col["grad_mode"].astype(np.int32)),
         }
         blob = json.dumps(metadata, default=str, separators=(",", ":")).encode()
