@@ -1,6 +1,6 @@
 """Review of the mixture-of-experts accounting: an expert that no token was routed to in a step.
 
-tests/test_moe.py's TinyMoE (router + top-2 of 4 experts, D = 8, F = 16, T = 16) with per-expert nn.Linear
+tests/reports/flops/test_moe.py's TinyMoE (router + top-2 of 4 experts, D = 8, F = 16, T = 16) with per-expert nn.Linear
 modules, run the common way: a loop over experts that skips an expert with no token. The router sends no
 token to expert 3 (feature 0 of every token is 3, and expert 3's router row is -100 there), so expert 3's
 up and down weights enter no matmul in the step.
@@ -9,7 +9,7 @@ up and down weights enter no matmul in the step.
 import torch
 
 import reports
-from tests.test_moe import D, E, K, T, TinyMoE
+from tests.reports.flops.test_moe import D, E, K, T, TinyMoE
 from tracer import Tracer
 
 

@@ -116,7 +116,7 @@ def test_pftrace_cumulative_flops_past_int64(tmp_path):
     # which Perfetto's int64 counter_value cannot hold: that value and the later ones go as double_counter_value
     pytest.importorskip("perfetto.trace_builder.proto_builder")
     from perfetto.protos.perfetto.trace.perfetto_trace_pb2 import Trace
-    from test_overflow import PER_MATMUL, TOKENS, D, Matmuls
+    from tests.reports.test_overflow import PER_MATMUL, TOKENS, D, Matmuls
 
     from reports.output.export import export_trace
 

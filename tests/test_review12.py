@@ -40,7 +40,7 @@ def functional_loop(iters):
 def test_a_functional_forward_that_begins_with_zeros_like_of_a_parameter_opens_its_step(tmp_path):
     """Before: each iteration's zeros_like(w) was phase other in the step before (step 0 had two, the last none):
     k identical iterations gave unequal steps. zeros_like(loss) after the optimizer stays other
-    (tests/test_loops_review.py): the loss is no leaf, w is."""
+    (tests/tracer/recording/test_step_boundaries.py): the loss is no leaf, w is."""
     run_one, run_three = functional_loop(1), functional_loop(3)
     with Tracer(tmp_path / "one"):
         run_one()

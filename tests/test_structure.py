@@ -12,8 +12,9 @@ import ast
 import subprocess
 import sys
 from pathlib import Path
+from tests import helpers
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = helpers.ROOT
 PACKAGES = ("reports", "tracer")
 BASE = {"reports", "reports.errors", "reports._util", "reports.steps"}
 LOADING = "reports.loading"
