@@ -15,6 +15,8 @@ from reports.errors import ReportError
 from reports.flops.mfu import mfu
 from reports.loading.load import load
 from tracer import Tracer
+import json
+from reports.output.cli import main
 
 
 def trace(path, model, dtype=None, run_name=None, steps=1):
@@ -146,3 +148,83 @@ def test_errors(runs):
         compare(runs.drop(columns="duration_ns"))
     with pytest.raises(ReportError, match=r"no such file or directory"):
         compare(["/nonexistent/trace.parquet"])
+
+
+# Keys that would collide with the whole-run "total" row: a model whose child module is named `total` (an attribute
+# `self.total = nn.Linear(8, 4)`) gives the compare-by-module key "total", the name of each run's whole-run row.
+class _Totals(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.total = nn.Linear(8, 4, bias=False)
+
+    def forward(self, x):
+        return self.total(x)
+
+
+def _trace(path, batch):
+    torch.manual_seed(0)
+    model = _Totals()
+    with Tracer(path, model=model, tokens=batch):
+        model(torch.randn(batch, 8)).sum().backward()
+    return path
+
+
+@pytest.fixture(scope="module")
+def totals(tmp_path_factory):
+    root = tmp_path_factory.mktemp("review")
+    return [_trace(root / "b2.parquet", 2), _trace(root / "b4.parquet", 4)]
+
+
+def test_a_module_named_total_is_its_own_key(totals):
+    table = compare(load(totals), by="module")
+    whole = table[table["module"] == "total"]
+    module = table[table["module"] == "total (module)"]
+    assert list(whole["run"]) == ["b2", "b4"] and list(module["run"]) == ["b2", "b4"]
+    # the Linear's forward mm: 2 * batch * 8 * 4 FLOPs = 128 (batch 2), 256 (batch 4); its weight gradient
+    # mm in the backward is as many (the input needs no gradient): 256 and 512 per step, x 2.0
+    assert list(module["flops_per_step"]) == [256.0, 512.0]
+    assert list(module["flops_ratio"]) == [1.0, 2.0]
+    # the whole run adds the sum (2 * 4 = 8 and 4 * 4 = 16 FLOPs): 264 and 528
+    assert list(whole["flops_per_step"]) == [264.0, 528.0]
+
+
+@pytest.mark.parametrize("engine", ["sql", "pandas"])
+def test_the_cli_compares_a_module_named_total(totals, capsys, engine):
+    main(["compare", *map(str, totals), "--by", "module", "--json", "--engine", engine])
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    module = [r for r in rows if r["module"] == "total (module)"]
+    assert [r["flops_per_step"] for r in module] == [256, 512]  # as above
+
+
+def _loop(path, steps, batch):
+    """The usual loop: the batch made at the top of each iteration (phase other, in the step before)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with Tracer(path, model=model, tokens=batch):
+        for _ in range(steps):
+            model(torch.randn(batch, 8)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+    return path
+
+
+@pytest.fixture(scope="module")
+def loops(tmp_path_factory):
+    root = tmp_path_factory.mktemp("loops")
+    return [_loop(root / "s2.parquet", 2, 4), _loop(root / "s3.parquet", 3, 8)]
+
+
+@pytest.mark.parametrize("engine", ["sql", "pandas"])
+def test_the_data_of_each_iteration_is_one_per_step_whatever_the_steps_traced(loops, capsys, engine):
+    # k iterations make k randn batches; the step rule puts the first two in step 0 (the second runs after
+    # step 0's optimizer, before step 1's forward), so "other" has rows in k - 1 steps. Per step it must be
+    # one randn, not k / (k - 1) of one (2 at k = 2, 1.5 at k = 3, as it was).
+    main(["compare", *map(str, loops), "--json", "--engine", engine])
+    rows = {(r["phase"], r["run"]): r for r in json.loads(capsys.readouterr().out)["rows"]}
+    assert rows["other", "s2"]["ops_per_step"] == 1 and rows["other", "s3"]["ops_per_step"] == 1
+    # randn(4, 8) and randn(8, 8) in float32: 4 * 8 * 4 = 128 and 8 * 8 * 4 = 256 bytes, x 2.0
+    assert rows["other", "s2"]["bytes_allocated_per_step"] == 128 and rows["other", "s3"]["bytes_allocated_per_step"] == 256
+    assert rows["other", "s3"]["bytes_allocated_ratio"] == 2
+    # a step is 34 ops at either batch and step count: 1 randn + 8 forward + 21 backward + 4 SGD add_
+    assert rows["total", "s2"]["ops_per_step"] == 34 and rows["total", "s3"]["ops_per_step"] == 34

@@ -223,5 +223,5 @@ def test_per_step_sums_before_it_divides():
     cut = rows.iloc[:-2]  # step 2 lost its backward and other rows
     assert per_step(cut, mask=cut["phase"] == "backward") == 2.0
     # "other" runs in the step it follows (a loop's next batch after the optimizer): it is averaged over at
-    # least the run's 3 training steps (tests/test_reports_review.py)
+    # least the run's 3 training steps (tests/reports/test_compare.py)
     assert phase_steps(cut) == {"forward": 3, "backward": 2, "other": 3}

@@ -13,6 +13,10 @@ from reports.errors import ReportError
 from reports.loading.load import load
 from reports.memory.views import copies, is_copy, views
 from tracer import Tracer
+import json
+import re
+from reports.output.cli import main
+from tests.reports.test_compare import loops  # noqa: F401 (a module-scoped fixture: 2- and 3-step loops)
 
 
 class Line(nn.Module):
@@ -125,3 +129,17 @@ def test_errors(trace):
         copies(trace.drop(columns="module"))
     with pytest.raises(ReportError, match=r"expected a DataFrame returned by reports.load"):
         views(pd.DataFrame(trace))
+
+
+@pytest.mark.parametrize("engine", ["sql", "pandas"])
+def test_views_and_copies_say_they_are_totals(loops, capsys, engine):
+    # the 2-step loop: per step 9 t + 6 detach + 2 view + 1 expand = 18 views; the section sums all steps,
+    # 18 * 2 = 36, so its title and --json say "totals over all 2 step(s)" as the top modules' do
+    main(["report", str(loops[0]), "--engine", engine])
+    out = capsys.readouterr().out
+    assert "\nViews (no new memory) vs copies, totals over all 2 step(s)\n" in out
+    assert re.search(r"^view\s+36\s+0 B$", out, re.M)
+    main(["report", str(loops[0]), "--json", "--engine", engine])
+    views = json.loads(capsys.readouterr().out)["views"]
+    assert views["unit"] == "totals over all traced steps"
+    assert views["kinds"] == [{"kind": "view", "ops": 36, "bytes_allocated": 0}]

@@ -15,6 +15,7 @@ import reports
 from reports.errors import ReportError
 from reports.output.cli import main
 from reports.output.export import export_chrome, export_trace
+from tests.reports.test_compare import loops  # noqa: F401 (a module-scoped fixture: 2- and 3-step loops)
 from tracer import Tracer
 from tracer.schema import read_part, ARROW_SCHEMA, METADATA_KEY, SCHEMA_VERSION, V2_DEFAULTS, part_name, part_paths
 
@@ -311,3 +312,38 @@ def test_export_pftrace_without_perfetto(traced, tmp_path, monkeypatch):
     with pytest.raises(ReportError, match=r"export: \.pftrace needs the perfetto package, which is not installed"):
         export_trace(traced, tmp_path / "x.pftrace")
     assert not (tmp_path / "x.pftrace").exists()
+
+
+def test_pftrace_cumulative_flops_past_int64(tmp_path):
+    # test_overflow's 405B-shaped matmuls on meta tensors: 400 x 29,273,397,577,908,224 FLOPs; the running
+    # total passes int64 at the 316th (316 x 29,273,397,577,908,224 = 9,250,393,634,618,998,784 > 2**63 - 1),
+    # which Perfetto's int64 counter_value cannot hold: that value and the later ones go as double_counter_value
+    pytest.importorskip("perfetto.trace_builder.proto_builder")
+    from perfetto.protos.perfetto.trace.perfetto_trace_pb2 import Trace
+    from tests.reports.test_overflow import PER_MATMUL, TOKENS, D, Matmuls
+
+    from reports.output.export import export_trace
+
+    model = Matmuls()
+    with Tracer(tmp_path / "t", model=model, tokens=TOKENS):
+        model(torch.empty(TOKENS, D, device="meta"))
+    out = tmp_path / "t.pftrace"
+    export_trace(tmp_path / "t", out)
+    events = [p.track_event for p in Trace.FromString(out.read_bytes()).packet if p.HasField("track_event")]
+    values = [e.counter_value if e.HasField("counter_value") else e.double_counter_value
+              for e in events if e.HasField("counter_value") or e.HasField("double_counter_value")]
+    flops = [v for v in values if v >= PER_MATMUL]  # the cumulative FLOPs counter (live bytes stay far below)
+    assert len(flops) == 400 and flops[314] == 315 * PER_MATMUL  # exact while it fits int64
+    assert flops[-1] == float(400 * PER_MATMUL)  # 11,709,359,031,163,289,600, as a double
+
+
+@pytest.mark.parametrize("name", ["t.json", "t.json.gz"])
+def test_export_refuses_to_write_inside_the_trace(loops, tmp_path, capsys, name):
+    # a file left in the trace directory makes the trace unreadable ("not an optrace part ... move it out")
+    trace = tmp_path / "copy"
+    shutil.copytree(loops[0], trace)
+    assert main(["export", str(trace), "-o", str(trace / name)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (f"optrace export: error: the output {str(trace / name)!r} is inside the trace {str(trace)!r}, "
+                   "which holds only the tracer's files: write it elsewhere")
+    assert sorted(p.name for p in trace.iterdir()) == sorted(p.name for p in loops[0].iterdir())  # nothing added

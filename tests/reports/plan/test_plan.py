@@ -23,6 +23,7 @@ from reports.output.cli import main
 from tracer import Tracer
 
 from tests.tracer.distributed.test_job import simulate  # the same 4-unit FSDP2 job
+from torch import nn
 
 GiB = 2**30
 H100_MEMORY = 80 * GiB  # 85,899,345,920
@@ -373,3 +374,49 @@ def test_a_group_is_placed_by_its_ranks():
         assert collective_cost("broadcast", 2**20, w, h100, 8, DEFAULTS, ranks)[3] == pytest.approx(latency, rel=1e-12)
     # the others: W steps, none across nodes on one node (all-to-all on 4 consecutive ranks: 8.4 + 4 x 3.4 = 22 us)
     assert collective_cost("all_to_all", 2**20, 4, h100, 8, DEFAULTS)[3] == pytest.approx(22.0e-6, rel=1e-12)
+
+
+def test_plan_micro_batch_keeps_weight_reads_fixed(tmp_path):
+    with torch.device("meta"):
+        lin = nn.Linear(4096, 4096, bias=False, dtype=torch.bfloat16)
+        x = torch.empty(1, 4096, dtype=torch.bfloat16)
+    with Tracer(tmp_path / "m", model=lin, tokens=1):
+        lin(x)
+    df = reports.load(tmp_path / "m")
+    for b in (1, 8, 64):
+        # (33,554,432 weight bytes + b x 16,384 activation bytes) / (3.35e12 x 0.8): 12.53, 12.57, 12.91 us
+        # (scaling the weight too gave 12.53, 100.21, 801.69 us)
+        row = reports.plan(df, "H100", micro_batch=b).iloc[0]
+        assert row["memory_bound_s"] == pytest.approx((33_554_432 + b * 16_384) / (3.35e12 * 0.8), rel=1e-9)
+
+
+def test_plan_prices_a_strided_group_across_nodes(tmp_path):
+    import torch.distributed as dist
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=64)
+    try:
+        mesh = init_device_mesh("cpu", (8, 8), mesh_dim_names=("replicate", "shard"))
+        with FakeTensorMode():
+            model = nn.Sequential(nn.Linear(64, 64, bias=False))
+            fully_shard(model, mesh=mesh)
+            with Tracer(tmp_path / "h", model=model, tokens=8):
+                model(torch.randn(8, 64)).sum().backward()
+    finally:
+        dist.destroy_process_group()
+    df = reports.load(tmp_path / "h")
+    plan = reports.plan(df, "H100", overlap="none").iloc[0]
+    ar = df[df["op"].astype(str).str.contains("allreduce")]
+    rs = df[df["op"].astype(str).str.contains("reduce_scatter")]
+    ag = df[df["op"].astype(str).str.contains("allgather")]
+    assert len(ar) == 1 and len(rs) == 1 and len(ag) == 1
+    # the all-reduce's 8 ranks sit on 8 nodes, one GPU each: min(450e9, 1 x 50e9) x 0.8 = 40e9 B/s, 2·7 ring steps
+    # all across nodes: 8.4 + 14 x 9.6 = 142.8 us; the shard group (one node): NVLink 360e9 B/s, 8.4 + 7 x 3.4 us
+    s = float(ar["comm_bytes"].iloc[0])
+    want = 8.4e-6 + 14 * 9.6e-6 + s * 2 * 7 / 8 / 40e9
+    for c in (rs, ag):
+        want += 8.4e-6 + 7 * 3.4e-6 + float(c["comm_bytes"].iloc[0]) * 7 / 8 / 360e9
+    assert plan["comm_s"] == pytest.approx(want, rel=1e-9)  # 207.4 us (120.5 us with the all-reduce inside a node)

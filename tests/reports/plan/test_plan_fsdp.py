@@ -1,4 +1,4 @@
-"""Review of the planning path (reports.plan on meta, fake and simulated FSDP2 traces): figures
+"""The planning path (reports.plan on meta, fake and simulated FSDP2 traces): figures
 checked against closed forms, defects pinned by their exact bytes.
 
 The job: tests/tracer/distributed/test_job.py's simulate, rank 0 of a W = 8 FSDP2 job of 4 bias-free fp32

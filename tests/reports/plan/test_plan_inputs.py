@@ -1,4 +1,4 @@
-"""reports.plan on what an audit found wrong: what the optimizer makes, the traced batch, an
+"""What reports.plan reads from a trace and its inputs: what the optimizer makes, the traced batch, an
 incomplete trace, a trace without model=, assumptions out of range, allowances, steady steps.
 
 AdamW below is one bias-free fp32 Linear(1024, 1024) on the meta device, x [batch, 1024],

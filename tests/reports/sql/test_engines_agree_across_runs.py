@@ -1,4 +1,4 @@
-"""Second review of the SQL engine (`--engine sql`, the default) against the pandas reference (`--engine pandas`):
+"""The SQL engine (`--engine sql`, the default) against the pandas reference (`--engine pandas`):
 traces of several runs or ranks where one run cannot be read, or lacks a column, and Trace.first_run. Each trace is
 damaged by hand as test_damage.py does it; both engines must give the same exit code, stdout and stderr."""
 

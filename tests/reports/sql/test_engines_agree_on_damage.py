@@ -1,4 +1,4 @@
-"""Review of the SQL engine (`--engine sql`, the default) against the pandas reference (`--engine pandas`): traces
+"""The SQL engine (`--engine sql`, the default) against the pandas reference (`--engine pandas`): traces
 where the two printed different text or errors. Each trace is damaged by hand the way test_damage.py does it, and
 `optrace report` (text and --json) must give the same exit code, stdout and stderr from both engines."""
 

@@ -1,4 +1,4 @@
-"""Review of distributed traces on real gloo process groups of 2 CPU ranks: DDP over k steps,
+"""Distributed training styles traced on real gloo process groups of 2 CPU ranks: DDP over k steps,
 gradient accumulation under no_sync, tensor parallelism, a rank that raises, a forked child.
 
 Model: Linear(8, 16) and Linear(16, 4), no biases, fp32: N = 128 + 64 = 192 weights, 768 bytes

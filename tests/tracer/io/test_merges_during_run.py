@@ -1,4 +1,4 @@
-"""Review of the merges during the run (tracer/writer.py SmallParts, PartWriter.roll): a kill or a Ctrl-C at
+"""The merges of small parts during the run (tracer/writer.py SmallParts, PartWriter.roll): a kill or a Ctrl-C at
 any point of a merge, copies of parts, a reader racing the tracer, the storage roles of merged parts.
 
 SmallParts.FANOUT is made 2 or 4 here so that a few one-row parts (`flush_rows=1`) make levels of merged

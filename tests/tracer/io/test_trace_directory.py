@@ -3,11 +3,9 @@ files where optrace reads, and paths the writer or the readers cannot use (trace
 
 import hashlib
 import os
-import re
 import shutil
 import subprocess
 import sys
-import textwrap
 
 import pytest
 import torch
@@ -283,3 +281,32 @@ def test_a_trace_path_that_is_not_utf8_is_one_line_for_the_readers(tmp_path):
         reports.load(path)
     assert str(raised.value) == (f"{tmp_path}/run\\udcff: the path is not valid UTF-8, and the Parquet readers "
                                  "(pyarrow, DuckDB) open files by UTF-8 paths; rename it")
+
+
+def test_an_interrupted_marker_write_leaves_no_empty_marker(tmp_path, monkeypatch):
+    """The first marker is written to a temporary renamed into place: an interrupt leaves no 0-byte
+    _optrace.parquet (DuckDB refuses one) and no temporary."""
+    import tracer.directory as directory
+
+    def interrupted(text):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(directory, "marker_file", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        with Tracer(tmp_path / "t"):
+            pass
+    marker = tmp_path / "t" / "_optrace.parquet"
+    assert not marker.exists() or os.path.getsize(marker) > 0
+    assert not (tmp_path / "t" / "._optrace.parquet.tmp").exists()
+
+
+def test_a_marker_temporary_left_by_a_kill_is_optraces(tmp_path):
+    # a kill between writing the temporary and renaming it leaves `._optrace.parquet.tmp`: the path is
+    # still optrace's to replace, and the new trace leaves no temporary behind
+    path = tmp_path / "t"
+    path.mkdir()
+    (path / "._optrace.parquet.tmp").write_bytes(b"PAR1 cut")
+    with Tracer(path):
+        torch.ones(2) + 1
+    assert sorted(os.listdir(path)) == ["_optrace.parquet", "part-000000.parquet"]  # the lock goes at close
+    assert reports.load(path)["op"].tolist() == ["aten.ones.default", "aten.add.Tensor"]

@@ -1,5 +1,5 @@
-"""Second review of tracer.meter.Meter (signature by graph nodes, two traced steps): steps whose work changed where
-the new signature did not look."""
+"""tracer.meter.Meter's step signature (graph nodes, input shapes, nested offsets; two traced steps): steps whose work
+changed where a signature might not look, compiled models."""
 
 import pytest
 import torch
@@ -8,6 +8,9 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from tracer.meter import Meter
+import warnings
+import torch.nn.functional as F
+from tracer.meter_flops import input_size, settled, signature
 
 PEAK = 1e9  # FLOP/s, given
 
@@ -137,3 +140,106 @@ def test_a_model_compiled_with_aot_autograd_is_metered_after_two_traces(tmp_path
     assert flops[6:] == [452, 452]  # batch 3: 2·3·8·4 = 192 + 12 + 12 + 12 + 192 + 32 = 452
     assert meter.errors == 0
     assert model.__dict__.get("_compiled_call_impl") is None or model._compiled_call_impl.__name__ != "call"
+
+
+# Model FLOPs per step of DictNet and LoopNet at batch B (x needs no gradient, loss = fc(x).sum()):
+#   forward 2·B·8·8 + sum B·8, backward dW 2·B·8·8  ->  B = 2: 528, B = 16: 4,224
+class DictNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8, bias=False)
+
+    def forward(self, batch):
+        return self.fc(batch["x"]).sum()
+
+
+class LoopNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8, bias=False)
+
+    def forward(self, x, depth=1):
+        for _ in range(depth):
+            x = self.fc(x)
+        return x.sum()
+
+
+def _metered(path, net, calls):
+    m = Meter(path, model=net, peak_flops=1e9)
+    out = []
+    for call in calls:
+        call().backward()
+        net.zero_grad(set_to_none=True)
+        out.append(m.step()["model_flops"])
+    m.close()
+    return out
+
+
+def test_meter_sees_a_shape_change_inside_a_dict_batch(tmp_path):
+    torch.manual_seed(0)
+    net = DictNet()
+    xs = {2: torch.randn(2, 8), 16: torch.randn(16, 8)}
+    got = _metered(tmp_path / "d", net, [lambda b=b: net({"x": xs[b]}) for b in (2, 2, 16, 16)])
+    assert got[3] == 4224  # 2·16·64·2 + 16·8; the meter returns 528 (B = 2's)
+
+
+def test_meter_sees_a_module_called_more_times(tmp_path):
+    torch.manual_seed(0)
+    net = LoopNet()
+    x = torch.randn(2, 8)
+    got = _metered(tmp_path / "l", net, [lambda k=k: net(x, depth=k) for k in (1, 1, 4, 4)])
+    # depth 4: forward 4·(2·2·8·8) + sum 2·8, backward dW 4·256, dx 3·256 (x needs none) and the 4 dW summed
+    # into one gradient, 3·8·8: 1024 + 16 + 1024 + 768 + 192
+    assert got == [528, 528, None, 3024]  # the meter reused depth 1's 528
+
+
+# ------------------------------------------------------------------ jagged inputs of equal total length
+D = 8  # width; 2 heads of 4
+
+
+class JaggedAttention(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(D, D, bias=False)
+
+    def forward(self, x):
+        q = self.proj(x).unflatten(-1, (2, 4)).transpose(1, 2)
+        return F.scaled_dot_product_attention(q, q, q).transpose(1, 2).flatten(-2).values().sum()
+
+
+def test_jagged_batches_of_one_total_length_but_other_lengths_are_two_signatures(tmp_path):
+    """Sequences of lengths (2, 6) and (4, 4) pack into the same [8, 8] values. Before: one signature, so the third
+    step (2, 6) got the second's (4, 4) FLOPs, silently; now the offsets are in the signature."""
+    torch.manual_seed(0)
+    net = JaggedAttention()
+    opt = torch.optim.SGD(net.parameters(), lr=0.01)
+    figures = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # nested tensors are a prototype API
+        with Meter(tmp_path / "m", model=net, tokens=8, peak_flops=1e12) as meter:
+            for lengths in [(2, 6), (4, 4), (2, 6), (4, 4)]:
+                x = torch.nested.nested_tensor([torch.randn(n, D) for n in lengths], layout=torch.jagged)
+                net(x).backward()
+                opt.step()
+                opt.zero_grad()
+                figures.append(meter.step())
+    assert meter.errors == 0 and [f["flops_estimated"] for f in figures] == [False] * 4
+    # the two lengths differ only where a sequence's length is squared (2² + 6² = 40 against 4² + 4² = 32, 2 heads of
+    # width 4): q @ kᵀ and att @ v 2·2·4·2·(40 - 32) = 256, softmax 5·2·8 = 80, its backward 4·2·8 = 64, the two
+    # products' backward (matmul_backward, two gradients each) 4·2·2·4·(40 - 32) = 512: 912
+    # (the projection's backward on the jagged input is linear_backward: dL/dW 2·8·8·8 = 1,024 of each step's 7,062;
+    # the products' backward 4·2·2·4·40 = 2,560 of it)
+    assert [f["model_flops"] for f in figures] == [7062, 6150, 7062, 6150] and 7062 - 6150 == 256 + 80 + 64 + 512
+
+
+def test_a_jagged_signature_without_readable_offsets_keeps_the_packed_shape():
+    """Offsets without data (the meta device) cannot be read at step(): the signature keeps the packed shape, and
+    the step is metered, not failed."""
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        x = torch.nested.nested_tensor([torch.randn(2, 3), torch.randn(5, 3)], layout=torch.jagged)
+        on_meta = x.to("meta")
+    calls = settled([signature((x,), {}), signature((on_meta,), {})])
+    assert calls == (((torch.Size([7, 3]), torch.float32, (0, 2, 7)),), ((torch.Size([7, 3]), torch.float32, ()),))
+    assert input_size(calls) == (2 * 7 * 3, ((2, torch.float32), (2, torch.float32)))  # 2 x 21 packed elements

@@ -1,8 +1,6 @@
-"""Review of tracer.meter.Meter: steps whose work changed where the signature did not look, step(tokens=) given
-as a tensor, and the Lightning callback after an exception in the step."""
+"""tracer.meter.Meter's steps: work that changed where the signature did not look, step(tokens=) given as a tensor,
+step() after close and after a failure, a step begun again, a boundary before any work, a conv net's MFU."""
 
-import sys
-import types
 
 import numpy as np
 import pytest
@@ -15,7 +13,6 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import reports
 import tracer
-from tracer import meter as meter_module
 from tracer.errors import TraceError
 from tracer.meter import Meter
 
@@ -143,32 +140,6 @@ def test_step_tokens_that_are_no_count_are_one_line(tmp_path):
     assert tracer.read_metadata(tmp_path / "bad")["meter"]["steps"]["step"] == [0]
 
 
-def test_lightning_callback_closes_the_meter_when_the_step_raises(tmp_path, monkeypatch):
-    """Lightning calls `on_exception`, not `on_train_end`, when a step raises (Ctrl-C included): the meter must
-    come off then, not stay with its hooks and, in a traced step, the tracer's dispatch mode."""
-
-    class Callback:  # Lightning's base: every hook a no-op
-        def on_exception(self, trainer, pl_module, exception):
-            pass
-
-    callbacks = _stand_in_lightning(monkeypatch, "meter_callbacks_review", base=Callback)
-
-    before = _leftovers()
-    torch.manual_seed(0)
-    net = Net()
-    trainer = types.SimpleNamespace(accumulate_grad_batches=1)
-    cb = callbacks.LightningMeter(tmp_path / "pl", tokens=2, peak_flops=PEAK)
-    cb.on_train_start(trainer, net)
-    cb.on_train_batch_start(trainer, net, None, 0)
-    net(torch.randn(2, 8))
-    assert _leftovers() != before  # the first step is traced: hooks and the mode are in place
-    error = KeyboardInterrupt()
-    cb.on_exception(trainer, net, error)  # as Lightning's _call_and_handle_interrupt does
-    assert _leftovers() == before
-    meta = tracer.read_metadata(tmp_path / "pl")
-    assert meta["complete"] is False and meta["error"] == "KeyboardInterrupt: "
-
-
 class _CountOps(TorchDispatchMode):
     """A user's own dispatch mode: counts the ops it sees."""
 
@@ -220,40 +191,6 @@ def test_a_user_s_dispatch_mode_entered_after_the_meter_stays_on(tmp_path):
     assert [getattr(_python_dispatch, name) for name in _FLAGS] == [False] * 3
 
 
-def test_hf_callback_after_a_run_that_raised_starts_anew(tmp_path):
-    """Trainer calls no callback when a step raises: the next `trainer.train()` (a notebook's retry) began a second
-    Meter while the first was open, and Meter raised TraceError ('another Tracer is already active') into it."""
-    pytest.importorskip("transformers")
-    from transformers.trainer_callback import CallbackHandler, TrainerControl, TrainerState
-
-    from tracer.meter_callbacks import MeterCallback
-
-    before = _leftovers()
-    torch.manual_seed(0)
-    net = Net()
-    opt = torch.optim.SGD(net.parameters(), lr=0.1)
-    callback = MeterCallback(tmp_path / "hf", tokens=2, peak_flops=PEAK)
-    handler = CallbackHandler([callback], net, None, opt, None)
-    args, state, control = None, TrainerState(), TrainerControl()
-    control = handler.on_train_begin(args, state, control)
-    control = handler.on_step_begin(args, state, control)
-    with pytest.raises(RuntimeError, match="a bad batch"):
-        net(torch.randn(2, 8))
-        raise RuntimeError("a bad batch")  # Trainer.train raises out; on_train_end never runs
-    control = handler.on_train_begin(args, state, control)  # train() again
-    for _ in range(2):
-        control = handler.on_step_begin(args, state, control)
-        net(torch.randn(2, 8)).square().sum().backward()
-        opt.step()
-        opt.zero_grad()
-        control = handler.on_step_end(args, state, control)
-    handler.on_train_end(args, state, control)
-    assert _leftovers() == before
-    meta = tracer.read_metadata(tmp_path / "hf")  # the second run's trace, written over the first
-    assert meta["complete"] is True
-    assert reports.meter(tmp_path / "hf")["model_flops"].tolist() == [TRAIN_MODEL] * 2  # 1896: 948 · 2
-
-
 _UNKNOWN = {"step": None, "traced": False, "step_time_s": None, "tokens": None, "tokens_per_s": None,
             "model_flops": None, "hardware_flops": None, "flops_estimated": False, "mfu": None, "hfu": None}
 
@@ -301,90 +238,34 @@ def test_a_step_begun_again_is_traced_from_the_last_begin(tmp_path):
     assert [f["hardware_flops"] for f in found] == [TRAIN_HARDWARE] * 3
 
 
-def _epochs_of_5_batches(tmp_path, monkeypatch, name, **trainer):
-    """2 epochs of 5 batches, 2 accumulated, under LightningMeter: Lightning steps the optimizer after batches 1, 3
-    and 4 (the last batch ends the epoch's accumulation). The meter's table."""
-    callbacks = _stand_in_lightning(monkeypatch, name)
-
+# Model FLOPs per step of an 8 -> 8 bias-free Linear at batch B (x needs no gradient, loss = fc(x).sum()):
+#   forward 2·B·8·8 + sum B·8, backward dW 2·B·8·8  ->  B = 2: 528
+def test_meter_survives_a_step_boundary_before_any_work(tmp_path):
     torch.manual_seed(0)
-    net = Net()
-    net.log_dict = lambda values, **kwargs: None
-    opt = torch.optim.SGD(net.parameters(), lr=0.1)
-    trainer = types.SimpleNamespace(accumulate_grad_batches=2, is_last_batch=False, **trainer)
-    cb = callbacks.LightningMeter(tmp_path / name, tokens=4, peak_flops=PEAK)
-    cb.on_train_start(trainer, net)
-    for _epoch in range(2):
-        for i in range(5):
-            trainer.is_last_batch = i == 4
-            cb.on_train_batch_start(trainer, net, None, i)
-            net(torch.randn(2, 8)).square().sum().backward()
-            if i % 2 or i == 4:
-                opt.step()
-                opt.zero_grad()
-            cb.on_train_batch_end(trainer, net, None, None, i)
-    cb.on_train_end(trainer, net)
-    assert cb.meter.errors == 0
-    return reports.meter(tmp_path / name)
+    net = nn.Linear(8, 8, bias=False)
+    m = Meter(tmp_path / "e", model=net, peak_flops=1e9)
+    figures = []
+    for _ in range(4):
+        figures.append(m.step())  # the loop marks the boundary at the top of each iteration
+        net(torch.randn(2, 8)).sum().backward()
+        net.zero_grad(set_to_none=True)  # else each step's dW adds into the last: 8·8 more FLOPs
+    m.close()
+    assert m.errors == 0
+    assert [f["traced"] for f in figures] == [True, True, False, False]  # 0: empty; 1: the second step, traced too
+    assert [f["model_flops"] for f in figures] == [0, 528, 528, 528]  # 2·2·64·2 + 2·8; got None
 
 
-def test_lightning_callback_meters_the_short_step_at_an_epoch_s_end(tmp_path, monkeypatch):
-    """Without `num_training_batches` (an iterable dataset's unknown length) the short step cannot be told ahead.
-    Before the fix the step of batch 4 was never ended: it ran into the next epoch's first step."""
-    table = _epochs_of_5_batches(tmp_path, monkeypatch, "unknown_length")
-    assert table["step"].tolist() == [0, 1, 2, 3, 4, 5]  # 3 optimizer steps an epoch
-    # two micro-batches: 2 · 1896 + the second's gradients added into the first's 8·16 + 16·4 = 3984; batch 4's step
-    # alone (1896) is a new signature, and the step after it, of two micro-batches, is what gets traced: unknown
-    assert table["model_flops"].tolist()[:2] == [3984, 3984] and table["model_flops"].tolist()[3:5] == [3984, 3984]
-    assert table["model_flops"].isna().tolist() == [False, False, True, False, False, True]
-    assert table["traced"].tolist() == [True, True, False, True, False, False]
-
-
-def test_lightning_callback_traces_the_epoch_s_short_step_once(tmp_path, monkeypatch):
-    """With Lightning's `num_training_batches`, the short step that ends the first epoch is traced itself
-    (`Meter.begin(trace=True)`): it has its own FLOPs, the next epoch's first step is metered, not traced, and the
-    next epoch's short step reuses the first one's FLOPs, with an MFU."""
-    table = _epochs_of_5_batches(tmp_path, monkeypatch, "known_length", num_training_batches=5)
-    assert table["traced"].tolist() == [True, True, True, False, False, False]
-    # 2 · 1896 + 8·16 + 16·4 = 3984 for two micro-batches; batch 4's step alone: 1896 (its gradients are new)
-    assert table["model_flops"].tolist() == [3984, 3984, 1896, 3984, 3984, 1896]
-    assert table["mfu"].notna().tolist() == [False, False, False, True, True, True]
-
-
-def _stand_in_lightning(monkeypatch, name, base=object):
-    """tracer/meter_callbacks.py loaded against a stand-in `lightning.pytorch` whose Callback is `base` (Lightning is
-    not installed here)."""
-    import importlib.util
-
-    fake = types.ModuleType("lightning.pytorch")
-    fake.Callback = base
-    monkeypatch.setitem(sys.modules, "lightning", types.ModuleType("lightning"))
-    monkeypatch.setitem(sys.modules, "lightning.pytorch", fake)
-    spec = importlib.util.spec_from_file_location(name, meter_module.__file__.replace("meter.py", "meter_callbacks.py"))
-    callbacks = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(callbacks)
-    return callbacks
-
-
-def test_lightning_callback_sees_a_batch_change_when_forward_is_never_called(tmp_path, monkeypatch):
-    """Lightning runs `training_step(batch, batch_idx)`; a module whose step calls its submodules (self.fc1(x), as
-    Lightning's own examples do) never calls its forward, so the root's inputs were never seen: a smaller batch kept
-    the first trace's FLOPs."""
-    callbacks = _stand_in_lightning(monkeypatch, "meter_callbacks_review_batch")
+def test_meter_mfu_of_a_conv_net_is_reports_mfu(tmp_path):
     torch.manual_seed(0)
-    net = Net()
-    net.log_dict = lambda values, **kwargs: None
-    opt = torch.optim.SGD(net.parameters(), lr=0.1)
-    trainer = types.SimpleNamespace(accumulate_grad_batches=1)
-    cb = callbacks.LightningMeter(tmp_path / "pl", tokens=2, peak_flops=PEAK)
-    cb.on_train_start(trainer, net)
-    for i, b in enumerate((2, 2, 3, 3)):
-        batch = torch.randn(b, 8)
-        cb.on_train_batch_start(trainer, net, batch, i)
-        net.fc2(torch.relu(net.fc1(batch))).square().sum().backward()  # training_step: no net(batch)
-        opt.step()
-        opt.zero_grad()
-        cb.on_train_batch_end(trainer, net, None, batch, i)
-    cb.on_train_end(trainer, net)
-    table = reports.meter(tmp_path / "pl")
-    assert table["traced"].tolist() == [True, True, False, True]
-    assert table["model_flops"].tolist() == [1896, 1896, 2844, 2844]  # 948 · 2, 948 · 3 (step 2 from step 3's trace)
+    net = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU())
+    m = Meter(tmp_path / "c", model=net)
+    for _ in range(3):  # steps 0 and 1 traced, step 2 metered
+        net(torch.randn(1, 3, 8, 8)).sum().backward()
+        net.zero_grad(set_to_none=True)  # else steps 1 on add into the gradients: 4·3·3·3 + 4 = 112 FLOPs more
+        f = m.step()
+    m.close()
+    ref = reports.mfu(reports.load(tmp_path / "c"), step_time_s=f["step_time_s"]).iloc[0]
+    # out [1, 4, 6, 6]: conv 2·144·(3·3·3) = 7,776, relu, sum and relu's backward 144 each, conv dW 7,776
+    assert f["model_flops"] == ref["model_flops_per_step"] == 7776 + 3 * 144 + 7776 == 15984
+    assert reports.meter(tmp_path / "c")["dtype"].iloc[2] == ref["dtype"] == "float32"  # no matmul: the conv's dtype
+    assert ref["mfu"] > 0 and f["mfu"] == ref["mfu"]  # the meter gave None

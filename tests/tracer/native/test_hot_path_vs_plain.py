@@ -1,4 +1,4 @@
-"""A review of the hot-path shortcuts (tests/tracer/native/test_hot_path.py): each case where they could part from the
+"""The hot-path shortcuts (tests/tracer/native/test_hot_path.py): each case where they could part from the
 plain code, with both collectors where a trace is written.
 
 - a row whose packed integers cannot be stored (a custom formula's count below the int64 range) is counted

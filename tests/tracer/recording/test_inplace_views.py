@@ -1,4 +1,4 @@
-"""Review of the memory figures: cases the other memory tests leave open.
+"""The rows of in-place view ops: no bytes written, none allocated.
 
 An in-place view op (`t_`, `unsqueeze_`, `squeeze_`, `as_strided_`, `detach_`: torch tags
 them `inplace_view`) changes only the tensor's sizes and strides: it writes no data and

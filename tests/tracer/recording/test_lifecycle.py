@@ -10,6 +10,7 @@ from torch.nn.modules import module as module_hooks
 import reports
 from tracer import Tracer, read_metadata
 from tests import helpers
+import tracer.attribution
 
 
 def _hook_counts():
@@ -178,3 +179,22 @@ def test_a_trace_whose_every_write_failed_says_so_in_one_line(tmp_path, monkeypa
                    "(first: part-000000.parquet: OSError: [Errno 28] No space left on device)\n")
     meta = read_metadata(path)
     assert meta["lost_rows"] == 2 and meta["rows"] == 0 and meta["parts"] == 0 and meta["complete"] is False
+
+
+# ------------------------------------------------------------------ a Tracer whose hooks could not all go on
+def test_a_tracer_whose_install_is_interrupted_leaves_no_global_hook(tmp_path, monkeypatch):
+    """Before: a Ctrl-C (or any error) between the hooks' registrations left the global module hooks already
+    on for good (every later module call ran them) and PyTorch's `_has_any_global_hook` replaced for good."""
+    module = torch.nn.modules.module
+    original = module._has_any_global_hook
+    before = [len(getattr(module, d)) for d in ("_global_forward_pre_hooks", "_global_forward_hooks")]
+
+    def interrupted(hook):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(tracer.attribution.optim_hooks, "register_optimizer_step_pre_hook", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        with Tracer(tmp_path / "t", model=nn.Linear(2, 2)):
+            pass
+    assert [len(getattr(module, d)) for d in ("_global_forward_pre_hooks", "_global_forward_hooks")] == before
+    assert module._has_any_global_hook is original

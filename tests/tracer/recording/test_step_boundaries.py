@@ -1,4 +1,5 @@
-"""Loops from a review of the tracer on the training loops users write: what tests/tracer/recording/test_loops.py
+"""Step boundaries in the training loops users write (ops after the optimizer, a loss logged, AMP accumulation, a
+step that raises mid-backward): what tests/tracer/recording/test_loops.py
 and tests/tracer/recording/test_steps.py did not cover.
 
 The model: Linear(16, 32) -> ReLU -> Linear(32, 16), no biases: N = 16·32 + 32·16 = 1,024
@@ -17,7 +18,7 @@ import reports
 from tracer import Tracer, read_metadata
 
 # the MLP, its batch and their FLOPs (N 1,024; forward 16,384; backward 24,576; SGD 1,024 per step)
-from tests.tracer.recording.test_steps import BWD, D, FWD, H, N, SGD, T, batch, mlp
+from tests.tracer.recording.test_steps import BWD, D, FWD, H, SGD, T, batch, mlp
 
 
 def logging_loop(iters, between, after):
@@ -258,3 +259,47 @@ def test_a_step_that_raises_mid_backward(tmp_path):
     last = df[df["step"] == 3]
     assert last["phase"].iloc[-1] == "backward" and last["op"].iloc[-1] == "aten.mul.Tensor"  # g · 2, then the raise
     assert not df["recompute"].any()
+
+
+# ------------------------------------------------------------------ a functional forward that begins with zeros_like(w)
+def functional_loop(iters):
+    """A model written as a function of a leaf tensor (no module): its forward begins with `torch.zeros_like(w)`,
+    an op whose output never requires grad, after the step before's optimizer."""
+    torch.manual_seed(0)
+    w = torch.randn(4, 4, requires_grad=True)
+    x = torch.randn(2, 4)
+    opt = torch.optim.SGD([w], lr=0.1)
+
+    def run():
+        for _ in range(iters):
+            noise = torch.zeros_like(w)  # a perturbation of the weights, the forward's first op
+            (x @ (w + noise)).square().sum().backward()
+            opt.step()
+            opt.zero_grad()
+        return w
+
+    return run
+
+
+def test_a_functional_forward_that_begins_with_zeros_like_of_a_parameter_opens_its_step(tmp_path):
+    """Before: each iteration's zeros_like(w) was phase other in the step before (step 0 had two, the last none):
+    k identical iterations gave unequal steps. zeros_like(loss) after the optimizer stays other
+    (test_zeros_like_and_new_ones_after_the_optimizer_are_other_and_open_no_step above): the loss is no leaf, w is."""
+    run_one, run_three = functional_loop(1), functional_loop(3)
+    with Tracer(tmp_path / "one"):
+        run_one()
+    with Tracer(tmp_path / "three"):
+        out = run_three()
+    assert torch.equal(out, functional_loop(3)())  # bitwise, untraced
+    one, three = reports.load(tmp_path / "one"), reports.load(tmp_path / "three")
+    made = three[three["op"] == "aten.zeros_like.default"]
+    assert made.groupby(["step", "phase"], observed=True).size().to_dict() == {(s, "forward"): 1 for s in range(3)}
+    columns = ["op", "phase", "module", "flops", "bytes_read", "bytes_written", "bytes_allocated"]
+    ref = one[columns].astype(str).values.tolist()
+    for step, rows in three.groupby("step"):
+        assert rows[columns].astype(str).values.tolist() == ref, step
+    with FlopCounterMode(display=False) as counter:
+        functional_loop(1)()
+    # x [2, 4] @ w [4, 4]: 2·2·4·4 = 64; backward dW = xᵀ [4, 2] @ dy [2, 4]: 2·4·2·4 = 64 (x needs no gradient)
+    mm = three[three["op"] == "aten.mm.default"].groupby("step")["flops"].sum().tolist()
+    assert mm == [counter.get_total_flops()] * 3 == [128] * 3
