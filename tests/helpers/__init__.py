@@ -4,9 +4,10 @@ a trace as another rank.
 How tests import each other: `tests/` and each folder under it is a package (an empty `__init__.py`), so pytest
 (its default `prepend` import mode) puts the checkout's root on `sys.path` and names every test module by its
 dotted path. A test imports what it shares absolutely, from here (`from tests.helpers import ROOT, copy_rank`) or
-from another test module (`from tests.tracer.meter.test_meter import Net`); a fixture it takes from another
-module is imported by name the same way. Fixtures every test may use live in `tests/conftest.py`. Paths are built
-from `ROOT`, never from a test file's own place, so a test module can move between folders."""
+from another test module (`from tests.tracer.meter.test_meter import Net`). A fixture is never imported: one that
+several modules use lives in the conftest.py of their nearest common folder (tests/conftest.py for every test;
+tests/reports/sql/conftest.py for the SQL engine's traces), where pytest finds it. Paths are built from `ROOT`, never
+from a test file's own place, so a test module can move between folders."""
 
 from pathlib import Path
 

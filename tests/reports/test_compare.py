@@ -196,25 +196,6 @@ def test_the_cli_compares_a_module_named_total(totals, capsys, engine):
     assert [r["flops_per_step"] for r in module] == [256, 512]  # as above
 
 
-def _loop(path, steps, batch):
-    """The usual loop: the batch made at the top of each iteration (phase other, in the step before)."""
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    with Tracer(path, model=model, tokens=batch):
-        for _ in range(steps):
-            model(torch.randn(batch, 8)).sum().backward()
-            opt.step()
-            opt.zero_grad()
-    return path
-
-
-@pytest.fixture(scope="module")
-def loops(tmp_path_factory):
-    root = tmp_path_factory.mktemp("loops")
-    return [_loop(root / "s2.parquet", 2, 4), _loop(root / "s3.parquet", 3, 8)]
-
-
 @pytest.mark.parametrize("engine", ["sql", "pandas"])
 def test_the_data_of_each_iteration_is_one_per_step_whatever_the_steps_traced(loops, capsys, engine):
     # k iterations make k randn batches; the step rule puts the first two in step 0 (the second runs after

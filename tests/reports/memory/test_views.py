@@ -16,7 +16,6 @@ from tracer import Tracer
 import json
 import re
 from reports.output.cli import main
-from tests.reports.test_compare import loops  # noqa: F401 (a module-scoped fixture: 2- and 3-step loops)
 
 
 class Line(nn.Module):

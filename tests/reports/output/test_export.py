@@ -15,33 +15,8 @@ import reports
 from reports.errors import ReportError
 from reports.output.cli import main
 from reports.output.export import export_chrome, export_trace
-from tests.reports.test_compare import loops  # noqa: F401 (a module-scoped fixture: 2- and 3-step loops)
 from tracer import Tracer
 from tracer.schema import read_part, ARROW_SCHEMA, METADATA_KEY, SCHEMA_VERSION, V2_DEFAULTS, part_name, part_paths
-
-
-class Net(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.block = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU())
-        self.head = torch.nn.Linear(16, 2)
-
-    def forward(self, x):
-        return self.head(self.block(x)).square().mean()
-
-
-@pytest.fixture(scope="module")
-def traced(tmp_path_factory):
-    path = tmp_path_factory.mktemp("export") / "net.parquet"
-    torch.manual_seed(0)
-    model = Net()
-    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    with Tracer(path, model=model, run_name="net", flush_rows=16):  # several parts
-        for _ in range(2):
-            model(torch.ones(4, 8)).backward()
-            opt.step()
-            opt.zero_grad()
-    return path
 
 
 def _events(path):

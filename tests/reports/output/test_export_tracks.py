@@ -12,7 +12,6 @@ from reports.output.export import export_trace
 from tracer import Tracer, read_metadata
 
 
-from tests.reports.output.test_export import traced  # noqa: E402,F401 (the same 2-step Net trace, a module-scoped fixture)
 
 
 def _replay_tracks(packets, TracePacket, TrackEvent):

@@ -7,7 +7,7 @@ import shutil
 import pytest
 from tests.helpers import copy_rank
 from tests.reports.loading.test_damage import rewrite, set_cell
-from tests.reports.sql.test_engines_agree_on_damage import _both, parts, template  # noqa: F401  (fixtures)
+from tests.reports.sql.test_engines_agree_on_damage import _both
 
 from tracer.schema import part_paths
 

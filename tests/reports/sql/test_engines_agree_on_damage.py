@@ -16,22 +16,6 @@ from tracer import Tracer
 from tracer.schema import part_paths
 
 
-@pytest.fixture(scope="module")
-def template(tmp_path_factory):
-    """A 2-layer MLP, 2 AdamW steps, written as one part (160 rows)."""
-    path = tmp_path_factory.mktemp("review") / "t"
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
-    opt = torch.optim.AdamW(model.parameters())
-    x = torch.randn(4, 8)
-    with Tracer(path, model=model, tokens=4, run_name="mlp"):
-        for _ in range(2):
-            model(x).pow(2).mean().backward()
-            opt.step()
-            opt.zero_grad()
-    return path
-
-
 @pytest.fixture
 def trace(template, tmp_path):
     return shutil.copytree(template, tmp_path / "t")
@@ -293,19 +277,6 @@ def test_rank_0s_sections_come_from_run_0_of_the_trace_of_every_rank(template, t
     assert main == first and {"rows", "_src", "_ops", "_steps", "by_op"} <= main and ("_rows" in main) == narrow
 
 
-@pytest.fixture(scope="module")
-def parts(tmp_path_factory):
-    """The template's MLP forward and backward twice, in parts of 32 rows (3 parts)."""
-    path = tmp_path_factory.mktemp("parts") / "p"
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
-    with Tracer(path, model=model, tokens=4, run_name="p", flush_rows=32):
-        for _ in range(2):
-            model(torch.randn(4, 8)).pow(2).mean().backward()
-    assert len(part_paths(path)) == 3
-    return path
-
-
 @pytest.mark.parametrize("narrow", [False, True])
 @pytest.mark.parametrize("order", [("null", "swapped"), ("swapped", "null")])
 def test_null_lists_flagged_by_the_grouping_scan_are_refused_in_the_references_order(parts, tmp_path, monkeypatch,
@@ -355,7 +326,6 @@ def test_a_null_item_alone_is_found_without_a_scan_of_its_own(parts, tmp_path, m
     rewrite(part_paths(null)[1], set_cell("output_storage_ids", 2, [None]))
     with pytest.raises(ReportError, match=r"column 'output_storage_ids' holds a null item at seq 34; expected int64"):
         Trace(null)
-
 
 
 @pytest.mark.parametrize("part", [0, 1])

@@ -47,22 +47,6 @@ def _gpt(path, steps, cut=False):
     return path
 
 
-@pytest.fixture(scope="module")
-def traces(tmp_path_factory):
-    from tests.tracer.distributed.test_job import simulate
-
-    root = tmp_path_factory.mktemp("sql")
-    gpt = _gpt(root / "gpt", 3)
-    cut = _gpt(root / "cut", 2, cut=True)
-    job = root / "job"
-    simulate(job, 4)  # under a process group the tracer writes job/rank=0
-    copy_rank(job / "rank=0", job / "rank=1", 1)
-    damaged = root / "damaged"
-    shutil.copytree(gpt, damaged)
-    os.remove(part_paths(damaged)[1])  # a part deleted: the report names the missing rows and parts
-    return {"gpt": gpt, "cut": cut, "job": job, "damaged": damaged}
-
-
 def _same(got, want, exact=True):
     pd.testing.assert_frame_equal(got, want, check_exact=exact, rtol=1e-12)
 

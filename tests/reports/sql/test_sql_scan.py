@@ -6,11 +6,11 @@ import warnings
 
 import duckdb
 import pytest
-from tests.reports.sql.test_sql import swapped, traces  # noqa: F401  (the module's traces: the example GPT, a cut one, two ranks, damaged)
 
 from reports.sql import engine
 from reports.sql.engine import VIEW_FILES, Trace, statements
 from reports.sql.scan import VIEWS
+from tests.reports.sql.test_sql import swapped
 
 
 def _reference(trace):
@@ -30,7 +30,7 @@ def _rows(db, name):
 
 @pytest.mark.parametrize("narrow", [False, True])  # the grains read from the files, or from the rows read once
 @pytest.mark.parametrize("trace", ["gpt", "cut", "job", "damaged"])
-def test_each_view_from_the_grains_equals_its_definition(traces, trace, narrow, monkeypatch):  # noqa: F811
+def test_each_view_from_the_grains_equals_its_definition(traces, trace, narrow, monkeypatch):
     monkeypatch.setattr(engine, "SMALL_PARTS", (1, 1 << 40, 1 << 40) if narrow else (1 << 40, 0, 0))
     monkeypatch.setattr(engine, "BATCH", 2)  # several statements per run
     with warnings.catch_warnings():
@@ -46,7 +46,7 @@ def test_each_view_from_the_grains_equals_its_definition(traces, trace, narrow, 
 
 
 @pytest.mark.parametrize("trace", ["gpt", "cut", "job", "damaged"])
-def test_each_view_of_a_trace_that_kept_its_rows_equals_its_definition(traces, trace):  # noqa: F811
+def test_each_view_of_a_trace_that_kept_its_rows_equals_its_definition(traces, trace):
     """A Trace that kept run 0's rows from its read of the parts, as `optrace report` opens one, reads module_own and
     peak from tables made of them (reports/sql/kept_views.py) and flop_rest by flops.sql (reports/sql/flop_rows.py
     holds it): every view still holds what its definition holds. A trace of several runs (the job) keeps no view."""
@@ -65,7 +65,7 @@ def test_each_view_of_a_trace_that_kept_its_rows_equals_its_definition(traces, t
 
 
 @pytest.mark.parametrize("narrow", [False, True])
-def test_the_seq_scan_finds_each_run_in_order(traces, narrow, monkeypatch):  # noqa: F811
+def test_the_seq_scan_finds_each_run_in_order(traces, narrow, monkeypatch):
     monkeypatch.setattr(engine, "SMALL_PARTS", (1, 1 << 40, 1 << 40) if narrow else (1 << 40, 0, 0))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -73,7 +73,7 @@ def test_the_seq_scan_finds_each_run_in_order(traces, narrow, monkeypatch):  # n
     assert sql.narrow == narrow and [sql._seq_in_order(i) for i in range(2)] == [True, True]
 
 
-def test_a_part_out_of_order_read_once_gets_the_reference_loaders_line(traces, tmp_path, monkeypatch):  # noqa: F811
+def test_a_part_out_of_order_read_once_gets_the_reference_loaders_line(traces, tmp_path, monkeypatch):
     """The seq check of the rows read once: parts whose seq ranges are swapped fail it, as they fail reports.load."""
     import reports
     from reports.errors import ReportError
@@ -87,7 +87,7 @@ def test_a_part_out_of_order_read_once_gets_the_reference_loaders_line(traces, t
     assert str(mine.value) == str(ref.value) and "follows seq" in str(mine.value)
 
 
-def test_a_trace_of_several_runs_groups_without_the_keys_only_the_flop_views_read(traces):  # noqa: F811
+def test_a_trace_of_several_runs_groups_without_the_keys_only_the_flop_views_read(traces):
     """reports/sql/scan.py grains(several): the FLOP sections of a trace of several runs are run 0's, whose flop_rest
     and flop_steps read flops.sql's definitions over run 0's rows; the _ops and _steps grains of every run then leave
     out their keys. One run keeps them, and the two are read from the grains. Either way they hold what their

@@ -29,18 +29,6 @@ TIMING = ("duration_ns", "busy_ns", "start_ns")
 VOLATILE = ("start_time", "end_time", "trace_id", "run_name", "collector")
 
 
-@pytest.fixture
-def compiled(monkeypatch):
-    """The compiled collector; fails where a C++ compiler exists but nothing was built (make builds it)."""
-    monkeypatch.delenv(native.ENV, raising=False)
-    module, facts = native.choose()
-    if module is None:
-        if shutil.which("c++") or shutil.which("g++"):
-            pytest.fail(f"the compiled collector is not available ({facts['reason']}): run `python -m tracer.build_ext`")
-        pytest.skip(f"no C++ compiler, so no compiled collector ({facts['reason']})")
-    return module
-
-
 def _trace(tmp_path, monkeypatch, make, path):
     """Trace `make()`'s workload with the collector `path`; (frame, metadata)."""
     monkeypatch.setenv(native.ENV, path)

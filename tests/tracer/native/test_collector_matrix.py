@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 import reports
 from tracer import Tracer, read_metadata
-from tests.tracer.native.test_collector import _assert_identical, compiled  # noqa: F401 (a fixture)
+from tests.tracer.native.test_collector import _assert_identical
 
 
 def _zero_dim():
@@ -307,7 +307,7 @@ _PYTHON_ONLY = {"fake"}  # every tensor a subclass: the compiled collector reads
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_collector_matrix(tmp_path, monkeypatch, compiled, case):  # noqa: F811
+def test_collector_matrix(tmp_path, monkeypatch, compiled, case):
     fn = CASES[case]
     torch.manual_seed(0)
     want = fn()  # untraced

@@ -20,7 +20,6 @@ import torch
 
 import reports
 from tracer import Tracer, native, read_metadata, register_flop_formula, schema
-from tests.tracer.native.test_collector import compiled  # noqa: F401 (a fixture)
 from tracer.flops import _registry
 
 NS = "optrace_review"
