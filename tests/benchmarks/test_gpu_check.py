@@ -8,10 +8,10 @@ import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 import torch
+
 from tests import helpers
 
 ROOT = helpers.ROOT
@@ -31,7 +31,9 @@ def test_without_a_cuda_device_it_says_so_in_one_line_and_exits_0():
     done = subprocess.run([sys.executable, str(SCRIPT)], capture_output=True, text=True, env=env, timeout=120)
     build = "" if torch.version.cuda else f"; torch {torch.__version__} is a CPU build"  # this machine's: CPU
     assert (done.returncode, done.stdout) == (
-        0, f"gpu-check: no CUDA device (torch.cuda.is_available() is False{build}); nothing to check\n")
+        0,
+        f"gpu-check: no CUDA device (torch.cuda.is_available() is False{build}); nothing to check\n",
+    )
 
 
 def test_within_takes_the_larger_of_the_relative_and_the_absolute_tolerance(gpu_check):
@@ -58,12 +60,15 @@ def test_a_check_that_raises_fails_its_row_and_the_table_goes_on(gpu_check):
     table.guarded("late", lambda t: t.add("late", 0, 0, True), deadline=time.monotonic() - 1)
     assert table.rows[-1] == ("late", "runs", f"not run: the {gpu_check.BUDGET_S} s budget was spent", False)
     assert table.failed()
-    assert table.render() == "\n".join([
-        "check     | expected | measured                            | ok",
-        "----------+----------+-------------------------------------+-----",
-        "first row | 1        | 1                                   | ok",
-        "NCCL      | 2 GPUs   | skipped: 1                          | skip",
-        "late      | runs     | not run: the 200 s budget was spent | FAIL"])
+    assert table.render() == "\n".join(
+        [
+            "check     | expected | measured                            | ok",
+            "----------+----------+-------------------------------------+-----",
+            "first row | 1        | 1                                   | ok",
+            "NCCL      | 2 GPUs   | skipped: 1                          | skip",
+            "late      | runs     | not run: the 200 s budget was spent | FAIL",
+        ]
+    )
 
 
 class _Event:
@@ -86,17 +91,28 @@ def test_the_checks_run_on_the_cpu_with_their_arithmetic_right(gpu_check, tmp_pa
     import tracer.mode
 
     before, peak = 1000, 1000 + 2 * 16384
-    for name, value in (("Event", _Event), ("synchronize", lambda device=None: None), ("device_count", lambda: 1),
-                        ("get_device_name", lambda device=None: "NVIDIA H100 80GB HBM3"),
-                        ("reset_peak_memory_stats", lambda device=None: None),
-                        ("memory_allocated", lambda device=None: before),
-                        ("max_memory_allocated", lambda device=None: peak)):
+    for name, value in (
+        ("Event", _Event),
+        ("synchronize", lambda device=None: None),
+        ("device_count", lambda: 1),
+        ("get_device_name", lambda device=None: "NVIDIA H100 80GB HBM3"),
+        ("reset_peak_memory_stats", lambda device=None: None),
+        ("memory_allocated", lambda device=None: before),
+        ("max_memory_allocated", lambda device=None: peak),
+    ):
         monkeypatch.setattr(torch.cuda, name, value)
     figures = {"allocated_bytes": before, "reserved_bytes": 0, "max_allocated_bytes": peak}
     monkeypatch.setattr(tracer.mode, "cuda_memory", lambda device: dict(figures))
     monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="eager"))
-    for name, value in (("N", 32), ("REPEATS", 4), ("BATCH", 8), ("WIDTH", 16), ("LAYERS", 2), ("STEPS", 6),
-                        ("MEMORY_N", 64)):
+    for name, value in (
+        ("N", 32),
+        ("REPEATS", 4),
+        ("BATCH", 8),
+        ("WIDTH", 16),
+        ("LAYERS", 2),
+        ("STEPS", 6),
+        ("MEMORY_N", 64),
+    ):
         monkeypatch.setattr(gpu_check, name, value)
     # the metered step: (3 * 2 - 1) * 2 * 8 * 16 * 16 + 8 * 16 = 20480 + 128 = 20608
     assert gpu_check.mlp_flops() == 20608
@@ -125,8 +141,12 @@ def test_the_checks_run_on_the_cpu_with_their_arithmetic_right(gpu_check, tmp_pa
 
 
 def test_main_prints_the_device_and_one_table_and_exits_1_on_a_failed_row(gpu_check, monkeypatch, capsys):
-    for name, value in (("is_available", lambda: True), ("current_device", lambda: 0), ("device_count", lambda: 1),
-                        ("get_device_name", lambda device=None: "NVIDIA H200")):
+    for name, value in (
+        ("is_available", lambda: True),
+        ("current_device", lambda: 0),
+        ("device_count", lambda: 1),
+        ("get_device_name", lambda device=None: "NVIDIA H200"),
+    ):
         monkeypatch.setattr(torch.cuda, name, value)
     seen = []
 

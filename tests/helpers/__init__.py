@@ -40,8 +40,9 @@ def copy_rank(source, target, rank):
         meta = json.loads(table.schema.metadata[METADATA_KEY])
         trace_id = f"{meta.get('trace_id')}-rank{rank}"
         meta.update(rank=rank, trace_id=trace_id, world_size=max(int(meta.get("world_size") or 1), rank + 1))
-        pq.write_table(table.replace_schema_metadata({**table.schema.metadata, METADATA_KEY: json.dumps(meta).encode()}),
-                       part)
+        pq.write_table(
+            table.replace_schema_metadata({**table.schema.metadata, METADATA_KEY: json.dumps(meta).encode()}), part
+        )
     marker = read_marker(target)
     if marker.get("trace_id") is not None:
         write_facts(target, {**marker, "trace_id": f"{marker['trace_id']}-rank{rank}"})

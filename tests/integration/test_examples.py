@@ -4,12 +4,12 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import gpt
 import linear
 import pytest
 import tensors
+
 from tests import helpers
 
 B, D, K = 1024, 256, 64  # the lecture's linear model: x [B, D] @ w [D, K]
@@ -158,15 +158,33 @@ def test_every_allocation_has_its_own_storage(tensors_df):
     [
         ("linear.py", ["33,554,432", "67,108,864", "2 * B*D*K", "4 * B*D*K"]),
         ("tensors.py", ["zeros_float8_e5m2", "aten.clone.default", "128 B in float32"]),
-        ("gpt.py", ["3 step(s)", "2·N·T", "4·N·T", "6·N·T", "Top 8 ops by FLOPs", "Memory: peak", "MFU",
-                    "Roofline", "compute-bound", "memory-bound"]),
+        (
+            "gpt.py",
+            [
+                "3 step(s)",
+                "2·N·T",
+                "4·N·T",
+                "6·N·T",
+                "Top 8 ops by FLOPs",
+                "Memory: peak",
+                "MFU",
+                "Roofline",
+                "compute-bound",
+                "memory-bound",
+            ],
+        ),
         # rank 0 of 64, 4 blocks of 12,584,960 bf16 parameters (qkv 3 * 2**20, proj 2**20, mlp 2 * 4 * 2**20,
         # 2 norms 1024) and a root unit of 67,634,176 (2 embeddings of 32,000 x 1024, wpe 2048 x 1024, ln_f):
         # 9 all-gathers of (67,634,176 + 8 * 12,584,960) * 2 bytes = 336,627,712 = 321 MiB, of which 63/64 = 316 MiB
         # sent; 5 fp32 reduce-scatters of (67,634,176 + 4 * 12,584,960) * 4 = 471,896,064 = 450 MiB, 443 MiB sent
-        ("simulate.py", ["Distributed: rank 0 of world size 64 (backend fake; 1 of 64 ranks present in the trace)",
-                         "reduce_scatter 0 (64)     5 450 MiB 443 MiB  443 MiB",
-                         "all_gather 0 (64)     9 321 MiB 316 MiB  316 MiB"]),
+        (
+            "simulate.py",
+            [
+                "Distributed: rank 0 of world size 64 (backend fake; 1 of 64 ranks present in the trace)",
+                "reduce_scatter 0 (64)     5 450 MiB 443 MiB  443 MiB",
+                "all_gather 0 (64)     9 321 MiB 316 MiB  316 MiB",
+            ],
+        ),
     ],
 )
 def test_example_script_runs(examples_dir, tmp_path, script, expected):
@@ -231,9 +249,12 @@ def helps(examples_dir, tmp_path_factory):
     cwd = tmp_path_factory.mktemp("help")
     done = subprocess.run(
         [sys.executable, "-c", HELP_ALL, *(str(examples_dir / name) for name in EXAMPLES)],
-        cwd=cwd, capture_output=True, text=True, timeout=240,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=240,
         env={**os.environ, "PYTHONPATH": str(examples_dir.parent)},
-    )  # fmt: skip
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     return json.loads(done.stdout.splitlines()[-1]), cwd
 
@@ -249,11 +270,19 @@ def test_every_example_prints_its_usage_and_runs_nothing(helps, script):
 
 
 def test_distributed_outside_torchrun_is_one_line(examples_dir, tmp_path):
-    done = subprocess.run([sys.executable, str(examples_dir / "distributed.py")], cwd=tmp_path, capture_output=True,
-                          text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(examples_dir.parent)})
+    done = subprocess.run(
+        [sys.executable, str(examples_dir / "distributed.py")],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(examples_dir.parent)},
+    )
     assert done.returncode == 2 and "Traceback" not in done.stderr
-    assert done.stderr.splitlines()[-1] == ("distributed.py: error: no process group to join (RANK is not set): run it "
-                                            "under torchrun, e.g. torchrun --nproc_per_node=2 examples/distributed.py")
+    assert done.stderr.splitlines()[-1] == (
+        "distributed.py: error: no process group to join (RANK is not set): run it "
+        "under torchrun, e.g. torchrun --nproc_per_node=2 examples/distributed.py"
+    )
     assert list(tmp_path.iterdir()) == []
 
 
@@ -283,8 +312,10 @@ def test_plan_llama_default_path_names_the_run(monkeypatch, tmp_path, argv, out)
     [
         ([], "runs/simulate.parquet"),
         (["--world", "8", "--layers", "2", "--checkpoint"], "runs/simulate-w8-l2-ck.parquet"),
-        (["--d-model", "256", "--heads", "4", "--seq", "128", "--batch", "2", "--vocab", "1000"],
-         "runs/simulate-d256-h4-s128-b2-v1000.parquet"),
+        (
+            ["--d-model", "256", "--heads", "4", "--seq", "128", "--batch", "2", "--vocab", "1000"],
+            "runs/simulate-d256-h4-s128-b2-v1000.parquet",
+        ),
     ],
 )
 def test_simulate_default_path_names_the_run(monkeypatch, tmp_path, argv, out):

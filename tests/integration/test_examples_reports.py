@@ -17,8 +17,12 @@ from reports.loading.load import load
 def run_script(examples_dir, cwd, script, *args):
     done = subprocess.run(
         [sys.executable, str(examples_dir / script), *args],
-        cwd=cwd, capture_output=True, text=True, encoding="utf-8", timeout=120,
-    )  # fmt: skip
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        encoding="utf-8",
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     assert "Traceback" not in done.stderr
     return done.stdout

@@ -31,28 +31,58 @@ COMMON = dict(vocab_size=V, hidden_size=32, num_hidden_layers=2, num_attention_h
 
 
 def llama(attn="sdpa"):
-    return tf.LlamaForCausalLM(tf.LlamaConfig(intermediate_size=64, num_key_value_heads=2,
-                                              attn_implementation=attn, **COMMON))
+    return tf.LlamaForCausalLM(
+        tf.LlamaConfig(intermediate_size=64, num_key_value_heads=2, attn_implementation=attn, **COMMON)
+    )
 
 
 def qwen3_moe(router_logits=False):
     # 4 experts, top-2, expert width 16; decoder_sparse_step=1: both layers are MoE
-    return tf.Qwen3MoeForCausalLM(tf.Qwen3MoeConfig(
-        intermediate_size=64, moe_intermediate_size=16, num_key_value_heads=2, head_dim=8, num_experts=4,
-        num_experts_per_tok=2, decoder_sparse_step=1, output_router_logits=router_logits, **COMMON))
+    return tf.Qwen3MoeForCausalLM(
+        tf.Qwen3MoeConfig(
+            intermediate_size=64,
+            moe_intermediate_size=16,
+            num_key_value_heads=2,
+            head_dim=8,
+            num_experts=4,
+            num_experts_per_tok=2,
+            decoder_sparse_step=1,
+            output_router_logits=router_logits,
+            **COMMON,
+        )
+    )
 
 
 def t5():
-    return tf.T5ForConditionalGeneration(tf.T5Config(
-        vocab_size=V, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_decoder_layers=2, num_heads=4,
-        decoder_start_token_id=0, pad_token_id=0))
+    return tf.T5ForConditionalGeneration(
+        tf.T5Config(
+            vocab_size=V,
+            d_model=32,
+            d_kv=8,
+            d_ff=64,
+            num_layers=2,
+            num_decoder_layers=2,
+            num_heads=4,
+            decoder_start_token_id=0,
+            pad_token_id=0,
+        )
+    )
 
 
 def vit():
     # 16x16 images in 4x4 patches: 16 patches + [CLS] = 17 tokens per image, 10 classes
-    return tf.ViTForImageClassification(tf.ViTConfig(
-        hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, image_size=16,
-        patch_size=4, num_channels=3, num_labels=10))
+    return tf.ViTForImageClassification(
+        tf.ViTConfig(
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=64,
+            image_size=16,
+            patch_size=4,
+            num_channels=3,
+            num_labels=10,
+        )
+    )
 
 
 def qwen3():  # q and k RMS-normed per head
@@ -60,20 +90,44 @@ def qwen3():  # q and k RMS-normed per head
 
 
 def olmoe():  # top-2 of 4 experts of width 16, the load-balancing loss on
-    return tf.OlmoeForCausalLM(tf.OlmoeConfig(intermediate_size=16, num_key_value_heads=2, num_experts=4,
-                                              num_experts_per_tok=2, output_router_logits=True, **COMMON))
+    return tf.OlmoeForCausalLM(
+        tf.OlmoeConfig(
+            intermediate_size=16,
+            num_key_value_heads=2,
+            num_experts=4,
+            num_experts_per_tok=2,
+            output_router_logits=True,
+            **COMMON,
+        )
+    )
 
 
 def deepseek_v3():  # MLA (q rank 16, kv rank 16, q·k heads 8 + 4 rope, v heads 8); layer 0 dense, layer 1 MoE
-    return tf.DeepseekV3ForCausalLM(tf.DeepseekV3Config(
-        intermediate_size=64, moe_intermediate_size=16, num_key_value_heads=4, n_routed_experts=4,
-        num_experts_per_tok=2, n_shared_experts=1, n_group=1, topk_group=1, first_k_dense_replace=1,
-        q_lora_rank=16, kv_lora_rank=16, qk_rope_head_dim=4, qk_nope_head_dim=8, v_head_dim=8, **COMMON))
+    return tf.DeepseekV3ForCausalLM(
+        tf.DeepseekV3Config(
+            intermediate_size=64,
+            moe_intermediate_size=16,
+            num_key_value_heads=4,
+            n_routed_experts=4,
+            num_experts_per_tok=2,
+            n_shared_experts=1,
+            n_group=1,
+            topk_group=1,
+            first_k_dense_replace=1,
+            q_lora_rank=16,
+            kv_lora_rank=16,
+            qk_rope_head_dim=4,
+            qk_nope_head_dim=8,
+            v_head_dim=8,
+            **COMMON,
+        )
+    )
 
 
 def gemma3():  # text only; the head is tied to the embedding
-    return tf.Gemma3ForCausalLM(tf.Gemma3TextConfig(intermediate_size=64, num_key_value_heads=2, head_dim=8,
-                                                    sliding_window=8, **COMMON))
+    return tf.Gemma3ForCausalLM(
+        tf.Gemma3TextConfig(intermediate_size=64, num_key_value_heads=2, head_dim=8, sliding_window=8, **COMMON)
+    )
 
 
 def phi3():  # fused qkv_proj and gate_up_proj
@@ -81,8 +135,16 @@ def phi3():  # fused qkv_proj and gate_up_proj
 
 
 def bert():  # masked LM, the decoder tied to the word embedding
-    return tf.BertForMaskedLM(tf.BertConfig(vocab_size=V, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                                            intermediate_size=64, max_position_embeddings=64))
+    return tf.BertForMaskedLM(
+        tf.BertConfig(
+            vocab_size=V,
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=64,
+            max_position_embeddings=64,
+        )
+    )
 
 
 def batch_for(model, decoder_len=S):
@@ -106,11 +168,15 @@ def one_step(build, path=None, tokens=T, **batch_kw):
     torch.manual_seed(2)  # dropout draws the same masks in both runs
     if path is None:
         loss = model(**batch).loss
-        loss.backward(); opt.step(); opt.zero_grad()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
     else:
         with Tracer(path, model=model, tokens=tokens):
             loss = model(**batch).loss
-            loss.backward(); opt.step(); opt.zero_grad()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
     return loss.detach(), [p.detach().clone() for p in model.parameters()], model
 
 
@@ -132,8 +198,10 @@ def traced_flops(df):
     """{phase: {op packet: FLOPs}} of the matmul, attention and convolution rows."""
     rows = df[df["flop_kind"].astype(str).isin(KINDS)]
     packet = rows["op"].astype(str).str.rsplit(".", n=1).str[0]
-    return {ph: rows[rows["phase"] == ph].groupby(packet)["flops"].sum().astype(int).to_dict()
-            for ph in ("forward", "backward")}
+    return {
+        ph: rows[rows["phase"] == ph].groupby(packet)["flops"].sum().astype(int).to_dict()
+        for ph in ("forward", "backward")
+    }
 
 
 def trace_and_check(tmp_path, build, **kw):
@@ -331,8 +399,9 @@ MATRIX = [
 ]
 
 
-@pytest.mark.parametrize("build, n, n_active, attention_op, attention_flops", MATRIX,
-                         ids=[row[0].__name__ for row in MATRIX])
+@pytest.mark.parametrize(
+    "build, n, n_active, attention_op, attention_flops", MATRIX, ids=[row[0].__name__ for row in MATRIX]
+)
 def test_model_matrix(tmp_path, build, n, n_active, attention_op, attention_flops):
     df, ours, model = trace_and_check(tmp_path, build)
     t = reports.breakdown(df).set_index("phase")
@@ -366,8 +435,10 @@ def test_deepseek_v3_mla_attention_width(tmp_path):
     # = 1,280 = 2 layers x 16 x 40, the mean of the two widths (the model's width is 32)
     one_step(deepseek_v3, tmp_path / "mla")
     text = "\n".join(reports.explain(reports.load(tmp_path / "mla")))
-    assert "forward 163,840 = 4·T·(L·S·d) with L·S·d = 1,280 (layers x sequence length x width; where q·k and v " \
-           "heads differ in width, d is the mean of the two)" in text
+    assert (
+        "forward 163,840 = 4·T·(L·S·d) with L·S·d = 1,280 (layers x sequence length x width; where q·k and v "
+        "heads differ in width, d is the mean of the two)" in text
+    )
 
 
 def test_llama_gradient_checkpointing(tmp_path):
@@ -385,11 +456,15 @@ def test_llama_gradient_checkpointing(tmp_path):
     assert t.loc["backward", "weight_matmul_flops"] == 2883584 + 917504
     assert_agrees_with_flop_counter(ours, flop_counter(checkpointed), {CPU_FLASH, CPU_FLASH + "_backward"})
     text = "\n".join(reports.explain(df))
-    assert ("Activation checkpointing: 1,086,208 FLOPs per step re-run forward work in the backward (rows flagged "
-            "recompute; 917,504 of them weight matmuls") in text
+    assert (
+        "Activation checkpointing: 1,086,208 FLOPs per step re-run forward work in the backward (rows flagged "
+        "recompute; 917,504 of them weight matmuls"
+    ) in text
     # the re-run forward kernel is checkpointing's, not part of the fused attention backward
-    assert ("Recomputation: the fused attention backward (aten._scaled_dot_product_flash_attention_for_cpu_backward"
-            ".default) counts 2.500 x its forward (327,680 vs 131,072 FLOPs)") in text
+    assert (
+        "Recomputation: the fused attention backward (aten._scaled_dot_product_flash_attention_for_cpu_backward"
+        ".default) counts 2.500 x its forward (327,680 vs 131,072 FLOPs)"
+    ) in text
     # no weight multiplies more than T tokens here: the re-run is the one cause
     assert "Above 4·N·T: forward matmuls re-run in the backward by activation checkpointing (917,504 FLOPs)." in text
 

@@ -14,8 +14,8 @@ from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
 import reports  # noqa: E402
 import tracer  # noqa: E402
-from tracer.meter_callbacks import LightningMeter  # noqa: E402
 from tests.tracer.meter.test_meter_steps import Net  # noqa: E402
+from tracer.meter_callbacks import LightningMeter  # noqa: E402
 
 PEAK = 1e9  # FLOP/s, given: the figures do not depend on this machine's CPU
 
@@ -55,9 +55,18 @@ def _fit(callbacks=(), steps=6, traced=None, logger=False, **kwargs):
     """Lit trained from seed 0 for `steps` optimizer steps; `traced`: a Tracer path around trainer.fit."""
     pl.seed_everything(0, verbose=False)
     model = Lit()
-    trainer = pl.Trainer(accelerator="cpu", devices=1, max_steps=steps, enable_progress_bar=False, logger=logger,
-                         enable_checkpointing=False, enable_model_summary=False, callbacks=list(callbacks),
-                         log_every_n_steps=1, **kwargs)  # fmt: skip
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_steps=steps,
+        enable_progress_bar=False,
+        logger=logger,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+        callbacks=list(callbacks),
+        log_every_n_steps=1,
+        **kwargs,
+    )
     train, val = _data()
     val = val if kwargs.get("limit_val_batches") else None
     if traced is None:
@@ -140,7 +149,7 @@ def _hand_loop(path, steps, accumulate=1, clip=None):
     batches = [b for _ in range(2) for (b,) in _data()[0]]
     with tracer.Tracer(path, model=model, tokens=2):
         for step in range(steps):
-            for x in batches[step * accumulate:(step + 1) * accumulate]:
+            for x in batches[step * accumulate : (step + 1) * accumulate]:
                 (model(x).square().sum() / accumulate).backward()
             if clip is not None:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), clip)

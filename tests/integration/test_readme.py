@@ -3,7 +3,7 @@
 import re
 import subprocess
 import sys
-from pathlib import Path
+
 from tests import helpers
 
 ROOT = helpers.ROOT
@@ -15,7 +15,11 @@ def test_readme_example_output_is_real(tmp_path):
     code, output = re.search(r"```python\n(.*?)```\n```\n(.*?)```", text, re.S).groups()
     assert len(code.strip().splitlines()) <= 10
     done = subprocess.run(
-        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+        [sys.executable, "-c", code],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
         env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
     )
     assert done.returncode == 0, done.stderr
@@ -28,7 +32,11 @@ def test_readme_meter_example_runs_as_written(tmp_path):
     text = (ROOT / "README.md").read_text()
     code = re.search(r"### Metering every step\n.*?```python\n(.*?)```", text, re.S).group(1)
     done = subprocess.run(
-        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+        [sys.executable, "-c", code],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
         env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"},
     )
     assert done.returncode == 0, done.stderr

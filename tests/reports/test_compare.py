@@ -4,6 +4,8 @@ MLP: Linear(4, 8) -> ReLU -> Linear(8, 2) on x [3, 4]. Under torch.autocast("cpu
 matmul writes bfloat16 (2 bytes) where fp32 writes float32 (4 bytes): half the output bytes.
 """
 
+import json
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -14,9 +16,8 @@ from reports.compare import compare
 from reports.errors import ReportError
 from reports.flops.mfu import mfu
 from reports.loading.load import load
-from tracer import Tracer
-import json
 from reports.output.cli import main
+from tracer import Tracer
 
 
 def trace(path, model, dtype=None, run_name=None, steps=1):
@@ -78,10 +79,21 @@ def test_bf16_halves_the_matmul_output_bytes(runs):
 def test_layout_and_order(runs):
     table = compare(runs)  # by phase, baseline the first run
     assert list(table.columns) == [
-        "phase", "run", "steps", "ops_per_step", "flops_per_step", "bytes_allocated_per_step", "traced_us_per_step",
-        "peak_live_bytes", "mfu_pct", "flops_ratio", "bytes_allocated_ratio", "peak_live_bytes_ratio",
-        "traced_us_ratio", "change_pct",
-    ]  # fmt: skip
+        "phase",
+        "run",
+        "steps",
+        "ops_per_step",
+        "flops_per_step",
+        "bytes_allocated_per_step",
+        "traced_us_per_step",
+        "peak_live_bytes",
+        "mfu_pct",
+        "flops_ratio",
+        "bytes_allocated_ratio",
+        "peak_live_bytes_ratio",
+        "traced_us_ratio",
+        "change_pct",
+    ]
     assert list(table["phase"][:2]) == ["total", "total"] and list(table["run"][:2]) == ["fp32", "bf16"]
     assert dict(zip(table["run"], table["steps"])) == {"fp32": 1, "bf16": 2}  # values are per step
     base = table[table["run"] == "fp32"]
@@ -205,7 +217,10 @@ def test_the_data_of_each_iteration_is_one_per_step_whatever_the_steps_traced(lo
     rows = {(r["phase"], r["run"]): r for r in json.loads(capsys.readouterr().out)["rows"]}
     assert rows["other", "s2"]["ops_per_step"] == 1 and rows["other", "s3"]["ops_per_step"] == 1
     # randn(4, 8) and randn(8, 8) in float32: 4 * 8 * 4 = 128 and 8 * 8 * 4 = 256 bytes, x 2.0
-    assert rows["other", "s2"]["bytes_allocated_per_step"] == 128 and rows["other", "s3"]["bytes_allocated_per_step"] == 256
+    assert (
+        rows["other", "s2"]["bytes_allocated_per_step"] == 128
+        and rows["other", "s3"]["bytes_allocated_per_step"] == 256
+    )
     assert rows["other", "s3"]["bytes_allocated_ratio"] == 2
     # a step is 34 ops at either batch and step count: 1 randn + 8 forward + 21 backward + 4 SGD add_
     assert rows["total", "s2"]["ops_per_step"] == 34 and rows["total", "s3"]["ops_per_step"] == 34

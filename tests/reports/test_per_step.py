@@ -105,8 +105,9 @@ def test_breakdown(runs):
 def test_explain(runs):
     a, b = reports.explain(runs["one"]), reports.explain(runs["three"])
     assert "(1 step traced;" in a[0] and "(3 steps traced;" in b[0]
-    assert [a[0].replace("one: ", "").replace("1 step ", "")] + a[1:] == \
-        [b[0].replace("three: ", "").replace("3 steps ", "")] + b[1:]
+    assert [a[0].replace("one: ", "").replace("1 step ", "")] + a[1:] == [
+        b[0].replace("three: ", "").replace("3 steps ", "")
+    ] + b[1:]
     text = " ".join(b)
     # proj's dL/dx = dL/dy @ Wᵀ is never computed: 2·16·8·4 = 1,024 FLOPs per step (not 1,024 / 3)
     assert "1,024 FLOPs of input gradients" in text
@@ -192,7 +193,9 @@ def test_cli_json(runs):
     for path in runs["paths"]:
         buf = io.StringIO()
         with redirect_stdout(buf):
-            assert main(["report", str(path), "--json", "--step-time", "0.01", "--peak-tflops", "1", "--top", "100"]) == 0
+            assert (
+                main(["report", str(path), "--json", "--step-time", "0.01", "--peak-tflops", "1", "--top", "100"]) == 0
+            )
         out.append(json.loads(buf.getvalue()))
     a, b = out
     assert (a.pop("run"), b.pop("run")) == ("one", "three")
@@ -207,15 +210,22 @@ def test_cli_json(runs):
     for run in (a, b):  # every op (--top 100): ops tied on FLOPs come in order of traced time, which varies
         run["top_ops"]["rows"].sort(key=lambda r: (-r["flops_per_step"], r["op"]))
     ea, eb = a["breakdown"].pop("explain"), b["breakdown"].pop("explain")  # they name the run and its steps
-    assert [line.split(": ", 1)[1].replace("(1 step traced", "(3 steps traced") for line in ea[:1]] == \
-        [line.split(": ", 1)[1] for line in eb[:1]] and ea[1:] == eb[1:]
+    assert [line.split(": ", 1)[1].replace("(1 step traced", "(3 steps traced") for line in ea[:1]] == [
+        line.split(": ", 1)[1] for line in eb[:1]
+    ] and ea[1:] == eb[1:]
     assert a == b
 
 
 def test_per_step_sums_before_it_divides():
     # 3 steps of the same three rows; row by row a/3 would not add up to exactly 0.1 + 0.2 + 0.7
-    rows = pd.DataFrame({"step": np.repeat([0, 1, 2], 3), "phase": ["forward", "backward", "other"] * 3,
-                         "flops": [1, 2, 7] * 3, "m": ["a", "b", "a"] * 3})
+    rows = pd.DataFrame(
+        {
+            "step": np.repeat([0, 1, 2], 3),
+            "phase": ["forward", "backward", "other"] * 3,
+            "flops": [1, 2, 7] * 3,
+            "m": ["a", "b", "a"] * 3,
+        }
+    )
     assert per_step(rows) == 1.0 + 2.0 + 7.0
     assert per_step(rows, by="m").to_dict() == {"a": 8.0, "b": 2.0}
     assert per_step(rows, mask=rows["phase"] == "other") == 7.0

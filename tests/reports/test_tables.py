@@ -77,7 +77,13 @@ def test_by_module_rolls_children_up(df):
     assert t.loc["blocks", "ops"] == 0 and t.loc["blocks", "subtree_ops"] > 0
     assert t.loc["blocks", "subtree_flops"] == t.loc["blocks.0", "subtree_flops"] + t.loc["blocks.1", "subtree_flops"]
     assert dict(t["depth"][["Net", "blocks", "blocks.0", "blocks.0.fc1", "head", ""]]) == {
-        "Net": 0, "blocks": 1, "blocks.0": 2, "blocks.0.fc1": 3, "head": 1, "": 0}
+        "Net": 0,
+        "blocks": 1,
+        "blocks.0": 2,
+        "blocks.0.fc1": 3,
+        "head": 1,
+        "": 0,
+    }
     # Tree order: depth first, children in the order they ran; ops outside any module last.
     assert list(t.index[:5]) == ["Net", "blocks", "blocks.0", "blocks.0.fc1", "blocks.0.fc2"]
     assert t.index[-1] == ""
@@ -153,11 +159,19 @@ def test_empty_keeps_columns_and_dtypes(df, fn):
 
 
 @pytest.mark.parametrize(
-    "fn, column", [(by_op, "flops"), (by_phase, "duration_ns"), (by_step, "live_bytes"), (by_dtype, "input_dtypes"),
-                   (by_module, "module")]
+    "fn, column",
+    [
+        (by_op, "flops"),
+        (by_phase, "duration_ns"),
+        (by_step, "live_bytes"),
+        (by_dtype, "input_dtypes"),
+        (by_module, "module"),
+    ],
 )
 def test_missing_column_message(df, fn, column):
-    with pytest.raises(ReportError, match=rf"{fn.__name__}: the trace lacks column\(s\) \['{column}'\]; load it with them"):
+    with pytest.raises(
+        ReportError, match=rf"{fn.__name__}: the trace lacks column\(s\) \['{column}'\]; load it with them"
+    ):
         fn(df.drop(columns=[column]))
 
 
@@ -172,6 +186,9 @@ def test_row_dtypes_are_the_first_input_dtype_else_the_first_output(tmp_path, li
         y.float().sum()
     frame = load(tmp_path / "casts", lists=lists)
     plain = load(tmp_path / "casts")
-    expected = [str(i[0]) if len(i) else str(o[0]) if len(o) else "" for i, o in zip(plain["input_dtypes"], plain["output_dtypes"])]
+    expected = [
+        str(i[0]) if len(i) else str(o[0]) if len(o) else ""
+        for i, o in zip(plain["input_dtypes"], plain["output_dtypes"])
+    ]
     assert list(row_dtypes(frame)) == expected
     assert expected[0] == "float32" and "bfloat16" in expected  # ones: its output; the matmul: bf16 inputs

@@ -281,14 +281,19 @@ def test_explain_says_causal_only_where_the_causal_column_does(tmp_path):
     text = _explain_encoder_decoder(tmp_path / "encdec", decoder=True)
     # the decoder's self-attention ran is_causal=True; the encoder's self-attention and the decoder's cross-attention
     # did not (it said "Causal attention: the full score matrix is counted ..." for all three)
-    assert ("Causal attention (the causal column) in decoder.self_attn: the full score matrix is counted (as PaLM "
-            "does), though a causal kernel can skip the masked half. Attention that is not causal (the causal column) "
-            "in decoder.cross_attn, encoder.self_attn: every score is computed, and counted.") in text
-    assert ("multiply activations by activations (fused attention kernels, which compute q @ kᵀ and softmax(·) @ v: "
-            "aten._scaled_dot_product_flash_attention_for_cpu.default)") in text
+    assert (
+        "Causal attention (the causal column) in decoder.self_attn: the full score matrix is counted (as PaLM "
+        "does), though a causal kernel can skip the masked half. Attention that is not causal (the causal column) "
+        "in decoder.cross_attn, encoder.self_attn: every score is computed, and counted."
+    ) in text
+    assert (
+        "multiply activations by activations (fused attention kernels, which compute q @ kᵀ and softmax(·) @ v: "
+        "aten._scaled_dot_product_flash_attention_for_cpu.default)"
+    ) in text
     encoder = _explain_encoder_decoder(tmp_path / "enc", decoder=False)
-    assert ("Attention that is not causal (the causal column) in encoder.self_attn: every score is computed, and "
-            "counted.") in encoder
+    assert (
+        "Attention that is not causal (the causal column) in encoder.self_attn: every score is computed, and counted."
+    ) in encoder
     assert "Causal attention" not in encoder
 
 
@@ -310,17 +315,24 @@ def test_explain_names_activation_products_by_their_ops(tmp_path):
     text = "\n".join(explain(trace(tmp_path / "mixer", model, lambda: model(x).backward(), tokens=8)))
     # forward 2 x 256 = 512; backward: both inputs of each bmm need a gradient, 2 bmms of 256 each per bmm = 1,024
     assert "Activation x activation matmuls: 1,536 FLOPs (" in text
-    assert ("multiply activations by activations (matmuls of two activations: aten.bmm.default), so no parameter "
-            "accounts for them") in text
+    assert (
+        "multiply activations by activations (matmuls of two activations: aten.bmm.default), so no parameter "
+        "accounts for them"
+    ) in text
     assert "q @ kᵀ" not in text and "softmax(·)" not in text and "ausal" not in text
 
 
 def test_errors(xw, tmp_path):
-    with pytest.raises(ReportError, match=r"breakdown: n must be one of 'matmul', 'total', 'non_embedding' or a positive int, got 'bogus'"):
+    with pytest.raises(
+        ReportError,
+        match=r"breakdown: n must be one of 'matmul', 'total', 'non_embedding' or a positive int, got 'bogus'",
+    ):
         breakdown(xw, n="bogus")
     with pytest.raises(ReportError, match=r"explain: n must be one of .* got True"):
         explain(xw, n=True)
-    with pytest.raises(ReportError, match=r"breakdown: tokens must be a positive int \(tokens per training step\), got 0"):
+    with pytest.raises(
+        ReportError, match=r"breakdown: tokens must be a positive int \(tokens per training step\), got 0"
+    ):
         breakdown(xw, tokens=0)
     with pytest.raises(ReportError, match=r"breakdown: the trace lacks column\(s\) \['flop_kind'\]; load it with them"):
         breakdown(xw.drop(columns=["flop_kind"]))
@@ -409,8 +421,10 @@ def test_an_evaluation_pass_under_no_grad_is_its_own_line(tmp_path):
     # training's forward: fc1 2·32·8·16 = 8,192 + fc2 2·32·16·4 = 4,096 = 12,288 = 2·N·T (N = 192); the evaluation
     # pass's 12,288 more is its own line, not a weight "shared, or called twice"
     assert "Forward weight matmuls: 12,288 FLOPs = 2.00·N·T" in text
-    assert ("Evaluation: 12,288 FLOPs per step of forward matmuls ran with grad mode off (grad_mode no_grad; weight "
-            "matmuls 12,288): an evaluation pass, which no backward follows." in text)
+    assert (
+        "Evaluation: 12,288 FLOPs per step of forward matmuls ran with grad mode off (grad_mode no_grad; weight "
+        "matmuls 12,288): an evaluation pass, which no backward follows." in text
+    )
     assert "Above 2·N·T" not in text and "Forward work without a backward" not in text
     assert breakdown(df).set_index("phase").loc["forward", "weight_matmul_flops"] == 2 * 12288
     # skipped dL/dx over training's forward only: fc1's, 8,192 (not 16,384 with the evaluation's)
@@ -457,14 +471,19 @@ def test_an_evaluation_of_the_batch_being_trained_is_evaluation_by_its_grad_mode
     df = _train_then_evaluate_the_same_batch(tmp_path / "t")
     # training: t, addmm, relu, detach, t, addmm, pow, mean, ones_like (the loss's gradient seed); the evaluation: t,
     # addmm, relu, t, addmm, pow, mean
-    assert df.loc[df["phase"] == "forward", "grad_mode"].astype(str).value_counts().to_dict() == {"grad": 9, "no_grad": 7}
+    assert df.loc[df["phase"] == "forward", "grad_mode"].astype(str).value_counts().to_dict() == {
+        "grad": 9,
+        "no_grad": 7,
+    }
     text = "\n".join(explain(df))
     # training's forward: fc1 2·32·8·16 = 8,192 + fc2 2·32·16·4 = 4,096 = 12,288 = 2·N·T (N = 192); the evaluation's
     # 12,288 ran under no_grad. Before the grad_mode column its fc1 (whose input fc1's dL/dW reads) counted as
     # training: fc1 "2.00x (64 tokens)", and the skipped dL/dx doubled to 16,384
     assert "Forward weight matmuls: 12,288 FLOPs = 2.00·N·T" in text and "Above 2·N·T" not in text
-    assert ("Evaluation: 12,288 FLOPs per step of forward matmuls ran with grad mode off (grad_mode no_grad; weight "
-            "matmuls 12,288): an evaluation pass, which no backward follows." in text)
+    assert (
+        "Evaluation: 12,288 FLOPs per step of forward matmuls ran with grad mode off (grad_mode no_grad; weight "
+        "matmuls 12,288): an evaluation pass, which no backward follows." in text
+    )
     assert "Forward work without a backward" not in text
     # the skipped dL/dx over training's forward only: fc1's, 2·32·8·16 = 8,192
     assert "never computed because the input x needs no gradient" in text
@@ -507,11 +526,14 @@ def test_frozen_weights_get_the_flops_of_their_skipped_weight_gradients(tmp_path
     assert breakdown(df).set_index("phase").loc["backward", "weight_matmul_flops"] == 4096
 
 
-@pytest.mark.parametrize("how, words", [
-    ({"fused": True}, "the fused kernel (aten._fused_adamw_.default) counts 1 FLOP per parameter element"),
-    ({"foreach": True}, "its _foreach ops (foreach=True) count 1 FLOP per element each"),
-    ({"foreach": False}, "its per-parameter elementwise ops count 1 FLOP per element"),
-])
+@pytest.mark.parametrize(
+    "how, words",
+    [
+        ({"fused": True}, "the fused kernel (aten._fused_adamw_.default) counts 1 FLOP per parameter element"),
+        ({"foreach": True}, "its _foreach ops (foreach=True) count 1 FLOP per element each"),
+        ({"foreach": False}, "its per-parameter elementwise ops count 1 FLOP per element"),
+    ],
+)
 def test_the_optimizer_line_says_which_adamw_ran(tmp_path, how, words):
     torch.manual_seed(0)
     model, x = MLP(), torch.randn(B, D)
@@ -531,7 +553,8 @@ def test_a_tied_head_is_named_by_the_module_that_uses_it(tmp_path):
     df = trace(tmp_path / "tied", model, lambda: model(torch.randint(0, TiedLM.V, (B,))).backward())
     # the head's forward: [32, 8] @ [8, 16] = 2·32·8·16 = 8,192 FLOPs
     assert "Output head: head (its weight emb.weight, 128 parameters, tied to the embedding) costs 8,192 FLOPs" in (
-        "\n".join(explain(df)))
+        "\n".join(explain(df))
+    )
 
 
 def test_n_of_a_convolutional_model_says_which_weights_it_counts(tmp_path):
@@ -547,7 +570,9 @@ def test_n_of_a_convolutional_model_says_which_weights_it_counts(tmp_path):
 
     torch.manual_seed(0)
     model = PatchNet()
-    df = trace(tmp_path / "patch", model, lambda: model(torch.randn(2, 3, 8, 8)).backward(), tokens=8)  # 2 x 2x2 patches
+    df = trace(
+        tmp_path / "patch", model, lambda: model(torch.randn(2, 3, 8, 8)).backward(), tokens=8
+    )  # 2 x 2x2 patches
     text = "\n".join(explain(df))
     # N = the head's 8·4 = 32; the convolutions' 8·3·4·4 = 384 and 8·8·3·3 = 576 weights are named and left out
     assert breakdown(df)["n_params"].iloc[0] == 32

@@ -51,12 +51,21 @@ def test_report_text_and_json_name_the_uncounted_ops_and_the_fix(tmp_path, capsy
     assert "aten.sort.default" in text and "aten.topk.default" in text
     assert main(["report", path, "--json"]) == 0
     summary = json.loads(capsys.readouterr().out)
-    assert sorted((r["op"], r["ops"]) for r in summary["uncounted_ops"]) == [("aten.sort.default", 2), ("aten.topk.default", 1)]
+    assert sorted((r["op"], r["ops"]) for r in summary["uncounted_ops"]) == [
+        ("aten.sort.default", 2),
+        ("aten.topk.default", 1),
+    ]
     assert summary["bound_flops"] == {"flops": 0, "rows": 0}
 
 
 def test_bounds_sum_the_flagged_rows_per_step():
-    df = pd.DataFrame({"step": [0, 0, 1, 1], "phase": ["forward"] * 4, "flops": [10, 2**40, 5, 2**40 + 2],
-                       "flops_bound": [False, True, False, True]})
+    df = pd.DataFrame(
+        {
+            "step": [0, 0, 1, 1],
+            "phase": ["forward"] * 4,
+            "flops": [10, 2**40, 5, 2**40 + 2],
+            "flops_bound": [False, True, False, True],
+        }
+    )
     assert bounds(df) == {"flops": 2**40 + 1, "rows": 2}  # (2**40 + 2**40 + 2) / 2 steps
     assert bounds(df.drop(columns="flops_bound")) == {"flops": 0, "rows": 0}

@@ -4,6 +4,7 @@ run several times in one step."""
 import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
+
 import reports
 from tracer import Tracer
 
@@ -35,8 +36,10 @@ def test_explain_on_a_layer_called_three_times_does_not_only_doubt_tokens(tmp_pa
     # forward: 3 x 2·4·16·16 = 6,144 + head 2·4·16·2 = 256 = 6,400
     assert counter.get_total_flops() == 6400 and "Forward weight matmuls: 6,400 FLOPs" in text
     assert "layer.weight 3.00x (12 tokens)" in text  # 3 calls x 4 rows
-    assert ("256 of the N = 288 parameters multiplied 12 tokens per step each: is tokens= (4) the tokens per step, "
-            "or is each of them called 3 times a step (a layer shared across depth)?") in text
+    assert (
+        "256 of the N = 288 parameters multiplied 12 tokens per step each: is tokens= (4) the tokens per step, "
+        "or is each of them called 3 times a step (a layer shared across depth)?"
+    ) in text
 
 
 def test_explain_on_forward_passes_in_one_step_names_tracer_step(tmp_path):
@@ -57,8 +60,10 @@ def test_explain_on_forward_passes_in_one_step_names_tracer_step(tmp_path):
         if not stepped:
             # 5 passes x 2·8·1,024 = 81,920 weight-matmul FLOPs in the one step: 10.00·N·T
             assert "Forward weight matmuls: 81,920 FLOPs = 10.00·N·T" in text
-            assert ("is tokens= (8) the tokens per step, or is each of them called 5 times a step (a layer shared "
-                    "across depth, or 5 forward passes in one step: call Tracer.step() after each pass)?") in text
+            assert (
+                "is tokens= (8) the tokens per step, or is each of them called 5 times a step (a layer shared "
+                "across depth, or 5 forward passes in one step: call Tracer.step() after each pass)?"
+            ) in text
         else:
             # per step: 2·8·1,024 = 16,384, ratio 1 to 2·N·T
             assert "Forward weight matmuls: 16,384 FLOPs = 2.00·N·T" in text and "forward passes" not in text

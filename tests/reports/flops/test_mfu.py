@@ -170,7 +170,9 @@ def test_errors(mlp):
         mfu(mlp, step_time_s=0)
     with pytest.raises(ReportError, match=r"mfu: peak_flops must be a number > 0 \(or \{run: number\}\), got 'fast'"):
         mfu(mlp, peak_flops="fast")
-    with pytest.raises(ReportError, match=r"mfu: dtype must be a dtype name such as 'bfloat16' or a torch.dtype, got 3"):
+    with pytest.raises(
+        ReportError, match=r"mfu: dtype must be a dtype name such as 'bfloat16' or a torch.dtype, got 3"
+    ):
         mfu(mlp, dtype=3)
     with pytest.raises(ReportError, match=r"mfu: the trace lacks column\(s\) \['input_dtypes'\]; load it with them"):
         mfu(mlp.drop(columns=["input_dtypes"]))
@@ -223,8 +225,24 @@ def test_match_device(name, key):
 
 def test_peak_table_is_dense_and_sourced():
     devices = {d for d, _ in PEAKS}
-    assert devices >= {"T4", "V100 SXM2", "A10", "A10G", "A100", "L4", "L40S", "H100 SXM", "H100 PCIe", "H100 NVL",
-                       "H200", "B200", "RTX 3090", "RTX 4090", "MI250X", "MI300X"}
+    assert devices >= {
+        "T4",
+        "V100 SXM2",
+        "A10",
+        "A10G",
+        "A100",
+        "L4",
+        "L40S",
+        "H100 SXM",
+        "H100 PCIe",
+        "H100 NVL",
+        "H200",
+        "B200",
+        "RTX 3090",
+        "RTX 4090",
+        "MI250X",
+        "MI300X",
+    }
     for (device, dtype), (value, source) in PEAKS.items():
         assert value > 0 and source, (device, dtype)
         assert dtype in ("float32", "tfloat32", "bfloat16", "float16", "float8")
@@ -239,8 +257,11 @@ def test_peak_table_is_dense_and_sourced():
     "device, dtype, expected",
     [
         # 4 cores x 3.0 GHz x (16 lanes x 2 FMA x 2 units = 64) = 7.68e11
-        ({"type": "cpu", "cores": 4, "threads": 4, "max_mhz": 3000, "mhz": 1200, "isa": ["avx512f", "avx2", "fma"]},
-         "float32", 7.68e11),
+        (
+            {"type": "cpu", "cores": 4, "threads": 4, "max_mhz": 3000, "mhz": 1200, "isa": ["avx512f", "avx2", "fma"]},
+            "float32",
+            7.68e11,
+        ),
         # AVX2: 8 lanes x 2 x 2 = 32 per cycle: 4 x 3e9 x 32 = 3.84e11; float64 half that
         ({"type": "cpu", "cores": 4, "threads": 4, "mhz": 3000, "isa": ["avx2", "fma"]}, "float32", 3.84e11),
         ({"type": "cpu", "cores": 4, "threads": 4, "mhz": 3000, "isa": ["avx2", "fma"]}, "float64", 1.92e11),
@@ -248,7 +269,11 @@ def test_peak_table_is_dense_and_sourced():
         ({"type": "cpu", "cores": 8, "threads": 2, "mhz": 2000, "isa": ["avx512f"]}, "float32", 2.56e11),
         # AMX: 1,024 bf16 FLOPs per cycle: 2 x 2e9 x 1024 = 4.096e12; AVX512_BF16: 2 x 64 = 128
         ({"type": "cpu", "cores": 2, "threads": 2, "mhz": 2000, "isa": ["amx_bf16", "avx512f"]}, "bfloat16", 4.096e12),
-        ({"type": "cpu", "cores": 2, "threads": 2, "mhz": 2000, "isa": ["avx512_bf16", "avx512f"]}, "bfloat16", 5.12e11),
+        (
+            {"type": "cpu", "cores": 2, "threads": 2, "mhz": 2000, "isa": ["avx512_bf16", "avx512f"]},
+            "bfloat16",
+            5.12e11,
+        ),
         # bf16 without native support runs in fp32; AVX2 + FMA: 2 x 2e9 x 32 = 1.28e11
         ({"type": "cpu", "cores": 2, "threads": 2, "mhz": 2000, "isa": ["avx2", "fma"]}, "bfloat16", 1.28e11),
         # AVX without FMA: a multiply and an add unit, 8 x 2 = 16 per cycle: 2 x 2e9 x 16 = 6.4e10
@@ -274,6 +299,7 @@ def test_peak_flops_lookup():
 
 def test_reports_import_without_torch():
     code = "import sys, reports.tables, reports.flops.breakdown, reports.flops.mfu, reports.flops.peaks; print('torch' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         cwd=str(helpers.ROOT))
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=str(helpers.ROOT)
+    )
     assert out.stdout.strip() == "False"

@@ -108,7 +108,10 @@ def test_expert_matmuls_are_weight_matmuls_and_N_active_is_exact(tmp_path, kind)
     text = "\n".join(reports.explain(df))
     assert "of which each token uses N_active = 544 (top-2 of 4 experts)" in text
     # weight matmuls 17,408 + 34,816 = 52,224 = 6·N_active·T exactly; the experts a token skips: 6·(1,056 - 544)·16
-    assert "weight matmuls - 6·N_active·T (0) - 6·(N - N_active)·T for the parameters a token does not use (49,152)" in text
+    assert (
+        "weight matmuls - 6·N_active·T (0) - 6·(N - N_active)·T for the parameters a token does not use (49,152)"
+        in text
+    )
     assert "Forward weight matmuls: 17,408 FLOPs = 2.00·N_active·T" in text
     assert "Backward weight matmuls: 34,816 FLOPs = 4·N_active·T" in text
     # SGD (foreach) adds lr·grad to every parameter: 1 FLOP per element of all 1,056, experts the tokens skipped too
@@ -130,7 +133,10 @@ def test_a_dense_model_has_N_active_equal_to_N(tmp_path):
     assert t.loc["forward", "weight_matmul_flops"] == 6144
     text = "\n".join(reports.explain(df))
     assert "N_active" not in text and "Mixture of experts" not in text
-    assert "Above 2·N·T: some weights multiply more than T = 16 tokens per step" in text and "0.weight 2.00x (32 tokens)" in text
+    assert (
+        "Above 2·N·T: some weights multiply more than T = 16 tokens per step" in text
+        and "0.weight 2.00x (32 tokens)" in text
+    )
     assert "is tokens=" not in text  # 64 of the 128 parameters: no majority, the question is not asked
 
 
@@ -138,9 +144,18 @@ def test_a_dense_model_has_N_active_equal_to_N(tmp_path):
 def test_transformers_mixtral_experts(tmp_path, impl):
     tf = pytest.importorskip("transformers")
     torch.manual_seed(0)
-    cfg = tf.MixtralConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                           num_attention_heads=4, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2,
-                           max_position_embeddings=64, experts_implementation=impl)
+    cfg = tf.MixtralConfig(
+        vocab_size=128,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        max_position_embeddings=64,
+        experts_implementation=impl,
+    )
     model = tf.MixtralForCausalLM(cfg)
     idx = torch.randint(0, 128, (2, 8))  # T = 16 tokens
     with Tracer(tmp_path / impl, model=model, tokens=16):
@@ -167,7 +182,10 @@ def test_report_and_json_give_N_active(tmp_path, capsys):
 
     trace_moe(tmp_path / "moe", "eager")
     assert main(["report", str(tmp_path / "moe")]) == 0
-    assert "N = 1,056 parameters (matmul), N_active = 544 used per token, T = 16 tokens per step" in capsys.readouterr().out
+    assert (
+        "N = 1,056 parameters (matmul), N_active = 544 used per token, T = 16 tokens per step"
+        in capsys.readouterr().out
+    )
     assert main(["report", str(tmp_path / "moe"), "--json"]) == 0
     summary = json.loads(capsys.readouterr().out)
     assert (summary["params"], summary["n_active"]) == (1056, 544)
@@ -212,4 +230,6 @@ def test_an_expert_with_no_token_still_counts_in_N_and_E(tmp_path):
     assert t.loc["total", "n_active"] == 544
     assert t.loc["forward", "weight_matmul_flops"] == 17408
     text = "\n".join(reports.explain(df))
-    assert "Mixture of experts: N = 1,056 parameters, of which each token uses N_active = 544 (top-2 of 4 experts)" in text
+    assert (
+        "Mixture of experts: N = 1,056 parameters, of which each token uses N_active = 544 (top-2 of 4 experts)" in text
+    )

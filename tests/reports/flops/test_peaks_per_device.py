@@ -21,13 +21,16 @@ def test_boards_of_several_dies_or_gpus_are_per_device():
     assert PEAKS[("MI300X", "bfloat16")][0] == 1307.4e12  # eight XCDs, one device in SPX mode
 
 
-@pytest.mark.parametrize("name, units, dtype, expected", [
-    ("AMD Instinct MI300X", 38, "bfloat16", 1307.4e12 * 38 / 304),  # CPX mode: 8 devices of 38 CUs
-    ("AMD Instinct MI300X", 304, "bfloat16", 1307.4e12),  # SPX: the whole part
-    ("NVIDIA H100 80GB HBM3", 16, "bfloat16", 989.4e12 * 16 / 132),  # a MIG 1g slice
-    ("NVIDIA A100-SXM4-80GB", 108, "float32", 19.5e12),
-    ("NVIDIA L4", 10, "float32", 30.3e12),  # no unit count in FULL_UNITS: the datasheet figure
-])
+@pytest.mark.parametrize(
+    "name, units, dtype, expected",
+    [
+        ("AMD Instinct MI300X", 38, "bfloat16", 1307.4e12 * 38 / 304),  # CPX mode: 8 devices of 38 CUs
+        ("AMD Instinct MI300X", 304, "bfloat16", 1307.4e12),  # SPX: the whole part
+        ("NVIDIA H100 80GB HBM3", 16, "bfloat16", 989.4e12 * 16 / 132),  # a MIG 1g slice
+        ("NVIDIA A100-SXM4-80GB", 108, "float32", 19.5e12),
+        ("NVIDIA L4", 10, "float32", 30.3e12),  # no unit count in FULL_UNITS: the datasheet figure
+    ],
+)
 def test_a_partition_gets_its_share(name, units, dtype, expected):
     value, source = peak_flops({"type": "cuda", "name": name, "multi_processor_count": units}, dtype)
     assert value == pytest.approx(expected, rel=1e-12)

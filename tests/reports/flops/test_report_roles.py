@@ -20,7 +20,7 @@ from torch.utils.checkpoint import checkpoint
 import reports
 from reports.flops.roles import gradient_sources
 from tracer import Tracer
-from tracer.schema import read_part, METADATA_KEY
+from tracer.schema import METADATA_KEY, read_part
 
 TOKENS = 32
 
@@ -86,23 +86,31 @@ def test_a_weight_used_three_times_has_all_its_gradient_matmuls(tmp_path):
 
 def _hops(ops):
     """Backward rows: row i reads storage i and writes storage i + 1; storage 0 is the matmul's output."""
-    return pd.DataFrame({"op": ops, "phase": "backward",
-                         "input_storage_ids": [[i] for i in range(len(ops))],
-                         "output_storage_ids": [[i + 1] for i in range(len(ops))]})
+    return pd.DataFrame(
+        {
+            "op": ops,
+            "phase": "backward",
+            "input_storage_ids": [[i] for i in range(len(ops))],
+            "output_storage_ids": [[i + 1] for i in range(len(ops))],
+        }
+    )
 
 
-@pytest.mark.parametrize("ops, weight_gradient", [
-    ([], True),  # the matmul writes the gradient itself
-    (["aten._to_copy.default"], True),  # a bf16 dW cast to fp32
-    (["aten.add.Tensor"], True),  # tied weights: two gradients summed
-    (["aten._to_copy.default", "aten.add_.Tensor"], True),  # cast, then accumulated into .grad
-    (["aten.mul.Tensor"], False),  # any other op breaks the chain
-    (["aten.add.Tensor", "aten.embedding_dense_backward.default"], False),
-    (["aten._to_copy.default", "aten.clone.default"], False),  # two casts
-    (["aten.add.Tensor", "aten.add.Tensor"], True),  # three uses of one weight: three dW summed by two adds
-    (["aten._to_copy.default", "aten.add.Tensor", "aten.add.Tensor", "aten.add_.Tensor"], True),
-    (["aten.add.Tensor", "aten.mul.Tensor", "aten.add.Tensor"], False),
-])
+@pytest.mark.parametrize(
+    "ops, weight_gradient",
+    [
+        ([], True),  # the matmul writes the gradient itself
+        (["aten._to_copy.default"], True),  # a bf16 dW cast to fp32
+        (["aten.add.Tensor"], True),  # tied weights: two gradients summed
+        (["aten._to_copy.default", "aten.add_.Tensor"], True),  # cast, then accumulated into .grad
+        (["aten.mul.Tensor"], False),  # any other op breaks the chain
+        (["aten.add.Tensor", "aten.embedding_dense_backward.default"], False),
+        (["aten._to_copy.default", "aten.clone.default"], False),  # two casts
+        (["aten.add.Tensor", "aten.add.Tensor"], True),  # three uses of one weight: three dW summed by two adds
+        (["aten._to_copy.default", "aten.add.Tensor", "aten.add.Tensor", "aten.add_.Tensor"], True),
+        (["aten.add.Tensor", "aten.mul.Tensor", "aten.add.Tensor"], False),
+    ],
+)
 def test_gradient_sources_follow_adds_and_one_cast_at_most(ops, weight_gradient):
     rows = _hops(ops)
     packets = rows["op"].map(lambda op: ".".join(op.split(".")[:2]))
@@ -127,7 +135,10 @@ def test_a_trained_module_outside_the_model_keeps_its_weight_gradients(tmp_path,
     frame = reports.breakdown(reports.load(path)).set_index("phase")
     # each matmul [64, 32] @ [32, 32]: 2·64·32·32 = 131,072 FLOPs, per step
     # A: forward 131,072 = 2·N·T; backward dW only (x needs no gradient) 131,072 = 2·N·T
-    assert frame.loc["forward", "weight_matmul_flops"] == 131_072 and frame.loc["backward", "weight_matmul_flops"] == 131_072
+    assert (
+        frame.loc["forward", "weight_matmul_flops"] == 131_072
+        and frame.loc["backward", "weight_matmul_flops"] == 131_072
+    )
     # B: forward 131,072; backward dL/dx + dW = 262,144: all outside the model
     assert frame.loc["forward", "external_weight_flops"] == 131_072
     assert frame.loc["backward", "external_weight_flops"] == 262_144
@@ -236,7 +247,9 @@ def test_recompute_rows_are_out_of_mfu_and_in_hfu(tmp_path):
     # the tracer flagged these rows, plus the zero-FLOP t/detach ops of the re-run block
     assert (traced["recompute"] & (traced["flops"] > 0)).tolist() == again(traced).tolist()
     assert int(traced.loc[traced["recompute"], "flops"].sum()) == 8192 + 512
-    before = reports.mfu(_rewrite(path, recompute=lambda f: f["phase"] != f["phase"]), step_time_s=1.0, peak_flops=1e6).iloc[0]
+    before = reports.mfu(
+        _rewrite(path, recompute=lambda f: f["phase"] != f["phase"]), step_time_s=1.0, peak_flops=1e6
+    ).iloc[0]
     df = _rewrite(path, recompute=again)
     assert int(df.loc[df["recompute"], "flops"].sum()) == 8192 + 512
     rate = reports.mfu(df, step_time_s=1.0, peak_flops=1e6).iloc[0]
@@ -347,15 +360,18 @@ def test_activation_matmuls_only_in_the_backward_get_their_own_explain_line(tmp_
 
 
 # weights used through views: slices, split, chunk, select, MultiheadAttention, per-sample gradients ----
-@pytest.mark.parametrize("ops, weight_gradient", [
-    (["aten.slice_backward.default"], True),  # dL/dw[:, :k] placed into zeros of w's shape
-    (["aten.select_backward.default", "aten.add.Tensor"], True),  # w[e] of two experts, summed
-    (["aten.index_put.default"], True),  # w[expert_ids]: the gathered gradients put back (accumulate=True)
-    (["aten.cat.default"], True),  # w.split / w.chunk: the pieces' gradients concatenated
-    (["aten._to_copy.default", "aten.slice_backward.default", "aten.add_.Tensor"], True),
-    (["aten.mul.Tensor", "aten.slice_backward.default"], False),  # a product is not a placed gradient
-    (["aten.slice_backward.default", "aten.embedding_dense_backward.default"], False),
-])
+@pytest.mark.parametrize(
+    "ops, weight_gradient",
+    [
+        (["aten.slice_backward.default"], True),  # dL/dw[:, :k] placed into zeros of w's shape
+        (["aten.select_backward.default", "aten.add.Tensor"], True),  # w[e] of two experts, summed
+        (["aten.index_put.default"], True),  # w[expert_ids]: the gathered gradients put back (accumulate=True)
+        (["aten.cat.default"], True),  # w.split / w.chunk: the pieces' gradients concatenated
+        (["aten._to_copy.default", "aten.slice_backward.default", "aten.add_.Tensor"], True),
+        (["aten.mul.Tensor", "aten.slice_backward.default"], False),  # a product is not a placed gradient
+        (["aten.slice_backward.default", "aten.embedding_dense_backward.default"], False),
+    ],
+)
 def test_gradient_sources_follow_the_ops_that_place_a_slices_gradient(ops, weight_gradient):
     rows = _hops(ops)
     packets = rows["op"].map(lambda op: ".".join(op.split(".")[:2]))
@@ -440,7 +456,9 @@ def test_per_sample_gradients_with_vmap_are_weight_gradient_matmuls(tmp_path):
     assert t.loc["backward", "attention_flops"] == 0
     assert "double backward" not in " ".join(reports.explain(df))
     # the output shapes read as Arrow lists give the same table
-    pd.testing.assert_frame_equal(reports.breakdown(reports.load(tmp_path / "vmap", lists="arrow")), reports.breakdown(df))
+    pd.testing.assert_frame_equal(
+        reports.breakdown(reports.load(tmp_path / "vmap", lists="arrow")), reports.breakdown(df)
+    )
 
 
 @pytest.mark.parametrize("reentrant", [True, False])

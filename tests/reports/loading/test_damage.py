@@ -20,7 +20,7 @@ import tracer
 from reports.errors import ReportError
 from reports.output.cli import main
 from tracer import Tracer
-from tracer.schema import read_part, LEGACY_MARKER_NAME, MARKER_NAME, marker_facts, METADATA_KEY, part_paths
+from tracer.schema import LEGACY_MARKER_NAME, MARKER_NAME, METADATA_KEY, marker_facts, part_paths, read_part
 
 
 @pytest.fixture(scope="module")
@@ -89,29 +89,49 @@ def raw_metadata(raw):
 # ------------------------------------------------------------------ 6. a part twice, or another trace's rows
 def test_a_sync_tool_copy_of_a_part_is_refused(trace, capsys):
     shutil.copy(trace / "part-000001.parquet", trace / "part-000001 (1).parquet")
-    one_error(capsys, "report", trace, r"part-000001 \(1\)\.parquet says it is part 2 like part-000001\.parquet "
-                                       r"\(a copy of a part\?\); move it out")  # fmt: skip
+    one_error(
+        capsys,
+        "report",
+        trace,
+        r"part-000001 \(1\)\.parquet says it is part 2 like part-000001\.parquet "
+        r"\(a copy of a part\?\); move it out",
+    )
 
 
 def test_a_symlinked_copy_of_a_part_is_refused(trace, capsys):
     os.symlink(trace / "part-000001.parquet", trace / "part-000010.parquet")
-    one_error(capsys, "report", trace, r"part-000010\.parquet says it is part 2 like part-000001\.parquet "
-                                       r"\(a copy of a part\?\); move it out")  # fmt: skip
+    one_error(
+        capsys,
+        "report",
+        trace,
+        r"part-000010\.parquet says it is part 2 like part-000001\.parquet "
+        r"\(a copy of a part\?\); move it out",
+    )
 
 
 def test_a_copy_with_another_part_number_is_refused_by_its_seq(trace, capsys):
     copy = trace / "part-000100.parquet"
     shutil.copy(trace / "part-000001.parquet", copy)
     rewrite(copy, set_metadata(parts=101))  # numbered as a new part: its rows are still seq 5-9
-    one_error(capsys, "report", trace, r"part-000100\.parquet repeats seq 5 to 9 of part-000001\.parquet "
-                                       r"\(a copy of a part\?\); move it out")  # fmt: skip
+    one_error(
+        capsys,
+        "report",
+        trace,
+        r"part-000100\.parquet repeats seq 5 to 9 of part-000001\.parquet "
+        r"\(a copy of a part\?\); move it out",
+    )
 
 
 def test_rows_repeated_inside_a_part_are_refused(trace, capsys):
     part = trace / "part-000002.parquet"
     rewrite(part, lambda table: pa.concat_tables([table, table]))  # seq 10-14 twice
-    one_error(capsys, "report", trace, r"seq 10 follows seq 14; expected seq to increase row by row "
-                                       r"\(a part or rows repeated\?\)")  # fmt: skip
+    one_error(
+        capsys,
+        "report",
+        trace,
+        r"seq 10 follows seq 14; expected seq to increase row by row "
+        r"\(a part or rows repeated\?\)",
+    )
 
 
 def test_another_traces_rank_directory_inside_a_flat_trace_is_refused(trace, template, capsys):
@@ -153,19 +173,32 @@ def test_a_null_cell_is_one_line(trace, capsys, column):
 
 def test_a_null_storage_id_item_is_one_line(trace, capsys):
     rewrite(trace / "part-000000.parquet", set_cell("input_storage_ids", 3, [None]))
-    one_error(capsys, "export", trace, r"column 'input_storage_ids' holds a null item at seq 3; expected int64 items",
-              "-o", trace.parent / "out.json")  # fmt: skip
+    one_error(
+        capsys,
+        "export",
+        trace,
+        r"column 'input_storage_ids' holds a null item at seq 3; expected int64 items",
+        "-o",
+        trace.parent / "out.json",
+    )
 
 
 @pytest.mark.parametrize("command", ["report", "compare", "export"])
 def test_a_wrong_arrow_type_is_one_line(trace, template, capsys, command):
-    rewrite(trace / "part-000004.parquet", lambda t: t.set_column(t.schema.get_field_index("flops"), "flops",
-                                                                  t.column("flops").cast(pa.string())))  # fmt: skip
-    message = r"column 'flops' of part-000004\.parquet has type string, expected int64 \(not written by optrace, or damaged\)"
+    rewrite(
+        trace / "part-000004.parquet",
+        lambda t: t.set_column(t.schema.get_field_index("flops"), "flops", t.column("flops").cast(pa.string())),
+    )
+    message = (
+        r"column 'flops' of part-000004\.parquet has type string, expected int64 \(not written by optrace, or damaged\)"
+    )
     if command == "compare":
         rc, out, err = run(capsys, "compare", template, trace)
-        assert rc == 2 and out == "" and re.fullmatch(
-            rf"optrace compare: error: {re.escape(str(trace))}: {message}\n", err), err
+        assert (
+            rc == 2
+            and out == ""
+            and re.fullmatch(rf"optrace compare: error: {re.escape(str(trace))}: {message}\n", err)
+        ), err
     else:
         one_error(capsys, command, trace, message, *(["-o", trace.parent / "out.json"] if command == "export" else []))
 
@@ -179,14 +212,24 @@ def test_a_missing_column_is_one_line(trace, capsys):
 
 def test_a_part_without_a_column_the_others_have_is_one_line(trace, capsys):
     rewrite(trace / "part-000004.parquet", lambda t: t.drop_columns(["live_bytes"]))
-    one_error(capsys, "report", trace, r"part-000004\.parquet and part-000000\.parquet differ in column\(s\) "
-                                       r"\['live_bytes'\]; expected one schema in every part")  # fmt: skip
+    one_error(
+        capsys,
+        "report",
+        trace,
+        r"part-000004\.parquet and part-000000\.parquet differ in column\(s\) "
+        r"\['live_bytes'\]; expected one schema in every part",
+    )
 
 
 def test_deeply_nested_metadata_is_refused_before_parsing(trace, capsys):
     rewrite(trace / "part-000009.parquet", raw_metadata(b'{"a": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"))
-    one_error(capsys, "report", trace, r"optrace metadata nests 100001 levels deep \(part-000009\.parquet\), "
-                                       r"more than the 64 optrace reads")  # fmt: skip
+    one_error(
+        capsys,
+        "report",
+        trace,
+        r"optrace metadata nests 100001 levels deep \(part-000009\.parquet\), "
+        r"more than the 64 optrace reads",
+    )
 
 
 def legacy_marker(trace, data):
@@ -197,55 +240,101 @@ def legacy_marker(trace, data):
 
 def test_a_deeply_nested_marker_is_refused_before_parsing(trace, capsys):
     legacy_marker(trace, b"[" * 50_000 + b"]" * 50_000)
-    one_error(capsys, "report", trace, r"the marker nests 50000 levels deep \(_optrace\.json\), more than the 64 optrace reads")
+    one_error(
+        capsys,
+        "report",
+        trace,
+        r"the marker nests 50000 levels deep \(_optrace\.json\), more than the 64 optrace reads",
+    )
 
 
 def test_a_huge_marker_is_refused_unread(trace, capsys):
     legacy_marker(trace, b" " * (2 << 20))
-    one_error(capsys, "report", trace, r"the marker is 1,048,577 bytes \(_optrace\.json\), more than the 1,048,576 optrace reads")
+    one_error(
+        capsys,
+        "report",
+        trace,
+        r"the marker is 1,048,577 bytes \(_optrace\.json\), more than the 1,048,576 optrace reads",
+    )
 
 
 @pytest.mark.parametrize(
     "fields, message",
     [
-        ({"storage_roles": {"gradient": 5}}, r"optrace metadata \(part-000009\.parquet\) storage_roles 'gradient' is 5, "
-                                             r"expected a list of storage ids"),
+        (
+            {"storage_roles": {"gradient": 5}},
+            r"optrace metadata \(part-000009\.parquet\) storage_roles 'gradient' is 5, "
+            r"expected a list of storage ids",
+        ),
         ({"device": "cpu"}, r"optrace metadata \(part-000009\.parquet\) 'device' is \"cpu\", expected an object"),
         ({"rows": "many"}, r"optrace metadata \(part-000009\.parquet\) 'rows' is \"many\", expected an int"),
         ({"lost_rows": -3}, r"optrace metadata \(part-000009\.parquet\) 'lost_rows' is -3, expected a count >= 0"),
-        ({"parameters": {"w": {"storage_id": 2**40, "numel": 2, "shape": [2], "dtype": "float32"}}},
-         r"optrace metadata parameter 'w' has storage id 1,099,511,627,776; expected 0 to 1,049,296 "
-         r"\(a damaged or hand-edited trace\?\)"),  # 2**20 + 16 * 45 rows = 1,049,296
-        ({"storage_roles": {"at_entry": [[3, 64, 1]]}},
-         r"optrace metadata \(part-000009\.parquet\) storage_roles 'at_entry' is \[\[3, 64, 1\]\], expected a list of "
-         r"\[id, bytes\] records of ints >= 0"),
-        ({"storage_roles": {"resized": [[0, 2**40, 8]]}},
-         r"optrace metadata storage_roles 'resized' has storage id 1,099,511,627,776; expected 0 to 1,049,296 "
-         r"\(a damaged or hand-edited trace\?\)"),
+        (
+            {"parameters": {"w": {"storage_id": 2**40, "numel": 2, "shape": [2], "dtype": "float32"}}},
+            r"optrace metadata parameter 'w' has storage id 1,099,511,627,776; expected 0 to 1,049,296 "
+            r"\(a damaged or hand-edited trace\?\)",
+        ),  # 2**20 + 16 * 45 rows = 1,049,296
+        (
+            {"storage_roles": {"at_entry": [[3, 64, 1]]}},
+            r"optrace metadata \(part-000009\.parquet\) storage_roles 'at_entry' is \[\[3, 64, 1\]\], expected a list of "
+            r"\[id, bytes\] records of ints >= 0",
+        ),
+        (
+            {"storage_roles": {"resized": [[0, 2**40, 8]]}},
+            r"optrace metadata storage_roles 'resized' has storage id 1,099,511,627,776; expected 0 to 1,049,296 "
+            r"\(a damaged or hand-edited trace\?\)",
+        ),
         # the report's notes read these (a traceback before: int("x"), f"{'x':,}")
-        ({"untraced_optimizer_steps": "x"},
-         r"optrace metadata \(part-000009\.parquet\) 'untraced_optimizer_steps' is \"x\", expected an int"),
-        ({"cycles_without_step": -1}, r"optrace metadata \(part-000009\.parquet\) 'cycles_without_step' is -1, "
-                                      r"expected a count >= 0"),
+        (
+            {"untraced_optimizer_steps": "x"},
+            r"optrace metadata \(part-000009\.parquet\) 'untraced_optimizer_steps' is \"x\", expected an int",
+        ),
+        (
+            {"cycles_without_step": -1},
+            r"optrace metadata \(part-000009\.parquet\) 'cycles_without_step' is -1, "
+            r"expected a count >= 0",
+        ),
         ({"attention": [1]}, r"optrace metadata \(part-000009\.parquet\) 'attention' is \[1\], expected an object"),
-        ({"optimizer_state_found_late": 1.5},
-         r"optrace metadata \(part-000009\.parquet\) 'optimizer_state_found_late' is 1\.5, expected an int"),
-        ({"optimizer_params": "many"},
-         r"optrace metadata \(part-000009\.parquet\) 'optimizer_params' is \"many\", expected an int"),
+        (
+            {"optimizer_state_found_late": 1.5},
+            r"optrace metadata \(part-000009\.parquet\) 'optimizer_state_found_late' is 1\.5, expected an int",
+        ),
+        (
+            {"optimizer_params": "many"},
+            r"optrace metadata \(part-000009\.parquet\) 'optimizer_params' is \"many\", expected an int",
+        ),
         # the entries of parameters and FSDP2's unsharded parameters (a KeyError or TypeError before)
-        ({"unsharded_parameters": {"w": 1}},
-         r"optrace metadata \(part-000009\.parquet\) unsharded parameter 'w' is 1, expected an object"),
-        ({"parameters": {"w": {"storage_id": 0}}},
-         r"optrace metadata \(part-000009\.parquet\) parameter 'w' has no 'numel', 'dtype'"),
-        ({"unsharded_parameters": {"w": {"storage_id": 2**40, "numel": 4, "dtype": "float32"}}},
-         r"optrace metadata unsharded parameter 'w' has storage id 1,099,511,627,776; expected 0 to 1,049,296 "
-         r"\(a damaged or hand-edited trace\?\)"),
+        (
+            {"unsharded_parameters": {"w": 1}},
+            r"optrace metadata \(part-000009\.parquet\) unsharded parameter 'w' is 1, expected an object",
+        ),
+        (
+            {"parameters": {"w": {"storage_id": 0}}},
+            r"optrace metadata \(part-000009\.parquet\) parameter 'w' has no 'numel', 'dtype'",
+        ),
+        (
+            {"unsharded_parameters": {"w": {"storage_id": 2**40, "numel": 4, "dtype": "float32"}}},
+            r"optrace metadata unsharded parameter 'w' has storage id 1,099,511,627,776; expected 0 to 1,049,296 "
+            r"\(a damaged or hand-edited trace\?\)",
+        ),
     ],
-    ids=["roles_not_a_list", "device_a_string", "rows_a_string", "negative_count", "parameter_id_2_40",
-         "at_entry_record_of_three", "resized_id_2_40", "untraced_steps_a_string", "negative_cycles",
-         "attention_a_list", "late_state_a_float", "updated_params_a_string", "unsharded_entry_an_int",
-         "parameter_without_numel",
-         "unsharded_id_2_40"],
+    ids=[
+        "roles_not_a_list",
+        "device_a_string",
+        "rows_a_string",
+        "negative_count",
+        "parameter_id_2_40",
+        "at_entry_record_of_three",
+        "resized_id_2_40",
+        "untraced_steps_a_string",
+        "negative_cycles",
+        "attention_a_list",
+        "late_state_a_float",
+        "updated_params_a_string",
+        "unsharded_entry_an_int",
+        "parameter_without_numel",
+        "unsharded_id_2_40",
+    ],
 )
 def test_wrongly_typed_metadata_is_one_line(trace, capsys, fields, message):
     rewrite(trace / "part-000009.parquet", set_metadata(**fields))
@@ -268,7 +357,9 @@ def test_an_unreadable_directory_is_one_line(trace, capsys, monkeypatch):
 
     monkeypatch.setattr(os, "listdir", refuse)
     one_error(capsys, "report", trace, r"cannot list the trace directory \(Permission denied\)")
-    one_error(capsys, "export", trace, r"cannot list the trace directory \(Permission denied\)", "-o", trace.parent / "o.json")
+    one_error(
+        capsys, "export", trace, r"cannot list the trace directory \(Permission denied\)", "-o", trace.parent / "o.json"
+    )
 
 
 def test_an_unreadable_directory_by_its_mode_is_one_line(trace, capsys):
@@ -283,8 +374,10 @@ def test_an_unreadable_directory_by_its_mode_is_one_line(trace, capsys):
 
 def test_a_storage_id_of_2_40_is_refused_before_any_allocation(trace, capsys):
     rewrite(trace / "part-000000.parquet", set_cell("output_storage_ids", 3, [2**40]))
-    message = (r"column 'output_storage_ids' holds 1,099,511,627,776 at seq 3; expected storage id 0 to 1,049,296 "
-               r"\(a damaged or hand-edited trace\?\)")  # 2**20 + 16 * 45 rows  # fmt: skip
+    message = (
+        r"column 'output_storage_ids' holds 1,099,511,627,776 at seq 3; expected storage id 0 to 1,049,296 "
+        r"\(a damaged or hand-edited trace\?\)"
+    )  # 2**20 + 16 * 45 rows
     one_error(capsys, "report", trace, message)
     one_error(capsys, "export", trace, message, "-o", trace.parent / "out.json")
 
@@ -294,9 +387,17 @@ def test_a_storage_id_of_2_40_is_refused_before_any_allocation(trace, capsys):
     "column, value, message",
     [
         ("flops", -5, r"column 'flops' holds -5 at seq 3; expected FLOPs 0 to 1,000,000,000,000,000,000"),
-        ("flops", 2**63 - 1, r"column 'flops' holds 9,223,372,036,854,775,807 at seq 3; expected FLOPs 0 to "
-                             r"1,000,000,000,000,000,000"),
-        ("bytes_allocated", -4, r"column 'bytes_allocated' holds -4 at seq 3; expected bytes 0 to 1,152,921,504,606,846,976"),
+        (
+            "flops",
+            2**63 - 1,
+            r"column 'flops' holds 9,223,372,036,854,775,807 at seq 3; expected FLOPs 0 to "
+            r"1,000,000,000,000,000,000",
+        ),
+        (
+            "bytes_allocated",
+            -4,
+            r"column 'bytes_allocated' holds -4 at seq 3; expected bytes 0 to 1,152,921,504,606,846,976",
+        ),
         ("duration_ns", -1, r"column 'duration_ns' holds -1 at seq 3; expected ns >= 0"),
         ("seq", -1, r"column 'seq' holds -1 at seq -1; expected op index >= 0"),
     ],
@@ -311,8 +412,12 @@ def test_impossible_values_are_refused(trace, capsys, column, value, message):
 
 def test_flops_whose_sum_passes_int64_are_totalled_not_refused(trace, capsys):
     for part in ("part-000000.parquet", "part-000001.parquet"):
-        rewrite(trace / part, lambda t: t.set_column(t.schema.get_field_index("flops"), "flops",
-                                                     pa.array([10**18] * t.num_rows, pa.int64())))  # fmt: skip
+        rewrite(
+            trace / part,
+            lambda t: t.set_column(
+                t.schema.get_field_index("flops"), "flops", pa.array([10**18] * t.num_rows, pa.int64())
+            ),
+        )
     # the 10 rows of those two parts hold 10**18 FLOPs each (the most one op may count): 1e19 > 2**63 - 1 = 9.22e18,
     # summed in float64 instead of wrapping
     from reports.steps import phase_steps
@@ -323,7 +428,9 @@ def test_flops_whose_sum_passes_int64_are_totalled_not_refused(trace, capsys):
     phases = df["phase"].astype(str).tolist()
     exact = sum(sum(f for f, q in zip(flops, phases) if q == p) / n for p, n in phase_steps(df).items())
     assert reports.per_step(df) == exact
-    assert sum(int(v) for v in reports.by_op(df)["flops"]) == pytest.approx(sum(flops), rel=1e-15)  # float64 sums: never wrapped
+    assert sum(int(v) for v in reports.by_op(df)["flops"]) == pytest.approx(
+        sum(flops), rel=1e-15
+    )  # float64 sums: never wrapped
     rc, out, err = run(capsys, "report", trace)
     assert rc == 0, err
 
@@ -353,12 +460,22 @@ def test_export_of_a_damaged_trace_says_so(trace, capsys):
     out_file = trace.parent / "out.json"
     rc, out, err = run(capsys, "export", trace, "-o", out_file)
     assert rc == 0 and out.startswith("optrace export: 40 ops -> ")
-    assert err == (f"optrace export: note: {trace}: trace is damaged: 5 rows missing from disk (a part deleted?); "
-                   "1 part file(s) missing; 1 gap(s) in seq; exporting the rows it has\n")  # fmt: skip
+    assert err == (
+        f"optrace export: note: {trace}: trace is damaged: 5 rows missing from disk (a part deleted?); "
+        "1 part file(s) missing; 1 gap(s) in seq; exporting the rows it has\n"
+    )
     written = json.loads(out_file.read_text())
     assert written["otherData"]["complete"] == {"0": True}
     assert written["otherData"]["damage"] == {
-        "0": {"record_errors": 0, "lost_rows": 0, "missing_rows": 5, "missing_parts": 1, "seq_gaps": 1, "damaged_marker": 0}}
+        "0": {
+            "record_errors": 0,
+            "lost_rows": 0,
+            "missing_rows": 5,
+            "missing_parts": 1,
+            "seq_gaps": 1,
+            "damaged_marker": 0,
+        }
+    }
     labels = [e["args"]["name"] for e in written["traceEvents"] if e.get("name") == "process_name"]
     assert labels == ["rank 0: t (" + tracer.read_metadata(trace)["device"]["name"] + ") DAMAGED"]
 
@@ -395,8 +512,13 @@ def test_a_null_list_cell_is_one_line_whichever_way_the_sql_engine_reads_the_par
     monkeypatch.setattr(engine, "SMALL_PARTS", (1, 1 << 40, 1 << 40) if narrow else (1 << 40, 0, 0))
     rewrite(trace / "part-000002.parquet", set_cell("input_shapes", 0, None))
     seq = read_part(trace / "part-000002.parquet").column("seq")[0].as_py()
-    one_error(capsys, "report", trace, rf"column 'input_shapes' is null at seq {seq} \(1 null value\(s\)\); "
-                                       r"expected list<item: list<item: int64>> values")  # fmt: skip
+    one_error(
+        capsys,
+        "report",
+        trace,
+        rf"column 'input_shapes' is null at seq {seq} \(1 null value\(s\)\); "
+        r"expected list<item: list<item: int64>> values",
+    )
 
 
 # ------------------------------------------------------------------ 12. the traced code's exception text
@@ -416,8 +538,10 @@ def test_the_traced_codes_exception_is_escaped(tmp_path, capsys):
     path = _raising_trace(tmp_path / "t", FORGED)
     rc, out, err = run(capsys, "report", path)
     assert rc == 0
-    assert out.splitlines()[0].endswith(r", INCOMPLETE: the traced code raised RuntimeError: Boom\x1b[31mRED\nFORGED LINE; "
-                                        "figures cover the rows it has)"), out.splitlines()[0]  # fmt: skip
+    assert out.splitlines()[0].endswith(
+        r", INCOMPLETE: the traced code raised RuntimeError: Boom\x1b[31mRED\nFORGED LINE; "
+        "figures cover the rows it has)"
+    ), out.splitlines()[0]
     assert "\x1b" not in out and not any(line.startswith("FORGED") for line in out.splitlines())
 
 
@@ -432,14 +556,18 @@ def test_a_ranks_exception_is_escaped(tmp_path, capsys, monkeypatch):
                 torch.zeros(1) + 1
     rc, out, err = run(capsys, "report", tmp_path / "t")
     assert rc == 0, err
-    assert (r"  rank 1: INCOMPLETE: the traced code raised RuntimeError: Boom\x1b[31mRED\nFORGED LINE; its figures cover "
-            "the rows it has") in out.splitlines()  # fmt: skip
+    assert (
+        r"  rank 1: INCOMPLETE: the traced code raised RuntimeError: Boom\x1b[31mRED\nFORGED LINE; its figures cover "
+        "the rows it has"
+    ) in out.splitlines()
     assert "\x1b" not in out and not any(line.startswith("FORGED") for line in out.splitlines())
 
 
 def test_an_error_that_is_not_a_string_is_one_line(trace, capsys):
     rewrite(trace / "part-000009.parquet", set_metadata(complete=False, error={"x": 1}))
-    one_error(capsys, "report", trace, r"optrace metadata \(part-000009\.parquet\) 'error' is \{\"x\": 1\}, expected a string")
+    one_error(
+        capsys, "report", trace, r"optrace metadata \(part-000009\.parquet\) 'error' is \{\"x\": 1\}, expected a string"
+    )
 
 
 # ------------------------------------------------------------------ 13. one directory per rank
@@ -464,17 +592,25 @@ def _set_rank(directory, rank):
 @pytest.mark.parametrize(
     "damage, message",
     [
-        (lambda t: shutil.copytree(t / "rank=1", t / "rank=01"),
-         r"rank=01 and rank=1 are both rank 1; expected one directory per rank \(a copy\?\); move one out"),
-        (lambda t: shutil.copytree(t / "rank=0", t / "rank=2"),
-         r"rank=2's metadata says it is rank 0 \(as rank=0's does\); expected the directory's rank to be its metadata's "
-         r"rank \(a copy of another rank's directory\?\); move it out"),
-        (lambda t: (shutil.copytree(t / "rank=1", t / "rank=3"), _set_rank(t / "rank=3", 3)),
-         r"rank=1 and rank=3 hold the same trace \(trace_id \w+\); expected one directory per rank \(a copy\?\); "
-         r"move one out"),
-        (lambda t: (t / "rank=1").rename(t / "rank=99999999999999999999999"),
-         r"rank=99999999999999999999999 names rank 99999999999999999999999; expected a rank below 2,147,483,648 "
-         r"\(not written by optrace\?\)"),
+        (
+            lambda t: shutil.copytree(t / "rank=1", t / "rank=01"),
+            r"rank=01 and rank=1 are both rank 1; expected one directory per rank \(a copy\?\); move one out",
+        ),
+        (
+            lambda t: shutil.copytree(t / "rank=0", t / "rank=2"),
+            r"rank=2's metadata says it is rank 0 \(as rank=0's does\); expected the directory's rank to be its metadata's "
+            r"rank \(a copy of another rank's directory\?\); move it out",
+        ),
+        (
+            lambda t: (shutil.copytree(t / "rank=1", t / "rank=3"), _set_rank(t / "rank=3", 3)),
+            r"rank=1 and rank=3 hold the same trace \(trace_id \w+\); expected one directory per rank \(a copy\?\); "
+            r"move one out",
+        ),
+        (
+            lambda t: (t / "rank=1").rename(t / "rank=99999999999999999999999"),
+            r"rank=99999999999999999999999 names rank 99999999999999999999999; expected a rank below 2,147,483,648 "
+            r"\(not written by optrace\?\)",
+        ),
     ],
     ids=["rank_01_beside_rank_1", "metadata_of_another_rank", "same_trace_id", "rank_past_int32"],
 )
@@ -504,8 +640,11 @@ BYTES_MAX = "1,152,921,504,606,846,976"  # 2**60
     [
         ({"tokens": -16}, M + r"'tokens' is -16, expected tokens per step 1 to 9,007,199,254,740,992"),  # 2**53
         ({"tokens": 0}, M + r"'tokens' is 0, expected tokens per step 1 to 9,007,199,254,740,992"),
-        ({"tokens": 10**40}, M + r"'tokens' is 1000000000000000000000000000000000000\.\.\., expected tokens per step 1 "
-                                 r"to 9,007,199,254,740,992"),
+        (
+            {"tokens": 10**40},
+            M + r"'tokens' is 1000000000000000000000000000000000000\.\.\., expected tokens per step 1 "
+            r"to 9,007,199,254,740,992",
+        ),
         ({"tokens": 0.5}, M + r"'tokens' is 0\.5, expected an int"),  # the tracer has only ever written an int > 0
         ({"tokens": float("nan")}, M + r"'tokens' is NaN, expected an int"),
         ({"tokens": 1e308}, M + r"'tokens' is 1e\+308, expected an int"),
@@ -513,26 +652,54 @@ BYTES_MAX = "1,152,921,504,606,846,976"  # 2**60
         ({"step_time": {"median_s": 0}}, M + r"step_time 'median_s' is 0, expected seconds > 0"),
         ({"step_time": {"median_s": float("nan")}}, M + r"step_time 'median_s' is NaN, expected seconds > 0"),
         ({"step_time": {"median_s": float("inf")}}, M + r"step_time 'median_s' is Infinity, expected seconds > 0"),
-        ({"ceiling": {"flops_per_s": -1e9, "dtype": "float32"}},
-         M + r"ceiling 'flops_per_s' is -1000000000\.0, expected FLOP/s > 0"),
+        (
+            {"ceiling": {"flops_per_s": -1e9, "dtype": "float32"}},
+            M + r"ceiling 'flops_per_s' is -1000000000\.0, expected FLOP/s > 0",
+        ),
         ({"bandwidth": {"bytes_per_s": 0}}, M + r"bandwidth 'bytes_per_s' is 0, expected bytes/s > 0"),
         ({"device": {"type": "cpu", "name": "x", "cores": -4}}, M + r"device 'cores' is -4, expected a count >= 1"),
         ({"device": {"type": "cpu", "name": "x", "mhz": -1.0}}, M + r"device 'mhz' is -1\.0, expected MHz >= 0"),
-        ({"device": {"type": "cuda", "name": "x", "total_memory_bytes": 2**61}},
-         M + rf"device 'total_memory_bytes' is 2305843009213693952, expected bytes 0 to {BYTES_MAX}"),
-        ({"params": {"total": 10**30}}, M + rf"params 'total' is 1000000000000000000000000000000, expected a count 0 to "
-                                            rf"{BYTES_MAX}"),
-        ({"parameters": {"w": {"storage_id": 0, "numel": 10**30, "shape": [2], "dtype": "float32"}}},
-         M + rf"parameter 'w' 'numel' is 1000000000000000000000000000000, expected a count 0 to {BYTES_MAX}"),
+        (
+            {"device": {"type": "cuda", "name": "x", "total_memory_bytes": 2**61}},
+            M + rf"device 'total_memory_bytes' is 2305843009213693952, expected bytes 0 to {BYTES_MAX}",
+        ),
+        (
+            {"params": {"total": 10**30}},
+            M + rf"params 'total' is 1000000000000000000000000000000, expected a count 0 to "
+            rf"{BYTES_MAX}",
+        ),
+        (
+            {"parameters": {"w": {"storage_id": 0, "numel": 10**30, "shape": [2], "dtype": "float32"}}},
+            M + rf"parameter 'w' 'numel' is 1000000000000000000000000000000, expected a count 0 to {BYTES_MAX}",
+        ),
         ({"world_size": 0}, M + r"'world_size' is 0, expected ranks >= 1"),
         ({"rank": -1}, M + r"'rank' is -1, expected a rank >= 0"),
         ({"rank": 2, "world_size": 2}, M + r"'rank' is 2, expected a rank 0 to 1 \(world_size 2\)"),
         ({"schema_version": 0}, M + r"'schema_version' is 0, expected a schema version >= 1"),
     ],
-    ids=["tokens_negative", "tokens_zero", "tokens_10_40", "tokens_half", "tokens_nan", "tokens_1e308",
-         "step_time_negative", "step_time_zero", "step_time_nan", "step_time_inf", "ceiling_negative", "bandwidth_zero",
-         "cores_negative", "mhz_negative", "memory_2_61", "params_10_30", "numel_10_30", "world_size_zero",
-         "rank_negative", "rank_of_world", "schema_version_0"],
+    ids=[
+        "tokens_negative",
+        "tokens_zero",
+        "tokens_10_40",
+        "tokens_half",
+        "tokens_nan",
+        "tokens_1e308",
+        "step_time_negative",
+        "step_time_zero",
+        "step_time_nan",
+        "step_time_inf",
+        "ceiling_negative",
+        "bandwidth_zero",
+        "cores_negative",
+        "mhz_negative",
+        "memory_2_61",
+        "params_10_30",
+        "numel_10_30",
+        "world_size_zero",
+        "rank_negative",
+        "rank_of_world",
+        "schema_version_0",
+    ],
 )
 def test_metadata_numbers_out_of_range_are_one_line(trace, capsys, fields, message):
     """Type-checked but not range-checked, they gave negative figures, an MFU of -0.1%, an invented CPU peak,
@@ -546,10 +713,18 @@ def test_metadata_numbers_out_of_range_are_one_line(trace, capsys, fields, messa
 @pytest.mark.parametrize(
     "column, value, message",
     [
-        ("phase", "warmup", r"column 'phase' holds 'warmup' at seq 13; expected one of forward, backward, optimizer, "
-                            r"other"),
-        ("flop_kind", "bogus", r"column 'flop_kind' holds 'bogus' at seq 13; expected one of matmul, attention, conv, "
-                               r"elementwise, reduction, norm, softmax, foreach, collective, none, unknown"),
+        (
+            "phase",
+            "warmup",
+            r"column 'phase' holds 'warmup' at seq 13; expected one of forward, backward, optimizer, "
+            r"other",
+        ),
+        (
+            "flop_kind",
+            "bogus",
+            r"column 'flop_kind' holds 'bogus' at seq 13; expected one of matmul, attention, conv, "
+            r"elementwise, reduction, norm, softmax, foreach, collective, none, unknown",
+        ),
     ],
 )
 @pytest.mark.parametrize("engine", ["sql", "pandas"])

@@ -12,7 +12,6 @@ import resource
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -24,10 +23,10 @@ import torch
 import reports
 from reports.errors import ReportError
 from reports.loading.widths import ITEMS_SLACK, MAX_ITEMS_PER_ROW, items_bound
+from tests import helpers
 from tracer import Tracer
 from tracer.schema import METADATA_KEY, part_paths, read_part
 from tracer.writer import write_table
-from tests import helpers
 
 ROOT = helpers.ROOT
 CAP = 3 * 2**30  # the child's address space: `optrace report` of a small trace needs about 1.2 GB of it (torch, DuckDB)
@@ -50,8 +49,14 @@ def capped(*argv):
     def cap():
         resource.setrlimit(resource.RLIMIT_AS, (CAP, CAP))
 
-    done = subprocess.run([sys.executable, "-m", "reports.output.cli", *map(str, argv)], cwd=ROOT, preexec_fn=cap,
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "reports.output.cli", *map(str, argv)],
+        cwd=ROOT,
+        preexec_fn=cap,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     return done.returncode, done.stdout, done.stderr
 
 
@@ -78,8 +83,11 @@ def test_the_bomb_is_small_on_disk(bomb):
     assert os.path.getsize(bomb / "part-000000.parquet") < 16_384  # 50,000,000 int64 items: 400,000,000 bytes decoded
 
 
-@pytest.mark.parametrize("argv", [("report", "TRACE"), ("plan", "TRACE", "--gpu", "H100"), ("export", "TRACE", "-o", "OUT")],
-                         ids=["report", "plan", "export"])  # fmt: skip
+@pytest.mark.parametrize(
+    "argv",
+    [("report", "TRACE"), ("plan", "TRACE", "--gpu", "H100"), ("export", "TRACE", "-o", "OUT")],
+    ids=["report", "plan", "export"],
+)
 def test_a_list_bomb_is_refused_from_the_footer_in_bounded_memory(bomb, tmp_path, argv):
     """The part was read: `report` and `plan` peaked at 1.4-1.5 GB (RSS) and called the trace fine; now every
     reader refuses it from its footer, in one line, before a row of it is decoded."""
@@ -90,9 +98,11 @@ def test_a_list_bomb_is_refused_from_the_footer_in_bounded_memory(bomb, tmp_path
     bound = ITEMS_SLACK + 5 * MAX_ITEMS_PER_ROW  # 16,777,216 + 5 x 65,536 = 17,104,896
     assert (bound, items) == (17_104_896, 50_000_004)
     assert (rc, out) == (2, ""), err
-    assert err == (f"optrace {argv[0]}: error: {bomb}: column 'input_storage_ids' of part-000000.parquet holds "
-                   "50,000,004 list items in 5 row(s); expected at most 17,104,896 (16,777,216 + 65,536 per row): "
-                   "a damaged or hand-made part, not read\n")  # fmt: skip
+    assert err == (
+        f"optrace {argv[0]}: error: {bomb}: column 'input_storage_ids' of part-000000.parquet holds "
+        "50,000,004 list items in 5 row(s); expected at most 17,104,896 (16,777,216 + 65,536 per row): "
+        "a damaged or hand-made part, not read\n"
+    )
 
 
 def test_reports_load_refuses_the_bomb(bomb):
@@ -109,7 +119,9 @@ def long_name(template, tmp_path_factory):
     names = table.column("module").to_pylist()
     names[3] = "m" * 100_000_000
     at = table.schema.get_field_index("module")
-    table = table.set_column(at, "module", pa.array(names, pa.string()).dictionary_encode().cast(table.schema.field(at).type))
+    table = table.set_column(
+        at, "module", pa.array(names, pa.string()).dictionary_encode().cast(table.schema.field(at).type)
+    )
     os.remove(part)
     write_table(table, part)
     return path
@@ -123,9 +135,11 @@ def test_a_string_bomb_is_refused_from_the_footer(long_name, tmp_path, command):
     # the chunk: a dictionary page of "" and the name, each after its 4-byte length (4 + 4 + 100,000,000), the
     # page of indices and the pages' headers: 100,000,061 bytes uncompressed; the bound 16,777,216 + 5 x 4,096
     assert (rc, out) == (2, ""), err
-    assert err == (f"optrace {command}: error: {long_name}: column 'module' of part-000000.parquet holds 100,000,061 "
-                   "bytes of strings in 5 row(s); expected at most 16,797,696 (16,777,216 + 4,096 per row): a damaged "
-                   "or hand-made part, not read\n")  # fmt: skip
+    assert err == (
+        f"optrace {command}: error: {long_name}: column 'module' of part-000000.parquet holds 100,000,061 "
+        "bytes of strings in 5 row(s); expected at most 16,797,696 (16,777,216 + 4,096 per row): a damaged "
+        "or hand-made part, not read\n"
+    )
     from reports.loading.widths import string_bound
 
     assert string_bound(5) == 16_797_696
@@ -163,8 +177,10 @@ def set_cell(part, name, row, value):
     values = table.column(name).to_pylist()
     values[row] = value
     os.remove(part)
-    write_table(table.set_column(table.schema.get_field_index(name), name, pa.array(values, table.schema.field(name).type)),
-                part)  # fmt: skip
+    write_table(
+        table.set_column(table.schema.get_field_index(name), name, pa.array(values, table.schema.field(name).type)),
+        part,
+    )
 
 
 @pytest.fixture
@@ -178,7 +194,9 @@ def counted(template, tmp_path):
     return path
 
 
-DAMAGE = "optrace {}: note: {}: trace is damaged: 1000000000000000 op(s) ran but were not recorded; {} the 45 rows it has\n"
+DAMAGE = (
+    "optrace {}: note: {}: trace is damaged: 1000000000000000 op(s) ran but were not recorded; {} the 45 rows it has\n"
+)
 
 
 @pytest.mark.parametrize("engine", ["sql", "pandas"])
@@ -196,7 +214,10 @@ def test_plan_and_export_of_the_huge_count(counted, tmp_path):
     rc, out, err = capped("plan", counted, "--gpu", "H100")
     assert (rc, err) == (0, DAMAGE.format("plan", counted, "reporting")), err
     rc, out, err = capped("export", counted, "-o", tmp_path / "out.json")
-    assert (rc, err) == (0, DAMAGE.format("export", counted, "exporting").replace(" the 45 rows it has", " the rows it has")), err
+    assert (rc, err) == (
+        0,
+        DAMAGE.format("export", counted, "exporting").replace(" the 45 rows it has", " the rows it has"),
+    ), err
 
 
 def test_storage_ids_of_2_40_keep_their_ids_in_the_storages_table(counted):
@@ -253,12 +274,15 @@ def test_a_process_groups_rank_sizes_no_array():
 
 def test_a_process_groups_rank_beyond_the_world_is_one_line(template, tmp_path):
     path = shutil.copytree(template, tmp_path / "t")
-    set_metadata(part_paths(path)[-1], world_size=2, rank=0,
-                 process_groups=[{"name": "0", "size": 2, "ranks": [0, 10**15]}])  # fmt: skip
+    set_metadata(
+        part_paths(path)[-1], world_size=2, rank=0, process_groups=[{"name": "0", "size": 2, "ranks": [0, 10**15]}]
+    )
     with pytest.raises(ReportError) as raised:
         reports.load(path)
-    assert str(raised.value) == (f"{path}: optrace metadata (part-000009.parquet) process group \"0\" has rank "
-                                 "1000000000000000, expected a rank 0 to 1")  # fmt: skip
+    assert str(raised.value) == (
+        f'{path}: optrace metadata (part-000009.parquet) process group "0" has rank '
+        "1000000000000000, expected a rank 0 to 1"
+    )
 
 
 def test_the_memory_scan_allocates_by_the_rows_it_is_fed_not_by_the_footers_count(template):

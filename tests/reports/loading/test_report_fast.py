@@ -30,7 +30,7 @@ from reports.loading.columns import cell_lists
 from reports.output import cli
 from reports.output.report_json import compare_json
 from tracer import Tracer
-from tracer.schema import read_part, part_paths
+from tracer.schema import part_paths, read_part
 
 FAST = ("arrow",)
 
@@ -105,14 +105,24 @@ def autocast(tmp_path_factory):
 def _tables(df):
     """Every report of the frame: {name: DataFrame, list of lines, or the ReportError's message}."""
     calls = {
-        "by_op": reports.by_op, "by_module": reports.by_module, "by_phase": reports.by_phase,
-        "by_step": reports.by_step, "by_dtype": reports.by_dtype, "breakdown": reports.breakdown,
-        "breakdown_total": lambda d: reports.breakdown(d, n="total"), "explain": reports.explain,
-        "mfu": lambda d: reports.mfu(d, step_time_s=0.01), "peak": reports.peak, "timeline": reports.timeline,
-        "by_category": reports.by_category, "by_category_max": lambda d: reports.by_category(d, at="max"),
-        "storages": reports.storages, "memory_by_dtype": reports.memory_by_dtype, "views": reports.views,
+        "by_op": reports.by_op,
+        "by_module": reports.by_module,
+        "by_phase": reports.by_phase,
+        "by_step": reports.by_step,
+        "by_dtype": reports.by_dtype,
+        "breakdown": reports.breakdown,
+        "breakdown_total": lambda d: reports.breakdown(d, n="total"),
+        "explain": reports.explain,
+        "mfu": lambda d: reports.mfu(d, step_time_s=0.01),
+        "peak": reports.peak,
+        "timeline": reports.timeline,
+        "by_category": reports.by_category,
+        "by_category_max": lambda d: reports.by_category(d, at="max"),
+        "storages": reports.storages,
+        "memory_by_dtype": reports.memory_by_dtype,
+        "views": reports.views,
         "copies": reports.copies,
-    }  # fmt: skip
+    }
     out = {}
     for name, fn in calls.items():
         try:
@@ -194,15 +204,19 @@ def test_cli_compare_prints_the_reference_figures(traces, autocast):
     paths = [str(traces["gpt_3_steps"]), str(autocast)]
     want = reports.compare(reports.load(paths), by="op")
     runs = list(reports.load(paths).attrs["runs"])
-    assert json.loads(_cli(["compare", *paths, "--by", "op", "--json"])) == json.loads(json.dumps(compare_json(want, runs, "op")))
+    assert json.loads(_cli(["compare", *paths, "--by", "op", "--json"])) == json.loads(
+        json.dumps(compare_json(want, runs, "op"))
+    )
 
 
 def test_arrow_lists_stay_arrow_and_a_bad_mode_is_one_line(traces):
     df = reports.load(traces["gpt_3_steps"], lists="arrow")
     assert isinstance(df["input_storage_ids"].dtype, pd.ArrowDtype)
     moved = df[df["phase"] == "backward"].reset_index(drop=True)
-    assert cell_lists(moved, "output_shapes", np.arange(3), pa.list_(pa.int64())).to_pylist() == \
-        moved["output_shapes"].iloc[:3].tolist()  # fmt: skip
+    assert (
+        cell_lists(moved, "output_shapes", np.arange(3), pa.list_(pa.int64())).to_pylist()
+        == moved["output_shapes"].iloc[:3].tolist()
+    )
     with pytest.raises(ReportError, match=r"load: lists must be one of \['objects', 'arrow'\], got 'deferred'"):
         reports.load(traces["gpt_3_steps"], lists="deferred")
 
@@ -211,7 +225,6 @@ def test_flattened_id_lists_are_shared_while_their_frame_lives_and_dropped_with_
     """reports.loading.columns.flat keeps its last results for the frames' Arrow columns (roles and storage lifetimes
     share them), read-only, and forgets them once the frame is gone."""
     import gc
-
 
     from reports.loading import columns
 
@@ -255,6 +268,7 @@ def test_each_load_reads_every_part_footer_once_and_keeps_none_for_the_next(tmp_
     """A load opens each part's footer once (check, read); a later load reads them again,
     since a trace re-written in place can keep its size, inode and (on coarse file systems) mtime."""
     import reports.loading.integrity as integrity
+
     path = tmp_path / "t"
     with Tracer(path, flush_rows=7):
         x = torch.randn(4, 4, requires_grad=True)

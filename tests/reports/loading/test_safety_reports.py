@@ -20,7 +20,7 @@ import reports
 from reports.output.cli import main
 from reports.output.text import human_bytes
 from tracer import Tracer
-from tracer.schema import read_part, MARKER_NAME, marker_facts, METADATA_KEY, SCHEMA_VERSION, part_paths
+from tracer.schema import MARKER_NAME, METADATA_KEY, SCHEMA_VERSION, marker_facts, part_paths, read_part
 
 
 def run(capsys, *argv):
@@ -53,7 +53,9 @@ def test_a_deleted_middle_part_is_reported(tmp_path, capsys):
     rc, out, err = run(capsys, "report", path)
     assert rc == 0
     first = out.splitlines()[0]
-    assert first.endswith(", DAMAGED; 5 rows missing from disk (a part deleted?); 1 part file(s) missing; 1 gap(s) in seq)"), first
+    assert first.endswith(
+        ", DAMAGED; 5 rows missing from disk (a part deleted?); 1 part file(s) missing; 1 gap(s) in seq)"
+    ), first
     assert first.startswith("optrace report: t  (40 ops, 1 step(s), "), first
     assert err.strip() == (
         f"optrace report: note: {path}: trace is damaged: 5 rows missing from disk (a part deleted?); 1 part file(s) missing; "
@@ -61,7 +63,12 @@ def test_a_deleted_middle_part_is_reported(tmp_path, capsys):
     )
     rc, out, _ = run(capsys, "report", path, "--json")
     assert json.loads(out)["damage"] == {
-        "record_errors": 0, "lost_rows": 0, "missing_rows": 5, "missing_parts": 1, "seq_gaps": 1, "damaged_marker": 0,
+        "record_errors": 0,
+        "lost_rows": 0,
+        "missing_rows": 5,
+        "missing_parts": 1,
+        "seq_gaps": 1,
+        "damaged_marker": 0,
     }
 
 
@@ -74,8 +81,10 @@ def test_a_cut_marker_is_reported(tmp_path, capsys, engine):
     marker.write_bytes(marker.read_bytes()[:100])
     rc, out, err = run(capsys, "report", path, "--engine", engine)
     assert rc == 0
-    assert out.splitlines()[0].endswith(", DAMAGED; 1 unreadable marker (_optrace.parquet: its closing facts are lost, "
-                                        "and other Parquet readers of the directory fail on it))"), out.splitlines()[0]
+    assert out.splitlines()[0].endswith(
+        ", DAMAGED; 1 unreadable marker (_optrace.parquet: its closing facts are lost, "
+        "and other Parquet readers of the directory fail on it))"
+    ), out.splitlines()[0]
     rc, out, _ = run(capsys, "report", path, "--json", "--engine", engine)
     assert json.loads(out)["damage"]["damaged_marker"] == 1
 
@@ -94,7 +103,12 @@ def test_a_seq_gap_is_found_with_or_without_parquet_statistics(tmp_path, capsys,
     rc, out, _ = run(capsys, "report", path, "--json")
     assert rc == 0
     assert json.loads(out)["damage"] == {
-        "record_errors": 0, "lost_rows": 0, "missing_rows": 5, "missing_parts": 1, "seq_gaps": 1, "damaged_marker": 0,
+        "record_errors": 0,
+        "lost_rows": 0,
+        "missing_rows": 5,
+        "missing_parts": 1,
+        "seq_gaps": 1,
+        "damaged_marker": 0,
     }
 
 
@@ -123,7 +137,9 @@ def test_record_errors_are_in_the_report(tmp_path, capsys):
         raise ValueError("formula bug")
 
     path = tmp_path / "t"
-    with pytest.warns(UserWarning, match=r"could not record optrace_safety_test.twice.default \(ValueError: formula bug\)"):
+    with pytest.warns(
+        UserWarning, match=r"could not record optrace_safety_test.twice.default \(ValueError: formula bug\)"
+    ):
         with Tracer(path):
             out = torch.ops.optrace_safety_test.twice(torch.ones(2)) + 1
     assert out.tolist() == [3.0, 3.0]
@@ -136,23 +152,34 @@ def test_record_errors_are_in_the_report(tmp_path, capsys):
 def test_a_foreign_parquet_file_is_refused(tmp_path, capsys):
     path = nine_parts(tmp_path / "t")
     pq.write_table(pa.table({"a": [1, 2]}), path / "part-000100.parquet")
-    one_error(capsys, path, r"part-000100.parquet is not an optrace part \(no optrace metadata\); move it out of the trace")
+    one_error(
+        capsys, path, r"part-000100.parquet is not an optrace part \(no optrace metadata\); move it out of the trace"
+    )
 
 
 def test_a_part_of_another_trace_is_refused(tmp_path, capsys):
     path = nine_parts(tmp_path / "t")
     other = nine_parts(tmp_path / "other")
     shutil.copy(other / "part-000000.parquet", path / "part-000009.parquet")
-    one_error(capsys, path, r"part-000009.parquet belongs to trace '[0-9a-f]{32}', not '[0-9a-f]{32}' like "
-                            r"part-000000.parquet \(copied from another trace\?\); move it out")
+    one_error(
+        capsys,
+        path,
+        r"part-000009.parquet belongs to trace '[0-9a-f]{32}', not '[0-9a-f]{32}' like "
+        r"part-000000.parquet \(copied from another trace\?\); move it out",
+    )
 
 
 @pytest.mark.parametrize(
     "make, message",
     [
-        (lambda p: (p / "part-x.parquet").mkdir(), r"part-x.parquet is a directory, not an optrace part; move it out of the trace"),
-        (lambda p: (p / "data.csv").write_text("a,b\n1,2\n"),
-         r"data.csv is not an optrace part \(a trace holds only part-\*\.parquet files\); move it out"),
+        (
+            lambda p: (p / "part-x.parquet").mkdir(),
+            r"part-x.parquet is a directory, not an optrace part; move it out of the trace",
+        ),
+        (
+            lambda p: (p / "data.csv").write_text("a,b\n1,2\n"),
+            r"data.csv is not an optrace part \(a trace holds only part-\*\.parquet files\); move it out",
+        ),
     ],
     ids=["directory_named_like_a_part", "csv_file"],
 )
@@ -178,7 +205,9 @@ def test_a_newer_schema_is_refused(tmp_path, capsys):
         meta = json.loads(table.schema.metadata[METADATA_KEY])
         meta["schema_version"] = 7
         pq.write_table(table.replace_schema_metadata({METADATA_KEY: json.dumps(meta).encode()}), part)
-    one_error(capsys, path, rf"trace schema version 7 is newer than this optrace reads \({SCHEMA_VERSION}\); upgrade optrace")
+    one_error(
+        capsys, path, rf"trace schema version 7 is newer than this optrace reads \({SCHEMA_VERSION}\); upgrade optrace"
+    )
 
 
 def test_a_whole_trace_reports_no_damage(tmp_path, capsys):
@@ -186,7 +215,14 @@ def test_a_whole_trace_reports_no_damage(tmp_path, capsys):
     rc, out, err = run(capsys, "report", path, "--json")
     got = json.loads(out)
     assert rc == 0 and err == "" and got["complete"] is True
-    assert got["damage"] == {"record_errors": 0, "lost_rows": 0, "missing_rows": 0, "missing_parts": 0, "seq_gaps": 0, "damaged_marker": 0}
+    assert got["damage"] == {
+        "record_errors": 0,
+        "lost_rows": 0,
+        "missing_rows": 0,
+        "missing_parts": 0,
+        "seq_gaps": 0,
+        "damaged_marker": 0,
+    }
     assert marker_facts(path)["rows"] == 45
 
 
@@ -198,7 +234,10 @@ def test_top_must_be_at_least_one(tmp_path, capsys, value):
         main(["report", str(path), "--top", value])
     err = capsys.readouterr().err
     assert raised.value.code == 2
-    assert err == f"optrace report: error: argument --top: expected an int >= 1, got {value!r} (see optrace report --help)\n"
+    assert (
+        err
+        == f"optrace report: error: argument --top: expected an int >= 1, got {value!r} (see optrace report --help)\n"
+    )
 
 
 @pytest.mark.parametrize("flag, value", [("--step-time", "inf"), ("--step-time", "-2"), ("--peak-tflops", "nan")])

@@ -58,7 +58,12 @@ def two_steps(tmp_path_factory):
 @pytest.fixture(scope="module")
 def fp32_bf16(tmp_path_factory):
     d = tmp_path_factory.mktemp("mem")
-    return load([trace_mlp(d / "fp32.parquet", run_name="fp32"), trace_mlp(d / "bf16.parquet", dtype=torch.bfloat16, run_name="bf16")])
+    return load(
+        [
+            trace_mlp(d / "fp32.parquet", run_name="fp32"),
+            trace_mlp(d / "bf16.parquet", dtype=torch.bfloat16, run_name="bf16"),
+        ]
+    )
 
 
 def categories(df, at):
@@ -152,7 +157,12 @@ def test_storages(one_step):
     assert sorted(params["nbytes"]) == [4 * 2, 4 * 8, 4 * 8 * 2, 4 * 4 * 8]  # b2, b1, W2, W1
     assert (params["alloc_seq"] == -1).all() and params["free_seq"].isna().all()
     relu = s[s["op"] == "aten.relu.default"].iloc[0]
-    assert (relu["nbytes"], relu["dtype"], relu["category"], relu["phase"]) == (3 * 8 * 4, "float32", "activations", "forward")
+    assert (relu["nbytes"], relu["dtype"], relu["category"], relu["phase"]) == (
+        3 * 8 * 4,
+        "float32",
+        "activations",
+        "forward",
+    )
     x = s[s["category"] == "inputs"]
     assert x["nbytes"].sum() == 3 * 4 * 4  # the batch, made before the trace
     assert s.loc[s["allocated"], "nbytes"].sum() == one_step["bytes_allocated"].sum()
@@ -190,9 +200,14 @@ def test_empty_results_keep_their_dtypes(one_step):
 
 
 def test_errors(one_step, tmp_path):
-    with pytest.raises(ReportError, match=r"by_category: at must be one of \['peak', 'end', 'max'\] or an op's seq \(int\), got 'middle'"):
+    with pytest.raises(
+        ReportError,
+        match=r"by_category: at must be one of \['peak', 'end', 'max'\] or an op's seq \(int\), got 'middle'",
+    ):
         by_category(one_step, "middle")
-    with pytest.raises(ReportError, match=r"by_category: run 'one' has no op with seq 100000 \(its seq runs 0\.\.\d+\)"):
+    with pytest.raises(
+        ReportError, match=r"by_category: run 'one' has no op with seq 100000 \(its seq runs 0\.\.\d+\)"
+    ):
         by_category(one_step, 100000)
     path = trace_mlp(tmp_path / "few.parquet")
     few = load(path, columns=["seq", "step", "op", "phase", "module", "live_bytes"])
@@ -273,7 +288,10 @@ def test_a_trace_entered_after_a_warm_up_step_counts_the_state_from_row_0(tmp_pa
     assert (line["optimizer_state_bytes"] == 480).all() and (line["gradients_bytes"] == 232).all()
     # parameters, gradients and state are all that was registered at entry: 232 + 232 + 480 = 944 bytes
     assert sum(nbytes for _, nbytes in df.attrs["runs"]["warm"]["storage_roles"]["at_entry"]) == 944
-    assert int(df["live_bytes"].iloc[0]) == 944 + first["inputs_bytes"] + first["temporaries_bytes"] + first["activations_bytes"]
+    assert (
+        int(df["live_bytes"].iloc[0])
+        == 944 + first["inputs_bytes"] + first["temporaries_bytes"] + first["activations_bytes"]
+    )
     assert -1 not in set(storages(df)["storage_id"])  # nothing live at the start is left unnamed
 
 
@@ -290,7 +308,9 @@ def test_checkpointed_run_adds_up(tmp_path):
     line = timeline(df)
     assert (line[[f"{c}_bytes" for c in CATEGORIES]].sum(axis=1) == line["live_bytes"]).all()
     # the checkpoint keeps only its input x (an input, made before the trace): no Linear output is saved
-    assert categories(df, "max")["activations"] == 4 * (3 * 2 + 1 + 1)  # model output [3, 2] for pow, the loss and its seed
+    assert categories(df, "max")["activations"] == 4 * (
+        3 * 2 + 1 + 1
+    )  # model output [3, 2] for pow, the loss and its seed
 
 
 def test_a_storage_resized_in_place_is_followed(tmp_path):
@@ -386,15 +406,20 @@ def test_an_optimizer_a_kept_pass_cannot_see_is_named_at_its_step(tmp_path, caps
     assert _traced_step(tmp_path / "t0", model, x, first)[0] == 1  # the partial moved AdamW's count: a pass
     second = _adamw_stepped(model, x, make=factory)
     del factory  # AdamW's count is back where the pass left it, with one more instance
-    with pytest.warns(UserWarning, match=r"optimizer AdamW \(168 bytes in 6 storage\(s\)\) was alive when the "
-                                         r"Tracer was entered but was not found then"):  # fmt: skip
+    with pytest.warns(
+        UserWarning,
+        match=r"optimizer AdamW \(168 bytes in 6 storage\(s\)\) was alive when the "
+        r"Tracer was entered but was not found then",
+    ):
         passes, roles = _traced_step(tmp_path / "t1", model, x, second)
     assert passes == 0 and len(roles["optimizer_state"]) == 12  # registered at its step: both roles known
     assert read_metadata(tmp_path / "t1")["optimizer_state_found_late"] == 168
     assert read_metadata(tmp_path / "t0")["optimizer_state_found_late"] == 0
     capsys.readouterr()
     main(["report", str(tmp_path / "t1")])
-    assert ("Note: 168 bytes of optimizer state were alive when the Tracer was entered but found only at their "
-            "optimizer's step") in capsys.readouterr().out
+    assert (
+        "Note: 168 bytes of optimizer state were alive when the Tracer was entered but found only at their "
+        "optimizer's step"
+    ) in capsys.readouterr().out
     main(["report", str(tmp_path / "t1"), "--json"])
     assert json.loads(capsys.readouterr().out)["optimizer_state_found_late"] == 168

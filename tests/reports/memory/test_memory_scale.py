@@ -10,7 +10,6 @@ output head); bf16 parameters for compute, fp32 gradient reduction, AdamW (fp32 
   N = 2·786,944 + 327,936 = 1,901,824 in 16 tensors (6 per block, 4 in the root)
 Every dim 0 is a multiple of 256, so each rank holds exactly N/W of every parameter."""
 
-import os
 import sys
 
 import pytest
@@ -19,8 +18,8 @@ import torch.distributed as dist
 
 import reports
 from reports.memory.memory import CATEGORIES, by_category, timeline
-from tracer import Tracer, read_metadata
 from tests import helpers
+from tracer import Tracer, read_metadata
 
 sys.path.insert(0, str(helpers.EXAMPLES))
 from gpt import GPT, GPTConfig  # noqa: E402

@@ -4,6 +4,9 @@ x = [[1, 2, 3], [4, 5, 6]] in float32: 6 elements, 24 bytes. Each line runs as i
 so the trace's module column names the line.
 """
 
+import json
+import re
+
 import pandas as pd
 import pytest
 import torch
@@ -12,10 +15,8 @@ from torch import nn
 from reports.errors import ReportError
 from reports.loading.load import load
 from reports.memory.views import copies, is_copy, views
-from tracer import Tracer
-import json
-import re
 from reports.output.cli import main
+from tracer import Tracer
 
 
 class Line(nn.Module):
@@ -61,7 +62,12 @@ def test_views_are_free(trace):
     assert list(table.columns) == ["run", "kind", "op", "ops", "bytes_allocated", "bytes_written", "allocated_pct"]
     v = table[table["kind"] == "view"].set_index("op")
     # x[0], x.t() (in transpose, contiguous, reshape), x.view(3, 2), reshape's _unsafe_view
-    assert v["ops"].to_dict() == {"aten.t.default": 3, "aten.select.int": 1, "aten.view.default": 1, "aten._unsafe_view.default": 1}
+    assert v["ops"].to_dict() == {
+        "aten.t.default": 3,
+        "aten.select.int": 1,
+        "aten.view.default": 1,
+        "aten._unsafe_view.default": 1,
+    }
     assert (v["bytes_allocated"] == 0).all() and (v["bytes_written"] == 0).all()
 
 

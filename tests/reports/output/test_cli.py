@@ -22,9 +22,9 @@ import torch
 from gpt import GPT, GPTConfig, make_batch, make_optimizer, train_step
 
 from reports.output.cli import main
-from tracer import Tracer
-from tracer.schema import read_part, METADATA_KEY, SCHEMA_VERSION, part_paths
 from tests import helpers
+from tracer import Tracer
+from tracer.schema import METADATA_KEY, SCHEMA_VERSION, part_paths, read_part
 
 ROOT = helpers.ROOT
 N = 3584  # 768 + 256 + 1024 + 1024 + 512, see the module docstring
@@ -100,7 +100,9 @@ def test_report_prints_every_section(traces, capsys):
     ):
         assert heading in out, f"{heading!r} missing from:\n{out}"
     # the order of the sections
-    positions = [out.index(h) for h in ("FLOPs per step", "MFU (", "Top 8 ops", "Top modules", "Memory: peak", "Views (")]
+    positions = [
+        out.index(h) for h in ("FLOPs per step", "MFU (", "Top 8 ops", "Top modules", "Memory: peak", "Views (")
+    ]
     assert positions == sorted(positions)
     assert "N = 3,584 parameters (matmul), T = 16 tokens per step" in out
     assert re.search(r"^\s+forward\s", out, re.M) and re.search(r"^\s+total\s", out, re.M)
@@ -166,7 +168,9 @@ def test_report_json_mfu_from_the_traced_step_time(traces, capsys):
 def test_report_text_shows_mfu_when_timed(traces, capsys):
     rc, out, err = run(capsys, "report", traces["fp32"], "--step-time", "0.01", "--peak-tflops", "1")
     assert rc == 0, err
-    assert re.search(r"^  step 10\.0 ms, achieved .*FLOP/s, peak 1 TFLOP/s .*: MFU \d+\.\d%, HFU \d+\.\d%$", out, re.M), out
+    assert re.search(
+        r"^  step 10\.0 ms, achieved .*FLOP/s, peak 1 TFLOP/s .*: MFU \d+\.\d%, HFU \d+\.\d%$", out, re.M
+    ), out
 
 
 def test_report_plot_writes_pngs(traces, capsys, tmp_path):
@@ -191,12 +195,28 @@ def test_compare_prints_ratios(traces, capsys):
     lines = out.splitlines()
     assert lines[0] == "optrace compare: fp32, bf16 (per step, except peak_live_bytes; ratios against fp32)"
     header = lines[1].split()
-    assert header == ["phase", "run", "steps", "ops/step", "flops/step", "alloc/step", "traced/step", "peak_live",
-                      "mfu_pct", "flops_x", "alloc_x", "peak_live_x", "traced_x", "change_pct"]
+    assert header == [
+        "phase",
+        "run",
+        "steps",
+        "ops/step",
+        "flops/step",
+        "alloc/step",
+        "traced/step",
+        "peak_live",
+        "mfu_pct",
+        "flops_x",
+        "alloc_x",
+        "peak_live_x",
+        "traced_x",
+        "change_pct",
+    ]
     assert max(len(line) for line in lines[1:10]) <= 132  # was 230 wide with the full names and raw microseconds
     assert lines[-3].startswith("/step: per step; _x: the ratio to fp32's value for the same phase (inf: x / 0")
-    assert lines[-2] == ("change_pct: the larger change of FLOPs and of bytes allocated per step against fp32, "
-                         "in % of fp32's total (keys ordered by it)")
+    assert lines[-2] == (
+        "change_pct: the larger change of FLOPs and of bytes allocated per step against fp32, "
+        "in % of fp32's total (keys ordered by it)"
+    )
     assert not re.search(r"\d+\.\d{4,}|<NA>|\b\d+\.0(?![\d%])", out)  # no raw floats, no pandas NA, no "506.0"
     assert re.search(r"^\s*total\s+fp32\s", out, re.M) and re.search(r"^\s*total\s+bf16\s", out, re.M)
     assert re.search(r"^\s*forward\s+bf16\s", out, re.M)
@@ -225,9 +245,22 @@ def test_compare_json(traces, capsys):
 
     got = json.loads(out, parse_constant=no_constants)  # no NaN / Infinity
     assert isinstance(got, dict) and got["by"] == "op" and got["runs"] == ["fp32", "bf16"] and got["baseline"] == "fp32"
-    assert set(got["columns"]) == {"op", "run", "steps", "ops_per_step", "flops_per_step", "bytes_allocated_per_step",
-                                   "traced_us_per_step", "peak_live_bytes", "mfu_pct", "flops_ratio",
-                                   "bytes_allocated_ratio", "peak_live_bytes_ratio", "traced_us_ratio", "change_pct"}
+    assert set(got["columns"]) == {
+        "op",
+        "run",
+        "steps",
+        "ops_per_step",
+        "flops_per_step",
+        "bytes_allocated_per_step",
+        "traced_us_per_step",
+        "peak_live_bytes",
+        "mfu_pct",
+        "flops_ratio",
+        "bytes_allocated_ratio",
+        "peak_live_bytes_ratio",
+        "traced_us_ratio",
+        "change_pct",
+    }
     records = got["rows"]
     assert records and all(set(r) == set(got["columns"]) for r in records)  # every column documented
     by_key = {(r["op"], r["run"]): r for r in records}
@@ -362,7 +395,9 @@ def test_compare_needs_two_traces(traces, capsys):
 def test_compare_needs_two_traces_names_the_trace(traces, capsys):
     rc, out, err = run(capsys, "compare", traces["fp32"])
     assert rc == 2
-    assert re.fullmatch(rf"optrace compare: error: expected at least two traces, got one: {re.escape(traces['fp32'])}", err.strip())
+    assert re.fullmatch(
+        rf"optrace compare: error: expected at least two traces, got one: {re.escape(traces['fp32'])}", err.strip()
+    )
 
 
 @pytest.mark.parametrize(
@@ -436,8 +471,12 @@ def test_subprocess(kind, tmp_path, traces):
         path, message = make_bad(kind, tmp_path, traces)
     done = subprocess.run(
         [sys.executable, "-m", "reports.output.cli", "report", str(path)],
-        cwd=ROOT, capture_output=True, text=True, encoding="utf-8", timeout=60,
-    )  # fmt: skip
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        encoding="utf-8",
+        timeout=60,
+    )
     assert "Traceback" not in done.stderr and "Traceback" not in done.stdout
     if kind == "good":
         assert done.returncode == 0, done.stderr
@@ -451,29 +490,46 @@ def test_subprocess(kind, tmp_path, traces):
 
 def test_report_into_a_closed_pipe_is_quiet(traces):
     """`optrace report T | head -0`: the reader is gone before the first line; no traceback, exit 0."""
-    report = subprocess.Popen([sys.executable, "-m", "reports.output.cli", "report", str(traces["fp32"])],
-                              cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    report = subprocess.Popen(
+        [sys.executable, "-m", "reports.output.cli", "report", str(traces["fp32"])],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     report.stdout.close()  # long before the report's first write (the interpreter is still starting)
     err = report.stderr.read().decode()
     assert report.wait(timeout=60) == 0, err
     assert "Traceback" not in err and "BrokenPipe" not in err, err
 
 
-@pytest.mark.parametrize("argv", [
-    ("report", "TRACE"), ("report", "TRACE", "--json"), ("compare", "TRACE", "TRACE"), ("plan", "TRACE", "--gpu", "h100"),
-    ("export", "TRACE", "-o", "-"),
-], ids=["report", "report_json", "compare", "plan", "export"])  # fmt: skip
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ("report", "TRACE"),
+        ("report", "TRACE", "--json"),
+        ("compare", "TRACE", "TRACE"),
+        ("plan", "TRACE", "--gpu", "h100"),
+        ("export", "TRACE", "-o", "-"),
+    ],
+    ids=["report", "report_json", "compare", "plan", "export"],
+)
 def test_a_stdout_that_cannot_be_written_is_one_line(traces, argv):
     """`optrace report T > /dev/full` printed an OSError traceback (report, compare and plan; export said
     "cannot write '-'"): now each command says it in one line and exits 2 (reports/output/stdout.py)."""
     command = [sys.executable, "-m", "reports.output.cli", *(traces["fp32"] if a == "TRACE" else a for a in argv)]
     with open("/dev/full", "w") as full:
         done = subprocess.run(command, cwd=ROOT, stdout=full, stderr=subprocess.PIPE, text=True, timeout=120)
-    assert (done.returncode, done.stderr) == (2, f"optrace {argv[0]}: error: cannot write to stdout (No space left on device)\n")
+    assert (done.returncode, done.stderr) == (
+        2,
+        f"optrace {argv[0]}: error: cannot write to stdout (No space left on device)\n",
+    )
 
 
-@pytest.mark.parametrize("argv", [("report", "TRACE", "--json"), ("compare", "TRACE", "TRACE"), ("plan", "TRACE", "--gpu", "h100")],
-                         ids=["report_json", "compare", "plan"])  # fmt: skip
+@pytest.mark.parametrize(
+    "argv",
+    [("report", "TRACE", "--json"), ("compare", "TRACE", "TRACE"), ("plan", "TRACE", "--gpu", "h100")],
+    ids=["report_json", "compare", "plan"],
+)
 def test_a_closed_pipe_is_quiet_for_every_command(traces, argv):
     """`optrace plan T | head -0`: the reader gone before the first write; a quiet exit 0, as for report."""
     read, write = os.pipe()
@@ -490,14 +546,20 @@ def test_subprocess_bad_arguments_exit_2(traces):
     """argparse's own errors (an unknown option) exit 2 too, with its usage and no traceback."""
     done = subprocess.run(
         [sys.executable, "-m", "reports.output.cli", "report", traces["fp32"], "--no-such-option"],
-        cwd=ROOT, capture_output=True, text=True, encoding="utf-8", timeout=60,
-    )  # fmt: skip
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        encoding="utf-8",
+        timeout=60,
+    )
     assert done.returncode == 2
     assert "Traceback" not in done.stderr
     assert "unrecognized arguments: --no-such-option" in done.stderr
 
 
-@pytest.mark.parametrize("flag, value", [("--peak-tflops", "0"), ("--peak-tflops", "-1"), ("--step-time", "inf"), ("--step-time", "nan")])
+@pytest.mark.parametrize(
+    "flag, value", [("--peak-tflops", "0"), ("--peak-tflops", "-1"), ("--step-time", "inf"), ("--step-time", "nan")]
+)
 def test_report_refuses_non_positive_figures(flag, value, capsys, tmp_path):
     with pytest.raises(SystemExit) as done:
         main(["report", str(tmp_path / "any.parquet"), flag, value])
@@ -506,12 +568,16 @@ def test_report_refuses_non_positive_figures(flag, value, capsys, tmp_path):
 
 
 def test_report_gives_the_spread_of_the_untraced_step_times(tmp_path, capsys):
-    path = trace_gpt(tmp_path / "t", step_time={"median_s": 0.1, "times_s": [0.078, 0.1, 0.719], "warmup": 1, "repeats": 3})
+    path = trace_gpt(
+        tmp_path / "t", step_time={"median_s": 0.1, "times_s": [0.078, 0.1, 0.719], "warmup": 1, "repeats": 3}
+    )
     assert main(["report", path]) == 0
     out = capsys.readouterr().out
     # 719 / 78 = 9.2
-    assert ("step time: the median of 3 untraced steps (78.0-719.0 ms); the slowest took 9.2x the fastest, "
-            "so MFU is uncertain by as much") in out
+    assert (
+        "step time: the median of 3 untraced steps (78.0-719.0 ms); the slowest took 9.2x the fastest, "
+        "so MFU is uncertain by as much"
+    ) in out
     assert main(["report", path, "--step-time", "0.1"]) == 0  # a step time given by hand has no spread to show
     assert "untraced steps" not in capsys.readouterr().out
 

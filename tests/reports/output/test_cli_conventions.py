@@ -10,14 +10,13 @@ import re
 import subprocess
 import sys
 from importlib.metadata import version
-from pathlib import Path
 
 import pytest
 import torch
 
 from reports.output.cli import _parser, main
-from tracer import Tracer
 from tests import helpers
+from tracer import Tracer
 
 ROOT = helpers.ROOT
 
@@ -64,8 +63,10 @@ def test_version_is_the_package_version(capsys):
 
 
 def test_version_in_a_subprocess_imports_no_torch():
-    code = "import sys; from reports.output.cli import main\ntry: main(['--version'])\nexcept SystemExit: pass\n" \
-           "print('torch' in sys.modules)"
+    code = (
+        "import sys; from reports.output.cli import main\ntry: main(['--version'])\nexcept SystemExit: pass\n"
+        "print('torch' in sys.modules)"
+    )
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.stdout.splitlines() == [f"optrace {version('optrace')}", "False"], done.stderr
 
@@ -79,8 +80,10 @@ def test_every_argument_has_help():
             if action.dest != "help":
                 assert action.help, f"optrace {name} {action.dest}: no help text"
     helps = {(name, a.dest): a.help for name, sub in commands.items() for a in sub._actions}
-    assert helps[("export", "output")] == ("OUT.json (Chrome JSON), OUT.json.gz (the same, gzip-compressed), "
-                                           "OUT.pftrace (Perfetto protobuf) or - (Chrome JSON to stdout)")
+    assert helps[("export", "output")] == (
+        "OUT.json (Chrome JSON), OUT.json.gz (the same, gzip-compressed), "
+        "OUT.pftrace (Perfetto protobuf) or - (Chrome JSON to stdout)"
+    )
     assert helps[("compare", "traces")] == "two or more trace directories; ratios are against the first"
     assert "(Perfetto protobuf)" in commands["export"].format_help()  # argparse prints it
 
@@ -104,7 +107,10 @@ def test_export_json_gz_gunzips_to_the_json(tmp_path, linear, capsys):
     assert (tmp_path / "t.json.gz").stat().st_size < len(plain)
     ops = json.loads(plain)["traceEvents"]
     assert out_gz == out.replace("t.json ", "t.json.gz ")
-    assert re.fullmatch(r"optrace export: (\d+) ops -> .*t\.json\.gz \(open it at https://ui\.perfetto\.dev or chrome://tracing\)\n", out_gz)
+    assert re.fullmatch(
+        r"optrace export: (\d+) ops -> .*t\.json\.gz \(open it at https://ui\.perfetto\.dev or chrome://tracing\)\n",
+        out_gz,
+    )
     assert int(re.search(r"(\d+) ops", out_gz).group(1)) == sum(e["ph"] == "X" for e in ops)
     assert not list(tmp_path.glob(".*.tmp"))  # the temporary file is gone
 
@@ -114,7 +120,9 @@ def test_export_to_stdout(tmp_path, linear, capsys):
     rc, out, err = run(capsys, "export", linear, "-o", "-")
     assert rc == 0
     assert out == (tmp_path / "t.json").read_text()  # stdout holds the trace and nothing else
-    assert re.fullmatch(r"optrace export: \d+ ops -> stdout \(open it at https://ui\.perfetto\.dev or chrome://tracing\)\n", err)
+    assert re.fullmatch(
+        r"optrace export: \d+ ops -> stdout \(open it at https://ui\.perfetto\.dev or chrome://tracing\)\n", err
+    )
 
 
 def test_export_pftrace_hint_names_perfetto_only(tmp_path, linear, capsys):
@@ -128,17 +136,23 @@ def test_crashed_run_names_its_exception(crashed, capsys):
     rc, out, err = run(capsys, "report", crashed)
     assert rc == 0, err
     header = out.splitlines()[0]
-    assert header.endswith("INCOMPLETE: the traced code raised RuntimeError: boom; figures cover the rows it has)"), header
+    assert header.endswith("INCOMPLETE: the traced code raised RuntimeError: boom; figures cover the rows it has)"), (
+        header
+    )
 
 
 def test_roofline_above_the_roof_is_marked(linear, capsys):
     rc, out, err = run(capsys, "report", linear)
     assert rc == 0, err
-    section = out[out.index("\nRoofline"):]
+    section = out[out.index("\nRoofline") :]
     marked = [line for line in section.splitlines() if re.search(r"\d%\*$", line)]
     assert marked, section
-    assert re.search(r"^  \* \d+ row\(s\) above 100% of the roof: outside the roofline's model \(the bandwidth roof "
-                     r"is a DRAM triad, and small tensors stay in cache, which is faster than DRAM\)$", section, re.M)
+    assert re.search(
+        r"^  \* \d+ row\(s\) above 100% of the roof: outside the roofline's model \(the bandwidth roof "
+        r"is a DRAM triad, and small tensors stay in cache, which is faster than DRAM\)$",
+        section,
+        re.M,
+    )
     assert int(re.search(r"\* (\d+) row", section).group(1)) == len(marked)
 
 
@@ -147,20 +161,27 @@ def test_mfu_above_100_pct_has_a_caveat(linear, capsys):
     rc, out, err = run(capsys, "report", linear, "--step-time", "1e-9", "--peak-tflops", "1e-6")
     assert rc == 0, err
     assert re.search(r"MFU \d[\d.]*%", out) and "MFU N/A" not in out
-    assert ("  Caveat: above 100%, outside its model: the step time or the peak is wrong (a step time shorter than "
-            "the traced step, or a peak below the device's dense peak for this dtype)\n") in out
+    assert (
+        "  Caveat: above 100%, outside its model: the step time or the peak is wrong (a step time shorter than "
+        "the traced step, or a peak below the device's dense peak for this dtype)\n"
+    ) in out
     rc, out, err = run(capsys, "report", linear, "--step-time", "1", "--peak-tflops", "1000")
     assert rc == 0 and "Caveat: above 100%" not in out
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["report", "TRACE", "--top", "-3"], "optrace report: error: argument --top: expected an int >= 1, got '-3'"),
-    (["report", "TRACE", "--engine", "foo"], "optrace report: error: argument --engine: invalid choice: 'foo'"),
-    (["report", "TRACE", "--step-time", "1e-320"],  # MFU was inf: no step of a traced model runs in under a ns
-     "optrace report: error: argument --step-time: expected seconds >= 1e-09 (one ns), got '1e-320'"),
-    (["report"], "optrace report: error: the following arguments are required: trace"),
-    (["frob"], "optrace: error: argument command: invalid choice: 'frob'"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["report", "TRACE", "--top", "-3"], "optrace report: error: argument --top: expected an int >= 1, got '-3'"),
+        (["report", "TRACE", "--engine", "foo"], "optrace report: error: argument --engine: invalid choice: 'foo'"),
+        (
+            ["report", "TRACE", "--step-time", "1e-320"],  # MFU was inf: no step of a traced model runs in under a ns
+            "optrace report: error: argument --step-time: expected seconds >= 1e-09 (one ns), got '1e-320'",
+        ),
+        (["report"], "optrace report: error: the following arguments are required: trace"),
+        (["frob"], "optrace: error: argument command: invalid choice: 'frob'"),
+    ],
+)
 def test_a_bad_flag_is_one_line(linear, capsys, argv, message):
     """argparse printed its usage (four lines) before the error."""
     with pytest.raises(SystemExit) as stopped:
@@ -169,10 +190,14 @@ def test_a_bad_flag_is_one_line(linear, capsys, argv, message):
     assert stopped.value.code == 2 and out == "" and err.count("\n") == 1 and err.startswith(message), err
 
 
-@pytest.mark.parametrize("command, raised", [
-    ("report", KeyboardInterrupt), ("export", KeyboardInterrupt),
-    ("report", RuntimeError("Query interrupted")),  # DuckDB takes the SIGINT during a query and raises this
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "command, raised",
+    [
+        ("report", KeyboardInterrupt),
+        ("export", KeyboardInterrupt),
+        ("report", RuntimeError("Query interrupted")),  # DuckDB takes the SIGINT during a query and raises this
+    ],
+)
 def test_ctrl_c_is_one_line_and_status_130(linear, tmp_path, capsys, monkeypatch, command, raised):
     """Ctrl-C printed a KeyboardInterrupt traceback of ~20 lines; now one line and the shell's status for SIGINT
     (128 + 2), as a broken pipe is one quiet exit too."""

@@ -16,7 +16,7 @@ from reports.errors import ReportError
 from reports.output.cli import main
 from reports.output.export import export_chrome, export_trace
 from tracer import Tracer
-from tracer.schema import read_part, ARROW_SCHEMA, METADATA_KEY, SCHEMA_VERSION, V2_DEFAULTS, part_name, part_paths
+from tracer.schema import ARROW_SCHEMA, METADATA_KEY, SCHEMA_VERSION, V2_DEFAULTS, part_name, part_paths, read_part
 
 
 def _events(path):
@@ -137,7 +137,9 @@ def test_export_cli_and_errors(traced, tmp_path, capsys):
 
 @pytest.mark.parametrize("fails", [False, True])
 @pytest.mark.parametrize("out_name", ["out.json", "out.json.gz"])
-def test_export_never_writes_or_removes_a_users_file_named_like_its_temporary(traced, tmp_path, monkeypatch, fails, out_name):
+def test_export_never_writes_or_removes_a_users_file_named_like_its_temporary(
+    traced, tmp_path, monkeypatch, fails, out_name
+):
     """The export's temporary is `.NAME.<random>.tmp`, created exclusively: a user's `.NAME.tmp` (the name export
     used before), a file or a link to the user's file, is left as it was, whether the export succeeds or fails."""
     users = tmp_path / "users.txt"
@@ -148,8 +150,10 @@ def test_export_never_writes_or_removes_a_users_file_named_like_its_temporary(tr
     own.mkdir()
     (own / f".{out_name}.tmp").write_bytes(b"mine too\n")  # a regular file of that name, beside a second output
     if fails:
+
         def broken(*args):
             raise ReportError("export: a part is damaged")
+
         monkeypatch.setattr("reports.output.export.check_rows", broken)  # fails after the temporary is open
     for target in (out, own / out_name):
         if fails:
@@ -173,8 +177,14 @@ def _synthetic_trace(path):
     """A 500,000-row trace written straight as Parquet parts with the schema: each op an add of two
     [4] float32 tensors into a new one, live bytes rising by 16 every 4th op."""
     path.mkdir()
-    meta = {"schema_version": SCHEMA_VERSION, "complete": True, "run_name": "synthetic", "rows": ROWS,
-            "device": {"type": "cpu", "name": "cpu"}, "root_module": None}  # fmt: skip
+    meta = {
+        "schema_version": SCHEMA_VERSION,
+        "complete": True,
+        "run_name": "synthetic",
+        "rows": ROWS,
+        "device": {"type": "cpu", "name": "cpu"},
+        "root_module": None,
+    }
     schema = ARROW_SCHEMA.with_metadata({METADATA_KEY: json.dumps(meta).encode()})
     n = PART_ROWS
     idx = np.arange(n, dtype=np.int64)
@@ -190,27 +200,43 @@ def _synthetic_trace(path):
     for p in range(ROWS // n):
         seq = idx + p * n
         columns = {
-            "seq": pa.array(seq), "step": pa.array(seq // 1000), "op": strs(["aten.add.Tensor"], np.zeros(n, np.int32)),
+            "seq": pa.array(seq),
+            "step": pa.array(seq // 1000),
+            "op": strs(["aten.add.Tensor"], np.zeros(n, np.int32)),
             "phase": strs(["forward", "backward"], ((seq // 500) % 2).astype(np.int32)),
             "module": strs(["", "a", "a.b"], (seq % 3).astype(np.int32)),
-            "input_shapes": two_shapes, "input_dtypes": lists(2, strs(["float32"], np.zeros(2 * n, np.int32))),
-            "input_strides": two_shapes, "output_shapes": shape,
-            "output_dtypes": lists(1, strs(["float32"], np.zeros(n, np.int32))), "output_strides": shape,
+            "input_shapes": two_shapes,
+            "input_dtypes": lists(2, strs(["float32"], np.zeros(2 * n, np.int32))),
+            "input_strides": two_shapes,
+            "output_shapes": shape,
+            "output_dtypes": lists(1, strs(["float32"], np.zeros(n, np.int32))),
+            "output_strides": shape,
             "device": strs(["cpu"], np.zeros(n, np.int32)),
             "input_storage_ids": lists(2, pa.array(np.repeat(seq, 2))),
-            "output_storage_ids": lists(1, pa.array(seq + ROWS)), "freed_storage_ids": lists(0, pa.array([], pa.int64())),
-            "is_view": pa.array(np.zeros(n, bool)), "inplace": pa.array(np.zeros(n, bool)),
-            "flops": pa.array(np.full(n, 4)), "flop_kind": strs(["elementwise"], np.zeros(n, np.int32)),
-            "causal": pa.nulls(n, pa.bool_()), "bytes_allocated": pa.array(np.full(n, 16)),
-            "live_bytes": pa.array(16 * (seq // 4)), "bytes_read": pa.array(np.full(n, 32)),
-            "bytes_written": pa.array(np.full(n, 16)), "duration_ns": pa.array(np.full(n, 1000)),
-            "recompute": pa.array(np.zeros(n, bool)), "output_storage_bytes": lists(1, pa.array(np.full(n, 16))),
-            "start_ns": pa.array(1_700_000_000_000_000_000 + 2000 * seq), "busy_ns": pa.array(np.full(n, 1000)),
-            "layout": strs([""], np.zeros(n, np.int32)), "comm_bytes": pa.nulls(n, pa.int64()),
-            "group_size": pa.nulls(n, pa.int64()), "process_group": strs([""], np.zeros(n, np.int32)),
-            "flops_bound": pa.array(np.zeros(n, bool)), "group_sizes": pa.nulls(n, pa.list_(pa.int64())),
+            "output_storage_ids": lists(1, pa.array(seq + ROWS)),
+            "freed_storage_ids": lists(0, pa.array([], pa.int64())),
+            "is_view": pa.array(np.zeros(n, bool)),
+            "inplace": pa.array(np.zeros(n, bool)),
+            "flops": pa.array(np.full(n, 4)),
+            "flop_kind": strs(["elementwise"], np.zeros(n, np.int32)),
+            "causal": pa.nulls(n, pa.bool_()),
+            "bytes_allocated": pa.array(np.full(n, 16)),
+            "live_bytes": pa.array(16 * (seq // 4)),
+            "bytes_read": pa.array(np.full(n, 32)),
+            "bytes_written": pa.array(np.full(n, 16)),
+            "duration_ns": pa.array(np.full(n, 1000)),
+            "recompute": pa.array(np.zeros(n, bool)),
+            "output_storage_bytes": lists(1, pa.array(np.full(n, 16))),
+            "start_ns": pa.array(1_700_000_000_000_000_000 + 2000 * seq),
+            "busy_ns": pa.array(np.full(n, 1000)),
+            "layout": strs([""], np.zeros(n, np.int32)),
+            "comm_bytes": pa.nulls(n, pa.int64()),
+            "group_size": pa.nulls(n, pa.int64()),
+            "process_group": strs([""], np.zeros(n, np.int32)),
+            "flops_bound": pa.array(np.zeros(n, bool)),
+            "group_sizes": pa.nulls(n, pa.list_(pa.int64())),
             "grad_mode": strs(["grad", "no_grad"], ((seq // 500) % 2).astype(np.int32)),  # the backward's: no_grad
-        }  # fmt: skip
+        }
         table = pa.Table.from_arrays([columns[f.name].cast(f.type) for f in ARROW_SCHEMA], schema=schema)
         pq.write_table(table, path / part_name(p), compression="zstd")
 
@@ -275,8 +301,11 @@ def test_export_pftrace(traced, tmp_path):
     begins = sum(p.track_event.type == TrackEvent.TYPE_SLICE_BEGIN for p in events)
     assert begins == sum(p.track_event.type == TrackEvent.TYPE_SLICE_END for p in events)  # every slice closed
     names = {p.track_descriptor.uuid: p.track_descriptor.name for p in packets if p.HasField("track_descriptor")}
-    live = [p.track_event.counter_value for p in events
-            if p.track_event.type == TrackEvent.TYPE_COUNTER and names[p.track_event.track_uuid] == "live bytes"]
+    live = [
+        p.track_event.counter_value
+        for p in events
+        if p.track_event.type == TrackEvent.TYPE_COUNTER and names[p.track_event.track_uuid] == "live bytes"
+    ]
     assert live == df["live_bytes"][df["live_bytes"].ne(df["live_bytes"].shift())].tolist()
 
 
@@ -295,9 +324,9 @@ def test_pftrace_cumulative_flops_past_int64(tmp_path):
     # which Perfetto's int64 counter_value cannot hold: that value and the later ones go as double_counter_value
     pytest.importorskip("perfetto.trace_builder.proto_builder")
     from perfetto.protos.perfetto.trace.perfetto_trace_pb2 import Trace
-    from tests.reports.test_overflow import PER_MATMUL, TOKENS, D, Matmuls
 
     from reports.output.export import export_trace
+    from tests.reports.test_overflow import PER_MATMUL, TOKENS, D, Matmuls
 
     model = Matmuls()
     with Tracer(tmp_path / "t", model=model, tokens=TOKENS):
@@ -305,8 +334,11 @@ def test_pftrace_cumulative_flops_past_int64(tmp_path):
     out = tmp_path / "t.pftrace"
     export_trace(tmp_path / "t", out)
     events = [p.track_event for p in Trace.FromString(out.read_bytes()).packet if p.HasField("track_event")]
-    values = [e.counter_value if e.HasField("counter_value") else e.double_counter_value
-              for e in events if e.HasField("counter_value") or e.HasField("double_counter_value")]
+    values = [
+        e.counter_value if e.HasField("counter_value") else e.double_counter_value
+        for e in events
+        if e.HasField("counter_value") or e.HasField("double_counter_value")
+    ]
     flops = [v for v in values if v >= PER_MATMUL]  # the cumulative FLOPs counter (live bytes stay far below)
     assert len(flops) == 400 and flops[314] == 315 * PER_MATMUL  # exact while it fits int64
     assert flops[-1] == float(400 * PER_MATMUL)  # 11,709,359,031,163,289,600, as a double
@@ -319,6 +351,8 @@ def test_export_refuses_to_write_inside_the_trace(loops, tmp_path, capsys, name)
     shutil.copytree(loops[0], trace)
     assert main(["export", str(trace), "-o", str(trace / name)]) == 2
     err = capsys.readouterr().err.strip()
-    assert err == (f"optrace export: error: the output {str(trace / name)!r} is inside the trace {str(trace)!r}, "
-                   "which holds only the tracer's files: write it elsewhere")
+    assert err == (
+        f"optrace export: error: the output {str(trace / name)!r} is inside the trace {str(trace)!r}, "
+        "which holds only the tracer's files: write it elsewhere"
+    )
     assert sorted(p.name for p in trace.iterdir()) == sorted(p.name for p in loops[0].iterdir())  # nothing added

@@ -12,8 +12,6 @@ from reports.output.export import export_trace
 from tracer import Tracer, read_metadata
 
 
-
-
 def _replay_tracks(packets, TracePacket, TrackEvent):
     """Check the packets as trace processor imports them; returns ({uuid: descriptor}, {uuid: counter values}, slices)."""
     assert packets[0].sequence_flags & TracePacket.SEQ_INCREMENTAL_STATE_CLEARED
@@ -132,8 +130,18 @@ def test_dtype_sizes_from_the_trace_over_the_table():
     assert dtype_sizes({}) is DTYPE_BYTES  # v1/v2 traces: the table
     sizes = dtype_sizes({"dtype_bytes": {"float8_e5m2": 1, "new_kind": 3}})
     assert sizes["new_kind"] == 3 and sizes["uint64"] == 8
-    for dtype in (torch.float8_e4m3fnuz, torch.float8_e5m2fnuz, torch.float8_e8m0fnu, torch.uint16,
-                  torch.uint32, torch.uint64, torch.complex32, torch.bits16, torch.int4, torch.uint4):  # fmt: skip
+    for dtype in (
+        torch.float8_e4m3fnuz,
+        torch.float8_e5m2fnuz,
+        torch.float8_e8m0fnu,
+        torch.uint16,
+        torch.uint32,
+        torch.uint64,
+        torch.complex32,
+        torch.bits16,
+        torch.int4,
+        torch.uint4,
+    ):
         assert DTYPE_BYTES[str(dtype).removeprefix("torch.")] == dtype.itemsize
     named = {str(d).removeprefix("torch.") for d in vars(torch).values() if isinstance(d, torch.dtype)}
     assert named <= set(DTYPE_BYTES)  # every dtype of this torch

@@ -39,9 +39,11 @@ def test_steps_ended_on_another_thread_are_errors_the_report_names(tmp_path, cap
     # no op ran on the Meter's thread: the report's one line says why, with the meter's count
     assert optrace(["report", str(tmp_path / "elsewhere")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == [f"optrace report: error: {tmp_path / 'elsewhere'}: the trace has no ops (nothing ran inside `with "
-                   "Tracer(...)`); its Meter counted 3 bookkeeping error(s), as a Meter made on another thread than the "
-                   "loop's does"]
+    assert err == [
+        f"optrace report: error: {tmp_path / 'elsewhere'}: the trace has no ops (nothing ran inside `with "
+        "Tracer(...)`); its Meter counted 3 bookkeeping error(s), as a Meter made on another thread than the "
+        "loop's does"
+    ]
 
 
 def test_the_report_prints_the_error_count(tmp_path, capsys):

@@ -2,7 +2,6 @@
 
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -11,8 +10,8 @@ from torch import nn
 from reports.errors import ReportError
 from reports.loading.load import load
 from reports.output.plots import plot_compare, plot_flops, plot_memory, save_plots
-from tracer import Tracer
 from tests import helpers
+from tracer import Tracer
 
 matplotlib = pytest.importorskip("matplotlib")
 
@@ -75,7 +74,9 @@ def test_matplotlib_missing(runs, monkeypatch):
         monkeypatch.setitem(sys.modules, name, None)
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     for plot in (plot_flops, plot_memory, plot_compare):
-        with pytest.raises(ReportError, match=r"plots need matplotlib, which is not installed: pip install optrace\[plot\]"):
+        with pytest.raises(
+            ReportError, match=r"plots need matplotlib, which is not installed: pip install optrace\[plot\]"
+        ):
             plot(runs)
 
 

@@ -2,7 +2,6 @@
 points above their roof, and no points at all when the report says the roofline is N/A."""
 
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,8 +10,8 @@ import torch
 import reports
 from reports.output.plots import plot_roofline
 from reports.time.roofline import roofline
-from tracer import Tracer
 from tests import helpers
+from tracer import Tracer
 
 matplotlib = pytest.importorskip("matplotlib")
 sys.path.insert(0, str(helpers.EXAMPLES))
@@ -49,8 +48,12 @@ def test_roofline_labels_do_not_overlap(gpt_trace):
     for i, a in enumerate(boxes + notes):
         assert not any(a.overlaps(b) for b in (boxes + notes)[i + 1 :]), a
         assert ax.get_window_extent(renderer).contains(a.x0, a.y0)
-    drawn = roofline(gpt_trace, bandwidth=TRIAD).query("flops_per_step > 0 and bytes_per_step > 0 and time_s_per_step > 0")
-    left_out = sum(len(t.get_text().split(": ", 1)[1].split(", ")) for t in ax.texts if t.get_text().startswith("not labelled"))
+    drawn = roofline(gpt_trace, bandwidth=TRIAD).query(
+        "flops_per_step > 0 and bytes_per_step > 0 and time_s_per_step > 0"
+    )
+    left_out = sum(
+        len(t.get_text().split(": ", 1)[1].split(", ")) for t in ax.texts if t.get_text().startswith("not labelled")
+    )
     assert len(boxes) + left_out == min(30, len(drawn))  # every name asked for is drawn or listed
 
 
@@ -69,7 +72,9 @@ def test_points_above_the_roof_are_ringed(gpt_trace):
     # a roof of 1 byte/s and 1 FLOP/s: every timed op kind is above it; a roof of 1e30: none is
     (ax,) = plot_roofline(gpt_trace, bandwidth=1.0, peak_flops=1.0).axes
     rings = [c for c in ax.collections if "above its roof" in str(c.get_label())]
-    drawn = roofline(gpt_trace, bandwidth=1.0, peak_flops=1.0).query("flops_per_step > 0 and bytes_per_step > 0 and time_s_per_step > 0")
+    drawn = roofline(gpt_trace, bandwidth=1.0, peak_flops=1.0).query(
+        "flops_per_step > 0 and bytes_per_step > 0 and time_s_per_step > 0"
+    )
     assert len(rings) == 1 and len(rings[0].get_offsets()) == len(drawn) > 0
     (ax,) = plot_roofline(gpt_trace, bandwidth=1e30, peak_flops=1e30).axes
     assert not [c for c in ax.collections if "above its roof" in str(c.get_label())]

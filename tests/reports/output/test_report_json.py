@@ -14,8 +14,18 @@ import reports
 from reports.output.cli import main
 from tracer import Tracer
 
-SECTIONS = {"error", "breakdown", "mfu_details", "top_ops", "top_modules", "roofline", "uncounted_ops", "memory",
-            "views", "distributed"}  # fmt: skip
+SECTIONS = {
+    "error",
+    "breakdown",
+    "mfu_details",
+    "top_ops",
+    "top_modules",
+    "roofline",
+    "uncounted_ops",
+    "memory",
+    "views",
+    "distributed",
+}
 
 
 def _trace(path, autocast):
@@ -63,9 +73,13 @@ def test_report_json_has_every_section(traces, capsys):
     assert sum(got["memory"]["categories"].values()) == got["peak_live_bytes"]  # the categories add up at the peak
     ops = {r["op"]: r for r in got["top_ops"]["rows"]}
     assert got["top_ops"]["unit"] == "per step"
-    assert ops["aten.addmm.default"] == {"op": "aten.addmm.default", "ops_per_step": 1, "flops_per_step": 48,
-                                         "flops_pct": pytest.approx(100 * 48 / got["flops"]["total"]),
-                                         "bytes_allocated_per_step": 24}  # 2 * 3 float32 outputs = 24 bytes
+    assert ops["aten.addmm.default"] == {
+        "op": "aten.addmm.default",
+        "ops_per_step": 1,
+        "flops_per_step": 48,
+        "flops_pct": pytest.approx(100 * 48 / got["flops"]["total"]),
+        "bytes_allocated_per_step": 24,
+    }  # 2 * 3 float32 outputs = 24 bytes
     assert got["top_modules"]["rows"][0]["module"] == "Linear"
     kinds = {k["kind"]: k for k in got["views"]["kinds"]}
     assert kinds["view"]["ops"] >= 1 and kinds["view"]["bytes_allocated"] == 0  # model.weight.t() at least; no memory
@@ -125,7 +139,9 @@ def test_top_ops_are_per_step(tmp_path, capsys):
     assert "Top 8 ops by FLOPs, per step (2 step(s) traced)" in text
     assert re.search(r"^\s*aten\.addmm\.default\s+1\s+48\s", text, re.M)
     assert "\nRoofline, per step (2 step(s) traced; " in text
-    assert re.search(r"^\s+op\s+dtype ops_per_step flops_per_step bytes_per_step\s+intensity time_per_step ", text, re.M)
+    assert re.search(
+        r"^\s+op\s+dtype ops_per_step flops_per_step bytes_per_step\s+intensity time_per_step ", text, re.M
+    )
     assert re.search(r"^\s*addmm\.default float32\s+1\s+48\s", text, re.M)  # 1 op, 48 FLOPs per step, as Top ops
     roof = next(r for r in got["roofline"]["rows"] if r["op"] == "aten.addmm.default")
     assert roof["ops_per_step"] == 1 and roof["flops_per_step"] == 48 and got["roofline"]["unit"].startswith("per step")
@@ -136,6 +152,9 @@ def test_top_ops_are_per_step(tmp_path, capsys):
 def test_strict_names_infinities_and_nulls_nan():
     from reports.output.report_json import json_value, strict
 
-    assert strict({"a": [float("inf"), float("nan"), 1.5], "b": -float("inf"), "c": "x"}) == \
-        {"a": ["inf", None, 1.5], "b": "-inf", "c": "x"}
+    assert strict({"a": [float("inf"), float("nan"), 1.5], "b": -float("inf"), "c": "x"}) == {
+        "a": ["inf", None, 1.5],
+        "b": "-inf",
+        "c": "x",
+    }
     assert json_value(float("inf")) == "inf" and json_value(float("nan")) is None and json_value(3.0) == 3

@@ -16,14 +16,13 @@ import json
 import numpy as np
 import pytest
 import torch
+from torch import nn
 
 import reports
 from reports.flops.peaks import cpu_ideal_flops
 from reports.output.cli import main
-from tracer import Tracer
-
 from tests.tracer.distributed.test_job import simulate  # the same 4-unit FSDP2 job
-from torch import nn
+from tracer import Tracer
 
 GiB = 2**30
 H100_MEMORY = 80 * GiB  # 85,899,345,920
@@ -47,7 +46,9 @@ def test_compute_time_is_the_matmul_flops_over_the_peak_times_the_matmul_efficie
     row = reports.plan(small, "H100 SXM").iloc[0]
     # 11 matmuls x 2 x 1024 x 8192^2 = 1,511,828,488,192 FLOPs / (989.4e12 x 0.8) = 1.91003e-3 s
     assert row["compute_bound_s"] == pytest.approx(1_511_828_488_192 / (989.4e12 * 0.8), rel=1e-12)
-    assert row["compute_s"] == pytest.approx(row["compute_bound_s"] + row["memory_bound_s"] + row["launch_s"], rel=1e-12)
+    assert row["compute_s"] == pytest.approx(
+        row["compute_bound_s"] + row["memory_bound_s"] + row["launch_s"], rel=1e-12
+    )
     assert row["comm_s"] == 0 and row["exposed_comm_s"] == 0 and row["step_time_s"] == row["compute_s"]
 
 
@@ -96,7 +97,8 @@ def test_activation_extrapolation_against_a_trace_at_twice_the_batch(tmp_path):
     assert predicted == 301_989_896
     # and the FLOPs of forward and backward scale with it: twice the compute-bound time
     assert reports.plan(once, "H100", micro_batch=2048).iloc[0]["compute_bound_s"] == pytest.approx(
-        2 * reports.plan(once, "H100").iloc[0]["compute_bound_s"], rel=1e-12)
+        2 * reports.plan(once, "H100").iloc[0]["compute_bound_s"], rel=1e-12
+    )
 
 
 def test_micro_batch_scales_activation_bytes_not_weight_or_gradient_bytes(tmp_path):
@@ -121,8 +123,13 @@ def test_a100_to_h100_scales_a_matmul_bound_trace_by_the_peak_ratio(small):
 @pytest.mark.parametrize("gpu", ["H100 SXM", "H100 PCIe", "H200", "B200", "A100 80GB SXM", "A100 40GB SXM"])
 @pytest.mark.parametrize("ideal", [False, True])
 def test_mfu_is_never_above_1(small, gpu, ideal):
-    ones = {"matmul_efficiency": 1, "attention_efficiency": 1, "vector_efficiency": 1, "memory_efficiency": 1,
-            "launch_s": 0}  # fmt: skip
+    ones = {
+        "matmul_efficiency": 1,
+        "attention_efficiency": 1,
+        "vector_efficiency": 1,
+        "memory_efficiency": 1,
+        "launch_s": 0,
+    }
     row = reports.plan(small, gpu, assumptions=ones if ideal else None).iloc[0]
     # model FLOPs: the 11 matmuls and the sum (1024 x 8192 = 8,388,608): 1,511,836,876,800
     assert row["model_flops_per_step"] == 1_511_836_876_800
@@ -204,7 +211,9 @@ def test_a_group_without_its_ranks_is_taken_as_consecutive_and_named(job):
     assert row.iloc[0]["comm_s"] == reports.plan(job, "H100").iloc[0]["comm_s"]
     notes = row.attrs["plan"][row.iloc[0]["run"]]["notes"]
     assert any(n.startswith("process groups without their ranks in the trace (") for n in notes)
-    assert not any("without their ranks" in n for n in reports.plan(job, "H100").attrs["plan"][row.iloc[0]["run"]]["notes"])
+    assert not any(
+        "without their ranks" in n for n in reports.plan(job, "H100").attrs["plan"][row.iloc[0]["run"]]["notes"]
+    )
 
 
 def test_overlap_hides_part_of_the_communication(job):
@@ -241,7 +250,11 @@ def test_calibration_on_the_cpu_the_trace_ran_on(tmp_path):
     row = frame.iloc[0]
     assert row["calibrated"] and row["gpu"] == "cpu"
     listed = {a["name"]: a for a in frame.attrs["plan"][row["run"]]["assumptions"]}
-    measured = [n for n in ("matmul_efficiency", "vector_efficiency", "memory_efficiency") if listed[n]["source"].startswith("measured")]
+    measured = [
+        n
+        for n in ("matmul_efficiency", "vector_efficiency", "memory_efficiency")
+        if listed[n]["source"].startswith("measured")
+    ]
     assert measured and all(listed[n]["value"] == pytest.approx(0.5, rel=1e-9) for n in measured)
     assert listed["launch_s"]["value"] == 0
     assert row["traced_step_s"] == pytest.approx(2 * roof[kernel].sum(), rel=1e-9)
@@ -254,8 +267,6 @@ def test_a_meta_trace_is_not_calibrated(small):
     assert not row["calibrated"] and row["error_pct"] is None
 
 
-
-
 def test_cli(tmp_path, capsys):
     stack(tmp_path / "t", 8192)
     assert main(["plan", str(tmp_path / "t"), "--gpu", "h100-sxm"]) == 0
@@ -266,27 +277,55 @@ def test_cli(tmp_path, capsys):
     assert "matmul_efficiency        0.8" in text and "mamf-finder" in text
     assert main(["plan", str(tmp_path / "t"), "--gpu", "H100", "--json", "--assume", "matmul_efficiency=0.5"]) == 0
     found = json.loads(capsys.readouterr().out)
-    for key in ("fits", "peak_bytes_per_rank", "device_memory_bytes", "headroom_bytes", "max_micro_batch", "compute_s",
-                "comm_s", "exposed_comm_s", "step_time_s", "tokens_per_s_per_gpu", "mfu", "assumptions"):
+    for key in (
+        "fits",
+        "peak_bytes_per_rank",
+        "device_memory_bytes",
+        "headroom_bytes",
+        "max_micro_batch",
+        "compute_s",
+        "comm_s",
+        "exposed_comm_s",
+        "step_time_s",
+        "tokens_per_s_per_gpu",
+        "mfu",
+        "assumptions",
+    ):
         assert key in found
     assert found["fits"] is True and found["max_micro_batch"] == 931_504
     # 1,511,828,488,192 / (989.4e12 x 0.5) = 3.056e-3 s
     assert found["compute_bound_s"] == pytest.approx(1_511_828_488_192 / (989.4e12 * 0.5), rel=1e-12)
     listed = {a["name"]: a for a in found["assumptions"]}
-    assert listed["matmul_efficiency"] == {"name": "matmul_efficiency", "value": 0.5, "unit": "fraction", "source": "given"}
+    assert listed["matmul_efficiency"] == {
+        "name": "matmul_efficiency",
+        "value": 0.5,
+        "unit": "fraction",
+        "source": "given",
+    }
     assert all(a["source"] for a in found["assumptions"])
-    assert {"peak_flops_per_s", "hbm_bytes_per_s", "intra_node_bytes_per_s", "nic_bytes_per_s", "overlap",
-            "cuda_context_bytes", "nccl_buffer_bytes", "fragmentation", "launch_s"} <= set(listed)
+    assert {
+        "peak_flops_per_s",
+        "hbm_bytes_per_s",
+        "intra_node_bytes_per_s",
+        "nic_bytes_per_s",
+        "overlap",
+        "cuda_context_bytes",
+        "nccl_buffer_bytes",
+        "fragmentation",
+        "launch_s",
+    } <= set(listed)
 
 
 def test_cli_bad_gpu_is_one_line(tmp_path, capsys):
     stack(tmp_path / "t", 64)
     assert main(["plan", str(tmp_path / "t"), "--gpu", "X900"]) == 2
     err = capsys.readouterr().err.strip()
-    assert err == ("optrace plan: error: unknown gpu 'X900'; expected one of T4, V100 SXM2 16GB, V100 SXM2 32GB, "
-                   "V100 PCIe 16GB, V100 PCIe 32GB, A10, A10G, A100 40GB SXM, A100 80GB SXM, A100 40GB PCIe, "
-                   "A100 80GB PCIe, L4, L40S, H100 SXM, H100 PCIe, H100 NVL, H200, B200, RTX 3090, RTX 4090, MI250X, "
-                   "MI300X, cpu")
+    assert err == (
+        "optrace plan: error: unknown gpu 'X900'; expected one of T4, V100 SXM2 16GB, V100 SXM2 32GB, "
+        "V100 PCIe 16GB, V100 PCIe 32GB, A10, A10G, A100 40GB SXM, A100 80GB SXM, A100 40GB PCIe, "
+        "A100 80GB PCIe, L4, L40S, H100 SXM, H100 PCIe, H100 NVL, H200, B200, RTX 3090, RTX 4090, MI250X, "
+        "MI300X, cpu"
+    )
     assert main(["plan", str(tmp_path / "t"), "--gpu", "H100", "--assume", "warp_speed=2"]) == 2
     assert "unknown assumption 'warp_speed'" in capsys.readouterr().err
 
@@ -322,13 +361,24 @@ def test_an_efficiency_that_makes_a_time_infinite_is_refused(tmp_path, capsys, v
     stack(tmp_path / "t", 64)
     assert main(["plan", str(tmp_path / "t"), "--gpu", "H100", "--assume", f"memory_efficiency={value}"]) == 2
     out, err = capsys.readouterr()
-    assert (out, err) == ("", f"optrace plan: error: assumption memory_efficiency must be in [0.01, 1], got {float(value)!r}\n")
+    assert (out, err) == (
+        "",
+        f"optrace plan: error: assumption memory_efficiency must be in [0.01, 1], got {float(value)!r}\n",
+    )
 
 
 def test_every_figure_is_finite_at_the_least_efficiencies(small):
     """At the lowest end of every efficiency range (0.01) the plan's times are finite and scale as 0.8 / 0.01."""
-    least = {name: 0.01 for name in ("matmul_efficiency", "attention_efficiency", "vector_efficiency",
-                                      "memory_efficiency", "link_efficiency")}  # fmt: skip
+    least = {
+        name: 0.01
+        for name in (
+            "matmul_efficiency",
+            "attention_efficiency",
+            "vector_efficiency",
+            "memory_efficiency",
+            "link_efficiency",
+        )
+    }
     row = reports.plan(small, "H100 SXM", assumptions=least).iloc[0]
     # 1,511,828,488,192 FLOPs / (989.4e12 x 0.01) = 0.152802 s, 80x the 1.91003e-3 s at 0.8
     assert row["compute_bound_s"] == pytest.approx(1_511_828_488_192 / (989.4e12 * 0.01), rel=1e-12)
@@ -367,7 +417,9 @@ def test_a_group_is_placed_by_its_ranks():
     assert (sent, bandwidth) == (1_572_864, 80e9) and latency == pytest.approx(41.2e-6, rel=1e-12)
     assert seconds == pytest.approx(41.2e-6 + 1_572_864 / 80e9, rel=1e-12)
     # the same 4 ranks taken as consecutive: one node, NVLink 360e9 B/s, 8.4 + 6 x 3.4 = 28.8 us
-    assert collective_cost("all_reduce", 2**20, 4, h100, 8, DEFAULTS)[0] == pytest.approx(28.8e-6 + 1_572_864 / 360e9, rel=1e-12)
+    assert collective_cost("all_reduce", 2**20, 4, h100, 8, DEFAULTS)[0] == pytest.approx(
+        28.8e-6 + 1_572_864 / 360e9, rel=1e-12
+    )
     # a broadcast is one pipelined ring step (NCCL tuning.cc): 8.4 + 3.4 = 11.8 us on one node whatever W (it
     # was 8.4 + 7 x 3.4 + 9.6 = 41.8 us for 8 ranks, a network step on no network); 8.4 + 9.6 = 18 us across nodes
     for w, ranks, latency in ((2, None, 11.8e-6), (8, None, 11.8e-6), (4, [0, 1, 8, 9], 18.0e-6)):

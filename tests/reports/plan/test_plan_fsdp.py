@@ -8,7 +8,6 @@ weight's shard is 64 / 8 = 8 rows, 512 values, 2,048 bytes."""
 import pytest
 
 import reports
-
 from tests.tracer.distributed.test_job import simulate
 
 SHARD = 64 * 64 // 8  # 512 values of each weight on rank 0

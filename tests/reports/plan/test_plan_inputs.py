@@ -96,8 +96,9 @@ def test_a_trace_without_a_batch_dimension_says_so(tmp_path, capsys):
     frame = reports.plan(reports.load(tmp_path / "t"), "H100")
     assert frame.iloc[0]["batch"] is None and frame.iloc[0]["max_micro_batch"] is None
     notes = frame.attrs["plan"][frame["run"].iloc[0]]["notes"]
-    assert any(n.startswith("the traced micro-batch could not be found (no forward op with a batch dimension)")
-               for n in notes)
+    assert any(
+        n.startswith("the traced micro-batch could not be found (no forward op with a batch dimension)") for n in notes
+    )
     assert main(["plan", str(tmp_path / "t"), "--gpu", "H100"]) in (0, None)
     out = capsys.readouterr().out
     assert "micro-batch N/A (traced N/A)" in out and "largest micro-batch    N/A" in out
@@ -115,7 +116,10 @@ def test_a_trace_whose_code_raised_says_so_first(tmp_path, capsys):
     assert main(["plan", str(tmp_path / "t"), "--gpu", "H100"]) in (0, None)
     lines = capsys.readouterr().out.splitlines()
     # the exception's escape and newline printed as Python writes them (printable), as the report does
-    assert lines[0] == r"INCOMPLETE: the traced code raised RuntimeError: out of memory\x1b[31m\nforged line; the plan covers the rows it has"
+    assert (
+        lines[0]
+        == r"INCOMPLETE: the traced code raised RuntimeError: out of memory\x1b[31m\nforged line; the plan covers the rows it has"
+    )
     assert lines[1].startswith("optrace plan: t on H100 SXM")
     assert main(["plan", str(tmp_path / "t"), "--gpu", "H100", "--json"]) in (0, None)
     out = json.loads(capsys.readouterr().out)
@@ -150,29 +154,36 @@ def test_a_trace_without_model_says_its_parameters_count_as_inputs(tmp_path):
     # = 16,793,600; 33,570,820 (20,987,908 traced with model=, the weight fixed)
     assert detail["memory"]["peak_fixed_bytes"] == 16_777_220 and detail["memory"]["peak_scaled_bytes"] == 16_793_600
     assert row["peak_bytes_per_rank"] == 33_570_820
-    assert ("the parameters are unknown (the trace was made without model=): their bytes count as inputs, growing "
-            "with the micro-batch, so the peak and the largest micro-batch are pessimistic; trace with "
-            "Tracer(..., model=model)") in detail["notes"]
+    assert (
+        "the parameters are unknown (the trace was made without model=): their bytes count as inputs, growing "
+        "with the micro-batch, so the peak and the largest micro-batch are pessimistic; trace with "
+        "Tracer(..., model=model)"
+    ) in detail["notes"]
     # without batch=, the batch is read from the first forward input that is not a known parameter: the
     # weight's W.t() [1024, 1024], and the note says so
     notes = reports.plan(reports.load(tmp_path / "t"), "H100").attrs["plan"][frame["run"].iloc[0]]["notes"]
     assert any("pessimistic and the traced batch may be a weight's leading size;" in n for n in notes)
-    assert not any("the parameters are unknown" in n for n in reports.plan(adamw(tmp_path / "m", 1), "H100")
-                   .attrs["plan"]["m"]["notes"])  # fmt: skip
+    assert not any(
+        "the parameters are unknown" in n
+        for n in reports.plan(adamw(tmp_path / "m", 1), "H100").attrs["plan"]["m"]["notes"]
+    )
 
 
-@pytest.mark.parametrize(("given", "message"), [
-    ({"launch_s": float("inf")}, "assumption launch_s must be in [0, 1] s, got inf"),
-    ({"launch_s": 1e308}, "assumption launch_s must be in [0, 1] s, got 1e+308"),  # 1e308 x 900 kernels: inf
-    ({"net_step_s": float("nan")}, "assumption net_step_s must be in [0, 1] s, got nan"),
-    ({"matmul_efficiency": 1.5}, "assumption matmul_efficiency must be in [0.01, 1], got 1.5"),
-    ({"link_efficiency": 0}, "assumption link_efficiency must be in [0.01, 1], got 0"),
-    ({"link_efficiency": 1e-320}, "assumption link_efficiency must be in [0.01, 1], got 1e-320"),  # comm time: inf
-    ({"fragmentation": 1e300}, "assumption fragmentation must be in [0, 10], got 1e+300"),
-    ({"nccl_buffer_bytes": 2**51}, "assumption nccl_buffer_bytes must be in [0, 2^50] bytes, got 2251799813685248"),
-    ({"cuda_context_bytes": "1 GiB"}, "assumption cuda_context_bytes must be in [0, 2^50] bytes, got '1 GiB'"),
-    ([("launch_s", 1e-6)], "assumptions must be a dict {name: number}, got a list: [('launch_s', 1e-06)]"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("given", "message"),
+    [
+        ({"launch_s": float("inf")}, "assumption launch_s must be in [0, 1] s, got inf"),
+        ({"launch_s": 1e308}, "assumption launch_s must be in [0, 1] s, got 1e+308"),  # 1e308 x 900 kernels: inf
+        ({"net_step_s": float("nan")}, "assumption net_step_s must be in [0, 1] s, got nan"),
+        ({"matmul_efficiency": 1.5}, "assumption matmul_efficiency must be in [0.01, 1], got 1.5"),
+        ({"link_efficiency": 0}, "assumption link_efficiency must be in [0.01, 1], got 0"),
+        ({"link_efficiency": 1e-320}, "assumption link_efficiency must be in [0.01, 1], got 1e-320"),  # comm time: inf
+        ({"fragmentation": 1e300}, "assumption fragmentation must be in [0, 10], got 1e+300"),
+        ({"nccl_buffer_bytes": 2**51}, "assumption nccl_buffer_bytes must be in [0, 2^50] bytes, got 2251799813685248"),
+        ({"cuda_context_bytes": "1 GiB"}, "assumption cuda_context_bytes must be in [0, 2^50] bytes, got '1 GiB'"),
+        ([("launch_s", 1e-6)], "assumptions must be a dict {name: number}, got a list: [('launch_s', 1e-06)]"),
+    ],
+)
 def test_an_assumption_out_of_its_range_is_one_line_naming_it(given, message):
     from reports.plan.assumptions import resolve
 
@@ -184,7 +195,9 @@ def test_an_assumption_out_of_its_range_is_one_line_naming_it(given, message):
 def test_the_ends_of_each_range_are_accepted():
     from reports.plan.assumptions import resolve
 
-    table = resolve({"launch_s": 1, "fragmentation": 10, "cuda_context_bytes": 2**50, "memory_efficiency": 1, "net_step_s": 0})
+    table = resolve(
+        {"launch_s": 1, "fragmentation": 10, "cuda_context_bytes": 2**50, "memory_efficiency": 1, "net_step_s": 0}
+    )
     assert table["launch_s"] == (1.0, "given") and table["cuda_context_bytes"] == (2.0**50, "given")
 
 
@@ -196,7 +209,10 @@ def test_cli_refuses_an_infinite_assumption_in_one_line(tmp_path, capsys):
         # TypeError: bad operand type for abs(): 'str' on the "inf" plan_json made of the launch time
         assert main(["plan", str(tmp_path / "t"), "--gpu", "H100", "--assume", f"launch_s={value}"]) == 2
         captured = capsys.readouterr()
-        assert captured.out == "" and captured.err == "optrace plan: error: assumption launch_s must be in [0, 1] s, got inf\n"
+        assert (
+            captured.out == ""
+            and captured.err == "optrace plan: error: assumption launch_s must be in [0, 1] s, got inf\n"
+        )
 
 
 def test_an_infinite_figure_prints_as_inf(tmp_path, capsys, monkeypatch):
@@ -220,8 +236,11 @@ def test_an_infinite_figure_prints_as_inf(tmp_path, capsys, monkeypatch):
 def test_absurd_tokens_are_refused_in_one_line():
     from tracer import TraceError
 
-    with pytest.raises(TraceError, match=r"^Tracer: tokens must be an int from 1 to 2\*\*53 \(tokens per step\) or None, "
-                                         r"got 1000000000000000000000000"):
+    with pytest.raises(
+        TraceError,
+        match=r"^Tracer: tokens must be an int from 1 to 2\*\*53 \(tokens per step\) or None, "
+        r"got 1000000000000000000000000",
+    ):
         Tracer("unused", tokens=10**24)
 
 
@@ -266,8 +285,12 @@ def test_the_cpu_target_has_no_gpu_allowances(tmp_path, capsys):
     assert memory["cuda_context_bytes"] == 0 and memory["nccl_buffer_bytes"] == 0
     assert row["required_bytes"] == pytest.approx(1.1 * row["peak_bytes_per_rank"], rel=1e-12)
     listed = {a["name"]: a for a in detail["assumptions"]}
-    assert listed["cuda_context_bytes"]["value"] == 0 and listed["cuda_context_bytes"]["source"].startswith("none: the target is the CPU")
-    assert "the target is the CPU: its memory needs no CUDA context or NCCL buffers, only fragmentation" in detail["notes"]
+    assert listed["cuda_context_bytes"]["value"] == 0 and listed["cuda_context_bytes"]["source"].startswith(
+        "none: the target is the CPU"
+    )
+    assert (
+        "the target is the CPU: its memory needs no CUDA context or NCCL buffers, only fragmentation" in detail["notes"]
+    )
     assert main(["plan", str(tmp_path / "cpu"), "--gpu", "cpu"]) in (0, None)
     out = capsys.readouterr().out
     assert out.startswith("optrace plan: cpu on cpu, world size 1,") and "per node" not in out
@@ -284,8 +307,10 @@ def test_a_trace_of_several_steps_prices_its_last_complete_step(tmp_path):
     # and 49 / 3 kernels, held a third of that one-off work
     assert row["memory_bound_s"] == pytest.approx(96_489_504 / 2.68e12, rel=1e-12)
     assert row["launch_s"] == pytest.approx(15 * 3e-6, rel=1e-12)
-    assert ("step time, FLOPs and MFU are those of step 2, the last complete one of the 3 traced (the first holds "
-            "one-off work, such as an optimizer making its state); the memory peak is over every step") in notes
+    assert (
+        "step time, FLOPs and MFU are those of step 2, the last complete one of the 3 traced (the first holds "
+        "one-off work, such as an optimizer making its state); the memory peak is over every step"
+    ) in notes
     # the memory peak is over every step: AdamW's sqrt, as in one step (5 x 4,194,304 + 4 + x's 4,096)
     assert row["peak_bytes_per_rank"] == 20_975_620
     # a one-step trace prices its step, and says the optimizer made its state in it
@@ -294,7 +319,8 @@ def test_a_trace_of_several_steps_prices_its_last_complete_step(tmp_path):
     assert frame.iloc[0]["launch_s"] == pytest.approx(17 * 3e-6, rel=1e-12)
     assert frame.iloc[0]["peak_bytes_per_rank"] == 20_975_620
     # exp_avg, exp_avg_sq 2 x 4,194,304 and the step's 4 bytes
-    assert ("the traced step is the optimizer's first: it makes its state (8,388,612 bytes; AdamW's zeros_like), work "
-            "its step time includes and later steps skip (trace two steps to price the steady one)"
-            ) in frame.attrs["plan"]["k1"]["notes"]
+    assert (
+        "the traced step is the optimizer's first: it makes its state (8,388,612 bytes; AdamW's zeros_like), work "
+        "its step time includes and later steps skip (trace two steps to price the steady one)"
+    ) in frame.attrs["plan"]["k1"]["notes"]
     assert not any(n.startswith("the traced step is the optimizer's first") for n in notes)

@@ -5,10 +5,10 @@ damaged by hand as test_damage.py does it; both engines must give the same exit 
 import shutil
 
 import pytest
+
 from tests.helpers import copy_rank
 from tests.reports.loading.test_damage import rewrite, set_cell
 from tests.reports.sql.test_engines_agree_on_damage import _both
-
 from tracer.schema import part_paths
 
 
@@ -22,8 +22,9 @@ def _job(template, tmp_path, ranks=2):
 
 
 @pytest.mark.parametrize("narrow", [False, True])
-def test_a_bad_row_in_rank_0_is_named_before_a_part_of_rank_1_without_a_column(template, tmp_path, capsys,
-                                                                                 monkeypatch, narrow):
+def test_a_bad_row_in_rank_0_is_named_before_a_part_of_rank_1_without_a_column(
+    template, tmp_path, capsys, monkeypatch, narrow
+):
     """rank=0 holds a null id item (found only by reading its rows), a part of rank=1 lacks `inplace` (found from its
     footers). reports.load reads rank 0's rows before rank 1's footers and names the null item; the SQL engine read
     every run's footers first and named rank 1's part."""
@@ -36,8 +37,12 @@ def test_a_bad_row_in_rank_0_is_named_before_a_part_of_rank_1_without_a_column(t
     for extra in ([], ["--json"]):
         got = _both(capsys, "report", job, *extra)
         assert got["sql"] == got["pandas"]
-        assert got["sql"] == (2, "", f"optrace report: error: {job / 'rank=0'}: column 'input_storage_ids' holds a "
-                                     "null item at seq 3; expected int64 items\n")  # fmt: skip
+        assert got["sql"] == (
+            2,
+            "",
+            f"optrace report: error: {job / 'rank=0'}: column 'input_storage_ids' holds a "
+            "null item at seq 3; expected int64 items\n",
+        )
 
 
 def test_a_bad_row_in_the_first_trace_is_named_before_a_missing_second_one(template, tmp_path, capsys):
@@ -47,8 +52,9 @@ def test_a_bad_row_in_the_first_trace_is_named_before_a_missing_second_one(templ
     rewrite(part_paths(bad)[0], set_cell("input_shapes", 3, None))
     got = _both(capsys, "compare", bad, tmp_path / "nothing")
     assert got["sql"] == got["pandas"]
-    assert got["sql"][:2] == (2, "") and got["sql"][2].startswith(f"optrace compare: error: {bad}: column "
-                                                                  "'input_shapes' is null at seq 3")
+    assert got["sql"][:2] == (2, "") and got["sql"][2].startswith(
+        f"optrace compare: error: {bad}: column 'input_shapes' is null at seq 3"
+    )
 
 
 @pytest.mark.parametrize("column", ["inplace", "layout", "start_ns", "comm_bytes"])

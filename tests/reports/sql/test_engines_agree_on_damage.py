@@ -9,9 +9,9 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 import torch
-from tests.reports.loading.test_damage import rewrite, set_cell
 
 from reports.output.cli import main
+from tests.reports.loading.test_damage import rewrite, set_cell
 from tracer import Tracer
 from tracer.schema import part_paths
 
@@ -39,8 +39,9 @@ def _same_report(capsys, path):
     return text["pandas"]
 
 
-@pytest.mark.parametrize("column", ["input_storage_ids", "output_storage_ids", "freed_storage_ids",
-                                    "output_storage_bytes"])  # fmt: skip
+@pytest.mark.parametrize(
+    "column", ["input_storage_ids", "output_storage_ids", "freed_storage_ids", "output_storage_bytes"]
+)
 @pytest.mark.parametrize("narrow", [False, True])
 def test_a_null_item_in_an_id_or_size_list_is_refused_by_both_engines(trace, capsys, monkeypatch, column, narrow):
     """The SQL engine scanned list cells for a null list but not for a null item in one: it reported a trace the
@@ -52,16 +53,17 @@ def test_a_null_item_in_an_id_or_size_list_is_refused_by_both_engines(trace, cap
     rewrite(part_paths(trace)[0], set_cell(column, 3, [None]))
     rc, out, err = _same_report(capsys, trace)
     assert (rc, out) == (2, "")
-    assert err == f"optrace report: error: {trace}: column {column!r} holds a null item at seq 3; expected int64 items\n"
+    assert (
+        err == f"optrace report: error: {trace}: column {column!r} holds a null item at seq 3; expected int64 items\n"
+    )
 
 
 def test_a_step_number_near_int64_gives_the_same_report(trace, capsys):
     """A step of 2**62 passes the checks (a step has no upper bound). reports/steps.py keyed (step, phase) pairs as
     step * phases + phase: 2**62 * 7 phase names wrapped int64 and the SQL engine's frame crashed (IndexError), and
     2**62 * 4 wraps to 0 (step 2**62 counted as step 0)."""
-    from reports.steps import phase_steps
-
     import reports
+    from reports.steps import phase_steps
 
     rewrite(part_paths(trace)[0], set_cell("step", 3, 2**62))  # seq 3: a forward op of step 0
     df = reports.load(trace)
@@ -87,17 +89,26 @@ def test_a_job_whose_rank_0_traced_nothing_gets_the_same_line(tmp_path, capsys):
     rc, out, err = _same_report(capsys, tmp_path / "job")
     assert (rc, out) == (2, "")
     job = tmp_path / "job"
-    assert err == (f"optrace report: error: {job / 'rank=0'}: rank 0 has no ops (nothing ran inside `with Tracer(...)` "
-                   f"there), and the report is of the lowest rank; report another rank's directory, e.g. {job / 'rank=1'}\n")
+    assert err == (
+        f"optrace report: error: {job / 'rank=0'}: rank 0 has no ops (nothing ran inside `with Tracer(...)` "
+        f"there), and the report is of the lowest rank; report another rank's directory, e.g. {job / 'rank=1'}\n"
+    )
 
 
-@pytest.mark.parametrize("column, value, message", [
-    ("device", None, "column 'device' is null in part-000000.parquet (1 null value(s)); expected string values"),
-    ("layout", None, "column 'layout' is null in part-000000.parquet (1 null value(s)); expected string values"),
-    ("inplace", None, "column 'inplace' is null in part-000000.parquet (1 null value(s)); expected bool values"),
-    ("start_ns", -1, "column 'start_ns' holds -1 in part-000000.parquet; expected ns since the epoch >= 0 "
-                     "(a damaged or hand-edited trace?)"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "column, value, message",
+    [
+        ("device", None, "column 'device' is null in part-000000.parquet (1 null value(s)); expected string values"),
+        ("layout", None, "column 'layout' is null in part-000000.parquet (1 null value(s)); expected string values"),
+        ("inplace", None, "column 'inplace' is null in part-000000.parquet (1 null value(s)); expected bool values"),
+        (
+            "start_ns",
+            -1,
+            "column 'start_ns' holds -1 in part-000000.parquet; expected ns since the epoch >= 0 "
+            "(a damaged or hand-edited trace?)",
+        ),
+    ],
+)
 def test_damage_in_a_column_the_report_does_not_read_gets_the_reference_words(trace, capsys, column, value, message):
     """The pandas engine leaves these columns in the files and names damage there by part (from the statistics); the
     SQL engine's reference read took every column and named the seq instead. Now it reads the pandas engine's."""
@@ -155,11 +166,10 @@ def test_modules_whose_flops_pass_int64_together_roll_up_as_the_reference(tmp_pa
     each module's own sum fits int64, the root's subtree (10**19) does not. The SQL engine rolled the modules up in
     int64 and printed the root at a negative total and share ("overflow encountered in scalar add"); both engines now
     give 1e19 as float64."""
-    from tracer.flops import _registry
-
     import reports
     from reports import sql_report
     from reports.sql.engine import Trace
+    from tracer.flops import _registry
 
     op = torch.ops.aten.addmm
     saved = _registry.get(op)
@@ -215,8 +225,11 @@ def _fixed_times(t, big_at=None):
     return t.set_column(t.schema.get_field_index("busy_ns"), "busy_ns", ns)
 
 
-@pytest.mark.xfail(strict=True, reason="per-rank seconds are float64 sums in another order in each engine: equal "
-                   "bits only while a rank's ns sum stays below 2**53 (104 days); duration_ns has no upper bound")
+@pytest.mark.xfail(
+    strict=True,
+    reason="per-rank seconds are float64 sums in another order in each engine: equal "
+    "bits only while a rank's ns sum stays below 2**53 (104 days); duration_ns has no upper bound",
+)
 def test_the_ranks_of_a_job_with_a_146_year_op_are_the_same_in_json(template, tmp_path, capsys):
     """Two copies of the template as rank=0 and rank=1; rank 1's seq 3 lasted 2**62 ns (146 years, accepted: a
     duration has no upper bound). --json's ranks and imbalance differ in the last bits (max_s 2305843009.215247
@@ -256,7 +269,9 @@ def test_rank_0s_sections_come_from_run_0_of_the_trace_of_every_rank(template, t
     rc, out, err = _same_report(capsys, job)
     head, ranks = out.split("\nRanks (2): per step")
     assert (rc, err) == (0, "") and "m/rank=0  (14 ops, 1 step(s)" in head and "mlp" not in head
-    assert "    total   108            144 0.750" in head  # 2 * 3 * 4 * 2 = 48 (addmm) + 6 (sum) forward, 48 (mm) + 6 back
+    assert (
+        "    total   108            144 0.750" in head
+    )  # 2 * 3 * 4 * 2 = 48 (addmm) + 6 (sum) forward, 48 (mm) + 6 back
     every, alone = Trace(job), Trace(job / "rank=0")
     one = every.first_run()
     assert list(one.runs) == ["m/rank=0"] and one.ranks == [0] and not one.several and one.narrow == narrow
@@ -266,32 +281,39 @@ def test_rank_0s_sections_come_from_run_0_of_the_trace_of_every_rank(template, t
         if isinstance(got, dict):
             assert got == want
         else:
-            pd.testing.assert_frame_equal(got.drop(columns=["run"], errors="ignore"),
-                                          want.drop(columns=["run"], errors="ignore"))
+            pd.testing.assert_frame_equal(
+                got.drop(columns=["run"], errors="ignore"), want.drop(columns=["run"], errors="ignore")
+            )
     # every table and view of the Trace has its own in first_run: no query of run 0 falls back to every run's
     names = "SELECT {} FROM duckdb_{}() WHERE NOT internal AND database_name = 'memory' AND schema_name = '{}'"
-    main = {n for kind, col in (("tables", "table_name"), ("views", "view_name"))
-            for (n,) in one.db.execute(names.format(col, kind, "main")).fetchall()}  # fmt: skip
-    first = {n for kind, col in (("tables", "table_name"), ("views", "view_name"))
-             for (n,) in one.db.execute(names.format(col, kind, "first_run")).fetchall()}  # fmt: skip
+    main = {
+        n
+        for kind, col in (("tables", "table_name"), ("views", "view_name"))
+        for (n,) in one.db.execute(names.format(col, kind, "main")).fetchall()
+    }
+    first = {
+        n
+        for kind, col in (("tables", "table_name"), ("views", "view_name"))
+        for (n,) in one.db.execute(names.format(col, kind, "first_run")).fetchall()
+    }
     assert main == first and {"rows", "_src", "_ops", "_steps", "by_op"} <= main and ("_rows" in main) == narrow
 
 
 @pytest.mark.parametrize("narrow", [False, True])
 @pytest.mark.parametrize("order", [("null", "swapped"), ("swapped", "null")])
-def test_null_lists_flagged_by_the_grouping_scan_are_refused_in_the_references_order(parts, tmp_path, monkeypatch,
-                                                                                      narrow, order):
+def test_null_lists_flagged_by_the_grouping_scan_are_refused_in_the_references_order(
+    parts, tmp_path, monkeypatch, narrow, order
+):
     """The SQL engine finds null list cells and items as it reads each run's parts once (reports/sql/rowpass.py; a
     trace read once into memory: as the _ops grouping reads the list columns). A run with a null id item and a run
     whose parts are out of seq order are refused with the first run's line, as reports.load refuses them (read once
     into memory: the null item is found by a scan of that run alone when a later run fails a check before the
     grouping is made)."""
-    from tests.reports.sql.test_sql import swapped
-
     import reports
     from reports.errors import ReportError
     from reports.sql import engine
     from reports.sql.engine import Trace
+    from tests.reports.sql.test_sql import swapped
 
     monkeypatch.setattr(engine, "SMALL_PARTS", (1, 1 << 40, 1 << 40) if narrow else (1 << 40, 0, 0))
     null = shutil.copytree(parts, tmp_path / "null")
@@ -303,10 +325,14 @@ def test_null_lists_flagged_by_the_grouping_scan_are_refused_in_the_references_o
     with pytest.raises(ReportError) as mine:
         Trace(paths)
     assert str(mine.value) == str(ref.value)
-    assert str(mine.value) == {"null": f"{null}: column 'input_storage_ids' holds a null item at seq 3; expected int64 "
-                                       "items",
-                               "swapped": f"{runs['swapped']}: seq 0 follows seq 63; expected seq to increase row by "
-                                          "row (a part or rows repeated?)"}[order[0]]  # fmt: skip
+    assert (
+        str(mine.value)
+        == {
+            "null": f"{null}: column 'input_storage_ids' holds a null item at seq 3; expected int64 items",
+            "swapped": f"{runs['swapped']}: seq 0 follows seq 63; expected seq to increase row by "
+            "row (a part or rows repeated?)",
+        }[order[0]]
+    )
 
 
 def test_a_null_item_alone_is_found_without_a_scan_of_its_own(parts, tmp_path, monkeypatch):

@@ -15,7 +15,6 @@ import warnings
 
 import pandas as pd
 import pytest
-from tests.helpers import copy_rank
 import torch
 from gpt import GPT, GPTConfig, make_batch, make_optimizer, train_step
 
@@ -127,12 +126,15 @@ def test_several_runs_at_once(traces):
         _same(mine(sql), ref(df), exact)
 
 
-@pytest.mark.parametrize("column, row, value, message", [
-    ("flops", 3, -5, "column 'flops' holds -5 at seq 3"),
-    ("live_bytes", 2, None, "column 'live_bytes' is null at seq 2"),
-    ("seq", 4, 2, "seq 2 follows seq 3"),
-    ("duration_ns", 0, 2**62, None),  # in range: no error on either path
-])
+@pytest.mark.parametrize(
+    "column, row, value, message",
+    [
+        ("flops", 3, -5, "column 'flops' holds -5 at seq 3"),
+        ("live_bytes", 2, None, "column 'live_bytes' is null at seq 2"),
+        ("seq", 4, 2, "seq 2 follows seq 3"),
+        ("duration_ns", 0, 2**62, None),  # in range: no error on either path
+    ],
+)
 def test_bad_values_get_the_reference_loaders_line(traces, tmp_path, column, row, value, message):
     from tests.reports.loading.test_damage import rewrite, set_cell
 
@@ -184,20 +186,34 @@ def test_the_simple_views_are_plain_sql_polars_runs(traces):
     import polars as pl
 
     sql = Trace(traces["gpt"])
-    rows = pl.from_pandas(sql.sql("SELECT * EXCLUDE (input_shapes, input_strides, output_shapes, output_strides, "
-                                  "input_storage_ids, output_storage_ids, freed_storage_ids, output_storage_bytes, "
-                                  "group_sizes, input_dtypes, output_dtypes) FROM rows"))  # fmt: skip
+    rows = pl.from_pandas(
+        sql.sql(
+            "SELECT * EXCLUDE (input_shapes, input_strides, output_shapes, output_strides, "
+            "input_storage_ids, output_storage_ids, freed_storage_ids, output_storage_bytes, "
+            "group_sizes, input_dtypes, output_dtypes) FROM rows"
+        )
+    )
     context = pl.SQLContext(rows=rows)
     portable = [(name, body) for name, body, ok in statements() if ok]
-    assert {"phase_steps", "run_totals", "by_phase", "by_step", "module_own", "uncounted", "peak"} <= {n for n, _ in portable}
+    assert {"phase_steps", "run_totals", "by_phase", "by_step", "module_own", "uncounted", "peak"} <= {
+        n for n, _ in portable
+    }
     for name, body in portable:
         got = context.execute(body, eager=True).to_pandas()
         context.register(name, pl.from_pandas(got))  # later views read earlier ones
         want = sql.sql(f"SELECT * FROM {name}")
         assert list(got.columns) == list(want.columns), name
         key = list(want.columns)
-        got = got.astype({c: "float64" for c in key if got[c].dtype.kind in "iuf"}).sort_values(key).reset_index(drop=True)
-        want = want.astype({c: "float64" for c in key if want[c].dtype.kind in "iuf"}).sort_values(key).reset_index(drop=True)
+        got = (
+            got.astype({c: "float64" for c in key if got[c].dtype.kind in "iuf"})
+            .sort_values(key)
+            .reset_index(drop=True)
+        )
+        want = (
+            want.astype({c: "float64" for c in key if want[c].dtype.kind in "iuf"})
+            .sort_values(key)
+            .reset_index(drop=True)
+        )
         pd.testing.assert_frame_equal(got, want, check_dtype=False, rtol=1e-12, obj=name)
 
 

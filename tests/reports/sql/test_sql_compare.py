@@ -13,12 +13,12 @@ import warnings
 import pandas as pd
 import pytest
 import torch
-from tests.reports.sql.test_sql import _gpt
 
 import reports
 from reports.errors import ReportError
-from reports.sql_compare import compare
 from reports.sql.engine import Trace
+from reports.sql_compare import compare
+from tests.reports.sql.test_sql import _gpt
 from tracer import Tracer
 
 
@@ -95,11 +95,10 @@ def test_the_flop_frame_is_cut_only_for_a_run_with_a_step_time(runs, tmp_path, c
     """compare passes reports.mfu no step time, so a run's MFU is NaN unless its metadata holds an untraced one: the
     SQL engine cuts MFU's small frame (reports/sql/flops.py, mfu_only) only when a run has one, and prints what the
     pandas engine prints either way. Timed: run b says it ran on an H100 at 0.01 s per untraced step."""
-    from tests.reports.loading.test_damage import rewrite, set_metadata
-
     from reports.flops.peaks import peak_flops
     from reports.output.cli import main
     from reports.sql import flops
+    from tests.reports.loading.test_damage import rewrite, set_metadata
     from tracer.schema import part_paths
 
     b = shutil.copytree(runs[1], tmp_path / "b")

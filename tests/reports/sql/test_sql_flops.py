@@ -10,10 +10,9 @@ an evaluation under no_grad, fused attention, convolutions, a traced FSDP2 rank,
 """
 
 import contextlib
-from math import prod
 import io
-import json
 import warnings
+from math import prod
 
 import pandas as pd
 import pytest
@@ -153,7 +152,8 @@ def _no_model(path):
 
 
 def _wide(path):
-    from tests.reports.test_overflow import TOKENS as T, Matmuls
+    from tests.reports.test_overflow import TOKENS as T
+    from tests.reports.test_overflow import Matmuls
 
     model = Matmuls()
     with Tracer(path, model=model, tokens=T):
@@ -185,8 +185,9 @@ def _parametrized(path):
     """Weights that parametrizations compute at each forward: weight_norm's from (v, g), spectral_norm's w / sigma."""
     from torch.nn.utils.parametrizations import spectral_norm, weight_norm
 
-    model = nn.Sequential(weight_norm(nn.Linear(16, 32, bias=False)), nn.ReLU(),
-                          spectral_norm(nn.Linear(32, 8, bias=False)))  # fmt: skip
+    model = nn.Sequential(
+        weight_norm(nn.Linear(16, 32, bias=False)), nn.ReLU(), spectral_norm(nn.Linear(32, 8, bias=False))
+    )
     x, opt = torch.randn(TOKENS, 16), torch.optim.SGD(model.parameters(), lr=0.1)
 
     def step():
@@ -320,8 +321,10 @@ def test_a_spectral_norm_convolution_is_not_in_n(tmp_path):
     small = frame(Trace(tmp_path / "t"))
     pd.testing.assert_frame_equal(reports.breakdown(small), reports.breakdown(df), check_exact=True)
     lines = reports.explain(df)  # the conv's weight is named though the conv multiplies w / sigma, not w
-    assert any(line.startswith("Convolution weights: 0.parametrizations.weight.original (108 parameters) are not in N")
-               for line in lines), lines  # fmt: skip
+    assert any(
+        line.startswith("Convolution weights: 0.parametrizations.weight.original (108 parameters) are not in N")
+        for line in lines
+    ), lines
     assert reports.explain(small) == lines
 
 
@@ -363,7 +366,9 @@ def test_a_buffer_of_coordinates_times_a_weight_is_token_work(tmp_path):
     assert table.loc["forward", "weight_matmul_flops"] == 2 * 80 * TOKENS  # 5120
     # dL/dW of both and dL/dx of l2's input (the coordinates need none): 2*32*4*16 + 2 * 2*32*16*1 = 6144
     assert table.loc["backward", "weight_matmul_flops"] == 6144
-    pd.testing.assert_frame_equal(reports.breakdown(frame(Trace(tmp_path / "t"))), reports.breakdown(df), check_exact=True)
+    pd.testing.assert_frame_equal(
+        reports.breakdown(frame(Trace(tmp_path / "t"))), reports.breakdown(df), check_exact=True
+    )
 
 
 def test_explain_names_ops_without_a_formula(traces):
@@ -380,9 +385,12 @@ def test_two_runs_at_once(traces):
     small = frame(sql)
     pd.testing.assert_frame_equal(reports.breakdown(small), reports.breakdown(df), check_exact=True)
     assert reports.explain(small) == reports.explain(df)
-    pd.testing.assert_frame_equal(reports.mfu(small, step_time_s=1.0), reports.mfu(df, step_time_s=1.0), check_exact=True)
-    pd.testing.assert_frame_equal(reports.mfu(frame(sql, mfu_only=True), step_time_s=1.0), reports.mfu(df, step_time_s=1.0),
-                                  check_exact=True)  # fmt: skip
+    pd.testing.assert_frame_equal(
+        reports.mfu(small, step_time_s=1.0), reports.mfu(df, step_time_s=1.0), check_exact=True
+    )
+    pd.testing.assert_frame_equal(
+        reports.mfu(frame(sql, mfu_only=True), step_time_s=1.0), reports.mfu(df, step_time_s=1.0), check_exact=True
+    )
 
 
 def _walked(df):
@@ -392,10 +400,13 @@ def _walked(df):
     hops = roles._ADDS | roles.GRADIENT_PLACES | roles._GRADIENT_MOVES
     n_in = df["input_storage_ids"].map(len)
     one = df["input_shapes"].map(lambda shapes: len(shapes) == 2 and any(prod(int(d) for d in s) == 1 for s in shapes))
-    return (kind.isin(["matmul", "attention"]) | ((kind == "conv") & (phase == "forward"))
-            | packets.isin(ONE_TO_ONE_COPIES | roles._GATHERS | roles.DERIVED)
-            | (packets.isin(roles.SCALED) & ((n_in == 1) | ((n_in == 2) & one)))
-            | (phase.isin(["backward", "other"]) & ((kind == "collective") | packets.isin(hops))))
+    return (
+        kind.isin(["matmul", "attention"])
+        | ((kind == "conv") & (phase == "forward"))
+        | packets.isin(ONE_TO_ONE_COPIES | roles._GATHERS | roles.DERIVED)
+        | (packets.isin(roles.SCALED) & ((n_in == 1) | ((n_in == 2) & one)))
+        | (phase.isin(["backward", "other"]) & ((kind == "collective") | packets.isin(hops)))
+    )
 
 
 @pytest.mark.parametrize("name", ["gpt", "moe_gathers", "fsdp_rank", "tied_bf16"])
@@ -404,8 +415,11 @@ def test_the_small_frame_holds_the_walked_rows_a_row_per_group_and_per_step(trac
     small = frame(sql)
     walked = _walked(df)
     steps = df.groupby(["step", "phase"], observed=True).ngroups
-    rest = df[~walked].assign(op=df["op"].astype(str).where(df["phase"] == "optimizer", ""), dt=df["input_dtypes"].map(
-        lambda v: str(v[0]) if v is not None and len(v) else ""), positive=df["flops"] > 0)
+    rest = df[~walked].assign(
+        op=df["op"].astype(str).where(df["phase"] == "optimizer", ""),
+        dt=df["input_dtypes"].map(lambda v: str(v[0]) if v is not None and len(v) else ""),
+        positive=df["flops"] > 0,
+    )
     groups = rest.groupby(["phase", "op", "flop_kind", "recompute", "dt", "positive"], observed=True).ngroups
     assert len(small) == int(walked.sum()) + groups + steps < len(df)
     kept = small[small["input_storage_ids"].notna()]
@@ -420,7 +434,7 @@ def test_the_sql_op_lists_are_the_python_ones():
     from reports.sql.engine import VIEW_FILES
 
     text = open(next(f for f in VIEW_FILES if f.endswith("flops.sql")), encoding="utf-8").read()
-    body = text[text.index("CREATE VIEW flop_ops"):text.index("CREATE VIEW flop_marked")]
+    body = text[text.index("CREATE VIEW flop_ops") : text.index("CREATE VIEW flop_marked")]
     lists = [set(re.findall(r"'([\w.]+)'", found)) for found in re.findall(r"packet IN \(([^)]*)\)", body)]
     copies, hops, derives, scales = lists
     assert copies == ONE_TO_ONE_COPIES | roles._GATHERS
@@ -458,8 +472,9 @@ def test_figures_from_sql(traces):
     assert src.breakdown(src.accounts()).set_index("phase").loc["forward", "flops"] == 400 * 13 * 2**51
 
 
-@pytest.mark.parametrize("name", ["gpt", "cut", "checkpoint", "moe_grouped", "attention", "teacher", "fsdp_rank",
-                                  "no_model", "wide"])
+@pytest.mark.parametrize(
+    "name", ["gpt", "cut", "checkpoint", "moe_grouped", "attention", "teacher", "fsdp_rank", "no_model", "wide"]
+)
 def test_the_report_text_and_json_are_the_same_from_either_engine(traces, name):
     from reports.output.cli import main
 
@@ -469,8 +484,22 @@ def test_the_report_text_and_json_are_the_same_from_either_engine(traces, name):
             buf = io.StringIO()
             with warnings.catch_warnings(), contextlib.redirect_stdout(buf):
                 warnings.simplefilter("ignore")
-                assert main(["report", str(traces[name]), "--engine", engine, "--step-time", "0.5", "--peak-tflops", "1",
-                             *flags]) == 0  # fmt: skip
+                assert (
+                    main(
+                        [
+                            "report",
+                            str(traces[name]),
+                            "--engine",
+                            engine,
+                            "--step-time",
+                            "0.5",
+                            "--peak-tflops",
+                            "1",
+                            *flags,
+                        ]
+                    )
+                    == 0
+                )
             outs.append(buf.getvalue())
         assert outs[0] == outs[1]
     assert "FLOPs per step against 2/4/6 x N x T" in main_text(traces[name])
@@ -486,8 +515,9 @@ def main_text(path):
     return buf.getvalue()
 
 
-@pytest.mark.parametrize("name", ["gpt", "tied_bf16", "checkpoint", "moe_gathers", "lora", "no_grad_eval", "vmap",
-                                  "teacher", "fsdp_rank"])
+@pytest.mark.parametrize(
+    "name", ["gpt", "tied_bf16", "checkpoint", "moe_gathers", "lora", "no_grad_eval", "vmap", "teacher", "fsdp_rank"]
+)
 def test_every_row_keeps_its_role(traces, name):
     """Roles on the small frame give each walked row the category, weight, activation and training flag it gets
     among all rows; every other row of the trace is "other", multiplies no weight and is no training matmul."""
@@ -534,10 +564,10 @@ def test_a_part_storing_strings_plain_gives_the_frame_of_the_dictionary_one(tmp_
 
     import pyarrow as pa
     import pyarrow.parquet as pq
-    from tests.reports.loading.test_damage import rewrite
-    from tests.reports.sql.test_sql import _gpt
 
     from reports.sql.flop_rows import FlopRows
+    from tests.reports.loading.test_damage import rewrite
+    from tests.reports.sql.test_sql import _gpt
     from tracer.schema import part_paths
 
     def plain(table):
@@ -567,9 +597,9 @@ def test_kept_rows_that_cannot_be_joined_leave_the_frame_to_the_query(tmp_path, 
     """If the kept FLOP rows cannot be made into one table (an Arrow type error on parts of unforeseen types), the
     frame is the flops.sql query's, as for a Trace that kept nothing: the same frame, no traceback."""
     import pyarrow as pa
-    from tests.reports.sql.test_sql import _gpt
 
     from reports.sql.flop_rows import FlopRows
+    from tests.reports.sql.test_sql import _gpt
 
     _gpt(tmp_path / "t", 3)
     with warnings.catch_warnings():

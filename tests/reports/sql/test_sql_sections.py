@@ -14,22 +14,22 @@ import warnings
 import numpy as np
 import pandas as pd
 import pytest
-from tests.helpers import copy_rank
 import torch
-from tests.tracer.distributed.test_job import LAYER_BYTES, simulate
-from tests.reports.sql.test_sql import _gpt
 
 import reports
 from reports.distributed import collectives as pandas_collectives
 from reports.distributed import ranks as pandas_ranks
-from reports.flops.meter import meter_summary
-from reports.output.cli import main
-from reports.output.source import Source
 from reports.distributed import sql_ranks as distributed
-from reports.sql.engine import Trace
+from reports.flops.meter import meter_summary
 from reports.memory.lifetimes import Lists, Storages, lists_of, runs_in_order
 from reports.memory.memory import CATEGORY_DTYPES, categories_at
 from reports.memory.sql_categories import by_category, memory_lists, memory_rows
+from reports.output.cli import main
+from reports.output.source import Source
+from reports.sql.engine import Trace
+from tests.helpers import copy_rank
+from tests.reports.sql.test_sql import _gpt
+from tests.tracer.distributed.test_job import LAYER_BYTES, simulate
 from tracer import Meter, Tracer
 from tracer.schema import part_paths
 
@@ -94,9 +94,17 @@ def traces(tmp_path_factory):
     damaged = root / "damaged"
     shutil.copytree(gpt, damaged)
     os.remove(part_paths(damaged)[1])
-    return {"gpt": gpt, "cut": _gpt(root / "cut", 2, cut=True), "ckpt": _checkpointed(root / "ckpt"),
-            "resized": _resized(root / "resized"), "meta": _meta(root / "meta"), "damaged": damaged, "job": job,
-            "two": [gpt, _checkpointed(root / "ckpt2")], "metered": _metered(root / "metered")}  # fmt: skip
+    return {
+        "gpt": gpt,
+        "cut": _gpt(root / "cut", 2, cut=True),
+        "ckpt": _checkpointed(root / "ckpt"),
+        "resized": _resized(root / "resized"),
+        "meta": _meta(root / "meta"),
+        "damaged": damaged,
+        "job": job,
+        "two": [gpt, _checkpointed(root / "ckpt2")],
+        "metered": _metered(root / "metered"),
+    }
 
 
 def _pair(path):
@@ -146,7 +154,9 @@ def test_the_storage_lists_of_hugeint_keys_and_unpaired_sizes(traces, tmp_path, 
             index = table.column_names.index("output_storage_bytes")
             table = table.set_column(index, table.schema.field(index), pa.array(sizes, table.schema.field(index).type))
         index = table.column_names.index("seq")
-        table = table.set_column(index, table.schema.field(index), pc.add(table.column("seq"), shift))  # 2**62: seq * 2 no int64
+        table = table.set_column(
+            index, table.schema.field(index), pc.add(table.column("seq"), shift)
+        )  # 2**62: seq * 2 no int64
         pq.write_table(table.replace_schema_metadata(metadata), part)
     assert len(made) == 3
     df, sql = _pair(trace)
@@ -167,8 +177,17 @@ def test_the_lifetime_model_reads_the_wide_columns_at_a_few_rows_only(traces):
     df, sql = _pair(traces["gpt"])
     frame = memory_rows(sql, 0)
     assert len(frame) == len(df) and frame["seq"].tolist() == df["seq"].tolist()
-    assert set(frame) == {"run", "seq", "step", "phase", "bytes_allocated", "live_bytes", "n_inputs", "n_outputs",
-                          "n_freed"}  # no list column  # fmt: skip
+    assert set(frame) == {
+        "run",
+        "seq",
+        "step",
+        "phase",
+        "bytes_allocated",
+        "live_bytes",
+        "n_inputs",
+        "n_outputs",
+        "n_freed",
+    }  # no list column
     assert frame["n_inputs"].tolist() == df["input_storage_ids"].map(len).tolist()
     cells, asked = frame.attrs["cells"], []
     real = cells.read
@@ -196,8 +215,11 @@ def test_a_storage_resized_in_place(traces):
 def test_the_rank_tables_are_the_references(traces):
     df, sql = _pair(traces["job"])
     assert distributed.is_multi_rank(sql) and pandas_ranks.is_multi_rank(df) and list(sql.ranks) == [0, 1]
-    for mine, ref in ((distributed.ranks, pandas_ranks.ranks), (distributed.imbalance, pandas_ranks.imbalance),
-                      (distributed.collectives, pandas_collectives.collectives)):  # fmt: skip
+    for mine, ref in (
+        (distributed.ranks, pandas_ranks.ranks),
+        (distributed.imbalance, pandas_ranks.imbalance),
+        (distributed.collectives, pandas_collectives.collectives),
+    ):
         pd.testing.assert_frame_equal(mine(sql), ref(df), check_exact=True)
     table = distributed.ranks(sql)
     # per step: 8 all-gathers and 4 reduce-scatters of one layer's 64 * 64 * 4 = 16,384 bytes: 196,608
@@ -234,8 +256,12 @@ def test_the_rank_views_marked_portable_run_in_polars(traces):
     from reports.sql.engine import VIEW_FILES, statements
 
     sql = _pair(traces["job"])[1]
-    rows = pl.from_pandas(sql.sql("SELECT run, run_index, seq, step, phase, op, flops, duration_ns, start_ns, comm_bytes, "
-                                  "group_size, CAST(process_group AS VARCHAR) AS process_group FROM rows"))  # fmt: skip
+    rows = pl.from_pandas(
+        sql.sql(
+            "SELECT run, run_index, seq, step, phase, op, flops, duration_ns, start_ns, comm_bytes, "
+            "group_size, CAST(process_group AS VARCHAR) AS process_group FROM rows"
+        )
+    )
     context = pl.SQLContext(rows=rows)
     [ranks_sql] = [f for f in VIEW_FILES if f.endswith("ranks.sql")]
     portable = [(name, body) for name, body, ok in statements(ranks_sql) if ok]
@@ -245,10 +271,23 @@ def test_the_rank_views_marked_portable_run_in_polars(traces):
         want = sql.sql(f"SELECT * FROM {name}")
         assert list(got.columns) == list(want.columns), name
         key = ["run_index", "first_seq"]
-        got = got.astype({c: "float64" for c in got if got[c].dtype.kind in "iuf"}).sort_values(key).reset_index(drop=True)
-        want = want.astype({c: "float64" for c in want if want[c].dtype.kind in "iuf"}).sort_values(key).reset_index(drop=True)
-        pd.testing.assert_frame_equal(got, want.astype({"process_group": object}) if "process_group" in want else want,
-                                      check_dtype=False, rtol=1e-12, obj=name)  # fmt: skip
+        got = (
+            got.astype({c: "float64" for c in got if got[c].dtype.kind in "iuf"})
+            .sort_values(key)
+            .reset_index(drop=True)
+        )
+        want = (
+            want.astype({c: "float64" for c in want if want[c].dtype.kind in "iuf"})
+            .sort_values(key)
+            .reset_index(drop=True)
+        )
+        pd.testing.assert_frame_equal(
+            got,
+            want.astype({"process_group": object}) if "process_group" in want else want,
+            check_dtype=False,
+            rtol=1e-12,
+            obj=name,
+        )
         assert len(got) > 0
 
 
@@ -282,12 +321,16 @@ def test_the_memory_scan_kept_from_the_traces_read_is_the_sql_one(traces, trace)
     pd.testing.assert_frame_equal(got, want, check_exact=True)
     for field in Lists._fields:
         if field not in ("top", "row_max"):
-            assert getattr(got.attrs["lists"].value, field).tolist() == getattr(want.attrs["lists"].value, field).tolist()
+            assert (
+                getattr(got.attrs["lists"].value, field).tolist() == getattr(want.attrs["lists"].value, field).tolist()
+            )
     assert got.attrs["lists"].value.top == want.attrs["lists"].value.top
     assert got.attrs["lists"].value.row_max().tolist() == want.attrs["lists"].value.row_max().tolist()
     name, meta = next(iter(df.attrs["runs"].items()))
     categories = categories_at(Storages(name, meta, got, got.attrs["lists"].value), "peak").astype(CATEGORY_DTYPES)
     reference = reports.by_category(df)
-    pd.testing.assert_frame_equal(categories, reference[reference["run"] == name].reset_index(drop=True), check_exact=True)
+    pd.testing.assert_frame_equal(
+        categories, reference[reference["run"] == name].reset_index(drop=True), check_exact=True
+    )
     kept.db = kept.db.db  # read again: by SQL, as the other runs are
     pd.testing.assert_frame_equal(by_category(kept), by_category(sql), check_exact=True)

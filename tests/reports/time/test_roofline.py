@@ -10,8 +10,8 @@ import reports
 from reports.errors import ReportError
 from reports.flops.peaks import BANDWIDTH, PEAKS, match_device, peak_bandwidth
 from reports.time.roofline import roofline, roofline_split
-from tracer import TraceError, Tracer, memory_bandwidth, read_metadata
 from tests import helpers
+from tracer import TraceError, Tracer, memory_bandwidth, read_metadata
 
 N = 1024
 PEAK = 1e12  # FLOP/s given: the ridge is 1e12 / 1e11 = 10 FLOPs per byte
@@ -86,7 +86,9 @@ def test_roofline_is_per_step(trace, three_steps):
     assert add["bytes_per_step"] == 25_165_824 and add["time_s_per_step"] == 0.001  # 2 * 12 MiB; 2 * 0.5 ms
     assert mm["time_pct"] == 80.0  # 4 of the step's 5 ms
     one = roofline(trace, peak_flops=PEAK, bandwidth=BW).set_index("op")
-    assert t.drop(columns="run", errors="ignore").equals(one.drop(columns="run", errors="ignore"))  # k steps: one step's table
+    assert t.drop(columns="run", errors="ignore").equals(
+        one.drop(columns="run", errors="ignore")
+    )  # k steps: one step's table
 
 
 def test_roofline_by_module_and_shape(trace):
@@ -201,7 +203,6 @@ def test_plot_roofline_draws_roofs_and_points(trace):
 def test_new_report_modules_import_without_torch():
     import subprocess
     import sys
-    from pathlib import Path
 
     code = (
         "import importlib, sys\n"

@@ -17,7 +17,7 @@ import torch.multiprocessing as mp
 import reports
 from reports.distributed.collectives import bus_factor, collective_kind, collectives, comm_split
 from reports.distributed.ranks import imbalance, ranks
-from tracer import Tracer, TraceError, read_metadata
+from tracer import TraceError, Tracer, read_metadata
 from tracer import collectives as tcoll
 from tracer import distributed as tdist
 from tracer.writer import FIELD, ROW_WIDTH, RowBuffer
@@ -66,8 +66,13 @@ def _collectives(root, rank, results):
         if rank == 1:
             time.sleep(LATE_S)
         dist.all_reduce(torch.ones(8))  # rank 0 waits LATE_S for rank 1
-    results.update(t=t.tolist()[:2], gathered=[gathered[0].item(), gathered[-1].item()],
-                   scattered=scattered[0].item(), parts=[p[0].item() for p in parts], summed=summed.item())
+    results.update(
+        t=t.tolist()[:2],
+        gathered=[gathered[0].item(), gathered[-1].item()],
+        scattered=scattered[0].item(),
+        parts=[p[0].item() for p in parts],
+        summed=summed.item(),
+    )
 
 
 def _ddp(root, rank, results):
@@ -205,14 +210,17 @@ def test_the_program_runs_as_untraced(runs):
 
 
 # --- 2. collective rows -------------------------------------------------------------------
-@pytest.mark.parametrize("op, comm_bytes, written", [
-    ("c10d.allreduce_.default", 1024, 1024),  # 256 floats x 4 bytes
-    ("c10d._allgather_base_.default", 2048, 2048),  # 256 floats per rank x 2 ranks x 4 bytes
-    ("c10d._reduce_scatter_base_.default", 1024, 512),  # the 256-float input; writes 128 floats
-    ("c10d.broadcast_.default", 1024, 1024),
-    ("c10d.allgather_.default", 512, 512),  # 64 floats x 2 ranks x 4 bytes
-    ("_c10d_functional.all_reduce.default", 1024, 1024),  # a new 256-float tensor
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "op, comm_bytes, written",
+    [
+        ("c10d.allreduce_.default", 1024, 1024),  # 256 floats x 4 bytes
+        ("c10d._allgather_base_.default", 2048, 2048),  # 256 floats per rank x 2 ranks x 4 bytes
+        ("c10d._reduce_scatter_base_.default", 1024, 512),  # the 256-float input; writes 128 floats
+        ("c10d.broadcast_.default", 1024, 1024),
+        ("c10d.allgather_.default", 512, 512),  # 64 floats x 2 ranks x 4 bytes
+        ("_c10d_functional.all_reduce.default", 1024, 1024),  # a new 256-float tensor
+    ],
+)
 def test_collective_rows(runs, op, comm_bytes, written):
     root, _ = runs
     df = _load(root, "coll")
@@ -339,7 +347,10 @@ def test_fsdp2_memory_at_local_sizes(runs):
     root, _ = runs
     df = _load(root, "fsdp")
     meta = df.attrs["runs"]["fsdp/rank=0"]
-    assert meta["parameters"]["0.weight"]["shape"] == [8, 8] and meta["parameters"]["0.weight"]["global_shape"] == [16, 8]
+    assert meta["parameters"]["0.weight"]["shape"] == [8, 8] and meta["parameters"]["0.weight"]["global_shape"] == [
+        16,
+        8,
+    ]
     assert meta["params"]["total"] == N
     assert meta["unsharded_parameters"]["0.weight"]["numel"] == 128
     table = reports.storages(df[df["rank"] == 0])
@@ -368,8 +379,12 @@ def test_memory_categories_add_up_under_ddp_and_fsdp2(runs):
         # entered after a warm-up step: AdamW's exp_avg and exp_avg_sq (2 * 192 * 4) and 2 step counters, from row 0
         assert (mine["optimizer_state_bytes"] == 2 * N * 4 + 2 * 4).all()
         buffers = reports.storages(_load(root, "ddp_warm"))
-        buffers = buffers[(buffers["run"] == f"ddp_warm/rank={rank}") & (buffers["category"] == "communication_buffers")]
-        assert N * 4 in set(buffers["nbytes"])  # the rebuilt bucket: both gradients, fp32 (beside the rebuild's small broadcasts)
+        buffers = buffers[
+            (buffers["run"] == f"ddp_warm/rank={rank}") & (buffers["category"] == "communication_buffers")
+        ]
+        assert N * 4 in set(
+            buffers["nbytes"]
+        )  # the rebuilt bucket: both gradients, fp32 (beside the rebuild's small broadcasts)
         # saved for the backward: the hidden [3, 16] (the second Linear's input), the loss and backward()'s seed: 200
         assert mine["activations_bytes"].max() == 3 * 16 * 4 + 4 + 4
     fsdp = reports.by_category(_load(root, "fsdp"), at="max").set_index(["run", "category"])["bytes"]
@@ -597,9 +612,12 @@ def test_readme_torchrun_example(examples_dir, tmp_path):
     torchrun = Path(sys.executable).parent / "torchrun"
     done = subprocess.run(
         [str(torchrun), "--nproc_per_node=2", "--master_port", str(_free_port()), str(examples_dir / "distributed.py")],
-        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
         env={**os.environ, "PYTHONPATH": str(examples_dir.parent)},
-    )  # fmt: skip
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     readme = (examples_dir.parent / "README.md").read_text()
     shown = re.search(r"torchrun --nproc_per_node=2 examples/distributed.py\n```\n```\n(.*?)```", readme, re.S).group(1)

@@ -58,8 +58,12 @@ def test_one_rank_gives_per_step_traffic_by_algorithm(tmp_path, world):
     assert ag["message_bytes_per_step"] == 8 * LAYER_BYTES  # 131,072
     assert rs["message_bytes_per_step"] == 4 * LAYER_BYTES  # 65,536
     # a ring all-gather or reduce-scatter moves (W - 1) / W of the message each way
-    assert ag["sent_bytes_per_step"] == ag["received_bytes_per_step"] == 8 * LAYER_BYTES * (world - 1) / world  # W=8: 114,688
-    assert rs["sent_bytes_per_step"] == rs["received_bytes_per_step"] == 4 * LAYER_BYTES * (world - 1) / world  # W=8: 57,344
+    assert (
+        ag["sent_bytes_per_step"] == ag["received_bytes_per_step"] == 8 * LAYER_BYTES * (world - 1) / world
+    )  # W=8: 114,688
+    assert (
+        rs["sent_bytes_per_step"] == rs["received_bytes_per_step"] == 4 * LAYER_BYTES * (world - 1) / world
+    )  # W=8: 57,344
 
 
 def test_report_text_and_json_of_a_single_simulated_rank(tmp_path, capsys):
@@ -86,15 +90,18 @@ def test_a_trace_of_no_process_group_has_no_distributed_section(tmp_path, capsys
     assert ranks_present(tmp_path / "t") == 0
 
 
-@pytest.mark.parametrize("kind, n, expected", [
-    ("all_reduce", 4, (1.5, 1.5)),  # 2 * 3 / 4
-    ("all_gather", 4, (0.75, 0.75)),  # 3 / 4
-    ("broadcast", 4, (1.0, 1.0)),
-    ("broadcast", 1, (0.0, 0.0)),  # alone: nothing moves
-    ("send", 2, (1.0, 0.0)),
-    ("recv", 2, (0.0, 1.0)),
-    ("barrier", 8, (0.0, 0.0)),
-])
+@pytest.mark.parametrize(
+    "kind, n, expected",
+    [
+        ("all_reduce", 4, (1.5, 1.5)),  # 2 * 3 / 4
+        ("all_gather", 4, (0.75, 0.75)),  # 3 / 4
+        ("broadcast", 4, (1.0, 1.0)),
+        ("broadcast", 1, (0.0, 0.0)),  # alone: nothing moves
+        ("send", 2, (1.0, 0.0)),
+        ("recv", 2, (0.0, 1.0)),
+        ("barrier", 8, (0.0, 0.0)),
+    ],
+)
 def test_traffic_factors(kind, n, expected):
     assert traffic(kind, n) == expected
 
@@ -147,8 +154,10 @@ def test_tensor_parallel_rank_n_is_the_whole_model_with_its_shard_beside_it(tmp_
     assert (t.loc["total", "n_params"], t.loc["total", "n_rank"]) == (32768, 8192)
     assert t.loc["forward", "expected_flops"] == t.loc["forward", "weight_matmul_flops"] == 2 * 8192 * 8  # 131,072
     text = reports.explain(df)
-    assert any("Tensor parallelism: the model has N = 32,768 parameters" in x and "N = 8,192 (0.25 of the model)" in x
-               for x in text)
+    assert any(
+        "Tensor parallelism: the model has N = 32,768 parameters" in x and "N = 8,192 (0.25 of the model)" in x
+        for x in text
+    )
     assert main(["report", str(tmp_path / "tp"), "--json"]) == 0
     summary = json.loads(capsys.readouterr().out)
     assert (summary["params"], summary["n_rank"]) == (32768, 8192)

@@ -17,9 +17,8 @@ import torch.distributed as dist
 import reports
 from reports.distributed.ranks import ranks
 from reports.output.cli import main
-from tracer import Tracer, read_metadata
-
 from tests.tracer.distributed.test_distributed import _load, _rows, spawn
+from tracer import Tracer, read_metadata
 
 WORLD = 2
 T = 3
@@ -250,7 +249,9 @@ def test_a_rank_that_raises_is_incomplete_and_holds_no_one_back(runs, capsys):
 
     root, results = runs
     assert results[1]["raised"] == "rank 1 failed" and "raised" not in results[0]
-    assert results[0]["after_raise"] == [4.0] * 4 and results[1]["after_raise"] == [2.0] * 4  # 1 + 1, then x 2 on rank 0
+    assert (
+        results[0]["after_raise"] == [4.0] * 4 and results[1]["after_raise"] == [2.0] * 4
+    )  # 1 + 1, then x 2 on rank 0
     meta = [read_metadata(os.path.join(root, "raise", f"rank={r}")) for r in range(WORLD)]
     assert meta[0]["complete"] is True and meta[1]["complete"] is False
     assert meta[1]["error"] == "RuntimeError: rank 1 failed"
@@ -265,7 +266,9 @@ def test_a_rank_that_raises_is_incomplete_and_holds_no_one_back(runs, capsys):
     assert main(["report", os.path.join(root, "raise"), "--json"]) == 0
     summary = json.loads(capsys.readouterr().out)
     assert [(r["rank"], r["complete"], r["error"]) for r in summary["ranks"]] == [
-        (0, True, None), (1, False, "RuntimeError: rank 1 failed")]
+        (0, True, None),
+        (1, False, "RuntimeError: rank 1 failed"),
+    ]
 
 
 def test_a_forked_child_of_a_rank_writes_nothing(runs):
@@ -274,5 +277,12 @@ def test_a_forked_child_of_a_rank_writes_nothing(runs):
     for rank in range(WORLD):
         assert results[rank]["fork_y"] == [4.0] * 4  # 2 + 2
         mine = df[df["rank"] == rank]
-        assert list(mine["op"].astype(str)) == ["aten.ones.default", "aten.mul.Tensor", ALL_REDUCE]  # the child's add_ is not here
-        assert sorted(os.listdir(os.path.join(root, "fork", f"rank={rank}"))) == ["_optrace.parquet", "part-000000.parquet"]
+        assert list(mine["op"].astype(str)) == [
+            "aten.ones.default",
+            "aten.mul.Tensor",
+            ALL_REDUCE,
+        ]  # the child's add_ is not here
+        assert sorted(os.listdir(os.path.join(root, "fork", f"rank={rank}"))) == [
+            "_optrace.parquet",
+            "part-000000.parquet",
+        ]

@@ -60,36 +60,76 @@ def ones(*shape, **kw):
 GOLDEN = [
     # (name, op, run, flops, kind)
     ("mm", aten.mm, lambda: ones(16, 32) @ ones(32, 2), 2 * 16 * 32 * 2, "matmul"),  # 2048
-    ("addmm", aten.addmm,  # the bias adds are not counted
-     lambda: torch.addmm(ones(2), ones(16, 32), ones(32, 2)), 2048, "matmul"),
+    (
+        "addmm",
+        aten.addmm,  # the bias adds are not counted
+        lambda: torch.addmm(ones(2), ones(16, 32), ones(32, 2)),
+        2048,
+        "matmul",
+    ),
     ("bmm", aten.bmm, lambda: torch.bmm(ones(3, 4, 5), ones(3, 5, 6)), 2 * 3 * 4 * 5 * 6, "matmul"),  # 720
-    ("baddbmm", aten.baddbmm,
-     lambda: torch.baddbmm(ones(3, 4, 6), ones(3, 4, 5), ones(3, 5, 6)), 720, "matmul"),
-    ("addbmm", aten.addbmm,
-     lambda: torch.addbmm(ones(4, 6), ones(3, 4, 5), ones(3, 5, 6)), 720, "matmul"),
+    ("baddbmm", aten.baddbmm, lambda: torch.baddbmm(ones(3, 4, 6), ones(3, 4, 5), ones(3, 5, 6)), 720, "matmul"),
+    ("addbmm", aten.addbmm, lambda: torch.addbmm(ones(4, 6), ones(3, 4, 5), ones(3, 5, 6)), 720, "matmul"),
     ("mv", aten.mv, lambda: torch.mv(ones(4, 5), ones(5)), 2 * 4 * 5, "matmul"),  # 40
     ("addmv", aten.addmv, lambda: torch.addmv(ones(4), ones(4, 5), ones(5)), 40, "matmul"),
     ("dot", aten.dot, lambda: torch.dot(ones(7), ones(7)), 2 * 7, "matmul"),  # 14
-    ("_addmm_activation", aten._addmm_activation,  # bias + a @ b, then gelu: the matmul only
-     lambda: torch._addmm_activation(ones(2), ones(16, 32), ones(32, 2), use_gelu=True), 2048, "matmul"),
+    (
+        "_addmm_activation",
+        aten._addmm_activation,  # bias + a @ b, then gelu: the matmul only
+        lambda: torch._addmm_activation(ones(2), ones(16, 32), ones(32, 2), use_gelu=True),
+        2048,
+        "matmul",
+    ),
     # the weight-only quantized and FP8 matmuls, x [4, 64] times a weight of 64 x 32 values: 2 * 4 * 64 * 32 = 16384
-    ("_weight_int8pack_mm", aten._weight_int8pack_mm,
-     lambda: aten._weight_int8pack_mm(ones(4, 64), ones(32, 64, dtype=torch.int8), ones(32)), 16384, "matmul"),
-    ("_weight_int4pack_mm_for_cpu", aten._weight_int4pack_mm_for_cpu,  # the weight packed to [32, 32] bytes
-     lambda: aten._weight_int4pack_mm_for_cpu(
-         ones(4, 64, dtype=torch.bfloat16), aten._convert_weight_to_int4pack_for_cpu(ones(32, 64, dtype=torch.int32), 2),
-         32, ones(2, 32, 2, dtype=torch.bfloat16)), 16384, "matmul"),  # fmt: skip
-    ("_dyn_quant_matmul_4bit", aten._dyn_quant_matmul_4bit,  # on meta: a real packed weight needs KleidiAI
-     lambda: aten._dyn_quant_matmul_4bit(ones(4, 64, device="meta"), ones(1100, dtype=torch.uint8, device="meta"),
-                                         32, 64, 32), 16384, "matmul"),  # fmt: skip
-    ("_scaled_mm_v2", aten._scaled_mm_v2,
-     lambda: aten._scaled_mm_v2(ones(4, 64, dtype=torch.float8_e4m3fn), ones(32, 64, dtype=torch.float8_e4m3fn).t(),
-                                [torch.tensor(1.0)], [0], [0], [torch.tensor(1.0)], [0], [0], None, torch.float32),
-     16384, "matmul"),  # fmt: skip
+    (
+        "_weight_int8pack_mm",
+        aten._weight_int8pack_mm,
+        lambda: aten._weight_int8pack_mm(ones(4, 64), ones(32, 64, dtype=torch.int8), ones(32)),
+        16384,
+        "matmul",
+    ),
+    (
+        "_weight_int4pack_mm_for_cpu",
+        aten._weight_int4pack_mm_for_cpu,  # the weight packed to [32, 32] bytes
+        lambda: aten._weight_int4pack_mm_for_cpu(
+            ones(4, 64, dtype=torch.bfloat16),
+            aten._convert_weight_to_int4pack_for_cpu(ones(32, 64, dtype=torch.int32), 2),
+            32,
+            ones(2, 32, 2, dtype=torch.bfloat16),
+        ),
+        16384,
+        "matmul",
+    ),
+    (
+        "_dyn_quant_matmul_4bit",
+        aten._dyn_quant_matmul_4bit,  # on meta: a real packed weight needs KleidiAI
+        lambda: aten._dyn_quant_matmul_4bit(
+            ones(4, 64, device="meta"), ones(1100, dtype=torch.uint8, device="meta"), 32, 64, 32
+        ),
+        16384,
+        "matmul",
+    ),
+    (
+        "_scaled_mm_v2",
+        aten._scaled_mm_v2,
+        lambda: aten._scaled_mm_v2(
+            ones(4, 64, dtype=torch.float8_e4m3fn),
+            ones(32, 64, dtype=torch.float8_e4m3fn).t(),
+            [torch.tensor(1.0)],
+            [0],
+            [0],
+            [torch.tensor(1.0)],
+            [0],
+            [0],
+            None,
+            torch.float32,
+        ),
+        16384,
+        "matmul",
+    ),
     ("addr", aten.addr, lambda: torch.addr(ones(3, 4), ones(3), ones(4)), 2 * 3 * 4, "matmul"),  # 24
     # x [2, 3, 8, 8] * w [4, 3, 3, 3], padding 1 -> [2, 4, 8, 8]: 2 * 2 * 64 * (4 * 3 * 3 * 3) = 27648
-    ("conv2d", aten.convolution,
-     lambda: F.conv2d(ones(2, 3, 8, 8), ones(4, 3, 3, 3), padding=1), 27648, "conv"),
+    ("conv2d", aten.convolution, lambda: F.conv2d(ones(2, 3, 8, 8), ones(4, 3, 3, 3), padding=1), 27648, "conv"),
     ("add", aten.add, lambda: ones(3, 4) + ones(4), 3 * 4, "elementwise"),  # one per output element
     ("add_", aten.add_, lambda: ones(3, 4).add_(1), 12, "elementwise"),  # in place: the input's numel
     ("gelu", aten.gelu, lambda: F.gelu(ones(3, 4)), 12, "elementwise"),  # gelu counts 1 per element
@@ -98,40 +138,76 @@ GOLDEN = [
     ("glu", aten.glu, lambda: F.glu(ones(3, 4)), 3 * 2, "elementwise"),  # halves the last dim: 6
     ("log_sigmoid", aten.log_sigmoid_forward, lambda: F.logsigmoid(ones(3, 4)), 12, "elementwise"),  # not its buffer
     ("floor_divide", aten.floor_divide, lambda: torch.floor_divide(ones(3, 4), ones(4)), 12, "elementwise"),
-    ("leaky_relu backward", aten.leaky_relu_backward,
-     lambda: F.leaky_relu(ones(3, 4, requires_grad=True)).sum().backward(), 12, "elementwise"),
-    ("glu backward", aten.glu_backward,  # writes dL/dx of the [3, 4] input: 12
-     lambda: F.glu(ones(3, 4, requires_grad=True)).sum().backward(), 12, "elementwise"),
-    ("weight_norm", aten._weight_norm_interface,  # w = g v / ||v||: one per element of v [4, 3]
-     lambda: torch._weight_norm_interface(ones(4, 3), ones(4, 1), 0), 12, "elementwise"),
-    ("amp update scale", aten._amp_update_scale_,  # GradScaler's bookkeeping of one scale
-     lambda: torch._amp_update_scale_(ones(1), ones(1, dtype=torch.int32), torch.zeros(1), 2.0, 0.5, 100), 0, "none"),
+    (
+        "leaky_relu backward",
+        aten.leaky_relu_backward,
+        lambda: F.leaky_relu(ones(3, 4, requires_grad=True)).sum().backward(),
+        12,
+        "elementwise",
+    ),
+    (
+        "glu backward",
+        aten.glu_backward,  # writes dL/dx of the [3, 4] input: 12
+        lambda: F.glu(ones(3, 4, requires_grad=True)).sum().backward(),
+        12,
+        "elementwise",
+    ),
+    (
+        "weight_norm",
+        aten._weight_norm_interface,  # w = g v / ||v||: one per element of v [4, 3]
+        lambda: torch._weight_norm_interface(ones(4, 3), ones(4, 1), 0),
+        12,
+        "elementwise",
+    ),
+    (
+        "amp update scale",
+        aten._amp_update_scale_,  # GradScaler's bookkeeping of one scale
+        lambda: torch._amp_update_scale_(ones(1), ones(1, dtype=torch.int32), torch.zeros(1), 2.0, 0.5, 100),
+        0,
+        "none",
+    ),
     ("sum", aten.sum, lambda: ones(3, 4).sum(), 12, "reduction"),  # one per input element
     ("mean dim", aten.mean, lambda: ones(3, 4).mean(0), 12, "reduction"),
     ("softmax", aten._softmax, lambda: ones(3, 4).softmax(-1), 5 * 12, "softmax"),  # 60
     ("log_softmax", aten._log_softmax, lambda: ones(3, 4).log_softmax(-1), 60, "softmax"),
     # [3, 4] with weight and bias: 12 * (5 + 1 + 1) = 84; without: 12 * 5 = 60
-    ("layer_norm", aten.native_layer_norm,
-     lambda: F.layer_norm(ones(3, 4), (4,), ones(4), ones(4)), 84, "norm"),
+    ("layer_norm", aten.native_layer_norm, lambda: F.layer_norm(ones(3, 4), (4,), ones(4), ones(4)), 84, "norm"),
     ("layer_norm no affine", aten.native_layer_norm, lambda: F.layer_norm(ones(3, 4), (4,)), 60, "norm"),
     # [2, 3, 4] eval with running stats: 2 * 24 = 48; training: 24 * (5 + 1 + 1) = 168
-    ("batch_norm eval", aten.native_batch_norm,
-     lambda: F.batch_norm(ones(2, 3, 4), ones(3), ones(3), ones(3), ones(3)), 48, "norm"),
-    ("batch_norm train", aten.native_batch_norm,
-     lambda: F.batch_norm(ones(2, 3, 4), ones(3), ones(3), ones(3), ones(3), training=True), 168, "norm"),
+    (
+        "batch_norm eval",
+        aten.native_batch_norm,
+        lambda: F.batch_norm(ones(2, 3, 4), ones(3), ones(3), ones(3), ones(3)),
+        48,
+        "norm",
+    ),
+    (
+        "batch_norm train",
+        aten.native_batch_norm,
+        lambda: F.batch_norm(ones(2, 3, 4), ones(3), ones(3), ones(3), ones(3), training=True),
+        168,
+        "norm",
+    ),
     # [2, 4, 3] in 2 groups, with weight and bias: 24 * 7 = 168
-    ("group_norm", aten.native_group_norm,
-     lambda: F.group_norm(ones(2, 4, 3), 2, ones(4), ones(4)), 168, "norm"),
+    ("group_norm", aten.native_group_norm, lambda: F.group_norm(ones(2, 4, 3), 2, ones(4), ones(4)), 168, "norm"),
     # two tensors of 3 and 4 elements: one per element written, 3 + 4 = 7
-    ("foreach add_", aten._foreach_add_,
-     lambda: torch._foreach_add_([ones(3), ones(2, 2)], 1.0), 7, "foreach"),
-    ("foreach addcmul_", aten._foreach_addcmul_,
-     lambda: torch._foreach_addcmul_([ones(3), ones(4)], [ones(3), ones(4)], [ones(3), ones(4)], 0.5),
-     7, "foreach"),
+    ("foreach add_", aten._foreach_add_, lambda: torch._foreach_add_([ones(3), ones(2, 2)], 1.0), 7, "foreach"),
+    (
+        "foreach addcmul_",
+        aten._foreach_addcmul_,
+        lambda: torch._foreach_addcmul_([ones(3), ones(4)], [ones(3), ones(4)], [ones(3), ones(4)], 0.5),
+        7,
+        "foreach",
+    ),
     ("foreach norm", aten._foreach_norm, lambda: torch._foreach_norm([ones(3), ones(4)]), 7, "foreach"),
     # one add per element of grad_output [6, 5], gathered into the weight grad: 30
-    ("embedding backward", aten.embedding_dense_backward,
-     lambda: aten.embedding_dense_backward(ones(6, 5), torch.arange(6), 10, -1, False), 30, "elementwise"),
+    (
+        "embedding backward",
+        aten.embedding_dense_backward,
+        lambda: aten.embedding_dense_backward(ones(6, 5), torch.arange(6), 10, -1, False),
+        30,
+        "elementwise",
+    ),
     ("view", aten.view, lambda: ones(3, 4).view(12), 0, "none"),
     ("clone", aten.clone, lambda: ones(3, 4).clone(), 0, "none"),  # tagged pointwise, still a copy
     ("randn", aten.randn, lambda: torch.randn(3, 4), 0, "none"),
@@ -224,6 +300,7 @@ def test_causal_positional_and_keyword():
 
 # ------------------------------------------------------------------ parity with FlopCounterMode
 
+
 def _grad(*shape):
     return torch.randn(*shape, requires_grad=True)
 
@@ -237,16 +314,32 @@ PARITY = [
     # grouped convolutions: forward only; FlopCounterMode's backward does not divide by groups
     # (tests/tracer/flops/test_conv_groups.py pins ours)
     ("conv1d groups fwd", lambda: F.conv1d(torch.randn(2, 4, 10), torch.randn(6, 2, 3), groups=2)),
-    ("conv_transpose2d fwd+bwd",
-     lambda: F.conv_transpose2d(_grad(2, 3, 5, 5), _grad(3, 4, 3, 3), stride=2).sum().backward()),
+    (
+        "conv_transpose2d fwd+bwd",
+        lambda: F.conv_transpose2d(_grad(2, 3, 5, 5), _grad(3, 4, 3, 3), stride=2).sum().backward(),
+    ),
     ("conv3d fwd+bwd", lambda: F.conv3d(_grad(1, 2, 4, 5, 6), _grad(3, 2, 2, 2, 2)).sum().backward()),
-    ("_scaled_mm", lambda: torch._scaled_mm(
-        torch.randn(16, 32).to(torch.float8_e4m3fn), torch.randn(8, 32).to(torch.float8_e4m3fn).t(),
-        torch.tensor(1.0), torch.tensor(1.0), out_dtype=torch.float32)),
+    (
+        "_scaled_mm",
+        lambda: torch._scaled_mm(
+            torch.randn(16, 32).to(torch.float8_e4m3fn),
+            torch.randn(8, 32).to(torch.float8_e4m3fn).t(),
+            torch.tensor(1.0),
+            torch.tensor(1.0),
+            out_dtype=torch.float32,
+        ),
+    ),
     # on meta, sdpa takes the math path (bmm, _safe_softmax), which FlopCounterMode counts
-    ("sdpa meta causal fwd+bwd", lambda: F.scaled_dot_product_attention(
-        *(torch.randn(2, 4, 16, 8, device="meta", requires_grad=True) for _ in range(3)),
-        is_causal=True).sum().backward()),
+    (
+        "sdpa meta causal fwd+bwd",
+        lambda: (
+            F.scaled_dot_product_attention(
+                *(torch.randn(2, 4, 16, 8, device="meta", requires_grad=True) for _ in range(3)), is_causal=True
+            )
+            .sum()
+            .backward()
+        ),
+    ),
 ]
 
 
@@ -271,8 +364,10 @@ def test_sdpa_cpu_kernel_which_flop_counter_mode_misses():
     assert counter.get_total_flops() == 0
     ours = {func.overloadpacket: count for func, kind, count, _ in record(run) if kind == "attention"}
     # 2 * 2 * 4 * 16 * 16 * (8 + 8) = 65536 forward; backward 2.5x = 163840
-    assert ours == {aten._scaled_dot_product_flash_attention_for_cpu: 65536,
-                    aten._scaled_dot_product_flash_attention_for_cpu_backward: 163840}
+    assert ours == {
+        aten._scaled_dot_product_flash_attention_for_cpu: 65536,
+        aten._scaled_dot_product_flash_attention_for_cpu_backward: 163840,
+    }
 
 
 ATTENTION_SHAPES = [
@@ -293,10 +388,10 @@ def test_attention_formulas_match_torch(q, k, v):
     fwd, bwd = flop_counter.sdpa_flop_count(q, k, v), flop_counter.sdpa_backward_flop_count(out, q, k, v)
     assert flops.flash_attention_flop(t(q), t(k), t(v), None, None, q[2], k[2]) == fwd
     assert flops.efficient_attention_flop(t(q), t(k), t(v), None, None, None, q[2], k[2]) == fwd
-    assert flops.flash_attention_backward_flop(t(out), t(q), t(k), t(v), t(out), None,
-                                               None, None, q[2], k[2]) == bwd
-    assert flops.efficient_attention_backward_flop(t(out), t(q), t(k), t(v), None, t(out),
-                                                   None, None, q[2], k[2]) == bwd
+    assert flops.flash_attention_backward_flop(t(out), t(q), t(k), t(v), t(out), None, None, None, q[2], k[2]) == bwd
+    assert (
+        flops.efficient_attention_backward_flop(t(out), t(q), t(k), t(v), None, t(out), None, None, q[2], k[2]) == bwd
+    )
 
 
 def test_varlen_flash_attention_matches_torch_on_meta():
@@ -320,6 +415,7 @@ def test_slow_conv2d_forward_which_flop_counter_mode_rejects():
 
 
 # ------------------------------------------------------------------ registration
+
 
 @torch.library.custom_op("optrace_test::mymul", mutates_args=())
 def mymul(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -367,6 +463,7 @@ def test_register_refuses_bad_kind():
 
 # ------------------------------------------------------------------ classification
 
+
 def test_every_aten_overload_gets_a_rule():
     seen = 0
     for name in dir(aten):
@@ -380,18 +477,44 @@ def test_every_aten_overload_gets_a_rule():
 
 
 def test_metadata_ops():
-    for op in (aten.size.default, aten.size.int, aten.stride.default, aten.numel.default, aten.dim.default,
-               aten.is_contiguous.default, aten.is_contiguous.memory_format, aten.sym_size.int,
-               torch.ops.prim.layout.default, torch.ops.prim.device.default):
+    for op in (
+        aten.size.default,
+        aten.size.int,
+        aten.stride.default,
+        aten.numel.default,
+        aten.dim.default,
+        aten.is_contiguous.default,
+        aten.is_contiguous.memory_format,
+        aten.sym_size.int,
+        torch.ops.prim.layout.default,
+        torch.ops.prim.device.default,
+    ):
         assert op in METADATA_OPS
     assert aten.view.default not in METADATA_OPS
 
 
-@pytest.mark.parametrize("module", [
-    torch.nn.Hardswish, torch.nn.LeakyReLU, torch.nn.ELU, torch.nn.SELU, torch.nn.CELU, torch.nn.Softplus,
-    torch.nn.Mish, torch.nn.GLU, torch.nn.PReLU, torch.nn.Hardtanh, torch.nn.ReLU6, torch.nn.Hardsigmoid,
-    torch.nn.LogSigmoid, torch.nn.RReLU, torch.nn.Softshrink, torch.nn.Hardshrink,
-], ids=lambda m: m.__name__)  # fmt: skip
+@pytest.mark.parametrize(
+    "module",
+    [
+        torch.nn.Hardswish,
+        torch.nn.LeakyReLU,
+        torch.nn.ELU,
+        torch.nn.SELU,
+        torch.nn.CELU,
+        torch.nn.Softplus,
+        torch.nn.Mish,
+        torch.nn.GLU,
+        torch.nn.PReLU,
+        torch.nn.Hardtanh,
+        torch.nn.ReLU6,
+        torch.nn.Hardsigmoid,
+        torch.nn.LogSigmoid,
+        torch.nn.RReLU,
+        torch.nn.Softshrink,
+        torch.nn.Hardshrink,
+    ],
+    ids=lambda m: m.__name__,
+)
 def test_activations_and_their_backward_have_a_kind(module):
     torch.manual_seed(0)
     rows = record(lambda: module()(torch.randn(4, 6, requires_grad=True)).sum().backward())

@@ -249,8 +249,11 @@ def test_attention_and_other_modules_are_attributed(matmul_run):
             assert set(rows["op"]) >= {"aten.native_layer_norm.default", "aten.native_layer_norm_backward.default"}
     embed = df[df["op"].isin(["aten.embedding.default", "aten.embedding_dense_backward.default"])]
     assert sorted(zip(embed["phase"], embed["module"])) == [
-        ("backward", "wpe"), ("backward", "wte"), ("forward", "wpe"), ("forward", "wte")
-    ]  # fmt: skip
+        ("backward", "wpe"),
+        ("backward", "wte"),
+        ("forward", "wpe"),
+        ("forward", "wte"),
+    ]
     forward = df[df["phase"] == "forward"]
     # the root module is named by its class: the loss is computed in GPT.forward itself
     assert forward.loc[forward["op"] == "aten.nll_loss_forward.default", "module"].tolist() == ["GPT"]

@@ -15,8 +15,8 @@ import torch.nn.functional as F
 import reports
 import tracer
 from reports.output.cli import main
-from tracer import TraceError, Tracer
 from tests import helpers
+from tracer import TraceError, Tracer
 
 B, H, S, D = 2, 4, 16, 32
 FORWARD = 2 * B * H * S * S * (D + D)  # 262,144
@@ -32,8 +32,9 @@ class Attend(torch.nn.Module):
 
     def forward(self):
         mask = torch.ones(S, S, dtype=torch.bool, device=self.q.device).tril() if self.mask else None
-        return F.scaled_dot_product_attention(self.q, self.kv, self.kv, attn_mask=mask, is_causal=not self.mask,
-                                              enable_gqa=self.gqa)
+        return F.scaled_dot_product_attention(
+            self.q, self.kv, self.kv, attn_mask=mask, is_causal=not self.mask, enable_gqa=self.gqa
+        )
 
 
 def trace(path, dtype, meta_attention="fused", **kwargs):
@@ -53,8 +54,10 @@ def _attention(df):
 def test_bf16_runs_the_flash_kernel_with_its_flops_and_causal_flag(tmp_path):
     df, meta = trace(tmp_path / "t", torch.bfloat16)
     rows = _attention(df)
-    assert list(rows["op"]) == ["aten._scaled_dot_product_flash_attention.default",
-                                "aten._scaled_dot_product_flash_attention_backward.default"]
+    assert list(rows["op"]) == [
+        "aten._scaled_dot_product_flash_attention.default",
+        "aten._scaled_dot_product_flash_attention_backward.default",
+    ]
     assert list(rows["flops"]) == [FORWARD, BACKWARD]
     assert rows["causal"].tolist() == [True, True]
     assert not (df["op"] == "aten.bmm.default").any()  # no math path
@@ -63,8 +66,10 @@ def test_bf16_runs_the_flash_kernel_with_its_flops_and_causal_flag(tmp_path):
 
 def test_fp32_and_a_mask_run_the_memory_efficient_kernel(tmp_path):
     df, meta = trace(tmp_path / "t", torch.float32)
-    assert list(_attention(df)["op"]) == ["aten._scaled_dot_product_efficient_attention.default",
-                                          "aten._scaled_dot_product_efficient_attention_backward.default"]
+    assert list(_attention(df)["op"]) == [
+        "aten._scaled_dot_product_efficient_attention.default",
+        "aten._scaled_dot_product_efficient_attention_backward.default",
+    ]
     assert list(_attention(df)["flops"]) == [FORWARD, BACKWARD]
     df, meta = trace(tmp_path / "m", torch.bfloat16, mask=True)  # a mask: the efficient kernel takes it as a bias
     assert meta["attention"] == {"meta": "fused", "flash": 0, "efficient": 1, "math": 0}
@@ -82,7 +87,9 @@ def test_math_path_is_kept_on_request_and_flagged_in_the_report(tmp_path, capsys
     assert meta["attention"] == {"meta": "math", "flash": 0, "efficient": 0, "math": 1}
     assert not len(_attention(df)) and (df["op"] == "aten.bmm.default").sum() >= 2  # the scores, then @ v
     assert main(["report", str(tmp_path / "t")]) == 0
-    assert "1 scaled_dot_product_attention call(s) ran PyTorch's math path on the meta device" in capsys.readouterr().out
+    assert (
+        "1 scaled_dot_product_attention call(s) ran PyTorch's math path on the meta device" in capsys.readouterr().out
+    )
     assert main(["report", str(tmp_path / "t"), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["attention"]["math"] == 1
 
@@ -116,7 +123,8 @@ def test_a_checkpoints_re_run_runs_the_same_kernel(tmp_path, reentrant):
     df = reports.load(tmp_path / "t")
     rows = _attention(df)
     assert rows["op"].tolist() == ["aten._scaled_dot_product_flash_attention.default"] * 2 + [
-        "aten._scaled_dot_product_flash_attention_backward.default"]
+        "aten._scaled_dot_product_flash_attention_backward.default"
+    ]
     assert rows["recompute"].tolist() == [False, True, False]
     assert rows["flops"].tolist() == [FORWARD, FORWARD, BACKWARD]
     assert not (df["op"] == "aten.bmm.default").any()  # no math path, also in the re-run
@@ -149,7 +157,6 @@ def test_a_4_layer_model_at_4096_tokens_keeps_the_fused_kernels_memory(tmp_path,
     (2 x 8) and offset (8): 1,114,136 bytes, never the [1, 4, 4096, 4096] scores. The math path allocates them in fp32:
     1 * 4 * 4096 * 4096 * 4 = 268,435,456 bytes per layer, and the report says so."""
     import sys
-    from pathlib import Path
 
     sys.path.insert(0, str(helpers.EXAMPLES))
     from gpt import GPT, GPTConfig
@@ -170,7 +177,11 @@ def test_a_4_layer_model_at_4096_tokens_keeps_the_fused_kernels_memory(tmp_path,
     scores = 1 * 4 * 4096 * 4096 * 4  # 268,435,456
     # fused: the largest allocation is the fp32 logits [4096, 256] (4,194,304 bytes), not attention
     assert fused["bytes_allocated"].max() == 4096 * 256 * 4 and math["bytes_allocated"].max() == scores
-    by_kind = {k: dict(zip(reports.by_category(f)["category"], reports.by_category(f)["bytes"])) for k, f in frames.items()}
+    by_kind = {
+        k: dict(zip(reports.by_category(f)["category"], reports.by_category(f)["bytes"])) for k, f in frames.items()
+    }
     assert by_kind["math"]["activations"] > 15 * by_kind["fused"]["activations"]
     assert main(["report", str(tmp_path / "math")]) == 0
-    assert "4 scaled_dot_product_attention call(s) ran PyTorch's math path on the meta device" in capsys.readouterr().out
+    assert (
+        "4 scaled_dot_product_attention call(s) ran PyTorch's math path on the meta device" in capsys.readouterr().out
+    )

@@ -82,8 +82,15 @@ def packed(device="cpu"):
     return torch.empty(total, H, D, device=device), cum
 
 
-@pytest.mark.parametrize("op", ["_flash_attention_forward", "_flash_attention_backward",
-                                "_efficient_attention_forward", "_efficient_attention_backward"])
+@pytest.mark.parametrize(
+    "op",
+    [
+        "_flash_attention_forward",
+        "_flash_attention_backward",
+        "_efficient_attention_forward",
+        "_efficient_attention_backward",
+    ],
+)
 def test_fused_packed_attention_counts_each_sequence_from_the_offsets(op):
     rule = flop_rule(getattr(aten, op).default)
     backward = op.endswith("backward")
@@ -141,6 +148,7 @@ def _sdpa_fw_bw(make_qkv, unpack, backend=None):
     from contextlib import nullcontext
 
     from torch.nn.attention import sdpa_kernel
+
     q, k, v = make_qkv()
     with sdpa_kernel(backend) if backend is not None else nullcontext():
         out = F.scaled_dot_product_attention(q, k, v)
@@ -156,6 +164,7 @@ def test_jagged_attention_forward_and_backward_count_the_dense_split(tmp_path, m
     from torch.utils.flop_counter import FlopCounterMode
 
     from tracer import native, read_metadata
+
     monkeypatch.setenv(native.ENV, collector)
     lengths = (3, 5)
     torch.manual_seed(0)
@@ -189,7 +198,9 @@ def test_jagged_attention_forward_and_backward_count_the_dense_split(tmp_path, m
     by_phase = rows.groupby("phase")["flops"].sum()
     dense_by_phase = dense.groupby("phase")["flops"].sum()
     assert (by_phase["forward"], by_phase["backward"]) == (dense_by_phase["forward"], dense_by_phase["backward"])
-    assert by_phase["backward"] == 4880  # 4352 + softmax backward 4 * 2 * 34 = 272 + scalings of q and k 2 * (2 * 8 * 8) = 256
+    assert (
+        by_phase["backward"] == 4880
+    )  # 4352 + softmax backward 4 * 2 * 34 = 272 + scalings of q and k 2 * (2 * 8 * 8) = 256
     matmuls = rows[rows["flop_kind"] == "matmul"]["flops"].sum()
     assert matmuls == counter.get_total_flops() == 6528  # 2176 + 4352: FlopCounterMode's bmm on the dense split
 
@@ -215,5 +226,6 @@ def test_a_jagged_matmul_s_backward_counts_what_the_packed_dense_one_counts(tmp_
     # (the jagged path also sums dL/dW's per-sequence [2, 8, 4] parts: 2 * 8 * 4 = 64 adds, a reduction)
     assert jagged[["op", "flops", "layout"]].values.tolist() == [
         ["aten.matmul_backward.default", 512 + (512 if input_grad else 0), "jagged"],
-        ["aten.sum.dim_IntList", 64, ""]]
+        ["aten.sum.dim_IntList", 64, ""],
+    ]
     assert jagged["flops"].iloc[0] == packed.loc[packed["flop_kind"] == "matmul", "flops"].sum()

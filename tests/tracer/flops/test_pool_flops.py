@@ -31,12 +31,21 @@ def test_max_pool2d_forward_and_backward_literal():
     assert counted(lambda: F.max_pool2d(x, 3, 2, 1), aten.max_pool2d_with_indices) == (3750, {"reduction"})
     # backward: each of the 2 * 3 * 9 * 9 = 486 output gradients is added into its argmax
     assert counted(lambda: F.max_pool2d(x, 3, 2, 1).sum().backward(), aten.max_pool2d_with_indices_backward) == (
-        486, {"elementwise"})
+        486,
+        {"elementwise"},
+    )
 
 
-@pytest.mark.parametrize("kernel, stride, padding, dilation", [
-    (2, 2, 0, 1), (3, 1, 1, 1), (3, 2, 1, 2), ((2, 5), (1, 3), (1, 2), (3, 1)), (4, 3, 2, 1),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "kernel, stride, padding, dilation",
+    [
+        (2, 2, 0, 1),
+        (3, 1, 1, 1),
+        (3, 2, 1, 2),
+        ((2, 5), (1, 3), (1, 2), (3, 1)),
+        (4, 3, 2, 1),
+    ],
+)
 def test_max_pool2d_equals_im2col_count(kernel, stride, padding, dilation):
     torch.manual_seed(0)
     x = torch.randn(2, 3, 13, 11)
@@ -51,7 +60,9 @@ def test_avg_pool_forward_and_backward_equal_the_windows_reads(ceil_mode):
     reads = int(F.avg_pool2d(x.detach(), 3, 2, 1, ceil_mode, count_include_pad=True, divisor_override=1).sum())
     assert counted(lambda: F.avg_pool2d(x, 3, 2, 1, ceil_mode), aten.avg_pool2d) == (reads, {"reduction"})
     assert counted(lambda: F.avg_pool2d(x, 3, 2, 1, ceil_mode).sum().backward(), aten.avg_pool2d_backward) == (
-        reads, {"elementwise"})
+        reads,
+        {"elementwise"},
+    )
     if not ceil_mode:  # out 5 per dim, windows read 2 + 4 * 3 = 14 positions per dim: 2 * 3 * 14 * 14 = 1176
         assert reads == 1176
 
@@ -70,15 +81,24 @@ def test_nearest_upsampling_copies_and_its_backward_adds():
     assert counted(lambda: F.interpolate(x, scale_factor=2), aten.upsample_nearest2d) == (0, {"none"})
     # each of the 2 * 3 * 10 * 10 = 600 output gradients is added into the input it was copied from
     assert counted(lambda: F.interpolate(x, scale_factor=2).sum().backward(), aten.upsample_nearest2d_backward) == (
-        600, {"elementwise"})
+        600,
+        {"elementwise"},
+    )
 
 
-@pytest.mark.parametrize("pool", [
-    lambda x: F.max_pool2d(x, 3, 2, 1), lambda x: F.avg_pool2d(x, 3, 2, 1), lambda x: F.adaptive_avg_pool2d(x, 4),
-    lambda x: F.adaptive_max_pool2d(x, (3, 5)), lambda x: F.max_pool1d(x.flatten(2), 4, 3),
-    lambda x: F.avg_pool3d(x.unsqueeze(2), (1, 3, 3)), lambda x: F.adaptive_avg_pool1d(x.flatten(2), 7),
-    lambda x: F.interpolate(x, scale_factor=3, mode="nearest-exact"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "pool",
+    [
+        lambda x: F.max_pool2d(x, 3, 2, 1),
+        lambda x: F.avg_pool2d(x, 3, 2, 1),
+        lambda x: F.adaptive_avg_pool2d(x, 4),
+        lambda x: F.adaptive_max_pool2d(x, (3, 5)),
+        lambda x: F.max_pool1d(x.flatten(2), 4, 3),
+        lambda x: F.avg_pool3d(x.unsqueeze(2), (1, 3, 3)),
+        lambda x: F.adaptive_avg_pool1d(x.flatten(2), 7),
+        lambda x: F.interpolate(x, scale_factor=3, mode="nearest-exact"),
+    ],
+)
 def test_inference_mode_counts_the_composite_as_training_runs_it(pool):
     """Under inference_mode the composite pools arrive whole; they count what their kernels count in training."""
     torch.manual_seed(0)
@@ -96,10 +116,16 @@ def test_inference_mode_counts_the_composite_as_training_runs_it(pool):
 def test_a_small_cnn_step_has_no_uncounted_op(tmp_path):
     torch.manual_seed(0)
     model = torch.nn.Sequential(
-        torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
-        torch.nn.Upsample(scale_factor=2), torch.nn.Conv2d(8, 8, 3, padding=1), torch.nn.AdaptiveAvgPool2d(1),
-        torch.nn.Flatten(), torch.nn.Linear(8, 10),
-    )  # fmt: skip
+        torch.nn.Conv2d(3, 8, 3, padding=1),
+        torch.nn.BatchNorm2d(8),
+        torch.nn.ReLU(),
+        torch.nn.MaxPool2d(2),
+        torch.nn.Upsample(scale_factor=2),
+        torch.nn.Conv2d(8, 8, 3, padding=1),
+        torch.nn.AdaptiveAvgPool2d(1),
+        torch.nn.Flatten(),
+        torch.nn.Linear(8, 10),
+    )
     x, y = torch.randn(4, 3, 16, 16), torch.randint(0, 10, (4,))
     with Tracer(tmp_path / "cnn.parquet", model=model):
         F.cross_entropy(model(x), y).backward()

@@ -5,7 +5,6 @@ the trace directory itself (its marker is a zero-row Parquet file every engine s
 Linear(8, 4, bias=False), 3 tokens: forward mm 2 * 3 * 8 * 4 = 192 FLOPs, backward dW mm 192 (x needs no gradient).
 11 rows: randn; forward t, mm, sum, ones_like; backward expand, t, mm, t, t, detach (3 parts of at most 4 rows)."""
 
-import json
 import os
 
 import duckdb
@@ -15,9 +14,10 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from tracer import Tracer, read_metadata
+from tracer import Tracer
 from tracer.directory import LOCK_NAME
 from tracer.schema import MARKER_NAME
+
 
 def _trace(path):
     torch.manual_seed(0)
@@ -49,8 +49,13 @@ ENGINES = {  # each reads the trace directory itself, as a user would, into pand
 def test_every_engine_reads_a_trace_directory(tmp_path, engine):
     path = _trace(tmp_path / "t")
     open(os.path.join(path, LOCK_NAME), "w").close()  # the empty lock file a killed writer leaves
-    assert sorted(os.listdir(path)) == [LOCK_NAME, MARKER_NAME, "part-000000.parquet", "part-000001.parquet",
-                                        "part-000002.parquet"]  # fmt: skip
+    assert sorted(os.listdir(path)) == [
+        LOCK_NAME,
+        MARKER_NAME,
+        "part-000000.parquet",
+        "part-000001.parquet",
+        "part-000002.parquet",
+    ]
     df = ENGINES[engine](path)
     assert len(df) == 11  # the 11 rows of the module docstring: the marker adds none
     assert df.loc[df["op"] == "aten.mm.default", "flops"].tolist() == [192, 192]  # 2 * 3 * 8 * 4 each
@@ -62,6 +67,7 @@ def test_every_engine_reads_a_two_rank_trace_directory_with_its_rank_column(tmp_
     assert sorted(os.listdir(path)) == ["rank=0", "rank=1"]
     df = ENGINES[engine](path)
     assert len(df) == 22  # 2 ranks * 11 rows
-    assert df.groupby(df["rank"].astype(int))["flops"].sum().to_dict() == {0: 396, 1: 396}  # 192 + 192 + 12 (sum) a rank
-
-
+    assert df.groupby(df["rank"].astype(int))["flops"].sum().to_dict() == {
+        0: 396,
+        1: 396,
+    }  # 192 + 192 + 12 (sum) a rank

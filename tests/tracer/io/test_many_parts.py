@@ -13,7 +13,6 @@ import os
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -24,9 +23,9 @@ import reports
 import tracer.writer as writer
 from reports.errors import ReportError
 from reports.output.cli import main
+from tests import helpers
 from tracer import Tracer, read_metadata
 from tracer.schema import MARKER_NAME, merged_name, part_name, superseded
-from tests import helpers
 
 ROOT = helpers.ROOT
 
@@ -59,7 +58,9 @@ def interrupted(tmp_path, monkeypatch):
     there leaves them. Returns (path, parts)."""
     path = tmp_path / "both"
     remove = os.remove
-    monkeypatch.setattr(writer.os, "remove", lambda file, **at: os.path.basename(file).startswith("part-") or remove(file, **at))  # parts stay
+    monkeypatch.setattr(
+        writer.os, "remove", lambda file, **at: os.path.basename(file).startswith("part-") or remove(file, **at)
+    )  # parts stay
     _train(path)
     monkeypatch.undo()
     names = sorted(os.listdir(path))
@@ -95,7 +96,12 @@ def test_many_small_parts_report_as_their_rows_in_one_part(tmp_path, capsys, int
     assert read_metadata(rolled)["parts"] == parts  # the newest part's count: 64 of them held by one file
     assert _report(capsys, path) == text  # a merge cut short: the small parts left are not read
     meta_small, meta_one = read_metadata(small), read_metadata(one)
-    assert (meta_small["parts"], meta_one["parts"], meta_one["merged_parts"], meta_one["rows"]) == (parts, 1, parts, parts - 1)
+    assert (meta_small["parts"], meta_one["parts"], meta_one["merged_parts"], meta_one["rows"]) == (
+        parts,
+        1,
+        parts,
+        parts - 1,
+    )
     assert meta_one["storage_roles"] == meta_small["storage_roles"]  # each small part's roles, all in the merged one
     assert meta_one["storage_roles"]["gradient"]  # the 4 gradients of 2 Linear layers are among them
     assert read_metadata(path) == meta_one  # the leftover small parts are left out
@@ -131,7 +137,9 @@ def test_a_copy_of_the_merged_part_is_refused(tmp_path, interrupted):
     path, parts = interrupted
     merged = merged_name(0, parts - 1)
     shutil.copy(path / merged, path / merged.replace(".parquet", " (1).parquet"))  # a sync tool's copy
-    with pytest.raises(ReportError, match=r"part-000000-\d+ \(1\)\.parquet says it is part 1 like part-000000-\d+\.parquet"):
+    with pytest.raises(
+        ReportError, match=r"part-000000-\d+ \(1\)\.parquet says it is part 1 like part-000000-\d+\.parquet"
+    ):
         reports.load(path)
 
 
@@ -145,11 +153,16 @@ def test_a_failed_merge_keeps_the_small_parts_with_a_warning(tmp_path, monkeypat
 
     monkeypatch.setattr(writer, "write_table", full_disk)
     path = tmp_path / "t"
-    with pytest.warns(UserWarning, match=r"merging its small parts failed \(OSError: \[Errno 28\] No space left on device\); "
-                                         "nothing is lost: optrace reads the parts as they are"):
+    with pytest.warns(
+        UserWarning,
+        match=r"merging its small parts failed \(OSError: \[Errno 28\] No space left on device\); "
+        "nothing is lost: optrace reads the parts as they are",
+    ):
         _train(path)
     names = sorted(os.listdir(path))
-    assert names[0] == MARKER_NAME and names[1:] == [part_name(i) for i in range(len(names) - 1)]  # no temporary file left
+    assert names[0] == MARKER_NAME and names[1:] == [
+        part_name(i) for i in range(len(names) - 1)
+    ]  # no temporary file left
     meta = read_metadata(path)
     assert meta["complete"] and meta["parts"] == len(names) - 1 and len(reports.load(path)) == meta["rows"]
 
@@ -188,15 +201,37 @@ def test_a_killed_run_leaves_its_small_parts_merged_level_by_level(tmp_path, cap
     assert found["complete"] is False and set(found["damage"].values()) == {0}  # cut short, nothing missing
     os.remove(tmp_path / "merged" / merged_name(64, 79))  # a file of 16 parts deleted
     damage = json.loads(_report(capsys, tmp_path / "merged", "--json"))["damage"]
-    assert damage == {"record_errors": 0, "lost_rows": 0, "missing_rows": 16, "missing_parts": 16, "seq_gaps": 1,
-        "damaged_marker": 0}
+    assert damage == {
+        "record_errors": 0,
+        "lost_rows": 0,
+        "missing_rows": 16,
+        "missing_parts": 16,
+        "seq_gaps": 1,
+        "damaged_marker": 0,
+    }
 
 
 def test_a_merged_part_supersedes_the_parts_and_narrower_merged_parts_it_holds():
-    names = [merged_name(0, 63), merged_name(0, 15), merged_name(16, 31), part_name(5), part_name(63), part_name(64),
-             merged_name(64, 79), merged_name(80, 95), "part-000070.parquet", MARKER_NAME]
-    assert superseded(names) == {merged_name(0, 15), merged_name(16, 31), part_name(5), part_name(63), part_name(64),
-                                 "part-000070.parquet"}
+    names = [
+        merged_name(0, 63),
+        merged_name(0, 15),
+        merged_name(16, 31),
+        part_name(5),
+        part_name(63),
+        part_name(64),
+        merged_name(64, 79),
+        merged_name(80, 95),
+        "part-000070.parquet",
+        MARKER_NAME,
+    ]
+    assert superseded(names) == {
+        merged_name(0, 15),
+        merged_name(16, 31),
+        part_name(5),
+        part_name(63),
+        part_name(64),
+        "part-000070.parquet",
+    }
     assert superseded(names, within=(64, 79)) == {part_name(64), "part-000070.parquet"}  # what merging 64-79 removes
     assert superseded([part_name(0), part_name(1)]) == set()
 
@@ -206,7 +241,9 @@ def test_a_part_merged_away_while_the_report_reads_it_is_read_in_the_merged_part
 
     path, parts = interrupted
     merged = merged_name(0, parts - 1)
-    live = _copy(path, tmp_path / "live", lambda name: name.count("-") == 1)  # the small parts, as a live reader lists them
+    live = _copy(
+        path, tmp_path / "live", lambda name: name.count("-") == 1
+    )  # the small parts, as a live reader lists them
     real, calls = integrity.read_footer, []
 
     def merge_meanwhile(part):  # the tracer merges them after the listing, before the first footer is read
@@ -231,7 +268,13 @@ def test_parts_are_listed_in_write_order_past_a_million(tmp_path):
     for name in names:
         (tmp_path / name).touch()
     listed = [os.path.basename(p) for p in part_paths(tmp_path)]  # by name, part-1000000 would come first
-    assert listed == [merged_name(0, 63), part_name(64), "part-000064 (1).parquet", part_name(999_999), part_name(1_000_000)]
+    assert listed == [
+        merged_name(0, 63),
+        part_name(64),
+        "part-000064 (1).parquet",
+        part_name(999_999),
+        part_name(1_000_000),
+    ]
 
 
 def test_a_step_time_set_after_a_merged_close_is_not_damage(tmp_path, capsys):
@@ -252,7 +295,9 @@ def _merge_in(path, live, parts):
         os.remove(live / part_name(i))
 
 
-def test_the_sql_engine_reads_a_trace_again_when_its_parts_are_merged_away_meanwhile(tmp_path, interrupted, monkeypatch):
+def test_the_sql_engine_reads_a_trace_again_when_its_parts_are_merged_away_meanwhile(
+    tmp_path, interrupted, monkeypatch
+):
     import reports.sql.engine as engine
 
     path, parts = interrupted
@@ -267,7 +312,9 @@ def test_the_sql_engine_reads_a_trace_again_when_its_parts_are_merged_away_meanw
 
     monkeypatch.setattr(engine, "source", merge_meanwhile)
     with engine.Trace(live) as trace:
-        assert len(calls) == 2 and trace.files == [[str(live / merged_name(0, parts - 1))]]  # read twice: the second time, merged
+        assert len(calls) == 2 and trace.files == [
+            [str(live / merged_name(0, parts - 1))]
+        ]  # read twice: the second time, merged
         assert trace.sql("SELECT count(*) AS n FROM rows")["n"][0] == parts - 1  # every row once
 
 
@@ -295,11 +342,15 @@ def test_a_part_gone_during_a_query_is_one_line(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(engine.Trace, "sql", query_fails)
     assert main(["report", str(path)]) == 2
     err = capsys.readouterr().err.strip()
-    assert err == (f'optrace report: error: IO Error: No files found that match the pattern "{gone}" (the tracer of a live '
-                   "trace merged that part away while it was read: read the trace again)")
+    assert err == (
+        f'optrace report: error: IO Error: No files found that match the pattern "{gone}" (the tracer of a live '
+        "trace merged that part away while it was read: read the trace again)"
+    )
 
 
-def test_export_of_a_trace_whose_parts_are_merged_away_meanwhile_starts_again(tmp_path, interrupted, monkeypatch, capsys):
+def test_export_of_a_trace_whose_parts_are_merged_away_meanwhile_starts_again(
+    tmp_path, interrupted, monkeypatch, capsys
+):
     import reports.output.export as export
 
     path, parts = interrupted
@@ -325,4 +376,5 @@ def test_export_of_a_trace_whose_parts_are_merged_away_meanwhile_starts_again(tm
     assert main(["export", str(live), "-o", "-"]) == 2
     err = capsys.readouterr().err.splitlines()[-1]
     assert err.startswith("optrace export: error: [Errno 2] Failed to open local file") and err.endswith(
-        "(the tracer of a live trace merged that part away while it was read: export the trace again)")
+        "(the tracer of a live trace merged that part away while it was read: export the trace again)"
+    )

@@ -21,11 +21,19 @@ import reports
 import tracer.writer as writer
 from reports.errors import ReportError
 from reports.output.cli import main
-from tracer import Tracer, read_metadata
-from tracer.schema import MARKER_NAME, footer_metadata, merge_metadata, merged_name, merged_span, part_name, part_paths, superseded
-
-from tests.tracer.io.test_many_parts import _train as train
 from tests import helpers
+from tests.tracer.io.test_many_parts import _train as train
+from tracer import Tracer, read_metadata
+from tracer.schema import (
+    MARKER_NAME,
+    footer_metadata,
+    merge_metadata,
+    merged_name,
+    merged_span,
+    part_name,
+    part_paths,
+    superseded,
+)
 
 
 def _adds(path, ops, fanout, *, min_parts=None, monkeypatch, during=None):
@@ -57,7 +65,7 @@ def _spans(names):
     for name in names:
         if name in gone:
             continue
-        stem = name[len("part-"):-len(".parquet")].split("-")
+        stem = name[len("part-") : -len(".parquet")].split("-")
         spans.append((int(stem[0]), int(stem[-1])))
     return sorted(spans)
 
@@ -155,8 +163,14 @@ def test_a_deleted_merged_file_counts_its_parts_and_rows_missing(tmp_path, monke
     os.remove(path / merged_name(8, 11))  # 4 one-row parts in one file, deleted
     for engine in ("sql", "pandas"):
         damage = _report_json(capsys, path, "--engine", engine)["damage"]
-        assert damage == {"record_errors": 0, "lost_rows": 0, "missing_rows": 4, "missing_parts": 4, "seq_gaps": 1,
-        "damaged_marker": 0}
+        assert damage == {
+            "record_errors": 0,
+            "lost_rows": 0,
+            "missing_rows": 4,
+            "missing_parts": 4,
+            "seq_gaps": 1,
+            "damaged_marker": 0,
+        }
 
 
 # copies of parts ----------------------------------------------------------------------------------------
@@ -178,11 +192,15 @@ def test_a_copy_of_the_first_part_a_merged_part_holds_is_named_not_the_merged_pa
     assert _files(path) == [merged_name(0, 15), part_name(16), part_name(17)]
     for copy in ("part-000000 (1).parquet", "part-000000-000003 (1).parquet"):  # sorted before part-000000-000015
         shutil.copy(copies / copy, path / copy)
-        with pytest.raises(ReportError, match=rf"t: {re.escape(copy)} repeats seq 0 to \d of part-000000-000015\.parquet"):
+        with pytest.raises(
+            ReportError, match=rf"t: {re.escape(copy)} repeats seq 0 to \d of part-000000-000015\.parquet"
+        ):
             reports.load(path)
         os.remove(path / copy)
     shutil.copy(path / merged_name(0, 15), path / "part-000000-000015 (1).parquet")  # a copy of the merged part
-    with pytest.raises(ReportError, match=r"part-000000-000015 \(1\)\.parquet says it is part 16 like part-000000-000015\.parquet"):
+    with pytest.raises(
+        ReportError, match=r"part-000000-000015 \(1\)\.parquet says it is part 16 like part-000000-000015\.parquet"
+    ):
         reports.load(path)
 
 
@@ -192,7 +210,9 @@ def test_a_copy_of_the_first_part_a_merged_part_holds_is_named_not_the_merged_pa
 def test_a_merge_between_the_two_listings_of_check_parts_is_read_again(tmp_path, monkeypatch):
     path, live = tmp_path / "t", tmp_path / "live"
     remove = os.remove
-    monkeypatch.setattr(writer.os, "remove", lambda file, **at: os.path.basename(file).startswith("part-") or remove(file, **at))
+    monkeypatch.setattr(
+        writer.os, "remove", lambda file, **at: os.path.basename(file).startswith("part-") or remove(file, **at)
+    )
     _adds(path, 6, 4, monkeypatch=monkeypatch)  # parts 0-6 (6: the closing part) and part-000000-000003, all kept
     monkeypatch.setattr(writer.os, "remove", remove)
     shutil.copytree(path, live, ignore=lambda _, names: [merged_name(0, 3)])  # as a reader listed it before the merge
@@ -242,7 +262,14 @@ def test_the_memory_report_of_a_merged_trace_is_the_unmerged_ones(tmp_path, monk
     _train(tmp_path / "one", 4, monkeypatch, min_parts=64)  # and all in one part at close
     parts = _files(tmp_path / "parts")
     levels = _spans(_files(tmp_path / "levels"))
-    assert len(parts) == 93 and levels == [(0, 63), (64, 79), (80, 83), (84, 87), (88, 91), (92, 92)]  # 64 + 16 + 3*4 + 1
+    assert len(parts) == 93 and levels == [
+        (0, 63),
+        (64, 79),
+        (80, 83),
+        (84, 87),
+        (88, 91),
+        (92, 92),
+    ]  # 64 + 16 + 3*4 + 1
     assert _files(tmp_path / "one") == [merged_name(0, 92)]
     roles = read_metadata(tmp_path / "parts")["storage_roles"]
     assert roles["gradient"] and roles["optimizer_state"]  # learned in the backward and the optimizer step
@@ -255,22 +282,34 @@ def test_the_memory_report_of_a_merged_trace_is_the_unmerged_ones(tmp_path, monk
     frames = {name: reports.load(tmp_path / name) for name in ("parts", "levels", "one")}
     for name in ("levels", "one"):
         assert read_metadata(tmp_path / name)["storage_roles"] == roles, name
-        assert frames[name].attrs["runs"]["train"]["storage_roles"] == frames["parts"].attrs["runs"]["train"]["storage_roles"]
+        assert (
+            frames[name].attrs["runs"]["train"]["storage_roles"]
+            == frames["parts"].attrs["runs"]["train"]["storage_roles"]
+        )
         pd.testing.assert_frame_equal(frames[name].drop(columns=timed), frames["parts"].drop(columns=timed))
         for table in (reports.by_category, reports.storages, reports.peak):
-            pd.testing.assert_frame_equal(table(frames[name]).drop(columns="run"), table(frames["parts"]).drop(columns="run"))
+            pd.testing.assert_frame_equal(
+                table(frames[name]).drop(columns="run"), table(frames["parts"]).drop(columns="run")
+            )
 
 
 def test_a_merged_part_says_how_many_parts_it_holds_and_the_rows_so_far(tmp_path, monkeypatch):
     path = tmp_path / "t"
     _adds(path, 21, 4, monkeypatch=monkeypatch)  # 0-15 (two levels), 16-19, 20 and the closing part 21
     assert _files(path) == [merged_name(0, 15), merged_name(16, 19), part_name(20), part_name(21)]
+
     def meta(name):
         return json.loads(footer_metadata(pq.read_metadata(path / name)))
 
     assert [(meta(n)["parts"], meta(n).get("merged_parts"), meta(n)["rows"]) for n in _files(path)] == [
-        (16, 16, 16), (20, 4, 20), (21, None, 21), (22, None, 21)]  # one row per op; the closing part holds none
-    assert read_metadata(path)["parts"] == 22 and set(reports.load(path).attrs["runs"]["adds"]["damage"].values()) == {0}
+        (16, 16, 16),
+        (20, 4, 20),
+        (21, None, 21),
+        (22, None, 21),
+    ]  # one row per op; the closing part holds none
+    assert read_metadata(path)["parts"] == 22 and set(reports.load(path).attrs["runs"]["adds"]["damage"].values()) == {
+        0
+    }
 
 
 def test_a_failed_part_write_stops_the_merges_and_counts_its_rows_lost(tmp_path, monkeypatch):
@@ -288,14 +327,21 @@ def test_a_failed_part_write_stops_the_merges_and_counts_its_rows_lost(tmp_path,
     with pytest.warns(UserWarning) as caught:
         _adds(path, 12, 2, monkeypatch=monkeypatch)
     assert [str(w.message).split(" (")[0] for w in caught] == [
-        f"optrace: could not write {path / part_name(5)}", f"optrace: trace {str(path)!r} is incomplete: 1 rows lost to write errors"]
+        f"optrace: could not write {path / part_name(5)}",
+        f"optrace: trace {str(path)!r} is incomplete: 1 rows lost to write errors",
+    ]
     assert _spans(_files(path)) == [(0, 3), (4, 4)] + [(i, i) for i in range(5, 12)]  # nothing merged after the loss
     with pytest.warns(UserWarning, match="incomplete"):
         frame = reports.load(path)
     assert frame["seq"].tolist() == [0, 1, 2, 3, 4] + list(range(6, 12))  # seq 5 lost
     assert frame.attrs["runs"]["adds"]["damage"] == {
-        "record_errors": 0, "lost_rows": 1, "missing_rows": 0, "missing_parts": 0, "seq_gaps": 1,
-        "damaged_marker": 0}
+        "record_errors": 0,
+        "lost_rows": 1,
+        "missing_rows": 0,
+        "missing_parts": 0,
+        "seq_gaps": 1,
+        "damaged_marker": 0,
+    }
 
 
 def test_big_parts_between_small_ones_are_never_merged_across(tmp_path, monkeypatch):
@@ -337,6 +383,7 @@ def test_a_forked_child_neither_writes_nor_merges(tmp_path, monkeypatch):
     def fork_at(i):
         if i != 3:
             return
+
         def state():  # every file and the marker's bytes
             return sorted(os.listdir(path)), (path / MARKER_NAME).read_bytes()
 
@@ -380,8 +427,12 @@ def test_superseded_matches_a_plain_reading_and_reads_each_of_10000_names_at_mos
                     held |= {merged_name(a, b) for a, b, _ in group if a != b}
                     names = [n for n in names if n not in held]
         names.append("part-000001 (1).parquet")  # a copy: never superseded
-        spans = {n: (int(n[5:11]), int(n[-14:-8]) if n.count("-") == 2 else int(n[5:11])) for n in names if "(" not in n}
-        plain = {n for n, (a, b) in spans.items() if any(c <= a and b <= d and (c, d) != (a, b) for c, d in spans.values())}
+        spans = {
+            n: (int(n[5:11]), int(n[-14:-8]) if n.count("-") == 2 else int(n[5:11])) for n in names if "(" not in n
+        }
+        plain = {
+            n for n, (a, b) in spans.items() if any(c <= a and b <= d and (c, d) != (a, b) for c, d in spans.values())
+        }
         assert superseded(names) == plain
         low, high = files[-1][0], files[-1][1]
         assert superseded(names, within=(low, high)) == {n for n in plain if low <= spans[n][0] and spans[n][1] <= high}
@@ -390,7 +441,9 @@ def test_superseded_matches_a_plain_reading_and_reads_each_of_10000_names_at_mos
     monkeypatch.setattr(schema, "merged_span", lambda name: read.append(name) or real(name))
     gone = superseded(many)
     assert len(gone) == 9984 and part_name(9984) not in gone  # the parts of 156 merged files of 64; the last 16 not
-    assert len(read) == 10_156 + 156  # every name once for the spans, the 156 merged ones once more: no reading per span
+    assert (
+        len(read) == 10_156 + 156
+    )  # every name once for the spans, the 156 merged ones once more: no reading per span
 
 
 @pytest.mark.parametrize("lists", ["objects", "arrow"])
@@ -400,7 +453,9 @@ def test_a_merge_between_the_checks_and_the_read_of_the_rows_is_read_again(tmp_p
 
     path, live = tmp_path / "t", tmp_path / "live"
     remove = os.remove
-    monkeypatch.setattr(writer.os, "remove", lambda file, **at: os.path.basename(file).startswith("part-") or remove(file, **at))
+    monkeypatch.setattr(
+        writer.os, "remove", lambda file, **at: os.path.basename(file).startswith("part-") or remove(file, **at)
+    )
     _adds(path, 6, 4, monkeypatch=monkeypatch)  # parts 0-6 (6: the closing part) and part-000000-000003, all kept
     monkeypatch.setattr(writer.os, "remove", remove)
     shutil.copytree(path, live, ignore=lambda _, names: [merged_name(0, 3)])  # the trace before the merge
@@ -452,7 +507,6 @@ with Tracer(sys.argv[1], flush_rows=1, run_name="killed"):
 def test_a_process_killed_inside_a_cascade_of_merges_is_read_whole(tmp_path):
     import subprocess
     import sys
-    from pathlib import Path
 
     path = tmp_path / "t"
     env = dict(os.environ, PYTHONPATH=str(helpers.ROOT))
@@ -498,5 +552,7 @@ def test_parts_written_at_each_pause_merge_and_read_whole(tmp_path, monkeypatch)
     # parts 0-3 (one per pause) merged as 0-1, 2-3, then 0-3; the closing part 4 holds none
     assert _files(path) == [merged_name(0, 3), part_name(4)]
     frame = reports.load(path)
-    assert frame["op"].astype(str).tolist() == ["aten.zeros.default"] + ["aten.add.Tensor"] * 4 and frame["seq"].tolist() == list(range(5))
+    assert frame["op"].astype(str).tolist() == ["aten.zeros.default"] + ["aten.add.Tensor"] * 4 and frame[
+        "seq"
+    ].tolist() == list(range(5))
     assert a.item() == 30.0  # ((((0+1)*2+1)*2+1)*2+1)*2: the program's result is its own

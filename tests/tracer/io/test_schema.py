@@ -3,21 +3,31 @@ and docs/schema.md names every column and run-metadata key."""
 
 import json
 import time
-from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
 import torch
 
 import reports
+from tests import helpers
 from tracer import Tracer
 from tracer.schema import (
+    COLUMN_NAMES,
+    GRAD_MODES,
+    INT64_MAX,
+    METADATA_KEY,
+    NO_VALUE,
+    PHASES,
+    SCHEMA_VERSION,
+    V2_DEFAULTS,
+    V3_DEFAULTS,
+    V4_DEFAULTS,
+    GradMode,
+    Phase,
+    part_paths,
     read_part,
-    COLUMN_NAMES, GRAD_MODES, INT64_MAX, METADATA_KEY, NO_VALUE, PHASES, SCHEMA_VERSION, V2_DEFAULTS, V3_DEFAULTS,
-    V4_DEFAULTS, GradMode, Phase, part_paths,
 )
 from tracer.writer import FIELD, ROW_FIELDS, ROW_WIDTH, RowBuffer
-from tests import helpers
 
 
 def test_phase_constants_are_the_phase_dictionary():
@@ -116,7 +126,6 @@ def test_rowbuffer_rollback_drops_half_a_row():
     assert list(rows.out_tensors) == [] and list(rows.out_sizes) == [] and list(rows.out_strides) == []
 
 
-
 @pytest.mark.parametrize("lists", ["objects", "arrow"])
 def test_v2_trace_loads_with_v3_defaults(tmp_path, lists):
     """A v2 trace (made here by dropping the v3 columns) reads flops_bound False, group_sizes null."""
@@ -179,9 +188,13 @@ _DOC = helpers.ROOT / "docs" / "schema.md"
 def _doc_table(heading):
     """{name: its row's cells} of the first table under `## heading` in docs/schema.md (a row naming several, one each)."""
     section = _DOC.read_text().split(f"\n## {heading}\n", 1)[1].split("\n## ", 1)[0]
-    table = section[section.index("\n|"):].split("\n\n", 1)[0]
+    table = section[section.index("\n|") :].split("\n\n", 1)[0]
     rows = [line for line in table.splitlines() if line.startswith("| `")]
-    return {n.strip("` "): [c.strip() for c in line.split("|")[2:-1]] for line in rows for n in line.split("|")[1].split(",")}
+    return {
+        n.strip("` "): [c.strip() for c in line.split("|")[2:-1]]
+        for line in rows
+        for n in line.split("|")[1].split(",")
+    }
 
 
 def test_the_schema_page_names_every_column_and_no_other():
@@ -222,12 +235,19 @@ def test_grad_mode_is_the_mode_each_op_ran_in(tmp_path):
             model(x)
     df = reports.load(tmp_path / "t")
     got = list(zip(df["phase"].astype(str), df["op"].astype(str), df["grad_mode"].astype(str)))
-    assert got[:4] == [("forward", "aten.t.default", "grad"), ("forward", "aten.addmm.default", "grad"),
-                       ("forward", "aten.sum.default", "grad"), ("forward", "aten.ones_like.default", "grad")]
+    assert got[:4] == [
+        ("forward", "aten.t.default", "grad"),
+        ("forward", "aten.addmm.default", "grad"),
+        ("forward", "aten.sum.default", "grad"),
+        ("forward", "aten.ones_like.default", "grad"),
+    ]
     assert {mode for phase, _, mode in got if phase == "backward"} == {"no_grad"}
     # the evaluation: t and addmm under no_grad; linear whole under inference_mode (never decomposed there)
-    assert got[-3:] == [("forward", "aten.t.default", "no_grad"), ("forward", "aten.addmm.default", "no_grad"),
-                        ("forward", "aten.linear.default", "inference_mode")]
+    assert got[-3:] == [
+        ("forward", "aten.t.default", "no_grad"),
+        ("forward", "aten.addmm.default", "no_grad"),
+        ("forward", "aten.linear.default", "inference_mode"),
+    ]
 
 
 def test_a_grad_mode_the_tracer_never_writes_is_refused(tmp_path):
@@ -245,6 +265,9 @@ def test_a_grad_mode_the_tracer_never_writes_is_refused(tmp_path):
     from reports.sql.engine import Trace
 
     for read in (reports.load, Trace):  # the SQL engine says it in reports.load's words
-        with pytest.raises(reports.ReportError, match=r"column 'grad_mode' holds 'train' at seq 0; expected one of "
-                                                      r"grad, no_grad, inference_mode"):
+        with pytest.raises(
+            reports.ReportError,
+            match=r"column 'grad_mode' holds 'train' at seq 0; expected one of "
+            r"grad, no_grad, inference_mode",
+        ):
             read(bad)

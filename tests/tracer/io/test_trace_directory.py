@@ -12,9 +12,9 @@ import torch
 
 import reports
 from reports.errors import ReportError
+from tests import helpers
 from tracer import TraceError, Tracer, read_metadata
 from tracer.schema import MARKER_NAME
-from tests import helpers
 
 
 def _hashes(root):
@@ -54,8 +54,10 @@ def _run_and_swap(path, swap):
 
 
 def _lost(path, messages):
-    assert messages[0].startswith(f"optrace: could not write {path / 'part-000002.parquet'} (DirectoryReplaced: the path "
-                                  "no longer names the trace directory entered: it names another directory now")
+    assert messages[0].startswith(
+        f"optrace: could not write {path / 'part-000002.parquet'} (DirectoryReplaced: the path "
+        "no longer names the trace directory entered: it names another directory now"
+    )
     assert messages[0].endswith("its 2 rows are lost, the program goes on and the trace will say so")
     assert messages[-1].startswith(f"optrace: trace {str(path)!r} is incomplete: 4 rows lost to write errors")  # 2 + 2
 
@@ -74,7 +76,9 @@ def test_a_directory_replaced_by_a_link_to_another_trace_leaves_that_trace_byte_
     _lost(path, messages)
     meta = read_metadata(moved)  # the directory entered, moved away: its marker counts what was lost
     assert (meta["rows"], meta["lost_rows"], meta["complete"]) == (4, 4, False)  # 8 rows recorded, 4 lost
-    with pytest.warns(UserWarning, match="trace is incomplete .cut short.: 4 rows lost to write errors; reporting the 4 rows"):
+    with pytest.warns(
+        UserWarning, match="trace is incomplete .cut short.: 4 rows lost to write errors; reporting the 4 rows"
+    ):
         assert len(reports.load(moved)) == 4
 
 
@@ -114,8 +118,11 @@ def test_a_late_update_after_the_directory_was_replaced_writes_nothing(tmp_path)
         _adds(1)
     os.rename(path, tmp_path / "moved")
     os.symlink(other, path)
-    with pytest.warns(UserWarning, match=r"set_bandwidth: the trace at .* is no longer this Tracer's \(another run "
-                                         r"replaced it\); nothing written"):
+    with pytest.warns(
+        UserWarning,
+        match=r"set_bandwidth: the trace at .* is no longer this Tracer's \(another run "
+        r"replaced it\); nothing written",
+    ):
         tr.set_bandwidth({"bytes_per_s": 1e9})
     assert _hashes(other) == before
 
@@ -156,8 +163,13 @@ def _fifo_run(tmp_path, name, what, good=True):
         os.remove(path / name)
     os.mkfifo(path / name)
     script = _FIFO.format(root=str(helpers.ROOT))
-    done = subprocess.run([sys.executable, "-c", script, str(path), what], capture_output=True, text=True, timeout=60,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(path), what],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     *lines, seconds = (done.stdout + done.stderr).strip().splitlines()
     assert seconds.startswith("seconds ") and float(seconds.split()[1]) < 1.0, seconds  # refused, never waited on
     return path, "\n".join(lines)
@@ -165,23 +177,29 @@ def _fifo_run(tmp_path, name, what, good=True):
 
 def test_a_fifo_named_like_the_marker_is_refused_by_the_tracer(tmp_path):
     path, out = _fifo_run(tmp_path, MARKER_NAME, "tracer", good=False)
-    assert out == (f"TraceError: cannot write trace {str(path)!r}: it is a directory holding {MARKER_NAME!r}, which "
-                   "optrace did not write; choose a new path")
+    assert out == (
+        f"TraceError: cannot write trace {str(path)!r}: it is a directory holding {MARKER_NAME!r}, which "
+        "optrace did not write; choose a new path"
+    )
     assert sorted(os.listdir(path)) == [MARKER_NAME]  # the FIFO stays
 
 
 @pytest.mark.parametrize("what", ["report", "export"])
 def test_a_fifo_named_like_a_part_is_refused_by_report_and_export(tmp_path, what):
     path, out = _fifo_run(tmp_path, "part-000001.parquet", what)
-    assert out.splitlines()[-1] == (f"optrace {what}: error: {path}: part-000001.parquet is not a regular file, not an "
-                                    "optrace part; move it out of the trace")
+    assert out.splitlines()[-1] == (
+        f"optrace {what}: error: {path}: part-000001.parquet is not a regular file, not an "
+        "optrace part; move it out of the trace"
+    )
 
 
 @pytest.mark.parametrize("what", ["report", "export"])
 def test_a_fifo_named_like_the_marker_is_never_read_by_report_and_export(tmp_path, what):
     path, out = _fifo_run(tmp_path, MARKER_NAME, what)
-    assert out.splitlines()[-1] == (f"optrace {what}: error: {path}: {MARKER_NAME} is not a regular file, not an optrace "
-                                    "marker; move it out of the trace")
+    assert out.splitlines()[-1] == (
+        f"optrace {what}: error: {path}: {MARKER_NAME} is not a regular file, not an optrace "
+        "marker; move it out of the trace"
+    )
 
 
 # ------------------------------------------------------------------ paths the writer or the readers cannot use
@@ -189,8 +207,10 @@ def test_a_path_that_is_not_utf8_is_refused_at_entry(tmp_path):
     path = os.path.join(tmp_path, os.fsdecode(b"run\xff"))  # 'run\udcff'
     with pytest.raises(TraceError) as raised:
         Tracer(path).__enter__()
-    assert str(raised.value) == (f"cannot write trace {path!r}: the path is not valid UTF-8, and the Parquet readers "
-                                 "(pyarrow, DuckDB) open files by UTF-8 paths; choose a UTF-8 name")
+    assert str(raised.value) == (
+        f"cannot write trace {path!r}: the path is not valid UTF-8, and the Parquet readers "
+        "(pyarrow, DuckDB) open files by UTF-8 paths; choose a UTF-8 name"
+    )
     assert os.listdir(tmp_path) == []  # the directory it made is removed again
 
 
@@ -205,9 +225,13 @@ def test_a_path_too_long_for_its_part_files_is_refused_at_entry(tmp_path):
         Tracer(path).__enter__()
     message = str(raised.value)
     assert "\n" not in message and message.startswith(f"cannot write trace {path[:60]!r} ... (4,000 characters) ... ")
-    probe = 48 + 32 + 1 + len(str(os.getpid())) + 1 + 8 + 4  # .optrace-probe-part-999999999-999999999.parquet.<id>.<pid>.<8 hex>.tmp
-    assert message.endswith(f": a part file there cannot be written and read back (its name is too long: {4000 + 1 + probe} "
-                            "characters); choose a shorter path"), message
+    probe = (
+        48 + 32 + 1 + len(str(os.getpid())) + 1 + 8 + 4
+    )  # .optrace-probe-part-999999999-999999999.parquet.<id>.<pid>.<8 hex>.tmp
+    assert message.endswith(
+        f": a part file there cannot be written and read back (its name is too long: {4000 + 1 + probe} "
+        "characters); choose a shorter path"
+    ), message
     assert os.listdir(parent) == []
 
 
@@ -250,12 +274,16 @@ def test_a_trace_carrying_a_run_name_that_is_not_unicode_reports_it_escaped(tmp_
 
 def test_a_fifo_named_like_a_part_is_refused_by_read_metadata(tmp_path):
     path, out = _fifo_run(tmp_path, "part-000001.parquet", "tracer")  # the Tracer refuses the path, as foreign
-    assert out.endswith("it is a directory holding 'part-000001.parquet', which optrace did not write; choose a new path")
+    assert out.endswith(
+        "it is a directory holding 'part-000001.parquet', which optrace did not write; choose a new path"
+    )
     root = str(helpers.ROOT)
     script = f"import sys; sys.path.insert(0, {root!r}); from tracer import read_metadata; read_metadata({str(path)!r})"
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=20)
-    assert done.stderr.strip().splitlines()[-1] == (f"tracer.schema.NotRegular: {path / 'part-000001.parquet'} is not a "
-                                                    "regular file, not an optrace part; move it out of the trace")
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"tracer.schema.NotRegular: {path / 'part-000001.parquet'} is not a "
+        "regular file, not an optrace part; move it out of the trace"
+    )
 
 
 def test_a_distributed_run_at_a_users_directory_of_part_files_removes_none(tmp_path, monkeypatch):
@@ -269,8 +297,10 @@ def test_a_distributed_run_at_a_users_directory_of_part_files_removes_none(tmp_p
     with pytest.raises(TraceError) as raised:
         with Tracer(users):
             _adds(1)
-    assert str(raised.value) == (f"cannot write trace {str(users)!r}: it is a directory holding '.part-mine.tmp', which "
-                                 "optrace did not write; choose a new path")
+    assert str(raised.value) == (
+        f"cannot write trace {str(users)!r}: it is a directory holding '.part-mine.tmp', which "
+        "optrace did not write; choose a new path"
+    )
     assert _hashes(users) == before and sorted(os.listdir(users)) == [".part-mine.tmp", "part-00000-abc.parquet"]
 
 
@@ -279,8 +309,10 @@ def test_a_trace_path_that_is_not_utf8_is_one_line_for_the_readers(tmp_path):
     shutil.copytree(_other_trace(tmp_path)[0], path)  # a good trace, moved to a name that is not UTF-8
     with pytest.raises(ReportError) as raised:
         reports.load(path)
-    assert str(raised.value) == (f"{tmp_path}/run\\udcff: the path is not valid UTF-8, and the Parquet readers "
-                                 "(pyarrow, DuckDB) open files by UTF-8 paths; rename it")
+    assert str(raised.value) == (
+        f"{tmp_path}/run\\udcff: the path is not valid UTF-8, and the Parquet readers "
+        "(pyarrow, DuckDB) open files by UTF-8 paths; rename it"
+    )
 
 
 def test_an_interrupted_marker_write_leaves_no_empty_marker(tmp_path, monkeypatch):

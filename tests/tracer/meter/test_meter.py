@@ -236,7 +236,10 @@ def test_fused_attention_and_dtype_as_reports_mfu_count_them(tmp_path):
     m.close()
     traced = reports.mfu(reports.load(tmp_path / "gpt"), step_time_s=f["step_time_s"]).iloc[0]
     assert traced["recompute_flops_per_step"] > 0  # the fused backward's q @ kᵀ
-    assert (f["model_flops"], f["hardware_flops"]) == (traced["model_flops_per_step"], traced["hardware_flops_per_step"])
+    assert (f["model_flops"], f["hardware_flops"]) == (
+        traced["model_flops_per_step"],
+        traced["hardware_flops_per_step"],
+    )
     assert reports.meter(tmp_path / "gpt")["dtype"].iloc[2] == traced["dtype"] == "float32"
     assert f["mfu"] == pytest.approx(traced["mfu"], rel=1e-12)  # the CPU's ideal peak, looked up on both sides
 
@@ -305,7 +308,9 @@ def test_re_tracing_stops_after_three_failed_reads(tmp_path, monkeypatch):
 def test_bad_input_is_one_line():
     with pytest.raises(TraceError, match="Meter: peak_flops must be FLOP/s > 0 or None, got -1"):
         Meter("unused", peak_flops=-1)
-    with pytest.raises(TraceError, match=r"Meter: warmup must be an int >= 0 \(steps run before the first trace\), got -2"):
+    with pytest.raises(
+        TraceError, match=r"Meter: warmup must be an int >= 0 \(steps run before the first trace\), got -2"
+    ):
         Meter("unused", warmup=-2)
     with pytest.raises(TraceError, match=r"Meter: max_traces must be an int >= 1 \(steps traced at most\), got 0"):
         Meter("unused", max_traces=0)
@@ -329,7 +334,12 @@ def test_the_report_shows_the_meter(tmp_path, capsys):
     assert "Meter: 5 steps, 2 metered untraced (medians over them), traced: step 0, 1, 4" in out
     optrace(["report", str(tmp_path / "r"), "--json"])
     found = json.loads(capsys.readouterr().out)["meter"]
-    assert (found["steps"], found["traced_steps"], found["metered_steps"], found["unknown_flops_steps"]) == (5, [0, 1, 4], 2, 0)
+    assert (found["steps"], found["traced_steps"], found["metered_steps"], found["unknown_flops_steps"]) == (
+        5,
+        [0, 1, 4],
+        2,
+        0,
+    )
     assert found["mfu"]["min"] > 0
 
 
@@ -342,16 +352,23 @@ def test_under_w_error_nothing_raises(tmp_path):
         "    net(torch.ones(b, 4)).sum().backward(); opt.step(); opt.zero_grad(); print(m.step()['traced'])\n"
         "m.close()\n"
     )
-    done = subprocess.run([sys.executable, "-W", "error", "-c", code], capture_output=True, text=True, timeout=60,
-                          cwd=str(tmp_path), env={"PYTHONPATH": str(meter_module.__file__.rsplit("/tracer/", 1)[0])})
+    done = subprocess.run(
+        [sys.executable, "-W", "error", "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=str(tmp_path),
+        env={"PYTHONPATH": str(meter_module.__file__.rsplit("/tracer/", 1)[0])},
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["True", "True", "False", "True"]
 
 
 def _tiny_gpt2(transformers):
     torch.manual_seed(0)
-    config = transformers.GPT2Config(vocab_size=32, n_positions=8, n_embd=16, n_layer=1, n_head=2, bos_token_id=0,
-                                     eos_token_id=0)
+    config = transformers.GPT2Config(
+        vocab_size=32, n_positions=8, n_embd=16, n_layer=1, n_head=2, bos_token_id=0, eos_token_id=0
+    )
     return transformers.GPT2LMHeadModel(config), torch.randint(0, 32, (8, 8))
 
 
@@ -413,8 +430,15 @@ def test_hf_trainer_callback_logs_mfu_for_every_metered_step(tmp_path, tokens_se
     model, ids = _tiny_gpt2(transformers)
     data = [{"input_ids": row, "labels": row} for row in ids]
     args = transformers.TrainingArguments(
-        output_dir=str(tmp_path / "out"), max_steps=4, per_device_train_batch_size=2, logging_steps=1,
-        report_to=[], use_cpu=True, save_strategy="no", disable_tqdm=True, seed=0,
+        output_dir=str(tmp_path / "out"),
+        max_steps=4,
+        per_device_train_batch_size=2,
+        logging_steps=1,
+        report_to=[],
+        use_cpu=True,
+        save_strategy="no",
+        disable_tqdm=True,
+        seed=0,
         include_num_input_tokens_seen=tokens_seen,
     )
     callback = MeterCallback(tmp_path / "hf", tokens=None if tokens_seen else 16, peak_flops=PEAK)
@@ -437,7 +461,9 @@ def test_lightning_callback_with_a_stand_in_lightning(tmp_path, monkeypatch):
     fake.Callback = object
     monkeypatch.setitem(sys.modules, "lightning", types.ModuleType("lightning"))
     monkeypatch.setitem(sys.modules, "lightning.pytorch", fake)
-    spec = importlib.util.spec_from_file_location("meter_callbacks_copy", meter_module.__file__.replace("meter.py", "meter_callbacks.py"))
+    spec = importlib.util.spec_from_file_location(
+        "meter_callbacks_copy", meter_module.__file__.replace("meter.py", "meter_callbacks.py")
+    )
     callbacks = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(callbacks)  # a copy: the real module keeps its import-time view
 
@@ -543,7 +569,11 @@ def test_dynamic_padding_traces_at_most_max_traces_steps_and_estimates_the_rest(
     assert table.loc[table["flops_estimated"], "step"].tolist() == [*range(2, 13, 2), *range(14, 29), *range(31, 40, 2)]
     optrace(["report", str(tmp_path / "pad"), "--json"])
     summary = json.loads(capsys.readouterr().out)["meter"]
-    assert (summary["estimated_flops_steps"], summary["unknown_flops_steps"], len(summary["traced_steps"])) == (26, 0, 8)
+    assert (summary["estimated_flops_steps"], summary["unknown_flops_steps"], len(summary["traced_steps"])) == (
+        26,
+        0,
+        8,
+    )
     optrace(["report", str(tmp_path / "pad")])
     assert "26 steps have ESTIMATED FLOPs and MFU" in capsys.readouterr().out
 
@@ -585,8 +615,14 @@ def test_a_run_that_crashes_is_closed_incomplete_at_exit(tmp_path):
         "    net(torch.ones(1, 4)).sum().backward(); net.zero_grad(); m.step()\n"
         "raise RuntimeError('boom')\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=str(tmp_path),
-                          env={"PYTHONPATH": str(meter_module.__file__.rsplit("/tracer/", 1)[0])})
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=str(tmp_path),
+        env={"PYTHONPATH": str(meter_module.__file__.rsplit("/tracer/", 1)[0])},
+    )
     assert done.returncode == 1 and "RuntimeError: boom" in done.stderr
     meta = tracer.read_metadata(tmp_path / "x")
     assert meta["complete"] is False and meta["error"] == "RuntimeError: boom"  # the exit handler closed it

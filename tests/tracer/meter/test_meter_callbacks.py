@@ -4,8 +4,10 @@ callback after a run that raised. The model and its figures are tests/tracer/met
 
 import sys
 import types
+
 import pytest
 import torch
+
 import reports
 import tracer
 from tests.tracer.meter.test_meter_steps import PEAK, TRAIN_MODEL, Net, _leftovers

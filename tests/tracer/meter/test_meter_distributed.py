@@ -27,9 +27,8 @@ import pytest
 import torch
 
 import reports
-from tracer import Meter, Tracer, read_metadata
-
 from tests.tracer.distributed.test_distributed import spawn
+from tracer import Meter, Tracer, read_metadata
 
 WORLD = 2
 STEPS = 7
@@ -239,7 +238,7 @@ def _check_flops(root, results, kind, rank, model, hardware):
     assert list(table["traced"]) == TRACED and list(table["flops_from_step"]) == FROM_STEP
     assert list(table["model_flops"]) == model and list(table["hardware_flops"]) == hardware
     live = [f["model_flops"] for f in results[rank][kind]["figures"]]  # what step() returned
-    assert live == model[:NEW_SHAPE_AT] + [None] + model[NEW_SHAPE_AT + 1:]  # a new signature: unknown until traced
+    assert live == model[:NEW_SHAPE_AT] + [None] + model[NEW_SHAPE_AT + 1 :]  # a new signature: unknown until traced
     for step in ONE_STEP:  # each the FLOPs of a Tracer around that step alone
         assert _one_step_flops(root, kind, step, rank) == (model[step], hardware[step])
     metered = table[~table["traced"]]
@@ -308,7 +307,8 @@ def test_fsdp2_retraced_step_memory_adds_up(runs):
         # as a Tracer around that step alone finds them. Each category at its own highest: which row is the peak
         # moves with the moment gloo frees its buffers on a loaded machine (the gradients may not exist yet there)
         most = reports.by_category(df, at="max").set_index("category")["bytes"]
-        alone = reports.by_category(reports.load(os.path.join(root, f"fsdp_step{NEW_SHAPE_AT}", f"rank={rank}")),
-                                    at="max").set_index("category")["bytes"]  # fmt: skip
+        alone = reports.by_category(
+            reports.load(os.path.join(root, f"fsdp_step{NEW_SHAPE_AT}", f"rank={rank}")), at="max"
+        ).set_index("category")["bytes"]
         for category, expected in (("parameters", 384), ("gradients", 384), ("unsharded_parameters", 512)):
             assert most[category] == alone[category] == expected, (rank, category)

@@ -21,10 +21,9 @@ from torch.utils.checkpoint import checkpoint
 import reports
 import tracer
 from reports.flops.meter import meter_summary
+from tests.tracer.meter.test_meter_steps import Net  # x [B, 8] -> fc1 [8 -> 16] -> relu -> fc2 [16 -> 4], no biases
 from tracer import Tracer
 from tracer.meter import Meter
-
-from tests.tracer.meter.test_meter_steps import Net  # x [B, 8] -> fc1 [8 -> 16] -> relu -> fc2 [16 -> 4], no biases
 
 PEAK = 1e9  # FLOP/s, given
 
@@ -359,8 +358,7 @@ def test_a_gan_metered_per_optimizer_step_alternates_two_signatures(tmp_path):
     assert table["model_flops"].tolist()[1::2] == [1636] * 5 and table["hardware_flops"].tolist()[1::2] == [1732] * 5
     assert [f["model_flops"] for f in figures] == [1636] * 5  # the generator's steps, as step() gave them
     assert meter_summary(tmp_path / "gan")["unknown_flops_steps"] == 0
-    _, figures, _ = metered(tmp_path / "warm", gan([2] * 5, per_optimizer=True), 5, root="gen", max_traces=3,
-                            warmup=1)
+    _, figures, _ = metered(tmp_path / "warm", gan([2] * 5, per_optimizer=True), 5, root="gen", max_traces=3, warmup=1)
     table = reports.meter(tmp_path / "warm")
     assert table["traced"].tolist() == [False, True] * 3 + [False] * 4
     assert table["model_flops"].tolist()[1::2] == [1636] * 5 and table["hardware_flops"].tolist()[1::2] == [1732] * 5
@@ -563,7 +561,7 @@ def _in_thread(fn):
     def run():
         try:
             fn()
-        except BaseException as exc:  # noqa: BLE001: the test reports it
+        except BaseException as exc:  # noqa: BLE001 (the test reports it)
             errors.append(exc)
 
     worker = threading.Thread(target=run)
@@ -589,7 +587,8 @@ def test_steps_ended_in_another_thread_than_the_meter_s_are_not_metered(tmp_path
         m.close()
     assert [str(w.message) for w in caught] == [
         "optrace: meter: could not meter a step (TraceError: begin() on another thread than the one that made the "
-        "Meter, which alone is traced: make the Meter in the thread that runs the loop); the program runs on"]
+        "Meter, which alone is traced: make the Meter in the thread that runs the loop); the program runs on"
+    ]
     assert figures == [{**dict.fromkeys(figures[0]), "traced": False, "flops_estimated": False}] * 4
     assert m.errors == 8  # four begin() and four step()
     meta = tracer.read_metadata(tmp_path / "thread")
@@ -635,6 +634,7 @@ def test_a_meter_made_in_the_loop_s_thread_closes_from_another(tmp_path):
 def skipping(skipped):
     """fp16 under a fresh GradScaler: the first steps' gradients overflow and it skips their opt.step() (as here,
     with the scaler's decision written out: the steps in `skipped` run no update)."""
+
     def make():
         net = Net()
         opt = torch.optim.SGD(net.parameters(), lr=0.1)

@@ -3,14 +3,24 @@
 import re
 
 import torch
-from tests.tracer.meter.test_meter import PEAK, Net, run
 
+from tests.tracer.meter.test_meter import PEAK, Net, run
 from tracer import meter as meter_module
 from tracer.meter import Meter
 from tracer.meter_record import WIDTH, StepFigures, peak_label
 
-KEYS = ["step", "traced", "step_time_s", "tokens", "tokens_per_s", "model_flops", "hardware_flops", "flops_estimated",
-        "mfu", "hfu"]
+KEYS = [
+    "step",
+    "traced",
+    "step_time_s",
+    "tokens",
+    "tokens_per_s",
+    "model_flops",
+    "hardware_flops",
+    "flops_estimated",
+    "mfu",
+    "hfu",
+]
 H100 = {"type": "cuda", "name": "NVIDIA H100 80GB HBM3"}
 BF16_TRACE = {"dtype": "bfloat16", "peak_flops_per_s": 989.4e12, "peak_source": "NVIDIA H100 SXM datasheet"}
 
@@ -23,8 +33,18 @@ def figures(trace=None, device=None, **given):
 
 
 def test_a_metered_step_prints_step_time_tokens_per_s_and_mfu_in_one_line():
-    step = figures(BF16_TRACE, H100, step=12, step_time_s=0.04131, tokens=1024, tokens_per_s=1024 / 0.04131,
-                   model_flops=1.165e13, hardware_flops=1.2e13, mfu=0.28503, hfu=0.29)
+    step = figures(
+        BF16_TRACE,
+        H100,
+        step=12,
+        step_time_s=0.04131,
+        tokens=1024,
+        tokens_per_s=1024 / 0.04131,
+        model_flops=1.165e13,
+        hardware_flops=1.2e13,
+        mfu=0.28503,
+        hfu=0.29,
+    )
     # 1024 / 0.04131 = 24,788.2 tok/s; 0.28503 = 28.5%; the H100's name as tracer.peaks.match_device reads it
     assert str(step) == "step 12: 41.3 ms, 24,788 tok/s, MFU 28.5% (bf16 peak of H100 SXM)"
     assert step["mfu"] == 0.28503 and step == dict(step)  # still the dict of unrounded figures
@@ -46,11 +66,21 @@ def test_the_line_names_what_is_missing():
 
 def test_the_line_is_at_most_120_characters_whatever_the_figures():
     long = {"type": "cuda", "name": "Accelerator " * 20}  # no datasheet entry: the name as given
-    step = figures(BF16_TRACE, long, step=10**12, step_time_s=12345.678, tokens_per_s=1.5e15, mfu=0.5, model_flops=1,
-                   flops_estimated=True)
+    step = figures(
+        BF16_TRACE,
+        long,
+        step=10**12,
+        step_time_s=12345.678,
+        tokens_per_s=1.5e15,
+        mfu=0.5,
+        model_flops=1,
+        flops_estimated=True,
+    )
     assert len(str(step)) == WIDTH == 120  # cut at 117 characters and "..."
-    assert str(step) == ("step 1000000000000: 12345.68 s, 1,500,000,000,000,000 tok/s, MFU 50.0% (FLOPs estimated; "
-                         "bf16 peak of Accelerator Acc...")
+    assert str(step) == (
+        "step 1000000000000: 12345.68 s, 1,500,000,000,000,000 tok/s, MFU 50.0% (FLOPs estimated; "
+        "bf16 peak of Accelerator Acc..."
+    )
 
 
 def test_peak_label():

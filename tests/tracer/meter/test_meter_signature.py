@@ -1,15 +1,16 @@
 """tracer.meter.Meter's step signature (graph nodes, input shapes, nested offsets; two traced steps): steps whose work
 changed where a signature might not look, compiled models."""
 
+import warnings
+
 import pytest
 import torch
+import torch.nn.functional as F
 import torch.nn.modules.module as module_hooks
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from tracer.meter import Meter
-import warnings
-import torch.nn.functional as F
 from tracer.meter_flops import input_size, settled, signature
 
 PEAK = 1e9  # FLOP/s, given

@@ -1,7 +1,6 @@
 """tracer.meter.Meter's steps: work that changed where the signature did not look, step(tokens=) given as a tensor,
 step() after close and after a failure, a step begun again, a boundary before any work, a conv net's MFU."""
 
-
 import numpy as np
 import pytest
 import torch
@@ -17,8 +16,11 @@ from tracer.errors import TraceError
 from tracer.meter import Meter
 
 PEAK = 1e9  # FLOP/s, given
-_FLAGS = ("_is_in_torch_dispatch_mode", "_is_in_non_infra_torch_dispatch_mode",
-          "_is_in_any_mode_without_ignore_compile_internals")  # fmt: skip
+_FLAGS = (
+    "_is_in_torch_dispatch_mode",
+    "_is_in_non_infra_torch_dispatch_mode",
+    "_is_in_any_mode_without_ignore_compile_internals",
+)
 
 
 class Net(nn.Module):
@@ -49,9 +51,13 @@ TRAIN_MODEL, TRAIN_HARDWARE = 1896, 2088
 
 def _leftovers():
     """Global module and optimizer hooks and dispatch modes in place."""
-    return (len(module_hooks._global_forward_pre_hooks), len(module_hooks._global_forward_hooks),
-            len(optimizer_hooks._global_optimizer_pre_hooks), len(optimizer_hooks._global_optimizer_post_hooks),
-            torch._C._len_torch_dispatch_stack())  # fmt: skip
+    return (
+        len(module_hooks._global_forward_pre_hooks),
+        len(module_hooks._global_forward_hooks),
+        len(optimizer_hooks._global_optimizer_pre_hooks),
+        len(optimizer_hooks._global_optimizer_post_hooks),
+        torch._C._len_torch_dispatch_stack(),
+    )
 
 
 def test_an_evaluation_step_under_no_grad_does_not_reuse_the_training_step_s_flops(tmp_path):
@@ -191,8 +197,18 @@ def test_a_user_s_dispatch_mode_entered_after_the_meter_stays_on(tmp_path):
     assert [getattr(_python_dispatch, name) for name in _FLAGS] == [False] * 3
 
 
-_UNKNOWN = {"step": None, "traced": False, "step_time_s": None, "tokens": None, "tokens_per_s": None,
-            "model_flops": None, "hardware_flops": None, "flops_estimated": False, "mfu": None, "hfu": None}
+_UNKNOWN = {
+    "step": None,
+    "traced": False,
+    "step_time_s": None,
+    "tokens": None,
+    "tokens_per_s": None,
+    "model_flops": None,
+    "hardware_flops": None,
+    "flops_estimated": False,
+    "mfu": None,
+    "hfu": None,
+}
 
 
 def test_step_gives_figures_after_close_and_when_the_meter_fails(tmp_path, monkeypatch):

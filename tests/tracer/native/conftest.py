@@ -14,6 +14,8 @@ def compiled(monkeypatch):
     module, facts = native.choose()
     if module is None:
         if shutil.which("c++") or shutil.which("g++"):
-            pytest.fail(f"the compiled collector is not available ({facts['reason']}): run `python -m tracer.build_ext`")
+            pytest.fail(
+                f"the compiled collector is not available ({facts['reason']}): run `python -m tracer.build_ext`"
+            )
         pytest.skip(f"no C++ compiler, so no compiled collector ({facts['reason']})")
     return module

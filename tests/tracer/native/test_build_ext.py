@@ -21,17 +21,21 @@ def failing_build(verbose=False, start=None):
     raise RuntimeError("Error building extension '_collector'\n/bin/sh: 1: c++: not found\nninja: build stopped")
 
 
-@pytest.mark.parametrize("argv, rc, outcome", [
-    ([], 0, "optrace will run its pure-Python path"),  # make demo: a machine without a compiler still runs optrace
-    (["--strict"], 1, "exit 1 (--strict)"),  # .ci/run
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "argv, rc, outcome",
+    [
+        ([], 0, "optrace will run its pure-Python path"),  # make demo: a machine without a compiler still runs optrace
+        (["--strict"], 1, "exit 1 (--strict)"),  # .ci/run
+    ],
+)
 def test_a_failed_build_says_so_in_its_last_line(target, monkeypatch, capsys, argv, rc, outcome):
     monkeypatch.setattr(build_ext, "build", failing_build)
     assert build_ext.main(argv) == rc
     out, err = capsys.readouterr()
     assert out.startswith("optrace: building the compiled hook ") and "(about a minute" in out
-    assert err.splitlines()[-1] == ("optrace: the compiled hook was not built (RuntimeError: ninja: build stopped); "
-                                    f"{outcome}")
+    assert err.splitlines()[-1] == (
+        f"optrace: the compiled hook was not built (RuntimeError: ninja: build stopped); {outcome}"
+    )
     assert "c++: not found" in err  # the compiler's own words come before it
 
 
@@ -40,8 +44,11 @@ def test_strict_fails_when_the_module_built_does_not_load(target, monkeypatch, c
     monkeypatch.setattr(native, "_import", lambda: (None, "built for torch 2.12.0, running 2.13.0"))
     assert build_ext.main([]) == 0
     assert build_ext.main(["--strict"]) == 1
-    assert capsys.readouterr().err.splitlines()[-1].endswith(
-        "was built but does not load (built for torch 2.12.0, running 2.13.0); exit 1 (--strict)")
+    assert (
+        capsys.readouterr()
+        .err.splitlines()[-1]
+        .endswith("was built but does not load (built for torch 2.12.0, running 2.13.0); exit 1 (--strict)")
+    )
 
 
 def test_check_builds_nothing_and_says_why_the_module_does_not_load(target, monkeypatch, capsys):
@@ -52,9 +59,11 @@ def test_check_builds_nothing_and_says_why_the_module_does_not_load(target, monk
     assert build_ext.main(["--check"]) == 1
     out, err = capsys.readouterr()
     assert out == "" and err.count("\n") == 1 and target.read_bytes() == b"a module"
-    assert err.startswith(f"optrace: the compiled hook {build_ext.os.path.relpath(target)} does not load (not built "
-                          "(cannot import name '_collector' from 'tracer')): without it optrace, and its tests, run "
-                          "only the pure-Python path")
+    assert err.startswith(
+        f"optrace: the compiled hook {build_ext.os.path.relpath(target)} does not load (not built "
+        "(cannot import name '_collector' from 'tracer')): without it optrace, and its tests, run "
+        "only the pure-Python path"
+    )
     module = types.ModuleType("_collector")
     module.__file__ = str(target)
     monkeypatch.setattr(native, "_import", lambda: (module, None))
@@ -67,8 +76,9 @@ def test_check_builds_nothing_and_says_why_the_module_does_not_load(target, monk
 
 def test_progress_prints_each_source_compiled_and_what_still_runs(tmp_path):
     out = io.StringIO()
-    progress = build_ext.Progress(tmp_path, ["src/_collector.cpp", "src/_dispatch.cpp"], start=100.0, out=out,
-                                  every=30.0)
+    progress = build_ext.Progress(
+        tmp_path, ["src/_collector.cpp", "src/_dispatch.cpp"], start=100.0, out=out, every=30.0
+    )
     progress.tick(110.0)  # nothing compiled yet, 10 s without a line: silent
     (tmp_path / "_dispatch.o").write_bytes(b"")
     progress.tick(141.0)

@@ -9,17 +9,15 @@ Python path inside a compiled trace) and FakeTensorMode (tensor subclasses: Pyth
 """
 
 import json
-import shutil
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 import reports
+from tests import helpers
 from tracer import Tracer, native, read_metadata
 from tracer.errors import TraceError
-from tests import helpers
 
 sys.path.insert(0, str(helpers.EXAMPLES))
 
@@ -90,8 +88,16 @@ def test_hf_gpt2_identical(tmp_path, monkeypatch, compiled):
     tf = pytest.importorskip("transformers")
 
     def make():
-        cfg = tf.GPT2Config(vocab_size=64, n_positions=16, n_embd=32, n_layer=1, n_head=2, bos_token_id=0,
-                            eos_token_id=0, attn_implementation="eager")
+        cfg = tf.GPT2Config(
+            vocab_size=64,
+            n_positions=16,
+            n_embd=32,
+            n_layer=1,
+            n_head=2,
+            bos_token_id=0,
+            eos_token_id=0,
+            attn_implementation="eager",
+        )
         model = tf.GPT2LMHeadModel(cfg)
         opt = torch.optim.AdamW(model.parameters())
         idx = torch.randint(0, 64, (2, 16))
@@ -119,7 +125,9 @@ def _views_and_writes():
         x.view(32).index_put_((torch.tensor([0, 5]),), torch.tensor(7.0))  # int64 indices, a 0-d value
         (x > 3).sum() + w.sum()  # bool and int64; the Parameter as an input
         torch.ones(2, dtype=torch.float16).resize_(6)  # a storage grown in place
-        s = torch.sparse_coo_tensor(torch.tensor([[0, 1], [1, 0]]), torch.tensor([2.0, 3.0]), (2, 2), check_invariants=False)
+        s = torch.sparse_coo_tensor(
+            torch.tensor([[0, 1], [1, 0]]), torch.tensor([2.0, 3.0]), (2, 2), check_invariants=False
+        )
         torch.mm(s, torch.ones(2, 3))  # sparse: the Python path records this op inside a compiled trace
 
     return None, run
@@ -172,7 +180,9 @@ def test_stale_build_runs_python_path(tmp_path, monkeypatch, compiled):
     with Tracer(tmp_path / "t"):
         torch.ones(3) + 1
     assert read_metadata(tmp_path / "t")["collector"] == {
-        "path": "python", "reason": f"built for torch 0.0.0, running {torch.__version__}"}
+        "path": "python",
+        "reason": f"built for torch 0.0.0, running {torch.__version__}",
+    }
     df = reports.load(tmp_path / "t")
     assert df.loc[df["op"] == "aten.add.Tensor", "flops"].tolist() == [3]  # one per output element: 3
 
@@ -191,8 +201,10 @@ def test_the_report_names_the_python_path_and_why(tmp_path, monkeypatch, capsys,
     for name, engine in (("py", "sql"), ("py", "pandas"), ("c", "sql")):
         assert main(["report", str(tmp_path / name), "--engine", engine]) == 0
         notes = [line for line in capsys.readouterr().out.splitlines() if "pure-Python path" in line]
-        expected = ["Note: traced by optrace's pure-Python path (OPTRACE_COLLECTOR=python): the same rows as the compiled "
-                    "hook's, at about twice its tracing cost per op (README, Performance)"]
+        expected = [
+            "Note: traced by optrace's pure-Python path (OPTRACE_COLLECTOR=python): the same rows as the compiled "
+            "hook's, at about twice its tracing cost per op (README, Performance)"
+        ]
         assert notes == (expected if name == "py" else [])
     assert main(["report", str(tmp_path / "py"), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["collector"] == {"path": "python", "reason": "OPTRACE_COLLECTOR=python"}
@@ -232,9 +244,16 @@ def test_counts_the_compiled_hook_makes_itself(tmp_path, monkeypatch, compiled):
             torch._foreach_norm([torch.empty(1).expand(2**62) for _ in range(3)], 1)
     df = reports.load(tmp_path / "t")
     counted = df[df["flop_kind"] != "none"]
-    assert counted["op"].tolist() == ["aten.mm.default", "aten.addmm.default", "aten.bmm.default",
-                                      "aten.baddbmm.default", "aten.sum.default", "aten._foreach_mul_.Scalar",
-                                      "aten.mm.default", "aten._foreach_norm.Scalar"]
+    assert counted["op"].tolist() == [
+        "aten.mm.default",
+        "aten.addmm.default",
+        "aten.bmm.default",
+        "aten.baddbmm.default",
+        "aten.sum.default",
+        "aten._foreach_mul_.Scalar",
+        "aten.mm.default",
+        "aten._foreach_norm.Scalar",
+    ]
     assert counted["flops"].tolist() == [120, 120, 240, 240, 12, 7, 2**63 - 1, 2**63 - 1]
     assert counted["flops_bound"].tolist() == [False] * 6 + [True, True]
     # every row was written by the compiled hook (the count past int64 was asked of the Python formula from there)

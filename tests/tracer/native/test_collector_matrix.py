@@ -14,8 +14,8 @@ import torch
 import torch.nn.functional as F
 
 import reports
-from tracer import Tracer, read_metadata
 from tests.tracer.native.test_collector import _assert_identical
+from tracer import Tracer, read_metadata
 
 
 def _zero_dim():
@@ -138,7 +138,12 @@ def _vmap_grad():
 
 def _quantized():
     q = torch.quantize_per_tensor(torch.randn(3, 4), 0.1, 3, torch.quint8)
-    return q.dequantize(), q.int_repr(), q.t().dequantize(), torch.quantize_per_tensor(torch.randn(4), 0.5, 0, torch.qint8)
+    return (
+        q.dequantize(),
+        q.int_repr(),
+        q.t().dequantize(),
+        torch.quantize_per_tensor(torch.randn(4), 0.5, 0, torch.qint8),
+    )
 
 
 def _meta():
@@ -211,7 +216,13 @@ def _odd_dtypes():
     u = torch.arange(6).to(torch.uint16)
     e = torch.randn(4).to(torch.float8_e5m2)
     c = torch.ones(3, dtype=torch.complex32)
-    return u.to(torch.int32), u.view(torch.int16), torch.zeros(2, dtype=torch.uint64), e.to(torch.float16), c.to(torch.complex64)
+    return (
+        u.to(torch.int32),
+        u.view(torch.int16),
+        torch.zeros(2, dtype=torch.uint64),
+        e.to(torch.float16),
+        c.to(torch.complex64),
+    )
 
 
 def _optional_lists():
@@ -268,17 +279,39 @@ def _native_counts():
 
 
 CASES = {
-    "zero_dim": _zero_dim, "zero_size": _zero_size, "bool": _bool, "complex64": _complex64,
-    "int8_uint8": _int8_uint8, "half_bfloat16": _half_bfloat16, "float8_e4m3fn": _float8,
-    "channels_last": _channels_last, "strided": _strided, "expanded": _expanded, "offsets": _offsets,
-    "autocast_grad": _autocast_grad, "inference_mode": _inference_mode, "from_numpy": _from_numpy,
-    "resize_set": _resize_set, "checkpoint": _checkpoint, "vmap_grad": _vmap_grad, "quantized": _quantized,
-    "meta": _meta, "fake": _fake, "parameter": _parameter, "tensor_lists": _tensor_lists,
-    "optional_none": _optional_none, "tuple_outputs": _tuple_outputs, "inplace_view": _inplace_view,
-    "out_resize": _out_resize, "odd_dtypes": _odd_dtypes, "optional_lists": _optional_lists,
-    "odd_layouts": _odd_layouts, "functionalize": _functionalize, "mkldnn": _mkldnn,
+    "zero_dim": _zero_dim,
+    "zero_size": _zero_size,
+    "bool": _bool,
+    "complex64": _complex64,
+    "int8_uint8": _int8_uint8,
+    "half_bfloat16": _half_bfloat16,
+    "float8_e4m3fn": _float8,
+    "channels_last": _channels_last,
+    "strided": _strided,
+    "expanded": _expanded,
+    "offsets": _offsets,
+    "autocast_grad": _autocast_grad,
+    "inference_mode": _inference_mode,
+    "from_numpy": _from_numpy,
+    "resize_set": _resize_set,
+    "checkpoint": _checkpoint,
+    "vmap_grad": _vmap_grad,
+    "quantized": _quantized,
+    "meta": _meta,
+    "fake": _fake,
+    "parameter": _parameter,
+    "tensor_lists": _tensor_lists,
+    "optional_none": _optional_none,
+    "tuple_outputs": _tuple_outputs,
+    "inplace_view": _inplace_view,
+    "out_resize": _out_resize,
+    "odd_dtypes": _odd_dtypes,
+    "optional_lists": _optional_lists,
+    "odd_layouts": _odd_layouts,
+    "functionalize": _functionalize,
+    "mkldnn": _mkldnn,
     "native_counts": _native_counts,
-}  # fmt: skip
+}
 
 
 def _assert_same(got, want):

@@ -82,9 +82,7 @@ def test_a_row_past_int64_is_an_error_and_the_rows_around_it_stay_whole(tmp_path
 
 
 # lengths about the Thrift varint's steps (127 | 128, 16383 | 16384) and the marker's 4,096
-TEXTS = [
-    json.dumps({"run_name": "r" * n}) for n in (1, 100, 113, 114, 115, 4070, 16360, 16380)
-] + [
+TEXTS = [json.dumps({"run_name": "r" * n}) for n in (1, 100, 113, 114, 115, 4070, 16360, 16380)] + [
     json.dumps({"run_name": "Größe ✓ 実行"}, ensure_ascii=False),  # multi-byte UTF-8: a byte length, not a char one
     json.dumps({"run_name": 'a "quoted" \\ name\n'}),
     "x" * 15,  # under 16 bytes: written by pyarrow, not spliced

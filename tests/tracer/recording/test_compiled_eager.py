@@ -16,13 +16,15 @@ import torch.nn.functional as F
 
 import reports
 from reports.output.cli import main
-from tests.tracer.recording.test_compiled_after import _counting  # a backend that counts the graphs compiled and their runs
+from tests.tracer.recording.test_compiled_after import (
+    _counting,  # a backend that counts the graphs compiled and their runs
+)
 from tests.tracer.safety.test_fork_signals import run
 from tracer import Meter, Tracer, native, read_metadata
 
 pytestmark = pytest.mark.skipif(not hasattr(torch.compiler, "set_stance"), reason="torch.compile has no stance")
 
-NOTE = ("traced numerics can differ from compiled ones in the last bits")
+NOTE = "traced numerics can differ from compiled ones in the last bits"
 
 
 class Net(torch.nn.Module):
@@ -76,7 +78,10 @@ def test_fullgraph_blocks_are_traced_eagerly_and_stay_compiled(tmp_path, monkeyp
     assert meta["compiled_ran_eagerly"] is True and meta["complete"] is True
     df = reports.load(tmp_path / "t")
     fwd = df[(df["phase"] == "forward") & (df["op"] == "aten.addmm.default")]
-    assert dict(zip(fwd["module"], fwd["flops"])) == {"blocks.0": 4096, "blocks.1": 4096}  # 2·4·16·32 = 2·4·32·16 = 4,096
+    assert dict(zip(fwd["module"], fwd["flops"])) == {
+        "blocks.0": 4096,
+        "blocks.1": 4096,
+    }  # 2·4·16·32 = 2·4·32·16 = 4,096
     bwd = df[(df["phase"] == "backward") & (df["op"] == "aten.mm.default")]
     # blocks.1: dX 2·4·16·32 and dW 2·16·4·32, 4,096 each; blocks.0: dW 2·32·4·16 = 4,096 (x needs no gradient)
     assert bwd.groupby("module")["flops"].sum().to_dict() == {"blocks.0": 4096, "blocks.1": 8192}
@@ -99,12 +104,17 @@ def test_a_compiled_function_is_counted_and_reported(tmp_path, capsys):
     assert meta["compiled_regions_eager"] == {"calls": 2, "names": {"loss_fn": 2}, "other_calls": 0}
     assert meta["compiled_ran_eagerly"] is True
     df = reports.load(tmp_path / "t")
-    assert df[df["op"] == "aten.mse_loss.default"]["flops"].tolist() == [64, 64]  # a reduction: 1 per element, 4·16 = 64
+    assert df[df["op"] == "aten.mse_loss.default"]["flops"].tolist() == [
+        64,
+        64,
+    ]  # a reduction: 1 per element, 4·16 = 64
     for engine in ("pandas", "sql"):
         assert main(["report", str(tmp_path / "t"), "--engine", engine]) == 0
         out = capsys.readouterr().out
-        assert ("Note: torch.compile'd code ran eagerly under the tracer (2 calls of compiled regions: loss_fn 2); "
-                "the figures describe the eager program.") in out and NOTE in out
+        assert (
+            "Note: torch.compile'd code ran eagerly under the tracer (2 calls of compiled regions: loss_fn 2); "
+            "the figures describe the eager program."
+        ) in out and NOTE in out
         assert main(["report", str(tmp_path / "t"), "--json", "--engine", engine]) == 0
         found = json.loads(capsys.readouterr().out)
         assert found["compiled_ran_eagerly"] is True and NOTE in found["compiled_note"]
@@ -166,7 +176,9 @@ def test_the_stance_found_at_entry_comes_back(tmp_path):
 def test_a_compiled_flex_attention_traced_under_w_error_runs_on(tmp_path):
     """Run eagerly, flex_attention warned "called without torch.compile()" (once per process; untraced, Dynamo's
     tracing notes it shown and gives none): under `python -W error` the traced program raised there."""
-    proc = run(tmp_path, f"""
+    proc = run(
+        tmp_path,
+        f"""
     import torch
     from torch.nn.attention.flex_attention import flex_attention
     from tracer import Tracer, read_metadata
@@ -174,9 +186,12 @@ def test_a_compiled_flex_attention_traced_under_w_error_runs_on(tmp_path):
     q, k, v = (torch.randn(1, 2, 16, 8) for _ in range(3))
     attend = torch.compile(flex_attention, backend="eager")
     before = attend(q, k, v)
-    with Tracer({str(tmp_path / 't')!r}):
+    with Tracer({str(tmp_path / "t")!r}):
         traced = attend(q, k, v)
-    print(torch.equal(traced, before), read_metadata({str(tmp_path / 't')!r})["compiled_regions_eager"]["names"])
-    """, "-W", "error")
+    print(torch.equal(traced, before), read_metadata({str(tmp_path / "t")!r})["compiled_regions_eager"]["names"])
+    """,
+        "-W",
+        "error",
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == "True {'flex_attention': 1}\n"

@@ -14,7 +14,9 @@ from tracer.safety import GlobalModuleHook
 
 def test_a_compiled_module_in_a_trace_under_w_error_runs_on(tmp_path):
     """Before: UserWarning "Using `torch.compile(module)` when there are global hooks" raised at `m(x)`."""
-    proc = run(tmp_path, f"""
+    proc = run(
+        tmp_path,
+        f"""
     import warnings, torch
     from tracer import Tracer
     torch.manual_seed(0)
@@ -22,12 +24,15 @@ def test_a_compiled_module_in_a_trace_under_w_error_runs_on(tmp_path):
     x = torch.randn(3, 4)
     before = list(warnings.filters)
     m(x)
-    with Tracer({str(tmp_path / 't')!r}, model=m):
+    with Tracer({str(tmp_path / "t")!r}, model=m):
         m(x).sum().backward()
     assert warnings.filters == before, "a filter was left behind"
     m(x)  # after the trace, as before it
     print("after the with block")
-    """, "-W", "error")
+    """,
+        "-W",
+        "error",
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == "after the with block\n" and "global hooks" not in proc.stderr
 
@@ -35,7 +40,9 @@ def test_a_compiled_module_in_a_trace_under_w_error_runs_on(tmp_path):
 def test_the_meter_s_global_hooks_under_w_error(tmp_path):
     """The Meter's own global hooks: the root finder (no model=) during untraced warm-up steps, and the module
     count of a root call without grad (an evaluation) with a compiled module inside."""
-    proc = run(tmp_path, f"""
+    proc = run(
+        tmp_path,
+        f"""
     import warnings, torch
     from tracer.meter import Meter
     torch.manual_seed(0)
@@ -44,7 +51,7 @@ def test_the_meter_s_global_hooks_under_w_error(tmp_path):
     opt = torch.optim.SGD(net.parameters(), lr=0.1)
     x = torch.randn(3, 4)
     before = list(warnings.filters)
-    m = Meter({str(tmp_path / 'm')!r}, warmup=1, tokens=3, peak_flops=1e9)
+    m = Meter({str(tmp_path / "m")!r}, warmup=1, tokens=3, peak_flops=1e9)
     for _ in range(4):
         net(x).sum().backward()
         opt.step()
@@ -55,7 +62,10 @@ def test_the_meter_s_global_hooks_under_w_error(tmp_path):
     m.close()
     assert warnings.filters == before, "a filter was left behind"
     print("done", m.errors)
-    """, "-W", "error")
+    """,
+        "-W",
+        "error",
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == "done 0\n" and "global hooks" not in proc.stderr
 
@@ -81,7 +91,9 @@ def test_only_the_program_s_hooks_count_while_optrace_s_are_on():
 def test_a_trace_leaves_the_filters_as_it_found_them(tmp_path):
     torch.manual_seed(0)
     net = torch.nn.Linear(4, 2)
-    with Tracer(tmp_path / "warm", model=net):  # the first trace imports what torch imports lazily (sympy adds a filter)
+    with Tracer(
+        tmp_path / "warm", model=net
+    ):  # the first trace imports what torch imports lazily (sympy adds a filter)
         net(torch.randn(2, 4)).sum().backward()
     before = list(warnings.filters)
     with Tracer(tmp_path / "t", model=net):

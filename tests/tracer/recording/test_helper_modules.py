@@ -108,7 +108,7 @@ def _train(tmp_path, name, model, monkeypatch, collector="compiled", steps=3):
     g = torch.Generator().manual_seed(1)
     x, y = torch.randn(T, D, generator=g), torch.randint(0, D, (T,), generator=g)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    with Tracer(tmp_path / name, model=model) as tr:
+    with Tracer(tmp_path / name, model=model):
         for _ in range(steps):
             model(x, y).backward()
             opt.step()
@@ -225,8 +225,12 @@ def test_a_helper_with_parameters_keeps_them_external(tmp_path):
     mm = df[df["op"] == "aten.mm.default"]
     # forward: proj, then head, 512 each; backward: head's dX and dW, then proj's dW (x needs no gradient)
     assert mm[["module", "phase", "flops"]].values.tolist() == [
-        ["proj", "forward", MM], ["Linear", "forward", MM],
-        ["Linear", "backward", MM], ["Linear", "backward", MM], ["proj", "backward", MM]]  # fmt: skip
+        ["proj", "forward", MM],
+        ["Linear", "forward", MM],
+        ["Linear", "backward", MM],
+        ["Linear", "backward", MM],
+        ["proj", "backward", MM],
+    ]
     assert meta["params"]["total"] == D * D  # the model's 64 weights only (before: the head was Linear#1)
     external = set(meta["storage_roles"]["external_parameter"])
     assert len(external) == 1 and external <= set(mm.loc[mm["module"] == "Linear", "input_storage_ids"].explode())
@@ -293,8 +297,11 @@ def test_a_compiled_helper_shares_its_name_with_the_module_it_wraps(tmp_path):
     assert set(df["module"]) == {"0.proj", "0.Func", "1.proj", "1.Func", ""}  # the wrapper and its module: one name
     scans = df[df["module"].str.endswith("Func")].groupby(["step", "module", "phase"])["flops"].sum()
     assert {key: int(v) for key, v in scans.items()} == {
-        (step, f"{i}.Func", phase): flops for step in range(2) for i in range(2)
-        for phase, flops in (("forward", SCAN), ("backward", SCAN_BACKWARD))}  # fmt: skip
+        (step, f"{i}.Func", phase): flops
+        for step in range(2)
+        for i in range(2)
+        for phase, flops in (("forward", SCAN), ("backward", SCAN_BACKWARD))
+    }
     assert read_metadata(tmp_path / "compiled")["compiled_ran_eagerly"]
 
 

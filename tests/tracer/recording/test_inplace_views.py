@@ -28,6 +28,15 @@ def test_in_place_view_ops_write_nothing(tmp_path, monkeypatch, collector):
     assert df.loc["aten.clone.default", "bytes_allocated"] == 2048  # 16 * 32 * 4 = 2048
     for op in ["aten.unsqueeze_.default", "aten.squeeze_.dim", "aten.t_.default", "aten.as_strided_.default"]:
         row = df.loc[op]
-        assert (row["bytes_allocated"], row["bytes_written"], bool(row["is_view"]), bool(row["inplace"])) == (0, 0, True, False), op
+        assert (row["bytes_allocated"], row["bytes_written"], bool(row["is_view"]), bool(row["inplace"])) == (
+            0,
+            0,
+            True,
+            False,
+        ), op
     relu = df.loc["aten.relu_.default"]
-    assert (relu["bytes_allocated"], relu["bytes_written"], bool(relu["inplace"])) == (0, 2048, True)  # 16 * 32 * 4 = 2048 written in place
+    assert (relu["bytes_allocated"], relu["bytes_written"], bool(relu["inplace"])) == (
+        0,
+        2048,
+        True,
+    )  # 16 * 32 * 4 = 2048 written in place

@@ -8,9 +8,9 @@ from torch import nn
 from torch.nn.modules import module as module_hooks
 
 import reports
-from tracer import Tracer, read_metadata
-from tests import helpers
 import tracer.attribution
+from tests import helpers
+from tracer import Tracer, read_metadata
 
 
 def _hook_counts():
@@ -133,7 +133,10 @@ def test_read_metadata_of_a_distributed_trace_holds_every_rank(tmp_path):
     meta = read_metadata(path)  # was {}: the parts are one level down
     assert sorted(meta) == ["complete", "ranks", "world_size"]
     assert meta["world_size"] == 2 and meta["complete"] is True and list(meta["ranks"]) == [0, 1]
-    assert [m["trace_id"] for m in meta["ranks"].values()] == ids and [m["rows"] for m in meta["ranks"].values()] == [2, 2]
+    assert [m["trace_id"] for m in meta["ranks"].values()] == ids and [m["rows"] for m in meta["ranks"].values()] == [
+        2,
+        2,
+    ]
 
 
 def test_a_run_killed_before_its_first_part_is_a_damaged_trace(tmp_path, capsys):
@@ -146,14 +149,17 @@ def test_a_run_killed_before_its_first_part_is_a_damaged_trace(tmp_path, capsys)
 
     root = str(helpers.ROOT)
     path = tmp_path / "t"
-    code = (f"import os, signal, torch\nfrom tracer import Tracer\nwith Tracer({str(path)!r}):\n"
-            "    torch.ones(2) + 1\n    os.kill(os.getpid(), signal.SIGKILL)\n")
+    code = (
+        f"import os, signal, torch\nfrom tracer import Tracer\nwith Tracer({str(path)!r}):\n"
+        "    torch.ones(2) + 1\n    os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
     proc = subprocess.run([sys.executable, "-c", code], cwd=root, env={**os.environ, "PYTHONPATH": root}, timeout=120)
     assert proc.returncode == -signal.SIGKILL and sorted(os.listdir(path)) == [".optrace.lock", "_optrace.parquet"]
     assert main(["report", str(path)]) == 2
     out, err = capsys.readouterr()
-    assert out == "" and err == (f"optrace report: error: {path}: damaged optrace trace with 0 parts written "
-                                 "(killed before the first part?)\n")  # was: "not an optrace trace"
+    assert out == "" and err == (
+        f"optrace report: error: {path}: damaged optrace trace with 0 parts written (killed before the first part?)\n"
+    )  # was: "not an optrace trace"
     meta = read_metadata(path)
     assert meta["format"] == "optrace" and meta["parts"] == meta["rows"] == 0 and meta["complete"] is False
     with Tracer(path):  # the stale lock is taken over, the trace replaced
@@ -175,8 +181,10 @@ def test_a_trace_whose_every_write_failed_says_so_in_one_line(tmp_path, monkeypa
             torch.ones(2) + 1  # 2 rows, never written
     assert main(["report", str(path)]) == 2
     err = capsys.readouterr().err
-    assert err == (f"optrace report: error: {path}: damaged optrace trace with 0 parts written: 2 rows lost to write errors "
-                   "(first: part-000000.parquet: OSError: [Errno 28] No space left on device)\n")
+    assert err == (
+        f"optrace report: error: {path}: damaged optrace trace with 0 parts written: 2 rows lost to write errors "
+        "(first: part-000000.parquet: OSError: [Errno 28] No space left on device)\n"
+    )
     meta = read_metadata(path)
     assert meta["lost_rows"] == 2 and meta["rows"] == 0 and meta["parts"] == 0 and meta["complete"] is False
 

@@ -30,9 +30,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint, set_checkpoint_early_stop
 
+from tests import helpers
 from tracer import Tracer, read_metadata
 from tracer.steps import Steps
-from tests import helpers
 
 D, H, T = 16, 32, 8
 FWD_MB = 2 * (D * H + H * D) * T  # 2·N·T = 2·1024·8 = 16,384 per micro-batch
@@ -370,21 +370,49 @@ PATTERNS = {
     "gan_g_first": (lambda: gan_loop(4, d_first=False), 4, [GAN_FWD] * 4, [GAN_BWD] * 4, [0] * 4, [192] * 4),
     "distill": (lambda: distill_loop(3), 3, [FWD_MB] * 3, [BWD_MB] * 3, [0] * 3, [SGD_FLOPS] * 3),
     "checkpoint_reentrant": (
-        lambda: checkpoint_loop(3, True), 3, [CKPT_FWD] * 3, [CKPT_BWD] * 3, [CKPT_BLOCK] * 3, [1280] * 3),
+        lambda: checkpoint_loop(3, True),
+        3,
+        [CKPT_FWD] * 3,
+        [CKPT_BWD] * 3,
+        [CKPT_BLOCK] * 3,
+        [1280] * 3,
+    ),
     "checkpoint_non_reentrant_full": (
-        lambda: checkpoint_loop(3, False, early_stop=False), 3, [CKPT_FWD] * 3, [CKPT_BWD] * 3, [CKPT_BLOCK] * 3,
-        [1280] * 3),
+        lambda: checkpoint_loop(3, False, early_stop=False),
+        3,
+        [CKPT_FWD] * 3,
+        [CKPT_BWD] * 3,
+        [CKPT_BLOCK] * 3,
+        [1280] * 3,
+    ),
     # early stop: the recompute ends once the last saved tensor (the ReLU output) is back: 8,192 + 256
     "checkpoint_non_reentrant": (
-        lambda: checkpoint_loop(3, False), 3, [CKPT_FWD] * 3, [CKPT_BWD] * 3, [2 * T * D * H + T * H] * 3,
-        [1280] * 3),
+        lambda: checkpoint_loop(3, False),
+        3,
+        [CKPT_FWD] * 3,
+        [CKPT_BWD] * 3,
+        [2 * T * D * H + T * H] * 3,
+        [1280] * 3,
+    ),
     # the failed forward ran fc1: + 2·8·16·32 = 8,192 forward FLOPs per step
-    "caught_exception": (lambda: caught_exception_loop(3), 3, [FWD_MB + 2 * T * D * H] * 3, [BWD_MB] * 3, [0] * 3,
-                         [SGD_FLOPS] * 3),
+    "caught_exception": (
+        lambda: caught_exception_loop(3),
+        3,
+        [FWD_MB + 2 * T * D * H] * 3,
+        [BWD_MB] * 3,
+        [0] * 3,
+        [SGD_FLOPS] * 3,
+    ),
     # documented exception: an evaluation pass is forward work of the step it runs in; the first
     # opens step 1, the last joins step 2 (no backward, no optimizer after it)
-    "eval_midway": (lambda: eval_loop(3), 3, [FWD_MB, FWD_MB + EVAL_FWD, FWD_MB + EVAL_FWD], [BWD_MB] * 3, [0] * 3,
-                    [SGD_FLOPS] * 3),
+    "eval_midway": (
+        lambda: eval_loop(3),
+        3,
+        [FWD_MB, FWD_MB + EVAL_FWD, FWD_MB + EVAL_FWD],
+        [BWD_MB] * 3,
+        [0] * 3,
+        [SGD_FLOPS] * 3,
+    ),
     "second_thread": (lambda: second_thread_loop(3), 3, [FWD_MB] * 3, [BWD_MB] * 3, [0] * 3, [SGD_FLOPS] * 3),
     "compiled": (lambda: compiled_loop(3), 3, [FWD_MB] * 3, [BWD_MB] * 3, [0] * 3, [SGD_FLOPS] * 3),
     # the manual update's sub_ writes each weight after the backward: phase optimizer, 1 FLOP per element
@@ -456,8 +484,12 @@ def test_after_the_optimizer_is_other_in_the_step_it_follows(traces):
     df, _ = traces["nanogpt"]
     # per step: the unscale (reciprocal, 2 mul_), clip_grad_norm_ (its own reciprocal and stack), the
     # scaler's growth after the optimizer (1 mul_) and logging (stack, .item())
-    for op, count in [("aten.reciprocal.default", 2), ("aten.mul_.Tensor", 3), ("aten.stack.default", 2),
-                      ("aten._local_scalar_dense.default", 1)]:  # fmt: skip
+    for op, count in [
+        ("aten.reciprocal.default", 2),
+        ("aten.mul_.Tensor", 3),
+        ("aten.stack.default", 2),
+        ("aten._local_scalar_dense.default", 1),
+    ]:
         rows = df[df["op"] == op]
         assert set(rows["phase"]) == {"other"}, op
         assert rows.groupby("step").size().tolist() == [count] * 3, op
@@ -475,8 +507,11 @@ def test_after_the_optimizer_is_other_in_the_step_it_follows(traces):
 
 def test_grad_scaler_and_ema_are_other_in_the_step_they_follow(traces):
     df, _ = traces["grad_scaler"]
-    for op in ("aten._amp_foreach_non_finite_check_and_unscale_.default", "aten._amp_update_scale_.default",
-               "aten._foreach_lerp_.Scalar"):  # fmt: skip
+    for op in (
+        "aten._amp_foreach_non_finite_check_and_unscale_.default",
+        "aten._amp_update_scale_.default",
+        "aten._foreach_lerp_.Scalar",
+    ):
         rows = df[df["op"] == op]
         assert set(rows["phase"]) == {"other"} and rows.groupby("step").size().tolist() == [1] * 3, op
 
@@ -949,7 +984,6 @@ def test_a_deep_graph_is_freed_without_overflowing_the_stack(tmp_path):
     import os
     import subprocess
     import sys
-    from pathlib import Path
 
     script = (
         "import torch, sys\nfrom torch import nn\nfrom tracer import Tracer\n"
@@ -965,8 +999,13 @@ def test_a_deep_graph_is_freed_without_overflowing_the_stack(tmp_path):
         "    del h\n"
         "print('freed')\n"
     )
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "PYTHONPATH": str(helpers.ROOT)})
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(helpers.ROOT)},
+    )
     assert done.returncode == 0 and done.stdout.strip() == "freed", done.stderr[-2000:]
 
 

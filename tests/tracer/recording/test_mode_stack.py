@@ -39,8 +39,11 @@ def collector(request, monkeypatch):
 
 
 def _flags():
-    return (_python_dispatch._is_in_torch_dispatch_mode, _python_dispatch._is_in_non_infra_torch_dispatch_mode,
-            _python_dispatch._is_in_any_mode_without_ignore_compile_internals)
+    return (
+        _python_dispatch._is_in_torch_dispatch_mode,
+        _python_dispatch._is_in_non_infra_torch_dispatch_mode,
+        _python_dispatch._is_in_any_mode_without_ignore_compile_internals,
+    )
 
 
 def test_a_mode_entered_inside_the_block_and_left_after_it_keeps_counting(tmp_path, collector):

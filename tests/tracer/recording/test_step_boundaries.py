@@ -15,10 +15,10 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 import reports
-from tracer import Tracer, read_metadata
 
 # the MLP, its batch and their FLOPs (N 1,024; forward 16,384; backward 24,576; SGD 1,024 per step)
-from tests.tracer.recording.test_steps import BWD, D, FWD, H, SGD, T, batch, mlp
+from tests.tracer.recording.test_steps import BWD, FWD, SGD, D, H, T, batch, mlp
+from tracer import Tracer, read_metadata
 
 
 def logging_loop(iters, between, after):
@@ -68,8 +68,10 @@ def test_logging_a_detached_loss_is_other_and_opens_no_step(tmp_path):
     assert set(detach["phase"]) == {"other"}
     assert detach.groupby("step").size().tolist() == [2, 2, 2]  # both logs of each iteration, in its step
     for step, rows in three.groupby("step"):  # the second log comes after the step's optimizer, in that step
-        assert rows.loc[rows["op"] == "aten.detach.default", "seq"].max() > rows.loc[
-            rows["phase"] == "optimizer", "seq"].max()
+        assert (
+            rows.loc[rows["op"] == "aten.detach.default", "seq"].max()
+            > rows.loc[rows["phase"] == "optimizer", "seq"].max()
+        )
     # k identical iterations: every step has the ops, FLOPs and bytes of the one-iteration trace
     columns = ["op", "phase", "module", "flops", "bytes_read", "bytes_written", "bytes_allocated"]
     ref = one[columns].astype(str).values.tolist()
@@ -103,8 +105,7 @@ def test_zeros_like_and_new_ones_after_the_optimizer_are_other_and_open_no_step(
     assert all(torch.equal(a, b) for a, b in zip(like_logging_loop(3)[1](), logged))  # bitwise, untraced
     made = three[three["op"].isin(["aten.zeros_like.default", "aten.new_ones.default"]) & (three["module"] == "")]
     # the seed of backward() (ones_like, no module) stays forward work of its step; the two logs are other
-    assert made.groupby(["step", "phase"], observed=True).size().to_dict() == {
-        (s, "other"): 2 for s in range(3)}  # fmt: skip
+    assert made.groupby(["step", "phase"], observed=True).size().to_dict() == {(s, "other"): 2 for s in range(3)}
     for step, rows in three.groupby("step"):  # after the step's optimizer, in that step (before: in the next)
         assert rows.loc[rows["phase"] == "other", "seq"].min() > rows.loc[rows["phase"] == "optimizer", "seq"].max()
     # k identical iterations: every step has the ops, FLOPs and bytes of the one-iteration trace
@@ -169,7 +170,11 @@ def amp_loop(iters, accum=2):
 
 
 def same_bits(a, b):
-    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8))
+    return (
+        a.dtype == b.dtype
+        and a.shape == b.shape
+        and torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8))
+    )
 
 
 def test_an_amp_accumulation_loop_computes_what_it_computes_untraced(tmp_path):

@@ -14,13 +14,10 @@ gradient: no dX for the first layer); SGD(foreach=True): one _foreach_add_ of 1 
 per weight element = 1,024.
 """
 
-import io
 import json
 import math
 import warnings
-from contextlib import redirect_stdout
 
-import pandas as pd
 import pytest
 import torch
 import torch.nn.functional as F
@@ -76,8 +73,11 @@ def figures(df, steps):
     """(forward weight matmuls, backward matmuls, optimizer) FLOPs per step."""
     mm, phase = df["op"].isin(MATMULS), df["phase"]
     assert sorted(df["step"].unique()) == list(range(steps)) and count_steps(df) == steps
-    return (by_step(df, mm & (phase == "forward"), steps), by_step(df, mm & (phase == "backward"), steps),
-            by_step(df, phase == "optimizer", steps))
+    return (
+        by_step(df, mm & (phase == "forward"), steps),
+        by_step(df, mm & (phase == "backward"), steps),
+        by_step(df, phase == "optimizer", steps),
+    )
 
 
 # the loops -------------------------------------------------------------------------------
@@ -417,7 +417,7 @@ def test_cycles_no_rule_can_split_are_said_not_explained(tmp_path, capsys):
     mm = df["op"].isin(MATMULS) & (df["phase"] == "forward")
     assert reports.per_step(df, mask=mm) == 4 * FWD  # 65,536: four iterations in the one step
     lines = reports.explain(df)
-    said = ("4 forward/backward cycles were seen with no optimizer step: call tr.step() once per iteration")
+    said = "4 forward/backward cycles were seen with no optimizer step: call tr.step() once per iteration"
     assert any(said in line for line in lines)
     assert not any(line.startswith(("Forward weight matmuls", "Backward weight matmuls")) for line in lines)
     main(["report", str(tmp_path / "rebinding")])

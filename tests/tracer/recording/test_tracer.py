@@ -1,6 +1,5 @@
 """The tracer core: rows, phases, modules, storage ids, bytes, devices, failure modes."""
 
-import os
 import signal
 import subprocess
 import sys
@@ -14,9 +13,9 @@ from torch import nn
 
 import reports
 import tracer
+from tests import helpers
 from tracer import TraceError, Tracer, read_metadata
 from tracer.schema import COLUMN_NAMES, SCHEMA_VERSION
-from tests import helpers
 
 
 def trace(tmp_path, fn, name="t.parquet", **kwargs):
@@ -347,18 +346,28 @@ def test_time_step_measures_untraced_steps():
     assert len(calls) == 5 and len(timing["times_s"]) == 3 and timing["median_s"] >= 0
 
 
-@pytest.mark.parametrize("call, what", [
-    (lambda device, ran: tracer.time_step(lambda: ran.append(1), device=device), "time_step"),
-    (lambda device, ran: tracer.matmul_ceiling(device, n=4), "matmul_ceiling"),
-], ids=["time_step", "matmul_ceiling"])
+@pytest.mark.parametrize(
+    "call, what",
+    [
+        (lambda device, ran: tracer.time_step(lambda: ran.append(1), device=device), "time_step"),
+        (lambda device, ran: tracer.matmul_ceiling(device, n=4), "matmul_ceiling"),
+    ],
+    ids=["time_step", "matmul_ceiling"],
+)
 def test_a_cuda_device_without_cuda_is_refused_in_one_line(monkeypatch, call, what):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # as on a machine without CUDA
     ran = []
-    with pytest.raises(TraceError, match=rf"^{what}: device 'cuda' asked for, but CUDA is not available in this "
-                                         r"process \(torch.cuda.is_available\(\) is False\); pass device='cpu' or leave it out$"):
+    with pytest.raises(
+        TraceError,
+        match=rf"^{what}: device 'cuda' asked for, but CUDA is not available in this "
+        r"process \(torch.cuda.is_available\(\) is False\); pass device='cpu' or leave it out$",
+    ):
         call("cuda", ran)  # before: time_step timed the CPU unsynchronised; matmul_ceiling raised torch's error
-    with pytest.raises(TraceError, match=rf"^{what}: device must be a torch.device or a device string such as 'cpu' "
-                                         r"or 'cuda:0', got 'gpu'$"):
+    with pytest.raises(
+        TraceError,
+        match=rf"^{what}: device must be a torch.device or a device string such as 'cpu' "
+        r"or 'cuda:0', got 'gpu'$",
+    ):
         call("gpu", ran)
     assert ran == []  # refused before the warm-up calls
 
@@ -436,7 +445,10 @@ def test_path_errors(tmp_path):
 @pytest.mark.parametrize(
     "call, match",
     [
-        (lambda tr: tr.set_step_time(-1), r"set_step_time: expected finite seconds >= 1e-09 \(one ns\) or the dict time_step returns, got -1$"),
+        (
+            lambda tr: tr.set_step_time(-1),
+            r"set_step_time: expected finite seconds >= 1e-09 \(one ns\) or the dict time_step returns, got -1$",
+        ),
         (lambda tr: tr.set_ceiling(3.0), "set_ceiling: expected the dict matmul_ceiling returns, got 3.0"),
         (lambda tr: tracer.time_step(5), "time_step: fn must be callable, got int"),
         (lambda tr: tracer.time_step(print, repeats=0), "time_step: repeats must be an int >= 1, got 0"),
@@ -482,7 +494,9 @@ def test_cuda_paths_synchronise_and_read_cuda_memory(monkeypatch):
     monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda d: 12288)
     assert device.cuda_sync_for("cuda") is torch.cuda.synchronize
     assert device.cuda_memory(torch.device("cuda", 0)) == {
-        "allocated_bytes": 8192, "reserved_bytes": 2097152, "max_allocated_bytes": 12288,
+        "allocated_bytes": 8192,
+        "reserved_bytes": 2097152,
+        "max_allocated_bytes": 12288,
     }
 
 
@@ -497,7 +511,12 @@ def test_out_argument_and_resize_count_as_allocations(tmp_path):
         torch.ones(1)
 
     df, _ = trace(tmp_path, ops)
-    assert df["op"].tolist() == ["aten.empty.memory_format", "aten.add.out", "aten.resize_.default", "aten.ones.default"]
+    assert df["op"].tolist() == [
+        "aten.empty.memory_format",
+        "aten.add.out",
+        "aten.resize_.default",
+        "aten.ones.default",
+    ]
     assert df["bytes_allocated"].tolist() == [0, 1024, 15360, 4]  # 16384 - 1024 = 15360
     assert df["live_bytes"].tolist() == [0, 3072, 18432, 2052]  # a + b + c; then c freed: 2048 + 4
     assert df["bytes_read"].iloc[1] == 2048  # a and b; the out= tensor is written, not read

@@ -11,11 +11,11 @@ import textwrap
 
 import pandas as pd
 import pytest
-from tests.helpers import DEFAULT_SIGINT
 
+from tests import helpers
+from tests.helpers import DEFAULT_SIGINT
 from tracer import read_metadata
 from tracer.schema import MARKER_NAME, marker_facts
-from tests import helpers
 
 ROOT = str(helpers.ROOT)
 
@@ -25,8 +25,14 @@ def run(tmp_path, code, *flags):
     handler (conftest.DEFAULT_SIGINT) however the suite was started."""
     script = tmp_path / "program.py"
     script.write_text(DEFAULT_SIGINT + textwrap.dedent(code))
-    return subprocess.run([sys.executable, *flags, str(script)], cwd=ROOT, capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": ROOT}, timeout=300)
+    return subprocess.run(
+        [sys.executable, *flags, str(script)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": ROOT},
+        timeout=300,
+    )
 
 
 # ------------------------------------------------------------------ forked children record and write nothing
@@ -68,20 +74,26 @@ def _parent_rows(path):
     df = pd.read_parquet(path)
     assert df["seq"].tolist() == list(range(len(df)))  # every row of the parent, in order, nothing replaced
     plumbing = {  # the parent's own DataLoader work: the iterator's seed, rebuilding each batch from shared memory
-        "aten.random_.default", "aten._local_scalar_dense.default",
-        "aten.empty.memory_format", "aten.set_.source_Storage_storage_offset",
-    }  # fmt: skip
+        "aten.random_.default",
+        "aten._local_scalar_dense.default",
+        "aten.empty.memory_format",
+        "aten.set_.source_Storage_storage_offset",
+    }
     return df[~df["op"].isin(plumbing)].reset_index(drop=True), df
 
 
 def test_dataloader_workers_forked_inside_the_trace_add_nothing_to_it(tmp_path):
-    proc = run(tmp_path, DATALOADER + f"""
+    proc = run(
+        tmp_path,
+        DATALOADER
+        + f"""
     WORKERS = 2
     if __name__ == "__main__":
         _, w0 = train({str(tmp_path / "ref")!r}, None)
         seen, w2 = train({str(tmp_path / "fork")!r}, "fork")
         print(sorted(seen), torch.equal(w0, w2))
-    """)
+    """,
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split("\n")[0] == "[1] True"  # every worker's tracer was inert; the same training
     ref, _ = _parent_rows(tmp_path / "ref")
@@ -94,18 +106,24 @@ def test_dataloader_workers_forked_inside_the_trace_add_nothing_to_it(tmp_path):
     # SGD _foreach_add_ 4*2 + 2 = 10: 128 + 16 + 128 + 16 + 10 = 298, in both runs (no worker FLOPs)
     assert df.groupby("step")["flops"].sum().tolist() == [298, 298]
     meta = read_metadata(tmp_path / "fork")
-    assert meta["complete"] is True and meta["parts"] == len(os.listdir(tmp_path / "fork")) - 1  # every part the parent's
+    assert (
+        meta["complete"] is True and meta["parts"] == len(os.listdir(tmp_path / "fork")) - 1
+    )  # every part the parent's
 
 
 def test_spawned_and_forkserver_workers_run_no_optrace(tmp_path):
-    proc = run(tmp_path, DATALOADER + f"""
+    proc = run(
+        tmp_path,
+        DATALOADER
+        + f"""
     WORKERS = 1
     if __name__ == "__main__":
         _, w0 = train({str(tmp_path / "ref")!r}, None)
         for method in ("spawn", "forkserver"):
             seen, w = train({str(tmp_path)!r} + "/" + method, method)
             print(method, sorted(seen), torch.equal(w0, w))
-    """)
+    """,
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split("\n")[:2] == ["spawn [2] True", "forkserver [2] True"]  # no mode at all in the worker
     ref, _ = _parent_rows(tmp_path / "ref")
@@ -117,7 +135,9 @@ def test_spawned_and_forkserver_workers_run_no_optrace(tmp_path):
 
 def test_a_forked_child_runs_its_ops_untraced_and_leaves_the_trace_and_lock_alone(tmp_path):
     path = tmp_path / "t"
-    proc = run(tmp_path, f"""
+    proc = run(
+        tmp_path,
+        f"""
     import json, os, sys, torch
     from tracer import Tracer
 
@@ -141,13 +161,19 @@ def test_a_forked_child_runs_its_ops_untraced_and_leaves_the_trace_and_lock_alon
         c = a * 3  # the parent goes on tracing
     tr.set_step_time(0.5)  # after the block: one empty part
     print(c.tolist())
-    """)
+    """,
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split("\n")[:3] == ["through the with block 0 True", "os._exit 0 True", "[6.0, 6.0]"]
     df = pd.read_parquet(path)
     assert df["op"].tolist() == ["aten.ones.default", "aten.add.Tensor", "aten.mul.Tensor"]  # the parent's 3 ops only
     assert df["seq"].tolist() == [0, 1, 2] and df["step"].tolist() == [0, 0, 0]  # the child's step() was its own
-    assert sorted(os.listdir(path)) == [MARKER_NAME, "part-000000.parquet", "part-000001.parquet", "part-000002.parquet"]
+    assert sorted(os.listdir(path)) == [
+        MARKER_NAME,
+        "part-000000.parquet",
+        "part-000001.parquet",
+        "part-000002.parquet",
+    ]
     meta = read_metadata(path)
     assert meta["complete"] is True and meta["rows"] == 3 and meta["step_time"]["median_s"] == 0.5
     assert marker_facts(path)["rows"] == 3
@@ -160,8 +186,9 @@ def test_the_children_take_a_ctrl_c_however_the_suite_was_started(prelude, out):
     that on to the programs of the Ctrl-C tests below, which then went on past their interrupt and failed; run()
     starts each with conftest.DEFAULT_SIGINT."""
     code = prelude + "import os, signal\nos.kill(os.getpid(), signal.SIGINT)\nprint('went on')\n"
-    proc = subprocess.run(["sh", "-c", 'trap "" INT; exec "$0" -c "$1"', sys.executable, code],
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        ["sh", "-c", 'trap "" INT; exec "$0" -c "$1"', sys.executable, code], capture_output=True, text=True, timeout=60
+    )
     assert proc.stdout == out
     # an uncaught KeyboardInterrupt ends Python by SIGINT itself, as a shell expects: status -2
     assert (proc.returncode, proc.stderr.splitlines()[-1:]) == ((-2, ["KeyboardInterrupt"]) if prelude else (0, []))
@@ -182,7 +209,10 @@ INTERRUPT_AT_FREE = """
 
 
 def test_ctrl_c_arriving_while_the_tracer_notes_a_free_reaches_the_program(tmp_path):
-    proc = run(tmp_path, INTERRUPT_AT_FREE + f"""
+    proc = run(
+        tmp_path,
+        INTERRUPT_AT_FREE
+        + f"""
     import gc
 
     def python_finaliser(ref):  # what the tracer's finaliser was: Python code
@@ -203,7 +233,8 @@ def test_ctrl_c_arriving_while_the_tracer_notes_a_free_reaches_the_program(tmp_p
                 torch.zeros(2)
         except KeyboardInterrupt:
             print("KeyboardInterrupt", flush=True)
-    """)
+    """,
+    )
     assert proc.returncode == 0, proc.stderr
     # the control shows the hook delivers the interrupt inside a finaliser: a Python one swallows it;
     # the tracer's (a bound list.append, for storages and for module names) cannot
@@ -213,8 +244,13 @@ def test_ctrl_c_arriving_while_the_tracer_notes_a_free_reaches_the_program(tmp_p
     for case in ("storage", "module"):
         assert read_metadata(tmp_path / case)["error"] == "KeyboardInterrupt: "
     df = pd.read_parquet(tmp_path / "control")  # the control traced on: the free is in the next row
-    assert df["op"].tolist() == ["aten.ones.default", "aten.sub.Tensor", "aten.abs.default", "aten.mean.default",
-                                 "aten.zeros.default"]
+    assert df["op"].tolist() == [
+        "aten.ones.default",
+        "aten.sub.Tensor",
+        "aten.abs.default",
+        "aten.mean.default",
+        "aten.zeros.default",
+    ]
     # t (16 bytes), l1_loss's sub and abs (16 each) and mean (4): 52 live; all four freed before zeros (8)
     assert [list(f) for f in df["freed_storage_ids"]] == [[], [], [], [], [2, 1, 3, 0]]
     assert df["live_bytes"].tolist() == [16, 32, 48, 52, 8]  # 52 - 16 - 16 - 4 - 16 + 8 = 8
@@ -234,7 +270,9 @@ def test_the_tracers_finaliser_is_c_code(tmp_path):
 # ------------------------------------------------------------------ warnings as errors never raise into the program
 def test_a_failing_flop_formula_under_w_error(tmp_path):
     path = tmp_path / "t"
-    proc = run(tmp_path, f"""
+    proc = run(
+        tmp_path,
+        f"""
     import torch, tracer
     from tracer import Tracer
 
@@ -250,11 +288,16 @@ def test_a_failing_flop_formula_under_w_error(tmp_path):
         for _ in range(3):
             y = torch.ops.optrace_test.twice(y)
     print(y.tolist())
-    """, "-W", "error")
+    """,
+        "-W",
+        "error",
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == "[8.0, 8.0]\n"
-    assert proc.stderr == ("UserWarning: optrace: could not record optrace_test.twice.default "
-                           "(ValueError: formula bug); the op ran normally\n")  # once, on stderr
+    assert proc.stderr == (
+        "UserWarning: optrace: could not record optrace_test.twice.default "
+        "(ValueError: formula bug); the op ran normally\n"
+    )  # once, on stderr
     meta = read_metadata(path)
     assert meta["record_errors"] == 3 and meta["complete"] is True
     assert pd.read_parquet(path)["op"].tolist() == ["aten.ones.default"]  # the 3 failed rows are missing, counted
@@ -262,7 +305,9 @@ def test_a_failing_flop_formula_under_w_error(tmp_path):
 
 def test_a_full_disk_under_w_error_lets_training_finish(tmp_path):
     path = tmp_path / "t"
-    proc = run(tmp_path, f"""
+    proc = run(
+        tmp_path,
+        f"""
     import errno, warnings, torch
     from tracer import Tracer, writer
 
@@ -284,7 +329,8 @@ def test_a_full_disk_under_w_error_lets_training_finish(tmp_path):
             opt.step()
             opt.zero_grad()
     print("trained", step + 1, "steps")
-    """)
+    """,
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == "trained 6 steps\n"
     lines = proc.stderr.splitlines()
@@ -294,7 +340,9 @@ def test_a_full_disk_under_w_error_lets_training_finish(tmp_path):
         f"UserWarning: optrace: trace '{path}' is incomplete: 88 rows lost to write errors "
         "(first: part-000001.parquet: OSError: [Errno 28] No space left on device)",
     ]
-    meta = read_metadata(path)  # 6 steps of 16 ops (ones, 4 forward, 9 backward, 2 SGD adds) = 96 rows; 96 - 8 = 88 lost
+    meta = read_metadata(
+        path
+    )  # 6 steps of 16 ops (ones, 4 forward, 9 backward, 2 SGD adds) = 96 rows; 96 - 8 = 88 lost
     assert meta["rows"] == 8 and meta["lost_rows"] == 88 and meta["complete"] is False  # rows: written
     assert len(pd.read_parquet(path)) == 8
 
@@ -302,7 +350,9 @@ def test_a_full_disk_under_w_error_lets_training_finish(tmp_path):
 def test_a_soft_file_lock_warning_under_w_error(tmp_path):
     # filelock warns where the file system has no flock; that warning must not stop the Tracer under -W error
     path = tmp_path / "t"
-    proc = run(tmp_path, f"""
+    proc = run(
+        tmp_path,
+        f"""
     import warnings, filelock, torch
     from tracer import Tracer
 
@@ -315,7 +365,10 @@ def test_a_soft_file_lock_warning_under_w_error(tmp_path):
     with Tracer({str(path)!r}):
         y = torch.ones(2) + 1
     print(y.tolist())
-    """, "-W", "error")
+    """,
+        "-W",
+        "error",
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == "[2.0, 2.0]\n"
     assert proc.stderr == f"UserWarning: optrace: trace {str(path)!r}: no flock here: a soft lock\n"
@@ -351,7 +404,10 @@ INTERRUPT_IN = """
 
 
 def test_a_ctrl_c_while_the_trace_closes_comes_after_it_is_closed(tmp_path):
-    proc = run(tmp_path, INTERRUPT_IN + f"""
+    proc = run(
+        tmp_path,
+        INTERRUPT_IN
+        + f"""
     restore = interrupting(mode.Tracer, "_give_back_compiled", times=3)  # after the mode is left, before the rest
     try:
         with Tracer({str(tmp_path / "t")!r}, model=model):
@@ -364,7 +420,8 @@ def test_a_ctrl_c_while_the_trace_closes_comes_after_it_is_closed(tmp_path):
     with Tracer({str(tmp_path / "t")!r}):  # the path's lock was given back
         torch.ones(1) + 1
     print("traced again")
-    """)
+    """,
+    )
     assert proc.returncode == 0, proc.stderr
     # three Ctrl-Cs are one KeyboardInterrupt, after the clean-up: no Tracer active, no mode, no hook left on
     # (before: Tracer._active stayed set, every later Tracer was refused, 2 global hooks stayed on)
@@ -372,7 +429,10 @@ def test_a_ctrl_c_while_the_trace_closes_comes_after_it_is_closed(tmp_path):
 
 
 def test_a_ctrl_c_while_the_trace_starts_ends_it_before_the_block(tmp_path):
-    proc = run(tmp_path, INTERRUPT_IN + f"""
+    proc = run(
+        tmp_path,
+        INTERRUPT_IN
+        + f"""
     restore = interrupting(attribution.Attribution, "install")  # after the lock and the hooks, before the mode
     try:
         with Tracer({str(tmp_path / "t")!r}, model=model):
@@ -384,7 +444,8 @@ def test_a_ctrl_c_while_the_trace_starts_ends_it_before_the_block(tmp_path):
     print(left())
     for _ in range(20):
         torch.ones(1) + 1  # nothing records these (a mode left on the stack wrote them as parts)
-    """)
+    """,
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split("\n")[:2] == ["KeyboardInterrupt", "(False, 0, 0)"]
     assert read_metadata(tmp_path / "t")["error"] == "KeyboardInterrupt: "
@@ -392,7 +453,10 @@ def test_a_ctrl_c_while_the_trace_starts_ends_it_before_the_block(tmp_path):
 
 
 def test_a_tracer_left_on_another_thread_stops_recording_and_does_not_raise(tmp_path):
-    proc = run(tmp_path, INTERRUPT_IN + f"""
+    proc = run(
+        tmp_path,
+        INTERRUPT_IN
+        + f"""
     tracer = Tracer({str(tmp_path / "t")!r})
     tracer.__enter__()
     torch.ones(1) + 1
@@ -402,7 +466,8 @@ def test_a_tracer_left_on_another_thread_stops_recording_and_does_not_raise(tmp_
     for _ in range(50):
         torch.ones(1) + 1
     print(done, left())
-    """)
+    """,
+    )
     assert proc.returncode == 0, proc.stderr
     # the mode stays on the entering thread's stack (a thread cannot pop another's), inert: 1 mode, no hook, no Tracer
     assert proc.stdout == "[False] (False, 1, 0)\n"
@@ -421,6 +486,9 @@ def test_the_tracer_never_swaps_the_process_warning_filters():
     for name in sorted(os.listdir(os.path.join(ROOT, "tracer"))):
         if name.endswith(".py"):
             tree = ast.parse(open(os.path.join(ROOT, "tracer", name)).read())
-            found += [f"{name}:{node.lineno}" for node in ast.walk(tree)
-                      if isinstance(node, ast.Attribute) and node.attr in swaps]
+            found += [
+                f"{name}:{node.lineno}"
+                for node in ast.walk(tree)
+                if isinstance(node, ast.Attribute) and node.attr in swaps
+            ]
     assert not found

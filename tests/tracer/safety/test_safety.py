@@ -20,14 +20,14 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
 import torch
-from tests.helpers import DEFAULT_SIGINT
 from torch import nn
 
 import reports
 import tracer
+from tests import helpers
+from tests.helpers import DEFAULT_SIGINT
 from tracer import TraceError, Tracer, read_metadata
 from tracer.schema import LEGACY_MARKER_NAME, MARKER_NAME, marker_facts
-from tests import helpers
 
 ROOT = str(helpers.ROOT)
 
@@ -53,8 +53,11 @@ def test_a_pyarrow_dataset_directory_is_refused_and_kept(tmp_path):
     ds.write_dataset(pa.table({"a": [1, 2, 3]}), path, format="parquet")  # writes part-0.parquet
     before = listing(path)
     assert before == ["part-0.parquet"]
-    refused(path, rf"cannot write trace '{re.escape(str(path))}': it is a directory holding 'part-0.parquet', "
-                  r"which optrace did not write; choose a new path")
+    refused(
+        path,
+        rf"cannot write trace '{re.escape(str(path))}': it is a directory holding 'part-0.parquet', "
+        r"which optrace did not write; choose a new path",
+    )
     assert listing(path) == before and pq.read_table(path / "part-0.parquet")["a"].to_pylist() == [1, 2, 3]
 
 
@@ -64,7 +67,10 @@ def test_a_spark_directory_is_refused_and_kept(tmp_path):
     name = "part-00000-1b2c3d4e-c000.snappy.parquet"
     pq.write_table(pa.table({"a": [1]}), path / name)
     (path / "_SUCCESS").write_text("")
-    refused(path, r"cannot write trace '.*spark': it is a directory holding '_SUCCESS', which optrace did not write; choose a new path")
+    refused(
+        path,
+        r"cannot write trace '.*spark': it is a directory holding '_SUCCESS', which optrace did not write; choose a new path",
+    )
     assert listing(path) == ["_SUCCESS", name]
 
 
@@ -73,7 +79,10 @@ def test_optrace_parts_copied_without_marker_but_foreign_file_is_refused(tmp_pat
     with Tracer(path):
         torch.ones(2) + 1
     pq.write_table(pa.table({"a": [1]}), path / "part-000009.parquet")  # not optrace's, named like a part
-    refused(path, r"cannot write trace '.*t': it is a directory holding 'part-000009.parquet', which optrace did not write; choose a new path")
+    refused(
+        path,
+        r"cannot write trace '.*t': it is a directory holding 'part-000009.parquet', which optrace did not write; choose a new path",
+    )
     assert "part-000009.parquet" in listing(path)
 
 
@@ -142,7 +151,10 @@ def test_a_directory_of_rank_traces_is_an_optrace_trace(tmp_path):
     "kwargs, message",
     [
         ({"path": 123}, "Tracer: path must be a str, bytes or os.PathLike, got int"),
-        ({"path": ""}, "Tracer: path is '', expected the directory to write the trace in, e.g. 'runs/step'"),  # into cwd
+        (
+            {"path": ""},
+            "Tracer: path is '', expected the directory to write the trace in, e.g. 'runs/step'",
+        ),  # into cwd
         ({"model": "gpt"}, "Tracer: model must be a torch.nn.Module or None, got str"),
         ({"tokens": -4}, r"Tracer: tokens must be an int from 1 to 2\*\*53 \(tokens per step\) or None, got -4"),
         ({"run_name": ["a"]}, "Tracer: run_name must be a str or None, got list"),
@@ -168,8 +180,14 @@ def test_an_unwritable_parent_is_refused(tmp_path, monkeypatch):
     [
         (lambda p: None, None),  # a new path: fine
         (lambda p: p.mkdir(), None),  # an empty directory: fine, nothing to delete
-        (lambda p: p.write_text("x"), r"cannot write trace '.*': a file of that name exists; a trace is a directory of parts"),
-        (lambda p: p.symlink_to(p.parent / "nowhere"), r"cannot write trace '.*': a file of that name exists; a trace is a directory of parts"),
+        (
+            lambda p: p.write_text("x"),
+            r"cannot write trace '.*': a file of that name exists; a trace is a directory of parts",
+        ),
+        (
+            lambda p: p.symlink_to(p.parent / "nowhere"),
+            r"cannot write trace '.*': a file of that name exists; a trace is a directory of parts",
+        ),
     ],
     ids=["new", "empty_dir", "regular_file", "dangling_symlink"],
 )
@@ -198,8 +216,13 @@ def test_missing_parents_are_made_and_an_unwritable_parent_refused(tmp_path):
     with Tracer(tmp_path / "a" / "b" / "t"):  # a user asked for this path: its parents are made
         torch.ones(2)
     assert listing(tmp_path / "a" / "b" / "t") == [MARKER_NAME, "part-000000.parquet"]
-    refused("/proc/t", r"cannot write trace '/proc/t': No such file or directory")  # /proc takes no new entries, even from root
-    refused("/proc/x/y/t", r"cannot write trace '/proc/x/y/t': cannot create directory '/proc/x' \(No such file or directory\)")
+    refused(
+        "/proc/t", r"cannot write trace '/proc/t': No such file or directory"
+    )  # /proc takes no new entries, even from root
+    refused(
+        "/proc/x/y/t",
+        r"cannot write trace '/proc/x/y/t': cannot create directory '/proc/x' \(No such file or directory\)",
+    )
 
 
 def test_parents_made_for_a_trace_that_cannot_start_are_removed(tmp_path):
@@ -219,12 +242,21 @@ def test_a_second_writer_is_refused_before_its_model_runs(tmp_path):
             print("in", flush=True)
             sys.stdin.readline()
     """)
-    child = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                             text=True, env={**os.environ, "PYTHONPATH": ROOT})
+    child = subprocess.Popen(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": ROOT},
+    )
     try:
         assert child.stdout.readline().strip() == "in"
-        refused(path, r"cannot write trace '.*t': another process is writing it \(it holds the lock \.optrace\.lock\); "
-                      r"choose another path or wait for it to finish")
+        refused(
+            path,
+            r"cannot write trace '.*t': another process is writing it \(it holds the lock \.optrace\.lock\); "
+            r"choose another path or wait for it to finish",
+        )
     finally:
         child.communicate("\n", timeout=60)
     assert child.returncode == 0 and read_metadata(path)["complete"] is True  # the first writer's trace is whole
@@ -260,8 +292,10 @@ def test_two_threads_entering_tracers_at_once_one_is_refused(tmp_path):
         won = [i for i in (0, 1) if outcome[i] == [2.0, 2.0]]
         assert len(won) == 1, outcome
         winner, loser = won[0], 1 - won[0]
-        assert outcome[loser] == (f"another Tracer is already active (writing '{tmp_path}/{attempt}-{winner}'); "
-                                  f"close it before starting one for '{tmp_path}/{attempt}-{loser}'")
+        assert outcome[loser] == (
+            f"another Tracer is already active (writing '{tmp_path}/{attempt}-{winner}'); "
+            f"close it before starting one for '{tmp_path}/{attempt}-{loser}'"
+        )
         assert not (tmp_path / f"{attempt}-{loser}").exists()  # refused before anything was written
         assert len(pd.read_parquet(tmp_path / f"{attempt}-{winner}")) == 2
     with Tracer(tmp_path / "after"):  # nothing left claimed
@@ -283,7 +317,10 @@ def test_a_stale_lock_of_a_dead_process_is_taken_over(tmp_path):
 
 def test_temporary_names_are_unique_per_trace_and_process(tmp_path):
     trace_id = "0123456789abcdef" * 2
-    names = {os.path.basename(tracer.directory.temporary_name(str(tmp_path), "part-000000.parquet", trace_id)) for _ in range(3)}
+    names = {
+        os.path.basename(tracer.directory.temporary_name(str(tmp_path), "part-000000.parquet", trace_id))
+        for _ in range(3)
+    }
     assert len(names) == 3 and all(n.startswith(f".part-000000.parquet.{trace_id}.{os.getpid()}.") for n in names)
 
 
@@ -299,8 +336,11 @@ def test_re_tracing_removes_only_its_own_temporary_parts(tmp_path):
     assert listing(path) == [MARKER_NAME, "part-000000.parquet"]
     for name in (".part-notes.tmp", f".part-000001.parquet.{'f' * 32}.{os.getpid()}.{'0' * 8}.tmp"):
         (path / name).write_text("the user's")  # named like a temporary part; not this trace's
-        refused(path, rf"cannot write trace '.*t': it is a directory holding '{re.escape(name)}', which optrace did not "
-                      r"write; choose a new path")
+        refused(
+            path,
+            rf"cannot write trace '.*t': it is a directory holding '{re.escape(name)}', which optrace did not "
+            r"write; choose a new path",
+        )
         assert (path / name).read_text() == "the user's" and len(pd.read_parquet(path)) == 1
         (path / name).unlink()
 
@@ -375,14 +415,19 @@ def test_a_really_full_disk(tiny_disk):
     kept = len(pd.read_parquet(path))
     lost = 1500 - kept
     assert kept % 100 == 0 and 0 < kept < 1500
-    assert messages[1].startswith(f"optrace: trace '{path}' is incomplete: {lost} rows lost to write errors (first: part-")
+    assert messages[1].startswith(
+        f"optrace: trace '{path}' is incomplete: {lost} rows lost to write errors (first: part-"
+    )
     facts = marker_facts(path)  # rewritten in place: no new space needed
     assert facts["rows"] == 1500 and facts["lost_rows"] == lost and facts["complete"] is False
     assert not [n for n in listing(path) if n.endswith(".tmp")]
 
     import reports
 
-    with pytest.warns(UserWarning, match=rf"trace is incomplete \(cut short\): {lost} rows lost to write errors; reporting the {kept} rows"):
+    with pytest.warns(
+        UserWarning,
+        match=rf"trace is incomplete \(cut short\): {lost} rows lost to write errors; reporting the {kept} rows",
+    ):
         df = reports.load(path)
     assert len(df) == kept
 
@@ -473,8 +518,11 @@ def test_a_formula_raising_an_unprintable_exception_never_reaches_the_op(tmp_pat
         def hostile(x_shape, out_shape=None, **kwargs):
             raise _Unprintable()
 
-    with pytest.warns(UserWarning, match=r"could not record optrace_unprintable_test.twice.default \(_Unprintable "
-                                         r"\(message not printable: its __str__ raised AttributeError\)\); the op ran"):
+    with pytest.warns(
+        UserWarning,
+        match=r"could not record optrace_unprintable_test.twice.default \(_Unprintable "
+        r"\(message not printable: its __str__ raised AttributeError\)\); the op ran",
+    ):
         with Tracer(tmp_path / "t"):
             out = torch.ops.optrace_unprintable_test.twice(torch.ones(2)) + 1
     assert out.tolist() == [3.0, 3.0]  # (1 * 2) + 1; before: AttributeError from the op
@@ -495,7 +543,9 @@ def test_describe_never_raises():
         pass
 
     assert describe_exception(ValueError("bad")) == "ValueError: bad"
-    assert describe_exception(_Unprintable()) == "_Unprintable (message not printable: its __str__ raised AttributeError)"
+    assert (
+        describe_exception(_Unprintable()) == "_Unprintable (message not printable: its __str__ raised AttributeError)"
+    )
     assert describe_exception(Hostile()) == "exception (message not printable: its __str__ raised AttributeError)"
 
 
@@ -511,8 +561,14 @@ def test_a_signal_in_a_subprocess_keeps_flushed_rows(tmp_path, sig):
                 a = a + 1  # 5 ops: parts of 2 rows written as they fill
             os.kill(os.getpid(), signal.{sig})
     """)
-    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": ROOT}, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": ROOT},
+        timeout=120,
+    )
     assert proc.returncode != 0
     df = pd.read_parquet(path)
     if sig == "SIGINT":  # KeyboardInterrupt: __exit__ writes the last row too

@@ -153,8 +153,14 @@ def _cnn():
     import torch.nn.functional as F
 
     torch.manual_seed(0)
-    net = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.GroupNorm(2, 8), nn.ConvTranspose2d(8, 4, 3),
-                        nn.Flatten(), nn.Linear(4 * 8 * 8, 10)).eval()
+    net = nn.Sequential(
+        nn.Conv2d(3, 8, 3),
+        nn.BatchNorm2d(8),
+        nn.GroupNorm(2, 8),
+        nn.ConvTranspose2d(8, 4, 3),
+        nn.Flatten(),
+        nn.Linear(4 * 8 * 8, 10),
+    ).eval()
     x = torch.randn(2, 3, 8, 8)
     return lambda: F.cross_entropy(net(x), torch.tensor([1, 2]))
 
@@ -174,8 +180,12 @@ def _functional(name):
 
 @pytest.mark.parametrize(
     "make",
-    [lambda: _tiny_gpt("matmul"), lambda: _tiny_gpt("sdpa"), _cnn,
-     *[lambda n=n: _functional(n) for n in ("rms_norm", "sdpa_causal", "einsum_3", "log_softmax", "instance_norm")]],
+    [
+        lambda: _tiny_gpt("matmul"),
+        lambda: _tiny_gpt("sdpa"),
+        _cnn,
+        *[lambda n=n: _functional(n) for n in ("rms_norm", "sdpa_causal", "einsum_3", "log_softmax", "instance_norm")],
+    ],
     ids=["gpt_matmul", "gpt_sdpa", "cnn", "rms_norm", "sdpa_causal", "einsum_3", "log_softmax", "instance_norm"],
 )
 def test_inference_mode_counts_what_no_grad_counts(tmp_path, make):
@@ -183,9 +193,11 @@ def test_inference_mode_counts_what_no_grad_counts(tmp_path, make):
     fn = make()
     totals, outs = {}, {}
     for context in (torch.no_grad, torch.inference_mode):
+
         def run():
             with context():
                 return fn()
+
         outs[context], df, _ = traced(tmp_path, run)
         assert not (df["flop_kind"] == "unknown").any(), df[df["flop_kind"] == "unknown"]["op"].tolist()
         totals[context] = int(df["flops"].sum())

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 import reports
-from tracer import Tracer, read_metadata
 from tests import helpers
+from tracer import Tracer, read_metadata
 
 ROOT = str(helpers.ROOT)
 
@@ -51,8 +51,14 @@ def _child(tmp_path, code, *args, collector="compiled"):
     env.pop("OPTRACE_COLLECTOR", None)
     if collector == "python":
         env["OPTRACE_COLLECTOR"] = "python"
-    return subprocess.run([sys.executable, "-c", code, *map(str, args)], cwd=tmp_path, capture_output=True, text=True,
-                          env=env, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-c", code, *map(str, args)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
 
 
 @pytest.mark.parametrize("collector", ["compiled", "python"])
@@ -214,6 +220,7 @@ def test_no_handler_from_another_thread_and_a_row_held_on_another_thread_is_acte
     seen = []
     before = signal.signal(signal.SIGTERM, lambda signum, frame: seen.append(signum))
     try:
+
         def traced_elsewhere():
             with Tracer(tmp_path / "thread"):
                 seen.append(signal.getsignal(signal.SIGTERM) is before_thread)
@@ -277,4 +284,8 @@ def test_a_sigterm_while_a_pause_takes_the_hooks_off_waits_for_the_pause(tmp_pat
     with pytest.warns(UserWarning, match="stopped by SIGTERM"):
         # ones, add (written at the signal); ones, mul after the resume: 4 rows
         assert reports.load(tmp_path / "t")["op"].tolist() == [
-            "aten.ones.default", "aten.add.Tensor", "aten.ones.default", "aten.mul.Tensor"]
+            "aten.ones.default",
+            "aten.add.Tensor",
+            "aten.ones.default",
+            "aten.mul.Tensor",
+        ]

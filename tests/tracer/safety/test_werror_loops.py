@@ -15,7 +15,6 @@ import warnings
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from tracer import Tracer
 from tracer.meter import Meter
@@ -136,6 +135,7 @@ def test_every_exit_gives_the_question_back(tmp_path, compiled):
             m(x)
         except Exception as exc:
             errors.append(exc)
+
     meter = Meter(tmp_path / "m", model=m, tokens=3, peak_flops=1e9)  # step 0 traced: hooks on
     try:
         with warnings.catch_warnings():
@@ -163,8 +163,11 @@ def test_a_nested_tensor_into_the_metered_root(tmp_path):
                 for step in range(5):
                     x = torch.randn(4, 8)
                     parts = [x[:1], x[1:]]
-                    nt = (torch.nested.nested_tensor(parts, layout=torch.jagged) if step < 3
-                          else torch.nested.as_nested_tensor(parts))
+                    nt = (
+                        torch.nested.nested_tensor(parts, layout=torch.jagged)
+                        if step < 3
+                        else torch.nested.as_nested_tensor(parts)
+                    )
                     torch.cat(net(nt).unbind(), 0).sum().backward()
                     figures.append(meter.step())
     assert meter.errors == 0 and not [w for w in seen if "optrace" in str(w.message)]
@@ -172,4 +175,3 @@ def test_a_nested_tensor_into_the_metered_root(tmp_path):
     # (its element count, 32), so 4 is traced
     assert [f["traced"] for f in figures] == [True, True, False, False, True]
     assert figures[2]["model_flops"] == figures[1]["model_flops"] > 0 and figures[3]["model_flops"] is None
-
