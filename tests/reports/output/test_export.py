@@ -269,20 +269,43 @@ def test_export_half_a_million_rows_in_bounded_memory(tmp_path):
     # the JSON is far larger than what the export may hold: 500,000 op slices of ~400 bytes
     assert size > 150 * 2**20
     assert peak - before < 100 * 2**20, f"RSS grew {(peak - before) / 2**20:.0f} MiB exporting {size / 2**20:.0f} MiB"
-    # valid JSON, checked line by line (one event per line) without loading the whole file
-    slices = counters = 0
-    with open(out) as f:
-        head = f.readline()
-        assert head.startswith('{"displayTimeUnit":"ns"') and head.endswith('"traceEvents":[\n')
-        for line in f:
-            if line == "]}\n":
-                break
-            event = json.loads(line.rstrip(",\n"))
-            slices += event["ph"] == "X"
-            counters += event.get("name") == "live bytes"
-        assert f.read() == ""
+    slices, counters = _count_events(out)
     assert slices == ROWS
     assert counters == ROWS // 4  # live bytes changes every 4th op
+
+
+def _count_events(path):
+    """(op slices, live-bytes counters) of a Chrome JSON export, every line checked to be one valid JSON event, read
+    16 MiB at a time: each block's events, their ends of line made plain newlines (a string holds no raw newline),
+    parsed as JSON lines by pyarrow (the whole syntax of each line checked, only `ph` and `name` kept), in C++
+    rather than by json.loads line by line (23 s against 4.6 s for the 200 MiB of the test above)."""
+    import io
+
+    import pyarrow.compute as pc
+    import pyarrow.json as pj
+
+    options = pj.ParseOptions(
+        explicit_schema=pa.schema([("ph", pa.string()), ("name", pa.string())]),
+        unexpected_field_behavior="ignore",
+        newlines_in_values=False,
+    )
+    slices = counters = 0
+    with open(path, "rb") as f:
+        head = f.readline()
+        assert head.startswith(b'{"displayTimeUnit":"ns"') and head.endswith(b'"traceEvents":[\n')
+        rest = b""
+        while block := f.read(1 << 24):
+            data = rest + block
+            cut = data.rfind(b"\n") + 1
+            data, rest = data[:cut], data[cut:]
+            if data == b"]}\n" or data.endswith(b"\n]}\n"):  # the closing line: nothing may follow it
+                data, rest = data[:-3], b"]}\n" + rest
+            events = pj.read_json(io.BytesIO(data.replace(b",\n", b"\n")), parse_options=options)
+            assert events.num_rows == data.count(b"\n")  # one event per line
+            slices += pc.sum(pc.equal(events["ph"], "X")).as_py() or 0
+            counters += pc.sum(pc.equal(events["name"], "live bytes")).as_py() or 0
+        assert rest == b"]}\n", rest[-200:]
+    return slices, counters
 
 
 def test_export_pftrace(traced, tmp_path):

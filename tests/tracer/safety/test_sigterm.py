@@ -61,12 +61,29 @@ def _child(tmp_path, code, *args, collector="compiled"):
     )
 
 
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """CHILD run once per (traced, handler, collector) in this module, whichever tests ask: (the process, the trace's
+    path). A test only reads them; each child is a fresh Python importing torch, so sharing them saves 6 of 13."""
+    done = {}
+
+    def run(traced, handler, collector="compiled"):
+        key = (traced, handler, collector)
+        if key not in done:
+            root = tmp_path_factory.mktemp("sigterm")
+            path = root / ("t" if traced else "u")
+            flush = [16384] if traced else []
+            done[key] = (_child(root, CHILD, traced, handler, path, *flush, collector=collector), path)
+        return done[key]
+
+    return run
+
+
 @pytest.mark.parametrize("collector", ["compiled", "python"])
-def test_sigterm_without_a_handler_writes_the_buffered_rows_then_ends_the_process(tmp_path, collector):
-    untraced = _child(tmp_path, CHILD, "untraced", "none", tmp_path / "u")
+def test_sigterm_without_a_handler_writes_the_buffered_rows_then_ends_the_process(runs, collector):
+    untraced, _ = runs("untraced", "none")
     assert untraced.returncode == -signal.SIGTERM  # the default action: ended by the signal
-    path = tmp_path / "t"
-    traced = _child(tmp_path, CHILD, "traced", "none", path, 16384, collector=collector)
+    traced, path = runs("traced", "none", collector)
     assert traced.returncode == untraced.returncode == -15 and "after the signal" not in traced.stdout
     assert traced.stderr == ""
     with pytest.warns(UserWarning, match=r"trace is incomplete \(stopped by SIGTERM\); reporting the 8 rows it has"):
@@ -77,19 +94,18 @@ def test_sigterm_without_a_handler_writes_the_buffered_rows_then_ends_the_proces
 
 
 @pytest.mark.parametrize("engine", ["sql", "pandas"])
-def test_the_report_names_the_signal(tmp_path, capsys, engine):
+def test_the_report_names_the_signal(runs, capsys, engine):
     from reports.output.cli import main
 
-    for handler in ("none", "exit3"):
-        _child(tmp_path, CHILD, "traced", handler, tmp_path / handler, 16384)
-    assert main(["report", str(tmp_path / "none"), "--engine", engine]) == 0
+    (_, none), (_, exit3) = runs("traced", "none"), runs("traced", "exit3")
+    assert main(["report", str(none), "--engine", engine]) == 0
     out, err = capsys.readouterr()
     assert "(8 ops, 1 step(s), " in out and ", INCOMPLETE (stopped by SIGTERM): figures cover the rows it has)" in out
-    assert f"note: {tmp_path / 'none'}: trace is incomplete (stopped by SIGTERM); reporting the 8 rows it has" in err
-    assert main(["report", str(tmp_path / "exit3"), "--engine", engine]) == 0
+    assert f"note: {none}: trace is incomplete (stopped by SIGTERM); reporting the 8 rows it has" in err
+    assert main(["report", str(exit3), "--engine", engine]) == 0
     out, _ = capsys.readouterr()
     assert ", INCOMPLETE: the traced code raised SystemExit: 3 after SIGTERM; figures cover the rows it has)" in out
-    assert main(["report", str(tmp_path / "none"), "--engine", engine, "--json"]) == 0
+    assert main(["report", str(none), "--engine", engine, "--json"]) == 0
     found = json.loads(capsys.readouterr().out)
     assert found["complete"] is False and found["signal"] == "SIGTERM"
 
@@ -103,10 +119,9 @@ def test_sigterm_after_some_parts_keeps_those_and_the_buffered_rows(tmp_path):
 
 
 @pytest.mark.parametrize("collector", ["compiled", "python"])
-def test_the_programs_own_handler_runs_once_after_the_rows_are_written(tmp_path, collector):
-    untraced = _child(tmp_path, CHILD, "untraced", "exit3", tmp_path / "u")
-    path = tmp_path / "t"
-    traced = _child(tmp_path, CHILD, "traced", "exit3", path, 16384, collector=collector)
+def test_the_programs_own_handler_runs_once_after_the_rows_are_written(runs, collector):
+    untraced, _ = runs("untraced", "exit3")
+    traced, path = runs("traced", "exit3", collector)
     assert traced.returncode == untraced.returncode == 3
     assert traced.stdout == untraced.stdout == "handler 1\n"
     meta = read_metadata(path)
