@@ -3,6 +3,7 @@ files where optrace reads, and paths the writer or the readers cannot use (trace
 
 import hashlib
 import os
+import pathlib
 import shutil
 import subprocess
 import sys
@@ -131,52 +132,71 @@ def test_a_late_update_after_the_directory_was_replaced_writes_nothing(tmp_path)
 _FIFO = """
 import os, sys, time
 sys.path.insert(0, {root!r})
-path, what = sys.argv[1], sys.argv[2]
+sys.stderr = sys.stdout  # one stream, in order
 import duckdb, pyarrow.parquet, reports.output.cli, reports.output.export, reports.sql.engine  # imported before the clock
 from tracer import Tracer
 import tracer.mode
-start = time.perf_counter()
-try:
-    if what == "tracer":
-        Tracer(path).__enter__()
-    else:
-        out = ["-o", os.path.join(os.path.dirname(path), "out.json")] if what == "export" else []
-        reports.output.cli.main([what, path] + out)
-except Exception as exc:
-    print(f"{{type(exc).__name__}}: {{exc}}")
-sys.stdout.flush()
-print(f"seconds {{time.perf_counter() - start:.3f}}", file=sys.stderr)
+for path, what in zip(sys.argv[1::2], sys.argv[2::2]):
+    print("case", path, flush=True)
+    start = time.perf_counter()
+    try:
+        if what == "tracer":
+            Tracer(path).__enter__()
+        else:
+            out = ["-o", os.path.join(os.path.dirname(path), "out.json")] if what == "export" else []
+            reports.output.cli.main([what, path] + out)
+    except Exception as exc:
+        print(f"{{type(exc).__name__}}: {{exc}}")
+    print(f"seconds {{time.perf_counter() - start:.3f}}", flush=True)
 """
 
+FIFO_CASES = [  # (the FIFO's name, what reads the trace, a good trace around it or an empty directory)
+    (MARKER_NAME, "tracer", False),
+    ("part-000001.parquet", "tracer", True),
+    ("part-000001.parquet", "report", True),
+    ("part-000001.parquet", "export", True),
+    (MARKER_NAME, "report", True),
+    (MARKER_NAME, "export", True),
+]
 
-def _fifo_run(tmp_path, name, what, good=True):
-    """`what` (tracer, report, export) on a trace (a good one when `good`) with a FIFO named `name` in it: its output,
-    the refusal in under a second (a regression blocks for ever: the subprocess's timeout fails the test instead of
-    hanging the suite)."""
-    path = tmp_path / "t"
-    if good:
-        with Tracer(path):
-            _adds(1)
-    else:
-        path.mkdir()
-    if (path / name).exists():
-        os.remove(path / name)
-    os.mkfifo(path / name)
-    script = _FIFO.format(root=str(helpers.ROOT))
+
+@pytest.fixture(scope="module")
+def fifo(tmp_path_factory):
+    """{case of FIFO_CASES: (the trace, the output)}: `what` on a trace (a good one when `good`) with a FIFO named
+    `name` in it, each case refused in under a second. One child process runs every case (a Python importing torch
+    and DuckDB takes seconds; each case's clock starts after the imports); a regression that blocks for ever fails
+    by the child's timeout instead of hanging the suite."""
+    argv, paths = [], {}
+    for name, what, good in FIFO_CASES:
+        path = tmp_path_factory.mktemp("fifo") / "t"
+        if good:
+            with Tracer(path):
+                _adds(1)
+        else:
+            path.mkdir()
+        if (path / name).exists():
+            os.remove(path / name)
+        os.mkfifo(path / name)
+        argv += [str(path), what]
+        paths[str(path)] = (name, what, good)
     done = subprocess.run(
-        [sys.executable, "-c", script, str(path), what],
+        [sys.executable, "-c", _FIFO.format(root=str(helpers.ROOT)), *argv],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=120,
         env={**os.environ, "OMP_NUM_THREADS": "1"},
     )
-    *lines, seconds = (done.stdout + done.stderr).strip().splitlines()
-    assert seconds.startswith("seconds ") and float(seconds.split()[1]) < 1.0, seconds  # refused, never waited on
-    return path, "\n".join(lines)
+    found = {}
+    for case in done.stdout.split("case ")[1:]:
+        path, *lines, seconds = case.strip().splitlines()
+        assert seconds.startswith("seconds ") and float(seconds.split()[1]) < 1.0, seconds  # refused, never waited on
+        found[paths[path]] = (pathlib.Path(path), "\n".join(lines))
+    assert len(found) == len(FIFO_CASES), done.stdout + done.stderr
+    return found
 
 
-def test_a_fifo_named_like_the_marker_is_refused_by_the_tracer(tmp_path):
-    path, out = _fifo_run(tmp_path, MARKER_NAME, "tracer", good=False)
+def test_a_fifo_named_like_the_marker_is_refused_by_the_tracer(fifo):
+    path, out = fifo[MARKER_NAME, "tracer", False]
     assert out == (
         f"TraceError: cannot write trace {str(path)!r}: it is a directory holding {MARKER_NAME!r}, which "
         "optrace did not write; choose a new path"
@@ -185,8 +205,8 @@ def test_a_fifo_named_like_the_marker_is_refused_by_the_tracer(tmp_path):
 
 
 @pytest.mark.parametrize("what", ["report", "export"])
-def test_a_fifo_named_like_a_part_is_refused_by_report_and_export(tmp_path, what):
-    path, out = _fifo_run(tmp_path, "part-000001.parquet", what)
+def test_a_fifo_named_like_a_part_is_refused_by_report_and_export(fifo, what):
+    path, out = fifo["part-000001.parquet", what, True]
     assert out.splitlines()[-1] == (
         f"optrace {what}: error: {path}: part-000001.parquet is not a regular file, not an "
         "optrace part; move it out of the trace"
@@ -194,8 +214,8 @@ def test_a_fifo_named_like_a_part_is_refused_by_report_and_export(tmp_path, what
 
 
 @pytest.mark.parametrize("what", ["report", "export"])
-def test_a_fifo_named_like_the_marker_is_never_read_by_report_and_export(tmp_path, what):
-    path, out = _fifo_run(tmp_path, MARKER_NAME, what)
+def test_a_fifo_named_like_the_marker_is_never_read_by_report_and_export(fifo, what):
+    path, out = fifo[MARKER_NAME, what, True]
     assert out.splitlines()[-1] == (
         f"optrace {what}: error: {path}: {MARKER_NAME} is not a regular file, not an optrace "
         "marker; move it out of the trace"
@@ -272,8 +292,8 @@ def test_a_trace_carrying_a_run_name_that_is_not_unicode_reports_it_escaped(tmp_
         assert out.split("\n")[0].startswith(f"optrace {command[0]}: caf\\udce9"), out  # the escape, printable
 
 
-def test_a_fifo_named_like_a_part_is_refused_by_read_metadata(tmp_path):
-    path, out = _fifo_run(tmp_path, "part-000001.parquet", "tracer")  # the Tracer refuses the path, as foreign
+def test_a_fifo_named_like_a_part_is_refused_by_read_metadata(fifo):
+    path, out = fifo["part-000001.parquet", "tracer", True]  # the Tracer refuses the path, as foreign
     assert out.endswith(
         "it is a directory holding 'part-000001.parquet', which optrace did not write; choose a new path"
     )
