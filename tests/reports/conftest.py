@@ -1,4 +1,5 @@
-"""Fixtures of the report tests: `loops`, traces of the usual training loop at 2 steps of batch 4 and 3 of batch 8."""
+"""Fixtures of the report tests: `loops`, traces of the usual training loop at 2 steps of batch 4 and 3 of batch 8; made
+once per session (per worker process) and only read."""
 
 import pytest
 import torch
@@ -20,7 +21,7 @@ def _loop(path, steps, batch):
     return path
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def loops(tmp_path_factory):
     root = tmp_path_factory.mktemp("loops")
     return [_loop(root / "s2.parquet", 2, 4), _loop(root / "s3.parquet", 3, 8)]

@@ -1,4 +1,5 @@
-"""Fixtures of the output tests: `traced`, a 2-step trace of a small Net in several parts (the exports' input)."""
+"""Fixtures of the output tests: `traced`, a 2-step trace of a small Net in several parts (the exports' input), made
+once per session (per worker process) and only read."""
 
 import pytest
 import torch
@@ -16,7 +17,7 @@ class Net(torch.nn.Module):
         return self.head(self.block(x)).square().mean()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def traced(tmp_path_factory):
     path = tmp_path_factory.mktemp("export") / "net.parquet"
     torch.manual_seed(0)

@@ -1,5 +1,6 @@
 """Fixtures of the SQL engine's tests: `template` (a 2-layer MLP, 2 AdamW steps, one part), `parts` (its forward and
-backward twice in 3 parts), `traces` (the example GPT, a cut one, a 2-rank job, a damaged copy)."""
+backward twice in 3 parts), `traces` (the example GPT, a cut one, a 2-rank job, a damaged copy). Each is made once
+per session (per worker process) and only read: a test that damages one damages a copy."""
 
 import os
 import shutil
@@ -13,7 +14,7 @@ from tracer import Tracer
 from tracer.schema import part_paths
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def template(tmp_path_factory):
     """A 2-layer MLP, 2 AdamW steps, written as one part (160 rows)."""
     path = tmp_path_factory.mktemp("review") / "t"
@@ -29,7 +30,7 @@ def template(tmp_path_factory):
     return path
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def parts(tmp_path_factory):
     """The template's MLP forward and backward twice, in parts of 32 rows (3 parts)."""
     path = tmp_path_factory.mktemp("parts") / "p"
@@ -42,7 +43,7 @@ def parts(tmp_path_factory):
     return path
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def traces(tmp_path_factory):
     from tests.tracer.distributed.test_job import simulate
 
