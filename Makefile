@@ -10,7 +10,7 @@ PIP := $(PY) -m pip install --disable-pip-version-check --progress-bar on
 OMP_NUM_THREADS ?= 1
 export OMP_NUM_THREADS
 
-.PHONY: demo test collector gpu-check clean
+.PHONY: demo test lint format collector gpu-check clean
 
 $(STAMP): pyproject.toml
 	@echo "==> creating $(VENV) (first run only)"
@@ -41,8 +41,20 @@ demo: $(STAMP) $(COLLECTOR)
 # Every test is independent of the others' order and process; `make test PYTEST_WORKERS=0` runs it in one.
 PYTEST_WORKERS ?= 2
 
-test: $(STAMP) $(COLLECTOR)
+test: lint $(STAMP) $(COLLECTOR)
 	$(PY) -m pytest -q -n $(PYTEST_WORKERS)
+
+# ruff (the dev extra pins it; its rules are in pyproject.toml): lint, and the formatter's check, over the code that
+# is formatted. `make format` applies both.
+LINT_PATHS ?= tests
+
+lint: $(STAMP)
+	$(PY) -m ruff check $(LINT_PATHS)
+	$(PY) -m ruff format --check $(LINT_PATHS)
+
+format: $(STAMP)
+	$(PY) -m ruff check --fix $(LINT_PATHS)
+	$(PY) -m ruff format $(LINT_PATHS)
 
 # benchmarks/gpu_check.py: every CUDA path (event and sync timing, cuda_memory, the Meter, MFU, torch.compile, NCCL)
 # against torch.cuda's own figures, one table, exit status 1 when a check fails; without a GPU one line, exit 0.

@@ -3,7 +3,7 @@ in a fresh process (`/usr/bin/time -f "%e %M"`), against a DuckDB aggregate of t
 
     .venv/bin/python benchmarks/ranks_sql.py [--ranks 128] [--rows 50000000] [--dir /tmp] [--keep] [--trace PATH]
 
-The trace: a rank of a simulated FSDP2 job (tests/test_job.py: world size --ranks, fake process group,
+The trace: a rank of a simulated FSDP2 job (tests/tracer/distributed/test_job.py: world size --ranks, fake process group,
 FakeTensorMode; 332 rows of 2 steps) is traced once; its rows are repeated, written with pyarrow into
 --ranks `rank=R` directories of parts of 16,384 rows (the tracer's flush size), --rows in all. Each copy
 of the rows has seq and step renumbered, so seq increases and the steps are distinct, and storage ids
@@ -57,7 +57,7 @@ print(by_category(trace)[["category", "bytes"]].to_string(index=False), len(memo
 
 
 def source_rank(where, world):
-    """Trace rank 0 of a simulated FSDP2 job of `world` ranks (tests/test_job.py); its rank directory."""
+    """Trace rank 0 of a simulated FSDP2 job of `world` ranks (tests/tracer/distributed/test_job.py); its rank directory."""
     sys.path[:0] = [str(ROOT / "tests"), str(ROOT), str(ROOT / "examples")]
     from test_job import simulate
 

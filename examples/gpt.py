@@ -13,7 +13,7 @@ T = batch * seq_len tokens, with N the parameters that enter a matmul:
     backward weight matmuls  4 N T     (dL/dx = dL/dy @ W and dL/dW = x^T @ dL/dy)
     attention matmuls       12 L d S T (forward 4 L d S T, backward twice that)
 
-`optrace report` compares the traced FLOPs with these; tests/test_gpt.py asserts
+`optrace report` compares the traced FLOPs with these; tests/tracer/flops/test_gpt.py asserts
 them exactly on a tiny configuration.
 """
 

@@ -19,9 +19,10 @@ import tomllib
 import ast
 import subprocess
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests import helpers
+
+ROOT = helpers.ROOT
 PACKAGES = ("reports", "tracer")
 BASE = {"reports", "reports.errors", "reports._util", "reports.steps"}
 LOADING = "reports.loading"
@@ -99,7 +100,7 @@ def _cycle(graph):
         path.append(node)
         for nxt in sorted(graph.get(node, ())):
             if state.get(nxt) == "open":
-                return path[path.index(nxt):] + [nxt]
+                return path[path.index(nxt) :] + [nxt]
             if nxt not in state:
                 found = visit(nxt, path)
                 if found:
@@ -176,15 +177,19 @@ def test_imports_run_one_way():
     graph = _without_front_doors(_graph())
     upward = sorted(
         f"{name} imports {target}"
-        for name, edges in graph.items() if name.startswith("reports")
-        for target in edges if _layer(target) > _layer(name)
-    )  # fmt: skip
+        for name, edges in graph.items()
+        if name.startswith("reports")
+        for target in edges
+        if _layer(target) > _layer(name)
+    )
     assert upward == []
 
 
 def test_tracer_and_reports_meet_only_at_the_schema():
     graph = _without_front_doors(_graph())
-    into_reports = sorted(f"{n} -> {t}" for n, e in graph.items() if n.startswith("tracer") for t in e if t.startswith("reports"))
+    into_reports = sorted(
+        f"{n} -> {t}" for n, e in graph.items() if n.startswith("tracer") for t in e if t.startswith("reports")
+    )
     into_tracer = sorted({t for n, e in graph.items() if n.startswith("reports") for t in e if t.startswith("tracer")})
     # tracer.devices: the device catalogue (peaks, memory, bandwidth, links), pure data: the tracer's run-time meter
     # needs its peaks (tracer.metering.meter), and the roofline's bandwidth and the plan's targets are the same records;
@@ -254,6 +259,9 @@ def test_reports_modules_use_only_public_names_of_each_other():
             continue
         for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(("reports.", "tracer.")):
-                private += [f"{name}: from {node.module} import {a.name}" for a in node.names
-                            if a.name.startswith("_") and a.name != "_util"]
+                private += [
+                    f"{name}: from {node.module} import {a.name}"
+                    for a in node.names
+                    if a.name.startswith("_") and a.name != "_util"
+                ]
     assert private == []

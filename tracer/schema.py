@@ -159,7 +159,7 @@ FLOP_KINDS = (
 _shape_list = pa.list_(pa.list_(pa.int64()))
 _str = pa.dictionary(pa.int32(), pa.string())
 
-# (name, type, meaning): docs/schema.md's column table holds one row per entry (tests/test_schema.py checks it).
+# (name, type, meaning): docs/schema.md's column table holds one row per entry (tests/tracer/store/test_schema.py checks it).
 COLUMNS = (
     ("seq", pa.int64(), "op index in the trace, from 0"),
     ("step", pa.int64(), "training step: begins with the first forward work after an optimizer step or Tracer.step()"),

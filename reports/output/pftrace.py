@@ -6,7 +6,7 @@ reports/output/export.py writes in JSON, as TracePackets written one at a time w
 `pip install optrace[perfetto]`). Timestamps are ns after the earliest op; an op is a
 SLICE_BEGIN / SLICE_END pair on its phase's track, its args are debug annotations.
 
-What Perfetto's trace processor needs, and tests/test_pftrace.py checks packet by packet:
+What Perfetto's trace processor needs, and tests.reports.output.test_export checks packet by packet:
 every track an event names has its TrackDescriptor written before the event (a process
 track per rank, a thread track per phase, a counter track per counter value, the last
 with its CounterDescriptor: without one, trace processor drops the track's counter events

@@ -1,9 +1,9 @@
 """Where `optrace report` takes each table from: the SQL engine (reports/sql) when it has the trace
 open, else the pandas functions on the loaded frame (the reference). Both give the same tables
-(tests/test_sql.py). With the SQL engine every section works with df=None: breakdown, explain and MFU run the
-pandas functions on the small frame reports/sql/flops.py cuts from the trace (tests/test_sql_flops.py); the
+(tests/reports/sql/test_sql.py). With the SQL engine every section works with df=None: breakdown, explain and MFU run the
+pandas functions on the small frame reports/sql/flops.py cuts from the trace (tests/reports/sql/test_sql_flops.py); the
 memory categories, the meter and the distributed sections come from their SQL views
-(tests/test_sql_sections.py); the rank sections take a Source over every rank."""
+(tests/reports/sql/test_sql_sections.py); the rank sections take a Source over every rank."""
 
 __all__ = ["Source"]
 

@@ -7,11 +7,11 @@ the query of flops.sql that decoded five list columns of every row again (report
     rest     flop_rest: the other rows' FLOPs summed per phase, optimizer op, FLOP kind, recompute flag, first input
              dtype and FLOPs > 0, each group at its first row's seq and step
 
-`walked` is flop_marked's condition on flop_ops' op lists, read from flops.sql (tests/test_sql_flops.py checks them),
+`walked` is flop_marked's condition on flop_ops' op lists, read from flops.sql (tests/reports/sql/test_sql_flops.py checks them),
 a mul or div's scalar operand tested as flop_marked tests it (one tensor input, or two of which one's shape has a
 product of 1, a missing or empty shape counting as 1: list_product skips nulls and gives NULL for no item). The
 FLOP sums are exact (integer halves), so `table` gives what flops.py's query gives of a run, row for row
-(tests/test_sql_flops.py compares the frames).
+(tests/reports/sql/test_sql_flops.py compares the frames).
 """
 
 import os

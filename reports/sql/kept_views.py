@@ -4,7 +4,7 @@ after which live_bytes is highest, the first on a tie).
 
 Each consumer sums exact integers per part, as DuckDB sums them, and gives `table(run)`: its rows as an Arrow Table,
 from which reports/sql/engine.py makes the view (`SELECT`), with views.sql's columns and DuckDB types; None when a sum
-passes int64 (the view is then scan.py's, over the files). tests/test_sql_scan.py compares them with their definitions.
+passes int64 (the view is then scan.py's, over the files). tests/reports/sql/test_sql_scan.py compares them with their definitions.
 """
 
 import numpy as np

@@ -6,7 +6,7 @@ two list columns, costs more than the rest of a scan). The engine instead groups
 small tables (GRAINS, each a table of one scan) and defines the views listed in VIEWS from them.
 Every sum is an integer sum (exact in any order) and every key of a view is a key of its grain, so each
 view holds what views.sql's definition holds, column for column and type for type
-(tests/test_sql_scan.py compares them on every test trace):
+(tests/reports/sql/test_sql_scan.py compares them on every test trace):
 
     _ops    per run, op, phase, FLOP kind, view flag, dtype, FLOPs, algorithmic bytes (views move none),
             process group and group size: op_facts, by_dtype, roofline_op, collective_totals and the

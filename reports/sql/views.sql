@@ -20,8 +20,8 @@
 -- docs/sql_dialects.md), so the same views run over the same Parquet files on a cluster: a list's item
 -- `input_dtypes[1]`, its length `array_length(x)`, a slice `array_slice(x, 1, 2)`, its least and greatest
 -- items `list_min(x)`, `list_max(x)` (a function sqlglot does not know, such as list_product, is refused
--- there). tests/test_sql_dialects.py runs every view in Spark. The views marked "portable" use no list
--- function and run unchanged in polars' SQL too (tests/test_sql.py checks them).
+-- there). tests/reports/sql/test_dialects.py runs every view in Spark. The views marked "portable" use no list
+-- function and run unchanged in polars' SQL too (tests/reports/sql/test_sql.py checks them).
 -- Statements are separated by a line holding only ';'.
 
 -- portable: the steps each phase of each run ran in (reports/steps.py phase_steps).

@@ -96,7 +96,7 @@ def _lightning():
 
 def __getattr__(name):
     """`LightningMeter`, made at its first use: importing Lightning takes about 2 s, which `MeterCallback`'s users
-    (Hugging Face) should not pay for having it installed (tests/test_meter.py runs it against a stand-in)."""
+    (Hugging Face) should not pay for having it installed (tests/tracer/metering/test_meter.py runs it against a stand-in)."""
     if name != "LightningMeter":
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     pl = _lightning()

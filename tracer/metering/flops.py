@@ -75,7 +75,7 @@ def _nested(t):
 def settled(inputs):
     """The root calls' signatures as a key: a jagged tensor's offsets read as ints (after the step's device
     sync, with the tracer paused; a device tensor costs a copy to the host). Until the process has seen a jagged
-    input, the signatures as they are: 0.03 us a step instead of 0.5 (tests/test_review12.py covers both)."""
+    input, the signatures as they are: 0.03 us a step instead of 0.5 (tests/tracer/recording/test_step_boundaries.py covers both)."""
     if not _jagged_seen:
         return tuple(inputs)
     return tuple(tuple(_settle(entry) for entry in call) for call in inputs)

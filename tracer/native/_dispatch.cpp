@@ -16,7 +16,7 @@
 //     operators), collectives and tensor subclasses go to the Python hook before the op runs (`hook`:
 //     `_TraceMode.__torch_dispatch__`); ops whose FLOPs are a FlopCount (grouped matmuls, packed
 //     attention) and ops with a sparse, nested or symbolic tensor to `Tracer._record` once it ran.
-// Both paths write the same rows (tests/test_collector.py compares the traces column by column).
+// Both paths write the same rows (tests/tracer/native/test_collector.py compares the traces column by column).
 //
 // The state read here stays the Python objects' (the tracer's, the StorageTable's, the Attribution's
 // attributes, read through their instance dicts), so the Python code that runs between ops (module and

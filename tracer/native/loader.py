@@ -1,6 +1,6 @@
 """Which path records an op: the compiled one (tracer/native/_collector.cpp, tracer/native/_dispatch.cpp) or Python.
 
-Both append the same integers to the same buffers (tests/test_collector.py compares the
+Both append the same integers to the same buffers (tests/tracer/native/test_collector.py compares the
 traces column by column). The compiled one is the dispatch hook itself for the common op
 (tracer/native/_dispatch.cpp), and reads the tensors in one call for the ops it hands to
 `Tracer._record` (tracer/native/_collector.cpp). It is used when

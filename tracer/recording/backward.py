@@ -101,7 +101,7 @@ class BackwardStack:
             del self._leaf_hooks[key]
 
     def live_hooks(self):
-        """Gradient hooks the tracer holds now (bounded: see tests/test_loops.py)."""
+        """Gradient hooks the tracer holds now (bounded: see tests/tracer/recording/test_loops.py)."""
         return len(self._grad_handles) + len(self._leaf_hooks)
 
     def _watch(self, tensors, make_hook, name):

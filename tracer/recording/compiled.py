@@ -60,7 +60,7 @@ class DynamoSkips:
     compiled before or during the trace ran eagerly for the rest of the program. While installed, a
     stand-in for Dynamo's `CatchErrorsWrapper._handle_skip` notes the codes skipped for a dispatch mode;
     `remove()` takes it off and sets those codes back to Dynamo's default strategy: the graphs compiled
-    for them are kept, nothing is compiled again (tests/test_compiled_warning.py). Only intercepted
+    for them are kept, nothing is compiled again (tests/tracer/recording/test_compiled_warning.py). Only intercepted
     codes are noted, and Dynamo intercepts only codes whose strategy was its default. Where a torch lacks
     these hooks, nothing is patched, and the module stays eager after the trace as before."""
 

@@ -138,7 +138,7 @@ def _op_info(func, names):
     """The _OpInfo of `func` for a trace with string tables `names`. What it derives from the op alone
     (str(func), its FLOP rule, written arguments: about 40 us an op) is kept for the next traces, and
     made again once a FLOP formula was registered or replaced, also during a trace before the op's first
-    call in it (tests/test_hot_path.py, tests/test_hot_path_review.py)."""
+    call in it (tests/tracer/native/test_hot_path.py, tests/tracer/native/test_hot_path_vs_plain.py)."""
     entry = _registry.get(func.overloadpacket)  # its formula now: one registered in this trace counts too
     kept = _described.get(id(func))  # keyed by id: an OpOverload hashes in Python; the op kept keeps its id unique
     if kept is None or kept[2] is not entry:

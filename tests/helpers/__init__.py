@@ -1,0 +1,49 @@
+"""What the test modules share that is not a fixture: the checkout's paths, a child program's first line, a copy of
+a trace as another rank.
+
+How tests import each other: `tests/` and each folder under it is a package (an empty `__init__.py`), so pytest
+(its default `prepend` import mode) puts the checkout's root on `sys.path` and names every test module by its
+dotted path. A test imports what it shares absolutely, from here (`from tests.helpers import ROOT, copy_rank`) or
+from another test module (`from tests.tracer.metering.test_meter import Net`). A fixture is never imported: one that
+several modules use lives in the conftest.py of their nearest common folder (tests/conftest.py for every test;
+tests/reports/sql/conftest.py for the SQL engine's traces), where pytest finds it. Paths are built from `ROOT`, never
+from a test file's own place, so a test module can move between folders."""
+
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]  # the checkout: tracer/, reports/, examples/, docs/
+EXAMPLES = ROOT / "examples"
+
+# The first line of a child program that takes a Ctrl-C: Python's own SIGINT handler, whatever the suite inherited.
+# A suite started with SIGINT ignored (`make test &` from a script, `nohup ... &`, an ignoring parent) passes that
+# on to every child: Python then installs no handler, so `os.kill(pid, SIGINT)`, `signal.raise_signal` and
+# `_thread.interrupt_main` do nothing, and no KeyboardInterrupt comes.
+DEFAULT_SIGINT = "import signal; signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+
+
+def copy_rank(source, target, rank):
+    """A copy of trace directory `source` at `target` as rank `rank` of the same job: every part's metadata and the
+    marker name that rank and a trace id of its own (a plain copy is refused by the reports: two directories of
+    one trace)."""
+    import json
+    import shutil
+
+    import pyarrow.parquet as pq
+
+    from reports.loading.integrity import read_marker
+    from tracer.store.directory import write_facts
+    from tracer.schema import METADATA_KEY, part_paths, read_part
+
+    shutil.copytree(source, target)
+    for part in part_paths(target):
+        table = read_part(part)
+        meta = json.loads(table.schema.metadata[METADATA_KEY])
+        trace_id = f"{meta.get('trace_id')}-rank{rank}"
+        meta.update(rank=rank, trace_id=trace_id, world_size=max(int(meta.get("world_size") or 1), rank + 1))
+        pq.write_table(
+            table.replace_schema_metadata({**table.schema.metadata, METADATA_KEY: json.dumps(meta).encode()}), part
+        )
+    marker = read_marker(target)
+    if marker.get("trace_id") is not None:
+        write_facts(target, {**marker, "trace_id": f"{marker['trace_id']}-rank{rank}"})
+    return target

@@ -1,0 +1,226 @@
+"""reports.compare: an fp32 run against a bf16 autocast run of the same MLP, and two different models.
+
+MLP: Linear(4, 8) -> ReLU -> Linear(8, 2) on x [3, 4]. Under torch.autocast("cpu", bfloat16) every
+matmul writes bfloat16 (2 bytes) where fp32 writes float32 (4 bytes): half the output bytes.
+"""
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from torch import nn
+
+from reports.compare import compare
+from reports.errors import ReportError
+from reports.flops.mfu import mfu
+from reports.loading.load import load
+from reports.output.cli import main
+from tracer import Tracer
+
+
+def trace(path, model, dtype=None, run_name=None, steps=1):
+    torch.manual_seed(0)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    x = torch.randn(3, 4)
+    with Tracer(path, model=model, run_name=run_name, tokens=3) as tracer:
+        for _ in range(steps):
+            with torch.autocast("cpu", dtype=dtype or torch.bfloat16, enabled=dtype is not None):
+                loss = model(x).pow(2).mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+        tracer.set_step_time(0.01)
+    return path
+
+
+def mlp(*widths):
+    torch.manual_seed(0)
+    layers = []
+    for a, b in zip(widths[:-1], widths[1:]):
+        layers += [nn.Linear(a, b), nn.ReLU()]
+    return nn.Sequential(*layers[:-1])
+
+
+@pytest.fixture(scope="module")
+def paths(tmp_path_factory):
+    d = tmp_path_factory.mktemp("compare")
+    return [
+        trace(d / "fp32.parquet", mlp(4, 8, 2), run_name="fp32"),
+        trace(d / "bf16.parquet", mlp(4, 8, 2), dtype=torch.bfloat16, run_name="bf16", steps=2),
+    ]
+
+
+@pytest.fixture(scope="module")
+def runs(paths):
+    return load(paths)
+
+
+def row(table, key, run, by="op"):
+    return table[(table[by] == key) & (table["run"] == run)].iloc[0]
+
+
+def test_bf16_halves_the_matmul_output_bytes(runs):
+    table = compare(runs, by="op")
+    for op in ("aten.mm.default", "aten.addmm.default"):
+        bf16 = row(table, op, "bf16")
+        assert bf16["bytes_allocated_ratio"] == 0.5  # 2 bytes per bfloat16 element / 4 per float32
+        assert bf16["flops_ratio"] == 1.0  # the same arithmetic
+        assert row(table, op, "fp32")["bytes_allocated_ratio"] == 1.0
+    # forward: addmm [3, 4] @ [4, 8] -> [3, 8] and [3, 8] @ [8, 2] -> [3, 2]: (24 + 6) * 4 bytes per fp32 step
+    assert row(table, "aten.addmm.default", "fp32")["bytes_allocated_per_step"] == (24 + 6) * 4
+    assert row(table, "aten.addmm.default", "bf16")["bytes_allocated_per_step"] == (24 + 6) * 2
+    # the casts exist only under autocast: x / 0
+    assert row(table, "aten._to_copy.default", "bf16")["bytes_allocated_ratio"] == np.inf
+    assert row(table, "aten._to_copy.default", "fp32")["ops_per_step"] == 0
+
+
+def test_layout_and_order(runs):
+    table = compare(runs)  # by phase, baseline the first run
+    assert list(table.columns) == [
+        "phase",
+        "run",
+        "steps",
+        "ops_per_step",
+        "flops_per_step",
+        "bytes_allocated_per_step",
+        "traced_us_per_step",
+        "peak_live_bytes",
+        "mfu_pct",
+        "flops_ratio",
+        "bytes_allocated_ratio",
+        "peak_live_bytes_ratio",
+        "traced_us_ratio",
+        "change_pct",
+    ]
+    assert list(table["phase"][:2]) == ["total", "total"] and list(table["run"][:2]) == ["fp32", "bf16"]
+    assert dict(zip(table["run"], table["steps"])) == {"fp32": 1, "bf16": 2}  # values are per step
+    base = table[table["run"] == "fp32"]
+    assert (base[["flops_ratio", "bytes_allocated_ratio", "peak_live_bytes_ratio"]] == 1.0).all().all()
+    assert (base["change_pct"] == 0).all()
+    keys = table.loc[table["phase"] != "total"]
+    per_key = keys.groupby("phase", sort=False)["change_pct"].max()
+    assert list(per_key) == sorted(per_key, reverse=True)  # biggest differences first
+    fp32 = runs[runs["run"] == "fp32"]
+    total = row(table, "total", "fp32", by="phase")
+    assert total["flops_per_step"] == fp32["flops"].sum()
+    assert total["peak_live_bytes"] == fp32["live_bytes"].max()
+    assert total["traced_us_per_step"] == pytest.approx(fp32["duration_ns"].sum() / 1000)
+
+
+def test_mfu_on_the_total_rows(runs):
+    table = compare(runs)
+    rates = mfu(runs).set_index("run")["mfu"]
+    totals = table[table["phase"] == "total"].set_index("run")["mfu_pct"]
+    np.testing.assert_allclose(totals.to_numpy(), 100 * rates.reindex(totals.index).to_numpy(), equal_nan=True)
+    assert table.loc[table["phase"] != "total", "mfu_pct"].isna().all()
+
+
+def test_baseline_and_paths(runs, paths):
+    table = compare(runs, by="op", baseline="bf16")
+    assert row(table, "aten.mm.default", "fp32")["bytes_allocated_ratio"] == 2.0
+    assert list(table["run"][:2]) == ["fp32", "bf16"]
+    from_paths = compare([str(p) for p in paths], by="op")
+    pd.testing.assert_frame_equal(
+        from_paths.drop(columns=["traced_us_per_step", "traced_us_ratio", "mfu_pct"]),
+        compare(runs, by="op").drop(columns=["traced_us_per_step", "traced_us_ratio", "mfu_pct"]),
+    )
+
+
+def test_different_models_compare_by_op_and_phase(tmp_path):
+    small = trace(tmp_path / "small.parquet", mlp(4, 8, 2), run_name="small")  # 2 Linear layers
+    deep = trace(tmp_path / "deep.parquet", mlp(4, 16, 16, 2), run_name="deep")  # 3 Linear layers
+    df = load([small, deep])
+    by_op = compare(df, by="op")
+    assert row(by_op, "aten.addmm.default", "deep")["ops_per_step"] == 3
+    assert row(by_op, "aten.addmm.default", "small")["ops_per_step"] == 2
+    # forward matmul FLOPs: 2 * 3 * (4*16 + 16*16 + 16*2) = 2112 against 2 * 3 * (4*8 + 8*2) = 288
+    assert row(by_op, "aten.addmm.default", "deep")["flops_ratio"] == pytest.approx(2112 / 288)
+    assert set(compare(df, by="phase")["phase"]) == {"total", "forward", "backward", "optimizer"}
+    by_module = compare(df, by="module")
+    assert row(by_module, "4", "small", by="module")["ops_per_step"] == 0  # the deep model's third Linear
+    assert row(by_module, "4", "deep", by="module")["ops_per_step"] > 0
+
+
+def test_empty_keeps_dtypes(runs):
+    empty, full = compare(runs.iloc[0:0]), compare(runs)
+    assert list(empty["phase"]) == ["total", "total"]
+    assert empty.dtypes.to_dict() == full.dtypes.to_dict()
+
+
+def test_errors(runs):
+    with pytest.raises(ReportError, match=r"compare: by must be one of \['phase', 'op', 'module'\], got 'dtype'"):
+        compare(runs, by="dtype")
+    with pytest.raises(ReportError, match=r"compare: baseline 'fp16' is not one of the runs \['fp32', 'bf16'\]"):
+        compare(runs, baseline="fp16")
+    with pytest.raises(ReportError, match=r"compare: expected a DataFrame from reports.load or trace paths, got int"):
+        compare(42)
+    with pytest.raises(ReportError, match=r"compare: the trace lacks column\(s\) \['duration_ns'\]"):
+        compare(runs.drop(columns="duration_ns"))
+    with pytest.raises(ReportError, match=r"no such file or directory"):
+        compare(["/nonexistent/trace.parquet"])
+
+
+# Keys that would collide with the whole-run "total" row: a model whose child module is named `total` (an attribute
+# `self.total = nn.Linear(8, 4)`) gives the compare-by-module key "total", the name of each run's whole-run row.
+class _Totals(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.total = nn.Linear(8, 4, bias=False)
+
+    def forward(self, x):
+        return self.total(x)
+
+
+def _trace(path, batch):
+    torch.manual_seed(0)
+    model = _Totals()
+    with Tracer(path, model=model, tokens=batch):
+        model(torch.randn(batch, 8)).sum().backward()
+    return path
+
+
+@pytest.fixture(scope="module")
+def totals(tmp_path_factory):
+    root = tmp_path_factory.mktemp("review")
+    return [_trace(root / "b2.parquet", 2), _trace(root / "b4.parquet", 4)]
+
+
+def test_a_module_named_total_is_its_own_key(totals):
+    table = compare(load(totals), by="module")
+    whole = table[table["module"] == "total"]
+    module = table[table["module"] == "total (module)"]
+    assert list(whole["run"]) == ["b2", "b4"] and list(module["run"]) == ["b2", "b4"]
+    # the Linear's forward mm: 2 * batch * 8 * 4 FLOPs = 128 (batch 2), 256 (batch 4); its weight gradient
+    # mm in the backward is as many (the input needs no gradient): 256 and 512 per step, x 2.0
+    assert list(module["flops_per_step"]) == [256.0, 512.0]
+    assert list(module["flops_ratio"]) == [1.0, 2.0]
+    # the whole run adds the sum (2 * 4 = 8 and 4 * 4 = 16 FLOPs): 264 and 528
+    assert list(whole["flops_per_step"]) == [264.0, 528.0]
+
+
+@pytest.mark.parametrize("engine", ["sql", "pandas"])
+def test_the_cli_compares_a_module_named_total(totals, capsys, engine):
+    main(["compare", *map(str, totals), "--by", "module", "--json", "--engine", engine])
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    module = [r for r in rows if r["module"] == "total (module)"]
+    assert [r["flops_per_step"] for r in module] == [256, 512]  # as above
+
+
+@pytest.mark.parametrize("engine", ["sql", "pandas"])
+def test_the_data_of_each_iteration_is_one_per_step_whatever_the_steps_traced(loops, capsys, engine):
+    # k iterations make k randn batches; the step rule puts the first two in step 0 (the second runs after
+    # step 0's optimizer, before step 1's forward), so "other" has rows in k - 1 steps. Per step it must be
+    # one randn, not k / (k - 1) of one (2 at k = 2, 1.5 at k = 3, as it was).
+    main(["compare", *map(str, loops), "--json", "--engine", engine])
+    rows = {(r["phase"], r["run"]): r for r in json.loads(capsys.readouterr().out)["rows"]}
+    assert rows["other", "s2"]["ops_per_step"] == 1 and rows["other", "s3"]["ops_per_step"] == 1
+    # randn(4, 8) and randn(8, 8) in float32: 4 * 8 * 4 = 128 and 8 * 8 * 4 = 256 bytes, x 2.0
+    assert (
+        rows["other", "s2"]["bytes_allocated_per_step"] == 128
+        and rows["other", "s3"]["bytes_allocated_per_step"] == 256
+    )
+    assert rows["other", "s3"]["bytes_allocated_ratio"] == 2
+    # a step is 34 ops at either batch and step count: 1 randn + 8 forward + 21 backward + 4 SGD add_
+    assert rows["total", "s2"]["ops_per_step"] == 34 and rows["total", "s3"]["ops_per_step"] == 34
