@@ -10,8 +10,7 @@ from reports._util import pct, tokens_text
 from reports.flops.accounting import analyse, name_pattern, routing
 from reports.flops.attention_words import causal_line, kernel_words
 from reports.flops.recompute import attention_recompute, checkpoint_recompute
-from reports.loading.columns import cell_objects, has_column
-from reports.steps import per_step, step_phases
+from reports.flops.rows import frame_of, per_step
 
 __all__ = ["explain"]
 
@@ -21,6 +20,11 @@ _N_DESC = {
     "non_embedding": "non-embedding parameters",
     "given": "parameters (given)",
 }
+
+
+def _text(value):
+    """A string cell as pandas' astype(str) writes it: "nan" for a null."""
+    return "nan" if value is None else str(value)
 
 
 def _f(x):
@@ -44,8 +48,13 @@ def explain(df, n="matmul", tokens=None, accounts=None):
     recomputation, activation checkpointing, weights outside the model, the output
     head, inputs that need no gradient, embeddings and other parameters outside N,
     the optimizer, and the remaining elementwise ops. `accounts`: as for `breakdown`."""
+    return explain_lines(frame_of(df) if accounts is None else None, n, tokens, accounts)
+
+
+def explain_lines(frame, n="matmul", tokens=None, accounts=None):
+    """`explain` of a reports.flops.rows.Frame (or of `accounts`)."""
     lines = []
-    for acc in analyse(df, n, tokens, "explain", columns=("input_shapes",)) if accounts is None else accounts:
+    for acc in analyse(frame, n, tokens, "explain", columns=("input_shapes",)) if accounts is None else accounts:
         lines.extend(_Run(acc).lines())
     return lines
 
@@ -65,14 +74,14 @@ class _Run:
     def __init__(self, acc):
         self.acc, self.rows, self.roles = acc, acc.rows, acc.roles
         self.N, self.T = acc.N, acc.T
-        ph = self.rows["phase"]
+        ph = self.rows.labels("phase")
         self.cat = self.roles.category
-        self.is_fwd, self.is_bwd, self.is_opt = ph == "forward", ph == "backward", ph == "optimizer"
+        self.is_fwd, self.is_bwd, self.is_opt = ph.eq("forward"), ph.eq("backward"), ph.eq("optimizer")
         self.recompute = checkpoint_recompute(self.rows)
-        self.kernel = self.rows["flop_kind"] == "attention"
+        self.kind = self.rows.labels("flop_kind")
+        self.kernel = self.kind.eq("attention")
         self.out = []
         self.routed = acc.n_active < self._n_mm() - 0.5  # some weights multiply fewer than T tokens: experts
-        self.phases = step_phases(self.rows)  # one pass over the rows for the many figures below
         # forward weight matmuls of training (grad mode: a backward of their step reads them), reports/flops/roles.py
         self.train_fwd = self.is_fwd & self.roles.training
         self.idle_fwd = self.is_fwd & (self.roles.param >= 0) & ~self.roles.training
@@ -81,7 +90,7 @@ class _Run:
             self.train_fwd, self.idle_fwd = self.is_fwd & (self.roles.param >= 0), self.is_fwd & False
 
     def ps(self, mask=None, by=None, values="flops"):
-        return per_step(self.rows, values=values, mask=mask, by=by, phases=self.phases)
+        return per_step(self.rows, values=values, mask=mask, by=by)
 
     def lines(self):
         unsplit = cycles_note(self.acc.meta)
@@ -146,8 +155,8 @@ class _Run:
             f"{_f(2 * acc.n_active * T)} FLOPs, backward 4·N_active·T, all phases 6·N_active·T = "
             f"{_f(6 * acc.n_active * T)}; the optimizer updates all {self._n_total():,} parameters."
         )
-        if "flops_bound" in self.rows and (self.train_fwd & self.roles.param.isin(list(routed))
-                                            & self.rows["flops_bound"].fillna(False).astype(bool)).any():
+        if "flops_bound" in self.rows and (self.train_fwd & np.isin(self.roles.param, np.array(list(routed), dtype=np.int64))
+                                            & self.rows.flag("flops_bound")).any():
             line += (" N_active is an upper bound: the routed weights' forward FLOPs it is measured from are upper "
                      "bounds (flops_bound: their group sizes could not be read, meta or fake tensors), exact only "
                      "if every row of their operands is routed.")
@@ -213,8 +222,8 @@ class _Run:
         idle = self.ps(idle_rows & (cat == "weight_matmul"))
         if not idle:
             return
-        frozen = self.roles.param[idle_rows].map(lambda s: not self.roles.trainable.get(int(s), True)).all()
-        known = has_column(self.rows, "grad_mode") and self.rows.loc[idle_rows, "grad_mode"].notna().all()
+        frozen = all(not self.roles.trainable.get(s, True) for s in self.roles.param[idle_rows].tolist())
+        known = "grad_mode" in self.rows and self.rows.labels("grad_mode").notna()[idle_rows].all()
         why = ("frozen weights whose inputs need no gradient: autograd records nothing for them" if frozen else
                "run in grad mode (the grad_mode column): frozen weights whose inputs need no gradient, or a forward "
                "whose output no backward reaches" if known else
@@ -229,11 +238,11 @@ class _Run:
         """Forward work with grad mode off in a trace that trains: an evaluation, by the grad_mode column."""
         # the matmul and attention rows only: the SQL engine's frame sums the other rows without their grad mode
         cat = self.cat
-        matmuls = self.roles.evaluation & self.is_fwd & cat.isin(("weight_matmul", "attention"))
+        matmuls = self.roles.evaluation & self.is_fwd & np.isin(cat, ("weight_matmul", "attention"))
         weights, attention = self.ps(matmuls & (cat == "weight_matmul")), self.ps(matmuls & (cat == "attention"))
         if not (weights or attention):
             return
-        modes = " or ".join(sorted(set(self.rows.loc[matmuls, "grad_mode"].astype(str))))
+        modes = " or ".join(sorted(set(map(_text, self.rows.labels("grad_mode").strings(matmuls)))))
         parts = [f"weight matmuls {_f(weights)}"] + ([f"attention {_f(attention)}"] if attention else [])
         self.out.append(
             f"Evaluation: {_f(weights + attention)} FLOPs per step of forward matmuls ran with grad mode off "
@@ -254,7 +263,7 @@ class _Run:
         has_param = (roles.param >= 0) & ~self.recompute
         fwd_by_param = self.ps(self.train_fwd & has_param, by=roles.param)
         dx_by_param = self.ps(self.is_bwd & has_param, by=roles.param)
-        skipped = {s: fwd_by_param[s] - dx_by_param.get(s, 0.0) for s in fwd_by_param.index
+        skipped = {s: fwd_by_param[s] - dx_by_param.get(s, 0.0) for s in fwd_by_param
                    if fwd_by_param[s] - dx_by_param.get(s, 0.0) > 0}
         frozen = [s for s in roles.matmul_params if not roles.trainable.get(s, True)]
         expected = 4 * self.acc.n_active * T
@@ -275,8 +284,8 @@ class _Run:
                 f"For the lecture's y = x @ w with x not requiring grad, the backward is 2·N·T, not 4·N·T."
             )
         if frozen:
-            fwd_all = self.ps(self.is_fwd & has_param & self.is_bwd.groupby(self.rows["step"]).transform("any")
-                              & ~roles.evaluation, by=roles.param)
+            step = self.rows["step"]
+            fwd_all = self.ps(self.is_fwd & has_param & np.isin(step, step[self.is_bwd]) & ~roles.evaluation, by=roles.param)
             parts = [f"{roles.label(s)} ({roles.numel[s]:,} parameters: {_f(fwd_all.get(s, 0.0))} FLOPs)" for s in frozen]
             line += (f" Frozen weights (requires_grad=False) skip dL/dW = xᵀ @ dL/dy, as large as their forward "
                      f"matmuls: {'; '.join(parts)}.")
@@ -325,7 +334,7 @@ class _Run:
         k_bwd = self.ps(self.kernel & self.is_bwd & ~self.recompute)
         if k_bwd:
             recompute = self.ps(values=attention_recompute(rows))
-            ops = ", ".join(sorted(set(rows.loc[self.kernel & self.is_bwd & ~self.recompute, "op"].astype(str))))
+            ops = ", ".join(sorted(set(map(_text, rows.labels("op").strings(self.kernel & self.is_bwd & ~self.recompute)))))
             self.out.append(
                 f"Recomputation: the fused attention backward ({ops}) counts {_x(k_bwd, k_fwd)} x its forward "
                 f"({_f(k_bwd)} vs {_f(k_fwd)} FLOPs) because it keeps no score matrix and recomputes q @ kᵀ: "
@@ -362,13 +371,13 @@ class _Run:
         """A language model's output head: the last weight matmul of the forward, in a model
         with an embedding (without one, the last layer is just a layer)."""
         roles, acc = self.roles, self.acc
-        fwd_w = self.rows.index[np.asarray(self.is_fwd & (roles.param >= 0), dtype=bool)]  # labels only: no row copied
-        if len(set(roles.param[fwd_w])) <= 1 or not any(roles.embedding.values()):
+        fwd_w = np.flatnonzero(self.is_fwd & (roles.param >= 0))
+        if len(set(roles.param[fwd_w].tolist())) <= 1 or not any(roles.embedding.values()):
             return
         head = int(roles.param[fwd_w[-1]])
         head_f = self.ps(self.is_fwd & (roles.param == head))
         tied = roles.embedding.get(head, False)
-        module = str(self.rows.at[fwd_w[-1], "module"]) if "module" in self.rows else ""
+        module = _text(self.rows.labels("module").strings(fwd_w[-1:])[0]) if "module" in self.rows else ""
         weight = roles.label(head)
         name = (f"{module} (its weight {weight}" if module and not weight.startswith(module + ".") else f"{weight} (")
         name += (", " if name.endswith(weight) else "")
@@ -413,13 +422,13 @@ class _Run:
     def conv_weights(self):
         """Convolution weights: not in the matmul N; a patch embedding (stride = kernel) is a matmul on patches."""
         rows, roles = self.rows, self.roles
-        conv = self.is_fwd & (rows["flop_kind"] == "conv")
-        if not conv.any() or not has_column(rows, "input_shapes"):
+        conv = self.is_fwd & self.kind.eq("conv")
+        if not conv.any() or "input_shapes" not in rows:
             return
-        at = np.flatnonzero(conv.to_numpy())
-        outs = cell_objects(rows, "output_shapes", at) if has_column(rows, "output_shapes") else [None] * len(at)
+        at = np.flatnonzero(conv)
+        outs = rows.cells("output_shapes", at) if "output_shapes" in rows else [None] * len(at)
         weights, patches = {}, {}
-        for ids, shapes, out in zip(cell_objects(rows, "input_storage_ids", at), cell_objects(rows, "input_shapes", at), outs):
+        for ids, shapes, out in zip(rows.cells("input_storage_ids", at), rows.cells("input_shapes", at), outs):
             sid = roles.alias.get(int(ids[1]), -1) if ids is not None and len(ids) > 1 else -1  # a cast, w / sigma
             if sid not in roles.numel or shapes is None or len(shapes) < 2:
                 continue
@@ -446,7 +455,7 @@ class _Run:
         if opt:
             updated = self.acc.meta.get("optimizer_params")  # the parameter elements its steps updated (tracer)
             total_params = updated or self.acc.n_local or self._n_total()  # older traces: what this rank holds
-            ops = {str(o) for o in self.rows.loc[self.is_opt & (self.rows["flops"] > 0), "op"].unique()}
+            ops = set(map(_text, self.rows.labels("op").strings(self.is_opt & (self.rows["flops"] > 0))))
             fused = sorted(o for o in ops if o.startswith("aten._fused_"))
             if fused:
                 how = (f"the fused kernel ({', '.join(fused)}) counts 1 FLOP per parameter element, though an Adam "
@@ -474,7 +483,7 @@ class _Run:
         if not other_fb:
             return
         kinds = self.ps(mask, by="flop_kind")
-        kinds = kinds[kinds > 0].sort_values(ascending=False, kind="stable")
+        kinds = dict(sorted(((k, v) for k, v in kinds.items() if v > 0), key=lambda kv: -kv[1]))  # most first, ties in order
         self.out.append(
             f"Other ops: {_f(other_fb)} FLOPs in forward + backward ({_pct(other_fb, self.ps(self.is_fwd | self.is_bwd))} "
             f"of them; {', '.join(f'{kind} {_f(v)}' for kind, v in kinds.items())}), outside the matmul heuristic."
@@ -482,7 +491,7 @@ class _Run:
 
     def uncounted(self):
         """Ops without a FLOP formula (flop_kind "unknown": nn.LSTM's fused kernels, say) count 0."""
-        if ((self.rows["flop_kind"] == "unknown") & (self.is_fwd | self.is_bwd | self.is_opt)).any():  # not bookkeeping
+        if (self.kind.eq("unknown") & (self.is_fwd | self.is_bwd | self.is_opt)).any():  # not bookkeeping
             self.out.append(
                 "Ops without a FLOP formula ran (flop_kind unknown; the report lists them with their share of op "
                 "time): they count 0 FLOPs, so every figure above leaves their work out, and a weight only they "
