@@ -10,6 +10,7 @@ from reports._util import pct, tokens_text
 from reports.flops.accounting import analyse, name_pattern, routing
 from reports.flops.attention_words import causal_line, kernel_words
 from reports.flops.recompute import attention_recompute, checkpoint_recompute
+from reports.flops.roles import CATEGORIES
 from reports.flops.rows import frame_of, per_step
 
 __all__ = ["explain"]
@@ -75,7 +76,7 @@ class _Run:
         self.acc, self.rows, self.roles = acc, acc.rows, acc.roles
         self.N, self.T = acc.N, acc.T
         ph = self.rows.labels("phase")
-        self.cat = self.roles.category
+        self.cat = {name: self.roles.category_codes == i for i, name in enumerate(CATEGORIES)}  # a mask per category
         self.is_fwd, self.is_bwd, self.is_opt = ph.eq("forward"), ph.eq("backward"), ph.eq("optimizer")
         self.recompute = checkpoint_recompute(self.rows)
         self.kind = self.rows.labels("flop_kind")
@@ -109,10 +110,10 @@ class _Run:
         acc, N, T, cat = self.acc, self.N, self.T, self.cat
         not_opt = ~self.is_opt
         fwd, bwd, total = self.ps(self.is_fwd), self.ps(self.is_bwd), self.ps()
-        ext_fwd, ext_bwd = self.ps(self.is_fwd & (cat == "external_weight")), self.ps(self.is_bwd & (cat == "external_weight"))
-        ext = self.ps(cat == "external_weight")
-        wm, att = self.ps(not_opt & (cat == "weight_matmul")), self.ps(not_opt & (cat == "attention"))
-        other, opt = self.ps(not_opt & (cat == "other")), self.ps(self.is_opt)
+        ext_fwd, ext_bwd = self.ps(self.is_fwd & cat["external_weight"]), self.ps(self.is_bwd & cat["external_weight"])
+        ext = self.ps(cat["external_weight"])
+        wm, att = self.ps(not_opt & cat["weight_matmul"]), self.ps(not_opt & cat["attention"])
+        other, opt = self.ps(not_opt & cat["other"]), self.ps(self.is_opt)
         k = acc.steps
         own = " of the model's own (less the weights outside it)" if ext else ""
         self.out.append(
@@ -174,7 +175,7 @@ class _Run:
         n_mm, T, roles = self._n_mm(), self.T, self.roles
         if not n_mm:
             return
-        fwd_wm = self.ps(self.train_fwd & (self.cat == "weight_matmul"))
+        fwd_wm = self.ps(self.train_fwd & self.cat["weight_matmul"])
         if self.routed:
             line = (f"Forward weight matmuls: {_f(fwd_wm)} FLOPs = {fwd_wm / (self.acc.n_active * T):.2f}·N_active·T "
                     f"= {fwd_wm / (n_mm * T):.2f}·N·T: each token multiplies the N_active = {self.acc.n_active:,.0f} "
@@ -219,7 +220,7 @@ class _Run:
         if not self.no_backward:
             self.evaluation_pass()
         idle_rows = self.idle_fwd & ~evaluation
-        idle = self.ps(idle_rows & (cat == "weight_matmul"))
+        idle = self.ps(idle_rows & cat["weight_matmul"])
         if not idle:
             return
         frozen = all(not self.roles.trainable.get(s, True) for s in self.roles.param[idle_rows].tolist())
@@ -238,8 +239,8 @@ class _Run:
         """Forward work with grad mode off in a trace that trains: an evaluation, by the grad_mode column."""
         # the matmul and attention rows only: the SQL engine's frame sums the other rows without their grad mode
         cat = self.cat
-        matmuls = self.roles.evaluation & self.is_fwd & np.isin(cat, ("weight_matmul", "attention"))
-        weights, attention = self.ps(matmuls & (cat == "weight_matmul")), self.ps(matmuls & (cat == "attention"))
+        matmuls = self.roles.evaluation & self.is_fwd & (cat["weight_matmul"] | cat["attention"])
+        weights, attention = self.ps(matmuls & cat["weight_matmul"]), self.ps(matmuls & cat["attention"])
         if not (weights or attention):
             return
         modes = " or ".join(sorted(set(map(_text, self.rows.labels("grad_mode").strings(matmuls)))))
@@ -259,7 +260,7 @@ class _Run:
             self.out.append("Backward weight matmuls: none, the trace ran no backward (inference or evaluation): "
                             "4·N·T and 6·N·T describe a training step.")
             return
-        bwd_wm = self.ps(self.is_bwd & (self.cat == "weight_matmul"))
+        bwd_wm = self.ps(self.is_bwd & self.cat["weight_matmul"])
         has_param = (roles.param >= 0) & ~self.recompute
         fwd_by_param = self.ps(self.train_fwd & has_param, by=roles.param)
         dx_by_param = self.ps(self.is_bwd & has_param, by=roles.param)
@@ -290,7 +291,7 @@ class _Run:
             line += (f" Frozen weights (requires_grad=False) skip dL/dW = xᵀ @ dL/dy, as large as their forward "
                      f"matmuls: {'; '.join(parts)}.")
         if bwd_wm > expected + 0.5:  # each cause the trace shows, else the two it cannot tell apart
-            redo = self.ps(self.is_bwd & (self.cat == "weight_matmul") & self.recompute)
+            redo = self.ps(self.is_bwd & self.cat["weight_matmul"] & self.recompute)
             causes = [f"forward matmuls re-run in the backward by activation checkpointing ({_f(redo)} FLOPs)"] if redo else []
             if any(v > 1 + 1e-9 for v in self.acc.shares.values()):
                 causes.append("a weight multiplies more than T tokens (see the forward's line)")
@@ -303,10 +304,10 @@ class _Run:
         """Activation x activation matmuls and fused kernels, and the fused backward's recomputation."""
         T, cat, rows = self.T, self.cat, self.rows
         # the forward attention a backward reads (an evaluation under no_grad is left out of L·S·d: roles.py)
-        trained = self.is_fwd & (cat == "attention") & (self.roles.attention_training | self.no_backward)
+        trained = self.is_fwd & cat["attention"] & (self.roles.attention_training | self.no_backward)
         att_fwd = self.ps(trained)
-        att_bwd = self.ps(self.is_bwd & (cat == "attention"))
-        att_eval = self.ps(self.is_fwd & (cat == "attention") & ~trained)
+        att_bwd = self.ps(self.is_bwd & cat["attention"])
+        att_eval = self.ps(self.is_fwd & cat["attention"] & ~trained)
         if not (att_fwd or att_bwd):
             if att_eval:
                 self.out.append(f"Attention: {_f(att_eval)} FLOPs per step in forward passes that no backward reads "
@@ -349,7 +350,7 @@ class _Run:
         again = self.ps(self.recompute)
         if not again:
             return
-        weights = self.ps(self.recompute & (self.cat == "weight_matmul"))
+        weights = self.ps(self.recompute & self.cat["weight_matmul"])
         self.out.append(
             f"Activation checkpointing: {_f(again)} FLOPs per step re-run forward work in the backward (rows "
             f"flagged recompute; {_f(weights)} of them weight matmuls, counted in the backward above). reports.mfu "
@@ -357,10 +358,10 @@ class _Run:
         )
 
     def external(self):
-        ext = self.ps(self.cat == "external_weight")
+        ext = self.ps(self.cat["external_weight"])
         if not ext:
             return
-        ext_fwd = self.ps(self.is_fwd & (self.cat == "external_weight"))
+        ext_fwd = self.ps(self.is_fwd & self.cat["external_weight"])
         self.out.append(
             f"Weights outside the model: {_f(ext)} FLOPs per step ({_f(ext_fwd)} forward) multiply by parameters of "
             f"modules not in model= (a frozen teacher, say) or by quantized weights held as buffers: not in N, not "
@@ -478,7 +479,7 @@ class _Run:
         return f"the {n:,} parameters this rank holds" if n < self._n_total() else f"all {n:,} parameters"
 
     def other_ops(self):
-        mask = (self.is_fwd | self.is_bwd) & (self.cat == "other")
+        mask = (self.is_fwd | self.is_bwd) & self.cat["other"]
         other_fb = self.ps(mask)
         if not other_fb:
             return

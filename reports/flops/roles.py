@@ -252,6 +252,7 @@ class Roles:
 
     names, numel, embedding, trainable, shape: per parameter storage id (tied weights share one).
     param: per row, the model parameter storage a matmul multiplies by (-1: none).
+    category_codes: per row, the index of its category in CATEGORIES (category: their names).
     activation: per weight matmul row, the storage it multiplies the weight with.
     category: per row, one of CATEGORIES. matmul_params: the parameter storages that
     enter a forward matmul (the default N). external: storages of parameters outside
@@ -336,13 +337,17 @@ class Roles:
                              [CATEGORIES.index("weight_matmul"), CATEGORIES.index("external_weight"), CATEGORIES.index("other")],
                              CATEGORIES.index("attention"))  # fmt: skip
         self.category_codes = code  # into CATEGORIES
-        self.category = np.array(CATEGORIES)[code]
         fwd = mm & forward & (self.param >= 0)
         used = set(self.param[fwd].tolist())
         self.matmul_params = sorted(used | self._idle_siblings(used))
         self.evaluation = evaluation_rows(rows, self.param)
         self.training = self._feeds_backward(rows, np.flatnonzero(fwd), at[backward[at]], ins) & ~self.evaluation
         self.attention_training = self._attention_trained(rows, ins) & ~self.evaluation
+
+    @property
+    def category(self):
+        """Per row, its category's name (a string array; the sections compare category_codes)."""
+        return np.array(CATEGORIES)[self.category_codes]
 
     def _attention_trained(self, rows, ins):
         """Per row: a forward attention row whose inputs (q and k, the probabilities and v) an attention row of the
