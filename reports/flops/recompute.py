@@ -10,25 +10,27 @@ Two kinds, both per row (turn them into per-step figures with reports.steps.per_
 
 import numpy as np
 
+from reports.flops.rows import as_rows
 from tracer.rules import score_share
 
 __all__ = ["attention_recompute", "checkpoint_recompute"]
 
 
 def checkpoint_recompute(rows):
-    """Boolean array: the rows (reports.flops.rows.Rows) activation checkpointing re-ran (all False without a
-    `recompute` column)."""
-    return rows.flag("recompute")
+    """Boolean array: the rows (reports.flops.rows.Rows, or a DataFrame) activation checkpointing re-ran (all False
+    without a `recompute` column)."""
+    return as_rows(rows, ("recompute",)).flag("recompute")
 
 
 def attention_recompute(rows):
-    """Int64 array: per row, FLOPs a fused attention backward kernel spends recomputing q @ kᵀ.
+    """Int64 array: per row (of reports.flops.rows.Rows, or a DataFrame), FLOPs a fused attention backward kernel spends recomputing q @ kᵀ.
 
     The tracer counts such a backward as 2·b·h·s_q·s_k·(3·d_qk + 2·d_v): five
     score-sized matmuls where four are needed (dP = dO @ vᵀ, dV = Pᵀ @ dO, dQ = dS @ k,
     dK = dSᵀ @ q); the fifth, 2·b·h·s_q·s_k·d_qk, recomputes q @ kᵀ. Every backward
     kernel takes (grad_out, q, k, v, ...), all with the head dimension last. Rows
     flagged `recompute` are left at 0: checkpoint_recompute already counts all of them."""
+    rows = as_rows(rows, ("flop_kind", "phase", "recompute", "flops", "input_shapes"))
     out = np.zeros(len(rows), dtype=np.int64)
     bwd = rows.labels("flop_kind").eq("attention") & rows.labels("phase").eq("backward")
     bwd &= ~checkpoint_recompute(rows)

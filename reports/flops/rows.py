@@ -175,12 +175,12 @@ def flat(lists, kind=pa.int64()):
     return offsets, values
 
 
-def as_rows(rows):
-    """`rows` as Rows: Rows as they are, a DataFrame converted (the library's boundary: reports.flops.roles.Roles
-    may be handed one)."""
+def as_rows(rows, columns=COLUMNS):
+    """`rows` as Rows: Rows as they are, a DataFrame's `columns` (those it has) converted (the library's boundary:
+    reports.flops.roles.Roles and reports.flops.recompute may be handed one, as reports.plan does)."""
     if isinstance(rows, Rows):
         return rows
-    return Rows(from_frame(rows, list(rows.columns)))
+    return Rows(from_frame(rows, columns))
 
 
 def runs(table, names):
