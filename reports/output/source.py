@@ -40,10 +40,11 @@ class Source:
         return analyse(self.flop_rows(), "matmul", None, "breakdown")
 
     def breakdown(self, accounts):
-        """reports.breakdown's table: a pyarrow.Table made a DataFrame here, for the CLI's printing."""
+        """reports.breakdown's table: a pyarrow.Table made the library's DataFrame here, for the CLI's printing."""
         from reports.flops.breakdown import breakdown_table
+        from reports.flops.rows import to_frame
 
-        return breakdown_table(self.flop_rows(), accounts=accounts).to_pandas()
+        return to_frame(breakdown_table(self.flop_rows(), accounts=accounts))
 
     def explain(self, accounts):
         from reports.flops.explain import explain_lines
