@@ -84,8 +84,7 @@ def matmul_dtype(rows):
     tracer/rules.py's, which the run-time meter applies too. `rows`: reports.flops.rows.Rows."""
     flops = rows["flops"]
     at = np.flatnonzero(dtype_rows(rows.labels("flop_kind").isin(DTYPE_KINDS), flops))
-    lists = rows.lists("input_dtypes").take(pa.array(at, type=pa.int64()))
-    offsets, names = flat(lists.cast(pa.list_(pa.string())) if lists.type != pa.list_(pa.string()) else lists, pa.string())
+    offsets, names = flat(rows.lists("input_dtypes", pa.string(), at), pa.string())
     count = np.diff(offsets)
     first = skipped_inputs(rows.labels("op").map(packet).take(at))  # addmm's bias is not multiplied
     first = np.where(first < count, first, 0)

@@ -30,7 +30,7 @@ COLUMNS = ("run", "seq", "step", "phase", "op", "module", "flop_kind", "flops", 
 
 
 class Labels:
-    """A column of strings as `codes` (int64 per row, -1 for a null) into `words` (a list of distinct strings):
+    """A column of strings as `codes` (a signed integer per row, -1 for a null) into `words` (distinct strings):
     each comparison is made once per word, not once per row."""
 
     def __init__(self, codes, words):
@@ -101,7 +101,7 @@ class Rows:
         if key not in self._read:
             column = self._column(name)
             values = column.to_numpy(zero_copy_only=False)
-            self._read[key] = values.astype(np.int64) if pa.types.is_integer(column.type) else values
+            self._read[key] = values.astype(np.int64, copy=False) if pa.types.is_integer(column.type) else values
         return self._read[key]
 
     def flag(self, name):
@@ -125,13 +125,18 @@ class Rows:
             else:
                 if not pa.types.is_dictionary(column.type):
                     column = pc.dictionary_encode(column.cast(pa.string()) if not pa.types.is_string(column.type) else column)
-                codes = column.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+                codes = column.indices.fill_null(-1).to_numpy(zero_copy_only=False)  # int8-int32: no int64 per row
+                codes = codes if codes.dtype.kind == "i" else codes.astype(np.int64)
                 self._read[key] = Labels(codes, [str(w) for w in column.dictionary.to_pylist()])
         return self._read[key]
 
-    def lists(self, name, kind=None):
-        """A list column as one ListArray (its items cast to `kind` when given)."""
-        column = self._column(name)
+    def lists(self, name, kind=None, at=None):
+        """A list column as one ListArray (its items cast to `kind` when given); only the rows at positions `at`
+        when given (taken chunk by chunk: no copy of the whole column)."""
+        if at is not None:
+            column = self.table.column(name).take(pa.array(np.asarray(at, dtype=np.int64))).combine_chunks()
+        else:
+            column = self._column(name)
         if not len(column) and not pa.types.is_list(column.type):  # an empty column of objects has no list type
             column = pa.array([], pa.list_(kind or pa.int64()))
         if kind is not None and column.type != pa.list_(kind):
@@ -160,7 +165,7 @@ class Rows:
 
     def cells(self, name, at):
         """The cells of list column `name` at row positions `at`, as Python lists (None for a null)."""
-        return self._column(name).take(pa.array(np.asarray(at, dtype=np.int64))).to_pylist()
+        return self.table.column(name).take(pa.array(np.asarray(at, dtype=np.int64))).to_pylist()
 
 
 def flat(lists, kind=pa.int64()):
@@ -169,7 +174,8 @@ def flat(lists, kind=pa.int64()):
     items = lists.values.slice(offsets[0], offsets[-1] - offsets[0]) if len(offsets) else lists.values.slice(0, 0)
     offsets = offsets - offsets[0] if len(offsets) else np.zeros(1, dtype=np.int64)
     if pa.types.is_integer(kind):
-        values = (items.fill_null(-1) if items.null_count else items).to_numpy(zero_copy_only=False).astype(np.int64)
+        values = (items.fill_null(-1) if items.null_count else items).to_numpy(zero_copy_only=False)
+        values = values.astype(np.int64, copy=False)  # the Arrow buffer itself where it holds int64 without nulls
     else:
         values = np.asarray(items.to_pylist(), dtype=object) if len(items) else np.zeros(0, dtype=object)
     return offsets, values
