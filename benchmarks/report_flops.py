@@ -51,7 +51,7 @@ accounts = src.accounts()
 table = src.breakdown(accounts)
 lines = src.explain(accounts)
 rate = src.mfu()
-print(table.to_string(), *lines, rate.to_string(), src.count_steps(), sep="\\n")
+print(table.to_string(), *lines, rate, src.count_steps(), sep="\\n")
 """
 
 

@@ -1,7 +1,8 @@
 """Small helpers every report shares: an op's packet, the copy ops, a percentage, an empty typed frame."""
 
+import sys
+
 import numpy as np
-import pandas as pd
 
 __all__ = ["ASSEMBLY_OPS", "COPY_OPS", "ONE_TO_ONE_COPIES", "empty_frame", "ids", "is_copy", "packet", "pct", "unique"]
 
@@ -45,7 +46,8 @@ def pct(part, whole):
     whole = np.asarray(whole, dtype=np.float64)
     value = np.asarray(part, dtype=np.float64) * 100.0 / np.where(whole != 0, whole, 1.0)
     value = np.where(whole != 0, value, 0.0)
-    return pd.Series(value, index=part.index) if isinstance(part, pd.Series) else value
+    pd = sys.modules.get("pandas")  # a Series keeps its index (no Series without pandas imported)
+    return pd.Series(value, index=part.index) if pd is not None and isinstance(part, pd.Series) else value
 
 
 def unique(values):
@@ -57,6 +59,8 @@ def unique(values):
 
 def empty_frame(dtypes):
     """An empty DataFrame with these {column: dtype}, so an empty report keeps its types."""
+    import pandas as pd
+
     return pd.DataFrame({name: pd.Series(dtype=dtype) for name, dtype in dtypes.items()})
 
 

@@ -20,15 +20,18 @@ No sum wraps: `summable(values)` gives integers unchanged when no sum of them ca
 int64, else as float64 (exact to float64's 53 bits, up to 1e308). A 405B model's step
 is ~4e19 FLOPs, past int64's 9.2e18; every report sums through it (`per_step` here,
 reports/tables.py, reports/time/roofline.py).
+
+The array forms (`steps_of`, `count_steps_of`, `per_step_of`) take numpy columns: the FLOP sections
+(reports/flops) call them on their Arrow rows; the functions of a DataFrame above are thin adapters of them.
 """
 
 import numpy as np
-import pandas as pd
 
 from reports._util import unique
 from tracer.schema import PHASES
 
-__all__ = ["count_steps", "fits_int64", "per_step", "phase_steps", "row_divisor", "step_phases", "summable"]
+__all__ = ["count_steps", "count_steps_of", "fits_int64", "per_step", "per_step_of", "phase_steps", "row_divisor",
+           "step_phases", "steps_of", "summable"]  # fmt: skip
 
 INT64_MAX = 2**63 - 1
 
@@ -54,6 +57,8 @@ _OTHER = "other"
 
 def _codes(column):
     """(integer code per row, the values the codes stand for), -1 for missing values."""
+    import pandas as pd
+
     if isinstance(column.dtype, pd.CategoricalDtype):
         return column.cat.codes.to_numpy(dtype=np.int64), np.asarray(column.cat.categories, dtype=object)
     codes, uniques = pd.factorize(column.astype(object) if column.dtype != np.int64 else column)
@@ -63,7 +68,12 @@ def _codes(column):
 def _steps_per_phase(rows):
     """(phase codes, phase names, steps each phase code ran in: at least 1 for a phase with rows)."""
     codes, names = _codes(rows["phase"])
-    steps = rows["step"].to_numpy(dtype=np.int64)
+    return steps_of(codes, names, rows["step"].to_numpy(dtype=np.int64))
+
+
+def steps_of(codes, names, steps):
+    """step_phases of arrays: (`codes`, `names`, the steps each phase code ran in, at least 1 for a phase with rows),
+    from each row's phase code (-1: missing) into `names` and its step number."""
     n = len(names)
     low = int(steps.min(initial=0))
     if len(codes) and (int(steps.max()) - low + 1) * max(n, 1) > 2**62:  # a step * n key would wrap int64
@@ -76,7 +86,7 @@ def _steps_per_phase(rows):
     # run's training steps, never over fewer
     if _OTHER in names:
         c = list(names).index(_OTHER)
-        counts[c] = max(counts[c], count_steps(rows))
+        counts[c] = max(counts[c], count_steps_of(codes, names, steps))
     return codes, names, np.maximum(counts, 1)
 
 
@@ -101,6 +111,8 @@ def row_divisor(rows):
     """Per row, the steps its phase ran in: weights of 1 / row_divisor(rows) turn a
     row-level sum into the per-step figure `per_step` gives."""
     codes, _, counts = _steps_per_phase(rows)
+    import pandas as pd
+
     return pd.Series(np.where(codes >= 0, counts[np.maximum(codes, 0)], 1) if len(codes) else np.zeros(0, np.int64),
                      index=rows.index, dtype=np.int64)
 
@@ -111,6 +123,14 @@ def count_steps(rows):
         return 1
     fb = rows.loc[rows["phase"].isin(_FORWARD_BACKWARD), "step"]
     return max(1, int(fb.nunique() if len(fb) else rows["step"].nunique()))
+
+
+def count_steps_of(codes, names, steps):
+    """count_steps of arrays: each row's phase code into `names` (-1: missing) and its step number."""
+    if len(steps) == 0:
+        return 1
+    fb = steps[np.isin(codes, [c for c, name in enumerate(names) if name in _FORWARD_BACKWARD])]
+    return max(1, len(unique(fb) if len(fb) else unique(steps)))
 
 
 def _phase_order(names):
@@ -143,8 +163,21 @@ def per_step(rows, values="flops", mask=None, by=None, phases=None):
     by      None for one number, or a column name / Series aligned with `rows`: a
             Series with one figure per key (keys in order of first appearance)
     phases  step_phases(rows), to reuse over many calls (computed here when None)"""
-    codes, names, steps = _steps_per_phase(rows) if phases is None else phases
+    phases = _steps_per_phase(rows) if phases is None else phases
     v = (rows[values] if isinstance(values, str) else values).to_numpy()
+    if by is None:
+        return per_step_of(v, phases, mask)
+    import pandas as pd
+
+    keys, figures = per_step_of(v, phases, mask, _codes(rows[by] if isinstance(by, str) else by))
+    return pd.Series(figures, index=pd.Index(keys, dtype=object))
+
+
+def per_step_of(values, phases, mask=None, by=None):
+    """per_step of arrays: `values` per row, `phases` as steps_of gives them, `mask` a boolean array; `by`
+    (key code per row, -1: none; the keys) for (the keys in order of first appearance, their figures)."""
+    codes, names, steps = phases
+    v = values
     keep = codes >= 0
     if mask is not None:
         keep &= np.asarray(mask, dtype=bool)
@@ -156,13 +189,19 @@ def per_step(rows, values="flops", mask=None, by=None, phases=None):
             picked = np.flatnonzero(keep)
             totals = _totals(codes[picked], n, v[picked])
         return sum((totals[c] / steps[c] for c in _phase_order(names)), 0.0)
-    key_codes, keys = _codes(rows[by] if isinstance(by, str) else by)
+    key_codes, keys = by
     keep &= key_codes >= 0
     used = unique(key_codes[keep])
-    first = {k: i for i, k in enumerate(pd.unique(key_codes[keep]))}  # keys in order of first appearance
+    first = {k: i for i, k in enumerate(_first_seen(key_codes[keep]))}  # keys in order of first appearance
     totals = _totals(key_codes[keep] * max(n, 1) + codes[keep], len(keys) * max(n, 1), v[keep]).reshape(len(keys), max(n, 1))
     figures = np.zeros(len(keys))
     for c in _phase_order(names):
         figures = figures + totals[:, c] / steps[c]
     order = sorted(used, key=first.get)
-    return pd.Series(figures[order], index=pd.Index(keys[order], dtype=object))
+    return keys[order], figures[order]
+
+
+def _first_seen(codes):
+    """The distinct values of an integer array in order of first appearance."""
+    values, at = np.unique(codes, return_index=True)
+    return values[np.argsort(at, kind="stable")]

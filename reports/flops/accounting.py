@@ -35,13 +35,11 @@ its shard under FSDP2 and tensor parallelism).
 import re
 from typing import NamedTuple
 
-import pandas as pd
+import numpy as np
 
 from reports.errors import ReportError
 from reports.flops.roles import Roles
-from reports.loading.load import require, runs_of
-from reports.steps import count_steps, per_step
-from reports.tables import split_runs
+from reports.flops.rows import Rows, per_step, require
 
 __all__ = ["N_CHOICES", "Account", "analyse", "name_pattern", "routing"]
 
@@ -53,7 +51,7 @@ class Account(NamedTuple):
     """One run's rows, metadata, roles, the N and T it is measured against and its step count."""
 
     run: str
-    rows: pd.DataFrame
+    rows: Rows
     meta: dict
     roles: Roles
     n_kind: str  # "matmul", "total", "non_embedding" or "given"
@@ -138,21 +136,21 @@ def _tokens(tokens, meta, what):
     return int(t)
 
 
-def analyse(df, n, tokens, what, columns=()):
-    """[Account] per run of `df`, after checking `n`, `tokens` and the columns `what` needs."""
+def analyse(frame, n, tokens, what, columns=()):
+    """[Account] per run of `frame` (a reports.flops.rows.Frame), after checking `n`, `tokens` and the columns
+    `what` needs."""
     _check_n(n, what)
-    require(df, (*_COLUMNS, *columns), what)
-    runs = runs_of(df)
+    require(frame.column_names, (*_COLUMNS, *columns), what)
     out = []
-    for run, rows in split_runs(df):
-        meta = runs[run]
+    for run, rows in frame.split():
+        meta = frame.runs[run]
         roles = Roles(rows, meta)
         kind = n if isinstance(n, str) else "given"
         N_model, T = _n_value(n, meta, roles, what), _tokens(tokens, meta, what)
         N = _n_rank(N_model, kind, roles)
         shares = _shares(rows, roles, T, kind)
         inactive = sum(roles.numel[s] * max(0.0, 1.0 - share) for s, share in shares.items())
-        out.append(Account(run, rows, meta, roles, kind, N, T, count_steps(rows), max(0.0, N - inactive), shares,
+        out.append(Account(run, rows, meta, roles, kind, N, T, rows.count_steps(), max(0.0, N - inactive), shares,
                            N_model, _n_local(meta, roles)))
     return out
 
@@ -162,9 +160,10 @@ def _shares(rows, roles, T, n_kind):
     weights = [s for s in roles.matmul_params if not (n_kind == "non_embedding" and roles.embedding.get(s))]
     if not weights:
         return {}
-    fwd = (rows["phase"] == "forward") & (roles.param >= 0)
-    if (rows["phase"] == "backward").any():  # frozen weights' rows count whether or not a backward reads them
-        frozen = roles.param.isin([s for s in weights if not roles.trainable.get(s, True)])
+    phase = rows.labels("phase")
+    fwd = phase.eq("forward") & (roles.param >= 0)
+    if phase.eq("backward").any():  # frozen weights' rows count whether or not a backward reads them
+        frozen = np.isin(roles.param, np.array([s for s in weights if not roles.trainable.get(s, True)], dtype=np.int64))
         fwd &= (roles.training | frozen) & ~roles.evaluation
     flops = per_step(rows, mask=fwd, by=roles.param)
     return {s: float(flops.get(s, 0.0)) / (2 * roles.numel[s] * T) for s in weights}

@@ -10,13 +10,12 @@ scores and values, a state-space scan's products or a linear attention's, and th
 """
 
 from reports.flops.accounting import name_pattern
-from reports.loading.columns import has_column
 
 __all__ = ["causal_line", "kernel_words"]
 
 
 def _ops(rows, mask):
-    return ", ".join(sorted(set(rows.loc[mask, "op"].astype(str))))
+    return ", ".join(sorted({str(op) for op in rows.labels("op").strings(mask)}))
 
 
 def kernel_words(rows, mask, kernel):
@@ -33,9 +32,9 @@ def kernel_words(rows, mask, kernel):
 
 def _places(rows, mask):
     """The modules of the rows `mask`, one name per kind (layer indices as *), or their ops where no module is known."""
-    if has_column(rows, "module"):
-        modules = rows.loc[mask, "module"]
-        if modules.notna().all():
+    if "module" in rows:
+        modules = rows.labels("module").strings(mask)
+        if all(m is not None for m in modules):
             names = sorted({name_pattern(str(m)) or "outside any module" for m in modules})
             return ", ".join(names)
     return _ops(rows, mask)
@@ -44,10 +43,11 @@ def _places(rows, mask):
 def causal_line(rows, mask):
     """The sentence on the fused attention kernels `mask` (forward rows), by the causal column: which modules ran a
     causal kernel, which a kernel that is not causal. None when no row of `mask` says (no kernel, or no causal column)."""
-    if not has_column(rows, "causal") or not mask.any():
+    if "causal" not in rows or not mask.any():
         return None
-    flag = rows["causal"].astype("boolean")
-    causal, full = mask & flag.fillna(False).astype(bool), mask & (~flag).fillna(False).astype(bool)
+    known = rows.table.column("causal").is_valid().to_numpy(zero_copy_only=False)
+    flag = rows.flag("causal")
+    causal, full = mask & flag, mask & known & ~flag
     said = []
     if causal.any():
         said.append(f"Causal attention (the causal column) in {_places(rows, causal)}: the full score matrix is "

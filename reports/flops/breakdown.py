@@ -24,14 +24,14 @@ says the same in words.
 """
 
 import numpy as np
-import pandas as pd
+import pyarrow as pa
 
 from reports.flops.accounting import N_CHOICES, analyse
 from reports.flops.explain import explain
-from reports.steps import per_step
-from reports.tables import combine, several_runs
+from reports.flops.roles import CATEGORIES
+from reports.flops.rows import Labels, frame_of, per_step, runs_table, to_frame
 
-__all__ = ["N_CHOICES", "breakdown", "explain"]
+__all__ = ["N_CHOICES", "breakdown", "breakdown_table", "explain"]
 
 _EXPECT = {"forward": 2, "backward": 4, "total": 6}
 _SPLIT = ("weight_matmul", "attention", "external_weight", "other")
@@ -53,26 +53,31 @@ def breakdown(df, n="matmul", tokens=None, accounts=None):
     tokens (T, tokens per step). See the module docstring for N, T and the split.
     `accounts`: what reports.flops.accounting.analyse(df, n, tokens, ...) returned, to share
     one analysis of the rows with `explain` (the CLI does); n and tokens are then unused."""
-    columns = ["phase", "flops", "expected_flops", "ratio", "expected_active_flops", "active_ratio", *_FLOAT_COLS[1:],
-               "steps", "n_params", "n_rank", "n_active", "n_kind", "tokens"]
-    dtypes = {"phase": object, **{c: "float64" for c in _FLOAT_COLS}, "expected_flops": "float64", "ratio": "float64",
-              "expected_active_flops": "float64", "active_ratio": "float64", "steps": "int64", "n_params": "int64",
-              "n_rank": "int64", "n_active": "float64", "n_kind": object, "tokens": "int64"}
+    frame = frame_of(df) if accounts is None else None
+    return to_frame(breakdown_table(frame, n, tokens, accounts))
+
+
+def breakdown_table(frame, n="matmul", tokens=None, accounts=None):
+    """`breakdown` of a reports.flops.rows.Frame (or of `accounts`), as a pyarrow.Table."""
+    floats = ("expected_flops", "ratio", "expected_active_flops", "active_ratio", *_FLOAT_COLS[1:])
+    types = {"phase": pa.string(), "flops": pa.float64(), **dict.fromkeys(floats, pa.float64()), "steps": pa.int64(),
+             "n_params": pa.int64(), "n_rank": pa.int64(), "n_active": pa.float64(), "n_kind": pa.string(),
+             "tokens": pa.int64()}  # fmt: skip
     frames = []
-    accounts = analyse(df, n, tokens, "breakdown") if accounts is None else accounts
+    accounts = analyse(frame, n, tokens, "breakdown") if accounts is None else accounts
     if not all(float(acc.T).is_integer() for acc in accounts):  # a metered run's steps of several lengths: their mean
-        dtypes["tokens"] = "float64"
+        types["tokens"] = pa.float64()
     for acc in accounts:
         rows, N, T = acc.rows, acc.N, acc.T
-        ph = rows["phase"]
-        phases = ["forward", "backward", "optimizer"] + (["other"] if (ph == "other").any() else [])
-        by_category = per_step(rows, by=_keys(acc.roles.category, rows["phase"]))
+        ph = rows.labels("phase")
+        phases = ["forward", "backward", "optimizer"] + (["other"] if ph.eq("other").any() else [])
+        by_category = per_step(rows, by=_keys(acc.roles.category_codes, ph))
         records = []
         for phase in phases + ["total"]:
             rec = {"phase": phase}
             for c in _SPLIT:
                 rec[f"{c}_flops"] = _pick(by_category, c, phase)
-            rec["flops"] = per_step(rows, mask=None if phase == "total" else ph == phase)
+            rec["flops"] = per_step(rows, mask=None if phase == "total" else ph.eq(phase))
             k = _EXPECT.get(phase)
             rec["expected_flops"] = float(k * N * T) if k else float("nan")
             own = rec["flops"] - rec["external_weight_flops"]
@@ -81,21 +86,21 @@ def breakdown(df, n="matmul", tokens=None, accounts=None):
             rec["active_ratio"] = own / rec["expected_active_flops"] if k and acc.n_active * T else float("nan")
             rec.update(steps=acc.steps, n_params=acc.N_model, n_rank=N, n_active=acc.n_active, n_kind=acc.n_kind, tokens=T)
             records.append(rec)
-        frames.append((acc.run, pd.DataFrame.from_records(records)))
-    return combine(frames, columns, dtypes, several_runs(df))
+        frames.append((acc.run, records))
+    several = len(frame.runs) > 1 if frame is not None else len(accounts) > 1
+    return runs_table(frames, types, several)
 
 
 def _keys(category, phase):
-    """"category|phase" per row as a Categorical (NaN where the phase is missing), without a string per row."""
-    category, phase = category.astype("category"), phase.astype("category")
-    n = len(phase.cat.categories)
-    labels = [f"{c}|{p}" for c in category.cat.categories for p in phase.cat.categories]
-    c, p = category.cat.codes.to_numpy(np.int64), phase.cat.codes.to_numpy(np.int64)
-    codes = np.where((c >= 0) & (p >= 0), c * n + p, -1)
-    return pd.Series(pd.Categorical.from_codes(codes, categories=labels), index=category.index)
+    """"category|phase" per row as Labels (null where the phase is missing), from the category codes (into
+    CATEGORIES) and the phase Labels, without a string per row."""
+    n = len(phase.words)
+    labels = [f"{c}|{p}" for c in CATEGORIES for p in phase.words]
+    c, p = category.astype(np.int64), phase.codes
+    return Labels(np.where((c >= 0) & (p >= 0), c * n + p, -1), labels)
 
 
 def _pick(figures, category, phase):
     """Sum of per-step figures keyed "category|phase" for one phase, or every phase for "total"."""
-    keys = [k for k in figures.index if k.startswith(category + "|") and (phase == "total" or k.endswith("|" + phase))]
+    keys = [k for k in figures if k.startswith(category + "|") and (phase == "total" or k.endswith("|" + phase))]
     return float(sum((figures[k] for k in keys), 0.0))

@@ -9,15 +9,15 @@ column of a v3 trace: lengths or group sizes the tracer could not read).
 """
 
 import numpy as np
-import pandas as pd
+import pyarrow as pa
 
-from reports._util import empty_frame, pct
-from reports.loading.load import require
+from reports._util import pct
+from reports.flops.rows import Rows, from_frame, per_step, records_table, to_frame
 
-__all__ = ["FIX", "bounds", "uncounted"]
+__all__ = ["FIX", "bounds", "uncounted", "uncounted_table"]
 
 FIX = "tracer.register_flop_formula(op, kind=...) before tracing gives an op its count"
-_UNCOUNTED = {"op": object, "ops": "int64", "duration_us": "float64", "time_pct": "float64"}
+_UNCOUNTED = {"op": pa.string(), "ops": pa.int64(), "duration_us": pa.float64(), "time_pct": pa.float64()}
 
 
 def uncounted(df):
@@ -25,29 +25,37 @@ def uncounted(df):
 
     Columns: op, ops (rows), duration_us (traced op time) and time_pct (share of
     the trace's op time, 0-100); the largest share first. Empty when every op was counted."""
+    from reports.loading.load import require
+
     require(df, ["op", "flop_kind", "duration_ns"], "uncounted")
-    unknown = (df["flop_kind"] == "unknown").to_numpy()
-    if not unknown.any():
-        return empty_frame(_UNCOUNTED)
-    rows = df.loc[unknown, ["op", "duration_ns"]]
-    grouped = rows.groupby(rows["op"].astype(object), sort=False)["duration_ns"].agg(["size", "sum"])
-    total = float(df["duration_ns"].to_numpy(np.float64).sum())
-    table = pd.DataFrame({
-        "op": grouped.index.astype(object),
-        "ops": grouped["size"].to_numpy(np.int64),
-        "duration_us": grouped["sum"].to_numpy(np.float64) / 1e3,
-        "time_pct": pct(grouped["sum"].to_numpy(np.float64), total),
-    })  # fmt: skip
-    return table.sort_values(["time_pct", "ops", "op"], ascending=[False, False, True], kind="stable").reset_index(drop=True)
+    return to_frame(uncounted_table(Rows(from_frame(df, ["op", "flop_kind", "duration_ns"]))))
+
+
+def uncounted_table(rows):
+    """`uncounted` of reports.flops.rows.Rows, as a pyarrow.Table."""
+    unknown = rows.labels("flop_kind").eq("unknown")
+    op = rows.labels("op")
+    picked = unknown & op.notna()  # a row without an op is in no group, as pandas' groupby drops it
+    codes, duration = op.codes[picked], rows["duration_ns"][picked]
+    at = np.unique(codes, return_index=True)[1] if len(codes) else np.zeros(0, dtype=np.int64)
+    keys = codes[np.sort(at)]  # in order of first appearance
+    size = np.bincount(codes, minlength=len(op.words))[keys] if len(codes) else keys
+    sums = np.zeros(len(op.words), dtype=np.int64)
+    np.add.at(sums, codes, duration.astype(np.int64))
+    total = float(rows["duration_ns"].astype(np.float64).sum())
+    time_pct = pct(sums[keys].astype(np.float64), total)
+    records = [{"op": op.words[k], "ops": int(n), "duration_us": float(d) / 1e3, "time_pct": float(t)}
+               for k, n, d, t in zip(keys.tolist(), size.tolist(), sums[keys].astype(np.float64).tolist(), time_pct.tolist())]
+    records.sort(key=lambda r: (-r["time_pct"], -r["ops"], r["op"]))  # the largest share first
+    return records_table(records, _UNCOUNTED)
 
 
 def bounds(df):
     """{"flops": per-step FLOPs of the rows whose count is an upper bound (the flops_bound column), "rows": how many
     rows}; zeros for a trace without the column (v1, v2)."""
-    from reports.steps import per_step
-
-    bound = df["flops_bound"].fillna(False).to_numpy(dtype=bool) if "flops_bound" in df.columns else None
-    if bound is None or not bound.any():
+    rows = Rows(from_frame(df, ["phase", "step", "flops", "flops_bound"]))
+    bound = rows.flag("flops_bound")
+    if not bound.any():
         return {"flops": 0, "rows": 0}
-    flops = per_step(df, mask=bound)
+    flops = per_step(rows, mask=bound)
     return {"flops": int(flops) if float(flops).is_integer() and abs(flops) < 2**53 else float(flops), "rows": int(bound.sum())}

@@ -3,10 +3,7 @@ autograd records nothing of and no backward reads (reports/flops/roles.py Roles.
 """
 
 import numpy as np
-import pandas as pd
 
-from reports.flops.recompute import checkpoint_recompute
-from reports.loading.columns import has_column
 from tracer.schema import GRAD_MODES, GradMode
 
 __all__ = ["NO_GRAD_MODES", "evaluation_rows"]
@@ -16,22 +13,22 @@ NO_GRAD_MODES = (GRAD_MODES[GradMode.NO_GRAD], GRAD_MODES[GradMode.INFERENCE_MOD
 
 
 def evaluation_rows(rows, param=None):
-    """Per row: forward work run with grad mode off (the grad_mode column: no_grad or inference_mode), which autograd
+    """Boolean array, per row of `rows` (reports.flops.rows.Rows): forward work run with grad mode off (the grad_mode column: no_grad or inference_mode), which autograd
     records nothing of: an evaluation. False where the trace does not say (before v4, or a row summed without it).
 
     Reentrant activation checkpointing runs its forward under no_grad too, and re-runs it in the backward (rows
     flagged recompute): in a step that re-ran checkpointed work, a forward row without grad is training's when a
     re-run row multiplies by the same weight (`param`: per row, the weight it multiplies, -1 none), and every such
     row that multiplies no weight is. NB: so an evaluation in a checkpointed step counts as training."""
-    if not has_column(rows, "grad_mode"):
-        return pd.Series(False, index=rows.index)
-    off = ((rows["phase"] == "forward") & rows["grad_mode"].isin(NO_GRAD_MODES).astype(bool)).to_numpy()
-    again = checkpoint_recompute(rows).to_numpy()
+    if "grad_mode" not in rows:
+        return np.zeros(len(rows), dtype=bool)
+    off = rows.labels("phase").eq("forward") & rows.labels("grad_mode").isin(NO_GRAD_MODES)
+    again = rows.flag("recompute")
     if off.any() and again.any():
-        step = rows["step"].to_numpy(dtype=np.int64)
-        weight = param.to_numpy() if param is not None else np.full(len(rows), -1, dtype=np.int64)
+        step = rows["step"]
+        weight = param if param is not None else np.full(len(rows), -1, dtype=np.int64)
         rerun_steps = np.isin(step, step[again])
         keys = step << 32 | (weight & 0xFFFFFFFF)
         rerun_weights = np.isin(keys, keys[again & (weight >= 0)])
         off = off & ~(rerun_steps & ((weight < 0) | rerun_weights))
-    return pd.Series(off, index=rows.index)
+    return off

@@ -10,8 +10,8 @@ from reports._util import pct, tokens_text
 from reports.flops.accounting import analyse, name_pattern, routing
 from reports.flops.attention_words import causal_line, kernel_words
 from reports.flops.recompute import attention_recompute, checkpoint_recompute
-from reports.loading.columns import cell_objects, has_column
-from reports.steps import per_step, step_phases
+from reports.flops.roles import CATEGORIES
+from reports.flops.rows import frame_of, per_step
 
 __all__ = ["explain"]
 
@@ -21,6 +21,11 @@ _N_DESC = {
     "non_embedding": "non-embedding parameters",
     "given": "parameters (given)",
 }
+
+
+def _text(value):
+    """A string cell as pandas' astype(str) writes it: "nan" for a null."""
+    return "nan" if value is None else str(value)
 
 
 def _f(x):
@@ -44,8 +49,13 @@ def explain(df, n="matmul", tokens=None, accounts=None):
     recomputation, activation checkpointing, weights outside the model, the output
     head, inputs that need no gradient, embeddings and other parameters outside N,
     the optimizer, and the remaining elementwise ops. `accounts`: as for `breakdown`."""
+    return explain_lines(frame_of(df) if accounts is None else None, n, tokens, accounts)
+
+
+def explain_lines(frame, n="matmul", tokens=None, accounts=None):
+    """`explain` of a reports.flops.rows.Frame (or of `accounts`)."""
     lines = []
-    for acc in analyse(df, n, tokens, "explain", columns=("input_shapes",)) if accounts is None else accounts:
+    for acc in analyse(frame, n, tokens, "explain", columns=("input_shapes",)) if accounts is None else accounts:
         lines.extend(_Run(acc).lines())
     return lines
 
@@ -65,14 +75,14 @@ class _Run:
     def __init__(self, acc):
         self.acc, self.rows, self.roles = acc, acc.rows, acc.roles
         self.N, self.T = acc.N, acc.T
-        ph = self.rows["phase"]
-        self.cat = self.roles.category
-        self.is_fwd, self.is_bwd, self.is_opt = ph == "forward", ph == "backward", ph == "optimizer"
+        ph = self.rows.labels("phase")
+        self.cat = {name: self.roles.category_codes == i for i, name in enumerate(CATEGORIES)}  # a mask per category
+        self.is_fwd, self.is_bwd, self.is_opt = ph.eq("forward"), ph.eq("backward"), ph.eq("optimizer")
         self.recompute = checkpoint_recompute(self.rows)
-        self.kernel = self.rows["flop_kind"] == "attention"
+        self.kind = self.rows.labels("flop_kind")
+        self.kernel = self.kind.eq("attention")
         self.out = []
         self.routed = acc.n_active < self._n_mm() - 0.5  # some weights multiply fewer than T tokens: experts
-        self.phases = step_phases(self.rows)  # one pass over the rows for the many figures below
         # forward weight matmuls of training (grad mode: a backward of their step reads them), reports/flops/roles.py
         self.train_fwd = self.is_fwd & self.roles.training
         self.idle_fwd = self.is_fwd & (self.roles.param >= 0) & ~self.roles.training
@@ -81,7 +91,7 @@ class _Run:
             self.train_fwd, self.idle_fwd = self.is_fwd & (self.roles.param >= 0), self.is_fwd & False
 
     def ps(self, mask=None, by=None, values="flops"):
-        return per_step(self.rows, values=values, mask=mask, by=by, phases=self.phases)
+        return per_step(self.rows, values=values, mask=mask, by=by)
 
     def lines(self):
         unsplit = cycles_note(self.acc.meta)
@@ -100,10 +110,10 @@ class _Run:
         acc, N, T, cat = self.acc, self.N, self.T, self.cat
         not_opt = ~self.is_opt
         fwd, bwd, total = self.ps(self.is_fwd), self.ps(self.is_bwd), self.ps()
-        ext_fwd, ext_bwd = self.ps(self.is_fwd & (cat == "external_weight")), self.ps(self.is_bwd & (cat == "external_weight"))
-        ext = self.ps(cat == "external_weight")
-        wm, att = self.ps(not_opt & (cat == "weight_matmul")), self.ps(not_opt & (cat == "attention"))
-        other, opt = self.ps(not_opt & (cat == "other")), self.ps(self.is_opt)
+        ext_fwd, ext_bwd = self.ps(self.is_fwd & cat["external_weight"]), self.ps(self.is_bwd & cat["external_weight"])
+        ext = self.ps(cat["external_weight"])
+        wm, att = self.ps(not_opt & cat["weight_matmul"]), self.ps(not_opt & cat["attention"])
+        other, opt = self.ps(not_opt & cat["other"]), self.ps(self.is_opt)
         k = acc.steps
         own = " of the model's own (less the weights outside it)" if ext else ""
         self.out.append(
@@ -146,8 +156,8 @@ class _Run:
             f"{_f(2 * acc.n_active * T)} FLOPs, backward 4·N_active·T, all phases 6·N_active·T = "
             f"{_f(6 * acc.n_active * T)}; the optimizer updates all {self._n_total():,} parameters."
         )
-        if "flops_bound" in self.rows and (self.train_fwd & self.roles.param.isin(list(routed))
-                                            & self.rows["flops_bound"].fillna(False).astype(bool)).any():
+        if "flops_bound" in self.rows and (self.train_fwd & np.isin(self.roles.param, np.array(list(routed), dtype=np.int64))
+                                            & self.rows.flag("flops_bound")).any():
             line += (" N_active is an upper bound: the routed weights' forward FLOPs it is measured from are upper "
                      "bounds (flops_bound: their group sizes could not be read, meta or fake tensors), exact only "
                      "if every row of their operands is routed.")
@@ -165,7 +175,7 @@ class _Run:
         n_mm, T, roles = self._n_mm(), self.T, self.roles
         if not n_mm:
             return
-        fwd_wm = self.ps(self.train_fwd & (self.cat == "weight_matmul"))
+        fwd_wm = self.ps(self.train_fwd & self.cat["weight_matmul"])
         if self.routed:
             line = (f"Forward weight matmuls: {_f(fwd_wm)} FLOPs = {fwd_wm / (self.acc.n_active * T):.2f}·N_active·T "
                     f"= {fwd_wm / (n_mm * T):.2f}·N·T: each token multiplies the N_active = {self.acc.n_active:,.0f} "
@@ -210,11 +220,11 @@ class _Run:
         if not self.no_backward:
             self.evaluation_pass()
         idle_rows = self.idle_fwd & ~evaluation
-        idle = self.ps(idle_rows & (cat == "weight_matmul"))
+        idle = self.ps(idle_rows & cat["weight_matmul"])
         if not idle:
             return
-        frozen = self.roles.param[idle_rows].map(lambda s: not self.roles.trainable.get(int(s), True)).all()
-        known = has_column(self.rows, "grad_mode") and self.rows.loc[idle_rows, "grad_mode"].notna().all()
+        frozen = all(not self.roles.trainable.get(s, True) for s in self.roles.param[idle_rows].tolist())
+        known = "grad_mode" in self.rows and self.rows.labels("grad_mode").notna()[idle_rows].all()
         why = ("frozen weights whose inputs need no gradient: autograd records nothing for them" if frozen else
                "run in grad mode (the grad_mode column): frozen weights whose inputs need no gradient, or a forward "
                "whose output no backward reaches" if known else
@@ -229,11 +239,11 @@ class _Run:
         """Forward work with grad mode off in a trace that trains: an evaluation, by the grad_mode column."""
         # the matmul and attention rows only: the SQL engine's frame sums the other rows without their grad mode
         cat = self.cat
-        matmuls = self.roles.evaluation & self.is_fwd & cat.isin(("weight_matmul", "attention"))
-        weights, attention = self.ps(matmuls & (cat == "weight_matmul")), self.ps(matmuls & (cat == "attention"))
+        matmuls = self.roles.evaluation & self.is_fwd & (cat["weight_matmul"] | cat["attention"])
+        weights, attention = self.ps(matmuls & cat["weight_matmul"]), self.ps(matmuls & cat["attention"])
         if not (weights or attention):
             return
-        modes = " or ".join(sorted(set(self.rows.loc[matmuls, "grad_mode"].astype(str))))
+        modes = " or ".join(sorted(set(map(_text, self.rows.labels("grad_mode").strings(matmuls)))))
         parts = [f"weight matmuls {_f(weights)}"] + ([f"attention {_f(attention)}"] if attention else [])
         self.out.append(
             f"Evaluation: {_f(weights + attention)} FLOPs per step of forward matmuls ran with grad mode off "
@@ -250,11 +260,11 @@ class _Run:
             self.out.append("Backward weight matmuls: none, the trace ran no backward (inference or evaluation): "
                             "4·N·T and 6·N·T describe a training step.")
             return
-        bwd_wm = self.ps(self.is_bwd & (self.cat == "weight_matmul"))
+        bwd_wm = self.ps(self.is_bwd & self.cat["weight_matmul"])
         has_param = (roles.param >= 0) & ~self.recompute
         fwd_by_param = self.ps(self.train_fwd & has_param, by=roles.param)
         dx_by_param = self.ps(self.is_bwd & has_param, by=roles.param)
-        skipped = {s: fwd_by_param[s] - dx_by_param.get(s, 0.0) for s in fwd_by_param.index
+        skipped = {s: fwd_by_param[s] - dx_by_param.get(s, 0.0) for s in fwd_by_param
                    if fwd_by_param[s] - dx_by_param.get(s, 0.0) > 0}
         frozen = [s for s in roles.matmul_params if not roles.trainable.get(s, True)]
         expected = 4 * self.acc.n_active * T
@@ -275,13 +285,13 @@ class _Run:
                 f"For the lecture's y = x @ w with x not requiring grad, the backward is 2·N·T, not 4·N·T."
             )
         if frozen:
-            fwd_all = self.ps(self.is_fwd & has_param & self.is_bwd.groupby(self.rows["step"]).transform("any")
-                              & ~roles.evaluation, by=roles.param)
+            step = self.rows["step"]
+            fwd_all = self.ps(self.is_fwd & has_param & np.isin(step, step[self.is_bwd]) & ~roles.evaluation, by=roles.param)
             parts = [f"{roles.label(s)} ({roles.numel[s]:,} parameters: {_f(fwd_all.get(s, 0.0))} FLOPs)" for s in frozen]
             line += (f" Frozen weights (requires_grad=False) skip dL/dW = xᵀ @ dL/dy, as large as their forward "
                      f"matmuls: {'; '.join(parts)}.")
         if bwd_wm > expected + 0.5:  # each cause the trace shows, else the two it cannot tell apart
-            redo = self.ps(self.is_bwd & (self.cat == "weight_matmul") & self.recompute)
+            redo = self.ps(self.is_bwd & self.cat["weight_matmul"] & self.recompute)
             causes = [f"forward matmuls re-run in the backward by activation checkpointing ({_f(redo)} FLOPs)"] if redo else []
             if any(v > 1 + 1e-9 for v in self.acc.shares.values()):
                 causes.append("a weight multiplies more than T tokens (see the forward's line)")
@@ -294,10 +304,10 @@ class _Run:
         """Activation x activation matmuls and fused kernels, and the fused backward's recomputation."""
         T, cat, rows = self.T, self.cat, self.rows
         # the forward attention a backward reads (an evaluation under no_grad is left out of L·S·d: roles.py)
-        trained = self.is_fwd & (cat == "attention") & (self.roles.attention_training | self.no_backward)
+        trained = self.is_fwd & cat["attention"] & (self.roles.attention_training | self.no_backward)
         att_fwd = self.ps(trained)
-        att_bwd = self.ps(self.is_bwd & (cat == "attention"))
-        att_eval = self.ps(self.is_fwd & (cat == "attention") & ~trained)
+        att_bwd = self.ps(self.is_bwd & cat["attention"])
+        att_eval = self.ps(self.is_fwd & cat["attention"] & ~trained)
         if not (att_fwd or att_bwd):
             if att_eval:
                 self.out.append(f"Attention: {_f(att_eval)} FLOPs per step in forward passes that no backward reads "
@@ -325,7 +335,7 @@ class _Run:
         k_bwd = self.ps(self.kernel & self.is_bwd & ~self.recompute)
         if k_bwd:
             recompute = self.ps(values=attention_recompute(rows))
-            ops = ", ".join(sorted(set(rows.loc[self.kernel & self.is_bwd & ~self.recompute, "op"].astype(str))))
+            ops = ", ".join(sorted(set(map(_text, rows.labels("op").strings(self.kernel & self.is_bwd & ~self.recompute)))))
             self.out.append(
                 f"Recomputation: the fused attention backward ({ops}) counts {_x(k_bwd, k_fwd)} x its forward "
                 f"({_f(k_bwd)} vs {_f(k_fwd)} FLOPs) because it keeps no score matrix and recomputes q @ kᵀ: "
@@ -340,7 +350,7 @@ class _Run:
         again = self.ps(self.recompute)
         if not again:
             return
-        weights = self.ps(self.recompute & (self.cat == "weight_matmul"))
+        weights = self.ps(self.recompute & self.cat["weight_matmul"])
         self.out.append(
             f"Activation checkpointing: {_f(again)} FLOPs per step re-run forward work in the backward (rows "
             f"flagged recompute; {_f(weights)} of them weight matmuls, counted in the backward above). reports.mfu "
@@ -348,10 +358,10 @@ class _Run:
         )
 
     def external(self):
-        ext = self.ps(self.cat == "external_weight")
+        ext = self.ps(self.cat["external_weight"])
         if not ext:
             return
-        ext_fwd = self.ps(self.is_fwd & (self.cat == "external_weight"))
+        ext_fwd = self.ps(self.is_fwd & self.cat["external_weight"])
         self.out.append(
             f"Weights outside the model: {_f(ext)} FLOPs per step ({_f(ext_fwd)} forward) multiply by parameters of "
             f"modules not in model= (a frozen teacher, say) or by quantized weights held as buffers: not in N, not "
@@ -362,13 +372,13 @@ class _Run:
         """A language model's output head: the last weight matmul of the forward, in a model
         with an embedding (without one, the last layer is just a layer)."""
         roles, acc = self.roles, self.acc
-        fwd_w = self.rows.index[np.asarray(self.is_fwd & (roles.param >= 0), dtype=bool)]  # labels only: no row copied
-        if len(set(roles.param[fwd_w])) <= 1 or not any(roles.embedding.values()):
+        fwd_w = np.flatnonzero(self.is_fwd & (roles.param >= 0))
+        if len(set(roles.param[fwd_w].tolist())) <= 1 or not any(roles.embedding.values()):
             return
         head = int(roles.param[fwd_w[-1]])
         head_f = self.ps(self.is_fwd & (roles.param == head))
         tied = roles.embedding.get(head, False)
-        module = str(self.rows.at[fwd_w[-1], "module"]) if "module" in self.rows else ""
+        module = _text(self.rows.labels("module").strings(fwd_w[-1:])[0]) if "module" in self.rows else ""
         weight = roles.label(head)
         name = (f"{module} (its weight {weight}" if module and not weight.startswith(module + ".") else f"{weight} (")
         name += (", " if name.endswith(weight) else "")
@@ -413,13 +423,13 @@ class _Run:
     def conv_weights(self):
         """Convolution weights: not in the matmul N; a patch embedding (stride = kernel) is a matmul on patches."""
         rows, roles = self.rows, self.roles
-        conv = self.is_fwd & (rows["flop_kind"] == "conv")
-        if not conv.any() or not has_column(rows, "input_shapes"):
+        conv = self.is_fwd & self.kind.eq("conv")
+        if not conv.any() or "input_shapes" not in rows:
             return
-        at = np.flatnonzero(conv.to_numpy())
-        outs = cell_objects(rows, "output_shapes", at) if has_column(rows, "output_shapes") else [None] * len(at)
+        at = np.flatnonzero(conv)
+        outs = rows.cells("output_shapes", at) if "output_shapes" in rows else [None] * len(at)
         weights, patches = {}, {}
-        for ids, shapes, out in zip(cell_objects(rows, "input_storage_ids", at), cell_objects(rows, "input_shapes", at), outs):
+        for ids, shapes, out in zip(rows.cells("input_storage_ids", at), rows.cells("input_shapes", at), outs):
             sid = roles.alias.get(int(ids[1]), -1) if ids is not None and len(ids) > 1 else -1  # a cast, w / sigma
             if sid not in roles.numel or shapes is None or len(shapes) < 2:
                 continue
@@ -446,7 +456,7 @@ class _Run:
         if opt:
             updated = self.acc.meta.get("optimizer_params")  # the parameter elements its steps updated (tracer)
             total_params = updated or self.acc.n_local or self._n_total()  # older traces: what this rank holds
-            ops = {str(o) for o in self.rows.loc[self.is_opt & (self.rows["flops"] > 0), "op"].unique()}
+            ops = set(map(_text, self.rows.labels("op").strings(self.is_opt & (self.rows["flops"] > 0))))
             fused = sorted(o for o in ops if o.startswith("aten._fused_"))
             if fused:
                 how = (f"the fused kernel ({', '.join(fused)}) counts 1 FLOP per parameter element, though an Adam "
@@ -469,12 +479,12 @@ class _Run:
         return f"the {n:,} parameters this rank holds" if n < self._n_total() else f"all {n:,} parameters"
 
     def other_ops(self):
-        mask = (self.is_fwd | self.is_bwd) & (self.cat == "other")
+        mask = (self.is_fwd | self.is_bwd) & self.cat["other"]
         other_fb = self.ps(mask)
         if not other_fb:
             return
         kinds = self.ps(mask, by="flop_kind")
-        kinds = kinds[kinds > 0].sort_values(ascending=False, kind="stable")
+        kinds = dict(sorted(((k, v) for k, v in kinds.items() if v > 0), key=lambda kv: -kv[1]))  # most first, ties in order
         self.out.append(
             f"Other ops: {_f(other_fb)} FLOPs in forward + backward ({_pct(other_fb, self.ps(self.is_fwd | self.is_bwd))} "
             f"of them; {', '.join(f'{kind} {_f(v)}' for kind, v in kinds.items())}), outside the matmul heuristic."
@@ -482,7 +492,7 @@ class _Run:
 
     def uncounted(self):
         """Ops without a FLOP formula (flop_kind "unknown": nn.LSTM's fused kernels, say) count 0."""
-        if ((self.rows["flop_kind"] == "unknown") & (self.is_fwd | self.is_bwd | self.is_opt)).any():  # not bookkeeping
+        if (self.kind.eq("unknown") & (self.is_fwd | self.is_bwd | self.is_opt)).any():  # not bookkeeping
             self.out.append(
                 "Ops without a FLOP formula ran (flop_kind unknown; the report lists them with their share of op "
                 "time): they count 0 FLOPs, so every figure above leaves their work out, and a weight only they "

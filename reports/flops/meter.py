@@ -11,12 +11,11 @@ unscaled, flagged `flops_estimated` and counted in the report.
 """
 
 import os
+import sys
 
 import numpy as np
-import pandas as pd
 
 from reports.errors import ReportError
-from reports.loading.load import escaped
 from tracer.schema import read_metadata
 
 __all__ = ["COLUMNS", "meter", "meter_summary"]
@@ -35,7 +34,8 @@ def _runs(source):
     (a reports.sql.engine.Trace's `runs`)."""
     if isinstance(source, dict):
         return source
-    if isinstance(source, pd.DataFrame):
+    pd = sys.modules.get("pandas")  # no DataFrame without pandas imported
+    if pd is not None and isinstance(source, pd.DataFrame):
         runs = source.attrs.get("runs")
         if not runs:
             raise ReportError("meter: expected a DataFrame returned by reports.load or a trace path")
@@ -48,6 +48,8 @@ def _runs(source):
         raise ReportError(f"meter: {exc}") from None
     if not meta:
         raise ReportError(f"meter: {os.fspath(source)!r} holds no optrace trace")
+    from reports.loading.load import escaped  # a trace path: read as reports.load names its run
+
     name = escaped(meta.get("run_name") or os.path.basename(os.path.normpath(os.fspath(source))))
     if "ranks" in meta:
         return {f"{name}/rank={r}": m for r, m in meta["ranks"].items()}
@@ -55,6 +57,8 @@ def _runs(source):
 
 
 def _rows(run, table):
+    """{column: values} of one run's metered steps (the columns of COLUMNS; flops_from_step a list of ints and
+    Nones)."""
     steps, traces = table.get("steps") or {}, table.get("traces") or []
     n = len(steps.get("step") or [])
     trace = np.asarray(steps.get("trace") or [], dtype=np.int64)
@@ -78,7 +82,7 @@ def _rows(run, table):
     with np.errstate(divide="ignore", invalid="ignore"):
         frame = {
             "run": [run] * n, "step": steps.get("step") or [], "traced": traced,
-            "flops_from_step": pd.array([traces[t]["first_step"] if t >= 0 else None for t in trace], dtype="Int64"),
+            "flops_from_step": [traces[t]["first_step"] if t >= 0 else None for t in trace],
             "flops_estimated": estimated,
             "step_time_s": seconds, "tokens": tokens, "tokens_per_s": tokens / timed,
             "model_flops": model, "hardware_flops": hardware,
@@ -86,7 +90,7 @@ def _rows(run, table):
             "dtype": [traces[t].get("dtype") if t >= 0 else None for t in trace],
             "peak_flops_per_s": peak, "mfu": model / timed / peak, "hfu": hardware / timed / peak,
         }  # fmt: skip
-    return pd.DataFrame(frame)
+    return frame
 
 
 def meter(source):
@@ -95,9 +99,12 @@ def meter(source):
     step_time_s, tokens, tokens_per_s, model_flops, hardware_flops, recompute_flops, dtype,
     peak_flops_per_s, mfu, hfu. `source`: a trace path, a DataFrame from
     reports.load, or its `attrs["runs"]` ({run name: metadata}). Empty (typed) for a trace without a Meter table."""
+    import pandas as pd
+
     frames = [_rows(run, meta["meter"]) for run, meta in _runs(source).items() if isinstance(meta.get("meter"), dict)]
     if not frames:
         return pd.DataFrame({c: pd.Series(dtype=t) for c, t in _OUT.items()})
+    frames = [pd.DataFrame({**f, "flops_from_step": pd.array(f["flops_from_step"], dtype="Int64")}) for f in frames]
     return pd.concat(frames, ignore_index=True).astype(_OUT)
 
 
@@ -112,19 +119,23 @@ def meter_summary(source):
     if not tables:
         return None
     errors = sum(int(t.get("errors") or 0) for t in tables)
-    table = meter(runs)
-    metered = table[~table["traced"]]
+    parts = [_rows(run, meta["meter"]) for run, meta in runs.items() if isinstance(meta.get("meter"), dict)]
+    table = {c: np.concatenate([np.asarray(p[c]) for p in parts]) for c in ("step", "traced", "flops_estimated",
+                                                                          "model_flops", "step_time_s", "tokens_per_s",
+                                                                          "mfu", "hfu")}  # fmt: skip
+    traced = table["traced"].astype(bool)
 
     def spread(column):
-        values = metered[column].dropna()
+        values = table[column].astype(np.float64)[~traced]
+        values = values[~np.isnan(values)]
         if not len(values):
             return None
-        return {"median": float(values.median()), "min": float(values.min()), "max": float(values.max())}
+        return {"median": float(np.median(values)), "min": float(values.min()), "max": float(values.max())}
 
     return {
-        "steps": len(table), "traced_steps": [int(s) for s in table.loc[table["traced"], "step"]],
-        "unknown_flops_steps": int(table["model_flops"].isna().sum()),
-        "estimated_flops_steps": int(table["flops_estimated"].sum()), "metered_steps": len(metered),
+        "steps": len(traced), "traced_steps": [int(s) for s in table["step"][traced].tolist()],
+        "unknown_flops_steps": int(np.isnan(table["model_flops"].astype(np.float64)).sum()),
+        "estimated_flops_steps": int(table["flops_estimated"].astype(bool).sum()), "metered_steps": int((~traced).sum()),
         "step_time_s": spread("step_time_s"), "tokens_per_s": spread("tokens_per_s"),
         "mfu": spread("mfu"), "hfu": spread("hfu"), "errors": errors,
     }  # fmt: skip

@@ -37,34 +37,32 @@ None for numbers: test them with `pd.isna` and print them as N/A
 """
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 
+from reports._util import packet
 from reports.errors import ReportError
 from reports.flops.accounting import traced_tokens
 from reports.flops.peaks import cpu_ideal_flops, normalize_dtype
 from reports.flops.peaks import peak_flops as lookup_peak
 from reports.flops.recompute import attention_recompute, checkpoint_recompute
 from reports.flops.roles import skipped_inputs
-from reports.loading.columns import cell_lists, flat, packets
-from reports.loading.load import require, runs_of
-from reports.steps import count_steps, per_step
-from reports.tables import split_runs
+from reports.flops.rows import flat, frame_of, per_step, records_table, require, to_frame
 from tracer.rules import DTYPE_KINDS, carrying_dtype, dtype_rows
 
-__all__ = ["COLUMNS", "mfu"]
+__all__ = ["COLUMNS", "mfu", "mfu_table"]
 
 _COLUMNS = ("run", "step", "phase", "op", "flops", "flop_kind", "input_shapes", "input_dtypes")
 COLUMNS = (*_COLUMNS, "recompute")  # every column mfu reads (recompute when the trace has it)
+_S, _F = pa.string(), pa.float64()
 _OUT = {
-    "run": object, "device": object, "dtype": object, "steps": "int64", "tokens_per_step": "float64",
-    "model_flops_per_step": "float64", "hardware_flops_per_step": "float64",
-    "recompute_flops_per_step": "float64", "optimizer_flops_per_step": "float64",
-    "step_time_s": "float64", "step_time_source": object, "tokens_per_s": "float64",
-    "achieved_flops_per_s": "float64", "hardware_flops_per_s": "float64",
-    "peak_flops_per_s": "float64", "peak_source": object, "mfu": "float64", "hfu": "float64",
-    "ideal_flops_per_s": "float64", "ceiling_flops_per_s": "float64", "ceiling_dtype": object,
-    "mfu_of_achievable": "float64",
+    "run": _S, "device": _S, "dtype": _S, "steps": pa.int64(), "tokens_per_step": _F,
+    "model_flops_per_step": _F, "hardware_flops_per_step": _F,
+    "recompute_flops_per_step": _F, "optimizer_flops_per_step": _F,
+    "step_time_s": _F, "step_time_source": _S, "tokens_per_s": _F,
+    "achieved_flops_per_s": _F, "hardware_flops_per_s": _F,
+    "peak_flops_per_s": _F, "peak_source": _S, "mfu": _F, "hfu": _F,
+    "ideal_flops_per_s": _F, "ceiling_flops_per_s": _F, "ceiling_dtype": _S,
+    "mfu_of_achievable": _F,
 }
 
 
@@ -83,17 +81,17 @@ def matmul_dtype(rows):
     """The dtype carrying most matmul + attention FLOPs in these rows, else most FLOPs (None if there are none).
 
     A row's dtype is that of its first multiplied operand (addmm's bias skipped). The rules are
-    tracer/rules.py's, which the run-time meter applies too."""
-    flops = rows["flops"].to_numpy()
-    at = np.flatnonzero(dtype_rows(rows["flop_kind"].isin(DTYPE_KINDS).to_numpy(), flops))
-    offsets, names = flat(cell_lists(rows, "input_dtypes", at, pa.string()), pa.string())
+    tracer/rules.py's, which the run-time meter applies too. `rows`: reports.flops.rows.Rows."""
+    flops = rows["flops"]
+    at = np.flatnonzero(dtype_rows(rows.labels("flop_kind").isin(DTYPE_KINDS), flops))
+    offsets, names = flat(rows.lists("input_dtypes", pa.string(), at), pa.string())
     count = np.diff(offsets)
-    first = skipped_inputs(packets(rows["op"].iloc[at]))  # addmm's bias is not multiplied
+    first = skipped_inputs(rows.labels("op").map(packet).take(at))  # addmm's bias is not multiplied
     first = np.where(first < count, first, 0)
     ok = count > 0
     if not ok.any():
         return None
-    return carrying_dtype(pd.Series(names[offsets[:-1][ok] + first[ok]], dtype=object).map(str), flops[at][ok])
+    return carrying_dtype([str(name) for name in names[offsets[:-1][ok] + first[ok]]], flops[at][ok])
 
 
 def _ratio(num, den):
@@ -115,22 +113,29 @@ def mfu(df, step_time_s=None, peak_flops=None, dtype=None):
     dtype        the dtype whose peak applies (e.g. "tfloat32"); default the dtype
                  that carries most matmul FLOPs.
     See the module docstring for the definitions; NaN marks what cannot be known."""
-    require(df, _COLUMNS, "mfu")
-    runs = runs_of(df)
+    from reports.loading.load import require as require_columns
+
+    require_columns(df, _COLUMNS, "mfu")
+    return to_frame(mfu_table(frame_of(df), step_time_s, peak_flops, dtype))
+
+
+def mfu_table(frame, step_time_s=None, peak_flops=None, dtype=None):
+    """`mfu` of a reports.flops.rows.Frame, as a pyarrow.Table."""
+    require(frame.column_names, _COLUMNS, "mfu")
     if dtype is not None and not isinstance(dtype, str) and not hasattr(dtype, "is_floating_point"):
         raise ReportError(f"mfu: dtype must be a dtype name such as 'bfloat16' or a torch.dtype, got {dtype!r}")
     records = []
-    for run, rows in split_runs(df):
-        meta = runs[run]
-        steps = count_steps(rows)
-        phase = rows["phase"]
+    for run, rows in frame.split():
+        meta = frame.runs[run]
+        steps = rows.count_steps()
+        phase = rows.labels("phase")
         fb = phase.isin(("forward", "backward"))
         again = checkpoint_recompute(rows)
         scores = per_step(rows, values=attention_recompute(rows))
         recompute = per_step(rows, mask=again) + scores
         model = per_step(rows, mask=fb & ~again) - scores
         hardware = per_step(rows)
-        optimizer = per_step(rows, mask=phase == "optimizer")
+        optimizer = per_step(rows, mask=phase.eq("optimizer"))
 
         step_time, time_source = _per_run(step_time_s, run, "step_time_s"), "given"
         if step_time is None:
@@ -173,5 +178,4 @@ def mfu(df, step_time_s=None, peak_flops=None, dtype=None):
             "ceiling_dtype": ceiling_dtype,
             "mfu_of_achievable": _ratio(achieved, ceiling_rate) if same_dtype else None,
         })
-    out = pd.DataFrame.from_records(records, columns=list(_OUT))
-    return out.astype(_OUT)
+    return records_table(records, _OUT)

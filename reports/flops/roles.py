@@ -40,13 +40,11 @@ import re
 from math import prod
 
 import numpy as np
-import pandas as pd
 
 from reports._util import ONE_TO_ONE_COPIES, ids, packet, unique
 from reports.errors import ReportError
 from reports.flops.evaluation import evaluation_rows
-from reports.loading.columns import cell_objects, flat, has_column
-from reports.loading.columns import packets as op_packets
+from reports.flops.rows import Labels, as_rows
 
 __all__ = ["CATEGORIES", "Roles", "operands", "skipped_inputs"]
 
@@ -70,9 +68,9 @@ def operands(op, input_ids):
 
 
 def _flat_ids(rows, ins, outs):
-    """(offsets, ids) of the input and the output storage ids of `rows` (reports.loading.columns.flat), reusing given ones."""
-    ins = flat(rows["input_storage_ids"]) if ins is None else ins
-    outs = flat(rows["output_storage_ids"]) if outs is None else outs
+    """(offsets, ids) of the input and the output storage ids of `rows` (Rows.flat), reusing given ones."""
+    ins = rows.flat("input_storage_ids") if ins is None else ins
+    outs = rows.flat("output_storage_ids") if outs is None else outs
     return ins, outs
 
 
@@ -82,8 +80,8 @@ def _items(lists, row):
 
 
 def skipped_inputs(packets):
-    """Per row of a Series of op packets: how many leading inputs are added, not multiplied (1 for addmm, else 0)."""
-    return packets.isin(_ADD_FIRST).to_numpy().astype(np.int64)
+    """Per row of op packets (Labels): how many leading inputs are added, not multiplied (1 for addmm, else 0)."""
+    return packets.isin(_ADD_FIRST).astype(np.int64)
 
 
 # Gathers of a stacked weight: w[expert_ids] copies whole expert matrices of w [E, K, N] (first input).
@@ -104,7 +102,7 @@ def _scalar_sides(rows, at, in_off):
     ok, second = count == 1, np.zeros(len(at), dtype=bool)
     two = np.flatnonzero(count == 2)
     if len(two):
-        for k, shapes in zip(two.tolist(), cell_objects(rows, "input_shapes", at[two])):
+        for k, shapes in zip(two.tolist(), rows.cells("input_shapes", at[two])):
             first, other = (prod(int(d) for d in shape) for shape in list(shapes)[:2])
             ok[k], second[k] = (other == 1 or first == 1), (first == 1 and other != 1)
     return ok, second
@@ -118,14 +116,14 @@ def _copies(rows, packets, sources, ins=None, outs=None, stacked=()):
     if not alias:
         return alias
     (in_off, in_ids), outs = _flat_ids(rows, ins, outs)
-    copy = packets.isin(ONE_TO_ONE_COPIES).to_numpy().copy()
+    copy = packets.isin(ONE_TO_ONE_COPIES)
     if stacked:
         first = np.full(len(rows), _NO_ID, dtype=np.int64)
         has = in_off[1:] > in_off[:-1]
         first[has] = in_ids[in_off[:-1][has]]
-        copy |= packets.isin(_GATHERS).to_numpy() & np.isin(first, np.fromiter(stacked, dtype=np.int64))
-    derived = packets.isin(DERIVED).to_numpy()
-    scaled = np.flatnonzero(packets.isin(SCALED).to_numpy())
+        copy |= packets.isin(_GATHERS) & np.isin(first, np.fromiter(stacked, dtype=np.int64))
+    derived = packets.isin(DERIVED)
+    scaled = np.flatnonzero(packets.isin(SCALED))
     if len(scaled) and len(in_ids):  # only those scaling a source or what a copy made (shapes are read row by row)
         near = np.concatenate([np.fromiter(alias, dtype=np.int64, count=len(alias)),
                                _take_rows(outs, np.flatnonzero(copy | derived))[1]])  # fmt: skip
@@ -139,7 +137,7 @@ def _copies(rows, packets, sources, ins=None, outs=None, stacked=()):
     order = np.argsort(at, kind="stable")  # in row order: a copy of a scaled weight follows it
     at = at[order]
     count = in_off[at + 1] - in_off[at]
-    second = (packets.iloc[at].to_numpy(dtype=object) == "aten.copy_") & (count > 1)  # copy_(dst, src): the source is the second input
+    second = packets.take(at).eq("aten.copy_") & (count > 1)  # copy_(dst, src): the source is the second input
     if len(scaled):  # the scaled tensor of `scalar * w` is the second input
         second[np.isin(at, scaled[np.asarray(scaled_second, dtype=bool)])] = True
     first_only = derived[at] | np.isin(at, scaled)
@@ -171,17 +169,21 @@ def gradient_sources(rows, packets, gradients, ins=None, outs=None):
     into its flat reduce buffer (`chunk_cat`) move a gradient without computing on it, an
     add only sums contributions (the dW of every use of a weight, an accumulated micro-batch)
     and a placing op (GRADIENT_PLACES) puts the gradient of a slice of a weight into the
-    weight's gradient: they pass states through unchanged."""
+    weight's gradient: they pass states through unchanged. `rows`: Rows (or a DataFrame), `packets`: their ops'
+    packets (Labels, or a sequence of names)."""
+    rows = as_rows(rows)
+    packets = packets if isinstance(packets, Labels) else Labels.of(list(packets))
     reach = dict.fromkeys(gradients, frozenset({0}))  # storage -> {casts used on the way to a gradient}
     if not reach:
         return set()
     ins, outs = _flat_ids(rows, ins, outs)
     moved = packets.isin(_GRADIENT_MOVES) | packets.isin(GRADIENT_PLACES)
     if "flop_kind" in rows:
-        moved |= rows["flop_kind"].astype(object) == "collective"
-    hop = rows["phase"].isin(("backward", "other")) & (packets.isin(ONE_TO_ONE_COPIES) | packets.isin(_ADDS) | moved)
-    at = np.flatnonzero(hop.to_numpy())
-    casts = packets.iloc[at].isin(ONE_TO_ONE_COPIES).to_numpy() & ~moved.iloc[at].to_numpy()
+        moved |= rows.labels("flop_kind").eq("collective")
+    copies = packets.isin(ONE_TO_ONE_COPIES)
+    hop = rows.labels("phase").isin(("backward", "other")) & (copies | packets.isin(_ADDS) | moved)
+    at = np.flatnonzero(hop)
+    casts = copies[at] & ~moved[at]
     (in_off, in_ids), (out_off, out_ids) = (_take_rows(lists, at) for lists in (ins, outs))  # as Python lists once
     in_off, in_ids, out_off, out_ids = in_off.tolist(), in_ids.tolist(), out_off.tolist(), out_ids.tolist()
     for k in range(len(at) - 1, -1, -1):  # the last op first: cast -> add -> gradient is followed back
@@ -205,9 +207,7 @@ def _member(keys, table):
 
 def _recomputed(rows):
     """Boolean array: the rows activation checkpointing re-ran (the `recompute` column; none without it)."""
-    if "recompute" not in rows:
-        return np.zeros(len(rows), dtype=bool)
-    return rows["recompute"].astype("boolean").fillna(False).to_numpy(dtype=bool)
+    return rows.flag("recompute")
 
 
 def _matmul_operands(packets, offsets, ids):
@@ -252,6 +252,7 @@ class Roles:
 
     names, numel, embedding, trainable, shape: per parameter storage id (tied weights share one).
     param: per row, the model parameter storage a matmul multiplies by (-1: none).
+    category_codes: per row, the index of its category in CATEGORIES (category: their names).
     activation: per weight matmul row, the storage it multiplies the weight with.
     category: per row, one of CATEGORIES. matmul_params: the parameter storages that
     enter a forward matmul (the default N). external: storages of parameters outside
@@ -260,6 +261,7 @@ class Roles:
     never an evaluation row."""
 
     def __init__(self, rows, meta):
+        rows = as_rows(rows)
         params = meta.get("parameters")
         if not params:
             raise ReportError(
@@ -281,17 +283,17 @@ class Roles:
                 self.shape[sid] = tuple(int(d) for d in p["shape"])
         roles = meta.get("storage_roles") or {}
         self.external = {int(s) for s in roles.get(EXTERNAL_ROLE, [])} - set(self.names)
-        packets = op_packets(rows["op"])
-        ins, outs = flat(rows["input_storage_ids"]), flat(rows["output_storage_ids"])
+        packets = rows.labels("op").map(packet)
+        ins, outs = rows.flat("input_storage_ids"), rows.flat("output_storage_ids")
         stacked = {s for s, shape in self.shape.items() if len(shape) >= 3}  # stacked experts [E, K, N]
         alias = self.alias = _copies(rows, packets, set(self.names), ins, outs, stacked)  # storage -> its parameter
         external = _copies(rows, packets, self.external, ins, outs)
         to_grad = gradient_sources(rows, packets, {int(s) for s in roles.get("gradient", [])}, ins, outs)
 
-        kind = rows["flop_kind"]
-        mm = kind == "matmul"
-        at = np.flatnonzero(mm.to_numpy())
-        mm_packets = packets.iloc[at]
+        kind, phase = rows.labels("flop_kind"), rows.labels("phase")
+        mm = kind.eq("matmul")
+        at = np.flatnonzero(mm)
+        mm_packets = packets.take(at)
         pair = _matmul_operands(mm_packets, *_take_rows(ins, at))
         hit = _lookup(alias, pair)
         param = np.where(hit[:, 0] != _NO_ID, hit[:, 0], hit[:, 1])
@@ -300,17 +302,17 @@ class Roles:
         # a weight times a buffer vector of the model (or a copy of one), not times tokens: spectral_norm's power
         # iteration W v, Wᵀ u. A buffer of positions or coordinates multiplied as a matrix (mm) is token work.
         buffers = _copies(rows, packets, {int(s) for s in roles.get(BUFFER_ROLE, [])}, ins, outs)
-        by_buffer = (param != _NO_ID) & mm_packets.isin(_VECTOR_PRODUCTS).to_numpy() & (_lookup(buffers, act) != _NO_ID)
+        by_buffer = (param != _NO_ID) & mm_packets.isin(_VECTOR_PRODUCTS) & (_lookup(buffers, act) != _NO_ID)
         param[by_buffer] = _NO_ID
         no_hit = param == _NO_ID
         ext = no_hit & (np.isin(pair, np.fromiter(external, dtype=np.int64, count=len(external))).any(axis=1)
-                        | mm_packets.isin(PACKED_WEIGHT).to_numpy())  # fmt: skip
+                        | mm_packets.isin(PACKED_WEIGHT))  # fmt: skip
         out_offsets, out_ids = _take_rows(outs, at)
         writes_grad = np.zeros(len(at), dtype=bool)
         out_rows = np.repeat(np.arange(len(at)), np.diff(out_offsets))
         writes_grad[out_rows[np.isin(out_ids, np.fromiter(to_grad, dtype=np.int64, count=len(to_grad)))]] = True
         grad = no_hit & ~ext & writes_grad
-        forward, backward = (rows["phase"] == "forward").to_numpy(), (rows["phase"] == "backward").to_numpy()
+        forward, backward = phase.eq("forward"), phase.eq("backward")
         # a trained module outside model= (a GAN's discriminator, a head): its dW = xᵀ @ dL/dy also becomes a
         # gradient, and reads the x its forward multiplied by its external weight, which no model weight multiplied
         model_acts = act[~no_hit & forward[at]]
@@ -323,42 +325,47 @@ class Roles:
         grad |= self._unstored_weight_gradients(rows, at, pair, no_hit & ~ext & ~grad & backward[at],
                                                 model_acts, param[~no_hit & forward[at]])
 
-        self.param = pd.Series(_NO_PARAM, index=rows.index, dtype="int64")
-        self.param.iloc[at] = np.where(no_hit, _NO_PARAM, param)
-        self.activation = pd.Series(_NO_ID, index=rows.index, dtype="int64")  # weight matmuls: the activation operand
-        self.activation.iloc[at] = act
+        self.param = np.full(len(rows), _NO_PARAM, dtype=np.int64)
+        self.param[at] = np.where(no_hit, _NO_PARAM, param)
+        self.activation = np.full(len(rows), _NO_ID, dtype=np.int64)  # weight matmuls: the activation operand
+        self.activation[at] = act
         code = np.full(len(rows), CATEGORIES.index("other"), dtype=np.int8)
-        code[(kind == "attention").to_numpy()] = CATEGORIES.index("attention")
+        code[kind.eq("attention")] = CATEGORIES.index("attention")
         weight = ~no_hit | grad
-        inner = mm_packets.isin(_INNER_PRODUCTS).to_numpy()  # two vectors: never attention's scores or values
+        inner = mm_packets.isin(_INNER_PRODUCTS)  # two vectors: never attention's scores or values
         code[at] = np.select([weight, ext, inner | by_buffer],
                              [CATEGORIES.index("weight_matmul"), CATEGORIES.index("external_weight"), CATEGORIES.index("other")],
                              CATEGORIES.index("attention"))  # fmt: skip
-        self.category = pd.Series(pd.Categorical.from_codes(code, categories=CATEGORIES), index=rows.index)
-        fwd = mm & (rows["phase"] == "forward") & (self.param >= 0)
-        used = set(self.param[fwd])
+        self.category_codes = code  # into CATEGORIES
+        fwd = mm & forward & (self.param >= 0)
+        used = set(self.param[fwd].tolist())
         self.matmul_params = sorted(used | self._idle_siblings(used))
         self.evaluation = evaluation_rows(rows, self.param)
-        self.training = self._feeds_backward(rows, np.flatnonzero(fwd.to_numpy()), at[backward[at]], ins) & ~self.evaluation
+        self.training = self._feeds_backward(rows, np.flatnonzero(fwd), at[backward[at]], ins) & ~self.evaluation
         self.attention_training = self._attention_trained(rows, ins) & ~self.evaluation
+
+    @property
+    def category(self):
+        """Per row, its category's name (a string array; the sections compare category_codes)."""
+        return np.array(CATEGORIES)[self.category_codes]
 
     def _attention_trained(self, rows, ins):
         """Per row: a forward attention row whose inputs (q and k, the probabilities and v) an attention row of the
         backward of its step reads: training, where an evaluation pass under no_grad saves nothing. In a step that
         re-ran checkpointed work the backward reads the re-run's storages: all of its attention counts as training."""
-        out = pd.Series(False, index=rows.index)
-        attention, phase = (self.category == "attention").to_numpy(), rows["phase"]
-        fwd = np.flatnonzero(attention & (phase == "forward").to_numpy())
+        out = np.zeros(len(rows), dtype=bool)
+        attention, phase = self.category_codes == CATEGORIES.index("attention"), rows.labels("phase")
+        fwd = np.flatnonzero(attention & phase.eq("forward"))
         if not len(fwd):
             return out
-        step = rows["step"].to_numpy(dtype=np.int64)
-        bwd = np.flatnonzero(attention & (phase == "backward").to_numpy())
+        step = rows["step"]
+        bwd = np.flatnonzero(attention & phase.eq("backward"))
         read = unique(_step_keys(step, ins, bwd)[1])  # sorted (step, storage)
         f_off, keys = _step_keys(step, ins, fwd)
         hit = _member(keys, read)
         read_by = np.zeros(len(fwd), dtype=bool)
         np.logical_or.at(read_by, np.repeat(np.arange(len(fwd)), np.diff(f_off)), hit)
-        out.iloc[fwd] = read_by | np.isin(step[fwd], step[_recomputed(rows)])
+        out[fwd] = read_by | np.isin(step[fwd], step[_recomputed(rows)])
         return out
 
     def _feeds_backward(self, rows, at, bwd, ins):
@@ -378,26 +385,26 @@ class Roles:
         stop did not re-run). NB: in a trace before v4 (no grad_mode), an evaluation on the very
         batch the step trains on counts its first layer (whose input is that batch) as training
         work, and so does an evaluation in a checkpointed step."""
-        out = pd.Series(False, index=rows.index)
+        out = np.zeros(len(rows), dtype=bool)
         if not len(at):
             return out
-        step = rows["step"].to_numpy(dtype=np.int64)
+        step = rows["step"]
         _, read = _step_keys(step, ins, bwd)
         # a copy of a weight the backward reads is the weight: under autocast a checkpoint's re-run casts it
         # again, and the dL/dx of a layer its early stop did not re-run reads that new cast
         source = _lookup(self.alias, read & 0xFFFFFFFF)
         copied = source != _NO_ID
         read = unique(np.concatenate([read, (read[copied] >> 32) << 32 | (source[copied] & 0xFFFFFFFF)]))
-        param = self.param.to_numpy()
+        param = self.param
         frozen = [s for s, trained in self.trainable.items() if not trained]
         by_weight = np.isin(param[at], np.array(frozen, dtype=np.int64))  # a frozen weight: its dL/dx reads it
         again = _recomputed(rows)
         redo = step[again & (param >= 0)] << 32 | (param[again & (param >= 0)] & 0xFFFFFFFF)
         by_weight |= np.isin(step[at], step[again])  # checkpointed steps: a weight the backward reads was trained
         keyed = [np.where(v != _NO_ID, step[at] << 32 | (v & 0xFFFFFFFF), -1)
-                 for v in (self.activation.to_numpy()[at], param[at])]
+                 for v in (self.activation[at], param[at])]
         used = _member(keyed[0], read) | (by_weight & _member(keyed[1], read)) | np.isin(keyed[1], redo)
-        out.iloc[at] = used
+        out[at] = used
         return out
 
     def _unstored_weight_gradients(self, rows, at, pair, candidates, acts, params):
@@ -405,7 +412,7 @@ class Roles:
         (torch.func.grad and its vmap per-sample gradients, autograd.grad). Such a row reads the input x
         of a forward matmul with weight W and its output has W's matrix shape [..., K, N] (or [..., N, K])."""
         found = np.zeros(len(at), dtype=bool)
-        if not candidates.any() or not len(acts) or not has_column(rows, "output_shapes"):
+        if not candidates.any() or not len(acts) or "output_shapes" not in rows:
             return found
         # the forward rows whose weight is a matrix (2 dims or more), each weight's shape looked up once
         weights = unique(params)
@@ -421,7 +428,7 @@ class Roles:
         for a, p in zip(acts[mine].tolist(), params[mine].tolist()):
             shape = self.shape[p]
             matrix.setdefault(a, set()).update({shape[-2:], shape[-2:][::-1]})
-        for k, shapes in zip(picked.tolist(), cell_objects(rows, "output_shapes", at[picked])):
+        for k, shapes in zip(picked.tolist(), rows.cells("output_shapes", at[picked])):
             out = tuple(int(d) for d in shapes[0]) if shapes is not None and len(shapes) else ()
             found[k] = len(out) >= 2 and any(out[-2:] in matrix.get(a, ()) for a in pair[k].tolist())
         return found

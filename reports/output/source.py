@@ -1,7 +1,8 @@
 """Where `optrace report` takes each table from: the SQL engine (reports/sql) when it has the trace
 open, else the pandas functions on the loaded frame (the reference). Both give the same tables
 (tests/reports/sql/test_sql.py). With the SQL engine every section works with df=None: breakdown, explain and MFU run the
-pandas functions on the small frame reports/sql/flops.py cuts from the trace (tests/reports/sql/test_sql_flops.py); the
+functions of reports/flops on the small Arrow table reports/sql/flops.py cuts from the trace, and return Arrow
+tables (tests/reports/sql/test_sql_flops.py); the
 memory categories, the meter and the distributed sections come from their SQL views
 (tests/reports/sql/test_sql_sections.py); the rank sections take a Source over every rank."""
 
@@ -17,15 +18,18 @@ class Source:
 
     # ------------------------------------------------------------ FLOP sections: breakdown, explain, MFU
     def flop_rows(self):
-        """The rows breakdown, explain and MFU run on: the frame, or reports/sql/flops.py's small frame of the
-        trace (made once)."""
+        """The rows breakdown, explain and MFU run on (a reports.flops.rows.Frame): reports/sql/flops.py's small
+        table of the trace, or the frame's (made once)."""
         if self._flop_rows is None:
             if self.sql is not None:
-                from reports.sql.flops import frame
+                from reports.flops.rows import Frame
+                from reports.sql.flops import table
 
-                self._flop_rows = frame(self.sql)
+                self._flop_rows = Frame(table(self.sql), self.sql.runs)
             else:
-                self._flop_rows = self.df
+                from reports.flops.rows import frame_of
+
+                self._flop_rows = frame_of(self.df)
         return self._flop_rows
 
     def accounts(self):
@@ -36,20 +40,23 @@ class Source:
         return analyse(self.flop_rows(), "matmul", None, "breakdown")
 
     def breakdown(self, accounts):
-        from reports.flops.breakdown import breakdown
+        """reports.breakdown's table: a pyarrow.Table made the library's DataFrame here, for the CLI's printing."""
+        from reports.flops.breakdown import breakdown_table
+        from reports.flops.rows import to_frame
 
-        return breakdown(self.flop_rows(), accounts=accounts)
+        return to_frame(breakdown_table(self.flop_rows(), accounts=accounts))
 
     def explain(self, accounts):
-        from reports.flops.explain import explain
+        from reports.flops.explain import explain_lines
 
-        return explain(self.flop_rows(), accounts=accounts)
+        return explain_lines(self.flop_rows(), accounts=accounts)
 
     def mfu(self, step_time_s=None, peak_flops=None):
-        """reports.mfu's row of the run."""
-        from reports.flops.mfu import mfu
+        """reports.mfu's row of the run, as {column: value}."""
+        from reports.flops.mfu import mfu_table
+        from reports.flops.rows import first_row
 
-        return mfu(self.flop_rows(), step_time_s=step_time_s, peak_flops=peak_flops).iloc[0]
+        return first_row(mfu_table(self.flop_rows(), step_time_s=step_time_s, peak_flops=peak_flops))
 
     def count_steps(self):
         """Training steps of the run (reports/steps.py count_steps)."""

@@ -1,8 +1,8 @@
 """The FLOP sections of the report (breakdown, explain, MFU) from a reports.sql.engine.Trace, without a frame
-of the whole trace: SQL (reports/sql/flops.sql) cuts the rows down to a small frame, and the pandas functions
-(reports/flops: analyse and Roles, breakdown, explain, mfu) run on it unchanged.
+of the whole trace: SQL (reports/sql/flops.sql) cuts the rows down to a small pyarrow.Table, and the functions of
+reports/flops (analyse and Roles, breakdown, explain, mfu) run on its numpy columns.
 
-    frame(trace)   the small frame: one row per run's rows that the sections read one by one, one per group
+    table(trace)   the small table: one row per run's rows that the sections read one by one, one per group
                    of the other rows (their FLOPs summed), one per step and phase, in this order:
 
       the walked rows (view flop_rows)  matmul and attention rows, forward convolutions, one-to-one copies
@@ -17,6 +17,9 @@ of the whole trace: SQL (reports/sql/flops.sql) cuts the rows down to a small fr
       the steps (view flop_steps)  one zero-FLOP row per step and phase (whether it re-ran checkpointed
                    work), after a run's other rows: the steps each phase ran in, as reports/steps.py counts
                    them, and the steps with a backward or with recomputation, as Roles and explain read them.
+
+The sections read it as reports.flops.rows.Frame(table(trace), trace.runs); frame(trace) is it as a DataFrame, as
+reports.load gives one, for the library's functions.
 
 A Trace that kept run 0's rows from its read of the parts (Trace(keep=[FlopRows]), as `optrace report` opens one) gives
 the walked rows and flop_rest from what it kept (reports/sql/flop_rows.py), the same rows without a query that decodes
@@ -42,15 +45,13 @@ too, row by row): a figure above 2**53 may then differ in its last bits.
 import os
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from reports.loading.columns import SharedRuns, to_pandas
 from reports.sql.engine import statements
 from reports.sql.flop_rows import FlopRows
 
-__all__ = ["frame"]
+__all__ = ["frame", "table"]
 
 _ROWS = ("seq", "step", "phase", "op", "module", "flop_kind", "flops", "recompute", "causal", "input_storage_ids",
          "output_storage_ids", "input_dtypes", "input_shapes", "output_shapes", "flops_bound", "grad_mode")  # fmt: skip
@@ -79,9 +80,24 @@ def _mfu_rest():
 
 
 def frame(trace, mfu_only=False):
-    """The small frame of the FLOP sections (see the module docstring): reports.breakdown, explain and mfu of
-    it equal those of reports.load of the same trace. attrs["runs"] is the trace's runs' metadata. `mfu_only`:
-    the smaller frame reports.mfu alone reads (the columns it reads, the matmul and attention rows one by one)."""
+    """The small table as a DataFrame (see the module docstring): reports.breakdown, explain and mfu of it equal
+    those of reports.load of the same trace. attrs["runs"] is the trace's runs' metadata. `mfu_only`: the smaller
+    frame reports.mfu alone reads (the columns it reads, the matmul and attention rows one by one)."""
+    import pandas as pd
+
+    from reports.loading.columns import SharedRuns, to_pandas
+
+    small = table(trace, mfu_only)
+    run_index = small.column("run").combine_chunks().indices.to_numpy()
+    out = to_pandas(small.drop_columns(["run"]), lists="arrow")
+    out.insert(0, "run", pd.Categorical.from_codes(run_index.astype(np.int64), categories=list(trace.runs)))
+    out.attrs["runs"] = SharedRuns(trace.runs)
+    return out
+
+
+def table(trace, mfu_only=False):
+    """The small table of the FLOP sections (see the module docstring) as a pyarrow.Table: its first column `run`
+    (a dictionary of the trace's runs), the string columns dictionary-encoded. `mfu_only`: as for `frame`."""
     wide = any(trace.wide("flops", i) for i in range(len(trace.runs)))
     flops_type = "DOUBLE" if wide else "BIGINT"  # as reports/steps.py summable takes sums that could wrap
     if mfu_only:
@@ -95,23 +111,21 @@ def frame(trace, mfu_only=False):
     if kept is not None:  # the walked rows and groups from the Trace's read of the parts (reports/sql/flop_rows.py)
         steps = trace.db.sql("SELECT seq, step, phase, 0 AS flops, recompute FROM flop_steps ORDER BY seq").to_arrow_table()
         try:
-            table = kept.table(wide, steps)  # the run's steps after its other rows, as below
+            rows = kept.table(wide, steps)  # the run's steps after its other rows, as below
         except (pa.ArrowException, ValueError):  # parts whose types it cannot join: the query reads them as DuckDB does
-            table = None
-    if kept is not None and table is not None:
-        table = table.append_column("run_index", pa.array(np.zeros(len(table), np.int32)))
+            rows = None
+    if kept is not None and rows is not None:
+        rows = rows.append_column("run_index", pa.array(np.zeros(len(rows), np.int32)))
     else:
         query = " UNION ALL ".join([*parts, _select("flop_steps", _STEPS, flops_type, 1, names)])
-        table = trace.db.sql(query).to_arrow_table()
-        keys = [table.column(c).to_numpy() for c in ("seq", "part", "run_index")]
-        table = table.take(np.lexsort(keys)).drop_columns(["part"])  # in order: run by run, its rows by seq, then
+        rows = trace.db.sql(query).to_arrow_table()
+        keys = [rows.column(c).to_numpy() for c in ("seq", "part", "run_index")]
+        rows = rows.take(np.lexsort(keys)).drop_columns(["part"])  # in order: run by run, its rows by seq, then
         # its steps (less memory than SQL's sort)
     # categorical, as reports.load gives them: packets and group-bys per category, not per row
     for name in (c for c in _CATEGORICAL if c in names):
-        table = table.set_column(table.schema.get_field_index(name), name, pc.dictionary_encode(table.column(name)))
-    run_index = table.column("run_index").to_numpy()
-    out = to_pandas(table.drop_columns(["run_index"]), lists="arrow")
-    out.insert(0, "run", pd.Categorical.from_codes(run_index.astype(np.int64), categories=list(trace.runs)))
-    out.attrs["runs"] = SharedRuns(trace.runs)
-    return out
+        rows = rows.set_column(rows.schema.get_field_index(name), name, pc.dictionary_encode(rows.column(name)))
+    run_index = pa.array(rows.column("run_index").to_numpy().astype(np.int32))
+    run = pa.DictionaryArray.from_arrays(run_index, pa.array(list(trace.runs), pa.string()))
+    return rows.drop_columns(["run_index"]).add_column(0, "run", run)
 

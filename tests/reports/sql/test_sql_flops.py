@@ -613,3 +613,68 @@ def test_kept_rows_that_cannot_be_joined_leave_the_frame_to_the_query(tmp_path, 
         kept = Trace(tmp_path / "t", keep=(FlopRows,))
     assert (FlopRows, 0) in kept.kept
     pd.testing.assert_frame_equal(frame(kept), reference, check_exact=True)
+
+
+_NO_PANDAS = r"""
+import json, os, sys, types
+import importlib.abc
+
+class Blocked(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name == "pandas" or name.startswith("pandas."):
+            raise ImportError("pandas is blocked")
+
+sys.meta_path.insert(0, Blocked())
+package = types.ModuleType("reports")  # reports/__init__ imports the pandas tables: the FLOP sections need none of it
+package.__path__ = [os.path.join(os.getcwd(), "reports")]
+sys.modules["reports"] = package
+import pyarrow as pa
+import pyarrow.parquet as pq
+from reports.flops.breakdown import breakdown_table
+from reports.flops.coverage import uncounted_table
+from reports.flops.explain import explain_lines
+from reports.flops.meter import meter_summary
+from reports.flops.mfu import mfu_table
+from reports.flops.rows import COLUMNS, Frame, Rows
+from tracer.schema import part_paths, read_metadata
+
+path = sys.argv[1]
+rows = pq.read_table(part_paths(path))
+rows = rows.select([c for c in COLUMNS if c in rows.column_names] + ["duration_ns"])
+name = os.path.basename(path)  # the run's name, as reports.load gives it
+rows = rows.add_column(0, "run", pa.array([name] * rows.num_rows))
+frame = Frame(rows, {name: read_metadata(path)})
+print(json.dumps({"breakdown": breakdown_table(frame).to_pylist(), "explain": explain_lines(frame),
+                  "mfu": mfu_table(frame, step_time_s=1.0, peak_flops=1e6).to_pylist(),
+                  "uncounted": uncounted_table(Rows(rows)).to_pylist(), "meter": meter_summary(frame.runs),
+                  "pandas": "pandas" in sys.modules}))
+"""
+
+
+def test_the_flop_sections_import_and_run_without_pandas(traces):
+    """breakdown, explain, MFU and the uncounted ops over a pyarrow.Table, in a process where pandas cannot be
+    imported, equal the library's DataFrames of the same trace (its pandas boundary: reports.flops.rows.to_frame)."""
+    import os
+    import subprocess
+    import sys
+
+    def plain(records):  # NaN as None, numpy scalars as Python's: the JSON the child printed
+        return [{k: None if isinstance(v, float) and v != v else getattr(v, "item", lambda: v)() for k, v in r.items()}
+                for r in records]  # fmt: skip
+
+    path = traces["checkpoint"]
+    done = subprocess.run([sys.executable, "-c", _NO_PANDAS, str(path)], capture_output=True, text=True,
+                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))), timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    found = json.loads(done.stdout)
+    assert found["pandas"] is False and found["meter"] is None  # no Meter table in this trace
+    df = reports.load(path)
+    assert plain(found["breakdown"]) == plain(reports.breakdown(df).to_dict("records"))
+    assert found["explain"] == reports.explain(df)
+    mfu = found["mfu"][0]
+    # test_figures_from_sql: hardware 13,056 + 26,752 + 212 = 40,020, of it 8,704 re-run by checkpointing
+    assert mfu["hardware_flops_per_step"] == 40020 and mfu["recompute_flops_per_step"] == 8704
+    assert plain([mfu]) == plain(reports.mfu(df, step_time_s=1.0, peak_flops=1e6).to_dict("records"))
+    assert plain(found["uncounted"]) == plain(reports.uncounted(df).to_dict("records"))
+    # the library's strings stay objects at the boundary (pandas 3 would make an Arrow string column its str dtype)
+    assert reports.breakdown(df)["phase"].dtype == object and reports.mfu(df)["device"].dtype == object
