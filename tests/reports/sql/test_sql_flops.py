@@ -10,6 +10,8 @@ an evaluation under no_grad, fused attention, convolutions, a traced FSDP2 rank,
 """
 
 import contextlib
+import importlib
+import json
 import io
 import warnings
 from math import prod
@@ -209,14 +211,14 @@ def _lstm(path):
 
 
 BUILDERS = {
-    "gpt": lambda p: __import__("test_sql")._gpt(p, 3),
-    "cut": lambda p: __import__("test_sql")._gpt(p, 2, cut=True),
-    "tied_bf16": lambda p: __import__("test_breakdown")._tiny_gpt_trace(p, tie=True, dtype=torch.bfloat16),
+    "gpt": lambda p: importlib.import_module("tests.reports.sql.test_sql")._gpt(p, 3),
+    "cut": lambda p: importlib.import_module("tests.reports.sql.test_sql")._gpt(p, 2, cut=True),
+    "tied_bf16": lambda p: importlib.import_module("tests.reports.flops.test_breakdown")._tiny_gpt_trace(p, tie=True, dtype=torch.bfloat16),
     "checkpoint": _checkpointed,
     "checkpoint_reentrant": _reentrant,
-    "moe_views": lambda p: __import__("test_moe").trace_moe(p, "eager"),
-    "moe_gathers": lambda p: __import__("test_moe").trace_moe(p, "bmm"),
-    "moe_grouped": lambda p: __import__("test_moe").trace_moe(p, "grouped"),
+    "moe_views": lambda p: importlib.import_module("tests.reports.flops.test_moe").trace_moe(p, "eager"),
+    "moe_gathers": lambda p: importlib.import_module("tests.reports.flops.test_moe").trace_moe(p, "bmm"),
+    "moe_grouped": lambda p: importlib.import_module("tests.reports.flops.test_moe").trace_moe(p, "grouped"),
     "lora": _lora,
     "frozen": _frozen,
     "no_grad_eval": _no_grad_eval,
@@ -224,7 +226,7 @@ BUILDERS = {
     "vmap": _vmap,
     "attention": _attention,
     "patches": _patches,
-    "fsdp_rank": lambda p: __import__("test_job").simulate(p, 4),
+    "fsdp_rank": lambda p: importlib.import_module("tests.tracer.distributed.test_job").simulate(p, 4),
     "wide": _wide,
     "no_model": _no_model,
     "quantized": _quantized,
