@@ -159,7 +159,7 @@ def test_a_flops_bound_row_is_no_negative_module_total(bound, capsys):
     from reports.sql.engine import Trace
 
     df = reports.load(bound)
-    for table in (reports.by_module(df), sql_report.by_module(Trace(bound))):
+    for table in (reports.by_module(df), reports.by_module(Trace(bound))):
         outside = table[table["module"] == ""].iloc[0]
         assert outside["subtree_flops"] == 2.0**63 and outside["subtree_flops_pct"] == 100.0  # 528 FLOPs are 6e-15 %
     rc, out, err = _same_report(capsys, bound)
@@ -191,7 +191,7 @@ def test_modules_whose_flops_pass_int64_together_roll_up_as_the_reference(tmp_pa
             del _registry[op]
         else:
             _registry[op] = saved
-    tables = reports.by_module(reports.load(tmp_path / "t")), sql_report.by_module(Trace(tmp_path / "t"))
+    tables = reports.by_module(reports.load(tmp_path / "t")), reports.by_module(Trace(tmp_path / "t"))
     pd.testing.assert_frame_equal(tables[1], tables[0], check_exact=True)
     root = tables[1][tables[1]["module"] == "Sequential"].iloc[0]
     assert root["subtree_flops"] == 1e19 and root["subtree_flops_pct"] == 100.0  # 10 x 10**18
@@ -277,7 +277,7 @@ def test_rank_0s_sections_come_from_run_0_of_the_trace_of_every_rank(template, t
     one = every.first_run()
     assert list(one.runs) == ["m/rank=0"] and one.ranks == [0] and not one.several and one.narrow == narrow
     assert tables.ops(one) == tables.ops(alone) == 14 and tables.ops(every, 1) == 160
-    for table in (tables.by_op, tables.by_step, tables.peak, tables.views, sql_report.by_module, tables.phase_flops):
+    for table in (tables.by_op, tables.by_step, tables.peak, tables.views, reports.by_module, tables.phase_flops):
         got, want = table(one), table(alone)
         if isinstance(got, dict):
             assert got == want

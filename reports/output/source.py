@@ -104,13 +104,9 @@ class Source:
         return top_ops(self.df, top)
 
     def by_module(self):
-        if self.sql is not None:
-            from reports.sql_report import by_module
-
-            return by_module(self.sql)
         from reports.tables import by_module
 
-        return by_module(self.df)
+        return by_module(self.sql if self.sql is not None else self.df)
 
     def roofline_with_split(self):
         if self.sql is not None:
