@@ -90,6 +90,15 @@ def summary(df, peak_tflops=None, step_time_s=None, ranks_present=None, top=8, s
     }
 
 
+def _text(frame, formatters=None, na_rep="NaN", header=None):
+    """A table as the report prints it (reports.output.table.render: DataFrame.to_string(index=False)'s text)."""
+    import pyarrow as pa
+
+    from reports.output.table import render
+
+    return render(pa.Table.from_pandas(frame, preserve_index=False), formatters, na_rep, header)
+
+
 def compiled_note(meta):
     """What the report says of torch.compile'd code the tracer ran eagerly (tracer/compiled.py), or ""."""
     if not meta.get("compiled_ran_eagerly"):
@@ -133,7 +142,7 @@ def _print_coverage(src, out):
     if len(table):
         print(f"\nOps without a FLOP formula (counted as 0 FLOPs; {FIX})", file=out)
         shown = table.assign(time_pct=table["time_pct"].map(lambda v: f"{v:.1f}%"))
-        print(shown[["op", "ops", "time_pct"]].to_string(index=False), file=out)
+        print(_text(shown[["op", "ops", "time_pct"]]), file=out)
 
 
 def _print_report(df, args, out, sql=None):
@@ -224,13 +233,13 @@ def _print_report(df, args, out, sql=None):
 
     ops = src.top_ops(args.top)
     print(f"\nTop {len(ops)} ops by FLOPs, per step ({src.steps_traced()} step(s) traced)", file=out)
-    print(ops.to_string(index=False, formatters=column_formatters(ops)), file=out)
+    print(_text(ops, column_formatters(ops)), file=out)
     mods = src.by_module()
     mods = mods[mods["depth"] <= 2].sort_values("subtree_flops", ascending=False).head(args.top)
     mods = mods.assign(module=mods["module"].replace("", "(outside modules)"))
     mods = mods[["module", "subtree_flops", "subtree_flops_pct"]].rename(columns={"subtree_flops": "subtree_flops_total"})
     print(f"\nTop modules by FLOPs, totals over all {src.steps_traced()} step(s) (children rolled up)", file=out)
-    print(mods.to_string(index=False, formatters=column_formatters(mods)), file=out)
+    print(_text(mods, column_formatters(mods)), file=out)
 
     _print_coverage(src, out)
     _print_roofline(args, out, src)
@@ -243,7 +252,7 @@ def _print_report(df, args, out, sql=None):
     v = src.views()
     kinds = v.groupby("kind", sort=False)[["ops", "bytes_allocated"]].sum().reset_index()
     print(f"\nViews (no new memory) vs copies, totals over all {src.steps_traced()} step(s)", file=out)
-    print(kinds.to_string(index=False, formatters=column_formatters(kinds)), file=out)
+    print(_text(kinds, column_formatters(kinds)), file=out)
     made = v[v["kind"] == "copy"].head(args.top)
     if len(made):
         print("Copies:", ", ".join(f"{printable(r.op)} x{r.ops} ({human_bytes(r.bytes_allocated)})" for r in made.itertuples()), file=out)
@@ -267,7 +276,7 @@ def _print_roofline(args, out, src):
     formatters = {**column_formatters(shown), "bytes_per_step": human_bytes}
     above = shown["efficiency_pct"].astype("float64") > 100
     formatters["efficiency_pct"] = lambda v: "N/A" if v is None or v != v else f"{v:.1f}%" + ("*" if v > 100 else "")
-    print(shown.to_string(index=False, formatters=formatters, na_rep="N/A"), file=out)
+    print(_text(shown, formatters, "N/A"), file=out)
     if above.any():
         print(f"  * {int(above.sum())} row(s) above 100% of the roof: outside the roofline's model (the bandwidth roof "
               "is a DRAM triad, and small tensors stay in cache, which is faster than DRAM)", file=out)
@@ -446,7 +455,7 @@ def _compare(args):
         keys = table[args.by].drop_duplicates().head(args.top)  # whole keys: a run's row never cut from its pair
         shown = table[table[args.by].isin(keys)].astype({"peak_live_bytes": "float64"})
         header = [_COMPARE_HEADERS.get(c, c) for c in shown.columns]  # short names: the --json names in the legend
-        print(shown.to_string(index=False, formatters=column_formatters(shown), na_rep="N/A", header=header))
+        print(_text(shown, column_formatters(shown), "N/A", header))
         print(f"/step: per step; _x: the ratio to {runs[0]}'s value for the same {args.by} (inf: x / 0; N/A: 0 / 0); "
               "alloc: bytes allocated\n"
               f"change_pct: the larger change of FLOPs and of bytes allocated per step against {runs[0]}, in % of "
