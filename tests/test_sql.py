@@ -69,6 +69,18 @@ def _same(got, want, exact=True):
     pd.testing.assert_frame_equal(got, want, check_exact=exact, rtol=1e-12)
 
 
+def _phase_flops(df):
+    """{phase: FLOPs per step, "total": ...} of one run's rows by reports.steps.per_step (the reference of
+    reports.sql.tables.phase_flops), numbers as --json prints them."""
+    from reports.output.text import json_number
+    from reports.steps import per_step
+
+    phase = df["phase"]
+    flops = {p: json_number(per_step(df, mask=phase == p)) for p in ("forward", "backward", "optimizer", "other")}
+    flops["total"] = json_number(per_step(df))
+    return flops
+
+
 def _pair(path):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -105,8 +117,6 @@ def test_every_table_is_identical(traces, trace, name):
 
 @pytest.mark.parametrize("trace", ["gpt", "cut", "job", "damaged"])
 def test_summary_figures_are_identical(traces, trace):
-    from reports.output.cli import _phase_flops
-
     df, sql = _pair(traces[trace])
     one = df[df["run"] == list(df.attrs["runs"])[0]]
     assert tables.phase_flops(sql) == _phase_flops(one)

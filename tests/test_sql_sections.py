@@ -209,7 +209,7 @@ def test_the_rank_tables_are_the_references(traces):
 
 def test_the_meter_section_reads_the_runs(traces):
     df, sql = _pair(traces["metered"])
-    found = Source(None, sql).meter_summary()
+    found = Source(sql).meter_summary()
     assert found == meter_summary(df) and found["steps"] == 5 and found["traced_steps"] == [0, 1, 4]
 
 

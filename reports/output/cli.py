@@ -31,19 +31,13 @@ _RANKS_ONLY = ("start_ns", "comm_bytes", "group_size", "process_group")
 _JOB_COLUMNS = ("comm_bytes", "group_size", "process_group")
 
 
-def _phase_flops(df):
-    """FLOPs per step by phase straight from the rows, for a trace breakdown cannot read."""
-    return Source(df).phase_flops()
-
-
-def summary(df, peak_tflops=None, step_time_s=None, ranks_present=None, top=8, sql=None):
+def summary(sql, peak_tflops=None, step_time_s=None, ranks_present=None, top=8):
     """What `report --json` prints, as a dict: the summary figures, then every section of the text report
-    (reports/output/report_json.py). `ranks_present`: rank directories in the trace
-    (reports.loading.load.ranks_present), for its `distributed` object; default: the runs loaded.
-    `sql`: a reports.sql.engine.Trace of the same run, every table then from it and `df` None
-    (reports/output/source.py)."""
+    (reports/output/report_json.py), from `sql`, a reports.sql.engine.Trace of the run (reports/output/source.py).
+    `ranks_present`: rank directories in the trace (reports.loading.load.ranks_present), for its `distributed`
+    object; default: the runs loaded."""
 
-    src = Source(df, sql)
+    src = Source(sql)
     run, meta = src.run()
     try:
         accounts = src.accounts()  # one analysis of the rows for breakdown and explain
@@ -145,10 +139,10 @@ def _print_coverage(src, out):
         print(_text(shown[["op", "ops", "time_pct"]]), file=out)
 
 
-def _print_report(df, args, out, sql=None):
+def _print_report(sql, args, out):
     from reports.flops.explain import cycles_note
 
-    src = Source(df, sql)  # every table from the SQL engine when `sql` (a Trace of the run) is given, df then None
+    src = Source(sql)  # every table from the views over `sql`, a Trace of the run
     run, meta = src.run()
     device = (meta.get("device") or {}).get("name", "?")
     state = "complete" if meta.get("complete") else f"INCOMPLETE ({stopped_by(meta)}): figures cover the rows it has"
@@ -300,7 +294,6 @@ def _step_time_spread(timing, given):
 
 
 def _report(args):
-    from reports.distributed.ranks import first_rank, is_multi_rank
     from reports.loading.load import ranks_present
     from reports.output.distributed import print_job, print_ranks
     from reports.output.meter import print_meter
@@ -309,28 +302,24 @@ def _report(args):
     # every rank, checked and warned about as a load of the pandas engine's columns would be
     columns = _frame_columns(args.trace, args.plot)
     everyone = _sql_all(args.trace, columns, _report_keep) if args.engine == "sql" else None
-    if everyone is not None:  # every section from SQL: no row of the trace is held in Python
-        sql = everyone.first_run() if everyone.several else everyone  # rank 0's sections: no second open
-        df, ranks_src = None, Source(None, everyone)
-        ranks_src = ranks_src if ranks_src.multi_rank() else None
-    else:  # the reference: the rows loaded with pandas (and a v1 or v2 trace, which the SQL views do not read)
-        df, sql = _frame(args.trace, args.plot), None
-        ranks_src = Source(df) if is_multi_rank(df) else None
-        several = "rank" in df.columns and len(df.attrs["runs"]) > 1  # by the runs: a rank may hold no rows
-        df = first_rank(df) if several else df  # the report of rank 0, then the ranks
-    src = Source(df, sql)
+    if everyone is None:  # --engine pandas, or a trace the Trace does not read from its files (v1, v2): the views
+        everyone = _memory(args.trace, columns)  # over its rows loaded with reports.load (the reference loader)
+    sql = everyone.first_run() if everyone.several else everyone  # rank 0's sections: no second open
+    ranks_src = Source(everyone)
+    ranks_src = ranks_src if ranks_src.multi_rank() else None
+    src = Source(sql)
     if not src.ops():
         _no_ops(args.trace)
     if args.plot:
         from reports.output.plots import save_plots
 
-        paths = save_plots(df if df is not None else _first_rank_frame(args.trace, everyone), args.plot)
+        paths = save_plots(_first_rank_frame(args.trace, everyone), args.plot)
     if args.json:
         extra = ranks_src.rank_summary() if ranks_src is not None else {}
-        found = summary(df, args.peak_tflops, args.step_time, ranks_present(args.trace), args.top, sql)
+        found = summary(sql, args.peak_tflops, args.step_time, ranks_present(args.trace), args.top)
         print(json.dumps(strict({**found, **extra}), indent=2, allow_nan=False))
     else:
-        _print_report(df, args, sys.stdout, sql)
+        _print_report(sql, args, sys.stdout)
         print_meter(src, sys.stdout, ranks_src)  # a metered run's per-step figures (reports/output/meter.py)
         print_job(src, ranks_present(args.trace), sys.stdout)
         if ranks_src is not None:
@@ -363,11 +352,13 @@ def _meter_errors(path):
             "does") if errors else ""
 
 
-def _frame(path, plot):
-    """The trace's rows for the pandas engine: only the columns the sections read."""
+def _memory(paths, columns):
+    """A Trace over the rows of `paths` loaded with reports.load (`columns`): the views of a trace the Trace does not
+    read from its files, and `--engine pandas`, whose loader checks the rows (reports.sql.frame)."""
     from reports.loading.load import load
+    from reports.sql.frame import memory_trace
 
-    return load(path, columns=_frame_columns(path, plot), lists="arrow")
+    return memory_trace(load(paths, columns=columns, lists="arrow"), "report", [], columns)
 
 
 def _frame_columns(path, plot):
@@ -429,21 +420,15 @@ def _first_rank_frame(path, everyone):
 def _compare(args):
     from reports.compare import columns
 
+    from reports.sql_compare import compare, mfu_pct
+
     trace = _sql_all(args.traces, columns(args.by)) if args.engine == "sql" else None
-    if trace is not None:  # the figures from SQL; MFU on the small frame of reports/sql/flops.py (with a step time)
-        from reports.sql_compare import compare, mfu_pct
-
-        runs, ops = trace.runs, dict(zip(trace.totals["run_index"], trace.totals["ops"]))
-        empty = {name for i, name in enumerate(runs) if not ops.get(i)}
-        table = None if empty else compare(trace, by=args.by, mfu=mfu_pct(trace))
-    else:  # the reference: the rows loaded with pandas
-        from reports.compare import compare
-        from reports.loading.load import load
-
-        df = load(args.traces, columns=columns(args.by), lists="arrow")
-        runs = df.attrs["runs"]
-        empty = {name for name in runs if not (df["run"] == name).any()}
-        table = None if empty else compare(df, by=args.by)
+    if trace is None:  # --engine pandas, or a trace the Trace does not read from its files: over its loaded rows
+        trace = _memory(args.traces, columns(args.by))
+    # the figures from SQL; MFU on the small frame of reports/sql/flops.py (with a step time)
+    runs, ops = trace.runs, dict(zip(trace.totals["run_index"], trace.totals["ops"]))
+    empty = {name for i, name in enumerate(runs) if not ops.get(i)}
+    table = None if empty else compare(trace, by=args.by, mfu=mfu_pct(trace))
     for name, path in zip(runs, args.traces):
         if name in empty:
             raise ReportError(f"{path}: the trace has no ops (nothing ran inside `with Tracer(...)`); nothing to compare")

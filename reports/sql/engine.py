@@ -282,29 +282,32 @@ class Trace:
         self.totals = self.table("run_totals")
 
     @classmethod
-    def over(cls, table, runs, ranks=None):
+    def over(cls, table, runs, ranks=None, paths=None):
         """A Trace over rows held in memory (the library API's: reports/sql/frame.py): `table` a pyarrow Table of the
         trace's columns by name, each cast to tracer.schema's type (a column it lacks reads as NULL), with `run_index`
         (int32: the row's run, an index into `runs`); `runs` {run name: metadata}, in order; `ranks` the rank of each
-        run (None outside a distributed trace). The rows are the caller's: no check of the file path's runs here. The
+        run (None outside a distributed trace); `paths` what the messages call each run (default: its name). The rows are the caller's: no check of the file path's runs here. The
         grains, views and tables are those of a Trace of files, over `rows` of `table`."""
         import duckdb
 
         one = object.__new__(cls)
         one.runs, one.ranks = dict(runs), list(ranks) if ranks is not None else [None] * len(runs)
-        one.paths, one.files, one.lacking, one.kept, one._reads = [], [], [], {}, []
+        one.paths, one.files, one.lacking, one.kept, one._reads = list(paths or one.runs), [], [], {}, []
         one._phase_steps, one._totals, one._spill, one._reference_columns = None, None, None, None
         one.narrow, one._null_where = False, "FALSE"
         one.db = duckdb.connect()
         one.db.execute("SET enable_progress_bar = false")
-        one.db.register("_memory_rows", table)
         present = set(table.column_names)
         names = pa.array(list(one.runs), pa.string())
-        one.db.register("_memory_runs", pa.table({"run": names, "run_index": pa.array(range(len(names)), pa.int32())}))
+        runs_table = pa.table({"run": names, "run_index": pa.array(range(len(names)), pa.int32())})
+        for name, rows in (("_memory_rows", table), ("_memory_runs", runs_table)):  # tables of the database: a
+            one.db.register("_arrow", rows)  # cursor of it (first_run) sees them, as it sees no registered object
+            one.db.execute(f"CREATE TABLE {name} AS SELECT * FROM _arrow")
+            one.db.unregister("_arrow")
         cols = ", ".join(_typed(f, f.name in present) for f in ARROW_SCHEMA)
-        one._first_rows = (f"SELECT n.run, r.run_index, {cols} FROM _memory_rows AS r "
-                           "JOIN _memory_runs AS n ON r.run_index = n.run_index")  # fmt: skip
-        one.rows_view = "CREATE VIEW rows AS " + one._first_rows
+        select = f"SELECT n.run, r.run_index, {cols} FROM _memory_rows AS r JOIN _memory_runs AS n ON r.run_index = n.run_index"
+        one._first_rows = select + " WHERE r.run_index = 0"  # run 0's rows alone (first_run)
+        one.rows_view = "CREATE VIEW rows AS " + select
         one.db.execute(one.rows_view)
         one.columns = [f.name for f in ARROW_SCHEMA]
         for statement in source("rows", None, "FALSE"):

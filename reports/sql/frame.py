@@ -66,6 +66,9 @@ def memory_trace(rows, what, required, columns=()):
     at = {name: i for i, name in enumerate(names)}
     data["run_index"] = pa.array(rows["run"].astype(object).map(at).to_numpy(dtype=np.int32), pa.int32())
     ranks = [(meta.get(n) or {}).get("rank") for n in names]
+    if "rank" in rows.columns and len(rows):  # a distributed trace's: each run's rank (its directory's)
+        found = dict(zip(rows["run"].astype(object), rows["rank"]))
+        ranks = [int(found[n]) if n in found else r for n, r in zip(names, ranks)]
     return Trace.over(pa.table(data), {n: meta.get(n) or {} for n in names}, ranks)
 
 
