@@ -1,7 +1,9 @@
 """Summary tables of a loaded trace: FLOPs, bytes and time by op, module, phase, step and dtype.
 
-Each function takes the DataFrame `reports.load` returns and gives back a new
-DataFrame with a RangeIndex and units in the column names:
+Each function takes the DataFrame `reports.load` returns (or a pyarrow Table of trace
+columns), runs the view of reports/sql/views.sql that `optrace report` runs over the files
+on its rows (reports.sql.frame), and gives back a new DataFrame with a RangeIndex and
+units in the column names:
 
     ops              number of aten ops (rows of the trace)
     flops            analytic FLOPs, 2 per multiply-add (see tracer/flops.py)

@@ -556,8 +556,8 @@ def _parser():
     rep.add_argument("--plot", metavar="DIR", help="write PNG plots to DIR")
     rep.add_argument("--top", type=_top, default=8, help="rows in the top-N tables")
     rep.add_argument("--engine", choices=("sql", "pandas"), default="sql",
-                     help="where every table comes from: DuckDB over the files, holding only the results (sql, default), "
-                          "or the rows loaded with pandas, the reference (pandas); the output is the same")
+                     help="how the rows reach the views: DuckDB over the files, holding only the results (sql, default), "
+                          "or the rows loaded with reports.load and the views run over them (pandas); the output is the same")
     rep.set_defaults(run=_report)
     cmp = sub.add_parser("compare", help="compare several traces")
     cmp.add_argument("traces", nargs="+", help="two or more trace directories; ratios are against the first")
@@ -566,7 +566,7 @@ def _parser():
     cmp.add_argument("--json", action="store_true", help="print one JSON object")
     cmp.add_argument("--top", type=_top, default=20, help="keys shown, each with a row per run (default: 20)")
     cmp.add_argument("--engine", choices=("sql", "pandas"), default="sql",
-                     help="DuckDB over the files (sql, default) or the rows loaded with pandas, the reference; same output")
+                     help="DuckDB over the files (sql, default) or over the rows loaded with reports.load; same output")
     cmp.set_defaults(run=_compare)
     exp = sub.add_parser("export", help="write a trace for Perfetto: Chrome JSON (.json) or protobuf (.pftrace)")
     exp.add_argument("trace", help="a trace directory written by tracer.Tracer (with or without rank=R sub-directories)")

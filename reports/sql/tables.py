@@ -1,7 +1,9 @@
-"""The report tables from the SQL views: each function takes a reports.sql.engine.Trace and returns
-the DataFrame its pandas reference returns, column for column and dtype for dtype.
+"""The report tables from the SQL views: each function takes a reports.sql.engine.Trace (of the files, or of a
+frame's rows: reports.sql.frame) and returns the DataFrame of the library function, column for column and dtype
+for dtype (the library's by_op, by_phase, by_dtype, by_step, peak and views call these; their pandas versions are
+test oracles under tests/oracles).
 
-    pandas reference (a loaded frame)        here (a Trace)
+    library function                         here (a Trace)
     reports.by_phase, by_op, by_dtype,       by_phase, by_op, by_dtype, by_step
       by_step (reports/tables.py)
     reports.uncounted, coverage.bounds       uncounted, bounds
