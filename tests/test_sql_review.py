@@ -11,6 +11,7 @@ import pytest
 import torch
 from test_damage import rewrite, set_cell
 
+import reports
 from reports.output.cli import main
 from tracer import Tracer
 from tracer.schema import part_paths
