@@ -2,7 +2,7 @@
 
 from reports.compare import compare
 from reports.distributed.collectives import collectives, comm_split
-from reports.distributed.ranks import imbalance, ranks
+from reports.distributed.sql_ranks import imbalance, ranks
 from reports.errors import ReportError
 from reports.flops.breakdown import breakdown, explain
 from reports.flops.coverage import uncounted

@@ -16,7 +16,7 @@ import torch.multiprocessing as mp
 
 import reports
 from reports.distributed.collectives import bus_factor, collective_kind, collectives, comm_split
-from reports.distributed.ranks import imbalance, ranks
+from reports.distributed.sql_ranks import imbalance, ranks
 from tracer import Tracer, TraceError, read_metadata
 from tracer import collectives as tcoll
 from tracer import distributed as tdist

@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 import reports
-from reports.distributed.ranks import ranks
+from reports.distributed.sql_ranks import ranks
 from reports.output.cli import main
 from tracer import Tracer, read_metadata
 

@@ -21,7 +21,7 @@ from test_sql import _gpt
 
 import reports
 from reports.distributed import collectives as pandas_collectives
-from reports.distributed import ranks as pandas_ranks
+from oracles import ranks as pandas_ranks
 from reports.flops.meter import meter_summary
 from reports.output.cli import main
 from reports.output.source import Source
@@ -199,6 +199,8 @@ def test_the_rank_tables_are_the_references(traces):
     for mine, ref in ((distributed.ranks, pandas_ranks.ranks), (distributed.imbalance, pandas_ranks.imbalance),
                       (distributed.collectives, pandas_collectives.collectives)):  # fmt: skip
         pd.testing.assert_frame_equal(mine(sql), ref(df), check_exact=True)
+    for table in ("ranks", "imbalance"):  # the library (reports.ranks(df)) runs the CLI's views over the frame
+        pd.testing.assert_frame_equal(getattr(reports, table)(df), getattr(distributed, table)(sql), check_exact=True)
     table = distributed.ranks(sql)
     # per step: 8 all-gathers and 4 reduce-scatters of one layer's 64 * 64 * 4 = 16,384 bytes: 196,608
     assert table["comm_bytes_per_step"].tolist() == [12 * LAYER_BYTES] * 2

@@ -20,6 +20,7 @@ import pandas as pd
 
 from reports.distributed.collectives import collective_kind, shape_collectives
 from reports.distributed.ranks import RANK_COLUMNS, PHASE_ORDER, imbalance_of, job_object, trace_of
+from reports.sql import frame
 from reports.sql.tables import count_steps, fetch
 
 __all__ = ["collectives", "imbalance", "is_multi_rank", "job_summary", "lowest_rank_collectives", "ranks"]
@@ -34,6 +35,7 @@ def _rank(trace, i):
     return int(trace.ranks[i] or 0)
 
 
+_COLUMNS = ("step", "phase", "flops", "duration_ns", "start_ns", "comm_bytes")  # and `run`, for a frame
 _DONE = weakref.WeakKeyDictionary()  # Trace -> its per-rank figures: ranks and imbalance share one scan of the rows
 
 
@@ -57,8 +59,14 @@ def _per_rank(trace):
     return _DONE[trace]
 
 
-def ranks(trace):
-    """reports/distributed/ranks.py ranks: one row per run (a rank) with rows."""
+def ranks(rows):
+    """One row per run (a rank): FLOPs, communication bytes and time, compute time and
+    step time, each per step (averaged over the run's steps). `rows`: a Trace, a loaded frame or an Arrow table."""
+    with frame.trace_of(rows, "ranks", _COLUMNS, ["rank"]) as trace:
+        return _ranks(trace)
+
+
+def _ranks(trace):
     totals, figures, times = _per_rank(trace)
     out = []
     for i, run in enumerate(trace.runs):
@@ -74,8 +82,17 @@ def ranks(trace):
     return pd.DataFrame(out, columns=list(RANK_COLUMNS)).astype(RANK_COLUMNS)
 
 
-def imbalance(trace):
-    """reports/distributed/ranks.py imbalance: each phase's time per step over the ranks, and the step's."""
+def imbalance(rows):
+    """Per distributed trace and phase (forward, backward, optimizer, other, then `step`):
+    the mean and the largest time per step over the ranks, imbalance = max / mean
+    (1.0: balanced), and the slowest rank. A phase's time is the summed time of its
+    ops (collectives to their completion, so waiting for a slower rank shows up in the
+    waiting rank's collectives); `step` is the wall time of a step. `rows`: as ranks takes them."""
+    with frame.trace_of(rows, "imbalance", _COLUMNS, ["rank"]) as trace:
+        return _imbalance(trace)
+
+
+def _imbalance(trace):
     totals, _, times = _per_rank(trace)
     steps = trace.phase_steps()
     per_rank = []
