@@ -26,7 +26,7 @@ from reports import sql_report
 from reports.distributed.collectives import per_step_traffic
 from reports.errors import ReportError
 from reports.flops.coverage import bounds, uncounted
-from reports.output.report_json import top_ops
+from oracles.report_json import top_ops
 from reports.sql import tables
 from reports.sql.engine import Trace, file_literal, statements
 from reports.steps import count_steps

@@ -420,7 +420,7 @@ def _first_rank_frame(path, everyone):
 def _compare(args):
     from reports.compare import columns
 
-    from reports.sql_compare import compare, mfu_pct
+    from reports.compare import compare
 
     trace = _sql_all(args.traces, columns(args.by)) if args.engine == "sql" else None
     if trace is None:  # --engine pandas, or a trace the Trace does not read from its files: over its loaded rows
@@ -428,7 +428,7 @@ def _compare(args):
     # the figures from SQL; MFU on the small frame of reports/sql/flops.py (with a step time)
     runs, ops = trace.runs, dict(zip(trace.totals["run_index"], trace.totals["ops"]))
     empty = {name for i, name in enumerate(runs) if not ops.get(i)}
-    table = None if empty else compare(trace, by=args.by, mfu=mfu_pct(trace))
+    table = None if empty else compare(trace, by=args.by)
     for name, path in zip(runs, args.traces):
         if name in empty:
             raise ReportError(f"{path}: the trace has no ops (nothing ran inside `with Tracer(...)`); nothing to compare")
