@@ -50,7 +50,7 @@ from reports.output import cli
 from reports.sql.frame import memory_trace
 path, which = sys.argv[1], sys.argv[2]
 df = load(path)
-trace = memory_trace(df, "report", [], list(df.columns))  # the views over the loaded rows
+trace = memory_trace(df, "report", [], list(df.columns), grains=True)  # the views over the loaded rows
 if which == "json":
     print(json.dumps(cli.summary(trace), indent=2))
 else:

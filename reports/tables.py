@@ -32,7 +32,6 @@ from reports.loading.columns import cell_lists, first_codes
 from reports.loading.load import require
 from reports.sql import tables
 from reports.sql.frame import run_names, trace_of
-from reports.steps import fits_int64
 from tracer.schema import EXTERNAL_MARK, PHASES
 
 __all__ = ["by_dtype", "by_module", "by_op", "by_phase", "by_step"]
@@ -72,19 +71,9 @@ def combine(frames, columns, dtypes, several):
     else:
         out = empty_frame({c: types.get(c, object) for c in cols})
     wide = [c for c, t in types.items() if t == "int64" and c in out.columns and out[c].dtype.kind == "f"
-            and bool((out[c].abs() >= 2.0**63).any())]  # sums past int64 (summable_rows) stay float64 (2**63 - 1: 2.0**63)
+            and bool((out[c].abs() >= 2.0**63).any())]  # sums past int64 stay float64 (2**63 - 1: 2.0**63)
     types.update(dict.fromkeys(wide, "float64"))
     return out.astype({c: t for c, t in types.items() if c in out.columns}).reset_index(drop=True)[cols]
-
-
-_SUMMED = ("flops", "bytes_allocated", "bytes_read", "bytes_written", "duration_ns")
-
-
-def summable_rows(rows, columns=_SUMMED):
-    """`rows` with every integer column whose int64 sum could wrap turned float64 (no copy when none can)."""
-    wide = {c: rows[c].astype(np.float64) for c in columns
-            if c in rows.columns and not fits_int64(rows[c].to_numpy())}
-    return rows.assign(**wide) if wide else rows
 
 
 def several_runs(df):

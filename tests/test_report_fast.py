@@ -195,7 +195,7 @@ def _loaded(path):
     from reports.sql.frame import memory_trace
 
     df = reports.load(path)
-    return memory_trace(df, "report", [], list(df.columns))
+    return memory_trace(df, "report", [], list(df.columns), grains=True)
 
 
 def test_cli_compare_prints_the_reference_figures(traces, autocast):

@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from reports._util import COPY_OPS, empty_frame, is_copy, pct
+from reports._util import COPY_OPS, empty_frame, is_copy
 from reports.loading.columns import cell_lists, first_items
 from reports.loading.load import require, runs_of
 from reports.sql import tables

@@ -358,7 +358,7 @@ def _memory(paths, columns):
     from reports.loading.load import load
     from reports.sql.frame import memory_trace
 
-    return memory_trace(load(paths, columns=columns, lists="arrow"), "report", [], columns)
+    return memory_trace(load(paths, columns=columns, lists="arrow"), "report", [], columns, grains=True)
 
 
 def _frame_columns(path, plot):

@@ -52,6 +52,7 @@ from reports.loading.validate import ALLOWED, ITEMS_NOT_NULL, LIST_NOT_NULL, STO
 from reports.sql import rowpass
 from reports.sql.kept_views import kept_views
 from reports.sql.scan import GRAINS, files_query, grains, source, source_views, views
+from reports.sql.scan import grains as _grains
 from tracer.schema import ARROW_SCHEMA, COLUMN_NAMES, PHASES, missing_columns
 
 # a row whose phase or FLOP kind the tracer never writes (validate.ALLOWED): the reference loader names it. Checked on the
@@ -282,11 +283,14 @@ class Trace:
         self.totals = self.table("run_totals")
 
     @classmethod
-    def over(cls, table, runs, ranks=None, paths=None):
+    def over(cls, table, runs, ranks=None, paths=None, grains=False):
         """A Trace over rows held in memory (the library API's: reports/sql/frame.py): `table` a pyarrow Table of the
         trace's columns by name, each cast to tracer.schema's type (a column it lacks reads as NULL), with `run_index`
         (int32: the row's run, an index into `runs`); `runs` {run name: metadata}, in order; `ranks` the rank of each
-        run (None outside a distributed trace); `paths` what the messages call each run (default: its name). The rows are the caller's: no check of the file path's runs here. The
+        run (None outside a distributed trace); `paths` what the messages call each run (default: its name).
+        `grains`: the rows copied into the database and the views made from the grains of reports/sql/scan.py, as a
+        Trace of files makes them (the report's sections, which read the grains too, and first_run); else views.sql's
+        views as written, over the table itself (no copy: one table of the library API scans what it reads). The rows are the caller's: no check of the file path's runs here. The
         grains, views and tables are those of a Trace of files, over `rows` of `table`."""
         import duckdb
 
@@ -300,9 +304,12 @@ class Trace:
         present = set(table.column_names)
         names = pa.array(list(one.runs), pa.string())
         runs_table = pa.table({"run": names, "run_index": pa.array(range(len(names)), pa.int32())})
-        for name, rows in (("_memory_rows", table), ("_memory_runs", runs_table)):  # tables of the database: a
-            one.db.register("_arrow", rows)  # cursor of it (first_run) sees them, as it sees no registered object
-            one.db.execute(f"CREATE TABLE {name} AS SELECT * FROM _arrow")
+        for name, rows in (("_memory_rows", table), ("_memory_runs", runs_table)):
+            if not grains:
+                one.db.register(name, rows)
+                continue
+            one.db.register("_arrow", rows)  # a table of the database: a cursor of it (first_run) sees it, as it
+            one.db.execute(f"CREATE TABLE {name} AS SELECT * FROM _arrow")  # sees no registered object
             one.db.unregister("_arrow")
         cols = ", ".join(_typed(f, f.name in present) for f in ARROW_SCHEMA)
         select = f"SELECT n.run, r.run_index, {cols} FROM _memory_rows AS r JOIN _memory_runs AS n ON r.run_index = n.run_index"
@@ -310,9 +317,12 @@ class Trace:
         one.rows_view = "CREATE VIEW rows AS " + select
         one.db.execute(one.rows_view)
         one.columns = [f.name for f in ARROW_SCHEMA]
+        if not grains:
+            one._make_views({})
+            return one
         for statement in source("rows", None, "FALSE"):
             one.db.execute(statement)
-        for name, body in grains(len(runs) > 1).items():
+        for name, body in _grains(len(runs) > 1).items():
             one.db.execute(f"CREATE TABLE {name} AS {body}")
         one._make_views(views(len(runs) > 1))
         return one

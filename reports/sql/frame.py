@@ -49,13 +49,13 @@ def trace_of(rows, what, required, columns=()):
         trace.close()
 
 
-def memory_trace(rows, what, required, columns=()):
+def memory_trace(rows, what, required, columns=(), grains=False):
     """A Trace over `rows` holding `required` and `columns` (those of them `rows` has); ReportError naming the
-    `required` columns `rows` lacks, for table `what`, in reports.load's words."""
+    `required` columns `rows` lacks, for table `what`, in reports.load's words. `grains`: as Trace.over takes it."""
     from reports.sql.engine import Trace
 
     if isinstance(rows, pa.Table):
-        return _of_arrow(rows, what, required, columns)
+        return _of_arrow(rows, what, required, columns, grains)
     require(rows, ["run", *required], what)
     names = run_names(rows)
     meta = rows.attrs.get("runs") or {}
@@ -64,15 +64,20 @@ def memory_trace(rows, what, required, columns=()):
     if "seq" not in data:
         data["seq"] = pa.array(np.arange(len(rows), dtype=np.int64))
     at = {name: i for i, name in enumerate(names)}
-    data["run_index"] = pa.array(rows["run"].astype(object).map(at).to_numpy(dtype=np.int32), pa.int32())
+    run = rows["run"]
+    if isinstance(run.dtype, pd.CategoricalDtype):  # reports.load's: by its codes, no string per row
+        codes = np.array([at.get(c, -1) for c in run.cat.categories] + [-1], dtype=np.int32)
+        data["run_index"] = pa.array(codes[run.cat.codes.to_numpy()], pa.int32())
+    else:
+        data["run_index"] = pa.array(run.astype(object).map(at).to_numpy(dtype=np.int32), pa.int32())
     ranks = [(meta.get(n) or {}).get("rank") for n in names]
     if "rank" in rows.columns and len(rows):  # a distributed trace's: each run's rank (its directory's)
         found = dict(zip(rows["run"].astype(object), rows["rank"]))
         ranks = [int(found[n]) if n in found else r for n, r in zip(names, ranks)]
-    return Trace.over(pa.table(data), {n: meta.get(n) or {} for n in names}, ranks)
+    return Trace.over(pa.table(data), {n: meta.get(n) or {} for n in names}, ranks, grains=grains)
 
 
-def _of_arrow(table, what, required, columns):
+def _of_arrow(table, what, required, columns, grains):
     from reports.sql.engine import Trace
 
     missing = [c for c in required if c not in table.column_names]
@@ -89,7 +94,7 @@ def _of_arrow(table, what, required, columns):
     if "seq" not in data:
         data["seq"] = pa.array(np.arange(table.num_rows, dtype=np.int64))
     data["run_index"] = index
-    return Trace.over(pa.table(data), {n: {} for n in names})
+    return Trace.over(pa.table(data), {n: {} for n in names}, grains=grains)
 
 
 def _column(series, typ):

@@ -2,21 +2,32 @@
 
 The library runs these tables as SQL views (reports/sql/views.sql) over the user's frame (reports.sql.frame); these
 are the same tables written again in pandas over the loaded rows, an independent computation the views are checked
-against (tests/test_sql.py, tests/test_tables.py).
+against (tests/test_sql.py).
 """
 
+import numpy as np
 import pandas as pd
 
 from reports._util import pct
 from reports.errors import ReportError
 from reports.loading.load import require
-from reports.tables import (MODULE_COLUMNS, MODULE_DTYPES, combine, module_rows, row_dtypes, several_runs, split_runs,
-                            summable_rows)
+from reports.steps import fits_int64
+from reports.tables import MODULE_COLUMNS, MODULE_DTYPES, combine, module_rows, row_dtypes, several_runs, split_runs
 from tracer.schema import PHASES
 
 __all__ = ["by_dtype", "by_module", "by_op", "by_phase", "by_step"]
 
 _BASE = ["run", "flops", "bytes_allocated", "duration_ns"]
+
+
+_SUMMED = ("flops", "bytes_allocated", "bytes_read", "bytes_written", "duration_ns")
+
+
+def summable_rows(rows, columns=_SUMMED):
+    """`rows` with every integer column whose int64 sum could wrap turned float64 (no copy when none can)."""
+    wide = {c: rows[c].astype(np.float64) for c in columns
+            if c in rows.columns and not fits_int64(rows[c].to_numpy())}
+    return rows.assign(**wide) if wide else rows
 
 
 def _sum_table(df, key, what, extra_cols=(), order=None):
