@@ -20,7 +20,6 @@ from test_job import LAYER_BYTES, simulate
 from test_sql import _gpt
 
 import reports
-from reports.distributed import collectives as pandas_collectives
 from oracles import ranks as pandas_ranks
 from reports.flops.meter import meter_summary
 from reports.output.cli import main
@@ -197,9 +196,9 @@ def test_the_rank_tables_are_the_references(traces):
     df, sql = _pair(traces["job"])
     assert distributed.is_multi_rank(sql) and pandas_ranks.is_multi_rank(df) and list(sql.ranks) == [0, 1]
     for mine, ref in ((distributed.ranks, pandas_ranks.ranks), (distributed.imbalance, pandas_ranks.imbalance),
-                      (distributed.collectives, pandas_collectives.collectives)):  # fmt: skip
+                      (distributed.collectives, pandas_ranks.collectives)):  # fmt: skip
         pd.testing.assert_frame_equal(mine(sql), ref(df), check_exact=True)
-    for table in ("ranks", "imbalance"):  # the library (reports.ranks(df)) runs the CLI's views over the frame
+    for table in ("ranks", "imbalance", "collectives"):  # the library (reports.ranks(df)) runs the CLI's views over the frame
         pd.testing.assert_frame_equal(getattr(reports, table)(df), getattr(distributed, table)(sql), check_exact=True)
     table = distributed.ranks(sql)
     # per step: 8 all-gathers and 4 reduce-scatters of one layer's 64 * 64 * 4 = 16,384 bytes: 196,608

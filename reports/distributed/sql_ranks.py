@@ -5,7 +5,7 @@ reports.sql.engine.Trace (of every rank: one run per rank) and returns what its 
     reports/distributed/ranks.py is_multi_rank           is_multi_rank
     ranks, imbalance                                     ranks, imbalance
     job_summary (the first run's per_step_traffic)       job_summary
-    collectives.collectives                              collectives
+    reports.collectives                                  collectives
 
 SQL sums each run's rows per phase and per step (one row per run and phase, per run and step, per
 collective group), so what Python holds is the size of the result, not of the trace. Per-step figures
@@ -119,8 +119,20 @@ def job_summary(trace, present):
     return job_object(meta, present, table[table["run"] == run].reset_index(drop=True))
 
 
-def collectives(trace, run_indices=None):
-    """reports/distributed/collectives.py collectives of the runs `run_indices` (default: all)."""
+def collectives(rows, run_indices=None):
+    """One row per run, rank, collective kind, op, group and message size, of the runs `run_indices` (default: all).
+
+    calls: how many there were; duration_s: their mean time; algbw and busbw from the
+    mean time (see reports.distributed.collectives). Sorted by run, rank, then total time, largest first.
+    `rows`: a Trace, a loaded frame or an Arrow table (ranks.sql's view collective_calls over its rows)."""
+    with frame.trace_of(rows, "collectives", _CALL_COLUMNS, ["rank"]) as trace:
+        return _collectives(trace, run_indices)
+
+
+_CALL_COLUMNS = ("step", "op", "comm_bytes", "group_size", "process_group", "duration_ns")  # and `run`, for a frame
+
+
+def _collectives(trace, run_indices):
     where = None if run_indices is None else f"run_index IN ({', '.join(str(int(i)) for i in run_indices) or 'NULL'})"
     groups = fetch(trace, "collective_calls", "first_seq", ("calls", "total_ns"), where=where)
     out = pd.DataFrame({

@@ -4,7 +4,7 @@ tests/test_distributed.py)."""
 
 import pandas as pd
 
-from reports.distributed.collectives import per_step_traffic
+from reports.distributed.collectives import collective_kind, per_step_traffic, shape_collectives
 from reports.distributed.ranks import PHASE_ORDER, RANK_COLUMNS, imbalance_of, job_object, summary_records, trace_of
 from reports.loading.columns import SharedRuns
 from reports.loading.load import require
@@ -13,7 +13,7 @@ from reports.tables import split_runs
 
 _COLUMNS = ("run", "step", "phase", "flops", "duration_ns", "start_ns", "comm_bytes")
 
-__all__ = ["first_rank", "imbalance", "is_multi_rank", "job_summary", "rank_summary", "ranks"]
+__all__ = ["collectives", "first_rank", "imbalance", "is_multi_rank", "job_summary", "rank_summary", "ranks"]
 
 
 def _rank_of(rows):
@@ -89,10 +89,34 @@ def rank_summary(df):
 def job_summary(df, present):
     """One rank standing for its job: {rank, world_size, backend, ranks_present, fake_process_group,
     collectives: per_step_traffic of the first run as records}; None for a trace of no process group."""
-    from reports.distributed.collectives import per_step_traffic
+    from reports.distributed.collectives import collective_kind, per_step_traffic, shape_collectives
 
     (run, meta), *_ = df.attrs["runs"].items()
     world = meta.get("world_size")
     if world is None:
         return None
     return job_object(meta, present, per_step_traffic(df[df["run"] == run] if "run" in df.columns else df))
+
+
+_CALL_COLUMNS = ("run", "step", "op", "comm_bytes", "group_size", "process_group", "duration_ns")
+
+
+def collectives(df):
+    """One row per run, rank, collective kind, op, group and message size.
+
+    calls: how many there were; duration_s: their mean time; algbw and busbw from the
+    mean time (see the module docstring). Sorted by run, rank, then total time, largest first."""
+    require(df, _CALL_COLUMNS, "collectives")
+    rows = df if "rank" in df.columns else df.assign(rank=0)
+    rows = rows[rows["comm_bytes"].notna()]
+    if not len(rows):
+        return pd.DataFrame({c: pd.Series(dtype=t) for c, t in _OUT.items()})
+    rows = rows.assign(
+        collective=rows["op"].astype(object).map(collective_kind),
+        op=rows["op"].astype(object),
+        process_group=rows["process_group"].astype(object),
+        run=rows["run"].astype(object),
+    )
+    keys = ["run", "rank", "collective", "op", "process_group", "group_size", "comm_bytes"]
+    g = rows.groupby(keys, sort=False, dropna=False)
+    return shape_collectives(g["duration_ns"].agg(calls="size", total="sum").reset_index())
