@@ -42,18 +42,20 @@ print(duckdb.sql(f"SELECT phase, sum(flops), count(*), count(DISTINCT step) FROM
       duckdb.sql(f"SELECT max(live_bytes) FROM read_parquet('{files}')").fetchall())
 """
 
-# The reference path: every list cell a numpy array (reports.load's default), then the CLI's own tables.
+# The reference path: every list cell a numpy array (reports.load's default), then the views over those rows.
 _REFERENCE = """
 import io, json, sys
 from reports.loading.load import load
 from reports.output import cli
+from reports.sql.frame import memory_trace
 path, which = sys.argv[1], sys.argv[2]
 df = load(path)
+trace = memory_trace(df, "report", [], list(df.columns), grains=True)  # the views over the loaded rows
 if which == "json":
-    print(json.dumps(cli.summary(df), indent=2))
+    print(json.dumps(cli.summary(trace), indent=2))
 else:
     out = io.StringIO()
-    cli._print_report(df, cli._parser().parse_args(["report", path]), out)
+    cli._print_report(trace, cli._parser().parse_args(["report", path]), out)
     sys.stdout.write(out.getvalue())
 """
 

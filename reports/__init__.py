@@ -1,8 +1,8 @@
 """optrace's reports: traces in, pandas DataFrames out (units in the column names)."""
 
 from reports.compare import compare
-from reports.distributed.collectives import collectives, comm_split
-from reports.distributed.ranks import imbalance, ranks
+from reports.distributed.collectives import comm_split
+from reports.distributed.sql_ranks import collectives, imbalance, ranks
 from reports.errors import ReportError
 from reports.flops.breakdown import breakdown, explain
 from reports.flops.coverage import uncounted

@@ -33,12 +33,13 @@ import os
 import numpy as np
 import pandas as pd
 
-from reports.errors import ReportError
-from reports.loading.load import load, require, runs_of
-from reports.steps import count_steps, per_step, step_phases
-from reports.tables import split_runs
+import pyarrow as pa
 
-__all__ = ["BY", "TOTAL", "check_baseline", "check_by", "columns", "compare", "mfu_pct", "side_by_side"]
+from reports.errors import ReportError
+from reports.loading.load import require, runs_of
+from reports.sql.frame import trace_of
+
+__all__ = ["BY", "TOTAL", "check_baseline", "check_by", "columns", "compare", "mfu_of_rows", "mfu_pct", "side_by_side"]
 
 BY = ("phase", "op", "module")
 TOTAL = "total"
@@ -80,8 +81,20 @@ def columns(by="phase"):
                                *(c for c in MFU_COLUMNS if c != "run"))))
 
 
-def mfu_pct(df):
-    """{run: MFU in percent} from reports.mfu, or {} when MFU cannot be computed from this frame."""
+def mfu_pct(trace):
+    """{run: MFU in percent} of the runs of `trace` (a reports.sql.engine.Trace), from reports.mfu. compare gives
+    reports.mfu no step time, so a run's MFU is NaN unless its metadata holds an untraced one, and side_by_side writes
+    NaN for a run left out: the small frame MFU's model FLOPs and dtype are read from (reports/sql/flops.py, mfu_only:
+    its matmul and attention rows, the others summed) is cut only when some run has a step time."""
+    if not any((meta.get("step_time") or {}).get("median_s") for meta in trace.runs.values()):  # as reports.mfu reads it
+        return {}
+    from reports.sql.flops import frame
+
+    return mfu_of_rows(frame(trace, mfu_only=True))
+
+
+def mfu_of_rows(df):
+    """{run: MFU in percent} from reports.mfu over a frame of rows, or {} when MFU cannot be computed from it."""
     try:
         from reports.flops.mfu import mfu
     except ImportError:
@@ -93,50 +106,64 @@ def mfu_pct(df):
     return dict(zip(table["run"], 100.0 * table["mfu"].astype("float64")))
 
 
-def _per_run(rows, by):
-    values = {
-        "ops_per_step": pd.Series(1, index=rows.index, dtype="int64"),
-        "flops_per_step": rows["flops"],
-        "bytes_allocated_per_step": rows["bytes_allocated"],
-        "traced_us_per_step": rows["duration_ns"],
-    }
-    phases = step_phases(rows)  # one pass for the eight figures below
-    table = pd.DataFrame({name: per_step(rows, values=v, by=by, phases=phases) for name, v in values.items()})
-    table["traced_us_per_step"] /= 1000.0
-    peak = rows["live_bytes"].groupby(rows[by], observed=True, sort=False).max()
-    peak.index = peak.index.astype(object)
-    table["peak_live_bytes"] = peak
-    total = pd.DataFrame({name: [per_step(rows, values=v, phases=phases)] for name, v in values.items()}, index=[TOTAL])
-    total["traced_us_per_step"] /= 1000.0
-    total["peak_live_bytes"] = rows["live_bytes"].max() if len(rows) else np.nan
-    return pd.concat([total, table])
-
-
 def compare(df_or_paths, by="phase", baseline=None):
     """Runs side by side by phase, op or module, with ratios against the baseline run.
 
-    df_or_paths  a DataFrame from reports.load holding several runs, or trace paths
+    df_or_paths  a DataFrame from reports.load holding several runs (or an Arrow table of their
+                 rows with a `run` column), trace paths, or a reports.sql.engine.Trace
     by           "phase", "op" or "module"
     baseline     the run the ratios divide by (its name); default the first run
-    See the module docstring for the columns."""
+    See the module docstring for the columns. The figures are compare.sql's views, run over the
+    frame's rows (reports.sql.frame) or over the traces' files."""
     check_by(by)
-    if isinstance(df_or_paths, pd.DataFrame):
-        df = df_or_paths
-    elif isinstance(df_or_paths, (str, os.PathLike, list, tuple)):
-        df = load(df_or_paths)
-    else:
-        raise ReportError(f"compare: expected a DataFrame from reports.load or trace paths, got {type(df_or_paths).__name__}")
-    require(df, ("seq", "step", "phase", "flops", "bytes_allocated", "live_bytes", "duration_ns", by), "compare")
-    runs = list(runs_of(df))
-    baseline = check_baseline(baseline, runs)
+    rows = df_or_paths
+    if isinstance(rows, (str, os.PathLike, list, tuple)):
+        from reports.sql.engine import Trace
 
+        rows = Trace(rows, columns=columns(by))
+    elif isinstance(rows, pd.DataFrame):
+        require(rows, ("seq", "step", "phase", "flops", "bytes_allocated", "live_bytes", "duration_ns", by), "compare")
+        runs_of(rows)  # a frame from reports.load, or a one-line error
+    elif not isinstance(rows, pa.Table) and not hasattr(rows, "per_step"):
+        raise ReportError(f"compare: expected a DataFrame from reports.load or trace paths, got {type(rows).__name__}")
+    with trace_of(rows, "compare", ("seq", "step", "phase", "flops", "bytes_allocated", "live_bytes", "duration_ns",
+                                    by), columns(by)) as trace:  # fmt: skip
+        return _compare(trace, by, baseline)
+
+
+_FIGURES = ("ops", "flops", "bytes_allocated", "duration_ns")
+_NAMES = {"ops": "ops_per_step", "flops": "flops_per_step", "bytes_allocated": "bytes_allocated_per_step",
+          "duration_ns": "traced_us_per_step"}  # fmt: skip
+
+
+def _compare(trace, by, baseline):
+    """compare of a Trace: each run's totals per key and phase from compare.sql's view, per step as Trace.per_step
+    gives them (each phase's total over the steps it ran in, the phases added in reports/steps.py's order)."""
+    runs = list(trace.runs)
+    baseline = check_baseline(baseline, runs)
+    totals = trace.sql(f"SELECT * FROM compare_by_{by} ORDER BY run_index, first_seq, phase")
+    keyed = trace.per_step(totals, _FIGURES, keys=("key",))
+    phases = totals if by == "phase" else trace.sql("SELECT * FROM compare_by_phase ORDER BY run_index, first_seq")
+    whole = trace.per_step(phases, _FIGURES)  # the "total" row: every row, a module or not
+    counts = trace.table("run_totals", order="run_index")
     tables = {}
-    for run, rows in split_runs(df):
-        steps = count_steps(rows)
-        table = _per_run(rows, by)
-        table["steps"] = steps
+    for i, run in enumerate(runs):
+        rows, all_rows = totals[totals["run_index"] == i], phases[phases["run_index"] == i]
+        peak = rows.groupby("key", sort=False)["peak_live_bytes"].max()
+        total = whole[i].rename(columns=_NAMES).set_axis([TOTAL])
+        table = keyed[i].rename(columns=_NAMES).set_index("key")
+        table.index = table.index.astype(object)
+        table["peak_live_bytes"] = peak.reindex(table.index).to_numpy(dtype=np.float64) if len(table) else []
+        total["peak_live_bytes"] = float(all_rows["peak_live_bytes"].max()) if len(all_rows) else np.nan
+        for t in (table, total):
+            t["traced_us_per_step"] /= 1000.0
+        table = pd.concat([total, table])
+        table.index.name = None
+        found = counts[counts["run_index"] == i]
+        fb, traced = (int(found["fb_steps"].iloc[0]), int(found["steps_traced"].iloc[0])) if len(found) else (0, 0)
+        table["steps"] = max(1, fb or traced)
         tables[run] = table
-    return side_by_side(tables, runs, baseline, mfu_pct(df), by)
+    return side_by_side(tables, runs, baseline, mfu_pct(trace), by)
 
 
 def _own_keys(table, by):

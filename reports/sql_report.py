@@ -1,9 +1,7 @@
 """The report tables that need an analysis's Python on top of the SQL views (reports/sql/views.sql):
-the module tree, the roofline's roofs and the collectives' traffic factors. Each returns what its
+the roofline's roofs and the collectives' traffic factors. Each returns what its
 pandas reference returns for the same trace:
 
-    by_module(trace)              reports.by_module (the views give each module's own rows; the
-                                  subtrees are added up the dotted names in reports/tables.py)
     roofline_with_split(trace)    reports.roofline_with_split(df) (by="op"): the peak FLOP/s per dtype
                                   and the bandwidth come from reports/time/roofline.py, as a small
                                   `roofs` table the split's view joins
@@ -19,34 +17,9 @@ import pandas as pd
 from reports._util import empty_frame
 from reports.distributed.collectives import TRAFFIC_COLUMNS, collective_kind, traffic
 from reports.sql.tables import fetch
-from reports.tables import MODULE_COLUMNS, MODULE_DTYPES, module_rows
 from reports.time.roofline import BOUNDS, ROOFLINE_COLUMNS, SPLIT_COLUMNS, add_roof_columns, run_roofs, split_of_groups
 
-__all__ = ["by_module", "per_step_traffic", "roofline_with_split"]
-
-def by_module(trace):
-    runs = list(trace.runs.items())
-    frames = []
-    from reports.sql.tables import module_own
-
-    totals = trace.totals.set_index("run_index")
-    for i, own in module_own(trace).items():
-        if not len(own):
-            continue
-        own.index = own.index.astype(object)
-        own = trace.sums(own, ["flops", "bytes_allocated"], i)  # float64 where a sum could wrap, as pandas sums them
-        t = module_rows(own, runs[i][1].get("root_module"), totals.loc[i, "flops"])
-        if trace.several:
-            t.insert(0, "run", runs[i][0])
-        frames.append(t)
-    cols = (["run"] if trace.several else []) + MODULE_COLUMNS
-    dtypes = {"run": object, **MODULE_DTYPES}
-    if not frames:
-        return empty_frame({c: dtypes[c] for c in cols})
-    out = pd.concat(frames, ignore_index=True)
-    return out.astype({c: t for c, t in dtypes.items() if c in out and not (t == "int64" and out[c].dtype.kind == "f"
-                       and (out[c].abs() >= 2.0**63).any())})[cols]  # fmt: skip
-
+__all__ = ["per_step_traffic", "roofline_with_split"]
 
 def roofline_with_split(trace, peak_flops=None, bandwidth=None):
     """(the roofline by op and dtype, the split by bound per step) of every run."""

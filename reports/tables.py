@@ -1,7 +1,9 @@
 """Summary tables of a loaded trace: FLOPs, bytes and time by op, module, phase, step and dtype.
 
-Each function takes the DataFrame `reports.load` returns and gives back a new
-DataFrame with a RangeIndex and units in the column names:
+Each function takes the DataFrame `reports.load` returns (or a pyarrow Table of trace
+columns), runs the view of reports/sql/views.sql that `optrace report` runs over the files
+on its rows (reports.sql.frame), and gives back a new DataFrame with a RangeIndex and
+units in the column names:
 
     ops              number of aten ops (rows of the trace)
     flops            analytic FLOPs, 2 per multiply-add (see tracer.flops.formulas)
@@ -28,24 +30,17 @@ from reports._util import empty_frame, pct
 from reports.errors import ReportError
 from reports.loading.columns import cell_lists, first_codes
 from reports.loading.load import require
-from reports.steps import fits_int64
+from reports.sql import tables
+from reports.sql.frame import run_names, trace_of
 from tracer.schema import EXTERNAL_MARK, PHASES
 
 __all__ = ["by_dtype", "by_module", "by_op", "by_phase", "by_step"]
 
-_BASE = ["run", "flops", "bytes_allocated", "duration_ns"]
+_BASE = ["flops", "bytes_allocated", "duration_ns"]
+_SUMS = [*_BASE, "bytes_read", "bytes_written"]
 
 
 # helpers shared with the other reports -----------------------------------------------------
-def run_names(df):
-    """The runs of a loaded trace in load order (even those a filter has emptied)."""
-    runs = df.attrs.get("runs")
-    if runs:
-        return list(runs)
-    col = df["run"]
-    return list(col.cat.categories) if isinstance(col.dtype, pd.CategoricalDtype) else list(pd.unique(col))
-
-
 def split_runs(df):
     """[(run name, that run's rows)] in load order; rows keep the trace's order."""
     names = run_names(df)
@@ -76,71 +71,45 @@ def combine(frames, columns, dtypes, several):
     else:
         out = empty_frame({c: types.get(c, object) for c in cols})
     wide = [c for c, t in types.items() if t == "int64" and c in out.columns and out[c].dtype.kind == "f"
-            and bool((out[c].abs() >= 2.0**63).any())]  # sums past int64 (summable_rows) stay float64 (2**63 - 1: 2.0**63)
+            and bool((out[c].abs() >= 2.0**63).any())]  # sums past int64 stay float64 (2**63 - 1: 2.0**63)
     types.update(dict.fromkeys(wide, "float64"))
     return out.astype({c: t for c, t in types.items() if c in out.columns}).reset_index(drop=True)[cols]
-
-
-_SUMMED = ("flops", "bytes_allocated", "bytes_read", "bytes_written", "duration_ns")
-
-
-def summable_rows(rows, columns=_SUMMED):
-    """`rows` with every integer column whose int64 sum could wrap turned float64 (no copy when none can)."""
-    wide = {c: rows[c].astype(np.float64) for c in columns
-            if c in rows.columns and not fits_int64(rows[c].to_numpy())}
-    return rows.assign(**wide) if wide else rows
 
 
 def several_runs(df):
     return len(run_names(df)) > 1
 
 
-def _sum_table(df, key, what, extra_cols=(), order=None):
-    """Group each run by `key` and sum the usual columns."""
-    require(df, _BASE + ["bytes_read", "bytes_written", key, *extra_cols], what)
-    columns = [key, "ops", "flops", "flops_pct", "bytes_allocated", "bytes_read", "bytes_written",
-               "duration_us", "duration_pct"]
-    dtypes = {key: object, "ops": "int64", "flops": "int64", "flops_pct": "float64", "bytes_allocated": "int64",
-              "bytes_read": "int64", "bytes_written": "int64", "duration_us": "float64", "duration_pct": "float64"}
-    frames = []
-    for run, rows in split_runs(df):
-        rows = summable_rows(rows)
-        g = rows.groupby(key, observed=True, sort=False)
-        t = pd.DataFrame({
-            "ops": g.size(),
-            "flops": g["flops"].sum(),
-            "bytes_allocated": g["bytes_allocated"].sum(),
-            "bytes_read": g["bytes_read"].sum(),
-            "bytes_written": g["bytes_written"].sum(),
-            "duration_us": g["duration_ns"].sum() / 1000.0,
-        })
-        t.index = t.index.astype(object)
-        t = t.rename_axis(key).reset_index()
-        t["flops_pct"] = pct(t["flops"], rows["flops"].sum())
-        t["duration_pct"] = pct(t["duration_us"], rows["duration_ns"].sum() / 1000.0)
-        if order is not None:
-            t = t.sort_values(key, key=lambda s: s.map(order), kind="stable")
-        frames.append((run, t))
-    return frames, columns, dtypes
-
-
-# the tables ---------------------------------------------------------------------------------
+# the tables: views.sql's, run over the frame's rows (reports.sql.frame) -----------------------------------------
 def by_op(df):
     """FLOPs, bytes and time per aten op, most FLOPs first (then most time)."""
-    frames, columns, dtypes = _sum_table(df, "op", "by_op", extra_cols=["flop_kind"])
-    out = []
-    for (run, t), (_, rows) in zip(frames, split_runs(df)):
-        kinds = rows.groupby("op", observed=True)["flop_kind"].first().astype(object)
-        t.insert(1, "flop_kind", t["op"].map(kinds))
-        out.append((run, t.sort_values(["flops", "duration_us"], ascending=False, kind="stable")))
-    return combine(out, ["op", "flop_kind", *columns[1:]], {**dtypes, "flop_kind": object}, several_runs(df))
+    with trace_of(df, "by_op", [*_SUMS, "op", "flop_kind"], ["phase", "is_view"]) as trace:
+        return tables.by_op(trace)
 
 
 def by_phase(df):
     """FLOPs, bytes and time per phase (forward, backward, optimizer, other), in that order."""
-    order = {p: i for i, p in enumerate(PHASES)}
-    frames, columns, dtypes = _sum_table(df, "phase", "by_phase", order=lambda p: order.get(p, len(order)))
-    return combine(frames, columns, dtypes, several_runs(df))
+    with trace_of(df, "by_phase", [*_SUMS, "phase"]) as trace:
+        return tables.by_phase(trace)
+
+
+def by_dtype(df):
+    """FLOPs, matmul FLOPs, bytes and time per dtype.
+
+    An op's dtype is the dtype of its first tensor input (of its first output for
+    ops without tensor inputs, "" for ops with neither): a matmul under bf16
+    autocast is "bfloat16", the cast that feeds it "float32"."""
+    with trace_of(df, "by_dtype", [*_BASE, "input_dtypes", "output_dtypes", "flop_kind"],
+                  ["bytes_read", "bytes_written"]) as trace:  # fmt: skip
+        return tables.by_dtype(trace)
+
+
+def by_step(df):
+    """Per training step: ops, FLOPs (all and per phase), bytes allocated, peak live bytes, time.
+
+    The step advances when an optimizer step ends (or on Tracer.step())."""
+    with trace_of(df, "by_step", [*_BASE, "step", "phase", "live_bytes"]) as trace:
+        return tables.by_step(trace)
 
 
 def row_dtypes(rows):
@@ -157,52 +126,6 @@ def row_dtype_codes(rows):
     if len(bare):
         codes[bare] = first_codes(cell_lists(rows, "output_dtypes", bare, kind=None), words)[0]
     return codes, words
-
-
-def by_dtype(df):
-    """FLOPs, matmul FLOPs, bytes and time per dtype.
-
-    An op's dtype is the dtype of its first tensor input (of its first output for
-    ops without tensor inputs, "" for ops with neither): a matmul under bf16
-    autocast is "bfloat16", the cast that feeds it "float32"."""
-    require(df, _BASE + ["input_dtypes", "output_dtypes", "flop_kind"], "by_dtype")
-    tagged = df.assign(dtype=row_dtypes(df))
-    tagged = tagged.assign(matmul_flops=tagged["flops"].where(tagged["flop_kind"].astype(object) == "matmul", 0))
-    frames, columns, dtypes = _sum_table(tagged, "dtype", "by_dtype")
-    out = []
-    for (run, t), (_, rows) in zip(frames, split_runs(tagged)):
-        rows = summable_rows(rows, ("matmul_flops",))
-        t.insert(4, "matmul_flops", t["dtype"].map(rows.groupby("dtype")["matmul_flops"].sum()))
-        out.append((run, t.sort_values("flops", ascending=False, kind="stable")))
-    columns = columns[:4] + ["matmul_flops"] + columns[4:]
-    return combine(out, columns, {**dtypes, "matmul_flops": "int64"}, several_runs(df))
-
-
-def by_step(df):
-    """Per training step: ops, FLOPs (all and per phase), bytes allocated, peak live bytes, time.
-
-    The step advances when an optimizer step ends (or on Tracer.step())."""
-    require(df, _BASE + ["step", "phase", "live_bytes"], "by_step")
-    columns = ["step", "ops", "flops", *(f"flops_{p}" for p in PHASES), "bytes_allocated", "live_bytes_peak",
-               "duration_us"]
-    dtypes = {c: "int64" for c in columns}
-    dtypes["duration_us"] = "float64"
-    frames = []
-    for run, rows in split_runs(df):
-        rows = summable_rows(rows)
-        g = rows.groupby("step", sort=True)
-        t = pd.DataFrame({
-            "ops": g.size(),
-            "flops": g["flops"].sum(),
-            "bytes_allocated": g["bytes_allocated"].sum(),
-            "live_bytes_peak": g["live_bytes"].max(),
-            "duration_us": g["duration_ns"].sum() / 1000.0,
-        })
-        per_phase = rows.pivot_table(index="step", columns="phase", values="flops", aggfunc="sum", observed=True)
-        for p in PHASES:
-            t[f"flops_{p}"] = per_phase[p] if p in per_phase.columns else 0
-        frames.append((run, t.fillna(0).rename_axis("step").reset_index()))
-    return combine(frames, columns, dtypes, several_runs(df))
 
 
 # modules ------------------------------------------------------------------------------------
@@ -285,30 +208,39 @@ def by_module(df, phase=None):
     it is computed outside the model) form one row with module "" and depth 0, last.
     `subtree_flops_pct` is the subtree's share of all the run's FLOPs (in percent).
 
+    `df`: a loaded frame, an Arrow table, or a reports.sql.engine.Trace (the CLI's);
     `phase`: None for all ops, or a phase name (or a list of them) to keep."""
-    require(df, _BASE + ["module", "seq"] + (["phase"] if phase is not None else []), "by_module")
     if phase is not None:
+        require(df, ["phase"], "by_module")
         phases = [phase] if isinstance(phase, str) else list(phase)
         bad = [p for p in phases if p not in PHASES]
         if bad:
             raise ReportError(f"by_module: unknown phase(s) {bad}; phases are {list(PHASES)}")
         df = df[df["phase"].isin(phases)]
-    runs_meta = df.attrs.get("runs") or {}
+    with trace_of(df, "by_module", [*_BASE, "module", "seq"]) as trace:
+        return _modules(trace)
+
+
+def _modules(trace):
+    """by_module of a Trace: each module's own rows from the view module_own, the tree added up here."""
+    runs = list(trace.runs.items())
     frames = []
-    for run, rows in split_runs(df):
-        root = (runs_meta.get(run) or {}).get("root_module")
-        rows = summable_rows(rows)
-        g = rows.groupby(rows["module"], observed=True, sort=False)  # on the codes of a categorical: no string per row
-        own = pd.DataFrame({
-            "ops": g.size(),
-            "flops": g["flops"].sum(),
-            "bytes_allocated": g["bytes_allocated"].sum(),
-            "duration_us": g["duration_ns"].sum() / 1000.0,
-            "first_seq": g["seq"].min(),
-        })
+    for i, own in tables.module_own(trace).items():
+        if not len(own):
+            continue
         own.index = own.index.astype(object)
-        frames.append((run, module_rows(own, root, rows["flops"].sum())))
-    return combine(frames, MODULE_COLUMNS, MODULE_DTYPES, several_runs(df))
+        own = trace.sums(own, ["flops", "bytes_allocated"], i)  # float64 where a sum could wrap, as pandas sums them
+        t = module_rows(own, runs[i][1].get("root_module"), trace.totals.set_index("run_index").loc[i, "flops"])
+        if trace.several:
+            t.insert(0, "run", runs[i][0])
+        frames.append(t)
+    cols = (["run"] if trace.several else []) + MODULE_COLUMNS
+    dtypes = {"run": object, **MODULE_DTYPES}
+    if not frames:
+        return empty_frame({c: dtypes[c] for c in cols})
+    out = pd.concat(frames, ignore_index=True)
+    return out.astype({c: t for c, t in dtypes.items() if c in out and not (t == "int64" and out[c].dtype.kind == "f"
+                       and (out[c].abs() >= 2.0**63).any())})[cols]  # fmt: skip
 
 
 MODULE_COLUMNS = ["module", "depth", "parent", "ops", "subtree_ops", "flops", "subtree_flops", "subtree_flops_pct",

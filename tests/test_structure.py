@@ -14,11 +14,11 @@ recording/ (the dispatch mode and what it reads per op) -> metering/ and tracer.
 a Tracer. reports/ meets tracer/ only at a few base modules.
 """
 
-import tomllib
-
 import ast
 import subprocess
 import sys
+
+import tomllib
 
 from tests import helpers
 
@@ -210,9 +210,11 @@ def test_the_tracer_layer_check_names_an_upward_import():
         "tracer.peaks": {"tracer.measure"},  # the base, above it at the top level
         "tracer.measure": {"tracer.recording.mode", "tracer.device"},
     }
-    assert _tracer_upward(graph) == ["tracer.flops.formulas imports tracer.native.loader",
-                                     "tracer.peaks imports tracer.measure",
-                                     "tracer.store.writer imports tracer.recording.mode"]
+    assert _tracer_upward(graph) == [
+        "tracer.flops.formulas imports tracer.native.loader",
+        "tracer.peaks imports tracer.measure",
+        "tracer.store.writer imports tracer.recording.mode",
+    ]
 
 
 def test_every_tracer_folder_has_a_layer_and_is_installed():
@@ -220,8 +222,11 @@ def test_every_tracer_folder_has_a_layer_and_is_installed():
     assert folders == sorted(TRACER_LAYERS)
     with open(ROOT / "pyproject.toml", "rb") as f:
         installed = tomllib.load(f)["tool"]["setuptools"]["packages"]
-    packages = sorted(".".join(p.parent.relative_to(ROOT).parts) for package in PACKAGES
-                      for p in (ROOT / package).rglob("__init__.py"))
+    packages = sorted(
+        ".".join(p.parent.relative_to(ROOT).parts)
+        for package in PACKAGES
+        for p in (ROOT / package).rglob("__init__.py")
+    )
     assert sorted(installed) == packages
 
 
@@ -239,7 +244,9 @@ def test_tracer_folders_use_only_public_names_of_each_other():
         for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("tracer."):
                 if _tracer_place(node.module)[0] != _tracer_place(name)[0]:
-                    crossings |= {f"{name}: from {node.module} import {a.name}" for a in node.names if a.name.startswith("_")}
+                    crossings |= {
+                        f"{name}: from {node.module} import {a.name}" for a in node.names if a.name.startswith("_")
+                    }
     assert crossings == TRACER_PRIVATE_CROSSINGS
 
 

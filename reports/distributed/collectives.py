@@ -11,7 +11,8 @@
                         broadcast, reduce, send and recv 1. It is the bandwidth each
                         link carried, comparable across collectives and rank counts.
 
-Collective rows are those with a `comm_bytes` value; the kind comes from the op name.
+Collective rows are those with a `comm_bytes` value; the kind comes from the op name. The collectives table
+(reports.collectives) is reports/distributed/sql_ranks.py's, over ranks.sql's view collective_calls.
 """
 
 import pandas as pd
@@ -19,7 +20,7 @@ import pandas as pd
 from reports.loading.load import require
 from reports.tables import split_runs
 
-__all__ = ["collectives", "shape_collectives", "comm_split", "collective_kind", "bus_factor", "traffic", "per_step_traffic", "FAKE_BACKENDS"]
+__all__ = ["shape_collectives", "comm_split", "collective_kind", "bus_factor", "traffic", "per_step_traffic", "FAKE_BACKENDS"]
 
 # Process groups that move no data (torch's fake process group for simulated jobs): their times mean nothing.
 FAKE_BACKENDS = frozenset({"fake"})
@@ -74,7 +75,6 @@ def traffic(kind, n):
     return {"send": (1.0, 0.0), "recv": (0.0, 1.0)}.get(kind, (0.0, 0.0))
 
 
-_COLUMNS = ("run", "step", "op", "comm_bytes", "group_size", "process_group", "duration_ns")
 _OUT = {
     "run": object, "rank": "int64", "collective": object, "op": object, "process_group": object,
     "group_size": "int64", "comm_bytes": "int64", "calls": "int64", "duration_s": "float64",
@@ -84,27 +84,6 @@ _OUT = {
 
 def _ranked(df):
     return df if "rank" in df.columns else df.assign(rank=0)
-
-
-def collectives(df):
-    """One row per run, rank, collective kind, op, group and message size.
-
-    calls: how many there were; duration_s: their mean time; algbw and busbw from the
-    mean time (see the module docstring). Sorted by run, rank, then total time, largest first."""
-    require(df, _COLUMNS, "collectives")
-    rows = _ranked(df)
-    rows = rows[rows["comm_bytes"].notna()]
-    if not len(rows):
-        return pd.DataFrame({c: pd.Series(dtype=t) for c, t in _OUT.items()})
-    rows = rows.assign(
-        collective=rows["op"].astype(object).map(collective_kind),
-        op=rows["op"].astype(object),
-        process_group=rows["process_group"].astype(object),
-        run=rows["run"].astype(object),
-    )
-    keys = ["run", "rank", "collective", "op", "process_group", "group_size", "comm_bytes"]
-    g = rows.groupby(keys, sort=False, dropna=False)
-    return shape_collectives(g["duration_ns"].agg(calls="size", total="sum").reset_index())
 
 
 def shape_collectives(out):

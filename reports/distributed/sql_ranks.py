@@ -5,7 +5,7 @@ reports.sql.engine.Trace (of every rank: one run per rank) and returns what its 
     reports/distributed/ranks.py is_multi_rank           is_multi_rank
     ranks, imbalance                                     ranks, imbalance
     job_summary (the first run's per_step_traffic)       job_summary
-    collectives.collectives                              collectives
+    reports.collectives                                  collectives
 
 SQL sums each run's rows per phase and per step (one row per run and phase, per run and step, per
 collective group), so what Python holds is the size of the result, not of the trace. Per-step figures
@@ -20,6 +20,7 @@ import pandas as pd
 
 from reports.distributed.collectives import collective_kind, shape_collectives
 from reports.distributed.ranks import RANK_COLUMNS, PHASE_ORDER, imbalance_of, job_object, trace_of
+from reports.sql import frame
 from reports.sql.tables import count_steps, fetch
 
 __all__ = ["collectives", "imbalance", "is_multi_rank", "job_summary", "lowest_rank_collectives", "ranks"]
@@ -34,6 +35,7 @@ def _rank(trace, i):
     return int(trace.ranks[i] or 0)
 
 
+_COLUMNS = ("step", "phase", "flops", "duration_ns", "start_ns", "comm_bytes")  # and `run`, for a frame
 _DONE = weakref.WeakKeyDictionary()  # Trace -> its per-rank figures: ranks and imbalance share one scan of the rows
 
 
@@ -57,8 +59,14 @@ def _per_rank(trace):
     return _DONE[trace]
 
 
-def ranks(trace):
-    """reports/distributed/ranks.py ranks: one row per run (a rank) with rows."""
+def ranks(rows):
+    """One row per run (a rank): FLOPs, communication bytes and time, compute time and
+    step time, each per step (averaged over the run's steps). `rows`: a Trace, a loaded frame or an Arrow table."""
+    with frame.trace_of(rows, "ranks", _COLUMNS, ["rank"]) as trace:
+        return _ranks(trace)
+
+
+def _ranks(trace):
     totals, figures, times = _per_rank(trace)
     out = []
     for i, run in enumerate(trace.runs):
@@ -74,8 +82,17 @@ def ranks(trace):
     return pd.DataFrame(out, columns=list(RANK_COLUMNS)).astype(RANK_COLUMNS)
 
 
-def imbalance(trace):
-    """reports/distributed/ranks.py imbalance: each phase's time per step over the ranks, and the step's."""
+def imbalance(rows):
+    """Per distributed trace and phase (forward, backward, optimizer, other, then `step`):
+    the mean and the largest time per step over the ranks, imbalance = max / mean
+    (1.0: balanced), and the slowest rank. A phase's time is the summed time of its
+    ops (collectives to their completion, so waiting for a slower rank shows up in the
+    waiting rank's collectives); `step` is the wall time of a step. `rows`: as ranks takes them."""
+    with frame.trace_of(rows, "imbalance", _COLUMNS, ["rank"]) as trace:
+        return _imbalance(trace)
+
+
+def _imbalance(trace):
     totals, _, times = _per_rank(trace)
     steps = trace.phase_steps()
     per_rank = []
@@ -102,8 +119,20 @@ def job_summary(trace, present):
     return job_object(meta, present, table[table["run"] == run].reset_index(drop=True))
 
 
-def collectives(trace, run_indices=None):
-    """reports/distributed/collectives.py collectives of the runs `run_indices` (default: all)."""
+def collectives(rows, run_indices=None):
+    """One row per run, rank, collective kind, op, group and message size, of the runs `run_indices` (default: all).
+
+    calls: how many there were; duration_s: their mean time; algbw and busbw from the
+    mean time (see reports.distributed.collectives). Sorted by run, rank, then total time, largest first.
+    `rows`: a Trace, a loaded frame or an Arrow table (ranks.sql's view collective_calls over its rows)."""
+    with frame.trace_of(rows, "collectives", _CALL_COLUMNS, ["rank"]) as trace:
+        return _collectives(trace, run_indices)
+
+
+_CALL_COLUMNS = ("step", "op", "comm_bytes", "group_size", "process_group", "duration_ns")  # and `run`, for a frame
+
+
+def _collectives(trace, run_indices):
     where = None if run_indices is None else f"run_index IN ({', '.join(str(int(i)) for i in run_indices) or 'NULL'})"
     groups = fetch(trace, "collective_calls", "first_seq", ("calls", "total_ns"), where=where)
     out = pd.DataFrame({

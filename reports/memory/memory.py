@@ -13,6 +13,8 @@ import pandas as pd
 from reports._util import empty_frame, pct
 from reports.errors import ReportError
 from reports.loading.load import require
+from reports.sql import tables
+from reports.sql.frame import trace_of
 from reports.memory.lifetimes import CATEGORIES, DTYPE_BYTES, Storages, runs_in_order, take
 
 __all__ = ["CATEGORIES", "DTYPE_BYTES", "by_category", "by_dtype", "peak", "storages", "timeline"]
@@ -126,20 +128,10 @@ _PEAK_DTYPES = {
 
 
 def peak(df):
-    """The highest `live_bytes` of each run and the op after which it was reached (the first, on a tie)."""
-    require(df, ("seq", "step", "op", "phase", "module", "live_bytes"), "peak")
-    found = []
-    for name, _, rows in runs_in_order(df):
-        if not len(rows):
-            continue
-        top = rows.iloc[int(np.argmax(rows["live_bytes"].to_numpy()))]
-        found.append(
-            {"run": name, "peak_live_bytes": top["live_bytes"], "seq": top["seq"], "step": top["step"],
-             "phase": str(top["phase"]), "module": str(top["module"]), "op": str(top["op"])}
-        )  # fmt: skip
-    if not found:
-        return empty_frame(_PEAK_DTYPES)
-    return pd.DataFrame(found).astype(_PEAK_DTYPES)
+    """The highest `live_bytes` of each run and the op after which it was reached (the first, on a tie): views.sql's
+    view `peak`, run over the frame's rows."""
+    with trace_of(df, "peak", ("seq", "step", "op", "phase", "module", "live_bytes")) as trace:
+        return tables.peak(trace)
 
 
 CATEGORY_DTYPES = {"run": "object", "category": "object", "bytes": "int64", "seq": "int64", "live_pct": "float64"}

@@ -20,11 +20,13 @@ tracer.
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 
-from reports._util import COPY_OPS, empty_frame, is_copy, pct
+from reports._util import COPY_OPS, empty_frame, is_copy
 from reports.loading.columns import cell_lists, first_items
 from reports.loading.load import require, runs_of
-from reports.tables import split_runs
+from reports.sql import tables
+from reports.sql.frame import trace_of
 
 __all__ = ["COPY_OPS", "copies", "is_copy", "views"]
 
@@ -63,39 +65,12 @@ def views(df):
 
     Columns: kind ("view" or "copy"), op, ops (how many calls), bytes_allocated
     (new memory: 0 for views), bytes_written (data moved), allocated_pct
-    (share of all the bytes the run's ops allocated)."""
-    require(df, _VIEW_COLUMNS, "views")
-    frames = []
-    runs_of(df)  # a frame from reports.load, or a one-line error
-    for name, rows in split_runs(df):
-        code = _kind_codes(rows)
-        keep = code > 0
-        if not keep.any():
-            continue
-        total = int(rows["bytes_allocated"].sum())
-        op = rows["op"].astype("category").array[keep]  # group on codes: no string per row
-        table = (
-            pd.DataFrame(
-                {
-                    "kind": pd.Categorical.from_codes(code[keep], categories=_KIND_NAMES),
-                    "op": op,
-                    "bytes_allocated": rows["bytes_allocated"].to_numpy()[keep],
-                    "bytes_written": rows["bytes_written"].to_numpy()[keep],
-                }
-            )
-            .groupby(["kind", "op"], sort=False, observed=True)
-            .agg(ops=("op", "size"), bytes_allocated=("bytes_allocated", "sum"), bytes_written=("bytes_written", "sum"))
-            .reset_index()
-        )
-        table["kind"], table["op"] = table["kind"].astype(object), table["op"].astype(object)
-        table["allocated_pct"] = pct(table["bytes_allocated"], total)
-        table["order"] = (table["kind"] == "copy").astype(int)
-        table = table.sort_values(["order", "bytes_allocated", "bytes_written", "ops"], ascending=[True, False, False, False], kind="stable")
-        table.insert(0, "run", name)
-        frames.append(table.drop(columns="order"))
-    if not frames:
-        return empty_frame(_VIEWS)
-    return pd.concat(frames, ignore_index=True)[list(_VIEWS)].astype(_VIEWS)
+    (share of all the bytes the run's ops allocated). views.sql's view `views`, run over the frame's rows."""
+    if not isinstance(df, pa.Table):
+        require(df, _VIEW_COLUMNS, "views")
+        runs_of(df)  # a frame from reports.load, or a one-line error
+    with trace_of(df, "views", _VIEW_COLUMNS, ["flop_kind", "phase"]) as trace:
+        return tables.views(trace)
 
 
 _COPIES = {"run": "object", "module": "object", "phase": "object", "op": "object", "ops": "int64",

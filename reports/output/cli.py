@@ -31,19 +31,13 @@ _RANKS_ONLY = ("start_ns", "comm_bytes", "group_size", "process_group")
 _JOB_COLUMNS = ("comm_bytes", "group_size", "process_group")
 
 
-def _phase_flops(df):
-    """FLOPs per step by phase straight from the rows, for a trace breakdown cannot read."""
-    return Source(df).phase_flops()
-
-
-def summary(df, peak_tflops=None, step_time_s=None, ranks_present=None, top=8, sql=None):
+def summary(sql, peak_tflops=None, step_time_s=None, ranks_present=None, top=8):
     """What `report --json` prints, as a dict: the summary figures, then every section of the text report
-    (reports/output/report_json.py). `ranks_present`: rank directories in the trace
-    (reports.loading.load.ranks_present), for its `distributed` object; default: the runs loaded.
-    `sql`: a reports.sql.engine.Trace of the same run, every table then from it and `df` None
-    (reports/output/source.py)."""
+    (reports/output/report_json.py), from `sql`, a reports.sql.engine.Trace of the run (reports/output/source.py).
+    `ranks_present`: rank directories in the trace (reports.loading.load.ranks_present), for its `distributed`
+    object; default: the runs loaded."""
 
-    src = Source(df, sql)
+    src = Source(sql)
     run, meta = src.run()
     try:
         accounts = src.accounts()  # one analysis of the rows for breakdown and explain
@@ -90,6 +84,15 @@ def summary(df, peak_tflops=None, step_time_s=None, ranks_present=None, top=8, s
     }
 
 
+def _text(frame, formatters=None, na_rep="NaN", header=None):
+    """A table as the report prints it (reports.output.table.render: DataFrame.to_string(index=False)'s text)."""
+    import pyarrow as pa
+
+    from reports.output.table import render
+
+    return render(pa.Table.from_pandas(frame, preserve_index=False), formatters, na_rep, header)
+
+
 def compiled_note(meta):
     """What the report says of torch.compile'd code the tracer ran eagerly (tracer.recording.compiled), or ""."""
     if not meta.get("compiled_ran_eagerly"):
@@ -133,13 +136,13 @@ def _print_coverage(src, out):
     if len(table):
         print(f"\nOps without a FLOP formula (counted as 0 FLOPs; {FIX})", file=out)
         shown = table.assign(time_pct=table["time_pct"].map(lambda v: f"{v:.1f}%"))
-        print(shown[["op", "ops", "time_pct"]].to_string(index=False), file=out)
+        print(_text(shown[["op", "ops", "time_pct"]]), file=out)
 
 
-def _print_report(df, args, out, sql=None):
+def _print_report(sql, args, out):
     from reports.flops.explain import cycles_note
 
-    src = Source(df, sql)  # every table from the SQL engine when `sql` (a Trace of the run) is given, df then None
+    src = Source(sql)  # every table from the views over `sql`, a Trace of the run
     run, meta = src.run()
     device = (meta.get("device") or {}).get("name", "?")
     state = "complete" if meta.get("complete") else f"INCOMPLETE ({stopped_by(meta)}): figures cover the rows it has"
@@ -224,13 +227,13 @@ def _print_report(df, args, out, sql=None):
 
     ops = src.top_ops(args.top)
     print(f"\nTop {len(ops)} ops by FLOPs, per step ({src.steps_traced()} step(s) traced)", file=out)
-    print(ops.to_string(index=False, formatters=column_formatters(ops)), file=out)
+    print(_text(ops, column_formatters(ops)), file=out)
     mods = src.by_module()
     mods = mods[mods["depth"] <= 2].sort_values("subtree_flops", ascending=False).head(args.top)
     mods = mods.assign(module=mods["module"].replace("", "(outside modules)"))
     mods = mods[["module", "subtree_flops", "subtree_flops_pct"]].rename(columns={"subtree_flops": "subtree_flops_total"})
     print(f"\nTop modules by FLOPs, totals over all {src.steps_traced()} step(s) (children rolled up)", file=out)
-    print(mods.to_string(index=False, formatters=column_formatters(mods)), file=out)
+    print(_text(mods, column_formatters(mods)), file=out)
 
     _print_coverage(src, out)
     _print_roofline(args, out, src)
@@ -243,7 +246,7 @@ def _print_report(df, args, out, sql=None):
     v = src.views()
     kinds = v.groupby("kind", sort=False)[["ops", "bytes_allocated"]].sum().reset_index()
     print(f"\nViews (no new memory) vs copies, totals over all {src.steps_traced()} step(s)", file=out)
-    print(kinds.to_string(index=False, formatters=column_formatters(kinds)), file=out)
+    print(_text(kinds, column_formatters(kinds)), file=out)
     made = v[v["kind"] == "copy"].head(args.top)
     if len(made):
         print("Copies:", ", ".join(f"{printable(r.op)} x{r.ops} ({human_bytes(r.bytes_allocated)})" for r in made.itertuples()), file=out)
@@ -267,7 +270,7 @@ def _print_roofline(args, out, src):
     formatters = {**column_formatters(shown), "bytes_per_step": human_bytes}
     above = shown["efficiency_pct"].astype("float64") > 100
     formatters["efficiency_pct"] = lambda v: "N/A" if v is None or v != v else f"{v:.1f}%" + ("*" if v > 100 else "")
-    print(shown.to_string(index=False, formatters=formatters, na_rep="N/A"), file=out)
+    print(_text(shown, formatters, "N/A"), file=out)
     if above.any():
         print(f"  * {int(above.sum())} row(s) above 100% of the roof: outside the roofline's model (the bandwidth roof "
               "is a DRAM triad, and small tensors stay in cache, which is faster than DRAM)", file=out)
@@ -291,7 +294,6 @@ def _step_time_spread(timing, given):
 
 
 def _report(args):
-    from reports.distributed.ranks import first_rank, is_multi_rank
     from reports.loading.load import ranks_present
     from reports.output.distributed import print_job, print_ranks
     from reports.output.meter import print_meter
@@ -300,28 +302,24 @@ def _report(args):
     # every rank, checked and warned about as a load of the pandas engine's columns would be
     columns = _frame_columns(args.trace, args.plot)
     everyone = _sql_all(args.trace, columns, _report_keep) if args.engine == "sql" else None
-    if everyone is not None:  # every section from SQL: no row of the trace is held in Python
-        sql = everyone.first_run() if everyone.several else everyone  # rank 0's sections: no second open
-        df, ranks_src = None, Source(None, everyone)
-        ranks_src = ranks_src if ranks_src.multi_rank() else None
-    else:  # the reference: the rows loaded with pandas (and a v1 or v2 trace, which the SQL views do not read)
-        df, sql = _frame(args.trace, args.plot), None
-        ranks_src = Source(df) if is_multi_rank(df) else None
-        several = "rank" in df.columns and len(df.attrs["runs"]) > 1  # by the runs: a rank may hold no rows
-        df = first_rank(df) if several else df  # the report of rank 0, then the ranks
-    src = Source(df, sql)
+    if everyone is None:  # --engine pandas, or a trace the Trace does not read from its files (v1, v2): the views
+        everyone = _memory(args.trace, columns)  # over its rows loaded with reports.load (the reference loader)
+    sql = everyone.first_run() if everyone.several else everyone  # rank 0's sections: no second open
+    ranks_src = Source(everyone)
+    ranks_src = ranks_src if ranks_src.multi_rank() else None
+    src = Source(sql)
     if not src.ops():
         _no_ops(args.trace)
     if args.plot:
         from reports.output.plots import save_plots
 
-        paths = save_plots(df if df is not None else _first_rank_frame(args.trace, everyone), args.plot)
+        paths = save_plots(_first_rank_frame(args.trace, everyone), args.plot)
     if args.json:
         extra = ranks_src.rank_summary() if ranks_src is not None else {}
-        found = summary(df, args.peak_tflops, args.step_time, ranks_present(args.trace), args.top, sql)
+        found = summary(sql, args.peak_tflops, args.step_time, ranks_present(args.trace), args.top)
         print(json.dumps(strict({**found, **extra}), indent=2, allow_nan=False))
     else:
-        _print_report(df, args, sys.stdout, sql)
+        _print_report(sql, args, sys.stdout)
         print_meter(src, sys.stdout, ranks_src)  # a metered run's per-step figures (reports/output/meter.py)
         print_job(src, ranks_present(args.trace), sys.stdout)
         if ranks_src is not None:
@@ -354,11 +352,13 @@ def _meter_errors(path):
             "does") if errors else ""
 
 
-def _frame(path, plot):
-    """The trace's rows for the pandas engine: only the columns the sections read."""
+def _memory(paths, columns):
+    """A Trace over the rows of `paths` loaded with reports.load (`columns`): the views of a trace the Trace does not
+    read from its files, and `--engine pandas`, whose loader checks the rows (reports.sql.frame)."""
     from reports.loading.load import load
+    from reports.sql.frame import memory_trace
 
-    return load(path, columns=_frame_columns(path, plot), lists="arrow")
+    return memory_trace(load(paths, columns=columns, lists="arrow"), "report", [], columns, grains=True)
 
 
 def _frame_columns(path, plot):
@@ -420,21 +420,15 @@ def _first_rank_frame(path, everyone):
 def _compare(args):
     from reports.compare import columns
 
+    from reports.compare import compare
+
     trace = _sql_all(args.traces, columns(args.by)) if args.engine == "sql" else None
-    if trace is not None:  # the figures from SQL; MFU on the small frame of reports/sql/flops.py (with a step time)
-        from reports.sql_compare import compare, mfu_pct
-
-        runs, ops = trace.runs, dict(zip(trace.totals["run_index"], trace.totals["ops"]))
-        empty = {name for i, name in enumerate(runs) if not ops.get(i)}
-        table = None if empty else compare(trace, by=args.by, mfu=mfu_pct(trace))
-    else:  # the reference: the rows loaded with pandas
-        from reports.compare import compare
-        from reports.loading.load import load
-
-        df = load(args.traces, columns=columns(args.by), lists="arrow")
-        runs = df.attrs["runs"]
-        empty = {name for name in runs if not (df["run"] == name).any()}
-        table = None if empty else compare(df, by=args.by)
+    if trace is None:  # --engine pandas, or a trace the Trace does not read from its files: over its loaded rows
+        trace = _memory(args.traces, columns(args.by))
+    # the figures from SQL; MFU on the small frame of reports/sql/flops.py (with a step time)
+    runs, ops = trace.runs, dict(zip(trace.totals["run_index"], trace.totals["ops"]))
+    empty = {name for i, name in enumerate(runs) if not ops.get(i)}
+    table = None if empty else compare(trace, by=args.by)
     for name, path in zip(runs, args.traces):
         if name in empty:
             raise ReportError(f"{path}: the trace has no ops (nothing ran inside `with Tracer(...)`); nothing to compare")
@@ -446,7 +440,7 @@ def _compare(args):
         keys = table[args.by].drop_duplicates().head(args.top)  # whole keys: a run's row never cut from its pair
         shown = table[table[args.by].isin(keys)].astype({"peak_live_bytes": "float64"})
         header = [_COMPARE_HEADERS.get(c, c) for c in shown.columns]  # short names: the --json names in the legend
-        print(shown.to_string(index=False, formatters=column_formatters(shown), na_rep="N/A", header=header))
+        print(_text(shown, column_formatters(shown), "N/A", header))
         print(f"/step: per step; _x: the ratio to {runs[0]}'s value for the same {args.by} (inf: x / 0; N/A: 0 / 0); "
               "alloc: bytes allocated\n"
               f"change_pct: the larger change of FLOPs and of bytes allocated per step against {runs[0]}, in % of "
@@ -562,8 +556,8 @@ def _parser():
     rep.add_argument("--plot", metavar="DIR", help="write PNG plots to DIR")
     rep.add_argument("--top", type=_top, default=8, help="rows in the top-N tables")
     rep.add_argument("--engine", choices=("sql", "pandas"), default="sql",
-                     help="where every table comes from: DuckDB over the files, holding only the results (sql, default), "
-                          "or the rows loaded with pandas, the reference (pandas); the output is the same")
+                     help="how the rows reach the views: DuckDB over the files, holding only the results (sql, default), "
+                          "or the rows loaded with reports.load and the views run over them (pandas); the output is the same")
     rep.set_defaults(run=_report)
     cmp = sub.add_parser("compare", help="compare several traces")
     cmp.add_argument("traces", nargs="+", help="two or more trace directories; ratios are against the first")
@@ -572,7 +566,7 @@ def _parser():
     cmp.add_argument("--json", action="store_true", help="print one JSON object")
     cmp.add_argument("--top", type=_top, default=20, help="keys shown, each with a row per run (default: 20)")
     cmp.add_argument("--engine", choices=("sql", "pandas"), default="sql",
-                     help="DuckDB over the files (sql, default) or the rows loaded with pandas, the reference; same output")
+                     help="DuckDB over the files (sql, default) or over the rows loaded with reports.load; same output")
     cmp.set_defaults(run=_compare)
     exp = sub.add_parser("export", help="write a trace for Perfetto: Chrome JSON (.json) or protobuf (.pftrace)")
     exp.add_argument("trace", help="a trace directory written by tracer.Tracer (with or without rank=R sub-directories)")

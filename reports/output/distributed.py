@@ -1,10 +1,11 @@
 """The distributed sections of `optrace report`: one rank's job (world size, collectives' traffic per
 step) and, for a trace of several ranks, the ranks side by side with their imbalance."""
 
-import pandas as pd
+import pyarrow as pa
 
 from reports.distributed.collectives import FAKE_BACKENDS
 from reports.loading.integrity import stopped_by
+from reports.output.table import render
 from reports.output.text import human, human_bytes, printable
 
 __all__ = ["print_job", "print_ranks"]
@@ -23,7 +24,7 @@ def print_job(src, present, out):
         print("  no collectives traced", file=out)
         return
     print(f"Collectives per step of rank {job['rank']} (sent and received: by the ring algorithms of NCCL)", file=out)
-    shown = pd.DataFrame({
+    shown = pa.table({
         "collective": [c["collective"] for c in job["collectives"]],
         "group": [f"{c['process_group'] or '-'} ({c['group_size']})" for c in job["collectives"]],
         "calls": [f"{c['calls_per_step']:g}" for c in job["collectives"]],
@@ -31,7 +32,7 @@ def print_job(src, present, out):
         "sent": [human_bytes(c["sent_bytes_per_step"]) for c in job["collectives"]],
         "received": [human_bytes(c["received_bytes_per_step"]) for c in job["collectives"]],
     })  # fmt: skip
-    print(shown.to_string(index=False), file=out)
+    print(render(shown), file=out)
     if job["fake_process_group"]:
         print("  No bandwidth or collective time: a fake process group moves no data, so its timings mean nothing.", file=out)
 
@@ -43,14 +44,15 @@ def print_ranks(src, out):
     world = meta.get("world_size")
     of = f" of {world}" if world and world != len(table) else ""
     print(f"\nRanks ({len(table)}{of}): per step, traced times", file=out)
-    shown = pd.DataFrame({
-        "rank": table["rank"], "FLOPs": table["flops_per_step"].map(human),
-        "comm bytes": table["comm_bytes_per_step"].map(human_bytes),
-        "comm ms": (table["comm_s_per_step"] * 1e3).map("{:.2f}".format),
-        "compute ms": (table["compute_s_per_step"] * 1e3).map("{:.2f}".format),
-        "step ms": (table["step_time_s"] * 1e3).map("{:.2f}".format),
+    def ms(column):
+        return [f"{v * 1e3:.2f}" for v in table[column].tolist()]
+
+    shown = pa.table({
+        "rank": pa.array(table["rank"].tolist(), pa.int64()), "FLOPs": [human(v) for v in table["flops_per_step"].tolist()],
+        "comm bytes": [human_bytes(v) for v in table["comm_bytes_per_step"].tolist()],
+        "comm ms": ms("comm_s_per_step"), "compute ms": ms("compute_s_per_step"), "step ms": ms("step_time_s"),
     })  # fmt: skip
-    print(shown.to_string(index=False), file=out)
+    print(render(shown), file=out)
     for run, rank in zip(table["run"], table["rank"]):  # the first line speaks of rank 0 only
         meta = src.runs.get(run) or {}
         if not meta.get("complete"):

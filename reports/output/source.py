@@ -1,35 +1,28 @@
-"""Where `optrace report` takes each table from: the SQL engine (reports/sql) when it has the trace
-open, else the pandas functions on the loaded frame (the reference). Both give the same tables
-(tests/reports/sql/test_sql.py). With the SQL engine every section works with df=None: breakdown, explain and MFU run the
-functions of reports/flops on the small Arrow table reports/sql/flops.py cuts from the trace, and return Arrow
-tables (tests/reports/sql/test_sql_flops.py); the
-memory categories, the meter and the distributed sections come from their SQL views
-(tests/reports/sql/test_sql_sections.py); the rank sections take a Source over every rank."""
+"""Where `optrace report` takes each table from: a reports.sql.engine.Trace of the run, over its files or over its
+rows loaded into memory (Trace.over: `--engine pandas`, and the traces the Trace does not read from their files).
+Breakdown, explain and MFU run on the small Arrow table reports/sql/flops.py cuts from the trace
+(tests/reports/sql/test_sql_flops.py); the memory categories, the meter and the distributed sections come from their
+SQL views (tests/reports/sql/test_sql_sections.py); the rank sections take a Source over every rank."""
 
 __all__ = ["Source"]
 
 
 class Source:
-    """The report's tables of one run: `sql` a reports.sql.engine.Trace of that run's files, or None."""
+    """The report's tables of one run: `sql` a reports.sql.engine.Trace of that run."""
 
-    def __init__(self, df, sql=None):
-        self.df, self.sql = df, sql
+    def __init__(self, sql):
+        self.sql = sql
         self._flop_rows = None
 
     # ------------------------------------------------------------ FLOP sections: breakdown, explain, MFU
     def flop_rows(self):
         """The rows breakdown, explain and MFU run on (a reports.flops.rows.Frame): reports/sql/flops.py's small
-        table of the trace, or the frame's (made once)."""
+        table of the trace (made once)."""
         if self._flop_rows is None:
-            if self.sql is not None:
-                from reports.flops.rows import Frame
-                from reports.sql.flops import table
+            from reports.flops.rows import Frame
+            from reports.sql.flops import table
 
-                self._flop_rows = Frame(table(self.sql), self.sql.runs)
-            else:
-                from reports.flops.rows import frame_of
-
-                self._flop_rows = frame_of(self.df)
+            self._flop_rows = Frame(table(self.sql), self.sql.runs)
         return self._flop_rows
 
     def accounts(self):
@@ -60,98 +53,59 @@ class Source:
 
     def count_steps(self):
         """Training steps of the run (reports/steps.py count_steps)."""
-        if self.sql is not None:
-            from reports.sql.tables import count_steps
+        from reports.sql.tables import count_steps
 
-            return count_steps(self.sql)
-        from reports.steps import count_steps
-
-        return count_steps(self.df)
+        return count_steps(self.sql)
 
     def phase_flops(self):
         """{phase: FLOPs per step, "total": ...} (reports/steps.py per_step), numbers as --json prints them."""
         from reports.output.text import json_number
 
-        if self.sql is not None:
-            from reports.sql.tables import phase_flops
+        from reports.sql.tables import phase_flops
 
-            return {k: json_number(v) for k, v in phase_flops(self.sql).items()}
-        from reports.steps import per_step
-
-        phase = self.df["phase"]
-        flops = {p: json_number(per_step(self.df, mask=phase == p)) for p in ("forward", "backward", "optimizer", "other")}
-        flops["total"] = json_number(per_step(self.df))
-        return flops
+        return {k: json_number(v) for k, v in phase_flops(self.sql).items()}
 
     def bounds(self):
-        if self.sql is not None:
-            from reports.sql.tables import bounds
+        from reports.sql.tables import bounds
 
-            return bounds(self.sql)
-        from reports.flops.coverage import bounds
-
-        return bounds(self.df)
+        return bounds(self.sql)
 
     def uncounted(self):
-        if self.sql is not None:
-            from reports.sql.tables import uncounted
+        from reports.sql.tables import uncounted
 
-            return uncounted(self.sql)
-        from reports.flops.coverage import uncounted
-
-        return uncounted(self.df)
+        return uncounted(self.sql)
 
     def top_ops(self, top):
-        if self.sql is not None:
-            from reports.sql.tables import top_ops
+        from reports.sql.tables import top_ops
 
-            return top_ops(self.sql, top)
-        from reports.output.report_json import top_ops
-
-        return top_ops(self.df, top)
+        return top_ops(self.sql, top)
 
     def by_module(self):
-        if self.sql is not None:
-            from reports.sql_report import by_module
-
-            return by_module(self.sql)
         from reports.tables import by_module
 
-        return by_module(self.df)
+        return by_module(self.sql)
 
     def roofline_with_split(self):
-        if self.sql is not None:
-            from reports.sql_report import roofline_with_split
+        from reports.sql_report import roofline_with_split
 
-            return roofline_with_split(self.sql)
-        from reports.time.roofline import roofline_with_split
-
-        return roofline_with_split(self.df)
+        return roofline_with_split(self.sql)
 
     def peak(self):
-        if self.sql is not None:
-            from reports.sql.tables import peak
+        from reports.sql.tables import peak
 
-            return peak(self.sql)
-        from reports.memory.memory import peak
-
-        return peak(self.df)
+        return peak(self.sql)
 
     def views(self):
-        if self.sql is not None:
-            from reports.sql.tables import views
+        from reports.sql.tables import views
 
-            return views(self.sql)
-        from reports.memory.views import views
-
-        return views(self.df)
+        return views(self.sql)
 
     # ---- memory categories, meter, distributed (reports/memory/sql_categories.py, reports/distributed/sql_ranks.py):
     # the rank sections take a Source over every rank (one run per rank)
     @property
     def runs(self):
         """{run name: metadata} of the runs this Source holds."""
-        return self.sql.runs if self.sql is not None else self.df.attrs["runs"]
+        return self.sql.runs
 
     def run(self):
         """(name, metadata) of the report's run: the first this Source holds."""
@@ -159,80 +113,51 @@ class Source:
 
     def ops(self):
         """The rows of the report's run."""
-        if self.sql is not None:
-            return int(self.sql.totals["ops"].iloc[0]) if len(self.sql.totals) else 0
-        return len(self.df)
+        return int(self.sql.totals["ops"].iloc[0]) if len(self.sql.totals) else 0
 
     def steps_traced(self):
         """The distinct step numbers of the report's run."""
-        if self.sql is not None:
-            return int(self.sql.totals["steps_traced"].iloc[0]) if len(self.sql.totals) else 0
-        return int(self.df["step"].nunique())
+        return int(self.sql.totals["steps_traced"].iloc[0]) if len(self.sql.totals) else 0
 
     def categories(self):
         """reports.by_category at the run's peak (rows: category, bytes, ...)."""
-        if self.sql is not None:
-            from reports.memory.sql_categories import by_category
+        from reports.memory.sql_categories import by_category
 
-            self._flop_rows = None  # the report's FLOP sections come before: freed for the lifetime model's arrays
-            return by_category(self.sql)
-        from reports.memory.memory import by_category
-
-        return by_category(self.df)
+        self._flop_rows = None  # the report's FLOP sections come before: freed for the lifetime model's arrays
+        return by_category(self.sql)
 
     def meter_summary(self):
         """The meter section (reports/flops/meter.py meter_summary): it reads only the runs' metadata."""
         from reports.flops.meter import meter_summary
 
-        return meter_summary(self.runs if self.sql is not None else self.df)
+        return meter_summary(self.runs)
 
     def job(self, present):
         """reports/distributed/ranks.py job_summary of the first run; None outside a process group."""
-        if self.sql is not None:
-            from reports.distributed.sql_ranks import job_summary
+        from reports.distributed.sql_ranks import job_summary
 
-            return job_summary(self.sql, present)
-        from reports.distributed.ranks import job_summary
-
-        return job_summary(self.df, present)
+        return job_summary(self.sql, present)
 
     def multi_rank(self):
-        if self.sql is not None:
-            from reports.distributed.sql_ranks import is_multi_rank
+        from reports.distributed.sql_ranks import is_multi_rank
 
-            return is_multi_rank(self.sql)
-        from reports.distributed.ranks import is_multi_rank
-
-        return is_multi_rank(self.df)
+        return is_multi_rank(self.sql)
 
     def ranks(self):
-        if self.sql is not None:
-            from reports.distributed.sql_ranks import ranks
+        from reports.distributed.sql_ranks import ranks
 
-            return ranks(self.sql)
-        from reports.distributed.ranks import ranks
-
-        return ranks(self.df)
+        return ranks(self.sql)
 
     def imbalance(self):
-        if self.sql is not None:
-            from reports.distributed.sql_ranks import imbalance
+        from reports.distributed.sql_ranks import imbalance
 
-            return imbalance(self.sql)
-        from reports.distributed.ranks import imbalance
-
-        return imbalance(self.df)
+        return imbalance(self.sql)
 
     def lowest_rank_collectives(self):
         """reports/distributed/collectives.py collectives of the lowest rank's runs."""
-        if self.sql is not None:
-            from reports.distributed.sql_ranks import lowest_rank_collectives
+        from reports.distributed.sql_ranks import lowest_rank_collectives
 
-            return lowest_rank_collectives(self.sql)
-        from reports.distributed.collectives import collectives
-
-        table = collectives(self.df)
-        return table[table["rank"] == table["rank"].min()] if len(table) else table
+        return lowest_rank_collectives(self.sql)
 
     def rank_summary(self):
         """{"ranks": [...], "imbalance": [...]} of `report --json` on a trace of several ranks."""

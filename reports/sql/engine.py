@@ -52,6 +52,7 @@ from reports.loading.validate import ALLOWED, ITEMS_NOT_NULL, LIST_NOT_NULL, STO
 from reports.sql import rowpass
 from reports.sql.kept_views import kept_views
 from reports.sql.scan import GRAINS, files_query, grains, source, source_views, views
+from reports.sql.scan import grains as _grains
 from tracer.schema import ARROW_SCHEMA, COLUMN_NAMES, PHASES, missing_columns
 
 # a row whose phase or FLOP kind the tracer never writes (validate.ALLOWED): the reference loader names it. Checked on the
@@ -90,7 +91,7 @@ class Unsupported(ReportError):
     version has: the pandas engine reads only its sections' columns; a part's path with a backslash and [, * or ?)."""
 
 
-_SQL_TYPES = {"string": "VARCHAR", "bool": "BOOLEAN", "int64": "BIGINT"}  # of the columns a version may lack
+_SQL_TYPES = {"string": "VARCHAR", "bool": "BOOLEAN", "int64": "BIGINT"}  # of tracer.schema's columns
 
 
 def _named(lacking):
@@ -101,6 +102,21 @@ def _named(lacking):
         return f'CAST(NULL AS {_SQL_TYPES[str(typ)]}) AS "{field.name}"'
 
     return ", ".join(null(f) if f.name in lacking else f'"{f.name}"' for f in ARROW_SCHEMA)
+
+
+def _sql_type(typ):
+    """DuckDB's name of an Arrow type of tracer.schema (a dictionary as its values)."""
+    if pa.types.is_dictionary(typ):
+        return _sql_type(typ.value_type)
+    if pa.types.is_list(typ):
+        return _sql_type(typ.value_type) + "[]"
+    return _SQL_TYPES[str(typ)]
+
+
+def _typed(field, present):
+    """A column of an in-memory table (Trace.over) as `rows` reads it: cast to its schema type, or a typed NULL."""
+    value = f'"{field.name}"' if present else "NULL"
+    return f'CAST({value} AS {_sql_type(field.type)}) AS "{field.name}"'
 
 
 def statements(path=VIEWS_SQL):
@@ -251,17 +267,65 @@ class Trace:
             self.db.execute(f"CREATE TABLE {name} AS {body}")  # are read from these (reports/sql/scan.py); not TEMP:
             # first_run's connection reads them too
         self._check_null_lists(unscanned)  # a narrow trace's: from _ops, which flagged them as it read the lists
-        fast = {**views(several, "flop_rest" not in held), **kept_views(self.db, self.kept, None if several else
-                                                                         next(iter(self.runs)))}  # fmt: skip
-        self._views = [(name, fast.get(name, body)) for path in VIEW_FILES for name, body, _ in statements(path)]
-        for name, body in self._views:  # run_totals, which most tables join, computed once (its distinct counts:
-            self.db.execute(f"CREATE {'TABLE' if name == 'run_totals' else 'VIEW'} {name} AS {body}")  # 13 ms a read)
-        self.totals = self.table("run_totals")
+        self._make_views({**views(several, "flop_rest" not in held), **kept_views(self.db, self.kept, None if several
+                                                                                  else next(iter(self.runs)))})  # fmt: skip
         for path, meta, ops in zip(self.paths, self.runs.values(), self._ops()):
             broken = describe_damage(meta["damage"])
             if not meta.get("complete") or broken:  # reports.load's warning, word for word
                 state = f"incomplete ({stopped_by(meta)})" if not meta.get("complete") else "damaged"
                 warnings.warn(f"{path}: trace is {state}{': ' + broken if broken else ''}; reporting the {ops} rows it has")
+
+    def _make_views(self, fast):
+        """The views of the .sql files, each from `fast` ({view: body}, reports/sql/scan.py) where it holds one."""
+        self._views = [(name, fast.get(name, body)) for path in VIEW_FILES for name, body, _ in statements(path)]
+        for name, body in self._views:  # run_totals, which most tables join, computed once (its distinct counts:
+            self.db.execute(f"CREATE {'TABLE' if name == 'run_totals' else 'VIEW'} {name} AS {body}")  # 13 ms a read)
+        self.totals = self.table("run_totals")
+
+    @classmethod
+    def over(cls, table, runs, ranks=None, paths=None, grains=False):
+        """A Trace over rows held in memory (the library API's: reports/sql/frame.py): `table` a pyarrow Table of the
+        trace's columns by name, each cast to tracer.schema's type (a column it lacks reads as NULL), with `run_index`
+        (int32: the row's run, an index into `runs`); `runs` {run name: metadata}, in order; `ranks` the rank of each
+        run (None outside a distributed trace); `paths` what the messages call each run (default: its name).
+        `grains`: the rows copied into the database and the views made from the grains of reports/sql/scan.py, as a
+        Trace of files makes them (the report's sections, which read the grains too, and first_run); else views.sql's
+        views as written, over the table itself (no copy: one table of the library API scans what it reads). The rows are the caller's: no check of the file path's runs here. The
+        grains, views and tables are those of a Trace of files, over `rows` of `table`."""
+        import duckdb
+
+        one = object.__new__(cls)
+        one.runs, one.ranks = dict(runs), list(ranks) if ranks is not None else [None] * len(runs)
+        one.paths, one.files, one.lacking, one.kept, one._reads = list(paths or one.runs), [], [], {}, []
+        one._phase_steps, one._totals, one._spill, one._reference_columns = None, None, None, None
+        one.narrow, one._null_where = False, "FALSE"
+        one.db = duckdb.connect()
+        one.db.execute("SET enable_progress_bar = false")
+        present = set(table.column_names)
+        names = pa.array(list(one.runs), pa.string())
+        runs_table = pa.table({"run": names, "run_index": pa.array(range(len(names)), pa.int32())})
+        for name, rows in (("_memory_rows", table), ("_memory_runs", runs_table)):
+            if not grains:
+                one.db.register(name, rows)
+                continue
+            one.db.register("_arrow", rows)  # a table of the database: a cursor of it (first_run) sees it, as it
+            one.db.execute(f"CREATE TABLE {name} AS SELECT * FROM _arrow")  # sees no registered object
+            one.db.unregister("_arrow")
+        cols = ", ".join(_typed(f, f.name in present) for f in ARROW_SCHEMA)
+        select = f"SELECT n.run, r.run_index, {cols} FROM _memory_rows AS r JOIN _memory_runs AS n ON r.run_index = n.run_index"
+        one._first_rows = select + " WHERE r.run_index = 0"  # run 0's rows alone (first_run)
+        one.rows_view = "CREATE VIEW rows AS " + select
+        one.db.execute(one.rows_view)
+        one.columns = [f.name for f in ARROW_SCHEMA]
+        if not grains:
+            one._make_views({})
+            return one
+        for statement in source("rows", None, "FALSE"):
+            one.db.execute(statement)
+        for name, body in _grains(len(runs) > 1).items():
+            one.db.execute(f"CREATE TABLE {name} AS {body}")
+        one._make_views(views(len(runs) > 1))
+        return one
 
     def first_run(self):
         """Run 0 alone, as a Trace of its own (the report of a trace of several ranks is rank 0's), over a second

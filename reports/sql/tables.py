@@ -1,15 +1,17 @@
-"""The report tables from the SQL views: each function takes a reports.sql.engine.Trace and returns
-the DataFrame its pandas reference returns, column for column and dtype for dtype.
+"""The report tables from the SQL views: each function takes a reports.sql.engine.Trace (of the files, or of a
+frame's rows: reports.sql.frame) and returns the DataFrame of the library function, column for column and dtype
+for dtype (the library's by_op, by_phase, by_dtype, by_step, peak and views call these; their pandas versions are
+test oracles under tests/oracles).
 
-    pandas reference (a loaded frame)        here (a Trace)
+    library function                         here (a Trace)
     reports.by_phase, by_op, by_dtype,       by_phase, by_op, by_dtype, by_step
       by_step (reports/tables.py)
     reports.uncounted, coverage.bounds       uncounted, bounds
     reports.peak                             peak
     reports.views                            views
     reports/steps.py count_steps, per_step   count_steps, phase_flops
-    report_json.top_ops                      top_ops
-    module rows of reports.by_module         module_own (reports/sql_report.py rolls the tree up)
+    the report's top ops                     top_ops
+    module rows of reports.by_module         module_own (reports.tables rolls the tree up)
 
 Integer sums are exact (DuckDB sums int64 in 128 bits); a float sum (a percentage's parts,
 per-step figures) can differ from pandas' in the last bit, as sums in another order do.
@@ -30,7 +32,7 @@ _SUM_DTYPES = {"ops": "int64", "flops": "int64", "flops_pct": "float64", "bytes_
 def fetch(trace, view, order, sums=(), where=None):
     """A view's rows in `order` (SQL, after run_index), the `sums` cast as reports/tables.py gives them: int64,
     or float64 when an int64 sum could wrap (its values above int64 stay float64, as combine keeps them)."""
-    wide = {c for c in sums if any(trace.wide(c if c != "matmul_flops" else "flops", i) for i in range(len(trace.runs)))}
+    wide = {c for c in sums if any(trace.wide(_summed(c), i) for i in range(len(trace.runs)))}
     casts = ", ".join(f"CAST({c} AS {'DOUBLE' if c in wide else 'BIGINT'}) AS {c}" for c in sums)
     query = f"SELECT * {f'REPLACE ({casts})' if casts else ''} FROM {view}"
     query += f" WHERE {where}" if where else ""
@@ -39,6 +41,11 @@ def fetch(trace, view, order, sums=(), where=None):
         if not (frame[c].abs() >= 2.0**63).any():  # 2**63 - 1 is 2.0**63 in float64
             frame[c] = frame[c].astype("int64")
     return frame
+
+
+def _summed(column):
+    """The trace column a table's sum adds up: flops for a part of them (matmul_flops, flops_forward, ...)."""
+    return "flops" if column == "matmul_flops" or column.startswith("flops_") else column
 
 
 def _shape(trace, frame, columns, dtypes):
@@ -144,7 +151,7 @@ def bounds(trace, run_index=0):
 
 
 def top_ops(trace, top, run_index=0):
-    """report_json.top_ops: the `top` ops of by_op's order, their ops, FLOPs and bytes allocated per step."""
+    """The report's top ops: the `top` ops of by_op's order, their ops, FLOPs and bytes allocated per step."""
     ops_table = by_op(trace)
     if trace.several:
         ops_table = ops_table[ops_table["run"] == list(trace.runs)[run_index]]

@@ -31,8 +31,8 @@ def copy_rank(source, target, rank):
     import pyarrow.parquet as pq
 
     from reports.loading.integrity import read_marker
-    from tracer.store.directory import write_facts
     from tracer.schema import METADATA_KEY, part_paths, read_part
+    from tracer.store.directory import write_facts
 
     shutil.copytree(source, target)
     for part in part_paths(target):

@@ -67,6 +67,17 @@ def test_every_total_is_the_closed_form(trace):
     assert compared.loc["total", "flops_per_step"] == compared.loc["forward", "flops_per_step"] == TOTAL
 
 
+def test_the_trace_of_files_sums_the_phases_past_int64(trace):
+    """by_step over the files (the engine the CLI runs): flops_forward, a sum past int64, comes back as float64
+    (DuckDB's cast of its 128-bit sum to BIGINT raised before)."""
+    from reports.sql import tables
+    from reports.sql.engine import Trace
+
+    with Trace(trace) as files:
+        steps = tables.by_step(files)
+    assert steps["flops_forward"].tolist() == [TOTAL] and steps["flops_forward"].dtype == "float64"
+
+
 def test_json_and_export_totals(trace, tmp_path, capsys):
     assert main(["report", str(trace), "--json"]) == 0
     summary = json.loads(capsys.readouterr().out)

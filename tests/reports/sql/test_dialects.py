@@ -22,7 +22,8 @@ import torch
 from gpt import GPT, GPTConfig, make_batch, make_optimizer, train_step
 
 from reports.errors import ReportError
-from reports.sql.dialects import columns, main, views as generate
+from reports.sql.dialects import columns, main
+from reports.sql.dialects import views as generate
 from reports.sql.engine import Trace
 from tracer import Tracer
 from tracer.schema import COLUMN_NAMES
@@ -203,6 +204,7 @@ def test_every_view_runs_on_spark_with_duckdbs_result(engines):
             differ[name] = "no rows"
         elif got != want:
             mine, theirs = [r for r in got if r not in want], [r for r in want if r not in got]
-            differ[name] = (f"{len(got)} rows, DuckDB {len(want)}; first of Spark's only {mine[:1]}, "
-                            f"DuckDB's {theirs[:1]}")
+            differ[name] = (
+                f"{len(got)} rows, DuckDB {len(want)}; first of Spark's only {mine[:1]}, DuckDB's {theirs[:1]}"
+            )
     assert differ == {}

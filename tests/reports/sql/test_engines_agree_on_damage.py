@@ -10,6 +10,7 @@ import pyarrow as pa
 import pytest
 import torch
 
+import reports
 from reports.output.cli import main
 from tests.reports.loading.test_damage import rewrite, set_cell
 from tracer import Tracer
@@ -150,11 +151,10 @@ def test_a_flops_bound_row_is_no_negative_module_total(bound, capsys):
     the int64 guard (`> 2**63 - 1`, true of no float64 that rounds to 2**63) cast back to int64: -2**63. Both engines
     printed "-9.22e+18" for the module, and the SQL engine a share of -100%."""
     import reports
-    from reports import sql_report
     from reports.sql.engine import Trace
 
     df = reports.load(bound)
-    for table in (reports.by_module(df), sql_report.by_module(Trace(bound))):
+    for table in (reports.by_module(df), reports.by_module(Trace(bound))):
         outside = table[table["module"] == ""].iloc[0]
         assert outside["subtree_flops"] == 2.0**63 and outside["subtree_flops_pct"] == 100.0  # 528 FLOPs are 6e-15 %
     rc, out, err = _same_report(capsys, bound)
@@ -167,7 +167,6 @@ def test_modules_whose_flops_pass_int64_together_roll_up_as_the_reference(tmp_pa
     int64 and printed the root at a negative total and share ("overflow encountered in scalar add"); both engines now
     give 1e19 as float64."""
     import reports
-    from reports import sql_report
     from reports.sql.engine import Trace
     from tracer.flops.formulas import _registry
 
@@ -185,7 +184,7 @@ def test_modules_whose_flops_pass_int64_together_roll_up_as_the_reference(tmp_pa
             del _registry[op]
         else:
             _registry[op] = saved
-    tables = reports.by_module(reports.load(tmp_path / "t")), sql_report.by_module(Trace(tmp_path / "t"))
+    tables = reports.by_module(reports.load(tmp_path / "t")), reports.by_module(Trace(tmp_path / "t"))
     pd.testing.assert_frame_equal(tables[1], tables[0], check_exact=True)
     root = tables[1][tables[1]["module"] == "Sequential"].iloc[0]
     assert root["subtree_flops"] == 1e19 and root["subtree_flops_pct"] == 100.0  # 10 x 10**18
@@ -258,7 +257,6 @@ def test_rank_0s_sections_come_from_run_0_of_the_trace_of_every_rank(template, t
     """The report of a job is rank 0's, and the SQL engine reads it from run 0 of its Trace of every rank
     (Trace.first_run), not from a second Trace of rank 0's files. Rank 1 is another model (the template's MLP, 160
     rows, where rank 0 has 8): a row of rank 1 in rank 0's sections would show in the text and --json."""
-    from reports import sql_report
     from reports.sql import engine, tables
     from reports.sql.engine import Trace
 
@@ -276,7 +274,7 @@ def test_rank_0s_sections_come_from_run_0_of_the_trace_of_every_rank(template, t
     one = every.first_run()
     assert list(one.runs) == ["m/rank=0"] and one.ranks == [0] and not one.several and one.narrow == narrow
     assert tables.ops(one) == tables.ops(alone) == 14 and tables.ops(every, 1) == 160
-    for table in (tables.by_op, tables.by_step, tables.peak, tables.views, sql_report.by_module, tables.phase_flops):
+    for table in (tables.by_op, tables.by_step, tables.peak, tables.views, reports.by_module, tables.phase_flops):
         got, want = table(one), table(alone)
         if isinstance(got, dict):
             assert got == want

@@ -23,11 +23,13 @@ from reports import sql_report
 from reports.distributed.collectives import per_step_traffic
 from reports.errors import ReportError
 from reports.flops.coverage import bounds, uncounted
-from reports.output.report_json import top_ops
 from reports.sql import tables
 from reports.sql.engine import Trace, file_literal, statements
 from reports.steps import count_steps
 from reports.time.roofline import roofline_with_split
+from tests.oracles import memory as oracle_memory
+from tests.oracles import tables as oracle
+from tests.oracles.report_json import top_ops
 from tracer import Tracer
 from tracer.schema import part_paths
 
@@ -50,20 +52,32 @@ def _same(got, want, exact=True):
     pd.testing.assert_frame_equal(got, want, check_exact=exact, rtol=1e-12)
 
 
+def _phase_flops(df):
+    """{phase: FLOPs per step, "total": ...} of one run's rows by reports.steps.per_step (the reference of
+    reports.sql.tables.phase_flops), numbers as --json prints them."""
+    from reports.output.text import json_number
+    from reports.steps import per_step
+
+    phase = df["phase"]
+    flops = {p: json_number(per_step(df, mask=phase == p)) for p in ("forward", "backward", "optimizer", "other")}
+    flops["total"] = json_number(per_step(df))
+    return flops
+
+
 def _pair(path):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return reports.load(path), Trace(path)
 
 
-TABLES = {  # name: (pandas reference, SQL, exact)
-    "by_phase": (reports.by_phase, tables.by_phase, True),
-    "by_op": (reports.by_op, tables.by_op, True),
-    "by_dtype": (reports.by_dtype, tables.by_dtype, True),
-    "by_step": (reports.by_step, tables.by_step, True),
-    "by_module": (reports.by_module, sql_report.by_module, True),
-    "peak": (reports.peak, tables.peak, True),
-    "views": (reports.views, tables.views, True),
+TABLES = {  # name: (pandas reference (tests/oracles for the tables the library runs as SQL), SQL, exact)
+    "by_phase": (oracle.by_phase, tables.by_phase, True),
+    "by_op": (oracle.by_op, tables.by_op, True),
+    "by_dtype": (oracle.by_dtype, tables.by_dtype, True),
+    "by_step": (oracle.by_step, tables.by_step, True),
+    "by_module": (oracle.by_module, reports.by_module, True),
+    "peak": (oracle_memory.peak, tables.peak, True),
+    "views": (oracle_memory.views, tables.views, True),
     "roofline": (lambda df: roofline_with_split(df)[0], lambda t: sql_report.roofline_with_split(t)[0], False),
     "roofline_split": (lambda df: roofline_with_split(df)[1], lambda t: sql_report.roofline_with_split(t)[1], False),
     "per_step_traffic": (per_step_traffic, sql_report.per_step_traffic, False),
@@ -86,8 +100,6 @@ def test_every_table_is_identical(traces, trace, name):
 
 @pytest.mark.parametrize("trace", ["gpt", "cut", "job", "damaged"])
 def test_summary_figures_are_identical(traces, trace):
-    from reports.output.cli import _phase_flops
-
     df, sql = _pair(traces[trace])
     one = df[df["run"] == list(df.attrs["runs"])[0]]
     assert tables.phase_flops(sql) == _phase_flops(one)
@@ -262,3 +274,27 @@ def test_the_engine_flag_gives_the_same_report(traces, capsys):
         assert main(["report", str(traces["cut"]), "--engine", engine]) == 0
         outputs.append(capsys.readouterr().out)
     assert outputs[0] == outputs[1] and "Top 8 ops by FLOPs" in outputs[0]
+
+
+LIBRARY = ("by_phase", "by_op", "by_dtype", "by_step", "by_module", "peak", "views")  # reports.X runs views.sql's X
+
+
+@pytest.mark.parametrize("trace", ["gpt", "job"])
+def test_the_library_and_the_cli_run_the_same_view(traces, trace):
+    """reports.X(df) runs the view the CLI runs over the files, over the frame's rows (reports.sql.frame), and over
+    an Arrow table of them: each table equal to the last bit to the CLI's (a Trace of the files)."""
+    import pyarrow as pa
+
+    df, sql = _pair(traces[trace])
+    cli = {"by_module": reports.by_module}
+    for name in LIBRARY:
+        want = cli[name](sql) if name in cli else getattr(tables, name)(sql)
+        _same(getattr(reports, name)(df), want)
+        if trace == "gpt" and name != "by_module":  # one run: an Arrow table of its rows (no run column) gives the
+            # same table (not by_module: a table holds no run metadata, so no root module to hang the tree on)
+            arrow = pa.Table.from_pandas(df.drop(columns=["run"]), preserve_index=False)
+            got = getattr(reports, name)(arrow)
+            _same(
+                got.drop(columns=["run"]) if "run" in got else got,
+                want.drop(columns=["run"]) if "run" in want else want,
+            )

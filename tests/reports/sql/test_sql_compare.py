@@ -1,4 +1,5 @@
-"""`optrace compare` on the SQL engine (reports/sql/compare.py, compare.sql) gives reports.compare's table.
+"""`optrace compare` (reports.compare: compare.sql's views over the files or a frame's rows) gives the table of
+the pandas oracle (tests/oracles/compare.py).
 
 Two runs of a small MLP (2 steps at batch 4, 3 steps at batch 8) and a GPT trace cut mid-step (its
 backward and optimizer ran in fewer steps than its forward), by phase, op and module. Every column
@@ -15,9 +16,10 @@ import pytest
 import torch
 
 import reports
+from reports.compare import compare
 from reports.errors import ReportError
 from reports.sql.engine import Trace
-from reports.sql_compare import compare
+from tests.oracles.compare import compare as oracle
 from tests.reports.sql.test_sql import _gpt
 from tracer import Tracer
 
@@ -43,18 +45,15 @@ def runs(tmp_path_factory):
         return [_mlp(root / "a", 2, 4), _mlp(root / "b", 3, 8), _gpt(root / "cut", 2, cut=True)]
 
 
-def _mfu(table, by):
-    total = table[table[by] == "total"]
-    return {r: v for r, v in zip(total["run"], total["mfu_pct"]) if v == v}
-
-
 @pytest.mark.parametrize("by", ["phase", "op", "module"])
 def test_compare_equals_the_reference(runs, by):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        want = reports.compare(reports.load(runs), by=by)
-        got = compare(Trace(runs), by=by, mfu=_mfu(want, by))
+        want = oracle(reports.load(runs), by=by)
+        got = compare(Trace(runs), by=by)
+        library = reports.compare(reports.load(runs), by=by)  # the same views over the loaded rows
     pd.testing.assert_frame_equal(got, want)
+    pd.testing.assert_frame_equal(library, got)
     total = got[got[by] == "total"].set_index("run")
     # per step at batch B: forward addmm 2*B*8*16 + 2*B*16*4 = 384*B; backward dW2, dX2, dW1 512*B; relu,
     # sum, the bias gradients' sums and threshold_backward 16*B + 4*B + 4*B + 16*B + 16*B = 56*B; SGD's add_
@@ -69,8 +68,8 @@ def test_baseline_and_bad_values(runs):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         trace = Trace(runs[:2])
-        want = reports.compare(reports.load(runs[:2]), by="phase", baseline="b")
-    pd.testing.assert_frame_equal(compare(trace, by="phase", baseline="b", mfu=_mfu(want, "phase")), want)
+        want = oracle(reports.load(runs[:2]), by="phase", baseline="b")
+    pd.testing.assert_frame_equal(compare(trace, by="phase", baseline="b"), want)
     with pytest.raises(ReportError, match=r"compare: by must be one of \['phase', 'op', 'module'\], got 'dtype'"):
         compare(trace, by="dtype")
     with pytest.raises(ReportError, match=r"compare: baseline 'c' is not one of the runs \['a', 'b'\]"):
@@ -111,7 +110,8 @@ def test_the_flop_frame_is_cut_only_for_a_run_with_a_step_time(runs, tmp_path, c
     for engine in ("pandas", "sql"):
         assert main(["compare", str(runs[0]), str(b), "--engine", engine, "--json"]) == 0
         outs.append(capsys.readouterr().out)
-    assert outs[0] == outs[1] and cut == ([{"mfu_only": True}] if timed else [])
+    # both engines run the views (the pandas engine over the rows reports.load read): one cut each, when timed
+    assert outs[0] == outs[1] and cut == ([{"mfu_only": True}] * 2 if timed else [])
     mfu = {r["run"]: r["mfu_pct"] for r in json.loads(outs[1])["rows"] if r["phase"] == "total"}
     assert mfu["a"] is None
     if timed:  # model FLOPs per step at batch 8: 952 * 8 = 7616 (test_compare_equals_the_reference), float32 matmuls

@@ -11,8 +11,8 @@ an evaluation under no_grad, fused attention, convolutions, a traced FSDP2 rank,
 
 import contextlib
 import importlib
-import json
 import io
+import json
 import warnings
 from math import prod
 
@@ -213,7 +213,9 @@ def _lstm(path):
 BUILDERS = {
     "gpt": lambda p: importlib.import_module("tests.reports.sql.test_sql")._gpt(p, 3),
     "cut": lambda p: importlib.import_module("tests.reports.sql.test_sql")._gpt(p, 2, cut=True),
-    "tied_bf16": lambda p: importlib.import_module("tests.reports.flops.test_breakdown")._tiny_gpt_trace(p, tie=True, dtype=torch.bfloat16),
+    "tied_bf16": lambda p: importlib.import_module("tests.reports.flops.test_breakdown")._tiny_gpt_trace(
+        p, tie=True, dtype=torch.bfloat16
+    ),
     "checkpoint": _checkpointed,
     "checkpoint_reentrant": _reentrant,
     "moe_views": lambda p: importlib.import_module("tests.reports.flops.test_moe").trace_moe(p, "eager"),
@@ -445,8 +447,8 @@ def test_the_sql_op_lists_are_the_python_ones():
 
 
 def test_figures_from_sql(traces):
-    """Literal figures read through Source(None, trace): no frame of the rows."""
-    src = Source(None, Trace(traces["checkpoint"]))
+    """Literal figures read through Source(trace): no frame of the rows."""
+    src = Source(Trace(traces["checkpoint"]))
     rate = src.mfu(1.0, 1e6)
     # test_report_roles.py: forward 13,056, backward 26,752 (8,704 of it re-run by checkpointing), SGD 212
     assert rate["hardware_flops_per_step"] == 13056 + 26752 + 212 == 40020
@@ -455,21 +457,21 @@ def test_figures_from_sql(traces):
     assert "Activation checkpointing: 8,704 FLOPs per step" in " ".join(src.explain(src.accounts()))
     assert src.count_steps() == 1
 
-    src = Source(None, Trace(traces["moe_gathers"]))
+    src = Source(Trace(traces["moe_gathers"]))
     t = src.breakdown(src.accounts()).set_index("phase")
     # test_moe.py: N = 32 + 512 + 512 = 1,056, N_active = 32 + 1,024·2/4 = 544, T = 16
     assert t.loc["total", "n_params"] == 1056 and t.loc["total", "n_active"] == 544
     assert t.loc["forward", "weight_matmul_flops"] == 2 * 544 * 16 == 17408
     assert t.loc["backward", "weight_matmul_flops"] == 4 * 544 * 16 == 34816
 
-    src = Source(None, Trace(traces["lora"]))
+    src = Source(Trace(traces["lora"]))
     t = src.breakdown(src.accounts()).set_index("phase")
     # N = 64 + 16 + 16 = 96, T = 32: forward base 2·32·8·8 = 4,096 + a 2·32·8·2 = 1,024 + b 2·32·2·8 = 1,024 = 6,144
     assert t.loc["total", "n_params"] == 96 and t.loc["forward", "weight_matmul_flops"] == 6144 == 2 * 96 * 32
     # backward: the frozen base has no dW and x no dL/dx: b's dW and dL/dx 2 x 1,024, a's dW 1,024 = 3,072
     assert t.loc["backward", "weight_matmul_flops"] == 3072
 
-    src = Source(None, Trace(traces["wide"]))
+    src = Source(Trace(traces["wide"]))
     # test_overflow.py: 400 matmuls of 13·2**51 FLOPs, past int64 and exact in float64
     assert src.breakdown(src.accounts()).set_index("phase").loc["forward", "flops"] == 400 * 13 * 2**51
 

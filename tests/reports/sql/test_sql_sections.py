@@ -17,8 +17,6 @@ import pytest
 import torch
 
 import reports
-from reports.distributed import collectives as pandas_collectives
-from reports.distributed import ranks as pandas_ranks
 from reports.distributed import sql_ranks as distributed
 from reports.flops.meter import meter_summary
 from reports.memory.lifetimes import Lists, Storages, lists_of, runs_in_order
@@ -28,6 +26,7 @@ from reports.output.cli import main
 from reports.output.source import Source
 from reports.sql.engine import Trace
 from tests.helpers import copy_rank
+from tests.oracles import ranks as pandas_ranks
 from tests.reports.sql.test_sql import _gpt
 from tests.tracer.distributed.test_job import LAYER_BYTES, simulate
 from tracer import Meter, Tracer
@@ -218,9 +217,15 @@ def test_the_rank_tables_are_the_references(traces):
     for mine, ref in (
         (distributed.ranks, pandas_ranks.ranks),
         (distributed.imbalance, pandas_ranks.imbalance),
-        (distributed.collectives, pandas_collectives.collectives),
+        (distributed.collectives, pandas_ranks.collectives),
     ):
         pd.testing.assert_frame_equal(mine(sql), ref(df), check_exact=True)
+    for table in (
+        "ranks",
+        "imbalance",
+        "collectives",
+    ):  # the library (reports.ranks(df)) runs the CLI's views over the frame
+        pd.testing.assert_frame_equal(getattr(reports, table)(df), getattr(distributed, table)(sql), check_exact=True)
     table = distributed.ranks(sql)
     # per step: 8 all-gathers and 4 reduce-scatters of one layer's 64 * 64 * 4 = 16,384 bytes: 196,608
     assert table["comm_bytes_per_step"].tolist() == [12 * LAYER_BYTES] * 2
@@ -231,7 +236,7 @@ def test_the_rank_tables_are_the_references(traces):
 
 def test_the_meter_section_reads_the_runs(traces):
     df, sql = _pair(traces["metered"])
-    found = Source(None, sql).meter_summary()
+    found = Source(sql).meter_summary()
     assert found == meter_summary(df) and found["steps"] == 5 and found["traced_steps"] == [0, 1, 4]
 
 

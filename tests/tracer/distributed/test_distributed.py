@@ -15,8 +15,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import reports
-from reports.distributed.collectives import bus_factor, collective_kind, collectives, comm_split
-from reports.distributed.ranks import imbalance, ranks
+from reports.distributed.collectives import bus_factor, collective_kind, comm_split
+from reports.distributed.sql_ranks import collectives, imbalance, ranks
 from tracer import TraceError, Tracer, read_metadata
 from tracer.recording import collectives as tcoll
 from tracer.recording import distributed as tdist

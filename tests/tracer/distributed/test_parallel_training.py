@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 import reports
-from reports.distributed.ranks import ranks
+from reports.distributed.sql_ranks import ranks
 from reports.output.cli import main
 from tests.tracer.distributed.test_distributed import _load, _rows, spawn
 from tracer import Tracer, read_metadata

@@ -11,8 +11,8 @@ from torch.utils import flop_counter
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
-from tracer.flops import formulas as flops
 from tracer.errors import TraceError
+from tracer.flops import formulas as flops
 from tracer.flops.formulas import register_flop_formula
 from tracer.flops.op_kinds import METADATA_OPS, FlopRule, flop_rule
 from tracer.schema import FLOP_KINDS

@@ -13,8 +13,8 @@ import reports
 import tracer
 from reports.errors import ReportError
 from reports.output.cli import main as optrace
-from tracer.metering import meter as meter_module
 from tracer.errors import TraceError
+from tracer.metering import meter as meter_module
 from tracer.metering.meter import Meter
 
 PEAK = 1e9  # FLOP/s, given: the figures do not depend on this machine's CPU

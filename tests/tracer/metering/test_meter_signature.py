@@ -10,8 +10,8 @@ import torch.nn.modules.module as module_hooks
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from tracer.metering.meter import Meter
 from tracer.metering.flops import input_size, settled, signature
+from tracer.metering.meter import Meter
 
 PEAK = 1e9  # FLOP/s, given
 

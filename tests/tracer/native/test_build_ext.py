@@ -6,7 +6,8 @@ import types
 
 import pytest
 
-from tracer.native import build_ext, loader as native
+from tracer.native import build_ext
+from tracer.native import loader as native
 
 
 @pytest.fixture

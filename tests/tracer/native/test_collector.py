@@ -17,8 +17,8 @@ import torch
 import reports
 from tests import helpers
 from tracer import Tracer, read_metadata
-from tracer.native import loader as native
 from tracer.errors import TraceError
+from tracer.native import loader as native
 
 sys.path.insert(0, str(helpers.EXAMPLES))
 

@@ -14,9 +14,9 @@ import pytest
 
 from tracer import schema
 from tracer.native import loader as native
+from tracer.recording.timing import OffTimer, WallTimer
 from tracer.store import writer
 from tracer.store.directory import MARKER_BYTES
-from tracer.recording.timing import OffTimer, WallTimer
 
 # 0, negatives, the int64 ends and a row's width of values
 VALUES = [(0,), (-1, 1, 2**63 - 1, -(2**63)), tuple(range(-13, 13))]
@@ -68,8 +68,8 @@ def test_op_facts_kept_across_traces_follow_a_replaced_formula(tmp_path):
     import torch
 
     from tracer import Tracer
-    from tracer.recording.dispatch import _described
     from tracer.flops.formulas import _registry
+    from tracer.recording.dispatch import _described
 
     a = torch.ones(3)
     with Tracer(tmp_path / "first"):

@@ -20,8 +20,8 @@ import torch
 
 import reports
 from tracer import Tracer, read_metadata, register_flop_formula, schema
-from tracer.native import loader as native
 from tracer.flops.formulas import _registry
+from tracer.native import loader as native
 
 NS = "optrace_review"
 

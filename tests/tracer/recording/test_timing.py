@@ -8,8 +8,8 @@ import torch
 import reports
 from tracer import TraceError, Tracer, read_metadata
 from tracer.recording import timing as timing_mod
-from tracer.schema import NO_VALUE
 from tracer.recording.timing import EventTimer, busy_time, make_timer
+from tracer.schema import NO_VALUE
 from tracer.store.writer import FIELD, ROW_WIDTH, RowBuffer
 
 

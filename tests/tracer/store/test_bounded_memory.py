@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from tracer import Tracer, read_metadata
-from tracer.recording import attribution
 from tracer.native import loader as native
+from tracer.recording import attribution
 from tracer.schema import part_paths
 from tracer.store.writer import ROW_VALUES, ROW_WIDTH, SmallParts
 

@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from tracer import Tracer
-from tracer.store.directory import LOCK_NAME
 from tracer.schema import MARKER_NAME
+from tracer.store.directory import LOCK_NAME
 
 
 def _trace(path):

@@ -278,8 +278,8 @@ def test_a_marker_this_process_wrote_is_read_without_parsing_its_footer(monkeypa
     tracer reads its marker at entry and at close); other bytes are parsed as Parquet, as before."""
     import pyarrow as pa
 
-    from tracer.store.directory import MARKER_BYTES, _padded
     from tracer.schema import MARKER_KEY, marker_file, marker_json
+    from tracer.store.directory import MARKER_BYTES, _padded
 
     text = _padded({"format": "optrace", "trace_id": "ab" * 16, "rows": 7})
     raw = marker_file(text)
