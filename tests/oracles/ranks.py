@@ -4,7 +4,7 @@ tests/test_distributed.py)."""
 
 import pandas as pd
 
-from reports.distributed.collectives import collective_kind, per_step_traffic, shape_collectives
+from reports.distributed.collectives import _OUT, collective_kind, per_step_traffic, shape_collectives
 from reports.distributed.ranks import PHASE_ORDER, RANK_COLUMNS, imbalance_of, job_object, summary_records, trace_of
 from reports.loading.columns import SharedRuns
 from reports.loading.load import require

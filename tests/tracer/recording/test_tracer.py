@@ -61,9 +61,7 @@ def test_tracing_and_metering_do_not_import_pandas(tmp_path):
         print(read_metadata({str(tmp_path / "t")!r})["rows"], [f["model_flops"] for f in figures])
         assert "pandas" not in sys.modules, "pandas imported"
     """)
-    done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, cwd=os.path.dirname(os.path.dirname(__file__))
-    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=helpers.ROOT)
     assert done.returncode == 0, done.stderr
     rows, flops = done.stdout.split(maxsplit=1)
     assert int(rows) > 0
