@@ -46,7 +46,7 @@ test: lint $(STAMP) $(COLLECTOR)
 
 # ruff (the dev extra pins it; its rules are in pyproject.toml): lint, and the formatter's check, over the code that
 # is formatted. `make format` applies both.
-LINT_PATHS ?= tests
+LINT_PATHS ?= .
 
 lint: $(STAMP)
 	$(PY) -m ruff check $(LINT_PATHS)

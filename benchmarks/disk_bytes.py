@@ -131,7 +131,9 @@ def main(argv=None):
         for p in parts:
             kv = pq.ParquetFile(p).metadata.metadata or {}
             footer += sum(len(k) + len(v) for k, v in kv.items())
-        print(f"LLaMA-70B shape, {args.layers} layers, {args.steps} step(s), seq {args.seq}, meta device, torch {torch.__version__}")
+        print(
+            f"LLaMA-70B shape, {args.layers} layers, {args.steps} step(s), seq {args.seq}, meta device, torch {torch.__version__}"
+        )
         print(f"traced in {seconds:.1f} s: {rows:,} rows in {len(parts)} part(s)")
         print(f"on disk: {total:,} bytes, {total / rows:.1f} bytes per op")
         print(f"key-value metadata in the footers: {footer:,} bytes ({footer / total:.0%} of the trace)")

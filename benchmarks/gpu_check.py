@@ -150,16 +150,28 @@ def check_timing(table, tmp, device):
                 a @ a
         rows, meta = reports.load(tmp / mode), read_metadata(tmp / mode)
         rows = rows[rows["op"] == "aten.mm.default"]
-        facts = f'{meta["timing"]["mode"]}, {meta["timing"]["unresolved_rows"]}, {meta["collector"]["path"]}'
-        table.add(f'Tracer(timing="{mode}"): timer, unresolved rows, collector', f"{mode}, 0, compiled", facts,
-                  facts == f"{mode}, 0, compiled")
+        facts = f"{meta['timing']['mode']}, {meta['timing']['unresolved_rows']}, {meta['collector']['path']}"
+        table.add(
+            f'Tracer(timing="{mode}"): timer, unresolved rows, collector',
+            f"{mode}, 0, compiled",
+            facts,
+            facts == f"{mode}, 0, compiled",
+        )
         traced = rows["duration_ns"].median() / 1e6
-        table.add(f'Tracer(timing="{mode}") mm ms, median of {len(rows)}', f"{hand:.3f} (cuda.Event by hand, 10%)",
-                  f"{traced:.3f}", len(rows) == REPEATS and within(traced, hand, 0.10, floor))
+        table.add(
+            f'Tracer(timing="{mode}") mm ms, median of {len(rows)}',
+            f"{hand:.3f} (cuda.Event by hand, 10%)",
+            f"{traced:.3f}",
+            len(rows) == REPEATS and within(traced, hand, 0.10, floor),
+        )
         if mode == "events":
             busy = float((rows["busy_ns"] / rows["duration_ns"]).median())
-            table.add("events busy_ns / duration_ns, median", "0.9 to 1 (GPU behind the CPU)", f"{busy:.3f}",
-                      0.9 <= busy <= 1.0)
+            table.add(
+                "events busy_ns / duration_ns, median",
+                "0.9 to 1 (GPU behind the CPU)",
+                f"{busy:.3f}",
+                0.9 <= busy <= 1.0,
+            )
             table.add("mm FLOPs (each row)", 2 * N**3, sorted(set(rows["flops"])), set(rows["flops"]) == {2 * N**3})
 
 
@@ -177,13 +189,18 @@ def check_memory(table, tmp, device):
         del c, d
     peak, after = torch.cuda.max_memory_allocated(device), torch.cuda.memory_allocated(device)
     memory = read_metadata(tmp / "memory")["cuda_memory"]
-    for when, key, expected in (("start", "allocated_bytes", before), ("end", "allocated_bytes", after),
-                                ("end", "max_allocated_bytes", peak)):
+    for when, key, expected in (
+        ("start", "allocated_bytes", before),
+        ("end", "allocated_bytes", after),
+        ("end", "max_allocated_bytes", peak),
+    ):
         got = memory[when][key]
         table.add(f"cuda_memory {when} {key}", f"{expected} (torch.cuda)", got, got == expected)
     live = int(reports.load(tmp / "memory")["live_bytes"].max())
     expected = peak - before + a.nbytes  # the trace counts a (at entry) and what the block made (b and c)
-    table.add("trace peak live_bytes", f"{expected} (torch's peak - before + a, 1%)", live, within(live, expected, 0.01))
+    table.add(
+        "trace peak live_bytes", f"{expected} (torch's peak - before + a, 1%)", live, within(live, expected, 0.01)
+    )
 
 
 def _meter_steps(tmp, name, model, x, warmup=0):
@@ -202,22 +219,34 @@ def check_meter(table, tmp, device):
     hand = hand_step_s(lambda: train_step(model, x))
     steps = _meter_steps(tmp, "meter", model, x)
     metered = statistics.median(f["step_time_s"] for f in steps)
-    table.add(f"Meter step ms, median of {len(steps)} untraced", f"{hand * 1e3:.3f} (synchronised by hand, 10%)",
-              f"{metered * 1e3:.3f}", len(steps) >= STEPS - 3 and within(metered, hand, 0.10, 0.5e-3))
+    table.add(
+        f"Meter step ms, median of {len(steps)} untraced",
+        f"{hand * 1e3:.3f} (synchronised by hand, 10%)",
+        f"{metered * 1e3:.3f}",
+        len(steps) >= STEPS - 3 and within(metered, hand, 0.10, 0.5e-3),
+    )
     flops = {f["model_flops"] for f in steps}
     table.add("Meter model_flops per step", mlp_flops(), sorted(flops), flops == {mlp_flops()})
     name = torch.cuda.get_device_name(device)
     peak, source = lookup(device_info(device), "bfloat16")
-    table.add("tracer.peaks: device and bf16 peak", f"a datasheet entry for {name!r}",
-              f"{match_device(name)}: {peak / 1e12:.1f} TFLOP/s" if peak else source, peak is not None)
+    table.add(
+        "tracer.peaks: device and bf16 peak",
+        f"a datasheet entry for {name!r}",
+        f"{match_device(name)}: {peak / 1e12:.1f} TFLOP/s" if peak else source,
+        peak is not None,
+    )
     if peak is None:
         table.add("Meter MFU", "(0, 1]", "no peak for the device: no MFU", False)
         return
     mfus = [f["mfu"] for f in steps if f["mfu"] is not None]
     mfu = statistics.median(mfus) if mfus else None
     arithmetic = mlp_flops() / metered / peak
-    table.add("Meter MFU, median", f"(0, 1]; FLOPs / step time / peak = {arithmetic:.3f}",
-              "None" if mfu is None else f"{mfu:.3f}", mfu is not None and 0 < mfu <= 1 and within(mfu, arithmetic, 0.05))
+    table.add(
+        "Meter MFU, median",
+        f"(0, 1]; FLOPs / step time / peak = {arithmetic:.3f}",
+        "None" if mfu is None else f"{mfu:.3f}",
+        mfu is not None and 0 < mfu <= 1 and within(mfu, arithmetic, 0.05),
+    )
 
 
 def check_compiled(table, tmp, device):
@@ -243,9 +272,12 @@ def check_compiled(table, tmp, device):
     hand = hand_step_s(lambda: train_step(compiled, x))
     steps = _meter_steps(tmp, "compiled_meter", compiled, x, warmup=2)
     metered = statistics.median(f["step_time_s"] for f in steps)
-    table.add(f"torch.compile Meter step ms, median of {len(steps)}",
-              f"{hand * 1e3:.3f} (synchronised by hand, 10%)", f"{metered * 1e3:.3f}",
-              len(steps) >= STEPS - 4 and within(metered, hand, 0.10, 0.5e-3))
+    table.add(
+        f"torch.compile Meter step ms, median of {len(steps)}",
+        f"{hand * 1e3:.3f} (synchronised by hand, 10%)",
+        f"{metered * 1e3:.3f}",
+        len(steps) >= STEPS - 4 and within(metered, hand, 0.10, 0.5e-3),
+    )
     flops = {f["model_flops"] for f in steps}
     table.add("torch.compile Meter model_flops", eager, sorted(flops), flops == {eager})
 
@@ -276,8 +308,9 @@ def check_nccl(table, tmp, device):
 
     count = torch.cuda.device_count()
     if count < 2:
-        table.add("NCCL all_reduce, all_gather (2 ranks)", "2 GPUs", f"skipped: torch.cuda.device_count() = {count}",
-                  None)
+        table.add(
+            "NCCL all_reduce, all_gather (2 ranks)", "2 GPUs", f"skipped: torch.cuda.device_count() = {count}", None
+        )
         return
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -295,12 +328,21 @@ def check_nccl(table, tmp, device):
         rows = df[df["op"] == f"c10d.{op}.default"]
         got = sorted(set(rows["comm_bytes"].tolist()))
         timed = bool((rows["duration_ns"] > 0).all())
-        table.add(f"NCCL {op} comm_bytes, {len(rows)} rows (2 ranks)", expected, f"{got}, timed: {timed}",
-                  len(rows) == 2 and got == [expected] and timed)
+        table.add(
+            f"NCCL {op} comm_bytes, {len(rows)} rows (2 ranks)",
+            expected,
+            f"{got}, timed: {timed}",
+            len(rows) == 2 and got == [expected] and timed,
+        )
 
 
-CHECKS = (("timing", check_timing), ("cuda_memory", check_memory), ("Meter", check_meter),
-          ("torch.compile", check_compiled), ("NCCL", check_nccl))
+CHECKS = (
+    ("timing", check_timing),
+    ("cuda_memory", check_memory),
+    ("Meter", check_meter),
+    ("torch.compile", check_compiled),
+    ("NCCL", check_nccl),
+)
 
 
 def main():
@@ -314,8 +356,10 @@ def main():
     with tempfile.TemporaryDirectory(prefix="optrace-gpu-check-") as tmp:
         for name, check in CHECKS:
             table.guarded(name, check, Path(tmp), device, deadline=began + BUDGET_S)
-    print(f"gpu-check: {torch.cuda.get_device_name(device)} (GPUs: {torch.cuda.device_count()}), torch "
-          f"{torch.__version__}, CUDA {torch.version.cuda}, {time.monotonic() - began:.0f} s")
+    print(
+        f"gpu-check: {torch.cuda.get_device_name(device)} (GPUs: {torch.cuda.device_count()}), torch "
+        f"{torch.__version__}, CUDA {torch.version.cuda}, {time.monotonic() - began:.0f} s"
+    )
     print(table.render())
     return 1 if table.failed() else 0
 

@@ -84,10 +84,14 @@ def main(argv=None):
     rows, steps, seconds, before, peak = trace_ops(args.out, args.ops)
     disk = sum(p.stat().st_size for p in Path(args.out).glob("part-*.parquet"))
     print(f"traced {rows:,} ops in {steps:,} steps, {seconds:.1f} s ({seconds / rows * 1e6:.1f} us per op, traced)")
-    print(f"RSS before {before / 2**20:.1f} MiB, peak while tracing {peak / 2**20:.1f} MiB: "
-          f"growth {(peak - before) / 1e6:.1f} MB (target < 150 MB)")
-    print(f"on disk: {disk / 1e6:.1f} MB in {len(list(Path(args.out).glob('part-*.parquet')))} parts, "
-          f"{disk / rows:.1f} bytes per op (target < 100)")
+    print(
+        f"RSS before {before / 2**20:.1f} MiB, peak while tracing {peak / 2**20:.1f} MiB: "
+        f"growth {(peak - before) / 1e6:.1f} MB (target < 150 MB)"
+    )
+    print(
+        f"on disk: {disk / 1e6:.1f} MB in {len(list(Path(args.out).glob('part-*.parquet')))} parts, "
+        f"{disk / rows:.1f} bytes per op (target < 100)"
+    )
 
 
 if __name__ == "__main__":

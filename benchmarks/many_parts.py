@@ -24,8 +24,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-BASELINE = ("import sys, pyarrow.parquet as pq; from tracer.schema import part_paths; "
-            "pq.read_table(part_paths(sys.argv[1]))")  # fmt: skip
+BASELINE = (
+    "import sys, pyarrow.parquet as pq; from tracer.schema import part_paths; pq.read_table(part_paths(sys.argv[1]))"
+)
 
 
 def make(path, parts, how):
@@ -51,8 +52,10 @@ def make(path, parts, how):
     end = time.perf_counter()
     import resource
 
-    print(f"traced {parts} parts in {closing - start:.1f} s, closed (merging: {how}) in {end - closing:.2f} s, "
-          f"peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB")
+    print(
+        f"traced {parts} parts in {closing - start:.1f} s, closed (merging: {how}) in {end - closing:.2f} s, "
+        f"peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB"
+    )
 
 
 def run(cmd, cwd=ROOT):
@@ -84,9 +87,16 @@ def main():
     args = parser.parse_args()
     how = "killed" if args.killed else "none" if args.no_merge else "close"
     if not os.path.isdir(args.trace):  # a fresh process: the tracer's imports stay out of the report's RSS
-        subprocess.run([sys.executable, "-c", f"import sys; sys.path.insert(0, {str(ROOT / 'benchmarks')!r}); "
-                        f"import many_parts; many_parts.make({args.trace!r}, {args.parts}, {how!r})"],
-                       cwd=ROOT, check=True)  # fmt: skip
+        subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                f"import sys; sys.path.insert(0, {str(ROOT / 'benchmarks')!r}); "
+                f"import many_parts; many_parts.make({args.trace!r}, {args.parts}, {how!r})",
+            ],
+            cwd=ROOT,
+            check=True,
+        )
     report = [sys.executable, "-m", "reports.output.cli", "report", args.trace] + (["--json"] if args.json else [])
     baseline = [sys.executable, "-c", BASELINE, args.trace]
     found = {"baseline": [], "report": []} | ({"--code": []} if args.code else {})

@@ -83,7 +83,7 @@ def main(argv=None):
         gc.collect()
         for r in range(args.rounds):
             times = {}
-            for kind in (("plain", "metered") if r % 2 == 0 else ("metered", "plain")):
+            for kind in ("plain", "metered") if r % 2 == 0 else ("metered", "plain"):
                 if kind == "plain":
                     meter._remove_hooks()
                 start = time.perf_counter()
@@ -115,27 +115,41 @@ def main(argv=None):
         meter.close()
 
     lo, mid, hi = quantiles(ratios)
-    print(f"example GPT (batch {args.batch}, seq {cfg.seq_len}, {cfg.n_layer} layers, d {cfg.d_model}), "
-          f"{args.rounds} rounds of an untraced and a metered step, torch {torch.__version__}, "
-          f"{torch.get_num_threads()} threads")
-    print(f"untraced step: median {statistics.median(plain_all) * 1e3:.2f} ms; metered step: median "
-          f"{statistics.median(metered_all) * 1e3:.2f} ms")
-    print(f"metered / untraced, per round: median {mid:.4f} (IQR {lo:.4f}-{hi:.4f}, range {min(ratios):.4f}-{max(ratios):.4f})")
-    print(f"  mean metered / mean untraced (table writes included): {statistics.fmean(metered_all) / statistics.fmean(plain_all):.4f}")
+    print(
+        f"example GPT (batch {args.batch}, seq {cfg.seq_len}, {cfg.n_layer} layers, d {cfg.d_model}), "
+        f"{args.rounds} rounds of an untraced and a metered step, torch {torch.__version__}, "
+        f"{torch.get_num_threads()} threads"
+    )
+    print(
+        f"untraced step: median {statistics.median(plain_all) * 1e3:.2f} ms; metered step: median "
+        f"{statistics.median(metered_all) * 1e3:.2f} ms"
+    )
+    print(
+        f"metered / untraced, per round: median {mid:.4f} (IQR {lo:.4f}-{hi:.4f}, range {min(ratios):.4f}-{max(ratios):.4f})"
+    )
+    print(
+        f"  mean metered / mean untraced (table writes included): {statistics.fmean(metered_all) / statistics.fmean(plain_all):.4f}"
+    )
     print(f"  overhead per step: median {(statistics.median(metered_all) - statistics.median(plain_all)) * 1e6:.0f} us")
     n = len(metered_all)
     own = (spent["hooks"] + spent["step"]) / n
-    print(f"  the meter's own work per metered step (timed inside it): {own * 1e6:.0f} us = "
-          f"{own / statistics.median(plain_all) * 100:.2f}% of the untraced median: hooks {spent['hooks'] / n * 1e6:.0f} us "
-          f"({spent['calls'] / n:.0f} calls), step() {spent['step'] / n * 1e6:.0f} us (median "
-          f"{statistics.median(spent['each']) * 1e6:.0f} us)")
+    print(
+        f"  the meter's own work per metered step (timed inside it): {own * 1e6:.0f} us = "
+        f"{own / statistics.median(plain_all) * 100:.2f}% of the untraced median: hooks {spent['hooks'] / n * 1e6:.0f} us "
+        f"({spent['calls'] / n:.0f} calls), step() {spent['step'] / n * 1e6:.0f} us (median "
+        f"{statistics.median(spent['each']) * 1e6:.0f} us)"
+    )
     if args.write_cost:
-        print(f"  writing the table ({len(table['steps']['step'])} steps): median {statistics.median(writes) * 1e3:.1f} ms "
-              f"(range {min(writes) * 1e3:.1f}-{max(writes) * 1e3:.1f})")
+        print(
+            f"  writing the table ({len(table['steps']['step'])} steps): median {statistics.median(writes) * 1e3:.1f} ms "
+            f"(range {min(writes) * 1e3:.1f}-{max(writes) * 1e3:.1f})"
+        )
     if hook_path is not None:
         plain = hook_path["no hooks"]
-        print(f"  forward alone (no_grad, fastest of 20 per round, median over {min(args.rounds, 30)} rounds): "
-              + ", ".join(f"{k} {v * 1e6:.0f} us (+{(v - plain) * 1e6:.0f})" for k, v in hook_path.items()))
+        print(
+            f"  forward alone (no_grad, fastest of 20 per round, median over {min(args.rounds, 30)} rounds): "
+            + ", ".join(f"{k} {v * 1e6:.0f} us (+{(v - plain) * 1e6:.0f})" for k, v in hook_path.items())
+        )
     traced = sum(table["steps"]["traced"])
     print(f"  steps traced by the meter: {traced} of {len(table['steps']['step'])}")
 

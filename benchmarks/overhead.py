@@ -133,8 +133,16 @@ def hf_gpt2_parts():
     except ImportError:
         return None
     torch.manual_seed(0)
-    cfg = GPT2Config(vocab_size=512, n_positions=SEQ, n_embd=64, n_layer=2, n_head=4,
-                     bos_token_id=0, eos_token_id=0, attn_implementation="eager")
+    cfg = GPT2Config(
+        vocab_size=512,
+        n_positions=SEQ,
+        n_embd=64,
+        n_layer=2,
+        n_head=4,
+        bos_token_id=0,
+        eos_token_id=0,
+        attn_implementation="eager",
+    )
     model = GPT2LMHeadModel(cfg)
     opt = make_optimizer(model)
     idx = torch.randint(0, cfg.vocab_size, (BATCH, SEQ), generator=torch.Generator().manual_seed(0))
@@ -147,7 +155,10 @@ def hf_gpt2_parts():
     return model, idx.numel(), step
 
 
-MODELS = {"example": ("example GPT (d 64, 2 layers, seq 64, batch 8)", example_gpt), "hf": ("HF GPT-2 (d 64, 2 layers, seq 64, batch 8, random init)", hf_gpt2)}
+MODELS = {
+    "example": ("example GPT (d 64, 2 layers, seq 64, batch 8)", example_gpt),
+    "hf": ("HF GPT-2 (d 64, 2 layers, seq 64, batch 8, random init)", hf_gpt2),
+}
 
 
 def ops_per_step(step, directory):
@@ -193,10 +204,16 @@ def report(title, ops, times):
             (o - u) / (f - u) for o, f, u in zip(times[name], times["FlopCounterMode"], times["untraced"]) if f > u
         ]
         per_round_empty = [
-            (o - u) / (e - u) for o, e, u in zip(times[name], times["empty TorchDispatchMode"], times["untraced"]) if e > u
+            (o - u) / (e - u)
+            for o, e, u in zip(times[name], times["empty TorchDispatchMode"], times["untraced"])
+            if e > u
         ]
-        print(f"{name + ' / FlopCounterMode':<44} = {over[name] / over['FlopCounterMode']:.2f} (target <= 0.5); per round: median {_spread(per_round)}")
-        print(f"{name + ' / empty mode':<44} = {over[name] / over['empty TorchDispatchMode']:.2f} (target <= 2); per round: median {_spread(per_round_empty)}")
+        print(
+            f"{name + ' / FlopCounterMode':<44} = {over[name] / over['FlopCounterMode']:.2f} (target <= 0.5); per round: median {_spread(per_round)}"
+        )
+        print(
+            f"{name + ' / empty mode':<44} = {over[name] / over['empty TorchDispatchMode']:.2f} (target <= 2); per round: median {_spread(per_round_empty)}"
+        )
 
 
 def _spread(values):
@@ -290,12 +307,27 @@ def callgrind(model, steps, directory, with_ablations):
         names += list(ablations(directory))
     out = directory / f"callgrind.{model}.out"
     toggles = [f"--toggle-collect={entry}" for entry, _ in ENTRY_POINTS[: len(names)]]
-    cmd = ["valgrind", "--tool=callgrind", "--collect-atstart=no", *toggles, f"--callgrind-out-file={out}",
-           sys.executable, __file__, "--callgrind-child", model, "--steps", str(steps), "--threads", "1"]  # fmt: skip
+    cmd = [
+        "valgrind",
+        "--tool=callgrind",
+        "--collect-atstart=no",
+        *toggles,
+        f"--callgrind-out-file={out}",
+        sys.executable,
+        __file__,
+        "--callgrind-child",
+        model,
+        "--steps",
+        str(steps),
+        "--threads",
+        "1",
+    ]
     if with_ablations:
         cmd.append("--ablations")
     subprocess.run(cmd, check=True, capture_output=True, env=dict(os.environ, PYTHONPATH=str(ROOT)))
-    text = subprocess.run(["callgrind_annotate", "--inclusive=yes", str(out)], check=True, capture_output=True, text=True).stdout
+    text = subprocess.run(
+        ["callgrind_annotate", "--inclusive=yes", str(out)], check=True, capture_output=True, text=True
+    ).stdout
     counts = {}
     for name, (entry, _) in zip(names, ENTRY_POINTS):
         match = re.search(r"^\s*([\d,]+) \([^)]*\)\s+\S+:" + entry + r" \[", text, re.M)
@@ -318,7 +350,7 @@ def report_callgrind(title, ops, counts, steps):
         print(f"{name + ' / empty mode':<44} = {over[name] / over['empty TorchDispatchMode']:.2f} (target <= 2)")
     for name in counts:
         if name.startswith("optrace, no "):
-            print(f"{name[len('optrace, no '):]:<24} {over['optrace'] - over[name]:6.2f} kinstr/op")
+            print(f"{name[len('optrace, no ') :]:<24} {over['optrace'] - over[name]:6.2f} kinstr/op")
 
 
 def main(argv=None):
@@ -327,11 +359,21 @@ def main(argv=None):
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch intra-op threads")
     parser.add_argument("--model", choices=("example", "hf", "both"), default="both")
-    parser.add_argument("--callgrind", action="store_true", help="instruction counts under valgrind instead of wall clock")
-    parser.add_argument("--ablations", action="store_true", help="with --callgrind: also optrace without its gradient hooks or part writes")
+    parser.add_argument(
+        "--callgrind", action="store_true", help="instruction counts under valgrind instead of wall clock"
+    )
+    parser.add_argument(
+        "--ablations",
+        action="store_true",
+        help="with --callgrind: also optrace without its gradient hooks or part writes",
+    )
     parser.add_argument("--no-profiler", action="store_true", help="leave torch.profiler out of the wall-clock rounds")
-    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
-                        help="cpu: the process's CPU time (time.process_time), less swayed by other jobs on a shared machine")
+    parser.add_argument(
+        "--clock",
+        choices=("wall", "cpu"),
+        default="wall",
+        help="cpu: the process's CPU time (time.process_time), less swayed by other jobs on a shared machine",
+    )
     parser.add_argument("--callgrind-child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)

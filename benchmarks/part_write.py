@@ -69,7 +69,9 @@ def main(argv=None):
             "metadata JSON": lambda: json.dumps(metadata, default=str, separators=(",", ":")),
         }
         n = len(rows)
-        print(f"one part of {n} rows ({args.steps} example GPT steps), CPU time per row, median (IQR) of {args.repeats}")
+        print(
+            f"one part of {n} rows ({args.steps} example GPT steps), CPU time per row, median (IQR) of {args.repeats}"
+        )
         for name, run in stages.items():
             times = []
             for _ in range(args.repeats):

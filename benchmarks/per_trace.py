@@ -55,13 +55,15 @@ def measure(model, tokens, step, rounds, directory):
         "untraced": lambda: None,
         "Tracer(path)": lambda: Tracer(directory / "plain"),
         "Tracer(path, model=, tokens=)": lambda: Tracer(directory / "model", model=model, tokens=tokens),
-        "the same, the optimizers' pass made again": lambda: _forgotten(Tracer(directory / "pass", model=model, tokens=tokens)),
+        "the same, the optimizers' pass made again": lambda: _forgotten(
+            Tracer(directory / "pass", model=model, tokens=tokens)
+        ),
     }
     times = {name: [] for name in variants}
     names = list(variants)
     enter, leave = [], []  # of Tracer(path, model=, tokens=): __enter__ and __exit__ alone
     for r in range(rounds + 1):  # round 0: warm-up, not kept
-        for name in names[r % len(names):] + names[: r % len(names)]:
+        for name in names[r % len(names) :] + names[: r % len(names)]:
             gc.collect()
             make = variants[name]
             start = time.process_time()
@@ -114,7 +116,9 @@ def main():
             model, tokens, step = built
             for extra in (int(n) for n in args.objects.split(",")):
                 ballast = [[i] for i in range(extra)]  # lists: tracked by the collector (a dict of ints is not)
-                print(f"\n{title}, {extra:,} extra live objects ({len(gc.get_objects()):,} tracked by the garbage collector)")
+                print(
+                    f"\n{title}, {extra:,} extra live objects ({len(gc.get_objects()):,} tracked by the garbage collector)"
+                )
                 for name, values in measure(model, tokens, step, args.rounds, Path(tmp)).items():
                     print(f"  {name:<68}{quartiles(values)}")
                 del ballast

@@ -31,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
 from report_engines import DUCKDB_BASELINE  # this directory: the benchmarks run as scripts
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -78,14 +79,18 @@ def write_ranks(source, path, ranks, rows):
     table = pa.concat_tables([pq.read_table(p) for p in part_paths(source)])
     meta = json.loads(pq.read_metadata(part_paths(source)[0]).metadata[METADATA_KEY])
     roles = meta.get("storage_roles") or {}
-    kept = {int(p["storage_id"]) for key in ("parameters", "unsharded_parameters") for p in (meta.get(key) or {}).values()}
+    kept = {
+        int(p["storage_id"]) for key in ("parameters", "unsharded_parameters") for p in (meta.get(key) or {}).values()
+    }
     kept |= {int(s) for key in ("gradient", "optimizer_state", "external_parameter") for s in roles.get(key) or []}
     kept |= {int(s) for s, _ in roles.get("at_entry") or []}
     n = table.num_rows
     seq0 = table.column("seq").to_numpy() - table.column("seq")[0].as_py()
     step0 = table.column("step").to_numpy()
     step_span = int(step0.max()) + 1
-    ids = {c: table.column(c).combine_chunks() for c in ("input_storage_ids", "output_storage_ids", "freed_storage_ids")}
+    ids = {
+        c: table.column(c).combine_chunks() for c in ("input_storage_ids", "output_storage_ids", "freed_storage_ids")
+    }
     id_span = max(int(pc.max(a.flatten()).as_py() or 0) for a in ids.values()) + 1
     keep = {c: np.isin(a.flatten().to_numpy(), sorted(kept)) for c, a in ids.items()}
     per_rank = rows // ranks
@@ -107,8 +112,14 @@ def write_ranks(source, path, ranks, rows):
         trace_id = f"{r:032x}"
         for i in range(parts):
             piece = one.slice(i * PART_ROWS, PART_ROWS)
-            facts = {**meta, "rank": r, "local_rank": r % 8, "trace_id": trace_id, "parts": i + 1,
-                     "rows": min((i + 1) * PART_ROWS, per_rank)}  # fmt: skip
+            facts = {
+                **meta,
+                "rank": r,
+                "local_rank": r % 8,
+                "trace_id": trace_id,
+                "parts": i + 1,
+                "rows": min((i + 1) * PART_ROWS, per_rank),
+            }
             schema = piece.schema.with_metadata({METADATA_KEY: json.dumps(facts)})
             pq.write_table(piece.cast(schema), os.path.join(d, f"part-{i:06d}.parquet"), compression="zstd")
         print(f"\r  rank {r + 1}/{ranks} written", end="", flush=True)
@@ -120,8 +131,12 @@ def timed(argv):
     """(seconds, peak RSS in MB) of `argv` in a fresh process, by /usr/bin/time -f "%e %M"."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     with tempfile.NamedTemporaryFile("r") as times:
-        proc = subprocess.run(["/usr/bin/time", "-o", times.name, "-f", "%e %M", *argv], cwd=ROOT, env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+        proc = subprocess.run(
+            ["/usr/bin/time", "-o", times.name, "-f", "%e %M", *argv],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+        )
         if proc.returncode:
             raise SystemExit(f"{' '.join(argv)}: {proc.stderr.decode()[-800:]}")
         seconds, kb = times.read().split()[-2:]
@@ -143,8 +158,12 @@ def main(argv=None):
         if args.trace:
             import pyarrow.parquet as pq
 
-            rows = sum(pq.read_metadata(os.path.join(d, f)).num_rows for d, _, fs in os.walk(path) for f in fs
-                       if f.endswith(".parquet"))  # fmt: skip
+            rows = sum(
+                pq.read_metadata(os.path.join(d, f)).num_rows
+                for d, _, fs in os.walk(path)
+                for f in fs
+                if f.endswith(".parquet")
+            )
         else:
             rows = write_ranks(source_rank(where, args.ranks), path, args.ranks, args.rows)
         size = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs)

@@ -88,9 +88,12 @@ def measure(variants, repeats):
         med = statistics.median(wall)
         ratio = f"  {med / base[0]:5.1f}x baseline (cpu {statistics.median(cpu) / base[1]:4.1f}x)" if base else ""
         base = base or (med, statistics.median(cpu))
-        print(f"  {label:<20} {med:6.2f} s ({min(wall):.2f}-{max(wall):.2f})  cpu {statistics.median(cpu):5.2f} s "
-              f"({min(cpu):.2f}-{max(cpu):.2f})  peak RSS {statistics.median(rss):5.0f} MB ({min(rss):.0f}-{max(rss):.0f})"
-              f"{ratio}", flush=True)  # fmt: skip
+        print(
+            f"  {label:<20} {med:6.2f} s ({min(wall):.2f}-{max(wall):.2f})  cpu {statistics.median(cpu):5.2f} s "
+            f"({min(cpu):.2f}-{max(cpu):.2f})  peak RSS {statistics.median(rss):5.0f} MB ({min(rss):.0f}-{max(rss):.0f})"
+            f"{ratio}",
+            flush=True,
+        )
 
 
 def ranks_trace(source, ranks, where):
@@ -109,8 +112,9 @@ def main(argv=None):
     parser.add_argument("traces", nargs="+")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--ranks", default="", help="comma-separated rank counts for the synthetic distributed trace")
-    parser.add_argument("--code", help="also run the SQL tables (and with --reports the SQL report) from this checkout of "
-                        "other code")
+    parser.add_argument(
+        "--code", help="also run the SQL tables (and with --reports the SQL report) from this checkout of other code"
+    )
     parser.add_argument("--reports", action="store_true", help="also run `optrace report` with either engine")
     args = parser.parse_args(argv)
     py = sys.executable
@@ -119,16 +123,26 @@ def main(argv=None):
     def sql(path):
         out = [("SQL tables", [py, "-c", _SQL_TABLES, os.path.abspath(path)])]
         if args.code:
-            out.append(("SQL tables (--code)", [py, "-c", _SQL_TABLES, os.path.abspath(path)], os.path.abspath(args.code)))
+            out.append(
+                ("SQL tables (--code)", [py, "-c", _SQL_TABLES, os.path.abspath(path)], os.path.abspath(args.code))
+            )
         return out
 
     for trace in args.traces:
         parts = sum(len(fs) for _, _, fs in os.walk(trace))
-        rows = sum(pq.read_metadata(os.path.join(d, f)).num_rows for d, _, fs in os.walk(trace) for f in fs
-                   if f.endswith(".parquet"))  # fmt: skip
+        rows = sum(
+            pq.read_metadata(os.path.join(d, f)).num_rows
+            for d, _, fs in os.walk(trace)
+            for f in fs
+            if f.endswith(".parquet")
+        )
         print(f"{trace}: {rows:,} rows in {parts:,} files; {args.repeats} runs each, median (range)")
         report = [py, "-m", "reports.output.cli", "report", os.path.abspath(trace), "--engine"]
-        reports = [("report --engine sql", [*report, "sql"]), ("report (pandas)", [*report, "pandas"])] if args.reports else []
+        reports = (
+            [("report --engine sql", [*report, "sql"]), ("report (pandas)", [*report, "pandas"])]
+            if args.reports
+            else []
+        )
         if args.reports and args.code:  # the default report of the other checkout, interleaved with this one's
             reports.insert(1, ("report sql (--code)", [*report, "sql"], os.path.abspath(args.code)))
         measure([("baseline DuckDB", [py, "-c", DUCKDB_BASELINE, trace]), *sql(trace), *reports], args.repeats)

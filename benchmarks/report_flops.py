@@ -58,8 +58,9 @@ print(table.to_string(), *lines, rate, src.count_steps(), sep="\\n")
 def run(argv):
     """(wall seconds, CPU seconds, peak RSS in MB) of one subprocess."""
     start = time.perf_counter()
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=ROOT,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    proc = subprocess.Popen(
+        argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}
+    )
     err = proc.stderr.read()
     _, status, usage = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - start
@@ -77,8 +78,11 @@ def measure(variants, repeats):
         cells = []
         for i, unit in enumerate(("s wall", "s CPU", "MB peak RSS")):
             values = [r[i] for r in runs]
-            cells.append(f"{statistics.median(values):6.2f} {unit} ({min(values):.2f}-{max(values):.2f})" if i < 2 else
-                         f"{statistics.median(values):5.0f} {unit} ({min(values):.0f}-{max(values):.0f})")
+            cells.append(
+                f"{statistics.median(values):6.2f} {unit} ({min(values):.2f}-{max(values):.2f})"
+                if i < 2
+                else f"{statistics.median(values):5.0f} {unit} ({min(values):.0f}-{max(values):.0f})"
+            )
         print(f"  {label:<18} " + "  ".join(cells), flush=True)
 
 
@@ -90,9 +94,14 @@ def main(argv=None):
     py = sys.executable
     for trace in args.traces:
         print(f"{trace}: {args.repeats} runs each, median (range)")
-        measure([("Trace alone", [py, "-c", _OPEN, trace]),
-                 ("sections (sql)", [py, "-c", _SECTIONS, trace, "sql"]),
-                 ("sections (pandas)", [py, "-c", _SECTIONS, trace, "pandas"])], args.repeats)  # fmt: skip
+        measure(
+            [
+                ("Trace alone", [py, "-c", _OPEN, trace]),
+                ("sections (sql)", [py, "-c", _SECTIONS, trace, "sql"]),
+                ("sections (pandas)", [py, "-c", _SECTIONS, trace, "pandas"]),
+            ],
+            args.repeats,
+        )
 
 
 if __name__ == "__main__":

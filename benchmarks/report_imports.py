@@ -61,8 +61,10 @@ def main(argv=None):
     print(f"load average {os.getloadavg()[0]:.1f} after; {args.repeats} runs each, median (range)")
     for label, found in runs.items():
         wall, cpu, rss = zip(*found)
-        print(f"  {label:<16} {statistics.median(wall):5.2f} s ({min(wall):.2f}-{max(wall):.2f})  cpu "
-              f"{statistics.median(cpu):5.2f} s  peak RSS {statistics.median(rss):4.0f} MB ({min(rss):.0f}-{max(rss):.0f})")
+        print(
+            f"  {label:<16} {statistics.median(wall):5.2f} s ({min(wall):.2f}-{max(wall):.2f})  cpu "
+            f"{statistics.median(cpu):5.2f} s  peak RSS {statistics.median(rss):4.0f} MB ({min(rss):.0f}-{max(rss):.0f})"
+        )
 
 
 if __name__ == "__main__":

@@ -79,8 +79,10 @@ def measure(label, argv, repeats):
     wall, rss, cpu = ([r[i] for r in runs] for i in range(3))
     med = statistics.median
     ok = "ok" if med(wall) <= TARGET_S and max(rss) <= TARGET_MB else "over target"
-    print(f"{label:<34} {med(wall):6.2f} s ({min(wall):.2f}-{max(wall):.2f})  cpu {med(cpu):5.2f} s  "
-          f"peak RSS {med(rss):5.0f} MB ({min(rss):.0f}-{max(rss):.0f})  {ok}")
+    print(
+        f"{label:<34} {med(wall):6.2f} s ({min(wall):.2f}-{max(wall):.2f})  cpu {med(cpu):5.2f} s  "
+        f"peak RSS {med(rss):5.0f} MB ({min(rss):.0f}-{max(rss):.0f})  {ok}"
+    )
     return runs[0][3]
 
 
@@ -94,8 +96,10 @@ def main(argv=None):
     import pyarrow.parquet as pq
 
     rows = pq.ParquetDataset(args.trace).read(columns=["seq"]).num_rows
-    print(f"{rows:,} rows in {args.trace}; {args.repeats} runs each, median (range); target <= {TARGET_S} s, "
-          f"<= {TARGET_MB} MB")
+    print(
+        f"{rows:,} rows in {args.trace}; {args.repeats} runs each, median (range); target <= {TARGET_S} s, "
+        f"<= {TARGET_MB} MB"
+    )
     measure("baseline: DuckDB aggregate", [py, "-c", _DUCKDB, args.trace], args.repeats)  # duckdb: a dependency
     measure("baseline: pyarrow aggregate", [py, "-c", _PYARROW, args.trace], args.repeats)
     cli = [py, "-m", "reports.output.cli"]

@@ -122,10 +122,15 @@ def workloads():
         return critic, lambda: [step() for _ in range(2)]
 
     return {
-        "example_gpt": example_gpt, "hf_gpt2": hf_gpt2, "checkpoint_reentrant": checkpointed(True),
-        "checkpoint_nonreentrant": checkpointed(False), "retain_graph": retain_graph,
-        "accumulation": accumulation, "llama_meta": llama_meta, "gradient_penalty": gradient_penalty,
-    }  # fmt: skip
+        "example_gpt": example_gpt,
+        "hf_gpt2": hf_gpt2,
+        "checkpoint_reentrant": checkpointed(True),
+        "checkpoint_nonreentrant": checkpointed(False),
+        "retain_graph": retain_graph,
+        "accumulation": accumulation,
+        "llama_meta": llama_meta,
+        "gradient_penalty": gradient_penalty,
+    }
 
 
 def write(directory):

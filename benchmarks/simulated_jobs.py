@@ -47,14 +47,20 @@ def one(name, checkpoint, path):
     categories = reports.by_category(df)
     traffic = per_step_traffic(df)
     return {
-        "model": name, "world": world, "checkpoint": checkpoint, "rows": len(df), "wall_s": round(wall, 1),
-        "cpu_s": round(cpu, 1), "rss_mib": [round(rss0 / 1024), round(rss1 / 1024)],
-        "peak_gib": round(int(top["peak_live_bytes"]) / 2**30, 2), "peak_phase": str(top["phase"]),
+        "model": name,
+        "world": world,
+        "checkpoint": checkpoint,
+        "rows": len(df),
+        "wall_s": round(wall, 1),
+        "cpu_s": round(cpu, 1),
+        "rss_mib": [round(rss0 / 1024), round(rss1 / 1024)],
+        "peak_gib": round(int(top["peak_live_bytes"]) / 2**30, 2),
+        "peak_phase": str(top["phase"]),
         "peak_module": str(top["module"]),
         "categories_gib": {r.category: round(int(r.bytes) / 2**30, 2) for r in categories.itertuples()},
         "sent_gib_per_step": {r.collective: round(r.sent_bytes_per_step / 2**30, 2) for r in traffic.itertuples()},
         "calls_per_step": {r.collective: int(r.calls_per_step) for r in traffic.itertuples()},
-    }  # fmt: skip
+    }
 
 
 def main():
@@ -72,8 +78,12 @@ def main():
     for name in names:
         for flag in flags:
             path = f"/tmp/optrace_sim_{name}_{flag}"
-            done = subprocess.run([sys.executable, __file__, "--child", name, flag, path], capture_output=True,
-                                  text=True, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+            done = subprocess.run(
+                [sys.executable, __file__, "--child", name, flag, path],
+                capture_output=True,
+                text=True,
+                env={**os.environ, "PYTHONWARNINGS": "ignore"},
+            )
             print(done.stdout.strip() or done.stderr[-2000:], flush=True)
 
 

@@ -102,7 +102,9 @@ def main():
                     mock_cuda()
                 else:
                     timing._is_cuda, torch.cuda.Event, torch.cuda.current_stream, torch.cuda.synchronize = real
-                mode = {"untraced": "untraced", "off": "off", "wall (CPU: events or sync)": "events"}.get(m, m.split()[0])
+                mode = {"untraced": "untraced", "off": "off", "wall (CPU: events or sync)": "events"}.get(
+                    m, m.split()[0]
+                )
                 results[m].append(run(mode, args.ops, directory))
             mock_cuda()
             results.setdefault("stand-ins alone", []).append(mock_calls(args.ops))

@@ -37,8 +37,11 @@ def trace(path, dtype, batch=8):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", default="runs", help="directory of the two traces, gpt_fp32.parquet and "
-                        "gpt_bf16.parquet (default: %(default)s)")
+    parser.add_argument(
+        "--runs",
+        default="runs",
+        help="directory of the two traces, gpt_fp32.parquet and gpt_bf16.parquet (default: %(default)s)",
+    )
     args = parser.parse_args(argv)
     fp32, bf16 = (str(Path(args.runs) / f"gpt_{name}.parquet") for name in ("fp32", "bf16"))
     Path(args.runs).mkdir(parents=True, exist_ok=True)
@@ -47,7 +50,15 @@ def main(argv=None):
     df = reports.load([fp32, bf16])
     print("By phase (ratios: bf16 / fp32)")
     table = reports.compare(df, by="phase")
-    columns = ["phase", "run", "flops_per_step", "bytes_allocated_per_step", "peak_live_bytes", "bytes_allocated_ratio", "peak_live_bytes_ratio"]
+    columns = [
+        "phase",
+        "run",
+        "flops_per_step",
+        "bytes_allocated_per_step",
+        "peak_live_bytes",
+        "bytes_allocated_ratio",
+        "peak_live_bytes_ratio",
+    ]
     print(table[columns].to_string(index=False))
     print("\nBytes allocated by dtype")
     print(reports.memory_by_dtype(df).to_string(index=False))

@@ -24,16 +24,20 @@ from tracer import Tracer  # noqa: E402
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                     epilog="run it under torchrun (--nproc_per_node=2 for the README's tables)")
-    parser.add_argument("--out", default="runs/ddp", help="trace directory, one rank=R directory in it per rank "
-                        "(default: %(default)s)")
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], epilog="run it under torchrun (--nproc_per_node=2 for the README's tables)"
+    )
+    parser.add_argument(
+        "--out", default="runs/ddp", help="trace directory, one rank=R directory in it per rank (default: %(default)s)"
+    )
     parser.add_argument("--steps", type=int, default=2, help="training steps to trace (default: %(default)s)")
     parser.add_argument("--backend", default="gloo", help="process group backend (default: %(default)s; GPUs: nccl)")
     args = parser.parse_args(argv)
     if "RANK" not in os.environ:
-        parser.error("no process group to join (RANK is not set): run it under torchrun, e.g. "
-                     "torchrun --nproc_per_node=2 examples/distributed.py")
+        parser.error(
+            "no process group to join (RANK is not set): run it under torchrun, e.g. "
+            "torchrun --nproc_per_node=2 examples/distributed.py"
+        )
     dist.init_process_group(args.backend)
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.GELU(), torch.nn.Linear(1024, 256))
@@ -50,11 +54,17 @@ def main(argv=None):
     if dist.get_rank() == 0:
         df = reports.load(args.out)
         table = reports.breakdown(df)
-        print(table[table["phase"] == "forward"][["run", "flops", "expected_flops", "n_params", "tokens"]]
-              .to_string(index=False))
+        print(
+            table[table["phase"] == "forward"][["run", "flops", "expected_flops", "n_params", "tokens"]].to_string(
+                index=False
+            )
+        )
         comm = reports.collectives(df)
-        print(comm[["rank", "collective", "calls", "comm_bytes", "duration_s", "busbw_bytes_per_s"]]
-              .to_string(index=False))
+        print(
+            comm[["rank", "collective", "calls", "comm_bytes", "duration_s", "busbw_bytes_per_s"]].to_string(
+                index=False
+            )
+        )
     dist.destroy_process_group()
 
 

@@ -58,9 +58,7 @@ class GPTConfig:
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"GPTConfig.{field} must be a positive int, got {value!r}")
         if self.d_model % self.n_head:
-            raise ValueError(
-                f"GPTConfig.d_model ({self.d_model}) must be a multiple of n_head ({self.n_head})"
-            )
+            raise ValueError(f"GPTConfig.d_model ({self.d_model}) must be a multiple of n_head ({self.n_head})")
         if self.attention not in ATTENTION:
             raise ValueError(f"GPTConfig.attention must be one of {ATTENTION}, got {self.attention!r}")
 
@@ -203,16 +201,21 @@ def matmul_params(df, meta):
 def default_out(parser, args):
     """runs/gpt.parquet, with each option that changes the trace and is not at its default in the name
     (runs/gpt-sdpa-bf16-b2.parquet): two runs of different options do not write one directory."""
-    parts = [f"{value}" if name in ("attention", "dtype") else f"{name[0]}{value}"
-             for name in ("attention", "dtype", "batch", "steps")
-             if (value := getattr(args, name)) != parser.get_default(name)]
+    parts = [
+        f"{value}" if name in ("attention", "dtype") else f"{name[0]}{value}"
+        for name in ("attention", "dtype", "batch", "steps")
+        if (value := getattr(args, name)) != parser.get_default(name)
+    ]
     return f"runs/{'-'.join(['gpt', *parts])}.parquet"
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", help="trace directory (default: runs/gpt.parquet, with the options that differ "
-                        "from their defaults in the name: runs/gpt-sdpa-bf16.parquet)")
+    parser.add_argument(
+        "--out",
+        help="trace directory (default: runs/gpt.parquet, with the options that differ "
+        "from their defaults in the name: runs/gpt-sdpa-bf16.parquet)",
+    )
     parser.add_argument("--steps", type=int, default=3, help="training steps to trace (default: %(default)s)")
     parser.add_argument("--attention", choices=ATTENTION, default="matmul")
     parser.add_argument("--dtype", choices=tuple(DTYPES), default="fp32", help="bf16: CPU autocast")

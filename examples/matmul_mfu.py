@@ -45,7 +45,9 @@ def main(argv=None):
         for dtype in (torch.float32, torch.bfloat16):
             seconds, actual, promised, source = measure(device, dtype, args.size)
             mfu = f"{actual / promised:.3f}" if promised else "N/A"
-            print(f"\n{device} {str(dtype).removeprefix('torch.')}: {seconds * 1e3:.2f} ms, actual {actual / 1e9:.1f} GFLOP/s")
+            print(
+                f"\n{device} {str(dtype).removeprefix('torch.')}: {seconds * 1e3:.2f} ms, actual {actual / 1e9:.1f} GFLOP/s"
+            )
             print(f"  promised {promised / 1e9:.1f} GFLOP/s" if promised else "  promised: unknown", f"({source})")
             print(f"  MFU = actual / promised = {mfu}")
 

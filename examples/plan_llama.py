@@ -118,8 +118,9 @@ class Llama(nn.Module):
         self.norm = RMSNorm(cfg.dim)
         self.output = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
         head_dim = cfg.dim // cfg.n_heads
-        angles = torch.outer(torch.arange(cfg.seq_len).float(),
-                             500000.0 ** (-torch.arange(0, head_dim, 2).float() / head_dim))  # rope theta 500,000
+        angles = torch.outer(
+            torch.arange(cfg.seq_len).float(), 500000.0 ** (-torch.arange(0, head_dim, 2).float() / head_dim)
+        )  # rope theta 500,000
         self.register_buffer("cos", torch.cat((angles.cos(), angles.cos()), -1), persistent=False)
         self.register_buffer("sin", torch.cat((angles.sin(), angles.sin()), -1), persistent=False)
 
@@ -155,8 +156,11 @@ def main(argv=None):
     parser.add_argument("--gpu", default="H100 SXM")
     parser.add_argument("--gpus-per-node", type=int, default=8)
     parser.add_argument("--json", action="store_true")
-    parser.add_argument("--out", default=None,
-                        help="trace directory (default: runs/llama-<model>-w<world>-b<batch>[-s<seq>][-ck].parquet)")
+    parser.add_argument(
+        "--out",
+        default=None,
+        help="trace directory (default: runs/llama-<model>-w<world>-b<batch>[-s<seq>][-ck].parquet)",
+    )
     args = parser.parse_args(argv)
     cfg = MODELS[args.model]
     if args.seq:

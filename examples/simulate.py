@@ -63,8 +63,9 @@ def default_out(parser, args):
     """runs/simulate.parquet, with each option not at its default in the name (runs/simulate-w8-l2-ck.parquet):
     two runs of different shapes do not write one directory."""
     short = {"world": "w", "layers": "l", "d_model": "d", "heads": "h", "seq": "s", "batch": "b", "vocab": "v"}
-    parts = [f"{tag}{getattr(args, name)}" for name, tag in short.items()
-             if getattr(args, name) != parser.get_default(name)]
+    parts = [
+        f"{tag}{getattr(args, name)}" for name, tag in short.items() if getattr(args, name) != parser.get_default(name)
+    ]
     return f"runs/{'-'.join(['simulate', *parts, *(['ck'] if args.checkpoint else [])])}.parquet"
 
 
@@ -78,12 +79,22 @@ def main(argv=None):
     parser.add_argument("--batch", type=int, default=1, help="sequences per rank and step")
     parser.add_argument("--vocab", type=int, default=32000)
     parser.add_argument("--checkpoint", action="store_true", help="activation checkpointing of every block")
-    parser.add_argument("--out", help="trace directory (default: runs/simulate.parquet, with the options that differ "
-                        "from their defaults in the name: runs/simulate-w8-l2-ck.parquet)")
+    parser.add_argument(
+        "--out",
+        help="trace directory (default: runs/simulate.parquet, with the options that differ "
+        "from their defaults in the name: runs/simulate-w8-l2-ck.parquet)",
+    )
     args = parser.parse_args(argv)
     args.out = args.out or default_out(parser, args)
-    cfg = GPTConfig(vocab_size=args.vocab, seq_len=args.seq, n_layer=args.layers, n_head=args.heads,
-                    d_model=args.d_model, bias=False, attention="sdpa")
+    cfg = GPTConfig(
+        vocab_size=args.vocab,
+        seq_len=args.seq,
+        n_layer=args.layers,
+        n_head=args.heads,
+        d_model=args.d_model,
+        bias=False,
+        attention="sdpa",
+    )
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     simulate(args.out, args.world, cfg, args.batch, args.checkpoint)
     return optrace(["report", args.out])

@@ -10,9 +10,20 @@ __all__ = ["ASSEMBLY_OPS", "COPY_OPS", "ONE_TO_ONE_COPIES", "empty_frame", "ids"
 # and `contiguous` reach the tracer whole under inference_mode (a bf16 autocast cast of a weight is `aten.to.dtype`
 # there, `_to_copy` elsewhere); when they return their input, the row is a view, and is_view says so first.
 ONE_TO_ONE_COPIES = frozenset(
-    {"aten.clone", "aten.copy_", "aten.copy", "aten._to_copy", "aten._to_dtype", "aten._copy_from",
-     "aten._copy_from_and_resize", "aten.lift_fresh_copy", "aten.to", "aten.type_as", "aten.contiguous"}
-)  # fmt: skip
+    {
+        "aten.clone",
+        "aten.copy_",
+        "aten.copy",
+        "aten._to_copy",
+        "aten._to_dtype",
+        "aten._copy_from",
+        "aten._copy_from_and_resize",
+        "aten.lift_fresh_copy",
+        "aten.to",
+        "aten.type_as",
+        "aten.contiguous",
+    }
+)
 # Copies that assemble a new tensor from several pieces or repetitions.
 ASSEMBLY_OPS = frozenset({"aten.cat", "aten.stack", "aten.repeat"})
 COPY_OPS = ONE_TO_ONE_COPIES | ASSEMBLY_OPS
@@ -62,5 +73,3 @@ def empty_frame(dtypes):
     import pandas as pd
 
     return pd.DataFrame({name: pd.Series(dtype=dtype) for name, dtype in dtypes.items()})
-
-

@@ -32,7 +32,6 @@ import os
 
 import numpy as np
 import pandas as pd
-
 import pyarrow as pa
 
 from reports.errors import ReportError
@@ -63,12 +62,15 @@ def check_baseline(baseline, runs):
 
 def _columns(by):
     return {
-        by: "object", "run": "object", "steps": "int64",
+        by: "object",
+        "run": "object",
+        "steps": "int64",
         **{f"{m}_per_step": "float64" for m in _SUMS},
-        "peak_live_bytes": "Int64", "mfu_pct": "float64",
+        "peak_live_bytes": "Int64",
+        "mfu_pct": "float64",
         **{f"{m}_ratio": "float64" for m in _RATIOS},
         "change_pct": "float64",
-    }  # fmt: skip
+    }
 
 
 def columns(by="phase"):
@@ -76,9 +78,22 @@ def columns(by="phase"):
     from reports.flops.mfu import COLUMNS as MFU_COLUMNS
 
     # flops_bound: a count clamped to 2**63 - 1 is checked with its flag (a bound, not damage)
-    return list(dict.fromkeys(("seq", "step", "phase", "flops", "flops_bound", "bytes_allocated", "live_bytes",
-                               "duration_ns", by,
-                               *(c for c in MFU_COLUMNS if c != "run"))))
+    return list(
+        dict.fromkeys(
+            (
+                "seq",
+                "step",
+                "phase",
+                "flops",
+                "flops_bound",
+                "bytes_allocated",
+                "live_bytes",
+                "duration_ns",
+                by,
+                *(c for c in MFU_COLUMNS if c != "run"),
+            )
+        )
+    )
 
 
 def mfu_pct(trace):
@@ -86,7 +101,9 @@ def mfu_pct(trace):
     reports.mfu no step time, so a run's MFU is NaN unless its metadata holds an untraced one, and side_by_side writes
     NaN for a run left out: the small frame MFU's model FLOPs and dtype are read from (reports/sql/flops.py, mfu_only:
     its matmul and attention rows, the others summed) is cut only when some run has a step time."""
-    if not any((meta.get("step_time") or {}).get("median_s") for meta in trace.runs.values()):  # as reports.mfu reads it
+    if not any(
+        (meta.get("step_time") or {}).get("median_s") for meta in trace.runs.values()
+    ):  # as reports.mfu reads it
         return {}
     from reports.sql.flops import frame
 
@@ -126,14 +143,22 @@ def compare(df_or_paths, by="phase", baseline=None):
         runs_of(rows)  # a frame from reports.load, or a one-line error
     elif not isinstance(rows, pa.Table) and not hasattr(rows, "per_step"):
         raise ReportError(f"compare: expected a DataFrame from reports.load or trace paths, got {type(rows).__name__}")
-    with trace_of(rows, "compare", ("seq", "step", "phase", "flops", "bytes_allocated", "live_bytes", "duration_ns",
-                                    by), columns(by)) as trace:  # fmt: skip
+    with trace_of(
+        rows,
+        "compare",
+        ("seq", "step", "phase", "flops", "bytes_allocated", "live_bytes", "duration_ns", by),
+        columns(by),
+    ) as trace:
         return _compare(trace, by, baseline)
 
 
 _FIGURES = ("ops", "flops", "bytes_allocated", "duration_ns")
-_NAMES = {"ops": "ops_per_step", "flops": "flops_per_step", "bytes_allocated": "bytes_allocated_per_step",
-          "duration_ns": "traced_us_per_step"}  # fmt: skip
+_NAMES = {
+    "ops": "ops_per_step",
+    "flops": "flops_per_step",
+    "bytes_allocated": "bytes_allocated_per_step",
+    "duration_ns": "traced_us_per_step",
+}
 
 
 def _compare(trace, by, baseline):
@@ -209,6 +234,8 @@ def side_by_side(tables, runs, baseline, mfu, by):
     out["_score"] = -score
     out["_key"] = out[by].map({k: i for i, k in enumerate(keys)})
     out["_run"] = out["run"].map({r: i for i, r in enumerate(runs)})
-    out = out.sort_values(["_total", "_score", "_key", "_run"], kind="stable").drop(columns=["_total", "_score", "_key", "_run"])
+    out = out.sort_values(["_total", "_score", "_key", "_run"], kind="stable").drop(
+        columns=["_total", "_score", "_key", "_run"]
+    )
     columns = _columns(by)
     return out[list(columns)].astype(columns).reset_index(drop=True)

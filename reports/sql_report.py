@@ -21,6 +21,7 @@ from reports.time.roofline import BOUNDS, ROOFLINE_COLUMNS, SPLIT_COLUMNS, add_r
 
 __all__ = ["per_step_traffic", "roofline_with_split"]
 
+
 def roofline_with_split(trace, peak_flops=None, bandwidth=None):
     """(the roofline by op and dtype, the split by bound per step) of every run."""
     totals = fetch(trace, "roofline_op", "first_seq", ("ops", "flops", "bytes", "time_ns"))
@@ -37,9 +38,11 @@ def roofline_with_split(trace, peak_flops=None, bandwidth=None):
             splits.append(pd.DataFrame({"bound": list(BOUNDS)}))
             continue
         peaks, bw = run_roofs(meta, sorted(set(t["dtype"])), peak_flops, bandwidth)  # every dtype of the run's rows
-        groups = trace.sql(f"SELECT phase, dtype, flops, bytes, CAST(sum(ops) AS BIGINT) AS ops, "
-                           f"CAST(sum(time_ns) AS DOUBLE) AS time_ns FROM _ops WHERE run_index = {i} "
-                           "GROUP BY phase, dtype, flops, bytes")  # fmt: skip  (the split's groups: roofline.py)
+        groups = trace.sql(
+            f"SELECT phase, dtype, flops, bytes, CAST(sum(ops) AS BIGINT) AS ops, "
+            f"CAST(sum(time_ns) AS DOUBLE) AS time_ns FROM _ops WHERE run_index = {i} "
+            "GROUP BY phase, dtype, flops, bytes"
+        )  # (the split's groups: roofline.py)
         split = split_of_groups(groups, steps[i], peaks, bw)
         if trace.several:
             split.insert(0, "run", run)
@@ -60,8 +63,13 @@ def _combined(trace, frames, columns, dtypes):
     if not frames:
         return empty_frame({c: types[c] for c in cols})
     out = pd.concat(frames, ignore_index=True).reindex(columns=cols)
-    return out.astype({c: types[c] for c in cols if not (types[c] == "int64" and out[c].dtype.kind == "f"
-                       and (out[c].abs() >= 2.0**63).any())}).reset_index(drop=True)  # fmt: skip
+    return out.astype(
+        {
+            c: types[c]
+            for c in cols
+            if not (types[c] == "int64" and out[c].dtype.kind == "f" and (out[c].abs() >= 2.0**63).any())
+        }
+    ).reset_index(drop=True)
 
 
 def per_step_traffic(trace):
@@ -85,14 +93,32 @@ def per_step_traffic(trace):
             acc[1] += float(r.message_bytes)
             acc[2] += float(r.message_bytes) * sent
             acc[3] += float(r.message_bytes) * received
-        order = sorted(steps[i], key=lambda p: ("forward", "backward", "optimizer", "other").index(p)
-                       if p in ("forward", "backward", "optimizer", "other") else 4)  # fmt: skip
+        order = sorted(
+            steps[i],
+            key=lambda p: (
+                ("forward", "backward", "optimizer", "other").index(p)
+                if p in ("forward", "backward", "optimizer", "other")
+                else 4
+            ),
+        )
         for (kind, group, n), f in sorted(figures.items(), key=lambda kv: kv[1]["first"]):
             per = [0.0, 0.0, 0.0, 0.0]
             for p in order:
                 per = [a + b / steps[i][p] for a, b in zip(per, f[p])]
-            out.append({"run": run, "rank": int(trace.ranks[i] or 0), "collective": kind, "process_group": group,
-                        "group_size": n, "calls_per_step": per[0], "message_bytes_per_step": per[1],
-                        "sent_bytes_per_step": per[2], "received_bytes_per_step": per[3]})  # fmt: skip
+            out.append(
+                {
+                    "run": run,
+                    "rank": int(trace.ranks[i] or 0),
+                    "collective": kind,
+                    "process_group": group,
+                    "group_size": n,
+                    "calls_per_step": per[0],
+                    "message_bytes_per_step": per[1],
+                    "sent_bytes_per_step": per[2],
+                    "received_bytes_per_step": per[3],
+                }
+            )
     table = pd.DataFrame(out, columns=list(TRAFFIC_COLUMNS)).astype(TRAFFIC_COLUMNS)
-    return table.sort_values(["run", "sent_bytes_per_step"], ascending=[True, False], kind="stable").reset_index(drop=True)
+    return table.sort_values(["run", "sent_bytes_per_step"], ascending=[True, False], kind="stable").reset_index(
+        drop=True
+    )

@@ -30,8 +30,18 @@ import numpy as np
 from reports._util import unique
 from tracer.schema import PHASES
 
-__all__ = ["count_steps", "count_steps_of", "fits_int64", "per_step", "per_step_of", "phase_steps", "row_divisor",
-           "step_phases", "steps_of", "summable"]  # fmt: skip
+__all__ = [
+    "count_steps",
+    "count_steps_of",
+    "fits_int64",
+    "per_step",
+    "per_step_of",
+    "phase_steps",
+    "row_divisor",
+    "step_phases",
+    "steps_of",
+    "summable",
+]
 
 INT64_MAX = 2**63 - 1
 
@@ -50,6 +60,7 @@ def summable(values):
     if fits_int64(values):
         return values
     return values.astype(np.float64)
+
 
 _FORWARD_BACKWARD = ("forward", "backward")
 _OTHER = "other"
@@ -113,8 +124,11 @@ def row_divisor(rows):
     codes, _, counts = _steps_per_phase(rows)
     import pandas as pd
 
-    return pd.Series(np.where(codes >= 0, counts[np.maximum(codes, 0)], 1) if len(codes) else np.zeros(0, np.int64),
-                     index=rows.index, dtype=np.int64)
+    return pd.Series(
+        np.where(codes >= 0, counts[np.maximum(codes, 0)], 1) if len(codes) else np.zeros(0, np.int64),
+        index=rows.index,
+        dtype=np.int64,
+    )
 
 
 def count_steps(rows):
@@ -193,7 +207,9 @@ def per_step_of(values, phases, mask=None, by=None):
     keep &= key_codes >= 0
     used = unique(key_codes[keep])
     first = {k: i for i, k in enumerate(_first_seen(key_codes[keep]))}  # keys in order of first appearance
-    totals = _totals(key_codes[keep] * max(n, 1) + codes[keep], len(keys) * max(n, 1), v[keep]).reshape(len(keys), max(n, 1))
+    totals = _totals(key_codes[keep] * max(n, 1) + codes[keep], len(keys) * max(n, 1), v[keep]).reshape(
+        len(keys), max(n, 1)
+    )
     figures = np.zeros(len(keys))
     for c in _phase_order(names):
         figures = figures + totals[:, c] / steps[c]

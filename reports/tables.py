@@ -70,8 +70,11 @@ def combine(frames, columns, dtypes, several):
         out = pd.concat(parts, ignore_index=True)
     else:
         out = empty_frame({c: types.get(c, object) for c in cols})
-    wide = [c for c, t in types.items() if t == "int64" and c in out.columns and out[c].dtype.kind == "f"
-            and bool((out[c].abs() >= 2.0**63).any())]  # sums past int64 stay float64 (2**63 - 1: 2.0**63)
+    wide = [
+        c
+        for c, t in types.items()
+        if t == "int64" and c in out.columns and out[c].dtype.kind == "f" and bool((out[c].abs() >= 2.0**63).any())
+    ]  # sums past int64 stay float64 (2**63 - 1: 2.0**63)
     types.update(dict.fromkeys(wide, "float64"))
     return out.astype({c: t for c, t in types.items() if c in out.columns}).reset_index(drop=True)[cols]
 
@@ -99,8 +102,9 @@ def by_dtype(df):
     An op's dtype is the dtype of its first tensor input (of its first output for
     ops without tensor inputs, "" for ops with neither): a matmul under bf16
     autocast is "bfloat16", the cast that feeds it "float32"."""
-    with trace_of(df, "by_dtype", [*_BASE, "input_dtypes", "output_dtypes", "flop_kind"],
-                  ["bytes_read", "bytes_written"]) as trace:  # fmt: skip
+    with trace_of(
+        df, "by_dtype", [*_BASE, "input_dtypes", "output_dtypes", "flop_kind"], ["bytes_read", "bytes_written"]
+    ) as trace:
         return tables.by_dtype(trace)
 
 
@@ -185,11 +189,13 @@ def _rolled_up(own, own_cols, parent, depth):
         order.append(i)
         stack.extend(reversed(children.get(i, [])))
     order = np.array(order, dtype=np.int64)
-    frame = pd.DataFrame({
-        "module": [names[i] for i in order],
-        "depth": [depth[names[i]] for i in order],
-        "parent": [parent[names[i]] for i in order],
-    })  # fmt: skip
+    frame = pd.DataFrame(
+        {
+            "module": [names[i] for i in order],
+            "depth": [depth[names[i]] for i in order],
+            "parent": [parent[names[i]] for i in order],
+        }
+    )
     for k, c in enumerate(own_cols):
         frame[c] = values[k][order]
         frame[f"subtree_{c}"] = sub[k][order]
@@ -239,15 +245,43 @@ def _modules(trace):
     if not frames:
         return empty_frame({c: dtypes[c] for c in cols})
     out = pd.concat(frames, ignore_index=True)
-    return out.astype({c: t for c, t in dtypes.items() if c in out and not (t == "int64" and out[c].dtype.kind == "f"
-                       and (out[c].abs() >= 2.0**63).any())})[cols]  # fmt: skip
+    return out.astype(
+        {
+            c: t
+            for c, t in dtypes.items()
+            if c in out and not (t == "int64" and out[c].dtype.kind == "f" and (out[c].abs() >= 2.0**63).any())
+        }
+    )[cols]
 
 
-MODULE_COLUMNS = ["module", "depth", "parent", "ops", "subtree_ops", "flops", "subtree_flops", "subtree_flops_pct",
-                   "bytes_allocated", "subtree_bytes_allocated", "duration_us", "subtree_duration_us"]  # fmt: skip
-MODULE_DTYPES = {"module": object, "depth": "int64", "parent": object, "ops": "int64", "subtree_ops": "int64",
-                  "flops": "int64", "subtree_flops": "int64", "subtree_flops_pct": "float64", "bytes_allocated": "int64",
-                  "subtree_bytes_allocated": "int64", "duration_us": "float64", "subtree_duration_us": "float64"}  # fmt: skip
+MODULE_COLUMNS = [
+    "module",
+    "depth",
+    "parent",
+    "ops",
+    "subtree_ops",
+    "flops",
+    "subtree_flops",
+    "subtree_flops_pct",
+    "bytes_allocated",
+    "subtree_bytes_allocated",
+    "duration_us",
+    "subtree_duration_us",
+]
+MODULE_DTYPES = {
+    "module": object,
+    "depth": "int64",
+    "parent": object,
+    "ops": "int64",
+    "subtree_ops": "int64",
+    "flops": "int64",
+    "subtree_flops": "int64",
+    "subtree_flops_pct": "float64",
+    "bytes_allocated": "int64",
+    "subtree_bytes_allocated": "int64",
+    "duration_us": "float64",
+    "subtree_duration_us": "float64",
+}
 
 
 def module_rows(own, root, total):
@@ -259,8 +293,13 @@ def module_rows(own, root, total):
     t = _rolled_up(own, own_cols, parent, depth)
     if "" in own.index:
         o = own.loc[""]
-        outside = {"module": "", "depth": 0, "parent": None, **{c: o[c] for c in own_cols},
-                   **{f"subtree_{c}": o[c] for c in own_cols}}
+        outside = {
+            "module": "",
+            "depth": 0,
+            "parent": None,
+            **{c: o[c] for c in own_cols},
+            **{f"subtree_{c}": o[c] for c in own_cols},
+        }
         t = pd.concat([t, pd.DataFrame([outside])], ignore_index=True) if len(t) else pd.DataFrame([outside])
     t = t.reindex(columns=[c for c in MODULE_COLUMNS if c != "subtree_flops_pct"])
     t["subtree_flops_pct"] = pct(t["subtree_flops"].astype("float64"), total)

@@ -3,7 +3,18 @@
 Imports are lazy so that `reports` can read the trace schema without loading torch.
 """
 
-__all__ = ["Meter", "MeterCallback", "Tracer", "TraceError", "matmul_ceiling", "memory_bandwidth", "read_metadata", "register_flop_formula", "time_matmul", "time_step"]
+__all__ = [
+    "Meter",
+    "MeterCallback",
+    "Tracer",
+    "TraceError",
+    "matmul_ceiling",
+    "memory_bandwidth",
+    "read_metadata",
+    "register_flop_formula",
+    "time_matmul",
+    "time_step",
+]
 
 _HOME = {
     "Tracer": "tracer.recording.mode",

@@ -28,7 +28,11 @@ def sync_all_cuda():
 
 
 def _cpu_info():
-    info = {"name": platform.processor() or platform.machine(), "cores": os.cpu_count(), "threads": torch.get_num_threads()}
+    info = {
+        "name": platform.processor() or platform.machine(),
+        "cores": os.cpu_count(),
+        "threads": torch.get_num_threads(),
+    }
     try:
         with open("/proc/cpuinfo") as f:
             text = f.read()

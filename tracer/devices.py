@@ -90,9 +90,11 @@ _NV_H200 = "NVIDIA H200 Tensor Core GPU datasheet (dense: half the sparse figure
 _NV_B200 = "NVIDIA HGX B200 datasheet, per GPU (dense: half the sparse figures)"
 _NV_GA102 = "NVIDIA Ampere GA102 GPU Architecture whitepaper, RTX 3090 (dense, FP32 accumulate)"
 _NV_AD102 = "NVIDIA Ada GPU Architecture whitepaper, RTX 4090 (dense, FP32 accumulate)"
-_AMD_MI250X = ("AMD Instinct MI250X datasheet (dense), per GCD: ROCm shows each of the module's two GCDs as a "
-               "device, so the module's 95.7 / 383 TFLOPS are halved (https://www.amd.com/en/products/accelerators/"
-               "instinct/mi200/mi250x.html; torchtitan get_peak_flops: 191.5e12 per GCD)")
+_AMD_MI250X = (
+    "AMD Instinct MI250X datasheet (dense), per GCD: ROCm shows each of the module's two GCDs as a "
+    "device, so the module's 95.7 / 383 TFLOPS are halved (https://www.amd.com/en/products/accelerators/"
+    "instinct/mi200/mi250x.html; torchtitan get_peak_flops: 191.5e12 per GCD)"
+)
 _AMD_MI300X = "AMD Instinct MI300X datasheet (dense; one device in SPX mode)"
 # NB (unsure): the A10G is an AWS-only part with no NVIDIA datasheet. Its figures are
 # derived from its configuration (80 SMs at 1.71 GHz, GA102 with half-rate FP32-accumulate
@@ -135,8 +137,10 @@ _MI300X = _rates(163.4, 653.7, 1307.4, 1307.4, 2614.9)  # FP32 matrix (vector: 8
 
 # Memory, bandwidth and links --------------------------------------------------------------
 _PCIE4 = "32 GB/s each way (PCIe Gen4 x16: 64 GB/s both ways)"
-_PCIE4_SPEC = ("PCI Express Base Specification 4.0: x16 at 16 GT/s, " + _PCIE4 + " as NVIDIA's datasheets round it; "
-               "the GeForce boards have no NVLink switch")
+_PCIE4_SPEC = (
+    "PCI Express Base Specification 4.0: x16 at 16 GT/s, " + _PCIE4 + " as NVIDIA's datasheets round it; "
+    "the GeForce boards have no NVLink switch"
+)
 _NO_SYSTEM = "not published: no reference system gives this board a network port per GPU"
 _T4_SHEET = "NVIDIA T4 datasheet: 16 GB GDDR6, x16 PCIe Gen3 32 GB/s (both ways)"
 _V100_SHEET = "NVIDIA Tesla V100 datasheet: 16 or 32 GB HBM2; NVLink 300 GB/s (SXM2), PCIe 32 GB/s (PCIe), both ways"
@@ -150,8 +154,9 @@ _A100_PCIE = "NVIDIA A100 Tensor Core GPU datasheet (PCIe: 40GB or 80GB HBM2e, P
 _NV_A100_BW = "NVIDIA A100 Tensor Core GPU datasheet (40GB: 1,555 GB/s; 80GB SXM: 2,039 GB/s; 80GB PCIe: 1,935 GB/s)"
 _DGX_A100 = "NVIDIA DGX A100 datasheet: 8x single-port ConnectX-6 200Gb/s HDR InfiniBand, one per GPU"
 _H100 = "NVIDIA H100 Tensor Core GPU datasheet (SXM: 80GB HBM3, NVLink 900GB/s; PCIe: 80GB, PCIe Gen5 128GB/s)"
-_H100_NVL_SHEET = ("NVIDIA H100 Tensor Core GPU datasheet (NVL: 94GB HBM3, NVLink bridge 600GB/s to its pair, "
-                   "PCIe Gen5 128GB/s)")
+_H100_NVL_SHEET = (
+    "NVIDIA H100 Tensor Core GPU datasheet (NVL: 94GB HBM3, NVLink bridge 600GB/s to its pair, PCIe Gen5 128GB/s)"
+)
 _NV_H100_BW = "NVIDIA H100 Tensor Core GPU datasheet (SXM 3.35 TB/s, PCIe 2 TB/s, NVL 3.9 TB/s)"
 _DGX_H100 = "NVIDIA DGX H100 datasheet: 8x single-port ConnectX-7 VPI, 400Gb/s InfiniBand/Ethernet, one per GPU"
 _H200 = "NVIDIA H200 Tensor Core GPU datasheet (SXM: 141GB HBM3e, NVLink 900GB/s)"
@@ -159,30 +164,101 @@ _DGX_H200 = "NVIDIA DGX H200 datasheet: 8x ConnectX-7 400Gb/s per GPU, as DGX H1
 _B200 = "NVIDIA HGX B200 datasheet: 1,440GB of HBM3e for 8 GPUs (180GB each), NVLink 5 1.8TB/s per GPU"
 _DGX_B200 = "NVIDIA DGX B200 datasheet: 8x single-port ConnectX-7 400Gb/s, one per GPU"
 _AMD_MI250X_BW = "AMD Instinct MI250X datasheet: 3.2 TB/s (3,276.8 GB/s) per module of two GCDs; halved per GCD"
-_MI250X_LINKS = ("not one figure: the GCDs of an MI250X node link to each other over 1 to 4 Infinity Fabric links, "
-                 "by pair (AMD CDNA 2 whitepaper)")
-_MI300X_SHEET = ("AMD Instinct MI300X datasheet: 192 GB HBM3; 7 Infinity Fabric links to the platform's other GPUs, "
-                 "128 GB/s each (both ways)")
+_MI250X_LINKS = (
+    "not one figure: the GCDs of an MI250X node link to each other over 1 to 4 Infinity Fabric links, "
+    "by pair (AMD CDNA 2 whitepaper)"
+)
+_MI300X_SHEET = (
+    "AMD Instinct MI300X datasheet: 192 GB HBM3; 7 Infinity Fabric links to the platform's other GPUs, "
+    "128 GB/s each (both ways)"
+)
 
 
-def _device(name, family, peaks, peaks_source, memory, memory_source, bandwidth, bandwidth_source, link,
-            intra, intra_source, nic=None, nic_source=_NO_SYSTEM, units=None):
-    return Device(name, family, peaks, peaks_source, units, memory, memory_source, bandwidth, bandwidth_source, link,
-                  intra, intra_source, nic, nic_source)
+def _device(
+    name,
+    family,
+    peaks,
+    peaks_source,
+    memory,
+    memory_source,
+    bandwidth,
+    bandwidth_source,
+    link,
+    intra,
+    intra_source,
+    nic=None,
+    nic_source=_NO_SYSTEM,
+    units=None,
+):
+    return Device(
+        name,
+        family,
+        peaks,
+        peaks_source,
+        units,
+        memory,
+        memory_source,
+        bandwidth,
+        bandwidth_source,
+        link,
+        intra,
+        intra_source,
+        nic,
+        nic_source,
+    )
 
 
 def _v100(name, family, peaks, memory, intra, intra_source, nic=None, nic_source=_NO_SYSTEM):
     link = "NVLink" if "SXM2" in name else "PCIe"
-    return _device(name, family, peaks, _NV_V100, memory * GiB, _V100_SHEET, 900 * G, _V100_BW, link,
-                   intra, intra_source, nic, nic_source)
+    return _device(
+        name,
+        family,
+        peaks,
+        _NV_V100,
+        memory * GiB,
+        _V100_SHEET,
+        900 * G,
+        _V100_BW,
+        link,
+        intra,
+        intra_source,
+        nic,
+        nic_source,
+    )
 
 
 def _a100(name, memory, bandwidth):
     if "PCIe" in name:
-        return _device(name, "A100", _A100_RATES, _NV_A100, memory * GiB, _A100_PCIE, bandwidth * G, _NV_A100_BW,
-                       "PCIe", 32 * G, _A100_PCIE + ": " + _PCIE4, units=108)
-    return _device(name, "A100", _A100_RATES, _NV_A100, memory * GiB, _A100, bandwidth * G, _NV_A100_BW, "NVLink",
-                   300 * G, _A100 + ": 300 GB/s each way", 25 * G, _DGX_A100, units=108)
+        return _device(
+            name,
+            "A100",
+            _A100_RATES,
+            _NV_A100,
+            memory * GiB,
+            _A100_PCIE,
+            bandwidth * G,
+            _NV_A100_BW,
+            "PCIe",
+            32 * G,
+            _A100_PCIE + ": " + _PCIE4,
+            units=108,
+        )
+    return _device(
+        name,
+        "A100",
+        _A100_RATES,
+        _NV_A100,
+        memory * GiB,
+        _A100,
+        bandwidth * G,
+        _NV_A100_BW,
+        "NVLink",
+        300 * G,
+        _A100 + ": 300 GB/s each way",
+        25 * G,
+        _DGX_A100,
+        units=108,
+    )
 
 
 DEVICES = (

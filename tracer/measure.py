@@ -27,7 +27,9 @@ def time_step(fn, *, warmup=2, repeats=5, device=None):
         if not isinstance(value, int) or isinstance(value, bool) or value < least:
             raise TraceError(f"time_step: {name} must be an int >= {least}, got {value!r}")
     if torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE) is not None or _tracing_active():
-        raise TraceError("time_step: call it outside the Tracer (and outside FakeTensorMode): traced time is not step time")
+        raise TraceError(
+            "time_step: call it outside the Tracer (and outside FakeTensorMode): traced time is not step time"
+        )
     device = _usable_device("time_step", device) if device is not None else None
     for _ in range(warmup):
         fn()
@@ -61,15 +63,20 @@ def _usable_device(what, device):
     try:
         device = torch.device(device)
     except (RuntimeError, TypeError):
-        raise TraceError(f"{what}: device must be a torch.device or a device string such as 'cpu' or 'cuda:0', "
-                         f"got {device!r}") from None
+        raise TraceError(
+            f"{what}: device must be a torch.device or a device string such as 'cpu' or 'cuda:0', got {device!r}"
+        ) from None
     if device.type == "cuda":
         if not torch.cuda.is_available():
-            raise TraceError(f"{what}: device {str(device)!r} asked for, but CUDA is not available in this process "
-                             "(torch.cuda.is_available() is False); pass device='cpu' or leave it out")
+            raise TraceError(
+                f"{what}: device {str(device)!r} asked for, but CUDA is not available in this process "
+                "(torch.cuda.is_available() is False); pass device='cpu' or leave it out"
+            )
         if device.index is not None and device.index >= torch.cuda.device_count():
-            raise TraceError(f"{what}: device {str(device)!r} asked for, but this process sees "
-                             f"{torch.cuda.device_count()} CUDA device(s)")
+            raise TraceError(
+                f"{what}: device {str(device)!r} asked for, but this process sees "
+                f"{torch.cuda.device_count()} CUDA device(s)"
+            )
     return device
 
 

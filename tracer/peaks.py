@@ -34,7 +34,7 @@ units (metadata device.multi_processor_count) than the whole part has; for the p
 in FULL_UNITS the peak is scaled by that fraction (NB: it assumes the same clock).
 """
 
-from tracer.devices import DEVICES, T, family
+from tracer.devices import DEVICES, T, family  # noqa: F401 (T is re-exported: reports.flops.peaks)
 
 __all__ = ["FULL_UNITS", "PEAKS", "cpu_ideal_flops", "lookup", "match_device", "normalize_dtype"]
 
@@ -51,12 +51,21 @@ def match_device(name):
 
 
 _DTYPE_ALIASES = {
-    "fp32": "float32", "float": "float32", "float32": "float32",
-    "tf32": "tfloat32", "tfloat32": "tfloat32",
-    "bf16": "bfloat16", "bfloat16": "bfloat16",
-    "fp16": "float16", "half": "float16", "float16": "float16",
-    "fp64": "float64", "double": "float64", "float64": "float64",
-    "fp8": "float8", "float8": "float8",
+    "fp32": "float32",
+    "float": "float32",
+    "float32": "float32",
+    "tf32": "tfloat32",
+    "tfloat32": "tfloat32",
+    "bf16": "bfloat16",
+    "bfloat16": "bfloat16",
+    "fp16": "float16",
+    "half": "float16",
+    "float16": "float16",
+    "fp64": "float64",
+    "double": "float64",
+    "float64": "float64",
+    "fp8": "float8",
+    "float8": "float8",
 }
 
 
@@ -148,6 +157,5 @@ def cpu_ideal_flops(device_meta, dtype):
     else:
         return None, f"no CPU ideal for dtype {dtype}"
     clock = "max" if device_meta.get("max_mhz") else "reported"
-    source = (f"CPU ideal: {cores} cores x {mhz / 1000:.2f} GHz ({clock} clock) x {per_cycle} FLOPs/cycle "
-              f"({how})")
+    source = f"CPU ideal: {cores} cores x {mhz / 1000:.2f} GHz ({clock} clock) x {per_cycle} FLOPs/cycle ({how})"
     return cores * mhz * 1e6 * per_cycle, source

@@ -11,7 +11,11 @@ import threading
 import warnings
 import weakref
 
-_HINTS = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota is exceeded", errno.EROFS: "the file system is read-only"}
+_HINTS = {
+    errno.ENOSPC: "the disk is full",
+    errno.EDQUOT: "the disk quota is exceeded",
+    errno.EROFS: "the file system is read-only",
+}
 
 
 def warn(message):
@@ -76,8 +80,12 @@ def interrupts_deferred():
 # puts ahead ("error", pytest's per-test ones), `resetwarnings()` or a `catch_warnings` block around the hooks'
 # removal undo or keep it. So while optrace's hooks are on, that question leaves them out.
 _OURS = set()  # handle ids of the global module hooks optrace has on
-_HOOK_DICTS = ("_global_backward_pre_hooks", "_global_backward_hooks", "_global_forward_pre_hooks",
-               "_global_forward_hooks")  # the kwargs and always-call flags are keyed by the same ids
+_HOOK_DICTS = (
+    "_global_backward_pre_hooks",
+    "_global_backward_hooks",
+    "_global_forward_pre_hooks",
+    "_global_forward_hooks",
+)  # the kwargs and always-call flags are keyed by the same ids
 _asked = []  # [PyTorch's function] while ours stands in for it
 
 
@@ -116,7 +124,7 @@ class GlobalModuleHook:
 
 
 def describe_exception(exc):
-    """"TypeName: message" of an exception, for a warning or the metadata; never raises: an exception whose
+    """ "TypeName: message" of an exception, for a warning or the metadata; never raises: an exception whose
     `__str__` (or its class's name) fails is described by what can be read, "TypeName (message not printable:
     ...)"."""
     try:

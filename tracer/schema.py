@@ -88,8 +88,12 @@ def superseded(names, within=None):
         else:
             continue
         i = bisect.bisect_right(starts, low) - 1  # the widest span starting at or before `low`
-        if i >= 0 and high <= wide[i][1] and wide[i] != (low, high) and (
-                within is None or within[0] <= low and high <= within[1]):
+        if (
+            i >= 0
+            and high <= wide[i][1]
+            and wide[i] != (low, high)
+            and (within is None or within[0] <= low and high <= within[1])
+        ):
             gone.add(name)
     return gone
 
@@ -120,6 +124,7 @@ class GradMode(enum.IntEnum):
 
 GRAD_MODES = tuple(g.name.lower() for g in GradMode)
 
+
 class FlopBasis(enum.IntEnum):
     """How the dispatch hook finds an op's FLOPs (tracer.recording.mode `_OpInfo.basis`)."""
 
@@ -139,7 +144,9 @@ EXTERNAL_MARK = "#"
 CAUSAL_NONE = -1  # causal: not an attention kernel
 NO_VALUE = -1  # busy_ns, comm_bytes, group_size: not measured / not a collective; groups: no group sizes
 INT64_MAX = 2**63 - 1  # a row's flops above this are stored as INT64_MAX with flops_bound true
-MIN_STEP_TIME_S = 1e-9  # a step shorter than a nanosecond is a unit mistake, not a measurement (set_step_time, --step-time)
+MIN_STEP_TIME_S = (
+    1e-9  # a step shorter than a nanosecond is a unit mistake, not a measurement (set_step_time, --step-time)
+)
 MAX_TOKENS = 2**53  # tokens per step: exact in float64, where the figures made from them are computed
 
 FLOP_KINDS = (
@@ -175,7 +182,11 @@ COLUMNS = (
     ("device", _str, "device of the first tensor argument, e.g. cpu, cuda:0, meta"),
     ("input_storage_ids", pa.list_(pa.int64()), "storage id of every tensor input"),
     ("output_storage_ids", pa.list_(pa.int64()), "storage id of every tensor output"),
-    ("freed_storage_ids", pa.list_(pa.int64()), "storages freed since the previous op (their last use came before this op)"),
+    (
+        "freed_storage_ids",
+        pa.list_(pa.int64()),
+        "storages freed since the previous op (their last use came before this op)",
+    ),
     ("is_view", pa.bool_(), "every output shares an input's storage and nothing is written: no new memory"),
     ("inplace", pa.bool_(), "the op writes into one of its inputs"),
     ("flops", pa.int64(), "analytic FLOPs, 2 per multiply-add"),
@@ -185,21 +196,57 @@ COLUMNS = (
     ("live_bytes", pa.int64(), "bytes of all live storages the tracer has seen, after the op"),
     ("bytes_read", pa.int64(), "bytes of the tensor inputs (numel x element size)"),
     ("bytes_written", pa.int64(), "bytes of the tensor outputs that are not views"),
-    ("duration_ns", pa.int64(), "time of the op: CUDA-event time (timing='events') or synchronised wall time ('sync') on CUDA, perf_counter_ns on a CPU, 0 with timing='off'"),
+    (
+        "duration_ns",
+        pa.int64(),
+        "time of the op: CUDA-event time (timing='events') or synchronised wall time ('sync') on CUDA, perf_counter_ns on a CPU, 0 with timing='off'",
+    ),
     # added in v2
-    ("recompute", pa.bool_(), "the op re-runs forward work for activation checkpointing (MFU leaves it out, HFU counts it)"),
-    ("output_storage_bytes", pa.list_(pa.int64()), "byte size of the whole storage behind every tensor output, after the op"),
-    ("start_ns", pa.int64(), "op start on the wall clock, ns since the Unix epoch (time.time_ns at trace start + a monotonic offset)"),
-    ("busy_ns", pa.int64(), "device time of the op with the device's idle gap before it removed; equals duration_ns on CPU; null with timing='off'"),
-    ("layout", _str, "'' when every tensor argument is strided, else the first other layout (sparse_coo, sparse_csr, jagged, ...)"),
+    (
+        "recompute",
+        pa.bool_(),
+        "the op re-runs forward work for activation checkpointing (MFU leaves it out, HFU counts it)",
+    ),
+    (
+        "output_storage_bytes",
+        pa.list_(pa.int64()),
+        "byte size of the whole storage behind every tensor output, after the op",
+    ),
+    (
+        "start_ns",
+        pa.int64(),
+        "op start on the wall clock, ns since the Unix epoch (time.time_ns at trace start + a monotonic offset)",
+    ),
+    (
+        "busy_ns",
+        pa.int64(),
+        "device time of the op with the device's idle gap before it removed; equals duration_ns on CPU; null with timing='off'",
+    ),
+    (
+        "layout",
+        _str,
+        "'' when every tensor argument is strided, else the first other layout (sparse_coo, sparse_csr, jagged, ...)",
+    ),
     ("comm_bytes", pa.int64(), "collectives: message size as nccl-tests defines it (null for other ops)"),
     ("group_size", pa.int64(), "collectives: ranks in the process group (null for other ops)"),
     ("process_group", _str, "collectives: the process group's name ('' for other ops)"),
     # added in v3
-    ("flops_bound", pa.bool_(), "flops is an upper bound, not a count: lengths or group sizes could not be read (meta, fake, symbolic) or the count passed INT64_MAX"),
-    ("group_sizes", pa.list_(pa.int64()), "grouped ops: rows per group (tokens per expert of _grouped_mm, sequence lengths of jagged attention); null for other ops"),
+    (
+        "flops_bound",
+        pa.bool_(),
+        "flops is an upper bound, not a count: lengths or group sizes could not be read (meta, fake, symbolic) or the count passed INT64_MAX",
+    ),
+    (
+        "group_sizes",
+        pa.list_(pa.int64()),
+        "grouped ops: rows per group (tokens per expert of _grouped_mm, sequence lengths of jagged attention); null for other ops",
+    ),
     # added in v4
-    ("grad_mode", _str, "autograd's mode at the op: grad | no_grad | inference_mode (GradMode); null in traces before v4 (unknown)"),
+    (
+        "grad_mode",
+        _str,
+        "autograd's mode at the op: grad | no_grad | inference_mode (GradMode); null in traces before v4 (unknown)",
+    ),
 )
 
 # Columns a v1 trace lacks, and the value `reports.load` gives them when reading one.
@@ -230,8 +277,12 @@ V4_DEFAULTS = {
 
 def missing_columns(version: int) -> dict:
     """{column: default} of the columns a trace of schema `version` lacks."""
-    return {**(V2_DEFAULTS if version < 2 else {}), **(V3_DEFAULTS if version < 3 else {}),
-            **(V4_DEFAULTS if version < 4 else {})}
+    return {
+        **(V2_DEFAULTS if version < 2 else {}),
+        **(V3_DEFAULTS if version < 3 else {}),
+        **(V4_DEFAULTS if version < 4 else {}),
+    }
+
 
 COLUMN_NAMES = tuple(name for name, _, _ in COLUMNS)
 ARROW_SCHEMA = pa.schema([pa.field(name, typ) for name, typ, _ in COLUMNS])
@@ -349,7 +400,11 @@ def read_metadata(path) -> dict:
                 ranks[int(match[1])] = read_metadata(os.path.join(path, name))
         if ranks:
             ranks = dict(sorted(ranks.items()))
-            return {"world_size": len(ranks), "complete": all(m.get("complete") is True for m in ranks.values()), "ranks": ranks}
+            return {
+                "world_size": len(ranks),
+                "complete": all(m.get("complete") is True for m in ranks.values()),
+                "ranks": ranks,
+            }
     for part in parts:  # a FIFO named like a part: never opened (pyarrow would wait on it for ever)
         if not _is_regular(part):
             raise NotRegular(f"{part} is not a regular file, not an optrace part; move it out of the trace")
@@ -403,7 +458,7 @@ def _marker_template(length):
         data = _marker_file(filler)
         at = data.find(filler)
         unique = length >= 16 and at >= 0 and data.find(filler, at + 1) < 0
-        found = _templates[length] = (data[:at], data[at + length:]) if unique else (None, None)
+        found = _templates[length] = (data[:at], data[at + length :]) if unique else (None, None)
     return found
 
 
@@ -479,7 +534,12 @@ def marker_json(raw):
     if raw is None or raw[:4] != b"PAR1" or raw[-4:] != b"PAR1":
         return raw
     for length, (prefix, suffix) in list(_templates.items()):  # the bytes of a marker `marker_file` built: its text
-        if prefix is not None and len(raw) == len(prefix) + length + len(suffix) and raw.startswith(prefix) and raw.endswith(suffix):
+        if (
+            prefix is not None
+            and len(raw) == len(prefix) + length + len(suffix)
+            and raw.startswith(prefix)
+            and raw.endswith(suffix)
+        ):
             return raw[len(prefix) : len(prefix) + length]  # what the footer holds, read without parsing it again
     import pyarrow.parquet as pq
 

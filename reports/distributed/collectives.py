@@ -20,18 +20,36 @@ import pandas as pd
 from reports.loading.load import require
 from reports.tables import split_runs
 
-__all__ = ["shape_collectives", "comm_split", "collective_kind", "bus_factor", "traffic", "per_step_traffic", "FAKE_BACKENDS"]
+__all__ = [
+    "shape_collectives",
+    "comm_split",
+    "collective_kind",
+    "bus_factor",
+    "traffic",
+    "per_step_traffic",
+    "FAKE_BACKENDS",
+]
 
 # Process groups that move no data (torch's fake process group for simulated jobs): their times mean nothing.
 FAKE_BACKENDS = frozenset({"fake"})
 
 # op-name fragment -> kind, first match wins (reduce_scatter before reduce)
 _KINDS = (
-    ("reduce_scatter", "reduce_scatter"), ("allreduce", "all_reduce"), ("all_reduce", "all_reduce"),
-    ("allgather", "all_gather"), ("all_gather", "all_gather"), ("alltoall", "all_to_all"),
-    ("all_to_all", "all_to_all"), ("broadcast", "broadcast"), ("reduce", "reduce"), ("gather", "gather"),
-    ("scatter", "scatter"), ("send", "send"), ("recv", "recv"), ("barrier", "barrier"),
-)  # fmt: skip
+    ("reduce_scatter", "reduce_scatter"),
+    ("allreduce", "all_reduce"),
+    ("all_reduce", "all_reduce"),
+    ("allgather", "all_gather"),
+    ("all_gather", "all_gather"),
+    ("alltoall", "all_to_all"),
+    ("all_to_all", "all_to_all"),
+    ("broadcast", "broadcast"),
+    ("reduce", "reduce"),
+    ("gather", "gather"),
+    ("scatter", "scatter"),
+    ("send", "send"),
+    ("recv", "recv"),
+    ("barrier", "barrier"),
+)
 _RING = {"all_gather", "reduce_scatter", "all_to_all", "gather", "scatter"}  # (n-1)/n
 
 
@@ -76,9 +94,17 @@ def traffic(kind, n):
 
 
 _OUT = {
-    "run": object, "rank": "int64", "collective": object, "op": object, "process_group": object,
-    "group_size": "int64", "comm_bytes": "int64", "calls": "int64", "duration_s": "float64",
-    "algbw_bytes_per_s": "float64", "busbw_bytes_per_s": "float64",
+    "run": object,
+    "rank": "int64",
+    "collective": object,
+    "op": object,
+    "process_group": object,
+    "group_size": "int64",
+    "comm_bytes": "int64",
+    "calls": "int64",
+    "duration_s": "float64",
+    "algbw_bytes_per_s": "float64",
+    "busbw_bytes_per_s": "float64",
 }
 
 
@@ -102,8 +128,13 @@ def shape_collectives(out):
 
 
 _SPLIT = {
-    "run": object, "rank": "int64", "step": "int64", "compute_s": "float64", "comm_s": "float64",
-    "comm_bytes": "int64", "comm_pct": "float64",
+    "run": object,
+    "rank": "int64",
+    "step": "int64",
+    "compute_s": "float64",
+    "comm_s": "float64",
+    "comm_bytes": "int64",
+    "comm_pct": "float64",
 }
 
 
@@ -117,11 +148,20 @@ def comm_split(df):
     frames = []
     for run, rows in split_runs(_ranked(df)):
         is_comm = rows["comm_bytes"].notna()
-        table = pd.DataFrame({
-            "rank": rows["rank"], "step": rows["step"],
-            "compute": rows["duration_ns"].where(~is_comm, 0), "comm": rows["duration_ns"].where(is_comm, 0),
-            "comm_bytes": rows["comm_bytes"].fillna(0),
-        }).groupby(["rank", "step"], sort=True).sum().reset_index()  # fmt: skip
+        table = (
+            pd.DataFrame(
+                {
+                    "rank": rows["rank"],
+                    "step": rows["step"],
+                    "compute": rows["duration_ns"].where(~is_comm, 0),
+                    "comm": rows["duration_ns"].where(is_comm, 0),
+                    "comm_bytes": rows["comm_bytes"].fillna(0),
+                }
+            )
+            .groupby(["rank", "step"], sort=True)
+            .sum()
+            .reset_index()
+        )
         table.insert(0, "run", run)
         frames.append(table)
     if not frames or not sum(len(f) for f in frames):
@@ -135,8 +175,14 @@ def comm_split(df):
 
 
 TRAFFIC_COLUMNS = {
-    "run": object, "rank": "int64", "collective": object, "process_group": object, "group_size": "int64",
-    "calls_per_step": "float64", "message_bytes_per_step": "float64", "sent_bytes_per_step": "float64",
+    "run": object,
+    "rank": "int64",
+    "collective": object,
+    "process_group": object,
+    "group_size": "int64",
+    "calls_per_step": "float64",
+    "message_bytes_per_step": "float64",
+    "sent_bytes_per_step": "float64",
     "received_bytes_per_step": "float64",
 }
 
@@ -168,15 +214,27 @@ def per_step_traffic(df):
         key = kinds.where(comm, "") + "|" + group + "|" + size.astype(str)
         key = key.where(comm)
         calls = per_step(rows, pd.Series(comm.astype("int64"), index=rows.index), by=key)
-        figures = {name: per_step(rows, values, by=key) for name, values in
-                   (("message", message), ("sent", sent), ("received", received))}
+        figures = {
+            name: per_step(rows, values, by=key)
+            for name, values in (("message", message), ("sent", sent), ("received", received))
+        }
         rank = int(rows["rank"].iloc[0])
         for k in calls.index:
             kind, name, n = k.split("|")
-            out.append({
-                "run": run, "rank": rank, "collective": kind, "process_group": name, "group_size": int(n),
-                "calls_per_step": float(calls[k]), "message_bytes_per_step": float(figures["message"][k]),
-                "sent_bytes_per_step": float(figures["sent"][k]), "received_bytes_per_step": float(figures["received"][k]),
-            })  # fmt: skip
+            out.append(
+                {
+                    "run": run,
+                    "rank": rank,
+                    "collective": kind,
+                    "process_group": name,
+                    "group_size": int(n),
+                    "calls_per_step": float(calls[k]),
+                    "message_bytes_per_step": float(figures["message"][k]),
+                    "sent_bytes_per_step": float(figures["sent"][k]),
+                    "received_bytes_per_step": float(figures["received"][k]),
+                }
+            )
     table = pd.DataFrame(out, columns=list(TRAFFIC_COLUMNS)).astype(TRAFFIC_COLUMNS)
-    return table.sort_values(["run", "sent_bytes_per_step"], ascending=[True, False], kind="stable").reset_index(drop=True)
+    return table.sort_values(["run", "sent_bytes_per_step"], ascending=[True, False], kind="stable").reset_index(
+        drop=True
+    )

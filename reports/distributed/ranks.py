@@ -26,13 +26,23 @@ def trace_of(run):
 
 
 RANK_COLUMNS = {
-    "run": object, "rank": "int64", "steps": "int64", "flops_per_step": "float64",
-    "comm_bytes_per_step": "float64", "comm_s_per_step": "float64", "compute_s_per_step": "float64",
+    "run": object,
+    "rank": "int64",
+    "steps": "int64",
+    "flops_per_step": "float64",
+    "comm_bytes_per_step": "float64",
+    "comm_s_per_step": "float64",
+    "compute_s_per_step": "float64",
     "step_time_s": "float64",
 }
 _IMBALANCE = {
-    "trace": object, "phase": object, "ranks": "int64", "mean_s": "float64", "max_s": "float64",
-    "imbalance": "float64", "slowest_rank": "int64",
+    "trace": object,
+    "phase": object,
+    "ranks": "int64",
+    "mean_s": "float64",
+    "max_s": "float64",
+    "imbalance": "float64",
+    "slowest_rank": "int64",
 }
 
 
@@ -48,18 +58,28 @@ def imbalance_of(per_rank):
                 continue
             mean = sum(v for v, _ in values) / len(values)
             top, slowest = max(values)
-            out.append({
-                "trace": trace, "phase": phase, "ranks": len(values), "mean_s": mean, "max_s": top,
-                "imbalance": top / mean if mean > 0 else float("nan"), "slowest_rank": slowest,
-            })  # fmt: skip
+            out.append(
+                {
+                    "trace": trace,
+                    "phase": phase,
+                    "ranks": len(values),
+                    "mean_s": mean,
+                    "max_s": top,
+                    "imbalance": top / mean if mean > 0 else float("nan"),
+                    "slowest_rank": slowest,
+                }
+            )
     return pd.DataFrame(out, columns=list(_IMBALANCE)).astype(_IMBALANCE)
 
 
 # --- for `optrace report` ------------------------------------------------------------------------
 def summary_records(ranks_table, imbalance_table):
     """rank_summary's object from the ranks and imbalance tables."""
+
     def records(frame):
-        return [{k: (v.item() if hasattr(v, "item") else v) for k, v in row.items()} for row in frame.to_dict("records")]
+        return [
+            {k: (v.item() if hasattr(v, "item") else v) for k, v in row.items()} for row in frame.to_dict("records")
+        ]
 
     return {"ranks": records(ranks_table), "imbalance": records(imbalance_table)}
 
@@ -69,10 +89,13 @@ def job_object(meta, present, table):
     from reports.distributed.collectives import FAKE_BACKENDS
 
     return {
-        "rank": meta.get("rank"), "world_size": int(meta["world_size"]), "backend": meta.get("backend"),
-        "ranks_present": int(present), "fake_process_group": meta.get("backend") in FAKE_BACKENDS,
+        "rank": meta.get("rank"),
+        "world_size": int(meta["world_size"]),
+        "backend": meta.get("backend"),
+        "ranks_present": int(present),
+        "fake_process_group": meta.get("backend") in FAKE_BACKENDS,
         "collectives": [
             {k: (v.item() if hasattr(v, "item") else v) for k, v in row.items() if k not in ("run", "rank")}
             for row in table.to_dict("records")
         ],
-    }  # fmt: skip
+    }

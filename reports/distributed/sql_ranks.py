@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 from reports.distributed.collectives import collective_kind, shape_collectives
-from reports.distributed.ranks import RANK_COLUMNS, PHASE_ORDER, imbalance_of, job_object, trace_of
+from reports.distributed.ranks import PHASE_ORDER, RANK_COLUMNS, imbalance_of, job_object, trace_of
 from reports.sql import frame
 from reports.sql.tables import count_steps, fetch
 
@@ -46,12 +46,18 @@ def _per_rank(trace):
         return _DONE[trace]
     trace.db.execute("CREATE TEMP TABLE IF NOT EXISTS rank_step_phase_once AS SELECT * FROM rank_step_phase")
     sums = ("ops", "flops", "comm_bytes", "comm_ops", "comm_ns", "compute_ns", "duration_ns")
-    totals = fetch(trace, f"(SELECT run, run_index, phase, {', '.join(f'sum({c}) AS {c}' for c in sums)}, "
-                          "min(first_seq) AS first_seq FROM rank_step_phase_once GROUP BY run, run_index, phase)",
-                   "first_seq", sums)  # fmt: skip
+    totals = fetch(
+        trace,
+        f"(SELECT run, run_index, phase, {', '.join(f'sum({c}) AS {c}' for c in sums)}, "
+        "min(first_seq) AS first_seq FROM rank_step_phase_once GROUP BY run, run_index, phase)",
+        "first_seq",
+        sums,
+    )
     figures = trace.per_step(totals, ["flops", "comm_bytes", "comm_ns", "compute_ns"])
-    spans = trace.sql("SELECT run_index, step, min(start_ns) AS start_ns, max(end_ns) AS end_ns FROM rank_step_phase_once "
-                      "GROUP BY run_index, step ORDER BY run_index, step")  # fmt: skip
+    spans = trace.sql(
+        "SELECT run_index, step, min(start_ns) AS start_ns, max(end_ns) AS end_ns FROM rank_step_phase_once "
+        "GROUP BY run_index, step ORDER BY run_index, step"
+    )
     times = {}
     for i, s in spans.groupby("run_index", sort=True):
         times[int(i)] = float(((s["end_ns"] - s["start_ns"]) / 1e9).mean())  # as _step_times(rows).mean()
@@ -73,12 +79,18 @@ def _ranks(trace):
         if i not in times:  # a run without rows
             continue
         f = figures[i].iloc[0]
-        out.append({
-            "run": run, "rank": _rank(trace, i), "steps": count_steps(trace, i),
-            "flops_per_step": float(f["flops"]), "comm_bytes_per_step": float(f["comm_bytes"]),
-            "comm_s_per_step": float(f["comm_ns"]) / 1e9, "compute_s_per_step": float(f["compute_ns"]) / 1e9,
-            "step_time_s": times[i],
-        })  # fmt: skip
+        out.append(
+            {
+                "run": run,
+                "rank": _rank(trace, i),
+                "steps": count_steps(trace, i),
+                "flops_per_step": float(f["flops"]),
+                "comm_bytes_per_step": float(f["comm_bytes"]),
+                "comm_s_per_step": float(f["comm_ns"]) / 1e9,
+                "compute_s_per_step": float(f["compute_ns"]) / 1e9,
+                "step_time_s": times[i],
+            }
+        )
     return pd.DataFrame(out, columns=list(RANK_COLUMNS)).astype(RANK_COLUMNS)
 
 
@@ -101,8 +113,11 @@ def _imbalance(trace):
             continue
         mine = totals[totals["run_index"] == i].set_index("phase")
         # per_step(rows, "duration_ns", mask=phase == p): that phase's total over its steps (0.0 + x / steps)
-        entry = {p: (0.0 + float(np.float64(mine.loc[p, "duration_ns"]) / steps[i][p])) / 1e9
-                 for p in PHASE_ORDER if p in mine.index}  # fmt: skip
+        entry = {
+            p: (0.0 + float(np.float64(mine.loc[p, "duration_ns"]) / steps[i][p])) / 1e9
+            for p in PHASE_ORDER
+            if p in mine.index
+        }
         entry["step"] = times[i]
         per_rank.append((trace_of(run), _rank(trace, i), entry))
     return imbalance_of(per_rank)
@@ -135,17 +150,19 @@ _CALL_COLUMNS = ("step", "op", "comm_bytes", "group_size", "process_group", "dur
 def _collectives(trace, run_indices):
     where = None if run_indices is None else f"run_index IN ({', '.join(str(int(i)) for i in run_indices) or 'NULL'})"
     groups = fetch(trace, "collective_calls", "first_seq", ("calls", "total_ns"), where=where)
-    out = pd.DataFrame({
-        "run": groups["run"].astype(object),
-        "rank": [_rank(trace, int(i)) for i in groups["run_index"]],
-        "collective": groups["op"].astype(object).map(collective_kind),
-        "op": groups["op"].astype(object),
-        "process_group": groups["process_group"].astype(object),
-        "group_size": groups["group_size"],
-        "comm_bytes": groups["comm_bytes"],
-        "calls": groups["calls"].astype("int64"),
-        "total": groups["total_ns"].astype("int64"),
-    })  # fmt: skip
+    out = pd.DataFrame(
+        {
+            "run": groups["run"].astype(object),
+            "rank": [_rank(trace, int(i)) for i in groups["run_index"]],
+            "collective": groups["op"].astype(object).map(collective_kind),
+            "op": groups["op"].astype(object),
+            "process_group": groups["process_group"].astype(object),
+            "group_size": groups["group_size"],
+            "comm_bytes": groups["comm_bytes"],
+            "calls": groups["calls"].astype("int64"),
+            "total": groups["total_ns"].astype("int64"),
+        }
+    )
     return shape_collectives(out)
 
 

@@ -79,8 +79,10 @@ def _n_value(n, meta, roles, what):
         return sum(roles.model_numel[s] for s in roles.matmul_params)
     if n in ("total", "non_embedding"):
         if "total" not in params:
-            raise ReportError(f"{what}: run {meta.get('run_name')!r} has no parameter counts; "
-                              "trace it with Tracer(model=...) or pass n=<int>")
+            raise ReportError(
+                f"{what}: run {meta.get('run_name')!r} has no parameter counts; "
+                "trace it with Tracer(model=...) or pass n=<int>"
+            )
         return int(params["total"]) - (int(params.get("embedding", 0)) if n == "non_embedding" else 0)
     return int(n)
 
@@ -108,9 +110,14 @@ def traced_tokens(meta):
     mean (an int when whole; the per-step figures are means over the traced steps), or None."""
     try:
         steps, traces = meta["meter"]["steps"], meta["meter"]["traces"]
-        picked = [t for t, traced, i in zip(steps["tokens"], steps["traced"], steps["trace"])
-                  if traced is True and isinstance(i, int) and 0 <= i < len(traces)
-                  and traces[i].get("trace_steps") is not None]  # fmt: skip
+        picked = [
+            t
+            for t, traced, i in zip(steps["tokens"], steps["traced"], steps["trace"])
+            if traced is True
+            and isinstance(i, int)
+            and 0 <= i < len(traces)
+            and traces[i].get("trace_steps") is not None
+        ]
     except (TypeError, KeyError, AttributeError):
         return None
     if not picked or not all(isinstance(t, int) and not isinstance(t, bool) and t > 0 for t in picked):
@@ -150,8 +157,22 @@ def analyse(frame, n, tokens, what, columns=()):
         N = _n_rank(N_model, kind, roles)
         shares = _shares(rows, roles, T, kind)
         inactive = sum(roles.numel[s] * max(0.0, 1.0 - share) for s, share in shares.items())
-        out.append(Account(run, rows, meta, roles, kind, N, T, rows.count_steps(), max(0.0, N - inactive), shares,
-                           N_model, _n_local(meta, roles)))
+        out.append(
+            Account(
+                run,
+                rows,
+                meta,
+                roles,
+                kind,
+                N,
+                T,
+                rows.count_steps(),
+                max(0.0, N - inactive),
+                shares,
+                N_model,
+                _n_local(meta, roles),
+            )
+        )
     return out
 
 
@@ -163,7 +184,9 @@ def _shares(rows, roles, T, n_kind):
     phase = rows.labels("phase")
     fwd = phase.eq("forward") & (roles.param >= 0)
     if phase.eq("backward").any():  # frozen weights' rows count whether or not a backward reads them
-        frozen = np.isin(roles.param, np.array([s for s in weights if not roles.trainable.get(s, True)], dtype=np.int64))
+        frozen = np.isin(
+            roles.param, np.array([s for s in weights if not roles.trainable.get(s, True)], dtype=np.int64)
+        )
         fwd &= (roles.training | frozen) & ~roles.evaluation
     flops = per_step(rows, mask=fwd, by=roles.param)
     return {s: float(flops.get(s, 0.0)) / (2 * roles.numel[s] * T) for s in weights}

@@ -50,9 +50,13 @@ def causal_line(rows, mask):
     causal, full = mask & flag, mask & known & ~flag
     said = []
     if causal.any():
-        said.append(f"Causal attention (the causal column) in {_places(rows, causal)}: the full score matrix is "
-                    f"counted (as PaLM does), though a causal kernel can skip the masked half.")
+        said.append(
+            f"Causal attention (the causal column) in {_places(rows, causal)}: the full score matrix is "
+            f"counted (as PaLM does), though a causal kernel can skip the masked half."
+        )
     if full.any():
-        said.append(f"Attention that is not causal (the causal column) in {_places(rows, full)}: every score is "
-                    f"computed, and counted.")
+        said.append(
+            f"Attention that is not causal (the causal column) in {_places(rows, full)}: every score is "
+            f"computed, and counted."
+        )
     return " ".join(said) or None

@@ -60,9 +60,17 @@ def breakdown(df, n="matmul", tokens=None, accounts=None):
 def breakdown_table(frame, n="matmul", tokens=None, accounts=None):
     """`breakdown` of a reports.flops.rows.Frame (or of `accounts`), as a pyarrow.Table."""
     floats = ("expected_flops", "ratio", "expected_active_flops", "active_ratio", *_FLOAT_COLS[1:])
-    types = {"phase": pa.string(), "flops": pa.float64(), **dict.fromkeys(floats, pa.float64()), "steps": pa.int64(),
-             "n_params": pa.int64(), "n_rank": pa.int64(), "n_active": pa.float64(), "n_kind": pa.string(),
-             "tokens": pa.int64()}  # fmt: skip
+    types = {
+        "phase": pa.string(),
+        "flops": pa.float64(),
+        **dict.fromkeys(floats, pa.float64()),
+        "steps": pa.int64(),
+        "n_params": pa.int64(),
+        "n_rank": pa.int64(),
+        "n_active": pa.float64(),
+        "n_kind": pa.string(),
+        "tokens": pa.int64(),
+    }
     frames = []
     accounts = analyse(frame, n, tokens, "breakdown") if accounts is None else accounts
     if not all(float(acc.T).is_integer() for acc in accounts):  # a metered run's steps of several lengths: their mean
@@ -84,7 +92,9 @@ def breakdown_table(frame, n="matmul", tokens=None, accounts=None):
             rec["ratio"] = own / rec["expected_flops"] if k and N * T else float("nan")
             rec["expected_active_flops"] = float(k * acc.n_active * T) if k else float("nan")
             rec["active_ratio"] = own / rec["expected_active_flops"] if k and acc.n_active * T else float("nan")
-            rec.update(steps=acc.steps, n_params=acc.N_model, n_rank=N, n_active=acc.n_active, n_kind=acc.n_kind, tokens=T)
+            rec.update(
+                steps=acc.steps, n_params=acc.N_model, n_rank=N, n_active=acc.n_active, n_kind=acc.n_kind, tokens=T
+            )
             records.append(rec)
         frames.append((acc.run, records))
     several = len(frame.runs) > 1 if frame is not None else len(accounts) > 1
@@ -92,7 +102,7 @@ def breakdown_table(frame, n="matmul", tokens=None, accounts=None):
 
 
 def _keys(category, phase):
-    """"category|phase" per row as Labels (null where the phase is missing), from the category codes (into
+    """ "category|phase" per row as Labels (null where the phase is missing), from the category codes (into
     CATEGORIES) and the phase Labels, without a string per row."""
     n = len(phase.words)
     labels = [f"{c}|{p}" for c in CATEGORIES for p in phase.words]

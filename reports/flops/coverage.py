@@ -44,8 +44,10 @@ def uncounted_table(rows):
     np.add.at(sums, codes, duration.astype(np.int64))
     total = float(rows["duration_ns"].astype(np.float64).sum())
     time_pct = pct(sums[keys].astype(np.float64), total)
-    records = [{"op": op.words[k], "ops": int(n), "duration_us": float(d) / 1e3, "time_pct": float(t)}
-               for k, n, d, t in zip(keys.tolist(), size.tolist(), sums[keys].astype(np.float64).tolist(), time_pct.tolist())]
+    records = [
+        {"op": op.words[k], "ops": int(n), "duration_us": float(d) / 1e3, "time_pct": float(t)}
+        for k, n, d, t in zip(keys.tolist(), size.tolist(), sums[keys].astype(np.float64).tolist(), time_pct.tolist())
+    ]
     records.sort(key=lambda r: (-r["time_pct"], -r["ops"], r["op"]))  # the largest share first
     return records_table(records, _UNCOUNTED)
 
@@ -58,4 +60,7 @@ def bounds(df):
     if not bound.any():
         return {"flops": 0, "rows": 0}
     flops = per_step(rows, mask=bound)
-    return {"flops": int(flops) if float(flops).is_integer() and abs(flops) < 2**53 else float(flops), "rows": int(bound.sum())}
+    return {
+        "flops": int(flops) if float(flops).is_integer() and abs(flops) < 2**53 else float(flops),
+        "rows": int(bound.sum()),
+    }

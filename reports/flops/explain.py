@@ -65,8 +65,10 @@ def cycles_note(meta):
     cycles = meta.get("cycles_without_step") or 0
     if cycles < 2:
         return None
-    return (f"{cycles} forward/backward cycles were seen with no optimizer step: call tr.step() once per iteration "
-            f"(or step an optimizer) so that a step is one iteration.")
+    return (
+        f"{cycles} forward/backward cycles were seen with no optimizer step: call tr.step() once per iteration "
+        f"(or step an optimizer) so that a step is one iteration."
+    )
 
 
 class _Run:
@@ -100,9 +102,22 @@ class _Run:
             self.out.append(unsplit)
             return self.out
         # One method per term, in the order they are said; a new term is a method added here.
-        for term in (self.totals, self.experts, self.forward_weights, self.no_grad_forward, self.backward_weights,
-                     self.attention, self.checkpointing, self.external, self.head, self.n_parts, self.conv_weights,
-                     self.optimizer, self.other_ops, self.uncounted):
+        for term in (
+            self.totals,
+            self.experts,
+            self.forward_weights,
+            self.no_grad_forward,
+            self.backward_weights,
+            self.attention,
+            self.checkpointing,
+            self.external,
+            self.head,
+            self.n_parts,
+            self.conv_weights,
+            self.optimizer,
+            self.other_ops,
+            self.uncounted,
+        ):
             term()
         return self.out
 
@@ -126,12 +141,16 @@ class _Run:
             self.out.append(
                 f"Tensor parallelism: the model has N = {acc.N_model:,} parameters; this rank's matmuls multiply by its "
                 f"shards of them, N = {N:,} ({N / acc.N_model:.3g} of the model), so its figures are set against "
-                f"2·N·T with that N.")
+                f"2·N·T with that N."
+            )
         outside = f" + weights outside the model ({_f(ext)})" if ext else ""
         n_a = acc.n_active
-        weights = (f"weight matmuls - 6·N_active·T ({_f(wm - 6 * n_a * T)}) - 6·(N - N_active)·T for the parameters "
-                   f"a token does not use ({_f(6 * (N - n_a) * T)})" if self.routed else
-                   f"weight matmuls - 6·N·T ({_f(wm - 6 * N * T)})")
+        weights = (
+            f"weight matmuls - 6·N_active·T ({_f(wm - 6 * n_a * T)}) - 6·(N - N_active)·T for the parameters "
+            f"a token does not use ({_f(6 * (N - n_a) * T)})"
+            if self.routed
+            else f"weight matmuls - 6·N·T ({_f(wm - 6 * N * T)})"
+        )
         self.out.append(
             f"Residual: all phases - 6·N·T = {_f(total - 6 * N * T)} FLOPs = {weights} + attention ({_f(att)}){outside} + other ops ({_f(other)}) + the optimizer "
             f"({_f(opt)})."
@@ -145,7 +164,7 @@ class _Run:
         routed = {s: v for s, v in acc.shares.items() if v < 1 - 1e-9}
         kinds = {routing(roles, s, routed) for s in routed}
         moe = any(k and e > 1 for e, k in kinds)
-        (e, k), = kinds if len(kinds) == 1 else ((0, 0),)
+        ((e, k),) = kinds if len(kinds) == 1 else ((0, 0),)
         names = sorted({name_pattern(roles.label(s)) for s in routed})
         line = (
             f"{'Mixture of experts' if moe else 'Weights partly used'}: N = {self.N:,} parameters, of which each "
@@ -156,11 +175,19 @@ class _Run:
             f"{_f(2 * acc.n_active * T)} FLOPs, backward 4·N_active·T, all phases 6·N_active·T = "
             f"{_f(6 * acc.n_active * T)}; the optimizer updates all {self._n_total():,} parameters."
         )
-        if "flops_bound" in self.rows and (self.train_fwd & np.isin(self.roles.param, np.array(list(routed), dtype=np.int64))
-                                            & self.rows.flag("flops_bound")).any():
-            line += (" N_active is an upper bound: the routed weights' forward FLOPs it is measured from are upper "
-                     "bounds (flops_bound: their group sizes could not be read, meta or fake tensors), exact only "
-                     "if every row of their operands is routed.")
+        if (
+            "flops_bound" in self.rows
+            and (
+                self.train_fwd
+                & np.isin(self.roles.param, np.array(list(routed), dtype=np.int64))
+                & self.rows.flag("flops_bound")
+            ).any()
+        ):
+            line += (
+                " N_active is an upper bound: the routed weights' forward FLOPs it is measured from are upper "
+                "bounds (flops_bound: their group sizes could not be read, meta or fake tensors), exact only "
+                "if every row of their operands is routed."
+            )
         if len(routed) == len(acc.shares) > 1 and len({round(v, 9) for v in routed.values()}) == 1:
             line += " Every weight multiplied the same fewer tokens than T: is tokens= the tokens per step?"
         self.out.append(line)
@@ -177,9 +204,11 @@ class _Run:
             return
         fwd_wm = self.ps(self.train_fwd & self.cat["weight_matmul"])
         if self.routed:
-            line = (f"Forward weight matmuls: {_f(fwd_wm)} FLOPs = {fwd_wm / (self.acc.n_active * T):.2f}·N_active·T "
-                    f"= {fwd_wm / (n_mm * T):.2f}·N·T: each token multiplies the N_active = {self.acc.n_active:,.0f} "
-                    f"parameters it uses once, a multiply and an add.")
+            line = (
+                f"Forward weight matmuls: {_f(fwd_wm)} FLOPs = {fwd_wm / (self.acc.n_active * T):.2f}·N_active·T "
+                f"= {fwd_wm / (n_mm * T):.2f}·N·T: each token multiplies the N_active = {self.acc.n_active:,.0f} "
+                f"parameters it uses once, a multiply and an add."
+            )
         else:
             line = (
                 f"Forward weight matmuls: {_f(fwd_wm)} FLOPs = {fwd_wm / (n_mm * T):.2f}·N·T with the {n_mm:,} "
@@ -187,12 +216,16 @@ class _Run:
             )
         shared = {s: v for s, v in self.acc.shares.items() if v > 1 + 1e-9}
         if shared and round(fwd_wm) > 2 * self.acc.n_active * T:
-            parts = [f"{roles.label(s)} {v:.2f}x ({v * T:,.0f} tokens)"
-                     for s, v in sorted(shared.items(), key=lambda kv: -kv[1])[:5]]
-            line += (f" Above 2·N·T: some weights multiply more than T = {tokens_text(T)} tokens per step in training's forward "
-                     f"(shared or called several times, or tokens= counts fewer tokens than they see: a [CLS] token "
-                     f"beside the patches, an encoder's source tokens beside the decoder's): "
-                     f"{', '.join(parts)}{' ...' if len(shared) > 5 else ''}.")
+            parts = [
+                f"{roles.label(s)} {v:.2f}x ({v * T:,.0f} tokens)"
+                for s, v in sorted(shared.items(), key=lambda kv: -kv[1])[:5]
+            ]
+            line += (
+                f" Above 2·N·T: some weights multiply more than T = {tokens_text(T)} tokens per step in training's forward "
+                f"(shared or called several times, or tokens= counts fewer tokens than they see: a [CLS] token "
+                f"beside the patches, an encoder's source tokens beside the decoder's): "
+                f"{', '.join(parts)}{' ...' if len(shared) > 5 else ''}."
+            )
             line += self._tokens_hint(shared)
         self.out.append(line)
 
@@ -210,8 +243,10 @@ class _Run:
             if self.no_backward:  # without a backward or an optimizer step, a step ends only at Tracer.step()
                 called += f", or {k} forward passes in one step: call Tracer.step() after each pass"
             called += ")"
-        return (f" {n_shared:,} of the N = {self._n_mm():,} parameters multiplied {count:,} tokens per step "
-                f"each: is tokens= ({tokens_text(self.T)}) the tokens per step{called}?")
+        return (
+            f" {n_shared:,} of the N = {self._n_mm():,} parameters multiplied {count:,} tokens per step "
+            f"each: is tokens= ({tokens_text(self.T)}) the tokens per step{called}?"
+        )
 
     def no_grad_forward(self):
         """Forward weight matmuls no backward reads: an evaluation (grad mode off: the grad_mode column), frozen
@@ -225,10 +260,14 @@ class _Run:
             return
         frozen = all(not self.roles.trainable.get(s, True) for s in self.roles.param[idle_rows].tolist())
         known = "grad_mode" in self.rows and self.rows.labels("grad_mode").notna()[idle_rows].all()
-        why = ("frozen weights whose inputs need no gradient: autograd records nothing for them" if frozen else
-               "run in grad mode (the grad_mode column): frozen weights whose inputs need no gradient, or a forward "
-               "whose output no backward reaches" if known else
-               "an evaluation pass under no_grad or eval, or frozen weights whose inputs need no gradient")
+        why = (
+            "frozen weights whose inputs need no gradient: autograd records nothing for them"
+            if frozen
+            else "run in grad mode (the grad_mode column): frozen weights whose inputs need no gradient, or a forward "
+            "whose output no backward reaches"
+            if known
+            else "an evaluation pass under no_grad or eval, or frozen weights whose inputs need no gradient"
+        )
         self.out.append(
             f"Forward work without a backward: {_f(idle)} FLOPs per step of forward weight matmuls that no backward "
             f"reads ({why}); they are in the forward total above, but not in training's 2·N·T: the 6·N·T heuristic "
@@ -257,15 +296,20 @@ class _Run:
         if not n_mm:
             return
         if self.no_backward:  # no dL/dx was skipped, none was asked for
-            self.out.append("Backward weight matmuls: none, the trace ran no backward (inference or evaluation): "
-                            "4·N·T and 6·N·T describe a training step.")
+            self.out.append(
+                "Backward weight matmuls: none, the trace ran no backward (inference or evaluation): "
+                "4·N·T and 6·N·T describe a training step."
+            )
             return
         bwd_wm = self.ps(self.is_bwd & self.cat["weight_matmul"])
         has_param = (roles.param >= 0) & ~self.recompute
         fwd_by_param = self.ps(self.train_fwd & has_param, by=roles.param)
         dx_by_param = self.ps(self.is_bwd & has_param, by=roles.param)
-        skipped = {s: fwd_by_param[s] - dx_by_param.get(s, 0.0) for s in fwd_by_param
-                   if fwd_by_param[s] - dx_by_param.get(s, 0.0) > 0}
+        skipped = {
+            s: fwd_by_param[s] - dx_by_param.get(s, 0.0)
+            for s in fwd_by_param
+            if fwd_by_param[s] - dx_by_param.get(s, 0.0) > 0
+        }
         frozen = [s for s in roles.matmul_params if not roles.trainable.get(s, True)]
         expected = 4 * self.acc.n_active * T
         if abs(bwd_wm - expected) < 0.5 and not frozen:
@@ -286,18 +330,36 @@ class _Run:
             )
         if frozen:
             step = self.rows["step"]
-            fwd_all = self.ps(self.is_fwd & has_param & np.isin(step, step[self.is_bwd]) & ~roles.evaluation, by=roles.param)
-            parts = [f"{roles.label(s)} ({roles.numel[s]:,} parameters: {_f(fwd_all.get(s, 0.0))} FLOPs)" for s in frozen]
-            line += (f" Frozen weights (requires_grad=False) skip dL/dW = xᵀ @ dL/dy, as large as their forward "
-                     f"matmuls: {'; '.join(parts)}.")
+            fwd_all = self.ps(
+                self.is_fwd & has_param & np.isin(step, step[self.is_bwd]) & ~roles.evaluation, by=roles.param
+            )
+            parts = [
+                f"{roles.label(s)} ({roles.numel[s]:,} parameters: {_f(fwd_all.get(s, 0.0))} FLOPs)" for s in frozen
+            ]
+            line += (
+                f" Frozen weights (requires_grad=False) skip dL/dW = xᵀ @ dL/dy, as large as their forward "
+                f"matmuls: {'; '.join(parts)}."
+            )
         if bwd_wm > expected + 0.5:  # each cause the trace shows, else the two it cannot tell apart
             redo = self.ps(self.is_bwd & self.cat["weight_matmul"] & self.recompute)
-            causes = [f"forward matmuls re-run in the backward by activation checkpointing ({_f(redo)} FLOPs)"] if redo else []
+            causes = (
+                [f"forward matmuls re-run in the backward by activation checkpointing ({_f(redo)} FLOPs)"]
+                if redo
+                else []
+            )
             if any(v > 1 + 1e-9 for v in self.acc.shares.values()):
                 causes.append("a weight multiplies more than T tokens (see the forward's line)")
-            line += " Above 4·N·T: " + ("; ".join(causes) or (
-                "a weight is used more than once, or a backward ran through the backward's own graph (a gradient "
-                "penalty: autograd.grad(..., create_graph=True), then backward)")) + "."
+            line += (
+                " Above 4·N·T: "
+                + (
+                    "; ".join(causes)
+                    or (
+                        "a weight is used more than once, or a backward ran through the backward's own graph (a gradient "
+                        "penalty: autograd.grad(..., create_graph=True), then backward)"
+                    )
+                )
+                + "."
+            )
         self.out.append(line)
 
     def attention(self):
@@ -310,8 +372,10 @@ class _Run:
         att_eval = self.ps(self.is_fwd & cat["attention"] & ~trained)
         if not (att_fwd or att_bwd):
             if att_eval:
-                self.out.append(f"Attention: {_f(att_eval)} FLOPs per step in forward passes that no backward reads "
-                                f"(an evaluation under no_grad), outside 6·N·T.")
+                self.out.append(
+                    f"Attention: {_f(att_eval)} FLOPs per step in forward passes that no backward reads "
+                    f"(an evaluation under no_grad), outside 6·N·T."
+                )
             return
         fb = self.ps(self.is_fwd | self.is_bwd)
         if not att_fwd:  # activation x activation matmuls that only the backward runs: no L·S·d to speak of
@@ -328,14 +392,20 @@ class _Run:
             f"and 6·N·T leaves them out: forward {_f(att_fwd)} = 4·T·(L·S·d) with L·S·d = {att_fwd / (4 * T):,.0f} "
             f"(layers x sequence length x width; where q·k and v heads differ in width, d is the mean of the two), backward {_f(att_bwd)} ({_x(att_bwd, att_fwd)} x forward). In "
             f"attention, with a backward of twice the forward, this is the 12·L·d·S·T term; it grows with the sequence length S."
-            + (f" Another {_f(att_eval)} FLOPs per step of attention ran in forward passes that no backward reads (an "
-               f"evaluation under no_grad): in the forward total, not in L·S·d." if att_eval else "")
+            + (
+                f" Another {_f(att_eval)} FLOPs per step of attention ran in forward passes that no backward reads (an "
+                f"evaluation under no_grad): in the forward total, not in L·S·d."
+                if att_eval
+                else ""
+            )
         )
         k_fwd = self.ps(self.kernel & self.is_fwd & ~self.recompute)
         k_bwd = self.ps(self.kernel & self.is_bwd & ~self.recompute)
         if k_bwd:
             recompute = self.ps(values=attention_recompute(rows))
-            ops = ", ".join(sorted(set(map(_text, rows.labels("op").strings(self.kernel & self.is_bwd & ~self.recompute)))))
+            ops = ", ".join(
+                sorted(set(map(_text, rows.labels("op").strings(self.kernel & self.is_bwd & ~self.recompute))))
+            )
             self.out.append(
                 f"Recomputation: the fused attention backward ({ops}) counts {_x(k_bwd, k_fwd)} x its forward "
                 f"({_f(k_bwd)} vs {_f(k_fwd)} FLOPs) because it keeps no score matrix and recomputes q @ kᵀ: "
@@ -380,16 +450,18 @@ class _Run:
         tied = roles.embedding.get(head, False)
         module = _text(self.rows.labels("module").strings(fwd_w[-1:])[0]) if "module" in self.rows else ""
         weight = roles.label(head)
-        name = (f"{module} (its weight {weight}" if module and not weight.startswith(module + ".") else f"{weight} (")
-        name += (", " if name.endswith(weight) else "")
+        name = f"{module} (its weight {weight}" if module and not weight.startswith(module + ".") else f"{weight} ("
+        name += ", " if name.endswith(weight) else ""
         line = (
             f"Output head: {name}{roles.numel[head]:,} parameters{', tied to the embedding' if tied else ''}) "
             f"costs {_f(head_f)} FLOPs forward ({_pct(head_f, self.ps(self.is_fwd))} of the forward) and about twice "
             f"that backward."
         )
         if acc.n_kind == "non_embedding" and tied:
-            line += (f" n='non_embedding' leaves the embedding out of N, and with it this head: its "
-                     f"{_f(3 * head_f)} FLOPs per step are above 6·N·T.")
+            line += (
+                f" n='non_embedding' leaves the embedding out of N, and with it this head: its "
+                f"{_f(3 * head_f)} FLOPs per step are above 6·N·T."
+            )
         elif acc.n_kind == "non_embedding":
             line += " It is not an embedding, so the non-embedding N counts it."
         elif acc.n_kind in ("matmul", "total"):
@@ -410,15 +482,21 @@ class _Run:
         if emb and n == "total":
             parts.append(f"+{emb:,} embedding parameters, looked up rather than multiplied (0 matmul FLOPs)")
         if rest:
-            parts.append(f"+{rest:,} parameters of biases and norms, added or multiplied elementwise (a few "
-                         "FLOPs per token each, in the other ops)")
+            parts.append(
+                f"+{rest:,} parameters of biases and norms, added or multiplied elementwise (a few "
+                "FLOPs per token each, in the other ops)"
+            )
         if left_out:
-            parts.append(f"-{sum(roles.numel[s] for s in left_out):,} parameters of "
-                         f"{', '.join(roles.label(s) for s in left_out)}, an embedding that also multiplies in "
-                         "a matmul (a tied output head), which n='non_embedding' leaves out")
+            parts.append(
+                f"-{sum(roles.numel[s] for s in left_out):,} parameters of "
+                f"{', '.join(roles.label(s) for s in left_out)}, an embedding that also multiplies in "
+                "a matmul (a tied output head), which n='non_embedding' leaves out"
+            )
         if parts:
-            self.out.append(f"N = {N:,}, not the {n_mm:,} parameters that enter a matmul: {'; '.join(parts)}. "
-                            f"So 6·N·T differs from 6·T x the matmul parameters by {_f(6 * (N - n_mm) * T)} FLOPs.")
+            self.out.append(
+                f"N = {N:,}, not the {n_mm:,} parameters that enter a matmul: {'; '.join(parts)}. "
+                f"So 6·N·T differs from 6·T x the matmul parameters by {_f(6 * (N - n_mm) * T)} FLOPs."
+            )
 
     def conv_weights(self):
         """Convolution weights: not in the matmul N; a patch embedding (stride = kernel) is a matmul on patches."""
@@ -441,14 +519,18 @@ class _Run:
         if not weights:
             return
         counted = self.acc.n_kind in ("total", "non_embedding")
-        line = (f"Convolution weights: {', '.join(roles.label(s) for s in weights)} ({sum(weights.values()):,} "
-                f"parameters) {'are in N (n=' + repr(self.acc.n_kind) + ')' if counted else 'are not in N'}: a "
-                f"convolution multiplies each weight at every output position, so its FLOPs are 2 x weights x "
-                f"positions, not 2·N·T; they are in the other ops.")
+        line = (
+            f"Convolution weights: {', '.join(roles.label(s) for s in weights)} ({sum(weights.values()):,} "
+            f"parameters) {'are in N (n=' + repr(self.acc.n_kind) + ')' if counted else 'are not in N'}: a "
+            f"convolution multiplies each weight at every output position, so its FLOPs are 2 x weights x "
+            f"positions, not 2·N·T; they are in the other ops."
+        )
         if patches:
-            line += (f" {', '.join(roles.label(s) for s in patches)}: stride = kernel, a patch embedding: each weight "
-                     f"meets each patch once, a matmul on patches (2·weights·patches FLOPs); with T = patches per step "
-                     f"it fits 2·N·T, and n={self._n_mm() + sum(weights[s] for s in patches)} counts it.")
+            line += (
+                f" {', '.join(roles.label(s) for s in patches)}: stride = kernel, a patch embedding: each weight "
+                f"meets each patch once, a matmul on patches (2·weights·patches FLOPs); with T = patches per step "
+                f"it fits 2·N·T, and n={self._n_mm() + sum(weights[s] for s in patches)} counts it."
+            )
         self.out.append(line)
 
     def optimizer(self):
@@ -459,11 +541,15 @@ class _Run:
             ops = set(map(_text, self.rows.labels("op").strings(self.is_opt & (self.rows["flops"] > 0))))
             fused = sorted(o for o in ops if o.startswith("aten._fused_"))
             if fused:
-                how = (f"the fused kernel ({', '.join(fused)}) counts 1 FLOP per parameter element, though an Adam "
-                       f"update does about 15 (tracer.flops.formulas), so this is a lower bound")
+                how = (
+                    f"the fused kernel ({', '.join(fused)}) counts 1 FLOP per parameter element, though an Adam "
+                    f"update does about 15 (tracer.flops.formulas), so this is a lower bound"
+                )
             elif any(o.startswith("aten._foreach_") for o in ops):
-                how = ("its _foreach ops (foreach=True) count 1 FLOP per element each (tracer.flops.formulas), so this is "
-                       "a lower bound")
+                how = (
+                    "its _foreach ops (foreach=True) count 1 FLOP per element each (tracer.flops.formulas), so this is "
+                    "a lower bound"
+                )
             else:
                 how = "its per-parameter elementwise ops count 1 FLOP per element (tracer.flops.formulas)"
             self.out.append(
@@ -484,7 +570,9 @@ class _Run:
         if not other_fb:
             return
         kinds = self.ps(mask, by="flop_kind")
-        kinds = dict(sorted(((k, v) for k, v in kinds.items() if v > 0), key=lambda kv: -kv[1]))  # most first, ties in order
+        kinds = dict(
+            sorted(((k, v) for k, v in kinds.items() if v > 0), key=lambda kv: -kv[1])
+        )  # most first, ties in order
         self.out.append(
             f"Other ops: {_f(other_fb)} FLOPs in forward + backward ({_pct(other_fb, self.ps(self.is_fwd | self.is_bwd))} "
             f"of them; {', '.join(f'{kind} {_f(v)}' for kind, v in kinds.items())}), outside the matmul heuristic."

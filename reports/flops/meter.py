@@ -21,11 +21,22 @@ from tracer.schema import read_metadata
 __all__ = ["COLUMNS", "meter", "meter_summary"]
 
 _OUT = {
-    "run": object, "step": "int64", "traced": bool, "flops_from_step": "Int64", "flops_estimated": bool,
+    "run": object,
+    "step": "int64",
+    "traced": bool,
+    "flops_from_step": "Int64",
+    "flops_estimated": bool,
     "step_time_s": "float64",
-    "tokens": "float64", "tokens_per_s": "float64", "model_flops": "float64", "hardware_flops": "float64",
-    "recompute_flops": "float64", "dtype": object, "peak_flops_per_s": "float64", "mfu": "float64", "hfu": "float64",
-}  # fmt: skip
+    "tokens": "float64",
+    "tokens_per_s": "float64",
+    "model_flops": "float64",
+    "hardware_flops": "float64",
+    "recompute_flops": "float64",
+    "dtype": object,
+    "peak_flops_per_s": "float64",
+    "mfu": "float64",
+    "hfu": "float64",
+}
 COLUMNS = tuple(_OUT)
 
 
@@ -81,15 +92,22 @@ def _rows(run, table):
     peak = per_trace("peak_flops_per_s")
     with np.errstate(divide="ignore", invalid="ignore"):
         frame = {
-            "run": [run] * n, "step": steps.get("step") or [], "traced": traced,
+            "run": [run] * n,
+            "step": steps.get("step") or [],
+            "traced": traced,
             "flops_from_step": [traces[t]["first_step"] if t >= 0 else None for t in trace],
             "flops_estimated": estimated,
-            "step_time_s": seconds, "tokens": tokens, "tokens_per_s": tokens / timed,
-            "model_flops": model, "hardware_flops": hardware,
+            "step_time_s": seconds,
+            "tokens": tokens,
+            "tokens_per_s": tokens / timed,
+            "model_flops": model,
+            "hardware_flops": hardware,
             "recompute_flops": np.round(per_trace("recompute_flops") * factor),
             "dtype": [traces[t].get("dtype") if t >= 0 else None for t in trace],
-            "peak_flops_per_s": peak, "mfu": model / timed / peak, "hfu": hardware / timed / peak,
-        }  # fmt: skip
+            "peak_flops_per_s": peak,
+            "mfu": model / timed / peak,
+            "hfu": hardware / timed / peak,
+        }
     return frame
 
 
@@ -120,9 +138,10 @@ def meter_summary(source):
         return None
     errors = sum(int(t.get("errors") or 0) for t in tables)
     parts = [_rows(run, meta["meter"]) for run, meta in runs.items() if isinstance(meta.get("meter"), dict)]
-    table = {c: np.concatenate([np.asarray(p[c]) for p in parts]) for c in ("step", "traced", "flops_estimated",
-                                                                          "model_flops", "step_time_s", "tokens_per_s",
-                                                                          "mfu", "hfu")}  # fmt: skip
+    table = {
+        c: np.concatenate([np.asarray(p[c]) for p in parts])
+        for c in ("step", "traced", "flops_estimated", "model_flops", "step_time_s", "tokens_per_s", "mfu", "hfu")
+    }
     traced = table["traced"].astype(bool)
 
     def spread(column):
@@ -133,9 +152,14 @@ def meter_summary(source):
         return {"median": float(np.median(values)), "min": float(values.min()), "max": float(values.max())}
 
     return {
-        "steps": len(traced), "traced_steps": [int(s) for s in table["step"][traced].tolist()],
+        "steps": len(traced),
+        "traced_steps": [int(s) for s in table["step"][traced].tolist()],
         "unknown_flops_steps": int(np.isnan(table["model_flops"].astype(np.float64)).sum()),
-        "estimated_flops_steps": int(table["flops_estimated"].astype(bool).sum()), "metered_steps": int((~traced).sum()),
-        "step_time_s": spread("step_time_s"), "tokens_per_s": spread("tokens_per_s"),
-        "mfu": spread("mfu"), "hfu": spread("hfu"), "errors": errors,
-    }  # fmt: skip
+        "estimated_flops_steps": int(table["flops_estimated"].astype(bool).sum()),
+        "metered_steps": int((~traced).sum()),
+        "step_time_s": spread("step_time_s"),
+        "tokens_per_s": spread("tokens_per_s"),
+        "mfu": spread("mfu"),
+        "hfu": spread("hfu"),
+        "errors": errors,
+    }

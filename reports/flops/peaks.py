@@ -8,7 +8,16 @@ from reports.errors import ReportError
 from tracer.devices import DEVICES, by_family, candidates
 from tracer.peaks import FULL_UNITS, PEAKS, T, cpu_ideal_flops, lookup, match_device, normalize_dtype  # noqa: F401 (re-exported)
 
-__all__ = ["BANDWIDTH", "FULL_UNITS", "PEAKS", "cpu_ideal_flops", "match_device", "normalize_dtype", "peak_bandwidth", "peak_flops"]
+__all__ = [
+    "BANDWIDTH",
+    "FULL_UNITS",
+    "PEAKS",
+    "cpu_ideal_flops",
+    "match_device",
+    "normalize_dtype",
+    "peak_bandwidth",
+    "peak_flops",
+]
 
 
 def peak_flops(device_meta, dtype, override=None):
@@ -45,8 +54,10 @@ BANDWIDTH = _bandwidths()
 def _datasheet_bandwidth(device_meta):
     """(bytes/s, source) of the catalogue records a GPU's metadata can name (by name, then memory size), when they
     agree; else None."""
-    figures = {(d.bandwidth, d.bandwidth_source) for d in candidates(device_meta.get("name"),
-                                                                     device_meta.get("total_memory_bytes"))}
+    figures = {
+        (d.bandwidth, d.bandwidth_source)
+        for d in candidates(device_meta.get("name"), device_meta.get("total_memory_bytes"))
+    }
     return figures.pop() if len(figures) == 1 and None not in next(iter(figures)) else None
 
 
@@ -66,7 +77,9 @@ def peak_bandwidth(device_meta, override=None, measured=None):
             return found
     rate = (measured or {}).get("bytes_per_s")
     if isinstance(rate, (int, float)) and rate > 0:
-        return float(rate), f"measured: STREAM-like triad on {measured.get('n', '?')} elements ({measured.get('dtype', '?')})"
+        return float(
+            rate
+        ), f"measured: STREAM-like triad on {measured.get('n', '?')} elements ({measured.get('dtype', '?')})"
     if not device_meta:
         return None, "the trace records no device"
     if device_meta.get("type") == "cpu":

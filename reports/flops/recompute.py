@@ -38,5 +38,7 @@ def attention_recompute(rows):
         return out
     at = np.flatnonzero(bwd)
     shapes = rows.cells("input_shapes", at) if "input_shapes" in rows else [None] * len(at)
-    out[at] = [score_share(int(f), s) for f, s in zip(rows["flops"][at].tolist(), shapes)]  # tracer/rules.py, shared with the meter
+    out[at] = [
+        score_share(int(f), s) for f, s in zip(rows["flops"][at].tolist(), shapes)
+    ]  # tracer/rules.py, shared with the meter
     return out

@@ -1,39 +1,39 @@
 """What each matmul row of a run multiplies: a model weight, a weight outside the model, or activations.
 
-  weight_matmul    a model parameter is a multiplied operand: y = x @ W and dL/dx = dL/dy @ Wᵀ.
-                   Also a view of one (a slice, split, chunk, select, `t`, expand: views
-                   share the parameter's storage), a cast copy (autocast's bf16 weight) and
-                   a gathered copy of a stacked expert weight [E, K, N] (`w[expert_ids]`
-                   before a bmm: index/index_select of a parameter of 3 dims or more).
-                   Or the row computes a weight gradient dL/dW = xᵀ @ dL/dy: its output
-                   becomes a `gradient` storage directly, or through adds, the ops that
-                   place a gradient piece into a larger gradient (the backward of a slice,
-                   select, index or chunk: slice_backward, select_backward, index_put,
-                   index_add, cat, stack, *_scatter) and at most one cast (a bf16 dW cast to
-                   fp32; the dW of every use of a weight summed: tied weights, a module
-                   called twice, an unrolled RNN, a loss with several terms; an accumulated
-                   micro-batch added in). Adds only sum contributions and the placing ops
-                   only move them, so the walk follows any number of them, and nothing else:
-                   an activation x activation matmul whose result flows through another op
-                   (embedding_dense_backward, say) into a gradient is not one. Gradients
-                   that never become a `.grad` (torch.func.grad, vmap per-sample
-                   gradients, autograd.grad): a backward matmul that reads the input x of a
-                   forward matmul with weight W and whose output has W's matrix shape
-                   ([..., K, N] or its transpose) is W's dW.
-  external_weight  an operand is a parameter of a module outside `model=` (metadata
-                   storage_roles["external_parameter"]; absent in older traces): a
-                   frozen teacher's forward. Or the dW of such a weight, when it is trained
-                   (a GAN's discriminator with model=G): a row that becomes a gradient and reads
-                   an activation that a forward multiplied by an external weight and by no model
-                   weight. Or a weight-only quantized matmul whose packed
-                   weight is no parameter (a buffer: tracer/rules.py PACKED_WEIGHT). Never
-                   part of N, never attention.
-  attention        the other matmuls (two activations: q @ kᵀ, softmax(·) @ v and their
-                   backward) and fused attention kernels (flop_kind "attention")
-  other            everything else, and a weight times a buffer vector of the model (`mv`; the
-                   buffer or a copy of it: storage_roles["buffer"]), which multiplies no token:
-                   spectral_norm's power iteration W v and Wᵀ u. Not in N. (A buffer multiplied
-                   as a matrix, positions or coordinates, is token work: a weight matmul.)
+weight_matmul    a model parameter is a multiplied operand: y = x @ W and dL/dx = dL/dy @ Wᵀ.
+                 Also a view of one (a slice, split, chunk, select, `t`, expand: views
+                 share the parameter's storage), a cast copy (autocast's bf16 weight) and
+                 a gathered copy of a stacked expert weight [E, K, N] (`w[expert_ids]`
+                 before a bmm: index/index_select of a parameter of 3 dims or more).
+                 Or the row computes a weight gradient dL/dW = xᵀ @ dL/dy: its output
+                 becomes a `gradient` storage directly, or through adds, the ops that
+                 place a gradient piece into a larger gradient (the backward of a slice,
+                 select, index or chunk: slice_backward, select_backward, index_put,
+                 index_add, cat, stack, *_scatter) and at most one cast (a bf16 dW cast to
+                 fp32; the dW of every use of a weight summed: tied weights, a module
+                 called twice, an unrolled RNN, a loss with several terms; an accumulated
+                 micro-batch added in). Adds only sum contributions and the placing ops
+                 only move them, so the walk follows any number of them, and nothing else:
+                 an activation x activation matmul whose result flows through another op
+                 (embedding_dense_backward, say) into a gradient is not one. Gradients
+                 that never become a `.grad` (torch.func.grad, vmap per-sample
+                 gradients, autograd.grad): a backward matmul that reads the input x of a
+                 forward matmul with weight W and whose output has W's matrix shape
+                 ([..., K, N] or its transpose) is W's dW.
+external_weight  an operand is a parameter of a module outside `model=` (metadata
+                 storage_roles["external_parameter"]; absent in older traces): a
+                 frozen teacher's forward. Or the dW of such a weight, when it is trained
+                 (a GAN's discriminator with model=G): a row that becomes a gradient and reads
+                 an activation that a forward multiplied by an external weight and by no model
+                 weight. Or a weight-only quantized matmul whose packed
+                 weight is no parameter (a buffer: tracer/rules.py PACKED_WEIGHT). Never
+                 part of N, never attention.
+attention        the other matmuls (two activations: q @ kᵀ, softmax(·) @ v and their
+                 backward) and fused attention kernels (flop_kind "attention")
+other            everything else, and a weight times a buffer vector of the model (`mv`; the
+                 buffer or a copy of it: storage_roles["buffer"]), which multiplies no token:
+                 spectral_norm's power iteration W v and Wᵀ u. Not in N. (A buffer multiplied
+                 as a matrix, positions or coordinates, is token work: a weight matmul.)
 """
 
 import re
@@ -45,6 +45,8 @@ from reports._util import ONE_TO_ONE_COPIES, ids, packet, unique
 from reports.errors import ReportError
 from reports.flops.evaluation import evaluation_rows
 from reports.flops.rows import Labels, as_rows
+from tracer.rules import ADD_FIRST as _ADD_FIRST  # ops whose first tensor input is added, not multiplied (bias + a @ b)
+from tracer.rules import PACKED_WEIGHT
 
 __all__ = ["CATEGORIES", "Roles", "operands", "skipped_inputs"]
 
@@ -52,8 +54,6 @@ CATEGORIES = ("weight_matmul", "external_weight", "attention", "other")
 EXTERNAL_ROLE = "external_parameter"
 BUFFER_ROLE = "buffer"  # the model's buffers (storage_roles; absent in older traces)
 
-from tracer.rules import PACKED_WEIGHT
-from tracer.rules import ADD_FIRST as _ADD_FIRST  # ops whose first tensor input is added, not multiplied (bias + a @ b)
 
 _ADDS = frozenset({"aten.add", "aten.add_"})
 _NO_PARAM = -1
@@ -125,8 +125,9 @@ def _copies(rows, packets, sources, ins=None, outs=None, stacked=()):
     derived = packets.isin(DERIVED)
     scaled = np.flatnonzero(packets.isin(SCALED))
     if len(scaled) and len(in_ids):  # only those scaling a source or what a copy made (shapes are read row by row)
-        near = np.concatenate([np.fromiter(alias, dtype=np.int64, count=len(alias)),
-                               _take_rows(outs, np.flatnonzero(copy | derived))[1]])  # fmt: skip
+        near = np.concatenate(
+            [np.fromiter(alias, dtype=np.int64, count=len(alias)), _take_rows(outs, np.flatnonzero(copy | derived))[1]]
+        )
         count = in_off[scaled + 1] - in_off[scaled]
         first = np.where(count > 0, in_ids[np.minimum(in_off[scaled], len(in_ids) - 1)], _NO_ID)
         second = np.where(count > 1, in_ids[np.minimum(in_off[scaled] + 1, len(in_ids) - 1)], _NO_ID)
@@ -305,8 +306,10 @@ class Roles:
         by_buffer = (param != _NO_ID) & mm_packets.isin(_VECTOR_PRODUCTS) & (_lookup(buffers, act) != _NO_ID)
         param[by_buffer] = _NO_ID
         no_hit = param == _NO_ID
-        ext = no_hit & (np.isin(pair, np.fromiter(external, dtype=np.int64, count=len(external))).any(axis=1)
-                        | mm_packets.isin(PACKED_WEIGHT))  # fmt: skip
+        ext = no_hit & (
+            np.isin(pair, np.fromiter(external, dtype=np.int64, count=len(external))).any(axis=1)
+            | mm_packets.isin(PACKED_WEIGHT)
+        )
         out_offsets, out_ids = _take_rows(outs, at)
         writes_grad = np.zeros(len(at), dtype=bool)
         out_rows = np.repeat(np.arange(len(at)), np.diff(out_offsets))
@@ -319,11 +322,16 @@ class Roles:
         ext_fwd = ext & forward[at]
         is_ext = np.isin(pair[ext_fwd], np.fromiter(external, dtype=np.int64, count=len(external)))
         ext_acts = np.where(is_ext[:, 0], pair[ext_fwd][:, 1], pair[ext_fwd][:, 0]) if len(is_ext) else pair[:0, 0]
-        theirs = grad & np.isin(pair, np.setdiff1d(ext_acts, model_acts)).any(axis=1) & ~np.isin(pair, model_acts).any(axis=1)
+        theirs = (
+            grad
+            & np.isin(pair, np.setdiff1d(ext_acts, model_acts)).any(axis=1)
+            & ~np.isin(pair, model_acts).any(axis=1)
+        )
         grad, ext = grad & ~theirs, ext | theirs
         act[no_hit] = _NO_ID
-        grad |= self._unstored_weight_gradients(rows, at, pair, no_hit & ~ext & ~grad & backward[at],
-                                                model_acts, param[~no_hit & forward[at]])
+        grad |= self._unstored_weight_gradients(
+            rows, at, pair, no_hit & ~ext & ~grad & backward[at], model_acts, param[~no_hit & forward[at]]
+        )
 
         self.param = np.full(len(rows), _NO_PARAM, dtype=np.int64)
         self.param[at] = np.where(no_hit, _NO_PARAM, param)
@@ -333,9 +341,11 @@ class Roles:
         code[kind.eq("attention")] = CATEGORIES.index("attention")
         weight = ~no_hit | grad
         inner = mm_packets.isin(_INNER_PRODUCTS)  # two vectors: never attention's scores or values
-        code[at] = np.select([weight, ext, inner | by_buffer],
-                             [CATEGORIES.index("weight_matmul"), CATEGORIES.index("external_weight"), CATEGORIES.index("other")],
-                             CATEGORIES.index("attention"))  # fmt: skip
+        code[at] = np.select(
+            [weight, ext, inner | by_buffer],
+            [CATEGORIES.index("weight_matmul"), CATEGORIES.index("external_weight"), CATEGORIES.index("other")],
+            CATEGORIES.index("attention"),
+        )
         self.category_codes = code  # into CATEGORIES
         fwd = mm & forward & (self.param >= 0)
         used = set(self.param[fwd].tolist())
@@ -401,8 +411,7 @@ class Roles:
         again = _recomputed(rows)
         redo = step[again & (param >= 0)] << 32 | (param[again & (param >= 0)] & 0xFFFFFFFF)
         by_weight |= np.isin(step[at], step[again])  # checkpointed steps: a weight the backward reads was trained
-        keyed = [np.where(v != _NO_ID, step[at] << 32 | (v & 0xFFFFFFFF), -1)
-                 for v in (self.activation[at], param[at])]
+        keyed = [np.where(v != _NO_ID, step[at] << 32 | (v & 0xFFFFFFFF), -1) for v in (self.activation[at], param[at])]
         used = _member(keyed[0], read) | (by_weight & _member(keyed[1], read)) | np.isin(keyed[1], redo)
         out[at] = used
         return out
@@ -437,11 +446,16 @@ class Roles:
         """Parameters that enter no matmul but are named like one that does, up to its last index, with its
         shape: an expert that no token was routed to in the step (a loop over experts skips it) is still one
         of the model's E experts, in N with a share of 0 tokens."""
+
         def key(sid, name):
             return re.sub(r"\.\d+\.(?!.*\.\d+\.)", ".*.", name), self.shape.get(sid)
+
         keys = {key(s, n) for s in used for n in self.names.get(s, ()) if re.search(r"\.\d+\.", n)}
-        return {s for s, names in self.names.items() if s not in used and self.shape.get(s) is not None
-                and any(key(s, n) in keys for n in names)}
+        return {
+            s
+            for s, names in self.names.items()
+            if s not in used and self.shape.get(s) is not None and any(key(s, n) in keys for n in names)
+        }
 
     def label(self, sid):
         return " = ".join(self.names.get(sid, [f"storage {sid}"]))

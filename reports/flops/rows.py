@@ -1,15 +1,15 @@
 """The rows the FLOP sections read, as numpy arrays over a pyarrow.Table: no DataFrame on the report's path.
 
-    Rows(table)            one run's rows (reports.sql.flops.table's, or a user's DataFrame at the library's
-                           boundary: `as_rows`), each column read once, when first asked for
-    rows[name]             a numeric column as a numpy array; rows.flag(name) a boolean one, nulls False
-    rows.labels(name)      a string column as Labels: a code per row into its distinct words
-    rows.flat(name)        a list column as (offsets, values) (reports.loading.columns.flat's layout)
-    rows.cells(name, at)   the list cells at positions `at`, as Python lists
-    per_step(rows, ...)    reports.steps.per_step_of over Rows
+Rows(table)            one run's rows (reports.sql.flops.table's, or a user's DataFrame at the library's
+                       boundary: `as_rows`), each column read once, when first asked for
+rows[name]             a numeric column as a numpy array; rows.flag(name) a boolean one, nulls False
+rows.labels(name)      a string column as Labels: a code per row into its distinct words
+rows.flat(name)        a list column as (offsets, values) (reports.loading.columns.flat's layout)
+rows.cells(name, at)   the list cells at positions `at`, as Python lists
+per_step(rows, ...)    reports.steps.per_step_of over Rows
 
-    runs(table, names)     [(run name, its Rows)] of a Table with a `run` column, in the order of `names`
-    from_frame(df, names)  a DataFrame's columns `names` (those it has) as a Table: the library's way in
+runs(table, names)     [(run name, its Rows)] of a Table with a `run` column, in the order of `names`
+from_frame(df, names)  a DataFrame's columns `names` (those it has) as a Table: the library's way in
 """
 
 from typing import NamedTuple
@@ -21,12 +21,44 @@ import pyarrow.compute as pc
 from reports.errors import ReportError
 from reports.steps import count_steps_of, per_step_of, steps_of
 
-__all__ = ["COLUMNS", "Frame", "Labels", "Rows", "as_rows", "flat", "frame_of", "from_frame", "per_step", "records_table",
-           "first_row", "require", "runs", "runs_table", "to_frame"]  # fmt: skip
+__all__ = [
+    "COLUMNS",
+    "Frame",
+    "Labels",
+    "Rows",
+    "as_rows",
+    "flat",
+    "frame_of",
+    "from_frame",
+    "per_step",
+    "records_table",
+    "first_row",
+    "require",
+    "runs",
+    "runs_table",
+    "to_frame",
+]
 
 # every column a FLOP section reads (reports.sql.flops.table's columns)
-COLUMNS = ("run", "seq", "step", "phase", "op", "module", "flop_kind", "flops", "recompute", "causal", "input_storage_ids",
-           "output_storage_ids", "input_dtypes", "input_shapes", "output_shapes", "flops_bound", "grad_mode")  # fmt: skip
+COLUMNS = (
+    "run",
+    "seq",
+    "step",
+    "phase",
+    "op",
+    "module",
+    "flop_kind",
+    "flops",
+    "recompute",
+    "causal",
+    "input_storage_ids",
+    "output_storage_ids",
+    "input_dtypes",
+    "input_shapes",
+    "output_shapes",
+    "flops_bound",
+    "grad_mode",
+)
 
 
 class Labels:
@@ -124,7 +156,9 @@ class Rows:
                 self._read[key] = Labels(np.full(len(column), -1, dtype=np.int64), [])
             else:
                 if not pa.types.is_dictionary(column.type):
-                    column = pc.dictionary_encode(column.cast(pa.string()) if not pa.types.is_string(column.type) else column)
+                    column = pc.dictionary_encode(
+                        column.cast(pa.string()) if not pa.types.is_string(column.type) else column
+                    )
                 codes = column.indices.fill_null(-1).to_numpy(zero_copy_only=False)  # int8-int32: no int64 per row
                 codes = codes if codes.dtype.kind == "i" else codes.astype(np.int64)
                 self._read[key] = Labels(codes, [str(w) for w in column.dictionary.to_pylist()])
@@ -230,7 +264,11 @@ def from_frame(df, names):
             array = pa.array([_plain(v) for v in column.to_numpy(dtype=object)])
         arrays.append(array)
         fields.append(name)
-    return pa.Table.from_arrays(arrays, names=fields) if arrays else pa.table({"run": pa.array([], pa.string())}).slice(0, 0)
+    return (
+        pa.Table.from_arrays(arrays, names=fields)
+        if arrays
+        else pa.table({"run": pa.array([], pa.string())}).slice(0, 0)
+    )
 
 
 def require(columns, needed, what):

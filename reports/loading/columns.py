@@ -24,9 +24,22 @@ from reports._util import packet
 from reports.errors import ReportError
 
 __all__ = [
-    "LIST_MODES", "Cells", "SharedRuns", "cell_lists", "cell_objects", "concat_frames", "first_codes", "first_items", "flat", "has_column",
-    "lean_memory", "list_array", "packets", "read_table", "to_pandas",
-]  # fmt: skip
+    "LIST_MODES",
+    "Cells",
+    "SharedRuns",
+    "cell_lists",
+    "cell_objects",
+    "concat_frames",
+    "first_codes",
+    "first_items",
+    "flat",
+    "has_column",
+    "lean_memory",
+    "list_array",
+    "packets",
+    "read_table",
+    "to_pandas",
+]
 
 LIST_MODES = ("objects", "arrow")
 
@@ -99,7 +112,9 @@ def _take(column, positions):
     if pa.types.is_dictionary(kind.value_type):  # decoded per chunk
         kind = pa.list_(kind.value_type.value_type)
     bounds = np.cumsum([0] + [len(c) for c in chunks])
-    pieces, back = _by_piece(bounds, np.asarray(positions, dtype=np.int64), lambda i, local: chunks[i].take(pa.array(local)).cast(kind))
+    pieces, back = _by_piece(
+        bounds, np.asarray(positions, dtype=np.int64), lambda i, local: chunks[i].take(pa.array(local)).cast(kind)
+    )
     return pa.concat_arrays(pieces).take(back) if pieces else pa.array([], type=kind)
 
 
@@ -162,7 +177,9 @@ def read_table(path, columns, lists="objects", footers=None):
     if not parts or nested:  # hive rank=R directories and the like: let pyarrow's dataset reader find the files
         return _Parts(pq.read_table(path, columns=columns))
     table = pa.concat_tables(_read_parts(parts, columns, footers))
-    if len(parts) > 64 and table.num_rows < 1024 * len(parts):  # many small parts: one chunk per column, not one per part
+    if len(parts) > 64 and table.num_rows < 1024 * len(
+        parts
+    ):  # many small parts: one chunk per column, not one per part
         table = table.combine_chunks()
     return _Parts(table)
 

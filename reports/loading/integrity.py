@@ -33,7 +33,19 @@ except ImportError:
 from reports.errors import ReportError
 from reports.loading.validate import check_footers, check_metadata, check_schema, parse_json
 from reports.loading.widths import check_widths
-from tracer.schema import LEGACY_MARKER_NAME, MARKER_NAME, footer_metadata, is_merged_name, is_part_name, marker_json, merged_span, part_name, part_paths, read_marker_file, superseded
+from tracer.schema import (
+    LEGACY_MARKER_NAME,
+    MARKER_NAME,
+    footer_metadata,
+    is_merged_name,
+    is_part_name,
+    marker_json,
+    merged_span,
+    part_name,
+    part_paths,
+    read_marker_file,
+    superseded,
+)
 
 MAX_METADATA_BYTES = 64 << 20  # a part's metadata JSON (a 70B model's parameter table: ~100 KB)
 MAX_MARKER_BYTES = 1 << 20  # the marker is written 4 KiB long
@@ -60,7 +72,9 @@ def list_parts(path):
     try:
         return part_paths(path)
     except OSError as exc:
-        raise ReportError(f"{os.fspath(path)}: cannot list the trace directory ({exc.strerror or one_line(exc)})") from None
+        raise ReportError(
+            f"{os.fspath(path)}: cannot list the trace directory ({exc.strerror or one_line(exc)})"
+        ) from None
 
 
 def read_footer(part):
@@ -124,14 +138,22 @@ def check_parts(path, footers=None, unread=()):
             continue  # hidden and marker files: no Parquet reader reads them
         if name.startswith("rank=") and os.path.isdir(full):
             if parts_here:
-                raise ReportError(f"{path}: {name} is a rank directory inside a trace with parts of its own "
-                                  "(another trace's rows?); move it out")  # fmt: skip
+                raise ReportError(
+                    f"{path}: {name} is a rank directory inside a trace with parts of its own "
+                    "(another trace's rows?); move it out"
+                )
             continue  # one rank of a distributed trace: checked when that rank is read
-        if not os.path.isfile(full) and os.path.lexists(full):  # one gone since the listing (merged): its footer read says so
-            kind = "a directory" if os.path.isdir(full) else "not a regular file"  # a FIFO: never opened (it would block)
+        if not os.path.isfile(full) and os.path.lexists(
+            full
+        ):  # one gone since the listing (merged): its footer read says so
+            kind = (
+                "a directory" if os.path.isdir(full) else "not a regular file"
+            )  # a FIFO: never opened (it would block)
             raise ReportError(f"{path}: {name} is {kind}, not an optrace part; move it out of the trace")
         if full not in known:
-            raise ReportError(f"{path}: {name} is not an optrace part (a trace holds only part-*.parquet files); move it out")
+            raise ReportError(
+                f"{path}: {name} is not an optrace part (a trace holds only part-*.parquet files); move it out"
+            )
     parts, first_id, foreign, checked, seen, ranges, lists = [], None, None, None, {}, {}, {}
     for part in parts_here:
         name = os.path.basename(part)
@@ -152,8 +174,10 @@ def check_parts(path, footers=None, unread=()):
         if checked is None or not schema.equals(checked):  # the parts of one trace share one schema: checked once
             check_schema(path, name, schema)
             if checked is not None and set(schema.names) != set(checked.names):
-                raise ReportError(f"{path}: {name} and {os.path.basename(parts[0][0])} differ in column(s) "
-                                  f"{sorted(set(schema.names) ^ set(checked.names))}; expected one schema in every part")  # fmt: skip
+                raise ReportError(
+                    f"{path}: {name} and {os.path.basename(parts[0][0])} differ in column(s) "
+                    f"{sorted(set(schema.names) ^ set(checked.names))}; expected one schema in every part"
+                )
             checked = schema
         trace_id = meta.get("trace_id")
         if parts and trace_id != first_id:
@@ -220,13 +244,16 @@ def _check_repeats(path, parts):
                 copy, first = first, copy  # the tracer's own name: the other is the copy
             raise ReportError(f"{path}: {copy} says it is part {number} like {first} (a copy of a part?); move it out")
         numbers[number] = name
-    ranges = sorted((*parts.seq_ranges[part], os.path.basename(part)) for part, _, _ in parts if part in parts.seq_ranges)
+    ranges = sorted(
+        (*parts.seq_ranges[part], os.path.basename(part)) for part, _, _ in parts if part in parts.seq_ranges
+    )
     for (low, high, _, name), (low2, high2, _, name2) in zip(ranges, ranges[1:]):
         if low2 <= high:
             if is_part_name(name2) and not is_part_name(name):  # a copy of the first part a merged part holds
                 name, name2 = name2, name
-            raise ReportError(f"{path}: {name2} repeats seq {low2} to {min(high, high2)} of {name} "
-                              "(a copy of a part?); move it out")  # fmt: skip
+            raise ReportError(
+                f"{path}: {name2} repeats seq {low2} to {min(high, high2)} of {name} (a copy of a part?); move it out"
+            )
 
 
 def read_marker(path):
@@ -265,8 +292,10 @@ def no_parts(path):
         return f"{path}: not an optrace trace (no part-*.parquet files in it)"
     if not isinstance(marker.get("rows"), int):  # the marker of the start: no close ever happened
         return f"{path}: damaged optrace trace with 0 parts written (killed before the first part?)"
-    return (f"{path}: damaged optrace trace with 0 parts written: {marker.get('lost_rows')} rows lost to write errors "
-            f"(first: {marker.get('write_error')})")
+    return (
+        f"{path}: damaged optrace trace with 0 parts written: {marker.get('lost_rows')} rows lost to write errors "
+        f"(first: {marker.get('write_error')})"
+    )
 
 
 def damage(path, parts, meta):
@@ -287,7 +316,9 @@ def damage(path, parts, meta):
             gaps += 1
         expected = high + 1
     written = meta.get("rows")
-    counted = [n for n in (meta.get("parts"), marker.get("parts")) if isinstance(n, int)]  # the marker counts late parts
+    counted = [
+        n for n in (meta.get("parts"), marker.get("parts")) if isinstance(n, int)
+    ]  # the marker counts late parts
     counted_parts = max(counted) if counted else None
     lost = max(int(meta.get("lost_rows") or 0), int(marker.get("lost_rows") or 0))
     missing = max(int(written) - present, 0) if isinstance(written, int) else 0
@@ -352,6 +383,6 @@ def describe_damage(facts):
         "missing_parts": "part file(s) missing",
         "seq_gaps": "gap(s) in seq",
         "damaged_marker": f"unreadable marker ({MARKER_NAME}: its closing facts are lost, and other Parquet readers of "
-                          "the directory fail on it)",
+        "the directory fail on it)",
     }
     return "; ".join(f"{facts[key]} {words[key]}" for key in DAMAGE_KEYS if facts.get(key))

@@ -10,8 +10,18 @@ import pyarrow as pa
 
 from reports.errors import ReportError
 from reports.loading.columns import LIST_MODES, SharedRuns, concat_frames, has_column, read_table, to_pandas
-from reports.loading.integrity import (Footers, check_parts, damage, describe_damage, list_parts, no_parts, one_line, read_marker,
-                                       reread, stopped_by)
+from reports.loading.integrity import (
+    Footers,
+    check_parts,
+    damage,
+    describe_damage,
+    list_parts,
+    no_parts,
+    one_line,
+    read_marker,
+    reread,
+    stopped_by,
+)
 from reports.loading.validate import check_metadata_ids, check_rows, max_storage_id
 from tracer.schema import COLUMN_NAMES, GRAD_MODES, SCHEMA_VERSION, is_unicode, merge_metadata, missing_columns
 
@@ -26,8 +36,10 @@ def read_run(path, footers=None, unread=()):
     that follow. `unread`: the columns the caller leaves in the files, checked from the parts' statistics."""
     path = os.fspath(path)
     if not is_unicode(path):  # os.fsdecode of a name that is not UTF-8
-        raise ReportError(f"{escaped(path)}: the path is not valid UTF-8, and the Parquet readers (pyarrow, DuckDB) open "
-                          "files by UTF-8 paths; rename it")
+        raise ReportError(
+            f"{escaped(path)}: the path is not valid UTF-8, and the Parquet readers (pyarrow, DuckDB) open "
+            "files by UTF-8 paths; rename it"
+        )
     if not os.path.exists(path):
         raise ReportError(f"{path}: no such file or directory")
     if not os.path.isdir(path):
@@ -106,7 +118,9 @@ def load(paths, columns=None, lists="objects"):
         broken = describe_damage(meta["damage"])
         if not meta.get("complete") or broken:  # one warning per trace, every fact in it
             state = f"incomplete ({stopped_by(meta)})" if not meta.get("complete") else "damaged"
-            warnings.warn(f"{path}: trace is {state}{': ' + broken if broken else ''}; reporting the {len(frame)} rows it has")
+            warnings.warn(
+                f"{path}: trace is {state}{': ' + broken if broken else ''}; reporting the {len(frame)} rows it has"
+            )
         frames.append(frame)
         runs[name] = meta
     lengths = [len(f) for f in frames]
@@ -149,10 +163,14 @@ def rank_paths(path):
         digits = match.group(1)
         rank = int(digits) if len(digits) <= 20 else MAX_RANK  # a file name is short: no int of 4,300 digits
         if rank >= MAX_RANK:
-            raise ReportError(f"{path}: {name} names rank {digits}; expected a rank below {MAX_RANK:,} (not written by optrace?)")
+            raise ReportError(
+                f"{path}: {name} names rank {digits}; expected a rank below {MAX_RANK:,} (not written by optrace?)"
+            )
         if rank in found:
-            raise ReportError(f"{path}: {os.path.basename(found[rank])} and {name} are both rank {rank}; expected one "
-                              "directory per rank (a copy?); move one out")  # fmt: skip
+            raise ReportError(
+                f"{path}: {os.path.basename(found[rank])} and {name} are both rank {rank}; expected one "
+                "directory per rank (a copy?); move one out"
+            )
         found[rank] = os.path.join(path, name)
     return [(found[rank], rank) for rank in sorted(found)]
 
@@ -168,11 +186,15 @@ def check_rank(path, rank, meta, seen):
     if said is not None and said != rank:
         other = seen.get(("rank", said)) or (seen.get(trace_id) if trace_id is not None else None)
         like = f" (as {os.path.basename(other)}'s does)" if other else ""
-        raise ReportError(f"{root}: {name}'s metadata says it is rank {said}{like}; expected the directory's rank to be "
-                          "its metadata's rank (a copy of another rank's directory?); move it out")  # fmt: skip
+        raise ReportError(
+            f"{root}: {name}'s metadata says it is rank {said}{like}; expected the directory's rank to be "
+            "its metadata's rank (a copy of another rank's directory?); move it out"
+        )
     if trace_id is not None and trace_id in seen:
-        raise ReportError(f"{root}: {os.path.basename(seen[trace_id])} and {name} hold the same trace (trace_id "
-                          f"{trace_id}); expected one directory per rank (a copy?); move one out")  # fmt: skip
+        raise ReportError(
+            f"{root}: {os.path.basename(seen[trace_id])} and {name} hold the same trace (trace_id "
+            f"{trace_id}); expected one directory per rank (a copy?); move one out"
+        )
     seen[("rank", rank)] = path
     if trace_id is not None:
         seen[trace_id] = path

@@ -31,29 +31,77 @@ import pyarrow.compute as pc
 from reports.errors import ReportError
 from tracer.schema import ARROW_SCHEMA, FLOP_KINDS, GRAD_MODES, MAX_TOKENS, PHASES, ROLE_RECORDS
 
-__all__ = ["ALLOWED", "ITEMS_NOT_NULL", "MAX_BYTES", "MAX_JSON_DEPTH", "MAX_ROW_FLOPS", "check_footers", "check_metadata",
-           "check_metadata_ids", "check_rows", "check_schema", "max_storage_id", "parse_json"]  # fmt: skip
+__all__ = [
+    "ALLOWED",
+    "ITEMS_NOT_NULL",
+    "MAX_BYTES",
+    "MAX_JSON_DEPTH",
+    "MAX_ROW_FLOPS",
+    "check_footers",
+    "check_metadata",
+    "check_metadata_ids",
+    "check_rows",
+    "check_schema",
+    "max_storage_id",
+    "parse_json",
+]
 
 MAX_JSON_DEPTH = 64  # the tracer's metadata nests 4 deep
-MAX_ROW_FLOPS = 10**18  # 1 EFLOP in one op: ~1,000 s of an H100; a bigger count is damage (and sums near int64 overflow)
+MAX_ROW_FLOPS = (
+    10**18
+)  # 1 EFLOP in one op: ~1,000 s of an H100; a bigger count is damage (and sums near int64 overflow)
 MAX_BYTES = 2**60  # 1 EiB in one op or live at once
 ID_SLACK = 2**20  # storage ids allowed beyond 16 per row (parameters, storages of lost rows)
-NOT_NULL = frozenset({
-    "seq", "step", "op", "phase", "module", "input_shapes", "input_dtypes", "input_strides", "output_shapes",
-    "output_dtypes", "output_strides", "device", "input_storage_ids", "output_storage_ids", "freed_storage_ids",
-    "is_view", "inplace", "flops", "flop_kind", "bytes_allocated", "live_bytes", "bytes_read", "bytes_written",
-    "duration_ns", "recompute", "output_storage_bytes", "start_ns", "layout", "process_group",
-})  # fmt: skip
+NOT_NULL = frozenset(
+    {
+        "seq",
+        "step",
+        "op",
+        "phase",
+        "module",
+        "input_shapes",
+        "input_dtypes",
+        "input_strides",
+        "output_shapes",
+        "output_dtypes",
+        "output_strides",
+        "device",
+        "input_storage_ids",
+        "output_storage_ids",
+        "freed_storage_ids",
+        "is_view",
+        "inplace",
+        "flops",
+        "flop_kind",
+        "bytes_allocated",
+        "live_bytes",
+        "bytes_read",
+        "bytes_written",
+        "duration_ns",
+        "recompute",
+        "output_storage_bytes",
+        "start_ns",
+        "layout",
+        "process_group",
+    }
+)
 STORAGE_ID_COLUMNS = ("input_storage_ids", "output_storage_ids", "freed_storage_ids")
 # column: (lowest, highest, what it counts): values outside are damage
 RANGES = {
-    "seq": (0, None, "op index"), "step": (0, None, "step"), "flops": (0, MAX_ROW_FLOPS, "FLOPs"),
-    "bytes_allocated": (0, MAX_BYTES, "bytes"), "live_bytes": (0, MAX_BYTES, "bytes"),
-    "bytes_read": (0, MAX_BYTES, "bytes"), "bytes_written": (0, MAX_BYTES, "bytes"),
-    "duration_ns": (0, None, "ns"), "busy_ns": (0, None, "ns"), "start_ns": (0, None, "ns since the epoch"),
-    "comm_bytes": (0, MAX_BYTES, "bytes"), "group_size": (1, None, "ranks"),
+    "seq": (0, None, "op index"),
+    "step": (0, None, "step"),
+    "flops": (0, MAX_ROW_FLOPS, "FLOPs"),
+    "bytes_allocated": (0, MAX_BYTES, "bytes"),
+    "live_bytes": (0, MAX_BYTES, "bytes"),
+    "bytes_read": (0, MAX_BYTES, "bytes"),
+    "bytes_written": (0, MAX_BYTES, "bytes"),
+    "duration_ns": (0, None, "ns"),
+    "busy_ns": (0, None, "ns"),
+    "start_ns": (0, None, "ns since the epoch"),
+    "comm_bytes": (0, MAX_BYTES, "bytes"),
+    "group_size": (1, None, "ranks"),
     "output_storage_bytes": (0, MAX_BYTES, "bytes"),
-}  # fmt: skip
+}
 # string column: the values the tracer writes (tracer/schema.py); another is damage (the phases would not add up)
 ALLOWED = {"phase": PHASES, "flop_kind": FLOP_KINDS, "grad_mode": GRAD_MODES}
 _EXPECTED = {field.name: field.type for field in ARROW_SCHEMA}
@@ -73,7 +121,9 @@ def _same_type(got, expected):
     if pa.types.is_string(expected) or pa.types.is_large_string(expected):
         return pa.types.is_string(got) or pa.types.is_large_string(got)
     if pa.types.is_list(expected):
-        return (pa.types.is_list(got) or pa.types.is_large_list(got)) and _same_type(got.value_type, expected.value_type)
+        return (pa.types.is_list(got) or pa.types.is_large_list(got)) and _same_type(
+            got.value_type, expected.value_type
+        )
     return got == expected
 
 
@@ -89,8 +139,10 @@ def check_schema(path, name, schema):
             continue
         if pa.types.is_null(field.type) and field.name not in NOT_NULL:
             continue  # a column of nulls only, where nulls are allowed
-        raise ReportError(f"{path}: column {field.name!r} of {name} has type {_type_name(field.type)}, "
-                          f"expected {_type_name(expected)} (not written by optrace, or damaged)")  # fmt: skip
+        raise ReportError(
+            f"{path}: column {field.name!r} of {name} has type {_type_name(field.type)}, "
+            f"expected {_type_name(expected)} (not written by optrace, or damaged)"
+        )
 
 
 def max_storage_id(rows):
@@ -121,7 +173,9 @@ def _values(column):
         offsets = np.concatenate([[0], np.cumsum([len(c.flatten()) for c in chunks])])
         chunk = int(np.searchsorted(offsets, i, side="right") - 1)
         local = chunks[chunk].offsets.to_numpy()
-        return sum(len(c) for c in chunks[:chunk]) + int(np.searchsorted(local - local[0], i - offsets[chunk], side="right") - 1)
+        return sum(len(c) for c in chunks[:chunk]) + int(
+            np.searchsorted(local - local[0], i - offsets[chunk], side="right") - 1
+        )
 
     return pa.chunked_array([c.flatten() for c in chunks], type=column.type.value_type), row_of
 
@@ -137,8 +191,10 @@ def check_rows(path, table, id_limit, last_seq=None):
             continue
         if name in NOT_NULL and column.null_count:
             index = _first(pc.is_null(column))
-            raise ReportError(f"{path}: column {name!r} is null{_at(table, index)} ({column.null_count} null value(s)); "
-                              f"expected {_type_name(expected)} values")  # fmt: skip
+            raise ReportError(
+                f"{path}: column {name!r} is null{_at(table, index)} ({column.null_count} null value(s)); "
+                f"expected {_type_name(expected)} values"
+            )
         if name in ALLOWED:
             _check_allowed(path, table, name, column)
             continue
@@ -150,8 +206,10 @@ def check_rows(path, table, id_limit, last_seq=None):
         if not pa.types.is_integer(values.type) or not len(values):
             continue
         if (name in NOT_NULL or ids) and values.null_count:
-            raise ReportError(f"{path}: column {name!r} holds a null item{_at(table, row_of(_first(pc.is_null(values))))}; "
-                              "expected int64 items")  # fmt: skip
+            raise ReportError(
+                f"{path}: column {name!r} holds a null item{_at(table, row_of(_first(pc.is_null(values))))}; "
+                "expected int64 items"
+            )
         low, high, unit = limits if limits is not None else (0, id_limit, "storage id")
         if ids:
             high = id_limit
@@ -176,8 +234,10 @@ def check_rows(path, table, id_limit, last_seq=None):
         back = np.flatnonzero(np.diff(seq) <= 0)
         if len(back):
             i = int(back[0])
-            raise ReportError(f"{path}: seq {int(seq[i + 1])} follows seq {int(seq[i])}; expected seq to increase "
-                              "row by row (a part or rows repeated?)")  # fmt: skip
+            raise ReportError(
+                f"{path}: seq {int(seq[i + 1])} follows seq {int(seq[i])}; expected seq to increase "
+                "row by row (a part or rows repeated?)"
+            )
         return int(seq[-1])
     return last_seq
 
@@ -193,14 +253,17 @@ def _check_allowed(path, table, name, column):
 
 
 def _not_allowed(path, name, value, where):
-    return ReportError(f"{path}: column {name!r} holds {value!r}{where}; expected one of {', '.join(ALLOWED[name])} "
-                       "(a damaged or hand-edited trace?)")  # fmt: skip
+    return ReportError(
+        f"{path}: column {name!r} holds {value!r}{where}; expected one of {', '.join(ALLOWED[name])} "
+        "(a damaged or hand-edited trace?)"
+    )
 
 
 def _out_of_range(path, name, value, where, low, high, unit):
     bound = f"{low} to {high:,}" if high is not None else f">= {low}"
-    return ReportError(f"{path}: column {name!r} holds {value:,}{where}; expected {unit} {bound} "
-                       "(a damaged or hand-edited trace?)")  # fmt: skip
+    return ReportError(
+        f"{path}: column {name!r} holds {value:,}{where}; expected {unit} {bound} (a damaged or hand-edited trace?)"
+    )
 
 
 def check_footers(path, footers, columns, id_limit, cache=None):
@@ -223,7 +286,9 @@ def check_footers(path, footers, columns, id_limit, cache=None):
     cache = {} if cache is None else cache
     for part, info in footers:
         where = f" in {os.path.basename(part)}"
-        if "schema" not in cache or not info.schema.equals(cache["schema"]):  # the leaf columns to look at, once per schema
+        if "schema" not in cache or not info.schema.equals(
+            cache["schema"]
+        ):  # the leaf columns to look at, once per schema
             cache["schema"] = info.schema
             cache["leaves"] = [j for j in range(info.num_columns) if info.schema.column(j).path in wanted]
         leaves = cache["leaves"]
@@ -238,8 +303,10 @@ def check_footers(path, footers, columns, id_limit, cache=None):
                     check_rows(path, pq.read_table(part, columns=sorted(set(wanted.values()) & present)), id_limit)
                     break
                 if name in NOT_NULL and stats.null_count and name == chunk.path_in_schema:
-                    raise ReportError(f"{path}: column {name!r} is null{where} ({stats.null_count} null value(s)); "
-                                      f"expected {_type_name(_EXPECTED[name])} values")  # fmt: skip
+                    raise ReportError(
+                        f"{path}: column {name!r} is null{where} ({stats.null_count} null value(s)); "
+                        f"expected {_type_name(_EXPECTED[name])} values"
+                    )
                 limits = RANGES.get(name) or ((0, id_limit, "storage id") if name in STORAGE_ID_COLUMNS else None)
                 if limits is None or not stats.has_min_max or not isinstance(stats.min, int):
                     continue
@@ -266,10 +333,17 @@ def parse_json(path, raw, what, where, limit, invalid=ReportError):
     depth = raw.count(b"[") + raw.count(b"{")  # at most this deep: most metadata needs no closer look
     if depth > MAX_JSON_DEPTH:
         brackets = np.frombuffer(_STRING.sub(b'""', raw), dtype=np.uint8)
-        step = (brackets == ord("[")).astype(np.int64) + (brackets == ord("{")) - (brackets == ord("]")) - (brackets == ord("}"))
+        step = (
+            (brackets == ord("[")).astype(np.int64)
+            + (brackets == ord("{"))
+            - (brackets == ord("]"))
+            - (brackets == ord("}"))
+        )
         depth = int(np.cumsum(step).max(initial=0))
     if depth > MAX_JSON_DEPTH:
-        raise ReportError(f"{path}: {what} nests {depth} levels deep ({where}), more than the {MAX_JSON_DEPTH} optrace reads")
+        raise ReportError(
+            f"{path}: {what} nests {depth} levels deep ({where}), more than the {MAX_JSON_DEPTH} optrace reads"
+        )
     try:
         return json.loads(raw)
     except (ValueError, RecursionError) as exc:
@@ -281,40 +355,90 @@ def parse_json(path, raw, what, where, limit, invalid=ReportError):
 _INT, _NUM, _STR, _BOOL, _OBJ, _LIST = "an int", "a number", "a string", "a boolean", "an object", "a list"
 # field: what it must be when present and not null (the fields the reports read)
 META_FIELDS = {
-    "schema_version": _INT, "complete": _BOOL, "run_name": _STR, "tokens": _INT, "root_module": _STR,
-    "trace_id": _STR, "rows": _INT, "parts": _INT, "lost_rows": _INT, "record_errors": _INT,
-    "backward_unnamed_rows": _INT, "rank": _INT, "world_size": _INT, "device": _OBJ, "params": _OBJ,
-    "parameters": _OBJ, "storage_roles": _OBJ, "step_time": _OBJ, "ceiling": _OBJ, "bandwidth": _OBJ,
-    "timing": _OBJ, "unsharded_parameters": _OBJ, "compiled_ran_eagerly": _BOOL, "attention": _OBJ,
+    "schema_version": _INT,
+    "complete": _BOOL,
+    "run_name": _STR,
+    "tokens": _INT,
+    "root_module": _STR,
+    "trace_id": _STR,
+    "rows": _INT,
+    "parts": _INT,
+    "lost_rows": _INT,
+    "record_errors": _INT,
+    "backward_unnamed_rows": _INT,
+    "rank": _INT,
+    "world_size": _INT,
+    "device": _OBJ,
+    "params": _OBJ,
+    "parameters": _OBJ,
+    "storage_roles": _OBJ,
+    "step_time": _OBJ,
+    "ceiling": _OBJ,
+    "bandwidth": _OBJ,
+    "timing": _OBJ,
+    "unsharded_parameters": _OBJ,
+    "compiled_ran_eagerly": _BOOL,
+    "attention": _OBJ,
     "compiled_regions_eager": _OBJ,
-    "untraced_optimizer_steps": _INT, "cycles_without_step": _INT, "optimizer_state_found_late": _INT,
-    "optimizer_params": _INT, "error": _STR, "process_groups": _LIST,
-}  # fmt: skip
+    "untraced_optimizer_steps": _INT,
+    "cycles_without_step": _INT,
+    "optimizer_state_found_late": _INT,
+    "optimizer_params": _INT,
+    "error": _STR,
+    "process_groups": _LIST,
+}
 DEVICE_FIELDS = {
-    "type": _STR, "name": _STR, "cores": _INT, "threads": _INT, "mhz": _NUM, "max_mhz": _NUM, "isa": _LIST,
-    "multi_processor_count": _INT, "total_memory_bytes": _INT, "fake": _BOOL,
-}  # fmt: skip
+    "type": _STR,
+    "name": _STR,
+    "cores": _INT,
+    "threads": _INT,
+    "mhz": _NUM,
+    "max_mhz": _NUM,
+    "isa": _LIST,
+    "multi_processor_count": _INT,
+    "total_memory_bytes": _INT,
+    "fake": _BOOL,
+}
 PARAMETER_FIELDS = {"storage_id": _INT, "numel": _INT, "shape": _LIST, "dtype": _STR}
 PARAMETER_NEEDED = ("storage_id", "numel", "dtype")  # read by every report of a parameter
 PARAMETER_TABLES = (("parameters", "parameter"), ("unsharded_parameters", "unsharded parameter"))  # (key, word)
-NESTED = {"params": dict.fromkeys(("total", "trainable", "embedding"), _INT), "step_time": {"median_s": _NUM},
-          "ceiling": {"flops_per_s": _NUM, "dtype": _STR}, "bandwidth": {"bytes_per_s": _NUM}, "device": DEVICE_FIELDS,
-          "compiled_regions_eager": {"calls": _INT, "names": _OBJ, "other_calls": _INT}}  # fmt: skip
-COUNTS = ("rows", "parts", "lost_rows", "record_errors", "backward_unnamed_rows", "untraced_optimizer_steps",
-          "cycles_without_step", "optimizer_state_found_late", "optimizer_params")  # fmt: skip
+NESTED = {
+    "params": dict.fromkeys(("total", "trainable", "embedding"), _INT),
+    "step_time": {"median_s": _NUM},
+    "ceiling": {"flops_per_s": _NUM, "dtype": _STR},
+    "bandwidth": {"bytes_per_s": _NUM},
+    "device": DEVICE_FIELDS,
+    "compiled_regions_eager": {"calls": _INT, "names": _OBJ, "other_calls": _INT},
+}
+COUNTS = (
+    "rows",
+    "parts",
+    "lost_rows",
+    "record_errors",
+    "backward_unnamed_rows",
+    "untraced_optimizer_steps",
+    "cycles_without_step",
+    "optimizer_state_found_late",
+    "optimizer_params",
+)
 # (where, field): (lowest, highest, what it counts, whether the lowest itself is out): a number outside, or not
 # finite, is damage. `where`: None for the metadata itself, else the object it is in.
 META_RANGES = {
-    (None, "schema_version"): (1, None, "a schema version", False), (None, "tokens"): (1, MAX_TOKENS, "tokens per step", False),
-    (None, "world_size"): (1, None, "ranks", False), (None, "rank"): (0, None, "a rank", False),
-    ("step_time", "median_s"): (0, None, "seconds", True), ("ceiling", "flops_per_s"): (0, None, "FLOP/s", True),
+    (None, "schema_version"): (1, None, "a schema version", False),
+    (None, "tokens"): (1, MAX_TOKENS, "tokens per step", False),
+    (None, "world_size"): (1, None, "ranks", False),
+    (None, "rank"): (0, None, "a rank", False),
+    ("step_time", "median_s"): (0, None, "seconds", True),
+    ("ceiling", "flops_per_s"): (0, None, "FLOP/s", True),
     ("bandwidth", "bytes_per_s"): (0, None, "bytes/s", True),
-    ("device", "mhz"): (0, None, "MHz", False), ("device", "max_mhz"): (0, None, "MHz", False),  # 0: unknown, no peak
-    ("device", "cores"): (1, None, "a count", False), ("device", "threads"): (1, None, "a count", False),
+    ("device", "mhz"): (0, None, "MHz", False),
+    ("device", "max_mhz"): (0, None, "MHz", False),  # 0: unknown, no peak
+    ("device", "cores"): (1, None, "a count", False),
+    ("device", "threads"): (1, None, "a count", False),
     ("device", "multi_processor_count"): (1, None, "a count", False),
     ("device", "total_memory_bytes"): (0, MAX_BYTES, "bytes", False),
     **{("params", key): (0, MAX_BYTES, "a count", False) for key in ("total", "trainable", "embedding")},
-}  # fmt: skip
+}
 
 
 def _is(value, kind):
@@ -335,7 +459,9 @@ def _check_fields(path, what, found, fields):
 def _check_range(path, what, key, value, low, high, unit, open_low):
     """ReportError when the number `value` (None: absent) is not finite or is outside `low` (excluded when
     `open_low`) to `high` (None: no bound)."""
-    if value is None or (math.isfinite(value) and (value > low if open_low else value >= low) and (high is None or value <= high)):
+    if value is None or (
+        math.isfinite(value) and (value > low if open_low else value >= low) and (high is None or value <= high)
+    ):
         return
     bound = f"> {low}" if open_low else f"{low} to {high:,}" if high is not None else f">= {low}"
     raise ReportError(f"{path}: {what} {key!r} is {_short(value)}, expected {unit} {bound}")
@@ -379,8 +505,9 @@ def check_metadata(path, meta, what="optrace metadata", where=None, roles_only=F
                 raise ReportError(f"{path}: {what} {kind} {name!r} has no {', '.join(map(repr, missing))}")
             _check_range(path, f"{what} {kind} {name!r}", "numel", info["numel"], 0, MAX_BYTES, "a count", False)
             if not all(_is(d, _INT) and d >= 0 for d in info.get("shape") or ()):
-                raise ReportError(f"{path}: {what} {kind} {name!r} shape is {_short(info['shape'])}, expected a list of "
-                                  "ints >= 0")  # fmt: skip
+                raise ReportError(
+                    f"{path}: {what} {kind} {name!r} shape is {_short(info['shape'])}, expected a list of ints >= 0"
+                )
     _check_roles(path, what, meta)
 
 
@@ -394,8 +521,10 @@ def _check_groups(path, what, groups, world):
             raise ReportError(f"{path}: {what} process group {_short(group)} is not {{name, size, ranks: [rank, ...]}}")
         for r in ranks or ():
             if not (_is(r, _INT) and 0 <= r < (world or 2**63)):
-                raise ReportError(f"{path}: {what} process group {_short(group.get('name'))} has rank {_short(r)}, "
-                                  f"expected {expected}")  # fmt: skip
+                raise ReportError(
+                    f"{path}: {what} process group {_short(group.get('name'))} has rank {_short(r)}, "
+                    f"expected {expected}"
+                )
 
 
 def _check_roles(path, what, meta):
@@ -406,9 +535,12 @@ def _check_roles(path, what, meta):
         fields = ROLE_RECORDS.get(key)
         if fields is not None:  # size records: [[id, bytes], ...] or [[seq, id, bytes], ...]
             if not isinstance(ids, list) or not all(
-                    isinstance(r, list) and len(r) == len(fields) and all(_is(v, _INT) and v >= 0 for v in r) for r in ids):
-                raise ReportError(f"{path}: {what} storage_roles {key!r} is {_short(ids)}, expected a list of "
-                                  f"[{', '.join(fields)}] records of ints >= 0")
+                isinstance(r, list) and len(r) == len(fields) and all(_is(v, _INT) and v >= 0 for v in r) for r in ids
+            ):
+                raise ReportError(
+                    f"{path}: {what} storage_roles {key!r} is {_short(ids)}, expected a list of "
+                    f"[{', '.join(fields)}] records of ints >= 0"
+                )
         elif not isinstance(ids, list) or not (_ints(ids) or all(_is(i, _INT) for i in ids)):
             raise ReportError(f"{path}: {what} storage_roles {key!r} is {_short(ids)}, expected a list of storage ids")
 
@@ -421,8 +553,11 @@ def _ints(values):
 
 def check_metadata_ids(path, meta, id_limit):
     """Raise ReportError when a storage id of the metadata (parameters, storage roles) is beyond `id_limit`."""
-    found = [(f"{kind} {name!r}", info.get("storage_id"))
-             for key, kind in PARAMETER_TABLES for name, info in (meta.get(key) or {}).items()]  # fmt: skip
+    found = [
+        (f"{kind} {name!r}", info.get("storage_id"))
+        for key, kind in PARAMETER_TABLES
+        for name, info in (meta.get(key) or {}).items()
+    ]
     for key, ids in (meta.get("storage_roles") or {}).items():
         at = ROLE_RECORDS[key].index("id") if key in ROLE_RECORDS else None
         values = ids if at is None else [i[at] for i in ids]
@@ -431,5 +566,7 @@ def check_metadata_ids(path, meta, id_limit):
         found += [(f"storage_roles {key!r}", sid) for sid in values]
     for where, sid in found:
         if sid is not None and not 0 <= sid <= id_limit:
-            raise ReportError(f"{path}: optrace metadata {where} has storage id {sid:,}; expected 0 to {id_limit:,} "
-                              "(a damaged or hand-edited trace?)")  # fmt: skip
+            raise ReportError(
+                f"{path}: optrace metadata {where} has storage id {sid:,}; expected 0 to {id_limit:,} "
+                "(a damaged or hand-edited trace?)"
+            )

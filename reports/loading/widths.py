@@ -38,8 +38,16 @@ import os
 
 from reports.errors import ReportError
 
-__all__ = ["ITEMS_SLACK", "MAX_ITEMS", "MAX_ITEMS_PER_ROW", "MAX_STRING_BYTES_PER_ROW", "STRING_SLACK", "check_widths",
-           "items_bound", "string_bound"]  # fmt: skip
+__all__ = [
+    "ITEMS_SLACK",
+    "MAX_ITEMS",
+    "MAX_ITEMS_PER_ROW",
+    "MAX_STRING_BYTES_PER_ROW",
+    "STRING_SLACK",
+    "check_widths",
+    "items_bound",
+    "string_bound",
+]
 
 MAX_ITEMS_PER_ROW = 2**16
 ITEMS_SLACK = 2**24
@@ -73,18 +81,24 @@ def check_widths(path, part, info, cache=None):
         for j in cache["strings"]:
             chunk = group.column(j)
             if chunk.total_uncompressed_size > strings:
-                raise ReportError(f"{path}: column {chunk.path_in_schema.split('.')[0]!r} of {os.path.basename(part)} holds "
-                                  f"{chunk.total_uncompressed_size:,} bytes of strings in {group.num_rows:,} row(s); "
-                                  f"expected at most {strings:,} ({STRING_SLACK:,} + {MAX_STRING_BYTES_PER_ROW:,} per "
-                                  "row): a damaged or hand-made part, not read")  # fmt: skip
+                raise ReportError(
+                    f"{path}: column {chunk.path_in_schema.split('.')[0]!r} of {os.path.basename(part)} holds "
+                    f"{chunk.total_uncompressed_size:,} bytes of strings in {group.num_rows:,} row(s); "
+                    f"expected at most {strings:,} ({STRING_SLACK:,} + {MAX_STRING_BYTES_PER_ROW:,} per "
+                    "row): a damaged or hand-made part, not read"
+                )
         bound = items_bound(group.num_rows)
         for j in cache["lists"]:
             chunk = group.column(j)
             if chunk.num_values > bound:
                 name = chunk.path_in_schema.split(".")[0]
-                cap = "the most in any row group" if bound == MAX_ITEMS else \
-                    f"{ITEMS_SLACK:,} + {MAX_ITEMS_PER_ROW:,} per row"  # fmt: skip
-                raise ReportError(f"{path}: column {name!r} of {os.path.basename(part)} holds {chunk.num_values:,} list "
-                                  f"items in {group.num_rows:,} row(s); expected at most {bound:,} ({cap}): a damaged "
-                                  "or hand-made part, not read")  # fmt: skip
-
+                cap = (
+                    "the most in any row group"
+                    if bound == MAX_ITEMS
+                    else f"{ITEMS_SLACK:,} + {MAX_ITEMS_PER_ROW:,} per row"
+                )
+                raise ReportError(
+                    f"{path}: column {name!r} of {os.path.basename(part)} holds {chunk.num_values:,} list "
+                    f"items in {group.num_rows:,} row(s); expected at most {bound:,} ({cap}): a damaged "
+                    "or hand-made part, not read"
+                )

@@ -66,12 +66,31 @@ def place(lists, params, entry, resized, top, rows):
     count = len(lists.seen) + len(lists.free_ids) + len(params) + len(entry) + len(resized) + rows
     if dense_enough(top, count):
         return IdSpace(), lists, params, entry, resized, top
-    ids = np.unique(np.concatenate([np.asarray(a, dtype=np.int64) for a in (
-        lists.seen, lists.free_ids, lists.comm, lists.known[0], list(params), entry[:, 0], resized[:, 1])]))  # fmt: skip
+    ids = np.unique(
+        np.concatenate(
+            [
+                np.asarray(a, dtype=np.int64)
+                for a in (
+                    lists.seen,
+                    lists.free_ids,
+                    lists.comm,
+                    lists.known[0],
+                    list(params),
+                    entry[:, 0],
+                    resized[:, 1],
+                )
+            ]
+        )
+    )
     space = IdSpace(ids)
     to, row_max = space.dense, lists.row_max
-    lists = lists._replace(seen=to(lists.seen), free_ids=to(lists.free_ids), comm=to(lists.comm),
-                           row_max=lambda: to(row_max()), top=len(ids) - 1)  # fmt: skip
+    lists = lists._replace(
+        seen=to(lists.seen),
+        free_ids=to(lists.free_ids),
+        comm=to(lists.comm),
+        row_max=lambda: to(row_max()),
+        top=len(ids) - 1,
+    )
     params = dict(zip(to(np.fromiter(params, np.int64, len(params))).tolist(), params.values()))
     entry = np.stack([to(entry[:, 0]), entry[:, 1]], axis=1) if len(entry) else entry
     resized = np.stack([resized[:, 0], to(resized[:, 1]), resized[:, 2]], axis=1) if len(resized) else resized

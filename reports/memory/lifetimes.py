@@ -45,7 +45,8 @@ Categories, first match wins:
   temporaries           everything else
 """
 
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -60,9 +61,15 @@ from reports.memory.resizes import collective_storages, largest, resize_deltas, 
 __all__ = ["CATEGORIES", "DTYPE_BYTES", "Lists", "Storages", "lists_of", "dtype_sizes", "runs_in_order", "take"]
 
 CATEGORIES = (
-    "parameters", "unsharded_parameters", "gradients", "optimizer_state", "communication_buffers",
-    "activations", "inputs", "temporaries",
-)  # fmt: skip
+    "parameters",
+    "unsharded_parameters",
+    "gradients",
+    "optimizer_state",
+    "communication_buffers",
+    "activations",
+    "inputs",
+    "temporaries",
+)
 AT_ENTRY, RESIZED = "at_entry", "resized"  # size facts in storage_roles (tracer.recording.metadata)
 _CAT = {name: i for i, name in enumerate(CATEGORIES)}
 
@@ -95,7 +102,9 @@ def _explode(column):
     """A column of id lists as (row position of each value, values, offset of each row's first value)."""
     offsets, values = flat(column)
     n = len(offsets) - 1
-    rows = np.repeat(np.arange(n, dtype=np.int32 if n < 2**31 else np.int64), np.diff(offsets))  # int32: half the memory
+    rows = np.repeat(
+        np.arange(n, dtype=np.int32 if n < 2**31 else np.int64), np.diff(offsets)
+    )  # int32: half the memory
     return rows, values, offsets
 
 
@@ -141,7 +150,9 @@ class Lists(NamedTuple):
     first_row: np.ndarray  # the row of each one's first appearance (inputs before outputs within a row)
     as_output: np.ndarray  # bool: first seen as an output
     first_at: np.ndarray  # its flat position there (the first of the row's inputs or outputs with that id)
-    known: np.ndarray  # [2, k]: ids ascending, and output_storage_bytes at each one's first appearance as an output with bytes
+    known: (
+        np.ndarray
+    )  # [2, k]: ids ascending, and output_storage_bytes at each one's first appearance as an output with bytes
     comm: np.ndarray  # ids a collective row read or wrote, ascending
     row_max: Callable  # row_max(): each row's highest id among its inputs and outputs (-1: none); read by few traces
     top: int  # the highest id any list names (-1: none)
@@ -160,7 +171,9 @@ def lists_of(rows):
     first = np.full(top + 1 if dense else 0, np.iinfo(np.int64).max, dtype=np.int64)
     keys = []
     for ids, rows_of, side in ((in_ids, in_rows, 0), (out_ids, out_rows, 1)):
-        key = np.arange(len(ids), dtype=np.int64)  # (row * 2 + side) * width + place, a slice at a time: small temporaries
+        key = np.arange(
+            len(ids), dtype=np.int64
+        )  # (row * 2 + side) * width + place, a slice at a time: small temporaries
         for lo in range(0, len(ids), 1 << 18):
             key[lo : lo + (1 << 18)] += (rows_of[lo : lo + (1 << 18)].astype(np.int64) * 2 + side) * width
         if dense:
@@ -183,10 +196,20 @@ def lists_of(rows):
         return found
 
     return Lists(
-        in_offsets, out_offsets, free_rows, free_ids, free_offsets, seen, first_key // 2, (first_key % 2).astype(bool),
-        first_at, _first_output_bytes(rows, out_ids, out_offsets, top if dense else None),
-        collective_storages(rows, in_rows, in_ids, out_rows, out_ids), row_max, top,
-    )  # fmt: skip
+        in_offsets,
+        out_offsets,
+        free_rows,
+        free_ids,
+        free_offsets,
+        seen,
+        first_key // 2,
+        (first_key % 2).astype(bool),
+        first_at,
+        _first_output_bytes(rows, out_ids, out_offsets, top if dense else None),
+        collective_storages(rows, in_rows, in_ids, out_rows, out_ids),
+        row_max,
+        top,
+    )
 
 
 def _first_output_bytes(rows, out_ids, out_offsets, top):
@@ -316,7 +339,9 @@ class Storages:
         guess = nbytes[index]
         order = np.lexsort((at, row))
         sids, row, guess = sids[order], row[order], guess[order]
-        rest = self.allocated[several] - np.bincount(np.searchsorted(several, row), weights=guess, minlength=len(several)).astype(np.int64)
+        rest = self.allocated[several] - np.bincount(
+            np.searchsorted(several, row), weights=guess, minlength=len(several)
+        ).astype(np.int64)
         firsts = np.searchsorted(row, several)  # the first new storage of each row takes what numel x size misses
         guess[firsts] = np.maximum(guess[firsts] + rest, 0)
         self.size[sids] = guess
@@ -337,10 +362,15 @@ class Storages:
         place = at - self.in_offsets[row]  # in the row's inputs
         # ids grow in registration order: one below every id seen before its row was registered at the start
         early = sids < seen_before[row]
-        for sid, r, k, i, m, known, before in zip(sids.tolist(), row.tolist(), place.tolist(),
-                                                  np.searchsorted(which, row).tolist(),
-                                                  np.searchsorted(measure, row).tolist(), self.known[sids].tolist(),
-                                                  early.tolist()):  # fmt: skip
+        for sid, r, k, i, m, known, before in zip(
+            sids.tolist(),
+            row.tolist(),
+            place.tolist(),
+            np.searchsorted(which, row).tolist(),
+            np.searchsorted(measure, row).tolist(),
+            self.known[sids].tolist(),
+            early.tolist(),
+        ):
             self.dtype[sid] = dtypes[i][k]
             if known < 0:
                 estimate[sid] = _extent_bytes(shapes[m][k], strides[m][k], self.itemsize.get(dtypes[i][k], 0))
@@ -405,7 +435,9 @@ class Storages:
             take = np.maximum(alloc, 0)
             after = np.minimum(np.searchsorted(begins, take, side="right"), len(begins) - 1)
             start = begins[after]  # the first backward to begin after the storage was allocated, in its step
-            forward = made & (rows["phase"] == "forward").to_numpy()[take] & (start > take) & (steps[start] == steps[take])
+            forward = (
+                made & (rows["phase"] == "forward").to_numpy()[take] & (start > take) & (steps[start] == steps[take])
+            )
             cat[forward & ((free < 0) | (free > start))] = _CAT["activations"]
         roles = self.meta.get("storage_roles") or {}
         cat[np.isin(sids, self.comm)] = _CAT["communication_buffers"]

@@ -13,22 +13,44 @@ import pandas as pd
 from reports._util import empty_frame, pct
 from reports.errors import ReportError
 from reports.loading.load import require
+from reports.memory.lifetimes import CATEGORIES, DTYPE_BYTES, Storages, runs_in_order, take
 from reports.sql import tables
 from reports.sql.frame import trace_of
-from reports.memory.lifetimes import CATEGORIES, DTYPE_BYTES, Storages, runs_in_order, take
 
 __all__ = ["CATEGORIES", "DTYPE_BYTES", "by_category", "by_dtype", "peak", "storages", "timeline"]
 
 STORAGE_COLUMNS = (
-    "seq", "step", "op", "phase", "module", "input_storage_ids", "input_shapes", "input_strides",
-    "input_dtypes", "output_storage_ids", "output_shapes", "output_dtypes", "freed_storage_ids",
-    "bytes_allocated", "live_bytes",
-)  # fmt: skip
+    "seq",
+    "step",
+    "op",
+    "phase",
+    "module",
+    "input_storage_ids",
+    "input_shapes",
+    "input_strides",
+    "input_dtypes",
+    "output_storage_ids",
+    "output_shapes",
+    "output_dtypes",
+    "freed_storage_ids",
+    "bytes_allocated",
+    "live_bytes",
+)
 
 _STORAGE_DTYPES = {
-    "run": "object", "storage_id": "int64", "nbytes": "int64", "dtype": "object", "category": "object",
-    "allocated": "bool", "alloc_seq": "int64", "free_seq": "Int64", "step": "int64", "phase": "object", "module": "object", "op": "object",
-}  # fmt: skip
+    "run": "object",
+    "storage_id": "int64",
+    "nbytes": "int64",
+    "dtype": "object",
+    "category": "object",
+    "allocated": "bool",
+    "alloc_seq": "int64",
+    "free_seq": "Int64",
+    "step": "int64",
+    "phase": "object",
+    "module": "object",
+    "op": "object",
+}
 
 
 def _each_run(df, what):
@@ -78,7 +100,9 @@ def _live_columns(run):
 def _live_at(run, row):
     """Bytes live per category after one row of a run: what _live_columns gives at that row, without a column per category."""
     nbytes, alloc, free, cat = run.live_pieces()
-    alive = (alloc <= row) & ((free < 0) | (free > row))  # counted from alloc + 1, gone from free + 1 (see _live_columns)
+    alive = (alloc <= row) & (
+        (free < 0) | (free > row)
+    )  # counted from alloc + 1, gone from free + 1 (see _live_columns)
     values = np.zeros(len(CATEGORIES), dtype=np.int64)
     np.add.at(values, cat[alive], nbytes[alive].astype(np.int64))
     return values
@@ -90,9 +114,13 @@ def _live_by_category(run):
 
 
 _TIMELINE_DTYPES = {
-    "run": "object", "seq": "int64", "step": "int64", "phase": "object", "live_bytes": "int64",
+    "run": "object",
+    "seq": "int64",
+    "step": "int64",
+    "phase": "object",
+    "live_bytes": "int64",
     **{f"{c}_bytes": "int64" for c in CATEGORIES},
-}  # fmt: skip
+}
 
 
 def timeline(df):
@@ -122,9 +150,14 @@ def timeline(df):
 
 
 _PEAK_DTYPES = {
-    "run": "object", "peak_live_bytes": "int64", "seq": "int64", "step": "int64",
-    "phase": "object", "module": "object", "op": "object",
-}  # fmt: skip
+    "run": "object",
+    "peak_live_bytes": "int64",
+    "seq": "int64",
+    "step": "int64",
+    "phase": "object",
+    "module": "object",
+    "op": "object",
+}
 
 
 def peak(df):
@@ -174,15 +207,30 @@ def categories_at(run, at):
         else:
             hits = np.flatnonzero(seq == at)
             if not len(hits):
-                raise ReportError(f"by_category: run {name!r} has no op with seq {at} (its seq runs {seq[0]}..{seq[-1]})")
+                raise ReportError(
+                    f"by_category: run {name!r} has no op with seq {at} (its seq runs {seq[0]}..{seq[-1]})"
+                )
             row = int(hits[0])
         where = np.full(len(CATEGORIES), row)
         values = _live_at(run, row)
-    return pd.DataFrame({"run": name, "category": list(CATEGORIES), "bytes": values, "seq": seq[where],
-                         "live_pct": pct(values, total[where])})  # fmt: skip
+    return pd.DataFrame(
+        {
+            "run": name,
+            "category": list(CATEGORIES),
+            "bytes": values,
+            "seq": seq[where],
+            "live_pct": pct(values, total[where]),
+        }
+    )
 
 
-_DTYPE_DTYPES = {"run": "object", "dtype": "object", "storages": "int64", "bytes_allocated": "int64", "peak_live_bytes": "int64"}
+_DTYPE_DTYPES = {
+    "run": "object",
+    "dtype": "object",
+    "storages": "int64",
+    "bytes_allocated": "int64",
+    "peak_live_bytes": "int64",
+}
 
 
 def by_dtype(df):
@@ -207,7 +255,9 @@ def by_dtype(df):
                 "dtype": table["dtype"],
                 "storages": made.astype(np.int64),
                 "bytes_allocated": np.where(made, table["nbytes"], 0),
-                "peak_live_bytes": np.bincount(index[live], weights=nbytes[live], minlength=len(table)).astype(np.int64),
+                "peak_live_bytes": np.bincount(index[live], weights=nbytes[live], minlength=len(table)).astype(
+                    np.int64
+                ),
             }
         )
         frame = frame.groupby(["run", "dtype"], sort=False, as_index=False).sum()

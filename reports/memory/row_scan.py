@@ -75,8 +75,19 @@ class _Firsts:
 class Scan:
     """What memory_rows reads of a run, fed its rows a batch at a time in seq order (see the module docstring)."""
 
-    columns = ("seq", "step", "phase", "op", "bytes_allocated", "live_bytes", "input_storage_ids", "output_storage_ids",
-               "output_storage_bytes", "freed_storage_ids", *CELLS)  # fmt: skip
+    columns = (
+        "seq",
+        "step",
+        "phase",
+        "op",
+        "bytes_allocated",
+        "live_bytes",
+        "input_storage_ids",
+        "output_storage_ids",
+        "output_storage_bytes",
+        "freed_storage_ids",
+        *CELLS,
+    )
     _NAMES = ("seq", "step", "phase", "bytes_allocated", "live_bytes", "n_inputs", "n_outputs", "n_freed")
 
     def __init__(self, rows):
@@ -87,7 +98,11 @@ class Scan:
         self.first_in, self.first_out, self.first_size = _Firsts(), _Firsts(), _Firsts()
         self.known, self.freed = [], []  # (ids, positions, sizes) at a first appearance with a size; the freed ids
         self.taken = [0, 0]  # inputs and outputs before this batch
-        self.cells, self.comm, self.held = [], [], ()  # with CELLS and op in the batches (held): see the module docstring
+        self.cells, self.comm, self.held = (
+            [],
+            [],
+            (),
+        )  # with CELLS and op in the batches (held): see the module docstring
 
     def feed(self, batch):
         if self.done + batch.num_rows > self.n:  # more rows than the trace's checks counted: a trace changed while read
@@ -96,7 +111,9 @@ class Scan:
         end = self.done + batch.num_rows
         if end > len(self.arrays["seq"]):  # room for the batch, doubling up to the rows counted
             size = min(self.n, max(end, 2 * len(self.arrays["seq"])))
-            self.arrays = {c: np.concatenate([a[: self.done], np.empty(size - self.done, a.dtype)]) for c, a in self.arrays.items()}
+            self.arrays = {
+                c: np.concatenate([a[: self.done], np.empty(size - self.done, a.dtype)]) for c, a in self.arrays.items()
+            }
         for firsts in (self.first_in, self.first_out, self.first_size):  # ids a run of `end` rows hands out, with slack
             firsts.cap = SLACK + PER_ID * end
         arrays, names, self.held = self.arrays, self._NAMES, batch.schema.names
@@ -114,13 +131,18 @@ class Scan:
         at_out = np.arange(self.taken[1], self.taken[1] + len(outs), dtype=np.int64)
         new_in = self.first_in.new(ins, at_in)
         self.first_out.add(outs, at_out)
-        self.freed.append(frees.copy())  # a view would keep the whole batch alive (DuckDB's Arrow batch is one allocation)
+        self.freed.append(
+            frees.copy()
+        )  # a view would keep the whole batch alive (DuckDB's Arrow batch is one allocation)
         # the sizes of rows whose output_storage_bytes pair with their outputs one to one, where >= 0
         sizes = batch.column("output_storage_bytes")
         lengths, values = pc.list_value_length(sizes).to_numpy(), pc.list_flatten(sizes).to_numpy()
         ok = lengths == counts
-        sids, at, values = (outs, at_out, values) if ok.all() else (
-            outs[np.repeat(ok, counts)], at_out[np.repeat(ok, counts)], values[np.repeat(ok, lengths)])  # fmt: skip
+        sids, at, values = (
+            (outs, at_out, values)
+            if ok.all()
+            else (outs[np.repeat(ok, counts)], at_out[np.repeat(ok, counts)], values[np.repeat(ok, lengths)])
+        )
         with_size = values >= 0
         sids, at, values = sids[with_size], at[with_size], values[with_size]
         new = self.first_size.new(sids, at)  # an earlier batch's first size stays
@@ -137,10 +159,15 @@ class Scan:
         batch) and not before as an output (an output of an earlier row: inputs come before outputs in a row)."""
         in_rows = np.repeat(np.arange(len(n_inputs)), n_inputs)[at]
         known = self.first_out.at  # holds this batch's outputs already
-        seen = np.where(sids < len(known), known[np.minimum(sids, len(known) - 1)], _NONE) if len(known) else \
-            np.full(len(sids), _NONE, dtype=np.int64)  # fmt: skip
+        seen = (
+            np.where(sids < len(known), known[np.minimum(sids, len(known) - 1)], _NONE)
+            if len(known)
+            else np.full(len(sids), _NONE, dtype=np.int64)
+        )
         out_start = np.concatenate([[0], np.cumsum(n_outputs)]).astype(np.int64) + self.taken[1]
-        out_rows = np.searchsorted(out_start, np.where(seen != _NONE, seen, 0), side="right") - 1  # -1: an earlier batch
+        out_rows = (
+            np.searchsorted(out_start, np.where(seen != _NONE, seen, 0), side="right") - 1
+        )  # -1: an earlier batch
         first = (seen == _NONE) | (out_rows >= in_rows)
         picked = pa.array(unique(in_rows[first]))
         if len(picked):
@@ -151,7 +178,7 @@ class Scan:
     def _keep_comm(self, batch):
         """The ids of the batch's collective rows (resizes.COLLECTIVE_PREFIXES)."""
         hits = []
-        for chunk in (op.chunks if isinstance(op := batch.column("op"), pa.ChunkedArray) else [op]):
+        for chunk in op.chunks if isinstance(op := batch.column("op"), pa.ChunkedArray) else [op]:
             chunk = chunk if pa.types.is_dictionary(chunk.type) else pc.dictionary_encode(chunk)
             names = chunk.dictionary.to_pylist()  # each op name tested once, not per row
             collective = np.array([any(n.startswith(p) for p in COLLECTIVE_PREFIXES) for n in names] + [False])
@@ -170,16 +197,19 @@ class Scan:
         for chunk in column.chunks if isinstance(column, pa.ChunkedArray) else [column]:
             chunk = chunk if pa.types.is_dictionary(chunk.type) else pc.dictionary_encode(chunk)
             index = [self.named.setdefault(p, len(self.named)) for p in chunk.dictionary.to_pylist()]
-            codes.append(np.asarray(index, dtype=np.int16)[chunk.indices.to_numpy()] if index else
-                         np.zeros(len(chunk), np.int16))  # fmt: skip
+            codes.append(
+                np.asarray(index, dtype=np.int16)[chunk.indices.to_numpy()] if index else np.zeros(len(chunk), np.int16)
+            )
         return np.concatenate(codes) if codes else np.zeros(0, np.int16)
 
     def finish(self, path, phases):
         """{column: array} of memory_rows (phases numbered as in `phases`); then `lists` and `kept_cells` read what
         was kept. `path`: the run's, for the error of a trace that changed while read."""
         if self.done != self.n:
-            raise ReportError(f"{path}: {self.done} rows read where the trace held {self.n} when opened (it changed "
-                              "while read): read the trace again")  # fmt: skip
+            raise ReportError(
+                f"{path}: {self.done} rows read where the trace held {self.n} when opened (it changed "
+                "while read): read the trace again"
+            )
         arrays = self.arrays
         if self.named:
             lookup = np.zeros(len(self.named), dtype=np.int16)
@@ -222,8 +252,11 @@ class Scan:
         free_rows = np.repeat(np.arange(n, dtype=np.int64), np.diff(free_offsets))
         free_ids = self.free_ids
         top = max([-1] + [int(a.max()) for a in (seen, free_ids) if len(a)])
-        sids, at, values = (np.concatenate([np.zeros(0, np.int64), *k]) for k in zip(*self.known)) if self.known \
-            else (np.zeros(0, np.int64),) * 3  # fmt: skip
+        sids, at, values = (
+            (np.concatenate([np.zeros(0, np.int64), *k]) for k in zip(*self.known))
+            if self.known
+            else (np.zeros(0, np.int64),) * 3
+        )
         if self.first_size.far:  # a far id may come more than once: its first position's size (`at` ascends)
             ids, first = lowest(sids, at)
             known = np.stack([ids, values[np.searchsorted(at, first)]])
@@ -232,5 +265,18 @@ class Scan:
             sizes[sids] = values
             near = np.flatnonzero(sizes >= 0)
             known = np.stack([near, sizes[near]])
-        return Lists(in_offsets, out_offsets, free_rows, free_ids, free_offsets, seen, first_row, as_output, first_at,
-                     known.astype(np.int64, copy=False), comm, row_max, top)  # fmt: skip
+        return Lists(
+            in_offsets,
+            out_offsets,
+            free_rows,
+            free_ids,
+            free_offsets,
+            seen,
+            first_row,
+            as_output,
+            first_at,
+            known.astype(np.int64, copy=False),
+            comm,
+            row_max,
+            top,
+        )

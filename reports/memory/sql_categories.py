@@ -27,8 +27,17 @@ from reports.sql.engine import literal
 
 __all__ = ["by_category", "memory_lists", "memory_rows"]
 
-_LISTS = ("input_storage_ids", "input_shapes", "input_strides", "input_dtypes", "output_storage_ids",
-          "output_shapes", "output_dtypes", "output_storage_bytes", "freed_storage_ids")  # fmt: skip
+_LISTS = (
+    "input_storage_ids",
+    "input_shapes",
+    "input_strides",
+    "input_dtypes",
+    "output_storage_ids",
+    "output_shapes",
+    "output_dtypes",
+    "output_storage_bytes",
+    "freed_storage_ids",
+)
 
 
 _BATCH = 1 << 16  # rows per Arrow batch of the one scan of memory_rows
@@ -57,8 +66,9 @@ def memory_rows(trace, run_index):
     frame.insert(0, "run", pd.Categorical.from_codes(np.zeros(len(frame), np.int8), categories=[name]))
     frame.attrs["runs"] = SharedRuns({name: meta})  # shared by derived frames, never deep-copied
     kept = scan.kept_cells()
-    frame.attrs["cells"] = Cells([c for c in _LISTS if c in trace.columns],
-                                 lambda column, seqs: _cells(trace, run_index, column, seqs, kept))  # fmt: skip
+    frame.attrs["cells"] = Cells(
+        [c for c in _LISTS if c in trace.columns], lambda column, seqs: _cells(trace, run_index, column, seqs, kept)
+    )
     comm = scan.kept_comm()
     comm = _comm(trace.db, where) if comm is None else comm
     frame.attrs["lists"] = _Kept(scan.lists(frame, comm, _row_max(trace.db, where, frame["seq"].to_numpy())))
@@ -78,9 +88,11 @@ class _Kept:
 def _scan(trace, run_index, phases, order):
     """A Scan of run `run_index` fed by one DuckDB scan of its rows (phase as its index in `phases`)."""
     codes = f"(list_position([{', '.join(literal(p) for p in phases)}], phase) - 1)::SMALLINT" if phases else "0"
-    reader = trace.db.sql(f"SELECT seq, step, {codes} AS phase, bytes_allocated, live_bytes, input_storage_ids, "
-                          f"output_storage_ids, output_storage_bytes, freed_storage_ids FROM rows WHERE run_index = "
-                          f"{run_index}" + (" ORDER BY seq" if order else "")).to_arrow_reader(_BATCH)  # fmt: skip
+    reader = trace.db.sql(
+        f"SELECT seq, step, {codes} AS phase, bytes_allocated, live_bytes, input_storage_ids, "
+        f"output_storage_ids, output_storage_bytes, freed_storage_ids FROM rows WHERE run_index = "
+        f"{run_index}" + (" ORDER BY seq" if order else "")
+    ).to_arrow_reader(_BATCH)
     scan = Scan(trace._ops()[run_index])  # the run's rows (run_totals): each column filled in place, batch by batch
     for batch in reader:
         scan.feed(batch)
@@ -90,16 +102,24 @@ def _scan(trace, run_index, phases, order):
 def _comm(db, where):
     """The ids collective rows read or wrote, ascending."""
     collective = " OR ".join(f"starts_with(op, '{p}')" for p in COLLECTIVE_PREFIXES)
-    return db.sql(f"SELECT DISTINCT unnest(list_concat(input_storage_ids, output_storage_ids)) AS sid FROM rows "
-                  f"WHERE {where} AND ({collective}) ORDER BY sid").fetchnumpy()["sid"].astype(np.int64)  # fmt: skip
+    return (
+        db.sql(
+            f"SELECT DISTINCT unnest(list_concat(input_storage_ids, output_storage_ids)) AS sid FROM rows "
+            f"WHERE {where} AND ({collective}) ORDER BY sid"
+        )
+        .fetchnumpy()["sid"]
+        .astype(np.int64)
+    )
 
 
 def _row_max(db, where, seq):
     """Lists.row_max: each row's highest input or output id (-1: none), read when asked (rows at `seq`)."""
 
     def row_max():
-        found = db.sql(f"SELECT seq, greatest(coalesce(list_max(input_storage_ids), -1), coalesce(list_max("
-                       f"output_storage_ids), -1)) AS top FROM rows WHERE {where}").fetchnumpy()  # fmt: skip
+        found = db.sql(
+            f"SELECT seq, greatest(coalesce(list_max(input_storage_ids), -1), coalesce(list_max("
+            f"output_storage_ids), -1)) AS top FROM rows WHERE {where}"
+        ).fetchnumpy()
         tops = np.full(len(seq), -1, dtype=np.int64)
         tops[np.searchsorted(seq, np.asarray(found["seq"], dtype=np.int64))] = found["top"]
         return tops
@@ -125,8 +145,10 @@ def _cells(trace, run_index, column, seqs, kept=None):
         return trace.db.sql(f"SELECT {column} FROM rows LIMIT 0").to_arrow_table().column(0).combine_chunks()
     trace.db.register("_wanted", pa.table({"seq": np.unique(seqs)}))
     try:
-        found = trace.db.sql(f"SELECT seq, {column} FROM rows WHERE run_index = {run_index} "
-                             "AND seq IN (SELECT seq FROM _wanted) ORDER BY seq").to_arrow_table()  # fmt: skip
+        found = trace.db.sql(
+            f"SELECT seq, {column} FROM rows WHERE run_index = {run_index} "
+            "AND seq IN (SELECT seq FROM _wanted) ORDER BY seq"
+        ).to_arrow_table()
     finally:
         trace.db.unregister("_wanted")
     at = np.searchsorted(found.column("seq").to_numpy(), seqs)

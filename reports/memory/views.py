@@ -55,8 +55,15 @@ def _casts(rows):
     return (ins != "") & (outs != "") & (ins != outs)
 
 
-_VIEWS = {"run": "object", "kind": "object", "op": "object", "ops": "int64", "bytes_allocated": "int64",
-          "bytes_written": "int64", "allocated_pct": "float64"}  # fmt: skip
+_VIEWS = {
+    "run": "object",
+    "kind": "object",
+    "op": "object",
+    "ops": "int64",
+    "bytes_allocated": "int64",
+    "bytes_written": "int64",
+    "allocated_pct": "float64",
+}
 _VIEW_COLUMNS = ("op", "is_view", "bytes_allocated", "bytes_written")
 
 
@@ -73,9 +80,26 @@ def views(df):
         return tables.views(trace)
 
 
-_COPIES = {"run": "object", "module": "object", "phase": "object", "op": "object", "ops": "int64",
-           "casts": "int64", "bytes_allocated": "int64", "bytes_written": "int64"}  # fmt: skip
-_COPY_COLUMNS = ("op", "module", "phase", "is_view", "input_dtypes", "output_dtypes", "bytes_allocated", "bytes_written")
+_COPIES = {
+    "run": "object",
+    "module": "object",
+    "phase": "object",
+    "op": "object",
+    "ops": "int64",
+    "casts": "int64",
+    "bytes_allocated": "int64",
+    "bytes_written": "int64",
+}
+_COPY_COLUMNS = (
+    "op",
+    "module",
+    "phase",
+    "is_view",
+    "input_dtypes",
+    "output_dtypes",
+    "bytes_allocated",
+    "bytes_written",
+)
 
 
 def copies(df):
@@ -103,8 +127,12 @@ def copies(df):
                 }
             )
             .groupby(["module", "phase", "op"], sort=False)
-            .agg(ops=("op", "size"), casts=("casts", "sum"), bytes_allocated=("bytes_allocated", "sum"),
-                 bytes_written=("bytes_written", "sum"))  # fmt: skip
+            .agg(
+                ops=("op", "size"),
+                casts=("casts", "sum"),
+                bytes_allocated=("bytes_allocated", "sum"),
+                bytes_written=("bytes_written", "sum"),
+            )
             .reset_index()
             .sort_values(["bytes_allocated", "bytes_written", "ops"], ascending=False, kind="stable")
         )

@@ -59,9 +59,9 @@ def summary(sql, peak_tflops=None, step_time_s=None, ranks_present=None, top=8):
         "flops": src.phase_flops(),  # per step; the phases add up to total
         "bound_flops": src.bounds(),  # of those, per step, upper bounds rather than counts
         "external_weight_flops": None if table is None else json_number(table.loc["total", "external_weight_flops"]),
-        "expected": None if table is None else {
-            phase: json_number(table.loc[phase, "expected_flops"]) for phase in ("forward", "backward", "total")
-        },
+        "expected": None
+        if table is None
+        else {phase: json_number(table.loc[phase, "expected_flops"]) for phase in ("forward", "backward", "total")},
         "mfu": json_number(rate["mfu"]),
         "achieved_flops_per_s": json_number(rate["achieved_flops_per_s"]),
         "step_time_s": json_number(rate["step_time_s"]),
@@ -69,7 +69,9 @@ def summary(sql, peak_tflops=None, step_time_s=None, ranks_present=None, top=8):
         "peak_live_bytes": json_number(highest["peak_live_bytes"]),
         "damage": dict(meta.get("damage") or {}),
         "compiled_ran_eagerly": bool(meta.get("compiled_ran_eagerly")),
-        "compiled_regions_eager": meta.get("compiled_regions_eager"),  # {calls, names, other_calls} (tracer.recording.compiled)
+        "compiled_regions_eager": meta.get(
+            "compiled_regions_eager"
+        ),  # {calls, names, other_calls} (tracer.recording.compiled)
         "compiled_note": compiled_note(meta) or None,
         "backward_unnamed_rows": int(meta.get("backward_unnamed_rows") or 0),
         "attention": meta.get("attention"),  # on meta: which SDPA kernels ran (tracer.recording.meta_attention)
@@ -100,15 +102,19 @@ def compiled_note(meta):
     regions = meta.get("compiled_regions_eager") or {}
     counted = ""
     if regions.get("calls"):
-        named = [f"{printable(str(name))} {calls:,}" if isinstance(calls, int) else printable(str(name))
-                 for name, calls in (regions.get("names") or {}).items()]
+        named = [
+            f"{printable(str(name))} {calls:,}" if isinstance(calls, int) else printable(str(name))
+            for name, calls in (regions.get("names") or {}).items()
+        ]
         if regions.get("other_calls"):
             named.append(f"others {regions['other_calls']:,}")
         calls = regions["calls"]
         counted = f" ({calls:,} call{'s' if calls != 1 else ''} of compiled regions: {', '.join(named)})"
-    return (f"torch.compile'd code ran eagerly under the tracer{counted}; the figures describe the eager program. "
-            "Its FLOPs are the eager program's (a compiler's fusion changes bytes and time, not FLOPs); traced "
-            "numerics can differ from compiled ones in the last bits")
+    return (
+        f"torch.compile'd code ran eagerly under the tracer{counted}; the figures describe the eager program. "
+        "Its FLOPs are the eager program's (a compiler's fusion changes bytes and time, not FLOPs); traced "
+        "numerics can differ from compiled ones in the last bits"
+    )
 
 
 def python_path_note(meta):
@@ -118,14 +124,20 @@ def python_path_note(meta):
     if not isinstance(collector, dict) or collector.get("path") != "python":
         return ""
     reason = printable(str(collector.get("reason") or "no reason recorded"))
-    return (f"traced by optrace's pure-Python path ({reason}): the same rows as the compiled hook's, at about twice its "
-            "tracing cost per op (README, Performance)")
+    return (
+        f"traced by optrace's pure-Python path ({reason}): the same rows as the compiled hook's, at about twice its "
+        "tracing cost per op (README, Performance)"
+    )
 
 
 def _coverage_json(src):
     """`uncounted_ops`: the ops no FLOP formula counted (op, ops, time_pct)."""
     table = src.uncounted()
-    return {"uncounted_ops": [{"op": r.op, "ops": int(r.ops), "time_pct": json_number(r.time_pct)} for r in table.itertuples()]}
+    return {
+        "uncounted_ops": [
+            {"op": r.op, "ops": int(r.ops), "time_pct": json_number(r.time_pct)} for r in table.itertuples()
+        ]
+    }
 
 
 def _print_coverage(src, out):
@@ -152,35 +164,53 @@ def _print_report(sql, args, out):
     broken = describe_damage(meta.get("damage") or {})
     if broken:
         state = ("DAMAGED" if meta.get("complete") else state) + f"; {broken}"
-    print(f"optrace report: {printable(run)}  ({src.ops()} ops, {src.steps_traced()} step(s), {printable(device)}, {state})", file=out)
+    print(
+        f"optrace report: {printable(run)}  ({src.ops()} ops, {src.steps_traced()} step(s), {printable(device)}, {state})",
+        file=out,
+    )
     if meta.get("compiled_ran_eagerly"):
         print(f"Note: {compiled_note(meta)}", file=out)
     math_calls = (meta.get("attention") or {}).get("math") or 0
     if math_calls:
-        print(f"Note: {math_calls} scaled_dot_product_attention call(s) ran PyTorch's math path on the meta device: it keeps "
-              "the full score matrix for the backward, where a GPU's fused kernel keeps one value per row; trace with "
-              "Tracer(..., meta_attention='fused') (the default) for a GPU's FLOPs and memory", file=out)
+        print(
+            f"Note: {math_calls} scaled_dot_product_attention call(s) ran PyTorch's math path on the meta device: it keeps "
+            "the full score matrix for the backward, where a GPU's fused kernel keeps one value per row; trace with "
+            "Tracer(..., meta_attention='fused') (the default) for a GPU's FLOPs and memory",
+            file=out,
+        )
     if meta.get("untraced_optimizer_steps"):
         k = meta["untraced_optimizer_steps"]
-        print(f"Note: {k:,} optimizer step{'s' if k != 1 else ''} ran untraced (compiled before the trace: their "
-              f"kernels bypass the dispatcher); optimizer FLOPs and bytes leave them out", file=out)
+        print(
+            f"Note: {k:,} optimizer step{'s' if k != 1 else ''} ran untraced (compiled before the trace: their "
+            f"kernels bypass the dispatcher); optimizer FLOPs and bytes leave them out",
+            file=out,
+        )
     if meta.get("optimizer_state_found_late"):
-        print(f"Note: {meta['optimizer_state_found_late']:,} bytes of optimizer state were alive when the Tracer was "
-              "entered but found only at their optimizer's step: live_bytes and the memory figures before it leave "
-              "them out", file=out)
+        print(
+            f"Note: {meta['optimizer_state_found_late']:,} bytes of optimizer state were alive when the Tracer was "
+            "entered but found only at their optimizer's step: live_bytes and the memory figures before it leave "
+            "them out",
+            file=out,
+        )
     if python_path_note(meta):
         print(f"Note: {python_path_note(meta)}", file=out)
     if cycles_note(meta):  # explain says it too, but it needs model= and tokens=
         print(f"Note: {cycles_note(meta)}", file=out)
     if meta.get("backward_unnamed_rows"):
-        print(f"Note: {meta['backward_unnamed_rows']:,} backward ops have no module (an engine run of more autograd "
-              f"nodes than the tracer names, 20,000); FLOP and byte figures are unaffected", file=out)
+        print(
+            f"Note: {meta['backward_unnamed_rows']:,} backward ops have no module (an engine run of more autograd "
+            f"nodes than the tracer names, 20,000); FLOP and byte figures are unaffected",
+            file=out,
+        )
 
     bound = src.bounds()
     if bound["rows"]:
-        print(f"Note: {bound['rows']:,} ops count an upper bound of their FLOPs ({human(bound['flops'])} per step): "
-              f"the lengths or group sizes they depend on could not be read (meta or fake tensors); "
-              f"column flops_bound", file=out)
+        print(
+            f"Note: {bound['rows']:,} ops count an upper bound of their FLOPs ({human(bound['flops'])} per step): "
+            f"the lengths or group sizes they depend on could not be read (meta or fake tensors); "
+            f"column flops_bound",
+            file=out,
+        )
     print("\nFLOPs per step against 2/4/6 x N x T", file=out)
     try:
         accounts = src.accounts()  # one analysis of the rows for breakdown and explain
@@ -198,8 +228,11 @@ def _print_report(sql, args, out):
         routed = f", N_active = {active:,.0f} used per token" if active < table["n_rank"].iloc[0] - 0.5 else ""
         if table["n_rank"].iloc[0] != table["n_params"].iloc[0]:
             routed += f", this rank multiplies N = {table['n_rank'].iloc[0]:,} (its tensor-parallel shards)"
-        print(f"N = {table['n_params'].iloc[0]:,} parameters ({table['n_kind'].iloc[0]}){routed}, "
-              f"T = {tokens_text(table['tokens'].iloc[0])} tokens per step", file=out)
+        print(
+            f"N = {table['n_params'].iloc[0]:,} parameters ({table['n_kind'].iloc[0]}){routed}, "
+            f"T = {tokens_text(table['tokens'].iloc[0])} tokens per step",
+            file=out,
+        )
         for line in src.explain(accounts):
             print(f"  - {printable(line)}", file=out)
         del accounts  # its per-row arrays: freed before the memory section's own
@@ -217,8 +250,11 @@ def _print_report(sql, args, out):
             file=out,
         )
         if (json_number(rate["mfu"]) or 0) > 1 or (json_number(rate["hfu"]) or 0) > 1:
-            print("  Caveat: above 100%, outside its model: the step time or the peak is wrong (a step time shorter "
-                  "than the traced step, or a peak below the device's dense peak for this dtype)", file=out)
+            print(
+                "  Caveat: above 100%, outside its model: the step time or the peak is wrong (a step time shorter "
+                "than the traced step, or a peak below the device's dense peak for this dtype)",
+                file=out,
+            )
         if "mfu_of_achievable" in rate and json_number(rate["mfu_of_achievable"]) is not None:
             print(f"  of the measured matmul ceiling: {percent(rate['mfu_of_achievable'])}", file=out)
         spread = _step_time_spread(meta.get("step_time"), args.step_time)
@@ -231,7 +267,9 @@ def _print_report(sql, args, out):
     mods = src.by_module()
     mods = mods[mods["depth"] <= 2].sort_values("subtree_flops", ascending=False).head(args.top)
     mods = mods.assign(module=mods["module"].replace("", "(outside modules)"))
-    mods = mods[["module", "subtree_flops", "subtree_flops_pct"]].rename(columns={"subtree_flops": "subtree_flops_total"})
+    mods = mods[["module", "subtree_flops", "subtree_flops_pct"]].rename(
+        columns={"subtree_flops": "subtree_flops_total"}
+    )
     print(f"\nTop modules by FLOPs, totals over all {src.steps_traced()} step(s) (children rolled up)", file=out)
     print(_text(mods, column_formatters(mods)), file=out)
 
@@ -239,7 +277,10 @@ def _print_report(sql, args, out):
     _print_roofline(args, out, src)
 
     top = src.peak().iloc[0]
-    print(f"\nMemory: peak {human_bytes(top['peak_live_bytes'])} live at op {top['seq']} ({printable(top['op'])}, {printable(top['phase'])}, module {printable(top['module'] or '-')})", file=out)
+    print(
+        f"\nMemory: peak {human_bytes(top['peak_live_bytes'])} live at op {top['seq']} ({printable(top['op'])}, {printable(top['phase'])}, module {printable(top['module'] or '-')})",
+        file=out,
+    )
     for _, row in src.categories().iterrows():
         print(f"  {row['category']:<22} {human_bytes(row['bytes'])}", file=out)
 
@@ -249,7 +290,11 @@ def _print_report(sql, args, out):
     print(_text(kinds, column_formatters(kinds)), file=out)
     made = v[v["kind"] == "copy"].head(args.top)
     if len(made):
-        print("Copies:", ", ".join(f"{printable(r.op)} x{r.ops} ({human_bytes(r.bytes_allocated)})" for r in made.itertuples()), file=out)
+        print(
+            "Copies:",
+            ", ".join(f"{printable(r.op)} x{r.ops} ({human_bytes(r.bytes_allocated)})" for r in made.itertuples()),
+            file=out,
+        )
 
 
 def _print_roofline(args, out, src):
@@ -260,20 +305,41 @@ def _print_roofline(args, out, src):
         print("\nRoofline: N/A (no roof: record Tracer.set_bandwidth(tracer.memory_bandwidth()) on a CPU)", file=out)
         return
     bw, peak = table["peak_bytes_per_s"].iloc[0], table["peak_flops_per_s"].max()
-    print(f"\nRoofline, per step ({src.steps_traced()} step(s) traced; op time from busy_ns; bytes are algorithmic; "
-          f"roofs {human(peak, 'FLOP/s')}, {human(bw, 'B/s')})", file=out)  # fmt: skip
-    shown = table.assign(op=table["op"].str.removeprefix("aten."), intensity=table["arithmetic_intensity"].round(2),
-                         efficiency_pct=100 * table["efficiency"])  # fmt: skip
-    shown = shown[["op", "dtype", "ops_per_step", "flops_per_step", "bytes_per_step", "intensity", "time_s_per_step",
-                   "achieved_flops_per_s", "bound", "efficiency_pct"]]  # fmt: skip
+    print(
+        f"\nRoofline, per step ({src.steps_traced()} step(s) traced; op time from busy_ns; bytes are algorithmic; "
+        f"roofs {human(peak, 'FLOP/s')}, {human(bw, 'B/s')})",
+        file=out,
+    )
+    shown = table.assign(
+        op=table["op"].str.removeprefix("aten."),
+        intensity=table["arithmetic_intensity"].round(2),
+        efficiency_pct=100 * table["efficiency"],
+    )
+    shown = shown[
+        [
+            "op",
+            "dtype",
+            "ops_per_step",
+            "flops_per_step",
+            "bytes_per_step",
+            "intensity",
+            "time_s_per_step",
+            "achieved_flops_per_s",
+            "bound",
+            "efficiency_pct",
+        ]
+    ]
     shown = shown.rename(columns={"time_s_per_step": "time_per_step"})
     formatters = {**column_formatters(shown), "bytes_per_step": human_bytes}
     above = shown["efficiency_pct"].astype("float64") > 100
     formatters["efficiency_pct"] = lambda v: "N/A" if v is None or v != v else f"{v:.1f}%" + ("*" if v > 100 else "")
     print(_text(shown, formatters, "N/A"), file=out)
     if above.any():
-        print(f"  * {int(above.sum())} row(s) above 100% of the roof: outside the roofline's model (the bandwidth roof "
-              "is a DRAM triad, and small tensors stay in cache, which is faster than DRAM)", file=out)
+        print(
+            f"  * {int(above.sum())} row(s) above 100% of the roof: outside the roofline's model (the bandwidth roof "
+            "is a DRAM triad, and small tensors stay in cache, which is faster than DRAM)",
+            file=out,
+        )
     for row in split.itertuples():
         roof = "" if row.bound == "other" else f", {human_seconds(row.roof_time_s)} at the roof"
         label = "other ops" if row.bound == "other" else f"{row.bound}-bound"
@@ -288,8 +354,10 @@ def _step_time_spread(timing, given):
     low, high = min(times), max(times)
     line = f"step time: the median of {len(times)} untraced steps ({low * 1e3:.1f}-{high * 1e3:.1f} ms)"
     if high > 1.5 * low:
-        line += (f"; the slowest took {high / low:.1f}x the fastest, so MFU is uncertain by as much "
-                 "(a busy machine, or more threads than cores: set OMP_NUM_THREADS)")
+        line += (
+            f"; the slowest took {high / low:.1f}x the fastest, so MFU is uncertain by as much "
+            "(a busy machine, or more threads than cores: set OMP_NUM_THREADS)"
+        )
     return line
 
 
@@ -335,8 +403,10 @@ def _no_ops(path):
     ranks = rank_paths(path)
     if len(ranks) > 1:
         (first, rank), (other, _) = ranks[0], ranks[1]
-        raise ReportError(f"{first}: rank {rank} has no ops (nothing ran inside `with Tracer(...)` there), and the report "
-                          f"is of the lowest rank; report another rank's directory, e.g. {other}")
+        raise ReportError(
+            f"{first}: rank {rank} has no ops (nothing ran inside `with Tracer(...)` there), and the report "
+            f"is of the lowest rank; report another rank's directory, e.g. {other}"
+        )
     raise ReportError(f"{path}: the trace has no ops (nothing ran inside `with Tracer(...)`){_meter_errors(path)}")
 
 
@@ -348,8 +418,11 @@ def _meter_errors(path):
         errors = (meter_summary(path) or {}).get("errors")
     except (ReportError, OSError, ValueError):
         return ""
-    return (f"; its Meter counted {errors:,} bookkeeping error(s), as a Meter made on another thread than the loop's "
-            "does") if errors else ""
+    return (
+        (f"; its Meter counted {errors:,} bookkeeping error(s), as a Meter made on another thread than the loop's does")
+        if errors
+        else ""
+    )
 
 
 def _memory(paths, columns):
@@ -363,7 +436,6 @@ def _memory(paths, columns):
 
 def _frame_columns(path, plot):
     from reports.loading.load import rank_paths
-
     from tracer.schema import COLUMN_NAMES
 
     unused = _REPORT_UNUSED  # --json holds every section too
@@ -418,9 +490,7 @@ def _first_rank_frame(path, everyone):
 
 
 def _compare(args):
-    from reports.compare import columns
-
-    from reports.compare import compare
+    from reports.compare import columns, compare
 
     trace = _sql_all(args.traces, columns(args.by)) if args.engine == "sql" else None
     if trace is None:  # --engine pandas, or a trace the Trace does not read from its files: over its loaded rows
@@ -431,7 +501,9 @@ def _compare(args):
     table = None if empty else compare(trace, by=args.by)
     for name, path in zip(runs, args.traces):
         if name in empty:
-            raise ReportError(f"{path}: the trace has no ops (nothing ran inside `with Tracer(...)`); nothing to compare")
+            raise ReportError(
+                f"{path}: the trace has no ops (nothing ran inside `with Tracer(...)`); nothing to compare"
+            )
     if args.json:
         print(json.dumps(compare_json(table, runs, args.by), indent=2, allow_nan=False))
     else:
@@ -441,19 +513,28 @@ def _compare(args):
         shown = table[table[args.by].isin(keys)].astype({"peak_live_bytes": "float64"})
         header = [_COMPARE_HEADERS.get(c, c) for c in shown.columns]  # short names: the --json names in the legend
         print(_text(shown, column_formatters(shown), "N/A", header))
-        print(f"/step: per step; _x: the ratio to {runs[0]}'s value for the same {args.by} (inf: x / 0; N/A: 0 / 0); "
-              "alloc: bytes allocated\n"
-              f"change_pct: the larger change of FLOPs and of bytes allocated per step against {runs[0]}, in % of "
-              f"{runs[0]}'s total (keys ordered by it)\n"
-              "traced: time under the tracer, for ranking, not speed; --json has the full column names")
+        print(
+            f"/step: per step; _x: the ratio to {runs[0]}'s value for the same {args.by} (inf: x / 0; N/A: 0 / 0); "
+            "alloc: bytes allocated\n"
+            f"change_pct: the larger change of FLOPs and of bytes allocated per step against {runs[0]}, in % of "
+            f"{runs[0]}'s total (keys ordered by it)\n"
+            "traced: time under the tracer, for ranking, not speed; --json has the full column names"
+        )
 
 
 # `compare`'s column names in text, kept short so a row fits a terminal; --json keeps the full names.
 _COMPARE_HEADERS = {
-    "ops_per_step": "ops/step", "flops_per_step": "flops/step", "bytes_allocated_per_step": "alloc/step",
-    "traced_us_per_step": "traced/step", "peak_live_bytes": "peak_live", "mfu_pct": "mfu_pct", "flops_ratio": "flops_x",
-    "bytes_allocated_ratio": "alloc_x", "peak_live_bytes_ratio": "peak_live_x", "traced_us_ratio": "traced_x",
-}  # fmt: skip
+    "ops_per_step": "ops/step",
+    "flops_per_step": "flops/step",
+    "bytes_allocated_per_step": "alloc/step",
+    "traced_us_per_step": "traced/step",
+    "peak_live_bytes": "peak_live",
+    "mfu_pct": "mfu_pct",
+    "flops_ratio": "flops_x",
+    "bytes_allocated_ratio": "alloc_x",
+    "peak_live_bytes_ratio": "peak_live_x",
+    "traced_us_ratio": "traced_x",
+}
 
 
 def _export(args):
@@ -478,8 +559,15 @@ def _plan(args):
     if not len(df):
         raise ReportError(f"{args.trace}: the trace has no ops (nothing ran inside `with Tracer(...)`)")
     assumed = dict(args.assume or [])
-    frame = plan(df.loc[df["run"] == df["run"].iloc[0]], args.gpu, args.gpus_per_node, args.micro_batch, args.batch,
-                 args.overlap, assumed)
+    frame = plan(
+        df.loc[df["run"] == df["run"].iloc[0]],
+        args.gpu,
+        args.gpus_per_node,
+        args.micro_batch,
+        args.batch,
+        args.overlap,
+        assumed,
+    )
     if args.json:
         print(json.dumps(plan_json(frame), indent=2, allow_nan=False))
     else:
@@ -549,43 +637,77 @@ def _parser():
     parser.add_argument("--version", action="version", version=f"optrace {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     rep = sub.add_parser("report", help="summarise one trace")
-    rep.add_argument("trace", help="a trace directory written by tracer.Tracer (with or without rank=R sub-directories)")
+    rep.add_argument(
+        "trace", help="a trace directory written by tracer.Tracer (with or without rank=R sub-directories)"
+    )
     rep.add_argument("--peak-tflops", type=_positive, help="promised peak TFLOP/s (overrides the device table)")
     rep.add_argument("--step-time", type=_step_time, help="untraced step time in seconds (overrides the trace's)")
     rep.add_argument("--json", action="store_true", help="print one JSON object")
     rep.add_argument("--plot", metavar="DIR", help="write PNG plots to DIR")
     rep.add_argument("--top", type=_top, default=8, help="rows in the top-N tables")
-    rep.add_argument("--engine", choices=("sql", "pandas"), default="sql",
-                     help="how the rows reach the views: DuckDB over the files, holding only the results (sql, default), "
-                          "or the rows loaded with reports.load and the views run over them (pandas); the output is the same")
+    rep.add_argument(
+        "--engine",
+        choices=("sql", "pandas"),
+        default="sql",
+        help="how the rows reach the views: DuckDB over the files, holding only the results (sql, default), "
+        "or the rows loaded with reports.load and the views run over them (pandas); the output is the same",
+    )
     rep.set_defaults(run=_report)
     cmp = sub.add_parser("compare", help="compare several traces")
     cmp.add_argument("traces", nargs="+", help="two or more trace directories; ratios are against the first")
-    cmp.add_argument("--by", choices=("phase", "op", "module"), default="phase",
-                     help="one row per phase, aten op or module and run (default: phase)")
+    cmp.add_argument(
+        "--by",
+        choices=("phase", "op", "module"),
+        default="phase",
+        help="one row per phase, aten op or module and run (default: phase)",
+    )
     cmp.add_argument("--json", action="store_true", help="print one JSON object")
     cmp.add_argument("--top", type=_top, default=20, help="keys shown, each with a row per run (default: 20)")
-    cmp.add_argument("--engine", choices=("sql", "pandas"), default="sql",
-                     help="DuckDB over the files (sql, default) or over the rows loaded with reports.load; same output")
+    cmp.add_argument(
+        "--engine",
+        choices=("sql", "pandas"),
+        default="sql",
+        help="DuckDB over the files (sql, default) or over the rows loaded with reports.load; same output",
+    )
     cmp.set_defaults(run=_compare)
     exp = sub.add_parser("export", help="write a trace for Perfetto: Chrome JSON (.json) or protobuf (.pftrace)")
-    exp.add_argument("trace", help="a trace directory written by tracer.Tracer (with or without rank=R sub-directories)")
-    exp.add_argument("-o", "--output", required=True, metavar="OUT",
-                     help="OUT.json (Chrome JSON), OUT.json.gz (the same, gzip-compressed), OUT.pftrace (Perfetto "
-                          "protobuf) or - (Chrome JSON to stdout)")
+    exp.add_argument(
+        "trace", help="a trace directory written by tracer.Tracer (with or without rank=R sub-directories)"
+    )
+    exp.add_argument(
+        "-o",
+        "--output",
+        required=True,
+        metavar="OUT",
+        help="OUT.json (Chrome JSON), OUT.json.gz (the same, gzip-compressed), OUT.pftrace (Perfetto "
+        "protobuf) or - (Chrome JSON to stdout)",
+    )
     exp.set_defaults(run=_export)
     pln = sub.add_parser("plan", help="will a traced rank fit on a GPU, and how fast will a step go")
     pln.add_argument("trace", help="a trace of one rank (real, meta or fake; any world size)")
-    pln.add_argument("--gpu", required=True, metavar="NAME",
-                     help=f"the target, a device of the catalogue (tracer.devices): {', '.join(GPU_CHOICES[:-1])}; or "
-                     "a name only one of them has (H100); or cpu (the CPU the trace ran on)")
+    pln.add_argument(
+        "--gpu",
+        required=True,
+        metavar="NAME",
+        help=f"the target, a device of the catalogue (tracer.devices): {', '.join(GPU_CHOICES[:-1])}; or "
+        "a name only one of them has (H100); or cpu (the CPU the trace ran on)",
+    )
     pln.add_argument("--gpus-per-node", type=_top, default=8, help="GPUs per node (default: 8)")
     pln.add_argument("--micro-batch", type=_top, help="sequences per rank to plan (default: the traced batch)")
     pln.add_argument("--batch", type=_top, help="sequences per rank in the trace (default: found in the trace)")
-    pln.add_argument("--overlap", choices=("prefetch", "none"), default="prefetch",
-                     help="how collectives overlap compute (default: prefetch, FSDP2's)")
-    pln.add_argument("--assume", type=_assumption, action="append", metavar="NAME=VALUE",
-                     help="override an assumption (e.g. matmul_efficiency=0.7); repeatable")
+    pln.add_argument(
+        "--overlap",
+        choices=("prefetch", "none"),
+        default="prefetch",
+        help="how collectives overlap compute (default: prefetch, FSDP2's)",
+    )
+    pln.add_argument(
+        "--assume",
+        type=_assumption,
+        action="append",
+        metavar="NAME=VALUE",
+        help="override an assumption (e.g. matmul_efficiency=0.7); repeatable",
+    )
     pln.add_argument("--json", action="store_true", help="print one JSON object")
     pln.set_defaults(run=_plan)
     return parser
@@ -594,7 +716,9 @@ def _parser():
 def _interrupted(exc):
     """Whether `exc` is DuckDB's word for a Ctrl-C during a query: its own SIGINT check takes the KeyboardInterrupt
     and raises InterruptException, or RuntimeError('Query interrupted') from a fetch."""
-    return type(exc).__name__ == "InterruptException" or isinstance(exc, RuntimeError) and str(exc) == "Query interrupted"
+    return (
+        type(exc).__name__ == "InterruptException" or isinstance(exc, RuntimeError) and str(exc) == "Query interrupted"
+    )
 
 
 def main(argv=None):
@@ -614,7 +738,9 @@ def main(argv=None):
             message = printable(exc).removeprefix(f"{args.command}: ")
             print(f"optrace {args.command}: error: {message}", file=sys.stderr)
             return 2
-        except BrokenPipeError:  # `optrace report T | head`: the reader has what it wanted (checked_stdout dropped the rest)
+        except (
+            BrokenPipeError
+        ):  # `optrace report T | head`: the reader has what it wanted (checked_stdout dropped the rest)
             return 0
         except KeyboardInterrupt:  # Ctrl-C: the shell's status for SIGINT, one line, no traceback
             print(f"optrace {args.command}: interrupted", file=sys.stderr)
@@ -625,8 +751,11 @@ def main(argv=None):
                 return 130
             if not merged_away(exc):
                 raise
-            print(f"optrace {args.command}: error: {printable(one_line(exc))} (the tracer of a live trace merged that part "
-                  "away while it was read: read the trace again)", file=sys.stderr)  # fmt: skip
+            print(
+                f"optrace {args.command}: error: {printable(one_line(exc))} (the tracer of a live trace merged that part "
+                "away while it was read: read the trace again)",
+                file=sys.stderr,
+            )
             return 2
     for w in caught:
         print(f"optrace {args.command}: note: {printable(w.message)}", file=sys.stderr)

@@ -19,22 +19,30 @@ def print_job(src, present, out):
     if job is None:
         return
     missing = "" if present >= job["world_size"] else f"; {present} of {job['world_size']} ranks present in the trace"
-    print(f"\nDistributed: rank {job['rank']} of world size {job['world_size']} (backend {job['backend']}{missing})", file=out)
+    print(
+        f"\nDistributed: rank {job['rank']} of world size {job['world_size']} (backend {job['backend']}{missing})",
+        file=out,
+    )
     if not job["collectives"]:
         print("  no collectives traced", file=out)
         return
     print(f"Collectives per step of rank {job['rank']} (sent and received: by the ring algorithms of NCCL)", file=out)
-    shown = pa.table({
-        "collective": [c["collective"] for c in job["collectives"]],
-        "group": [f"{c['process_group'] or '-'} ({c['group_size']})" for c in job["collectives"]],
-        "calls": [f"{c['calls_per_step']:g}" for c in job["collectives"]],
-        "message": [human_bytes(c["message_bytes_per_step"]) for c in job["collectives"]],
-        "sent": [human_bytes(c["sent_bytes_per_step"]) for c in job["collectives"]],
-        "received": [human_bytes(c["received_bytes_per_step"]) for c in job["collectives"]],
-    })  # fmt: skip
+    shown = pa.table(
+        {
+            "collective": [c["collective"] for c in job["collectives"]],
+            "group": [f"{c['process_group'] or '-'} ({c['group_size']})" for c in job["collectives"]],
+            "calls": [f"{c['calls_per_step']:g}" for c in job["collectives"]],
+            "message": [human_bytes(c["message_bytes_per_step"]) for c in job["collectives"]],
+            "sent": [human_bytes(c["sent_bytes_per_step"]) for c in job["collectives"]],
+            "received": [human_bytes(c["received_bytes_per_step"]) for c in job["collectives"]],
+        }
+    )
     print(render(shown), file=out)
     if job["fake_process_group"]:
-        print("  No bandwidth or collective time: a fake process group moves no data, so its timings mean nothing.", file=out)
+        print(
+            "  No bandwidth or collective time: a fake process group moves no data, so its timings mean nothing.",
+            file=out,
+        )
 
 
 def print_ranks(src, out):
@@ -44,14 +52,20 @@ def print_ranks(src, out):
     world = meta.get("world_size")
     of = f" of {world}" if world and world != len(table) else ""
     print(f"\nRanks ({len(table)}{of}): per step, traced times", file=out)
+
     def ms(column):
         return [f"{v * 1e3:.2f}" for v in table[column].tolist()]
 
-    shown = pa.table({
-        "rank": pa.array(table["rank"].tolist(), pa.int64()), "FLOPs": [human(v) for v in table["flops_per_step"].tolist()],
-        "comm bytes": [human_bytes(v) for v in table["comm_bytes_per_step"].tolist()],
-        "comm ms": ms("comm_s_per_step"), "compute ms": ms("compute_s_per_step"), "step ms": ms("step_time_s"),
-    })  # fmt: skip
+    shown = pa.table(
+        {
+            "rank": pa.array(table["rank"].tolist(), pa.int64()),
+            "FLOPs": [human(v) for v in table["flops_per_step"].tolist()],
+            "comm bytes": [human_bytes(v) for v in table["comm_bytes_per_step"].tolist()],
+            "comm ms": ms("comm_s_per_step"),
+            "compute ms": ms("compute_s_per_step"),
+            "step ms": ms("step_time_s"),
+        }
+    )
     print(render(shown), file=out)
     for run, rank in zip(table["run"], table["rank"]):  # the first line speaks of rank 0 only
         meta = src.runs.get(run) or {}
@@ -61,8 +75,11 @@ def print_ranks(src, out):
     imb = src.imbalance()
     print("Imbalance (max / mean over ranks of the time per step)", file=out)
     for row in imb.itertuples():
-        print(f"  {row.phase:<10} {row.imbalance:.3f}  (max {row.max_s * 1e3:.2f} ms on rank {row.slowest_rank}, "
-              f"mean {row.mean_s * 1e3:.2f} ms)", file=out)
+        print(
+            f"  {row.phase:<10} {row.imbalance:.3f}  (max {row.max_s * 1e3:.2f} ms on rank {row.slowest_rank}, "
+            f"mean {row.mean_s * 1e3:.2f} ms)",
+            file=out,
+        )
     step = imb[imb["phase"] == "step"]
     if len(step):
         print(f"The slowest rank is {int(step['slowest_rank'].iloc[0])} (longest step).", file=out)

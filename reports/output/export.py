@@ -57,9 +57,27 @@ __all__ = ["export_chrome", "export_trace", "trace_ranks"]
 
 BATCH_ROWS = 8192
 _RANK_DIR = re.compile(r"^rank=(\d+)$")
-_COLUMNS = ("seq", "step", "phase", "module", "op", "input_shapes", "input_dtypes", "output_shapes", "output_dtypes",
-            "input_storage_ids", "output_storage_ids", "freed_storage_ids", "flops", "flop_kind", "bytes_read",
-            "bytes_written", "bytes_allocated", "live_bytes", "duration_ns")  # fmt: skip
+_COLUMNS = (
+    "seq",
+    "step",
+    "phase",
+    "module",
+    "op",
+    "input_shapes",
+    "input_dtypes",
+    "output_shapes",
+    "output_dtypes",
+    "input_storage_ids",
+    "output_storage_ids",
+    "freed_storage_ids",
+    "flops",
+    "flop_kind",
+    "bytes_read",
+    "bytes_written",
+    "bytes_allocated",
+    "live_bytes",
+    "duration_ns",
+)
 _V2 = ("start_ns", "busy_ns", "output_storage_bytes")
 CATEGORIES = ("parameters", "gradients", "optimizer_state", "other")
 _TID = {phase: i + 1 for i, phase in enumerate(PHASES)}  # one track per phase
@@ -243,8 +261,10 @@ class _Rank:
         col, names = batch.column, batch.schema.names
         args = _args(batch, text)
         ops = _dictionary(col("op"))
-        short = [o.removeprefix("aten.").rsplit(".", 1)[0] if o.startswith("aten.") else o
-                 for o in ops.dictionary.to_pylist()]  # fmt: skip
+        short = [
+            o.removeprefix("aten.").rsplit(".", 1)[0] if o.startswith("aten.") else o
+            for o in ops.dictionary.to_pylist()
+        ]
         op_ids = _ints(ops.indices)
         modules = _dictionary(col("module"))
         chains = [_ancestors(m, self.root) for m in modules.dictionary.to_pylist()]
@@ -359,8 +379,10 @@ class JsonEvents:
         self.write(f'{{"ph":"E","pid":{pid},"tid":{tid},"ts":{_ns(ts)},"cat":"module","name":{self.text(name)}}},\n')
 
     def op(self, pid, tid, ts, dur, name, args):
-        self.write(f'{{"ph":"X","pid":{pid},"tid":{tid},"ts":{_ns(ts)},"dur":{_ns(dur)},"cat":"op",'
-                   f'"name":{self.text(name)},"args":{{{args}}}}},\n')  # fmt: skip
+        self.write(
+            f'{{"ph":"X","pid":{pid},"tid":{tid},"ts":{_ns(ts)},"dur":{_ns(dur)},"cat":"op",'
+            f'"name":{self.text(name)},"args":{{{args}}}}},\n'
+        )
 
     def counter(self, pid, ts, name, values):
         body = ",".join(f'"{k}":{v}' for k, v in values.items())
@@ -387,6 +409,7 @@ def export_trace(trace, out, batch_rows=BATCH_ROWS):
     in .pftrace (needs the `perfetto` package). Returns the number of op slices written.
     A live trace whose parts are merged away while read is exported again from its new parts
     (into a file; to stdout, the first events are out already: one line says so)."""
+
     def attempt():
         with warnings.catch_warnings(record=True) as caught:  # an attempt abandoned warns nothing
             warnings.simplefilter("always")
@@ -397,8 +420,10 @@ def export_trace(trace, out, batch_rows=BATCH_ROWS):
     except Exception as exc:
         if isinstance(exc, ReportError) or not merged_away(exc):
             raise
-        raise ReportError(f"export: {one_line(exc)} (the tracer of a live trace merged that part away while it was "
-                          "read: export the trace again)") from None  # fmt: skip
+        raise ReportError(
+            f"export: {one_line(exc)} (the tracer of a live trace merged that part away while it was "
+            "read: export the trace again)"
+        ) from None
     for w in caught:
         warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     return ops
@@ -411,14 +436,18 @@ def _export(trace, out, batch_rows):
     elif out == "-" or out.endswith((".json", ".json.gz")):
         events = JsonEvents
     else:
-        raise ReportError(f"export: the output must end in .json or .json.gz (Chrome JSON) or .pftrace (Perfetto), "
-                          f"or be - (Chrome JSON to stdout), got {out!r}")
+        raise ReportError(
+            f"export: the output must end in .json or .json.gz (Chrome JSON) or .pftrace (Perfetto), "
+            f"or be - (Chrome JSON to stdout), got {out!r}"
+        )
     ranks = trace_ranks(trace)
     if out != "-":  # a file left inside a trace makes it unreadable (reports/loading/integrity.py: not a part)
         where, home = os.path.realpath(os.path.dirname(os.path.abspath(out))), os.path.realpath(os.fspath(trace))
         if where == home or where.startswith(home + os.sep):
-            raise ReportError(f"export: the output {out!r} is inside the trace {os.fspath(trace)!r}, which holds only "
-                              "the tracer's files: write it elsewhere")
+            raise ReportError(
+                f"export: the output {out!r} is inside the trace {os.fspath(trace)!r}, which holds only "
+                "the tracer's files: write it elsewhere"
+            )
     columns = {directory: _columns(directory) for _, directory, _ in ranks}  # a column missing: refused before writing
     for _, directory, meta in ranks:
         _warn_damage(directory, meta)
@@ -432,10 +461,15 @@ def _export(trace, out, batch_rows):
             tmp, fd = _temporary(out)
         with _open_output(out, fd if tmp is not None else None, binary=events is not JsonEvents) as f:
             sink = events(f, text)
-            sink.start({"exporter": "optrace export", "ranks": [r for r, _, _ in ranks],
-                        "time": "start_ns" if base is not None else "ops laid end to end",
-                        "complete": {str(r): bool(m.get("complete")) for r, _, m in ranks},
-                        "damage": {str(r): dict(m["damage"]) for r, _, m in ranks}})  # fmt: skip
+            sink.start(
+                {
+                    "exporter": "optrace export",
+                    "ranks": [r for r, _, _ in ranks],
+                    "time": "start_ns" if base is not None else "ops laid end to end",
+                    "complete": {str(r): bool(m.get("complete")) for r, _, m in ranks},
+                    "damage": {str(r): dict(m["damage"]) for r, _, m in ranks},
+                }
+            )
             for rank, directory, meta in ranks:
                 sink.process(rank, _label(rank, meta), [(_TID[p], p) for p in PHASES])
                 state = _Rank(rank, meta, base, sink, text)

@@ -38,8 +38,10 @@ class ProtoEvents:
 
     def __init__(self, file, text):
         if StreamingTraceProtoBuilder is None:
-            raise ReportError("export: .pftrace needs the perfetto package, which is not installed: "
-                              "pip install optrace[perfetto] (or write .json)")  # fmt: skip
+            raise ReportError(
+                "export: .pftrace needs the perfetto package, which is not installed: "
+                "pip install optrace[perfetto] (or write .json)"
+            )
         self._builder = StreamingTraceProtoBuilder(file)
         self._counters = {}  # (pid, counter name, value name) -> track uuid
         self._first = True

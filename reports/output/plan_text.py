@@ -3,17 +3,44 @@
 import math
 
 from reports.output.report_json import strict
-from reports.plan.devices import CPU
 from reports.output.text import human, human_bytes, human_seconds, json_number, percent, printable
+from reports.plan.devices import CPU
 
 __all__ = ["plan_json", "print_plan"]
 
 _KEYS = (
-    "run", "complete", "error", "gpu", "gpus_per_node", "world_size", "batch", "micro_batch", "tokens_per_step",
-    "fits", "peak_bytes_per_rank", "required_bytes", "device_memory_bytes", "headroom_bytes", "max_micro_batch",
-    "compute_s", "compute_bound_s", "memory_bound_s", "launch_s", "comm_s", "exposed_comm_s", "step_time_s",
-    "tokens_per_s_per_gpu", "model_flops_per_step", "bound_flops_per_step", "causal_masked_flops_per_step", "peak_flops_per_s", "mfu", "calibrated", "traced_step_s", "error_pct",
-)  # fmt: skip
+    "run",
+    "complete",
+    "error",
+    "gpu",
+    "gpus_per_node",
+    "world_size",
+    "batch",
+    "micro_batch",
+    "tokens_per_step",
+    "fits",
+    "peak_bytes_per_rank",
+    "required_bytes",
+    "device_memory_bytes",
+    "headroom_bytes",
+    "max_micro_batch",
+    "compute_s",
+    "compute_bound_s",
+    "memory_bound_s",
+    "launch_s",
+    "comm_s",
+    "exposed_comm_s",
+    "step_time_s",
+    "tokens_per_s_per_gpu",
+    "model_flops_per_step",
+    "bound_flops_per_step",
+    "causal_masked_flops_per_step",
+    "peak_flops_per_s",
+    "mfu",
+    "calibrated",
+    "traced_step_s",
+    "error_pct",
+)
 
 
 def _value(v):
@@ -70,34 +97,63 @@ def print_plan(frame, out):
         print(f"INCOMPLETE{why} the plan covers the rows it has", file=out)
     cpu = p["gpu"] == CPU
     where = p["gpu"] if cpu else f"{p['gpu']} ({p['gpus_per_node']} per node)"
-    print(f"optrace plan: {printable(p['run'])} on {where}, world size "
-          f"{p['world_size']}, micro-batch {_na(p['micro_batch'])} (traced {_na(p['batch'])})", file=out)
+    print(
+        f"optrace plan: {printable(p['run'])} on {where}, world size "
+        f"{p['world_size']}, micro-batch {_na(p['micro_batch'])} (traced {_na(p['batch'])})",
+        file=out,
+    )
     print("\nMemory per rank", file=out)
-    print(f"  peak live bytes        {_bytes(p['peak_bytes_per_rank'])} (fixed {_bytes(m['peak_fixed_bytes'])}, "
-          f"growing with the micro-batch {_bytes(m['peak_scaled_bytes'])}; {m['peak_phase']})", file=out)
-    gpu = "no CUDA context or NCCL (a CPU)" if cpu else (f"{_bytes(m['cuda_context_bytes'])} CUDA context, "
-                                                         f"{_bytes(m['nccl_buffer_bytes'])} NCCL")
-    print(f"  + allowances           {gpu}, {_bytes(m['fragmentation_bytes'])} fragmentation "
-          f"({_percent(m['fragmentation'])})", file=out)
-    print(f"  = required             {_bytes(p['required_bytes'])} of {_bytes(p['device_memory_bytes'])}: {fits}, "
-          f"headroom {_signed_bytes(p['headroom_bytes'])}",
-          file=out)
+    print(
+        f"  peak live bytes        {_bytes(p['peak_bytes_per_rank'])} (fixed {_bytes(m['peak_fixed_bytes'])}, "
+        f"growing with the micro-batch {_bytes(m['peak_scaled_bytes'])}; {m['peak_phase']})",
+        file=out,
+    )
+    gpu = (
+        "no CUDA context or NCCL (a CPU)"
+        if cpu
+        else (f"{_bytes(m['cuda_context_bytes'])} CUDA context, {_bytes(m['nccl_buffer_bytes'])} NCCL")
+    )
+    print(
+        f"  + allowances           {gpu}, {_bytes(m['fragmentation_bytes'])} fragmentation "
+        f"({_percent(m['fragmentation'])})",
+        file=out,
+    )
+    print(
+        f"  = required             {_bytes(p['required_bytes'])} of {_bytes(p['device_memory_bytes'])}: {fits}, "
+        f"headroom {_signed_bytes(p['headroom_bytes'])}",
+        file=out,
+    )
     print(f"  largest micro-batch    {_na(p['max_micro_batch'])}", file=out)
     print("\nStep time", file=out)
-    print(f"  compute                {_human_seconds(p['compute_s'])} (compute-bound {_human_seconds(p['compute_bound_s'])}, "
-          f"memory-bound {_human_seconds(p['memory_bound_s'])}, launches {_human_seconds(p['launch_s'])})", file=out)
-    print(f"  communication          {_human_seconds(p['comm_s'])}, of which exposed {_human_seconds(p['exposed_comm_s'])}", file=out)
+    print(
+        f"  compute                {_human_seconds(p['compute_s'])} (compute-bound {_human_seconds(p['compute_bound_s'])}, "
+        f"memory-bound {_human_seconds(p['memory_bound_s'])}, launches {_human_seconds(p['launch_s'])})",
+        file=out,
+    )
+    print(
+        f"  communication          {_human_seconds(p['comm_s'])}, of which exposed {_human_seconds(p['exposed_comm_s'])}",
+        file=out,
+    )
     print(f"  step                   {_human_seconds(p['step_time_s'])}", file=out)
     print(f"  tokens/s per GPU       {_human(p['tokens_per_s_per_gpu'])}", file=out)
-    print(f"  MFU                    {_percent(p['mfu'])} ({_human(p['model_flops_per_step'], 'FLOP')} per step at "
-          f"{_human(p['peak_flops_per_s'], 'FLOP/s')})", file=out)
+    print(
+        f"  MFU                    {_percent(p['mfu'])} ({_human(p['model_flops_per_step'], 'FLOP')} per step at "
+        f"{_human(p['peak_flops_per_s'], 'FLOP/s')})",
+        file=out,
+    )
     if p["causal_masked_flops_per_step"]:
         full = (p["model_flops_per_step"] + p["causal_masked_flops_per_step"]) / p["model_flops_per_step"] * p["mfu"]
-        print(f"                         causal attention at half its FLOPs; {_percent(full)} counting the masked "
-              f"half ({_human(p['causal_masked_flops_per_step'], 'FLOP')}), as PaLM and torchtitan do", file=out)
+        print(
+            f"                         causal attention at half its FLOPs; {_percent(full)} counting the masked "
+            f"half ({_human(p['causal_masked_flops_per_step'], 'FLOP')}), as PaLM and torchtitan do",
+            file=out,
+        )
     if p["calibrated"]:
-        print(f"  calibrated             error on the traced step {p['error_pct']:+.1f}% "
-              f"(traced {_human_seconds(p['traced_step_s'])})", file=out)
+        print(
+            f"  calibrated             error on the traced step {p['error_pct']:+.1f}% "
+            f"(traced {_human_seconds(p['traced_step_s'])})",
+            file=out,
+        )
     print("\nAssumptions", file=out)
     for a in p["assumptions"]:
         value = a["value"] if isinstance(a["value"], str) or a["value"] is None else f"{a['value']:.4g}"

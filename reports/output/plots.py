@@ -18,9 +18,15 @@ __all__ = ["plot_compare", "plot_flops", "plot_memory", "plot_roofline", "save_p
 
 _PHASE_COLORS = {"forward": "#4C72B0", "backward": "#DD8452", "optimizer": "#55A868", "other": "#8C8C8C"}
 _CATEGORY_COLORS = {
-    "parameters": "#4C72B0", "unsharded_parameters": "#8FAADC", "gradients": "#DD8452", "optimizer_state": "#55A868",
-    "communication_buffers": "#64B5CD", "activations": "#C44E52", "inputs": "#8172B3", "temporaries": "#CCB974",
-}  # fmt: skip
+    "parameters": "#4C72B0",
+    "unsharded_parameters": "#8FAADC",
+    "gradients": "#DD8452",
+    "optimizer_state": "#55A868",
+    "communication_buffers": "#64B5CD",
+    "activations": "#C44E52",
+    "inputs": "#8172B3",
+    "temporaries": "#CCB974",
+}
 
 
 def _figure(width, height):
@@ -117,8 +123,12 @@ def _phase_band(ax, seq, phase, step, top):
     span = seq[-1] + 1 - seq[0]
     for name in dict.fromkeys(phase[starts]):
         pick = phase[starts] == name
-        ax.broken_barh(list(zip(left[pick], width[pick])), (top * 0.93, top * 0.07),
-                       color=_PHASE_COLORS.get(name, "#8C8C8C"), linewidth=0)  # fmt: skip
+        ax.broken_barh(
+            list(zip(left[pick], width[pick])),
+            (top * 0.93, top * 0.07),
+            color=_PHASE_COLORS.get(name, "#8C8C8C"),
+            linewidth=0,
+        )
     if len(starts) > 60:
         return
     for a, x, w in zip(starts, left, width):
@@ -149,8 +159,14 @@ def plot_memory(df, points=5000):
         shown = rows.iloc[_thin(live_all, points)]
         seq = shown["seq"].to_numpy()
         stacks = [shown[f"{c}_bytes"].to_numpy(dtype=float) / factor for c in CATEGORIES]
-        ax.stackplot(seq, *stacks, labels=[c.replace("_", " ") for c in CATEGORIES],
-                     colors=[_CATEGORY_COLORS[c] for c in CATEGORIES], step="post", alpha=0.85)  # fmt: skip
+        ax.stackplot(
+            seq,
+            *stacks,
+            labels=[c.replace("_", " ") for c in CATEGORIES],
+            colors=[_CATEGORY_COLORS[c] for c in CATEGORIES],
+            step="post",
+            alpha=0.85,
+        )
         live = shown["live_bytes"].to_numpy(dtype=float) / factor
         ax.step(seq, live, where="post", color="black", linewidth=0.8, label="live bytes")
         top = live_all.max() * 1.12 or 1.0
@@ -159,9 +175,13 @@ def plot_memory(df, points=5000):
         ax.plot(all_seq[at], live_all[at], marker="v", color="red", markersize=9, zorder=5)
         ax.annotate(
             f"peak {live_all[at]:.3g} {prefix}B after op {all_seq[at]}\n({rows['phase'].iloc[at]})",
-            xy=(all_seq[at], live_all[at]), xytext=(0.02, 0.80), textcoords="axes fraction", fontsize=9,
-            arrowprops={"arrowstyle": "->", "color": "red"}, color="red",
-        )  # fmt: skip
+            xy=(all_seq[at], live_all[at]),
+            xytext=(0.02, 0.80),
+            textcoords="axes fraction",
+            fontsize=9,
+            arrowprops={"arrowstyle": "->", "color": "red"},
+            color="red",
+        )
         ax.set_ylim(0, top)
         ax.set_xlim(all_seq[0], all_seq[-1] + 1)
         ax.set_xlabel("op (seq)")
@@ -208,7 +228,10 @@ def plot_compare(df):
     factor, prefix = _scale(totals.to_numpy(dtype=float), binary=True)
     bottom = np.zeros(len(runs))
     for category in CATEGORIES:
-        values = np.array([cats.loc[(cats["run"] == r) & (cats["category"] == category), "bytes"].sum() for r in runs]) / factor
+        values = (
+            np.array([cats.loc[(cats["run"] == r) & (cats["category"] == category), "bytes"].sum() for r in runs])
+            / factor
+        )
         if values.any():
             ax.bar(x, values, width, bottom=bottom, color=_CATEGORY_COLORS[category], label=category.replace("_", " "))
             bottom += values
@@ -224,7 +247,11 @@ def plot_compare(df):
 
 _BOUND_COLORS = {"compute": "#4C72B0", "memory": "#C44E52", "other": "#8C8C8C"}
 # label positions tried around a point, in points from it: right, above, left, below, then the diagonals, farther out
-_OFFSETS = [(dx * r, dy * r) for r in (5, 14, 26) for dx, dy in ((1, 0.6), (1, -1.6), (-1, 0.6), (-1, -1.6), (0, 1.2), (0, -2.2))]
+_OFFSETS = [
+    (dx * r, dy * r)
+    for r in (5, 14, 26)
+    for dx, dy in ((1, 0.6), (1, -1.6), (-1, 0.6), (-1, -1.6), (0, 1.2), (0, -2.2))
+]
 
 
 def _eng(ax, x_unit, y_unit):
@@ -254,12 +281,24 @@ def _place_labels(ax, points, names):
     note.remove()
     for i, name in enumerate(names):
         for dx, dy in _OFFSETS:
-            text = ax.annotate(name, points[i], xytext=(dx, dy), textcoords="offset points", fontsize=8,
-                               ha="left" if dx >= 0 else "right", va="bottom" if dy >= 0 else "top")  # fmt: skip
+            text = ax.annotate(
+                name,
+                points[i],
+                xytext=(dx, dy),
+                textcoords="offset points",
+                fontsize=8,
+                ha="left" if dx >= 0 else "right",
+                va="bottom" if dy >= 0 else "top",
+            )
             text.set_in_layout(False)
             box = text.get_window_extent(renderer)
             others = np.delete(centres, i, axis=0)
-            inside = (others[:, 0] >= box.x0) & (others[:, 0] <= box.x1) & (others[:, 1] >= box.y0) & (others[:, 1] <= box.y1)
+            inside = (
+                (others[:, 0] >= box.x0)
+                & (others[:, 0] <= box.x1)
+                & (others[:, 1] >= box.y0)
+                & (others[:, 1] <= box.y1)
+            )
             free = not any(box.overlaps(b) for b in placed) and not inside.any()
             if free and frame.contains(box.x0, box.y0) and frame.contains(box.x1, box.y1):
                 placed.append(box)
@@ -273,8 +312,16 @@ def _place_labels(ax, points, names):
 
 
 def _note(ax, names):
-    text = ax.text(0.01, 0.99, "not labelled (no room): " + ", ".join(names), transform=ax.transAxes, fontsize=7,
-                   va="top", ha="left", color="#555555")  # fmt: skip
+    text = ax.text(
+        0.01,
+        0.99,
+        "not labelled (no room): " + ", ".join(names),
+        transform=ax.transAxes,
+        fontsize=7,
+        va="top",
+        ha="left",
+        color="#555555",
+    )
     text.set_in_layout(False)
     return text
 
@@ -310,9 +357,15 @@ def plot_roofline(df, by="op", peak_flops=None, bandwidth=None, labels=8):
         bw = t["peak_bytes_per_s"].dropna()
         peaks = t.dropna(subset=["peak_flops_per_s"]).groupby("dtype")["peak_flops_per_s"].first()
         if not len(bw) or not len(peaks):
-            missing = " and ".join(w for w, gone in (("memory bandwidth", not len(bw)), ("peak FLOP/s", not len(peaks))) if gone)
-            _not_available(ax, run, f"no roof: the trace records no {missing}\n(Tracer.set_bandwidth(tracer.memory_bandwidth()), "
-                                    "a known device, or peak_flops= / bandwidth=)")  # fmt: skip
+            missing = " and ".join(
+                w for w, gone in (("memory bandwidth", not len(bw)), ("peak FLOP/s", not len(peaks))) if gone
+            )
+            _not_available(
+                ax,
+                run,
+                f"no roof: the trace records no {missing}\n(Tracer.set_bandwidth(tracer.memory_bandwidth()), "
+                "a known device, or peak_flops= / bandwidth=)",
+            )
             continue
         drawn = t[(t["flops_per_step"] > 0) & (t["bytes_per_step"] > 0) & (t["time_s_per_step"] > 0)]
         hidden = t.drop(drawn.index)
@@ -322,19 +375,45 @@ def plot_roofline(df, by="op", peak_flops=None, bandwidth=None, labels=8):
         hi = max(x.max() * 3 if len(x) else 1000, 1000)
         grid = np.geomspace(lo, hi, 200)
         band, top = float(bw.iloc[0]), [float(p) for p in peaks]
-        ax.plot(grid, np.minimum(grid * band, max(top)), color="black", linewidth=1.2, label=f"memory roof {band / 1e9:.3g} GB/s")
+        ax.plot(
+            grid,
+            np.minimum(grid * band, max(top)),
+            color="black",
+            linewidth=1.2,
+            label=f"memory roof {band / 1e9:.3g} GB/s",
+        )
         for dtype, peak in peaks.items():
-            ax.plot(grid, np.minimum(peak, grid * band), linestyle="--", linewidth=1.2,
-                    label=f"{dtype} peak {_eng_formatter('FLOP/s')(peak)}")  # fmt: skip
+            ax.plot(
+                grid,
+                np.minimum(peak, grid * band),
+                linestyle="--",
+                linewidth=1.2,
+                label=f"{dtype} peak {_eng_formatter('FLOP/s')(peak)}",
+            )
         for bound, color in _BOUND_COLORS.items():
             pick = (drawn["bound"] == bound).to_numpy()
             if pick.any():
-                ax.scatter(x[pick], y[pick], s=20 + 2000 * share[pick], color=color, alpha=0.6,
-                           edgecolor="black", linewidth=0.5, label=f"{bound}-bound op kinds")  # fmt: skip
+                ax.scatter(
+                    x[pick],
+                    y[pick],
+                    s=20 + 2000 * share[pick],
+                    color=color,
+                    alpha=0.6,
+                    edgecolor="black",
+                    linewidth=0.5,
+                    label=f"{bound}-bound op kinds",
+                )
         above = y > drawn["attainable_flops_per_s"].to_numpy(float) * (1 + 1e-9)
         if above.any():
-            ax.scatter(x[above], y[above], s=40 + 2000 * share[above], facecolor="none", edgecolor="#D62728", linewidth=1.5,
-                       label="above its roof: data cache-resident (roofs are DRAM)")  # fmt: skip
+            ax.scatter(
+                x[above],
+                y[above],
+                s=40 + 2000 * share[above],
+                facecolor="none",
+                edgecolor="#D62728",
+                linewidth=1.5,
+                label="above its roof: data cache-resident (roofs are DRAM)",
+            )
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlim(lo, hi)
@@ -344,8 +423,11 @@ def plot_roofline(df, by="op", peak_flops=None, bandwidth=None, labels=8):
         ax.set_xlabel("arithmetic intensity (FLOPs per algorithmic byte, FLOP/B)")
         ax.set_ylabel("achieved FLOP/s (FLOPs per second of op time)")
         hidden_pct = 100 * hidden["time_s_per_step"].sum() / max(t["time_s_per_step"].sum(), 1e-30)
-        ax.set_title(f"{run}: roofline by {by} (area: share of op time; {len(hidden)} kinds without FLOPs, "
-                     f"{hidden_pct:.0f}% of time, not drawn)", fontsize=10)  # fmt: skip
+        ax.set_title(
+            f"{run}: roofline by {by} (area: share of op time; {len(hidden)} kinds without FLOPs, "
+            f"{hidden_pct:.0f}% of time, not drawn)",
+            fontsize=10,
+        )
         ax.grid(which="both", alpha=0.25)
         ax.legend(loc="lower right", fontsize=8)
         order = np.argsort(-share, kind="stable")[:labels]

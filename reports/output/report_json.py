@@ -53,8 +53,16 @@ def _breakdown(src, accounts):
         table = src.breakdown(accounts)
     except ReportError as exc:  # traced without model= or tokens=
         return {"available": False, "reason": str(exc)}
-    columns = ["phase", "flops", "expected_flops", "ratio", "weight_matmul_flops", "attention_flops",
-               "external_weight_flops", "other_flops"]  # fmt: skip
+    columns = [
+        "phase",
+        "flops",
+        "expected_flops",
+        "ratio",
+        "weight_matmul_flops",
+        "attention_flops",
+        "external_weight_flops",
+        "other_flops",
+    ]
     return {
         "available": True,
         "unit": "FLOPs per step",
@@ -66,8 +74,18 @@ def _breakdown(src, accounts):
 
 def _mfu(src, peak_tflops, step_time_s):
     rate = src.mfu(step_time_s, peak_tflops * 1e12 if peak_tflops is not None else None)
-    keys = ("mfu", "hfu", "mfu_of_achievable", "achieved_flops_per_s", "step_time_s", "peak_flops_per_s", "peak_source",
-            "dtype", "model_flops_per_step", "hardware_flops_per_step")  # fmt: skip
+    keys = (
+        "mfu",
+        "hfu",
+        "mfu_of_achievable",
+        "achieved_flops_per_s",
+        "step_time_s",
+        "peak_flops_per_s",
+        "peak_source",
+        "dtype",
+        "model_flops_per_step",
+        "hardware_flops_per_step",
+    )
     out = {k: json_value(rate[k]) for k in keys if k in rate}
     above = [k for k in ("mfu", "hfu") if _above_one(rate.get(k))]  # from the numbers: json_value makes inf "inf"
     out["above_100_pct"] = above  # outside the model: a step time or peak that cannot be right
@@ -89,17 +107,33 @@ def _top_ops(src, top):
 def _top_modules(src, top):
     mods = src.by_module()
     mods = mods[mods["depth"] <= 2].sort_values("subtree_flops", ascending=False).head(top)
-    return {"unit": "totals over all traced steps, children rolled up",
-            "rows": records(mods, ["module", "depth", "subtree_flops", "subtree_flops_pct"])}
+    return {
+        "unit": "totals over all traced steps, children rolled up",
+        "rows": records(mods, ["module", "depth", "subtree_flops", "subtree_flops_pct"]),
+    }
 
 
 def _roofline(src, top):
     table, split = src.roofline_with_split()
     table = table.head(top)
     if not table["bound"].ne("other").any():
-        return {"available": False, "reason": "no roof: record Tracer.set_bandwidth(tracer.memory_bandwidth()) on a CPU"}
-    columns = ["op", "dtype", "ops_per_step", "flops_per_step", "bytes_per_step", "arithmetic_intensity", "time_s_per_step",
-               "achieved_flops_per_s", "attainable_flops_per_s", "bound", "efficiency"]  # fmt: skip
+        return {
+            "available": False,
+            "reason": "no roof: record Tracer.set_bandwidth(tracer.memory_bandwidth()) on a CPU",
+        }
+    columns = [
+        "op",
+        "dtype",
+        "ops_per_step",
+        "flops_per_step",
+        "bytes_per_step",
+        "arithmetic_intensity",
+        "time_s_per_step",
+        "achieved_flops_per_s",
+        "attainable_flops_per_s",
+        "bound",
+        "efficiency",
+    ]
     rows = records(table, columns)
     for row in rows:
         row["above_roof"] = isinstance(row["efficiency"], (int, float)) and row["efficiency"] > 1
@@ -110,7 +144,7 @@ def _roofline(src, top):
         "peak_bytes_per_s": json_value(table["peak_bytes_per_s"].iloc[0]),
         "rows": rows,
         "above_roof_note": "efficiency > 1 is outside the roofline's model: the bandwidth roof is a DRAM triad, "
-                           "and small tensors stay in cache",
+        "and small tensors stay in cache",
         "split": records(split, ["bound", "ops", "time_s", "time_pct", "roof_time_s"]),
         "split_unit": "per step",
     }
@@ -119,18 +153,27 @@ def _roofline(src, top):
 def _memory(src):
     top = src.peak().iloc[0]
     return {
-        "peak": {"peak_live_bytes": json_value(top["peak_live_bytes"]), "seq": json_value(top["seq"]),
-                 "step": json_value(top["step"]), "op": top["op"], "phase": top["phase"], "module": top["module"]},
+        "peak": {
+            "peak_live_bytes": json_value(top["peak_live_bytes"]),
+            "seq": json_value(top["seq"]),
+            "step": json_value(top["step"]),
+            "op": top["op"],
+            "phase": top["phase"],
+            "module": top["module"],
+        },
         "categories": {str(r.category): json_value(r.bytes) for r in src.categories().itertuples()},
-    }  # fmt: skip
+    }
 
 
 def _views(src, top):
     v = src.views()
     kinds = v.groupby("kind", sort=False, observed=True)[["ops", "bytes_allocated"]].sum().reset_index()
     copies = v[v["kind"] == "copy"].head(top)
-    return {"unit": "totals over all traced steps", "kinds": records(kinds.astype({"kind": object})),
-            "copies": records(copies, ["op", "ops", "bytes_allocated"])}
+    return {
+        "unit": "totals over all traced steps",
+        "kinds": records(kinds.astype({"kind": object})),
+        "copies": records(copies, ["op", "ops", "bytes_allocated"]),
+    }
 
 
 def sections(meta, accounts, peak_tflops, step_time_s, top, src):
@@ -156,7 +199,7 @@ COMPARE_COLUMNS = {
     "flops_per_step": "analytic FLOPs per step (2 per multiply-add)",
     "bytes_allocated_per_step": "bytes of the storages the ops created, per step",
     "traced_us_per_step": "the ops' duration under the tracer per step, microseconds (slowed by tracing: "
-                          "for ranking, not speed)",
+    "for ranking, not speed)",
     "peak_live_bytes": "the highest live bytes after any op of the key (not per step)",
     "mfu_pct": "MFU in percent, on the total rows only; null where it cannot be known",
     "flops_ratio": "flops_per_step over the baseline run's, same key",
@@ -164,7 +207,7 @@ COMPARE_COLUMNS = {
     "peak_live_bytes_ratio": "peak_live_bytes over the baseline run's",
     "traced_us_ratio": "traced_us_per_step over the baseline run's",
     "change_pct": "the larger change of FLOPs and of bytes allocated against the baseline, in percent of the "
-                  "baseline run's total per step; rows are ordered by it",
+    "baseline run's total per step; rows are ordered by it",
 }
 
 

@@ -60,7 +60,6 @@ class Source:
     def phase_flops(self):
         """{phase: FLOPs per step, "total": ...} (reports/steps.py per_step), numbers as --json prints them."""
         from reports.output.text import json_number
-
         from reports.sql.tables import phase_flops
 
         return {k: json_number(v) for k, v in phase_flops(self.sql).items()}
@@ -167,5 +166,7 @@ class Source:
         for record in summary["ranks"]:  # a rank cut short or that raised is named, as the first line names rank 0
             meta = self.runs.get(record["run"]) or {}
             record["complete"], record["error"] = bool(meta.get("complete")), meta.get("error")
-            record["meter_errors"] = int((meta.get("meter") or {}).get("errors") or 0)  # its Meter's bookkeeping failures
+            record["meter_errors"] = int(
+                (meta.get("meter") or {}).get("errors") or 0
+            )  # its Meter's bookkeeping failures
         return summary

@@ -38,8 +38,11 @@ def render(table, formatters=None, na_rep="NaN", header=None):
         kind = _kind(column.type)
         formatter = formatters.get(name)
         cells = _cells(column.to_pylist(), kind, formatter, na_rep)
-        label = header[i] if header is not None else (" " + name if formatter is None and kind in ("int", "float")
-                                                       else name)  # fmt: skip
+        label = (
+            header[i]
+            if header is not None
+            else (" " + name if formatter is None and kind in ("int", "float") else name)
+        )
         width = max(len(label), *(len(c) for c in cells))
         columns.append([label.rjust(width), *(c.rjust(width) for c in cells)])
     return "\n".join(" ".join(row) for row in zip(*columns))
@@ -89,6 +92,7 @@ def _floats(values, na_rep):
 
 def _trimmed(cells):
     """pandas' _trim_zeros_float: drop the last character of every decimal number while all of them end in 0."""
+
     def decimal(c):
         return _DECIMAL.match(c) is not None
 

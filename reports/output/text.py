@@ -77,7 +77,9 @@ def column_formatters(frame):
             found[column] = lambda v: human(v)
         elif "bytes" in column:
             found[column] = lambda v: "N/A" if v is None or v != v else human_bytes(v)
-        elif not pd.api.types.is_numeric_dtype(frame[column].dtype) and not pd.api.types.is_bool_dtype(frame[column].dtype):
+        elif not pd.api.types.is_numeric_dtype(frame[column].dtype) and not pd.api.types.is_bool_dtype(
+            frame[column].dtype
+        ):
             found[column] = printable  # names from the trace: control characters escaped
     return found
 
@@ -91,4 +93,8 @@ def printable(text):
     """`text` (a name from a trace: op, module, run, device, path) with its control characters escaped
     as Python writes them ('\\n', '\\x1b', '\\u202e'), for text meant for a terminal."""
     text = str(text)
-    return _CONTROL.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text) if _CONTROL.search(text) else text
+    return (
+        _CONTROL.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
+        if _CONTROL.search(text)
+        else text
+    )

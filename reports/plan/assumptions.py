@@ -48,9 +48,14 @@ DEFAULTS = {
 }
 
 UNITS = {
-    "launch_s": "s", "nccl_base_s": "s", "nvlink_step_s": "s", "pcie_step_s": "s", "net_step_s": "s",
-    "cuda_context_bytes": "bytes", "nccl_buffer_bytes": "bytes",
-}  # fmt: skip  (the rest are fractions)
+    "launch_s": "s",
+    "nccl_base_s": "s",
+    "nvlink_step_s": "s",
+    "pcie_step_s": "s",
+    "net_step_s": "s",
+    "cuda_context_bytes": "bytes",
+    "nccl_buffer_bytes": "bytes",
+}  # (the rest are fractions)
 
 MIN_EFFICIENCY = 0.01  # the least share of a peak: every time divided by an efficiency stays finite (module docstring)
 # (low, high, whether low itself is allowed): efficiencies are shares of a peak from MIN_EFFICIENCY, latencies
@@ -68,33 +73,41 @@ SOURCES = {
     "matmul_efficiency": (
         "judgement from measurements: the best large bf16 matmul found on an H100 SXM runs at 792.1 TFLOP/s, 80% "
         "of its 989.4 dense peak (A100 SXM: 267.9 of 312, 86%): Stas Bekman's mamf-finder, as tabled in the "
-        "README of github.com/mag-/gpu_benchmark. A model's matmuls are smaller and reach less"),
+        "README of github.com/mag-/gpu_benchmark. A model's matmuls are smaller and reach less"
+    ),
     "attention_efficiency": (
         "FlashAttention-3 paper (Shah et al. 2024, arXiv:2407.08608): FlashAttention-2, the kernel PyTorch's "
-        "SDPA flash backend runs, reaches 35% of the H100's peak (FlashAttention-3: 75%)"),
+        "SDPA flash backend runs, reaches 35% of the H100's peak (FlashAttention-3: 75%)"
+    ),
     "vector_efficiency": "judgement: non-matmul FLOPs run on the vector units (the float32 peak) and are rarely the bound",
     "memory_efficiency": (
         "judgement: large elementwise kernels stream at most of the HBM bandwidth; small ones (norms, casts of "
-        "small tensors) reach less. Calibrate on the device to replace it"),
+        "small tensors) reach less. Calibrate on the device to replace it"
+    ),
     "launch_s": (
         "judgement: the gap between back-to-back kernels on the GPU while the CPU keeps ahead; eager PyTorch's "
-        "CPU cost per op (~10 us) is hidden then, and shows only when kernels are shorter"),
+        "CPU cost per op (~10 us) is hidden then, and shows only when kernels are shorter"
+    ),
     "link_efficiency": (
         "nccl-tests bus bandwidth at large sizes: 230-250 GB/s on 8 A100 SXM4 over NVLink, whose datasheet gives "
-        "300 GB/s each way (docs.alayanew.com, 'NCCL-tests in practice', 2026); applied to the network too (judgement)"),
+        "300 GB/s each way (docs.alayanew.com, 'NCCL-tests in practice', 2026); applied to the network too (judgement)"
+    ),
     "nccl_base_s": _NCCL + ": 8.4 us",
     "nvlink_step_s": _NCCL + ": 3.4 us per step over NVLink",
     "pcie_step_s": _NCCL + ": 5.7 us per step over PCIe",
     "net_step_s": _NCCL + ": 9.6 us per step over the network",
     "cuda_context_bytes": (
         "judgement: the CUDA context with cuBLAS, cuDNN and NCCL's kernels loaded takes 0.5-1 GiB on recent "
-        "GPUs; the larger figure is taken"),
+        "GPUs; the larger figure is taken"
+    ),
     "nccl_buffer_bytes": (
         "NCCL_BUFFSIZE's default, 4 MiB (NCCL's environment variable documentation), x 2 (send and receive) x 32 "
-        "channels (NCCL's most; judgement that a large job opens them all)"),
+        "channels (NCCL's most; judgement that a large job opens them all)"
+    ),
     "fragmentation": (
         "judgement: PyTorch's caching allocator rounds blocks up and keeps freed blocks reserved; reserved bytes "
-        "run 5-15% above the peak allocated in large training jobs"),
+        "run 5-15% above the peak allocated in large training jobs"
+    ),
 }
 
 
@@ -112,8 +125,9 @@ def resolve(overrides=None):
     ReportError naming it, the value and the range; overrides that are not a dict, one naming that."""
     table = {name: (value, SOURCES[name]) for name, value in DEFAULTS.items()}
     if overrides is not None and not isinstance(overrides, Mapping):
-        raise ReportError(f"plan: assumptions must be a dict {{name: number}}, got a {type(overrides).__name__}: "
-                          f"{overrides!r:.80}")
+        raise ReportError(
+            f"plan: assumptions must be a dict {{name: number}}, got a {type(overrides).__name__}: {overrides!r:.80}"
+        )
     for name, value in (overrides or {}).items():
         if name not in DEFAULTS:
             raise ReportError(f"plan: unknown assumption {name!r}; expected one of {', '.join(DEFAULTS)}")

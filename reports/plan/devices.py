@@ -28,18 +28,32 @@ class Gpu(dict):
 
 
 def _gpu(d):
-    return Gpu(name=d.name, peak_key=d.family, peaks=d.peaks, memory_bytes=d.memory_bytes,
-               memory_source=d.memory_source, bandwidth_bytes_per_s=d.bandwidth, bandwidth_source=d.bandwidth_source,
-               intra_bytes_per_s=d.intra, intra_source=d.intra_source, nic_bytes_per_s=d.nic, nic_source=d.nic_source,
-               link=d.link)
+    return Gpu(
+        name=d.name,
+        peak_key=d.family,
+        peaks=d.peaks,
+        memory_bytes=d.memory_bytes,
+        memory_source=d.memory_source,
+        bandwidth_bytes_per_s=d.bandwidth,
+        bandwidth_source=d.bandwidth_source,
+        intra_bytes_per_s=d.intra,
+        intra_source=d.intra_source,
+        nic_bytes_per_s=d.nic,
+        nic_source=d.nic_source,
+        link=d.link,
+    )
 
 
 # name -> target; the names `--gpu` takes (case, "-" and "_" ignored: "h100-sxm" is "H100 SXM")
 GPUS = {d.name: _gpu(d) for d in DEVICES}
 CHOICES = (*GPUS, CPU)  # for `--gpu`'s help and the message for a name that is none of them
 
-_FIGURES = {"memory_bytes": "memory size", "bandwidth_bytes_per_s": "memory bandwidth",
-            "intra_bytes_per_s": "intra-node link bandwidth", "nic_bytes_per_s": "inter-node (NIC) bandwidth"}
+_FIGURES = {
+    "memory_bytes": "memory size",
+    "bandwidth_bytes_per_s": "memory bandwidth",
+    "intra_bytes_per_s": "intra-node link bandwidth",
+    "nic_bytes_per_s": "inter-node (NIC) bandwidth",
+}
 
 
 def missing(gpu, figure):

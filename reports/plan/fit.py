@@ -91,8 +91,11 @@ def traced_batch(df, meta):
         return None, "no forward op"
     ops = df["op"].astype(str).to_numpy()[forward]
     embedding = forward[np.char.startswith(ops.astype(str), "aten.embedding")][:256]
-    batched = [tuple(shapes[1]) for shapes in cell_objects(df, "input_shapes", embedding)
-               if shapes is not None and len(shapes) > 1 and len(shapes[1]) >= 2]  # fmt: skip
+    batched = [
+        tuple(shapes[1])
+        for shapes in cell_objects(df, "input_shapes", embedding)
+        if shapes is not None and len(shapes) > 1 and len(shapes[1]) >= 2
+    ]
     if batched:
         tokens = meta.get("tokens")
         held = [s for s in batched if tokens and not isinstance(tokens, bool) and math.prod(s) == tokens]
@@ -112,7 +115,10 @@ def _fragmentation(meta, assumed):
     end = ((meta.get("cuda_memory") or {}).get("end")) or {}
     reserved, allocated = end.get("reserved_bytes"), end.get("max_allocated_bytes")
     if isinstance(reserved, int) and isinstance(allocated, int) and allocated > 0 and reserved >= allocated:
-        return reserved / allocated - 1, f"measured: the trace's reserved {reserved} / peak allocated {allocated} bytes, minus 1"
+        return (
+            reserved / allocated - 1,
+            f"measured: the trace's reserved {reserved} / peak allocated {allocated} bytes, minus 1",
+        )
     return assumed
 
 
@@ -136,11 +142,14 @@ def fit(df, meta, memory_bytes, assumptions, batch, micro_batch=None, process_gr
         "optimizer_state_made_bytes": int(added[0]) if len(live) else 0,  # by the trace's ops: largest - first
         "peak_seq": int(seq[at]) if len(live) else None,
         "peak_phase": str(phase[at]) if len(live) else None,
-        "fragmentation": frag, "fragmentation_source": frag_source,
-        "fragmentation_bytes": frag * peak, "cuda_context_bytes": float(context), "nccl_buffer_bytes": float(nccl),
+        "fragmentation": frag,
+        "fragmentation_source": frag_source,
+        "fragmentation_bytes": frag * peak,
+        "cuda_context_bytes": float(context),
+        "nccl_buffer_bytes": float(nccl),
         "required_bytes": peak + allowances,
         "device_memory_bytes": memory_bytes,
-    }  # fmt: skip
+    }
     if memory_bytes is None:
         return out | {"fits": None, "headroom_bytes": None, "max_micro_batch": None}
     out["headroom_bytes"] = memory_bytes - out["required_bytes"]

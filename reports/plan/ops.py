@@ -72,7 +72,9 @@ def _explode(rows, name):
 def _fixed_ids(rows, meta, ins, outs):
     """Ids of the storages whose size does not grow with the micro-batch (module docstring)."""
     roles = meta.get("storage_roles") or {}
-    ids = [p.get("storage_id") for key in ("parameters", "unsharded_parameters") for p in (meta.get(key) or {}).values()]
+    ids = [
+        p.get("storage_id") for key in ("parameters", "unsharded_parameters") for p in (meta.get(key) or {}).values()
+    ]
     ids += [i for role in ("gradient", "optimizer_state", "external_parameter") for i in roles.get(role) or ()]
     known = np.asarray([int(i) for i in ids if i is not None], dtype=np.int64)
     return np.union1d(known, collective_storages(rows, *ins, *outs))
@@ -93,14 +95,26 @@ def fixed_bytes(rows, meta):
     if not len(touched):
         return out
     size, fixed = dtype_sizes(meta), set(fixed.tolist())
-    cells = [cell_objects(rows, c, touched) for c in ("input_storage_ids", "input_shapes", "input_dtypes",
-                                                       "output_storage_ids", "output_shapes", "output_dtypes")]
+    cells = [
+        cell_objects(rows, c, touched)
+        for c in (
+            "input_storage_ids",
+            "input_shapes",
+            "input_dtypes",
+            "output_storage_ids",
+            "output_shapes",
+            "output_dtypes",
+        )
+    ]
     inplace = rows["inplace"].to_numpy(dtype=bool)[touched]
     for j, (i_ids, i_shapes, i_dtypes, o_ids, o_shapes, o_dtypes) in enumerate(zip(*cells)):
         i_ids = [] if i_ids is None else [int(s) for s in i_ids]
         read = sum(math.prod(s) * size.get(d, 0) for sid, s, d in zip(i_ids, i_shapes, i_dtypes) if sid in fixed)
-        written = sum(math.prod(s) * size.get(d, 0) for sid, s, d in zip(o_ids if o_ids is not None else (), o_shapes, o_dtypes)
-                      if int(sid) in fixed and (inplace[j] or int(sid) not in i_ids))  # fmt: skip
+        written = sum(
+            math.prod(s) * size.get(d, 0)
+            for sid, s, d in zip(o_ids if o_ids is not None else (), o_shapes, o_dtypes)
+            if int(sid) in fixed and (inplace[j] or int(sid) not in i_ids)
+        )
         out[touched[j]] = read + written
     return out
 
@@ -112,7 +126,7 @@ def roofs(rows, peak_of, bandwidth, k=1.0, fixed=None):
     is_comm = rows["comm_bytes"].notna().to_numpy()
     view = rows["is_view"].to_numpy(dtype=bool)
     flops = rows["flops"].to_numpy(dtype=np.float64).copy()
-    nbytes = (rows["bytes_read"].to_numpy(np.float64) + rows["bytes_written"].to_numpy(np.float64))
+    nbytes = rows["bytes_read"].to_numpy(np.float64) + rows["bytes_written"].to_numpy(np.float64)
     nbytes[view | is_comm] = 0.0
     flops[is_comm] = 0.0
     scaled = rows["phase"].isin(("forward", "backward")).to_numpy()
@@ -140,8 +154,17 @@ def roofs(rows, peak_of, bandwidth, k=1.0, fixed=None):
     floor = compute
     memory = nbytes / bandwidth
     kernel = ~view & ~is_comm & ((flops > 0) | (nbytes > 0))
-    return Priced(compute=compute, floor=floor, memory=memory, klass=klass, kernel=kernel, flops=flops, peak=peak,
-                  tensor_peak=tensor_peak, notes=notes)
+    return Priced(
+        compute=compute,
+        floor=floor,
+        memory=memory,
+        klass=klass,
+        kernel=kernel,
+        flops=flops,
+        peak=peak,
+        tensor_peak=tensor_peak,
+        notes=notes,
+    )
 
 
 def price(p, eff, launch_s):

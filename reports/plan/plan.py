@@ -46,11 +46,11 @@ import numpy as np
 import pandas as pd
 
 from reports.errors import ReportError
-from reports.loading.integrity import signal_of, stopped_by
 from reports.flops.coverage import bounds
 from reports.flops.mfu import mfu as mfu_table
 from reports.flops.peaks import PEAKS, cpu_ideal_flops, peak_bandwidth
 from reports.flops.recompute import attention_recompute, checkpoint_recompute
+from reports.loading.integrity import signal_of, stopped_by
 from reports.loading.load import require, runs_of
 from reports.plan import assumptions as assumed
 from reports.plan.comm import OVERLAPS, costs, simulate
@@ -63,11 +63,34 @@ from tracer.devices import candidates
 
 __all__ = ["plan"]
 
-_COLUMNS = ("run", "step", "phase", "op", "flops", "flop_kind", "bytes_read", "bytes_written", "is_view",
-            "input_dtypes", "output_dtypes", "input_storage_ids", "output_storage_ids", "input_shapes",
-            "output_shapes", "inplace", "comm_bytes", "group_size", "process_group", "duration_ns", "busy_ns", "causal")  # fmt: skip
-_RETRACE = ("what needs a re-trace: another world size (shards and collective sizes change), another "
-            "sequence length, another activation-checkpointing or sharding policy")
+_COLUMNS = (
+    "run",
+    "step",
+    "phase",
+    "op",
+    "flops",
+    "flop_kind",
+    "bytes_read",
+    "bytes_written",
+    "is_view",
+    "input_dtypes",
+    "output_dtypes",
+    "input_storage_ids",
+    "output_storage_ids",
+    "input_shapes",
+    "output_shapes",
+    "inplace",
+    "comm_bytes",
+    "group_size",
+    "process_group",
+    "duration_ns",
+    "busy_ns",
+    "causal",
+)
+_RETRACE = (
+    "what needs a re-trace: another world size (shards and collective sizes change), another "
+    "sequence length, another activation-checkpointing or sharding policy"
+)
 
 
 def _target(gpu, meta):
@@ -76,12 +99,14 @@ def _target(gpu, meta):
     device = meta.get("device") or {}
     if entry == CPU:
         if device.get("type") != "cpu" or device.get("fake"):
-            raise ReportError("plan: gpu 'cpu' plans a trace against the CPU it ran on; this trace ran on "
-                              f"{device.get('name')!r}")
+            raise ReportError(
+                f"plan: gpu 'cpu' plans a trace against the CPU it ran on; this trace ran on {device.get('name')!r}"
+            )
         bandwidth, bw_source = peak_bandwidth(device, None, meta.get("bandwidth"))
         if bandwidth is None:  # no datasheet fits a CPU: memory-bound ops cannot be priced without a measured one
-            raise ReportError(f"plan: gpu 'cpu' needs the CPU's memory bandwidth, which this trace does not record "
-                              f"({bw_source})")
+            raise ReportError(
+                f"plan: gpu 'cpu' needs the CPU's memory bandwidth, which this trace does not record ({bw_source})"
+            )
         return entry, lambda d: cpu_ideal_flops(device, d)[0], bandwidth, bw_source, None
     return entry, entry["peaks"].get, entry["bandwidth_bytes_per_s"], entry["bandwidth_source"], entry["memory_bytes"]
 
@@ -130,19 +155,28 @@ def _plan_run(rows, meta, gpu, gpus_per_node, micro_batch, batch, overlap, table
     complete, raised = bool(meta.get("complete")), meta.get("error")
     raised = None if complete or raised is None else str(raised)
     if not complete:
-        notes.append(("the traced code raised " + raised if raised else f"the trace was {stopped_by(meta)}") +
-                     ": the plan covers the rows the trace has, which may be part of a step")
+        notes.append(
+            ("the traced code raised " + raised if raised else f"the trace was {stopped_by(meta)}")
+            + ": the plan covers the rows the trace has, which may be part of a step"
+        )
     found, how = (batch, "given") if batch is not None else traced_batch(rows, meta)
     if found is None:
-        notes.append(f"the traced micro-batch could not be found ({how}): pass batch= (--batch); max_micro_batch "
-                     "is N/A and no what-if of the micro-batch can be planned")
+        notes.append(
+            f"the traced micro-batch could not be found ({how}): pass batch= (--batch); max_micro_batch "
+            "is N/A and no what-if of the micro-batch can be planned"
+        )
     planned = micro_batch if micro_batch is not None else found
     if micro_batch is not None and found is None:
         raise ReportError("plan: micro_batch needs the traced batch, which the trace does not show: pass batch=")
     k = planned / found if micro_batch is not None else 1.0
     if entry == CPU:  # no GPU: no CUDA context, no NCCL (whatever was assumed for a GPU)
-        table = {**table, **{name: (0.0, "none: the target is the CPU, which has no CUDA context or NCCL buffers")
-                             for name in ("cuda_context_bytes", "nccl_buffer_bytes")}}
+        table = {
+            **table,
+            **{
+                name: (0.0, "none: the target is the CPU, which has no CUDA context or NCCL buffers")
+                for name in ("cuda_context_bytes", "nccl_buffer_bytes")
+            },
+        }
         notes.append("the target is the CPU: its memory needs no CUDA context or NCCL buffers, only fragmentation")
     a = {name: value for name, (value, _) in table.items()}
     sources = {name: source for name, (_, source) in table.items()}
@@ -175,8 +209,10 @@ def _plan_run(rows, meta, gpu, gpus_per_node, micro_batch, batch, overlap, table
     elif has_comm:
         comm_s, kinds, guessed = costs(rows, entry, gpus_per_node, a, meta.get("process_groups"))
         if guessed:
-            notes.append(f"process groups without their ranks in the trace ({', '.join(guessed)}): priced as "
-                         "consecutive ranks, on as few nodes as they fill")
+            notes.append(
+                f"process groups without their ranks in the trace ({', '.join(guessed)}): priced as "
+                "consecutive ranks, on as few nodes as they fill"
+            )
     steps = simulate(rows, seconds, comm_s, kinds, overlap)
     train = _training_steps(rows, steps)
     step_time = float(np.mean([steps[s][0] for s in train]))
@@ -199,26 +235,44 @@ def _plan_run(rows, meta, gpu, gpus_per_node, micro_batch, batch, overlap, table
     bounded = bounds(rows)
     bound_flops = bounded["flops"] * k
     if bounded["rows"]:
-        notes.append(f"{bounded['rows']:,} ops count an upper bound of their FLOPs ({bound_flops:,.0f} FLOPs per step, "
-                     f"{100 * bounded['flops'] / max(float(per_step(rows)), 1):.1f}% of the step's; column flops_bound): "
-                     "the trace could not read their group sizes (meta or fake tensors), so their time, the step time "
-                     "and the model FLOPs of the MFU are upper bounds, exact only if every row of their operands is routed")
-    memory_fit = fit(every, meta, memory, table, found, planned if micro_batch is not None else None,
-                     process_groups=_groups_used(every) if world > 1 else 0)
+        notes.append(
+            f"{bounded['rows']:,} ops count an upper bound of their FLOPs ({bound_flops:,.0f} FLOPs per step, "
+            f"{100 * bounded['flops'] / max(float(per_step(rows)), 1):.1f}% of the step's; column flops_bound): "
+            "the trace could not read their group sizes (meta or fake tensors), so their time, the step time "
+            "and the model FLOPs of the MFU are upper bounds, exact only if every row of their operands is routed"
+        )
+    memory_fit = fit(
+        every,
+        meta,
+        memory,
+        table,
+        found,
+        planned if micro_batch is not None else None,
+        process_groups=_groups_used(every) if world > 1 else 0,
+    )
     if memory is None:
         notes.append("the CPU's memory size is not in the trace: fits is N/A")
     if not meta.get("parameters"):
-        guessed = " and the traced batch may be a weight's leading size" if batch is None and "embedding" not in how else ""
-        notes.append("the parameters are unknown (the trace was made without model=): their bytes count as inputs, "
-                     "growing with the micro-batch, so the peak and the largest micro-batch are pessimistic" + guessed +
-                     "; trace with Tracer(..., model=model)")
+        guessed = (
+            " and the traced batch may be a weight's leading size" if batch is None and "embedding" not in how else ""
+        )
+        notes.append(
+            "the parameters are unknown (the trace was made without model=): their bytes count as inputs, "
+            "growing with the micro-batch, so the peak and the largest micro-batch are pessimistic"
+            + guessed
+            + "; trace with Tracer(..., model=model)"
+        )
     if memory_fit["optimizer_state_added_bytes"]:
-        notes.append(f"optimizer state made during the trace ({memory_fit['optimizer_state_added_bytes']:,} bytes at "
-                     "the peak) counted as live from the first op: it stays from step to step")
+        notes.append(
+            f"optimizer state made during the trace ({memory_fit['optimizer_state_added_bytes']:,} bytes at "
+            "the peak) counted as live from the first op: it stays from step to step"
+        )
     if memory_fit["optimizer_state_made_bytes"] and count_steps(every) == 1:
-        notes.append(f"the traced step is the optimizer's first: it makes its state "
-                     f"({memory_fit['optimizer_state_made_bytes']:,} bytes; AdamW's zeros_like), work its step time "
-                     "includes and later steps skip (trace two steps to price the steady one)")
+        notes.append(
+            f"the traced step is the optimizer's first: it makes its state "
+            f"({memory_fit['optimizer_state_made_bytes']:,} bytes; AdamW's zeros_like), work its step time "
+            "includes and later steps skip (trace two steps to price the steady one)"
+        )
     sources["fragmentation"] = memory_fit["fragmentation_source"]
     a["fragmentation"] = memory_fit["fragmentation"]
 
@@ -226,47 +280,98 @@ def _plan_run(rows, meta, gpu, gpus_per_node, micro_batch, batch, overlap, table
     if calibrated:
         traced, how_traced = _traced_step(rows, meta)
         error = 100.0 * (step_time - traced) / traced if traced else None
-        notes.append(f"calibrated on the traced step ({how_traced}): predicted {step_time:.6g} s against {traced:.6g} s")
-    notes.append(f"micro-batch: traced {found} ({how}); activation bytes, forward/backward FLOPs and their "
-                 "ops' bytes of activations, temporaries and inputs scale linearly with it; parameters, gradients, "
-                 "optimizer state, communication buffers (and the ops' reads and writes of them) and collectives stay fixed")
+        notes.append(
+            f"calibrated on the traced step ({how_traced}): predicted {step_time:.6g} s against {traced:.6g} s"
+        )
+    notes.append(
+        f"micro-batch: traced {found} ({how}); activation bytes, forward/backward FLOPs and their "
+        "ops' bytes of activations, temporaries and inputs scale linearly with it; parameters, gradients, "
+        "optimizer state, communication buffers (and the ops' reads and writes of them) and collectives stay fixed"
+    )
     notes.append(_RETRACE)
     record = {
-        "complete": complete, "error": raised, "signal": signal_of(meta),
-        "gpu": entry if entry == CPU else entry["name"], "gpus_per_node": gpus_per_node, "world_size": world,
-        "batch": found, "micro_batch": planned, "tokens_per_step": tokens,
-        "fits": memory_fit["fits"], "peak_bytes_per_rank": memory_fit["peak_bytes_per_rank"],
-        "required_bytes": memory_fit["required_bytes"], "device_memory_bytes": memory,
-        "headroom_bytes": memory_fit["headroom_bytes"], "max_micro_batch": memory_fit["max_micro_batch"],
+        "complete": complete,
+        "error": raised,
+        "signal": signal_of(meta),
+        "gpu": entry if entry == CPU else entry["name"],
+        "gpus_per_node": gpus_per_node,
+        "world_size": world,
+        "batch": found,
+        "micro_batch": planned,
+        "tokens_per_step": tokens,
+        "fits": memory_fit["fits"],
+        "peak_bytes_per_rank": memory_fit["peak_bytes_per_rank"],
+        "required_bytes": memory_fit["required_bytes"],
+        "device_memory_bytes": memory,
+        "headroom_bytes": memory_fit["headroom_bytes"],
+        "max_micro_batch": memory_fit["max_micro_batch"],
         "compute_s": compute,
-        "compute_bound_s": float(per_step(rows, pd.Series(np.where(bound < 3, seconds - launch * p["kernel"], 0.0), index=rows.index))),
-        "memory_bound_s": float(per_step(rows, pd.Series(np.where(bound == 3, seconds - launch * p["kernel"], 0.0), index=rows.index))),
+        "compute_bound_s": float(
+            per_step(rows, pd.Series(np.where(bound < 3, seconds - launch * p["kernel"], 0.0), index=rows.index))
+        ),
+        "memory_bound_s": float(
+            per_step(rows, pd.Series(np.where(bound == 3, seconds - launch * p["kernel"], 0.0), index=rows.index))
+        ),
         "launch_s": float(per_step(rows, pd.Series(launch * p["kernel"], index=rows.index))),
-        "comm_s": comm, "exposed_comm_s": exposed, "step_time_s": step_time,
+        "comm_s": comm,
+        "exposed_comm_s": exposed,
+        "step_time_s": step_time,
         "tokens_per_s_per_gpu": tokens / step_time if tokens and step_time > 0 else math.nan,
-        "model_flops_per_step": model_flops, "bound_flops_per_step": bound_flops, "causal_masked_flops_per_step": masked, "peak_flops_per_s": peak,
+        "model_flops_per_step": model_flops,
+        "bound_flops_per_step": bound_flops,
+        "causal_masked_flops_per_step": masked,
+        "peak_flops_per_s": peak,
         "mfu": model_flops / (step_time * peak) if step_time > 0 and peak == peak else math.nan,
-        "calibrated": calibrated, "traced_step_s": traced, "error_pct": error,
-    }  # fmt: skip
+        "calibrated": calibrated,
+        "traced_step_s": traced,
+        "error_pct": error,
+    }
     units = assumed.UNITS
     listed = [{"name": n, "value": a[n], "unit": units.get(n, "fraction"), "source": sources[n]} for n in a]
     listed += [
         {"name": "peak_flops_per_s", "value": peak, "unit": "FLOP/s", "source": _peak_source(entry, dtype)},
         {"name": "hbm_bytes_per_s", "value": bandwidth, "unit": "bytes/s", "source": bw_source},
-        {"name": "device_memory_bytes", "value": memory, "unit": "bytes",
-         "source": entry["memory_source"] if entry != CPU else "unknown for a CPU"},
-        {"name": "overlap", "value": overlap, "unit": "", "source": "reports/plan/comm.py: " + (
-            "FSDP2's prefetch: an all-gather one unit ahead overlaps the current unit's compute; other collectives "
-            "overlap the compute after them until their result is read" if overlap == "prefetch" else
-            "none: every collective blocks the compute stream")},
-    ]  # fmt: skip
+        {
+            "name": "device_memory_bytes",
+            "value": memory,
+            "unit": "bytes",
+            "source": entry["memory_source"] if entry != CPU else "unknown for a CPU",
+        },
+        {
+            "name": "overlap",
+            "value": overlap,
+            "unit": "",
+            "source": "reports/plan/comm.py: "
+            + (
+                "FSDP2's prefetch: an all-gather one unit ahead overlaps the current unit's compute; other collectives "
+                "overlap the compute after them until their result is read"
+                if overlap == "prefetch"
+                else "none: every collective blocks the compute stream"
+            ),
+        },
+    ]
     if entry != CPU:
         listed += [
-            {"name": "intra_node_bytes_per_s", "value": entry["intra_bytes_per_s"], "unit": "bytes/s", "source": entry["intra_source"]},
-            {"name": "nic_bytes_per_s", "value": entry["nic_bytes_per_s"], "unit": "bytes/s", "source": entry["nic_source"]},
-        ]  # fmt: skip
-    classes = [{"bound": CLASSES[c], "seconds_per_step": float(per_step(rows, pd.Series(np.where(bound == c, seconds, 0.0), index=rows.index)))}
-               for c in range(len(CLASSES))]  # fmt: skip
+            {
+                "name": "intra_node_bytes_per_s",
+                "value": entry["intra_bytes_per_s"],
+                "unit": "bytes/s",
+                "source": entry["intra_source"],
+            },
+            {
+                "name": "nic_bytes_per_s",
+                "value": entry["nic_bytes_per_s"],
+                "unit": "bytes/s",
+                "source": entry["nic_source"],
+            },
+        ]
+    classes = [
+        {
+            "bound": CLASSES[c],
+            "seconds_per_step": float(per_step(rows, pd.Series(np.where(bound == c, seconds, 0.0), index=rows.index))),
+        }
+        for c in range(len(CLASSES))
+    ]
     return record, {"assumptions": listed, "classes": classes, "memory": memory_fit, "notes": notes}
 
 
@@ -302,7 +407,8 @@ def _steady_step(rows):
     last = max(complete)
     return rows[step == last], (
         f"step time, FLOPs and MFU are those of step {last}, the last complete one of the {len(training)} traced "
-        "(the first holds one-off work, such as an optimizer making its state); the memory peak is over every step")
+        "(the first holds one-off work, such as an optimizer making its state); the memory peak is over every step"
+    )
 
 
 def _groups_used(rows):

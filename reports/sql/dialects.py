@@ -54,7 +54,7 @@ def views(dialect):
 
 
 def columns(dialect):
-    """"name TYPE, ..." of every column of the trace schema in `dialect` (strings plain or dictionary-encoded are
+    """ "name TYPE, ..." of every column of the trace schema in `dialect` (strings plain or dictionary-encoded are
     VARCHAR / STRING, lists arrays)."""
     from sqlglot import exp
 
@@ -67,8 +67,10 @@ def columns(dialect):
             return duckdb_type(typ.value_type) + "[]"
         return {"int64": "BIGINT", "string": "VARCHAR", "bool": "BOOLEAN"}[str(typ)]
 
-    return ", ".join(f"{field.name} {exp.DataType.build(duckdb_type(field.type), dialect='duckdb').sql(dialect)}"
-                     for field in ARROW_SCHEMA)  # fmt: skip
+    return ", ".join(
+        f"{field.name} {exp.DataType.build(duckdb_type(field.type), dialect='duckdb').sql(dialect)}"
+        for field in ARROW_SCHEMA
+    )
 
 
 def _known(dialect):
@@ -86,8 +88,10 @@ def _transpile(name, body, dialect):
         raise ValueError(f"view {name}: sqlglot does not know DuckDB's {node.name}(); spell it portably in the source")
     for node in tree.find_all(exp.Bracket):
         if len(node.expressions) != 1 or isinstance(node.expressions[0], exp.Slice):
-            raise ValueError(f"view {name}: {node.sql('duckdb')} is a slice sqlglot leaves as it is (or an index of "
-                             "several items); write array_slice")
+            raise ValueError(
+                f"view {name}: {node.sql('duckdb')} is a slice sqlglot leaves as it is (or an index of "
+                "several items); write array_slice"
+            )
         node.set("safe", True)  # DuckDB's list[i] is NULL past the end
     return tree.sql(dialect=dialect, pretty=True, unsupported_level=sqlglot.ErrorLevel.RAISE)
 

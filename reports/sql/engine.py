@@ -45,8 +45,17 @@ import pandas as pd
 import pyarrow as pa
 
 from reports.errors import ReportError
-from reports.loading.integrity import (REREADS, Footers, describe_damage, footer, list_parts, merged_away, one_line, reread,
-                                       stopped_by)
+from reports.loading.integrity import (
+    REREADS,
+    Footers,
+    describe_damage,
+    footer,
+    list_parts,
+    merged_away,
+    one_line,
+    reread,
+    stopped_by,
+)
 from reports.loading.load import check_rank, id_limit, read_run, run_name, runs_with_ranks
 from reports.loading.validate import ALLOWED, ITEMS_NOT_NULL, LIST_NOT_NULL, STORAGE_ID_COLUMNS, check_footers
 from reports.sql import rowpass
@@ -60,8 +69,11 @@ from tracer.schema import ARROW_SCHEMA, COLUMN_NAMES, PHASES, missing_columns
 # null lists: the grain is not keyed by it)
 _GRAIN_CHECKED = ("phase", "flop_kind")
 _UNKNOWN_VALUES = " OR ".join(f"{name} NOT IN ({', '.join(repr(v) for v in ALLOWED[name])})" for name in _GRAIN_CHECKED)
-_BAD_ROW_VALUES = [f"{name} NOT IN ({', '.join(repr(v) for v in values)})" for name, values in ALLOWED.items()
-                   if name not in _GRAIN_CHECKED]  # fmt: skip
+_BAD_ROW_VALUES = [
+    f"{name} NOT IN ({', '.join(repr(v) for v in values)})"
+    for name, values in ALLOWED.items()
+    if name not in _GRAIN_CHECKED
+]
 # The oldest schema version the engine reads. A trace of it lacks the columns added since, all of them null when
 # reports.load reads one (tracer.schema.missing_columns: grad_mode, unknown before v4): they are read as NULL here.
 OLDEST_VERSION = 3
@@ -75,8 +87,14 @@ __all__ = ["VIEWS_SQL", "VIEW_FILES", "Trace", "Unsupported", "literal", "statem
 
 VIEWS_SQL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "views.sql")
 # Further view files, each read after views.sql in name order: a report family's views in a file of its own.
-VIEW_FILES = (VIEWS_SQL, *sorted(os.path.join(os.path.dirname(VIEWS_SQL), f) for f in
-                                 os.listdir(os.path.dirname(VIEWS_SQL)) if f.endswith(".sql") and f != "views.sql"))
+VIEW_FILES = (
+    VIEWS_SQL,
+    *sorted(
+        os.path.join(os.path.dirname(VIEWS_SQL), f)
+        for f in os.listdir(os.path.dirname(VIEWS_SQL))
+        if f.endswith(".sql") and f != "views.sql"
+    ),
+)
 INT64_MAX = 2**63 - 1
 # Read the rows the views need once into memory (reports/sql/scan.py source) from this many part files on, when
 # the parts hold fewer rows than this on average and the trace no more rows than this.
@@ -97,6 +115,7 @@ _SQL_TYPES = {"string": "VARCHAR", "bool": "BOOLEAN", "int64": "BIGINT"}  # of t
 def _named(lacking):
     """The trace's columns by name, for a select from one run's parts: a column its version lacks (`lacking`) as a
     typed NULL."""
+
     def null(field):
         typ = field.type.value_type if pa.types.is_dictionary(field.type) else field.type
         return f'CAST(NULL AS {_SQL_TYPES[str(typ)]}) AS "{field.name}"'
@@ -131,7 +150,7 @@ def statements(path=VIEWS_SQL):
             continue
         comment = chunk[: found.start()].strip().splitlines()
         portable = any(line.startswith("-- portable") for line in comment[-12:])
-        out.append((found.group(1), chunk[found.end():].strip(), portable))
+        out.append((found.group(1), chunk[found.end() :].strip(), portable))
     return out
 
 
@@ -170,15 +189,18 @@ class Trace:
                 raise
             if self.db is not None:
                 self.close()
-            raise ReportError(f"{one_line(exc)} (parts merged away while read, {REREADS} times: read the "
-                              "trace again)") from None
+            raise ReportError(
+                f"{one_line(exc)} (parts merged away while read, {REREADS} times: read the trace again)"
+            ) from None
 
     def _open(self, paths, threads, columns, keep):
         try:
             import duckdb
         except ImportError:
-            raise ReportError("the SQL engine needs duckdb (an optrace dependency), which is not installed: pip install "
-                              "duckdb, or run with --engine pandas") from None
+            raise ReportError(
+                "the SQL engine needs duckdb (an optrace dependency), which is not installed: pip install "
+                "duckdb, or run with --engine pandas"
+            ) from None
 
         if isinstance(paths, (str, bytes, os.PathLike)):
             paths = [paths]
@@ -199,15 +221,18 @@ class Trace:
                 check_rank(path, rank, meta, seen)
                 name = run_name(path, rank, meta, self.runs)
                 if meta["schema_version"] < OLDEST_VERSION:
-                    raise Unsupported(f"{path}: a v{meta['schema_version']} trace; the SQL engine reads v{OLDEST_VERSION} "
-                                      "and later")
+                    raise Unsupported(
+                        f"{path}: a v{meta['schema_version']} trace; the SQL engine reads v{OLDEST_VERSION} and later"
+                    )
                 self.runs[name] = meta
                 self.ranks.append(rank if rank is not None else meta.get("rank"))
                 self.paths.append(path)
                 self.files.append(list_parts(path))
                 if any("\\" in f and _GLOB.search(f) for f in map(os.path.abspath, self.files[-1])):
-                    raise Unsupported(f"{path}: a backslash and a glob character in a part's path, which DuckDB's glob "
-                                      "cannot be told to read literally")  # the pandas engine reads it
+                    raise Unsupported(
+                        f"{path}: a backslash and a glob character in a part's path, which DuckDB's glob "
+                        "cannot be told to read literally"
+                    )  # the pandas engine reads it
                 present = footer(self.files[-1][0], footers).schema.to_arrow_schema().names
                 lacks = missing_columns(meta["schema_version"])  # null in every row: read as NULL
                 missing = [c for c in COLUMN_NAMES if c not in present and c not in lacks]
@@ -227,18 +252,25 @@ class Trace:
         config = {"temp_directory": self._spill, **({"threads": threads} if threads else {})}
         self.db = duckdb.connect(config=config)
         self.db.execute("SET enable_progress_bar = false")  # stdout is the report's
-        self._reads = [f"read_parquet([{', '.join(file_literal(f) for f in files)}], hive_partitioning = false"
-                       for files in self.files]  # fmt: skip  (closed by the caller: options may follow)
+        self._reads = [
+            f"read_parquet([{', '.join(file_literal(f) for f in files)}], hive_partitioning = false"
+            for files in self.files
+        ]  # (closed by the caller: options may follow)
         # the trace's columns by name: UNION ALL and INSERT match columns by position, and a run's parts may hold
         # them in another order (or hold others), which reports.load, reading them by name, accepts
         named = [_named(lacking) for lacking in self.lacking]
-        selects = [f"SELECT {literal(name)} AS run, {i} AS run_index, {named[i]} FROM {read})"
-                   for i, (name, read) in enumerate(zip(self.runs, self._reads))]  # fmt: skip
-        self.rows_view = "CREATE VIEW rows AS " + " UNION ALL ".join(selects)  # what views.sql reads, for another connection
+        selects = [
+            f"SELECT {literal(name)} AS run, {i} AS run_index, {named[i]} FROM {read})"
+            for i, (name, read) in enumerate(zip(self.runs, self._reads))
+        ]
+        self.rows_view = "CREATE VIEW rows AS " + " UNION ALL ".join(
+            selects
+        )  # what views.sql reads, for another connection
         self.db.execute(self.rows_view)
         self._first_rows = selects[0]  # run 0's rows alone (first_run)
-        self.columns = [d[0] for d in self.db.execute("SELECT * FROM rows LIMIT 0").description
-                        if d[0] not in ("run", "run_index")]  # fmt: skip
+        self.columns = [
+            d[0] for d in self.db.execute("SELECT * FROM rows LIMIT 0").description if d[0] not in ("run", "run_index")
+        ]
         files = sum(len(f) for f in self.files)
         rows = sum(footers.rows.get(f, 0) for fs in self.files for f in fs)
         if rows <= FLUSH_FREED_ROWS:  # give the memory of a scan's freed buffers back as it goes
@@ -249,31 +281,48 @@ class Trace:
         # read once into memory: many small parts, or a trace cut short or still being written (its tracer may merge
         # small parts, removing the files a later scan would open)
         changing = any(not meta.get("complete") for meta in self.runs.values())
-        self.narrow = rows <= SMALL_PARTS[2] and (changing or files >= SMALL_PARTS[0] and rows <= SMALL_PARTS[1] * files)
-        batches = [(literal(name), i, f"(SELECT {named[i]}, filename, file_row_number FROM read_parquet(["
-                    f"{', '.join(file_literal(f) for f in fs[k:k + BATCH])}], hive_partitioning = false, "
-                    "filename = true, file_row_number = true))")
-                   for i, (name, fs) in enumerate(zip(self.runs, self.files)) for k in range(0, len(fs), BATCH)]  # fmt: skip
+        self.narrow = rows <= SMALL_PARTS[2] and (
+            changing or files >= SMALL_PARTS[0] and rows <= SMALL_PARTS[1] * files
+        )
+        batches = [
+            (
+                literal(name),
+                i,
+                f"(SELECT {named[i]}, filename, file_row_number FROM read_parquet(["
+                f"{', '.join(file_literal(f) for f in fs[k : k + BATCH])}], hive_partitioning = false, "
+                "filename = true, file_row_number = true))",
+            )
+            for i, (name, fs) in enumerate(zip(self.runs, self.files))
+            for k in range(0, len(fs), BATCH)
+        ]
         nulls = [f"{c} IS NULL" for c in LIST_NOT_NULL if c in self.columns]
         nulls += [f"list_count({c}) < len({c})" for c in ITEMS_NOT_NULL if c in self.columns]  # a null item
         nulls += _BAD_ROW_VALUES  # a value the tracer never writes, in a column the grains are not keyed by
         self._null_where = " OR ".join(nulls) or "FALSE"
         for statement in source("rows", batches if self.narrow else None, self._null_where):
             self.db.execute(statement)
-        unscanned = self._check_values(footers, refused, keep)  # before the grains: no value the statistics refuse in one
+        unscanned = self._check_values(
+            footers, refused, keep
+        )  # before the grains: no value the statistics refuse in one
         several = len(self.runs) > 1
         held = {getattr(c, "holds", None) for c in self.kept.values()}  # views a kept consumer holds for run 0
         for name, body in grains(several, self.narrow, "flop_rest" not in held).items():  # one scan each: most views
             self.db.execute(f"CREATE TABLE {name} AS {body}")  # are read from these (reports/sql/scan.py); not TEMP:
             # first_run's connection reads them too
         self._check_null_lists(unscanned)  # a narrow trace's: from _ops, which flagged them as it read the lists
-        self._make_views({**views(several, "flop_rest" not in held), **kept_views(self.db, self.kept, None if several
-                                                                                  else next(iter(self.runs)))})  # fmt: skip
+        self._make_views(
+            {
+                **views(several, "flop_rest" not in held),
+                **kept_views(self.db, self.kept, None if several else next(iter(self.runs))),
+            }
+        )
         for path, meta, ops in zip(self.paths, self.runs.values(), self._ops()):
             broken = describe_damage(meta["damage"])
             if not meta.get("complete") or broken:  # reports.load's warning, word for word
                 state = f"incomplete ({stopped_by(meta)})" if not meta.get("complete") else "damaged"
-                warnings.warn(f"{path}: trace is {state}{': ' + broken if broken else ''}; reporting the {ops} rows it has")
+                warnings.warn(
+                    f"{path}: trace is {state}{': ' + broken if broken else ''}; reporting the {ops} rows it has"
+                )
 
     def _make_views(self, fast):
         """The views of the .sql files, each from `fast` ({view: body}, reports/sql/scan.py) where it holds one."""
@@ -345,11 +394,15 @@ class Trace:
         one.db.execute("SET enable_progress_bar = false")
         one.db.execute("CREATE SCHEMA IF NOT EXISTS first_run")  # a second first_run() makes the same views again
         one.db.execute("USE first_run")
-        made = [f"CREATE VIEW {table} AS SELECT * FROM main.{table} WHERE run_index = 0"
-               for table in (("_rows", *GRAINS) if self.narrow else GRAINS)]  # fmt: skip
+        made = [
+            f"CREATE VIEW {table} AS SELECT * FROM main.{table} WHERE run_index = 0"
+            for table in (("_rows", *GRAINS) if self.narrow else GRAINS)
+        ]
         made += [] if self.narrow else [one.rows_view]
-        made += [*source_views("rows", self.narrow, self._null_where),
-                 *(f"CREATE VIEW {view} AS {body}" for view, body in self._views)]  # fmt: skip
+        made += [
+            *source_views("rows", self.narrow, self._null_where),
+            *(f"CREATE VIEW {view} AS {body}" for view, body in self._views),
+        ]
         for statement in made:
             one.db.execute(statement.replace("CREATE VIEW", "CREATE OR REPLACE VIEW", 1))
         one.totals = one.table("run_totals")  # run 0's row, typed as a Trace of run 0 alone types it
@@ -403,9 +456,13 @@ class Trace:
         """{run_index: {phase: steps}} (reports/steps.py phase_steps); read once (a trace's rows do not change)."""
         if self._phase_steps is None:
             self._phase_steps = {i: {} for i in range(len(self.runs))}
-            for run_index, phase, steps in self.db.execute("SELECT run_index, phase, steps FROM phase_steps").fetchall():
+            for run_index, phase, steps in self.db.execute(
+                "SELECT run_index, phase, steps FROM phase_steps"
+            ).fetchall():
                 self._phase_steps[int(run_index)][phase] = int(steps)
-            for run_index, fb, traced in zip(self.totals["run_index"], self.totals["fb_steps"], self.totals["steps_traced"]):
+            for run_index, fb, traced in zip(
+                self.totals["run_index"], self.totals["fb_steps"], self.totals["steps_traced"]
+            ):
                 found = self._phase_steps[int(run_index)]
                 if "other" in found:  # over at least the run's training steps (reports/steps.py _steps_per_phase)
                     found["other"] = max(found["other"], int(fb or traced))
@@ -421,8 +478,10 @@ class Trace:
         for i in range(len(self.runs)):
             t = runs.get(i, totals.iloc[:0])
             names = list(steps[i])
-            order = sorted(range(len(names)), key=lambda c: (PHASES.index(names[c]) if names[c] in PHASES else len(PHASES),
-                                                             names[c]))  # fmt: skip
+            order = sorted(
+                range(len(names)),
+                key=lambda c: (PHASES.index(names[c]) if names[c] in PHASES else len(PHASES), names[c]),
+            )
             if keys:
                 first = t.groupby(list(keys), sort=False)["first_seq"].min().sort_values(kind="stable")
                 index = first.index
@@ -519,13 +578,22 @@ class Trace:
     def _null_lists(self, i):
         """Whether run i has a null list cell or item (see _check_null_lists), from a scan of its list columns: for a
         run checked before the grains are made (one before a run the statistics refuse)."""
-        return self.db.execute(f"SELECT count(*) FROM _src WHERE run_index = {i} AND (null_lists OR {_UNKNOWN_VALUES})").fetchone()[0] > 0
+        return (
+            self.db.execute(
+                f"SELECT count(*) FROM _src WHERE run_index = {i} AND (null_lists OR {_UNKNOWN_VALUES})"
+            ).fetchone()[0]
+            > 0
+        )
 
     def _seq_in_order(self, i):
         """Whether run i's seq increases row by row, shown from one DuckDB scan of its seq column: each part's seq
         is its first seq plus the row number (seq - row number takes one value), and each part starts after
         the one before ends. False when that does not show it (a part with a gap inside: _seq_increases decides)."""
-        read = f"_src WHERE run_index = {i}" if self.narrow else self._reads[i] + ", filename = true, file_row_number = true)"
+        read = (
+            f"_src WHERE run_index = {i}"
+            if self.narrow
+            else self._reads[i] + ", filename = true, file_row_number = true)"
+        )
         found = self.db.execute(files_query(read)).fetchall()
         where = {os.path.abspath(f): n for n, f in enumerate(self.files[i])}
         ranges = sorted((where.get(name, -1), lo, hi, n) for name, n, lo, hi in found)
@@ -558,7 +626,10 @@ class _IdFooters(Footers):
         super().note(part, found)
         low, high = 0, 0
         if self._leaves is None or not found.schema.equals(self._leaves[0]):  # the id columns, once per schema
-            self._leaves = (found.schema, [j for j in range(found.num_columns) if found.schema.column(j).path in _ID_LEAVES])
+            self._leaves = (
+                found.schema,
+                [j for j in range(found.num_columns) if found.schema.column(j).path in _ID_LEAVES],
+            )
         leaves = self._leaves[1]
         for g in range(found.num_row_groups):
             group = found.row_group(g)

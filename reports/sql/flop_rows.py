@@ -29,24 +29,40 @@ __all__ = ["FlopRows"]
 _CATEGORICAL = ("phase", "op", "module", "flop_kind", "grad_mode")  # as flops.py gives them: categorical
 
 
-
 def _packets():
     """{copies, hops, derives, scales: the op packets flops.sql's flop_ops lists for each}, read from flops.sql."""
     with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "flops.sql"), encoding="utf-8") as f:
         text = f.read()
-    body = text[text.index("CREATE VIEW flop_ops"):text.index("CREATE VIEW flop_marked")]
-    return {name: frozenset(re.findall(r"'([\w.]+)'", found)) for found, name in
-            re.findall(r"packet IN \(([^)]*)\) AS (\w+)", body)}  # fmt: skip
+    body = text[text.index("CREATE VIEW flop_ops") : text.index("CREATE VIEW flop_marked")]
+    return {
+        name: frozenset(re.findall(r"'([\w.]+)'", found))
+        for found, name in re.findall(r"packet IN \(([^)]*)\) AS (\w+)", body)
+    }
 
 
 _PACKETS = _packets()
 # flop_rows' and flop_rest's columns as DuckDB gives them (reports/sql/flops.py _ROWS)
 _INTS, _SHAPES = pa.list_(pa.field("l", pa.int64())), pa.list_(pa.field("l", pa.list_(pa.field("l", pa.int64()))))
-SCHEMA = pa.schema([("seq", pa.int64()), ("step", pa.int64()), ("phase", pa.string()), ("op", pa.string()),
-                    ("module", pa.string()), ("flop_kind", pa.string()), ("flops", pa.int64()), ("recompute", pa.bool_()),
-                    ("causal", pa.bool_()), ("input_storage_ids", _INTS), ("output_storage_ids", _INTS),
-                    ("input_dtypes", pa.list_(pa.field("l", pa.string()))), ("input_shapes", _SHAPES),
-                    ("output_shapes", _SHAPES), ("flops_bound", pa.bool_()), ("grad_mode", pa.string())])  # fmt: skip
+SCHEMA = pa.schema(
+    [
+        ("seq", pa.int64()),
+        ("step", pa.int64()),
+        ("phase", pa.string()),
+        ("op", pa.string()),
+        ("module", pa.string()),
+        ("flop_kind", pa.string()),
+        ("flops", pa.int64()),
+        ("recompute", pa.bool_()),
+        ("causal", pa.bool_()),
+        ("input_storage_ids", _INTS),
+        ("output_storage_ids", _INTS),
+        ("input_dtypes", pa.list_(pa.field("l", pa.string()))),
+        ("input_shapes", _SHAPES),
+        ("output_shapes", _SHAPES),
+        ("flops_bound", pa.bool_()),
+        ("grad_mode", pa.string()),
+    ]
+)
 
 
 def _product_is_one(shapes, k):
@@ -82,8 +98,10 @@ class FlopRows:
     def feed(self, table):
         op, phase, kind = (self.codes[c].of(table.column(c)) for c in ("op", "phase", "flop_kind"))
         packets = [packet(v) for v in self.codes["op"].names]
-        copies, hops, derives, scales = (np.fromiter((p in _PACKETS[k] for p in packets), dtype=bool, count=len(packets))[op]
-                                         for k in ("copies", "hops", "derives", "scales"))  # fmt: skip
+        copies, hops, derives, scales = (
+            np.fromiter((p in _PACKETS[k] for p in packets), dtype=bool, count=len(packets))[op]
+            for k in ("copies", "hops", "derives", "scales")
+        )
         kinds = self.codes["flop_kind"]
         is_kind = {k: kinds.flags(lambda v, k=k: v == k)[kind] for k in ("matmul", "attention", "conv", "collective")}
         forward = self.codes["phase"].flags(lambda v: v == "forward")[phase]
@@ -94,8 +112,15 @@ class FlopRows:
             n_in = pc.list_value_length(table.column("input_storage_ids").take(at)).to_numpy()
             shapes = table.column("input_shapes").take(at)
             scalar[at] = (n_in == 1) | (n_in == 2) & (_product_is_one(shapes, 0) | _product_is_one(shapes, 1))
-        walked = (is_kind["matmul"] | is_kind["attention"] | is_kind["conv"] & forward | copies
-                  | late & (is_kind["collective"] | hops) | derives | scales & scalar)  # fmt: skip
+        walked = (
+            is_kind["matmul"]
+            | is_kind["attention"]
+            | is_kind["conv"] & forward
+            | copies
+            | late & (is_kind["collective"] | hops)
+            | derives
+            | scales & scalar
+        )
         self._keep(table, np.flatnonzero(walked), (op, phase, kind), is_kind, scales)
         self._sum(table, np.flatnonzero(~walked), op, phase, kind)
 
@@ -109,18 +134,23 @@ class FlopRows:
 
         for name, code in zip(("op", "phase", "flop_kind"), codes):
             w[name].append(code[at])
-        w["module"].append(np.where(mm | is_kind["attention"][at], self.codes["module"].of(table.column("module"))[at], -1))
+        w["module"].append(
+            np.where(mm | is_kind["attention"][at], self.codes["module"].of(table.column("module"))[at], -1)
+        )
         if "grad_mode" in table.column_names:  # a v3 trace has none: null (reports/sql/engine.py)
             grad = table.column("grad_mode")
-            w["grad_mode"].append(np.where(pc.is_null(grad).to_numpy(zero_copy_only=False)[at], -1,
-                                           self.codes["grad_mode"].of(grad)[at]))
+            w["grad_mode"].append(
+                np.where(pc.is_null(grad).to_numpy(zero_copy_only=False)[at], -1, self.codes["grad_mode"].of(grad)[at])
+            )
         else:
             w["grad_mode"].append(np.full(len(at), -1, dtype=np.int64))
         for name in ("seq", "step", "flops", "causal", "input_storage_ids", "output_storage_ids"):
             w[name].append(table.column(name).take(index))
         w["recompute"].append(pc.fill_null(table.column("recompute").take(index), False))
         w["input_dtypes"].append(pc.list_slice(table.column("input_dtypes").take(index), 0, 2))
-        w["input_shapes"].append(masked(table.column("input_shapes"), (is_kind["attention"] | is_kind["conv"] | scales)[at]))
+        w["input_shapes"].append(
+            masked(table.column("input_shapes"), (is_kind["attention"] | is_kind["conv"] | scales)[at])
+        )
         w["output_shapes"].append(masked(table.column("output_shapes"), (is_kind["matmul"] | is_kind["conv"])[at]))
         w["flops_bound"].append(masked(pc.fill_null(table.column("flops_bound"), False), mm))
 
@@ -145,7 +175,9 @@ class FlopRows:
         flops = flops[order]
         high, low = np.add.reduceat(flops >> 32, starts), np.add.reduceat(flops & 0xFFFFFFFF, starts)  # exact halves
         seq, step = table.column("seq").to_numpy()[at[first_at]], table.column("step").to_numpy()[at[first_at]]
-        for key, s, st, hi, lo in zip(map(tuple, found.tolist()), seq.tolist(), step.tolist(), high.tolist(), low.tolist()):
+        for key, s, st, hi, lo in zip(
+            map(tuple, found.tolist()), seq.tolist(), step.tolist(), high.tolist(), low.tolist()
+        ):
             key = (key[0], key[1] - 1, key[2], key[3], key[4] - 2, key[5])
             if key in self.rest:
                 self.rest[key][2] += (hi << 32) + lo
@@ -172,15 +204,24 @@ class FlopRows:
             return None
         names = {c: self.codes[c].names for c in ("phase", "op", "flop_kind", "dtype")}
         rest = {
-            "seq": [s for _, (s, _, _) in groups], "step": [st for _, (_, st, _) in groups],
-            "flops": [total for _, (_, _, total) in groups], "recompute": [bool(k[3]) for k, _ in groups],
+            "seq": [s for _, (s, _, _) in groups],
+            "step": [st for _, (_, st, _) in groups],
+            "flops": [total for _, (_, _, total) in groups],
+            "recompute": [bool(k[3]) for k, _ in groups],
             "input_dtypes": [[] if k[4] == -1 else [None] if k[4] == -2 else [names["dtype"][k[4]]] for k, _ in groups],
-        }  # fmt: skip
-        rest = {c: pa.array(rest[c], SCHEMA.field(c).type) if c in rest else pa.nulls(len(groups), SCHEMA.field(c).type)
-                for c in SCHEMA.names if c not in _CATEGORICAL}  # fmt: skip
-        rest_codes = {"phase": [k[0] for k, _ in groups], "op": [k[1] for k, _ in groups],
-                      "flop_kind": [k[2] for k, _ in groups], "module": [-1] * len(groups),
-                      "grad_mode": [-1] * len(groups)}  # fmt: skip
+        }
+        rest = {
+            c: pa.array(rest[c], SCHEMA.field(c).type) if c in rest else pa.nulls(len(groups), SCHEMA.field(c).type)
+            for c in SCHEMA.names
+            if c not in _CATEGORICAL
+        }
+        rest_codes = {
+            "phase": [k[0] for k, _ in groups],
+            "op": [k[1] for k, _ in groups],
+            "flop_kind": [k[2] for k, _ in groups],
+            "module": [-1] * len(groups),
+            "grad_mode": [-1] * len(groups),
+        }
         steps_codes = {c: np.full(len(steps), -1, dtype=np.int64) for c in _CATEGORICAL}
         steps_codes["phase"] = self.codes["phase"].of(steps.column("phase"))
         # rest's groups between the walked rows, by seq (seq is unique in a run); the steps after them
@@ -195,14 +236,18 @@ class FlopRows:
                 out[c] = _categorical(np.concatenate([codes, steps_codes[c]]), self.codes[c].names)
                 continue
             # each part in its own type (a part may store strings plain where another has a dictionary)
-            parts = [chunk if chunk.type == kind else chunk.cast(kind) for part in self.walked[c] for chunk in _chunks(part)]
+            parts = [
+                chunk if chunk.type == kind else chunk.cast(kind) for part in self.walked[c] for chunk in _chunks(part)
+            ]
             walked = pa.chunked_array(parts, type=kind)
             pieces, last = [], 0
             for i, at in enumerate(cut):
                 pieces += [walked.slice(last, at - last), rest[c].slice(i, 1)]
                 last = at
-            pieces += [walked.slice(last), steps.column(c).cast(kind) if c in steps.column_names else
-                       pa.nulls(len(steps), kind)]  # fmt: skip
+            pieces += [
+                walked.slice(last),
+                steps.column(c).cast(kind) if c in steps.column_names else pa.nulls(len(steps), kind),
+            ]
             out[c] = pa.concat_arrays([chunk for piece in pieces for chunk in _chunks(piece)])
         self.walked = self.rest = None
         return pa.table(out)

@@ -53,15 +53,47 @@ from reports.sql.flop_rows import FlopRows
 
 __all__ = ["frame", "table"]
 
-_ROWS = ("seq", "step", "phase", "op", "module", "flop_kind", "flops", "recompute", "causal", "input_storage_ids",
-         "output_storage_ids", "input_dtypes", "input_shapes", "output_shapes", "flops_bound", "grad_mode")  # fmt: skip
-_REST = {"seq": "seq", "step": "step", "phase": "phase", "op": "op", "flop_kind": "flop_kind", "flops": "flops",
-         "recompute": "recompute", "input_dtypes": "first_dtype"}  # fmt: skip
+_ROWS = (
+    "seq",
+    "step",
+    "phase",
+    "op",
+    "module",
+    "flop_kind",
+    "flops",
+    "recompute",
+    "causal",
+    "input_storage_ids",
+    "output_storage_ids",
+    "input_dtypes",
+    "input_shapes",
+    "output_shapes",
+    "flops_bound",
+    "grad_mode",
+)
+_REST = {
+    "seq": "seq",
+    "step": "step",
+    "phase": "phase",
+    "op": "op",
+    "flop_kind": "flop_kind",
+    "flops": "flops",
+    "recompute": "recompute",
+    "input_dtypes": "first_dtype",
+}
 _CATEGORICAL = ("phase", "op", "module", "flop_kind", "grad_mode")
 _STEPS = {"seq": "seq", "step": "step", "phase": "phase", "flops": "0", "recompute": "recompute"}
-_MFU_ROWS = {"seq": "seq", "step": "step", "phase": "phase", "op": "op", "flop_kind": "flop_kind", "flops": "flops",
-             "recompute": "coalesce(recompute, false)", "input_dtypes": "input_dtypes[1:2]",
-             "input_shapes": "CASE WHEN flop_kind = 'attention' THEN input_shapes END"}  # fmt: skip  (as flop_rows)
+_MFU_ROWS = {
+    "seq": "seq",
+    "step": "step",
+    "phase": "phase",
+    "op": "op",
+    "flop_kind": "flop_kind",
+    "flops": "flops",
+    "recompute": "coalesce(recompute, false)",
+    "input_dtypes": "input_dtypes[1:2]",
+    "input_shapes": "CASE WHEN flop_kind = 'attention' THEN input_shapes END",
+}  # (as flop_rows)
 _FLOPS_SQL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "flops.sql")
 
 
@@ -102,14 +134,18 @@ def table(trace, mfu_only=False):
     flops_type = "DOUBLE" if wide else "BIGINT"  # as reports/steps.py summable takes sums that could wrap
     if mfu_only:
         names = list(_MFU_ROWS)
-        parts = [_select("mfu_marked WHERE walked", _MFU_ROWS, flops_type, 0, names),
-                 _select(_mfu_rest(), _REST, flops_type, 0, names)]  # fmt: skip
+        parts = [
+            _select("mfu_marked WHERE walked", _MFU_ROWS, flops_type, 0, names),
+            _select(_mfu_rest(), _REST, flops_type, 0, names),
+        ]
     else:
         names = _ROWS
         parts = [_select("flop_rows", {c: c for c in _ROWS}, flops_type, 0), _select("flop_rest", _REST, flops_type, 0)]
     kept = None if mfu_only or trace.several else trace.take_kept(FlopRows, 0)
     if kept is not None:  # the walked rows and groups from the Trace's read of the parts (reports/sql/flop_rows.py)
-        steps = trace.db.sql("SELECT seq, step, phase, 0 AS flops, recompute FROM flop_steps ORDER BY seq").to_arrow_table()
+        steps = trace.db.sql(
+            "SELECT seq, step, phase, 0 AS flops, recompute FROM flop_steps ORDER BY seq"
+        ).to_arrow_table()
         try:
             rows = kept.table(wide, steps)  # the run's steps after its other rows, as below
         except (pa.ArrowException, ValueError):  # parts whose types it cannot join: the query reads them as DuckDB does
@@ -128,4 +164,3 @@ def table(trace, mfu_only=False):
     run_index = pa.array(rows.column("run_index").to_numpy().astype(np.int32))
     run = pa.DictionaryArray.from_arrays(run_index, pa.array(list(trace.runs), pa.string()))
     return rows.drop_columns(["run_index"]).add_column(0, "run", run)
-

@@ -39,8 +39,10 @@ class ModuleOwn:
 
     columns = ("seq", "module", "flops", "bytes_allocated", "duration_ns")
     view = "module_own"
-    SELECT = ("SELECT run, run_index, module, ops, CAST(flops AS HUGEINT) AS flops, CAST(bytes_allocated AS HUGEINT) AS "
-              "bytes_allocated, CAST(duration_ns AS DOUBLE) / 1000.0 AS duration_us, first_seq FROM {table}")  # fmt: skip
+    SELECT = (
+        "SELECT run, run_index, module, ops, CAST(flops AS HUGEINT) AS flops, CAST(bytes_allocated AS HUGEINT) AS "
+        "bytes_allocated, CAST(duration_ns AS DOUBLE) / 1000.0 AS duration_us, first_seq FROM {table}"
+    )
 
     def __init__(self, rows=None):
         self.module = Codes()
@@ -66,10 +68,17 @@ class ModuleOwn:
         rows = sorted(self.sums.items(), key=lambda item: item[1][4])
         if any(v >= _INT64 for _, found in rows for v in found[1:4]):  # a total past int64: the scan's view
             return None
-        return pa.table({"run": pa.array([run] * len(rows), pa.string()), "run_index": pa.array([0] * len(rows), pa.int32()),
-                         "module": pa.array([self.module.names[m] for m, _ in rows], pa.string()),
-                         **{name: pa.array([found[j] for _, found in rows], pa.int64()) for j, name in
-                            enumerate(("ops", "flops", "bytes_allocated", "duration_ns", "first_seq"))}})  # fmt: skip
+        return pa.table(
+            {
+                "run": pa.array([run] * len(rows), pa.string()),
+                "run_index": pa.array([0] * len(rows), pa.int32()),
+                "module": pa.array([self.module.names[m] for m, _ in rows], pa.string()),
+                **{
+                    name: pa.array([found[j] for _, found in rows], pa.int64())
+                    for j, name in enumerate(("ops", "flops", "bytes_allocated", "duration_ns", "first_seq"))
+                },
+            }
+        )
 
 
 def _exact(values, starts):
@@ -98,5 +107,10 @@ class Peak:
         found = [self.top] if self.top is not None else []
         names = ("peak_live_bytes", "seq", "step", "phase", "module", "op")
         kinds = (pa.int64(), pa.int64(), pa.int64(), pa.string(), pa.string(), pa.string())
-        return pa.table({"run": pa.array([run] * len(found), pa.string()), "run_index": pa.array([0] * len(found), pa.int32()),
-                         **{n: pa.array([t[j] for t in found], k) for j, (n, k) in enumerate(zip(names, kinds))}})  # fmt: skip
+        return pa.table(
+            {
+                "run": pa.array([run] * len(found), pa.string()),
+                "run_index": pa.array([0] * len(found), pa.int32()),
+                **{n: pa.array([t[j] for t in found], k) for j, (n, k) in enumerate(zip(names, kinds))},
+            }
+        )

@@ -52,7 +52,9 @@ def read(files, footers, present, consumers=()):
         if last is not None and seq[0] <= last or not (seq[1:] > seq[:-1]).all():
             return False
         last = int(seq[-1])
-        if any(table.column(c).null_count for c in lists) or any(pc.list_flatten(table.column(c)).null_count for c in items):
+        if any(table.column(c).null_count for c in lists) or any(
+            pc.list_flatten(table.column(c)).null_count for c in items
+        ):
             return False
         for name, allowed in ALLOWED.items():
             if name not in table.column_names:  # grad_mode in a v3 trace: null (reports/sql/engine.py)
@@ -95,8 +97,12 @@ class _Reader:
         if self._schema is None or not info.schema.equals(self._schema):
             paths = [info.schema.column(j).path for j in range(info.num_columns)]
             self._schema = info.schema
-            self._leaves = [j for name in self.columns for j, leaf in enumerate(paths)
-                            if leaf == name or leaf.startswith(name + ".")]  # fmt: skip
+            self._leaves = [
+                j
+                for name in self.columns
+                for j, leaf in enumerate(paths)
+                if leaf == name or leaf.startswith(name + ".")
+            ]
         reader = ParquetReader(memory_pool=pa.system_memory_pool())  # see _ahead
         reader.open(part, metadata=info)
         return reader.read_all(column_indices=self._leaves, use_threads=self.threads and info.num_rows >= 1024)

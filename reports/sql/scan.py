@@ -35,23 +35,31 @@ import re
 
 __all__ = ["GRAINS", "VIEWS", "files_query", "grains", "source", "source_views", "views"]
 
-_DTYPE = ("CASE WHEN coalesce(input_dtypes[1], '') <> '' THEN input_dtypes[1] "
-          "ELSE coalesce(output_dtypes[1], '') END")  # fmt: skip  (views.sql row_dtype)
+_DTYPE = (
+    "CASE WHEN coalesce(input_dtypes[1], '') <> '' THEN input_dtypes[1] "
+    "ELSE coalesce(output_dtypes[1], '') END"
+)  # (views.sql row_dtype)
 
 # flops.sql flop_marked's test of a mul or div for a scalar operand (one input, or two of which one has one element),
 # made per row by the _ops grain for the ops whose name could be aten.mul or aten.div (NULL for the others)
-_SCALAR_OPERAND = ("CASE WHEN starts_with(op, 'aten.mul') OR starts_with(op, 'aten.div') THEN "
-                   "len(input_storage_ids) = 1 OR len(input_storage_ids) = 2 "
-                   "AND (coalesce(list_product(input_shapes[1]), 1) = 1 "
-                   "OR coalesce(list_product(input_shapes[2]), 1) = 1) END")  # fmt: skip
+_SCALAR_OPERAND = (
+    "CASE WHEN starts_with(op, 'aten.mul') OR starts_with(op, 'aten.div') THEN "
+    "len(input_storage_ids) = 1 OR len(input_storage_ids) = 2 "
+    "AND (coalesce(list_product(input_shapes[1]), 1) = 1 "
+    "OR coalesce(list_product(input_shapes[2]), 1) = 1) END"
+)
 
 # flops.sql flop_rest's first_dtype (input_dtypes[1:1]) as a small key beside the grain's dtype, which is the first
 # input dtype where that is a non-empty string (a list slice per row cost about 0.07 CPU-s a million rows)
-_FIRST_DTYPE = ("CASE WHEN coalesce(input_dtypes[1], '') <> '' THEN 0 WHEN input_dtypes IS NULL THEN 4 "
-                "WHEN len(input_dtypes) = 0 THEN 1 WHEN input_dtypes[1] IS NULL THEN 2 "
-                "ELSE 3 END::TINYINT")  # fmt: skip
-_FIRST_DTYPE_LIST = ("CASE g.first_dtype WHEN 0 THEN [g.dtype] WHEN 1 THEN []::VARCHAR[] WHEN 2 THEN [NULL::VARCHAR] "
-                     "WHEN 3 THEN [''] END")  # fmt: skip
+_FIRST_DTYPE = (
+    "CASE WHEN coalesce(input_dtypes[1], '') <> '' THEN 0 WHEN input_dtypes IS NULL THEN 4 "
+    "WHEN len(input_dtypes) = 0 THEN 1 WHEN input_dtypes[1] IS NULL THEN 2 "
+    "ELSE 3 END::TINYINT"
+)
+_FIRST_DTYPE_LIST = (
+    "CASE g.first_dtype WHEN 0 THEN [g.dtype] WHEN 1 THEN []::VARCHAR[] WHEN 2 THEN [NULL::VARCHAR] "
+    "WHEN 3 THEN [''] END"
+)
 
 
 def _ops_grain(flop_keys, null_lists=True):
@@ -60,8 +68,14 @@ def _ops_grain(flop_keys, null_lists=True):
     a null list cell or item (else the runs' reads checked them: reports/sql/rowpass.py)."""
     keys = ",\n         first_dtype, recompute_flag, scalar_operand" if flop_keys else ""
     first_step = ",\n       arg_min(step, seq) AS first_step" if flop_keys else ""
-    made = (f",\n             {_FIRST_DTYPE} AS first_dtype, coalesce(recompute, false) AS recompute_flag,"
-            f"\n             {_SCALAR_OPERAND} AS scalar_operand") if flop_keys else ""  # fmt: skip
+    made = (
+        (
+            f",\n             {_FIRST_DTYPE} AS first_dtype, coalesce(recompute, false) AS recompute_flag,"
+            f"\n             {_SCALAR_OPERAND} AS scalar_operand"
+        )
+        if flop_keys
+        else ""
+    )
     return f"""
 SELECT run, run_index, op, phase, flop_kind, is_view, dtype, flops, bytes, process_group, group_size{keys},
        count(*) AS ops, sum(flops) AS flops_sum, sum(bytes) AS bytes_sum,
@@ -82,8 +96,7 @@ GROUP BY run, run_index, op, phase, flop_kind, is_view, dtype, flops, bytes, pro
 
 def _steps_grain(flop_keys):
     """The _steps grain; `flop_keys`: with each group's last seq and recompute flag, for flop_steps."""
-    flop = (",\n       max(seq) AS last_seq, bool_or(coalesce(recompute, false)) AS recompute" if flop_keys
-            else "")  # fmt: skip
+    flop = ",\n       max(seq) AS last_seq, bool_or(coalesce(recompute, false)) AS recompute" if flop_keys else ""
     return f"""
 SELECT run, run_index, step, phase, count(*) AS ops, sum(flops) AS flops, sum(bytes_allocated) AS bytes_allocated,
        sum(duration_ns) AS duration_ns, max(live_bytes) AS live_bytes_peak{flop}
@@ -105,10 +118,13 @@ def _flops_view(name):
 
 
 # flops.sql's flop_ops over the ops of _ops instead of a scan of rows (its packet lists as flops.sql writes them)
-_FLOP_OPS = _flops_view("flop_ops").replace("FROM (SELECT DISTINCT run_index, op FROM rows)",
-                                            "FROM (SELECT DISTINCT run_index, op FROM _ops)")
+_FLOP_OPS = _flops_view("flop_ops").replace(
+    "FROM (SELECT DISTINCT run_index, op FROM rows)", "FROM (SELECT DISTINCT run_index, op FROM _ops)"
+)
 
-_PCT = """CASE WHEN t.flops = 0 THEN 0.0 ELSE CAST(g.flops AS DOUBLE) * 100.0 / CAST(t.flops AS DOUBLE) END AS flops_pct"""
+_PCT = (
+    """CASE WHEN t.flops = 0 THEN 0.0 ELSE CAST(g.flops AS DOUBLE) * 100.0 / CAST(t.flops AS DOUBLE) END AS flops_pct"""
+)
 _TIME_PCT = """CASE WHEN t.duration_ns = 0 THEN 0.0
             ELSE g.duration_us * 100.0 / (CAST(t.duration_ns AS DOUBLE) / 1000.0) END AS duration_pct"""
 
@@ -239,11 +255,12 @@ def source(rows, narrow, null_lists="FALSE"):
     sections' own included, then reads memory, not 10,000 files."""
     if narrow is None:
         return source_views(rows, False, null_lists)
-    out = [f"CREATE TABLE _rows AS SELECT *, '' AS filename, CAST(0 AS BIGINT) AS file_row_number FROM {rows} "
-           "LIMIT 0"]  # fmt: skip
+    out = [f"CREATE TABLE _rows AS SELECT *, '' AS filename, CAST(0 AS BIGINT) AS file_row_number FROM {rows} LIMIT 0"]
     for name, i, read in narrow:
-        out.append(f"INSERT INTO _rows SELECT {name} AS run, {i} AS run_index, * EXCLUDE (filename, file_row_number), "
-                   f"filename, file_row_number FROM {read}")  # fmt: skip
+        out.append(
+            f"INSERT INTO _rows SELECT {name} AS run, {i} AS run_index, * EXCLUDE (filename, file_row_number), "
+            f"filename, file_row_number FROM {read}"
+        )
     return out + source_views(rows, True, null_lists)
 
 
@@ -253,12 +270,16 @@ def source_views(rows, read_once, null_lists):
     src = f"SELECT *, {_DTYPE} AS dtype, ({null_lists}) AS null_lists FROM"
     if not read_once:
         return [f"CREATE VIEW _src AS {src} {rows}"]
-    return [f"CREATE OR REPLACE VIEW {rows} AS SELECT * EXCLUDE (filename, file_row_number) FROM _rows",
-            f"CREATE VIEW _src AS {src} _rows"]
+    return [
+        f"CREATE OR REPLACE VIEW {rows} AS SELECT * EXCLUDE (filename, file_row_number) FROM _rows",
+        f"CREATE VIEW _src AS {src} _rows",
+    ]
 
 
 def files_query(read):
     """Per part file of one run's `read` (a relation with seq, filename and file_row_number), its rows and the least
     and greatest seq - row number."""
-    return (f"SELECT filename, count(*) AS n, min(seq - file_row_number) AS lo, max(seq - file_row_number) AS hi "
-            f"FROM {read} GROUP BY filename")  # fmt: skip
+    return (
+        f"SELECT filename, count(*) AS n, min(seq - file_row_number) AS lo, max(seq - file_row_number) AS hi "
+        f"FROM {read} GROUP BY filename"
+    )

@@ -21,12 +21,35 @@ import pandas as pd
 
 from reports._util import empty_frame
 
-__all__ = ["bounds", "by_dtype", "by_op", "by_phase", "by_step", "count_steps", "kinds", "module_own", "ops", "peak",
-           "phase_flops", "steps_traced", "top_ops", "uncounted", "views"]  # fmt: skip
+__all__ = [
+    "bounds",
+    "by_dtype",
+    "by_op",
+    "by_phase",
+    "by_step",
+    "count_steps",
+    "kinds",
+    "module_own",
+    "ops",
+    "peak",
+    "phase_flops",
+    "steps_traced",
+    "top_ops",
+    "uncounted",
+    "views",
+]
 
 _SUMS = ("ops", "flops", "bytes_allocated", "bytes_read", "bytes_written")
-_SUM_DTYPES = {"ops": "int64", "flops": "int64", "flops_pct": "float64", "bytes_allocated": "int64",
-               "bytes_read": "int64", "bytes_written": "int64", "duration_us": "float64", "duration_pct": "float64"}  # fmt: skip
+_SUM_DTYPES = {
+    "ops": "int64",
+    "flops": "int64",
+    "flops_pct": "float64",
+    "bytes_allocated": "int64",
+    "bytes_read": "int64",
+    "bytes_written": "int64",
+    "duration_us": "float64",
+    "duration_pct": "float64",
+}
 
 
 def fetch(trace, view, order, sums=(), where=None):
@@ -70,8 +93,18 @@ def by_op(trace):
 
 def by_dtype(trace):
     frame = fetch(trace, "by_dtype", "flops DESC, first_seq", (*_SUMS[1:], "matmul_flops"))
-    columns = ["dtype", "ops", "flops", "flops_pct", "matmul_flops", "bytes_allocated", "bytes_read", "bytes_written",
-               "duration_us", "duration_pct"]  # fmt: skip
+    columns = [
+        "dtype",
+        "ops",
+        "flops",
+        "flops_pct",
+        "matmul_flops",
+        "bytes_allocated",
+        "bytes_read",
+        "bytes_written",
+        "duration_us",
+        "duration_pct",
+    ]
     return _shape(trace, frame, columns, {"dtype": object, "matmul_flops": "int64", **_SUM_DTYPES})
 
 
@@ -88,9 +121,12 @@ def module_own(trace):
     """{run_index: each module's own figures, indexed by module, in order of first appearance}."""
     frame = fetch(trace, "module_own", "first_seq", ("ops", "flops", "bytes_allocated"))
     runs = {int(i): t for i, t in frame.groupby("run_index", sort=False)}  # each run's rows in their order
-    return {i: runs.get(i, frame.iloc[:0]).set_index("module")[["ops", "flops", "bytes_allocated", "duration_us",
-                                                                "first_seq"]]
-            for i in range(len(trace.runs))}  # fmt: skip
+    return {
+        i: runs.get(i, frame.iloc[:0]).set_index("module")[
+            ["ops", "flops", "bytes_allocated", "duration_us", "first_seq"]
+        ]
+        for i in range(len(trace.runs))
+    }
 
 
 _UNCOUNTED = {"op": object, "ops": "int64", "duration_us": "float64", "time_pct": "float64"}
@@ -156,19 +192,32 @@ def top_ops(trace, top, run_index=0):
     if trace.several:
         ops_table = ops_table[ops_table["run"] == list(trace.runs)[run_index]]
     ops_table = ops_table.head(top)
-    figures = trace.per_step(trace.table("op_phase_totals"), ["ops", "flops", "bytes_allocated"], keys=("op",))[run_index]
+    figures = trace.per_step(trace.table("op_phase_totals"), ["ops", "flops", "bytes_allocated"], keys=("op",))[
+        run_index
+    ]
     figures = figures.set_index("op")
     op = ops_table["op"].astype(object).reset_index(drop=True)
-    out = pd.DataFrame({"op": op,
-                        "ops_per_step": op.map(figures["ops"]).astype("float64"),
-                        "flops_per_step": op.map(figures["flops"]).astype("float64"),
-                        "bytes_allocated_per_step": op.map(figures["bytes_allocated"]).astype("float64")})  # fmt: skip
+    out = pd.DataFrame(
+        {
+            "op": op,
+            "ops_per_step": op.map(figures["ops"]).astype("float64"),
+            "flops_per_step": op.map(figures["flops"]).astype("float64"),
+            "bytes_allocated_per_step": op.map(figures["bytes_allocated"]).astype("float64"),
+        }
+    )
     out.insert(3, "flops_pct", ops_table["flops_pct"].to_numpy())
     return out
 
 
-_PEAK = {"run": "object", "peak_live_bytes": "int64", "seq": "int64", "step": "int64", "phase": "object",
-         "module": "object", "op": "object"}  # fmt: skip
+_PEAK = {
+    "run": "object",
+    "peak_live_bytes": "int64",
+    "seq": "int64",
+    "step": "int64",
+    "phase": "object",
+    "module": "object",
+    "op": "object",
+}
 
 
 def peak(trace):
@@ -178,8 +227,15 @@ def peak(trace):
     return frame[list(_PEAK)].astype(_PEAK).reset_index(drop=True)
 
 
-_VIEWS = {"run": "object", "kind": "object", "op": "object", "ops": "int64", "bytes_allocated": "int64",
-          "bytes_written": "int64", "allocated_pct": "float64"}  # fmt: skip
+_VIEWS = {
+    "run": "object",
+    "kind": "object",
+    "op": "object",
+    "ops": "int64",
+    "bytes_allocated": "int64",
+    "bytes_written": "int64",
+    "allocated_pct": "float64",
+}
 
 
 def views(trace):
@@ -193,4 +249,3 @@ def views(trace):
 def kinds(table):
     """The views table summed per kind (the report's "Views vs copies" lines)."""
     return table.groupby("kind", sort=False, observed=True)[["ops", "bytes_allocated"]].sum().reset_index()
-

@@ -52,17 +52,46 @@ __all__ = ["BOUNDS", "roofline", "roofline_split", "roofline_with_split"]
 
 BOUNDS = ("compute", "memory", "other")
 _BY = {"op": ["op", "dtype"], "shape": ["op", "dtype", "input_shapes"], "module": ["module"]}
-_COLUMNS = ("run", "step", "phase", "op", "module", "flops", "bytes_read", "bytes_written",
-            "duration_ns", "busy_ns", "input_dtypes", "output_dtypes", "is_view")  # fmt: skip
+_COLUMNS = (
+    "run",
+    "step",
+    "phase",
+    "op",
+    "module",
+    "flops",
+    "bytes_read",
+    "bytes_written",
+    "duration_ns",
+    "busy_ns",
+    "input_dtypes",
+    "output_dtypes",
+    "is_view",
+)
 ROOFLINE_COLUMNS = {
-    "ops_per_step": "float64", "flops_per_step": "float64", "bytes_per_step": "float64", "arithmetic_intensity": "float64",
+    "ops_per_step": "float64",
+    "flops_per_step": "float64",
+    "bytes_per_step": "float64",
+    "arithmetic_intensity": "float64",
     "time_s_per_step": "float64",
-    "time_pct": "float64", "achieved_flops_per_s": "float64", "achieved_bytes_per_s": "float64",
-    "peak_flops_per_s": "float64", "peak_bytes_per_s": "float64", "ridge_flops_per_byte": "float64",
-    "attainable_flops_per_s": "float64", "bound": object, "efficiency": "float64",
-}  # fmt: skip
-SPLIT_COLUMNS = {"bound": object, "ops": "float64", "time_s": "float64", "time_pct": "float64", "flops": "float64",
-          "bytes": "float64", "roof_time_s": "float64"}  # fmt: skip
+    "time_pct": "float64",
+    "achieved_flops_per_s": "float64",
+    "achieved_bytes_per_s": "float64",
+    "peak_flops_per_s": "float64",
+    "peak_bytes_per_s": "float64",
+    "ridge_flops_per_byte": "float64",
+    "attainable_flops_per_s": "float64",
+    "bound": object,
+    "efficiency": "float64",
+}
+SPLIT_COLUMNS = {
+    "bound": object,
+    "ops": "float64",
+    "time_s": "float64",
+    "time_pct": "float64",
+    "flops": "float64",
+    "bytes": "float64",
+    "roof_time_s": "float64",
+}
 
 
 def _rows(rows, shapes=False):
@@ -76,16 +105,20 @@ def _rows(rows, shapes=False):
     nbytes = rows["bytes_read"].to_numpy(np.int64) + rows["bytes_written"].to_numpy(np.int64)
     nbytes[rows["is_view"].to_numpy(dtype=bool)] = 0
     per_step = 1.0 / row_divisor(rows).to_numpy()
-    table = pd.DataFrame({
-        "op": rows["op"].astype("category"),  # categorical keys: group-bys on codes, not strings
-        "module": rows["module"].astype("category"),
-        "dtype": pd.Categorical.from_codes(*row_dtype_codes(rows)),
-        "flops": summable(rows["flops"].to_numpy(np.int64)),  # float64 where an int64 sum could wrap
-        "bytes": nbytes,
-        "time_s": time_s,
-        "time_ns": time_ns,
-        "per_step": per_step,
-    }, index=rows.index, copy=False)
+    table = pd.DataFrame(
+        {
+            "op": rows["op"].astype("category"),  # categorical keys: group-bys on codes, not strings
+            "module": rows["module"].astype("category"),
+            "dtype": pd.Categorical.from_codes(*row_dtype_codes(rows)),
+            "flops": summable(rows["flops"].to_numpy(np.int64)),  # float64 where an int64 sum could wrap
+            "bytes": nbytes,
+            "time_s": time_s,
+            "time_ns": time_ns,
+            "per_step": per_step,
+        },
+        index=rows.index,
+        copy=False,
+    )
     if shapes:
         table.insert(2, "input_shapes", [_shapes(s) for s in cell_objects(rows, "input_shapes")])
     return table
@@ -192,12 +225,18 @@ def _roofline_table(df, prepared, by):
         g = r.groupby(keys, sort=False, observed=True)
         t = g.size().reset_index()[keys]  # the groups, in order of first appearance: ngroup's numbering
         group = pd.Series(g.ngroup().to_numpy(), index=r.index)
-        for name, values in (("ops_per_step", pd.Series(1, index=r.index)), ("flops_per_step", r["flops"]),
-                             ("bytes_per_step", r["bytes"]), ("time_s_per_step", r["time_ns"])):  # fmt: skip
+        for name, values in (
+            ("ops_per_step", pd.Series(1, index=r.index)),
+            ("flops_per_step", r["flops"]),
+            ("bytes_per_step", r["bytes"]),
+            ("time_s_per_step", r["time_ns"]),
+        ):
             t[name] = per_step(r, values=values, by=group, phases=phases).reindex(range(len(t))).to_numpy()
         t["time_s_per_step"] /= 1e9
         weight = r["flops"].where(r["flops"] > 0, 0) * 1e3 + r["bytes"] * 1e-9  # FLOPs first, bytes break ties
-        heaviest = weight.groupby([r[k] for k in keys], sort=False, observed=True).idxmax()  # in the groups' order, as t
+        heaviest = weight.groupby(
+            [r[k] for k in keys], sort=False, observed=True
+        ).idxmax()  # in the groups' order, as t
         dtype = r.loc[heaviest.to_numpy(), "dtype"].to_numpy()
         if by == "module":
             t.insert(1, "dtype", dtype)
@@ -227,8 +266,10 @@ def add_roof_columns(t, peak, bw):
         bound = _bound(flops, nbytes, peak, bw)
         t["bound"] = bound
         t["efficiency"] = np.where(
-            bound == "compute", t["achieved_flops_per_s"] / peak,
-            np.where(bound == "memory", t["achieved_bytes_per_s"] / bw, np.nan))  # fmt: skip
+            bound == "compute",
+            t["achieved_flops_per_s"] / peak,
+            np.where(bound == "memory", t["achieved_bytes_per_s"] / bw, np.nan),
+        )
 
 
 def split_of_groups(groups, steps, peaks, bw):
@@ -252,12 +293,17 @@ def split_of_groups(groups, steps, peaks, bw):
     for code, name in enumerate(BOUNDS):
         pick = bound == code
         seconds = float(time[pick].sum())
-        out.append({
-            "bound": name, "ops": float(ops[pick].sum()), "time_s": seconds,
-            "time_pct": 100 * seconds / total if total > 0 else np.nan,
-            "flops": float((flops * ops)[pick].sum()), "bytes": float((nbytes * ops)[pick].sum()),
-            "roof_time_s": float(roof[pick].sum()) if name != "other" else np.nan,
-        })  # fmt: skip
+        out.append(
+            {
+                "bound": name,
+                "ops": float(ops[pick].sum()),
+                "time_s": seconds,
+                "time_pct": 100 * seconds / total if total > 0 else np.nan,
+                "flops": float((flops * ops)[pick].sum()),
+                "bytes": float((nbytes * ops)[pick].sum()),
+                "roof_time_s": float(roof[pick].sum()) if name != "other" else np.nan,
+            }
+        )
     return pd.DataFrame(out)
 
 
@@ -268,10 +314,19 @@ def _split_table(df, prepared):
             frames.append((run, pd.DataFrame({"bound": list(BOUNDS)})))
             continue
         codes, names, counts = phases
-        groups = pd.DataFrame({
-            "phase": np.asarray(names, dtype=object)[codes], "dtype": r["dtype"].astype(object).to_numpy(),
-            "flops": df.loc[r.index, "flops"].to_numpy(np.int64), "bytes": r["bytes"].to_numpy(), "time_ns": r["time_ns"].to_numpy(),
-        }).groupby(["phase", "dtype", "flops", "bytes"], sort=False).agg(ops=("time_ns", "size"), time_ns=("time_ns", "sum"))
+        groups = (
+            pd.DataFrame(
+                {
+                    "phase": np.asarray(names, dtype=object)[codes],
+                    "dtype": r["dtype"].astype(object).to_numpy(),
+                    "flops": df.loc[r.index, "flops"].to_numpy(np.int64),
+                    "bytes": r["bytes"].to_numpy(),
+                    "time_ns": r["time_ns"].to_numpy(),
+                }
+            )
+            .groupby(["phase", "dtype", "flops", "bytes"], sort=False)
+            .agg(ops=("time_ns", "size"), time_ns=("time_ns", "sum"))
+        )
         steps = {str(names[c]): int(counts[c]) for c in range(len(names))}
         frames.append((run, split_of_groups(groups.reset_index(), steps, peaks, bw)))
     return combine(frames, list(SPLIT_COLUMNS), SPLIT_COLUMNS, several_runs(df))

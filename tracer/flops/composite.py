@@ -20,6 +20,7 @@ from tracer.flops.formulas import (
     softmax_flop,
 )
 
+
 @register_flop_formula(_packets("linear"))
 def linear_flop(x, w, *args, out_shape=None, **kwargs) -> int:
     """x @ w^T (+ bias): the matmul only."""
@@ -50,7 +51,9 @@ def _einsum_letters(equation, shapes):
             sizes[letter] = max(sizes.get(letter, 1), size)
     if not arrow:
         counts = {c: sum(t.count(c) for t in operands) for c in sizes}
-        rhs = "".join(sorted(c for c in sizes if c >= chr(0x100))) + "".join(sorted(c for c, n in counts.items() if n == 1 and c < chr(0x100)))
+        rhs = "".join(sorted(c for c in sizes if c >= chr(0x100))) + "".join(
+            sorted(c for c, n in counts.items() if n == 1 and c < chr(0x100))
+        )
     elif "..." in rhs:
         ellipsis = sorted({c for t in operands for c in t if c >= chr(0x100)})
         rhs = rhs.replace("...", "".join(ellipsis))
@@ -68,7 +71,7 @@ def einsum_flop(equation, operands, *args, out_shape=None, **kwargs) -> int:
     sizes, terms, out = _einsum_letters(equation, operands)
     flops, left = 0, terms[0]
     for i, right in enumerate(terms[1:], start=1):
-        later = set(out).union(*terms[i + 1:])
+        later = set(out).union(*terms[i + 1 :])
         keep_left = {c for c in left if c in later or c in right}
         keep_right = {c for c in right if c in later or c in left}
         flops += 2 * prod(sizes[c] for c in keep_left | keep_right)
@@ -132,7 +135,8 @@ def group_norm_composite_flop(x, num_groups, weight=None, bias=None, *args, out_
 
 
 @register_flop_formula(_packets("batch_norm", "instance_norm"), kind="norm")
-def batch_norm_composite_flop(x, weight, bias, running_mean, running_var, use_input_stats, *args,
-                              out_shape=None, **kwargs) -> int:
+def batch_norm_composite_flop(
+    x, weight, bias, running_mean, running_var, use_input_stats, *args, out_shape=None, **kwargs
+) -> int:
     """batch_norm (training or eval) and instance_norm (batch statistics when use_input_stats)."""
     return _norm_forward(x, weight, bias) if use_input_stats or running_mean is None else 2 * prod(x)

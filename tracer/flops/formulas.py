@@ -35,8 +35,9 @@ into, so the same forward counts the same FLOPs either way. A composite without 
 counts 0 with kind "unknown".
 """
 
+from collections.abc import Callable
 from math import prod
-from typing import Callable, NamedTuple
+from typing import NamedTuple
 
 import torch
 
@@ -54,6 +55,7 @@ class FlopCount(NamedTuple):
     flops: int
     bound: bool = False
     group_sizes: tuple | None = None
+
 
 aten = torch.ops.aten
 _registry: dict[torch._ops.OpOverloadPacket, tuple[Callable[..., int], str]] = {}
@@ -74,17 +76,23 @@ def register_flop_formula(targets, kind: str = "matmul"):
     packets = list(targets) if isinstance(targets, (list, tuple)) else [targets]
     for target in packets:
         if isinstance(target, torch._ops.OpOverload):
-            raise TraceError(f"register_flop_formula: got the OpOverload {target}; pass its packet "
-                             f"{target.overloadpacket}, whose formula covers every overload")
+            raise TraceError(
+                f"register_flop_formula: got the OpOverload {target}; pass its packet "
+                f"{target.overloadpacket}, whose formula covers every overload"
+            )
         if not isinstance(target, torch._ops.OpOverloadPacket):
-            raise TraceError("register_flop_formula: expected an OpOverloadPacket such as "
-                             f"torch.ops.aten.mm, got {target!r} of type {type(target).__name__}")
+            raise TraceError(
+                "register_flop_formula: expected an OpOverloadPacket such as "
+                f"torch.ops.aten.mm, got {target!r} of type {type(target).__name__}"
+            )
 
     def decorator(fn):
         for target in packets:
             if target in _registry:
-                raise TraceError(f"register_flop_formula: {target._qualified_op_name} already has "
-                                 f"a FLOP formula ({getattr(_registry[target][0], '__name__', '?')})")
+                raise TraceError(
+                    f"register_flop_formula: {target._qualified_op_name} already has "
+                    f"a FLOP formula ({getattr(_registry[target][0], '__name__', '?')})"
+                )
         _registry.update((target, (fn, kind)) for target in packets)
         return fn
 
@@ -97,6 +105,7 @@ def _packets(*names) -> list:
 
 
 # ---------------------------------------------------------------- matmul
+
 
 @register_flop_formula(_packets("mm", "_int_mm", "_scaled_mm", "_sparse_mm"))
 def mm_flop(a, b, *args, out_shape=None, **kwargs) -> int:
@@ -115,10 +124,16 @@ def addmm_flop(bias, a, b, *args, out_shape=None, **kwargs) -> int:
     return mm_flop(a, b)
 
 
-@register_flop_formula(_packets(
-    "_scaled_mm_v2", "_weight_int8pack_mm", "_weight_int4pack_mm", "_weight_int4pack_mm_for_cpu",
-    "_weight_int4pack_mm_with_scales_and_zeros", "_dyn_quant_matmul_4bit",
-))  # fmt: skip
+@register_flop_formula(
+    _packets(
+        "_scaled_mm_v2",
+        "_weight_int8pack_mm",
+        "_weight_int4pack_mm",
+        "_weight_int4pack_mm_for_cpu",
+        "_weight_int4pack_mm_with_scales_and_zeros",
+        "_dyn_quant_matmul_4bit",
+    )
+)
 def input_times_weight_flop(a, *args, out_shape=None, **kwargs) -> int:
     """A matmul of an input [m, k] and a weight in a layout of its own: FP8 (_scaled_mm_v2) or packed int8 and
     int4 weights (weight-only and dynamic quantization); its output is [m, n]."""
@@ -143,8 +158,6 @@ def baddbmm_flop(bias, a, b, *args, out_shape=None, **kwargs) -> int:
     # [b, m, n] + [b, m, k] @ [b, k, n] -> [b, m, n]; addbmm: [m, n] + sum_b(...) -> [m, n]
     # NB: addbmm's sum over the batch is folded into the 2k convention; bias adds not counted.
     return bmm_flop(a, b)
-
-
 
 
 @register_flop_formula(_packets("mv"))
@@ -178,6 +191,7 @@ def addr_flop(bias, x, y, *args, out_shape=None, **kwargs) -> int:
 
 # ---------------------------------------------------------------- convolution
 
+
 def conv_flop_count(x, w, out, transposed: bool = False) -> int:
     """One convolution: each weight tap meets each output (transposed: input) position."""
     # x [n, c_in, *spatial] * w [c_out, c_in / groups, *kernel] -> out [n, c_out, *spatial']
@@ -191,8 +205,7 @@ def conv_flop(x, w, bias, stride, padding, dilation, transposed, *args, out_shap
     return conv_flop_count(x, w, out_shape, transposed)
 
 
-@register_flop_formula(_packets("cudnn_convolution", "_slow_conv2d_forward", "mkldnn_convolution"),
-                       kind="conv")
+@register_flop_formula(_packets("cudnn_convolution", "_slow_conv2d_forward", "mkldnn_convolution"), kind="conv")
 def conv_kernel_flop(x, w, *args, out_shape=None, **kwargs) -> int:
     """Backend convolution kernels, whose schemas have no `transposed` argument."""
     # NB: FlopCounterMode reads cudnn_convolution's 7th argument (`deterministic`) as
@@ -201,9 +214,23 @@ def conv_kernel_flop(x, w, *args, out_shape=None, **kwargs) -> int:
 
 
 @register_flop_formula(_packets("convolution_backward"), kind="conv")
-def conv_backward_flop(grad_out, x, w, bias, stride, padding, dilation, transposed, output_padding,
-                       groups, output_mask, out_shape=None, **kwargs) -> int:
+def conv_backward_flop(
+    grad_out,
+    x,
+    w,
+    bias,
+    stride,
+    padding,
+    dilation,
+    transposed,
+    output_padding,
+    groups,
+    output_mask,
+    out_shape=None,
+    **kwargs,
+) -> int:
     """Convolution backward: grad_input and grad_weight each cost what the forward costs."""
+
     # grad_input = conv_transpose(grad_out, w) -> x's shape (transposed: conv(grad_out, w)):
     # w is [c_out, c_in / groups, *kernel], so each input channel meets only its group's outputs.
     # grad_weight = conv(x^T, grad_out^T) with batch and channels swapped (transposed:
@@ -225,6 +252,7 @@ def conv_backward_flop(grad_out, x, w, bias, stride, padding, dilation, transpos
 
 
 # ---------------------------------------------------------------- attention
+
 
 def attention_flop_count(b, h, s_q, s_k, d_qk, d_v) -> int:
     """Attention forward: scores = q @ k^T, then out = scores @ v."""
@@ -260,19 +288,29 @@ def _bshd(q, k, v, cum_seq_q, max_q, max_k):
     return cum_seq_q[0] - 1, q[-2], s_q, s_k, q[-1], v[-1]
 
 
-@register_flop_formula(_packets(
-    "_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_efficient_attention",
-    "_scaled_dot_product_flash_attention", "_scaled_dot_product_cudnn_attention"), kind="attention")
+@register_flop_formula(
+    _packets(
+        "_scaled_dot_product_flash_attention_for_cpu",
+        "_scaled_dot_product_efficient_attention",
+        "_scaled_dot_product_flash_attention",
+        "_scaled_dot_product_cudnn_attention",
+    ),
+    kind="attention",
+)
 def sdpa_flop(q, k, v, *args, out_shape=None, **kwargs) -> int:
     """Fused scaled-dot-product attention forward on [b, h, s, d] tensors."""
     return attention_flop_count(*_bhsd(q, k, v))
 
 
-@register_flop_formula(_packets(
-    "_scaled_dot_product_flash_attention_for_cpu_backward",
-    "_scaled_dot_product_efficient_attention_backward", "_scaled_dot_product_flash_attention_backward",
-    "_scaled_dot_product_cudnn_attention_backward"),
-    kind="attention")
+@register_flop_formula(
+    _packets(
+        "_scaled_dot_product_flash_attention_for_cpu_backward",
+        "_scaled_dot_product_efficient_attention_backward",
+        "_scaled_dot_product_flash_attention_backward",
+        "_scaled_dot_product_cudnn_attention_backward",
+    ),
+    kind="attention",
+)
 def sdpa_backward_flop(grad_out, q, k, v, *args, out_shape=None, **kwargs) -> int:
     """Fused attention backward on [b, h, s, d] tensors: 2.5x forward, as scores are recomputed."""
     return attention_backward_flop_count(*_bhsd(q, k, v))
@@ -282,6 +320,7 @@ def sdpa_backward_flop(grad_out, q, k, v, *args, out_shape=None, **kwargs) -> in
 # them as [b, h, s, d], swapping heads and sequence length (pytorch/pytorch#178064); on
 # dense inputs we follow the kernels, and differ from it.
 
+
 @register_flop_formula(_packets("_flash_attention_forward"), kind="attention")
 def flash_attention_flop(q, k, v, cum_seq_q, cum_seq_k, max_q, max_k, *args, out_shape=None, **kwargs) -> int:
     """Flash attention kernel forward."""
@@ -289,27 +328,31 @@ def flash_attention_flop(q, k, v, cum_seq_q, cum_seq_k, max_q, max_k, *args, out
 
 
 @register_flop_formula(_packets("_flash_attention_backward"), kind="attention")
-def flash_attention_backward_flop(grad_out, q, k, v, out, lse, cum_seq_q, cum_seq_k, max_q, max_k,
-                                  *args, out_shape=None, **kwargs) -> int:
+def flash_attention_backward_flop(
+    grad_out, q, k, v, out, lse, cum_seq_q, cum_seq_k, max_q, max_k, *args, out_shape=None, **kwargs
+) -> int:
     """Flash attention kernel backward: 2.5x forward, as scores are recomputed."""
     return attention_backward_flop_count(*_bshd(q, k, v, cum_seq_q, max_q, max_k))
 
 
 @register_flop_formula(_packets("_efficient_attention_forward"), kind="attention")
-def efficient_attention_flop(q, k, v, bias, cu_seqlens_q, cu_seqlens_k, max_q, max_k,
-                             *args, out_shape=None, **kwargs) -> int:
+def efficient_attention_flop(
+    q, k, v, bias, cu_seqlens_q, cu_seqlens_k, max_q, max_k, *args, out_shape=None, **kwargs
+) -> int:
     """Memory-efficient attention kernel forward."""
     return attention_flop_count(*_bshd(q, k, v, cu_seqlens_q, max_q, max_k))
 
 
 @register_flop_formula(_packets("_efficient_attention_backward"), kind="attention")
-def efficient_attention_backward_flop(grad_out, q, k, v, bias, out, cu_seqlens_q, cu_seqlens_k, max_q, max_k,
-                                      *args, out_shape=None, **kwargs) -> int:
+def efficient_attention_backward_flop(
+    grad_out, q, k, v, bias, out, cu_seqlens_q, cu_seqlens_k, max_q, max_k, *args, out_shape=None, **kwargs
+) -> int:
     """Memory-efficient attention kernel backward: 2.5x forward, as scores are recomputed."""
     return attention_backward_flop_count(*_bshd(q, k, v, cu_seqlens_q, max_q, max_k))
 
 
 # ---------------------------------------------------------------- softmax and norms
+
 
 @register_flop_formula(_packets("_softmax", "_log_softmax", "_safe_softmax"), kind="softmax")
 def softmax_flop(x, *args, out_shape=None, **kwargs) -> int:
@@ -338,6 +381,7 @@ def softmax_backward_flop(grad_out, *args, out_shape=None, **kwargs) -> int:
 #     combine 4 = 9, +1 for g * w with a weight; RMS norm 6 (+1); batch norm eval 1.
 #   backward grad_weight: g * x_hat and its sum = 2; grad_bias: the sum of g = 1.
 
+
 def _norm_forward(x, weight, bias, per_element=5) -> int:
     return prod(x) * (per_element + (weight is not None) + (bias is not None))
 
@@ -356,8 +400,9 @@ def layer_norm_flop(x, normalized_shape, weight, bias, *args, out_shape=None, **
 
 
 @register_flop_formula(_packets("native_layer_norm_backward"), kind="norm")
-def layer_norm_backward_flop(grad_out, x, normalized_shape, mean, rstd, weight, bias, output_mask,
-                             *args, out_shape=None, **kwargs) -> int:
+def layer_norm_backward_flop(
+    grad_out, x, normalized_shape, mean, rstd, weight, bias, output_mask, *args, out_shape=None, **kwargs
+) -> int:
     """Layer norm backward: grad_input 9 (+1 weight), grad_weight 2, grad_bias 1 per element."""
     return _norm_backward(x, output_mask, weight)
 
@@ -365,9 +410,15 @@ def layer_norm_backward_flop(grad_out, x, normalized_shape, mean, rstd, weight, 
 # Formulas the compiled hook (tracer/native/_dispatch.cpp `native_flops`) computes itself, with the same arithmetic on the
 # same sizes and arguments: {formula: its name there}. A formula registered in their place is called in Python.
 NATIVE = {
-    mm_flop: "mm", addmm_flop: "addmm", bmm_flop: "bmm", baddbmm_flop: "baddbmm", softmax_flop: "softmax",
-    softmax_backward_flop: "softmax_backward", layer_norm_flop: "layer_norm", layer_norm_backward_flop: "layer_norm_backward",
-}  # fmt: skip
+    mm_flop: "mm",
+    addmm_flop: "addmm",
+    bmm_flop: "bmm",
+    baddbmm_flop: "baddbmm",
+    softmax_flop: "softmax",
+    softmax_backward_flop: "softmax_backward",
+    layer_norm_flop: "layer_norm",
+    layer_norm_backward_flop: "layer_norm_backward",
+}
 
 
 @register_flop_formula(_packets("_fused_rms_norm"), kind="norm")
@@ -378,16 +429,25 @@ def rms_norm_flop(x, normalized_shape, weight, *args, out_shape=None, **kwargs) 
 
 
 @register_flop_formula(_packets("_fused_rms_norm_backward"), kind="norm")
-def rms_norm_backward_flop(grad_out, x, normalized_shape, rstd, weight, output_mask,
-                           *args, out_shape=None, **kwargs) -> int:
+def rms_norm_backward_flop(
+    grad_out, x, normalized_shape, rstd, weight, output_mask, *args, out_shape=None, **kwargs
+) -> int:
     """RMS norm backward: grad_input 6 (+1 weight), grad_weight 2 per element."""
     return _norm_backward(x, output_mask, weight, grad_input=6)
 
 
-@register_flop_formula(_packets(
-    "native_batch_norm", "_native_batch_norm_legit", "_native_batch_norm_legit_no_training",
-    "_native_batch_norm_legit_functional", "cudnn_batch_norm", "miopen_batch_norm", "_batch_norm_no_update"),
-    kind="norm")
+@register_flop_formula(
+    _packets(
+        "native_batch_norm",
+        "_native_batch_norm_legit",
+        "_native_batch_norm_legit_no_training",
+        "_native_batch_norm_legit_functional",
+        "cudnn_batch_norm",
+        "miopen_batch_norm",
+        "_batch_norm_no_update",
+    ),
+    kind="norm",
+)
 def batch_norm_flop(x, weight, bias, *args, out_shape=None, **kwargs) -> int:
     """Batch norm forward: 5 per element (+1 weight, +1 bias) in training, 2 in eval."""
     # [n, c, *spatial] -> same; mean, invstd [c]
@@ -403,8 +463,21 @@ def batch_norm_with_update_flop(x, weight, bias, *args, out_shape=None, **kwargs
 
 
 @register_flop_formula(_packets("native_batch_norm_backward", "batch_norm_backward"), kind="norm")
-def batch_norm_backward_flop(grad_out, x, weight, running_mean, running_var, save_mean, save_invstd, train,
-                             eps, output_mask, *args, out_shape=None, **kwargs) -> int:
+def batch_norm_backward_flop(
+    grad_out,
+    x,
+    weight,
+    running_mean,
+    running_var,
+    save_mean,
+    save_invstd,
+    train,
+    eps,
+    output_mask,
+    *args,
+    out_shape=None,
+    **kwargs,
+) -> int:
     """Batch norm backward: as layer norm in training; grad_input 1 per element in eval."""
     return _norm_backward(x, output_mask, weight) if train else _norm_backward(x, output_mask, None, 1)
 
@@ -423,8 +496,9 @@ def group_norm_flop(x, weight, bias, *args, out_shape=None, **kwargs) -> int:
 
 
 @register_flop_formula(_packets("native_group_norm_backward"), kind="norm")
-def group_norm_backward_flop(grad_out, x, mean, rstd, weight, n, c, hxw, group, output_mask,
-                             *args, out_shape=None, **kwargs) -> int:
+def group_norm_backward_flop(
+    grad_out, x, mean, rstd, weight, n, c, hxw, group, output_mask, *args, out_shape=None, **kwargs
+) -> int:
     """Group norm backward: grad_input 9 (+1 weight), grad_weight 2, grad_bias 1 per element."""
     return _norm_backward(x, output_mask, weight)
 

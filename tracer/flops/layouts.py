@@ -220,7 +220,9 @@ def _per_component(formula, args, kwargs, out):
             return type(x)(shape(v, i) for v in x)
         return x
 
-    return FlopCount(sum(
-        int(formula(*shape(args, i), out_shape=shape(out, i), **{k: shape(v, i) for k, v in kwargs.items()}))
-        for i in range(components)
-    ))
+    return FlopCount(
+        sum(
+            int(formula(*shape(args, i), out_shape=shape(out, i), **{k: shape(v, i) for k, v in kwargs.items()}))
+            for i in range(components)
+        )
+    )

@@ -8,8 +8,8 @@ elementwise, foreach, reduction, none (views, copies, fills, factories, random
 numbers, metadata) and, for anything else, unknown: 0 FLOPs. It never raises.
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
@@ -20,6 +20,7 @@ from tracer.flops.grouped import concrete_ints, grouped_mm_count, varlen_attenti
 
 __all__ = ["FlopRule", "METADATA_OPS", "flop_rule", "native_count"]
 
+
 def _overloads(*names) -> frozenset:
     """Every overload of these packets ("size" is aten.size, "prim.device" torch.ops.prim.device)."""
     split = (name.rpartition(".") for name in names)
@@ -28,13 +29,27 @@ def _overloads(*names) -> frozenset:
 
 
 METADATA_OPS = _overloads(
-    "size", "sym_size", "stride", "sym_stride", "storage_offset", "sym_storage_offset", "numel", "sym_numel",
-    "dim", "is_contiguous", "sym_is_contiguous", "is_strides_like_format", "is_non_overlapping_and_dense",
-    "prim.layout", "prim.device")
+    "size",
+    "sym_size",
+    "stride",
+    "sym_stride",
+    "storage_offset",
+    "sym_storage_offset",
+    "numel",
+    "sym_numel",
+    "dim",
+    "is_contiguous",
+    "sym_is_contiguous",
+    "is_strides_like_format",
+    "is_non_overlapping_and_dense",
+    "prim.layout",
+    "prim.device",
+)
 
 # aten ops that move, copy, fill, allocate or draw random numbers: 0 FLOPs. Looked up before
 # the pointwise tag, which clone carries.
-_NONE_OPS = frozenset("""
+_NONE_OPS = frozenset(
+    """
     clone copy copy_ _to_copy _copy_from _copy_from_and_resize _unsafe_view cat stack index
     _unsafe_index _unsafe_masked_index index_select gather take embedding masked_select masked_scatter
     masked_scatter_ nonzero roll flip repeat repeat_interleave rot90 one_hot triu tril triu_ tril_
@@ -54,7 +69,8 @@ _NONE_OPS = frozenset("""
     _nested_tensor_from_tensor_list _nested_from_padded _nested_from_padded_and_nested_example to_padded_tensor
     upsample_nearest1d upsample_nearest2d upsample_nearest3d _upsample_nearest_exact1d _upsample_nearest_exact2d
     _upsample_nearest_exact3d
-""".split())
+""".split()
+)
 _NONE_NAMESPACES = {"profiler", "prim", "fsdp"}  # fsdp: FSDP2's copy-in, copy-out and chunk_cat copies
 _OPTIMIZER_OPS = frozenset("_fused_adam_ _fused_adamw_ _fused_sgd_ _fused_adagrad_".split())
 
@@ -73,34 +89,57 @@ _PER_ELEMENT = {
     **_table("elementwise", "grad_output", "embedding_dense_backward"),
     **_table("elementwise", "source", "index_add index_add_ index_reduce index_reduce_"),
     **_table("elementwise", "src", "scatter_add scatter_add_ scatter_reduce scatter_reduce_"),
-    **_table("elementwise", "values",
-             "index_put index_put_ _index_put_impl_ _unsafe_index_put _unsafe_masked_index_put_accumulate"),
+    **_table(
+        "elementwise",
+        "values",
+        "index_put index_put_ _index_put_impl_ _unsafe_index_put _unsafe_masked_index_put_accumulate",
+    ),
     **_table("elementwise", "target", "nll_loss_backward nll_loss2d_backward"),
     **_table("elementwise", "input", "native_dropout"),
-    **_table("elementwise", "self", "_fused_dropout mse_loss_backward l1_loss_backward "
-             "smooth_l1_loss_backward huber_loss_backward binary_cross_entropy_backward"),
+    **_table(
+        "elementwise",
+        "self",
+        "_fused_dropout mse_loss_backward l1_loss_backward "
+        "smooth_l1_loss_backward huber_loss_backward binary_cross_entropy_backward",
+    ),
     # activations and their backward without the pointwise tag: one per element of the gradient they write (of
     # grad_output's shape) or of their input; glu and floor_divide are in _PER_OUTPUT_ELEMENT
-    **_table("elementwise", "grad_output", "elu_backward leaky_relu_backward softplus_backward mish_backward "
-             "hardtanh_backward hardsigmoid_backward hardswish_backward log_sigmoid_backward "
-             "rrelu_with_noise_backward softshrink_backward"),
+    **_table(
+        "elementwise",
+        "grad_output",
+        "elu_backward leaky_relu_backward softplus_backward mish_backward "
+        "hardtanh_backward hardsigmoid_backward hardswish_backward log_sigmoid_backward "
+        "rrelu_with_noise_backward softshrink_backward",
+    ),
     **_table("elementwise", "grad_out", "hardshrink_backward"),
     # a max pool's gradient goes to its argmax, a nearest upsampling's to the input it was copied from: one add
     # per output gradient (tracer.flops.pool counts the other pools)
-    **_table("elementwise", "grad_output", "max_pool2d_with_indices_backward max_pool3d_with_indices_backward "
-             "adaptive_max_pool2d_backward adaptive_max_pool3d_backward mkldnn_max_pool2d_backward "
-             "mkldnn_max_pool3d_backward upsample_nearest1d_backward upsample_nearest2d_backward "
-             "upsample_nearest3d_backward _upsample_nearest_exact1d_backward _upsample_nearest_exact2d_backward "
-             "_upsample_nearest_exact3d_backward"),
-    **_table("elementwise", "self", "hardswish hardswish_ log_sigmoid_forward rrelu_with_noise rrelu_with_noise_ "
-             "rrelu_with_noise_functional _prelu_kernel _prelu_kernel_backward glu_backward"),
+    **_table(
+        "elementwise",
+        "grad_output",
+        "max_pool2d_with_indices_backward max_pool3d_with_indices_backward "
+        "adaptive_max_pool2d_backward adaptive_max_pool3d_backward mkldnn_max_pool2d_backward "
+        "mkldnn_max_pool3d_backward upsample_nearest1d_backward upsample_nearest2d_backward "
+        "upsample_nearest3d_backward _upsample_nearest_exact1d_backward _upsample_nearest_exact2d_backward "
+        "_upsample_nearest_exact3d_backward",
+    ),
+    **_table(
+        "elementwise",
+        "self",
+        "hardswish hardswish_ log_sigmoid_forward rrelu_with_noise rrelu_with_noise_ "
+        "rrelu_with_noise_functional _prelu_kernel _prelu_kernel_backward glu_backward",
+    ),
     # weight_norm's w = g v / ||v|| and its backward: one per element of v
     **_table("elementwise", "v", "_weight_norm_interface"),
     **_table("elementwise", "saved_v", "_weight_norm_interface_backward"),
     **_table("reduction", "target", "nll_loss_forward nll_loss2d_forward"),
-    **_table("reduction", "self", "cumsum cumsum_ cumprod cumprod_ logcumsumexp cummax cummin kl_div "
-             "mse_loss l1_loss smooth_l1_loss huber_loss binary_cross_entropy "
-             "binary_cross_entropy_with_logits"),
+    **_table(
+        "reduction",
+        "self",
+        "cumsum cumsum_ cumprod cumprod_ logcumsumexp cummax cummin kl_div "
+        "mse_loss l1_loss smooth_l1_loss huber_loss binary_cross_entropy "
+        "binary_cross_entropy_with_logits",
+    ),
 }
 _PER_OUTPUT_ELEMENT = frozenset("glu floor_divide floor_divide_".split())  # elementwise, without the pointwise tag
 _TAG_KIND = {torch.Tag.pointwise: "elementwise", torch.Tag.reduction: "reduction"}
@@ -189,6 +228,7 @@ def _shapes(x):
 
 def _shape_count(formula):
     """count(args, kwargs, out) calling a registered formula of shapes."""
+
     def count(args, kwargs, out):
         shaped = {k: _shapes(v) for k, v in kwargs.items()}
         return int(formula(*_shapes(args), out_shape=_shapes(out), **shaped))
@@ -231,9 +271,13 @@ _VARLEN = {
     "_flash_attention_forward": (("query", "key", "value", "cum_seq_q", "cum_seq_k", "max_q", "max_k"), False),
     "_flash_attention_backward": (("query", "key", "value", "cum_seq_q", "cum_seq_k", "max_q", "max_k"), True),
     "_efficient_attention_forward": (
-        ("query", "key", "value", "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k"), False),
+        ("query", "key", "value", "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k"),
+        False,
+    ),
     "_efficient_attention_backward": (
-        ("query", "key", "value", "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k"), True),
+        ("query", "key", "value", "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k"),
+        True,
+    ),
 }
 
 
@@ -248,8 +292,14 @@ def _varlen_attention_rule(func, dense, names, backward):
             return FlopCount(dense(args, kwargs, out))
         shapes = (tuple(q(args, kwargs).shape), tuple(k(args, kwargs).shape), tuple(v(args, kwargs).shape))
         return varlen_attention_count(
-            *shapes, cq.shape[0] - 1, concrete_ints(cq), _offsets_value(cum_k, args, kwargs),
-            max_q(args, kwargs), max_k(args, kwargs), backward)
+            *shapes,
+            cq.shape[0] - 1,
+            concrete_ints(cq),
+            _offsets_value(cum_k, args, kwargs),
+            max_q(args, kwargs),
+            max_k(args, kwargs),
+            backward,
+        )
 
     return FlopRule("attention", count, _causal_getter(func), detailed=True)
 

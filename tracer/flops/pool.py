@@ -103,11 +103,21 @@ def _adaptive_backward(dims):
 
 
 for _d in (1, 2, 3):
-    register_flop_formula(_packets(f"max_pool{_d}d", f"max_pool{_d}d_with_indices", f"mkldnn_max_pool{_d}d",
-                                   f"quantized_max_pool{_d}d"), kind="reduction")(_max_pool(_d))  # fmt: skip
+    register_flop_formula(
+        _packets(f"max_pool{_d}d", f"max_pool{_d}d_with_indices", f"mkldnn_max_pool{_d}d", f"quantized_max_pool{_d}d"),
+        kind="reduction",
+    )(_max_pool(_d))
     register_flop_formula(_packets(f"avg_pool{_d}d", f"mkldnn_avg_pool{_d}d"), kind="reduction")(_avg_pool(_d))
-    register_flop_formula(_packets(f"adaptive_avg_pool{_d}d", f"_adaptive_avg_pool{_d}d", f"adaptive_max_pool{_d}d",
-                                   f"mkldnn_adaptive_avg_pool{_d}d"), kind="reduction")(_adaptive(_d))  # fmt: skip
+    register_flop_formula(
+        _packets(
+            f"adaptive_avg_pool{_d}d",
+            f"_adaptive_avg_pool{_d}d",
+            f"adaptive_max_pool{_d}d",
+            f"mkldnn_adaptive_avg_pool{_d}d",
+        ),
+        kind="reduction",
+    )(_adaptive(_d))
     register_flop_formula(_packets(f"avg_pool{_d}d_backward"), kind="elementwise")(_avg_pool_backward(_d))
-    register_flop_formula(_packets(f"_adaptive_avg_pool{_d}d_backward", f"mkldnn_adaptive_avg_pool{_d}d_backward"),
-                          kind="elementwise")(_adaptive_backward(_d))  # fmt: skip
+    register_flop_formula(
+        _packets(f"_adaptive_avg_pool{_d}d_backward", f"mkldnn_adaptive_avg_pool{_d}d_backward"), kind="elementwise"
+    )(_adaptive_backward(_d))

@@ -101,7 +101,9 @@ def __getattr__(name):
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     pl = _lightning()
     if pl is None:
-        raise AttributeError("LightningMeter needs Lightning (lightning.pytorch or pytorch_lightning), which is not installed")
+        raise AttributeError(
+            "LightningMeter needs Lightning (lightning.pytorch or pytorch_lightning), which is not installed"
+        )
     made = globals()["LightningMeter"] = _lightning_meter(pl)
     return made
 
@@ -123,7 +125,9 @@ def _lightning_meter(pl):
         def on_train_start(self, trainer, pl_module):
             self.meter = Meter(self.path, model=pl_module, tokens=self.tokens, **self.meter_kwargs)
 
-        def _boundary(self, trainer, batch_idx):  # the optimizer steps: each accumulate_grad_batches, and at an epoch's end
+        def _boundary(
+            self, trainer, batch_idx
+        ):  # the optimizer steps: each accumulate_grad_batches, and at an epoch's end
             every = max(1, getattr(trainer, "accumulate_grad_batches", 1))
             return (batch_idx + 1) % every == 0 or bool(getattr(trainer, "is_last_batch", False))
 

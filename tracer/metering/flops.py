@@ -17,7 +17,16 @@ from tracer.rules import DTYPE_KINDS, carrying_dtype, dtype_rows, score_share, s
 __all__ = ["READ", "input_size", "read_rows", "settled", "signature", "step_flops", "token_count"]
 
 _SCALARS = (int, float, str, type(None))  # inputs that hold no tensor
-READ = ["step", "op", "phase", "flops", "flop_kind", "recompute", "input_shapes", "input_dtypes"]  # what step_flops reads
+READ = [
+    "step",
+    "op",
+    "phase",
+    "flops",
+    "flop_kind",
+    "recompute",
+    "input_shapes",
+    "input_dtypes",
+]  # what step_flops reads
 
 
 def read_rows(parts, first, end):
@@ -31,7 +40,8 @@ def read_rows(parts, first, end):
         column = file.schema_arrow.get_field_index("seq")
         stats = [file.metadata.row_group(g).column(column).statistics for g in range(file.metadata.num_row_groups)]
         if all(s is not None and s.has_min_max for s in stats) and (
-                not stats or max(s.max for s in stats) < first or min(s.min for s in stats) >= end):
+            not stats or max(s.max for s in stats) < first or min(s.min for s in stats) >= end
+        ):
             continue
         table = file.read(columns=["seq", *READ])
         seq = table.column("seq").to_pylist()
@@ -102,9 +112,10 @@ def step_flops(rows):
     training = np.asarray([p in ("forward", "backward") for p in phase], dtype=bool) & ~again
     kinds = rows["flop_kind"]
     scores = sum(  # fused attention backward: the share that recomputes q @ kᵀ
-        score_share(int(flops[i]), rows["input_shapes"][i]) for i, kind in enumerate(kinds)
+        score_share(int(flops[i]), rows["input_shapes"][i])
+        for i, kind in enumerate(kinds)
         if kind == "attention" and phase[i] == "backward" and not again[i]
-    )  # fmt: skip
+    )
     names, carried = [], []
     for i in np.flatnonzero(dtype_rows([k in DTYPE_KINDS for k in kinds], flops)):
         dtypes = rows["input_dtypes"][i]
@@ -137,7 +148,10 @@ def token_count(tokens):
     except Exception:  # not an integer; a tensor without data (meta, fake) raises its own error
         count = None
     if count is None or count < 0:
-        given = (f"a tensor of shape {tuple(tokens.shape)} and dtype {tokens.dtype}"
-                 if isinstance(tokens, torch.Tensor) and tokens.dim() else repr(tokens))
+        given = (
+            f"a tensor of shape {tuple(tokens.shape)} and dtype {tokens.dtype}"
+            if isinstance(tokens, torch.Tensor) and tokens.dim()
+            else repr(tokens)
+        )
         raise TraceError(f"Meter.step: tokens must be an int >= 0 (this step's tokens) or None, got {given}")
     return count

@@ -52,15 +52,15 @@ import torch
 from torch.nn.modules.module import register_module_forward_pre_hook
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
-from tracer.recording.compiled import compiled_in_place
 from tracer.device import cuda_in_use, sync_all_cuda
-from tracer.recording.dispatch import make_inert
 from tracer.errors import TraceError
 from tracer.metering.flops import input_size, read_rows, settled, signature, step_flops, token_count
-from tracer.recording.mode_stack import depth_of
 from tracer.metering.record import StepFigures
-from tracer.recording.mode import Tracer
 from tracer.peaks import lookup, normalize_dtype
+from tracer.recording.compiled import compiled_in_place
+from tracer.recording.dispatch import make_inert
+from tracer.recording.mode import Tracer
+from tracer.recording.mode_stack import depth_of
 from tracer.safety import GlobalModuleHook, describe_exception, warn
 from tracer.schema import part_paths
 
@@ -75,8 +75,18 @@ _nodes_made = getattr(torch.autograd, "_get_sequence_nr", lambda: 0)
 _compiling = getattr(torch.compiler, "is_compiling", lambda: False)
 
 
-_UNKNOWN = {"step": None, "traced": False, "step_time_s": None, "tokens": None, "tokens_per_s": None,  # step() after
-            "model_flops": None, "hardware_flops": None, "flops_estimated": False, "mfu": None, "hfu": None}  # close, failed
+_UNKNOWN = {
+    "step": None,
+    "traced": False,
+    "step_time_s": None,
+    "tokens": None,
+    "tokens_per_s": None,  # step() after
+    "model_flops": None,
+    "hardware_flops": None,
+    "flops_estimated": False,
+    "mfu": None,
+    "hfu": None,
+}  # close, failed
 
 
 def _sync_for(device):
@@ -111,18 +121,22 @@ class Meter:
     that made it (`step()` and `begin()` on another thread count an error and return unknown figures).
     Bookkeeping failures become a warning and a count (`errors`); the program runs on."""
 
-    def __init__(self, path, *, model=None, tokens=None, peak_flops=None, warmup=0, max_traces=8, sync=True,
-                 **tracer_kwargs):
+    def __init__(
+        self, path, *, model=None, tokens=None, peak_flops=None, warmup=0, max_traces=8, sync=True, **tracer_kwargs
+    ):
         if not isinstance(warmup, int) or isinstance(warmup, bool) or warmup < 0:
             raise TraceError(f"Meter: warmup must be an int >= 0 (steps run before the first trace), got {warmup!r}")
         if not isinstance(max_traces, int) or isinstance(max_traces, bool) or max_traces < 1:
             raise TraceError(f"Meter: max_traces must be an int >= 1 (steps traced at most), got {max_traces!r}")
-        if peak_flops is not None and (isinstance(peak_flops, bool) or not isinstance(peak_flops, (int, float))
-                                       or not peak_flops > 0):
+        if peak_flops is not None and (
+            isinstance(peak_flops, bool) or not isinstance(peak_flops, (int, float)) or not peak_flops > 0
+        ):
             raise TraceError(f"Meter: peak_flops must be FLOP/s > 0 or None, got {peak_flops!r}")
         self._tracer = Tracer(path, model=model, tokens=tokens, **tracer_kwargs)
         self.tokens, self.peak_flops, self.errors = tokens, peak_flops, 0
-        self._root = model  # a torch.compile wrapper itself: its hooks run outside the compiled code, the original's inside
+        self._root = (
+            model  # a torch.compile wrapper itself: its hooks run outside the compiled code, the original's inside
+        )
         self._thread = threading.get_ident()
         self._traces = []  # per traced step: its FLOPs, dtype and peak
         self._known = {}  # signature -> index in _traces
@@ -147,7 +161,9 @@ class Meter:
         self._tracing, self._reclock, self._trace_failures = True, False, 0
         self._first_seq = self._next_seq()  # the traced step's rows: from here to the pause
         self._tracer._term.before_flush.append(self._table_at_signal)  # a SIGTERM writes the table with the rows
-        if warmup:  # the first steps run untraced (compilation, autotuning, lazy state): timed, FLOPs from a later trace
+        if (
+            warmup
+        ):  # the first steps run untraced (compilation, autotuning, lazy state): timed, FLOPs from a later trace
             self._pause_tracer()
             self._tracing = False
             self._sync = _sync_for(self._tracer._device) if sync else None
@@ -299,8 +315,12 @@ class Meter:
         entered it, and its dispatch mode, on that thread's stack, cannot come off or go on from here."""
         if threading.get_ident() == self._thread:
             return False
-        self._failed(TraceError(f"{call}() on another thread than the one that made the Meter, which alone is "
-                                "traced: make the Meter in the thread that runs the loop"))
+        self._failed(
+            TraceError(
+                f"{call}() on another thread than the one that made the Meter, which alone is "
+                "traced: make the Meter in the thread that runs the loop"
+            )
+        )
         return True
 
     def _failed(self, exc):
@@ -456,12 +476,22 @@ class Meter:
             optimizer = found["optimizer_flops"]
             model, hardware = round(model * scale), round((hardware - optimizer) * scale + optimizer)
         timed = None if traced else seconds  # traced time is not step time
-        return StepFigures({
-            "step": index, "traced": traced, "step_time_s": seconds, "tokens": tokens,
-            "tokens_per_s": _ratio(tokens, timed), "model_flops": model, "hardware_flops": hardware,
-            "flops_estimated": scale is not None,
-            "mfu": _ratio(_ratio(model, timed), peak), "hfu": _ratio(_ratio(hardware, timed), peak),
-        }, found, self._tracer._meta.get("device"))  # fmt: skip
+        return StepFigures(
+            {
+                "step": index,
+                "traced": traced,
+                "step_time_s": seconds,
+                "tokens": tokens,
+                "tokens_per_s": _ratio(tokens, timed),
+                "model_flops": model,
+                "hardware_flops": hardware,
+                "flops_estimated": scale is not None,
+                "mfu": _ratio(_ratio(model, timed), peak),
+                "hfu": _ratio(_ratio(hardware, timed), peak),
+            },
+            found,
+            self._tracer._meta.get("device"),
+        )
 
     def table(self):
         """The run metadata's `meter`: {traces: [per traced step: model_flops, hardware_flops,
@@ -470,8 +500,12 @@ class Meter:
         traced, scale (null, or the factor an estimate scales the trace's FLOPs by): column lists},
         max_traces, errors}."""
         whole = min(len(v) for v in self._steps.values())  # a step half appended (a SIGTERM in _end_step): left out
-        return {"traces": [dict(t) for t in self._traces], "steps": {k: v[:whole] for k, v in self._steps.items()},
-                "max_traces": self.max_traces, "errors": self.errors}
+        return {
+            "traces": [dict(t) for t in self._traces],
+            "steps": {k: v[:whole] for k, v in self._steps.items()},
+            "max_traces": self.max_traces,
+            "errors": self.errors,
+        }
 
     def _table_at_signal(self):
         if not self._closed:

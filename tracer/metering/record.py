@@ -14,8 +14,14 @@ from tracer.peaks import match_device, normalize_dtype
 __all__ = ["StepFigures", "peak_label"]
 
 WIDTH = 120  # the most characters str(StepFigures) prints
-_SHORT = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "tfloat32": "tf32", "float8": "fp8",
-          "float64": "fp64"}
+_SHORT = {
+    "float32": "fp32",
+    "bfloat16": "bf16",
+    "float16": "fp16",
+    "tfloat32": "tf32",
+    "float8": "fp8",
+    "float64": "fp64",
+}
 
 
 def peak_label(trace, device):
@@ -69,8 +75,10 @@ class StepFigures(dict):
             return "step ?: no figures (the meter is closed, or could not meter this step)"
         seconds, rate = self.get("step_time_s"), self.get("tokens_per_s")
         if self.get("traced"):
-            return _fit(f"step {self['step']}: traced ({_seconds(seconds)} with the tracer on), no MFU: traced time "
-                        "is not step time")
+            return _fit(
+                f"step {self['step']}: traced ({_seconds(seconds)} with the tracer on), no MFU: traced time "
+                "is not step time"
+            )
         parts = [f"step {self['step']}: {_seconds(seconds)}"]
         if rate is not None:
             parts.append(f"{rate:,.0f} tok/s")

@@ -61,11 +61,15 @@ class Progress:
         for name in list(self.waiting):
             if os.path.exists(os.path.join(self.directory, os.path.splitext(name)[0] + ".o")):
                 self.waiting.remove(name)
-                self._say(f"  compiled {name} ({self.total - len(self.waiting)} of {self.total}, "
-                          f"{now - self.start:.0f} s)", now)
+                self._say(
+                    f"  compiled {name} ({self.total - len(self.waiting)} of {self.total}, {now - self.start:.0f} s)",
+                    now,
+                )
         if now - self.last >= self.every:
-            self._say(f"  {'compiling ' + ', '.join(self.waiting) if self.waiting else 'linking'} "
-                      f"({now - self.start:.0f} s)", now)
+            self._say(
+                f"  {'compiling ' + ', '.join(self.waiting) if self.waiting else 'linking'} ({now - self.start:.0f} s)",
+                now,
+            )
 
     def _say(self, line, now):
         print(line, file=self.out or sys.stdout, flush=True)
@@ -110,11 +114,15 @@ def loads():
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--strict", action="store_true",
-                        help="exit 1 when the build fails or the module it built does not load")
-    parser.add_argument("--check", action="store_true",
-                        help="build nothing: exit 1, with one line saying why, when tracer/native/_collector.so does not load "
-                        "(CI: the tests would run only the pure-Python path)")
+    parser.add_argument(
+        "--strict", action="store_true", help="exit 1 when the build fails or the module it built does not load"
+    )
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="build nothing: exit 1, with one line saying why, when tracer/native/_collector.so does not load "
+        "(CI: the tests would run only the pure-Python path)",
+    )
     parser.add_argument("--verbose", action="store_true")
     args = parser.parse_args(argv)
     where = os.path.relpath(TARGET)
@@ -123,12 +131,18 @@ def main(argv=None):
         if reason is None:
             print(f"optrace: the compiled hook {where} loads")
             return 0
-        print(f"optrace: the compiled hook {where} does not load ({reason}): without it optrace, and its tests, run "
-              "only the pure-Python path; build it with `python -m tracer.native.build_ext --strict`", file=sys.stderr)
+        print(
+            f"optrace: the compiled hook {where} does not load ({reason}): without it optrace, and its tests, run "
+            "only the pure-Python path; build it with `python -m tracer.native.build_ext --strict`",
+            file=sys.stderr,
+        )
         return 1
     start = time.perf_counter()
-    print(f"optrace: building the compiled hook {where} from {len(SOURCES)} C++ sources "
-          "(about a minute, several on a loaded machine)", flush=True)
+    print(
+        f"optrace: building the compiled hook {where} from {len(SOURCES)} C++ sources "
+        "(about a minute, several on a loaded machine)",
+        flush=True,
+    )
     try:
         if os.path.exists(TARGET):
             os.remove(TARGET)  # a module built for another torch must not stay behind a failed build
@@ -143,8 +157,10 @@ def main(argv=None):
         return 1 if args.strict else 0
     print(f"optrace: built the compiled hook {where} in {time.perf_counter() - start:.1f} s")
     if args.strict and (reason := loads()) is not None:
-        print(f"optrace: the compiled hook {where} was built but does not load ({reason}); exit 1 (--strict)",
-              file=sys.stderr)
+        print(
+            f"optrace: the compiled hook {where} was built but does not load ({reason}); exit 1 (--strict)",
+            file=sys.stderr,
+        )
         return 1
     return 0
 

@@ -112,9 +112,9 @@ from tracer.recording.backward import BackwardStack
 from tracer.recording.compiled import compiled_in_place
 from tracer.recording.distributed import local_tensor
 from tracer.recording.modules import ModuleNames
+from tracer.recording.steps import Parameters, RunningSteps, Steps, UnhookedWrapper
 from tracer.safety import GlobalModuleHook
 from tracer.schema import Phase
-from tracer.recording.steps import Parameters, RunningSteps, Steps, UnhookedWrapper
 
 _graph_task_id = torch._C._current_graph_task_id
 _grad_enabled = torch.is_grad_enabled
@@ -193,8 +193,18 @@ class Attribution:
     `traced()` tells whether the calling thread runs traced work (the Tracer's
     dispatch mode is active in it); `rows_so_far` and `relabel` go to `Steps`."""
 
-    def __init__(self, root=None, *, traced, rows_so_far, relabel, on_step_end=None,
-                 on_optimizer_start=None, on_external_module=None, on_error=None):  # fmt: skip
+    def __init__(
+        self,
+        root=None,
+        *,
+        traced,
+        rows_so_far,
+        relabel,
+        on_step_end=None,
+        on_optimizer_start=None,
+        on_external_module=None,
+        on_error=None,
+    ):
         self.names = ModuleNames(root, on_external=on_external_module)
         self.steps = Steps(rows_so_far, relabel)
         self.forward_stack = []  # (id(module), name), outside the autograd engine
@@ -285,7 +295,9 @@ class Attribution:
         if stack:
             return FORWARD, stack[-1][1], NOT_RECOMPUTE
         if self.in_optimizer:
-            if self._closure and _builds_graph(ins, outs, info, wrapped_grad):  # the loss, in a closure the optimizer calls
+            if self._closure and _builds_graph(
+                ins, outs, info, wrapped_grad
+            ):  # the loss, in a closure the optimizer calls
                 return FORWARD, "", NOT_RECOMPUTE
             if self._in_closure:  # the closure's own work: the loss copied for logging, gradient clipping
                 return OTHER, "", NOT_RECOMPUTE
@@ -368,7 +380,9 @@ class Attribution:
         handles = self._handles  # each kept as it goes on: a failed install (Ctrl-C) leaves `remove()` all of them
         handles.clear()  # global module hooks no torch.compile'd module warns about (tracer/safety.py)
         handles.append(GlobalModuleHook(register_module_forward_pre_hook, _guarded(self._forward_pre, err)))
-        handles.append(GlobalModuleHook(register_module_forward_hook, _guarded(self._forward_post, err), always_call=True))
+        handles.append(
+            GlobalModuleHook(register_module_forward_hook, _guarded(self._forward_post, err), always_call=True)
+        )
         handles.append(optim_hooks.register_optimizer_step_pre_hook(_guarded(self._optimizer_pre, err)))
         handles.append(optim_hooks.register_optimizer_step_post_hook(_guarded(self._optimizer_post, err)))
 
@@ -446,8 +460,11 @@ class Attribution:
             if output is not None and _grad_enabled():
                 self.backward.watch_outputs(output, name)
             if _get_ident() == self._thread:
-                self._mark(self.recompute_stack[-1][1] if self.recompute_stack else
-                           self._recompute_region or self._recompute_outer)
+                self._mark(
+                    self.recompute_stack[-1][1]
+                    if self.recompute_stack
+                    else self._recompute_region or self._recompute_outer
+                )
             return
         stack = self.forward_stack
         _pop(stack, id(module))
@@ -457,7 +474,9 @@ class Attribution:
         if not self.traced():
             return
         self._note_updating(optimizer)
-        if not self._running.enter(levels=2):  # a wrapper's inner step (or a subclass's super().step()): part of the outer one
+        if not self._running.enter(
+            levels=2
+        ):  # a wrapper's inner step (or a subclass's super().step()): part of the outer one
             return
         self._wrapper.enter(optimizer, levels=2)
         params = [p for group in optimizer.param_groups for p in group["params"]]
@@ -509,7 +528,9 @@ class Attribution:
         if self._updating:
             self._updating[-1][2] = True
         del self._updating[:-64]  # steps that raised before their post hook are never popped: keep it bounded
-        params = {id(p): local_tensor(p).numel() for g in optimizer.param_groups for p in g["params"] if p.grad is not None}
+        params = {
+            id(p): local_tensor(p).numel() for g in optimizer.param_groups for p in g["params"] if p.grad is not None
+        }
         self._updating.append([id(optimizer), params, False])
 
     def _updated_by(self, optimizer):

@@ -161,4 +161,3 @@ class BackwardStack:
 
         torch.autograd.Variable._execution_engine.queue_callback(done)
         self._callbacks_queued.add(task)
-

@@ -12,10 +12,10 @@ import time
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from tracer.recording import collectives, distributed
 from tracer.flops.formulas import _registry
-from tracer.recording.hops import HopInfo, hop_compile_running
 from tracer.flops.op_kinds import METADATA_OPS, OUTPUT_ELEMENTS, ZERO, flop_rule, native_count
+from tracer.recording import collectives, distributed
+from tracer.recording.hops import HopInfo, hop_compile_running
 from tracer.schema import FlopBasis
 
 Tensor = torch.Tensor
@@ -51,11 +51,15 @@ def _passthrough(func):
 
 # aten ops whose outputs never require grad, whatever their inputs (torchgen's DONT_REQUIRE_DERIVATIVE, the
 # floating-point ones): `torch.zeros_like(loss)` after the optimizer opens no step (attribution.py `where`)
-_GRAPHLESS = frozenset("""
+_GRAPHLESS = frozenset(
+    """
     empty_like zeros_like ones_like full_like rand_like randn_like randint_like
     new_empty new_empty_strided new_zeros new_ones new_full
-""".split())
-_STORAGE_CHANGING = frozenset({"aten::resize_", "aten::resize_as_", "aten::set_"})  # tagged inplace_view, yet they change the storage
+""".split()
+)
+_STORAGE_CHANGING = frozenset(
+    {"aten::resize_", "aten::resize_as_", "aten::set_"}
+)  # tagged inplace_view, yet they change the storage
 
 
 class _OpInfo:
@@ -63,9 +67,20 @@ class _OpInfo:
     registry is unchanged (`_op_info`), and its name and kind ids in one trace's string tables."""
 
     __slots__ = (
-        "name", "name_id", "rule", "basis", "kind", "kind_id", "inplace",
-        "written_positions", "written_names", "out_only", "collective", "graphless", "native",
-    )  # fmt: skip
+        "name",
+        "name_id",
+        "rule",
+        "basis",
+        "kind",
+        "kind_id",
+        "inplace",
+        "written_positions",
+        "written_names",
+        "out_only",
+        "collective",
+        "graphless",
+        "native",
+    )
 
     def __init__(self, func):
         self.name = str(func)
@@ -90,12 +105,18 @@ class _OpInfo:
         # An in-place view op (t_, unsqueeze_, as_strided_: tagged inplace_view) changes only sizes
         # and strides: it writes no data, so it is a view, not an in-place write. resize_ and set_
         # carry the tag too but change the storage: they stay writes (the storage table follows them).
-        metadata_only = torch.Tag.inplace_view in getattr(func, "tags", ()) and func._schema.name not in _STORAGE_CHANGING
-        written = [] if metadata_only else [
-            (i, a.name, a.kwarg_only)
-            for i, a in enumerate(func._schema.arguments)
-            if a.alias_info is not None and a.alias_info.is_write
-        ]
+        metadata_only = (
+            torch.Tag.inplace_view in getattr(func, "tags", ()) and func._schema.name not in _STORAGE_CHANGING
+        )
+        written = (
+            []
+            if metadata_only
+            else [
+                (i, a.name, a.kwarg_only)
+                for i, a in enumerate(func._schema.arguments)
+                if a.alias_info is not None and a.alias_info.is_write
+            ]
+        )
         self.written_positions = tuple(i for i, _, _ in written)
         self.written_names = tuple(n for _, n, _ in written)
         self.out_only = tuple(kwarg_only for _, _, kwarg_only in written)  # out= arguments are keyword-only
@@ -150,7 +171,8 @@ def _check_registry():
     """Forget the kept facts when the FLOP registry changed since they were made (once per trace)."""
     now = list(_registry.items())
     if len(now) != len(_described_with) or any(
-            a is not c or b is not d for (a, b), (c, d) in zip(now, _described_with)):
+        a is not c or b is not d for (a, b), (c, d) in zip(now, _described_with)
+    ):
         _described.clear()
         _described_with[:] = now
 
@@ -247,12 +269,25 @@ def compiled_spec():
     from tracer.store.writer import PER_OUTPUT_ELEMENT, ROW_FIELDS
 
     return {
-        "row_fields": ROW_FIELDS, "forward": int(Phase.FORWARD), "backward": int(Phase.BACKWARD),
-        "optimizer": int(Phase.OPTIMIZER), "causal_none": CAUSAL_NONE, "no_value": NO_VALUE,
-        "per_output_element": PER_OUTPUT_ELEMENT, "int64_max": INT64_MAX, "basis_zero": int(FlopBasis.ZERO),
-        "basis_per_element": int(FlopBasis.PER_OUTPUT_ELEMENT), "basis_formula": int(FlopBasis.FORMULA),
-        "basis_detailed": int(FlopBasis.DETAILED), "not_recompute": NOT_RECOMPUTE, "recompute": RECOMPUTE,
-        "grad": int(GradMode.GRAD), "no_grad": int(GradMode.NO_GRAD), "inference_mode": int(GradMode.INFERENCE_MODE),
-        "no_sequence_nr": NO_SEQUENCE_NR, "op_info_type": _OpInfo, "plain_types": (Tensor, torch.nn.Parameter),
+        "row_fields": ROW_FIELDS,
+        "forward": int(Phase.FORWARD),
+        "backward": int(Phase.BACKWARD),
+        "optimizer": int(Phase.OPTIMIZER),
+        "causal_none": CAUSAL_NONE,
+        "no_value": NO_VALUE,
+        "per_output_element": PER_OUTPUT_ELEMENT,
+        "int64_max": INT64_MAX,
+        "basis_zero": int(FlopBasis.ZERO),
+        "basis_per_element": int(FlopBasis.PER_OUTPUT_ELEMENT),
+        "basis_formula": int(FlopBasis.FORMULA),
+        "basis_detailed": int(FlopBasis.DETAILED),
+        "not_recompute": NOT_RECOMPUTE,
+        "recompute": RECOMPUTE,
+        "grad": int(GradMode.GRAD),
+        "no_grad": int(GradMode.NO_GRAD),
+        "inference_mode": int(GradMode.INFERENCE_MODE),
+        "no_sequence_nr": NO_SEQUENCE_NR,
+        "op_info_type": _OpInfo,
+        "plain_types": (Tensor, torch.nn.Parameter),
         "op_call": torch._ops.OpOverload.__call__,
-    }  # fmt: skip
+    }

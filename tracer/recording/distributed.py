@@ -19,9 +19,9 @@ import os
 import torch
 import torch.optim.optimizer as optimizer_hooks
 
-from tracer.store.directory import foreign_entry, make_parents
 from tracer.errors import TraceError
 from tracer.safety import GlobalModuleHook
+from tracer.store.directory import foreign_entry, make_parents
 
 Tensor = torch.Tensor
 
@@ -98,8 +98,10 @@ def _refuse_foreign(path):
         if foreign is None or os.path.lexists(os.path.join(path, foreign)):
             break
     if foreign is not None:
-        raise TraceError(f"cannot write trace {path!r}: it is a directory holding {foreign!r}, which optrace did not "
-                         "write; choose a new path")
+        raise TraceError(
+            f"cannot write trace {path!r}: it is a directory holding {foreign!r}, which optrace did not "
+            "write; choose a new path"
+        )
 
 
 def _is_part(name):

@@ -9,8 +9,14 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode_stack as _mo
 from tracer.recording.compiled import DynamoSkips, EagerCompiled
 from tracer.recording.dispatch import make_inert
 from tracer.recording.mode_stack import (
-    depth_of, entered_below, lifted_above, lifted_over, refit_below, refit_infra, take_off_exited,
-)  # fmt: skip
+    depth_of,
+    entered_below,
+    lifted_above,
+    lifted_over,
+    refit_below,
+    refit_infra,
+    take_off_exited,
+)
 from tracer.safety import warn
 
 
@@ -26,9 +32,17 @@ class Hooks:
     on_given_back on_given_back(n): n compiled codes given back to torch.compile at `remove`."""
 
     def __init__(self, path, mode, attribution, unsharded, attention, on_error, on_given_back):
-        self.path, self.mode, self.attribution, self.unsharded, self.attention = path, mode, attribution, unsharded, attention
+        self.path, self.mode, self.attribution, self.unsharded, self.attention = (
+            path,
+            mode,
+            attribution,
+            unsharded,
+            attention,
+        )
         self._on_error, self._on_given_back = on_error, on_given_back
-        self.dynamo = DynamoSkips()  # compiled code skipped under the mode is given back at exit (tracer.recording.compiled)
+        self.dynamo = (
+            DynamoSkips()
+        )  # compiled code skipped under the mode is given back at exit (tracer.recording.compiled)
         self.eager = EagerCompiled()  # compiled code runs eagerly while recording, counted (tracer.recording.compiled)
         self.depth = None  # the mode's position in the dispatch mode stack once entered (tracer.recording.mode_stack)
         self.below = None  # the modes below it then
@@ -92,10 +106,14 @@ class Hooks:
             return
         if threading.get_ident() == self.thread:  # a mode entered before the Tracer was left inside its block
             left = take_off_exited(self.below)
-            warn(f"optrace: trace {self.path!r}: the dispatch mode {left or 'entered before the Tracer'} was left "
-                 "inside the Tracer's block and took the tracer's mode off the stack with it; the ops after that are not in "
-                 "the trace")
+            warn(
+                f"optrace: trace {self.path!r}: the dispatch mode {left or 'entered before the Tracer'} was left "
+                "inside the Tracer's block and took the tracer's mode off the stack with it; the ops after that are not in "
+                "the trace"
+            )
             return
         make_inert(self.mode)
-        warn(f"optrace: trace {self.path!r} was left on another thread than the one that entered it; its mode stays "
-             "on that thread's stack and records nothing more")
+        warn(
+            f"optrace: trace {self.path!r} was left on another thread than the one that entered it; its mode stays "
+            "on that thread's stack and records nothing more"
+        )

@@ -50,7 +50,17 @@ _RULES = {
 class HopInfo:
     """The facts `Tracer._record` reads about an op, for one higher-order operator."""
 
-    __slots__ = ("name", "name_id", "rule", "basis", "kind_id", "inplace", "written_positions", "collective", "graphless")
+    __slots__ = (
+        "name",
+        "name_id",
+        "rule",
+        "basis",
+        "kind_id",
+        "inplace",
+        "written_positions",
+        "collective",
+        "graphless",
+    )
 
     def __init__(self, hop, names):
         self.name = f"higher_order.{hop.name()}"

@@ -68,21 +68,26 @@ class MetaAttention:
         if library is not None:
             library._destroy()
 
-    def _attention(self, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
-                   enable_gqa=False):
+    def _attention(
+        self, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False
+    ):
         """The kernel: the fused kernel CUDA would pick, or, for the math path, the op's own composite kernel
         (which on the meta device runs the math path, op for op as untraced)."""
         call = {"query": query, "key": key, "value": value, "attn_mask": attn_mask, "enable_gqa": enable_gqa}
         kernel = _kernel(call) if self.fused else "math"
         self.counts[kernel] += 1
         if kernel == "flash":
-            return aten._scaled_dot_product_flash_attention(query, key, value, dropout_p, is_causal, False, scale=scale)[0]
+            return aten._scaled_dot_product_flash_attention(
+                query, key, value, dropout_p, is_causal, False, scale=scale
+            )[0]
         if kernel == "efficient":
             needs_lse = any(t.requires_grad for t in (query, key, value)) and torch.is_grad_enabled()
             return aten._scaled_dot_product_efficient_attention(
-                query, key, value, _bias(attn_mask, query, key), needs_lse, dropout_p, is_causal, scale=scale)[0]
+                query, key, value, _bias(attn_mask, query, key), needs_lse, dropout_p, is_causal, scale=scale
+            )[0]
         return aten.scaled_dot_product_attention.default.decompose(
-            query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
+            query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa
+        )
 
     def facts(self):
         """The metadata's `attention` entry."""

@@ -59,9 +59,11 @@ def run_metadata(run_name, tokens, model, storage_id):
 
 def _parameters(model, storage_id):
     embedding = {
-        id(p) for m in model.modules() if isinstance(m, (torch.nn.Embedding, torch.nn.EmbeddingBag))
+        id(p)
+        for m in model.modules()
+        if isinstance(m, (torch.nn.Embedding, torch.nn.EmbeddingBag))
         for p in m.parameters(recurse=False)
-    }  # fmt: skip
+    }
     params, dtype_bytes = {}, {}
     counts = {"total": 0, "trainable": 0, "embedding": 0}
     for name, p in model.named_parameters():  # tied parameters once

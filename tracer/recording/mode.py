@@ -14,24 +14,26 @@ import uuid
 import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack as _mode_stack
 
-from tracer.recording import collectives, distributed
-from tracer.recording.meta_attention import META_ATTENTION, MetaAttention
-from tracer.recording.attribution import NAMED_PER_ENGINE_RUN, Attribution
-from tracer.recording.compiled import compiled_original, unwrap
 from tracer.device import cuda_memory, device_info, is_fake
 from tracer.errors import TraceError
+from tracer.flops.layouts import STRIDED, odd_flops
+from tracer.native.loader import choose
+from tracer.native.loader import wanted as wanted_collector
+from tracer.recording import collectives, distributed
+from tracer.recording.attribution import NAMED_PER_ENGINE_RUN, Attribution
+from tracer.recording.compiled import compiled_original, unwrap
 from tracer.recording.dispatch import _TraceMode, compiled_spec, make_inert
 from tracer.recording.hooks import Hooks
+from tracer.recording.meta_attention import META_ATTENTION, MetaAttention
+from tracer.recording.metadata import Roles, dtype_name, now, register_at_entry, run_metadata
 from tracer.recording.optimizer_state import OptimizerState
 from tracer.recording.python_collector import PythonCollector
-from tracer.flops.layouts import STRIDED, odd_flops
-from tracer.native.loader import choose, wanted as wanted_collector
-from tracer.recording.metadata import Roles, dtype_name, now, register_at_entry, run_metadata
 from tracer.recording.signals import TermHandler, unsafe
-from tracer.safety import describe_exception, interrupts_deferred, warn
-from tracer.schema import CAUSAL_NONE, INT64_MAX, MAX_TOKENS, MIN_STEP_TIME_S, NO_VALUE, FlopBasis, GradMode, is_unicode
 from tracer.recording.storage import StorageTable
 from tracer.recording.timing import check_timing, make_timer
+from tracer.safety import describe_exception, interrupts_deferred, warn
+from tracer.schema import CAUSAL_NONE, INT64_MAX, MAX_TOKENS, MIN_STEP_TIME_S, NO_VALUE, FlopBasis, GradMode, is_unicode
+from tracer.store.trace_output import TraceOutput
 from tracer.store.writer import (
     FIELD,
     PER_OUTPUT_ELEMENT,
@@ -43,7 +45,6 @@ from tracer.store.writer import (
     prepare_directory,
     release_directory,
 )
-from tracer.store.trace_output import TraceOutput
 
 _perf_ns = time.perf_counter_ns
 _PER_ELEMENT, _FORMULA, _DETAILED = int(FlopBasis.PER_OUTPUT_ELEMENT), int(FlopBasis.FORMULA), int(FlopBasis.DETAILED)
@@ -91,15 +92,18 @@ class Tracer:
     _active = None  # the Tracer inside its with block, claimed under _claim
     _claim = threading.Lock()
 
-    def __init__(self, path, *, model=None, tokens=None, run_name=None, flush_rows=16384, timing="events",
-                 meta_attention="fused"):
+    def __init__(
+        self, path, *, model=None, tokens=None, run_name=None, flush_rows=16384, timing="events", meta_attention="fused"
+    ):
         if not isinstance(path, (str, bytes, os.PathLike)):
             raise TraceError(f"Tracer: path must be a str, bytes or os.PathLike, got {type(path).__name__}")
         if not os.fspath(path):  # '' would be the working directory itself
             raise TraceError("Tracer: path is '', expected the directory to write the trace in, e.g. 'runs/step'")
         if model is not None and not isinstance(model, torch.nn.Module):
             raise TraceError(f"Tracer: model must be a torch.nn.Module or None, got {type(model).__name__}")
-        if tokens is not None and (not isinstance(tokens, int) or isinstance(tokens, bool) or not 0 < tokens <= MAX_TOKENS):
+        if tokens is not None and (
+            not isinstance(tokens, int) or isinstance(tokens, bool) or not 0 < tokens <= MAX_TOKENS
+        ):
             raise TraceError(f"Tracer: tokens must be an int from 1 to 2**53 (tokens per step) or None, got {tokens!r}")
         if run_name is not None and not isinstance(run_name, str):
             raise TraceError(f"Tracer: run_name must be a str or None, got {type(run_name).__name__}")
@@ -108,7 +112,9 @@ class Tracer:
         if not isinstance(flush_rows, int) or isinstance(flush_rows, bool) or flush_rows <= 0:
             raise TraceError(f"Tracer: flush_rows must be a positive int, got {flush_rows!r}")
         if meta_attention not in META_ATTENTION:
-            raise TraceError(f"Tracer: meta_attention must be one of {', '.join(map(repr, META_ATTENTION))}, got {meta_attention!r}")
+            raise TraceError(
+                f"Tracer: meta_attention must be one of {', '.join(map(repr, META_ATTENTION))}, got {meta_attention!r}"
+            )
         self.meta_attention = meta_attention
         wanted_collector()  # OPTRACE_COLLECTOR, when set, names a collector (tracer.native.loader)
         self.path = os.path.abspath(os.fsdecode(path))  # a path that is not UTF-8 is refused at entry (directory.probe)
@@ -139,7 +145,9 @@ class Tracer:
         with Tracer._claim:  # two threads entering at once: exactly one wins, the other is refused
             active = Tracer._active
             if active is self:
-                raise TraceError(f"this Tracer (writing {self.path!r}) is already active; it cannot be entered again inside its own with block")
+                raise TraceError(
+                    f"this Tracer (writing {self.path!r}) is already active; it cannot be entered again inside its own with block"
+                )
             if active is not None:
                 raise TraceError(
                     f"another Tracer is already active (writing {active.path!r}); "
@@ -201,7 +209,9 @@ class Tracer:
         self._native = native
         self._hot = None  # the compiled dispatch hook's state (tracer/native/_dispatch.cpp), made once the rest is
         self._collect = native.collect if native is not None else None
-        self._extend = native.extend if native is not None else extend  # buffer.extend(values), without array's per-item parsing
+        self._extend = (
+            native.extend if native is not None else extend
+        )  # buffer.extend(values), without array's per-item parsing
         self._python = PythonCollector(self._storages, self._dtype_ids, self._new_dtype, self._writer.names["layout"])
         self._module_ids = {}  # module name -> module name id
         self._writer.clock_offset_ns = time.time_ns() - _perf_ns()
@@ -216,18 +226,33 @@ class Tracer:
         self._meta["trace_id"] = self.trace_id
         self._meta["collector"] = self._collector_facts  # which collector read the tensors (tracer.native.loader)
         st = self._storages  # what tracer/native/_collector.cpp reads, in its order (its enum of ctx)
-        self._collect_ctx = (st._by_cdata, st.size, st._refs, st._note_free, st.hollow, st.regrow, self._dtype_ids,
-                             self._new_dtype, st)
+        self._collect_ctx = (
+            st._by_cdata,
+            st.size,
+            st._refs,
+            st._note_free,
+            st.hollow,
+            st.regrow,
+            self._dtype_ids,
+            self._new_dtype,
+            st,
+        )
         if self._rank is not None:
             self._meta.update(self._rank, process_groups=distributed.process_groups())
         self._unsharded = distributed.UnshardedParameters(
             self.model, self._storages, self._meta.get("parameters"), self._meta.setdefault("unsharded_parameters", {})
         )
         found, param_ids = register_at_entry(
-            self.model, self._storages, self._roles, self._unsharded, lambda: self._rows.first_seq + len(self._rows),
-            lambda exc: self._record_failed("the storages alive at entry", exc))
-        self._optimizers = OptimizerState(self.model, self._storages, self._roles,
-                                          {id(o) for o in found} if found is not None else None, param_ids)
+            self.model,
+            self._storages,
+            self._roles,
+            self._unsharded,
+            lambda: self._rows.first_seq + len(self._rows),
+            lambda exc: self._record_failed("the storages alive at entry", exc),
+        )
+        self._optimizers = OptimizerState(
+            self.model, self._storages, self._roles, {id(o) for o in found} if found is not None else None, param_ids
+        )
         try:  # registered above: their ids get the role "buffer" (reports/flops/roles.py: a weight times a buffer)
             for b in self.model.buffers() if self.model is not None else ():
                 self._roles.add("buffer", b)
@@ -251,10 +276,16 @@ class Tracer:
             on_error=lambda exc: self._record_failed("a module or optimizer hook", exc),
         )
         self._steps = self._attr.steps
-        self._hooks = Hooks(self.path, self._mode, self._attr, self._unsharded, self._attention, self._record_failed,
-                            self._given_back)
-        self._dynamo, self._eager = self._hooks.dynamo, self._hooks.eager  # the compiled code's (tracer.recording.compiled)
-        if self._native is not None:  # the common op recorded in C++, with no Python frame (tracer/native/_dispatch.cpp)
+        self._hooks = Hooks(
+            self.path, self._mode, self._attr, self._unsharded, self._attention, self._record_failed, self._given_back
+        )
+        self._dynamo, self._eager = (
+            self._hooks.dynamo,
+            self._hooks.eager,
+        )  # the compiled code's (tracer.recording.compiled)
+        if (
+            self._native is not None
+        ):  # the common op recorded in C++, with no Python frame (tracer/native/_dispatch.cpp)
             self._hot = self._native.Dispatch(self, _TraceMode.__torch_dispatch__, compiled_spec())
             self._mode.use_compiled(self._hot, self._native.dispatch_for(self._mode))
         self._hooks.install()
@@ -444,7 +475,9 @@ class Tracer:
             group_id = 0
             if collective is not None:  # always the Python path
                 device = first.device if first is not None else None
-                comm_bytes, group_size, group_id = self._collective(collective, args, kwargs, out, outs, start, duration, device)
+                comm_bytes, group_size, group_id = self._collective(
+                    collective, args, kwargs, out, outs, start, duration, device
+                )
             freed = storages.freed
             n_freed = len(freed)
             if n_freed:  # before the integers that count them: a rollback drops them with the row
@@ -527,8 +560,11 @@ class Tracer:
         self._device = device
         self._timer = make_timer(self.timing, device)
         if is_fake(tensor):  # no device ran the ops: reports give no peak, so no MFU; not the host's name either
-            self._meta["device"] = {"type": device.type, "name": f"{device.type} (FakeTensorMode: no device ran the ops)",
-                                    "fake": True}
+            self._meta["device"] = {
+                "type": device.type,
+                "name": f"{device.type} (FakeTensorMode: no device ran the ops)",
+                "fake": True,
+            }
             return
         self._meta["device"] = device_info(device)
         memory = cuda_memory(device)
@@ -559,8 +595,12 @@ class Tracer:
         if memory is not None:
             self._meta.setdefault("cuda_memory", {})["end"] = memory
         self._meta["end_time"] = now()
-        if (self._model_compiled or self._attr.names.compiled_seen or self._eager.calls
-                or self._meta.get("compiled_codes_given_back")):
+        if (
+            self._model_compiled
+            or self._attr.names.compiled_seen
+            or self._eager.calls
+            or self._meta.get("compiled_codes_given_back")
+        ):
             self._meta["compiled_ran_eagerly"] = True
         groups = distributed.process_groups() if self._rank is not None else None
         if groups:  # groups made while tracing (FSDP2's, DeviceMesh's); none if destroyed inside the block
@@ -585,9 +625,14 @@ class Tracer:
     def _facts(self):
         """What the marker keeps when every part write fails: enough to report the damage."""
         return {
-            "format": "optrace", "trace_id": self.trace_id, "complete": bool(self._meta.get("complete")),
-            "rows": self._rows.first_seq + len(self._rows), "lost_rows": self._output.lost_rows,
-            "record_errors": self._errors, "write_error": self._output.write_error, "parts": self._writer.parts,
+            "format": "optrace",
+            "trace_id": self.trace_id,
+            "complete": bool(self._meta.get("complete")),
+            "rows": self._rows.first_seq + len(self._rows),
+            "lost_rows": self._output.lost_rows,
+            "record_errors": self._errors,
+            "write_error": self._output.write_error,
+            "parts": self._writer.parts,
         }
 
     def _metadata(self):
@@ -609,7 +654,10 @@ class Tracer:
         if regions is not None:
             meta["compiled_regions_eager"] = regions
         dtypes = self._writer.names["dtype"].names  # bytes per element of every dtype recorded, parameters' too
-        meta["dtype_bytes"] = {**meta.get("dtype_bytes", {}), **{dtypes[i]: n for i, n in self._writer.itemsize.items()}}
+        meta["dtype_bytes"] = {
+            **meta.get("dtype_bytes", {}),
+            **{dtypes[i]: n for i, n in self._writer.itemsize.items()},
+        }
         return meta
 
 
@@ -629,6 +677,19 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 
 # a SIGTERM inside these is held until they are done: a row or a part is half made there, or the hooks half on or
 # off (a Meter's pause and resume) (tracer.recording.signals)
-unsafe(Tracer._record, PythonCollector.collect, Tracer._flush, Tracer._write, Tracer._close, Tracer._exit,
-       Tracer._merge, Tracer._late_update, Tracer._pause, Tracer._resume, TraceOutput.write, TraceOutput.write_pending,
-       TraceOutput.merge, TraceOutput.late_part)
+unsafe(
+    Tracer._record,
+    PythonCollector.collect,
+    Tracer._flush,
+    Tracer._write,
+    Tracer._close,
+    Tracer._exit,
+    Tracer._merge,
+    Tracer._late_update,
+    Tracer._pause,
+    Tracer._resume,
+    TraceOutput.write,
+    TraceOutput.write_pending,
+    TraceOutput.merge,
+    TraceOutput.late_part,
+)

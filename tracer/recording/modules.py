@@ -67,8 +67,9 @@ class ModuleNames:
     def name_of(self, module, caller=None):
         """The name of `module` called inside module `caller` (a name; None or '' outside every module)."""
         name = self._names.get(module)
-        if name is not None and (not caller or not self._external_roots or self.in_model(name)
-                                 or name.startswith(caller + ".")):
+        if name is not None and (
+            not caller or not self._external_roots or self.in_model(name) or name.startswith(caller + ".")
+        ):
             return name
         return self._name_new(module, caller, name)
 

@@ -51,6 +51,8 @@ class OptimizerState:
         if unseen:
             late = sum(unseen.values())
             self.found_late += late  # the metadata's optimizer_state_found_late
-            warn(f"optrace: the state of optimizer {type(optimizer).__name__} ({late:,} bytes in {len(unseen)} "
-                 "storage(s)) was alive when the Tracer was entered but was not found then; live_bytes before its "
-                 "step does not count it")
+            warn(
+                f"optrace: the state of optimizer {type(optimizer).__name__} ({late:,} bytes in {len(unseen)} "
+                "storage(s)) was alive when the Tracer was entered but was not found then; live_bytes before its "
+                "step does not count it"
+            )

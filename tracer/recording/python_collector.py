@@ -3,8 +3,8 @@ Python (tensor subclasses, sparse and nested tensors, collectives) or everywhere
 
 import torch
 
-from tracer.recording.dispatch import _tensors
 from tracer.flops.layouts import STRIDED, describe, register_subclass
+from tracer.recording.dispatch import _tensors
 from tracer.store.writer import extend
 
 Tensor = torch.Tensor

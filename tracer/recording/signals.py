@@ -91,7 +91,9 @@ class TermHandler:
             return self._hand_on(signum, frame)
         if not tracer._closed:
             tracer._meta.setdefault("signal", _name(signum))  # the first signal's name; complete stays false at close
-        hot = tracer._hot  # the compiled hook (tracer/native/_dispatch.cpp): its rows are made with no Python frame of ours
+        hot = (
+            tracer._hot
+        )  # the compiled hook (tracer/native/_dispatch.cpp): its rows are made with no Python frame of ours
         in_hook = hot is not None and hot.recording()
         if in_hook or _inside(frame):  # a row or a part is half made (or the trace closing): that work finishes first
             self.pending = (signum, frame)

@@ -180,7 +180,7 @@ class RunningSteps:
         wrapper = sys._getframe(levels + 1)  # alive for the whole step
         depth = _depth(wrapper)
         if self._steps:  # steps whose wrapper is not an ancestor raised (no post hook): they are over
-            del self._steps[self._enclosing(wrapper, depth):]
+            del self._steps[self._enclosing(wrapper, depth) :]
         self._steps.append((id(wrapper), depth))
         return len(self._steps) == 1
 
@@ -232,8 +232,11 @@ class UnhookedWrapper:
         if caller is None or caller.f_code.co_name != "step":
             return
         owner = caller.f_locals.get("self")
-        if isinstance(owner, torch.optim.Optimizer) and owner is not optimizer \
-                and not getattr(type(owner).step, "hooked", False):  # fmt: skip
+        if (
+            isinstance(owner, torch.optim.Optimizer)
+            and owner is not optimizer
+            and not getattr(type(owner).step, "hooked", False)
+        ):
             self.frame = (id(caller), _depth(caller), id(caller.f_code))
 
     def running(self):

@@ -195,8 +195,10 @@ class EventTimer:
             self._set_anchor()
         except Exception as exc:  # bookkeeping must not break the run: keep the wall times
             self.failed += len(starts)
-            warn(f"optrace: could not read CUDA event times ({describe_exception(exc)}); "
-                          f"{len(starts)} ops keep their CPU wall time")  # fmt: skip
+            warn(
+                f"optrace: could not read CUDA event times ({describe_exception(exc)}); "
+                f"{len(starts)} ops keep their CPU wall time"
+            )
             return len(starts)
         finally:
             self._pool += starts
@@ -232,4 +234,3 @@ def busy_time(began, ended, issued, previous_end=None):
     duration = ended - began
     work_from = max(began, issued) if previous_end is None else max(began, issued, previous_end)
     return duration, min(duration, max(0, ended - work_from))
-

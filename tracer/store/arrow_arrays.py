@@ -33,4 +33,6 @@ def strings(names):
     encoded = [name.encode() for name in names]
     offsets = np.zeros(len(encoded) + 1, np.int32)
     np.cumsum(np.array([len(e) for e in encoded], np.int64), out=offsets[1:])
-    return pa.Array.from_buffers(pa.string(), len(encoded), [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(encoded))])
+    return pa.Array.from_buffers(
+        pa.string(), len(encoded), [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(encoded))]
+    )

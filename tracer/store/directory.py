@@ -34,11 +34,18 @@ import uuid
 import pyarrow.parquet as pq
 
 from tracer.errors import TraceError
-from tracer.store.held import _CLOEXEC, _NOFOLLOW, DirectoryReplaced, Held, _id_in  # noqa: F401 (DirectoryReplaced: re-exported)
 from tracer.safety import warn
 from tracer.schema import (
-    LEGACY_MARKER_NAME, MARKER_NAME, PART_GLOB, footer_metadata, marker_facts, marker_file, marker_json, merged_name,
-)  # fmt: skip
+    LEGACY_MARKER_NAME,
+    MARKER_NAME,
+    PART_GLOB,
+    footer_metadata,
+    marker_facts,
+    marker_file,
+    marker_json,
+    merged_name,
+)
+from tracer.store.held import _CLOEXEC, _NOFOLLOW, DirectoryReplaced, Held, _id_in  # noqa: F401 (DirectoryReplaced: re-exported)
 
 LOCK_NAME = ".optrace.lock"
 _held = {}  # absolute path -> the FileLock this process holds on it
@@ -48,7 +55,9 @@ RANK_PREFIX = "rank="
 _TMP_SUFFIX = ".tmp"
 # A part being written: `.part-000003.parquet.<trace_id>.<pid>.<random>.tmp` (a merged one: `.part-000000-000099.parquet...`).
 # Only a name of this form carrying the trace's own id (its marker's) is optrace's; a user's `.part-x.tmp` is not.
-_TEMPORARY = re.compile(r"\.part-\d{6,}(?:-\d{6,})?\.parquet\.(?P<trace_id>[0-9a-f]{32})\.\d+\.[0-9a-f]{8}" + re.escape(_TMP_SUFFIX))
+_TEMPORARY = re.compile(
+    r"\.part-\d{6,}(?:-\d{6,})?\.parquet\.(?P<trace_id>[0-9a-f]{32})\.\d+\.[0-9a-f]{8}" + re.escape(_TMP_SUFFIX)
+)
 # The part name the entry probe tries (`probe`): a merged part of part numbers a run of a billion parts reaches,
 # in a name longer than every temporary's (_TEMPORARY).
 _LONGEST_PART = 999_999_999
@@ -89,8 +98,9 @@ def make_parents(path):
                 raise TraceError(f"cannot write trace {path!r}: {directory!r} is not a directory") from None
         except OSError as exc:
             remove_made(made[: made.index(directory)])
-            raise TraceError(f"cannot write trace {path!r}: cannot create directory {directory!r} "
-                             f"({exc.strerror or exc})") from None
+            raise TraceError(
+                f"cannot write trace {path!r}: cannot create directory {directory!r} ({exc.strerror or exc})"
+            ) from None
     return made
 
 
@@ -119,7 +129,9 @@ def _prepare(path, parent, trace_id):
                     "write; choose a new path"
                 )
         elif os.path.lexists(path):
-            raise TraceError(f"cannot write trace {path!r}: a file of that name exists; a trace is a directory of parts")
+            raise TraceError(
+                f"cannot write trace {path!r}: a file of that name exists; a trace is a directory of parts"
+            )
         else:
             os.mkdir(path)
             made = True
@@ -167,12 +179,16 @@ def probe(held):
         finally:
             held.remove(entry.name)
     except UnicodeError:
-        raise TraceError(f"cannot write trace {held.path!r}: the path is not valid UTF-8, and the Parquet readers "
-                         "(pyarrow, DuckDB) open files by UTF-8 paths; choose a UTF-8 name") from None
+        raise TraceError(
+            f"cannot write trace {held.path!r}: the path is not valid UTF-8, and the Parquet readers "
+            "(pyarrow, DuckDB) open files by UTF-8 paths; choose a UTF-8 name"
+        ) from None
     except OSError as exc:
         reason = "its name is too long" if exc.errno == errno.ENAMETOOLONG or "too long" in str(exc) else one_line(exc)
-        raise TraceError(f"cannot write trace {_abbreviated(held.path)}: a part file there cannot be written and read "
-                         f"back ({reason}: {len(entry)} characters); choose a shorter path") from None
+        raise TraceError(
+            f"cannot write trace {_abbreviated(held.path)}: a part file there cannot be written and read "
+            f"back ({reason}: {len(entry)} characters); choose a shorter path"
+        ) from None
 
 
 def one_line(exc):
@@ -182,7 +198,11 @@ def one_line(exc):
 
 def _abbreviated(path, keep=120):
     """repr(path), its middle left out when it is longer than `keep` characters."""
-    return repr(path) if len(path) <= keep else repr(path[: keep // 2]) + f" ... ({len(path):,} characters) ... " + repr(path[-keep // 2:])
+    return (
+        repr(path)
+        if len(path) <= keep
+        else repr(path[: keep // 2]) + f" ... ({len(path):,} characters) ... " + repr(path[-keep // 2 :])
+    )
 
 
 def _padded(facts):
@@ -215,8 +235,9 @@ def write_facts(directory, facts):
         if held is not None:
             owner = _id_in(marker_json(f.read(found.st_size)))
             if owner != facts.get("trace_id"):
-                raise TraceError(f"trace marker {marker!r} names trace {owner!r}, not {facts.get('trace_id')!r}; "
-                                 "left as it is")
+                raise TraceError(
+                    f"trace marker {marker!r} names trace {owner!r}, not {facts.get('trace_id')!r}; left as it is"
+                )
             f.seek(0)
         f.write(data)
 
@@ -275,7 +296,11 @@ def foreign_entry(path):
     trace_id = _trace_id(path)
     for name in sorted(os.listdir(path)):
         full = os.path.join(path, name)
-        if name in (MARKER_NAME, LEGACY_MARKER_NAME, LOCK_NAME, MARKER_TMP) or _is_own_temporary(name, trace_id) or _PROBE.fullmatch(name):
+        if (
+            name in (MARKER_NAME, LEGACY_MARKER_NAME, LOCK_NAME, MARKER_TMP)
+            or _is_own_temporary(name, trace_id)
+            or _PROBE.fullmatch(name)
+        ):
             if not _is_regular(full):  # a link, a FIFO, a directory of that name: the user's
                 return name
             continue

@@ -31,8 +31,9 @@ class Held:
         if self.lost is None:
             self.lost = self._replaced()
         if self.lost is not None:
-            raise DirectoryReplaced(f"the path no longer names the trace directory entered: it {self.lost}; nothing more "
-                                    "is written to it")
+            raise DirectoryReplaced(
+                f"the path no longer names the trace directory entered: it {self.lost}; nothing more is written to it"
+            )
 
     def _replaced(self):
         if self.fd is None:
@@ -82,7 +83,9 @@ class Held:
     def at(self):
         """The descriptor; DirectoryReplaced once released (a None dir_fd would name the working directory)."""
         if self.fd is None:
-            raise DirectoryReplaced("the trace directory was released (the trace closed); nothing more is written to it")
+            raise DirectoryReplaced(
+                "the trace directory was released (the trace closed); nothing more is written to it"
+            )
         return self.fd
 
     def close(self):

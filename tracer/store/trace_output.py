@@ -4,8 +4,8 @@ after close. Never raises an OSError into the program: a failure is a warning an
 
 import os
 
-from tracer.store.directory import write_facts
 from tracer.safety import describe_exception, warn, write_failure_message
+from tracer.store.directory import write_facts
 from tracer.store.writer import RowBuffer
 
 
@@ -63,16 +63,20 @@ class TraceOutput:
             (merge or self.writer.merge_parts)()
         except Exception as exc:
             self.writer.small.stop()
-            warn(f"optrace: trace {self.writer.directory!r}: merging its small parts failed "
-                 f"({describe_exception(exc)}); nothing is lost: optrace reads the parts as they are")
+            warn(
+                f"optrace: trace {self.writer.directory!r}: merging its small parts failed "
+                f"({describe_exception(exc)}); nothing is lost: optrace reads the parts as they are"
+            )
 
     def late_part(self, what, metadata, facts):
         """After close, one empty part carrying `metadata()`, and the marker's facts (`facts()`) counting it, if the
         trace at the path is still this one; never raises into the program (a failure is a warning). Whether the
         part was written."""
         if not self.writer.reopen():  # held by descriptor again, while its marker names this trace
-            warn(f"optrace: {what}: the trace at {self.writer.directory!r} is no longer this Tracer's "
-                 "(another run replaced it); nothing written")
+            warn(
+                f"optrace: {what}: the trace at {self.writer.directory!r} is no longer this Tracer's "
+                "(another run replaced it); nothing written"
+            )
             return False
         try:
             if not self.write(RowBuffer(), metadata(), roll=False):
@@ -80,8 +84,10 @@ class TraceOutput:
             try:  # the marker counts the late part too: a reader names it missing when it is deleted
                 write_facts(self.writer.held, facts())
             except Exception as exc:
-                warn(f"optrace: {what}: updating the marker of {self.writer.directory!r} failed "
-                     f"({describe_exception(exc)}); the part is written")
+                warn(
+                    f"optrace: {what}: updating the marker of {self.writer.directory!r} failed "
+                    f"({describe_exception(exc)}); the part is written"
+                )
         finally:
             self.writer.held.close()
         return True

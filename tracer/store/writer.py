@@ -25,8 +25,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from tracer.store.arrow_arrays import from_numpy, strings
-from tracer.store.directory import Held, prepare_directory, release_directory, temporary_name, write_facts  # noqa: F401 (re-exported)
 from tracer.schema import (  # ARROW_SCHEMA_KEY: re-exported
     ARROW_SCHEMA,
     ARROW_SCHEMA_KEY,  # noqa: F401
@@ -41,6 +39,8 @@ from tracer.schema import (  # ARROW_SCHEMA_KEY: re-exported
     part_name,
     superseded,
 )
+from tracer.store.arrow_arrays import from_numpy, strings
+from tracer.store.directory import Held, prepare_directory, release_directory, temporary_name, write_facts  # noqa: F401 (re-exported)
 
 
 class Names:
@@ -111,7 +111,7 @@ def extend(buffer, *values):
     buffer.frombytes(_struct(len(values)).pack(*values))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _struct(n):
     return struct.Struct(f"{n}q")
 
@@ -169,13 +169,26 @@ class RowBuffer:
     collectors append a tensor to (tracer/native/_collector.cpp takes the same tuple).
     """
 
-    FLAT = ("ints", "in_tensors", "in_sizes", "in_strides", "out_tensors", "out_sizes", "out_strides", "freed", "groups")
+    FLAT = (
+        "ints",
+        "in_tensors",
+        "in_sizes",
+        "in_strides",
+        "out_tensors",
+        "out_sizes",
+        "out_strides",
+        "freed",
+        "groups",
+    )
 
     def __init__(self, first_seq=0):
         self.first_seq = first_seq
         for name in self.FLAT:
             setattr(self, name, array("q"))
-        self.sides = ((self.in_tensors, self.in_sizes, self.in_strides), (self.out_tensors, self.out_sizes, self.out_strides))
+        self.sides = (
+            (self.in_tensors, self.in_sizes, self.in_strides),
+            (self.out_tensors, self.out_sizes, self.out_strides),
+        )
         self.arrays = tuple(getattr(self, name) for name in self.FLAT)
 
     def __len__(self):
@@ -291,8 +304,10 @@ class RowBuffer:
             "process_group": names["process_group"].dictionary(col["process_group"].astype(np.int32)),
             "flops_bound": from_numpy(col["bound"].astype(bool)),
             "group_sizes": pa.ListArray.from_arrays(
-                _offsets(np.maximum(col["groups"], 0)), from_numpy(_np(self.groups, np.int64)),
-                mask=from_numpy(col["groups"] == NO_VALUE)),
+                _offsets(np.maximum(col["groups"], 0)),
+                from_numpy(_np(self.groups, np.int64)),
+                mask=from_numpy(col["groups"] == NO_VALUE),
+            ),
             "grad_mode": names["grad_mode"].dictionary(col["grad_mode"].astype(np.int32)),
         }
         blob = json.dumps(metadata, default=str, separators=(",", ":")).encode()
@@ -303,10 +318,16 @@ class RowBuffer:
 def new_names():
     """The string tables of one trace: fixed for phase, kind and grad mode, growing for the rest."""
     return {
-        "op": Names(), "phase": Names(PHASES), "module": Names(), "device": Names(),
-        "kind": Names(FLOP_KINDS), "dtype": Names(), "layout": Names([""]), "process_group": Names([""]),
+        "op": Names(),
+        "phase": Names(PHASES),
+        "module": Names(),
+        "device": Names(),
+        "kind": Names(FLOP_KINDS),
+        "dtype": Names(),
+        "layout": Names([""]),
+        "process_group": Names([""]),
         "grad_mode": Names(GRAD_MODES),
-    }  # fmt: skip
+    }
 
 
 class PartWriter:
@@ -383,7 +404,9 @@ class PartWriter:
         (tracer.schema.superseded). Returns its (first, last) part."""
         first, last = group[0].first, group[-1].last
         rows = RowBuffer.concatenate([rows for file in group for rows in file.buffers])
-        self._write_whole(rows.table(self.names, self.itemsize, metadata, self.clock_offset_ns), merged_name(first, last))
+        self._write_whole(
+            rows.table(self.names, self.itemsize, metadata, self.clock_offset_ns), merged_name(first, last)
+        )
         names = self.held.listdir()
         for name in superseded(names, within=(first, last)):  # also those an earlier merge cut short left
             try:
@@ -479,8 +502,11 @@ class SmallParts:
         last = self.files[-1].buffer if self.files else None
         small = len(rows) < self.SMALL_ROWS and 8 * rows.values() < self.MAX_BYTES // self.FANOUT  # before a copy
         file = _File(index, index, 0, rows.compacted(), metadata) if small else None
-        if (file is None or file.nbytes >= self.MAX_BYTES // self.FANOUT
-                or (last is not None and rows.first_seq != last.first_seq + len(last))):
+        if (
+            file is None
+            or file.nbytes >= self.MAX_BYTES // self.FANOUT
+            or (last is not None and rows.first_seq != last.first_seq + len(last))
+        ):
             self.files, self.kept, self.open = [], 0, False  # a big part or a seq gap: nothing merges across it
             return
         if self.files:
@@ -493,19 +519,21 @@ class SmallParts:
 
     def due(self):
         """The newest FANOUT files when they are of one level, else None (together they take at most MAX_BYTES)."""
-        group = self.files[-self.FANOUT:]
+        group = self.files[-self.FANOUT :]
         if len(group) < self.FANOUT or any(f.level != group[-1].level for f in group):
             return None
         return group
 
     def merged(self, span, metadata):
         """The newest FANOUT files are one file now, covering parts `span`: its rows are kept as one RowBuffer."""
-        group = self.files[-self.FANOUT:]
-        del self.files[-self.FANOUT:]
+        group = self.files[-self.FANOUT :]
+        del self.files[-self.FANOUT :]
         file = _File(*span, group[-1].level + 1, RowBuffer.concatenate([f.buffer for f in group]), metadata)
         self.files.append(file)
         self.kept += file.nbytes - sum(f.nbytes for f in group)
-        while self.kept > self.MAX_BYTES and len(self.files) > 1:  # one buffer instead of FANOUT: fewer bytes, but bounded
+        while (
+            self.kept > self.MAX_BYTES and len(self.files) > 1
+        ):  # one buffer instead of FANOUT: fewer bytes, but bounded
             self.kept -= self.files.pop(0).nbytes
             self.open = False
 
@@ -538,7 +566,9 @@ def write_table(table, file):
     footer = arrow_footer(plain)
     if blob is not None:
         footer[METADATA_KEY] = blob
-    codec = {"compression": "zstd", "compression_level": 1} if table.num_rows >= ZSTD_ROWS else {"compression": "snappy"}
+    codec = (
+        {"compression": "zstd", "compression_level": 1} if table.num_rows >= ZSTD_ROWS else {"compression": "snappy"}
+    )
     with file.create() if hasattr(file, "create") else contextlib.nullcontext(file) as sink:  # a held directory's entry
         with pq.ParquetWriter(sink, plain, store_schema=False, **codec) as out:
             out.add_key_value_metadata(footer)
