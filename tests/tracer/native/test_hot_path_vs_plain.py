@@ -196,12 +196,12 @@ def test_a_module_built_before_extend_runs_the_python_path(tmp_path, monkeypatch
     import sys
     import types
 
-    import tracer
+    import tracer.native
 
     older = types.ModuleType("tracer.native._collector")
     older.torch_version, older.collect = compiled.torch_version, compiled.collect  # no `extend`
     monkeypatch.setitem(sys.modules, "tracer.native._collector", older)
-    monkeypatch.setattr(tracer, "_collector", older, raising=False)
+    monkeypatch.setattr(tracer.native, "_collector", older, raising=False)
     monkeypatch.setattr(native, "_imported", None)
     with Tracer(tmp_path / "t"):
         torch.ones(2) + 1
