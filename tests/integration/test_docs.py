@@ -21,7 +21,7 @@ DEMO = "runs/gpt.parquet"  # a page whose Python reads it starts with the demo's
 # Blocks the tests do not run, each marked in its page by `<!-- skip: REASON -->` on the line before the block.
 SKIPPED = {
     ("docs/distributed.md", "needs torchrun"),
-    ("docs/plan.md", "traces Llama-3-8B on the meta device, about 25 s"),
+    ("docs/plan.md", "traces Llama-3-8B on the meta device, 13-23 s"),
     ("docs/sql_dialects.md", "needs Spark (pyspark and a JDK): tests/reports/sql/test_dialects.py runs these views"),
 }
 
