@@ -10,7 +10,7 @@ PIP := $(PY) -m pip install --disable-pip-version-check --progress-bar on
 OMP_NUM_THREADS ?= 1
 export OMP_NUM_THREADS
 
-.PHONY: demo test lint format collector gpu-check clean
+.PHONY: demo test lint format docs collector gpu-check clean
 
 $(STAMP): pyproject.toml
 	@echo "==> creating $(VENV) (first run only)"
@@ -56,6 +56,11 @@ format: $(STAMP)
 	$(PY) -m ruff check --fix $(LINT_PATHS)
 	$(PY) -m ruff format $(LINT_PATHS)
 
+# The documentation site (mkdocs.yml, docs/): built with --strict, so a broken link or a docstring mkdocstrings cannot
+# read fails it; into site/ (gitignored). The dev extra installs mkdocs (the docs extra alone: pip install -e '.[docs]').
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict
+
 # benchmarks/gpu_check.py: every CUDA path (event and sync timing, cuda_memory, the Meter, MFU, torch.compile, NCCL)
 # against torch.cuda's own figures, one table, exit status 1 when a check fails; without a GPU one line, exit 0.
 # It needs a CUDA build of torch in $(VENV) (the pin above installs the CPU build).
@@ -63,4 +68,4 @@ gpu-check: $(STAMP) $(COLLECTOR)
 	$(PY) benchmarks/gpu_check.py
 
 clean:
-	rm -rf $(VENV) runs tracer/native/_collector.so
+	rm -rf $(VENV) runs site tracer/native/_collector.so

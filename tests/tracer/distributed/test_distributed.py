@@ -603,7 +603,7 @@ def test_nccl_collective_not_finished_at_flush_keeps_launch_time(monkeypatch):
 
 
 def test_readme_torchrun_example(examples_dir, tmp_path):
-    """examples/distributed.py under torchrun prints the FLOPs and collective sizes the README shows."""
+    """examples/distributed.py under torchrun prints the FLOPs and collective sizes docs/distributed.md shows."""
     import re
     import subprocess
     import sys
@@ -619,7 +619,7 @@ def test_readme_torchrun_example(examples_dir, tmp_path):
         env={**os.environ, "PYTHONPATH": str(examples_dir.parent)},
     )
     assert done.returncode == 0, done.stderr[-2000:]
-    readme = (examples_dir.parent / "README.md").read_text()
+    readme = (examples_dir.parent / "docs" / "distributed.md").read_text()
     shown = re.search(r"torchrun --nproc_per_node=2 examples/distributed.py\n```\n```\n(.*?)```", readme, re.S).group(1)
     flops = [line for line in shown.splitlines() if line.startswith("ddp/rank=")]
     assert flops and all(line in done.stdout for line in flops)  # 2·N·T per rank, exactly

@@ -203,7 +203,7 @@ def test_the_schema_page_names_every_column_and_no_other():
     assert f"# Trace schema v{SCHEMA_VERSION}" in _DOC.read_text()
     assert "(v4)" in columns["grad_mode"][-1]  # the version that added it, in its fill cell
     readme = (_DOC.parents[1] / "README.md").read_text()
-    assert "[docs/schema.md](docs/schema.md)" in readme and "| `seq` |" not in readme  # a link, not a second table
+    assert "](docs/schema.md)" in readme and "| `seq` |" not in readme  # a link, not a second table
 
 
 def test_the_schema_page_lists_every_run_metadata_key(tmp_path):
