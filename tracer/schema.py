@@ -303,7 +303,7 @@ ARROW_SCHEMA = pa.schema([pa.field(name, typ) for name, typ, _ in COLUMNS])
 #   (codes Dynamo skipped under the mode, given back to it at exit: tracer.recording.compiled DynamoSkips),
 #   timing {mode: events | sync | wall | off, unresolved_rows}, bandwidth (the
 #   memory triad tracer.memory_bandwidth measured, when recorded).
-#   meter: a metered run's per-step table (tracer.metering.meter Meter.table; README: Metering every step).
+#   meter: a metered run's per-step table (tracer.metering.meter Meter.table; docs/meter.md).
 
 ROLE_KEYS = ("gradient", "optimizer_state", "external_parameter", "buffer")
 # Size records kept in storage_roles beside the id lists (tracer.recording.metadata): key -> the fields of each record.

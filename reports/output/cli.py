@@ -126,7 +126,7 @@ def python_path_note(meta):
     reason = printable(str(collector.get("reason") or "no reason recorded"))
     return (
         f"traced by optrace's pure-Python path ({reason}): the same rows as the compiled hook's, at about twice its "
-        "tracing cost per op (README, Performance)"
+        "tracing cost per op (docs/performance.md)"
     )
 
 

@@ -2,7 +2,7 @@
 (reports/output/cli.py `summary`), each the same table the text report prints, with raw numbers.
 
 Numbers are plain JSON numbers, never humanised; a value that cannot be known is null; an infinite
-value is the string "inf" or "-inf" (JSON has no infinity), so null never hides one. See the README's
+value is the string "inf" or "-inf" (JSON has no infinity), so null never hides one. See docs/cli.md's
 table of `--json` keys."""
 
 import math

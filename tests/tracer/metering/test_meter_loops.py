@@ -285,7 +285,7 @@ def test_lora_adapters_over_frozen_layers(tmp_path):
 
 
 def test_a_change_confined_to_frozen_first_layers_is_not_seen(tmp_path):
-    """The documented limit (README, Metering every step, Limits: "frozen modules before the first tensor that
+    """The documented limit (docs/meter.md, Limits: "frozen modules before the first tensor that
     requires grad"): the frozen prefix runs on tensors that need no gradient, so its ops make no graph node, and
     skipping its second layer keeps the root's inputs and the step's node count. Steps 2 and 3 skip it, cost
     272 FLOPs less, and are metered with the traced steps' FLOPs."""
@@ -343,7 +343,7 @@ def test_a_gan_step_with_two_models_and_two_optimizers(tmp_path, root):
 
 
 def test_a_gan_metered_per_optimizer_step_alternates_two_signatures(tmp_path):
-    """A limit (README, Metering every step, Limits: a signature that never comes twice in a row): with
+    """A limit (docs/meter.md, Limits: a signature that never comes twice in a row): with
     meter.step() after each optimizer's step, the discriminator's steps and the generator's alternate. By default
     the first two steps are traced, one of each, and every step has its FLOPs. After warmup=1 the first trace is
     alone: each discriminator step is then new, so the generator step after it is traced, until max_traces; the

@@ -204,7 +204,7 @@ def test_the_report_names_the_python_path_and_why(tmp_path, monkeypatch, capsys,
         notes = [line for line in capsys.readouterr().out.splitlines() if "pure-Python path" in line]
         expected = [
             "Note: traced by optrace's pure-Python path (OPTRACE_COLLECTOR=python): the same rows as the compiled "
-            "hook's, at about twice its tracing cost per op (README, Performance)"
+            "hook's, at about twice its tracing cost per op (docs/performance.md)"
         ]
         assert notes == (expected if name == "py" else [])
     assert main(["report", str(tmp_path / "py"), "--json"]) == 0
