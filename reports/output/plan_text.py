@@ -59,7 +59,7 @@ def _value(v):
 
 
 def _integer_bytes(d):
-    """`d` with every finite `*_bytes` number rounded to an integer of bytes (lists and dicts within too),
+    """`d` with every finite number of bytes (`*_bytes`, `*_bytes_per_rank`) rounded to an integer of bytes (lists and dicts within too),
     and `headroom_bytes` the difference of the rounded memory and required bytes."""
     out = {}
     for k, v in d.items():
@@ -67,7 +67,7 @@ def _integer_bytes(d):
             v = _integer_bytes(v)
         elif isinstance(v, list):
             v = [_integer_bytes(x) if isinstance(x, dict) else x for x in v]
-        elif k.endswith("_bytes") and isinstance(v, float) and math.isfinite(v):
+        elif "_bytes" in k and not k.endswith("_per_s") and isinstance(v, float) and math.isfinite(v):
             v = round(v)
         out[k] = v
     if isinstance(out.get("device_memory_bytes"), int) and isinstance(out.get("required_bytes"), int):

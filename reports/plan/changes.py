@@ -13,7 +13,9 @@ and each change moves one term:
                             1 / world size of the model's; over W ranks instead of w they are w / W of
                             the traced ones, so W is the least with, at every op,
                             sharded_op x (1 - w / W) >= the op's bytes over the budget. An estimate:
-                            collectives and their buffers change with W, which a re-trace at W prices.
+                            collectives and their buffers change with W, and FSDP pads a shard to
+                            ceil(rows / W) rows (64 rows over 9 ranks: 8 rows, as over 8), which a
+                            re-trace at W prices: it matters when a rank holds few rows.
                             Only a trace whose parameters are sharded (it holds unsharded_parameters)
                             gets one; replicated parameters do not shrink with more GPUs
   activation_checkpointing  a bound, not a figure: checkpointing keeps some activations (each
@@ -82,7 +84,7 @@ def _world_size(need, world):
 
     while required(value) > need.memory:  # the rounding of the division
         value += 1
-    how = "an estimate: parameters, gradients and optimizer state sharded over it; re-trace at it to confirm"
+    how = "an estimate: parameters, gradients and optimizer state sharded over it; a re-trace at it confirms"
     return {"change": "world_size", "value": value, "fits": True, "required_bytes": required(value), "how": how}
 
 
