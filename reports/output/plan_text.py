@@ -214,10 +214,10 @@ def _step(p, out):
     masked = ""
     if p["causal_masked_flops_per_step"] and p["mfu"] is not None:
         full = (p["model_flops_per_step"] + p["causal_masked_flops_per_step"]) / p["model_flops_per_step"] * p["mfu"]
-        masked = f"; {_percent(full)} counting causal attention's masked half"
+        masked = f"; {_percent(full)} with causal attention's masked half"
     print(
-        f"MFU               {_percent(p['mfu'])} ({_human(p['model_flops_per_step'], 'FLOP')} per step at "
-        f"{_human(p['peak_flops_per_s'], 'FLOP/s')}{masked})",
+        f"MFU               {_percent(p['mfu'])} of {_human(p['peak_flops_per_s'], 'FLOP/s')} "
+        f"({_human(p['model_flops_per_step'], 'FLOP')} per step){masked}",
         file=out,
     )
 

@@ -45,7 +45,7 @@ def test_a_plan_that_fits_answers_in_25_lines(linear, capsys):
         # 1,511,828,488,192 FLOPs / (989.4e12 x 0.8) = 1.91 ms compute-bound, + memory-bound and launches
         "Step time         1.96 ms: compute 1.96 ms + exposed communication 0 s (of 0 s)",
         "Tokens/s per GPU  524 k",  # 1,024 tokens / 1.96 ms
-        "MFU               78.1% (1.51 TFLOP per step at 989 TFLOP/s)",
+        "MFU               78.1% of 989 TFLOP/s (1.51 TFLOP per step)",
     ]
     # one unit of memory: GiB (it mixed "1 GiB" with "1.074e+09 bytes")
     assert "  CUDA context    1.00 GiB" in lines and "bytes" not in out and "MiB" not in out
