@@ -97,7 +97,7 @@ def _figures(frame):
     out = {k: _value(row[k]) for k in _KEYS}
     out.update(memory=memory, classes=detail["classes"], assumptions=detail["assumptions"], notes=detail["notes"])
     out["verdict"], out["shortfall_bytes"], out["smallest_change"], out["changes"] = verdict(out)
-    out["basis"], out["signal"] = detail.get("basis", []), row.get("signal")
+    out["basis"], out["signal"] = detail.get("basis", []), _value(row.get("signal"))
     return out
 
 

@@ -155,3 +155,17 @@ def test_changes_price_each_term_of_the_model():
     done = need._replace(parts={**need.parts, "checkpointed": True, "fsdp": False})
     _, world, ckpt = changes(done, batch=2, planned=2, max_micro_batch=1, world=4)
     assert world["fits"] is False and ckpt["fits"] is False and ckpt["how"].startswith("already in the trace")
+
+
+def test_a_run_stopped_by_a_signal_says_which(linear):
+    import io
+
+    import reports
+    from reports.output.plan_text import print_plan
+
+    frame = reports.plan(reports.load(linear), "H100")
+    frame["complete"], frame["signal"] = False, "SIGTERM"  # as reports.plan records a run SIGTERM stopped
+    out = io.StringIO()
+    print_plan(frame, out)
+    # it said "cut short": the text read the signal from figures that never held it
+    assert out.getvalue().splitlines()[0] == "INCOMPLETE (stopped by SIGTERM): the plan covers the rows it has"
