@@ -59,8 +59,9 @@ def _value(v):
 
 
 def _integer_bytes(d):
-    """`d` with every finite number of bytes (`*_bytes`, `*_bytes_per_rank`) rounded to an integer of bytes (lists and dicts within too),
-    and `headroom_bytes` the difference of the rounded memory and required bytes."""
+    """`d` with every finite number of bytes (`*_bytes`, `*_bytes_per_rank`; in the lists and dicts within
+    too) rounded to an integer, `headroom_bytes` the rounded memory less the rounded required bytes and
+    `shortfall_bytes` its opposite."""
     out = {}
     for k, v in d.items():
         if isinstance(v, dict):
@@ -72,6 +73,8 @@ def _integer_bytes(d):
         out[k] = v
     if isinstance(out.get("device_memory_bytes"), int) and isinstance(out.get("required_bytes"), int):
         out["headroom_bytes"] = out["device_memory_bytes"] - out["required_bytes"]
+        if isinstance(out.get("shortfall_bytes"), int):
+            out["shortfall_bytes"] = -out["headroom_bytes"]
     if out.get("unit") == "bytes" and isinstance(out.get("value"), float) and math.isfinite(out["value"]):
         out["value"] = round(out["value"])  # an assumption in bytes
     return out
