@@ -571,7 +571,7 @@ def _plan(args):
     if args.json:
         print(json.dumps(plan_json(frame), indent=2, allow_nan=False))
     else:
-        print_plan(frame, sys.stdout)
+        print_plan(frame, sys.stdout, assumptions=args.assumptions, anyway=args.anyway)
 
 
 def _assumption(text):
@@ -709,6 +709,10 @@ def _parser():
         help="override an assumption (e.g. matmul_efficiency=0.7); repeatable",
     )
     pln.add_argument("--json", action="store_true", help="print one JSON object")
+    pln.add_argument(
+        "--assumptions", action="store_true", help="also list every assumption with its source, and the model's basis"
+    )
+    pln.add_argument("--anyway", action="store_true", help="print the step time of a plan that does not fit")
     pln.set_defaults(run=_plan)
     return parser
 

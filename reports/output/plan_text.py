@@ -1,12 +1,21 @@
-"""`optrace plan`: the plan of reports.plan.plan as text and as one JSON object."""
+"""`optrace plan`: the plan of reports.plan.plan as text and as one JSON object.
+
+The text answers first (fits or not, by how much, the smallest change that would fit; then step
+time, tokens/s per GPU, MFU and exposed communication), in at most 25 lines for a plan without
+caveats; the assumptions and the notes that hold for every plan follow with `--assumptions`.
+Bytes are GiB in the text, integers in the JSON. A plan that does not fit prints no step time
+unless asked (`anyway`): its step cannot run.
+"""
 
 import math
+import textwrap
 
 from reports.output.report_json import strict
-from reports.output.text import human, human_bytes, human_seconds, json_number, percent, printable
+from reports.output.text import human, human_seconds, json_number, percent, printable
+from reports.plan.changes import smallest
 from reports.plan.devices import CPU
 
-__all__ = ["plan_json", "print_plan"]
+__all__ = ["plan_json", "print_plan", "verdict"]
 
 _KEYS = (
     "run",
@@ -49,20 +58,61 @@ def _value(v):
     return json_number(v)
 
 
+def _integer_bytes(d):
+    """`d` with every finite number of bytes (`*_bytes`, `*_bytes_per_rank`; in the lists and dicts within
+    too) rounded to an integer, `headroom_bytes` the rounded memory less the rounded required bytes and
+    `shortfall_bytes` its opposite."""
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            v = _integer_bytes(v)
+        elif isinstance(v, list):
+            v = [_integer_bytes(x) if isinstance(x, dict) else x for x in v]
+        elif "_bytes" in k and not k.endswith("_per_s") and isinstance(v, float) and math.isfinite(v):
+            v = round(v)
+        out[k] = v
+    if isinstance(out.get("device_memory_bytes"), int) and isinstance(out.get("required_bytes"), int):
+        out["headroom_bytes"] = out["device_memory_bytes"] - out["required_bytes"]
+        if isinstance(out.get("shortfall_bytes"), int):
+            out["shortfall_bytes"] = -out["headroom_bytes"]
+    if out.get("unit") == "bytes" and isinstance(out.get("value"), float) and math.isfinite(out["value"]):
+        out["value"] = round(out["value"])  # an assumption in bytes
+    return out
+
+
+def verdict(p):
+    """(verdict, shortfall bytes or None, the smallest change or None, the changes) of a plan's figures:
+    "fits", "does not fit" or "unknown" (no memory size for the target)."""
+    if p["fits"] is None:
+        return "unknown", None, None, []
+    if p["fits"]:
+        return "fits", None, None, []
+    found = p["memory"].get("changes") or []
+    return "does not fit", -p["headroom_bytes"], smallest(found), found
+
+
 def _figures(frame):
     """The first run's plan as a dict of Python values (NaN as None, infinities kept)."""
     row = frame.iloc[0]
     detail = frame.attrs["plan"][row["run"]]
-    memory = {k: _value(v) for k, v in detail["memory"].items()}
+    memory = {k: _value(v) for k, v in detail["memory"].items() if k != "changes"}
+    memory["changes"] = [{k: _value(v) for k, v in c.items()} for c in detail["memory"].get("changes", [])]
     out = {k: _value(row[k]) for k in _KEYS}
     out.update(memory=memory, classes=detail["classes"], assumptions=detail["assumptions"], notes=detail["notes"])
+    out["verdict"], out["shortfall_bytes"], out["smallest_change"], out["changes"] = verdict(out)
+    out["basis"], out["signal"] = detail.get("basis", []), _value(row.get("signal"))
     return out
 
 
 def plan_json(frame):
     """The first run's plan as a JSON-ready dict: the figures, `memory` (its parts), `classes`,
-    `assumptions` (each with value, unit and source) and `notes`; an infinity as "inf"."""
-    return strict(_figures(frame))
+    `assumptions` (each with value, unit and source), `notes`, and the answer: `verdict` ("fits",
+    "does not fit", "unknown"), `shortfall_bytes`, `smallest_change` and `changes`
+    (reports.plan.changes); bytes as integers; an infinity as "inf"."""
+    p = _figures(frame)
+    p.pop("basis")
+    p.pop("signal")
+    return strict(_integer_bytes(p))
 
 
 def _finite(show):
@@ -71,94 +121,192 @@ def _finite(show):
     return lambda v, *a: (("-" if v < 0 else "") + "inf") if isinstance(v, float) and math.isinf(v) else show(v, *a)
 
 
-_human, _human_bytes, _human_seconds, _percent = (_finite(f) for f in (human, human_bytes, human_seconds, percent))
+_human, _human_seconds, _percent = (_finite(f) for f in (human, human_seconds, percent))
+WIDTH = 100  # the text's columns, as the report's
 
 
-def _na(v):
-    return "N/A" if v is None else v
+def gib(v):
+    """Bytes in GiB, the text's one unit of memory: two decimals from 1 GiB, three significant figures below (0.0308 GiB)."""
+    if v is None or v != v:
+        return "unknown"
+    if math.isinf(v):
+        return ("-" if v < 0 else "") + "inf GiB"
+    g = v / 2**30
+    if abs(g) >= 1 or g == 0:
+        return f"{g:.2f} GiB"
+    return f"{g:.{2 - math.floor(math.log10(abs(g)))}f} GiB"  # three significant figures, no exponent
 
 
-def _bytes(v):
-    return "N/A" if v is None or v != v else _human_bytes(v)
+def _wrapped(text, out, indent="  - ", rest="    "):
+    print(textwrap.fill(printable(text), WIDTH, initial_indent=indent, subsequent_indent=rest), file=out)
 
 
-def _signed_bytes(v):
-    return "-" + _bytes(-v) if v is not None and v < 0 else _bytes(v)
+_CHANGE = {
+    "micro_batch": "micro-batch",
+    "world_size": "world size",
+    "activation_checkpointing": "activation checkpointing",
+}
 
 
-def print_plan(frame, out):
-    """The first run's plan in words and figures."""
-    p = _figures(frame)
+def _change(c):
+    """One change of reports.plan.changes: "micro-batch 21 (15.87 GiB): the largest that fits"."""
+    name = _CHANGE[c["change"]] + ("" if c["value"] is None else f" {c['value']}")
+    least = ">= " if c["change"] == "activation_checkpointing" else ""  # a bound: reports.plan.changes
+    need = "" if c["required_bytes"] is None else f" ({least}{gib(c['required_bytes'])})"
+    return f"{name}{need}: {c['how']}"
+
+
+def _unknown(p):
+    """What the plan cannot say, for the one-line answer of a target without a memory size or a peak."""
+    gone = ["fit unknown: no memory size for a CPU" if p["gpu"] == CPU else "fit unknown"]
+    if p["step_time_s"] is None:
+        gone.append("step time unknown: the CPU has no link bandwidths to price the collectives")
+    if p["tokens_per_s_per_gpu"] is None:
+        gone.append("tokens/s unknown: the trace records no tokens per step")
+    if p["mfu"] is None:
+        gone.append("MFU unknown: no peak for the matmul dtype")
+    return gone
+
+
+def _one_line(p, out):
+    """A target without a memory size (the CPU): what is known, and what is unknown, in one line."""
+    known = [f"needs {gib(p['required_bytes'])} per rank"]
+    if p["step_time_s"] is not None:
+        known.append(f"step {_human_seconds(p['step_time_s'])}")
+    if p["tokens_per_s_per_gpu"] is not None:
+        known.append(f"{_human(p['tokens_per_s_per_gpu'])} tokens/s")
+    if p["mfu"] is not None:
+        known.append(f"MFU {_percent(p['mfu'])}")
+    print(f"{_title(p)}: {', '.join(known)}; {'; '.join(_unknown(p))}", file=out)
+
+
+def _title(p):
+    where = p["gpu"] if p["gpu"] == CPU else f"{p['gpu']} ({p['gpus_per_node']} per node)"
+    mb = lambda v: "unknown" if v is None else v  # noqa: E731
+    return (
+        f"optrace plan: {printable(p['run'])} on {where}, world size {p['world_size']}, "
+        f"micro-batch {mb(p['micro_batch'])} (traced {mb(p['batch'])})"
+    )
+
+
+def _answer(p, out):
+    """The verdict: fits or not, by how much, and the smallest change that would fit."""
+    need, has = gib(p["required_bytes"]), gib(p["device_memory_bytes"])
+    if p["fits"]:
+        largest = p["max_micro_batch"]
+        more = "" if largest is None else f"; micro-batch up to {largest} fits"
+        print(f"Fits: needs {need} of {has} per rank, {gib(p['headroom_bytes'])} spare{more}", file=out)
+        return
+    print(f"DOES NOT FIT: needs {need} of {has} per rank, {gib(p['shortfall_bytes'])} short", file=out)
+    if p["smallest_change"]:
+        _wrapped(f"Smallest change that fits: {_change(p['smallest_change'])}", out, "", "  ")
+    else:
+        print("No change the plan can price fits:", file=out)
+    for c in p["changes"]:
+        if c is not p["smallest_change"]:
+            _wrapped(_change(c), out, "  ", "    ")
+
+
+def _step(p, out):
+    print(
+        f"Step time         {_human_seconds(p['step_time_s'])}: compute {_human_seconds(p['compute_s'])} + exposed "
+        f"communication {_human_seconds(p['exposed_comm_s'])} (of {_human_seconds(p['comm_s'])})",
+        file=out,
+    )
+    print(f"Tokens/s per GPU  {_human(p['tokens_per_s_per_gpu'])}", file=out)
+    masked = ""
+    if p["causal_masked_flops_per_step"] and p["mfu"] is not None:
+        full = (p["model_flops_per_step"] + p["causal_masked_flops_per_step"]) / p["model_flops_per_step"] * p["mfu"]
+        masked = f"; {_percent(full)} with causal attention's masked half"
+    print(
+        f"MFU               {_percent(p['mfu'])} of {_human(p['peak_flops_per_s'], 'FLOP/s')} "
+        f"({_human(p['model_flops_per_step'], 'FLOP')} per step){masked}",
+        file=out,
+    )
+
+
+def _memory(p, out):
     m = p["memory"]
-    fits = {True: "fits", False: "DOES NOT FIT", None: "N/A"}[p["fits"]]
+    print("\nMemory per rank", file=out)
+    print(
+        f"  peak live       {gib(p['peak_bytes_per_rank'])} (fixed {gib(m['peak_fixed_bytes'])}, growing with the "
+        f"micro-batch {gib(m['peak_scaled_bytes'])}; {m['peak_phase']})",
+        file=out,
+    )
+    print(f"  CUDA context    {gib(m['cuda_context_bytes'])}", file=out)
+    print(f"  NCCL buffers    {gib(m['nccl_buffer_bytes'])}", file=out)
+    print(f"  fragmentation   {gib(m['fragmentation_bytes'])} ({_percent(m['fragmentation'])})", file=out)
+    print(f"  required        {gib(p['required_bytes'])} of {gib(p['device_memory_bytes'])}", file=out)
+
+
+def _compute(p, out):
+    print(
+        f"Compute per step  {_human_seconds(p['compute_s'])}: compute-bound {_human_seconds(p['compute_bound_s'])}, "
+        f"memory-bound {_human_seconds(p['memory_bound_s'])}, launches {_human_seconds(p['launch_s'])}",
+        file=out,
+    )
+    if p["calibrated"]:
+        print(
+            f"Calibrated        error on the traced step {p['error_pct']:+.1f}% "
+            f"(traced {_human_seconds(p['traced_step_s'])})",
+            file=out,
+        )
+
+
+def _value_text(a):
+    v, unit = a["value"], a["unit"]
+    if isinstance(v, str) or v is None:
+        return "unknown" if v is None else v
+    if unit == "bytes":
+        return gib(v)
+    if unit == "bytes/s":
+        return _human(v, "B/s")
+    if unit == "FLOP/s":
+        return _human(v, "FLOP/s")
+    if unit == "s":
+        return _human_seconds(v)
+    return f"{v:.4g}"
+
+
+def _assumptions(p, out):
+    print("\nAssumptions", file=out)
+    for a in p["assumptions"]:
+        print(f"  {a['name']:<24} {_value_text(a)}", file=out)
+        _wrapped(a["source"], out, "      ", "      ")
+    print("\nWhat every plan rests on", file=out)
+    for note in p["basis"]:
+        _wrapped(note, out)
+
+
+def print_plan(frame, out, assumptions=False, anyway=False):
+    """The first run's plan in words and figures: the answer, the memory and compute behind it, the
+    notes of this trace; `assumptions` adds every assumption with its source and the notes that hold
+    for every plan; `anyway` prints the step time of a plan that does not fit."""
+    p = _figures(frame)
     if not p["complete"]:  # as the report's first line says it (reports/output/cli.py)
         stop = f"stopped by {p['signal']}" if p.get("signal") else "cut short"
         why = f": the traced code raised {printable(p['error'])};" if p["error"] else f" ({stop}):"
         print(f"INCOMPLETE{why} the plan covers the rows it has", file=out)
-    cpu = p["gpu"] == CPU
-    where = p["gpu"] if cpu else f"{p['gpu']} ({p['gpus_per_node']} per node)"
-    print(
-        f"optrace plan: {printable(p['run'])} on {where}, world size "
-        f"{p['world_size']}, micro-batch {_na(p['micro_batch'])} (traced {_na(p['batch'])})",
-        file=out,
-    )
-    print("\nMemory per rank", file=out)
-    print(
-        f"  peak live bytes        {_bytes(p['peak_bytes_per_rank'])} (fixed {_bytes(m['peak_fixed_bytes'])}, "
-        f"growing with the micro-batch {_bytes(m['peak_scaled_bytes'])}; {m['peak_phase']})",
-        file=out,
-    )
-    gpu = (
-        "no CUDA context or NCCL (a CPU)"
-        if cpu
-        else (f"{_bytes(m['cuda_context_bytes'])} CUDA context, {_bytes(m['nccl_buffer_bytes'])} NCCL")
-    )
-    print(
-        f"  + allowances           {gpu}, {_bytes(m['fragmentation_bytes'])} fragmentation "
-        f"({_percent(m['fragmentation'])})",
-        file=out,
-    )
-    print(
-        f"  = required             {_bytes(p['required_bytes'])} of {_bytes(p['device_memory_bytes'])}: {fits}, "
-        f"headroom {_signed_bytes(p['headroom_bytes'])}",
-        file=out,
-    )
-    print(f"  largest micro-batch    {_na(p['max_micro_batch'])}", file=out)
-    print("\nStep time", file=out)
-    print(
-        f"  compute                {_human_seconds(p['compute_s'])} (compute-bound {_human_seconds(p['compute_bound_s'])}, "
-        f"memory-bound {_human_seconds(p['memory_bound_s'])}, launches {_human_seconds(p['launch_s'])})",
-        file=out,
-    )
-    print(
-        f"  communication          {_human_seconds(p['comm_s'])}, of which exposed {_human_seconds(p['exposed_comm_s'])}",
-        file=out,
-    )
-    print(f"  step                   {_human_seconds(p['step_time_s'])}", file=out)
-    print(f"  tokens/s per GPU       {_human(p['tokens_per_s_per_gpu'])}", file=out)
-    print(
-        f"  MFU                    {_percent(p['mfu'])} ({_human(p['model_flops_per_step'], 'FLOP')} per step at "
-        f"{_human(p['peak_flops_per_s'], 'FLOP/s')})",
-        file=out,
-    )
-    if p["causal_masked_flops_per_step"]:
-        full = (p["model_flops_per_step"] + p["causal_masked_flops_per_step"]) / p["model_flops_per_step"] * p["mfu"]
-        print(
-            f"                         causal attention at half its FLOPs; {_percent(full)} counting the masked "
-            f"half ({_human(p['causal_masked_flops_per_step'], 'FLOP')}), as PaLM and torchtitan do",
-            file=out,
-        )
-    if p["calibrated"]:
-        print(
-            f"  calibrated             error on the traced step {p['error_pct']:+.1f}% "
-            f"(traced {_human_seconds(p['traced_step_s'])})",
-            file=out,
-        )
-    print("\nAssumptions", file=out)
-    for a in p["assumptions"]:
-        value = a["value"] if isinstance(a["value"], str) or a["value"] is None else f"{a['value']:.4g}"
-        print(f"  {a['name']:<24} {value} {a['unit'] if a['unit'] != 'fraction' else ''}".rstrip(), file=out)
-        print(f"      {printable(a['source'])}", file=out)
-    print("\nNotes", file=out)
-    for note in p["notes"]:
-        print(f"  - {printable(note)}", file=out)
+    caveats = [n for n in p["notes"] if n not in p["basis"]]
+    if p["fits"] is None:
+        _one_line(p, out)
+    else:
+        print(_title(p), file=out)
+        _answer(p, out)
+        if p["fits"] or anyway:
+            _step(p, out)
+        else:
+            print("Step time         not shown: the plan does not fit (--anyway prints it)", file=out)
+        _memory(p, out)
+        if p["fits"] or anyway:
+            _compute(p, out)
+    if caveats:
+        print("\nNotes", file=out)
+        for note in caveats:
+            _wrapped(note, out)
+    if assumptions:
+        _assumptions(p, out)
+    else:
+        n = len(p["assumptions"])
+        given = sum(a["source"] == "given" for a in p["assumptions"])
+        print(f"\n{n} assumptions ({given} given): --assumptions lists them with their sources", file=out)

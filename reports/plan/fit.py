@@ -36,14 +36,17 @@ import math
 
 import numpy as np
 
+from reports.flops.recompute import checkpoint_recompute
 from reports.loading.load import require
 from reports.memory.lifetimes import CATEGORIES, Storages, runs_in_order, take
 from reports.memory.memory import STORAGE_COLUMNS
+from reports.plan.changes import Need, changes
 from tracer.schema import PHASES, Phase
 
 __all__ = ["SCALED", "fit", "traced_batch"]
 
 SCALED = ("activations", "temporaries", "inputs")
+_SHARDED = ("parameters", "gradients", "optimizer_state")  # FSDP's shards: 1 / world size of the model's
 
 
 _OPTIMIZER = PHASES[Phase.OPTIMIZER]
@@ -60,8 +63,11 @@ def _live(n, nbytes, alloc, free, pick):
 
 def _split(df):
     """Per op of the (one-run) trace: (fixed bytes, scaled bytes, optimizer state added), int64
-    arrays, and the rows' seq and phase; the optimizer state at its largest at every op, and what
-    an optimizer-phase op made fixed (module docstring)."""
+    arrays, the rows' seq and phase, and the parts reports.plan.changes prices (`activations`: the
+    scaled bytes of that category; `sharded`: the fixed bytes of parameters, gradients and optimizer
+    state, what an optimizer-phase op made included; `fsdp`: whether the trace holds unsharded
+    parameters; `checkpointed`: whether it recomputes ops for activation checkpointing); the optimizer state at its largest at every op, and what an optimizer-phase op made
+    fixed (module docstring)."""
     require(df, STORAGE_COLUMNS, "plan")
     name, meta, rows = next(r for r in runs_in_order(df) if len(r[2]))
     n, phase = len(rows), take(rows["phase"], slice(None))
@@ -72,7 +78,14 @@ def _split(df):
     fixed = _live(n, nbytes, alloc, free, ~grows)
     state = _live(n, nbytes, alloc, free, cat == CATEGORIES.index("optimizer_state"))
     added = state.max() - state if n else state
-    return fixed + added, scaled, added, rows["seq"].to_numpy(dtype=np.int64), phase
+    shards = np.isin(cat, [CATEGORIES.index(c) for c in _SHARDED]) | by_optimizer
+    parts = {
+        "activations": _live(n, nbytes, alloc, free, grows & (cat == CATEGORIES.index("activations"))),
+        "sharded": _live(n, nbytes, alloc, free, shards & ~grows) + added,
+        "fsdp": bool((cat == CATEGORIES.index("unsharded_parameters")).any()),
+        "checkpointed": bool(checkpoint_recompute(df).any()),
+    }
+    return fixed + added, scaled, added, rows["seq"].to_numpy(dtype=np.int64), phase, parts
 
 
 def traced_batch(df, meta):
@@ -122,10 +135,11 @@ def _fragmentation(meta, assumed):
     return assumed
 
 
-def fit(df, meta, memory_bytes, assumptions, batch, micro_batch=None, process_groups=1):
+def fit(df, meta, memory_bytes, assumptions, batch, micro_batch=None, process_groups=1, world=1):
     """The memory figures of a plan, as a dict (see the module docstring); `batch` is the traced
-    micro-batch, `micro_batch` the one planned (default: the traced one)."""
-    fixed, scaled, added, seq, phase = _split(df)
+    micro-batch, `micro_batch` the one planned (default: the traced one); a plan that does not fit
+    gets `changes` (reports.plan.changes) at the traced `world` size."""
+    fixed, scaled, added, seq, phase, parts = _split(df)
     context, _ = assumptions["cuda_context_bytes"]
     nccl = assumptions["nccl_buffer_bytes"][0] * process_groups
     frag, frag_source = _fragmentation(meta, assumptions["fragmentation"])
@@ -163,4 +177,7 @@ def fit(df, meta, memory_bytes, assumptions, batch, micro_batch=None, process_gr
         grows = scaled > 0
         k_max = np.min((budget - fixed[grows]) / scaled[grows]) if grows.any() else math.inf
         out["max_micro_batch"] = int(math.floor(k_max * batch)) if math.isfinite(k_max) else None
+    if not out["fits"] and len(live):
+        need = Need(fixed, scaled, parts, k, frag, context + nccl, memory_bytes)
+        out["changes"] = changes(need, batch, micro_batch or batch, out["max_micro_batch"], world)
     return out

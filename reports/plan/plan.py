@@ -36,8 +36,9 @@ One row per run (a trace of one rank: real, meta or fake, any world size), colum
                                        recorded, else the sum of traced op times per step)
 
 `frame.attrs["plan"]` holds per run: `assumptions` [{name, value, unit, source}] (every
-number assumed, those measured included), `classes` (time per bound class), `notes`
-(what the figures rest on, what needs a re-trace).
+number assumed, those measured included), `classes` (time per bound class), `memory` (the fit's
+parts, and for a plan that does not fit its `changes`: reports.plan.changes), `notes` (what the
+figures rest on, what needs a re-trace) and `basis` (those of `notes` that hold for every plan).
 """
 
 import math
@@ -151,7 +152,7 @@ def plan(df, gpu, gpus_per_node=8, micro_batch=None, batch=None, overlap="prefet
 
 def _plan_run(rows, meta, gpu, gpus_per_node, micro_batch, batch, overlap, table):
     entry, peak_of, bandwidth, bw_source, memory = _target(gpu, meta)
-    notes = []
+    notes, basis = [], []  # basis: the notes that hold for every plan of its kind (the text lists them apart)
     complete, raised = bool(meta.get("complete")), meta.get("error")
     raised = None if complete or raised is None else str(raised)
     if not complete:
@@ -163,7 +164,7 @@ def _plan_run(rows, meta, gpu, gpus_per_node, micro_batch, batch, overlap, table
     if found is None:
         notes.append(
             f"the traced micro-batch could not be found ({how}): pass batch= (--batch); max_micro_batch "
-            "is N/A and no what-if of the micro-batch can be planned"
+            "is unknown and no what-if of the micro-batch can be planned"
         )
     planned = micro_batch if micro_batch is not None else found
     if micro_batch is not None and found is None:
@@ -177,7 +178,7 @@ def _plan_run(rows, meta, gpu, gpus_per_node, micro_batch, batch, overlap, table
                 for name in ("cuda_context_bytes", "nccl_buffer_bytes")
             },
         }
-        notes.append("the target is the CPU: its memory needs no CUDA context or NCCL buffers, only fragmentation")
+        basis.append("the target is the CPU: its memory needs no CUDA context or NCCL buffers, only fragmentation")
     a = {name: value for name, (value, _) in table.items()}
     sources = {name: source for name, (_, source) in table.items()}
     every = rows  # the memory fit reads every step; the step time, one steady step
@@ -205,7 +206,7 @@ def _plan_run(rows, meta, gpu, gpus_per_node, micro_batch, batch, overlap, table
     has_comm = bool(rows["comm_bytes"].notna().any())
     comm_s, kinds = np.zeros(len(rows)), np.full(len(rows), "", dtype=object)
     if entry == CPU and has_comm:
-        notes.append("the CPU has no link bandwidths in the catalogue: collectives are not priced (comm N/A)")
+        notes.append("the CPU has no link bandwidths in the catalogue: collectives are not priced (comm unknown)")
     elif has_comm:
         comm_s, kinds, guessed = costs(rows, entry, gpus_per_node, a, meta.get("process_groups"))
         if guessed:
@@ -231,7 +232,7 @@ def _plan_run(rows, meta, gpu, gpus_per_node, micro_batch, batch, overlap, table
     tokens = meta.get("tokens")
     tokens = tokens * k if tokens else None
     if tokens is None:
-        notes.append("the trace records no tokens per step (Tracer(tokens=...)): tokens/s is N/A")
+        notes.append("the trace records no tokens per step (Tracer(tokens=...)): tokens/s is unknown")
     bounded = bounds(rows)
     bound_flops = bounded["flops"] * k
     if bounded["rows"]:
@@ -249,9 +250,10 @@ def _plan_run(rows, meta, gpu, gpus_per_node, micro_batch, batch, overlap, table
         found,
         planned if micro_batch is not None else None,
         process_groups=_groups_used(every) if world > 1 else 0,
+        world=world,
     )
     if memory is None:
-        notes.append("the CPU's memory size is not in the trace: fits is N/A")
+        basis.append("the CPU's memory size is not in the trace: fits is unknown")
     if not meta.get("parameters"):
         guessed = (
             " and the traced batch may be a weight's leading size" if batch is None and "embedding" not in how else ""
@@ -283,12 +285,13 @@ def _plan_run(rows, meta, gpu, gpus_per_node, micro_batch, batch, overlap, table
         notes.append(
             f"calibrated on the traced step ({how_traced}): predicted {step_time:.6g} s against {traced:.6g} s"
         )
-    notes.append(
+    basis.append(
         f"micro-batch: traced {found} ({how}); activation bytes, forward/backward FLOPs and their "
         "ops' bytes of activations, temporaries and inputs scale linearly with it; parameters, gradients, "
         "optimizer state, communication buffers (and the ops' reads and writes of them) and collectives stay fixed"
     )
-    notes.append(_RETRACE)
+    basis.append(_RETRACE)
+    notes += basis
     record = {
         "complete": complete,
         "error": raised,
@@ -372,7 +375,8 @@ def _plan_run(rows, meta, gpu, gpus_per_node, micro_batch, batch, overlap, table
         }
         for c in range(len(CLASSES))
     ]
-    return record, {"assumptions": listed, "classes": classes, "memory": memory_fit, "notes": notes}
+    detail = {"assumptions": listed, "classes": classes, "memory": memory_fit, "notes": notes, "basis": basis}
+    return record, detail
 
 
 def _peak_source(entry, dtype):

@@ -272,9 +272,13 @@ def test_cli(tmp_path, capsys):
     assert main(["plan", str(tmp_path / "t"), "--gpu", "h100-sxm"]) == 0
     text = capsys.readouterr().out
     assert "on H100 SXM (8 per node)" in text
-    assert "fits, headroom 77.9 GiB" in text  # 83,607,578,210 bytes
-    assert "largest micro-batch    931504" in text
-    assert "matmul_efficiency        0.8" in text and "mamf-finder" in text
+    # headroom 83,607,578,210 bytes / 2^30 = 77.87 GiB; required 85,899,345,920 - 83,607,578,210 = 2,291,767,710
+    # bytes = 2.13 GiB
+    assert "Fits: needs 2.13 GiB of 80.00 GiB per rank, 77.87 GiB spare; micro-batch up to 931504 fits" in text
+    assert "mamf-finder" not in text  # the assumptions' sources only with --assumptions
+    assert main(["plan", str(tmp_path / "t"), "--gpu", "h100-sxm", "--assumptions"]) == 0
+    text = capsys.readouterr().out
+    assert "  matmul_efficiency        0.8\n" in text and "mamf-finder" in text
     assert main(["plan", str(tmp_path / "t"), "--gpu", "H100", "--json", "--assume", "matmul_efficiency=0.5"]) == 0
     found = json.loads(capsys.readouterr().out)
     for key in (
