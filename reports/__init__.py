@@ -1,7 +1,6 @@
 """optrace's reports: traces in, pandas DataFrames out (units in the column names)."""
 
-from reports.baseline import save_baseline
-from reports.compare import compare
+from reports.compare import compare, save_baseline
 from reports.distributed.collectives import comm_split
 from reports.distributed.sql_ranks import collectives, imbalance, ranks
 from reports.errors import ReportError

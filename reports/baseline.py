@@ -1,6 +1,6 @@
 """A trace's compare figures in a small JSON file, so CI compares against a committed file instead of an old trace.
 
-    optrace compare --save-baseline base.json runs/model        # once, commit base.json
+    optrace compare --save-baseline base.json runs/model        # once (reports.compare.save_baseline), commit it
     optrace compare base.json runs/model --fail-if 'flops>+1%'  # in CI
 
 The file holds one run's reports.compare.Figures: the rows of compare.sql's views for that run (totals per key and
@@ -28,8 +28,10 @@ import pandas as pd
 
 from reports.errors import ReportError
 
-__all__ = ["FORMAT", "VERSION", "is_baseline", "load_baseline", "save_baseline"]
+__all__ = ["FORMAT", "VERSION", "VIEWS", "is_baseline", "load_baseline", "write_baseline"]
 
+# reports.compare.Figures' views, in the file's order
+VIEWS = ("compare_by_phase", "compare_by_op", "compare_by_module", "compare_recompute", "compare_dtypes")
 FORMAT = "optrace-compare-baseline"
 VERSION = 1
 
@@ -71,43 +73,25 @@ def _dumps(data):
     return head[:-2] + ',\n "views": {\n' + ",\n".join(views) + "\n }\n}\n"
 
 
-def save_baseline(trace, path, source=None):
-    """Write the compare figures of `trace` (a trace path of one run, or a reports.compare.Figures read from the
-    trace `source`) to `path` (JSON); returns the Figures written."""
-    from reports.compare import Figures, runs_of_sources
-
-    if isinstance(trace, Figures):
-        runs = [trace]
-        where = os.fspath(source) if source is not None else trace.name
-    else:
-        runs = runs_of_sources([trace])
-        where = os.fspath(trace)
-    if len(runs) != 1:
-        names = ", ".join(r.name for r in runs)
-        raise ReportError(
-            f"compare: --save-baseline takes a trace of one run, got {len(runs)} runs in {where}: {names}"
-        )
-    run = runs[0]
+def write_baseline(run, path, source):
+    """Write `run` (a reports.compare.Figures read from the trace `source`) to `path` (JSON)."""
     data = {
         "format": FORMAT,
         "version": VERSION,
         "run": run.name,
-        "trace": where,
+        "trace": os.fspath(source),
         "steps": {k: int(v) for k, v in run.steps.items()},
         "train_steps": run.train_steps,
         "mfu_pct": _value(run.mfu),
-        "views": {v: _records(run.views[v]) for v in Figures.VIEWS},
+        "views": {v: _records(run.views[v]) for v in VIEWS},
     }
     with open(path, "w", encoding="utf-8") as f:
         f.write(_dumps(data))
-    return run
 
 
 def load_baseline(path):
-    """The reports.compare.Figures stored in the baseline file `path`; ReportError naming the file and what is
-    wrong when it is not one."""
-    from reports.compare import Figures
-
+    """{name, views, steps, train_steps, mfu}: the reports.compare.Figures stored in the baseline file `path`;
+    ReportError naming the file and what is wrong when it is not one."""
     try:
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
@@ -122,12 +106,18 @@ def load_baseline(path):
         raise ReportError(f"compare: {path}: baseline version {data.get('version')!r}, expected {VERSION}")
     try:
         views = {}
-        for view in Figures.VIEWS:
+        for view in VIEWS:
             stored = data["views"][view]
             frame = pd.DataFrame.from_records(stored["rows"], columns=stored["columns"])
             frame.insert(0, "run_index", 0)
             views[view] = frame
         mfu = data.get("mfu_pct")
-        return Figures(str(data["run"]), views, data["steps"], data["train_steps"], np.nan if mfu is None else mfu)
+        return {
+            "name": str(data["run"]),
+            "views": views,
+            "steps": {str(k): int(v) for k, v in data["steps"].items()},
+            "train_steps": int(data["train_steps"]),
+            "mfu": np.nan if mfu is None else float(mfu),
+        }
     except (KeyError, TypeError, ValueError) as exc:
         raise ReportError(f"compare: {path}: baseline file lacks or garbles {exc}") from None

@@ -1,7 +1,7 @@
 """Several runs side by side: fp32 against bf16 autocast, batch 8 against 16, model A against B.
 
     compare(["runs/fp32.parquet", "runs/bf16.parquet"], by="op")
-    compare(["base.json", "runs/now.parquet"])     # a baseline saved by reports.baseline.save_baseline
+    compare(["base.json", "runs/now.parquet"])     # a baseline file saved by reports.compare.save_baseline
 
 One row per (key, run), the key being a phase, an aten op or a module (with `depth`, a module and its
 submodules under the path's first `depth` names: "layers.0.attn" at depth 2 is "layers.0"). Runs that traced
@@ -35,6 +35,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
+from reports.baseline import VIEWS, is_baseline, load_baseline, write_baseline
 from reports.errors import ReportError
 from reports.loading.load import require, runs_of
 from reports.sql.frame import trace_of
@@ -52,6 +53,7 @@ __all__ = [
     "figures",
     "mfu_of_rows",
     "mfu_pct",
+    "save_baseline",
     "side_by_side",
     "table_of",
 ]
@@ -148,7 +150,7 @@ class Figures:
     it ran in} (reports.sql.engine.Trace.phase_steps), `train_steps` (the run's training steps), `mfu` (percent or
     NaN). A baseline file (reports.baseline) stores exactly these, so its tables are the trace's."""
 
-    VIEWS = ("compare_by_phase", "compare_by_op", "compare_by_module", "compare_recompute", "compare_dtypes")
+    VIEWS = VIEWS
 
     def __init__(self, name, views, steps, train_steps, mfu):
         self.name, self.views, self.steps = name, views, dict(steps)
@@ -229,10 +231,9 @@ def table_of(run, by, depth=None):
 def _sources(items, by):
     """[Figures or None] for each of the paths `items` (a baseline file: its Figures; a trace: None), and a Trace
     over the traces among them (or None)."""
-    from reports.baseline import is_baseline, load_baseline
     from reports.sql.engine import Trace
 
-    stored = [load_baseline(p) if is_baseline(p) else None for p in items]
+    stored = [Figures(**load_baseline(p)) if is_baseline(p) else None for p in items]
     traces = [p for p, s in zip(items, stored) if s is None]
     return stored, (Trace(traces, columns=columns(by)) if traces else None)
 
@@ -356,3 +357,15 @@ def side_by_side(tables, runs, baseline, mfu, by):
     )
     columns = _columns(by)
     return out[list(columns)].astype(columns).reset_index(drop=True)
+
+
+def save_baseline(trace, path, source=None):
+    """Write the compare figures of `trace` (a trace path of one run, or a reports.compare.Figures read from the
+    trace `source`) to `path`, a baseline file (reports.baseline); returns the Figures written."""
+    runs = [trace] if isinstance(trace, Figures) else runs_of_sources([trace])
+    where = os.fspath(source if source is not None else trace if not isinstance(trace, Figures) else trace.name)
+    if len(runs) != 1:
+        names = ", ".join(r.name for r in runs)
+        raise ReportError(f"compare: --save-baseline takes a trace of one run, got {len(runs)} runs in {where}: {names}")
+    write_baseline(runs[0], path, where)
+    return runs[0]

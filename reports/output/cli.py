@@ -490,8 +490,8 @@ def _first_rank_frame(path, everyone):
 
 
 def _compare(args):
-    from reports.baseline import is_baseline, save_baseline
-    from reports.compare import columns, figures, runs_of_sources, side_by_side_runs
+    from reports.baseline import is_baseline
+    from reports.compare import columns, figures, runs_of_sources, save_baseline, side_by_side_runs
     from reports.compare_words import changes
     from reports.gate import breaches, parse
     from reports.output.compare_text import compare_json, compare_text

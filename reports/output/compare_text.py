@@ -82,8 +82,8 @@ def compare_text(table, runs, baseline, by, words, top, rules=(), breaches=()):
     text = render(pa.Table.from_pandas(shown, preserve_index=False), formatters, "", header)
     lines.append(text)
     lines.append(
-        f"±: the signed change against {printable(baseline)}'s value for the same {by} (new: {printable(baseline)} has "
-        f"none; N/A: no peak to compare); alloc: bytes allocated; --json has every column"
+        f"±: signed change against {printable(baseline)}'s value for the same {by} (new: {printable(baseline)} has none); "
+        "alloc: bytes allocated"
     )
     if rules:
         lines.append(f"Gate: {len(rules)} check{'s' if len(rules) != 1 else ''}, {len(breaches)} breached")

@@ -86,7 +86,7 @@ def test_the_module_prints_a_dialect(capsys):
     # python -m reports.sql.dialects spark
     assert main(["spark"]) == 0
     out = capsys.readouterr().out
-    assert out.count("\n;\n") == 29 and "CREATE OR REPLACE TEMPORARY VIEW peak AS" in out
+    assert out.count("\n;\n") == 31 and "CREATE OR REPLACE TEMPORARY VIEW peak AS" in out
     assert main(["trino", "--columns"]) == 0 and capsys.readouterr().out == columns("trino") + "\n"
     assert main(["mysql"]) == 2
     assert "error: dialect 'mysql': expected one of duckdb, spark, trino" in capsys.readouterr().err
