@@ -15,6 +15,8 @@ table, the same words and the same gate. Its keys:
   steps         {phase: steps it ran in}
   train_steps   the run's training steps (the per-step divisor of compare's `steps` column)
   mfu_pct       MFU in percent, or null
+  categories_at_peak  {memory category: bytes live at the run's peak} (reports.by_category), or a line saying why
+                it is not known
   views         {view: {"columns": [...], "rows": [[...], ...]}}: compare_by_phase, compare_by_op, compare_by_module, compare_recompute,
                 compare_dtypes (reports/sql/compare.sql), a row per line
 """
@@ -83,6 +85,7 @@ def write_baseline(run, path, source):
         "steps": {k: int(v) for k, v in run.steps.items()},
         "train_steps": run.train_steps,
         "mfu_pct": _value(run.mfu),
+        "categories_at_peak": run.categories,
         "views": {v: _records(run.views[v]) for v in VIEWS},
     }
     with open(path, "w", encoding="utf-8") as f:
@@ -118,6 +121,7 @@ def load_baseline(path):
             "steps": {str(k): int(v) for k, v in data["steps"].items()},
             "train_steps": int(data["train_steps"]),
             "mfu": np.nan if mfu is None else float(mfu),
+            "categories": data.get("categories_at_peak", "memory by category: not in the baseline file"),
         }
     except (KeyError, TypeError, ValueError) as exc:
         raise ReportError(f"compare: {path}: baseline file lacks or garbles {exc}") from None

@@ -38,7 +38,7 @@ import pyarrow as pa
 from reports.baseline import VIEWS, is_baseline, load_baseline, write_baseline
 from reports.errors import ReportError
 from reports.loading.load import require, runs_of
-from reports.sql.frame import trace_of
+from reports.sql.frame import memory_trace
 
 __all__ = [
     "BY",
@@ -100,6 +100,7 @@ def _columns(by):
 def columns(by="phase"):
     """The trace columns `compare` reads (every key's, the words' and MFU's): load only these for a big trace."""
     from reports.flops.mfu import COLUMNS as MFU_COLUMNS
+    from reports.memory.row_scan import Scan
 
     # flops_bound: a count clamped to 2**63 - 1 is checked with its flag (a bound, not damage)
     return list(
@@ -112,6 +113,7 @@ def columns(by="phase"):
                 "input_dtypes",
                 "output_dtypes",
                 *(c for c in MFU_COLUMNS if c != "run"),
+                *Scan.columns,  # the memory categories at the peak (reports.memory.sql_categories.by_category)
             )
         )
     )
@@ -148,13 +150,16 @@ class Figures:
     """One run's figures as compare.sql's views give them: `views` {view name: its rows of the run, run_index 0}
     (compare_by_phase, compare_by_op, compare_by_module, compare_recompute, compare_dtypes), `steps` {phase: steps
     it ran in} (reports.sql.engine.Trace.phase_steps), `train_steps` (the run's training steps), `mfu` (percent or
-    NaN). A baseline file (reports.baseline) stores exactly these, so its tables are the trace's."""
+    NaN), `categories` ({memory category: bytes live at the run's peak}, reports.by_category; a str saying why
+    where it could not be computed). A baseline file (reports.baseline) stores exactly these, so its tables are the
+    trace's."""
 
     VIEWS = VIEWS
 
-    def __init__(self, name, views, steps, train_steps, mfu):
+    def __init__(self, name, views, steps, train_steps, mfu, categories=None):
         self.name, self.views, self.steps = name, views, dict(steps)
         self.train_steps, self.mfu = int(train_steps), float(mfu)
+        self.categories = categories if isinstance(categories, str) else dict(categories or {})
         self.runs = {name: {}}  # as Trace.per_step reads them
 
     def phase_steps(self):
@@ -173,13 +178,29 @@ def figures(trace):
         order = "run_index, first_seq" + ("" if view == "compare_dtypes" else ", phase")
         views[view] = trace.sql(f"SELECT * FROM {view} ORDER BY {order}")
     counts = trace.table("run_totals", order="run_index")
-    steps, mfu = trace.phase_steps(), mfu_pct(trace)
+    steps, mfu, categories = trace.phase_steps(), mfu_pct(trace), _categories(trace)
     out = []
     for i, run in enumerate(trace.runs):
         found = counts[counts["run_index"] == i]
         fb, traced = (int(found["fb_steps"].iloc[0]), int(found["steps_traced"].iloc[0])) if len(found) else (0, 0)
         mine = {v: f[f["run_index"] == i].assign(run_index=0).reset_index(drop=True) for v, f in views.items()}
-        out.append(Figures(run, mine, steps[i], max(1, fb or traced), mfu.get(run, np.nan)))
+        mem = categories if isinstance(categories, str) else categories.get(run, {})
+        out.append(Figures(run, mine, steps[i], max(1, fb or traced), mfu.get(run, np.nan), mem))
+    return out
+
+
+def _categories(trace):
+    """{run: {category: bytes live at the run's peak}} (reports.memory.sql_categories.by_category), or the reason
+    it could not be computed (a str)."""
+    from reports.memory.sql_categories import by_category
+
+    try:
+        table = by_category(trace)
+    except ReportError as exc:
+        return f"memory by category not known: {exc}"
+    out = {}
+    for run, category, size in zip(table["run"].astype(object), table["category"].astype(object), table["bytes"]):
+        out.setdefault(run, {})[category] = int(size)
     return out
 
 
@@ -269,8 +290,13 @@ def runs_of_sources(df_or_paths, by="phase"):
         runs_of(rows)  # a frame from reports.load, or a one-line error
     elif not isinstance(rows, pa.Table) and not hasattr(rows, "per_step"):
         raise ReportError(f"compare: expected a DataFrame from reports.load or trace paths, got {type(rows).__name__}")
-    with trace_of(rows, "compare", (*_REQUIRED, by), columns(by)) as trace:
+    if hasattr(rows, "per_step"):  # a Trace, left open
+        return figures(rows)
+    trace = memory_trace(rows, "compare", (*_REQUIRED, by), columns(by), grains=True)  # grains: the memory model's
+    try:
         return figures(trace)
+    finally:
+        trace.close()
 
 
 def compare(df_or_paths, by="phase", baseline=None, depth=None):
@@ -366,6 +392,8 @@ def save_baseline(trace, path, source=None):
     where = os.fspath(source if source is not None else trace if not isinstance(trace, Figures) else trace.name)
     if len(runs) != 1:
         names = ", ".join(r.name for r in runs)
-        raise ReportError(f"compare: --save-baseline takes a trace of one run, got {len(runs)} runs in {where}: {names}")
+        raise ReportError(
+            f"compare: --save-baseline takes a trace of one run, got {len(runs)} runs in {where}: {names}"
+        )
     write_baseline(runs[0], path, where)
     return runs[0]

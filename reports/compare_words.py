@@ -12,7 +12,7 @@ from reports.compare import TOTAL, check_baseline, side_by_side_runs
 
 __all__ = ["changes", "facts"]
 
-_SHOWN = 4  # names listed per sentence, then "and N more"
+_SHOWN = 3  # names listed per sentence, then "and N more"
 
 
 def _names(names):
@@ -47,6 +47,23 @@ def _dtypes(run):
 
 def _per_step(table, key):
     return f"{key} ({table.loc[key, 'ops_per_step']:g}/step)"
+
+
+def _memory(before, after):
+    """The memory categories at the peak that changed, in words ("" when none did)."""
+    for known in (before, after):
+        if isinstance(known, str):
+            return known
+    moved = []
+    for category in dict.fromkeys([*before, *after]):
+        was, now = before.get(category, 0), after.get(category, 0)
+        if was != now:
+            moved.append(f"{category} {was:,} -> {now:,} bytes ({_pct(_change(now, was))})")
+    return "memory at peak: " + ", ".join(moved) if moved else ""
+
+
+def _change(now, was):
+    return math.inf if not was else 100.0 * (now - was) / was
 
 
 def facts(run):
@@ -94,8 +111,8 @@ def changes(runs, baseline=None):
         share = f" ({100.0 * now / t['flops_per_step']:.1f}% of its FLOPs)" if t["flops_per_step"] else ""
         if not was and (now or mine["recompute_ops_per_step"]):
             words.append(
-                f"recompute: new, {now:,.0f} FLOPs/step in {mine['recompute_ops_per_step']:g} ops/step{share} "
-                "(activation checkpointing re-runs forward work)"
+                f"recompute: new, {now:,.0f} FLOPs/step in {mine['recompute_ops_per_step']:g} ops/step{share}: "
+                "checkpointing re-runs forward work"
             )
         elif was and not now and not mine["recompute_ops_per_step"]:
             words.append(f"recompute: gone ({was:,.0f} FLOPs/step in {baseline})")
@@ -108,6 +125,9 @@ def changes(runs, baseline=None):
                 switched.setdefault((before, dtypes), []).append(op)
         for (before, after), ops_ in switched.items():
             words.append(f"dtype {'/'.join(sorted(before))} -> {'/'.join(sorted(after))}: {_names(ops_)}")
+        memory = _memory(base_run.categories, run.categories)
+        if memory:
+            words.append(memory)
         if len(words) == 1 and all(
             t[f"{m}_change_pct"] == 0 for m in ("flops", "bytes_allocated", "peak_live_bytes", "ops")
         ):

@@ -263,6 +263,19 @@ def test_a_fall_is_a_negative_change(runs):
     assert total["change_pct"] == pytest.approx(100 * (1452 - 1696) / 1696)  # the larger move, its sign kept
 
 
+@pytest.mark.parametrize("source", ["paths", "frame"])
+def test_what_changed_in_words(paths, runs, source):
+    from reports.compare import runs_of_sources
+    from reports.compare_words import changes
+
+    words = changes(runs_of_sources([str(p) for p in paths] if source == "paths" else runs))["bf16"]
+    assert words[0] == "totals: FLOPs/step +0.0%, bytes allocated/step -14.4%, peak live bytes -0.2%, ops/step +3.5%"
+    assert words[1] == "ops added: aten._to_copy.default (9/step)"  # autocast's casts
+    assert words[2].startswith("dtype float32 -> bfloat16: aten.t.default, aten.addmm.default,")
+    # at the peak the loss's activation is one bfloat16 element, 2 bytes, against 4 in float32: -50%
+    assert words[-1] == "memory at peak: activations 4 -> 2 bytes (-50.0%)"
+
+
 def test_the_gate_fails_on_recompute_and_passes_on_the_same_run(checkpointed, capsys):
     from reports import check
 
@@ -283,7 +296,7 @@ def test_the_gate_fails_on_recompute_and_passes_on_the_same_run(checkpointed, ca
         == "optrace compare: breach: flops>+1%: ckpt total flops 1,470 FLOPs/step against 1,254 in plain (+17.22%)\n"
     )
     # 216 FLOPs/step in the recompute rows: 216 / 1470 = 14.7% of the run's FLOPs
-    assert "  recompute: new, 216 FLOPs/step in " in out and "(14.7% of its FLOPs)" in out
+    assert "  recompute: new, 216 FLOPs/step in " in out and "(14.7% of its FLOPs): checkpointing re-runs" in out
     assert main(["compare", checkpointed["plain"], checkpointed["again"], "--fail-if", "flops>+0%"]) == 0
     # a named key: the forward's FLOPs did not change (the recompute runs in the backward), the backward's did
     assert check(checkpointed["ckpt"], checkpointed["plain"], ["phase:forward:flops>+0%"]) == []
