@@ -48,7 +48,7 @@ def main(argv=None):
     trace(fp32, None)
     trace(bf16, torch.bfloat16)
     df = reports.load([fp32, bf16])
-    print("By phase (ratios: bf16 / fp32)")
+    print("By phase (signed changes of bf16 against fp32, in %)")
     table = reports.compare(df, by="phase")
     columns = [
         "phase",
@@ -56,8 +56,8 @@ def main(argv=None):
         "flops_per_step",
         "bytes_allocated_per_step",
         "peak_live_bytes",
-        "bytes_allocated_ratio",
-        "peak_live_bytes_ratio",
+        "bytes_allocated_change_pct",
+        "peak_live_bytes_change_pct",
     ]
     print(table[columns].to_string(index=False))
     print("\nBytes allocated by dtype")

@@ -17,7 +17,7 @@ from reports._util import tokens_text
 from reports.errors import ReportError
 from reports.loading.columns import SharedRuns
 from reports.loading.integrity import describe_damage, list_parts, merged_away, one_line, signal_of, stopped_by
-from reports.output.report_json import compare_json, sections, strict
+from reports.output.report_json import sections, strict
 from reports.output.source import Source
 from reports.output.stdout import checked_stdout
 from reports.output.text import column_formatters, human, human_bytes, human_seconds, json_number, percent, printable
@@ -490,51 +490,48 @@ def _first_rank_frame(path, everyone):
 
 
 def _compare(args):
-    from reports.compare import columns, compare
+    from reports.baseline import is_baseline
+    from reports.compare import columns, figures, runs_of_sources, save_baseline, side_by_side_runs
+    from reports.compare_words import changes
+    from reports.gate import breaches, parse
+    from reports.output.compare_text import compare_json, compare_text
 
-    trace = _sql_all(args.traces, columns(args.by)) if args.engine == "sql" else None
-    if trace is None:  # --engine pandas, or a trace the Trace does not read from its files: over its loaded rows
-        trace = _memory(args.traces, columns(args.by))
-    # the figures from SQL; MFU on the small frame of reports/sql/flops.py (with a step time)
-    runs, ops = trace.runs, dict(zip(trace.totals["run_index"], trace.totals["ops"]))
-    empty = {name for i, name in enumerate(runs) if not ops.get(i)}
-    table = None if empty else compare(trace, by=args.by)
-    for name, path in zip(runs, args.traces):
-        if name in empty:
-            raise ReportError(
-                f"{path}: the trace has no ops (nothing ran inside `with Tracer(...)`); nothing to compare"
-            )
-    if args.json:
-        print(json.dumps(compare_json(table, runs, args.by), indent=2, allow_nan=False))
-    else:
-        runs = [printable(name) for name in runs]
-        print(f"optrace compare: {', '.join(runs)} (per step, except peak_live_bytes; ratios against {runs[0]})")
-        keys = table[args.by].drop_duplicates().head(args.top)  # whole keys: a run's row never cut from its pair
-        shown = table[table[args.by].isin(keys)].astype({"peak_live_bytes": "float64"})
-        header = [_COMPARE_HEADERS.get(c, c) for c in shown.columns]  # short names: the --json names in the legend
-        print(_text(shown, column_formatters(shown), "N/A", header))
+    rules = [parse(e) for e in args.fail_if or ()]  # a bad expression: one line, before any work
+    traces = [p for p in args.traces if not is_baseline(p)]
+    trace = None
+    if traces:
+        trace = _sql_all(traces, columns(args.by)) if args.engine == "sql" else None
+        if trace is None:  # --engine pandas, or a trace the Trace does not read from its files: over its loaded rows
+            trace = _memory(traces, columns(args.by))
+        ops = dict(zip(trace.totals["run_index"], trace.totals["ops"]))
+        for i, (name, path) in enumerate(zip(trace.runs, traces)):
+            if not ops.get(i):
+                raise ReportError(
+                    f"{path}: the trace has no ops (nothing ran inside `with Tracer(...)`); nothing to compare"
+                )
+    found = iter(figures(trace) if trace is not None else [])
+    runs = runs_of_sources([p if is_baseline(p) else next(found) for p in args.traces])
+    if args.save_baseline:
+        run = save_baseline(runs[0], args.save_baseline, args.traces[0])
         print(
-            f"/step: per step; _x: the ratio to {runs[0]}'s value for the same {args.by} (inf: x / 0; N/A: 0 / 0); "
-            "alloc: bytes allocated\n"
-            f"change_pct: the larger change of FLOPs and of bytes allocated per step against {runs[0]}, in % of "
-            f"{runs[0]}'s total (keys ordered by it)\n"
-            "traced: time under the tracer, for ranking, not speed; --json has the full column names"
+            f"optrace compare: saved the baseline of {printable(run.name)} ({args.traces[0]}) to {args.save_baseline}"
         )
-
-
-# `compare`'s column names in text, kept short so a row fits a terminal; --json keeps the full names.
-_COMPARE_HEADERS = {
-    "ops_per_step": "ops/step",
-    "flops_per_step": "flops/step",
-    "bytes_allocated_per_step": "alloc/step",
-    "traced_us_per_step": "traced/step",
-    "peak_live_bytes": "peak_live",
-    "mfu_pct": "mfu_pct",
-    "flops_ratio": "flops_x",
-    "bytes_allocated_ratio": "alloc_x",
-    "peak_live_bytes_ratio": "peak_live_x",
-    "traced_us_ratio": "traced_x",
-}
+        return 0
+    names = [r.name for r in runs]
+    table = side_by_side_runs(runs, args.by, None, args.depth)
+    words = changes(runs)
+    found_breaches = breaches(runs, rules)
+    if args.json:
+        print(
+            json.dumps(
+                compare_json(table, names, args.by, names[0], words, rules, found_breaches), indent=2, allow_nan=False
+            )
+        )
+    else:
+        print(compare_text(table, names, names[0], args.by, words, args.top, rules, found_breaches))
+    for b in found_breaches:
+        print(f"optrace compare: breach: {printable(b)}", file=sys.stderr)
+    return 1 if found_breaches else 0
 
 
 def _export(args):
@@ -654,7 +651,11 @@ def _parser():
     )
     rep.set_defaults(run=_report)
     cmp = sub.add_parser("compare", help="compare several traces")
-    cmp.add_argument("traces", nargs="+", help="two or more trace directories; ratios are against the first")
+    cmp.add_argument(
+        "traces",
+        nargs="+",
+        help="two or more traces or baseline files (FILE.json, from --save-baseline); changes are against the first",
+    )
     cmp.add_argument(
         "--by",
         choices=("phase", "op", "module"),
@@ -663,6 +664,19 @@ def _parser():
     )
     cmp.add_argument("--json", action="store_true", help="print one JSON object")
     cmp.add_argument("--top", type=_top, default=20, help="keys shown, each with a row per run (default: 20)")
+    cmp.add_argument("--depth", type=_top, help="by module: a module and its submodules under the first DEPTH names")
+    cmp.add_argument(
+        "--fail-if",
+        action="append",
+        metavar="EXPR",
+        help="exit 1 when a run breaks EXPR against the first, e.g. 'flops>+1%%', 'peak_live_bytes>+5%%', "
+        "'op:aten.mm.default:flops>+0%%' ([phase|op|module:NAME:]METRIC(>|>=|<|<=)[+|-]NUMBER[%%]); repeatable",
+    )
+    cmp.add_argument(
+        "--save-baseline",
+        metavar="FILE",
+        help="write the one trace's compare figures to FILE (JSON) to compare against later instead of the trace",
+    )
     cmp.add_argument(
         "--engine",
         choices=("sql", "pandas"),
@@ -730,14 +744,18 @@ def main(argv=None):
     from reports.loading.columns import lean_memory
 
     lean_memory()
-    if args.command == "compare" and len(args.traces) < 2:
+    if args.command == "compare" and args.save_baseline and len(args.traces) != 1:
+        print(f"optrace compare: error: --save-baseline takes one trace, got {len(args.traces)}", file=sys.stderr)
+        return 2
+    if args.command == "compare" and not args.save_baseline and len(args.traces) < 2:
         print(f"optrace compare: error: expected at least two traces, got one: {args.traces[0]}", file=sys.stderr)
         return 2
+    code = 0  # a command's exit status: compare's gate returns 1 on a breach
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
             with checked_stdout():  # an OSError writing stdout: StdoutError, one line (reports/output/stdout.py)
-                args.run(args)
+                code = args.run(args)
         except ReportError as exc:  # one prefix: a message that starts with the command's name loses it
             message = printable(exc).removeprefix(f"{args.command}: ")
             print(f"optrace {args.command}: error: {message}", file=sys.stderr)
@@ -763,7 +781,7 @@ def main(argv=None):
             return 2
     for w in caught:
         print(f"optrace {args.command}: note: {printable(w.message)}", file=sys.stderr)
-    return 0
+    return code or 0
 
 
 if __name__ == "__main__":

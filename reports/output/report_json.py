@@ -10,7 +10,7 @@ import math
 from reports.errors import ReportError
 from reports.output.text import json_number
 
-__all__ = ["COMPARE_COLUMNS", "compare_json", "json_value", "records", "sections", "strict"]
+__all__ = ["json_value", "records", "sections", "strict"]
 
 
 def json_value(value):
@@ -188,36 +188,4 @@ def sections(meta, accounts, peak_tflops, step_time_s, top, src):
         "roofline": _roofline(src, top),
         "memory": _memory(src),
         "views": _views(src, top),
-    }
-
-
-# What each column of `compare` holds (reports/compare.py's docstring, in short): `compare --json` carries it.
-COMPARE_COLUMNS = {
-    "run": "the run's name",
-    "steps": "traced steps of the run",
-    "ops_per_step": "aten ops per step",
-    "flops_per_step": "analytic FLOPs per step (2 per multiply-add)",
-    "bytes_allocated_per_step": "bytes of the storages the ops created, per step",
-    "traced_us_per_step": "the ops' duration under the tracer per step, microseconds (slowed by tracing: "
-    "for ranking, not speed)",
-    "peak_live_bytes": "the highest live bytes after any op of the key (not per step)",
-    "mfu_pct": "MFU in percent, on the total rows only; null where it cannot be known",
-    "flops_ratio": "flops_per_step over the baseline run's, same key",
-    "bytes_allocated_ratio": "bytes_allocated_per_step over the baseline run's",
-    "peak_live_bytes_ratio": "peak_live_bytes over the baseline run's",
-    "traced_us_ratio": "traced_us_per_step over the baseline run's",
-    "change_pct": "the larger change of FLOPs and of bytes allocated against the baseline, in percent of the "
-    "baseline run's total per step; rows are ordered by it",
-}
-
-
-def compare_json(table, runs, by):
-    """`compare --json`: one object with the runs, the baseline, the column meanings and the rows."""
-    return {
-        "by": by,
-        "runs": list(runs),
-        "baseline": list(runs)[0],
-        "columns": {by: f"the {by} ('total': the whole run)", **COMPARE_COLUMNS},
-        "note": 'a ratio x / 0 is the string "inf"; null is a value that cannot be known (0 / 0, MFU without a step time)',
-        "rows": records(table),
     }

@@ -29,3 +29,18 @@ FROM rows
 WHERE module IS NOT NULL
 GROUP BY run, run_index, module, phase
 ;
+;
+-- portable: compare's words on activation checkpointing: per run and phase, the FLOPs of the rows the tracer
+-- flagged `recompute` (forward work re-run in the backward).
+CREATE VIEW compare_recompute AS
+SELECT run, run_index, phase, sum(CASE WHEN recompute THEN flops ELSE 0 END) AS flops,
+       sum(CASE WHEN recompute THEN 1 ELSE 0 END) AS ops, min(seq) AS first_seq
+FROM rows
+GROUP BY run, run_index, phase
+;
+-- compare's words on dtypes: per run, op and dtype (view row_dtype: a row's first input's dtype, else its first
+-- output's), the ops.
+CREATE VIEW compare_dtypes AS
+SELECT run, run_index, op, dtype, count(*) AS ops, min(seq) AS first_seq
+FROM row_dtype
+GROUP BY run, run_index, op, dtype

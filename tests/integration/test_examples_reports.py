@@ -38,7 +38,7 @@ def precision(examples_dir, tmp_path_factory):
 
 def test_compare_precision_prints_the_tables(precision):
     out, _ = precision
-    assert out.startswith("By phase (ratios: bf16 / fp32)\n")
+    assert out.startswith("By phase (signed changes of bf16 against fp32, in %)\n")
     assert "\nBytes allocated by dtype\n" in out
     assert re.search(r"^\s*total\s+bf16\s", out, re.M)
     assert re.search(r"^\s*bf16\s+bfloat16\s", out, re.M)  # autocast made bfloat16 storages
@@ -61,9 +61,10 @@ def test_compare_precision_traces_by_op(precision):
     table = compare(load([fp32, bf16]), by="op")
     mm = table[table["op"] == "aten.mm.default"].set_index("run")
     assert list(mm.index) == ["fp32", "bf16"]
-    assert mm.loc["fp32", "bytes_allocated_ratio"] == 1.0
-    assert mm.loc["bf16", "bytes_allocated_ratio"] == 0.5  # exactly: 2 bytes / 4 bytes for every output
-    assert mm.loc["bf16", "flops_ratio"] == 1.0  # the same matmuls, so the same FLOPs
+    assert mm.loc["fp32", "bytes_allocated_change_pct"] == 0.0
+    # exactly: (2 - 4) / 4 bytes for every output = -50% (the ratio 0.5 before)
+    assert mm.loc["bf16", "bytes_allocated_change_pct"] == -50.0
+    assert mm.loc["bf16", "flops_change_pct"] == 0.0  # the same matmuls, so the same FLOPs
     assert mm.loc["bf16", "bytes_allocated_per_step"] * 2 == mm.loc["fp32", "bytes_allocated_per_step"]
 
 

@@ -65,14 +65,15 @@ def test_bf16_halves_the_matmul_output_bytes(runs):
     table = compare(runs, by="op")
     for op in ("aten.mm.default", "aten.addmm.default"):
         bf16 = row(table, op, "bf16")
-        assert bf16["bytes_allocated_ratio"] == 0.5  # 2 bytes per bfloat16 element / 4 per float32
-        assert bf16["flops_ratio"] == 1.0  # the same arithmetic
-        assert row(table, op, "fp32")["bytes_allocated_ratio"] == 1.0
+        # signed: 2 bytes per bfloat16 element against 4 per float32: (2 - 4) / 4 = -50% (the ratio 0.5 before)
+        assert bf16["bytes_allocated_change_pct"] == -50.0
+        assert bf16["flops_change_pct"] == 0.0  # the same arithmetic
+        assert row(table, op, "fp32")["bytes_allocated_change_pct"] == 0.0
     # forward: addmm [3, 4] @ [4, 8] -> [3, 8] and [3, 8] @ [8, 2] -> [3, 2]: (24 + 6) * 4 bytes per fp32 step
     assert row(table, "aten.addmm.default", "fp32")["bytes_allocated_per_step"] == (24 + 6) * 4
     assert row(table, "aten.addmm.default", "bf16")["bytes_allocated_per_step"] == (24 + 6) * 2
     # the casts exist only under autocast: x / 0
-    assert row(table, "aten._to_copy.default", "bf16")["bytes_allocated_ratio"] == np.inf
+    assert row(table, "aten._to_copy.default", "bf16")["bytes_allocated_change_pct"] == np.inf
     assert row(table, "aten._to_copy.default", "fp32")["ops_per_step"] == 0
 
 
@@ -88,19 +89,20 @@ def test_layout_and_order(runs):
         "traced_us_per_step",
         "peak_live_bytes",
         "mfu_pct",
-        "flops_ratio",
-        "bytes_allocated_ratio",
-        "peak_live_bytes_ratio",
-        "traced_us_ratio",
+        "ops_change_pct",
+        "flops_change_pct",
+        "bytes_allocated_change_pct",
+        "peak_live_bytes_change_pct",
+        "traced_us_change_pct",
         "change_pct",
     ]
     assert list(table["phase"][:2]) == ["total", "total"] and list(table["run"][:2]) == ["fp32", "bf16"]
     assert dict(zip(table["run"], table["steps"])) == {"fp32": 1, "bf16": 2}  # values are per step
     base = table[table["run"] == "fp32"]
-    assert (base[["flops_ratio", "bytes_allocated_ratio", "peak_live_bytes_ratio"]] == 1.0).all().all()
+    assert (base[["flops_change_pct", "bytes_allocated_change_pct", "peak_live_bytes_change_pct"]] == 0.0).all().all()
     assert (base["change_pct"] == 0).all()
     keys = table.loc[table["phase"] != "total"]
-    per_key = keys.groupby("phase", sort=False)["change_pct"].max()
+    per_key = keys["change_pct"].abs().groupby(keys["phase"], sort=False).max()
     assert list(per_key) == sorted(per_key, reverse=True)  # biggest differences first
     fp32 = runs[runs["run"] == "fp32"]
     total = row(table, "total", "fp32", by="phase")
@@ -119,12 +121,12 @@ def test_mfu_on_the_total_rows(runs):
 
 def test_baseline_and_paths(runs, paths):
     table = compare(runs, by="op", baseline="bf16")
-    assert row(table, "aten.mm.default", "fp32")["bytes_allocated_ratio"] == 2.0
+    assert row(table, "aten.mm.default", "fp32")["bytes_allocated_change_pct"] == 100.0  # 4 bytes against 2
     assert list(table["run"][:2]) == ["fp32", "bf16"]
     from_paths = compare([str(p) for p in paths], by="op")
     pd.testing.assert_frame_equal(
-        from_paths.drop(columns=["traced_us_per_step", "traced_us_ratio", "mfu_pct"]),
-        compare(runs, by="op").drop(columns=["traced_us_per_step", "traced_us_ratio", "mfu_pct"]),
+        from_paths.drop(columns=["traced_us_per_step", "traced_us_change_pct", "mfu_pct"]),
+        compare(runs, by="op").drop(columns=["traced_us_per_step", "traced_us_change_pct", "mfu_pct"]),
     )
 
 
@@ -136,7 +138,7 @@ def test_different_models_compare_by_op_and_phase(tmp_path):
     assert row(by_op, "aten.addmm.default", "deep")["ops_per_step"] == 3
     assert row(by_op, "aten.addmm.default", "small")["ops_per_step"] == 2
     # forward matmul FLOPs: 2 * 3 * (4*16 + 16*16 + 16*2) = 2112 against 2 * 3 * (4*8 + 8*2) = 288
-    assert row(by_op, "aten.addmm.default", "deep")["flops_ratio"] == pytest.approx(2112 / 288)
+    assert row(by_op, "aten.addmm.default", "deep")["flops_change_pct"] == pytest.approx(100 * (2112 / 288 - 1))
     assert set(compare(df, by="phase")["phase"]) == {"total", "forward", "backward", "optimizer"}
     by_module = compare(df, by="module")
     assert row(by_module, "4", "small", by="module")["ops_per_step"] == 0  # the deep model's third Linear
@@ -195,7 +197,7 @@ def test_a_module_named_total_is_its_own_key(totals):
     # the Linear's forward mm: 2 * batch * 8 * 4 FLOPs = 128 (batch 2), 256 (batch 4); its weight gradient
     # mm in the backward is as many (the input needs no gradient): 256 and 512 per step, x 2.0
     assert list(module["flops_per_step"]) == [256.0, 512.0]
-    assert list(module["flops_ratio"]) == [1.0, 2.0]
+    assert list(module["flops_change_pct"]) == [0.0, 100.0]  # x 2.0: +100%
     # the whole run adds the sum (2 * 4 = 8 and 4 * 4 = 16 FLOPs): 264 and 528
     assert list(whole["flops_per_step"]) == [264.0, 528.0]
 
@@ -221,6 +223,152 @@ def test_the_data_of_each_iteration_is_one_per_step_whatever_the_steps_traced(lo
         rows["other", "s2"]["bytes_allocated_per_step"] == 128
         and rows["other", "s3"]["bytes_allocated_per_step"] == 256
     )
-    assert rows["other", "s3"]["bytes_allocated_ratio"] == 2
+    assert rows["other", "s3"]["bytes_allocated_change_pct"] == 100  # x 2.0: +100% (the ratio 2 before)
     # a step is 34 ops at either batch and step count: 1 randn + 8 forward + 21 backward + 4 SGD add_
     assert rows["total", "s2"]["ops_per_step"] == 34 and rows["total", "s3"]["ops_per_step"] == 34
+
+
+# ------------------------------------------------------------------ signed changes, the words, the gate, baselines
+class _Checkpointed(nn.Module):
+    """mlp(4, 8, 2) under activation checkpointing: the backward re-runs the forward it needs."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = mlp(4, 8, 2)
+
+    def forward(self, x):
+        from torch.utils.checkpoint import checkpoint
+
+        return checkpoint(self.body, x, use_reentrant=False)
+
+
+@pytest.fixture(scope="module")
+def checkpointed(tmp_path_factory, paths):
+    d = tmp_path_factory.mktemp("gate")
+    plain = trace(d / "plain", mlp(4, 8, 2), run_name="plain")
+    again = trace(d / "again", mlp(4, 8, 2), run_name="again")
+    ckpt = trace(d / "ckpt", _Checkpointed(), run_name="ckpt")
+    return {"plain": str(plain), "again": str(again), "ckpt": str(ckpt), "dir": d}
+
+
+def test_a_fall_is_a_negative_change(runs):
+    total = row(compare(runs), "total", "bf16", by="phase")
+    # bytes allocated per step: fp32 1,696, bf16 1,452 (matmul outputs in 2 bytes, not 4, plus the casts):
+    # (1452 - 1696) / 1696 = -14.39%: signed, where change_pct printed an unsigned 14.4%
+    assert (
+        total["bytes_allocated_per_step"],
+        row(compare(runs), "total", "fp32", by="phase")["bytes_allocated_per_step"],
+    ) == (1452, 1696)
+    assert total["bytes_allocated_change_pct"] == pytest.approx(100 * (1452 - 1696) / 1696)
+    assert total["change_pct"] == pytest.approx(100 * (1452 - 1696) / 1696)  # the larger move, its sign kept
+
+
+@pytest.mark.parametrize("source", ["paths", "frame"])
+def test_what_changed_in_words(paths, runs, source):
+    from reports.compare import runs_of_sources
+    from reports.compare_words import changes
+
+    words = changes(runs_of_sources([str(p) for p in paths] if source == "paths" else runs))["bf16"]
+    assert words[0] == "totals: FLOPs/step +0.0%, bytes allocated/step -14.4%, peak live bytes -0.2%, ops/step +3.5%"
+    assert words[1] == "ops added: aten._to_copy.default (9/step)"  # autocast's casts
+    assert words[2].startswith("dtype float32 -> bfloat16: aten.t.default, aten.addmm.default,")
+    # at the peak the loss's activation is one bfloat16 element, 2 bytes, against 4 in float32: -50%
+    assert words[-1] == "memory at peak: activations 4 -> 2 bytes (-50.0%)"
+
+
+def test_the_gate_fails_on_recompute_and_passes_on_the_same_run(checkpointed, capsys):
+    from reports import check
+
+    # recompute adds the checkpointed forward it re-runs: addmm [3, 4] @ [4, 8] 2 * 3 * 4 * 8 = 192, relu 3 * 8 = 24:
+    # 1,254 + 216 = 1,470 FLOPs per step, +17.22%
+    found = check(checkpointed["ckpt"], checkpointed["plain"], ["flops>+1%", "peak_live_bytes>+5%"])
+    assert [(b.rule, b.run, b.value, b.base) for b in found] == [("flops>+1%", "ckpt", 1470.0, 1254.0)]
+    assert str(found[0]) == "flops>+1%: ckpt total flops 1,470 FLOPs/step against 1,254 in plain (+17.22%)"
+    assert check(checkpointed["again"], checkpointed["plain"], ["flops>+0%", "peak_live_bytes>+0%", "ops>+0"]) == []
+    rc = main(
+        ["compare", checkpointed["plain"], checkpointed["ckpt"], "--fail-if", "flops>+1%", "--fail-if", "ops>+50%"]
+    )
+    out, err = capsys.readouterr()
+    assert rc == 1
+    assert "Gate: 2 checks, 1 breached\n  BREACH flops>+1%: ckpt total flops 1,470 FLOPs/step" in out
+    assert (
+        err
+        == "optrace compare: breach: flops>+1%: ckpt total flops 1,470 FLOPs/step against 1,254 in plain (+17.22%)\n"
+    )
+    # 216 FLOPs/step in the recompute rows: 216 / 1470 = 14.7% of the run's FLOPs
+    assert "  recompute: new, 216 FLOPs/step in " in out and "(14.7% of its FLOPs): checkpointing re-runs" in out
+    assert main(["compare", checkpointed["plain"], checkpointed["again"], "--fail-if", "flops>+0%"]) == 0
+    # a named key: the forward's FLOPs did not change (the recompute runs in the backward), the backward's did
+    assert check(checkpointed["ckpt"], checkpointed["plain"], ["phase:forward:flops>+0%"]) == []
+    assert [b.key for b in check(checkpointed["ckpt"], checkpointed["plain"], ["phase:backward:flops>+0%"])] == [
+        "backward"
+    ]
+
+
+def test_a_baseline_file_gives_the_trace_baseline_table(checkpointed, capsys):
+    base = checkpointed["dir"] / "base.json"
+    assert main(["compare", "--save-baseline", str(base), checkpointed["plain"]]) == 0
+    assert (
+        capsys.readouterr().out == f"optrace compare: saved the baseline of plain ({checkpointed['plain']}) to {base}\n"
+    )
+    for by in ("phase", "op", "module"):
+        from_trace = compare([checkpointed["plain"], checkpointed["ckpt"]], by=by)
+        from_file = compare([str(base), checkpointed["ckpt"]], by=by)
+        pd.testing.assert_frame_equal(from_file, from_trace)  # the same figures, to the last bit
+    # against the same trace: the baseline's run is renamed, the figures equal
+    table = compare([str(base), checkpointed["plain"]], by="op")
+    assert list(table["run"][:2]) == ["plain (baseline)", "plain"] and (table["flops_change_pct"] == 0).all()
+    assert main(["compare", str(base), checkpointed["ckpt"], "--fail-if", "flops>+1%", "--json"]) == 1
+    got = json.loads(capsys.readouterr().out)
+    assert got["gate"]["passed"] is False and [b["rule"] for b in got["gate"]["breaches"]] == ["flops>+1%"]
+    assert got["gate"]["breaches"][0]["change"] == pytest.approx(100 * (1470 - 1254) / 1254)
+
+
+@pytest.mark.parametrize(
+    "expr, message",
+    [
+        (
+            "flops=1%",
+            r"--fail-if 'flops=1%': expected \[phase\|op\|module:NAME:\]METRIC\(>\|>=\|<\|<=\)\[\+\|-\]NUMBER\[%\]",
+        ),
+        (
+            "flop>+1%",
+            r"--fail-if 'flop>\+1%': metric 'flop' is not one of ops, flops, bytes_allocated, peak_live_bytes",
+        ),
+        ("flops>+x%", r"--fail-if 'flops>\+x%': expected \["),
+        (
+            "op:aten.nope.default:flops>+0%",
+            r"--fail-if 'op:aten.nope.default:flops>\+0%': no op 'aten.nope.default' in any run \(plain, ckpt\)",
+        ),
+    ],
+)
+def test_a_bad_gate_is_one_line(checkpointed, capsys, expr, message):
+    from reports import check
+
+    with pytest.raises(ReportError, match=message):
+        check(checkpointed["ckpt"], checkpointed["plain"], [expr])
+    assert main(["compare", checkpointed["plain"], checkpointed["ckpt"], "--fail-if", expr]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and err.startswith("optrace compare: error: --fail-if ")
+
+
+def test_gate_raises_for_a_test(checkpointed):
+    from reports import gate
+    from reports.gate import Breached
+
+    gate(checkpointed["again"], checkpointed["plain"], ["flops>+0%"])  # nothing changed: no error
+    with pytest.raises(Breached, match=r"^flops>\+1%: ckpt total flops 1,470"):
+        gate(checkpointed["ckpt"], checkpointed["plain"], ["flops>+1%"])
+    with pytest.raises(ReportError, match="not a baseline file"):
+        (checkpointed["dir"] / "bad.json").write_text("{}")
+        gate(checkpointed["ckpt"], str(checkpointed["dir"] / "bad.json"), ["flops>+1%"])
+
+
+def test_modules_at_a_depth(checkpointed):
+    # depth 1 sums body.0, body.1 and body.2 into "body": the forward and the recompute of the checkpointed MLP
+    deep = compare([checkpointed["ckpt"]] * 1 + [checkpointed["ckpt"]], by="module")
+    shallow = compare([checkpointed["ckpt"], checkpointed["ckpt"]], by="module", depth=1)
+    run = deep["run"].iloc[0]
+    parts = deep[(deep["run"] == run) & deep["module"].str.startswith("body.")]
+    body = shallow[(shallow["run"] == run) & (shallow["module"] == "body")].iloc[0]
+    assert body["flops_per_step"] == parts["flops_per_step"].sum() and body["flops_per_step"] > 0

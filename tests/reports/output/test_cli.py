@@ -189,51 +189,42 @@ def test_report_plot_writes_pngs(traces, capsys, tmp_path):
 
 
 # ------------------------------------------------------------------ optrace compare
-def test_compare_prints_ratios(traces, capsys):
+def test_compare_prints_signed_changes(traces, capsys):
     rc, out, err = run(capsys, "compare", traces["fp32"], traces["bf16"])
     assert rc == 0, err
     lines = out.splitlines()
-    assert lines[0] == "optrace compare: fp32, bf16 (per step, except peak_live_bytes; ratios against fp32)"
-    header = lines[1].split()
+    assert lines[0] == "optrace compare: bf16 against fp32 (baseline); per step, except peak_live"
+    assert lines[1] == "What changed in bf16:" and lines[2].startswith("  totals: FLOPs/step +0.0%, bytes allocated")
+    assert "  ops added: aten._to_copy.default" in out  # autocast's casts
+    assert re.search(r"^  dtype float32 -> bfloat16: .*aten\.addmm\.default", out, re.M), out
+    header = next(line for line in lines if line.lstrip().startswith("phase")).split()
+    # 8 figures per key (14 before): the value and its signed change against fp32
     assert header == [
         "phase",
         "run",
-        "steps",
         "ops/step",
+        "±ops",
         "flops/step",
+        "±flops",
         "alloc/step",
-        "traced/step",
+        "±alloc",
         "peak_live",
-        "mfu_pct",
-        "flops_x",
-        "alloc_x",
-        "peak_live_x",
-        "traced_x",
-        "change_pct",
+        "±peak",
     ]
-    assert max(len(line) for line in lines[1:10]) <= 132  # was 230 wide with the full names and raw microseconds
-    assert lines[-3].startswith("/step: per step; _x: the ratio to fp32's value for the same phase (inf: x / 0")
-    assert lines[-2] == (
-        "change_pct: the larger change of FLOPs and of bytes allocated per step against fp32, "
-        "in % of fp32's total (keys ordered by it)"
-    )
+    assert lines[-1] == "±: signed change against fp32's value for the same phase (new: fp32 has none); alloc: bytes allocated"
     assert not re.search(r"\d+\.\d{4,}|<NA>|\b\d+\.0(?![\d%])", out)  # no raw floats, no pandas NA, no "506.0"
-    assert re.search(r"^\s*total\s+fp32\s", out, re.M) and re.search(r"^\s*total\s+bf16\s", out, re.M)
-    assert re.search(r"^\s*forward\s+bf16\s", out, re.M)
+    total = re.search(r"^\s*total\s+bf16\s.*$", out, re.M).group(0)
+    assert re.search(r"\s-\d+\.\d%", total), total  # bytes allocated fell: a minus sign, not an unsigned 14.4%
 
 
 def test_compare_by_op(traces, capsys):
     rc, out, err = run(capsys, "compare", traces["fp32"], traces["bf16"], "--by", "op")
     assert rc == 0, err
-    assert out.splitlines()[1].split()[:2] == ["op", "run"]
     assert not re.search(r"<NA>", out)
-    # every mm writes bfloat16 (2 bytes) instead of float32 (4 bytes): half the bytes
+    # every mm writes bfloat16 (2 bytes) instead of float32 (4 bytes): (2 - 4) / 4 = -50.0% (the ratio 0.500 before)
     mm = re.search(r"^\s*aten\.mm\.default\s+bf16\s.*$", out, re.M)
     assert mm, out
-    header = out.splitlines()[1].split()
-    assert header[-5:] == ["flops_x", "alloc_x", "peak_live_x", "traced_x", "change_pct"]
-    # the row ends: flops_ratio 1.000 (same FLOPs), bytes_allocated_ratio 0.500, two more ratios, change_pct
-    assert re.search(r"\s1\.000\s+0\.500\s+\d+\.\d{3}\s+\d+\.\d{3}\s+\d+\.\d%$", mm.group(0)), mm.group(0)
+    assert re.search(r"\s\+0\.0%\s+\S+ \S+\s+-50\.0%\s", mm.group(0)), mm.group(0)  # flops +0.0%, alloc -50.0%
 
 
 def test_compare_json(traces, capsys):
@@ -255,18 +246,21 @@ def test_compare_json(traces, capsys):
         "traced_us_per_step",
         "peak_live_bytes",
         "mfu_pct",
-        "flops_ratio",
-        "bytes_allocated_ratio",
-        "peak_live_bytes_ratio",
-        "traced_us_ratio",
+        "ops_change_pct",
+        "flops_change_pct",
+        "bytes_allocated_change_pct",
+        "peak_live_bytes_change_pct",
+        "traced_us_change_pct",
         "change_pct",
     }
     records = got["rows"]
     assert records and all(set(r) == set(got["columns"]) for r in records)  # every column documented
     by_key = {(r["op"], r["run"]): r for r in records}
-    assert by_key[("total", "fp32")]["bytes_allocated_ratio"] == 1.0
-    assert by_key[("aten.mm.default", "bf16")]["bytes_allocated_ratio"] == 0.5
-    assert by_key[("aten.mm.default", "bf16")]["flops_ratio"] == 1.0  # autocast: same FLOPs
+    assert by_key[("total", "fp32")]["bytes_allocated_change_pct"] == 0
+    assert by_key[("aten.mm.default", "bf16")]["bytes_allocated_change_pct"] == -50  # 2 bytes against 4 (ratio 0.5)
+    assert by_key[("aten.mm.default", "bf16")]["flops_change_pct"] == 0  # autocast: same FLOPs
+    assert got["gate"] == {"checks": [], "breaches": [], "passed": True}
+    assert got["changes"]["bf16"][1].startswith("ops added: aten._to_copy.default")
     rc, out, err = run(capsys, "compare", traces["fp32"], traces["bf16"], "--json")
     assert rc == 0, err
     assert {r["phase"] for r in json.loads(out)["rows"]} == {"total", "forward", "backward", "optimizer"}
@@ -585,7 +579,9 @@ def test_report_gives_the_spread_of_the_untraced_step_times(tmp_path, capsys):
 def test_compare_top_keeps_each_key_whole(traces, capsys):
     rc, out, err = run(capsys, "compare", traces["fp32"], traces["bf16"], "--by", "op", "--top", "3")
     assert rc == 0, err
-    rows = [line.split()[:2] for line in out.splitlines()[2:] if re.match(r"\s*(total|aten\.)", line)]
+    lines = out.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.split()[:2] == ["op", "run"])  # the table, after the words
+    rows = [line.split()[:2] for line in lines[start + 1 :] if re.match(r"\s*(total|aten\.)", line)]
     assert len(rows) == 6  # 3 keys, each with its fp32 and its bf16 row
     assert [r[1] for r in rows] == ["fp32", "bf16"] * 3 and rows[0][0] == rows[1][0] == "total"
 

@@ -84,7 +84,9 @@ def test_every_argument_has_help():
         "OUT.json (Chrome JSON), OUT.json.gz (the same, gzip-compressed), "
         "OUT.pftrace (Perfetto protobuf) or - (Chrome JSON to stdout)"
     )
-    assert helps[("compare", "traces")] == "two or more trace directories; ratios are against the first"
+    assert helps[("compare", "traces")] == (
+        "two or more traces or baseline files (FILE.json, from --save-baseline); changes are against the first"
+    )
     assert "(Perfetto protobuf)" in commands["export"].format_help()  # argparse prints it
 
 

@@ -117,9 +117,10 @@ def test_compare_json_is_one_object_with_infinities_named(traces, capsys):
     base = {r["op"]: r for r in got["rows"] if r["run"] == "fp32"}
     copies = [r for r in got["rows"] if r["run"] == "bf16" and r["op"] == "aten._to_copy.default"]
     assert copies and base["aten._to_copy.default"]["ops_per_step"] == 0  # autocast's casts: none in float32
-    assert copies[0]["bytes_allocated_ratio"] == "inf"  # x / 0, said so, not a null
+    assert copies[0]["bytes_allocated_change_pct"] == "inf"  # x / 0, said so, not a null
     missing = [r for r in got["rows"] if r["run"] == "fp32" and r["ops_per_step"] == 0]
-    assert missing and all(r["flops_ratio"] is None for r in missing)  # 0 / 0: cannot be known
+    assert missing and all(r["flops_change_pct"] == 0 for r in missing)  # 0 against 0: no change (the ratio was null)
+    assert all(r["peak_live_bytes"] is None and r["peak_live_bytes_change_pct"] is None for r in missing)  # no peak
 
 
 def test_top_ops_are_per_step(tmp_path, capsys):

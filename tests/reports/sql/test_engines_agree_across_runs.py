@@ -134,4 +134,6 @@ def test_a_rank_whose_parts_hold_the_columns_in_another_order(template, tmp_path
     got = _both(capsys, "compare", job / "rank=0", job / "rank=1", "--json")
     assert got["sql"] == got["pandas"] and got["sql"][0] == 0
     total = [row for row in json.loads(got["sql"][1])["rows"] if row["phase"] == "total"]
-    assert [row["flops_ratio"] for row in total] == [1, 1] and [row["bytes_allocated_ratio"] for row in total] == [1, 1]
+    # signed changes: no change (the ratios 1 before)
+    assert [row["flops_change_pct"] for row in total] == [0, 0]
+    assert [row["bytes_allocated_change_pct"] for row in total] == [0, 0]

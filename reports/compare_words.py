@@ -1,0 +1,136 @@
+"""What changed between a run and the baseline, in words: the totals, ops added or removed, recompute, dtypes.
+
+    changes(runs)   {run: [sentence, ...]} for every run but the baseline, from [reports.compare.Figures]
+
+Each sentence comes from compare.sql's views (the per-step totals, compare_recompute, compare_dtypes), so a
+baseline file gives the same words as the trace it was saved from.
+"""
+
+import math
+
+from reports.compare import TOTAL, check_baseline, side_by_side_runs
+
+__all__ = ["changes", "facts"]
+
+_SHOWN = 3  # names listed per sentence, then "and N more"
+
+
+def _names(names):
+    names = list(names)
+    more = f" and {len(names) - _SHOWN} more" if len(names) > _SHOWN else ""
+    return ", ".join(names[:_SHOWN]) + more
+
+
+def _pct(v):
+    if v != v:
+        return "N/A"
+    return "new" if math.isinf(v) else f"{v:+.1f}%"
+
+
+def _recompute(run):
+    """FLOPs and ops per step of the rows flagged `recompute`."""
+    table = run.views["compare_recompute"]
+    if not len(table):
+        return 0.0, 0.0
+    got = run.per_step(table, ("flops", "ops"))
+    return float(got["flops"].iloc[0]), float(got["ops"].iloc[0])
+
+
+def _dtypes(run):
+    """{op: frozenset of dtypes}, and the ops per step of each dtype ('' for an op without tensors is left out)."""
+    by_op = {}
+    for op, dtype in zip(run.views["compare_dtypes"]["op"], run.views["compare_dtypes"]["dtype"]):
+        if dtype:
+            by_op.setdefault(op, set()).add(dtype)
+    return {op: frozenset(d) for op, d in by_op.items()}
+
+
+def _per_step(table, key):
+    return f"{key} ({table.loc[key, 'ops_per_step']:g}/step)"
+
+
+def _memory(before, after):
+    """The memory categories at the peak that changed, in words ("" when none did)."""
+    for known in (before, after):
+        if isinstance(known, str):
+            return known
+    moved = []
+    for category in dict.fromkeys([*before, *after]):
+        was, now = before.get(category, 0), after.get(category, 0)
+        if was != now:
+            moved.append(f"{category} {was:,} -> {now:,} bytes ({_pct(_change(now, was))})")
+    return "memory at peak: " + ", ".join(moved) if moved else ""
+
+
+def _change(now, was):
+    return math.inf if not was else 100.0 * (now - was) / was
+
+
+def facts(run):
+    """A run's facts the words compare: recompute FLOPs and ops per step, dtypes per op."""
+    flops, ops = _recompute(run)
+    return {"recompute_flops_per_step": flops, "recompute_ops_per_step": ops, "dtypes": _dtypes(run)}
+
+
+def changes(runs, baseline=None):
+    """{run: [sentence]} of each run but the baseline (default the first) of [reports.compare.Figures]."""
+    names = [r.name for r in runs]
+    baseline = check_baseline(baseline, names)
+    by_op = side_by_side_runs(runs, "op", baseline)
+    totals = side_by_side_runs(runs, "phase", baseline)
+    totals = totals[totals["phase"] == TOTAL].set_index("run")
+    base_run = runs[names.index(baseline)]
+    base_facts = facts(base_run)
+    out = {}
+    for run in runs:
+        if run.name == baseline:
+            continue
+        words = []
+        t = totals.loc[run.name]
+        moved = [
+            f"{label} {_pct(t[f'{m}_change_pct'])}"
+            for m, label in (
+                ("flops", "FLOPs/step"),
+                ("bytes_allocated", "bytes allocated/step"),
+                ("peak_live_bytes", "peak live bytes"),
+                ("ops", "ops/step"),
+            )
+        ]
+        words.append("totals: " + ", ".join(moved))
+        ops = by_op[by_op["run"] == run.name].set_index("op")
+        base_ops = by_op[by_op["run"] == baseline].set_index("op")
+        keys = [k for k in ops.index if k != TOTAL]
+        added = [k for k in keys if base_ops.loc[k, "ops_per_step"] == 0 and ops.loc[k, "ops_per_step"] > 0]
+        removed = [k for k in keys if base_ops.loc[k, "ops_per_step"] > 0 and ops.loc[k, "ops_per_step"] == 0]
+        if added:
+            words.append("ops added: " + _names(_per_step(ops, k) for k in added))
+        if removed:
+            words.append("ops removed: " + _names(_per_step(base_ops, k) for k in removed))
+        mine = facts(run)
+        was, now = base_facts["recompute_flops_per_step"], mine["recompute_flops_per_step"]
+        share = f" ({100.0 * now / t['flops_per_step']:.1f}% of its FLOPs)" if t["flops_per_step"] else ""
+        if not was and (now or mine["recompute_ops_per_step"]):
+            words.append(
+                f"recompute: new, {now:,.0f} FLOPs/step in {mine['recompute_ops_per_step']:g} ops/step{share}: "
+                "checkpointing re-runs forward work"
+            )
+        elif was and not now and not mine["recompute_ops_per_step"]:
+            words.append(f"recompute: gone ({was:,.0f} FLOPs/step in {baseline})")
+        elif was != now:
+            words.append(f"recompute: {was:,.0f} -> {now:,.0f} FLOPs/step{share}")
+        switched = {}
+        for op, dtypes in mine["dtypes"].items():
+            before = base_facts["dtypes"].get(op)
+            if before is not None and before != dtypes:
+                switched.setdefault((before, dtypes), []).append(op)
+        for (before, after), ops_ in switched.items():
+            words.append(f"dtype {'/'.join(sorted(before))} -> {'/'.join(sorted(after))}: {_names(ops_)}")
+        memory = _memory(base_run.categories, run.categories)
+        if memory:
+            words.append(memory)
+        if len(words) == 1 and all(
+            t[f"{m}_change_pct"] == 0 for m in ("flops", "bytes_allocated", "peak_live_bytes", "ops")
+        ):
+            words = ["no change: the same ops, FLOPs, bytes, peak and dtypes per step"]
+        out[run.name] = words
+    return out

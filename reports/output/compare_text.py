@@ -1,0 +1,127 @@
+"""`optrace compare`'s output: what changed in words, a table of signed changes, the gate's breaches; --json.
+
+Text, for runs fp32 (the baseline) and bf16:
+
+    optrace compare: bf16 against fp32 (baseline); per step, except peak_live
+    What changed in bf16:
+      totals: FLOPs/step +0.0%, bytes allocated/step -14.4%, ...
+    <table: key, run, ops/step, ±ops, flops/step, ±flops, alloc/step, ±alloc, peak_live, ±peak>
+    Gate: 2 checks, 1 breached
+
+Each ± is the signed change against the baseline's value of the same key ("new": the baseline has none).
+"""
+
+import math
+
+from reports.output.report_json import json_value, records
+from reports.output.text import column_formatters, printable
+
+__all__ = ["COMPARE_COLUMNS", "compare_json", "compare_text"]
+
+# What each column of `compare` holds (reports/compare.py's docstring, in short): `compare --json` carries it.
+COMPARE_COLUMNS = {
+    "run": "the run's name",
+    "steps": "training steps of the run (the per-step divisor)",
+    "ops_per_step": "aten ops per step",
+    "flops_per_step": "analytic FLOPs per step (2 per multiply-add)",
+    "bytes_allocated_per_step": "bytes of the storages the ops created, per step",
+    "traced_us_per_step": "the ops' duration under the tracer per step, microseconds (slowed by tracing: "
+    "for ranking, not speed)",
+    "peak_live_bytes": "the highest live bytes after any op of the key (not per step)",
+    "mfu_pct": "MFU in percent, on the total rows only; null where it cannot be known",
+    "ops_change_pct": "signed change of ops_per_step against the baseline's, same key, in percent",
+    "flops_change_pct": "signed change of flops_per_step against the baseline's, in percent",
+    "bytes_allocated_change_pct": "signed change of bytes_allocated_per_step against the baseline's, in percent",
+    "peak_live_bytes_change_pct": "signed change of peak_live_bytes against the baseline's, in percent",
+    "traced_us_change_pct": "signed change of traced_us_per_step against the baseline's, in percent",
+    "change_pct": "signed change of FLOPs or bytes allocated (whichever moved more) against the baseline, in "
+    "percent of the baseline run's total per step; keys are ordered by its size",
+}
+
+# the text's columns: (the --json name, its header)
+_SHOWN = (
+    ("ops_per_step", "ops/step"),
+    ("ops_change_pct", "±ops"),
+    ("flops_per_step", "flops/step"),
+    ("flops_change_pct", "±flops"),
+    ("bytes_allocated_per_step", "alloc/step"),
+    ("bytes_allocated_change_pct", "±alloc"),
+    ("peak_live_bytes", "peak_live"),
+    ("peak_live_bytes_change_pct", "±peak"),
+)
+
+
+def _signed(v):
+    if v is None or v != v:
+        return "N/A"
+    if math.isinf(v):
+        return "new" if v > 0 else "-inf"
+    return f"{v:+.1f}%"
+
+
+def compare_text(table, runs, baseline, by, words, top, rules=(), breaches=()):
+    """The text `optrace compare` prints (a str)."""
+    import pyarrow as pa
+
+    from reports.output.table import render
+
+    others = ", ".join(printable(r) for r in runs if r != baseline)
+    lines = [f"optrace compare: {others} against {printable(baseline)} (baseline); per step, except peak_live"]
+    for run, said in words.items():
+        lines.append(f"What changed in {printable(run)}:")
+        lines += [f"  {printable(w)}" for w in said]
+    keys = table[by].drop_duplicates().head(top)  # whole keys: a run's row never cut from its pair
+    shown = table[table[by].isin(keys)][[by, "run", *(c for c, _ in _SHOWN)]].astype({"peak_live_bytes": "float64"})
+    formatters = column_formatters(shown)
+    is_base = (shown["run"] == baseline).tolist()
+    for column, _ in _SHOWN:  # the baseline's own rows: no change to show
+        if column.endswith("_change_pct"):
+            shown[column] = ["" if b else _signed(v) for b, v in zip(is_base, shown[column])]
+            formatters.pop(column, None)
+    header = [by, "run", *(h for _, h in _SHOWN)]
+    text = render(pa.Table.from_pandas(shown, preserve_index=False), formatters, "", header)
+    lines.append(text)
+    lines.append(
+        f"±: signed change against {printable(baseline)}'s value for the same {by} (new: {printable(baseline)} has none); "
+        "alloc: bytes allocated"
+    )
+    if rules:
+        lines.append(f"Gate: {len(rules)} check{'s' if len(rules) != 1 else ''}, {len(breaches)} breached")
+        lines += [f"  BREACH {printable(b)}" for b in breaches]
+    return "\n".join(lines)
+
+
+def compare_json(table, runs, by, baseline=None, words=None, rules=(), breaches=()):
+    """`compare --json`: one object with the runs, the baseline, the column meanings, the rows, the words and the
+    gate."""
+    runs = list(runs)
+    out = {
+        "by": by,
+        "runs": runs,
+        "baseline": baseline or runs[0],
+        "columns": {by: f"the {by} ('total': the whole run)", **COMPARE_COLUMNS},
+        "note": 'a change x / 0 is the string "inf"; null is a value that cannot be known (a peak of a key with no op, '
+        "MFU without a step time)",
+        "rows": records(table),
+    }
+    if words is not None:
+        out["changes"] = words
+    out["gate"] = {
+        "checks": [r.text for r in rules],
+        "breaches": [
+            {
+                "rule": b.rule,
+                "run": b.run,
+                "key": b.key,
+                "metric": b.metric,
+                "value": json_value(b.value),
+                "baseline_value": json_value(b.base),
+                "change": json_value(b.change),
+                "percent": b.percent,
+                "message": str(b),
+            }
+            for b in breaches
+        ],
+        "passed": not breaches,
+    }
+    return out
