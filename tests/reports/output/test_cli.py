@@ -211,7 +211,10 @@ def test_compare_prints_signed_changes(traces, capsys):
         "peak_live",
         "±peak",
     ]
-    assert lines[-1] == "±: signed change against fp32's value for the same phase (new: fp32 has none); alloc: bytes allocated"
+    assert (
+        lines[-1]
+        == "±: signed change against fp32's value for the same phase (new: fp32 has none); alloc: bytes allocated"
+    )
     assert not re.search(r"\d+\.\d{4,}|<NA>|\b\d+\.0(?![\d%])", out)  # no raw floats, no pandas NA, no "506.0"
     total = re.search(r"^\s*total\s+bf16\s.*$", out, re.M).group(0)
     assert re.search(r"\s-\d+\.\d%", total), total  # bytes allocated fell: a minus sign, not an unsigned 14.4%
