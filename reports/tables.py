@@ -214,7 +214,8 @@ def by_module(df, phase=None):
     it is computed outside the model) form one row with module "" and depth 0, last.
     `subtree_flops_pct` is the subtree's share of all the run's FLOPs (in percent).
 
-    `df`: a loaded frame, an Arrow table, or a reports.sql.engine.Trace (the CLI's);
+    `df`: a loaded frame, an Arrow table, or a reports.sql.engine.Trace (the CLI's); an Arrow table names its root
+    module in the run metadata of its schema (tracer.schema.read_part's), else each of the root's children is a root;
     `phase`: None for all ops, or a phase name (or a list of them) to keep."""
     if phase is not None:
         require(df, ["phase"], "by_module")

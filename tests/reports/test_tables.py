@@ -192,3 +192,23 @@ def test_row_dtypes_are_the_first_input_dtype_else_the_first_output(tmp_path, li
     ]
     assert list(row_dtypes(frame)) == expected
     assert expected[0] == "float32" and "bfloat16" in expected  # ones: its output; the matmul: bf16 inputs
+
+
+def test_by_module_of_an_arrow_table_hangs_the_tree_on_the_root_its_metadata_names(net, df):
+    """An Arrow table of a part with the run metadata in its schema (tracer.schema.read_part) names its root module
+    (`root_module` "Net"): the tree is the loaded frame's, where without the root each of Net's children was a root of
+    its own (blocks at depth 0, Net's subtree its own ops alone)."""
+    from tracer.schema import part_paths, read_part
+
+    (part,) = part_paths(net)  # 2 steps of this small Net fit one part
+    got = by_module(read_part(part)).set_index("module")
+    want = by_module(df).set_index("module")
+    assert dict(got["depth"][["Net", "blocks", "blocks.0", "head", ""]]) == {
+        "Net": 0,
+        "blocks": 1,
+        "blocks.0": 2,
+        "head": 1,
+        "": 0,
+    }
+    assert got.loc["Net", "subtree_flops"] == want.loc["Net", "subtree_flops"] == want.drop(index="")["flops"].sum()
+    pd.testing.assert_frame_equal(got, want)
