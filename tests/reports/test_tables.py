@@ -212,3 +212,19 @@ def test_by_module_of_an_arrow_table_hangs_the_tree_on_the_root_its_metadata_nam
     }
     assert got.loc["Net", "subtree_flops"] == want.loc["Net", "subtree_flops"] == want.drop(index="")["flops"].sum()
     pd.testing.assert_frame_equal(got, want)
+
+
+def test_by_module_of_an_arrow_table_keeps_the_phases_asked_for(net, df):
+    """`phase=` over an Arrow table keeps the rows of those phases, as over the loaded frame (it raised
+    AttributeError: 'pyarrow.lib.Table' object has no attribute 'attrs'); a table without `phase` gets reports.load's
+    one line."""
+    from tracer.schema import part_paths, read_part
+
+    (part,) = part_paths(net)
+    table = read_part(part)
+    got = by_module(table, phase="forward").set_index("module")
+    # fc1 forward: 2 steps of [4, 8] @ [8, 16], 2 * 4 * 8 * 16 = 1,024 FLOPs each: 2,048
+    assert got.loc["blocks.0.fc1", "flops"] == 2 * (2 * B * D * H) == 2048
+    pd.testing.assert_frame_equal(got, by_module(df, phase="forward").set_index("module"))
+    with pytest.raises(ReportError, match=r"by_module: the trace lacks column\(s\) \['phase'\]; load it with them"):
+        by_module(table.drop_columns(["phase"]), phase="forward")
