@@ -25,6 +25,8 @@ dtypes.
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from reports._util import empty_frame, pct
 from reports.errors import ReportError
@@ -214,15 +216,23 @@ def by_module(df, phase=None):
     it is computed outside the model) form one row with module "" and depth 0, last.
     `subtree_flops_pct` is the subtree's share of all the run's FLOPs (in percent).
 
-    `df`: a loaded frame, an Arrow table, or a reports.sql.engine.Trace (the CLI's);
+    `df`: a loaded frame, an Arrow table, or a reports.sql.engine.Trace (the CLI's); an Arrow table names its root
+    module in the run metadata of its schema (tracer.schema.read_part's), else each of the root's children is a root;
     `phase`: None for all ops, or a phase name (or a list of them) to keep."""
     if phase is not None:
-        require(df, ["phase"], "by_module")
+        arrow = isinstance(df, pa.Table)
+        if arrow and "phase" not in df.column_names:
+            raise ReportError("by_module: the trace lacks column(s) ['phase']; load it with them")
+        if not arrow:
+            require(df, ["phase"], "by_module")
         phases = [phase] if isinstance(phase, str) else list(phase)
         bad = [p for p in phases if p not in PHASES]
         if bad:
             raise ReportError(f"by_module: unknown phase(s) {bad}; phases are {list(PHASES)}")
-        df = df[df["phase"].isin(phases)]
+        if arrow:
+            df = df.filter(pc.is_in(df.column("phase"), value_set=pa.array(phases, pa.string())))
+        else:
+            df = df[df["phase"].isin(phases)]
     with trace_of(df, "by_module", [*_BASE, "module", "seq"]) as trace:
         return _modules(trace)
 

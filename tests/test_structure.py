@@ -272,3 +272,22 @@ def test_reports_modules_use_only_public_names_of_each_other():
                     if a.name.startswith("_") and a.name != "_util"
                 ]
     assert private == []
+
+
+def test_the_paths_the_sources_name_are_there():
+    """A comment or docstring that names a file of the checkout names one that exists (the oracles named the test
+    files by their places before tests/ mirrored the packages); a module named without its `.py` (`reports/__init__`)
+    counts."""
+    import re
+
+    named = re.compile(r"(?<![\w/.-])(?:tracer|reports|tests|examples|benchmarks|docs)/[\w/.*-]*[\w*]")
+    quoting = {"tests/integration/test_readme.py"}  # names the old places on purpose, as examples
+    missing = []
+    for base in (*PACKAGES, "tests", "benchmarks", "examples"):
+        for path in sorted((ROOT / base).rglob("*")):
+            if path.suffix not in (".py", ".sql", ".cpp", ".h", ".md") or str(path.relative_to(ROOT)) in quoting:
+                continue
+            for found in sorted(set(named.findall(path.read_text(encoding="utf-8")))):
+                if not list(ROOT.glob(found)) and not (ROOT / f"{found}.py").exists():
+                    missing.append((str(path.relative_to(ROOT)), found))
+    assert missing == []

@@ -135,8 +135,8 @@ class Scan:
             frees.copy()
         )  # a view would keep the whole batch alive (DuckDB's Arrow batch is one allocation)
         # the sizes of rows whose output_storage_bytes pair with their outputs one to one, where >= 0
-        sizes = batch.column("output_storage_bytes")
-        lengths, values = pc.list_value_length(sizes).to_numpy(), pc.list_flatten(sizes).to_numpy()
+        sizes = batch.column("output_storage_bytes")  # null lists in a v1 trace's rows (the column came in v2)
+        lengths, values = pc.list_value_length(sizes).fill_null(0).to_numpy(), pc.list_flatten(sizes).to_numpy()
         ok = lengths == counts
         sids, at, values = (
             (outs, at_out, values)

@@ -1,6 +1,6 @@
 """A table as `optrace` prints it, without pandas: the text `DataFrame.to_string(index=False, formatters=...,
-na_rep=..., header=...)` gives for the same columns, byte for byte (tests/test_table_text.py checks it on the
-report's tables).
+na_rep=..., header=...)` gives for the same columns, byte for byte (tests/reports/output/test_table.py checks it on
+the report's tables).
 
     print(render(pa.table({"op": ["aten.mm"], "ops": [3]}), formatters={"ops": human}))
 

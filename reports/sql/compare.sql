@@ -1,4 +1,4 @@
--- optrace compare's tables (reports/compare.py, reports/sql/compare.py): for each run, per key and
+-- optrace compare's tables (reports.compare): for each run, per key and
 -- phase, the totals that become figures per step (each phase's total over the steps it ran in,
 -- view phase_steps), the highest live bytes after an op of the key, and the key's first row.
 -- One view per key: phase, op, module (rows without a module have no module key).

@@ -10,6 +10,7 @@ read as NULL), each cast to tracer.schema's type; a frame without `seq` has its 
 first appearance" keeps meaning the frame's order.
 """
 
+import json
 from contextlib import contextmanager
 
 import numpy as np
@@ -18,7 +19,7 @@ import pyarrow as pa
 
 from reports.errors import ReportError
 from reports.loading.load import require
-from tracer.schema import ARROW_SCHEMA
+from tracer.schema import ARROW_SCHEMA, METADATA_KEY
 
 __all__ = ["memory_trace", "run_names", "trace_of"]
 
@@ -94,7 +95,21 @@ def _of_arrow(table, what, required, columns, grains):
     if "seq" not in data:
         data["seq"] = pa.array(np.arange(table.num_rows, dtype=np.int64))
     data["run_index"] = index
-    return Trace.over(pa.table(data), {n: {} for n in names}, grains=grains)
+    meta = _schema_metadata(table) if len(names) == 1 else {}
+    return Trace.over(pa.table(data), {n: meta for n in names}, grains=grains)
+
+
+def _schema_metadata(table):
+    """The root module a table of one run names in the run metadata of its schema (tracer.schema.read_part's), as
+    {"root_module": name}, else {}: by_module hangs the tree on it. Nothing else of it: a part's storage roles are
+    only that part's, where reports.load merges them over all parts."""
+    raw = (table.schema.metadata or {}).get(METADATA_KEY)
+    try:
+        meta = json.loads(raw) if raw else {}
+    except ValueError:
+        return {}
+    root = meta.get("root_module") if isinstance(meta, dict) else None
+    return {"root_module": root} if isinstance(root, str) else {}
 
 
 def _column(series, typ):

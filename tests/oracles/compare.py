@@ -1,5 +1,5 @@
 """The pandas implementation of reports.compare (its per-run figures by reports.steps.per_step), kept as the test
-oracle of compare.sql's views (tests/test_sql_compare.py)."""
+oracle of compare.sql's views (tests/reports/sql/test_sql_compare.py)."""
 
 import numpy as np
 import pandas as pd

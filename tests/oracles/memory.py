@@ -1,5 +1,5 @@
 """The pandas implementations of reports.peak and reports.views, kept as test oracles of views.sql's `peak` and
-`views` (tests/test_sql.py)."""
+`views` (tests/reports/sql/test_sql.py)."""
 
 import numpy as np
 import pandas as pd

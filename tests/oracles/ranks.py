@@ -1,6 +1,6 @@
 """The pandas implementations of reports.ranks, reports.imbalance and the report's rank helpers (is_multi_rank,
-first_rank, job_summary), kept as test oracles of reports/distributed/sql_ranks.py (tests/test_sql_sections.py,
-tests/test_distributed.py)."""
+first_rank, job_summary), kept as test oracles of reports/distributed/sql_ranks.py
+(tests/reports/sql/test_sql_sections.py, tests/tracer/distributed/test_distributed.py)."""
 
 import pandas as pd
 

@@ -1,5 +1,5 @@
 """The pandas implementation of the report's top ops (reports.sql.tables.top_ops), kept as its test oracle
-(tests/test_sql.py)."""
+(tests/reports/sql/test_sql.py)."""
 
 __all__ = ["top_ops"]
 

@@ -2,7 +2,7 @@
 
 The library runs these tables as SQL views (reports/sql/views.sql) over the user's frame (reports.sql.frame); these
 are the same tables written again in pandas over the loaded rows, an independent computation the views are checked
-against (tests/test_sql.py).
+against (tests/reports/sql/test_sql.py).
 """
 
 import numpy as np

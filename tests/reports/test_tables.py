@@ -192,3 +192,39 @@ def test_row_dtypes_are_the_first_input_dtype_else_the_first_output(tmp_path, li
     ]
     assert list(row_dtypes(frame)) == expected
     assert expected[0] == "float32" and "bfloat16" in expected  # ones: its output; the matmul: bf16 inputs
+
+
+def test_by_module_of_an_arrow_table_hangs_the_tree_on_the_root_its_metadata_names(net, df):
+    """An Arrow table of a part with the run metadata in its schema (tracer.schema.read_part) names its root module
+    (`root_module` "Net"): the tree is the loaded frame's, where without the root each of Net's children was a root of
+    its own (blocks at depth 0, Net's subtree its own ops alone)."""
+    from tracer.schema import part_paths, read_part
+
+    (part,) = part_paths(net)  # 2 steps of this small Net fit one part
+    got = by_module(read_part(part)).set_index("module")
+    want = by_module(df).set_index("module")
+    assert dict(got["depth"][["Net", "blocks", "blocks.0", "head", ""]]) == {
+        "Net": 0,
+        "blocks": 1,
+        "blocks.0": 2,
+        "head": 1,
+        "": 0,
+    }
+    assert got.loc["Net", "subtree_flops"] == want.loc["Net", "subtree_flops"] == want.drop(index="")["flops"].sum()
+    pd.testing.assert_frame_equal(got, want)
+
+
+def test_by_module_of_an_arrow_table_keeps_the_phases_asked_for(net, df):
+    """`phase=` over an Arrow table keeps the rows of those phases, as over the loaded frame (it raised
+    AttributeError: 'pyarrow.lib.Table' object has no attribute 'attrs'); a table without `phase` gets reports.load's
+    one line."""
+    from tracer.schema import part_paths, read_part
+
+    (part,) = part_paths(net)
+    table = read_part(part)
+    got = by_module(table, phase="forward").set_index("module")
+    # fc1 forward: 2 steps of [4, 8] @ [8, 16], 2 * 4 * 8 * 16 = 1,024 FLOPs each: 2,048
+    assert got.loc["blocks.0.fc1", "flops"] == 2 * (2 * B * D * H) == 2048
+    pd.testing.assert_frame_equal(got, by_module(df, phase="forward").set_index("module"))
+    with pytest.raises(ReportError, match=r"by_module: the trace lacks column\(s\) \['phase'\]; load it with them"):
+        by_module(table.drop_columns(["phase"]), phase="forward")

@@ -29,6 +29,7 @@ from reports.flops import roles
 from reports.output.source import Source
 from reports.sql.engine import Trace
 from reports.sql.flops import frame
+from tests import helpers
 from tracer import Tracer
 
 TOKENS = 32
@@ -651,14 +652,14 @@ frame = Frame(rows, {name: read_metadata(path)})
 print(json.dumps({"breakdown": breakdown_table(frame).to_pylist(), "explain": explain_lines(frame),
                   "mfu": mfu_table(frame, step_time_s=1.0, peak_flops=1e6).to_pylist(),
                   "uncounted": uncounted_table(Rows(rows)).to_pylist(), "meter": meter_summary(frame.runs),
-                  "pandas": "pandas" in sys.modules}))
+                  "pandas": "pandas" in sys.modules,
+                  "modules": sorted({os.path.dirname(sys.modules[n].__file__) for n in ("tracer", "reports.flops.mfu")})}))
 """
 
 
 def test_the_flop_sections_import_and_run_without_pandas(traces):
     """breakdown, explain, MFU and the uncounted ops over a pyarrow.Table, in a process where pandas cannot be
     imported, equal the library's DataFrames of the same trace (its pandas boundary: reports.flops.rows.to_frame)."""
-    import os
     import subprocess
     import sys
 
@@ -668,10 +669,12 @@ def test_the_flop_sections_import_and_run_without_pandas(traces):
 
     path = traces["checkpoint"]
     done = subprocess.run([sys.executable, "-c", _NO_PANDAS, str(path)], capture_output=True, text=True,
-                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))), timeout=120)  # fmt: skip
+                          cwd=str(helpers.ROOT), timeout=120)  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     found = json.loads(done.stdout)
     assert found["pandas"] is False and found["meter"] is None  # no Meter table in this trace
+    # the modules the child ran are this checkout's (not an installed copy's)
+    assert found["modules"] == [str(helpers.ROOT / "reports" / "flops"), str(helpers.ROOT / "tracer")]
     df = reports.load(path)
     assert plain(found["breakdown"]) == plain(reports.breakdown(df).to_dict("records"))
     assert found["explain"] == reports.explain(df)

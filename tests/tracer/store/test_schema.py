@@ -290,3 +290,23 @@ def test_a_marker_this_process_wrote_is_read_without_parsing_its_footer(monkeypa
     assert marker_json(raw) == text.encode() and parsed == []
     damaged = raw[:-12] + b"\0" + raw[-11:]  # a byte of the footer changed: not the bytes marker_file builds
     assert marker_json(damaged) is None and len(parsed) == 1  # parsed (FileMetaData() holds no marker key)
+
+
+@pytest.mark.parametrize("engine", ["pandas", "sql"])
+def test_a_v1_trace_gets_its_report(tmp_path, capsys, engine):
+    """`optrace report` of a v1 trace (no output_storage_bytes: its storages sized by bytes_allocated) prints the
+    memory of the same trace written as v4 (a null list of output_storage_bytes raised ArrowInvalid in the memory
+    scan, reports.memory.row_scan.Scan.feed)."""
+    from reports.output.cli import main
+
+    with Tracer(tmp_path / "t"):
+        a = torch.ones(4, 8)
+        a @ torch.ones(8, 2)
+    v1 = _older(tmp_path, 1, [*V2_DEFAULTS, *V3_DEFAULTS, *V4_DEFAULTS])
+    figures = []
+    for path in (v1, tmp_path / "t"):
+        assert main(["report", str(path), "--engine", engine, "--json"]) == 0
+        figures.append(json.loads(capsys.readouterr().out)["memory"])
+    # 4 * 8 * 4 + 8 * 2 * 4 + 4 * 2 * 4 = 128 + 64 + 32 = 224 bytes, all made in the trace and alive at its end
+    assert figures[0] == figures[1]
+    assert figures[0]["peak"]["peak_live_bytes"] == 224 and figures[0]["categories"]["temporaries"] == 224
