@@ -212,18 +212,19 @@ def headline_lines(report, width=100):
     else:
         lines.append(f"FLOPs      {human(f['per_step'])} per step; 6·N·T N/A (no model= or tokens=)")
     if m["source"] == "meter":
-        steps = f"{m['steps']:,} metered step{'s' if m['steps'] != 1 else ''}"
         lines.append(
-            f"MFU        {percent(m['value'])}, the Meter's median over {steps} ({percent(m['min'])}-"
+            f"MFU        {percent(m['value'])} (Meter: median of {m['steps']:,} metered steps, {percent(m['min'])}-"
             f"{percent(m['max'])}), step {_ms(m['step_time_s'])}"
         )
     elif m["value"] is not None:
-        spread = f" ({percent(m['min'])}-{percent(m['max'])} over {m['steps']} steps)" if m["steps"] else ""
+        spread = (
+            f" (median of {m['steps']} untraced steps, {percent(m['min'])}-{percent(m['max'])})" if m["steps"] else ""
+        )
         lines.append(f"MFU        {percent(m['value'])}{spread}, step {_ms(m['step_time_s'])}")
     else:
         lines.append(f"MFU        N/A: {m['reason']}")
     if any(c["code"] == "step_time_noise" for c in report.caveats):
-        lines[-1] += "; NOISY (caveat step_time_noise)"
+        lines[-1] += "; NOISY: see Caveats"
     largest = ""
     if mem["largest_category"] is not None and mem["peak_live_bytes"]:
         share = mem["bytes"] / mem["peak_live_bytes"]
