@@ -20,7 +20,7 @@ from torch import nn
 
 import tracer.metering.meter as meter_module
 from reports.output.cli import main
-from tests.helpers import unwrapped
+from tests.helpers import copy_rank, unwrapped
 from tracer import Tracer
 from tracer.metering.meter import Meter
 
@@ -235,3 +235,20 @@ def test_a_metered_trace_has_the_meters_mfu_in_the_headline(tmp_path, capsys, mo
     # a step time given by hand is the answer asked for
     got = json.loads(run(capsys, "report", path, "--json", "--step-time", "0.002", "--peak-tflops", "1e-6"))
     assert got["headline"]["mfu"]["source"] == "step_time" and got["mfu"] == pytest.approx(0.264)  # 528 / 0.002 / 1e6
+
+
+def test_a_job_of_two_ranks_has_rank_0s_headline_and_its_ranks(linear, capsys, tmp_path):
+    """The linear trace as ranks 0 and 1 of one job: the headline is rank 0's, the ranks section fits after it."""
+    for rank in (0, 1):
+        copy_rank(linear, tmp_path / "job" / f"rank={rank}", rank)
+    out = run(capsys, "report", tmp_path / "job", "--peak-tflops", "1e-6")
+    lines = out.splitlines()
+    assert lines[0].startswith("optrace report: linear/rank=0  (")
+    assert lines[1:3] == [
+        "FLOPs      560 per step = 0.729 x 6·N·T = 768 (N = 32, T = 4 tokens)",  # rank 0's, as the one run's
+        "MFU        52.8%, step 1.0 ms",
+    ]
+    assert re.search(r"^Ranks \(2( of \d)?\): per step, traced times$", out, re.M)  # the ranks section fits
+    assert len(lines) <= 60 and max(len(line) for line in lines) <= 100
+    got = json.loads(run(capsys, "report", tmp_path / "job", "--peak-tflops", "1e-6", "--json"))
+    assert got["headline"]["flops"]["per_step"] == 560 and [r["rank"] for r in got["ranks"]] == [0, 1]
