@@ -243,7 +243,7 @@ def main(argv=None):
     tr.set_step_time(time_step(lambda: train_step(model, opt, idx, targets, DTYPES[args.dtype]), warmup=2, repeats=5))
     tr.set_ceiling(matmul_ceiling("cpu", DTYPES[args.dtype] or torch.float32, n=1024))
     tr.set_bandwidth(memory_bandwidth("cpu"))  # the roofline's memory roof on a CPU
-    optrace(["report", args.out])
+    optrace(["report", args.out, "--full"])  # every section: explain's terms and the roofline are this example's point
     if args.export:
         optrace(["export", args.out, "-o", args.export])
 

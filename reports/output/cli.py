@@ -13,14 +13,15 @@ import math
 import sys
 import warnings
 
-from reports._util import tokens_text
 from reports.errors import ReportError
 from reports.loading.columns import SharedRuns
-from reports.loading.integrity import describe_damage, list_parts, merged_away, one_line, signal_of, stopped_by
+from reports.loading.integrity import list_parts, merged_away, one_line, signal_of
+from reports.output.caveats import compiled_note
 from reports.output.report_json import sections, strict
+from reports.output.report_text import SECTIONS
 from reports.output.source import Source
 from reports.output.stdout import checked_stdout
-from reports.output.text import column_formatters, human, human_bytes, human_seconds, json_number, percent, printable
+from reports.output.text import json_number, printable
 from reports.plan.devices import CHOICES as GPU_CHOICES
 
 # Columns no section of `optrace report` reads, left out of its load (a section that needs one takes it out of here).
@@ -31,13 +32,17 @@ _RANKS_ONLY = ("start_ns", "comm_bytes", "group_size", "process_group")
 _JOB_COLUMNS = ("comm_bytes", "group_size", "process_group")
 
 
-def summary(sql, peak_tflops=None, step_time_s=None, ranks_present=None, top=8):
-    """What `report --json` prints, as a dict: the summary figures, then every section of the text report
-    (reports/output/report_json.py), from `sql`, a reports.sql.engine.Trace of the run (reports/output/source.py).
-    `ranks_present`: rank directories in the trace (reports.loading.load.ranks_present), for its `distributed`
-    object; default: the runs loaded."""
+def summary(sql, peak_tflops=None, step_time_s=None, ranks_present=None, top=8, depth=2):
+    """What `report --json` prints, as a dict: the headline and the caveats (reports.output.headline, the text
+    report's), the summary figures, then every section of the text report (reports/output/report_json.py), from
+    `sql`, a reports.sql.engine.Trace of the run (reports/output/source.py). `ranks_present`: rank directories in the
+    trace (reports.loading.load.ranks_present), for its `distributed` object; default: the runs loaded. `mfu` is the
+    headline's: a metered run's Meter median unless `step_time_s` is given (`mfu_source`); `mfu_details` is always
+    the step time's."""
+    from reports.output.headline import assemble
 
     src = Source(sql)
+    present = len(src.runs) if ranks_present is None else ranks_present
     run, meta = src.run()
     try:
         accounts = src.accounts()  # one analysis of the rows for breakdown and explain
@@ -45,8 +50,11 @@ def summary(sql, peak_tflops=None, step_time_s=None, ranks_present=None, top=8):
     except ReportError:  # traced without model= or tokens=: no N or T, the rest still reports
         table = accounts = None
     rate = src.mfu(step_time_s, peak_tflops * 1e12 if peak_tflops is not None else None)
+    report = assemble(src, step_time_s, peak_tflops, depth, top, accounts=accounts, explain=False, present=present)
     highest = src.peak().iloc[0]
     return {
+        "headline": report.headline,  # what the text report's first lines say (reports.output.headline)
+        "caveats": report.caveats,  # [{code, message}]: every note on the figures, the text's Caveats
         "run": run,
         "complete": bool(meta.get("complete")),
         "signal": signal_of(meta),  # the signal that stopped the run (tracer.recording.signals), or None
@@ -62,7 +70,8 @@ def summary(sql, peak_tflops=None, step_time_s=None, ranks_present=None, top=8):
         "expected": None
         if table is None
         else {phase: json_number(table.loc[phase, "expected_flops"]) for phase in ("forward", "backward", "total")},
-        "mfu": json_number(rate["mfu"]),
+        "mfu": report.headline["mfu"]["value"],  # the headline's one MFU (mfu_source); mfu_details: the step time's
+        "mfu_source": report.headline["mfu"]["source"],  # "meter", "step_time", or null when N/A
         "achieved_flops_per_s": json_number(rate["achieved_flops_per_s"]),
         "step_time_s": json_number(rate["step_time_s"]),
         "peak_flops_per_s": json_number(rate["peak_flops_per_s"]),
@@ -76,13 +85,13 @@ def summary(sql, peak_tflops=None, step_time_s=None, ranks_present=None, top=8):
         "backward_unnamed_rows": int(meta.get("backward_unnamed_rows") or 0),
         "attention": meta.get("attention"),  # on meta: which SDPA kernels ran (tracer.recording.meta_attention)
         **_coverage_json(src),
-        "distributed": src.job(len(src.runs) if ranks_present is None else ranks_present),
+        "distributed": src.job(present),
         "untraced_optimizer_steps": int(meta.get("untraced_optimizer_steps") or 0),  # compiled before the trace
         "cycles_without_step": int(meta.get("cycles_without_step") or 0),  # iterations no step boundary split
         "optimizer_state_found_late": int(meta.get("optimizer_state_found_late") or 0),  # bytes live_bytes missed
         "collector": meta.get("collector"),  # which path traced it (tracer.native.loader); null before it was recorded
         "meter": src.meter_summary(),  # a metered run's per-step figures (tracer.metering.meter); null without
-        **sections(meta, accounts, peak_tflops, step_time_s, top, src),
+        **sections(meta, accounts, peak_tflops, step_time_s, top, src, depth),
     }
 
 
@@ -95,41 +104,6 @@ def _text(frame, formatters=None, na_rep="NaN", header=None):
     return render(pa.Table.from_pandas(frame, preserve_index=False), formatters, na_rep, header)
 
 
-def compiled_note(meta):
-    """What the report says of torch.compile'd code the tracer ran eagerly (tracer.recording.compiled), or ""."""
-    if not meta.get("compiled_ran_eagerly"):
-        return ""
-    regions = meta.get("compiled_regions_eager") or {}
-    counted = ""
-    if regions.get("calls"):
-        named = [
-            f"{printable(str(name))} {calls:,}" if isinstance(calls, int) else printable(str(name))
-            for name, calls in (regions.get("names") or {}).items()
-        ]
-        if regions.get("other_calls"):
-            named.append(f"others {regions['other_calls']:,}")
-        calls = regions["calls"]
-        counted = f" ({calls:,} call{'s' if calls != 1 else ''} of compiled regions: {', '.join(named)})"
-    return (
-        f"torch.compile'd code ran eagerly under the tracer{counted}; the figures describe the eager program. "
-        "Its FLOPs are the eager program's (a compiler's fusion changes bytes and time, not FLOPs); traced "
-        "numerics can differ from compiled ones in the last bits"
-    )
-
-
-def python_path_note(meta):
-    """The note of a trace the pure-Python path wrote (its metadata's `collector`, tracer.native.loader): why, and what it
-    cost; "" for the compiled hook's and for traces from before `collector` was recorded."""
-    collector = meta.get("collector")
-    if not isinstance(collector, dict) or collector.get("path") != "python":
-        return ""
-    reason = printable(str(collector.get("reason") or "no reason recorded"))
-    return (
-        f"traced by optrace's pure-Python path ({reason}): the same rows as the compiled hook's, at about twice its "
-        "tracing cost per op (docs/performance.md)"
-    )
-
-
 def _coverage_json(src):
     """`uncounted_ops`: the ops no FLOP formula counted (op, ops, time_pct)."""
     table = src.uncounted()
@@ -140,231 +114,10 @@ def _coverage_json(src):
     }
 
 
-def _print_coverage(src, out):
-    """Ops no FLOP formula counted: never a silent zero."""
-    from reports.flops.coverage import FIX
-
-    table = src.uncounted()
-    if len(table):
-        print(f"\nOps without a FLOP formula (counted as 0 FLOPs; {FIX})", file=out)
-        shown = table.assign(time_pct=table["time_pct"].map(lambda v: f"{v:.1f}%"))
-        print(_text(shown[["op", "ops", "time_pct"]]), file=out)
-
-
-def _print_report(sql, args, out):
-    from reports.flops.explain import cycles_note
-
-    src = Source(sql)  # every table from the views over `sql`, a Trace of the run
-    run, meta = src.run()
-    device = (meta.get("device") or {}).get("name", "?")
-    state = "complete" if meta.get("complete") else f"INCOMPLETE ({stopped_by(meta)}): figures cover the rows it has"
-    if not meta.get("complete") and meta.get("error"):  # the exception the traced code raised (tracer.recording.mode)
-        after = f" after {signal_of(meta)}" if signal_of(meta) else ""  # a SIGTERM handler's sys.exit
-        state = f"INCOMPLETE: the traced code raised {printable(meta['error'])}{after}; figures cover the rows it has"
-    broken = describe_damage(meta.get("damage") or {})
-    if broken:
-        state = ("DAMAGED" if meta.get("complete") else state) + f"; {broken}"
-    print(
-        f"optrace report: {printable(run)}  ({src.ops()} ops, {src.steps_traced()} step(s), {printable(device)}, {state})",
-        file=out,
-    )
-    if meta.get("compiled_ran_eagerly"):
-        print(f"Note: {compiled_note(meta)}", file=out)
-    math_calls = (meta.get("attention") or {}).get("math") or 0
-    if math_calls:
-        print(
-            f"Note: {math_calls} scaled_dot_product_attention call(s) ran PyTorch's math path on the meta device: it keeps "
-            "the full score matrix for the backward, where a GPU's fused kernel keeps one value per row; trace with "
-            "Tracer(..., meta_attention='fused') (the default) for a GPU's FLOPs and memory",
-            file=out,
-        )
-    if meta.get("untraced_optimizer_steps"):
-        k = meta["untraced_optimizer_steps"]
-        print(
-            f"Note: {k:,} optimizer step{'s' if k != 1 else ''} ran untraced (compiled before the trace: their "
-            f"kernels bypass the dispatcher); optimizer FLOPs and bytes leave them out",
-            file=out,
-        )
-    if meta.get("optimizer_state_found_late"):
-        print(
-            f"Note: {meta['optimizer_state_found_late']:,} bytes of optimizer state were alive when the Tracer was "
-            "entered but found only at their optimizer's step: live_bytes and the memory figures before it leave "
-            "them out",
-            file=out,
-        )
-    if python_path_note(meta):
-        print(f"Note: {python_path_note(meta)}", file=out)
-    if cycles_note(meta):  # explain says it too, but it needs model= and tokens=
-        print(f"Note: {cycles_note(meta)}", file=out)
-    if meta.get("backward_unnamed_rows"):
-        print(
-            f"Note: {meta['backward_unnamed_rows']:,} backward ops have no module (an engine run of more autograd "
-            f"nodes than the tracer names, 20,000); FLOP and byte figures are unaffected",
-            file=out,
-        )
-
-    bound = src.bounds()
-    if bound["rows"]:
-        print(
-            f"Note: {bound['rows']:,} ops count an upper bound of their FLOPs ({human(bound['flops'])} per step): "
-            f"the lengths or group sizes they depend on could not be read (meta or fake tensors); "
-            f"column flops_bound",
-            file=out,
-        )
-    print("\nFLOPs per step against 2/4/6 x N x T", file=out)
-    try:
-        accounts = src.accounts()  # one analysis of the rows for breakdown and explain
-        table = src.breakdown(accounts)
-    except ReportError as exc:  # traced without model= or tokens=: say why, report the rest
-        print(f"  N/A: {exc}", file=out)
-    else:
-        split = ["weight_matmul_flops", "attention_flops", "other_flops"]
-        if "external_weight_flops" in table and table["external_weight_flops"].fillna(0).any():
-            split.insert(2, "external_weight_flops")  # a frozen teacher's matmuls: outside ratio and N
-        shown = table[["phase", "flops", "expected_flops", "ratio", *split]]
-        print(shown.to_string(index=False, formatters=column_formatters(shown), na_rep=""), file=out)
-        active = table["n_active"].iloc[0]
-        # N_active is of the N this rank multiplies: its shards under tensor parallelism, of which a token uses all
-        routed = f", N_active = {active:,.0f} used per token" if active < table["n_rank"].iloc[0] - 0.5 else ""
-        if table["n_rank"].iloc[0] != table["n_params"].iloc[0]:
-            routed += f", this rank multiplies N = {table['n_rank'].iloc[0]:,} (its tensor-parallel shards)"
-        print(
-            f"N = {table['n_params'].iloc[0]:,} parameters ({table['n_kind'].iloc[0]}){routed}, "
-            f"T = {tokens_text(table['tokens'].iloc[0])} tokens per step",
-            file=out,
-        )
-        for line in src.explain(accounts):
-            print(f"  - {printable(line)}", file=out)
-        del accounts  # its per-row arrays: freed before the memory section's own
-
-    peak_flops = args.peak_tflops * 1e12 if args.peak_tflops is not None else None
-    rate = src.mfu(args.step_time, peak_flops)
-    print("\nMFU (model FLOPs per second of untraced step time / promised FLOP/s)", file=out)
-    if rate["step_time_s"] is None or (isinstance(rate["step_time_s"], float) and math.isnan(rate["step_time_s"])):
-        print("  N/A: no untraced step time (Tracer.set_step_time(time_step(...)) or --step-time)", file=out)
-    else:
-        print(
-            f"  step {rate['step_time_s'] * 1e3:.1f} ms, achieved {human(rate['achieved_flops_per_s'], 'FLOP/s')}, "
-            f"peak {human(rate['peak_flops_per_s'], 'FLOP/s')} ({rate['peak_source']}): "
-            f"MFU {percent(rate['mfu'])}, HFU {percent(rate['hfu'])}",
-            file=out,
-        )
-        if (json_number(rate["mfu"]) or 0) > 1 or (json_number(rate["hfu"]) or 0) > 1:
-            print(
-                "  Caveat: above 100%, outside its model: the step time or the peak is wrong (a step time shorter "
-                "than the traced step, or a peak below the device's dense peak for this dtype)",
-                file=out,
-            )
-        if "mfu_of_achievable" in rate and json_number(rate["mfu_of_achievable"]) is not None:
-            print(f"  of the measured matmul ceiling: {percent(rate['mfu_of_achievable'])}", file=out)
-        spread = _step_time_spread(meta.get("step_time"), args.step_time)
-        if spread:
-            print(f"  {spread}", file=out)
-
-    ops = src.top_ops(args.top)
-    print(f"\nTop {len(ops)} ops by FLOPs, per step ({src.steps_traced()} step(s) traced)", file=out)
-    print(_text(ops, column_formatters(ops)), file=out)
-    mods = src.by_module()
-    mods = mods[mods["depth"] <= 2].sort_values("subtree_flops", ascending=False).head(args.top)
-    mods = mods.assign(module=mods["module"].replace("", "(outside modules)"))
-    mods = mods[["module", "subtree_flops", "subtree_flops_pct"]].rename(
-        columns={"subtree_flops": "subtree_flops_total"}
-    )
-    print(f"\nTop modules by FLOPs, totals over all {src.steps_traced()} step(s) (children rolled up)", file=out)
-    print(_text(mods, column_formatters(mods)), file=out)
-
-    _print_coverage(src, out)
-    _print_roofline(args, out, src)
-
-    top = src.peak().iloc[0]
-    print(
-        f"\nMemory: peak {human_bytes(top['peak_live_bytes'])} live at op {top['seq']} ({printable(top['op'])}, {printable(top['phase'])}, module {printable(top['module'] or '-')})",
-        file=out,
-    )
-    for _, row in src.categories().iterrows():
-        print(f"  {row['category']:<22} {human_bytes(row['bytes'])}", file=out)
-
-    v = src.views()
-    kinds = v.groupby("kind", sort=False)[["ops", "bytes_allocated"]].sum().reset_index()
-    print(f"\nViews (no new memory) vs copies, totals over all {src.steps_traced()} step(s)", file=out)
-    print(_text(kinds, column_formatters(kinds)), file=out)
-    made = v[v["kind"] == "copy"].head(args.top)
-    if len(made):
-        print(
-            "Copies:",
-            ", ".join(f"{printable(r.op)} x{r.ops} ({human_bytes(r.bytes_allocated)})" for r in made.itertuples()),
-            file=out,
-        )
-
-
-def _print_roofline(args, out, src):
-    """The roofline section: the top op kinds by time, and the step's time by what bounds it."""
-    table, split = src.roofline_with_split()  # the rows prepared once for both tables
-    table = table.head(args.top)
-    if not table["bound"].ne("other").any():
-        print("\nRoofline: N/A (no roof: record Tracer.set_bandwidth(tracer.memory_bandwidth()) on a CPU)", file=out)
-        return
-    bw, peak = table["peak_bytes_per_s"].iloc[0], table["peak_flops_per_s"].max()
-    print(
-        f"\nRoofline, per step ({src.steps_traced()} step(s) traced; op time from busy_ns; bytes are algorithmic; "
-        f"roofs {human(peak, 'FLOP/s')}, {human(bw, 'B/s')})",
-        file=out,
-    )
-    shown = table.assign(
-        op=table["op"].str.removeprefix("aten."),
-        intensity=table["arithmetic_intensity"].round(2),
-        efficiency_pct=100 * table["efficiency"],
-    )
-    shown = shown[
-        [
-            "op",
-            "dtype",
-            "ops_per_step",
-            "flops_per_step",
-            "bytes_per_step",
-            "intensity",
-            "time_s_per_step",
-            "achieved_flops_per_s",
-            "bound",
-            "efficiency_pct",
-        ]
-    ]
-    shown = shown.rename(columns={"time_s_per_step": "time_per_step"})
-    formatters = {**column_formatters(shown), "bytes_per_step": human_bytes}
-    above = shown["efficiency_pct"].astype("float64") > 100
-    formatters["efficiency_pct"] = lambda v: "N/A" if v is None or v != v else f"{v:.1f}%" + ("*" if v > 100 else "")
-    print(_text(shown, formatters, "N/A"), file=out)
-    if above.any():
-        print(
-            f"  * {int(above.sum())} row(s) above 100% of the roof: outside the roofline's model (the bandwidth roof "
-            "is a DRAM triad, and small tensors stay in cache, which is faster than DRAM)",
-            file=out,
-        )
-    for row in split.itertuples():
-        roof = "" if row.bound == "other" else f", {human_seconds(row.roof_time_s)} at the roof"
-        label = "other ops" if row.bound == "other" else f"{row.bound}-bound"
-        print(f"  {label:<15} {human_seconds(row.time_s):>8} per step ({percent(row.time_pct / 100)}){roof}", file=out)
-
-
-def _step_time_spread(timing, given):
-    """'the median of 5 untraced steps (78.0-719.0 ms; the slowest 9.2x the fastest): ...' or None."""
-    times = (timing or {}).get("times_s") if given is None and isinstance(timing, dict) else None
-    if not isinstance(times, list) or len(times) < 2 or not all(isinstance(t, (int, float)) and t > 0 for t in times):
-        return None
-    low, high = min(times), max(times)
-    line = f"step time: the median of {len(times)} untraced steps ({low * 1e3:.1f}-{high * 1e3:.1f} ms)"
-    if high > 1.5 * low:
-        line += (
-            f"; the slowest took {high / low:.1f}x the fastest, so MFU is uncertain by as much "
-            "(a busy machine, or more threads than cores: set OMP_NUM_THREADS)"
-        )
-    return line
-
-
 def _report(args):
     from reports.loading.load import ranks_present
-    from reports.output.distributed import print_job, print_ranks
-    from reports.output.meter import print_meter
+    from reports.output.headline import assemble
+    from reports.output.report_text import print_report
 
     list_parts(args.trace)  # a directory that cannot be listed: one line, before the ranks are looked for
     # every rank, checked and warned about as a load of the pandas engine's columns would be
@@ -382,16 +135,15 @@ def _report(args):
         from reports.output.plots import save_plots
 
         paths = save_plots(_first_rank_frame(args.trace, everyone), args.plot)
+    present = ranks_present(args.trace)
     if args.json:
         extra = ranks_src.rank_summary() if ranks_src is not None else {}
-        found = summary(sql, args.peak_tflops, args.step_time, ranks_present(args.trace), args.top)
+        found = summary(sql, args.peak_tflops, args.step_time, present, args.top, args.depth)
         print(json.dumps(strict({**found, **extra}), indent=2, allow_nan=False))
     else:
-        _print_report(sql, args, sys.stdout)
-        print_meter(src, sys.stdout, ranks_src)  # a metered run's per-step figures (reports/output/meter.py)
-        print_job(src, ranks_present(args.trace), sys.stdout)
-        if ranks_src is not None:
-            print_ranks(ranks_src, sys.stdout)
+        explain = args.full or "explain" in (args.sections or ())
+        report = assemble(src, args.step_time, args.peak_tflops, args.depth, args.top, explain=explain, present=present)
+        print_report(src, report, args, sys.stdout, ranks_src, present)
         if args.plot:
             print("\nPlots: " + ", ".join(str(p) for p in paths))
 
@@ -612,6 +364,28 @@ def _top(text):
     return value
 
 
+def _depth(text):
+    """An argparse type: an int >= 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an int >= 0, got {text!r}")
+    return value
+
+
+def _sections(text):
+    """An argparse type: section names of `optrace report` (reports.output.report_text.SECTIONS), comma-separated."""
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    bad = [name for name in names if name not in SECTIONS]
+    if bad or not names:
+        raise argparse.ArgumentTypeError(
+            f"unknown section(s) {', '.join(map(repr, bad)) or repr(text)}; the sections are {', '.join(SECTIONS)}"
+        )
+    return [name for name in SECTIONS if name in names]
+
+
 def _version():
     """The installed package's version (importlib.metadata: no import of torch or of the tracer)."""
     from importlib.metadata import PackageNotFoundError, version
@@ -642,6 +416,17 @@ def _parser():
     rep.add_argument("--json", action="store_true", help="print one JSON object")
     rep.add_argument("--plot", metavar="DIR", help="write PNG plots to DIR")
     rep.add_argument("--top", type=_top, default=8, help="rows in the top-N tables")
+    rep.add_argument("--depth", type=_depth, default=2, help="top modules down to this depth (0: the root; default 2)")
+    shown = rep.add_mutually_exclusive_group()
+    shown.add_argument(
+        "--full", action="store_true", help="every section, with no limit of lines (default: what fits 60 lines)"
+    )
+    shown.add_argument(
+        "--sections",
+        type=_sections,
+        metavar="A,B",
+        help="print these sections after the headline: " + ", ".join(SECTIONS),
+    )
     rep.add_argument(
         "--engine",
         choices=("sql", "pandas"),

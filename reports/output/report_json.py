@@ -104,11 +104,13 @@ def _top_ops(src, top):
     return {"unit": "per step", "rows": records(src.top_ops(top))}
 
 
-def _top_modules(src, top):
-    mods = src.by_module()
-    mods = mods[mods["depth"] <= 2].sort_values("subtree_flops", ascending=False).head(top)
+def _top_modules(src, top, depth):
+    from reports.output.headline import top_modules
+
+    mods = top_modules(src, depth, top)
     return {
         "unit": "totals over all traced steps, children rolled up",
+        "depth": depth,  # modules down to this depth (0: the root; --depth)
         "rows": records(mods, ["module", "depth", "subtree_flops", "subtree_flops_pct"]),
     }
 
@@ -176,7 +178,7 @@ def _views(src, top):
     }
 
 
-def sections(meta, accounts, peak_tflops, step_time_s, top, src):
+def sections(meta, accounts, peak_tflops, step_time_s, top, src, depth=2):
     """The keys `report --json` adds to the summary: every section of the text report. `src`: where the
     tables come from (reports/output/source.py Source: the SQL engine or the frame)."""
     return {
@@ -184,7 +186,7 @@ def sections(meta, accounts, peak_tflops, step_time_s, top, src):
         "breakdown": _breakdown(src, accounts),
         "mfu_details": _mfu(src, peak_tflops, step_time_s),
         "top_ops": _top_ops(src, top),
-        "top_modules": _top_modules(src, top),
+        "top_modules": _top_modules(src, top, depth),
         "roofline": _roofline(src, top),
         "memory": _memory(src),
         "views": _views(src, top),

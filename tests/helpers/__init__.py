@@ -47,3 +47,9 @@ def copy_rank(source, target, rank):
     if marker.get("trace_id") is not None:
         write_facts(target, {**marker, "trace_id": f"{marker['trace_id']}-rank{rank}"})
     return target
+
+
+def unwrapped(text):
+    """`text` with every run of whitespace made one space: a report's prose, wrapped to the width
+    (reports.output.report_text), read as one line."""
+    return " ".join(text.split())

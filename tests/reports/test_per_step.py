@@ -201,6 +201,11 @@ def test_cli_json(runs):
     a, b = out
     assert (a.pop("run"), b.pop("run")) == ("one", "three")
     assert (a.pop("steps"), b.pop("steps")) == (1, 3)
+    # the headline's top module is a total over the traced steps, as the top-modules table: three times the one's
+    (ha, hb) = (a.pop("headline"), b.pop("headline"))
+    assert (ha.pop("steps_traced"), hb.pop("steps_traced")) == (1, 3)
+    assert 3 * ha["top_module"].pop("flops") == hb["top_module"].pop("flops")
+    assert ha == hb
     # sections that are totals over the traced steps (their `unit` says so): three times the one-step run's
     (ma, mb), (va, vb) = (a.pop("top_modules"), b.pop("top_modules")), (a.pop("views"), b.pop("views"))
     assert [3 * r["subtree_flops"] for r in ma["rows"]] == [r["subtree_flops"] for r in mb["rows"]]

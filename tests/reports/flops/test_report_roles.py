@@ -19,6 +19,7 @@ from torch.utils.checkpoint import checkpoint
 
 import reports
 from reports.flops.roles import gradient_sources
+from tests.helpers import unwrapped
 from tracer import Tracer
 from tracer.schema import METADATA_KEY, read_part
 
@@ -144,8 +145,8 @@ def test_a_trained_module_outside_the_model_keeps_its_weight_gradients(tmp_path,
     assert frame.loc["backward", "external_weight_flops"] == 262_144
     from reports.output.cli import main
 
-    main(["report", path, "--engine", engine])
-    out = capsys.readouterr().out
+    main(["report", path, "--engine", engine, "--sections", "explain"])
+    out = unwrapped(capsys.readouterr().out)  # explain's lines, wrapped to the width
     assert "Backward weight matmuls: 131,072 FLOPs = 2.00·N·T, not 4·N·T (262,144)" in out
     # SGD updates A's and B's 2 x 1,024 weights, 1 FLOP each (it said 2.0 per parameter over A's 1,024)
     assert "Optimizer: 2,048 FLOPs per step (1.0 per parameter over the 2,048 parameters its steps updated" in out

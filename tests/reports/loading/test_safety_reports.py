@@ -19,6 +19,7 @@ import torch
 import reports
 from reports.output.cli import main
 from reports.output.text import human_bytes
+from tests.helpers import unwrapped
 from tracer import Tracer
 from tracer.schema import MARKER_NAME, METADATA_KEY, SCHEMA_VERSION, marker_facts, part_paths, read_part
 
@@ -53,9 +54,10 @@ def test_a_deleted_middle_part_is_reported(tmp_path, capsys):
     rc, out, err = run(capsys, "report", path)
     assert rc == 0
     first = out.splitlines()[0]
-    assert first.endswith(
-        ", DAMAGED; 5 rows missing from disk (a part deleted?); 1 part file(s) missing; 1 gap(s) in seq)"
-    ), first
+    assert first.endswith(", DAMAGED)"), first  # its words: a caveat
+    assert (
+        "- damaged: DAMAGED: 5 rows missing from disk (a part deleted?); 1 part file(s) missing; 1 gap(s) in seq "
+    ) in unwrapped(out)
     assert first.startswith("optrace report: t  (40 ops, 1 step(s), "), first
     assert err.strip() == (
         f"optrace report: note: {path}: trace is damaged: 5 rows missing from disk (a part deleted?); 1 part file(s) missing; "
@@ -81,10 +83,11 @@ def test_a_cut_marker_is_reported(tmp_path, capsys, engine):
     marker.write_bytes(marker.read_bytes()[:100])
     rc, out, err = run(capsys, "report", path, "--engine", engine)
     assert rc == 0
-    assert out.splitlines()[0].endswith(
-        ", DAMAGED; 1 unreadable marker (_optrace.parquet: its closing facts are lost, "
-        "and other Parquet readers of the directory fail on it))"
-    ), out.splitlines()[0]
+    assert out.splitlines()[0].endswith(", DAMAGED)"), out.splitlines()[0]
+    assert (
+        "- damaged: DAMAGED: 1 unreadable marker (_optrace.parquet: its closing facts are lost, "
+        "and other Parquet readers of the directory fail on it) "
+    ) in unwrapped(out)
     rc, out, _ = run(capsys, "report", path, "--json", "--engine", engine)
     assert json.loads(out)["damage"]["damaged_marker"] == 1
 
@@ -279,10 +282,12 @@ def test_the_report_says_compiled_code_ran_eagerly(tmp_path, capsys):
             compiled(torch.randn(2, 4))
     rc, out, err = run(capsys, "report", path)
     assert rc == 0 and err == ""
-    assert out.splitlines()[1] == (
-        "Note: torch.compile'd code ran eagerly under the tracer (1 call of compiled regions: Sequential 1); the "
+    note = (
+        "torch.compile'd code ran eagerly under the tracer (1 call of compiled regions: Sequential 1); the "
         "figures describe the eager program. Its FLOPs are the eager program's (a compiler's fusion changes bytes and "
         "time, not FLOPs); traced numerics can differ from compiled ones in the last bits"
     )
+    assert f"- compiled_ran_eagerly: {note}" in unwrapped(out)  # a caveat, wrapped to the width
     rc, out, _ = run(capsys, "report", path, "--json")
     assert json.loads(out)["compiled_ran_eagerly"] is True
+    assert {"code": "compiled_ran_eagerly", "message": note} in json.loads(out)["caveats"]

@@ -19,6 +19,7 @@ from reports.errors import ReportError
 from reports.loading.load import load
 from reports.memory.memory import CATEGORIES, by_category, by_dtype, peak, storages, timeline
 from reports.output.cli import main
+from tests.helpers import unwrapped
 from tracer import Tracer
 from tracer.recording.metadata import LIVE_OPTIMIZERS
 from tracer.schema import read_metadata
@@ -418,8 +419,8 @@ def test_an_optimizer_a_kept_pass_cannot_see_is_named_at_its_step(tmp_path, caps
     capsys.readouterr()
     main(["report", str(tmp_path / "t1")])
     assert (
-        "Note: 168 bytes of optimizer state were alive when the Tracer was entered but found only at their "
-        "optimizer's step"
-    ) in capsys.readouterr().out
+        "- optimizer_state_found_late: 168 bytes of optimizer state were alive when the Tracer was entered but found "
+        "only at their optimizer's step"
+    ) in unwrapped(capsys.readouterr().out)
     main(["report", str(tmp_path / "t1"), "--json"])
     assert json.loads(capsys.readouterr().out)["optimizer_state_found_late"] == 168

@@ -57,6 +57,17 @@ def _cli(capsys, *argv):
     return capsys.readouterr().out
 
 
+def bullets(text):
+    """The "  - " lines of a report's text, each with the lines it was wrapped onto ("    ...") joined back."""
+    found = []
+    for line in text.splitlines():
+        if line.startswith("  - "):
+            found.append(line[4:])
+        elif line.startswith("    ") and found:
+            found[-1] += " " + line.strip()
+    return found
+
+
 def test_report_json_has_every_section(traces, capsys):
     got = _strict(_cli(capsys, "report", traces[0], "--json"))
     assert SECTIONS <= set(got)
@@ -65,9 +76,8 @@ def test_report_json_has_every_section(traces, capsys):
     rows = {r["phase"]: r for r in got["breakdown"]["rows"]}
     assert rows["forward"]["weight_matmul_flops"] == 48 and rows["forward"]["expected_flops"] == 48
     assert rows["total"]["flops"] == got["flops"]["total"]
-    text = _cli(capsys, "report", traces[0])
-    explain = [line[4:] for line in text.splitlines() if line.startswith("  - ")]
-    assert got["breakdown"]["explain"] == explain and explain  # the same lines as the text report
+    text = _cli(capsys, "report", traces[0], "--sections", "explain")
+    assert got["breakdown"]["explain"] == bullets(text) and bullets(text)  # the same lines as the text report
     assert got["error"] is None
     assert got["memory"]["peak"]["peak_live_bytes"] == got["peak_live_bytes"]
     assert sum(got["memory"]["categories"].values()) == got["peak_live_bytes"]  # the categories add up at the peak
@@ -93,7 +103,7 @@ def test_report_json_roofline_marks_rows_above_the_roof(traces, capsys):
     above = [r for r in got["rows"] if r["above_roof"]]
     assert above and all(r["efficiency"] > 1 for r in above)
     assert "DRAM triad" in got["above_roof_note"]
-    text = _cli(capsys, "report", traces[0])
+    text = _cli(capsys, "report", traces[0], "--sections", "roofline")
     assert int(re.search(r"^  \* (\d+) row\(s\) above 100%", text, re.M).group(1)) == len(above)
     assert {r["bound"] for r in got["split"]} == {"compute", "memory", "other"}
 
@@ -136,7 +146,7 @@ def test_top_ops_are_per_step(tmp_path, capsys):
     df = reports.load(tmp_path / "two.parquet")
     assert int(reports.by_op(df).set_index("op").loc["aten.addmm.default", "flops"]) == 96  # 2 steps * 2 * 2 * 4 * 3
     assert addmm["ops_per_step"] == 1 and addmm["flops_per_step"] == 48  # 96 / 2 steps
-    text = _cli(capsys, "report", tmp_path / "two.parquet")
+    text = _cli(capsys, "report", tmp_path / "two.parquet", "--full")
     assert "Top 8 ops by FLOPs, per step (2 step(s) traced)" in text
     assert re.search(r"^\s*aten\.addmm\.default\s+1\s+48\s", text, re.M)
     assert "\nRoofline, per step (2 step(s) traced; " in text

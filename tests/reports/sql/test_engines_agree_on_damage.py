@@ -32,8 +32,8 @@ def _both(capsys, *argv):
 
 
 def _same_report(capsys, path):
-    """(exit code, stdout, stderr) of `optrace report path`, the same from both engines, as is --json's."""
-    text = _both(capsys, "report", path)
+    """(exit code, stdout, stderr) of `optrace report path --full`, the same from both engines, as is --json's."""
+    text = _both(capsys, "report", path, "--full")
     assert text["sql"] == text["pandas"]
     json = _both(capsys, "report", path, "--json")
     assert json["sql"] == json["pandas"]

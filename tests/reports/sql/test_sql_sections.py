@@ -243,7 +243,7 @@ def test_the_meter_section_reads_the_runs(traces):
 @pytest.mark.parametrize("trace", ["job", "ckpt", "resized", "metered"])
 def test_the_report_is_the_same_from_either_engine(traces, trace, capsys):
     outputs = []
-    for flags in ([], ["--json"]):
+    for flags in (["--full"], ["--json"]):  # --full: every section of the text
         for engine in ("pandas", "sql"):
             assert main(["report", str(traces[trace]), "--engine", engine, *flags]) == 0
             outputs.append(capsys.readouterr())

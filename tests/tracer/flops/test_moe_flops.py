@@ -6,6 +6,7 @@ import pandas as pd
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
+from tests.helpers import unwrapped
 from tracer import Tracer
 from tracer.flops.formulas import FlopCount
 from tracer.flops.grouped import concrete_ints, grouped_mm_count
@@ -130,4 +131,4 @@ def test_report_and_json_name_the_bound_flops(tmp_path, capsys):
     assert summary["flops"]["total"] == 4096
     assert main(["report", str(path)]) == 0
     out = capsys.readouterr().out
-    assert "Note: 1 ops count an upper bound of their FLOPs (2.05 k per step)" in out
+    assert "- flops_bound: 1 ops count an upper bound of their FLOPs (2.05 k per step)" in unwrapped(out)

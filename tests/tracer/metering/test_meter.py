@@ -13,6 +13,7 @@ import reports
 import tracer
 from reports.errors import ReportError
 from reports.output.cli import main as optrace
+from tests.helpers import unwrapped
 from tracer.errors import TraceError
 from tracer.metering import meter as meter_module
 from tracer.metering.meter import Meter
@@ -594,7 +595,7 @@ def test_one_step_of_a_signature_never_seen_again_is_estimated(tmp_path, capsys)
     table = reports.meter(tmp_path / "once")
     assert table["flops_estimated"].tolist() == [False, False, False, True, False, False]
     optrace(["report", str(tmp_path / "once")])
-    out = capsys.readouterr().out
+    out = unwrapped(capsys.readouterr().out)  # wrapped to the width
     assert "1 step has ESTIMATED FLOPs and MFU" in out and "the step after it ran another signature" in out
 
 

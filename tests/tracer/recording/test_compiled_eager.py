@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 import reports
 from reports.output.cli import main
+from tests.helpers import unwrapped
 from tests.tracer.recording.test_compiled_after import (
     _counting,  # a backend that counts the graphs compiled and their runs
 )
@@ -111,10 +112,10 @@ def test_a_compiled_function_is_counted_and_reported(tmp_path, capsys):
     ]  # a reduction: 1 per element, 4·16 = 64
     for engine in ("pandas", "sql"):
         assert main(["report", str(tmp_path / "t"), "--engine", engine]) == 0
-        out = capsys.readouterr().out
+        out = unwrapped(capsys.readouterr().out)  # the caveat, wrapped to the width
         assert (
-            "Note: torch.compile'd code ran eagerly under the tracer (2 calls of compiled regions: loss_fn 2); "
-            "the figures describe the eager program."
+            "- compiled_ran_eagerly: torch.compile'd code ran eagerly under the tracer (2 calls of compiled regions: "
+            "loss_fn 2); the figures describe the eager program."
         ) in out and NOTE in out
         assert main(["report", str(tmp_path / "t"), "--json", "--engine", engine]) == 0
         found = json.loads(capsys.readouterr().out)

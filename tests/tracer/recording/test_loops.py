@@ -31,6 +31,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint, set_checkpoint_early_stop
 
 from tests import helpers
+from tests.helpers import unwrapped
 from tracer import Tracer, read_metadata
 from tracer.recording.steps import Steps
 
@@ -975,7 +976,7 @@ def test_a_backward_past_the_naming_limit_is_counted_warned_and_reported(tmp_pat
     assert (backward["module"].iloc[1:11] == "3").all() and (backward["module"].iloc[11:] == "").all()
     assert read_metadata(tmp_path / "t")["backward_unnamed_rows"] == len(backward) - 11 == 28
     main(["report", str(tmp_path / "t")])
-    assert "Note: 28 backward ops have no module" in capsys.readouterr().out
+    assert "- backward_unnamed_rows: 28 backward ops have no module" in unwrapped(capsys.readouterr().out)
 
 
 def test_a_deep_graph_is_freed_without_overflowing_the_stack(tmp_path):

@@ -28,6 +28,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 import reports
 from reports.output.cli import main
 from reports.steps import count_steps
+from tests.helpers import unwrapped
 from tracer import Tracer, read_metadata
 from tracer.recording.steps import Steps
 
@@ -420,9 +421,10 @@ def test_cycles_no_rule_can_split_are_said_not_explained(tmp_path, capsys):
     said = "4 forward/backward cycles were seen with no optimizer step: call tr.step() once per iteration"
     assert any(said in line for line in lines)
     assert not any(line.startswith(("Forward weight matmuls", "Backward weight matmuls")) for line in lines)
-    main(["report", str(tmp_path / "rebinding")])
-    text = capsys.readouterr().out
-    assert f"Note: {said}" in text and f"  - {said}" in text  # a note, and explain's line in place of its terms
+    main(["report", str(tmp_path / "rebinding"), "--sections", "caveats,explain"])
+    text = unwrapped(capsys.readouterr().out)  # wrapped to the width
+    # a caveat, and explain's line in place of its terms
+    assert f"- cycles_without_step: {said}" in text and f" - {said}" in text
     assert "Above 2·N·T" not in text
     main(["report", str(tmp_path / "rebinding"), "--json"])
     assert json.loads(capsys.readouterr().out)["cycles_without_step"] == 4
@@ -434,7 +436,8 @@ def test_without_tokens_the_report_still_says_the_cycles(tmp_path, capsys):
         for i in range(3):
             run(i, tr)
     main(["report", str(tmp_path / "t")])
-    assert "Note: 3 forward/backward cycles were seen with no optimizer step" in capsys.readouterr().out
+    said = "- cycles_without_step: 3 forward/backward cycles were seen with no optimizer step"
+    assert said in unwrapped(capsys.readouterr().out)
 
 
 def _untraced_backend(gm, example_inputs):
@@ -494,7 +497,7 @@ def test_the_report_says_how_many_optimizer_steps_ran_untraced(tmp_path, capsys)
     df, meta = trace(tmp_path, "untraced", run, model, 2)
     assert figures(df, 2) == ([FWD] * 2, [BWD] * 2, [0] * 2) and meta["untraced_optimizer_steps"] == 2
     main(["report", str(tmp_path / "untraced")])
-    assert "Note: 2 optimizer steps ran untraced" in capsys.readouterr().out
+    assert "- untraced_optimizer_steps: 2 optimizer steps ran untraced" in unwrapped(capsys.readouterr().out)
     main(["report", str(tmp_path / "untraced"), "--json"])
     assert json.loads(capsys.readouterr().out)["untraced_optimizer_steps"] == 2
 
