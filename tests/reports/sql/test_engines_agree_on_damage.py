@@ -117,12 +117,13 @@ def test_damage_in_a_column_the_report_does_not_read_gets_the_reference_words(tr
     assert _same_report(capsys, trace) == (2, "", f"optrace report: error: {trace}: {message}\n")
 
 
-def test_damage_compare_does_not_read_is_accepted_by_both_engines(trace, template, capsys):
-    """`compare --by op` reads neither storage ids nor module; a null id item (refused by `report`) is left in the
-    files by the reference, so both engines compare the two runs."""
+def test_damage_in_storage_ids_is_refused_by_compare_in_both_engines_alike(trace, template, capsys):
+    """`compare` reads the storage ids since it says what changed in memory at the peak (reports.compare_words): a
+    null id item, refused by `report`, is refused by `compare` too, in the same one line by both engines."""
     rewrite(part_paths(trace)[0], set_cell("input_storage_ids", 3, [None]))
     got = _both(capsys, "compare", template, trace, "--by", "op", "--json")
-    assert got["sql"] == got["pandas"] and got["sql"][0] == 0
+    assert got["sql"] == got["pandas"] and got["sql"][0] == 2 and got["sql"][1] == ""
+    assert got["sql"][2].count("\n") == 1 and "int64 items" in got["sql"][2]
 
 
 @pytest.fixture(scope="module")
