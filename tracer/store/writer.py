@@ -13,7 +13,6 @@ removes its temporary file. Every file is created, renamed and removed through t
 directory's descriptor (tracer.store.held.Held), never through the path again.
 """
 
-import contextlib
 import functools
 import json
 import os
@@ -585,10 +584,15 @@ def write_table(table, file):
     codec = (
         {"compression": "zstd", "compression_level": 1} if table.num_rows >= ZSTD_ROWS else {"compression": "snappy"}
     )
-    with file.create() if hasattr(file, "create") else contextlib.nullcontext(file) as sink:  # a held directory's entry
-        with pq.ParquetWriter(sink, plain, store_schema=False, **codec) as out:
-            out.add_key_value_metadata(footer)
-            out.write_table(table.replace_schema_metadata(None))
+    held = hasattr(file, "create")  # a held directory's entry (tracer.store.held.Entry), else a path or a stream
+    sink = pa.BufferOutputStream() if held else file
+    with pq.ParquetWriter(sink, plain, store_schema=False, **codec) as out:
+        out.add_key_value_metadata(footer)
+        out.write_table(table.replace_schema_metadata(None))
+    if held:  # made in memory, written in one call: pyarrow writing to a Python file calls back into Python per write
+        data = sink.getvalue()
+        with file.create() as f:
+            f.write(data)
 
 
 _footers = {}  # schema -> arrow_footer(schema), made once: every part of a trace has one schema (tracer.schema.ARROW_SCHEMA)
