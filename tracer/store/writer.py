@@ -56,7 +56,7 @@ class Names:
     def __init__(self, fixed=()):
         self.ids = {name: i for i, name in enumerate(fixed)}
         self.names = list(fixed)
-        self._strings = None  # strings(names) as of the last `dictionary`: names only grow, so its length says
+        self._strings = None  # strings(names) as of the last `dictionary` (names only grow: stale when shorter)
 
     def id(self, name):
         i = self.ids.get(name)
