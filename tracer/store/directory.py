@@ -337,8 +337,10 @@ def _is_part_name(name):
 # The parts this process wrote and left in place, by absolute path: (device, inode, size, mtime, ctime) of each as
 # renamed into place. A file that still has all five is that part, unchanged (a write, truncation, rename or utime
 # changes its ctime), so `foreign_entry` need not read its footer again (about 0.6 ms a part with pyarrow) when a
-# later trace of the process replaces the trace at the same path. Forgotten as the files are removed (`forget`).
+# later trace of the process replaces the trace at the same path. Forgotten as the files are removed (`forget`), and
+# the oldest past _WRITTEN_MAX (a part forgotten is read again: only slower).
 _written = {}
+_WRITTEN_MAX = 65536
 
 
 def _identity(found):
@@ -347,7 +349,10 @@ def _identity(found):
 
 def wrote(full, found):
     """Note that this process wrote the part at `full` (an absolute path), whose stat (not following links) is `found`."""
+    _written.pop(full, None)  # the newest last
     _written[full] = _identity(found)
+    if len(_written) > _WRITTEN_MAX:
+        del _written[next(iter(_written))]
 
 
 def forget(full):
