@@ -595,7 +595,7 @@ def write_table(table, file):
             f.write(data)
 
 
-_footers = {}  # schema -> arrow_footer(schema), made once: every part of a trace has one schema (tracer.schema.ARROW_SCHEMA)
+_footers = {}  # schema -> arrow_footer(schema), made once: every part has one schema (tracer.schema.ARROW_SCHEMA)
 
 
 def _arrow_footer(plain):
