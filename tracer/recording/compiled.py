@@ -44,6 +44,8 @@ def unwrap(module):
 
 def strip_compiled(name):
     """A dotted module path without the wrappers' `_orig_mod` levels."""
+    if _LEVEL not in name:  # the common name, returned as it is (no split and join per parameter at entry)
+        return name
     return ".".join(part for part in name.split(".") if part != _LEVEL)
 
 

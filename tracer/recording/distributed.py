@@ -210,6 +210,8 @@ class UnshardedParameters:
         if dtensor is None or model is None:
             return
         sharded = {id(p) for p in model.parameters() if isinstance(p, dtensor)}
+        if not sharded:  # nothing to watch: no walk over the modules
+            return
         for prefix, module in model.named_modules():
             for attr, p in module.named_parameters(recurse=False):
                 if id(p) in sharded:

@@ -13,7 +13,6 @@ removes its temporary file. Every file is created, renamed and removed through t
 directory's descriptor (tracer.store.held.Held), never through the path again.
 """
 
-import contextlib
 import functools
 import json
 import os
@@ -40,7 +39,15 @@ from tracer.schema import (  # ARROW_SCHEMA_KEY: re-exported
     superseded,
 )
 from tracer.store.arrow_arrays import from_numpy, strings
-from tracer.store.directory import Held, prepare_directory, release_directory, temporary_name, write_facts  # noqa: F401 (re-exported)
+from tracer.store.directory import (  # noqa: F401 (prepare_directory, release_directory, write_facts: re-exported)
+    Held,
+    forget,
+    prepare_directory,
+    release_directory,
+    temporary_name,
+    write_facts,
+    wrote,
+)
 
 
 class Names:
@@ -49,6 +56,7 @@ class Names:
     def __init__(self, fixed=()):
         self.ids = {name: i for i, name in enumerate(fixed)}
         self.names = list(fixed)
+        self._strings = None  # strings(names) as of the last `dictionary` (names only grow: stale when shorter)
 
     def id(self, name):
         i = self.ids.get(name)
@@ -58,7 +66,9 @@ class Names:
         return i
 
     def dictionary(self, indices):
-        return pa.DictionaryArray.from_arrays(from_numpy(indices.astype(np.int32, copy=False)), strings(self.names))
+        if self._strings is None or len(self._strings) != len(self.names):
+            self._strings = strings(self.names)
+        return pa.DictionaryArray.from_arrays(from_numpy(indices.astype(np.int32, copy=False)), self._strings)
 
 
 def _np(buffer, dtype):
@@ -244,7 +254,7 @@ class RowBuffer:
         input (views), and the FLOPs of ops counted per output element."""
         rows = _np(self.ints, np.int64).reshape(-1, ROW_WIDTH)
         n = len(rows)
-        col = {name: rows[:, i] for i, name in enumerate(ROW_FIELDS)}
+        col = dict(zip(ROW_FIELDS, np.ascontiguousarray(rows.T)))  # each field's column contiguous, in one copy
         table_itemsize = np.array([itemsize[i] for i in range(len(names["dtype"].names))] or [0], np.int64)
         ins = _Side(self.sides[0], col["inputs"], table_itemsize)
         outs = _Side(self.sides[1], col["outputs"], table_itemsize)
@@ -370,6 +380,10 @@ class PartWriter:
                 except OSError:
                     pass
             raise
+        try:  # the part is written: noted, so a later trace at this path need not read its footer (directory.wrote)
+            wrote(os.path.join(self.directory, name), os.stat(name, dir_fd=self.held.at(), follow_symlinks=False))
+        except OSError:
+            pass
 
     def merge_parts(self):
         """At a clean close, the trace's files become one part when it has many parts and all are small
@@ -413,6 +427,7 @@ class PartWriter:
                 self.held.remove(name)
             except FileNotFoundError:
                 pass
+            forget(os.path.join(self.directory, name))
         return first, last
 
     def close(self, facts):
@@ -563,13 +578,28 @@ def write_table(table, file):
     second copy base64-encoded inside that schema where only Arrow readers look."""
     plain = table.schema.remove_metadata()
     blob = (table.schema.metadata or {}).get(METADATA_KEY)
-    footer = arrow_footer(plain)
+    footer = dict(_arrow_footer(plain))
     if blob is not None:
         footer[METADATA_KEY] = blob
     codec = (
         {"compression": "zstd", "compression_level": 1} if table.num_rows >= ZSTD_ROWS else {"compression": "snappy"}
     )
-    with file.create() if hasattr(file, "create") else contextlib.nullcontext(file) as sink:  # a held directory's entry
-        with pq.ParquetWriter(sink, plain, store_schema=False, **codec) as out:
-            out.add_key_value_metadata(footer)
-            out.write_table(table.replace_schema_metadata(None))
+    held = hasattr(file, "create")  # a held directory's entry (tracer.store.held.Entry), else a path or a stream
+    sink = pa.BufferOutputStream() if held else file
+    with pq.ParquetWriter(sink, plain, store_schema=False, **codec) as out:
+        out.add_key_value_metadata(footer)
+        out.write_table(table.replace_schema_metadata(None))
+    if held:  # made in memory, written in one call: pyarrow writing to a Python file calls back into Python per write
+        data = sink.getvalue()
+        with file.create() as f:
+            f.write(data)
+
+
+_footers = {}  # schema -> arrow_footer(schema), made once: every part has one schema (tracer.schema.ARROW_SCHEMA)
+
+
+def _arrow_footer(plain):
+    footer = _footers.get(plain)
+    if footer is None:
+        footer = _footers[plain] = arrow_footer(plain)
+    return footer

@@ -179,6 +179,40 @@ def test_a_forked_child_runs_its_ops_untraced_and_leaves_the_trace_and_lock_alon
     assert marker_facts(path)["rows"] == 3
 
 
+def test_a_forked_child_outliving_a_killed_writer_does_not_keep_its_lock(tmp_path):
+    # the lock is the writer's open lock file; a child forked inside the trace closes its copy at the fork, so the
+    # writer's death releases the lock while the child still runs, and the next writer is not refused
+    path = tmp_path / "t"
+    proc = run(
+        tmp_path,
+        f"""
+    import os, signal, torch
+    from tracer import Tracer
+
+    path = {str(path)!r}
+    r, w = os.pipe()
+    writer = os.fork()
+    if writer == 0:
+        tr = Tracer(path)
+        tr.__enter__()
+        torch.ones(2)
+        if os.fork() == 0:  # the child outlives the writer: it runs until this program ends (the pipe's end)
+            os.close(w)
+            os.read(r, 1)
+            os._exit(0)
+        os.kill(os.getpid(), signal.SIGKILL)  # the writer is killed inside its with block
+    os.close(r)
+    os.waitpid(writer, 0)
+    with Tracer(path):
+        y = torch.ones(2) + 1
+    print(y.tolist())
+    """,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "[2.0, 2.0]\n"
+    assert read_metadata(path)["complete"] is True and len(pd.read_parquet(path)) == 2  # ones, add
+
+
 # ------------------------------------------------------------------ Ctrl-C is never swallowed
 @pytest.mark.parametrize("prelude, out", [("", "went on\n"), (DEFAULT_SIGINT, "")])
 def test_the_children_take_a_ctrl_c_however_the_suite_was_started(prelude, out):
@@ -349,19 +383,18 @@ def test_a_full_disk_under_w_error_lets_training_finish(tmp_path):
 
 
 def test_a_soft_file_lock_warning_under_w_error(tmp_path):
-    # filelock warns where the file system has no flock; that warning must not stop the Tracer under -W error
+    # where the file system has no flock (ENOSYS), filelock decides: it warns and takes a soft lock; that warning
+    # must not stop the Tracer under -W error
     path = tmp_path / "t"
     proc = run(
         tmp_path,
         f"""
-    import warnings, filelock, torch
+    import errno, fcntl, torch
     from tracer import Tracer
 
-    acquire = filelock.FileLock.acquire
-    def soft(self, *args, **kwargs):
-        warnings.warn("no flock here: a soft lock")
-        return acquire(self, *args, **kwargs)
-    filelock.FileLock.acquire = soft
+    def no_flock(fd, operation):
+        raise OSError(errno.ENOSYS, "Function not implemented")
+    fcntl.flock = no_flock
 
     with Tracer({str(path)!r}):
         y = torch.ones(2) + 1
@@ -372,7 +405,9 @@ def test_a_soft_file_lock_warning_under_w_error(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == "[2.0, 2.0]\n"
-    assert proc.stderr == f"UserWarning: optrace: trace {str(path)!r}: no flock here: a soft lock\n"
+    assert proc.stderr == (
+        f"UserWarning: optrace: trace {str(path)!r}: flock not supported on this filesystem, falling back to SoftFileLock\n"
+    )
 
 
 # ------------------------------------------------------------------ Ctrl-C while the tracer starts or closes

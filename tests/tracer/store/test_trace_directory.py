@@ -362,3 +362,30 @@ def test_a_marker_temporary_left_by_a_kill_is_optraces(tmp_path):
         torch.ones(2) + 1
     assert sorted(os.listdir(path)) == ["_optrace.parquet", "part-000000.parquet"]  # the lock goes at close
     assert reports.load(path)["op"].tolist() == ["aten.ones.default", "aten.add.Tensor"]
+
+
+def test_a_part_this_process_wrote_is_known_unread_and_a_users_file_in_its_place_is_refused(tmp_path, monkeypatch):
+    # replacing a trace this process wrote reads no part footer (tracer.store.directory.written_here); a file put in
+    # a part's place since is read and, not being optrace's, refused
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    import tracer.store.directory as directory
+
+    path = tmp_path / "t"
+    with Tracer(path, flush_rows=2):
+        _adds(2)  # 3 rows: parts 0 (2 rows) and 1 (1 row)
+    read, real = [], directory._has_optrace_metadata
+    monkeypatch.setattr(directory, "_has_optrace_metadata", lambda file: read.append(file) or real(file))
+    with Tracer(path, flush_rows=2):
+        _adds(2)
+    assert read == []  # both parts were this process's, unchanged
+    assert len(reports.load(path)) == 3
+    pq.write_table(pa.table({"x": [1]}), path / "part-000001.parquet")  # the user's file in a part's place
+    with pytest.raises(
+        TraceError, match="it is a directory holding 'part-000001.parquet', which optrace did not write"
+    ):
+        with Tracer(path):
+            pass
+    assert read == [str(path / "part-000001.parquet")]  # part 0 is still the one written: only the new file read
+    assert pq.read_table(path / "part-000001.parquet").to_pydict() == {"x": [1]}  # left as it was
