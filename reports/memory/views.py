@@ -55,15 +55,6 @@ def _casts(rows):
     return (ins != "") & (outs != "") & (ins != outs)
 
 
-_VIEWS = {
-    "run": "object",
-    "kind": "object",
-    "op": "object",
-    "ops": "int64",
-    "bytes_allocated": "int64",
-    "bytes_written": "int64",
-    "allocated_pct": "float64",
-}
 _VIEW_COLUMNS = ("op", "is_view", "bytes_allocated", "bytes_written")
 
 
