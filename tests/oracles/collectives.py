@@ -5,7 +5,7 @@ test oracle of views.sql's comm_split and collective_totals as reports.distribut
 
 import pandas as pd
 
-from reports.distributed.collectives import TRAFFIC_COLUMNS, collective_kind, traffic
+from reports.distributed.collectives import _SPLIT, TRAFFIC_COLUMNS, collective_kind, traffic
 from reports.loading.load import require
 from reports.tables import split_runs
 
@@ -14,17 +14,6 @@ __all__ = ["comm_split", "per_step_traffic"]
 
 def _ranked(df):
     return df if "rank" in df.columns else df.assign(rank=0)
-
-
-_SPLIT = {
-    "run": object,
-    "rank": "int64",
-    "step": "int64",
-    "compute_s": "float64",
-    "comm_s": "float64",
-    "comm_bytes": "int64",
-    "comm_pct": "float64",
-}
 
 
 def comm_split(df):

@@ -8,31 +8,17 @@ reports.time.roofline's own: what is checked here is the grouping, the sums and 
 import numpy as np
 import pandas as pd
 
-from reports.errors import ReportError
 from reports.loading.columns import cell_objects
 from reports.loading.load import require, runs_of
 from reports.steps import per_step, row_divisor, step_phases, summable
 from reports.tables import combine, row_dtype_codes, several_runs, split_runs
+from reports.time import roofline as library
 from reports.time.roofline import BOUNDS, ROOFLINE_COLUMNS, SPLIT_COLUMNS, add_roof_columns, run_roofs, split_of_groups
 
 __all__ = ["roofline", "roofline_split", "roofline_with_split"]
 
 _BY = {"op": ["op", "dtype"], "shape": ["op", "dtype", "input_shapes"], "module": ["module"]}
-_COLUMNS = (
-    "run",
-    "step",
-    "phase",
-    "op",
-    "module",
-    "flops",
-    "bytes_read",
-    "bytes_written",
-    "duration_ns",
-    "busy_ns",
-    "input_dtypes",
-    "output_dtypes",
-    "is_view",
-)
+_COLUMNS = ("run", *library._COLUMNS)
 
 
 def _rows(rows, shapes=False):
@@ -84,18 +70,6 @@ def _prepared(df, peak_flops, bandwidth, shapes):
     return out
 
 
-def _check_by(by, peak_flops, bandwidth):
-    if by not in _BY:
-        raise ReportError(f"roofline: by must be one of {', '.join(map(repr, _BY))}, got {by!r}")
-    _check(peak_flops, "peak_flops")
-    _check(bandwidth, "bandwidth")
-
-
-def _check(value, what):
-    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0):
-        raise ReportError(f"roofline: {what} must be a number > 0, got {value!r}")
-
-
 def roofline(df, by="op", peak_flops=None, bandwidth=None):
     """One row per op kind (by="op": op and dtype; "shape": also the input shapes) or per
     innermost module (by="module"), most time first, with the columns of the module docstring.
@@ -103,7 +77,7 @@ def roofline(df, by="op", peak_flops=None, bandwidth=None):
     A group's roof is that of the dtype carrying most of its FLOPs (most bytes when it
     has none). Figures are per step (`*_per_step`); `time_pct` is the share of the step's
     op time."""
-    _check_by(by, peak_flops, bandwidth)
+    library._check_by(by, peak_flops, bandwidth)
     require(df, _COLUMNS + (("input_shapes",) if by == "shape" else ()), "roofline")
     return _roofline_table(df, _prepared(df, peak_flops, bandwidth, by == "shape"), by)
 
@@ -114,15 +88,15 @@ def roofline_split(df, peak_flops=None, bandwidth=None):
     ops, time_s, flops, bytes are per step (each phase over its own steps); time_pct is
     the share of the step's op time; roof_time_s is the time those ops would take at
     their roof, max(flops / peak, bytes / bandwidth) summed over ops (NaN for "other")."""
-    _check(peak_flops, "peak_flops")
-    _check(bandwidth, "bandwidth")
+    library._check(peak_flops, "peak_flops")
+    library._check(bandwidth, "bandwidth")
     require(df, _COLUMNS, "roofline_split")
     return _split_table(df, _prepared(df, peak_flops, bandwidth, False))
 
 
 def roofline_with_split(df, by="op", peak_flops=None, bandwidth=None):
     """(roofline(df, by, ...), roofline_split(df, ...)), with the rows prepared once."""
-    _check_by(by, peak_flops, bandwidth)
+    library._check_by(by, peak_flops, bandwidth)
     require(df, _COLUMNS + (("input_shapes",) if by == "shape" else ()), "roofline")
     prepared = _prepared(df, peak_flops, bandwidth, by == "shape")
     return _roofline_table(df, prepared, by), _split_table(df, prepared)
