@@ -125,7 +125,7 @@ def _imbalance(trace):
 
 def job_summary(trace, present):
     """reports/distributed/ranks.py job_summary: the first run standing for its job; None outside a process group."""
-    from reports.sql_report import per_step_traffic
+    from reports.distributed.collectives import per_step_traffic
 
     (run, meta), *_ = trace.runs.items()
     if meta.get("world_size") is None:

@@ -85,7 +85,7 @@ class Source:
         return by_module(self.sql)
 
     def roofline_with_split(self):
-        from reports.sql_report import roofline_with_split
+        from reports.time.roofline import roofline_with_split
 
         return roofline_with_split(self.sql)
 
