@@ -173,6 +173,23 @@ def test_fp8_step_identical(tmp_path, monkeypatch, compiled):
     assert scaled["phase"].tolist() == ["forward", "backward", "backward"]
 
 
+def _rms_norm_on_meta():
+    with torch.device("meta"):
+        model = torch.nn.Sequential(
+            torch.nn.Linear(8, 8, dtype=torch.bfloat16), torch.nn.RMSNorm(8, dtype=torch.bfloat16)
+        )
+        x = torch.empty(4, 8, dtype=torch.bfloat16)
+    return model, lambda: model(x).float().sum().backward()
+
+
+def test_fused_norm_on_meta_identical(tmp_path, monkeypatch, compiled):
+    """rms_norm on meta stands in as the fused kernel's two ops (tracer.recording.meta_fused) on both paths."""
+    df = _assert_identical(tmp_path, monkeypatch, _rms_norm_on_meta)
+    assert (df["op"] == "aten._fused_rms_norm.default").sum() == 1
+    assert (df["op"] == "aten._fused_rms_norm_backward.default").sum() == 1
+    assert read_metadata(tmp_path / "compiled")["fused_standins"] == {"rms_norm": 1, "composite": 0}
+
+
 def test_storage_key_matches_torch(compiled):
     x = torch.ones(3, 4)
     for t in (x, x[1:], x.t(), torch.nn.Parameter(x.clone())):
