@@ -80,9 +80,10 @@ def _scaled_mm_rows(df):
 def test_fp8_step_counts_three_scaled_mm(tmp_path):
     torch.manual_seed(0)
     model, run = fp8_step()
-    with Tracer(tmp_path / "fp8", model=model):
+    with Tracer(tmp_path / "fp8", model=model, run_name="fp8"):
         run()
-    rows = _scaled_mm_rows(load(tmp_path / "fp8"))
+    df = load(tmp_path / "fp8")
+    rows = _scaled_mm_rows(df)
     assert rows["phase"].tolist() == ["forward", "backward", "backward"]
     assert rows["flop_kind"].tolist() == ["matmul"] * 3
     # each a 16 x 32 x 64 product, whatever the order of its sides: 2 * 16 * 32 * 64 = 65,536
