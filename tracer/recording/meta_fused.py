@@ -37,7 +37,6 @@ the tracer whole, counted by its composite formula (tracer.flops.composite).
 """
 
 import torch
-from torch.autograd.function import once_differentiable
 
 __all__ = ["MetaFused", "fused_key"]
 
@@ -107,23 +106,35 @@ def _is_fake(tensor):
 
 
 class _FusedRmsNorm(torch.autograd.Function):
-    """_fused_rms_norm's autograd formula: keeps input, weight and rstd; the backward is _fused_rms_norm_backward."""
+    """_fused_rms_norm's autograd formula: keeps input, weight and rstd; the backward is _fused_rms_norm_backward, or,
+    in grad mode (a double backward's create_graph), a differentiable composite, as CUDA's formula takes then."""
 
     @staticmethod
     def forward(ctx, input, weight, normalized_shape, eps):
         with torch._C._AutoDispatchBelowAutograd():
             out, rstd = aten._fused_rms_norm.default(input, normalized_shape, weight, eps)
         ctx.save_for_backward(input, rstd, weight)
-        ctx.normalized_shape = normalized_shape
+        ctx.normalized_shape, ctx.eps = normalized_shape, eps
         return out
 
     @staticmethod
-    @once_differentiable
     def backward(ctx, grad):
         input, rstd, weight = ctx.saved_tensors
         mask = [ctx.needs_input_grad[0], weight is not None and ctx.needs_input_grad[1]]
+        if torch.is_grad_enabled():
+            return (*_differentiable_backward(ctx, grad, input, weight, mask), None, None)
         with torch._C._AutoDispatchBelowAutograd():
             grad_input, grad_weight = aten._fused_rms_norm_backward.default(
                 grad, input, ctx.normalized_shape, rstd, weight, mask
             )
         return grad_input if mask[0] else None, grad_weight if mask[1] else None, None, None
+
+
+def _differentiable_backward(ctx, grad, input, weight, mask):
+    """(input's gradient, weight's) through the composite, with a graph of their own."""
+    wanted = [t for t, want in zip((input, weight), mask) if want]
+    if not wanted:
+        return None, None
+    out = aten.rms_norm.default.decompose(input, ctx.normalized_shape, weight, ctx.eps)
+    found = iter(torch.autograd.grad(out, wanted, grad, create_graph=True))
+    return tuple(next(found) if want else None for want in mask)

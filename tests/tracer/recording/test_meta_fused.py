@@ -100,3 +100,19 @@ def test_layer_norm_and_cross_entropy_on_meta_are_the_cuda_kernels(tmp_path):
     assert ops.index("aten._log_softmax.default") < ops.index("aten.nll_loss_forward.default")
     assert "fused_standins" in read_metadata(tmp_path / "ln")  # installed, nothing stood in
     assert read_metadata(tmp_path / "ln")["fused_standins"] == {"rms_norm": 0, "composite": 0}
+
+
+def test_a_double_backward_differentiates_through_the_composite(tmp_path):
+    """With create_graph the backward runs the composite, as CUDA's formula does in grad mode (a graph to
+    differentiate again); the second backward reaches the weight."""
+    with torch.device("meta"):
+        model = nn.RMSNorm(D, dtype=torch.bfloat16)
+        x = torch.empty(N, D, dtype=torch.bfloat16, requires_grad=True)
+    with Tracer(tmp_path / "twice", model=model):
+        (grad,) = torch.autograd.grad(model(x).float().sum(), x, create_graph=True)
+        grad.float().sum().backward()
+    df = load(tmp_path / "twice")
+    assert (df["op"] == "aten._fused_rms_norm.default").sum() == 1
+    assert "aten._fused_rms_norm_backward.default" not in set(df["op"])
+    assert "aten.rsqrt.default" in set(df.loc[df["phase"] == "backward", "op"])  # the composite, recomputed
+    assert model.weight.grad.shape == (D,)
