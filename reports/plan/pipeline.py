@@ -69,12 +69,14 @@ def _block_of(path):
 
 
 def blocks_of(modules, phases):
-    """(prefix, blocks, position per row): the repeated blocks are the numbered children of the
-    prefix with the most of them; position 1..n is a row's block (its index's rank among them),
-    0 before the blocks (a module first seen in the forward before the first block's row),
-    n + 1 after them (any other module of the forward or backward), -1 for other phases."""
-    modules = np.asarray(modules, dtype=object)
-    training = np.isin(np.asarray(phases, dtype=object), _TRAINING)
+    """(prefix, blocks, position per row, in the rows' order): the repeated blocks are the numbered
+    children of the prefix with the most of them; position 1..n is a row's block (its index's rank
+    among them). A row of no block goes by where it runs in its stretch of forward (or backward) rows:
+    before the stretch's first block row 0 in the forward (the embedding), n + 1 in the backward (the
+    head's gradients); after its last block row n + 1 in the forward (the head, the loss), 0 in the
+    backward; between two, the block before it (a root module's hook). -1 for other phases."""
+    modules, phases = np.asarray(modules, dtype=object), np.asarray(phases, dtype=object)
+    training = np.isin(phases, _TRAINING)
     found = {m: _block_of(m) for m in pd.unique(modules[training])}
     numbered = {}
     for hit in found.values():
@@ -87,16 +89,24 @@ def blocks_of(modules, phases):
     prefix = max(numbered, key=lambda k: (len(numbered[k]), -len(k)))
     indices = sorted(numbered[prefix])
     rank = {i: j + 1 for j, i in enumerate(indices)}
+    of = {m: rank[hit[1]] if hit and hit[0] == prefix else 0 for m, hit in found.items()}
+    block = np.array([of.get(m, 0) for m in modules], dtype=np.int64)
     position = np.full(len(modules), -1, dtype=np.int64)
-    of = {m: rank[hit[1]] if hit and hit[0] == prefix else None for m, hit in found.items()}
-    forward = training & (np.asarray(phases, dtype=object) == "forward")
-    block = np.array([of.get(m) or 0 for m in modules], dtype=np.int64)
-    first_block = np.flatnonzero(forward & (block > 0))
-    first = first_block[0] if len(first_block) else len(modules)
-    ahead = np.flatnonzero(forward)
-    before = set(modules[ahead[ahead < first]])
-    pre = np.isin(modules, list(before)) & (block == 0)
-    position[training] = np.where(block > 0, block, np.where(pre, 0, len(indices) + 1))[training]
+    n = len(indices)
+    starts = np.flatnonzero(np.r_[True, phases[1:] != phases[:-1]])
+    for start, end in zip(starts, np.r_[starts[1:], len(phases)]):
+        if not training[start]:
+            continue
+        stretch = block[start:end]
+        at = np.flatnonzero(stretch > 0)
+        forward = phases[start] == "forward"
+        if not len(at):
+            position[start:end] = 0 if forward else n + 1
+            continue
+        last = np.maximum.accumulate(np.where(stretch > 0, np.arange(len(stretch)), -1))
+        where = np.where(last >= 0, stretch[np.maximum(last, 0)], 0 if forward else n + 1)
+        where[at[-1] + 1 :] = n + 1 if forward else 0
+        position[start:end] = np.where(stretch > 0, stretch, where)
     return prefix, indices, position
 
 

@@ -16,7 +16,7 @@ import torch
 import reports
 from reports.errors import ReportError
 from reports.output.cli import main
-from reports.plan.pipeline import in_flight, partition, schedule
+from reports.plan.pipeline import blocks_of, in_flight, partition, schedule
 from tracer import Tracer
 
 MiB = 2**20
@@ -60,6 +60,19 @@ def test_micro_batches_in_flight_per_stage():
     # interleaved, in the rank's micro-batches: (2 (p-i-1) + (v-1) p + 1) / v; the first p + (p-1)/v = 5.5
     assert in_flight(4, 8, "interleaved", 2) == [5.5, 4.5, 3.5, 2.5]  # (6+4+1)/2, (4+4+1)/2, (2+4+1)/2, (0+4+1)/2
     assert in_flight(4, 1, "interleaved", 2) == [1.0, 1.0, 1.0, 1.0]  # at most m v = 2 chunk passes: 2/2
+
+
+def test_rows_of_no_block_go_by_where_they_run():
+    """The root module's rows (FSDP2's hooks, the embeddings' sum) run before, between and after the blocks:
+    before the first block of a forward they are the first stage's, after the last the last stage's (the
+    head, the loss), between two the block's before them; a backward runs the other way."""
+    forward = ["wte", "", "blocks.0.attn", "", "blocks.1", "lm_head", ""]
+    backward = ["", "lm_head", "blocks.1", "", "blocks.0.attn", "wte", ""]
+    prefix, indices, position = blocks_of(
+        forward + backward + ["x"], ["forward"] * 7 + ["backward"] * 7 + ["optimizer"]
+    )
+    assert (prefix, indices) == ("blocks", [0, 1])
+    assert list(position) == [0, 0, 1, 1, 2, 3, 3] + [3, 3, 2, 2, 1, 0, 0] + [-1]
 
 
 def test_partition_balances_the_slowest_stage():
@@ -139,7 +152,7 @@ def test_cli_prints_the_bubble_and_each_rank_s_memory(toy_trace, capsys):
     assert main(["plan", trace, "--gpu", "H100", "--pp", "4", "--micro-batches", "8"]) in (0, None)
     text = capsys.readouterr().out
     assert "8 micro-batches x " in text and "Pipeline          4 ranks over 8 blocks (N), 1f1b" in text
-    assert "rank 0   blocks 0-1" in text and "4 micro-batches in flight" in text
+    assert "rank 0   blocks 0-1" in text and "in flight: 4 micro-batches" in text
     main(["plan", trace, "--gpu", "H100", "--pp", "4", "--micro-batches", "8", "--json"])
     out = json.loads(capsys.readouterr().out)
     assert out["pp"] == 4 and out["micro_batches"] == 8 and out["schedule"] == "1f1b"
