@@ -24,9 +24,10 @@ and read after it in the forward, less those of fixed size: parameters, FSDP2's 
 micro-batch, forward; the same bytes of their gradient back. Each is priced as a two-rank
 broadcast on the link between the ranks (reports.plan.comm.collective_cost: one hop, NCCL's
 latency; on one node the GPU link, across nodes one GPU's NIC); the stages' ranks are `world`
-apart (pipeline outermost, as Megatron-LM orders its groups). The sends block the compute they
-feed (Megatron-LM's default: its 1F1B exchanges activations and gradients with synchronous
-batched send/recv), so each counts in its rank's T_r, on both sides of the link.
+apart (pipeline outermost, as Megatron-LM orders its groups). A rank's sends count in its T_r
+but for the share `pipeline_send_overlap` hides (reports/plan/assumptions.py; 0 by default:
+Megatron-LM's 1F1B exchanges activations and gradients by blocking batched send/recv); what it
+receives comes in over the link's other direction meanwhile.
 
 Memory per rank: its share of the fixed bytes (parameters, gradients, optimizer state and
 communication buffers at the traced peak, in proportion to its parameters), plus the
@@ -267,7 +268,7 @@ def pipeline(rows, every, meta, seconds, exposed_s, k, gpu, gpus_per_node, world
     sent = np.array([crossing[end] * k / steps if c < chunks - 1 else 0.0 for c, (_, end) in enumerate(bounds)])
     forward_s = np.array([_send_s(b, gpu, gpus_per_node, world, a) for b in sent])
     backward_s = np.r_[0.0, forward_s[:-1]]  # chunk c sends back the gradient of what chunk c - 1 sent it
-    chunk_time = work + forward_s + backward_s
+    chunk_time = work + (1 - a["pipeline_send_overlap"]) * (forward_s + backward_s)
     rank_time = np.bincount(np.arange(chunks) % pp, weights=chunk_time, minlength=pp)
     timed = schedule(list(rank_time), m, v)
 

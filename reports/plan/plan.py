@@ -34,11 +34,19 @@ One row per run (a trace of one rank: real, meta or fake, any world size), colum
                                        efficiencies measured from it, and the predicted step
                                        against the traced one (untraced median step time when
                                        recorded, else the sum of traced op times per step)
+  pp, micro_batches, schedule, virtual_stages, pipeline_bubble_s, bubble_fraction, p2p_s
+                                       the pipeline (reports/plan/pipeline.py; pp 1: none): with pp > 1
+                                       step_time_s, tokens_per_step, tokens_per_s_per_gpu, the FLOPs and
+                                       mfu are the pipeline's (micro_batches micro-batches over pp GPUs),
+                                       and the memory figures the rank that needs most
+  cp, ring_s, kv_in_flight_bytes       context parallelism (reports/plan/context.py; cp 1: none): ring
+                                       attention's sends per step (in comm_s) and the K/V blocks in flight
 
 `frame.attrs["plan"]` holds per run: `assumptions` [{name, value, unit, source}] (every
 number assumed, those measured included), `classes` (time per bound class), `memory` (the fit's
 parts, and for a plan that does not fit its `changes`: reports.plan.changes), `notes` (what the
-figures rest on, what needs a re-trace) and `basis` (those of `notes` that hold for every plan).
+figures rest on, what needs a re-trace) and `basis` (those of `notes` that hold for every plan); with
+pp > 1 `pipeline` (each rank's blocks, time, sends and memory), with cp > 1 `context` (the ring's figures).
 """
 
 import math
@@ -401,7 +409,8 @@ def _plan_run(rows, meta, gpu, gpus_per_node, micro_batch, batch, overlap, table
         for c in range(len(CLASSES))
     ]
     detail = {"assumptions": listed, "classes": classes, "memory": memory_fit, "notes": notes, "basis": basis}
-    priced = (rows, every, meta, seconds + ringed, exposed, k, entry, gpus_per_node, world, a, memory_fit, found)
+    whole = found * cp if found else found  # the traced batch in whole sequences of the rank's share (k's unit)
+    priced = (rows, every, meta, seconds + ringed, exposed, k, entry, gpus_per_node, world, a, memory_fit, whole)
     parallel.finish(record, detail, priced, shape, context)
     return record, detail
 

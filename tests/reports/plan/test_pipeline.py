@@ -102,6 +102,20 @@ def test_the_toy_pipeline_s_stages_sends_and_bubble(toy):
     assert 0.26 < row["bubble_fraction"] < 3 / 11  # the sends lengthen the slowest rank more than the bubble
 
 
+def test_sends_hidden_behind_the_compute_leave_the_closed_form_bubble(toy):
+    """pipeline_send_overlap=1: four equal stages of compute alone, 8 micro-batches: (4-1)/(8+4-1) = 3/11."""
+    frame = reports.plan(toy, "H100", pp=4, micro_batches=8, assumptions={"pipeline_send_overlap": 1})
+    row = frame.iloc[0]
+    ranks = frame.attrs["plan"][row["run"]]["pipeline"]["stages"]
+    t = ranks[0]["seconds_per_micro_batch"]
+    assert [r["seconds_per_micro_batch"] for r in ranks] == pytest.approx([t] * 4, rel=1e-12)
+    assert row["bubble_fraction"] == pytest.approx(3 / 11, rel=1e-12)  # 3t / (8t + 3t)
+    assert row["pipeline_bubble_s"] == pytest.approx(3 * t, rel=1e-12)
+    half = reports.plan(toy, "H100", pp=4, micro_batches=8, assumptions={"pipeline_send_overlap": 0.5})
+    ranks_half = half.attrs["plan"][row["run"]]["pipeline"]["stages"]
+    assert ranks_half[1]["seconds_per_micro_batch"] == pytest.approx(t + 0.5 * 2 * SEND, rel=1e-12)
+
+
 def test_the_toy_pipeline_s_memory_of_micro_batches_in_flight(toy):
     frame = reports.plan(toy, "H100", pp=4, micro_batches=8)
     ranks = frame.attrs["plan"][frame["run"].iloc[0]]["pipeline"]["stages"]
