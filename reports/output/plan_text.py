@@ -273,7 +273,8 @@ def _pipeline(p, out):
         blocks = ", ".join(c["blocks"] for c in r["chunks"])
         print(
             f"  rank {r['rank']:<3} blocks {blocks:<10} {_human_seconds(r['seconds_per_micro_batch'])} per "
-            f"micro-batch (sends {_human_seconds(r['send_s'])}); in flight: {r['in_flight']:g} micro-batches",
+            f"micro-batch (sends {_human_seconds(r['send_s'])}); in flight: {r['in_flight']:g} "
+            f"micro-batch{'' if r['in_flight'] == 1 else 'es'}",
             file=out,
         )
         _wrapped(

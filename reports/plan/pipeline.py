@@ -7,7 +7,9 @@ schedule (v `virtual_stages`, chunk j on rank j mod p), so that the slowest one'
 (forward and backward, reports/plan/ops.py) is the least. What runs before the first block
 (the embedding) goes with the first stage, what runs after the last (the head, the loss) with
 the last; ops of other phases (the optimizer) are shared by the ranks in proportion to the
-parameters they hold (the metadata's `parameters`, each to its block by its name).
+parameters they hold (the metadata's `parameters`, each to its block by its name), and the traced
+step's exposed communication (FSDP2's collectives, reports/plan/comm.py) in proportion to their
+compute, once per micro-batch (FSDP2 gathers a stage's parameters for each).
 
 Schedule (Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on GPU Clusters
 Using Megatron-LM", arXiv:2104.04473, section 2.2): with T_r the time of rank r for one
