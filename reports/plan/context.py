@@ -53,7 +53,7 @@ def _attention_rows(rows):
 
 
 def ring(rows, meta, seconds, cp, k, gpu, gpus_per_node, a):
-    """(per-row exposed seconds of the ring, over the steps of `rows`; figures per step) of context
+    """(per-row exposed seconds of the ring, as `seconds` are per row; figures per step) of context
     parallelism `cp` over the priced `rows` (op `seconds` at 1/cp of the micro-batch; `k` the planned
     micro-batch over the traced one)."""
     at, backward = _attention_rows(rows)
@@ -82,7 +82,6 @@ def ring(rows, meta, seconds, cp, k, gpu, gpus_per_node, a):
         spent += (cp - 1) * send
         sent += (cp - 1) * message
     steps = max(1, int(np.unique(rows["step"].to_numpy()[at]).size))
-    exposed /= steps
     figures = {
         "cp": cp,
         "seq": int(seq),
@@ -92,7 +91,7 @@ def ring(rows, meta, seconds, cp, k, gpu, gpus_per_node, a):
         "kv_in_flight_bytes": float(2 * block_max),
         "ring_bytes": float(sent / steps),
         "ring_s": float(spent / steps),
-        "ring_exposed_s": float(exposed.sum()),
+        "ring_exposed_s": float(exposed.sum() / steps),
         "attention_kernels": int(len(at)),
     }
     return exposed, figures

@@ -50,6 +50,7 @@ import pandas as pd
 
 from reports.errors import ReportError
 from reports.loading.columns import cell_objects
+from reports.loading.load import require
 from reports.memory.lifetimes import CATEGORIES, Storages, dtype_sizes, runs_in_order, take
 from reports.plan.comm import collective_cost
 from reports.plan.fit import SCALED
@@ -244,6 +245,7 @@ def pipeline(rows, every, meta, seconds, exposed_s, k, gpu, gpus_per_node, world
     ({name: value} for the plan's record, {detail}); `rows` the priced step's, `seconds` their op seconds,
     `exposed_s` the step's exposed communication, `every` every row (for the memory), `k` the planned
     micro-batch over the traced one (`batch` sequences), `memory_fit` reports.plan.fit.fit's figures."""
+    require(rows, ("module",), "plan")
     pp, m, kind, v = shape
     v = v if kind == "interleaved" else 1
     chunks = pp * v

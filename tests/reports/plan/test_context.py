@@ -109,3 +109,16 @@ def test_bad_cp_is_refused(gpt, tmp_path):
         model(x).sum().backward()
     with pytest.raises(ReportError, match="cp needs the trace's attention kernels"):
         reports.plan(reports.load(tmp_path / "linear"), "H100", cp=2)
+
+
+def test_with_a_pipeline_the_ring_counts_once_in_the_stages(gpt):
+    """The stages' time per micro-batch, sends aside, adds up to the step of the rank holding every layer:
+    compute + the ring's exposed time (no other collective, no optimizer in this trace)."""
+    whole = reports.plan(gpt, "H100", cp=2).iloc[0]
+    frame = reports.plan(gpt, "H100", cp=2, pp=2, micro_batches=4)
+    ranks = frame.attrs["plan"][frame["run"].iloc[0]]["pipeline"]["stages"]
+    assert whole["exposed_comm_s"] > 0
+    assert sum(r["seconds_per_micro_batch"] - r["send_s"] for r in ranks) == pytest.approx(
+        whole["compute_s"] + whole["exposed_comm_s"], rel=1e-12
+    )
+    assert frame["kv_in_flight_bytes"].iloc[0] == 2 * BLOCK2  # and the blocks in flight in each rank's memory
