@@ -14,6 +14,7 @@ import torch
 
 import reports
 from reports.errors import ReportError
+from reports.output.cli import main
 from reports.plan.context import kv_block_bytes, ring
 from reports.plan.devices import resolve_gpu
 from tests import helpers
@@ -26,7 +27,7 @@ HOP = 8.4e-6 + 3.4e-6  # nccl_base_s + one NVLink step
 
 
 @pytest.fixture(scope="module")
-def gpt(tmp_path_factory):
+def gpt_trace(tmp_path_factory):
     sys.path.insert(0, str(helpers.ROOT / "examples"))
     try:
         from gpt import GPT, GPTConfig
@@ -39,7 +40,12 @@ def gpt(tmp_path_factory):
         idx = torch.zeros(2, 64, dtype=torch.long)
     with Tracer(path, model=model, tokens=128):
         model(idx, idx).backward()
-    return reports.load(path)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def gpt(gpt_trace):
+    return reports.load(gpt_trace)
 
 
 def test_kv_block_bytes_closed_form():
@@ -122,3 +128,13 @@ def test_with_a_pipeline_the_ring_counts_once_in_the_stages(gpt):
         whole["compute_s"] + whole["exposed_comm_s"], rel=1e-12
     )
     assert frame["kv_in_flight_bytes"].iloc[0] == 2 * BLOCK2  # and the blocks in flight in each rank's memory
+
+
+def test_cli_prints_the_ring(gpt_trace, capsys):
+    assert main(["plan", gpt_trace, "--gpu", "H100", "--cp", "2"]) in (0, None)
+    text = capsys.readouterr().out
+    # 196,608 bytes per step (4 layers x 3 x 16,384), shown with an SI prefix; 2 x 16,384 bytes in flight
+    assert "Context parallel  2 ranks of 32 tokens: ring attention 197 kB per step" in text
+    assert "K/V blocks in flight 0.0000305 GiB" in text  # 32,768 / 2^30
+    assert main(["plan", gpt_trace, "--gpu", "H100", "--cp", "3"]) == 2  # one line: cp must divide the sequence
+    assert "cp 3 must divide the sequence length, 64 tokens" in capsys.readouterr().err
