@@ -25,8 +25,9 @@ Point-to-point sends: the activation bytes at a stage boundary (the storages wri
 and read after it in the forward, less those of fixed size: parameters, FSDP2's buffers), per
 micro-batch, forward; the same bytes of their gradient back. Each is priced as a two-rank
 broadcast on the link between the ranks (reports.plan.comm.collective_cost: one hop, NCCL's
-latency; on one node the GPU link, across nodes one GPU's NIC); the stages' ranks are `world`
-apart (pipeline outermost, as Megatron-LM orders its groups). A rank's sends count in its T_r
+latency; on one node the GPU link, across nodes one GPU's NIC); stage r's ranks start at r x
+`world` (pipeline outermost, as Megatron-LM orders its groups), so a send crosses nodes when the
+two stages' first ranks sit on different nodes (interleaved, the last rank sends back to the first). A rank's sends count in its T_r
 but for the share `pipeline_send_overlap` hides (reports/plan/assumptions.py; 0 by default:
 Megatron-LM's 1F1B exchanges activations and gradients by blocking batched send/recv); what it
 receives comes in over the link's other direction meanwhile.
@@ -233,11 +234,11 @@ def _memory(every, meta, position_of, chunk_of, ranks, sent_to):
     return peak, saved
 
 
-def _send_s(nbytes, gpu, gpus_per_node, world, a):
-    """Seconds of one point-to-point send of `nbytes` between adjacent stages' ranks (`world` apart)."""
+def _send_s(nbytes, gpu, gpus_per_node, ranks, a):
+    """Seconds of one point-to-point send of `nbytes` between two global `ranks`."""
     if nbytes <= 0:
         return 0.0
-    return collective_cost("broadcast", nbytes, 2, gpu, gpus_per_node, a, ranks=[0, world])[0]
+    return collective_cost("broadcast", nbytes, 2, gpu, gpus_per_node, a, ranks=ranks)[0]
 
 
 def pipeline(rows, every, meta, seconds, exposed_s, k, gpu, gpus_per_node, world, a, memory_fit, batch, shape):
@@ -270,7 +271,9 @@ def pipeline(rows, every, meta, seconds, exposed_s, k, gpu, gpus_per_node, world
     work = work + (exposed_s * work / work.sum() if work.sum() > 0 else 0.0)  # FSDP's exposed share, per unit
     crossing, _ = _boundary_bytes(rows, meta, position, n)
     sent = np.array([crossing[end] * k / steps if c < chunks - 1 else 0.0 for c, (_, end) in enumerate(bounds)])
-    forward_s = np.array([_send_s(b, gpu, gpus_per_node, world, a) for b in sent])
+    # chunk c's rank (c mod pp) sends to the next chunk's: the first ranks of the two stages, `world` x rank
+    links = [[(c % pp) * world, ((c + 1) % pp) * world] for c in range(chunks)]
+    forward_s = np.array([_send_s(b, gpu, gpus_per_node, link, a) for b, link in zip(sent, links)])
     backward_s = np.r_[0.0, forward_s[:-1]]  # chunk c sends back the gradient of what chunk c - 1 sent it
     chunk_time = work + (1 - a["pipeline_send_overlap"]) * (forward_s + backward_s)
     rank_time = np.bincount(np.arange(chunks) % pp, weights=chunk_time, minlength=pp)

@@ -16,6 +16,7 @@ import torch
 import reports
 from reports.errors import ReportError
 from reports.output.cli import main
+from reports.plan.devices import resolve_gpu
 from reports.plan.pipeline import blocks_of, in_flight, partition, schedule
 from tracer import Tracer
 
@@ -100,6 +101,15 @@ def test_the_toy_pipeline_s_stages_sends_and_bubble(toy):
     # without the sends, the closed form: 3/11 of the step
     assert schedule(compute, 8)["bubble_fraction"] == pytest.approx(3 / 11, rel=1e-12)
     assert 0.26 < row["bubble_fraction"] < 3 / 11  # the sends lengthen the slowest rank more than the bubble
+
+
+def test_a_send_between_stages_on_two_nodes_goes_at_one_nic(toy):
+    """2 GPUs per node: stages 0 and 1 on node 0, 2 and 3 on node 1; the send from 1 to 2 crosses nodes."""
+    frame = reports.plan(toy, "H100", pp=4, micro_batches=8, gpus_per_node=2)
+    ranks = frame.attrs["plan"][frame["run"].iloc[0]]["pipeline"]["stages"]
+    across = 8.4e-6 + 9.6e-6 + BOUNDARY / (0.8 * resolve_gpu("H100")["nic_bytes_per_s"])  # one step across
+    # rank 1: its gradient back to rank 0 on its node, its activations on to rank 2 across; rank 2 the reverse
+    assert [r["send_s"] for r in ranks] == pytest.approx([SEND, SEND + across, across + SEND, SEND], rel=1e-12)
 
 
 def test_sends_hidden_behind_the_compute_leave_the_closed_form_bubble(toy):
