@@ -155,8 +155,8 @@ def in_flight(pp, micro_batches, kind="1f1b", virtual_stages=1):
 
 def _boundary_bytes(rows, meta, position, n):
     """Per boundary after position j (0..n), the bytes of the forward's storages written at or before
-    it and read after it, of one traced micro-batch; and per row, the last forward position reading
-    each output storage (to give a sent storage to the stage it is sent to)."""
+    it and read after it, of one traced micro-batch; and {storage id: the last forward position reading
+    it} of the storages read past where they were made (a sent storage is held by the stage it is sent to)."""
     forward = np.flatnonzero(rows["phase"].to_numpy(dtype=object) == "forward")
     fixed = set(fixed_storages(rows, meta).tolist())
     size = dtype_sizes(meta)
@@ -199,13 +199,13 @@ def _parameter_share(meta, prefix, indices, chunk_of, ranks, pre_post):
     return held / held.sum() if held.sum() > 0 else np.full(ranks, 1.0 / ranks)
 
 
-def _memory(every, meta, position_of, chunk_of, ranks, sent_to):
+def _memory(every, position_of, chunk_of, ranks, sent_to):
     """Per rank: (peak of one micro-batch's growing bytes while its ops run, bytes saved at the end of
     a forward); each piece to the rank of the row that made it, or of the stage it is sent to."""
-    name, meta_, rows = next(r for r in runs_in_order(every) if len(r[2]))
+    name, meta, rows = next(r for r in runs_in_order(every) if len(r[2]))
     n = len(rows)
     phase = take(rows["phase"], slice(None))
-    storages = Storages(name, meta_, rows)
+    storages = Storages(name, meta, rows)
     sids, _, alloc0, free0, made0 = storages.arrays()
     cat = storages.categories(sids, alloc0, free0, made0)
     index, nbytes, alloc, free, sid = storages.pieces()
@@ -277,6 +277,7 @@ def pipeline(rows, every, meta, seconds, exposed_s, k, gpu, gpus_per_node, world
     backward_s = np.r_[0.0, forward_s[:-1]]  # chunk c sends back the gradient of what chunk c - 1 sent it
     chunk_time = work + (1 - a["pipeline_send_overlap"]) * (forward_s + backward_s)
     rank_time = np.bincount(np.arange(chunks) % pp, weights=chunk_time, minlength=pp)
+    rank_sends = np.bincount(np.arange(chunks) % pp, weights=forward_s + backward_s, minlength=pp)
     timed = schedule(list(rank_time), m, v)
 
     held = _parameter_share(meta, prefix, indices, chunk_of, pp, _pre_post(rows, position, n))
@@ -287,7 +288,7 @@ def pipeline(rows, every, meta, seconds, exposed_s, k, gpu, gpus_per_node, world
     position_of = lambda r: blocks_of(r["module"].to_numpy(dtype=object), r["phase"].to_numpy(dtype=object))[2]  # noqa: E731
     every_position = position_of(every.sort_values("seq", kind="stable"))
     _, sent_to = _boundary_bytes(every.sort_values("seq", kind="stable"), meta, every_position, n)
-    peak, saved = _memory(every, meta, position_of, chunk_of, pp, sent_to)
+    peak, saved = _memory(every, position_of, chunk_of, pp, sent_to)
     flight = np.array(in_flight(pp, m, kind, v))
     growing = k * (peak + (flight - 1) * saved)
     fixed = memory_fit["peak_fixed_bytes"] * held
@@ -305,7 +306,7 @@ def pipeline(rows, every, meta, seconds, exposed_s, k, gpu, gpus_per_node, world
         "step_time_s": step,
         "pipeline_bubble_s": timed["bubble_s"],
         "bubble_fraction": timed["bubble_fraction"],
-        "p2p_s": float(m * max(forward_s[c] + backward_s[c] for c in range(chunks))),
+        "p2p_s": float(m * rank_sends.max()),  # the busiest rank's sends per step
         "peak_bytes_per_rank": float(need[worst]),
         "required_bytes": float(required[worst]),
     }
@@ -329,7 +330,7 @@ def pipeline(rows, every, meta, seconds, exposed_s, k, gpu, gpus_per_node, world
             ],
             "seconds_per_micro_batch": float(rank_time[r]),
             "send_bytes": float(sum(sent[c] for c in range(r, chunks, pp))),
-            "send_s": float(sum(forward_s[c] + backward_s[c] for c in range(r, chunks, pp))),
+            "send_s": float(rank_sends[r]),
             "optimizer_s": float(optimizer[r]),
             "parameter_share": float(held[r]),
             "in_flight": float(flight[r]),

@@ -156,6 +156,11 @@ def test_interleaved_toy_pipeline(toy):
     times = [r["seconds_per_micro_batch"] for r in ranks]
     row = frame.iloc[0]
     assert row["pipeline_bubble_s"] == pytest.approx((sum(times) - max(times)) / 2, rel=1e-12)
+    # chunks 0 and 2 on rank 0, 1 and 3 on rank 1, every boundary between the ranks: rank 0 sends chunk 0's
+    # and chunk 2's activations and chunk 2's gradient back to chunk 1; rank 1 chunk 1's activations and
+    # gradient and chunk 3's gradient: 3 sends each per micro-batch
+    assert [r["send_s"] for r in ranks] == pytest.approx([3 * SEND, 3 * SEND], rel=1e-12)
+    assert row["p2p_s"] == pytest.approx(4 * 3 * SEND, rel=1e-12)  # 4 micro-batches x 3 sends
 
 
 def test_too_many_stages_and_bad_shapes_are_refused(toy):
