@@ -316,6 +316,11 @@ def _plan(args):
         args.batch,
         args.overlap,
         assumed,
+        pp=args.pp,
+        micro_batches=args.micro_batches,
+        schedule=args.schedule,
+        virtual_stages=args.virtual_stages,
+        cp=args.cp,
     )
     if args.json:
         print(json.dumps(plan_json(frame), indent=2, allow_nan=False))
@@ -500,6 +505,16 @@ def _parser():
         default="prefetch",
         help="how collectives overlap compute (default: prefetch, FSDP2's)",
     )
+    pln.add_argument("--pp", type=_top, default=1, help="pipeline-parallel stages (default: 1)")
+    pln.add_argument("--micro-batches", type=_top, default=1, help="micro-batches per step of a pipeline (default: 1)")
+    pln.add_argument(
+        "--schedule",
+        choices=("1f1b", "interleaved"),
+        default="1f1b",
+        help="the pipeline's schedule (default: 1f1b; interleaved with --virtual-stages)",
+    )
+    pln.add_argument("--virtual-stages", type=_top, default=1, help="model chunks per rank, interleaved (default: 1)")
+    pln.add_argument("--cp", type=_top, default=1, help="context-parallel degree: ring attention (default: 1)")
     pln.add_argument(
         "--assume",
         type=_assumption,

@@ -14,6 +14,7 @@
   cuda_context_bytes    1 GiB     [0, 2^50]    the CUDA context, cuBLAS/cuDNN workspaces and kernels
   nccl_buffer_bytes     256 MiB   [0, 2^50]    NCCL's buffers, per process group with a collective in the trace
   fragmentation         0.10      [0, 10]      the caching allocator's reserved bytes over the peak live bytes, minus 1
+  pipeline_send_overlap 0         [0, 1]       share of a pipeline stage's sends to its neighbours hidden behind its compute
 The ranges (RANGES) keep a plan's figures finite: a value outside one (inf, nan, a launch cost of
 1e308 s, a fragmentation of 1e300, an efficiency of 1e-320, which made a time of bytes / (bandwidth x
 1e-320) = inf) is refused with its name, the value and the range. An efficiency divides, so its range
@@ -45,6 +46,7 @@ DEFAULTS = {
     "cuda_context_bytes": 2**30,
     "nccl_buffer_bytes": 256 * 2**20,
     "fragmentation": 0.10,
+    "pipeline_send_overlap": 0.0,
 }
 
 UNITS = {
@@ -66,6 +68,7 @@ RANGES = {
     "cuda_context_bytes": (0, 2**50, True),
     "nccl_buffer_bytes": (0, 2**50, True),
     "fragmentation": (0.0, 10.0, True),
+    "pipeline_send_overlap": (0.0, 1.0, True),
 }
 
 _NCCL = "NCCL src/graph/tuning.cc (NVIDIA/nccl, ring algorithm, Simple protocol: baseLat and hwLat)"
@@ -107,6 +110,11 @@ SOURCES = {
     "fragmentation": (
         "judgement: PyTorch's caching allocator rounds blocks up and keeps freed blocks reserved; reserved bytes "
         "run 5-15% above the peak allocated in large training jobs"
+    ),
+    "pipeline_send_overlap": (
+        "Megatron-LM megatron/core/pipeline_parallel/schedules.py: its 1F1B schedule exchanges activations and "
+        "gradients with the neighbouring stages by blocking batched send/recv (send_forward_recv_backward waits "
+        "for them), so none is hidden; 1 models its overlap_p2p_comm, which the interleaved schedule offers"
     ),
 }
 

@@ -34,11 +34,19 @@ One row per run (a trace of one rank: real, meta or fake, any world size), colum
                                        efficiencies measured from it, and the predicted step
                                        against the traced one (untraced median step time when
                                        recorded, else the sum of traced op times per step)
+  pp, micro_batches, schedule, virtual_stages, pipeline_bubble_s, bubble_fraction, p2p_s
+                                       the pipeline (reports/plan/pipeline.py; pp 1: none): with pp > 1
+                                       step_time_s, tokens_per_step, tokens_per_s_per_gpu, the FLOPs and
+                                       mfu are the pipeline's (micro_batches micro-batches over pp GPUs),
+                                       and the memory figures the rank that needs most
+  cp, ring_s, kv_in_flight_bytes       context parallelism (reports/plan/context.py; cp 1: none): ring
+                                       attention's sends per step (in comm_s) and the K/V blocks in flight
 
 `frame.attrs["plan"]` holds per run: `assumptions` [{name, value, unit, source}] (every
 number assumed, those measured included), `classes` (time per bound class), `memory` (the fit's
 parts, and for a plan that does not fit its `changes`: reports.plan.changes), `notes` (what the
-figures rest on, what needs a re-trace) and `basis` (those of `notes` that hold for every plan).
+figures rest on, what needs a re-trace) and `basis` (those of `notes` that hold for every plan); with
+pp > 1 `pipeline` (each rank's blocks, time, sends and memory), with cp > 1 `context` (the ring's figures).
 """
 
 import math
@@ -54,6 +62,7 @@ from reports.flops.recompute import attention_recompute, checkpoint_recompute
 from reports.loading.integrity import signal_of, stopped_by
 from reports.loading.load import require, runs_of
 from reports.plan import assumptions as assumed
+from reports.plan import parallel
 from reports.plan.comm import OVERLAPS, costs, simulate
 from reports.plan.devices import CPU, resolve_gpu
 from reports.plan.fit import fit, traced_batch
@@ -124,12 +133,28 @@ def _on_target(entry, meta):
     return device.get("type") == "cuda" and entry["name"] in {d.name for d in found}
 
 
-def plan(df, gpu, gpus_per_node=8, micro_batch=None, batch=None, overlap="prefetch", assumptions=None):
+def plan(
+    df,
+    gpu,
+    gpus_per_node=8,
+    micro_batch=None,
+    batch=None,
+    overlap="prefetch",
+    assumptions=None,
+    pp=1,
+    micro_batches=1,
+    schedule="1f1b",
+    virtual_stages=1,
+    cp=1,
+):
     """Plan each run of `df` on `gpu` (a name of reports.plan.devices.GPUS, or "cpu": the CPU
     the trace ran on). `micro_batch`: sequences per rank to plan (default the traced batch,
     found by traced_batch unless `batch` gives it); `overlap`: "prefetch" or "none";
-    `assumptions`: {name: value} overriding reports.plan.assumptions.DEFAULTS."""
+    `assumptions`: {name: value} overriding reports.plan.assumptions.DEFAULTS; `pp`: pipeline
+    stages, `micro_batches` per step, `schedule` "1f1b" or "interleaved" with `virtual_stages`
+    per rank (reports/plan/pipeline.py); `cp`: context-parallel degree (reports/plan/context.py)."""
     require(df, _COLUMNS, "plan")
+    shape = parallel.check(pp, micro_batches, schedule, virtual_stages, cp)
     if isinstance(gpus_per_node, bool) or not isinstance(gpus_per_node, int) or gpus_per_node < 1:
         raise ReportError(f"plan: gpus_per_node must be an int >= 1, got {gpus_per_node!r}")
     for name, value in (("micro_batch", micro_batch), ("batch", batch)):
@@ -142,7 +167,7 @@ def plan(df, gpu, gpus_per_node=8, micro_batch=None, batch=None, overlap="prefet
     runs, records, details = runs_of(df), [], {}
     for run, rows in split_runs(df):
         if len(rows):
-            record, detail = _plan_run(rows, runs[run], gpu, gpus_per_node, micro_batch, batch, overlap, table)
+            record, detail = _plan_run(rows, runs[run], gpu, gpus_per_node, micro_batch, batch, overlap, table, shape)
             records.append({"run": run, **record})
             details[run] = detail
     out = pd.DataFrame.from_records(records)
@@ -150,7 +175,7 @@ def plan(df, gpu, gpus_per_node=8, micro_batch=None, batch=None, overlap="prefet
     return out
 
 
-def _plan_run(rows, meta, gpu, gpus_per_node, micro_batch, batch, overlap, table):
+def _plan_run(rows, meta, gpu, gpus_per_node, micro_batch, batch, overlap, table, shape=(1, 1, "1f1b", 1, 1)):
     entry, peak_of, bandwidth, bw_source, memory = _target(gpu, meta)
     notes, basis = [], []  # basis: the notes that hold for every plan of its kind (the text lists them apart)
     complete, raised = bool(meta.get("complete")), meta.get("error")
@@ -170,6 +195,8 @@ def _plan_run(rows, meta, gpu, gpus_per_node, micro_batch, batch, overlap, table
     if micro_batch is not None and found is None:
         raise ReportError("plan: micro_batch needs the traced batch, which the trace does not show: pass batch=")
     k = planned / found if micro_batch is not None else 1.0
+    cp = parallel.degree(shape, found, entry == CPU)
+    k /= cp  # a rank of the context-parallel group holds 1/cp of each sequence's tokens
     if entry == CPU:  # no GPU: no CUDA context, no NCCL (whatever was assumed for a GPU)
         table = {
             **table,
@@ -221,6 +248,10 @@ def _plan_run(rows, meta, gpu, gpus_per_node, micro_batch, batch, overlap, table
     comm = float(per_step(rows, pd.Series(comm_s, index=rows.index)))
     exposed = max(0.0, step_time - float(np.mean([steps[s][1] for s in train])))
     step_time = compute + exposed
+    ringed, context = parallel.ring_step(rows, meta, seconds, k, entry, gpus_per_node, a, cp)
+    if context:
+        comm, exposed = comm + context["ring_s"], exposed + context["ring_exposed_s"]
+        step_time = compute + exposed
     if entry == CPU and has_comm:
         comm = exposed = step_time = math.nan
 
@@ -247,11 +278,13 @@ def _plan_run(rows, meta, gpu, gpus_per_node, micro_batch, batch, overlap, table
         meta,
         memory,
         table,
-        found,
-        planned if micro_batch is not None else None,
-        process_groups=_groups_used(every) if world > 1 else 0,
+        found * cp if found else found,  # the fit at 1/cp of the micro-batch: its largest, in whole sequences
+        planned if micro_batch is not None or cp > 1 else None,
+        process_groups=_groups_used(every) + (cp > 1) if world > 1 or cp > 1 else 0,
         world=world,
     )
+    if context:
+        parallel.ring_memory(memory_fit, context)
     if memory is None:
         basis.append("the CPU's memory size is not in the trace: fits is unknown")
     if not meta.get("parameters"):
@@ -376,6 +409,10 @@ def _plan_run(rows, meta, gpu, gpus_per_node, micro_batch, batch, overlap, table
         for c in range(len(CLASSES))
     ]
     detail = {"assumptions": listed, "classes": classes, "memory": memory_fit, "notes": notes, "basis": basis}
+    whole = found * cp if found else found  # the traced batch in whole sequences of the rank's share (k's unit)
+    collectives = exposed - (context["ring_exposed_s"] if context else 0.0)  # the ring's goes with its kernels
+    priced = (rows, every, meta, seconds + ringed, collectives, k, entry, gpus_per_node, world, a, memory_fit, whole)
+    parallel.finish(record, detail, priced, shape, context)
     return record, detail
 
 

@@ -50,7 +50,7 @@ def test_a_plan_that_fits_answers_in_25_lines(linear, capsys):
     # one unit of memory: GiB (it mixed "1 GiB" with "1.074e+09 bytes")
     assert "  CUDA context    1.00 GiB" in lines and "bytes" not in out and "MiB" not in out
     assert "mamf-finder" not in out and "matmul_efficiency" not in out
-    assert lines[-1] == "19 assumptions (0 given): --assumptions lists them with their sources"
+    assert lines[-1] == "20 assumptions (0 given): --assumptions lists them with their sources"
 
 
 def test_assumptions_print_with_their_sources_on_request(linear, capsys):
