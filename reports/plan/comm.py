@@ -121,13 +121,15 @@ def costs(rows, gpu, gpus_per_node, a, groups=None):
     return seconds, kinds, sorted(guessed)
 
 
-def tensor_parallel(rows):
-    """(degree, group name): the size of the largest process group that all-reduces or reduce-scatters
-    a tensor of more than one element in the forward phase, (1, None) when none does. Those are
-    tensor parallelism's collectives of activations (Megatron-LM's all-reduce after a row-parallel
-    linear; a reduce-scatter with sequence parallelism): its ranks read the same tokens. FSDP and
-    DDP reduce in the backward, expert parallelism's all-to-all moves tokens between ranks that
-    read different ones, and a one-element all-reduce (a loss) shares no work."""
+def tensor_parallel(rows, tokens=None):
+    """(degree, group name): the size of the largest process group that all-reduces or reduce-scatters,
+    in the forward phase, a tensor of at least `tokens` elements (the rank's tokens per step; 2 when
+    unknown), (1, None) when none does. Those are tensor parallelism's collectives of activations, one
+    or more elements per token (Megatron-LM's all-reduce after a row-parallel linear; a reduce-scatter
+    with sequence parallelism): its ranks read the same tokens. FSDP and DDP reduce in the backward,
+    expert parallelism's all-to-all moves tokens between ranks that read different ones, and a loss or
+    a count per expert all-reduced in the forward is smaller than the tokens."""
+    least = max(2, int(tokens)) if tokens and not isinstance(tokens, bool) else 2
     phase = rows["phase"].astype(str).to_numpy()
     ops = rows["op"].astype(str).to_numpy()
     size = rows["group_size"].to_numpy(dtype=np.float64, na_value=np.nan)
@@ -137,7 +139,7 @@ def tensor_parallel(rows):
     for i, shapes in zip(at, cell_objects(rows, "input_shapes", at)):
         if collective_kind(ops[i]) not in ("all_reduce", "reduce_scatter") or shapes is None or not len(shapes):
             continue
-        if math.prod(int(n) for n in shapes[0]) > 1 and size[i] > found[0]:
+        if math.prod(int(n) for n in shapes[0]) >= least and size[i] > found[0]:
             found = (int(size[i]), names[i] if isinstance(names[i], str) else None)
     return found
 

@@ -235,7 +235,7 @@ def _plan_run(rows, meta, gpu, gpus_per_node, micro_batch, batch, overlap, table
     tokens = tokens * k if tokens else None
     if tokens is None:
         notes.append("the trace records no tokens per step (Tracer(tokens=...)): tokens/s is unknown")
-    tp = _tensor_parallel(rows, notes)
+    tp = _tensor_parallel(rows, meta.get("tokens"), notes)
     bounded = bounds(rows)
     bound_flops = bounded["flops"] * k
     if bounded["rows"]:
@@ -419,10 +419,10 @@ def _steady_step(rows):
     )
 
 
-def _tensor_parallel(rows, notes):
+def _tensor_parallel(rows, tokens, notes):
     """The tensor-parallel degree of the trace (reports.plan.comm.tensor_parallel), noted when above 1: the
     ranks of a tensor-parallel group share their tokens, so each GPU's tokens/s is the rank's over the degree."""
-    degree, group = tensor_parallel(rows)
+    degree, group = tensor_parallel(rows, tokens)
     if degree > 1:
         notes.append(
             f"tensor parallelism of degree {degree} (process group {group or 'unnamed'} all-reduces or "

@@ -153,15 +153,19 @@ def test_tensor_parallel_degree_is_the_group_reducing_activations_in_the_forward
             "op": [
                 "c10d._allgather_base_.default",  # FSDP2's all-gather in the forward: not tensor parallelism
                 "_c10d_functional.all_reduce.default",  # a loss averaged in the forward: one element
-                "_c10d_functional.all_reduce.default",  # a row-parallel linear's output: [2, 16, 64]
+                "_c10d_functional.all_reduce.default",  # a row-parallel linear's output: [2, 64, 64]
                 "c10d._reduce_scatter_base_.default",  # FSDP2's gradients, in the backward
+                "c10d.allreduce_.default",  # tokens per expert (64 experts) in the forward: fewer than the tokens
             ],
-            "phase": ["forward", "forward", "forward", "backward"],
-            "process_group": ["1", "0", "9", "1"],
-            "group_size": [8, 64, 4, 8],
-            "comm_bytes": [1024.0, 4.0, 8192.0, 1024.0],
-            "input_shapes": [[[256]], [[]], [[2, 16, 64]], [[256]]],
+            "phase": ["forward", "forward", "forward", "backward", "forward"],
+            "process_group": ["1", "0", "9", "1", "0"],
+            "group_size": [8, 64, 4, 8, 64],
+            "comm_bytes": [1024.0, 4.0, 32768.0, 1024.0, 256.0],
+            "input_shapes": [[[256]], [[]], [[2, 64, 64]], [[256]], [[64]]],
         }
     )
-    assert tensor_parallel(rows) == (4, "9")
-    assert tensor_parallel(rows.iloc[[0, 1, 3]]) == (1, None)
+    # the rank's 2 x 64 = 128 tokens: the [2, 64, 64] all-reduce (8,192 elements) is one of activations, the
+    # 64 counts per expert are fewer than the tokens
+    assert tensor_parallel(rows, tokens=128) == (4, "9")
+    assert tensor_parallel(rows.iloc[[0, 1, 3, 4]], tokens=128) == (1, None)
+    assert tensor_parallel(rows.iloc[[0, 1, 3, 4]]) == (64, "0")  # tokens unknown: any tensor of 2 elements or more
