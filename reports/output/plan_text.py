@@ -24,6 +24,7 @@ _KEYS = (
     "gpu",
     "gpus_per_node",
     "world_size",
+    "tp",
     "batch",
     "micro_batch",
     "tokens_per_step",
@@ -196,8 +197,9 @@ def _one_line(p, out):
 def _title(p):
     where = p["gpu"] if p["gpu"] == CPU else f"{p['gpu']} ({p['gpus_per_node']} per node)"
     mb = lambda v: "unknown" if v is None else v  # noqa: E731
+    tp = f"TP {p['tp']}, " if (p.get("tp") or 1) > 1 else ""  # tensor parallelism: reports.plan.comm
     return (
-        f"optrace plan: {printable(p['run'])} on {where}, world size {p['world_size']}, "
+        f"optrace plan: {printable(p['run'])} on {where}, world size {p['world_size']}, {tp}"
         f"micro-batch {mb(p['micro_batch'])} (traced {mb(p['batch'])})"
     )
 

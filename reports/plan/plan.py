@@ -5,6 +5,8 @@ One row per run (a trace of one rank: real, meta or fake, any world size), colum
   complete, error                      whether the traced code ran to the end; the exception it raised
                                        (the metadata's), else None: the plan covers the rows it has
   gpu, gpus_per_node, world_size       the target and the job (world size: the trace's)
+  tp                                   the tensor-parallel degree the trace shows (reports.plan.comm
+                                       tensor_parallel; 1 without): its ranks read the same tokens
   batch, micro_batch                   sequences per rank: traced (and how found), planned
   tokens_per_step                      tokens per rank per step at the planned micro-batch
   fits, peak_bytes_per_rank, required_bytes, device_memory_bytes, headroom_bytes,
@@ -15,7 +17,7 @@ One row per run (a trace of one rank: real, meta or fake, any world size), colum
   comm_s, exposed_comm_s               the step's collectives priced on its links, and the part
                                        the overlap model leaves exposed (reports/plan/comm.py)
   step_time_s                          compute_s + exposed_comm_s
-  tokens_per_s_per_gpu                 tokens_per_step / step_time_s
+  tokens_per_s_per_gpu                 tokens_per_step / tp / step_time_s
   model_flops_per_step, causal_masked_flops_per_step, peak_flops_per_s, mfu
                                        MFU: model FLOPs (reports.flops.mfu's: no recomputation)
                                        less the masked half of causal attention (which
@@ -63,7 +65,7 @@ from reports.loading.integrity import signal_of, stopped_by
 from reports.loading.load import require, runs_of
 from reports.plan import assumptions as assumed
 from reports.plan import parallel
-from reports.plan.comm import OVERLAPS, costs, simulate
+from reports.plan.comm import OVERLAPS, costs, simulate, tensor_parallel
 from reports.plan.devices import CPU, resolve_gpu
 from reports.plan.fit import fit, traced_batch
 from reports.plan.ops import CLASSES, calibrate, fixed_bytes, price, roofs
@@ -264,6 +266,7 @@ def _plan_run(rows, meta, gpu, gpus_per_node, micro_batch, batch, overlap, table
     tokens = tokens * k if tokens else None
     if tokens is None:
         notes.append("the trace records no tokens per step (Tracer(tokens=...)): tokens/s is unknown")
+    tp = _tensor_parallel(rows, meta.get("tokens"), notes)
     bounded = bounds(rows)
     bound_flops = bounded["flops"] * k
     if bounded["rows"]:
@@ -332,6 +335,7 @@ def _plan_run(rows, meta, gpu, gpus_per_node, micro_batch, batch, overlap, table
         "gpu": entry if entry == CPU else entry["name"],
         "gpus_per_node": gpus_per_node,
         "world_size": world,
+        "tp": tp,
         "batch": found,
         "micro_batch": planned,
         "tokens_per_step": tokens,
@@ -352,7 +356,7 @@ def _plan_run(rows, meta, gpu, gpus_per_node, micro_batch, batch, overlap, table
         "comm_s": comm,
         "exposed_comm_s": exposed,
         "step_time_s": step_time,
-        "tokens_per_s_per_gpu": tokens / step_time if tokens and step_time > 0 else math.nan,
+        "tokens_per_s_per_gpu": tokens / tp / step_time if tokens and step_time > 0 else math.nan,
         "model_flops_per_step": model_flops,
         "bound_flops_per_step": bound_flops,
         "causal_masked_flops_per_step": masked,
@@ -450,6 +454,19 @@ def _steady_step(rows):
         f"step time, FLOPs and MFU are those of step {last}, the last complete one of the {len(training)} traced "
         "(the first holds one-off work, such as an optimizer making its state); the memory peak is over every step"
     )
+
+
+def _tensor_parallel(rows, tokens, notes):
+    """The tensor-parallel degree of the trace (reports.plan.comm.tensor_parallel), noted when above 1: the
+    ranks of a tensor-parallel group share their tokens, so each GPU's tokens/s is the rank's over the degree."""
+    degree, group = tensor_parallel(rows, tokens)
+    if degree > 1:
+        notes.append(
+            f"tensor parallelism of degree {degree} (process group {group or 'unnamed'} all-reduces or "
+            f"reduce-scatters activations in the forward): its {degree} ranks read the same tokens, so tokens/s "
+            f"per GPU is the trace's tokens over {degree}"
+        )
+    return degree
 
 
 def _groups_used(rows):
