@@ -56,8 +56,9 @@ from reports.loading.load import require, runs_of
 from reports.plan import assumptions as assumed
 from reports.plan.comm import OVERLAPS, costs, simulate
 from reports.plan.devices import CPU, resolve_gpu
+from reports.plan.efficiency import generation as _table_generation
 from reports.plan.fit import fit, traced_batch
-from reports.plan.ops import CLASSES, calibrate, fixed_bytes, price, roofs
+from reports.plan.ops import CLASSES, STACKS, calibrate, fixed_bytes, price, roofs
 from reports.steps import count_steps, per_step
 from reports.tables import split_runs
 from tracer.devices import candidates
@@ -186,21 +187,21 @@ def _plan_run(rows, meta, gpu, gpus_per_node, micro_batch, batch, overlap, table
     if steady:
         notes.append(steady)
 
-    p = roofs(rows, peak_of, bandwidth, k, fixed_bytes(rows, meta) if k != 1.0 else None)
-    notes += p["notes"]
-    eff = {c: a[f"{c}_efficiency"] for c in CLASSES}
+    p = roofs(rows, peak_of, bandwidth, k, fixed_bytes(rows, meta) if k != 1.0 else None, _generation(entry))
+    notes += p["notes"] + _tables(p, sources, entry)
+    eff = {c: a[f"{c}_efficiency"] for c in CLASSES} | {s: a[s] for s in STACKS.values()}
     launch = a["launch_s"]
     calibrated = _on_target(entry, meta) and k == 1.0
     measured = _measured(rows)
     if calibrated and measured.sum() > 0:
-        for c, (value, source) in calibrate(p, measured, eff).items():
-            eff[c], sources[f"{c}_efficiency"] = value, source
-            a[f"{c}_efficiency"] = value
+        for name, (value, source) in calibrate(p, measured, eff).items():
+            eff[name.removesuffix("_efficiency")], sources[name], a[name] = value, source, value
         launch, sources["launch_s"] = 0.0, "0: the measured op times include each kernel's launch"
         a["launch_s"] = 0.0
     else:
         calibrated = False
     seconds, bound = price(p, eff, launch)
+    _effective(p, eff, a, sources)
 
     world = int(meta.get("world_size") or 1)
     has_comm = bool(rows["comm_bytes"].notna().any())
@@ -377,6 +378,44 @@ def _plan_run(rows, meta, gpu, gpus_per_node, micro_batch, batch, overlap, table
     ]
     detail = {"assumptions": listed, "classes": classes, "memory": memory_fit, "notes": notes, "basis": basis}
     return record, detail
+
+
+def _generation(entry):
+    """The target's generation with efficiency tables (reports.plan.efficiency), or None."""
+    return None if entry == CPU else _table_generation(entry["peak_key"])
+
+
+def _tables(p, sources, entry):
+    """Drop the tables' per-row efficiencies of a class whose flat efficiency was given; notes on what priced what."""
+    given = {c: sources[f"{c}_efficiency"] == "given" for c in ("matmul", "attention")}
+    for c, name in enumerate(("matmul", "attention")):
+        if given[name]:
+            p["shaped"][p["klass"] == c] = np.nan
+    if entry == CPU or _generation(entry) is not None:
+        return []
+    return [
+        f"reports.plan.efficiency has no GEMM sweep or attention table for the {entry['peak_key']}: its matmuls "
+        "and attention kernels are priced at the flat matmul_efficiency and attention_efficiency"
+    ]
+
+
+def _effective(p, eff, a, sources):
+    """List matmul_efficiency and attention_efficiency as what the step's ops of the class reach together
+    (their FLOPs at the roof over their priced compute time) when a table priced any of them."""
+    shaped = p.get("shaped")
+    for c, name in enumerate(("matmul", "attention")):
+        pick = (p["klass"] == c) & ~np.isnan(shaped) & (p["compute"] > 0)
+        if not pick.any():
+            continue
+        e = np.where(np.isnan(shaped), eff[name], shaped * eff[STACKS[c]])[pick]
+        value = float(p["compute"][pick].sum() / (p["compute"][pick] / e).sum())
+        a[f"{name}_efficiency"] = value
+        table = "a GEMM sweep by (m, n, k)" if name == "matmul" else "its kernel's published figure"
+        sources[f"{name}_efficiency"] = (
+            f"reports.plan.efficiency: {int(pick.sum())} {name} ops of the step each at {table} on this "
+            f"generation x {STACKS[c]} ({eff[STACKS[c]]:.3g}); the figure is what they reach together "
+            "(the flat assumption prices only the rest)"
+        )
 
 
 def _peak_source(entry, dtype):
