@@ -125,11 +125,13 @@ def _on_target(entry, meta):
     return device.get("type") == "cuda" and entry["name"] in {d.name for d in found}
 
 
-def plan(df, gpu, gpus_per_node=8, micro_batch=None, batch=None, overlap="prefetch", assumptions=None):
+def plan(df, gpu, gpus_per_node=8, micro_batch=None, batch=None, overlap="prefetch", assumptions=None, calibrated=None):
     """Plan each run of `df` on `gpu` (a name of reports.plan.devices.GPUS, or "cpu": the CPU
     the trace ran on). `micro_batch`: sequences per rank to plan (default the traced batch,
     found by traced_batch unless `batch` gives it); `overlap`: "prefetch" or "none";
-    `assumptions`: {name: value} overriding reports.plan.assumptions.DEFAULTS."""
+    `assumptions`: {name: value} overriding reports.plan.assumptions.DEFAULTS; `calibrated`:
+    {name: (value, source)} fitted on a measured trace (reports.plan.calibration.fit), used
+    where `assumptions` does not give the name."""
     require(df, _COLUMNS, "plan")
     if isinstance(gpus_per_node, bool) or not isinstance(gpus_per_node, int) or gpus_per_node < 1:
         raise ReportError(f"plan: gpus_per_node must be an int >= 1, got {gpus_per_node!r}")
@@ -139,6 +141,7 @@ def plan(df, gpu, gpus_per_node=8, micro_batch=None, batch=None, overlap="prefet
     if overlap not in OVERLAPS:
         raise ReportError(f"plan: overlap must be one of {', '.join(OVERLAPS)}, got {overlap!r}")
     table = assumed.resolve(assumptions)
+    table.update({n: v for n, v in (calibrated or {}).items() if table[n][1] != "given"})
     resolve_gpu(gpu)  # a bad name fails before any work
     runs, records, details = runs_of(df), [], {}
     for run, rows in split_runs(df):
