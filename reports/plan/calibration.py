@@ -19,11 +19,9 @@ and attention's efficiency on MEASURED's own ops (what they reach together) befo
 
 import numpy as np
 
-from reports.errors import ReportError
-from reports.loading.load import require, runs_of
-from reports.plan import assumptions as assumed
-from reports.plan.ops import CLASSES, STACKS, calibrate, price, roofs
-from reports.tables import split_runs
+from reports.loading.load import require
+from reports.plan.ops import CLASSES, STACKS, calibrate, price
+from reports.plan.plan import measured_step
 
 __all__ = ["fit"]
 
@@ -43,31 +41,12 @@ def fit(measured, gpu, assumptions=None):
     """({name: (value, source)} to plan with, [{name, old, new, source}]) fitted from `measured` (a loaded trace
     of one run, timed on `gpu`). A trace not measured on `gpu` (meta, fake, untimed, another device) is a
     ReportError naming where it ran."""
-    from reports.plan.plan import _generation, _measured, _on_target, _steady_step, _tables, _target
-
     require(
         measured, ("run", "flop_kind", "flops", "duration_ns", "busy_ns", "op", "output_shapes"), "plan --calibrate"
     )
-    (name, rows), *others = list(split_runs(measured)) or [(None, measured)]
-    meta = runs_of(measured)[name] if name is not None else {}
-    entry, peak_of, bandwidth, _, _ = _target(gpu, meta)
-    if not _on_target(entry, meta):
-        device = meta.get("device") or {}
-        how = "fake tensors" if device.get("fake") else f"{device.get('type')} {device.get('name') or ''}".strip()
-        timing = (meta.get("timing") or {}).get("mode")
-        raise ReportError(
-            f"plan: --calibrate needs a trace measured on {gpu} with op times; this one ran on {how}"
-            + (", untimed" if timing == "off" else "")
-        )
-    rows, _ = _steady_step(rows)
-    p = roofs(rows, peak_of, bandwidth, 1.0, None, _generation(entry))
-    table = assumed.resolve(assumptions)
-    _tables(p, {n: s for n, (_, s) in table.items()}, entry)
+    name, p, measured_s, table, others = measured_step(measured, gpu, assumptions)
     a = {n: v for n, (v, _) in table.items()}
     eff = {c: a[f"{c}_efficiency"] for c in CLASSES} | {s: a[s] for s in STACKS.values()}
-    measured_s = _measured(rows)
-    if not (measured_s > 0).any():
-        raise ReportError(f"plan: --calibrate: the measured trace has no op times ({name})")
     before = {c: _reach(p, eff, i) for i, c in enumerate(("matmul", "attention"))}
     fitted, changes = {}, []
     where = f"run {name}" if name else "the measured trace"

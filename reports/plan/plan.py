@@ -63,7 +63,7 @@ from reports.steps import count_steps, per_step
 from reports.tables import split_runs
 from tracer.devices import candidates
 
-__all__ = ["plan"]
+__all__ = ["measured_step", "plan"]
 
 _COLUMNS = (
     "run",
@@ -481,3 +481,28 @@ def _traced_step(rows, meta):
     if median:
         return float(median), "the untraced median step time"
     return float(per_step(rows, pd.Series(_measured(rows), index=rows.index))), "the traced op times per step"
+
+
+def measured_step(df, gpu, assumptions=None):
+    """For reports.plan.calibration: (run name, priced rows of the steady step of `df`'s first run on `gpu`
+    (reports.plan.ops.roofs, the tables' efficiencies dropped where `assumptions` gives the class's), their op
+    times in seconds, the assumptions table, whether `df` has other runs). A run not timed on `gpu` is a
+    ReportError naming where it ran."""
+    (name, rows), *others = list(split_runs(df))
+    meta = runs_of(df)[name]
+    entry, peak_of, bandwidth, _, _ = _target(gpu, meta)
+    if not _on_target(entry, meta):
+        device = meta.get("device") or {}
+        how = "fake tensors" if device.get("fake") else f"{device.get('type')} {device.get('name') or ''}".strip()
+        untimed = ", untimed" if (meta.get("timing") or {}).get("mode") == "off" else ""
+        raise ReportError(
+            f"plan: --calibrate needs a trace measured on {gpu} with op times; this one ran on {how}{untimed}"
+        )
+    rows, _ = _steady_step(rows)
+    p = roofs(rows, peak_of, bandwidth, 1.0, None, _generation(entry))
+    table = assumed.resolve(assumptions)
+    _tables(p, {n: s for n, (_, s) in table.items()}, entry)
+    measured = _measured(rows)
+    if not (measured > 0).any():
+        raise ReportError(f"plan: --calibrate: the measured trace has no op times ({name})")
+    return name, p, measured, table, bool(others)
