@@ -111,6 +111,7 @@ MPT_30B_AC = mpt(7168, 56, 48, 2048, 8, "full")
 # 32 layers, 32 heads, FFN 11,008; 13B d 5120, 40 layers, 40 heads, FFN 13,824; 70B d 8192, 80 layers, 64 heads,
 # 8 KV heads, FFN 28,672; vocabulary 32,000)
 LLAMA3_8B_SEL = llama(4096, 32, 32, 8, 14336, 128256, 8192, 64, "every-2nd")
+LLAMA31_8B_SEL_W8 = llama(4096, 32, 32, 8, 14336, 128256, 8192, 8, "every-2nd")
 LLAMA3_70B_FULL = llama(8192, 80, 64, 8, 28672, 128256, 8192, 64, "full")
 LLAMA2_7B = llama(4096, 32, 32, 32, 11008, 32000, 4096, 128, replicate=16)  # HSDP: 8 per node x 16 nodes
 LLAMA2_13B = llama(5120, 40, 40, 40, 13824, 32000, 4096, 128, replicate=16)
@@ -148,6 +149,19 @@ RUNS = [
         1,
         331,
         51.7,
+    ),
+    Run(
+        "llama3.1-8b-h100-500w",
+        TORCHTITAN.format(
+            table="Table 1: 1D parallelism (FSDP), Llama 3.1 8B, 8 GPUs, local batch 2, selective AC, row FSDP"
+        )
+        + " (2025 version)",
+        "H100 SXM",
+        LLAMA31_8B_SEL_W8,
+        2,
+        5762,
+        note="its H100s: 96 GB HBM2e, 2.4 TB/s, 500 W power limit (the catalogue's H100 SXM: 80 GB HBM3, 3.35 TB/s, "
+        "700 W); selective AC traced as every 2nd block checkpointed",
     ),
     Run(
         "llama2-7b-a100",
