@@ -17,7 +17,9 @@ generation, dtype, shape and kernel, from published measurements.
   attention   `attention(kernel, generation)`: the share of the dense peak a fused attention
               kernel reaches, fwd+bwd, by kernel (flash = FlashAttention-2, as PyTorch's SDPA
               runs it; efficient = the memory-efficient kernel; cudnn; fa3 = FlashAttention-3) and
-              generation (ATTENTION, each with its source).
+              generation (ATTENTION, each with its source). The math path (no fused kernel) is
+              no attention op: its batched matmuls take the matmul curve and its softmax the
+              memory roof, as any op.
   stack       the training stack (framework, compile, overlap of kernels) as two factors on the
               tables, `matmul_stack` and `attention_stack` (reports.plan.assumptions): 1 is the
               kernels as published; `optrace plan --calibrate MEASURED` fits them from a trace
