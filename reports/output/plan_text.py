@@ -15,7 +15,7 @@ from reports.output.text import human, human_seconds, json_number, percent, prin
 from reports.plan.changes import smallest
 from reports.plan.devices import CPU
 
-__all__ = ["plan_json", "print_plan", "verdict"]
+__all__ = ["plan_json", "print_calibration", "print_plan", "verdict"]
 
 _KEYS = (
     "run",
@@ -395,3 +395,16 @@ def print_plan(frame, out, assumptions=False, anyway=False):
         n = len(p["assumptions"])
         given = sum(a["source"] == "given" for a in p["assumptions"])
         print(f"\n{n} assumptions ({given} given): --assumptions lists them with their sources", file=out)
+
+
+def print_calibration(measured, changes, out):
+    """What --calibrate MEASURED changed: one line per figure, old -> new (reports.plan.calibration.fit)."""
+    print(f"Calibrated on {measured}:", file=out)
+    if not changes:
+        print("  nothing: the measured step has no op with a time in a class the plan prices", file=out)
+    for c in changes:
+        if c["old"] is None:
+            print(f"  ({c['source']})", file=out)
+            continue
+        print(f"  {c['name']:<22} {c['old']:.3g} -> {c['new']:.3g}", file=out)
+    print(file=out)

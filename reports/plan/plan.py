@@ -67,13 +67,14 @@ from reports.plan import assumptions as assumed
 from reports.plan import parallel
 from reports.plan.comm import OVERLAPS, costs, simulate, tensor_parallel
 from reports.plan.devices import CPU, resolve_gpu
+from reports.plan.efficiency import generation as _table_generation
 from reports.plan.fit import fit, traced_batch
-from reports.plan.ops import CLASSES, calibrate, fixed_bytes, price, roofs
+from reports.plan.ops import CLASSES, STACKS, calibrate, fixed_bytes, price, roofs
 from reports.steps import count_steps, per_step
 from reports.tables import split_runs
 from tracer.devices import candidates
 
-__all__ = ["plan"]
+__all__ = ["measured_step", "plan"]
 
 _COLUMNS = (
     "run",
@@ -148,13 +149,16 @@ def plan(
     schedule="1f1b",
     virtual_stages=1,
     cp=1,
+    calibrated=None,
 ):
     """Plan each run of `df` on `gpu` (a name of reports.plan.devices.GPUS, or "cpu": the CPU
     the trace ran on). `micro_batch`: sequences per rank to plan (default the traced batch,
     found by traced_batch unless `batch` gives it); `overlap`: "prefetch" or "none";
     `assumptions`: {name: value} overriding reports.plan.assumptions.DEFAULTS; `pp`: pipeline
     stages, `micro_batches` per step, `schedule` "1f1b" or "interleaved" with `virtual_stages`
-    per rank (reports/plan/pipeline.py); `cp`: context-parallel degree (reports/plan/context.py)."""
+    per rank (reports/plan/pipeline.py); `cp`: context-parallel degree (reports/plan/context.py);
+    `calibrated`: {name: (value, source)} fitted on a measured trace (reports.plan.calibration.fit), used
+    where `assumptions` does not give the name."""
     require(df, _COLUMNS, "plan")
     shape = parallel.check(pp, micro_batches, schedule, virtual_stages, cp)
     if isinstance(gpus_per_node, bool) or not isinstance(gpus_per_node, int) or gpus_per_node < 1:
@@ -165,6 +169,7 @@ def plan(
     if overlap not in OVERLAPS:
         raise ReportError(f"plan: overlap must be one of {', '.join(OVERLAPS)}, got {overlap!r}")
     table = assumed.resolve(assumptions)
+    table.update({n: v for n, v in (calibrated or {}).items() if table[n][1] != "given"})
     resolve_gpu(gpu)  # a bad name fails before any work
     runs, records, details = runs_of(df), [], {}
     for run, rows in split_runs(df):
@@ -215,21 +220,21 @@ def _plan_run(rows, meta, gpu, gpus_per_node, micro_batch, batch, overlap, table
     if steady:
         notes.append(steady)
 
-    p = roofs(rows, peak_of, bandwidth, k, fixed_bytes(rows, meta) if k != 1.0 else None)
-    notes += p["notes"]
-    eff = {c: a[f"{c}_efficiency"] for c in CLASSES}
+    p = roofs(rows, peak_of, bandwidth, k, fixed_bytes(rows, meta) if k != 1.0 else None, _generation(entry))
+    notes += p["notes"] + _tables(p, sources, entry)
+    eff = {c: a[f"{c}_efficiency"] for c in CLASSES} | {s: a[s] for s in STACKS.values()}
     launch = a["launch_s"]
     calibrated = _on_target(entry, meta) and k == 1.0
     measured = _measured(rows)
     if calibrated and measured.sum() > 0:
-        for c, (value, source) in calibrate(p, measured, eff).items():
-            eff[c], sources[f"{c}_efficiency"] = value, source
-            a[f"{c}_efficiency"] = value
+        for name, (value, source) in calibrate(p, measured, eff).items():
+            eff[name.removesuffix("_efficiency")], sources[name], a[name] = value, source, value
         launch, sources["launch_s"] = 0.0, "0: the measured op times include each kernel's launch"
         a["launch_s"] = 0.0
     else:
         calibrated = False
     seconds, bound = price(p, eff, launch)
+    _effective(p, eff, a, sources)
 
     world = int(meta.get("world_size") or 1)
     has_comm = bool(rows["comm_bytes"].notna().any())
@@ -420,6 +425,44 @@ def _plan_run(rows, meta, gpu, gpus_per_node, micro_batch, batch, overlap, table
     return record, detail
 
 
+def _generation(entry):
+    """The target's generation with efficiency tables (reports.plan.efficiency), or None."""
+    return None if entry == CPU else _table_generation(entry["peak_key"])
+
+
+def _tables(p, sources, entry):
+    """Drop the tables' per-row efficiencies of a class whose flat efficiency was given; notes on what priced what."""
+    given = {c: sources[f"{c}_efficiency"] == "given" for c in ("matmul", "attention")}
+    for c, name in enumerate(("matmul", "attention")):
+        if given[name]:
+            p["shaped"][p["klass"] == c] = np.nan
+    if entry == CPU or _generation(entry) is not None:
+        return []
+    return [
+        f"reports.plan.efficiency has no GEMM sweep or attention table for the {entry['peak_key']}: its matmuls "
+        "and attention kernels are priced at the flat matmul_efficiency and attention_efficiency"
+    ]
+
+
+def _effective(p, eff, a, sources):
+    """List matmul_efficiency and attention_efficiency as what the step's ops of the class reach together
+    (their FLOPs at the roof over their priced compute time) when a table priced any of them."""
+    shaped = p.get("shaped")
+    for c, name in enumerate(("matmul", "attention")):
+        pick = (p["klass"] == c) & ~np.isnan(shaped) & (p["compute"] > 0)
+        if not pick.any():
+            continue
+        e = np.where(np.isnan(shaped), eff[name], shaped * eff[STACKS[c]])[pick]
+        value = float(p["compute"][pick].sum() / (p["compute"][pick] / e).sum())
+        a[f"{name}_efficiency"] = value
+        table = "a GEMM sweep by (m, n, k)" if name == "matmul" else "its kernel's published figure"
+        sources[f"{name}_efficiency"] = (
+            f"reports.plan.efficiency: {int(pick.sum())} {name} ops of the step each at {table} on this "
+            f"generation x {STACKS[c]} ({eff[STACKS[c]]:.3g}); the figure is what they reach together "
+            "(the flat assumption prices only the rest)"
+        )
+
+
 def _peak_source(entry, dtype):
     if entry == CPU:
         return f"the CPU's ideal {dtype} peak (reports.flops.peaks.cpu_ideal_flops)"
@@ -493,3 +536,28 @@ def _traced_step(rows, meta):
     if median:
         return float(median), "the untraced median step time"
     return float(per_step(rows, pd.Series(_measured(rows), index=rows.index))), "the traced op times per step"
+
+
+def measured_step(df, gpu, assumptions=None):
+    """For reports.plan.calibration: (run name, priced rows of the steady step of `df`'s first run on `gpu`
+    (reports.plan.ops.roofs, the tables' efficiencies dropped where `assumptions` gives the class's), their op
+    times in seconds, the assumptions table, whether `df` has other runs). A run not timed on `gpu` is a
+    ReportError naming where it ran."""
+    (name, rows), *others = list(split_runs(df))
+    meta = runs_of(df)[name]
+    entry, peak_of, bandwidth, _, _ = _target(gpu, meta)
+    if not _on_target(entry, meta):
+        device = meta.get("device") or {}
+        how = "fake tensors" if device.get("fake") else f"{device.get('type')} {device.get('name') or ''}".strip()
+        untimed = ", untimed" if (meta.get("timing") or {}).get("mode") == "off" else ""
+        raise ReportError(
+            f"plan: --calibrate needs a trace measured on {gpu} with op times; this one ran on {how}{untimed}"
+        )
+    rows, _ = _steady_step(rows)
+    p = roofs(rows, peak_of, bandwidth, 1.0, None, _generation(entry))
+    table = assumed.resolve(assumptions)
+    _tables(p, {n: s for n, (_, s) in table.items()}, entry)
+    measured = _measured(rows)
+    if not (measured > 0).any():
+        raise ReportError(f"plan: --calibrate: the measured trace has no op times ({name})")
+    return name, p, measured, table, bool(others)
