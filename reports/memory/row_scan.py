@@ -20,8 +20,8 @@ import pyarrow.compute as pc
 from reports._util import unique
 from reports.errors import ReportError
 from reports.memory.id_space import PER_ID, SLACK, lowest
-from reports.memory.lifetimes import Lists
 from reports.memory.resizes import COLLECTIVE_PREFIXES
+from reports.memory.run_rows import Lists
 
 __all__ = ["CELLS", "Scan"]
 
@@ -70,6 +70,24 @@ class _Firsts:
             far_ids, far_at = (np.concatenate(a) for a in zip(*self.far))
             seen, at = lowest(np.concatenate([seen, far_ids]), np.concatenate([at, far_at]))
         return seen, at
+
+
+def _first_seen(first_in, first_out):
+    """(every id seen as an input or an output ascending, its first input position, its first output position; _NONE:
+    never seen so), from the two _Firsts: a presence mask over the ids below the caps (the tracer hands ids out densely),
+    a sorted union only where a damaged trace's far ids came (reports/memory/id_space.py)."""
+    if first_in.far or first_out.far:
+        (in_ids, in_at), (out_ids, out_at) = first_in.pairs(), first_out.pairs()
+        seen = np.union1d(in_ids, out_ids)
+        fin, fout = np.full(len(seen), _NONE, dtype=np.int64), np.full(len(seen), _NONE, dtype=np.int64)
+        fin[np.searchsorted(seen, in_ids)], fout[np.searchsorted(seen, out_ids)] = in_at, out_at
+        return seen, fin, fout
+    size = max(len(first_in.at), len(first_out.at))
+    fin, fout = (
+        np.concatenate([f.at, np.full(size - len(f.at), _NONE, dtype=np.int64)]) for f in (first_in, first_out)
+    )
+    seen = np.flatnonzero((fin != _NONE) | (fout != _NONE))
+    return seen, fin[seen], fout[seen]
 
 
 class Scan:
@@ -230,20 +248,17 @@ class Scan:
             return None
         return pa.concat_tables(self.cells) if self.cells else pa.table({c: [] for c in ("seq", *CELLS)})
 
-    def lists(self, rows, comm, row_max):
-        """The run's lifetimes.Lists; `rows`: memory_rows' frame, `comm` and `row_max` as Lists holds them."""
-        n = len(rows)
+    def lists(self, columns, comm, row_max):
+        """The run's lifetimes.Lists; `columns`: what `finish` gave, `comm` and `row_max` as Lists holds them."""
+        n = len(columns["seq"])
 
         def offsets(column):
             found = np.zeros(n + 1, dtype=np.int64)
-            np.cumsum(rows[column].to_numpy(), dtype=np.int64, out=found[1:])  # int32 counts summed as int64
+            np.cumsum(columns[column], dtype=np.int64, out=found[1:])  # int32 counts summed as int64
             return found
 
         in_offsets, out_offsets, free_offsets = (offsets(c) for c in ("n_inputs", "n_outputs", "n_freed"))
-        (in_ids, in_at), (out_ids, out_at) = self.first_in.pairs(), self.first_out.pairs()
-        seen = np.union1d(in_ids, out_ids)
-        fin, fout = np.full(len(seen), _NONE, dtype=np.int64), np.full(len(seen), _NONE, dtype=np.int64)
-        fin[np.searchsorted(seen, in_ids)], fout[np.searchsorted(seen, out_ids)] = in_at, out_at
+        seen, fin, fout = _first_seen(self.first_in, self.first_out)
         row_in = np.searchsorted(in_offsets, np.where(fin != _NONE, fin, 0), side="right") - 1
         row_out = np.searchsorted(out_offsets, np.where(fout != _NONE, fout, 0), side="right") - 1
         # the first appearance: the least row, inputs before outputs within a row
