@@ -49,6 +49,7 @@ import numpy as np
 import pyarrow as pa
 
 from reports._util import unique
+from reports.memory.arrow_numpy import numpy_of, objects_of
 from reports.memory.id_space import place
 from reports.memory.resizes import largest, resize_deltas, resize_events, split_pieces
 from reports.memory.run_rows import Lists, RunRows
@@ -192,9 +193,9 @@ class Storages:
             return
         several = unique(row)
         shapes = self.rows.cell_lists("output_shapes", several, pa.list_(pa.int64()))
-        dtypes = self.rows.cell_lists("output_dtypes", several, pa.string()).flatten().to_numpy(zero_copy_only=False)
+        dtypes = objects_of(self.rows.cell_lists("output_dtypes", several, pa.string()).flatten())
         tensors = shapes.flatten()  # one shape per output tensor of those rows, in order
-        dims, bounds = tensors.flatten().to_numpy(), tensors.offsets.to_numpy()
+        dims, bounds = numpy_of(tensors.flatten()), numpy_of(tensors.offsets)
         numel = np.ones(len(tensors), dtype=np.int64)
         filled = bounds[1:] > bounds[:-1]
         if filled.any():
@@ -328,7 +329,7 @@ class Storages:
         known = sids >= 0
         dtype[known] = self.dtype[sids[known]]
         if len(self.new_out):  # output dtypes, read only now
-            flat = rows.cell_lists("output_dtypes", kind=pa.string()).flatten().to_numpy(zero_copy_only=False)
+            flat = objects_of(rows.cell_lists("output_dtypes", kind=pa.string()).flatten())
             dtype[np.searchsorted(sids, self.new_out)] = flat[self.new_out_at]
         has = alloc >= 0
         at = np.where(has, alloc, 0)

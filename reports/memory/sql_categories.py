@@ -18,6 +18,7 @@ the run is held in memory.
 import numpy as np
 import pyarrow as pa
 
+from reports.memory.arrow_numpy import arrow_of, empty_table, numpy_of, strings
 from reports.memory.lifetimes import Storages
 from reports.memory.live import categories_at
 from reports.memory.resizes import COLLECTIVE_PREFIXES
@@ -126,13 +127,13 @@ def _cells(trace, run_index, column, seqs, kept=None):
     `kept` (a Table of seq and some columns at some rows, ascending: row_scan.Scan.kept_cells) when it holds them."""
     seqs = np.asarray(seqs, dtype=np.int64)
     if kept is not None and column in kept.column_names:
-        have = kept.column("seq").to_numpy()
+        have = numpy_of(kept.column("seq"))
         at = np.minimum(np.searchsorted(have, seqs), max(len(have) - 1, 0))
         if len(have) and (have[at] == seqs).all() or not len(seqs):
-            return kept.column(column).combine_chunks().take(pa.array(at if len(seqs) else at[:0]))
+            return kept.column(column).combine_chunks().take(arrow_of(at if len(seqs) else at[:0]))
     if not len(seqs):
         return trace.db.sql(f"SELECT {column} FROM rows LIMIT 0").to_arrow_table().column(0).combine_chunks()
-    trace.db.register("_wanted", pa.table({"seq": np.unique(seqs)}))
+    trace.db.register("_wanted", pa.Table.from_arrays([arrow_of(np.unique(seqs))], names=["seq"]))
     try:
         found = trace.db.sql(
             f"SELECT seq, {column} FROM rows WHERE run_index = {run_index} "
@@ -140,8 +141,8 @@ def _cells(trace, run_index, column, seqs, kept=None):
         ).to_arrow_table()
     finally:
         trace.db.unregister("_wanted")
-    at = np.searchsorted(found.column("seq").to_numpy(), seqs)
-    return found.column(column).combine_chunks().take(pa.array(at))
+    at = np.searchsorted(numpy_of(found.column("seq")), seqs)
+    return found.column(column).combine_chunks().take(arrow_of(at))
 
 
 SCHEMA = pa.schema(
@@ -162,5 +163,7 @@ def by_category(trace):
     for i, (name, meta) in enumerate(trace.runs.items()):
         rows = memory_rows(trace, i)
         if len(rows):
-            tables.append(pa.table(categories_at(Storages(name, meta, rows), "peak"), schema=SCHEMA))
-    return pa.concat_tables(tables) if tables else SCHEMA.empty_table()
+            found = categories_at(Storages(name, meta, rows), "peak")
+            columns = [strings(found[c]) if c in ("run", "category") else arrow_of(found[c]) for c in SCHEMA.names]
+            tables.append(pa.Table.from_arrays(columns, schema=SCHEMA))
+    return pa.concat_tables(tables) if tables else empty_table(SCHEMA)

@@ -1,6 +1,7 @@
 """reports.memory.sql_categories.by_category, what `optrace report`'s memory section and headline print: the storage
 lifetime model run without pandas (a pyarrow.Table out), checked in a child process."""
 
+import ast
 import json
 import subprocess
 import sys
@@ -14,7 +15,8 @@ from tracer import Tracer
 
 # The child runs the memory path on its own: `reports` without its front door (reports/__init__ imports the
 # library's tables, which return pandas DataFrames), and a reports.sql.engine.Trace opened before the memory modules
-# are imported. It records each call into pandas made from code under reports/memory/ (sys.setprofile), and the
+# are imported. It records each call into pandas made from code under reports/memory/ (sys.setprofile), each call
+# into pyarrow's pandas shim (which imports pandas in a process without it: reports.memory.arrow_numpy), and the
 # modules of reports/memory/, and those imported for the memory path, that hold pandas.
 _CHILD = """
 import json, os, sys, types
@@ -32,12 +34,15 @@ pandas = sys.modules.get("pandas")
 pandas_dir = os.path.dirname(pandas.__file__) if pandas else None
 memory_dir = os.path.join(root, "reports", "memory") + os.sep
 calls = []
+SHIM = os.path.join("pyarrow", "pandas_compat.py")
 
 
 def watch(frame, event, arg):
     if pandas_dir is None or not frame.f_back:
         return
-    if event == "call" and frame.f_code.co_filename.startswith(pandas_dir):
+    if event == "call" and frame.f_code.co_filename.endswith(SHIM):  # pyarrow.array asks it, each call
+        calls.append(f"pyarrow's pandas shim: {frame.f_code.co_name}")
+    elif event == "call" and frame.f_code.co_filename.startswith(pandas_dir):
         caller = frame.f_back.f_code.co_filename
         if caller.startswith(memory_dir):
             calls.append(f"{os.path.basename(caller)} -> {frame.f_code.co_name}")
@@ -93,6 +98,27 @@ def test_the_memory_categories_of_the_report_run_without_pandas(tmp_path):
     rows = {r["category"]: r["bytes"] for r in got["table"]}
     assert rows["parameters"] == 8 * 4 * 4 + 8 * 4  # 160
     assert rows["inputs"] == 2 * 4 * 4  # the batch: 32
+
+
+# modules of the report's memory path, and the pyarrow calls that import pandas (pyarrow's pandas shim) that the
+# child's profile cannot see (Cython): reports.memory.arrow_numpy stands in for them
+_PATH = ("sql_categories", "row_scan", "lifetimes", "live", "run_rows", "id_space")
+_SHIM_CALLS = {"to_numpy", "fill_null", "empty_table", "array", "scalar", "table"}
+
+
+def test_the_memory_path_calls_no_pyarrow_function_that_imports_pandas():
+    found = []
+    for name in _PATH:
+        path = ROOT / "reports" / "memory" / f"{name}.py"
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _SHIM_CALLS:
+                base = node.func.value
+                if node.func.attr in ("array", "scalar", "table") and not (
+                    isinstance(base, ast.Name) and base.id == "pa"
+                ):
+                    continue  # pa.array, pa.scalar, pa.table; any .to_numpy(), .fill_null(), .empty_table()
+                found.append(f"{name}.py:{node.lineno} .{node.func.attr}")
+    assert found == []
 
 
 @pytest.mark.xfail(
