@@ -64,7 +64,7 @@ def _each_run(df, what):
 
 
 def _table(run, rows):
-    """Storages.table() of a run as a DataFrame (`rows`: the run's frame), with run, phase, module and op."""
+    """`storages`' rows of one run (`rows`: the run's frame): Storages.table() with run, phase, module and op."""
     found = run.table()
     alloc, free_seq = found["_alloc_row"], pd.array(found["free_seq"], dtype="Int64")
     free_seq[found["_free_row"] < 0] = pd.NA
@@ -76,8 +76,6 @@ def _table(run, rows):
             "free_seq": free_seq,
             "step": found["step"],
             **{c: np.where(has, take(rows[c], at), "") for c in ("phase", "module", "op")},
-            "_alloc_row": alloc,
-            "_free_row": found["_free_row"],
         }
     )
 
@@ -92,7 +90,7 @@ def storages(df):
     op that allocated it or first used it; -1: registered when the trace began),
     free_seq (the op whose freed_storage_ids lists it; <NA>: alive at the end),
     and the step, phase, module and op at alloc_seq ("" and -1 before the trace)."""
-    frames = [_table(run, rows).drop(columns=["_alloc_row", "_free_row"]) for run, rows in _each_run(df, "storages")]
+    frames = [_table(run, rows) for run, rows in _each_run(df, "storages")]
     if not frames:
         return empty_frame(_STORAGE_DTYPES)
     return pd.concat(frames, ignore_index=True).astype(_STORAGE_DTYPES)

@@ -63,9 +63,3 @@ class RunRows:
         if name not in self.phases:
             return np.zeros(self.n, dtype=bool)
         return self.phase == self.phases.index(name)
-
-    def phase_names(self, positions):
-        """The phase of the rows at `positions` as objects (None where a row has none)."""
-        codes = self.phase[positions]
-        names = np.asarray([*self.phases, None], dtype=object)
-        return names[np.where(codes >= 0, codes, len(self.phases))]
