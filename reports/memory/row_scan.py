@@ -200,7 +200,7 @@ class Scan:
         for chunk in op.chunks if isinstance(op := batch.column("op"), pa.ChunkedArray) else [op]:
             chunk = chunk if pa.types.is_dictionary(chunk.type) else pc.dictionary_encode(chunk)
             names = chunk.dictionary.to_pylist()  # each op name tested once, not per row
-            collective = np.array([any(n.startswith(p) for p in COLLECTIVE_PREFIXES) for n in names] + [False])
+            collective = np.array([n.startswith(COLLECTIVE_PREFIXES) for n in names] + [False])
             hits.append(collective[numpy_of(chunk.indices, null=len(names))])
         at = np.flatnonzero(np.concatenate(hits)) if hits else np.zeros(0, np.int64)
         if len(at):
