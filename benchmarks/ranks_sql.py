@@ -53,7 +53,7 @@ warnings.simplefilter("ignore")
 from reports.sql.engine import Trace
 from reports.memory.sql_categories import by_category, memory_rows
 trace = Trace(os.path.join(sys.argv[1], "rank=0"))
-print(by_category(trace)[["category", "bytes"]].to_string(index=False), len(memory_rows(trace, 0)), "rows")
+print(by_category(trace).to_pandas()[["category", "bytes"]].to_string(index=False), len(memory_rows(trace, 0)), "rows")
 """
 
 

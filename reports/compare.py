@@ -199,7 +199,7 @@ def _categories(trace):
     except ReportError as exc:
         return f"memory by category not known: {exc}"
     out = {}
-    for run, category, size in zip(table["run"].astype(object), table["category"].astype(object), table["bytes"]):
+    for run, category, size in zip(*(table.column(c).to_pylist() for c in ("run", "category", "bytes"))):
         out.setdefault(run, {})[category] = int(size)
     return out
 

@@ -8,8 +8,8 @@ building a Python list per row. Rows a table really iterates still come out as
 Python lists. The default `lists="objects"` is pandas' own conversion, the
 reference every fast path is tested against.
 
-`optrace report` reads no frame of the trace: reports/sql runs its tables in DuckDB and
-hands the analyses that walk rows (roles, lifetimes) a frame of the few rows they read.
+`optrace report` reads no frame of the trace: reports/sql runs its tables in DuckDB, and the
+storage-lifetime model reads numpy arrays of the rows (reports.memory.run_rows).
 """
 
 import os
@@ -25,7 +25,6 @@ from reports.errors import ReportError
 
 __all__ = [
     "LIST_MODES",
-    "Cells",
     "SharedRuns",
     "cell_lists",
     "cell_objects",
@@ -55,39 +54,14 @@ class SharedRuns(dict):
         return self
 
 
-class Cells:
-    """`df.attrs["cells"]`: where the list columns a frame was made without come from, for the few rows an analysis
-    reads them at. `read(name, seqs)` returns column `name`'s cells at rows `seqs` of the frame's run, in that order,
-    as an Arrow array (reports/memory/sql_categories.py reads them from the SQL engine)."""
-
-    def __init__(self, columns, read):
-        self.columns, self.read = frozenset(columns), read
-
-    def __deepcopy__(self, memo):  # pandas copies attrs into every derived frame: share this, as SharedRuns is
-        return self
-
-
-def _cells(rows, name):
-    found = rows.attrs.get("cells")
-    return found if isinstance(found, Cells) and name in found.columns and name not in rows.columns else None
-
-
-def _read_cells(rows, name, positions):
-    seqs = rows["seq"].to_numpy(dtype="int64")
-    return _cells(rows, name).read(name, seqs if positions is None else seqs[np.asarray(positions, dtype=np.int64)])
-
-
 def has_column(rows, name):
-    """`name` is a column of `rows`, or one its `Cells` give."""
-    return name in rows.columns or _cells(rows, name) is not None
+    """`name` is a column of `rows`."""
+    return name in rows.columns
 
 
 def cell_lists(rows, name, positions=None, kind=pa.int64()):
     """The list cells of column `name` at row positions `positions` (None: every row), as one ListArray of `kind`
     items (kind=None: items as stored, possibly a ChunkedArray)."""
-    if _cells(rows, name) is not None:
-        arr = _read_cells(rows, name, positions)
-        return arr if kind is None or arr.type == pa.list_(kind) else arr.cast(pa.list_(kind))
     if positions is not None and isinstance(rows[name].dtype, pd.ArrowDtype):
         arr = _take(rows[name], positions)
         return arr if kind is None or arr.type == pa.list_(kind) else arr.cast(pa.list_(kind))
@@ -96,8 +70,6 @@ def cell_lists(rows, name, positions=None, kind=pa.int64()):
 
 def cell_objects(rows, name, positions=None):
     """The cells of column `name` at row positions `positions` (None: every row), one Python object (list or array) per row."""
-    if _cells(rows, name) is not None:
-        return _read_cells(rows, name, positions).to_pylist()
     if positions is not None and isinstance(rows[name].dtype, pd.ArrowDtype):
         return _take(rows[name], positions).to_pylist()
     return (rows[name] if positions is None else rows[name].iloc[positions]).to_numpy(dtype=object)

@@ -45,20 +45,16 @@ Categories, first match wins:
   temporaries           everything else
 """
 
-from collections.abc import Callable
-from typing import NamedTuple
-
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 
 from reports._util import unique
-from reports.loading.columns import cell_lists, cell_objects, flat
-from reports.loading.load import runs_of
-from reports.memory.id_space import dense_enough, lowest, place
-from reports.memory.resizes import collective_storages, largest, resize_deltas, resize_events, split_pieces
+from reports.memory.arrow_numpy import numpy_of, objects_of
+from reports.memory.id_space import place
+from reports.memory.resizes import largest, resize_deltas, resize_events, split_pieces
+from reports.memory.run_rows import Lists, RunRows
 
-__all__ = ["CATEGORIES", "DTYPE_BYTES", "Lists", "Storages", "lists_of", "dtype_sizes", "runs_in_order", "take"]
+__all__ = ["CATEGORIES", "DTYPE_BYTES", "Lists", "Storages", "dtype_sizes"]
 
 CATEGORIES = (
     "parameters",
@@ -98,16 +94,6 @@ def dtype_sizes(meta):
     return {**DTYPE_BYTES, **{str(k): int(v) for k, v in recorded.items() if isinstance(v, int) and v >= 0}}
 
 
-def _explode(column):
-    """A column of id lists as (row position of each value, values, offset of each row's first value)."""
-    offsets, values = flat(column)
-    n = len(offsets) - 1
-    rows = np.repeat(
-        np.arange(n, dtype=np.int32 if n < 2**31 else np.int64), np.diff(offsets)
-    )  # int32: half the memory
-    return rows, values, offsets
-
-
 def _extent_bytes(shape, stride, itemsize):
     """Bytes a tensor spans in its storage: numel x element size when contiguous, 0 when empty."""
     if any(int(n) == 0 for n in shape):
@@ -115,137 +101,21 @@ def _extent_bytes(shape, stride, itemsize):
     return itemsize * (1 + sum((int(n) - 1) * abs(int(s)) for n, s in zip(shape, stride)))
 
 
-def take(series, index):
-    """series.to_numpy()[index] as objects, without materialising a whole categorical column."""
-    if isinstance(series.dtype, pd.CategoricalDtype):
-        labels = np.asarray(series.cat.categories, dtype=object)
-        codes = series.cat.codes.to_numpy()[index]
-        return np.where(codes >= 0, labels[np.maximum(codes, 0)], None)
-    return series.to_numpy(dtype=object)[index]
-
-
-def runs_in_order(df):
-    """(run name, metadata, the run's rows in seq order) for each run, in load order."""
-    runs = runs_of(df)
-    for name, meta in runs.items():
-        rows = df if len(runs) == 1 and bool((df["run"] == name).all()) else df[df["run"] == name]
-        if not rows["seq"].is_monotonic_increasing:
-            rows = rows.sort_values("seq", kind="stable")
-        yield name, meta, rows
-
-
-class Lists(NamedTuple):
-    """What the model reads from a run's storage id lists (input, output and freed storage ids, output storage bytes).
-
-    `lists_of(rows)` makes it from a frame's list columns; reports/memory/sql_categories.py by SQL over the trace's
-    files, without holding the lists in memory. Rows are positions in seq order; a flat position is an index into
-    all the rows' inputs (or outputs) one after the other."""
-
-    in_offsets: np.ndarray  # row i's inputs are flat positions in_offsets[i]:in_offsets[i + 1] (n + 1 values)
-    out_offsets: np.ndarray  # the same for outputs
-    free_rows: np.ndarray  # each freed id's row, in row order
-    free_ids: np.ndarray
-    free_offsets: np.ndarray  # row i frees free_ids[free_offsets[i]:free_offsets[i + 1]]
-    seen: np.ndarray  # every id a row names as an input or an output, ascending
-    first_row: np.ndarray  # the row of each one's first appearance (inputs before outputs within a row)
-    as_output: np.ndarray  # bool: first seen as an output
-    first_at: np.ndarray  # its flat position there (the first of the row's inputs or outputs with that id)
-    known: (
-        np.ndarray
-    )  # [2, k]: ids ascending, and output_storage_bytes at each one's first appearance as an output with bytes
-    comm: np.ndarray  # ids a collective row read or wrote, ascending
-    row_max: Callable  # row_max(): each row's highest id among its inputs and outputs (-1: none); read by few traces
-    top: int  # the highest id any list names (-1: none)
-
-
-def lists_of(rows):
-    """The `Lists` of one run's rows (a frame in seq order with the id list columns)."""
-    n = len(rows)
-    in_rows, in_ids, in_offsets = _explode(rows["input_storage_ids"])
-    out_rows, out_ids, out_offsets = _explode(rows["output_storage_ids"])
-    free_rows, free_ids, free_offsets = _explode(rows["freed_storage_ids"])
-    top = max([-1] + [int(a.max()) for a in (in_ids, out_ids, free_ids) if len(a)])
-    dense = dense_enough(top, len(in_ids) + len(out_ids) + len(free_ids) + n)  # else arrays by id: id_space.py
-    # First appearance of each id: the least (row, inputs before outputs, place in the flat list).
-    width = max(len(in_ids), len(out_ids)) + 1
-    first = np.full(top + 1 if dense else 0, np.iinfo(np.int64).max, dtype=np.int64)
-    keys = []
-    for ids, rows_of, side in ((in_ids, in_rows, 0), (out_ids, out_rows, 1)):
-        key = np.arange(
-            len(ids), dtype=np.int64
-        )  # (row * 2 + side) * width + place, a slice at a time: small temporaries
-        for lo in range(0, len(ids), 1 << 18):
-            key[lo : lo + (1 << 18)] += (rows_of[lo : lo + (1 << 18)].astype(np.int64) * 2 + side) * width
-        if dense:
-            np.minimum.at(first, ids, key)
-        else:
-            keys.append(key)
-        del key
-    if dense:
-        seen = np.flatnonzero(first != np.iinfo(np.int64).max)
-        first = first[seen]
-    else:
-        seen, first = lowest(np.concatenate([in_ids, out_ids]).astype(np.int64, copy=False), np.concatenate(keys))
-    first_key, first_at = np.divmod(first, width)  # index into the flat list
-    del first, keys
-
-    def row_max():
-        found = np.full(n, -1, dtype=np.int64)
-        np.maximum.at(found, in_rows, in_ids)
-        np.maximum.at(found, out_rows, out_ids)
-        return found
-
-    return Lists(
-        in_offsets,
-        out_offsets,
-        free_rows,
-        free_ids,
-        free_offsets,
-        seen,
-        first_key // 2,
-        (first_key % 2).astype(bool),
-        first_at,
-        _first_output_bytes(rows, out_ids, out_offsets, top if dense else None),
-        collective_storages(rows, in_rows, in_ids, out_rows, out_ids),
-        row_max,
-        top,
-    )
-
-
-def _first_output_bytes(rows, out_ids, out_offsets, top):
-    """[ids ascending, bytes]: `output_storage_bytes` of each storage at its first appearance as an output with bytes
-    (none in a v1 trace). `top`: the highest id, for an array by id; None: ids too sparse for one (id_space.py)."""
-    if "output_storage_bytes" not in rows.columns or not len(out_ids):
-        return np.zeros((2, 0), dtype=np.int64)
-    offsets, values = flat(rows["output_storage_bytes"])  # a null list: no items, so its row is skipped below
-    lengths, counts = np.diff(offsets), np.diff(out_offsets)
-    ok = lengths == counts
-    if not ok.all():  # rows whose sizes do not pair with their outputs one to one are left out
-        keep = np.repeat(ok, counts)
-        sids, values = out_ids[keep], values[np.repeat(ok, lengths)]
-    else:
-        sids = out_ids
-    with_bytes = np.flatnonzero(values >= 0)
-    if top is None:  # outputs are in row order: the first appearance
-        hit, first = lowest(sids[with_bytes].astype(np.int64, copy=False), with_bytes)
-        return np.stack([hit, values[first]]).astype(np.int64, copy=False)
-    first = np.full(top + 1, len(values), dtype=np.int64)
-    np.minimum.at(first, sids[with_bytes], with_bytes)
-    hit = np.flatnonzero(first < len(values))
-    return np.stack([hit, values[first[hit]]]).astype(np.int64, copy=False)
-
-
 class Storages:
     """The storages of one run (with at least one row) as arrays indexed by storage id, or by position among the ids
     named where those are too sparse for that (`space`: reports/memory/id_space.py); rows are positions, not seq."""
 
     def __init__(self, name, meta, rows, lists=None):
-        """`lists`: the run's `Lists`, when not read from `rows`' id list columns (reports/memory/sql_categories.py)."""
+        """`rows`: a reports.memory.run_rows.RunRows, or a frame of one run's rows in seq order (reports.load's) read
+        through reports.memory.frame_rows; `lists`: the run's `Lists` where `rows` holds none."""
+        if not isinstance(rows, RunRows):
+            from reports.memory.frame_rows import run_rows
+
+            rows = run_rows(rows)
         self.name, self.meta, self.rows = name, meta, rows
         n = self.n = len(rows)
-        self.live = rows["live_bytes"].to_numpy(dtype=np.int64)
-        self.allocated = rows["bytes_allocated"].to_numpy(dtype=np.int64)
-        lists = lists_of(rows) if lists is None else lists
+        self.live, self.allocated = rows.live_bytes, rows.bytes_allocated
+        lists = rows.lists if lists is None else lists
         self.in_offsets, self.out_offsets = lists.in_offsets, lists.out_offsets
 
         self.itemsize = dtype_sizes(meta)
@@ -289,8 +159,7 @@ class Storages:
             self.size[sid], self.dtype[sid], self.alloc[sid] = nbytes, dtype, -1
         self.size[entry[:, 0]], self.alloc[entry[:, 0]] = entry[:, 1], -1
         self.dtype[entry[:, 0]] = np.where(self.dtype[entry[:, 0]] == None, "unknown", self.dtype[entry[:, 0]])  # noqa: E711
-        seq = rows["seq"].to_numpy(dtype=np.int64)
-        at = np.searchsorted(seq, resized[:, 0])  # the row from which each new size counts
+        at = np.searchsorted(rows.seq, resized[:, 0])  # the row from which each new size counts
         keep = at < n
         self.resizes = (at[keep], resized[keep, 1], resized[keep, 2])
         if self.exact:  # what the tracer registered at entry is listed: every other input joined at its row
@@ -323,15 +192,16 @@ class Storages:
         if not len(sids):
             return
         several = unique(row)
-        shapes = cell_lists(self.rows, "output_shapes", several, pa.list_(pa.int64()))
-        dtypes = cell_lists(self.rows, "output_dtypes", several, pa.string()).flatten().to_numpy(zero_copy_only=False)
+        shapes = self.rows.cell_lists("output_shapes", several, pa.list_(pa.int64()))
+        dtypes = objects_of(self.rows.cell_lists("output_dtypes", several, pa.string()).flatten())
         tensors = shapes.flatten()  # one shape per output tensor of those rows, in order
-        dims, bounds = tensors.flatten().to_numpy(), tensors.offsets.to_numpy()
+        dims, bounds = numpy_of(tensors.flatten()), numpy_of(tensors.offsets)
         numel = np.ones(len(tensors), dtype=np.int64)
         filled = bounds[1:] > bounds[:-1]
         if filled.any():
             numel[filled] = np.multiply.reduceat(dims, bounds[:-1][filled])
-        nbytes = numel * pd.Series(dtypes, dtype=object).map(self.itemsize).fillna(0).to_numpy(dtype=np.int64)
+        itemsize = self.itemsize
+        nbytes = numel * np.fromiter((itemsize.get(d, 0) for d in dtypes), dtype=np.int64, count=len(dtypes))
         # flat output index -> index in `tensors`
         starts = self.out_offsets[several]
         local = np.concatenate([[0], np.cumsum(self.out_offsets[several + 1] - starts)])[:-1]
@@ -350,11 +220,11 @@ class Storages:
         """Storages first seen as inputs: registered at the start (buffers) or joining live_bytes at their row."""
         columns = ("input_shapes", "input_strides", "input_dtypes")
         which = unique(row)  # only the rows where a storage is first seen as an input are read
-        dtypes = cell_objects(self.rows, columns[2], which)
+        dtypes = self.rows.cell_objects(columns[2], which)
         # shapes and strides only where no output_storage_bytes gives the size
         params = np.fromiter(self.params, dtype=np.int64, count=len(self.params))
         measure = unique(row[(self.known[sids] < 0) & ~np.isin(sids, params)])
-        shapes, strides = (cell_objects(self.rows, c, measure) if len(measure) else [] for c in columns[:2])
+        shapes, strides = (self.rows.cell_objects(c, measure) if len(measure) else [] for c in columns[:2])
         estimate, joined = {}, {}
         resized = resize_deltas(self.resizes, self.size, self.n)
         keep = ~np.isin(sids, params)
@@ -427,17 +297,15 @@ class Storages:
         """Category index (into CATEGORIES) of each storage."""
         cat = np.where(made, _CAT["temporaries"], _CAT["inputs"])
         rows = self.rows
-        steps = rows["step"].to_numpy(dtype=np.int64)
-        backward = (rows["phase"] == "backward").to_numpy()
+        steps = rows.step
+        backward = rows.in_phase("backward")
         # rows where a backward begins (several per step with gradient accumulation)
         begins = np.flatnonzero(backward & ~np.r_[False, backward[:-1] & (steps[1:] == steps[:-1])])
         if len(begins):
             take = np.maximum(alloc, 0)
             after = np.minimum(np.searchsorted(begins, take, side="right"), len(begins) - 1)
             start = begins[after]  # the first backward to begin after the storage was allocated, in its step
-            forward = (
-                made & (rows["phase"] == "forward").to_numpy()[take] & (start > take) & (steps[start] == steps[take])
-            )
+            forward = made & rows.in_phase("forward")[take] & (start > take) & (steps[start] == steps[take])
             cat[forward & ((free < 0) | (free > start))] = _CAT["activations"]
         roles = self.meta.get("storage_roles") or {}
         cat[np.isin(sids, self.comm)] = _CAT["communication_buffers"]
@@ -451,7 +319,8 @@ class Storages:
         return cat
 
     def table(self):
-        """One row per storage (see `storages`), plus the row positions `_alloc_row` and `_free_row`."""
+        """{column: array} of one row per storage (see reports.memory.memory.storages) without `run`, `phase`, `module`
+        and `op` (-1 in `free_seq`: alive at the end), plus the row positions `_alloc_row` and `_free_row`."""
         rows = self.rows
         sids, nbytes, alloc, free, made = self.arrays()
         cat = self.categories(sids, alloc, free, made)
@@ -460,26 +329,19 @@ class Storages:
         known = sids >= 0
         dtype[known] = self.dtype[sids[known]]
         if len(self.new_out):  # output dtypes, read only now
-            flat = cell_lists(rows, "output_dtypes", kind=pa.string()).flatten().to_numpy(zero_copy_only=False)
+            flat = objects_of(rows.cell_lists("output_dtypes", kind=pa.string()).flatten())
             dtype[np.searchsorted(sids, self.new_out)] = flat[self.new_out_at]
         has = alloc >= 0
         at = np.where(has, alloc, 0)
-        seq = rows["seq"].to_numpy(dtype=np.int64)
-        free_seq = pd.array(seq[np.maximum(free, 0)], dtype="Int64")
-        free_seq[free < 0] = pd.NA
-        return pd.DataFrame(
-            {
-                "run": self.name,
-                "storage_id": np.asarray(self.space.raw(sids), dtype=np.int64),
-                "nbytes": nbytes.astype(np.int64),
-                "dtype": dtype,
-                "category": np.asarray(CATEGORIES, dtype=object)[cat],
-                "allocated": made,
-                "alloc_seq": np.where(has, seq[at], -1),
-                "free_seq": free_seq,
-                "step": np.where(has, rows["step"].to_numpy(dtype=np.int64)[at], -1),
-                **{c: np.where(has, take(rows[c], at), "") for c in ("phase", "module", "op")},
-                "_alloc_row": alloc,
-                "_free_row": free,
-            }
-        )
+        return {
+            "storage_id": np.asarray(self.space.raw(sids), dtype=np.int64),
+            "nbytes": nbytes.astype(np.int64),
+            "dtype": dtype,
+            "category": np.asarray(CATEGORIES, dtype=object)[cat],
+            "allocated": made,
+            "alloc_seq": np.where(has, rows.seq[at], -1),
+            "free_seq": np.where(free >= 0, rows.seq[np.maximum(free, 0)], -1),
+            "step": np.where(has, rows.step[at], -1),
+            "_alloc_row": alloc,
+            "_free_row": free,
+        }

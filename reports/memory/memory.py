@@ -10,10 +10,12 @@ reports/memory/lifetimes.py.
 import numpy as np
 import pandas as pd
 
-from reports._util import empty_frame, pct
+from reports._util import empty_frame
 from reports.errors import ReportError
 from reports.loading.load import require
-from reports.memory.lifetimes import CATEGORIES, DTYPE_BYTES, Storages, runs_in_order, take
+from reports.memory.frame_rows import runs_in_order, take
+from reports.memory.lifetimes import CATEGORIES, DTYPE_BYTES, Storages
+from reports.memory.live import AT, categories_at, live_columns
 from reports.sql import tables
 from reports.sql.frame import trace_of
 
@@ -54,11 +56,28 @@ _STORAGE_DTYPES = {
 
 
 def _each_run(df, what):
-    """A `Storages` for each run of `df` that has rows, after checking the columns."""
+    """(a `Storages`, the run's rows) for each run of `df` that has rows, after checking the columns."""
     require(df, STORAGE_COLUMNS, what)
     for name, meta, rows in runs_in_order(df):
         if len(rows):
-            yield Storages(name, meta, rows)
+            yield Storages(name, meta, rows), rows
+
+
+def _table(run, rows):
+    """`storages`' rows of one run (`rows`: the run's frame): Storages.table() with run, phase, module and op."""
+    found = run.table()
+    alloc, free_seq = found["_alloc_row"], pd.array(found["free_seq"], dtype="Int64")
+    free_seq[found["_free_row"] < 0] = pd.NA
+    has, at = alloc >= 0, np.maximum(alloc, 0)
+    return pd.DataFrame(
+        {
+            "run": run.name,
+            **{c: found[c] for c in ("storage_id", "nbytes", "dtype", "category", "allocated", "alloc_seq")},
+            "free_seq": free_seq,
+            "step": found["step"],
+            **{c: np.where(has, take(rows[c], at), "") for c in ("phase", "module", "op")},
+        }
+    )
 
 
 def storages(df):
@@ -71,46 +90,15 @@ def storages(df):
     op that allocated it or first used it; -1: registered when the trace began),
     free_seq (the op whose freed_storage_ids lists it; <NA>: alive at the end),
     and the step, phase, module and op at alloc_seq ("" and -1 before the trace)."""
-    frames = [run.table().drop(columns=["_alloc_row", "_free_row"]) for run in _each_run(df, "storages")]
+    frames = [_table(run, rows) for run, rows in _each_run(df, "storages")]
     if not frames:
         return empty_frame(_STORAGE_DTYPES)
     return pd.concat(frames, ignore_index=True).astype(_STORAGE_DTYPES)
 
 
-def _live_columns(run):
-    """For each of CATEGORIES, a function giving the int64 bytes of that category live after each row of a run.
-
-    One category at a time, so a million-row run never holds a [rows, categories] matrix."""
-    nbytes, alloc, free, cat = run.live_pieces()
-    n = run.n
-    start, end = alloc + 1, free + 1  # index 0: before the first row
-    freed = end > 0
-    index = np.concatenate([start, end[freed]])
-    weights = np.concatenate([nbytes, -nbytes[freed]]).astype(np.float64)
-    which = np.concatenate([cat, cat[freed]])
-
-    def live(c):
-        mine = which == c
-        delta = np.bincount(index[mine], weights=weights[mine], minlength=n + 1)[: n + 1]
-        return np.rint(delta).astype(np.int64).cumsum()[1:]
-
-    return [lambda c=c: live(c) for c in range(len(CATEGORIES))]
-
-
-def _live_at(run, row):
-    """Bytes live per category after one row of a run: what _live_columns gives at that row, without a column per category."""
-    nbytes, alloc, free, cat = run.live_pieces()
-    alive = (alloc <= row) & (
-        (free < 0) | (free > row)
-    )  # counted from alloc + 1, gone from free + 1 (see _live_columns)
-    values = np.zeros(len(CATEGORIES), dtype=np.int64)
-    np.add.at(values, cat[alive], nbytes[alive].astype(np.int64))
-    return values
-
-
 def _live_by_category(run):
     """[rows, categories] int64: bytes live per category after each row of a run."""
-    return np.stack([column() for column in _live_columns(run)], axis=1)
+    return np.stack([column() for column in live_columns(run)], axis=1)
 
 
 _TIMELINE_DTYPES = {
@@ -129,8 +117,8 @@ def timeline(df):
     The category columns add up to `live_bytes` on every row (storage -1 of `storages`
     holds what no row names)."""
     frames = []
-    for run in _each_run(df, "timeline"):
-        live, rows = _live_by_category(run), run.rows
+    for run, rows in _each_run(df, "timeline"):
+        live = _live_by_category(run)
         frame = pd.DataFrame(
             {
                 "run": run.name,
@@ -168,7 +156,6 @@ def peak(df):
 
 
 CATEGORY_DTYPES = {"run": "object", "category": "object", "bytes": "int64", "seq": "int64", "live_pct": "float64"}
-_AT = ("peak", "end", "max")
 
 
 def by_category(df, at="peak"):
@@ -180,48 +167,12 @@ def by_category(df, at="peak"):
          backward begins, gradients when it ends: these are not simultaneous).
     Columns: run, category, bytes, seq (where measured), live_pct (share of
     live_bytes at that seq)."""
-    if not (at in _AT or (isinstance(at, (int, np.integer)) and not isinstance(at, bool))):
-        raise ReportError(f"by_category: at must be one of {list(_AT)} or an op's seq (int), got {at!r}")
-    frames = [categories_at(run, at) for run in _each_run(df, "by_category")]
+    if not (at in AT or (isinstance(at, (int, np.integer)) and not isinstance(at, bool))):
+        raise ReportError(f"by_category: at must be one of {list(AT)} or an op's seq (int), got {at!r}")
+    frames = [pd.DataFrame(categories_at(run, at)) for run, _ in _each_run(df, "by_category")]
     if not frames:
         return empty_frame(CATEGORY_DTYPES)
     return pd.concat(frames, ignore_index=True).astype(CATEGORY_DTYPES)
-
-
-def categories_at(run, at):
-    """by_category's rows of one run (a `Storages`; `at` checked by the caller)."""
-    rows, name = run.rows, run.name
-    seq = rows["seq"].to_numpy(dtype=np.int64)
-    total = run.live
-    if at == "max":
-        where, values = np.zeros(len(CATEGORIES), dtype=np.int64), np.zeros(len(CATEGORIES), dtype=np.int64)
-        for c, column in enumerate(_live_columns(run)):
-            live = column()
-            where[c] = live.argmax()
-            values[c] = live[where[c]]
-    else:
-        if at == "peak":
-            row = int(np.argmax(total))
-        elif at == "end":
-            row = run.n - 1
-        else:
-            hits = np.flatnonzero(seq == at)
-            if not len(hits):
-                raise ReportError(
-                    f"by_category: run {name!r} has no op with seq {at} (its seq runs {seq[0]}..{seq[-1]})"
-                )
-            row = int(hits[0])
-        where = np.full(len(CATEGORIES), row)
-        values = _live_at(run, row)
-    return pd.DataFrame(
-        {
-            "run": name,
-            "category": list(CATEGORIES),
-            "bytes": values,
-            "seq": seq[where],
-            "live_pct": pct(values, total[where]),
-        }
-    )
 
 
 _DTYPE_DTYPES = {
@@ -241,10 +192,10 @@ def by_dtype(df):
     live, whoever made them, after the op with the run's highest live_bytes).
     With bf16 autocast the matmul outputs move from float32 to bfloat16 at half the bytes."""
     frames = []
-    for run in _each_run(df, "by_dtype"):
+    for run, rows in _each_run(df, "by_dtype"):
         if not run.n:
             continue
-        table = run.table()
+        table = _table(run, rows)
         top = int(np.argmax(run.live))
         index, nbytes, a, f, _ = run.pieces()  # a storage resized in place counts at its size then
         live = (a <= top) & ((f < 0) | (f > top))

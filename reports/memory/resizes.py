@@ -7,7 +7,6 @@ is cut into pieces of constant size.
 """
 
 import numpy as np
-import pandas as pd
 
 from reports._util import unique
 
@@ -15,7 +14,9 @@ COLLECTIVE_PREFIXES = ("c10d.", "_c10d_functional.", "_c10d_functional_autograd.
 
 
 def collective_storages(rows, in_rows, in_ids, out_rows, out_ids):
-    """Ids of the storages a collective row read or wrote."""
+    """Ids of the storages a collective row read or wrote (`rows`: a frame of reports.load's)."""
+    import pandas as pd  # the frame's: imported already
+
     op = rows["op"]
     if isinstance(op.dtype, pd.CategoricalDtype):
         names = np.asarray(op.cat.categories, dtype=str)

@@ -19,9 +19,10 @@ import pyarrow.compute as pc
 
 from reports._util import unique
 from reports.errors import ReportError
+from reports.memory.arrow_numpy import arrow_of, empty_table, numpy_of
 from reports.memory.id_space import PER_ID, SLACK, lowest
-from reports.memory.lifetimes import Lists
 from reports.memory.resizes import COLLECTIVE_PREFIXES
+from reports.memory.run_rows import Lists
 
 __all__ = ["CELLS", "Scan"]
 
@@ -72,6 +73,24 @@ class _Firsts:
         return seen, at
 
 
+def _first_seen(first_in, first_out):
+    """(every id seen as an input or an output ascending, its first input position, its first output position; _NONE:
+    never seen so), from the two _Firsts: a presence mask over the ids below the caps (the tracer hands ids out densely),
+    a sorted union only where a damaged trace's far ids came (reports/memory/id_space.py)."""
+    if first_in.far or first_out.far:
+        (in_ids, in_at), (out_ids, out_at) = first_in.pairs(), first_out.pairs()
+        seen = np.union1d(in_ids, out_ids)
+        fin, fout = np.full(len(seen), _NONE, dtype=np.int64), np.full(len(seen), _NONE, dtype=np.int64)
+        fin[np.searchsorted(seen, in_ids)], fout[np.searchsorted(seen, out_ids)] = in_at, out_at
+        return seen, fin, fout
+    size = max(len(first_in.at), len(first_out.at))
+    fin, fout = (
+        np.concatenate([f.at, np.full(size - len(f.at), _NONE, dtype=np.int64)]) for f in (first_in, first_out)
+    )
+    seen = np.flatnonzero((fin != _NONE) | (fout != _NONE))
+    return seen, fin[seen], fout[seen]
+
+
 class Scan:
     """What memory_rows reads of a run, fed its rows a batch at a time in seq order (see the module docstring)."""
 
@@ -119,12 +138,12 @@ class Scan:
         arrays, names, self.held = self.arrays, self._NAMES, batch.schema.names
         rows = slice(self.done, end)
         for c in names[:5]:
-            arrays[c][rows] = self._phases(batch.column(c)) if c == "phase" else batch.column(c).to_numpy()
+            arrays[c][rows] = self._phases(batch.column(c)) if c == "phase" else numpy_of(batch.column(c))
         ids = []
         for c, length in zip(("input_storage_ids", "output_storage_ids", "freed_storage_ids"), names[5:]):
             column = batch.column(c)  # no null list or item: the Trace's checks
-            arrays[length][rows] = pc.list_value_length(column).to_numpy()
-            ids.append(pc.list_flatten(column).to_numpy())
+            arrays[length][rows] = numpy_of(pc.list_value_length(column))
+            ids.append(numpy_of(pc.list_flatten(column)))
         (ins, outs, frees), counts = ids, arrays["n_outputs"][rows]
         self.done += batch.num_rows
         at_in = np.arange(self.taken[0], self.taken[0] + len(ins), dtype=np.int64)
@@ -136,7 +155,7 @@ class Scan:
         )  # a view would keep the whole batch alive (DuckDB's Arrow batch is one allocation)
         # the sizes of rows whose output_storage_bytes pair with their outputs one to one, where >= 0
         sizes = batch.column("output_storage_bytes")  # null lists in a v1 trace's rows (the column came in v2)
-        lengths, values = pc.list_value_length(sizes).fill_null(0).to_numpy(), pc.list_flatten(sizes).to_numpy()
+        lengths, values = numpy_of(pc.list_value_length(sizes), null=0), numpy_of(pc.list_flatten(sizes))
         ok = lengths == counts
         sids, at, values = (
             (outs, at_out, values)
@@ -169,11 +188,11 @@ class Scan:
             np.searchsorted(out_start, np.where(seen != _NONE, seen, 0), side="right") - 1
         )  # -1: an earlier batch
         first = (seen == _NONE) | (out_rows >= in_rows)
-        picked = pa.array(unique(in_rows[first]))
+        picked = arrow_of(unique(in_rows[first]).astype(np.int64))
         if len(picked):
             cells = {c: batch.column(c).take(picked) for c in ("seq", *CELLS)}
             cells["input_dtypes"] = cells["input_dtypes"].cast(pa.list_(pa.string()))  # as DuckDB gives them
-            self.cells.append(pa.table(cells))
+            self.cells.append(pa.Table.from_arrays(list(cells.values()), names=list(cells)))
 
     def _keep_comm(self, batch):
         """The ids of the batch's collective rows (resizes.COLLECTIVE_PREFIXES)."""
@@ -181,24 +200,24 @@ class Scan:
         for chunk in op.chunks if isinstance(op := batch.column("op"), pa.ChunkedArray) else [op]:
             chunk = chunk if pa.types.is_dictionary(chunk.type) else pc.dictionary_encode(chunk)
             names = chunk.dictionary.to_pylist()  # each op name tested once, not per row
-            collective = np.array([any(n.startswith(p) for p in COLLECTIVE_PREFIXES) for n in names] + [False])
-            hits.append(collective[chunk.indices.fill_null(len(names)).to_numpy()])
+            collective = np.array([n.startswith(COLLECTIVE_PREFIXES) for n in names] + [False])
+            hits.append(collective[numpy_of(chunk.indices, null=len(names))])
         at = np.flatnonzero(np.concatenate(hits)) if hits else np.zeros(0, np.int64)
         if len(at):
-            rows = pa.array(at)
+            rows = arrow_of(at.astype(np.int64))
             for c in ("input_storage_ids", "output_storage_ids"):
-                self.comm.append(pc.list_flatten(batch.column(c).take(rows)).to_numpy())
+                self.comm.append(numpy_of(pc.list_flatten(batch.column(c).take(rows))))
 
     def _phases(self, column):
         """Phase codes of a column of codes, or of phase names (numbered as first seen, for `finish` to renumber)."""
         if pa.types.is_integer(column.type):
-            return column.to_numpy()
+            return numpy_of(column)
         codes = []
         for chunk in column.chunks if isinstance(column, pa.ChunkedArray) else [column]:
             chunk = chunk if pa.types.is_dictionary(chunk.type) else pc.dictionary_encode(chunk)
             index = [self.named.setdefault(p, len(self.named)) for p in chunk.dictionary.to_pylist()]
             codes.append(
-                np.asarray(index, dtype=np.int16)[chunk.indices.to_numpy()] if index else np.zeros(len(chunk), np.int16)
+                np.asarray(index, dtype=np.int16)[numpy_of(chunk.indices)] if index else np.zeros(len(chunk), np.int16)
             )
         return np.concatenate(codes) if codes else np.zeros(0, np.int16)
 
@@ -228,22 +247,22 @@ class Scan:
         """A Table of seq and CELLS at the rows kept (ascending seq); None when the batches held no CELLS."""
         if not all(c in self.held for c in CELLS):
             return None
-        return pa.concat_tables(self.cells) if self.cells else pa.table({c: [] for c in ("seq", *CELLS)})
+        if self.cells:
+            return pa.concat_tables(self.cells)
+        types = [pa.int64(), pa.list_(pa.string()), pa.list_(pa.list_(pa.int64())), pa.list_(pa.list_(pa.int64()))]
+        return empty_table(pa.schema(list(zip(("seq", *CELLS), types))))
 
-    def lists(self, rows, comm, row_max):
-        """The run's lifetimes.Lists; `rows`: memory_rows' frame, `comm` and `row_max` as Lists holds them."""
-        n = len(rows)
+    def lists(self, columns, comm, row_max):
+        """The run's lifetimes.Lists; `columns`: what `finish` gave, `comm` and `row_max` as Lists holds them."""
+        n = len(columns["seq"])
 
         def offsets(column):
             found = np.zeros(n + 1, dtype=np.int64)
-            np.cumsum(rows[column].to_numpy(), dtype=np.int64, out=found[1:])  # int32 counts summed as int64
+            np.cumsum(columns[column], dtype=np.int64, out=found[1:])  # int32 counts summed as int64
             return found
 
         in_offsets, out_offsets, free_offsets = (offsets(c) for c in ("n_inputs", "n_outputs", "n_freed"))
-        (in_ids, in_at), (out_ids, out_at) = self.first_in.pairs(), self.first_out.pairs()
-        seen = np.union1d(in_ids, out_ids)
-        fin, fout = np.full(len(seen), _NONE, dtype=np.int64), np.full(len(seen), _NONE, dtype=np.int64)
-        fin[np.searchsorted(seen, in_ids)], fout[np.searchsorted(seen, out_ids)] = in_at, out_at
+        seen, fin, fout = _first_seen(self.first_in, self.first_out)
         row_in = np.searchsorted(in_offsets, np.where(fin != _NONE, fin, 0), side="right") - 1
         row_out = np.searchsorted(out_offsets, np.where(fout != _NONE, fout, 0), side="right") - 1
         # the first appearance: the least row, inputs before outputs within a row

@@ -1,28 +1,29 @@
-"""The memory categories of `optrace report` from a reports.sql.engine.Trace, without a frame of the trace.
+"""The memory categories of `optrace report` from a reports.sql.engine.Trace, without a frame of the trace and
+without pandas.
 
-    pandas reference (a loaded frame)        here (a Trace)
-    reports.by_category(df) (at="peak")      by_category(trace)
+    the library (a loaded frame)             here (a Trace)
+    reports.by_category(df) (at="peak")      by_category(trace): a pyarrow.Table of the same columns and values
 
-The storage-lifetime model of reports/memory/lifetimes.py runs unchanged, so its result is the reference's, on
-what one scan of the run gives it (memory_rows; reports/memory/row_scan.py fed the Trace's read of the parts, or Arrow
-batches of 65,536 rows of a DuckDB scan of its own): the scalar columns it reads at every row (seq, step, phase,
-bytes allocated, live bytes and the lengths of the three storage id lists) and the run's `lifetimes.Lists`, one entry
-per storage (each storage's first appearance and first known size, found batch by batch with numpy as the reference
-finds them; the frees), with the storages collectives used (`memory_lists`); the other list columns (input shapes,
-strides and dtypes, output shapes and dtypes) only at the rows the model asks for (reports.loading.columns.Cells:
-kept by that read where it was the Trace's, else read then). No list column of the run is held in memory.
+Both run the one storage-lifetime model (reports.memory.lifetimes.Storages, reports.memory.live.categories_at) on
+numpy arrays; here they come from one scan of the run (memory_rows; reports/memory/row_scan.py fed the Trace's read
+of the parts, or Arrow batches of 65,536 rows of a DuckDB scan of its own): the scalar columns it reads at every row
+(seq, step, phase, bytes allocated, live bytes and the lengths of the three storage id lists) and the run's
+`lifetimes.Lists`, one entry per storage (each storage's first appearance and first known size, found batch by batch
+with numpy as the library's feed reads them from a frame, reports.memory.frame_rows; the frees), with the storages
+collectives used (`memory_lists`); the other list columns (input shapes, strides and dtypes, output shapes and dtypes)
+only at the rows the model asks for (kept by that read where it was the Trace's, else read then). No list column of
+the run is held in memory.
 """
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 
-from reports._util import empty_frame
-from reports.loading.columns import Cells, SharedRuns
+from reports.memory.arrow_numpy import arrow_of, empty_table, numpy_of, strings
 from reports.memory.lifetimes import Storages
-from reports.memory.memory import CATEGORY_DTYPES, categories_at
+from reports.memory.live import categories_at
 from reports.memory.resizes import COLLECTIVE_PREFIXES
 from reports.memory.row_scan import Scan
+from reports.memory.run_rows import RunRows
 from reports.sql.engine import literal
 
 __all__ = ["by_category", "memory_lists", "memory_rows"]
@@ -44,15 +45,13 @@ _BATCH = 1 << 16  # rows per Arrow batch of the one scan of memory_rows
 
 
 def memory_rows(trace, run_index):
-    """Run `run_index`'s rows in seq order, as a frame like reports.load's (`run` and `phase` categorical) with the
-    columns the model reads at every row and the lengths of the id lists (`n_inputs`, `n_outputs`, `n_freed`);
-    `attrs["runs"]` holds that run only and `attrs["cells"]` gives the list columns at the rows asked.
+    """Run `run_index`'s rows in seq order, as a reports.memory.run_rows.RunRows: the columns the model reads at every
+    row, the list columns at the rows it asks for (read from the trace), and the run's Lists (`lists`).
 
     One scan of the run reads those columns and the id lists, a batch of rows at a time (reports/memory/row_scan.py):
-    the lists are not kept, only what memory_lists gives (each id's first appearance and first known size, the frees),
-    in `attrs["lists"]`. The scan is the one the Trace made as it checked the run's rows (Trace(keep=[Scan]):
-    reports/sql/rowpass.py), else a DuckDB scan of its own."""
-    name, meta = list(trace.runs.items())[run_index]
+    the lists are not kept, only what memory_lists gives (each id's first appearance and first known size, the frees).
+    The scan is the one the Trace made as it checked the run's rows (Trace(keep=[Scan]): reports/sql/rowpass.py),
+    else a DuckDB scan of its own."""
     where = f"run_index = {run_index}"
     phases = [p for (p,) in trace.db.sql(f"SELECT DISTINCT phase FROM _steps WHERE {where} ORDER BY phase").fetchall()]
     scan = trace.take_kept(Scan, run_index) or _scan(trace, run_index, phases, order=False)
@@ -61,28 +60,19 @@ def memory_rows(trace, run_index):
     if not (seq[1:] > seq[:-1]).all():  # DuckDB keeps the files' order, which the Trace's checks found in seq
         scan = _scan(trace, run_index, phases, order=True)  # order (so this is for safety only)
         columns = scan.finish(trace.paths[run_index], phases)
-    columns["phase"] = pd.Categorical.from_codes(columns["phase"], categories=phases)
-    frame = pd.DataFrame(columns, copy=False)  # a block per column: not stacked into one copy
-    frame.insert(0, "run", pd.Categorical.from_codes(np.zeros(len(frame), np.int8), categories=[name]))
-    frame.attrs["runs"] = SharedRuns({name: meta})  # shared by derived frames, never deep-copied
-    kept = scan.kept_cells()
-    frame.attrs["cells"] = Cells(
-        [c for c in _LISTS if c in trace.columns], lambda column, seqs: _cells(trace, run_index, column, seqs, kept)
-    )
+    seq = columns["seq"]
+    kept, present = scan.kept_cells(), {c for c in _LISTS if c in trace.columns}
+
+    def cell_lists(column, positions=None, kind=pa.int64()):
+        if column not in present:
+            raise KeyError(column)  # as a frame without the column
+        found = _cells(trace, run_index, column, seq if positions is None else seq[positions], kept)
+        return found if kind is None or found.type == pa.list_(kind) else found.cast(pa.list_(kind))
+
     comm = scan.kept_comm()
     comm = _comm(trace.db, where) if comm is None else comm
-    frame.attrs["lists"] = _Kept(scan.lists(frame, comm, _row_max(trace.db, where, frame["seq"].to_numpy())))
-    return frame
-
-
-class _Kept:
-    """attrs["lists"]: the run's Lists, shared (not deep-copied) by derived frames."""
-
-    def __init__(self, value):
-        self.value = value
-
-    def __deepcopy__(self, memo):
-        return self
+    lists = scan.lists(columns, comm, _row_max(trace.db, where, seq))
+    return RunRows(columns, phases, cell_lists, lambda c, at=None: cell_lists(c, at, None).to_pylist(), lists)
 
 
 def _scan(trace, run_index, phases, order):
@@ -129,7 +119,7 @@ def _row_max(db, where, seq):
 
 def memory_lists(trace, run_index, rows):
     """lifetimes.Lists of run `run_index`, whose rows are `rows` (memory_rows, which read them in its scan)."""
-    return rows.attrs["lists"].value
+    return rows.lists
 
 
 def _cells(trace, run_index, column, seqs, kept=None):
@@ -137,13 +127,13 @@ def _cells(trace, run_index, column, seqs, kept=None):
     `kept` (a Table of seq and some columns at some rows, ascending: row_scan.Scan.kept_cells) when it holds them."""
     seqs = np.asarray(seqs, dtype=np.int64)
     if kept is not None and column in kept.column_names:
-        have = kept.column("seq").to_numpy()
+        have = numpy_of(kept.column("seq"))
         at = np.minimum(np.searchsorted(have, seqs), max(len(have) - 1, 0))
         if len(have) and (have[at] == seqs).all() or not len(seqs):
-            return kept.column(column).combine_chunks().take(pa.array(at if len(seqs) else at[:0]))
+            return kept.column(column).combine_chunks().take(arrow_of(at if len(seqs) else at[:0]))
     if not len(seqs):
         return trace.db.sql(f"SELECT {column} FROM rows LIMIT 0").to_arrow_table().column(0).combine_chunks()
-    trace.db.register("_wanted", pa.table({"seq": np.unique(seqs)}))
+    trace.db.register("_wanted", pa.Table.from_arrays([arrow_of(np.unique(seqs))], names=["seq"]))
     try:
         found = trace.db.sql(
             f"SELECT seq, {column} FROM rows WHERE run_index = {run_index} "
@@ -151,18 +141,29 @@ def _cells(trace, run_index, column, seqs, kept=None):
         ).to_arrow_table()
     finally:
         trace.db.unregister("_wanted")
-    at = np.searchsorted(found.column("seq").to_numpy(), seqs)
-    return found.column(column).combine_chunks().take(pa.array(at))
+    at = np.searchsorted(numpy_of(found.column("seq")), seqs)
+    return found.column(column).combine_chunks().take(arrow_of(at))
+
+
+SCHEMA = pa.schema(
+    [
+        ("run", pa.string()),
+        ("category", pa.string()),
+        ("bytes", pa.int64()),
+        ("seq", pa.int64()),
+        ("live_pct", pa.float64()),
+    ]
+)  # reports.memory.memory.CATEGORY_DTYPES
 
 
 def by_category(trace):
-    """reports.by_category(df) (bytes live per category at each run's peak) of every run of the trace."""
-    frames = []
+    """reports.by_category(df) (bytes live per category at each run's peak) of every run of the trace, as a
+    pyarrow.Table (SCHEMA: its columns and their order)."""
+    tables = []
     for i, (name, meta) in enumerate(trace.runs.items()):
         rows = memory_rows(trace, i)
         if len(rows):
-            lists = memory_lists(trace, i, rows)
-            frames.append(categories_at(Storages(name, meta, rows, lists), "peak"))
-    if not frames:
-        return empty_frame(CATEGORY_DTYPES)
-    return pd.concat(frames, ignore_index=True).astype(CATEGORY_DTYPES)
+            found = categories_at(Storages(name, meta, rows), "peak")
+            columns = [strings(found[c]) if c in ("run", "category") else arrow_of(found[c]) for c in SCHEMA.names]
+            tables.append(pa.Table.from_arrays(columns, schema=SCHEMA))
+    return pa.concat_tables(tables) if tables else empty_table(SCHEMA)

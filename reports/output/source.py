@@ -12,7 +12,7 @@ class Source:
 
     def __init__(self, sql):
         self.sql = sql
-        self._flop_rows = None
+        self._flop_rows = self._categories = None
 
     # ------------------------------------------------------------ FLOP sections: breakdown, explain, MFU
     def flop_rows(self):
@@ -119,11 +119,14 @@ class Source:
         return int(self.sql.totals["steps_traced"].iloc[0]) if len(self.sql.totals) else 0
 
     def categories(self):
-        """reports.by_category at the run's peak (rows: category, bytes, ...)."""
+        """reports.by_category at the run's peak (rows: category, bytes, ...), made once (headline and memory section)."""
         from reports.memory.sql_categories import by_category
 
-        self._flop_rows = None  # the report's FLOP sections come before: freed for the lifetime model's arrays
-        return by_category(self.sql)
+        if self._categories is None:
+            self._flop_rows = None  # the report's FLOP sections come before: freed for the lifetime model's arrays
+            table = by_category(self.sql).to_pandas()  # a pyarrow.Table: the printers still take pandas
+            self._categories = table.astype({"run": object, "category": object})
+        return self._categories
 
     def meter_summary(self):
         """The meter section (reports/flops/meter.py meter_summary): it reads only the runs' metadata."""

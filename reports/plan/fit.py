@@ -38,7 +38,8 @@ import numpy as np
 
 from reports.flops.recompute import checkpoint_recompute
 from reports.loading.load import require
-from reports.memory.lifetimes import CATEGORIES, Storages, runs_in_order, take
+from reports.memory.frame_rows import runs_in_order, take
+from reports.memory.lifetimes import CATEGORIES, Storages
 from reports.memory.memory import STORAGE_COLUMNS
 from reports.plan.changes import Need, changes
 from tracer.schema import PHASES, Phase

@@ -231,8 +231,8 @@ def test_storage_ids_of_2_40_keep_their_ids_in_the_storages_table(counted):
 def test_the_positions_give_the_same_memory_figures_as_the_ids(template, monkeypatch, capsys):
     """Every run's storages taken by position (as for sparse ids) give the figures of the arrays by id, in both
     engines: the pandas model (reports.storages, by_category, timeline) and the SQL report's categories."""
+    import reports.memory.frame_rows as frame_rows
     import reports.memory.id_space as id_space
-    import reports.memory.lifetimes as lifetimes
     import reports.memory.row_scan as row_scan
     from reports.output.cli import main
 
@@ -250,7 +250,7 @@ def test_the_positions_give_the_same_memory_figures_as_the_ids(template, monkeyp
     dense = [reports.storages(df), reports.by_category(df, at="max"), reports.timeline(df)]
     assert main(["report", str(path)]) == 0
     text = capsys.readouterr().out
-    monkeypatch.setattr(lifetimes, "dense_enough", lambda top, count: False)
+    monkeypatch.setattr(frame_rows, "dense_enough", lambda top, count: False)
     monkeypatch.setattr(id_space, "dense_enough", lambda top, count: False)
     monkeypatch.setattr(row_scan, "SLACK", 0)
     monkeypatch.setattr(row_scan, "PER_ID", 0)  # every id from 0 up kept as it comes (the far ids of row_scan._Firsts)

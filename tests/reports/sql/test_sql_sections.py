@@ -19,9 +19,12 @@ import torch
 import reports
 from reports.distributed import sql_ranks as distributed
 from reports.flops.meter import meter_summary
-from reports.memory.lifetimes import Lists, Storages, lists_of, runs_in_order
-from reports.memory.memory import CATEGORY_DTYPES, categories_at
-from reports.memory.sql_categories import by_category, memory_lists, memory_rows
+from reports.memory import sql_categories
+from reports.memory.frame_rows import lists_of, runs_in_order
+from reports.memory.lifetimes import Lists, Storages
+from reports.memory.live import categories_at
+from reports.memory.memory import CATEGORY_DTYPES
+from reports.memory.sql_categories import SCHEMA, memory_lists, memory_rows
 from reports.output.cli import main
 from reports.output.source import Source
 from reports.sql.engine import Trace
@@ -112,8 +115,17 @@ def _pair(path):
         return reports.load(path), Trace(path)
 
 
+def by_category(trace):
+    """sql_categories.by_category's pyarrow.Table (of SCHEMA) as the library's DataFrame."""
+    table = sql_categories.by_category(trace)
+    assert table.schema == SCHEMA
+    return table.to_pandas().astype(CATEGORY_DTYPES)  # strings as objects, as the library gives them
+
+
 @pytest.mark.parametrize("trace", ["gpt", "cut", "ckpt", "resized", "meta", "damaged", "job", "two"])
 def test_memory_categories_are_the_references(traces, trace):
+    """The report's categories (a scan of the files, no pandas) are the library's (reports.memory.frame_rows' feed of
+    the loaded frame), both through the one lifetime model."""
     df, sql = _pair(traces[trace])
     pd.testing.assert_frame_equal(by_category(sql), reports.by_category(df), check_exact=True)
 
@@ -172,32 +184,25 @@ def test_the_storage_lists_of_hugeint_keys_and_unpaired_sizes(traces, tmp_path, 
     pd.testing.assert_frame_equal(by_category(sql), reports.by_category(df), check_exact=True)
 
 
-def test_the_lifetime_model_reads_the_wide_columns_at_a_few_rows_only(traces):
+def test_the_lifetime_model_reads_the_wide_columns_at_a_few_rows_only(traces, monkeypatch):
     df, sql = _pair(traces["gpt"])
-    frame = memory_rows(sql, 0)
-    assert len(frame) == len(df) and frame["seq"].tolist() == df["seq"].tolist()
-    assert set(frame) == {
-        "run",
-        "seq",
-        "step",
-        "phase",
-        "bytes_allocated",
-        "live_bytes",
-        "n_inputs",
-        "n_outputs",
-        "n_freed",
-    }  # no list column
-    assert frame["n_inputs"].tolist() == df["input_storage_ids"].map(len).tolist()
-    cells, asked = frame.attrs["cells"], []
-    real = cells.read
-    cells.read = lambda column, seqs: asked.append((column, len(seqs))) or real(column, seqs)
-    lists = memory_lists(sql, 0, frame)
-    got = categories_at(Storages("gpt", df.attrs["runs"]["gpt"], frame, lists), "peak")
-    pd.testing.assert_frame_equal(got.astype(CATEGORY_DTYPES), reports.by_category(df), check_exact=True)
+    rows = memory_rows(sql, 0)
+    assert len(rows) == len(df) and rows.seq.tolist() == df["seq"].tolist()
+    assert rows.phases == tuple(sorted(df["phase"].astype(str).unique()))
+    assert [rows.phases[c] for c in rows.phase] == df["phase"].astype(str).tolist()
+    assert np.diff(rows.lists.in_offsets).tolist() == df["input_storage_ids"].map(len).tolist()
+    asked, real = [], sql_categories._cells
+    monkeypatch.setattr(
+        sql_categories,
+        "_cells",
+        lambda t, i, column, seqs, kept: asked.append((column, len(seqs))) or real(t, i, column, seqs, kept),
+    )
+    got = categories_at(Storages("gpt", df.attrs["runs"]["gpt"], rows), "peak")
+    pd.testing.assert_frame_equal(pd.DataFrame(got).astype(CATEGORY_DTYPES), reports.by_category(df), check_exact=True)
     # input dtypes where a storage is first seen as an input, shapes and strides where no size is known
     assert {c for c, _ in asked} <= {"input_shapes", "input_strides", "input_dtypes", "output_shapes"}
     assert asked and all(0 < n < len(df) / 4 for _, n in asked), asked
-    got = cells.read("input_dtypes", df["seq"].to_numpy()[[5, 2]])  # in the order asked
+    got = rows.cell_lists("input_dtypes", np.array([5, 2]), None)  # in the order asked
     assert got.to_pylist() == [list(df["input_dtypes"].iloc[5]), list(df["input_dtypes"].iloc[2])]
 
 
@@ -323,16 +328,16 @@ def test_the_memory_scan_kept_from_the_traces_read_is_the_sql_one(traces, trace)
     got = memory_rows(kept, 0)
     assert (Scan, 0) not in kept.kept  # taken once
     want = memory_rows(sql, 0)
-    pd.testing.assert_frame_equal(got, want, check_exact=True)
+    for column in ("seq", "step", "phase", "live_bytes", "bytes_allocated"):
+        assert getattr(got, column).tolist() == getattr(want, column).tolist(), column
+    assert got.phases == want.phases
     for field in Lists._fields:
         if field not in ("top", "row_max"):
-            assert (
-                getattr(got.attrs["lists"].value, field).tolist() == getattr(want.attrs["lists"].value, field).tolist()
-            )
-    assert got.attrs["lists"].value.top == want.attrs["lists"].value.top
-    assert got.attrs["lists"].value.row_max().tolist() == want.attrs["lists"].value.row_max().tolist()
+            assert getattr(got.lists, field).tolist() == getattr(want.lists, field).tolist()
+    assert got.lists.top == want.lists.top
+    assert got.lists.row_max().tolist() == want.lists.row_max().tolist()
     name, meta = next(iter(df.attrs["runs"].items()))
-    categories = categories_at(Storages(name, meta, got, got.attrs["lists"].value), "peak").astype(CATEGORY_DTYPES)
+    categories = pd.DataFrame(categories_at(Storages(name, meta, got), "peak")).astype(CATEGORY_DTYPES)
     reference = reports.by_category(df)
     pd.testing.assert_frame_equal(
         categories, reference[reference["run"] == name].reset_index(drop=True), check_exact=True
