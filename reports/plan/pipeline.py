@@ -52,7 +52,8 @@ import pandas as pd
 from reports.errors import ReportError
 from reports.loading.columns import cell_objects
 from reports.loading.load import require
-from reports.memory.lifetimes import CATEGORIES, Storages, dtype_sizes, runs_in_order, take
+from reports.memory.frame_rows import runs_in_order, take
+from reports.memory.lifetimes import CATEGORIES, Storages, dtype_sizes
 from reports.plan.comm import collective_cost
 from reports.plan.fit import SCALED
 from reports.plan.ops import fixed_storages
