@@ -116,3 +116,18 @@ def test_a_double_backward_differentiates_through_the_composite(tmp_path):
     assert "aten._fused_rms_norm_backward.default" not in set(df["op"])
     assert "aten.rsqrt.default" in set(df.loc[df["phase"] == "backward", "op"])  # the composite, recomputed
     assert model.weight.grad.shape == (D,)
+
+
+def test_forward_mode_ad_takes_the_composite(tmp_path):
+    """A dual input (torch.autograd.forward_ad) on meta: the stand-in has no forward formula, so rms_norm runs the
+    composite there, as without the tracer, rather than raising into the program."""
+    import torch.autograd.forward_ad as fwAD
+
+    with torch.device("meta"):
+        model = nn.RMSNorm(D)
+        x = torch.empty(N, D)
+    with Tracer(tmp_path / "dual", model=model), fwAD.dual_level():
+        tangent = fwAD.unpack_dual(model(fwAD.make_dual(x, torch.ones_like(x)))).tangent
+    assert tangent.shape == (N, D)
+    assert read_metadata(tmp_path / "dual")["fused_standins"] == {"rms_norm": 0, "composite": 1}
+    assert "aten._fused_rms_norm.default" not in set(load(tmp_path / "dual")["op"])
