@@ -48,6 +48,7 @@ import pandas as pd
 from reports._util import empty_frame
 from reports.errors import ReportError
 from reports.flops.peaks import normalize_dtype, peak_bandwidth, peak_flops
+from reports.loading.load import runs_of
 from reports.sql.frame import trace_of
 from reports.sql.tables import fetch
 from tracer.schema import PHASES
@@ -143,6 +144,13 @@ def _needs(by):
     return _COLUMNS + (("input_shapes",) if by == "shape" else ())
 
 
+def _runs_known(df, peak_flops, bandwidth):
+    """ReportError (reports.loading.load.runs_of's) for a DataFrame without the run metadata its roofs come from,
+    unless both roofs are given: NaN roofs would read as every op "other"."""
+    if isinstance(df, pd.DataFrame) and (peak_flops is None or bandwidth is None):
+        runs_of(df)
+
+
 def roofline(df, by="op", peak_flops=None, bandwidth=None):
     """One row per op kind (by="op": op and dtype; "shape": also the input shapes) or per
     innermost module (by="module"), most time first, with the columns of the module docstring.
@@ -152,6 +160,7 @@ def roofline(df, by="op", peak_flops=None, bandwidth=None):
     op time. `df`: a DataFrame reports.load gave, a pyarrow Table of trace columns, or a
     reports.sql.engine.Trace."""
     _check_by(by, peak_flops, bandwidth)
+    _runs_known(df, peak_flops, bandwidth)
     with trace_of(df, "roofline", _needs(by)) as trace:
         return _tables(trace, by, peak_flops, bandwidth, split=False)[0]
 
@@ -164,6 +173,7 @@ def roofline_split(df, peak_flops=None, bandwidth=None):
     their roof, max(flops / peak, bytes / bandwidth) summed over ops (NaN for "other")."""
     _check(peak_flops, "peak_flops")
     _check(bandwidth, "bandwidth")
+    _runs_known(df, peak_flops, bandwidth)
     with trace_of(df, "roofline_split", _COLUMNS) as trace:
         return _tables(trace, None, peak_flops, bandwidth, split=True)[1]
 
@@ -172,6 +182,7 @@ def roofline_with_split(df, by="op", peak_flops=None, bandwidth=None):
     """(roofline(df, by, ...), roofline_split(df, ...)) from one Trace (the report's: `optrace report` passes its
     reports.sql.engine.Trace)."""
     _check_by(by, peak_flops, bandwidth)
+    _runs_known(df, peak_flops, bandwidth)
     with trace_of(df, "roofline", _needs(by)) as trace:
         return _tables(trace, by, peak_flops, bandwidth, split=True)
 

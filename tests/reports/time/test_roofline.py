@@ -212,3 +212,16 @@ def test_new_report_modules_import_without_torch():
         "assert 'torch' not in sys.modules, sorted(sys.modules)\n"
     )
     subprocess.run([sys.executable, "-c", code], cwd=helpers.ROOT, check=True)
+
+
+def test_a_frame_without_run_metadata_names_it(trace):
+    """The roofs come from the run metadata (df.attrs["runs"]): a frame that lost it (a merge, a hand-made frame)
+    gets reports.load's one-line error rather than NaN roofs and every op "other"; with both roofs given it has no
+    need of it."""
+    bare = trace.copy()
+    bare.attrs = {}
+    for call in (lambda: roofline(bare), lambda: roofline_split(bare), lambda: roofline(bare, peak_flops=PEAK)):
+        with pytest.raises(ReportError, match=r"expected a DataFrame returned by reports.load \(its attrs\['runs'\]"):
+            call()
+    t = roofline(bare, peak_flops=PEAK, bandwidth=BW).set_index("op")
+    assert t.loc["aten.mm.default", "bound"] == "compute"  # 2 * 1024^3 / (12 * 1024^2) = 170.7 over the ridge of 10
