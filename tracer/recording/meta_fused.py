@@ -13,9 +13,9 @@ against the 2 of the output).
 With a model on the meta device or on fake tensors (FakeTensorMode), a kernel of the
 tracer's is registered for rms_norm on the autograd key of their device while the trace
 records (as tracer.recording.meta_attention does for attention): it runs `_fused_rms_norm`
-and `_fused_rms_norm_backward` whole, as two ops with meta kernels of the tracer's (the
-CUDA kernels' output shapes and dtypes), so the trace's FLOPs (tracer.flops.formulas) and
-memory are the fused kernels'. It follows `rms_norm_symint`'s choice: a weight of another
+and `_fused_rms_norm_backward` whole, as two ops whose meta kernels (PyTorch's) give the
+CUDA kernels' output shapes and dtypes (rstd fp32 for a bf16 input), so the trace's FLOPs
+(tracer.flops.formulas) and memory are the fused kernels'. It follows `rms_norm_symint`'s choice: a weight of another
 dtype than the input, a complex input or a channels-last one take the composite, as on
 CUDA, and are counted as such; on fake tensors a real tensor takes the composite as untraced, and is
 not counted. Inside a forward-mode AD dual level (torch.autograd.forward_ad.dual_level) every call takes
