@@ -44,6 +44,7 @@ divides the per-phase totals into per-step figures (reports.sql.engine.Trace.per
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 
 from reports._util import empty_frame
 from reports.errors import ReportError
@@ -144,10 +145,15 @@ def _needs(by):
     return _COLUMNS + (("input_shapes",) if by == "shape" else ())
 
 
-def _runs_known(df, peak_flops, bandwidth):
-    """ReportError (reports.loading.load.runs_of's) for a DataFrame without the run metadata its roofs come from,
-    unless both roofs are given: NaN roofs would read as every op "other"."""
-    if isinstance(df, pd.DataFrame) and (peak_flops is None or bandwidth is None):
+def _runs_known(df, peak_flops, bandwidth, what):
+    """ReportError for rows without the run metadata their roofs come from (a DataFrame reports.load did not give,
+    reports.loading.load.runs_of's; a pyarrow Table, which has none), unless both roofs are given: NaN roofs would
+    read as every op "other"."""
+    if peak_flops is not None and bandwidth is not None:
+        return
+    if isinstance(df, pa.Table):
+        raise ReportError(f"{what}: a pyarrow Table holds no run metadata: give peak_flops= and bandwidth=")
+    if isinstance(df, pd.DataFrame):
         runs_of(df)
 
 
@@ -160,7 +166,7 @@ def roofline(df, by="op", peak_flops=None, bandwidth=None):
     op time. `df`: a DataFrame reports.load gave, a pyarrow Table of trace columns, or a
     reports.sql.engine.Trace."""
     _check_by(by, peak_flops, bandwidth)
-    _runs_known(df, peak_flops, bandwidth)
+    _runs_known(df, peak_flops, bandwidth, "roofline")
     with trace_of(df, "roofline", _needs(by)) as trace:
         return _tables(trace, by, peak_flops, bandwidth, split=False)[0]
 
@@ -173,7 +179,7 @@ def roofline_split(df, peak_flops=None, bandwidth=None):
     their roof, max(flops / peak, bytes / bandwidth) summed over ops (NaN for "other")."""
     _check(peak_flops, "peak_flops")
     _check(bandwidth, "bandwidth")
-    _runs_known(df, peak_flops, bandwidth)
+    _runs_known(df, peak_flops, bandwidth, "roofline_split")
     with trace_of(df, "roofline_split", _COLUMNS) as trace:
         return _tables(trace, None, peak_flops, bandwidth, split=True)[1]
 
@@ -182,7 +188,7 @@ def roofline_with_split(df, by="op", peak_flops=None, bandwidth=None):
     """(roofline(df, by, ...), roofline_split(df, ...)) from one Trace (the report's: `optrace report` passes its
     reports.sql.engine.Trace)."""
     _check_by(by, peak_flops, bandwidth)
-    _runs_known(df, peak_flops, bandwidth)
+    _runs_known(df, peak_flops, bandwidth, "roofline")
     with trace_of(df, "roofline", _needs(by)) as trace:
         return _tables(trace, by, peak_flops, bandwidth, split=True)
 

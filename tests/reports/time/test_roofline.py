@@ -225,3 +225,16 @@ def test_a_frame_without_run_metadata_names_it(trace):
             call()
     t = roofline(bare, peak_flops=PEAK, bandwidth=BW).set_index("op")
     assert t.loc["aten.mm.default", "bound"] == "compute"  # 2 * 1024^3 / (12 * 1024^2) = 170.7 over the ridge of 10
+
+
+def test_an_arrow_table_needs_both_roofs(trace):
+    """A pyarrow Table holds no run metadata, so no device to take a roof from: a one-line error naming the
+    arguments rather than NaN roofs and every op "other"."""
+    import pyarrow as pa
+
+    table = pa.Table.from_pandas(trace.drop(columns=["run"]), preserve_index=False)
+    for call in (lambda: roofline(table, bandwidth=BW), lambda: roofline_split(table, peak_flops=PEAK)):
+        with pytest.raises(ReportError, match="a pyarrow Table holds no run metadata: give peak_flops= and bandwidth="):
+            call()
+    t = roofline(table, peak_flops=PEAK, bandwidth=BW).set_index("op")
+    assert t.loc["aten.add.Tensor", "bound"] == "memory"  # 1 FLOP per 12 bytes, under the ridge of 10
