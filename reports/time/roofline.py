@@ -214,7 +214,7 @@ def _tables(trace, by, peak_flops, bandwidth, split):
             t["time_s_per_step"] = t.pop("time_ns") / 1e9
             total = float(t["time_s_per_step"].sum())  # in order of first appearance, as reports.steps adds
             t = t.sort_values("time_s_per_step", ascending=False, kind="stable").reset_index(drop=True)
-        if not len(t if t is not None else groups):  # a run without rows
+        if not len(groups if split else t):  # a run without rows (by="module": rows may be in no group)
             frames.append(pd.DataFrame(columns=[*keys, *ROOFLINE_COLUMNS]) if by else None)
             splits.append(pd.DataFrame({"run": run, "bound": list(BOUNDS)}))
             continue

@@ -238,3 +238,35 @@ def test_an_arrow_table_needs_both_roofs(trace):
             call()
     t = roofline(table, peak_flops=PEAK, bandwidth=BW).set_index("op")
     assert t.loc["aten.add.Tensor", "bound"] == "memory"  # 1 FLOP per 12 bytes, under the ridge of 10
+
+
+def test_with_split_by_module_splits_rows_without_a_module():
+    """roofline_with_split(by="module") on rows no module holds: the roofline has no group, the split still has
+    every row (as roofline_split gives it), not NaN for a run it took for empty."""
+    from reports.time.roofline import roofline_with_split
+
+    df = pd.DataFrame(
+        {
+            "run": ["r", "r"],
+            "step": [0, 0],
+            "phase": ["forward", "forward"],
+            "op": ["aten.mm.default", "aten.add.Tensor"],
+            "module": [None, None],
+            "flops": [1000, 10],
+            "bytes_read": [100, 80],
+            "bytes_written": [50, 40],
+            "busy_ns": [None, None],
+            "duration_ns": [2000, 1000],
+            "input_dtypes": [["float32"], ["float32"]],
+            "output_dtypes": [["float32"], ["float32"]],
+            "is_view": [False, False],
+        }
+    )
+    df.attrs["runs"] = {"r": {}}
+    table, split = roofline_with_split(df, by="module", peak_flops=PEAK, bandwidth=BW)
+    assert len(table) == 0
+    s = split.set_index("bound")
+    # ridge 10 FLOP/byte: the mm 1000 / 150 = 6.7 and the add 10 / 120 are both memory-bound, 2000 + 1000 ns
+    assert s.loc["memory", "ops"] == 2 and s.loc["memory", "time_s"] == 3e-6 and s.loc["memory", "time_pct"] == 100
+    assert s.loc["memory", "flops"] == 1010 and s.loc["memory", "bytes"] == 270  # 1000 + 10; 150 + 120
+    pd.testing.assert_frame_equal(split, roofline_split(df, peak_flops=PEAK, bandwidth=BW))
