@@ -31,8 +31,8 @@ promised FLOP/s"; an MFU of 0.5 or more is good.
 
 MFU weighted by dtype (`mfu_weighted`, beside `mfu`, whose meaning is unchanged): each
 matmul and attention row at the dense peak of the dtype it ran in (its first multiplied
-operand's: a _scaled_mm's float8, a bf16 mm's bfloat16), every other row at `dtype`'s
-peak. The time the step's model FLOPs take at those peaks is the sum over ops of
+operand's: a _scaled_mm's float8, a bf16 mm's bfloat16; an fp32 mm's tfloat32 with
+dtype="tfloat32"), every other row at `dtype`'s peak. The time the step's model FLOPs take at those peaks is the sum over ops of
 FLOPs / peak; `weighted_peak_flops_per_s` is the model FLOPs over that time (a harmonic
 mean of the peaks, weighted by FLOPs) and mfu_weighted = that time / step time. It equals
 `mfu` when every matmul ran in `dtype`; with a given `peak_flops` every dtype gets it.
@@ -132,13 +132,17 @@ def matmul_dtype(rows):
 
 def _model_flops_by_dtype(rows, model_values, run_dtype):
     """{dtype: model FLOPs per step}: each matmul and attention row (tracer.rules.DTYPE_KINDS) under the dtype it
-    ran in (its first multiplied operand's, every fp8 "float8"), every other row under `run_dtype`, the dtype
-    whose peak the `mfu` column uses. `model_values`: each row's model FLOPs (0 where none)."""
+    ran in (its first multiplied operand's, every fp8 "float8"; a float32 one "tfloat32" when `run_dtype` is), every
+    other row under `run_dtype`, the dtype whose peak the `mfu` column uses. `model_values`: each row's model FLOPs (0 where none)."""
     flops = rows["flops"]
     at = np.flatnonzero(rows.labels("flop_kind").isin(DTYPE_KINDS) & (flops > 0))
     names, ok = _operand_dtypes(rows, at)
-    key = np.full(len(flops), normalize_dtype(run_dtype) if run_dtype is not None else "", dtype=object)
-    key[at[ok]] = [normalize_dtype(name) for name in names]
+    run_key = normalize_dtype(run_dtype) if run_dtype is not None else ""
+    key = np.full(len(flops), run_key, dtype=object)
+    ran = [normalize_dtype(name) for name in names]
+    if run_key == "tfloat32":  # dtype="tfloat32": the fp32 matmuls ran on TF32 tensor cores
+        ran = ["tfloat32" if name == "float32" else name for name in ran]
+    key[at[ok]] = ran
     found = per_step(rows, values=model_values, by=np.asarray(key.tolist(), dtype=str))
     return {dtype: figure for dtype, figure in found.items() if figure}
 

@@ -41,25 +41,6 @@ __all__ = [
 ]
 
 COLUMNS = ("run", *SCHEMA.names)  # every column a FLOP section reads (reports.sql.flops.table's columns)
-COLUMNS = (
-    "run",
-    "seq",
-    "step",
-    "phase",
-    "op",
-    "module",
-    "flop_kind",
-    "flops",
-    "recompute",
-    "causal",
-    "input_storage_ids",
-    "output_storage_ids",
-    "input_dtypes",
-    "input_shapes",
-    "output_shapes",
-    "flops_bound",
-    "grad_mode",
-)
 
 
 class Labels:

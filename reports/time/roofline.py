@@ -44,10 +44,12 @@ divides the per-phase totals into per-step figures (reports.sql.engine.Trace.per
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 
 from reports._util import empty_frame
 from reports.errors import ReportError
 from reports.flops.peaks import normalize_dtype, peak_bandwidth, peak_flops
+from reports.loading.load import runs_of
 from reports.sql.frame import trace_of
 from reports.sql.tables import fetch
 from tracer.schema import PHASES
@@ -143,6 +145,18 @@ def _needs(by):
     return _COLUMNS + (("input_shapes",) if by == "shape" else ())
 
 
+def _runs_known(df, peak_flops, bandwidth, what):
+    """ReportError for rows without the run metadata their roofs come from (a DataFrame reports.load did not give,
+    reports.loading.load.runs_of's; a pyarrow Table, which has none), unless both roofs are given: NaN roofs would
+    read as every op "other"."""
+    if peak_flops is not None and bandwidth is not None:
+        return
+    if isinstance(df, pa.Table):
+        raise ReportError(f"{what}: a pyarrow Table holds no run metadata: give peak_flops= and bandwidth=")
+    if isinstance(df, pd.DataFrame):
+        runs_of(df)
+
+
 def roofline(df, by="op", peak_flops=None, bandwidth=None):
     """One row per op kind (by="op": op and dtype; "shape": also the input shapes) or per
     innermost module (by="module"), most time first, with the columns of the module docstring.
@@ -152,6 +166,7 @@ def roofline(df, by="op", peak_flops=None, bandwidth=None):
     op time. `df`: a DataFrame reports.load gave, a pyarrow Table of trace columns, or a
     reports.sql.engine.Trace."""
     _check_by(by, peak_flops, bandwidth)
+    _runs_known(df, peak_flops, bandwidth, "roofline")
     with trace_of(df, "roofline", _needs(by)) as trace:
         return _tables(trace, by, peak_flops, bandwidth, split=False)[0]
 
@@ -164,6 +179,7 @@ def roofline_split(df, peak_flops=None, bandwidth=None):
     their roof, max(flops / peak, bytes / bandwidth) summed over ops (NaN for "other")."""
     _check(peak_flops, "peak_flops")
     _check(bandwidth, "bandwidth")
+    _runs_known(df, peak_flops, bandwidth, "roofline_split")
     with trace_of(df, "roofline_split", _COLUMNS) as trace:
         return _tables(trace, None, peak_flops, bandwidth, split=True)[1]
 
@@ -172,6 +188,7 @@ def roofline_with_split(df, by="op", peak_flops=None, bandwidth=None):
     """(roofline(df, by, ...), roofline_split(df, ...)) from one Trace (the report's: `optrace report` passes its
     reports.sql.engine.Trace)."""
     _check_by(by, peak_flops, bandwidth)
+    _runs_known(df, peak_flops, bandwidth, "roofline")
     with trace_of(df, "roofline", _needs(by)) as trace:
         return _tables(trace, by, peak_flops, bandwidth, split=True)
 
@@ -197,7 +214,7 @@ def _tables(trace, by, peak_flops, bandwidth, split):
             t["time_s_per_step"] = t.pop("time_ns") / 1e9
             total = float(t["time_s_per_step"].sum())  # in order of first appearance, as reports.steps adds
             t = t.sort_values("time_s_per_step", ascending=False, kind="stable").reset_index(drop=True)
-        if not len(t if t is not None else groups):  # a run without rows
+        if not len(groups if split else t):  # a run without rows (by="module": rows may be in no group)
             frames.append(pd.DataFrame(columns=[*keys, *ROOFLINE_COLUMNS]) if by else None)
             splits.append(pd.DataFrame({"run": run, "bound": list(BOUNDS)}))
             continue

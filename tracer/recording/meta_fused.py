@@ -13,11 +13,13 @@ against the 2 of the output).
 With a model on the meta device or on fake tensors (FakeTensorMode), a kernel of the
 tracer's is registered for rms_norm on the autograd key of their device while the trace
 records (as tracer.recording.meta_attention does for attention): it runs `_fused_rms_norm`
-and `_fused_rms_norm_backward` whole, as two ops with meta kernels of the tracer's (the
-CUDA kernels' output shapes and dtypes), so the trace's FLOPs (tracer.flops.formulas) and
-memory are the fused kernels'. It follows `rms_norm_symint`'s choice: a weight of another
+and `_fused_rms_norm_backward` whole, as two ops whose meta kernels (PyTorch's) give the
+CUDA kernels' output shapes and dtypes (rstd fp32 for a bf16 input), so the trace's FLOPs
+(tracer.flops.formulas) and memory are the fused kernels'. It follows `rms_norm_symint`'s choice: a weight of another
 dtype than the input, a complex input or a channels-last one take the composite, as on
-CUDA, and are counted as such; on fake tensors a real tensor takes the composite as untraced.
+CUDA, and are counted as such; on fake tensors a real tensor takes the composite as untraced, and is
+not counted. Inside a forward-mode AD dual level (torch.autograd.forward_ad.dual_level) every call takes
+the composite, whose ops have forward formulas, and is counted as such.
 
 The other norms and losses need no stand-in: `layer_norm` reaches the tracer whole as
 `native_layer_norm` on every device, and its meta kernel gives CUDA's fp32 mean and rstd
@@ -78,6 +80,8 @@ class MetaFused:
 
     def _rms_norm(self, input, normalized_shape, weight=None, eps=None):
         """The kernel: the fused kernel's ops where CUDA's rms_norm_symint calls them, else the composite."""
+        if self.key != "AutogradMeta" and not _is_fake(input):  # a real tensor: none of the model's calls
+            return aten.rms_norm.default.decompose(input, normalized_shape, weight, eps)
         if not self._fused(input, weight):
             self.counts["composite"] += 1
             return aten.rms_norm.default.decompose(input, normalized_shape, weight, eps)
@@ -85,10 +89,10 @@ class MetaFused:
         return _FusedRmsNorm.apply(input, weight, list(normalized_shape), eps)
 
     def _fused(self, input, weight):
-        """Whether rms_norm_symint would call _fused_rms_norm on these inputs (and they are not real CPU tensors)."""
-        if self.key != "AutogradMeta" and not _is_fake(input):
-            return False
+        """Whether rms_norm_symint would call _fused_rms_norm on these inputs."""
         if input.is_complex() or (weight is not None and weight.dtype != input.dtype):
+            return False
+        if torch.autograd.forward_ad._current_level >= 0:  # a dual level is open: _FusedRmsNorm has no jvp
             return False
         from torch._prims_common import suggest_memory_format
 

@@ -160,3 +160,22 @@ def test_mfu_weighted_is_mfu_when_one_dtype(tmp_path):
     assert row["dtype"] == "bfloat16" and row["peak_flops_per_s"] == 989.4e12
     assert row["weighted_peak_flops_per_s"] == 989.4e12 and row["mfu_weighted"] == row["mfu"]
     assert mfu(df, step_time_s=1e-6, peak_flops=1e12).iloc[0]["weighted_peak_source"] == "given"
+
+
+def test_mfu_weighted_prices_fp32_matmuls_at_tf32_when_told(tmp_path):
+    """dtype="tfloat32" says the fp32 matmuls ran on TF32 tensor cores: mfu_weighted prices them there too, as mfu
+    does, rather than at the non-tensor fp32 rate (which put it above 1)."""
+    model = nn.Linear(1024, 1024, bias=False)
+    x = torch.ones(1024, 1024)
+    with Tracer(tmp_path / "fp32", model=model, run_name="fp32"):
+        model(x)
+    df = load(tmp_path / "fp32")
+    df.attrs["runs"]["fp32"]["device"] = dict(A100)  # 19.5 TFLOP/s fp32, 156 TF32 dense
+    row = mfu(df, step_time_s=1e-4, dtype="tfloat32").iloc[0]
+    assert row["model_flops_per_step"] == 2 * 1024**3 == 2_147_483_648
+    assert row["mfu"] == pytest.approx(0.1376592)  # 2,147,483,648 / 1e-4 s = 21.47e12 FLOP/s over 156e12
+    assert row["weighted_peak_flops_per_s"] == 156e12 and row["mfu_weighted"] == row["mfu"]
+    assert row["weighted_peak_source"] == "per dtype: tfloat32"
+    # without dtype=, the fp32 rate for both: 21.47e12 / 19.5e12 = 1.1013
+    plain = mfu(df, step_time_s=1e-4).iloc[0]
+    assert plain["mfu_weighted"] == plain["mfu"] == pytest.approx(1.1012736)

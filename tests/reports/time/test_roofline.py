@@ -212,3 +212,61 @@ def test_new_report_modules_import_without_torch():
         "assert 'torch' not in sys.modules, sorted(sys.modules)\n"
     )
     subprocess.run([sys.executable, "-c", code], cwd=helpers.ROOT, check=True)
+
+
+def test_a_frame_without_run_metadata_names_it(trace):
+    """The roofs come from the run metadata (df.attrs["runs"]): a frame that lost it (a merge, a hand-made frame)
+    gets reports.load's one-line error rather than NaN roofs and every op "other"; with both roofs given it has no
+    need of it."""
+    bare = trace.copy()
+    bare.attrs = {}
+    for call in (lambda: roofline(bare), lambda: roofline_split(bare), lambda: roofline(bare, peak_flops=PEAK)):
+        with pytest.raises(ReportError, match=r"expected a DataFrame returned by reports.load \(its attrs\['runs'\]"):
+            call()
+    t = roofline(bare, peak_flops=PEAK, bandwidth=BW).set_index("op")
+    assert t.loc["aten.mm.default", "bound"] == "compute"  # 2 * 1024^3 / (12 * 1024^2) = 170.7 over the ridge of 10
+
+
+def test_an_arrow_table_needs_both_roofs(trace):
+    """A pyarrow Table holds no run metadata, so no device to take a roof from: a one-line error naming the
+    arguments rather than NaN roofs and every op "other"."""
+    import pyarrow as pa
+
+    table = pa.Table.from_pandas(trace.drop(columns=["run"]), preserve_index=False)
+    for call in (lambda: roofline(table, bandwidth=BW), lambda: roofline_split(table, peak_flops=PEAK)):
+        with pytest.raises(ReportError, match="a pyarrow Table holds no run metadata: give peak_flops= and bandwidth="):
+            call()
+    t = roofline(table, peak_flops=PEAK, bandwidth=BW).set_index("op")
+    assert t.loc["aten.add.Tensor", "bound"] == "memory"  # 1 FLOP per 12 bytes, under the ridge of 10
+
+
+def test_with_split_by_module_splits_rows_without_a_module():
+    """roofline_with_split(by="module") on rows no module holds: the roofline has no group, the split still has
+    every row (as roofline_split gives it), not NaN for a run it took for empty."""
+    from reports.time.roofline import roofline_with_split
+
+    df = pd.DataFrame(
+        {
+            "run": ["r", "r"],
+            "step": [0, 0],
+            "phase": ["forward", "forward"],
+            "op": ["aten.mm.default", "aten.add.Tensor"],
+            "module": [None, None],
+            "flops": [1000, 10],
+            "bytes_read": [100, 80],
+            "bytes_written": [50, 40],
+            "busy_ns": [None, None],
+            "duration_ns": [2000, 1000],
+            "input_dtypes": [["float32"], ["float32"]],
+            "output_dtypes": [["float32"], ["float32"]],
+            "is_view": [False, False],
+        }
+    )
+    df.attrs["runs"] = {"r": {}}
+    table, split = roofline_with_split(df, by="module", peak_flops=PEAK, bandwidth=BW)
+    assert len(table) == 0
+    s = split.set_index("bound")
+    # ridge 10 FLOP/byte: the mm 1000 / 150 = 6.7 and the add 10 / 120 are both memory-bound, 2000 + 1000 ns
+    assert s.loc["memory", "ops"] == 2 and s.loc["memory", "time_s"] == 3e-6 and s.loc["memory", "time_pct"] == 100
+    assert s.loc["memory", "flops"] == 1010 and s.loc["memory", "bytes"] == 270  # 1000 + 10; 150 + 120
+    pd.testing.assert_frame_equal(split, roofline_split(df, peak_flops=PEAK, bandwidth=BW))

@@ -116,3 +116,37 @@ def test_a_double_backward_differentiates_through_the_composite(tmp_path):
     assert "aten._fused_rms_norm_backward.default" not in set(df["op"])
     assert "aten.rsqrt.default" in set(df.loc[df["phase"] == "backward", "op"])  # the composite, recomputed
     assert model.weight.grad.shape == (D,)
+
+
+def test_forward_mode_ad_takes_the_composite(tmp_path):
+    """A dual input (torch.autograd.forward_ad) on meta: the stand-in has no forward formula, so rms_norm runs the
+    composite there, as without the tracer, rather than raising into the program."""
+    import torch.autograd.forward_ad as fwAD
+
+    with torch.device("meta"):
+        model = nn.RMSNorm(D)
+        x = torch.empty(N, D)
+    with Tracer(tmp_path / "dual", model=model), fwAD.dual_level():
+        tangent = fwAD.unpack_dual(model(fwAD.make_dual(x, torch.ones_like(x)))).tangent
+    assert tangent.shape == (N, D)
+    assert read_metadata(tmp_path / "dual")["fused_standins"] == {"rms_norm": 0, "composite": 1}
+    assert "aten._fused_rms_norm.default" not in set(load(tmp_path / "dual")["op"])
+
+
+def test_real_tensors_under_a_fake_trace_are_not_counted(tmp_path):
+    """With fake tensors on the CPU the kernel sits on every CPU tensor's autograd key: a real tensor's rms_norm
+    runs as without the tracer (the same values) and is none of the model's calls, so not a composite one."""
+    from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
+
+    torch.manual_seed(0)
+    real = torch.randn(N, D)
+    expected = F.rms_norm(real, (D,))
+    with FakeTensorMode():
+        model = nn.RMSNorm(D)
+        x = torch.randn(N, D)
+        with Tracer(tmp_path / "fake", model=model):
+            model(x)
+            with unset_fake_temporarily():
+                got = F.rms_norm(real, (D,))
+    assert torch.equal(got, expected)
+    assert read_metadata(tmp_path / "fake")["fused_standins"] == {"rms_norm": 1, "composite": 0}
