@@ -76,6 +76,11 @@ def check(pp, micro_batches, schedule, virtual_stages, cp):
         raise ReportError(f"plan: schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
     if virtual_stages > 1 and schedule != "interleaved":
         raise ReportError(f"plan: virtual_stages {virtual_stages} needs schedule 'interleaved', got {schedule!r}")
+    if schedule == "interleaved" and 1 < pp and micro_batches < pp:  # Megatron-LM's schedules.py refuses it too
+        raise ReportError(
+            f"plan: micro_batches {micro_batches} must be at least pp {pp} for the interleaved schedule "
+            "(fewer leave it no steady state: its bubble is not (p-1)/(v m+p-1))"
+        )
     if micro_batches > 1 and pp == 1:
         raise ReportError(f"plan: micro_batches {micro_batches} needs pp > 1 (the micro-batches of a pipeline)")
     return pp, micro_batches, schedule, virtual_stages, cp

@@ -186,3 +186,22 @@ def test_cli_prints_the_bubble_and_each_rank_s_memory(toy_trace, capsys):
     out = json.loads(capsys.readouterr().out)
     assert out["pp"] == 4 and out["micro_batches"] == 8 and out["schedule"] == "1f1b"
     assert out["pipeline"]["stages"][0]["peak_bytes"] == 656 * MiB  # integers in the JSON
+
+
+def test_interleaved_needs_at_least_pp_micro_batches(toy):
+    """With fewer micro-batches than ranks the interleaved schedule has no steady state and its bubble is not
+    (p-1)/(v m+p-1): pp 2, v 2, one micro-batch runs its 4 chunks one after the other, each half a rank's time
+    t per micro-batch, 2t, a bubble of 1/2; the plan said 1.5t, 1/3. Megatron-LM refuses it (schedules.py)."""
+    with pytest.raises(ReportError, match="micro_batches 1 must be at least pp 2 for the interleaved schedule"):
+        reports.plan(toy, "H100", pp=2, micro_batches=1, schedule="interleaved", virtual_stages=2)
+    with pytest.raises(ReportError, match="micro_batches 3 must be at least pp 4 for the interleaved schedule"):
+        reports.plan(toy, "H100", pp=4, micro_batches=3, schedule="interleaved", virtual_stages=2)
+    row = reports.plan(toy, "H100", pp=2, micro_batches=2, schedule="interleaved", virtual_stages=2).iloc[0]
+    assert row["micro_batches"] == 2  # m = p is planned
+
+
+def test_cli_refuses_interleaved_with_fewer_micro_batches_than_ranks_in_one_line(toy_trace, capsys):
+    args = ["plan", toy_trace, "--gpu", "H100", "--pp", "2", "--schedule", "interleaved", "--virtual-stages", "2"]
+    assert main(args) == 2  # --micro-batches 1 by default
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "micro_batches 1 must be at least pp 2 for the interleaved schedule" in err[0]
