@@ -296,11 +296,13 @@ def _pipeline(p, out):
 
 def _context(p, out):
     c = p["context"]
-    print(
+    _wrapped(
         f"Context parallel  {c['cp']} ranks of {c['seq'] // c['cp']} tokens: ring attention "
         f"{_human(c['ring_bytes'], 'B')} per step, {_human_seconds(c['ring_s'])} ({_human_seconds(c['ring_exposed_s'])} "
         f"exposed); K/V blocks in flight {gib(c['kv_in_flight_bytes'])}",
-        file=out,
+        out,
+        "",
+        " " * 18,  # under the figures, as the other lines' values
     )
 
 

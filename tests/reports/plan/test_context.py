@@ -138,3 +138,12 @@ def test_cli_prints_the_ring(gpt_trace, capsys):
     assert "K/V blocks in flight 0.0000305 GiB" in text  # 32,768 / 2^30
     assert main(["plan", gpt_trace, "--gpu", "H100", "--cp", "3"]) == 2  # one line: cp must divide the sequence
     assert "cp 3 must divide the sequence length, 64 tokens" in capsys.readouterr().err
+
+
+def test_cli_s_ring_line_keeps_to_100_columns(gpt_trace, capsys):
+    """The ring's line was one of 133 columns at cp 2 on this trace (135 on the TP 2 trace of test_plan_tp.py)."""
+    assert main(["plan", gpt_trace, "--gpu", "H100", "--cp", "2"]) in (0, None)
+    lines = capsys.readouterr().out.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("Context parallel"))
+    assert max(len(lines[at]), len(lines[at + 1])) <= 100
+    assert lines[at + 1].startswith(" " * 18) and "K/V blocks in flight" in " ".join(lines[at : at + 2])
