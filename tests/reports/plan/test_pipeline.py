@@ -205,3 +205,27 @@ def test_cli_refuses_interleaved_with_fewer_micro_batches_than_ranks_in_one_line
     assert main(args) == 2  # --micro-batches 1 by default
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "micro_batches 1 must be at least pp 2 for the interleaved schedule" in err[0]
+
+
+def test_cli_answer_of_a_deep_pipeline_keeps_to_25_lines_of_100_columns(toy_trace, capsys):
+    """pp 8 printed 3 lines for each of its 8 ranks: 33 lines before the notes. Past 4 ranks the text shows the
+    first rank, the slowest, the one that needs most memory and the last; --json keeps every rank."""
+    main(["plan", toy_trace, "--gpu", "H100", "--pp", "8", "--micro-batches", "8"])
+    lines = capsys.readouterr().out.splitlines()
+    answer = lines[: lines.index("Notes")]
+    assert len(answer) <= 25 and max(map(len, answer)) <= 100
+    shown = [line.split()[1] for line in answer if line.startswith("  rank ")]
+    # rank 1 the first of the slowest (two sends per micro-batch against the ends' one); rank 0 needs most
+    assert shown == ["0", "1", "7"]
+    assert "  5 more ranks (--json lists every rank)" in answer
+    main(["plan", toy_trace, "--gpu", "H100", "--pp", "8", "--micro-batches", "8", "--json"])
+    assert len(json.loads(capsys.readouterr().out)["pipeline"]["stages"]) == 8
+
+
+def test_cli_rank_lines_of_four_chunks_keep_to_100_columns(toy_trace, capsys):
+    """Interleaved, 2 ranks of 4 chunks: 'blocks 0-0, 2-2, 4-4, 6-6' made the rank's line 106 columns."""
+    args = ["plan", toy_trace, "--gpu", "H100", "--pp", "2", "--micro-batches", "8", "--schedule", "interleaved"]
+    main([*args, "--virtual-stages", "4"])
+    lines = capsys.readouterr().out.splitlines()
+    assert max(map(len, lines[: lines.index("Notes")])) <= 100
+    assert any(line.startswith("  rank 0   blocks 0-0, 2-2, 4-4, 6-6 ") for line in lines)
