@@ -47,12 +47,13 @@ def finish(record, detail, priced, shape, context):
         )
 
 
-def ring_step(rows, meta, seconds, k, entry, gpus_per_node, a, cp):
+def ring_step(rows, meta, seconds, k, entry, gpus_per_node, a, cp, tp=1):
     """(per-row exposed seconds, figures) of ring attention at context-parallel degree `cp` (reports.plan.context
-    .ring; `k` the rank's share of the traced micro-batch); zeros and None for cp 1."""
+    .ring; `k` the rank's share of the traced micro-batch, `tp` the trace's tensor-parallel degree); zeros and
+    None for cp 1."""
     if cp == 1:
         return np.zeros(len(rows)), None
-    return ring(rows, meta, seconds, cp, k * cp, entry, gpus_per_node, a)
+    return ring(rows, meta, seconds, cp, k * cp, entry, gpus_per_node, a, tp)
 
 
 def ring_memory(memory_fit, context):

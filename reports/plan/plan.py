@@ -250,7 +250,8 @@ def _plan_run(rows, meta, gpu, gpus_per_node, micro_batch, batch, overlap, table
     comm = float(per_step(rows, pd.Series(comm_s, index=rows.index)))
     exposed = max(0.0, step_time - float(np.mean([steps[s][1] for s in train])))
     step_time = compute + exposed
-    ringed, context = parallel.ring_step(rows, meta, seconds, k, entry, gpus_per_node, a, cp)
+    tp = _tensor_parallel(rows, meta.get("tokens"), notes)
+    ringed, context = parallel.ring_step(rows, meta, seconds, k, entry, gpus_per_node, a, cp, tp)
     if context:
         comm, exposed = comm + context["ring_s"], exposed + context["ring_exposed_s"]
         step_time = compute + exposed
@@ -266,7 +267,6 @@ def _plan_run(rows, meta, gpu, gpus_per_node, micro_batch, batch, overlap, table
     tokens = tokens * k if tokens else None
     if tokens is None:
         notes.append("the trace records no tokens per step (Tracer(tokens=...)): tokens/s is unknown")
-    tp = _tensor_parallel(rows, meta.get("tokens"), notes)
     bounded = bounds(rows)
     bound_flops = bounded["flops"] * k
     if bounded["rows"]:
