@@ -415,7 +415,8 @@ def _plan_run(rows, meta, gpu, gpus_per_node, micro_batch, batch, overlap, table
     detail = {"assumptions": listed, "classes": classes, "memory": memory_fit, "notes": notes, "basis": basis}
     whole = found * cp if found else found  # the traced batch in whole sequences of the rank's share (k's unit)
     collectives = exposed - (context["ring_exposed_s"] if context else 0.0)  # the ring's goes with its kernels
-    priced = (rows, every, meta, seconds + ringed, collectives, k, entry, gpus_per_node, world, a, memory_fit, whole)
+    stage = world * cp  # a stage's GPUs: the traced job's, each rank split in cp (pipeline outermost)
+    priced = (rows, every, meta, seconds + ringed, collectives, k, entry, gpus_per_node, stage, a, memory_fit, whole)
     parallel.finish(record, detail, priced, shape, context)
     return record, detail
 

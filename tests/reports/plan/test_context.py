@@ -170,3 +170,14 @@ def test_a_ring_under_tensor_parallelism_strides_by_the_tp_degree(tmp_path):
     within = reports.plan(df, "H100", cp=4, gpus_per_node=8).attrs["plan"][frame["run"].iloc[0]]["context"]
     block = 32_768  # 2 x 4 x 16 x 2 x 64 x 2: ranks 0, 2, 4, 6 on one node, on NVLink
     assert within["ring_s"] == pytest.approx(2 * 3 * (2 * HOP + 3 * block / LINK), rel=1e-12)
+
+
+def test_with_a_pipeline_a_stage_holds_the_context_parallel_ranks(gpt):
+    """The trace is of one rank; at cp 8 a stage is 8 GPUs (pipeline outermost), so stage 1 starts at rank 8,
+    on the next 8-GPU node: its send crosses nodes (it was priced between ranks 0 and 1, on NVLink). A send
+    carries one layer's output at 1/8 of the tokens: 2 x 8 x 64 x 2 = 2,048 bytes."""
+    frame = reports.plan(gpt, "H100", pp=2, micro_batches=4, cp=8, gpus_per_node=8)
+    ranks = frame.attrs["plan"][frame["run"].iloc[0]]["pipeline"]["stages"]
+    assert ranks[0]["send_bytes"] == 2 * 8 * 64 * 2  # 2,048
+    across = 8.4e-6 + 9.6e-6 + 2_048 / (0.8 * resolve_gpu("H100")["nic_bytes_per_s"])
+    assert [r["send_s"] for r in ranks] == pytest.approx([across, across], rel=1e-12)
