@@ -87,6 +87,16 @@ def check(pp, micro_batches, schedule, virtual_stages, cp):
     return pp, micro_batches, schedule, virtual_stages, cp
 
 
+def _pipeline_changes(record):
+    """The change that fits a pipeline that does not: its largest micro-batch (reports.plan.pipeline's, every
+    rank within the memory), as reports.plan.changes writes one; none where no micro-batch fits."""
+    largest = record.get("max_micro_batch")
+    if record.get("fits") is not False or not largest or largest >= record["micro_batch"]:
+        return []
+    how = "the largest that fits every rank of the pipeline"
+    return [{"change": "micro_batch", "value": largest, "fits": True, "required_bytes": None, "how": how}]
+
+
 def _pipelined(record, detail, priced, shape):
     """The record and detail of one run under the pipeline `shape` (reports.plan.pipeline): the step of
     m micro-batches with its bubble and sends, tokens and FLOPs of the m micro-batches over pp GPUs, and
@@ -104,8 +114,8 @@ def _pipelined(record, detail, priced, shape):
     peak = record["peak_flops_per_s"]
     record["mfu"] = record["model_flops_per_step"] / (step * pp * peak) if step > 0 and peak == peak else math.nan
     detail["pipeline"] = stages
-    if detail["memory"].get("changes"):
-        detail["memory"]["changes"] = []  # priced for one rank holding every layer: not for a stage
+    if "changes" in detail["memory"]:  # priced for one rank holding every layer: not for a stage
+        detail["memory"]["changes"] = _pipeline_changes(record)
     detail["notes"].append(
         f"pipeline: {pp} stages of {stages['blocks']} ({stages['block_count']} blocks), {m} micro-batches "
         f"of {record['micro_batch']} per step, {shape[2]}"

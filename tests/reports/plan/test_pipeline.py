@@ -229,3 +229,22 @@ def test_cli_rank_lines_of_four_chunks_keep_to_100_columns(toy_trace, capsys):
     lines = capsys.readouterr().out.splitlines()
     assert max(map(len, lines[: lines.index("Notes")])) <= 100
     assert any(line.startswith("  rank 0   blocks 0-0, 2-2, 4-4, 6-6 ") for line in lines)
+
+
+def test_a_pipeline_that_does_not_fit_names_its_largest_micro_batch(toy_trace, capsys):
+    """pp 2 at a micro-batch of 1,000,000 rows needs 153 GiB on rank 0; the pipeline's own largest micro-batch
+    (every rank within 80 GiB) is the change that fits. The text said "No change the plan can price fits:"."""
+    args = ["plan", toy_trace, "--gpu", "H100", "--pp", "2", "--micro-batches", "2", "--micro-batch", "1000000"]
+    main([*args, "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert out["verdict"] == "does not fit" and 0 < out["max_micro_batch"] < 1_000_000
+    assert out["smallest_change"]["change"] == "micro_batch" and out["smallest_change"]["fits"] is True
+    assert out["smallest_change"]["value"] == out["max_micro_batch"]
+    main(args)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[2].startswith(f"Smallest change that fits: micro-batch {out['max_micro_batch']}")
+    largest = out["max_micro_batch"]  # 516,757: exact, one more does not fit
+    assert reports.plan(reports.load(toy_trace), "H100", pp=2, micro_batches=2, micro_batch=largest)["fits"].iloc[0]
+    assert not reports.plan(reports.load(toy_trace), "H100", pp=2, micro_batches=2, micro_batch=largest + 1)[
+        "fits"
+    ].iloc[0]
