@@ -238,12 +238,15 @@ def _step(p, out):
     masked = ""
     if p["causal_masked_flops_per_step"] and p["mfu"] is not None:
         full = (p["model_flops_per_step"] + p["causal_masked_flops_per_step"]) / p["model_flops_per_step"] * p["mfu"]
-        masked = f"; {_percent(full)} with causal attention's masked half"
-    print(
+        masked = f"{_percent(full)} with causal attention's masked half"
+    line = (
         f"MFU               {_percent(p['mfu'])} of {_human(p['peak_flops_per_s'], 'FLOP/s')} "
-        f"({_human(p['model_flops_per_step'], 'FLOP')} per step){masked}",
-        file=out,
+        f"({_human(p['model_flops_per_step'], 'FLOP')} per step)"
     )
+    if masked and len(line) + 2 + len(masked) > WIDTH:  # the masked half on a line of its own, under the figures
+        print(f"{line};\n{' ' * 18}{masked}", file=out)
+    else:
+        print(f"{line}; {masked}" if masked else line, file=out)
 
 
 def _pipeline_step(p, out):
