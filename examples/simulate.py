@@ -133,6 +133,8 @@ def main(argv=None):
         "from their defaults in the name: runs/simulate-w8-l2-ck.parquet)",
     )
     args = parser.parse_args(argv)
+    if args.tp < 1 or args.world % args.tp or args.heads % args.tp:
+        parser.error(f"--tp {args.tp} must divide --world {args.world} and --heads {args.heads}")
     args.out = args.out or default_out(parser, args)
     cfg = GPTConfig(
         vocab_size=args.vocab,

@@ -151,8 +151,11 @@ def gib(v):
     return f"{g:.{2 - math.floor(math.log10(abs(g)))}f} GiB"  # three significant figures, no exponent
 
 
-def _wrapped(text, out, indent="  - ", rest="    "):
-    print(textwrap.fill(printable(text), WIDTH, initial_indent=indent, subsequent_indent=rest), file=out)
+def _wrapped(text, out, indent="  - ", rest="    ", hyphens=True):
+    fill = textwrap.fill(
+        printable(text), WIDTH, initial_indent=indent, subsequent_indent=rest, break_on_hyphens=hyphens
+    )
+    print(fill, file=out)
 
 
 _CHANGE = {
@@ -235,12 +238,15 @@ def _step(p, out):
     masked = ""
     if p["causal_masked_flops_per_step"] and p["mfu"] is not None:
         full = (p["model_flops_per_step"] + p["causal_masked_flops_per_step"]) / p["model_flops_per_step"] * p["mfu"]
-        masked = f"; {_percent(full)} with causal attention's masked half"
-    print(
+        masked = f"{_percent(full)} with causal attention's masked half"
+    line = (
         f"MFU               {_percent(p['mfu'])} of {_human(p['peak_flops_per_s'], 'FLOP/s')} "
-        f"({_human(p['model_flops_per_step'], 'FLOP')} per step){masked}",
-        file=out,
+        f"({_human(p['model_flops_per_step'], 'FLOP')} per step)"
     )
+    if masked and len(line) + 2 + len(masked) > WIDTH:  # the masked half on a line of its own, under the figures
+        print(f"{line};\n{' ' * 18}{masked}", file=out)
+    else:
+        print(f"{line}; {masked}" if masked else line, file=out)
 
 
 def _pipeline_step(p, out):
@@ -266,18 +272,27 @@ def _pipeline(p, out):
     """One line per rank of the pipeline: its blocks, time per micro-batch, sends, in flight, memory."""
     line = p["pipeline"]
     v = f", {p['virtual_stages']} virtual stages per rank" if p["schedule"] == "interleaved" else ""
-    print(
-        f"\nPipeline          {p['pp']} ranks over {line['block_count']} blocks ({line['blocks']}), "
+    print(file=out)
+    _wrapped(
+        f"Pipeline          {p['pp']} ranks over {line['block_count']} blocks ({line['blocks']}), "
         f"{p['schedule']}{v}, {p['micro_batches']} micro-batches",
-        file=out,
+        out,
+        "",
+        " " * 18,
+        hyphens=False,
     )
-    for r in line["stages"]:
+    ranks = line["stages"]
+    shown = _shown_ranks(ranks)
+    for r in (ranks[i] for i in shown):
         blocks = ", ".join(c["blocks"] for c in r["chunks"])
-        print(
+        _wrapped(
             f"  rank {r['rank']:<3} blocks {blocks:<10} {_human_seconds(r['seconds_per_micro_batch'])} per "
             f"micro-batch (sends {_human_seconds(r['send_s'])}); in flight: {r['in_flight']:g} "
             f"micro-batch{'' if r['in_flight'] == 1 else 'es'}",
-            file=out,
+            out,
+            "",
+            "           ",
+            hyphens=False,
         )
         _wrapped(
             f"needs {gib(r['required_bytes'])}: fixed {gib(r['fixed_bytes'])} + activations "
@@ -287,6 +302,8 @@ def _pipeline(p, out):
             "           ",
             "             ",
         )
+    if len(shown) < len(ranks):
+        print(f"  {len(ranks) - len(shown)} more ranks (--json lists every rank)", file=out)
     print(
         f"  each rank also: CUDA context {gib(line['cuda_context_bytes'])}, NCCL buffers "
         f"{gib(line['nccl_buffer_bytes'])}, fragmentation {_percent(line['fragmentation'])}",
@@ -294,13 +311,25 @@ def _pipeline(p, out):
     )
 
 
+def _shown_ranks(ranks, most=4):
+    """The ranks the text shows (all up to `most`; past that the first, the slowest, the one that needs
+    most memory and the last), in order: 3 lines a rank keep the answer to 25 lines."""
+    if len(ranks) <= most:
+        return list(range(len(ranks)))
+    slowest = max(range(len(ranks)), key=lambda i: ranks[i]["seconds_per_micro_batch"])
+    needs = max(range(len(ranks)), key=lambda i: ranks[i]["required_bytes"])
+    return sorted({0, slowest, needs, len(ranks) - 1})
+
+
 def _context(p, out):
     c = p["context"]
-    print(
+    _wrapped(
         f"Context parallel  {c['cp']} ranks of {c['seq'] // c['cp']} tokens: ring attention "
         f"{_human(c['ring_bytes'], 'B')} per step, {_human_seconds(c['ring_s'])} ({_human_seconds(c['ring_exposed_s'])} "
         f"exposed); K/V blocks in flight {gib(c['kv_in_flight_bytes'])}",
-        file=out,
+        out,
+        "",
+        " " * 18,  # under the figures, as the other lines' values
     )
 
 

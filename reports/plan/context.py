@@ -17,9 +17,10 @@ before it:
   backward     per attention backward kernel, c - 1 sends of the K/V block and of its dK/dV
                (twice the bytes of the forward)
   time         each send priced on the link to the next rank of the ring (reports.plan.comm.
-               collective_cost: a two-rank broadcast, one hop; the ring's ranks consecutive, so
-               on one node while c <= GPUs per node, else its slowest hop crosses nodes on one
-               GPU's NIC); overlapped with the attention on the block before it, a 1/c share of
+               collective_cost: a two-rank broadcast, one hop; the ring's ranks tp apart, as
+               torchtitan's mesh [..., cp, tp] and Megatron-LM's order tp-cp-ep-dp-pp place them,
+               so on one node while c x tp <= GPUs per node, else its slowest hop crosses nodes
+               on one GPU's NIC); overlapped with the attention on the block before it, a 1/c share of
                the kernel's priced time: exposed per kernel (c - 1) x max(0, send - kernel / c)
   memory       the traced rank's growing bytes / c (plan.py's fit at 1/c of the micro-batch),
                plus the blocks in flight: one K/V block received while the attention runs on
@@ -44,6 +45,13 @@ def kv_block_bytes(batch, seq, cp, heads_kv, head_dim, dtype_bytes):
     return 2 * batch * (seq // cp) * heads_kv * head_dim * dtype_bytes
 
 
+def _slowest_hop(cp, tp, gpus_per_node):
+    """Two neighbours of the ring of ranks 0, tp, ..., (cp - 1) tp: a pair on two nodes if there is one."""
+    members = [i * tp for i in range(cp)]
+    pairs = list(zip(members, members[1:] + members[:1]))
+    return list(next((p for p in pairs if p[0] // gpus_per_node != p[1] // gpus_per_node), pairs[0]))
+
+
 def _attention_rows(rows):
     """Indices of the rows of fused attention kernels (forward and backward) and whether each is a backward."""
     ops = rows["op"].astype(str).to_numpy()
@@ -52,10 +60,10 @@ def _attention_rows(rows):
     return at, np.char.find(ops[at].astype(str), "_backward") >= 0
 
 
-def ring(rows, meta, seconds, cp, k, gpu, gpus_per_node, a):
+def ring(rows, meta, seconds, cp, k, gpu, gpus_per_node, a, tp=1):
     """(per-row exposed seconds of the ring, as `seconds` are per row; figures per step) of context
     parallelism `cp` over the priced `rows` (op `seconds` at 1/cp of the micro-batch; `k` the planned
-    micro-batch over the traced one)."""
+    micro-batch over the traced one; `tp` the tensor-parallel degree, the ring's stride)."""
     at, backward = _attention_rows(rows)
     if not len(at):
         raise ReportError(
@@ -66,7 +74,7 @@ def ring(rows, meta, seconds, cp, k, gpu, gpus_per_node, a):
     dtypes = cell_objects(rows, "input_dtypes", at)
     exposed, spent, sent, block_max = np.zeros(len(rows)), 0.0, 0.0, 0.0
     seq = heads_kv = head_dim = None
-    ranks = [0, 1] if cp <= gpus_per_node else [gpus_per_node - 1, gpus_per_node]
+    ranks = _slowest_hop(cp, tp, gpus_per_node)
     for i, back, shape, dtype in zip(at, backward, shapes, dtypes):
         key = tuple(shape[2 if back else 1])
         if len(key) != 4:

@@ -47,12 +47,13 @@ def finish(record, detail, priced, shape, context):
         )
 
 
-def ring_step(rows, meta, seconds, k, entry, gpus_per_node, a, cp):
+def ring_step(rows, meta, seconds, k, entry, gpus_per_node, a, cp, tp=1):
     """(per-row exposed seconds, figures) of ring attention at context-parallel degree `cp` (reports.plan.context
-    .ring; `k` the rank's share of the traced micro-batch); zeros and None for cp 1."""
+    .ring; `k` the rank's share of the traced micro-batch, `tp` the trace's tensor-parallel degree); zeros and
+    None for cp 1."""
     if cp == 1:
         return np.zeros(len(rows)), None
-    return ring(rows, meta, seconds, cp, k * cp, entry, gpus_per_node, a)
+    return ring(rows, meta, seconds, cp, k * cp, entry, gpus_per_node, a, tp)
 
 
 def ring_memory(memory_fit, context):
@@ -76,9 +77,24 @@ def check(pp, micro_batches, schedule, virtual_stages, cp):
         raise ReportError(f"plan: schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
     if virtual_stages > 1 and schedule != "interleaved":
         raise ReportError(f"plan: virtual_stages {virtual_stages} needs schedule 'interleaved', got {schedule!r}")
+    if schedule == "interleaved" and 1 < pp and micro_batches < pp:  # Megatron-LM's schedules.py refuses it too
+        raise ReportError(
+            f"plan: micro_batches {micro_batches} must be at least pp {pp} for the interleaved schedule "
+            "(fewer leave it no steady state: its bubble is not (p-1)/(v m+p-1))"
+        )
     if micro_batches > 1 and pp == 1:
         raise ReportError(f"plan: micro_batches {micro_batches} needs pp > 1 (the micro-batches of a pipeline)")
     return pp, micro_batches, schedule, virtual_stages, cp
+
+
+def _pipeline_changes(record):
+    """The change that fits a pipeline that does not: its largest micro-batch (reports.plan.pipeline's, every
+    rank within the memory), as reports.plan.changes writes one; none where no micro-batch fits."""
+    largest = record.get("max_micro_batch")
+    if record.get("fits") is not False or not largest or largest >= record["micro_batch"]:
+        return []
+    how = "the largest that fits every rank of the pipeline"
+    return [{"change": "micro_batch", "value": largest, "fits": True, "required_bytes": None, "how": how}]
 
 
 def _pipelined(record, detail, priced, shape):
@@ -93,17 +109,18 @@ def _pipelined(record, detail, priced, shape):
     record["model_flops_per_step"] *= m
     record["causal_masked_flops_per_step"] *= m
     record["bound_flops_per_step"] *= m
-    record["tokens_per_s_per_gpu"] = record["tokens_per_step"] / step / pp if record["tokens_per_step"] else math.nan
+    gpus = pp * record["tp"]  # one replica: its tp ranks read the same tokens (reports.plan.comm.tensor_parallel)
+    record["tokens_per_s_per_gpu"] = record["tokens_per_step"] / step / gpus if record["tokens_per_step"] else math.nan
     peak = record["peak_flops_per_s"]
     record["mfu"] = record["model_flops_per_step"] / (step * pp * peak) if step > 0 and peak == peak else math.nan
     detail["pipeline"] = stages
-    if detail["memory"].get("changes"):
-        detail["memory"]["changes"] = []  # priced for one rank holding every layer: not for a stage
+    if "changes" in detail["memory"]:  # priced for one rank holding every layer: not for a stage
+        detail["memory"]["changes"] = _pipeline_changes(record)
     detail["notes"].append(
         f"pipeline: {pp} stages of {stages['blocks']} ({stages['block_count']} blocks), {m} micro-batches "
         f"of {record['micro_batch']} per step, {shape[2]}"
         + (f" with {record['virtual_stages']} virtual stages" if shape[2] == "interleaved" else "")
-        + ": tokens per step are the pipeline's (one data-parallel replica of pp GPUs), per GPU over pp; "
+        + ": tokens per step are the pipeline's (one data-parallel replica of pp x tp GPUs), per GPU over pp x tp; "
         "compute_s, comm_s and exposed_comm_s are one micro-batch through every layer on one GPU; the "
         "memory is the rank that needs most (the changes priced without a pipeline are not shown)"
     )

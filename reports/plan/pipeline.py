@@ -26,7 +26,7 @@ and read after it in the forward, less those of fixed size: parameters, FSDP2's 
 micro-batch, forward; the same bytes of their gradient back. Each is priced as a two-rank
 broadcast on the link between the ranks (reports.plan.comm.collective_cost: one hop, NCCL's
 latency; on one node the GPU link, across nodes one GPU's NIC); stage r's ranks start at r x
-`world` (pipeline outermost, as Megatron-LM orders its groups), so a send crosses nodes when the
+`world` (the traced job's ranks times the context-parallel degree; pipeline outermost, as Megatron-LM orders its groups), so a send crosses nodes when the
 two stages' first ranks sit on different nodes (interleaved, the last rank sends back to the first). A rank's sends count in its T_r
 but for the share `pipeline_send_overlap` hides (reports/plan/assumptions.py; 0 by default:
 Megatron-LM's 1F1B exchanges activations and gradients by blocking batched send/recv); what it

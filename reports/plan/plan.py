@@ -255,7 +255,8 @@ def _plan_run(rows, meta, gpu, gpus_per_node, micro_batch, batch, overlap, table
     comm = float(per_step(rows, pd.Series(comm_s, index=rows.index)))
     exposed = max(0.0, step_time - float(np.mean([steps[s][1] for s in train])))
     step_time = compute + exposed
-    ringed, context = parallel.ring_step(rows, meta, seconds, k, entry, gpus_per_node, a, cp)
+    tp = _tensor_parallel(rows, meta.get("tokens"), notes)
+    ringed, context = parallel.ring_step(rows, meta, seconds, k, entry, gpus_per_node, a, cp, tp)
     if context:
         comm, exposed = comm + context["ring_s"], exposed + context["ring_exposed_s"]
         step_time = compute + exposed
@@ -271,7 +272,6 @@ def _plan_run(rows, meta, gpu, gpus_per_node, micro_batch, batch, overlap, table
     tokens = tokens * k if tokens else None
     if tokens is None:
         notes.append("the trace records no tokens per step (Tracer(tokens=...)): tokens/s is unknown")
-    tp = _tensor_parallel(rows, meta.get("tokens"), notes)
     bounded = bounds(rows)
     bound_flops = bounded["flops"] * k
     if bounded["rows"]:
@@ -420,7 +420,8 @@ def _plan_run(rows, meta, gpu, gpus_per_node, micro_batch, batch, overlap, table
     detail = {"assumptions": listed, "classes": classes, "memory": memory_fit, "notes": notes, "basis": basis}
     whole = found * cp if found else found  # the traced batch in whole sequences of the rank's share (k's unit)
     collectives = exposed - (context["ring_exposed_s"] if context else 0.0)  # the ring's goes with its kernels
-    priced = (rows, every, meta, seconds + ringed, collectives, k, entry, gpus_per_node, world, a, memory_fit, whole)
+    stage = world * cp  # a stage's GPUs: the traced job's, each rank split in cp (pipeline outermost)
+    priced = (rows, every, meta, seconds + ringed, collectives, k, entry, gpus_per_node, stage, a, memory_fit, whole)
     parallel.finish(record, detail, priced, shape, context)
     return record, detail
 

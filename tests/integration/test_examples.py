@@ -328,3 +328,24 @@ def test_simulate_default_path_names_the_run(monkeypatch, tmp_path, argv, out):
     monkeypatch.setattr(script, "optrace", lambda argv: 0)
     assert script.main(argv) == 0
     assert traced == [out]
+
+
+@pytest.mark.parametrize(
+    "argv, error",
+    [
+        (["--world", "8", "--tp", "3"], "--tp 3 must divide --world 8 and --heads 16"),
+        (["--world", "8", "--tp", "8", "--heads", "4"], "--tp 8 must divide --world 8 and --heads 4"),
+        (["--tp", "0"], "--tp 0 must divide --world 64 and --heads 16"),
+    ],
+)
+def test_simulate_refuses_a_tp_degree_in_one_line(monkeypatch, tmp_path, capsys, argv, error):
+    """A TP degree that divides not the world or the heads: a ValueError's traceback from simulate() (after
+    the fake process group was made), now argparse's error before anything runs."""
+    import simulate as script
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(script, "simulate", lambda path, *args, **kwargs: None)
+    monkeypatch.setattr(script, "optrace", lambda argv: 0)
+    with pytest.raises(SystemExit) as stopped:
+        script.main(argv)
+    assert stopped.value.code == 2 and capsys.readouterr().err.splitlines()[-1].endswith(error)

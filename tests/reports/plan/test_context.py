@@ -138,3 +138,46 @@ def test_cli_prints_the_ring(gpt_trace, capsys):
     assert "K/V blocks in flight 0.0000305 GiB" in text  # 32,768 / 2^30
     assert main(["plan", gpt_trace, "--gpu", "H100", "--cp", "3"]) == 2  # one line: cp must divide the sequence
     assert "cp 3 must divide the sequence length, 64 tokens" in capsys.readouterr().err
+
+
+def test_cli_s_ring_line_keeps_to_100_columns(gpt_trace, capsys):
+    """The ring's line was one of 133 columns at cp 2 on this trace (135 on the TP 2 trace of test_plan_tp.py)."""
+    assert main(["plan", gpt_trace, "--gpu", "H100", "--cp", "2"]) in (0, None)
+    lines = capsys.readouterr().out.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("Context parallel"))
+    assert max(len(lines[at]), len(lines[at + 1])) <= 100
+    assert lines[at + 1].startswith(" " * 18) and "K/V blocks in flight" in " ".join(lines[at : at + 2])
+
+
+def test_a_ring_under_tensor_parallelism_strides_by_the_tp_degree(tmp_path):
+    """CP ranks sit tp apart (torchtitan's mesh [..., cp, tp], Megatron-LM's order tp-cp-ep-dp-pp): on the TP 2
+    trace of examples/simulate.py, cp 8 spans ranks 0, 2, ..., 14, two 8-GPU nodes, so the ring's slowest hop
+    crosses them (it was priced on NVLink: 0.332 ms per step, as if the ring were ranks 0-7; 0.521 ms across). d 256, 4 heads,
+    2 per TP rank of head_dim 64, seq 64, batch 4: a K/V block 2 x 4 x 8 x 2 x 64 x 2 = 16,384 bytes."""
+    sys.path.insert(0, str(helpers.EXAMPLES))
+    from gpt import GPTConfig
+    from simulate import simulate
+
+    cfg = GPTConfig(vocab_size=256, seq_len=64, n_layer=2, n_head=4, d_model=256, bias=False, attention="sdpa")
+    df = reports.load(simulate(str(tmp_path / "tp2"), 8, cfg, 4, steps=1, tp=2))
+    frame = reports.plan(df, "H100", cp=8, gpus_per_node=8)
+    context = frame.attrs["plan"][frame["run"].iloc[0]]["context"]
+    assert frame["tp"].iloc[0] == 2 and context["kv_block_bytes"] == 16_384
+    nic = 0.8 * resolve_gpu("H100")["nic_bytes_per_s"]
+    step = 8.4e-6 + 9.6e-6  # nccl_base_s + one step across nodes
+    # 2 layers x 7 sends of the block forward and of the block and its dK/dV backward, across nodes
+    assert context["ring_s"] == pytest.approx(2 * 7 * (2 * step + 3 * 16_384 / nic), rel=1e-12)
+    within = reports.plan(df, "H100", cp=4, gpus_per_node=8).attrs["plan"][frame["run"].iloc[0]]["context"]
+    block = 32_768  # 2 x 4 x 16 x 2 x 64 x 2: ranks 0, 2, 4, 6 on one node, on NVLink
+    assert within["ring_s"] == pytest.approx(2 * 3 * (2 * HOP + 3 * block / LINK), rel=1e-12)
+
+
+def test_with_a_pipeline_a_stage_holds_the_context_parallel_ranks(gpt):
+    """The trace is of one rank; at cp 8 a stage is 8 GPUs (pipeline outermost), so stage 1 starts at rank 8,
+    on the next 8-GPU node: its send crosses nodes (it was priced between ranks 0 and 1, on NVLink). A send
+    carries one layer's output at 1/8 of the tokens: 2 x 8 x 64 x 2 = 2,048 bytes."""
+    frame = reports.plan(gpt, "H100", pp=2, micro_batches=4, cp=8, gpus_per_node=8)
+    ranks = frame.attrs["plan"][frame["run"].iloc[0]]["pipeline"]["stages"]
+    assert ranks[0]["send_bytes"] == 2 * 8 * 64 * 2  # 2,048
+    across = 8.4e-6 + 9.6e-6 + 2_048 / (0.8 * resolve_gpu("H100")["nic_bytes_per_s"])
+    assert [r["send_s"] for r in ranks] == pytest.approx([across, across], rel=1e-12)

@@ -186,3 +186,65 @@ def test_cli_prints_the_bubble_and_each_rank_s_memory(toy_trace, capsys):
     out = json.loads(capsys.readouterr().out)
     assert out["pp"] == 4 and out["micro_batches"] == 8 and out["schedule"] == "1f1b"
     assert out["pipeline"]["stages"][0]["peak_bytes"] == 656 * MiB  # integers in the JSON
+
+
+def test_interleaved_needs_at_least_pp_micro_batches(toy):
+    """With fewer micro-batches than ranks the interleaved schedule has no steady state and its bubble is not
+    (p-1)/(v m+p-1): pp 2, v 2, one micro-batch runs its 4 chunks one after the other, each half a rank's time
+    t per micro-batch, 2t, a bubble of 1/2; the plan said 1.5t, 1/3. Megatron-LM refuses it (schedules.py)."""
+    with pytest.raises(ReportError, match="micro_batches 1 must be at least pp 2 for the interleaved schedule"):
+        reports.plan(toy, "H100", pp=2, micro_batches=1, schedule="interleaved", virtual_stages=2)
+    with pytest.raises(ReportError, match="micro_batches 3 must be at least pp 4 for the interleaved schedule"):
+        reports.plan(toy, "H100", pp=4, micro_batches=3, schedule="interleaved", virtual_stages=2)
+    row = reports.plan(toy, "H100", pp=2, micro_batches=2, schedule="interleaved", virtual_stages=2).iloc[0]
+    assert row["micro_batches"] == 2  # m = p is planned
+
+
+def test_cli_refuses_interleaved_with_fewer_micro_batches_than_ranks_in_one_line(toy_trace, capsys):
+    args = ["plan", toy_trace, "--gpu", "H100", "--pp", "2", "--schedule", "interleaved", "--virtual-stages", "2"]
+    assert main(args) == 2  # --micro-batches 1 by default
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "micro_batches 1 must be at least pp 2 for the interleaved schedule" in err[0]
+
+
+def test_cli_answer_of_a_deep_pipeline_keeps_to_25_lines_of_100_columns(toy_trace, capsys):
+    """pp 8 printed 3 lines for each of its 8 ranks: 33 lines before the notes. Past 4 ranks the text shows the
+    first rank, the slowest, the one that needs most memory and the last; --json keeps every rank."""
+    main(["plan", toy_trace, "--gpu", "H100", "--pp", "8", "--micro-batches", "8"])
+    lines = capsys.readouterr().out.splitlines()
+    answer = lines[: lines.index("Notes")]
+    assert len(answer) <= 25 and max(map(len, answer)) <= 100
+    shown = [line.split()[1] for line in answer if line.startswith("  rank ")]
+    # rank 1 the first of the slowest (two sends per micro-batch against the ends' one); rank 0 needs most
+    assert shown == ["0", "1", "7"]
+    assert "  5 more ranks (--json lists every rank)" in answer
+    main(["plan", toy_trace, "--gpu", "H100", "--pp", "8", "--micro-batches", "8", "--json"])
+    assert len(json.loads(capsys.readouterr().out)["pipeline"]["stages"]) == 8
+
+
+def test_cli_rank_lines_of_four_chunks_keep_to_100_columns(toy_trace, capsys):
+    """Interleaved, 2 ranks of 4 chunks: 'blocks 0-0, 2-2, 4-4, 6-6' made the rank's line 106 columns."""
+    args = ["plan", toy_trace, "--gpu", "H100", "--pp", "2", "--micro-batches", "8", "--schedule", "interleaved"]
+    main([*args, "--virtual-stages", "4"])
+    lines = capsys.readouterr().out.splitlines()
+    assert max(map(len, lines[: lines.index("Notes")])) <= 100
+    assert any(line.startswith("  rank 0   blocks 0-0, 2-2, 4-4, 6-6 ") for line in lines)
+
+
+def test_a_pipeline_that_does_not_fit_names_its_largest_micro_batch(toy_trace, capsys):
+    """pp 2 at a micro-batch of 1,000,000 rows needs 153 GiB on rank 0; the pipeline's own largest micro-batch
+    (every rank within 80 GiB) is the change that fits. The text said "No change the plan can price fits:"."""
+    args = ["plan", toy_trace, "--gpu", "H100", "--pp", "2", "--micro-batches", "2", "--micro-batch", "1000000"]
+    main([*args, "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert out["verdict"] == "does not fit" and 0 < out["max_micro_batch"] < 1_000_000
+    assert out["smallest_change"]["change"] == "micro_batch" and out["smallest_change"]["fits"] is True
+    assert out["smallest_change"]["value"] == out["max_micro_batch"]
+    main(args)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[2].startswith(f"Smallest change that fits: micro-batch {out['max_micro_batch']}")
+    largest = out["max_micro_batch"]  # 516,757: exact, one more does not fit
+    assert reports.plan(reports.load(toy_trace), "H100", pp=2, micro_batches=2, micro_batch=largest)["fits"].iloc[0]
+    assert not reports.plan(reports.load(toy_trace), "H100", pp=2, micro_batches=2, micro_batch=largest + 1)[
+        "fits"
+    ].iloc[0]

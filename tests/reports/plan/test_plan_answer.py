@@ -171,3 +171,29 @@ def test_a_run_stopped_by_a_signal_says_which(linear):
     print_plan(frame, out)
     # it said "cut short": the text read the signal from figures that never held it
     assert out.getvalue().splitlines()[0] == "INCOMPLETE (stopped by SIGTERM): the plan covers the rows it has"
+
+
+def test_the_mfu_line_with_causal_attention_keeps_to_100_columns(tmp_path, capsys):
+    """examples/gpt.py's GPT (1 block, d 2,048, 16 heads, fused causal attention, sequences of 2,048, batch
+    2) on the meta device: its MFU line with the masked half ran to 103 columns (docs/plan.md's Llama-3-8B
+    line: 102). The masked half goes to a line of its own under the figures when the line would pass 100."""
+    import sys
+
+    import torch
+
+    from tests import helpers
+    from tracer import Tracer
+
+    sys.path.insert(0, str(helpers.EXAMPLES))
+    from gpt import GPT, GPTConfig
+
+    cfg = GPTConfig(vocab_size=1024, seq_len=2048, n_layer=1, n_head=16, d_model=2048, bias=False, attention="sdpa")
+    with torch.device("meta"):
+        model = GPT(cfg).to(torch.bfloat16)
+        idx = torch.zeros(2, 2048, dtype=torch.long)
+    with Tracer(tmp_path / "gpt", model=model, tokens=2 * 2048):
+        model(idx, idx).backward()
+    lines = _plan(capsys, str(tmp_path / "gpt"), "--gpu", "H100").splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("MFU"))
+    assert len(lines[at]) <= 100 and len(lines[at + 1]) <= 100
+    assert lines[at + 1].startswith(" " * 18) and lines[at + 1].endswith("with causal attention's masked half")

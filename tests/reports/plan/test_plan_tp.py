@@ -89,3 +89,12 @@ def test_fsdp2_tp_peak_is_the_closed_form(tp2):
     plan = reports.plan(tp2, "H100").iloc[0]
     assert plan["peak_bytes_per_rank"] == 963_780 and plan["tp"] == 2
     assert np.isfinite(plan["tokens_per_s_per_gpu"])
+
+
+def test_a_pipeline_s_tokens_per_gpu_divide_by_the_tp_degree_too(tp2):
+    """pp 2 over the TP 2 trace, 4 micro-batches: one model replica is pp x tp = 4 GPUs, which read the 4 x 64 =
+    256 tokens of a step once; 256 / 4 = 64 tokens per GPU per step (it printed 128: 256 / pp, the TP degree
+    left out where the pipeline reworked tokens/s)."""
+    row = reports.plan(tp2, "H100", pp=2, micro_batches=4).iloc[0]
+    assert (row["tp"], row["tokens_per_step"]) == (2, 256)  # 4 micro-batches x 2 sequences x 32 tokens
+    assert row["tokens_per_s_per_gpu"] * row["step_time_s"] == pytest.approx(64, rel=1e-12)  # 256 / (2 x 2)
