@@ -93,7 +93,9 @@ def _pipelined(record, detail, priced, shape):
     record["model_flops_per_step"] *= m
     record["causal_masked_flops_per_step"] *= m
     record["bound_flops_per_step"] *= m
-    record["tokens_per_s_per_gpu"] = record["tokens_per_step"] / step / pp if record["tokens_per_step"] else math.nan
+    # a pipeline's GPUs: pp stages, each a TP group of record["tp"] GPUs reading the same tokens
+    gpus = pp * record["tp"]
+    record["tokens_per_s_per_gpu"] = record["tokens_per_step"] / step / gpus if record["tokens_per_step"] else math.nan
     peak = record["peak_flops_per_s"]
     record["mfu"] = record["model_flops_per_step"] / (step * pp * peak) if step > 0 and peak == peak else math.nan
     detail["pipeline"] = stages
@@ -103,7 +105,7 @@ def _pipelined(record, detail, priced, shape):
         f"pipeline: {pp} stages of {stages['blocks']} ({stages['block_count']} blocks), {m} micro-batches "
         f"of {record['micro_batch']} per step, {shape[2]}"
         + (f" with {record['virtual_stages']} virtual stages" if shape[2] == "interleaved" else "")
-        + ": tokens per step are the pipeline's (one data-parallel replica of pp GPUs), per GPU over pp; "
+        + ": tokens per step are the pipeline's (one data-parallel replica of pp GPUs), per GPU over pp x tp; "
         "compute_s, comm_s and exposed_comm_s are one micro-batch through every layer on one GPU; the "
         "memory is the rank that needs most (the changes priced without a pipeline are not shown)"
     )
