@@ -230,7 +230,9 @@ RUNS = [
         29.0,
         note="its H100s have 94 GB; planned on the catalogue's H100 SXM 96GB (the 500 W HBM2e part of the page's "
         "2025 version, assumed the same hosts); TP without sequence parallelism traced (examples/plan_llama.py "
-        "tensor_parallel)",
+        "tensor_parallel; torchtitan's TP shards the residual stream by sequence): each rank keeps every "
+        "checkpointed block's whole input, 2 x 8,192 x 16,384 x 2 bytes = 512 MiB x 126 blocks = 63 GiB, of which "
+        "torchtitan's ranks keep 1/8: the likely cause of the NO",
     ),
     Run(
         "megatron-1t-a100-tp-pp",
