@@ -2,9 +2,10 @@
 rank 0 on this CPU (FakeTensorMode, torch's fake process group: examples/simulate.py), planned on the
 published GPU, beside the published tokens/s per GPU.
 
-    .venv/bin/python benchmarks/plan_validation.py                 # every run, about 5-8 min on 2 cores
+    .venv/bin/python benchmarks/plan_validation.py                 # every run: about 35 min on a loaded 2-core machine
     .venv/bin/python benchmarks/plan_validation.py --only mpt-125m-a100
     .venv/bin/python benchmarks/plan_validation.py --write docs/planning.md   # the table of the docs page
+    .venv/bin/python benchmarks/plan_validation.py --traces DIR    # keep the traces: planning again < 1 min
 
 Each run is traced at its published model, sequence length, world size, tensor-parallel degree and
 activation checkpointing, at micro-batch 1, and planned at the published micro-batch (reports.plan's
