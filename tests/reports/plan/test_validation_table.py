@@ -59,3 +59,11 @@ def test_the_smallest_run_reproduces_the_table(validation, tmp_path):
     planned = rows[run.name][3].split(" (")[0]
     assert f"{result['planned']:,.0f}" == planned
     assert rows[run.name][4] == f"{result['error_pct']:+.1f}%"
+
+
+def test_a_published_tflops_per_gpu_is_tokens_per_gpu(validation):
+    # Narayanan et al. 2021, equation 3, per token: 96 x 128 x 25,600^2 x (1 + 2,048 / 153,600 + 51,200 / 52,428,800)
+    # = 8.0531e12 x 1.014310 = 8.1683e12 FLOPs; 163e12 / 8.1683e12 = 19.955 tokens/s per GPU
+    assert validation.megatron_tokens(163, 25600, 128) == pytest.approx(19.955, abs=5e-4)
+    (run,) = [r for r in validation.RUNS if r.name == "megatron-1t-a100-tp-pp"]
+    assert (run.model.tp, run.pp, run.micro_batches) == (8, 64, 512)  # 3,072 GPUs / (8 x 64) = 6 replicas: 3,072 / 6
