@@ -2,15 +2,17 @@
 rank 0 on this CPU (FakeTensorMode, torch's fake process group: examples/simulate.py), planned on the
 published GPU, beside the published tokens/s per GPU.
 
-    .venv/bin/python benchmarks/plan_validation.py                 # every run, about 5-8 min on 2 cores
+    .venv/bin/python benchmarks/plan_validation.py                 # every run: about 35 min on a loaded 2-core machine
     .venv/bin/python benchmarks/plan_validation.py --only mpt-125m-a100
     .venv/bin/python benchmarks/plan_validation.py --write docs/planning.md   # the table of the docs page
+    .venv/bin/python benchmarks/plan_validation.py --traces DIR    # keep the traces: planning again < 1 min
 
-Each run is traced at its published model, sequence length, world size and activation checkpointing,
-at micro-batch 1, and planned at the published micro-batch (reports.plan's linear extrapolation: FLOPs
-and activation bytes grow with it, parameters and collectives stay). Every published figure cites
-where it is published (RUNS: source, table). Runs the plan cannot express yet (tensor or pipeline
-parallelism) are listed with status "pending", never planned with another configuration.
+Each run is traced at its published model, sequence length, world size, tensor-parallel degree and
+activation checkpointing, at micro-batch 1, and planned at the published micro-batch (reports.plan's
+linear extrapolation: FLOPs and activation bytes grow with it, parameters and collectives stay) and
+pipeline stages and micro-batches per step (reports.plan's pp). Every published figure cites where it
+is published (RUNS: source, table). A run the plan cannot express is listed with status "pending",
+never planned with another configuration.
 
 Per run it prints the published figure, the plan's, the error (plan / published - 1) and, past 10%,
 the term responsible: the largest term of the planned step (time bound by matmuls, attention,
@@ -44,20 +46,27 @@ MEGATRON = "Narayanan et al. 2021, 'Efficient Large-Scale Language Model Trainin
 
 @dataclass(frozen=True)
 class Model:
-    """What is traced: a family ("mpt": examples/gpt.py's GPT as MPT; "llama": examples/plan_llama.py's Llama),
-    its fields, the world size and the activation checkpointing ("none", "full": every block, "every-2nd")."""
+    """What is traced: a family ("mpt": examples/gpt.py's GPT as MPT; "gpt": the same GPT with biases, as
+    Megatron-LM's; "llama": examples/plan_llama.py's Llama), its fields, the world size, the activation
+    checkpointing ("none", "full": every block, "every-2nd") and the tensor-parallel degree (simulate's `tp`)."""
 
     family: str
     fields: tuple
     world: int
     checkpoint: str = "none"
     replicate: int = 1  # HSDP: sharded over world / replicate ranks, replicated over `replicate` groups
+    tp: int = 1
 
     @property
     def key(self):
         f = dict(self.fields)
-        return f"{self.family}-d{f.get('d_model', f.get('dim'))}-l{f.get('n_layer', f.get('n_layers'))}" + (
-            f"-s{f['seq_len']}-w{self.world}-{self.checkpoint}" + (f"-r{self.replicate}" if self.replicate > 1 else "")
+        return (
+            f"{self.family}-d{f.get('d_model', f.get('dim'))}-l{f.get('n_layer', f.get('n_layers'))}"
+            + (
+                f"-s{f['seq_len']}-w{self.world}-{self.checkpoint}"
+                + (f"-r{self.replicate}" if self.replicate > 1 else "")
+            )
+            + (f"-tp{self.tp}" if self.tp > 1 else "")
         )
 
 
@@ -72,6 +81,9 @@ class Run:
     published_mfu: float | None = None  # percent, as published (its own convention)
     note: str = ""
     status: str = ""  # "" or "pending: <what the plan lacks>"
+    pp: int = 1  # pipeline stages planned (reports.plan's pp), with `micro_batches` per step and `schedule`
+    micro_batches: int = 1
+    schedule: str = "1f1b"
     extra: dict = field(default_factory=dict, compare=False)
 
 
@@ -82,9 +94,23 @@ def mpt(d, heads, layers, seq, world, checkpoint="none"):
     return Model("mpt", tuple(sorted(fields.items())), world, checkpoint)
 
 
-def llama(dim, layers, heads, kv, ffn, vocab, seq, world, checkpoint="none", replicate=1):
+def llama(dim, layers, heads, kv, ffn, vocab, seq, world, checkpoint="none", replicate=1, tp=1):
     fields = dict(dim=dim, n_layers=layers, n_heads=heads, n_kv_heads=kv, ffn_dim=ffn, vocab_size=vocab, seq_len=seq)
-    return Model("llama", tuple(sorted(fields.items())), world, checkpoint, replicate)
+    return Model("llama", tuple(sorted(fields.items())), world, checkpoint, replicate, tp)
+
+
+def megatron_gpt(d, heads, layers, world, tp):
+    # Narayanan et al. 2021, section 5.1: GPT models, vocabulary 51,200, sequence 2,048; Megatron-LM's GPT has
+    # biases, learned positions, MLP 4 d and the word embedding shared with the output layer; the paper's FLOP
+    # count (its equation 3) assumes activation recomputation: every block checkpointed
+    fields = dict(vocab_size=51200, seq_len=2048, n_layer=layers, n_head=heads, d_model=d)
+    return Model("gpt", tuple(sorted(fields.items())), world, "full", tp=tp)
+
+
+def megatron_tokens(tflops, d, layers, seq=2048, vocab=51200):
+    """Tokens/s per GPU of a published per-GPU TFLOP/s of Narayanan et al. 2021 (its equation 3: an iteration of
+    B sequences does 96 B s l h^2 (1 + s / 6h + V / 16lh) FLOPs, recomputation counted)."""
+    return tflops * 1e12 / (96 * layers * d**2 * (1 + seq / (6 * d) + vocab / (16 * layers * d)))
 
 
 def _foundry(size, model, mb, gpu, published, mfu, table, ac="no activation checkpointing"):
@@ -156,12 +182,12 @@ RUNS = [
             table="Table 1: 1D parallelism (FSDP), Llama 3.1 8B, 8 GPUs, local batch 2, selective AC, row FSDP"
         )
         + " (2025 version)",
-        "H100 SXM",
+        "H100 SXM 96GB",
         LLAMA31_8B_SEL_W8,
         2,
         5762,
-        note="its H100s: 96 GB HBM2e, 2.4 TB/s, 500 W power limit (the catalogue's H100 SXM: 80 GB HBM3, 3.35 TB/s, "
-        "700 W); selective AC traced as every 2nd block checkpointed",
+        note="its H100s: 96 GB HBM2e, 2.4 TB/s, 500 W power limit (the catalogue's H100 SXM 96GB; peak unpublished, "
+        "the SXM's assumed); selective AC traced as every 2nd block checkpointed",
     ),
     Run(
         "llama2-7b-a100",
@@ -198,24 +224,35 @@ RUNS = [
             "full AC, no Float8"
         )
         + " (2024 version)",
-        "H100 SXM",
-        llama(16384, 126, 128, 8, 53248, 128256, 8192, 128, "full"),
+        "H100 SXM 96GB",
+        llama(16384, 126, 128, 8, 53248, 128256, 8192, 128, "full", tp=8),
         2,
         109,
         29.0,
-        note="its H100s have 94 GB (the catalogue's H100 SXM has 80)",
-        status="pending: needs --tp (tensor parallelism's tokens per GPU and streams, branch h-overlap)",
+        note="its H100s have 94 GB; planned on the catalogue's H100 SXM 96GB (the 500 W HBM2e part of the page's "
+        "2025 version, assumed the same hosts); TP without sequence parallelism traced (examples/plan_llama.py "
+        "tensor_parallel; torchtitan's TP shards the residual stream by sequence): each rank keeps every "
+        "checkpointed block's whole input, 2 x 8,192 x 16,384 x 2 bytes = 512 MiB x 126 blocks = 63 GiB, of which "
+        "torchtitan's ranks keep 1/8: the likely cause of the NO",
     ),
     Run(
         "megatron-1t-a100-tp-pp",
         MEGATRON + "(SC21, arXiv:2104.04473), abstract and Table 1: 1T parameters on 3,072 A100 at 502 PFLOP/s, "
         "163 TFLOP/s per GPU (52% of peak), tensor and pipeline parallel",
         "A100 80GB SXM",
-        llama(25600, 128, 160, 160, 102400, 51200, 2048, 3072),
+        megatron_gpt(25600, 160, 128, 8, 8),
         1,
-        math.nan,
+        megatron_tokens(163, 25600, 128),
         52.0,
-        status="pending: needs --pp (pipeline stages and schedule, branch h-pipeline)",
+        note="published as 163 TFLOP/s per GPU: 163e12 / (96 x 128 x 25,600^2 x (1 + 2,048 / 153,600 + 51,200 / "
+        "(16 x 128 x 25,600))) = 20.0 tokens/s (its equation 3); TP 8 x PP 64 x DP 6, global batch 3,072 (Table 1): "
+        "512 micro-batches of 1 per step, micro-batch 1 and the 1F1B schedule assumed (not in Table 1); traced as "
+        "one TP group of 8 (DP 1: Megatron-LM's data parallelism is one gradient all-reduce per step, not planned); "
+        "examples/gpt.py's embedding and head are not split over the TP group (Megatron-LM's are, by vocabulary): "
+        "the first and last stages hold and run 8 x theirs; the 52% counts the recomputation's FLOPs, the plan's "
+        "MFU does not",
+        pp=64,
+        micro_batches=512,
     ),
 ]
 
@@ -230,10 +267,10 @@ _CLASS_WORDS = {
 def _build(model):
     """(build(cfg), cfg, blocks attribute) for simulate()."""
     f = dict(model.fields)
-    if model.family == "mpt":
+    if model.family in ("mpt", "gpt"):
         from gpt import GPT, GPTConfig
 
-        cfg = GPTConfig(**f, bias=False, tie_weights=True, attention="sdpa")
+        cfg = GPTConfig(**f, bias=model.family == "gpt", tie_weights=True, attention="sdpa")
         build, blocks = GPT, "blocks"
     else:
         from plan_llama import Llama, LlamaConfig
@@ -264,7 +301,11 @@ def trace(model, path):
     if model.replicate > 1:
         _hsdp(str(path), model, cfg, build, blocks)
     else:
-        simulate(str(path), model.world, cfg, 1, model.checkpoint == "full", build=build, blocks=blocks)
+        from plan_llama import tensor_parallel
+
+        parallelize = tensor_parallel if model.family == "llama" else None  # None: simulate's, for GPT's blocks
+        simulate(str(path), model.world, cfg, 1, model.checkpoint == "full", build=build, blocks=blocks, tp=model.tp,
+                 parallelize=parallelize)  # fmt: skip
     return time.perf_counter() - start
 
 
@@ -304,7 +345,16 @@ def plan_run(run, df, assumptions=None):
     import reports
 
     mb = run.micro_batch if run.micro_batch > 1 else None
-    frame = reports.plan(df, run.gpu, gpus_per_node=8, micro_batch=mb, assumptions=assumptions)
+    frame = reports.plan(
+        df,
+        run.gpu,
+        gpus_per_node=8,
+        micro_batch=mb,
+        assumptions=assumptions,
+        pp=run.pp,
+        micro_batches=run.micro_batches,
+        schedule=run.schedule,
+    )
     row = frame.iloc[0]
     (detail,) = frame.attrs["plan"].values()
     listed = {a["name"]: a["value"] for a in detail["assumptions"]}
@@ -315,22 +365,25 @@ def plan_run(run, df, assumptions=None):
     step = float(row["step_time_s"])
     planned = float(row["tokens_per_s_per_gpu"])
     error = 100.0 * (planned / run.published - 1.0)
+    gpus = int(row["tp"]) * run.pp  # the GPUs that share the record's tokens per step: a TP group per stage
+    published_step = float(row["tokens_per_step"]) / gpus / run.published
+    masked = float(row["causal_masked_flops_per_step"]) / run.pp  # of the pipeline's, as the record's mfu
     out = {
         "matmul_s": terms["matmul-bound"],
-        "published_step_s": float(row["tokens_per_step"]) / run.published,
+        "published_step_s": published_step,
         "planned": planned,
         "error_pct": error,
         "step_s": step,
-        "mfu_pct": 100.0
-        * (float(row["mfu"]) + float(row["causal_masked_flops_per_step"]) / step / row["peak_flops_per_s"]),
+        "mfu_pct": 100.0 * (float(row["mfu"]) + masked / step / row["peak_flops_per_s"]),
         "fits": bool(row["fits"]),
         "required_gib": float(row["required_bytes"]) / 2**30,
         "matmul_efficiency": listed["matmul_efficiency"],
         "term": "",
     }
-    if abs(error) > 10:
+    if abs(error) > 10 and run.pp > 1:
+        out["term"] = _pipeline_term(detail["pipeline"], row, step, published_step)
+    elif abs(error) > 10:
         name, seconds = max(terms.items(), key=lambda kv: kv[1])
-        published_step = float(row["tokens_per_step"]) / run.published
         needed = seconds + published_step - step
         term = (
             f"{name} {seconds:.3g} s of the {step:.3g} s step; the published step ({published_step:.3g} s) "
@@ -340,6 +393,27 @@ def plan_run(run, df, assumptions=None):
             term += f" (matmul efficiency {listed['matmul_efficiency']:.2f} -> {listed['matmul_efficiency'] * seconds / needed:.2f})"
         out["term"] = term
     return out
+
+
+def _pipeline_term(pipeline, row, step, published_step):
+    """The term past 10% of a pipeline: the slowest stage's time per micro-batch (the step is m of it plus the
+    bubble), beside the others' and what the published step leaves it."""
+    stages = pipeline["stages"]
+    slowest = max(stages, key=lambda s: s["seconds_per_micro_batch"])
+    others = sorted(s["seconds_per_micro_batch"] for s in stages if s is not slowest)
+    m, bubble = int(row["micro_batches"]), float(row["pipeline_bubble_s"])
+    blocks = ", ".join(c["blocks"] for c in slowest["chunks"])
+    if slowest["rank"] == len(stages) - 1:
+        blocks += " and what runs after the last block: the head, the loss"
+    elif slowest["rank"] == 0:
+        blocks += " and what runs before the first block: the embedding"
+    needed = (published_step - bubble) / m
+    return (
+        f"slowest stage (rank {slowest['rank']}: blocks {blocks}) "
+        f"{slowest['seconds_per_micro_batch']:.3g} s per micro-batch (the others' median {_median(others):.3g} s) "
+        f"x {m} micro-batches + bubble {bubble:.3g} s = the {step:.3g} s step; the published step "
+        f"({published_step:.3g} s) puts the stage at {needed:.3g} s"
+    )
 
 
 # the run per GPU generation whose published figure fits matmul_stack for the "calibrated" column; it is left

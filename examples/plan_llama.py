@@ -142,6 +142,21 @@ def trace(path, cfg, world, batch, checkpoint=False):
     return simulate(path, world, cfg, batch, checkpoint, build=Llama, blocks="layers")
 
 
+def tensor_parallel(block, mesh):
+    """Megatron-LM's tensor parallelism of a Block over `mesh` (torchtitan's layout without sequence parallelism):
+    wq, wk, wv and w1, w3 split by columns, wo and w2 by rows, each rank with n_heads / T query heads and
+    n_kv_heads / T key-value heads."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    attn, t = block.attention, mesh.size()
+    if attn.heads % t or attn.kv_heads % t:
+        raise ValueError(f"tensor_parallel: tp {t} must divide the {attn.heads} heads and {attn.kv_heads} KV heads")
+    styles = {f"attention.{w}": ColwiseParallel() for w in ("wq", "wk", "wv")} | {"attention.wo": RowwiseParallel()}
+    styles |= {"feed_forward.w1": ColwiseParallel(), "feed_forward.w3": ColwiseParallel()}
+    parallelize_module(block, mesh, styles | {"feed_forward.w2": RowwiseParallel()})
+    attn.heads, attn.kv_heads = attn.heads // t, attn.kv_heads // t
+
+
 def default_out(args):
     """The trace directory of a run without --out: every option that changes the trace is in its name, so that two
     runs of different shapes do not write one directory (--gpu and --gpus-per-node change only the plan)."""

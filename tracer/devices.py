@@ -159,6 +159,17 @@ _H100_NVL_SHEET = (
 )
 _NV_H100_BW = "NVIDIA H100 Tensor Core GPU datasheet (SXM 3.35 TB/s, PCIe 2 TB/s, NVL 3.9 TB/s)"
 _DGX_H100 = "NVIDIA DGX H100 datasheet: 8x single-port ConnectX-7 VPI, 400Gb/s InfiniBand/Ethernet, one per GPU"
+# NB (assumed): the H100 SXM with 96GB HBM2e at a 500 W power limit (Meta's Grand Teton hosts, torchtitan's
+# 2025 runs) has no datasheet; torchtitan gives its memory, bandwidth and network, and says its peak lies
+# "between SXM and NVL" and is not known: the SXM's dense peaks are kept, an upper bound
+_TT_GRAND_TETON = (
+    "torchtitan docs/performance.md (github.com/pytorch/torchtitan, 2025 version): Grand Teton hosts, 8 H100 "
+    "fully connected with NVLink, each with 96GB HBM2e at 2.4 TB/sec, 400 Gb/s RDMA per GPU, 500W power limit"
+)
+_H100_96GB_PEAKS = (
+    "assumed: the H100 SXM's dense peaks (" + _NV_H100 + "); torchtitan docs/performance.md (2025 version) "
+    "says the peak of its 500W HBM2e H100 is between SXM and NVL and not known, and uses the SXM's"
+)
 _H200 = "NVIDIA H200 Tensor Core GPU datasheet (SXM: 141GB HBM3e, NVLink 900GB/s)"
 _DGX_H200 = "NVIDIA DGX H200 datasheet: 8x ConnectX-7 400Gb/s per GPU, as DGX H100"
 _B200 = "NVIDIA HGX B200 datasheet: 1,440GB of HBM3e for 8 GPUs (180GB each), NVLink 5 1.8TB/s per GPU"
@@ -283,6 +294,10 @@ DEVICES = (
             "NVIDIA L40S datasheet: 864 GB/s GDDR6", "PCIe", 32 * G, "NVIDIA L40S datasheet: " + _PCIE4),
     _device("H100 SXM", "H100 SXM", _H100_SXM, _NV_H100, 80 * GiB, _H100, 3350 * G, _NV_H100_BW, "NVLink",
             450 * G, _H100 + ": 450 GB/s each way", 50 * G, _DGX_H100, units=132),
+    _device("H100 SXM 96GB", "H100 SXM 96GB", _H100_SXM, _H100_96GB_PEAKS, 96 * GiB, _TT_GRAND_TETON, 2400 * G,
+            _TT_GRAND_TETON, "NVLink", 450 * G, "assumed as the H100 SXM's (" + _H100 + ": 450 GB/s each way); "
+            + _TT_GRAND_TETON + " (no NVLink figure)", 50 * G, _TT_GRAND_TETON + ": 400 Gb/s = 50 GB/s each way",
+            units=132),  # NB: assumed peaks and NVLink, see _H100_96GB_PEAKS
     _device("H100 PCIe", "H100 PCIe", _H100_PCIE, _NV_H100, 80 * GiB, _H100, 2000 * G, _NV_H100_BW, "PCIe",
             64 * G, _H100 + ": PCIe Gen5 64 GB/s each way",
             50 * G, "assumed as DGX H100 (no DGX of PCIe parts): " + _DGX_H100, units=114),  # NB: assumed
@@ -315,6 +330,7 @@ DEVICES = (
 _RULES = (
     ("H100 NVL", {"H100", "NVL"}, set()),
     ("H100 PCIe", {"H100", "PCIE"}, set()),
+    ("H100 SXM 96GB", {"H100", "96GB"}, {"NVL", "PCIE"}),  # the 500 W HBM2e part, if torch names its size
     ("H100 SXM", {"H100"}, {"NVL", "PCIE"}),  # "NVIDIA H100 80GB HBM3" is the SXM5 part
     ("H200", {"H200"}, {"NVL"}),  # the H200 NVL runs slower and has no entry
     ("B200", {"B200"}, set()),

@@ -49,6 +49,7 @@ __all__ = [
 GENERATIONS = {
     "A100": "ampere",
     "H100 SXM": "hopper",
+    "H100 SXM 96GB": "hopper",
     "H100 PCIe": "hopper",
     "H100 NVL": "hopper",
     "H200": "hopper",

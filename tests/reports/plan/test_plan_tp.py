@@ -51,6 +51,14 @@ def test_tokens_per_gpu_divide_by_the_tp_degree(tmp_path):
     assert any(n.startswith("tensor parallelism of degree 8 (process group ") for n in notes)
 
 
+def test_a_pipeline_of_tp_groups_divides_tokens_by_pp_and_tp(tp2):
+    row = reports.plan(tp2, "H100", pp=2, micro_batches=4).iloc[0]
+    # tp2's 2 sequences x 32 tokens per micro-batch, 4 micro-batches: 256 tokens per step through 2 stages of
+    # a TP group of 2: 256 / (2 x 2) = 64 per GPU per step
+    assert (row["tp"], row["pp"], row["tokens_per_step"]) == (2, 2, 256)
+    assert row["tokens_per_s_per_gpu"] * row["step_time_s"] == pytest.approx(64, rel=1e-12)
+
+
 def test_without_tensor_parallelism_tokens_per_gpu_are_the_ranks(tmp_path):
     df = _trace(tmp_path / "tp1", world=4, tp=1, seq=32, batch=2, steps=1)
     row = reports.plan(df, "H100").iloc[0]
