@@ -14,7 +14,6 @@ import sys
 import warnings
 
 from reports.errors import ReportError
-from reports.loading.columns import SharedRuns
 from reports.loading.integrity import list_parts, merged_away, one_line, signal_of
 from reports.output.caveats import compiled_note
 from reports.output.report_json import sections, strict
@@ -46,12 +45,13 @@ def summary(sql, peak_tflops=None, step_time_s=None, ranks_present=None, top=8, 
     run, meta = src.run()
     try:
         accounts = src.accounts()  # one analysis of the rows for breakdown and explain
-        table = src.breakdown(accounts).set_index("phase")
+        table = {r["phase"]: r for r in src.breakdown(accounts).to_pylist()}  # {phase: its row}
     except ReportError:  # traced without model= or tokens=: no N or T, the rest still reports
         table = accounts = None
+    first = next(iter(table.values())) if table else None
     rate = src.mfu(step_time_s, peak_tflops * 1e12 if peak_tflops is not None else None)
     report = assemble(src, step_time_s, peak_tflops, depth, top, accounts=accounts, explain=False, present=present)
-    highest = src.peak().iloc[0]
+    highest = src.peak()
     return {
         "headline": report.headline,  # what the text report's first lines say (reports.output.headline)
         "caveats": report.caveats,  # [{code, message}]: every note on the figures, the text's Caveats
@@ -59,17 +59,17 @@ def summary(sql, peak_tflops=None, step_time_s=None, ranks_present=None, top=8, 
         "complete": bool(meta.get("complete")),
         "signal": signal_of(meta),  # the signal that stopped the run (tracer.recording.signals), or None
         "device": (meta.get("device") or {}).get("name"),
-        "params": json_number(table["n_params"].iloc[0]) if table is not None else None,
-        "n_rank": json_number(table["n_rank"].iloc[0]) if table is not None else None,  # the N this rank multiplies by
-        "n_active": json_number(table["n_active"].iloc[0]) if table is not None else None,  # parameters a token uses
-        "tokens": json_number(table["tokens"].iloc[0]) if table is not None else json_number(meta.get("tokens")),
+        "params": json_number(first["n_params"]) if table is not None else None,
+        "n_rank": json_number(first["n_rank"]) if table is not None else None,  # the N this rank multiplies by
+        "n_active": json_number(first["n_active"]) if table is not None else None,  # parameters a token uses
+        "tokens": json_number(first["tokens"]) if table is not None else json_number(meta.get("tokens")),
         "steps": src.count_steps(),
         "flops": src.phase_flops(),  # per step; the phases add up to total
         "bound_flops": src.bounds(),  # of those, per step, upper bounds rather than counts
-        "external_weight_flops": None if table is None else json_number(table.loc["total", "external_weight_flops"]),
+        "external_weight_flops": None if table is None else json_number(table["total"]["external_weight_flops"]),
         "expected": None
         if table is None
-        else {phase: json_number(table.loc[phase, "expected_flops"]) for phase in ("forward", "backward", "total")},
+        else {phase: json_number(table[phase]["expected_flops"]) for phase in ("forward", "backward", "total")},
         "mfu": report.headline["mfu"]["value"],  # the headline's one MFU (mfu_source); mfu_details: the step time's
         "mfu_source": report.headline["mfu"]["source"],  # "meter", "step_time", or null when N/A
         "achieved_flops_per_s": json_number(rate["achieved_flops_per_s"]),
@@ -95,21 +95,12 @@ def summary(sql, peak_tflops=None, step_time_s=None, ranks_present=None, top=8, 
     }
 
 
-def _text(frame, formatters=None, na_rep="NaN", header=None):
-    """A table as the report prints it (reports.output.table.render: DataFrame.to_string(index=False)'s text)."""
-    import pyarrow as pa
-
-    from reports.output.table import render
-
-    return render(pa.Table.from_pandas(frame, preserve_index=False), formatters, na_rep, header)
-
-
 def _coverage_json(src):
     """`uncounted_ops`: the ops no FLOP formula counted (op, ops, time_pct)."""
-    table = src.uncounted()
     return {
         "uncounted_ops": [
-            {"op": r.op, "ops": int(r.ops), "time_pct": json_number(r.time_pct)} for r in table.itertuples()
+            {"op": r["op"], "ops": int(r["ops"]), "time_pct": json_number(r["time_pct"])}
+            for r in src.uncounted().to_pylist()
         ]
     }
 
@@ -222,6 +213,7 @@ def _report_keep():
 def _first_rank_frame(path, everyone):
     """The first rank's rows (for plots) as reports.load of the whole trace names them (run `<name>/rank=R`, a
     `rank` column), without reading the other ranks' rows; `everyone` (a Trace of all ranks) has checked and warned."""
+    from reports.loading.columns import SharedRuns
     from reports.loading.load import load, runs_with_ranks
 
     (first, rank), *_ = runs_with_ranks([path])
@@ -255,7 +247,7 @@ def _compare(args):
         trace = _sql_all(traces, columns(args.by)) if args.engine == "sql" else None
         if trace is None:  # --engine pandas, or a trace the Trace does not read from its files: over its loaded rows
             trace = _memory(traces, columns(args.by))
-        ops = dict(zip(trace.totals["run_index"], trace.totals["ops"]))
+        ops = {r["run_index"]: r["ops"] for r in trace.run_rows}
         for i, (name, path) in enumerate(zip(trace.runs, traces)):
             if not ops.get(i):
                 raise ReportError(
@@ -526,7 +518,7 @@ def _interrupted(exc):
 
 def main(argv=None):
     args = _parser().parse_args(argv)
-    from reports.loading.columns import lean_memory
+    from reports._util import lean_memory
 
     lean_memory()
     if args.command == "compare" and args.save_baseline and len(args.traces) != 1:

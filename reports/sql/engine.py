@@ -1,7 +1,8 @@
 """Run the report views of views.sql with DuckDB, embedded, over a trace's validated part files.
 
     trace = Trace("runs/gpt.parquet")     # checks the trace as reports.load does, reads no row into Python
-    trace.table("by_op")                  # a view's rows as a DataFrame
+    trace.table("by_op")                  # a view's rows as a DataFrame (the library's tables)
+    trace.arrow("SELECT * FROM by_op")    # any query's rows as a pyarrow Table (the printed report's: no pandas)
     trace.close()
 
 `Trace(paths)` takes what `reports.load` takes (one trace or several, a distributed trace's
@@ -41,7 +42,6 @@ import uuid
 import warnings
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 
 from reports.errors import ReportError
@@ -329,7 +329,23 @@ class Trace:
         self._views = [(name, fast.get(name, body)) for path in VIEW_FILES for name, body, _ in statements(path)]
         for name, body in self._views:  # run_totals, which most tables join, computed once (its distinct counts:
             self.db.execute(f"CREATE {'TABLE' if name == 'run_totals' else 'VIEW'} {name} AS {body}")  # 13 ms a read)
-        self.totals = self.table("run_totals")
+        self._read_totals()
+
+    def _read_totals(self):
+        """`run_rows`: run_totals' rows as {column: Python value}, in the view's order (pandas is not imported)."""
+        self._totals_frame = None
+        self.run_rows = self.arrow("SELECT * FROM run_totals").to_pylist()
+
+    @property
+    def totals(self):
+        """run_totals as a DataFrame in DuckDB's dtypes (the library's tables): read on first use."""
+        if self._totals_frame is None:
+            self._totals_frame = self.table("run_totals")
+        return self._totals_frame
+
+    def run_row(self, run_index=0):
+        """The run's row of run_totals ({column: value}), or None for a run without rows."""
+        return next((r for r in self.run_rows if r["run_index"] == run_index), None)
 
     @classmethod
     def over(cls, table, runs, ranks=None, paths=None, grains=False):
@@ -405,7 +421,7 @@ class Trace:
         ]
         for statement in made:
             one.db.execute(statement.replace("CREATE VIEW", "CREATE OR REPLACE VIEW", 1))
-        one.totals = one.table("run_totals")  # run 0's row, typed as a Trace of run 0 alone types it
+        one._read_totals()  # run 0's row, typed as a Trace of run 0 alone types it
         return one
 
     def close(self):
@@ -427,19 +443,23 @@ class Trace:
         """The result of any query over `rows` and the views, as a DataFrame (DuckDB's dtypes)."""
         return self.db.execute(query).fetchdf()
 
+    def arrow(self, query):
+        """The result of any query over `rows` and the views, as a pyarrow Table (DuckDB's Arrow types)."""
+        return self.db.sql(query).to_arrow_table()
+
     def table(self, view, order=None, where=None):
         """A view's rows, ordered by `order` (SQL), in DuckDB's dtypes (reports/sql/tables.py casts the sums)."""
         query = f"SELECT * FROM {view}" + (f" WHERE {where}" if where else "") + (f" ORDER BY {order}" if order else "")
         return self.db.execute(query).fetchdf()
 
     def _ops(self):
-        found = dict(zip(self.totals["run_index"], self.totals["ops"])) if len(self.totals) else {}
+        found = {r["run_index"]: r["ops"] for r in self.run_rows}
         return [int(found.get(i, 0)) for i in range(len(self.runs))]
 
     def wide(self, column, run_index=0):
         """Whether an int64 sum of `column` over the run's rows could wrap (so pandas sums it as float64)."""
         if self._totals is None:  # {run_index: its row of run_totals}, once (asked per column and run of each table)
-            self._totals = {int(r["run_index"]): r for r in self.totals.to_dict("records")}
+            self._totals = {int(r["run_index"]): r for r in self.run_rows}
         t = self._totals.get(run_index)
         if t is None or f"{column}_max" not in t:
             return False
@@ -460,9 +480,8 @@ class Trace:
                 "SELECT run_index, phase, steps FROM phase_steps"
             ).fetchall():
                 self._phase_steps[int(run_index)][phase] = int(steps)
-            for run_index, fb, traced in zip(
-                self.totals["run_index"], self.totals["fb_steps"], self.totals["steps_traced"]
-            ):
+            for row in self.run_rows:
+                run_index, fb, traced = row["run_index"], row["fb_steps"], row["steps_traced"]
                 found = self._phase_steps[int(run_index)]
                 if "other" in found:  # over at least the run's training steps (reports/steps.py _steps_per_phase)
                     found["other"] = max(found["other"], int(fb or traced))
@@ -472,35 +491,30 @@ class Trace:
         """Per-step figures from a view of totals per (keys..., phase): each phase's total over the steps
         it ran in, summed over the phases in reports/steps.py's order (float64, as per_step gives them).
         Returns {run_index: DataFrame of keys and columns}, keys in order of first appearance."""
-        steps = self.phase_steps()
+        import pandas as pd
+
+        arrays = {
+            c: totals[c].to_numpy(dtype=np.float64, na_value=np.nan) if c in columns else totals[c].to_numpy()
+            for c in ("run_index", "phase", *keys, *columns, "first_seq")
+            if c in totals
+        }
         out = {}
-        runs = {int(i): t for i, t in totals.groupby("run_index", sort=False)}  # each run's rows in their order
-        for i in range(len(self.runs)):
-            t = runs.get(i, totals.iloc[:0])
-            names = list(steps[i])
-            order = sorted(
-                range(len(names)),
-                key=lambda c: (PHASES.index(names[c]) if names[c] in PHASES else len(PHASES), names[c]),
-            )
-            if keys:
-                first = t.groupby(list(keys), sort=False)["first_seq"].min().sort_values(kind="stable")
-                index = first.index
-            else:
-                index = pd.Index([0])
-            figures = {c: np.zeros(len(index)) for c in columns}
-            for c in order:
-                phase = names[c]
-                part = t[t["phase"] == phase]
-                if keys:
-                    part = part.set_index(list(keys)).reindex(index)
-                for col in columns:
-                    values = part[col].to_numpy(dtype=np.float64, na_value=0.0) if len(part) else np.zeros(len(index))
-                    figures[col] = figures[col] + values / steps[i][phase]
+        for i, (found, figures) in per_step_arrays(self.phase_steps(), len(self.runs), arrays, columns, keys).items():
             frame = pd.DataFrame(figures)
             if keys:
-                frame = pd.concat([index.to_frame(index=False), frame], axis=1)
+                frame = pd.concat([pd.DataFrame(found, columns=list(keys)).astype(object), frame], axis=1)
             out[i] = frame
         return out
+
+    def per_step_arrow(self, totals, columns, keys=()):
+        """per_step of `totals` a pyarrow Table: {run_index: ([key tuple], {column: float64 array})}."""
+        names = ("run_index", "phase", *keys, *columns, "first_seq")
+        arrays = {
+            c: totals.column(c).to_numpy(zero_copy_only=False) if c not in columns else _floats(totals.column(c))
+            for c in names
+            if c in totals.column_names
+        }
+        return per_step_arrays(self.phase_steps(), len(self.runs), arrays, columns, keys)
 
     # ---------------------------------------------------------------------------- value checks
     def _check_values(self, footers, refused, keep):
@@ -644,6 +658,50 @@ class _IdFooters(Footers):
 
 
 _ID_LEAVES = {f"{name}.list.element" for name in STORAGE_ID_COLUMNS}
+
+
+def per_step_arrays(steps, runs, arrays, columns, keys=()):
+    """Trace.per_step over numpy arrays of a view's columns (run_index, phase, `keys`, `columns`, first_seq), `steps`
+    {run_index: {phase: steps}} (Trace.phase_steps) of `runs` runs: {run_index: ([key tuple], {column: float64
+    array})}, the keys in order of their least first_seq (ties: in order of first appearance); no key: one row."""
+    run_index = np.asarray(arrays["run_index"]).astype(np.int64)
+    out = {}
+    for i in range(runs):
+        at = np.flatnonzero(run_index == i)  # the run's rows in their order
+        names = list(steps[i])
+        order = sorted(
+            range(len(names)),
+            key=lambda c: (PHASES.index(names[c]) if names[c] in PHASES else len(PHASES), names[c]),
+        )
+        tuples = list(zip(*(arrays[k][at] for k in keys))) if keys else [()] * len(at)
+        if keys:
+            least = {}
+            for key, seq in zip(tuples, arrays["first_seq"][at]):
+                least[key] = seq if key not in least else min(least[key], seq)
+            found = sorted(least, key=least.__getitem__)  # stable: ties keep their first appearance
+        else:
+            found = [()]
+        where = {key: n for n, key in enumerate(found)}
+        slots = np.array([where[key] for key in tuples], dtype=np.int64)
+        phase = arrays["phase"][at]
+        figures = {c: np.zeros(len(found)) for c in columns}
+        for c in order:
+            p = names[c]
+            mine = np.flatnonzero(phase == p)
+            for col in columns:
+                values = np.zeros(len(found))
+                got = np.asarray(arrays[col][at][mine], dtype=np.float64)
+                values[slots[mine]] = np.where(np.isnan(got), 0.0, got)
+                figures[col] = figures[col] + values / steps[i][p]
+        out[i] = (found if keys else [], figures)
+    return out
+
+
+def _floats(column):
+    """An Arrow column of numbers (a DECIMAL sum too) as float64, a null as NaN."""
+    import pyarrow.compute as pc
+
+    return pc.cast(column, pa.float64()).to_numpy(zero_copy_only=False)
 
 
 def _seq_increases(files, footers):
