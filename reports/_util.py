@@ -4,7 +4,18 @@ import sys
 
 import numpy as np
 
-__all__ = ["ASSEMBLY_OPS", "COPY_OPS", "ONE_TO_ONE_COPIES", "empty_frame", "ids", "is_copy", "lean_memory", "packet", "pct", "unique"]
+__all__ = [
+    "ASSEMBLY_OPS",
+    "COPY_OPS",
+    "ONE_TO_ONE_COPIES",
+    "empty_frame",
+    "ids",
+    "is_copy",
+    "lean_memory",
+    "packet",
+    "pct",
+    "unique",
+]
 
 # Copies that move one tensor's data, unchanged or cast, into new memory or into another tensor. `to`, `type_as`
 # and `contiguous` reach the tracer whole under inference_mode (a bf16 autocast cast of a weight is `aten.to.dtype`

@@ -269,7 +269,8 @@ def bounds(trace, run_index=0):
 
 def top_ops(trace, top, run_index=0):
     """The report's top ops: the `top` ops of by_op's order, their ops, FLOPs and bytes allocated per step."""
-    return top_ops_arrow(trace, top, run_index).to_pandas()
+    frame = top_ops_arrow(trace, top, run_index).to_pandas()
+    return frame.astype({"op": object})  # names as objects, as the library's tables hold them
 
 
 def top_ops_arrow(trace, top, run_index=0):
