@@ -50,10 +50,10 @@ warnings.simplefilter("ignore")
 from reports.sql.engine import Trace
 from reports.sql import tables
 import reports
-from reports import sql_report
+from reports.time.roofline import roofline_with_split
 trace = Trace(sys.argv[1])
 for f in (tables.by_phase, tables.by_op, tables.by_dtype, tables.by_step, reports.by_module, tables.uncounted,
-          lambda t: tables.top_ops(t, 8), sql_report.roofline_with_split, tables.peak, tables.views, tables.phase_flops,
+          lambda t: tables.top_ops(t, 8), roofline_with_split, tables.peak, tables.views, tables.phase_flops,
           tables.bounds):
     f(trace)
 print(len(trace.runs), "runs")

@@ -1,15 +1,22 @@
 """Plan before you rent: trace rank 0 of an FSDP2 job of any world size on one CPU.
 
-    python examples/simulate.py --world 64 --layers 4 --d-model 1024 --seq 2048 [--checkpoint]
+    python examples/simulate.py --world 64 --layers 4 --d-model 1024 --seq 2048 [--checkpoint] [--tp 8]
 
 torch's fake process group stands in for the other ranks (collectives move no data but
 have the right shapes) and FakeTensorMode for the memory (no tensor is allocated), so a
 model far larger than this machine traces in seconds. The trace is rank 0's: its FLOPs,
 its shards' memory and the exact bytes of every all-gather and reduce-scatter it would
 run; `optrace report` prints them per step (no times: nothing ran on a GPU).
+
+`--tp T` adds tensor parallelism: a 2-D mesh of world / T data-parallel by T tensor-parallel
+ranks; in each block the attention's qkv and the MLP's fc are column-parallel and the two
+output projections row-parallel (torch.distributed.tensor.parallel, Megatron-LM's layout: one
+all-reduce of the activations after each row-parallel projection in the forward, one after
+each column-parallel one in the backward), and FSDP2 shards over the data-parallel ranks.
 """
 
 import argparse
+import contextlib
 import os
 import sys
 
@@ -21,25 +28,49 @@ from reports.output.cli import main as optrace
 from tracer import Tracer
 
 
-def simulate(path, world, cfg, batch, checkpoint=False, steps=1, dtype=torch.bfloat16, build=GPT, blocks="blocks"):
+def simulate(
+    path,
+    world,
+    cfg,
+    batch,
+    checkpoint=False,
+    steps=1,
+    dtype=torch.bfloat16,
+    build=GPT,
+    blocks="blocks",
+    tp=1,
+    parallelize=None,
+):
     """Trace `steps` AdamW steps of rank 0 of a `world`-rank FSDP2 job (one unit per block) of
-    `build(cfg)`, a model whose attribute `blocks` lists its blocks and which takes (tokens, targets)."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
+    `build(cfg)`, a model whose attribute `blocks` lists its blocks and which takes (tokens, targets).
+    `tp` > 1: tensor parallelism of that degree, applied to each block by `parallelize(block, tp_mesh)`
+    (default `tensor_parallel`, for examples/gpt.py's Block)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
+    if tp < 1 or world % tp:
+        raise ValueError(f"simulate: tp must divide the world size {world}, got {tp}")
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
     try:
-        mesh = init_device_mesh("cpu", (world,))  # made outside FakeTensorMode: the mesh reads real rank lists
+        # made outside FakeTensorMode: the mesh reads real rank lists
+        mesh = init_device_mesh("cpu", (world // tp, tp), mesh_dim_names=("dp", "tp")) if tp > 1 else None
+        dp = mesh["dp"] if tp > 1 else init_device_mesh("cpu", (world,))
         with FakeTensorMode():
             model = build(cfg)
             policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
             for block in getattr(model, blocks):
+                if tp > 1:
+                    (parallelize or tensor_parallel)(block, mesh["tp"])
                 if checkpoint:
                     block.forward = _checkpointed(block.forward)
-                fully_shard(block, mesh=mesh, mp_policy=policy)
-            fully_shard(model, mesh=mesh, mp_policy=policy)
+                # FSDP2 joins the data- and tensor-parallel meshes of a DTensor parameter into one
+                # (DeviceMesh._concatenate), whose rank tensor FakeTensorMode refuses as a real input:
+                # sharding runs with the mode set aside (the parameters stay fake; no tensor is allocated)
+                with unset_fake_temporarily() if tp > 1 else contextlib.nullcontext():
+                    fully_shard(block, mesh=dp, mp_policy=policy)
+            fully_shard(model, mesh=dp, mp_policy=policy)
             opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
             g = torch.Generator().manual_seed(0)
             idx = torch.randint(0, cfg.vocab_size, (batch, cfg.seq_len), generator=g)
@@ -53,6 +84,21 @@ def simulate(path, world, cfg, batch, checkpoint=False, steps=1, dtype=torch.bfl
     return path
 
 
+def tensor_parallel(block, mesh):
+    """Megatron-LM's tensor parallelism of an examples/gpt.py Block over `mesh`: qkv and fc split by
+    columns (output features), the projections by rows, each rank with n_head / T heads. NB: the fused
+    qkv weight is split in T contiguous row ranges, not q, k and v each (a real run splits each): the
+    shapes, FLOPs and bytes are the same."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    styles = {"attn.qkv": ColwiseParallel(), "attn.proj": RowwiseParallel()}
+    styles |= {"mlp.fc": ColwiseParallel(), "mlp.proj": RowwiseParallel()}
+    if block.attn.n_head % mesh.size():
+        raise ValueError(f"simulate: tp {mesh.size()} must divide the {block.attn.n_head} heads")
+    parallelize_module(block, mesh, styles)
+    block.attn.n_head //= mesh.size()
+
+
 def _checkpointed(forward):
     from torch.utils.checkpoint import checkpoint
 
@@ -62,7 +108,8 @@ def _checkpointed(forward):
 def default_out(parser, args):
     """runs/simulate.parquet, with each option not at its default in the name (runs/simulate-w8-l2-ck.parquet):
     two runs of different shapes do not write one directory."""
-    short = {"world": "w", "layers": "l", "d_model": "d", "heads": "h", "seq": "s", "batch": "b", "vocab": "v"}
+    short = {"world": "w", "tp": "tp", "layers": "l", "d_model": "d", "heads": "h", "seq": "s", "batch": "b"}
+    short["vocab"] = "v"
     parts = [
         f"{tag}{getattr(args, name)}" for name, tag in short.items() if getattr(args, name) != parser.get_default(name)
     ]
@@ -72,6 +119,7 @@ def default_out(parser, args):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--world", type=int, default=64, help="ranks of the simulated job")
+    parser.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (divides --world and --heads)")
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--d-model", type=int, default=1024)
     parser.add_argument("--heads", type=int, default=16)
@@ -96,7 +144,7 @@ def main(argv=None):
         attention="sdpa",
     )
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    simulate(args.out, args.world, cfg, args.batch, args.checkpoint)
+    simulate(args.out, args.world, cfg, args.batch, args.checkpoint, tp=args.tp)
     return optrace(["report", args.out])
 
 

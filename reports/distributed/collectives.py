@@ -12,13 +12,15 @@
                         link carried, comparable across collectives and rank counts.
 
 Collective rows are those with a `comm_bytes` value; the kind comes from the op name. The collectives table
-(reports.collectives) is reports/distributed/sql_ranks.py's, over ranks.sql's view collective_calls.
+(reports.collectives) is reports/distributed/sql_ranks.py's, over ranks.sql's view collective_calls; comm_split and
+per_step_traffic run views.sql's comm_split and collective_totals, over a trace's files (a reports.sql.engine.Trace,
+as `optrace report` opens one) or over the rows of a DataFrame or pyarrow Table (reports.sql.frame).
 """
 
 import pandas as pd
 
-from reports.loading.load import require
-from reports.tables import split_runs
+from reports._util import empty_frame
+from reports.sql.frame import trace_of
 
 __all__ = [
     "shape_collectives",
@@ -108,10 +110,6 @@ _OUT = {
 }
 
 
-def _ranked(df):
-    return df if "rank" in df.columns else df.assign(rank=0)
-
-
 def shape_collectives(out):
     """The collectives table from its groups in order of first appearance (run, rank, collective, op,
     process_group, group_size, comm_bytes, calls, total: summed duration_ns); reports/distributed/sql_ranks.py
@@ -143,35 +141,14 @@ def comm_split(df):
 
     compute_s: summed time of the ops that are not collectives; comm_s: summed time of
     the collectives (to completion, so an async collective that overlapped compute
-    counts in both); comm_pct: comm_s / (compute_s + comm_s) x 100."""
-    require(df, ("run", "step", "comm_bytes", "duration_ns"), "comm_split")
-    frames = []
-    for run, rows in split_runs(_ranked(df)):
-        is_comm = rows["comm_bytes"].notna()
-        table = (
-            pd.DataFrame(
-                {
-                    "rank": rows["rank"],
-                    "step": rows["step"],
-                    "compute": rows["duration_ns"].where(~is_comm, 0),
-                    "comm": rows["duration_ns"].where(is_comm, 0),
-                    "comm_bytes": rows["comm_bytes"].fillna(0),
-                }
-            )
-            .groupby(["rank", "step"], sort=True)
-            .sum()
-            .reset_index()
-        )
-        table.insert(0, "run", run)
-        frames.append(table)
-    if not frames or not sum(len(f) for f in frames):
-        return pd.DataFrame({c: pd.Series(dtype=t) for c, t in _SPLIT.items()})
-    out = pd.concat(frames, ignore_index=True)
-    out["compute_s"] = out["compute"] / 1e9
-    out["comm_s"] = out["comm"] / 1e9
-    total = out["compute_s"] + out["comm_s"]
-    out["comm_pct"] = 100.0 * out["comm_s"] / total.where(total > 0)
-    return out[list(_SPLIT)].astype(_SPLIT)
+    counts in both); comm_pct: comm_s / (compute_s + comm_s) x 100. A run's rank is
+    its `rank` column's (reports.load's of a distributed trace), else 0."""
+    with trace_of(df, "comm_split", ("step", "comm_bytes", "duration_ns")) as trace:
+        table = trace.sql("SELECT * FROM comm_split ORDER BY run_index, step")
+        if not len(table):
+            return empty_frame(_SPLIT)
+        table["rank"] = [int(trace.ranks[i] or 0) for i in table["run_index"]]
+        return table[list(_SPLIT)].astype(_SPLIT)
 
 
 TRAFFIC_COLUMNS = {
@@ -185,6 +162,7 @@ TRAFFIC_COLUMNS = {
     "sent_bytes_per_step": "float64",
     "received_bytes_per_step": "float64",
 }
+_PHASE_ORDER = ("forward", "backward", "optimizer", "other")
 
 
 def per_step_traffic(df):
@@ -193,48 +171,54 @@ def per_step_traffic(df):
     calls_per_step and message_bytes_per_step (the nccl-tests message size S, summed),
     sent_bytes_per_step and received_bytes_per_step: S times `traffic`'s factors for
     the kind and group size, the bytes this rank puts on and takes off its links.
-    Needs no timing, so it holds for a rank of a simulated job (a fake process group)."""
-    from reports.steps import per_step
-
-    require(df, ("run", "step", "phase", "op", "comm_bytes", "group_size", "process_group"), "per_step_traffic")
-    out = []
-    for run, rows in split_runs(_ranked(df)):
-        comm = rows["comm_bytes"].notna().to_numpy()
-        if not comm.any():
-            continue
-        kinds = rows["op"].astype(object).map(collective_kind)
-        size = rows["group_size"].fillna(1).astype("int64")
-        group = rows["process_group"].astype(object)
-        message = rows["comm_bytes"].fillna(0).astype("float64")
-        factors = [traffic(k, n) for k, n in zip(kinds[comm], size[comm])]
-        sent = pd.Series(0.0, index=rows.index)
-        received = pd.Series(0.0, index=rows.index)
-        sent[comm] = message[comm].to_numpy() * [f[0] for f in factors]
-        received[comm] = message[comm].to_numpy() * [f[1] for f in factors]
-        key = kinds.where(comm, "") + "|" + group + "|" + size.astype(str)
-        key = key.where(comm)
-        calls = per_step(rows, pd.Series(comm.astype("int64"), index=rows.index), by=key)
-        figures = {
-            name: per_step(rows, values, by=key)
-            for name, values in (("message", message), ("sent", sent), ("received", received))
-        }
-        rank = int(rows["rank"].iloc[0])
-        for k in calls.index:
-            kind, name, n = k.split("|")
-            out.append(
-                {
-                    "run": run,
-                    "rank": rank,
-                    "collective": kind,
-                    "process_group": name,
-                    "group_size": int(n),
-                    "calls_per_step": float(calls[k]),
-                    "message_bytes_per_step": float(figures["message"][k]),
-                    "sent_bytes_per_step": float(figures["sent"][k]),
-                    "received_bytes_per_step": float(figures["received"][k]),
-                }
-            )
+    Needs no timing, so it holds for a rank of a simulated job (a fake process group).
+    Each phase's totals are divided by the steps it ran in (reports.steps.per_step)."""
+    required = ("step", "phase", "op", "comm_bytes", "group_size", "process_group")
+    with trace_of(df, "per_step_traffic", required) as trace:
+        totals = trace.sql("SELECT * FROM collective_totals ORDER BY run_index, first_seq")
+        steps = trace.phase_steps()
+        out = []
+        for i, run in enumerate(trace.runs):
+            mine = totals[totals["run_index"] == i]
+            if len(mine):
+                out += _traffic_rows(run, int(trace.ranks[i] or 0), mine, steps[i])
     table = pd.DataFrame(out, columns=list(TRAFFIC_COLUMNS)).astype(TRAFFIC_COLUMNS)
     return table.sort_values(["run", "sent_bytes_per_step"], ascending=[True, False], kind="stable").reset_index(
         drop=True
     )
+
+
+def _traffic_rows(run, rank, totals, steps):
+    """per_step_traffic's records of one run from its collective_totals rows and {phase: steps}."""
+    figures = {}
+    for r in totals.itertuples():
+        kind = collective_kind(r.op)
+        sent, received = traffic(kind, int(r.group_size))
+        key = (kind, r.process_group, int(r.group_size))
+        f = figures.setdefault(key, {"first": r.first_seq, **{p: [0, 0.0, 0.0, 0.0] for p in steps}})
+        f["first"] = min(f["first"], r.first_seq)
+        acc = f[r.phase]
+        acc[0] += int(r.calls)
+        acc[1] += float(r.message_bytes)
+        acc[2] += float(r.message_bytes) * sent
+        acc[3] += float(r.message_bytes) * received
+    order = sorted(steps, key=lambda p: _PHASE_ORDER.index(p) if p in _PHASE_ORDER else len(_PHASE_ORDER))
+    out = []
+    for (kind, group, n), f in sorted(figures.items(), key=lambda kv: kv[1]["first"]):
+        per = [0.0, 0.0, 0.0, 0.0]
+        for p in order:
+            per = [a + b / steps[p] for a, b in zip(per, f[p])]
+        out.append(
+            {
+                "run": run,
+                "rank": rank,
+                "collective": kind,
+                "process_group": group,
+                "group_size": n,
+                "calls_per_step": per[0],
+                "message_bytes_per_step": per[1],
+                "sent_bytes_per_step": per[2],
+                "received_bytes_per_step": per[3],
+            }
+        )
+    return out

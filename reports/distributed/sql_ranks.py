@@ -128,7 +128,7 @@ def job_summary(trace, present):
     (run, meta), *_ = trace.runs.items()
     if meta.get("world_size") is None:
         return None
-    from reports.sql_report import per_step_traffic
+    from reports.distributed.collectives import per_step_traffic
 
     table = per_step_traffic(trace)
     return job_object(meta, present, table[table["run"] == run].reset_index(drop=True))

@@ -8,48 +8,35 @@ gives the FLOPs per step that are upper bounds rather than counts (the `flops_bo
 column of a v3 trace: lengths or group sizes the tracer could not read).
 """
 
-import numpy as np
 import pyarrow as pa
 
-from reports._util import pct
-from reports.flops.rows import Rows, from_frame, per_step, records_table, to_frame
+from reports.flops.rows import Rows, from_frame, per_step
 
-__all__ = ["FIX", "bounds", "uncounted", "uncounted_table"]
+__all__ = ["FIX", "bounds", "uncounted"]
 
 FIX = "tracer.register_flop_formula(op, kind=...) before tracing gives an op its count"
-_UNCOUNTED = {"op": pa.string(), "ops": pa.int64(), "duration_us": pa.float64(), "time_pct": pa.float64()}
+_COLUMNS = ["op", "flop_kind", "duration_ns"]
 
 
 def uncounted(df):
     """One row per op whose FLOPs no formula counted (flop_kind "unknown"), over the whole trace.
 
     Columns: op, ops (rows), duration_us (traced op time) and time_pct (share of
-    the trace's op time, 0-100); the largest share first. Empty when every op was counted."""
-    from reports.loading.load import require
+    the trace's op time, 0-100); the largest share first. Empty when every op was counted.
+    views.sql's view uncounted, the report's, run over the rows of `df` (a DataFrame or a pyarrow Table)
+    taken as one run: the runs of a trace of several are added up, a row without an op is in no group."""
+    from reports.loading.load import require  # (pandas: FIX and bounds, which the report reads, import none)
+    from reports.sql import tables
+    from reports.sql.frame import trace_of
 
-    require(df, ["op", "flop_kind", "duration_ns"], "uncounted")
-    return to_frame(uncounted_table(Rows(from_frame(df, ["op", "flop_kind", "duration_ns"]))))
-
-
-def uncounted_table(rows):
-    """`uncounted` of reports.flops.rows.Rows, as a pyarrow.Table."""
-    unknown = rows.labels("flop_kind").eq("unknown")
-    op = rows.labels("op")
-    picked = unknown & op.notna()  # a row without an op is in no group, as pandas' groupby drops it
-    codes, duration = op.codes[picked], rows["duration_ns"][picked]
-    at = np.unique(codes, return_index=True)[1] if len(codes) else np.zeros(0, dtype=np.int64)
-    keys = codes[np.sort(at)]  # in order of first appearance
-    size = np.bincount(codes, minlength=len(op.words))[keys] if len(codes) else keys
-    sums = np.zeros(len(op.words), dtype=np.int64)
-    np.add.at(sums, codes, duration.astype(np.int64))
-    total = float(rows["duration_ns"].astype(np.float64).sum())
-    time_pct = pct(sums[keys].astype(np.float64), total)
-    records = [
-        {"op": op.words[k], "ops": int(n), "duration_us": float(d) / 1e3, "time_pct": float(t)}
-        for k, n, d, t in zip(keys.tolist(), size.tolist(), sums[keys].astype(np.float64).tolist(), time_pct.tolist())
-    ]
-    records.sort(key=lambda r: (-r["time_pct"], -r["ops"], r["op"]))  # the largest share first
-    return records_table(records, _UNCOUNTED)
+    if isinstance(df, pa.Table):
+        rows = df.select([c for c in _COLUMNS if c in df.column_names])  # trace_of names a missing one
+    else:
+        require(df, _COLUMNS, "uncounted")
+        rows = from_frame(df, _COLUMNS)  # no run column: one run
+    with trace_of(rows, "uncounted", _COLUMNS) as trace:
+        table = tables.uncounted(trace)
+    return table[table["op"].notna()].reset_index(drop=True)
 
 
 def bounds(df):

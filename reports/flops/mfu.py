@@ -25,7 +25,19 @@ promised FLOP/s"; an MFU of 0.5 or more is good.
                   figure for the GPU and dtype, or a CPU's ideal peak (cores x clock
                   x FLOPs per cycle). None when nothing fits: MFU is then None (N/A).
   dtype           the dtype that carries most matmul and attention FLOPs (a bf16
-                  autocast trace is "bfloat16"), or `dtype` (e.g. "tfloat32").
+                  autocast trace is "bfloat16"; an fp8 step whose _scaled_mm calls
+                  carry most FLOPs is "float8"), or `dtype` (e.g. "tfloat32").
+                  Published fp8 runs quote MFU against the bf16 peak: dtype="bfloat16".
+
+MFU weighted by dtype (`mfu_weighted`, beside `mfu`, whose meaning is unchanged): each
+matmul and attention row at the dense peak of the dtype it ran in (its first multiplied
+operand's: a _scaled_mm's float8, a bf16 mm's bfloat16), every other row at `dtype`'s
+peak. The time the step's model FLOPs take at those peaks is the sum over ops of
+FLOPs / peak; `weighted_peak_flops_per_s` is the model FLOPs over that time (a harmonic
+mean of the peaks, weighted by FLOPs) and mfu_weighted = that time / step time. It equals
+`mfu` when every matmul ran in `dtype`; with a given `peak_flops` every dtype gets it.
+A dtype the device has no peak for (fp8 on an A100) leaves it NaN, and
+`weighted_peak_source` names the dtype.
 
 On a trace with a measured matmul ceiling (Tracer.set_ceiling(matmul_ceiling(...)))
 `mfu_of_achievable` sets the achieved FLOP/s against what a large matmul reached on
@@ -72,6 +84,9 @@ _OUT = {
     "peak_flops_per_s": _F,
     "peak_source": _S,
     "mfu": _F,
+    "weighted_peak_flops_per_s": _F,
+    "weighted_peak_source": _S,
+    "mfu_weighted": _F,
     "hfu": _F,
     "ideal_flops_per_s": _F,
     "ceiling_flops_per_s": _F,
@@ -91,6 +106,17 @@ def _per_run(value, run, what):
     return float(value)
 
 
+def _operand_dtypes(rows, at):
+    """(the dtype names of the first multiplied operand of the rows at positions `at`, addmm's bias skipped;
+    a boolean array: which of those rows have one)."""
+    offsets, names = flat(rows.lists("input_dtypes", pa.string(), at), pa.string())
+    count = np.diff(offsets)
+    first = skipped_inputs(rows.labels("op").map(packet).take(at))  # addmm's bias is not multiplied
+    first = np.where(first < count, first, 0)
+    ok = count > 0
+    return [str(name) for name in names[offsets[:-1][ok] + first[ok]]], ok
+
+
 def matmul_dtype(rows):
     """The dtype carrying most matmul + attention FLOPs in these rows, else most FLOPs (None if there are none).
 
@@ -98,14 +124,40 @@ def matmul_dtype(rows):
     tracer/rules.py's, which the run-time meter applies too. `rows`: reports.flops.rows.Rows."""
     flops = rows["flops"]
     at = np.flatnonzero(dtype_rows(rows.labels("flop_kind").isin(DTYPE_KINDS), flops))
-    offsets, names = flat(rows.lists("input_dtypes", pa.string(), at), pa.string())
-    count = np.diff(offsets)
-    first = skipped_inputs(rows.labels("op").map(packet).take(at))  # addmm's bias is not multiplied
-    first = np.where(first < count, first, 0)
-    ok = count > 0
+    names, ok = _operand_dtypes(rows, at)
     if not ok.any():
         return None
-    return carrying_dtype([str(name) for name in names[offsets[:-1][ok] + first[ok]]], flops[at][ok])
+    return carrying_dtype(names, flops[at][ok])
+
+
+def _model_flops_by_dtype(rows, model_values, run_dtype):
+    """{dtype: model FLOPs per step}: each matmul and attention row (tracer.rules.DTYPE_KINDS) under the dtype it
+    ran in (its first multiplied operand's, every fp8 "float8"), every other row under `run_dtype`, the dtype
+    whose peak the `mfu` column uses. `model_values`: each row's model FLOPs (0 where none)."""
+    flops = rows["flops"]
+    at = np.flatnonzero(rows.labels("flop_kind").isin(DTYPE_KINDS) & (flops > 0))
+    names, ok = _operand_dtypes(rows, at)
+    key = np.full(len(flops), normalize_dtype(run_dtype) if run_dtype is not None else "", dtype=object)
+    key[at[ok]] = [normalize_dtype(name) for name in names]
+    found = per_step(rows, values=model_values, by=np.asarray(key.tolist(), dtype=str))
+    return {dtype: figure for dtype, figure in found.items() if figure}
+
+
+def _weighted_peak(device, by_dtype, given):
+    """(FLOP/s, source): the peak a step's model FLOPs run at when each op runs at the peak of its own dtype:
+    all the FLOPs over the time each dtype's FLOPs take at that dtype's peak (a harmonic mean weighted by FLOPs).
+    A given peak applies to every dtype; a dtype without a peak leaves it unknown (None, and the source says so)."""
+    if given is not None:
+        return given, "given"
+    seconds = 0.0
+    for dtype, flops in by_dtype.items():
+        peak, source = lookup_peak(device, dtype or None)
+        if peak is None:
+            return None, f"no {dtype or 'dtype'} peak: {source}"
+        seconds += flops / peak
+    if not seconds:
+        return None, "no model FLOPs"
+    return sum(by_dtype.values()) / seconds, "per dtype: " + ", ".join(sorted(by_dtype))
 
 
 def _ratio(num, den):
@@ -147,6 +199,7 @@ def mfu_table(frame, step_time_s=None, peak_flops=None, dtype=None):
         again = checkpoint_recompute(rows)
         scores = per_step(rows, values=attention_recompute(rows))
         recompute = per_step(rows, mask=again) + scores
+        model_values = np.where(fb & ~again, rows["flops"], 0) - attention_recompute(rows)
         model = per_step(rows, mask=fb & ~again) - scores
         hardware = per_step(rows)
         optimizer = per_step(rows, mask=phase.eq("optimizer"))
@@ -161,6 +214,8 @@ def mfu_table(frame, step_time_s=None, peak_flops=None, dtype=None):
         if run_dtype is None and peak_flops is None:
             peak, source = None, "no FLOPs in the trace, so no dtype to look up"
 
+        given = _per_run(peak_flops, run, "peak_flops")
+        weighted, weighted_source = _weighted_peak(device, _model_flops_by_dtype(rows, model_values, run_dtype), given)
         achieved = _ratio(model, step_time)
         hardware_rate = _ratio(hardware, step_time)
         ceiling = meta.get("ceiling") or {}
@@ -187,6 +242,9 @@ def mfu_table(frame, step_time_s=None, peak_flops=None, dtype=None):
                 "peak_flops_per_s": peak,
                 "peak_source": source,
                 "mfu": _ratio(achieved, peak),
+                "weighted_peak_flops_per_s": weighted,
+                "weighted_peak_source": weighted_source,
+                "mfu_weighted": _ratio(achieved, weighted),
                 "hfu": _ratio(hardware_rate, peak),
                 "ideal_flops_per_s": cpu_ideal_flops(device, run_dtype)[0] if device.get("type") == "cpu" else None,
                 "ceiling_flops_per_s": ceiling_rate,

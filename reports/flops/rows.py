@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from reports.errors import ReportError
+from reports.sql.flop_rows import SCHEMA
 from reports.steps import count_steps_of, per_step_of, steps_of
 
 __all__ = [
@@ -39,7 +40,7 @@ __all__ = [
     "to_frame",
 ]
 
-# every column a FLOP section reads (reports.sql.flops.table's columns)
+COLUMNS = ("run", *SCHEMA.names)  # every column a FLOP section reads (reports.sql.flops.table's columns)
 COLUMNS = (
     "run",
     "seq",

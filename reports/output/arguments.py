@@ -188,12 +188,27 @@ def parser(commands):
         default="prefetch",
         help="how collectives overlap compute (default: prefetch, FSDP2's)",
     )
+    pln.add_argument("--pp", type=_top, default=1, help="pipeline-parallel stages (default: 1)")
+    pln.add_argument("--micro-batches", type=_top, default=1, help="micro-batches per step of a pipeline (default: 1)")
+    pln.add_argument(
+        "--schedule",
+        choices=("1f1b", "interleaved"),
+        default="1f1b",
+        help="the pipeline's schedule (default: 1f1b; interleaved with --virtual-stages)",
+    )
+    pln.add_argument("--virtual-stages", type=_top, default=1, help="model chunks per rank, interleaved (default: 1)")
+    pln.add_argument("--cp", type=_top, default=1, help="context-parallel degree: ring attention (default: 1)")
     pln.add_argument(
         "--assume",
         type=_assumption,
         action="append",
         metavar="NAME=VALUE",
         help="override an assumption (e.g. matmul_efficiency=0.7); repeatable",
+    )
+    pln.add_argument(
+        "--calibrate",
+        metavar="MEASURED",
+        help="fit the efficiencies from MEASURED, a trace timed on the target GPU, and print what changed",
     )
     pln.add_argument("--json", action="store_true", help="print one JSON object")
     pln.add_argument(

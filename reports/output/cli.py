@@ -290,13 +290,14 @@ def _export(args):
 
 def _plan(args):
     from reports.loading.load import load
-    from reports.output.plan_text import plan_json, print_plan
+    from reports.output.plan_text import plan_json, print_calibration, print_plan
     from reports.plan.plan import plan
 
     df = load(args.trace)
     if not len(df):
         raise ReportError(f"{args.trace}: the trace has no ops (nothing ran inside `with Tracer(...)`)")
     assumed = dict(args.assume or [])
+    fitted, changes = _calibration(args, assumed)
     frame = plan(
         df.loc[df["run"] == df["run"].iloc[0]],
         args.gpu,
@@ -305,11 +306,35 @@ def _plan(args):
         args.batch,
         args.overlap,
         assumed,
+        pp=args.pp,
+        micro_batches=args.micro_batches,
+        schedule=args.schedule,
+        virtual_stages=args.virtual_stages,
+        cp=args.cp,
+        calibrated=fitted,
     )
     if args.json:
-        print(json.dumps(plan_json(frame), indent=2, allow_nan=False))
+        found = plan_json(frame)
+        if changes is not None:
+            found["calibration"] = changes
+        print(json.dumps(found, indent=2, allow_nan=False))
     else:
+        if changes is not None:
+            print_calibration(args.calibrate, changes, sys.stdout)
         print_plan(frame, sys.stdout, assumptions=args.assumptions, anyway=args.anyway)
+
+
+def _calibration(args, assumed):
+    """({name: (value, source)}, changes) fitted from --calibrate's trace (reports.plan.calibration), or (None, None)."""
+    if not args.calibrate:
+        return None, None
+    from reports.loading.load import load
+    from reports.plan.calibration import fit
+
+    measured = load(args.calibrate)
+    if not len(measured):
+        raise ReportError(f"{args.calibrate}: the trace has no ops (nothing ran inside `with Tracer(...)`)")
+    return fit(measured.loc[measured["run"] == measured["run"].iloc[0]], args.gpu, assumed)
 
 
 def _parser():

@@ -15,7 +15,7 @@ from reports.output.text import human, human_seconds, json_number, percent, prin
 from reports.plan.changes import smallest
 from reports.plan.devices import CPU
 
-__all__ = ["plan_json", "print_plan", "verdict"]
+__all__ = ["plan_json", "print_calibration", "print_plan", "verdict"]
 
 _KEYS = (
     "run",
@@ -24,6 +24,7 @@ _KEYS = (
     "gpu",
     "gpus_per_node",
     "world_size",
+    "tp",
     "batch",
     "micro_batch",
     "tokens_per_step",
@@ -49,6 +50,16 @@ _KEYS = (
     "calibrated",
     "traced_step_s",
     "error_pct",
+    "pp",
+    "micro_batches",
+    "schedule",
+    "virtual_stages",
+    "pipeline_bubble_s",
+    "bubble_fraction",
+    "p2p_s",
+    "cp",
+    "ring_s",
+    "kv_in_flight_bytes",
 )
 
 
@@ -101,6 +112,9 @@ def _figures(frame):
     out.update(memory=memory, classes=detail["classes"], assumptions=detail["assumptions"], notes=detail["notes"])
     out["verdict"], out["shortfall_bytes"], out["smallest_change"], out["changes"] = verdict(out)
     out["basis"], out["signal"] = detail.get("basis", []), _value(row.get("signal"))
+    for part in ("pipeline", "context"):  # reports/plan/pipeline.py, context.py: only when planned
+        if part in detail:
+            out[part] = detail[part]
     return out
 
 
@@ -183,8 +197,9 @@ def _one_line(p, out):
 def _title(p):
     where = p["gpu"] if p["gpu"] == CPU else f"{p['gpu']} ({p['gpus_per_node']} per node)"
     mb = lambda v: "unknown" if v is None else v  # noqa: E731
+    tp = f"TP {p['tp']}, " if (p.get("tp") or 1) > 1 else ""  # tensor parallelism: reports.plan.comm
     return (
-        f"optrace plan: {printable(p['run'])} on {where}, world size {p['world_size']}, "
+        f"optrace plan: {printable(p['run'])} on {where}, world size {p['world_size']}, {tp}"
         f"micro-batch {mb(p['micro_batch'])} (traced {mb(p['batch'])})"
     )
 
@@ -208,6 +223,9 @@ def _answer(p, out):
 
 
 def _step(p, out):
+    if p["pp"] > 1:
+        _pipeline_step(p, out)
+        return
     print(
         f"Step time         {_human_seconds(p['step_time_s'])}: compute {_human_seconds(p['compute_s'])} + exposed "
         f"communication {_human_seconds(p['exposed_comm_s'])} (of {_human_seconds(p['comm_s'])})",
@@ -225,8 +243,71 @@ def _step(p, out):
     )
 
 
+def _pipeline_step(p, out):
+    """The step of a pipeline: micro-batches through the slowest rank, the bubble, the optimizer."""
+    ranks = p["pipeline"]["stages"]
+    slowest = max(r["seconds_per_micro_batch"] for r in ranks)
+    optimizer = max(r["optimizer_s"] for r in ranks)
+    print(
+        f"Step time         {_human_seconds(p['step_time_s'])}: {p['micro_batches']} micro-batches x "
+        f"{_human_seconds(slowest)} + bubble {_human_seconds(p['pipeline_bubble_s'])} "
+        f"({_percent(p['bubble_fraction'])}) + optimizer {_human_seconds(optimizer)}",
+        file=out,
+    )
+    print(f"Tokens/s per GPU  {_human(p['tokens_per_s_per_gpu'])}", file=out)
+    print(
+        f"MFU               {_percent(p['mfu'])} of {_human(p['peak_flops_per_s'], 'FLOP/s')} "
+        f"({_human(p['model_flops_per_step'], 'FLOP')} per step over {p['pp']} GPUs)",
+        file=out,
+    )
+
+
+def _pipeline(p, out):
+    """One line per rank of the pipeline: its blocks, time per micro-batch, sends, in flight, memory."""
+    line = p["pipeline"]
+    v = f", {p['virtual_stages']} virtual stages per rank" if p["schedule"] == "interleaved" else ""
+    print(
+        f"\nPipeline          {p['pp']} ranks over {line['block_count']} blocks ({line['blocks']}), "
+        f"{p['schedule']}{v}, {p['micro_batches']} micro-batches",
+        file=out,
+    )
+    for r in line["stages"]:
+        blocks = ", ".join(c["blocks"] for c in r["chunks"])
+        print(
+            f"  rank {r['rank']:<3} blocks {blocks:<10} {_human_seconds(r['seconds_per_micro_batch'])} per "
+            f"micro-batch (sends {_human_seconds(r['send_s'])}); in flight: {r['in_flight']:g} "
+            f"micro-batch{'' if r['in_flight'] == 1 else 'es'}",
+            file=out,
+        )
+        _wrapped(
+            f"needs {gib(r['required_bytes'])}: fixed {gib(r['fixed_bytes'])} + activations "
+            f"{gib(r['peak_bytes'] - r['fixed_bytes'])} (peak of one micro-batch "
+            f"{gib(r['activation_peak_bytes'])}, {gib(r['saved_activation_bytes'])} saved per micro-batch)",
+            out,
+            "           ",
+            "             ",
+        )
+    print(
+        f"  each rank also: CUDA context {gib(line['cuda_context_bytes'])}, NCCL buffers "
+        f"{gib(line['nccl_buffer_bytes'])}, fragmentation {_percent(line['fragmentation'])}",
+        file=out,
+    )
+
+
+def _context(p, out):
+    c = p["context"]
+    print(
+        f"Context parallel  {c['cp']} ranks of {c['seq'] // c['cp']} tokens: ring attention "
+        f"{_human(c['ring_bytes'], 'B')} per step, {_human_seconds(c['ring_s'])} ({_human_seconds(c['ring_exposed_s'])} "
+        f"exposed); K/V blocks in flight {gib(c['kv_in_flight_bytes'])}",
+        file=out,
+    )
+
+
 def _memory(p, out):
     m = p["memory"]
+    if p["pp"] > 1:  # each rank's, under Pipeline
+        return
     print("\nMemory per rank", file=out)
     print(
         f"  peak live       {gib(p['peak_bytes_per_rank'])} (fixed {gib(m['peak_fixed_bytes'])}, growing with the "
@@ -297,7 +378,11 @@ def print_plan(frame, out, assumptions=False, anyway=False):
             _step(p, out)
         else:
             print("Step time         not shown: the plan does not fit (--anyway prints it)", file=out)
+        if "context" in p:
+            _context(p, out)
         _memory(p, out)
+        if "pipeline" in p:
+            _pipeline(p, out)
         if p["fits"] or anyway:
             _compute(p, out)
     if caveats:
@@ -310,3 +395,16 @@ def print_plan(frame, out, assumptions=False, anyway=False):
         n = len(p["assumptions"])
         given = sum(a["source"] == "given" for a in p["assumptions"])
         print(f"\n{n} assumptions ({given} given): --assumptions lists them with their sources", file=out)
+
+
+def print_calibration(measured, changes, out):
+    """What --calibrate MEASURED changed: one line per figure, old -> new (reports.plan.calibration.fit)."""
+    print(f"Calibrated on {measured}:", file=out)
+    if not changes:
+        print("  nothing: the measured step has no op with a time in a class the plan prices", file=out)
+    for c in changes:
+        if c["old"] is None:
+            print(f"  ({c['source']})", file=out)
+            continue
+        print(f"  {c['name']:<22} {c['old']:.3g} -> {c['new']:.3g}", file=out)
+    print(file=out)

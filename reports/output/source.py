@@ -91,8 +91,8 @@ class Source:
         return modules_arrow(self.sql)
 
     def roofline_with_split(self):
-        """(the roofline by op and dtype, the split by bound per step), from reports.sql_report's DataFrames."""
-        from reports.sql_report import roofline_with_split
+        """(the roofline by op and dtype, the split by bound per step), from reports.time.roofline's DataFrames."""
+        from reports.time.roofline import roofline_with_split
 
         return tuple(_arrow(frame) for frame in roofline_with_split(self.sql))
 

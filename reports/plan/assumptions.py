@@ -1,8 +1,11 @@
 """Every number a plan assumes, with its source: one table, overridable by name.
 
   name                  default   range        what it is, and where the figure comes from
-  matmul_efficiency     0.80      [0.01, 1]    share of the dense peak a matmul or convolution reaches
-  attention_efficiency  0.35      [0.01, 1]    share of the dense peak a fused attention kernel reaches
+  matmul_efficiency     0.80      [0.01, 1]    share of the dense peak a matmul or convolution reaches, where
+                                               reports.plan.efficiency has no table (given: every matmul)
+  attention_efficiency  0.35      [0.01, 1]    share of the dense peak a fused attention kernel reaches, ditto
+  matmul_stack          1.0       [0.01, 2]    the training stack's factor on the GEMM sweep's efficiency
+  attention_stack       1.0       [0.01, 2]    the training stack's factor on the attention kernels' table
   vector_efficiency     0.80      [0.01, 1]    share of the float32 (vector) peak other compute-bound ops reach
   memory_efficiency     0.80      [0.01, 1]    share of the datasheet HBM bandwidth memory-bound ops reach
   launch_s              3e-6      [0, 1] s     GPU time per kernel beyond its roofline time
@@ -14,6 +17,7 @@
   cuda_context_bytes    1 GiB     [0, 2^50]    the CUDA context, cuBLAS/cuDNN workspaces and kernels
   nccl_buffer_bytes     256 MiB   [0, 2^50]    NCCL's buffers, per process group with a collective in the trace
   fragmentation         0.10      [0, 10]      the caching allocator's reserved bytes over the peak live bytes, minus 1
+  pipeline_send_overlap 0         [0, 1]       share of a pipeline stage's sends to its neighbours hidden behind its compute
 The ranges (RANGES) keep a plan's figures finite: a value outside one (inf, nan, a launch cost of
 1e308 s, a fragmentation of 1e300, an efficiency of 1e-320, which made a time of bytes / (bandwidth x
 1e-320) = inf) is refused with its name, the value and the range. An efficiency divides, so its range
@@ -34,6 +38,8 @@ __all__ = ["DEFAULTS", "MIN_EFFICIENCY", "RANGES", "SOURCES", "UNITS", "resolve"
 DEFAULTS = {
     "matmul_efficiency": 0.80,
     "attention_efficiency": 0.35,
+    "matmul_stack": 1.0,
+    "attention_stack": 1.0,
     "vector_efficiency": 0.80,
     "memory_efficiency": 0.80,
     "launch_s": 3e-6,
@@ -45,6 +51,7 @@ DEFAULTS = {
     "cuda_context_bytes": 2**30,
     "nccl_buffer_bytes": 256 * 2**20,
     "fragmentation": 0.10,
+    "pipeline_send_overlap": 0.0,
 }
 
 UNITS = {
@@ -63,9 +70,11 @@ MIN_EFFICIENCY = 0.01  # the least share of a peak: every time divided by an eff
 RANGES = {
     **{name: (MIN_EFFICIENCY, 1.0, True) for name in DEFAULTS if name.endswith("_efficiency")},
     **{name: (0.0, 1.0, True) for name in DEFAULTS if name.endswith("_s")},
+    **{name: (MIN_EFFICIENCY, 2.0, True) for name in DEFAULTS if name.endswith("_stack")},
     "cuda_context_bytes": (0, 2**50, True),
     "nccl_buffer_bytes": (0, 2**50, True),
     "fragmentation": (0.0, 10.0, True),
+    "pipeline_send_overlap": (0.0, 1.0, True),
 }
 
 _NCCL = "NCCL src/graph/tuning.cc (NVIDIA/nccl, ring algorithm, Simple protocol: baseLat and hwLat)"
@@ -73,11 +82,23 @@ SOURCES = {
     "matmul_efficiency": (
         "judgement from measurements: the best large bf16 matmul found on an H100 SXM runs at 792.1 TFLOP/s, 80% "
         "of its 989.4 dense peak (A100 SXM: 267.9 of 312, 86%): Stas Bekman's mamf-finder, as tabled in the "
-        "README of github.com/mag-/gpu_benchmark. A model's matmuls are smaller and reach less"
+        "README of github.com/mag-/gpu_benchmark. A model's matmuls are smaller and reach less. Used where "
+        "reports.plan.efficiency has no table for the target (A100 and Hopper have one: by shape)"
     ),
     "attention_efficiency": (
         "FlashAttention-3 paper (Shah et al. 2024, arXiv:2407.08608): FlashAttention-2, the kernel PyTorch's "
-        "SDPA flash backend runs, reaches 35% of the H100's peak (FlashAttention-3: 75%)"
+        "SDPA flash backend runs, reaches 35% of the H100's peak (FlashAttention-3: 75%). Used where "
+        "reports.plan.efficiency has no table for the target and kernel"
+    ),
+    "matmul_stack": (
+        "1: the matmuls run as fast as the published GEMM sweep measured them (reports.plan.efficiency); a "
+        "training stack that reaches less (clock under a power limit, kernels cuBLAS's heuristics pick badly, "
+        "interference from overlapped communication) is below 1. `--calibrate MEASURED` fits it from a trace "
+        "measured on the target; range 0.01-2"
+    ),
+    "attention_stack": (
+        "1: attention kernels run at the published figure of their kernel on the target's generation "
+        "(reports.plan.efficiency); `--calibrate MEASURED` fits it; range 0.01-2"
     ),
     "vector_efficiency": "judgement: non-matmul FLOPs run on the vector units (the float32 peak) and are rarely the bound",
     "memory_efficiency": (
@@ -107,6 +128,11 @@ SOURCES = {
     "fragmentation": (
         "judgement: PyTorch's caching allocator rounds blocks up and keeps freed blocks reserved; reserved bytes "
         "run 5-15% above the peak allocated in large training jobs"
+    ),
+    "pipeline_send_overlap": (
+        "Megatron-LM megatron/core/pipeline_parallel/schedules.py: its 1F1B schedule exchanges activations and "
+        "gradients with the neighbouring stages by blocking batched send/recv (send_forward_recv_backward waits "
+        "for them), so none is hidden; 1 models its overlap_p2p_comm, which the interleaved schedule offers"
     ),
 }
 

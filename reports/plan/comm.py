@@ -21,15 +21,23 @@ gpus_per_node)), and the plan says so.
              none on one node) for the others
   time       latency + bytes / bandwidth; 0 for a group of one rank
 
-Overlap model (`overlap="prefetch"`, FSDP2's): the step runs on two streams, compute and
-communication, one collective at a time on the latter, in the trace's order. An op that
-reads what a collective wrote (the copy-out of an all-gather, the optimizer reading a
-reduced gradient) waits for it. An all-gather starts as soon as the communication stream
-is free and the compute stream has begun using the previous all-gather's output: one
-unit's all-gather ahead, as FSDP2 prefetches, overlapping the current unit's compute.
-Every other collective starts when the compute issued before it is done (its input is
-that compute's result: a reduce-scatter of the gradients just computed). The step ends
-when both streams are done; exposed communication = step time - compute time.
+Overlap model (`overlap="prefetch"`, FSDP2's): the step runs on a compute stream and one
+communication stream per process group (ProcessGroupNCCL runs a group's collectives on one
+stream, in the order issued: FSDP2's all-gathers and reduce-scatters queue behind each other,
+a tensor-parallel group's all-reduces do not queue behind them). An op that does work and
+reads (or writes) what a collective wrote waits for that collective: the copy-out of an
+all-gather, the optimizer reading a reduced gradient, `wait_tensor`. An op that costs nothing
+(a view, a metadata op: no kernel) never waits; what it makes is ready when its inputs are,
+so readiness passes through it to the op that reads the view (FSDP2's views of each
+reduce-scatter's output do not stall the compute stream). An all-gather starts as soon as
+its group's stream is free and the compute stream has begun using that group's previous
+all-gather's output: one unit's all-gather ahead, as FSDP2 prefetches, overlapping the
+current unit's compute. Every other collective starts when its group's stream is free and
+the compute issued before it is done (its input is that compute's result: a reduce-scatter
+of the gradients just computed). A collective reading another collective's output (HSDP's
+all-reduce of a reduce-scatter's shard) starts when that one ends. Exposed communication is
+the time the compute stream waits for collectives, plus the time the streams run past the
+step's last op (the step ends when every stream is done): step time - compute time.
 `overlap="none"`: every collective blocks the compute stream (all of it exposed).
 """
 
@@ -41,7 +49,7 @@ from reports.distributed.collectives import collective_kind, traffic
 from reports.loading.columns import cell_objects
 from reports.plan.devices import missing
 
-__all__ = ["OVERLAPS", "collective_cost", "simulate"]
+__all__ = ["OVERLAPS", "collective_cost", "simulate", "tensor_parallel"]
 
 OVERLAPS = ("prefetch", "none")
 
@@ -113,41 +121,108 @@ def costs(rows, gpu, gpus_per_node, a, groups=None):
     return seconds, kinds, sorted(guessed)
 
 
+def tensor_parallel(rows, tokens=None):
+    """(degree, group name): the size of the largest process group that all-reduces or reduce-scatters,
+    in the forward phase, a tensor of at least `tokens` elements (the rank's tokens per step; 2 when
+    unknown), (1, None) when none does. Those are tensor parallelism's collectives of activations, one
+    or more elements per token (Megatron-LM's all-reduce after a row-parallel linear; a reduce-scatter
+    with sequence parallelism): its ranks read the same tokens. FSDP and DDP reduce in the backward,
+    expert parallelism's all-to-all moves tokens between ranks that read different ones, and a loss or
+    a count per expert all-reduced in the forward is smaller than the tokens."""
+    least = max(2, int(tokens)) if tokens and not isinstance(tokens, bool) else 2
+    phase = rows["phase"].astype(str).to_numpy()
+    ops = rows["op"].astype(str).to_numpy()
+    size = rows["group_size"].to_numpy(dtype=np.float64, na_value=np.nan)
+    names = rows["process_group"].astype(object).to_numpy()
+    at = np.flatnonzero(rows["comm_bytes"].notna().to_numpy() & (phase == "forward") & (size > 1))
+    found = (1, None)
+    for i, shapes in zip(at, cell_objects(rows, "input_shapes", at)):
+        if collective_kind(ops[i]) not in ("all_reduce", "reduce_scatter") or shapes is None or not len(shapes):
+            continue
+        if math.prod(int(n) for n in shapes[0]) >= least and size[i] > found[0]:
+            found = (int(size[i]), names[i] if isinstance(names[i], str) else None)
+    return found
+
+
 def simulate(rows, op_s, comm_s, kinds, overlap="prefetch"):
-    """{step: (step seconds, compute seconds, communication seconds)} by the overlap model above."""
+    """{step: (step seconds, compute seconds, communication seconds, {collective kind: seconds the
+    compute stream waited for it})} by the overlap model above."""
     inputs = cell_objects(rows, "input_storage_ids")
     outputs = cell_objects(rows, "output_storage_ids")
+    groups = rows["process_group"].astype(object).fillna("").astype(str).to_numpy()
     steps = rows["step"].to_numpy()
     out = {}
     for step in np.unique(steps):
-        t_c = t_m = gate = busy = spent = 0.0
-        ready, unconsumed = {}, set()
+        s = _Streams(overlap)
         for i in np.flatnonzero(steps == step):
+            ins = _ids(inputs[i])
             if kinds[i]:
-                if overlap == "none":
-                    start = max(t_m, t_c)
-                elif kinds[i] == "all_gather":
-                    start = max(t_m, gate)
-                else:
-                    start = max(t_m, t_c)
-                t_m = start + comm_s[i]
-                spent += comm_s[i]
-                for s in outputs[i] if outputs[i] is not None else ():
-                    ready[int(s)] = t_m
-                    if kinds[i] == "all_gather":
-                        unconsumed.add(int(s))
-                if overlap == "none":
-                    t_c = t_m
-                continue
-            if op_s[i] <= 0 and not ready:
-                continue
-            ids = [int(s) for s in inputs[i]] if inputs[i] is not None else []
-            wait = max((ready.get(s, 0.0) for s in ids), default=0.0)
-            t_c = max(t_c, wait)
-            if unconsumed and unconsumed.intersection(ids):
-                gate = t_c  # the compute stream has begun using an all-gather's output: the next may start
-                unconsumed.difference_update(ids)
-            t_c += op_s[i]
-            busy += op_s[i]
-        out[int(step)] = (max(t_c, t_m), busy, spent)
+                s.collective(kinds[i], groups[i], ins, _ids(outputs[i]), comm_s[i])
+            elif op_s[i] > 0:
+                s.compute(ins + _ids(outputs[i]), op_s[i])
+            elif s.ready:
+                s.passes(ins, _ids(outputs[i]))
+        out[int(step)] = (max([s.t_c, *s.free.values()]), s.busy, s.spent, s.waited)
     return out
+
+
+def _ids(cell):
+    return [int(x) for x in cell] if cell is not None else []
+
+
+class _Streams:
+    """One step's clocks: the compute stream's (`t_c`), each process group's communication stream's
+    (`free`: when its last collective ends), when each storage a collective wrote is ready."""
+
+    def __init__(self, overlap):
+        self.overlap = overlap
+        self.t_c = self.busy = self.spent = 0.0
+        self.free, self.gate = {}, {}  # per group: its stream's end; when its next all-gather may start
+        self.ready, self.writer = {}, {}  # per storage: when it is ready; the kind of the collective that wrote it
+        self.unconsumed = {}  # all-gather output storage -> its group, until an op that does work reads it
+        self.waited = {}
+
+    def collective(self, kind, group, ins, outs, seconds):
+        after = max((self.ready.get(x, 0.0) for x in ins), default=0.0)  # another collective's output
+        if self.overlap != "none" and kind == "all_gather":
+            start = max(self.free.get(group, 0.0), self.gate.get(group, 0.0), after)
+        else:
+            start = max(self.free.get(group, 0.0), self.t_c, after)
+        end = self.free[group] = start + seconds
+        self.spent += seconds
+        for x in outs:
+            self.ready[x], self.writer[x] = end, kind
+            if kind == "all_gather":
+                self.unconsumed[x] = group
+        if self.overlap == "none":
+            self._wait(end, kind)
+
+    def compute(self, ids, seconds):
+        if self.ready:
+            x = max(ids, key=lambda x: self.ready.get(x, 0.0), default=None)
+            if x is not None and x in self.ready:
+                self._wait(self.ready[x], self.writer[x])
+            for x in ids:
+                if x in self.unconsumed:  # the compute stream has begun using an all-gather's output
+                    group = self.unconsumed.pop(x)
+                    self.gate[group] = max(self.gate.get(group, 0.0), self.t_c)
+        self.t_c += seconds
+        self.busy += seconds
+
+    def passes(self, ins, outs):
+        """An op that costs nothing: no wait; what it makes is ready when its inputs are."""
+        known = [x for x in ins if x in self.ready]
+        if not known:
+            return
+        x = max(known, key=self.ready.get)
+        for y in outs:
+            if self.ready.get(y, 0.0) < self.ready[x]:
+                self.ready[y], self.writer[y] = self.ready[x], self.writer[x]
+            group = next((self.unconsumed[z] for z in ins if z in self.unconsumed), None)
+            if group is not None:
+                self.unconsumed.setdefault(y, group)
+
+    def _wait(self, until, kind):
+        if until > self.t_c:
+            self.waited[kind] = self.waited.get(kind, 0.0) + until - self.t_c
+            self.t_c = until

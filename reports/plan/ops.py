@@ -17,10 +17,16 @@
                 nothing here.
 
 The classes (CLASSES) are the efficiencies: `bound` names the one that set an op's time.
+On a target with tables (reports.plan.efficiency: an A100 or a Hopper), a bf16/fp16 matmul's
+efficiency is its shape's (m, n, k) from a published GEMM sweep x matmul_stack, and a fused
+attention kernel's is its kernel's on that generation x attention_stack (`shaped`, per row;
+the k of a matmul planned at k times the traced micro-batch grows with its FLOPs); other
+rows, and every row where the class's efficiency is given, take the class's flat figure.
 Calibration: on the device the trace ran on, with real op times, each class's efficiency
 is measured instead: the time its ops would take at the roof (efficiency 1) over the time
 they took (capped at 1: a roof that was beaten, by caches on a CPU say, is kept as the
-roof), and the launch cost is 0 (measured times include it).
+roof), and the launch cost is 0 (measured times include it); rows with a table's
+efficiency scale their stack factor by their predicted time over their measured time.
 
 A micro-batch k times the traced one scales the FLOPs of forward and backward ops by k
 (what they compute grows with the tokens), and of their bytes those of the storages that
@@ -45,11 +51,13 @@ from reports.flops.peaks import normalize_dtype
 from reports.loading.columns import cell_lists, cell_objects
 from reports.memory.lifetimes import dtype_sizes
 from reports.memory.resizes import collective_storages
+from reports.plan import efficiency as tables
 from reports.tables import row_dtype_codes
 
-__all__ = ["CLASSES", "calibrate", "fixed_bytes", "fixed_storages", "price"]
+__all__ = ["CLASSES", "STACKS", "calibrate", "fixed_bytes", "fixed_storages", "price", "shaped_efficiency"]
 
 CLASSES = ("matmul", "attention", "vector", "memory")
+STACKS = {0: "matmul_stack", 1: "attention_stack"}  # class index -> the stack factor on its table
 _MATMUL = ("matmul", "conv")
 
 
@@ -119,9 +127,10 @@ def fixed_bytes(rows, meta):
     return out
 
 
-def roofs(rows, peak_of, bandwidth, k=1.0, fixed=None):
+def roofs(rows, peak_of, bandwidth, k=1.0, fixed=None, gen=None):
     """Per-row ideal times at efficiency 1. `peak_of(dtype)` gives FLOP/s or None; `fixed`: per
-    row, the bytes that stay when the micro-batch is k times the traced one (`fixed_bytes`)."""
+    row, the bytes that stay when the micro-batch is k times the traced one (`fixed_bytes`); `gen`:
+    the target's generation with efficiency tables (reports.plan.efficiency), or None."""
     kinds = rows["flop_kind"].astype(object).to_numpy()
     is_comm = rows["comm_bytes"].notna().to_numpy()
     view = rows["is_view"].to_numpy(dtype=bool)
@@ -155,6 +164,7 @@ def roofs(rows, peak_of, bandwidth, k=1.0, fixed=None):
     memory = nbytes / bandwidth
     kernel = ~view & ~is_comm & ((flops > 0) | (nbytes > 0))
     return Priced(
+        shaped=shaped_efficiency(rows, gen, dtypes, flops),
         compute=compute,
         floor=floor,
         memory=memory,
@@ -167,30 +177,87 @@ def roofs(rows, peak_of, bandwidth, k=1.0, fixed=None):
     )
 
 
+def _row_efficiency(p, eff):
+    """Per row, the compute efficiency: the class's flat one, or a table's x the class's stack (module docstring)."""
+    flat = np.array([eff["matmul"], eff["attention"], eff["vector"]])[p["klass"]]
+    shaped = p.get("shaped")
+    if shaped is None:
+        return flat
+    stack = np.array([eff.get("matmul_stack", 1.0), eff.get("attention_stack", 1.0), 1.0])[p["klass"]]
+    return np.where(np.isnan(shaped), flat, shaped * stack)
+
+
 def price(p, eff, launch_s):
-    """Per-row op seconds and bound class index (into CLASSES) for efficiencies {class: e}."""
-    compute = p["compute"] / np.array([eff["matmul"], eff["attention"], eff["vector"]])[p["klass"]]
+    """Per-row op seconds and bound class index (into CLASSES) for efficiencies {class: e} (and the stack
+    factors {"matmul_stack": f, "attention_stack": f} on the rows with a table's efficiency)."""
+    compute = p["compute"] / _row_efficiency(p, eff)
     memory = p["memory"] / eff["memory"]
     bound = np.where((compute >= memory) & (p["compute"] > 0), p["klass"], 3)
     seconds = np.where(p["kernel"], np.maximum(np.maximum(compute, memory), p["floor"]) + launch_s, 0.0)
     return seconds, bound
 
 
+def shaped_efficiency(rows, gen, dtypes=None, flops=None):
+    """Per row, float64: a table's efficiency (reports.plan.efficiency) for bf16/fp16 matmuls on `gen` by their
+    shape, and for fused attention kernels on `gen` by their kernel; nan elsewhere (and everywhere when `gen` is
+    None: the target has no table)."""
+    out = np.full(len(rows), np.nan)
+    if gen is None or not len(rows):
+        return out
+    kinds = rows["flop_kind"].astype(object).to_numpy()
+    dtypes = _dtypes(rows) if dtypes is None else dtypes
+    flops = rows["flops"].to_numpy(dtype=np.float64) if flops is None else flops
+    half = np.isin(dtypes, ("bfloat16", "float16"))
+    pick = np.flatnonzero((kinds == "matmul") & half & (flops > 0))
+    if len(pick):
+        dims = [tables.matmul_dims(s, f) for s, f in zip(cell_objects(rows, "output_shapes", pick), flops[pick])]
+        ok = np.array([d is not None for d in dims], dtype=bool)
+        if ok.any():
+            m, n, k = (np.array([d[i] for d in dims if d is not None], dtype=np.float64) for i in range(3))
+            out[pick[ok]] = tables.matmul(m, n, k, gen)
+    attn = np.flatnonzero((kinds == "attention") & (flops > 0))
+    ops = rows["op"].astype(str).to_numpy()
+    for i in attn:
+        found = tables.attention(tables.kernel_of(ops[i]), gen)
+        if found:
+            out[i] = found[0]
+    return out
+
+
 def calibrate(p, measured_s, eff):
-    """{class: (efficiency, source)} measured from the trace's op times: ideal over measured, per class."""
+    """{assumption name: (value, source)} measured from the trace's op times: per class, ideal over measured (the
+    `<class>_efficiency`), and for the rows with a table's efficiency their stack factor (`matmul_stack`,
+    `attention_stack`) times their predicted over their measured time."""
     _, bound = price(p, eff, 0.0)
     ideal = np.maximum(p["compute"], p["memory"])
+    shaped = p.get("shaped")
+    shaped = np.zeros(len(ideal), dtype=bool) if shaped is None else ~np.isnan(shaped)
+    predicted = p["compute"] / _row_efficiency(p, eff)
     out = {}
+    for c, stack in STACKS.items():
+        pick = p["kernel"] & (bound == c) & (measured_s > 0) & shaped
+        spent = float(measured_s[pick].sum())
+        if pick.any() and spent > 0:
+            value = eff.get(stack, 1.0) * float(predicted[pick].sum()) / spent
+            source = (
+                f"measured: {int(pick.sum())} {CLASSES[c]}-bound ops priced by reports.plan.efficiency's tables, "
+                "their predicted time over their op time, times the stack factor"
+            )
+            low, high = 0.01, 2.0  # reports.plan.assumptions.RANGES
+            if not low <= value <= high:
+                source += f" ({value:.3g}, outside [{low:g}, {high:g}]: clipped)"
+                value = min(max(value, low), high)
+            out[stack] = (value, source)
     for c, name in enumerate(CLASSES):
-        pick = p["kernel"] & (bound == c) & (measured_s > 0)
+        pick = p["kernel"] & (bound == c) & (measured_s > 0) & ~shaped
         spent = float(measured_s[pick].sum())
         if not pick.any() or spent <= 0:
-            out[name] = (eff[name], f"assumed (no {name}-bound op with a time in the trace)")
+            out[f"{name}_efficiency"] = (eff[name], f"assumed (no {name}-bound op with a time in the trace)")
             continue
         value = float(ideal[pick].sum()) / spent
         source = f"measured on the traced step: {int(pick.sum())} {name}-bound ops, their roof time over their op time"
         if value > 1:
             source += f" ({value:.3g}, above the roof: capped at 1)"
             value = 1.0
-        out[name] = (value, source)
+        out[f"{name}_efficiency"] = (value, source)
     return out

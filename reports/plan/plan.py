@@ -5,6 +5,8 @@ One row per run (a trace of one rank: real, meta or fake, any world size), colum
   complete, error                      whether the traced code ran to the end; the exception it raised
                                        (the metadata's), else None: the plan covers the rows it has
   gpu, gpus_per_node, world_size       the target and the job (world size: the trace's)
+  tp                                   the tensor-parallel degree the trace shows (reports.plan.comm
+                                       tensor_parallel; 1 without): its ranks read the same tokens
   batch, micro_batch                   sequences per rank: traced (and how found), planned
   tokens_per_step                      tokens per rank per step at the planned micro-batch
   fits, peak_bytes_per_rank, required_bytes, device_memory_bytes, headroom_bytes,
@@ -15,7 +17,7 @@ One row per run (a trace of one rank: real, meta or fake, any world size), colum
   comm_s, exposed_comm_s               the step's collectives priced on its links, and the part
                                        the overlap model leaves exposed (reports/plan/comm.py)
   step_time_s                          compute_s + exposed_comm_s
-  tokens_per_s_per_gpu                 tokens_per_step / step_time_s
+  tokens_per_s_per_gpu                 tokens_per_step / tp / step_time_s
   model_flops_per_step, causal_masked_flops_per_step, peak_flops_per_s, mfu
                                        MFU: model FLOPs (reports.flops.mfu's: no recomputation)
                                        less the masked half of causal attention (which
@@ -34,11 +36,19 @@ One row per run (a trace of one rank: real, meta or fake, any world size), colum
                                        efficiencies measured from it, and the predicted step
                                        against the traced one (untraced median step time when
                                        recorded, else the sum of traced op times per step)
+  pp, micro_batches, schedule, virtual_stages, pipeline_bubble_s, bubble_fraction, p2p_s
+                                       the pipeline (reports/plan/pipeline.py; pp 1: none): with pp > 1
+                                       step_time_s, tokens_per_step, tokens_per_s_per_gpu, the FLOPs and
+                                       mfu are the pipeline's (micro_batches micro-batches over pp GPUs),
+                                       and the memory figures the rank that needs most
+  cp, ring_s, kv_in_flight_bytes       context parallelism (reports/plan/context.py; cp 1: none): ring
+                                       attention's sends per step (in comm_s) and the K/V blocks in flight
 
 `frame.attrs["plan"]` holds per run: `assumptions` [{name, value, unit, source}] (every
 number assumed, those measured included), `classes` (time per bound class), `memory` (the fit's
 parts, and for a plan that does not fit its `changes`: reports.plan.changes), `notes` (what the
-figures rest on, what needs a re-trace) and `basis` (those of `notes` that hold for every plan).
+figures rest on, what needs a re-trace) and `basis` (those of `notes` that hold for every plan); with
+pp > 1 `pipeline` (each rank's blocks, time, sends and memory), with cp > 1 `context` (the ring's figures).
 """
 
 import math
@@ -54,15 +64,17 @@ from reports.flops.recompute import attention_recompute, checkpoint_recompute
 from reports.loading.integrity import signal_of, stopped_by
 from reports.loading.load import require, runs_of
 from reports.plan import assumptions as assumed
-from reports.plan.comm import OVERLAPS, costs, simulate
+from reports.plan import parallel
+from reports.plan.comm import OVERLAPS, costs, simulate, tensor_parallel
 from reports.plan.devices import CPU, resolve_gpu
+from reports.plan.efficiency import generation as _table_generation
 from reports.plan.fit import fit, traced_batch
-from reports.plan.ops import CLASSES, calibrate, fixed_bytes, price, roofs
+from reports.plan.ops import CLASSES, STACKS, calibrate, fixed_bytes, price, roofs
 from reports.steps import count_steps, per_step
 from reports.tables import split_runs
 from tracer.devices import candidates
 
-__all__ = ["plan"]
+__all__ = ["measured_step", "plan"]
 
 _COLUMNS = (
     "run",
@@ -124,12 +136,31 @@ def _on_target(entry, meta):
     return device.get("type") == "cuda" and entry["name"] in {d.name for d in found}
 
 
-def plan(df, gpu, gpus_per_node=8, micro_batch=None, batch=None, overlap="prefetch", assumptions=None):
+def plan(
+    df,
+    gpu,
+    gpus_per_node=8,
+    micro_batch=None,
+    batch=None,
+    overlap="prefetch",
+    assumptions=None,
+    pp=1,
+    micro_batches=1,
+    schedule="1f1b",
+    virtual_stages=1,
+    cp=1,
+    calibrated=None,
+):
     """Plan each run of `df` on `gpu` (a name of reports.plan.devices.GPUS, or "cpu": the CPU
     the trace ran on). `micro_batch`: sequences per rank to plan (default the traced batch,
     found by traced_batch unless `batch` gives it); `overlap`: "prefetch" or "none";
-    `assumptions`: {name: value} overriding reports.plan.assumptions.DEFAULTS."""
+    `assumptions`: {name: value} overriding reports.plan.assumptions.DEFAULTS; `pp`: pipeline
+    stages, `micro_batches` per step, `schedule` "1f1b" or "interleaved" with `virtual_stages`
+    per rank (reports/plan/pipeline.py); `cp`: context-parallel degree (reports/plan/context.py);
+    `calibrated`: {name: (value, source)} fitted on a measured trace (reports.plan.calibration.fit), used
+    where `assumptions` does not give the name."""
     require(df, _COLUMNS, "plan")
+    shape = parallel.check(pp, micro_batches, schedule, virtual_stages, cp)
     if isinstance(gpus_per_node, bool) or not isinstance(gpus_per_node, int) or gpus_per_node < 1:
         raise ReportError(f"plan: gpus_per_node must be an int >= 1, got {gpus_per_node!r}")
     for name, value in (("micro_batch", micro_batch), ("batch", batch)):
@@ -138,11 +169,12 @@ def plan(df, gpu, gpus_per_node=8, micro_batch=None, batch=None, overlap="prefet
     if overlap not in OVERLAPS:
         raise ReportError(f"plan: overlap must be one of {', '.join(OVERLAPS)}, got {overlap!r}")
     table = assumed.resolve(assumptions)
+    table.update({n: v for n, v in (calibrated or {}).items() if table[n][1] != "given"})
     resolve_gpu(gpu)  # a bad name fails before any work
     runs, records, details = runs_of(df), [], {}
     for run, rows in split_runs(df):
         if len(rows):
-            record, detail = _plan_run(rows, runs[run], gpu, gpus_per_node, micro_batch, batch, overlap, table)
+            record, detail = _plan_run(rows, runs[run], gpu, gpus_per_node, micro_batch, batch, overlap, table, shape)
             records.append({"run": run, **record})
             details[run] = detail
     out = pd.DataFrame.from_records(records)
@@ -150,7 +182,7 @@ def plan(df, gpu, gpus_per_node=8, micro_batch=None, batch=None, overlap="prefet
     return out
 
 
-def _plan_run(rows, meta, gpu, gpus_per_node, micro_batch, batch, overlap, table):
+def _plan_run(rows, meta, gpu, gpus_per_node, micro_batch, batch, overlap, table, shape=(1, 1, "1f1b", 1, 1)):
     entry, peak_of, bandwidth, bw_source, memory = _target(gpu, meta)
     notes, basis = [], []  # basis: the notes that hold for every plan of its kind (the text lists them apart)
     complete, raised = bool(meta.get("complete")), meta.get("error")
@@ -170,6 +202,8 @@ def _plan_run(rows, meta, gpu, gpus_per_node, micro_batch, batch, overlap, table
     if micro_batch is not None and found is None:
         raise ReportError("plan: micro_batch needs the traced batch, which the trace does not show: pass batch=")
     k = planned / found if micro_batch is not None else 1.0
+    cp = parallel.degree(shape, found, entry == CPU)
+    k /= cp  # a rank of the context-parallel group holds 1/cp of each sequence's tokens
     if entry == CPU:  # no GPU: no CUDA context, no NCCL (whatever was assumed for a GPU)
         table = {
             **table,
@@ -186,21 +220,21 @@ def _plan_run(rows, meta, gpu, gpus_per_node, micro_batch, batch, overlap, table
     if steady:
         notes.append(steady)
 
-    p = roofs(rows, peak_of, bandwidth, k, fixed_bytes(rows, meta) if k != 1.0 else None)
-    notes += p["notes"]
-    eff = {c: a[f"{c}_efficiency"] for c in CLASSES}
+    p = roofs(rows, peak_of, bandwidth, k, fixed_bytes(rows, meta) if k != 1.0 else None, _generation(entry))
+    notes += p["notes"] + _tables(p, sources, entry)
+    eff = {c: a[f"{c}_efficiency"] for c in CLASSES} | {s: a[s] for s in STACKS.values()}
     launch = a["launch_s"]
     calibrated = _on_target(entry, meta) and k == 1.0
     measured = _measured(rows)
     if calibrated and measured.sum() > 0:
-        for c, (value, source) in calibrate(p, measured, eff).items():
-            eff[c], sources[f"{c}_efficiency"] = value, source
-            a[f"{c}_efficiency"] = value
+        for name, (value, source) in calibrate(p, measured, eff).items():
+            eff[name.removesuffix("_efficiency")], sources[name], a[name] = value, source, value
         launch, sources["launch_s"] = 0.0, "0: the measured op times include each kernel's launch"
         a["launch_s"] = 0.0
     else:
         calibrated = False
     seconds, bound = price(p, eff, launch)
+    _effective(p, eff, a, sources)
 
     world = int(meta.get("world_size") or 1)
     has_comm = bool(rows["comm_bytes"].notna().any())
@@ -221,6 +255,10 @@ def _plan_run(rows, meta, gpu, gpus_per_node, micro_batch, batch, overlap, table
     comm = float(per_step(rows, pd.Series(comm_s, index=rows.index)))
     exposed = max(0.0, step_time - float(np.mean([steps[s][1] for s in train])))
     step_time = compute + exposed
+    ringed, context = parallel.ring_step(rows, meta, seconds, k, entry, gpus_per_node, a, cp)
+    if context:
+        comm, exposed = comm + context["ring_s"], exposed + context["ring_exposed_s"]
+        step_time = compute + exposed
     if entry == CPU and has_comm:
         comm = exposed = step_time = math.nan
 
@@ -233,6 +271,7 @@ def _plan_run(rows, meta, gpu, gpus_per_node, micro_batch, batch, overlap, table
     tokens = tokens * k if tokens else None
     if tokens is None:
         notes.append("the trace records no tokens per step (Tracer(tokens=...)): tokens/s is unknown")
+    tp = _tensor_parallel(rows, meta.get("tokens"), notes)
     bounded = bounds(rows)
     bound_flops = bounded["flops"] * k
     if bounded["rows"]:
@@ -247,11 +286,13 @@ def _plan_run(rows, meta, gpu, gpus_per_node, micro_batch, batch, overlap, table
         meta,
         memory,
         table,
-        found,
-        planned if micro_batch is not None else None,
-        process_groups=_groups_used(every) if world > 1 else 0,
+        found * cp if found else found,  # the fit at 1/cp of the micro-batch: its largest, in whole sequences
+        planned if micro_batch is not None or cp > 1 else None,
+        process_groups=_groups_used(every) + (cp > 1) if world > 1 or cp > 1 else 0,
         world=world,
     )
+    if context:
+        parallel.ring_memory(memory_fit, context)
     if memory is None:
         basis.append("the CPU's memory size is not in the trace: fits is unknown")
     if not meta.get("parameters"):
@@ -299,6 +340,7 @@ def _plan_run(rows, meta, gpu, gpus_per_node, micro_batch, batch, overlap, table
         "gpu": entry if entry == CPU else entry["name"],
         "gpus_per_node": gpus_per_node,
         "world_size": world,
+        "tp": tp,
         "batch": found,
         "micro_batch": planned,
         "tokens_per_step": tokens,
@@ -319,7 +361,7 @@ def _plan_run(rows, meta, gpu, gpus_per_node, micro_batch, batch, overlap, table
         "comm_s": comm,
         "exposed_comm_s": exposed,
         "step_time_s": step_time,
-        "tokens_per_s_per_gpu": tokens / step_time if tokens and step_time > 0 else math.nan,
+        "tokens_per_s_per_gpu": tokens / tp / step_time if tokens and step_time > 0 else math.nan,
         "model_flops_per_step": model_flops,
         "bound_flops_per_step": bound_flops,
         "causal_masked_flops_per_step": masked,
@@ -376,7 +418,49 @@ def _plan_run(rows, meta, gpu, gpus_per_node, micro_batch, batch, overlap, table
         for c in range(len(CLASSES))
     ]
     detail = {"assumptions": listed, "classes": classes, "memory": memory_fit, "notes": notes, "basis": basis}
+    whole = found * cp if found else found  # the traced batch in whole sequences of the rank's share (k's unit)
+    collectives = exposed - (context["ring_exposed_s"] if context else 0.0)  # the ring's goes with its kernels
+    priced = (rows, every, meta, seconds + ringed, collectives, k, entry, gpus_per_node, world, a, memory_fit, whole)
+    parallel.finish(record, detail, priced, shape, context)
     return record, detail
+
+
+def _generation(entry):
+    """The target's generation with efficiency tables (reports.plan.efficiency), or None."""
+    return None if entry == CPU else _table_generation(entry["peak_key"])
+
+
+def _tables(p, sources, entry):
+    """Drop the tables' per-row efficiencies of a class whose flat efficiency was given; notes on what priced what."""
+    given = {c: sources[f"{c}_efficiency"] == "given" for c in ("matmul", "attention")}
+    for c, name in enumerate(("matmul", "attention")):
+        if given[name]:
+            p["shaped"][p["klass"] == c] = np.nan
+    if entry == CPU or _generation(entry) is not None:
+        return []
+    return [
+        f"reports.plan.efficiency has no GEMM sweep or attention table for the {entry['peak_key']}: its matmuls "
+        "and attention kernels are priced at the flat matmul_efficiency and attention_efficiency"
+    ]
+
+
+def _effective(p, eff, a, sources):
+    """List matmul_efficiency and attention_efficiency as what the step's ops of the class reach together
+    (their FLOPs at the roof over their priced compute time) when a table priced any of them."""
+    shaped = p.get("shaped")
+    for c, name in enumerate(("matmul", "attention")):
+        pick = (p["klass"] == c) & ~np.isnan(shaped) & (p["compute"] > 0)
+        if not pick.any():
+            continue
+        e = np.where(np.isnan(shaped), eff[name], shaped * eff[STACKS[c]])[pick]
+        value = float(p["compute"][pick].sum() / (p["compute"][pick] / e).sum())
+        a[f"{name}_efficiency"] = value
+        table = "a GEMM sweep by (m, n, k)" if name == "matmul" else "its kernel's published figure"
+        sources[f"{name}_efficiency"] = (
+            f"reports.plan.efficiency: {int(pick.sum())} {name} ops of the step each at {table} on this "
+            f"generation x {STACKS[c]} ({eff[STACKS[c]]:.3g}); the figure is what they reach together "
+            "(the flat assumption prices only the rest)"
+        )
 
 
 def _peak_source(entry, dtype):
@@ -415,6 +499,19 @@ def _steady_step(rows):
     )
 
 
+def _tensor_parallel(rows, tokens, notes):
+    """The tensor-parallel degree of the trace (reports.plan.comm.tensor_parallel), noted when above 1: the
+    ranks of a tensor-parallel group share their tokens, so each GPU's tokens/s is the rank's over the degree."""
+    degree, group = tensor_parallel(rows, tokens)
+    if degree > 1:
+        notes.append(
+            f"tensor parallelism of degree {degree} (process group {group or 'unnamed'} all-reduces or "
+            f"reduce-scatters activations in the forward): its {degree} ranks read the same tokens, so tokens/s "
+            f"per GPU is the trace's tokens over {degree}"
+        )
+    return degree
+
+
 def _groups_used(rows):
     """Process groups with a collective in the trace (by the rows' process_group; 1 when collectives name
     none): NCCL makes its buffers for a group at its first collective, not for every group made."""
@@ -439,3 +536,28 @@ def _traced_step(rows, meta):
     if median:
         return float(median), "the untraced median step time"
     return float(per_step(rows, pd.Series(_measured(rows), index=rows.index))), "the traced op times per step"
+
+
+def measured_step(df, gpu, assumptions=None):
+    """For reports.plan.calibration: (run name, priced rows of the steady step of `df`'s first run on `gpu`
+    (reports.plan.ops.roofs, the tables' efficiencies dropped where `assumptions` gives the class's), their op
+    times in seconds, the assumptions table, whether `df` has other runs). A run not timed on `gpu` is a
+    ReportError naming where it ran."""
+    (name, rows), *others = list(split_runs(df))
+    meta = runs_of(df)[name]
+    entry, peak_of, bandwidth, _, _ = _target(gpu, meta)
+    if not _on_target(entry, meta):
+        device = meta.get("device") or {}
+        how = "fake tensors" if device.get("fake") else f"{device.get('type')} {device.get('name') or ''}".strip()
+        untimed = ", untimed" if (meta.get("timing") or {}).get("mode") == "off" else ""
+        raise ReportError(
+            f"plan: --calibrate needs a trace measured on {gpu} with op times; this one ran on {how}{untimed}"
+        )
+    rows, _ = _steady_step(rows)
+    p = roofs(rows, peak_of, bandwidth, 1.0, None, _generation(entry))
+    table = assumed.resolve(assumptions)
+    _tables(p, {n: s for n, (_, s) in table.items()}, entry)
+    measured = _measured(rows)
+    if not (measured > 0).any():
+        raise ReportError(f"plan: --calibrate: the measured trace has no op times ({name})")
+    return name, p, measured, table, bool(others)

@@ -41,7 +41,8 @@ def _packets():
 
 
 _PACKETS = _packets()
-# flop_rows' and flop_rest's columns as DuckDB gives them (reports/sql/flops.py _ROWS)
+# flop_rows' and flop_rest's columns as DuckDB gives them: every column a FLOP section reads, the one list of them
+# (reports.sql.flops selects these, reports.flops.rows.COLUMNS is `run` and these)
 _INTS, _SHAPES = pa.list_(pa.field("l", pa.int64())), pa.list_(pa.field("l", pa.list_(pa.field("l", pa.int64()))))
 SCHEMA = pa.schema(
     [

@@ -49,28 +49,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from reports.sql.engine import statements
-from reports.sql.flop_rows import FlopRows
+from reports.sql.flop_rows import SCHEMA, FlopRows
 
 __all__ = ["frame", "table"]
 
-_ROWS = (
-    "seq",
-    "step",
-    "phase",
-    "op",
-    "module",
-    "flop_kind",
-    "flops",
-    "recompute",
-    "causal",
-    "input_storage_ids",
-    "output_storage_ids",
-    "input_dtypes",
-    "input_shapes",
-    "output_shapes",
-    "flops_bound",
-    "grad_mode",
-)
+_ROWS = tuple(SCHEMA.names)  # every column a FLOP section reads
 _REST = {
     "seq": "seq",
     "step": "step",

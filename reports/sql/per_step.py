@@ -13,7 +13,8 @@ __all__ = ["floats", "per_step_arrays"]
 def per_step_arrays(steps, runs, arrays, columns, keys=()):
     """Trace.per_step over numpy arrays of a view's columns (run_index, phase, `keys`, `columns`, first_seq), `steps`
     {run_index: {phase: steps}} (Trace.phase_steps) of `runs` runs: {run_index: ([key tuple], {column: float64
-    array})}, the keys in order of their least first_seq (ties: in order of first appearance); no key: one row."""
+    array})}, the keys in order of their least first_seq (ties: in order of first appearance; a key holding a null is
+    left out, as pandas' groupby leaves it); no key: one row."""
     run_index = np.asarray(arrays["run_index"]).astype(np.int64)
     out = {}
     for i in range(runs):
@@ -27,17 +28,19 @@ def per_step_arrays(steps, runs, arrays, columns, keys=()):
         if keys:
             least = {}
             for key, seq in zip(tuples, arrays["first_seq"][at]):
+                if any(k is None or k != k for k in key):  # a null key: no group (pandas' groupby drops it)
+                    continue
                 least[key] = seq if key not in least else min(least[key], seq)
             found = sorted(least, key=least.__getitem__)  # stable: ties keep their first appearance
         else:
             found = [()]
         where = {key: n for n, key in enumerate(found)}
-        slots = np.array([where[key] for key in tuples], dtype=np.int64)
+        slots = np.array([where.get(key, -1) for key in tuples], dtype=np.int64)
         phase = arrays["phase"][at]
         figures = {c: np.zeros(len(found)) for c in columns}
         for c in order:
             p = names[c]
-            mine = np.flatnonzero(phase == p)
+            mine = np.flatnonzero((phase == p) & (slots >= 0))
             for col in columns:
                 values = np.zeros(len(found))
                 got = np.asarray(arrays[col][at][mine], dtype=np.float64)

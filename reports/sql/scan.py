@@ -9,9 +9,9 @@ view holds what views.sql's definition holds, column for column and type for typ
 (tests/reports/sql/test_sql_scan.py compares them on every test trace):
 
     _ops    per run, op, phase, FLOP kind, view flag, dtype, FLOPs, algorithmic bytes (views move none),
-            process group and group size: op_facts, by_dtype, roofline_op, collective_totals and the
-            roofline's split by bound (reports/sql_report.py), which needs each row's FLOPs and bytes
-            (keys here). Rows of one op with the same shapes share a group: its size follows the
+            process group and group size: op_facts, by_dtype, roofline_op, collective_totals and
+            roofline_groups (the roofline's split by bound, reports.time.roofline), which needs each row's FLOPs
+            and bytes (keys here). Rows of one op with the same shapes share a group: its size follows the
             distinct shapes per op and phase, not the rows (a few hundred groups for a 1M-row trace).
             Its `null_lists` (a trace read once into memory): whether a row of the group has a null list cell
             or a null id or size item, which the engine's checks refuse (the lists read in this scan; a trace
@@ -194,6 +194,11 @@ SELECT run, run_index, op, dtype, phase, CAST(sum(ops) AS BIGINT) AS ops, sum(fl
        sum(bytes_sum) AS bytes, sum(time_ns) AS time_ns, min(first_seq) AS first_seq
 FROM _ops
 GROUP BY run, run_index, op, dtype, phase
+""",
+    "roofline_groups": """
+SELECT run, run_index, phase, dtype, flops, bytes, CAST(sum(ops) AS BIGINT) AS ops, sum(time_ns) AS time_ns
+FROM _ops
+GROUP BY run, run_index, phase, dtype, flops, bytes
 """,
     # flops.sql's views of the FLOP sections (reports/sql/flops.py): the ops from _ops, the steps from _steps, and the
     # rows no walk reads (flop_rest) summed from _ops, whose keys hold what flop_marked's `walked` reads of a row

@@ -130,7 +130,7 @@ FROM rows
 GROUP BY run, run_index, step
 ;
 -- portable: each module's own ops (the innermost module of a row); reports.by_module adds the
--- subtrees up the dotted names (reports/sql_report.py).
+-- subtrees up the dotted names (reports.tables.by_module).
 CREATE VIEW module_own AS
 SELECT run, run_index, module, count(*) AS ops, sum(flops) AS flops, sum(bytes_allocated) AS bytes_allocated,
        CAST(sum(duration_ns) AS DOUBLE) / 1000.0 AS duration_us, min(seq) AS first_seq
@@ -194,27 +194,73 @@ JOIN run_totals AS t ON g.run_index = t.run_index
 WHERE g.kind <> ''
 ;
 -- The roofline's rows: per op, dtype and phase, FLOPs, algorithmic bytes (views move none) and time
--- (busy_ns, else duration_ns); reports/sql_report.py adds the roofs, per op kind (the table, whose
--- per-phase totals it divides by phase_steps) and per bound and step (the split).
+-- (busy_ns, else duration_ns), with the row's module and input shapes (the tables by module and by shape);
+-- reports.time.roofline adds the roofs, per op kind (the tables, whose per-phase totals it divides by
+-- phase_steps) and per bound and step (the split).
 CREATE VIEW roofline_rows AS
 SELECT run, run_index, op, dtype, phase, flops,
        CASE WHEN is_view THEN 0 ELSE bytes_read + bytes_written END AS bytes,
        coalesce(busy_ns, duration_ns) AS time_ns,
-       CAST(coalesce(busy_ns, duration_ns) AS DOUBLE) / 1e9 AS time_s, seq
+       CAST(coalesce(busy_ns, duration_ns) AS DOUBLE) / 1e9 AS time_s, seq, module, input_shapes
 FROM row_dtype
 ;
+-- reports.roofline(by="op"): per op, dtype and phase.
 CREATE VIEW roofline_op AS
 SELECT run, run_index, op, dtype, phase, count(*) AS ops, sum(flops) AS flops, sum(bytes) AS bytes,
        sum(time_ns) AS time_ns, min(seq) AS first_seq
 FROM roofline_rows
 GROUP BY run, run_index, op, dtype, phase
 ;
+-- reports.roofline(by="shape"): per op, dtype, input shapes (reports.time.roofline writes them as text) and phase.
+CREATE VIEW roofline_shape AS
+SELECT run, run_index, op, dtype, input_shapes, phase, count(*) AS ops, sum(flops) AS flops, sum(bytes) AS bytes,
+       sum(time_ns) AS time_ns, min(seq) AS first_seq
+FROM roofline_rows
+GROUP BY run, run_index, op, dtype, input_shapes, phase
+;
+-- reports.roofline(by="module"): per innermost module (a row without one is in no group) and phase; the module's
+-- dtype is that of its heaviest row (most FLOPs, bytes breaking ties; the first such row), whose roof it gets.
+CREATE VIEW roofline_module AS
+SELECT g.run, g.run_index, g.module, h.dtype, g.phase, g.ops, g.flops, g.bytes, g.time_ns, g.first_seq
+FROM (SELECT run, run_index, module, phase, count(*) AS ops, sum(flops) AS flops, sum(bytes) AS bytes,
+             sum(time_ns) AS time_ns, min(seq) AS first_seq
+      FROM roofline_rows WHERE module IS NOT NULL GROUP BY run, run_index, module, phase) AS g
+JOIN (SELECT run_index, module, dtype
+      FROM (SELECT run_index, module, dtype,
+                   row_number() OVER (PARTITION BY run_index, module
+                                      ORDER BY CASE WHEN flops > 0 THEN CAST(flops AS DOUBLE) ELSE 0.0 END * 1e3
+                                               + CAST(bytes AS DOUBLE) * 1e-9 DESC, seq) AS heaviest
+            FROM roofline_rows WHERE module IS NOT NULL) AS w
+      WHERE heaviest = 1) AS h
+  ON g.run_index = h.run_index AND g.module = h.module
+;
+-- reports.roofline_split: the rows per run, phase, dtype, FLOPs and bytes of a row, and their time: every row of a
+-- group has one bound and one roof (reports.time.roofline split_of_groups).
+CREATE VIEW roofline_groups AS
+SELECT run, run_index, phase, dtype, flops, bytes, count(*) AS ops, sum(time_ns) AS time_ns
+FROM roofline_rows
+GROUP BY run, run_index, phase, dtype, flops, bytes
+;
 -- portable: collective traffic per run, collective op, process group and group size, per phase:
--- reports/sql_report.py divides by phase_steps and applies the ring algorithm's factors.
+-- reports.distributed.collectives.per_step_traffic divides by phase_steps and applies the ring algorithm's
+-- factors.
 CREATE VIEW collective_totals AS
 SELECT run, run_index, op, process_group, coalesce(group_size, 1) AS group_size, phase, count(*) AS calls,
        sum(comm_bytes) AS message_bytes, min(seq) AS first_seq
 FROM rows
 WHERE comm_bytes IS NOT NULL
 GROUP BY run, run_index, op, process_group, coalesce(group_size, 1), phase
+;
+-- portable: reports.comm_split, per run and step: the time of the ops that are not collectives (compute_s) and of
+-- the collectives (comm_s: the rows with comm_bytes), their bytes, and comm_s's share of the two (NULL when both
+-- are 0).
+CREATE VIEW comm_split AS
+SELECT run, run_index, step, compute_s, comm_s, comm_bytes,
+       CASE WHEN compute_s + comm_s > 0 THEN 100.0 * comm_s / (compute_s + comm_s) END AS comm_pct
+FROM (SELECT run, run_index, step,
+             CAST(sum(CASE WHEN comm_bytes IS NULL THEN duration_ns ELSE 0 END) AS DOUBLE) / 1e9 AS compute_s,
+             CAST(sum(CASE WHEN comm_bytes IS NULL THEN 0 ELSE duration_ns END) AS DOUBLE) / 1e9 AS comm_s,
+             sum(coalesce(comm_bytes, 0)) AS comm_bytes
+      FROM rows
+      GROUP BY run, run_index, step) AS g
 ;

@@ -35,25 +35,29 @@ on CUDA use timing="events" (the default), not "sync".
 `roofline_split(df)` gives the step's op time split into compute-bound, memory-bound
 and other ops, with `roof_time_s`, the time the ops would take at their roof: memory-
 bound time far above its roof time is what fusing those ops could buy back.
+
+Each table is a view of reports/sql/views.sql (roofline_op, roofline_shape, roofline_module, roofline_groups) run
+by the one engine: over the trace's files for `optrace report` (a reports.sql.engine.Trace), over the rows of a
+DataFrame or pyarrow Table for the library (reports.sql.frame); this module adds the roofs (device tables) and
+divides the per-phase totals into per-step figures (reports.sql.engine.Trace.per_step).
 """
 
 import numpy as np
 import pandas as pd
 
+from reports._util import empty_frame
 from reports.errors import ReportError
 from reports.flops.peaks import normalize_dtype, peak_bandwidth, peak_flops
-from reports.loading.columns import cell_objects
-from reports.loading.load import require, runs_of
-from reports.steps import per_step, row_divisor, step_phases, summable
-from reports.tables import combine, row_dtype_codes, several_runs, split_runs
+from reports.sql.frame import trace_of
+from reports.sql.tables import fetch
 from tracer.schema import PHASES
 
 __all__ = ["BOUNDS", "roofline", "roofline_split", "roofline_with_split"]
 
 BOUNDS = ("compute", "memory", "other")
-_BY = {"op": ["op", "dtype"], "shape": ["op", "dtype", "input_shapes"], "module": ["module"]}
+_BY = {"op": ["op", "dtype"], "shape": ["op", "dtype", "input_shapes"], "module": ["module", "dtype"]}
+# the columns the tables read of a frame (input_shapes too by shape; reports.sql.frame adds "run")
 _COLUMNS = (
-    "run",
     "step",
     "phase",
     "op",
@@ -67,6 +71,7 @@ _COLUMNS = (
     "output_dtypes",
     "is_view",
 )
+_SUMS = ["ops", "flops", "bytes", "time_ns"]
 ROOFLINE_COLUMNS = {
     "ops_per_step": "float64",
     "flops_per_step": "float64",
@@ -92,40 +97,6 @@ SPLIT_COLUMNS = {
     "bytes": "float64",
     "roof_time_s": "float64",
 }
-
-
-def _rows(rows, shapes=False):
-    """The columns the roofline needs, one row per op: dtype, bytes, time in seconds (and the
-    input shapes as text when grouping by them)."""
-    time_s = rows["busy_ns"].to_numpy(dtype="float64", na_value=np.nan, copy=True)  # numpy throughout: few temporaries
-    unbusy = np.isnan(time_s)
-    time_s[unbusy] = rows["duration_ns"].to_numpy()[unbusy]
-    time_ns = time_s.astype(np.int64)  # integer ns: per-step sums exact before the one division
-    time_s /= 1e9
-    nbytes = rows["bytes_read"].to_numpy(np.int64) + rows["bytes_written"].to_numpy(np.int64)
-    nbytes[rows["is_view"].to_numpy(dtype=bool)] = 0
-    per_step = 1.0 / row_divisor(rows).to_numpy()
-    table = pd.DataFrame(
-        {
-            "op": rows["op"].astype("category"),  # categorical keys: group-bys on codes, not strings
-            "module": rows["module"].astype("category"),
-            "dtype": pd.Categorical.from_codes(*row_dtype_codes(rows)),
-            "flops": summable(rows["flops"].to_numpy(np.int64)),  # float64 where an int64 sum could wrap
-            "bytes": nbytes,
-            "time_s": time_s,
-            "time_ns": time_ns,
-            "per_step": per_step,
-        },
-        index=rows.index,
-        copy=False,
-    )
-    if shapes:
-        table.insert(2, "input_shapes", [_shapes(s) for s in cell_objects(rows, "input_shapes")])
-    return table
-
-
-def _shapes(shapes):
-    return "" if shapes is None else ", ".join("[" + ", ".join(str(int(d)) for d in s) + "]" for s in shapes)
 
 
 def run_roofs(meta, dtypes, peak_override, bandwidth_override):
@@ -161,26 +132,15 @@ def _check(value, what):
         raise ReportError(f"roofline: {what} must be a number > 0, got {value!r}")
 
 
-def _prepared(df, peak_flops, bandwidth, shapes):
-    """Per run: (run, its row table from _rows, {dtype: peak FLOP/s}, bandwidth, its step_phases for
-    per_step); (run, None, None, None, None) for a run with no rows. Both tables are built from this, so a report that shows both prepares once."""
-    runs = runs_of(df)
-    out = []
-    for run, rows in split_runs(df):
-        if not len(rows):
-            out.append((run, None, None, None, None))
-            continue
-        r = _rows(rows, shapes=shapes)
-        peaks, bw = run_roofs(runs[run], r["dtype"].cat.categories, peak_flops, bandwidth)
-        out.append((run, r, peaks, bw, step_phases(rows)))
-    return out
-
-
 def _check_by(by, peak_flops, bandwidth):
     if by not in _BY:
         raise ReportError(f"roofline: by must be one of {', '.join(map(repr, _BY))}, got {by!r}")
     _check(peak_flops, "peak_flops")
     _check(bandwidth, "bandwidth")
+
+
+def _needs(by):
+    return _COLUMNS + (("input_shapes",) if by == "shape" else ())
 
 
 def roofline(df, by="op", peak_flops=None, bandwidth=None):
@@ -189,10 +149,11 @@ def roofline(df, by="op", peak_flops=None, bandwidth=None):
 
     A group's roof is that of the dtype carrying most of its FLOPs (most bytes when it
     has none). Figures are per step (`*_per_step`); `time_pct` is the share of the step's
-    op time."""
+    op time. `df`: a DataFrame reports.load gave, a pyarrow Table of trace columns, or a
+    reports.sql.engine.Trace."""
     _check_by(by, peak_flops, bandwidth)
-    require(df, _COLUMNS + (("input_shapes",) if by == "shape" else ()), "roofline")
-    return _roofline_table(df, _prepared(df, peak_flops, bandwidth, by == "shape"), by)
+    with trace_of(df, "roofline", _needs(by)) as trace:
+        return _tables(trace, by, peak_flops, bandwidth, split=False)[0]
 
 
 def roofline_split(df, peak_flops=None, bandwidth=None):
@@ -203,51 +164,86 @@ def roofline_split(df, peak_flops=None, bandwidth=None):
     their roof, max(flops / peak, bytes / bandwidth) summed over ops (NaN for "other")."""
     _check(peak_flops, "peak_flops")
     _check(bandwidth, "bandwidth")
-    require(df, _COLUMNS, "roofline_split")
-    return _split_table(df, _prepared(df, peak_flops, bandwidth, False))
+    with trace_of(df, "roofline_split", _COLUMNS) as trace:
+        return _tables(trace, None, peak_flops, bandwidth, split=True)[1]
 
 
 def roofline_with_split(df, by="op", peak_flops=None, bandwidth=None):
-    """(roofline(df, by, ...), roofline_split(df, ...)), with the rows prepared once."""
+    """(roofline(df, by, ...), roofline_split(df, ...)) from one Trace (the report's: `optrace report` passes its
+    reports.sql.engine.Trace)."""
     _check_by(by, peak_flops, bandwidth)
-    require(df, _COLUMNS + (("input_shapes",) if by == "shape" else ()), "roofline")
-    prepared = _prepared(df, peak_flops, bandwidth, by == "shape")
-    return _roofline_table(df, prepared, by), _split_table(df, prepared)
+    with trace_of(df, "roofline", _needs(by)) as trace:
+        return _tables(trace, by, peak_flops, bandwidth, split=True)
 
 
-def _roofline_table(df, prepared, by):
-    keys = _BY[by]
-    frames = []
-    for run, r, peaks, bw, phases in prepared:
-        if r is None:
-            frames.append((run, pd.DataFrame(columns=keys + list(ROOFLINE_COLUMNS))))
+def _tables(trace, by, peak_flops, bandwidth, split):
+    """(the roofline by `by` or None when `by` is None, the split by bound or None unless `split`) of every run."""
+    keys = _BY[by] if by else None
+    per = _per_step(trace, by) if by else None
+    frames, splits = [], []
+    steps = trace.phase_steps()
+    for i, (run, meta) in enumerate(trace.runs.items()):
+        groups = (
+            trace.sql(
+                "SELECT phase, dtype, flops, bytes, ops, CAST(time_ns AS DOUBLE) AS time_ns "
+                f"FROM roofline_groups WHERE run_index = {i}"
+            )
+            if split
+            else None
+        )
+        t = None
+        if by:
+            t = per[i].rename(columns={"ops": "ops_per_step", "flops": "flops_per_step", "bytes": "bytes_per_step"})
+            t["time_s_per_step"] = t.pop("time_ns") / 1e9
+            total = float(t["time_s_per_step"].sum())  # in order of first appearance, as reports.steps adds
+            t = t.sort_values("time_s_per_step", ascending=False, kind="stable").reset_index(drop=True)
+        if not len(t if t is not None else groups):  # a run without rows
+            frames.append(pd.DataFrame(columns=[*keys, *ROOFLINE_COLUMNS]) if by else None)
+            splits.append(pd.DataFrame({"run": run, "bound": list(BOUNDS)}))
             continue
-        g = r.groupby(keys, sort=False, observed=True)
-        t = g.size().reset_index()[keys]  # the groups, in order of first appearance: ngroup's numbering
-        group = pd.Series(g.ngroup().to_numpy(), index=r.index)
-        for name, values in (
-            ("ops_per_step", pd.Series(1, index=r.index)),
-            ("flops_per_step", r["flops"]),
-            ("bytes_per_step", r["bytes"]),
-            ("time_s_per_step", r["time_ns"]),
-        ):
-            t[name] = per_step(r, values=values, by=group, phases=phases).reindex(range(len(t))).to_numpy()
-        t["time_s_per_step"] /= 1e9
-        weight = r["flops"].where(r["flops"] > 0, 0) * 1e3 + r["bytes"] * 1e-9  # FLOPs first, bytes break ties
-        heaviest = weight.groupby(
-            [r[k] for k in keys], sort=False, observed=True
-        ).idxmax()  # in the groups' order, as t
-        dtype = r.loc[heaviest.to_numpy(), "dtype"].to_numpy()
-        if by == "module":
-            t.insert(1, "dtype", dtype)
-        step_time = t["time_s_per_step"].sum()
-        t["time_pct"] = 100 * t["time_s_per_step"] / step_time if step_time > 0 else np.nan
-        add_roof_columns(t, np.array([peaks.get(d, np.nan) for d in dtype], dtype=float), bw)
-        t = t.sort_values("time_s_per_step", ascending=False, kind="stable")
-        frames.append((run, t))
-    columns = keys + (["dtype"] if by == "module" else []) + list(ROOFLINE_COLUMNS)
-    dtypes = {**{k: object for k in columns if k not in ROOFLINE_COLUMNS}, **ROOFLINE_COLUMNS}
-    return combine(frames, columns, dtypes, several_runs(df))
+        dtypes = set(t["dtype"]) if by else set()
+        dtypes |= set(groups["dtype"]) if split else set()
+        peaks, bw = run_roofs(meta, sorted(dtypes), peak_flops, bandwidth)  # every dtype the tables read
+        if split:
+            splits.append(split_of_groups(groups, steps[i], peaks, bw))
+            splits[-1].insert(0, "run", run)
+        if by:
+            t["time_pct"] = 100 * t["time_s_per_step"] / total if total > 0 else np.nan
+            add_roof_columns(t, np.array([peaks.get(d, np.nan) for d in t["dtype"]], dtype=float), bw)
+            t.insert(0, "run", run)
+            frames.append(t)
+    dtypes = {**dict.fromkeys(keys or (), object), **ROOFLINE_COLUMNS}
+    return (
+        _combined(trace, frames, [*keys, *ROOFLINE_COLUMNS], dtypes) if by else None,
+        _combined(trace, splits, list(SPLIT_COLUMNS), SPLIT_COLUMNS) if split else None,
+    )
+
+
+def _per_step(trace, by):
+    """{run_index: per-step ops, FLOPs, bytes and time_ns of each group of `by`, in order of first appearance}."""
+    totals = fetch(trace, f"roofline_{by}", "first_seq", _SUMS)
+    if by == "shape":  # the shapes as text: a null cell and no shapes both read "", one group
+        totals["input_shapes"] = [_shapes(s) for s in totals["input_shapes"]]
+        cells = ["run_index", *_BY[by], "phase"]
+        if totals.duplicated(cells).any():
+            totals = totals.groupby(cells, sort=False, as_index=False).agg(
+                {**dict.fromkeys(_SUMS, "sum"), "first_seq": "min"}
+            )
+    return trace.per_step(totals, _SUMS, keys=_BY[by])
+
+
+def _shapes(shapes):
+    return "" if shapes is None else ", ".join("[" + ", ".join(str(int(d)) for d in s) + "]" for s in shapes)
+
+
+def _combined(trace, frames, columns, dtypes):
+    """One frame per run as one table: a `run` column first when there are several runs."""
+    cols = (["run"] if trace.several else []) + columns
+    types = {"run": object, **dtypes}
+    frames = [f for f in frames if len(f)]
+    if not frames:
+        return empty_frame({c: types[c] for c in cols})
+    return pd.concat(frames, ignore_index=True).reindex(columns=cols).astype({c: types[c] for c in cols})
 
 
 def add_roof_columns(t, peak, bw):
@@ -273,10 +269,10 @@ def add_roof_columns(t, peak, bw):
 
 
 def split_of_groups(groups, steps, peaks, bw):
-    """One run's split by bound from its op groups: `groups` has phase, dtype, flops, bytes (per op: every op of a
-    group has one bound and one roof), ops and time_ns (integer sums); `steps` {phase: steps it ran in}; `peaks`
-    {dtype: FLOP/s} and `bw` the run's roofs. Both engines build the same groups and add the same float64 arrays
-    here in one order (phase order, dtype, FLOPs, bytes), so their figures agree to the last bit."""
+    """One run's split by bound from its op groups (views.sql's roofline_groups): `groups` has phase, dtype, flops,
+    bytes (per op: every op of a group has one bound and one roof), ops and time_ns (integer sums); `steps` {phase:
+    steps it ran in}; `peaks` {dtype: FLOP/s} and `bw` the run's roofs. The float64 arrays are added here in one
+    order (phase order, dtype, FLOPs, bytes), whatever order the groups came in."""
     order = {p: i for i, p in enumerate(PHASES)}
     g = groups.assign(_order=groups["phase"].map(lambda p: order.get(p, len(order))))
     g = g.sort_values(["_order", "phase", "dtype", "flops", "bytes"], kind="stable")
@@ -305,28 +301,3 @@ def split_of_groups(groups, steps, peaks, bw):
             }
         )
     return pd.DataFrame(out)
-
-
-def _split_table(df, prepared):
-    frames = []
-    for run, r, peaks, bw, phases in prepared:
-        if r is None:
-            frames.append((run, pd.DataFrame({"bound": list(BOUNDS)})))
-            continue
-        codes, names, counts = phases
-        groups = (
-            pd.DataFrame(
-                {
-                    "phase": np.asarray(names, dtype=object)[codes],
-                    "dtype": r["dtype"].astype(object).to_numpy(),
-                    "flops": df.loc[r.index, "flops"].to_numpy(np.int64),
-                    "bytes": r["bytes"].to_numpy(),
-                    "time_ns": r["time_ns"].to_numpy(),
-                }
-            )
-            .groupby(["phase", "dtype", "flops", "bytes"], sort=False)
-            .agg(ops=("time_ns", "size"), time_ns=("time_ns", "sum"))
-        )
-        steps = {str(names[c]): int(counts[c]) for c in range(len(names))}
-        frames.append((run, split_of_groups(groups.reset_index(), steps, peaks, bw)))
-    return combine(frames, list(SPLIT_COLUMNS), SPLIT_COLUMNS, several_runs(df))

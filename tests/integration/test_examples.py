@@ -312,6 +312,7 @@ def test_plan_llama_default_path_names_the_run(monkeypatch, tmp_path, argv, out)
     [
         ([], "runs/simulate.parquet"),
         (["--world", "8", "--layers", "2", "--checkpoint"], "runs/simulate-w8-l2-ck.parquet"),
+        (["--world", "16", "--tp", "8"], "runs/simulate-w16-tp8.parquet"),
         (
             ["--d-model", "256", "--heads", "4", "--seq", "128", "--batch", "2", "--vocab", "1000"],
             "runs/simulate-d256-h4-s128-b2-v1000.parquet",
@@ -323,7 +324,7 @@ def test_simulate_default_path_names_the_run(monkeypatch, tmp_path, argv, out):
 
     traced = []
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(script, "simulate", lambda path, *args: traced.append(path))
+    monkeypatch.setattr(script, "simulate", lambda path, *args, **kwargs: traced.append(path))
     monkeypatch.setattr(script, "optrace", lambda argv: 0)
     assert script.main(argv) == 0
     assert traced == [out]

@@ -4,12 +4,13 @@ first_rank, job_summary), kept as test oracles of reports/distributed/sql_ranks.
 
 import pandas as pd
 
-from reports.distributed.collectives import _OUT, collective_kind, per_step_traffic, shape_collectives
+from reports.distributed.collectives import _OUT, collective_kind, shape_collectives
 from reports.distributed.ranks import PHASE_ORDER, RANK_COLUMNS, imbalance_of, job_object, summary_records, trace_of
 from reports.loading.columns import SharedRuns
 from reports.loading.load import require
 from reports.steps import count_steps, per_step
 from reports.tables import split_runs
+from tests.oracles.collectives import per_step_traffic
 
 _COLUMNS = ("run", "step", "phase", "flops", "duration_ns", "start_ns", "comm_bytes")
 

@@ -188,7 +188,9 @@ class UnshardedParameters:
     """Storage ids of the unsharded parameters FSDP2 builds for the forward, by parameter name.
 
     FSDP2 swaps a module's sharded DTensor parameters for full plain ones while it runs
-    (and back after); a global forward hook sees the full ones at each module's end,
+    (and back after; under tensor parallelism, DTensors on the tensor-parallel mesh, whose
+    local tensors are the storages: any parameter object but the sharded one is the
+    unsharded one); a global forward hook sees the full ones at each module's end,
     before FSDP2 reshards; those made before the trace are read from FSDP2's state at
     entry (`at_entry`). Their storage survives resharding (it is resized, not
     replaced), so one id per parameter holds for the whole trace.
@@ -206,12 +208,14 @@ class UnshardedParameters:
         dtensor = _dtensor_type()
         self._watch = {}  # id(module) -> [(attribute, parameter name)]
         self._storages = []  # the unsharded parameters' storages
+        self._sharded = set()  # ids of the sharded parameters
         self._model = model
         if dtensor is None or model is None:
             return
         sharded = {id(p) for p in model.parameters() if isinstance(p, dtensor)}
         if not sharded:  # nothing to watch: no walk over the modules
             return
+        self._sharded = sharded  # FSDP2 swaps each back in when it reshards: the same objects
         for prefix, module in model.named_modules():
             for attr, p in module.named_parameters(recurse=False):
                 if id(p) in sharded:
@@ -279,9 +283,9 @@ class UnshardedParameters:
         try:
             for attr, name in watched:
                 p = module._parameters.get(attr)
-                if p is None or name in self._found or hasattr(p, "_local_tensor"):
+                if p is None or name in self._found or id(p) in self._sharded:
                     continue  # still sharded, or already known
-                self._add(name, p)
+                self._add(name, local_tensor(p))  # under tensor parallelism a DTensor on the TP mesh
         except Exception:  # bookkeeping only: the forward goes on
             pass
         return None

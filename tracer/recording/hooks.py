@@ -28,10 +28,11 @@ class Hooks:
     attribution  the module and optimizer hooks (tracer.recording.attribution.Attribution).
     unsharded    FSDP2's unsharded parameters (tracer.recording.distributed.UnshardedParameters).
     attention    the meta attention kernel (tracer.recording.meta_attention.MetaAttention), or None.
+    fused        the meta and fake norm kernel (tracer.recording.meta_fused.MetaFused), or None.
     on_error     on_error(what, exc): a failure to count; the program goes on.
     on_given_back on_given_back(n): n compiled codes given back to torch.compile at `remove`."""
 
-    def __init__(self, path, mode, attribution, unsharded, attention, on_error, on_given_back):
+    def __init__(self, path, mode, attribution, unsharded, attention, on_error, on_given_back, fused=None):
         self.path, self.mode, self.attribution, self.unsharded, self.attention = (
             path,
             mode,
@@ -40,6 +41,7 @@ class Hooks:
             attention,
         )
         self._on_error, self._on_given_back = on_error, on_given_back
+        self.fused = fused
         self.dynamo = (
             DynamoSkips()
         )  # compiled code skipped under the mode is given back at exit (tracer.recording.compiled)
@@ -66,6 +68,11 @@ class Hooks:
                 self.mode.__enter__()
         if self.attention is not None:
             self.attention.install()
+        if self.fused is not None:
+            try:
+                self.fused.install()
+            except Exception as exc:  # the composite runs, as untraced; the metadata has no `fused_standins`
+                self._on_error("registering the fused norm kernel", exc)
 
     def remove(self):
         """Take off what `install` put on: the modes (`_leave_modes`), the hooks, Dynamo's skips given back."""
@@ -98,6 +105,8 @@ class Hooks:
         every op through, and nothing more is recorded."""
         if self.attention is not None:
             self.attention.remove()
+        if self.fused is not None:
+            self.fused.remove()
         if self.mode in _mode_stack():
             with lifted_over(self.mode):
                 self.mode.__exit__(None, None, None)

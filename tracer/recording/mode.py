@@ -25,6 +25,7 @@ from tracer.recording.compiled import compiled_original, unwrap
 from tracer.recording.dispatch import _TraceMode, compiled_spec, make_inert
 from tracer.recording.hooks import Hooks
 from tracer.recording.meta_attention import META_ATTENTION, MetaAttention
+from tracer.recording.meta_fused import MetaFused, fused_key
 from tracer.recording.metadata import Roles, dtype_name, now, register_at_entry, run_metadata
 from tracer.recording.optimizer_state import OptimizerState
 from tracer.recording.python_collector import PythonCollector
@@ -265,6 +266,8 @@ class Tracer:
         self._mode = _TraceMode(self)
         on_meta = first is not None and first.device.type == "meta"
         self._attention = MetaAttention(fused=self.meta_attention == "fused") if on_meta else None
+        key = fused_key(first, first is not None and is_fake(first))
+        self._fused = MetaFused(key) if key is not None else None
         self._attr = Attribution(
             self.model,
             traced=lambda: self._mode in _mode_stack(),
@@ -277,7 +280,14 @@ class Tracer:
         )
         self._steps = self._attr.steps
         self._hooks = Hooks(
-            self.path, self._mode, self._attr, self._unsharded, self._attention, self._record_failed, self._given_back
+            self.path,
+            self._mode,
+            self._attr,
+            self._unsharded,
+            self._attention,
+            self._record_failed,
+            self._given_back,
+            fused=self._fused,
         )
         self._dynamo, self._eager = (
             self._hooks.dynamo,
@@ -313,6 +323,8 @@ class Tracer:
             try:
                 if self._attention is not None:
                     self._meta["attention"] = self._attention.facts()
+                if self._fused is not None and self._fused.facts() is not None:
+                    self._meta["fused_standins"] = self._fused.facts()
             finally:
                 self._hooks.remove()
                 if self._hot is not None:

@@ -6,7 +6,7 @@ that looks pandas up from C under a reports frame, as DuckDB's `register` does, 
 
   - reports.memory.*: the memory categories at the peak are made in pandas (reports.memory.sql_categories.by_category,
     through reports.memory.lifetimes and reports.loading.columns); their Arrow version is another change's;
-  - report --json: reports.sql_report and reports.time.roofline (the roofline's tables are made in pandas);
+  - report --json: reports.time.roofline (the roofline's tables are made in pandas);
   - compare: reports.compare's tables are pandas DataFrames.
 
 And pyarrow itself imports pandas when it converts (Array.to_numpy, pyarrow.array of Python values, a Python scalar
@@ -32,7 +32,7 @@ _MEMORY = {
     "reports.memory.resizes",
     "reports.memory.sql_categories",
 }
-_ROOFLINE = {"reports.sql_report", "reports.time.roofline"}
+_ROOFLINE = {"reports.time.roofline"}
 
 _CHILD = textwrap.dedent(
     """

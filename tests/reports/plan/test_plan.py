@@ -43,13 +43,36 @@ def small(tmp_path_factory):
 
 
 def test_compute_time_is_the_matmul_flops_over_the_peak_times_the_matmul_efficiency(small):
-    row = reports.plan(small, "H100 SXM").iloc[0]
+    row = reports.plan(small, "H100 SXM", assumptions={"matmul_efficiency": 0.8}).iloc[0]  # given: every matmul
     # 11 matmuls x 2 x 1024 x 8192^2 = 1,511,828,488,192 FLOPs / (989.4e12 x 0.8) = 1.91003e-3 s
     assert row["compute_bound_s"] == pytest.approx(1_511_828_488_192 / (989.4e12 * 0.8), rel=1e-12)
     assert row["compute_s"] == pytest.approx(
         row["compute_bound_s"] + row["memory_bound_s"] + row["launch_s"], rel=1e-12
     )
     assert row["comm_s"] == 0 and row["exposed_comm_s"] == 0 and row["step_time_s"] == row["compute_s"]
+
+
+def test_matmuls_are_priced_by_their_shape_from_the_gemm_sweep(tmp_path):
+    """On an H100 a bf16 matmul reaches what the published sweep measured at its shape (reports.plan.efficiency),
+    times matmul_stack; an A100 the same curve scaled to its best GEMM (267.9 of 312 TFLOP/s)."""
+    df = stack(tmp_path / "s", 4096, batch=4096)  # every matmul 4096 x 4096 x 4096, a measured shape
+    h100 = reports.plan(df, "H100 SXM").iloc[0]
+    # 11 x 2 x 4096^3 = 1,511,828,488,192 FLOPs at the sweep's 783.33 TFLOP/s for 4096^3: 1.93000e-3 s
+    assert h100["compute_bound_s"] == pytest.approx(1_511_828_488_192 / 783.33e12, rel=1e-9)
+    # an A100: 783.33 / 989.4 = 0.79173 of the peak is the sweep's best, scaled to 267.9 / 312: 267.9 TFLOP/s
+    a100 = reports.plan(df, "A100 80GB SXM").iloc[0]
+    assert a100["compute_bound_s"] == pytest.approx(1_511_828_488_192 / 267.9e12, rel=1e-9)
+    # the stack factor divides: at 0.5 twice the time
+    half = reports.plan(df, "H100 SXM", assumptions={"matmul_stack": 0.5}).iloc[0]
+    assert half["compute_bound_s"] == pytest.approx(2 * 1_511_828_488_192 / 783.33e12, rel=1e-9)
+    (detail,) = reports.plan(df, "H100 SXM").attrs["plan"].values()
+    listed = {a["name"]: a for a in detail["assumptions"]}
+    assert listed["matmul_efficiency"]["value"] == pytest.approx(783.33 / 989.4, rel=1e-9)
+    assert listed["matmul_efficiency"]["source"].startswith("reports.plan.efficiency: 11 matmul ops")
+    # smaller shapes reach less: one layer at batch 256, its forward 256 x 4096 x 4096 measured at 412.03 TFLOP/s,
+    # its weight gradient 4096 x 4096 x 256 at 392.16 (x needs no gradient): 2 x 256 x 4096^2 FLOPs each
+    small_m = reports.plan(stack(tmp_path / "m", 4096, batch=256, layers=1), "H100 SXM").iloc[0]
+    assert small_m["compute_bound_s"] == pytest.approx(2 * 256 * 4096**2 * (1 / 412.03e12 + 1 / 392.16e12), rel=1e-9)
 
 
 def test_the_stack_fits_with_its_headroom(small):
@@ -89,6 +112,7 @@ def test_largest_micro_batch_is_the_last_that_fits(small):
 def test_activation_extrapolation_against_a_trace_at_twice_the_batch(tmp_path):
     once, twice = stack(tmp_path / "b1024", 4096), stack(tmp_path / "b2048", 4096, batch=2048)
     predicted = reports.plan(once, "H100", micro_batch=2048).iloc[0]["peak_bytes_per_rank"]
+    flat = {"matmul_efficiency": 0.8}  # given: the FLOPs alone set the time (by shape, k = 2048 reaches more)
     traced = reports.peak(twice)["peak_live_bytes"].iloc[0]
     # traced at 2048: parameters and gradients 2 x 4 x 4096^2 x 2 = 268,435,456, x and the last input
     # gradient 2 x 2048 x 4096 x 2 = 33,554,432, the two scalars 4: 301,989,892
@@ -96,8 +120,8 @@ def test_activation_extrapolation_against_a_trace_at_twice_the_batch(tmp_path):
     # predicted: the scalars are counted as growing with the batch (4 bytes become 8)
     assert predicted == 301_989_896
     # and the FLOPs of forward and backward scale with it: twice the compute-bound time
-    assert reports.plan(once, "H100", micro_batch=2048).iloc[0]["compute_bound_s"] == pytest.approx(
-        2 * reports.plan(once, "H100").iloc[0]["compute_bound_s"], rel=1e-12
+    assert reports.plan(once, "H100", micro_batch=2048, assumptions=flat).iloc[0]["compute_bound_s"] == pytest.approx(
+        2 * reports.plan(once, "H100", assumptions=flat).iloc[0]["compute_bound_s"], rel=1e-12
     )
 
 
@@ -114,8 +138,9 @@ def test_micro_batch_scales_activation_bytes_not_weight_or_gradient_bytes(tmp_pa
 
 
 def test_a100_to_h100_scales_a_matmul_bound_trace_by_the_peak_ratio(small):
-    h100 = reports.plan(small, "H100").iloc[0]
-    a100 = reports.plan(small, "A100 80GB SXM").iloc[0]
+    flat = {"matmul_efficiency": 0.8}  # given: one efficiency on both (by default each has its own table)
+    h100 = reports.plan(small, "H100", assumptions=flat).iloc[0]
+    a100 = reports.plan(small, "A100 80GB SXM", assumptions=flat).iloc[0]
     assert a100["compute_bound_s"] / h100["compute_bound_s"] == pytest.approx(989.4 / 312, rel=1e-12)
     assert a100["peak_flops_per_s"] == 312e12 and h100["peak_flops_per_s"] == 989.4e12
 
@@ -278,7 +303,7 @@ def test_cli(tmp_path, capsys):
     assert "mamf-finder" not in text  # the assumptions' sources only with --assumptions
     assert main(["plan", str(tmp_path / "t"), "--gpu", "h100-sxm", "--assumptions"]) == 0
     text = capsys.readouterr().out
-    assert "  matmul_efficiency        0.8\n" in text and "mamf-finder" in text
+    assert "  matmul_efficiency        0.6917\n" in text and "GEMM sweep by (m, n, k)" in text
     assert main(["plan", str(tmp_path / "t"), "--gpu", "H100", "--json", "--assume", "matmul_efficiency=0.5"]) == 0
     found = json.loads(capsys.readouterr().out)
     for key in (

@@ -37,8 +37,8 @@ pytestmark = pytest.mark.filterwarnings("ignore:PySpark does not yet fully suppo
 def test_every_view_has_a_statement_in_each_dialect():
     import sqlglot
 
-    # views.sql 18, compare.sql 5, flops.sql 6, ranks.sql 2: 31 views
-    assert len(NAMES) == 31 and NAMES[:2] == ["phase_steps", "run_totals"] and NAMES[-1] == "collective_calls"
+    # views.sql 22, compare.sql 5, flops.sql 6, ranks.sql 2: 35 views
+    assert len(NAMES) == 35 and NAMES[:2] == ["phase_steps", "run_totals"] and NAMES[-1] == "collective_calls"
     spark, trino = views("spark"), views("trino")
     assert list(spark) == list(trino) == NAMES
     assert spark["by_step"].startswith("CREATE OR REPLACE TEMPORARY VIEW by_step AS\n")
@@ -86,7 +86,7 @@ def test_the_module_prints_a_dialect(capsys):
     # python -m reports.sql.dialects spark
     assert main(["spark"]) == 0
     out = capsys.readouterr().out
-    assert out.count("\n;\n") == 31 and "CREATE OR REPLACE TEMPORARY VIEW peak AS" in out
+    assert out.count("\n;\n") == 35 and "CREATE OR REPLACE TEMPORARY VIEW peak AS" in out
     assert main(["trino", "--columns"]) == 0 and capsys.readouterr().out == columns("trino") + "\n"
     assert main(["mysql"]) == 2
     assert "error: dialect 'mysql': expected one of duckdb, spark, trino" in capsys.readouterr().err

@@ -1,8 +1,8 @@
 """The SQL engine (reports/sql) gives exactly the tables of the pandas reference path.
 
 Reference: `reports.load(path)` and the pandas report functions. SQL: `reports.sql.engine.Trace(path)`
-and reports/sql/tables.py, reports/sql_report.py. Integer and string columns must be equal to the
-last bit; float columns made by summing floats (times, per-step figures) within 1e-12 relative, as
+and reports/sql/tables.py, reports.time.roofline, reports.distributed.collectives. Integer and string
+columns must be equal to the last bit; float columns made by summing floats (times, per-step figures) within 1e-12 relative, as
 a sum in another order gives. Traces: the example GPT (3 AdamW steps), a trace cut mid-step,
 a two-rank trace (a simulated FSDP2 rank with collectives, and a copy as rank 1), a damaged trace
 (a part deleted), several runs at once. Then: the views are plain SQL a second engine (polars)
@@ -19,15 +19,17 @@ import torch
 from gpt import GPT, GPTConfig, make_batch, make_optimizer, train_step
 
 import reports
-from reports import sql_report
-from reports.distributed.collectives import per_step_traffic
+from reports.distributed import collectives
 from reports.errors import ReportError
-from reports.flops.coverage import bounds, uncounted
+from reports.flops.coverage import bounds
 from reports.sql import tables
 from reports.sql.engine import Trace, file_literal, statements
 from reports.steps import count_steps
-from reports.time.roofline import roofline_with_split
+from reports.time import roofline
+from tests.oracles import collectives as oracle_collectives
+from tests.oracles import coverage as oracle_coverage
 from tests.oracles import memory as oracle_memory
+from tests.oracles import roofline as oracle_roofline
 from tests.oracles import tables as oracle
 from tests.oracles.report_json import top_ops
 from tracer import Tracer
@@ -78,12 +80,20 @@ TABLES = {  # name: (pandas reference (tests/oracles for the tables the library 
     "by_module": (oracle.by_module, reports.by_module, True),
     "peak": (oracle_memory.peak, tables.peak, True),
     "views": (oracle_memory.views, tables.views, True),
-    "roofline": (lambda df: roofline_with_split(df)[0], lambda t: sql_report.roofline_with_split(t)[0], False),
-    "roofline_split": (lambda df: roofline_with_split(df)[1], lambda t: sql_report.roofline_with_split(t)[1], False),
-    "per_step_traffic": (per_step_traffic, sql_report.per_step_traffic, False),
+    "roofline": (
+        lambda df: oracle_roofline.roofline_with_split(df)[0],
+        lambda t: roofline.roofline_with_split(t)[0],
+        True,
+    ),
+    "roofline_split": (
+        lambda df: oracle_roofline.roofline_with_split(df)[1],
+        lambda t: roofline.roofline_with_split(t)[1],
+        True,
+    ),
+    "per_step_traffic": (oracle_collectives.per_step_traffic, collectives.per_step_traffic, False),
 }
 ONE_RUN = {  # the CLI's tables of its one run (rank 0)
-    "uncounted": (uncounted, tables.uncounted, True),
+    "uncounted": (oracle_coverage.uncounted, tables.uncounted, True),
     "top_ops": (lambda df: top_ops(df, 8), lambda t: tables.top_ops(t, 8), False),
 }
 

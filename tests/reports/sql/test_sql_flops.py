@@ -636,11 +636,10 @@ sys.modules["reports"] = package
 import pyarrow as pa
 import pyarrow.parquet as pq
 from reports.flops.breakdown import breakdown_table
-from reports.flops.coverage import uncounted_table
 from reports.flops.explain import explain_lines
 from reports.flops.meter import meter_summary
 from reports.flops.mfu import mfu_table
-from reports.flops.rows import COLUMNS, Frame, Rows
+from reports.flops.rows import COLUMNS, Frame
 from tracer.schema import part_paths, read_metadata
 
 path = sys.argv[1]
@@ -651,14 +650,14 @@ rows = rows.add_column(0, "run", pa.array([name] * rows.num_rows))
 frame = Frame(rows, {name: read_metadata(path)})
 print(json.dumps({"breakdown": breakdown_table(frame).to_pylist(), "explain": explain_lines(frame),
                   "mfu": mfu_table(frame, step_time_s=1.0, peak_flops=1e6).to_pylist(),
-                  "uncounted": uncounted_table(Rows(rows)).to_pylist(), "meter": meter_summary(frame.runs),
+                  "meter": meter_summary(frame.runs),
                   "pandas": "pandas" in sys.modules,
                   "modules": sorted({os.path.dirname(sys.modules[n].__file__) for n in ("tracer", "reports.flops.mfu")})}))
 """
 
 
 def test_the_flop_sections_import_and_run_without_pandas(traces):
-    """breakdown, explain, MFU and the uncounted ops over a pyarrow.Table, in a process where pandas cannot be
+    """breakdown, explain and MFU over a pyarrow.Table, in a process where pandas cannot be
     imported, equal the library's DataFrames of the same trace (its pandas boundary: reports.flops.rows.to_frame)."""
     import subprocess
     import sys
@@ -682,6 +681,5 @@ def test_the_flop_sections_import_and_run_without_pandas(traces):
     # test_figures_from_sql: hardware 13,056 + 26,752 + 212 = 40,020, of it 8,704 re-run by checkpointing
     assert mfu["hardware_flops_per_step"] == 40020 and mfu["recompute_flops_per_step"] == 8704
     assert plain([mfu]) == plain(reports.mfu(df, step_time_s=1.0, peak_flops=1e6).to_dict("records"))
-    assert plain(found["uncounted"]) == plain(reports.uncounted(df).to_dict("records"))
     # the library's strings stay objects at the boundary (pandas 3 would make an Arrow string column its str dtype)
     assert reports.breakdown(df)["phase"].dtype == object and reports.mfu(df)["device"].dtype == object

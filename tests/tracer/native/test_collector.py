@@ -25,6 +25,7 @@ sys.path.insert(0, str(helpers.EXAMPLES))
 from gpt import GPT, GPTConfig, make_batch, make_optimizer, train_step  # noqa: E402
 
 from tests.helpers import unwrapped
+from tests.reports.flops.test_fp8 import fp8_step
 
 TIMING = ("duration_ns", "busy_ns", "start_ns")
 VOLATILE = ("start_time", "end_time", "trace_id", "run_name", "collector")
@@ -162,6 +163,31 @@ def test_fake_tensors_identical(tmp_path, monkeypatch, compiled):
 
     df = _assert_identical(tmp_path, monkeypatch, make)
     assert df[df["op"] == "aten.mm.default"].iloc[0]["flops"] == 2 * 8 * 16 * 4 == 1024
+
+
+def test_fp8_step_identical(tmp_path, monkeypatch, compiled):
+    """A Float8 linear's training step: three _scaled_mm, counted alike by both paths."""
+    df = _assert_identical(tmp_path, monkeypatch, fp8_step)
+    scaled = df[df["op"] == "aten._scaled_mm.default"]
+    assert scaled["flops"].tolist() == [65_536] * 3  # 2 * 16 * 32 * 64 each: the forward and two backward
+    assert scaled["phase"].tolist() == ["forward", "backward", "backward"]
+
+
+def _rms_norm_on_meta():
+    with torch.device("meta"):
+        model = torch.nn.Sequential(
+            torch.nn.Linear(8, 8, dtype=torch.bfloat16), torch.nn.RMSNorm(8, dtype=torch.bfloat16)
+        )
+        x = torch.empty(4, 8, dtype=torch.bfloat16)
+    return model, lambda: model(x).float().sum().backward()
+
+
+def test_fused_norm_on_meta_identical(tmp_path, monkeypatch, compiled):
+    """rms_norm on meta stands in as the fused kernel's two ops (tracer.recording.meta_fused) on both paths."""
+    df = _assert_identical(tmp_path, monkeypatch, _rms_norm_on_meta)
+    assert (df["op"] == "aten._fused_rms_norm.default").sum() == 1
+    assert (df["op"] == "aten._fused_rms_norm_backward.default").sum() == 1
+    assert read_metadata(tmp_path / "compiled")["fused_standins"] == {"rms_norm": 1, "composite": 0}
 
 
 def test_storage_key_matches_torch(compiled):

@@ -1,0 +1,78 @@
+"""`optrace plan TRACE --gpu G --calibrate MEASURED`: the efficiencies fitted from a trace measured on G.
+
+MEASURED is a trace taken on the target GPU with op times (CUDA event times: duration_ns, or busy_ns
+where recorded); TRACE may be any trace (a meta or fake one of a larger job, typically). From MEASURED's
+last complete step (reports.plan.plan's steady step), reports.plan.ops.calibrate measures per class:
+
+  matmul_stack, attention_stack   for the ops reports.plan.efficiency's tables price (bf16/fp16 matmuls
+                                  by shape, fused attention by kernel, on an A100 or a Hopper): the stack
+                                  factor times their predicted time over their measured time
+  <class>_efficiency              for the other ops bound by the class: their time at the roof over their
+                                  measured time (matmul and attention: those without a table's figure;
+                                  vector; memory)
+
+A figure the measured step has no op for stays as assumed. The fitted values replace the defaults in the
+plan of TRACE, under the source "calibrated on MEASURED: ..."; an assumption given with --assume wins
+over its calibration. `changes` lists, per fitted figure, the value before and after, with the matmuls'
+and attention's efficiency on MEASURED's own ops (what they reach together) before and after.
+"""
+
+import numpy as np
+
+from reports.loading.load import require
+from reports.plan.ops import CLASSES, STACKS, calibrate, price
+from reports.plan.plan import measured_step
+
+__all__ = ["fit"]
+
+
+def _reach(p, eff, c):
+    """What the ops of class index `c` with a compute time reach together on `eff` (their roof time over their
+    priced compute time), or None when the step has none."""
+    pick = (p["klass"] == c) & (p["compute"] > 0) & p["kernel"]
+    if not pick.any():
+        return None
+    seconds, _ = price(p, eff, 0.0)
+    e = p["compute"][pick] / np.maximum(seconds[pick], 1e-300)
+    return float(p["compute"][pick].sum() / (p["compute"][pick] / e).sum())
+
+
+def fit(measured, gpu, assumptions=None):
+    """({name: (value, source)} to plan with, [{name, old, new, source}]) fitted from `measured` (a loaded trace
+    of one run, timed on `gpu`). A trace not measured on `gpu` (meta, fake, untimed, another device) is a
+    ReportError naming where it ran."""
+    require(
+        measured, ("run", "flop_kind", "flops", "duration_ns", "busy_ns", "op", "output_shapes"), "plan --calibrate"
+    )
+    name, p, measured_s, table, others = measured_step(measured, gpu, assumptions)
+    a = {n: v for n, (v, _) in table.items()}
+    eff = {c: a[f"{c}_efficiency"] for c in CLASSES} | {s: a[s] for s in STACKS.values()}
+    before = {c: _reach(p, eff, i) for i, c in enumerate(("matmul", "attention"))}
+    fitted, changes = {}, []
+    where = f"run {name}" if name else "the measured trace"
+    for key, (value, source) in calibrate(p, measured_s, eff).items():
+        if source.startswith("assumed"):
+            continue
+        fitted[key] = (value, f"calibrated on {where}: {source}")
+        changes.append({"name": key, "old": a[key], "new": value, "source": source})
+        eff[key.removesuffix("_efficiency")] = value
+    for i, c in enumerate(("matmul", "attention")):
+        after = _reach(p, eff, i)
+        if (
+            before[c] is not None
+            and after is not None
+            and any(ch["name"] in (STACKS[i], f"{c}_efficiency") for ch in changes)
+        ):
+            changes.append(
+                {
+                    "name": f"{c} ops reach",
+                    "old": before[c],
+                    "new": after,
+                    "source": f"the measured step's {c} ops together, as priced before and after",
+                }
+            )
+    if others:
+        changes.append(
+            {"name": "note", "old": None, "new": None, "source": f"fitted on {where}, the first of its runs"}
+        )
+    return fitted, changes
