@@ -324,7 +324,7 @@ class Trace(Checks):
     def _read_totals(self):
         """`run_rows`: run_totals' rows as {column: Python value}, in the view's order (pandas is not imported)."""
         self._totals_frame = None
-        self.run_rows = self.arrow("SELECT * FROM run_totals").to_pylist()
+        self.run_rows = self.db.sql("SELECT * FROM run_totals").to_arrow_table().to_pylist()
 
     @property
     def totals(self):
