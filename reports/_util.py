@@ -4,7 +4,18 @@ import sys
 
 import numpy as np
 
-__all__ = ["ASSEMBLY_OPS", "COPY_OPS", "ONE_TO_ONE_COPIES", "empty_frame", "ids", "is_copy", "packet", "pct", "unique"]
+__all__ = [
+    "ASSEMBLY_OPS",
+    "COPY_OPS",
+    "ONE_TO_ONE_COPIES",
+    "empty_frame",
+    "ids",
+    "is_copy",
+    "lean_memory",
+    "packet",
+    "pct",
+    "unique",
+]
 
 # Copies that move one tensor's data, unchanged or cast, into new memory or into another tensor. `to`, `type_as`
 # and `contiguous` reach the tracer whole under inference_mode (a bf16 autocast cast of a weight is `aten.to.dtype`
@@ -73,3 +84,18 @@ def empty_frame(dtypes):
     import pandas as pd
 
     return pd.DataFrame({name: pd.Series(dtype=dtype) for name, dtype in dtypes.items()})
+
+
+def lean_memory():
+    """Make Arrow hand freed memory back to the system at once, for this process (the CLI calls this).
+
+    mimalloc, Arrow's default pool, and the C library's malloc both keep freed pages: a
+    million-row trace read part by part left about its own size of RSS behind. jemalloc
+    with no decay returns them; the C library's pool is the fallback."""
+    import pyarrow as pa
+
+    try:
+        pa.set_memory_pool(pa.jemalloc_memory_pool())
+        pa.jemalloc_set_decay_ms(0)
+    except (NotImplementedError, pa.ArrowNotImplementedError):  # a pyarrow built without jemalloc
+        pa.set_memory_pool(pa.system_memory_pool())

@@ -28,13 +28,14 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from reports._util import empty_frame, pct
+from reports._util import empty_frame
 from reports.errors import ReportError
 from reports.loading.columns import cell_lists, first_codes
 from reports.loading.load import require
 from reports.sql import tables
 from reports.sql.frame import run_names, trace_of
-from tracer.schema import EXTERNAL_MARK, PHASES
+from reports.sql.module_tree import MODULE_COLUMNS, OWN_COLUMNS, module_columns
+from tracer.schema import PHASES
 
 __all__ = ["by_dtype", "by_module", "by_op", "by_phase", "by_step"]
 
@@ -135,75 +136,6 @@ def row_dtype_codes(rows):
 
 
 # modules ------------------------------------------------------------------------------------
-def _module_tree(names, root):
-    """(parent, depth) of every module name, with the intermediate names no op ran in.
-
-    Names are dotted paths relative to the root module (which carries its class
-    name, e.g. "GPT"); a dotless name other than the root is a child of the root, unless
-    it is a module outside the model (`<ClassName>#<k>`: a root of its own). Without a
-    root (a trace made without model=), dotless names are top level."""
-    parent, depth = {}, {}
-
-    def add(name):
-        if name in parent:
-            return
-        if name == root:
-            up = None
-        elif "." in name:
-            up = name.rsplit(".", 1)[0]
-        elif EXTERNAL_MARK in name:  # a module outside the model (a teacher, a loss module): its own root
-            up = None
-        else:
-            up = root
-        parent[name] = up
-        if up is not None:
-            add(up)
-        depth[name] = 0 if up is None else depth[up] + 1
-
-    for name in names:
-        add(name)
-    return parent, depth
-
-
-def _rolled_up(own, own_cols, parent, depth):
-    """The module tree as a frame in tree order: own figures and subtree sums, in time linear in modules.
-
-    Each module's subtree adds into its parent's, deepest modules first; siblings come
-    in the order their subtrees first ran (the smallest `first_seq` below them)."""
-    names = list(parent)
-    at = {n: i for i, n in enumerate(names)}
-    up = np.array([at[parent[n]] if parent[n] is not None else -1 for n in names], dtype=np.int64)
-    mine = own.reindex(names, fill_value=0)  # int64 columns stay int64 (summable: no sum of them wraps)
-    values = [mine[c].to_numpy().copy() for c in own_cols]
-    sub = [v.copy() for v in values]
-    first = own["first_seq"].reindex(names).to_numpy(np.float64, na_value=np.inf).copy()
-    for i in sorted(range(len(names)), key=lambda i: -depth[names[i]]):  # deepest first: add each into its parent
-        if up[i] >= 0:
-            for column in sub:
-                column[up[i]] += column[i]
-            first[up[i]] = min(first[up[i]], first[i])
-    children = {}
-    for i in sorted(range(len(names)), key=first.__getitem__):
-        children.setdefault(up[i], []).append(i)
-    order, stack = [], list(reversed(children.get(-1, [])))
-    while stack:
-        i = stack.pop()
-        order.append(i)
-        stack.extend(reversed(children.get(i, [])))
-    order = np.array(order, dtype=np.int64)
-    frame = pd.DataFrame(
-        {
-            "module": [names[i] for i in order],
-            "depth": [depth[names[i]] for i in order],
-            "parent": [parent[names[i]] for i in order],
-        }
-    )
-    for k, c in enumerate(own_cols):
-        frame[c] = values[k][order]
-        frame[f"subtree_{c}"] = sub[k][order]
-    return frame
-
-
 def by_module(df, phase=None):
     """FLOPs, bytes and time per module, as a tree: each module's own ops and its subtree.
 
@@ -264,20 +196,6 @@ def _modules(trace):
     )[cols]
 
 
-MODULE_COLUMNS = [
-    "module",
-    "depth",
-    "parent",
-    "ops",
-    "subtree_ops",
-    "flops",
-    "subtree_flops",
-    "subtree_flops_pct",
-    "bytes_allocated",
-    "subtree_bytes_allocated",
-    "duration_us",
-    "subtree_duration_us",
-]
 MODULE_DTYPES = {
     "module": object,
     "depth": "int64",
@@ -296,21 +214,11 @@ MODULE_DTYPES = {
 
 def module_rows(own, root, total):
     """One run's by_module rows from `own` (each module's own ops, flops, bytes_allocated, duration_us and
-    first_seq, indexed by module name in order of first appearance), its root module and its total FLOPs."""
-    own_cols = ["ops", "flops", "bytes_allocated", "duration_us"]
-    names = [n for n in own.index if n != ""]
-    parent, depth = _module_tree(names + ([root] if root and names else []), root)
-    t = _rolled_up(own, own_cols, parent, depth)
-    if "" in own.index:
-        o = own.loc[""]
-        outside = {
-            "module": "",
-            "depth": 0,
-            "parent": None,
-            **{c: o[c] for c in own_cols},
-            **{f"subtree_{c}": o[c] for c in own_cols},
-        }
-        t = pd.concat([t, pd.DataFrame([outside])], ignore_index=True) if len(t) else pd.DataFrame([outside])
-    t = t.reindex(columns=[c for c in MODULE_COLUMNS if c != "subtree_flops_pct"])
-    t["subtree_flops_pct"] = pct(t["subtree_flops"].astype("float64"), total)
-    return t
+    first_seq, indexed by module name in order of first appearance), its root module and its total FLOPs
+    (reports.sql.module_tree.module_columns, made a DataFrame)."""
+    figures = {c: own[c].to_numpy() for c in OWN_COLUMNS}
+    columns = module_columns(list(own.index), figures, own["first_seq"].to_numpy(), root, total)
+    named = len(columns["module"]) - ("" in own.index)  # the tree's rows, before the one outside any module
+    # a parent as pandas infers the tree's names (the root's None a NaN), the outside row's None as it is
+    columns["parent"] = pd.Series(columns["parent"][:named]).astype(object).tolist() + columns["parent"][named:]
+    return pd.DataFrame({c: pd.Series(v, dtype=object) if c in ("module", "parent") else v for c, v in columns.items()})

@@ -12,8 +12,6 @@ The tables (reports.ranks, reports.imbalance) are reports/distributed/sql_ranks.
 this module holds what they share with the report: the columns, the imbalance of per-rank figures, the --json objects.
 """
 
-import pandas as pd
-
 __all__ = ["PHASE_ORDER", "RANK_COLUMNS", "imbalance_of", "job_object", "summary_records", "trace_of"]
 
 RANK_SEPARATOR = "/rank="
@@ -69,6 +67,8 @@ def imbalance_of(per_rank):
                     "slowest_rank": slowest,
                 }
             )
+    import pandas as pd
+
     return pd.DataFrame(out, columns=list(_IMBALANCE)).astype(_IMBALANCE)
 
 

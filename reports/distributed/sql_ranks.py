@@ -16,9 +16,7 @@ per_step does; integer totals are exact, so the figures are the reference's to t
 import weakref
 
 import numpy as np
-import pandas as pd
 
-from reports.distributed.collectives import collective_kind, shape_collectives
 from reports.distributed.ranks import PHASE_ORDER, RANK_COLUMNS, imbalance_of, job_object, trace_of
 from reports.sql import frame
 from reports.sql.tables import count_steps, fetch
@@ -91,6 +89,8 @@ def _ranks(trace):
                 "step_time_s": times[i],
             }
         )
+    import pandas as pd
+
     return pd.DataFrame(out, columns=list(RANK_COLUMNS)).astype(RANK_COLUMNS)
 
 
@@ -125,11 +125,11 @@ def _imbalance(trace):
 
 def job_summary(trace, present):
     """reports/distributed/ranks.py job_summary: the first run standing for its job; None outside a process group."""
-    from reports.distributed.collectives import per_step_traffic
-
     (run, meta), *_ = trace.runs.items()
     if meta.get("world_size") is None:
         return None
+    from reports.distributed.collectives import per_step_traffic
+
     table = per_step_traffic(trace)
     return job_object(meta, present, table[table["run"] == run].reset_index(drop=True))
 
@@ -149,6 +149,10 @@ _CALL_COLUMNS = ("step", "op", "comm_bytes", "group_size", "process_group", "dur
 
 def _collectives(trace, run_indices):
     where = None if run_indices is None else f"run_index IN ({', '.join(str(int(i)) for i in run_indices) or 'NULL'})"
+    import pandas as pd
+
+    from reports.distributed.collectives import collective_kind, shape_collectives
+
     groups = fetch(trace, "collective_calls", "first_seq", ("calls", "total_ns"), where=where)
     out = pd.DataFrame(
         {

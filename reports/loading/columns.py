@@ -20,7 +20,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from reports._util import packet
+from reports._util import lean_memory, packet  # lean_memory: the CLI's, kept importable here
 from reports.errors import ReportError
 
 __all__ = [
@@ -100,19 +100,6 @@ def _by_piece(bounds, positions, take):
         taken.append(take(i, positions[mine] - bounds[i]))
         order.append(mine)
     return taken, pa.array(np.argsort(np.concatenate(order), kind="stable") if order else np.zeros(0, dtype=np.int64))
-
-
-def lean_memory():
-    """Make Arrow hand freed memory back to the system at once, for this process (the CLI calls this).
-
-    mimalloc, Arrow's default pool, and the C library's malloc both keep freed pages: a
-    million-row trace read part by part left about its own size of RSS behind. jemalloc
-    with no decay returns them; the C library's pool is the fallback."""
-    try:
-        pa.set_memory_pool(pa.jemalloc_memory_pool())
-        pa.jemalloc_set_decay_ms(0)
-    except (NotImplementedError, pa.ArrowNotImplementedError):  # a pyarrow built without jemalloc
-        pa.set_memory_pool(pa.system_memory_pool())
 
 
 class _Parts:

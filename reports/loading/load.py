@@ -5,11 +5,9 @@ import re
 import warnings
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 
 from reports.errors import ReportError
-from reports.loading.columns import LIST_MODES, SharedRuns, concat_frames, has_column, read_table, to_pandas
 from reports.loading.integrity import (
     Footers,
     check_parts,
@@ -83,6 +81,10 @@ def load(paths, columns=None, lists="objects"):
     A distributed trace (a directory of `rank=R` directories) loads one run per rank,
     named `<run name>/rank=R`; a `rank` column (after `run`) then says which rank each
     row came from (0 for traces made outside a process group)."""
+    import pandas as pd  # the reference loader's frame: the SQL engine reads the checks of this module, no frame
+
+    from reports.loading.columns import LIST_MODES, SharedRuns, concat_frames, to_pandas
+
     if isinstance(paths, (str, bytes, os.PathLike)):
         paths = [paths]
     if not paths:
@@ -134,6 +136,8 @@ def load(paths, columns=None, lists="objects"):
 
 def _read_rows(path, footers, unread, wanted, lists):
     """(metadata, columns read, columns the trace's version lacks, whether any is wanted, table) of one run."""
+    from reports.loading.columns import read_table
+
     meta = read_run(path, footers, unread)
     lacks = missing_columns(meta["schema_version"])  # older traces lack later columns: read what exists, fill the rest
     upgrade = any(c in lacks for c in wanted)
@@ -236,6 +240,8 @@ def runs_with_ranks(paths):
 def _fill_v2(frame, wanted, lacks):
     """A trace's frame of an older version with the columns added since, holding the values its semantics imply
     (null where they are unknown: grad_mode before v4)."""
+    import pandas as pd
+
     for name in wanted:
         if name in frame.columns:
             continue
@@ -263,6 +269,8 @@ def runs_of(df):
 
 def require(df, columns, what):
     """Raise ReportError naming the columns `what` needs and `df` lacks."""
+    from reports.loading.columns import has_column
+
     missing = [c for c in columns if not has_column(df, c)]
     if missing:
         raise ReportError(f"{what}: the trace lacks column(s) {missing}; load it with them")

@@ -300,7 +300,9 @@ def check_footers(path, footers, columns, id_limit, cache=None):
                 stats = chunk.statistics
                 if stats is None or stats.null_count is None:
                     present = set(info.schema.to_arrow_schema().names)  # a missing column: the reader names it
-                    check_rows(path, pq.read_table(part, columns=sorted(set(wanted.values()) & present)), id_limit)
+                    check_rows(
+                        path, pq.ParquetFile(part).read(columns=sorted(set(wanted.values()) & present)), id_limit
+                    )
                     break
                 if name in NOT_NULL and stats.null_count and name == chunk.path_in_schema:
                     raise ReportError(

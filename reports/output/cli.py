@@ -7,22 +7,18 @@ stdout that cannot be written (a full disk), while a closed pipe (`| head -1`) e
 command quietly with status 0 (reports/output/stdout.py).
 """
 
-import argparse
 import json
-import math
 import sys
 import warnings
 
 from reports.errors import ReportError
-from reports.loading.columns import SharedRuns
 from reports.loading.integrity import list_parts, merged_away, one_line, signal_of
+from reports.output.arguments import parser
 from reports.output.caveats import compiled_note
 from reports.output.report_json import sections, strict
-from reports.output.report_text import SECTIONS
 from reports.output.source import Source
 from reports.output.stdout import checked_stdout
 from reports.output.text import json_number, printable
-from reports.plan.devices import CHOICES as GPU_CHOICES
 
 # Columns no section of `optrace report` reads, left out of its load (a section that needs one takes it out of here).
 _REPORT_UNUSED = ("layout", "device", "inplace")
@@ -46,12 +42,13 @@ def summary(sql, peak_tflops=None, step_time_s=None, ranks_present=None, top=8, 
     run, meta = src.run()
     try:
         accounts = src.accounts()  # one analysis of the rows for breakdown and explain
-        table = src.breakdown(accounts).set_index("phase")
+        table = {r["phase"]: r for r in src.breakdown(accounts).to_pylist()}  # {phase: its row}
     except ReportError:  # traced without model= or tokens=: no N or T, the rest still reports
         table = accounts = None
+    first = next(iter(table.values())) if table else None
     rate = src.mfu(step_time_s, peak_tflops * 1e12 if peak_tflops is not None else None)
     report = assemble(src, step_time_s, peak_tflops, depth, top, accounts=accounts, explain=False, present=present)
-    highest = src.peak().iloc[0]
+    highest = src.peak()
     return {
         "headline": report.headline,  # what the text report's first lines say (reports.output.headline)
         "caveats": report.caveats,  # [{code, message}]: every note on the figures, the text's Caveats
@@ -59,17 +56,17 @@ def summary(sql, peak_tflops=None, step_time_s=None, ranks_present=None, top=8, 
         "complete": bool(meta.get("complete")),
         "signal": signal_of(meta),  # the signal that stopped the run (tracer.recording.signals), or None
         "device": (meta.get("device") or {}).get("name"),
-        "params": json_number(table["n_params"].iloc[0]) if table is not None else None,
-        "n_rank": json_number(table["n_rank"].iloc[0]) if table is not None else None,  # the N this rank multiplies by
-        "n_active": json_number(table["n_active"].iloc[0]) if table is not None else None,  # parameters a token uses
-        "tokens": json_number(table["tokens"].iloc[0]) if table is not None else json_number(meta.get("tokens")),
+        "params": json_number(first["n_params"]) if table is not None else None,
+        "n_rank": json_number(first["n_rank"]) if table is not None else None,  # the N this rank multiplies by
+        "n_active": json_number(first["n_active"]) if table is not None else None,  # parameters a token uses
+        "tokens": json_number(first["tokens"]) if table is not None else json_number(meta.get("tokens")),
         "steps": src.count_steps(),
         "flops": src.phase_flops(),  # per step; the phases add up to total
         "bound_flops": src.bounds(),  # of those, per step, upper bounds rather than counts
-        "external_weight_flops": None if table is None else json_number(table.loc["total", "external_weight_flops"]),
+        "external_weight_flops": None if table is None else json_number(table["total"]["external_weight_flops"]),
         "expected": None
         if table is None
-        else {phase: json_number(table.loc[phase, "expected_flops"]) for phase in ("forward", "backward", "total")},
+        else {phase: json_number(table[phase]["expected_flops"]) for phase in ("forward", "backward", "total")},
         "mfu": report.headline["mfu"]["value"],  # the headline's one MFU (mfu_source); mfu_details: the step time's
         "mfu_source": report.headline["mfu"]["source"],  # "meter", "step_time", or null when N/A
         "achieved_flops_per_s": json_number(rate["achieved_flops_per_s"]),
@@ -95,21 +92,12 @@ def summary(sql, peak_tflops=None, step_time_s=None, ranks_present=None, top=8, 
     }
 
 
-def _text(frame, formatters=None, na_rep="NaN", header=None):
-    """A table as the report prints it (reports.output.table.render: DataFrame.to_string(index=False)'s text)."""
-    import pyarrow as pa
-
-    from reports.output.table import render
-
-    return render(pa.Table.from_pandas(frame, preserve_index=False), formatters, na_rep, header)
-
-
 def _coverage_json(src):
     """`uncounted_ops`: the ops no FLOP formula counted (op, ops, time_pct)."""
-    table = src.uncounted()
     return {
         "uncounted_ops": [
-            {"op": r.op, "ops": int(r.ops), "time_pct": json_number(r.time_pct)} for r in table.itertuples()
+            {"op": r["op"], "ops": int(r["ops"]), "time_pct": json_number(r["time_pct"])}
+            for r in src.uncounted().to_pylist()
         ]
     }
 
@@ -222,6 +210,7 @@ def _report_keep():
 def _first_rank_frame(path, everyone):
     """The first rank's rows (for plots) as reports.load of the whole trace names them (run `<name>/rank=R`, a
     `rank` column), without reading the other ranks' rows; `everyone` (a Trace of all ranks) has checked and warned."""
+    from reports.loading.columns import SharedRuns
     from reports.loading.load import load, runs_with_ranks
 
     (first, rank), *_ = runs_with_ranks([path])
@@ -255,7 +244,7 @@ def _compare(args):
         trace = _sql_all(traces, columns(args.by)) if args.engine == "sql" else None
         if trace is None:  # --engine pandas, or a trace the Trace does not read from its files: over its loaded rows
             trace = _memory(traces, columns(args.by))
-        ops = dict(zip(trace.totals["run_index"], trace.totals["ops"]))
+        ops = {r["run_index"]: r["ops"] for r in trace.run_rows}
         for i, (name, path) in enumerate(zip(trace.runs, traces)):
             if not ops.get(i):
                 raise ReportError(
@@ -348,212 +337,9 @@ def _calibration(args, assumed):
     return fit(measured.loc[measured["run"] == measured["run"].iloc[0]], args.gpu, assumed)
 
 
-def _assumption(text):
-    """An argparse type: NAME=NUMBER."""
-    name, _, value = text.partition("=")
-    try:
-        return name.strip(), float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected NAME=NUMBER, got {text!r}") from None
-
-
-def _step_time(text):
-    """An argparse type: seconds, at least MIN_STEP_TIME_S (one ns), as Tracer.set_step_time takes them."""
-    from tracer.schema import MIN_STEP_TIME_S
-
-    value = _positive(text)
-    if value < MIN_STEP_TIME_S:
-        raise argparse.ArgumentTypeError(f"expected seconds >= {MIN_STEP_TIME_S:g} (one ns), got {text!r}")
-    return value
-
-
-def _positive(text):
-    """An argparse type: a finite number > 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"expected a finite number > 0, got {text!r}")
-    return value
-
-
-def _top(text):
-    """An argparse type: an int >= 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected an int >= 1, got {text!r}")
-    return value
-
-
-def _depth(text):
-    """An argparse type: an int >= 0."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an int >= 0, got {text!r}")
-    return value
-
-
-def _sections(text):
-    """An argparse type: section names of `optrace report` (reports.output.report_text.SECTIONS), comma-separated."""
-    names = [name.strip() for name in text.split(",") if name.strip()]
-    bad = [name for name in names if name not in SECTIONS]
-    if bad or not names:
-        raise argparse.ArgumentTypeError(
-            f"unknown section(s) {', '.join(map(repr, bad)) or repr(text)}; the sections are {', '.join(SECTIONS)}"
-        )
-    return [name for name in SECTIONS if name in names]
-
-
-def _version():
-    """The installed package's version (importlib.metadata: no import of torch or of the tracer)."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("optrace")
-    except PackageNotFoundError:  # run from a checkout that was never installed
-        return "unknown (not installed)"
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse with a one-line error (it printed the usage first: four lines more before the one that matters)."""
-
-    def error(self, message):
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
-
-
 def _parser():
-    parser = _Parser(prog="optrace", description="Read optrace traces: FLOPs, MFU, memory, views.")
-    parser.add_argument("--version", action="version", version=f"optrace {_version()}")
-    sub = parser.add_subparsers(dest="command", required=True)
-    rep = sub.add_parser("report", help="summarise one trace")
-    rep.add_argument(
-        "trace", help="a trace directory written by tracer.Tracer (with or without rank=R sub-directories)"
-    )
-    rep.add_argument("--peak-tflops", type=_positive, help="promised peak TFLOP/s (overrides the device table)")
-    rep.add_argument("--step-time", type=_step_time, help="untraced step time in seconds (overrides the trace's)")
-    rep.add_argument("--json", action="store_true", help="print one JSON object")
-    rep.add_argument("--plot", metavar="DIR", help="write PNG plots to DIR")
-    rep.add_argument("--top", type=_top, default=8, help="rows in the top-N tables")
-    rep.add_argument("--depth", type=_depth, default=2, help="top modules down to this depth (0: the root; default 2)")
-    shown = rep.add_mutually_exclusive_group()
-    shown.add_argument(
-        "--full", action="store_true", help="every section, with no limit of lines (default: what fits 60 lines)"
-    )
-    shown.add_argument(
-        "--sections",
-        type=_sections,
-        metavar="A,B",
-        help="print these sections after the headline: " + ", ".join(SECTIONS),
-    )
-    rep.add_argument(
-        "--engine",
-        choices=("sql", "pandas"),
-        default="sql",
-        help="how the rows reach the views: DuckDB over the files, holding only the results (sql, default), "
-        "or the rows loaded with reports.load and the views run over them (pandas); the output is the same",
-    )
-    rep.set_defaults(run=_report)
-    cmp = sub.add_parser("compare", help="compare several traces")
-    cmp.add_argument(
-        "traces",
-        nargs="+",
-        help="two or more traces or baseline files (FILE.json, from --save-baseline); changes are against the first",
-    )
-    cmp.add_argument(
-        "--by",
-        choices=("phase", "op", "module"),
-        default="phase",
-        help="one row per phase, aten op or module and run (default: phase)",
-    )
-    cmp.add_argument("--json", action="store_true", help="print one JSON object")
-    cmp.add_argument("--top", type=_top, default=20, help="keys shown, each with a row per run (default: 20)")
-    cmp.add_argument("--depth", type=_top, help="by module: a module and its submodules under the first DEPTH names")
-    cmp.add_argument(
-        "--fail-if",
-        action="append",
-        metavar="EXPR",
-        help="exit 1 when a run breaks EXPR against the first, e.g. 'flops>+1%%', 'peak_live_bytes>+5%%', "
-        "'op:aten.mm.default:flops>+0%%' ([phase|op|module:NAME:]METRIC(>|>=|<|<=)[+|-]NUMBER[%%]); repeatable",
-    )
-    cmp.add_argument(
-        "--save-baseline",
-        metavar="FILE",
-        help="write the one trace's compare figures to FILE (JSON) to compare against later instead of the trace",
-    )
-    cmp.add_argument(
-        "--engine",
-        choices=("sql", "pandas"),
-        default="sql",
-        help="DuckDB over the files (sql, default) or over the rows loaded with reports.load; same output",
-    )
-    cmp.set_defaults(run=_compare)
-    exp = sub.add_parser("export", help="write a trace for Perfetto: Chrome JSON (.json) or protobuf (.pftrace)")
-    exp.add_argument(
-        "trace", help="a trace directory written by tracer.Tracer (with or without rank=R sub-directories)"
-    )
-    exp.add_argument(
-        "-o",
-        "--output",
-        required=True,
-        metavar="OUT",
-        help="OUT.json (Chrome JSON), OUT.json.gz (the same, gzip-compressed), OUT.pftrace (Perfetto "
-        "protobuf) or - (Chrome JSON to stdout)",
-    )
-    exp.set_defaults(run=_export)
-    pln = sub.add_parser("plan", help="will a traced rank fit on a GPU, and how fast will a step go")
-    pln.add_argument("trace", help="a trace of one rank (real, meta or fake; any world size)")
-    pln.add_argument(
-        "--gpu",
-        required=True,
-        metavar="NAME",
-        help=f"the target, a device of the catalogue (tracer.devices): {', '.join(GPU_CHOICES[:-1])}; or "
-        "a name only one of them has (H100); or cpu (the CPU the trace ran on)",
-    )
-    pln.add_argument("--gpus-per-node", type=_top, default=8, help="GPUs per node (default: 8)")
-    pln.add_argument("--micro-batch", type=_top, help="sequences per rank to plan (default: the traced batch)")
-    pln.add_argument("--batch", type=_top, help="sequences per rank in the trace (default: found in the trace)")
-    pln.add_argument(
-        "--overlap",
-        choices=("prefetch", "none"),
-        default="prefetch",
-        help="how collectives overlap compute (default: prefetch, FSDP2's)",
-    )
-    pln.add_argument("--pp", type=_top, default=1, help="pipeline-parallel stages (default: 1)")
-    pln.add_argument("--micro-batches", type=_top, default=1, help="micro-batches per step of a pipeline (default: 1)")
-    pln.add_argument(
-        "--schedule",
-        choices=("1f1b", "interleaved"),
-        default="1f1b",
-        help="the pipeline's schedule (default: 1f1b; interleaved with --virtual-stages)",
-    )
-    pln.add_argument("--virtual-stages", type=_top, default=1, help="model chunks per rank, interleaved (default: 1)")
-    pln.add_argument("--cp", type=_top, default=1, help="context-parallel degree: ring attention (default: 1)")
-    pln.add_argument(
-        "--assume",
-        type=_assumption,
-        action="append",
-        metavar="NAME=VALUE",
-        help="override an assumption (e.g. matmul_efficiency=0.7); repeatable",
-    )
-    pln.add_argument(
-        "--calibrate",
-        metavar="MEASURED",
-        help="fit the efficiencies from MEASURED, a trace timed on the target GPU, and print what changed",
-    )
-    pln.add_argument("--json", action="store_true", help="print one JSON object")
-    pln.add_argument(
-        "--assumptions", action="store_true", help="also list every assumption with its source, and the model's basis"
-    )
-    pln.add_argument("--anyway", action="store_true", help="print the step time of a plan that does not fit")
-    pln.set_defaults(run=_plan)
-    return parser
+    """`optrace`'s argument parser (reports.output.arguments), each command run by its function here."""
+    return parser({"report": _report, "compare": _compare, "export": _export, "plan": _plan})
 
 
 def _interrupted(exc):
@@ -566,7 +352,7 @@ def _interrupted(exc):
 
 def main(argv=None):
     args = _parser().parse_args(argv)
-    from reports.loading.columns import lean_memory
+    from reports._util import lean_memory
 
     lean_memory()
     if args.command == "compare" and args.save_baseline and len(args.traces) != 1:

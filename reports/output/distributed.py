@@ -3,9 +3,8 @@ step) and, for a trace of several ranks, the ranks side by side with their imbal
 
 import pyarrow as pa
 
-from reports.distributed.collectives import FAKE_BACKENDS
 from reports.loading.integrity import stopped_by
-from reports.output.table import render
+from reports.output.table import render, values
 from reports.output.text import human, human_bytes, printable
 
 __all__ = ["print_job", "print_ranks"]
@@ -50,39 +49,39 @@ def print_ranks(src, out):
     table = src.ranks()
     (_, meta), *_ = src.runs.items()
     world = meta.get("world_size")
-    of = f" of {world}" if world and world != len(table) else ""
-    print(f"\nRanks ({len(table)}{of}): per step, traced times", file=out)
+    of = f" of {world}" if world and world != table.num_rows else ""
+    print(f"\nRanks ({table.num_rows}{of}): per step, traced times", file=out)
 
     def ms(column):
-        return [f"{v * 1e3:.2f}" for v in table[column].tolist()]
+        return [f"{v * 1e3:.2f}" for v in values(table, column)]
 
     shown = pa.table(
         {
-            "rank": pa.array(table["rank"].tolist(), pa.int64()),
-            "FLOPs": [human(v) for v in table["flops_per_step"].tolist()],
-            "comm bytes": [human_bytes(v) for v in table["comm_bytes_per_step"].tolist()],
+            "rank": pa.array(values(table, "rank"), pa.int64()),
+            "FLOPs": [human(v) for v in values(table, "flops_per_step")],
+            "comm bytes": [human_bytes(v) for v in values(table, "comm_bytes_per_step")],
             "comm ms": ms("comm_s_per_step"),
             "compute ms": ms("compute_s_per_step"),
             "step ms": ms("step_time_s"),
         }
     )
     print(render(shown), file=out)
-    for run, rank in zip(table["run"], table["rank"]):  # the first line speaks of rank 0 only
+    for run, rank in zip(values(table, "run"), values(table, "rank")):  # the first line speaks of rank 0 only
         meta = src.runs.get(run) or {}
         if not meta.get("complete"):
             why = f"the traced code raised {printable(meta['error'])}" if meta.get("error") else stopped_by(meta)
             print(f"  rank {rank}: INCOMPLETE: {why}; its figures cover the rows it has", file=out)
-    imb = src.imbalance()
+    imb = src.imbalance().to_pylist()
     print("Imbalance (max / mean over ranks of the time per step)", file=out)
-    for row in imb.itertuples():
+    for row in imb:
         print(
-            f"  {row.phase:<10} {row.imbalance:.3f}  (max {row.max_s * 1e3:.2f} ms on rank {row.slowest_rank}, "
-            f"mean {row.mean_s * 1e3:.2f} ms)",
+            f"  {row['phase']:<10} {row['imbalance']:.3f}  (max {row['max_s'] * 1e3:.2f} ms on rank "
+            f"{row['slowest_rank']}, mean {row['mean_s'] * 1e3:.2f} ms)",
             file=out,
         )
-    step = imb[imb["phase"] == "step"]
-    if len(step):
-        print(f"The slowest rank is {int(step['slowest_rank'].iloc[0])} (longest step).", file=out)
+    step = [row for row in imb if row["phase"] == "step"]
+    if step:
+        print(f"The slowest rank is {int(step[0]['slowest_rank'])} (longest step).", file=out)
     split = _collective_lines(src)
     if split:
         print("Collectives (rank 0)", file=out)
@@ -91,12 +90,13 @@ def print_ranks(src, out):
 
 
 def _collective_lines(src):
+    from reports.distributed.collectives import FAKE_BACKENDS
+
     (_, meta), *_ = src.runs.items()
     if meta.get("backend") in FAKE_BACKENDS:
         return []  # no data moved: no bandwidth (print_job says why)
-    table = src.lowest_rank_collectives()
     return [
-        f"{r.collective:<15} {r.calls} x {human_bytes(r.comm_bytes)}: {r.duration_s * 1e3:.2f} ms each, "
-        f"busbw {human_bytes(r.busbw_bytes_per_s)}/s"
-        for r in table.itertuples()
+        f"{r['collective']:<15} {r['calls']} x {human_bytes(r['comm_bytes'])}: {r['duration_s'] * 1e3:.2f} ms each, "
+        f"busbw {human_bytes(r['busbw_bytes_per_s'])}/s"
+        for r in src.lowest_rank_collectives().to_pylist()
     ]

@@ -9,9 +9,12 @@ or a trace that is cut short or damaged, named in words."""
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from reports._util import tokens_text
 from reports.errors import ReportError
 from reports.output.caveats import NOISY, meta_caveats, meter_caveats, noise, step_time_spread, title_state
+from reports.output.table import descending, first_row, values
 from reports.output.text import human, human_bytes, json_number, percent, printable
 
 __all__ = ["Report", "assemble", "headline_lines", "top_modules"]
@@ -25,13 +28,13 @@ class Report:
     run: str
     meta: dict
     state: str  # complete, INCOMPLETE (cut short), DAMAGED, ...
-    breakdown: object = None  # reports.breakdown's table, or None (no model= or tokens=: `breakdown_error`)
+    breakdown: object = None  # reports.breakdown's pyarrow.Table, or None (no model= or tokens=: `breakdown_error`)
     breakdown_error: str = ""
     explain: list = field(default_factory=list)
     rate: dict = field(default_factory=dict)  # Source.mfu
     spread: dict = None  # the traced step times' {count, min, max}, when the step time is the trace's
     meter: dict = None  # Source.meter_summary
-    modules: object = None  # the top-modules table at `depth`
+    modules: object = None  # the top-modules pyarrow.Table at `depth`
     depth: int = 2
     headline: dict = field(default_factory=dict)
     caveats: list = field(default_factory=list)
@@ -125,14 +128,15 @@ def assemble(src, step_time_s=None, peak_tflops=None, depth=2, top=8, accounts=N
     said += more
     said += meter_caveats(report.meter)
     uncounted = src.uncounted()
-    if len(uncounted):
-        time_pct = float(uncounted["time_pct"].sum())
+    if uncounted.num_rows:
+        shares = np.array([0.0 if v is None else v for v in values(uncounted, "time_pct")], dtype=np.float64)
+        time_pct = float(np.nan_to_num(shares).sum())  # numpy's sum, as pandas' Series.sum adds them
         said.append(
             (
                 "uncounted_ops",
-                f"{len(uncounted)} op(s) without a FLOP formula counted as 0 FLOPs ({int(uncounted['ops'].sum()):,} "
-                f"calls, {time_pct:.1f}% of traced time: {', '.join(printable(o) for o in uncounted['op'][:3])}"
-                f"{', ...' if len(uncounted) > 3 else ''}); {FIX}",
+                f"{uncounted.num_rows} op(s) without a FLOP formula counted as 0 FLOPs ({sum(values(uncounted, 'ops')):,} "
+                f"calls, {time_pct:.1f}% of traced time: {', '.join(printable(o) for o in values(uncounted, 'op')[:3])}"
+                f"{', ...' if uncounted.num_rows > 3 else ''}); {FIX}",
             )
         )
     job = src.job(present)
@@ -147,41 +151,41 @@ def assemble(src, step_time_s=None, peak_tflops=None, depth=2, top=8, accounts=N
 def top_modules(src, depth, top):
     """The modules by subtree FLOPs down to `depth` (0: the root), the largest `top` of them."""
     mods = src.by_module()
-    return mods[mods["depth"] <= depth].sort_values("subtree_flops", ascending=False).head(top)
+    mods = mods.filter(np.array(values(mods, "depth")) <= depth) if mods.num_rows else mods
+    return mods.take(descending(mods.column("subtree_flops").to_numpy())[:top]) if mods.num_rows else mods
 
 
 def _headline(src, report, mfu):
     table, total = report.breakdown, src.phase_flops().get("total")
     flops = {"per_step": total, "expected": None, "ratio": None, "n": None, "tokens": None}
     if table is not None:
-        row = table.set_index("phase").loc["total"]
+        row = next(r for r in table.to_pylist() if r["phase"] == "total")
         flops.update(
             expected=json_number(row["expected_flops"]),
             ratio=json_number(row["ratio"]),
             n=json_number(row["n_params"]),
             tokens=json_number(row["tokens"]),
         )
-    highest = src.peak().iloc[0]
-    categories = src.categories()
-    largest = categories.sort_values("bytes", ascending=False, kind="stable").head(1)
+    highest = src.peak()
+    categories = src.categories().to_pylist()
+    largest = max(categories, key=lambda r: r["bytes"]) if categories else None  # the first of the largest
     memory = {"peak_live_bytes": json_number(highest["peak_live_bytes"]), "largest_category": None, "bytes": None}
-    if len(largest):
-        memory.update(largest_category=str(largest["category"].iloc[0]), bytes=json_number(largest["bytes"].iloc[0]))
-    ops = src.top_ops(1)
+    if largest is not None:
+        memory.update(largest_category=str(largest["category"]), bytes=json_number(largest["bytes"]))
+    r = first_row(src.top_ops(1))
     top_op = None
-    if len(ops):
-        r = ops.iloc[0]
+    if r is not None:
         top_op = {
             "op": str(r["op"]),
             "flops_per_step": json_number(r["flops_per_step"]),
             "pct": json_number(r["flops_pct"]),
         }
-    mods = report.modules
-    named = mods[(mods["depth"] > 0) & (mods["module"] != "")]  # below the root; not "(outside modules)"
-    named = named if len(named) else mods[mods["module"] != ""]
+    mods = report.modules.to_pylist()
+    named = [r for r in mods if r["depth"] > 0 and r["module"] != ""]  # below the root; not "(outside modules)"
+    named = named or [r for r in mods if r["module"] != ""]
     top_module = None
-    if len(named):
-        r = named.iloc[0]
+    if named:
+        r = named[0]
         top_module = {
             "module": str(r["module"]),
             "depth": int(r["depth"]),

@@ -6,8 +6,10 @@ value is the string "inf" or "-inf" (JSON has no infinity), so null never hides 
 table of `--json` keys."""
 
 import math
+import sys
 
 from reports.errors import ReportError
+from reports.output.table import first_row, values
 from reports.output.text import json_number
 
 __all__ = ["json_value", "records", "sections", "strict"]
@@ -17,13 +19,13 @@ def json_value(value):
     """A JSON-ready value: numpy scalars to Python, NaN/NA to None, +-inf to "inf"/"-inf", strings as they are."""
     if value is None or isinstance(value, (str, bool)):
         return value
-    try:
-        import pandas as pd
-
-        if pd.isna(value):
-            return None
-    except (TypeError, ValueError):
-        pass
+    pd = sys.modules.get("pandas")  # pandas' NA and NaT come only from a DataFrame: no pandas, none of them
+    if pd is not None:
+        try:
+            if pd.isna(value):
+                return None
+        except (TypeError, ValueError):
+            pass
     value = json_number(value)
     if isinstance(value, float) and math.isinf(value):
         return "inf" if value > 0 else "-inf"
@@ -43,7 +45,10 @@ def strict(obj):
 
 
 def records(frame, columns=None):
-    """A DataFrame's rows as a list of {column: json_value}."""
+    """A table's rows (a pyarrow Table or a DataFrame) as a list of {column: json_value}."""
+    if hasattr(frame, "column_names"):
+        columns = list(frame.column_names if columns is None else columns)
+        return [{c: json_value(v) for c, v in row.items()} for row in frame.select(columns).to_pylist()]
     columns = list(frame.columns if columns is None else columns)
     return [{c: json_value(v) for c, v in zip(columns, row)} for row in frame[columns].itertuples(index=False)]
 
@@ -66,8 +71,8 @@ def _breakdown(src, accounts):
     return {
         "available": True,
         "unit": "FLOPs per step",
-        "n_kind": str(table["n_kind"].iloc[0]),
-        "rows": records(table, [c for c in columns if c in table]),
+        "n_kind": str(first_row(table)["n_kind"]),
+        "rows": records(table, [c for c in columns if c in table.column_names]),
         "explain": [str(line) for line in src.explain(accounts)],
     }
 
@@ -117,8 +122,8 @@ def _top_modules(src, top, depth):
 
 def _roofline(src, top):
     table, split = src.roofline_with_split()
-    table = table.head(top)
-    if not table["bound"].ne("other").any():
+    table = table.slice(0, top)
+    if not any(b != "other" for b in values(table, "bound")):
         return {
             "available": False,
             "reason": "no roof: record Tracer.set_bandwidth(tracer.memory_bandwidth()) on a CPU",
@@ -142,8 +147,8 @@ def _roofline(src, top):
     return {
         "available": True,
         "unit": "per step; time_s_per_step from busy_ns; bytes are algorithmic",
-        "peak_flops_per_s": json_value(table["peak_flops_per_s"].max()),
-        "peak_bytes_per_s": json_value(table["peak_bytes_per_s"].iloc[0]),
+        "peak_flops_per_s": json_value(_largest(values(table, "peak_flops_per_s"))),
+        "peak_bytes_per_s": json_value(values(table, "peak_bytes_per_s")[0]),
         "rows": rows,
         "above_roof_note": "efficiency > 1 is outside the roofline's model: the bandwidth roof is a DRAM triad, "
         "and small tensors stay in cache",
@@ -152,8 +157,14 @@ def _roofline(src, top):
     }
 
 
+def _largest(numbers):
+    """The largest of `numbers` that is known (a Series' max: NaN and None skipped), NaN when none is."""
+    known = [v for v in numbers if v is not None and v == v]
+    return max(known) if known else math.nan
+
+
 def _memory(src):
-    top = src.peak().iloc[0]
+    top = src.peak()
     return {
         "peak": {
             "peak_live_bytes": json_value(top["peak_live_bytes"]),
@@ -163,18 +174,18 @@ def _memory(src):
             "phase": top["phase"],
             "module": top["module"],
         },
-        "categories": {str(r.category): json_value(r.bytes) for r in src.categories().itertuples()},
+        "categories": {str(r["category"]): json_value(r["bytes"]) for r in src.categories().to_pylist()},
     }
 
 
 def _views(src, top):
+    from reports.output.report_text import copies, kinds
+
     v = src.views()
-    kinds = v.groupby("kind", sort=False, observed=True)[["ops", "bytes_allocated"]].sum().reset_index()
-    copies = v[v["kind"] == "copy"].head(top)
     return {
         "unit": "totals over all traced steps",
-        "kinds": records(kinds.astype({"kind": object})),
-        "copies": records(copies, ["op", "ops", "bytes_allocated"]),
+        "kinds": records(kinds(v)),
+        "copies": [{c: json_value(r[c]) for c in ("op", "ops", "bytes_allocated")} for r in copies(v, top)],
     }
 
 

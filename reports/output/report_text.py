@@ -9,7 +9,11 @@ import io
 import shutil
 import textwrap
 
+import numpy as np
+import pyarrow as pa
+
 from reports.output.headline import headline_lines
+from reports.output.table import first_row, render, values
 from reports.output.text import column_formatters, human, human_bytes, human_seconds, percent, printable
 
 __all__ = ["DEFAULT_LINES", "SECTIONS", "print_report", "report_width"]
@@ -69,23 +73,21 @@ def _wrap(line, width):
     )
 
 
-def _table(frame, formatters=None, na_rep="NaN", width=None, name=None):
-    """A table's lines (reports.output.table.render); with `width`, the `name` column shortened with "…" so that
-    the table fits."""
-    import pyarrow as pa
+def _table(table, formatters=None, na_rep="NaN", width=None, name=None):
+    """A table's lines (reports.output.table.render of a pyarrow Table); with `width`, the `name` column shortened
+    with "…" so that the table fits."""
 
-    from reports.output.table import render
+    def text(t):
+        return render(t, formatters, na_rep).split("\n")
 
-    def text(f):
-        return render(pa.Table.from_pandas(f, preserve_index=False), formatters, na_rep).split("\n")
-
-    lines = text(frame)
+    lines = text(table)
     over = max(len(x) for x in lines) - width if width else 0
-    if over > 0 and name is not None and len(frame):
-        names = frame[name].astype(str)
-        keep = max(12, int(names.str.len().max()) - over - 1)
-        frame = frame.assign(**{name: [n if len(n) <= keep + 1 else n[:keep] + "…" for n in names]})
-        lines = text(frame)
+    if over > 0 and name is not None and table.num_rows:
+        names = [str(n) for n in values(table, name)]
+        keep = max(12, max(len(n) for n in names) - over - 1)
+        short = pa.array([n if len(n) <= keep + 1 else n[:keep] + "…" for n in names], pa.string())
+        table = table.set_column(table.column_names.index(name), name, short)
+        lines = text(table)
     return [Row(x) for x in lines]
 
 
@@ -95,20 +97,23 @@ def _flops(report, src, args, fit):
     if table is None:
         return [*lines, f"  N/A: {report.breakdown_error}"]
     split = ["weight_matmul_flops", "attention_flops", "other_flops"]
-    if "external_weight_flops" in table and table["external_weight_flops"].fillna(0).any():
+    if "external_weight_flops" in table.column_names and any(
+        v and v == v for v in values(table, "external_weight_flops")
+    ):
         split.insert(2, "external_weight_flops")  # a frozen teacher's matmuls: outside ratio and N
-    shown = table[["phase", "flops", "expected_flops", "ratio", *split]]
-    lines += [Row(x) for x in shown.to_string(index=False, formatters=column_formatters(shown), na_rep="").split("\n")]
-    active = table["n_active"].iloc[0]
+    shown = table.select(["phase", "flops", "expected_flops", "ratio", *split])
+    lines += [Row(x) for x in render(shown, column_formatters(shown), na_rep="").split("\n")]
+    row = first_row(table)
+    active = row["n_active"]
     # N_active is of the N this rank multiplies: its shards under tensor parallelism, of which a token uses all
-    routed = f", N_active = {active:,.0f} used per token" if active < table["n_rank"].iloc[0] - 0.5 else ""
-    if table["n_rank"].iloc[0] != table["n_params"].iloc[0]:
-        routed += f", this rank multiplies N = {table['n_rank'].iloc[0]:,} (its tensor-parallel shards)"
+    routed = f", N_active = {active:,.0f} used per token" if active < row["n_rank"] - 0.5 else ""
+    if row["n_rank"] != row["n_params"]:
+        routed += f", this rank multiplies N = {row['n_rank']:,} (its tensor-parallel shards)"
     from reports._util import tokens_text
 
     lines.append(
-        f"N = {table['n_params'].iloc[0]:,} parameters ({table['n_kind'].iloc[0]}){routed}, "
-        f"T = {tokens_text(table['tokens'].iloc[0])} tokens per step"
+        f"N = {row['n_params']:,} parameters ({row['n_kind']}){routed}, "
+        f"T = {tokens_text(row['tokens'])} tokens per step"
     )
     return lines
 
@@ -149,15 +154,18 @@ def _mfu(report, src, args, fit):
 
 def _ops(report, src, args, fit):
     ops = src.top_ops(args.top)
-    head = f"Top {len(ops)} ops by FLOPs, per step ({src.steps_traced()} step(s) traced)"
+    head = f"Top {ops.num_rows} ops by FLOPs, per step ({src.steps_traced()} step(s) traced)"
     return [head, *_table(ops, column_formatters(ops), width=fit, name="op")]
 
 
 def _modules(report, src, args, fit):
     mods = report.modules
-    mods = mods.assign(module=mods["module"].replace("", "(outside modules)"))
-    mods = mods[["module", "subtree_flops", "subtree_flops_pct"]].rename(
-        columns={"subtree_flops": "subtree_flops_total"}
+    mods = pa.table(
+        {
+            "module": pa.array([m if m != "" else "(outside modules)" for m in values(mods, "module")], pa.string()),
+            "subtree_flops_total": mods.column("subtree_flops"),
+            "subtree_flops_pct": mods.column("subtree_flops_pct"),
+        }
     )
     head = (
         f"Top modules by FLOPs, totals over all {src.steps_traced()} step(s) (children rolled up; depth <= "
@@ -170,34 +178,46 @@ def _uncounted(report, src, args, fit):
     from reports.flops.coverage import FIX
 
     table = src.uncounted()
-    if not len(table):
+    if not table.num_rows:
         return []
-    shown = table.assign(time_pct=table["time_pct"].map(lambda v: f"{v:.1f}%"))
+    shown = pa.table(
+        {
+            "op": table.column("op"),
+            "ops": table.column("ops"),
+            "time_pct": pa.array([f"{v:.1f}%" for v in values(table, "time_pct")], pa.string()),
+        }
+    )
     head = f"Ops without a FLOP formula (counted as 0 FLOPs; {FIX})"
-    return [head, *_table(shown[["op", "ops", "time_pct"]], width=fit, name="op")]
+    return [head, *_table(shown, width=fit, name="op")]
 
 
 def _roofline(report, src, args, fit):
     """The top op kinds by time against the roofline, and the step's time by what bounds it."""
     table, split = src.roofline_with_split()  # the rows prepared once for both tables
-    table = table.head(args.top)
-    if not table["bound"].ne("other").any():
+    table = table.slice(0, args.top)
+    if not any(b != "other" for b in values(table, "bound")):
         return ["Roofline: N/A (no roof: record Tracer.set_bandwidth(tracer.memory_bandwidth()) on a CPU)"]
-    bw, peak = table["peak_bytes_per_s"].iloc[0], table["peak_flops_per_s"].max()
+    bw = values(table, "peak_bytes_per_s")[0]
+    peaks = [v for v in values(table, "peak_flops_per_s") if v is not None and v == v]
+    peak = max(peaks) if peaks else float("nan")
     lines = [
         f"Roofline, per step ({src.steps_traced()} step(s) traced; op time from busy_ns; bytes are algorithmic; "
         f"roofs {human(peak, 'FLOP/s')}, {human(bw, 'B/s')})"
     ]
-    shown = table.assign(
-        op=table["op"].str.removeprefix("aten."),
-        intensity=table["arithmetic_intensity"].round(2),
-        efficiency_pct=100 * table["efficiency"],
+    efficiency = 100 * _floats(table, "efficiency")
+    shown = pa.table(
+        {
+            "op": pa.array([o.removeprefix("aten.") for o in values(table, "op")], pa.string()),
+            **{c: table.column(c) for c in ("dtype", "ops_per_step", "flops_per_step", "bytes_per_step")},
+            "intensity": pa.array(np.round(_floats(table, "arithmetic_intensity"), 2)),
+            "time_per_step": table.column("time_s_per_step"),
+            "achieved_flops_per_s": table.column("achieved_flops_per_s"),
+            "bound": table.column("bound"),
+            "efficiency_pct": pa.array(efficiency),
+        }
     )
-    columns = ["op", "dtype", "ops_per_step", "flops_per_step", "bytes_per_step", "intensity", "time_s_per_step"]
-    shown = shown[[*columns, "achieved_flops_per_s", "bound", "efficiency_pct"]]
-    shown = shown.rename(columns={"time_s_per_step": "time_per_step"})
     formatters = {**column_formatters(shown), "bytes_per_step": human_bytes}
-    above = shown["efficiency_pct"].astype("float64") > 100
+    above = efficiency > 100
     formatters["efficiency_pct"] = lambda v: "N/A" if v is None or v != v else f"{v:.1f}%" + ("*" if v > 100 else "")
     lines += _table(shown, formatters, "N/A", width=fit, name="op")
     if above.any():
@@ -205,33 +225,61 @@ def _roofline(report, src, args, fit):
             f"  * {int(above.sum())} row(s) above 100% of the roof: outside the roofline's model (the bandwidth roof "
             "is a DRAM triad, and small tensors stay in cache, which is faster than DRAM)"
         )
-    for row in split.itertuples():
-        roof = "" if row.bound == "other" else f", {human_seconds(row.roof_time_s)} at the roof"
-        label = "other ops" if row.bound == "other" else f"{row.bound}-bound"
-        lines.append(f"  {label:<15} {human_seconds(row.time_s):>8} per step ({percent(row.time_pct / 100)}){roof}")
+    for row in split.to_pylist():
+        roof = "" if row["bound"] == "other" else f", {human_seconds(row['roof_time_s'])} at the roof"
+        label = "other ops" if row["bound"] == "other" else f"{row['bound']}-bound"
+        lines.append(
+            f"  {label:<15} {human_seconds(row['time_s']):>8} per step ({percent(row['time_pct'] / 100)}){roof}"
+        )
     return lines
 
 
+def _floats(table, name):
+    """Column `name` as a float64 array, a null as NaN."""
+    return np.array([np.nan if v is None else v for v in values(table, name)], dtype=np.float64)
+
+
 def _memory(report, src, args, fit):
-    top = src.peak().iloc[0]
+    top = src.peak()
     lines = [
         f"Memory: peak {human_bytes(top['peak_live_bytes'])} live at op {top['seq']} ({printable(top['op'])}, "
         f"{printable(top['phase'])}, module {printable(top['module'] or '-')})"
     ]
-    for _, row in src.categories().iterrows():
+    for row in src.categories().to_pylist():
         lines.append(f"  {row['category']:<22} {human_bytes(row['bytes'])}")
     return lines
 
 
+def kinds(table):
+    """The views table summed per kind, in order of first appearance (the "Views vs copies" lines): kind, ops,
+    bytes_allocated."""
+    sums = {}
+    for kind, ops, size in zip(values(table, "kind"), values(table, "ops"), values(table, "bytes_allocated")):
+        found = sums.setdefault(kind, [0, 0])
+        found[0], found[1] = found[0] + ops, found[1] + size
+    return pa.table(
+        {
+            "kind": pa.array(list(sums), pa.string()),
+            "ops": pa.array([s[0] for s in sums.values()], table.schema.field("ops").type),
+            "bytes_allocated": pa.array([s[1] for s in sums.values()], table.schema.field("bytes_allocated").type),
+        }
+    )
+
+
+def copies(table, top):
+    """The first `top` rows of the views table that are copies, as [{column: value}]."""
+    return [r for r in table.to_pylist() if r["kind"] == "copy"][:top]
+
+
 def _views(report, src, args, fit):
     v = src.views()
-    kinds = v.groupby("kind", sort=False)[["ops", "bytes_allocated"]].sum().reset_index()
+    summed = kinds(v)
     lines = [f"Views (no new memory) vs copies, totals over all {src.steps_traced()} step(s)"]
-    lines += _table(kinds, column_formatters(kinds))
-    made = v[v["kind"] == "copy"].head(args.top)
-    if len(made):
-        copies = ", ".join(f"{printable(r.op)} x{r.ops} ({human_bytes(r.bytes_allocated)})" for r in made.itertuples())
-        lines.append(f"Copies: {copies}")
+    lines += _table(summed, column_formatters(summed))
+    made = copies(v, args.top)
+    if made:
+        shown = ", ".join(f"{printable(r['op'])} x{r['ops']} ({human_bytes(r['bytes_allocated'])})" for r in made)
+        lines.append(f"Copies: {shown}")
     return lines
 
 

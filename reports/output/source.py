@@ -1,8 +1,13 @@
 """Where `optrace report` takes each table from: a reports.sql.engine.Trace of the run, over its files or over its
 rows loaded into memory (Trace.over: `--engine pandas`, and the traces the Trace does not read from their files).
+Each table is a pyarrow.Table (a one-row result a dict of Python values): the printed report imports no pandas
+where its tables are made without (reports.sql.tables' *_arrow; the roofline, the distributed sections and, until
+reports.memory.sql_categories.by_category returns Arrow, the memory categories are converted here from pandas).
 Breakdown, explain and MFU run on the small Arrow table reports/sql/flops.py cuts from the trace
 (tests/reports/sql/test_sql_flops.py); the memory categories, the meter and the distributed sections come from their
 SQL views (tests/reports/sql/test_sql_sections.py); the rank sections take a Source over every rank."""
+
+import sys
 
 __all__ = ["Source"]
 
@@ -33,11 +38,10 @@ class Source:
         return analyse(self.flop_rows(), "matmul", None, "breakdown")
 
     def breakdown(self, accounts):
-        """reports.breakdown's table: a pyarrow.Table made the library's DataFrame here, for the CLI's printing."""
+        """reports.breakdown's table (a pyarrow.Table: phase, flops, expected_flops, ...)."""
         from reports.flops.breakdown import breakdown_table
-        from reports.flops.rows import to_frame
 
-        return to_frame(breakdown_table(self.flop_rows(), accounts=accounts))
+        return breakdown_table(self.flop_rows(), accounts=accounts)
 
     def explain(self, accounts):
         from reports.flops.explain import explain_lines
@@ -70,34 +74,39 @@ class Source:
         return bounds(self.sql)
 
     def uncounted(self):
-        from reports.sql.tables import uncounted
+        """reports.uncounted's rows of the run (op, ops, duration_us, time_pct)."""
+        from reports.sql.tables import uncounted_arrow
 
-        return uncounted(self.sql)
+        return uncounted_arrow(self.sql)
 
     def top_ops(self, top):
-        from reports.sql.tables import top_ops
+        from reports.sql.tables import top_ops_arrow
 
-        return top_ops(self.sql, top)
+        return top_ops_arrow(self.sql, top)
 
     def by_module(self):
-        from reports.tables import by_module
+        """reports.by_module's rows of the run (module, depth, parent, ops, subtree_ops, flops, ...)."""
+        from reports.sql.tables import modules_arrow
 
-        return by_module(self.sql)
+        return modules_arrow(self.sql)
 
     def roofline_with_split(self):
+        """(the roofline by op and dtype, the split by bound per step), from reports.time.roofline's DataFrames."""
         from reports.time.roofline import roofline_with_split
 
-        return roofline_with_split(self.sql)
+        return tuple(_arrow(frame) for frame in roofline_with_split(self.sql))
 
     def peak(self):
-        from reports.sql.tables import peak
+        """The run's peak row of reports.peak ({run, peak_live_bytes, seq, step, phase, module, op})."""
+        from reports.sql.tables import peak_rows
 
-        return peak(self.sql)
+        return peak_rows(self.sql)[0]
 
     def views(self):
-        from reports.sql.tables import views
+        """reports.views' rows (kind, op, ops, bytes_allocated, bytes_written, allocated_pct)."""
+        from reports.sql.tables import views_arrow
 
-        return views(self.sql)
+        return views_arrow(self.sql)
 
     # ---- memory categories, meter, distributed (reports/memory/sql_categories.py, reports/distributed/sql_ranks.py):
     # the rank sections take a Source over every rank (one run per rank)
@@ -112,20 +121,20 @@ class Source:
 
     def ops(self):
         """The rows of the report's run."""
-        return int(self.sql.totals["ops"].iloc[0]) if len(self.sql.totals) else 0
+        return int(self.sql.run_rows[0]["ops"]) if self.sql.run_rows else 0
 
     def steps_traced(self):
         """The distinct step numbers of the report's run."""
-        return int(self.sql.totals["steps_traced"].iloc[0]) if len(self.sql.totals) else 0
+        return int(self.sql.run_rows[0]["steps_traced"]) if self.sql.run_rows else 0
 
     def categories(self):
-        """reports.by_category at the run's peak (rows: category, bytes, ...), made once (headline and memory section)."""
-        from reports.memory.sql_categories import by_category
-
+        """reports.by_category at the run's peak (a pyarrow.Table: category, bytes, ...), made once (the headline
+        and the memory section both read it)."""
         if self._categories is None:
+            from reports.memory.sql_categories import by_category
+
             self._flop_rows = None  # the report's FLOP sections come before: freed for the lifetime model's arrays
-            table = by_category(self.sql).to_pandas()  # a pyarrow.Table: the printers still take pandas
-            self._categories = table.astype({"run": object, "category": object})
+            self._categories = by_category(self.sql)
         return self._categories
 
     def meter_summary(self):
@@ -148,24 +157,22 @@ class Source:
     def ranks(self):
         from reports.distributed.sql_ranks import ranks
 
-        return ranks(self.sql)
+        return _arrow(ranks(self.sql))
 
     def imbalance(self):
         from reports.distributed.sql_ranks import imbalance
 
-        return imbalance(self.sql)
+        return _arrow(imbalance(self.sql))
 
     def lowest_rank_collectives(self):
         """reports/distributed/collectives.py collectives of the lowest rank's runs."""
         from reports.distributed.sql_ranks import lowest_rank_collectives
 
-        return lowest_rank_collectives(self.sql)
+        return _arrow(lowest_rank_collectives(self.sql))
 
     def rank_summary(self):
         """{"ranks": [...], "imbalance": [...]} of `report --json` on a trace of several ranks."""
-        from reports.distributed.ranks import summary_records
-
-        summary = summary_records(self.ranks(), self.imbalance())
+        summary = {"ranks": self.ranks().to_pylist(), "imbalance": self.imbalance().to_pylist()}
         for record in summary["ranks"]:  # a rank cut short or that raised is named, as the first line names rank 0
             meta = self.runs.get(record["run"]) or {}
             record["complete"], record["error"] = bool(meta.get("complete")), meta.get("error")
@@ -173,3 +180,22 @@ class Source:
                 (meta.get("meter") or {}).get("errors") or 0
             )  # its Meter's bookkeeping failures
         return summary
+
+
+def _arrow(table):
+    """A table a section reads as a pyarrow.Table: a DataFrame (the library's, where a table is still made in pandas)
+    converted, its index dropped; an Arrow table as it is."""
+    import pyarrow as pa
+
+    if isinstance(table, pa.Table):
+        return table
+    pd = sys.modules["pandas"]  # the DataFrame's own library, loaded (no import of it here)
+
+    columns = {}
+    for name in table.columns:
+        column = table[name]
+        if column.dtype.kind in "fiub" and not hasattr(column.dtype, "na_value"):  # numpy numbers: a NaN stays NaN
+            columns[name] = pa.array(column.to_numpy())
+        else:  # text, categories, nullable numbers: their values, None for a missing one
+            columns[name] = pa.array([None if pd.api.types.is_scalar(v) and pd.isna(v) else v for v in column.tolist()])
+    return pa.table(columns) if columns else pa.table({})

@@ -18,7 +18,7 @@ import re
 
 import pyarrow as pa
 
-__all__ = ["render"]
+__all__ = ["descending", "first_row", "render", "values"]
 
 _DIGITS = 6  # pandas' display.precision
 _DECIMAL = re.compile(r"^\s*[\+-]?[0-9]+\.[0-9]*$")
@@ -102,3 +102,25 @@ def _trimmed(cells):
             break
         cells = [c[:-1] if decimal(c) else c for c in cells]
     return [c + "0" if decimal(c) and c.endswith(".") else c for c in cells]
+
+
+def values(table, name):
+    """Column `name` of a pyarrow Table as a list of Python values."""
+    return table.column(name).to_pylist()
+
+
+def first_row(table):
+    """The first row of a pyarrow Table as {column: value}; None when it has none."""
+    return table.slice(0, 1).to_pylist()[0] if table.num_rows else None
+
+
+def descending(numbers):
+    """The order of `numbers` (an array) from the largest down, as pandas' Series.sort_values(ascending=False) gives
+    it (its default quicksort: ties in the order that sort leaves them; NaN last)."""
+    import numpy as np
+
+    numbers = np.asarray(numbers)
+    missing = np.isnan(numbers) if numbers.dtype.kind == "f" else np.zeros(len(numbers), dtype=bool)
+    index = np.arange(len(numbers))
+    present, at = numbers[~missing][::-1], index[~missing][::-1]
+    return np.concatenate([at[present.argsort(kind="quicksort")][::-1], np.flatnonzero(missing)])

@@ -1,5 +1,5 @@
 """Formatting for people, in one place: numbers with SI prefixes, bytes in binary units, percentages,
-JSON-ready numbers, a DataFrame's column formatters, and names from a trace made safe for a terminal.
+JSON-ready numbers, a table's column formatters, and names from a trace made safe for a terminal.
 
 The `optrace` command and every section it prints use these; no analysis module does."""
 
@@ -59,10 +59,10 @@ def percent(value):
 
 
 def column_formatters(frame):
-    import pandas as pd
-
+    """{column: formatter} of a table's columns by their names (and, for names, their type): `frame` a pyarrow Table
+    or a DataFrame."""
     found = {}
-    for column in frame.columns:
+    for column in frame.column_names if hasattr(frame, "column_names") else frame.columns:
         if column.endswith("_ratio") or column == "ratio":
             found[column] = lambda v: "" if v is None or v != v else f"{v:.3f}"
         elif column == "ops" or column.startswith("ops_"):  # counts: 506, 1.2 k, never '506.0'
@@ -77,11 +77,26 @@ def column_formatters(frame):
             found[column] = lambda v: human(v)
         elif "bytes" in column:
             found[column] = lambda v: "N/A" if v is None or v != v else human_bytes(v)
-        elif not pd.api.types.is_numeric_dtype(frame[column].dtype) and not pd.api.types.is_bool_dtype(
-            frame[column].dtype
-        ):
+        elif not _numeric(frame, column):
             found[column] = printable  # names from the trace: control characters escaped
     return found
+
+
+def _numeric(frame, column):
+    """Whether a column holds numbers or bools (pandas' is_numeric_dtype, for a DataFrame's or an Arrow type)."""
+    if hasattr(frame, "schema"):
+        import pyarrow as pa
+
+        typ = frame.schema.field(column).type
+        return (
+            pa.types.is_integer(typ)
+            or pa.types.is_floating(typ)
+            or pa.types.is_boolean(typ)
+            or pa.types.is_decimal(typ)
+        )
+    import pandas as pd
+
+    return pd.api.types.is_numeric_dtype(frame[column].dtype) or pd.api.types.is_bool_dtype(frame[column].dtype)
 
 
 # C0 and C1 controls, DEL, and the Unicode line separators and bidirectional overrides: a name holding one

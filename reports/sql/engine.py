@@ -1,7 +1,8 @@
 """Run the report views of views.sql with DuckDB, embedded, over a trace's validated part files.
 
     trace = Trace("runs/gpt.parquet")     # checks the trace as reports.load does, reads no row into Python
-    trace.table("by_op")                  # a view's rows as a DataFrame
+    trace.table("by_op")                  # a view's rows as a DataFrame (the library's tables)
+    trace.arrow("SELECT * FROM by_op")    # any query's rows as a pyarrow Table (the printed report's: no pandas)
     trace.close()
 
 `Trace(paths)` takes what `reports.load` takes (one trace or several, a distributed trace's
@@ -41,13 +42,11 @@ import uuid
 import warnings
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 
 from reports.errors import ReportError
 from reports.loading.integrity import (
     REREADS,
-    Footers,
     describe_damage,
     footer,
     list_parts,
@@ -56,24 +55,15 @@ from reports.loading.integrity import (
     reread,
     stopped_by,
 )
-from reports.loading.load import check_rank, id_limit, read_run, run_name, runs_with_ranks
-from reports.loading.validate import ALLOWED, ITEMS_NOT_NULL, LIST_NOT_NULL, STORAGE_ID_COLUMNS, check_footers
-from reports.sql import rowpass
+from reports.loading.load import check_rank, read_run, run_name, runs_with_ranks
+from reports.loading.validate import ITEMS_NOT_NULL, LIST_NOT_NULL
+from reports.sql.checks import BAD_ROW_VALUES, Checks, IdFooters
 from reports.sql.kept_views import kept_views
-from reports.sql.scan import GRAINS, files_query, grains, source, source_views, views
+from reports.sql.per_step import floats, per_step_arrays
+from reports.sql.scan import GRAINS, grains, source, source_views, views
 from reports.sql.scan import grains as _grains
-from tracer.schema import ARROW_SCHEMA, COLUMN_NAMES, PHASES, missing_columns
+from tracer.schema import ARROW_SCHEMA, COLUMN_NAMES, missing_columns
 
-# a row whose phase or FLOP kind the tracer never writes (validate.ALLOWED): the reference loader names it. Checked on the
-# _ops grain, which is keyed by both; a grad_mode the tracer never writes is checked per row (_BAD_ROW_VALUES, with the
-# null lists: the grain is not keyed by it)
-_GRAIN_CHECKED = ("phase", "flop_kind")
-_UNKNOWN_VALUES = " OR ".join(f"{name} NOT IN ({', '.join(repr(v) for v in ALLOWED[name])})" for name in _GRAIN_CHECKED)
-_BAD_ROW_VALUES = [
-    f"{name} NOT IN ({', '.join(repr(v) for v in values)})"
-    for name, values in ALLOWED.items()
-    if name not in _GRAIN_CHECKED
-]
 # The oldest schema version the engine reads. A trace of it lacks the columns added since, all of them null when
 # reports.load reads one (tracer.schema.missing_columns: grad_mode, unknown before v4): they are read as NULL here.
 OLDEST_VERSION = 3
@@ -164,7 +154,7 @@ def file_literal(path):
     return literal(_GLOB.sub(r"[\1]", os.path.abspath(path)))
 
 
-class Trace:
+class Trace(Checks):
     """One trace or several, checked, with a DuckDB connection holding `rows` and the views of views.sql.
 
     `runs`: {run name: metadata} as reports.load gives it in `df.attrs["runs"]`; `ranks`: the rank
@@ -210,13 +200,13 @@ class Trace:
         self.lacking = []  # per run: the columns its version lacks, read as NULL
         self.kept = {}
         self._reference_columns = columns
-        footers, refused, seen = _IdFooters(), set(), {}
+        footers, refused, seen = IdFooters(), set(), {}
         try:
             for path, rank in runs_with_ranks(paths):
                 try:  # the values from the parts' statistics too (all but storage ids), each footer read once
                     meta = read_run(path, footers, unread=COLUMN_NAMES)
                 except ReportError:
-                    meta = read_run(path, _IdFooters())  # a damaged trace raises here, in reports.load's words
+                    meta = read_run(path, IdFooters())  # a damaged trace raises here, in reports.load's words
                     refused.add(path)  # else a value the statistics refuse: the reference loader says which
                 check_rank(path, rank, meta, seen)
                 name = run_name(path, rank, meta, self.runs)
@@ -297,7 +287,7 @@ class Trace:
         ]
         nulls = [f"{c} IS NULL" for c in LIST_NOT_NULL if c in self.columns]
         nulls += [f"list_count({c}) < len({c})" for c in ITEMS_NOT_NULL if c in self.columns]  # a null item
-        nulls += _BAD_ROW_VALUES  # a value the tracer never writes, in a column the grains are not keyed by
+        nulls += BAD_ROW_VALUES  # a value the tracer never writes, in a column the grains are not keyed by
         self._null_where = " OR ".join(nulls) or "FALSE"
         for statement in source("rows", batches if self.narrow else None, self._null_where):
             self.db.execute(statement)
@@ -329,7 +319,23 @@ class Trace:
         self._views = [(name, fast.get(name, body)) for path in VIEW_FILES for name, body, _ in statements(path)]
         for name, body in self._views:  # run_totals, which most tables join, computed once (its distinct counts:
             self.db.execute(f"CREATE {'TABLE' if name == 'run_totals' else 'VIEW'} {name} AS {body}")  # 13 ms a read)
-        self.totals = self.table("run_totals")
+        self._read_totals()
+
+    def _read_totals(self):
+        """`run_rows`: run_totals' rows as {column: Python value}, in the view's order (pandas is not imported)."""
+        self._totals_frame = None
+        self.run_rows = self.db.sql("SELECT * FROM run_totals").to_arrow_table().to_pylist()
+
+    @property
+    def totals(self):
+        """run_totals as a DataFrame in DuckDB's dtypes (the library's tables): read on first use."""
+        if self._totals_frame is None:
+            self._totals_frame = self.table("run_totals")
+        return self._totals_frame
+
+    def run_row(self, run_index=0):
+        """The run's row of run_totals ({column: value}), or None for a run without rows."""
+        return next((r for r in self.run_rows if r["run_index"] == run_index), None)
 
     @classmethod
     def over(cls, table, runs, ranks=None, paths=None, grains=False):
@@ -405,7 +411,7 @@ class Trace:
         ]
         for statement in made:
             one.db.execute(statement.replace("CREATE VIEW", "CREATE OR REPLACE VIEW", 1))
-        one.totals = one.table("run_totals")  # run 0's row, typed as a Trace of run 0 alone types it
+        one._read_totals()  # run 0's row, typed as a Trace of run 0 alone types it
         return one
 
     def close(self):
@@ -427,19 +433,23 @@ class Trace:
         """The result of any query over `rows` and the views, as a DataFrame (DuckDB's dtypes)."""
         return self.db.execute(query).fetchdf()
 
+    def arrow(self, query):
+        """The result of any query over `rows` and the views, as a pyarrow Table (DuckDB's Arrow types)."""
+        return self.db.sql(query).to_arrow_table()
+
     def table(self, view, order=None, where=None):
         """A view's rows, ordered by `order` (SQL), in DuckDB's dtypes (reports/sql/tables.py casts the sums)."""
         query = f"SELECT * FROM {view}" + (f" WHERE {where}" if where else "") + (f" ORDER BY {order}" if order else "")
         return self.db.execute(query).fetchdf()
 
     def _ops(self):
-        found = dict(zip(self.totals["run_index"], self.totals["ops"])) if len(self.totals) else {}
+        found = {r["run_index"]: r["ops"] for r in self.run_rows}
         return [int(found.get(i, 0)) for i in range(len(self.runs))]
 
     def wide(self, column, run_index=0):
         """Whether an int64 sum of `column` over the run's rows could wrap (so pandas sums it as float64)."""
         if self._totals is None:  # {run_index: its row of run_totals}, once (asked per column and run of each table)
-            self._totals = {int(r["run_index"]): r for r in self.totals.to_dict("records")}
+            self._totals = {int(r["run_index"]): r for r in self.run_rows}
         t = self._totals.get(run_index)
         if t is None or f"{column}_max" not in t:
             return False
@@ -460,9 +470,8 @@ class Trace:
                 "SELECT run_index, phase, steps FROM phase_steps"
             ).fetchall():
                 self._phase_steps[int(run_index)][phase] = int(steps)
-            for run_index, fb, traced in zip(
-                self.totals["run_index"], self.totals["fb_steps"], self.totals["steps_traced"]
-            ):
+            for row in self.run_rows:
+                run_index, fb, traced = row["run_index"], row["fb_steps"], row["steps_traced"]
                 found = self._phase_steps[int(run_index)]
                 if "other" in found:  # over at least the run's training steps (reports/steps.py _steps_per_phase)
                     found["other"] = max(found["other"], int(fb or traced))
@@ -472,197 +481,27 @@ class Trace:
         """Per-step figures from a view of totals per (keys..., phase): each phase's total over the steps
         it ran in, summed over the phases in reports/steps.py's order (float64, as per_step gives them).
         Returns {run_index: DataFrame of keys and columns}, keys in order of first appearance."""
-        steps = self.phase_steps()
+        import pandas as pd
+
+        arrays = {
+            c: totals[c].to_numpy(dtype=np.float64, na_value=np.nan) if c in columns else totals[c].to_numpy()
+            for c in ("run_index", "phase", *keys, *columns, "first_seq")
+            if c in totals
+        }
         out = {}
-        runs = {int(i): t for i, t in totals.groupby("run_index", sort=False)}  # each run's rows in their order
-        for i in range(len(self.runs)):
-            t = runs.get(i, totals.iloc[:0])
-            names = list(steps[i])
-            order = sorted(
-                range(len(names)),
-                key=lambda c: (PHASES.index(names[c]) if names[c] in PHASES else len(PHASES), names[c]),
-            )
-            if keys:
-                first = t.groupby(list(keys), sort=False)["first_seq"].min().sort_values(kind="stable")
-                index = first.index
-            else:
-                index = pd.Index([0])
-            figures = {c: np.zeros(len(index)) for c in columns}
-            for c in order:
-                phase = names[c]
-                part = t[t["phase"] == phase]
-                if keys:
-                    part = part.set_index(list(keys)).reindex(index)
-                for col in columns:
-                    values = part[col].to_numpy(dtype=np.float64, na_value=0.0) if len(part) else np.zeros(len(index))
-                    figures[col] = figures[col] + values / steps[i][phase]
+        for i, (found, figures) in per_step_arrays(self.phase_steps(), len(self.runs), arrays, columns, keys).items():
             frame = pd.DataFrame(figures)
             if keys:
-                frame = pd.concat([index.to_frame(index=False), frame], axis=1)
+                frame = pd.concat([pd.DataFrame(found, columns=list(keys)).astype(object), frame], axis=1)
             out[i] = frame
         return out
 
-    # ---------------------------------------------------------------------------- value checks
-    def _check_values(self, footers, refused, keep):
-        """The checks of reports/loading/validate.py check_rows without reading the rows into a frame: nulls and ranges
-        from each part's Parquet statistics (check_footers, as read_run read the footers: `refused` holds the runs where
-        one failed), storage ids from the extremes of their statistics (_IdFooters), the rest from the rows. A trace
-        read from its files: one read of each run's parts (reports/sql/rowpass.py: null list cells and items, phase
-        and flop_kind values, seq increasing), which also feeds run 0's rows to the consumers `keep` makes (_rows_pass).
-        A trace whose rows were read once into DuckDB (narrow): seq from one scan of its seq column (_seq_in_order),
-        null lists and values from the grains (_check_null_lists). A run that fails one is read by the reference
-        loader, which raises the one-line error naming the value and the row (or accepts it: a FLOP count clamped to
-        int64 is a flagged bound, not damage). Returns the narrow runs that passed, in order, for _check_null_lists;
-        the runs before one that failed are checked first, by a scan of their own (_null_lists): the runs are refused
-        in reports.load's order."""
-        unscanned = []
-        for i, path in enumerate(self.paths):
-            if not self._statistics_refuse(i, footers, refused) and self._rows_pass(i, footers, keep):
-                unscanned += [i] if self.narrow else []
-                continue
-            for k in unscanned:
-                if self._null_lists(k):
-                    self._reference_check(self.paths[k])
-            unscanned = []
-            self._reference_check(path)
-        return unscanned
-
-    def _statistics_refuse(self, i, footers, refused):
-        """Whether run i fails a check of _check_values made from its parts' statistics."""
-        path, meta = self.paths[i], list(self.runs.values())[i]
-        if path in refused:
-            return True
-        limit = id_limit(meta, sum(footers.rows.get(f, 0) for f in self.files[i]))
-        extremes = [footers.ids.get(f) for f in self.files[i]]
-        if any(e is None or e[0] < 0 or e[1] > limit for e in extremes):
-            try:  # statistics missing or an id out of range: the check that names it
-                check_footers(path, [(f, footer(f, footers)) for f in self.files[i]], self.columns, limit, {})
-            except ReportError:
-                return True
-        return False
-
-    def _rows_pass(self, i, footers, keep):
-        """Whether run i passes the checks of _check_values made from its rows (a narrow trace: its seq here, its
-        null lists from the grains). Run 0's read feeds the consumers each of `keep` makes of its row count (objects
-        with `columns` and `feed`: reports/sql/rowpass.py), kept in `self.kept` when the run passed (take_kept)."""
-        if self.narrow:
-            return self._seq_in_order(i) or _seq_increases(self.files[i], footers)
-        consumers = [make(sum(footers.rows.get(f, 0) for f in self.files[i])) for make in keep] if i == 0 else []
-        try:
-            if not rowpass.read(self.files[i], footers, self.columns, consumers):
-                return False
-        except Exception as exc:  # a part whose pages cannot be read (corrupt, truncated): the reference loader's line
-            if merged_away(exc):
-                raise
-            return False
-        self.kept.update({(type(c), i): c for c in consumers})
-        return True
-
-    def take_kept(self, kind, run_index):
-        """The consumer of type `kind` the read of run `run_index` fed (Trace(keep=...)), once; None when none was."""
-        return self.kept.pop((kind, run_index), None)
-
-    def _check_null_lists(self, runs):
-        """Read each of `runs` (run indices, in order) with the reference loader when a list cell of it is null where a
-        trace holds a list, or an id or size list holds a null item: flagged per group of _ops as the grain read the
-        list columns (reports/sql/scan.py `_src.null_lists`), no scan of its own; and when a phase or FLOP kind is none
-        the tracer writes (validate.ALLOWED: statistics cannot show that), from the grains' groups."""
-        if not runs:  # a trace read from its files: its runs' reads checked them (rowpass)
-            return
-        found = self.db.execute(f"SELECT DISTINCT run_index FROM _ops WHERE null_lists OR {_UNKNOWN_VALUES}").fetchall()
-        flagged = {int(i) for (i,) in found}
-        for i in runs:
-            if i in flagged:
-                self._reference_check(self.paths[i])
-
-    def _null_lists(self, i):
-        """Whether run i has a null list cell or item (see _check_null_lists), from a scan of its list columns: for a
-        run checked before the grains are made (one before a run the statistics refuse)."""
-        return (
-            self.db.execute(
-                f"SELECT count(*) FROM _src WHERE run_index = {i} AND (null_lists OR {_UNKNOWN_VALUES})"
-            ).fetchone()[0]
-            > 0
-        )
-
-    def _seq_in_order(self, i):
-        """Whether run i's seq increases row by row, shown from one DuckDB scan of its seq column: each part's seq
-        is its first seq plus the row number (seq - row number takes one value), and each part starts after
-        the one before ends. False when that does not show it (a part with a gap inside: _seq_increases decides)."""
-        read = (
-            f"_src WHERE run_index = {i}"
-            if self.narrow
-            else self._reads[i] + ", filename = true, file_row_number = true)"
-        )
-        found = self.db.execute(files_query(read)).fetchall()
-        where = {os.path.abspath(f): n for n, f in enumerate(self.files[i])}
-        ranges = sorted((where.get(name, -1), lo, hi, n) for name, n, lo, hi in found)
-        last = None
-        for index, lo, hi, n in ranges:
-            if index < 0 or lo != hi or (last is not None and lo <= last):
-                return False
-            last = lo + n - 1
-        return True
-
-    def _reference_check(self, path):
-        """Read one run with the reference loader (the command's columns): its checks raise the one line that names
-        the bad value, in a part (a column it leaves in the files) or at a seq (one it reads)."""
-        from reports.loading.load import load
-
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            load(path, columns=self._reference_columns, lists="arrow")
-
-
-class _IdFooters(Footers):
-    """Footers that also keep `ids` {part: (least, greatest) storage id in its statistics, or None when a chunk has
-    none}: the id check, which needs the run's id limit (known once every part is read), then reads no footer twice."""
-
-    def __init__(self):
-        super().__init__()
-        self.ids, self._leaves = {}, None
-
-    def note(self, part, found):
-        super().note(part, found)
-        low, high = 0, 0
-        if self._leaves is None or not found.schema.equals(self._leaves[0]):  # the id columns, once per schema
-            self._leaves = (
-                found.schema,
-                [j for j in range(found.num_columns) if found.schema.column(j).path in _ID_LEAVES],
-            )
-        leaves = self._leaves[1]
-        for g in range(found.num_row_groups):
-            group = found.row_group(g)
-            for j in leaves if group.num_rows else ():  # no rows (the closing part): no id, nothing to check
-                stats = group.column(j).statistics
-                if stats is None or stats.null_count is None:
-                    self.ids[part] = None
-                    return
-                if stats.has_min_max and isinstance(stats.min, int):
-                    low, high = min(low, stats.min), max(high, stats.max)
-        self.ids[part] = (low, high)
-
-
-_ID_LEAVES = {f"{name}.list.element" for name in STORAGE_ID_COLUMNS}
-
-
-def _seq_increases(files, footers):
-    """Whether seq increases row by row through the parts in order: each part's seq column read alone (one
-    part in memory at a time; a part of one row is not read: its seq is its footer's statistics)."""
-    import pyarrow.parquet as pq
-
-    last = None
-    for part in files:
-        info = footer(part, footers)
-        if not info.num_rows:
-            continue
-        column = info.schema.names.index("seq")
-        stats = info.row_group(0).column(column).statistics if info.num_row_groups == 1 else None
-        if info.num_rows == 1 and stats is not None and stats.has_min_max:
-            seq = np.array([stats.min], dtype=np.int64)
-        else:
-            seq = pq.read_table(part, columns=["seq"]).column("seq").to_numpy()
-        if (last is not None and seq[0] <= last) or (len(seq) > 1 and not (np.diff(seq) > 0).all()):
-            return False
-        last = int(seq[-1])
-    return True
+    def per_step_arrow(self, totals, columns, keys=()):
+        """per_step of `totals` a pyarrow Table: {run_index: ([key tuple], {column: float64 array})}."""
+        names = ("run_index", "phase", *keys, *columns, "first_seq")
+        arrays = {
+            c: totals.column(c).to_numpy(zero_copy_only=False) if c not in columns else floats(totals.column(c))
+            for c in names
+            if c in totals.column_names
+        }
+        return per_step_arrays(self.phase_steps(), len(self.runs), arrays, columns, keys)

@@ -14,7 +14,6 @@ import json
 from contextlib import contextmanager
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 
 from reports.errors import ReportError
@@ -28,6 +27,8 @@ _TYPES = {f.name: f.type for f in ARROW_SCHEMA}
 
 def run_names(df):
     """The runs of a loaded trace in load order (even those a filter has emptied)."""
+    import pandas as pd  # a DataFrame's: pandas is loaded
+
     runs = df.attrs.get("runs")
     if runs:
         return list(runs)
@@ -57,6 +58,8 @@ def memory_trace(rows, what, required, columns=(), grains=False):
 
     if isinstance(rows, pa.Table):
         return _of_arrow(rows, what, required, columns, grains)
+    import pandas as pd  # a DataFrame's: pandas is loaded
+
     require(rows, ["run", *required], what)
     names = run_names(rows)
     meta = rows.attrs.get("runs") or {}
@@ -115,6 +118,8 @@ def _schema_metadata(table):
 def _column(series, typ):
     """A frame's column as Arrow: an Arrow-backed one as it is, a list column of Python objects as lists of `typ`'s
     items, the others as pyarrow converts them (a categorical as a dictionary); `rows` casts each to `typ`."""
+    import pandas as pd
+
     if isinstance(series.dtype, pd.ArrowDtype):
         return series.array.__arrow_array__()
     if pa.types.is_list(typ):

@@ -13,11 +13,16 @@ test oracles under tests/oracles).
     the report's top ops                     top_ops
     module rows of reports.by_module         module_own (reports.tables rolls the tree up)
 
+The printed report reads the same views as pyarrow Tables or Python values, without pandas: top_ops_arrow,
+uncounted_arrow, peak_rows, views_arrow (pandas is imported by the functions that return a DataFrame only).
+
 Integer sums are exact (DuckDB sums int64 in 128 bits); a float sum (a percentage's parts,
 per-step figures) can differ from pandas' in the last bit, as sums in another order do.
 """
 
-import pandas as pd
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from reports._util import empty_frame
 
@@ -30,13 +35,18 @@ __all__ = [
     "count_steps",
     "kinds",
     "module_own",
+    "modules_arrow",
     "ops",
     "peak",
     "phase_flops",
     "steps_traced",
     "top_ops",
+    "top_ops_arrow",
     "uncounted",
+    "uncounted_arrow",
+    "peak_rows",
     "views",
+    "views_arrow",
 ]
 
 _SUMS = ("ops", "flops", "bytes_allocated", "bytes_read", "bytes_written")
@@ -55,15 +65,32 @@ _SUM_DTYPES = {
 def fetch(trace, view, order, sums=(), where=None):
     """A view's rows in `order` (SQL, after run_index), the `sums` cast as reports/tables.py gives them: int64,
     or float64 when an int64 sum could wrap (its values above int64 stay float64, as combine keeps them)."""
-    wide = {c for c in sums if any(trace.wide(_summed(c), i) for i in range(len(trace.runs)))}
-    casts = ", ".join(f"CAST({c} AS {'DOUBLE' if c in wide else 'BIGINT'}) AS {c}" for c in sums)
-    query = f"SELECT * {f'REPLACE ({casts})' if casts else ''} FROM {view}"
-    query += f" WHERE {where}" if where else ""
-    frame = trace.sql(query + f" ORDER BY run_index, {order}")
+    query, wide = _query(trace, view, order, sums, where)
+    frame = trace.sql(query)
     for c in wide:
         if not (frame[c].abs() >= 2.0**63).any():  # 2**63 - 1 is 2.0**63 in float64
             frame[c] = frame[c].astype("int64")
     return frame
+
+
+def fetch_arrow(trace, view, order, sums=(), where=None):
+    """fetch's rows as a pyarrow Table, the same types column for column."""
+    query, wide = _query(trace, view, order, sums, where)
+    table = trace.arrow(query)
+    for c in wide:
+        column = table.column(c)
+        if not pc.any(pc.greater_equal(pc.abs(column), 2.0**63)).as_py():  # 2**63 - 1 is 2.0**63 in float64
+            table = table.set_column(table.schema.get_field_index(c), c, pc.cast(column, pa.int64()))
+    return table
+
+
+def _query(trace, view, order, sums, where):
+    """(fetch's query, the sums cast to DOUBLE: an int64 sum of them could wrap)."""
+    wide = {c for c in sums if any(trace.wide(_summed(c), i) for i in range(len(trace.runs)))}
+    casts = ", ".join(f"CAST({c} AS {'DOUBLE' if c in wide else 'BIGINT'}) AS {c}" for c in sums)
+    query = f"SELECT * {f'REPLACE ({casts})' if casts else ''} FROM {view}"
+    query += f" WHERE {where}" if where else ""
+    return query + f" ORDER BY run_index, {order}", wide
 
 
 def _summed(column):
@@ -129,20 +156,69 @@ def module_own(trace):
     }
 
 
+def modules_arrow(trace, run_index=0):
+    """reports.by_module of one run (a Trace's, its module_own view) as a pyarrow Table, typed as the library's
+    DataFrame is: each int64 column int64 unless a value reaches 2**63 (then float64)."""
+    from reports.sql.module_tree import MODULE_COLUMNS, OWN_COLUMNS, module_columns
+
+    own = fetch_arrow(trace, "module_own", "first_seq", ("ops", "flops", "bytes_allocated"), f"run_index = {run_index}")
+    figures = {c: own.column(c).to_numpy(zero_copy_only=False) for c in OWN_COLUMNS}
+    for c in ("flops", "bytes_allocated"):  # float64 where a sum could wrap, as pandas sums them
+        figures[c] = figures[c].astype("float64" if trace.wide(c, run_index) else "int64")
+    total = (trace.run_row(run_index) or {}).get("flops") or 0
+    columns = module_columns(
+        own.column("module").to_pylist(),
+        figures,
+        own.column("first_seq").to_numpy(),
+        trace.runs[list(trace.runs)[run_index]].get("root_module"),
+        float(total),
+    )
+    out = {}
+    for c in MODULE_COLUMNS:
+        v = columns[c]
+        if c in ("module", "parent"):
+            out[c] = pa.array(v, pa.string())
+        elif c in ("duration_us", "subtree_duration_us", "subtree_flops_pct") or (
+            np.asarray(v).dtype.kind == "f" and bool((np.abs(v) >= 2.0**63).any())
+        ):
+            out[c] = pa.array(np.asarray(v, dtype=np.float64))
+        else:
+            out[c] = pa.array(np.asarray(v).astype(np.int64))
+    return pa.table(out)
+
+
 _UNCOUNTED = {"op": object, "ops": "int64", "duration_us": "float64", "time_pct": "float64"}
+
+
+_UNCOUNTED_ARROW = pa.schema(
+    [("op", pa.string()), ("ops", pa.int64()), ("duration_us", pa.float64()), ("time_pct", pa.float64())]
+)
+
+
+def _uncounted_query(run_index):
+    return f"SELECT * FROM uncounted WHERE run_index = {run_index} ORDER BY time_pct DESC, ops DESC, op"
 
 
 def uncounted(trace, run_index=0):
     """reports.uncounted of one run (the CLI's run)."""
-    frame = trace.sql(f"SELECT * FROM uncounted WHERE run_index = {run_index} ORDER BY time_pct DESC, ops DESC, op")
+    frame = trace.sql(_uncounted_query(run_index))
     if not len(frame):
         return empty_frame(_UNCOUNTED)
     return frame[list(_UNCOUNTED)].astype(_UNCOUNTED).reset_index(drop=True)
 
 
+def uncounted_arrow(trace, run_index=0):
+    """uncounted's rows as a pyarrow Table (op, ops, duration_us, time_pct)."""
+    return _typed(trace.arrow(_uncounted_query(run_index)), _UNCOUNTED_ARROW)
+
+
+def _typed(table, schema):
+    """`table`'s columns of `schema`, each cast to its type there."""
+    return pa.table([pc.cast(table.column(f.name), f.type) for f in schema], schema=schema)
+
+
 def _run(trace, run_index):
-    t = trace.totals[trace.totals["run_index"] == run_index]
-    return t.iloc[0] if len(t) else None
+    return trace.run_row(run_index)
 
 
 def count_steps(trace, run_index=0):
@@ -166,13 +242,17 @@ def ops(trace, run_index=0):
 
 def phase_flops(trace, run_index=0):
     """FLOPs per step by phase and in total ({phase: figure}), as per_step(df, mask=phase == p) gives them."""
-    totals = trace.table("phase_totals")
+    totals = trace.arrow("SELECT * FROM phase_totals")
     steps = trace.phase_steps()[run_index]
-    mine = totals[totals["run_index"] == run_index].set_index("phase")
+    mine = {
+        r["phase"]: r["flops"]
+        for r in totals.select(["run_index", "phase", "flops"]).to_pylist()
+        if r["run_index"] == run_index
+    }
     out = {}
     for p in ("forward", "backward", "optimizer", "other"):
-        out[p] = float(mine.loc[p, "flops"]) / steps[p] if p in mine.index else 0.0
-    out["total"] = float(trace.per_step(totals, ["flops"])[run_index]["flops"].iloc[0])
+        out[p] = float(mine[p]) / steps[p] if p in mine else 0.0
+    out["total"] = float(trace.per_step_arrow(totals, ["flops"])[run_index][1]["flops"][0])
     return out
 
 
@@ -182,31 +262,40 @@ def bounds(trace, run_index=0):
     rows = 0 if t is None else int(t["bound_rows"])
     if not rows:
         return {"flops": 0, "rows": 0}
-    flops = float(trace.per_step(trace.table("phase_totals"), ["bound_flops"])[run_index]["bound_flops"].iloc[0])
+    totals = trace.arrow("SELECT * FROM phase_totals")
+    flops = float(trace.per_step_arrow(totals, ["bound_flops"])[run_index][1]["bound_flops"][0])
     return {"flops": int(flops) if float(flops).is_integer() and abs(flops) < 2**53 else float(flops), "rows": rows}
 
 
 def top_ops(trace, top, run_index=0):
     """The report's top ops: the `top` ops of by_op's order, their ops, FLOPs and bytes allocated per step."""
-    ops_table = by_op(trace)
-    if trace.several:
-        ops_table = ops_table[ops_table["run"] == list(trace.runs)[run_index]]
-    ops_table = ops_table.head(top)
-    figures = trace.per_step(trace.table("op_phase_totals"), ["ops", "flops", "bytes_allocated"], keys=("op",))[
+    frame = top_ops_arrow(trace, top, run_index).to_pandas()
+    return frame.astype({"op": object})  # names as objects, as the library's tables hold them
+
+
+def top_ops_arrow(trace, top, run_index=0):
+    """top_ops as a pyarrow Table: op, ops_per_step, flops_per_step, flops_pct, bytes_allocated_per_step."""
+    query, _ = _query(trace, "by_op", "flops DESC, duration_us DESC, first_seq", _SUMS, f"run_index = {run_index}")
+    ops_table = trace.arrow(f"{query} LIMIT {int(top)}").select(["op", "flops_pct"])
+    columns = ["ops", "flops", "bytes_allocated"]
+    found, figures = trace.per_step_arrow(trace.arrow("SELECT * FROM op_phase_totals"), columns, keys=("op",))[
         run_index
     ]
-    figures = figures.set_index("op")
-    op = ops_table["op"].astype(object).reset_index(drop=True)
-    out = pd.DataFrame(
+    at = {key[0]: n for n, key in enumerate(found)}
+    op = ops_table.column("op").to_pylist()
+
+    def per_step(column):
+        return pa.array([float(figures[column][at[o]]) if o in at else np.nan for o in op], pa.float64())
+
+    return pa.table(
         {
-            "op": op,
-            "ops_per_step": op.map(figures["ops"]).astype("float64"),
-            "flops_per_step": op.map(figures["flops"]).astype("float64"),
-            "bytes_allocated_per_step": op.map(figures["bytes_allocated"]).astype("float64"),
+            "op": pa.array(op, pa.string()),
+            "ops_per_step": per_step("ops"),
+            "flops_per_step": per_step("flops"),
+            "flops_pct": pc.cast(ops_table.column("flops_pct"), pa.float64()),
+            "bytes_allocated_per_step": per_step("bytes_allocated"),
         }
     )
-    out.insert(3, "flops_pct", ops_table["flops_pct"].to_numpy())
-    return out
 
 
 _PEAK = {
@@ -227,6 +316,11 @@ def peak(trace):
     return frame[list(_PEAK)].astype(_PEAK).reset_index(drop=True)
 
 
+def peak_rows(trace):
+    """peak's rows as [{column: value}] (the report's: its first is the run's peak)."""
+    return trace.arrow("SELECT * FROM peak ORDER BY run_index").select(list(_PEAK)).to_pylist()
+
+
 _VIEWS = {
     "run": "object",
     "kind": "object",
@@ -238,12 +332,23 @@ _VIEWS = {
 }
 
 
+_VIEWS_ORDER = (
+    "CASE WHEN kind = 'copy' THEN 1 ELSE 0 END, bytes_allocated DESC, bytes_written DESC, ops DESC, first_seq"
+)
+
+
 def views(trace):
-    order = "CASE WHEN kind = 'copy' THEN 1 ELSE 0 END, bytes_allocated DESC, bytes_written DESC, ops DESC, first_seq"
-    frame = fetch(trace, "views", order, ("ops", "bytes_allocated", "bytes_written"))
+    frame = fetch(trace, "views", _VIEWS_ORDER, ("ops", "bytes_allocated", "bytes_written"))
     if not len(frame):
         return empty_frame(_VIEWS)
     return frame[list(_VIEWS)].astype(_VIEWS).reset_index(drop=True)
+
+
+def views_arrow(trace):
+    """views' rows as a pyarrow Table (kind, op, ops, bytes_allocated, bytes_written, allocated_pct)."""
+    return fetch_arrow(trace, "views", _VIEWS_ORDER, ("ops", "bytes_allocated", "bytes_written")).select(
+        list(_VIEWS)[1:]
+    )
 
 
 def kinds(table):

@@ -67,23 +67,31 @@ def test_each_table_equals_its_pandas_oracle(traces, trace, name):
 
 
 class _Queries:
-    """The views each Trace.sql query of a call reads (reports.sql.engine.Trace.sql is where every table's query
-    goes)."""
+    """The views each Trace.sql or Trace.arrow query of a call reads (reports.sql.engine.Trace: where every table's
+    query goes, as a DataFrame or as a pyarrow Table)."""
 
     def __init__(self, monkeypatch):
         self.seen = []
-        sql = Trace.sql
+        for method in ("sql", "arrow"):
+            monkeypatch.setattr(Trace, method, self._logged(getattr(Trace, method)))
 
+    def _logged(self, run):
         def logged(trace, query):
             self.seen += re.findall(r"\bFROM\s+(\w+)", query)
-            return sql(trace, query)
+            return run(trace, query)
 
-        monkeypatch.setattr(Trace, "sql", logged)
+        return logged
 
     def of(self, call):
         self.seen = []
         out = call()
         return out, set(self.seen)
+
+
+def _frame(table):
+    """A pyarrow Table Source gives (reports.output.source) as a DataFrame of its values, names as objects."""
+    frame = table.to_pandas()
+    return frame.astype({c: object for c in frame.columns if frame[c].dtype.kind not in "biuf"})
 
 
 @pytest.mark.parametrize("trace", ["gpt", "job"])
@@ -97,19 +105,20 @@ def test_the_library_and_the_cli_run_the_same_view(traces, trace, monkeypatch):
     cli, cli_views = queries.of(source.roofline_with_split)
     library, library_views = queries.of(lambda: reports.time.roofline.roofline_with_split(df))
     assert library_views == cli_views == {"roofline_op", "roofline_groups"}
-    pd.testing.assert_frame_equal(library[0], cli[0], check_exact=True)
-    pd.testing.assert_frame_equal(library[1], cli[1], check_exact=True)
+    cli = [_frame(table) for table in cli]  # Source's tables are pyarrow Tables: their values, column for column
+    pd.testing.assert_frame_equal(library[0], cli[0], check_exact=True, check_dtype=False)
+    pd.testing.assert_frame_equal(library[1], cli[1], check_exact=True, check_dtype=False)
     for name, view in (("roofline", "roofline_op"), ("roofline_split", "roofline_groups")):
         got, seen = queries.of(lambda: getattr(reports, name)(df))
         assert seen == {view}
-        pd.testing.assert_frame_equal(got, cli[0 if name == "roofline" else 1], check_exact=True)
+        pd.testing.assert_frame_equal(got, cli[0 if name == "roofline" else 1], check_exact=True, check_dtype=False)
 
     first = list(df.attrs["runs"])[0]
     one = df[df["run"] == first]  # the report's tables are of its first run
     cli, cli_views = queries.of(source.uncounted)
     library, library_views = queries.of(lambda: reports.uncounted(one))
     assert library_views == cli_views == {"uncounted"}
-    pd.testing.assert_frame_equal(library, cli, check_exact=True)
+    pd.testing.assert_frame_equal(library, _frame(cli), check_exact=True, check_dtype=False)
 
     cli, cli_views = queries.of(lambda: per_step_traffic(sql))  # the job section's (reports.distributed.sql_ranks)
     library, library_views = queries.of(lambda: per_step_traffic(df))

@@ -459,14 +459,14 @@ def test_figures_from_sql(traces):
     assert src.count_steps() == 1
 
     src = Source(Trace(traces["moe_gathers"]))
-    t = src.breakdown(src.accounts()).set_index("phase")
+    t = src.breakdown(src.accounts()).to_pandas().set_index("phase")
     # test_moe.py: N = 32 + 512 + 512 = 1,056, N_active = 32 + 1,024·2/4 = 544, T = 16
     assert t.loc["total", "n_params"] == 1056 and t.loc["total", "n_active"] == 544
     assert t.loc["forward", "weight_matmul_flops"] == 2 * 544 * 16 == 17408
     assert t.loc["backward", "weight_matmul_flops"] == 4 * 544 * 16 == 34816
 
     src = Source(Trace(traces["lora"]))
-    t = src.breakdown(src.accounts()).set_index("phase")
+    t = src.breakdown(src.accounts()).to_pandas().set_index("phase")
     # N = 64 + 16 + 16 = 96, T = 32: forward base 2·32·8·8 = 4,096 + a 2·32·8·2 = 1,024 + b 2·32·2·8 = 1,024 = 6,144
     assert t.loc["total", "n_params"] == 96 and t.loc["forward", "weight_matmul_flops"] == 6144 == 2 * 96 * 32
     # backward: the frozen base has no dW and x no dL/dx: b's dW and dL/dx 2 x 1,024, a's dW 1,024 = 3,072
@@ -474,7 +474,7 @@ def test_figures_from_sql(traces):
 
     src = Source(Trace(traces["wide"]))
     # test_overflow.py: 400 matmuls of 13·2**51 FLOPs, past int64 and exact in float64
-    assert src.breakdown(src.accounts()).set_index("phase").loc["forward", "flops"] == 400 * 13 * 2**51
+    assert src.breakdown(src.accounts()).to_pandas().set_index("phase").loc["forward", "flops"] == 400 * 13 * 2**51
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,148 @@
+"""`optrace report`, `report --json`, `compare` and `compare --json` import no pandas from optrace's own modules.
+
+Each command runs in a fresh interpreter (runpy of reports.output.cli) whose `builtins.__import__` records every
+`import pandas` statement a module of `reports` executes (the IMPORT_NAME instruction of its own code: a library
+that looks pandas up from C under a reports frame, as DuckDB's `register` does, is not one). What is left, and why:
+
+  - reports.memory.*: the memory categories at the peak are made in pandas (reports.memory.sql_categories.by_category,
+    through reports.memory.lifetimes and reports.loading.columns); their Arrow version is another change's;
+  - report --json: reports.time.roofline (the roofline's tables are made in pandas);
+  - compare: reports.compare's tables are pandas DataFrames.
+
+And pyarrow itself imports pandas when it converts (Array.to_numpy, pyarrow.array of Python values, a Python scalar
+in a compute function): the report reads its rows that way, so `pandas` is in sys.modules at the end of every command
+(test_no_command_loads_pandas, an expected failure that names it).
+"""
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from tests import helpers
+from tracer import Tracer
+
+# optrace's modules that still import pandas on the command's path, each with its reason (the module docstring)
+_MEMORY = {
+    "reports.memory.lifetimes",
+    "reports.memory.memory",
+    "reports.memory.resizes",
+    "reports.memory.sql_categories",
+}
+_ROOFLINE = {"reports.time.roofline"}
+
+_CHILD = textwrap.dedent(
+    """
+    import builtins, dis, json, runpy, sys
+    found, original = set(), builtins.__import__
+
+    def imported(name, globals=None, locals=None, fromlist=(), level=0):
+        module = (globals or {}).get("__name__", "")
+        if (name == "pandas" or name.startswith("pandas.")) and module.startswith("reports"):
+            try:
+                frame = sys._getframe(1)
+            except ValueError:  # called from C with no Python frame (a DuckDB thread)
+                frame = None
+            if frame is not None and dis.opname[frame.f_code.co_code[frame.f_lasti]] == "IMPORT_NAME":
+                callers = []  # a statement of the module's own; the modules of optrace it runs for
+                while frame is not None:
+                    caller = frame.f_globals.get("__name__", "")
+                    if caller.startswith("reports") and caller not in callers:
+                        callers.append(caller)
+                    frame = frame.f_back
+                found.add(" <- ".join(callers))
+        return original(name, globals, locals, fromlist, level)
+
+    builtins.__import__ = imported
+    sys.argv, code = ["optrace", *sys.argv[1:]], None
+    try:
+        RUN
+    except SystemExit as exc:
+        code = exc.code
+    print(json.dumps({"importers": sorted(found), "loaded": "pandas" in sys.modules, "code": code}), file=sys.stderr)
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def two_runs(tmp_path_factory):
+    """Two one-step traces of a Linear(8, 4) (tokens=4), fp32 and under a doubled batch."""
+    paths = []
+    for name, batch in (("small", 4), ("large", 8)):
+        path = tmp_path_factory.mktemp("no-pandas") / f"{name}.parquet"
+        torch.manual_seed(0)
+        net = torch.nn.Linear(8, 4, bias=False)
+        opt = torch.optim.SGD(net.parameters(), lr=0.1)
+        with Tracer(path, model=net, tokens=batch, run_name=name):
+            net(torch.ones(batch, 8)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+        paths.append(str(path))
+    return paths
+
+
+def _run(args, run='runpy.run_module("reports.output.cli", run_name="__main__")'):
+    """{importers: "module <- caller <- ..." of each `import pandas` a module of optrace executed (its callers among
+    optrace's modules), loaded: pandas in sys.modules, code: exit status},
+    and the command's stdout (`run`: what the child runs, `optrace ARGS` by default)."""
+    done = subprocess.run(
+        [sys.executable, "-c", _CHILD.replace("RUN", run), *args],
+        capture_output=True,
+        text=True,
+        cwd=helpers.ROOT,
+        timeout=120,
+    )
+    found = json.loads(done.stderr.strip().splitlines()[-1])
+    assert found["code"] in (0, None), done.stderr
+    return found, done.stdout
+
+
+_COMMANDS = {
+    "report": (["report"], 1, set()),
+    "report --json": (["report", "--json"], 1, _ROOFLINE),
+    "compare": (["compare"], 2, None),
+    "compare --json": (["compare", "--json"], 2, None),
+}
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        "report",
+        "report --json",
+        pytest.param("compare", marks=pytest.mark.xfail(strict=True, reason="reports.compare's tables are pandas")),
+        pytest.param(
+            "compare --json", marks=pytest.mark.xfail(strict=True, reason="reports.compare's tables are pandas")
+        ),
+    ],
+)
+def test_optrace_modules_import_no_pandas(two_runs, command):
+    """Outside the memory sections (and, for --json, the roofline's modules), no module of optrace executes an
+    `import pandas` while the command runs. On main, reports/__init__ alone imported reports.compare, and the Trace
+    (reports.sql.engine), reports.sql.tables and the printers imported it."""
+    args, traces, allowed = _COMMANDS[command]
+    found, out = _run([*args, *two_runs[:traces]])
+    assert out.strip()  # the command printed its report
+    left = _MEMORY | (allowed or set())  # an import made for one of these (it is on the stack) is theirs
+    assert [chain for chain in found["importers"] if not left & set(chain.split(" <- "))] == []
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="reports.memory.sql_categories, reports.memory.lifetimes and reports.memory.memory make the memory "
+    "categories in pandas; pyarrow imports pandas on Array.to_numpy and pyarrow.array (reports.sql.rowpass, "
+    "reports.flops.rows, reports.sql.flop_rows)",
+)
+def test_no_command_loads_pandas(two_runs):
+    found, _ = _run(["report", two_runs[0]])
+    assert not found["loaded"]
+
+
+def test_the_recorder_sees_an_import():
+    """The child's recorder names the module of optrace that imports pandas when one does (the library's tables:
+    reports.tables, at its top), and not pyarrow's or DuckDB's look-ups of it."""
+    found, _ = _run([], run="import reports; reports.by_op")
+    assert "reports.tables <- reports" in found["importers"] and found["loaded"]
