@@ -33,15 +33,16 @@ def _cpu_info():
         "cores": os.cpu_count(),
         "threads": torch.get_num_threads(),
     }
-    try:
-        with open("/proc/cpuinfo") as f:
-            text = f.read()
+    fields = {}
+    try:  # the first value of each field read is the first CPU's: the file is read only until each is found (a
+        with open("/proc/cpuinfo") as f:  # machine of 100 CPUs lists 100 blocks, made by the kernel as they are read)
+            for line in f:
+                key, _, value = line.partition(":")
+                fields.setdefault(key.strip(), value.strip())
+                if "flags" in fields and "cpu MHz" in fields and "model name" in fields:
+                    break
     except OSError:
         return info
-    fields = {}
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        fields.setdefault(key.strip(), value.strip())
     info["name"] = fields.get("model name", info["name"])
     if "cpu MHz" in fields:
         info["mhz"] = float(fields["cpu MHz"])

@@ -197,6 +197,7 @@ class Attribution:
         self,
         root=None,
         *,
+        params=None,
         traced,
         rows_so_far,
         relabel,
@@ -251,8 +252,8 @@ class Attribution:
         self.untraced_optimizer_steps = 0  # optimizer steps whose hooks fired around no recorded op
         self._backward_seen = False  # this step ran a backward on the traced thread (a manual update may follow)
         self._params = Parameters()  # the parameters known: model=, the optimizers'
-        if root is not None:
-            self._params.note(root.parameters())
+        if root is not None:  # `params`: root.parameters() as a list, when the caller walked them already
+            self._params.note(root.parameters() if params is None else params)
 
     # state the dispatch hook reads ---------------------------------------
     def where(self, ins, outs, info=None, args=(), kwargs=None, wrapped_grad=False):

@@ -124,6 +124,10 @@ class Roles:
             sid = self._known_id(local_tensor(tensor).untyped_storage())
         except Exception:  # tensors without storage (sparse, nested)
             return
+        self.add_id(role, sid)
+
+    def add_id(self, role, sid):
+        """Give the storage id `sid` (None: a storage the tracer never saw) the role `role`, unless it has one."""
         if sid is not None and sid not in self._seen:
             self._seen.add(sid)
             self.new[role].append(sid)
@@ -150,34 +154,34 @@ def register_at_entry(model, table, roles, unsharded, next_seq, on_error):
     optimizer's own hooks fire only at its next step, after the forward and backward have
     run), and FSDP2's unsharded parameters (`UnshardedParameters.at_entry`). Parameters and
     buffers were registered by `run_metadata`. `next_seq()` is the seq of the next row.
-    Returns (the optimizers found, the ids of the model's parameters); (None, None) without a model."""
-    found = param_ids = None
+    Returns (the optimizers found, the ids of the model's parameters, the model's parameters as a list); (None, None,
+    None) without a model, and where the walk failed."""
+    found = param_ids = params = None
     if model is not None:
         try:
             params = list(model.parameters())
-            for p in params:
+            for p in params:  # registered and given its role at once: what Roles.gradients would look up again
                 if p.grad is not None:
-                    _register(table, p.grad)
-            roles.gradients(params)
+                    roles.add_id("gradient", _register(table, p.grad))
             param_ids, found = {id(p) for p in params}, []
             for optimizer in _optimizers(param_ids):
                 found.append(optimizer)
-                for value in state_tensors(optimizer):
-                    _register(table, value)
-                roles.optimizer_state(optimizer)
+                for value in state_tensors(optimizer):  # as Roles.optimizer_state, with no second look-up
+                    roles.add_id("optimizer_state", _register(table, value))
             unsharded.at_entry()
         except Exception as exc:  # bookkeeping only: counted, the program goes on
             on_error(exc)
     roles.new[AT_ENTRY] = [[sid, size] for sid, size in table.size.items()]
     table.on_resize = lambda sid, nbytes: roles.resized(next_seq(), sid, nbytes)
-    return found, param_ids
+    return found, param_ids, params if param_ids is not None else None
 
 
 def _register(table, tensor):
+    """The id of `tensor`'s storage (the local shard's under FSDP2), registered when new; None: it has none."""
     try:
-        table.id_of(local_tensor(tensor).untyped_storage())
+        return table.id_of(local_tensor(tensor).untyped_storage())
     except Exception:  # tensors without storage (sparse, nested)
-        pass
+        return None
 
 
 def state_tensors(optimizer):

@@ -243,7 +243,7 @@ class Tracer:
         self._unsharded = distributed.UnshardedParameters(
             self.model, self._storages, self._meta.get("parameters"), self._meta.setdefault("unsharded_parameters", {})
         )
-        found, param_ids = register_at_entry(
+        found, param_ids, params = register_at_entry(
             self.model,
             self._storages,
             self._roles,
@@ -259,7 +259,9 @@ class Tracer:
                 self._roles.add("buffer", b)
         except Exception as exc:
             self._record_failed("the model's buffers", exc)
-        first = next(self.model.parameters(), None) if self.model is not None else None
+        if params is None and self.model is not None:  # the walk at entry failed (counted): as before it, once more
+            params = list(self.model.parameters())
+        first = params[0] if params else None
         self._model_device = first is not None  # the model's device is the run's device
         if first is not None:
             self._first_device(first.device, first)
@@ -270,6 +272,7 @@ class Tracer:
         self._fused = MetaFused(key) if key is not None else None
         self._attr = Attribution(
             self.model,
+            params=params,
             traced=lambda: self._mode in _mode_stack(),
             rows_so_far=lambda: len(self._rows),
             relabel=lambda first_row, step: self._rows.set_step(first_row, step),

@@ -136,7 +136,11 @@ def _prepare(path, parent, trace_id):
         held = Held(path)
         try:
             _lock(path, held)
-            probe(held)  # before anything at the path is removed: a path refused here is left as it was
+            if (path, held.identity) not in _probed:  # a directory probed before: the same names fit
+                probe(held)  # before anything at the path is removed: a path refused here is left as it was
+                _probed[path, held.identity] = None
+                if len(_probed) > _PROBED_MAX:
+                    del _probed[next(iter(_probed))]
             _clear(path)
             data = marker_file(_padded({"format": "optrace", "trace_id": trace_id}))
             with held.create(MARKER_TMP) as f:  # whole or absent: an interrupted write
@@ -157,6 +161,14 @@ def _prepare(path, parent, trace_id):
     except OSError as exc:
         raise TraceError(f"cannot write trace {path!r}: {exc.strerror or exc}") from None
     return held
+
+
+# The directories `probe` passed in this process, by (absolute path, (st_dev, st_ino) of the directory): the same path
+# naming the same directory on the same file system fits the same names and opens the same way, so a later trace there
+# skips the probe (about 0.2 ms). A directory made again or mounted over at the path has another identity. The oldest
+# past _PROBED_MAX are forgotten (probed again: only slower).
+_probed = {}
+_PROBED_MAX = 4096
 
 
 def probe(held):

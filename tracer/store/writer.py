@@ -67,8 +67,16 @@ class Names:
 
     def dictionary(self, indices):
         if self._strings is None or len(self._strings) != len(self.names):
-            self._strings = strings(self.names)
+            self._strings = _dictionary(tuple(self.names))
         return pa.DictionaryArray.from_arrays(from_numpy(indices.astype(np.int32, copy=False)), self._strings)
+
+
+@functools.lru_cache(maxsize=64)
+def _dictionary(names):
+    """strings(names), made once per process for each list of names: every trace has the same fixed names (phases,
+    FLOP kinds, grad modes) and traces of one program mostly the same ops, modules and devices, in the same order.
+    An Arrow array is immutable, so one serves every part that has these names."""
+    return strings(names)
 
 
 def _np(buffer, dtype):
@@ -134,6 +142,9 @@ class _Side:
         self.ndim, self.dtype, self.sid, self.storage_bytes = tensors.T
         self.sizes, self.strides = _np(buffers[1], np.int64), _np(buffers[2], np.int64)
         self.counts = counts  # tensors per row
+        self.offsets = _offsets(counts)  # the Arrow list offsets of every list column of this side, made once
+        self._ends = np.cumsum(counts)  # past each row's last tensor
+        self._starts = self._ends - counts
         self.row_of = np.repeat(np.arange(len(counts)), counts)
         # numel of every tensor: the product of its sizes (1 for a 0-d tensor)
         self.numel = np.ones(len(tensors), np.int64)
@@ -146,22 +157,21 @@ class _Side:
         """The sum of `values` (one per tensor of this side) over each row's tensors."""
         total = np.zeros(len(values) + 1, np.int64)
         np.cumsum(values, out=total[1:])
-        ends = np.cumsum(self.counts)
-        return total[ends] - total[ends - self.counts]
+        return total[self._ends] - total[self._starts]
 
     def columns(self, names):
         """(shapes, dtypes, strides, storage ids): this side's list columns (the outputs' storage bytes: `per_tensor`)."""
-        offsets = _offsets(self.ndim)
+        offsets, lists = _offsets(self.ndim), self.offsets
         return (
-            _lists(self.counts, pa.ListArray.from_arrays(offsets, from_numpy(self.sizes))),
-            _lists(self.counts, names["dtype"].dictionary(self.dtype.astype(np.int32))),
-            _lists(self.counts, pa.ListArray.from_arrays(offsets, from_numpy(self.strides))),
+            pa.ListArray.from_arrays(lists, pa.ListArray.from_arrays(offsets, from_numpy(self.sizes))),
+            pa.ListArray.from_arrays(lists, names["dtype"].dictionary(self.dtype.astype(np.int32))),
+            pa.ListArray.from_arrays(lists, pa.ListArray.from_arrays(offsets, from_numpy(self.strides))),
             self.per_tensor(self.sid),
         )
 
     def per_tensor(self, values):
         """A list column of `values`, one per tensor of this side, each row's list its tensors'."""
-        return _lists(self.counts, from_numpy(values))
+        return pa.ListArray.from_arrays(self.offsets, from_numpy(values))
 
 
 class RowBuffer:

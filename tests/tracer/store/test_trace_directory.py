@@ -389,3 +389,20 @@ def test_a_part_this_process_wrote_is_known_unread_and_a_users_file_in_its_place
             pass
     assert read == [str(path / "part-000001.parquet")]  # part 0 is still the one written: only the new file read
     assert pq.read_table(path / "part-000001.parquet").to_pydict() == {"x": [1]}  # left as it was
+
+
+def test_the_entry_probe_runs_once_per_directory(tmp_path, monkeypatch):
+    from tracer.store import directory
+
+    probed = []
+    real = directory.probe
+    monkeypatch.setattr(directory, "probe", lambda held: probed.append(held.path) or real(held))
+    path, other = tmp_path / "run", tmp_path / "other"
+    for _ in range(3):  # the first trace makes the directory and probes it; the next two replace the trace in it
+        with Tracer(path):
+            torch.ones(2).add(1)
+    assert probed == [str(path)]
+    with Tracer(other):  # another directory: probed
+        torch.ones(2).add(1)
+    assert probed == [str(path), str(other)]
+    assert read_metadata(path)["rows"] == 2  # the last trace is whole: torch.ones and add = 2 rows
