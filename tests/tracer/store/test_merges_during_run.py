@@ -448,7 +448,7 @@ def test_superseded_matches_a_plain_reading_and_reads_each_of_10000_names_at_mos
 
 @pytest.mark.parametrize("lists", ["objects", "arrow"])
 def test_a_merge_between_the_checks_and_the_read_of_the_rows_is_read_again(tmp_path, monkeypatch, lists):
-    import reports.loading.load as load_module
+    import reports.loading.columns as columns_module  # reports.loading.load reads the rows through its read_table
     import tracer.schema as schema
 
     path, live = tmp_path / "t", tmp_path / "live"
@@ -459,7 +459,7 @@ def test_a_merge_between_the_checks_and_the_read_of_the_rows_is_read_again(tmp_p
     _adds(path, 6, 4, monkeypatch=monkeypatch)  # parts 0-6 (6: the closing part) and part-000000-000003, all kept
     monkeypatch.setattr(writer.os, "remove", remove)
     shutil.copytree(path, live, ignore=lambda _, names: [merged_name(0, 3)])  # the trace before the merge
-    real_paths, real_read, armed, reads = schema.part_paths, load_module.read_table, [], []
+    real_paths, real_read, armed, reads = schema.part_paths, columns_module.read_table, [], []
 
     def merge_after_listing(where, names=None):  # the tracer merges parts 0-3 right after the rows' read lists them
         found = real_paths(where, names)
@@ -475,7 +475,7 @@ def test_a_merge_between_the_checks_and_the_read_of_the_rows_is_read_again(tmp_p
         return real_read(*args, **kwargs)
 
     monkeypatch.setattr(schema, "part_paths", merge_after_listing)
-    monkeypatch.setattr(load_module, "read_table", read_rows)
+    monkeypatch.setattr(columns_module, "read_table", read_rows)
     frame = reports.load(live, lists=lists)
     monkeypatch.undo()
     assert _files(live) == [merged_name(0, 3)] + [part_name(i) for i in range(4, 7)]
