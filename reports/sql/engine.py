@@ -94,6 +94,30 @@ _CREATE = re.compile(r"^CREATE VIEW (\w+) AS\s*$", re.MULTILINE)
 _GLOB = re.compile(r"([*?\[])")
 
 
+_WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+class _Connection:
+    """A Trace's DuckDB connection (or cursor) whose `sql` and `execute` first make the views of the .sql files a
+    statement names that are not made yet (Trace.need): a view is bound when first read, so a Trace pays for the
+    views it reads (a library table reads 2-5 of 35; binding one takes about 1-2 ms). Every other attribute is the
+    connection's."""
+
+    def __init__(self, db, need):
+        self._db, self._need = db, need
+
+    def sql(self, query, *args, **kwargs):
+        self._need(query)
+        return self._db.sql(query, *args, **kwargs)
+
+    def execute(self, query, *args, **kwargs):
+        self._need(query)
+        return self._db.execute(query, *args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._db, name)
+
+
 class Unsupported(ReportError):
     """A trace the SQL engine does not read (a v1 or v2 trace, or any trace lacking a column its views read that its
     version has: the pandas engine reads only its sections' columns; a part's path with a backslash and [, * or ?)."""
@@ -240,7 +264,7 @@ class Trace(Checks):
         # under the system's temporary directory (made by DuckDB only when it spills, removed at close)
         self._spill = os.path.join(tempfile.gettempdir(), f"optrace-duckdb-{os.getpid()}-{uuid.uuid4().hex}")
         config = {"temp_directory": self._spill, **({"threads": threads} if threads else {})}
-        self.db = duckdb.connect(config=config)
+        self.db = _Connection(duckdb.connect(config=config), self.need)
         self.db.execute("SET enable_progress_bar = false")  # stdout is the report's
         self._reads = [
             f"read_parquet([{', '.join(file_literal(f) for f in files)}], hive_partitioning = false"
@@ -317,9 +341,28 @@ class Trace(Checks):
     def _make_views(self, fast):
         """The views of the .sql files, each from `fast` ({view: body}, reports/sql/scan.py) where it holds one."""
         self._views = [(name, fast.get(name, body)) for path in VIEW_FILES for name, body, _ in statements(path)]
-        for name, body in self._views:  # run_totals, which most tables join, computed once (its distinct counts:
-            self.db.execute(f"CREATE {'TABLE' if name == 'run_totals' else 'VIEW'} {name} AS {body}")  # 13 ms a read)
+        self._lazy(self._views)
         self._read_totals()
+
+    def _lazy(self, views):
+        """Make `views` ([(name, body)], in the files' order) when a statement first names them (need)."""
+        self._pending, self._order = dict(views), {name: i for i, (name, _) in enumerate(views)}
+
+    def need(self, text):
+        """Make the views of the .sql files that `text` (a statement) names and that are not made yet, each after
+        those its body names: every identifier of the text is looked up, so one named in a string or an alias is
+        made too, never one left out. run_totals, which most tables join, is a table: its distinct counts computed
+        once (13 ms a read)."""
+        pending = getattr(self, "_pending", None)
+        if not pending:
+            return
+        for name in sorted({w for w in _WORD.findall(text) if w in pending}, key=self._order.__getitem__):
+            body = pending.pop(name, None)
+            if body is None:  # made meanwhile, as a view the others named read
+                continue
+            self.need(body)
+            kind = "TABLE" if name == "run_totals" else "VIEW"
+            self.db._db.execute(f"CREATE OR REPLACE {kind} {name} AS {body}")
 
     def _read_totals(self):
         """`run_rows`: run_totals' rows as {column: Python value}, in the view's order (pandas is not imported)."""
@@ -354,7 +397,7 @@ class Trace(Checks):
         one.paths, one.files, one.lacking, one.kept, one._reads = list(paths or one.runs), [], [], {}, []
         one._phase_steps, one._totals, one._spill, one._reference_columns = None, None, None, None
         one.narrow, one._null_where = False, "FALSE"
-        one.db = duckdb.connect()
+        one.db = _Connection(duckdb.connect(), one.need)
         one.db.execute("SET enable_progress_bar = false")
         present = set(table.column_names)
         names = pa.array(list(one.runs), pa.string())
@@ -395,7 +438,7 @@ class Trace(Checks):
         one._reference_columns, one._null_where = self._reference_columns, self._null_where
         one._first_rows = self._first_rows
         one._phase_steps, one._totals, one.rows_view = None, None, "CREATE VIEW rows AS " + self._first_rows
-        one.db, one._spill = self.db.cursor(), None  # the spill directory stays this Trace's
+        one.db, one._spill = _Connection(self.db.cursor(), one.need), None  # the spill directory stays this Trace's
         one.kept = self.kept  # run 0's, taken once by either
         one.db.execute("SET enable_progress_bar = false")
         one.db.execute("CREATE SCHEMA IF NOT EXISTS first_run")  # a second first_run() makes the same views again
@@ -405,12 +448,11 @@ class Trace(Checks):
             for table in (("_rows", *GRAINS) if self.narrow else GRAINS)
         ]
         made += [] if self.narrow else [one.rows_view]
-        made += [
-            *source_views("rows", self.narrow, self._null_where),
-            *(f"CREATE VIEW {view} AS {body}" for view, body in self._views),
-        ]
+        made += source_views("rows", self.narrow, self._null_where)
+        one._pending = None
         for statement in made:
             one.db.execute(statement.replace("CREATE VIEW", "CREATE OR REPLACE VIEW", 1))
+        one._lazy(self._views)  # made in this schema when first read (Trace.need), so they read its tables
         one._read_totals()  # run 0's row, typed as a Trace of run 0 alone types it
         return one
 
