@@ -123,8 +123,8 @@ def test_the_memory_path_calls_no_pyarrow_function_that_imports_pandas():
 
 @pytest.mark.xfail(
     strict=True,
-    reason="reports/__init__ and reports.sql.engine still import pandas (issue 37's printed-report part); "
-    "strict: this passes, and fails the suite, once they do not",
+    reason="pyarrow imports pandas on Array.to_numpy and pyarrow.array outside the memory path (reports.sql.rowpass, "
+    "reports.flops.rows): strict, this passes, and fails the suite, once they do not",
 )
 def test_the_report_memory_path_loads_no_pandas_at_all(tmp_path):
     code = (

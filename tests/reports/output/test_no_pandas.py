@@ -26,12 +26,6 @@ from tests import helpers
 from tracer import Tracer
 
 # optrace's modules that still import pandas on the command's path, each with its reason (the module docstring)
-_MEMORY = {
-    "reports.memory.lifetimes",
-    "reports.memory.memory",
-    "reports.memory.resizes",
-    "reports.memory.sql_categories",
-}
 _ROOFLINE = {"reports.time.roofline"}
 
 _CHILD = textwrap.dedent(
@@ -120,21 +114,20 @@ _COMMANDS = {
     ],
 )
 def test_optrace_modules_import_no_pandas(two_runs, command):
-    """Outside the memory sections (and, for --json, the roofline's modules), no module of optrace executes an
+    """Outside the roofline's modules (for --json), no module of optrace executes an
     `import pandas` while the command runs. On main, reports/__init__ alone imported reports.compare, and the Trace
     (reports.sql.engine), reports.sql.tables and the printers imported it."""
     args, traces, allowed = _COMMANDS[command]
     found, out = _run([*args, *two_runs[:traces]])
     assert out.strip()  # the command printed its report
-    left = _MEMORY | (allowed or set())  # an import made for one of these (it is on the stack) is theirs
+    left = allowed or set()  # an import made for one of these (it is on the stack) is theirs
     assert [chain for chain in found["importers"] if not left & set(chain.split(" <- "))] == []
 
 
 @pytest.mark.xfail(
     strict=True,
-    reason="reports.memory.sql_categories, reports.memory.lifetimes and reports.memory.memory make the memory "
-    "categories in pandas; pyarrow imports pandas on Array.to_numpy and pyarrow.array (reports.sql.rowpass, "
-    "reports.flops.rows, reports.sql.flop_rows)",
+    reason="pyarrow imports pandas on Array.to_numpy and pyarrow.array (reports.sql.rowpass, reports.flops.rows, "
+    "reports.sql.flop_rows); reports.time.roofline for --json",
 )
 def test_no_command_loads_pandas(two_runs):
     found, _ = _run(["report", two_runs[0]])
