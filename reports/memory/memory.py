@@ -137,17 +137,6 @@ def timeline(df):
     return pd.concat(frames, ignore_index=True).astype(_TIMELINE_DTYPES)
 
 
-_PEAK_DTYPES = {
-    "run": "object",
-    "peak_live_bytes": "int64",
-    "seq": "int64",
-    "step": "int64",
-    "phase": "object",
-    "module": "object",
-    "op": "object",
-}
-
-
 def peak(df):
     """The highest `live_bytes` of each run and the op after which it was reached (the first, on a tie): views.sql's
     view `peak`, run over the frame's rows."""

@@ -298,7 +298,7 @@ def top_ops_arrow(trace, top, run_index=0):
     )
 
 
-_PEAK = {
+PEAK_DTYPES = {  # reports.peak's columns and dtypes
     "run": "object",
     "peak_live_bytes": "int64",
     "seq": "int64",
@@ -312,13 +312,13 @@ _PEAK = {
 def peak(trace):
     frame = trace.sql("SELECT * FROM peak ORDER BY run_index")
     if not len(frame):
-        return empty_frame(_PEAK)
-    return frame[list(_PEAK)].astype(_PEAK).reset_index(drop=True)
+        return empty_frame(PEAK_DTYPES)
+    return frame[list(PEAK_DTYPES)].astype(PEAK_DTYPES).reset_index(drop=True)
 
 
 def peak_rows(trace):
     """peak's rows as [{column: value}] (the report's: its first is the run's peak)."""
-    return trace.arrow("SELECT * FROM peak ORDER BY run_index").select(list(_PEAK)).to_pylist()
+    return trace.arrow("SELECT * FROM peak ORDER BY run_index").select(list(PEAK_DTYPES)).to_pylist()
 
 
 _VIEWS = {

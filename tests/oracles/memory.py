@@ -7,9 +7,9 @@ import pandas as pd
 from reports._util import empty_frame, pct
 from reports.loading.load import require, runs_of
 from reports.memory.frame_rows import runs_in_order
-from reports.memory.memory import _PEAK_DTYPES
 from reports.memory.views import _KIND_NAMES, _VIEW_COLUMNS, _kind_codes
 from reports.sql.tables import _VIEWS
+from reports.sql.tables import PEAK_DTYPES as _PEAK_DTYPES
 from reports.tables import split_runs
 
 __all__ = ["peak", "views"]
