@@ -76,6 +76,17 @@ def meta_caveats(meta):
                 "trace with Tracer(..., meta_attention='fused') (the default) for a GPU's FLOPs and memory",
             )
         )
+    fused = meta.get("fused_standins") or {}
+    if fused.get("rms_norm") or fused.get("composite"):
+        stood, left = int(fused.get("rms_norm") or 0), int(fused.get("composite") or 0)
+        said.append(
+            (
+                "fused_standins",
+                f"{stood:,} rms_norm call(s) on meta or fake tensors recorded as CUDA's fused kernel "
+                f"(_fused_rms_norm: it keeps the input, the weight and rstd), {left:,} left decomposed as CUDA runs "
+                "them (another weight dtype, complex, channels-last, forward-mode AD): memory is what a GPU keeps",
+            )
+        )
     if meta.get("untraced_optimizer_steps"):
         k = meta["untraced_optimizer_steps"]
         said.append(

@@ -150,3 +150,17 @@ def test_real_tensors_under_a_fake_trace_are_not_counted(tmp_path):
                 got = F.rms_norm(real, (D,))
     assert torch.equal(got, expected)
     assert read_metadata(tmp_path / "fake")["fused_standins"] == {"rms_norm": 1, "composite": 0}
+
+
+def test_the_report_and_json_name_the_stand_in(tmp_path, capsys):
+    import json
+
+    from reports.output.cli import main
+
+    _rms_norm_step(tmp_path / "meta")
+    assert main(["report", "--json", str(tmp_path / "meta")]) in (0, None)
+    caveats = {c["code"]: c["message"] for c in json.loads(capsys.readouterr().out)["caveats"]}
+    assert caveats["fused_standins"].startswith("1 rms_norm call(s) on meta or fake tensors recorded as CUDA's fused")
+    assert ", 0 left decomposed" in caveats["fused_standins"]
+    assert main(["report", str(tmp_path / "meta")]) in (0, None)
+    assert "fused_standins: 1 rms_norm call(s)" in capsys.readouterr().out
