@@ -72,6 +72,8 @@ def summary(sql, peak_tflops=None, step_time_s=None, ranks_present=None, top=8, 
         "achieved_flops_per_s": json_number(rate["achieved_flops_per_s"]),
         "step_time_s": json_number(rate["step_time_s"]),
         "peak_flops_per_s": json_number(rate["peak_flops_per_s"]),
+        "mfu_weighted": json_number(rate["mfu_weighted"]),  # each matmul at its own dtype's peak (reports.mfu)
+        "weighted_peak_flops_per_s": json_number(rate["weighted_peak_flops_per_s"]),
         "peak_live_bytes": json_number(highest["peak_live_bytes"]),
         "damage": dict(meta.get("damage") or {}),
         "compiled_ran_eagerly": bool(meta.get("compiled_ran_eagerly")),

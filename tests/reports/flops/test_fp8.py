@@ -179,3 +179,19 @@ def test_mfu_weighted_prices_fp32_matmuls_at_tf32_when_told(tmp_path):
     # without dtype=, the fp32 rate for both: 21.47e12 / 19.5e12 = 1.1013
     plain = mfu(df, step_time_s=1e-4).iloc[0]
     assert plain["mfu_weighted"] == plain["mfu"] == pytest.approx(1.1012736)
+
+
+def test_report_json_carries_the_weighted_mfu(tmp_path, capsys):
+    import json
+
+    from reports.output.cli import main
+
+    torch.manual_seed(0)
+    model, x = torch.nn.Linear(32, 16), torch.randn(8, 32)
+    with Tracer(tmp_path / "fp32", model=model, tokens=8):
+        model(x).sum().backward()
+    assert main(["report", "--json", "--step-time", "0.001", str(tmp_path / "fp32")]) in (0, None)
+    found = json.loads(capsys.readouterr().out)
+    # one matmul dtype (float32): every op at the float32 peak, so the weighted figures are the usual ones
+    assert found["mfu_source"] == "step_time" and found["mfu_weighted"] == pytest.approx(found["mfu"], rel=1e-12)
+    assert found["weighted_peak_flops_per_s"] == found["peak_flops_per_s"] > 0
