@@ -49,7 +49,7 @@ import numpy as np
 import pyarrow as pa
 
 from reports._util import unique
-from reports.memory.arrow_numpy import numpy_of, objects_of
+from reports.arrays import numpy_of, objects_of
 from reports.memory.id_space import place
 from reports.memory.resizes import largest, resize_deltas, resize_events, split_pieces
 from reports.memory.run_rows import Lists, RunRows

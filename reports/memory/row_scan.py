@@ -18,8 +18,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from reports._util import unique
+from reports.arrays import arrow_of, empty_table, numpy_of
 from reports.errors import ReportError
-from reports.memory.arrow_numpy import arrow_of, empty_table, numpy_of
 from reports.memory.id_space import PER_ID, SLACK, lowest
 from reports.memory.resizes import COLLECTIVE_PREFIXES
 from reports.memory.run_rows import Lists

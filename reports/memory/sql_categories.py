@@ -18,7 +18,7 @@ the run is held in memory.
 import numpy as np
 import pyarrow as pa
 
-from reports.memory.arrow_numpy import arrow_of, empty_table, numpy_of, strings
+from reports.arrays import arrow_of, empty_table, numpy_of, strings
 from reports.memory.lifetimes import Storages
 from reports.memory.live import categories_at
 from reports.memory.resizes import COLLECTIVE_PREFIXES

@@ -16,7 +16,7 @@ from tracer import Tracer
 # The child runs the memory path on its own: `reports` without its front door (reports/__init__ imports the
 # library's tables, which return pandas DataFrames), and a reports.sql.engine.Trace opened before the memory modules
 # are imported. It records each call into pandas made from code under reports/memory/ (sys.setprofile), each call
-# into pyarrow's pandas shim (which imports pandas in a process without it: reports.memory.arrow_numpy), and the
+# into pyarrow's pandas shim (which imports pandas in a process without it: reports.arrays), and the
 # modules of reports/memory/, and those imported for the memory path, that hold pandas.
 _CHILD = """
 import json, os, sys, types
@@ -101,7 +101,7 @@ def test_the_memory_categories_of_the_report_run_without_pandas(tmp_path):
 
 
 # modules of the report's memory path, and the pyarrow calls that import pandas (pyarrow's pandas shim) that the
-# child's profile cannot see (Cython): reports.memory.arrow_numpy stands in for them
+# child's profile cannot see (Cython): reports.arrays stands in for them
 _PATH = ("sql_categories", "row_scan", "lifetimes", "live", "run_rows", "id_space")
 _SHIM_CALLS = {"to_numpy", "fill_null", "empty_table", "array", "scalar", "table"}
 
