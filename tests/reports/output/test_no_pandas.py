@@ -6,8 +6,7 @@ that looks pandas up from C under a reports frame, as DuckDB's `register` does, 
 
   - reports.memory.*: the memory categories at the peak are made in pandas (reports.memory.sql_categories.by_category,
     through reports.memory.lifetimes and reports.loading.columns); their Arrow version is another change's;
-  - report --json: reports.time.roofline (the roofline's tables are made in pandas);
-  - compare: reports.compare's tables are pandas DataFrames.
+  - report --json: reports.time.roofline (the roofline's tables are made in pandas).
 
 And pyarrow itself imports pandas when it converts (Array.to_numpy, pyarrow.array of Python values, a Python scalar
 in a compute function): the report reads its rows that way, so `pandas` is in sys.modules at the end of every command
@@ -107,10 +106,8 @@ _COMMANDS = {
     [
         "report",
         "report --json",
-        pytest.param("compare", marks=pytest.mark.xfail(strict=True, reason="reports.compare's tables are pandas")),
-        pytest.param(
-            "compare --json", marks=pytest.mark.xfail(strict=True, reason="reports.compare's tables are pandas")
-        ),
+        "compare",
+        "compare --json",
     ],
 )
 def test_optrace_modules_import_no_pandas(two_runs, command):
