@@ -121,6 +121,24 @@ def test_optrace_modules_import_no_pandas(two_runs, command):
     assert [chain for chain in found["importers"] if not left & set(chain.split(" <- "))] == []
 
 
+def test_a_baseline_file_and_the_gate_import_no_pandas(two_runs, tmp_path):
+    """`compare --save-baseline`, then `compare --json BASE TRACE --fail-if ...` (reports.baseline, reports.gate):
+    no module of optrace executes an `import pandas`. On dd7848f reports.baseline imported it at its top and the
+    gate read its rows from a DataFrame."""
+    base = tmp_path / "base.json"
+    found, out = _run(["compare", "--save-baseline", str(base), two_runs[0]])
+    assert found["importers"] == [] and base.is_file() and "saved the baseline of small" in out
+    rules = ["--fail-if", "flops<-1%", "--fail-if", "op:aten.mm.default:flops>+150%"]
+    found, out = _run(["compare", "--json", str(base), two_runs[1], *rules])
+    assert found["importers"] == []
+    got = json.loads(out)
+    # forward mm 2 * B * 8 * 4 and the weight's gradient 2 * 4 * B * 8: 512 FLOPs at batch 4, 1024 at 8 (+100%);
+    # with sum (B * 4), its gradient's and SGD's 32, the run's 560 and 1088 (+94.3%): neither rule breaks
+    total = next(r for r in got["rows"] if r["phase"] == "total" and r["run"] == "large")
+    assert total["flops_per_step"] == 1088 and total["flops_change_pct"] == pytest.approx(100 * 528 / 560)
+    assert got["gate"] == {"checks": rules[1::2], "breaches": [], "passed": True}
+
+
 @pytest.mark.xfail(
     strict=True,
     reason="pyarrow imports pandas on Array.to_numpy and pyarrow.array (reports.sql.rowpass, reports.flops.rows, "
