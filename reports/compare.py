@@ -32,6 +32,7 @@ The table is made over numpy arrays ({column: array}, side_by_side_runs), which 
 as JSON without pandas; compare() makes it a DataFrame at the end.
 """
 
+import math
 import os
 import sys
 
@@ -126,21 +127,30 @@ def columns(by="phase"):
 
 
 def mfu_pct(trace):
-    """{run: MFU in percent} of the runs of `trace` (a reports.sql.engine.Trace), from reports.mfu. compare gives
-    reports.mfu no step time, so a run's MFU is NaN unless its metadata holds an untraced one, and side_by_side writes
-    NaN for a run left out: the small frame MFU's model FLOPs and dtype are read from (reports/sql/flops.py, mfu_only:
-    its matmul and attention rows, the others summed) is cut only when some run has a step time."""
+    """{run: MFU in percent} of the runs of `trace` (a reports.sql.engine.Trace), from reports.mfu's table over the
+    small table of reports.sql.flops (mfu_only: its matmul and attention rows, the others summed), as the report
+    reads it (no pandas). compare gives reports.mfu no step time, so a run's MFU is NaN unless its metadata holds an
+    untraced one, and side_by_side writes NaN for a run left out: that table is made only when some run has a step
+    time."""
     if not any(
         (meta.get("step_time") or {}).get("median_s") for meta in trace.runs.values()
     ):  # as reports.mfu reads it
         return {}
-    from reports.sql.flops import frame
+    from reports.flops.mfu import mfu_table
+    from reports.flops.rows import Frame
+    from reports.sql.flops import table
 
-    return mfu_of_rows(frame(trace, mfu_only=True))
+    try:
+        found = mfu_table(Frame(table(trace, mfu_only=True), trace.runs))
+    except ReportError:
+        return {}
+    runs, mfu = (found.column(c).to_pylist() for c in ("run", "mfu"))
+    return {run: math.nan if m is None else 100.0 * float(m) for run, m in zip(runs, mfu)}
 
 
 def mfu_of_rows(df):
-    """{run: MFU in percent} from reports.mfu over a frame of rows, or {} when MFU cannot be computed from it."""
+    """{run: MFU in percent} from reports.mfu over a DataFrame of rows, or {} when MFU cannot be computed from it
+    (the pandas oracle's, tests/oracles/compare.py)."""
     try:
         from reports.flops.mfu import mfu
     except ImportError:

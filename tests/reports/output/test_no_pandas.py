@@ -139,6 +139,26 @@ def test_a_baseline_file_and_the_gate_import_no_pandas(two_runs, tmp_path):
     assert got["gate"] == {"checks": rules[1::2], "breaches": [], "passed": True}
 
 
+def test_compare_of_runs_with_a_step_time_imports_no_pandas(tmp_path):
+    """compare's MFU (a run with an untraced step time) is reports.mfu's table over reports.sql.flops' Arrow table,
+    as the report's: no module of optrace executes an `import pandas`. On dd7848f reports.sql.flops.frame made it a
+    DataFrame."""
+    paths = []
+    for name, batch in (("small", 4), ("large", 8)):
+        torch.manual_seed(0)
+        net = torch.nn.Linear(8, 4, bias=False)
+        with Tracer(tmp_path / name, model=net, tokens=batch, run_name=name) as tracer:
+            net(torch.ones(batch, 8)).sum().backward()
+            tracer.set_step_time(0.01)
+        paths.append(str(tmp_path / name))
+    found, out = _run(["compare", "--json", *paths])
+    assert found["importers"] == []
+    mfu = {r["run"]: r["mfu_pct"] for r in json.loads(out)["rows"] if r["phase"] == "total"}
+    # model FLOPs per step: forward mm 2 * B * 8 * 4 and the weight's gradient as much, 128 * B, over 0.01 s: the
+    # MFU of batch 8 is twice batch 4's (the same device and dtype)
+    assert mfu["small"] > 0 and mfu["large"] == pytest.approx(2 * mfu["small"], rel=1e-12)
+
+
 @pytest.mark.xfail(
     strict=True,
     reason="pyarrow imports pandas on Array.to_numpy and pyarrow.array (reports.sql.rowpass, reports.flops.rows, "
