@@ -26,7 +26,6 @@ import math
 import os
 
 import numpy as np
-import pandas as pd
 
 from reports.errors import ReportError
 
@@ -48,17 +47,26 @@ def _value(v):
         return int(v)
     if isinstance(v, (float, np.floating)):
         return None if math.isnan(v) else float(v)
-    if v is pd.NA or v is None:
-        return None
     return v
 
 
-def _records(frame):
-    cols = [c for c in frame.columns if c not in ("run", "run_index")]
-    return {
-        "columns": cols,
-        "rows": [[_value(v) for v in row] for row in frame[cols].itertuples(index=False, name=None)],
-    }
+def _records(view):
+    """A view's rows of the run ({column: numpy array}) as the file stores them."""
+    cols = [c for c in view if c not in ("run", "run_index")]
+    return {"columns": cols, "rows": [[_value(v) for v in row] for row in zip(*(view[c] for c in cols))]}
+
+
+def _column(values):
+    """A numpy array of a view's column as the file stores it: whole numbers int64 (float64, NaN for null, where one
+    is null), numbers float64, text objects (None: null)."""
+    known = [v for v in values if v is not None]
+    if known and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in known):
+        if len(known) == len(values) and all(isinstance(v, int) for v in known):
+            return np.array(values, dtype=np.int64)
+        return np.array([np.nan if v is None else v for v in values], dtype=np.float64)
+    out = np.empty(len(values), dtype=object)
+    out[:] = values
+    return out
 
 
 def _dumps(data):
@@ -111,9 +119,11 @@ def load_baseline(path):
         views = {}
         for view in VIEWS:
             stored = data["views"][view]
-            frame = pd.DataFrame.from_records(stored["rows"], columns=stored["columns"])
-            frame.insert(0, "run_index", 0)
-            views[view] = frame
+            rows, names = stored["rows"], list(stored["columns"])
+            if any(len(row) != len(names) for row in rows):
+                raise ValueError(f"{view}: a row of other than {len(names)} values ({', '.join(names)})")
+            views[view] = {"run_index": np.zeros(len(rows), dtype=np.int32)}
+            views[view].update({c: _column([row[n] for row in rows]) for n, c in enumerate(names)})
         mfu = data.get("mfu_pct")
         return {
             "name": str(data["run"]),
@@ -123,5 +133,5 @@ def load_baseline(path):
             "mfu": np.nan if mfu is None else float(mfu),
             "categories": data.get("categories_at_peak", "memory by category: not in the baseline file"),
         }
-    except (KeyError, TypeError, ValueError) as exc:
+    except (KeyError, TypeError, ValueError, OverflowError) as exc:
         raise ReportError(f"compare: {path}: baseline file lacks or garbles {exc}") from None

@@ -27,41 +27,61 @@ per training step (runs may have traced different numbers of steps), except the 
 Each run's "total" row comes first, then the keys with the biggest |change_pct| in any run, each
 key's rows in run order. A run's figures (reports.compare.Figures) come from compare.sql's views, over a
 trace's files or a frame's rows, or from a baseline file that stored them.
+
+The table is made over numpy arrays ({column: array}, side_by_side_runs), which `optrace compare` prints and writes
+as JSON without pandas; compare() makes it a DataFrame at the end.
 """
 
+import math
 import os
+import sys
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 
+from reports.arrays import numpy_of, objects_of
 from reports.baseline import VIEWS, is_baseline, load_baseline, write_baseline
+from reports.compare_table import (
+    BY,
+    CHANGES,
+    TOTAL,
+    RunTable,
+    at_depth,
+    frame_of,
+    keyed,
+    largest,
+    rows_of,
+    side_by_side,
+    signed_change,
+)
 from reports.errors import ReportError
 from reports.loading.load import require, runs_of
 from reports.sql.frame import memory_trace
+from reports.sql.per_step import per_step_arrays
 
 __all__ = [
     "BY",
     "CHANGES",
     "TOTAL",
     "Figures",
+    "RunTable",
     "at_depth",
     "check_baseline",
     "check_by",
     "columns",
     "compare",
     "figures",
+    "frame_of",
     "mfu_of_rows",
     "mfu_pct",
+    "rows_of",
     "save_baseline",
     "side_by_side",
+    "side_by_side_runs",
+    "signed_change",
     "table_of",
 ]
 
-BY = ("phase", "op", "module")
-TOTAL = "total"
-_SUMS = ("ops", "flops", "bytes_allocated", "traced_us")
-CHANGES = ("ops", "flops", "bytes_allocated", "peak_live_bytes", "traced_us")
 _REQUIRED = ("seq", "step", "phase", "flops", "bytes_allocated", "live_bytes", "duration_ns")
 
 
@@ -82,19 +102,6 @@ def check_baseline(baseline, runs):
     if baseline not in runs:
         raise ReportError(f"compare: baseline {baseline!r} is not one of the runs {runs}")
     return baseline
-
-
-def _columns(by):
-    return {
-        by: "object",
-        "run": "object",
-        "steps": "int64",
-        **{f"{m}_per_step": "float64" for m in _SUMS},
-        "peak_live_bytes": "Int64",
-        "mfu_pct": "float64",
-        **{f"{m}_change_pct": "float64" for m in CHANGES},
-        "change_pct": "float64",
-    }
 
 
 def columns(by="phase"):
@@ -120,21 +127,30 @@ def columns(by="phase"):
 
 
 def mfu_pct(trace):
-    """{run: MFU in percent} of the runs of `trace` (a reports.sql.engine.Trace), from reports.mfu. compare gives
-    reports.mfu no step time, so a run's MFU is NaN unless its metadata holds an untraced one, and side_by_side writes
-    NaN for a run left out: the small frame MFU's model FLOPs and dtype are read from (reports/sql/flops.py, mfu_only:
-    its matmul and attention rows, the others summed) is cut only when some run has a step time."""
+    """{run: MFU in percent} of the runs of `trace` (a reports.sql.engine.Trace), from reports.mfu's table over the
+    small table of reports.sql.flops (mfu_only: its matmul and attention rows, the others summed), as the report
+    reads it (no pandas). compare gives reports.mfu no step time, so a run's MFU is NaN unless its metadata holds an
+    untraced one, and side_by_side writes NaN for a run left out: that table is made only when some run has a step
+    time."""
     if not any(
         (meta.get("step_time") or {}).get("median_s") for meta in trace.runs.values()
     ):  # as reports.mfu reads it
         return {}
-    from reports.sql.flops import frame
+    from reports.flops.mfu import mfu_table
+    from reports.flops.rows import Frame
+    from reports.sql.flops import table
 
-    return mfu_of_rows(frame(trace, mfu_only=True))
+    try:
+        found = mfu_table(Frame(table(trace, mfu_only=True), trace.runs))
+    except ReportError:
+        return {}
+    runs, mfu = (found.column(c).to_pylist() for c in ("run", "mfu"))
+    return {run: math.nan if m is None else 100.0 * float(m) for run, m in zip(runs, mfu)}
 
 
 def mfu_of_rows(df):
-    """{run: MFU in percent} from reports.mfu over a frame of rows, or {} when MFU cannot be computed from it."""
+    """{run: MFU in percent} from reports.mfu over a DataFrame of rows, or {} when MFU cannot be computed from it
+    (the pandas oracle's, tests/oracles/compare.py)."""
     try:
         from reports.flops.mfu import mfu
     except ImportError:
@@ -147,12 +163,12 @@ def mfu_of_rows(df):
 
 
 class Figures:
-    """One run's figures as compare.sql's views give them: `views` {view name: its rows of the run, run_index 0}
-    (compare_by_phase, compare_by_op, compare_by_module, compare_recompute, compare_dtypes), `steps` {phase: steps
-    it ran in} (reports.sql.engine.Trace.phase_steps), `train_steps` (the run's training steps), `mfu` (percent or
-    NaN), `categories` ({memory category: bytes live at the run's peak}, reports.by_category; a str saying why
-    where it could not be computed). A baseline file (reports.baseline) stores exactly these, so its tables are the
-    trace's."""
+    """One run's figures as compare.sql's views give them: `views` {view name: its rows of the run, run_index 0, as
+    {column: numpy array}} (compare_by_phase, compare_by_op, compare_by_module, compare_recompute, compare_dtypes),
+    `steps` {phase: steps it ran in} (reports.sql.engine.Trace.phase_steps), `train_steps` (the run's training
+    steps), `mfu` (percent or NaN), `categories` ({memory category: bytes live at the run's peak}, reports.by_category;
+    a str saying why where it could not be computed). A baseline file (reports.baseline) stores exactly these, so its
+    tables are the trace's."""
 
     VIEWS = VIEWS
 
@@ -160,15 +176,40 @@ class Figures:
         self.name, self.views, self.steps = name, views, dict(steps)
         self.train_steps, self.mfu = int(train_steps), float(mfu)
         self.categories = categories if isinstance(categories, str) else dict(categories or {})
-        self.runs = {name: {}}  # as Trace.per_step reads them
-
-    def phase_steps(self):
-        return {0: dict(self.steps)}
 
     def per_step(self, totals, figures, keys=()):
-        from reports.sql.engine import Trace
+        """reports.sql.per_step.per_step_arrays of a view's rows of this run ({column: array}): ([key tuple],
+        {figure: float64 array}), one row without keys."""
+        arrays = {
+            c: np.asarray(totals[c], dtype=np.float64) if c in figures else totals[c]
+            for c in ("run_index", "phase", *keys, *figures, "first_seq")
+            if c in totals
+        }
+        return per_step_arrays({0: self.steps}, 1, arrays, figures, keys)[0]
 
-        return Trace.per_step(self, totals, figures, keys)[0]
+
+def _arrays(table):
+    """{column: numpy array} of an Arrow table of a view: numbers as numpy (an integer column holding a null as
+    float64 NaN, as DuckDB's fetchdf gives it), text as objects (None: null)."""
+    out = {}
+    for name in table.column_names:
+        column = table.column(name)
+        text = pa.types.is_string(column.type) or pa.types.is_large_string(column.type)
+        out[name] = objects_of(column) if text else numpy_of(column, null=np.nan)
+    return out
+
+
+def _fetch(trace, query):
+    """The rows of `query` over `trace` as {column: numpy array}; a DECIMAL or HUGEINT sum cast to DOUBLE by DuckDB,
+    as its fetchdf converts it."""
+    found = trace.db.sql(query)
+    wide = ("decimal", "hugeint", "uhugeint")
+    cast = [f'CAST("{c}" AS DOUBLE) AS "{c}"' if t.id in wide else f'"{c}"' for c, t in zip(found.columns, found.types)]
+    return _arrays(trace.arrow(f"SELECT {', '.join(cast)} FROM ({query})"))
+
+
+def _where(arrays, mask):
+    return {c: a[mask] for c, a in arrays.items()}
 
 
 def figures(trace):
@@ -176,14 +217,17 @@ def figures(trace):
     views = {}
     for view in Figures.VIEWS:
         order = "run_index, first_seq" + ("" if view == "compare_dtypes" else ", phase")
-        views[view] = trace.sql(f"SELECT * FROM {view} ORDER BY {order}")
-    counts = trace.table("run_totals", order="run_index")
+        views[view] = _fetch(trace, f"SELECT * FROM {view} ORDER BY {order}")
+    counts = {int(r["run_index"]): r for r in trace.run_rows}
     steps, mfu, categories = trace.phase_steps(), mfu_pct(trace), _categories(trace)
     out = []
     for i, run in enumerate(trace.runs):
-        found = counts[counts["run_index"] == i]
-        fb, traced = (int(found["fb_steps"].iloc[0]), int(found["steps_traced"].iloc[0])) if len(found) else (0, 0)
-        mine = {v: f[f["run_index"] == i].assign(run_index=0).reset_index(drop=True) for v, f in views.items()}
+        found = counts.get(i)
+        fb, traced = (int(found["fb_steps"]), int(found["steps_traced"])) if found is not None else (0, 0)
+        mine = {}
+        for v, arrays in views.items():
+            mine[v] = _where(arrays, np.asarray(arrays["run_index"]) == i)
+            mine[v]["run_index"] = np.zeros(len(mine[v]["run_index"]), dtype=np.int32)
         mem = categories if isinstance(categories, str) else categories.get(run, {})
         out.append(Figures(run, mine, steps[i], max(1, fb or traced), mfu.get(run, np.nan), mem))
     return out
@@ -204,24 +248,6 @@ def _categories(trace):
     return out
 
 
-def at_depth(module, depth):
-    """A module path cut to its first `depth` names ("layers.0.attn" at 2: "layers.0"); '' stays ''."""
-    return ".".join(module.split(".")[:depth]) if depth else module
-
-
-def _keyed(totals, by, depth):
-    if by != "module" or not depth or not len(totals):
-        return totals
-    cut = totals.assign(key=totals["key"].astype(object).map(lambda m: at_depth(m, depth)))
-    sums = {c: "sum" for c in ("ops", "flops", "bytes_allocated", "duration_ns")}
-    return (
-        cut.groupby(["run_index", "key", "phase"], sort=False, observed=True)
-        .agg({**sums, "peak_live_bytes": "max", "first_seq": "min"})
-        .reset_index()
-        .sort_values(["first_seq", "phase"], kind="stable")
-    )
-
-
 _FIGURES = ("ops", "flops", "bytes_allocated", "duration_ns")
 _NAMES = {
     "ops": "ops_per_step",
@@ -232,21 +258,19 @@ _NAMES = {
 
 
 def table_of(run, by, depth=None):
-    """One run's table (reports.compare.Figures): the "total" row first, then each key per step, its peak, steps."""
-    totals = _keyed(run.views[f"compare_by_{by}"], by, depth)
+    """One run's RunTable (reports.compare.Figures): the "total" row first, then each key per step, its peak."""
+    totals = keyed(run.views[f"compare_by_{by}"], by, depth)
     phases = run.views["compare_by_phase"]
-    total = run.per_step(phases, _FIGURES).rename(columns=_NAMES).set_axis([TOTAL])
-    table = run.per_step(totals, _FIGURES, keys=("key",)).rename(columns=_NAMES).set_index("key")
-    table.index = table.index.astype(object)
-    peak = totals.groupby("key", sort=False)["peak_live_bytes"].max() if len(totals) else pd.Series(dtype="float64")
-    table["peak_live_bytes"] = peak.reindex(table.index).to_numpy(dtype=np.float64) if len(table) else []
-    total["peak_live_bytes"] = float(phases["peak_live_bytes"].max()) if len(phases) else np.nan
-    for t in (table, total):
-        t["traced_us_per_step"] /= 1000.0
-    table = pd.concat([total, table])
-    table.index.name = None
-    table["steps"] = run.train_steps
-    return table
+    _, total = run.per_step(phases, _FIGURES)
+    found, table = run.per_step(totals, _FIGURES, keys=("key",))
+    keys = [k for (k,) in found]
+    peaks = {}
+    for key, peak in zip(totals["key"], np.asarray(totals["peak_live_bytes"], dtype=np.float64)):
+        peaks.setdefault(key, []).append(peak)
+    out = {_NAMES[c]: np.concatenate([total[c], table[c]]) for c in _FIGURES}
+    out["traced_us_per_step"] = out["traced_us_per_step"] / 1000.0
+    out["peak_live_bytes"] = np.array([largest(phases["peak_live_bytes"]), *(largest(peaks[k]) for k in keys)])
+    return RunTable([TOTAL, *keys], out, run.train_steps)
 
 
 def _sources(items, by):
@@ -257,6 +281,11 @@ def _sources(items, by):
     stored = [Figures(**load_baseline(p)) if is_baseline(p) else None for p in items]
     traces = [p for p, s in zip(items, stored) if s is None]
     return stored, (Trace(traces, columns=columns(by)) if traces else None)
+
+
+def _is_frame(rows):
+    pd = sys.modules.get("pandas")  # a DataFrame comes only from pandas, then imported
+    return pd is not None and isinstance(rows, pd.DataFrame)
 
 
 def runs_of_sources(df_or_paths, by="phase"):
@@ -285,7 +314,7 @@ def runs_of_sources(df_or_paths, by="phase"):
             if b and r.name in traced:
                 r.name = f"{r.name} (baseline)"
         return [r for r, _ in kept]
-    if isinstance(rows, pd.DataFrame):
+    if _is_frame(rows):
         require(rows, (*_REQUIRED, by), "compare")
         runs_of(rows)  # a frame from reports.load, or a one-line error
     elif not isinstance(rows, pa.Table) and not hasattr(rows, "per_step"):
@@ -309,80 +338,20 @@ def compare(df_or_paths, by="phase", baseline=None, depth=None):
     baseline     the run the changes are against (its name); default the first run
     depth        by module: keep the first `depth` names of each module path (a module and its submodules)
     See the module docstring for the columns. The figures are compare.sql's views, run over the
-    frame's rows (reports.sql.frame) or over the traces' files."""
+    frame's rows (reports.sql.frame) or over the traces' files; the table is `optrace compare`'s
+    (side_by_side_runs), made a DataFrame."""
     check_by(by)
     check_depth(depth)
     runs = runs_of_sources(df_or_paths, by)
-    return side_by_side_runs(runs, by, baseline, depth)
+    return frame_of(side_by_side_runs(runs, by, baseline, depth), by)
 
 
 def side_by_side_runs(runs, by, baseline=None, depth=None):
-    """The compare table of [Figures]."""
+    """The compare table ({column: numpy array}, reports.compare_table.side_by_side) of [Figures]."""
     names = [r.name for r in runs]
     baseline = check_baseline(baseline, names)
     tables = {r.name: table_of(r, by, depth) for r in runs}
     return side_by_side(tables, names, baseline, {r.name: r.mfu for r in runs}, by)
-
-
-def _own_keys(table, by):
-    """`table` with a key named like the whole-run row (a module named `total`) renamed "total (module)"."""
-    keys = list(table.index)
-    if TOTAL not in keys[1:]:
-        return table
-    return table.set_axis(keys[:1] + [f"{TOTAL} ({by})" if k == TOTAL else k for k in keys[1:]])
-
-
-def signed_change(value, base):
-    """Signed percent change of `value` against `base` (arrays): +inf for x / 0 (x > 0), 0 for 0 / 0, NaN where
-    either is unknown."""
-    value, base = np.asarray(value, dtype=np.float64), np.asarray(base, dtype=np.float64)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        out = 100.0 * (value - base) / base
-    out = np.where((base == 0) & (value == 0), 0.0, out)
-    return np.where(np.isnan(value) | np.isnan(base), np.nan, out)
-
-
-def side_by_side(tables, runs, baseline, mfu, by):
-    """The compare table from each run's figures ({run: frame indexed by key, the "total" row first, with the
-    *_per_step sums, peak_live_bytes and steps}), `mfu` {run: MFU in percent}: signed changes, change_pct, order."""
-    tables = {run: _own_keys(t, by) for run, t in tables.items()}
-    keys = list(dict.fromkeys(k for t in tables.values() for k in t.index))
-    base = tables[baseline].reindex(keys)
-    sums = [f"{m}_per_step" for m in _SUMS]
-    base[sums] = base[sums].fillna(0.0)
-    frames = []
-    for run in runs:
-        table = tables[run].reindex(keys)
-        table["steps"] = tables[run]["steps"].iloc[0]
-        table[sums] = table[sums].fillna(0.0)
-        table["mfu_pct"] = np.nan
-        table.loc[TOTAL, "mfu_pct"] = mfu.get(run, np.nan)
-        for m in CHANGES:
-            column = m if m == "peak_live_bytes" else f"{m}_per_step"
-            table[f"{m}_change_pct"] = signed_change(table[column], base[column])
-        change = np.zeros(len(keys))
-        for m in ("flops", "bytes_allocated"):
-            column = f"{m}_per_step"
-            whole = base.loc[TOTAL, column]
-            if whole:
-                moved = (table[column] - base[column]).to_numpy() / whole
-                change = np.where(np.abs(moved) > np.abs(change), moved, change)
-        table["change_pct"] = 100.0 * change
-        table.index.name = by
-        table = table.reset_index()
-        table.insert(1, "run", run)
-        frames.append(table)
-    out = pd.concat(frames, ignore_index=True)
-    score = out["change_pct"].abs().groupby(out[by], sort=False).transform("max")
-    out["_total"] = out[by] != TOTAL
-    out["_score"] = -score
-    out["_key"] = out[by].map({k: i for i, k in enumerate(keys)})
-    out["_run"] = out["run"].map({r: i for i, r in enumerate(runs)})
-    out = out.sort_values(["_total", "_score", "_key", "_run"], kind="stable").drop(
-        columns=["_total", "_score", "_key", "_run"]
-    )
-    columns = _columns(by)
-    return out[list(columns)].astype(columns).reset_index(drop=True)
 
 
 def save_baseline(trace, path, source=None):

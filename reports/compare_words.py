@@ -8,7 +8,9 @@ baseline file gives the same words as the trace it was saved from.
 
 import math
 
-from reports.compare import TOTAL, check_baseline, side_by_side_runs
+import numpy as np
+
+from reports.compare import TOTAL, check_baseline, rows_of, side_by_side_runs
 
 __all__ = ["changes", "facts"]
 
@@ -30,10 +32,10 @@ def _pct(v):
 def _recompute(run):
     """FLOPs and ops per step of the rows flagged `recompute`."""
     table = run.views["compare_recompute"]
-    if not len(table):
+    if not len(table["phase"]):
         return 0.0, 0.0
-    got = run.per_step(table, ("flops", "ops"))
-    return float(got["flops"].iloc[0]), float(got["ops"].iloc[0])
+    _, got = run.per_step(table, ("flops", "ops"))
+    return float(got["flops"][0]), float(got["ops"][0])
 
 
 def _dtypes(run):
@@ -45,8 +47,15 @@ def _dtypes(run):
     return {op: frozenset(d) for op, d in by_op.items()}
 
 
-def _per_step(table, key):
-    return f"{key} ({table.loc[key, 'ops_per_step']:g}/step)"
+def _per_step(ops, key):
+    return f"{key} ({ops[key]:g}/step)"
+
+
+def _rows(table, by, run):
+    """{key: {column: Python value}} of `run`'s rows of a compare table (reports.compare_table.side_by_side), in
+    the table's order."""
+    mine = np.flatnonzero(table["run"] == run)
+    return {row[by]: row for row in rows_of({c: a[mine] for c, a in table.items()})}
 
 
 def _memory(before, after):
@@ -78,7 +87,7 @@ def changes(runs, baseline=None):
     baseline = check_baseline(baseline, names)
     by_op = side_by_side_runs(runs, "op", baseline)
     totals = side_by_side_runs(runs, "phase", baseline)
-    totals = totals[totals["phase"] == TOTAL].set_index("run")
+    base_ops = {k: row["ops_per_step"] for k, row in _rows(by_op, "op", baseline).items()}
     base_run = runs[names.index(baseline)]
     base_facts = facts(base_run)
     out = {}
@@ -86,7 +95,7 @@ def changes(runs, baseline=None):
         if run.name == baseline:
             continue
         words = []
-        t = totals.loc[run.name]
+        t = _rows(totals, "phase", run.name)[TOTAL]
         moved = [
             f"{label} {_pct(t[f'{m}_change_pct'])}"
             for m, label in (
@@ -97,11 +106,10 @@ def changes(runs, baseline=None):
             )
         ]
         words.append("totals: " + ", ".join(moved))
-        ops = by_op[by_op["run"] == run.name].set_index("op")
-        base_ops = by_op[by_op["run"] == baseline].set_index("op")
-        keys = [k for k in ops.index if k != TOTAL]
-        added = [k for k in keys if base_ops.loc[k, "ops_per_step"] == 0 and ops.loc[k, "ops_per_step"] > 0]
-        removed = [k for k in keys if base_ops.loc[k, "ops_per_step"] > 0 and ops.loc[k, "ops_per_step"] == 0]
+        ops = {k: row["ops_per_step"] for k, row in _rows(by_op, "op", run.name).items()}
+        keys = [k for k in ops if k != TOTAL]
+        added = [k for k in keys if base_ops[k] == 0 and ops[k] > 0]
+        removed = [k for k in keys if base_ops[k] > 0 and ops[k] == 0]
         if added:
             words.append("ops added: " + _names(_per_step(ops, k) for k in added))
         if removed:

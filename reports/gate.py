@@ -101,9 +101,7 @@ def _number(v):
 
 
 def _float(v):
-    import pandas as pd
-
-    return math.nan if v is None or v is pd.NA else float(v)
+    return math.nan if v is None else float(v)
 
 
 def parse(expr):
@@ -132,7 +130,7 @@ def check(trace, baseline, exprs):
 
 def breaches(runs, rules, baseline=None):
     """[Breach] of parsed `rules` over [reports.compare.Figures]."""
-    from reports.compare import TOTAL, check_baseline, side_by_side_runs, signed_change
+    from reports.compare import TOTAL, check_baseline, rows_of, side_by_side_runs, signed_change
 
     names = [r.name for r in runs]
     baseline = check_baseline(baseline, names)
@@ -144,17 +142,17 @@ def breaches(runs, rules, baseline=None):
             tables[by, depth] = side_by_side_runs(runs, by, baseline, depth)
         table = tables[by, depth]
         key = TOTAL if rule.scope == "total" else (f"{TOTAL} ({by})" if rule.name == TOTAL else rule.name)
-        rows = table[table[by] == key].set_index("run")
-        if not len(rows):
+        rows = {row["run"]: row for row in rows_of({c: a[table[by] == key] for c, a in table.items()})}
+        if not rows:
             raise ReportError(
                 f"compare: --fail-if {rule.text!r}: no {rule.scope} {rule.name!r} in any run ({', '.join(names)})"
             )
         column = METRICS[rule.metric]
-        base = _float(rows.loc[baseline, column])
+        base = _float(rows[baseline][column])
         for run in names:
             if run == baseline:
                 continue
-            value = _float(rows.loc[run, column])
+            value = _float(rows[run][column])
             if rule.percent:
                 change = float(signed_change([value], [base])[0])
             else:

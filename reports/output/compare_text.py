@@ -13,6 +13,7 @@ Each ± is the signed change against the baseline's value of the same key ("new"
 
 import math
 
+from reports.compare_table import rows_of
 from reports.output.report_json import json_value, records
 from reports.output.text import column_formatters, printable
 
@@ -59,10 +60,35 @@ def _signed(v):
     return f"{v:+.1f}%"
 
 
-def compare_text(table, runs, baseline, by, words, top, rules=(), breaches=()):
-    """The text `optrace compare` prints (a str)."""
+def _arrow(table, by, keys, baseline):
+    """The rows of `keys` of the compare table ({column: numpy array}) with the text's columns, as a pyarrow Table
+    (reports.arrays: no pandas), and their formatters: a change of the baseline's own rows left blank."""
+    import numpy as np
     import pyarrow as pa
 
+    from reports.arrays import arrow_of, strings
+
+    kept = set(keys)
+    at = np.flatnonzero([k in kept for k in table[by]])
+    is_base = [r == baseline for r in table["run"][at]]
+    data = {by: strings(table[by][at]), "run": strings(table["run"][at])}
+    for column, _ in _SHOWN:
+        values = np.asarray(table[column][at], dtype=np.float64)
+        if column.endswith("_change_pct"):  # the baseline's own rows: no change to show
+            data[column] = strings(["" if b else _signed(v) for b, v in zip(is_base, values.tolist())])
+        else:
+            data[column] = arrow_of(values)
+    shown = pa.table(data)
+    formatters = column_formatters(shown)
+    for column, _ in _SHOWN:
+        if column.endswith("_change_pct"):
+            formatters.pop(column, None)
+    return shown, formatters
+
+
+def compare_text(table, runs, baseline, by, words, top, rules=(), breaches=()):
+    """The text `optrace compare` prints (a str) of the compare table ({column: numpy array},
+    reports.compare_table.side_by_side)."""
     from reports.output.table import render
 
     others = ", ".join(printable(r) for r in runs if r != baseline)
@@ -70,16 +96,10 @@ def compare_text(table, runs, baseline, by, words, top, rules=(), breaches=()):
     for run, said in words.items():
         lines.append(f"What changed in {printable(run)}:")
         lines += [f"  {printable(w)}" for w in said]
-    keys = table[by].drop_duplicates().head(top)  # whole keys: a run's row never cut from its pair
-    shown = table[table[by].isin(keys)][[by, "run", *(c for c, _ in _SHOWN)]].astype({"peak_live_bytes": "float64"})
-    formatters = column_formatters(shown)
-    is_base = (shown["run"] == baseline).tolist()
-    for column, _ in _SHOWN:  # the baseline's own rows: no change to show
-        if column.endswith("_change_pct"):
-            shown[column] = ["" if b else _signed(v) for b, v in zip(is_base, shown[column])]
-            formatters.pop(column, None)
+    keys = list(dict.fromkeys(table[by]))[:top]  # whole keys: a run's row never cut from its pair
+    shown, formatters = _arrow(table, by, keys, baseline)
     header = [by, "run", *(h for _, h in _SHOWN)]
-    text = render(pa.Table.from_pandas(shown, preserve_index=False), formatters, "", header)
+    text = render(shown, formatters, "", header)
     lines.append(text)
     lines.append(
         f"±: signed change against {printable(baseline)}'s value for the same {by} (new: {printable(baseline)} has none); "
@@ -93,7 +113,7 @@ def compare_text(table, runs, baseline, by, words, top, rules=(), breaches=()):
 
 def compare_json(table, runs, by, baseline=None, words=None, rules=(), breaches=()):
     """`compare --json`: one object with the runs, the baseline, the column meanings, the rows, the words and the
-    gate."""
+    gate. `table` the compare table ({column: numpy array}) or compare()'s DataFrame."""
     runs = list(runs)
     out = {
         "by": by,
@@ -102,7 +122,9 @@ def compare_json(table, runs, by, baseline=None, words=None, rules=(), breaches=
         "columns": {by: f"the {by} ('total': the whole run)", **COMPARE_COLUMNS},
         "note": 'a change x / 0 is the string "inf"; null is a value that cannot be known (a peak of a key with no op, '
         "MFU without a step time)",
-        "rows": records(table),
+        "rows": records(table)
+        if hasattr(table, "columns")
+        else [{c: json_value(v) for c, v in row.items()} for row in rows_of(table)],
     }
     if words is not None:
         out["changes"] = words

@@ -1,10 +1,11 @@
-"""The pandas implementation of reports.compare (its per-run figures by reports.steps.per_step), kept as the test
-oracle of compare.sql's views (tests/reports/sql/test_sql_compare.py)."""
+"""The pandas implementation of reports.compare's per-run figures (by reports.steps.per_step), kept as the test
+oracle of compare.sql's views (tests/reports/sql/test_sql_compare.py); the runs are set side by side by
+reports.compare_table.side_by_side, as the library's are."""
 
 import numpy as np
 import pandas as pd
 
-from reports.compare import TOTAL, check_baseline, check_by, mfu_of_rows, side_by_side
+from reports.compare import TOTAL, RunTable, check_baseline, check_by, frame_of, mfu_of_rows, side_by_side
 from reports.loading.load import require, runs_of
 from reports.steps import count_steps, per_step, step_phases
 from reports.tables import split_runs
@@ -40,6 +41,6 @@ def compare(df, by="phase", baseline=None):
     tables = {}
     for run, rows in split_runs(df):
         table = _per_run(rows, by)
-        table["steps"] = count_steps(rows)
-        tables[run] = table
-    return side_by_side(tables, runs, baseline, mfu_of_rows(df), by)
+        columns = {c: table[c].to_numpy(dtype=np.float64, na_value=np.nan) for c in table.columns}
+        tables[run] = RunTable(list(table.index), columns, count_steps(rows))
+    return frame_of(side_by_side(tables, runs, baseline, mfu_of_rows(df), by), by)

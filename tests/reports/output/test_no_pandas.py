@@ -6,8 +6,7 @@ that looks pandas up from C under a reports frame, as DuckDB's `register` does, 
 
   - reports.memory.*: the memory categories at the peak are made in pandas (reports.memory.sql_categories.by_category,
     through reports.memory.lifetimes and reports.loading.columns); their Arrow version is another change's;
-  - report --json: reports.time.roofline (the roofline's tables are made in pandas);
-  - compare: reports.compare's tables are pandas DataFrames.
+  - report --json: reports.time.roofline (the roofline's tables are made in pandas).
 
 And pyarrow itself imports pandas when it converts (Array.to_numpy, pyarrow.array of Python values, a Python scalar
 in a compute function): the report reads its rows that way, so `pandas` is in sys.modules at the end of every command
@@ -107,10 +106,8 @@ _COMMANDS = {
     [
         "report",
         "report --json",
-        pytest.param("compare", marks=pytest.mark.xfail(strict=True, reason="reports.compare's tables are pandas")),
-        pytest.param(
-            "compare --json", marks=pytest.mark.xfail(strict=True, reason="reports.compare's tables are pandas")
-        ),
+        "compare",
+        "compare --json",
     ],
 )
 def test_optrace_modules_import_no_pandas(two_runs, command):
@@ -122,6 +119,44 @@ def test_optrace_modules_import_no_pandas(two_runs, command):
     assert out.strip()  # the command printed its report
     left = allowed or set()  # an import made for one of these (it is on the stack) is theirs
     assert [chain for chain in found["importers"] if not left & set(chain.split(" <- "))] == []
+
+
+def test_a_baseline_file_and_the_gate_import_no_pandas(two_runs, tmp_path):
+    """`compare --save-baseline`, then `compare --json BASE TRACE --fail-if ...` (reports.baseline, reports.gate):
+    no module of optrace executes an `import pandas`. On dd7848f reports.baseline imported it at its top and the
+    gate read its rows from a DataFrame."""
+    base = tmp_path / "base.json"
+    found, out = _run(["compare", "--save-baseline", str(base), two_runs[0]])
+    assert found["importers"] == [] and base.is_file() and "saved the baseline of small" in out
+    rules = ["--fail-if", "flops<-1%", "--fail-if", "op:aten.mm.default:flops>+150%"]
+    found, out = _run(["compare", "--json", str(base), two_runs[1], *rules])
+    assert found["importers"] == []
+    got = json.loads(out)
+    # forward mm 2 * B * 8 * 4 and the weight's gradient 2 * 4 * B * 8: 512 FLOPs at batch 4, 1024 at 8 (+100%);
+    # with sum (B * 4), its gradient's and SGD's 32, the run's 560 and 1088 (+94.3%): neither rule breaks
+    total = next(r for r in got["rows"] if r["phase"] == "total" and r["run"] == "large")
+    assert total["flops_per_step"] == 1088 and total["flops_change_pct"] == pytest.approx(100 * 528 / 560)
+    assert got["gate"] == {"checks": rules[1::2], "breaches": [], "passed": True}
+
+
+def test_compare_of_runs_with_a_step_time_imports_no_pandas(tmp_path):
+    """compare's MFU (a run with an untraced step time) is reports.mfu's table over reports.sql.flops' Arrow table,
+    as the report's: no module of optrace executes an `import pandas`. On dd7848f reports.sql.flops.frame made it a
+    DataFrame."""
+    paths = []
+    for name, batch in (("small", 4), ("large", 8)):
+        torch.manual_seed(0)
+        net = torch.nn.Linear(8, 4, bias=False)
+        with Tracer(tmp_path / name, model=net, tokens=batch, run_name=name) as tracer:
+            net(torch.ones(batch, 8)).sum().backward()
+            tracer.set_step_time(0.01)
+        paths.append(str(tmp_path / name))
+    found, out = _run(["compare", "--json", *paths])
+    assert found["importers"] == []
+    mfu = {r["run"]: r["mfu_pct"] for r in json.loads(out)["rows"] if r["phase"] == "total"}
+    # model FLOPs per step: forward mm 2 * B * 8 * 4 and the weight's gradient as much, 128 * B, over 0.01 s: the
+    # MFU of batch 8 is twice batch 4's (the same device and dtype)
+    assert mfu["small"] > 0 and mfu["large"] == pytest.approx(2 * mfu["small"], rel=1e-12)
 
 
 @pytest.mark.xfail(

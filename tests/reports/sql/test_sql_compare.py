@@ -92,8 +92,8 @@ def test_the_cli_prints_the_same_from_either_engine(runs, capsys, flags):
 @pytest.mark.parametrize("timed", [False, True])
 def test_the_flop_frame_is_cut_only_for_a_run_with_a_step_time(runs, tmp_path, capsys, monkeypatch, timed):
     """compare passes reports.mfu no step time, so a run's MFU is NaN unless its metadata holds an untraced one: the
-    SQL engine cuts MFU's small frame (reports/sql/flops.py, mfu_only) only when a run has one, and prints what the
-    pandas engine prints either way. Timed: run b says it ran on an H100 at 0.01 s per untraced step."""
+    SQL engine cuts MFU's small table (reports.sql.flops.table, mfu_only) only when a run has one, and prints what
+    the pandas engine prints either way. Timed: run b says it ran on an H100 at 0.01 s per untraced step."""
     from reports.flops.peaks import peak_flops
     from reports.output.cli import main
     from reports.sql import flops
@@ -105,7 +105,7 @@ def test_the_flop_frame_is_cut_only_for_a_run_with_a_step_time(runs, tmp_path, c
     for part in part_paths(b) if timed else ():
         rewrite(part, set_metadata(step_time={"median_s": 0.01}, device=device))
     cut = []
-    monkeypatch.setattr(flops, "frame", lambda trace, f=flops.frame, **kw: cut.append(kw) or f(trace, **kw))
+    monkeypatch.setattr(flops, "table", lambda trace, f=flops.table, **kw: cut.append(kw) or f(trace, **kw))
     outs = []
     for engine in ("pandas", "sql"):
         assert main(["compare", str(runs[0]), str(b), "--engine", engine, "--json"]) == 0
