@@ -56,6 +56,7 @@ class Model:
     checkpoint: str = "none"
     replicate: int = 1  # HSDP: sharded over world / replicate ranks, replicated over `replicate` groups
     tp: int = 1
+    sequence_parallel: bool = True  # with tp > 1: simulate's sequence parallelism and vocabulary-parallel ends
 
     @property
     def key(self):
@@ -67,6 +68,7 @@ class Model:
                 + (f"-r{self.replicate}" if self.replicate > 1 else "")
             )
             + (f"-tp{self.tp}" if self.tp > 1 else "")
+            + ("-sp" if self.tp > 1 and self.sequence_parallel else "")
         )
 
 
@@ -301,11 +303,12 @@ def trace(model, path):
     if model.replicate > 1:
         _hsdp(str(path), model, cfg, build, blocks)
     else:
-        from plan_llama import tensor_parallel
+        from plan_llama import tensor_parallel, vocabulary_parallel
 
-        parallelize = tensor_parallel if model.family == "llama" else None  # None: simulate's, for GPT's blocks
+        llama = model.family == "llama"  # else simulate's defaults, for GPT's blocks and ends
         simulate(str(path), model.world, cfg, 1, model.checkpoint == "full", build=build, blocks=blocks, tp=model.tp,
-                 parallelize=parallelize)  # fmt: skip
+                 parallelize=tensor_parallel if llama else None, sequence_parallel=model.sequence_parallel,
+                 parallelize_ends=vocabulary_parallel if llama else None)  # fmt: skip
     return time.perf_counter() - start
 
 
