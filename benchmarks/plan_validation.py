@@ -232,10 +232,10 @@ RUNS = [
         109,
         29.0,
         note="its H100s have 94 GB; planned on the catalogue's H100 SXM 96GB (the 500 W HBM2e part of the page's "
-        "2025 version, assumed the same hosts); TP without sequence parallelism traced (examples/plan_llama.py "
-        "tensor_parallel; torchtitan's TP shards the residual stream by sequence): each rank keeps every "
-        "checkpointed block's whole input, 2 x 8,192 x 16,384 x 2 bytes = 512 MiB x 126 blocks = 63 GiB, of which "
-        "torchtitan's ranks keep 1/8: the likely cause of the NO",
+        "2025 version, assumed the same hosts); TP traced with torchtitan's sequence parallelism and "
+        "vocabulary-parallel ends (examples/plan_llama.py tensor_parallel, vocabulary_parallel): a rank keeps 1/8 "
+        "of each checkpointed block's input, 2 x 8,192 x 16,384 x 2 bytes / 8 = 64 MiB x 126 blocks = 7.9 GiB "
+        "(without sequence parallelism 63 GiB, and the plan said NO, 149.0 GiB)",
     ),
     Run(
         "megatron-1t-a100-tp-pp",
@@ -250,9 +250,9 @@ RUNS = [
         "(16 x 128 x 25,600))) = 20.0 tokens/s (its equation 3); TP 8 x PP 64 x DP 6, global batch 3,072 (Table 1): "
         "512 micro-batches of 1 per step, micro-batch 1 and the 1F1B schedule assumed (not in Table 1); traced as "
         "one TP group of 8 (DP 1: Megatron-LM's data parallelism is one gradient all-reduce per step, not planned); "
-        "examples/gpt.py's embedding and head are not split over the TP group (Megatron-LM's are, by vocabulary): "
-        "the first and last stages hold and run 8 x theirs; the 52% counts the recomputation's FLOPs, the plan's "
-        "MFU does not",
+        "TP traced with sequence parallelism and the embedding and head split by vocabulary, as Megatron-LM's "
+        "(examples/simulate.py tensor_parallel, vocabulary_parallel; without them the plan said NO, 92.8 GiB); "
+        "the 52% counts the recomputation's FLOPs, the plan's MFU does not",
         pp=64,
         micro_batches=512,
     ),
@@ -511,7 +511,7 @@ def _median(values):
 
 def _summary(errors):
     return (
-        f"median |error| {_median(errors):.1f}%, {sum(e > 10 for e in errors)} over 10%, "
+        f"median |error| {_median(errors):.2f}%, {sum(e > 10 for e in errors)} over 10%, "
         f"{sum(e > 25 for e in errors)} over 25% (of {len(errors)})"
     )
 

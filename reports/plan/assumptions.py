@@ -156,7 +156,7 @@ BY_GENERATION = {
             0.673,
             _FITTED.format(
                 runs="7 runs of 2 sources: llm-foundry's MPT 1b 0.673, 3b 0.597, 7b 0.730, 13b 0.726, 30b 0.762 "
-                "(H100 SXM, 700 W); torchtitan's Llama 3.1 8B 0.554 and 405B 0.632 (H100 96 GB at 500 W)"
+                "(H100 SXM, 700 W); torchtitan's Llama 3.1 8B 0.554 and 405B 0.560 (H100 96 GB at 500 W)"
             ),
         ),
         "ampere": (
