@@ -14,6 +14,10 @@ pipeline stages and micro-batches per step (reports.plan's pp). Every published 
 is published (RUNS: source, table). A run the plan cannot express is listed with status "pending",
 never planned with another configuration.
 
+The default matmul_stack of A100s and Hoppers (reports.plan.assumptions BY_GENERATION) is fitted on these
+runs, so the default plan is in-sample; each run is also planned leave-one-out, at the median of the fits of
+the other runs of its generation (and, in the summary, of its generation's other sources), the figure to judge.
+
 Per run it prints the published figure, the plan's, the error (plan / published - 1) and, past 10%,
 the term responsible: the largest term of the planned step (time bound by matmuls, attention,
 vector ops, memory, kernel launches, or exposed communication) and what the published step implies
