@@ -14,6 +14,10 @@ pipeline stages and micro-batches per step (reports.plan's pp). Every published 
 is published (RUNS: source, table). A run the plan cannot express is listed with status "pending",
 never planned with another configuration.
 
+The default matmul_stack of A100s and Hoppers (reports.plan.assumptions BY_GENERATION) is fitted on these
+runs, so the default plan is in-sample; each run is also planned leave-one-out, at the median of the fits of
+the other runs of its generation (and, in the summary, of its generation's other sources), the figure to judge.
+
 Per run it prints the published figure, the plan's, the error (plan / published - 1) and, past 10%,
 the term responsible: the largest term of the planned step (time bound by matmuls, attention,
 vector ops, memory, kernel launches, or exposed communication) and what the published step implies
@@ -56,6 +60,7 @@ class Model:
     checkpoint: str = "none"
     replicate: int = 1  # HSDP: sharded over world / replicate ranks, replicated over `replicate` groups
     tp: int = 1
+    sequence_parallel: bool = True  # with tp > 1: simulate's sequence parallelism and vocabulary-parallel ends
 
     @property
     def key(self):
@@ -67,6 +72,7 @@ class Model:
                 + (f"-r{self.replicate}" if self.replicate > 1 else "")
             )
             + (f"-tp{self.tp}" if self.tp > 1 else "")
+            + ("-sp" if self.tp > 1 and self.sequence_parallel else "")
         )
 
 
@@ -230,10 +236,10 @@ RUNS = [
         109,
         29.0,
         note="its H100s have 94 GB; planned on the catalogue's H100 SXM 96GB (the 500 W HBM2e part of the page's "
-        "2025 version, assumed the same hosts); TP without sequence parallelism traced (examples/plan_llama.py "
-        "tensor_parallel; torchtitan's TP shards the residual stream by sequence): each rank keeps every "
-        "checkpointed block's whole input, 2 x 8,192 x 16,384 x 2 bytes = 512 MiB x 126 blocks = 63 GiB, of which "
-        "torchtitan's ranks keep 1/8: the likely cause of the NO",
+        "2025 version, assumed the same hosts); TP traced with torchtitan's sequence parallelism and "
+        "vocabulary-parallel ends (examples/plan_llama.py tensor_parallel, vocabulary_parallel): a rank keeps 1/8 "
+        "of each checkpointed block's input, 2 x 8,192 x 16,384 x 2 bytes / 8 = 64 MiB x 126 blocks = 7.9 GiB "
+        "(without sequence parallelism 63 GiB, and the plan said NO, 149.0 GiB)",
     ),
     Run(
         "megatron-1t-a100-tp-pp",
@@ -248,9 +254,9 @@ RUNS = [
         "(16 x 128 x 25,600))) = 20.0 tokens/s (its equation 3); TP 8 x PP 64 x DP 6, global batch 3,072 (Table 1): "
         "512 micro-batches of 1 per step, micro-batch 1 and the 1F1B schedule assumed (not in Table 1); traced as "
         "one TP group of 8 (DP 1: Megatron-LM's data parallelism is one gradient all-reduce per step, not planned); "
-        "examples/gpt.py's embedding and head are not split over the TP group (Megatron-LM's are, by vocabulary): "
-        "the first and last stages hold and run 8 x theirs; the 52% counts the recomputation's FLOPs, the plan's "
-        "MFU does not",
+        "TP traced with sequence parallelism and the embedding and head split by vocabulary, as Megatron-LM's "
+        "(examples/simulate.py tensor_parallel, vocabulary_parallel; without them the plan said NO, 92.8 GiB); "
+        "the 52% counts the recomputation's FLOPs, the plan's MFU does not",
         pp=64,
         micro_batches=512,
     ),
@@ -301,11 +307,12 @@ def trace(model, path):
     if model.replicate > 1:
         _hsdp(str(path), model, cfg, build, blocks)
     else:
-        from plan_llama import tensor_parallel
+        from plan_llama import tensor_parallel, vocabulary_parallel
 
-        parallelize = tensor_parallel if model.family == "llama" else None  # None: simulate's, for GPT's blocks
+        llama = model.family == "llama"  # else simulate's defaults, for GPT's blocks and ends
         simulate(str(path), model.world, cfg, 1, model.checkpoint == "full", build=build, blocks=blocks, tp=model.tp,
-                 parallelize=parallelize)  # fmt: skip
+                 parallelize=tensor_parallel if llama else None, sequence_parallel=model.sequence_parallel,
+                 parallelize_ends=vocabulary_parallel if llama else None)  # fmt: skip
     return time.perf_counter() - start
 
 
@@ -416,11 +423,6 @@ def _pipeline_term(pipeline, row, step, published_step):
     )
 
 
-# the run per GPU generation whose published figure fits matmul_stack for the "calibrated" column; it is left
-# out of that column's median (it matches by construction)
-CALIBRATION = {"hopper": "mpt-7b-h100", "ampere": "mpt-7b-a100"}
-
-
 def _generation(run):
     from reports.plan.devices import resolve_gpu
     from reports.plan.efficiency import generation
@@ -428,37 +430,57 @@ def _generation(run):
     return generation(resolve_gpu(run.gpu)["peak_key"])
 
 
-def fit_stack(run, df, first):
-    """The matmul_stack at which the plan of `run` matches its published tokens/s: the matmul-bound time is the
-    only term scaled, s <- s x T / (T + step - published step), twice from the plan at 1 (`first`)."""
+def source_of(run):
+    """The publisher of `run`'s figure ("MosaicML llm-foundry", "torchtitan docs/performance.md", ...)."""
+    return run.source.split(",")[0].split(" (")[0]
+
+
+def fit_stack(run, df, first, rounds=3):
+    """The matmul_stack at which the plan of `run` matches its published tokens/s: `rounds` steps of
+    reports.plan.calibration.stack_step from the plan at matmul_stack 1 (`first`)."""
+    from reports.plan.calibration import stack_step
+
     stack, r = 1.0, first
-    for _ in range(2):
-        needed = r["matmul_s"] + r["published_step_s"] - r["step_s"]
-        stack = min(max(stack * r["matmul_s"] / needed, 0.01), 2.0) if needed > 0 else 2.0
+    for _ in range(rounds):
+        stack = stack_step(stack, r["matmul_s"], r["step_s"], r["published_step_s"])
         r = plan_run(run, df, {"matmul_stack": stack})
-    return stack
+    return stack, r["error_pct"]
+
+
+# a fit that leaves more than this |error| (percent) found no matmul_stack in range that matches its run: the
+# run's error is another term's, and its fit is not pooled into the defaults or any other run's stack
+UNMATCHED_PCT = 1.0
 
 
 def validate(runs, workdir, log=print):
-    """{run name: result dict} for `runs`, tracing each distinct model once under `workdir`; each result has the
-    plan at the default assumptions and, under "calibrated", at the matmul_stack fitted on its generation's
-    CALIBRATION run (when that run is among `runs`)."""
+    """{run name: result dict} for `runs`, tracing each distinct model once under `workdir`. Each result is the
+    plan at the default assumptions (reports.plan.assumptions BY_GENERATION's matmul_stack on an A100 or a
+    Hopper) with "fit" (the matmul_stack that matches this run alone, and the error it leaves), and when its
+    generation has other runs among `runs`: "loo" (the plan at the median of the other runs' fits of its
+    generation) and "loo_source" (of its generation's runs from other sources); under the key None, each
+    generation's median of the fits (reports.plan.calibration: pooled, leave_one_out)."""
+    from reports.plan.calibration import leave_one_out, pooled
+
     results = _validate(runs, workdir, log)
-    stacks = {}
-    for gen, name in CALIBRATION.items():
-        run = next((r for r in runs if r.name == name), None)
-        if run is not None:
-            stacks[gen] = fit_stack(run, results[name]["df"], results[name])
-            log(f"  matmul_stack fitted on {name}: {stacks[gen]:.3f}")
+    fits, every = {}, {}
     for run in runs:
         r = results[run.name]
-        gen = _generation(run)
-        if "status" not in r and gen in stacks:
-            r["calibrated"] = plan_run(run, r["df"], {"matmul_stack": stacks[gen]})
-            r["calibrated"]["stack"] = stacks[gen]
-            r["calibrated"]["fitted_here"] = CALIBRATION[gen] == run.name
+        if "status" in r or _generation(run) is None:
+            continue
+        stack, residual = fit_stack(run, r["df"], plan_run(run, r["df"], {"matmul_stack": 1.0}))
+        r["fit"] = (stack, residual)
+        every[run.name] = {"generation": _generation(run), "source": source_of(run), "stack": stack}
+        if abs(residual) <= UNMATCHED_PCT:
+            fits[run.name] = every[run.name]
+        log(f"  {run.name}: matmul_stack {stack:.3f} fitted, leaving {residual:+.2f}%")
+    for key, by in (("loo", "generation"), ("loo_source", "source")):
+        for name, (stack, n) in leave_one_out(fits, by, every).items():
+            if n:
+                run = next(r for r in runs if r.name == name)
+                results[name][key] = plan_run(run, results[name]["df"], {"matmul_stack": stack}) | {"stack": stack}
     for r in results.values():
         r.pop("df", None)
+    results[None] = pooled(fits)
     return results
 
 
@@ -491,14 +513,25 @@ def _median(values):
     return (values[(n - 1) // 2] + values[n // 2]) / 2 if n else math.nan
 
 
+def _summary(errors):
+    return (
+        f"median |error| {_median(errors):.2f}%, {sum(e > 10 for e in errors)} over 10%, "
+        f"{sum(e > 25 for e in errors)} over 25% (of {len(errors)})"
+    )
+
+
 def table(runs, results):
-    """The markdown table of `runs` and their `results`, and the summary lines with the median |error|s."""
+    """The markdown table of `runs` and their `results` (validate's), and the summary lines with the median
+    |error|s: the default plan (in-sample: the defaults are fitted on these runs), leave-one-out and
+    leave-one-source-out."""
+    from reports.plan.assumptions import BY_GENERATION
+
     lines = [
-        "| run | GPU | published tokens/s/GPU (MFU) | plan (MFU) | error | plan, stack fitted | error | fits (GiB) "
-        "| term past 10% (default plan) | source |",
+        "| run | GPU | published tokens/s/GPU (MFU) | plan (MFU) | error | plan, leave-one-out (matmul_stack) "
+        "| error | fits (GiB) | term past 10% (leave-one-out plan) | source |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    errors, fitted, stacks = [], [], {}
+    errors, loo, loo_source = [], [], []
     for run in runs:
         r = results[run.name]
         mfu = f" ({run.published_mfu:g}%)" if run.published_mfu else ""
@@ -508,33 +541,58 @@ def table(runs, results):
             lines.append(f"| {run.name} | {run.gpu} | {published} | {r['status']} | | | | | | {source} |")
             continue
         errors.append(abs(r["error_pct"]))
-        c = r.get("calibrated")
+        term = r["term"]
+        c = r.get("loo")
         if c is None:
             cal = cal_error = "-"
         else:
-            stacks[_generation(run)] = c["stack"]
-            cal = f"{c['planned']:,.0f}"
-            cal_error = "fitted here" if c["fitted_here"] else f"{c['error_pct']:+.1f}%"
-            if not c["fitted_here"]:
-                fitted.append(abs(c["error_pct"]))
+            loo.append(abs(c["error_pct"]))
+            cal, cal_error = f"{c['planned']:,.0f} ({c['stack']:.3f})", f"{c['error_pct']:+.1f}%"
+            term = c["term"] or (f"default plan: {r['term']}" if r["term"] else "")
+        if r.get("loo_source") is not None:
+            loo_source.append(abs(r["loo_source"]["error_pct"]))
         fits = f"{'yes' if r['fits'] else 'NO'} ({r['required_gib']:.1f})"
         lines.append(
             f"| {run.name} | {run.gpu} | {published} | {r['planned']:,.0f} ({r['mfu_pct']:.1f}%) | "
-            f"{r['error_pct']:+.1f}% | {cal} | {cal_error} | {fits} | {r['term']} | {source} |"
+            f"{r['error_pct']:+.1f}% | {cal} | {cal_error} | {fits} | {term} | {source} |"
         )
     n = len(errors)
+    pooled = results.get(None) or {}
+    assumed = {g: v for g, (v, _) in BY_GENERATION["matmul_stack"].items()}
+    stale = [g for g, v in pooled.items() if g in assumed and abs(v - assumed[g]) > 5e-4]
     lines += [
         "",
-        f"{n} runs planned, {len(runs) - n} pending. Default assumptions (matmul_stack 1: the GEMM sweep as "
-        f"published): median |error| {_median(errors):.1f}%, {sum(e <= 10 for e in errors)} within 10%, "
-        f"{sum(e > 25 for e in errors)} over 25%.",
+        f"{n} runs planned, {len(runs) - n} pending. Default assumptions (matmul_stack per generation, "
+        "reports.plan.assumptions BY_GENERATION: "
+        + ", ".join(f"{g} {v:g}" for g, v in sorted(assumed.items()))
+        + f"; in-sample, fitted on these runs): {_summary(errors)}.",
     ]
-    if fitted:
-        fit_text = ", ".join(f"{g} {v:.3f} (on {CALIBRATION[g]})" for g, v in sorted(stacks.items()))
+    if pooled:
         lines.append(
-            f"matmul_stack fitted on one published run per generation ({fit_text}), the other "
-            f"{len(fitted)} runs: median |error| {_median(fitted):.1f}%, {sum(e <= 10 for e in fitted)} within 10%, "
-            f"{sum(e > 25 for e in fitted)} over 25%."
+            "The medians of the runs' fits here: "
+            + ", ".join(f"{g} {v:.3f}" for g, v in sorted(pooled.items()))
+            + (f" (BY_GENERATION differs for {', '.join(stale)}: update it)." if stale else " (BY_GENERATION's).")
+        )
+    fitted = [(run, results[run.name]["fit"]) for run in runs if "fit" in results[run.name]]
+    for gen in sorted({_generation(run) for run, _ in fitted}):
+        lines.append(
+            f"Fits on {gen}: "
+            + ", ".join(
+                f"{run.name} {stack:.3f}" + (f" (leaves {left:+.1f}%: not pooled)" if abs(left) > UNMATCHED_PCT else "")
+                for run, (stack, left) in fitted
+                if _generation(run) == gen
+            )
+            + "."
+        )
+    if loo:
+        lines.append(
+            "Leave-one-out, each run at the median of the other runs' fits of its generation: " + _summary(loo) + "."
+        )
+    if loo_source:
+        lines.append(
+            "Leave-one-source-out, each run at the median of the fits of its generation's runs from other sources: "
+            + _summary(loo_source)
+            + "."
         )
     return "\n".join(lines), _median(errors)
 

@@ -142,10 +142,11 @@ def trace(path, cfg, world, batch, checkpoint=False):
     return simulate(path, world, cfg, batch, checkpoint, build=Llama, blocks="layers")
 
 
-def tensor_parallel(block, mesh):
-    """Megatron-LM's tensor parallelism of a Block over `mesh` (torchtitan's layout without sequence parallelism):
-    wq, wk, wv and w1, w3 split by columns, wo and w2 by rows, each rank with n_heads / T query heads and
-    n_kv_heads / T key-value heads."""
+def tensor_parallel(block, mesh, sequence_parallel=False):
+    """Megatron-LM's tensor parallelism of a Block over `mesh` (torchtitan's layout): wq, wk, wv and w1, w3 split
+    by columns, wo and w2 by rows, each rank with n_heads / T query heads and n_kv_heads / T key-value heads;
+    with `sequence_parallel` the norms and the residual stream split by sequence (simulate.sequence_styles)."""
+    from simulate import sequence_styles
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
     attn, t = block.attention, mesh.size()
@@ -153,8 +154,27 @@ def tensor_parallel(block, mesh):
         raise ValueError(f"tensor_parallel: tp {t} must divide the {attn.heads} heads and {attn.kv_heads} KV heads")
     styles = {f"attention.{w}": ColwiseParallel() for w in ("wq", "wk", "wv")} | {"attention.wo": RowwiseParallel()}
     styles |= {"feed_forward.w1": ColwiseParallel(), "feed_forward.w3": ColwiseParallel()}
-    parallelize_module(block, mesh, styles | {"feed_forward.w2": RowwiseParallel()})
+    styles |= {"feed_forward.w2": RowwiseParallel()}
+    if sequence_parallel:
+        norms, inputs = ("attention_norm", "ffn_norm"), {"attention": 2, "feed_forward": 0}
+        styles |= sequence_styles(norms, inputs, ("attention.wo", "feed_forward.w2"))
+    parallelize_module(block, mesh, styles)
     attn.heads, attn.kv_heads = attn.heads // t, attn.kv_heads // t
+
+
+def vocabulary_parallel(model, mesh):
+    """torchtitan's ends of a Llama under sequence parallelism over `mesh`: the token embedding split by
+    vocabulary, its output reduce-scattered by sequence; the final norm sequence-parallel; the output head split
+    by vocabulary with its logits left split for loss_parallel."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, SequenceParallel, parallelize_module
+
+    styles = {
+        "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
+        "norm": SequenceParallel(),
+        "output": ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1), use_local_output=False),
+    }
+    parallelize_module(model, mesh, styles)
 
 
 def default_out(args):

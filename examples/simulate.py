@@ -13,6 +13,11 @@ ranks; in each block the attention's qkv and the MLP's fc are column-parallel an
 output projections row-parallel (torch.distributed.tensor.parallel, Megatron-LM's layout: one
 all-reduce of the activations after each row-parallel projection in the forward, one after
 each column-parallel one in the backward), and FSDP2 shards over the data-parallel ranks.
+With sequence parallelism (the default with --tp, as torchtitan and Megatron-LM run it;
+`--no-sequence-parallel` leaves it out) the residual stream between the projections is split
+by sequence over the TP ranks (SequenceParallel on the norms: each all-reduce becomes a
+reduce-scatter and an all-gather), the token embedding is split by vocabulary and the output
+head by vocabulary too, its loss computed on the split logits (torch's loss_parallel).
 """
 
 import argparse
@@ -40,11 +45,15 @@ def simulate(
     blocks="blocks",
     tp=1,
     parallelize=None,
+    sequence_parallel=True,
+    parallelize_ends=None,
 ):
     """Trace `steps` AdamW steps of rank 0 of a `world`-rank FSDP2 job (one unit per block) of
     `build(cfg)`, a model whose attribute `blocks` lists its blocks and which takes (tokens, targets).
-    `tp` > 1: tensor parallelism of that degree, applied to each block by `parallelize(block, tp_mesh)`
-    (default `tensor_parallel`, for examples/gpt.py's Block)."""
+    `tp` > 1: tensor parallelism of that degree, applied to each block by
+    `parallelize(block, tp_mesh, sequence_parallel)` (default `tensor_parallel`, for examples/gpt.py's Block)
+    and, with `sequence_parallel`, to the embedding, final norm and head by `parallelize_ends(model, tp_mesh)`
+    (default `vocabulary_parallel`, for examples/gpt.py's GPT); the loss then runs under loss_parallel."""
     from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -57,12 +66,15 @@ def simulate(
         # made outside FakeTensorMode: the mesh reads real rank lists
         mesh = init_device_mesh("cpu", (world // tp, tp), mesh_dim_names=("dp", "tp")) if tp > 1 else None
         dp = mesh["dp"] if tp > 1 else init_device_mesh("cpu", (world,))
+        split = tp > 1 and sequence_parallel
         with FakeTensorMode():
             model = build(cfg)
             policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
+            if split:
+                (parallelize_ends or vocabulary_parallel)(model, mesh["tp"])
             for block in getattr(model, blocks):
                 if tp > 1:
-                    (parallelize or tensor_parallel)(block, mesh["tp"])
+                    (parallelize or tensor_parallel)(block, mesh["tp"], sequence_parallel)
                 if checkpoint:
                     block.forward = _checkpointed(block.forward)
                 # FSDP2 joins the data- and tensor-parallel meshes of a DTensor parameter into one
@@ -70,13 +82,15 @@ def simulate(
                 # sharding runs with the mode set aside (the parameters stay fake; no tensor is allocated)
                 with unset_fake_temporarily() if tp > 1 else contextlib.nullcontext():
                     fully_shard(block, mesh=dp, mp_policy=policy)
-            fully_shard(model, mesh=dp, mp_policy=policy)
+            with unset_fake_temporarily() if split else contextlib.nullcontext():
+                fully_shard(model, mesh=dp, mp_policy=policy)
             opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
             g = torch.Generator().manual_seed(0)
             idx = torch.randint(0, cfg.vocab_size, (batch, cfg.seq_len), generator=g)
             with Tracer(path, model=model, tokens=batch * cfg.seq_len):
                 for _ in range(steps):
-                    model(idx, idx).backward()
+                    with _loss_parallel() if split else contextlib.nullcontext():
+                        model(idx, idx).backward()
                     opt.step()
                     opt.zero_grad()
     finally:
@@ -84,19 +98,72 @@ def simulate(
     return path
 
 
-def tensor_parallel(block, mesh):
+def _loss_parallel():
+    from torch.distributed.tensor.parallel import loss_parallel
+
+    return loss_parallel()
+
+
+def sequence_styles(norms, inputs, rows):
+    """The sequence-parallel additions to a block's TP plan (torchtitan's layout): SequenceParallel on each of
+    `norms`, each of `inputs` (a module taking the residual stream first, then `inputs[name]` other arguments)
+    gathering it by sequence, each row-parallel projection of `rows` reduce-scattering by sequence."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import PrepareModuleInput, RowwiseParallel, SequenceParallel
+
+    styles = {name: SequenceParallel() for name in norms}
+    for name, extra in inputs.items():
+        styles[name] = PrepareModuleInput(
+            input_layouts=(Shard(1),) + (None,) * extra, desired_input_layouts=(Replicate(),) + (None,) * extra
+        )
+    return styles | {name: RowwiseParallel(output_layouts=Shard(1)) for name in rows}
+
+
+def tensor_parallel(block, mesh, sequence_parallel=False):
     """Megatron-LM's tensor parallelism of an examples/gpt.py Block over `mesh`: qkv and fc split by
-    columns (output features), the projections by rows, each rank with n_head / T heads. NB: the fused
+    columns (output features), the projections by rows, each rank with n_head / T heads; with
+    `sequence_parallel` the norms and the residual stream split by sequence (sequence_styles). NB: the fused
     qkv weight is split in T contiguous row ranges, not q, k and v each (a real run splits each): the
     shapes, FLOPs and bytes are the same."""
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
     styles = {"attn.qkv": ColwiseParallel(), "attn.proj": RowwiseParallel()}
     styles |= {"mlp.fc": ColwiseParallel(), "mlp.proj": RowwiseParallel()}
+    if sequence_parallel:
+        styles |= sequence_styles(("ln1", "ln2"), {"attn": 0, "mlp": 0}, ("attn.proj", "mlp.proj"))
     if block.attn.n_head % mesh.size():
         raise ValueError(f"simulate: tp {mesh.size()} must divide the {block.attn.n_head} heads")
     parallelize_module(block, mesh, styles)
     block.attn.n_head //= mesh.size()
+
+
+def vocabulary_parallel(model, mesh):
+    """Megatron-LM's ends of an examples/gpt.py GPT under sequence parallelism over `mesh`: the token embedding
+    split by vocabulary (its output all-reduced, the positions' added, then each rank keeps its 1/T of the
+    sequence: Megatron-LM's scatter to the sequence-parallel region), the final norm sequence-parallel, the
+    head split by vocabulary with its logits left split for loss_parallel; a tied head shares the embedding's
+    shard."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleInput,
+        RowwiseParallel,
+        SequenceParallel,
+        parallelize_module,
+    )
+
+    tied = model.lm_head.weight is model.wte.weight
+    styles = {
+        "wte": RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate()),
+        "blocks.0": PrepareModuleInput(
+            input_layouts=(Replicate(),), desired_input_layouts=(Shard(1),), use_local_output=True
+        ),
+        "ln_f": SequenceParallel(),
+        "lm_head": ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1), use_local_output=False),
+    }
+    parallelize_module(model, mesh, styles)
+    if tied:
+        model.lm_head.weight = model.wte.weight
 
 
 def _checkpointed(forward):
@@ -113,6 +180,7 @@ def default_out(parser, args):
     parts = [
         f"{tag}{getattr(args, name)}" for name, tag in short.items() if getattr(args, name) != parser.get_default(name)
     ]
+    parts += ["nosp"] if args.tp > 1 and not getattr(args, "sequence_parallel", True) else []
     return f"runs/{'-'.join(['simulate', *parts, *(['ck'] if args.checkpoint else [])])}.parquet"
 
 
@@ -127,6 +195,12 @@ def main(argv=None):
     parser.add_argument("--batch", type=int, default=1, help="sequences per rank and step")
     parser.add_argument("--vocab", type=int, default=32000)
     parser.add_argument("--checkpoint", action="store_true", help="activation checkpointing of every block")
+    parser.add_argument(
+        "--no-sequence-parallel",
+        dest="sequence_parallel",
+        action="store_false",
+        help="with --tp: no sequence parallelism, the embedding and head replicated (default: split)",
+    )
     parser.add_argument(
         "--out",
         help="trace directory (default: runs/simulate.parquet, with the options that differ "
@@ -146,7 +220,9 @@ def main(argv=None):
         attention="sdpa",
     )
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    simulate(args.out, args.world, cfg, args.batch, args.checkpoint, tp=args.tp)
+    simulate(
+        args.out, args.world, cfg, args.batch, args.checkpoint, tp=args.tp, sequence_parallel=args.sequence_parallel
+    )
     return optrace(["report", args.out])
 
 

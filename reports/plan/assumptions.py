@@ -4,7 +4,8 @@
   matmul_efficiency     0.80      [0.01, 1]    share of the dense peak a matmul or convolution reaches, where
                                                reports.plan.efficiency has no table (given: every matmul)
   attention_efficiency  0.35      [0.01, 1]    share of the dense peak a fused attention kernel reaches, ditto
-  matmul_stack          1.0       [0.01, 2]    the training stack's factor on the GEMM sweep's efficiency
+  matmul_stack          1.0       [0.01, 2]    the training stack's factor on the GEMM sweep's efficiency; on an
+                                               A100 0.776 and a Hopper 0.673, fitted on published runs (BY_GENERATION)
   attention_stack       1.0       [0.01, 2]    the training stack's factor on the attention kernels' table
   vector_efficiency     0.80      [0.01, 1]    share of the float32 (vector) peak other compute-bound ops reach
   memory_efficiency     0.80      [0.01, 1]    share of the datasheet HBM bandwidth memory-bound ops reach
@@ -33,7 +34,7 @@ from collections.abc import Mapping
 
 from reports.errors import ReportError
 
-__all__ = ["DEFAULTS", "MIN_EFFICIENCY", "RANGES", "SOURCES", "UNITS", "resolve"]
+__all__ = ["BY_GENERATION", "DEFAULTS", "MIN_EFFICIENCY", "RANGES", "SOURCES", "UNITS", "resolve"]
 
 DEFAULTS = {
     "matmul_efficiency": 0.80,
@@ -91,7 +92,8 @@ SOURCES = {
         "reports.plan.efficiency has no table for the target and kernel"
     ),
     "matmul_stack": (
-        "1: the matmuls run as fast as the published GEMM sweep measured them (reports.plan.efficiency); a "
+        "1 where no published runs fit it (BY_GENERATION holds A100's and Hopper's): the matmuls run as fast as "
+        "the published GEMM sweep measured them (reports.plan.efficiency); a "
         "training stack that reaches less (clock under a power limit, kernels cuBLAS's heuristics pick badly, "
         "interference from overlapped communication) is below 1. `--calibrate MEASURED` fits it from a trace "
         "measured on the target; range 0.01-2"
@@ -137,6 +139,39 @@ SOURCES = {
 }
 
 
+# defaults that are a property of a GPU generation and its training stacks (reports.plan.efficiency's generations):
+# {name: {generation: (value, source)}}, in place of DEFAULTS[name] on a target of that generation
+_FITTED = (
+    "the median of the matmul_stack that matches each published run of the generation in "
+    "benchmarks/plan_validation.py (reports.plan.calibration stack_step, pooled), as of 2026-12-05: {runs}. "
+    "What it stands for is not measured apart: GEMMs in a training step share the power limit with HBM and "
+    "NVLink traffic and their SMs with NCCL's kernels, which the sweep's GEMMs alone did not (a GEMM on random "
+    "data is already power-limited: 257 against 295 TFLOP/s on zeros on an A100, Horace He, 'Strangely, Matrix "
+    "Multiplications on GPUs Run Faster When Given Predictable Data!', thonking.ai, 2024); no published figure "
+    "of the clocks a training step sustains was found. Judged leave-one-out in docs/planning.md"
+)
+BY_GENERATION = {
+    "matmul_stack": {
+        "hopper": (
+            0.673,
+            _FITTED.format(
+                runs="7 runs of 2 sources: llm-foundry's MPT 1b 0.673, 3b 0.597, 7b 0.730, 13b 0.726, 30b 0.762 "
+                "(H100 SXM, 700 W); torchtitan's Llama 3.1 8B 0.554 and 405B 0.560 (H100 96 GB at 500 W)"
+            ),
+        ),
+        "ampere": (
+            0.776,
+            _FITTED.format(
+                runs="11 runs of 3 sources: llm-foundry's MPT 125m 0.704, 1b 0.821, 3b 0.728, 7b 0.862, 13b 0.905, "
+                "30b 0.951; torchtitan's Llama 3 8B 0.746, 70B 0.776; fms-fsdp's Llama 2 7b 0.731, 13b 0.649, "
+                "70b 0.820 (A100 80GB SXM; Megatron-LM's 1T run is left out: no stack in range matches it, its "
+                "error is its slowest pipeline stage's)"
+            ),
+        ),
+    },
+}
+
+
 def _interval(name):
     low, high, closed = RANGES[name]
     unit = UNITS.get(name, "")
@@ -144,12 +179,14 @@ def _interval(name):
     return f"{'[' if closed else '('}{low:g}, {high}]" + (f" {unit}" if unit else "")
 
 
-def resolve(overrides=None):
-    """{name: (value, source)}: DEFAULTS with `overrides` ({name: number}) applied, their source "given".
+def resolve(overrides=None, generation=None):
+    """{name: (value, source)}: DEFAULTS (BY_GENERATION's where it has `generation`, the target's generation in
+    reports.plan.efficiency) with `overrides` ({name: number}) applied, their source "given".
 
     An unknown name, or a value that is not a number in its RANGES (inf and nan never are), is a
     ReportError naming it, the value and the range; overrides that are not a dict, one naming that."""
     table = {name: (value, SOURCES[name]) for name, value in DEFAULTS.items()}
+    table.update({name: by[generation] for name, by in BY_GENERATION.items() if generation in by})
     if overrides is not None and not isinstance(overrides, Mapping):
         raise ReportError(
             f"plan: assumptions must be a dict {{name: number}}, got a {type(overrides).__name__}: {overrides!r:.80}"

@@ -15,15 +15,24 @@ A figure the measured step has no op for stays as assumed. The fitted values rep
 plan of TRACE, under the source "calibrated on MEASURED: ..."; an assumption given with --assume wins
 over its calibration. `changes` lists, per fitted figure, the value before and after, with the matmuls'
 and attention's efficiency on MEASURED's own ops (what they reach together) before and after.
+
+Without a measured trace, the matmul_stack of a published run is fitted from its published step
+(`stack_step`, the fixed point that scales only the matmul-bound time), and the default of a generation
+is the median of its published runs' fits (`pooled`); `leave_one_out` gives each run the median of the
+others' fits, of its generation (by="generation") or, stricter, of its generation's other sources
+(by="source"): benchmarks/plan_validation.py judges the defaults on those.
 """
+
+import math
 
 import numpy as np
 
 from reports.loading.load import require
+from reports.plan.assumptions import RANGES
 from reports.plan.ops import CLASSES, STACKS, calibrate, price
 from reports.plan.plan import measured_step
 
-__all__ = ["fit"]
+__all__ = ["fit", "leave_one_out", "pooled", "stack_step"]
 
 
 def _reach(p, eff, c):
@@ -76,3 +85,47 @@ def fit(measured, gpu, assumptions=None):
             {"name": "note", "old": None, "new": None, "source": f"fitted on {where}, the first of its runs"}
         )
     return fitted, changes
+
+
+def stack_step(stack, matmul_s, step_s, published_step_s):
+    """One step of the matmul_stack fit of a published run: a plan at `stack` takes `step_s` a step, `matmul_s` of
+    it matmul-bound; only that time scales with the stack, so the published step needs it at matmul_s + published
+    - step and the stack at stack x matmul_s / that. Clamped to the assumption's range (reports.plan.assumptions
+    RANGES); a published step the other terms already exceed gives the range's top."""
+    low, high, _ = RANGES["matmul_stack"]
+    needed = matmul_s + published_step_s - step_s
+    return min(max(stack * matmul_s / needed, low), high) if needed > 0 else high
+
+
+def _median(values):
+    values = sorted(values)
+    n = len(values)
+    return (values[(n - 1) // 2] + values[n // 2]) / 2 if n else math.nan
+
+
+def pooled(fits):
+    """{generation: the median of its runs' fitted stacks} of `fits` ({run: {"generation", "source", "stack"}})."""
+    out = {}
+    for f in fits.values():
+        out.setdefault(f["generation"], []).append(f["stack"])
+    return {g: _median(v) for g, v in out.items()}
+
+
+def leave_one_out(fits, by="generation", runs=None):
+    """{run: (stack, how many fits it is the median of)} for each of `runs` ({run: {"generation", "source"}};
+    default `fits`' own) from `fits` ({run: {"generation", "source", "stack"}}): the median of the fits of the
+    other runs of its generation (by="generation") or of its generation's runs from other sources (by="source");
+    nan where there are none. A run outside `fits` (one whose fit is not pooled) is left out by being absent."""
+    if by not in ("generation", "source"):
+        raise ValueError(f"leave_one_out: by must be 'generation' or 'source', got {by!r}")
+    out = {}
+    for name, f in (fits if runs is None else runs).items():
+        others = [
+            o["stack"]
+            for other, o in fits.items()
+            if other != name
+            and o["generation"] == f["generation"]
+            and (by == "generation" or o["source"] != f["source"])
+        ]
+        out[name] = (_median(others), len(others))
+    return out

@@ -168,9 +168,8 @@ def plan(
             raise ReportError(f"plan: {name} must be an int >= 1, got {value!r}")
     if overlap not in OVERLAPS:
         raise ReportError(f"plan: overlap must be one of {', '.join(OVERLAPS)}, got {overlap!r}")
-    table = assumed.resolve(assumptions)
+    table = assumed.resolve(assumptions, _generation(resolve_gpu(gpu)))  # a bad gpu name fails before any work
     table.update({n: v for n, v in (calibrated or {}).items() if table[n][1] != "given"})
-    resolve_gpu(gpu)  # a bad name fails before any work
     runs, records, details = runs_of(df), [], {}
     for run, rows in split_runs(df):
         if len(rows):
@@ -556,7 +555,7 @@ def measured_step(df, gpu, assumptions=None):
         )
     rows, _ = _steady_step(rows)
     p = roofs(rows, peak_of, bandwidth, 1.0, None, _generation(entry))
-    table = assumed.resolve(assumptions)
+    table = assumed.resolve(assumptions, _generation(entry))
     _tables(p, {n: s for n, (_, s) in table.items()}, entry)
     measured = _measured(rows)
     if not (measured > 0).any():

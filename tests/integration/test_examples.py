@@ -313,6 +313,7 @@ def test_plan_llama_default_path_names_the_run(monkeypatch, tmp_path, argv, out)
         ([], "runs/simulate.parquet"),
         (["--world", "8", "--layers", "2", "--checkpoint"], "runs/simulate-w8-l2-ck.parquet"),
         (["--world", "16", "--tp", "8"], "runs/simulate-w16-tp8.parquet"),
+        (["--world", "16", "--tp", "8", "--no-sequence-parallel"], "runs/simulate-w16-tp8-nosp.parquet"),
         (
             ["--d-model", "256", "--heads", "4", "--seq", "128", "--batch", "2", "--vocab", "1000"],
             "runs/simulate-d256-h4-s128-b2-v1000.parquet",

@@ -42,11 +42,12 @@ def test_a_plan_that_fits_answers_in_25_lines(linear, capsys):
         "optrace plan: t on H100 SXM (8 per node), world size 1, micro-batch 1024 (traced 1024)",
         # required 2,291,767,710 bytes = 2.13 GiB; headroom 83,607,578,210 = 77.87 GiB (test_plan.test_cli)
         "Fits: needs 2.13 GiB of 80.00 GiB per rank, 77.87 GiB spare; micro-batch up to 931504 fits",
-        # 1,511,828,488,192 FLOPs / (989.4e12 x 0.6917, the GEMM sweep's at these shapes: test_plan.test_cli)
-        # = 2.21 ms compute-bound, + memory-bound and launches
-        "Step time         2.25 ms: compute 2.25 ms + exposed communication 0 s (of 0 s)",
-        "Tokens/s per GPU  454 k",  # 1,024 tokens / 2.25 ms
-        "MFU               67.8% of 989 TFLOP/s (1.51 TFLOP per step)",
+        # 1,511,828,488,192 FLOPs / (989.4e12 x 0.6917, the GEMM sweep's at these shapes: test_plan.test_cli,
+        # x 0.673, Hopper's matmul_stack: reports.plan.assumptions BY_GENERATION) = 3.28 ms compute-bound, + 6 us
+        # memory-bound and 39 us of launches
+        "Step time         3.33 ms: compute 3.33 ms + exposed communication 0 s (of 0 s)",
+        "Tokens/s per GPU  308 k",  # 1,024 tokens / 3.33 ms
+        "MFU               45.9% of 989 TFLOP/s (1.51 TFLOP per step)",  # 1.5118e12 / (3.3278e-3 x 989.4e12)
     ]
     # one unit of memory: GiB (it mixed "1 GiB" with "1.074e+09 bytes")
     assert "  CUDA context    1.00 GiB" in lines and "bytes" not in out and "MiB" not in out
@@ -58,7 +59,8 @@ def test_assumptions_print_with_their_sources_on_request(linear, capsys):
     out = _plan(capsys, linear, "--gpu", "H100", "--assumptions")
     lines = out.splitlines()
     at = lines.index("Assumptions")
-    assert lines[at + 1] == "  matmul_efficiency        0.6917" and "GEMM sweep" in " ".join(lines[at + 2 : at + 5])
+    # the sweep's 0.6917 at these shapes x Hopper's matmul_stack 0.673 = 0.4655
+    assert lines[at + 1] == "  matmul_efficiency        0.4655" and "GEMM sweep" in " ".join(lines[at + 2 : at + 5])
     assert "  cuda_context_bytes       1.00 GiB" in lines  # 1,073,741,824 bytes (it printed 1.074e+09 bytes)
     assert "  device_memory_bytes      80.00 GiB" in lines and "  launch_s                 3 us" in lines
     assert "What every plan rests on" in lines and max(map(len, lines)) <= 100
@@ -75,8 +77,9 @@ def test_a_plan_that_does_not_fit_gives_its_shortfall_and_smallest_change(linear
     assert "Step time         not shown: the plan does not fit (--anyway prints it)" in lines
     assert not [line for line in lines if line.startswith(("Tokens/s", "MFU", "Compute per step"))]
     anyway = _plan(capsys, linear, "--gpu", "H100", "--micro-batch", "1000000", "--anyway")
-    # at 1,000,000 / 1,024 = 977x the FLOPs every GEMM's k passes the sweep's 4096: 4096^3's 0.7917, 1.93 s
-    assert "Step time         1.96 s: compute 1.96 s + exposed communication 0 s (of 0 s)" in anyway.splitlines()
+    # at 1,000,000 / 1,024 = 977x the FLOPs every GEMM's k passes the sweep's 4096: 4096^3's 0.7917 x Hopper's
+    # matmul_stack 0.673, 2.90 s (1.95 s at the sweep's own figure / 0.673), + 6 ms memory-bound
+    assert "Step time         2.91 s: compute 2.91 s + exposed communication 0 s (of 0 s)" in anyway.splitlines()
 
 
 def test_json_keeps_its_keys_and_adds_the_verdict_in_integer_bytes(linear, capsys):

@@ -201,6 +201,17 @@ def test_the_ends_of_each_range_are_accepted():
     assert table["launch_s"] == (1.0, "given") and table["cuda_context_bytes"] == (2.0**50, "given")
 
 
+def test_the_matmul_stack_defaults_to_its_generations_fit():
+    from reports.plan.assumptions import resolve
+
+    # fitted on published runs (reports.plan.assumptions BY_GENERATION): Hopper 0.673, A100 0.776; 1 elsewhere
+    assert resolve(generation="hopper")["matmul_stack"][0] == 0.673
+    assert resolve(generation="ampere")["matmul_stack"][0] == 0.776
+    assert resolve()["matmul_stack"][0] == 1.0 and resolve(generation="blackwell")["matmul_stack"][0] == 1.0
+    assert "published run" in resolve(generation="hopper")["matmul_stack"][1]
+    assert resolve({"matmul_stack": 1}, generation="hopper")["matmul_stack"] == (1.0, "given")
+
+
 def test_cli_refuses_an_infinite_assumption_in_one_line(tmp_path, capsys):
     from reports.output.cli import main
 

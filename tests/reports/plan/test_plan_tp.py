@@ -27,13 +27,16 @@ ROOT_UNSHARDED = 34_880 * 2  # 69,760
 BLOCK_UNSHARDED = 24_704 * 2  # 49,408
 
 
-def _trace(path, world, tp, seq, batch, steps, d=64, heads=4, vocab=256):
+def _trace(path, world, tp, seq, batch, steps, d=64, heads=4, vocab=256, layers=2, sp=False, checkpoint=False):
+    """simulate's trace of examples/gpt.py; `sp`: with sequence parallelism and vocabulary-parallel ends (this
+    module's closed forms are of the layout without: `sp` False)."""
     sys.path.insert(0, str(helpers.EXAMPLES))
     from gpt import GPTConfig
     from simulate import simulate
 
-    cfg = GPTConfig(vocab_size=vocab, seq_len=seq, n_layer=2, n_head=heads, d_model=d, bias=False, attention="sdpa")
-    return reports.load(simulate(str(path), world, cfg, batch, steps=steps, tp=tp))
+    fields = dict(vocab_size=vocab, seq_len=seq, n_layer=layers, n_head=heads, d_model=d)
+    cfg = GPTConfig(**fields, bias=False, attention="sdpa")
+    return reports.load(simulate(str(path), world, cfg, batch, checkpoint, steps=steps, tp=tp, sequence_parallel=sp))
 
 
 @pytest.fixture(scope="module")
@@ -106,3 +109,22 @@ def test_a_pipeline_s_tokens_per_gpu_divide_by_the_tp_degree_too(tp2):
     row = reports.plan(tp2, "H100", pp=2, micro_batches=4).iloc[0]
     assert (row["tp"], row["tokens_per_step"]) == (2, 256)  # 4 micro-batches x 2 sequences x 32 tokens
     assert row["tokens_per_s_per_gpu"] * row["step_time_s"] == pytest.approx(64, rel=1e-12)  # 256 / (2 x 2)
+
+
+def _forward_end_activations(df):
+    """Activation bytes live at the last op of step 0's forward (reports.timeline)."""
+    t = reports.timeline(df)
+    return int(t[(t["step"] == 0) & (t["phase"] == "forward")]["activations_bytes"].iloc[-1])
+
+
+def test_sequence_parallelism_keeps_a_tp_share_of_each_checkpointed_block_input(tmp_path):
+    # every block checkpointed: a block keeps its input alone, [batch 2, seq 32, d 64] bf16 = 2 x 32 x 64 x 2 =
+    # 8,192 bytes without sequence parallelism; with it each of the TP 2 ranks keeps its half of the sequence:
+    # 8,192 / 2 = 4,096. One block more (3 against 2) adds exactly that at the forward's end.
+    two, three = (
+        _forward_end_activations(
+            _trace(tmp_path / f"sp{n}", world=4, tp=2, seq=32, batch=2, steps=1, layers=n, sp=True, checkpoint=True)
+        )
+        for n in (2, 3)
+    )
+    assert three - two == 2 * 32 * 64 * 2 // 2 == 4_096
