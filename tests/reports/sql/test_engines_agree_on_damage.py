@@ -22,13 +22,15 @@ def trace(template, tmp_path):
     return shutil.copytree(template, tmp_path / "t")
 
 
+def _one(capsys, engine, *argv):
+    """(exit code, stdout, stderr) of `optrace argv --engine engine`."""
+    rc = main([str(a) for a in argv] + ["--engine", engine])
+    return (rc, *capsys.readouterr())
+
+
 def _both(capsys, *argv):
     """{engine: (exit code, stdout, stderr)} of `optrace argv --engine engine`."""
-    got = {}
-    for engine in ("pandas", "sql"):
-        rc = main([str(a) for a in argv] + ["--engine", engine])
-        got[engine] = (rc, *capsys.readouterr())
-    return got
+    return {engine: _one(capsys, engine, *argv) for engine in ("pandas", "sql")}
 
 
 def _same_report(capsys, path):
