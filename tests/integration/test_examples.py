@@ -197,45 +197,15 @@ def test_example_script_runs(scripts_run, script, expected):
     assert (cwd / script / "runs" / script.replace(".py", ".parquet")).is_dir()
 
 
-# The 4 scripts of test_example_script_runs in one child process (one torch import, not one per script: 5 CPU-s less),
-# each as `python examples/<script>` runs it: as __main__ with no arguments, its folder first on sys.path, from an
-# empty directory of its own named as the script; what it printed, its exit status or exception. simulate.py last:
-# its fake process group is the process's from then on.
+# The 4 scripts of test_example_script_runs in one child process (one torch import, not one per script: 5 CPU-s less);
+# simulate.py last: its fake process group is the process's from then on.
 SCRIPTS = ("linear.py", "tensors.py", "gpt.py", "simulate.py")
-RUN_ALL = """
-import contextlib, io, json, os, runpy, sys, traceback
-results, base = {}, os.getcwd()
-for script in sys.argv[1:]:
-    name = os.path.basename(script)
-    os.mkdir(os.path.join(base, name))
-    os.chdir(os.path.join(base, name))
-    out, err = io.StringIO(), io.StringIO()
-    sys.argv, sys.path[0] = [script], os.path.dirname(script)
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            runpy.run_path(script, run_name="__main__")
-            code = 0
-        except SystemExit as exc:
-            code = exc.code or 0
-        except BaseException:
-            code = traceback.format_exc()
-    results[name] = {"code": code, "stdout": out.getvalue(), "stderr": err.getvalue()[-4000:]}
-print(json.dumps(results))
-"""
 
 
 @pytest.fixture(scope="module")
-def scripts_run(examples_dir, tmp_path_factory):
+def scripts_run(tmp_path_factory):
     cwd = tmp_path_factory.mktemp("scripts")
-    done = subprocess.run(
-        [sys.executable, "-c", RUN_ALL, *(str(examples_dir / name) for name in SCRIPTS)],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    return json.loads(done.stdout.splitlines()[-1]), cwd
+    return helpers.run_examples(cwd, *((name, []) for name in SCRIPTS)), cwd
 
 
 def test_gpt_main_sdpa_bf16(tmp_path, capsys, monkeypatch):
