@@ -1,5 +1,5 @@
 """What the test modules share that is not a fixture: the checkout's paths, a child program's first line, a copy of
-a trace as another rank.
+a trace as another rank, example scripts run in one child.
 
 How tests import each other: `tests/` and each folder under it is a package (an empty `__init__.py`), so pytest
 (its default `prepend` import mode) puts the checkout's root on `sys.path` and names every test module by its
@@ -53,3 +53,45 @@ def unwrapped(text):
     """`text` with every run of whitespace made one space: a report's prose, wrapped to the width
     (reports.output.report_text), read as one line."""
     return " ".join(text.split())
+
+
+# Example scripts run one after another in one child Python (one import of torch, tracer and reports, not one per
+# script), each as `python examples/<script> ARGS` runs it: as __main__, its folder first on sys.path, from an empty
+# directory of its own named as the script; what it printed, its exit status (0 when it returned) or the traceback of
+# what it raised.
+_RUN_SCRIPTS = """
+import contextlib, io, json, os, runpy, sys, traceback
+results, base = {}, os.getcwd()
+for script, args in json.loads(sys.argv[1]):
+    name = os.path.basename(script)
+    os.mkdir(os.path.join(base, name))
+    os.chdir(os.path.join(base, name))
+    out, err = io.StringIO(), io.StringIO()
+    sys.argv, sys.path[0] = [script, *args], os.path.dirname(script)
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            runpy.run_path(script, run_name="__main__")
+            code = 0
+        except SystemExit as exc:
+            code = exc.code or 0
+        except BaseException:
+            code = traceback.format_exc()
+    results[name] = {"code": code, "stdout": out.getvalue(), "stderr": err.getvalue()[-4000:]}
+print(json.dumps(results))
+"""
+
+
+def run_examples(cwd, *scripts):
+    """Run examples/ scripts, each a (name, [args]), in one child Python from `cwd` (see _RUN_SCRIPTS); later ones
+    find what earlier ones left in the process (a fake process group: put such a script last).
+    Returns {name: {"code", "stdout", "stderr"}}; each ran in cwd/<name>."""
+    import json
+    import subprocess
+    import sys
+
+    runs = [(str(EXAMPLES / name), list(args)) for name, args in scripts]
+    done = subprocess.run(
+        [sys.executable, "-c", _RUN_SCRIPTS, json.dumps(runs)], cwd=cwd, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.splitlines()[-1])

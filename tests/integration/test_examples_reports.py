@@ -1,39 +1,36 @@
 """The report examples as a user runs them: examples/compare_precision.py and examples/matmul_mfu.py.
 
-Both run as subprocesses from an empty directory (the scripts put the checkout on sys.path).
+Both run in one child Python (tests.helpers.run_examples), each from an empty directory (the scripts put the
+checkout on sys.path).
 """
 
 import re
-import subprocess
-import sys
 
 import pytest
 import torch
 
 from reports.compare import compare
 from reports.loading.load import load
+from tests.helpers import run_examples
 
 
-def run_script(examples_dir, cwd, script, *args):
-    done = subprocess.run(
-        [sys.executable, str(examples_dir / script), *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        encoding="utf-8",
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr
-    assert "Traceback" not in done.stderr
-    return done.stdout
+@pytest.fixture(scope="module")
+def scripts(tmp_path_factory):
+    """What compare_precision.py and matmul_mfu.py --size 256 printed, run in one child Python; the directory each
+    ran in is cwd/<script>."""
+    cwd = tmp_path_factory.mktemp("examples")
+    found = run_examples(cwd, ("compare_precision.py", []), ("matmul_mfu.py", ["--size", "256"]))
+    for result in found.values():
+        assert result["code"] == 0 and "Traceback" not in result["stderr"], result
+    return found, cwd
 
 
 # ------------------------------------------------------------------ compare_precision.py
 @pytest.fixture(scope="module")
-def precision(examples_dir, tmp_path_factory):
+def precision(scripts):
     """(stdout, working directory) of one run of compare_precision.py."""
-    cwd = tmp_path_factory.mktemp("precision")
-    return run_script(examples_dir, cwd, "compare_precision.py"), cwd
+    found, cwd = scripts
+    return found["compare_precision.py"]["stdout"], cwd / "compare_precision.py"
 
 
 def test_compare_precision_prints_the_tables(precision):
@@ -70,8 +67,8 @@ def test_compare_precision_traces_by_op(precision):
 
 # ------------------------------------------------------------------ matmul_mfu.py
 @pytest.fixture(scope="module")
-def matmul_out(examples_dir, tmp_path_factory):
-    return run_script(examples_dir, tmp_path_factory.mktemp("matmul"), "matmul_mfu.py", "--size", "256")
+def matmul_out(scripts):
+    return scripts[0]["matmul_mfu.py"]["stdout"]
 
 
 def test_matmul_mfu_flops(matmul_out):

@@ -22,7 +22,17 @@ from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, 
 import reports
 from tracer import Tracer
 
-tf = pytest.importorskip("transformers")
+# transformers, set by `_transformers` before this module's first test; not imported at the top, where every
+# pytest-xdist worker importing the module to collect it paid about 0.7 CPU-s for it, running these tests or not.
+tf = None
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _transformers():
+    """transformers as `tf`; the module's tests skipped when it is not installed."""
+    global tf
+    tf = pytest.importorskip("transformers")
+
 
 B, S, V, T = 2, 16, 128, 32
 KINDS = ("matmul", "attention", "conv")

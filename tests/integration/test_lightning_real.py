@@ -5,17 +5,13 @@ import csv
 import warnings
 
 import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.flop_counter import FlopCounterMode
 
-pl = pytest.importorskip("lightning.pytorch")
-
-import torch  # noqa: E402
-from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
-from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
-
-import reports  # noqa: E402
-import tracer  # noqa: E402
-from tests.tracer.metering.test_meter_steps import Net  # noqa: E402
-from tracer.metering.callbacks import LightningMeter  # noqa: E402
+import reports
+import tracer
+from tests.tracer.metering.test_meter_steps import Net
 
 PEAK = 1e9  # FLOP/s, given: the figures do not depend on this machine's CPU
 
@@ -31,18 +27,33 @@ ACC_FORWARD, ACC_BACKWARD = 2 * FORWARD, 2 * BACKWARD + SGD  # 1,634 and 2,354
 LOUD = dict(accumulate_grad_batches=2, gradient_clip_val=1.0, precision="bf16-mixed", limit_val_batches=2)
 
 
-class Lit(Net, pl.LightningModule):
-    """tests/tracer/metering/test_meter_steps.py's Net (x [2, 8] -> fc1 [8 -> 16] -> relu -> fc2 [16 -> 4], no biases), trained
-    with SGD by Lightning."""
+# lightning.pytorch, the module trained and tracer.metering.callbacks.LightningMeter (whose first use imports
+# Lightning), set by `_lightning` before this module's first test. Not at the top: every pytest-xdist worker imports
+# every test module to collect it, and Lightning (with torch._dynamo) costs about 3 CPU-s to import, which a worker
+# that runs none of these tests then spent for nothing.
+pl = Lit = LightningMeter = None
 
-    def training_step(self, batch, batch_idx):
-        return self(batch[0]).square().sum()
 
-    def validation_step(self, batch, batch_idx):
-        self.log("val_loss", self(batch[0]).square().sum())
+@pytest.fixture(scope="module", autouse=True)
+def _lightning():
+    """lightning.pytorch as `pl` (the module's tests skipped when it is not installed), the `Lit` module and
+    LightningMeter."""
+    global pl, Lit, LightningMeter
+    pl = pytest.importorskip("lightning.pytorch")
+    from tracer.metering.callbacks import LightningMeter
 
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.1)
+    class Lit(Net, pl.LightningModule):
+        """tests/tracer/metering/test_meter_steps.py's Net (x [2, 8] -> fc1 [8 -> 16] -> relu -> fc2 [16 -> 4], no biases),
+        trained with SGD by Lightning."""
+
+        def training_step(self, batch, batch_idx):
+            return self(batch[0]).square().sum()
+
+        def validation_step(self, batch, batch_idx):
+            self.log("val_loss", self(batch[0]).square().sum())
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
 
 
 def _data():

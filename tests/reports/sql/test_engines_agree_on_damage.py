@@ -22,13 +22,15 @@ def trace(template, tmp_path):
     return shutil.copytree(template, tmp_path / "t")
 
 
+def _one(capsys, engine, *argv):
+    """(exit code, stdout, stderr) of `optrace argv --engine engine`."""
+    rc = main([str(a) for a in argv] + ["--engine", engine])
+    return (rc, *capsys.readouterr())
+
+
 def _both(capsys, *argv):
     """{engine: (exit code, stdout, stderr)} of `optrace argv --engine engine`."""
-    got = {}
-    for engine in ("pandas", "sql"):
-        rc = main([str(a) for a in argv] + ["--engine", engine])
-        got[engine] = (rc, *capsys.readouterr())
-    return got
+    return {engine: _one(capsys, engine, *argv) for engine in ("pandas", "sql")}
 
 
 def _same_report(capsys, path):
@@ -253,24 +255,36 @@ def test_a_directory_with_a_backslash_and_a_bracket_gives_the_same_report(templa
     assert got["sql"] == got["pandas"] and got["sql"][0] == 0
 
 
-@pytest.mark.parametrize("narrow", [False, True])
-def test_rank_0s_sections_come_from_run_0_of_the_trace_of_every_rank(template, tmp_path, capsys, monkeypatch, narrow):
+def test_rank_0s_sections_come_from_run_0_of_the_trace_of_every_rank(template, tmp_path, capsys, monkeypatch):
     """The report of a job is rank 0's, and the SQL engine reads it from run 0 of its Trace of every rank
     (Trace.first_run), not from a second Trace of rank 0's files. Rank 1 is another model (the template's MLP, 160
-    rows, where rank 0 has 8): a row of rank 1 in rank 0's sections would show in the text and --json."""
-    from reports.sql import engine, tables
-    from reports.sql.engine import Trace
+    rows, where rank 0 has 8): a row of rank 1 in rank 0's sections would show in the text and --json. The SQL
+    engine both ways it reads the parts (`narrow`) against one run of the pandas reference (which does not read
+    SMALL_PARTS)."""
+    from reports.sql import engine
 
-    monkeypatch.setattr(engine, "SMALL_PARTS", (1, 1 << 40, 1 << 40) if narrow else (1 << 40, 0, 0))
     job = tmp_path / "job"
     _mlp_run(job / "rank=0", "m")  # Linear(4, 2) on 3 rows: forward, backward
     shutil.copytree(template, job / "rank=1")
-    rc, out, err = _same_report(capsys, job)
+    reference = [_one(capsys, "pandas", "report", job, *extra) for extra in (["--full"], ["--json"])]
+    for narrow in (False, True):
+        monkeypatch.setattr(engine, "SMALL_PARTS", (1, 1 << 40, 1 << 40) if narrow else (1 << 40, 0, 0))
+        assert [_one(capsys, "sql", "report", job, *extra) for extra in (["--full"], ["--json"])] == reference
+        _first_run_is_rank_0s(job, narrow)
+    rc, out, err = reference[0]
     head, ranks = out.split("\nRanks (2): per step")
     assert (rc, err) == (0, "") and "m/rank=0  (14 ops, 1 step(s)" in head and "mlp" not in head
     assert (
         "    total   108            144 0.750" in head
     )  # 2 * 3 * 4 * 2 = 48 (addmm) + 6 (sum) forward, 48 (mm) + 6 back
+
+
+def _first_run_is_rank_0s(job, narrow):
+    """Trace.first_run of the job reads rank 0's rows alone, each table as a Trace of rank 0's directory does, and
+    holds its own copy of every table and view of the Trace."""
+    from reports.sql import tables
+    from reports.sql.engine import Trace
+
     every, alone = Trace(job), Trace(job / "rank=0")
     one = every.first_run()
     assert list(one.runs) == ["m/rank=0"] and one.ranks == [0] and not one.several and one.narrow == narrow

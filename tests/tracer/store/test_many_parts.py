@@ -52,18 +52,25 @@ def _report(capsys, path, *flags):
     return capsys.readouterr().out.replace(str(path), "<trace>")
 
 
+@pytest.fixture(scope="module")
+def _interrupted(tmp_path_factory):
+    """The trace of `interrupted`, traced once for the module (each test gets a copy)."""
+    path = tmp_path_factory.mktemp("interrupted") / "both"
+    remove = os.remove
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        monkeypatch.setattr(
+            writer.os, "remove", lambda file, **at: os.path.basename(file).startswith("part-") or remove(file, **at)
+        )  # parts stay
+        _train(path)
+    return path
+
+
 @pytest.fixture
-def interrupted(tmp_path, monkeypatch):
+def interrupted(_interrupted, tmp_path):
     """A trace whose merges stopped after each merged part was renamed into place: the part merged
     during the run (parts 0-63), the one merged at close and every small part, as a process killed
-    there leaves them. Returns (path, parts)."""
-    path = tmp_path / "both"
-    remove = os.remove
-    monkeypatch.setattr(
-        writer.os, "remove", lambda file, **at: os.path.basename(file).startswith("part-") or remove(file, **at)
-    )  # parts stay
-    _train(path)
-    monkeypatch.undo()
+    there leaves them; a copy of its own in the test's tmp_path. Returns (path, parts)."""
+    path = shutil.copytree(_interrupted, tmp_path / "both")
     names = sorted(os.listdir(path))
     parts = len(names) - 3  # the marker and the two merged parts besides
     assert writer.SmallParts.MIN_PARTS <= parts < 2 * writer.SmallParts.FANOUT  # 1 part per op, then the closing part
