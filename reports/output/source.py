@@ -91,10 +91,10 @@ class Source:
         return modules_arrow(self.sql)
 
     def roofline_with_split(self):
-        """(the roofline by op and dtype, the split by bound per step), from reports.time.roofline's DataFrames."""
-        from reports.time.roofline import roofline_with_split
+        """(the roofline by op and dtype, the split by bound per step): reports.time.roofline's pyarrow Tables."""
+        from reports.time.roofline import roofline_tables
 
-        return tuple(_arrow(frame) for frame in roofline_with_split(self.sql))
+        return roofline_tables(self.sql)
 
     def peak(self):
         """The run's peak row of reports.peak ({run, peak_live_bytes, seq, step, phase, module, op})."""
