@@ -128,14 +128,22 @@ def gpt(tmp_path_factory):
     return str(path)
 
 
-@pytest.mark.parametrize("args", [["report"], ["report", "--full"], ["report", "--json"]], ids=" ".join)
-def test_report_loads_no_pandas(gpt, args):
-    """`python -X importtime -m reports.output.cli report [--full | --json] T` imports no module of pandas, nor
-    pyarrow's pandas shim (pyarrow.pandas_compat, imported with it): every section of the report (--full: explain and
-    the roofline too) is made and printed without it. On main, the first conversion (reports.sql.rowpass's `seq` column to numpy) imported it, and --json's
-    roofline imported it at the top of reports.time.roofline."""
+@pytest.fixture(scope="module")
+def job(tmp_path_factory):
+    """A 2-rank job: a simulated FSDP rank (tests.tracer.distributed.test_job.simulate, a fake process group of 4
+    ranks) and its copy as rank 1."""
+    from tests.tracer.distributed.test_job import simulate
+
+    root = tmp_path_factory.mktemp("no-pandas") / "job"
+    simulate(root, 4)
+    helpers.copy_rank(root / "rank=0", root / "rank=1", 1)
+    return str(root)
+
+
+def _importtime(args):
+    """(the modules `python -X importtime -m reports.output.cli ARGS` imported, its stdout)."""
     done = subprocess.run(
-        [sys.executable, "-X", "importtime", "-m", "reports.output.cli", *args, gpt],
+        [sys.executable, "-X", "importtime", "-m", "reports.output.cli", *args],
         capture_output=True,
         text=True,
         cwd=helpers.ROOT,
@@ -144,13 +152,41 @@ def test_report_loads_no_pandas(gpt, args):
     assert done.returncode == 0, done.stderr[-3000:]
     imported = [line.split("|")[-1].strip() for line in done.stderr.splitlines() if line.startswith("import time:")]
     assert "reports.sql.engine" in imported and "pyarrow" in imported  # the importtime lines are read
-    assert [m for m in imported if m.split(".")[0] == "pandas" or m == "pyarrow.pandas_compat"] == []
+    return imported, done.stdout
+
+
+def _pandas(imported):
+    return [m for m in imported if m.split(".")[0] == "pandas" or m == "pyarrow.pandas_compat"]
+
+
+@pytest.mark.parametrize("args", [["report"], ["report", "--full"], ["report", "--json"]], ids=" ".join)
+def test_report_loads_no_pandas(gpt, args):
+    """`python -X importtime -m reports.output.cli report [--full | --json] T` imports no module of pandas, nor
+    pyarrow's pandas shim (pyarrow.pandas_compat, imported with it): every section of the report (--full: explain and
+    the roofline too) is made and printed without it. On main, the first conversion (reports.sql.rowpass's `seq` column to numpy) imported it, and --json's
+    roofline imported it at the top of reports.time.roofline."""
+    imported, out = _importtime([*args, gpt])
+    assert _pandas(imported) == []
     if args[-1] == "--json":
-        roofline = json.loads(done.stdout)["roofline"]
+        roofline = json.loads(out)["roofline"]
         assert roofline["available"] and roofline["peak_bytes_per_s"] == 1e10  # the roofline's tables were made
     else:
-        assert "Memory: peak" in done.stdout
-        assert ("Roofline, per step" in done.stdout) == (args[-1] == "--full")
+        assert "Memory: peak" in out
+        assert ("Roofline, per step" in out) == (args[-1] == "--full")
+
+
+@pytest.mark.parametrize("args", [["report"], ["report", "--json"]], ids=" ".join)
+def test_report_of_a_job_loads_no_pandas(job, args):
+    """The distributed sections too (reports.distributed.sql_ranks: the job's traffic per step, the ranks side by side
+    and their imbalance): on main, reports.distributed.collectives imported pandas at its top."""
+    imported, out = _importtime([*args, job])
+    assert _pandas(imported) == []
+    if args[-1] == "--json":
+        found = json.loads(out)
+        assert [r["rank"] for r in found["ranks"]] == [0, 1] and found["imbalance"]
+        assert found["distributed"]["world_size"] == 4 and found["distributed"]["collectives"]
+    else:
+        assert "Distributed: rank 0 of world size 4" in out and "Ranks (2 of 4)" in out and "Imbalance" in out
 
 
 def test_the_recorder_sees_an_import():
