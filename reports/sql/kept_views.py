@@ -10,7 +10,7 @@ passes int64 (the view is then scan.py's, over the files). tests/reports/sql/tes
 import numpy as np
 import pyarrow as pa
 
-from reports.arrays import arrow_of, numpy_of, strings
+from reports.arrays import array_of, arrow_of, numpy_of, strings
 from reports.sql.rowpass import Codes
 
 __all__ = ["ModuleOwn", "Peak", "kept_views"]
@@ -75,7 +75,7 @@ class ModuleOwn:
                 "run_index": arrow_of(np.zeros(len(rows), np.int32)),
                 "module": strings([self.module.names[m] for m, _ in rows]),
                 **{
-                    name: arrow_of(np.asarray([found[j] for _, found in rows], dtype=np.int64))
+                    name: array_of([found[j] for _, found in rows], pa.int64())
                     for j, name in enumerate(("ops", "flops", "bytes_allocated", "duration_ns", "first_seq"))
                 },
             }
@@ -107,15 +107,11 @@ class Peak:
     def table(self, run):
         found = [self.top] if self.top is not None else []
         names = ("peak_live_bytes", "seq", "step", "phase", "module", "op")
+        kinds = (pa.int64(), pa.int64(), pa.int64(), pa.string(), pa.string(), pa.string())
         return pa.table(
             {
                 "run": strings([run] * len(found)),
                 "run_index": arrow_of(np.zeros(len(found), np.int32)),
-                **{
-                    n: arrow_of(np.asarray([t[j] for t in found], dtype=np.int64))
-                    if j < 3
-                    else strings([t[j] for t in found])
-                    for j, n in enumerate(names)
-                },
+                **{n: array_of([t[j] for t in found], k) for j, (n, k) in enumerate(zip(names, kinds))},
             }
         )
