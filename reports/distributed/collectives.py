@@ -25,6 +25,7 @@ from reports._util import empty_frame
 from reports.sql.frame import trace_of
 
 __all__ = [
+    "COLLECTIVE_COLUMNS",
     "collective_rows",
     "traffic_records",
     "shape_collectives",
@@ -99,7 +100,7 @@ def traffic(kind, n):
     return {"send": (1.0, 0.0), "recv": (0.0, 1.0)}.get(kind, (0.0, 0.0))
 
 
-_OUT = {
+COLLECTIVE_COLUMNS = {
     "run": object,
     "rank": "int64",
     "collective": object,
@@ -120,7 +121,9 @@ def shape_collectives(out):
     gives the groups from SQL."""
     import pandas as pd
 
-    return pd.DataFrame(collective_rows(out.to_dict("records")), columns=list(_OUT)).astype(_OUT)
+    return pd.DataFrame(collective_rows(out.to_dict("records")), columns=list(COLLECTIVE_COLUMNS)).astype(
+        COLLECTIVE_COLUMNS
+    )
 
 
 def collective_rows(groups):
@@ -140,7 +143,7 @@ def collective_rows(groups):
         for g, d, a, b in zip(groups, duration.tolist(), algbw.tolist(), busbw.tolist())
     ]
     out.sort(key=lambda r: (r["run"], r["rank"], -r["total"]))
-    return [{c: r[c] for c in _OUT} for r in out]
+    return [{c: r[c] for c in COLLECTIVE_COLUMNS} for r in out]
 
 
 _SPLIT = {

@@ -13,6 +13,7 @@ this module holds what they share with the report: the columns, the imbalance of
 """
 
 __all__ = [
+    "IMBALANCE_COLUMNS",
     "PHASE_ORDER",
     "RANK_COLUMNS",
     "imbalance_of",
@@ -41,7 +42,7 @@ RANK_COLUMNS = {
     "compute_s_per_step": "float64",
     "step_time_s": "float64",
 }
-_IMBALANCE = {
+IMBALANCE_COLUMNS = {
     "trace": object,
     "phase": object,
     "ranks": "int64",
@@ -57,7 +58,7 @@ def imbalance_of(per_rank):
     run in load order (reports/distributed/sql_ranks.py gives the same entries from SQL)."""
     import pandas as pd
 
-    return pd.DataFrame(imbalance_records(per_rank), columns=list(_IMBALANCE)).astype(_IMBALANCE)
+    return pd.DataFrame(imbalance_records(per_rank), columns=list(IMBALANCE_COLUMNS)).astype(IMBALANCE_COLUMNS)
 
 
 def imbalance_records(per_rank):

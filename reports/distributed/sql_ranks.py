@@ -19,7 +19,14 @@ import numpy as np
 import pyarrow as pa
 
 from reports.arrays import array_of, numpy_of, values_of
-from reports.distributed.ranks import _IMBALANCE, PHASE_ORDER, RANK_COLUMNS, imbalance_records, job_object, trace_of
+from reports.distributed.ranks import (
+    IMBALANCE_COLUMNS,
+    PHASE_ORDER,
+    RANK_COLUMNS,
+    imbalance_records,
+    job_object,
+    trace_of,
+)
 from reports.sql import frame
 from reports.sql.tables import count_steps, fetch_arrow
 
@@ -136,12 +143,12 @@ def imbalance(rows):
     ops (collectives to their completion, so waiting for a slower rank shows up in the
     waiting rank's collectives); `step` is the wall time of a step. `rows`: as ranks takes them."""
     with frame.trace_of(rows, "imbalance", _COLUMNS, ["rank"]) as trace:
-        return _frame(_imbalance(trace), _IMBALANCE)
+        return _frame(_imbalance(trace), IMBALANCE_COLUMNS)
 
 
 def imbalance_table(trace):
     """imbalance of a Trace as a pyarrow Table (the report's)."""
-    return _table(_imbalance(trace), _IMBALANCE)
+    return _table(_imbalance(trace), IMBALANCE_COLUMNS)
 
 
 def _imbalance(trace):
@@ -177,10 +184,10 @@ def collectives(rows, run_indices=None):
     calls: how many there were; duration_s: their mean time; algbw and busbw from the
     mean time (see reports.distributed.collectives). Sorted by run, rank, then total time, largest first.
     `rows`: a Trace, a loaded frame or an Arrow table (ranks.sql's view collective_calls over its rows)."""
-    from reports.distributed.collectives import _OUT
+    from reports.distributed.collectives import COLLECTIVE_COLUMNS
 
     with frame.trace_of(rows, "collectives", _CALL_COLUMNS, ["rank"]) as trace:
-        return _frame(_collectives(trace, run_indices), _OUT)
+        return _frame(_collectives(trace, run_indices), COLLECTIVE_COLUMNS)
 
 
 _CALL_COLUMNS = ("step", "op", "comm_bytes", "group_size", "process_group", "duration_ns")  # and `run`, for a frame
@@ -211,9 +218,9 @@ def _collectives(trace, run_indices):
 def lowest_rank_collectives(trace):
     """collectives of the lowest rank that ran any (what the report's rank section prints) as a pyarrow Table,
     reading only its runs' collective rows: which runs ran collectives comes from rank_step_phase's counts."""
-    from reports.distributed.collectives import _OUT
+    from reports.distributed.collectives import COLLECTIVE_COLUMNS
 
     totals, _, _ = _per_rank(trace)
     with_comm = sorted({int(r["run_index"]) for r in totals if r["comm_ops"] > 0})
     low = min((_rank(trace, i) for i in with_comm), default=None)
-    return _table(_collectives(trace, [i for i in with_comm if _rank(trace, i) == low]), _OUT)
+    return _table(_collectives(trace, [i for i in with_comm if _rank(trace, i) == low]), COLLECTIVE_COLUMNS)
