@@ -2,16 +2,26 @@
 
 pyarrow asks its pandas shim about the value in hand, and the shim imports pandas (about 0.3-0.5 s, once per
 process), in `Array.to_numpy`, `pyarrow.array`, `pyarrow.scalar` (so `fill_null(0)` and compute functions given a
-Python number) and `Schema.empty_table`. The memory path of `optrace report` (reports.memory.sql_categories) reads
-and builds only flat arrays of fixed-width numbers and lists of names, whose Arrow layout is their bytes: the arrays
-made here hold the values those calls give. (tracer.store.arrow_arrays does the same for the part writer, which
-reports may not import: tests/test_structure.py.)
+Python number), `Schema.empty_table` and `ChunkedArray.combine_chunks` of no chunks. `optrace report` and `report --json` read and build only flat arrays of
+fixed-width numbers and bools and of strings, whose Arrow layout is their bytes (a bitmap for bools and nulls): the
+arrays made here hold the values those calls give, and every conversion on their path is one of these.
+
+    numpy_of(a, null)      numbers or bools of an Array or ChunkedArray (`null` for a null item)
+    values_of(a)           what a.to_numpy(zero_copy_only=False) gives (nulls: NaN for numbers, None for objects)
+    objects_of(a)          strings as an object array
+    arrow_of(v, mask)      a numpy array of numbers or bools as an Array (null where `mask`)
+    array_of(values, t)    Python values as an Array of type t (None a null); strings(names) of str
+    scalar(value, t)       a Scalar for a compute function's argument
+    empty_table(schema)    a Table of no rows
+    whole(c)               a ChunkedArray as one Array (combine_chunks)
+
+(tracer.store.arrow_arrays does the same for the part writer, which reports may not import: tests/test_structure.py.)
 """
 
 import numpy as np
 import pyarrow as pa
 
-__all__ = ["arrow_of", "empty_table", "numpy_of", "objects_of", "strings"]
+__all__ = ["array_of", "arrow_of", "empty_table", "numpy_of", "objects_of", "scalar", "strings", "values_of", "whole"]
 
 _NUMPY = {
     pa.int8(): np.int8,
@@ -24,35 +34,60 @@ _NUMPY = {
     pa.uint64(): np.uint64,
     pa.float32(): np.float32,
     pa.float64(): np.float64,
+    pa.bool_(): np.bool_,
 }
 _ARROW = {np.dtype(v): k for k, v in _NUMPY.items()}
+
+
+def _bits(buffer, offset, length):
+    """`length` bits of a bitmap from bit `offset` (Arrow's order: least significant bit first) as bools."""
+    return np.unpackbits(np.frombuffer(buffer, dtype=np.uint8), count=offset + length, bitorder="little")[offset:].view(
+        bool
+    )
 
 
 def _chunk(array, null):
     kind = _NUMPY.get(array.type)
     if kind is None:
-        raise TypeError(f"numpy_of: a fixed-width number type expected, got {array.type}")
+        raise TypeError(f"numpy_of: a fixed-width number or bool type expected, got {array.type}")
     if not len(array):
         return np.zeros(0, dtype=kind)
     validity, data = array.buffers()[:2]
-    values = np.frombuffer(data, dtype=kind)[array.offset : array.offset + len(array)]
+    if kind is np.bool_:
+        values = _bits(data, array.offset, len(array))
+    else:
+        values = np.frombuffer(data, dtype=kind)[array.offset : array.offset + len(array)]
     if not array.null_count:
         return values
     if null is None:
         raise ValueError(f"numpy_of: {array.null_count} null(s) where no value stands for them")
-    bits = np.unpackbits(np.frombuffer(validity, dtype=np.uint8), bitorder="little")
-    return np.where(bits[array.offset : array.offset + len(array)].astype(bool), values, null)
+    return np.where(_bits(validity, array.offset, len(array)), values, np.asarray(null, dtype=kind))
 
 
 def numpy_of(data, null=None):
-    """What `data.to_numpy()` gives of an Array or ChunkedArray of fixed-width numbers (read-only; a view of the
-    buffer of a single chunk), `null` where an item is null (None: none may be)."""
+    """What `data.to_numpy()` gives of an Array or ChunkedArray of fixed-width numbers or bools (read-only; a view
+    of the buffer of a single chunk of numbers), `null` where an item is null (None: none may be)."""
     if isinstance(data, pa.ChunkedArray):
         chunks = [_chunk(c, null) for c in data.chunks]
         if len(chunks) == 1:
             return chunks[0]
         return np.concatenate(chunks) if chunks else np.zeros(0, dtype=_NUMPY[data.type])
     return _chunk(data, null)
+
+
+def values_of(data):
+    """What `data.to_numpy(zero_copy_only=False)` gives of an Array or ChunkedArray of numbers, bools or strings:
+    with nulls, integers as float64 and floats with NaN for them, bools and strings as objects with None."""
+    kind = _NUMPY.get(data.type)
+    if kind is None or kind is np.bool_ and data.null_count:
+        return objects_of(data)
+    if not data.null_count:
+        return numpy_of(data)
+    if np.dtype(kind).kind == "f":
+        return numpy_of(data, null=np.nan)
+    values = numpy_of(data, null=0).astype(np.float64)
+    values[numpy_of(data.is_null())] = np.nan
+    return values
 
 
 def objects_of(data):
@@ -62,22 +97,57 @@ def objects_of(data):
     return values
 
 
-def arrow_of(values):
-    """What `pyarrow.array(values)` makes of a 1-d numpy array of fixed-width numbers (no nulls)."""
+def arrow_of(values, mask=None):
+    """What `pyarrow.array(values, mask=mask)` makes of a 1-d numpy array of fixed-width numbers or bools: null
+    where `mask` (a bool array) is True."""
     values = np.ascontiguousarray(values)
-    return pa.Array.from_buffers(_ARROW[values.dtype], len(values), [None, pa.py_buffer(values)])
+    data = np.packbits(values, bitorder="little") if values.dtype == bool else values
+    validity = None if mask is None else pa.py_buffer(np.packbits(~np.asarray(mask, dtype=bool), bitorder="little"))
+    nulls = 0 if mask is None else int(np.count_nonzero(mask))
+    return pa.Array.from_buffers(_ARROW[values.dtype], len(values), [validity, pa.py_buffer(data)], null_count=nulls)
 
 
 def strings(names):
-    """What `pyarrow.array(names, pa.string())` makes of a sequence of str."""
-    encoded = [str(name).encode() for name in names]
+    """What `pyarrow.array(names, pa.string())` makes of a sequence of str (None: null)."""
+    encoded = [b"" if name is None else str(name).encode() for name in names]
     offsets = np.zeros(len(encoded) + 1, np.int32)
     np.cumsum(np.fromiter((len(e) for e in encoded), np.int64, len(encoded)), out=offsets[1:])
+    missing = np.fromiter((name is None for name in names), bool, len(encoded))
+    validity = pa.py_buffer(np.packbits(~missing, bitorder="little")) if missing.any() else None
     return pa.Array.from_buffers(
-        pa.string(), len(encoded), [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(encoded))]
+        pa.string(),
+        len(encoded),
+        [validity, pa.py_buffer(offsets), pa.py_buffer(b"".join(encoded))],
+        null_count=int(missing.sum()),
     )
+
+
+def array_of(values, kind):
+    """What `pyarrow.array(values, kind)` makes of a sequence of Python numbers, bools or str (kind a pyarrow type):
+    None a null, a float NaN a NaN."""
+    if pa.types.is_string(kind):
+        return strings(values)
+    missing = np.fromiter((v is None for v in values), bool, len(values))
+    data = np.asarray([0 if v is None else v for v in values], dtype=_NUMPY[kind])
+    return arrow_of(data, mask=missing if missing.any() else None)
+
+
+def scalar(value, kind):
+    """What `pyarrow.scalar(value, kind)` makes of a number, bool or str (kind a pyarrow type): a compute function's
+    argument (a Python value there is converted as pyarrow.scalar converts it)."""
+    if pa.types.is_string(kind):
+        return strings([value])[0]
+    return arrow_of(np.asarray([value], dtype=_NUMPY[kind]))[0]
 
 
 def empty_table(schema):
     """`schema.empty_table()`: a table of no rows."""
     return pa.Table.from_batches([], schema=schema)
+
+
+def whole(data):
+    """`data.combine_chunks()` of a ChunkedArray: its one chunk as it is, or the chunks in one Array (an empty Array
+    of its type when it has none, which combine_chunks makes through pyarrow.array)."""
+    if data.num_chunks == 1:
+        return data.chunk(0)
+    return data.combine_chunks() if data.num_chunks else pa.nulls(0, data.type)

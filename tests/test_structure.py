@@ -3,7 +3,7 @@
 Every module under reports/ and tracer/ is parsed with `ast` (imports inside functions
 count: a lazy import is still a dependency), and each import of a module of these
 packages becomes an edge. The layers of reports/, from the bottom:
-the base (errors, _util, steps) -> loading/ and sql/ -> the analyses (tables, compare, flops/,
+the base (errors, _util, steps, arrays) -> loading/ and sql/ -> the analyses (tables, compare, flops/,
 memory/, time/, distributed/) -> output/ (text, the CLI, its sections, plots, exports).
 A module may import its own layer or those below it, never one above.
 
@@ -24,7 +24,7 @@ from tests import helpers
 
 ROOT = helpers.ROOT
 PACKAGES = ("reports", "tracer")
-BASE = {"reports", "reports.errors", "reports._util", "reports.steps"}
+BASE = {"reports", "reports.errors", "reports._util", "reports.steps", "reports.arrays"}
 LOADING = "reports.loading"
 SQL = "reports.sql"  # the SQL views and their engine: beside loading (analyses use it; it uses loading only)
 OUTPUT = "reports.output"

@@ -17,12 +17,17 @@ per_step_traffic run views.sql's comm_split and collective_totals, over a trace'
 as `optrace report` opens one) or over the rows of a DataFrame or pyarrow Table (reports.sql.frame).
 """
 
-import pandas as pd
+import math
+
+import numpy as np
 
 from reports._util import empty_frame
 from reports.sql.frame import trace_of
 
 __all__ = [
+    "COLLECTIVE_COLUMNS",
+    "collective_rows",
+    "traffic_records",
     "shape_collectives",
     "comm_split",
     "collective_kind",
@@ -95,7 +100,7 @@ def traffic(kind, n):
     return {"send": (1.0, 0.0), "recv": (0.0, 1.0)}.get(kind, (0.0, 0.0))
 
 
-_OUT = {
+COLLECTIVE_COLUMNS = {
     "run": object,
     "rank": "int64",
     "collective": object,
@@ -114,15 +119,31 @@ def shape_collectives(out):
     """The collectives table from its groups in order of first appearance (run, rank, collective, op,
     process_group, group_size, comm_bytes, calls, total: summed duration_ns); reports/distributed/sql_ranks.py
     gives the groups from SQL."""
-    if not len(out):
-        return pd.DataFrame({c: pd.Series(dtype=t) for c, t in _OUT.items()})
-    out["duration_s"] = out["total"] / out["calls"] / 1e9
-    algbw = out["comm_bytes"].astype("float64") / out["duration_s"].where(out["duration_s"] > 0)
-    out["algbw_bytes_per_s"] = algbw
-    factors = [bus_factor(k, n) for k, n in zip(out["collective"], out["group_size"])]
-    out["busbw_bytes_per_s"] = algbw * pd.Series(factors, index=out.index, dtype="float64")
-    out = out.sort_values(["run", "rank", "total"], ascending=[True, True, False], kind="stable")
-    return out[list(_OUT)].astype(_OUT).reset_index(drop=True)
+    import pandas as pd
+
+    return pd.DataFrame(collective_rows(out.to_dict("records")), columns=list(COLLECTIVE_COLUMNS)).astype(
+        COLLECTIVE_COLUMNS
+    )
+
+
+def collective_rows(groups):
+    """shape_collectives of its groups as [{column: value}] ([{run, rank, collective, op, process_group, group_size,
+    comm_bytes, calls, total}]): sorted by run, rank, then total time, largest first (ties in their order)."""
+    if not groups:
+        return []
+    total = np.asarray([g["total"] for g in groups], dtype=np.int64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        duration = total / np.asarray([g["calls"] for g in groups], dtype=np.int64) / 1e9
+        algbw = np.asarray([g["comm_bytes"] for g in groups], dtype=np.float64) / np.where(
+            duration > 0, duration, np.nan
+        )
+    busbw = algbw * np.asarray([bus_factor(g["collective"], g["group_size"]) for g in groups], dtype=np.float64)
+    out = [
+        {**g, "duration_s": d, "algbw_bytes_per_s": a, "busbw_bytes_per_s": b}
+        for g, d, a, b in zip(groups, duration.tolist(), algbw.tolist(), busbw.tolist())
+    ]
+    out.sort(key=lambda r: (r["run"], r["rank"], -r["total"]))
+    return [{c: r[c] for c in COLLECTIVE_COLUMNS} for r in out]
 
 
 _SPLIT = {
@@ -175,33 +196,42 @@ def per_step_traffic(df):
     Each phase's totals are divided by the steps it ran in (reports.steps.per_step)."""
     required = ("step", "phase", "op", "comm_bytes", "group_size", "process_group")
     with trace_of(df, "per_step_traffic", required) as trace:
-        totals = trace.sql("SELECT * FROM collective_totals ORDER BY run_index, first_seq")
-        steps = trace.phase_steps()
-        out = []
-        for i, run in enumerate(trace.runs):
-            mine = totals[totals["run_index"] == i]
-            if len(mine):
-                out += _traffic_rows(run, int(trace.ranks[i] or 0), mine, steps[i])
-    table = pd.DataFrame(out, columns=list(TRAFFIC_COLUMNS)).astype(TRAFFIC_COLUMNS)
-    return table.sort_values(["run", "sent_bytes_per_step"], ascending=[True, False], kind="stable").reset_index(
-        drop=True
-    )
+        out = traffic_records(trace)
+    import pandas as pd
+
+    return pd.DataFrame(out, columns=list(TRAFFIC_COLUMNS)).astype(TRAFFIC_COLUMNS)
+
+
+def traffic_records(trace):
+    """per_step_traffic's rows of a reports.sql.engine.Trace as [{column: value}], in its order: by run, then the
+    most bytes sent first (ties in order of first appearance, a NaN last)."""
+    totals = trace.arrow(
+        "SELECT * REPLACE (CAST(message_bytes AS DOUBLE) AS message_bytes) FROM collective_totals "
+        "ORDER BY run_index, first_seq"
+    ).to_pylist()
+    steps = trace.phase_steps()
+    out = []
+    for i, run in enumerate(trace.runs):
+        mine = [r for r in totals if r["run_index"] == i]
+        if mine:
+            out += _traffic_rows(run, int(trace.ranks[i] or 0), mine, steps[i])
+    return sorted(out, key=lambda r: (r["run"], math.isnan(r["sent_bytes_per_step"]), -r["sent_bytes_per_step"]))
 
 
 def _traffic_rows(run, rank, totals, steps):
     """per_step_traffic's records of one run from its collective_totals rows and {phase: steps}."""
     figures = {}
-    for r in totals.itertuples():
-        kind = collective_kind(r.op)
-        sent, received = traffic(kind, int(r.group_size))
-        key = (kind, r.process_group, int(r.group_size))
-        f = figures.setdefault(key, {"first": r.first_seq, **{p: [0, 0.0, 0.0, 0.0] for p in steps}})
-        f["first"] = min(f["first"], r.first_seq)
-        acc = f[r.phase]
-        acc[0] += int(r.calls)
-        acc[1] += float(r.message_bytes)
-        acc[2] += float(r.message_bytes) * sent
-        acc[3] += float(r.message_bytes) * received
+    for r in totals:
+        kind = collective_kind(r["op"])
+        sent, received = traffic(kind, int(r["group_size"]))
+        key = (kind, r["process_group"], int(r["group_size"]))
+        f = figures.setdefault(key, {"first": r["first_seq"], **{p: [0, 0.0, 0.0, 0.0] for p in steps}})
+        f["first"] = min(f["first"], r["first_seq"])
+        acc = f[r["phase"]]
+        acc[0] += int(r["calls"])
+        acc[1] += float(r["message_bytes"])
+        acc[2] += float(r["message_bytes"]) * sent
+        acc[3] += float(r["message_bytes"]) * received
     order = sorted(steps, key=lambda p: _PHASE_ORDER.index(p) if p in _PHASE_ORDER else len(_PHASE_ORDER))
     out = []
     for (kind, group, n), f in sorted(figures.items(), key=lambda kv: kv[1]["first"]):

@@ -12,7 +12,16 @@ The tables (reports.ranks, reports.imbalance) are reports/distributed/sql_ranks.
 this module holds what they share with the report: the columns, the imbalance of per-rank figures, the --json objects.
 """
 
-__all__ = ["PHASE_ORDER", "RANK_COLUMNS", "imbalance_of", "job_object", "summary_records", "trace_of"]
+__all__ = [
+    "IMBALANCE_COLUMNS",
+    "PHASE_ORDER",
+    "RANK_COLUMNS",
+    "imbalance_of",
+    "imbalance_records",
+    "job_object",
+    "summary_records",
+    "trace_of",
+]
 
 RANK_SEPARATOR = "/rank="
 PHASE_ORDER = ("forward", "backward", "optimizer", "other")
@@ -33,7 +42,7 @@ RANK_COLUMNS = {
     "compute_s_per_step": "float64",
     "step_time_s": "float64",
 }
-_IMBALANCE = {
+IMBALANCE_COLUMNS = {
     "trace": object,
     "phase": object,
     "ranks": "int64",
@@ -45,8 +54,15 @@ _IMBALANCE = {
 
 
 def imbalance_of(per_rank):
-    """The imbalance table from [(trace, rank, {phase: seconds per step, "step": step time})], one per run
-    in load order (reports/distributed/sql_ranks.py gives the same entries from SQL)."""
+    """The imbalance table (a DataFrame) from [(trace, rank, {phase: seconds per step, "step": step time})], one per
+    run in load order (reports/distributed/sql_ranks.py gives the same entries from SQL)."""
+    import pandas as pd
+
+    return pd.DataFrame(imbalance_records(per_rank), columns=list(IMBALANCE_COLUMNS)).astype(IMBALANCE_COLUMNS)
+
+
+def imbalance_records(per_rank):
+    """imbalance_of's rows as [{column: value}]."""
     out = []
     for trace in dict.fromkeys(t for t, _, _ in per_rank):
         members = [(rank, entry) for t, rank, entry in per_rank if t == trace]
@@ -67,9 +83,7 @@ def imbalance_of(per_rank):
                     "slowest_rank": slowest,
                 }
             )
-    import pandas as pd
-
-    return pd.DataFrame(out, columns=list(_IMBALANCE)).astype(_IMBALANCE)
+    return out
 
 
 # --- for `optrace report` ------------------------------------------------------------------------
@@ -85,7 +99,8 @@ def summary_records(ranks_table, imbalance_table):
 
 
 def job_object(meta, present, table):
-    """job_summary's object from the run's metadata and its per_step_traffic table."""
+    """job_summary's object from the run's metadata and its per_step_traffic table (a DataFrame, or its rows as
+    [{column: value}])."""
     from reports.distributed.collectives import FAKE_BACKENDS
 
     return {
@@ -96,6 +111,6 @@ def job_object(meta, present, table):
         "fake_process_group": meta.get("backend") in FAKE_BACKENDS,
         "collectives": [
             {k: (v.item() if hasattr(v, "item") else v) for k, v in row.items() if k not in ("run", "rank")}
-            for row in table.to_dict("records")
+            for row in (table if isinstance(table, list) else table.to_dict("records"))
         ],
     }

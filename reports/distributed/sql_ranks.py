@@ -16,12 +16,43 @@ per_step does; integer totals are exact, so the figures are the reference's to t
 import weakref
 
 import numpy as np
+import pyarrow as pa
 
-from reports.distributed.ranks import PHASE_ORDER, RANK_COLUMNS, imbalance_of, job_object, trace_of
+from reports.arrays import array_of, numpy_of, values_of
+from reports.distributed.ranks import (
+    IMBALANCE_COLUMNS,
+    PHASE_ORDER,
+    RANK_COLUMNS,
+    imbalance_records,
+    job_object,
+    trace_of,
+)
 from reports.sql import frame
-from reports.sql.tables import count_steps, fetch
+from reports.sql.tables import count_steps, fetch_arrow
 
-__all__ = ["collectives", "imbalance", "is_multi_rank", "job_summary", "lowest_rank_collectives", "ranks"]
+__all__ = [
+    "collectives",
+    "imbalance",
+    "imbalance_table",
+    "is_multi_rank",
+    "job_summary",
+    "lowest_rank_collectives",
+    "ranks",
+    "ranks_table",
+]
+_KINDS = {object: pa.string(), "int64": pa.int64(), "float64": pa.float64()}
+
+
+def _frame(records, types):
+    """[{column: value}] as the library's DataFrame of `types` ({column: dtype})."""
+    import pandas as pd
+
+    return pd.DataFrame(records, columns=list(types)).astype(types)
+
+
+def _table(records, types):
+    """[{column: value}] as the report's pyarrow Table of `types` ({column: dtype})."""
+    return pa.table({c: array_of([r[c] for r in records], _KINDS[kind]) for c, kind in types.items()})
 
 
 def is_multi_rank(trace):
@@ -38,28 +69,36 @@ _DONE = weakref.WeakKeyDictionary()  # Trace -> its per-rank figures: ranks and 
 
 
 def _per_rank(trace):
-    """(totals per run and phase, per-step figures {run_index: frame}, step times {run_index: seconds}), from one
-    scan of every rank's rows (view rank_step_phase, kept as a temporary table of one row per run, step and phase)."""
+    """(totals per run and phase [{column: value}], per-step figures {run_index: {column: figure}}, step times
+    {run_index: seconds}), from one scan of every rank's rows (view rank_step_phase, kept as a temporary table of one
+    row per run, step and phase)."""
     if trace in _DONE:
         return _DONE[trace]
     trace.db.execute("CREATE TEMP TABLE IF NOT EXISTS rank_step_phase_once AS SELECT * FROM rank_step_phase")
     sums = ("ops", "flops", "comm_bytes", "comm_ops", "comm_ns", "compute_ns", "duration_ns")
-    totals = fetch(
+    totals = fetch_arrow(
         trace,
         f"(SELECT run, run_index, phase, {', '.join(f'sum({c}) AS {c}' for c in sums)}, "
         "min(first_seq) AS first_seq FROM rank_step_phase_once GROUP BY run, run_index, phase)",
         "first_seq",
         sums,
     )
-    figures = trace.per_step(totals, ["flops", "comm_bytes", "comm_ns", "compute_ns"])
-    spans = trace.sql(
+    figures = {
+        i: {c: float(v[0]) for c, v in found.items()}
+        for i, (_, found) in trace.per_step_arrow(totals, ["flops", "comm_bytes", "comm_ns", "compute_ns"]).items()
+    }
+    spans = trace.arrow(
         "SELECT run_index, step, min(start_ns) AS start_ns, max(end_ns) AS end_ns FROM rank_step_phase_once "
         "GROUP BY run_index, step ORDER BY run_index, step"
     )
+    run_index = numpy_of(spans.column("run_index"))
+    seconds = (values_of(spans.column("end_ns")) - values_of(spans.column("start_ns"))) / 1e9
     times = {}
-    for i, s in spans.groupby("run_index", sort=True):
-        times[int(i)] = float(((s["end_ns"] - s["start_ns"]) / 1e9).mean())  # as _step_times(rows).mean()
-    _DONE[trace] = totals, figures, times
+    for i in np.unique(run_index).tolist():
+        mine = seconds[run_index == i]
+        known = int(np.count_nonzero(~np.isnan(mine)))  # as _step_times(rows).mean(): a NaN left out
+        times[int(i)] = float(np.where(np.isnan(mine), 0.0, mine).sum() / known) if known else float("nan")
+    _DONE[trace] = totals.to_pylist(), figures, times
     return _DONE[trace]
 
 
@@ -67,7 +106,12 @@ def ranks(rows):
     """One row per run (a rank): FLOPs, communication bytes and time, compute time and
     step time, each per step (averaged over the run's steps). `rows`: a Trace, a loaded frame or an Arrow table."""
     with frame.trace_of(rows, "ranks", _COLUMNS, ["rank"]) as trace:
-        return _ranks(trace)
+        return _frame(_ranks(trace), RANK_COLUMNS)
+
+
+def ranks_table(trace):
+    """ranks of a Trace as a pyarrow Table (the report's)."""
+    return _table(_ranks(trace), RANK_COLUMNS)
 
 
 def _ranks(trace):
@@ -76,7 +120,7 @@ def _ranks(trace):
     for i, run in enumerate(trace.runs):
         if i not in times:  # a run without rows
             continue
-        f = figures[i].iloc[0]
+        f = figures[i]
         out.append(
             {
                 "run": run,
@@ -89,9 +133,7 @@ def _ranks(trace):
                 "step_time_s": times[i],
             }
         )
-    import pandas as pd
-
-    return pd.DataFrame(out, columns=list(RANK_COLUMNS)).astype(RANK_COLUMNS)
+    return out
 
 
 def imbalance(rows):
@@ -101,7 +143,12 @@ def imbalance(rows):
     ops (collectives to their completion, so waiting for a slower rank shows up in the
     waiting rank's collectives); `step` is the wall time of a step. `rows`: as ranks takes them."""
     with frame.trace_of(rows, "imbalance", _COLUMNS, ["rank"]) as trace:
-        return _imbalance(trace)
+        return _frame(_imbalance(trace), IMBALANCE_COLUMNS)
+
+
+def imbalance_table(trace):
+    """imbalance of a Trace as a pyarrow Table (the report's)."""
+    return _table(_imbalance(trace), IMBALANCE_COLUMNS)
 
 
 def _imbalance(trace):
@@ -111,16 +158,14 @@ def _imbalance(trace):
     for i, run in enumerate(trace.runs):
         if i not in times:
             continue
-        mine = totals[totals["run_index"] == i].set_index("phase")
+        mine = {r["phase"]: r for r in totals if r["run_index"] == i}
         # per_step(rows, "duration_ns", mask=phase == p): that phase's total over its steps (0.0 + x / steps)
         entry = {
-            p: (0.0 + float(np.float64(mine.loc[p, "duration_ns"]) / steps[i][p])) / 1e9
-            for p in PHASE_ORDER
-            if p in mine.index
+            p: (0.0 + float(np.float64(mine[p]["duration_ns"]) / steps[i][p])) / 1e9 for p in PHASE_ORDER if p in mine
         }
         entry["step"] = times[i]
         per_rank.append((trace_of(run), _rank(trace, i), entry))
-    return imbalance_of(per_rank)
+    return imbalance_records(per_rank)
 
 
 def job_summary(trace, present):
@@ -128,10 +173,9 @@ def job_summary(trace, present):
     (run, meta), *_ = trace.runs.items()
     if meta.get("world_size") is None:
         return None
-    from reports.distributed.collectives import per_step_traffic
+    from reports.distributed.collectives import traffic_records
 
-    table = per_step_traffic(trace)
-    return job_object(meta, present, table[table["run"] == run].reset_index(drop=True))
+    return job_object(meta, present, [r for r in traffic_records(trace) if r["run"] == run])
 
 
 def collectives(rows, run_indices=None):
@@ -140,8 +184,10 @@ def collectives(rows, run_indices=None):
     calls: how many there were; duration_s: their mean time; algbw and busbw from the
     mean time (see reports.distributed.collectives). Sorted by run, rank, then total time, largest first.
     `rows`: a Trace, a loaded frame or an Arrow table (ranks.sql's view collective_calls over its rows)."""
+    from reports.distributed.collectives import COLLECTIVE_COLUMNS
+
     with frame.trace_of(rows, "collectives", _CALL_COLUMNS, ["rank"]) as trace:
-        return _collectives(trace, run_indices)
+        return _frame(_collectives(trace, run_indices), COLLECTIVE_COLUMNS)
 
 
 _CALL_COLUMNS = ("step", "op", "comm_bytes", "group_size", "process_group", "duration_ns")  # and `run`, for a frame
@@ -149,33 +195,32 @@ _CALL_COLUMNS = ("step", "op", "comm_bytes", "group_size", "process_group", "dur
 
 def _collectives(trace, run_indices):
     where = None if run_indices is None else f"run_index IN ({', '.join(str(int(i)) for i in run_indices) or 'NULL'})"
-    import pandas as pd
+    from reports.distributed.collectives import collective_kind, collective_rows
 
-    from reports.distributed.collectives import collective_kind, shape_collectives
-
-    groups = fetch(trace, "collective_calls", "first_seq", ("calls", "total_ns"), where=where)
-    out = pd.DataFrame(
+    groups = fetch_arrow(trace, "collective_calls", "first_seq", ("calls", "total_ns"), where=where).to_pylist()
+    out = [
         {
-            "run": groups["run"].astype(object),
-            "rank": [_rank(trace, int(i)) for i in groups["run_index"]],
-            "collective": groups["op"].astype(object).map(collective_kind),
-            "op": groups["op"].astype(object),
-            "process_group": groups["process_group"].astype(object),
-            "group_size": groups["group_size"],
-            "comm_bytes": groups["comm_bytes"],
-            "calls": groups["calls"].astype("int64"),
-            "total": groups["total_ns"].astype("int64"),
+            "run": g["run"],
+            "rank": _rank(trace, int(g["run_index"])),
+            "collective": collective_kind(g["op"]),
+            "op": g["op"],
+            "process_group": g["process_group"],
+            "group_size": g["group_size"],
+            "comm_bytes": g["comm_bytes"],
+            "calls": int(g["calls"]),
+            "total": int(g["total_ns"]),
         }
-    )
-    return shape_collectives(out)
+        for g in groups
+    ]
+    return collective_rows(out)
 
 
 def lowest_rank_collectives(trace):
-    """collectives of the lowest rank that ran any (what the report's rank section prints), reading only its runs'
-    collective rows: which runs ran collectives comes from rank_step_phase's counts."""
+    """collectives of the lowest rank that ran any (what the report's rank section prints) as a pyarrow Table,
+    reading only its runs' collective rows: which runs ran collectives comes from rank_step_phase's counts."""
+    from reports.distributed.collectives import COLLECTIVE_COLUMNS
+
     totals, _, _ = _per_rank(trace)
-    with_comm = sorted({int(i) for i in totals.loc[totals["comm_ops"] > 0, "run_index"]})
-    if not with_comm:
-        return collectives(trace, [])
-    low = min(_rank(trace, i) for i in with_comm)
-    return collectives(trace, [i for i in with_comm if _rank(trace, i) == low])
+    with_comm = sorted({int(r["run_index"]) for r in totals if r["comm_ops"] > 0})
+    low = min((_rank(trace, i) for i in with_comm), default=None)
+    return _table(_collectives(trace, [i for i in with_comm if _rank(trace, i) == low]), COLLECTIVE_COLUMNS)

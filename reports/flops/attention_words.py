@@ -9,6 +9,7 @@ q @ kᵀ and softmax(·) @ v; a matmul of two activations (a bmm, an mm) is name
 scores and values, a state-space scan's products or a linear attention's, and the rows cannot tell which.
 """
 
+from reports.arrays import numpy_of
 from reports.flops.accounting import name_pattern
 
 __all__ = ["causal_line", "kernel_words"]
@@ -45,7 +46,7 @@ def causal_line(rows, mask):
     causal kernel, which a kernel that is not causal. None when no row of `mask` says (no kernel, or no causal column)."""
     if "causal" not in rows or not mask.any():
         return None
-    known = rows.table.column("causal").is_valid().to_numpy(zero_copy_only=False)
+    known = numpy_of(rows.table.column("causal").is_valid())
     flag = rows.flag("causal")
     causal, full = mask & flag, mask & known & ~flag
     said = []

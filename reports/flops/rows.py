@@ -18,6 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from reports.arrays import array_of, arrow_of, numpy_of, strings, values_of, whole
 from reports.errors import ReportError
 from reports.sql.flop_rows import SCHEMA
 from reports.steps import count_steps_of, per_step_of, steps_of
@@ -107,14 +108,14 @@ class Rows:
 
     def _column(self, name):
         column = self.table.column(name)
-        return column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
+        return whole(column)
 
     def __getitem__(self, name):
         """A numeric column as a numpy array (int64 for integers)."""
         key = ("values", name)
         if key not in self._read:
             column = self._column(name)
-            values = column.to_numpy(zero_copy_only=False)
+            values = values_of(column)
             self._read[key] = values.astype(np.int64, copy=False) if pa.types.is_integer(column.type) else values
         return self._read[key]
 
@@ -126,7 +127,9 @@ class Rows:
                 self._read[key] = np.zeros(len(self), dtype=bool)
             else:
                 column = self._column(name)
-                self._read[key] = column.fill_null(False).to_numpy(zero_copy_only=False).astype(bool)
+                self._read[key] = numpy_of(
+                    column if pa.types.is_boolean(column.type) else column.cast(pa.bool_()), null=False
+                )
         return self._read[key]
 
     def labels(self, name):
@@ -141,7 +144,7 @@ class Rows:
                     column = pc.dictionary_encode(
                         column.cast(pa.string()) if not pa.types.is_string(column.type) else column
                     )
-                codes = column.indices.fill_null(-1).to_numpy(zero_copy_only=False)  # int8-int32: no int64 per row
+                codes = numpy_of(column.indices, null=-1)  # int8-int32: no int64 per row
                 codes = codes if codes.dtype.kind == "i" else codes.astype(np.int64)
                 self._read[key] = Labels(codes, [str(w) for w in column.dictionary.to_pylist()])
         return self._read[key]
@@ -150,11 +153,11 @@ class Rows:
         """A list column as one ListArray (its items cast to `kind` when given); only the rows at positions `at`
         when given (taken chunk by chunk: no copy of the whole column)."""
         if at is not None:
-            column = self.table.column(name).take(pa.array(np.asarray(at, dtype=np.int64))).combine_chunks()
+            column = whole(self.table.column(name).take(arrow_of(np.asarray(at, dtype=np.int64))))
         else:
             column = self._column(name)
         if not len(column) and not pa.types.is_list(column.type):  # an empty column of objects has no list type
-            column = pa.array([], pa.list_(kind or pa.int64()))
+            column = pa.nulls(0, pa.list_(kind or pa.int64()))
         if kind is not None and column.type != pa.list_(kind):
             column = column.cast(pa.list_(kind))
         return column
@@ -181,16 +184,16 @@ class Rows:
 
     def cells(self, name, at):
         """The cells of list column `name` at row positions `at`, as Python lists (None for a null)."""
-        return self.table.column(name).take(pa.array(np.asarray(at, dtype=np.int64))).to_pylist()
+        return self.table.column(name).take(arrow_of(np.asarray(at, dtype=np.int64))).to_pylist()
 
 
 def flat(lists, kind=pa.int64()):
     """(offsets, values) of a ListArray (see Rows.flat)."""
-    offsets = lists.offsets.to_numpy().astype(np.int64)
+    offsets = numpy_of(lists.offsets).astype(np.int64)
     items = lists.values.slice(offsets[0], offsets[-1] - offsets[0]) if len(offsets) else lists.values.slice(0, 0)
     offsets = offsets - offsets[0] if len(offsets) else np.zeros(1, dtype=np.int64)
     if pa.types.is_integer(kind):
-        values = (items.fill_null(-1) if items.null_count else items).to_numpy(zero_copy_only=False)
+        values = numpy_of(items, null=-1)
         values = values.astype(np.int64, copy=False)  # the Arrow buffer itself where it holds int64 without nulls
     else:
         values = np.asarray(items.to_pylist(), dtype=object) if len(items) else np.zeros(0, dtype=object)
@@ -219,7 +222,7 @@ def runs(table, names):
             continue
         at = np.flatnonzero(mine)
         contiguous = len(at) and at[-1] - at[0] + 1 == len(at)
-        out.append((name, Rows(table.slice(int(at[0]), len(at)) if contiguous else table.take(pa.array(at)))))
+        out.append((name, Rows(table.slice(int(at[0]), len(at)) if contiguous else table.take(arrow_of(at)))))
     return out
 
 
@@ -246,11 +249,7 @@ def from_frame(df, names):
             array = pa.array([_plain(v) for v in column.to_numpy(dtype=object)])
         arrays.append(array)
         fields.append(name)
-    return (
-        pa.Table.from_arrays(arrays, names=fields)
-        if arrays
-        else pa.table({"run": pa.array([], pa.string())}).slice(0, 0)
-    )
+    return pa.Table.from_arrays(arrays, names=fields) if arrays else pa.table({"run": strings([])})
 
 
 def require(columns, needed, what):
@@ -304,7 +303,7 @@ def _array(values, kind):
         values = [None if v is None else int(v) for v in values]
     elif pa.types.is_floating(kind):
         values = [None if v is None else float(v) for v in values]
-    return pa.array(values, type=kind)
+    return array_of(values, kind)
 
 
 def records_table(records, types):

@@ -18,7 +18,7 @@ the run is held in memory.
 import numpy as np
 import pyarrow as pa
 
-from reports.arrays import arrow_of, empty_table, numpy_of, strings
+from reports.arrays import arrow_of, empty_table, numpy_of, strings, whole
 from reports.memory.lifetimes import Storages
 from reports.memory.live import categories_at
 from reports.memory.resizes import COLLECTIVE_PREFIXES
@@ -130,9 +130,9 @@ def _cells(trace, run_index, column, seqs, kept=None):
         have = numpy_of(kept.column("seq"))
         at = np.minimum(np.searchsorted(have, seqs), max(len(have) - 1, 0))
         if len(have) and (have[at] == seqs).all() or not len(seqs):
-            return kept.column(column).combine_chunks().take(arrow_of(at if len(seqs) else at[:0]))
+            return whole(kept.column(column)).take(arrow_of(at if len(seqs) else at[:0]))
     if not len(seqs):
-        return trace.db.sql(f"SELECT {column} FROM rows LIMIT 0").to_arrow_table().column(0).combine_chunks()
+        return whole(trace.db.sql(f"SELECT {column} FROM rows LIMIT 0").to_arrow_table().column(0))
     trace.db.register("_wanted", pa.Table.from_arrays([arrow_of(np.unique(seqs))], names=["seq"]))
     try:
         found = trace.db.sql(
@@ -142,7 +142,7 @@ def _cells(trace, run_index, column, seqs, kept=None):
     finally:
         trace.db.unregister("_wanted")
     at = np.searchsorted(numpy_of(found.column("seq")), seqs)
-    return found.column(column).combine_chunks().take(arrow_of(at))
+    return whole(found.column(column)).take(arrow_of(at))
 
 
 SCHEMA = pa.schema(

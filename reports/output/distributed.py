@@ -3,6 +3,7 @@ step) and, for a trace of several ranks, the ranks side by side with their imbal
 
 import pyarrow as pa
 
+from reports.arrays import array_of, strings
 from reports.loading.integrity import stopped_by
 from reports.output.table import render, values
 from reports.output.text import human, human_bytes, printable
@@ -28,12 +29,12 @@ def print_job(src, present, out):
     print(f"Collectives per step of rank {job['rank']} (sent and received: by the ring algorithms of NCCL)", file=out)
     shown = pa.table(
         {
-            "collective": [c["collective"] for c in job["collectives"]],
-            "group": [f"{c['process_group'] or '-'} ({c['group_size']})" for c in job["collectives"]],
-            "calls": [f"{c['calls_per_step']:g}" for c in job["collectives"]],
-            "message": [human_bytes(c["message_bytes_per_step"]) for c in job["collectives"]],
-            "sent": [human_bytes(c["sent_bytes_per_step"]) for c in job["collectives"]],
-            "received": [human_bytes(c["received_bytes_per_step"]) for c in job["collectives"]],
+            "collective": strings([c["collective"] for c in job["collectives"]]),
+            "group": strings([f"{c['process_group'] or '-'} ({c['group_size']})" for c in job["collectives"]]),
+            "calls": strings([f"{c['calls_per_step']:g}" for c in job["collectives"]]),
+            "message": strings([human_bytes(c["message_bytes_per_step"]) for c in job["collectives"]]),
+            "sent": strings([human_bytes(c["sent_bytes_per_step"]) for c in job["collectives"]]),
+            "received": strings([human_bytes(c["received_bytes_per_step"]) for c in job["collectives"]]),
         }
     )
     print(render(shown), file=out)
@@ -53,13 +54,13 @@ def print_ranks(src, out):
     print(f"\nRanks ({table.num_rows}{of}): per step, traced times", file=out)
 
     def ms(column):
-        return [f"{v * 1e3:.2f}" for v in values(table, column)]
+        return strings([f"{v * 1e3:.2f}" for v in values(table, column)])
 
     shown = pa.table(
         {
-            "rank": pa.array(values(table, "rank"), pa.int64()),
-            "FLOPs": [human(v) for v in values(table, "flops_per_step")],
-            "comm bytes": [human_bytes(v) for v in values(table, "comm_bytes_per_step")],
+            "rank": array_of(values(table, "rank"), pa.int64()),
+            "FLOPs": strings([human(v) for v in values(table, "flops_per_step")]),
+            "comm bytes": strings([human_bytes(v) for v in values(table, "comm_bytes_per_step")]),
             "comm ms": ms("comm_s_per_step"),
             "compute ms": ms("compute_s_per_step"),
             "step ms": ms("step_time_s"),

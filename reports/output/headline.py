@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from reports._util import tokens_text
+from reports.arrays import arrow_of, values_of
 from reports.errors import ReportError
 from reports.output.caveats import NOISY, meta_caveats, meter_caveats, noise, step_time_spread, title_state
 from reports.output.table import descending, first_row, values
@@ -151,8 +152,8 @@ def assemble(src, step_time_s=None, peak_tflops=None, depth=2, top=8, accounts=N
 def top_modules(src, depth, top):
     """The modules by subtree FLOPs down to `depth` (0: the root), the largest `top` of them."""
     mods = src.by_module()
-    mods = mods.filter(np.array(values(mods, "depth")) <= depth) if mods.num_rows else mods
-    return mods.take(descending(mods.column("subtree_flops").to_numpy())[:top]) if mods.num_rows else mods
+    mods = mods.filter(arrow_of(np.array(values(mods, "depth")) <= depth)) if mods.num_rows else mods
+    return mods.take(arrow_of(descending(values_of(mods.column("subtree_flops")))[:top])) if mods.num_rows else mods
 
 
 def _headline(src, report, mfu):

@@ -12,6 +12,7 @@ import textwrap
 import numpy as np
 import pyarrow as pa
 
+from reports.arrays import array_of, arrow_of, strings
 from reports.output.headline import headline_lines
 from reports.output.table import first_row, render, values
 from reports.output.text import column_formatters, human, human_bytes, human_seconds, percent, printable
@@ -85,7 +86,7 @@ def _table(table, formatters=None, na_rep="NaN", width=None, name=None):
     if over > 0 and name is not None and table.num_rows:
         names = [str(n) for n in values(table, name)]
         keep = max(12, max(len(n) for n in names) - over - 1)
-        short = pa.array([n if len(n) <= keep + 1 else n[:keep] + "…" for n in names], pa.string())
+        short = strings([n if len(n) <= keep + 1 else n[:keep] + "…" for n in names])
         table = table.set_column(table.column_names.index(name), name, short)
         lines = text(table)
     return [Row(x) for x in lines]
@@ -162,7 +163,7 @@ def _modules(report, src, args, fit):
     mods = report.modules
     mods = pa.table(
         {
-            "module": pa.array([m if m != "" else "(outside modules)" for m in values(mods, "module")], pa.string()),
+            "module": strings([m if m != "" else "(outside modules)" for m in values(mods, "module")]),
             "subtree_flops_total": mods.column("subtree_flops"),
             "subtree_flops_pct": mods.column("subtree_flops_pct"),
         }
@@ -184,7 +185,7 @@ def _uncounted(report, src, args, fit):
         {
             "op": table.column("op"),
             "ops": table.column("ops"),
-            "time_pct": pa.array([f"{v:.1f}%" for v in values(table, "time_pct")], pa.string()),
+            "time_pct": strings([f"{v:.1f}%" for v in values(table, "time_pct")]),
         }
     )
     head = f"Ops without a FLOP formula (counted as 0 FLOPs; {FIX})"
@@ -207,13 +208,13 @@ def _roofline(report, src, args, fit):
     efficiency = 100 * _floats(table, "efficiency")
     shown = pa.table(
         {
-            "op": pa.array([o.removeprefix("aten.") for o in values(table, "op")], pa.string()),
+            "op": strings([o.removeprefix("aten.") for o in values(table, "op")]),
             **{c: table.column(c) for c in ("dtype", "ops_per_step", "flops_per_step", "bytes_per_step")},
-            "intensity": pa.array(np.round(_floats(table, "arithmetic_intensity"), 2)),
+            "intensity": arrow_of(np.round(_floats(table, "arithmetic_intensity"), 2)),
             "time_per_step": table.column("time_s_per_step"),
             "achieved_flops_per_s": table.column("achieved_flops_per_s"),
             "bound": table.column("bound"),
-            "efficiency_pct": pa.array(efficiency),
+            "efficiency_pct": arrow_of(efficiency),
         }
     )
     formatters = {**column_formatters(shown), "bytes_per_step": human_bytes}
@@ -259,9 +260,9 @@ def kinds(table):
         found[0], found[1] = found[0] + ops, found[1] + size
     return pa.table(
         {
-            "kind": pa.array(list(sums), pa.string()),
-            "ops": pa.array([s[0] for s in sums.values()], table.schema.field("ops").type),
-            "bytes_allocated": pa.array([s[1] for s in sums.values()], table.schema.field("bytes_allocated").type),
+            "kind": strings(list(sums)),
+            "ops": array_of([s[0] for s in sums.values()], table.schema.field("ops").type),
+            "bytes_allocated": array_of([s[1] for s in sums.values()], table.schema.field("bytes_allocated").type),
         }
     )
 

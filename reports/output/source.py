@@ -1,13 +1,11 @@
 """Where `optrace report` takes each table from: a reports.sql.engine.Trace of the run, over its files or over its
 rows loaded into memory (Trace.over: `--engine pandas`, and the traces the Trace does not read from their files).
-Each table is a pyarrow.Table (a one-row result a dict of Python values): the printed report imports no pandas
-where its tables are made without (reports.sql.tables' *_arrow; the roofline, the distributed sections and, until
-reports.memory.sql_categories.by_category returns Arrow, the memory categories are converted here from pandas).
+Each table is a pyarrow.Table (a one-row result a dict of Python values), made without pandas (reports.sql.tables'
+*_arrow, reports.time.roofline.roofline_tables, reports.distributed.sql_ranks' *_table): the printed report and
+--json never load it.
 Breakdown, explain and MFU run on the small Arrow table reports/sql/flops.py cuts from the trace
 (tests/reports/sql/test_sql_flops.py); the memory categories, the meter and the distributed sections come from their
 SQL views (tests/reports/sql/test_sql_sections.py); the rank sections take a Source over every rank."""
-
-import sys
 
 __all__ = ["Source"]
 
@@ -91,10 +89,10 @@ class Source:
         return modules_arrow(self.sql)
 
     def roofline_with_split(self):
-        """(the roofline by op and dtype, the split by bound per step), from reports.time.roofline's DataFrames."""
-        from reports.time.roofline import roofline_with_split
+        """(the roofline by op and dtype, the split by bound per step): reports.time.roofline's pyarrow Tables."""
+        from reports.time.roofline import roofline_tables
 
-        return tuple(_arrow(frame) for frame in roofline_with_split(self.sql))
+        return roofline_tables(self.sql)
 
     def peak(self):
         """The run's peak row of reports.peak ({run, peak_live_bytes, seq, step, phase, module, op})."""
@@ -155,20 +153,20 @@ class Source:
         return is_multi_rank(self.sql)
 
     def ranks(self):
-        from reports.distributed.sql_ranks import ranks
+        from reports.distributed.sql_ranks import ranks_table
 
-        return _arrow(ranks(self.sql))
+        return ranks_table(self.sql)
 
     def imbalance(self):
-        from reports.distributed.sql_ranks import imbalance
+        from reports.distributed.sql_ranks import imbalance_table
 
-        return _arrow(imbalance(self.sql))
+        return imbalance_table(self.sql)
 
     def lowest_rank_collectives(self):
         """reports/distributed/collectives.py collectives of the lowest rank's runs."""
         from reports.distributed.sql_ranks import lowest_rank_collectives
 
-        return _arrow(lowest_rank_collectives(self.sql))
+        return lowest_rank_collectives(self.sql)
 
     def rank_summary(self):
         """{"ranks": [...], "imbalance": [...]} of `report --json` on a trace of several ranks."""
@@ -180,22 +178,3 @@ class Source:
                 (meta.get("meter") or {}).get("errors") or 0
             )  # its Meter's bookkeeping failures
         return summary
-
-
-def _arrow(table):
-    """A table a section reads as a pyarrow.Table: a DataFrame (the library's, where a table is still made in pandas)
-    converted, its index dropped; an Arrow table as it is."""
-    import pyarrow as pa
-
-    if isinstance(table, pa.Table):
-        return table
-    pd = sys.modules["pandas"]  # the DataFrame's own library, loaded (no import of it here)
-
-    columns = {}
-    for name in table.columns:
-        column = table[name]
-        if column.dtype.kind in "fiub" and not hasattr(column.dtype, "na_value"):  # numpy numbers: a NaN stays NaN
-            columns[name] = pa.array(column.to_numpy())
-        else:  # text, categories, nullable numbers: their values, None for a missing one
-            columns[name] = pa.array([None if pd.api.types.is_scalar(v) and pd.isna(v) else v for v in column.tolist()])
-    return pa.table(columns) if columns else pa.table({})

@@ -44,6 +44,7 @@ import warnings
 import numpy as np
 import pyarrow as pa
 
+from reports.arrays import values_of
 from reports.errors import ReportError
 from reports.loading.integrity import (
     REREADS,
@@ -542,7 +543,7 @@ class Trace(Checks):
         """per_step of `totals` a pyarrow Table: {run_index: ([key tuple], {column: float64 array})}."""
         names = ("run_index", "phase", *keys, *columns, "first_seq")
         arrays = {
-            c: totals.column(c).to_numpy(zero_copy_only=False) if c not in columns else floats(totals.column(c))
+            c: values_of(totals.column(c)) if c not in columns else floats(totals.column(c))
             for c in names
             if c in totals.column_names
         }

@@ -22,6 +22,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from reports._util import packet
+from reports.arrays import arrow_of, numpy_of, scalar, strings, whole
 from reports.sql.rowpass import Codes
 
 __all__ = ["FlopRows"]
@@ -41,6 +42,7 @@ def _packets():
 
 
 _PACKETS = _packets()
+_FALSE = scalar(False, pa.bool_())  # fill_null's value (a Python one is converted through pandas)
 # flop_rows' and flop_rest's columns as DuckDB gives them: every column a FLOP section reads, the one list of them
 # (reports.sql.flops selects these, reports.flops.rows.COLUMNS is `run` and these)
 _INTS, _SHAPES = pa.list_(pa.field("l", pa.int64())), pa.list_(pa.field("l", pa.list_(pa.field("l", pa.int64()))))
@@ -70,12 +72,12 @@ def _product_is_one(shapes, k):
     """Per row of `shapes` (list<list<int64>>): whether its shape k has a product of 1 (a missing, null or empty shape
     and null dimensions count as 1), in float64 as list_product multiplies."""
     one = pc.list_slice(shapes, k, k + 1)
-    rows = pc.list_parent_indices(one).to_numpy()
+    rows = numpy_of(pc.list_parent_indices(one))
     inner = pc.list_flatten(one)
     out = np.ones(len(shapes), dtype=np.float64)
     if len(inner):
-        dims = pc.fill_null(pc.list_flatten(inner), 1).to_numpy().astype(np.float64)
-        lengths = pc.fill_null(pc.list_value_length(inner), 0).to_numpy()
+        dims = numpy_of(pc.list_flatten(inner), null=1).astype(np.float64)
+        lengths = numpy_of(pc.list_value_length(inner), null=0)
         starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
         product = np.ones(len(lengths), dtype=np.float64)
         full = lengths > 0
@@ -110,8 +112,9 @@ class FlopRows:
         scalar = np.zeros(len(op), dtype=bool)
         at = np.flatnonzero(scales)
         if len(at):
-            n_in = pc.list_value_length(table.column("input_storage_ids").take(at)).to_numpy()
-            shapes = table.column("input_shapes").take(at)
+            index = arrow_of(at)
+            n_in = numpy_of(pc.list_value_length(table.column("input_storage_ids").take(index)))
+            shapes = table.column("input_shapes").take(index)
             scalar[at] = (n_in == 1) | (n_in == 2) & (_product_is_one(shapes, 0) | _product_is_one(shapes, 1))
         walked = (
             is_kind["matmul"]
@@ -127,11 +130,11 @@ class FlopRows:
 
     def _keep(self, table, at, codes, is_kind, scales):
         """The walked rows `at`, with flop_rows' columns (a cell flop_rows leaves null taken at a null index)."""
-        index, w = pa.array(at), self.walked
+        index, w = arrow_of(at), self.walked
         mm = is_kind["matmul"][at]
 
         def masked(column, keep):
-            return column.take(pa.array(at, mask=~keep))
+            return column.take(arrow_of(at, mask=~keep))
 
         for name, code in zip(("op", "phase", "flop_kind"), codes):
             w[name].append(code[at])
@@ -140,20 +143,18 @@ class FlopRows:
         )
         if "grad_mode" in table.column_names:  # a v3 trace has none: null (reports/sql/engine.py)
             grad = table.column("grad_mode")
-            w["grad_mode"].append(
-                np.where(pc.is_null(grad).to_numpy(zero_copy_only=False)[at], -1, self.codes["grad_mode"].of(grad)[at])
-            )
+            w["grad_mode"].append(np.where(numpy_of(pc.is_null(grad))[at], -1, self.codes["grad_mode"].of(grad)[at]))
         else:
             w["grad_mode"].append(np.full(len(at), -1, dtype=np.int64))
         for name in ("seq", "step", "flops", "causal", "input_storage_ids", "output_storage_ids"):
             w[name].append(table.column(name).take(index))
-        w["recompute"].append(pc.fill_null(table.column("recompute").take(index), False))
+        w["recompute"].append(pc.fill_null(table.column("recompute").take(index), _FALSE))
         w["input_dtypes"].append(pc.list_slice(table.column("input_dtypes").take(index), 0, 2))
         w["input_shapes"].append(
             masked(table.column("input_shapes"), (is_kind["attention"] | is_kind["conv"] | scales)[at])
         )
         w["output_shapes"].append(masked(table.column("output_shapes"), (is_kind["matmul"] | is_kind["conv"])[at]))
-        w["flops_bound"].append(masked(pc.fill_null(table.column("flops_bound"), False), mm))
+        w["flops_bound"].append(masked(pc.fill_null(table.column("flops_bound"), _FALSE), mm))
 
     def _sum(self, table, at, op, phase, kind):
         """The other rows' (`at`) FLOPs per flop_rest's group."""
@@ -161,8 +162,9 @@ class FlopRows:
             return
         optimizer = self.codes["phase"].flags(lambda v: v == "optimizer")[phase[at]]
         dtype = self._first_dtypes(table.column("input_dtypes"), at)
-        recompute = pc.fill_null(table.column("recompute").take(at), False).to_numpy()
-        flops = table.column("flops").take(at).to_numpy()
+        index = arrow_of(at)
+        recompute = numpy_of(table.column("recompute").take(index), null=False)
+        flops = numpy_of(table.column("flops").take(index))
         keys = [phase[at], np.where(optimizer, op[at], -1) + 1, kind[at], recompute, dtype + 2, flops > 0]
         sizes = [len(self.codes[c].names) for c in ("phase", "op", "flop_kind")]
         sizes = [sizes[0], sizes[1] + 1, sizes[2], 2, len(self.codes["dtype"].names) + 2, 2]
@@ -175,7 +177,7 @@ class FlopRows:
         found = np.stack([key[first_at] for key in keys], axis=1)
         flops = flops[order]
         high, low = np.add.reduceat(flops >> 32, starts), np.add.reduceat(flops & 0xFFFFFFFF, starts)  # exact halves
-        seq, step = table.column("seq").to_numpy()[at[first_at]], table.column("step").to_numpy()[at[first_at]]
+        seq, step = numpy_of(table.column("seq"))[at[first_at]], numpy_of(table.column("step"))[at[first_at]]
         for key, s, st, hi, lo in zip(
             map(tuple, found.tolist()), seq.tolist(), step.tolist(), high.tolist(), low.tolist()
         ):
@@ -187,13 +189,13 @@ class FlopRows:
 
     def _first_dtypes(self, column, at):
         """Code of each row `at`'s first input dtype (flop_rest's input_dtypes[1:1]): -1 none, -2 a null one."""
-        chunk = column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()  # a part: one chunk
-        offsets = chunk.offsets.to_numpy()
+        chunk = whole(column)  # a part: one chunk
+        offsets = numpy_of(chunk.offsets)
         start, has = offsets[at], offsets[at + 1] > offsets[at]
         values = chunk.values if pa.types.is_dictionary(chunk.type.value_type) else pc.dictionary_encode(chunk.values)
-        first = values.take(pa.array(start[has]))
+        first = values.take(arrow_of(start[has]))
         dtype = np.full(len(at), -1, dtype=np.int64)
-        dtype[has] = np.where(np.asarray(first.is_null()), -2, self.codes["dtype"].of(first))
+        dtype[has] = np.where(numpy_of(first.is_null()), -2, self.codes["dtype"].of(first))
         return dtype
 
     def table(self, wide, steps):
@@ -204,15 +206,21 @@ class FlopRows:
         if wide or any(not -(2**63) <= total < 2**63 for _, (_, _, total) in groups):
             return None
         names = {c: self.codes[c].names for c in ("phase", "op", "flop_kind", "dtype")}
+        rest_seq = np.asarray([s for _, (s, _, _) in groups], dtype=np.int64)
+        dtypes = [k[4] for k, _ in groups]  # -1 no first input dtype, -2 a null one
         rest = {
-            "seq": [s for _, (s, _, _) in groups],
-            "step": [st for _, (_, st, _) in groups],
-            "flops": [total for _, (_, _, total) in groups],
-            "recompute": [bool(k[3]) for k, _ in groups],
-            "input_dtypes": [[] if k[4] == -1 else [None] if k[4] == -2 else [names["dtype"][k[4]]] for k, _ in groups],
+            "seq": arrow_of(rest_seq),
+            "step": arrow_of(np.asarray([st for _, (_, st, _) in groups], dtype=np.int64)),
+            "flops": arrow_of(np.asarray([total for _, (_, _, total) in groups], dtype=np.int64)),
+            "recompute": arrow_of(np.asarray([k[3] for k, _ in groups], dtype=bool)),
+            "input_dtypes": pa.ListArray.from_arrays(
+                arrow_of(np.concatenate([[0], np.cumsum(np.asarray(dtypes) != -1)]).astype(np.int32)),
+                strings([None if k == -2 else names["dtype"][k] for k in dtypes if k != -1]),
+                type=SCHEMA.field("input_dtypes").type,
+            ),
         }
         rest = {
-            c: pa.array(rest[c], SCHEMA.field(c).type) if c in rest else pa.nulls(len(groups), SCHEMA.field(c).type)
+            c: rest[c] if c in rest else pa.nulls(len(groups), SCHEMA.field(c).type)
             for c in SCHEMA.names
             if c not in _CATEGORICAL
         }
@@ -226,8 +234,8 @@ class FlopRows:
         steps_codes = {c: np.full(len(steps), -1, dtype=np.int64) for c in _CATEGORICAL}
         steps_codes["phase"] = self.codes["phase"].of(steps.column("phase"))
         # rest's groups between the walked rows, by seq (seq is unique in a run); the steps after them
-        walked_seq = np.concatenate([np.zeros(0, np.int64), *(a.to_numpy() for a in self.walked["seq"])])
-        cut = np.searchsorted(walked_seq, np.asarray(rest["seq"], dtype=np.int64)).tolist()
+        walked_seq = np.concatenate([np.zeros(0, np.int64), *(numpy_of(a) for a in self.walked["seq"])])
+        cut = np.searchsorted(walked_seq, rest_seq).tolist()
         out = {}
         for c in SCHEMA.names:
             kind = SCHEMA.field(c).type
@@ -269,5 +277,5 @@ def _categorical(codes, names):
     seen = used[np.sort(first)]  # the codes in order of first appearance
     lookup = np.zeros(len(names) + 1, dtype=np.int32)
     lookup[seen] = np.arange(len(seen), dtype=np.int32)
-    indices = pa.array(lookup[np.where(valid, codes, len(names))], mask=~valid)
-    return pa.DictionaryArray.from_arrays(indices, pa.array([names[k] for k in seen.tolist()], pa.string()))
+    indices = arrow_of(lookup[np.where(valid, codes, len(names))], mask=~valid)
+    return pa.DictionaryArray.from_arrays(indices, strings([names[k] for k in seen.tolist()]))

@@ -48,6 +48,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from reports.arrays import arrow_of, numpy_of, strings, whole
 from reports.sql.engine import statements
 from reports.sql.flop_rows import SCHEMA, FlopRows
 
@@ -103,7 +104,7 @@ def frame(trace, mfu_only=False):
     from reports.loading.columns import SharedRuns, to_pandas
 
     small = table(trace, mfu_only)
-    run_index = small.column("run").combine_chunks().indices.to_numpy()
+    run_index = whole(small.column("run")).indices.to_numpy()
     out = to_pandas(small.drop_columns(["run"]), lists="arrow")
     out.insert(0, "run", pd.Categorical.from_codes(run_index.astype(np.int64), categories=list(trace.runs)))
     out.attrs["runs"] = SharedRuns(trace.runs)
@@ -134,16 +135,18 @@ def table(trace, mfu_only=False):
         except (pa.ArrowException, ValueError):  # parts whose types it cannot join: the query reads them as DuckDB does
             rows = None
     if kept is not None and rows is not None:
-        rows = rows.append_column("run_index", pa.array(np.zeros(len(rows), np.int32)))
+        rows = rows.append_column("run_index", arrow_of(np.zeros(len(rows), np.int32)))
     else:
         query = " UNION ALL ".join([*parts, _select("flop_steps", _STEPS, flops_type, 1, names)])
         rows = trace.db.sql(query).to_arrow_table()
-        keys = [rows.column(c).to_numpy() for c in ("seq", "part", "run_index")]
-        rows = rows.take(np.lexsort(keys)).drop_columns(["part"])  # in order: run by run, its rows by seq, then
+        keys = [numpy_of(rows.column(c)) for c in ("seq", "part", "run_index")]
+        rows = rows.take(arrow_of(np.lexsort(keys))).drop_columns(
+            ["part"]
+        )  # in order: run by run, its rows by seq, then
         # its steps (less memory than SQL's sort)
     # categorical, as reports.load gives them: packets and group-bys per category, not per row
     for name in (c for c in _CATEGORICAL if c in names):
         rows = rows.set_column(rows.schema.get_field_index(name), name, pc.dictionary_encode(rows.column(name)))
-    run_index = pa.array(rows.column("run_index").to_numpy().astype(np.int32))
-    run = pa.DictionaryArray.from_arrays(run_index, pa.array(list(trace.runs), pa.string()))
+    run_index = arrow_of(numpy_of(rows.column("run_index")).astype(np.int32))
+    run = pa.DictionaryArray.from_arrays(run_index, strings(list(trace.runs)))
     return rows.drop_columns(["run_index"]).add_column(0, "run", run)

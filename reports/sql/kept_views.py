@@ -10,6 +10,7 @@ passes int64 (the view is then scan.py's, over the files). tests/reports/sql/tes
 import numpy as np
 import pyarrow as pa
 
+from reports.arrays import array_of, arrow_of, numpy_of, strings
 from reports.sql.rowpass import Codes
 
 __all__ = ["ModuleOwn", "Peak", "kept_views"]
@@ -53,8 +54,8 @@ class ModuleOwn:
         order = np.argsort(code, kind="stable")  # each module's rows together, in row order
         starts = np.flatnonzero(np.concatenate(([True], code[order][1:] != code[order][:-1])))
         counts = np.diff(np.concatenate((starts, [len(code)])))
-        seq = table.column("seq").to_numpy()[order[starts]]
-        sums = [_exact(table.column(c).to_numpy()[order], starts) for c in ("flops", "bytes_allocated", "duration_ns")]
+        seq = numpy_of(table.column("seq"))[order[starts]]
+        sums = [_exact(numpy_of(table.column(c))[order], starts) for c in ("flops", "bytes_allocated", "duration_ns")]
         for k, m in enumerate(code[order[starts]].tolist()):
             found = self.sums.get(m)
             if found is None:
@@ -70,11 +71,11 @@ class ModuleOwn:
             return None
         return pa.table(
             {
-                "run": pa.array([run] * len(rows), pa.string()),
-                "run_index": pa.array([0] * len(rows), pa.int32()),
-                "module": pa.array([self.module.names[m] for m, _ in rows], pa.string()),
+                "run": strings([run] * len(rows)),
+                "run_index": arrow_of(np.zeros(len(rows), np.int32)),
+                "module": strings([self.module.names[m] for m, _ in rows]),
                 **{
-                    name: pa.array([found[j] for _, found in rows], pa.int64())
+                    name: array_of([found[j] for _, found in rows], pa.int64())
                     for j, name in enumerate(("ops", "flops", "bytes_allocated", "duration_ns", "first_seq"))
                 },
             }
@@ -98,7 +99,7 @@ class Peak:
         self.top = None  # (live bytes, seq, step, phase, module, op)
 
     def feed(self, table):
-        live = table.column("live_bytes").to_numpy()
+        live = numpy_of(table.column("live_bytes"))
         at = int(np.argmax(live))  # the first of this part's highest
         if self.top is None or live[at] > self.top[0]:
             self.top = (int(live[at]), *(table.column(c)[at].as_py() for c in ("seq", "step", "phase", "module", "op")))
@@ -109,8 +110,8 @@ class Peak:
         kinds = (pa.int64(), pa.int64(), pa.int64(), pa.string(), pa.string(), pa.string())
         return pa.table(
             {
-                "run": pa.array([run] * len(found), pa.string()),
-                "run_index": pa.array([0] * len(found), pa.int32()),
-                **{n: pa.array([t[j] for t in found], k) for j, (n, k) in enumerate(zip(names, kinds))},
+                "run": strings([run] * len(found)),
+                "run_index": arrow_of(np.zeros(len(found), np.int32)),
+                **{n: array_of([t[j] for t in found], k) for j, (n, k) in enumerate(zip(names, kinds))},
             }
         )

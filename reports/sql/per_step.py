@@ -5,6 +5,7 @@ reports.compare.Figures.per_step)."""
 import numpy as np
 import pyarrow as pa
 
+from reports.arrays import values_of
 from tracer.schema import PHASES
 
 __all__ = ["floats", "per_step_arrays"]
@@ -54,4 +55,4 @@ def floats(column):
     """An Arrow column of numbers (a DECIMAL sum too) as float64, a null as NaN."""
     import pyarrow.compute as pc
 
-    return pc.cast(column, pa.float64()).to_numpy(zero_copy_only=False)
+    return values_of(pc.cast(column, pa.float64(), safe=False))  # an int64 past 2**53 rounded, as numpy rounds it

@@ -24,6 +24,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from reports.arrays import numpy_of
 from reports.loading.integrity import footer
 from reports.loading.validate import ALLOWED, ITEMS_NOT_NULL, LIST_NOT_NULL
 
@@ -48,7 +49,9 @@ def read(files, footers, present, consumers=()):
     for table in _ahead(reader, files, footers):
         if not table.num_rows:
             continue
-        seq = table.column("seq").to_numpy()
+        if table.column("seq").null_count:  # a null seq: the reference loader names it
+            return False
+        seq = numpy_of(table.column("seq"))
         if last is not None and seq[0] <= last or not (seq[1:] > seq[:-1]).all():
             return False
         last = int(seq[-1])
@@ -120,7 +123,7 @@ class Codes:
         for chunk in column.chunks if isinstance(column, pa.ChunkedArray) else [column]:
             chunk = chunk if pa.types.is_dictionary(chunk.type) else pc.dictionary_encode(chunk)
             index = np.asarray([self._code(v) for v in chunk.dictionary.to_pylist()], dtype=np.int64)
-            codes.append(index[chunk.indices.fill_null(0).to_numpy()] if len(index) else np.zeros(len(chunk), np.int64))
+            codes.append(index[numpy_of(chunk.indices, null=0)] if len(index) else np.zeros(len(chunk), np.int64))
         return np.concatenate(codes) if codes else np.zeros(0, np.int64)
 
     def _code(self, value):

@@ -25,6 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from reports._util import empty_frame
+from reports.arrays import arrow_of, numpy_of, scalar, strings, values_of
 
 __all__ = [
     "bounds",
@@ -79,7 +80,9 @@ def fetch_arrow(trace, view, order, sums=(), where=None):
     table = trace.arrow(query)
     for c in wide:
         column = table.column(c)
-        if not pc.any(pc.greater_equal(pc.abs(column), 2.0**63)).as_py():  # 2**63 - 1 is 2.0**63 in float64
+        if not pc.any(
+            pc.greater_equal(pc.abs(column), scalar(2.0**63, pa.float64()))
+        ).as_py():  # 2**63 - 1 is 2.0**63 in float64
             table = table.set_column(table.schema.get_field_index(c), c, pc.cast(column, pa.int64()))
     return table
 
@@ -162,14 +165,14 @@ def modules_arrow(trace, run_index=0):
     from reports.sql.module_tree import MODULE_COLUMNS, OWN_COLUMNS, module_columns
 
     own = fetch_arrow(trace, "module_own", "first_seq", ("ops", "flops", "bytes_allocated"), f"run_index = {run_index}")
-    figures = {c: own.column(c).to_numpy(zero_copy_only=False) for c in OWN_COLUMNS}
+    figures = {c: values_of(own.column(c)) for c in OWN_COLUMNS}
     for c in ("flops", "bytes_allocated"):  # float64 where a sum could wrap, as pandas sums them
         figures[c] = figures[c].astype("float64" if trace.wide(c, run_index) else "int64")
     total = (trace.run_row(run_index) or {}).get("flops") or 0
     columns = module_columns(
         own.column("module").to_pylist(),
         figures,
-        own.column("first_seq").to_numpy(),
+        numpy_of(own.column("first_seq")),
         trace.runs[list(trace.runs)[run_index]].get("root_module"),
         float(total),
     )
@@ -177,13 +180,13 @@ def modules_arrow(trace, run_index=0):
     for c in MODULE_COLUMNS:
         v = columns[c]
         if c in ("module", "parent"):
-            out[c] = pa.array(v, pa.string())
+            out[c] = strings(v)
         elif c in ("duration_us", "subtree_duration_us", "subtree_flops_pct") or (
             np.asarray(v).dtype.kind == "f" and bool((np.abs(v) >= 2.0**63).any())
         ):
-            out[c] = pa.array(np.asarray(v, dtype=np.float64))
+            out[c] = arrow_of(np.asarray(v, dtype=np.float64))
         else:
-            out[c] = pa.array(np.asarray(v).astype(np.int64))
+            out[c] = arrow_of(np.asarray(v).astype(np.int64))
     return pa.table(out)
 
 
@@ -285,11 +288,11 @@ def top_ops_arrow(trace, top, run_index=0):
     op = ops_table.column("op").to_pylist()
 
     def per_step(column):
-        return pa.array([float(figures[column][at[o]]) if o in at else np.nan for o in op], pa.float64())
+        return arrow_of(np.asarray([float(figures[column][at[o]]) if o in at else np.nan for o in op], np.float64))
 
     return pa.table(
         {
-            "op": pa.array(op, pa.string()),
+            "op": strings(op),
             "ops_per_step": per_step("ops"),
             "flops_per_step": per_step("flops"),
             "flops_pct": pc.cast(ops_table.column("flops_pct"), pa.float64()),

@@ -39,19 +39,23 @@ bound time far above its roof time is what fusing those ops could buy back.
 Each table is a view of reports/sql/views.sql (roofline_op, roofline_shape, roofline_module, roofline_groups) run
 by the one engine: over the trace's files for `optrace report` (a reports.sql.engine.Trace), over the rows of a
 DataFrame or pyarrow Table for the library (reports.sql.frame); this module adds the roofs (device tables) and
-divides the per-phase totals into per-step figures (reports.sql.engine.Trace.per_step).
+divides the per-phase totals into per-step figures (reports.sql.engine.Trace.per_step_arrow), on Arrow and numpy:
+`roofline_tables` gives the report its pyarrow Tables without pandas, the library's functions the same tables as
+DataFrames.
 """
 
+import sys
+
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 
-from reports._util import empty_frame
+from reports.arrays import array_of, arrow_of, strings, values_of
 from reports.errors import ReportError
 from reports.flops.peaks import normalize_dtype, peak_bandwidth, peak_flops
+from reports.flops.rows import to_frame
 from reports.loading.load import runs_of
 from reports.sql.frame import trace_of
-from reports.sql.tables import fetch
+from reports.sql.tables import fetch_arrow
 from tracer.schema import PHASES
 
 __all__ = ["BOUNDS", "roofline", "roofline_split", "roofline_with_split"]
@@ -153,7 +157,8 @@ def _runs_known(df, peak_flops, bandwidth, what):
         return
     if isinstance(df, pa.Table):
         raise ReportError(f"{what}: a pyarrow Table holds no run metadata: give peak_flops= and bandwidth=")
-    if isinstance(df, pd.DataFrame):
+    pd = sys.modules.get("pandas")  # a DataFrame's own library, loaded (none without it)
+    if pd is not None and isinstance(df, pd.DataFrame):
         runs_of(df)
 
 
@@ -168,7 +173,7 @@ def roofline(df, by="op", peak_flops=None, bandwidth=None):
     _check_by(by, peak_flops, bandwidth)
     _runs_known(df, peak_flops, bandwidth, "roofline")
     with trace_of(df, "roofline", _needs(by)) as trace:
-        return _tables(trace, by, peak_flops, bandwidth, split=False)[0]
+        return to_frame(_tables(trace, by, peak_flops, bandwidth, split=False)[0])
 
 
 def roofline_split(df, peak_flops=None, bandwidth=None):
@@ -181,12 +186,16 @@ def roofline_split(df, peak_flops=None, bandwidth=None):
     _check(bandwidth, "bandwidth")
     _runs_known(df, peak_flops, bandwidth, "roofline_split")
     with trace_of(df, "roofline_split", _COLUMNS) as trace:
-        return _tables(trace, None, peak_flops, bandwidth, split=True)[1]
+        return to_frame(_tables(trace, None, peak_flops, bandwidth, split=True)[1])
 
 
 def roofline_with_split(df, by="op", peak_flops=None, bandwidth=None):
-    """(roofline(df, by, ...), roofline_split(df, ...)) from one Trace (the report's: `optrace report` passes its
-    reports.sql.engine.Trace)."""
+    """(roofline(df, by, ...), roofline_split(df, ...)) from one Trace."""
+    return tuple(to_frame(table) for table in roofline_tables(df, by, peak_flops, bandwidth))
+
+
+def roofline_tables(df, by="op", peak_flops=None, bandwidth=None):
+    """roofline_with_split's tables as pyarrow Tables (`optrace report` passes its reports.sql.engine.Trace)."""
     _check_by(by, peak_flops, bandwidth)
     _runs_known(df, peak_flops, bandwidth, "roofline")
     with trace_of(df, "roofline", _needs(by)) as trace:
@@ -194,110 +203,144 @@ def roofline_with_split(df, by="op", peak_flops=None, bandwidth=None):
 
 
 def _tables(trace, by, peak_flops, bandwidth, split):
-    """(the roofline by `by` or None when `by` is None, the split by bound or None unless `split`) of every run."""
+    """(the roofline by `by` or None when `by` is None, the split by bound or None unless `split`) of every run, as
+    pyarrow Tables."""
     keys = _BY[by] if by else None
-    per = _per_step(trace, by) if by else None
-    frames, splits = [], []
+    per = trace.per_step_arrow(_totals(trace, by), _SUMS, keys=keys) if by else None
+    tables, splits = [], []
     steps = trace.phase_steps()
     for i, (run, meta) in enumerate(trace.runs.items()):
-        groups = (
-            trace.sql(
-                "SELECT phase, dtype, flops, bytes, ops, CAST(time_ns AS DOUBLE) AS time_ns "
-                f"FROM roofline_groups WHERE run_index = {i}"
-            )
-            if split
-            else None
-        )
+        groups = _groups(trace, i) if split else None
         t = None
         if by:
-            t = per[i].rename(columns={"ops": "ops_per_step", "flops": "flops_per_step", "bytes": "bytes_per_step"})
-            t["time_s_per_step"] = t.pop("time_ns") / 1e9
-            total = float(t["time_s_per_step"].sum())  # in order of first appearance, as reports.steps adds
-            t = t.sort_values("time_s_per_step", ascending=False, kind="stable").reset_index(drop=True)
-        if not len(groups if split else t):  # a run without rows (by="module": rows may be in no group)
-            frames.append(pd.DataFrame(columns=[*keys, *ROOFLINE_COLUMNS]) if by else None)
-            splits.append(pd.DataFrame({"run": run, "bound": list(BOUNDS)}))
+            found, figures = per[i]
+            t = {k: np.asarray([key[j] for key in found], dtype=object) for j, k in enumerate(keys)}
+            t["ops_per_step"], t["flops_per_step"] = figures["ops"], figures["flops"]
+            t["bytes_per_step"], t["time_s_per_step"] = figures["bytes"], figures["time_ns"] / 1e9
+            total = float(np.nansum(t["time_s_per_step"]))  # in order of first appearance, as reports.steps adds
+            order = np.argsort(-t["time_s_per_step"], kind="stable")  # most time first; ties in their order
+            t = {c: v[order] for c, v in t.items()}
+        if not len(groups["phase"] if split else t["ops_per_step"]):  # a run without rows (by="module": rows may
+            splits.append([{"bound": b} for b in BOUNDS])  # be in no group)
             continue
-        dtypes = set(t["dtype"]) if by else set()
-        dtypes |= set(groups["dtype"]) if split else set()
+        dtypes = set(t["dtype"].tolist()) if by else set()
+        dtypes |= set(groups["dtype"].tolist()) if split else set()
         peaks, bw = run_roofs(meta, sorted(dtypes), peak_flops, bandwidth)  # every dtype the tables read
         if split:
             splits.append(split_of_groups(groups, steps[i], peaks, bw))
-            splits[-1].insert(0, "run", run)
         if by:
-            t["time_pct"] = 100 * t["time_s_per_step"] / total if total > 0 else np.nan
-            add_roof_columns(t, np.array([peaks.get(d, np.nan) for d in t["dtype"]], dtype=float), bw)
-            t.insert(0, "run", run)
-            frames.append(t)
-    dtypes = {**dict.fromkeys(keys or (), object), **ROOFLINE_COLUMNS}
+            t["time_pct"] = 100 * t["time_s_per_step"] / total if total > 0 else np.full(len(order), np.nan)
+            add_roof_columns(t, np.array([peaks.get(d, np.nan) for d in t["dtype"].tolist()], dtype=float), bw)
+            tables.append((run, t))
     return (
-        _combined(trace, frames, [*keys, *ROOFLINE_COLUMNS], dtypes) if by else None,
-        _combined(trace, splits, list(SPLIT_COLUMNS), SPLIT_COLUMNS) if split else None,
+        _table(trace, tables, {**dict.fromkeys(keys or (), object), **ROOFLINE_COLUMNS}) if by else None,
+        _table(trace, [(run, _columns(rows)) for run, rows in zip(trace.runs, splits)], SPLIT_COLUMNS)
+        if split
+        else None,
     )
 
 
-def _per_step(trace, by):
-    """{run_index: per-step ops, FLOPs, bytes and time_ns of each group of `by`, in order of first appearance}."""
-    totals = fetch(trace, f"roofline_{by}", "first_seq", _SUMS)
-    if by == "shape":  # the shapes as text: a null cell and no shapes both read "", one group
-        totals["input_shapes"] = [_shapes(s) for s in totals["input_shapes"]]
-        cells = ["run_index", *_BY[by], "phase"]
-        if totals.duplicated(cells).any():
-            totals = totals.groupby(cells, sort=False, as_index=False).agg(
-                {**dict.fromkeys(_SUMS, "sum"), "first_seq": "min"}
-            )
-    return trace.per_step(totals, _SUMS, keys=_BY[by])
+def _totals(trace, by):
+    """The view of `by`'s per-phase totals, in order of first appearance (by="shape": the shapes as text)."""
+    totals = fetch_arrow(trace, f"roofline_{by}", "first_seq", _SUMS)
+    if by != "shape":
+        return totals
+    # the shapes as text: a null cell and no shapes both read "", one group (its sums added, its least first_seq)
+    cells, merged = ["run_index", *_BY[by], "phase"], {}
+    for row in totals.to_pylist():
+        row["input_shapes"] = _shapes(row["input_shapes"])
+        found = merged.setdefault(tuple(row[c] for c in cells), row)
+        if found is not row:
+            found.update({c: found[c] + row[c] for c in _SUMS}, first_seq=min(found["first_seq"], row["first_seq"]))
+    kinds = {**{f.name: f.type for f in totals.schema}, "input_shapes": pa.string()}
+    names = [*cells, *_SUMS, "first_seq"]
+    return pa.table({c: array_of([row[c] for row in merged.values()], kinds[c]) for c in names})
 
 
 def _shapes(shapes):
     return "" if shapes is None else ", ".join("[" + ", ".join(str(int(d)) for d in s) + "]" for s in shapes)
 
 
-def _combined(trace, frames, columns, dtypes):
-    """One frame per run as one table: a `run` column first when there are several runs."""
-    cols = (["run"] if trace.several else []) + columns
-    types = {"run": object, **dtypes}
-    frames = [f for f in frames if len(f)]
-    if not frames:
-        return empty_frame({c: types[c] for c in cols})
-    return pd.concat(frames, ignore_index=True).reindex(columns=cols).astype({c: types[c] for c in cols})
+def _groups(trace, run_index):
+    """One run's rows of roofline_groups as numpy arrays: phase, dtype (objects), flops, bytes, ops, time_ns."""
+    found = trace.arrow(
+        "SELECT phase, dtype, flops, bytes, ops, CAST(time_ns AS DOUBLE) AS time_ns "
+        f"FROM roofline_groups WHERE run_index = {run_index}"
+    )
+    return {c: values_of(found.column(c)) for c in found.column_names}
+
+
+def _columns(records):
+    """[{column: value}] as {column: numpy array}, a column a record lacks NaN in it (SPLIT_COLUMNS' numbers)."""
+    return {
+        c: np.asarray([r.get(c, np.nan) for r in records], dtype=object if kind is object else np.float64)
+        for c, kind in SPLIT_COLUMNS.items()
+    }
+
+
+def _table(trace, runs, types):
+    """[(run, {column: numpy array})] as one pyarrow Table of the columns of `types` ({column: "float64" or object,
+    strings}), a `run` column first when the trace holds several runs."""
+    sizes = [(run, t, len(t["bound"])) for run, t in runs]
+    data = {"run": strings([run for run, _, n in sizes for _ in range(n)])} if trace.several else {}
+    for c, kind in types.items():
+        parts = [t[c] for _, t, _ in sizes]
+        if kind == "float64":
+            data[c] = arrow_of(np.concatenate([np.zeros(0), *parts]).astype(np.float64))
+        else:
+            data[c] = strings([v for part in parts for v in part.tolist()])
+    return pa.table(data)
 
 
 def add_roof_columns(t, peak, bw):
-    """Add to a roofline table `t` (flops_per_step, bytes_per_step, time_s_per_step) the columns
-    that follow from them and the roofs: `peak` FLOP/s per row, `bw` bytes/s."""
-    flops, nbytes = t["flops_per_step"].to_numpy(float), t["bytes_per_step"].to_numpy(float)
-    seconds = t["time_s_per_step"].to_numpy(float)
+    """Add to a roofline table `t` (flops_per_step, bytes_per_step, time_s_per_step: a DataFrame or a dict of numpy
+    arrays) the columns that follow from them and the roofs: `peak` FLOP/s per row, `bw` bytes/s."""
+    flops, nbytes = np.asarray(t["flops_per_step"], dtype=float), np.asarray(t["bytes_per_step"], dtype=float)
+    seconds = np.asarray(t["time_s_per_step"], dtype=float)
     with np.errstate(divide="ignore", invalid="ignore"):
         t["arithmetic_intensity"] = np.where(nbytes > 0, flops / nbytes, np.nan)
-        t["achieved_flops_per_s"] = np.where(seconds > 0, flops / seconds, np.nan)
-        t["achieved_bytes_per_s"] = np.where(seconds > 0, nbytes / seconds, np.nan)
+        achieved_flops, achieved_bytes = (
+            np.where(seconds > 0, flops / seconds, np.nan),
+            np.where(seconds > 0, nbytes / seconds, np.nan),
+        )
+        t["achieved_flops_per_s"], t["achieved_bytes_per_s"] = achieved_flops, achieved_bytes
         t["peak_flops_per_s"] = peak
-        t["peak_bytes_per_s"] = bw
+        t["peak_bytes_per_s"] = np.full(len(flops), bw, dtype=float)
         t["ridge_flops_per_byte"] = peak / bw
         t["attainable_flops_per_s"] = np.minimum(peak, np.where(nbytes > 0, flops / nbytes * bw, np.inf))
         bound = _bound(flops, nbytes, peak, bw)
         t["bound"] = bound
         t["efficiency"] = np.where(
             bound == "compute",
-            t["achieved_flops_per_s"] / peak,
-            np.where(bound == "memory", t["achieved_bytes_per_s"] / bw, np.nan),
+            achieved_flops / peak,
+            np.where(bound == "memory", achieved_bytes / bw, np.nan),
         )
 
 
 def split_of_groups(groups, steps, peaks, bw):
-    """One run's split by bound from its op groups (views.sql's roofline_groups): `groups` has phase, dtype, flops,
-    bytes (per op: every op of a group has one bound and one roof), ops and time_ns (integer sums); `steps` {phase:
-    steps it ran in}; `peaks` {dtype: FLOP/s} and `bw` the run's roofs. The float64 arrays are added here in one
-    order (phase order, dtype, FLOPs, bytes), whatever order the groups came in."""
+    """One run's split by bound from its op groups (views.sql's roofline_groups): `groups` has columns phase, dtype,
+    flops, bytes (per op: every op of a group has one bound and one roof), ops and time_ns (integer sums), as arrays
+    or Series; `steps` {phase: steps it ran in}; `peaks` {dtype: FLOP/s} and `bw` the run's roofs. The float64 arrays
+    are added here in one order (phase order, dtype with a null last, FLOPs, bytes), whatever order the groups came
+    in. Returns the three rows of BOUNDS as [{column: value}]."""
     order = {p: i for i, p in enumerate(PHASES)}
-    g = groups.assign(_order=groups["phase"].map(lambda p: order.get(p, len(order))))
-    g = g.sort_values(["_order", "phase", "dtype", "flops", "bytes"], kind="stable")
-    w = 1.0 / g["phase"].map(steps).to_numpy(dtype=np.float64)
-    flops, nbytes = g["flops"].to_numpy(dtype=np.float64), g["bytes"].to_numpy(dtype=np.float64)
-    ops = g["ops"].to_numpy(dtype=np.float64) * w
-    time = g["time_ns"].to_numpy(dtype=np.float64) / 1e9 * w
-    peak = np.array([peaks.get(d, np.nan) for d in g["dtype"]], dtype=float)
+    phase, dtype = np.asarray(groups["phase"], dtype=object), np.asarray(groups["dtype"], dtype=object)
+    keys = zip(
+        phase.tolist(), dtype.tolist(), np.asarray(groups["flops"]).tolist(), np.asarray(groups["bytes"]).tolist()
+    )
+    rank = [  # sorted stably by phase order, phase, dtype (a missing one last), FLOPs and bytes
+        k
+        for _, k in sorted(
+            ((order.get(p, len(order)), p, not isinstance(d, str), d if isinstance(d, str) else "", f, b), k)
+            for k, (p, d, f, b) in enumerate(keys)
+        )
+    ]
+    phase, dtype = phase[rank], dtype[rank]
+    flops, nbytes = (np.asarray(groups[c], dtype=np.float64)[rank] for c in ("flops", "bytes"))
+    w = 1.0 / np.array([steps.get(p, np.nan) for p in phase.tolist()], dtype=np.float64)
+    ops = np.asarray(groups["ops"], dtype=np.float64)[rank] * w
+    time = np.asarray(groups["time_ns"], dtype=np.float64)[rank] / 1e9 * w
+    peak = np.array([peaks.get(d, np.nan) for d in dtype.tolist()], dtype=float)
     bound = _bound_codes(flops, nbytes, peak, bw)
     with np.errstate(divide="ignore", invalid="ignore"):
         roof = np.fmax(np.where(flops > 0, flops / peak, 0.0), nbytes / bw) * ops
@@ -317,4 +360,4 @@ def split_of_groups(groups, steps, peaks, bw):
                 "roof_time_s": float(roof[pick].sum()) if name != "other" else np.nan,
             }
         )
-    return pd.DataFrame(out)
+    return out

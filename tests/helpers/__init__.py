@@ -95,3 +95,25 @@ def run_examples(cwd, *scripts):
     )
     assert done.returncode == 0, done.stderr[-2000:]
     return json.loads(done.stdout.splitlines()[-1])
+
+
+def gpt_trace(path, steps=2, bandwidth=None, **options):
+    """A trace of the example GPT (examples/gpt.py: 1 layer, 2 heads, d_model 16, sequence 8, batch 2) over `steps`
+    training steps, in parts of 256 rows; `bandwidth` bytes/s recorded (Tracer.set_bandwidth) gives the roofline a
+    memory roof on a CPU; `options` go to the example's GPTConfig (attention="sdpa")."""
+    import torch
+    from gpt import GPT, GPTConfig, make_batch, make_optimizer, train_step
+
+    from tracer import Tracer
+
+    torch.manual_seed(0)
+    cfg = GPTConfig(vocab_size=32, seq_len=8, n_layer=1, n_head=2, d_model=16, **options)
+    model = GPT(cfg)
+    opt = make_optimizer(model)
+    idx, targets = make_batch(cfg, 2)
+    with Tracer(path, model=model, tokens=2 * cfg.seq_len, run_name=Path(path).name, flush_rows=256) as tracer:
+        if bandwidth is not None:
+            tracer.set_bandwidth({"bytes_per_s": float(bandwidth)})
+        for _ in range(steps):
+            train_step(model, opt, idx, targets)
+    return path

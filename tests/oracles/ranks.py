@@ -4,7 +4,7 @@ first_rank, job_summary), kept as test oracles of reports/distributed/sql_ranks.
 
 import pandas as pd
 
-from reports.distributed.collectives import _OUT, collective_kind, shape_collectives
+from reports.distributed.collectives import COLLECTIVE_COLUMNS, collective_kind, shape_collectives
 from reports.distributed.ranks import PHASE_ORDER, RANK_COLUMNS, imbalance_of, job_object, summary_records, trace_of
 from reports.loading.columns import SharedRuns
 from reports.loading.load import require
@@ -112,7 +112,7 @@ def collectives(df):
     rows = df if "rank" in df.columns else df.assign(rank=0)
     rows = rows[rows["comm_bytes"].notna()]
     if not len(rows):
-        return pd.DataFrame({c: pd.Series(dtype=t) for c, t in _OUT.items()})
+        return pd.DataFrame({c: pd.Series(dtype=t) for c, t in COLLECTIVE_COLUMNS.items()})
     rows = rows.assign(
         collective=rows["op"].astype(object).map(collective_kind),
         op=rows["op"].astype(object),

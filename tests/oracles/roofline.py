@@ -158,5 +158,5 @@ def _split_table(df, prepared):
             .agg(ops=("time_ns", "size"), time_ns=("time_ns", "sum"))
         )
         steps = {str(names[c]): int(counts[c]) for c in range(len(names))}
-        frames.append((run, split_of_groups(groups.reset_index(), steps, peaks, bw)))
+        frames.append((run, pd.DataFrame(split_of_groups(groups.reset_index(), steps, peaks, bw))))
     return combine(frames, list(SPLIT_COLUMNS), SPLIT_COLUMNS, several_runs(df))

@@ -2,15 +2,12 @@
 
 Each command runs in a fresh interpreter (runpy of reports.output.cli) whose `builtins.__import__` records every
 `import pandas` statement a module of `reports` executes (the IMPORT_NAME instruction of its own code: a library
-that looks pandas up from C under a reports frame, as DuckDB's `register` does, is not one). What is left, and why:
+that looks pandas up from C under a reports frame, as DuckDB's `register` does, is not one): none does.
 
-  - reports.memory.*: the memory categories at the peak are made in pandas (reports.memory.sql_categories.by_category,
-    through reports.memory.lifetimes and reports.loading.columns); their Arrow version is another change's;
-  - report --json: reports.time.roofline (the roofline's tables are made in pandas).
-
-And pyarrow itself imports pandas when it converts (Array.to_numpy, pyarrow.array of Python values, a Python scalar
-in a compute function): the report reads its rows that way, so `pandas` is in sys.modules at the end of every command
-(test_no_command_loads_pandas, an expected failure that names it).
+And pyarrow itself imports pandas when it converts Python or numpy values (Array.to_numpy, pyarrow.array of Python
+values or of a numpy array, a Python scalar in a compute function, Schema.empty_table): the report's path converts
+with reports.arrays instead, so `optrace report` and `report --json` of the example GPT (its roofline given a memory
+roof) never load pandas at all: `python -X importtime` lists no module of it (test_report_loads_no_pandas).
 """
 
 import json
@@ -23,9 +20,7 @@ import torch
 
 from tests import helpers
 from tracer import Tracer
-
-# optrace's modules that still import pandas on the command's path, each with its reason (the module docstring)
-_ROOFLINE = {"reports.time.roofline"}
+from tracer.schema import part_paths
 
 _CHILD = textwrap.dedent(
     """
@@ -93,32 +88,18 @@ def _run(args, run='runpy.run_module("reports.output.cli", run_name="__main__")'
     return found, done.stdout
 
 
-_COMMANDS = {
-    "report": (["report"], 1, set()),
-    "report --json": (["report", "--json"], 1, _ROOFLINE),
-    "compare": (["compare"], 2, None),
-    "compare --json": (["compare", "--json"], 2, None),
-}
+_COMMANDS = {"report": ["report"], "report --json": ["report", "--json"], "compare": ["compare"]}
 
 
-@pytest.mark.parametrize(
-    "command",
-    [
-        "report",
-        "report --json",
-        "compare",
-        "compare --json",
-    ],
-)
+@pytest.mark.parametrize("command", ["report", "report --json", "compare", "compare --json"])
 def test_optrace_modules_import_no_pandas(two_runs, command):
-    """Outside the roofline's modules (for --json), no module of optrace executes an
-    `import pandas` while the command runs. On main, reports/__init__ alone imported reports.compare, and the Trace
-    (reports.sql.engine), reports.sql.tables and the printers imported it."""
-    args, traces, allowed = _COMMANDS[command]
-    found, out = _run([*args, *two_runs[:traces]])
+    """No module of optrace executes an `import pandas` while the command runs, and pandas is not loaded at its end.
+    On a2063a6, reports/__init__ alone imported reports.compare, and the Trace (reports.sql.engine),
+    reports.sql.tables and the printers imported it; on dd7848f reports.compare, compare_words, gate and baseline."""
+    args = command.split()
+    found, out = _run([*args, *two_runs[: 2 if args[0] == "compare" else 1]])
     assert out.strip()  # the command printed its report
-    left = allowed or set()  # an import made for one of these (it is on the stack) is theirs
-    assert [chain for chain in found["importers"] if not left & set(chain.split(" <- "))] == []
+    assert found["importers"] == [] and not found["loaded"]
 
 
 def test_a_baseline_file_and_the_gate_import_no_pandas(two_runs, tmp_path):
@@ -159,14 +140,74 @@ def test_compare_of_runs_with_a_step_time_imports_no_pandas(tmp_path):
     assert mfu["small"] > 0 and mfu["large"] == pytest.approx(2 * mfu["small"], rel=1e-12)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="pyarrow imports pandas on Array.to_numpy and pyarrow.array (reports.sql.rowpass, reports.flops.rows, "
-    "reports.sql.flop_rows); reports.time.roofline for --json",
-)
-def test_no_command_loads_pandas(two_runs):
-    found, _ = _run(["report", two_runs[0]])
-    assert not found["loaded"]
+@pytest.fixture(scope="module")
+def gpt(tmp_path_factory):
+    """The example GPT with fused causal attention (the causal column read), 2 steps in several parts, and a memory
+    roof of 10 GB/s recorded (the roofline's tables made)."""
+    path = helpers.gpt_trace(tmp_path_factory.mktemp("no-pandas") / "gpt", attention="sdpa", bandwidth=1e10)
+    assert len(part_paths(path)) > 1
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory):
+    """A 2-rank job: a simulated FSDP rank (tests.tracer.distributed.test_job.simulate, a fake process group of 4
+    ranks) and its copy as rank 1."""
+    from tests.tracer.distributed.test_job import simulate
+
+    root = tmp_path_factory.mktemp("no-pandas") / "job"
+    simulate(root, 4)
+    helpers.copy_rank(root / "rank=0", root / "rank=1", 1)
+    return str(root)
+
+
+def _importtime(args):
+    """(the modules `python -X importtime -m reports.output.cli ARGS` imported, its stdout)."""
+    done = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "reports.output.cli", *args],
+        capture_output=True,
+        text=True,
+        cwd=helpers.ROOT,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    imported = [line.split("|")[-1].strip() for line in done.stderr.splitlines() if line.startswith("import time:")]
+    assert "reports.sql.engine" in imported and "pyarrow" in imported  # the importtime lines are read
+    return imported, done.stdout
+
+
+def _pandas(imported):
+    return [m for m in imported if m.split(".")[0] == "pandas" or m == "pyarrow.pandas_compat"]
+
+
+@pytest.mark.parametrize("args", [["report"], ["report", "--full"], ["report", "--json"]], ids=" ".join)
+def test_report_loads_no_pandas(gpt, args):
+    """`python -X importtime -m reports.output.cli report [--full | --json] T` imports no module of pandas, nor
+    pyarrow's pandas shim (pyarrow.pandas_compat, imported with it): every section of the report (--full: explain and
+    the roofline too) is made and printed without it. On main, the first conversion (reports.sql.rowpass's `seq` column to numpy) imported it, and --json's
+    roofline imported it at the top of reports.time.roofline."""
+    imported, out = _importtime([*args, gpt])
+    assert _pandas(imported) == []
+    if args[-1] == "--json":
+        roofline = json.loads(out)["roofline"]
+        assert roofline["available"] and roofline["peak_bytes_per_s"] == 1e10  # the roofline's tables were made
+    else:
+        assert "Memory: peak" in out
+        assert ("Roofline, per step" in out) == (args[-1] == "--full")
+
+
+@pytest.mark.parametrize("args", [["report"], ["report", "--json"]], ids=" ".join)
+def test_report_of_a_job_loads_no_pandas(job, args):
+    """The distributed sections too (reports.distributed.sql_ranks: the job's traffic per step, the ranks side by side
+    and their imbalance): on main, reports.distributed.collectives imported pandas at its top."""
+    imported, out = _importtime([*args, job])
+    assert _pandas(imported) == []
+    if args[-1] == "--json":
+        found = json.loads(out)
+        assert [r["rank"] for r in found["ranks"]] == [0, 1] and found["imbalance"]
+        assert found["distributed"]["world_size"] == 4 and found["distributed"]["collectives"]
+    else:
+        assert "Distributed: rank 0 of world size 4" in out and "Ranks (2 of 4)" in out and "Imbalance" in out
 
 
 def test_the_recorder_sees_an_import():
