@@ -290,7 +290,6 @@ class Trace(Checks):
         self.rows_view = "CREATE VIEW rows AS " + " UNION ALL ".join(
             selects
         )  # what views.sql reads, for another connection
-        self.db.execute(self.rows_view)
         self._first_rows = selects[0]  # run 0's rows alone (first_run)
         self.columns = [f.name for f in ARROW_SCHEMA]  # rows' after run and run_index (_named: all of tracer.schema)
         # read once into memory: many small parts, or a trace cut short or still being written (its tracer may merge
@@ -314,16 +313,20 @@ class Trace(Checks):
         nulls += [f"list_count({c}) < len({c})" for c in ITEMS_NOT_NULL if c in self.columns]  # a null item
         nulls += BAD_ROW_VALUES  # a value the tracer never writes, in a column the grains are not keyed by
         self._null_where = " OR ".join(nulls) or "FALSE"
-        for statement in source("rows", batches if self.narrow else None, self._null_where):
-            self.db.execute(statement)
+        made = [self.rows_view, *source("rows", batches if self.narrow else None, self._null_where)]
+        if self.narrow:  # a statement a batch: DuckDB holds every part a statement opened until it ends
+            for statement in made:
+                self.db.execute(statement)
+        else:  # one script
+            self.db.execute(";\n".join(made))
         unscanned = self._check_values(
             footers, refused, keep
         )  # before the grains: no value the statistics refuse in one
         several = len(self.runs) > 1
         held = {getattr(c, "holds", None) for c in self.kept.values()}  # views a kept consumer holds for run 0
-        for name, body in grains(several, self.narrow, "flop_rest" not in held).items():  # one scan each: most views
-            self.db.execute(f"CREATE TABLE {name} AS {body}")  # are read from these (reports/sql/scan.py); not TEMP:
-            # first_run's connection reads them too
+        made = grains(several, self.narrow, "flop_rest" not in held).items()  # one scan each: most views are read
+        self.db.execute(";\n".join(f"CREATE TABLE {name} AS {body}" for name, body in made))  # from these
+        # (reports/sql/scan.py); not TEMP: first_run's connection reads them too
         self._check_null_lists(unscanned)  # a narrow trace's: from _ops, which flagged them as it read the lists
         self._make_views(
             {
@@ -362,13 +365,20 @@ class Trace(Checks):
         pending = getattr(self, "_pending", None)
         if not pending:
             return
+        made = []
+        self._needed(text, pending, made)
+        if made:  # one script: a statement's own cost in DuckDB's Python layer is about 0.2 ms
+            self.db._db.execute(";\n".join(made))
+
+    def _needed(self, text, pending, made):
+        """need's statements, each after those its body names, appended to `made`."""
         for name in sorted({w for w in _WORD.findall(text) if w in pending}, key=self._order.__getitem__):
             body = pending.pop(name, None)
             if body is None:  # made meanwhile, as a view the others named read
                 continue
-            self.need(body)
+            self._needed(body, pending, made)
             kind = "TABLE" if name == "run_totals" else "VIEW"
-            self.db._db.execute(f"CREATE OR REPLACE {kind} {name} AS {body}")
+            made.append(f"CREATE OR REPLACE {kind} {name} AS {body}")
 
     def _read_totals(self):
         """`run_rows`: run_totals' rows as {column: Python value}, in the view's order (pandas is not imported)."""
@@ -459,8 +469,7 @@ class Trace(Checks):
         made += [] if self.narrow else [one.rows_view]
         made += source_views("rows", self.narrow, self._null_where)
         one._pending = None
-        for statement in made:
-            one.db.execute(statement.replace("CREATE VIEW", "CREATE OR REPLACE VIEW", 1))
+        one.db.execute(";\n".join(statement.replace("CREATE VIEW", "CREATE OR REPLACE VIEW", 1) for statement in made))
         one._lazy(self._views)  # made in this schema when first read (Trace.need), so they read its tables
         one._read_totals()  # run 0's row, typed as a Trace of run 0 alone types it
         return one
