@@ -29,6 +29,9 @@ each equal to its definition in views.sql; a trace of many small parts has the c
 copied into memory once (SMALL_PARTS) instead of every part opened for every scan. `first_run()`
 gives run 0 alone over the same tables (the report of a trace of several ranks is rank 0's).
 
+A trace of up to reports.sql.database.SHARED_ROWS rows is opened in a catalogue of its own of one DuckDB database
+the process shares (reports.sql.database: making a database costs more than the rest of opening a small trace).
+
 The tables (reports/sql/tables.py, reports.time.roofline, reports.distributed.collectives) are built from
 the views here; this module only runs SQL, divides totals per phase into per-step figures and says which int64 sums
 could wrap (reports/steps.py summable: pandas sums those as float64).
