@@ -212,10 +212,10 @@ class Trace(Checks):
         try:
             reread(attempt)
         except Exception as exc:
+            if self.db is not None:  # its database given back now, not when the Trace is collected
+                self.close()
             if isinstance(exc, ReportError) or not merged_away(exc):
                 raise
-            if self.db is not None:
-                self.close()
             raise ReportError(
                 f"{one_line(exc)} (parts merged away while read, {REREADS} times: read the trace again)"
             ) from None

@@ -4,6 +4,8 @@ setting changed through a Trace leaves the Traces opened later at DuckDB's defau
 
 import gc
 
+import pytest
+
 from reports.sql import database
 from reports.sql.engine import Trace
 
@@ -54,3 +56,22 @@ def test_a_setting_changed_through_a_trace_is_not_read_by_traces_opened_later(te
             assert later.db.execute("SELECT current_setting('max_expression_depth')").fetchone()[0] == default
             assert later._database._shared is not retired and retired.users == 1
     assert retired.users == 0 and database._SHARED is not retired  # closed with its last Trace
+
+
+def test_a_trace_refused_after_its_database_was_made_gives_it_back(template, monkeypatch):
+    """A check that fails once the rows are in DuckDB (here a stand-in raising ReportError where the null lists are
+    checked) closes the Trace's catalogue before the error reaches the caller, not when the Trace is collected."""
+    from reports.errors import ReportError
+
+    def refuse(self, unscanned):
+        raise ReportError("refused")
+
+    monkeypatch.setattr(database, "_SHARED", None)
+    monkeypatch.setattr(Trace, "_check_null_lists", refuse)
+    gc.disable()  # (no collection of the unclosed Trace in between)
+    try:
+        with pytest.raises(ReportError, match="^refused$"):
+            Trace(template)
+        assert database._SHARED.users == 0
+    finally:
+        gc.enable()
