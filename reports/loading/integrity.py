@@ -258,30 +258,35 @@ def _check_repeats(path, parts):
 
 def read_marker(path):
     """The facts the tracer left in the trace's marker at close ({} when none)."""
-    name, raw = read_marker_file(path, MAX_MARKER_BYTES)  # the Parquet marker, else a legacy JSON one
-    if raw is None:
-        return {}
-    if len(raw) <= MAX_MARKER_BYTES:
-        raw = marker_json(raw)  # of a Parquet marker, the JSON in its footer
-    if raw is None:
-        return {}  # a Parquet marker cut mid-rewrite: no facts
-    facts = parse_json(path, raw, "the marker", name, MAX_MARKER_BYTES, invalid={})  # cut mid-rewrite: no facts
-    if not isinstance(facts, dict):
-        return {}
-    check_metadata(path, facts, "the marker", name)
-    return facts
+    return marker_facts(path)[0]
 
 
 def marker_damaged(path):
     """Whether the trace's Parquet marker is there but unreadable (cut or overwritten): its closing facts are lost, and
     every other Parquet reader of the directory (DuckDB, Spark) fails on it. The tracer writes it at entry and
     rewrites it at close: a run killed in that rewrite leaves it cut, and is incomplete too."""
-    name, raw = read_marker_file(path, MAX_MARKER_BYTES)
-    if name != MARKER_NAME:
-        return False  # none, or a JSON marker of an older tracer
-    if raw is None or len(raw) > MAX_MARKER_BYTES:
-        return True
-    return raw[:4] != b"PAR1" or raw[-4:] != b"PAR1" or marker_json(raw) is None
+    return marker_facts(path)[1]
+
+
+def marker_facts(path):
+    """(read_marker, marker_damaged) of the trace at `path`, from one read of its marker."""
+    name, raw = read_marker_file(path, MAX_MARKER_BYTES)  # the Parquet marker, else a legacy JSON one
+    if raw is None:
+        return {}, name == MARKER_NAME
+    if len(raw) > MAX_MARKER_BYTES:
+        text, damaged = raw, name == MARKER_NAME
+    elif name == MARKER_NAME:
+        text = marker_json(raw)  # of a Parquet marker, the JSON in its footer
+        damaged = raw[:4] != b"PAR1" or raw[-4:] != b"PAR1" or text is None
+    else:  # a JSON marker of an older tracer
+        text, damaged = marker_json(raw), False
+    if text is None:
+        return {}, damaged  # a Parquet marker cut mid-rewrite: no facts
+    facts = parse_json(path, text, "the marker", name, MAX_MARKER_BYTES, invalid={})  # cut mid-rewrite: no facts
+    if not isinstance(facts, dict):
+        return {}, damaged
+    check_metadata(path, facts, "the marker", name)
+    return facts, damaged
 
 
 def no_parts(path):
@@ -298,12 +303,13 @@ def no_parts(path):
     )
 
 
-def damage(path, parts, meta):
+def damage(path, parts, meta, marker=None):
     """The damage facts of a trace: {key: count} over DAMAGE_KEYS (all 0 for a whole trace).
 
     The marker's closing facts count too: when the disk filled, the last parts (and
-    their metadata) are gone, but the marker, rewritten in place, still says what was lost."""
-    marker = read_marker(path)
+    their metadata) are gone, but the marker, rewritten in place, still says what was lost.
+    `marker`: marker_facts(path), when the caller read it."""
+    marker, damaged = marker if marker is not None else marker_facts(path)
     if marker.get("trace_id") != meta.get("trace_id"):
         marker = {}
     present = 0
@@ -330,7 +336,7 @@ def damage(path, parts, meta):
         "missing_rows": missing,
         "missing_parts": max(int(counted_parts) - _held(parts), 0) if isinstance(counted_parts, int) else 0,
         "seq_gaps": gaps,
-        "damaged_marker": int(marker_damaged(path)),
+        "damaged_marker": int(damaged),
     }
 
 

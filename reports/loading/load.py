@@ -14,9 +14,9 @@ from reports.loading.integrity import (
     damage,
     describe_damage,
     list_parts,
+    marker_facts,
     no_parts,
     one_line,
-    read_marker,
     reread,
     stopped_by,
 )
@@ -60,9 +60,10 @@ def read_run(path, footers=None, unread=()):
         )
     if isinstance(meta.get("run_name"), str):  # one that is not valid Unicode (an older tracer's): escaped, printable
         meta["run_name"] = escaped(meta["run_name"])
-    meta["damage"] = damage(path, parts, meta)
+    marker = marker_facts(path)  # read once
+    meta["damage"] = damage(path, parts, meta, marker)
     check_metadata_ids(path, meta, id_limit(meta, sum(rows for _, _, rows in parts)))
-    meta["complete"] = bool(meta.get("complete")) and read_marker(path).get("complete", True) is not False
+    meta["complete"] = bool(meta.get("complete")) and marker[0].get("complete", True) is not False
     return meta
 
 

@@ -29,6 +29,9 @@ each equal to its definition in views.sql; a trace of many small parts has the c
 copied into memory once (SMALL_PARTS) instead of every part opened for every scan. `first_run()`
 gives run 0 alone over the same tables (the report of a trace of several ranks is rank 0's).
 
+A trace of up to reports.sql.database.SHARED_ROWS rows is opened in a catalogue of its own of one DuckDB database
+the process shares (reports.sql.database: making a database costs more than the rest of opening a small trace).
+
 The tables (reports/sql/tables.py, reports.time.roofline, reports.distributed.collectives) are built from
 the views here; this module only runs SQL, divides totals per phase into per-step figures and says which int64 sums
 could wrap (reports/steps.py summable: pandas sums those as float64).
@@ -36,9 +39,6 @@ could wrap (reports/steps.py summable: pandas sums those as float64).
 
 import os
 import re
-import shutil
-import tempfile
-import uuid
 import warnings
 
 import numpy as np
@@ -59,6 +59,7 @@ from reports.loading.integrity import (
 from reports.loading.load import check_rank, read_run, run_name, runs_with_ranks
 from reports.loading.validate import ITEMS_NOT_NULL, LIST_NOT_NULL
 from reports.sql.checks import BAD_ROW_VALUES, Checks, IdFooters
+from reports.sql.database import connect
 from reports.sql.kept_views import kept_views
 from reports.sql.per_step import floats, per_step_arrays
 from reports.sql.scan import GRAINS, grains, source, source_views, views
@@ -68,11 +69,6 @@ from tracer.schema import ARROW_SCHEMA, COLUMN_NAMES, missing_columns
 # The oldest schema version the engine reads. A trace of it lacks the columns added since, all of them null when
 # reports.load reads one (tracer.schema.missing_columns: grad_mode, unknown before v4): they are read as NULL here.
 OLDEST_VERSION = 3
-
-# Traces of at most this many rows have DuckDB give a scan's freed buffers back as it goes: 20-35 MB less at the
-# peak of a 1M-row report in the same time; on 50M rows (128 ranks) its scans took 12-17% longer (benchmarks/README.md,
-# stop 30).
-FLUSH_FREED_ROWS = 4_000_000
 
 __all__ = ["VIEWS_SQL", "VIEW_FILES", "Trace", "Unsupported", "literal", "statements"]
 
@@ -104,15 +100,19 @@ class _Connection:
     views it reads (a library table reads 2-5 of 35; binding one takes about 1-2 ms). Every other attribute is the
     connection's."""
 
-    def __init__(self, db, need):
-        self._db, self._need = db, need
+    def __init__(self, db, need, note=None):
+        self._db, self._need, self._note = db, need, note
 
     def sql(self, query, *args, **kwargs):
         self._need(query)
+        if self._note is not None:
+            self._note(query)
         return self._db.sql(query, *args, **kwargs)
 
     def execute(self, query, *args, **kwargs):
         self._need(query)
+        if self._note is not None:
+            self._note(query)
         return self._db.execute(query, *args, **kwargs)
 
     def __getattr__(self, name):
@@ -153,9 +153,22 @@ def _typed(field, present):
     return f'CAST({value} AS {_sql_type(field.type)}) AS "{field.name}"'
 
 
+_PARSED = {}  # {path: ((mtime_ns, size), statements)}: each .sql file parsed once per process (every Trace reads them)
+
+
 def statements(path=VIEWS_SQL):
     """[(view name, its SELECT, portable?)] of views.sql in order: `portable` when its comment says the
-    view runs unchanged in polars' SQL too."""
+    view runs unchanged in polars' SQL too. Parsed again only when the file changed (its mtime or size)."""
+    found = os.stat(path)
+    stamp = (found.st_mtime_ns, found.st_size)
+    cached = _PARSED.get(path)
+    if cached is None or cached[0] != stamp:
+        cached = _PARSED[path] = (stamp, _parse(path))
+    return list(cached[1])
+
+
+def _parse(path):
+    """statements() of the file at `path`, read now."""
     with open(path, encoding="utf-8") as f:
         text = f.read()
     out = []
@@ -190,7 +203,7 @@ class Trace(Checks):
     once each by take_kept (the report's FLOP and memory sections: reports/sql/flop_rows.py, reports/memory/row_scan.py)."""
 
     def __init__(self, paths, threads=None, columns=None, keep=()):
-        self.db = None
+        self.db = self._database = None
 
         def attempt():  # a live trace's parts merged away while read (tracer.store.writer SmallParts): read again
             if self.db is not None:
@@ -200,10 +213,10 @@ class Trace(Checks):
         try:
             reread(attempt)
         except Exception as exc:
+            if self.db is not None:  # its database given back now, not when the Trace is collected
+                self.close()
             if isinstance(exc, ReportError) or not merged_away(exc):
                 raise
-            if self.db is not None:
-                self.close()
             raise ReportError(
                 f"{one_line(exc)} (parts merged away while read, {REREADS} times: read the trace again)"
             ) from None
@@ -260,13 +273,13 @@ class Trace(Checks):
             for earlier in self.paths:
                 self._reference_check(earlier)
             raise
+        files = sum(len(f) for f in self.files)
+        rows = sum(footers.rows.get(f, 0) for fs in self.files for f in fs)
         # DuckDB spills a query larger than its memory limit to temp_directory, by default `.tmp` in the working
         # directory: a report must not write where the user runs it, so the spill goes to a directory of its own
-        # under the system's temporary directory (made by DuckDB only when it spills, removed at close)
-        self._spill = os.path.join(tempfile.gettempdir(), f"optrace-duckdb-{os.getpid()}-{uuid.uuid4().hex}")
-        config = {"temp_directory": self._spill, **({"threads": threads} if threads else {})}
-        self.db = _Connection(duckdb.connect(config=config), self.need)
-        self.db.execute("SET enable_progress_bar = false")  # stdout is the report's
+        # under the system's temporary directory (reports.sql.database: a small trace's database is one the process
+        # shares)
+        self._open_database(duckdb, rows, threads)
         self._reads = [
             f"read_parquet([{', '.join(file_literal(f) for f in files)}], hive_partitioning = false"
             for files in self.files
@@ -281,18 +294,8 @@ class Trace(Checks):
         self.rows_view = "CREATE VIEW rows AS " + " UNION ALL ".join(
             selects
         )  # what views.sql reads, for another connection
-        self.db.execute(self.rows_view)
         self._first_rows = selects[0]  # run 0's rows alone (first_run)
-        self.columns = [
-            d[0] for d in self.db.execute("SELECT * FROM rows LIMIT 0").description if d[0] not in ("run", "run_index")
-        ]
-        files = sum(len(f) for f in self.files)
-        rows = sum(footers.rows.get(f, 0) for fs in self.files for f in fs)
-        if rows <= FLUSH_FREED_ROWS:  # give the memory of a scan's freed buffers back as it goes
-            try:
-                self.db.execute("SET allocator_bulk_deallocation_flush_threshold = '2MB'")
-            except duckdb.Error:  # a DuckDB before the setting
-                pass
+        self.columns = [f.name for f in ARROW_SCHEMA]  # rows' after run and run_index (_named: all of tracer.schema)
         # read once into memory: many small parts, or a trace cut short or still being written (its tracer may merge
         # small parts, removing the files a later scan would open)
         changing = any(not meta.get("complete") for meta in self.runs.values())
@@ -314,16 +317,20 @@ class Trace(Checks):
         nulls += [f"list_count({c}) < len({c})" for c in ITEMS_NOT_NULL if c in self.columns]  # a null item
         nulls += BAD_ROW_VALUES  # a value the tracer never writes, in a column the grains are not keyed by
         self._null_where = " OR ".join(nulls) or "FALSE"
-        for statement in source("rows", batches if self.narrow else None, self._null_where):
-            self.db.execute(statement)
+        made = [self.rows_view, *source("rows", batches if self.narrow else None, self._null_where)]
+        if self.narrow:  # a statement a batch: DuckDB holds every part a statement opened until it ends
+            for statement in made:
+                self.db.execute(statement)
+        else:  # one script
+            self.db.execute(";\n".join(made))
         unscanned = self._check_values(
             footers, refused, keep
         )  # before the grains: no value the statistics refuse in one
         several = len(self.runs) > 1
         held = {getattr(c, "holds", None) for c in self.kept.values()}  # views a kept consumer holds for run 0
-        for name, body in grains(several, self.narrow, "flop_rest" not in held).items():  # one scan each: most views
-            self.db.execute(f"CREATE TABLE {name} AS {body}")  # are read from these (reports/sql/scan.py); not TEMP:
-            # first_run's connection reads them too
+        made = grains(several, self.narrow, "flop_rest" not in held).items()  # one scan each: most views are read
+        self.db.execute(";\n".join(f"CREATE TABLE {name} AS {body}" for name, body in made))  # from these
+        # (reports/sql/scan.py); not TEMP: first_run's connection reads them too
         self._check_null_lists(unscanned)  # a narrow trace's: from _ops, which flagged them as it read the lists
         self._make_views(
             {
@@ -338,6 +345,11 @@ class Trace(Checks):
                 warnings.warn(
                     f"{path}: trace is {state}{': ' + broken if broken else ''}; reporting the {ops} rows it has"
                 )
+
+    def _open_database(self, duckdb, rows, threads):
+        """`db`: this Trace's connection (reports.sql.database.connect), `_database` what closes it."""
+        self._database = connect(duckdb, rows, threads)
+        self.db = _Connection(self._database.cursor, self.need, self._database.note)
 
     def _make_views(self, fast):
         """The views of the .sql files, each from `fast` ({view: body}, reports/sql/scan.py) where it holds one."""
@@ -357,13 +369,20 @@ class Trace(Checks):
         pending = getattr(self, "_pending", None)
         if not pending:
             return
+        made = []
+        self._needed(text, pending, made)
+        if made:  # one script: a statement's own cost in DuckDB's Python layer is about 0.2 ms
+            self.db._db.execute(";\n".join(made))
+
+    def _needed(self, text, pending, made):
+        """need's statements, each after those its body names, appended to `made`."""
         for name in sorted({w for w in _WORD.findall(text) if w in pending}, key=self._order.__getitem__):
             body = pending.pop(name, None)
             if body is None:  # made meanwhile, as a view the others named read
                 continue
-            self.need(body)
+            self._needed(body, pending, made)
             kind = "TABLE" if name == "run_totals" else "VIEW"
-            self.db._db.execute(f"CREATE OR REPLACE {kind} {name} AS {body}")
+            made.append(f"CREATE OR REPLACE {kind} {name} AS {body}")
 
     def _read_totals(self):
         """`run_rows`: run_totals' rows as {column: Python value}, in the view's order (pandas is not imported)."""
@@ -396,10 +415,9 @@ class Trace(Checks):
         one = object.__new__(cls)
         one.runs, one.ranks = dict(runs), list(ranks) if ranks is not None else [None] * len(runs)
         one.paths, one.files, one.lacking, one.kept, one._reads = list(paths or one.runs), [], [], {}, []
-        one._phase_steps, one._totals, one._spill, one._reference_columns = None, None, None, None
+        one._phase_steps, one._totals, one._reference_columns = None, None, None
         one.narrow, one._null_where = False, "FALSE"
-        one.db = _Connection(duckdb.connect(), one.need)
-        one.db.execute("SET enable_progress_bar = false")
+        one._open_database(duckdb, table.num_rows, None)
         present = set(table.column_names)
         names = pa.array(list(one.runs), pa.string())
         runs_table = pa.table({"run": names, "run_index": pa.array(range(len(names)), pa.int32())})
@@ -439,28 +457,32 @@ class Trace(Checks):
         one._reference_columns, one._null_where = self._reference_columns, self._null_where
         one._first_rows = self._first_rows
         one._phase_steps, one._totals, one.rows_view = None, None, "CREATE VIEW rows AS " + self._first_rows
-        one.db, one._spill = _Connection(self.db.cursor(), one.need), None  # the spill directory stays this Trace's
+        # a second connection to this Trace's catalogue: its database stays this Trace's (closed by its close)
+        one.db, one._database, one._owner = _Connection(self.db.cursor(), one.need), None, self
         one.kept = self.kept  # run 0's, taken once by either
-        one.db.execute("SET enable_progress_bar = false")
-        one.db.execute("CREATE SCHEMA IF NOT EXISTS first_run")  # a second first_run() makes the same views again
-        one.db.execute("USE first_run")
+        catalog = self._database.catalog
+        # (a second first_run() makes the same views again)
+        one.db.execute(
+            f"SET enable_progress_bar = false; USE {catalog}; CREATE SCHEMA IF NOT EXISTS first_run; "
+            f"USE {catalog}.first_run"
+        )
         made = [
-            f"CREATE VIEW {table} AS SELECT * FROM main.{table} WHERE run_index = 0"
+            f"CREATE VIEW {table} AS SELECT * FROM {catalog}.main.{table} WHERE run_index = 0"
             for table in (("_rows", *GRAINS) if self.narrow else GRAINS)
         ]
         made += [] if self.narrow else [one.rows_view]
         made += source_views("rows", self.narrow, self._null_where)
         one._pending = None
-        for statement in made:
-            one.db.execute(statement.replace("CREATE VIEW", "CREATE OR REPLACE VIEW", 1))
+        one.db.execute(";\n".join(statement.replace("CREATE VIEW", "CREATE OR REPLACE VIEW", 1) for statement in made))
         one._lazy(self._views)  # made in this schema when first read (Trace.need), so they read its tables
         one._read_totals()  # run 0's row, typed as a Trace of run 0 alone types it
         return one
 
     def close(self):
-        self.db.close()
-        if self._spill is not None:  # DuckDB removes its files at close, and the directory if it made it: in case
-            shutil.rmtree(self._spill, ignore_errors=True)
+        if self._database is None:  # first_run's: a cursor of its Trace's database
+            self.db.close()
+        else:
+            self._database.close()
 
     def __enter__(self):
         return self

@@ -300,7 +300,10 @@ def _first_run_is_rank_0s(job, narrow):
     # every table and view of the Trace has its own in first_run: no query of run 0 falls back to every run's. The
     # views of the .sql files are made when first read (Trace.need): none read yet is made in either schema, then
     # every one is read through both
-    names = "SELECT {} FROM duckdb_{}() WHERE NOT internal AND database_name = 'memory' AND schema_name = '{}'"
+    # (the Trace's catalogue: its own in the database the process shares, reports.sql.database)
+    names = (
+        "SELECT {} FROM duckdb_{}() WHERE NOT internal AND database_name = current_database() AND schema_name = '{}'"
+    )
     made = {n for (n,) in one.db.execute(names.format("view_name", "views", "first_run")).fetchall()}
     assert "compare_by_op" not in made and "by_op" in made  # read above (tables.by_op), compare's not
     every_view = " ".join(name for name, _ in every._views)
@@ -400,9 +403,11 @@ def test_duckdb_spills_under_the_system_temporary_directory_never_the_working_on
     write there. The Trace gives it a directory of its own under the system's temporary directory instead."""
     import tempfile
 
+    from reports.sql import database
     from reports.sql.engine import Trace
 
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(database, "_SHARED", None)  # alone in the database the process shares (reports.sql.database)
     with Trace(trace) as opened:
         spill = opened.db.execute("SELECT current_setting('temp_directory')").fetchone()[0]
         assert os.path.dirname(spill) == tempfile.gettempdir()

@@ -1,0 +1,77 @@
+"""reports.sql.database: a small trace's Trace runs in a catalogue of its own in a DuckDB database the process shares
+(one database made per process, not one per Trace), its tables its own, removed when it closes or is collected; a
+setting changed through a Trace leaves the Traces opened later at DuckDB's defaults."""
+
+import gc
+
+import pytest
+
+from reports.sql import database
+from reports.sql.engine import Trace
+
+CATALOGUES = "SELECT database_name FROM duckdb_databases() WHERE database_name LIKE 'optrace_%' ORDER BY 1"
+
+
+def _catalogues(trace):
+    return [name for (name,) in trace.db.execute(CATALOGUES).fetchall()]
+
+
+def test_two_traces_share_one_database_each_reading_its_own_rows(template, parts, monkeypatch):
+    monkeypatch.setattr(database, "_SHARED", None)
+    with Trace(template) as mlp, Trace(parts) as two:
+        # both catalogues are in the one database (a database of its own each: neither would list the other)
+        assert _catalogues(mlp) == _catalogues(two) == sorted([mlp._database.catalog, two._database.catalog])
+        assert mlp.db.execute("SELECT count(*) FROM rows").fetchone()[0] == 160  # the template: 160 rows
+        assert two.db.execute("SELECT count(*) FROM rows").fetchone()[0] == 70  # parts of 32 rows: 32 + 32 + 6
+        assert [r["ops"] for r in mlp.run_rows] == [160] and [r["ops"] for r in two.run_rows] == [70]
+        gone = mlp._database.catalog
+        mlp.close()
+        assert gone not in _catalogues(two)  # detached at close
+        one = two.first_run()  # a second connection to the Trace's own catalogue
+        assert one.run_rows == two.run_rows and one.db.execute("SELECT count(*) FROM _ops").fetchone()[0] > 0
+        one.close()
+
+
+def test_a_trace_collected_unclosed_leaves_the_shared_database(template, parts, monkeypatch):
+    monkeypatch.setattr(database, "_SHARED", None)
+    with Trace(parts) as kept:
+        lost = Trace(template)
+        name = lost._database.catalog
+        assert name in _catalogues(kept)
+        del lost
+        gc.collect()  # (a Trace and its connection refer to each other: collected by the cycle collector)
+        assert _catalogues(kept) == [kept._database.catalog]
+        assert database._SHARED.users == 1
+
+
+def test_a_setting_changed_through_a_trace_is_not_read_by_traces_opened_later(template, monkeypatch):
+    monkeypatch.setattr(database, "_SHARED", None)
+    with Trace(template) as fresh:
+        default = fresh.db.execute("SELECT current_setting('max_expression_depth')").fetchone()[0]
+    with Trace(template) as changed:
+        changed.db.execute(f"SET max_expression_depth = {default + 7}")
+        assert changed.db.execute("SELECT current_setting('max_expression_depth')").fetchone()[0] == default + 7
+        retired = changed._database._shared
+        with Trace(template) as later:  # a database of its own: DuckDB's default
+            assert later.db.execute("SELECT current_setting('max_expression_depth')").fetchone()[0] == default
+            assert later._database._shared is not retired and retired.users == 1
+    assert retired.users == 0 and database._SHARED is not retired  # closed with its last Trace
+
+
+def test_a_trace_refused_after_its_database_was_made_gives_it_back(template, monkeypatch):
+    """A check that fails once the rows are in DuckDB (here a stand-in raising ReportError where the null lists are
+    checked) closes the Trace's catalogue before the error reaches the caller, not when the Trace is collected."""
+    from reports.errors import ReportError
+
+    def refuse(self, unscanned):
+        raise ReportError("refused")
+
+    monkeypatch.setattr(database, "_SHARED", None)
+    monkeypatch.setattr(Trace, "_check_null_lists", refuse)
+    gc.disable()  # (no collection of the unclosed Trace in between)
+    try:
+        with pytest.raises(ReportError, match="^refused$"):
+            Trace(template)
+        assert database._SHARED.users == 0
+    finally:
+        gc.enable()
