@@ -161,53 +161,67 @@ def job(tmp_path_factory):
     return str(root)
 
 
-def _importtime(args):
-    """(the modules `python -X importtime -m reports.output.cli ARGS` imported, its stdout)."""
+# `optrace ARGS` for each ARGS of argv[1] (JSON), one after another in this process, each one's stdout after a line
+_SEVERAL = """
+import contextlib, io, json, sys
+from reports.output.cli import main
+for args in json.loads(sys.argv[1]):
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = main(args)
+    print("----", code)
+    print(out.getvalue())
+"""
+
+
+def _importtime(*commands):
+    """(the modules `python -X importtime` imported while it ran `optrace ARGS` for each ARGS of `commands`, one after
+    another in one child: a module is imported once, so none imported pandas if it is not listed; their stdouts)."""
+    import json as json_
+
     done = subprocess.run(
-        [sys.executable, "-X", "importtime", "-m", "reports.output.cli", *args],
+        [sys.executable, "-X", "importtime", "-c", _SEVERAL, json_.dumps(commands)],
         capture_output=True,
         text=True,
         cwd=helpers.ROOT,
-        timeout=120,
+        timeout=180,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     imported = [line.split("|")[-1].strip() for line in done.stderr.splitlines() if line.startswith("import time:")]
     assert "reports.sql.engine" in imported and "pyarrow" in imported  # the importtime lines are read
-    return imported, done.stdout
+    runs = done.stdout.split("---- ")[1:]
+    assert [run.split("\n", 1)[0] for run in runs] == ["0"] * len(commands)  # each command's exit status
+    return imported, [run.split("\n", 1)[1] for run in runs]
 
 
 def _pandas(imported):
     return [m for m in imported if m.split(".")[0] == "pandas" or m == "pyarrow.pandas_compat"]
 
 
-@pytest.mark.parametrize("args", [["report"], ["report", "--full"], ["report", "--json"]], ids=" ".join)
-def test_report_loads_no_pandas(gpt, args):
-    """`python -X importtime -m reports.output.cli report [--full | --json] T` imports no module of pandas, nor
-    pyarrow's pandas shim (pyarrow.pandas_compat, imported with it): every section of the report (--full: explain and
-    the roofline too) is made and printed without it. On main, the first conversion (reports.sql.rowpass's `seq` column to numpy) imported it, and --json's
-    roofline imported it at the top of reports.time.roofline."""
-    imported, out = _importtime([*args, gpt])
+def test_report_loads_no_pandas(gpt):
+    """`python -X importtime` running `optrace report T`, `report --full T` and `report --json T` imports no module
+    of pandas, nor pyarrow's pandas shim (pyarrow.pandas_compat, imported with it): every section of the report
+    (--full: explain and the roofline too) is made and printed without it. On dd7848f, the first conversion
+    (reports.sql.rowpass's `seq` column to numpy) imported it, and --json's roofline imported it at the top of
+    reports.time.roofline."""
+    imported, (text, full, js) = _importtime(["report", gpt], ["report", "--full", gpt], ["report", "--json", gpt])
     assert _pandas(imported) == []
-    if args[-1] == "--json":
-        roofline = json.loads(out)["roofline"]
-        assert roofline["available"] and roofline["peak_bytes_per_s"] == 1e10  # the roofline's tables were made
-    else:
-        assert "Memory: peak" in out
-        assert ("Roofline, per step" in out) == (args[-1] == "--full")
+    roofline = json.loads(js)["roofline"]
+    assert roofline["available"] and roofline["peak_bytes_per_s"] == 1e10  # the roofline's tables were made
+    assert "Memory: peak" in text and "Memory: peak" in full
+    assert "Roofline, per step" not in text and "Roofline, per step" in full
 
 
-@pytest.mark.parametrize("args", [["report"], ["report", "--json"]], ids=" ".join)
-def test_report_of_a_job_loads_no_pandas(job, args):
+def test_report_of_a_job_loads_no_pandas(job):
     """The distributed sections too (reports.distributed.sql_ranks: the job's traffic per step, the ranks side by side
-    and their imbalance): on main, reports.distributed.collectives imported pandas at its top."""
-    imported, out = _importtime([*args, job])
+    and their imbalance), in `report` and `report --json`: on dd7848f, reports.distributed.collectives imported pandas
+    at its top."""
+    imported, (text, js) = _importtime(["report", job], ["report", "--json", job])
     assert _pandas(imported) == []
-    if args[-1] == "--json":
-        found = json.loads(out)
-        assert [r["rank"] for r in found["ranks"]] == [0, 1] and found["imbalance"]
-        assert found["distributed"]["world_size"] == 4 and found["distributed"]["collectives"]
-    else:
-        assert "Distributed: rank 0 of world size 4" in out and "Ranks (2 of 4)" in out and "Imbalance" in out
+    found = json.loads(js)
+    assert [r["rank"] for r in found["ranks"]] == [0, 1] and found["imbalance"]
+    assert found["distributed"]["world_size"] == 4 and found["distributed"]["collectives"]
+    assert "Distributed: rank 0 of world size 4" in text and "Ranks (2 of 4)" in text and "Imbalance" in text
 
 
 def test_the_recorder_sees_an_import():
