@@ -17,10 +17,7 @@ per_step_traffic run views.sql's comm_split and collective_totals, over a trace'
 as `optrace report` opens one) or over the rows of a DataFrame or pyarrow Table (reports.sql.frame).
 """
 
-import pandas as pd
-
 from reports._util import empty_frame
-from reports.sql.frame import trace_of
 
 __all__ = [
     "shape_collectives",
@@ -114,6 +111,8 @@ def shape_collectives(out):
     """The collectives table from its groups in order of first appearance (run, rank, collective, op,
     process_group, group_size, comm_bytes, calls, total: summed duration_ns); reports/distributed/sql_ranks.py
     gives the groups from SQL."""
+    import pandas as pd  # the library's tables (reports.plan reads only collective_kind and traffic)
+
     if not len(out):
         return pd.DataFrame({c: pd.Series(dtype=t) for c, t in _OUT.items()})
     out["duration_s"] = out["total"] / out["calls"] / 1e9
@@ -143,6 +142,8 @@ def comm_split(df):
     the collectives (to completion, so an async collective that overlapped compute
     counts in both); comm_pct: comm_s / (compute_s + comm_s) x 100. A run's rank is
     its `rank` column's (reports.load's of a distributed trace), else 0."""
+    from reports.sql.frame import trace_of
+
     with trace_of(df, "comm_split", ("step", "comm_bytes", "duration_ns")) as trace:
         table = trace.sql("SELECT * FROM comm_split ORDER BY run_index, step")
         if not len(table):
@@ -173,6 +174,10 @@ def per_step_traffic(df):
     the kind and group size, the bytes this rank puts on and takes off its links.
     Needs no timing, so it holds for a rank of a simulated job (a fake process group).
     Each phase's totals are divided by the steps it ran in (reports.steps.per_step)."""
+    import pandas as pd
+
+    from reports.sql.frame import trace_of
+
     required = ("step", "phase", "op", "comm_bytes", "group_size", "process_group")
     with trace_of(df, "per_step_traffic", required) as trace:
         totals = trace.sql("SELECT * FROM collective_totals ORDER BY run_index, first_seq")
