@@ -49,6 +49,11 @@ number assumed, those measured included), `classes` (time per bound class), `mem
 parts, and for a plan that does not fit its `changes`: reports.plan.changes), `notes` (what the
 figures rest on, what needs a re-trace) and `basis` (those of `notes` that hold for every plan); with
 pp > 1 `pipeline` (each rank's blocks, time, sends and memory), with cp > 1 `context` (the ring's figures).
+
+This module owns the plan of a run: its arguments checked, the step priced and simulated, the record and detail put
+together. Its parts: reports.plan.rows (what is read of the trace), reports.plan.target (the device and the assumptions
+listed), reports.plan.step (the priced step's rows), reports.plan.ops, .comm, .fit, .parallel (prices, communication,
+memory, pipeline and ring).
 """
 
 import math
@@ -79,29 +84,10 @@ from reports.plan.target import effective, generation, listed, on_target, table_
 
 __all__ = ["plan", "plan_runs"]
 
-_COLUMNS = (
-    "run",
-    "step",
-    "phase",
-    "op",
-    "flops",
-    "flop_kind",
-    "bytes_read",
-    "bytes_written",
-    "is_view",
-    "input_dtypes",
-    "output_dtypes",
-    "input_storage_ids",
-    "output_storage_ids",
-    "input_shapes",
-    "output_shapes",
-    "inplace",
-    "comm_bytes",
-    "group_size",
-    "process_group",
-    "duration_ns",
-    "busy_ns",
-    "causal",
+_COLUMNS = tuple(
+    "run step phase op flops flop_kind bytes_read bytes_written is_view input_dtypes output_dtypes input_storage_ids "
+    "output_storage_ids input_shapes output_shapes inplace comm_bytes group_size process_group duration_ns busy_ns "
+    "causal".split()
 )
 _RETRACE = (
     "what needs a re-trace: another world size (shards and collective sizes change), another "
