@@ -22,7 +22,6 @@ import math
 import numpy as np
 
 from reports._util import empty_frame
-from reports.sql.frame import trace_of
 
 __all__ = [
     "COLLECTIVE_COLUMNS",
@@ -164,6 +163,8 @@ def comm_split(df):
     the collectives (to completion, so an async collective that overlapped compute
     counts in both); comm_pct: comm_s / (compute_s + comm_s) x 100. A run's rank is
     its `rank` column's (reports.load's of a distributed trace), else 0."""
+    from reports.sql.frame import trace_of
+
     with trace_of(df, "comm_split", ("step", "comm_bytes", "duration_ns")) as trace:
         table = trace.sql("SELECT * FROM comm_split ORDER BY run_index, step")
         if not len(table):
@@ -194,6 +195,8 @@ def per_step_traffic(df):
     the kind and group size, the bytes this rank puts on and takes off its links.
     Needs no timing, so it holds for a rank of a simulated job (a fake process group).
     Each phase's totals are divided by the steps it ran in (reports.steps.per_step)."""
+    from reports.sql.frame import trace_of
+
     required = ("step", "phase", "op", "comm_bytes", "group_size", "process_group")
     with trace_of(df, "per_step_traffic", required) as trace:
         out = traffic_records(trace)

@@ -7,6 +7,7 @@ stdout that cannot be written (a full disk), while a closed pipe (`| head -1`) e
 command quietly with status 0 (reports/output/stdout.py).
 """
 
+import contextlib
 import json
 import sys
 import warnings
@@ -291,52 +292,58 @@ def _export(args):
 
 
 def _plan(args):
-    from reports.loading.load import load
     from reports.output.plan_text import plan_json, print_calibration, print_plan
-    from reports.plan.plan import plan
+    from reports.plan.plan import plan_runs
 
-    df = load(args.trace)
-    if not len(df):
-        raise ReportError(f"{args.trace}: the trace has no ops (nothing ran inside `with Tracer(...)`)")
     assumed = dict(args.assume or [])
-    fitted, changes = _calibration(args, assumed)
-    frame = plan(
-        df.loc[df["run"] == df["run"].iloc[0]],
-        args.gpu,
-        args.gpus_per_node,
-        args.micro_batch,
-        args.batch,
-        args.overlap,
-        assumed,
-        pp=args.pp,
-        micro_batches=args.micro_batches,
-        schedule=args.schedule,
-        virtual_stages=args.virtual_stages,
-        cp=args.cp,
-        calibrated=fitted,
-    )
+    with _plan_runs(args.trace) as runs:
+        fitted, changes = _calibration(args, assumed)
+        shape = (args.pp, args.micro_batches, args.schedule, args.virtual_stages, args.cp)
+        options = (args.gpus_per_node, args.micro_batch, args.batch, args.overlap, assumed, shape, fitted)
+        found = plan_runs(runs, args.gpu, *options)[0]
     if args.json:
-        found = plan_json(frame)
+        found = plan_json(found)
         if changes is not None:
             found["calibration"] = changes
         print(json.dumps(found, indent=2, allow_nan=False))
     else:
         if changes is not None:
             print_calibration(args.calibrate, changes, sys.stdout)
-        print_plan(frame, sys.stdout, assumptions=args.assumptions, anyway=args.anyway)
+        print_plan(found, sys.stdout, assumptions=args.assumptions, anyway=args.anyway)
+
+
+@contextlib.contextmanager
+def _plan_runs(path):
+    """[the first run of the trace at `path`] as a reports.plan.rows.Run, read through the Trace of its files
+    (reports.sql.engine: checked and warned about as reports.load does); a trace the Trace does not read (v1, v2)
+    through reports.load. A trace without ops is a ReportError."""
+    from reports.plan.rows import frame_runs, trace_runs
+
+    trace = _sql_all(path, None)
+    if trace is None:
+        from reports.loading.load import load
+
+        df = load(path)
+        runs = frame_runs(df.loc[df["run"] == df["run"].iloc[0]]) if len(df) else []
+    else:
+        runs = trace_runs(trace, first=True)
+    try:
+        if not runs or not len(runs[0].rows):
+            raise ReportError(f"{path}: the trace has no ops (nothing ran inside `with Tracer(...)`)")
+        yield runs
+    finally:
+        if trace is not None:
+            trace.close()
 
 
 def _calibration(args, assumed):
     """({name: (value, source)}, changes) fitted from --calibrate's trace (reports.plan.calibration), or (None, None)."""
     if not args.calibrate:
         return None, None
-    from reports.loading.load import load
     from reports.plan.calibration import fit
 
-    measured = load(args.calibrate)
-    if not len(measured):
-        raise ReportError(f"{args.calibrate}: the trace has no ops (nothing ran inside `with Tracer(...)`)")
-    return fit(measured.loc[measured["run"] == measured["run"].iloc[0]], args.gpu, assumed)
+    with _plan_runs(args.calibrate) as runs:
+        return fit(runs, args.gpu, assumed)
 
 
 def _parser():

@@ -102,10 +102,14 @@ def verdict(p):
     return "does not fit", -p["headroom_bytes"], smallest(found), found
 
 
-def _figures(frame):
-    """The first run's plan as a dict of Python values (NaN as None, infinities kept)."""
-    row = frame.iloc[0]
-    detail = frame.attrs["plan"][row["run"]]
+def _figures(plan):
+    """The first run's plan as a dict of Python values (NaN as None, infinities kept): `plan` a table of
+    reports.plan.plan.plan, or a run's (record, detail) of reports.plan.plan.plan_runs."""
+    if isinstance(plan, tuple):
+        row, detail = plan
+    else:
+        row = plan.iloc[0]
+        detail = plan.attrs["plan"][row["run"]]
     memory = {k: _value(v) for k, v in detail["memory"].items() if k != "changes"}
     memory["changes"] = [{k: _value(v) for k, v in c.items()} for c in detail["memory"].get("changes", [])]
     out = {k: _value(row[k]) for k in _KEYS}
@@ -119,7 +123,7 @@ def _figures(frame):
 
 
 def plan_json(frame):
-    """The first run's plan as a JSON-ready dict: the figures, `memory` (its parts), `classes`,
+    """The first run's plan (a table of reports.plan.plan.plan, or a run's (record, detail)) as a JSON-ready dict: the figures, `memory` (its parts), `classes`,
     `assumptions` (each with value, unit and source), `notes`, and the answer: `verdict` ("fits",
     "does not fit", "unknown"), `shortfall_bytes`, `smallest_change` and `changes`
     (reports.plan.changes); bytes as integers; an infinity as "inf"."""

@@ -27,12 +27,15 @@ import math
 
 import numpy as np
 
-from reports.loading.load import require
+from reports.errors import ReportError
+from reports.plan import assumptions as assumed
 from reports.plan.assumptions import RANGES
-from reports.plan.ops import CLASSES, STACKS, calibrate, price
-from reports.plan.plan import measured_step
+from reports.plan.ops import CLASSES, STACKS, calibrate, price, roofs
+from reports.plan.step import measured as op_seconds
+from reports.plan.step import steady_step
+from reports.plan.target import generation, on_target, table_notes, target
 
-__all__ = ["fit", "leave_one_out", "pooled", "stack_step"]
+__all__ = ["measured_step", "fit", "leave_one_out", "pooled", "stack_step"]
 
 
 def _reach(p, eff, c):
@@ -48,11 +51,18 @@ def _reach(p, eff, c):
 
 def fit(measured, gpu, assumptions=None):
     """({name: (value, source)} to plan with, [{name, old, new, source}]) fitted from `measured` (a loaded trace
-    of one run, timed on `gpu`). A trace not measured on `gpu` (meta, fake, untimed, another device) is a
-    ReportError naming where it ran."""
-    require(
-        measured, ("run", "flop_kind", "flops", "duration_ns", "busy_ns", "op", "output_shapes"), "plan --calibrate"
-    )
+    of one run, timed on `gpu`; or its reports.plan.rows.Runs, as `optrace plan --calibrate` reads them). A trace
+    not measured on `gpu` (meta, fake, untimed, another device) is a ReportError naming where it ran."""
+    if not isinstance(measured, list):
+        from reports.loading.load import require
+        from reports.plan.rows import frame_runs
+
+        require(
+            measured,
+            ("run", "flop_kind", "flops", "duration_ns", "busy_ns", "op", "output_shapes"),
+            "plan --calibrate",
+        )
+        measured = frame_runs(measured)
     name, p, measured_s, table, others = measured_step(measured, gpu, assumptions)
     a = {n: v for n, (v, _) in table.items()}
     eff = {c: a[f"{c}_efficiency"] for c in CLASSES} | {s: a[s] for s in STACKS.values()}
@@ -129,3 +139,28 @@ def leave_one_out(fits, by="generation", runs=None):
         ]
         out[name] = (_median(others), len(others))
     return out
+
+
+def measured_step(runs, gpu, assumptions=None):
+    """For reports.plan.calibration: (run name, priced rows of the steady step of the first of `runs`
+    (reports.plan.rows.Run) on `gpu` (reports.plan.ops.roofs, the tables' efficiencies dropped where
+    `assumptions` gives the class's), their op times in seconds, the assumptions table, whether there are other
+    runs). A run not timed on `gpu` is a ReportError naming where it ran."""
+    run, *others = runs
+    meta = run.meta
+    entry, peak_of, bandwidth, _, _ = target(gpu, meta)
+    if not on_target(entry, meta):
+        device = meta.get("device") or {}
+        how = "fake tensors" if device.get("fake") else f"{device.get('type')} {device.get('name') or ''}".strip()
+        untimed = ", untimed" if (meta.get("timing") or {}).get("mode") == "off" else ""
+        raise ReportError(
+            f"plan: --calibrate needs a trace measured on {gpu} with op times; this one ran on {how}{untimed}"
+        )
+    rows, _ = steady_step(run.rows)
+    p = roofs(rows, peak_of, bandwidth, 1.0, None, generation(entry))
+    table = assumed.resolve(assumptions, generation(entry))
+    table_notes(p, {n: s for n, (_, s) in table.items()}, entry)
+    op_times = op_seconds(rows)
+    if not (op_times > 0).any():
+        raise ReportError(f"plan: --calibrate: the measured trace has no op times ({run.name})")
+    return run.name, p, op_times, table, bool(others)

@@ -46,8 +46,8 @@ import math
 import numpy as np
 
 from reports.distributed.collectives import collective_kind, traffic
-from reports.loading.columns import cell_objects
 from reports.plan.devices import missing
+from reports.plan.rows import plan_rows
 
 __all__ = ["OVERLAPS", "collective_cost", "simulate", "tensor_parallel"]
 
@@ -101,15 +101,16 @@ def costs(rows, gpu, gpus_per_node, a, groups=None):
     """Per row: collective seconds (0 for other ops), kinds ('' for other ops), and the names of
     the groups priced as consecutive ranks (not in `groups`, the metadata's process_groups)."""
     ranks = {g.get("name"): g.get("ranks") for g in groups or () if isinstance(g, dict)}
-    names = rows["process_group"].astype(object).to_numpy()
+    rows = plan_rows(rows)
+    names = rows.objects("process_group")
     guessed = set()
-    comm = rows["comm_bytes"].notna().to_numpy()
+    comm = rows.valid("comm_bytes")
     seconds = np.zeros(len(rows))
     kinds = np.full(len(rows), "", dtype=object)
     at = np.flatnonzero(comm)
-    ops = rows["op"].astype(object).to_numpy()
-    size = rows["group_size"].to_numpy(dtype=np.float64, na_value=np.nan)
-    message = rows["comm_bytes"].to_numpy(dtype=np.float64, na_value=np.nan)
+    ops = rows.objects("op")
+    size = rows.floats("group_size")
+    message = rows.floats("comm_bytes")
     for i in at:
         kinds[i] = collective_kind(ops[i])
         w = None if size[i] != size[i] else int(size[i])
@@ -130,13 +131,14 @@ def tensor_parallel(rows, tokens=None):
     expert parallelism's all-to-all moves tokens between ranks that read different ones, and a loss or
     a count per expert all-reduced in the forward is smaller than the tokens."""
     least = max(2, int(tokens)) if tokens and not isinstance(tokens, bool) else 2
-    phase = rows["phase"].astype(str).to_numpy()
-    ops = rows["op"].astype(str).to_numpy()
-    size = rows["group_size"].to_numpy(dtype=np.float64, na_value=np.nan)
-    names = rows["process_group"].astype(object).to_numpy()
-    at = np.flatnonzero(rows["comm_bytes"].notna().to_numpy() & (phase == "forward") & (size > 1))
+    rows = plan_rows(rows)
+    phase = rows.objects("phase")
+    ops = rows.objects("op")
+    size = rows.floats("group_size")
+    names = rows.objects("process_group")
+    at = np.flatnonzero(rows.valid("comm_bytes") & (phase == "forward") & (size > 1))
     found = (1, None)
-    for i, shapes in zip(at, cell_objects(rows, "input_shapes", at)):
+    for i, shapes in zip(at, rows.cell_objects("input_shapes", at)):
         if collective_kind(ops[i]) not in ("all_reduce", "reduce_scatter") or shapes is None or not len(shapes):
             continue
         if math.prod(int(n) for n in shapes[0]) >= least and size[i] > found[0]:
@@ -147,10 +149,11 @@ def tensor_parallel(rows, tokens=None):
 def simulate(rows, op_s, comm_s, kinds, overlap="prefetch"):
     """{step: (step seconds, compute seconds, communication seconds, {collective kind: seconds the
     compute stream waited for it})} by the overlap model above."""
-    inputs = cell_objects(rows, "input_storage_ids")
-    outputs = cell_objects(rows, "output_storage_ids")
-    groups = rows["process_group"].astype(object).fillna("").astype(str).to_numpy()
-    steps = rows["step"].to_numpy()
+    rows = plan_rows(rows)
+    inputs = rows.cell_objects("input_storage_ids")
+    outputs = rows.cell_objects("output_storage_ids")
+    groups = np.asarray(["" if g is None else str(g) for g in rows.objects("process_group")], dtype=object)
+    steps = rows.ints("step")
     out = {}
     for step in np.unique(steps):
         s = _Streams(overlap)

@@ -31,9 +31,9 @@ before it:
 import numpy as np
 
 from reports.errors import ReportError
-from reports.loading.columns import cell_objects
 from reports.memory.lifetimes import dtype_sizes
 from reports.plan.comm import collective_cost
+from reports.plan.rows import plan_rows
 
 __all__ = ["kv_block_bytes", "ring"]
 
@@ -54,8 +54,8 @@ def _slowest_hop(cp, tp, gpus_per_node):
 
 def _attention_rows(rows):
     """Indices of the rows of fused attention kernels (forward and backward) and whether each is a backward."""
-    ops = rows["op"].astype(str).to_numpy()
-    kind = rows["flop_kind"].astype(object).to_numpy()
+    ops = rows.words("op")
+    kind = rows.objects("flop_kind")
     at = np.flatnonzero((kind == "attention") & np.char.find(ops.astype(str), _KERNEL).__ge__(0))
     return at, np.char.find(ops[at].astype(str), "_backward") >= 0
 
@@ -64,14 +64,15 @@ def ring(rows, meta, seconds, cp, k, gpu, gpus_per_node, a, tp=1):
     """(per-row exposed seconds of the ring, as `seconds` are per row; figures per step) of context
     parallelism `cp` over the priced `rows` (op `seconds` at 1/cp of the micro-batch; `k` the planned
     micro-batch over the traced one; `tp` the tensor-parallel degree, the ring's stride)."""
+    rows = plan_rows(rows)
     at, backward = _attention_rows(rows)
     if not len(at):
         raise ReportError(
             "plan: cp needs the trace's attention kernels (scaled_dot_product_attention's fused kernels); it has none"
         )
     size = dtype_sizes(meta)
-    shapes = cell_objects(rows, "input_shapes", at)
-    dtypes = cell_objects(rows, "input_dtypes", at)
+    shapes = rows.cell_objects("input_shapes", at)
+    dtypes = rows.cell_objects("input_dtypes", at)
     exposed, spent, sent, block_max = np.zeros(len(rows)), 0.0, 0.0, 0.0
     seq = heads_kv = head_dim = None
     ranks = _slowest_hop(cp, tp, gpus_per_node)
@@ -89,7 +90,7 @@ def ring(rows, meta, seconds, cp, k, gpu, gpus_per_node, a, tp=1):
         exposed[i] = (cp - 1) * max(0.0, send - seconds[i] / cp)
         spent += (cp - 1) * send
         sent += (cp - 1) * message
-    steps = max(1, int(np.unique(rows["step"].to_numpy()[at]).size))
+    steps = max(1, int(np.unique(rows.ints("step")[at]).size))
     figures = {
         "cp": cp,
         "seq": int(seq),

@@ -37,14 +37,11 @@ import math
 import numpy as np
 
 from reports.flops.recompute import checkpoint_recompute
-from reports.loading.load import require
-from reports.memory.frame_rows import runs_in_order, take
 from reports.memory.lifetimes import CATEGORIES, Storages
-from reports.memory.memory import STORAGE_COLUMNS
 from reports.plan.changes import Need, changes
 from tracer.schema import PHASES, Phase
 
-__all__ = ["SCALED", "fit", "traced_batch"]
+__all__ = ["SCALED", "fit", "phases_of", "traced_batch"]
 
 SCALED = ("activations", "temporaries", "inputs")
 _SHARDED = ("parameters", "gradients", "optimizer_state")  # FSDP's shards: 1 / world size of the model's
@@ -62,17 +59,16 @@ def _live(n, nbytes, alloc, free, pick):
     return np.rint(delta).astype(np.int64).cumsum()[1:]
 
 
-def _split(df):
+def _split(run):
     """Per op of the (one-run) trace: (fixed bytes, scaled bytes, optimizer state added), int64
     arrays, the rows' seq and phase, and the parts reports.plan.changes prices (`activations`: the
     scaled bytes of that category; `sharded`: the fixed bytes of parameters, gradients and optimizer
     state, what an optimizer-phase op made included; `fsdp`: whether the trace holds unsharded
     parameters; `checkpointed`: whether it recomputes ops for activation checkpointing); the optimizer state at its largest at every op, and what an optimizer-phase op made
     fixed (module docstring)."""
-    require(df, STORAGE_COLUMNS, "plan")
-    name, meta, rows = next(r for r in runs_in_order(df) if len(r[2]))
-    n, phase = len(rows), take(rows["phase"], slice(None))
-    nbytes, alloc, free, cat = Storages(name, meta, rows).live_pieces()
+    rows = run.memory()  # the run's rows in seq order (reports.memory.run_rows.RunRows)
+    n, phase = len(rows), phases_of(rows)
+    nbytes, alloc, free, cat = Storages(run.name, run.meta, rows).live_pieces()
     by_optimizer = (alloc >= 0) & (phase[np.maximum(alloc, 0)] == _OPTIMIZER)
     grows = np.isin(cat, [CATEGORIES.index(c) for c in SCALED]) & ~by_optimizer
     scaled = _live(n, nbytes, alloc, free, grows)
@@ -84,12 +80,17 @@ def _split(df):
         "activations": _live(n, nbytes, alloc, free, grows & (cat == CATEGORIES.index("activations"))),
         "sharded": _live(n, nbytes, alloc, free, shards & ~grows) + added,
         "fsdp": bool((cat == CATEGORIES.index("unsharded_parameters")).any()),
-        "checkpointed": bool(checkpoint_recompute(df).any()),
+        "checkpointed": bool(checkpoint_recompute(run.rows).any()),
     }
-    return fixed + added, scaled, added, rows["seq"].to_numpy(dtype=np.int64), phase, parts
+    return fixed + added, scaled, added, rows.seq, phase, parts
 
 
-def traced_batch(df, meta):
+def phases_of(rows):
+    """Each row's phase (an object array, None for none) of a reports.memory.run_rows.RunRows."""
+    return np.asarray([*rows.phases, None], dtype=object)[rows.phase]
+
+
+def traced_batch(rows, meta):
     """(sequences per rank in the trace, how it was found): the leading size of the indices of a
     forward embedding whose indices have a batch dimension (2-d or more: a position embedding's
     wpe(arange(S)) has none), the first whose indices hold the metadata's `tokens` (batch x
@@ -97,17 +98,16 @@ def traced_batch(df, meta):
     input of the first forward op that reads no parameter first (a Linear's input x, not its
     weight; nor FSDP2's unsharded parameters or the all-gather buffer it views as [world size,
     shard]: no storage of fixed size, reports/plan/ops.py)."""
-    from reports.loading.columns import cell_objects
     from reports.plan.ops import fixed_storages
 
-    forward = np.flatnonzero((df["phase"] == "forward").to_numpy())
+    forward = np.flatnonzero(rows.objects("phase") == "forward")
     if not len(forward):
         return None, "no forward op"
-    ops = df["op"].astype(str).to_numpy()[forward]
+    ops = rows.words("op")[forward]
     embedding = forward[np.char.startswith(ops.astype(str), "aten.embedding")][:256]
     batched = [
         tuple(shapes[1])
-        for shapes in cell_objects(df, "input_shapes", embedding)
+        for shapes in rows.cell_objects("input_shapes", embedding)
         if shapes is not None and len(shapes) > 1 and len(shapes[1]) >= 2
     ]
     if batched:
@@ -116,9 +116,9 @@ def traced_batch(df, meta):
         if held:
             return int(held[0][0]), f"the leading size of the first embedding's indices of {tokens:,} tokens"
         return int(batched[0][0]), "the leading size of the first embedding's indices with a batch dimension"
-    weights = set(fixed_storages(df, meta).tolist())
+    weights = set(fixed_storages(rows, meta).tolist())
     head = forward[:256]
-    for shapes, ids in zip(cell_objects(df, "input_shapes", head), cell_objects(df, "input_storage_ids", head)):
+    for shapes, ids in zip(rows.cell_objects("input_shapes", head), rows.cell_objects("input_storage_ids", head)):
         if shapes is not None and len(shapes) and len(shapes[0]) >= 2 and int(ids[0]) not in weights:
             return int(shapes[0][0]), "the leading size of the first forward op's input that is not a parameter"
     return None, "no forward op with a batch dimension"
@@ -136,14 +136,14 @@ def _fragmentation(meta, assumed):
     return assumed
 
 
-def fit(df, meta, memory_bytes, assumptions, batch, micro_batch=None, process_groups=1, world=1):
-    """The memory figures of a plan, as a dict (see the module docstring); `batch` is the traced
+def fit(run, memory_bytes, assumptions, batch, micro_batch=None, process_groups=1, world=1):
+    """The memory figures of a plan of `run` (reports.plan.rows.Run), as a dict (see the module docstring); `batch` is the traced
     micro-batch, `micro_batch` the one planned (default: the traced one); a plan that does not fit
     gets `changes` (reports.plan.changes) at the traced `world` size."""
-    fixed, scaled, added, seq, phase, parts = _split(df)
+    fixed, scaled, added, seq, phase, parts = _split(run)
     context, _ = assumptions["cuda_context_bytes"]
     nccl = assumptions["nccl_buffer_bytes"][0] * process_groups
-    frag, frag_source = _fragmentation(meta, assumptions["fragmentation"])
+    frag, frag_source = _fragmentation(run.meta, assumptions["fragmentation"])
     k = 1.0 if micro_batch is None or not batch else micro_batch / batch
     live = fixed + k * scaled.astype(np.float64)
     at = int(np.argmax(live)) if len(live) else 0

@@ -44,15 +44,15 @@ memory-bound 0.907 s, against 0.892 s planned from a trace at 4 (1.130 s scaling
 import math
 
 import numpy as np
-import pandas as pd
+import pyarrow as pa
 import pyarrow.compute as pc
 
+from reports._util import unique
+from reports.arrays import numpy_of, objects_of
 from reports.flops.peaks import normalize_dtype
-from reports.loading.columns import cell_lists, cell_objects
 from reports.memory.lifetimes import dtype_sizes
-from reports.memory.resizes import collective_storages
+from reports.memory.resizes import COLLECTIVE_PREFIXES
 from reports.plan import efficiency as tables
-from reports.tables import row_dtype_codes
 
 __all__ = ["CLASSES", "STACKS", "calibrate", "fixed_bytes", "fixed_storages", "price", "shaped_efficiency"]
 
@@ -61,9 +61,39 @@ STACKS = {0: "matmul_stack", 1: "attention_stack"}  # class index -> the stack f
 _MATMUL = ("matmul", "conv")
 
 
+def _first_items(column):
+    """Per cell of a ListArray of strings, its first item ('' for an empty or null list, or a null item)."""
+    out = np.full(len(column), "", dtype=object)
+    if pa.types.is_null(column.type) or not len(column):
+        return out
+    first = pc.list_slice(column, 0, 1)
+    items = pc.list_flatten(first)
+    if pa.types.is_dictionary(items.type):
+        items = items.cast(items.type.value_type)
+    found = objects_of(items)
+    found[found == None] = ""  # noqa: E711
+    out[numpy_of(pc.list_parent_indices(first))] = found
+    return out
+
+
 def _dtypes(rows):
-    codes, words = row_dtype_codes(rows)
-    return np.asarray([normalize_dtype(w) if w else "" for w in words], dtype=object)[codes]
+    """Per row, the normalized dtype of its first tensor input, else of its first output ('' with neither)."""
+    words = _first_items(rows.lists("input_dtypes"))
+    bare = np.flatnonzero(words == "")  # no tensor input (factories): the outputs of these rows
+    if len(bare):
+        words[bare] = _first_items(rows.lists("output_dtypes", at=bare))
+    names = {w: normalize_dtype(w) if w else "" for w in dict.fromkeys(words.tolist())}
+    return np.asarray([names[w] for w in words.tolist()], dtype=object)
+
+
+def _collective_storages(rows, in_rows, in_ids, out_rows, out_ids):
+    """Ids of the storages a collective row (its op one of COLLECTIVE_PREFIXES') read or wrote."""
+    op = rows.labels("op")
+    hit = np.asarray([w.startswith(COLLECTIVE_PREFIXES) for w in op.words] + [False], dtype=bool)
+    collective = hit[op.codes]  # a null's -1: the last, False
+    if not collective.any():
+        return np.zeros(0, dtype=np.int64)
+    return unique(np.concatenate([in_ids[collective[in_rows]], out_ids[collective[out_rows]]]))
 
 
 class Priced(dict):
@@ -72,9 +102,9 @@ class Priced(dict):
 
 
 def _explode(rows, name):
-    lists = cell_lists(rows, name)
-    lengths = pc.fill_null(pc.list_value_length(lists), 0).to_numpy(zero_copy_only=False)
-    return np.repeat(np.arange(len(rows)), lengths), lists.flatten().to_numpy(zero_copy_only=False)
+    """A list column of ids as (the row of each id, the ids), a null cell holding none."""
+    offsets, values = rows.flat(name)
+    return np.repeat(np.arange(len(rows)), np.diff(offsets)), values
 
 
 def _fixed_ids(rows, meta, ins, outs):
@@ -85,7 +115,7 @@ def _fixed_ids(rows, meta, ins, outs):
     ]
     ids += [i for role in ("gradient", "optimizer_state", "external_parameter") for i in roles.get(role) or ()]
     known = np.asarray([int(i) for i in ids if i is not None], dtype=np.int64)
-    return np.union1d(known, collective_storages(rows, *ins, *outs))
+    return np.union1d(known, _collective_storages(rows, *ins, *outs))
 
 
 def fixed_storages(rows, meta):
@@ -104,7 +134,7 @@ def fixed_bytes(rows, meta):
         return out
     size, fixed = dtype_sizes(meta), set(fixed.tolist())
     cells = [
-        cell_objects(rows, c, touched)
+        rows.cell_objects(c, touched)
         for c in (
             "input_storage_ids",
             "input_shapes",
@@ -114,7 +144,7 @@ def fixed_bytes(rows, meta):
             "output_dtypes",
         )
     ]
-    inplace = rows["inplace"].to_numpy(dtype=bool)[touched]
+    inplace = rows.truth("inplace")[touched]
     for j, (i_ids, i_shapes, i_dtypes, o_ids, o_shapes, o_dtypes) in enumerate(zip(*cells)):
         i_ids = [] if i_ids is None else [int(s) for s in i_ids]
         read = sum(math.prod(s) * size.get(d, 0) for sid, s, d in zip(i_ids, i_shapes, i_dtypes) if sid in fixed)
@@ -131,14 +161,14 @@ def roofs(rows, peak_of, bandwidth, k=1.0, fixed=None, gen=None):
     """Per-row ideal times at efficiency 1. `peak_of(dtype)` gives FLOP/s or None; `fixed`: per
     row, the bytes that stay when the micro-batch is k times the traced one (`fixed_bytes`); `gen`:
     the target's generation with efficiency tables (reports.plan.efficiency), or None."""
-    kinds = rows["flop_kind"].astype(object).to_numpy()
-    is_comm = rows["comm_bytes"].notna().to_numpy()
-    view = rows["is_view"].to_numpy(dtype=bool)
-    flops = rows["flops"].to_numpy(dtype=np.float64).copy()
-    nbytes = rows["bytes_read"].to_numpy(np.float64) + rows["bytes_written"].to_numpy(np.float64)
+    kinds = rows.objects("flop_kind")
+    is_comm = rows.valid("comm_bytes")
+    view = rows.truth("is_view")
+    flops = rows.floats("flops").copy()
+    nbytes = rows.floats("bytes_read") + rows.floats("bytes_written")
     nbytes[view | is_comm] = 0.0
     flops[is_comm] = 0.0
-    scaled = rows["phase"].isin(("forward", "backward")).to_numpy()
+    scaled = np.isin(rows.objects("phase"), ("forward", "backward"))
     flops[scaled] *= k
     if k != 1.0:
         stay = np.minimum(fixed if fixed is not None else 0.0, nbytes)
@@ -146,7 +176,7 @@ def roofs(rows, peak_of, bandwidth, k=1.0, fixed=None, gen=None):
     dtypes = _dtypes(rows)
     fp32, notes = peak_of("float32"), []
     tensor_peak = {}
-    for d in pd.unique(dtypes[np.isin(kinds, _MATMUL + ("attention",))]):
+    for d in dict.fromkeys(dtypes[np.isin(kinds, _MATMUL + ("attention",))].tolist()):
         p = peak_of(d) if d else None
         if p is None:
             notes.append(f"no dense {d or 'unknown'} peak on the target: its matmuls are priced at the float32 peak")
@@ -157,7 +187,7 @@ def roofs(rows, peak_of, bandwidth, k=1.0, fixed=None, gen=None):
     for d, p in tensor_peak.items():
         peak[tensor & (dtypes == d)] = p
     klass = np.where(np.isin(kinds, _MATMUL), 0, np.where(kinds == "attention", 1, 2))
-    causal = (kinds == "attention") & rows["causal"].fillna(False).to_numpy(dtype=bool)
+    causal = (kinds == "attention") & rows.truth("causal")
     compute = np.where(flops > 0, flops / peak, 0.0)
     compute[causal] /= 2  # the FLOPs a causal kernel performs: the floor too
     floor = compute
@@ -204,19 +234,19 @@ def shaped_efficiency(rows, gen, dtypes=None, flops=None):
     out = np.full(len(rows), np.nan)
     if gen is None or not len(rows):
         return out
-    kinds = rows["flop_kind"].astype(object).to_numpy()
+    kinds = rows.objects("flop_kind")
     dtypes = _dtypes(rows) if dtypes is None else dtypes
-    flops = rows["flops"].to_numpy(dtype=np.float64) if flops is None else flops
+    flops = rows.floats("flops") if flops is None else flops
     half = np.isin(dtypes, ("bfloat16", "float16"))
     pick = np.flatnonzero((kinds == "matmul") & half & (flops > 0))
     if len(pick):
-        dims = [tables.matmul_dims(s, f) for s, f in zip(cell_objects(rows, "output_shapes", pick), flops[pick])]
+        dims = [tables.matmul_dims(s, f) for s, f in zip(rows.cell_objects("output_shapes", pick), flops[pick])]
         ok = np.array([d is not None for d in dims], dtype=bool)
         if ok.any():
             m, n, k = (np.array([d[i] for d in dims if d is not None], dtype=np.float64) for i in range(3))
             out[pick[ok]] = tables.matmul(m, n, k, gen)
     attn = np.flatnonzero((kinds == "attention") & (flops > 0))
-    ops = rows["op"].astype(str).to_numpy()
+    ops = rows.objects("op")
     for i in attn:
         found = tables.attention(tables.kernel_of(ops[i]), gen)
         if found:

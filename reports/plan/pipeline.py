@@ -47,17 +47,13 @@ and needs at most its peak of those while its ops run: peak + (in flight - 1) x 
 import math
 
 import numpy as np
-import pandas as pd
 
 from reports.errors import ReportError
-from reports.loading.columns import cell_objects
-from reports.loading.load import require
-from reports.memory.frame_rows import runs_in_order, take
+from reports.flops.rows import per_step, require
 from reports.memory.lifetimes import CATEGORIES, Storages, dtype_sizes
 from reports.plan.comm import collective_cost
-from reports.plan.fit import SCALED
+from reports.plan.fit import SCALED, phases_of
 from reports.plan.ops import fixed_storages
-from reports.steps import per_step
 
 __all__ = ["SCHEDULES", "blocks_of", "in_flight", "partition", "pipeline", "schedule"]
 
@@ -83,7 +79,7 @@ def blocks_of(modules, phases):
     backward; between two, the block before it (a root module's hook). -1 for other phases."""
     modules, phases = np.asarray(modules, dtype=object), np.asarray(phases, dtype=object)
     training = np.isin(phases, _TRAINING)
-    found = {m: _block_of(m) for m in pd.unique(modules[training])}
+    found = {m: _block_of(m) for m in dict.fromkeys(modules[training].tolist())}
     numbered = {}
     for hit in found.values():
         if hit:
@@ -158,12 +154,12 @@ def _boundary_bytes(rows, meta, position, n):
     """Per boundary after position j (0..n), the bytes of the forward's storages written at or before
     it and read after it, of one traced micro-batch; and {storage id: the last forward position reading
     it} of the storages read past where they were made (a sent storage is held by the stage it is sent to)."""
-    forward = np.flatnonzero(rows["phase"].to_numpy(dtype=object) == "forward")
+    forward = np.flatnonzero(rows.objects("phase") == "forward")
     fixed = set(fixed_storages(rows, meta).tolist())
     size = dtype_sizes(meta)
     made, last = {}, {}
-    ids = cell_objects(rows, "input_storage_ids", forward)
-    outs = zip(*(cell_objects(rows, c, forward) for c in ("output_storage_ids", "output_shapes", "output_dtypes")))
+    ids = rows.cell_objects("input_storage_ids", forward)
+    outs = zip(*(rows.cell_objects(c, forward) for c in ("output_storage_ids", "output_shapes", "output_dtypes")))
     for at, i_ids, (o_ids, shapes, dtypes) in zip(forward, ids, outs):
         where = position[at]
         for s in i_ids if i_ids is not None else ():
@@ -200,18 +196,18 @@ def _parameter_share(meta, prefix, indices, chunk_of, ranks, pre_post):
     return held / held.sum() if held.sum() > 0 else np.full(ranks, 1.0 / ranks)
 
 
-def _memory(every, position_of, chunk_of, ranks, sent_to):
+def _memory(run, position, chunk_of, ranks, sent_to):
     """Per rank: (peak of one micro-batch's growing bytes while its ops run, bytes saved at the end of
-    a forward); each piece to the rank of the row that made it, or of the stage it is sent to."""
-    name, meta, rows = next(r for r in runs_in_order(every) if len(r[2]))
+    a forward); each piece to the rank of the row that made it, or of the stage it is sent to. `position`:
+    each of the run's rows' (blocks_of), in seq order."""
+    rows = run.memory()  # in seq order
     n = len(rows)
-    phase = take(rows["phase"], slice(None))
-    storages = Storages(name, meta, rows)
+    phase = phases_of(rows)
+    storages = Storages(run.name, run.meta, rows)
     sids, _, alloc0, free0, made0 = storages.arrays()
     cat = storages.categories(sids, alloc0, free0, made0)
     index, nbytes, alloc, free, sid = storages.pieces()
     cat = cat[index]
-    position = position_of(rows)
     made = alloc >= 0
     by_optimizer = phase[np.maximum(alloc, 0)] == "optimizer"
     grows = np.isin(cat, [CATEGORIES.index(c) for c in SCALED]) & made & ~by_optimizer
@@ -242,17 +238,18 @@ def _send_s(nbytes, gpu, gpus_per_node, ranks, a):
     return collective_cost("broadcast", nbytes, 2, gpu, gpus_per_node, a, ranks=ranks)[0]
 
 
-def pipeline(rows, every, meta, seconds, exposed_s, k, gpu, gpus_per_node, world, a, memory_fit, batch, shape):
+def pipeline(rows, run, meta, seconds, exposed_s, k, gpu, gpus_per_node, world, a, memory_fit, batch, shape):
     """The pipeline's figures (module docstring) for `shape` = (pp, micro_batches, schedule, virtual_stages):
-    ({name: value} for the plan's record, {detail}); `rows` the priced step's, `seconds` their op seconds,
-    `exposed_s` the step's exposed communication, `every` every row (for the memory), `k` the planned
-    micro-batch over the traced one (`batch` sequences), `memory_fit` reports.plan.fit.fit's figures."""
-    require(rows, ("module",), "plan")
+    ({name: value} for the plan's record, {detail}); `rows` the priced step's (reports.plan.rows.PlanRows),
+    `seconds` their op seconds, `exposed_s` the step's exposed communication, `run` the reports.plan.rows.Run
+    (every row, for the memory), `k` the planned micro-batch over the traced one (`batch` sequences),
+    `memory_fit` reports.plan.fit.fit's figures."""
+    require(rows.table.column_names, ("module",), "plan")
     pp, m, kind, v = shape
     v = v if kind == "interleaved" else 1
     chunks = pp * v
-    phases = rows["phase"].to_numpy(dtype=object)
-    prefix, indices, position = blocks_of(rows["module"].to_numpy(dtype=object), phases)
+    phases = rows.objects("phase")
+    prefix, indices, position = blocks_of(rows.objects("module"), phases)
     n = len(indices)
     name = f"{prefix}.N" if prefix else "N"
     if n < chunks:
@@ -261,7 +258,7 @@ def pipeline(rows, every, meta, seconds, exposed_s, k, gpu, gpus_per_node, world
             f"the trace has {n} ({name})"
         )
     train = position >= 0
-    steps = max(1, int(pd.unique(rows.loc[train, "step"]).size))
+    steps = max(1, int(np.unique(rows.ints("step")[train]).size))
     cost = np.bincount(position[train], weights=seconds[train], minlength=n + 2) / steps
     blocks = cost[1 : n + 1].copy()
     blocks[0] += cost[0]
@@ -282,14 +279,14 @@ def pipeline(rows, every, meta, seconds, exposed_s, k, gpu, gpus_per_node, world
     timed = schedule(list(rank_time), m, v)
 
     held = _parameter_share(meta, prefix, indices, chunk_of, pp, _pre_post(rows, position, n))
-    other = float(per_step(rows, pd.Series(np.where(train, 0.0, seconds), index=rows.index)))
+    other = float(per_step(rows, values=np.where(train, 0.0, seconds)))
     optimizer = other * held
     step = timed["step_s"] + float(optimizer.max())
 
-    position_of = lambda r: blocks_of(r["module"].to_numpy(dtype=object), r["phase"].to_numpy(dtype=object))[2]  # noqa: E731
-    every_position = position_of(every.sort_values("seq", kind="stable"))
-    _, sent_to = _boundary_bytes(every.sort_values("seq", kind="stable"), meta, every_position, n)
-    peak, saved = _memory(every, position_of, chunk_of, pp, sent_to)
+    every = run.rows.take(np.argsort(run.rows.ints("seq"), kind="stable"))  # every row, in seq order
+    every_position = blocks_of(every.objects("module"), every.objects("phase"))[2]
+    _, sent_to = _boundary_bytes(every, meta, every_position, n)
+    peak, saved = _memory(run, every_position, chunk_of, pp, sent_to)
     flight = np.array(in_flight(pp, m, kind, v))
     growing = k * (peak + (flight - 1) * saved)
     fixed = memory_fit["peak_fixed_bytes"] * held
@@ -356,5 +353,5 @@ def pipeline(rows, every, meta, seconds, exposed_s, k, gpu, gpus_per_node, world
 
 def _pre_post(rows, position, n):
     """name -> position (0 or n + 1) of a parameter outside the blocks, by its module's position."""
-    where = dict(zip(rows["module"].to_numpy(dtype=object), position))
+    where = dict(zip(rows.objects("module"), position))
     return lambda name: 0 if where.get(name.rpartition(".")[0], n + 1) == 0 else n + 1

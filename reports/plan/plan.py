@@ -49,91 +49,50 @@ number assumed, those measured included), `classes` (time per bound class), `mem
 parts, and for a plan that does not fit its `changes`: reports.plan.changes), `notes` (what the
 figures rest on, what needs a re-trace) and `basis` (those of `notes` that hold for every plan); with
 pp > 1 `pipeline` (each rank's blocks, time, sends and memory), with cp > 1 `context` (the ring's figures).
+
+This module owns the plan of a run: its arguments checked, the step priced and simulated, the record and detail put
+together. Its parts: reports.plan.rows (what is read of the trace), reports.plan.target (the device and the assumptions
+listed), reports.plan.step (the priced step's rows), reports.plan.ops, .comm, .fit, .parallel (prices, communication,
+memory, pipeline and ring).
 """
 
 import math
 
 import numpy as np
-import pandas as pd
 
 from reports.errors import ReportError
-from reports.flops.coverage import bounds
-from reports.flops.mfu import mfu as mfu_table
-from reports.flops.peaks import PEAKS, cpu_ideal_flops, peak_bandwidth
-from reports.flops.recompute import attention_recompute, checkpoint_recompute
+from reports.flops.mfu import mfu_table
+from reports.flops.rows import per_step
 from reports.loading.integrity import signal_of, stopped_by
-from reports.loading.load import require, runs_of
 from reports.plan import assumptions as assumed
 from reports.plan import parallel
-from reports.plan.comm import OVERLAPS, costs, simulate, tensor_parallel
+from reports.plan.comm import OVERLAPS, costs, simulate
 from reports.plan.devices import CPU, resolve_gpu
-from reports.plan.efficiency import generation as _table_generation
 from reports.plan.fit import fit, traced_batch
 from reports.plan.ops import CLASSES, STACKS, calibrate, fixed_bytes, price, roofs
-from reports.steps import count_steps, per_step
-from reports.tables import split_runs
-from tracer.devices import candidates
+from reports.plan.step import (
+    causal_masked,
+    flop_bounds,
+    groups_used,
+    measured,
+    steady_step,
+    tensor_parallel,
+    traced_step,
+    training_steps,
+)
+from reports.plan.target import effective, generation, listed, on_target, table_notes, target
 
-__all__ = ["measured_step", "plan"]
+__all__ = ["plan", "plan_runs"]
 
-_COLUMNS = (
-    "run",
-    "step",
-    "phase",
-    "op",
-    "flops",
-    "flop_kind",
-    "bytes_read",
-    "bytes_written",
-    "is_view",
-    "input_dtypes",
-    "output_dtypes",
-    "input_storage_ids",
-    "output_storage_ids",
-    "input_shapes",
-    "output_shapes",
-    "inplace",
-    "comm_bytes",
-    "group_size",
-    "process_group",
-    "duration_ns",
-    "busy_ns",
-    "causal",
+_COLUMNS = tuple(
+    "run step phase op flops flop_kind bytes_read bytes_written is_view input_dtypes output_dtypes input_storage_ids "
+    "output_storage_ids input_shapes output_shapes inplace comm_bytes group_size process_group duration_ns busy_ns "
+    "causal".split()
 )
 _RETRACE = (
     "what needs a re-trace: another world size (shards and collective sizes change), another "
     "sequence length, another activation-checkpointing or sharding policy"
 )
-
-
-def _target(gpu, meta):
-    """(gpu entry or CPU, peak_of(dtype), bandwidth, memory bytes, names of the sources)."""
-    entry = resolve_gpu(gpu)
-    device = meta.get("device") or {}
-    if entry == CPU:
-        if device.get("type") != "cpu" or device.get("fake"):
-            raise ReportError(
-                f"plan: gpu 'cpu' plans a trace against the CPU it ran on; this trace ran on {device.get('name')!r}"
-            )
-        bandwidth, bw_source = peak_bandwidth(device, None, meta.get("bandwidth"))
-        if bandwidth is None:  # no datasheet fits a CPU: memory-bound ops cannot be priced without a measured one
-            raise ReportError(
-                f"plan: gpu 'cpu' needs the CPU's memory bandwidth, which this trace does not record ({bw_source})"
-            )
-        return entry, lambda d: cpu_ideal_flops(device, d)[0], bandwidth, bw_source, None
-    return entry, entry["peaks"].get, entry["bandwidth_bytes_per_s"], entry["bandwidth_source"], entry["memory_bytes"]
-
-
-def _on_target(entry, meta):
-    """Whether the trace ran, with real times, on the target device."""
-    device = meta.get("device") or {}
-    if device.get("fake") or device.get("type") == "meta" or (meta.get("timing") or {}).get("mode") == "off":
-        return False
-    if entry == CPU:
-        return device.get("type") == "cpu"
-    # the catalogue records the trace's device can be (by name, then memory size): an A100 40GB is not the 80GB target
-    found = candidates(device.get("name"), device.get("total_memory_bytes"))
-    return device.get("type") == "cuda" and entry["name"] in {d.name for d in found}
 
 
 def plan(
@@ -159,8 +118,24 @@ def plan(
     per rank (reports/plan/pipeline.py); `cp`: context-parallel degree (reports/plan/context.py);
     `calibrated`: {name: (value, source)} fitted on a measured trace (reports.plan.calibration.fit), used
     where `assumptions` does not give the name."""
+    import pandas as pd  # the library's table (`optrace plan` reads plan_runs' records)
+
+    from reports.loading.load import require
+    from reports.plan.rows import frame_runs
+
     require(df, _COLUMNS, "plan")
-    shape = parallel.check(pp, micro_batches, schedule, virtual_stages, cp)
+    shape = (pp, micro_batches, schedule, virtual_stages, cp)
+    options = (gpus_per_node, micro_batch, batch, overlap, assumptions, shape, calibrated)
+    table = _checked(gpu, *options)  # a bad argument fails before any work
+    found = plan_runs(frame_runs(df), gpu, *options, table=table)
+    out = pd.DataFrame.from_records([record for record, _ in found])
+    out.attrs["plan"] = {record["run"]: detail for record, detail in found}
+    return out
+
+
+def _checked(gpu, gpus_per_node, micro_batch, batch, overlap, assumptions, shape, calibrated):
+    """The assumptions table of a plan on `gpu` ({name: (value, source)}), its arguments checked first."""
+    parallel.check(*shape)
     if isinstance(gpus_per_node, bool) or not isinstance(gpus_per_node, int) or gpus_per_node < 1:
         raise ReportError(f"plan: gpus_per_node must be an int >= 1, got {gpus_per_node!r}")
     for name, value in (("micro_batch", micro_batch), ("batch", batch)):
@@ -168,21 +143,41 @@ def plan(
             raise ReportError(f"plan: {name} must be an int >= 1, got {value!r}")
     if overlap not in OVERLAPS:
         raise ReportError(f"plan: overlap must be one of {', '.join(OVERLAPS)}, got {overlap!r}")
-    table = assumed.resolve(assumptions, _generation(resolve_gpu(gpu)))  # a bad gpu name fails before any work
+    table = assumed.resolve(assumptions, generation(resolve_gpu(gpu)))  # a bad gpu name fails before any work
     table.update({n: v for n, v in (calibrated or {}).items() if table[n][1] != "given"})
-    runs, records, details = runs_of(df), [], {}
-    for run, rows in split_runs(df):
-        if len(rows):
-            record, detail = _plan_run(rows, runs[run], gpu, gpus_per_node, micro_batch, batch, overlap, table, shape)
-            records.append({"run": run, **record})
-            details[run] = detail
-    out = pd.DataFrame.from_records(records)
-    out.attrs["plan"] = details
+    return table
+
+
+def plan_runs(
+    runs,
+    gpu,
+    gpus_per_node=8,
+    micro_batch=None,
+    batch=None,
+    overlap="prefetch",
+    assumptions=None,
+    shape=(1, 1, "1f1b", 1, 1),
+    calibrated=None,
+    table=None,
+):
+    """[(record, detail)] of each run of `runs` (reports.plan.rows.Run: `optrace plan` reads them from the Trace of
+    its files, reports.plan.rows.trace_runs) planned as `plan` plans a DataFrame's (its arguments, the pipeline's and
+    the ring's in `shape` = (pp, micro_batches, schedule, virtual_stages, cp)): `record` its row of `plan`'s table,
+    `detail` its entry of the table's attrs["plan"]."""
+    options = (gpus_per_node, micro_batch, batch, overlap, assumptions, shape, calibrated)
+    table = _checked(gpu, *options) if table is None else table
+    shape = parallel.check(*shape)
+    out = []
+    for run in runs:
+        if len(run.rows):
+            record, detail = _plan_run(run, gpu, gpus_per_node, micro_batch, batch, overlap, table, shape)
+            out.append(({"run": run.name, **record}, detail))
     return out
 
 
-def _plan_run(rows, meta, gpu, gpus_per_node, micro_batch, batch, overlap, table, shape=(1, 1, "1f1b", 1, 1)):
-    entry, peak_of, bandwidth, bw_source, memory = _target(gpu, meta)
+def _plan_run(run, gpu, gpus_per_node, micro_batch, batch, overlap, table, shape=(1, 1, "1f1b", 1, 1)):
+    meta = run.meta
+    entry, peak_of, bandwidth, bw_source, memory = target(gpu, meta)
     notes, basis = [], []  # basis: the notes that hold for every plan of its kind (the text lists them apart)
     complete, raised = bool(meta.get("complete")), meta.get("error")
     raised = None if complete or raised is None else str(raised)
@@ -191,7 +186,7 @@ def _plan_run(rows, meta, gpu, gpus_per_node, micro_batch, batch, overlap, table
             ("the traced code raised " + raised if raised else f"the trace was {stopped_by(meta)}")
             + ": the plan covers the rows the trace has, which may be part of a step"
         )
-    found, how = (batch, "given") if batch is not None else traced_batch(rows, meta)
+    found, how = (batch, "given") if batch is not None else traced_batch(run.rows, meta)
     if found is None:
         notes.append(
             f"the traced micro-batch could not be found ({how}): pass batch= (--batch); max_micro_batch "
@@ -214,29 +209,28 @@ def _plan_run(rows, meta, gpu, gpus_per_node, micro_batch, batch, overlap, table
         basis.append("the target is the CPU: its memory needs no CUDA context or NCCL buffers, only fragmentation")
     a = {name: value for name, (value, _) in table.items()}
     sources = {name: source for name, (_, source) in table.items()}
-    every = rows  # the memory fit reads every step; the step time, one steady step
-    rows, steady = _steady_step(rows)
+    rows, steady = steady_step(run.rows)  # the memory fit reads every step; the step time, one steady step
     if steady:
         notes.append(steady)
 
-    p = roofs(rows, peak_of, bandwidth, k, fixed_bytes(rows, meta) if k != 1.0 else None, _generation(entry))
-    notes += p["notes"] + _tables(p, sources, entry)
+    p = roofs(rows, peak_of, bandwidth, k, fixed_bytes(rows, meta) if k != 1.0 else None, generation(entry))
+    notes += p["notes"] + table_notes(p, sources, entry)
     eff = {c: a[f"{c}_efficiency"] for c in CLASSES} | {s: a[s] for s in STACKS.values()}
     launch = a["launch_s"]
-    calibrated = _on_target(entry, meta) and k == 1.0
-    measured = _measured(rows)
-    if calibrated and measured.sum() > 0:
-        for name, (value, source) in calibrate(p, measured, eff).items():
+    calibrated = on_target(entry, meta) and k == 1.0
+    op_times = measured(rows)
+    if calibrated and op_times.sum() > 0:
+        for name, (value, source) in calibrate(p, op_times, eff).items():
             eff[name.removesuffix("_efficiency")], sources[name], a[name] = value, source, value
         launch, sources["launch_s"] = 0.0, "0: the measured op times include each kernel's launch"
         a["launch_s"] = 0.0
     else:
         calibrated = False
     seconds, bound = price(p, eff, launch)
-    _effective(p, eff, a, sources)
+    effective(p, eff, a, sources)
 
     world = int(meta.get("world_size") or 1)
-    has_comm = bool(rows["comm_bytes"].notna().any())
+    has_comm = bool(rows.valid("comm_bytes").any())
     comm_s, kinds = np.zeros(len(rows)), np.full(len(rows), "", dtype=object)
     if entry == CPU and has_comm:
         notes.append("the CPU has no link bandwidths in the catalogue: collectives are not priced (comm unknown)")
@@ -248,13 +242,13 @@ def _plan_run(rows, meta, gpu, gpus_per_node, micro_batch, batch, overlap, table
                 "consecutive ranks, on as few nodes as they fill"
             )
     steps = simulate(rows, seconds, comm_s, kinds, overlap)
-    train = _training_steps(rows, steps)
+    train = training_steps(rows, steps)
     step_time = float(np.mean([steps[s][0] for s in train]))
-    compute = float(per_step(rows, pd.Series(seconds, index=rows.index)))
-    comm = float(per_step(rows, pd.Series(comm_s, index=rows.index)))
+    compute = float(per_step(rows, values=seconds))
+    comm = float(per_step(rows, values=comm_s))
     exposed = max(0.0, step_time - float(np.mean([steps[s][1] for s in train])))
     step_time = compute + exposed
-    tp = _tensor_parallel(rows, meta.get("tokens"), notes)
+    tp = tensor_parallel(rows, meta.get("tokens"), notes)
     ringed, context = parallel.ring_step(rows, meta, seconds, k, entry, gpus_per_node, a, cp, tp)
     if context:
         comm, exposed = comm + context["ring_s"], exposed + context["ring_exposed_s"]
@@ -262,16 +256,17 @@ def _plan_run(rows, meta, gpu, gpus_per_node, micro_batch, batch, overlap, table
     if entry == CPU and has_comm:
         comm = exposed = step_time = math.nan
 
-    m = mfu_table(rows, step_time_s=1.0, peak_flops=1.0).iloc[0]  # model FLOPs per step; the rate is ours
+    # model FLOPs per step (reports.flops.mfu's); the rate is ours
+    m = mfu_table(run.frame(rows), step_time_s=1.0, peak_flops=1.0).to_pylist()[0]
     dtype = m["dtype"]
     peak = max([v for v in [peak_of(dtype) if dtype else None, *p["tensor_peak"].values()] if v] or [math.nan])
-    masked = _causal_masked(rows) * k
+    masked = causal_masked(rows) * k
     model_flops = float(m["model_flops_per_step"]) * k - masked
     tokens = meta.get("tokens")
     tokens = tokens * k if tokens else None
     if tokens is None:
         notes.append("the trace records no tokens per step (Tracer(tokens=...)): tokens/s is unknown")
-    bounded = bounds(rows)
+    bounded = flop_bounds(rows)
     bound_flops = bounded["flops"] * k
     if bounded["rows"]:
         notes.append(
@@ -280,47 +275,15 @@ def _plan_run(rows, meta, gpu, gpus_per_node, micro_batch, batch, overlap, table
             "the trace could not read their group sizes (meta or fake tensors), so their time, the step time "
             "and the model FLOPs of the MFU are upper bounds, exact only if every row of their operands is routed"
         )
-    memory_fit = fit(
-        every,
-        meta,
-        memory,
-        table,
-        found * cp if found else found,  # the fit at 1/cp of the micro-batch: its largest, in whole sequences
-        planned if micro_batch is not None or cp > 1 else None,
-        process_groups=_groups_used(every) + (cp > 1) if world > 1 or cp > 1 else 0,
-        world=world,
-    )
+    memory_fit = _memory(run, memory, table, found, planned, micro_batch, batch, how, cp, world, notes, basis)
     if context:
         parallel.ring_memory(memory_fit, context)
-    if memory is None:
-        basis.append("the CPU's memory size is not in the trace: fits is unknown")
-    if not meta.get("parameters"):
-        guessed = (
-            " and the traced batch may be a weight's leading size" if batch is None and "embedding" not in how else ""
-        )
-        notes.append(
-            "the parameters are unknown (the trace was made without model=): their bytes count as inputs, "
-            "growing with the micro-batch, so the peak and the largest micro-batch are pessimistic"
-            + guessed
-            + "; trace with Tracer(..., model=model)"
-        )
-    if memory_fit["optimizer_state_added_bytes"]:
-        notes.append(
-            f"optimizer state made during the trace ({memory_fit['optimizer_state_added_bytes']:,} bytes at "
-            "the peak) counted as live from the first op: it stays from step to step"
-        )
-    if memory_fit["optimizer_state_made_bytes"] and count_steps(every) == 1:
-        notes.append(
-            f"the traced step is the optimizer's first: it makes its state "
-            f"({memory_fit['optimizer_state_made_bytes']:,} bytes; AdamW's zeros_like), work its step time "
-            "includes and later steps skip (trace two steps to price the steady one)"
-        )
     sources["fragmentation"] = memory_fit["fragmentation_source"]
     a["fragmentation"] = memory_fit["fragmentation"]
 
     traced = error = None
     if calibrated:
-        traced, how_traced = _traced_step(rows, meta)
+        traced, how_traced = traced_step(rows, meta)
         error = 100.0 * (step_time - traced) / traced if traced else None
         notes.append(
             f"calibrated on the traced step ({how_traced}): predicted {step_time:.6g} s against {traced:.6g} s"
@@ -332,6 +295,7 @@ def _plan_run(rows, meta, gpu, gpus_per_node, micro_batch, batch, overlap, table
     )
     basis.append(_RETRACE)
     notes += basis
+    kernel_launch = launch * p["kernel"]
     record = {
         "complete": complete,
         "error": raised,
@@ -350,13 +314,9 @@ def _plan_run(rows, meta, gpu, gpus_per_node, micro_batch, batch, overlap, table
         "headroom_bytes": memory_fit["headroom_bytes"],
         "max_micro_batch": memory_fit["max_micro_batch"],
         "compute_s": compute,
-        "compute_bound_s": float(
-            per_step(rows, pd.Series(np.where(bound < 3, seconds - launch * p["kernel"], 0.0), index=rows.index))
-        ),
-        "memory_bound_s": float(
-            per_step(rows, pd.Series(np.where(bound == 3, seconds - launch * p["kernel"], 0.0), index=rows.index))
-        ),
-        "launch_s": float(per_step(rows, pd.Series(launch * p["kernel"], index=rows.index))),
+        "compute_bound_s": float(per_step(rows, values=np.where(bound < 3, seconds - kernel_launch, 0.0))),
+        "memory_bound_s": float(per_step(rows, values=np.where(bound == 3, seconds - kernel_launch, 0.0))),
+        "launch_s": float(per_step(rows, values=kernel_launch)),
         "comm_s": comm,
         "exposed_comm_s": exposed,
         "step_time_s": step_time,
@@ -370,194 +330,58 @@ def _plan_run(rows, meta, gpu, gpus_per_node, micro_batch, batch, overlap, table
         "traced_step_s": traced,
         "error_pct": error,
     }
-    units = assumed.UNITS
-    listed = [{"name": n, "value": a[n], "unit": units.get(n, "fraction"), "source": sources[n]} for n in a]
-    listed += [
-        {"name": "peak_flops_per_s", "value": peak, "unit": "FLOP/s", "source": _peak_source(entry, dtype)},
-        {"name": "hbm_bytes_per_s", "value": bandwidth, "unit": "bytes/s", "source": bw_source},
-        {
-            "name": "device_memory_bytes",
-            "value": memory,
-            "unit": "bytes",
-            "source": entry["memory_source"] if entry != CPU else "unknown for a CPU",
-        },
-        {
-            "name": "overlap",
-            "value": overlap,
-            "unit": "",
-            "source": "reports/plan/comm.py: "
-            + (
-                "FSDP2's prefetch: an all-gather one unit ahead overlaps the current unit's compute; other collectives "
-                "overlap the compute after them until their result is read"
-                if overlap == "prefetch"
-                else "none: every collective blocks the compute stream"
-            ),
-        },
-    ]
-    if entry != CPU:
-        listed += [
-            {
-                "name": "intra_node_bytes_per_s",
-                "value": entry["intra_bytes_per_s"],
-                "unit": "bytes/s",
-                "source": entry["intra_source"],
-            },
-            {
-                "name": "nic_bytes_per_s",
-                "value": entry["nic_bytes_per_s"],
-                "unit": "bytes/s",
-                "source": entry["nic_source"],
-            },
-        ]
     classes = [
-        {
-            "bound": CLASSES[c],
-            "seconds_per_step": float(per_step(rows, pd.Series(np.where(bound == c, seconds, 0.0), index=rows.index))),
-        }
+        {"bound": CLASSES[c], "seconds_per_step": float(per_step(rows, values=np.where(bound == c, seconds, 0.0)))}
         for c in range(len(CLASSES))
     ]
-    detail = {"assumptions": listed, "classes": classes, "memory": memory_fit, "notes": notes, "basis": basis}
+    detail = {
+        "assumptions": listed(a, sources, entry, peak, dtype, bandwidth, bw_source, memory, overlap),
+        "classes": classes,
+        "memory": memory_fit,
+        "notes": notes,
+        "basis": basis,
+    }
     whole = found * cp if found else found  # the traced batch in whole sequences of the rank's share (k's unit)
     collectives = exposed - (context["ring_exposed_s"] if context else 0.0)  # the ring's goes with its kernels
     stage = world * cp  # a stage's GPUs: the traced job's, each rank split in cp (pipeline outermost)
-    priced = (rows, every, meta, seconds + ringed, collectives, k, entry, gpus_per_node, stage, a, memory_fit, whole)
+    priced = (rows, run, meta, seconds + ringed, collectives, k, entry, gpus_per_node, stage, a, memory_fit, whole)
     parallel.finish(record, detail, priced, shape, context)
     return record, detail
 
 
-def _generation(entry):
-    """The target's generation with efficiency tables (reports.plan.efficiency), or None."""
-    return None if entry == CPU else _table_generation(entry["peak_key"])
-
-
-def _tables(p, sources, entry):
-    """Drop the tables' per-row efficiencies of a class whose flat efficiency was given; notes on what priced what."""
-    given = {c: sources[f"{c}_efficiency"] == "given" for c in ("matmul", "attention")}
-    for c, name in enumerate(("matmul", "attention")):
-        if given[name]:
-            p["shaped"][p["klass"] == c] = np.nan
-    if entry == CPU or _generation(entry) is not None:
-        return []
-    return [
-        f"reports.plan.efficiency has no GEMM sweep or attention table for the {entry['peak_key']}: its matmuls "
-        "and attention kernels are priced at the flat matmul_efficiency and attention_efficiency"
-    ]
-
-
-def _effective(p, eff, a, sources):
-    """List matmul_efficiency and attention_efficiency as what the step's ops of the class reach together
-    (their FLOPs at the roof over their priced compute time) when a table priced any of them."""
-    shaped = p.get("shaped")
-    for c, name in enumerate(("matmul", "attention")):
-        pick = (p["klass"] == c) & ~np.isnan(shaped) & (p["compute"] > 0)
-        if not pick.any():
-            continue
-        e = np.where(np.isnan(shaped), eff[name], shaped * eff[STACKS[c]])[pick]
-        value = float(p["compute"][pick].sum() / (p["compute"][pick] / e).sum())
-        a[f"{name}_efficiency"] = value
-        table = "a GEMM sweep by (m, n, k)" if name == "matmul" else "its kernel's published figure"
-        sources[f"{name}_efficiency"] = (
-            f"reports.plan.efficiency: {int(pick.sum())} {name} ops of the step each at {table} on this "
-            f"generation x {STACKS[c]} ({eff[STACKS[c]]:.3g}); the figure is what they reach together "
-            "(the flat assumption prices only the rest)"
-        )
-
-
-def _peak_source(entry, dtype):
-    if entry == CPU:
-        return f"the CPU's ideal {dtype} peak (reports.flops.peaks.cpu_ideal_flops)"
-    return f"{entry['peak_key']} dense {dtype} peak: {PEAKS.get((entry['peak_key'], dtype), (None, 'none in the table'))[1]}"
-
-
-def _causal_masked(rows):
-    """Per step, the half of causal attention's model FLOPs that its kernels skip (module docstring)."""
-    causal = (rows["flop_kind"] == "attention") & rows["causal"].astype("boolean").fillna(False).astype(bool)
-    causal &= rows["phase"].isin(("forward", "backward")) & ~checkpoint_recompute(rows)
-    if not causal.any():
-        return 0.0
-    model = rows["flops"].astype(np.float64) - attention_recompute(rows)
-    return float(per_step(rows, values=model.where(causal, 0.0))) / 2
-
-
-def _steady_step(rows):
-    """(rows to price, note or None): of a trace of several training steps, the last complete one (forward,
-    backward and optimizer rows, when the trace has any), without the first step's one-off work (AdamW's
-    zeros_like making its state; under FakeTensorMode the lift_fresh of its scalars); else every row."""
-    step = rows["step"].to_numpy(dtype=np.int64)
-    seen = pd.Series(rows["phase"].astype(str).to_numpy()).groupby(step).agg(set)
-    training = [s for s, phases in seen.items() if phases & {"forward", "backward"}]
-    if len(training) < 2:
-        return rows, None
-    need = {"forward", "backward"} | ({"optimizer"} & set().union(*seen))
-    complete = [s for s in training if need <= seen[s]]
-    if not complete:
-        return rows, None
-    last = max(complete)
-    return rows[step == last], (
-        f"step time, FLOPs and MFU are those of step {last}, the last complete one of the {len(training)} traced "
-        "(the first holds one-off work, such as an optimizer making its state); the memory peak is over every step"
+def _memory(run, memory, table, found, planned, micro_batch, batch, how, cp, world, notes, basis):
+    """reports.plan.fit.fit's figures of `run` on a device of `memory` bytes, and the notes on what they rest on."""
+    meta = run.meta
+    memory_fit = fit(
+        run,
+        memory,
+        table,
+        found * cp if found else found,  # the fit at 1/cp of the micro-batch: its largest, in whole sequences
+        planned if micro_batch is not None or cp > 1 else None,
+        process_groups=groups_used(run.rows) + (cp > 1) if world > 1 or cp > 1 else 0,
+        world=world,
     )
-
-
-def _tensor_parallel(rows, tokens, notes):
-    """The tensor-parallel degree of the trace (reports.plan.comm.tensor_parallel), noted when above 1: the
-    ranks of a tensor-parallel group share their tokens, so each GPU's tokens/s is the rank's over the degree."""
-    degree, group = tensor_parallel(rows, tokens)
-    if degree > 1:
+    if memory is None:
+        basis.append("the CPU's memory size is not in the trace: fits is unknown")
+    if not meta.get("parameters"):
+        guessed = (
+            " and the traced batch may be a weight's leading size" if batch is None and "embedding" not in how else ""
+        )
         notes.append(
-            f"tensor parallelism of degree {degree} (process group {group or 'unnamed'} all-reduces or "
-            f"reduce-scatters activations in the forward): its {degree} ranks read the same tokens, so tokens/s "
-            f"per GPU is the trace's tokens over {degree}"
+            "the parameters are unknown (the trace was made without model=): their bytes count as inputs, "
+            "growing with the micro-batch, so the peak and the largest micro-batch are pessimistic"
+            + guessed
+            + "; trace with Tracer(..., model=model)"
         )
-    return degree
-
-
-def _groups_used(rows):
-    """Process groups with a collective in the trace (by the rows' process_group; 1 when collectives name
-    none): NCCL makes its buffers for a group at its first collective, not for every group made."""
-    comm = rows["comm_bytes"].notna()
-    return max(1, rows.loc[comm, "process_group"].dropna().astype(str).nunique()) if comm.any() else 0
-
-
-def _measured(rows):
-    """Per row, the traced op time in seconds (busy_ns where recorded, else duration_ns)."""
-    busy = rows["busy_ns"].to_numpy(dtype=np.float64, na_value=np.nan)
-    return np.where(np.isnan(busy), rows["duration_ns"].to_numpy(np.float64), busy) / 1e9
-
-
-def _training_steps(rows, steps):
-    """The steps with forward or backward ops (all steps when none has)."""
-    fb = set(rows.loc[rows["phase"].isin(("forward", "backward")), "step"].astype(int))
-    return [s for s in steps if s in fb] or list(steps)
-
-
-def _traced_step(rows, meta):
-    median = (meta.get("step_time") or {}).get("median_s")
-    if median:
-        return float(median), "the untraced median step time"
-    return float(per_step(rows, pd.Series(_measured(rows), index=rows.index))), "the traced op times per step"
-
-
-def measured_step(df, gpu, assumptions=None):
-    """For reports.plan.calibration: (run name, priced rows of the steady step of `df`'s first run on `gpu`
-    (reports.plan.ops.roofs, the tables' efficiencies dropped where `assumptions` gives the class's), their op
-    times in seconds, the assumptions table, whether `df` has other runs). A run not timed on `gpu` is a
-    ReportError naming where it ran."""
-    (name, rows), *others = list(split_runs(df))
-    meta = runs_of(df)[name]
-    entry, peak_of, bandwidth, _, _ = _target(gpu, meta)
-    if not _on_target(entry, meta):
-        device = meta.get("device") or {}
-        how = "fake tensors" if device.get("fake") else f"{device.get('type')} {device.get('name') or ''}".strip()
-        untimed = ", untimed" if (meta.get("timing") or {}).get("mode") == "off" else ""
-        raise ReportError(
-            f"plan: --calibrate needs a trace measured on {gpu} with op times; this one ran on {how}{untimed}"
+    if memory_fit["optimizer_state_added_bytes"]:
+        notes.append(
+            f"optimizer state made during the trace ({memory_fit['optimizer_state_added_bytes']:,} bytes at "
+            "the peak) counted as live from the first op: it stays from step to step"
         )
-    rows, _ = _steady_step(rows)
-    p = roofs(rows, peak_of, bandwidth, 1.0, None, _generation(entry))
-    table = assumed.resolve(assumptions, _generation(entry))
-    _tables(p, {n: s for n, (_, s) in table.items()}, entry)
-    measured = _measured(rows)
-    if not (measured > 0).any():
-        raise ReportError(f"plan: --calibrate: the measured trace has no op times ({name})")
-    return name, p, measured, table, bool(others)
+    if memory_fit["optimizer_state_made_bytes"] and run.rows.count_steps() == 1:
+        notes.append(
+            f"the traced step is the optimizer's first: it makes its state "
+            f"({memory_fit['optimizer_state_made_bytes']:,} bytes; AdamW's zeros_like), work its step time "
+            "includes and later steps skip (trace two steps to price the steady one)"
+        )
+    return memory_fit

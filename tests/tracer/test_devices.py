@@ -173,7 +173,7 @@ def test_every_device_is_planned_or_refused_in_one_line(tmp_path, capsys):
 
 
 def test_a_trace_calibrates_the_target_it_ran_on_only():
-    from reports.plan.plan import _on_target
+    from reports.plan.target import on_target as _on_target
 
     def ran_on(name, memory=None):
         return {"device": {"type": "cuda", "name": name, "total_memory_bytes": memory}, "timing": {"mode": "events"}}

@@ -1,4 +1,5 @@
-"""`optrace report`, `report --json`, `compare` and `compare --json` import no pandas from optrace's own modules.
+"""`optrace report`, `report --json`, `compare`, `compare --json`, `plan` and `plan --json` import no pandas.
+optrace's own modules.
 
 Each command runs in a fresh interpreter (runpy of reports.output.cli) whose `builtins.__import__` records every
 `import pandas` statement a module of `reports` executes (the IMPORT_NAME instruction of its own code: a library
@@ -222,6 +223,21 @@ def test_report_of_a_job_loads_no_pandas(job):
     assert [r["rank"] for r in found["ranks"]] == [0, 1] and found["imbalance"]
     assert found["distributed"]["world_size"] == 4 and found["distributed"]["collectives"]
     assert "Distributed: rank 0 of world size 4" in text and "Ranks (2 of 4)" in text and "Imbalance" in text
+
+
+@pytest.mark.parametrize("command", ["plan", "plan --json"])
+def test_plan_imports_no_pandas(two_runs, command):
+    """`optrace plan` and `plan --json` read the trace through the Trace (reports.plan.rows.trace_runs) and plan its
+    Arrow rows: no module of optrace executes an `import pandas`. On 73896a2 thirteen did (reports.plan.plan, .ops and
+    .pipeline at their top; reports.loading.load, reports.tables, reports.memory.frame_rows, reports.steps, ...)."""
+    found, out = _run([*command.split(), two_runs[0], "--gpu", "H100"])
+    assert found["importers"] == [] and not found["loaded"]
+    if command == "plan":
+        assert out.startswith("optrace plan: small on H100 SXM (8 per node), world size 1, micro-batch 4 (traced 4)")
+    else:
+        # model FLOPs per step: forward mm 2 * 4 * 8 * 4 = 256, the weight's gradient as much, sum 4 * 4 = 16: 528
+        # (SGD's 32 are the optimizer's)
+        assert json.loads(out)["model_flops_per_step"] == 528
 
 
 def test_the_recorder_sees_an_import():

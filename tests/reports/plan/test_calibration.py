@@ -86,11 +86,23 @@ def test_calibrate_refuses_a_trace_not_measured_on_the_target(traces, tmp_path, 
 
 def test_cli_prints_old_to_new(traces, tmp_path, capsys, monkeypatch):
     df, measured = traces
-    import reports.loading.load as loading
+    import contextlib
+
+    import reports.output.cli as cli
+    from reports.plan.rows import frame_runs
 
     stack(tmp_path / "t", 4096, batch=4096)
-    real = loading.load
-    monkeypatch.setattr(loading, "load", lambda path, *a, **k: measured if str(path) == "MEASURED" else real(path))
+    real = cli._plan_runs
+
+    @contextlib.contextmanager
+    def runs(path):  # MEASURED: the timed frame's run, as the CLI reads a trace's (reports.plan.rows.Run)
+        if str(path) != "MEASURED":
+            with real(path) as found:
+                yield found
+            return
+        yield frame_runs(measured)
+
+    monkeypatch.setattr(cli, "_plan_runs", runs)
     assert main(["plan", str(tmp_path / "t"), "--gpu", "H100 SXM", "--calibrate", "MEASURED"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[:3] == [

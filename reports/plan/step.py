@@ -1,0 +1,121 @@
+"""The step a plan prices, read from a run's rows (reports.plan.rows.PlanRows): which rows, and what they hold
+besides the ops' prices.
+
+    steady_step        the last complete training step of a trace of several (the first holds one-off work)
+    training_steps     the steps with forward or backward ops
+    measured           each row's traced op time; traced_step the traced step time a calibrated plan is judged by
+    causal_masked      the half of causal attention's model FLOPs its kernels skip
+    flop_bounds        the FLOPs per step that are upper bounds (the flops_bound column)
+    groups_used        the process groups with a collective in the trace
+    tensor_parallel    the trace's tensor-parallel degree, with its note
+"""
+
+import numpy as np
+
+from reports.flops.recompute import attention_recompute, checkpoint_recompute
+from reports.flops.rows import per_step
+from reports.plan.comm import tensor_parallel as _tensor_parallel
+
+__all__ = [
+    "causal_masked",
+    "flop_bounds",
+    "groups_used",
+    "measured",
+    "steady_step",
+    "tensor_parallel",
+    "traced_step",
+    "training_steps",
+]
+
+_TRAINING = ("forward", "backward")
+
+
+def causal_masked(rows):
+    """Per step, the half of causal attention's model FLOPs that its kernels skip (reports.plan.plan's docstring)."""
+    phase = rows.objects("phase")
+    causal = (rows.objects("flop_kind") == "attention") & rows.truth("causal")
+    causal &= np.isin(phase, _TRAINING) & ~checkpoint_recompute(rows)
+    if not causal.any():
+        return 0.0
+    model = rows.floats("flops") - attention_recompute(rows)
+    return float(per_step(rows, values=np.where(causal, model, 0.0))) / 2
+
+
+def steady_step(rows):
+    """(rows to price, note or None): of a trace of several training steps, the last complete one (forward,
+    backward and optimizer rows, when the trace has any), without the first step's one-off work (AdamW's
+    zeros_like making its state; under FakeTensorMode the lift_fresh of its scalars); else every row."""
+    step = rows.ints("step")
+    phase = rows.objects("phase")
+    seen = {}
+    for s in np.unique(step).tolist():
+        seen[s] = {str(p) for p in np.unique(phase[step == s].astype(str))}
+    training = [s for s, phases in seen.items() if phases & set(_TRAINING)]
+    if len(training) < 2:
+        return rows, None
+    need = set(_TRAINING) | ({"optimizer"} & set().union(*seen.values()))
+    complete = [s for s in training if need <= seen[s]]
+    if not complete:
+        return rows, None
+    last = max(complete)
+    return rows.take(step == last), (
+        f"step time, FLOPs and MFU are those of step {last}, the last complete one of the {len(training)} traced "
+        "(the first holds one-off work, such as an optimizer making its state); the memory peak is over every step"
+    )
+
+
+def tensor_parallel(rows, tokens, notes):
+    """The tensor-parallel degree of the trace (reports.plan.comm.tensor_parallel), noted when above 1: the
+    ranks of a tensor-parallel group share their tokens, so each GPU's tokens/s is the rank's over the degree."""
+    degree, group = _tensor_parallel(rows, tokens)
+    if degree > 1:
+        notes.append(
+            f"tensor parallelism of degree {degree} (process group {group or 'unnamed'} all-reduces or "
+            f"reduce-scatters activations in the forward): its {degree} ranks read the same tokens, so tokens/s "
+            f"per GPU is the trace's tokens over {degree}"
+        )
+    return degree
+
+
+def groups_used(rows):
+    """Process groups with a collective in the trace (by the rows' process_group; 1 when collectives name
+    none): NCCL makes its buffers for a group at its first collective, not for every group made."""
+    comm = rows.valid("comm_bytes")
+    if not comm.any():
+        return 0
+    names = {str(g) for g in rows.objects("process_group")[comm] if g is not None}
+    return max(1, len(names))
+
+
+def measured(rows):
+    """Per row, the traced op time in seconds (busy_ns where recorded, else duration_ns)."""
+    busy = rows.floats("busy_ns")
+    return np.where(np.isnan(busy), rows.floats("duration_ns"), busy) / 1e9
+
+
+def training_steps(rows, steps):
+    """The steps with forward or backward ops (all steps when none has)."""
+    fb = set(rows.ints("step")[np.isin(rows.objects("phase"), _TRAINING)].tolist())
+    return [s for s in steps if s in fb] or list(steps)
+
+
+def traced_step(rows, meta):
+    """(the traced step time in seconds, how it was found): the untraced median step time when recorded, else the
+    sum of the traced op times per step."""
+    median = (meta.get("step_time") or {}).get("median_s")
+    if median:
+        return float(median), "the untraced median step time"
+    return float(per_step(rows, values=measured(rows))), "the traced op times per step"
+
+
+def flop_bounds(rows):
+    """{"flops": per-step FLOPs of the rows whose count is an upper bound (the flops_bound column), "rows": how many
+    rows} (reports.flops.coverage.bounds of the rows); zeros for a trace without the column."""
+    bound = rows.truth("flops_bound")
+    if not bound.any():
+        return {"flops": 0, "rows": 0}
+    flops = per_step(rows, mask=bound)
+    return {
+        "flops": int(flops) if float(flops).is_integer() and abs(flops) < 2**53 else float(flops),
+        "rows": int(bound.sum()),
+    }
