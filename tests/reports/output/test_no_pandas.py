@@ -1,5 +1,5 @@
-"""`optrace report`, `report --json`, `compare`, `compare --json`, `plan` and `plan --json` import no pandas.
-optrace's own modules.
+"""`optrace report`, `report --json`, `compare`, `compare --json`, `plan` and `plan --json` import no pandas:
+no module of optrace's imports it, and pandas is not loaded when they end.
 
 Each command runs in a fresh interpreter (runpy of reports.output.cli) whose `builtins.__import__` records every
 `import pandas` statement a module of `reports` executes (the IMPORT_NAME instruction of its own code: a library
