@@ -36,23 +36,6 @@ _perf_ns = time.perf_counter_ns
 class TraceStart:
     """A Tracer's set-up at entry and its undoing (see the module's docstring)."""
 
-    def _undo_start(self):
-        """Remove the global hooks and the SIGTERM handler a failed `_start` may have left (`Tracer._enter` then gives
-        up the active mark)."""
-        term = getattr(self, "_term", None)
-        if term is not None:
-            term.remove()
-        hot = getattr(self, "_hot", None)
-        if hot is not None:
-            hot.close()
-        for part in ("_attr", "_unsharded", "_dynamo", "_eager"):
-            installed = getattr(self, part, None)
-            if installed is not None:
-                try:
-                    installed.remove()
-                except Exception:  # removing is best effort; the original error is what the user sees
-                    pass
-
     def _start(self):
         self._term = TermHandler(self)
         self._term_pending = False  # a SIGTERM held until a row or part is whole (TermHandler.due)
@@ -163,6 +146,23 @@ class TraceStart:
     def _given_back(self, given):
         """Compiled codes given back to torch.compile at the hooks' removal (tracer.recording.hooks.Hooks)."""
         self._meta["compiled_codes_given_back"] = self._meta.get("compiled_codes_given_back", 0) + given
+
+    def _undo_start(self):
+        """Remove the global hooks and the SIGTERM handler a failed `_start` may have left (`Tracer._enter` then gives
+        up the active mark)."""
+        term = getattr(self, "_term", None)
+        if term is not None:
+            term.remove()
+        hot = getattr(self, "_hot", None)
+        if hot is not None:
+            hot.close()
+        for part in ("_attr", "_unsharded", "_dynamo", "_eager"):
+            installed = getattr(self, part, None)
+            if installed is not None:
+                try:
+                    installed.remove()
+                except Exception:  # removing is best effort; the original error is what the user sees
+                    pass
 
     def _first_device(self, device, tensor=None):
         self._device = device
