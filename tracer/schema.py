@@ -126,7 +126,7 @@ GRAD_MODES = tuple(g.name.lower() for g in GradMode)
 
 
 class FlopBasis(enum.IntEnum):
-    """How the dispatch hook finds an op's FLOPs (tracer.recording.mode `_OpInfo.basis`)."""
+    """How the dispatch hook finds an op's FLOPs (tracer.recording.dispatch `_OpInfo.basis`)."""
 
     ZERO = 0  # the op does no arithmetic
     PER_OUTPUT_ELEMENT = 1  # one FLOP per output element: the writer counts them from the output shapes

@@ -88,7 +88,8 @@ def test_the_checks_run_on_the_cpu_with_their_arithmetic_right(gpu_check, tmp_pa
     """Timing rows are not asserted (the CPU's clock, a loaded machine): FLOPs, bytes, keys and the skip row are.
     torch.cuda's memory figures are stood in for: 1000 bytes before the block, its peak two 64 x 64 fp32 tensors
     (16384 bytes each) above that."""
-    import tracer.recording.mode
+    import tracer.recording.parts
+    import tracer.recording.start
 
     before, peak = 1000, 1000 + 2 * 16384
     for name, value in (
@@ -102,7 +103,8 @@ def test_the_checks_run_on_the_cpu_with_their_arithmetic_right(gpu_check, tmp_pa
     ):
         monkeypatch.setattr(torch.cuda, name, value)
     figures = {"allocated_bytes": before, "reserved_bytes": 0, "max_allocated_bytes": peak}
-    monkeypatch.setattr(tracer.recording.mode, "cuda_memory", lambda device: dict(figures))
+    for module in (tracer.recording.start, tracer.recording.parts):  # the memory at the first device, at close
+        monkeypatch.setattr(module, "cuda_memory", lambda device: dict(figures))
     monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="eager"))
     for name, value in (
         ("N", 32),

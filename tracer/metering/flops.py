@@ -14,7 +14,10 @@ from torch.utils._pytree import tree_leaves
 from tracer.errors import TraceError
 from tracer.rules import DTYPE_KINDS, carrying_dtype, dtype_rows, score_share, skipped_input
 
-__all__ = ["READ", "input_size", "read_rows", "settled", "signature", "step_flops", "token_count"]
+__all__ = ["READ", "input_size", "nodes_made", "read_rows", "settled", "signature", "step_flops", "token_count"]
+
+# graph nodes made so far by this thread (torch >= 2.1; without it the signature is the root's inputs alone)
+nodes_made = getattr(torch.autograd, "_get_sequence_nr", lambda: 0)
 
 _SCALARS = (int, float, str, type(None))  # inputs that hold no tensor
 READ = [

@@ -22,7 +22,8 @@ branch taken only sometimes) gets no FLOPs and the next step is traced again, on
 signature (a step of that signature seen before its trace gets the trace's FLOPs in the
 stored table), up to `max_traces` traced steps. Past that cap (dynamic padding: a new
 length nearly every step) a new signature is not traced: its FLOPs are the nearest traced
-signature's scaled by input elements, flagged `flops_estimated` (see _estimate).
+signature's scaled by input elements, flagged `flops_estimated` (see tracer.metering.step_traces
+StepTraces._estimate).
 
   model FLOPs     forward + backward FLOPs of the traced step, less what activation
                   checkpointing re-ran (rows flagged `recompute`) and the score
@@ -41,6 +42,11 @@ The per-step table goes to the trace's run metadata under `meter` (see `table`),
 written with every traced step, at the first metered step and then each time the number of
 steps has doubled (log2 writes: a killed run keeps the table of at least half its steps; the
 table costs about 40 bytes a step), at a SIGTERM (tracer.recording.signals) and at close.
+
+`Meter` is made of tracer.metering.step_hooks.StepHooks (the hooks that note what a step ran) and
+tracer.metering.step_traces.StepTraces (which trace serves each step: signatures, re-tracing, estimates); this module
+holds the run: its start, the step boundaries, the Tracer it pauses, resumes and reads back, the figures and the
+table, and its close.
 """
 
 import atexit
@@ -49,30 +55,24 @@ import threading
 import time
 
 import torch
-from torch.nn.modules.module import register_module_forward_pre_hook
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from tracer.device import cuda_in_use, sync_all_cuda
 from tracer.errors import TraceError
-from tracer.metering.flops import input_size, read_rows, settled, signature, step_flops, token_count
+from tracer.metering.flops import nodes_made, read_rows, step_flops, token_count
 from tracer.metering.record import StepFigures
+from tracer.metering.step_hooks import StepHooks
+from tracer.metering.step_traces import StepTraces
 from tracer.peaks import lookup, normalize_dtype
-from tracer.recording.compiled import compiled_in_place
 from tracer.recording.dispatch import make_inert
 from tracer.recording.mode import Tracer
 from tracer.recording.mode_stack import depth_of
-from tracer.safety import GlobalModuleHook, describe_exception, warn
+from tracer.safety import describe_exception, warn
 from tracer.schema import part_paths
 
 __all__ = ["Meter"]
 
-_MAX_TRACE_FAILURES = 3  # traced steps whose FLOPs could not be read before the meter stops re-tracing
 _FIRST_WRITE = 1  # the table is written at the first metered step, then each time the number of steps doubles
-# graph nodes made so far by this thread (torch >= 2.1; without it the signature is the root's inputs alone)
-_nodes_made = getattr(torch.autograd, "_get_sequence_nr", lambda: 0)
-# True while Dynamo traces the hooks with a compiled root: they then do nothing (the thread check in them is a builtin
-# Dynamo cannot trace, which broke the user's graph with a warning that `python -W error` raised)
-_compiling = getattr(torch.compiler, "is_compiling", lambda: False)
 
 
 _UNKNOWN = {
@@ -102,7 +102,7 @@ def _ratio(num, den):
     return num / den if num is not None and den else None
 
 
-class Meter:
+class Meter(StepHooks, StepTraces):
     """Per-step step time, tokens/s, MFU and HFU for every step of a run, tracing one step per signature.
 
         meter = Meter("runs/gpt", model=model, tokens=batch * seq_len)
@@ -169,58 +169,9 @@ class Meter:
             self._sync = _sync_for(self._tracer._device) if sync else None
         self._begins = self._retrace = False  # begin() has been called; a trace waits for the next begin()
         self._began = time.perf_counter()
-        self._nodes = _nodes_made()  # the autograd sequence number where the step began
+        self._nodes = nodes_made()  # the autograd sequence number where the step began
         self._held = None  # what _hold() keeps until _release()
         atexit.register(self._at_exit)  # a loop that never calls close() still gets its table written
-
-    # hooks: what the step ran ---------------------------------------------------------
-    def _find_root(self, module, args):
-        """Without model=, the first module called on the meter's thread is the root: its hook goes on (and runs
-        for this call too), this global one comes off, so that no later module call takes the hook path."""
-        if not _compiling() and threading.get_ident() == self._thread and self._root is None:
-            self._root = module
-            self._remove_hooks()
-            self._hook_root()
-
-    def _root_called(self, module, args):
-        """The root's pre-hook: a root call without grad makes no graph nodes, so a global hook counts the modules
-        it calls (a branch taken in an evaluation step), for that call alone."""
-        if _compiling() or threading.get_ident() != self._thread:
-            return
-        if not torch.is_grad_enabled() and self._counting is None:
-            self._counting = GlobalModuleHook(register_module_forward_pre_hook, self._count)
-
-    def _count(self, module, args):
-        if not _compiling() and threading.get_ident() == self._thread:
-            self._calls[type(module)] = self._calls.get(type(module), 0) + 1
-
-    def _stop_counting(self):
-        if self._counting is not None:
-            self._counting.remove()
-            self._counting = None
-
-    def _root_inputs(self, module, args, kwargs, output):
-        """The root's forward hook (after its forward: one registered in a pre-hook runs for the same call)."""
-        if not _compiling() and threading.get_ident() == self._thread:
-            if module is not None:
-                self._stop_counting()
-            try:
-                self._inputs.append(signature(args, kwargs))
-                self._grads.append(torch.is_grad_enabled())
-            except Exception as exc:  # an input pytree cannot walk: the step keeps the signature it has
-                self._failed(exc)
-
-    def _optimizer_stepped(self, optimizer, args, kwargs):
-        """A global optimizer step post-hook: the signature counts the step's optimizer steps, so that a step whose
-        update a GradScaler skipped (fp16's first steps often overflow) does not serve the steps that update."""
-        if not _compiling() and threading.get_ident() == self._thread:
-            self._optimizer_steps += 1
-
-    def _note_inputs(self, *args, **kwargs):
-        """Add these inputs to the step's signature as the root's are (tracer.metering.callbacks: the batch Lightning
-        hands to training_step, which need not call the root's forward)."""
-        if not self._closed:
-            self._root_inputs(None, args, kwargs, None)
 
     # the step boundary ------------------------------------------------------------------
     def _clock(self):
@@ -259,7 +210,7 @@ class Meter:
         self._stop_counting()  # a root call without grad that raised
         self._optimizer_steps = 0
         self._began = began
-        self._nodes = _nodes_made()
+        self._nodes = nodes_made()
 
     def step(self, tokens=None):
         """End a step: returns {step, traced, step_time_s, tokens, tokens_per_s, model_flops,
@@ -289,7 +240,7 @@ class Meter:
             traced = self._tracing
             if traced:
                 self._pause_tracer()
-            self._held = (self._clock(), len(self._inputs), dict(self._calls), _nodes_made(), traced)
+            self._held = (self._clock(), len(self._inputs), dict(self._calls), nodes_made(), traced)
         except Exception as exc:
             self._failed(exc)
 
@@ -303,7 +254,7 @@ class Meter:
             del self._inputs[inputs:], self._grads[inputs:]
             self._calls.clear()
             self._calls.update(calls)
-            self._nodes += _nodes_made() - nodes
+            self._nodes += nodes_made() - nodes
             if traced:
                 self._resume_tracer()
             self._began += self._clock() - began
@@ -328,105 +279,7 @@ class Meter:
         if self.errors == 1:
             warn(f"optrace: meter: could not meter a step ({describe_exception(exc)}); the program runs on")
 
-    def _end_step(self, seconds, tokens, now):
-        nodes = _nodes_made() - self._nodes
-        index = len(self._steps["step"])
-        traced, scale, trace = self._tracing, None, None
-        self._reclock = traced
-        if traced:
-            self._traced_steps += 1
-            try:
-                trace = self._read_trace()  # pauses the tracer: a jagged input's offsets are read untraced below
-            except Exception as exc:  # the step stays in the table without FLOPs; its signature may be traced again
-                self._failed(exc)
-                self._trace_failures += 1
-        if self._compiled():  # a traced step runs compiled code eagerly: its graph nodes are not the compiled step's
-            nodes = None
-            self._forget_nodes()
-        calls = None if nodes is None else tuple(self._calls.items())  # compiled: the untraced steps count no calls
-        ran = (settled(self._inputs), nodes, tuple(self._grads), calls, self._optimizer_steps)
-        if trace is not None:
-            self._known[ran] = trace
-            for k in self._pending.pop(ran, ()):  # earlier steps of this signature get its FLOPs
-                self._steps["trace"][k] = trace
-        elif not traced:
-            trace = self._known.get(ran)
-        can_trace = self._can_trace()
-        new = not traced and trace is None
-        if new and can_trace:
-            self._pending.setdefault(ran, []).append(index)
-        elif new:  # past the cap: an unseen signature is not traced, its FLOPs are estimated
-            trace, scale = self._estimate(ran)
-        for key, value in zip(self._steps, (index, seconds, tokens, -1 if trace is None else trace, traced, scale)):
-            self._steps[key].append(value)
-        # the first step also makes what the later ones reuse (SGD's momentum buffer, gradients to add into,
-        # lazy modules): without warmup= the second step is traced too, and its trace serves the signature
-        # (it replaces step 0's in _known; step 0 keeps its own). After a warm-up the first trace is alone
-        again = traced and index == 0 and not self.warmup
-        if (new or again) and can_trace and index + 1 >= self.warmup:
-            self._reclock = True  # new: trace the next step
-            if self._begins:  # at the next begin()
-                self._retrace = True
-            else:
-                self._resume()
-                self._tracing = True
-        elif not traced and index + 1 >= self._next_write:  # steps 0..index in the table: written at least half
-            self._next_write = 2 * (index + 1)
-            self._reclock = True
-            self._write()
-        return self.figures(index)
-
-    def _compiled(self):
-        """Whether compiled code (torch.compile) runs in the steps: a compiled model=, or a compiled module or function
-        a traced step ran (eagerly: tracer.recording.compiled EagerCompiled). An untraced step runs it compiled, a few graph nodes (one per compiled graph) where the traced
-        step, run eagerly, made one per op, and it runs no module hook inside the compiled code: the signature then
-        leaves the node count and the module calls out (the root's inputs and grad modes stay)."""
-        tracer = self._tracer
-        return tracer._model_compiled or tracer._attr.names.compiled_seen or tracer._eager.calls > 0
-
-    def _forget_nodes(self):
-        """The signatures noted so far without their node count and module calls (once compiled code is seen)."""
-        if self._nodes_forgotten:
-            return
-        self._nodes_forgotten = True
-        for table in (self._known, self._pending):
-            merged = {}
-            for (inputs, _, grads, _, stepped), value in table.items():
-                key = (inputs, None, grads, None, stepped)
-                if table is self._pending:
-                    merged.setdefault(key, []).extend(value)
-                else:
-                    merged.setdefault(key, value)
-            table.clear()
-            table.update(merged)
-
-    def _can_trace(self):
-        return self._traced_steps < self.max_traces and self._trace_failures < _MAX_TRACE_FAILURES
-
-    def _estimate(self, ran):
-        """(trace, scale) for a signature never traced: the traced one with the same graph nodes, grad modes and
-        input tensors' ranks and dtypes, nearest in input elements, its FLOPs scaled by the ratio of input
-        elements (padded tokens, for token inputs); (-1, None) when none fits."""
-        size, form = input_size(ran[0])
-        best = None
-        for (inputs, *rest), trace in self._known.items():
-            known, known_form = input_size(inputs)
-            if rest != list(ran[1:]) or known_form != form or not known:
-                continue
-            if best is None or abs(known - size) < abs(best[0] - size):  # the first traced wins a tie
-                best = (known, trace)
-        return (-1, None) if best is None else (best[1], size / best[0])
-
-    def _estimate_pending(self):
-        """At close: the steps whose signature was never traced get estimates, as past the cap."""
-        try:
-            for ran, steps in self._pending.items():
-                trace, scale = self._estimate(ran)
-                for k in steps:
-                    self._steps["trace"][k], self._steps["scale"][k] = trace, scale
-        except Exception as exc:
-            self._failed(exc)
-
+    # the tracer it drives: the rows so far, pausing and resuming it, a traced step's FLOPs read back ----------
     def _next_seq(self):
         rows = self._tracer._rows
         return rows.first_seq + len(rows)
@@ -435,7 +288,7 @@ class Meter:
         self._first_seq = self._next_seq()
         self._resume_tracer()
 
-    # the tracer's mode off and on at its own place in the stack (tracer.recording.mode_stack) -----------------
+    # its mode off and on at its own place in the stack (tracer.recording.mode_stack)
     def _pause_tracer(self):
         self._tracer._pause()
 
@@ -507,36 +360,6 @@ class Meter:
             "errors": self.errors,
         }
 
-    def _table_at_signal(self):
-        if not self._closed:
-            self._tracer._meta["meter"] = self.table()
-
-    def _write(self):
-        """Write the table now (one metadata-only part)."""
-        self._tracer._meta["meter"] = self.table()
-        self._tracer._flush()
-
-    # hooks on and off (benchmarks/meter.py times steps without them in the same run) ---------
-    def _install_hooks(self):
-        if self._root is None:
-            self._handles.append(GlobalModuleHook(register_module_forward_pre_hook, self._find_root))
-        else:
-            self._hook_root()
-
-    def _hook_root(self):
-        root = self._root
-        if compiled_in_place(root):  # model.compile(): its hooks run inside the compiled code, which skips them
-            self._handles.append(_CompiledCall(root, self._root_called, self._root_inputs))
-            return
-        self._handles.append(root.register_forward_pre_hook(self._root_called))
-        self._handles.append(root.register_forward_hook(self._root_inputs, with_kwargs=True))
-
-    def _remove_hooks(self):
-        for handle in self._handles:
-            handle.remove()
-        self._handles.clear()
-        self._stop_counting()
-
     # closing ---------------------------------------------------------------------------
     def close(self, exc=None):
         """Write the table and close the trace (a step not ended by `step()` stays out of the table)."""
@@ -571,25 +394,3 @@ class Meter:
     def __exit__(self, exc_type, exc, tb):
         self.close(exc)
         return False
-
-
-class _CompiledCall:
-    """The root's hooks around a module compiled in place (`model.compile()` calls `_compiled_call_impl`, which runs
-    the module's hooks inside the compiled code, where they do nothing): its compiled call, wrapped while metered.
-    `remove()` puts the compiled call back (unless something else replaced it since)."""
-
-    def __init__(self, module, before, after):
-        compiled = module._compiled_call_impl
-
-        def call(*args, **kwargs):
-            before(module, args)
-            out = compiled(*args, **kwargs)
-            after(module, args, kwargs, out)
-            return out
-
-        self._module, self._compiled, self._call = module, compiled, call
-        module._compiled_call_impl = call
-
-    def remove(self):
-        if self._module.__dict__.get("_compiled_call_impl") is self._call:
-            self._module._compiled_call_impl = self._compiled

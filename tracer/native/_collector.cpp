@@ -2,10 +2,10 @@
 //
 // `collect(ctx, args, kwargs, out, written, sides)` finds the tensor arguments (one level into
 // lists, as tracer.recording.dispatch `_tensors` does) and the tensor outputs of an op, and appends, for
-// each, the same integers the pure-Python loop in tracer.recording.mode appends to its side's `array('q')`
+// each, the same integers the pure-Python loop in tracer.recording.python_collector appends to its side's `array('q')`
 // buffers (tracer.store.writer RowBuffer.sides): ndim, dtype id, storage id and storage bytes, its sizes,
 // its strides.
-// Dictionaries and callbacks are the tracer's own (ctx, built by tracer.recording.mode), so storage
+// Dictionaries and callbacks are the tracer's own (ctx, built by tracer.recording.start), so storage
 // and dtype ids are given out in the same order as the Python path gives them.
 //
 // A storage seen for the first time is registered here as StorageTable.register does it; the

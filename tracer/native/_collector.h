@@ -10,7 +10,7 @@
 
 namespace optrace {
 
-// ctx (tracer.recording.mode builds it): the StorageTable's storage key -> id, id -> bytes, weak
+// ctx (tracer.recording.start builds it): the StorageTable's storage key -> id, id -> bytes, weak
 // references and their finaliser, hollow ids and regrow(storage); the tracer's dtype -> dtype id
 // and new_dtype(dtype) -> dtype id; the StorageTable itself (next_id, live_bytes, registered_bytes).
 enum { BY_CDATA, SIZE, REFS, NOTE_FREE, HOLLOW, REGROW, DTYPE_IDS, NEW_DTYPE, STORAGES, CTX_WIDTH };

@@ -1,7 +1,7 @@
 // The dispatch hook in C++: what `_TraceMode.__torch_dispatch__` and `Tracer._record` do for the
-// common op, with no Python frame (tracer.recording.dispatch, tracer.recording.mode).
+// common op, with no Python frame (tracer.recording.dispatch, tracer.recording.row).
 //
-// `Dispatch(tracer, hook, spec)` is made once per trace (tracer.recording.mode `_start`); `dispatch_for(mode)`
+// `Dispatch(tracer, hook, spec)` is made once per trace (tracer.recording.start `_start`); `dispatch_for(mode)`
 // gives the builtin that becomes the mode's `__torch_dispatch__`: bound to the mode, as torch requires,
 // it finds the Dispatch in the mode's `_hot`. For each op it
 //   - looks the op up in its own table (made from `mode._info(func)`: the same `_OpInfo` the Python
@@ -417,7 +417,7 @@ struct Kwargs {
   }
 };
 
-// The op's FLOPs from its rule (tracer.recording.mode `_record` does the same): per output element (counted at the
+// The op's FLOPs from its rule (tracer.recording.row `_record` does the same): per output element (counted at the
 // write), a count computed here (native_flops), or the rule's count called in Python, stored as INT64_MAX and
 // flagged a bound past int64.
 int count_flops(const Constants& k, const Op& op, PyObject* args, Kwargs& kw, PyObject* out, int64_t* flops,
@@ -438,7 +438,7 @@ int count_flops(const Constants& k, const Op& op, PyObject* args, Kwargs& kw, Py
   int overflow = 0;
   if (PyLong_Check(n.p)) {
     *flops = PyLong_AsLongLongAndOverflow(n.p, &overflow);
-  } else {  // not an int (a float): compared with INT64_MAX first, as tracer.recording.mode does, then packed
+  } else {  // not an int (a float): compared with INT64_MAX first, as tracer.recording.row does, then packed
     Owned most(PyLong_FromLongLong(k.int64_max));
     int above = most.p == nullptr ? -1 : PyObject_RichCompareBool(n.p, most.p, Py_GT);
     if (above < 0) {
@@ -578,7 +578,7 @@ inline int64_t grad_mode(const Constants& k) {
   return c10::GradMode::is_enabled() ? k.grad : c10::InferenceMode::is_enabled() ? k.inference_mode : k.no_grad;
 }
 
-// The row of an op the fast path takes, what Tracer._record does (tracer.recording.mode); -1 with an error set
+// The row of an op the fast path takes, what Tracer._record does (tracer.recording.row); -1 with an error set
 // (*whole: the row was appended before it).
 int record(Dispatch* self, const Op& op, PyObject* args, PyObject* kwargs, PyObject* out, int64_t start,
            int64_t duration, bool* whole) {

@@ -17,7 +17,7 @@ from tracer.errors import TraceError
 
 ENV = "OPTRACE_COLLECTOR"  # "python" forces the Python path; "compiled" (or unset) uses the compiled one when it loads
 CHOICES = ("compiled", "python")
-FUNCTIONS = ("collect", "extend", "Dispatch", "dispatch_for")  # what tracer.recording.mode calls on the compiled module
+FUNCTIONS = ("collect", "extend", "Dispatch", "dispatch_for")  # what tracer.recording.start calls on the module
 
 
 def _import():

@@ -237,7 +237,7 @@ def test_ctrl_c_just_after_a_row_is_packed_keeps_its_frees_with_it(tmp_path, col
                 raise KeyboardInterrupt
 
     if collector == "compiled":  # every timer the trace makes, the first device's too
-        monkeypatch.setattr("tracer.recording.mode.make_timer", lambda timing, device: InterruptingTimer())
+        monkeypatch.setattr("tracer.recording.start.make_timer", lambda timing, device: InterruptingTimer())
     tr = Tracer(tmp_path / "t")
     with pytest.raises(KeyboardInterrupt):
         with tr:
