@@ -12,7 +12,7 @@ import pyarrow as pa
 
 from reports.flops.rows import Rows, from_frame, per_step
 
-__all__ = ["FIX", "bounds", "uncounted"]
+__all__ = ["FIX", "bounded", "bounds", "uncounted"]
 
 FIX = "tracer.register_flop_formula(op, kind=...) before tracing gives an op its count"
 _COLUMNS = ["op", "flop_kind", "duration_ns"]
@@ -43,7 +43,11 @@ def bounds(df):
     """{"flops": per-step FLOPs of the rows whose count is an upper bound (the flops_bound column), "rows": how many
     rows}; zeros for a trace without the column (v1, v2)."""
     rows = Rows(from_frame(df, ["phase", "step", "flops", "flops_bound"]))
-    bound = rows.flag("flops_bound")
+    return bounded(rows, rows.flag("flops_bound"))
+
+
+def bounded(rows, bound):
+    """bounds of reports.flops.rows.Rows whose flops_bound column is `bound` (a bool array)."""
     if not bound.any():
         return {"flops": 0, "rows": 0}
     flops = per_step(rows, mask=bound)

@@ -12,6 +12,7 @@ besides the ops' prices.
 
 import numpy as np
 
+from reports.flops.coverage import bounded
 from reports.flops.recompute import attention_recompute, checkpoint_recompute
 from reports.flops.rows import per_step
 from reports.plan.comm import tensor_parallel as _tensor_parallel
@@ -111,11 +112,4 @@ def traced_step(rows, meta):
 def flop_bounds(rows):
     """{"flops": per-step FLOPs of the rows whose count is an upper bound (the flops_bound column), "rows": how many
     rows} (reports.flops.coverage.bounds of the rows); zeros for a trace without the column."""
-    bound = rows.truth("flops_bound")
-    if not bound.any():
-        return {"flops": 0, "rows": 0}
-    flops = per_step(rows, mask=bound)
-    return {
-        "flops": int(flops) if float(flops).is_integer() and abs(flops) < 2**53 else float(flops),
-        "rows": int(bound.sum()),
-    }
+    return bounded(rows, rows.truth("flops_bound"))
