@@ -75,3 +75,37 @@ def test_a_trace_refused_after_its_database_was_made_gives_it_back(template, mon
         assert database._SHARED.users == 0
     finally:
         gc.enable()
+
+
+_FORK = """
+import os, sys
+from reports.sql.engine import Trace
+path = sys.argv[1]
+private, shared = Trace(path, threads=1), Trace(path)  # a database of its own, a catalogue of the shared one
+os.makedirs(private._database.spill)  # as DuckDB makes it when it spills
+pid = os.fork()
+if pid == 0:  # the child opens a Trace of its own and leaves through sys.exit (atexit and finalizers run)
+    with Trace(path) as mine:
+        print("child", mine.run_rows[0]["ops"], flush=True)
+    sys.exit(0)
+_, status = os.waitpid(pid, 0)
+print("status", status, "spill", os.path.isdir(private._database.spill), "parent", private.run_rows[0]["ops"],
+      shared.run_rows[0]["ops"], flush=True)
+private.close(), shared.close()
+"""
+
+
+def test_a_forked_child_opens_its_own_trace_and_exits_leaving_the_parents_alone(template):
+    """A child forked while its parent holds Traces (one in a database of its own, one in the shared database) opens
+    a Trace, reads it and exits with status 0: its finalizers neither close the parent's databases (a hang or a crash
+    of the child at exit) nor remove the parent's spill directory; the parent reads its Traces after."""
+    import subprocess
+    import sys
+
+    from tests import helpers
+
+    done = subprocess.run([sys.executable, "-c", _FORK, str(template)], capture_output=True, text=True,
+                          cwd=str(helpers.ROOT), timeout=60)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    # the template: 160 rows, in the child and in both of the parent's Traces; waitpid's status 0: exit code 0
+    assert done.stdout.split() == ["child", "160", "status", "0", "spill", "True", "parent", "160", "160"]
