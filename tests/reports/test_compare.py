@@ -324,6 +324,25 @@ def test_a_baseline_file_gives_the_trace_baseline_table(checkpointed, capsys):
     assert got["gate"]["breaches"][0]["change"] == pytest.approx(100 * (1470 - 1254) / 1254)
 
 
+def test_a_baseline_file_lists_the_steps_in_phase_order(checkpointed, tmp_path):
+    """The file's `steps` in tracer.schema.PHASES' order whatever order the trace's phase_steps rows came in (DuckDB's
+    GROUP BY gives none: four saves of one trace wrote its `steps` lines in three orders), so a committed baseline
+    does not change when saved again from the same trace."""
+    from reports.baseline import write_baseline
+    from reports.compare import figures
+    from reports.sql.engine import Trace
+
+    with Trace(checkpointed["plain"]) as t:
+        run = figures(t)[0]
+    files = []
+    for n, steps in enumerate(({"other": 4, "optimizer": 3, "backward": 2, "forward": 1}, {"other": 4, "forward": 1})):
+        run.steps = steps
+        write_baseline(run, tmp_path / f"{n}.json", "plain")
+        files.append(json.loads((tmp_path / f"{n}.json").read_text()))
+    assert list(files[0]["steps"].items()) == [("forward", 1), ("backward", 2), ("optimizer", 3), ("other", 4)]
+    assert list(files[1]["steps"].items()) == [("forward", 1), ("other", 4)]
+
+
 @pytest.mark.parametrize(
     "expr, message",
     [
