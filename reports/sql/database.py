@@ -67,9 +67,12 @@ _MADE = weakref.WeakSet()
 def _keep_inherited():
     """In a forked child: the parent's DuckDB databases are never destroyed (destroying one in the child crashes it at
     exit: DuckDB waits on or frees the parent's threads and locks); their Traces' finalizers leave them alone too."""
+    made = list(_MADE)
+    if not made:
+        return
     import ctypes
 
-    for db in list(_MADE):
+    for db in made:
         ctypes.pythonapi.Py_IncRef(ctypes.py_object(db))
 
 
