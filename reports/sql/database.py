@@ -76,7 +76,8 @@ def _keep_inherited():
         ctypes.pythonapi.Py_IncRef(ctypes.py_object(db))
 
 
-os.register_at_fork(after_in_child=_keep_inherited)
+if hasattr(os, "register_at_fork"):  # (POSIX: Windows has no fork)
+    os.register_at_fork(after_in_child=_keep_inherited)
 
 _LOCK = threading.RLock()  # (a Database collected while the lock is held releases under it)
 _SHARED = None
