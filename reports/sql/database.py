@@ -32,8 +32,11 @@ FLUSH_FREED_ROWS = 4_000_000
 SHARED_ROWS = FLUSH_FREED_ROWS
 
 # a statement that may change a setting of the whole database (DuckDB's SET and RESET change the global value of a
-# global setting even without GLOBAL): one of a script that starts with one of these words
-_GLOBAL = re.compile(r"(?:^|;)\s*(?:SET|RESET|PRAGMA|LOAD|INSTALL|ATTACH|DETACH|CHECKPOINT|IMPORT)\b", re.IGNORECASE)
+# global setting even without GLOBAL): one of a script that starts with one of these words, after any comments
+_GLOBAL = re.compile(
+    r"(?:^|;)(?:\s|--[^\n]*\n|/\*.*?\*/)*(?:SET|RESET|PRAGMA|LOAD|INSTALL|ATTACH|DETACH|CHECKPOINT|IMPORT)\b",
+    re.IGNORECASE | re.DOTALL,
+)
 _NAMES = itertools.count()
 
 

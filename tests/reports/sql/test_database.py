@@ -109,3 +109,18 @@ def test_a_forked_child_opens_its_own_trace_and_exits_leaving_the_parents_alone(
     assert done.returncode == 0, done.stderr[-2000:]
     # the template: 160 rows, in the child and in both of the parent's Traces; waitpid's status 0: exit code 0
     assert done.stdout.split() == ["child", "160", "status", "0", "spill", "True", "parent", "160", "160"]
+
+
+@pytest.mark.parametrize("statement", ["/* one thread */ SET threads = 1", "-- one thread\nSET threads = 1"])
+def test_a_setting_changed_after_a_comment_is_not_read_by_traces_opened_later(template, monkeypatch, statement):
+    """A SET that follows a comment changes the whole shared database as a bare one does (threads is a global
+    setting): the Trace that ran it retires the database, and a Trace opened later gets DuckDB's default."""
+    monkeypatch.setattr(database, "_SHARED", None)
+    threads = "SELECT current_setting('threads')"
+    with Trace(template) as fresh:
+        default = fresh.db.execute(threads).fetchone()[0]
+    with Trace(template) as changed:
+        changed.db.execute(statement.replace("1", str(default + 1)))
+        assert changed.db.execute(threads).fetchone()[0] == default + 1
+        with Trace(template) as later:  # before: the retired database's default + 1 (the shared database's setting)
+            assert later.db.execute(threads).fetchone()[0] == default
