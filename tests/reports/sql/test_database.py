@@ -124,3 +124,20 @@ def test_a_setting_changed_after_a_comment_is_not_read_by_traces_opened_later(te
         assert changed.db.execute(threads).fetchone()[0] == default + 1
         with Trace(template) as later:  # before: the retired database's default + 1 (the shared database's setting)
             assert later.db.execute(threads).fetchone()[0] == default
+
+
+def test_a_setting_changed_through_first_run_is_not_read_by_traces_opened_later(template, monkeypatch):
+    """Trace.first_run's Trace is a second connection to its Trace's catalogue: a SET run through it retires the
+    shared database as one run through the Trace does (before: a Trace opened later read threads = default + 1);
+    first_run itself (its USE and views) retires nothing."""
+    monkeypatch.setattr(database, "_SHARED", None)
+    threads = "SELECT current_setting('threads')"
+    with Trace(template) as fresh:
+        default = fresh.db.execute(threads).fetchone()[0]
+    with Trace(template) as whole:
+        one = whole.first_run()
+        assert database._SHARED is whole._database._shared  # first_run retired nothing
+        one.db.execute(f"SET threads = {default + 1}")
+        with Trace(template) as later:
+            assert later.db.execute(threads).fetchone()[0] == default
+        one.close()
