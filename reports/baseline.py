@@ -28,6 +28,7 @@ import os
 import numpy as np
 
 from reports.errors import ReportError
+from tracer.schema import PHASES
 
 __all__ = ["FORMAT", "VERSION", "VIEWS", "is_baseline", "load_baseline", "write_baseline"]
 
@@ -83,6 +84,10 @@ def _dumps(data):
     return head[:-2] + ',\n "views": {\n' + ",\n".join(views) + "\n }\n}\n"
 
 
+def _phase_order(phase):
+    return (PHASES.index(phase), "") if phase in PHASES else (len(PHASES), str(phase))
+
+
 def write_baseline(run, path, source):
     """Write `run` (a reports.compare.Figures read from the trace `source`) to `path` (JSON)."""
     data = {
@@ -90,7 +95,8 @@ def write_baseline(run, path, source):
         "version": VERSION,
         "run": run.name,
         "trace": os.fspath(source),
-        "steps": {k: int(v) for k, v in run.steps.items()},
+        # in PHASES' order (the trace's phase_steps rows come in none): a file saved again from one trace is the same
+        "steps": {k: int(run.steps[k]) for k in sorted(run.steps, key=_phase_order)},
         "train_steps": run.train_steps,
         "mfu_pct": _value(run.mfu),
         "categories_at_peak": run.categories,

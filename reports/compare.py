@@ -39,7 +39,7 @@ import sys
 import numpy as np
 import pyarrow as pa
 
-from reports.arrays import numpy_of, objects_of
+from reports.arrays import objects_of, values_of
 from reports.baseline import VIEWS, is_baseline, load_baseline, write_baseline
 from reports.compare_table import (
     BY,
@@ -195,7 +195,7 @@ def _arrays(table):
     for name in table.column_names:
         column = table.column(name)
         text = pa.types.is_string(column.type) or pa.types.is_large_string(column.type)
-        out[name] = objects_of(column) if text else numpy_of(column, null=np.nan)
+        out[name] = objects_of(column) if text else values_of(column)
     return out
 
 

@@ -8,7 +8,8 @@ tables and views are its own, removed (DETACH) when it closes or is collected. T
 a private one gets (its spill directory under the system's temporary directory, freed scan buffers given back as it
 goes). A statement run through a Trace that may change a setting of the whole database (SET, RESET, PRAGMA, ...:
 `Database.note`) retires it: Traces opened later get a new one, and it is closed, its spill directory removed, when
-its last Trace closes (as it is when it spilled, and at exit).
+its last Trace closes (as it is when it spilled, and at exit). A forked child leaves its parent's databases as they
+are (never closed or destroyed there) and makes its own.
 """
 
 import atexit
@@ -31,8 +32,11 @@ FLUSH_FREED_ROWS = 4_000_000
 SHARED_ROWS = FLUSH_FREED_ROWS
 
 # a statement that may change a setting of the whole database (DuckDB's SET and RESET change the global value of a
-# global setting even without GLOBAL): one of a script that starts with one of these words
-_GLOBAL = re.compile(r"(?:^|;)\s*(?:SET|RESET|PRAGMA|LOAD|INSTALL|ATTACH|DETACH|CHECKPOINT|IMPORT)\b", re.IGNORECASE)
+# global setting even without GLOBAL): one of a script that starts with one of these words, after any comments
+_GLOBAL = re.compile(
+    r"(?:^|;)(?:\s|--[^\n]*\n|/\*.*?\*/)*(?:SET|RESET|PRAGMA|LOAD|INSTALL|ATTACH|DETACH|CHECKPOINT|IMPORT)\b",
+    re.IGNORECASE | re.DOTALL,
+)
 _NAMES = itertools.count()
 
 
@@ -48,6 +52,7 @@ class _Shared:
     def __init__(self, duckdb):
         self.pid, self.spill, self.users, self.dirty = os.getpid(), spill_directory(), 0, False
         self.db = duckdb.connect(config={"temp_directory": self.spill})
+        _MADE.add(self.db)
         try:  # give the memory of a scan's freed buffers back as it goes (FLUSH_FREED_ROWS)
             self.db.execute("SET allocator_bulk_deallocation_flush_threshold = '2MB'")
         except duckdb.Error:  # a DuckDB before the setting
@@ -57,6 +62,25 @@ class _Shared:
         self.db.close()
         shutil.rmtree(self.spill, ignore_errors=True)
 
+
+# the DuckDB databases this process made (a shared one, private ones), kept by a forked child (_keep_inherited)
+_MADE = weakref.WeakSet()
+
+
+def _keep_inherited():
+    """In a forked child: the parent's DuckDB databases are never destroyed (destroying one in the child crashes it at
+    exit: DuckDB waits on or frees the parent's threads and locks); their Traces' finalizers leave them alone too."""
+    made = list(_MADE)
+    if not made:
+        return
+    import ctypes
+
+    for db in made:
+        ctypes.pythonapi.Py_IncRef(ctypes.py_object(db))
+
+
+if hasattr(os, "register_at_fork"):  # (POSIX: Windows has no fork)
+    os.register_at_fork(after_in_child=_keep_inherited)
 
 _LOCK = threading.RLock()  # (a Database collected while the lock is held releases under it)
 _SHARED = None
@@ -81,7 +105,7 @@ class Database:
     def __init__(self, cursor, catalog, spill, shared=None):
         self.cursor, self.catalog, self.spill, self._dirty, self._shared = cursor, catalog, spill, [False], shared
         if shared is None:
-            self._release = weakref.finalize(self, _close_private, cursor, spill)
+            self._release = weakref.finalize(self, _close_private, cursor, spill, os.getpid())
         else:
             self._release = weakref.finalize(self, _detach, shared, cursor, self._dirty, catalog)
             self._release.atexit = False  # (the shared database is closed at exit: _close_shared)
@@ -106,6 +130,7 @@ def connect(duckdb, rows, threads):
         spill = spill_directory()
         config = {"temp_directory": spill, **({"threads": threads} if threads else {})}
         db = duckdb.connect(config=config)
+        _MADE.add(db)
         db.execute("SET enable_progress_bar = false")  # stdout is the report's
         if rows <= FLUSH_FREED_ROWS:
             try:  # give the memory of a scan's freed buffers back as it goes
@@ -129,7 +154,9 @@ def connect(duckdb, rows, threads):
     return Database(cursor, catalog, None, shared)
 
 
-def _close_private(db, spill):
+def _close_private(db, spill, pid):
+    if pid != os.getpid():  # a forked child's copy: the database and its spill directory are its parent's
+        return
     db.close()
     shutil.rmtree(spill, ignore_errors=True)  # DuckDB removes its files at close, and the directory if it made it
 
@@ -137,6 +164,8 @@ def _close_private(db, spill):
 def _detach(shared, cursor, dirty, catalog):
     """Remove a Trace's catalogue from the shared database and close its cursor (which its user may have closed)."""
     try:
+        if shared.pid != os.getpid():  # a forked child's copy: the cursor and catalogue are its parent's
+            return
         cursor.close()
         with _LOCK:  # (one statement at a time on the shared connection)
             if shared.pid == os.getpid() and _SHARED is shared:

@@ -458,11 +458,13 @@ class Trace(Checks):
         one._first_rows = self._first_rows
         one._phase_steps, one._totals, one.rows_view = None, None, "CREATE VIEW rows AS " + self._first_rows
         # a second connection to this Trace's catalogue: its database stays this Trace's (closed by its close)
-        one.db, one._database, one._owner = _Connection(self.db.cursor(), one.need), None, self
+        # (a statement run through it that changes a setting of the whole database is noted as the Trace's are)
+        cursor = self.db.cursor()
+        one.db, one._database, one._owner = _Connection(cursor, one.need, self._database.note), None, self
         one.kept = self.kept  # run 0's, taken once by either
         catalog = self._database.catalog
         # (a second first_run() makes the same views again)
-        one.db.execute(
+        cursor.execute(
             f"SET enable_progress_bar = false; USE {catalog}; CREATE SCHEMA IF NOT EXISTS first_run; "
             f"USE {catalog}.first_run"
         )

@@ -324,6 +324,25 @@ def test_a_baseline_file_gives_the_trace_baseline_table(checkpointed, capsys):
     assert got["gate"]["breaches"][0]["change"] == pytest.approx(100 * (1470 - 1254) / 1254)
 
 
+def test_a_baseline_file_lists_the_steps_in_phase_order(checkpointed, tmp_path):
+    """The file's `steps` in tracer.schema.PHASES' order whatever order the trace's phase_steps rows came in (DuckDB's
+    GROUP BY gives none: four saves of one trace wrote its `steps` lines in three orders), so a committed baseline
+    does not change when saved again from the same trace."""
+    from reports.baseline import write_baseline
+    from reports.compare import figures
+    from reports.sql.engine import Trace
+
+    with Trace(checkpointed["plain"]) as t:
+        run = figures(t)[0]
+    files = []
+    for n, steps in enumerate(({"other": 4, "optimizer": 3, "backward": 2, "forward": 1}, {"other": 4, "forward": 1})):
+        run.steps = steps
+        write_baseline(run, tmp_path / f"{n}.json", "plain")
+        files.append(json.loads((tmp_path / f"{n}.json").read_text()))
+    assert list(files[0]["steps"].items()) == [("forward", 1), ("backward", 2), ("optimizer", 3), ("other", 4)]
+    assert list(files[1]["steps"].items()) == [("forward", 1), ("other", 4)]
+
+
 @pytest.mark.parametrize(
     "expr, message",
     [
@@ -372,3 +391,19 @@ def test_modules_at_a_depth(checkpointed):
     parts = deep[(deep["run"] == run) & deep["module"].str.startswith("body.")]
     body = shallow[(shallow["run"] == run) & (shallow["module"] == "body")].iloc[0]
     assert body["flops_per_step"] == parts["flops_per_step"].sum() and body["flops_per_step"] > 0
+
+
+def test_a_view_column_of_integers_holding_a_null_reads_as_float64_nan():
+    """reports.compare._arrays (compare.sql's views as numpy): a BIGINT column with a null (a key's max(live_bytes)
+    over rows that lack it) reads as float64 with NaN there, as DuckDB's fetchdf gave it; without one it stays
+    int64. It raised ValueError (numpy_of given NaN for an int64 null)."""
+    import pyarrow as pa
+
+    from reports.arrays import array_of
+    from reports.compare import _arrays
+
+    table = pa.table({"peak_live_bytes": array_of([1488, None], pa.int64()), "ops": array_of([8, 3], pa.int64())})
+    got = _arrays(table)
+    assert got["peak_live_bytes"].dtype == np.float64 and got["peak_live_bytes"].tolist()[0] == 1488.0
+    assert np.isnan(got["peak_live_bytes"][1])
+    assert got["ops"].dtype == np.int64 and got["ops"].tolist() == [8, 3]

@@ -75,3 +75,69 @@ def test_a_trace_refused_after_its_database_was_made_gives_it_back(template, mon
         assert database._SHARED.users == 0
     finally:
         gc.enable()
+
+
+_FORK = """
+import os, sys
+from reports.sql.engine import Trace
+path = sys.argv[1]
+private, shared = Trace(path, threads=1), Trace(path)  # a database of its own, a catalogue of the shared one
+os.makedirs(private._database.spill)  # as DuckDB makes it when it spills
+pid = os.fork()
+if pid == 0:  # the child opens a Trace of its own and leaves through sys.exit (atexit and finalizers run)
+    with Trace(path) as mine:
+        print("child", mine.run_rows[0]["ops"], flush=True)
+    sys.exit(0)
+_, status = os.waitpid(pid, 0)
+print("status", status, "spill", os.path.isdir(private._database.spill), "parent", private.run_rows[0]["ops"],
+      shared.run_rows[0]["ops"], flush=True)
+private.close(), shared.close()
+"""
+
+
+def test_a_forked_child_opens_its_own_trace_and_exits_leaving_the_parents_alone(template):
+    """A child forked while its parent holds Traces (one in a database of its own, one in the shared database) opens
+    a Trace, reads it and exits with status 0: its finalizers neither close the parent's databases (a hang or a crash
+    of the child at exit) nor remove the parent's spill directory; the parent reads its Traces after."""
+    import subprocess
+    import sys
+
+    from tests import helpers
+
+    done = subprocess.run([sys.executable, "-c", _FORK, str(template)], capture_output=True, text=True,
+                          cwd=str(helpers.ROOT), timeout=60)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    # the template: 160 rows, in the child and in both of the parent's Traces; waitpid's status 0: exit code 0
+    assert done.stdout.split() == ["child", "160", "status", "0", "spill", "True", "parent", "160", "160"]
+
+
+@pytest.mark.parametrize("statement", ["/* one thread */ SET threads = 1", "-- one thread\nSET threads = 1"])
+def test_a_setting_changed_after_a_comment_is_not_read_by_traces_opened_later(template, monkeypatch, statement):
+    """A SET that follows a comment changes the whole shared database as a bare one does (threads is a global
+    setting): the Trace that ran it retires the database, and a Trace opened later gets DuckDB's default."""
+    monkeypatch.setattr(database, "_SHARED", None)
+    threads = "SELECT current_setting('threads')"
+    with Trace(template) as fresh:
+        default = fresh.db.execute(threads).fetchone()[0]
+    with Trace(template) as changed:
+        changed.db.execute(statement.replace("1", str(default + 1)))
+        assert changed.db.execute(threads).fetchone()[0] == default + 1
+        with Trace(template) as later:  # before: the retired database's default + 1 (the shared database's setting)
+            assert later.db.execute(threads).fetchone()[0] == default
+
+
+def test_a_setting_changed_through_first_run_is_not_read_by_traces_opened_later(template, monkeypatch):
+    """Trace.first_run's Trace is a second connection to its Trace's catalogue: a SET run through it retires the
+    shared database as one run through the Trace does (before: a Trace opened later read threads = default + 1);
+    first_run itself (its USE and views) retires nothing."""
+    monkeypatch.setattr(database, "_SHARED", None)
+    threads = "SELECT current_setting('threads')"
+    with Trace(template) as fresh:
+        default = fresh.db.execute(threads).fetchone()[0]
+    with Trace(template) as whole:
+        one = whole.first_run()
+        assert database._SHARED is whole._database._shared  # first_run retired nothing
+        one.db.execute(f"SET threads = {default + 1}")
+        with Trace(template) as later:
+            assert later.db.execute(threads).fetchone()[0] == default
+        one.close()
