@@ -63,7 +63,8 @@ class Model:
     replicate: int = 1  # HSDP: sharded over world / replicate ranks, replicated over `replicate` groups
     tp: int = 1
     sequence_parallel: bool = True  # with tp > 1: simulate's sequence parallelism and vocabulary-parallel ends
-    sharding: str = "fsdp"  # "fsdp": simulate's FSDP2 in bf16; "none": one GPU, float32, no process group
+    sharding: str = "fsdp"  # "fsdp": simulate's FSDP2; "none": one GPU, float32, no process group
+    precision: str = "bf16"  # FSDP2's parameter dtype: "bf16" (MixedPrecisionPolicy) or "fp32" (none)
 
     @property
     def key(self):
@@ -77,6 +78,7 @@ class Model:
             + (f"-tp{self.tp}" if self.tp > 1 else "")
             + ("-sp" if self.tp > 1 and self.sequence_parallel else "")
             + ("" if self.sharding == "fsdp" else "-unsharded")
+            + ("-fp32" if self.sharding == "fsdp" and self.precision == "fp32" else "")
         )
 
 
@@ -273,11 +275,14 @@ HF_FSDP = (
 )
 
 
-def gpt2_xl(seq):
+def gpt2_xl(seq, world=1):
     # GPT-2 XL (1.5B): d 1,600, 48 layers, 25 heads, vocabulary 50,257, biases, learned positions, tied head: the
-    # "gpt" family; positions traced at `seq` (GPT-2's table has 1,024: 1,014 x 1,600 parameters fewer)
+    # "gpt" family; positions traced at `seq` (GPT-2's table has 1,024: 1,012 x 1,600 parameters fewer). One GPU:
+    # unsharded float32; more: FSDP2 in float32 (the blog's mixed_precision 'no')
     fields = dict(vocab_size=50257, seq_len=seq, n_layer=48, n_head=25, d_model=1600)
-    return Model("gpt", tuple(sorted(fields.items())), 1, sharding="none")
+    if world == 1:
+        return Model("gpt", tuple(sorted(fields.items())), 1, sharding="none")
+    return Model("gpt", tuple(sorted(fields.items())), world, precision="fp32")
 
 
 # Memory rows: runs published as out of memory (oom=True), each planned at its published configuration for the
@@ -338,6 +343,19 @@ MEMORY_RUNS = [
         oom=True,
         note="DDP on one GPU traced as plain float32 training (AdamW) of one process; sequence 12 as the "
         "command's --block_size prints it",
+    ),
+    Run(
+        "gpt2-xl-titan-rtx-fsdp-2gpu-b5",
+        HF_FSDP.format(
+            table="Table 2: GPT-2 XL (1.5B), 'FSDP with min_num_params = 2K', batch size max 5, 2 GPUs: ran "
+            "(0.6 hours; 2 x 24GB Titan RTX, FULL_SHARD, mixed_precision 'no', block_size 12)"
+        ),
+        "TITAN RTX",
+        gpt2_xl(12, world=2),
+        5,
+        None,
+        note="FSDP (FULL_SHARD, a unit per module of 2K parameters or more) traced as FSDP2 with a unit per block, "
+        "in float32; 'batch size max' is the largest that ran, by the blog's method (lower it until no OOM)",
     ),
 ]
 
@@ -434,8 +452,12 @@ def trace(model, path):
         from plan_llama import tensor_parallel, vocabulary_parallel
 
         llama = model.family == "llama"  # else simulate's defaults, for GPT's blocks and ends
-        simulate(str(path), model.world, cfg, 1, model.checkpoint == "full", build=build, blocks=blocks, tp=model.tp,
-                 parallelize=tensor_parallel if llama else None, sequence_parallel=model.sequence_parallel,
+        import torch
+
+        dtype = torch.float32 if model.precision == "fp32" else torch.bfloat16
+        simulate(str(path), model.world, cfg, 1, model.checkpoint == "full", dtype=dtype, build=build,
+                 blocks=blocks, tp=model.tp, parallelize=tensor_parallel if llama else None,
+                 sequence_parallel=model.sequence_parallel,
                  parallelize_ends=vocabulary_parallel if llama else None)  # fmt: skip
     return time.perf_counter() - start
 
