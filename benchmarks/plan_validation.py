@@ -355,7 +355,8 @@ MEMORY_RUNS = [
         5,
         None,
         note="FSDP (FULL_SHARD, a unit per module of 2K parameters or more) traced as FSDP2 with a unit per block, "
-        "in float32; 'batch size max' is the largest that ran, by the blog's method (lower it until no OOM)",
+        "in float32; 'batch size max' is the largest that ran, by the blog's method (lower it until no OOM), "
+        "which implies that 6 did not: not stated, so not a row; the plan fits up to 9",
     ),
 ]
 

@@ -322,7 +322,8 @@ DEVICES = (
             "NVIDIA Ada GPU Architecture whitepaper: 24 GB GDDR6X (RTX 4090)", 1008 * G,
             "NVIDIA Ada GPU Architecture whitepaper: 1,008 GB/s GDDR6X (RTX 4090)", "PCIe", 32 * G, _PCIE4_SPEC),
     _device("TITAN RTX", "TITAN RTX", _TITAN_RTX, _TITAN_RTX_SHEET, 24 * GiB, _TITAN_RTX_SHEET + ": 24GB GDDR6",
-            672 * G, _TITAN_RTX_SHEET + ": 672 GB/s", "PCIe", None, "not in the launch figures: no link bandwidth",
+            672 * G, _TITAN_RTX_SHEET + ": 672 GB/s", "PCIe", 16 * G,
+            "assumed: PCIe Gen3 x16, 16 GB/s each way (Turing's host interface; the launch figures print no link)",
             None, "not in the launch figures: no network"),
     # PyTorch sees each of an MI250X's two GCDs as a device, with half the module's memory and bandwidth.
     _device("MI250X", "MI250X", _MI250X, _AMD_MI250X, 64 * GiB,

@@ -140,7 +140,7 @@ def test_the_gpu_help_is_the_catalogue():
 
 
 # devices whose catalogue record lacks a link figure: a 64-rank job on 8 nodes needs both
-NO_INTRA = {"A10G", "TITAN RTX", "MI250X"}
+NO_INTRA = {"A10G", "MI250X"}
 NO_NIC = {
     "T4",
     "V100 PCIe 16GB",
@@ -153,6 +153,7 @@ NO_NIC = {
     "H100 NVL",
     "RTX 3090",
     "RTX 4090",
+    "TITAN RTX",
     "MI300X",
 }
 
