@@ -18,6 +18,10 @@ The default matmul_stack of A100s and Hoppers (reports.plan.assumptions BY_GENER
 runs, so the default plan is in-sample; each run is also planned leave-one-out, at the median of the fits of
 the other runs of its generation (and, in the summary, of its generation's other sources), the figure to judge.
 
+MEMORY_RUNS are the memory rows: runs published as out of memory (and runs of the same sources that ran),
+planned at their published configuration for the fit verdict alone, in a second table with the count of
+verdicts that agree: every run published as running should fit, every run published as out of memory not.
+
 Per run it prints the published figure, the plan's, the error (plan / published - 1) and, past 10%,
 the term responsible: the largest term of the planned step (time bound by matmuls, attention,
 vector ops, memory, kernel launches, or exposed communication) and what the published step implies
