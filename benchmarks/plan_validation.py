@@ -18,6 +18,10 @@ The default matmul_stack of A100s and Hoppers (reports.plan.assumptions BY_GENER
 runs, so the default plan is in-sample; each run is also planned leave-one-out, at the median of the fits of
 the other runs of its generation (and, in the summary, of its generation's other sources), the figure to judge.
 
+MEMORY_RUNS are the memory rows: runs published as out of memory (and runs of the same sources that ran),
+planned at their published configuration for the fit verdict alone, in a second table with the count of
+verdicts that agree: every run published as running should fit, every run published as out of memory not.
+
 Per run it prints the published figure, the plan's, the error (plan / published - 1) and, past 10%,
 the term responsible: the largest term of the planned step (time bound by matmuls, attention,
 vector ops, memory, kernel launches, or exposed communication) and what the published step implies
@@ -27,6 +31,7 @@ term, not a measurement of which term is wrong.
 
 import argparse
 import datetime
+import functools
 import math
 import os
 import subprocess
@@ -52,7 +57,8 @@ MEGATRON = "Narayanan et al. 2021, 'Efficient Large-Scale Language Model Trainin
 class Model:
     """What is traced: a family ("mpt": examples/gpt.py's GPT as MPT; "gpt": the same GPT with biases, as
     Megatron-LM's; "llama": examples/plan_llama.py's Llama), its fields, the world size, the activation
-    checkpointing ("none", "full": every block, "every-2nd") and the tensor-parallel degree (simulate's `tp`)."""
+    checkpointing ("none", "full": every block, "every-2nd", "selective-op": torchtitan's op-level policy,
+    _selective_op) and the tensor-parallel degree (simulate's `tp`)."""
 
     family: str
     fields: tuple
@@ -61,6 +67,8 @@ class Model:
     replicate: int = 1  # HSDP: sharded over world / replicate ranks, replicated over `replicate` groups
     tp: int = 1
     sequence_parallel: bool = True  # with tp > 1: simulate's sequence parallelism and vocabulary-parallel ends
+    sharding: str = "fsdp"  # "fsdp": simulate's FSDP2; "none": one GPU, float32, no process group
+    precision: str = "bf16"  # FSDP2's parameter dtype: "bf16" (MixedPrecisionPolicy) or "fp32" (none)
 
     @property
     def key(self):
@@ -73,6 +81,8 @@ class Model:
             )
             + (f"-tp{self.tp}" if self.tp > 1 else "")
             + ("-sp" if self.tp > 1 and self.sequence_parallel else "")
+            + ("" if self.sharding == "fsdp" else "-unsharded")
+            + ("-fp32" if self.sharding == "fsdp" and self.precision == "fp32" else "")
         )
 
 
@@ -83,7 +93,7 @@ class Run:
     gpu: str  # the catalogue's name of the published GPU (tracer.devices)
     model: Model
     micro_batch: int
-    published: float  # tokens/s per GPU, as published
+    published: float | None  # tokens/s per GPU, as published; None for a run published as out of memory
     published_mfu: float | None = None  # percent, as published (its own convention)
     note: str = ""
     status: str = ""  # "" or "pending: <what the plan lacks>"
@@ -91,6 +101,7 @@ class Run:
     micro_batches: int = 1
     schedule: str = "1f1b"
     extra: dict = field(default_factory=dict, compare=False)
+    oom: bool = False  # published as out of memory: a memory row, planned for its verdict only
 
 
 def mpt(d, heads, layers, seq, world, checkpoint="none"):
@@ -262,6 +273,97 @@ RUNS = [
     ),
 ]
 
+HF_FSDP = (
+    "Hugging Face blog 'Accelerate Large Model Training using PyTorch Fully Sharded Data Parallel' (2022-04-29, "
+    "github.com/huggingface/blog pytorch-fsdp.md), {table}"
+)
+
+
+def gpt2_xl(seq, world=1):
+    # GPT-2 XL (1.5B): d 1,600, 48 layers, 25 heads, vocabulary 50,257, biases, learned positions, tied head: the
+    # "gpt" family; positions traced at `seq` (GPT-2's table has 1,024: 1,012 x 1,600 parameters fewer). One GPU:
+    # unsharded float32; more: FSDP2 in float32 (the blog's mixed_precision 'no')
+    fields = dict(vocab_size=50257, seq_len=seq, n_layer=48, n_head=25, d_model=1600)
+    if world == 1:
+        return Model("gpt", tuple(sorted(fields.items())), 1, sharding="none")
+    return Model("gpt", tuple(sorted(fields.items())), world, precision="fp32")
+
+
+# Memory rows: runs published as out of memory (oom=True), each planned at its published configuration for the
+# verdict alone, and runs published as running beside them (the same trace at a micro-batch that ran). Their
+# throughput is not in RUNS' table (an out-of-memory run has none) and no matmul_stack is fitted on them.
+MEMORY_RUNS = [
+    Run(
+        "llama3.1-405b-h100-fsdp-oom",
+        TORCHTITAN.format(
+            table="'Llama 3.1 performance numbers': 405B on 128 H100 (94GB), 'We do see OOM for 1D parallelism "
+            "(FSDP2), so we only tested 2D parallelism (FSDP2 + Tensor Parallel)'"
+        )
+        + " (2024 version)",
+        "H100 SXM 96GB",
+        llama(16384, 126, 128, 8, 53248, 128256, 8192, 128, "full"),
+        2,
+        None,
+        oom=True,
+        note="the page prints no configuration for the 1D attempt: the 2D table's local batch 2, full AC and "
+        "sequence 8,192 assumed, FSDP2 over all 128 ranks; planned on the catalogue's H100 SXM 96GB as the 2D row",
+    ),
+    Run(
+        "llama2-70b-a100-selective-op-b1",
+        TORCHTITAN.format(table="'Llama 2 performance numbers' (64 A100 80GB, FSDP2): 70B, batch 1, selective op AC")
+        + " (2024 version)",
+        "A100 80GB SXM",
+        llama(8192, 80, 64, 8, 28672, 32000, 4096, 64, "selective-op"),
+        1,
+        None,
+        note="ran (355 WPS, 50.8% MFU; a memory row only: no matmul_stack fitted on it); Llama 2 70B at "
+        "torchtitan's sequence 4,096; selective op AC traced with torchtitan's policy (_selective_op)",
+    ),
+    Run(
+        "llama2-70b-a100-selective-op-b2-oom",
+        TORCHTITAN.format(
+            table="'Llama 2 performance numbers' (64 A100 80GB, FSDP2), footnote 1: 'the 70B training with local "
+            "batch size 2 will cause an OOM error when selective activation checkpointing is used'"
+        )
+        + " (2024 version)",
+        "A100 80GB SXM",
+        llama(8192, 80, 64, 8, 28672, 32000, 4096, 64, "selective-op"),
+        2,
+        None,
+        oom=True,
+        note="the batch 1 row's trace planned at micro-batch 2; the footnote's selective AC read as the row's op "
+        "option (the layer option is not named)",
+    ),
+    Run(
+        "gpt2-xl-titan-rtx-1gpu-oom",
+        HF_FSDP.format(
+            table="Table 2: GPT-2 XL (1.5B), DDP, batch 1, 1 GPU: 'OOM Error RuntimeError: CUDA out of memory' "
+            "(2 x 24GB Titan RTX, mixed_precision 'no', block_size 12)"
+        ),
+        "TITAN RTX",
+        gpt2_xl(12),
+        1,
+        None,
+        oom=True,
+        note="DDP on one GPU traced as plain float32 training (AdamW) of one process; sequence 12 as the "
+        "command's --block_size prints it",
+    ),
+    Run(
+        "gpt2-xl-titan-rtx-fsdp-2gpu-b5",
+        HF_FSDP.format(
+            table="Table 2: GPT-2 XL (1.5B), 'FSDP with min_num_params = 2K', batch size max 5, 2 GPUs: ran "
+            "(0.6 hours; 2 x 24GB Titan RTX, FULL_SHARD, mixed_precision 'no', block_size 12)"
+        ),
+        "TITAN RTX",
+        gpt2_xl(12, world=2),
+        5,
+        None,
+        note="FSDP (FULL_SHARD, a unit per module of 2K parameters or more) traced as FSDP2 with a unit per block, "
+        "in float32; 'batch size max' is the largest that ran, by the blog's method (lower it until no OOM), "
+        "which implies that 6 did not: not stated, so not a row; the plan fits up to 9",
+    ),
+]
+
 _CLASS_WORDS = {
     "matmul": "matmul-bound",
     "attention": "attention-bound",
@@ -283,6 +385,8 @@ def _build(model):
 
         cfg = LlamaConfig(**{k: v for k, v in f.items()})
         build, blocks = Llama, "layers"
+    if model.checkpoint == "selective-op":
+        return _selective_op(build), cfg, blocks
     if model.checkpoint != "every-2nd":
         return build, cfg, blocks
 
@@ -298,22 +402,86 @@ def _build(model):
     return every_second, cfg, blocks
 
 
+def _selective_op(build):
+    """`build` with every block under torchtitan's selective op activation checkpointing (torchtitan
+    torchtitan/parallelisms/parallelize_llama.py, 2024: `_apply_ac_to_transformer_block` with
+    selective_ac_option "op"): each block's outputs of mm, the fused attention kernels and reduce-scatter are
+    saved, except every second mm; everything else is recomputed in backward. On this CPU the fused attention
+    runs as aten._scaled_dot_product_flash_attention_for_cpu, saved as the CUDA flash kernel would be."""
+    from collections import defaultdict
+
+    import torch
+    from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
+
+    aten = torch.ops.aten
+    save = {
+        aten.mm.default,
+        aten._scaled_dot_product_efficient_attention.default,
+        aten._scaled_dot_product_flash_attention.default,
+        aten._scaled_dot_product_flash_attention_for_cpu.default,
+        torch.ops._c10d_functional.reduce_scatter_tensor.default,
+    }
+
+    def context():
+        meta = defaultdict(int)
+
+        def policy(ctx, func, *args, **kwargs):
+            key = f"{'recompute' if ctx.is_recompute else 'forward'}_mm_count"
+            if func == aten.mm.default:
+                meta[key] += 1
+            keep = func in save and not (func == aten.mm.default and meta[key] % 2 == 0)
+            return CheckpointPolicy.MUST_SAVE if keep else CheckpointPolicy.PREFER_RECOMPUTE
+
+        return create_selective_checkpoint_contexts(policy)
+
+    def selective(c):
+        m = build(c)
+        for block in m.layers:
+            block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False, context_fn=context)
+        return m
+
+    return selective
+
+
 def trace(model, path):
     """Trace one AdamW step of rank 0 of `model` at micro-batch 1 into `path`; returns the seconds it took."""
     from simulate import simulate
 
     build, cfg, blocks = _build(model)
     start = time.perf_counter()
-    if model.replicate > 1:
+    if model.sharding == "none":
+        _one_gpu(str(path), cfg, build)
+    elif model.replicate > 1:
         _hsdp(str(path), model, cfg, build, blocks)
     else:
         from plan_llama import tensor_parallel, vocabulary_parallel
 
         llama = model.family == "llama"  # else simulate's defaults, for GPT's blocks and ends
-        simulate(str(path), model.world, cfg, 1, model.checkpoint == "full", build=build, blocks=blocks, tp=model.tp,
-                 parallelize=tensor_parallel if llama else None, sequence_parallel=model.sequence_parallel,
+        import torch
+
+        dtype = torch.float32 if model.precision == "fp32" else torch.bfloat16
+        simulate(str(path), model.world, cfg, 1, model.checkpoint == "full", dtype=dtype, build=build,
+                 blocks=blocks, tp=model.tp, parallelize=tensor_parallel if llama else None,
+                 sequence_parallel=model.sequence_parallel,
                  parallelize_ends=vocabulary_parallel if llama else None)  # fmt: skip
     return time.perf_counter() - start
+
+
+def _one_gpu(path, cfg, build):
+    """One AdamW step of `build(cfg)` on one GPU in float32, no process group, under FakeTensorMode."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from tracer import Tracer
+
+    with FakeTensorMode():
+        m = build(cfg)
+        opt = torch.optim.AdamW(m.parameters(), lr=1e-4, foreach=True)
+        idx = torch.randint(0, cfg.vocab_size, (1, cfg.seq_len), generator=torch.Generator().manual_seed(0))
+        with Tracer(path, model=m, tokens=cfg.seq_len):
+            m(idx, idx).backward()
+            opt.step()
+            opt.zero_grad()
 
 
 def _hsdp(path, model, cfg, build, blocks):
@@ -371,9 +539,12 @@ def plan_run(run, df, assumptions=None):
     terms["exposed communication"] = float(row["exposed_comm_s"])
     step = float(row["step_time_s"])
     planned = float(row["tokens_per_s_per_gpu"])
-    error = 100.0 * (planned / run.published - 1.0)
     gpus = int(row["tp"]) * run.pp  # the GPUs that share the record's tokens per step: a TP group per stage
-    published_step = float(row["tokens_per_step"]) / gpus / run.published
+    if run.published is None:  # a memory row: no published tokens/s to set the plan beside
+        error = published_step = math.nan
+    else:
+        error = 100.0 * (planned / run.published - 1.0)
+        published_step = float(row["tokens_per_step"]) / gpus / run.published
     masked = float(row["causal_masked_flops_per_step"]) / run.pp  # of the pipeline's, as the record's mfu
     out = {
         "matmul_s": terms["matmul-bound"],
@@ -384,6 +555,9 @@ def plan_run(run, df, assumptions=None):
         "mfu_pct": 100.0 * (float(row["mfu"]) + masked / step / row["peak_flops_per_s"]),
         "fits": bool(row["fits"]),
         "required_gib": float(row["required_bytes"]) / 2**30,
+        "available_gib": float(row["device_memory_bytes"]) / 2**30,
+        "max_micro_batch": detail["memory"]["max_micro_batch"],
+        "peak_phase": detail["memory"]["peak_phase"],
         "matmul_efficiency": listed["matmul_efficiency"],
         "term": "",
     }
@@ -499,7 +673,13 @@ def _validate(runs, workdir, log):
             traced[key] = reports.load(path)
             log(f"  traced {key} in {seconds:.1f} s")
         results[run.name] = plan_run(run, traced[key]) | {"df": traced[key]}
-        log(f"  {run.name}: published {run.published:,.0f}, plan {results[run.name]['planned']:,.0f}")
+        r = results[run.name]
+        if run.published is None:
+            log(
+                f"  {run.name}: published {'out of memory' if run.oom else 'ran'}, plan {'fits' if r['fits'] else 'NO'}"
+            )
+        else:
+            log(f"  {run.name}: published {run.published:,.0f}, plan {r['planned']:,.0f}")
     return results
 
 
@@ -597,6 +777,53 @@ def table(runs, results):
     return "\n".join(lines), _median(errors)
 
 
+def memory_table(runs, results, memory_runs, memory_results):
+    """The markdown table of `memory_runs` (each published as running or out of memory) and their plans' verdicts,
+    and the summary of every verdict: `runs` (all published as running) and `memory_runs`. A plan whose verdict is
+    not the published one stays in the table, marked, with the largest term of its memory."""
+    lines = [
+        "| run | GPU | published | micro-batch | plan: fits (required of available GiB) | largest micro-batch that fits "
+        "| agrees | source |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for run in memory_runs:
+        r = memory_results[run.name]
+        published = "out of memory" if run.oom else "ran"
+        plan = f"{'yes' if r['fits'] else 'NO'} ({r['required_gib']:.1f} of {r['available_gib']:.1f})"
+        agrees = "yes" if r["fits"] != run.oom else f"NO: {r['disagreement']}"
+        source = run.source + (f"; {run.note}" if run.note else "")
+        lines.append(
+            f"| {run.name} | {run.gpu} | {published} | {run.micro_batch} | {plan} | {r['max_micro_batch']} "
+            f"| {agrees} | {source} |"
+        )
+    ran = [results[r.name]["fits"] for r in runs if "status" not in results[r.name]]
+    ran += [memory_results[r.name]["fits"] for r in memory_runs if not r.oom]
+    oom = [not memory_results[r.name]["fits"] for r in memory_runs if r.oom]
+    lines += [
+        "",
+        f"Memory verdicts: {sum(ran)} of {len(ran)} runs published as running planned as fitting (the "
+        f"throughput table's and the rows above that ran); {sum(oom)} of {len(oom)} runs published as out of "
+        "memory planned as not fitting.",
+    ]
+    return "\n".join(lines)
+
+
+def validate_memory(memory_runs, workdir, log=print):
+    """{run name: plan_run's result} of `memory_runs`, each with "disagreement": what the plan says against the
+    published verdict (its peak's phase and what it needs), "" where they agree."""
+    results = _validate(memory_runs, workdir, log)
+    for run in memory_runs:
+        r = results[run.name]
+        r.pop("df", None)
+        r["disagreement"] = ""
+        if r["fits"] == run.oom:
+            r["disagreement"] = (
+                f"the plan {'fits' if r['fits'] else 'does not fit'}: required {r['required_gib']:.1f} GiB "
+                f"of {r['available_gib']:.1f}, peak in the {r['peak_phase']}"
+            )
+    return results
+
+
 _START, _END = "<!-- plan_validation: start -->", "<!-- plan_validation: end -->"
 
 
@@ -628,12 +855,17 @@ def main(argv=None):
     parser.add_argument("--write", metavar="PAGE", help="write the table into PAGE between its markers")
     args = parser.parse_args(argv)
     runs = [r for r in RUNS if not args.only or r.name in args.only]
-    if args.only and len(runs) != len(set(args.only)):
-        parser.error(f"unknown run in --only; expected some of {', '.join(r.name for r in RUNS)}")
+    memory_runs = [r for r in MEMORY_RUNS if not args.only or r.name in args.only]
+    if args.only and len(runs) + len(memory_runs) != len(set(args.only)):
+        names = ", ".join(r.name for r in RUNS + MEMORY_RUNS)
+        parser.error(f"unknown run in --only; expected some of {names}")
     start = time.perf_counter()
+    log = lambda s: print(s, file=sys.stderr)  # noqa: E731
     with tempfile.TemporaryDirectory() as tmp:
-        results = validate(runs, args.traces or tmp, log=lambda s: print(s, file=sys.stderr))
+        results = validate(runs, args.traces or tmp, log=log)
+        memory_results = validate_memory(memory_runs, args.traces or tmp, log=log)
     text, median = table(runs, results)
+    text += "\n\n" + memory_table(runs, results, memory_runs, memory_results)
     print(text)
     print(f"\n({time.perf_counter() - start:.0f} s)", file=sys.stderr)
     if args.write:

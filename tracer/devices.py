@@ -131,6 +131,11 @@ _B200_RATES = _rates(75, 1125, 2250, 2250, 4500)
 # GeForce: tensor math with FP32 accumulation runs at half the FP16-accumulate rate.
 _RTX3090 = _rates(35.6, 35.6, 71, 71)
 _RTX4090 = _rates(82.6, 82.6, 165.2, 165.2, 330.3)
+# NB (unsure): no NVIDIA datasheet in hand for the TITAN RTX; its launch figures as Tom's Hardware printed them
+# (2018-12-03, "Nvidia Titan RTX specs, pricing": 16.3 TFLOPS FP32, 130 Tensor TFLOPS, 24GB GDDR6, 672 GB/s).
+# Turing has no bf16.
+_TITAN_RTX = _rates(16.3, fp16=130)
+_TITAN_RTX_SHEET = "NVIDIA TITAN RTX launch figures (Tom's Hardware, 2018-12-03; see NB in tracer.devices)"
 # per GCD (one torch device): half the module's FP32 matrix 95.7 (vector 47.9), BF16/FP16 383
 _MI250X = _rates(47.85, bf16=191.5, fp16=191.5)
 _MI300X = _rates(163.4, 653.7, 1307.4, 1307.4, 2614.9)  # FP32 matrix (vector: 81.7)
@@ -316,6 +321,10 @@ DEVICES = (
     _device("RTX 4090", "RTX 4090", _RTX4090, _NV_AD102, 24 * GiB,
             "NVIDIA Ada GPU Architecture whitepaper: 24 GB GDDR6X (RTX 4090)", 1008 * G,
             "NVIDIA Ada GPU Architecture whitepaper: 1,008 GB/s GDDR6X (RTX 4090)", "PCIe", 32 * G, _PCIE4_SPEC),
+    _device("TITAN RTX", "TITAN RTX", _TITAN_RTX, _TITAN_RTX_SHEET, 24 * GiB, _TITAN_RTX_SHEET + ": 24GB GDDR6",
+            672 * G, _TITAN_RTX_SHEET + ": 672 GB/s", "PCIe", 16 * G,
+            "assumed: PCIe Gen3 x16, 16 GB/s each way (Turing's host interface; the launch figures print no link)",
+            None, "not in the launch figures: no network"),
     # PyTorch sees each of an MI250X's two GCDs as a device, with half the module's memory and bandwidth.
     _device("MI250X", "MI250X", _MI250X, _AMD_MI250X, 64 * GiB,
             "AMD Instinct MI250X datasheet: 128 GB HBM2e per module of two GCDs; halved per GCD", 1638.4 * G,
@@ -342,6 +351,7 @@ _RULES = (
     ("T4", {"T4"}, set()),
     ("V100 SXM2", {"V100", "SXM2"}, set()),
     ("V100 PCIe", {"V100", "PCIE"}, set()),
+    ("TITAN RTX", {"TITAN", "RTX"}, set()),
     ("RTX 3090", {"RTX", "3090"}, {"TI", "LAPTOP", "MOBILE"}),
     ("RTX 4090", {"RTX", "4090"}, {"D", "LAPTOP", "MOBILE"}),
     ("MI250X", {"MI250X"}, set()),

@@ -31,6 +31,7 @@ NAMES = [
     "B200",
     "RTX 3090",
     "RTX 4090",
+    "TITAN RTX",
     "MI250X",
     "MI300X",
 ]
@@ -114,7 +115,7 @@ def test_a_family_of_one_bandwidth_needs_no_size():
         ("A100 80GB", ["A100 80GB SXM", "A100 80GB PCIe"]),
         ("a100_80gb_sxm", ["A100 80GB SXM"]),
         ("V100", ["V100 SXM2 16GB", "V100 SXM2 32GB", "V100 PCIe 16GB", "V100 PCIe 32GB"]),
-        ("RTX", ["RTX 3090", "RTX 4090"]),
+        ("RTX", ["RTX 3090", "RTX 4090", "TITAN RTX"]),
         ("4090", ["RTX 4090"]),
         ("X900", []),
     ],
@@ -152,6 +153,7 @@ NO_NIC = {
     "H100 NVL",
     "RTX 3090",
     "RTX 4090",
+    "TITAN RTX",
     "MI300X",
 }
 

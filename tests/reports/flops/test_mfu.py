@@ -240,6 +240,7 @@ def test_peak_table_is_dense_and_sourced():
         "B200",
         "RTX 3090",
         "RTX 4090",
+        "TITAN RTX",
         "MI250X",
         "MI300X",
     }

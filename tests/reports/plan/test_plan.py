@@ -360,7 +360,7 @@ def test_cli_bad_gpu_is_one_line(tmp_path, capsys):
         "optrace plan: error: unknown gpu 'X900'; expected one of T4, V100 SXM2 16GB, V100 SXM2 32GB, "
         "V100 PCIe 16GB, V100 PCIe 32GB, A10, A10G, A100 40GB SXM, A100 80GB SXM, A100 40GB PCIe, "
         "A100 80GB PCIe, L4, L40S, H100 SXM, H100 SXM 96GB, H100 PCIe, H100 NVL, H200, B200, RTX 3090, "
-        "RTX 4090, MI250X, MI300X, cpu"
+        "RTX 4090, TITAN RTX, MI250X, MI300X, cpu"
     )
     assert main(["plan", str(tmp_path / "t"), "--gpu", "H100", "--assume", "warp_speed=2"]) == 2
     assert "unknown assumption 'warp_speed'" in capsys.readouterr().err
