@@ -265,7 +265,7 @@ class Scan:
         # the first appearance: the least row, inputs before outputs within a row
         as_output = (fout != _NONE) & ((fin == _NONE) | (row_out < row_in))
         first_row, first_at = np.where(as_output, row_out, row_in), np.where(as_output, fout, fin)
-        free_rows = np.repeat(np.arange(n, dtype=np.int64), np.diff(free_offsets))
+        free_rows = np.repeat(np.arange(n, dtype=np.int64), columns["n_freed"])  # np.diff(free_offsets)
         free_ids = self.free_ids
         top = max([-1] + [int(a.max()) for a in (seen, free_ids) if len(a)])
         sids, at, values = (
