@@ -50,15 +50,18 @@ None for numbers: test them with `pd.isna` and print them as N/A
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from reports._util import packet
+from reports.arrays import arrow_of, numpy_of
 from reports.errors import ReportError
 from reports.flops.accounting import traced_tokens
 from reports.flops.peaks import cpu_ideal_flops, normalize_dtype
 from reports.flops.peaks import peak_flops as lookup_peak
 from reports.flops.recompute import attention_recompute, checkpoint_recompute
 from reports.flops.roles import skipped_inputs
-from reports.flops.rows import flat, frame_of, per_step, records_table, require, to_frame
+from reports.flops.rows import frame_of, per_step, records_table, require, to_frame
+from reports.steps import per_step_of
 from tracer.rules import DTYPE_KINDS, carrying_dtype, dtype_rows
 
 __all__ = ["COLUMNS", "mfu", "mfu_table"]
@@ -106,15 +109,27 @@ def _per_run(value, run, what):
     return float(value)
 
 
-def _operand_dtypes(rows, at):
-    """(the dtype names of the first multiplied operand of the rows at positions `at`, addmm's bias skipped;
-    a boolean array: which of those rows have one)."""
-    offsets, names = flat(rows.lists("input_dtypes", pa.string(), at), pa.string())
+def _operand_codes(rows, at):
+    """(a code per row at positions `at` that has a first multiplied operand (addmm's bias skipped), the dtype name
+    of each code ("None" for a null item; a name may come twice), a boolean array: which of those rows have one):
+    the dtype cells taken and encoded by Arrow, each distinct name made a Python string once."""
+    lists = rows.lists("input_dtypes", pa.string(), at)
+    offsets = numpy_of(lists.offsets).astype(np.int64)  # into lists.values, a slice's offsets included
     count = np.diff(offsets)
     first = skipped_inputs(rows.labels("op").map(packet).take(at))  # addmm's bias is not multiplied
     first = np.where(first < count, first, 0)
     ok = count > 0
-    return [str(name) for name in names[offsets[:-1][ok] + first[ok]]], ok
+    picked = lists.values.take(arrow_of(offsets[:-1][ok] + first[ok]))
+    encoded = picked if pa.types.is_dictionary(picked.type) else pc.dictionary_encode(picked)
+    words = [str(name) for name in encoded.dictionary.to_pylist()] + ["None"]
+    return numpy_of(encoded.indices, null=len(words) - 1).astype(np.int64), words, ok
+
+
+def _operand_dtypes(rows, at):
+    """(the dtype names of the first multiplied operand of the rows at positions `at`, addmm's bias skipped;
+    a boolean array: which of those rows have one)."""
+    codes, words, ok = _operand_codes(rows, at)
+    return np.asarray(words, dtype=object)[codes].tolist(), ok
 
 
 def matmul_dtype(rows):
@@ -136,15 +151,21 @@ def _model_flops_by_dtype(rows, model_values, run_dtype):
     other row under `run_dtype`, the dtype whose peak the `mfu` column uses. `model_values`: each row's model FLOPs (0 where none)."""
     flops = rows["flops"]
     at = np.flatnonzero(rows.labels("flop_kind").isin(DTYPE_KINDS) & (flops > 0))
-    names, ok = _operand_dtypes(rows, at)
+    codes, words, ok = _operand_codes(rows, at)
     run_key = normalize_dtype(run_dtype) if run_dtype is not None else ""
-    key = np.full(len(flops), run_key, dtype=object)
-    ran = [normalize_dtype(name) for name in names]
+    ran = [normalize_dtype(name) for name in words]
     if run_key == "tfloat32":  # dtype="tfloat32": the fp32 matmuls ran on TF32 tensor cores
         ran = ["tfloat32" if name == "float32" else name for name in ran]
-    key[at[ok]] = ran
-    found = per_step(rows, values=model_values, by=np.asarray(key.tolist(), dtype=str))
-    return {dtype: figure for dtype, figure in found.items() if figure}
+    keys = sorted({run_key, *ran})  # numbered in string order: per_step's keys in the order np.unique gives strings
+    number = {k: i for i, k in enumerate(keys)}
+    key = np.full(len(flops), number[run_key], dtype=np.int64)
+    key[at[ok]] = np.asarray([number[name] for name in ran], dtype=np.int64)[codes]
+    used = np.flatnonzero(np.bincount(key, minlength=len(keys)))  # np.unique's keys, without a sort of the rows
+    compact = np.zeros(len(keys), dtype=np.int64)
+    compact[used] = np.arange(len(used))
+    names = np.asarray([keys[k] for k in used.tolist()], dtype=object)
+    found, figures = per_step_of(model_values, rows.phases(), None, (compact[key], names))
+    return {dtype: figure for dtype, figure in zip(found.tolist(), figures) if figure}
 
 
 def _weighted_peak(device, by_dtype, given):

@@ -23,8 +23,6 @@ import os
 import re
 import stat
 
-import pyarrow.parquet as pq
-
 try:
     from pyarrow._parquet import ParquetReader  # what pq.ParquetFile opens; private, hence the fallback
 except ImportError:
@@ -81,6 +79,8 @@ def read_footer(part):
     """A part's Parquet footer, read from the file: pq.read_metadata without the Python of a ParquetFile
     (its column paths, built for every file: most of the time of a trace of many small parts)."""
     if ParquetReader is None:
+        import pyarrow.parquet as pq  # pyarrow.parquet's Python only where its private reader is missing
+
         return pq.read_metadata(part)
     reader = ParquetReader()
     reader.open(part)
@@ -361,6 +361,8 @@ def _seq_range(part, info):
         low = stats.min if low is None else min(low, stats.min)
         high = stats.max if high is None else max(high, stats.max)
     if low is None:
+        import pyarrow.parquet as pq  # a part without seq statistics only
+
         seq = pq.read_table(part, columns=["seq"]).column("seq").to_numpy()
         low, high = seq.min(), seq.max()
     return int(low), int(high), info.num_rows

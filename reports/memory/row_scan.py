@@ -117,19 +117,16 @@ class Scan:
         self.first_in, self.first_out, self.first_size = _Firsts(), _Firsts(), _Firsts()
         self.known, self.freed = [], []  # (ids, positions, sizes) at a first appearance with a size; the freed ids
         self.taken = [0, 0]  # inputs and outputs before this batch
-        self.cells, self.comm, self.held = (
-            [],
-            [],
-            (),
-        )  # with CELLS and op in the batches (held): see the module docstring
+        self.cells, self.comm, self.held = [], [], ()  # with CELLS and op in the batches (held): see the docstring
 
     def feed(self, batch):
         if self.done + batch.num_rows > self.n:  # more rows than the trace's checks counted: a trace changed while read
             self.done += batch.num_rows
             return
         end = self.done + batch.num_rows
-        if end > len(self.arrays["seq"]):  # room for the batch, doubling up to the rows counted
-            size = min(self.n, max(end, 2 * len(self.arrays["seq"])))
+        if end > len(self.arrays["seq"]):  # room for the batch, 16 times over up to the rows counted (np.empty's
+            # pages are taken as rows fill them: a copy of what was read, not a page of room, is what a growth costs)
+            size = min(self.n, max(end, 16 * len(self.arrays["seq"])))
             self.arrays = {
                 c: np.concatenate([a[: self.done], np.empty(size - self.done, a.dtype)]) for c, a in self.arrays.items()
             }
@@ -268,7 +265,7 @@ class Scan:
         # the first appearance: the least row, inputs before outputs within a row
         as_output = (fout != _NONE) & ((fin == _NONE) | (row_out < row_in))
         first_row, first_at = np.where(as_output, row_out, row_in), np.where(as_output, fout, fin)
-        free_rows = np.repeat(np.arange(n, dtype=np.int64), np.diff(free_offsets))
+        free_rows = np.repeat(np.arange(n, dtype=np.int64), columns["n_freed"])  # np.diff(free_offsets)
         free_ids = self.free_ids
         top = max([-1] + [int(a.max()) for a in (seen, free_ids) if len(a)])
         sids, at, values = (

@@ -131,7 +131,7 @@ class Source:
         if self._categories is None:
             from reports.memory.sql_categories import by_category
 
-            self._flop_rows = None  # the report's FLOP sections come before: freed for the lifetime model's arrays
+            # the FLOP rows stay: report --json's sections read them after (made again, a query of every row)
             self._categories = by_category(self.sql)
         return self._categories
 

@@ -51,19 +51,23 @@ class ModuleOwn:
 
     def feed(self, table):
         code = self.module.of(table.column("module"))
-        order = np.argsort(code, kind="stable")  # each module's rows together, in row order
-        starts = np.flatnonzero(np.concatenate(([True], code[order][1:] != code[order][:-1])))
-        counts = np.diff(np.concatenate((starts, [len(code)])))
-        seq = numpy_of(table.column("seq"))[order[starts]]
-        sums = [_exact(numpy_of(table.column(c))[order], starts) for c in ("flops", "bytes_allocated", "duration_ns")]
-        for k, m in enumerate(code[order[starts]].tolist()):
-            found = self.sums.get(m)
-            if found is None:
-                self.sums[m] = [int(counts[k]), sums[0][k], sums[1][k], sums[2][k], int(seq[k])]
+        size = len(self.module.names)  # codes are dense: per code by bincount and ufunc.at, no sort of the rows
+        counts = np.bincount(code, minlength=size)
+        found = np.flatnonzero(counts)
+        first = np.full(size, len(code), dtype=np.int64)
+        np.minimum.at(first, code, np.arange(len(code), dtype=np.int64))
+        seq = numpy_of(table.column("seq"))[first[found]]
+        sums = [
+            _exact(numpy_of(table.column(c)), code, size, found) for c in ("flops", "bytes_allocated", "duration_ns")
+        ]
+        for k, m in enumerate(found.tolist()):
+            known = self.sums.get(m)
+            if known is None:
+                self.sums[m] = [int(counts[m]), sums[0][k], sums[1][k], sums[2][k], int(seq[k])]
             else:
-                found[0] += int(counts[k])
+                known[0] += int(counts[m])
                 for j in range(3):
-                    found[j + 1] += sums[j][k]
+                    known[j + 1] += sums[j][k]
 
     def table(self, run):
         rows = sorted(self.sums.items(), key=lambda item: item[1][4])
@@ -82,10 +86,13 @@ class ModuleOwn:
         )
 
 
-def _exact(values, starts):
-    """Per group of sorted `values` (int64 >= 0) beginning at `starts`: its sum as a Python int (summed in halves)."""
-    high, low = np.add.reduceat(values >> 32, starts), np.add.reduceat(values & 0xFFFFFFFF, starts)
-    return [(h << 32) + lo for h, lo in zip(high.tolist(), low.tolist())]
+def _exact(values, code, size, found):
+    """Per code `found` of `code` (dense codes below `size`): the sum of its `values` (int64 >= 0) as a Python int
+    (summed in halves)."""
+    high, low = np.zeros(size, dtype=np.int64), np.zeros(size, dtype=np.int64)
+    np.add.at(high, code, values >> 32)
+    np.add.at(low, code, values & 0xFFFFFFFF)
+    return [(h << 32) + lo for h, lo in zip(high[found].tolist(), low[found].tolist())]
 
 
 class Peak:

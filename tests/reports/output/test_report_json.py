@@ -97,6 +97,18 @@ def test_report_json_has_every_section(traces, capsys):
     assert got["top_ops"]["rows"][0]["flops_per_step"] == int(reports.by_op(df)["flops"].iloc[0])  # one step
 
 
+def test_report_json_makes_the_flop_rows_once(traces, capsys, monkeypatch):
+    """The breakdown, explain and mfu_details of --json read the FLOP rows the headline read: one table of them (a
+    second was a query of every row, the Trace's read having handed its kept rows out once)."""
+    import reports.sql.flops as flops
+
+    made, table = [], flops.table
+    monkeypatch.setattr(flops, "table", lambda *a, **k: made.append(1) or table(*a, **k))
+    got = _strict(_cli(capsys, "report", traces[0], "--json"))
+    assert got["breakdown"]["available"] and got["mfu_details"]  # sections that read them, after the memory ones
+    assert len(made) == 1
+
+
 def test_report_json_roofline_marks_rows_above_the_roof(traces, capsys):
     got = _strict(_cli(capsys, "report", traces[0], "--json"))["roofline"]
     assert got["available"] and got["peak_bytes_per_s"] == 1
