@@ -367,3 +367,18 @@ def test_a_damaged_trace_says_so_in_the_plan(tmp_path, capsys):
     assert out["complete"] is True and any(n.startswith(damage) for n in out["notes"])
     assert main(["plan", str(tmp_path / "t"), "--gpu", "H100"]) in (0, None)
     assert damage in " ".join(capsys.readouterr().out.split())
+
+
+@pytest.mark.parametrize("column", ["step", "input_shapes"])
+def test_a_frame_with_a_null_where_reports_load_gives_none_is_a_report_error(tmp_path, column):
+    """reports.plan of a DataFrame edited to hold a null where reports.load never gives one (tracer's NOT_NULL
+    columns: a NaN step, a None shapes cell) is one ReportError naming the column and the row, not a ValueError or
+    TypeError from inside the plan."""
+    from reports.errors import ReportError
+
+    df = adamw(tmp_path / "t", 4)
+    df[column] = df[column].astype(object)
+    df.loc[df.index[2:], column] = None  # every row from the third on
+    seq = int(df["seq"].iloc[2])
+    with pytest.raises(ReportError, match=rf"plan: column '{column}' is null at seq {seq} \({len(df) - 2} null"):
+        reports.plan(df, "H100")
