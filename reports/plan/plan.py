@@ -63,7 +63,7 @@ import numpy as np
 from reports.errors import ReportError
 from reports.flops.mfu import mfu_table
 from reports.flops.rows import per_step
-from reports.loading.integrity import signal_of, stopped_by
+from reports.loading.integrity import describe_damage, signal_of, stopped_by
 from reports.plan import assumptions as assumed
 from reports.plan import parallel
 from reports.plan.comm import OVERLAPS, costs, simulate
@@ -186,6 +186,9 @@ def _plan_run(run, gpu, gpus_per_node, micro_batch, batch, overlap, table, shape
             ("the traced code raised " + raised if raised else f"the trace was {stopped_by(meta)}")
             + ": the plan covers the rows the trace has, which may be part of a step"
         )
+    broken = describe_damage(meta.get("damage") or {})  # reports.loading.integrity.damage's facts, as the report says
+    if broken:
+        notes.append(f"the trace is damaged: {broken}; the plan covers the rows it has, which may be part of a step")
     found, how = (batch, "given") if batch is not None else traced_batch(run.rows, meta)
     if found is None:
         notes.append(

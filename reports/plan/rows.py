@@ -147,8 +147,27 @@ def frame_runs(df):
             _, _, ordered = next(r for r in runs_in_order(rows) if len(r[2]))
             return run_rows(ordered)
 
-        out.append(Run(name, runs[name], PlanRows(from_frame(rows, rows.columns)), _once(memory)))
+        table = from_frame(rows, rows.columns)
+        _not_null(table)
+        out.append(Run(name, runs[name], PlanRows(table), _once(memory)))
     return out
+
+
+def _not_null(table):
+    """Raise ReportError for the first column of reports.loading.validate.NOT_NULL that holds a null in `table` (a
+    DataFrame edited after reports.load, which never gives one there), naming the row's seq."""
+    from reports.errors import ReportError
+    from reports.loading.validate import NOT_NULL
+
+    for name in table.column_names:
+        column = table.column(name)
+        if name in NOT_NULL and column.null_count:
+            at = int(np.flatnonzero(numpy_of(pc.is_null(column)))[0])
+            where = f" at seq {table.column('seq')[at].as_py()}" if "seq" in table.column_names else f" at row {at}"
+            raise ReportError(
+                f"plan: column {name!r} is null{where} ({column.null_count} null value(s)); expected the values "
+                "reports.load gives"
+            )
 
 
 def plan_rows(rows):

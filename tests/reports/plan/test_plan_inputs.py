@@ -343,3 +343,42 @@ def test_a_trace_of_several_steps_prices_its_last_complete_step(tmp_path):
         "its step time includes and later steps skip (trace two steps to price the steady one)"
     ) in frame.attrs["plan"]["k1"]["notes"]
     assert not any(n.startswith("the traced step is the optimizer's first") for n in notes)
+
+
+def test_a_damaged_trace_says_so_in_the_plan(tmp_path, capsys):
+    """A trace with a part deleted is planned from the rows it has (as the report is), and the plan names the damage
+    in its notes (text and --json), as the report, --json and export do: not only in a note on stderr."""
+    import os
+
+    from reports.output.cli import main
+    from tracer.schema import part_paths
+
+    with torch.device("meta"):
+        model, x = torch.nn.Linear(16, 16, bias=False), torch.empty(4, 16)
+    with Tracer(tmp_path / "t", model=model, tokens=4, flush_rows=2):
+        for _ in range(3):
+            model(x).sum().backward()
+    parts = part_paths(tmp_path / "t")
+    assert len(parts) >= 3
+    os.remove(parts[1])  # 2 rows (one part of flush_rows=2) gone
+    damage = "the trace is damaged: 2 rows missing from disk (a part deleted?); 1 part file(s) missing; 1 gap(s) in seq"
+    assert main(["plan", str(tmp_path / "t"), "--gpu", "H100", "--json"]) in (0, None)
+    out = json.loads(capsys.readouterr().out)
+    assert out["complete"] is True and any(n.startswith(damage) for n in out["notes"])
+    assert main(["plan", str(tmp_path / "t"), "--gpu", "H100"]) in (0, None)
+    assert damage in " ".join(capsys.readouterr().out.split())
+
+
+@pytest.mark.parametrize("column", ["step", "input_shapes"])
+def test_a_frame_with_a_null_where_reports_load_gives_none_is_a_report_error(tmp_path, column):
+    """reports.plan of a DataFrame edited to hold a null where reports.load never gives one (tracer's NOT_NULL
+    columns: a NaN step, a None shapes cell) is one ReportError naming the column and the row, not a ValueError or
+    TypeError from inside the plan."""
+    from reports.errors import ReportError
+
+    df = adamw(tmp_path / "t", 4)
+    df[column] = df[column].astype(object)
+    df.loc[df.index[2:], column] = None  # every row from the third on
+    seq = int(df["seq"].iloc[2])
+    with pytest.raises(ReportError, match=rf"plan: column '{column}' is null at seq {seq} \({len(df) - 2} null"):
+        reports.plan(df, "H100")
