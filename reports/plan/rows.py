@@ -75,7 +75,7 @@ class PlanRows(Rows):
         return self._read[key]
 
     def words(self, name):
-        """A string column as an object array of str, a null as "" (astype(str) of a frame's column: "None")."""
+        """A string column as an object array of str, a null as "None" (what astype(str) of a frame's column gives)."""
         return np.asarray(["None" if v is None else v for v in self.objects(name)], dtype=object)
 
     def cell_objects(self, name, at=None):
