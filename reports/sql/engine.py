@@ -37,6 +37,7 @@ the views here; this module only runs SQL, divides totals per phase into per-ste
 could wrap (reports/steps.py summable: pandas sums those as float64).
 """
 
+import contextlib
 import os
 import re
 import warnings
@@ -220,6 +221,11 @@ class Trace(Checks):
             raise ReportError(
                 f"{one_line(exc)} (parts merged away while read, {REREADS} times: read the trace again)"
             ) from None
+        except BaseException:  # a Ctrl-C while it opens: the database given back, the interrupt raised on (a
+            if self.db is not None:  # failure to close leaves it to the Trace's collection: the interrupt is the news)
+                with contextlib.suppress(Exception):
+                    self.close()
+            raise
 
     def _open(self, paths, threads, columns, keep):
         try:

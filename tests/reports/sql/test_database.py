@@ -77,6 +77,24 @@ def test_a_trace_refused_after_its_database_was_made_gives_it_back(template, mon
         gc.enable()
 
 
+def test_a_ctrl_c_while_a_trace_opens_gives_its_database_back_and_reaches_the_caller(template, monkeypatch):
+    """A KeyboardInterrupt once the rows are in DuckDB (here raised where the null lists are checked) closes the
+    Trace's catalogue and reaches the caller as it was: not held until the Trace is collected, not swallowed."""
+
+    def interrupted(self, unscanned):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(database, "_SHARED", None)
+    monkeypatch.setattr(Trace, "_check_null_lists", interrupted)
+    gc.disable()  # (no collection of the unclosed Trace in between)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            Trace(template)
+        assert database._SHARED.users == 0
+    finally:
+        gc.enable()
+
+
 _FORK = """
 import os, sys
 from reports.sql.engine import Trace
