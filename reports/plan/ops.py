@@ -144,7 +144,7 @@ def fixed_bytes(rows, meta):
             "output_dtypes",
         )
     ]
-    inplace = rows.truth("inplace")[touched]
+    inplace = rows.flag("inplace")[touched]
     for j, (i_ids, i_shapes, i_dtypes, o_ids, o_shapes, o_dtypes) in enumerate(zip(*cells)):
         i_ids = [] if i_ids is None else [int(s) for s in i_ids]
         read = sum(math.prod(s) * size.get(d, 0) for sid, s, d in zip(i_ids, i_shapes, i_dtypes) if sid in fixed)
@@ -163,7 +163,7 @@ def roofs(rows, peak_of, bandwidth, k=1.0, fixed=None, gen=None):
     the target's generation with efficiency tables (reports.plan.efficiency), or None."""
     kinds = rows.objects("flop_kind")
     is_comm = rows.valid("comm_bytes")
-    view = rows.truth("is_view")
+    view = rows.flag("is_view")
     flops = rows.floats("flops").copy()
     nbytes = rows.floats("bytes_read") + rows.floats("bytes_written")
     nbytes[view | is_comm] = 0.0
@@ -187,7 +187,7 @@ def roofs(rows, peak_of, bandwidth, k=1.0, fixed=None, gen=None):
     for d, p in tensor_peak.items():
         peak[tensor & (dtypes == d)] = p
     klass = np.where(np.isin(kinds, _MATMUL), 0, np.where(kinds == "attention", 1, 2))
-    causal = (kinds == "attention") & rows.truth("causal")
+    causal = (kinds == "attention") & rows.flag("causal")
     compute = np.where(flops > 0, flops / peak, 0.0)
     compute[causal] /= 2  # the FLOPs a causal kernel performs: the floor too
     floor = compute

@@ -26,15 +26,11 @@ __all__ = ["PlanRows", "Run", "frame_runs", "plan_rows", "trace_runs"]
 class PlanRows(Rows):
     """One run's rows (reports.flops.rows.Rows) with the reads the plan makes of them, each column read once."""
 
-    def _array(self, name):
-        column = self.table.column(name)
-        return column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
-
     def floats(self, name):
         """A numeric column as float64, NaN for a null (all NaN for a column of nulls)."""
         key = ("floats", name)
         if key not in self._read:
-            column = self._array(name)
+            column = self._column(name)
             if pa.types.is_null(column.type):
                 self._read[key] = np.full(len(column), np.nan)
             else:
@@ -43,32 +39,21 @@ class PlanRows(Rows):
 
     def ints(self, name):
         """An integer column without nulls as int64."""
-        return np.asarray(numpy_of(self._array(name).cast(pa.int64())), dtype=np.int64)
+        return np.asarray(numpy_of(self._column(name).cast(pa.int64())), dtype=np.int64)
 
     def valid(self, name):
         """Boolean array: the rows whose `name` is not null."""
         key = ("valid", name)
         if key not in self._read:
-            found = pc.is_valid(self._array(name)).cast(pa.uint8())
+            found = pc.is_valid(self._column(name)).cast(pa.uint8())
             self._read[key] = numpy_of(found).astype(bool)
-        return self._read[key]
-
-    def truth(self, name):
-        """A boolean column as a bool array, a null False (all False without the column)."""
-        key = ("truth", name)
-        if key not in self._read:
-            if name not in self or pa.types.is_null(self.table.schema.field(name).type):
-                self._read[key] = np.zeros(len(self), dtype=bool)
-            else:
-                column = self._array(name).cast(pa.uint8())
-                self._read[key] = numpy_of(column, null=0).astype(bool)
         return self._read[key]
 
     def objects(self, name):
         """A string (or dictionary) column as an object array, None for a null."""
         key = ("objects", name)
         if key not in self._read:
-            column = self._array(name)
+            column = self._column(name)
             if pa.types.is_dictionary(column.type):
                 column = column.cast(column.type.value_type)
             self._read[key] = objects_of(column)
@@ -81,8 +66,8 @@ class PlanRows(Rows):
     def cell_objects(self, name, at=None):
         """The cells of list column `name` (at row positions `at`, every row when None) as Python lists."""
         if at is None:
-            return self._array(name).to_pylist()
-        return self._array(name).take(arrow_of(np.asarray(at, dtype=np.int64))).to_pylist()
+            return self._column(name).to_pylist()
+        return self._column(name).take(arrow_of(np.asarray(at, dtype=np.int64))).to_pylist()
 
     def take(self, at):
         """The PlanRows of the rows at positions (or a boolean mask) `at`, in that order."""

@@ -34,7 +34,7 @@ _TRAINING = ("forward", "backward")
 def causal_masked(rows):
     """Per step, the half of causal attention's model FLOPs that its kernels skip (reports.plan.plan's docstring)."""
     phase = rows.objects("phase")
-    causal = (rows.objects("flop_kind") == "attention") & rows.truth("causal")
+    causal = (rows.objects("flop_kind") == "attention") & rows.flag("causal")
     causal &= np.isin(phase, _TRAINING) & ~checkpoint_recompute(rows)
     if not causal.any():
         return 0.0
@@ -112,4 +112,4 @@ def traced_step(rows, meta):
 def flop_bounds(rows):
     """{"flops": per-step FLOPs of the rows whose count is an upper bound (the flops_bound column), "rows": how many
     rows} (reports.flops.coverage.bounds of the rows); zeros for a trace without the column."""
-    return bounded(rows, rows.truth("flops_bound"))
+    return bounded(rows, rows.flag("flops_bound"))
