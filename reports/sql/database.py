@@ -46,17 +46,26 @@ def spill_directory():
     return os.path.join(tempfile.gettempdir(), f"optrace-duckdb-{os.getpid()}-{uuid.uuid4().hex}")
 
 
+def _made(duckdb, threads=None, flush=True):
+    """(a new DuckDB database of this process, its spill directory): `threads` threads (None: DuckDB's default);
+    `flush`: it gives the memory of a scan's freed buffers back as it goes (FLUSH_FREED_ROWS)."""
+    spill = spill_directory()
+    db = duckdb.connect(config={"temp_directory": spill, **({"threads": threads} if threads else {})})
+    _MADE.add(db)
+    if flush:
+        try:
+            db.execute("SET allocator_bulk_deallocation_flush_threshold = '2MB'")
+        except duckdb.Error:  # a DuckDB before the setting
+            pass
+    return db, spill
+
+
 class _Shared:
     """The process's shared database: its connection, spill directory and open Traces (`users`)."""
 
     def __init__(self, duckdb):
-        self.pid, self.spill, self.users, self.dirty = os.getpid(), spill_directory(), 0, False
-        self.db = duckdb.connect(config={"temp_directory": self.spill})
-        _MADE.add(self.db)
-        try:  # give the memory of a scan's freed buffers back as it goes (FLUSH_FREED_ROWS)
-            self.db.execute("SET allocator_bulk_deallocation_flush_threshold = '2MB'")
-        except duckdb.Error:  # a DuckDB before the setting
-            pass
+        self.pid, self.users, self.dirty = os.getpid(), 0, False
+        self.db, self.spill = _made(duckdb)
 
     def close(self):
         self.db.close()
@@ -127,16 +136,8 @@ class Database:
 def connect(duckdb, rows, threads):
     """The Database of a Trace of `rows` rows, with `threads` threads (None: DuckDB's default)."""
     if threads or rows > SHARED_ROWS:
-        spill = spill_directory()
-        config = {"temp_directory": spill, **({"threads": threads} if threads else {})}
-        db = duckdb.connect(config=config)
-        _MADE.add(db)
+        db, spill = _made(duckdb, threads, flush=rows <= FLUSH_FREED_ROWS)
         db.execute("SET enable_progress_bar = false")  # stdout is the report's
-        if rows <= FLUSH_FREED_ROWS:
-            try:  # give the memory of a scan's freed buffers back as it goes
-                db.execute("SET allocator_bulk_deallocation_flush_threshold = '2MB'")
-            except duckdb.Error:  # a DuckDB before the setting
-                pass
         return Database(db, "memory", spill)
     global _SHARED
     with _LOCK:
