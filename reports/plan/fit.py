@@ -37,7 +37,7 @@ import math
 import numpy as np
 
 from reports.flops.recompute import checkpoint_recompute
-from reports.memory.lifetimes import CATEGORIES, Storages
+from reports.memory.lifetimes import CATEGORIES, Storages, dtype_sizes
 from reports.plan.changes import Need, changes
 from tracer.schema import PHASES, Phase
 
@@ -78,11 +78,34 @@ def _split(run):
     shards = np.isin(cat, [CATEGORIES.index(c) for c in _SHARDED]) | by_optimizer
     parts = {
         "activations": _live(n, nbytes, alloc, free, grows & (cat == CATEGORIES.index("activations"))),
+        "parameter_sized": _live(n, nbytes, alloc, free, grows & _parameter_sized(nbytes, alloc, phase, rows, run)),
         "sharded": _live(n, nbytes, alloc, free, shards & ~grows) + added,
         "fsdp": bool((cat == CATEGORIES.index("unsharded_parameters")).any()),
         "checkpointed": bool(checkpoint_recompute(run.rows).any()),
     }
     return fixed + added, scaled, added, rows.seq, phase, parts
+
+
+def _parameter_sized(nbytes, alloc, phase, rows, run):
+    """bool per piece: made by a backward op at a parameter's size in bytes. A weight's gradient is computed at its
+    parameter's shape before autograd sums it (a tied embedding and head: two) or FSDP reduces it, whatever the
+    micro-batch; such a temporary is counted as growing with the micro-batch (the batch dimension it was contracted
+    over is not in the trace), so the largest micro-batch is a lower bound where they are live at its op
+    (`fit`'s `max_micro_batch_if_fixed`). An activation's gradient of the same size (tokens x width = a square
+    weight's width x width) is caught too: the note says "up to"."""
+    itemsize, meta = dtype_sizes(run.meta), run.meta
+    sizes = {
+        int(p["numel"]) * itemsize.get(p["dtype"], 0)
+        for key in ("parameters", "unsharded_parameters")  # FSDP2: the gradient is the unsharded parameter's size
+        for p in (meta.get(key) or {}).values()
+        if isinstance(p.get("numel"), int) and p.get("dtype") in itemsize
+    } - {0}
+    if not sizes or not len(nbytes):
+        return np.zeros(len(nbytes), dtype=bool)
+    made = alloc >= 0
+    backward = np.zeros(len(nbytes), dtype=bool)
+    backward[made] = phase[alloc[made]] == PHASES[Phase.BACKWARD]
+    return backward & np.isin(nbytes, np.fromiter(sizes, dtype=np.int64, count=len(sizes)))
 
 
 def phases_of(rows):
@@ -122,6 +145,13 @@ def traced_batch(rows, meta):
         if shapes is not None and len(shapes) and len(shapes[0]) >= 2 and int(ids[0]) not in weights:
             return int(shapes[0][0]), "the leading size of the first forward op's input that is not a parameter"
     return None, "no forward op with a batch dimension"
+
+
+def _largest(budget, fixed, scaled, batch):
+    """floor(k_max x batch), k_max the largest k with fixed + k x scaled <= budget at every op (None: no bound)."""
+    grows = scaled > 0
+    k_max = np.min((budget - fixed[grows]) / scaled[grows]) if grows.any() else math.inf
+    return int(math.floor(k_max * batch)) if math.isfinite(k_max) else None
 
 
 def _fragmentation(meta, assumed):
@@ -164,6 +194,8 @@ def fit(run, memory_bytes, assumptions, batch, micro_batch=None, process_groups=
         "nccl_buffer_bytes": float(nccl),
         "required_bytes": peak + allowances,
         "device_memory_bytes": memory_bytes,
+        "parameter_sized_bytes": int(parts["parameter_sized"].max()) if len(live) else 0,
+        "max_micro_batch_if_fixed": None,  # the largest micro-batch were they fixed, where that differs (below)
     }
     if memory_bytes is None:
         return out | {"fits": None, "headroom_bytes": None, "max_micro_batch": None}
@@ -175,9 +207,11 @@ def fit(run, memory_bytes, assumptions, batch, micro_batch=None, process_groups=
     elif not batch:
         out["max_micro_batch"] = None
     else:
-        grows = scaled > 0
-        k_max = np.min((budget - fixed[grows]) / scaled[grows]) if grows.any() else math.inf
-        out["max_micro_batch"] = int(math.floor(k_max * batch)) if math.isfinite(k_max) else None
+        out["max_micro_batch"] = _largest(budget, fixed, scaled, batch)
+        sized = parts["parameter_sized"]
+        if sized.any():  # the same with parameter-sized backward temporaries fixed (_parameter_sized): an upper figure
+            upper = _largest(budget, fixed + sized, scaled - sized, batch)
+            out["max_micro_batch_if_fixed"] = upper if upper != out["max_micro_batch"] else None
     if not out["fits"] and len(live):
         need = Need(fixed, scaled, parts, k, frag, context + nccl, memory_bytes)
         out["changes"] = changes(need, batch, micro_batch or batch, out["max_micro_batch"], world)

@@ -376,6 +376,14 @@ def _memory(run, memory, table, found, planned, micro_batch, batch, how, cp, wor
             + guessed
             + "; trace with Tracer(..., model=model)"
         )
+    if memory_fit["max_micro_batch_if_fixed"] is not None:
+        notes.append(
+            f"the largest micro-batch ({memory_fit['max_micro_batch']}) is a lower bound: it counts up to "
+            f"{memory_fit['parameter_sized_bytes']:,} bytes of temporaries the backward made at a parameter's size "
+            "(weight gradients before autograd sums them or FSDP reduces them, which do not grow with the "
+            f"micro-batch) as growing; if none grows, up to {memory_fit['max_micro_batch_if_fixed']} fit (trace at "
+            "a larger micro-batch to tell)"
+        )
     if memory_fit["optimizer_state_added_bytes"]:
         notes.append(
             f"optimizer state made during the trace ({memory_fit['optimizer_state_added_bytes']:,} bytes at "

@@ -89,3 +89,49 @@ def test_n_active_of_readable_offsets_is_not_called_a_bound(tmp_path):
     df = reports.load(tmp_path / "cpu")
     assert reports.breakdown(df).set_index("phase").loc["total", "n_active"] == 64  # 256 * 16 / (4 * 16)
     assert not [x for x in reports.explain(df) if "upper bound" in str(x) and "N_active" in str(x)]
+
+
+class TiedLM(nn.Module):
+    """An embedding whose weight is also the head's (GPT-2's tied head): V = 64 words of width D = 16."""
+
+    def __init__(self, tied):
+        super().__init__()
+        self.emb = nn.Embedding(64, 16)
+        self.head = None if tied else nn.Linear(16, 64, bias=False)
+
+    def forward(self, x):
+        h = self.emb(x)
+        return h @ self.emb.weight.t() if self.head is None else self.head(h)
+
+
+def _tied_plan(tmp_path, tied):
+    torch.manual_seed(0)
+    model = TiedLM(tied)
+    x = torch.randint(0, 64, (2, 4))  # B x S = 8 tokens: logits [8, 64] hold 2,048 bytes, not a weight's 4,096
+    with Tracer(tmp_path / f"tied-{tied}", model=model, tokens=8):
+        nn.functional.cross_entropy(model(x).flatten(0, 1), x.flatten()).backward()
+    return reports.plan(reports.load(tmp_path / f"tied-{tied}"), gpu="H100 SXM")
+
+
+def test_weight_sized_backward_temporaries_make_the_largest_micro_batch_a_lower_bound(tmp_path):
+    # The tied weight's two gradients, the head's (mm) and the embedding's (embedding_dense_backward), are
+    # temporaries of the weight's size until autograd adds them: 64 x 16 x 4 = 4,096 bytes each, 8,192 together.
+    # They do not grow with the micro-batch; the fit counts them as growing (it cannot tell), so its largest
+    # micro-batch is a lower bound, and the plan gives the figure were they fixed beside it.
+    frame = _tied_plan(tmp_path, tied=True)
+    memory = frame.attrs["plan"][frame["run"][0]]["memory"]
+    assert memory["parameter_sized_bytes"] == 8192  # 2 x 64 x 16 x 4
+    assert memory["max_micro_batch_if_fixed"] > frame["max_micro_batch"][0] > 0
+    notes = frame.attrs["plan"][frame["run"][0]]["notes"]
+    (line,) = [n for n in notes if "lower bound" in n]
+    assert f"({frame['max_micro_batch'][0]})" in line and "8,192 bytes" in line
+    assert f"up to {memory['max_micro_batch_if_fixed']} fit" in line
+
+
+def test_an_untied_head_gives_no_lower_bound_note(tmp_path):
+    # Untied, the head's weight gradient (mm) is the gradient itself (autograd keeps it as .grad), and the
+    # embedding's likewise: no temporary of a weight's size is left growing
+    frame = _tied_plan(tmp_path, tied=False)
+    memory = frame.attrs["plan"][frame["run"][0]]["memory"]
+    assert memory["max_micro_batch_if_fixed"] is None
+    assert not [n for n in frame.attrs["plan"][frame["run"][0]]["notes"] if "lower bound" in n]
