@@ -360,7 +360,8 @@ MEMORY_RUNS = [
         None,
         note="FSDP (FULL_SHARD, a unit per module of 2K parameters or more) traced as FSDP2 with a unit per block, "
         "in float32; 'batch size max' is the largest that ran, by the blog's method (lower it until no OOM), "
-        "which implies that 6 did not: not stated, so not a row; the plan fits up to 9",
+        "which implies that 6 did not: not stated, so not a row; the plan fits up to 9 (a lower bound: 187 "
+        "were the weight-sized gradient temporaries of the backward fixed, see reports.plan.fit)",
     ),
 ]
 
