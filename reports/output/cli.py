@@ -187,15 +187,15 @@ def _frame_columns(path, plot):
     return [c for c in COLUMN_NAMES if c not in unused]
 
 
-def _sql_all(path, columns, keep=()):
+def _sql_all(path, columns, keep=(), every_run=False):
     """The SQL engine's Trace of every rank of the trace (one run per rank), checked and warned about as
     reports.load does (damage named in the words of a load of `columns`: the pandas engine's); None for a trace
     it does not read (v1, v2: the frame's sections then). `keep`: what its read of rank 0's rows keeps for the
-    sections (reports/sql/engine.py Trace)."""
+    sections (reports.sql.engine.Trace), of every run's with `every_run`."""
     from reports.sql.engine import Trace, Unsupported
 
     try:
-        return Trace(path, columns=columns, keep=keep() if callable(keep) else keep)
+        return Trace(path, columns=columns, keep=keep() if callable(keep) else keep, every_run=every_run)
     except Unsupported:
         return None
 
@@ -208,6 +208,14 @@ def _report_keep():
     from reports.sql.kept_views import ModuleOwn, Peak
 
     return (FlopRows, Scan, ModuleOwn, Peak)
+
+
+def _compare_keep():
+    """What compare's memory categories read of each run's rows (reports.compare figures), kept from the Trace's read
+    of its parts: no run's lists scanned again."""
+    from reports.memory.row_scan import Scan
+
+    return (Scan,)
 
 
 def _first_rank_frame(path, everyone):
@@ -244,7 +252,7 @@ def _compare(args):
     traces = [p for p in args.traces if not is_baseline(p)]
     trace = None
     if traces:
-        trace = _sql_all(traces, columns(args.by)) if args.engine == "sql" else None
+        trace = _sql_all(traces, columns(args.by), _compare_keep, every_run=True) if args.engine == "sql" else None
         if trace is None:  # --engine pandas, or a trace the Trace does not read from its files: over its loaded rows
             trace = _memory(traces, columns(args.by))
         ops = {r["run_index"]: r["ops"] for r in trace.run_rows}
