@@ -201,13 +201,13 @@ def _sql_all(path, columns, keep=(), every_run=False):
 
 
 def _report_keep():
-    """What the report's FLOP and memory sections, its by-module table and its peak read of rank 0's rows, kept from
-    the Trace's read of its parts."""
+    """What the report's FLOP and memory sections, its by-module table, its peak and its _steps grain read of rank 0's
+    rows, kept from the Trace's read of its parts."""
     from reports.memory.row_scan import Scan
     from reports.sql.flop_rows import FlopRows
-    from reports.sql.kept_views import ModuleOwn, Peak
+    from reports.sql.kept_views import ModuleOwn, Peak, Steps
 
-    return (FlopRows, Scan, ModuleOwn, Peak)
+    return (FlopRows, Scan, ModuleOwn, Peak, Steps)
 
 
 def _compare_keep():

@@ -62,7 +62,7 @@ from reports.loading.load import check_rank, read_run, run_name, runs_with_ranks
 from reports.loading.validate import ITEMS_NOT_NULL, LIST_NOT_NULL
 from reports.sql.checks import BAD_ROW_VALUES, Checks, IdFooters
 from reports.sql.database import connect
-from reports.sql.kept_views import kept_views
+from reports.sql.kept_views import kept_grains, kept_views
 from reports.sql.per_step import floats, per_step_arrays
 from reports.sql.scan import GRAINS, grains, source, source_views, views
 from reports.sql.scan import grains as _grains
@@ -338,9 +338,11 @@ class Trace(Checks):
         )  # before the grains: no value the statistics refuse in one
         several = len(self.runs) > 1
         held = {getattr(c, "holds", None) for c in self.kept.values()}  # views a kept consumer holds for run 0
-        made = grains(several, self.narrow, "flop_rest" not in held).items()  # one scan each: most views are read
-        self.db.execute(";\n".join(f"CREATE TABLE {name} AS {body}" for name, body in made))  # from these
-        # (reports/sql/scan.py); not TEMP: first_run's connection reads them too
+        made = grains(several, self.narrow, "flop_rest" not in held)  # one scan each: most views are read from
+        # these (reports/sql/scan.py), but those a kept consumer made of run 0's rows (kept_grains); not TEMP:
+        # first_run's connection reads them too
+        made = {**made, **kept_grains(self.db, self.kept, None if several else literal(next(iter(self.runs))))}
+        self.db.execute(";\n".join(f"CREATE TABLE {name} AS {body}" for name, body in made.items()))
         self._check_null_lists(unscanned)  # a narrow trace's: from _ops, which flagged them as it read the lists
         self._make_views(
             {

@@ -1,6 +1,7 @@
 """Two views of a run made from the Trace's one read of its parts (reports/sql/rowpass.py) instead of a DuckDB scan
 of the files each: module_own (each module's own ops, FLOPs, bytes allocated, time and first seq) and peak (the row
-after which live_bytes is highest, the first on a tie).
+after which live_bytes is highest, the first on a tie); and the _steps grain of a trace of one run (`Steps`: its
+groups per step and phase, which reports.sql.scan otherwise makes by a scan of their own: kept_grains).
 
 Each consumer sums exact integers per part, as DuckDB sums them, and gives `table(run)`: its rows as an Arrow Table,
 from which reports/sql/engine.py makes the view (`SELECT`), with views.sql's columns and DuckDB types; None when a sum
@@ -13,7 +14,7 @@ import pyarrow as pa
 from reports.arrays import array_of, arrow_of, numpy_of, strings
 from reports.sql.rowpass import Codes
 
-__all__ = ["ModuleOwn", "Peak", "kept_views"]
+__all__ = ["ModuleOwn", "Peak", "Steps", "kept_grains", "kept_views"]
 
 _INT64 = 2**63
 
@@ -32,6 +33,24 @@ def kept_views(db, kept, run):
             db.execute(f"CREATE TABLE _kept_{consumer.view} AS SELECT * FROM _kept_rows")
             db.unregister("_kept_rows")
             made[consumer.view] = consumer.SELECT.format(table=f"_kept_{consumer.view}")
+    return made
+
+
+def kept_grains(db, kept, run):
+    """{grain: its body} of the grains (reports.sql.scan.GRAINS) the consumers of run 0's rows in `kept` made (those
+    with `grain`, taken out of it), each over a table of its rows on connection `db`; `run`: the run's name as a SQL
+    literal, or None for a trace of several runs (none made: its grains read every run)."""
+    made = {}
+    for key, consumer in list(kept.items()):
+        if getattr(consumer, "grain", None) is None:
+            continue
+        del kept[key]
+        rows = None if run is None else consumer.table()
+        if rows is not None:  # else the grain as scan.py makes it (a sum past int64)
+            db.register("_kept_rows", rows)
+            db.execute(f"CREATE TABLE _kept{consumer.grain} AS SELECT * FROM _kept_rows")
+            db.unregister("_kept_rows")
+            made[consumer.grain] = consumer.SELECT.format(table=f"_kept{consumer.grain}", run=run)
     return made
 
 
@@ -122,3 +141,79 @@ class Peak:
                 **{n: array_of([t[j] for t in found], k) for j, (n, k) in enumerate(zip(names, kinds))},
             }
         )
+
+
+class Steps:
+    """reports.sql.scan's _steps grain of a trace of one run (with flop_steps' last seq and recompute flag): per step
+    and phase, the ops, the sums of FLOPs, bytes allocated and time (exact, in 32-bit halves), the highest live bytes,
+    the last seq and whether a row was recomputed. The columns are never null (the statistics' checks), recompute
+    aside (null: not recomputed, as the grain's coalesce reads it)."""
+
+    columns = ("seq", "step", "phase", "flops", "bytes_allocated", "duration_ns", "live_bytes", "recompute")
+    grain = "_steps"
+    SELECT = (
+        "SELECT {run} AS run, 0 AS run_index, step, CAST(phase AS VARCHAR) AS phase, ops, "
+        "CAST(flops AS HUGEINT) AS flops, CAST(bytes_allocated AS HUGEINT) AS bytes_allocated, "
+        "CAST(duration_ns AS HUGEINT) AS duration_ns, live_bytes_peak, last_seq, recompute FROM {table}"
+    )
+    _SUMMED = ("flops", "bytes_allocated", "duration_ns")
+
+    def __init__(self, rows=None):
+        self.phase = Codes()
+        self.parts = []  # per part: its runs of rows of one step and phase, as arrays (see feed)
+
+    def feed(self, table):
+        """The part's runs of consecutive rows of one step and phase (rows come in seq order: a few runs a part)."""
+        step, phase = numpy_of(table.column("step")), self.phase.of(table.column("phase"))
+        if not len(step):
+            return
+        starts = np.flatnonzero(np.concatenate(([True], (step[1:] != step[:-1]) | (phase[1:] != phase[:-1]))))
+        ends = np.append(starts[1:], len(step))
+        found = {"step": step[starts], "phase": phase[starts], "ops": ends - starts}
+        for c in self._SUMMED:
+            values = numpy_of(table.column(c))
+            found[c + "_high"] = np.add.reduceat(values >> 32, starts)
+            found[c + "_low"] = np.add.reduceat(values & 0xFFFFFFFF, starts)
+        found["live_bytes_peak"] = np.maximum.reduceat(numpy_of(table.column("live_bytes")), starts)
+        found["last_seq"] = numpy_of(table.column("seq"))[ends - 1]  # seq increases (the Trace's checks)
+        recompute = (
+            numpy_of(table.column("recompute"), null=False)
+            if "recompute" in table.column_names
+            else np.zeros(len(step), dtype=bool)
+        )
+        found["recompute"] = np.logical_or.reduceat(recompute, starts)
+        self.parts.append(found)
+
+    def table(self):
+        """The groups as a Table for SELECT (sums as int64), in step and phase order; None when a sum passes int64."""
+        runs = {c: np.concatenate([p[c] for p in self.parts]) for c in self.parts[0]} if self.parts else None
+        if runs is None:
+            return pa.table(
+                {
+                    "step": arrow_of(np.zeros(0, np.int64)),
+                    "phase": strings([]),
+                    **{c: arrow_of(np.zeros(0, np.int64)) for c in ("ops", *self._SUMMED, "live_bytes_peak")},
+                    "last_seq": arrow_of(np.zeros(0, np.int64)),
+                    "recompute": arrow_of(np.zeros(0, bool)),
+                }
+            )
+        order = np.lexsort((runs["phase"], runs["step"]))
+        step, phase = runs["step"][order], runs["phase"][order]
+        starts = np.flatnonzero(np.concatenate(([True], (step[1:] != step[:-1]) | (phase[1:] != phase[:-1]))))
+        out = {
+            "step": step[starts],
+            "phase": strings([self.phase.names[k] for k in phase[starts].tolist()]),
+            "ops": np.add.reduceat(runs["ops"][order], starts),
+        }
+        for c in self._SUMMED:  # halves summed per group (each under 2**31 times the rows), then joined exactly
+            high = np.add.reduceat(runs[c + "_high"][order], starts)
+            low = np.add.reduceat(runs[c + "_low"][order], starts)
+            high, low = high + (low >> 32), low & 0xFFFFFFFF
+            if len(high) and (high.max() >= 2**31 or high.min() < -(2**31)):  # a total past int64: the scan's grain
+                return None
+            out[c] = high * (1 << 32) + low
+        out["live_bytes_peak"] = np.maximum.reduceat(runs["live_bytes_peak"][order], starts)
+        out["last_seq"] = np.maximum.reduceat(runs["last_seq"][order], starts)
+        out["recompute"] = np.logical_or.reduceat(runs["recompute"][order], starts)
+        self.parts = None
+        return pa.table({c: v if c == "phase" else arrow_of(v) for c, v in out.items()})

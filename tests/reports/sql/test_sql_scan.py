@@ -48,21 +48,64 @@ def test_each_view_from_the_grains_equals_its_definition(traces, trace, narrow, 
 @pytest.mark.parametrize("trace", ["gpt", "cut", "job", "damaged"])
 def test_each_view_of_a_trace_that_kept_its_rows_equals_its_definition(traces, trace):
     """A Trace that kept run 0's rows from its read of the parts, as `optrace report` opens one, reads module_own and
-    peak from tables made of them (reports/sql/kept_views.py) and flop_rest by flops.sql (reports/sql/flop_rows.py
-    holds it): every view still holds what its definition holds. A trace of several runs (the job) keeps no view."""
+    peak from tables made of them (reports/sql/kept_views.py), its _steps grain from the groups Steps kept, and
+    flop_rest by flops.sql (reports/sql/flop_rows.py holds it): every view still holds what its definition holds, and
+    _steps what the grain's scan makes (types and rows). A trace of several runs (the job) keeps no view or grain."""
     from reports.memory.row_scan import Scan
     from reports.sql.flop_rows import FlopRows
-    from reports.sql.kept_views import ModuleOwn, Peak
+    from reports.sql.kept_views import ModuleOwn, Peak, Steps
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        sql = Trace(traces[trace], keep=(FlopRows, Scan, ModuleOwn, Peak))
+        sql, scanned = Trace(traces[trace], keep=(FlopRows, Scan, ModuleOwn, Peak, Steps)), Trace(traces[trace])
     reference = _reference(sql)
     for name in VIEWS:
         assert _rows(sql.db, name) == _rows(reference, name), name
+    assert _rows(sql.db, "_steps") == _rows(scanned.db, "_steps")
     own = "SELECT table_name FROM duckdb_tables() WHERE database_name = current_database()"  # (reports.sql.database)
     tables = {name for (name,) in sql.db.execute(own).fetchall()}
-    assert {"_kept_module_own", "_kept_peak"} <= tables if trace != "job" else not tables & {"_kept_peak"}
+    kept = {"_kept_module_own", "_kept_peak", "_kept_steps"}
+    assert kept <= tables if trace != "job" else not tables & kept
+    assert not sql.kept.keys() & {(Steps, 0)}  # taken as the grains were made
+
+
+def test_the_kept_steps_sum_exactly_and_give_way_past_int64():
+    """kept_views.Steps: a step and phase whose rows span parts sums them exactly in 32-bit halves (negative values
+    too), null recompute counting as not recomputed; a sum past int64 gives None (the grain is then scanned)."""
+    import pyarrow as pa
+
+    from reports.sql.kept_views import Steps
+
+    def part(seq, step, phase, flops, recompute):
+        n = len(seq)
+        return pa.table(
+            {
+                "seq": pa.array(seq, pa.int64()),
+                "step": pa.array(step, pa.int64()),
+                "phase": pa.array(phase, pa.string()).dictionary_encode(),
+                "flops": pa.array(flops, pa.int64()),
+                "bytes_allocated": pa.array([-3] * n, pa.int64()),
+                "duration_ns": pa.array([7] * n, pa.int64()),
+                "live_bytes": pa.array(seq, pa.int64()),
+                "recompute": pa.array(recompute, pa.bool_()),
+            }
+        )
+
+    steps = Steps()
+    big = 2**62
+    steps.feed(part([0, 1, 2], [0, 0, 0], ["forward", "forward", "backward"], [big, 5, 1], [None, False, True]))
+    steps.feed(part([3, 4], [0, 1], ["forward", "forward"], [big - 6, 2], [None, None]))
+    got = steps.table().to_pydict()
+    # by step, then phase in order of first appearance (forward, then backward)
+    assert got["step"] == [0, 0, 1] and got["phase"] == ["forward", "backward", "forward"]
+    assert got["ops"] == [3, 1, 1]
+    assert got["flops"] == [2**63 - 1, 1, 2]  # big + 5 + big - 6 = 2**63 - 1, int64's largest
+    assert got["bytes_allocated"] == [-9, -3, -3] and got["duration_ns"] == [21, 7, 7]  # 3 * -3, 3 * 7
+    assert got["live_bytes_peak"] == [3, 2, 4] and got["last_seq"] == [3, 2, 4]
+    assert got["recompute"] == [False, True, False]
+    past = Steps()
+    past.feed(part([0, 1], [0, 0], ["forward", "forward"], [big, big], [None, None]))  # 2**63: past int64
+    assert past.table() is None
 
 
 @pytest.mark.parametrize("narrow", [False, True])
