@@ -211,11 +211,12 @@ def _report_keep():
 
 
 def _compare_keep():
-    """What compare's memory categories read of each run's rows (reports.compare figures), kept from the Trace's read
-    of its parts: no run's lists scanned again."""
+    """What compare's memory categories and its _steps grain read of each run's rows (reports.compare figures), kept
+    from the Trace's read of its parts: no run's rows scanned again for them."""
     from reports.memory.row_scan import Scan
+    from reports.sql.kept_views import Steps
 
-    return (Scan,)
+    return (Scan, Steps)
 
 
 def _first_rank_frame(path, everyone):

@@ -84,6 +84,8 @@ class Checks:
             return self._seq_in_order(i) or _seq_increases(self.files[i], footers)
         rows = sum(footers.rows.get(f, 0) for f in self.files[i])
         fed = i == 0 or self.every_run and self._fed_rows + rows <= KEEP_ROWS
+        if len(self.paths) > 1 and not self.every_run:  # a grain kept of run 0 alone: scanned for every run
+            keep = [make for make in keep if getattr(make, "grain", None) is None]
         consumers = [make(rows) for make in keep] if fed else []
         self._fed_rows += rows if fed else 0
         try:

@@ -1,7 +1,7 @@
 """Two views of a run made from the Trace's one read of its parts (reports/sql/rowpass.py) instead of a DuckDB scan
 of the files each: module_own (each module's own ops, FLOPs, bytes allocated, time and first seq) and peak (the row
-after which live_bytes is highest, the first on a tie); and the _steps grain of a trace of one run (`Steps`: its
-groups per step and phase, which reports.sql.scan otherwise makes by a scan of their own: kept_grains).
+after which live_bytes is highest, the first on a tie); and the _steps grain (`Steps`: each run's groups per step and
+phase, which reports.sql.scan otherwise makes by a scan of their own: kept_grains).
 
 Each consumer sums exact integers per part, as DuckDB sums them, and gives `table(run)`: its rows as an Arrow Table,
 from which reports/sql/engine.py makes the view (`SELECT`), with views.sql's columns and DuckDB types; None when a sum
@@ -36,21 +36,28 @@ def kept_views(db, kept, run):
     return made
 
 
-def kept_grains(db, kept, run):
-    """{grain: its body} of the grains (reports.sql.scan.GRAINS) the consumers of run 0's rows in `kept` made (those
-    with `grain`, taken out of it), each over a table of its rows on connection `db`; `run`: the run's name as a SQL
-    literal, or None for a trace of several runs (none made: its grains read every run)."""
-    made = {}
+def kept_grains(db, kept, runs):
+    """{grain: its body} of the grains (reports.sql.scan.GRAINS) that consumers in `kept` ({(type, run index):
+    consumer}: those with `grain`, taken out of it) made of every run's rows, each run's over a table of its rows on
+    connection `db`; `runs`: the runs' names as SQL literals, in order. A grain some run has no consumer of (the
+    report of several ranks keeps run 0's), or whose sums pass int64, is left to scan.py's scan."""
+    fed = {}
     for key, consumer in list(kept.items()):
-        if getattr(consumer, "grain", None) is None:
+        if getattr(consumer, "grain", None) is not None:
+            del kept[key]
+            fed.setdefault(consumer.grain, {})[key[1]] = consumer
+    made = {}
+    for grain, consumers in fed.items():
+        tables = [consumers[i].table() if i in consumers else None for i in range(len(runs))]
+        if any(rows is None for rows in tables):
             continue
-        del kept[key]
-        rows = None if run is None else consumer.table()
-        if rows is not None:  # else the grain as scan.py makes it (a sum past int64)
+        selects = []
+        for i, (run, rows) in enumerate(zip(runs, tables)):
             db.register("_kept_rows", rows)
-            db.execute(f"CREATE TABLE _kept{consumer.grain} AS SELECT * FROM _kept_rows")
+            db.execute(f"CREATE TABLE _kept{grain}_{i} AS SELECT * FROM _kept_rows")
             db.unregister("_kept_rows")
-            made[consumer.grain] = consumer.SELECT.format(table=f"_kept{consumer.grain}", run=run)
+            selects.append(consumers[i].select(f"_kept{grain}_{i}", run, i, len(runs) > 1))
+        made[grain] = " UNION ALL ".join(selects)
     return made
 
 
@@ -144,19 +151,25 @@ class Peak:
 
 
 class Steps:
-    """reports.sql.scan's _steps grain of a trace of one run (with flop_steps' last seq and recompute flag): per step
+    """reports.sql.scan's _steps grain of one run (with flop_steps' last seq and recompute flag): per step
     and phase, the ops, the sums of FLOPs, bytes allocated and time (exact, in 32-bit halves), the highest live bytes,
     the last seq and whether a row was recomputed. The columns are never null (the statistics' checks), recompute
     aside (null: not recomputed, as the grain's coalesce reads it)."""
 
     columns = ("seq", "step", "phase", "flops", "bytes_allocated", "duration_ns", "live_bytes", "recompute")
     grain = "_steps"
-    SELECT = (
-        "SELECT {run} AS run, 0 AS run_index, step, CAST(phase AS VARCHAR) AS phase, ops, "
-        "CAST(flops AS HUGEINT) AS flops, CAST(bytes_allocated AS HUGEINT) AS bytes_allocated, "
-        "CAST(duration_ns AS HUGEINT) AS duration_ns, live_bytes_peak, last_seq, recompute FROM {table}"
-    )
     _SUMMED = ("flops", "bytes_allocated", "duration_ns")
+
+    @staticmethod
+    def select(table, run, run_index, several):
+        """The grain's rows of run `run_index` (named `run`, a SQL literal) from `table` (of `table()`), in the grain's
+        columns and DuckDB types; of a trace of `several` runs, without flop_steps' columns (reports.sql.scan.grains)."""
+        flop = "" if several else ", last_seq, recompute"
+        return (
+            f"SELECT {run} AS run, {int(run_index)} AS run_index, step, CAST(phase AS VARCHAR) AS phase, ops, "
+            "CAST(flops AS HUGEINT) AS flops, CAST(bytes_allocated AS HUGEINT) AS bytes_allocated, "
+            f"CAST(duration_ns AS HUGEINT) AS duration_ns, live_bytes_peak{flop} FROM {table}"
+        )
 
     def __init__(self, rows=None):
         self.phase = Codes()

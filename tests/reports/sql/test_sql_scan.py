@@ -64,9 +64,31 @@ def test_each_view_of_a_trace_that_kept_its_rows_equals_its_definition(traces, t
     assert _rows(sql.db, "_steps") == _rows(scanned.db, "_steps")
     own = "SELECT table_name FROM duckdb_tables() WHERE database_name = current_database()"  # (reports.sql.database)
     tables = {name for (name,) in sql.db.execute(own).fetchall()}
-    kept = {"_kept_module_own", "_kept_peak", "_kept_steps"}
+    kept = {"_kept_module_own", "_kept_peak", "_kept_steps_0"}
     assert kept <= tables if trace != "job" else not tables & kept
     assert not sql.kept.keys() & {(Steps, 0)}  # taken as the grains were made
+
+
+def test_a_trace_of_several_runs_keeps_its_steps_grain_only_when_every_run_is_kept(traces):
+    """The job (2 runs, its ranks): Trace(every_run=True), as compare opens traces, makes _steps of every run's kept groups
+    (without flop_steps' columns, as grains(several) makes it), equal to the scan's; the report's Trace (run 0's
+    consumers alone) keeps no Steps and scans the grain."""
+    from reports.sql.kept_views import Steps
+
+    own = "SELECT table_name FROM duckdb_tables() WHERE database_name = current_database()"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        every, first, scanned = (
+            Trace(traces["job"], keep=(Steps,), every_run=True),
+            Trace(traces["job"], keep=(Steps,)),
+            Trace(traces["job"]),
+        )
+    assert len(every.runs) == 2
+    assert {"_kept_steps_0", "_kept_steps_1"} <= {name for (name,) in every.db.execute(own).fetchall()}
+    assert not {name for (name,) in first.db.execute(own).fetchall()} & {"_kept_steps_0"} and not first.kept
+    for sql in (every, first):
+        assert _rows(sql.db, "_steps") == _rows(scanned.db, "_steps")
+        assert _rows(sql.db, "by_step") == _rows(scanned.db, "by_step")
 
 
 def test_the_kept_steps_sum_exactly_and_give_way_past_int64():
