@@ -153,12 +153,12 @@ class Peak:
 class Steps:
     """reports.sql.scan's _steps grain of one run (with flop_steps' last seq and recompute flag): per step
     and phase, the ops, the sums of FLOPs, bytes allocated and time (exact, in 32-bit halves), the highest live bytes,
-    the last seq and whether a row was recomputed. The columns are never null (the statistics' checks), recompute
-    aside (null: not recomputed, as the grain's coalesce reads it)."""
+    the first seq, the recomputed rows' FLOPs and count, the last seq and whether a row was recomputed. The columns are
+    never null (the statistics' checks), recompute aside (null: not recomputed, as the grain reads it)."""
 
     columns = ("seq", "step", "phase", "flops", "bytes_allocated", "duration_ns", "live_bytes", "recompute")
     grain = "_steps"
-    _SUMMED = ("flops", "bytes_allocated", "duration_ns")
+    _SUMMED = ("flops", "bytes_allocated", "duration_ns", "recompute_flops")
 
     @staticmethod
     def select(table, run, run_index, several):
@@ -168,7 +168,9 @@ class Steps:
         return (
             f"SELECT {run} AS run, {int(run_index)} AS run_index, step, CAST(phase AS VARCHAR) AS phase, ops, "
             "CAST(flops AS HUGEINT) AS flops, CAST(bytes_allocated AS HUGEINT) AS bytes_allocated, "
-            f"CAST(duration_ns AS HUGEINT) AS duration_ns, live_bytes_peak{flop} FROM {table}"
+            "CAST(duration_ns AS HUGEINT) AS duration_ns, live_bytes_peak, first_seq, "
+            "CAST(recompute_flops AS HUGEINT) AS recompute_flops, CAST(recompute_ops AS HUGEINT) AS recompute_ops"
+            f"{flop} FROM {table}"
         )
 
     def __init__(self, rows=None):
@@ -182,18 +184,22 @@ class Steps:
             return
         starts = np.flatnonzero(np.concatenate(([True], (step[1:] != step[:-1]) | (phase[1:] != phase[:-1]))))
         ends = np.append(starts[1:], len(step))
-        found = {"step": step[starts], "phase": phase[starts], "ops": ends - starts}
-        for c in self._SUMMED:
-            values = numpy_of(table.column(c))
-            found[c + "_high"] = np.add.reduceat(values >> 32, starts)
-            found[c + "_low"] = np.add.reduceat(values & 0xFFFFFFFF, starts)
-        found["live_bytes_peak"] = np.maximum.reduceat(numpy_of(table.column("live_bytes")), starts)
-        found["last_seq"] = numpy_of(table.column("seq"))[ends - 1]  # seq increases (the Trace's checks)
         recompute = (
             numpy_of(table.column("recompute"), null=False)
             if "recompute" in table.column_names
             else np.zeros(len(step), dtype=bool)
         )
+        flops = numpy_of(table.column("flops"))
+        summed = {"recompute_flops": np.where(recompute, flops, 0), "flops": flops}
+        found = {"step": step[starts], "phase": phase[starts], "ops": ends - starts}
+        for c in self._SUMMED:
+            values = summed[c] if c in summed else numpy_of(table.column(c))
+            found[c + "_high"] = np.add.reduceat(values >> 32, starts)
+            found[c + "_low"] = np.add.reduceat(values & 0xFFFFFFFF, starts)
+        found["live_bytes_peak"] = np.maximum.reduceat(numpy_of(table.column("live_bytes")), starts)
+        seq = numpy_of(table.column("seq"))
+        found["first_seq"], found["last_seq"] = seq[starts], seq[ends - 1]  # seq increases (the Trace's checks)
+        found["recompute_ops"] = np.add.reduceat(recompute.astype(np.int64), starts)
         found["recompute"] = np.logical_or.reduceat(recompute, starts)
         self.parts.append(found)
 
@@ -205,7 +211,11 @@ class Steps:
                 {
                     "step": arrow_of(np.zeros(0, np.int64)),
                     "phase": strings([]),
-                    **{c: arrow_of(np.zeros(0, np.int64)) for c in ("ops", *self._SUMMED, "live_bytes_peak")},
+                    **{
+                        c: arrow_of(np.zeros(0, np.int64))
+                        for c in ("ops", *self._SUMMED[:3], "live_bytes_peak", "first_seq", *self._SUMMED[3:])
+                    },
+                    "recompute_ops": arrow_of(np.zeros(0, np.int64)),
                     "last_seq": arrow_of(np.zeros(0, np.int64)),
                     "recompute": arrow_of(np.zeros(0, bool)),
                 }
@@ -226,6 +236,8 @@ class Steps:
                 return None
             out[c] = high * (1 << 32) + low
         out["live_bytes_peak"] = np.maximum.reduceat(runs["live_bytes_peak"][order], starts)
+        out["first_seq"] = np.minimum.reduceat(runs["first_seq"][order], starts)
+        out["recompute_ops"] = np.add.reduceat(runs["recompute_ops"][order], starts)
         out["last_seq"] = np.maximum.reduceat(runs["last_seq"][order], starts)
         out["recompute"] = np.logical_or.reduceat(runs["recompute"][order], starts)
         self.parts = None

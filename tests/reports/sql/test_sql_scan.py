@@ -125,6 +125,8 @@ def test_the_kept_steps_sum_exactly_and_give_way_past_int64():
     assert got["bytes_allocated"] == [-9, -3, -3] and got["duration_ns"] == [21, 7, 7]  # 3 * -3, 3 * 7
     assert got["live_bytes_peak"] == [3, 2, 4] and got["last_seq"] == [3, 2, 4]
     assert got["recompute"] == [False, True, False]
+    assert got["recompute_flops"] == [0, 1, 0] and got["recompute_ops"] == [0, 1, 0]  # the backward row of seq 2
+    assert got["first_seq"] == [0, 2, 4]
     past = Steps()
     past.feed(part([0, 1], [0, 0], ["forward", "forward"], [big, big], [None, None]))  # 2**63: past int64
     assert past.table() is None
