@@ -91,6 +91,26 @@ def test_a_trace_of_several_runs_keeps_its_steps_grain_only_when_every_run_is_ke
         assert _rows(sql.db, "by_step") == _rows(scanned.db, "by_step")
 
 
+def test_compares_views_but_by_module_read_no_part(traces):
+    """compare_by_phase, compare_by_op, compare_recompute and compare_dtypes are read from the grains (scan.VIEWS: the
+    test above checks them against compare.sql): their plans read no Parquet file; compare_by_module, keyed by module,
+    scans the parts."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        sql = Trace([traces["gpt"], traces["cut"]])
+
+    def reads_parts(view):
+        return (
+            "READ_PARQUET"
+            in " ".join(str(row[1]) for row in sql.db.execute(f"EXPLAIN SELECT * FROM {view}").fetchall()).upper()
+        )
+
+    assert [reads_parts(v) for v in ("compare_by_phase", "compare_by_op", "compare_recompute", "compare_dtypes")] == [
+        False
+    ] * 4
+    assert reads_parts("compare_by_module")
+
+
 def test_the_kept_steps_sum_exactly_and_give_way_past_int64():
     """kept_views.Steps: a step and phase whose rows span parts sums them exactly in 32-bit halves (negative values
     too), null recompute counting as not recomputed; a sum past int64 gives None (the grain is then scanned)."""
