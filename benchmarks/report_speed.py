@@ -44,19 +44,25 @@ print(duckdb.sql(f"SELECT phase, sum(flops), count(*), count(DISTINCT step) FROM
 
 # The reference path: every list cell a numpy array (reports.load's default), then the views over those rows.
 _REFERENCE = """
-import io, json, sys
-from reports.loading.load import load
-from reports.output import cli
+import json, sys
+from reports.loading.load import load, ranks_present
+from reports.output.cli import _parser, summary
+from reports.output.headline import assemble
+from reports.output.report_json import strict
+from reports.output.report_text import print_report
+from reports.output.source import Source
 from reports.sql.frame import memory_trace
 path, which = sys.argv[1], sys.argv[2]
 df = load(path)
 trace = memory_trace(df, "report", [], list(df.columns), grains=True)  # the views over the loaded rows
-if which == "json":
-    print(json.dumps(cli.summary(trace), indent=2))
+args, present = _parser().parse_args(["report", path]), ranks_present(path)
+if which == "json":  # as reports.output.cli's report prints them (one run: no rank sections)
+    found = summary(trace, args.peak_tflops, args.step_time, present, args.top, args.depth)
+    print(json.dumps(strict(found), indent=2, allow_nan=False))
 else:
-    out = io.StringIO()
-    cli._print_report(trace, cli._parser().parse_args(["report", path]), out)
-    sys.stdout.write(out.getvalue())
+    src = Source(trace)
+    report = assemble(src, args.step_time, args.peak_tflops, args.depth, args.top, explain=False, present=present)
+    print_report(src, report, args, sys.stdout, None, present)
 """
 
 

@@ -187,27 +187,36 @@ def _frame_columns(path, plot):
     return [c for c in COLUMN_NAMES if c not in unused]
 
 
-def _sql_all(path, columns, keep=()):
+def _sql_all(path, columns, keep=(), every_run=False):
     """The SQL engine's Trace of every rank of the trace (one run per rank), checked and warned about as
     reports.load does (damage named in the words of a load of `columns`: the pandas engine's); None for a trace
     it does not read (v1, v2: the frame's sections then). `keep`: what its read of rank 0's rows keeps for the
-    sections (reports/sql/engine.py Trace)."""
+    sections (reports.sql.engine.Trace), of every run's with `every_run`."""
     from reports.sql.engine import Trace, Unsupported
 
     try:
-        return Trace(path, columns=columns, keep=keep() if callable(keep) else keep)
+        return Trace(path, columns=columns, keep=keep() if callable(keep) else keep, every_run=every_run)
     except Unsupported:
         return None
 
 
 def _report_keep():
-    """What the report's FLOP and memory sections, its by-module table and its peak read of rank 0's rows, kept from
-    the Trace's read of its parts."""
+    """What the report's FLOP and memory sections, its by-module table, its peak and its _steps grain read of rank 0's
+    rows, kept from the Trace's read of its parts."""
     from reports.memory.row_scan import Scan
     from reports.sql.flop_rows import FlopRows
-    from reports.sql.kept_views import ModuleOwn, Peak
+    from reports.sql.kept_views import ModuleOwn, Peak, Steps
 
-    return (FlopRows, Scan, ModuleOwn, Peak)
+    return (FlopRows, Scan, ModuleOwn, Peak, Steps)
+
+
+def _compare_keep():
+    """What compare's memory categories and its _steps grain read of each run's rows (reports.compare figures), kept
+    from the Trace's read of its parts: no run's rows scanned again for them."""
+    from reports.memory.row_scan import Scan
+    from reports.sql.kept_views import Steps
+
+    return (Scan, Steps)
 
 
 def _first_rank_frame(path, everyone):
@@ -244,7 +253,7 @@ def _compare(args):
     traces = [p for p in args.traces if not is_baseline(p)]
     trace = None
     if traces:
-        trace = _sql_all(traces, columns(args.by)) if args.engine == "sql" else None
+        trace = _sql_all(traces, columns(args.by), _compare_keep, every_run=True) if args.engine == "sql" else None
         if trace is None:  # --engine pandas, or a trace the Trace does not read from its files: over its loaded rows
             trace = _memory(traces, columns(args.by))
         ops = {r["run_index"]: r["ops"] for r in trace.run_rows}

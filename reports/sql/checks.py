@@ -15,7 +15,10 @@ from reports.loading.validate import ALLOWED, STORAGE_ID_COLUMNS, check_footers
 from reports.sql import rowpass
 from reports.sql.scan import files_query
 
-__all__ = ["BAD_ROW_VALUES", "Checks", "IdFooters", "UNKNOWN_VALUES"]
+__all__ = ["BAD_ROW_VALUES", "Checks", "IdFooters", "KEEP_ROWS", "UNKNOWN_VALUES"]
+
+# Trace(every_run=True): the rows of the runs whose read feeds consumers of their own, at most (run 0's always is)
+KEEP_ROWS = 1 << 22
 
 # a row whose phase or FLOP kind the tracer never writes (validate.ALLOWED): the reference loader names it. Checked on the
 # _ops grain, which is keyed by both; a grad_mode the tracer never writes is checked per row (BAD_ROW_VALUES, with the
@@ -74,10 +77,17 @@ class Checks:
     def _rows_pass(self, i, footers, keep):
         """Whether run i passes the checks of _check_values made from its rows (a narrow trace: its seq here, its
         null lists from the grains). Run 0's read feeds the consumers each of `keep` makes of its row count (objects
-        with `columns` and `feed`: reports/sql/rowpass.py), kept in `self.kept` when the run passed (take_kept)."""
+        with `columns` and `feed`: reports/sql/rowpass.py), kept in `self.kept` when the run passed (take_kept); every
+        run's read feeds its own with `every_run`, while the runs fed hold at most KEEP_ROWS rows (a consumer holds a
+        few columns of its run's rows until taken: a run past them is scanned again when its section reads it)."""
         if self.narrow:
             return self._seq_in_order(i) or _seq_increases(self.files[i], footers)
-        consumers = [make(sum(footers.rows.get(f, 0) for f in self.files[i])) for make in keep] if i == 0 else []
+        rows = sum(footers.rows.get(f, 0) for f in self.files[i])
+        fed = i == 0 or self.every_run and self._fed_rows + rows <= KEEP_ROWS
+        if len(self.paths) > 1 and not self.every_run:  # a grain kept of run 0 alone: scanned for every run
+            keep = [make for make in keep if getattr(make, "grain", None) is None]
+        consumers = [make(rows) for make in keep] if fed else []
+        self._fed_rows += rows if fed else 0
         try:
             if not rowpass.read(self.files[i], footers, self.columns, consumers):
                 return False

@@ -15,8 +15,9 @@
     increasing row by row, null list cells and null id items (which the statistics cannot tell
     from empty lists) and the phase and FLOP kind values are checked by one read of each run's
     parts (reports/sql/rowpass.py), before any view runs, which also keeps what the report's
-    FLOP and memory sections read of run 0's rows (`keep`); a trace read once into memory (many
-    small parts, or a live one) has them checked by scans of that copy; when a check fails, the
+    FLOP and memory sections read of run 0's rows (`keep`; compare's of every run: `every_run`);
+    a trace read once into memory (many small parts, or a live one) has them checked by scans of
+    that copy; when a check fails, the
     reference loader reads that run and raises its one-line ReportError, so a damaged or hostile
     trace gets the same message on both paths;
   - an incomplete or damaged trace warns, in the words reports.load uses.
@@ -61,7 +62,7 @@ from reports.loading.load import check_rank, read_run, run_name, runs_with_ranks
 from reports.loading.validate import ITEMS_NOT_NULL, LIST_NOT_NULL
 from reports.sql.checks import BAD_ROW_VALUES, Checks, IdFooters
 from reports.sql.database import connect
-from reports.sql.kept_views import kept_views
+from reports.sql.kept_views import kept_grains, kept_views
 from reports.sql.per_step import floats, per_step_arrays
 from reports.sql.scan import GRAINS, grains, source, source_views, views
 from reports.sql.scan import grains as _grains
@@ -201,9 +202,12 @@ class Trace(Checks):
     command reads (all by default): a run the checks here refuse is read with them, for its words.
     `first_run()`: run 0 alone, as a Trace over the same connection (the report of a trace of several ranks).
     `keep`: makers of consumers of run 0's rows, fed by the read that checks them (reports/sql/rowpass.py), taken
-    once each by take_kept (the report's FLOP and memory sections: reports/sql/flop_rows.py, reports/memory/row_scan.py)."""
+    once each by take_kept (the report's FLOP and memory sections: reports/sql/flop_rows.py, reports/memory/row_scan.py);
+    `every_run`: consumers of every run's rows, each run's read feeding its own (compare's memory categories, which
+    read every run: no run scanned again)."""
 
-    def __init__(self, paths, threads=None, columns=None, keep=()):
+    def __init__(self, paths, threads=None, columns=None, keep=(), every_run=False):
+        self.every_run = every_run
         self.db = self._database = None
 
         def attempt():  # a live trace's parts merged away while read (tracer.store.writer SmallParts): read again
@@ -242,7 +246,7 @@ class Trace(Checks):
             raise ReportError("load: expected at least one trace path, got none")
         self.runs, self.ranks, self.paths, self.files, self._phase_steps, self._totals = {}, [], [], [], None, None
         self.lacking = []  # per run: the columns its version lacks, read as NULL
-        self.kept = {}
+        self.kept, self._fed_rows = {}, 0  # _fed_rows: of the runs whose read fed consumers (Checks._rows_pass)
         self._reference_columns = columns
         footers, refused, seen = IdFooters(), set(), {}
         try:
@@ -334,9 +338,11 @@ class Trace(Checks):
         )  # before the grains: no value the statistics refuse in one
         several = len(self.runs) > 1
         held = {getattr(c, "holds", None) for c in self.kept.values()}  # views a kept consumer holds for run 0
-        made = grains(several, self.narrow, "flop_rest" not in held).items()  # one scan each: most views are read
-        self.db.execute(";\n".join(f"CREATE TABLE {name} AS {body}" for name, body in made))  # from these
-        # (reports/sql/scan.py); not TEMP: first_run's connection reads them too
+        made = grains(several, self.narrow, "flop_rest" not in held)  # one scan each: most views are read from
+        # these (reports/sql/scan.py), but those kept consumers made of every run's rows (kept_grains); not TEMP:
+        # first_run's connection reads them too
+        made = {**made, **kept_grains(self.db, self.kept, [literal(name) for name in self.runs])}
+        self.db.execute(";\n".join(f"CREATE TABLE {name} AS {body}" for name, body in made.items()))
         self._check_null_lists(unscanned)  # a narrow trace's: from _ops, which flagged them as it read the lists
         self._make_views(
             {

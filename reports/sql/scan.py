@@ -87,6 +87,7 @@ SELECT run, run_index, op, phase, flop_kind, is_view, dtype, flops, bytes, proce
        min(CASE WHEN comm_bytes IS NOT NULL THEN seq END) AS comm_first_seq,
        max(bytes_allocated) AS bytes_allocated_max, max(bytes_read) AS bytes_read_max,
        max(bytes_written) AS bytes_written_max, max(duration_ns) AS duration_ns_max,
+       max(live_bytes) AS live_bytes_max,
        {"bool_or(null_lists)" if null_lists else "false"} AS null_lists{first_step}
 FROM (SELECT *, CASE WHEN is_view THEN 0 ELSE bytes_read + bytes_written END AS bytes{made}
       FROM _src) AS r
@@ -95,11 +96,14 @@ GROUP BY run, run_index, op, phase, flop_kind, is_view, dtype, flops, bytes, pro
 
 
 def _steps_grain(flop_keys):
-    """The _steps grain; `flop_keys`: with each group's last seq and recompute flag, for flop_steps."""
+    """The _steps grain (with what compare_by_phase and compare_recompute read: each group's first seq and its
+    recomputed rows' FLOPs and count); `flop_keys`: with each group's last seq and recompute flag, for flop_steps."""
     flop = ",\n       max(seq) AS last_seq, bool_or(coalesce(recompute, false)) AS recompute" if flop_keys else ""
     return f"""
 SELECT run, run_index, step, phase, count(*) AS ops, sum(flops) AS flops, sum(bytes_allocated) AS bytes_allocated,
-       sum(duration_ns) AS duration_ns, max(live_bytes) AS live_bytes_peak{flop}
+       sum(duration_ns) AS duration_ns, max(live_bytes) AS live_bytes_peak, min(seq) AS first_seq,
+       sum(CASE WHEN recompute THEN flops ELSE 0 END) AS recompute_flops,
+       sum(CASE WHEN recompute THEN 1 ELSE 0 END) AS recompute_ops{flop}
 FROM _src
 GROUP BY run, run_index, step, phase
 """
@@ -224,6 +228,32 @@ WHERE NOT (g.flop_kind IN ('matmul', 'attention') OR (g.flop_kind = 'conv' AND g
            OR (o.scales AND g.scalar_operand))
 GROUP BY g.run, g.run_index, g.phase, CASE WHEN g.phase = 'optimizer' THEN g.op END, g.flop_kind, g.recompute_flag,
          {_FIRST_DTYPE_LIST}, g.flops > 0
+""",
+    # compare.sql's views (reports.compare) from the grains: by phase and recompute from _steps, by op and dtypes from
+    # _ops (compare_by_module, keyed by module and phase, reads the rows)
+    "compare_by_phase": """
+SELECT run, run_index, phase AS key, phase, CAST(sum(ops) AS BIGINT) AS ops, sum(flops) AS flops,
+       sum(bytes_allocated) AS bytes_allocated, sum(duration_ns) AS duration_ns,
+       max(live_bytes_peak) AS peak_live_bytes, min(first_seq) AS first_seq
+FROM _steps
+GROUP BY run, run_index, phase
+""",
+    "compare_by_op": """
+SELECT run, run_index, op AS key, phase, CAST(sum(ops) AS BIGINT) AS ops, sum(flops_sum) AS flops,
+       sum(bytes_allocated) AS bytes_allocated, sum(duration_ns) AS duration_ns,
+       max(live_bytes_max) AS peak_live_bytes, min(first_seq) AS first_seq
+FROM _ops
+GROUP BY run, run_index, op, phase
+""",
+    "compare_recompute": """
+SELECT run, run_index, phase, sum(recompute_flops) AS flops, sum(recompute_ops) AS ops, min(first_seq) AS first_seq
+FROM _steps
+GROUP BY run, run_index, phase
+""",
+    "compare_dtypes": """
+SELECT run, run_index, op, dtype, CAST(sum(ops) AS BIGINT) AS ops, min(first_seq) AS first_seq
+FROM _ops
+GROUP BY run, run_index, op, dtype
 """,
     "collective_totals": """
 SELECT run, run_index, op, process_group, coalesce(group_size, 1) AS group_size, phase,

@@ -48,21 +48,108 @@ def test_each_view_from_the_grains_equals_its_definition(traces, trace, narrow, 
 @pytest.mark.parametrize("trace", ["gpt", "cut", "job", "damaged"])
 def test_each_view_of_a_trace_that_kept_its_rows_equals_its_definition(traces, trace):
     """A Trace that kept run 0's rows from its read of the parts, as `optrace report` opens one, reads module_own and
-    peak from tables made of them (reports/sql/kept_views.py) and flop_rest by flops.sql (reports/sql/flop_rows.py
-    holds it): every view still holds what its definition holds. A trace of several runs (the job) keeps no view."""
+    peak from tables made of them (reports/sql/kept_views.py), its _steps grain from the groups Steps kept, and
+    flop_rest by flops.sql (reports/sql/flop_rows.py holds it): every view still holds what its definition holds, and
+    _steps what the grain's scan makes (types and rows). A trace of several runs (the job) keeps no view or grain."""
     from reports.memory.row_scan import Scan
     from reports.sql.flop_rows import FlopRows
-    from reports.sql.kept_views import ModuleOwn, Peak
+    from reports.sql.kept_views import ModuleOwn, Peak, Steps
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        sql = Trace(traces[trace], keep=(FlopRows, Scan, ModuleOwn, Peak))
+        sql, scanned = Trace(traces[trace], keep=(FlopRows, Scan, ModuleOwn, Peak, Steps)), Trace(traces[trace])
     reference = _reference(sql)
     for name in VIEWS:
         assert _rows(sql.db, name) == _rows(reference, name), name
+    assert _rows(sql.db, "_steps") == _rows(scanned.db, "_steps")
     own = "SELECT table_name FROM duckdb_tables() WHERE database_name = current_database()"  # (reports.sql.database)
     tables = {name for (name,) in sql.db.execute(own).fetchall()}
-    assert {"_kept_module_own", "_kept_peak"} <= tables if trace != "job" else not tables & {"_kept_peak"}
+    kept = {"_kept_module_own", "_kept_peak", "_kept_steps_0"}
+    assert kept <= tables if trace != "job" else not tables & kept
+    assert not sql.kept.keys() & {(Steps, 0)}  # taken as the grains were made
+
+
+def test_a_trace_of_several_runs_keeps_its_steps_grain_only_when_every_run_is_kept(traces):
+    """The job (2 runs, its ranks): Trace(every_run=True), as compare opens traces, makes _steps of every run's kept groups
+    (without flop_steps' columns, as grains(several) makes it), equal to the scan's; the report's Trace (run 0's
+    consumers alone) keeps no Steps and scans the grain."""
+    from reports.sql.kept_views import Steps
+
+    own = "SELECT table_name FROM duckdb_tables() WHERE database_name = current_database()"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        every, first, scanned = (
+            Trace(traces["job"], keep=(Steps,), every_run=True),
+            Trace(traces["job"], keep=(Steps,)),
+            Trace(traces["job"]),
+        )
+    assert len(every.runs) == 2
+    assert {"_kept_steps_0", "_kept_steps_1"} <= {name for (name,) in every.db.execute(own).fetchall()}
+    assert not {name for (name,) in first.db.execute(own).fetchall()} & {"_kept_steps_0"} and not first.kept
+    for sql in (every, first):
+        assert _rows(sql.db, "_steps") == _rows(scanned.db, "_steps")
+        assert _rows(sql.db, "by_step") == _rows(scanned.db, "by_step")
+
+
+def test_compares_views_but_by_module_read_no_part(traces):
+    """compare_by_phase, compare_by_op, compare_recompute and compare_dtypes are read from the grains (scan.VIEWS: the
+    test above checks them against compare.sql): their plans read no Parquet file; compare_by_module, keyed by module,
+    scans the parts."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        sql = Trace([traces["gpt"], traces["cut"]])
+
+    def reads_parts(view):
+        return (
+            "READ_PARQUET"
+            in " ".join(str(row[1]) for row in sql.db.execute(f"EXPLAIN SELECT * FROM {view}").fetchall()).upper()
+        )
+
+    assert [reads_parts(v) for v in ("compare_by_phase", "compare_by_op", "compare_recompute", "compare_dtypes")] == [
+        False
+    ] * 4
+    assert reads_parts("compare_by_module")
+
+
+def test_the_kept_steps_sum_exactly_and_give_way_past_int64():
+    """kept_views.Steps: a step and phase whose rows span parts sums them exactly in 32-bit halves (negative values
+    too), null recompute counting as not recomputed; a sum past int64 gives None (the grain is then scanned)."""
+    import pyarrow as pa
+
+    from reports.sql.kept_views import Steps
+
+    def part(seq, step, phase, flops, recompute):
+        n = len(seq)
+        return pa.table(
+            {
+                "seq": pa.array(seq, pa.int64()),
+                "step": pa.array(step, pa.int64()),
+                "phase": pa.array(phase, pa.string()).dictionary_encode(),
+                "flops": pa.array(flops, pa.int64()),
+                "bytes_allocated": pa.array([-3] * n, pa.int64()),
+                "duration_ns": pa.array([7] * n, pa.int64()),
+                "live_bytes": pa.array(seq, pa.int64()),
+                "recompute": pa.array(recompute, pa.bool_()),
+            }
+        )
+
+    steps = Steps()
+    big = 2**62
+    steps.feed(part([0, 1, 2], [0, 0, 0], ["forward", "forward", "backward"], [big, 5, 1], [None, False, True]))
+    steps.feed(part([3, 4], [0, 1], ["forward", "forward"], [big - 6, 2], [None, None]))
+    got = steps.table().to_pydict()
+    # by step, then phase in order of first appearance (forward, then backward)
+    assert got["step"] == [0, 0, 1] and got["phase"] == ["forward", "backward", "forward"]
+    assert got["ops"] == [3, 1, 1]
+    assert got["flops"] == [2**63 - 1, 1, 2]  # big + 5 + big - 6 = 2**63 - 1, int64's largest
+    assert got["bytes_allocated"] == [-9, -3, -3] and got["duration_ns"] == [21, 7, 7]  # 3 * -3, 3 * 7
+    assert got["live_bytes_peak"] == [3, 2, 4] and got["last_seq"] == [3, 2, 4]
+    assert got["recompute"] == [False, True, False]
+    assert got["recompute_flops"] == [0, 1, 0] and got["recompute_ops"] == [0, 1, 0]  # the backward row of seq 2
+    assert got["first_seq"] == [0, 2, 4]
+    past = Steps()
+    past.feed(part([0, 1], [0, 0], ["forward", "forward"], [big, big], [None, None]))  # 2**63: past int64
+    assert past.table() is None
 
 
 @pytest.mark.parametrize("narrow", [False, True])

@@ -344,3 +344,29 @@ def test_the_memory_scan_kept_from_the_traces_read_is_the_sql_one(traces, trace)
     )
     kept.db = kept.db.db  # read again: by SQL, as the other runs are
     pd.testing.assert_frame_equal(by_category(kept), by_category(sql), check_exact=True)
+
+
+def test_compare_keeps_every_runs_memory_scan_from_the_traces_read(traces, monkeypatch):
+    """Trace(every_run=True), as `optrace compare` opens its traces: each run's read of its parts feeds a Scan of its
+    own (run 1's lists not scanned again by sql_categories), while the runs fed hold at most checks.KEEP_ROWS rows; the
+    categories are those of the Trace without kept scans."""
+    from reports.memory.row_scan import Scan
+    from reports.sql import checks
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        every, first = Trace(traces["two"], keep=(Scan,), every_run=True), Trace(traces["two"], keep=(Scan,))
+    assert sorted(i for _, i in every.kept) == [0, 1]
+    assert sorted(i for _, i in first.kept) == [0]  # the report's: run 0's alone
+    scanned = []
+    monkeypatch.setattr(sql_categories, "_scan", lambda *args, **kwargs: scanned.append(args[1]))
+    got = by_category(every)
+    assert scanned == [] and not every.kept  # both runs' scans taken from the read
+    monkeypatch.undo()
+    pd.testing.assert_frame_equal(got, by_category(first), check_exact=True)
+    rows = every.run_rows[0]["ops"]  # run 0's rows: run 1 does not fit beside them under a cap of that many
+    monkeypatch.setattr(checks, "KEEP_ROWS", rows)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        capped = Trace(traces["two"], keep=(Scan,), every_run=True)
+    assert sorted(i for _, i in capped.kept) == [0]
