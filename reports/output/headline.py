@@ -102,6 +102,7 @@ def assemble(src, step_time_s=None, peak_tflops=None, depth=2, top=8, accounts=N
     from reports.flops.coverage import FIX
 
     run, meta = src.run()
+    src.categories()  # first: the memory model's arrays are the report's largest, made before the FLOP rows are held
     state, said = title_state(meta)
     report = Report(run=run, meta=meta, state=state, depth=depth)
     bound = src.bounds()
@@ -121,7 +122,6 @@ def assemble(src, step_time_s=None, peak_tflops=None, depth=2, top=8, accounts=N
     except ReportError as exc:  # traced without model= or tokens=: no N or T, the rest still reports
         report.breakdown_error = str(exc)
         said.append(("no_model", f"no 6·N·T: {exc}"))
-    del accounts  # its per-row arrays: freed before the memory figures' own
     report.rate = src.mfu(step_time_s, peak_tflops * 1e12 if peak_tflops is not None else None)
     report.spread = step_time_spread(meta.get("step_time"), step_time_s)
     report.meter = src.meter_summary()
