@@ -101,6 +101,30 @@ def _extent_bytes(shape, stride, itemsize):
     return itemsize * (1 + sum((int(n) - 1) * abs(int(s)) for n, s in zip(shape, stride)))
 
 
+def _starts(values):
+    """(the distinct values of a sorted int array, the position of each one's first)."""
+    first = np.flatnonzero(np.r_[True, values[1:] != values[:-1]]) if len(values) else np.zeros(0, dtype=np.int64)
+    return values[first], first
+
+
+def _position(table, keys):
+    """Each key's position in `table` (distinct ints, in any order), -1 where it is not there."""
+    if not len(table) or not len(keys):
+        return np.full(len(keys), -1, dtype=np.int64)
+    order = np.argsort(table, kind="stable")
+    at = order[np.minimum(np.searchsorted(table, keys, sorter=order), len(table) - 1)]
+    return np.where(table[at] == keys, at, -1)
+
+
+def _sums(values, groups, count):
+    """The int64 sum of `values` per group (`groups`: ascending group numbers below `count`), 0 for a group with none."""
+    running = np.r_[0, np.cumsum(values, dtype=np.int64)]
+    return (
+        running[np.searchsorted(groups, np.arange(count), side="right")]
+        - running[np.searchsorted(groups, np.arange(count))]
+    )
+
+
 class Storages:
     """The storages of one run (with at least one row) as arrays indexed by storage id, or by position among the ids
     named where those are too sparse for that (`space`: reports/memory/id_space.py); rows are positions, not seq."""
@@ -152,9 +176,10 @@ class Storages:
         self._outputs(self.new_out, first_row[as_output], self.new_out_at)
         known = self.known[self.new_out]
         self.size[self.new_out] = np.where(known >= 0, known, self.size[self.new_out])
-        # bytes each row's new storages take (bytes_allocated in a v1 trace)
-        self.made_bytes = np.bincount(first_row[as_output], weights=self.size[self.new_out], minlength=n)
-        self.made_bytes = np.rint(self.made_bytes).astype(np.int64)
+        # bytes each row's new storages take (bytes_allocated in a v1 trace): rows ascending, running sums
+        made_rows = first_row[as_output]
+        by_row = np.argsort(made_rows, kind="stable")
+        self._made = (made_rows[by_row], np.r_[0, np.cumsum(self.size[self.new_out][by_row])])
         for sid, (nbytes, dtype) in params.items():
             self.size[sid], self.dtype[sid], self.alloc[sid] = nbytes, dtype, -1
         self.size[entry[:, 0]], self.alloc[entry[:, 0]] = entry[:, 1], -1
@@ -163,7 +188,7 @@ class Storages:
         keep = at < n
         self.resizes = (at[keep], resized[keep, 1], resized[keep, 2])
         if self.exact:  # what the tracer registered at entry is listed: every other input joined at its row
-            seen_before = np.full(n, -1, dtype=np.int64)
+            seen_before = None
         else:
             seen_before = np.maximum.accumulate(np.concatenate([[max(params, default=-1)], lists.row_max()]))[:-1]
         self._inputs(seen[~as_output], first_row[~as_output], first_at[~as_output], seen_before)
@@ -175,8 +200,10 @@ class Storages:
         _, nbytes, alloc, free, _ = self.pieces()
         self.unnamed = int(self.live[0] - nbytes[(alloc <= 0) & ((free < 0) | (free > 0))].sum())
 
-    def freed_at(self, row):
-        return self.free_ids[self.free_offsets[row] : self.free_offsets[row + 1]]
+    def _made_at(self, rows):
+        """Bytes the new storages of each of `rows` take."""
+        made_rows, running = self._made
+        return running[np.searchsorted(made_rows, rows, side="right")] - running[np.searchsorted(made_rows, rows)]
 
     def _outputs(self, sids, row, at):
         """New storages: one in a row takes the row's bytes_allocated; several split it by numel x size."""
@@ -225,48 +252,75 @@ class Storages:
         params = np.fromiter(self.params, dtype=np.int64, count=len(self.params))
         measure = unique(row[(self.known[sids] < 0) & ~np.isin(sids, params)])
         shapes, strides = (self.rows.cell_objects(c, measure) if len(measure) else [] for c in columns[:2])
-        estimate, joined = {}, {}
+        estimate = {}
         resized = resize_deltas(self.resizes, self.size, self.n)
         keep = ~np.isin(sids, params)
         sids, row, at = sids[keep], row[keep], at[keep]
         place = at - self.in_offsets[row]  # in the row's inputs
         # ids grow in registration order: one below every id seen before its row was registered at the start
-        early = sids < seen_before[row]
-        for sid, r, k, i, m, known, before in zip(
+        early = np.zeros(len(sids), dtype=bool) if seen_before is None else sids < seen_before[row]
+        for sid, k, i, m, known in zip(
             sids.tolist(),
-            row.tolist(),
             place.tolist(),
             np.searchsorted(which, row).tolist(),
             np.searchsorted(measure, row).tolist(),
             self.known[sids].tolist(),
-            early.tolist(),
         ):
             self.dtype[sid] = dtypes[i][k]
             if known < 0:
                 estimate[sid] = _extent_bytes(shapes[m][k], strides[m][k], self.itemsize.get(dtypes[i][k], 0))
             else:
                 estimate[sid] = known
-            if not before:
-                joined.setdefault(r, []).append(sid)
         start = sids[early]
         self.size[start] = np.fromiter((estimate[s] for s in start.tolist()), dtype=np.int64, count=len(start))
         self.alloc[start] = -1
-        for r in sorted(joined):  # the rise of live_bytes gives their size (row 0 has no rise to read)
-            cands = sorted(joined[r])
-            guesses = [estimate[s] for s in cands]
+        self._joined(sids[~early], row[~early], estimate, resized)
+
+    def _joined(self, sids, row, estimate, resized):
+        """Sizes of the storages that joined live_bytes at their row (`sids`, first seen at rows `row`; `estimate`:
+        {id: guessed bytes}), from the rise of live_bytes there (row 0 has no rise to read). Of a row's storages those
+        registered at the start have the smaller ids: the split that explains the rise best says which, and the first
+        one that joined takes what the guesses miss. A row's rise counts the bytes it frees at the sizes known when
+        the rows are taken in order: a storage that joined at an earlier row freed at the size found there."""
+        if not len(sids):
+            return
+        order = np.lexsort((sids, row))
+        sids, row = sids[order], row[order]
+        guess = [estimate[s] for s in sids.tolist()]
+        rows, first = _starts(row)
+        # each joined row's freed ids (`owner`: the joined row's index), those that joined at an earlier row apart
+        counts = self.free_offsets[rows + 1] - self.free_offsets[rows]
+        owner = np.repeat(np.arange(len(rows)), counts)
+        offsets = np.cumsum(counts) - counts
+        freed = self.free_ids[np.repeat(self.free_offsets[rows] - offsets, counts) + np.arange(len(owner))]
+        cand = _position(sids, freed)
+        earlier = cand >= 0
+        earlier[earlier] = row[cand[earlier]] < rows[owner[earlier]]
+        # the others at the size they hold: a known size, else the guess, else 0
+        ids = np.fromiter(estimate, dtype=np.int64, count=len(estimate))
+        guessed = np.fromiter(estimate.values(), dtype=np.int64, count=len(estimate))
+        at = _position(ids, freed[~earlier])
+        sizes = self.size[freed[~earlier]]
+        held = np.where(sizes > 0, sizes, np.where((sizes < 0) & (at >= 0), guessed[np.maximum(at, 0)], 0))
+        freed_bytes = _sums(held, owner[~earlier], len(rows))
+        before = np.maximum(rows - 1, 0)
+        shift = np.fromiter((resized.get(r, 0) for r in rows.tolist()), dtype=np.int64, count=len(rows))
+        base = (self.live[rows] - self.live[before] - self._made_at(rows) + freed_bytes - shift).tolist()
+        deps, dep_bounds = cand[earlier].tolist(), np.searchsorted(owner[earlier], np.arange(len(rows) + 1)).tolist()
+        size, alloc, bounds = list(guess), row.tolist(), [*first.tolist(), len(sids)]
+        for j, r in enumerate(rows.tolist()):
+            lo, hi = bounds[j], bounds[j + 1]
+            mine = guess[lo:hi]
             if r == 0:
-                split, rise = 0, sum(guesses)
+                split, rise = 0, sum(mine)
             else:
-                freed = self.freed_at(r)
-                sizes = self.size[freed]
-                freed_bytes = int(sizes[sizes > 0].sum()) + sum(estimate.get(int(s), 0) for s in freed[sizes < 0])
-                rise = int(self.live[r] - self.live[r - 1] - self.made_bytes[r] + freed_bytes - resized.get(r, 0))
-                # those registered at the start have the smaller ids: the split that explains the rise best
-                split = min(range(len(cands) + 1), key=lambda k: (abs(rise - sum(guesses[k:])), k))
-            for i, sid in enumerate(cands):
-                self.size[sid], self.alloc[sid] = guesses[i], (-1 if i < split else r)
-            if split < len(cands):
-                self.size[cands[split]] = max(0, rise - sum(guesses[split + 1 :]))
+                rise = base[j] + sum(size[d] for d in deps[dep_bounds[j] : dep_bounds[j + 1]])
+                split = min(range(len(mine) + 1), key=lambda k: (abs(rise - sum(mine[k:])), k))
+            alloc[lo : lo + split] = [-1] * split
+            if split < len(mine):
+                size[lo + split] = max(0, rise - sum(mine[split + 1 :]))
+        self.size[sids] = size
+        self.alloc[sids] = alloc
 
     def arrays(self):
         """(storage ids, nbytes, alloc row, free row, made by an op) of every storage, -1 first if any."""
