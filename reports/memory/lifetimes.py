@@ -197,8 +197,12 @@ class Storages:
 
         # Bytes live when the trace began that no row names (unused buffers): storage -1.
         self.unnamed = 0
-        _, nbytes, alloc, free, _ = self.pieces()
+        arrays = self.arrays()
+        self._pieces = arrays, self.pieces(arrays)  # as they stay when no bytes are unnamed
+        _, nbytes, alloc, free, _ = self._pieces[1]
         self.unnamed = int(self.live[0] - nbytes[(alloc <= 0) & ((free < 0) | (free > 0))].sum())
+        if self.unnamed:
+            self._pieces = None
 
     def _made_at(self, rows):
         """Bytes the new storages of each of `rows` take."""
@@ -309,12 +313,18 @@ class Storages:
         deps, dep_bounds = cand[earlier].tolist(), np.searchsorted(owner[earlier], np.arange(len(rows) + 1)).tolist()
         size, alloc, bounds = list(guess), row.tolist(), [*first.tolist(), len(sids)]
         for j, r in enumerate(rows.tolist()):
-            lo, hi = bounds[j], bounds[j + 1]
+            lo, hi, d0, d1 = bounds[j], bounds[j + 1], dep_bounds[j], dep_bounds[j + 1]
+            rise = base[j] if d0 == d1 else base[j] + sum(size[d] for d in deps[d0:d1])
+            if hi - lo == 1 and r:  # one storage (most rows): it joined here, or it was registered at the start
+                if abs(rise - guess[lo]) <= abs(rise):
+                    size[lo] = max(0, rise)
+                else:
+                    alloc[lo] = -1
+                continue
             mine = guess[lo:hi]
             if r == 0:
                 split, rise = 0, sum(mine)
             else:
-                rise = base[j] + sum(size[d] for d in deps[dep_bounds[j] : dep_bounds[j + 1]])
                 split = min(range(len(mine) + 1), key=lambda k: (abs(rise - sum(mine[k:])), k))
             alloc[lo : lo + split] = [-1] * split
             if split < len(mine):
@@ -330,11 +340,11 @@ class Storages:
             arrays = [np.r_[first, a] for first, a in zip((-1, self.unnamed, -1, -1, False), arrays)]
         return arrays
 
-    def pieces(self):
+    def pieces(self, arrays=None):
         """(index into `arrays()`, nbytes, alloc row, free row, storage id) of each stretch of a storage's
         life at one size: one per storage, more for a storage resized in place (FSDP2's unsharded
-        parameters), none while it holds 0 bytes."""
-        return split_pieces(*self.arrays(), *resize_events(self.resizes, self.size))
+        parameters), none while it holds 0 bytes. `arrays`: what arrays() gives, when the caller holds it."""
+        return split_pieces(*(self.arrays() if arrays is None else arrays), *resize_events(self.resizes, self.size))
 
     def largest(self, sids, nbytes):
         """nbytes of each storage, or the largest size a resize gave it."""
@@ -342,9 +352,10 @@ class Storages:
 
     def live_pieces(self):
         """(nbytes, alloc row, free row, category index) of each piece (see `pieces`)."""
-        sids, nbytes, alloc, free, made = self.arrays()
+        arrays, pieces = self._pieces or (self.arrays(), None)
+        sids, nbytes, alloc, free, made = arrays
         cat = self.categories(sids, alloc, free, made)
-        index, nbytes, alloc, free, _ = self.pieces()
+        index, nbytes, alloc, free, _ = self.pieces() if pieces is None else pieces
         return nbytes, alloc, free, cat[index]
 
     def categories(self, sids, alloc, free, made):
