@@ -45,7 +45,7 @@ from reports._util import ids, packet, unique
 from reports.errors import ReportError
 from reports.flops.evaluation import evaluation_rows
 from reports.flops.rows import as_rows
-from reports.flops.walks import NO_ID, copies_of, gradient_sources, take_rows
+from reports.flops.walks import NO_ID, copies_of, gradient_sources, member, take_rows
 from tracer.rules import ADD_FIRST as _ADD_FIRST  # ops whose first tensor input is added, not multiplied (bias + a @ b)
 from tracer.rules import PACKED_WEIGHT
 
@@ -73,14 +73,6 @@ def skipped_inputs(packets):
 
 _INNER_PRODUCTS = frozenset({"aten.dot", "aten.vdot"})  # (spectral_norm's u · W v): "other" unless a weight's
 _VECTOR_PRODUCTS = frozenset({"aten.mv"})  # a matrix times a vector: a weight times a buffer vector is "other"
-
-
-def _member(keys, table):
-    """np.isin(keys, table) for a sorted, unique int64 `table` (one binary search per key)."""
-    if not len(table):
-        return np.zeros(keys.shape, dtype=bool)
-    at = np.minimum(np.searchsorted(table, keys), len(table) - 1)
-    return table[at] == keys
 
 
 def _recomputed(rows):
@@ -240,7 +232,7 @@ class Roles:
         bwd = np.flatnonzero(attention & phase.eq("backward"))
         read = unique(_step_keys(step, ins, bwd)[1])  # sorted (step, storage)
         f_off, keys = _step_keys(step, ins, fwd)
-        hit = _member(keys, read)
+        hit = member(keys, read)
         read_by = np.zeros(len(fwd), dtype=bool)
         np.logical_or.at(read_by, np.repeat(np.arange(len(fwd)), np.diff(f_off)), hit)
         out[fwd] = read_by | np.isin(step[fwd], step[_recomputed(rows)])
@@ -280,7 +272,7 @@ class Roles:
         redo = step[again & (param >= 0)] << 32 | (param[again & (param >= 0)] & 0xFFFFFFFF)
         by_weight |= np.isin(step[at], step[again])  # checkpointed steps: a weight the backward reads was trained
         keyed = [np.where(v != NO_ID, step[at] << 32 | (v & 0xFFFFFFFF), -1) for v in (self.activation[at], param[at])]
-        used = _member(keyed[0], read) | (by_weight & _member(keyed[1], read)) | np.isin(keyed[1], redo)
+        used = member(keyed[0], read) | (by_weight & member(keyed[1], read)) | np.isin(keyed[1], redo)
         out[at] = used
         return out
 

@@ -6,10 +6,10 @@ from math import prod
 
 import numpy as np
 
-from reports._util import ONE_TO_ONE_COPIES
+from reports._util import ONE_TO_ONE_COPIES, unique
 from reports.flops.rows import Labels, as_rows
 
-__all__ = ["DERIVED", "GRADIENT_PLACES", "NO_ID", "SCALED", "copies_of", "gradient_sources", "take_rows"]
+__all__ = ["DERIVED", "GRADIENT_PLACES", "NO_ID", "SCALED", "copies_of", "gradient_sources", "member", "take_rows"]
 
 _ADDS = frozenset({"aten.add", "aten.add_"})
 NO_ID = np.iinfo(np.int64).min  # no storage: a matmul row with fewer than two inputs
@@ -25,6 +25,14 @@ def _flat_ids(rows, ins, outs):
 def _items(lists, row):
     offsets, values = lists
     return values[offsets[row] : offsets[row + 1]].tolist()
+
+
+def member(keys, table):
+    """np.isin(keys, table) for a sorted, unique int64 `table` (one binary search per key)."""
+    if not len(table):
+        return np.zeros(keys.shape, dtype=bool)
+    at = np.minimum(np.searchsorted(table, keys), len(table) - 1)
+    return table[at] == keys
 
 
 def take_rows(lists, at):
@@ -81,7 +89,8 @@ def copies_of(rows, packets, sources, ins=None, outs=None, stacked=()):
         count = in_off[scaled + 1] - in_off[scaled]
         first = np.where(count > 0, in_ids[np.minimum(in_off[scaled], len(in_ids) - 1)], NO_ID)
         second = np.where(count > 1, in_ids[np.minimum(in_off[scaled] + 1, len(in_ids) - 1)], NO_ID)
-        scaled = scaled[np.isin(first, near) | np.isin(second, near)]
+        near = unique(near)  # np.isin would hash tens of thousands of ids for each call
+        scaled = scaled[member(first, near) | member(second, near)]
     scales, scaled_second = _scalar_sides(rows, scaled, in_off) if len(scaled) else ((), ())
     at = np.flatnonzero(copy | derived)
     at = np.concatenate([at, scaled[np.asarray(scales, dtype=bool)]]) if len(scaled) else at
