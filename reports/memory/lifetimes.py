@@ -197,12 +197,8 @@ class Storages:
 
         # Bytes live when the trace began that no row names (unused buffers): storage -1.
         self.unnamed = 0
-        arrays = self.arrays()
-        self._pieces = arrays, self.pieces(arrays)  # as they stay when no bytes are unnamed
-        _, nbytes, alloc, free, _ = self._pieces[1]
-        self.unnamed = int(self.live[0] - nbytes[(alloc <= 0) & ((free < 0) | (free > 0))].sum())
-        if self.unnamed:
-            self._pieces = None
+        nbytes = self.live_pieces(0, categories=False)[0]
+        self.unnamed = int(self.live[0] - nbytes.sum())
 
     def _made_at(self, rows):
         """Bytes the new storages of each of `rows` take."""
@@ -350,13 +346,26 @@ class Storages:
         """nbytes of each storage, or the largest size a resize gave it."""
         return largest(sids, nbytes, self.resizes, len(self.size))
 
-    def live_pieces(self):
-        """(nbytes, alloc row, free row, category index) of each piece (see `pieces`)."""
-        arrays, pieces = self._pieces or (self.arrays(), None)
+    def live_pieces(self, row=None, categories=True):
+        """(nbytes, alloc row, free row, category index) of each piece (see `pieces`); with `row`, of the pieces
+        live after that row (counted from alloc + 1, gone from free + 1: reports.memory.live.live_columns), the
+        others not looked at where no storage is resized in place; `categories`: False for None in their place."""
+        if row is None or len(self.resizes[1]):
+            sids, _, by_alloc, by_free, made = arrays = self.arrays()
+            index, nbytes, alloc, free, _ = self.pieces(arrays)
+            if row is not None:
+                live = (alloc <= row) & ((free < 0) | (free > row))
+                index, nbytes, alloc, free = index[live], nbytes[live], alloc[live], free[live]
+            cat = self.categories(sids, by_alloc, by_free, made)[index] if categories else None
+            return nbytes, alloc, free, cat
+        # a piece per storage that holds bytes (split_pieces without resizes), the live ones picked by id
+        alloc, free = self.alloc, self.free
+        sids = np.flatnonzero((alloc >= -1) & (alloc <= row) & ((free < 0) | (free > row)) & (self.size != 0))
+        arrays = [sids, self.size[sids], alloc[sids], free[sids], self.made[sids]]
+        if self.unnamed:  # storage -1 (see `arrays`): live from before the first row to the end
+            arrays = [np.r_[first, a] for first, a in zip((-1, self.unnamed, -1, -1, False), arrays)]
         sids, nbytes, alloc, free, made = arrays
-        cat = self.categories(sids, alloc, free, made)
-        index, nbytes, alloc, free, _ = self.pieces() if pieces is None else pieces
-        return nbytes, alloc, free, cat[index]
+        return nbytes, alloc, free, self.categories(sids, alloc, free, made) if categories else None
 
     def categories(self, sids, alloc, free, made):
         """Category index (into CATEGORIES) of each storage."""
