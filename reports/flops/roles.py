@@ -182,11 +182,13 @@ class Roles:
         ext_fwd = ext & forward[at]
         is_ext = np.isin(pair[ext_fwd], np.fromiter(external, dtype=np.int64, count=len(external)))
         ext_acts = np.where(is_ext[:, 0], pair[ext_fwd][:, 1], pair[ext_fwd][:, 0]) if len(is_ext) else pair[:0, 0]
-        theirs = (
-            grad
-            & np.isin(pair, np.setdiff1d(ext_acts, model_acts)).any(axis=1)
-            & ~np.isin(pair, model_acts).any(axis=1)
-        )
+        theirs = np.zeros(len(at), dtype=bool)
+        if len(ext_acts) and grad.any():  # else none: a model without external weights (the lookups skipped)
+            theirs = (
+                grad
+                & np.isin(pair, np.setdiff1d(ext_acts, model_acts)).any(axis=1)
+                & ~np.isin(pair, model_acts).any(axis=1)
+            )
         grad, ext = grad & ~theirs, ext | theirs
         act[no_hit] = NO_ID
         grad |= self._unstored_weight_gradients(
