@@ -147,10 +147,16 @@ def gradient_sources(rows, packets, gradients, ins=None, outs=None):
     (in_off, in_ids), (out_off, out_ids) = (take_rows(lists, at) for lists in (ins, outs))  # as Python lists once
     in_off, in_ids, out_off, out_ids = in_off.tolist(), in_ids.tolist(), out_off.tolist(), out_ids.tolist()
     for k in range(len(at) - 1, -1, -1):  # the last op first: cast -> add -> gradient is followed back
-        hits = [reach[o] for o in out_ids[out_off[k] : out_off[k + 1]] if o in reach]
-        if not hits:
-            continue
-        states = frozenset().union(*hits)
+        start, end = out_off[k], out_off[k + 1]
+        if end - start == 1:  # one output (most rows): its states, if any
+            states = reach.get(out_ids[start])
+            if states is None:
+                continue
+        else:
+            hits = [reach[o] for o in out_ids[start:end] if o in reach]
+            if not hits:
+                continue
+            states = frozenset().union(*hits)
         after = frozenset(c + 1 for c in states if c == 0) if casts[k] else states  # a cast: at most one on the way
         for sid in in_ids[in_off[k] : in_off[k + 1]] if after else ():
             reach[sid] = reach.get(sid, frozenset()) | after
