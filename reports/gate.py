@@ -62,9 +62,6 @@ class Rule:
     limit: float
     percent: bool
 
-    def limit_text(self):
-        return f"{self.limit:+g}{'%' if self.percent else ''}"
-
 
 @dataclass(frozen=True)
 class Breach:

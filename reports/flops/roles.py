@@ -41,10 +41,11 @@ from math import prod
 
 import numpy as np
 
-from reports._util import ONE_TO_ONE_COPIES, ids, packet, unique
+from reports._util import ids, packet, unique
 from reports.errors import ReportError
 from reports.flops.evaluation import evaluation_rows
-from reports.flops.rows import Labels, as_rows
+from reports.flops.rows import as_rows
+from reports.flops.walks import NO_ID, copies_of, gradient_sources, member, take_rows
 from tracer.rules import ADD_FIRST as _ADD_FIRST  # ops whose first tensor input is added, not multiplied (bias + a @ b)
 from tracer.rules import PACKED_WEIGHT
 
@@ -55,9 +56,7 @@ EXTERNAL_ROLE = "external_parameter"
 BUFFER_ROLE = "buffer"  # the model's buffers (storage_roles; absent in older traces)
 
 
-_ADDS = frozenset({"aten.add", "aten.add_"})
 _NO_PARAM = -1
-_NO_ID = np.iinfo(np.int64).min  # no storage: a matmul row with fewer than two inputs
 
 
 def operands(op, input_ids):
@@ -67,143 +66,13 @@ def operands(op, input_ids):
     return values[start : start + 2]
 
 
-def _flat_ids(rows, ins, outs):
-    """(offsets, ids) of the input and the output storage ids of `rows` (Rows.flat), reusing given ones."""
-    ins = rows.flat("input_storage_ids") if ins is None else ins
-    outs = rows.flat("output_storage_ids") if outs is None else outs
-    return ins, outs
-
-
-def _items(lists, row):
-    offsets, values = lists
-    return values[offsets[row] : offsets[row + 1]].tolist()
-
-
 def skipped_inputs(packets):
     """Per row of op packets (Labels): how many leading inputs are added, not multiplied (1 for addmm, else 0)."""
     return packets.isin(_ADD_FIRST).astype(np.int64)
 
 
-# Gathers of a stacked weight: w[expert_ids] copies whole expert matrices of w [E, K, N] (first input).
-_GATHERS = frozenset({"aten.index", "aten.index_select", "aten._unsafe_index"})
-# Weights a parametrization computes from a parameter at each forward (torch.nn.utils.parametrizations):
-# weight_norm's _weight_norm_interface(v, g) -> (the weight, from v; the norms), and a weight times or over a
-# scalar (a number, or a tensor of one element): spectral_norm's weight / sigma, an equalized learning rate.
-DERIVED = frozenset({"aten._weight_norm_interface", "aten._weight_norm"})
-SCALED = frozenset({"aten.mul", "aten.div"})
 _INNER_PRODUCTS = frozenset({"aten.dot", "aten.vdot"})  # (spectral_norm's u · W v): "other" unless a weight's
 _VECTOR_PRODUCTS = frozenset({"aten.mv"})  # a matrix times a vector: a weight times a buffer vector is "other"
-
-
-def _scalar_sides(rows, at, in_off):
-    """For rows `at` of SCALED ops: (the row scales one tensor by a scalar, its scaled tensor is the second
-    input). One tensor input: a number is the scalar; two: the one of one element (0-d or [1])."""
-    count = in_off[at + 1] - in_off[at]
-    ok, second = count == 1, np.zeros(len(at), dtype=bool)
-    two = np.flatnonzero(count == 2)
-    if len(two):
-        for k, shapes in zip(two.tolist(), rows.cells("input_shapes", at[two])):
-            first, other = (prod(int(d) for d in shape) for shape in list(shapes)[:2])
-            ok[k], second[k] = (other == 1 or first == 1), (first == 1 and other != 1)
-    return ok, second
-
-
-def _copies(rows, packets, sources, ins=None, outs=None, stacked=()):
-    """{storage: source} for `sources` and every one-to-one copy (cast) made of them, transitively; with
-    `stacked` (storages of stacked expert weights, 3 dims or more) also their gathers (w[expert_ids]); and the
-    weights parametrizations compute from them (DERIVED, SCALED: their first output)."""
-    alias = {sid: sid for sid in sources}
-    if not alias:
-        return alias
-    (in_off, in_ids), outs = _flat_ids(rows, ins, outs)
-    copy = packets.isin(ONE_TO_ONE_COPIES)
-    if stacked:
-        first = np.full(len(rows), _NO_ID, dtype=np.int64)
-        has = in_off[1:] > in_off[:-1]
-        first[has] = in_ids[in_off[:-1][has]]
-        copy |= packets.isin(_GATHERS) & np.isin(first, np.fromiter(stacked, dtype=np.int64))
-    derived = packets.isin(DERIVED)
-    scaled = np.flatnonzero(packets.isin(SCALED))
-    if len(scaled) and len(in_ids):  # only those scaling a source or what a copy made (shapes are read row by row)
-        near = np.concatenate(
-            [np.fromiter(alias, dtype=np.int64, count=len(alias)), _take_rows(outs, np.flatnonzero(copy | derived))[1]]
-        )
-        count = in_off[scaled + 1] - in_off[scaled]
-        first = np.where(count > 0, in_ids[np.minimum(in_off[scaled], len(in_ids) - 1)], _NO_ID)
-        second = np.where(count > 1, in_ids[np.minimum(in_off[scaled] + 1, len(in_ids) - 1)], _NO_ID)
-        scaled = scaled[np.isin(first, near) | np.isin(second, near)]
-    scales, scaled_second = _scalar_sides(rows, scaled, in_off) if len(scaled) else ((), ())
-    at = np.flatnonzero(copy | derived)
-    at = np.concatenate([at, scaled[np.asarray(scales, dtype=bool)]]) if len(scaled) else at
-    order = np.argsort(at, kind="stable")  # in row order: a copy of a scaled weight follows it
-    at = at[order]
-    count = in_off[at + 1] - in_off[at]
-    second = packets.take(at).eq("aten.copy_") & (count > 1)  # copy_(dst, src): the source is the second input
-    if len(scaled):  # the scaled tensor of `scalar * w` is the second input
-        second[np.isin(at, scaled[np.asarray(scaled_second, dtype=bool)])] = True
-    first_only = derived[at] | np.isin(at, scaled)
-    src = np.full(len(at), _NO_ID, dtype=np.int64)
-    has = count > 0
-    src[has] = in_ids[in_off[at[has]] + second[has]]
-    for row, sid, one in zip(at.tolist(), src.tolist(), first_only.tolist()):
-        if sid in alias:
-            for o in _items(outs, row)[:1] if one else _items(outs, row):
-                alias.setdefault(o, alias[sid])
-    return alias
-
-
-_GRADIENT_MOVES = frozenset(("fsdp.chunk_cat", "aten._chunk_cat"))
-# Ops that place a gradient piece into a larger gradient: the backward of a view of a weight
-# (w[:, :k], w[e], w.split / w.chunk, w[expert_ids]) writes dL/d(piece) into zeros of w's shape,
-# or concatenates the pieces' gradients. They move values, they compute nothing on them.
-GRADIENT_PLACES = frozenset(
-    "aten.slice_backward aten.select_backward aten.index_put aten.index_put_ aten._index_put_impl_ "
-    "aten.index_add aten.index_add_ aten.cat aten.stack aten.slice_scatter aten.select_scatter "
-    "aten.as_strided_scatter".split()
-)
-
-
-def gradient_sources(rows, packets, gradients, ins=None, outs=None):
-    """Storages that become a gradient directly or through adds, placing ops and at most one cast (backward/other rows).
-
-    A collective (DDP's all-reduce, FSDP2's reduce-scatter) and FSDP2's packing of gradients
-    into its flat reduce buffer (`chunk_cat`) move a gradient without computing on it, an
-    add only sums contributions (the dW of every use of a weight, an accumulated micro-batch)
-    and a placing op (GRADIENT_PLACES) puts the gradient of a slice of a weight into the
-    weight's gradient: they pass states through unchanged. `rows`: Rows (or a DataFrame), `packets`: their ops'
-    packets (Labels, or a sequence of names)."""
-    rows = as_rows(rows)
-    packets = packets if isinstance(packets, Labels) else Labels.of(list(packets))
-    reach = dict.fromkeys(gradients, frozenset({0}))  # storage -> {casts used on the way to a gradient}
-    if not reach:
-        return set()
-    ins, outs = _flat_ids(rows, ins, outs)
-    moved = packets.isin(_GRADIENT_MOVES) | packets.isin(GRADIENT_PLACES)
-    if "flop_kind" in rows:
-        moved |= rows.labels("flop_kind").eq("collective")
-    copies = packets.isin(ONE_TO_ONE_COPIES)
-    hop = rows.labels("phase").isin(("backward", "other")) & (copies | packets.isin(_ADDS) | moved)
-    at = np.flatnonzero(hop)
-    casts = copies[at] & ~moved[at]
-    (in_off, in_ids), (out_off, out_ids) = (_take_rows(lists, at) for lists in (ins, outs))  # as Python lists once
-    in_off, in_ids, out_off, out_ids = in_off.tolist(), in_ids.tolist(), out_off.tolist(), out_ids.tolist()
-    for k in range(len(at) - 1, -1, -1):  # the last op first: cast -> add -> gradient is followed back
-        hits = [reach[o] for o in out_ids[out_off[k] : out_off[k + 1]] if o in reach]
-        if not hits:
-            continue
-        states = frozenset().union(*hits)
-        after = frozenset(c + 1 for c in states if c == 0) if casts[k] else states  # a cast: at most one on the way
-        for sid in in_ids[in_off[k] : in_off[k + 1]] if after else ():
-            reach[sid] = reach.get(sid, frozenset()) | after
-    return set(reach)
-
-
-def _member(keys, table):
-    """np.isin(keys, table) for a sorted, unique int64 `table` (one binary search per key)."""
-    if not len(table):
-        return np.zeros(keys.shape, dtype=bool)
-    at = np.minimum(np.searchsorted(table, keys), len(table) - 1)
-    return table[at] == keys
 
 
 def _recomputed(rows):
@@ -212,40 +81,31 @@ def _recomputed(rows):
 
 
 def _matmul_operands(packets, offsets, ids):
-    """The two multiplied input storages of each row in (offsets, ids), _NO_ID where a row has fewer (see `operands`)."""
+    """The two multiplied input storages of each row in (offsets, ids), NO_ID where a row has fewer (see `operands`)."""
     start = offsets[:-1] + skipped_inputs(packets)
-    pair = np.full((len(start), 2), _NO_ID, dtype=np.int64)
+    pair = np.full((len(start), 2), NO_ID, dtype=np.int64)
     for k in range(2):
         ok = start + k < offsets[1:]
         pair[ok, k] = ids[start[ok] + k]
     return pair
 
 
-def _take_rows(lists, at):
-    """(offsets, ids) of the rows at positions `at` of (offsets, ids)."""
-    offsets, ids = lists
-    counts = offsets[at + 1] - offsets[at]
-    new = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-    index = np.repeat(offsets[at] - new[:-1], counts) + np.arange(new[-1], dtype=np.int64)
-    return new, ids[index]
-
-
 def _step_keys(step, lists, at):
     """(offsets, keys) of the storages the rows at `at` list in `lists` (offsets, ids), each keyed with its row's
     step: step << 32 | storage id."""
-    offsets, ids = _take_rows(lists, at)
+    offsets, ids = take_rows(lists, at)
     return offsets, np.repeat(step[at], np.diff(offsets)) << 32 | (ids & 0xFFFFFFFF)
 
 
 def _lookup(mapping, keys):
-    """mapping[key] for each key of an int array, _NO_ID where absent."""
+    """mapping[key] for each key of an int array, NO_ID where absent."""
     if not mapping:
-        return np.full(keys.shape, _NO_ID, dtype=np.int64)
+        return np.full(keys.shape, NO_ID, dtype=np.int64)
     known = np.fromiter(mapping, dtype=np.int64, count=len(mapping))
     order = np.argsort(known)
     known, values = known[order], np.fromiter(mapping.values(), dtype=np.int64, count=len(mapping))[order]
     at = np.minimum(np.searchsorted(known, keys), len(known) - 1)
-    return np.where(known[at] == keys, values[at], _NO_ID)
+    return np.where(known[at] == keys, values[at], NO_ID)
 
 
 class Roles:
@@ -287,30 +147,30 @@ class Roles:
         packets = rows.labels("op").map(packet)
         ins, outs = rows.flat("input_storage_ids"), rows.flat("output_storage_ids")
         stacked = {s for s, shape in self.shape.items() if len(shape) >= 3}  # stacked experts [E, K, N]
-        alias = self.alias = _copies(rows, packets, set(self.names), ins, outs, stacked)  # storage -> its parameter
-        external = _copies(rows, packets, self.external, ins, outs)
+        alias = self.alias = copies_of(rows, packets, set(self.names), ins, outs, stacked)  # storage -> its parameter
+        external = copies_of(rows, packets, self.external, ins, outs)
         to_grad = gradient_sources(rows, packets, {int(s) for s in roles.get("gradient", [])}, ins, outs)
 
         kind, phase = rows.labels("flop_kind"), rows.labels("phase")
         mm = kind.eq("matmul")
         at = np.flatnonzero(mm)
         mm_packets = packets.take(at)
-        pair = _matmul_operands(mm_packets, *_take_rows(ins, at))
+        pair = _matmul_operands(mm_packets, *take_rows(ins, at))
         hit = _lookup(alias, pair)
-        param = np.where(hit[:, 0] != _NO_ID, hit[:, 0], hit[:, 1])
+        param = np.where(hit[:, 0] != NO_ID, hit[:, 0], hit[:, 1])
         # the multiplied activation of each weight matmul: the operand that is not the weight
-        act = np.where(hit[:, 0] != _NO_ID, pair[:, 1], pair[:, 0])
+        act = np.where(hit[:, 0] != NO_ID, pair[:, 1], pair[:, 0])
         # a weight times a buffer vector of the model (or a copy of one), not times tokens: spectral_norm's power
         # iteration W v, Wᵀ u. A buffer of positions or coordinates multiplied as a matrix (mm) is token work.
-        buffers = _copies(rows, packets, {int(s) for s in roles.get(BUFFER_ROLE, [])}, ins, outs)
-        by_buffer = (param != _NO_ID) & mm_packets.isin(_VECTOR_PRODUCTS) & (_lookup(buffers, act) != _NO_ID)
-        param[by_buffer] = _NO_ID
-        no_hit = param == _NO_ID
+        buffers = copies_of(rows, packets, {int(s) for s in roles.get(BUFFER_ROLE, [])}, ins, outs)
+        by_buffer = (param != NO_ID) & mm_packets.isin(_VECTOR_PRODUCTS) & (_lookup(buffers, act) != NO_ID)
+        param[by_buffer] = NO_ID
+        no_hit = param == NO_ID
         ext = no_hit & (
             np.isin(pair, np.fromiter(external, dtype=np.int64, count=len(external))).any(axis=1)
             | mm_packets.isin(PACKED_WEIGHT)
         )
-        out_offsets, out_ids = _take_rows(outs, at)
+        out_offsets, out_ids = take_rows(outs, at)
         writes_grad = np.zeros(len(at), dtype=bool)
         out_rows = np.repeat(np.arange(len(at)), np.diff(out_offsets))
         writes_grad[out_rows[np.isin(out_ids, np.fromiter(to_grad, dtype=np.int64, count=len(to_grad)))]] = True
@@ -322,20 +182,22 @@ class Roles:
         ext_fwd = ext & forward[at]
         is_ext = np.isin(pair[ext_fwd], np.fromiter(external, dtype=np.int64, count=len(external)))
         ext_acts = np.where(is_ext[:, 0], pair[ext_fwd][:, 1], pair[ext_fwd][:, 0]) if len(is_ext) else pair[:0, 0]
-        theirs = (
-            grad
-            & np.isin(pair, np.setdiff1d(ext_acts, model_acts)).any(axis=1)
-            & ~np.isin(pair, model_acts).any(axis=1)
-        )
+        theirs = np.zeros(len(at), dtype=bool)
+        if len(ext_acts) and grad.any():  # else none: a model without external weights (the lookups skipped)
+            theirs = (
+                grad
+                & np.isin(pair, np.setdiff1d(ext_acts, model_acts)).any(axis=1)
+                & ~np.isin(pair, model_acts).any(axis=1)
+            )
         grad, ext = grad & ~theirs, ext | theirs
-        act[no_hit] = _NO_ID
+        act[no_hit] = NO_ID
         grad |= self._unstored_weight_gradients(
             rows, at, pair, no_hit & ~ext & ~grad & backward[at], model_acts, param[~no_hit & forward[at]]
         )
 
         self.param = np.full(len(rows), _NO_PARAM, dtype=np.int64)
         self.param[at] = np.where(no_hit, _NO_PARAM, param)
-        self.activation = np.full(len(rows), _NO_ID, dtype=np.int64)  # weight matmuls: the activation operand
+        self.activation = np.full(len(rows), NO_ID, dtype=np.int64)  # weight matmuls: the activation operand
         self.activation[at] = act
         code = np.full(len(rows), CATEGORIES.index("other"), dtype=np.int8)
         code[kind.eq("attention")] = CATEGORIES.index("attention")
@@ -372,7 +234,7 @@ class Roles:
         bwd = np.flatnonzero(attention & phase.eq("backward"))
         read = unique(_step_keys(step, ins, bwd)[1])  # sorted (step, storage)
         f_off, keys = _step_keys(step, ins, fwd)
-        hit = _member(keys, read)
+        hit = member(keys, read)
         read_by = np.zeros(len(fwd), dtype=bool)
         np.logical_or.at(read_by, np.repeat(np.arange(len(fwd)), np.diff(f_off)), hit)
         out[fwd] = read_by | np.isin(step[fwd], step[_recomputed(rows)])
@@ -403,7 +265,7 @@ class Roles:
         # a copy of a weight the backward reads is the weight: under autocast a checkpoint's re-run casts it
         # again, and the dL/dx of a layer its early stop did not re-run reads that new cast
         source = _lookup(self.alias, read & 0xFFFFFFFF)
-        copied = source != _NO_ID
+        copied = source != NO_ID
         read = unique(np.concatenate([read, (read[copied] >> 32) << 32 | (source[copied] & 0xFFFFFFFF)]))
         param = self.param
         frozen = [s for s, trained in self.trainable.items() if not trained]
@@ -411,8 +273,8 @@ class Roles:
         again = _recomputed(rows)
         redo = step[again & (param >= 0)] << 32 | (param[again & (param >= 0)] & 0xFFFFFFFF)
         by_weight |= np.isin(step[at], step[again])  # checkpointed steps: a weight the backward reads was trained
-        keyed = [np.where(v != _NO_ID, step[at] << 32 | (v & 0xFFFFFFFF), -1) for v in (self.activation[at], param[at])]
-        used = _member(keyed[0], read) | (by_weight & _member(keyed[1], read)) | np.isin(keyed[1], redo)
+        keyed = [np.where(v != NO_ID, step[at] << 32 | (v & 0xFFFFFFFF), -1) for v in (self.activation[at], param[at])]
+        used = member(keyed[0], read) | (by_weight & member(keyed[1], read)) | np.isin(keyed[1], redo)
         out[at] = used
         return out
 

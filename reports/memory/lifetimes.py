@@ -52,6 +52,7 @@ from reports._util import unique
 from reports.arrays import numpy_of, objects_of
 from reports.memory.id_space import place
 from reports.memory.resizes import largest, resize_deltas, resize_events, split_pieces
+from reports.memory.rises import joined_sizes
 from reports.memory.run_rows import Lists, RunRows
 
 __all__ = ["CATEGORIES", "DTYPE_BYTES", "Lists", "Storages", "dtype_sizes"]
@@ -152,9 +153,10 @@ class Storages:
         self._outputs(self.new_out, first_row[as_output], self.new_out_at)
         known = self.known[self.new_out]
         self.size[self.new_out] = np.where(known >= 0, known, self.size[self.new_out])
-        # bytes each row's new storages take (bytes_allocated in a v1 trace)
-        self.made_bytes = np.bincount(first_row[as_output], weights=self.size[self.new_out], minlength=n)
-        self.made_bytes = np.rint(self.made_bytes).astype(np.int64)
+        # bytes each row's new storages take (bytes_allocated in a v1 trace): rows ascending, running sums
+        made_rows = first_row[as_output]
+        by_row = np.argsort(made_rows, kind="stable")
+        self._made = (made_rows[by_row], np.r_[0, np.cumsum(self.size[self.new_out][by_row])])
         for sid, (nbytes, dtype) in params.items():
             self.size[sid], self.dtype[sid], self.alloc[sid] = nbytes, dtype, -1
         self.size[entry[:, 0]], self.alloc[entry[:, 0]] = entry[:, 1], -1
@@ -163,7 +165,7 @@ class Storages:
         keep = at < n
         self.resizes = (at[keep], resized[keep, 1], resized[keep, 2])
         if self.exact:  # what the tracer registered at entry is listed: every other input joined at its row
-            seen_before = np.full(n, -1, dtype=np.int64)
+            seen_before = None
         else:
             seen_before = np.maximum.accumulate(np.concatenate([[max(params, default=-1)], lists.row_max()]))[:-1]
         self._inputs(seen[~as_output], first_row[~as_output], first_at[~as_output], seen_before)
@@ -172,11 +174,8 @@ class Storages:
 
         # Bytes live when the trace began that no row names (unused buffers): storage -1.
         self.unnamed = 0
-        _, nbytes, alloc, free, _ = self.pieces()
-        self.unnamed = int(self.live[0] - nbytes[(alloc <= 0) & ((free < 0) | (free > 0))].sum())
-
-    def freed_at(self, row):
-        return self.free_ids[self.free_offsets[row] : self.free_offsets[row + 1]]
+        nbytes = self.live_pieces(0, categories=False)[0]
+        self.unnamed = int(self.live[0] - nbytes.sum())
 
     def _outputs(self, sids, row, at):
         """New storages: one in a row takes the row's bytes_allocated; several split it by numel x size."""
@@ -225,48 +224,33 @@ class Storages:
         params = np.fromiter(self.params, dtype=np.int64, count=len(self.params))
         measure = unique(row[(self.known[sids] < 0) & ~np.isin(sids, params)])
         shapes, strides = (self.rows.cell_objects(c, measure) if len(measure) else [] for c in columns[:2])
-        estimate, joined = {}, {}
+        estimate = {}
         resized = resize_deltas(self.resizes, self.size, self.n)
         keep = ~np.isin(sids, params)
         sids, row, at = sids[keep], row[keep], at[keep]
         place = at - self.in_offsets[row]  # in the row's inputs
         # ids grow in registration order: one below every id seen before its row was registered at the start
-        early = sids < seen_before[row]
-        for sid, r, k, i, m, known, before in zip(
+        early = np.zeros(len(sids), dtype=bool) if seen_before is None else sids < seen_before[row]
+        for sid, k, i, m, known in zip(
             sids.tolist(),
-            row.tolist(),
             place.tolist(),
             np.searchsorted(which, row).tolist(),
             np.searchsorted(measure, row).tolist(),
             self.known[sids].tolist(),
-            early.tolist(),
         ):
             self.dtype[sid] = dtypes[i][k]
             if known < 0:
                 estimate[sid] = _extent_bytes(shapes[m][k], strides[m][k], self.itemsize.get(dtypes[i][k], 0))
             else:
                 estimate[sid] = known
-            if not before:
-                joined.setdefault(r, []).append(sid)
         start = sids[early]
         self.size[start] = np.fromiter((estimate[s] for s in start.tolist()), dtype=np.int64, count=len(start))
         self.alloc[start] = -1
-        for r in sorted(joined):  # the rise of live_bytes gives their size (row 0 has no rise to read)
-            cands = sorted(joined[r])
-            guesses = [estimate[s] for s in cands]
-            if r == 0:
-                split, rise = 0, sum(guesses)
-            else:
-                freed = self.freed_at(r)
-                sizes = self.size[freed]
-                freed_bytes = int(sizes[sizes > 0].sum()) + sum(estimate.get(int(s), 0) for s in freed[sizes < 0])
-                rise = int(self.live[r] - self.live[r - 1] - self.made_bytes[r] + freed_bytes - resized.get(r, 0))
-                # those registered at the start have the smaller ids: the split that explains the rise best
-                split = min(range(len(cands) + 1), key=lambda k: (abs(rise - sum(guesses[k:])), k))
-            for i, sid in enumerate(cands):
-                self.size[sid], self.alloc[sid] = guesses[i], (-1 if i < split else r)
-            if split < len(cands):
-                self.size[cands[split]] = max(0, rise - sum(guesses[split + 1 :]))
+        frees = (self.free_offsets, self.free_ids)
+        joined, size, alloc = joined_sizes(
+            sids[~early], row[~early], estimate, resized, self.size, self.live, self._made, frees
+        )
+        self.size[joined], self.alloc[joined] = size, alloc
 
     def arrays(self):
         """(storage ids, nbytes, alloc row, free row, made by an op) of every storage, -1 first if any."""
@@ -276,22 +260,36 @@ class Storages:
             arrays = [np.r_[first, a] for first, a in zip((-1, self.unnamed, -1, -1, False), arrays)]
         return arrays
 
-    def pieces(self):
+    def pieces(self, arrays=None):
         """(index into `arrays()`, nbytes, alloc row, free row, storage id) of each stretch of a storage's
         life at one size: one per storage, more for a storage resized in place (FSDP2's unsharded
-        parameters), none while it holds 0 bytes."""
-        return split_pieces(*self.arrays(), *resize_events(self.resizes, self.size))
+        parameters), none while it holds 0 bytes. `arrays`: what arrays() gives, when the caller holds it."""
+        return split_pieces(*(self.arrays() if arrays is None else arrays), *resize_events(self.resizes, self.size))
 
     def largest(self, sids, nbytes):
         """nbytes of each storage, or the largest size a resize gave it."""
         return largest(sids, nbytes, self.resizes, len(self.size))
 
-    def live_pieces(self):
-        """(nbytes, alloc row, free row, category index) of each piece (see `pieces`)."""
-        sids, nbytes, alloc, free, made = self.arrays()
-        cat = self.categories(sids, alloc, free, made)
-        index, nbytes, alloc, free, _ = self.pieces()
-        return nbytes, alloc, free, cat[index]
+    def live_pieces(self, row=None, categories=True):
+        """(nbytes, alloc row, free row, category index) of each piece (see `pieces`); with `row`, of the pieces
+        live after that row (counted from alloc + 1, gone from free + 1: reports.memory.live.live_columns), the
+        others not looked at where no storage is resized in place; `categories`: False for None in their place."""
+        if row is None or len(self.resizes[1]):
+            sids, _, by_alloc, by_free, made = arrays = self.arrays()
+            index, nbytes, alloc, free, _ = self.pieces(arrays)
+            if row is not None:
+                live = (alloc <= row) & ((free < 0) | (free > row))
+                index, nbytes, alloc, free = index[live], nbytes[live], alloc[live], free[live]
+            cat = self.categories(sids, by_alloc, by_free, made)[index] if categories else None
+            return nbytes, alloc, free, cat
+        # a piece per storage that holds bytes (split_pieces without resizes), the live ones picked by id
+        alloc, free = self.alloc, self.free
+        sids = np.flatnonzero((alloc >= -1) & (alloc <= row) & ((free < 0) | (free > row)) & (self.size != 0))
+        arrays = [sids, self.size[sids], alloc[sids], free[sids], self.made[sids]]
+        if self.unnamed:  # storage -1 (see `arrays`): live from before the first row to the end
+            arrays = [np.r_[first, a] for first, a in zip((-1, self.unnamed, -1, -1, False), arrays)]
+        sids, nbytes, alloc, free, made = arrays
+        return nbytes, alloc, free, self.categories(sids, alloc, free, made) if categories else None
 
     def categories(self, sids, alloc, free, made):
         """Category index (into CATEGORIES) of each storage."""

@@ -36,7 +36,7 @@ def live_columns(run):
 def live_at(run, row):
     """Bytes live per category after one row of a run: what live_columns gives at that row, without a column per
     category."""
-    nbytes, alloc, free, cat = run.live_pieces()
+    nbytes, alloc, free, cat = run.live_pieces(row)  # those live after `row`: the mask below keeps them all
     alive = (alloc <= row) & ((free < 0) | (free > row))  # counted from alloc + 1, gone from free + 1 (live_columns)
     values = np.zeros(len(CATEGORIES), dtype=np.int64)
     np.add.at(values, cat[alive], nbytes[alive].astype(np.int64))

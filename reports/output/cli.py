@@ -41,6 +41,7 @@ def summary(sql, peak_tflops=None, step_time_s=None, ranks_present=None, top=8, 
     src = Source(sql)
     present = len(src.runs) if ranks_present is None else ranks_present
     run, meta = src.run()
+    src.categories()  # first: the memory model's arrays are the report's largest, made before the FLOP rows are held
     try:
         accounts = src.accounts()  # one analysis of the rows for breakdown and explain
         table = {r["phase"]: r for r in src.breakdown(accounts).to_pylist()}  # {phase: its row}

@@ -102,6 +102,7 @@ def assemble(src, step_time_s=None, peak_tflops=None, depth=2, top=8, accounts=N
     from reports.flops.coverage import FIX
 
     run, meta = src.run()
+    src.categories()  # first: the memory model's arrays are the report's largest, made before the FLOP rows are held
     state, said = title_state(meta)
     report = Report(run=run, meta=meta, state=state, depth=depth)
     bound = src.bounds()
@@ -121,7 +122,6 @@ def assemble(src, step_time_s=None, peak_tflops=None, depth=2, top=8, accounts=N
     except ReportError as exc:  # traced without model= or tokens=: no N or T, the rest still reports
         report.breakdown_error = str(exc)
         said.append(("no_model", f"no 6·N·T: {exc}"))
-    del accounts  # its per-row arrays: freed before the memory figures' own
     report.rate = src.mfu(step_time_s, peak_tflops * 1e12 if peak_tflops is not None else None)
     report.spread = step_time_spread(meta.get("step_time"), step_time_s)
     report.meter = src.meter_summary()
@@ -145,7 +145,7 @@ def assemble(src, step_time_s=None, peak_tflops=None, depth=2, top=8, accounts=N
         said.append(("fake_process_group", "a fake process group moves no data: no bandwidth or collective time"))
     report.modules = top_modules(src, depth, top)
     report.caveats = [{"code": code, "message": message} for code, message in said]
-    report.headline = _headline(src, report, mfu)
+    report.headline = _headline(src, report, mfu, top)
     return report
 
 
@@ -156,7 +156,7 @@ def top_modules(src, depth, top):
     return mods.take(arrow_of(descending(values_of(mods.column("subtree_flops")))[:top])) if mods.num_rows else mods
 
 
-def _headline(src, report, mfu):
+def _headline(src, report, mfu, top):
     table, total = report.breakdown, src.phase_flops().get("total")
     flops = {"per_step": total, "expected": None, "ratio": None, "n": None, "tokens": None}
     if table is not None:
@@ -173,7 +173,7 @@ def _headline(src, report, mfu):
     memory = {"peak_live_bytes": json_number(highest["peak_live_bytes"]), "largest_category": None, "bytes": None}
     if largest is not None:
         memory.update(largest_category=str(largest["category"]), bytes=json_number(largest["bytes"]))
-    r = first_row(src.top_ops(1))
+    r = first_row(src.top_ops(max(top, 1)))  # the top ops section's table (its order is total: first_seq last)
     top_op = None
     if r is not None:
         top_op = {

@@ -7,6 +7,8 @@ Breakdown, explain and MFU run on the small Arrow table reports/sql/flops.py cut
 (tests/reports/sql/test_sql_flops.py); the memory categories, the meter and the distributed sections come from their
 SQL views (tests/reports/sql/test_sql_sections.py); the rank sections take a Source over every rank."""
 
+from reports.errors import ReportError
+
 __all__ = ["Source"]
 
 
@@ -16,6 +18,19 @@ class Source:
     def __init__(self, sql):
         self.sql = sql
         self._flop_rows = self._categories = None
+        self._made = {}  # (method, arguments) -> its table: the headline, the text sections and --json read one each
+
+    def _once(self, key, make):
+        """make()'s result, made on the first call with `key` (a ReportError it raised raised again)."""
+        if key not in self._made:
+            try:
+                self._made[key] = (make(), None)
+            except ReportError as exc:
+                self._made[key] = (None, exc)
+        found, error = self._made[key]
+        if error is not None:
+            raise error
+        return found
 
     # ------------------------------------------------------------ FLOP sections: breakdown, explain, MFU
     def flop_rows(self):
@@ -33,13 +48,17 @@ class Source:
         raises ReportError for a trace without model= or tokens=."""
         from reports.flops.accounting import analyse
 
-        return analyse(self.flop_rows(), "matmul", None, "breakdown")
+        return self._once("accounts", lambda: analyse(self.flop_rows(), "matmul", None, "breakdown"))
 
     def breakdown(self, accounts):
         """reports.breakdown's table (a pyarrow.Table: phase, flops, expected_flops, ...)."""
         from reports.flops.breakdown import breakdown_table
 
-        return breakdown_table(self.flop_rows(), accounts=accounts)
+        # the accounts held beside the table: their id is not handed to another analysis while this Source lives
+        made = self._once(
+            ("breakdown", id(accounts)), lambda: (breakdown_table(self.flop_rows(), accounts=accounts), accounts)
+        )
+        return made[0]
 
     def explain(self, accounts):
         from reports.flops.explain import explain_lines
@@ -51,7 +70,10 @@ class Source:
         from reports.flops.mfu import mfu_table
         from reports.flops.rows import first_row
 
-        return first_row(mfu_table(self.flop_rows(), step_time_s=step_time_s, peak_flops=peak_flops))
+        return self._once(
+            ("mfu", step_time_s, peak_flops),
+            lambda: first_row(mfu_table(self.flop_rows(), step_time_s=step_time_s, peak_flops=peak_flops)),
+        )
 
     def count_steps(self):
         """Training steps of the run (reports/steps.py count_steps)."""
@@ -64,29 +86,29 @@ class Source:
         from reports.output.text import json_number
         from reports.sql.tables import phase_flops
 
-        return {k: json_number(v) for k, v in phase_flops(self.sql).items()}
+        return self._once("phase_flops", lambda: {k: json_number(v) for k, v in phase_flops(self.sql).items()})
 
     def bounds(self):
         from reports.sql.tables import bounds
 
-        return bounds(self.sql)
+        return self._once("bounds", lambda: bounds(self.sql))
 
     def uncounted(self):
         """reports.uncounted's rows of the run (op, ops, duration_us, time_pct)."""
         from reports.sql.tables import uncounted_arrow
 
-        return uncounted_arrow(self.sql)
+        return self._once("uncounted", lambda: uncounted_arrow(self.sql))
 
     def top_ops(self, top):
         from reports.sql.tables import top_ops_arrow
 
-        return top_ops_arrow(self.sql, top)
+        return self._once(("top_ops", top), lambda: top_ops_arrow(self.sql, top))
 
     def by_module(self):
         """reports.by_module's rows of the run (module, depth, parent, ops, subtree_ops, flops, ...)."""
         from reports.sql.tables import modules_arrow
 
-        return modules_arrow(self.sql)
+        return self._once("by_module", lambda: modules_arrow(self.sql))
 
     def roofline_with_split(self):
         """(the roofline by op and dtype, the split by bound per step): reports.time.roofline's pyarrow Tables."""
@@ -98,7 +120,7 @@ class Source:
         """The run's peak row of reports.peak ({run, peak_live_bytes, seq, step, phase, module, op})."""
         from reports.sql.tables import peak_rows
 
-        return peak_rows(self.sql)[0]
+        return self._once("peak", lambda: peak_rows(self.sql)[0])
 
     def views(self):
         """reports.views' rows (kind, op, ops, bytes_allocated, bytes_written, allocated_pct)."""

@@ -7,7 +7,7 @@
 --   flop_steps  one row per run, step and phase: the steps each phase ran in (what reports/steps.py
 --               divides by) and whether the step re-ran checkpointed work
 --
--- The op lists below are reports/_util.py ONE_TO_ONE_COPIES and reports/flops/roles.py _GATHERS,
+-- The op lists below are reports/_util.py ONE_TO_ONE_COPIES and reports/flops/walks.py _GATHERS,
 -- _ADDS, GRADIENT_PLACES, _GRADIENT_MOVES, DERIVED and SCALED (tests/reports/sql/test_sql_flops.py checks that they agree).
 
 -- Per run and op: whether its overload packet is a one-to-one copy or a gather (the copy/cast walk from

@@ -1,5 +1,6 @@
 """reports.lifetimes: storage sizes come from output_storage_bytes (v2), or from live_bytes rises (v1)."""
 
+import numpy as np
 import torch
 
 import reports
@@ -35,3 +36,47 @@ def test_a_v1_trace_falls_back_to_the_extent_and_live_bytes(tmp_path):
         categories = [c for c in timeline.columns if c.endswith("_bytes") and c != "live_bytes"]
         assert (timeline[categories].sum(axis=1) == timeline["live_bytes"]).all()  # 64, then 76
         assert timeline["live_bytes"].tolist() == [64, 76]
+
+
+def _joining(path):
+    """Two steps, each adding two [4, 4] views of [4, 8] float32 storages made before the trace: both storages join
+    live_bytes at the step's add, and the second add frees the first step's."""
+    batches = [tuple(torch.ones(4, 8)[:, :4] for _ in range(2)) for _ in range(2)]
+    with Tracer(path, run_name="j"):
+        for _ in range(2):
+            x, y = batches.pop(0)
+            torch.add(x, y)  # a [4, 4] float32 output: 64 bytes
+            del x, y
+    return reports.load(path)
+
+
+def test_storages_joining_at_one_row_take_its_rise_with_what_it_frees(tmp_path):
+    df = _joining(tmp_path / "t")
+    assert df["freed_storage_ids"].map(list).tolist() == [[], [2, 0, 1]]
+    # live_bytes counts whole storages: 2 x 128 + 64 = 320 after each add
+    assert df["live_bytes"].tolist() == [320, 320]
+    v1 = df.assign(output_storage_bytes=None)  # sizes from extents and rises
+    table = reports.storages(v1).set_index("storage_id")
+    # each view spans 1 + 3·8 + 3·1 = 28 elements: 112 bytes. Row 1's rise: 320 - 320 - 64 made + (64 + 112 + 112)
+    # freed (storages 0 and 1 at the sizes row 0 gave them) = 224 = 112 + 112: both joined there
+    assert table["nbytes"].to_dict() == {-1: 32, 0: 112, 1: 112, 2: 64, 3: 112, 4: 112, 5: 64}  # -1: 320 - 288
+    assert table["alloc_seq"].to_dict() == {-1: -1, 0: 0, 1: 0, 2: 0, 3: 1, 4: 1, 5: 1}
+
+
+def test_the_pieces_live_after_a_row_are_those_of_every_piece_live_then(tmp_path):
+    from reports.memory.frame_rows import runs_in_order
+    from reports.memory.lifetimes import Storages
+
+    df = _joining(tmp_path / "t")
+    for frame in (df, df.assign(output_storage_bytes=None)):
+        ((name, meta, rows),) = runs_in_order(frame)
+        run = Storages(name, meta, rows)
+        nbytes, alloc, free, cat = run.live_pieces()
+        for row in range(run.n):
+            live = (alloc <= row) & ((free < 0) | (free > row))
+            picked = run.live_pieces(row)
+            order = np.lexsort((picked[0], picked[3]))
+            every = np.lexsort((nbytes[live], cat[live]))
+            assert picked[0][order].tolist() == nbytes[live][every].tolist()
+            assert picked[3][order].tolist() == cat[live][every].tolist()
+            assert int(picked[0].sum()) == int(rows.live_bytes[row])  # 320: the categories add up to live_bytes

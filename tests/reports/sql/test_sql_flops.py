@@ -25,7 +25,7 @@ from torch.utils.checkpoint import checkpoint
 import reports
 from reports._util import ONE_TO_ONE_COPIES, packet
 from reports.errors import ReportError
-from reports.flops import roles
+from reports.flops import roles, walks
 from reports.output.source import Source
 from reports.sql.engine import Trace
 from reports.sql.flops import frame
@@ -402,14 +402,14 @@ def _walked(df):
     """The rows reports/sql/flops.sql's flop_rows keeps, from the Python definitions the walks use."""
     packets = df["op"].astype(str).map(packet)
     kind, phase = df["flop_kind"].astype(str), df["phase"].astype(str)
-    hops = roles._ADDS | roles.GRADIENT_PLACES | roles._GRADIENT_MOVES
+    hops = walks._ADDS | walks.GRADIENT_PLACES | walks._GRADIENT_MOVES
     n_in = df["input_storage_ids"].map(len)
     one = df["input_shapes"].map(lambda shapes: len(shapes) == 2 and any(prod(int(d) for d in s) == 1 for s in shapes))
     return (
         kind.isin(["matmul", "attention"])
         | ((kind == "conv") & (phase == "forward"))
-        | packets.isin(ONE_TO_ONE_COPIES | roles._GATHERS | roles.DERIVED)
-        | (packets.isin(roles.SCALED) & ((n_in == 1) | ((n_in == 2) & one)))
+        | packets.isin(ONE_TO_ONE_COPIES | walks._GATHERS | walks.DERIVED)
+        | (packets.isin(walks.SCALED) & ((n_in == 1) | ((n_in == 2) & one)))
         | (phase.isin(["backward", "other"]) & ((kind == "collective") | packets.isin(hops)))
     )
 
@@ -442,9 +442,9 @@ def test_the_sql_op_lists_are_the_python_ones():
     body = text[text.index("CREATE VIEW flop_ops") : text.index("CREATE VIEW flop_marked")]
     lists = [set(re.findall(r"'([\w.]+)'", found)) for found in re.findall(r"packet IN \(([^)]*)\)", body)]
     copies, hops, derives, scales = lists
-    assert copies == ONE_TO_ONE_COPIES | roles._GATHERS
-    assert hops == roles._ADDS | roles.GRADIENT_PLACES | roles._GRADIENT_MOVES
-    assert derives == roles.DERIVED and scales == roles.SCALED
+    assert copies == ONE_TO_ONE_COPIES | walks._GATHERS
+    assert hops == walks._ADDS | walks.GRADIENT_PLACES | walks._GRADIENT_MOVES
+    assert derives == walks.DERIVED and scales == walks.SCALED
 
 
 def test_figures_from_sql(traces):
