@@ -158,7 +158,7 @@ def register_at_entry(model, table, roles, unsharded, next_seq, on_error, params
     parameters as a list, when the caller walked them already.
     Returns (the optimizers found, the ids of the model's parameters, the model's parameters as a list); (None, None,
     None) without a model, and where the walk failed."""
-    found = param_ids = params = None
+    found = param_ids = None
     if model is not None:
         try:
             params = list(model.parameters()) if params is None else params

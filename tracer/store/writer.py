@@ -84,11 +84,16 @@ def _np(buffer, dtype):
     return np.frombuffer(buffer, dtype=dtype) if len(buffer) else np.zeros(0, dtype)
 
 
-def _offsets(counts):
-    """Arrow list offsets from per-list lengths: [2, 0, 3] -> [0, 2, 2, 5]."""
+def _bounds(counts):
+    """List offsets from per-list lengths, as int32: [2, 0, 3] -> [0, 2, 2, 5]."""
     offsets = np.zeros(len(counts) + 1, np.int32)
     np.cumsum(counts, out=offsets[1:])
-    return from_numpy(offsets)
+    return offsets
+
+
+def _offsets(counts):
+    """Arrow list offsets from per-list lengths: [2, 0, 3] -> [0, 2, 2, 5]."""
+    return from_numpy(_bounds(counts))
 
 
 def _lists(counts, values):
@@ -145,15 +150,17 @@ class _Side:
         self.ndim, self.dtype, self.sid, self.storage_bytes = tensors.T
         self.sizes, self.strides = _np(buffers[1], np.int64), _np(buffers[2], np.int64)
         self.counts = counts  # tensors per row
-        self.offsets = _offsets(counts)  # the Arrow list offsets of every list column of this side, made once
-        self._ends = np.cumsum(counts)  # past each row's last tensor
-        self._starts = self._ends - counts
+        bounds = _bounds(counts)  # each row's first tensor, and past the last row's last
+        self.offsets = from_numpy(bounds)  # the Arrow list offsets of every list column of this side, made once
+        self._starts, self._ends = bounds[:-1], bounds[1:]
         self.row_of = np.repeat(np.arange(len(counts)), counts)
+        dims = _bounds(self.ndim)  # each tensor's first size (and stride)
+        self._dims = from_numpy(dims)  # the Arrow list offsets of its sizes and strides
         # numel of every tensor: the product of its sizes (1 for a 0-d tensor)
         self.numel = np.ones(len(tensors), np.int64)
         has_dims = self.ndim > 0
         if has_dims.any():
-            self.numel[has_dims] = np.multiply.reduceat(self.sizes, (np.cumsum(self.ndim) - self.ndim)[has_dims])
+            self.numel[has_dims] = np.multiply.reduceat(self.sizes, dims[:-1][has_dims])
         self.nbytes = self.numel * itemsize[self.dtype]
 
     def per_row(self, values):
@@ -164,7 +171,7 @@ class _Side:
 
     def columns(self, names):
         """(shapes, dtypes, strides, storage ids): this side's list columns (the outputs' storage bytes: `per_tensor`)."""
-        offsets, lists = _offsets(self.ndim), self.offsets
+        offsets, lists = self._dims, self.offsets
         return (
             pa.ListArray.from_arrays(lists, pa.ListArray.from_arrays(offsets, from_numpy(self.sizes))),
             pa.ListArray.from_arrays(lists, names["dtype"].dictionary(self.dtype.astype(np.int32))),
