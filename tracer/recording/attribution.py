@@ -1,12 +1,8 @@
 """Which phase (forward, backward, optimizer, other) and which module an op belongs to,
 and whether it re-runs forward work for activation checkpointing.
 
-Forward: global module forward hooks keep a stack of the modules running; the
-post hook is registered with `always_call`, so a forward that raises (and is
-caught) or a checkpoint recompute that stops early still leaves the stack. A
-module outside the model is named below the module on top of it, its caller
-(`tracer.recording.modules`); re-run by a checkpoint, below the module re-run, else
-below the module of the node re-running it.
+Forward: global module forward hooks keep a stack of the modules running
+(tracer.recording.forward_hooks).
 Backward: an op belongs to the module whose forward made the autograd node the
 engine is running. The forward hooks note the autograd sequence number at each
 module boundary (the number the next node will get); in backward the running
@@ -20,13 +16,8 @@ outputs (`tracer.recording.backward`), which name their backward first: on a CUD
 device the re-run happens on the device's engine thread, whose sequence numbers
 are its own, so there a nested engine run outside the re-run modules belongs to
 the module of the node that started it.
-Optimizer: the global optimizer step hooks. An optimizer step inside another's
-(a wrapper, ZeroRedundancyOptimizer) is part of the outer one: one optimizer
-step, and the wrapper's work after its inner step is phase optimizer. A step
-whose hooks fired with no op recorded between them (given parameters with
-gradients) ran untraced: compiled before the trace, its kernels bypass the
-dispatcher (`untraced_optimizer_steps`). Steps: `tracer.recording.steps`; names:
-`tracer.recording.modules`.
+Optimizer: the global optimizer step hooks (tracer.recording.optimizer_hooks). Steps:
+`tracer.recording.steps`; names: `tracer.recording.modules`.
 
 Phase rules, checked in this order:
   backward   the autograd engine is running (`_current_graph_task_id() != -1`),
@@ -83,22 +74,10 @@ Known limitations:
   * A module outside the model that a checkpointed function calls outside every
     module it re-runs is named, when re-run on an engine thread of its own (a
     CUDA device's), below the module of the node that thread named last.
-  * The closure given to the outermost `Optimizer.step` is passed on wrapped (the
-    step pre-hook's (args, kwargs) result), so that its ops outside any module are
-    told from the update's: the optimizer and later pre-hooks see the wrapper, which
-    calls the closure with the same arguments and returns what it returns.
-  * A wrapper that is no `Optimizer` (a plain class, no step hooks of its own)
-    is seen only through its inner step: of its work after that step, only the
-    ops that write a parameter have phase optimizer (a Lookahead's slow-weight
-    arithmetic before its copy into the parameters stays other). An Optimizer
-    subclass that skips `Optimizer.__init__` (timm's Lookahead) has no hooks
-    until its inherited `zero_grad` patches its class; until then its `step()`
-    is found as the caller of the inner step (`steps.UnhookedWrapper`), and its
-    work after the inner step, while it runs, is optimizer work too.
+  * Optimizer steps run inside others, closures and wrappers: tracer.recording.optimizer_hooks.
 """
 
 import bisect
-import threading
 from array import array
 
 import torch
@@ -109,15 +88,19 @@ from torch.nn.modules.module import (
 )
 
 from tracer.recording.backward import BackwardStack
-from tracer.recording.compiled import compiled_in_place
-from tracer.recording.distributed import local_tensor
+from tracer.recording.forward_hooks import (  # the engine's and the thread's, read by both
+    NO_GRAPH_TASK,
+    ForwardHooks,
+    _get_ident,
+    _grad_enabled,
+    _graph_task_id,
+)
 from tracer.recording.modules import ModuleNames
+from tracer.recording.optimizer_hooks import OptimizerHooks
 from tracer.recording.steps import Parameters, RunningSteps, Steps, UnhookedWrapper
 from tracer.safety import GlobalModuleHook
 from tracer.schema import Phase
 
-_graph_task_id = torch._C._current_graph_task_id
-_grad_enabled = torch.is_grad_enabled
 _next_sequence_nr = torch.autograd._get_sequence_nr  # the sequence number the next autograd node will get
 _current_node = torch._C._current_autograd_node  # the autograd node the engine is running, or None
 NO_SEQUENCE_NR = 2**64 - 1  # an AccumulateGrad node's: it belongs to no forward op
@@ -127,8 +110,6 @@ _EVENTS_KEPT = 1 << 18  # module boundaries remembered for backward attribution 
 # stack when the graph is freed (without the tracer, too; 60,000 measured to crash). Half of that bounds the
 # chain this tracer makes. A node runs one to a few ops, so this names 20,000 nodes' ops, not 20,000 ops.
 NAMED_PER_ENGINE_RUN = 20_000
-_get_ident = threading.get_ident
-NO_GRAPH_TASK = -1  # _current_graph_task_id() outside the autograd engine
 _TASKS_KEPT = 64  # engine runs remembered (their grad mode); nested runs are few, finished ones irrelevant
 FORWARD, BACKWARD, OPTIMIZER, OTHER = Phase.FORWARD, Phase.BACKWARD, Phase.OPTIMIZER, Phase.OTHER
 NOT_RECOMPUTE, RECOMPUTE = 0, 1
@@ -177,17 +158,7 @@ def _guarded(hook, on_error):
     return guarded
 
 
-def _pop(stack, key):
-    """Remove the innermost entry of `key` (and any entry above it); its name, or None when absent."""
-    for i in range(len(stack) - 1, -1, -1):
-        if stack[i][0] == key:
-            name = stack[i][1]
-            del stack[i:]
-            return name
-    return None
-
-
-class Attribution:
+class Attribution(ForwardHooks, OptimizerHooks):
     """Tracks the current module path, phase, recompute flag and training step.
 
     `traced()` tells whether the calling thread runs traced work (the Tracer's
@@ -395,165 +366,3 @@ class Attribution:
             handle.remove()
         self._handles.clear()
         self.backward.remove()
-
-    def _forward_pre(self, module, args):
-        if not self.traced():
-            return
-        names = self.names
-        if _graph_task_id() != NO_GRAPH_TASK:  # activation checkpointing re-runs it in the backward
-            if self.recompute_stack:
-                caller = self.recompute_stack[-1][1]
-            else:  # outside the re-run modules: the module of the node re-running them
-                if _get_ident() == self._thread:
-                    self._recompute_outer = outer = self._backward_module()
-                else:  # an engine thread's own sequence numbers: the node it named last
-                    outer = self._node_module
-                caller = names.owner(self._recompute_region or outer)
-                if self._recompute_region is None:  # a re-run begins: the modules it calls are counted afresh
-                    names.entered(caller)
-            name = names.name_of(module, caller)
-            names.entered(name)
-            if _get_ident() == self._thread:  # the nodes the re-run makes are named like the forward's
-                if not self.recompute_stack:
-                    if self._recompute_region is None:
-                        self._recompute_region = self._enclosing(name)
-                self._mark(name)
-            self.recompute_stack.append((id(module), name))
-        else:
-            if compiled_in_place(module):  # model.compile(): it runs eagerly here too
-                names.compiled_seen = True
-            if self.in_optimizer and not self._closure and _get_ident() == self._thread:
-                self._end_raised_steps()
-            stack = self.forward_stack
-            if not self.in_optimizer and self.steps.forward_work():
-                self._step_began()
-            elif not stack:
-                self.backward.prune()  # a new outermost forward: bound the handles of graphs never backpropagated
-            name = names.name_of(module, stack[-1][1] if stack else None)  # called inside a module: in its subtree
-            names.entered(name)
-            stack.append((id(module), name))
-            self._called.add(name)
-            self.trained = self.trained or _grad_enabled()
-            self._mark(name)
-            return
-        if _grad_enabled():  # a re-run module's backward runs in a nested engine run: gradient hooks say when
-            self.backward.watch_inputs(args, name)
-
-    def _enclosing(self, name):
-        """The module a checkpointed function ran in, from the first module its re-run calls (`name`): the innermost
-        module enclosing it that a forward called (past containers never called, ModuleList), or None. A
-        non-reentrant checkpoint of a block's forward method (transformers' GradientCheckpointingLayer) re-runs the
-        block's own ops with no hook of the block's: they are the block's, not the module of the autograd node whose
-        saved tensor started the re-run."""
-        root = self.names.root_name
-        while name and name != root:
-            head, dot, _ = name.rpartition(".")
-            name = head if dot else (root if "#" not in name else None)  # `Teacher#1` is no child of the root
-            if name in self._called:
-                return name
-        return None
-
-    def _forward_post(self, module, args, output):
-        if not self.traced():
-            return
-        name = _pop(self.recompute_stack, id(module))
-        if name is not None:
-            if output is not None and _grad_enabled():
-                self.backward.watch_outputs(output, name)
-            if _get_ident() == self._thread:
-                self._mark(
-                    self.recompute_stack[-1][1]
-                    if self.recompute_stack
-                    else self._recompute_region or self._recompute_outer
-                )
-            return
-        stack = self.forward_stack
-        _pop(stack, id(module))
-        self._mark(stack[-1][1] if stack else "")
-
-    def _optimizer_pre(self, optimizer, args, kwargs):
-        if not self.traced():
-            return
-        self._note_updating(optimizer)
-        if not self._running.enter(
-            levels=2
-        ):  # a wrapper's inner step (or a subclass's super().step()): part of the outer one
-            return
-        self._wrapper.enter(optimizer, levels=2)
-        params = [p for group in optimizer.param_groups for p in group["params"]]
-        self._params.note_optimizer(optimizer, params)
-        self._optimizer_ops = 0
-        self._expect_ops = any(p.grad is not None for p in params)
-        closure = kwargs.get("closure", args[1] if len(args) > 1 else None)  # args: (optimizer, closure)
-        self._closure = callable(closure)
-        if self._closure and self.steps.forward_work():  # it will run the forward: Lightning, LBFGS
-            self._step_began()
-        elif not self._closure:  # no module runs now: drop what a BaseException (no always_call) left
-            self.forward_stack.clear()
-        self.in_optimizer = True
-        self.steps.optimizer_start(optimizer, params)
-        if self._on_optimizer_start is not None:
-            self._on_optimizer_start(optimizer)
-        if self._closure:
-            return self._wrap_closure(closure, args, kwargs)
-        return None
-
-    def _wrap_closure(self, closure, args, kwargs):
-        """(args, kwargs) with the closure replaced by one that marks while it runs (the pre-hook's result)."""
-
-        def closure_run(*a, **kw):
-            self._in_closure += 1
-            try:
-                return closure(*a, **kw)
-            finally:
-                self._in_closure = max(0, self._in_closure - 1)
-
-        if "closure" in kwargs:
-            return args, {**kwargs, "closure": closure_run}
-        return (args[0], closure_run, *args[2:]), kwargs
-
-    def _end_raised_steps(self):
-        """A module runs inside an optimizer step with no closure: when no step's hook wrapper is
-        still on the stack, the steps raised (no post hook ran) and are over."""
-        if not self._running.over(levels=1):
-            return
-        self._running.clear()
-        self._updating.clear()
-        self.in_optimizer = False
-        self._in_closure = 0
-        self.steps.optimizer_end()
-
-    def _note_updating(self, optimizer):
-        """Note the parameters with a gradient of a step beginning: what it updates, unless a step runs inside it (a
-        wrapper's inner optimizer updates them: ZeroRedundancyOptimizer's `.optim` holds this rank's shard only)."""
-        if self._updating:
-            self._updating[-1][2] = True
-        del self._updating[:-64]  # steps that raised before their post hook are never popped: keep it bounded
-        params = {
-            id(p): local_tensor(p).numel() for g in optimizer.param_groups for p in g["params"] if p.grad is not None
-        }
-        self._updating.append([id(optimizer), params, False])
-
-    def _updated_by(self, optimizer):
-        """A step ended: its parameters were updated, when no step ran inside it."""
-        for i in range(len(self._updating) - 1, -1, -1):
-            if self._updating[i][0] == id(optimizer):
-                _, params, wrapped = self._updating[i]
-                del self._updating[i:]
-                if not wrapped:
-                    self.updated.update(params)
-                return
-
-    def _optimizer_post(self, optimizer, args, kwargs):
-        if not self.traced():
-            return
-        self._updated_by(optimizer)
-        if self._on_step_end is not None:  # every step's state, a wrapper's inner one's too (ZeRO keeps it in .optim)
-            self._on_step_end(optimizer)
-        if not self._running.exit():  # a wrapper's inner step ended: the wrapper's step goes on
-            return
-        if self._expect_ops and not self._optimizer_ops:  # compiled before the trace: it bypassed the dispatcher
-            self.untraced_optimizer_steps += 1
-        self.in_optimizer = self._closure = False
-        self._in_closure = 0
-        self.steps.optimizer_end()

@@ -13,7 +13,7 @@ Where torch has no stance (before 2.6), Dynamo itself skips every frame while a 
 of PyTorch's own is active (compiled code then runs eagerly uncounted, `fullgraph=True` may refuse to run), and
 `DynamoSkips` gives those frames back to Dynamo after the trace. An optimizer step compiled there and run
 before the trace (`opt.step = torch.compile(opt.step)`) runs its compiled kernels, which bypass the dispatcher
-(measured with inductor on torch 2.13 before the tracer set the stance): tracer.recording.attribution counts such steps
+(measured with inductor on torch 2.13 before the tracer set the stance): tracer.recording.optimizer_hooks counts such steps
 (`untraced_optimizer_steps`).
 """
 

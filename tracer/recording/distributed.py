@@ -200,7 +200,7 @@ class UnshardedParameters:
     collective (where FSDP2 unshards and reshards), after each module's forward and
     before each optimizer step."""
 
-    def __init__(self, model, storages, parameters, found):
+    def __init__(self, model, storages, parameters, found, params=None):
         self._table = storages  # the tracer's StorageTable
         self._parameters = parameters or {}  # the sharded parameters' metadata: embedding, trainable
         self._found = found  # name -> {storage_id, numel, shape, dtype, ...}, written into the metadata
@@ -212,7 +212,7 @@ class UnshardedParameters:
         self._model = model
         if dtensor is None or model is None:
             return
-        sharded = {id(p) for p in model.parameters() if isinstance(p, dtensor)}
+        sharded = {id(p) for p in (model.parameters() if params is None else params) if isinstance(p, dtensor)}
         if not sharded:  # nothing to watch: no walk over the modules
             return
         self._sharded = sharded  # FSDP2 swaps each back in when it reshards: the same objects

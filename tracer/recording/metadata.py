@@ -44,8 +44,9 @@ def now():
     return datetime.datetime.now().isoformat(timespec="seconds")
 
 
-def run_metadata(run_name, tokens, model, storage_id):
-    """The metadata known when tracing starts; `storage_id(storage)` registers parameter storages."""
+def run_metadata(run_name, tokens, model, storage_id, named=None, buffers=None):
+    """The metadata known when tracing starts; `storage_id(storage)` registers parameter storages. `named` and
+    `buffers`: the model's `named_parameters()` and `buffers()` as lists, when the caller walked them already."""
     meta = {
         "schema_version": SCHEMA_VERSION,
         "complete": False,
@@ -59,11 +60,11 @@ def run_metadata(run_name, tokens, model, storage_id):
         "device": None,
     }
     if model is not None:
-        meta.update(_parameters(model, storage_id))
+        meta.update(_parameters(model, storage_id, named, buffers))
     return meta
 
 
-def _parameters(model, storage_id):
+def _parameters(model, storage_id, named=None, buffers=None):
     embedding = {
         id(p)
         for m in model.modules()
@@ -72,7 +73,7 @@ def _parameters(model, storage_id):
     }
     params, dtype_bytes = {}, {}
     counts = {"total": 0, "trainable": 0, "embedding": 0}
-    for name, p in model.named_parameters():  # tied parameters once
+    for name, p in model.named_parameters() if named is None else named:  # tied parameters once
         local = local_tensor(p)  # a DTensor (FSDP2) by the shard this rank holds
         params[strip_compiled(name)] = {
             "storage_id": storage_id(local.untyped_storage()),
@@ -88,7 +89,7 @@ def _parameters(model, storage_id):
         counts["total"] += p.numel()  # whole parameters, also when sharded: N of 6·N·T
         counts["trainable"] += p.numel() if p.requires_grad else 0
         counts["embedding"] += p.numel() if id(p) in embedding else 0
-    for b in model.buffers():
+    for b in model.buffers() if buffers is None else buffers:
         storage_id(b.untyped_storage())
     return {"params": counts, "parameters": params, "dtype_bytes": dtype_bytes}
 
@@ -145,7 +146,7 @@ class Roles:
         self.new[RESIZED].append([seq, sid, nbytes])
 
 
-def register_at_entry(model, table, roles, unsharded, next_seq, on_error):
+def register_at_entry(model, table, roles, unsharded, next_seq, on_error, params=None):
     """Register every storage alive at entry that the trace can reach, with its role, and
     start following in-place resizes.
 
@@ -153,13 +154,14 @@ def register_at_entry(model, table, roles, unsharded, next_seq, on_error):
     of every optimizer holding one of its parameters (found among the live objects: an
     optimizer's own hooks fire only at its next step, after the forward and backward have
     run), and FSDP2's unsharded parameters (`UnshardedParameters.at_entry`). Parameters and
-    buffers were registered by `run_metadata`. `next_seq()` is the seq of the next row.
+    buffers were registered by `run_metadata`. `next_seq()` is the seq of the next row; `params`: the model's
+    parameters as a list, when the caller walked them already.
     Returns (the optimizers found, the ids of the model's parameters, the model's parameters as a list); (None, None,
     None) without a model, and where the walk failed."""
-    found = param_ids = params = None
+    found = param_ids = None
     if model is not None:
         try:
-            params = list(model.parameters())
+            params = list(model.parameters()) if params is None else params
             for p in params:  # registered and given its role at once: what Roles.gradients would look up again
                 if p.grad is not None:
                     roles.add_id("gradient", _register(table, p.grad))

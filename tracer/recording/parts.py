@@ -101,7 +101,7 @@ class TraceParts:
             meta["collector"] = {**self._collector_facts, "compiled_rows": self._hot.recorded()}
         meta["storage_roles"] = self._roles.take()
         meta["backward_unnamed_rows"] = self._attr.unnamed_backward
-        meta["untraced_optimizer_steps"] = self._attr.untraced_optimizer_steps  # tracer.recording.attribution
+        meta["untraced_optimizer_steps"] = self._attr.untraced_optimizer_steps  # tracer.recording.optimizer_hooks
         meta["optimizer_params"] = sum(self._attr.updated.values())  # the parameter elements optimizer steps updated
         meta["cycles_without_step"] = self._steps.cycles_without_step()  # tracer.recording.steps
         meta["optimizer_state_found_late"] = self._optimizers.found_late

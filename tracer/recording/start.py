@@ -62,7 +62,11 @@ class TraceStart:
         self._timer = make_timer(self.timing, None)
         self._roles = Roles(self._storages.known, self._storages.size)
         self._output = TraceOutput(self._writer, self._roles, self._in_child)  # the parts, written or lost
-        self._meta = run_metadata(self.run_name, self.tokens, self.model, self._storages.id_of)
+        model = self.model  # its parameters and buffers walked once here, for everything below that reads them
+        named = list(model.named_parameters()) if model is not None else []  # tied parameters once
+        buffers = list(model.buffers()) if model is not None else []
+        walked = [p for _, p in named]  # model.parameters(), as a list
+        self._meta = run_metadata(self.run_name, self.tokens, model, self._storages.id_of, named, buffers)
         self._meta["trace_id"] = self.trace_id
         self._meta["collector"] = self._collector_facts  # which collector read the tensors (tracer.native.loader)
         st = self._storages  # what tracer/native/_collector.cpp reads, in its order (its enum of ctx)
@@ -80,7 +84,11 @@ class TraceStart:
         if self._rank is not None:
             self._meta.update(self._rank, process_groups=distributed.process_groups())
         self._unsharded = distributed.UnshardedParameters(
-            self.model, self._storages, self._meta.get("parameters"), self._meta.setdefault("unsharded_parameters", {})
+            model,
+            self._storages,
+            self._meta.get("parameters"),
+            self._meta.setdefault("unsharded_parameters", {}),
+            walked,
         )
         found, param_ids, params = register_at_entry(
             self.model,
@@ -89,17 +97,18 @@ class TraceStart:
             self._unsharded,
             lambda: self._rows.first_seq + len(self._rows),
             lambda exc: self._record_failed("the storages alive at entry", exc),
+            walked,
         )
         self._optimizers = OptimizerState(
             self.model, self._storages, self._roles, {id(o) for o in found} if found is not None else None, param_ids
         )
         try:  # registered above: their ids get the role "buffer" (reports/flops/roles.py: a weight times a buffer)
-            for b in self.model.buffers() if self.model is not None else ():
+            for b in buffers:
                 self._roles.add("buffer", b)
         except Exception as exc:
             self._record_failed("the model's buffers", exc)
-        if params is None and self.model is not None:  # the walk at entry failed (counted): as before it, once more
-            params = list(self.model.parameters())
+        if params is None and self.model is not None:  # the walk at entry failed (counted): the parameters walked above
+            params = walked
         first = params[0] if params else None
         self._model_device = first is not None  # the model's device is the run's device
         if first is not None:

@@ -252,14 +252,6 @@ def write_facts(directory, facts):
         f.write(data)
 
 
-def still_ours(path, trace_id):
-    """Whether the trace at `path` is still the one `trace_id` names: its marker says so.
-
-    After a Tracer closes, another run may have replaced the trace at the same path; a late
-    metadata update of the first must then not write into the second."""
-    return trace_id is not None and _trace_id(path) == trace_id
-
-
 def release_directory(path, held=None):
     """Remove the lock file of `path` (through `held`, its descriptor, when given: never the lock of a directory that
     took its place), release this process's lock on it (a missing one is fine), and close `held`."""

@@ -66,6 +66,7 @@ class Names:
         return i
 
     def dictionary(self, indices):
+        """The column of `indices` (int32, or cast to it) into these names."""
         if self._strings is None or len(self._strings) != len(self.names):
             self._strings = _dictionary(tuple(self.names))
         return pa.DictionaryArray.from_arrays(from_numpy(indices.astype(np.int32, copy=False)), self._strings)
@@ -83,11 +84,16 @@ def _np(buffer, dtype):
     return np.frombuffer(buffer, dtype=dtype) if len(buffer) else np.zeros(0, dtype)
 
 
-def _offsets(counts):
-    """Arrow list offsets from per-list lengths: [2, 0, 3] -> [0, 2, 2, 5]."""
+def _bounds(counts):
+    """List offsets from per-list lengths, as int32: [2, 0, 3] -> [0, 2, 2, 5]."""
     offsets = np.zeros(len(counts) + 1, np.int32)
     np.cumsum(counts, out=offsets[1:])
-    return from_numpy(offsets)
+    return offsets
+
+
+def _offsets(counts):
+    """Arrow list offsets from per-list lengths: [2, 0, 3] -> [0, 2, 2, 5]."""
+    return from_numpy(_bounds(counts))
 
 
 def _lists(counts, values):
@@ -111,6 +117,8 @@ ROW_FIELDS = (
     "bound", "groups", "grad_mode",
 )  # fmt: skip
 ROW_WIDTH = len(ROW_FIELDS)
+_NAMED = ("op", "phase", "module", "device", "kind", "layout", "process_group", "grad_mode")  # dictionary indices
+_NAMED_AT = [ROW_FIELDS.index(name) for name in _NAMED]
 FIELD = {name: i for i, name in enumerate(ROW_FIELDS)}  # field name -> position in a row
 PER_OUTPUT_ELEMENT = -1
 TENSOR_WIDTH = 4  # per tensor in RowBuffer.tensors: ndim, dtype id, storage id, storage bytes
@@ -142,15 +150,17 @@ class _Side:
         self.ndim, self.dtype, self.sid, self.storage_bytes = tensors.T
         self.sizes, self.strides = _np(buffers[1], np.int64), _np(buffers[2], np.int64)
         self.counts = counts  # tensors per row
-        self.offsets = _offsets(counts)  # the Arrow list offsets of every list column of this side, made once
-        self._ends = np.cumsum(counts)  # past each row's last tensor
-        self._starts = self._ends - counts
+        bounds = _bounds(counts)  # each row's first tensor, and past the last row's last
+        self.offsets = from_numpy(bounds)  # the Arrow list offsets of every list column of this side, made once
+        self._starts, self._ends = bounds[:-1], bounds[1:]
         self.row_of = np.repeat(np.arange(len(counts)), counts)
+        dims = _bounds(self.ndim)  # each tensor's first size (and stride)
+        self._dims = from_numpy(dims)  # the Arrow list offsets of its sizes and strides
         # numel of every tensor: the product of its sizes (1 for a 0-d tensor)
         self.numel = np.ones(len(tensors), np.int64)
         has_dims = self.ndim > 0
         if has_dims.any():
-            self.numel[has_dims] = np.multiply.reduceat(self.sizes, (np.cumsum(self.ndim) - self.ndim)[has_dims])
+            self.numel[has_dims] = np.multiply.reduceat(self.sizes, dims[:-1][has_dims])
         self.nbytes = self.numel * itemsize[self.dtype]
 
     def per_row(self, values):
@@ -161,7 +171,7 @@ class _Side:
 
     def columns(self, names):
         """(shapes, dtypes, strides, storage ids): this side's list columns (the outputs' storage bytes: `per_tensor`)."""
-        offsets, lists = _offsets(self.ndim), self.offsets
+        offsets, lists = self._dims, self.offsets
         return (
             pa.ListArray.from_arrays(lists, pa.ListArray.from_arrays(offsets, from_numpy(self.sizes))),
             pa.ListArray.from_arrays(lists, names["dtype"].dictionary(self.dtype.astype(np.int32))),
@@ -265,6 +275,8 @@ class RowBuffer:
         rows = _np(self.ints, np.int64).reshape(-1, ROW_WIDTH)
         n = len(rows)
         col = dict(zip(ROW_FIELDS, np.ascontiguousarray(rows.T)))  # each field's column contiguous, in one copy
+        # the dictionary columns' indices as int32, each contiguous, in one cast
+        names_of = dict(zip(_NAMED, np.ascontiguousarray(rows[:, _NAMED_AT].T, dtype=np.int32)))
         table_itemsize = np.array([itemsize[i] for i in range(len(names["dtype"].names))] or [0], np.int64)
         ins = _Side(self.sides[0], col["inputs"], table_itemsize)
         outs = _Side(self.sides[1], col["outputs"], table_itemsize)
@@ -291,23 +303,23 @@ class RowBuffer:
         columns = {
             "seq": from_numpy(np.arange(self.first_seq, self.first_seq + n, dtype=np.int64)),
             "step": from_numpy(col["step"]),
-            "op": names["op"].dictionary(col["op"].astype(np.int32)),
-            "phase": names["phase"].dictionary(col["phase"].astype(np.int32)),
-            "module": names["module"].dictionary(col["module"].astype(np.int32)),
+            "op": names["op"].dictionary(names_of["op"]),
+            "phase": names["phase"].dictionary(names_of["phase"]),
+            "module": names["module"].dictionary(names_of["module"]),
             "input_shapes": ins[0],
             "input_dtypes": ins[1],
             "input_strides": ins[2],
             "output_shapes": outs[0],
             "output_dtypes": outs[1],
             "output_strides": outs[2],
-            "device": names["device"].dictionary(col["device"].astype(np.int32)),
+            "device": names["device"].dictionary(names_of["device"]),
             "input_storage_ids": ins[3],
             "output_storage_ids": outs[3],
             "freed_storage_ids": _lists(col["freed"], from_numpy(_np(self.freed, np.int64))),
             "is_view": from_numpy(is_view),
             "inplace": from_numpy(inplace),
             "flops": from_numpy(flops),
-            "flop_kind": names["kind"].dictionary(col["kind"].astype(np.int32)),
+            "flop_kind": names["kind"].dictionary(names_of["kind"]),
             "causal": from_numpy(causal == 1, mask=causal == CAUSAL_NONE),
             "bytes_allocated": from_numpy(col["bytes_allocated"]),
             "live_bytes": from_numpy(col["live_bytes"]),
@@ -318,17 +330,17 @@ class RowBuffer:
             "output_storage_bytes": output_storage_bytes,
             "start_ns": from_numpy(col["start"] + clock_offset_ns),
             "busy_ns": nullable(col["busy_ns"]),
-            "layout": names["layout"].dictionary(col["layout"].astype(np.int32)),
+            "layout": names["layout"].dictionary(names_of["layout"]),
             "comm_bytes": nullable(col["comm_bytes"]),
             "group_size": nullable(col["group_size"]),
-            "process_group": names["process_group"].dictionary(col["process_group"].astype(np.int32)),
+            "process_group": names["process_group"].dictionary(names_of["process_group"]),
             "flops_bound": from_numpy(col["bound"].astype(bool)),
             "group_sizes": pa.ListArray.from_arrays(
                 _offsets(np.maximum(col["groups"], 0)),
                 from_numpy(_np(self.groups, np.int64)),
                 mask=from_numpy(col["groups"] == NO_VALUE),
             ),
-            "grad_mode": names["grad_mode"].dictionary(col["grad_mode"].astype(np.int32)),
+            "grad_mode": names["grad_mode"].dictionary(names_of["grad_mode"]),
         }
         blob = json.dumps(metadata, default=str, separators=(",", ":")).encode()
         schema = ARROW_SCHEMA.with_metadata({METADATA_KEY: blob})

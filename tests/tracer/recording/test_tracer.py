@@ -577,3 +577,30 @@ def test_a_failed_flush_loses_its_rows_but_not_the_trace(tmp_path, monkeypatch):
     meta = read_metadata(path)
     assert df["seq"].tolist() == [0, 1, 4, 5, 6]  # seq 2 and 3 were in the lost part
     assert meta["lost_rows"] == 2 and meta["rows"] == 5 and meta["complete"] is False
+
+
+def test_entering_walks_the_models_parameters_and_buffers_once(tmp_path, monkeypatch):
+    """tracer.recording.start.TraceStart._start: the run metadata, the storages alive at entry and FSDP2's parameters
+    read one walk of the model's parameters and one of its buffers (each walk costs a pass over every module)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4))
+    calls = {"named_parameters": 0, "buffers": 0}
+    for name in calls:
+        method = getattr(model, name)
+
+        def counted(*args, _method=method, _name=name, **kwargs):
+            calls[_name] += kwargs.get("recurse", True)  # a walk of every module; recurse=False reads the root's own
+            return _method(*args, **kwargs)
+
+        monkeypatch.setattr(model, name, counted)  # model.parameters() calls model.named_parameters() too
+    tr = Tracer(tmp_path / "t", model=model, tokens=4)
+    with tr:
+        entered = dict(calls)
+        model(torch.randn(2, 4))
+    # the code before: named_parameters 3 (run_metadata, UnshardedParameters, register_at_entry), buffers 2
+    assert entered == {"named_parameters": 1, "buffers": 1}
+    meta = read_metadata(tr.path)
+    # 4 * 4 + 4 (the Linear) + 4 + 4 (the norm's weight and bias) = 28 parameters; the norm's 3 buffers (running mean
+    # and variance, batches tracked) have their role
+    assert meta["params"]["total"] == 28 and len(meta["parameters"]) == 4
+    assert len(meta["storage_roles"]["buffer"]) == 3
