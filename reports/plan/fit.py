@@ -15,7 +15,8 @@ rank processes (SCALED: activations, temporaries, inputs) and `fixed_op` the res
 (parameters, unsharded parameters, gradients, optimizer state, communication buffers),
 and k is the micro-batch over the traced one. What an optimizer-phase op made counts as
 fixed whatever its category: AdamW foreach's temporaries (`_foreach_sqrt` of exp_avg_sq,
-...) are the size of the optimizer state, not of the batch. This is the extrapolation: activation
+...) are the size of the optimizer state, not of the batch; so is a copy made from parameters
+alone (autocast's bf16 weight, saved for the backward: `_made_from_parameters`). This is the extrapolation: activation
 bytes linear in the micro-batch at a fixed sequence length, everything else fixed; it
 holds for ops whose outputs have a batch dimension. It does not hold for a change of
 sequence length (attention's memory is not linear in it), of world size (the shards
@@ -35,7 +36,9 @@ total(k) <= the device's memory: min over ops with scaled bytes of
 import math
 
 import numpy as np
+import pyarrow as pa
 
+from reports.arrays import numpy_of
 from reports.flops.recompute import checkpoint_recompute
 from reports.memory.lifetimes import CATEGORIES, Storages, dtype_sizes
 from reports.plan.changes import Need, changes
@@ -71,6 +74,7 @@ def _split(run):
     nbytes, alloc, free, cat = Storages(run.name, run.meta, rows).live_pieces()
     by_optimizer = (alloc >= 0) & (phase[np.maximum(alloc, 0)] == _OPTIMIZER)
     grows = np.isin(cat, [CATEGORIES.index(c) for c in SCALED]) & ~by_optimizer
+    grows &= ~_made_from_parameters(nbytes, alloc, rows, run.meta, grows)
     scaled = _live(n, nbytes, alloc, free, grows)
     fixed = _live(n, nbytes, alloc, free, ~grows)
     state = _live(n, nbytes, alloc, free, cat == CATEGORIES.index("optimizer_state"))
@@ -84,6 +88,34 @@ def _split(run):
         "checkpointed": bool(checkpoint_recompute(run.rows).any()),
     }
     return fixed + added, scaled, added, rows.seq, phase, parts
+
+
+def _made_from_parameters(nbytes, alloc, rows, meta, pick):
+    """bool per piece: one of the `pick`ed pieces made by an op whose tensor inputs are all the model's parameters (FSDP2's
+    unsharded ones included) and whose bytes are a parameter's numel at 1, 2, 4 or 8 bytes an item: autocast's copy of a
+    weight in bf16 (`aten._to_copy`, saved for the backward: an activation) is a parameter's size whatever the
+    micro-batch. One level: a copy of such a copy still counts as growing."""
+    params = [
+        p
+        for key in ("parameters", "unsharded_parameters")
+        for p in (meta.get(key) or {}).values()
+        if isinstance(p.get("numel"), int) and isinstance(p.get("storage_id"), int)
+    ]
+    out = np.zeros(len(nbytes), dtype=bool)
+    sizes = np.asarray(sorted({p["numel"] * s for p in params for s in (1, 2, 4, 8)} - {0}), dtype=np.int64)
+    candidate = pick & (alloc >= 0) & np.isin(nbytes, sizes)
+    if not candidate.any():
+        return out
+    at = np.unique(alloc[candidate])
+    found = rows.cell_lists("input_storage_ids", at)
+    chunks = found.chunks if isinstance(found, pa.ChunkedArray) else [found]
+    lengths = np.concatenate([numpy_of(c.value_lengths(), null=0) for c in chunks]).astype(np.int64)
+    ids = np.concatenate([numpy_of(c.flatten(), null=-1) for c in chunks]).astype(np.int64)
+    owner = np.repeat(np.arange(len(at)), lengths)
+    foreign = np.bincount(owner, weights=~np.isin(ids, [p["storage_id"] for p in params]), minlength=len(at))
+    from_params = at[(lengths > 0) & (foreign == 0)]
+    out[candidate] = np.isin(alloc[candidate], from_params)
+    return out
 
 
 def _parameter_sized(nbytes, alloc, phase, rows, run):
