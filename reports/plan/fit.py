@@ -36,9 +36,7 @@ total(k) <= the device's memory: min over ops with scaled bytes of
 import math
 
 import numpy as np
-import pyarrow as pa
 
-from reports.arrays import numpy_of
 from reports.flops.recompute import checkpoint_recompute
 from reports.memory.lifetimes import CATEGORIES, Storages, dtype_sizes
 from reports.plan.changes import Need, changes
@@ -74,7 +72,7 @@ def _split(run):
     nbytes, alloc, free, cat = Storages(run.name, run.meta, rows).live_pieces()
     by_optimizer = (alloc >= 0) & (phase[np.maximum(alloc, 0)] == _OPTIMIZER)
     grows = np.isin(cat, [CATEGORIES.index(c) for c in SCALED]) & ~by_optimizer
-    grows &= ~_made_from_parameters(nbytes, alloc, rows, run.meta, grows)
+    grows &= ~_made_from_parameters(nbytes, alloc, rows, run, grows)
     scaled = _live(n, nbytes, alloc, free, grows)
     fixed = _live(n, nbytes, alloc, free, ~grows)
     state = _live(n, nbytes, alloc, free, cat == CATEGORIES.index("optimizer_state"))
@@ -90,31 +88,32 @@ def _split(run):
     return fixed + added, scaled, added, rows.seq, phase, parts
 
 
-def _made_from_parameters(nbytes, alloc, rows, meta, pick):
+def _made_from_parameters(nbytes, alloc, rows, run, pick):
     """bool per piece: one of the `pick`ed pieces made by an op whose tensor inputs are all the model's parameters (FSDP2's
     unsharded ones included) and whose bytes are a parameter's numel at 1, 2, 4 or 8 bytes an item: autocast's copy of a
     weight in bf16 (`aten._to_copy`, saved for the backward: an activation) is a parameter's size whatever the
-    micro-batch. One level: a copy of such a copy still counts as growing."""
+    micro-batch. One level: a copy of such a copy still counts as growing. `rows`: the memory rows (seq order), whose
+    inputs are read from the run's PlanRows, matched by seq."""
     params = [
         p
         for key in ("parameters", "unsharded_parameters")
-        for p in (meta.get(key) or {}).values()
+        for p in (run.meta.get(key) or {}).values()
         if isinstance(p.get("numel"), int) and isinstance(p.get("storage_id"), int)
     ]
     out = np.zeros(len(nbytes), dtype=bool)
     sizes = np.asarray(sorted({p["numel"] * s for p in params for s in (1, 2, 4, 8)} - {0}), dtype=np.int64)
     candidate = pick & (alloc >= 0) & np.isin(nbytes, sizes)
-    if not candidate.any():
+    if not candidate.any() or "input_storage_ids" not in run.rows:
         return out
-    at = np.unique(alloc[candidate])
-    found = rows.cell_lists("input_storage_ids", at)
-    chunks = found.chunks if isinstance(found, pa.ChunkedArray) else [found]
-    lengths = np.concatenate([numpy_of(c.value_lengths(), null=0) for c in chunks]).astype(np.int64)
-    ids = np.concatenate([numpy_of(c.flatten(), null=-1) for c in chunks]).astype(np.int64)
-    owner = np.repeat(np.arange(len(at)), lengths)
-    foreign = np.bincount(owner, weights=~np.isin(ids, [p["storage_id"] for p in params]), minlength=len(at))
-    from_params = at[(lengths > 0) & (foreign == 0)]
-    out[candidate] = np.isin(alloc[candidate], from_params)
+    offsets, ids = run.rows.flat("input_storage_ids")
+    read = np.diff(offsets)
+    of_params = np.isin(ids, [p["storage_id"] for p in params])
+    owner = np.repeat(np.arange(len(read)), read)
+    alone = (read > 0) & (np.bincount(owner[of_params], minlength=len(read)) == read)
+    seq = run.rows.ints("seq")
+    order = np.argsort(seq, kind="stable")
+    at = np.minimum(np.searchsorted(seq[order], rows.seq[alloc[candidate]]), len(seq) - 1)
+    out[candidate] = alone[order[at]] & (seq[order[at]] == rows.seq[alloc[candidate]])
     return out
 
 
