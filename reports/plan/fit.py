@@ -15,7 +15,8 @@ rank processes (SCALED: activations, temporaries, inputs) and `fixed_op` the res
 (parameters, unsharded parameters, gradients, optimizer state, communication buffers),
 and k is the micro-batch over the traced one. What an optimizer-phase op made counts as
 fixed whatever its category: AdamW foreach's temporaries (`_foreach_sqrt` of exp_avg_sq,
-...) are the size of the optimizer state, not of the batch. This is the extrapolation: activation
+...) are the size of the optimizer state, not of the batch; so is a copy made from parameters
+alone (autocast's bf16 weight, saved for the backward: `_made_from_parameters`). This is the extrapolation: activation
 bytes linear in the micro-batch at a fixed sequence length, everything else fixed; it
 holds for ops whose outputs have a batch dimension. It does not hold for a change of
 sequence length (attention's memory is not linear in it), of world size (the shards
@@ -71,6 +72,7 @@ def _split(run):
     nbytes, alloc, free, cat = Storages(run.name, run.meta, rows).live_pieces()
     by_optimizer = (alloc >= 0) & (phase[np.maximum(alloc, 0)] == _OPTIMIZER)
     grows = np.isin(cat, [CATEGORIES.index(c) for c in SCALED]) & ~by_optimizer
+    grows &= ~_made_from_parameters(nbytes, alloc, rows, run, grows)
     scaled = _live(n, nbytes, alloc, free, grows)
     fixed = _live(n, nbytes, alloc, free, ~grows)
     state = _live(n, nbytes, alloc, free, cat == CATEGORIES.index("optimizer_state"))
@@ -84,6 +86,35 @@ def _split(run):
         "checkpointed": bool(checkpoint_recompute(run.rows).any()),
     }
     return fixed + added, scaled, added, rows.seq, phase, parts
+
+
+def _made_from_parameters(nbytes, alloc, rows, run, pick):
+    """bool per piece: one of the `pick`ed pieces made by an op whose tensor inputs are all the model's parameters (FSDP2's
+    unsharded ones included) and whose bytes are a parameter's numel at 1, 2, 4 or 8 bytes an item: autocast's copy of a
+    weight in bf16 (`aten._to_copy`, saved for the backward: an activation) is a parameter's size whatever the
+    micro-batch. One level: a copy of such a copy still counts as growing. `rows`: the memory rows (seq order), whose
+    inputs are read from the run's PlanRows, matched by seq."""
+    params = [
+        p
+        for key in ("parameters", "unsharded_parameters")
+        for p in (run.meta.get(key) or {}).values()
+        if isinstance(p.get("numel"), int) and isinstance(p.get("storage_id"), int)
+    ]
+    out = np.zeros(len(nbytes), dtype=bool)
+    sizes = np.asarray(sorted({p["numel"] * s for p in params for s in (1, 2, 4, 8)} - {0}), dtype=np.int64)
+    candidate = pick & (alloc >= 0) & np.isin(nbytes, sizes)
+    if not candidate.any() or "input_storage_ids" not in run.rows:
+        return out
+    offsets, ids = run.rows.flat("input_storage_ids")
+    read = np.diff(offsets)
+    of_params = np.isin(ids, [p["storage_id"] for p in params])
+    owner = np.repeat(np.arange(len(read)), read)
+    alone = (read > 0) & (np.bincount(owner[of_params], minlength=len(read)) == read)
+    seq = run.rows.ints("seq")
+    order = np.argsort(seq, kind="stable")
+    at = np.minimum(np.searchsorted(seq[order], rows.seq[alloc[candidate]]), len(seq) - 1)
+    out[candidate] = alone[order[at]] & (seq[order[at]] == rows.seq[alloc[candidate]])
+    return out
 
 
 def _parameter_sized(nbytes, alloc, phase, rows, run):

@@ -34,7 +34,7 @@ grow with the tokens (activations, temporaries, inputs: fit.py's SCALED); the by
 inputs and outputs whose storages stay (`fixed_bytes`: parameters, unsharded parameters,
 gradients, optimizer state, communication buffers, as the memory model categorises them)
 are moved once whatever the micro-batch: a Linear reads its weight once for 1 or 64
-sequences. Optimizer and other ops keep theirs. As in the memory model, FSDP2's unsharded
+sequences; so are those of a copy made from parameters alone (autocast's bf16 weight). Optimizer and other ops keep theirs. As in the memory model, FSDP2's unsharded
 gradients before the reduce-scatter are temporaries, so their bytes scale (an
 overestimate), and a tensor-parallel all-reduce's output is a communication buffer, so the
 reads of it stay (an underestimate). Llama-3-8B under FSDP2 traced at 1 and planned at 4:
@@ -115,7 +115,31 @@ def _fixed_ids(rows, meta, ins, outs):
     ]
     ids += [i for role in ("gradient", "optimizer_state", "external_parameter") for i in roles.get(role) or ()]
     known = np.asarray([int(i) for i in ids if i is not None], dtype=np.int64)
-    return np.union1d(known, _collective_storages(rows, *ins, *outs))
+    copies = _copies_of_parameters(rows, meta, ins, outs)
+    return np.union1d(np.union1d(known, copies), _collective_storages(rows, *ins, *outs))
+
+
+def _copies_of_parameters(rows, meta, ins, outs):
+    """Ids of the storages a row made from parameters alone, at a parameter's numel at 1, 2, 4 or 8 bytes an item
+    (autocast's bf16 copy of a weight: reports.plan.fit._made_from_parameters counts it the same way)."""
+    params = [
+        p
+        for key in ("parameters", "unsharded_parameters")
+        for p in (meta.get(key) or {}).values()
+        if isinstance(p.get("numel"), int) and isinstance(p.get("storage_id"), int)
+    ]
+    if not params or not len(ins[1]) or "output_storage_bytes" not in rows:
+        return np.zeros(0, dtype=np.int64)
+    n = len(rows)
+    read = np.bincount(ins[0], minlength=n)
+    of_params = np.bincount(ins[0][np.isin(ins[1], [p["storage_id"] for p in params])], minlength=n)
+    alone = (read > 0) & (of_params == read)
+    offsets, nbytes = rows.flat("output_storage_bytes")
+    sizes = np.asarray(sorted({p["numel"] * s for p in params for s in (1, 2, 4, 8)} - {0}), dtype=np.int64)
+    if len(nbytes) != len(outs[1]) or not (np.diff(offsets) == np.bincount(outs[0], minlength=n)).all():
+        return np.zeros(0, dtype=np.int64)  # bytes not given for every output (a v1 trace): none counted
+    made = alone[outs[0]] & np.isin(nbytes, sizes) & ~np.isin(outs[1], ins[1][alone[ins[0]]])
+    return unique(outs[1][made])
 
 
 def fixed_storages(rows, meta):
