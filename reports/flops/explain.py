@@ -146,7 +146,14 @@ def totals(run):
         if run.routed
         else f"weight matmuls - 6·N·T ({figure(wm - 6 * N * T)})"
     )
+    other_fb = run.ps((run.is_fwd | run.is_bwd) & cat["other"])  # the "Other ops" line's (explain_outside.other_ops)
+    rest = (
+        f" + the other phase's ({figure(other - other_fb)}: outside forward, backward and the optimizer step, "
+        "as gradient clipping)"
+        if other != other_fb
+        else ""
+    )
     run.out.append(
-        f"Residual: all phases - 6·N·T = {figure(total - 6 * N * T)} FLOPs = {weights} + attention ({figure(att)}){outside} + other ops ({figure(other)}) + the optimizer "
-        f"({figure(opt)})."
+        f"Residual: all phases - 6·N·T = {figure(total - 6 * N * T)} FLOPs = {weights} + attention ({figure(att)})"
+        f"{outside} + other ops ({figure(other_fb)}){rest} + the optimizer ({figure(opt)})."
     )

@@ -68,3 +68,26 @@ def test_explain_on_forward_passes_in_one_step_names_tracer_step(tmp_path):
             # per step: 2·8·1,024 = 16,384, ratio 1 to 2·N·T
             assert "Forward weight matmuls: 16,384 FLOPs = 2.00·N·T" in text and "forward passes" not in text
             assert forward["expected_flops"] == 16384 and forward["weight_matmul_flops"] == 16384
+
+
+def test_explain_residual_names_the_other_phase_apart_from_the_other_ops_line(tmp_path):
+    """Gradient clipping runs between the backward and the optimizer step (the other phase): the residual's terms
+    add up to it, and its other ops are the "Other ops" line's forward + backward figure, the clipping apart (they
+    were one 581 beside the line's 64)."""
+    torch.manual_seed(0)
+    net, x = nn.Linear(16, 16, bias=False), torch.randn(4, 16)
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    with Tracer(tmp_path / "t", model=net, tokens=4):
+        net(x).sum().backward()
+        nn.utils.clip_grad_norm_(net.parameters(), 1.0)
+        opt.step()
+    text = "\n".join(reports.explain(reports.load(tmp_path / "t")))
+    # all phases: forward mm 2·4·16·16 = 2,048 + sum 64, backward mm 2,048, clipping _foreach_norm 256 +
+    # vector norm, add, reciprocal, mul, clamp 1 each + _foreach_mul_ 256 = 517, SGD's add_ 256: 4,933;
+    # 6·N·T = 6 x 256 x 4 = 6,144; residual -1,211 = (4,096 - 6,144) + 0 + 64 + 517 + 256
+    assert (
+        "Residual: all phases - 6·N·T = -1,211 FLOPs = weight matmuls - 6·N·T (-2,048) + attention (0) + other ops "
+        "(64) + the other phase's (517: outside forward, backward and the optimizer step, as gradient clipping) + "
+        "the optimizer (256)."
+    ) in text
+    assert "Other ops: 64 FLOPs in forward + backward" in text
