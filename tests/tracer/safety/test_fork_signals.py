@@ -14,6 +14,7 @@ import pytest
 
 from tests import helpers
 from tests.helpers import DEFAULT_SIGINT
+from tests.helpers.forked import run_forked
 from tracer import read_metadata
 from tracer.schema import MARKER_NAME, marker_facts
 
@@ -33,6 +34,38 @@ def run(tmp_path, code, *flags):
         env={**os.environ, "PYTHONPATH": ROOT},
         timeout=300,
     )
+
+
+PROGRAMS = {}  # name -> (its code for a directory, its flags): what the `ran` fixture runs
+
+
+def program(*flags):
+    """Register a test's program: a function of the test's own directory giving the code run() would run there,
+    with `python FLAGS`."""
+
+    def register(make):
+        PROGRAMS[make.__name__] = (make, flags)
+        return make
+
+    return register
+
+
+@pytest.fixture(scope="module")
+def ran(tmp_path_factory):
+    """Every registered program run once for the module, as run() runs it (a script file in the test's directory,
+    DEFAULT_SIGINT first, from the checkout's root), each in a fork of a Python that imported torch, one such Python
+    per set of flags (tests.helpers.forked: 2 imports of torch, not 10): name -> (the process, its directory)."""
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    groups, done = {}, {}
+    for name, (make, flags) in PROGRAMS.items():
+        directory = tmp_path_factory.mktemp(name.strip("_")[:30])
+        script = directory / "program.py"
+        script.write_text(DEFAULT_SIGINT + textwrap.dedent(make(directory)))
+        groups.setdefault(flags, []).append((name, directory, {"script": script, "cwd": ROOT, "env": env}))
+    for flags, cases in groups.items():
+        procs = run_forked([case for _, _, case in cases], flags, env=env, timeout=300)
+        done.update({name: (proc, directory) for (name, directory, _), proc in zip(cases, procs)})
+    return done
 
 
 # ------------------------------------------------------------------ forked children record and write nothing
@@ -82,9 +115,9 @@ def _parent_rows(path):
     return df[~df["op"].isin(plumbing)].reset_index(drop=True), df
 
 
-def test_dataloader_workers_forked_inside_the_trace_add_nothing_to_it(tmp_path):
-    proc = run(
-        tmp_path,
+@program()
+def _dataloader_workers_forked_inside_the_trace_add_nothing_to_it(tmp_path):
+    return (
         DATALOADER
         + f"""
     WORKERS = 2
@@ -92,8 +125,12 @@ def test_dataloader_workers_forked_inside_the_trace_add_nothing_to_it(tmp_path):
         _, w0 = train({str(tmp_path / "ref")!r}, None)
         seen, w2 = train({str(tmp_path / "fork")!r}, "fork")
         print(sorted(seen), torch.equal(w0, w2))
-    """,
+    """
     )
+
+
+def test_dataloader_workers_forked_inside_the_trace_add_nothing_to_it(ran):
+    proc, tmp_path = ran["_dataloader_workers_forked_inside_the_trace_add_nothing_to_it"]
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split("\n")[0] == "[1] True"  # every worker's tracer was inert; the same training
     ref, _ = _parent_rows(tmp_path / "ref")
@@ -133,11 +170,10 @@ def test_spawned_and_forkserver_workers_run_no_optrace(tmp_path):
         assert read_metadata(tmp_path / method)["complete"] is True
 
 
-def test_a_forked_child_runs_its_ops_untraced_and_leaves_the_trace_and_lock_alone(tmp_path):
+@program()
+def _a_forked_child_runs_its_ops_untraced_and_leaves_the_trace_and_lock_alone(tmp_path):
     path = tmp_path / "t"
-    proc = run(
-        tmp_path,
-        f"""
+    return f"""
     import json, os, sys, torch
     from tracer import Tracer
 
@@ -161,8 +197,12 @@ def test_a_forked_child_runs_its_ops_untraced_and_leaves_the_trace_and_lock_alon
         c = a * 3  # the parent goes on tracing
     tr.set_step_time(0.5)  # after the block: one empty part
     print(c.tolist())
-    """,
-    )
+    """
+
+
+def test_a_forked_child_runs_its_ops_untraced_and_leaves_the_trace_and_lock_alone(ran):
+    proc, tmp_path = ran["_a_forked_child_runs_its_ops_untraced_and_leaves_the_trace_and_lock_alone"]
+    path = tmp_path / "t"
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split("\n")[:3] == ["through the with block 0 True", "os._exit 0 True", "[6.0, 6.0]"]
     df = pd.read_parquet(path)
@@ -179,13 +219,10 @@ def test_a_forked_child_runs_its_ops_untraced_and_leaves_the_trace_and_lock_alon
     assert marker_facts(path)["rows"] == 3
 
 
-def test_a_forked_child_outliving_a_killed_writer_does_not_keep_its_lock(tmp_path):
-    # the lock is the writer's open lock file; a child forked inside the trace closes its copy at the fork, so the
-    # writer's death releases the lock while the child still runs, and the next writer is not refused
+@program()
+def _a_forked_child_outliving_a_killed_writer_does_not_keep_its_lock(tmp_path):
     path = tmp_path / "t"
-    proc = run(
-        tmp_path,
-        f"""
+    return f"""
     import os, signal, torch
     from tracer import Tracer
 
@@ -206,8 +243,14 @@ def test_a_forked_child_outliving_a_killed_writer_does_not_keep_its_lock(tmp_pat
     with Tracer(path):
         y = torch.ones(2) + 1
     print(y.tolist())
-    """,
-    )
+    """
+
+
+def test_a_forked_child_outliving_a_killed_writer_does_not_keep_its_lock(ran):
+    proc, tmp_path = ran["_a_forked_child_outliving_a_killed_writer_does_not_keep_its_lock"]
+    # the lock is the writer's open lock file; a child forked inside the trace closes its copy at the fork, so the
+    # writer's death releases the lock while the child still runs, and the next writer is not refused
+    path = tmp_path / "t"
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == "[2.0, 2.0]\n"
     assert read_metadata(path)["complete"] is True and len(pd.read_parquet(path)) == 2  # ones, add
@@ -242,9 +285,9 @@ INTERRUPT_AT_FREE = """
 """
 
 
-def test_ctrl_c_arriving_while_the_tracer_notes_a_free_reaches_the_program(tmp_path):
-    proc = run(
-        tmp_path,
+@program()
+def _ctrl_c_arriving_while_the_tracer_notes_a_free_reaches_the_program(tmp_path):
+    return (
         INTERRUPT_AT_FREE
         + f"""
     import gc
@@ -267,8 +310,12 @@ def test_ctrl_c_arriving_while_the_tracer_notes_a_free_reaches_the_program(tmp_p
                 torch.zeros(2)
         except KeyboardInterrupt:
             print("KeyboardInterrupt", flush=True)
-    """,
+    """
     )
+
+
+def test_ctrl_c_arriving_while_the_tracer_notes_a_free_reaches_the_program(ran):
+    proc, tmp_path = ran["_ctrl_c_arriving_while_the_tracer_notes_a_free_reaches_the_program"]
     assert proc.returncode == 0, proc.stderr
     # the control shows the hook delivers the interrupt inside a finaliser: a Python one swallows it;
     # the tracer's (a bound list.append, for storages and for module names) cannot
@@ -302,11 +349,10 @@ def test_the_tracers_finaliser_is_c_code(tmp_path):
 
 
 # ------------------------------------------------------------------ warnings as errors never raise into the program
-def test_a_failing_flop_formula_under_w_error(tmp_path):
+@program("-W", "error")
+def _a_failing_flop_formula_under_w_error(tmp_path):
     path = tmp_path / "t"
-    proc = run(
-        tmp_path,
-        f"""
+    return f"""
     import torch, tracer
     from tracer import Tracer
 
@@ -322,10 +368,12 @@ def test_a_failing_flop_formula_under_w_error(tmp_path):
         for _ in range(3):
             y = torch.ops.optrace_test.twice(y)
     print(y.tolist())
-    """,
-        "-W",
-        "error",
-    )
+    """
+
+
+def test_a_failing_flop_formula_under_w_error(ran):
+    proc, tmp_path = ran["_a_failing_flop_formula_under_w_error"]
+    path = tmp_path / "t"
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == "[8.0, 8.0]\n"
     assert proc.stderr == (
@@ -337,11 +385,10 @@ def test_a_failing_flop_formula_under_w_error(tmp_path):
     assert pd.read_parquet(path)["op"].tolist() == ["aten.ones.default"]  # the 3 failed rows are missing, counted
 
 
-def test_a_full_disk_under_w_error_lets_training_finish(tmp_path):
+@program()
+def _a_full_disk_under_w_error_lets_training_finish(tmp_path):
     path = tmp_path / "t"
-    proc = run(
-        tmp_path,
-        f"""
+    return f"""
     import errno, warnings, torch
     from tracer import Tracer
     from tracer.store import writer
@@ -364,8 +411,12 @@ def test_a_full_disk_under_w_error_lets_training_finish(tmp_path):
             opt.step()
             opt.zero_grad()
     print("trained", step + 1, "steps")
-    """,
-    )
+    """
+
+
+def test_a_full_disk_under_w_error_lets_training_finish(ran):
+    proc, tmp_path = ran["_a_full_disk_under_w_error_lets_training_finish"]
+    path = tmp_path / "t"
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == "trained 6 steps\n"
     lines = proc.stderr.splitlines()
@@ -382,13 +433,10 @@ def test_a_full_disk_under_w_error_lets_training_finish(tmp_path):
     assert len(pd.read_parquet(path)) == 8
 
 
-def test_a_soft_file_lock_warning_under_w_error(tmp_path):
-    # where the file system has no flock (ENOSYS), filelock decides: it warns and takes a soft lock; that warning
-    # must not stop the Tracer under -W error
+@program("-W", "error")
+def _a_soft_file_lock_warning_under_w_error(tmp_path):
     path = tmp_path / "t"
-    proc = run(
-        tmp_path,
-        f"""
+    return f"""
     import errno, fcntl, torch
     from tracer import Tracer
 
@@ -399,10 +447,14 @@ def test_a_soft_file_lock_warning_under_w_error(tmp_path):
     with Tracer({str(path)!r}):
         y = torch.ones(2) + 1
     print(y.tolist())
-    """,
-        "-W",
-        "error",
-    )
+    """
+
+
+def test_a_soft_file_lock_warning_under_w_error(ran):
+    proc, tmp_path = ran["_a_soft_file_lock_warning_under_w_error"]
+    # where the file system has no flock (ENOSYS), filelock decides: it warns and takes a soft lock; that warning
+    # must not stop the Tracer under -W error
+    path = tmp_path / "t"
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == "[2.0, 2.0]\n"
     assert proc.stderr == (
@@ -440,9 +492,9 @@ INTERRUPT_IN = """
 """
 
 
-def test_a_ctrl_c_while_the_trace_closes_comes_after_it_is_closed(tmp_path):
-    proc = run(
-        tmp_path,
+@program()
+def _a_ctrl_c_while_the_trace_closes_comes_after_it_is_closed(tmp_path):
+    return (
         INTERRUPT_IN
         + f"""
     restore = interrupting(hooks.Hooks, "_give_back_compiled", times=3)  # after the mode is left, before the rest
@@ -457,17 +509,21 @@ def test_a_ctrl_c_while_the_trace_closes_comes_after_it_is_closed(tmp_path):
     with Tracer({str(tmp_path / "t")!r}):  # the path's lock was given back
         torch.ones(1) + 1
     print("traced again")
-    """,
+    """
     )
+
+
+def test_a_ctrl_c_while_the_trace_closes_comes_after_it_is_closed(ran):
+    proc, tmp_path = ran["_a_ctrl_c_while_the_trace_closes_comes_after_it_is_closed"]
     assert proc.returncode == 0, proc.stderr
     # three Ctrl-Cs are one KeyboardInterrupt, after the clean-up: no Tracer active, no mode, no hook left on
     # (before: Tracer._active stayed set, every later Tracer was refused, 2 global hooks stayed on)
     assert proc.stdout.split("\n")[:3] == ["KeyboardInterrupt", "(False, 0, 0)", "traced again"]
 
 
-def test_a_ctrl_c_while_the_trace_starts_ends_it_before_the_block(tmp_path):
-    proc = run(
-        tmp_path,
+@program()
+def _a_ctrl_c_while_the_trace_starts_ends_it_before_the_block(tmp_path):
+    return (
         INTERRUPT_IN
         + f"""
     restore = interrupting(attribution.Attribution, "install")  # after the lock and the hooks, before the mode
@@ -481,17 +537,21 @@ def test_a_ctrl_c_while_the_trace_starts_ends_it_before_the_block(tmp_path):
     print(left())
     for _ in range(20):
         torch.ones(1) + 1  # nothing records these (a mode left on the stack wrote them as parts)
-    """,
+    """
     )
+
+
+def test_a_ctrl_c_while_the_trace_starts_ends_it_before_the_block(ran):
+    proc, tmp_path = ran["_a_ctrl_c_while_the_trace_starts_ends_it_before_the_block"]
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split("\n")[:2] == ["KeyboardInterrupt", "(False, 0, 0)"]
     assert read_metadata(tmp_path / "t")["error"] == "KeyboardInterrupt: "
     assert sorted(os.listdir(tmp_path / "t")) == ["_optrace.parquet", "part-000000.parquet"]
 
 
-def test_a_tracer_left_on_another_thread_stops_recording_and_does_not_raise(tmp_path):
-    proc = run(
-        tmp_path,
+@program()
+def _a_tracer_left_on_another_thread_stops_recording_and_does_not_raise(tmp_path):
+    return (
         INTERRUPT_IN
         + f"""
     tracer = Tracer({str(tmp_path / "t")!r})
@@ -503,8 +563,12 @@ def test_a_tracer_left_on_another_thread_stops_recording_and_does_not_raise(tmp_
     for _ in range(50):
         torch.ones(1) + 1
     print(done, left())
-    """,
+    """
     )
+
+
+def test_a_tracer_left_on_another_thread_stops_recording_and_does_not_raise(ran):
+    proc, tmp_path = ran["_a_tracer_left_on_another_thread_stops_recording_and_does_not_raise"]
     assert proc.returncode == 0, proc.stderr
     # the mode stays on the entering thread's stack (a thread cannot pop another's), inert: 1 mode, no hook, no Tracer
     assert proc.stdout == "[False] (False, 1, 0)\n"
