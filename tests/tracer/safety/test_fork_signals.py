@@ -1,7 +1,8 @@
 """The traced program's process: forked children, DataLoader workers, Ctrl-C and warnings as errors.
 
-Each case runs in a subprocess (a fork, a signal and `-W error` must not reach pytest's own
-process) and checks what the program printed, its exit status and the trace on disk.
+Each case runs in a process of its own (a fork, a signal and `-W error` must not reach pytest's own
+process; the `ran` fixture runs them all, each forked from one Python that imported torch) and checks what the
+program printed, its exit status and the trace on disk.
 """
 
 import os
@@ -21,27 +22,12 @@ from tracer.schema import MARKER_NAME, marker_facts
 ROOT = str(helpers.ROOT)
 
 
-def run(tmp_path, code, *flags):
-    """Run `code` as a script file (spawned workers import it) in a fresh interpreter, with Python's own SIGINT
-    handler (conftest.DEFAULT_SIGINT) however the suite was started."""
-    script = tmp_path / "program.py"
-    script.write_text(DEFAULT_SIGINT + textwrap.dedent(code))
-    return subprocess.run(
-        [sys.executable, *flags, str(script)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONPATH": ROOT},
-        timeout=300,
-    )
-
-
 PROGRAMS = {}  # name -> (its code for a directory, its flags): what the `ran` fixture runs
 
 
 def program(*flags):
-    """Register a test's program: a function of the test's own directory giving the code run() would run there,
-    with `python FLAGS`."""
+    """Register a test's program: a function of the test's own directory giving the code to run there as a script
+    file (spawned workers import it) with `python FLAGS`."""
 
     def register(make):
         PROGRAMS[make.__name__] = (make, flags)
@@ -52,9 +38,10 @@ def program(*flags):
 
 @pytest.fixture(scope="module")
 def ran(tmp_path_factory):
-    """Every registered program run once for the module, as run() runs it (a script file in the test's directory,
-    DEFAULT_SIGINT first, from the checkout's root), each in a fork of a Python that imported torch, one such Python
-    per set of flags (tests.helpers.forked: 2 imports of torch, not 10): name -> (the process, its directory)."""
+    """Every registered program run once for the module: a script file in the test's own directory, with Python's own
+    SIGINT handler first (tests.helpers.DEFAULT_SIGINT) however the suite was started, run from the checkout's root,
+    each in a fork of a Python that imported torch, one such Python per set of flags (tests.helpers.forked: 2
+    imports of torch, not 11): name -> (the process, its directory)."""
     env = {**os.environ, "PYTHONPATH": ROOT}
     groups, done = {}, {}
     for name, (make, flags) in PROGRAMS.items():
@@ -148,9 +135,9 @@ def test_dataloader_workers_forked_inside_the_trace_add_nothing_to_it(ran):
     )  # every part the parent's
 
 
-def test_spawned_and_forkserver_workers_run_no_optrace(tmp_path):
-    proc = run(
-        tmp_path,
+@program()
+def _spawned_and_forkserver_workers_run_no_optrace(tmp_path):
+    return (
         DATALOADER
         + f"""
     WORKERS = 1
@@ -159,8 +146,12 @@ def test_spawned_and_forkserver_workers_run_no_optrace(tmp_path):
         for method in ("spawn", "forkserver"):
             seen, w = train({str(tmp_path)!r} + "/" + method, method)
             print(method, sorted(seen), torch.equal(w0, w))
-    """,
+    """
     )
+
+
+def test_spawned_and_forkserver_workers_run_no_optrace(ran):
+    proc, tmp_path = ran["_spawned_and_forkserver_workers_run_no_optrace"]
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split("\n")[:2] == ["spawn [2] True", "forkserver [2] True"]  # no mode at all in the worker
     ref, _ = _parent_rows(tmp_path / "ref")
@@ -260,8 +251,8 @@ def test_a_forked_child_outliving_a_killed_writer_does_not_keep_its_lock(ran):
 @pytest.mark.parametrize("prelude, out", [("", "went on\n"), (DEFAULT_SIGINT, "")])
 def test_the_children_take_a_ctrl_c_however_the_suite_was_started(prelude, out):
     """A suite started with SIGINT ignored (`sh -c 'make test &'`; here `trap "" INT`, as such a shell does) passed
-    that on to the programs of the Ctrl-C tests below, which then went on past their interrupt and failed; run()
-    starts each with conftest.DEFAULT_SIGINT."""
+    that on to the programs of the Ctrl-C tests below, which then went on past their interrupt and failed; the `ran`
+    fixture starts each with tests.helpers.DEFAULT_SIGINT."""
     code = prelude + "import os, signal\nos.kill(os.getpid(), signal.SIGINT)\nprint('went on')\n"
     proc = subprocess.run(
         ["sh", "-c", 'trap "" INT; exec "$0" -c "$1"', sys.executable, code], capture_output=True, text=True, timeout=60
