@@ -1,28 +1,34 @@
-"""Child programs run as forks of one Python that has imported torch: `run_forked(cases)`.
+"""Child programs run as forks of a Python that has imported torch: `run(code, ...)`.
 
-A test that needs its program in a process of its own (a signal, a fork, `-W error`, a patched module) ran it as a
-fresh `python`, and each paid torch's import (about 1.5 CPU-s on the 2-core VM). Here one child Python (the
-"parent") imports torch once (and torch._dynamo and torch.distributed.tensor, which the first Tracer.__enter__
-imports: 1.1 CPU-s more), then forks one process per case, one after another: each case starts as a fresh
-interpreter would have at its first line after `import torch` (no other module of the checkout imported, no op run,
-no thread started, the signal dispositions and `-W` options it was started with), runs as `python -c CODE ARGS` or `python SCRIPT ARGS`
-would, in its own directory and environment, with its own stdout and stderr, and ends as Python ends: SystemExit's
-code, a traceback and status 1, an uncaught KeyboardInterrupt ending it by SIGINT, or a signal's own action; the
-interpreter's exit steps (the non-daemon threads joined, atexit's functions, stdout and stderr flushed) run before it
-ends. What one case does to its process (handlers, filters, patches, forks) ends with it.
+A test that needs its program in a process of its own (a signal, a fork, `-W error`, a patched module, a kill) ran
+it as a fresh `python`, and each paid torch's import and the first Tracer's imports (Dynamo, DTensor): about 2.5
+CPU-s on the 2-core VM. Here one child Python per set of flags (the "parent", started on first use and kept for the
+test process's life) imports those once, then forks one process per case, one at a time. Each case starts as a
+fresh interpreter would have at its first line after `import torch` (no module of the checkout imported, no op
+run, no thread started, the signal dispositions and `-W` options the parent was started with, its sys.path the
+parent's: the checkout first, as PYTHONPATH put it), runs as
+`python FLAGS -c CODE ARGS` or `python FLAGS SCRIPT ARGS` would, in its own directory and environment, with its own
+stdout and stderr, and ends as Python ends: SystemExit's code, a traceback and status 1, an uncaught
+KeyboardInterrupt ending it by SIGINT, or a signal's own action; the interpreter's exit steps (the non-daemon
+threads joined, atexit's functions, stdout and stderr flushed) run before it ends. What a case does to its process
+(handlers, filters, patches, forks) ends with it; the parent runs nothing between the forks.
 
-Not for a program that needs its own `__main__` file to be found again (a `spawn` or `forkserver` worker imports it)
-or a fresh import of torch itself: those run `python` as before.
+Not for a program whose test talks to it while it runs (a pipe, a signal from outside: subprocess.Popen), one that
+checks which modules a fresh interpreter imports, or one that needs a fresh import of torch itself.
 """
 
+import atexit
 import json
 import os
 import subprocess
 import sys
 import tempfile
+import threading
+
+from tests.helpers import ROOT
 
 _PARENT = r"""
-import json, os, select, signal, sys, time
+import json, os, select, signal, sys
 import torch  # noqa: F401  once, for every case; with what the first Tracer.__enter__ imports (Dynamo, DTensor)
 import torch._dynamo, torch.distributed.tensor  # noqa: F401
 
@@ -52,11 +58,19 @@ def case(spec):
         else:
             print(exc.code, file=sys.stderr)
             status = 1
-    except KeyboardInterrupt as exc:  # the traceback from the program's first frame, as Python shows it
-        traceback.print_exception(type(exc), exc, exc.__traceback__.tb_next)
-        interrupted = True
-    except BaseException as exc:
-        traceback.print_exception(type(exc), exc, exc.__traceback__.tb_next)
+    except BaseException as exc:  # as Python's PyErr_Print: sys.last_* set, sys.excepthook from the first frame
+        tb = exc.__traceback__.tb_next  # from the program's first frame: not this one's, not runpy's
+        while tb is not None and tb.tb_next is not None and tb.tb_frame.f_globals.get("__name__") == "runpy":
+            tb = tb.tb_next
+        exc.__traceback__ = tb
+        sys.last_type, sys.last_value, sys.last_traceback = type(exc), exc, tb
+        if sys.version_info >= (3, 12):
+            sys.last_exc = exc
+        try:
+            sys.excepthook(type(exc), exc, tb)
+        except BaseException:
+            traceback.print_exception(type(exc), exc, tb)
+        interrupted = isinstance(exc, KeyboardInterrupt)
         status = 1
     threading._shutdown()  # what Python does at its end: the non-daemon threads joined, then atexit's functions
     atexit._run_exitfuncs()
@@ -70,66 +84,95 @@ def case(spec):
         os.kill(os.getpid(), signal.SIGINT)
     os._exit(status & 0xFF)
 
-results = []
-for spec in json.loads(sys.argv[1]):
+requests, answers = os.fdopen(os.dup(0), "r"), os.fdopen(os.dup(1), "w")
+os.dup2(os.open(os.devnull, os.O_RDONLY), 0)  # the pipes of requests and answers are no case's stdin or stdout
+os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
+for line in requests:  # one case per line, one answer per line; the end of input ends the parent
+    spec = json.loads(line)
     sys.stdout.flush()
     sys.stderr.flush()
     pid = os.fork()
     if pid == 0:
         try:
+            os.close(requests.fileno())
+            os.close(answers.fileno())
             case(spec)
         finally:
             os._exit(70)  # not reached
     ready = os.pidfd_open(pid)
-    if not select.select([ready], [], [], spec["timeout"])[0]:
+    if select.select([ready], [], [], spec["timeout"])[0]:
+        answer = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+    else:
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
-        results.append(None)
-    else:
-        results.append(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+        answer = None
     os.close(ready)
-print(json.dumps(results))
+    answers.write(json.dumps(answer) + "\n")
+    answers.flush()
 """
 
+_parents = {}  # flags -> the parent's Popen, for this test process
+_lock = threading.Lock()
 
-def run_forked(cases, flags=(), env=None, timeout=120):
-    """Run `cases` as forks of one Python started as `python FLAGS` with environment `env` (os.environ when None).
-    Each case is a dict: `code` (run as `python -c`) or `script` (a file, run as `python SCRIPT`), `args` (its argv
-    after the program), `cwd`, `env` (its whole environment; the parent's when missing). Returns one
-    subprocess.CompletedProcess per case, in order: returncode as subprocess gives it (-N: ended by signal N),
-    stdout and stderr as text. A case still running after `timeout` seconds is killed and raises here."""
-    env = dict(os.environ if env is None else env)
-    with tempfile.TemporaryDirectory(prefix="forked-") as outputs:
-        specs = []
-        for i, case in enumerate(cases):
-            script = case.get("script")
-            program = [str(script)] if script is not None else ["-c", case["code"]]
-            specs.append(
-                {
-                    "code": case.get("code"),
-                    "script": None if script is None else str(script),
-                    "argv": [program[0] if script is not None else "-c", *map(str, case.get("args", ()))],
-                    "cwd": str(case.get("cwd", os.getcwd())),
-                    "env": dict(case.get("env", env)),
-                    "stdout": os.path.join(outputs, f"{i}.out"),
-                    "stderr": os.path.join(outputs, f"{i}.err"),
-                    "timeout": timeout,
-                    "shown": [sys.executable, *flags, *program, *map(str, case.get("args", ()))],
-                }
-            )
-        done = subprocess.run(
-            [sys.executable, *flags, "-c", _PARENT, json.dumps(specs)],
-            env=env,
-            capture_output=True,
+
+def _parent(flags):
+    parent = _parents.get(flags)
+    if parent is None or parent.poll() is not None:
+        log = tempfile.TemporaryFile()
+        parent = subprocess.Popen(
+            [sys.executable, *flags, "-c", _PARENT],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=log,
             text=True,
-            timeout=timeout * len(specs) + 60,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
         )
-        assert done.returncode == 0, done.stderr[-4000:]
-        codes = json.loads(done.stdout.splitlines()[-1])
-        procs = []
-        for spec, code in zip(specs, codes):
-            if code is None:
-                raise subprocess.TimeoutExpired(spec["shown"], timeout)
-            with open(spec["stdout"]) as out, open(spec["stderr"]) as err:
-                procs.append(subprocess.CompletedProcess(spec["shown"], code, out.read(), err.read()))
-        return procs
+        parent.log = log
+        _parents[flags] = parent
+    return parent
+
+
+@atexit.register
+def _close():
+    for parent in _parents.values():
+        parent.stdin.close()  # its loop ends
+        parent.wait(timeout=60)
+        parent.stdout.close()
+        parent.log.close()
+
+
+def run(code=None, args=(), *, script=None, flags=(), cwd=None, env=None, timeout=120, check=False):
+    """`python FLAGS -c CODE ARGS` (or `python FLAGS SCRIPT ARGS`) from `cwd` with environment `env` (os.environ's
+    when None), as a fork of the parent for FLAGS (see above). Returns a subprocess.CompletedProcess as
+    subprocess.run(..., capture_output=True, text=True) gives it (returncode -N: ended by signal N); raises
+    subprocess.TimeoutExpired after `timeout` seconds (the case killed), CalledProcessError for `check` and a
+    status other than 0."""
+    program = [str(script)] if script is not None else ["-c", code]
+    shown = [sys.executable, *flags, *program, *map(str, args)]
+    with tempfile.TemporaryDirectory(prefix="forked-") as outputs:
+        spec = {
+            "code": code,
+            "script": None if script is None else str(script),
+            "argv": [program[0], *map(str, args)],
+            "cwd": str(os.getcwd() if cwd is None else cwd),
+            "env": dict(os.environ if env is None else env),
+            "stdout": os.path.join(outputs, "out"),
+            "stderr": os.path.join(outputs, "err"),
+            "timeout": timeout,
+        }
+        with _lock:
+            parent = _parent(tuple(flags))
+            parent.stdin.write(json.dumps(spec) + "\n")
+            parent.stdin.flush()
+            answer = parent.stdout.readline()
+        if not answer:
+            parent.log.seek(0)
+            raise RuntimeError(f"the forking parent ended: {parent.log.read()[-4000:].decode(errors='replace')}")
+        status = json.loads(answer)
+        if status is None:
+            raise subprocess.TimeoutExpired(shown, timeout)
+        with open(spec["stdout"]) as out, open(spec["stderr"]) as err:
+            done = subprocess.CompletedProcess(shown, status, out.read(), err.read())
+    if check:
+        done.check_returncode()
+    return done

@@ -1,8 +1,7 @@
 """The traced program's process: forked children, DataLoader workers, Ctrl-C and warnings as errors.
 
 Each case runs in a process of its own (a fork, a signal and `-W error` must not reach pytest's own
-process; the `ran` fixture runs them all, each forked from one Python that imported torch) and checks what the
-program printed, its exit status and the trace on disk.
+process: tests.helpers.forked) and checks what the program printed, its exit status and the trace on disk.
 """
 
 import os
@@ -14,45 +13,20 @@ import pandas as pd
 import pytest
 
 from tests import helpers
-from tests.helpers import DEFAULT_SIGINT
-from tests.helpers.forked import run_forked
+from tests.helpers import DEFAULT_SIGINT, forked
 from tracer import read_metadata
 from tracer.schema import MARKER_NAME, marker_facts
 
 ROOT = str(helpers.ROOT)
 
 
-PROGRAMS = {}  # name -> (its code for a directory, its flags): what the `ran` fixture runs
-
-
-def program(*flags):
-    """Register a test's program: a function of the test's own directory giving the code to run there as a script
-    file (spawned workers import it) with `python FLAGS`."""
-
-    def register(make):
-        PROGRAMS[make.__name__] = (make, flags)
-        return make
-
-    return register
-
-
-@pytest.fixture(scope="module")
-def ran(tmp_path_factory):
-    """Every registered program run once for the module: a script file in the test's own directory, with Python's own
-    SIGINT handler first (tests.helpers.DEFAULT_SIGINT) however the suite was started, run from the checkout's root,
-    each in a fork of a Python that imported torch, one such Python per set of flags (tests.helpers.forked: 2
-    imports of torch, not 11): name -> (the process, its directory)."""
-    env = {**os.environ, "PYTHONPATH": ROOT}
-    groups, done = {}, {}
-    for name, (make, flags) in PROGRAMS.items():
-        directory = tmp_path_factory.mktemp(name.strip("_")[:30])
-        script = directory / "program.py"
-        script.write_text(DEFAULT_SIGINT + textwrap.dedent(make(directory)))
-        groups.setdefault(flags, []).append((name, directory, {"script": script, "cwd": ROOT, "env": env}))
-    for flags, cases in groups.items():
-        procs = run_forked([case for _, _, case in cases], flags, env=env, timeout=300)
-        done.update({name: (proc, directory) for (name, directory, _), proc in zip(cases, procs)})
-    return done
+def run(tmp_path, code, *flags):
+    """Run `code` as a script file (spawned workers import it) as `python FLAGS program.py` would, in a fork of a
+    Python that imported torch (tests.helpers.forked), with Python's own SIGINT handler (conftest.DEFAULT_SIGINT)
+    however the suite was started."""
+    script = tmp_path / "program.py"
+    script.write_text(DEFAULT_SIGINT + textwrap.dedent(code))
+    return forked.run(script=script, flags=flags, cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT}, timeout=300)
 
 
 # ------------------------------------------------------------------ forked children record and write nothing
@@ -102,9 +76,9 @@ def _parent_rows(path):
     return df[~df["op"].isin(plumbing)].reset_index(drop=True), df
 
 
-@program()
-def _dataloader_workers_forked_inside_the_trace_add_nothing_to_it(tmp_path):
-    return (
+def test_dataloader_workers_forked_inside_the_trace_add_nothing_to_it(tmp_path):
+    proc = run(
+        tmp_path,
         DATALOADER
         + f"""
     WORKERS = 2
@@ -112,12 +86,8 @@ def _dataloader_workers_forked_inside_the_trace_add_nothing_to_it(tmp_path):
         _, w0 = train({str(tmp_path / "ref")!r}, None)
         seen, w2 = train({str(tmp_path / "fork")!r}, "fork")
         print(sorted(seen), torch.equal(w0, w2))
-    """
+    """,
     )
-
-
-def test_dataloader_workers_forked_inside_the_trace_add_nothing_to_it(ran):
-    proc, tmp_path = ran["_dataloader_workers_forked_inside_the_trace_add_nothing_to_it"]
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split("\n")[0] == "[1] True"  # every worker's tracer was inert; the same training
     ref, _ = _parent_rows(tmp_path / "ref")
@@ -135,9 +105,9 @@ def test_dataloader_workers_forked_inside_the_trace_add_nothing_to_it(ran):
     )  # every part the parent's
 
 
-@program()
-def _spawned_and_forkserver_workers_run_no_optrace(tmp_path):
-    return (
+def test_spawned_and_forkserver_workers_run_no_optrace(tmp_path):
+    proc = run(
+        tmp_path,
         DATALOADER
         + f"""
     WORKERS = 1
@@ -146,12 +116,8 @@ def _spawned_and_forkserver_workers_run_no_optrace(tmp_path):
         for method in ("spawn", "forkserver"):
             seen, w = train({str(tmp_path)!r} + "/" + method, method)
             print(method, sorted(seen), torch.equal(w0, w))
-    """
+    """,
     )
-
-
-def test_spawned_and_forkserver_workers_run_no_optrace(ran):
-    proc, tmp_path = ran["_spawned_and_forkserver_workers_run_no_optrace"]
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split("\n")[:2] == ["spawn [2] True", "forkserver [2] True"]  # no mode at all in the worker
     ref, _ = _parent_rows(tmp_path / "ref")
@@ -161,10 +127,11 @@ def test_spawned_and_forkserver_workers_run_no_optrace(ran):
         assert read_metadata(tmp_path / method)["complete"] is True
 
 
-@program()
-def _a_forked_child_runs_its_ops_untraced_and_leaves_the_trace_and_lock_alone(tmp_path):
+def test_a_forked_child_runs_its_ops_untraced_and_leaves_the_trace_and_lock_alone(tmp_path):
     path = tmp_path / "t"
-    return f"""
+    proc = run(
+        tmp_path,
+        f"""
     import json, os, sys, torch
     from tracer import Tracer
 
@@ -188,12 +155,8 @@ def _a_forked_child_runs_its_ops_untraced_and_leaves_the_trace_and_lock_alone(tm
         c = a * 3  # the parent goes on tracing
     tr.set_step_time(0.5)  # after the block: one empty part
     print(c.tolist())
-    """
-
-
-def test_a_forked_child_runs_its_ops_untraced_and_leaves_the_trace_and_lock_alone(ran):
-    proc, tmp_path = ran["_a_forked_child_runs_its_ops_untraced_and_leaves_the_trace_and_lock_alone"]
-    path = tmp_path / "t"
+    """,
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split("\n")[:3] == ["through the with block 0 True", "os._exit 0 True", "[6.0, 6.0]"]
     df = pd.read_parquet(path)
@@ -210,10 +173,13 @@ def test_a_forked_child_runs_its_ops_untraced_and_leaves_the_trace_and_lock_alon
     assert marker_facts(path)["rows"] == 3
 
 
-@program()
-def _a_forked_child_outliving_a_killed_writer_does_not_keep_its_lock(tmp_path):
+def test_a_forked_child_outliving_a_killed_writer_does_not_keep_its_lock(tmp_path):
+    # the lock is the writer's open lock file; a child forked inside the trace closes its copy at the fork, so the
+    # writer's death releases the lock while the child still runs, and the next writer is not refused
     path = tmp_path / "t"
-    return f"""
+    proc = run(
+        tmp_path,
+        f"""
     import os, signal, torch
     from tracer import Tracer
 
@@ -234,14 +200,8 @@ def _a_forked_child_outliving_a_killed_writer_does_not_keep_its_lock(tmp_path):
     with Tracer(path):
         y = torch.ones(2) + 1
     print(y.tolist())
-    """
-
-
-def test_a_forked_child_outliving_a_killed_writer_does_not_keep_its_lock(ran):
-    proc, tmp_path = ran["_a_forked_child_outliving_a_killed_writer_does_not_keep_its_lock"]
-    # the lock is the writer's open lock file; a child forked inside the trace closes its copy at the fork, so the
-    # writer's death releases the lock while the child still runs, and the next writer is not refused
-    path = tmp_path / "t"
+    """,
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == "[2.0, 2.0]\n"
     assert read_metadata(path)["complete"] is True and len(pd.read_parquet(path)) == 2  # ones, add
@@ -251,8 +211,8 @@ def test_a_forked_child_outliving_a_killed_writer_does_not_keep_its_lock(ran):
 @pytest.mark.parametrize("prelude, out", [("", "went on\n"), (DEFAULT_SIGINT, "")])
 def test_the_children_take_a_ctrl_c_however_the_suite_was_started(prelude, out):
     """A suite started with SIGINT ignored (`sh -c 'make test &'`; here `trap "" INT`, as such a shell does) passed
-    that on to the programs of the Ctrl-C tests below, which then went on past their interrupt and failed; the `ran`
-    fixture starts each with tests.helpers.DEFAULT_SIGINT."""
+    that on to the programs of the Ctrl-C tests below, which then went on past their interrupt and failed; run()
+    starts each with conftest.DEFAULT_SIGINT."""
     code = prelude + "import os, signal\nos.kill(os.getpid(), signal.SIGINT)\nprint('went on')\n"
     proc = subprocess.run(
         ["sh", "-c", 'trap "" INT; exec "$0" -c "$1"', sys.executable, code], capture_output=True, text=True, timeout=60
@@ -276,9 +236,9 @@ INTERRUPT_AT_FREE = """
 """
 
 
-@program()
-def _ctrl_c_arriving_while_the_tracer_notes_a_free_reaches_the_program(tmp_path):
-    return (
+def test_ctrl_c_arriving_while_the_tracer_notes_a_free_reaches_the_program(tmp_path):
+    proc = run(
+        tmp_path,
         INTERRUPT_AT_FREE
         + f"""
     import gc
@@ -301,12 +261,8 @@ def _ctrl_c_arriving_while_the_tracer_notes_a_free_reaches_the_program(tmp_path)
                 torch.zeros(2)
         except KeyboardInterrupt:
             print("KeyboardInterrupt", flush=True)
-    """
+    """,
     )
-
-
-def test_ctrl_c_arriving_while_the_tracer_notes_a_free_reaches_the_program(ran):
-    proc, tmp_path = ran["_ctrl_c_arriving_while_the_tracer_notes_a_free_reaches_the_program"]
     assert proc.returncode == 0, proc.stderr
     # the control shows the hook delivers the interrupt inside a finaliser: a Python one swallows it;
     # the tracer's (a bound list.append, for storages and for module names) cannot
@@ -340,10 +296,11 @@ def test_the_tracers_finaliser_is_c_code(tmp_path):
 
 
 # ------------------------------------------------------------------ warnings as errors never raise into the program
-@program("-W", "error")
-def _a_failing_flop_formula_under_w_error(tmp_path):
+def test_a_failing_flop_formula_under_w_error(tmp_path):
     path = tmp_path / "t"
-    return f"""
+    proc = run(
+        tmp_path,
+        f"""
     import torch, tracer
     from tracer import Tracer
 
@@ -359,12 +316,10 @@ def _a_failing_flop_formula_under_w_error(tmp_path):
         for _ in range(3):
             y = torch.ops.optrace_test.twice(y)
     print(y.tolist())
-    """
-
-
-def test_a_failing_flop_formula_under_w_error(ran):
-    proc, tmp_path = ran["_a_failing_flop_formula_under_w_error"]
-    path = tmp_path / "t"
+    """,
+        "-W",
+        "error",
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == "[8.0, 8.0]\n"
     assert proc.stderr == (
@@ -376,10 +331,11 @@ def test_a_failing_flop_formula_under_w_error(ran):
     assert pd.read_parquet(path)["op"].tolist() == ["aten.ones.default"]  # the 3 failed rows are missing, counted
 
 
-@program()
-def _a_full_disk_under_w_error_lets_training_finish(tmp_path):
+def test_a_full_disk_under_w_error_lets_training_finish(tmp_path):
     path = tmp_path / "t"
-    return f"""
+    proc = run(
+        tmp_path,
+        f"""
     import errno, warnings, torch
     from tracer import Tracer
     from tracer.store import writer
@@ -402,12 +358,8 @@ def _a_full_disk_under_w_error_lets_training_finish(tmp_path):
             opt.step()
             opt.zero_grad()
     print("trained", step + 1, "steps")
-    """
-
-
-def test_a_full_disk_under_w_error_lets_training_finish(ran):
-    proc, tmp_path = ran["_a_full_disk_under_w_error_lets_training_finish"]
-    path = tmp_path / "t"
+    """,
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == "trained 6 steps\n"
     lines = proc.stderr.splitlines()
@@ -424,10 +376,13 @@ def test_a_full_disk_under_w_error_lets_training_finish(ran):
     assert len(pd.read_parquet(path)) == 8
 
 
-@program("-W", "error")
-def _a_soft_file_lock_warning_under_w_error(tmp_path):
+def test_a_soft_file_lock_warning_under_w_error(tmp_path):
+    # where the file system has no flock (ENOSYS), filelock decides: it warns and takes a soft lock; that warning
+    # must not stop the Tracer under -W error
     path = tmp_path / "t"
-    return f"""
+    proc = run(
+        tmp_path,
+        f"""
     import errno, fcntl, torch
     from tracer import Tracer
 
@@ -438,14 +393,10 @@ def _a_soft_file_lock_warning_under_w_error(tmp_path):
     with Tracer({str(path)!r}):
         y = torch.ones(2) + 1
     print(y.tolist())
-    """
-
-
-def test_a_soft_file_lock_warning_under_w_error(ran):
-    proc, tmp_path = ran["_a_soft_file_lock_warning_under_w_error"]
-    # where the file system has no flock (ENOSYS), filelock decides: it warns and takes a soft lock; that warning
-    # must not stop the Tracer under -W error
-    path = tmp_path / "t"
+    """,
+        "-W",
+        "error",
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == "[2.0, 2.0]\n"
     assert proc.stderr == (
@@ -483,9 +434,9 @@ INTERRUPT_IN = """
 """
 
 
-@program()
-def _a_ctrl_c_while_the_trace_closes_comes_after_it_is_closed(tmp_path):
-    return (
+def test_a_ctrl_c_while_the_trace_closes_comes_after_it_is_closed(tmp_path):
+    proc = run(
+        tmp_path,
         INTERRUPT_IN
         + f"""
     restore = interrupting(hooks.Hooks, "_give_back_compiled", times=3)  # after the mode is left, before the rest
@@ -500,21 +451,17 @@ def _a_ctrl_c_while_the_trace_closes_comes_after_it_is_closed(tmp_path):
     with Tracer({str(tmp_path / "t")!r}):  # the path's lock was given back
         torch.ones(1) + 1
     print("traced again")
-    """
+    """,
     )
-
-
-def test_a_ctrl_c_while_the_trace_closes_comes_after_it_is_closed(ran):
-    proc, tmp_path = ran["_a_ctrl_c_while_the_trace_closes_comes_after_it_is_closed"]
     assert proc.returncode == 0, proc.stderr
     # three Ctrl-Cs are one KeyboardInterrupt, after the clean-up: no Tracer active, no mode, no hook left on
     # (before: Tracer._active stayed set, every later Tracer was refused, 2 global hooks stayed on)
     assert proc.stdout.split("\n")[:3] == ["KeyboardInterrupt", "(False, 0, 0)", "traced again"]
 
 
-@program()
-def _a_ctrl_c_while_the_trace_starts_ends_it_before_the_block(tmp_path):
-    return (
+def test_a_ctrl_c_while_the_trace_starts_ends_it_before_the_block(tmp_path):
+    proc = run(
+        tmp_path,
         INTERRUPT_IN
         + f"""
     restore = interrupting(attribution.Attribution, "install")  # after the lock and the hooks, before the mode
@@ -528,21 +475,17 @@ def _a_ctrl_c_while_the_trace_starts_ends_it_before_the_block(tmp_path):
     print(left())
     for _ in range(20):
         torch.ones(1) + 1  # nothing records these (a mode left on the stack wrote them as parts)
-    """
+    """,
     )
-
-
-def test_a_ctrl_c_while_the_trace_starts_ends_it_before_the_block(ran):
-    proc, tmp_path = ran["_a_ctrl_c_while_the_trace_starts_ends_it_before_the_block"]
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split("\n")[:2] == ["KeyboardInterrupt", "(False, 0, 0)"]
     assert read_metadata(tmp_path / "t")["error"] == "KeyboardInterrupt: "
     assert sorted(os.listdir(tmp_path / "t")) == ["_optrace.parquet", "part-000000.parquet"]
 
 
-@program()
-def _a_tracer_left_on_another_thread_stops_recording_and_does_not_raise(tmp_path):
-    return (
+def test_a_tracer_left_on_another_thread_stops_recording_and_does_not_raise(tmp_path):
+    proc = run(
+        tmp_path,
         INTERRUPT_IN
         + f"""
     tracer = Tracer({str(tmp_path / "t")!r})
@@ -554,12 +497,8 @@ def _a_tracer_left_on_another_thread_stops_recording_and_does_not_raise(tmp_path
     for _ in range(50):
         torch.ones(1) + 1
     print(done, left())
-    """
+    """,
     )
-
-
-def test_a_tracer_left_on_another_thread_stops_recording_and_does_not_raise(ran):
-    proc, tmp_path = ran["_a_tracer_left_on_another_thread_stops_recording_and_does_not_raise"]
     assert proc.returncode == 0, proc.stderr
     # the mode stays on the entering thread's stack (a thread cannot pop another's), inert: 1 mode, no hook, no Tracer
     assert proc.stdout == "[False] (False, 1, 0)\n"

@@ -12,8 +12,7 @@ import torch
 
 import reports
 from tests import helpers
-from tests.helpers import unwrapped
-from tests.helpers.forked import run_forked
+from tests.helpers import forked, unwrapped
 from tracer import Tracer, read_metadata
 
 ROOT = str(helpers.ROOT)
@@ -46,44 +45,37 @@ CHILD = textwrap.dedent("""
 """)
 
 
-def _case(cwd, code, *args, collector="compiled"):
-    """A child running `code` as `python -c code args` from `cwd`, with the compiled hook or the Python path."""
+def _child(tmp_path, code, *args, collector="compiled"):
     env = {**os.environ, "PYTHONPATH": ROOT}
     env.pop("OPTRACE_COLLECTOR", None)
     if collector == "python":
         env["OPTRACE_COLLECTOR"] = "python"
-    return {"code": code, "args": args, "cwd": cwd, "env": env}
+    return forked.run(code, args, cwd=tmp_path, env=env, timeout=120)  # a fork of a Python that imported torch
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """Every child of this module, run once whichever tests ask, each a fork of one Python that imported torch
-    (tests.helpers.forked: 1 import of torch, not 11): key -> (the process, the trace's path). A test only reads
-    them. CHILD's keys are (traced, handler, collector); the other programs' keys are named below."""
-    cases = {}
+    """CHILD run once per (traced, handler, collector) in this module, whichever tests ask: (the process, the trace's
+    path). A test only reads them; sharing them saves 6 of 13 children."""
+    done = {}
 
-    def add(key, code, path, *args, collector="compiled"):
-        path = tmp_path_factory.mktemp("sigterm") / path
-        cases[key] = (_case(path.parent, code, *[path if a is None else a for a in args], collector=collector), path)
+    def run(traced, handler, collector="compiled"):
+        key = (traced, handler, collector)
+        if key not in done:
+            root = tmp_path_factory.mktemp("sigterm")
+            path = root / ("t" if traced else "u")
+            flush = [16384] if traced else []
+            done[key] = (_child(root, CHILD, traced, handler, path, *flush, collector=collector), path)
+        return done[key]
 
-    for handler in ("none", "exit3"):
-        add(("untraced", handler, "compiled"), CHILD, "u", "untraced", handler, None)
-        for collector in ("compiled", "python"):
-            add(("traced", handler, collector), CHILD, "t", "traced", handler, None, 16384, collector=collector)
-    add("parts", CHILD, "t", "traced", "none", None, 3)  # None: the trace's path
-    add("formula", FORMULA, "t", None)
-    for sig in ("SIGKILL", "SIGTERM"):
-        add(("metered", sig), METERED, "m", None, 11, sig)
-    add("fork", FORKED, "t", None)
-    procs = run_forked([case for case, _ in cases.values()], env={**os.environ, "PYTHONPATH": ROOT})
-    return {key: (proc, path) for (key, (_, path)), proc in zip(cases.items(), procs)}
+    return run
 
 
 @pytest.mark.parametrize("collector", ["compiled", "python"])
 def test_sigterm_without_a_handler_writes_the_buffered_rows_then_ends_the_process(runs, collector):
-    untraced, _ = runs["untraced", "none", "compiled"]
+    untraced, _ = runs("untraced", "none")
     assert untraced.returncode == -signal.SIGTERM  # the default action: ended by the signal
-    traced, path = runs["traced", "none", collector]
+    traced, path = runs("traced", "none", collector)
     assert traced.returncode == untraced.returncode == -15 and "after the signal" not in traced.stdout
     assert traced.stderr == ""
     with pytest.warns(UserWarning, match=r"trace is incomplete \(stopped by SIGTERM\); reporting the 8 rows it has"):
@@ -97,7 +89,7 @@ def test_sigterm_without_a_handler_writes_the_buffered_rows_then_ends_the_proces
 def test_the_report_names_the_signal(runs, capsys, engine):
     from reports.output.cli import main
 
-    (_, none), (_, exit3) = runs[("traced", "none", "compiled")], runs[("traced", "exit3", "compiled")]
+    (_, none), (_, exit3) = runs("traced", "none"), runs("traced", "exit3")
     assert main(["report", str(none), "--engine", engine]) == 0
     out, err = capsys.readouterr()
     assert "(8 ops, 1 step(s), " in out and ", INCOMPLETE (stopped by SIGTERM))" in out.splitlines()[0]
@@ -112,8 +104,9 @@ def test_the_report_names_the_signal(runs, capsys, engine):
     assert found["complete"] is False and found["signal"] == "SIGTERM"
 
 
-def test_sigterm_after_some_parts_keeps_those_and_the_buffered_rows(runs):
-    traced, path = runs["parts"]
+def test_sigterm_after_some_parts_keeps_those_and_the_buffered_rows(tmp_path):
+    path = tmp_path / "t"
+    traced = _child(tmp_path, CHILD, "traced", "none", path, 3)
     assert traced.returncode == -15
     with pytest.warns(UserWarning, match="stopped by SIGTERM"):
         assert reports.load(path)["seq"].tolist() == list(range(8))  # parts of 3, 3, then the 2 buffered
@@ -121,8 +114,8 @@ def test_sigterm_after_some_parts_keeps_those_and_the_buffered_rows(runs):
 
 @pytest.mark.parametrize("collector", ["compiled", "python"])
 def test_the_programs_own_handler_runs_once_after_the_rows_are_written(runs, collector):
-    untraced, _ = runs["untraced", "exit3", "compiled"]
-    traced, path = runs["traced", "exit3", collector]
+    untraced, _ = runs("untraced", "exit3")
+    traced, path = runs("traced", "exit3", collector)
     assert traced.returncode == untraced.returncode == 3
     assert traced.stdout == untraced.stdout == "handler 1\n"
     meta = read_metadata(path)
@@ -131,7 +124,8 @@ def test_the_programs_own_handler_runs_once_after_the_rows_are_written(runs, col
         assert len(reports.load(path)) == 8
 
 
-FORMULA = textwrap.dedent("""
+def test_a_sigterm_inside_a_flop_formula_is_held_until_the_row_is_whole(tmp_path):
+    code = textwrap.dedent("""
         import os, signal, sys, torch, tracer
         lib = torch.library.Library("optrace_sigterm_test", "DEF")
         lib.define("twice(Tensor x) -> Tensor")
@@ -147,10 +141,8 @@ FORMULA = textwrap.dedent("""
             torch.ops.optrace_sigterm_test.twice(a)
             print("after the signal", flush=True)
     """)
-
-
-def test_a_sigterm_inside_a_flop_formula_is_held_until_the_row_is_whole(runs):
-    proc, path = runs["formula"]
+    path = tmp_path / "t"
+    proc = _child(tmp_path, code, path)
     assert proc.returncode == -15 and proc.stdout == ""
     with pytest.warns(UserWarning, match="stopped by SIGTERM"):
         df = reports.load(path)
@@ -196,8 +188,9 @@ METERED = textwrap.dedent("""
 
 
 @pytest.mark.parametrize("sig, kept", [("SIGKILL", 6), ("SIGTERM", 11)])
-def test_a_metered_run_killed_early_keeps_at_least_half_its_steps(runs, sig, kept):
-    proc, path = runs["metered", sig]
+def test_a_metered_run_killed_early_keeps_at_least_half_its_steps(tmp_path, sig, kept):
+    path = tmp_path / "m"
+    proc = _child(tmp_path, METERED, path, 11, sig)
     assert proc.returncode == -getattr(signal, sig)
     steps = read_metadata(path)["meter"]["steps"]["step"]
     # 11 steps (0 and 1 traced): written at the traced steps, then when 3 and 6 steps were in the table (the next at
@@ -206,7 +199,8 @@ def test_a_metered_run_killed_early_keeps_at_least_half_its_steps(runs, sig, kep
     assert json.loads(json.dumps(read_metadata(path).get("signal"))) == ("SIGTERM" if sig == "SIGTERM" else None)
 
 
-FORKED = textwrap.dedent("""
+def test_a_forked_child_ends_by_sigterm_as_untraced_and_writes_nothing(tmp_path):
+    code = textwrap.dedent("""
         import os, signal, sys, torch
         from tracer import Tracer
         with Tracer(sys.argv[1]):
@@ -220,10 +214,8 @@ FORKED = textwrap.dedent("""
             print(os.waitstatus_to_exitcode(status), flush=True)
             a - 1
     """)
-
-
-def test_a_forked_child_ends_by_sigterm_as_untraced_and_writes_nothing(runs):
-    proc, path = runs["fork"]
+    path = tmp_path / "t"
+    proc = _child(tmp_path, code, path)
     assert proc.returncode == 0 and proc.stdout == "-15\n"  # the child ended by the signal, as untraced
     meta = read_metadata(path)
     assert meta["complete"] is True and "signal" not in meta
