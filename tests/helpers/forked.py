@@ -13,6 +13,7 @@ KeyboardInterrupt ending it by SIGINT, or a signal's own action; the interpreter
 threads joined, atexit's functions, stdout and stderr flushed) run before it ends. What a case does to its process
 (handlers, filters, patches, forks) ends with it; the parent runs nothing between the forks.
 
+Where there is no os.pidfd_open (not Linux) each runs as a fresh `python`, as before.
 Not for a program whose test talks to it while it runs (a pipe, a signal from outside: subprocess.Popen), one that
 checks which modules a fresh interpreter imports, or one that needs a fresh import of torch itself.
 """
@@ -133,8 +134,11 @@ def _parent(flags):
 
 
 @atexit.register
-def _close():
-    for parent in _parents.values():
+def close():
+    """End the parents (tests.conftest.pytest_unconfigure: a pytest-xdist worker may end without atexit's functions),
+    each waited for, so that their CPU time is counted as this process's children's."""
+    while _parents:
+        _, parent = _parents.popitem()
         parent.stdin.close()  # its loop ends
         parent.wait(timeout=60)
         parent.stdout.close()
@@ -149,6 +153,8 @@ def run(code=None, args=(), *, script=None, flags=(), cwd=None, env=None, timeou
     status other than 0."""
     program = [str(script)] if script is not None else ["-c", code]
     shown = [sys.executable, *flags, *program, *map(str, args)]
+    if not hasattr(os, "pidfd_open"):  # not Linux: a fresh Python, as before
+        return subprocess.run(shown, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=check)
     with tempfile.TemporaryDirectory(prefix="forked-") as outputs:
         spec = {
             "code": code,
