@@ -64,6 +64,13 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))  # a stable sort
 
 
+def pytest_unconfigure(config):
+    """The forking parents of tests.helpers.forked end with the test process, where it used them."""
+    forked = sys.modules.get("tests.helpers.forked")
+    if forked is not None:
+        forked.close()
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
     """`pytest -n 2` schedules by work stealing (pytest-xdist's `--dist worksteal`): each worker starts on one half of

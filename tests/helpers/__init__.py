@@ -82,17 +82,16 @@ print(json.dumps(results))
 
 
 def run_examples(cwd, *scripts):
-    """Run examples/ scripts, each a (name, [args]), in one child Python from `cwd` (see _RUN_SCRIPTS); later ones
-    find what earlier ones left in the process (a fake process group: put such a script last).
+    """Run examples/ scripts, each a (name, [args]), in one child Python from `cwd` (see _RUN_SCRIPTS; a fork of
+    a Python that imported torch, tests.helpers.forked); later ones find what earlier ones left in the process (a
+    fake process group: put such a script last).
     Returns {name: {"code", "stdout", "stderr"}}; each ran in cwd/<name>."""
     import json
-    import subprocess
-    import sys
+
+    from tests.helpers import forked
 
     runs = [(str(EXAMPLES / name), list(args)) for name, args in scripts]
-    done = subprocess.run(
-        [sys.executable, "-c", _RUN_SCRIPTS, json.dumps(runs)], cwd=cwd, capture_output=True, text=True, timeout=300
-    )
+    done = forked.run(_RUN_SCRIPTS, [json.dumps(runs)], cwd=cwd, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     return json.loads(done.stdout.splitlines()[-1])
 

@@ -13,6 +13,7 @@ import sys
 import pytest
 
 from tests import helpers
+from tests.helpers import forked
 
 ROOT = helpers.ROOT
 PAGES = ["README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md"))]
@@ -108,11 +109,10 @@ def test_every_output_shown_follows_code_that_is_run_or_listed():
 def demo(tmp_path_factory):
     """The demo's trace: examples/gpt.py as `make demo` runs it (3 AdamW steps of the example GPT, fp32)."""
     where = tmp_path_factory.mktemp("demo")
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "examples" / "gpt.py"), "--out", DEMO],
+    done = forked.run(
+        script=ROOT / "examples" / "gpt.py",
+        args=["--out", DEMO],
         cwd=where,
-        capture_output=True,
-        text=True,
         timeout=300,
         env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"},
     )

@@ -2,8 +2,6 @@
 
 import json
 import os
-import subprocess
-import sys
 
 import gpt
 import linear
@@ -11,6 +9,7 @@ import pytest
 import tensors
 
 from tests import helpers
+from tests.helpers import forked
 
 B, D, K = 1024, 256, 64  # the lecture's linear model: x [B, D] @ w [D, K]
 
@@ -257,11 +256,10 @@ print(json.dumps(results))
 @pytest.fixture(scope="module")
 def helps(examples_dir, tmp_path_factory):
     cwd = tmp_path_factory.mktemp("help")
-    done = subprocess.run(
-        [sys.executable, "-c", HELP_ALL, *(str(examples_dir / name) for name in EXAMPLES)],
+    done = forked.run(
+        HELP_ALL,
+        [examples_dir / name for name in EXAMPLES],
         cwd=cwd,
-        capture_output=True,
-        text=True,
         timeout=240,
         env={**os.environ, "PYTHONPATH": str(examples_dir.parent)},
     )
@@ -280,11 +278,9 @@ def test_every_example_prints_its_usage_and_runs_nothing(helps, script):
 
 
 def test_distributed_outside_torchrun_is_one_line(examples_dir, tmp_path):
-    done = subprocess.run(
-        [sys.executable, str(examples_dir / "distributed.py")],
+    done = forked.run(
+        script=examples_dir / "distributed.py",
         cwd=tmp_path,
-        capture_output=True,
-        text=True,
         timeout=120,
         env={**os.environ, "PYTHONPATH": str(examples_dir.parent)},
     )

@@ -2,10 +2,9 @@
 runs as written. tests/integration/test_docs.py runs every other block of the README and the docs pages."""
 
 import re
-import subprocess
-import sys
 
 from tests import helpers
+from tests.helpers import forked
 
 ROOT = helpers.ROOT
 
@@ -15,14 +14,7 @@ def test_readme_example_output_is_real(tmp_path):
     text = (ROOT / "README.md").read_text()
     code, output = re.search(r"```python\n(.*?)```\n```\n(.*?)```", text, re.S).groups()
     assert len(code.strip().splitlines()) <= 10
-    done = subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
-    )
+    done = forked.run(code, cwd=tmp_path, timeout=120, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
     assert done.returncode == 0, done.stderr
     assert done.stdout == output
 
@@ -32,13 +24,8 @@ def test_readme_meter_example_runs_as_written(tmp_path):
     printed as one line of at most 120 characters, in the format of the lines the page shows."""
     text = (ROOT / "docs" / "meter.md").read_text()
     code, shown = re.search(r"```python\n(.*?)```\n```\n(.*?)```", text, re.S).groups()
-    done = subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"},
+    done = forked.run(
+        code, cwd=tmp_path, timeout=120, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"}
     )
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()

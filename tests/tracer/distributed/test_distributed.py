@@ -151,8 +151,13 @@ def _free_port():
 
 
 def spawn(parts, root):
-    """`worker` of `parts` on WORLD processes; (root, {rank: the results{rank}.json it wrote})."""
-    mp.spawn(worker, args=(root, os.path.join(root, "store"), parts), nprocs=WORLD)
+    """`worker` of `parts` on WORLD processes; (root, {rank: the results{rank}.json it wrote}). Each a fresh process
+    forked from multiprocessing's fork server, which imports torch, what the first Tracer imports and this module
+    once for the test process (a spawned process imported them each time: about 3 CPU-s per rank)."""
+    import multiprocessing
+
+    multiprocessing.set_forkserver_preload(["torch", "torch._dynamo", "torch.distributed.tensor", __name__])
+    mp.start_processes(worker, args=(root, os.path.join(root, "store"), parts), nprocs=WORLD, start_method="forkserver")
     results = {}
     for rank in range(WORLD):
         with open(os.path.join(root, f"results{rank}.json")) as f:

@@ -1,7 +1,6 @@
 """tracer.metering.meter.Meter: per-step MFU from one traced step per signature; reports.meter; the report section; callbacks."""
 
 import json
-import subprocess
 import sys
 
 import pytest
@@ -13,7 +12,7 @@ import reports
 import tracer
 from reports.errors import ReportError
 from reports.output.cli import main as optrace
-from tests.helpers import unwrapped
+from tests.helpers import forked, unwrapped
 from tracer.errors import TraceError
 from tracer.metering import meter as meter_module
 from tracer.metering.meter import Meter
@@ -353,12 +352,10 @@ def test_under_w_error_nothing_raises(tmp_path):
         "    net(torch.ones(b, 4)).sum().backward(); opt.step(); opt.zero_grad(); print(m.step()['traced'])\n"
         "m.close()\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-W", "error", "-c", code],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=str(tmp_path),
+    done = forked.run(
+        code,
+        flags=("-W", "error"),
+        cwd=tmp_path,
         env={"PYTHONPATH": str(meter_module.__file__.rsplit("/tracer/", 1)[0])},
     )
     assert done.returncode == 0, done.stderr
@@ -617,14 +614,7 @@ def test_a_run_that_crashes_is_closed_incomplete_at_exit(tmp_path):
         "    net(torch.ones(1, 4)).sum().backward(); net.zero_grad(); m.step()\n"
         "raise RuntimeError('boom')\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=str(tmp_path),
-        env={"PYTHONPATH": str(meter_module.__file__.rsplit("/tracer/", 1)[0])},
-    )
+    done = forked.run(code, cwd=tmp_path, env={"PYTHONPATH": str(meter_module.__file__.rsplit("/tracer/", 1)[0])})
     assert done.returncode == 1 and "RuntimeError: boom" in done.stderr
     meta = tracer.read_metadata(tmp_path / "x")
     assert meta["complete"] is False and meta["error"] == "RuntimeError: boom"  # the exit handler closed it

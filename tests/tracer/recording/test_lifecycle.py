@@ -10,6 +10,7 @@ from torch.nn.modules import module as module_hooks
 import reports
 import tracer.recording.attribution
 from tests import helpers
+from tests.helpers import forked
 from tracer import Tracer, read_metadata
 
 
@@ -142,8 +143,6 @@ def test_read_metadata_of_a_distributed_trace_holds_every_rank(tmp_path):
 def test_a_run_killed_before_its_first_part_is_a_damaged_trace(tmp_path, capsys):
     import os
     import signal
-    import subprocess
-    import sys
 
     from reports.output.cli import main
 
@@ -153,7 +152,7 @@ def test_a_run_killed_before_its_first_part_is_a_damaged_trace(tmp_path, capsys)
         f"import os, signal, torch\nfrom tracer import Tracer\nwith Tracer({str(path)!r}):\n"
         "    torch.ones(2) + 1\n    os.kill(os.getpid(), signal.SIGKILL)\n"
     )
-    proc = subprocess.run([sys.executable, "-c", code], cwd=root, env={**os.environ, "PYTHONPATH": root}, timeout=120)
+    proc = forked.run(code, cwd=root, env={**os.environ, "PYTHONPATH": root}, timeout=120)
     assert proc.returncode == -signal.SIGKILL and sorted(os.listdir(path)) == [".optrace.lock", "_optrace.parquet"]
     assert main(["report", str(path)]) == 2
     out, err = capsys.readouterr()

@@ -31,7 +31,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint, set_checkpoint_early_stop
 
 from tests import helpers
-from tests.helpers import unwrapped
+from tests.helpers import forked, unwrapped
 from tracer import Tracer, read_metadata
 from tracer.recording.steps import Steps
 
@@ -983,8 +983,6 @@ def test_a_deep_graph_is_freed_without_overflowing_the_stack(tmp_path):
     """60,000 chained nodes: naming every one from Python would make PyTorch free them recursively and crash
     (about 40,000 overflow an 8 MB stack); the tracer names the ops of the first NAMED_PER_ENGINE_RUN nodes and no more."""
     import os
-    import subprocess
-    import sys
 
     script = (
         "import torch, sys\nfrom torch import nn\nfrom tracer import Tracer\n"
@@ -1000,13 +998,7 @@ def test_a_deep_graph_is_freed_without_overflowing_the_stack(tmp_path):
         "    del h\n"
         "print('freed')\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", script],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "PYTHONPATH": str(helpers.ROOT)},
-    )
+    done = forked.run(script, env={**os.environ, "PYTHONPATH": str(helpers.ROOT)}, timeout=300)
     assert done.returncode == 0 and done.stdout.strip() == "freed", done.stderr[-2000:]
 
 

@@ -14,6 +14,7 @@ from torch import nn
 import reports
 import tracer
 from tests import helpers
+from tests.helpers import forked
 from tracer import TraceError, Tracer, read_metadata
 from tracer.schema import COLUMN_NAMES, SCHEMA_VERSION
 
@@ -309,7 +310,7 @@ def test_killed_process_keeps_flushed_rows(tmp_path):
             os.kill(os.getpid(), signal.SIGKILL)
     """)
     root = str(helpers.ROOT)
-    proc = subprocess.run([sys.executable, "-c", script], cwd=root)
+    proc = forked.run(script, cwd=root)
     assert proc.returncode == -signal.SIGKILL
     df = pd.read_parquet(path)
     assert len(df) == 300  # 351 ops (ones + 350 adds); the 51 after the third flush were in memory

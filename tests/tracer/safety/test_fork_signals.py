@@ -1,7 +1,7 @@
 """The traced program's process: forked children, DataLoader workers, Ctrl-C and warnings as errors.
 
-Each case runs in a subprocess (a fork, a signal and `-W error` must not reach pytest's own
-process) and checks what the program printed, its exit status and the trace on disk.
+Each case runs in a process of its own (a fork, a signal and `-W error` must not reach pytest's own
+process: tests.helpers.forked) and checks what the program printed, its exit status and the trace on disk.
 """
 
 import os
@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 from tests import helpers
-from tests.helpers import DEFAULT_SIGINT
+from tests.helpers import DEFAULT_SIGINT, forked
 from tracer import read_metadata
 from tracer.schema import MARKER_NAME, marker_facts
 
@@ -21,18 +21,12 @@ ROOT = str(helpers.ROOT)
 
 
 def run(tmp_path, code, *flags):
-    """Run `code` as a script file (spawned workers import it) in a fresh interpreter, with Python's own SIGINT
-    handler (conftest.DEFAULT_SIGINT) however the suite was started."""
+    """Run `code` as a script file (spawned workers import it) as `python FLAGS program.py` would, in a fork of a
+    Python that imported torch (tests.helpers.forked), with Python's own SIGINT handler (conftest.DEFAULT_SIGINT)
+    however the suite was started."""
     script = tmp_path / "program.py"
     script.write_text(DEFAULT_SIGINT + textwrap.dedent(code))
-    return subprocess.run(
-        [sys.executable, *flags, str(script)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONPATH": ROOT},
-        timeout=300,
-    )
+    return forked.run(script=script, flags=flags, cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT}, timeout=300)
 
 
 # ------------------------------------------------------------------ forked children record and write nothing

@@ -25,7 +25,7 @@ from torch import nn
 import reports
 import tracer
 from tests import helpers
-from tests.helpers import DEFAULT_SIGINT
+from tests.helpers import DEFAULT_SIGINT, forked
 from tracer import TraceError, Tracer, read_metadata
 from tracer.schema import LEGACY_MARKER_NAME, MARKER_NAME, marker_facts
 
@@ -561,14 +561,7 @@ def test_a_signal_in_a_subprocess_keeps_flushed_rows(tmp_path, sig):
                 a = a + 1  # 5 ops: parts of 2 rows written as they fill
             os.kill(os.getpid(), signal.{sig})
     """)
-    proc = subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONPATH": ROOT},
-        timeout=120,
-    )
+    proc = forked.run(code, cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT}, timeout=120)
     assert proc.returncode != 0
     df = pd.read_parquet(path)
     if sig == "SIGINT":  # KeyboardInterrupt: __exit__ writes the last row too

@@ -5,8 +5,6 @@ Each case runs a child that sends itself the signal, traced and untraced, and co
 import json
 import os
 import signal
-import subprocess
-import sys
 import textwrap
 
 import pytest
@@ -14,7 +12,7 @@ import torch
 
 import reports
 from tests import helpers
-from tests.helpers import unwrapped
+from tests.helpers import forked, unwrapped
 from tracer import Tracer, read_metadata
 
 ROOT = str(helpers.ROOT)
@@ -52,20 +50,13 @@ def _child(tmp_path, code, *args, collector="compiled"):
     env.pop("OPTRACE_COLLECTOR", None)
     if collector == "python":
         env["OPTRACE_COLLECTOR"] = "python"
-    return subprocess.run(
-        [sys.executable, "-c", code, *map(str, args)],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-    )
+    return forked.run(code, args, cwd=tmp_path, env=env, timeout=120)  # a fork of a Python that imported torch
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """CHILD run once per (traced, handler, collector) in this module, whichever tests ask: (the process, the trace's
-    path). A test only reads them; each child is a fresh Python importing torch, so sharing them saves 6 of 13."""
+    path). A test only reads them; sharing them saves 6 of 13 children."""
     done = {}
 
     def run(traced, handler, collector="compiled"):

@@ -11,8 +11,6 @@ character, as one trace of one part.
 import json
 import os
 import shutil
-import subprocess
-import sys
 import types
 
 import pandas as pd
@@ -25,6 +23,7 @@ import tracer.store.writer as writer
 from reports.errors import ReportError
 from reports.output.cli import main
 from tests import helpers
+from tests.helpers import forked
 from tracer import Tracer, read_metadata
 from tracer.schema import MARKER_NAME, merged_name, part_name, superseded
 
@@ -191,7 +190,7 @@ with Tracer(sys.argv[1], flush_rows=1, run_name="killed"):
 def _killed(path, fanout):
     """A run of 100 one-row parts killed inside its `with` block, merging `fanout` files at a time."""
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    subprocess.run([sys.executable, "-c", _KILLED, str(path), str(fanout)], check=True, env=env, timeout=120)
+    forked.run(_KILLED, [path, fanout], env=env, timeout=120, check=True)
     return sorted(name for name in os.listdir(path) if name != ".optrace.lock")  # the lock a killed run leaves
 
 

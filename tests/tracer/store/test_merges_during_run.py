@@ -22,6 +22,7 @@ import tracer.store.writer as writer
 from reports.errors import ReportError
 from reports.output.cli import main
 from tests import helpers
+from tests.helpers import forked
 from tests.tracer.store.test_many_parts import _train as train
 from tracer import Tracer, read_metadata
 from tracer.schema import (
@@ -505,12 +506,10 @@ with Tracer(sys.argv[1], flush_rows=1, run_name="killed"):
 
 
 def test_a_process_killed_inside_a_cascade_of_merges_is_read_whole(tmp_path):
-    import subprocess
-    import sys
 
     path = tmp_path / "t"
     env = dict(os.environ, PYTHONPATH=str(helpers.ROOT))
-    subprocess.run([sys.executable, "-c", _KILLED, str(path)], check=True, env=env, timeout=120)
+    forked.run(_KILLED, [path], env=env, timeout=120, check=True)
     assert _files(path) == [merged_name(0, 3), merged_name(0, 7), merged_name(4, 7)]  # seq 0-7; op 9 never flushed
     with pytest.warns(UserWarning, match=r"incomplete \(cut short\); reporting the 8 rows"):
         assert reports.load(path)["seq"].tolist() == list(range(8))

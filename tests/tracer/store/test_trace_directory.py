@@ -5,8 +5,6 @@ import hashlib
 import os
 import pathlib
 import shutil
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -14,6 +12,7 @@ import torch
 import reports
 from reports.errors import ReportError
 from tests import helpers
+from tests.helpers import forked
 from tracer import TraceError, Tracer, read_metadata
 from tracer.schema import MARKER_NAME
 
@@ -179,12 +178,8 @@ def fifo(tmp_path_factory):
         os.mkfifo(path / name)
         argv += [str(path), what]
         paths[str(path)] = (name, what, good)
-    done = subprocess.run(
-        [sys.executable, "-c", _FIFO.format(root=str(helpers.ROOT)), *argv],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    done = forked.run(
+        _FIFO.format(root=str(helpers.ROOT)), argv, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"}
     )
     found = {}
     for case in done.stdout.split("case ")[1:]:
@@ -299,7 +294,7 @@ def test_a_fifo_named_like_a_part_is_refused_by_read_metadata(fifo):
     )
     root = str(helpers.ROOT)
     script = f"import sys; sys.path.insert(0, {root!r}); from tracer import read_metadata; read_metadata({str(path)!r})"
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=20)
+    done = forked.run(script, timeout=20)
     assert done.stderr.strip().splitlines()[-1] == (
         f"tracer.schema.NotRegular: {path / 'part-000001.parquet'} is not a "
         "regular file, not an optrace part; move it out of the trace"
