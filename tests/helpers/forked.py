@@ -9,8 +9,10 @@ run, no thread started, the signal dispositions and `-W` options the parent was 
 parent's: the checkout first, as PYTHONPATH put it), runs as
 `python FLAGS -c CODE ARGS` or `python FLAGS SCRIPT ARGS` would, in its own directory and environment, with its own
 stdout and stderr, and ends as Python ends: SystemExit's code, a traceback and status 1, an uncaught
-KeyboardInterrupt ending it by SIGINT, or a signal's own action; the interpreter's exit steps (the non-daemon
-threads joined, atexit's functions, stdout and stderr flushed) run before it ends. What a case does to its process
+KeyboardInterrupt ending it by SIGINT, or a signal's own action; it ends through the interpreter's own finalization
+(the non-daemon threads joined, atexit's functions, the modules and their objects finalized: a finalizer's warning or
+"Exception ignored" reaches its stderr as it would a fresh `python`'s), but for an uncaught KeyboardInterrupt, whose
+exit steps are run by hand before the SIGINT (modules are not finalized). What a case does to its process
 (handlers, filters, patches, forks) ends with it; the parent runs nothing between the forks.
 
 Where there is no os.pidfd_open (not Linux) each runs as a fresh `python`, as before.
@@ -73,33 +75,31 @@ def case(spec):
             traceback.print_exception(type(exc), exc, tb)
         interrupted = isinstance(exc, KeyboardInterrupt)
         status = 1
-    threading._shutdown()  # what Python does at its end: the non-daemon threads joined, then atexit's functions
-    atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except Exception:
-            pass
-    if interrupted:  # as Python ends on an uncaught KeyboardInterrupt: by SIGINT itself
+    if interrupted:  # as Python ends on an uncaught KeyboardInterrupt: its exit steps, then by SIGINT itself
+        threading._shutdown()  # the non-daemon threads joined, then atexit's functions
+        atexit._run_exitfuncs()
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:
+                pass
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGINT)
-    os._exit(status & 0xFF)
+    return status  # else the interpreter's own end (below): threads joined, atexit, modules and objects finalized
 
 requests, answers = os.fdopen(os.dup(0), "r"), os.fdopen(os.dup(1), "w")
 os.dup2(os.open(os.devnull, os.O_RDONLY), 0)  # the pipes of requests and answers are no case's stdin or stdout
 os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
+pid = None
 for line in requests:  # one case per line, one answer per line; the end of input ends the parent
     spec = json.loads(line)
     sys.stdout.flush()
     sys.stderr.flush()
     pid = os.fork()
     if pid == 0:
-        try:
-            os.close(requests.fileno())
-            os.close(answers.fileno())
-            case(spec)
-        finally:
-            os._exit(70)  # not reached
+        requests.close()  # through their objects: the interpreter's end finalizes them
+        answers.close()
+        break
     ready = os.pidfd_open(pid)
     if select.select([ready], [], [], spec["timeout"])[0]:
         answer = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
@@ -110,6 +110,8 @@ for line in requests:  # one case per line, one answer per line; the end of inpu
     os.close(ready)
     answers.write(json.dumps(answer) + "\n")
     answers.flush()
+if pid == 0:  # a case: its program, then the end of this interpreter as `python` ends (Py_FinalizeEx), its status
+    sys.exit(case(spec))
 """
 
 _parents = {}  # flags -> the parent's Popen, for this test process
