@@ -16,7 +16,7 @@ rank processes (SCALED: activations, temporaries, inputs) and `fixed_op` the res
 and k is the micro-batch over the traced one. What an optimizer-phase op made counts as
 fixed whatever its category: AdamW foreach's temporaries (`_foreach_sqrt` of exp_avg_sq,
 ...) are the size of the optimizer state, not of the batch; so is a copy made from parameters
-alone (autocast's bf16 weight, saved for the backward: `_made_from_parameters`). This is the extrapolation: activation
+alone at a parameter's shape (autocast's bf16 weight, saved for the backward: `_made_from_parameters`). This is the extrapolation: activation
 bytes linear in the micro-batch at a fixed sequence length, everything else fixed; it
 holds for ops whose outputs have a batch dimension. It does not hold for a change of
 sequence length (attention's memory is not linear in it), of world size (the shards
@@ -40,6 +40,7 @@ import numpy as np
 from reports.flops.recompute import checkpoint_recompute
 from reports.memory.lifetimes import CATEGORIES, Storages, dtype_sizes
 from reports.plan.changes import Need, changes
+from reports.plan.ops import parameter_copies
 from tracer.schema import PHASES, Phase
 
 __all__ = ["SCALED", "fit", "phases_of", "traced_batch"]
@@ -72,7 +73,7 @@ def _split(run):
     nbytes, alloc, free, cat = Storages(run.name, run.meta, rows).live_pieces()
     by_optimizer = (alloc >= 0) & (phase[np.maximum(alloc, 0)] == _OPTIMIZER)
     grows = np.isin(cat, [CATEGORIES.index(c) for c in SCALED]) & ~by_optimizer
-    grows &= ~_made_from_parameters(nbytes, alloc, rows, run, grows)
+    grows &= ~_made_from_parameters(alloc, rows, run, grows)
     scaled = _live(n, nbytes, alloc, free, grows)
     fixed = _live(n, nbytes, alloc, free, ~grows)
     state = _live(n, nbytes, alloc, free, cat == CATEGORIES.index("optimizer_state"))
@@ -88,32 +89,22 @@ def _split(run):
     return fixed + added, scaled, added, rows.seq, phase, parts
 
 
-def _made_from_parameters(nbytes, alloc, rows, run, pick):
-    """bool per piece: one of the `pick`ed pieces made by an op whose tensor inputs are all the model's parameters (FSDP2's
-    unsharded ones included) and whose bytes are a parameter's numel at 1, 2, 4 or 8 bytes an item: autocast's copy of a
-    weight in bf16 (`aten._to_copy`, saved for the backward: an activation) is a parameter's size whatever the
-    micro-batch. One level: a copy of such a copy still counts as growing. `rows`: the memory rows (seq order), whose
-    inputs are read from the run's PlanRows, matched by seq."""
-    params = [
-        p
-        for key in ("parameters", "unsharded_parameters")
-        for p in (run.meta.get(key) or {}).values()
-        if isinstance(p.get("numel"), int) and isinstance(p.get("storage_id"), int)
-    ]
-    out = np.zeros(len(nbytes), dtype=bool)
-    sizes = np.asarray(sorted({p["numel"] * s for p in params for s in (1, 2, 4, 8)} - {0}), dtype=np.int64)
-    candidate = pick & (alloc >= 0) & np.isin(nbytes, sizes)
-    if not candidate.any() or "input_storage_ids" not in run.rows:
+def _made_from_parameters(alloc, rows, run, pick):
+    """bool per piece: one of the `pick`ed pieces made by a row that copies parameters at their shape
+    (reports.plan.ops.parameter_copies: autocast's bf16 weight, saved for the backward, an activation that keeps a
+    parameter's size whatever the micro-batch). `rows`: the memory rows (seq order), matched by seq to the run's
+    PlanRows."""
+    out = np.zeros(len(alloc), dtype=bool)
+    candidate = pick & (alloc >= 0)
+    if not candidate.any():
         return out
-    offsets, ids = run.rows.flat("input_storage_ids")
-    read = np.diff(offsets)
-    of_params = np.isin(ids, [p["storage_id"] for p in params])
-    owner = np.repeat(np.arange(len(read)), read)
-    alone = (read > 0) & (np.bincount(owner[of_params], minlength=len(read)) == read)
+    copy = parameter_copies(run.rows, run.meta)
+    if not copy.any():
+        return out
     seq = run.rows.ints("seq")
     order = np.argsort(seq, kind="stable")
     at = np.minimum(np.searchsorted(seq[order], rows.seq[alloc[candidate]]), len(seq) - 1)
-    out[candidate] = alone[order[at]] & (seq[order[at]] == rows.seq[alloc[candidate]])
+    out[candidate] = copy[order[at]] & (seq[order[at]] == rows.seq[alloc[candidate]])
     return out
 
 

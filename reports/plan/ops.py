@@ -34,7 +34,8 @@ grow with the tokens (activations, temporaries, inputs: fit.py's SCALED); the by
 inputs and outputs whose storages stay (`fixed_bytes`: parameters, unsharded parameters,
 gradients, optimizer state, communication buffers, as the memory model categorises them)
 are moved once whatever the micro-batch: a Linear reads its weight once for 1 or 64
-sequences; so are those of a copy made from parameters alone (autocast's bf16 weight). Optimizer and other ops keep theirs. As in the memory model, FSDP2's unsharded
+sequences; so are those of a copy made from parameters alone at a parameter's shape (autocast's bf16 weight:
+`parameter_copies`). Optimizer and other ops keep theirs. As in the memory model, FSDP2's unsharded
 gradients before the reduce-scatter are temporaries, so their bytes scale (an
 overestimate), and a tensor-parallel all-reduce's output is a communication buffer, so the
 reads of it stay (an underestimate). Llama-3-8B under FSDP2 traced at 1 and planned at 4:
@@ -120,26 +121,40 @@ def _fixed_ids(rows, meta, ins, outs):
 
 
 def _copies_of_parameters(rows, meta, ins, outs):
-    """Ids of the storages a row made from parameters alone, at a parameter's numel at 1, 2, 4 or 8 bytes an item
-    (autocast's bf16 copy of a weight: reports.plan.fit._made_from_parameters counts it the same way)."""
-    params = [
-        p
-        for key in ("parameters", "unsharded_parameters")
-        for p in (meta.get(key) or {}).values()
-        if isinstance(p.get("numel"), int) and isinstance(p.get("storage_id"), int)
-    ]
-    if not params or not len(ins[1]) or "output_storage_bytes" not in rows:
+    """Ids of the storages a row made from parameters alone at a parameter's shape (`parameter_copies`)."""
+    copy = parameter_copies(rows, meta)
+    if not copy.any():
         return np.zeros(0, dtype=np.int64)
-    n = len(rows)
-    read = np.bincount(ins[0], minlength=n)
-    of_params = np.bincount(ins[0][np.isin(ins[1], [p["storage_id"] for p in params])], minlength=n)
-    alone = (read > 0) & (of_params == read)
-    offsets, nbytes = rows.flat("output_storage_bytes")
-    sizes = np.asarray(sorted({p["numel"] * s for p in params for s in (1, 2, 4, 8)} - {0}), dtype=np.int64)
-    if len(nbytes) != len(outs[1]) or not (np.diff(offsets) == np.bincount(outs[0], minlength=n)).all():
-        return np.zeros(0, dtype=np.int64)  # bytes not given for every output (a v1 trace): none counted
-    made = alone[outs[0]] & np.isin(nbytes, sizes) & ~np.isin(outs[1], ins[1][alone[ins[0]]])
+    made = copy[outs[0]] & ~np.isin(outs[1], ins[1][copy[ins[0]]])
     return unique(outs[1][made])
+
+
+def parameter_copies(rows, meta):
+    """bool per row of `rows` (reports.plan.rows.PlanRows): it read the model's parameters alone (FSDP2's unsharded
+    ones included) and made new storages each of the shape of a parameter it read: autocast's copy of a weight in
+    bf16 (`aten._to_copy`, saved for the backward), a parameter's size whatever the micro-batch. A parameter repeated
+    over the batch (DETR's `query.unsqueeze(1).repeat(1, B, 1)`) has another shape: it grows. One level: a copy of
+    such a copy is no parameter's, and grows."""
+    out = np.zeros(len(rows), dtype=bool)
+    shapes = {}  # storage id -> the shapes of the parameters it holds
+    for key in ("parameters", "unsharded_parameters"):
+        for p in (meta.get(key) or {}).values():
+            if isinstance(p.get("storage_id"), int) and isinstance(p.get("shape"), list):
+                shapes.setdefault(p["storage_id"], set()).add(tuple(p["shape"]))
+    if not shapes or not len(rows) or "input_storage_ids" not in rows or "output_shapes" not in rows:
+        return out
+    offsets, ids = rows.flat("input_storage_ids")
+    read = np.diff(offsets)
+    of_params = np.bincount(np.repeat(np.arange(len(read)), read)[np.isin(ids, list(shapes))], minlength=len(read))
+    alone = np.flatnonzero((read > 0) & (of_params == read))
+    if not len(alone):
+        return out
+    cells = (rows.cell_objects(c, alone) for c in ("input_storage_ids", "output_storage_ids", "output_shapes"))
+    for r, ins, outs, out_shapes in zip(alone.tolist(), *cells):
+        allowed = set().union(*(shapes[i] for i in ins))
+        new = [tuple(shape or ()) for sid, shape in zip(outs or (), out_shapes or ()) if sid not in ins]
+        out[r] = bool(new) and all(shape in allowed for shape in new)
+    return out
 
 
 def fixed_storages(rows, meta):

@@ -478,6 +478,42 @@ def test_plan_micro_batch_keeps_weight_reads_fixed(tmp_path):
         assert row["memory_bound_s"] == pytest.approx((33_554_432 + b * 16_384) / (3.35e12 * 0.8), rel=1e-9)
 
 
+class Queries(nn.Module):
+    """DETR's decoder queries: a learnt [256, 64] fp32 table (65,536 bytes) repeated over the batch, a copy made from
+    a parameter alone that grows with the micro-batch (unlike autocast's copy of a weight, which keeps its shape)."""
+
+    def __init__(self):
+        super().__init__()
+        self.query = nn.Parameter(torch.randn(256, 64))
+
+    def forward(self, x):
+        q = self.query.unsqueeze(0).repeat(x.shape[0], 1, 1)  # [B, 256, 64]: B x 65,536 bytes
+        return q.sin() + q
+
+
+def _queries(path, batch):
+    torch.manual_seed(0)
+    model, x = Queries(), torch.randn(batch, 256, 64)
+    with Tracer(path, model=model, tokens=batch * 256), torch.no_grad():
+        model(x)
+    return reports.load(path)
+
+
+@pytest.mark.parametrize("traced", [1, 2])
+def test_a_parameter_repeated_over_the_batch_grows_with_the_micro_batch(tmp_path, traced):
+    at8 = reports.plan(_queries(tmp_path / "b8", 8), "H100").iloc[0]
+    planned = reports.plan(_queries(tmp_path / "b", traced), "H100", micro_batch=8).iloc[0]
+    assert (planned["batch"], at8["batch"]) == (traced, 8)
+    # live after the add: the table 65,536 + repeat, sin and add 3 x 8 x 65,536 = 1,638,400 bytes; planned from
+    # batch 2 it was 1,245,184 (the repeat's 131,072 bytes, 8 x the table's numel at 1 byte an item, taken for a
+    # copy of a parameter and kept fixed: 65,536 + 131,072 + 4 x 262,144)
+    assert at8["peak_bytes_per_rank"] == planned["peak_bytes_per_rank"] == 1_638_400
+    # bytes moved: the table read once, the repeat written, sin's read and write, add's two reads and a write:
+    # 65,536 + 6 x 524,288 = 3,211,264 at 3.35e12 x 0.8 B/s = 1.198 us; from batch 2 it was 0.758 us
+    assert planned["memory_bound_s"] == pytest.approx(3_211_264 / (3.35e12 * 0.8), rel=1e-9)
+    assert at8["memory_bound_s"] == pytest.approx(3_211_264 / (3.35e12 * 0.8), rel=1e-9)
+
+
 def test_plan_prices_a_strided_group_across_nodes(tmp_path):
     import torch.distributed as dist
     from torch._subclasses.fake_tensor import FakeTensorMode
