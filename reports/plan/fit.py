@@ -16,7 +16,7 @@ rank processes (SCALED: activations, temporaries, inputs) and `fixed_op` the res
 and k is the micro-batch over the traced one. What an optimizer-phase op made counts as
 fixed whatever its category: AdamW foreach's temporaries (`_foreach_sqrt` of exp_avg_sq,
 ...) are the size of the optimizer state, not of the batch; so is a copy made from parameters
-alone at a parameter's shape (autocast's bf16 weight, saved for the backward: `_made_from_parameters`). This is the extrapolation: activation
+alone (autocast's bf16 weight, saved for the backward: `_made_from_parameters`). This is the extrapolation: activation
 bytes linear in the micro-batch at a fixed sequence length, everything else fixed; it
 holds for ops whose outputs have a batch dimension. It does not hold for a change of
 sequence length (attention's memory is not linear in it), of world size (the shards
@@ -90,9 +90,9 @@ def _split(run):
 
 
 def _made_from_parameters(alloc, rows, run, pick):
-    """bool per piece: one of the `pick`ed pieces made by a row that copies parameters at their shape
-    (reports.plan.ops.parameter_copies: autocast's bf16 weight, saved for the backward, an activation that keeps a
-    parameter's size whatever the micro-batch). `rows`: the memory rows (seq order), matched by seq to the run's
+    """bool per piece: one of the `pick`ed pieces made by a copy of parameters (reports.plan.ops.parameter_copies:
+    autocast's bf16 weight, saved for the backward, an activation that keeps a parameter's size whatever the
+    micro-batch). `rows`: the memory rows (seq order), matched by seq to the run's
     PlanRows."""
     out = np.zeros(len(alloc), dtype=bool)
     candidate = pick & (alloc >= 0)

@@ -34,8 +34,7 @@ grow with the tokens (activations, temporaries, inputs: fit.py's SCALED); the by
 inputs and outputs whose storages stay (`fixed_bytes`: parameters, unsharded parameters,
 gradients, optimizer state, communication buffers, as the memory model categorises them)
 are moved once whatever the micro-batch: a Linear reads its weight once for 1 or 64
-sequences; so are those of a copy made from parameters alone at a parameter's shape (autocast's bf16 weight:
-`parameter_copies`). Optimizer and other ops keep theirs. As in the memory model, FSDP2's unsharded
+sequences; so are those of a copy of parameters (autocast's bf16 weight: `parameter_copies`). Optimizer and other ops keep theirs. As in the memory model, FSDP2's unsharded
 gradients before the reduce-scatter are temporaries, so their bytes scale (an
 overestimate), and a tensor-parallel all-reduce's output is a communication buffer, so the
 reads of it stay (an underestimate). Llama-3-8B under FSDP2 traced at 1 and planned at 4:
@@ -48,7 +47,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from reports._util import unique
+from reports._util import ONE_TO_ONE_COPIES, packet, unique
 from reports.arrays import numpy_of, objects_of
 from reports.flops.peaks import normalize_dtype
 from reports.memory.lifetimes import dtype_sizes
@@ -121,7 +120,7 @@ def _fixed_ids(rows, meta, ins, outs):
 
 
 def _copies_of_parameters(rows, meta, ins, outs):
-    """Ids of the storages a row made from parameters alone at a parameter's shape (`parameter_copies`)."""
+    """Ids of the storages a copy of parameters made (`parameter_copies`)."""
     copy = parameter_copies(rows, meta)
     if not copy.any():
         return np.zeros(0, dtype=np.int64)
@@ -130,31 +129,23 @@ def _copies_of_parameters(rows, meta, ins, outs):
 
 
 def parameter_copies(rows, meta):
-    """bool per row of `rows` (reports.plan.rows.PlanRows): it read the model's parameters alone (FSDP2's unsharded
-    ones included) and made new storages each of the shape of a parameter it read: autocast's copy of a weight in
-    bf16 (`aten._to_copy`, saved for the backward), a parameter's size whatever the micro-batch. A parameter repeated
-    over the batch (DETR's `query.unsqueeze(1).repeat(1, B, 1)`) has another shape: it grows. One level: a copy of
-    such a copy is no parameter's, and grows."""
-    out = np.zeros(len(rows), dtype=bool)
-    shapes = {}  # storage id -> the shapes of the parameters it holds
-    for key in ("parameters", "unsharded_parameters"):
-        for p in (meta.get(key) or {}).values():
-            if isinstance(p.get("storage_id"), int) and isinstance(p.get("shape"), list):
-                shapes.setdefault(p["storage_id"], set()).add(tuple(p["shape"]))
-    if not shapes or not len(rows) or "input_storage_ids" not in rows or "output_shapes" not in rows:
-        return out
-    offsets, ids = rows.flat("input_storage_ids")
+    """bool per row of `rows` (reports.plan.rows.PlanRows): a one-to-one copy (reports._util.ONE_TO_ONE_COPIES) of the
+    model's parameters alone (FSDP2's unsharded ones included): autocast's copy of a weight in bf16 (`aten._to_copy`,
+    saved for the backward; of a transposed view of it too), a parameter's size whatever the micro-batch. A parameter
+    repeated over the batch (DETR's `query.unsqueeze(1).repeat(1, B, 1)`) is no copy of it: it grows. One level: a
+    copy of such a copy is no parameter's, and grows."""
+    ids = [
+        p["storage_id"]
+        for key in ("parameters", "unsharded_parameters")
+        for p in (meta.get(key) or {}).values()
+        if isinstance(p.get("storage_id"), int)
+    ]
+    if not ids or not len(rows) or "input_storage_ids" not in rows:
+        return np.zeros(len(rows), dtype=bool)
+    offsets, read_ids = rows.flat("input_storage_ids")
     read = np.diff(offsets)
-    of_params = np.bincount(np.repeat(np.arange(len(read)), read)[np.isin(ids, list(shapes))], minlength=len(read))
-    alone = np.flatnonzero((read > 0) & (of_params == read))
-    if not len(alone):
-        return out
-    cells = (rows.cell_objects(c, alone) for c in ("input_storage_ids", "output_storage_ids", "output_shapes"))
-    for r, ins, outs, out_shapes in zip(alone.tolist(), *cells):
-        allowed = set().union(*(shapes[i] for i in ins))
-        new = [tuple(shape or ()) for sid, shape in zip(outs or (), out_shapes or ()) if sid not in ins]
-        out[r] = bool(new) and all(shape in allowed for shape in new)
-    return out
+    of_params = np.bincount(np.repeat(np.arange(len(read)), read)[np.isin(read_ids, ids)], minlength=len(read))
+    return (read > 0) & (of_params == read) & rows.labels("op").map(packet).isin(ONE_TO_ONE_COPIES)
 
 
 def fixed_storages(rows, meta):
