@@ -109,25 +109,39 @@ def _made_from_parameters(alloc, rows, run, pick):
 
 
 def _parameter_sized(nbytes, alloc, phase, rows, run):
-    """bool per piece: made by a backward op at a parameter's size in bytes. A weight's gradient is computed at its
-    parameter's shape before autograd sums it (a tied embedding and head: two) or FSDP reduces it, whatever the
-    micro-batch; such a temporary is counted as growing with the micro-batch (the batch dimension it was contracted
-    over is not in the trace), so the largest micro-batch is a lower bound where they are live at its op
+    """bool per piece: made by a backward op at a parameter's numel times the itemsize of a dtype the op wrote. A
+    weight's gradient is computed at its parameter's shape before autograd sums it (a tied embedding and head: two) or
+    FSDP reduces it, whatever the micro-batch (under autocast first in bf16, an mm's output, then copied to the
+    parameter's dtype); such a temporary is counted as growing with the micro-batch (the batch dimension it was
+    contracted over is not in the trace), so the largest micro-batch is a lower bound where they are live at its op
     (`fit`'s `max_micro_batch_if_fixed`). An activation's gradient of the same size (tokens x width = a square
-    weight's width x width) is caught too: the note says "up to"."""
+    weight's width x width) is caught too: the note says "up to". `rows`: the memory rows (seq order), matched by
+    seq to the run's PlanRows for the dtypes the op wrote."""
     itemsize, meta = dtype_sizes(run.meta), run.meta
-    sizes = {
-        int(p["numel"]) * itemsize.get(p["dtype"], 0)
+    numels = {
+        int(p["numel"])
         for key in ("parameters", "unsharded_parameters")  # FSDP2: the gradient is the unsharded parameter's size
         for p in (meta.get(key) or {}).values()
-        if isinstance(p.get("numel"), int) and p.get("dtype") in itemsize
+        if isinstance(p.get("numel"), int)
     } - {0}
-    if not sizes or not len(nbytes):
-        return np.zeros(len(nbytes), dtype=bool)
+    out = np.zeros(len(nbytes), dtype=bool)
+    if not numels or not len(nbytes):
+        return out
     made = alloc >= 0
     backward = np.zeros(len(nbytes), dtype=bool)
     backward[made] = phase[alloc[made]] == PHASES[Phase.BACKWARD]
-    return backward & np.isin(nbytes, np.fromiter(sizes, dtype=np.int64, count=len(sizes)))
+    sizes = np.asarray(sorted({n * s for n in numels for s in set(itemsize.values())} - {0}), dtype=np.int64)
+    picked = np.flatnonzero(backward & np.isin(nbytes, sizes))  # a parameter's numel at some itemsize
+    if not len(picked) or "output_dtypes" not in run.rows:
+        return out
+    seq = run.rows.ints("seq")
+    order = np.argsort(seq, kind="stable")
+    at = order[np.minimum(np.searchsorted(seq[order], rows.seq[alloc[picked]]), len(seq) - 1)]
+    found = seq[at] == rows.seq[alloc[picked]]
+    for piece, dtypes, ok in zip(picked.tolist(), run.rows.cell_objects("output_dtypes", at), found.tolist()):
+        written = {itemsize.get(d, 0) for d in dtypes or ()} - {0}
+        out[piece] = ok and any(nbytes[piece] % s == 0 and nbytes[piece] // s in numels for s in written)
+    return out
 
 
 def phases_of(rows):
