@@ -36,7 +36,10 @@ total(k) <= the device's memory: min over ops with scaled bytes of
 import math
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
+from reports.arrays import numpy_of
 from reports.flops.recompute import checkpoint_recompute
 from reports.memory.lifetimes import CATEGORIES, Storages, dtype_sizes
 from reports.plan.changes import Need, changes
@@ -138,9 +141,16 @@ def _parameter_sized(nbytes, alloc, phase, rows, run):
     order = np.argsort(seq, kind="stable")
     at = order[np.minimum(np.searchsorted(seq[order], rows.seq[alloc[picked]]), len(seq) - 1)]
     found = seq[at] == rows.seq[alloc[picked]]
-    for piece, dtypes, ok in zip(picked.tolist(), run.rows.cell_objects("output_dtypes", at), found.tolist()):
-        written = {itemsize.get(d, 0) for d in dtypes or ()} - {0}
-        out[piece] = ok and any(nbytes[piece] % s == 0 and nbytes[piece] // s in numels for s in written)
+    lists = run.rows.lists("output_dtypes", pa.string(), at=at)  # each picked piece's op's output dtypes
+    words = pc.dictionary_encode(pc.list_flatten(lists))
+    if not len(words):
+        return out
+    size = np.asarray([itemsize.get(w, 0) for w in words.dictionary.to_pylist()] or [0], dtype=np.int64)
+    size = np.where(numpy_of(words.indices.is_valid()), size[numpy_of(words.indices, null=0)], 0)
+    piece = numpy_of(pc.list_parent_indices(lists))  # the picked piece of each dtype written
+    whole = (size > 0) & (nbytes[picked][piece] % np.maximum(size, 1) == 0)
+    sized = whole & np.isin(nbytes[picked][piece] // np.maximum(size, 1), np.fromiter(numels, np.int64, len(numels)))
+    out[picked] = found & (np.bincount(piece[sized], minlength=len(picked)) > 0)
     return out
 
 
