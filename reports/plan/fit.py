@@ -36,10 +36,14 @@ total(k) <= the device's memory: min over ops with scaled bytes of
 import math
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
+from reports.arrays import numpy_of
 from reports.flops.recompute import checkpoint_recompute
 from reports.memory.lifetimes import CATEGORIES, Storages, dtype_sizes
 from reports.plan.changes import Need, changes
+from reports.plan.ops import parameter_copies
 from tracer.schema import PHASES, Phase
 
 __all__ = ["SCALED", "fit", "phases_of", "traced_batch"]
@@ -72,7 +76,7 @@ def _split(run):
     nbytes, alloc, free, cat = Storages(run.name, run.meta, rows).live_pieces()
     by_optimizer = (alloc >= 0) & (phase[np.maximum(alloc, 0)] == _OPTIMIZER)
     grows = np.isin(cat, [CATEGORIES.index(c) for c in SCALED]) & ~by_optimizer
-    grows &= ~_made_from_parameters(nbytes, alloc, rows, run, grows)
+    grows &= ~_made_from_parameters(alloc, rows, run, grows)
     scaled = _live(n, nbytes, alloc, free, grows)
     fixed = _live(n, nbytes, alloc, free, ~grows)
     state = _live(n, nbytes, alloc, free, cat == CATEGORIES.index("optimizer_state"))
@@ -88,55 +92,66 @@ def _split(run):
     return fixed + added, scaled, added, rows.seq, phase, parts
 
 
-def _made_from_parameters(nbytes, alloc, rows, run, pick):
-    """bool per piece: one of the `pick`ed pieces made by an op whose tensor inputs are all the model's parameters (FSDP2's
-    unsharded ones included) and whose bytes are a parameter's numel at 1, 2, 4 or 8 bytes an item: autocast's copy of a
-    weight in bf16 (`aten._to_copy`, saved for the backward: an activation) is a parameter's size whatever the
-    micro-batch. One level: a copy of such a copy still counts as growing. `rows`: the memory rows (seq order), whose
-    inputs are read from the run's PlanRows, matched by seq."""
-    params = [
-        p
-        for key in ("parameters", "unsharded_parameters")
-        for p in (run.meta.get(key) or {}).values()
-        if isinstance(p.get("numel"), int) and isinstance(p.get("storage_id"), int)
-    ]
-    out = np.zeros(len(nbytes), dtype=bool)
-    sizes = np.asarray(sorted({p["numel"] * s for p in params for s in (1, 2, 4, 8)} - {0}), dtype=np.int64)
-    candidate = pick & (alloc >= 0) & np.isin(nbytes, sizes)
-    if not candidate.any() or "input_storage_ids" not in run.rows:
+def _made_from_parameters(alloc, rows, run, pick):
+    """bool per piece: one of the `pick`ed pieces made by a copy of parameters (reports.plan.ops.parameter_copies:
+    autocast's bf16 weight, saved for the backward, an activation that keeps a parameter's size whatever the
+    micro-batch). `rows`: the memory rows (seq order), matched by seq to the run's
+    PlanRows."""
+    out = np.zeros(len(alloc), dtype=bool)
+    candidate = pick & (alloc >= 0)
+    if not candidate.any():
         return out
-    offsets, ids = run.rows.flat("input_storage_ids")
-    read = np.diff(offsets)
-    of_params = np.isin(ids, [p["storage_id"] for p in params])
-    owner = np.repeat(np.arange(len(read)), read)
-    alone = (read > 0) & (np.bincount(owner[of_params], minlength=len(read)) == read)
+    copy = parameter_copies(run.rows, run.meta)
+    if not copy.any():
+        return out
     seq = run.rows.ints("seq")
     order = np.argsort(seq, kind="stable")
     at = np.minimum(np.searchsorted(seq[order], rows.seq[alloc[candidate]]), len(seq) - 1)
-    out[candidate] = alone[order[at]] & (seq[order[at]] == rows.seq[alloc[candidate]])
+    out[candidate] = copy[order[at]] & (seq[order[at]] == rows.seq[alloc[candidate]])
     return out
 
 
 def _parameter_sized(nbytes, alloc, phase, rows, run):
-    """bool per piece: made by a backward op at a parameter's size in bytes. A weight's gradient is computed at its
-    parameter's shape before autograd sums it (a tied embedding and head: two) or FSDP reduces it, whatever the
-    micro-batch; such a temporary is counted as growing with the micro-batch (the batch dimension it was contracted
-    over is not in the trace), so the largest micro-batch is a lower bound where they are live at its op
+    """bool per piece: made by a backward op at a parameter's numel times the itemsize of a dtype the op wrote. A
+    weight's gradient is computed at its parameter's shape before autograd sums it (a tied embedding and head: two) or
+    FSDP reduces it, whatever the micro-batch (under autocast first in bf16, an mm's output, then copied to the
+    parameter's dtype); such a temporary is counted as growing with the micro-batch (the batch dimension it was
+    contracted over is not in the trace), so the largest micro-batch is a lower bound where they are live at its op
     (`fit`'s `max_micro_batch_if_fixed`). An activation's gradient of the same size (tokens x width = a square
-    weight's width x width) is caught too: the note says "up to"."""
+    weight's width x width) is caught too: the note says "up to". `rows`: the memory rows (seq order), matched by
+    seq to the run's PlanRows for the dtypes the op wrote."""
     itemsize, meta = dtype_sizes(run.meta), run.meta
-    sizes = {
-        int(p["numel"]) * itemsize.get(p["dtype"], 0)
+    numels = {
+        int(p["numel"])
         for key in ("parameters", "unsharded_parameters")  # FSDP2: the gradient is the unsharded parameter's size
         for p in (meta.get(key) or {}).values()
-        if isinstance(p.get("numel"), int) and p.get("dtype") in itemsize
+        if isinstance(p.get("numel"), int)
     } - {0}
-    if not sizes or not len(nbytes):
-        return np.zeros(len(nbytes), dtype=bool)
+    out = np.zeros(len(nbytes), dtype=bool)
+    if not numels or not len(nbytes):
+        return out
     made = alloc >= 0
     backward = np.zeros(len(nbytes), dtype=bool)
     backward[made] = phase[alloc[made]] == PHASES[Phase.BACKWARD]
-    return backward & np.isin(nbytes, np.fromiter(sizes, dtype=np.int64, count=len(sizes)))
+    sizes = np.asarray(sorted({n * s for n in numels for s in set(itemsize.values())} - {0}), dtype=np.int64)
+    picked = np.flatnonzero(backward & np.isin(nbytes, sizes))  # a parameter's numel at some itemsize
+    if not len(picked) or "output_dtypes" not in run.rows:
+        return out
+    seq = run.rows.ints("seq")
+    order = np.argsort(seq, kind="stable")
+    at = order[np.minimum(np.searchsorted(seq[order], rows.seq[alloc[picked]]), len(seq) - 1)]
+    found = seq[at] == rows.seq[alloc[picked]]
+    lists = run.rows.lists("output_dtypes", pa.string(), at=at)  # each picked piece's op's output dtypes
+    words = pc.dictionary_encode(pc.list_flatten(lists))
+    if not len(words):
+        return out
+    size = np.asarray([itemsize.get(w, 0) for w in words.dictionary.to_pylist()] or [0], dtype=np.int64)
+    size = np.where(numpy_of(words.indices.is_valid()), size[numpy_of(words.indices, null=0)], 0)
+    piece = numpy_of(pc.list_parent_indices(lists))  # the picked piece of each dtype written
+    whole = (size > 0) & (nbytes[picked][piece] % np.maximum(size, 1) == 0)
+    sized = whole & np.isin(nbytes[picked][piece] // np.maximum(size, 1), np.fromiter(numels, np.int64, len(numels)))
+    out[picked] = found & (np.bincount(piece[sized], minlength=len(picked)) > 0)
+    return out
 
 
 def phases_of(rows):

@@ -34,7 +34,7 @@ grow with the tokens (activations, temporaries, inputs: fit.py's SCALED); the by
 inputs and outputs whose storages stay (`fixed_bytes`: parameters, unsharded parameters,
 gradients, optimizer state, communication buffers, as the memory model categorises them)
 are moved once whatever the micro-batch: a Linear reads its weight once for 1 or 64
-sequences; so are those of a copy made from parameters alone (autocast's bf16 weight). Optimizer and other ops keep theirs. As in the memory model, FSDP2's unsharded
+sequences; so are those of a copy of parameters (autocast's bf16 weight: `parameter_copies`). Optimizer and other ops keep theirs. As in the memory model, FSDP2's unsharded
 gradients before the reduce-scatter are temporaries, so their bytes scale (an
 overestimate), and a tensor-parallel all-reduce's output is a communication buffer, so the
 reads of it stay (an underestimate). Llama-3-8B under FSDP2 traced at 1 and planned at 4:
@@ -47,7 +47,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from reports._util import unique
+from reports._util import ONE_TO_ONE_COPIES, packet, unique
 from reports.arrays import numpy_of, objects_of
 from reports.flops.peaks import normalize_dtype
 from reports.memory.lifetimes import dtype_sizes
@@ -120,26 +120,32 @@ def _fixed_ids(rows, meta, ins, outs):
 
 
 def _copies_of_parameters(rows, meta, ins, outs):
-    """Ids of the storages a row made from parameters alone, at a parameter's numel at 1, 2, 4 or 8 bytes an item
-    (autocast's bf16 copy of a weight: reports.plan.fit._made_from_parameters counts it the same way)."""
-    params = [
-        p
+    """Ids of the storages a copy of parameters made (`parameter_copies`)."""
+    copy = parameter_copies(rows, meta)
+    if not copy.any():
+        return np.zeros(0, dtype=np.int64)
+    made = copy[outs[0]] & ~np.isin(outs[1], ins[1][copy[ins[0]]])
+    return unique(outs[1][made])
+
+
+def parameter_copies(rows, meta):
+    """bool per row of `rows` (reports.plan.rows.PlanRows): a one-to-one copy (reports._util.ONE_TO_ONE_COPIES) of the
+    model's parameters alone (FSDP2's unsharded ones included): autocast's copy of a weight in bf16 (`aten._to_copy`,
+    saved for the backward; of a transposed view of it too), a parameter's size whatever the micro-batch. A parameter
+    repeated over the batch (DETR's `query.unsqueeze(1).repeat(1, B, 1)`) is no copy of it: it grows. One level: a
+    copy of such a copy is no parameter's, and grows."""
+    ids = [
+        p["storage_id"]
         for key in ("parameters", "unsharded_parameters")
         for p in (meta.get(key) or {}).values()
-        if isinstance(p.get("numel"), int) and isinstance(p.get("storage_id"), int)
+        if isinstance(p.get("storage_id"), int)
     ]
-    if not params or not len(ins[1]) or "output_storage_bytes" not in rows:
-        return np.zeros(0, dtype=np.int64)
-    n = len(rows)
-    read = np.bincount(ins[0], minlength=n)
-    of_params = np.bincount(ins[0][np.isin(ins[1], [p["storage_id"] for p in params])], minlength=n)
-    alone = (read > 0) & (of_params == read)
-    offsets, nbytes = rows.flat("output_storage_bytes")
-    sizes = np.asarray(sorted({p["numel"] * s for p in params for s in (1, 2, 4, 8)} - {0}), dtype=np.int64)
-    if len(nbytes) != len(outs[1]) or not (np.diff(offsets) == np.bincount(outs[0], minlength=n)).all():
-        return np.zeros(0, dtype=np.int64)  # bytes not given for every output (a v1 trace): none counted
-    made = alone[outs[0]] & np.isin(nbytes, sizes) & ~np.isin(outs[1], ins[1][alone[ins[0]]])
-    return unique(outs[1][made])
+    if not ids or not len(rows) or "input_storage_ids" not in rows:
+        return np.zeros(len(rows), dtype=bool)
+    offsets, read_ids = rows.flat("input_storage_ids")
+    read = np.diff(offsets)
+    of_params = np.bincount(np.repeat(np.arange(len(read)), read)[np.isin(read_ids, ids)], minlength=len(read))
+    return (read > 0) & (of_params == read) & rows.labels("op").map(packet).isin(ONE_TO_ONE_COPIES)
 
 
 def fixed_storages(rows, meta):

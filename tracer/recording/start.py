@@ -102,7 +102,7 @@ class TraceStart:
         self._optimizers = OptimizerState(
             self.model, self._storages, self._roles, {id(o) for o in found} if found is not None else None, param_ids
         )
-        try:  # registered above: their ids get the role "buffer" (reports/flops/roles.py: a weight times a buffer)
+        try:  # registered above: their ids get the role "buffer" (reports.flops.roles.Roles: a weight times a buffer)
             for b in buffers:
                 self._roles.add("buffer", b)
         except Exception as exc:

@@ -478,6 +478,73 @@ def test_plan_micro_batch_keeps_weight_reads_fixed(tmp_path):
         assert row["memory_bound_s"] == pytest.approx((33_554_432 + b * 16_384) / (3.35e12 * 0.8), rel=1e-9)
 
 
+class Queries(nn.Module):
+    """DETR's decoder queries: a learnt [256, 64] fp32 table (65,536 bytes) repeated over the batch, a copy made from
+    a parameter alone that grows with the micro-batch (unlike autocast's copy of a weight, which keeps its shape)."""
+
+    def __init__(self):
+        super().__init__()
+        self.query = nn.Parameter(torch.randn(256, 64))
+
+    def forward(self, x):
+        q = self.query.unsqueeze(0).repeat(x.shape[0], 1, 1)  # [B, 256, 64]: B x 65,536 bytes
+        return q.sin() + q
+
+
+def _queries(path, batch):
+    torch.manual_seed(0)
+    model, x = Queries(), torch.randn(batch, 256, 64)
+    with Tracer(path, model=model, tokens=batch * 256), torch.no_grad():
+        model(x)
+    return reports.load(path)
+
+
+@pytest.mark.parametrize("traced", [1, 2])
+def test_a_parameter_repeated_over_the_batch_grows_with_the_micro_batch(tmp_path, traced):
+    at8 = reports.plan(_queries(tmp_path / "b8", 8), "H100").iloc[0]
+    planned = reports.plan(_queries(tmp_path / "b", traced), "H100", micro_batch=8).iloc[0]
+    assert (planned["batch"], at8["batch"]) == (traced, 8)
+    # live after the add: the table 65,536 + repeat, sin and add 3 x 8 x 65,536 = 1,638,400 bytes; planned from
+    # batch 2 it was 1,245,184 (the repeat's 131,072 bytes, 8 x the table's numel at 1 byte an item, taken for a
+    # copy of a parameter and kept fixed: 65,536 + 131,072 + 4 x 262,144)
+    assert at8["peak_bytes_per_rank"] == planned["peak_bytes_per_rank"] == 1_638_400
+    # bytes moved: the table read once, the repeat written, sin's read and write, add's two reads and a write:
+    # 65,536 + 6 x 524,288 = 3,211,264 at 3.35e12 x 0.8 B/s = 1.198 us; from batch 2 it was 0.758 us
+    assert planned["memory_bound_s"] == pytest.approx(3_211_264 / (3.35e12 * 0.8), rel=1e-9)
+    assert at8["memory_bound_s"] == pytest.approx(3_211_264 / (3.35e12 * 0.8), rel=1e-9)
+
+
+def _transposed_autocast(path, batch):
+    """8 frozen weights of [32, 64] and [64, 32] in turn, used as `h @ w.t()` under bf16 autocast behind a trainable
+    scale: autocast copies each transposed view to bf16 (a [64, 32] copy of a [32, 64] weight: 2,048 x 2 = 4,096 bytes),
+    saved for the backward's dL/dh."""
+    torch.manual_seed(0)
+    model = nn.Module()
+    model.w = nn.ParameterList(
+        nn.Parameter(torch.randn(*((32, 64) if i % 2 == 0 else (64, 32))), requires_grad=False) for i in range(8)
+    )
+    model.scale = nn.Parameter(torch.ones(64))
+    x = torch.randn(batch, 64)
+    with Tracer(path, model=model, tokens=batch):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            h = x * model.scale
+            for w in model.w:
+                h = h @ w.t()
+            loss = h.float().square().mean()
+        loss.backward()
+    return reports.load(path)
+
+
+def test_autocasts_copy_of_a_transposed_weight_stays_fixed_as_the_micro_batch_grows(tmp_path):
+    planned = reports.plan(_transposed_autocast(tmp_path / "b4", 4), "H100", micro_batch=8).iloc[0]
+    traced = reports.plan(_transposed_autocast(tmp_path / "b8", 8), "H100").iloc[0]
+    # the copies keep the weights' numel but not their shapes: taken by shape for growing ones, the plan from batch 4
+    # gave 144,656 bytes, the 8 copies' 8 x 4,096 = 32,768 bytes counted twice; now the traced 111,880 and the
+    # loss scalar and its gradient (4 bytes each, counted as growing) twice over: + 8
+    assert traced["peak_bytes_per_rank"] == 111_880
+    assert planned["peak_bytes_per_rank"] == 111_880 + 8
+
+
 def test_plan_prices_a_strided_group_across_nodes(tmp_path):
     import torch.distributed as dist
     from torch._subclasses.fake_tensor import FakeTensorMode

@@ -14,7 +14,7 @@ import torch
 
 from tracer import Tracer, read_metadata
 from tracer.native import loader as native
-from tracer.recording import attribution
+from tracer.recording import attribution, forward_hooks
 from tracer.schema import part_paths
 from tracer.store.writer import ROW_VALUES, ROW_WIDTH, SmallParts
 
@@ -30,9 +30,9 @@ def collector(request, monkeypatch):
     return request.param
 
 
-def _growth(loop, warmup, passes, by_file=None):
+def _growth(loop, warmup, passes, by_files=()):
     """Bytes tracemalloc sees held after `passes` calls of `loop`, less before them (after `warmup` calls); with
-    `by_file`, also the bytes of those allocated by that file's lines."""
+    `by_files`, also the bytes of those allocated by those files' lines."""
     for _ in range(warmup):
         loop()
     gc.collect()
@@ -43,9 +43,9 @@ def _growth(loop, warmup, passes, by_file=None):
             loop()
         gc.collect()
         growth = tracemalloc.get_traced_memory()[0] - before
-        if by_file is None:
+        if not by_files:
             return growth
-        held = tracemalloc.take_snapshot().filter_traces([tracemalloc.Filter(True, by_file)])
+        held = tracemalloc.take_snapshot().filter_traces([tracemalloc.Filter(True, f) for f in by_files])
         return growth, sum(stat.size for stat in held.statistics("filename"))
     finally:
         tracemalloc.stop()
@@ -56,7 +56,9 @@ def test_a_forward_only_loop_under_grad_holds_under_4_mb_over_3000_passes(tmp_pa
     model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
     x = torch.randn(4, 8)
     with Tracer(tmp_path / "t", model=model, flush_rows=500) as tr:
-        growth, marks = _growth(lambda: model(x), warmup=50, passes=3000, by_file=attribution.__file__)
+        # the module boundaries' bookkeeping: Attribution's marks and its forward hooks (tracer.recording.forward_hooks)
+        hooks = (attribution.__file__, forward_hooks.__file__)
+        growth, marks = _growth(lambda: model(x), warmup=50, passes=3000, by_files=hooks)
     # before: +9.3 MB (compiled), +7.7 MB (python): the small-parts merger kept every 500-row part (65,536 rows);
     # now 0.4 MB on each
     assert growth < 4_000_000, growth
