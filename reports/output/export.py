@@ -46,8 +46,7 @@ from reports.errors import ReportError
 from reports.loading.integrity import Footers, describe_damage, list_parts, merged_away, one_line, reread, stopped_by
 from reports.loading.load import id_limit, read_run
 from reports.loading.validate import check_rows
-from reports.output.export_events import CATEGORIES as CATEGORIES
-from reports.output.export_events import TID, JsonEvents, RankEvents, Strings
+from reports.output.export_events import CATEGORIES, TID, JsonEvents, RankEvents, Strings  # noqa: F401 (CATEGORIES: re-exported)
 from tracer.schema import COLUMN_NAMES, PHASES, part_paths
 
 __all__ = ["export_chrome", "export_trace", "trace_ranks"]
