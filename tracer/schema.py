@@ -39,7 +39,7 @@ def part_name(index: int) -> str:
     return f"part-{index:06d}.parquet"
 
 
-# The tracer writes a trace's many small parts again as fewer (tracer.store.writer SmallParts: 64 neighbouring
+# The tracer writes a trace's many small parts again as fewer (tracer.store.small_parts SmallParts: 64 neighbouring
 # files at a time during the run, all of them at a clean close): `part-000000-000099.parquet` holds the rows
 # of parts 0 to 99. It is renamed into place before the files it holds are removed, so a process killed in
 # between leaves both; every optrace reader lists parts through `part_paths`, which leaves out the files a
@@ -140,7 +140,7 @@ class FlopBasis(enum.IntEnum):
 # the model. (One that a module calls is named below its caller: `layers.3.mixer.Func`.)
 EXTERNAL_MARK = "#"
 
-# Sentinels of the packed integer row (tracer.store.writer ROW_FIELDS); each becomes null in Parquet.
+# Sentinels of the packed integer row (tracer.store.row_buffer ROW_FIELDS); each becomes null in Parquet.
 CAUSAL_NONE = -1  # causal: not an attention kernel
 NO_VALUE = -1  # busy_ns, comm_bytes, group_size: not measured / not a collective; groups: no group sizes
 INT64_MAX = 2**63 - 1  # a row's flops above this are stored as INT64_MAX with flops_bound true

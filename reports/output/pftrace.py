@@ -32,7 +32,7 @@ _UUID_STRIDE = 1000  # track uuids: rank * stride + a small number per track
 
 
 class ProtoEvents:
-    """The event sink of reports.export for .pftrace files (same methods as export.JsonEvents)."""
+    """The event sink of reports.export for .pftrace files (same methods as reports.output.export_events.JsonEvents)."""
 
     suffix = ".pftrace"
 

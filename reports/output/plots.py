@@ -12,6 +12,8 @@ import pandas as pd
 
 from reports.errors import ReportError
 from reports.loading.load import runs_of
+from reports.output.figures import eng_formatter, figure, plotted_runs
+from reports.output.plots_roofline import plot_roofline
 from tracer.schema import PHASES
 
 __all__ = ["plot_compare", "plot_flops", "plot_memory", "plot_roofline", "save_plots"]
@@ -29,18 +31,6 @@ _CATEGORY_COLORS = {
 }
 
 
-def _figure(width, height):
-    """A Figure on the Agg canvas, or ReportError when matplotlib is missing."""
-    try:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
-    except ImportError:
-        raise ReportError("plots need matplotlib, which is not installed: pip install optrace[plot]") from None
-    fig = Figure(figsize=(width, height), dpi=100, layout="constrained")
-    FigureCanvasAgg(fig)
-    return fig
-
-
 def _scale(values, binary):
     """(divisor, prefix) that brings the largest value into 1..1000 (1..1024 for bytes)."""
     top = float(np.nanmax(np.abs(values))) if len(values) else 0.0
@@ -55,20 +45,13 @@ def _scale(values, binary):
     return 1, ""
 
 
-def _runs(df):
-    runs = list(runs_of(df))
-    if not len(df):
-        raise ReportError("plots: the trace has no rows to plot")
-    return runs
-
-
 def plot_flops(df, top=15):
     """FLOPs per step by innermost module, stacked by phase: one panel per run, the `top` modules by FLOPs."""
     from reports.loading.load import require
     from reports.steps import per_step
 
     require(df, ("step", "phase", "module", "flops"), "plot_flops")
-    runs = _runs(df)
+    runs = plotted_runs(df)
     tables = []
     for run in runs:
         rows = df[df["run"] == run]
@@ -85,7 +68,7 @@ def plot_flops(df, top=15):
             table = table.loc[order.index]
         tables.append(table)
     height = sum(1.2 + 0.32 * len(t) for t in tables)
-    fig = _figure(10, max(3.0, height))
+    fig = figure(10, max(3.0, height))
     axes = fig.subplots(len(runs), 1, squeeze=False)[:, 0]
     for ax, run, table in zip(axes, runs, tables):
         y = np.arange(len(table))
@@ -96,7 +79,7 @@ def plot_flops(df, top=15):
             left += values
         ax.set_yticks(y, table.index, fontsize=9)
         ax.invert_yaxis()
-        ax.xaxis.set_major_formatter(_eng_formatter("FLOP"))
+        ax.xaxis.set_major_formatter(eng_formatter("FLOP"))
         ax.set_xlabel("FLOPs per step (FLOP, 2 per multiply-add)")
         ax.set_title(f"{run}: FLOPs by module (innermost) and phase")
         ax.grid(axis="x", alpha=0.3)
@@ -144,9 +127,9 @@ def plot_memory(df, points=5000):
     Runs longer than 2 x `points` ops are drawn with, per bin of ops, the op with the most live bytes."""
     from reports.memory.memory import CATEGORIES, timeline
 
-    runs = _runs(df)
+    runs = plotted_runs(df)
     line = timeline(df)
-    fig = _figure(11, 4.2 * len(runs))
+    fig = figure(11, 4.2 * len(runs))
     axes = fig.subplots(len(runs), 1, squeeze=False)[:, 0]
     factor, prefix = _scale(line["live_bytes"].to_numpy(dtype=float), binary=True)
     for ax, run in zip(axes, runs):
@@ -199,14 +182,14 @@ def plot_compare(df):
     from reports.steps import per_step
 
     require(df, ("step", "phase", "flops", "bytes_allocated"), "plot_compare")
-    runs = _runs(df)
+    runs = plotted_runs(df)
     per_phase = {}
     for run in runs:
         rows = df[df["run"] == run]
         phase = rows["phase"].astype(object)
         per_phase[run] = pd.DataFrame({c: per_step(rows, values=c, by=phase) for c in ("flops", "bytes_allocated")})
     cats = by_category(df, at="peak")
-    fig = _figure(max(12, 1.2 * len(runs) * 3), 5)
+    fig = figure(max(12, 1.2 * len(runs) * 3), 5)
     axes = fig.subplots(1, 3)
     x = np.arange(len(runs))
     width = 0.6
@@ -242,200 +225,6 @@ def plot_compare(df):
         ax.set_xlabel("run")
         ax.grid(axis="y", alpha=0.3)
         ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=3, fontsize=8, frameon=False)
-    return fig
-
-
-_BOUND_COLORS = {"compute": "#4C72B0", "memory": "#C44E52", "other": "#8C8C8C"}
-# label positions tried around a point, in points from it: right, above, left, below, then the diagonals, farther out
-_OFFSETS = [
-    (dx * r, dy * r)
-    for r in (5, 14, 26)
-    for dx, dy in ((1, 0.6), (1, -1.6), (-1, 0.6), (-1, -1.6), (0, 1.2), (0, -2.2))
-]
-
-
-def _eng(ax, x_unit, y_unit):
-    """Engineering tick labels with units on both axes (1 k, 10 M FLOP/s...)."""
-    ax.xaxis.set_major_formatter(_eng_formatter(x_unit))
-    ax.yaxis.set_major_formatter(_eng_formatter(y_unit))
-
-
-def _eng_formatter(unit):
-    """matplotlib's EngFormatter: SI prefixes (k, M, G) with the unit on every tick label."""
-    from matplotlib.ticker import EngFormatter
-
-    return EngFormatter(unit=unit)
-
-
-def _place_labels(ax, points, names):
-    """Label points without overlaps: each name tries the offsets in turn and takes the first spot whose box
-    overlaps no label placed before, no other point's centre, and lies inside the axes; names with no free
-    spot are returned (the caller lists them). The figure's layout is fixed before measuring."""
-    fig = ax.figure
-    fig.draw_without_rendering()  # run the constrained layout now, so the boxes measured below stay put
-    renderer = fig.canvas.get_renderer()
-    frame = ax.get_window_extent(renderer)
-    centres = ax.transData.transform(points) if len(points) else np.zeros((0, 2))
-    note = _note(ax, names)  # the spot of the list of names left out, reserved at its longest
-    placed, skipped = [note.get_window_extent(renderer)], []
-    note.remove()
-    for i, name in enumerate(names):
-        for dx, dy in _OFFSETS:
-            text = ax.annotate(
-                name,
-                points[i],
-                xytext=(dx, dy),
-                textcoords="offset points",
-                fontsize=8,
-                ha="left" if dx >= 0 else "right",
-                va="bottom" if dy >= 0 else "top",
-            )
-            text.set_in_layout(False)
-            box = text.get_window_extent(renderer)
-            others = np.delete(centres, i, axis=0)
-            inside = (
-                (others[:, 0] >= box.x0)
-                & (others[:, 0] <= box.x1)
-                & (others[:, 1] >= box.y0)
-                & (others[:, 1] <= box.y1)
-            )
-            free = not any(box.overlaps(b) for b in placed) and not inside.any()
-            if free and frame.contains(box.x0, box.y0) and frame.contains(box.x1, box.y1):
-                placed.append(box)
-                break
-            text.remove()
-        else:
-            skipped.append(name)
-    if skipped:
-        _note(ax, skipped)
-    return skipped
-
-
-def _note(ax, names):
-    text = ax.text(
-        0.01,
-        0.99,
-        "not labelled (no room): " + ", ".join(names),
-        transform=ax.transAxes,
-        fontsize=7,
-        va="top",
-        ha="left",
-        color="#555555",
-    )
-    text.set_in_layout(False)
-    return text
-
-
-def _not_available(ax, run, why):
-    """An explicit N/A panel: no points, no roof, the reason in words (as the text report says N/A)."""
-    ax.set_axis_off()
-    ax.set_title(f"{run}: roofline N/A", fontsize=10)
-    ax.text(0.5, 0.5, why, ha="center", va="center", wrap=True, fontsize=10, transform=ax.transAxes)
-
-
-def plot_roofline(df, by="op", peak_flops=None, bandwidth=None, labels=8):
-    """Log-log roofline per run: op kinds as points (area by their time) at their arithmetic
-    intensity and achieved FLOP/s, under the memory roof (intensity x bandwidth) and the compute
-    roof of each dtype present. The `labels` op kinds with the most time are named where their
-    name fits without overlapping another (the others are listed under the plot).
-
-    Op kinds without FLOPs or bytes (copies, views) cannot sit on log axes; the title says
-    how much time they took. A point above its roof (small tensors that stay in cache: the roof
-    is DRAM bandwidth) is ringed and the legend says so. A run without a memory bandwidth or a
-    peak has no roof, and the text report says N/A: its panel says N/A and draws no points."""
-    from reports.time.roofline import roofline
-
-    runs = _runs(df)
-    table = roofline(df, by=by, peak_flops=peak_flops, bandwidth=bandwidth)
-    if "run" not in table.columns:
-        table = table.assign(run=runs[0])
-    fig = _figure(10, 6 * len(runs))
-    axes = fig.subplots(len(runs), 1, squeeze=False)[:, 0]
-    pending = []
-    for ax, run in zip(axes, runs):
-        t = table[table["run"] == run]
-        bw = t["peak_bytes_per_s"].dropna()
-        peaks = t.dropna(subset=["peak_flops_per_s"]).groupby("dtype")["peak_flops_per_s"].first()
-        if not len(bw) or not len(peaks):
-            missing = " and ".join(
-                w for w, gone in (("memory bandwidth", not len(bw)), ("peak FLOP/s", not len(peaks))) if gone
-            )
-            _not_available(
-                ax,
-                run,
-                f"no roof: the trace records no {missing}\n(Tracer.set_bandwidth(tracer.memory_bandwidth()), "
-                "a known device, or peak_flops= / bandwidth=)",
-            )
-            continue
-        drawn = t[(t["flops_per_step"] > 0) & (t["bytes_per_step"] > 0) & (t["time_s_per_step"] > 0)]
-        hidden = t.drop(drawn.index)
-        x, y = drawn["arithmetic_intensity"].to_numpy(float), drawn["achieved_flops_per_s"].to_numpy(float)
-        share = drawn["time_s_per_step"].to_numpy(float) / max(t["time_s_per_step"].sum(), 1e-30)
-        lo = min(x.min() / 3 if len(x) else 0.01, 0.01)
-        hi = max(x.max() * 3 if len(x) else 1000, 1000)
-        grid = np.geomspace(lo, hi, 200)
-        band, top = float(bw.iloc[0]), [float(p) for p in peaks]
-        ax.plot(
-            grid,
-            np.minimum(grid * band, max(top)),
-            color="black",
-            linewidth=1.2,
-            label=f"memory roof {band / 1e9:.3g} GB/s",
-        )
-        for dtype, peak in peaks.items():
-            ax.plot(
-                grid,
-                np.minimum(peak, grid * band),
-                linestyle="--",
-                linewidth=1.2,
-                label=f"{dtype} peak {_eng_formatter('FLOP/s')(peak)}",
-            )
-        for bound, color in _BOUND_COLORS.items():
-            pick = (drawn["bound"] == bound).to_numpy()
-            if pick.any():
-                ax.scatter(
-                    x[pick],
-                    y[pick],
-                    s=20 + 2000 * share[pick],
-                    color=color,
-                    alpha=0.6,
-                    edgecolor="black",
-                    linewidth=0.5,
-                    label=f"{bound}-bound op kinds",
-                )
-        above = y > drawn["attainable_flops_per_s"].to_numpy(float) * (1 + 1e-9)
-        if above.any():
-            ax.scatter(
-                x[above],
-                y[above],
-                s=40 + 2000 * share[above],
-                facecolor="none",
-                edgecolor="#D62728",
-                linewidth=1.5,
-                label="above its roof: data cache-resident (roofs are DRAM)",
-            )
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        ax.set_xlim(lo, hi)
-        ymax = max([*top, *(y if len(y) else [1.0])]) * 3
-        ax.set_ylim(max(min(y.min() / 3 if len(y) else 1.0, ymax / 1e6), 1.0), ymax)
-        _eng(ax, "FLOP/B", "FLOP/s")
-        ax.set_xlabel("arithmetic intensity (FLOPs per algorithmic byte, FLOP/B)")
-        ax.set_ylabel("achieved FLOP/s (FLOPs per second of op time)")
-        hidden_pct = 100 * hidden["time_s_per_step"].sum() / max(t["time_s_per_step"].sum(), 1e-30)
-        ax.set_title(
-            f"{run}: roofline by {by} (area: share of op time; {len(hidden)} kinds without FLOPs, "
-            f"{hidden_pct:.0f}% of time, not drawn)",
-            fontsize=10,
-        )
-        ax.grid(which="both", alpha=0.25)
-        ax.legend(loc="lower right", fontsize=8)
-        order = np.argsort(-share, kind="stable")[:labels]
-        key = drawn.columns[0] if by != "op" else "op"
-        names = [str(drawn.iloc[i][key]).removeprefix("aten.") for i in order]
-        pending.append((ax, np.column_stack([x, y])[order] if len(order) else np.zeros((0, 2)), names))
-    for ax, points, names in pending:  # after every panel is drawn: the layout no longer moves
-        _place_labels(ax, points, names)
     return fig
 
 

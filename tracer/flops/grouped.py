@@ -77,7 +77,7 @@ def varlen_attention_count(q, k, v, sequences, cum_q, cum_k, max_q, max_k, backw
 
     q [total_q, h, d] (or [1, total_q, h, d]) with cumulative lengths: each sequence is one
     attention of its own lengths, sum_i 2 * h * s_q_i * s_k_i * (d_qk + d_v) forward, 2.5x
-    that backward (tracer.flops.formulas.attention_backward_flop_count). `cum_q`, `cum_k` are the
+    that backward (tracer.flops.attention.attention_backward_flop_count). `cum_q`, `cum_k` are the
     cumulative lengths' values, or None when they cannot be read: then every sequence counts
     at the maximum lengths, an upper bound flagged as such (FlopCounterMode counts this bound
     always). `group_sizes` records the query lengths.

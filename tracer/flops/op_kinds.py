@@ -2,7 +2,7 @@
 
 `flop_rule(func)` answers, for one OpOverload, a `FlopRule`: the kind (see
 `tracer.schema.FLOP_KINDS`) and a fast `count(args, kwargs, out)` on the real tensors.
-It looks in this order: the formula registry (`tracer.flops.formulas`), then the tables and
+It looks in this order: the formula registry (`tracer.flops.registry`), then the tables and
 tags below, each with its per-element convention (documented in `tracer.flops.formulas`):
 elementwise, foreach, reduction, none (views, copies, fills, factories, random
 numbers, metadata) and, for anything else, unknown: 0 FLOPs. It never raises.

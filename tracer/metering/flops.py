@@ -35,7 +35,7 @@ READ = [
 def read_rows(parts, first, end):
     """The READ columns of the rows numbered `first` to `end` - 1 (seq) of the trace parts `parts`, as lists
     (what `pq.read_table(parts, columns=READ, filters=...).to_pydict()` gives, without pyarrow.dataset, which
-    imports pandas). The tracer writes each part's rows in seq order (tracer.store.writer.RowBuffer.table), so a part's
+    imports pandas). The tracer writes each part's rows in seq order (tracer.store.row_buffer.RowBuffer.table), so a part's
     rows of the range are one slice; a part whose seq statistics lie outside it is not read."""
     found = {name: [] for name in READ}
     for path in parts:

@@ -49,11 +49,11 @@ class Tracer(TraceStart, RowMaker, TraceParts):
     run_name   optional label for reports; default: the trace's file name.
     flush_rows rows per Parquet part. Memory held by the tracer stays bounded
                whatever the rows: a part is written when its rows reach flush_rows
-               or their integers take flush_rows KiB (tracer.store.writer.ROW_VALUES: wide
+               or their integers take flush_rows KiB (tracer.store.row_buffer.ROW_VALUES: wide
                rows, such as a torch.cat of 1,000 tensors, make smaller parts; the
                buffers' arrays reserve up to twice that, or 8 KiB each), and the
                small parts kept for merging take at most 2 MiB
-               (tracer.store.writer.SmallParts.MAX_BYTES).
+               (tracer.store.small_parts.SmallParts.MAX_BYTES).
     timing     "events" (default: CUDA events on CUDA, resolved at each flush with
                one synchronise; perf_counter_ns elsewhere), "sync" (synchronise
                around every op on CUDA) or "off" (duration_ns 0, busy_ns null).

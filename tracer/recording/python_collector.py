@@ -17,7 +17,7 @@ class PythonCollector:
     storages   the trace's tracer.recording.storage.StorageTable.
     dtype_ids  torch.dtype -> dtype name id (the Tracer's, shared with the compiled collector).
     new_dtype  new_dtype(dtype): the id of a dtype seen for the first time.
-    layouts    the writer's names of odd layouts (tracer.store.writer.Names)."""
+    layouts    the writer's names of odd layouts (tracer.store.row_buffer.Names)."""
 
     def __init__(self, storages, dtype_ids, new_dtype, layouts):
         self._storages, self._dtype_ids, self._new_dtype, self._layouts = storages, dtype_ids, new_dtype, layouts

@@ -1,7 +1,7 @@
 """The row each op becomes: `RowMaker`, a part of tracer.recording.mode.Tracer.
 
 `_record` turns one op the dispatch mode ran (tracer.recording.dispatch) into one row of the trace's row buffers
-(tracer.store.writer.RowBuffer): its tensors (the compiled collector, or tracer.recording.python_collector for the rare
+(tracer.store.row_buffer.RowBuffer): its tensors (the compiled collector, or tracer.recording.python_collector for the rare
 ones), FLOPs, phase, module and recompute flag (tracer.recording.attribution), device, a collective's bytes and
 completion, and the storages freed, packed whole or rolled back; then the timer's bind, a flush once the buffers are
 full, and a SIGTERM held meanwhile. The compiled dispatch hook (tracer/native/_dispatch.cpp) makes the common op's row

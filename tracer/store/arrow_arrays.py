@@ -1,7 +1,7 @@
 """numpy arrays and lists of names as Arrow arrays, built from their buffers, without importing pandas.
 
 `pyarrow.array` asks pyarrow's pandas shim whether its input is a pandas object, and the shim imports pandas (about
-0.5 s, once per process) whatever the input. The part writer (tracer.store.writer.RowBuffer.table) only ever converts
+0.5 s, once per process) whatever the input. The part writer (tracer.store.row_buffer.RowBuffer.table) only ever converts
 flat numpy arrays of int32, int64 and bool and lists of strings, whose Arrow layout is their bytes: the arrays
 built here hold the same values, so the Parquet parts written from them are the same bytes.
 """

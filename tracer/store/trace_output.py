@@ -55,7 +55,7 @@ class TraceOutput:
             self.write(rows, meta, roll=False)
 
     def merge(self, merge=None):
-        """Many small parts become fewer during the run and one at close (tracer.store.writer.SmallParts). A
+        """Many small parts become fewer during the run and one at close (tracer.store.small_parts.SmallParts). A
         failure keeps them, warns and stops the merging for this trace."""
         if self.lost_rows or self._in_child():
             return
