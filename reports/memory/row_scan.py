@@ -127,9 +127,7 @@ class Scan:
         if end > len(self.arrays["seq"]):  # room for the batch, 16 times over up to the rows counted (np.empty's
             # pages are taken as rows fill them: a copy of what was read, not a page of room, is what a growth costs)
             size = min(self.n, max(end, 16 * len(self.arrays["seq"])))
-            self.arrays = {
-                c: np.concatenate([a[: self.done], np.empty(size - self.done, a.dtype)]) for c, a in self.arrays.items()
-            }
+            self.arrays = {c: self._grown(a, size) for c, a in self.arrays.items()}
         for firsts in (self.first_in, self.first_out, self.first_size):  # ids a run of `end` rows hands out, with slack
             firsts.cap = SLACK + PER_ID * end
         arrays, names, self.held = self.arrays, self._NAMES, batch.schema.names
@@ -169,6 +167,12 @@ class Scan:
             self._keep_comm(batch)
         self.taken[0] += len(ins)
         self.taken[1] += len(outs)
+
+    def _grown(self, array, size):
+        """`array`'s rows so far in an array of `size` rows (the rest untouched: no page of it taken yet)."""
+        grown = np.empty(size, array.dtype)
+        grown[: self.done] = array[: self.done]
+        return grown
 
     def _keep_cells(self, batch, sids, at, n_inputs, n_outputs):
         """CELLS at the rows of this batch where an id is first seen as an input (`sids` at input positions `at` in the
