@@ -127,9 +127,7 @@ class Scan:
         if end > len(self.arrays["seq"]):  # room for the batch, 16 times over up to the rows counted (np.empty's
             # pages are taken as rows fill them: a copy of what was read, not a page of room, is what a growth costs)
             size = min(self.n, max(end, 16 * len(self.arrays["seq"])))
-            self.arrays = {
-                c: np.concatenate([a[: self.done], np.empty(size - self.done, a.dtype)]) for c, a in self.arrays.items()
-            }
+            self.arrays = {c: self._grown(a, size) for c, a in self.arrays.items()}
         for firsts in (self.first_in, self.first_out, self.first_size):  # ids a run of `end` rows hands out, with slack
             firsts.cap = SLACK + PER_ID * end
         arrays, names, self.held = self.arrays, self._NAMES, batch.schema.names
@@ -169,6 +167,12 @@ class Scan:
             self._keep_comm(batch)
         self.taken[0] += len(ins)
         self.taken[1] += len(outs)
+
+    def _grown(self, array, size):
+        """`array`'s rows so far in an array of `size` rows (the rest untouched: no page of it taken yet)."""
+        grown = np.empty(size, array.dtype)
+        grown[: self.done] = array[: self.done]
+        return grown
 
     def _keep_cells(self, batch, sids, at, n_inputs, n_outputs):
         """CELLS at the rows of this batch where an id is first seen as an input (`sids` at input positions `at` in the
@@ -250,33 +254,41 @@ class Scan:
         return empty_table(pa.schema(list(zip(("seq", *CELLS), types))))
 
     def lists(self, columns, comm, row_max):
-        """The run's lifetimes.Lists; `columns`: what `finish` gave, `comm` and `row_max` as Lists holds them."""
+        """The run's lifetimes.Lists; `columns`: what `finish` gave, `comm` and `row_max` as Lists holds them. Once: the
+        firsts and sizes the feed kept are let go as the Lists is made (each array freed once read: a million rows'
+        lists peaked about 60 MB over what they hold)."""
         n = len(columns["seq"])
 
-        def offsets(column):
-            found = np.zeros(n + 1, dtype=np.int64)
-            np.cumsum(columns[column], dtype=np.int64, out=found[1:])  # int32 counts summed as int64
+        def offsets(column):  # int32 where the positions fit (half the memory of int64: 4 MB a million rows)
+            counts = columns[column]
+            kind = np.int32 if int(counts.sum(dtype=np.int64)) < 2**31 else np.int64
+            found = np.zeros(n + 1, dtype=kind)
+            np.cumsum(counts, dtype=kind, out=found[1:])
             return found
 
         in_offsets, out_offsets, free_offsets = (offsets(c) for c in ("n_inputs", "n_outputs", "n_freed"))
         seen, fin, fout = _first_seen(self.first_in, self.first_out)
+        self.first_in = self.first_out = None
         row_in = np.searchsorted(in_offsets, np.where(fin != _NONE, fin, 0), side="right") - 1
         row_out = np.searchsorted(out_offsets, np.where(fout != _NONE, fout, 0), side="right") - 1
         # the first appearance: the least row, inputs before outputs within a row
         as_output = (fout != _NONE) & ((fin == _NONE) | (row_out < row_in))
         first_row, first_at = np.where(as_output, row_out, row_in), np.where(as_output, fout, fin)
-        free_rows = np.repeat(np.arange(n, dtype=np.int64), columns["n_freed"])  # np.diff(free_offsets)
+        del fin, fout, row_in, row_out
+        rows = np.arange(n, dtype=np.int32 if n < 2**31 else np.int64)  # (an int64 arange: 8 MB a million rows)
+        free_rows = np.repeat(rows, columns["n_freed"]).astype(np.int64, copy=False)  # np.diff(free_offsets)
+        del rows
         free_ids = self.free_ids
         top = max([-1] + [int(a.max()) for a in (seen, free_ids) if len(a)])
-        sids, at, values = (
-            (np.concatenate([np.zeros(0, np.int64), *k]) for k in zip(*self.known))
-            if self.known
-            else (np.zeros(0, np.int64),) * 3
-        )
-        if self.first_size.far:  # a far id may come more than once: its first position's size (`at` ascends)
+        parts, self.known, far = self.known, None, self.first_size.far
+        sids, at, values = (np.concatenate([np.zeros(0, np.int64), *(p[k] for p in parts)]) for k in range(3))
+        del parts
+        self.first_size = None
+        if far:  # a far id may come more than once: its first position's size (`at` ascends)
             ids, first = lowest(sids, at)
             known = np.stack([ids, values[np.searchsorted(at, first)]])
         else:  # each id once, all below the cap: by id
+            del at
             sizes = np.full(int(sids.max(initial=-1)) + 1, -1, dtype=np.int64)
             sizes[sids] = values
             near = np.flatnonzero(sizes >= 0)

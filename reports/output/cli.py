@@ -202,22 +202,24 @@ def _sql_all(path, columns, keep=(), every_run=False):
 
 
 def _report_keep():
-    """What the report's FLOP and memory sections, its by-module table, its peak and its _steps grain read of rank 0's
-    rows, kept from the Trace's read of its parts."""
+    """What the report's FLOP and memory sections, its by-module table, its peak and its _steps and _ops grains read of
+    rank 0's rows, kept from the Trace's read of its parts."""
     from reports.memory.row_scan import Scan
     from reports.sql.flop_rows import FlopRows
+    from reports.sql.kept_ops import Ops
     from reports.sql.kept_views import ModuleOwn, Peak, Steps
 
-    return (FlopRows, Scan, ModuleOwn, Peak, Steps)
+    return (FlopRows, Scan, ModuleOwn, Peak, Steps, Ops)
 
 
 def _compare_keep():
-    """What compare's memory categories and its _steps grain read of each run's rows (reports.compare figures), kept
-    from the Trace's read of its parts: no run's rows scanned again for them."""
+    """What compare's memory categories and its _steps and _ops grains read of each run's rows (reports.compare
+    figures), kept from the Trace's read of its parts: no run's rows scanned again for them."""
     from reports.memory.row_scan import Scan
+    from reports.sql.kept_ops import Ops
     from reports.sql.kept_views import Steps
 
-    return (Scan, Steps)
+    return (Scan, Steps, Ops)
 
 
 def _first_rank_frame(path, everyone):

@@ -339,9 +339,11 @@ class Trace(Checks):
         several = len(self.runs) > 1
         held = {getattr(c, "holds", None) for c in self.kept.values()}  # views a kept consumer holds for run 0
         made = grains(several, self.narrow, "flop_rest" not in held)  # one scan each: most views are read from
-        # these (reports/sql/scan.py), but those kept consumers made of every run's rows (kept_grains); not TEMP:
-        # first_run's connection reads them too
-        made = {**made, **kept_grains(self.db, self.kept, [literal(name) for name in self.runs])}
+        # these (reports/sql/scan.py), but those kept consumers made of every run's rows (kept_grains: not the _ops
+        # grain with flop_rest's keys, which reports.sql.kept_ops.Ops does not make); not TEMP: first_run's
+        # connection reads them too
+        scanned = () if several or "flop_rest" in held else ("_ops",)
+        made = {**made, **kept_grains(self.db, self.kept, [literal(name) for name in self.runs], scanned)}
         self.db.execute(";\n".join(f"CREATE TABLE {name} AS {body}" for name, body in made.items()))
         self._check_null_lists(unscanned)  # a narrow trace's: from _ops, which flagged them as it read the lists
         self._make_views(

@@ -36,16 +36,18 @@ def kept_views(db, kept, run):
     return made
 
 
-def kept_grains(db, kept, runs):
+def kept_grains(db, kept, runs, scanned=()):
     """{grain: its body} of the grains (reports.sql.scan.GRAINS) that consumers in `kept` ({(type, run index):
     consumer}: those with `grain`, taken out of it) made of every run's rows, each run's over a table of its rows on
     connection `db`; `runs`: the runs' names as SQL literals, in order. A grain some run has no consumer of (the
-    report of several ranks keeps run 0's), or whose sums pass int64, is left to scan.py's scan."""
+    report of several ranks keeps run 0's), or whose sums pass int64, is left to scan.py's scan, as are those named
+    in `scanned` (a grain whose keys the consumer does not make: the _ops grain with flop_rest's)."""
     fed = {}
     for key, consumer in list(kept.items()):
         if getattr(consumer, "grain", None) is not None:
             del kept[key]
-            fed.setdefault(consumer.grain, {})[key[1]] = consumer
+            if consumer.grain not in scanned:
+                fed.setdefault(consumer.grain, {})[key[1]] = consumer
     made = {}
     for grain, consumers in fed.items():
         tables = [consumers[i].table() if i in consumers else None for i in range(len(runs))]

@@ -122,11 +122,12 @@ class Codes:
         codes = []
         for chunk in column.chunks if isinstance(column, pa.ChunkedArray) else [column]:
             chunk = chunk if pa.types.is_dictionary(chunk.type) else pc.dictionary_encode(chunk)
-            index = np.asarray([self._code(v) for v in chunk.dictionary.to_pylist()], dtype=np.int64)
+            index = np.asarray([self.code(v) for v in chunk.dictionary.to_pylist()], dtype=np.int64)
             codes.append(index[numpy_of(chunk.indices, null=0)] if len(index) else np.zeros(len(chunk), np.int64))
         return np.concatenate(codes) if codes else np.zeros(0, np.int64)
 
-    def _code(self, value):
+    def code(self, value):
+        """The code of `value` (a name), numbered as first seen."""
         if value not in self.index:
             self.index[value] = len(self.names)
             self.names.append(value)

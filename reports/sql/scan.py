@@ -20,7 +20,8 @@ view holds what views.sql's definition holds, column for column and type for typ
             Also keyed by what flops.sql's flop_rest groups by and flop_marked's `walked` reads of a row (the
             first input dtype, the recompute flag, whether a mul or div has a scalar operand): flop_rest, the
             rows of the FLOP sections that no walk reads, is summed from it instead of a scan of its own (unless
-            the Trace's read of the parts kept flop_rest: reports/sql/flop_rows.py)
+            the Trace's read of the parts kept flop_rest: reports/sql/flop_rows.py). Without those keys, the grain of
+            a run whose read of the parts fed a reports.sql.kept_ops.Ops is made from it, not scanned
     _steps  per run, step and phase: phase_steps, run_totals, by_step, the peak's live bytes and flop_steps
 
 A trace of several runs leaves out of both what only flop_rest and flop_steps read (`grains(several)`): its FLOP

@@ -53,42 +53,58 @@ def test_each_view_of_a_trace_that_kept_its_rows_equals_its_definition(traces, t
     _steps what the grain's scan makes (types and rows). A trace of several runs (the job) keeps no view or grain."""
     from reports.memory.row_scan import Scan
     from reports.sql.flop_rows import FlopRows
+    from reports.sql.kept_ops import Ops
     from reports.sql.kept_views import ModuleOwn, Peak, Steps
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        sql, scanned = Trace(traces[trace], keep=(FlopRows, Scan, ModuleOwn, Peak, Steps)), Trace(traces[trace])
+        sql, scanned = Trace(traces[trace], keep=(FlopRows, Scan, ModuleOwn, Peak, Steps, Ops)), Trace(traces[trace])
+        flop_rows = Trace(traces[trace], keep=(FlopRows,))  # its _ops grain scanned, without flop_rest's keys
     reference = _reference(sql)
     for name in VIEWS:
         assert _rows(sql.db, name) == _rows(reference, name), name
     assert _rows(sql.db, "_steps") == _rows(scanned.db, "_steps")
+    assert _rows(sql.db, "_ops") == _rows(flop_rows.db, "_ops")
     own = "SELECT table_name FROM duckdb_tables() WHERE database_name = current_database()"  # (reports.sql.database)
     tables = {name for (name,) in sql.db.execute(own).fetchall()}
-    kept = {"_kept_module_own", "_kept_peak", "_kept_steps_0"}
+    kept = {"_kept_module_own", "_kept_peak", "_kept_steps_0", "_kept_ops_0"}
     assert kept <= tables if trace != "job" else not tables & kept
-    assert not sql.kept.keys() & {(Steps, 0)}  # taken as the grains were made
+    assert not sql.kept.keys() & {(Steps, 0), (Ops, 0)}  # taken as the grains were made
+
+
+def test_the_ops_grain_with_flop_rests_keys_is_scanned(traces):
+    """A run whose FLOP rows were not kept has flop_rest summed from the _ops grain's extra keys, which Ops does not
+    make: the grain is the scan's, and flop_rest still holds its definition's rows."""
+    from reports.sql.kept_ops import Ops
+
+    sql = Trace(traces["gpt"], keep=(Ops,))
+    own = "SELECT table_name FROM duckdb_tables() WHERE database_name = current_database()"
+    assert "_kept_ops_0" not in {name for (name,) in sql.db.execute(own).fetchall()}
+    assert _rows(sql.db, "flop_rest") == _rows(_reference(sql), "flop_rest")
 
 
 def test_a_trace_of_several_runs_keeps_its_steps_grain_only_when_every_run_is_kept(traces):
     """The job (2 runs, its ranks): Trace(every_run=True), as compare opens traces, makes _steps of every run's kept groups
     (without flop_steps' columns, as grains(several) makes it), equal to the scan's; the report's Trace (run 0's
     consumers alone) keeps no Steps and scans the grain."""
+    from reports.sql.kept_ops import Ops
     from reports.sql.kept_views import Steps
 
     own = "SELECT table_name FROM duckdb_tables() WHERE database_name = current_database()"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         every, first, scanned = (
-            Trace(traces["job"], keep=(Steps,), every_run=True),
-            Trace(traces["job"], keep=(Steps,)),
+            Trace(traces["job"], keep=(Steps, Ops), every_run=True),
+            Trace(traces["job"], keep=(Steps, Ops)),
             Trace(traces["job"]),
         )
     assert len(every.runs) == 2
-    assert {"_kept_steps_0", "_kept_steps_1"} <= {name for (name,) in every.db.execute(own).fetchall()}
-    assert not {name for (name,) in first.db.execute(own).fetchall()} & {"_kept_steps_0"} and not first.kept
+    made = {"_kept_steps_0", "_kept_steps_1", "_kept_ops_0", "_kept_ops_1"}
+    assert made <= {name for (name,) in every.db.execute(own).fetchall()}
+    assert not {name for (name,) in first.db.execute(own).fetchall()} & made and not first.kept
     for sql in (every, first):
-        assert _rows(sql.db, "_steps") == _rows(scanned.db, "_steps")
-        assert _rows(sql.db, "by_step") == _rows(scanned.db, "by_step")
+        for name in ("_steps", "by_step", "_ops", "op_facts", "collective_totals", "compare_by_op"):
+            assert _rows(sql.db, name) == _rows(scanned.db, name), name
 
 
 def test_compares_views_but_by_module_read_no_part(traces):
@@ -191,3 +207,80 @@ def test_a_trace_of_several_runs_groups_without_the_keys_only_the_flop_views_rea
     for sql in (one, two, two.first_run()):
         for view in ("flop_rest", "flop_steps"):
             assert _rows(sql.db, view) == _rows(_reference(sql), view), view
+
+
+def _ops_part(rows):
+    """A part of Ops' columns from rows of (seq, op, phase, kind, is_view, input dtypes, output dtypes, flops, bound,
+    read, written, allocated, duration, busy, comm, live, group, size)."""
+    import pyarrow as pa
+
+    from reports.sql.kept_ops import Ops
+
+    types = [pa.int64(), pa.string(), pa.string(), pa.string(), pa.bool_(), pa.list_(pa.string())]
+    types += [pa.list_(pa.string()), pa.int64(), pa.bool_(), *[pa.int64()] * 7, pa.string(), pa.int64()]
+    return pa.table({c: pa.array([r[i] for r in rows], t) for i, (c, t) in enumerate(zip(Ops.columns, types))})
+
+
+_OPS_PARTS = [
+    [
+        (0, "aten.mm", "forward", "matmul", False, ["float32"], ["float32"], 10, True, 4, 6, 8, 5, None, None, 100)
+        + (None, None),
+        # a view moves no bytes; an empty first input dtype: the output's
+        (1, "aten.view", "forward", "none", True, [""], ["float16"], 0, False, 3, 3, 0, 2, 1, None, 90, None, None),
+        # no dtype at all: ''
+        (2, "c10d.all_reduce", "backward", "collective", False, [], [], 7, False, 1, 1, 0, 9, None, 64, 90)
+        + ("default", 2),
+    ],
+    [
+        (3, "aten.mm", "forward", "matmul", False, ["float32"], ["float32"], 10, False, 4, 6, 2, 3, 2, None, 50)
+        + (None, None),
+        # a null first input dtype: the output's
+        (4, "c10d.all_reduce", "backward", "collective", False, [None], ["bfloat16"], 7, None, 1, 1, 0, 9, None)
+        + (None, 40, "default", 2),
+    ],
+]
+
+
+@pytest.mark.parametrize("collide", [False, True])  # every hash equal: grouped by the keys themselves
+def test_the_kept_ops_grain_sums_exactly_across_parts(collide, monkeypatch):
+    """kept_ops.Ops: the _ops grain's groups of rows spread over parts, each sum and extreme as the grain's SQL makes
+    it (time_ns coalesce(busy_ns, duration_ns); message_bytes and comm_first_seq NULL without comm_bytes)."""
+    import numpy as np
+
+    from reports.sql import kept_ops
+
+    if collide:
+        monkeypatch.setattr(kept_ops, "_MIX", np.uint64(0))
+    ops = kept_ops.Ops()
+    for rows in _OPS_PARTS:
+        ops.feed(_ops_part(rows))
+    got = ops.table().sort_by("first_seq").to_pydict()
+    assert got["op"] == ["aten.mm", "aten.view", "c10d.all_reduce", "c10d.all_reduce"]
+    assert got["dtype"] == ["float32", "float16", "", "bfloat16"]
+    assert got["ops"] == [2, 1, 1, 1] and got["first_seq"] == [0, 1, 2, 4]
+    assert got["bytes"] == [10, 0, 2, 2]  # 4 + 6; a view: 0; 1 + 1
+    assert got["flops_sum"] == [20, 0, 7, 7] and got["bytes_sum"] == [20, 0, 2, 2]  # 2 * 10, 2 * 10
+    assert got["bound_flops"] == [10, 0, 0, 0] and got["bound_rows"] == [1, 0, 0, 0]  # a null bound: not bound
+    assert got["bytes_allocated"] == [10, 0, 0, 0] and got["duration_ns"] == [8, 2, 9, 9]  # 8 + 2, 5 + 3
+    assert got["bytes_read"] == [8, 3, 1, 1] and got["bytes_written"] == [12, 3, 1, 1]
+    assert got["time_ns"] == [7, 1, 9, 9]  # duration 5 (no busy) + busy 2; busy 1; durations 9
+    assert got["calls"] == [0, 0, 1, 0] and got["message_bytes"] == [None, None, 64, None]
+    assert got["comm_first_seq"] == [None, None, 2, None]
+    assert got["process_group"] == [None, None, "default", "default"] and got["group_size"] == [None, None, 2, 2]
+    assert got["bytes_allocated_max"] == [8, 0, 0, 0] and got["live_bytes_max"] == [100, 90, 90, 40]
+
+
+def test_the_kept_ops_grain_gives_way_to_the_scan():
+    """kept_ops.Ops gives None (the grain is scanned) for a sum past int64 and for a null it does not group."""
+    from reports.sql.kept_ops import Ops
+
+    big = 2**62
+    past = Ops()
+    for seq in (0, 1):  # 2 * 2**62 bytes allocated: 2**63, past int64
+        past.feed(_ops_part([(seq, "aten.mm", "forward", "matmul", False, [], [], 1, False, 0, 0, big, 1, 1, None, 1)
+                             + (None, None)]))  # fmt: skip
+    assert past.table() is None
+    null = Ops()
+    null.feed(_ops_part([(0, "aten.mm", "forward", "matmul", False, [], [], 1, False, None, 0, 0, 1, 1, None, 1)
+                         + (None, None)]))  # fmt: skip
+    assert null.table() is None
