@@ -96,28 +96,47 @@ _GLOB = re.compile(r"([*?\[])")
 _WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
-class _Connection:
-    """A Trace's DuckDB connection (or cursor) whose `sql` and `execute` first make the views of the .sql files a
-    statement names that are not made yet (Trace.need): a view is bound when first read, so a Trace pays for the
-    views it reads (a library table reads 2-5 of 35; binding one takes about 1-2 ms). Every other attribute is the
-    connection's."""
+_STATEMENTS = ("sql", "execute", "query", "from_query", "executemany")  # the connection's methods taking a statement
 
-    def __init__(self, db, need, note=None):
-        self._db, self._need, self._note = db, need, note
+
+class _Connection:
+    """A Trace's DuckDB connection (or cursor) whose methods that take a statement (`_STATEMENTS`) first make the
+    views of the .sql files it names that are not made yet (Trace.need): a view is bound when first read, so a Trace
+    pays for the views it reads (a library table reads 2-5 of 35; binding one takes about 1-2 ms); and have it noted
+    (reports.sql.database.Database.note: a setting of a shared database changed). `cursor()` is another such
+    connection, in the same schema (`schema`: the Trace's catalogue, or its first_run schema). Every other attribute
+    is the connection's."""
+
+    def __init__(self, db, need, note=None, schema=None):
+        self._db, self._need, self._note, self._schema = db, need, note, schema
+
+    def _statement(self, name):
+        run = getattr(self._db, name)
+
+        def guarded(query, *args, **kwargs):
+            if isinstance(query, str):
+                self._need(query)
+                if self._note is not None:
+                    self._note(query)
+            return run(query, *args, **kwargs)
+
+        return guarded
 
     def sql(self, query, *args, **kwargs):
-        self._need(query)
-        if self._note is not None:
-            self._note(query)
-        return self._db.sql(query, *args, **kwargs)
+        return self._statement("sql")(query, *args, **kwargs)
 
     def execute(self, query, *args, **kwargs):
-        self._need(query)
-        if self._note is not None:
-            self._note(query)
-        return self._db.execute(query, *args, **kwargs)
+        return self._statement("execute")(query, *args, **kwargs)
+
+    def cursor(self):
+        cursor = self._db.cursor()
+        if self._schema is not None:  # DuckDB's new connection starts in the database's default catalogue
+            cursor.execute(f"USE {self._schema}")
+        return _Connection(cursor, self._need, self._note, self._schema)
 
     def __getattr__(self, name):
+        if name in _STATEMENTS:
+            return self._statement(name)
         return getattr(self._db, name)
 
 
@@ -363,7 +382,7 @@ class Trace(Checks):
     def _open_database(self, duckdb, rows, threads):
         """`db`: this Trace's connection (reports.sql.database.connect), `_database` what closes it."""
         self._database = connect(duckdb, rows, threads)
-        self.db = _Connection(self._database.cursor, self.need, self._database.note)
+        self.db = _Connection(self._database.cursor, self.need, self._database.note, self._database.catalog)
 
     def _make_views(self, fast):
         """The views of the .sql files, each from `fast` ({view: body}, reports/sql/scan.py) where it holds one."""
@@ -473,10 +492,11 @@ class Trace(Checks):
         one._phase_steps, one._totals, one.rows_view = None, None, "CREATE VIEW rows AS " + self._first_rows
         # a second connection to this Trace's catalogue: its database stays this Trace's (closed by its close)
         # (a statement run through it that changes a setting of the whole database is noted as the Trace's are)
-        cursor = self.db.cursor()
-        one.db, one._database, one._owner = _Connection(cursor, one.need, self._database.note), None, self
-        one.kept = self.kept  # run 0's, taken once by either
+        cursor = self.db._db.cursor()  # (its own statements below are the Trace's: not noted)
         catalog = self._database.catalog
+        one.db = _Connection(cursor, one.need, self._database.note, f"{catalog}.first_run")
+        one._database, one._owner = None, self
+        one.kept = self.kept  # run 0's, taken once by either
         # (a second first_run() makes the same views again)
         cursor.execute(
             f"SET enable_progress_bar = false; USE {catalog}; CREATE SCHEMA IF NOT EXISTS first_run; "

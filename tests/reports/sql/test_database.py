@@ -159,3 +159,23 @@ def test_a_setting_changed_through_first_run_is_not_read_by_traces_opened_later(
         with Trace(template) as later:
             assert later.db.execute(threads).fetchone()[0] == default
         one.close()
+
+
+@pytest.mark.parametrize("how", ["cursor", "query"])
+def test_a_setting_changed_through_a_cursor_or_query_is_not_read_by_traces_opened_later(template, monkeypatch, how):
+    """trace.db.cursor() is another connection to the Trace's catalogue, and trace.db.query runs a statement as
+    execute does: a SET through either retires the shared database (before: the cursor was DuckDB's own, in the
+    shared database's default catalogue, without the Trace's rows, and its SET reached every Trace opened later)."""
+    monkeypatch.setattr(database, "_SHARED", None)
+    threads = "SELECT current_setting('threads')"
+    with Trace(template) as fresh:
+        default = fresh.db.execute(threads).fetchone()[0]
+    with Trace(template) as changed:
+        run = changed.db.cursor() if how == "cursor" else changed.db
+        if how == "cursor":
+            assert run.execute("SELECT count(*) FROM rows").fetchone()[0] == 160  # the template's 160 rows
+            run.execute(f"SET threads = {default + 1}")
+        else:
+            run.query(f"SET threads = {default + 1}")
+        with Trace(template) as later:
+            assert later.db.execute(threads).fetchone()[0] == default
