@@ -19,7 +19,7 @@ a/k row by row would not).
 No sum wraps: `summable(values)` gives integers unchanged when no sum of them can pass
 int64, else as float64 (exact to float64's 53 bits, up to 1e308). A 405B model's step
 is ~4e19 FLOPs, past int64's 9.2e18; every report sums through it (`per_step` here,
-reports/tables.py, reports/time/roofline.py).
+reports.tables, reports.time.roofline).
 
 The array forms (`steps_of`, `count_steps_of`, `per_step_of`) take numpy columns: the FLOP sections
 (reports/flops) call them on their Arrow rows; the functions of a DataFrame above are thin adapters of them.

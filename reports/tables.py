@@ -16,7 +16,7 @@ units in the column names:
 
 The FLOPs here are totals over the whole trace; `by_step` gives them per step. Totals
 never wrap: a column whose int64 sum could pass 2**63 - 1 (a 405B model's FLOPs) is summed,
-and shown, as float64 (reports/steps.py `summable`).
+and shown, as float64 (reports.steps.summable).
 When the trace holds several runs (load([a, b])) every table has a `run`
 column first and one block of rows per run, in load order; with one run there
 is no `run` column. Empty inputs give empty tables with the same columns and

@@ -1,6 +1,6 @@
 """Facts about the device a run used: its name and properties, CUDA's memory figures, how to synchronise it.
 
-Timing untraced steps on it is tracer/measure.py."""
+Timing untraced steps on it is tracer.measure."""
 
 import functools
 import os

@@ -12,7 +12,7 @@
                         link carried, comparable across collectives and rank counts.
 
 Collective rows are those with a `comm_bytes` value; the kind comes from the op name. The collectives table
-(reports.collectives) is reports/distributed/sql_ranks.py's, over ranks.sql's view collective_calls; comm_split and
+(reports.collectives) is reports.distributed.sql_ranks's, over ranks.sql's view collective_calls; comm_split and
 per_step_traffic run views.sql's comm_split and collective_totals, over a trace's files (a reports.sql.engine.Trace,
 as `optrace report` opens one) or over the rows of a DataFrame or pyarrow Table (reports.sql.frame).
 """
@@ -116,7 +116,7 @@ COLLECTIVE_COLUMNS = {
 
 def shape_collectives(out):
     """The collectives table from its groups in order of first appearance (run, rank, collective, op,
-    process_group, group_size, comm_bytes, calls, total: summed duration_ns); reports/distributed/sql_ranks.py
+    process_group, group_size, comm_bytes, calls, total: summed duration_ns); reports.distributed.sql_ranks
     gives the groups from SQL."""
     import pandas as pd
 

@@ -8,7 +8,7 @@ mfu, memory) is already per rank; this module compares the ranks.
 Times are traced times (tracing slows every op alike), good for comparing ranks
 with each other, not for measuring speed.
 
-The tables (reports.ranks, reports.imbalance) are reports/distributed/sql_ranks.py's, over the views of ranks.sql;
+The tables (reports.ranks, reports.imbalance) are reports.distributed.sql_ranks's, over the views of ranks.sql;
 this module holds what they share with the report: the columns, the imbalance of per-rank figures, the --json objects.
 """
 
@@ -55,7 +55,7 @@ IMBALANCE_COLUMNS = {
 
 def imbalance_of(per_rank):
     """The imbalance table (a DataFrame) from [(trace, rank, {phase: seconds per step, "step": step time})], one per
-    run in load order (reports/distributed/sql_ranks.py gives the same entries from SQL)."""
+    run in load order (reports.distributed.sql_ranks gives the same entries from SQL)."""
     import pandas as pd
 
     return pd.DataFrame(imbalance_records(per_rank), columns=list(IMBALANCE_COLUMNS)).astype(IMBALANCE_COLUMNS)

@@ -1,15 +1,11 @@
 """The distributed sections of `optrace report` from the SQL views of reports/sql/ranks.sql: each takes a
-reports.sql.engine.Trace (of every rank: one run per rank) and returns what its pandas reference returns.
-
-    pandas reference (a loaded frame)                    here (a Trace)
-    reports/distributed/ranks.py is_multi_rank           is_multi_rank
-    ranks, imbalance                                     ranks, imbalance
-    job_summary (the first run's per_step_traffic)       job_summary
-    reports.collectives                                  collectives
+reports.sql.engine.Trace (of every rank: one run per rank) and returns what its pandas reference (tests.oracles.ranks,
+over a loaded frame) returns: is_multi_rank, ranks, imbalance, job_summary (the first run's per_step_traffic) and
+collectives (reports.collectives).
 
 SQL sums each run's rows per phase and per step (one row per run and phase, per run and step, per
 collective group), so what Python holds is the size of the result, not of the trace. Per-step figures
-divide each phase's total by the steps it ran in and add the phases in reports/steps.py's order, as
+divide each phase's total by the steps it ran in and add the phases in reports.steps's order, as
 per_step does; integer totals are exact, so the figures are the reference's to the last bit.
 """
 
@@ -169,7 +165,7 @@ def _imbalance(trace):
 
 
 def job_summary(trace, present):
-    """reports/distributed/ranks.py job_summary: the first run standing for its job; None outside a process group."""
+    """reports.distributed.ranks job_summary: the first run standing for its job; None outside a process group."""
     (run, meta), *_ = trace.runs.items()
     if meta.get("world_size") is None:
         return None

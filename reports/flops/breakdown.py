@@ -5,7 +5,7 @@ parameters costs 2·N·T FLOPs forward (each weight multiplies each token once: 
 multiply and an add) and 4·N·T backward (per weight matmul y = x @ W, the input
 gradient dL/dx = dL/dy @ Wᵀ and the weight gradient dL/dW = xᵀ @ dL/dy), 6·N·T
 in all. `breakdown` sets the traced FLOPs beside it and splits them four ways
-(reports/flops/roles.py says how a row is told apart):
+(reports.flops.roles says how a row is told apart):
 
   weight_matmul_flops    matmuls that multiply by a model parameter or compute its gradient
   attention_flops        matmuls of two activations, and fused attention kernels
@@ -15,11 +15,11 @@ in all. `breakdown` sets the traced FLOPs beside it and splits them four ways
                          convolutions, the optimizer's _foreach ops
 
 For a mixture of experts, where a token uses N_active of the N parameters (k of E experts:
-reports/flops/accounting.py), the same FLOPs are also set against 2·N_active·T, 4·N_active·T and
+reports.flops.accounting), the same FLOPs are also set against 2·N_active·T, 4·N_active·T and
 6·N_active·T (expected_active_flops, active_ratio); in a dense model N_active = N.
 
-N and T: see reports/flops/accounting.py. All FLOP columns are per training step, through
-reports.steps (each phase's total over the steps it ran in). `explain` (reports/flops/explain.py)
+N and T: see reports.flops.accounting. All FLOP columns are per training step, through
+reports.steps (each phase's total over the steps it ran in). `explain` (reports.flops.explain)
 says the same in words.
 """
 

@@ -1,5 +1,5 @@
 """Which forward rows of a run are an evaluation: forward work with grad mode off (the grad_mode column, v4 on), which
-autograd records nothing of and no backward reads (reports/flops/roles.py Roles.evaluation; explain names it).
+autograd records nothing of and no backward reads (reports.flops.roles.Roles.evaluation; explain names it).
 """
 
 import numpy as np

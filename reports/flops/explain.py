@@ -70,7 +70,7 @@ class _Run:
         self.kernel = self.kind.eq("attention")
         self.out = []
         self.routed = acc.n_active < self.n_mm() - 0.5  # some weights multiply fewer than T tokens: experts
-        # forward weight matmuls of training (grad mode: a backward of their step reads them), reports/flops/roles.py
+        # forward weight matmuls of training (grad mode: a backward of their step reads them), reports.flops.roles
         self.train_fwd = self.is_fwd & self.roles.training
         self.idle_fwd = self.is_fwd & (self.roles.param >= 0) & ~self.roles.training
         self.no_backward = not self.is_bwd.any()  # an inference or evaluation trace

@@ -9,7 +9,7 @@ promised FLOP/s"; an MFU of 0.5 or more is good.
                   activation checkpointing re-ran (the `recompute` flag: PaLM's MFU
                   leaves rematerialisation out) and less what fused attention
                   backward kernels spend recomputing the scores (they count five
-                  score-sized matmuls where four are needed); see reports/flops/recompute.py.
+                  score-sized matmuls where four are needed); see reports.flops.recompute.
                   Optimizer (and "other" phase) FLOPs are not model FLOPs. Matmuls
                   with weights outside model= (a frozen teacher's forward) are work
                   the step needs, so they stay in.
@@ -136,7 +136,7 @@ def matmul_dtype(rows):
     """The dtype carrying most matmul + attention FLOPs in these rows, else most FLOPs (None if there are none).
 
     A row's dtype is that of its first multiplied operand (addmm's bias skipped). The rules are
-    tracer/rules.py's, which the run-time meter applies too. `rows`: reports.flops.rows.Rows."""
+    tracer.rules's, which the run-time meter applies too. `rows`: reports.flops.rows.Rows."""
     flops = rows["flops"]
     at = np.flatnonzero(dtype_rows(rows.labels("flop_kind").isin(DTYPE_KINDS), flops))
     names, ok = _operand_dtypes(rows, at)

@@ -40,5 +40,5 @@ def attention_recompute(rows):
     shapes = rows.cells("input_shapes", at) if "input_shapes" in rows else [None] * len(at)
     out[at] = [
         score_share(int(f), s) for f, s in zip(rows["flops"][at].tolist(), shapes)
-    ]  # tracer/rules.py, shared with the meter
+    ]  # tracer.rules, shared with the meter
     return out

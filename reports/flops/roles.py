@@ -26,7 +26,7 @@ external_weight  an operand is a parameter of a module outside `model=` (metadat
                  (a GAN's discriminator with model=G): a row that becomes a gradient and reads
                  an activation that a forward multiplied by an external weight and by no model
                  weight. Or a weight-only quantized matmul whose packed
-                 weight is no parameter (a buffer: tracer/rules.py PACKED_WEIGHT). Never
+                 weight is no parameter (a buffer: tracer.rules.PACKED_WEIGHT). Never
                  part of N, never attention.
 attention        the other matmuls (two activations: q @ kᵀ, softmax(·) @ v and their
                  backward) and fused attention kernels (flop_kind "attention")

@@ -15,8 +15,8 @@ part) is refused with one line naming it. Damage is reported, never hidden:
 A part that repeats another's rows (a sync tool's `part-000001 (1).parquet`, a
 symlinked copy) or its part number, and a `rank=R` directory inside a trace that
 has parts of its own (another trace's rows), are refused with one line too; the
-values inside the parts are checked by reports/loading/validate.py, and the list items
-a part holds, from its footer before it is read, by reports/loading/widths.py.
+values inside the parts are checked by reports.loading.validate, and the list items
+a part holds, from its footer before it is read, by reports.loading.widths.
 """
 
 import os
@@ -121,7 +121,7 @@ def footer(part, footers=None):
 
 def check_parts(path, footers=None, unread=()):
     """[(part file, metadata dict, row count)] of every part, or ReportError naming the first bad file.
-    `unread`: columns the caller leaves in the files, checked from the parts' statistics (reports/loading/validate.py)."""
+    `unread`: columns the caller leaves in the files, checked from the parts' statistics (reports.loading.validate)."""
     path = os.fspath(path)
     try:
         names = sorted(os.listdir(path))

@@ -73,7 +73,7 @@ def load(paths, columns=None, lists="objects"):
     `paths`: a path or a list of paths. `columns`: read only these columns (all by default).
     `lists`: "objects" (default) gives each list cell (shapes, dtypes, storage ids) as a
     numpy array; "arrow" keeps the list columns as Arrow arrays (pandas ArrowDtype, cells
-    read as Python lists), far smaller and faster on big traces (reports/loading/columns.py).
+    read as Python lists), far smaller and faster on big traces (reports.loading.columns).
     A trace too big for memory: `optrace report` and reports.sql.engine.Trace read it with
     DuckDB, holding only the results.
     The run metadata is in `df.attrs["runs"]` ({run name: metadata dict}, in the given

@@ -64,11 +64,11 @@ RANGES = {
     "group_size": (1, None, "ranks"),
     "output_storage_bytes": (0, MAX_BYTES, "bytes"),
 }
-# string column: the values the tracer writes (tracer/schema.py); another is damage (the phases would not add up)
+# string column: the values the tracer writes (tracer.schema); another is damage (the phases would not add up)
 ALLOWED = {"phase": PHASES, "flop_kind": FLOP_KINDS, "grad_mode": GRAD_MODES}
 _EXPECTED = {field.name: field.type for field in ARROW_SCHEMA}
 # The list columns that hold a list in every row: their Parquet statistics cannot tell a null cell from an empty
-# list, so a reader that checks from the statistics scans these cells (reports/sql/engine.py).
+# list, so a reader that checks from the statistics scans these cells (reports.sql.engine).
 LIST_NOT_NULL = tuple(f.name for f in ARROW_SCHEMA if f.name in NOT_NULL and pa.types.is_list(f.type))
 # Of those, the lists of integers check_rows also refuses a null item in (the statistics count one as an empty list).
 ITEMS_NOT_NULL = tuple(name for name in LIST_NOT_NULL if name in STORAGE_ID_COLUMNS or name in RANGES)

@@ -4,7 +4,7 @@ A trace is read only after its values pass these checks; anything else is one
 ReportError naming the trace, the column or field, the bad value and what was
 expected, never a traceback deep inside a report and never a figure made from it:
 
-  types    every column's Arrow type is the one tracer/schema.py ARROW_SCHEMA gives it
+  types    every column's Arrow type is the one tracer.schema.ARROW_SCHEMA gives it
            (read from the table, so a column added there is checked too); a string
            column may be stored plain or dictionary-encoded
   nulls    the columns NOT_NULL names hold none (a column added to the schema may hold
@@ -12,7 +12,7 @@ expected, never a traceback deep inside a report and never a figure made from it
   ranges   counts, bytes and times are >= 0; FLOPs at most MAX_ROW_FLOPS per row, bytes at
            most MAX_BYTES, storage ids below `max_storage_id` (ids are handed out one by one as
            storages appear, so a trace of n rows cannot use ids far beyond n)
-  values   phase, flop_kind and grad_mode hold only the values tracer/schema.py names (ALLOWED; grad_mode
+  values   phase, flop_kind and grad_mode hold only the values tracer.schema names (ALLOWED; grad_mode
            may be null: unknown, before v4)
   seq      strictly increasing in write order (a repeated part or a repeated row is refused)
   JSON     the metadata and the marker are bounded in size and nesting depth before they

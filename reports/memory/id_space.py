@@ -1,6 +1,6 @@
 """Storage ids as array positions, in memory bounded by how many ids a run names, never by how large they are.
 
-The lifetime model (reports/memory/lifetimes.py) keeps its facts in arrays indexed by storage id. The tracer hands
+The lifetime model (reports.memory.lifetimes) keeps its facts in arrays indexed by storage id. The tracer hands
 ids out one by one as storages appear, so a run's ids stay below its count of storages and such arrays cost what the
 run's lists do. A trace's checks allow ids up to a bound that grows with the damage its metadata counts
 (reports.loading.load.id_limit: lost rows, record errors), so a hand-edited count of 10^15 let an id of 2^40 through,

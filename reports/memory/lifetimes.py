@@ -104,7 +104,7 @@ def _extent_bytes(shape, stride, itemsize):
 
 class Storages:
     """The storages of one run (with at least one row) as arrays indexed by storage id, or by position among the ids
-    named where those are too sparse for that (`space`: reports/memory/id_space.py); rows are positions, not seq."""
+    named where those are too sparse for that (`space`: reports.memory.id_space); rows are positions, not seq."""
 
     def __init__(self, name, meta, rows, lists=None):
         """`rows`: a reports.memory.run_rows.RunRows, or a frame of one run's rows in seq order (reports.load's) read

@@ -4,7 +4,7 @@ Every function takes the DataFrame `reports.load` returns (one run or several)
 and returns a DataFrame with a `run` column. How each storage's size, lifetime and
 category (CATEGORIES: parameters, unsharded_parameters, gradients, optimizer_state,
 communication_buffers, activations, inputs, temporaries) are worked out is in
-reports/memory/lifetimes.py.
+reports.memory.lifetimes.
 """
 
 import numpy as np

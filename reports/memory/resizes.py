@@ -1,4 +1,4 @@
-"""Storages whose size changes in place, and storages collectives use: helpers of reports/memory/lifetimes.py.
+"""Storages whose size changes in place, and storages collectives use: helpers of reports.memory.lifetimes.
 
 A resize is (row, storage id, bytes): from that row on the storage holds that many bytes
 (storage_roles["resized"] of the trace metadata, seq turned into row positions). FSDP2

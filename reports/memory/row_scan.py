@@ -1,12 +1,12 @@
 """What the memory categories read of a run's rows, from one scan of them a batch at a time in seq order
-(reports/memory/sql_categories.py): the scalar columns the lifetime model reads at every row, and what it reads
+(reports.memory.sql_categories): the scalar columns the lifetime model reads at every row, and what it reads
 of the storage id lists (`lifetimes.Lists`), without keeping the lists.
 
     scan = Scan(rows)          the run's row count: each column filled in place
     scan.feed(batch)           an Arrow Table or batch of Scan.columns (phase as names or as codes), in seq order
     columns = scan.finish(phases)
 
-The Trace's read of the parts feeds it (Trace(keep=[Scan]): reports/sql/rowpass.py), or a DuckDB scan of its own
+The Trace's read of the parts feeds it (Trace(keep=[Scan]): reports.sql.rowpass), or a DuckDB scan of its own
 does (sql_categories.py). Fed by the Trace's read, which holds every column, it also keeps what the model would
 otherwise ask DuckDB for in a scan each: the input dtypes, shapes and strides of the rows where a storage is first
 seen as an input (`cells`: the only rows whose cells the model reads, lifetimes.Storages._inputs) and the ids
@@ -34,7 +34,7 @@ CELLS = ("input_dtypes", "input_shapes", "input_strides")  # kept at the rows wh
 class _Firsts:
     """Per storage id, the least flat position it was seen at so far (_NONE: not seen), the array grown as ids come,
     up to id `cap` (which Scan raises with the rows it was fed); ids from `cap` up (a damaged trace's:
-    reports/memory/id_space.py) are kept as they come, in `far`, and sorted out in `pairs`."""
+    reports.memory.id_space) are kept as they come, in `far`, and sorted out in `pairs`."""
 
     def __init__(self):
         self.at = np.full(0, _NONE, dtype=np.int64)
@@ -76,7 +76,7 @@ class _Firsts:
 def _first_seen(first_in, first_out):
     """(every id seen as an input or an output ascending, its first input position, its first output position; _NONE:
     never seen so), from the two _Firsts: a presence mask over the ids below the caps (the tracer hands ids out densely),
-    a sorted union only where a damaged trace's far ids came (reports/memory/id_space.py)."""
+    a sorted union only where a damaged trace's far ids came (reports.memory.id_space)."""
     if first_in.far or first_out.far:
         (in_ids, in_at), (out_ids, out_at) = first_in.pairs(), first_out.pairs()
         seen = np.union1d(in_ids, out_ids)

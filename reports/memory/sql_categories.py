@@ -5,7 +5,7 @@ without pandas.
     reports.by_category(df) (at="peak")      by_category(trace): a pyarrow.Table of the same columns and values
 
 Both run the one storage-lifetime model (reports.memory.lifetimes.Storages, reports.memory.live.categories_at) on
-numpy arrays; here they come from one scan of the run (memory_rows; reports/memory/row_scan.py fed the Trace's read
+numpy arrays; here they come from one scan of the run (memory_rows; reports.memory.row_scan fed the Trace's read
 of the parts, or Arrow batches of 65,536 rows of a DuckDB scan of its own): the scalar columns it reads at every row
 (seq, step, phase, bytes allocated, live bytes and the lengths of the three storage id lists) and the run's
 `lifetimes.Lists`, one entry per storage (each storage's first appearance and first known size, found batch by batch
@@ -48,9 +48,9 @@ def memory_rows(trace, run_index):
     """Run `run_index`'s rows in seq order, as a reports.memory.run_rows.RunRows: the columns the model reads at every
     row, the list columns at the rows it asks for (read from the trace), and the run's Lists (`lists`).
 
-    One scan of the run reads those columns and the id lists, a batch of rows at a time (reports/memory/row_scan.py):
+    One scan of the run reads those columns and the id lists, a batch of rows at a time (reports.memory.row_scan):
     the lists are not kept, only what memory_lists gives (each id's first appearance and first known size, the frees).
-    The scan is the one the Trace made as it checked the run's rows (Trace(keep=[Scan]): reports/sql/rowpass.py),
+    The scan is the one the Trace made as it checked the run's rows (Trace(keep=[Scan]): reports.sql.rowpass),
     else a DuckDB scan of its own."""
     where = f"run_index = {run_index}"
     phases = [p for (p,) in trace.db.sql(f"SELECT DISTINCT phase FROM _steps WHERE {where} ORDER BY phase").fetchall()]

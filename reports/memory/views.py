@@ -7,7 +7,7 @@ Under the tracer:
         nothing is written (x[0], x.t(), x.view(), x.permute(), x.expand(),
         the aten._unsafe_view that follows a reshape's copy): 0 bytes.
   copy  an op whose only job is to move data into new memory or into another
-        tensor (COPY_OPS in reports/_util.py, and any aten.*_copy op):
+        tensor (COPY_OPS in reports._util, and any aten.*_copy op):
           aten.clone     x.contiguous() of a non-contiguous x, x.clone(), and
                          x.reshape() of a non-contiguous x (clone, then _unsafe_view)
           aten._to_copy  x.to(dtype), x.to(copy=True), x.float(), autocast casts

@@ -4,7 +4,7 @@
 Bad input (a missing file, not Parquet, no optrace metadata, a newer schema)
 prints one line naming the file and what is wrong, and exits with status 2; so does a
 stdout that cannot be written (a full disk), while a closed pipe (`| head -1`) ends the
-command quietly with status 0 (reports/output/stdout.py).
+command quietly with status 0 (reports.output.stdout).
 """
 
 import contextlib
@@ -25,14 +25,14 @@ from reports.output.text import json_number, printable
 _REPORT_UNUSED = ("layout", "device", "inplace")
 # ... and those only the rank figures read: left out for a trace of one rank.
 _RANKS_ONLY = ("start_ns", "comm_bytes", "group_size", "process_group")
-# ... of which one rank's own job section (reports/output/distributed.py print_job) reads these.
+# ... of which one rank's own job section (reports.output.distributed.print_job) reads these.
 _JOB_COLUMNS = ("comm_bytes", "group_size", "process_group")
 
 
 def summary(sql, peak_tflops=None, step_time_s=None, ranks_present=None, top=8, depth=2):
     """What `report --json` prints, as a dict: the headline and the caveats (reports.output.headline, the text
-    report's), the summary figures, then every section of the text report (reports/output/report_json.py), from
-    `sql`, a reports.sql.engine.Trace of the run (reports/output/source.py). `ranks_present`: rank directories in the
+    report's), the summary figures, then every section of the text report (reports.output.report_json), from
+    `sql`, a reports.sql.engine.Trace of the run (reports.output.source). `ranks_present`: rank directories in the
     trace (reports.loading.load.ranks_present), for its `distributed` object; default: the runs loaded. `mfu` is the
     headline's: a metered run's Meter median unless `step_time_s` is given (`mfu_source`); `mfu_details` is always
     the step time's."""
@@ -386,7 +386,7 @@ def main(argv=None):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            with checked_stdout():  # an OSError writing stdout: StdoutError, one line (reports/output/stdout.py)
+            with checked_stdout():  # an OSError writing stdout: StdoutError, one line (reports.output.stdout)
                 code = args.run(args)
         except ReportError as exc:  # one prefix: a message that starts with the command's name loses it
             message = printable(exc).removeprefix(f"{args.command}: ")

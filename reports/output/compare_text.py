@@ -19,7 +19,7 @@ from reports.output.text import column_formatters, printable
 
 __all__ = ["COMPARE_COLUMNS", "compare_json", "compare_text"]
 
-# What each column of `compare` holds (reports/compare.py's docstring, in short): `compare --json` carries it.
+# What each column of `compare` holds (reports.compare's docstring, in short): `compare --json` carries it.
 COMPARE_COLUMNS = {
     "run": "the run's name",
     "steps": "training steps of the run (the per-step divisor)",

@@ -14,7 +14,7 @@ __all__ = ["print_job", "print_ranks"]
 def print_job(src, present, out):
     """The `Distributed` section of `optrace report`: world size, ranks present, and what this rank's
     collectives send and receive per step. Printed for every rank of a process group, one rank or many.
-    `src`: the run's reports/output/source.py Source."""
+    `src`: the run's reports.output.source.Source."""
     job = src.job(present)
     if job is None:
         return

@@ -26,7 +26,7 @@ FLOPs". Each is written when its value changes.
 Memory stays bounded: the parts are read in batches with pyarrow and each event is
 written as it is made, one per line.
 
-Damage: every batch passes the checks of reports/loading/validate.py before its events are
+Damage: every batch passes the checks of reports.loading.validate before its events are
 made (a null, a negative or absurd value, a repeated seq is one ReportError). A trace
 cut short or damaged is still written, with a warning (`optrace export` prints it as a
 note on stderr and exits 0), "complete" and "damage" per rank in the JSON's
@@ -175,7 +175,7 @@ def _export(trace, out, batch_rows):
             f"or be - (Chrome JSON to stdout), got {out!r}"
         )
     ranks = trace_ranks(trace)
-    if out != "-":  # a file left inside a trace makes it unreadable (reports/loading/integrity.py: not a part)
+    if out != "-":  # a file left inside a trace makes it unreadable (reports.loading.integrity: not a part)
         where, home = os.path.realpath(os.path.dirname(os.path.abspath(out))), os.path.realpath(os.fspath(trace))
         if where == home or where.startswith(home + os.sep):
             raise ReportError(

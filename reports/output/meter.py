@@ -14,7 +14,7 @@ def _spread(figure, show):
 
 def print_meter(src, out, ranks=None):
     """Print the meter section when the trace has a Meter table; nothing otherwise. `src`: the run's
-    reports/output/source.py Source; `ranks`: a Source over every rank of a job (its section is then rank 0's,
+    reports.output.source.Source; `ranks`: a Source over every rank of a job (its section is then rank 0's,
     as the report, with a line for each other rank whose table has steps without FLOPs or bookkeeping errors)."""
     found = src.meter_summary()
     if found is None:

@@ -1,7 +1,7 @@
 """Perfetto's native protobuf trace format for `optrace export TRACE -o OUT.pftrace`.
 
 For traces too large for JSON: the same processes, tracks, slices and counters as
-reports/output/export.py writes in JSON, as TracePackets written one at a time with the
+reports.output.export writes in JSON, as TracePackets written one at a time with the
 `perfetto` package's StreamingTraceProtoBuilder (an optional extra:
 `pip install optrace[perfetto]`). Timestamps are ns after the earliest op; an op is a
 SLICE_BEGIN / SLICE_END pair on its phase's track, its args are debug annotations.

@@ -106,7 +106,7 @@ def figures(plan):
     out.update(memory=memory, classes=detail["classes"], assumptions=detail["assumptions"], notes=detail["notes"])
     out["verdict"], out["shortfall_bytes"], out["smallest_change"], out["changes"] = verdict(out)
     out["basis"], out["signal"] = detail.get("basis", []), _value(row.get("signal"))
-    for part in ("pipeline", "context"):  # reports/plan/pipeline.py, context.py: only when planned
+    for part in ("pipeline", "context"):  # reports.plan.pipeline, context.py: only when planned
         if part in detail:
             out[part] = detail[part]
     return out

@@ -294,7 +294,7 @@ def print_plan(frame, out, assumptions=False, anyway=False):
     notes of this trace; `assumptions` adds every assumption with its source and the notes that hold
     for every plan; `anyway` prints the step time of a plan that does not fit."""
     p = _figures(frame)
-    if not p["complete"]:  # as the report's first line says it (reports/output/cli.py)
+    if not p["complete"]:  # as the report's first line says it (reports.output.cli)
         stop = f"stopped by {p['signal']}" if p.get("signal") else "cut short"
         why = f": the traced code raised {printable(p['error'])};" if p["error"] else f" ({stop}):"
         print(f"INCOMPLETE{why} the plan covers the rows it has", file=out)

@@ -1,5 +1,5 @@
 """The sections of `optrace report` as JSON-ready objects: the keys `report --json` adds to the summary
-(reports/output/cli.py `summary`), each the same table the text report prints, with raw numbers.
+(reports.output.cli.summary), each the same table the text report prints, with raw numbers.
 
 Numbers are plain JSON numbers, never humanised; a value that cannot be known is null; an infinite
 value is the string "inf" or "-inf" (JSON has no infinity), so null never hides one. See docs/cli.md's
@@ -191,7 +191,7 @@ def _views(src, top):
 
 def sections(meta, accounts, peak_tflops, step_time_s, top, src, depth=2):
     """The keys `report --json` adds to the summary: every section of the text report. `src`: where the
-    tables come from (reports/output/source.py Source: the SQL engine or the frame)."""
+    tables come from (reports.output.source.Source: the SQL engine or the frame)."""
     return {
         "error": meta.get("error"),  # the exception the traced code raised, or null
         "breakdown": _breakdown(src, accounts),

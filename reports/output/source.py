@@ -3,7 +3,7 @@ rows loaded into memory (Trace.over: `--engine pandas`, and the traces the Trace
 Each table is a pyarrow.Table (a one-row result a dict of Python values), made without pandas (reports.sql.tables'
 *_arrow, reports.time.roofline.roofline_tables, reports.distributed.sql_ranks' *_table): the printed report and
 --json never load it.
-Breakdown, explain and MFU run on the small Arrow table reports/sql/flops.py cuts from the trace
+Breakdown, explain and MFU run on the small Arrow table reports.sql.flops cuts from the trace
 (tests/reports/sql/test_sql_flops.py); the memory categories, the meter and the distributed sections come from their
 SQL views (tests/reports/sql/test_sql_sections.py); the rank sections take a Source over every rank."""
 
@@ -34,7 +34,7 @@ class Source:
 
     # ------------------------------------------------------------ FLOP sections: breakdown, explain, MFU
     def flop_rows(self):
-        """The rows breakdown, explain and MFU run on (a reports.flops.rows.Frame): reports/sql/flops.py's small
+        """The rows breakdown, explain and MFU run on (a reports.flops.rows.Frame): reports.sql.flops's small
         table of the trace (made once)."""
         if self._flop_rows is None:
             from reports.flops.rows import Frame
@@ -76,13 +76,13 @@ class Source:
         )
 
     def count_steps(self):
-        """Training steps of the run (reports/steps.py count_steps)."""
+        """Training steps of the run (reports.steps.count_steps)."""
         from reports.sql.tables import count_steps
 
         return count_steps(self.sql)
 
     def phase_flops(self):
-        """{phase: FLOPs per step, "total": ...} (reports/steps.py per_step), numbers as --json prints them."""
+        """{phase: FLOPs per step, "total": ...} (reports.steps.per_step), numbers as --json prints them."""
         from reports.output.text import json_number
         from reports.sql.tables import phase_flops
 
@@ -128,7 +128,7 @@ class Source:
 
         return views_arrow(self.sql)
 
-    # ---- memory categories, meter, distributed (reports/memory/sql_categories.py, reports/distributed/sql_ranks.py):
+    # ---- memory categories, meter, distributed (reports.memory.sql_categories, reports.distributed.sql_ranks):
     # the rank sections take a Source over every rank (one run per rank)
     @property
     def runs(self):
@@ -158,13 +158,13 @@ class Source:
         return self._categories
 
     def meter_summary(self):
-        """The meter section (reports/flops/meter.py meter_summary): it reads only the runs' metadata."""
+        """The meter section (reports.flops.meter.meter_summary): it reads only the runs' metadata."""
         from reports.flops.meter import meter_summary
 
         return meter_summary(self.runs)
 
     def job(self, present):
-        """reports/distributed/ranks.py job_summary of the first run; None outside a process group."""
+        """reports.distributed.ranks job_summary of the first run; None outside a process group."""
         from reports.distributed.sql_ranks import job_summary
 
         return job_summary(self.sql, present)
@@ -185,7 +185,7 @@ class Source:
         return imbalance_table(self.sql)
 
     def lowest_rank_collectives(self):
-        """reports/distributed/collectives.py collectives of the lowest rank's runs."""
+        """reports.distributed.collectives collectives of the lowest rank's runs."""
         from reports.distributed.sql_ranks import lowest_rank_collectives
 
         return lowest_rank_collectives(self.sql)

@@ -26,8 +26,8 @@ stops at MIN_EFFICIENCY (1% of a peak, below what a plan can mean; the largest t
 an op over 1 GB/s x 0.01, stays finite); latencies, sizes and fragmentation add or multiply. The sources
 are in SOURCES. Efficiencies that are judgements say so, and why; a plan on
 the device the trace was taken on replaces the four compute and memory efficiencies with
-what the trace measured (reports/plan/ops.py `calibrate`), and a trace taken on a GPU
-replaces `fragmentation` with its own reserved / peak allocated bytes (reports/plan/fit.py).
+what the trace measured (reports.plan.ops.calibrate), and a trace taken on a GPU
+replaces `fragmentation` with its own reserved / peak allocated bytes (reports.plan.fit).
 """
 
 from collections.abc import Mapping
@@ -143,7 +143,7 @@ SOURCES = {
 # {name: {generation: (value, source)}}, in place of DEFAULTS[name] on a target of that generation
 _FITTED = (
     "the median of the matmul_stack that matches each published run of the generation in "
-    "benchmarks/plan_validation.py (reports.plan.calibration stack_step, pooled), as of 2026-12-05: {runs}. "
+    "benchmarks/plan_validation.py (reports.plan.calibration.stack_step, pooled), as of 2026-12-05: {runs}. "
     "What it stands for is not measured apart: GEMMs in a training step share the power limit with HBM and "
     "NVLink traffic and their SMs with NCCL's kernels, which the sweep's GEMMs alone did not (a GEMM on random "
     "data is already power-limited: 257 against 295 TFLOP/s on zeros on an A100, Horace He, 'Strangely, Matrix "

@@ -1,6 +1,6 @@
 """Does one rank fit in the device's memory, and what is the largest micro-batch that does?
 
-Peak bytes per rank come from the trace's memory model (reports/memory/lifetimes.py: every
+Peak bytes per rank come from the trace's memory model (reports.memory.lifetimes: every
 storage's size, lifetime and category at every op). On the target they need, besides:
 
   allowances   the CUDA context, NCCL's buffers per process group, and the caching
@@ -166,7 +166,7 @@ def traced_batch(rows, meta):
     sequence = tokens) if one does, else the first; without one, the leading size of the first
     input of the first forward op that reads no parameter first (a Linear's input x, not its
     weight; nor FSDP2's unsharded parameters or the all-gather buffer it views as [world size,
-    shard]: no storage of fixed size, reports/plan/ops.py)."""
+    shard]: no storage of fixed size, reports.plan.ops)."""
     from reports.plan.ops import fixed_storages
 
     forward = np.flatnonzero(rows.objects("phase") == "forward")

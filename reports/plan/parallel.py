@@ -1,5 +1,5 @@
-"""The parallelisms a plan adds to a traced rank: pipeline stages (reports/plan/pipeline.py) and
-context parallelism (reports/plan/context.py), applied to the figures reports.plan.plan priced for the
+"""The parallelisms a plan adds to a traced rank: pipeline stages (reports.plan.pipeline) and
+context parallelism (reports.plan.context), applied to the figures reports.plan.plan priced for the
 rank as traced. A plan with pp = 1 and cp = 1 gets their columns at their neutral values (pp 1, no
 bubble, no sends, cp 1, no ring).
 """

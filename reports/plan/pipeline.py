@@ -4,11 +4,11 @@ The trace is of one rank running every layer. Its repeated blocks (the module pa
 most numbered children: `blocks.0`, `blocks.1`, ... or `layers.N`; a Sequential's `0`, `1`, ...)
 are split into contiguous stages, p (`pp`) of them, or p x v chunks for the interleaved
 schedule (v `virtual_stages`, chunk j on rank j mod p), so that the slowest one's priced time
-(forward and backward, reports/plan/ops.py) is the least. What runs before the first block
+(forward and backward, reports.plan.ops) is the least. What runs before the first block
 (the embedding) goes with the first stage, what runs after the last (the head, the loss) with
 the last; ops of other phases (the optimizer) are shared by the ranks in proportion to the
 parameters they hold (the metadata's `parameters`, each to its block by its name), and the traced
-step's exposed communication (FSDP2's collectives, reports/plan/comm.py) in proportion to their
+step's exposed communication (FSDP2's collectives, reports.plan.comm) in proportion to their
 compute, once per micro-batch (FSDP2 gathers a stage's parameters for each).
 
 Schedule (Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on GPU Clusters
@@ -28,7 +28,7 @@ broadcast on the link between the ranks (reports.plan.comm.collective_cost: one 
 latency; on one node the GPU link, across nodes one GPU's NIC); stage r's ranks start at r x
 `world` (the traced job's ranks times the context-parallel degree; pipeline outermost, as Megatron-LM orders its groups), so a send crosses nodes when the
 two stages' first ranks sit on different nodes (interleaved, the last rank sends back to the first). A rank's sends count in its T_r
-but for the share `pipeline_send_overlap` hides (reports/plan/assumptions.py; 0 by default:
+but for the share `pipeline_send_overlap` hides (reports.plan.assumptions; 0 by default:
 Megatron-LM's 1F1B exchanges activations and gradients by blocking batched send/recv); what it
 receives comes in over the link's other direction meanwhile.
 

@@ -10,12 +10,12 @@ One row per run (a trace of one rank: real, meta or fake, any world size), colum
   batch, micro_batch                   sequences per rank: traced (and how found), planned
   tokens_per_step                      tokens per rank per step at the planned micro-batch
   fits, peak_bytes_per_rank, required_bytes, device_memory_bytes, headroom_bytes,
-  max_micro_batch                      memory (reports/plan/fit.py)
+  max_micro_batch                      memory (reports.plan.fit)
   compute_s                            the ops of one step priced on the target, one after
-                                       another (reports/plan/ops.py); of which compute_bound_s,
+                                       another (reports.plan.ops); of which compute_bound_s,
                                        memory_bound_s (the roofline's bound) and launch_s
   comm_s, exposed_comm_s               the step's collectives priced on its links, and the part
-                                       the overlap model leaves exposed (reports/plan/comm.py)
+                                       the overlap model leaves exposed (reports.plan.comm)
   step_time_s                          compute_s + exposed_comm_s
   tokens_per_s_per_gpu                 tokens_per_step / tp / step_time_s
   model_flops_per_step, causal_masked_flops_per_step, peak_flops_per_s, mfu
@@ -37,11 +37,11 @@ One row per run (a trace of one rank: real, meta or fake, any world size), colum
                                        against the traced one (untraced median step time when
                                        recorded, else the sum of traced op times per step)
   pp, micro_batches, schedule, virtual_stages, pipeline_bubble_s, bubble_fraction, p2p_s
-                                       the pipeline (reports/plan/pipeline.py; pp 1: none): with pp > 1
+                                       the pipeline (reports.plan.pipeline; pp 1: none): with pp > 1
                                        step_time_s, tokens_per_step, tokens_per_s_per_gpu, the FLOPs and
                                        mfu are the pipeline's (micro_batches micro-batches over pp GPUs),
                                        and the memory figures the rank that needs most
-  cp, ring_s, kv_in_flight_bytes       context parallelism (reports/plan/context.py; cp 1: none): ring
+  cp, ring_s, kv_in_flight_bytes       context parallelism (reports.plan.context; cp 1: none): ring
                                        attention's sends per step (in comm_s) and the K/V blocks in flight
 
 `frame.attrs["plan"]` holds per run: `assumptions` [{name, value, unit, source}] (every
@@ -115,7 +115,7 @@ def plan(
     found by traced_batch unless `batch` gives it); `overlap`: "prefetch" or "none";
     `assumptions`: {name: value} overriding reports.plan.assumptions.DEFAULTS; `pp`: pipeline
     stages, `micro_batches` per step, `schedule` "1f1b" or "interleaved" with `virtual_stages`
-    per rank (reports/plan/pipeline.py); `cp`: context-parallel degree (reports/plan/context.py);
+    per rank (reports.plan.pipeline); `cp`: context-parallel degree (reports.plan.context);
     `calibrated`: {name: (value, source)} fitted on a measured trace (reports.plan.calibration.fit), used
     where `assumptions` does not give the name."""
     import pandas as pd  # the library's table (`optrace plan` reads plan_runs' records)

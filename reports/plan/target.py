@@ -112,7 +112,7 @@ def listed(a, sources, entry, peak, dtype, bandwidth, bw_source, memory, overlap
             "name": "overlap",
             "value": overlap,
             "unit": "",
-            "source": "reports/plan/comm.py: "
+            "source": "reports.plan.comm: "
             + (
                 "FSDP2's prefetch: an all-gather one unit ahead overlaps the current unit's compute; other collectives "
                 "overlap the compute after them until their result is read"

@@ -1,6 +1,6 @@
 """The checks a reports.sql.engine.Trace makes of a trace's values before any view runs, written as a mixin of it
-(`Checks`): those of reports/loading/validate.py check_rows, from the parts' statistics where they tell, else from
-one read of each run's parts (reports/sql/rowpass.py) or one scan of its rows read once into DuckDB; a run that fails
+(`Checks`): those of reports.loading.validate check_rows, from the parts' statistics where they tell, else from
+one read of each run's parts (reports.sql.rowpass) or one scan of its rows read once into DuckDB; a run that fails
 one is read by the reference loader, whose one-line ReportError names the value."""
 
 import os
@@ -37,10 +37,10 @@ class Checks:
     `_reference_columns`): see reports.sql.engine.Trace._open, which calls _check_values and _check_null_lists."""
 
     def _check_values(self, footers, refused, keep):
-        """The checks of reports/loading/validate.py check_rows without reading the rows into a frame: nulls and ranges
+        """The checks of reports.loading.validate check_rows without reading the rows into a frame: nulls and ranges
         from each part's Parquet statistics (check_footers, as read_run read the footers: `refused` holds the runs where
         one failed), storage ids from the extremes of their statistics (_IdFooters), the rest from the rows. A trace
-        read from its files: one read of each run's parts (reports/sql/rowpass.py: null list cells and items, phase
+        read from its files: one read of each run's parts (reports.sql.rowpass: null list cells and items, phase
         and flop_kind values, seq increasing), which also feeds run 0's rows to the consumers `keep` makes (_rows_pass).
         A trace whose rows were read once into DuckDB (narrow): seq from one scan of its seq column (_seq_in_order),
         null lists and values from the grains (_check_null_lists). A run that fails one is read by the reference
@@ -77,7 +77,7 @@ class Checks:
     def _rows_pass(self, i, footers, keep):
         """Whether run i passes the checks of _check_values made from its rows (a narrow trace: its seq here, its
         null lists from the grains). Run 0's read feeds the consumers each of `keep` makes of its row count (objects
-        with `columns` and `feed`: reports/sql/rowpass.py), kept in `self.kept` when the run passed (take_kept); every
+        with `columns` and `feed`: reports.sql.rowpass), kept in `self.kept` when the run passed (take_kept); every
         run's read feeds its own with `every_run`, while the runs fed hold at most KEEP_ROWS rows (a consumer holds a
         few columns of its run's rows until taken: a run past them is scanned again when its section reads it)."""
         if self.narrow:
@@ -105,7 +105,7 @@ class Checks:
     def _check_null_lists(self, runs):
         """Read each of `runs` (run indices, in order) with the reference loader when a list cell of it is null where a
         trace holds a list, or an id or size list holds a null item: flagged per group of _ops as the grain read the
-        list columns (reports/sql/scan.py `_src.null_lists`), no scan of its own; and when a phase or FLOP kind is none
+        list columns (reports.sql.scan `_src.null_lists`), no scan of its own; and when a phase or FLOP kind is none
         the tracer writes (validate.ALLOWED: statistics cannot show that), from the grains' groups."""
         if not runs:  # a trace read from its files: its runs' reads checked them (rowpass)
             return

@@ -14,7 +14,7 @@
     ranges; storage ids once the run's id limit is known, from the extremes kept per part); seq
     increasing row by row, null list cells and null id items (which the statistics cannot tell
     from empty lists) and the phase and FLOP kind values are checked by one read of each run's
-    parts (reports/sql/rowpass.py), before any view runs, which also keeps what the report's
+    parts (reports.sql.rowpass), before any view runs, which also keeps what the report's
     FLOP and memory sections read of run 0's rows (`keep`; compare's of every run: `every_run`);
     a trace read once into memory (many small parts, or a live one) has them checked by scans of
     that copy; when a check fails, the
@@ -25,7 +25,7 @@
 `rows` is defined over the literal list of the part files the checks accepted, each path made
 absolute and its glob characters escaped (DuckDB globs every file name it is given), with
 hive partitioning off (a `key=value` directory in a user's path adds no column). The views that
-group and sum are read from two groupings of the rows made once per trace (reports/sql/scan.py),
+group and sum are read from two groupings of the rows made once per trace (reports.sql.scan),
 each equal to its definition in views.sql; a trace of many small parts has the columns they read
 copied into memory once (SMALL_PARTS) instead of every part opened for every scan. `first_run()`
 gives run 0 alone over the same tables (the report of a trace of several ranks is rank 0's).
@@ -33,9 +33,9 @@ gives run 0 alone over the same tables (the report of a trace of several ranks i
 A trace of up to reports.sql.database.SHARED_ROWS rows is opened in a catalogue of its own of one DuckDB database
 the process shares (reports.sql.database: making a database costs more than the rest of opening a small trace).
 
-The tables (reports/sql/tables.py, reports.time.roofline, reports.distributed.collectives) are built from
+The tables (reports.sql.tables, reports.time.roofline, reports.distributed.collectives) are built from
 the views here; this module only runs SQL, divides totals per phase into per-step figures and says which int64 sums
-could wrap (reports/steps.py summable: pandas sums those as float64).
+could wrap (reports.steps.summable: pandas sums those as float64).
 """
 
 import contextlib
@@ -85,7 +85,7 @@ VIEW_FILES = (
     ),
 )
 INT64_MAX = 2**63 - 1
-# Read the rows the views need once into memory (reports/sql/scan.py source) from this many part files on, when
+# Read the rows the views need once into memory (reports.sql.scan source) from this many part files on, when
 # the parts hold fewer rows than this on average and the trace no more rows than this.
 SMALL_PARTS = (256, 64, 1 << 20)
 BATCH = 256  # part files per statement when reading them once (DuckDB keeps each open part until the statement ends)
@@ -220,8 +220,8 @@ class Trace(Checks):
     of each run (None outside a distributed trace). `columns`: the columns the reference reader of the same
     command reads (all by default): a run the checks here refuse is read with them, for its words.
     `first_run()`: run 0 alone, as a Trace over the same connection (the report of a trace of several ranks).
-    `keep`: makers of consumers of run 0's rows, fed by the read that checks them (reports/sql/rowpass.py), taken
-    once each by take_kept (the report's FLOP and memory sections: reports/sql/flop_rows.py, reports/memory/row_scan.py);
+    `keep`: makers of consumers of run 0's rows, fed by the read that checks them (reports.sql.rowpass), taken
+    once each by take_kept (the report's FLOP and memory sections: reports.sql.flop_rows, reports.memory.row_scan);
     `every_run`: consumers of every run's rows, each run's read feeding its own (compare's memory categories, which
     read every run: no run scanned again)."""
 
@@ -358,7 +358,7 @@ class Trace(Checks):
         several = len(self.runs) > 1
         held = {getattr(c, "holds", None) for c in self.kept.values()}  # views a kept consumer holds for run 0
         made = grains(several, self.narrow, "flop_rest" not in held)  # one scan each: most views are read from
-        # these (reports/sql/scan.py), but those kept consumers made of every run's rows (kept_grains: not the _ops
+        # these (reports.sql.scan), but those kept consumers made of every run's rows (kept_grains: not the _ops
         # grain with flop_rest's keys, which reports.sql.kept_ops.Ops does not make); not TEMP: first_run's
         # connection reads them too
         scanned = () if several or "flop_rest" in held else ("_ops",)
@@ -385,7 +385,7 @@ class Trace(Checks):
         self.db = _Connection(self._database.cursor, self.need, self._database.note, self._database.catalog)
 
     def _make_views(self, fast):
-        """The views of the .sql files, each from `fast` ({view: body}, reports/sql/scan.py) where it holds one."""
+        """The views of the .sql files, each from `fast` ({view: body}, reports.sql.scan) where it holds one."""
         self._views = [(name, fast.get(name, body)) for path in VIEW_FILES for name, body, _ in statements(path)]
         self._lazy(self._views)
         self._read_totals()
@@ -435,11 +435,11 @@ class Trace(Checks):
 
     @classmethod
     def over(cls, table, runs, ranks=None, paths=None, grains=False):
-        """A Trace over rows held in memory (the library API's: reports/sql/frame.py): `table` a pyarrow Table of the
+        """A Trace over rows held in memory (the library API's: reports.sql.frame): `table` a pyarrow Table of the
         trace's columns by name, each cast to tracer.schema's type (a column it lacks reads as NULL), with `run_index`
         (int32: the row's run, an index into `runs`); `runs` {run name: metadata}, in order; `ranks` the rank of each
         run (None outside a distributed trace); `paths` what the messages call each run (default: its name).
-        `grains`: the rows copied into the database and the views made from the grains of reports/sql/scan.py, as a
+        `grains`: the rows copied into the database and the views made from the grains of reports.sql.scan, as a
         Trace of files makes them (the report's sections, which read the grains too, and first_run); else views.sql's
         views as written, over the table itself (no copy: one table of the library API scans what it reads). The rows are the caller's: no check of the file path's runs here. The
         grains, views and tables are those of a Trace of files, over `rows` of `table`."""
@@ -539,7 +539,7 @@ class Trace(Checks):
         return self.db.sql(query).to_arrow_table()
 
     def table(self, view, order=None, where=None):
-        """A view's rows, ordered by `order` (SQL), in DuckDB's dtypes (reports/sql/tables.py casts the sums)."""
+        """A view's rows, ordered by `order` (SQL), in DuckDB's dtypes (reports.sql.tables casts the sums)."""
         query = f"SELECT * FROM {view}" + (f" WHERE {where}" if where else "") + (f" ORDER BY {order}" if order else "")
         return self.db.execute(query).fetchdf()
 
@@ -564,7 +564,7 @@ class Trace(Checks):
         return frame
 
     def phase_steps(self):
-        """{run_index: {phase: steps}} (reports/steps.py phase_steps); read once (a trace's rows do not change)."""
+        """{run_index: {phase: steps}} (reports.steps.phase_steps); read once (a trace's rows do not change)."""
         if self._phase_steps is None:
             self._phase_steps = {i: {} for i in range(len(self.runs))}
             for run_index, phase, steps in self.db.execute(
@@ -574,13 +574,13 @@ class Trace(Checks):
             for row in self.run_rows:
                 run_index, fb, traced = row["run_index"], row["fb_steps"], row["steps_traced"]
                 found = self._phase_steps[int(run_index)]
-                if "other" in found:  # over at least the run's training steps (reports/steps.py _steps_per_phase)
+                if "other" in found:  # over at least the run's training steps (reports.steps._steps_per_phase)
                     found["other"] = max(found["other"], int(fb or traced))
         return {i: dict(steps) for i, steps in self._phase_steps.items()}
 
     def per_step(self, totals, columns, keys=()):
         """Per-step figures from a view of totals per (keys..., phase): each phase's total over the steps
-        it ran in, summed over the phases in reports/steps.py's order (float64, as per_step gives them).
+        it ran in, summed over the phases in reports.steps's order (float64, as per_step gives them).
         Returns {run_index: DataFrame of keys and columns}, keys in order of first appearance."""
         import pandas as pd
 

@@ -1,5 +1,5 @@
-"""The FLOP sections' rows of a run from the Trace's one read of its parts (reports/sql/rowpass.py), instead of
-the query of flops.sql that decoded five list columns of every row again (reports/sql/flops.py).
+"""The FLOP sections' rows of a run from the Trace's one read of its parts (reports.sql.rowpass), instead of
+the query of flops.sql that decoded five list columns of every row again (reports.sql.flops).
 
 `FlopRows`, fed each part in seq order, keeps what flops.sql's views hold of the run:
 
@@ -105,7 +105,7 @@ class FlopRows:
     """flop_rows and flop_rest of one run, fed its parts in seq order (a consumer of rowpass.read)."""
 
     columns = tuple(SCHEMA.names)
-    holds = "flop_rest"  # the view it holds: the Trace's _ops grain then leaves out its keys (reports/sql/scan.py)
+    holds = "flop_rest"  # the view it holds: the Trace's _ops grain then leaves out its keys (reports.sql.scan)
 
     def __init__(self, rows=None):
         self.codes = {c: Codes() for c in (*_CATEGORICAL, "dtype")}
@@ -155,7 +155,7 @@ class FlopRows:
         w["module"].append(
             np.where(mm | is_kind["attention"][at], self.codes["module"].of(table.column("module"))[at], -1)
         )
-        if "grad_mode" in table.column_names:  # a v3 trace has none: null (reports/sql/engine.py)
+        if "grad_mode" in table.column_names:  # a v3 trace has none: null (reports.sql.engine)
             grad = table.column("grad_mode")
             w["grad_mode"].append(np.where(numpy_of(pc.is_null(grad))[at], -1, self.codes["grad_mode"].of(grad)[at]))
         else:

@@ -15,24 +15,24 @@ reports/flops (analyse and Roles, breakdown, explain, mfu) run on its numpy colu
                    dtype when no matmul has FLOPs) and per op in the optimizer phase (explain names its ops).
                    A group stands at its first row's seq and step.
       the steps (view flop_steps)  one zero-FLOP row per step and phase (whether it re-ran checkpointed
-                   work), after a run's other rows: the steps each phase ran in, as reports/steps.py counts
+                   work), after a run's other rows: the steps each phase ran in, as reports.steps counts
                    them, and the steps with a backward or with recomputation, as Roles and explain read them.
 
 The sections read it as reports.flops.rows.Frame(table(trace), trace.runs); frame(trace) is it as a DataFrame, as
 reports.load gives one, for the library's functions.
 
 A Trace that kept run 0's rows from its read of the parts (Trace(keep=[FlopRows]), as `optrace report` opens one) gives
-the walked rows and flop_rest from what it kept (reports/sql/flop_rows.py), the same rows without a query that decodes
+the walked rows and flop_rest from what it kept (reports.sql.flop_rows), the same rows without a query that decodes
 five list columns of every row again.
 
 Why the results are those of the whole trace: each walk of Roles reads only walked rows, in their order
 (the others are not copies, matmuls or gradient hops), so every walked row gets the role it gets among all
 rows and every other row is "other". Each section's figure is a sum per phase divided by the steps that
-phase ran in (reports/steps.py): the integer sums of a group are those of its rows, the step counts are the
+phase ran in (reports.steps): the integer sums of a group are those of its rows, the step counts are the
 flop_steps rows', and a key of a per-key sum (category and phase, FLOP kind, dtype) is first seen where it
 was first seen among the rows (a group stands at its first row; the step rows come last and carry no FLOPs,
 no FLOP kind and no parameter), so the per-phase figures are added up in the same order. With a trace
-whose int64 FLOP sums could wrap, the FLOPs are float64 here (reports/steps.py sums those as float64
+whose int64 FLOP sums could wrap, the FLOPs are float64 here (reports.steps sums those as float64
 too, row by row): a figure above 2**53 may then differ in its last bits.
 
     frame(trace, mfu_only=True)   a smaller frame for reports.mfu alone (compare's MFU): the walked rows are the
@@ -115,7 +115,7 @@ def table(trace, mfu_only=False):
     """The small table of the FLOP sections (see the module docstring) as a pyarrow.Table: its first column `run`
     (a dictionary of the trace's runs), the string columns dictionary-encoded. `mfu_only`: as for `frame`."""
     wide = any(trace.wide("flops", i) for i in range(len(trace.runs)))
-    flops_type = "DOUBLE" if wide else "BIGINT"  # as reports/steps.py summable takes sums that could wrap
+    flops_type = "DOUBLE" if wide else "BIGINT"  # as reports.steps.summable takes sums that could wrap
     if mfu_only:
         names = list(_MFU_ROWS)
         parts = [
@@ -126,7 +126,7 @@ def table(trace, mfu_only=False):
         names = _ROWS
         parts = [_select("flop_rows", {c: c for c in _ROWS}, flops_type, 0), _select("flop_rest", _REST, flops_type, 0)]
     kept = None if mfu_only or trace.several else trace.take_kept(FlopRows, 0)
-    if kept is not None:  # the walked rows and groups from the Trace's read of the parts (reports/sql/flop_rows.py)
+    if kept is not None:  # the walked rows and groups from the Trace's read of the parts (reports.sql.flop_rows)
         steps = trace.db.sql(
             "SELECT seq, step, phase, 0 AS flops, recompute FROM flop_steps ORDER BY seq"
         ).to_arrow_table()

@@ -1,13 +1,13 @@
 -- The FLOP sections of the report (breakdown, explain, MFU: reports/flops) read from three views, which
--- reports/sql/flops.py joins into one small frame that the pandas functions run on unchanged:
+-- reports.sql.flops joins into one small frame that the pandas functions run on unchanged:
 --
 --   flop_rows   the rows those functions read one by one, with the columns they read
 --   flop_rest   every other row, summed per phase, FLOP kind, recompute flag, first input dtype and
 --               whether it has FLOPs (and per op in the optimizer phase, whose op names explain reads)
---   flop_steps  one row per run, step and phase: the steps each phase ran in (what reports/steps.py
+--   flop_steps  one row per run, step and phase: the steps each phase ran in (what reports.steps
 --               divides by) and whether the step re-ran checkpointed work
 --
--- The op lists below are reports/_util.py ONE_TO_ONE_COPIES and reports/flops/walks.py _GATHERS,
+-- The op lists below are reports._util.ONE_TO_ONE_COPIES and reports.flops.walks._GATHERS,
 -- _ADDS, GRADIENT_PLACES, _GRADIENT_MOVES, DERIVED and SCALED (tests/reports/sql/test_sql_flops.py checks that they agree).
 
 -- Per run and op: whether its overload packet is a one-to-one copy or a gather (the copy/cast walk from
@@ -29,7 +29,7 @@ SELECT run_index, op,
 FROM (SELECT run_index, op, split_part(op, '.', 1) || '.' || split_part(op, '.', 2) AS packet
       FROM (SELECT DISTINCT run_index, op FROM rows) AS d) AS p
 ;
--- The rows the walks of reports/flops/roles.py Roles read, and the rows explain and MFU read cell by cell:
+-- The rows the walks of reports.flops.roles.Roles read, and the rows explain and MFU read cell by cell:
 --   matmul and attention rows       every matmul is sorted into weight, weight outside the model or attention;
 --                                   fused attention kernels (their shapes: the score recomputation, causal)
 --   forward convolutions            explain names their weights (ids and shapes)
@@ -82,7 +82,7 @@ FROM (SELECT run, run_index, seq, step, phase, op, flop_kind, flops, coalesce(re
       FROM flop_marked WHERE NOT walked) AS r
 GROUP BY run, run_index, phase, CASE WHEN phase = 'optimizer' THEN op END, flop_kind, recompute, first_dtype, flops > 0
 ;
--- MFU alone (reports/sql/flops.py frame(trace, mfu_only=True)) walks no role: it reads the matmul and attention rows
+-- MFU alone (reports.sql.flops frame(trace, mfu_only=True)) walks no role: it reads the matmul and attention rows
 -- one by one (their dtype, fused attention's shapes) and every other row's FLOPs summed, as flop_rest sums them.
 CREATE VIEW mfu_marked AS
 SELECT *, flop_kind IN ('matmul', 'attention') AS walked FROM rows

@@ -1,5 +1,5 @@
 """The library API's rows as a reports.sql.engine.Trace held in memory: `reports.by_op(df)` runs the view `optrace
-report` runs over the trace's files (views.sql, made from the grains of reports/sql/scan.py) over the rows of `df`.
+report` runs over the trace's files (views.sql, made from the grains of reports.sql.scan) over the rows of `df`.
 
     with memory_trace(df, "by_op", ["op", "flops", ...]) as trace:
         table = reports.sql.tables.by_op(trace)

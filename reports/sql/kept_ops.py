@@ -1,4 +1,4 @@
-"""reports.sql.scan's _ops grain of one run made from the Trace's one read of its parts (reports/sql/rowpass.py)
+"""reports.sql.scan's _ops grain of one run made from the Trace's one read of its parts (reports.sql.rowpass)
 instead of a DuckDB scan of the files: the grain's dtype alone read two list columns of every row again (0.25 CPU-s of
 a 1M-row report's open was that scan).
 

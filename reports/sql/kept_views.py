@@ -1,10 +1,10 @@
-"""Two views of a run made from the Trace's one read of its parts (reports/sql/rowpass.py) instead of a DuckDB scan
+"""Two views of a run made from the Trace's one read of its parts (reports.sql.rowpass) instead of a DuckDB scan
 of the files each: module_own (each module's own ops, FLOPs, bytes allocated, time and first seq) and peak (the row
 after which live_bytes is highest, the first on a tie); and the _steps grain (`Steps`: each run's groups per step and
 phase, which reports.sql.scan otherwise makes by a scan of their own: kept_grains).
 
 Each consumer sums exact integers per part, as DuckDB sums them, and gives `table(run)`: its rows as an Arrow Table,
-from which reports/sql/engine.py makes the view (`SELECT`), with views.sql's columns and DuckDB types; None when a sum
+from which reports.sql.engine makes the view (`SELECT`), with views.sql's columns and DuckDB types; None when a sum
 passes int64 (the view is then scan.py's, over the files). tests/reports/sql/test_sql_scan.py compares them with their definitions.
 """
 

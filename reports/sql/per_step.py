@@ -1,5 +1,5 @@
 """Per-step figures from a view of totals per (keys..., phase), written once over numpy: each phase's total over the
-steps it ran in, summed over the phases in reports/steps.py's order (reports.sql.engine.Trace.per_step, per_step_arrow;
+steps it ran in, summed over the phases in reports.steps's order (reports.sql.engine.Trace.per_step, per_step_arrow;
 reports.compare.Figures.per_step)."""
 
 import numpy as np

@@ -1,9 +1,9 @@
--- The distributed sections of `optrace report` (reports/distributed/sql_ranks.py): each rank's time, FLOPs and
+-- The distributed sections of `optrace report` (reports.distributed.sql_ranks): each rank's time, FLOPs and
 -- traffic per phase, its steps' wall time and its collectives, over `rows` of every rank (one run per rank).
 -- Statements are separated by a line holding only ';' (the format of views.sql).
 
 -- portable: per run, step and phase: ops, FLOPs, collective bytes and time, the other ops' time, all ops'
--- time, and the span of its ops (first start, last end, in ns as float64: reports/distributed/ranks.py
+-- time, and the span of its ops (first start, last end, in ns as float64: reports.distributed.ranks
 -- _step_times). One scan of the rows gives both the per-step figures of ranks and imbalance (its sums
 -- per phase, divided by phase_steps) and the steps' wall times (its spans per step). A collective row is
 -- one with a comm_bytes value.
@@ -19,7 +19,7 @@ FROM rows
 GROUP BY run, run_index, step, phase
 ;
 -- portable: the collectives of each run by op, group and message size: calls, summed time and the first
--- call's seq (reports/distributed/collectives.py collectives).
+-- call's seq (reports.distributed.collectives collectives).
 CREATE VIEW collective_calls AS
 SELECT run, run_index, op, process_group, group_size, comm_bytes, count(*) AS calls, sum(duration_ns) AS total_ns,
        min(seq) AS first_seq

@@ -1,5 +1,5 @@
 """One read of a run's part files with pyarrow, part by part in order: the row checks the statistics cannot make, and
-what the report's FLOP and memory sections read row by row, from the same read (reports/sql/engine.py).
+what the report's FLOP and memory sections read row by row, from the same read (reports.sql.engine).
 
 Parquet's statistics count a null list and an empty one together, so whether a list cell is null where the tracer
 always writes a list (validate.LIST_NOT_NULL) or an id or size list holds a null item (ITEMS_NOT_NULL) is read from
@@ -60,7 +60,7 @@ def read(files, footers, present, consumers=()):
         ):
             return False
         for name, allowed in ALLOWED.items():
-            if name not in table.column_names:  # grad_mode in a v3 trace: null (reports/sql/engine.py)
+            if name not in table.column_names:  # grad_mode in a v3 trace: null (reports.sql.engine)
                 continue
             if not set(pc.unique(table.column(name)).to_pylist()) <= {*allowed, None}:  # a null: the statistics' check
                 return False
@@ -72,7 +72,7 @@ def read(files, footers, present, consumers=()):
 def _ahead(reader, files, footers):
     """Each part's Table in order, the next part read on a thread while the caller works on this one (the reading
     and decoding release the GIL). The parts are read into the C library's pool: the pool the command sets
-    (reports/loading/columns.py lean_memory: jemalloc giving freed pages back at once) has each part's pages faulted
+    (reports.loading.columns lean_memory: jemalloc giving freed pages back at once) has each part's pages faulted
     in again by the next, 0.6 s of system time a million rows; malloc keeps them for the next part."""
     if len(files) < 2:
         yield from (reader.read(part, footers) for part in files)

@@ -1,4 +1,4 @@
-"""The report views computed from a few scans of the trace instead of a scan each (reports/sql/engine.py).
+"""The report views computed from a few scans of the trace instead of a scan each (reports.sql.engine).
 
 views.sql defines every view over `rows`, the Parquet parts: plain SQL another engine runs as it is
 written. Run that way, a report scans the parts about ten times (the dtype of a row alone, read from
@@ -15,12 +15,12 @@ view holds what views.sql's definition holds, column for column and type for typ
             distinct shapes per op and phase, not the rows (a few hundred groups for a 1M-row trace).
             Its `null_lists` (a trace read once into memory): whether a row of the group has a null list cell
             or a null id or size item, which the engine's checks refuse (the lists read in this scan; a trace
-            read from its files has them checked by reports/sql/rowpass.py, and the grain reads no list
+            read from its files has them checked by reports.sql.rowpass, and the grain reads no list
             but the two dtype lists).
             Also keyed by what flops.sql's flop_rest groups by and flop_marked's `walked` reads of a row (the
             first input dtype, the recompute flag, whether a mul or div has a scalar operand): flop_rest, the
             rows of the FLOP sections that no walk reads, is summed from it instead of a scan of its own (unless
-            the Trace's read of the parts kept flop_rest: reports/sql/flop_rows.py). Without those keys, the grain of
+            the Trace's read of the parts kept flop_rest: reports.sql.flop_rows). Without those keys, the grain of
             a run whose read of the parts fed a reports.sql.kept_ops.Ops is made from it, not scanned
     _steps  per run, step and phase: phase_steps, run_totals, by_step, the peak's live bytes and flop_steps
 
@@ -66,7 +66,7 @@ _FIRST_DTYPE_LIST = (
 def _ops_grain(flop_keys, null_lists=True):
     """The _ops grain; `flop_keys`: also keyed by what flop_rest reads of a row (first_dtype, recompute_flag,
     scalar_operand) and with each group's first step, for flop_rest to be summed from it; `null_lists`: with the flag of
-    a null list cell or item (else the runs' reads checked them: reports/sql/rowpass.py)."""
+    a null list cell or item (else the runs' reads checked them: reports.sql.rowpass)."""
     keys = ",\n         first_dtype, recompute_flag, scalar_operand" if flop_keys else ""
     first_step = ",\n       arg_min(step, seq) AS first_step" if flop_keys else ""
     made = (
@@ -212,7 +212,7 @@ SELECT run, run_index, phase, dtype, flops, bytes, CAST(sum(ops) AS BIGINT) AS o
 FROM _ops
 GROUP BY run, run_index, phase, dtype, flops, bytes
 """,
-    # flops.sql's views of the FLOP sections (reports/sql/flops.py): the ops from _ops, the steps from _steps, and the
+    # flops.sql's views of the FLOP sections (reports.sql.flops): the ops from _ops, the steps from _steps, and the
     # rows no walk reads (flop_rest) summed from _ops, whose keys hold what flop_marked's `walked` reads of a row
     "flop_ops": _FLOP_OPS,
     "flop_steps": """
@@ -266,7 +266,7 @@ GROUP BY run, run_index, op, process_group, coalesce(group_size, 1), phase
 }
 
 
-# A trace of several runs (the ranks of a job) reports the FLOP sections of run 0 alone (reports/sql/engine.py
+# A trace of several runs (the ranks of a job) reports the FLOP sections of run 0 alone (reports.sql.engine
 # first_run), whose flop_rest then reads flops.sql's definition over run 0's rows: the grain's keys for it would be
 # made for every run, 2.7 s of a 128-rank, 50M-row trace's 14 s _ops scan and 1.1 s of its 2.5 s _steps scan
 # (benchmarks/README.md, stop 30), for views that read 1/128 of them. FLOP_VIEWS: the views read from those keys.
@@ -276,7 +276,7 @@ FLOP_VIEWS = ("flop_rest", "flop_steps")
 def grains(several, null_lists=True, flop_rest=True):
     """GRAINS for a trace of one run, or of `several`: _ops and _steps without what only FLOP_VIEWS read. Without
     `null_lists`, _ops without the flag of a null list (its rows checked by a read of their own: rowpass); without
-    `flop_rest`, without flop_rest's keys (the run's flop_rest kept from that read: reports/sql/flop_rows.py)."""
+    `flop_rest`, without flop_rest's keys (the run's flop_rest kept from that read: reports.sql.flop_rows)."""
     made = {"_ops": _ops_grain(not several and flop_rest, null_lists), "_steps": _steps_grain(not several)}
     return GRAINS if made == GRAINS else made
 

@@ -5,11 +5,11 @@ test oracles under tests/oracles).
 
     library function                         here (a Trace)
     reports.by_phase, by_op, by_dtype,       by_phase, by_op, by_dtype, by_step
-      by_step (reports/tables.py)
+      by_step (reports.tables)
     reports.uncounted, coverage.bounds       uncounted, bounds
     reports.peak                             peak
     reports.views                            views
-    reports/steps.py count_steps, per_step   count_steps, phase_flops
+    reports.steps.count_steps, per_step   count_steps, phase_flops
     the report's top ops                     top_ops
     module rows of reports.by_module         module_own (reports.tables rolls the tree up)
 
@@ -64,7 +64,7 @@ _SUM_DTYPES = {
 
 
 def fetch(trace, view, order, sums=(), where=None):
-    """A view's rows in `order` (SQL, after run_index), the `sums` cast as reports/tables.py gives them: int64,
+    """A view's rows in `order` (SQL, after run_index), the `sums` cast as reports.tables gives them: int64,
     or float64 when an int64 sum could wrap (its values above int64 stay float64, as combine keeps them)."""
     query, wide = _query(trace, view, order, sums, where)
     frame = trace.sql(query)
@@ -102,7 +102,7 @@ def _summed(column):
 
 
 def _shape(trace, frame, columns, dtypes):
-    """The frame as reports/tables.py combine shapes it: a `run` column first when there are several runs."""
+    """The frame as reports.tables.combine shapes it: a `run` column first when there are several runs."""
     cols = (["run"] if trace.several else []) + list(columns)
     if not len(frame):
         return empty_frame({c: ({"run": object, **dtypes}).get(c, object) for c in cols})
@@ -225,7 +225,7 @@ def _run(trace, run_index):
 
 
 def count_steps(trace, run_index=0):
-    """reports/steps.py count_steps: steps with forward or backward ops, else all steps; at least 1."""
+    """reports.steps.count_steps: steps with forward or backward ops, else all steps; at least 1."""
     t = _run(trace, run_index)
     if t is None:
         return 1

@@ -2,15 +2,15 @@
 --
 -- `rows` is the trace: every column of the trace schema (docs/schema.md), one row per
 -- aten op, plus `run` (the run's name) and `run_index` (0, 1, ... in the order the runs were given;
--- one per rank of a distributed trace). reports/sql/engine.py defines it over the literal list of
+-- one per rank of a distributed trace). reports.sql.engine defines it over the literal list of
 -- part files the integrity checks accepted:
 --
 --   CREATE VIEW rows AS
 --   SELECT 'gpt' AS run, 0 AS run_index, * FROM read_parquet(['runs/gpt.parquet/part-000000.parquet', ...]);
 --
 -- Each statement below is plain SQL: a view per report table, grouping and summing. What stays
--- in Python (reports/sql/engine.py) is the shaping pandas needs: column dtypes, the sum over the
--- phases of a per-step figure (in phase order, so the floating-point result matches reports/steps.py),
+-- in Python (reports.sql.engine) is the shaping pandas needs: column dtypes, the sum over the
+-- phases of a per-step figure (in phase order, so the floating-point result matches reports.steps),
 -- the module tree's roll-up and the roofs of the roofline (device tables).
 --
 -- Per step: a figure per training step is, for each phase, the phase's total divided by the
@@ -24,16 +24,16 @@
 -- function and run unchanged in polars' SQL too (tests/reports/sql/test_sql.py checks them).
 -- Statements are separated by a line holding only ';'.
 
--- portable: the steps each phase of each run ran in (reports/steps.py phase_steps).
+-- portable: the steps each phase of each run ran in (reports.steps.phase_steps).
 CREATE VIEW phase_steps AS
 SELECT run, run_index, phase, count(DISTINCT step) AS steps
 FROM rows
 GROUP BY run, run_index, phase
 ;
 -- portable: one row per run: ops, steps traced, the training steps (steps with forward or backward
--- ops, else all steps: reports/steps.py count_steps), the totals every percentage divides by, the
+-- ops, else all steps: reports.steps.count_steps), the totals every percentage divides by, the
 -- bound rows, and the extremes of the summed columns (an int64 sum that could wrap is taken as
--- float64, reports/steps.py summable).
+-- float64, reports.steps.summable).
 CREATE VIEW run_totals AS
 SELECT run, run_index, count(*) AS ops,
        count(DISTINCT step) AS steps_traced,
@@ -46,7 +46,7 @@ FROM rows
 GROUP BY run, run_index
 ;
 -- portable: the totals of each op, phase, FLOP kind and view flag: the tables by phase, by op, of
--- uncounted ops, of top ops per step and of views and copies sum these (reports/sql/engine.py
+-- uncounted ops, of top ops per step and of views and copies sum these (reports.sql.engine
 -- computes it once per trace: one scan of the rows for all of them).
 CREATE VIEW op_facts AS
 SELECT run, run_index, op, phase, flop_kind, is_view, count(*) AS ops, sum(flops) AS flops,
@@ -95,7 +95,7 @@ FROM (SELECT run, run_index, op, min_by(flop_kind, first_seq) AS flop_kind, sum(
       FROM op_facts GROUP BY run, run_index, op) AS g
 JOIN run_totals AS t ON g.run_index = t.run_index
 ;
--- A row's dtype: its first tensor input's, else its first output's, else '' (reports/tables.py row_dtypes).
+-- A row's dtype: its first tensor input's, else its first output's, else '' (reports.tables.row_dtypes).
 CREATE VIEW row_dtype AS
 SELECT *, CASE WHEN coalesce(input_dtypes[1], '') <> '' THEN input_dtypes[1]
                ELSE coalesce(output_dtypes[1], '') END AS dtype
@@ -165,7 +165,7 @@ JOIN (SELECT s.run_index, min(s.seq) AS seq
       GROUP BY s.run_index) AS f
   ON r.run_index = f.run_index AND r.seq = f.seq
 ;
--- reports.views: views (is_view) against copies (the copy ops of reports/_util.py is_copy: an op
+-- reports.views: views (is_view) against copies (the copy ops of reports._util.is_copy: an op
 -- whose overload packet is one of them, or ends in `_copy` / `_copy_`). The kind is decided once per
 -- op, not per row.
 CREATE VIEW op_kinds AS
@@ -235,7 +235,7 @@ JOIN (SELECT run_index, module, dtype
   ON g.run_index = h.run_index AND g.module = h.module
 ;
 -- reports.roofline_split: the rows per run, phase, dtype, FLOPs and bytes of a row, and their time: every row of a
--- group has one bound and one roof (reports.time.roofline split_of_groups).
+-- group has one bound and one roof (reports.time.roofline.split_of_groups).
 CREATE VIEW roofline_groups AS
 SELECT run, run_index, phase, dtype, flops, bytes, count(*) AS ops, sum(time_ns) AS time_ns
 FROM roofline_rows

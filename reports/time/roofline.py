@@ -1,6 +1,6 @@
 """A roofline of every op: is each op kind limited by the device's FLOP/s or by its memory bandwidth?
 
-Figures are per training step (reports/steps.py `per_step`: each phase's total over the
+Figures are per training step (reports.steps.per_step: each phase's total over the
 steps it ran in, summed over phases), so they sit beside the breakdown's; k identical
 steps give exactly the figures of one.
 

@@ -6,7 +6,7 @@ kernel call. How much work that is depends on integer tensors passed beside the 
 the group offsets (`offs`) and the cumulative sequence lengths (`cum_seq_q`, `cum_seq_k`).
 When these are concrete the count is exact and the sizes become the row's `group_sizes`;
 on meta and fake tensors (and under CUDA graph capture) they cannot be read, and the count
-is the upper bound the shapes prove, flagged `flops_bound` (tracer/schema.py).
+is the upper bound the shapes prove, flagged `flops_bound` (tracer.schema).
 
 Reading CUDA offsets copies a few integers to the host: one synchronisation per call.
 """

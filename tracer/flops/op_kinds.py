@@ -151,7 +151,7 @@ class FlopRule:
 
     `causal(args, kwargs)`, for attention ops only, tells whether the mask was causal.
     `detailed`: count returns a `FlopCount` (FLOPs, bound, group sizes), not an int; the
-    hook asks only these rules for more than an int (tracer/schema.py FlopBasis.DETAILED).
+    hook asks only these rules for more than an int (tracer.schema.FlopBasis.DETAILED).
     `formula`: the registered formula of shapes, when the rule has one.
     """
 

@@ -1,5 +1,5 @@
 """What a metered step ran and what a traced step cost (tracer.metering.meter): the signature of a step's inputs,
-their size, its tokens, and the FLOPs of a traced step read back from its rows by tracer/rules.py's rules."""
+their size, its tokens, and the FLOPs of a traced step read back from its rows by tracer.rules's rules."""
 
 import bisect
 import math
@@ -108,7 +108,7 @@ def _settle(entry):
 
 def step_flops(rows):
     """{model_flops, hardware_flops, recompute_flops, optimizer_flops, dtype} of the rows of a traced step (a dict
-    of column lists as pyarrow's to_pydict gives them), by tracer/rules.py's rules as reports.mfu applies them."""
+    of column lists as pyarrow's to_pydict gives them), by tracer.rules's rules as reports.mfu applies them."""
     flops = np.asarray(rows["flops"], dtype=np.int64)
     again = np.asarray([bool(r) for r in rows["recompute"]], dtype=bool)  # bool even for a step with no rows
     phase = rows["phase"]

@@ -28,14 +28,14 @@ StepTraces._estimate).
   model FLOPs     forward + backward FLOPs of the traced step, less what activation
                   checkpointing re-ran (rows flagged `recompute`) and the score
                   recomputation of fused attention backward kernels: the rule of
-                  reports/flops/recompute.py, so a metered step's MFU is the one
+                  reports.flops.recompute, so a metered step's MFU is the one
                   reports.mfu gives the trace for the same step time.
   hardware FLOPs  every traced FLOP of the step: recompute and optimizer included (HFU).
   step time       perf_counter between step boundaries (`begin()` when called, else the end
                   of the step before), the hooks' cost included; the meter's work after a
                   traced step and its table writes are left out. A traced step's time is
                   traced time, so it gets no MFU.
-  peak            `peak_flops=`, else tracer/peaks.py for the run's device and the dtype
+  peak            `peak_flops=`, else tracer.peaks for the run's device and the dtype
                   that carries most matmul FLOPs (the table reports.mfu uses).
 
 The per-step table goes to the trace's run metadata under `meter` (see `table`),

@@ -350,7 +350,7 @@ class Attribution(ForwardHooks, OptimizerHooks):
         self._thread = _get_ident()
         err = self._on_error
         handles = self._handles  # each kept as it goes on: a failed install (Ctrl-C) leaves `remove()` all of them
-        handles.clear()  # global module hooks no torch.compile'd module warns about (tracer/safety.py)
+        handles.clear()  # global module hooks no torch.compile'd module warns about (tracer.safety)
         handles.append(GlobalModuleHook(register_module_forward_pre_hook, _guarded(self._forward_pre, err)))
         handles.append(
             GlobalModuleHook(register_module_forward_hook, _guarded(self._forward_post, err), always_call=True)

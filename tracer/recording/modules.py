@@ -47,7 +47,7 @@ class ModuleNames:
     """Names modules; `on_external(module)` is called once for each module outside the model that runs."""
 
     def __init__(self, model=None, on_external=None):
-        self._names = WeakMap()  # no Python finaliser: a Ctrl-C cannot be lost in one (tracer/safety.py)
+        self._names = WeakMap()  # no Python finaliser: a Ctrl-C cannot be lost in one (tracer.safety)
         self._model = lambda: None  # a weak reference: the tracer keeps nothing alive
         self._on_external = on_external
         self._external_roots = set()
