@@ -116,3 +116,21 @@ def gpt_trace(path, steps=2, bandwidth=None, **options):
         for _ in range(steps):
             train_step(model, opt, idx, targets)
     return path
+
+
+def amp_step(model, opt, scaler, batches, losses):
+    """One optimizer step of nanoGPT's loop on a CPU: for each (x, y) of `batches` (its micro-batches) the loss of
+    `model(x, y)` under bf16 autocast, divided by their number, scaled and backpropagated, its loss.item() appended to
+    `losses`; then the GradScaler's unscale, clipping to norm 1.0, the scaler's step and update, and zero_grad."""
+    import torch
+
+    for x, y in batches:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = model(x, y) / len(batches)
+        scaler.scale(loss).backward()
+        losses.append(loss.item())
+    scaler.unscale_(opt)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    scaler.step(opt)
+    scaler.update()
+    opt.zero_grad(set_to_none=True)

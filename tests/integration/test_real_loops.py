@@ -8,6 +8,7 @@ from gpt import GPT, GPTConfig, make_optimizer
 from torch.utils.flop_counter import FlopCounterMode
 
 import reports
+from tests.helpers import amp_step
 from tracer import Tracer
 
 # ------------------------------------------------------------------ nanoGPT: accumulation, GradScaler, clipping
@@ -26,18 +27,11 @@ def nanogpt(path=None, steps=STEPS):
 
     def loop():
         for _ in range(steps):
-            for _ in range(ACC):
-                x = torch.randint(0, CFG.vocab_size, (BATCH, CFG.seq_len))
-                y = torch.randint(0, CFG.vocab_size, (BATCH, CFG.seq_len))
-                with torch.autocast("cpu", dtype=torch.bfloat16):
-                    loss = model(x, y) / ACC
-                scaler.scale(loss).backward()
-                losses.append(loss.item())
-            scaler.unscale_(opt)
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            scaler.step(opt)
-            scaler.update()
-            opt.zero_grad(set_to_none=True)
+            shape = (BATCH, CFG.seq_len)
+            batches = [
+                (torch.randint(0, CFG.vocab_size, shape), torch.randint(0, CFG.vocab_size, shape)) for _ in range(ACC)
+            ]
+            amp_step(model, opt, scaler, batches, losses)
 
     if path is None:
         loop()

@@ -17,6 +17,7 @@ from torch.utils.flop_counter import FlopCounterMode
 import reports
 
 # the MLP, its batch and their FLOPs (N 1,024; forward 16,384; backward 24,576; SGD 1,024 per step)
+from tests.helpers import amp_step
 from tests.tracer.recording.test_steps import BWD, FWD, SGD, D, H, T, batch, mlp
 from tracer import Tracer, read_metadata
 
@@ -153,16 +154,7 @@ def amp_loop(iters, accum=2):
         torch.manual_seed(42)  # the dropout masks
         losses = []
         for _ in range(iters):
-            for x, y in micro:
-                with torch.autocast("cpu", dtype=torch.bfloat16):
-                    loss = model(x, y) / accum
-                scaler.scale(loss).backward()
-                losses.append(loss.item())
-            scaler.unscale_(opt)
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            scaler.step(opt)
-            scaler.update()
-            opt.zero_grad(set_to_none=True)
+            amp_step(model, opt, scaler, micro, losses)
         state = [t for s in opt.state.values() for t in s.values()] + [scaler._scale, scaler._growth_tracker]
         return losses, [p.detach().clone() for p in model.parameters()], state, torch.get_rng_state()
 
