@@ -43,10 +43,8 @@ import os
 import re
 import warnings
 
-import numpy as np
 import pyarrow as pa
 
-from reports.arrays import values_of
 from reports.errors import ReportError
 from reports.loading.integrity import (
     REREADS,
@@ -61,11 +59,22 @@ from reports.loading.integrity import (
 from reports.loading.load import check_rank, read_run, run_name, runs_with_ranks
 from reports.loading.validate import ITEMS_NOT_NULL, LIST_NOT_NULL
 from reports.sql.checks import BAD_ROW_VALUES, Checks, IdFooters
+from reports.sql.connection import Connection
 from reports.sql.database import connect
 from reports.sql.kept_views import kept_grains, kept_views
-from reports.sql.per_step import floats, per_step_arrays
+from reports.sql.queries import Queries
 from reports.sql.scan import GRAINS, grains, source, source_views, views
 from reports.sql.scan import grains as _grains
+from reports.sql.sql_text import (
+    GLOB,
+    VIEW_FILES,
+    VIEWS_SQL,
+    file_literal,
+    literal,
+    named_columns,
+    statements,
+    typed_column,
+)
 from tracer.schema import ARROW_SCHEMA, COLUMN_NAMES, missing_columns
 
 # The oldest schema version the engine reads. A trace of it lacks the columns added since, all of them null when
@@ -74,70 +83,13 @@ OLDEST_VERSION = 3
 
 __all__ = ["VIEWS_SQL", "VIEW_FILES", "Trace", "Unsupported", "literal", "statements"]
 
-VIEWS_SQL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "views.sql")
-# Further view files, each read after views.sql in name order: a report family's views in a file of its own.
-VIEW_FILES = (
-    VIEWS_SQL,
-    *sorted(
-        os.path.join(os.path.dirname(VIEWS_SQL), f)
-        for f in os.listdir(os.path.dirname(VIEWS_SQL))
-        if f.endswith(".sql") and f != "views.sql"
-    ),
-)
-INT64_MAX = 2**63 - 1
 # Read the rows the views need once into memory (reports.sql.scan source) from this many part files on, when
 # the parts hold fewer rows than this on average and the trace no more rows than this.
 SMALL_PARTS = (256, 64, 1 << 20)
 BATCH = 256  # part files per statement when reading them once (DuckDB keeps each open part until the statement ends)
-_CREATE = re.compile(r"^CREATE VIEW (\w+) AS\s*$", re.MULTILINE)
-_GLOB = re.compile(r"([*?\[])")
 
 
 _WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-
-
-_STATEMENTS = ("sql", "execute", "query", "from_query", "executemany")  # the connection's methods taking a statement
-
-
-class _Connection:
-    """A Trace's DuckDB connection (or cursor) whose methods that take a statement (`_STATEMENTS`) first make the
-    views of the .sql files it names that are not made yet (Trace.need): a view is bound when first read, so a Trace
-    pays for the views it reads (a library table reads 2-5 of 35; binding one takes about 1-2 ms); and have it noted
-    (reports.sql.database.Database.note: a setting of a shared database changed). `cursor()` is another such
-    connection, in the same schema (`schema`: the Trace's catalogue, or its first_run schema). Every other attribute
-    is the connection's."""
-
-    def __init__(self, db, need, note=None, schema=None):
-        self._db, self._need, self._note, self._schema = db, need, note, schema
-
-    def _statement(self, name):
-        run = getattr(self._db, name)
-
-        def guarded(query, *args, **kwargs):
-            if isinstance(query, str):
-                self._need(query)
-                if self._note is not None:
-                    self._note(query)
-            return run(query, *args, **kwargs)
-
-        return guarded
-
-    def sql(self, query, *args, **kwargs):
-        return self._statement("sql")(query, *args, **kwargs)
-
-    def execute(self, query, *args, **kwargs):
-        return self._statement("execute")(query, *args, **kwargs)
-
-    def cursor(self):
-        cursor = self._db.cursor()
-        if self._schema is not None:  # DuckDB's new connection starts in the database's default catalogue
-            cursor.execute(f"USE {self._schema}")
-        return _Connection(cursor, self._need, self._note, self._schema)
-
-    def __getattr__(self, name):
-        if name in _STATEMENTS:
-            return self._statement(name)
-        return getattr(self._db, name)
 
 
 class Unsupported(ReportError):
@@ -145,75 +97,7 @@ class Unsupported(ReportError):
     version has: the pandas engine reads only its sections' columns; a part's path with a backslash and [, * or ?)."""
 
 
-_SQL_TYPES = {"string": "VARCHAR", "bool": "BOOLEAN", "int64": "BIGINT"}  # of tracer.schema's columns
-
-
-def _named(lacking):
-    """The trace's columns by name, for a select from one run's parts: a column its version lacks (`lacking`) as a
-    typed NULL."""
-
-    def null(field):
-        typ = field.type.value_type if pa.types.is_dictionary(field.type) else field.type
-        return f'CAST(NULL AS {_SQL_TYPES[str(typ)]}) AS "{field.name}"'
-
-    return ", ".join(null(f) if f.name in lacking else f'"{f.name}"' for f in ARROW_SCHEMA)
-
-
-def _sql_type(typ):
-    """DuckDB's name of an Arrow type of tracer.schema (a dictionary as its values)."""
-    if pa.types.is_dictionary(typ):
-        return _sql_type(typ.value_type)
-    if pa.types.is_list(typ):
-        return _sql_type(typ.value_type) + "[]"
-    return _SQL_TYPES[str(typ)]
-
-
-def _typed(field, present):
-    """A column of an in-memory table (Trace.over) as `rows` reads it: cast to its schema type, or a typed NULL."""
-    value = f'"{field.name}"' if present else "NULL"
-    return f'CAST({value} AS {_sql_type(field.type)}) AS "{field.name}"'
-
-
-_PARSED = {}  # {path: ((mtime_ns, size), statements)}: each .sql file parsed once per process (every Trace reads them)
-
-
-def statements(path=VIEWS_SQL):
-    """[(view name, its SELECT, portable?)] of views.sql in order: `portable` when its comment says the
-    view runs unchanged in polars' SQL too. Parsed again only when the file changed (its mtime or size)."""
-    found = os.stat(path)
-    stamp = (found.st_mtime_ns, found.st_size)
-    cached = _PARSED.get(path)
-    if cached is None or cached[0] != stamp:
-        cached = _PARSED[path] = (stamp, _parse(path))
-    return list(cached[1])
-
-
-def _parse(path):
-    """statements() of the file at `path`, read now."""
-    with open(path, encoding="utf-8") as f:
-        text = f.read()
-    out = []
-    for chunk in re.split(r"^;\s*$", text, flags=re.MULTILINE):
-        found = _CREATE.search(chunk)
-        if not found:
-            continue
-        comment = chunk[: found.start()].strip().splitlines()
-        portable = any(line.startswith("-- portable") for line in comment[-12:])
-        out.append((found.group(1), chunk[found.end() :].strip(), portable))
-    return out
-
-
-def literal(text):
-    """A SQL string literal holding `text`."""
-    return "'" + str(text).replace("'", "''") + "'"
-
-
-def file_literal(path):
-    """A part file as DuckDB must be given it: absolute, its glob characters escaped ([*], [?], [[])."""
-    return literal(_GLOB.sub(r"[\1]", os.path.abspath(path)))
-
-
-class Trace(Checks):
+class Trace(Checks, Queries):
     """One trace or several, checked, with a DuckDB connection holding `rows` and the views of views.sql.
 
     `runs`: {run name: metadata} as reports.load gives it in `df.attrs["runs"]`; `ranks`: the rank
@@ -285,7 +169,7 @@ class Trace(Checks):
                 self.ranks.append(rank if rank is not None else meta.get("rank"))
                 self.paths.append(path)
                 self.files.append(list_parts(path))
-                if any("\\" in f and _GLOB.search(f) for f in map(os.path.abspath, self.files[-1])):
+                if any("\\" in f and GLOB.search(f) for f in map(os.path.abspath, self.files[-1])):
                     raise Unsupported(
                         f"{path}: a backslash and a glob character in a part's path, which DuckDB's glob "
                         "cannot be told to read literally"
@@ -315,7 +199,7 @@ class Trace(Checks):
         ]  # (closed by the caller: options may follow)
         # the trace's columns by name: UNION ALL and INSERT match columns by position, and a run's parts may hold
         # them in another order (or hold others), which reports.load, reading them by name, accepts
-        named = [_named(lacking) for lacking in self.lacking]
+        named = [named_columns(lacking) for lacking in self.lacking]
         selects = [
             f"SELECT {literal(name)} AS run, {i} AS run_index, {named[i]} FROM {read})"
             for i, (name, read) in enumerate(zip(self.runs, self._reads))
@@ -324,7 +208,9 @@ class Trace(Checks):
             selects
         )  # what views.sql reads, for another connection
         self._first_rows = selects[0]  # run 0's rows alone (first_run)
-        self.columns = [f.name for f in ARROW_SCHEMA]  # rows' after run and run_index (_named: all of tracer.schema)
+        self.columns = [
+            f.name for f in ARROW_SCHEMA
+        ]  # rows' after run and run_index (named_columns: all of tracer.schema)
         # read once into memory: many small parts, or a trace cut short or still being written (its tracer may merge
         # small parts, removing the files a later scan would open)
         changing = any(not meta.get("complete") for meta in self.runs.values())
@@ -382,7 +268,7 @@ class Trace(Checks):
     def _open_database(self, duckdb, rows, threads):
         """`db`: this Trace's connection (reports.sql.database.connect), `_database` what closes it."""
         self._database = connect(duckdb, rows, threads)
-        self.db = _Connection(self._database.cursor, self.need, self._database.note, self._database.catalog)
+        self.db = Connection(self._database.cursor, self.need, self._database.note, self._database.catalog)
 
     def _make_views(self, fast):
         """The views of the .sql files, each from `fast` ({view: body}, reports.sql.scan) where it holds one."""
@@ -461,7 +347,7 @@ class Trace(Checks):
             one.db.register("_arrow", rows)  # a table of the database: a cursor of it (first_run) sees it, as it
             one.db.execute(f"CREATE TABLE {name} AS SELECT * FROM _arrow")  # sees no registered object
             one.db.unregister("_arrow")
-        cols = ", ".join(_typed(f, f.name in present) for f in ARROW_SCHEMA)
+        cols = ", ".join(typed_column(f, f.name in present) for f in ARROW_SCHEMA)
         select = f"SELECT n.run, r.run_index, {cols} FROM _memory_rows AS r JOIN _memory_runs AS n ON r.run_index = n.run_index"
         one._first_rows = select + " WHERE r.run_index = 0"  # run 0's rows alone (first_run)
         one.rows_view = "CREATE VIEW rows AS " + select
@@ -494,7 +380,7 @@ class Trace(Checks):
         # (a statement run through it that changes a setting of the whole database is noted as the Trace's are)
         cursor = self.db._db.cursor()  # (its own statements below are the Trace's: not noted)
         catalog = self._database.catalog
-        one.db = _Connection(cursor, one.need, self._database.note, f"{catalog}.first_run")
+        one.db = Connection(cursor, one.need, self._database.note, f"{catalog}.first_run")
         one._database, one._owner = None, self
         one.kept = self.kept  # run 0's, taken once by either
         # (a second first_run() makes the same views again)
@@ -530,79 +416,6 @@ class Trace(Checks):
     def several(self):
         return len(self.runs) > 1
 
-    def sql(self, query):
-        """The result of any query over `rows` and the views, as a DataFrame (DuckDB's dtypes)."""
-        return self.db.execute(query).fetchdf()
-
-    def arrow(self, query):
-        """The result of any query over `rows` and the views, as a pyarrow Table (DuckDB's Arrow types)."""
-        return self.db.sql(query).to_arrow_table()
-
-    def table(self, view, order=None, where=None):
-        """A view's rows, ordered by `order` (SQL), in DuckDB's dtypes (reports.sql.tables casts the sums)."""
-        query = f"SELECT * FROM {view}" + (f" WHERE {where}" if where else "") + (f" ORDER BY {order}" if order else "")
-        return self.db.execute(query).fetchdf()
-
     def _ops(self):
         found = {r["run_index"]: r["ops"] for r in self.run_rows}
         return [int(found.get(i, 0)) for i in range(len(self.runs))]
-
-    def wide(self, column, run_index=0):
-        """Whether an int64 sum of `column` over the run's rows could wrap (so pandas sums it as float64)."""
-        if self._totals is None:  # {run_index: its row of run_totals}, once (asked per column and run of each table)
-            self._totals = {int(r["run_index"]): r for r in self.run_rows}
-        t = self._totals.get(run_index)
-        if t is None or f"{column}_max" not in t:
-            return False
-        return int(t[f"{column}_max"]) * int(t["ops"]) > INT64_MAX  # values are >= 0 (checked)
-
-    def sums(self, frame, columns, run_index=0):
-        """`frame` with each summed column int64, or float64 where pandas would have summed it as float64."""
-        for c in columns:
-            if c in frame.columns:
-                frame[c] = frame[c].astype("float64" if self.wide(c, run_index) else "int64")
-        return frame
-
-    def phase_steps(self):
-        """{run_index: {phase: steps}} (reports.steps.phase_steps); read once (a trace's rows do not change)."""
-        if self._phase_steps is None:
-            self._phase_steps = {i: {} for i in range(len(self.runs))}
-            for run_index, phase, steps in self.db.execute(
-                "SELECT run_index, phase, steps FROM phase_steps"
-            ).fetchall():
-                self._phase_steps[int(run_index)][phase] = int(steps)
-            for row in self.run_rows:
-                run_index, fb, traced = row["run_index"], row["fb_steps"], row["steps_traced"]
-                found = self._phase_steps[int(run_index)]
-                if "other" in found:  # over at least the run's training steps (reports.steps._steps_per_phase)
-                    found["other"] = max(found["other"], int(fb or traced))
-        return {i: dict(steps) for i, steps in self._phase_steps.items()}
-
-    def per_step(self, totals, columns, keys=()):
-        """Per-step figures from a view of totals per (keys..., phase): each phase's total over the steps
-        it ran in, summed over the phases in reports.steps's order (float64, as per_step gives them).
-        Returns {run_index: DataFrame of keys and columns}, keys in order of first appearance."""
-        import pandas as pd
-
-        arrays = {
-            c: totals[c].to_numpy(dtype=np.float64, na_value=np.nan) if c in columns else totals[c].to_numpy()
-            for c in ("run_index", "phase", *keys, *columns, "first_seq")
-            if c in totals
-        }
-        out = {}
-        for i, (found, figures) in per_step_arrays(self.phase_steps(), len(self.runs), arrays, columns, keys).items():
-            frame = pd.DataFrame(figures)
-            if keys:
-                frame = pd.concat([pd.DataFrame(found, columns=list(keys)).astype(object), frame], axis=1)
-            out[i] = frame
-        return out
-
-    def per_step_arrow(self, totals, columns, keys=()):
-        """per_step of `totals` a pyarrow Table: {run_index: ([key tuple], {column: float64 array})}."""
-        names = ("run_index", "phase", *keys, *columns, "first_seq")
-        arrays = {
-            c: values_of(totals.column(c)) if c not in columns else floats(totals.column(c))
-            for c in names
-            if c in totals.column_names
-        }
-        return per_step_arrays(self.phase_steps(), len(self.runs), arrays, columns, keys)
