@@ -369,3 +369,50 @@ def test_the_kept_ops_grain_equals_the_grains_sql_on_random_parts(edges):
         names = [c for c in want.column_names if c not in ("run", "run_index", "null_lists")]
         assert _values(got.select(names)) == _values(want.select(names)), seed
     assert made >= (15 if edges else 40)  # the comparison ran: every small-valued run, most of the edges' runs
+
+
+@pytest.mark.parametrize("edges", [False, True])
+def test_the_kept_steps_grain_equals_the_grains_sql_on_random_parts(edges):
+    """kept_views.Steps against reports.sql.scan's _steps grain over the same rows, on 40 seeded runs of 1 to 3 parts
+    whose steps go back and repeat (a step and phase split over parts and runs of rows), phase '' among them, null
+    recompute flags, half the parts' phases dictionary-encoded; with int64's edges and negative values: equal wherever
+    Steps makes a table (None: a sum past int64, the scan's grain then)."""
+    import random
+
+    import pyarrow as pa
+
+    from reports.sql.kept_views import Steps
+    from reports.sql.scan import _steps_grain
+
+    kinds = {"seq": pa.int64(), "step": pa.int64(), "phase": pa.string(), "flops": pa.int64()}
+    kinds.update({c: pa.int64() for c in ("bytes_allocated", "duration_ns", "live_bytes")}, recompute=pa.bool_())
+    made = 0
+    for seed in range(40):
+        r = random.Random(seed)
+        value = (lambda: r.choice(_EDGES)) if edges else (lambda: r.randrange(-5, 50))
+        parts, seq, step = [], 0, 0
+        for _ in range(r.randrange(1, 4)):
+            rows = []
+            for k in range(r.randrange(1, 9)):
+                step += r.choice([0, 0, 1, -1, 5])
+                rows.append((seq + k, step, r.choice(["forward", "backward", ""]), value(), value(), value(), value()))
+                rows[-1] += (r.choice([None, True, False]),)
+            seq += len(rows)
+            part = pa.table({c: pa.array([row[j] for row in rows], t) for j, (c, t) in enumerate(kinds.items())})
+            if r.random() < 0.5:
+                part = part.set_column(2, "phase", part.column("phase").combine_chunks().dictionary_encode())
+            parts.append(part)
+        steps = Steps()
+        for part in parts:
+            steps.feed(part)
+        got = steps.table()
+        if got is None:
+            continue
+        db = duckdb.connect()
+        db.register("_rows", pa.concat_tables([p.cast(pa.schema(kinds)) for p in parts]))
+        db.execute("CREATE TABLE _src AS SELECT 'r' AS run, 0 AS run_index, * FROM _rows")
+        want = db.sql(_steps_grain(True)).to_arrow_table()
+        names = [c for c in want.column_names if c not in ("run", "run_index")]
+        assert _values(got.select(names)) == _values(want.select(names)), seed
+        made += 1
+    assert made >= (10 if edges else 40)  # the comparison ran
