@@ -37,7 +37,7 @@ collector: $(COLLECTOR)
 demo: $(STAMP) $(COLLECTOR)
 	$(PY) examples/gpt.py --export runs/gpt.json
 
-# The suite in 2 worker processes (pytest-xdist): pytest 286-290 s on an idle 2-core VM (2026-12-05, 2,003 tests).
+# The suite in 2 worker processes (pytest-xdist): pytest 219 s on an idle 2-core VM (2026-12-05, 2,045 tests).
 # Every test is independent of the others' order and process; `make test PYTEST_WORKERS=0` runs it in one.
 PYTEST_WORKERS ?= 2
 
