@@ -499,3 +499,60 @@ def test_three_identical_steps_give_the_per_step_figures_of_one(tmp_path, build)
         per_step[k] = table[[c for c in table.columns if c.startswith("flops_")]].values.tolist()
     assert len(per_step[3]) == 3 and per_step[3] == per_step[1] * 3
     assert per_step[1][0][0] > 0  # the forward's FLOPs: not a table of zeros
+
+
+def _trainer_run(path, steps=3):
+    """`steps` optimizer steps of transformers.Trainer on a GPT-2 of one layer (width 16, 2 heads, vocabulary 32):
+    batches of 2 sequences of 8 tokens, 2 accumulated per step (T = 32), gradients clipped to norm 1.0, AdamW; traced
+    into `path` unless None. (logged losses, parameters, RNG state)."""
+    torch.manual_seed(0)
+    config = tf.GPT2Config(vocab_size=32, n_positions=8, n_embd=16, n_layer=1, n_head=2, bos_token_id=0, eos_token_id=0)
+    model = tf.GPT2LMHeadModel(config)
+    ids = torch.randint(0, 32, (64, 8))
+    data = [{"input_ids": row, "labels": row} for row in ids]
+    args = tf.TrainingArguments(
+        output_dir=str(path or "unused") + "-out",
+        max_steps=steps,
+        per_device_train_batch_size=2,
+        gradient_accumulation_steps=2,
+        max_grad_norm=1.0,
+        logging_steps=1,
+        report_to=[],
+        use_cpu=True,
+        save_strategy="no",
+        disable_tqdm=True,
+        seed=0,
+        dataloader_num_workers=0,
+    )
+    trainer = tf.Trainer(model=model, args=args, train_dataset=data)
+    if path is None:
+        trainer.train()
+    else:
+        with Tracer(path, model=model, tokens=2 * 8 * 2):
+            trainer.train()
+    losses = [h.get("loss") for h in trainer.state.log_history]
+    return losses, {k: v.clone() for k, v in model.state_dict().items()}, torch.get_rng_state()
+
+
+def test_the_trainer_runs_as_untraced_and_each_of_its_steps_counts_the_same(tmp_path):
+    """transformers.Trainer's loop (accumulation, clipping, logging a loss each step) traced for 3 steps: the losses,
+    parameters and RNG state are those of the untraced run, and every step's forward, backward and optimizer FLOPs
+    and bytes are the same (but the bytes of the optimizer's first step, which makes AdamW's state). The other phase differs from step to step by the Trainer's own work (it counts the
+    labels of the batches it fetches ahead, and the last step fetches none): the program's, not the trace's."""
+    untraced = _trainer_run(None)
+    traced = _trainer_run(tmp_path / "trainer")
+    assert traced[0] == untraced[0] and len([loss for loss in traced[0] if loss is not None]) == 3
+    assert all(torch.equal(traced[1][k], untraced[1][k]) for k in untraced[1]) and torch.equal(traced[2], untraced[2])
+    df = reports.load(tmp_path / "trainer")
+    per = df[df["phase"] != "other"].groupby(["step", "phase"], observed=True)[["flops", "bytes_read"]].sum()
+    per = per.unstack("step")
+    assert sorted(df["step"].unique()) == [0, 1, 2] and (per["flops"].nunique(axis=1) == 1).all()
+    # bytes: the same every step, but the optimizer's first, which makes AdamW's state (its zeros read too)
+    read = per["bytes_read"]
+    assert read.nunique(axis=1).to_dict() == {"forward": 1, "backward": 1, "optimizer": 2}
+    assert read.loc["optimizer", 1] == read.loc["optimizer", 2] < read.loc["optimizer", 0]
+    # N = 3,584 weights in matmuls: c_attn 16·48 + attn c_proj 16·16 + c_fc 16·64 + mlp c_proj 64·16 + the tied
+    # head 32·16; T = 2 micro-batches x 2 x 8 = 32 tokens: forward weight matmuls 2·N·T = 229,376 a step
+    row = reports.breakdown(df).set_index("phase").loc["forward"]
+    assert row["weight_matmul_flops"] == 229_376 == 2 * 3_584 * 32 and row["expected_flops"] == 229_376
+    assert per.loc["forward", ("flops", 0)] == 288_034 and per.loc["backward", ("flops", 0)] == 555_158
