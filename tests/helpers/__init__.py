@@ -134,3 +134,22 @@ def amp_step(model, opt, scaler, batches, losses):
     scaler.step(opt)
     scaler.update()
     opt.zero_grad(set_to_none=True)
+
+
+def tiny_gpt2(transformers, rows=8):
+    """A GPT-2 of one layer (width 16, 2 heads, vocabulary 32, 8 positions) made after torch.manual_seed(0), and
+    `rows` sequences of 8 token ids drawn after it: (model, ids)."""
+    import torch
+
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(
+        vocab_size=32, n_positions=8, n_embd=16, n_layer=1, n_head=2, bos_token_id=0, eos_token_id=0
+    )
+    return transformers.GPT2LMHeadModel(config), torch.randint(0, 32, (rows, 8))
+
+
+def trainer_arguments(transformers, out, **given):
+    """transformers.TrainingArguments of the tests' Trainer runs: output in `out`, batches of 2, a log every step, on
+    the CPU, nothing saved or reported, no progress bar, seed 0; `given` adds or overrides."""
+    fixed = dict(per_device_train_batch_size=2, logging_steps=1, report_to=[], use_cpu=True, save_strategy="no")
+    return transformers.TrainingArguments(output_dir=str(out), **fixed, disable_tqdm=True, seed=0, **given)

@@ -20,6 +20,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
 import reports
+from tests.helpers import tiny_gpt2, trainer_arguments
 from tracer import Tracer
 
 # transformers, set by `_transformers` before this module's first test; not imported at the top, where every
@@ -505,24 +506,10 @@ def _trainer_run(out, path, steps=3):
     """`steps` optimizer steps of transformers.Trainer on a GPT-2 of one layer (width 16, 2 heads, vocabulary 32):
     batches of 2 sequences of 8 tokens, 2 accumulated per step (T = 32), gradients clipped to norm 1.0, AdamW; traced
     into `path` unless None, the Trainer's output directory `out`. (logged losses, parameters, RNG state)."""
-    torch.manual_seed(0)
-    config = tf.GPT2Config(vocab_size=32, n_positions=8, n_embd=16, n_layer=1, n_head=2, bos_token_id=0, eos_token_id=0)
-    model = tf.GPT2LMHeadModel(config)
-    ids = torch.randint(0, 32, (64, 8))
+    model, ids = tiny_gpt2(tf, rows=64)
     data = [{"input_ids": row, "labels": row} for row in ids]
-    args = tf.TrainingArguments(
-        output_dir=str(out),
-        max_steps=steps,
-        per_device_train_batch_size=2,
-        gradient_accumulation_steps=2,
-        max_grad_norm=1.0,
-        logging_steps=1,
-        report_to=[],
-        use_cpu=True,
-        save_strategy="no",
-        disable_tqdm=True,
-        seed=0,
-        dataloader_num_workers=0,
+    args = trainer_arguments(
+        tf, out, max_steps=steps, gradient_accumulation_steps=2, max_grad_norm=1.0, dataloader_num_workers=0
     )
     trainer = tf.Trainer(model=model, args=args, train_dataset=data)
     if path is None:
@@ -539,6 +526,7 @@ def test_the_trainer_runs_as_untraced_and_each_of_its_steps_counts_the_same(tmp_
     parameters and RNG state are those of the untraced run, and every step's forward, backward and optimizer FLOPs
     and bytes are the same (but the bytes of the optimizer's first step, which makes AdamW's state). The other phase differs from step to step by the Trainer's own work (it counts the
     labels of the batches it fetches ahead, and the last step fetches none): the program's, not the trace's."""
+    pytest.importorskip("accelerate")  # the Trainer needs it
     untraced = _trainer_run(tmp_path / "untraced-out", None)
     traced = _trainer_run(tmp_path / "traced-out", tmp_path / "trainer")
     assert traced[0] == untraced[0] and len([loss for loss in traced[0] if loss is not None]) == 3

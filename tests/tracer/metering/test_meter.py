@@ -12,7 +12,7 @@ import reports
 import tracer
 from reports.errors import ReportError
 from reports.output.cli import main as optrace
-from tests.helpers import forked, unwrapped
+from tests.helpers import forked, tiny_gpt2, trainer_arguments, unwrapped
 from tracer.errors import TraceError
 from tracer.metering import meter as meter_module
 from tracer.metering.meter import Meter
@@ -362,14 +362,6 @@ def test_under_w_error_nothing_raises(tmp_path):
     assert done.stdout.split() == ["True", "True", "False", "True"]
 
 
-def _tiny_gpt2(transformers):
-    torch.manual_seed(0)
-    config = transformers.GPT2Config(
-        vocab_size=32, n_positions=8, n_embd=16, n_layer=1, n_head=2, bos_token_id=0, eos_token_id=0
-    )
-    return transformers.GPT2LMHeadModel(config), torch.randint(0, 32, (8, 8))
-
-
 def _check_hf_logs(history, path):
     logged = [h for h in history if "loss" in h]
     assert [h["step"] for h in logged] == [1, 2, 3, 4]
@@ -389,7 +381,7 @@ def _hf_handler(tmp_path):
 
     from tracer.metering.callbacks import MeterCallback
 
-    model, ids = _tiny_gpt2(transformers)
+    model, ids = tiny_gpt2(transformers)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     callback = MeterCallback(tmp_path / "hf", tokens=16, peak_flops=PEAK)
     handler = CallbackHandler([callback], model, None, opt, None)
@@ -425,20 +417,9 @@ def test_hf_trainer_callback_logs_mfu_for_every_metered_step(tmp_path, tokens_se
     pytest.importorskip("accelerate")  # Trainer needs it
     from tracer.metering.callbacks import MeterCallback
 
-    model, ids = _tiny_gpt2(transformers)
+    model, ids = tiny_gpt2(transformers)
     data = [{"input_ids": row, "labels": row} for row in ids]
-    args = transformers.TrainingArguments(
-        output_dir=str(tmp_path / "out"),
-        max_steps=4,
-        per_device_train_batch_size=2,
-        logging_steps=1,
-        report_to=[],
-        use_cpu=True,
-        save_strategy="no",
-        disable_tqdm=True,
-        seed=0,
-        include_num_input_tokens_seen=tokens_seen,
-    )
+    args = trainer_arguments(transformers, tmp_path / "out", max_steps=4, include_num_input_tokens_seen=tokens_seen)
     callback = MeterCallback(tmp_path / "hf", tokens=None if tokens_seen else 16, peak_flops=PEAK)
     trainer = transformers.Trainer(model=model, args=args, train_dataset=data, callbacks=[callback])
     trainer.train()
