@@ -278,7 +278,7 @@ def of_sources(items, found):
     and every run of a trace path, taken in order from `found` (the Figures of every run of the traces among `items`,
     reports.compare.figures): one for a trace of one process, one per rank for a distributed trace (`rank=R`
     directories: reports.loading.load.runs_with_ranks). A baseline's run named like a traced run is renamed
-    "<name> (baseline)"."""
+    "<name> (baseline)". ReportError for a traced run of no ops: its figures would all read as falls of 100%."""
     found, kept = iter(found), []  # (Figures, read from a baseline file?)
     for item in items:
         if isinstance(item, Figures):
@@ -286,7 +286,13 @@ def of_sources(items, found):
         elif is_baseline(item):
             kept.append((Figures(**load_baseline(item)), True))
         else:
-            kept.extend((next(found), False) for _ in runs_with_ranks([item]))
+            for path, _ in runs_with_ranks([item]):
+                run = next(found)
+                if not len(next(iter(run.views["compare_by_phase"].values()), ())):
+                    raise ReportError(
+                        f"{path}: the trace has no ops (nothing ran inside `with Tracer(...)`); nothing to compare"
+                    )
+                kept.append((run, False))
     traced = {r.name for r, b in kept if not b}
     for r, b in kept:
         if b and r.name in traced:

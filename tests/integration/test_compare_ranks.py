@@ -74,3 +74,18 @@ def test_a_baseline_file_against_a_distributed_trace_compares_each_rank(jobs, tm
     reports.save_baseline(f"{a}/rank=0", str(base))
     table = reports.compare([str(base), b])
     assert sorted(set(table["run"])) == ["a", "b/rank=0", "b/rank=1"]  # the baseline, then each of b's ranks
+
+
+def test_an_empty_trace_after_a_distributed_one_is_refused_in_one_line(jobs, tmp_path, capsys):
+    a, _ = jobs
+    with Tracer(tmp_path / "empty"):
+        pass
+    # before: the CLI checked the first runs of the Trace (a's two ranks) against the paths given, so the empty
+    # trace passed and printed every figure as a fall of 100%, exit 0; the library gave it 0 FLOPs per phase
+    assert main(["compare", a, str(tmp_path / "empty")]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"optrace compare: error: {tmp_path / 'empty'}: the trace has no ops (nothing ran inside `with Tracer(...)`); "
+        "nothing to compare"
+    )
+    with pytest.raises(reports.ReportError, match="empty: the trace has no ops"):
+        reports.compare([a, str(tmp_path / "empty")])
