@@ -254,3 +254,17 @@ def test_the_library_on_one_rank_of_a_distributed_frame_reports_that_rank_only(r
     one = df[df["rank"] == 1]
     assert set(reports.breakdown(one)["run"]) == {"ddp3/rank=1"}  # now also ddp3/rank=0, every FLOP 0, n_params 0
     assert set(reports.mfu(one, step_time_s=0.01, peak_flops=1e12)["run"]) == {"ddp3/rank=1"}  # now rank 0 mfu 0.0
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="reports/sql/views.sql roofline_rows keeps collective rows: DDP's all-reduce (0 FLOPs, 1,536 bytes read "
+    "and written) is called memory-bound, and its network and wait time counts in roofline_split's memory-bound time",
+)
+def test_the_roofline_does_not_call_a_collective_memory_bound(runs):
+    root, _ = runs
+    df = reports.load(os.path.join(root, "ddp3"))
+    roof = reports.roofline(df, peak_flops=1e11, bandwidth=1e10)
+    all_reduce = roof[roof["op"] == "c10d.allreduce_.default"]
+    assert len(all_reduce) == 2  # one per rank
+    assert set(all_reduce["bound"]) != {"memory"}  # now "memory": fusing cannot buy back a collective's time
