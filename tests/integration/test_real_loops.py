@@ -131,3 +131,30 @@ def test_plan_reads_and_writes_autocasts_weight_copies_once_whatever_the_micro_b
     # now 87.89 ns (-0.2%: the scale's gradient, a reduction over the batch, is the rest)
     assert planned["memory_bound_s"] == pytest.approx(traced["memory_bound_s"], rel=0.005)
     assert planned["compute_bound_s"] == traced["compute_bound_s"]
+
+
+# ------------------------------------------------------------------ plan: a DataLoader's partial last batch
+def test_plan_prices_a_step_of_the_batch_it_reads_not_a_partial_last_batch(tmp_path):
+    """12 samples in batches of 5: steps of 5, 5 and 2 rows through Linear(64, 256) -> ReLU -> Linear(256, 64), no
+    biases, N = 32,768. The plan reads its batch (5) from the first step's forward and priced the last complete step,
+    the partial batch of 2: 329,472 FLOPs per step against the batch of 5's 823,680, tokens/s 2.5x too high."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(64, 256, bias=False), torch.nn.ReLU(), torch.nn.Linear(256, 64, bias=False)
+    )
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(12, 64)), batch_size=5)
+    with Tracer(tmp_path / "partial", model=model, tokens=5):
+        for (x,) in loader:
+            model(x).square().mean().backward()
+            opt.step()
+            opt.zero_grad()
+    df = reports.load(tmp_path / "partial")
+    assert reports.by_step(df)["flops"].tolist() == [856448, 856448, 362240]  # the last, 2 rows
+    table = reports.plan(df, gpu="H100")
+    planned, notes = table.iloc[0], " ".join(table.attrs["plan"]["partial"]["notes"])
+    assert (planned["batch"], planned["tokens_per_step"]) == (5, 5)
+    # forward 2·N·T = 2·32,768·5 = 327,680; backward dL/dW 327,680 + the second layer's dL/dx 2·5·256·64 = 163,840;
+    # relu, square and mean 1,280 + 320 + 320 forward, their gradients 1,280 + 4·320 backward: 819,200 + 4,480
+    assert planned["model_flops_per_step"] == 823680  # was 329,472: step 2's 2 rows
+    assert "step 2 has 329,472: a partial last batch" in notes
