@@ -288,7 +288,7 @@ def of_sources(items, found):
         else:
             for path, _ in runs_with_ranks([item]):
                 run = next(found)
-                if not len(next(iter(run.views["compare_by_phase"].values()), ())):
+                if not _has_ops(run):
                     raise ReportError(
                         f"{path}: the trace has no ops (nothing ran inside `with Tracer(...)`); nothing to compare"
                     )
@@ -333,9 +333,20 @@ def runs_of_sources(df_or_paths, by="phase"):
         return figures(rows)
     trace = memory_trace(rows, "compare", (*_REQUIRED, by), columns(by), grains=True)  # grains: the memory model's
     try:
-        return figures(trace)
+        found = figures(trace)
     finally:
         trace.close()
+    # a run of the metadata with no row here (a frame filtered to one rank of a distributed trace) is no run to
+    # compare: as a baseline of zeros it gave every figure of the others a change of +inf%
+    kept = [r for r in found if _has_ops(r)]
+    if not kept:
+        raise ReportError("compare: the rows hold no op of any run; nothing to compare")
+    return kept
+
+
+def _has_ops(run):
+    """Whether the Figures `run` holds an op (compare_by_phase has a row)."""
+    return bool(len(next(iter(run.views["compare_by_phase"].values()), ())))
 
 
 def compare(df_or_paths, by="phase", baseline=None, depth=None):

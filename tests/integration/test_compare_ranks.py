@@ -89,3 +89,16 @@ def test_an_empty_trace_after_a_distributed_one_is_refused_in_one_line(jobs, tmp
     )
     with pytest.raises(reports.ReportError, match="empty: the trace has no ops"):
         reports.compare([a, str(tmp_path / "empty")])
+
+
+def test_a_frame_filtered_to_one_rank_compares_that_rank_of_each_trace(jobs):
+    a, b = jobs
+    df = reports.load([a, b])
+    table = reports.compare(df[df["rank"] == 1])
+    forward = table[table["phase"] == "forward"].set_index("run")
+    # before: a/rank=0 and b/rank=0, whose rows were filtered out, stood as runs of 0 FLOPs, a/rank=0 the baseline:
+    # every change +inf%
+    assert list(forward.index) == ["a/rank=1", "b/rank=1"]
+    assert forward["flops_change_pct"].tolist() == [0.0, 100.0]  # 136 -> 272 FLOPs per step
+    with pytest.raises(reports.ReportError, match="no op of any run"):
+        reports.compare(df[df["rank"] == 2])
