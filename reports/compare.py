@@ -337,11 +337,9 @@ def runs_of_sources(df_or_paths, by="phase"):
     finally:
         trace.close()
     # a run of the metadata with no row here (a frame filtered to one rank of a distributed trace) is no run to
-    # compare: as a baseline of zeros it gave every figure of the others a change of +inf%
-    kept = [r for r in found if _has_ops(r)]
-    if not kept:
-        raise ReportError("compare: the rows hold no op of any run; nothing to compare")
-    return kept
+    # compare: as a baseline of zeros it gave every figure of the others a change of +inf%. Rows of no run at all
+    # keep every run (the empty table, typed as a full one)
+    return [r for r in found if _has_ops(r)] or found
 
 
 def _has_ops(run):
