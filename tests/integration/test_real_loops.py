@@ -1,6 +1,8 @@
 """Training loops as users write them, traced end to end: the program computes what it computes untraced, and the
 report's, plan's and library's figures agree with closed forms and with torch.utils.flop_counter.FlopCounterMode."""
 
+import contextlib
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -158,3 +160,64 @@ def test_plan_prices_a_step_of_the_batch_it_reads_not_a_partial_last_batch(tmp_p
     # relu, square and mean 1,280 + 320 + 320 forward, their gradients 1,280 + 4·320 backward: 819,200 + 4,480
     assert planned["model_flops_per_step"] == 823680  # was 329,472: step 2's 2 rows
     assert "step 2 has 329,472: a partial last batch" in notes
+
+
+# ------------------------------------------------------------------ torch.compile(fullgraph=True), another length
+class _Block(torch.nn.Module):
+    """A pre-norm transformer block of width D = 32, 4 heads, causal SDPA, a 4·D MLP, no biases: N = 3·D² + D² +
+    2·4·D² = 12,288 weights that enter a matmul."""
+
+    def __init__(self):
+        super().__init__()
+        self.ln = torch.nn.LayerNorm(32)
+        self.qkv, self.o = torch.nn.Linear(32, 96, bias=False), torch.nn.Linear(32, 32, bias=False)
+        self.fc, self.proj = torch.nn.Linear(32, 128, bias=False), torch.nn.Linear(128, 32, bias=False)
+
+    def forward(self, x):
+        b, t, _ = x.shape
+        q, k, v = self.qkv(self.ln(x)).view(b, t, 3, 4, 8).permute(2, 0, 3, 1, 4)
+        x = x + self.o(F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, t, 32))
+        return x + self.proj(F.gelu(self.fc(x)))
+
+
+def _compiled_steps(path, lengths):
+    """A fullgraph-compiled block (compiled and run once at length 8 before the trace), AdamW, one step per length
+    of `lengths` on 2 sequences, traced into `path` unless None; then a step at length 16 after the trace. (losses,
+    parameters)."""
+    torch.manual_seed(0)
+    block = _Block()
+    opt = torch.optim.AdamW(block.parameters(), lr=1e-3)
+    compiled = torch.compile(block, fullgraph=True, backend="eager")
+
+    def step(seq):
+        torch.manual_seed(seq)
+        loss = compiled(torch.randn(2, seq, 32)).square().mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss.detach()
+
+    losses = [step(8)]
+    with Tracer(path, model=compiled, tokens=16) if path else contextlib.nullcontext():
+        losses += [step(seq) for seq in lengths]
+    losses.append(step(16))  # compiled anew for length 16, after the trace
+    return losses, [p.detach().clone() for p in block.parameters()]
+
+
+def test_a_compiled_block_at_two_lengths_counts_each_steps_flops(tmp_path):
+    untraced, traced = _compiled_steps(None, (8, 16, 8)), _compiled_steps(tmp_path / "compiled", (8, 16, 8))
+    assert all(torch.equal(a, b) for a, b in zip(untraced[0] + untraced[1], traced[0] + traced[1]))
+    df = reports.load(tmp_path / "compiled")
+    mm = df[df["flop_kind"] == "matmul"].groupby("step")["flops"].sum().tolist()
+    # 6·N·T with T = 2 sequences x the length: 6·12,288·16 = 1,179,648 and 6·12,288·32 = 2,359,296
+    assert mm == [1179648, 2359296, 1179648]
+    for seq, flops in ((8, mm[0]), (16, mm[1])):  # FlopCounterMode on the eager block, forward and backward
+        torch.manual_seed(0)
+        block = _Block()
+        with FlopCounterMode(display=False) as counter:
+            block(torch.randn(2, seq, 32)).square().mean().backward()
+        assert counter.get_total_flops() == flops
+    attention = df[df["flop_kind"] == "attention"].groupby("step")["flops"].sum().tolist()
+    # the flash kernel's forward 4·B·S²·D = 4·2·8²·32 = 16,384, its backward 2.5x: 57,344; at S = 16, 4x: 229,376
+    assert attention == [57344, 229376, 57344]
+    assert reports.by_step(df)["flops"].tolist() == [1349638, 2715142, 1349638]
