@@ -246,7 +246,8 @@ def test_the_report_names_collectives_timed_to_their_launch_only(runs):
 @pytest.mark.xfail(
     strict=True,
     reason="reports.flops.rows.Frame.split gives each run of df.attrs['runs'] a row set, empty for a rank filtered "
-    "out, and reports.breakdown and reports.mfu report it with 0 FLOPs, n_params 0 and MFU 0.0",
+    "out, and reports.breakdown, reports.mfu and reports.explain report it with 0 FLOPs, N = 0 and MFU 0.0 (by_step, "
+    "by_op and by_phase leave it out)",
 )
 def test_the_library_on_one_rank_of_a_distributed_frame_reports_that_rank_only(runs):
     root, _ = runs
@@ -254,6 +255,7 @@ def test_the_library_on_one_rank_of_a_distributed_frame_reports_that_rank_only(r
     one = df[df["rank"] == 1]
     assert set(reports.breakdown(one)["run"]) == {"ddp3/rank=1"}  # now also ddp3/rank=0, every FLOP 0, n_params 0
     assert set(reports.mfu(one, step_time_s=0.01, peak_flops=1e12)["run"]) == {"ddp3/rank=1"}  # now rank 0 mfu 0.0
+    assert not any(line.startswith("ddp3/rank=0") for line in reports.explain(one))  # now "... N = 0 parameters ..."
 
 
 @pytest.mark.xfail(
