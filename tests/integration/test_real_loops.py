@@ -221,3 +221,86 @@ def test_a_compiled_block_at_two_lengths_counts_each_steps_flops(tmp_path):
     # the flash kernel's forward 4·B·S²·D = 4·2·8²·32 = 16,384, its backward 2.5x: 57,344; at S = 16, 4x: 229,376
     assert attention == [57344, 229376, 57344]
     assert reports.by_step(df)["flops"].tolist() == [1349638, 2715142, 1349638]
+
+
+# ------------------------------------------------------------------ a GAN and LoRA: per-phase FLOPs, closed forms
+def _gan_iterations(path, k):
+    """k iterations of a GAN: G = Linear(8, 16) -> ReLU -> Linear(16, 12), D = Linear(12, 16) -> ReLU -> Linear(16,
+    1), no biases, N = 320 + 208 = 528, B = 4. D's step reads G's output through detach(); G's step backpropagates
+    through D with retain_graph=True; two Adam optimizers, each stepping once per iteration."""
+    torch.manual_seed(0)
+    g = torch.nn.Sequential(torch.nn.Linear(8, 16, bias=False), torch.nn.ReLU(), torch.nn.Linear(16, 12, bias=False))
+    d = torch.nn.Sequential(torch.nn.Linear(12, 16, bias=False), torch.nn.ReLU(), torch.nn.Linear(16, 1, bias=False))
+    opt_g, opt_d = torch.optim.Adam(g.parameters(), lr=1e-3), torch.optim.Adam(d.parameters(), lr=1e-3)
+    both = torch.nn.ModuleDict({"G": g, "D": d})
+    losses = []
+    with Tracer(path, model=both, tokens=4) if path else contextlib.nullcontext():
+        for _ in range(k):
+            torch.manual_seed(1)
+            real, fake = torch.randn(4, 12), g(torch.randn(4, 8))
+            loss_d = d(real).mean() - d(fake.detach()).mean()
+            opt_d.zero_grad()
+            loss_d.backward()
+            opt_d.step()
+            loss_g = -d(fake).mean()
+            opt_g.zero_grad()
+            loss_g.backward(retain_graph=True)
+            opt_g.step()
+            losses += [loss_d.item(), loss_g.item()]
+    return losses, [p.detach().clone() for p in both.parameters()]
+
+
+def test_a_gan_with_detach_and_retain_graph_counts_each_weight_matmul(tmp_path):
+    untraced, traced = _gan_iterations(None, 3), _gan_iterations(tmp_path / "gan", 3)
+    assert untraced[0] == traced[0] and all(torch.equal(a, b) for a, b in zip(untraced[1], traced[1]))
+    df = reports.load(tmp_path / "gan")
+    assert reports.by_step(df)["flops"].tolist() == [23216] * 3  # 3 iterations, 3 steps of one figure
+    b = reports.breakdown(df).set_index("phase")
+    # forward: G once 2·4·320 = 2,560, D three times (real, fake.detach(), fake) 3·2·4·208 = 4,992: 7,552
+    assert b.loc["forward", "weight_matmul_flops"] == 7552
+    # backward: D's step, twice dL/dW of D 2·4·208 = 1,664 and dL/dx of D.2 2·4·16 = 128 (its input x and the
+    # detached fake need none): 3,584; G's step through D, dL/dW 1,664 and dL/dx 128 + 2·4·192 = 1,536, then G's
+    # dL/dW 2·4·320 = 2,560 and G.2's dL/dx 1,536 (z needs none): 7,424; 11,008
+    assert b.loc["backward", "weight_matmul_flops"] == 11008
+    _, (g0, g2, d0, d2) = _gan_iterations(None, 0)  # the weights, as initialised
+    with FlopCounterMode(display=False) as counter:  # the same iteration's matmuls, without the optimizers
+        g = lambda x: F.linear(F.relu(F.linear(x, g0.requires_grad_())), g2.requires_grad_())  # noqa: E731
+        d = lambda x: F.linear(F.relu(F.linear(x, d0.requires_grad_())), d2.requires_grad_())  # noqa: E731
+        real, fake = torch.randn(4, 12), g(torch.randn(4, 8))
+        (d(real).mean() - d(fake.detach()).mean()).backward()
+        (-d(fake).mean()).backward(retain_graph=True)
+    assert counter.get_total_flops() == 7552 + 11008
+
+
+def test_lora_counts_no_weight_gradient_for_the_frozen_base(tmp_path):
+    """Two layers of a frozen Linear(32, 32) plus a rank-4 adapter x @ Aᵀ @ Bᵀ (A [4, 32], B [32, 4]), T = 16 rows:
+    N = 2·(1,024 + 128 + 128) = 2,560, of which N_lora = 512 train."""
+
+    class LoRA(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.base = torch.nn.Linear(32, 32, bias=False).requires_grad_(False)
+            self.A, self.B = torch.nn.Parameter(torch.randn(4, 32) * 0.1), torch.nn.Parameter(torch.randn(32, 4) * 0.1)
+
+        def forward(self, x):
+            return self.base(x) + (x @ self.A.t()) @ self.B.t()
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(LoRA(), LoRA())
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    x = torch.randn(16, 32)
+    with Tracer(tmp_path / "lora", model=model, tokens=16):
+        for _ in range(2):
+            model(x).square().mean().backward()
+            opt.step()
+            opt.zero_grad()
+    df = reports.load(tmp_path / "lora")
+    b = reports.breakdown(df).set_index("phase")
+    assert b.loc["forward", "weight_matmul_flops"] == 81920  # 2·N·T = 2·2,560·16
+    # no dL/dW for the frozen bases; dL/dA, dL/dB and the adapters' inner dL/dx 3·2·16·128 = 12,288 per layer, the
+    # second layer's dL/dx through its base 2·16·1,024 = 32,768 and its A 4,096 (x needs none): 61,440 = 1.5·N·T
+    assert b.loc["backward", "weight_matmul_flops"] == 61440
+    assert b.loc["backward", "expected_flops"] - 61440 == 36864 + 65536  # the skipped dL/dx and frozen dL/dW
+    explained = " ".join(reports.explain(df))
+    assert "Skipped: 0.base.weight (1,024 parameters: 32,768 FLOPs); 0.A (128 parameters: 4,096 FLOPs)" in explained
+    assert "0.base.weight (1,024 parameters: 32,768 FLOPs); 1.base.weight (1,024 parameters: 32,768 FLOPs)" in explained
