@@ -63,7 +63,9 @@ def steady_step(rows):
         return rows, None
     last = max(complete)
     flops = np.where(np.isin(phase.astype(str), _TRAINING), rows.floats("flops"), 0.0)
-    work = {s: float(flops[step == s].sum()) for s in (training[0], *complete)}  # forward + backward FLOPs
+    ids, at = np.unique(step, return_inverse=True)
+    sums = dict(zip(ids.tolist(), np.bincount(at, weights=flops, minlength=len(ids)).tolist()))
+    work = {s: sums[s] for s in (training[0], *complete)}  # forward + backward FLOPs of each step
     like = [s for s in complete if s != training[0] and work[s] == work[training[0]]]
     unlike = ""
     if work[last] != work[training[0]]:
