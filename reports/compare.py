@@ -55,7 +55,7 @@ from reports.compare_table import (
     signed_change,
 )
 from reports.errors import ReportError
-from reports.loading.load import require, runs_of
+from reports.loading.load import require, runs_of, runs_with_ranks
 from reports.sql.frame import memory_trace
 from reports.sql.per_step import per_step_arrays
 
@@ -273,14 +273,31 @@ def table_of(run, by, depth=None):
     return RunTable([TOTAL, *keys], out, run.train_steps)
 
 
-def _sources(items, by):
-    """[Figures or None] for each of the paths `items` (a baseline file: its Figures; a trace: None), and a Trace
-    over the traces among them (or None)."""
-    from reports.sql.engine import Trace
-
-    stored = [Figures(**load_baseline(p)) if is_baseline(p) else None for p in items]
-    traces = [p for p, s in zip(items, stored) if s is None]
-    return stored, (Trace(traces, columns=columns(by)) if traces else None)
+def of_sources(items, found):
+    """[Figures] of `items` in their order: a reports.compare.Figures as given, a baseline file's run (reports.baseline),
+    and every run of a trace path, taken in order from `found` (the Figures of every run of the traces among `items`,
+    reports.compare.figures): one for a trace of one process, one per rank for a distributed trace (`rank=R`
+    directories: reports.loading.load.runs_with_ranks). A baseline's run named like a traced run is renamed
+    "<name> (baseline)". ReportError for a traced run of no ops: its figures would all read as falls of 100%."""
+    found, kept = iter(found), []  # (Figures, read from a baseline file?)
+    for item in items:
+        if isinstance(item, Figures):
+            kept.append((item, False))
+        elif is_baseline(item):
+            kept.append((Figures(**load_baseline(item)), True))
+        else:
+            for path, _ in runs_with_ranks([item]):
+                run = next(found)
+                if not _has_ops(run):
+                    raise ReportError(
+                        f"{path}: the trace has no ops (nothing ran inside `with Tracer(...)`); nothing to compare"
+                    )
+                kept.append((run, False))
+    traced = {r.name for r, b in kept if not b}
+    for r, b in kept:
+        if b and r.name in traced:
+            r.name = f"{r.name} (baseline)"
+    return [r for r, _ in kept]
 
 
 def _is_frame(rows):
@@ -296,24 +313,17 @@ def runs_of_sources(df_or_paths, by="phase"):
     if isinstance(rows, (str, os.PathLike)):
         rows = [rows]
     if isinstance(rows, (list, tuple)):
-        paths = [os.fspath(p) for p in rows if not isinstance(p, Figures)]
-        stored, trace = _sources(paths, by)
+        from reports.sql.engine import Trace
+
+        rows = [r if isinstance(r, Figures) else os.fspath(r) for r in rows]
+        paths = [p for p in rows if not isinstance(p, Figures) and not is_baseline(p)]
+        trace = Trace(paths, columns=columns(by)) if paths else None
         try:
-            found = iter(figures(trace) if trace is not None else [])
+            found = figures(trace) if trace is not None else []
         finally:
             if trace is not None:
                 trace.close()
-        given, kept = iter(stored), []
-        for item in rows:  # (Figures, read from a baseline file?)
-            s = item if isinstance(item, Figures) else next(given)
-            kept.append(
-                (s, False) if isinstance(item, Figures) else (s if s is not None else next(found), s is not None)
-            )
-        traced = {r.name for r, b in kept if not b}
-        for r, b in kept:
-            if b and r.name in traced:
-                r.name = f"{r.name} (baseline)"
-        return [r for r, _ in kept]
+        return of_sources(rows, found)
     if _is_frame(rows):
         require(rows, (*_REQUIRED, by), "compare")
         runs_of(rows)  # a frame from reports.load, or a one-line error
@@ -323,9 +333,18 @@ def runs_of_sources(df_or_paths, by="phase"):
         return figures(rows)
     trace = memory_trace(rows, "compare", (*_REQUIRED, by), columns(by), grains=True)  # grains: the memory model's
     try:
-        return figures(trace)
+        found = figures(trace)
     finally:
         trace.close()
+    # a run of the metadata with no row here (a frame filtered to one rank of a distributed trace) is no run to
+    # compare: as a baseline of zeros it gave every figure of the others a change of +inf%. Rows of no run at all
+    # keep every run (the empty table, typed as a full one)
+    return [r for r in found if _has_ops(r)] or found
+
+
+def _has_ops(run):
+    """Whether the Figures `run` holds an op (compare_by_phase has a row)."""
+    return bool(len(next(iter(run.views["compare_by_phase"].values()), ())))
 
 
 def compare(df_or_paths, by="phase", baseline=None, depth=None):

@@ -109,6 +109,9 @@ def job_object(meta, present, table):
         "backend": meta.get("backend"),
         "ranks_present": int(present),
         "fake_process_group": meta.get("backend") in FAKE_BACKENDS,
+        # collectives timed to their launch only (gloo's reduce-scatter reports no completion): their time is a lower
+        # bound, their bandwidth an upper one; null for a trace whose metadata lacks the count
+        "collectives_untimed": meta.get("collectives_untimed"),
         "collectives": [
             {k: (v.item() if hasattr(v, "item") else v) for k, v in row.items() if k not in ("run", "rank")}
             for row in (table if isinstance(table, list) else table.to_dict("records"))

@@ -247,7 +247,7 @@ def _first_rank_frame(path, everyone):
 
 def _compare(args):
     from reports.baseline import is_baseline
-    from reports.compare import columns, figures, runs_of_sources, save_baseline, side_by_side_runs
+    from reports.compare import columns, figures, of_sources, save_baseline, side_by_side_runs
     from reports.compare_words import changes
     from reports.gate import breaches, parse
     from reports.output.compare_text import compare_json, compare_text
@@ -266,7 +266,7 @@ def _compare(args):
                     f"{path}: the trace has no ops (nothing ran inside `with Tracer(...)`); nothing to compare"
                 )
     found = iter(figures(trace) if trace is not None else [])
-    runs = runs_of_sources([p if is_baseline(p) else next(found) for p in args.traces])
+    runs = of_sources(args.traces, found)  # every run of each trace: a distributed trace's ranks
     if args.save_baseline:
         run = save_baseline(runs[0], args.save_baseline, args.traces[0])
         print(

@@ -1,0 +1,102 @@
+"""`optrace compare` and reports.compare on distributed traces (a `rank=R` directory per rank): every rank of every
+trace given is compared, and a gate sees the second trace.
+
+Two 2-rank jobs made from one-process traces by tests.helpers.copy_rank (the layout torchrun's ranks write): `a` a
+step of Linear(8, 4), `b` of Linear(8, 8), both without bias, on T = 2 rows of x that need no gradient.
+Forward: the matmul, 2·T·8·4 = 128 FLOPs in `a`, 2·T·8·8 = 256 in `b`, and the sum of y."""
+
+import contextlib
+import io
+import json
+
+import pytest
+import torch
+
+import reports
+from reports.output.cli import main
+from tests.helpers import copy_rank
+from tracer import Tracer
+
+
+def _job(root, name, width):
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, width, bias=False)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    one = root / "one" / name  # the run is named by this directory: `a`, its ranks `a/rank=R`
+    with Tracer(one, model=model, tokens=2):
+        model(torch.randn(2, 8)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+    for rank in (0, 1):
+        copy_rank(one, root / name / f"rank={rank}", rank)
+    return str(root / name)
+
+
+@pytest.fixture(scope="module")
+def jobs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("compare_ranks")
+    return _job(root, "a", 4), _job(root, "b", 8)
+
+
+def _cli(*argv):
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+        code = main(["compare", *argv])
+    return code, out.getvalue()
+
+
+def test_the_library_compares_every_rank_of_each_trace(jobs):
+    a, b = jobs
+    table = reports.compare([a, b])
+    forward = table[table["phase"] == "forward"].set_index("run")
+    # before: only a's two ranks, b left out ["a/rank=0", "a/rank=1"]
+    assert list(forward.index) == ["a/rank=0", "a/rank=1", "b/rank=0", "b/rank=1"]
+    # the matmul and the sum's 1 per element of y: 2·2·8·4 + 2·4 = 136 in a, 2·2·8·8 + 2·8 = 272 in b
+    assert forward["flops_per_step"].tolist() == [136, 136, 272, 272]
+    assert forward["flops_change_pct"].tolist() == [0.0, 0.0, 100.0, 100.0]  # (272 - 136) / 136 = +100%
+
+
+def test_the_cli_compares_every_rank_and_its_gate_sees_the_second_trace(jobs):
+    a, b = jobs
+    code, text = _cli(a, b, "--json")
+    runs = json.loads(text)["runs"]
+    assert runs == ["a/rank=0", "a/rank=1", "b/rank=0", "b/rank=1"]  # before: ["a/rank=0", "a/rank=1"]
+    # b's step: forward 256 + backward dL/dW 256 + SGD's update more than a's: a breach of flops>+1%, exit 1
+    # (before: a's rank 1 against its rank 0, no change, exit 0: the gate passed a trace it never read)
+    code, text = _cli(a, b, "--fail-if", "flops>+1%")
+    assert code == 1
+    assert "b/rank=0 total flops" in text and "b/rank=1 total flops" in text
+
+
+def test_a_baseline_file_against_a_distributed_trace_compares_each_rank(jobs, tmp_path):
+    a, b = jobs
+    base = tmp_path / "base.json"
+    reports.save_baseline(f"{a}/rank=0", str(base))
+    table = reports.compare([str(base), b])
+    assert sorted(set(table["run"])) == ["a", "b/rank=0", "b/rank=1"]  # the baseline, then each of b's ranks
+
+
+def test_an_empty_trace_after_a_distributed_one_is_refused_in_one_line(jobs, tmp_path, capsys):
+    a, _ = jobs
+    with Tracer(tmp_path / "empty"):
+        pass
+    # before: the CLI checked the first runs of the Trace (a's two ranks) against the paths given, so the empty
+    # trace passed and printed every figure as a fall of 100%, exit 0; the library gave it 0 FLOPs per phase
+    assert main(["compare", a, str(tmp_path / "empty")]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"optrace compare: error: {tmp_path / 'empty'}: the trace has no ops (nothing ran inside `with Tracer(...)`); "
+        "nothing to compare"
+    )
+    with pytest.raises(reports.ReportError, match="empty: the trace has no ops"):
+        reports.compare([a, str(tmp_path / "empty")])
+
+
+def test_a_frame_filtered_to_one_rank_compares_that_rank_of_each_trace(jobs):
+    a, b = jobs
+    df = reports.load([a, b])
+    table = reports.compare(df[df["rank"] == 1])
+    forward = table[table["phase"] == "forward"].set_index("run")
+    # before: a/rank=0 and b/rank=0, whose rows were filtered out, stood as runs of 0 FLOPs, a/rank=0 the baseline:
+    # every change +inf%
+    assert list(forward.index) == ["a/rank=1", "b/rank=1"]
+    assert forward["flops_change_pct"].tolist() == [0.0, 100.0]  # 136 -> 272 FLOPs per step
