@@ -20,11 +20,13 @@ Passes per parameter element, by the op's arguments (`passes`):
   parameter), +1 maximize, +1 weight_decay != 0.
 - Each: +1 with a grad_scale (GradScaler passes it to a fused step, which unscales the gradients
   itself; a foreach step's gradients are unscaled before it by `_amp_foreach_non_finite_check_and_unscale_`,
-  1 per gradient element).
+  1 per gradient element). Around a fused step GradScaler also runs ops of its own, counted as they
+  run: that check once more with a scale of 1 (1 per gradient element) and a `_foreach_sub_` of
+  found_inf from the step counters, so a fused run under a GradScaler counts more than a foreach one.
 
 Where the foreach path's count differs for the same update, the fused count is the default path's:
-`capturable=True` (foreach runs one more div_ over the parameters and 8 ops over the step counters; a
-tensor `lr` requires it there), a step whose `found_inf` is set (the fused op runs and counts, a
+`capturable=True` (CUDA only; _multi_tensor_adam then runs one more div_ over the parameters and 8 ops over
+the step counters; a tensor `lr` requires it there), a step whose `found_inf` is set (the fused op runs and counts, a
 GradScaler skips the foreach step), and an SGD whose momentum buffers exist for some parameters only
 (foreach updates those one by one: 2 per element of those).
 """

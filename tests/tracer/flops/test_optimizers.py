@@ -95,3 +95,25 @@ def test_both_collectors_count_a_fused_adamw_step(tmp_path, monkeypatch, compile
     df = _assert_identical(tmp_path, monkeypatch, make)
     fused = df[df["op"] == "aten._fused_adamw_.default"]
     assert fused["flops"].tolist() == [120, 120]  # 8 passes x 15 elements, each step
+
+
+def _scaled_step_flops(path, steps=2):
+    """FLOPs of each GradScaler.step of AdamW (`path` set), every op counted, gradients finite."""
+    params = _params()
+    opt = torch.optim.AdamW(params, **{path: True})
+    scaler = torch.amp.GradScaler("cpu", init_scale=4.0)
+    scaler.scale(torch.ones(()))  # as scaler.scale(loss) would: makes the scale
+    totals = []
+    for _ in range(steps):
+        for p in params:
+            p.grad = torch.randn_like(p) * 4
+        totals.append(sum(r[2] for r in record(lambda: (scaler.step(opt), scaler.update()))))
+    return totals
+
+
+def test_under_a_grad_scaler_the_fused_step_counts_the_unscaling():
+    # foreach: 1/scale 1 + unscaling the 17 gradient elements 17 + step counters 2 + 8 x 17 = 156
+    assert _scaled_step_flops("foreach") == [156, 156]
+    # fused: GradScaler's check with a scale of 1, 17, + 2 scalar ops + step counters 2 + the fused step, which
+    # unscales too, 9 x 17 = 153, + found_inf subtracted from the step counters 2 = 176
+    assert _scaled_step_flops("fused") == [176, 176]
