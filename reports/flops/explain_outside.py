@@ -85,8 +85,8 @@ def optimizer(run):
         fused = sorted(o for o in ops if o.startswith("aten._fused_"))
         if fused:
             how = (
-                f"the fused kernel ({', '.join(fused)}) counts 1 FLOP per parameter element, though an Adam "
-                f"update does about 15 (tracer.flops.formulas), so this is a lower bound"
+                f"the fused kernel ({', '.join(fused)}) counts what the same optimizer's _foreach ops count for its "
+                f"flags, 1 FLOP per element each (tracer.flops.optimizers), so this is a lower bound"
             )
         elif any(o.startswith("aten._foreach_") for o in ops):
             how = (

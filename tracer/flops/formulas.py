@@ -14,9 +14,13 @@ in order, at:
    - "elementwise": one FLOP per output element, whatever the function (gelu and exp count
      1, like add); an in-place op writes, and counts, its input. An in-place packet without
      the pointwise tag (`masked_fill_`, `gt_`, `gelu_`, `abs_`) takes its out-of-place twin's.
-   - "foreach": `_foreach_*` and `_fused_adam(w)_`-style optimizer ops, one FLOP per element
-     of the first tensor list. NB: `_foreach_addcmul_` and `_foreach_lerp_` count 1 per
-     element, as `addcmul_` does as "elementwise"; a fused Adam step counts 1, not ~15.
+   - "foreach": `_foreach_*` ops, one FLOP per element of the first tensor list. NB:
+     `_foreach_addcmul_`, `_foreach_lerp_` and `_foreach_addcdiv_` count 1 per element, as
+     `addcmul_` does as "elementwise", so an optimizer step's count is a lower bound of its
+     arithmetic. A fused optimizer step (`_fused_adam_`, `_fused_adamw_`, `_fused_sgd_`,
+     `_fused_adagrad_`) counts what the same optimizer's `_foreach_*` ops count for its flags,
+     per parameter element (AdamW: 8, Adam without weight decay 7; tracer.flops.optimizers),
+     so a fused and a foreach run of the same model count the same FLOPs.
    - "reduction": one FLOP per input element (sum, mean, amax, norm, cumsum, losses); a pool one per
      input element each window reads (tracer.flops.pool).
    - "none": views, copies, fills, factories, random draws: 0 FLOPs.

@@ -17,6 +17,7 @@ import tracer.flops.composite  # noqa: F401 (registers the formulas of composite
 import tracer.flops.pool  # noqa: F401 (registers the formulas of pooling)
 from tracer.flops.formulas import NATIVE, FlopCount, _registry
 from tracer.flops.grouped import concrete_ints, grouped_mm_count, varlen_attention_count
+from tracer.flops.optimizers import FUSED_OPTIMIZERS, passes
 
 __all__ = ["FlopRule", "METADATA_OPS", "flop_rule", "native_count"]
 
@@ -72,7 +73,6 @@ _NONE_OPS = frozenset(
 """.split()
 )
 _NONE_NAMESPACES = {"profiler", "prim", "fsdp"}  # fsdp: FSDP2's copy-in, copy-out and chunk_cat copies
-_OPTIMIZER_OPS = frozenset("_fused_adam_ _fused_adamw_ _fused_sgd_ _fused_adagrad_".split())
 
 
 def _table(kind, arg, names):
@@ -304,6 +304,18 @@ def _varlen_attention_rule(func, dense, names, backward):
     return FlopRule("attention", count, _causal_getter(func), detailed=True)
 
 
+def _fused_optimizer_rule(func, name):
+    """A fused optimizer step: per parameter element, what the same optimizer's foreach ops count for its
+    arguments (tracer.flops.optimizers)."""
+    getters = {a.name: _arg_getter(func, a.name) for a in func._schema.arguments}
+
+    def count(args, kwargs, out):
+        get = lambda arg: getters[arg](args, kwargs) if arg in getters else None  # noqa: E731
+        return passes(name, get) * _numel_first_list(args, kwargs, out)
+
+    return FlopRule("foreach", count)
+
+
 def flop_rule(func: torch._ops.OpOverload) -> FlopRule:
     """The FlopRule of one overload: its registered formula, else a generic kind. Never raises."""
     packet = func.overloadpacket
@@ -324,7 +336,9 @@ def flop_rule(func: torch._ops.OpOverload) -> FlopRule:
         return FlopRule(kind, _numel_arg(func, arg))
     if name in _PER_OUTPUT_ELEMENT:
         return FlopRule("elementwise", _numel_out)
-    if name.startswith(("_foreach_", "_amp_foreach_")) or name in _OPTIMIZER_OPS:
+    if name in FUSED_OPTIMIZERS:
+        return _fused_optimizer_rule(func, name)
+    if name.startswith(("_foreach_", "_amp_foreach_")):
         return FlopRule("foreach", _numel_first_list)
     tags = func.tags
     if _is_view(func) or torch.Tag.inplace_view in tags or torch.Tag.view_copy in tags:

@@ -529,7 +529,7 @@ def test_frozen_weights_get_the_flops_of_their_skipped_weight_gradients(tmp_path
 @pytest.mark.parametrize(
     "how, words",
     [
-        ({"fused": True}, "the fused kernel (aten._fused_adamw_.default) counts 1 FLOP per parameter element"),
+        ({"fused": True}, "fused kernel (aten._fused_adamw_.default) counts what the same optimizer's _foreach ops"),
         ({"foreach": True}, "its _foreach ops (foreach=True) count 1 FLOP per element each"),
         ({"foreach": False}, "its per-parameter elementwise ops count 1 FLOP per element"),
     ],

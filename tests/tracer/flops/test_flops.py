@@ -239,14 +239,6 @@ def test_native_dropout_counts_one_per_input_element():
     assert flops_of(run, aten.native_dropout) == (12, {"elementwise"})
 
 
-def test_fused_adamw_counts_one_per_parameter_element():
-    params = [torch.nn.Parameter(ones(3, 4)), torch.nn.Parameter(ones(5))]
-    for p in params:
-        p.grad = torch.ones_like(p)
-    opt = torch.optim.AdamW(params, fused=True)
-    assert flops_of(opt.step, aten._fused_adamw_) == (12 + 5, {"foreach"})
-
-
 def test_batch_norm_backward():
     x, w, b = ones(2, 3, 4, requires_grad=True), ones(3, requires_grad=True), ones(3, requires_grad=True)
     y = F.batch_norm(x, None, None, w, b, training=True)
