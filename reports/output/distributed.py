@@ -97,7 +97,7 @@ def _collective_lines(src):
     if meta.get("backend") in FAKE_BACKENDS:
         return []  # no data moved: no bandwidth (print_job says why)
     return [
-        f"{r['collective']:<15} {r['calls']} x {human_bytes(r['comm_bytes'])}: {r['duration_s'] * 1e3:.2f} ms each, "
-        f"busbw {human_bytes(r['busbw_bytes_per_s'])}/s"
+        f"{r['collective']:<15} {r['calls']} x {human_bytes(r['comm_bytes'])}: {r['duration_s'] * 1e3:.2f} ms each"
+        + (f", busbw {human_bytes(r['busbw_bytes_per_s'])}/s" if r["comm_bytes"] else "")  # a barrier moves no bytes
         for r in src.lowest_rank_collectives().to_pylist()
     ]

@@ -413,6 +413,17 @@ def test_collectives_report_bandwidth(runs):
     assert (split["comm_bytes"] == 1024 + 2048 + 1024 + 1024 + 512 + 1024 + 16 + 64 + 32).all()  # barrier: 0
 
 
+def test_the_text_report_gives_no_bandwidth_to_a_barrier(runs, capsys):
+    from reports.output.cli import main
+
+    root, _ = runs
+    assert main(["report", os.path.join(root, "coll")]) == 0
+    lines = [x.strip() for x in capsys.readouterr().out.splitlines()]
+    barrier = [x for x in lines if x.startswith("barrier ")]
+    assert barrier and all("busbw" not in x for x in barrier)  # 0 bytes: no bandwidth, not "busbw 0 B/s"
+    assert any(x.startswith("all_gather ") and "busbw" in x for x in lines)  # 2,048 bytes moved: a bandwidth
+
+
 def test_ranks_and_imbalance(runs):
     root, _ = runs
     df = _load(root, "coll")
