@@ -12,6 +12,7 @@ import numpy as np
 import pyarrow as pa
 
 from reports.arrays import array_of, arrow_of, numpy_of, strings
+from reports.sql.kept_ops import sums
 from reports.sql.rowpass import CodeBook
 
 __all__ = ["ModuleOwn", "Peak", "Steps", "kept_grains", "kept_views"]
@@ -115,11 +116,9 @@ class ModuleOwn:
 
 
 def _exact(values, code, size, found):
-    """Per code `found` of `code` (dense codes below `size`): the sum of its `values` (int64 >= 0) as a Python int
-    (summed in halves)."""
-    high, low = np.zeros(size, dtype=np.int64), np.zeros(size, dtype=np.int64)
-    np.add.at(high, code, values >> 32)
-    np.add.at(low, code, values & 0xFFFFFFFF)
+    """Per code `found` of `code` (dense codes below `size`): the sum of its `values` (int64) as a Python int (summed
+    by reports.sql.kept_ops.sums: in float64 where that is exact, else in 32-bit halves)."""
+    high, low = sums(values, code, size)
     return [(h << 32) + lo for h, lo in zip(high[found].tolist(), low[found].tolist())]
 
 

@@ -13,9 +13,8 @@ sections' consumers.
 
 The checks, on every part in order: no null list cell or null item as above; phase, flop_kind and grad_mode only the
 values the tracer writes (validate.ALLOWED); seq increasing row by row and from part to part (what
-reports.sql.checks.Checks._seq_in_order shows of a trace read once into memory). Those of one part are made on the
-reading thread, beside the consumers of the part before. A run that fails one is read by the reference loader, whose
-one line names the value (reports.sql.checks). Consumers: objects with `columns` (the trace columns they read) and
+reports.sql.checks.Checks._seq_in_order shows of a trace read once into memory). A run that fails one is read by the
+reference loader, whose one line names the value (reports.sql.checks). Consumers: objects with `columns` (the trace columns they read) and
 `feed(table)`, called with each part's Table (those columns and the checked ones), in seq order, while every part so
 far passed; the read stops at the first part that fails. The consumers of one read share a CodeBook (each made as
 `make(rows, codes)`): a part's column of names is coded once.
@@ -49,15 +48,13 @@ def read(files, footers, present, consumers=()):
     wanted = {*CHECKED, *lists, *(c for consumer in consumers for c in consumer.columns)}
     reader = _Reader([c for c in present if c in wanted], threads=not consumers)
 
-    def checked(part):  # on the reading thread: the checks of a part alone, beside the consumers of the one before
-        table = reader.read(part, footers)
-        return table, _passes(table, lists, items)
-
     last = None
-    for table, passed in _ahead(checked, files):
+    for table in _ahead(lambda part: reader.read(part, footers), files):
         if not table.num_rows:
             continue
-        if not passed:
+        # (on this thread: checks run on the reading thread took the GIL back from the consumers a dozen times a part,
+        # each wait up to the interpreter's switch interval, and the open took longer)
+        if not _passes(table, lists, items):
             return False
         seq = numpy_of(table.column("seq"))
         if last is not None and seq[0] <= last:  # seq increases from part to part too
