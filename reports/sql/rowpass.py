@@ -153,7 +153,7 @@ class Codes:
     def of(self, column):
         chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
         # the part's column by its buffers (kept alive by _last, so no other column can take their addresses)
-        key = tuple((c.buffers()[1].address, c.offset, len(c)) for c in chunks) if all(map(len, chunks)) else None
+        key = tuple(map(_where, chunks)) if all(map(len, chunks)) else None
         if key is not None and self._last is not None and self._last[0] == key:
             return self._last[2]
         codes = []
@@ -176,6 +176,14 @@ class Codes:
     def flags(self, test):
         """test(name) of each name, by code."""
         return np.fromiter((test(v) for v in self.names), dtype=bool, count=len(self.names))
+
+
+def _where(chunk):
+    """Where a chunk's values lie: its indices' (or offsets') buffer, offset and length, and its dictionary's buffer."""
+    found = (chunk.buffers()[1].address, chunk.offset, len(chunk))
+    if pa.types.is_dictionary(chunk.type):
+        found += tuple(b.address for b in chunk.dictionary.buffers() if b is not None)
+    return found
 
 
 class CodeBook(dict):

@@ -700,3 +700,16 @@ def test_the_consumers_of_a_read_code_each_parts_column_once():
     later = pa.table({"op": pa.array(["aten.sum", "aten.mm"]).dictionary_encode()})
     assert book["op"].of(later.column("op")).tolist() == [2, 0]  # aten.sum new: code 2
     assert book["op"].of(part.column("op")).tolist() == [0, 1, 0]  # the first part again: coded again, same codes
+
+
+def test_codes_of_one_indices_buffer_under_another_dictionary_are_made_anew():
+    """reports.sql.rowpass.Codes keeps the codes of the column it coded last by where its values lie: the same indices
+    under another dictionary are another column (its names looked up again)."""
+    import pyarrow as pa
+
+    from reports.sql.rowpass import Codes
+
+    indices = pa.array([0, 1, 0], pa.int32())
+    codes = Codes()
+    assert codes.of(pa.DictionaryArray.from_arrays(indices, pa.array(["a", "b"]))).tolist() == [0, 1, 0]
+    assert codes.of(pa.DictionaryArray.from_arrays(indices, pa.array(["c", "a"]))).tolist() == [2, 0, 2]  # c new: 2
