@@ -14,6 +14,9 @@ arrays made here hold the values those calls give, and every conversion on their
     scalar(value, t)       a Scalar for a compute function's argument
     empty_table(schema)    a Table of no rows
     whole(c)               a ChunkedArray as one Array (combine_chunks)
+    list_lengths(a, null)  a list column's cell lengths (pc.list_value_length), read from its offsets
+    list_values(a)         a list column's items (pc.list_flatten) as numbers, read from its offsets
+    nulls_of(a)            whether each item is null (pc.is_null), read from the validity bitmap
 
 (tracer.store.arrow_arrays does the same for the part writer, which reports may not import: tests/test_structure.py.)
 """
@@ -21,7 +24,20 @@ arrays made here hold the values those calls give, and every conversion on their
 import numpy as np
 import pyarrow as pa
 
-__all__ = ["array_of", "arrow_of", "empty_table", "numpy_of", "objects_of", "scalar", "strings", "values_of", "whole"]
+__all__ = [
+    "array_of",
+    "arrow_of",
+    "empty_table",
+    "list_lengths",
+    "list_values",
+    "nulls_of",
+    "numpy_of",
+    "objects_of",
+    "scalar",
+    "strings",
+    "values_of",
+    "whole",
+]
 
 _NUMPY = {
     pa.int8(): np.int8,
@@ -151,3 +167,57 @@ def whole(data):
     if data.num_chunks == 1:
         return data.chunk(0)
     return data.combine_chunks() if data.num_chunks else pa.nulls(0, data.type)
+
+
+def _chunks_of(data, each, empty):
+    """each(chunk) of an Array, or of every chunk of a ChunkedArray joined (`empty` when it has none)."""
+    if not isinstance(data, pa.ChunkedArray):
+        return each(data)
+    found = [each(c) for c in data.chunks]
+    return found[0] if len(found) == 1 else np.concatenate(found) if found else empty
+
+
+def nulls_of(data):
+    """What `data.is_null()` gives of an Array or ChunkedArray, as a bool array, from its validity bitmap."""
+
+    def each(chunk):
+        if not chunk.null_count:
+            return np.zeros(len(chunk), dtype=bool)
+        if pa.types.is_null(chunk.type):
+            return np.ones(len(chunk), dtype=bool)
+        return ~_bits(chunk.buffers()[0], chunk.offset, len(chunk))
+
+    return _chunks_of(data, each, np.zeros(0, dtype=bool))
+
+
+def list_lengths(data, null=None):
+    """What numpy_of(pc.list_value_length(data), null) gives of a list Array or ChunkedArray (int32, int64 for
+    large lists): each cell's item count, the difference of its offsets (`null` for a null cell; None: none may be)."""
+
+    def each(chunk):
+        offsets = numpy_of(chunk.offsets)
+        lengths = offsets[1:] - offsets[:-1]
+        if not chunk.null_count:
+            return lengths
+        if null is None:
+            raise ValueError(f"list_lengths: {chunk.null_count} null cell(s) where no value stands for them")
+        return np.where(nulls_of(chunk), np.asarray(null, dtype=lengths.dtype), lengths)
+
+    return _chunks_of(data, each, np.zeros(0, dtype=np.int32))
+
+
+def list_values(data):
+    """What numpy_of(pc.list_flatten(data)) gives of a list Array or ChunkedArray of fixed-width numbers: the items
+    of its cells in order (no item may be null), a view of the items between its first and last offsets where no
+    cell is null."""
+
+    def each(chunk):
+        if chunk.null_count:  # a null cell's items (a slot Arrow lets hold some) are left out, as list_flatten does
+            import pyarrow.compute as pc
+
+            return numpy_of(pc.list_flatten(chunk))
+        offsets = numpy_of(chunk.offsets)
+        start, end = int(offsets[0]), int(offsets[-1])
+        return numpy_of(chunk.values.slice(start, end - start))
+
+    return _chunks_of(data, each, np.zeros(0, dtype=_NUMPY.get(data.type.value_type, np.int64)))

@@ -243,7 +243,10 @@ def _check_roles(path, what, meta):
 def _ints(values):
     """Whether every value is a plain int (what JSON gives): a quick yes for the common case, before the
     checks that name a bad value (a bool, an int subclass or anything else takes those)."""
-    return all(type(v) is int for v in values)
+    return set(map(type, values)) <= _INT_ONLY  # (the types collected in C: a generator took 0.02 s a 1M-row trace)
+
+
+_INT_ONLY = frozenset({int})
 
 
 def check_metadata_ids(path, meta, id_limit):

@@ -18,11 +18,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from reports._util import unique
-from reports.arrays import arrow_of, empty_table, numpy_of
+from reports.arrays import arrow_of, empty_table, list_lengths, list_values, nulls_of, numpy_of
 from reports.errors import ReportError
 from reports.memory.id_space import PER_ID, SLACK, lowest
 from reports.memory.resizes import COLLECTIVE_PREFIXES
 from reports.memory.run_rows import Lists
+from reports.sql.rowpass import CodeBook
 
 __all__ = ["CELLS", "Scan"]
 
@@ -109,8 +110,10 @@ class Scan:
     )
     _NAMES = ("seq", "step", "phase", "bytes_allocated", "live_bytes", "n_inputs", "n_outputs", "n_freed")
 
-    def __init__(self, rows):
-        """`rows`: the run's row count in its footers, a claim: arrays grow to it as rows come, never before."""
+    def __init__(self, rows, codes=None):
+        """`rows`: the run's row count in its footers, a claim: arrays grow to it as rows come, never before; `codes`:
+        the reports.sql.rowpass.CodeBook the consumers of the Trace's read share (the op names' codes)."""
+        self.ops, self._collective = (codes if codes is not None else CodeBook())["op"], np.zeros(0, dtype=bool)
         kinds = {"phase": np.int16, "n_inputs": np.int32, "n_outputs": np.int32, "n_freed": np.int32}
         self.n, self.done, self.named = rows, 0, {}  # named: {phase: code} where phases come as strings
         self.arrays = {c: np.empty(min(rows, _FIRST_ROWS), kinds.get(c, np.int64)) for c in self._NAMES}
@@ -137,8 +140,8 @@ class Scan:
         ids = []
         for c, length in zip(("input_storage_ids", "output_storage_ids", "freed_storage_ids"), names[5:]):
             column = batch.column(c)  # no null list or item: the Trace's checks
-            arrays[length][rows] = numpy_of(pc.list_value_length(column))
-            ids.append(numpy_of(pc.list_flatten(column)))
+            arrays[length][rows] = list_lengths(column)
+            ids.append(list_values(column))
         (ins, outs, frees), counts = ids, arrays["n_outputs"][rows]
         self.done += batch.num_rows
         at_in = np.arange(self.taken[0], self.taken[0] + len(ins), dtype=np.int64)
@@ -150,7 +153,7 @@ class Scan:
         )  # a view would keep the whole batch alive (DuckDB's Arrow batch is one allocation)
         # the sizes of rows whose output_storage_bytes pair with their outputs one to one, where >= 0
         sizes = batch.column("output_storage_bytes")  # null lists in a v1 trace's rows (the column came in v2)
-        lengths, values = numpy_of(pc.list_value_length(sizes), null=0), numpy_of(pc.list_flatten(sizes))
+        lengths, values = list_lengths(sizes, null=0), list_values(sizes)
         ok = lengths == counts
         sids, at, values = (
             (outs, at_out, values)
@@ -177,7 +180,7 @@ class Scan:
     def _keep_cells(self, batch, sids, at, n_inputs, n_outputs):
         """CELLS at the rows of this batch where an id is first seen as an input (`sids` at input positions `at` in the
         batch) and not before as an output (an output of an earlier row: inputs come before outputs in a row)."""
-        in_rows = np.repeat(np.arange(len(n_inputs)), n_inputs)[at]
+        in_rows = np.searchsorted(np.cumsum(n_inputs), at, side="right")  # the row of each input position
         known = self.first_out.at  # holds this batch's outputs already
         seen = (
             np.where(sids < len(known), known[np.minimum(sids, len(known) - 1)], _NONE)
@@ -191,19 +194,19 @@ class Scan:
         first = (seen == _NONE) | (out_rows >= in_rows)
         picked = arrow_of(unique(in_rows[first]).astype(np.int64))
         if len(picked):
-            cells = {c: batch.column(c).take(picked) for c in ("seq", *CELLS)}
-            cells["input_dtypes"] = cells["input_dtypes"].cast(pa.list_(pa.string()))  # as DuckDB gives them
-            self.cells.append(pa.Table.from_arrays(list(cells.values()), names=list(cells)))
+            taken = batch.select(["seq", *CELLS]).take(picked)  # one take for the four columns
+            cells = [taken.column(c) for c in ("seq", *CELLS)]
+            cells[1] = cells[1].cast(pa.list_(pa.string()))  # input_dtypes as DuckDB gives them
+            self.cells.append(pa.Table.from_arrays(cells, names=["seq", *CELLS]))
 
     def _keep_comm(self, batch):
         """The ids of the batch's collective rows (resizes.COLLECTIVE_PREFIXES)."""
-        hits = []
-        for chunk in op.chunks if isinstance(op := batch.column("op"), pa.ChunkedArray) else [op]:
-            chunk = chunk if pa.types.is_dictionary(chunk.type) else pc.dictionary_encode(chunk)
-            names = chunk.dictionary.to_pylist()  # each op name tested once, not per row
-            collective = np.array([n.startswith(COLLECTIVE_PREFIXES) for n in names] + [False])
-            hits.append(collective[numpy_of(chunk.indices, null=len(names))])
-        at = np.flatnonzero(np.concatenate(hits)) if hits else np.zeros(0, np.int64)
+        op = batch.column("op")
+        codes, names = self.ops.of(op), self.ops.names
+        if len(self._collective) != len(names):  # each op name tested once, not per row
+            self._collective = np.fromiter((n.startswith(COLLECTIVE_PREFIXES) for n in names), bool, len(names))
+        hits = self._collective[codes]
+        at = np.flatnonzero(hits & ~nulls_of(op) if op.null_count else hits)
         if len(at):
             rows = arrow_of(at.astype(np.int64))
             for c in ("input_storage_ids", "output_storage_ids"):

@@ -86,7 +86,8 @@ class Checks:
         fed = i == 0 or self.every_run and self._fed_rows + rows <= KEEP_ROWS
         if len(self.paths) > 1 and not self.every_run:  # a grain kept of run 0 alone: scanned for every run
             keep = [make for make in keep if getattr(make, "grain", None) is None]
-        consumers = [make(rows) for make in keep] if fed else []
+        book = rowpass.CodeBook()  # the consumers' codes of a column: each part's column coded once for all
+        consumers = [make(rows, book) for make in keep] if fed else []
         self._fed_rows += rows if fed else 0
         try:
             if not rowpass.read(self.files[i], footers, self.columns, consumers):

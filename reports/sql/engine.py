@@ -30,6 +30,8 @@ each equal to its definition in views.sql; a trace of many small parts has the c
 copied into memory once (SMALL_PARTS) instead of every part opened for every scan. `first_run()`
 gives run 0 alone over the same tables (the report of a trace of several ranks is rank 0's).
 
+The views of the .sql files are made when a statement first names them (reports.sql.lazy_views.LazyViews).
+
 A trace of up to reports.sql.database.SHARED_ROWS rows is opened in a catalogue of its own of one DuckDB database
 the process shares (reports.sql.database: making a database costs more than the rest of opening a small trace).
 
@@ -40,7 +42,6 @@ could wrap (reports.steps.summable: pandas sums those as float64).
 
 import contextlib
 import os
-import re
 import warnings
 
 import pyarrow as pa
@@ -62,6 +63,7 @@ from reports.sql.checks import BAD_ROW_VALUES, Checks, IdFooters
 from reports.sql.connection import Connection
 from reports.sql.database import connect
 from reports.sql.kept_views import kept_grains, kept_views
+from reports.sql.lazy_views import LazyViews
 from reports.sql.queries import Queries
 from reports.sql.scan import GRAINS, grains, source, source_views, views
 from reports.sql.scan import grains as _grains
@@ -89,15 +91,12 @@ SMALL_PARTS = (256, 64, 1 << 20)
 BATCH = 256  # part files per statement when reading them once (DuckDB keeps each open part until the statement ends)
 
 
-_WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-
-
 class Unsupported(ReportError):
     """A trace the SQL engine does not read (a v1 or v2 trace, or any trace lacking a column its views read that its
     version has: the pandas engine reads only its sections' columns; a part's path with a backslash and [, * or ?)."""
 
 
-class Trace(Checks, Queries):
+class Trace(Checks, LazyViews, Queries):
     """One trace or several, checked, with a DuckDB connection holding `rows` and the views of views.sql.
 
     `runs`: {run name: metadata} as reports.load gives it in `df.attrs["runs"]`; `ranks`: the rank
@@ -269,55 +268,6 @@ class Trace(Checks, Queries):
         """`db`: this Trace's connection (reports.sql.database.connect), `_database` what closes it."""
         self._database = connect(duckdb, rows, threads)
         self.db = Connection(self._database.cursor, self.need, self._database.note, self._database.catalog)
-
-    def _make_views(self, fast):
-        """The views of the .sql files, each from `fast` ({view: body}, reports.sql.scan) where it holds one."""
-        self._views = [(name, fast.get(name, body)) for path in VIEW_FILES for name, body, _ in statements(path)]
-        self._lazy(self._views)
-        self._read_totals()
-
-    def _lazy(self, views):
-        """Make `views` ([(name, body)], in the files' order) when a statement first names them (need)."""
-        self._pending, self._order = dict(views), {name: i for i, (name, _) in enumerate(views)}
-
-    def need(self, text):
-        """Make the views of the .sql files that `text` (a statement) names and that are not made yet, each after
-        those its body names: every identifier of the text is looked up, so one named in a string or an alias is
-        made too, never one left out. run_totals, which most tables join, is a table: its distinct counts computed
-        once (13 ms a read)."""
-        pending = getattr(self, "_pending", None)
-        if not pending:
-            return
-        made = []
-        self._needed(text, pending, made)
-        if made:  # one script: a statement's own cost in DuckDB's Python layer is about 0.2 ms
-            self.db._db.execute(";\n".join(made))
-
-    def _needed(self, text, pending, made):
-        """need's statements, each after those its body names, appended to `made`."""
-        for name in sorted({w for w in _WORD.findall(text) if w in pending}, key=self._order.__getitem__):
-            body = pending.pop(name, None)
-            if body is None:  # made meanwhile, as a view the others named read
-                continue
-            self._needed(body, pending, made)
-            kind = "TABLE" if name == "run_totals" else "VIEW"
-            made.append(f"CREATE OR REPLACE {kind} {name} AS {body}")
-
-    def _read_totals(self):
-        """`run_rows`: run_totals' rows as {column: Python value}, in the view's order (pandas is not imported)."""
-        self._totals_frame = None
-        self.run_rows = self.db.sql("SELECT * FROM run_totals").to_arrow_table().to_pylist()
-
-    @property
-    def totals(self):
-        """run_totals as a DataFrame in DuckDB's dtypes (the library's tables): read on first use."""
-        if self._totals_frame is None:
-            self._totals_frame = self.table("run_totals")
-        return self._totals_frame
-
-    def run_row(self, run_index=0):
-        """The run's row of run_totals ({column: value}), or None for a run without rows."""
-        return next((r for r in self.run_rows if r["run_index"] == run_index), None)
 
     @classmethod
     def over(cls, table, runs, ranks=None, paths=None, grains=False):

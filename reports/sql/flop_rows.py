@@ -22,9 +22,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from reports._util import packet
-from reports.arrays import arrow_of, numpy_of, scalar, strings, whole
+from reports.arrays import arrow_of, list_lengths, nulls_of, numpy_of, strings, whole
 from reports.sql.kept_ops import sums
-from reports.sql.rowpass import Codes
+from reports.sql.rowpass import CodeBook, Codes
 
 __all__ = ["FlopRows"]
 
@@ -43,7 +43,6 @@ def _packets():
 
 
 _PACKETS = _packets()
-_FALSE = scalar(False, pa.bool_())  # fill_null's value (a Python one is converted through pandas)
 # flop_rows' and flop_rest's columns as DuckDB gives them: every column a FLOP section reads, the one list of them
 # (reports.sql.flops selects these, reports.flops.rows.COLUMNS is `run` and these)
 _INTS, _SHAPES = pa.list_(pa.field("l", pa.int64())), pa.list_(pa.field("l", pa.list_(pa.field("l", pa.int64()))))
@@ -102,33 +101,44 @@ def _first_two(column, at):
 
 
 class FlopRows:
-    """flop_rows and flop_rest of one run, fed its parts in seq order (a consumer of rowpass.read)."""
+    """flop_rows and flop_rest of one run, fed its parts in seq order (a consumer of rowpass.read; `codes`: the
+    rowpass.CodeBook the read's consumers share)."""
 
     columns = tuple(SCHEMA.names)
     holds = "flop_rest"  # the view it holds: the Trace's _ops grain then leaves out its keys (reports.sql.scan)
 
-    def __init__(self, rows=None):
-        self.codes = {c: Codes() for c in (*_CATEGORICAL, "dtype")}
+    def __init__(self, rows=None, codes=None):
+        self.codes = codes if codes is not None else CodeBook()
+        self.dtypes = Codes()  # the first input dtypes of flop_rest's rows (_first_dtypes)
+        self._flags = {}  # {(column, test name): test of each name of the column, by code}
         self.walked = {c: [] for c in SCHEMA.names}  # per column, each part's walked rows: codes for _CATEGORICAL
         self.rest = {}  # {group key: [seq, step, FLOPs]}
 
+    def _flag(self, column, name, test):
+        """test(name) of each name of `column`'s codes, by code: made again only when a part brought new names."""
+        names = self.codes[column].names
+        found = self._flags.get((column, name))
+        if found is None or len(found) != len(names):
+            found = self._flags[column, name] = np.fromiter(map(test, names), dtype=bool, count=len(names))
+        return found
+
     def feed(self, table):
         op, phase, kind = (self.codes[c].of(table.column(c)) for c in ("op", "phase", "flop_kind"))
-        packets = [packet(v) for v in self.codes["op"].names]
         copies, hops, derives, scales = (
-            np.fromiter((p in _PACKETS[k] for p in packets), dtype=bool, count=len(packets))[op]
+            self._flag("op", k, lambda v, k=k: packet(v) in _PACKETS[k])[op]
             for k in ("copies", "hops", "derives", "scales")
         )
-        kinds = self.codes["flop_kind"]
-        is_kind = {k: kinds.flags(lambda v, k=k: v == k)[kind] for k in ("matmul", "attention", "conv", "collective")}
-        forward = self.codes["phase"].flags(lambda v: v == "forward")[phase]
-        late = self.codes["phase"].flags(lambda v: v in ("backward", "other"))[phase]
+        is_kind = {
+            k: self._flag("flop_kind", k, lambda v, k=k: v == k)[kind]
+            for k in ("matmul", "attention", "conv", "collective")
+        }
+        forward = self._flag("phase", "forward", lambda v: v == "forward")[phase]
+        late = self._flag("phase", "late", lambda v: v in ("backward", "other"))[phase]
         scalar = np.zeros(len(op), dtype=bool)
         at = np.flatnonzero(scales)
         if len(at):
-            index = arrow_of(at)
-            n_in = numpy_of(pc.list_value_length(table.column("input_storage_ids").take(index)))
-            shapes = table.column("input_shapes").take(index)
+            n_in = list_lengths(table.column("input_storage_ids"))[at]
+            shapes = table.column("input_shapes").take(arrow_of(at))
             scalar[at] = (n_in == 1) | (n_in == 2) & (_product_is_one(shapes, 0) | _product_is_one(shapes, 1))
         walked = (
             is_kind["matmul"]
@@ -157,31 +167,37 @@ class FlopRows:
         )
         if "grad_mode" in table.column_names:  # a v3 trace has none: null (reports.sql.engine)
             grad = table.column("grad_mode")
-            w["grad_mode"].append(np.where(numpy_of(pc.is_null(grad))[at], -1, self.codes["grad_mode"].of(grad)[at]))
+            w["grad_mode"].append(np.where(nulls_of(grad)[at], -1, self.codes["grad_mode"].of(grad)[at]))
         else:
             w["grad_mode"].append(np.full(len(at), -1, dtype=np.int64))
-        for name in ("seq", "step", "flops", "causal", "input_storage_ids", "output_storage_ids"):
-            w[name].append(table.column(name).take(index))
-        w["recompute"].append(pc.fill_null(table.column("recompute").take(index), _FALSE))
+        for name in ("seq", "step", "flops"):  # never null (the Trace's checks)
+            w[name].append(arrow_of(numpy_of(table.column(name))[at]))
+        causal = table.column("causal")
+        w["causal"].append(
+            arrow_of(numpy_of(causal, null=False)[at], mask=nulls_of(causal)[at] if causal.null_count else None)
+        )
+        w["recompute"].append(arrow_of(numpy_of(table.column("recompute"), null=False)[at]))  # null: not recomputed
+        ids = table.select(["input_storage_ids", "output_storage_ids"]).take(index)  # one take for both
+        w["input_storage_ids"].append(ids.column(0))
+        w["output_storage_ids"].append(ids.column(1))
         w["input_dtypes"].append(_first_two(table.column("input_dtypes"), at))
         w["input_shapes"].append(
             masked(table.column("input_shapes"), (is_kind["attention"] | is_kind["conv"] | scales)[at])
         )
         w["output_shapes"].append(masked(table.column("output_shapes"), (is_kind["matmul"] | is_kind["conv"])[at]))
-        w["flops_bound"].append(masked(pc.fill_null(table.column("flops_bound"), _FALSE), mm))
+        w["flops_bound"].append(arrow_of(numpy_of(table.column("flops_bound"), null=False)[at], mask=~mm))
 
     def _sum(self, table, at, op, phase, kind):
         """The other rows' (`at`) FLOPs per flop_rest's group."""
         if not len(at):
             return
-        optimizer = self.codes["phase"].flags(lambda v: v == "optimizer")[phase[at]]
+        optimizer = self._flag("phase", "optimizer", lambda v: v == "optimizer")[phase[at]]
         dtype = self._first_dtypes(table.column("input_dtypes"), at)
-        index = arrow_of(at)
-        recompute = numpy_of(table.column("recompute").take(index), null=False)
-        flops = numpy_of(table.column("flops").take(index))
+        recompute = numpy_of(table.column("recompute"), null=False)[at]
+        flops = numpy_of(table.column("flops"))[at]
         keys = [phase[at], np.where(optimizer, op[at], -1) + 1, kind[at], recompute, dtype + 2, flops > 0]
         sizes = [len(self.codes[c].names) for c in ("phase", "op", "flop_kind")]
-        sizes = [sizes[0], sizes[1] + 1, sizes[2], 2, len(self.codes["dtype"].names) + 2, 2]
+        sizes = [sizes[0], sizes[1] + 1, sizes[2], 2, len(self.dtypes.names) + 2, 2]
         packed = np.zeros(len(at), dtype=np.int64)  # one int per key (mixed radix): a sort of ints, not of rows
         for key, size in zip(keys, sizes):
             packed = packed * size + key
@@ -206,7 +222,7 @@ class FlopRows:
         offsets = numpy_of(chunk.offsets)
         start, has = offsets[at], offsets[at + 1] > offsets[at]
         values = chunk.values if pa.types.is_dictionary(chunk.type.value_type) else pc.dictionary_encode(chunk.values)
-        codes = self.codes["dtype"]  # each name looked up once, not per row; the last: a null item (index -1)
+        codes = self.dtypes  # each name looked up once, not per row; the last: a null item (index -1)
         lookup = np.asarray([codes.code(v) for v in values.dictionary.to_pylist()] + [-2], dtype=np.int64)
         dtype = np.full(len(at), -1, dtype=np.int64)
         dtype[has] = lookup[numpy_of(values.indices, null=-1)[start[has]]]
@@ -219,7 +235,7 @@ class FlopRows:
         groups = sorted(self.rest.items(), key=lambda item: item[1][0])
         if wide or any(not -(2**63) <= total < 2**63 for _, (_, _, total) in groups):
             return None
-        names = {c: self.codes[c].names for c in ("phase", "op", "flop_kind", "dtype")}
+        names = {c: self.codes[c].names for c in ("phase", "op", "flop_kind")} | {"dtype": self.dtypes.names}
         rest_seq = np.asarray([s for _, (s, _, _) in groups], dtype=np.int64)
         dtypes = [k[4] for k, _ in groups]  # -1 no first input dtype, -2 a null one
         rest = {
@@ -285,10 +301,10 @@ def _categorical(codes, names):
     holds the names used, in order of first appearance."""
     valid = codes >= 0
     used = codes[valid]
-    order = np.argsort(used, kind="stable")
-    starts = np.flatnonzero(np.concatenate(([True], used[order][1:] != used[order][:-1]))) if len(used) else order
-    first = order[starts]  # each code's first row among the valid ones
-    seen = used[np.sort(first)]  # the codes in order of first appearance
+    first = np.full(len(names), len(used), dtype=np.int64)  # each code's first row among the valid ones (no sort)
+    np.minimum.at(first, used, np.arange(len(used), dtype=np.int64))
+    present = np.flatnonzero(first < len(used))
+    seen = present[np.argsort(first[present])]  # the codes in order of first appearance
     lookup = np.zeros(len(names) + 1, dtype=np.int32)
     lookup[seen] = np.arange(len(seen), dtype=np.int32)
     indices = arrow_of(lookup[np.where(valid, codes, len(names))], mask=~valid)

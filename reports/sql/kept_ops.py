@@ -16,8 +16,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from reports.arrays import arrow_of, numpy_of, strings, whole
-from reports.sql.rowpass import Codes
+from reports.arrays import arrow_of, nulls_of, numpy_of, strings, whole
+from reports.sql.rowpass import CodeBook, Codes
 
 __all__ = ["Ops", "sums"]
 
@@ -101,7 +101,7 @@ def _coalesce(column, other):
     """coalesce(column, other) of an int64 column and an array."""
     if not column.null_count:
         return numpy_of(column)
-    return np.where(numpy_of(column.is_null()), other, numpy_of(column, null=0))
+    return np.where(nulls_of(column), other, numpy_of(column, null=0))
 
 
 class Ops:
@@ -141,8 +141,9 @@ class Ops:
             f"FROM {table}"
         )
 
-    def __init__(self, rows=None):
-        self.codes = {c: Codes() for c in ("op", "phase", "flop_kind", "dtype", "process_group")}
+    def __init__(self, rows=None, codes=None):
+        self.codes = codes if codes is not None else CodeBook()
+        self.dtypes = Codes()  # the grain's dtype (_dtypes)
         self.parts, self.failed = [], False
 
     def feed(self, table):
@@ -163,7 +164,7 @@ class Ops:
         group = col("process_group")
         pg = self.codes["process_group"].of(group)
         if group.null_count:
-            pg = np.where(numpy_of(group.is_null()), -1, pg)
+            pg = np.where(nulls_of(group), -1, pg)
         size = col("group_size")
         keys = {
             **{c: self.codes[c].of(col(c)) for c in ("op", "phase", "flop_kind")},
@@ -172,7 +173,7 @@ class Ops:
             "flops": flops,
             "bytes": np.where(is_view, 0, total),
             "process_group": pg,
-            "group_size_null": numpy_of(size.is_null()).astype(np.int64),
+            "group_size_null": nulls_of(size).astype(np.int64),
             "group_size": numpy_of(size, null=0),
         }
         bound = numpy_of(col("flops_bound"), null=False)
@@ -185,7 +186,7 @@ class Ops:
         values["duration_ns"] = duration
         values["time_ns"] = _coalesce(busy, duration) if busy.null_count < len(busy) else None
         values["message_bytes"] = numpy_of(comm, null=0) if comm.null_count < len(comm) else None
-        has_comm = ~numpy_of(comm.is_null()) if comm.null_count else None
+        has_comm = ~nulls_of(comm) if comm.null_count else None
         small = _packed([keys[c] + (c == "process_group") for c in _KEYS if c not in ("flops", "bytes", "group_size")])
         wide = [keys["flops"], keys["bytes"], keys["group_size"]]
         codes, first = _groups([small, *wide] if small is not None else list(keys.values()))
@@ -208,7 +209,7 @@ class Ops:
     def _dtypes(self, inputs, outputs):
         """Code of each row's dtype as the grain reads it (views.sql row_dtype): its first input dtype where that is a
         non-empty string, else its first output dtype, else ''."""
-        empty = self.codes["dtype"].code("")
+        empty = self.dtypes.code("")
         first_in = self._first(inputs, -1, skip_empty=True)
         return np.where(first_in >= 0, first_in, self._first(outputs, empty, skip_empty=False))
 
@@ -219,7 +220,7 @@ class Ops:
         offsets = numpy_of(chunk.offsets)
         has = offsets[1:] > offsets[:-1]
         values = chunk.values if pa.types.is_dictionary(chunk.values.type) else pc.dictionary_encode(chunk.values)
-        codes = self.codes["dtype"]
+        codes = self.dtypes
         lookup = np.asarray(  # each name looked up once, not per row; the last: a null item (index -1)
             [fill if skip_empty and v == "" else codes.code(v) for v in values.dictionary.to_pylist()] + [fill],
             dtype=np.int64,
@@ -269,7 +270,8 @@ class Ops:
         for c in _MAXED:
             out[c + "_max"] = _extreme(np.maximum, runs[c + "_max"], codes, groups, np.iinfo(np.int64).min)
         no_comm = out["calls"] == 0
-        names = {c: self.codes[c].names for c in self.codes}
+        names = {c: self.codes[c].names for c in ("op", "phase", "flop_kind", "process_group")}
+        names["dtype"] = self.dtypes.names
         columns = {c: strings([names[c][k] for k in out[c].tolist()]) for c in ("op", "phase", "flop_kind", "dtype")}
         columns["is_view"] = arrow_of(out["is_view"].astype(bool))
         columns["flops"], columns["bytes"] = arrow_of(out["flops"]), arrow_of(out["bytes"])

@@ -12,7 +12,8 @@ import numpy as np
 import pyarrow as pa
 
 from reports.arrays import array_of, arrow_of, numpy_of, strings
-from reports.sql.rowpass import Codes
+from reports.sql.kept_ops import sums
+from reports.sql.rowpass import CodeBook
 
 __all__ = ["ModuleOwn", "Peak", "Steps", "kept_grains", "kept_views"]
 
@@ -73,8 +74,8 @@ class ModuleOwn:
         "bytes_allocated, CAST(duration_ns AS DOUBLE) / 1000.0 AS duration_us, first_seq FROM {table}"
     )
 
-    def __init__(self, rows=None):
-        self.module = Codes()
+    def __init__(self, rows=None, codes=None):
+        self.module = (codes if codes is not None else CodeBook())["module"]
         self.sums = {}  # {module code: [ops, flops, bytes_allocated, duration_ns, first seq]}
 
     def feed(self, table):
@@ -115,11 +116,9 @@ class ModuleOwn:
 
 
 def _exact(values, code, size, found):
-    """Per code `found` of `code` (dense codes below `size`): the sum of its `values` (int64 >= 0) as a Python int
-    (summed in halves)."""
-    high, low = np.zeros(size, dtype=np.int64), np.zeros(size, dtype=np.int64)
-    np.add.at(high, code, values >> 32)
-    np.add.at(low, code, values & 0xFFFFFFFF)
+    """Per code `found` of `code` (dense codes below `size`): the sum of its `values` (int64) as a Python int (summed
+    by reports.sql.kept_ops.sums: in float64 where that is exact, else in 32-bit halves)."""
+    high, low = sums(values, code, size)
     return [(h << 32) + lo for h, lo in zip(high[found].tolist(), low[found].tolist())]
 
 
@@ -130,7 +129,7 @@ class Peak:
     view = "peak"
     SELECT = "SELECT run, run_index, peak_live_bytes, seq, step, phase, module, op FROM {table}"
 
-    def __init__(self, rows=None):
+    def __init__(self, rows=None, codes=None):
         self.top = None  # (live bytes, seq, step, phase, module, op)
 
     def feed(self, table):
@@ -175,8 +174,8 @@ class Steps:
             f"{flop} FROM {table}"
         )
 
-    def __init__(self, rows=None):
-        self.phase = Codes()
+    def __init__(self, rows=None, codes=None):
+        self.phase = (codes if codes is not None else CodeBook())["phase"]
         self.parts = []  # per part: its runs of rows of one step and phase, as arrays (see feed)
 
     def feed(self, table):

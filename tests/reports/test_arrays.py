@@ -85,3 +85,28 @@ def test_whole_gives_what_combine_chunks_gives(kind, items):
         got, want = whole(data), data.combine_chunks()
         assert isinstance(got, pa.Array) and got.type == want.type
         assert repr(got.to_pylist()) == repr(want.to_pylist())  # (a NaN equal to a NaN)
+
+
+def test_list_lengths_values_and_nulls_give_what_the_compute_functions_give():
+    """list_lengths, list_values and nulls_of read offsets and bitmaps: what pc.list_value_length, pc.list_flatten and
+    is_null give, of a slice (offsets not from 0), a ChunkedArray, a large list and a list with a null cell."""
+    import pyarrow.compute as pc
+
+    from reports.arrays import list_lengths, list_values, nulls_of
+
+    cells = pa.array([[1, 2], [], None, [3], [4, 5, 6]], pa.list_(pa.int64()))
+    for data in (
+        cells,
+        cells.slice(3),  # [3], [4, 5, 6]: its offsets start at 3
+        pa.chunked_array([cells, cells.slice(1, 2)]),
+        pa.array([[7], [8, 9]], pa.large_list(pa.int64())),
+    ):
+        want = pc.list_value_length(data)
+        assert list_lengths(data, null=0).tolist() == numpy_of(want, null=0).tolist()
+        assert list_lengths(data, null=0).dtype == numpy_of(want, null=0).dtype  # int32; int64 for a large list
+        assert list_values(data).tolist() == numpy_of(pc.list_flatten(data)).tolist()
+        assert nulls_of(data).tolist() == numpy_of(data.is_null()).tolist()
+    assert list_values(cells.slice(3)).tolist() == [3, 4, 5, 6]  # 2 + 0 + 0 items before the slice
+    assert list_lengths(cells, null=-1).tolist() == [2, 0, -1, 1, 3]
+    with pytest.raises(ValueError, match="1 null cell"):
+        list_lengths(cells)

@@ -683,3 +683,33 @@ def test_the_flop_sections_import_and_run_without_pandas(traces):
     assert plain([mfu]) == plain(reports.mfu(df, step_time_s=1.0, peak_flops=1e6).to_dict("records"))
     # the library's strings stay objects at the boundary (pandas 3 would make an Arrow string column its str dtype)
     assert reports.breakdown(df)["phase"].dtype == object and reports.mfu(df)["device"].dtype == object
+
+
+def test_the_consumers_of_a_read_code_each_parts_column_once():
+    """reports.sql.rowpass.CodeBook: consumers sharing one get the same codes of a part's column (coded once, kept
+    for the next consumer), numbered as first seen across parts; another part's column is coded anew."""
+    import pyarrow as pa
+
+    from reports.sql.rowpass import CodeBook
+
+    book = CodeBook()
+    part = pa.table({"op": pa.array(["aten.mm", "aten.add", "aten.mm"]).dictionary_encode()})
+    first = book["op"].of(part.column("op"))
+    assert book["op"].of(part.column("op")) is first  # the second consumer's: the same array, not coded again
+    assert first.tolist() == [0, 1, 0] and book["op"].names == ["aten.mm", "aten.add"]
+    later = pa.table({"op": pa.array(["aten.sum", "aten.mm"]).dictionary_encode()})
+    assert book["op"].of(later.column("op")).tolist() == [2, 0]  # aten.sum new: code 2
+    assert book["op"].of(part.column("op")).tolist() == [0, 1, 0]  # the first part again: coded again, same codes
+
+
+def test_codes_of_one_indices_buffer_under_another_dictionary_are_made_anew():
+    """reports.sql.rowpass.Codes keeps the codes of the column it coded last by where its values lie: the same indices
+    under another dictionary are another column (its names looked up again)."""
+    import pyarrow as pa
+
+    from reports.sql.rowpass import Codes
+
+    indices = pa.array([0, 1, 0], pa.int32())
+    codes = Codes()
+    assert codes.of(pa.DictionaryArray.from_arrays(indices, pa.array(["a", "b"]))).tolist() == [0, 1, 0]
+    assert codes.of(pa.DictionaryArray.from_arrays(indices, pa.array(["c", "a"]))).tolist() == [2, 0, 2]  # c new: 2
