@@ -166,12 +166,16 @@ class Ops:
         if group.null_count:
             pg = np.where(nulls_of(group), -1, pg)
         size = col("group_size")
+        kinds = self.codes["flop_kind"]
+        kind = kinds.of(col("flop_kind"))
+        collective = kinds.flags(lambda k: k == "collective")[kind]
         keys = {
-            **{c: self.codes[c].of(col(c)) for c in ("op", "phase", "flop_kind")},
+            **{c: self.codes[c].of(col(c)) for c in ("op", "phase")},
+            "flop_kind": kind,
             "is_view": is_view.astype(np.int64),
             "dtype": self._dtypes(col("input_dtypes"), col("output_dtypes")),
             "flops": flops,
-            "bytes": np.where(is_view, 0, total),
+            "bytes": np.where(is_view | collective, 0, total),  # none for a view or a collective (scan.py's _ops)
             "process_group": pg,
             "group_size_null": nulls_of(size).astype(np.int64),
             "group_size": numpy_of(size, null=0),

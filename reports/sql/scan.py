@@ -8,7 +8,7 @@ Every sum is an integer sum (exact in any order) and every key of a view is a ke
 view holds what views.sql's definition holds, column for column and type for type
 (tests/reports/sql/test_sql_scan.py compares them on every test trace):
 
-    _ops    per run, op, phase, FLOP kind, view flag, dtype, FLOPs, algorithmic bytes (views move none),
+    _ops    per run, op, phase, FLOP kind, view flag, dtype, FLOPs, algorithmic bytes (views and collectives none),
             process group and group size: op_facts, by_dtype, roofline_op, collective_totals and
             roofline_groups (the roofline's split by bound, reports.time.roofline), which needs each row's FLOPs
             and bytes (keys here). Rows of one op with the same shapes share a group: its size follows the
@@ -90,7 +90,7 @@ SELECT run, run_index, op, phase, flop_kind, is_view, dtype, flops, bytes, proce
        max(bytes_written) AS bytes_written_max, max(duration_ns) AS duration_ns_max,
        max(live_bytes) AS live_bytes_max,
        {"bool_or(null_lists)" if null_lists else "false"} AS null_lists{first_step}
-FROM (SELECT *, CASE WHEN is_view THEN 0 ELSE bytes_read + bytes_written END AS bytes{made}
+FROM (SELECT *, CASE WHEN is_view OR flop_kind = 'collective' THEN 0 ELSE bytes_read + bytes_written END AS bytes{made}
       FROM _src) AS r
 GROUP BY run, run_index, op, phase, flop_kind, is_view, dtype, flops, bytes, process_group, group_size{keys}
 """

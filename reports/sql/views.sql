@@ -193,13 +193,15 @@ FROM op_kinds AS g
 JOIN run_totals AS t ON g.run_index = t.run_index
 WHERE g.kind <> ''
 ;
--- The roofline's rows: per op, dtype and phase, FLOPs, algorithmic bytes (views move none) and time
+-- The roofline's rows: per op, dtype and phase, FLOPs, algorithmic bytes (views move none, nor do collectives here:
+-- their time is the network's and the wait for other ranks, under no roof of the device; collective_totals
+-- has their traffic) and time
 -- (busy_ns, else duration_ns), with the row's module and input shapes (the tables by module and by shape);
 -- reports.time.roofline adds the roofs, per op kind (the tables, whose per-phase totals it divides by
 -- phase_steps) and per bound and step (the split).
 CREATE VIEW roofline_rows AS
 SELECT run, run_index, op, dtype, phase, flops,
-       CASE WHEN is_view THEN 0 ELSE bytes_read + bytes_written END AS bytes,
+       CASE WHEN is_view OR flop_kind = 'collective' THEN 0 ELSE bytes_read + bytes_written END AS bytes,
        coalesce(busy_ns, duration_ns) AS time_ns,
        CAST(coalesce(busy_ns, duration_ns) AS DOUBLE) / 1e9 AS time_s, seq, module, input_shapes
 FROM row_dtype

@@ -9,7 +9,10 @@ steps give exactly the figures of one.
     bytes_per_step        bytes_read + bytes_written: ALGORITHMIC bytes, the tensors an
                           op reads and writes, each once. Not DRAM traffic: caches,
                           fusion and recomputation inside a kernel change what
-                          really moves. Views (is_view) count 0: they move nothing.
+                          really moves. Views (is_view) count 0: they move nothing;
+                          collectives count 0 too: their time is the network's and the
+                          wait for other ranks, under no roof of the device (their
+                          traffic: reports.collectives), so they are "other".
     arithmetic_intensity  flops / bytes (FLOPs per byte)
     time_s_per_step       the ops' time: busy_ns (GPU time with the idle gap before the
                           op removed, tracer.recording.timing), else duration_ns
@@ -19,7 +22,7 @@ steps give exactly the figures of one.
     bound                 "compute" when intensity >= the ridge point (peak / bandwidth),
                           "memory" below it (every op that moves bytes and does no
                           FLOPs: copies, fills, views that copy), "other" when the op
-                          moves nothing (views, metadata) or a roof is unknown
+                          moves nothing (views, metadata, collectives) or a roof is unknown
     efficiency            achieved / attainable: achieved FLOP/s over peak when
                           compute-bound, achieved bytes/s over bandwidth when
                           memory-bound (the same ratio when flops > 0; defined for
@@ -77,6 +80,7 @@ _COLUMNS = (
     "output_dtypes",
     "is_view",
 )
+_OPTIONAL = ("flop_kind",)  # a collective's bytes count 0 (views.sql roofline_rows); a frame without it has none
 _SUMS = ["ops", "flops", "bytes", "time_ns"]
 ROOFLINE_COLUMNS = {
     "ops_per_step": "float64",
@@ -172,7 +176,7 @@ def roofline(df, by="op", peak_flops=None, bandwidth=None):
     reports.sql.engine.Trace."""
     _check_by(by, peak_flops, bandwidth)
     _runs_known(df, peak_flops, bandwidth, "roofline")
-    with trace_of(df, "roofline", _needs(by)) as trace:
+    with trace_of(df, "roofline", _needs(by), _OPTIONAL) as trace:
         return to_frame(_tables(trace, by, peak_flops, bandwidth, split=False)[0])
 
 
@@ -185,7 +189,7 @@ def roofline_split(df, peak_flops=None, bandwidth=None):
     _check(peak_flops, "peak_flops")
     _check(bandwidth, "bandwidth")
     _runs_known(df, peak_flops, bandwidth, "roofline_split")
-    with trace_of(df, "roofline_split", _COLUMNS) as trace:
+    with trace_of(df, "roofline_split", _COLUMNS, _OPTIONAL) as trace:
         return to_frame(_tables(trace, None, peak_flops, bandwidth, split=True)[1])
 
 
@@ -198,7 +202,7 @@ def roofline_tables(df, by="op", peak_flops=None, bandwidth=None):
     """roofline_with_split's tables as pyarrow Tables (`optrace report` passes its reports.sql.engine.Trace)."""
     _check_by(by, peak_flops, bandwidth)
     _runs_known(df, peak_flops, bandwidth, "roofline")
-    with trace_of(df, "roofline", _needs(by)) as trace:
+    with trace_of(df, "roofline", _needs(by), _OPTIONAL) as trace:
         return _tables(trace, by, peak_flops, bandwidth, split=True)
 
 

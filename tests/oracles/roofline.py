@@ -30,7 +30,10 @@ def _rows(rows, shapes=False):
     time_ns = time_s.astype(np.int64)  # integer ns: per-step sums exact before the one division
     time_s /= 1e9
     nbytes = rows["bytes_read"].to_numpy(np.int64) + rows["bytes_written"].to_numpy(np.int64)
-    nbytes[rows["is_view"].to_numpy(dtype=bool)] = 0
+    moves_none = rows["is_view"].to_numpy(dtype=bool, copy=True)
+    if "flop_kind" in rows:  # a collective moves none under the device's roofs
+        moves_none |= (rows["flop_kind"] == "collective").to_numpy()
+    nbytes[moves_none] = 0
     per_step = 1.0 / row_divisor(rows).to_numpy()
     table = pd.DataFrame(
         {

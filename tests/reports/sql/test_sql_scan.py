@@ -258,8 +258,8 @@ def test_the_kept_ops_grain_sums_exactly_across_parts(collide, monkeypatch):
     assert got["op"] == ["aten.mm", "aten.view", "c10d.all_reduce", "c10d.all_reduce"]
     assert got["dtype"] == ["float32", "float16", "", "bfloat16"]
     assert got["ops"] == [2, 1, 1, 1] and got["first_seq"] == [0, 1, 2, 4]
-    assert got["bytes"] == [10, 0, 2, 2]  # 4 + 6; a view: 0; 1 + 1
-    assert got["flops_sum"] == [20, 0, 7, 7] and got["bytes_sum"] == [20, 0, 2, 2]  # 2 * 10, 2 * 10
+    assert got["bytes"] == [10, 0, 0, 0]  # 4 + 6; a view and a collective: 0 (the roofline's bytes)
+    assert got["flops_sum"] == [20, 0, 7, 7] and got["bytes_sum"] == [20, 0, 0, 0]  # 2 * 10, 2 * 10
     assert got["bound_flops"] == [10, 0, 0, 0] and got["bound_rows"] == [1, 0, 0, 0]  # a null bound: not bound
     assert got["bytes_allocated"] == [10, 0, 0, 0] and got["duration_ns"] == [8, 2, 9, 9]  # 8 + 2, 5 + 3
     assert got["bytes_read"] == [8, 3, 1, 1] and got["bytes_written"] == [12, 3, 1, 1]
