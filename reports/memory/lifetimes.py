@@ -140,23 +140,19 @@ class Storages:
         self.free[self.free_ids] = self.free_rows
 
         seen, first_row, as_output, first_at = lists.seen, lists.first_row, lists.as_output, lists.first_at
-        at_entry = np.zeros(top + 1, dtype=bool)
-        at_entry[entry[:, 0]] = True
+        new, joined = as_output, ~as_output  # first seen as an output (made by its row), as an input
         if len(entry):  # given, not guessed: neither made by a row nor joined at one
+            at_entry = np.zeros(top + 1, dtype=bool)
+            at_entry[entry[:, 0]] = True
             keep = ~at_entry[seen]
-            seen, first_at, first_row, as_output = seen[keep], first_at[keep], first_row[keep], as_output[keep]
+            new, joined = new & keep, joined & keep
         self.comm = lists.comm
 
-        self.new_out, self.new_out_at = seen[as_output], first_at[as_output]
+        self.new_out, self.new_out_at = seen[new], first_at[new]
         self.known = np.full(top + 1, -1, dtype=np.int64)
         self.known[self.space.dense(known_ids)] = known_bytes
-        self._outputs(self.new_out, first_row[as_output], self.new_out_at)
-        known = self.known[self.new_out]
-        self.size[self.new_out] = np.where(known >= 0, known, self.size[self.new_out])
         # bytes each row's new storages take (bytes_allocated in a v1 trace): rows ascending, running sums
-        made_rows = first_row[as_output]
-        by_row = np.argsort(made_rows, kind="stable")
-        self._made = (made_rows[by_row], np.r_[0, np.cumsum(self.size[self.new_out][by_row])])
+        self._made = self._outputs(self.new_out, first_row[new], self.new_out_at)
         for sid, (nbytes, dtype) in params.items():
             self.size[sid], self.dtype[sid], self.alloc[sid] = nbytes, dtype, -1
         self.size[entry[:, 0]], self.alloc[entry[:, 0]] = entry[:, 1], -1
@@ -168,7 +164,7 @@ class Storages:
             seen_before = None
         else:
             seen_before = np.maximum.accumulate(np.concatenate([[max(params, default=-1)], lists.row_max()]))[:-1]
-        self._inputs(seen[~as_output], first_row[~as_output], first_at[~as_output], seen_before)
+        self._inputs(seen[joined], first_row[joined], first_at[joined], seen_before)
         for sid in np.flatnonzero((self.free >= 0) & (self.size < 0)).tolist():
             self.size[sid], self.dtype[sid], self.alloc[sid] = 0, "unknown", -1  # registered at the start, never named
 
@@ -178,17 +174,39 @@ class Storages:
         self.unnamed = int(self.live[0] - nbytes.sum())
 
     def _outputs(self, sids, row, at):
-        """New storages: one in a row takes the row's bytes_allocated; several split it by numel x size."""
+        """New storages (`sids`, made at rows `row`, at flat output positions `at`): a size read from
+        output_storage_bytes, else one in a row takes the row's bytes_allocated and several split it by numel x size.
+        Returns the rows that made storages, ascending, and the running sum of their bytes (Storages._made)."""
         self.alloc[sids], self.made[sids] = row, True
-        single = np.bincount(row, minlength=self.n)[row] == 1
-        self.size[sids[single]] = self.allocated[row[single]]
-        if single.all():
-            return
-        sids, row, at = sids[~single], row[~single], at[~single]
+        # the storages by row (rows come nearly ascending: ids are handed out in order), read once for the rows
+        # with one new storage and for the running sums
+        by_row = None if (row[1:] >= row[:-1]).all() else np.argsort(row, kind="stable")
+        ordered = row if by_row is None else row[by_row]
+        alone = np.ones(len(row), dtype=bool)  # the only new storage of its row
+        same = ordered[1:] == ordered[:-1]
+        alone[1:] &= ~same
+        alone[:-1] &= ~same
+        if by_row is not None:
+            alone[by_row] = alone.copy()
+        size = self.known[sids]  # -1: no output_storage_bytes
+        guess = alone & (size < 0)
+        size[guess] = self.allocated[row[guess]]
+        several = np.flatnonzero(~alone)
+        if len(several):
+            self._split(size, several, row[several], at[several])
+        self.size[sids] = size
+        sizes = size if by_row is None else size[by_row]
+        running = np.zeros(len(sizes) + 1, dtype=np.int64)
+        np.cumsum(sizes, out=running[1:])
+        return ordered, running
+
+    def _split(self, size, where, row, at):
+        """The sizes of new storages that share their row (at positions `where` of `size`, which holds their
+        output_storage_bytes or -1): in the rows where one lacks it, the row's bytes_allocated split by numel x size."""
         # a size read from output_storage_bytes replaces the guess below: guess only rows with a storage lacking one
-        unknown = np.isin(row, row[self.known[sids] < 0])
-        sids, row, at = sids[unknown], row[unknown], at[unknown]
-        if not len(sids):
+        unknown = np.isin(row, row[size[where] < 0])
+        where, row, at = where[unknown], row[unknown], at[unknown]
+        if not len(where):
             return
         several = unique(row)
         shapes = self.rows.cell_lists("output_shapes", several, pa.list_(pa.int64()))
@@ -207,13 +225,13 @@ class Storages:
         index = at - starts[np.searchsorted(several, row)] + local[np.searchsorted(several, row)]
         guess = nbytes[index]
         order = np.lexsort((at, row))
-        sids, row, guess = sids[order], row[order], guess[order]
+        where, row, guess = where[order], row[order], guess[order]
         rest = self.allocated[several] - np.bincount(
             np.searchsorted(several, row), weights=guess, minlength=len(several)
         ).astype(np.int64)
         firsts = np.searchsorted(row, several)  # the first new storage of each row takes what numel x size misses
         guess[firsts] = np.maximum(guess[firsts] + rest, 0)
-        self.size[sids] = guess
+        size[where] = np.where(size[where] >= 0, size[where], guess)
 
     def _inputs(self, sids, row, at, seen_before):
         """Storages first seen as inputs: registered at the start (buffers) or joining live_bytes at their row."""
