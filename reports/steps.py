@@ -144,7 +144,18 @@ def count_steps_of(codes, names, steps):
     if len(steps) == 0:
         return 1
     fb = steps[np.isin(codes, [c for c, name in enumerate(names) if name in _FORWARD_BACKWARD])]
-    return max(1, len(unique(fb) if len(fb) else unique(steps)))
+    return max(1, _count_distinct(fb if len(fb) else steps))
+
+
+def _count_distinct(values):
+    """len(np.unique(values)) of a non-empty int array: a presence table when the values span little more than their
+    count (step numbers), else a sort."""
+    low, high = int(values.min()), int(values.max())
+    if high - low > 4 * len(values) + 1024:
+        return len(unique(values))
+    seen = np.zeros(high - low + 1, dtype=bool)
+    seen[values - low] = True
+    return int(np.count_nonzero(seen))
 
 
 def _phase_order(names):

@@ -178,9 +178,11 @@ class Rows:
         return self._read["phases"]
 
     def count_steps(self):
-        """reports.steps.count_steps of the rows."""
-        phase = self.labels("phase")
-        return count_steps_of(phase.codes, phase.words, self["step"])
+        """reports.steps.count_steps of the rows, counted once."""
+        if "count_steps" not in self._read:
+            phase = self.labels("phase")
+            self._read["count_steps"] = count_steps_of(phase.codes, phase.words, self["step"])
+        return self._read["count_steps"]
 
     def cells(self, name, at):
         """The cells of list column `name` at row positions `at`, as Python lists (None for a null)."""
@@ -291,8 +293,14 @@ def per_step(rows, values="flops", mask=None, by=None):
     if isinstance(by, (str, Labels)):
         labels = rows.labels(by) if isinstance(by, str) else by
         key_codes, keys = labels.codes, np.asarray(labels.words, dtype=object)
-    else:
+    elif mask is None:
         distinct, key_codes = np.unique(by, return_inverse=True)
+        keys = np.asarray(distinct.tolist(), dtype=object)
+    else:  # the keys of the rows summed only (-1: a row left out)
+        at = np.flatnonzero(mask)
+        distinct, inverse = np.unique(np.asarray(by)[at], return_inverse=True)
+        key_codes = np.full(len(v), -1, dtype=np.int64)
+        key_codes[at] = inverse.reshape(-1)
         keys = np.asarray(distinct.tolist(), dtype=object)
     found, figures = per_step_of(v, rows.phases(), mask, (key_codes.astype(np.int64).reshape(-1), keys))
     return dict(zip(found.tolist(), figures))

@@ -18,7 +18,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 import reports
-from reports.flops.roles import gradient_sources
+from reports.flops.walks import gradient_sources
 from tests.helpers import unwrapped
 from tracer import Tracer
 from tracer.schema import METADATA_KEY, read_part
