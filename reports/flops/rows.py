@@ -184,6 +184,12 @@ class Rows:
             self._read["count_steps"] = count_steps_of(phase.codes, phase.words, self["step"])
         return self._read["count_steps"]
 
+    def once(self, key, make):
+        """make()'s result, made on the first call with `key` for these rows (a figure several sections read)."""
+        if ("once", key) not in self._read:
+            self._read[("once", key)] = make()
+        return self._read[("once", key)]
+
     def cells(self, name, at):
         """The cells of list column `name` at row positions `at`, as Python lists (None for a null)."""
         return self.table.column(name).take(arrow_of(np.asarray(at, dtype=np.int64))).to_pylist()
