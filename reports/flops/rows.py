@@ -269,14 +269,20 @@ def require(columns, needed, what):
 
 class Frame(NamedTuple):
     """What the FLOP sections read: `table`, a pyarrow.Table of rows with a `run` column (the columns of COLUMNS
-    it has), and `runs`, {run name: metadata} in load order."""
+    it has), and `runs`, {run name: metadata} in load order; `shared`, a dict where the sections that read one
+    Frame share its split (each run's Rows, their columns read once: reports.output.source.Source's), else None."""
 
     table: pa.Table
     runs: dict
+    shared: dict = None
 
     def split(self):
         """[(run name, Rows of its rows)] in load order."""
-        return runs(self.table, list(self.runs))
+        if self.shared is None:
+            return runs(self.table, list(self.runs))
+        if "split" not in self.shared:
+            self.shared["split"] = runs(self.table, list(self.runs))
+        return self.shared["split"]
 
     @property
     def column_names(self):
