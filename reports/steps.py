@@ -216,19 +216,13 @@ def per_step_of(values, phases, mask=None, by=None):
         return sum((totals[c] / steps[c] for c in _phase_order(names)), 0.0)
     key_codes, keys = by
     keep &= key_codes >= 0
-    used = unique(key_codes[keep])
-    first = {k: i for i, k in enumerate(_first_seen(key_codes[keep]))}  # keys in order of first appearance
-    totals = _totals(key_codes[keep] * max(n, 1) + codes[keep], len(keys) * max(n, 1), v[keep]).reshape(
-        len(keys), max(n, 1)
-    )
+    summed = key_codes[keep]
+    first = np.full(len(keys), len(summed), dtype=np.int64)  # each key's first row among those summed
+    np.minimum.at(first, summed, np.arange(len(summed)))
+    used = np.flatnonzero(first < len(summed))
+    totals = _totals(summed * max(n, 1) + codes[keep], len(keys) * max(n, 1), v[keep]).reshape(len(keys), max(n, 1))
     figures = np.zeros(len(keys))
     for c in _phase_order(names):
         figures = figures + totals[:, c] / steps[c]
-    order = sorted(used, key=first.get)
+    order = used[np.argsort(first[used], kind="stable")]  # keys in order of first appearance
     return keys[order], figures[order]
-
-
-def _first_seen(codes):
-    """The distinct values of an integer array in order of first appearance."""
-    values, at = np.unique(codes, return_index=True)
-    return values[np.argsort(at, kind="stable")]
