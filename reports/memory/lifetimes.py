@@ -133,11 +133,8 @@ class Storages:
         self.params = params
         self.free_rows, self.free_ids, self.free_offsets = lists.free_rows, lists.free_ids, lists.free_offsets
         self.size = np.full(top + 1, -1, dtype=np.int64)
-        self.dtype = np.full(top + 1, None, dtype=object)
         self.alloc = np.full(top + 1, -2, dtype=np.int64)  # row that allocated it; -1: before the trace; -2: unseen
         self.made = np.zeros(top + 1, dtype=bool)  # allocated by an op of the trace (not an input from before)
-        self.free = np.full(top + 1, -1, dtype=np.int64)  # row whose freed list has it; -1: never freed
-        self.free[self.free_ids] = self.free_rows
 
         seen, first_row, as_output, first_at = lists.seen, lists.first_row, lists.as_output, lists.first_at
         new, joined = as_output, ~as_output  # first seen as an output (made by its row), as an input
@@ -157,6 +154,10 @@ class Storages:
         # bytes each row's new storages take (bytes_allocated in a v1 trace): rows ascending, running sums
         made = self._outputs(sids, first_row[new], sizes, lambda: first_at[new])
         del sids, sizes
+        # made after the new storages' sizes, whose reading is the model's largest moment
+        self.dtype = np.full(top + 1, None, dtype=object)
+        self.free = np.full(top + 1, -1, dtype=np.int64)  # row whose freed list has it; -1: never freed
+        self.free[self.free_ids] = self.free_rows
         for sid, (nbytes, dtype) in params.items():
             self.size[sid], self.dtype[sid], self.alloc[sid] = nbytes, dtype, -1
         self.size[entry[:, 0]], self.alloc[entry[:, 0]] = entry[:, 1], -1
