@@ -144,7 +144,18 @@ def count_steps_of(codes, names, steps):
     if len(steps) == 0:
         return 1
     fb = steps[np.isin(codes, [c for c, name in enumerate(names) if name in _FORWARD_BACKWARD])]
-    return max(1, len(unique(fb) if len(fb) else unique(steps)))
+    return max(1, _count_distinct(fb if len(fb) else steps))
+
+
+def _count_distinct(values):
+    """len(np.unique(values)) of a non-empty int array: a presence table when the values span little more than their
+    count (step numbers), else a sort."""
+    low, high = int(values.min()), int(values.max())
+    if high - low > 4 * len(values) + 1024:
+        return len(unique(values))
+    seen = np.zeros(high - low + 1, dtype=bool)
+    seen[values - low] = True
+    return int(np.count_nonzero(seen))
 
 
 def _phase_order(names):
@@ -205,19 +216,13 @@ def per_step_of(values, phases, mask=None, by=None):
         return sum((totals[c] / steps[c] for c in _phase_order(names)), 0.0)
     key_codes, keys = by
     keep &= key_codes >= 0
-    used = unique(key_codes[keep])
-    first = {k: i for i, k in enumerate(_first_seen(key_codes[keep]))}  # keys in order of first appearance
-    totals = _totals(key_codes[keep] * max(n, 1) + codes[keep], len(keys) * max(n, 1), v[keep]).reshape(
-        len(keys), max(n, 1)
-    )
+    summed = key_codes[keep]
+    first = np.full(len(keys), len(summed), dtype=np.int64)  # each key's first row among those summed
+    np.minimum.at(first, summed, np.arange(len(summed)))
+    used = np.flatnonzero(first < len(summed))
+    totals = _totals(summed * max(n, 1) + codes[keep], len(keys) * max(n, 1), v[keep]).reshape(len(keys), max(n, 1))
     figures = np.zeros(len(keys))
     for c in _phase_order(names):
         figures = figures + totals[:, c] / steps[c]
-    order = sorted(used, key=first.get)
+    order = used[np.argsort(first[used], kind="stable")]  # keys in order of first appearance
     return keys[order], figures[order]
-
-
-def _first_seen(codes):
-    """The distinct values of an integer array in order of first appearance."""
-    values, at = np.unique(codes, return_index=True)
-    return values[np.argsort(at, kind="stable")]

@@ -125,11 +125,15 @@ def _operand_codes(rows, at):
     return numpy_of(encoded.indices, null=len(words) - 1).astype(np.int64), words, ok
 
 
-def _operand_dtypes(rows, at):
-    """(the dtype names of the first multiplied operand of the rows at positions `at`, addmm's bias skipped;
-    a boolean array: which of those rows have one)."""
-    codes, words, ok = _operand_codes(rows, at)
-    return np.asarray(words, dtype=object)[codes].tolist(), ok
+def _kind_rows(rows):
+    """(the rows of a DTYPE_KINDS kind with FLOPs, _operand_codes of them), made once for `rows` (matmul_dtype and
+    the weighted peak both read them)."""
+
+    def make():
+        at = np.flatnonzero(rows.labels("flop_kind").isin(DTYPE_KINDS) & (rows["flops"] > 0))
+        return at, _operand_codes(rows, at)
+
+    return rows.once("dtype_kind_rows", make)
 
 
 def matmul_dtype(rows):
@@ -139,10 +143,21 @@ def matmul_dtype(rows):
     tracer.rules's, which the run-time meter applies too. `rows`: reports.flops.rows.Rows."""
     flops = rows["flops"]
     at = np.flatnonzero(dtype_rows(rows.labels("flop_kind").isin(DTYPE_KINDS), flops))
-    names, ok = _operand_dtypes(rows, at)
+    kind_at, found = _kind_rows(rows)
+    codes, words, ok = found if np.array_equal(at, kind_at) else _operand_codes(rows, at)
     if not ok.any():
         return None
-    return carrying_dtype(names, flops[at][ok])
+    flops = flops[at][ok]
+    if np.issubdtype(flops.dtype, np.integer) and float(np.abs(flops).sum(dtype=np.float64)) < 2**52:
+        # the sums per name are exact in any order: carrying_dtype of one row per name (its total), in first-seen order
+        totals = np.bincount(codes, weights=flops.astype(np.float64), minlength=len(words))
+        named = {}  # name -> [its first row, its total]
+        for code in np.flatnonzero(np.bincount(codes, minlength=len(words))).tolist():
+            first, found = int(np.argmax(codes == code)), named.setdefault(words[code], [len(codes), 0.0])
+            found[0], found[1] = min(found[0], first), found[1] + totals[code]
+        names = sorted(named, key=lambda name: named[name][0])
+        return carrying_dtype(names, [named[name][1] for name in names])
+    return carrying_dtype(np.asarray(words, dtype=object)[codes].tolist(), flops)
 
 
 def _model_flops_by_dtype(rows, model_values, run_dtype):
@@ -150,8 +165,7 @@ def _model_flops_by_dtype(rows, model_values, run_dtype):
     ran in (its first multiplied operand's, every fp8 "float8"; a float32 one "tfloat32" when `run_dtype` is), every
     other row under `run_dtype`, the dtype whose peak the `mfu` column uses. `model_values`: each row's model FLOPs (0 where none)."""
     flops = rows["flops"]
-    at = np.flatnonzero(rows.labels("flop_kind").isin(DTYPE_KINDS) & (flops > 0))
-    codes, words, ok = _operand_codes(rows, at)
+    at, (codes, words, ok) = _kind_rows(rows)
     run_key = normalize_dtype(run_dtype) if run_dtype is not None else ""
     ran = [normalize_dtype(name) for name in words]
     if run_key == "tfloat32":  # dtype="tfloat32": the fp32 matmuls ran on TF32 tensor cores

@@ -45,7 +45,7 @@ from reports._util import ids, packet, unique
 from reports.errors import ReportError
 from reports.flops.evaluation import evaluation_rows
 from reports.flops.rows import as_rows
-from reports.flops.walks import NO_ID, copies_of, gradient_sources, member, take_rows
+from reports.flops.walks import NO_ID, copies_of, gradient_ids, member, ordered_unique, take_rows
 from tracer.rules import ADD_FIRST as _ADD_FIRST  # ops whose first tensor input is added, not multiplied (bias + a @ b)
 from tracer.rules import PACKED_WEIGHT
 
@@ -149,7 +149,7 @@ class Roles:
         stacked = {s for s, shape in self.shape.items() if len(shape) >= 3}  # stacked experts [E, K, N]
         alias = self.alias = copies_of(rows, packets, set(self.names), ins, outs, stacked)  # storage -> its parameter
         external = copies_of(rows, packets, self.external, ins, outs)
-        to_grad = gradient_sources(rows, packets, {int(s) for s in roles.get("gradient", [])}, ins, outs)
+        to_grad = gradient_ids(rows, packets, np.asarray(roles.get("gradient", []), dtype=np.int64), ins, outs)
 
         kind, phase = rows.labels("flop_kind"), rows.labels("phase")
         mm = kind.eq("matmul")
@@ -173,7 +173,7 @@ class Roles:
         out_offsets, out_ids = take_rows(outs, at)
         writes_grad = np.zeros(len(at), dtype=bool)
         out_rows = np.repeat(np.arange(len(at)), np.diff(out_offsets))
-        writes_grad[out_rows[np.isin(out_ids, np.fromiter(to_grad, dtype=np.int64, count=len(to_grad)))]] = True
+        writes_grad[out_rows[member(out_ids, to_grad)]] = True
         grad = no_hit & ~ext & writes_grad
         forward, backward = phase.eq("forward"), phase.eq("backward")
         # a trained module outside model= (a GAN's discriminator, a head): its dW = xᵀ @ dL/dy also becomes a
@@ -232,7 +232,7 @@ class Roles:
             return out
         step = rows["step"]
         bwd = np.flatnonzero(attention & phase.eq("backward"))
-        read = unique(_step_keys(step, ins, bwd)[1])  # sorted (step, storage)
+        read = ordered_unique(_step_keys(step, ins, bwd)[1])  # sorted (step, storage)
         f_off, keys = _step_keys(step, ins, fwd)
         hit = member(keys, read)
         read_by = np.zeros(len(fwd), dtype=bool)
@@ -266,7 +266,7 @@ class Roles:
         # again, and the dL/dx of a layer its early stop did not re-run reads that new cast
         source = _lookup(self.alias, read & 0xFFFFFFFF)
         copied = source != NO_ID
-        read = unique(np.concatenate([read, (read[copied] >> 32) << 32 | (source[copied] & 0xFFFFFFFF)]))
+        read = ordered_unique(np.concatenate([read, (read[copied] >> 32) << 32 | (source[copied] & 0xFFFFFFFF)]))
         param = self.param
         frozen = [s for s, trained in self.trainable.items() if not trained]
         by_weight = np.isin(param[at], np.array(frozen, dtype=np.int64))  # a frozen weight: its dL/dx reads it

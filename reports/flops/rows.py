@@ -178,9 +178,17 @@ class Rows:
         return self._read["phases"]
 
     def count_steps(self):
-        """reports.steps.count_steps of the rows."""
-        phase = self.labels("phase")
-        return count_steps_of(phase.codes, phase.words, self["step"])
+        """reports.steps.count_steps of the rows, counted once."""
+        if "count_steps" not in self._read:
+            phase = self.labels("phase")
+            self._read["count_steps"] = count_steps_of(phase.codes, phase.words, self["step"])
+        return self._read["count_steps"]
+
+    def once(self, key, make):
+        """make()'s result, made on the first call with `key` for these rows (a figure several sections read)."""
+        if ("once", key) not in self._read:
+            self._read[("once", key)] = make()
+        return self._read[("once", key)]
 
     def cells(self, name, at):
         """The cells of list column `name` at row positions `at`, as Python lists (None for a null)."""
@@ -261,14 +269,20 @@ def require(columns, needed, what):
 
 class Frame(NamedTuple):
     """What the FLOP sections read: `table`, a pyarrow.Table of rows with a `run` column (the columns of COLUMNS
-    it has), and `runs`, {run name: metadata} in load order."""
+    it has), and `runs`, {run name: metadata} in load order; `shared`, a dict where the sections that read one
+    Frame share its split (each run's Rows, their columns read once: reports.output.source.Source's), else None."""
 
     table: pa.Table
     runs: dict
+    shared: dict = None
 
     def split(self):
         """[(run name, Rows of its rows)] in load order."""
-        return runs(self.table, list(self.runs))
+        if self.shared is None:
+            return runs(self.table, list(self.runs))
+        if "split" not in self.shared:
+            self.shared["split"] = runs(self.table, list(self.runs))
+        return self.shared["split"]
 
     @property
     def column_names(self):
@@ -291,8 +305,14 @@ def per_step(rows, values="flops", mask=None, by=None):
     if isinstance(by, (str, Labels)):
         labels = rows.labels(by) if isinstance(by, str) else by
         key_codes, keys = labels.codes, np.asarray(labels.words, dtype=object)
-    else:
+    elif mask is None:
         distinct, key_codes = np.unique(by, return_inverse=True)
+        keys = np.asarray(distinct.tolist(), dtype=object)
+    else:  # the keys of the rows summed only (-1: a row left out)
+        at = np.flatnonzero(mask)
+        distinct, inverse = np.unique(np.asarray(by)[at], return_inverse=True)
+        key_codes = np.full(len(v), -1, dtype=np.int64)
+        key_codes[at] = inverse.reshape(-1)
         keys = np.asarray(distinct.tolist(), dtype=object)
     found, figures = per_step_of(v, rows.phases(), mask, (key_codes.astype(np.int64).reshape(-1), keys))
     return dict(zip(found.tolist(), figures))

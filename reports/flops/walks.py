@@ -9,7 +9,18 @@ import numpy as np
 from reports._util import ONE_TO_ONE_COPIES, unique
 from reports.flops.rows import Labels, as_rows
 
-__all__ = ["DERIVED", "GRADIENT_PLACES", "NO_ID", "SCALED", "copies_of", "gradient_sources", "member", "take_rows"]
+__all__ = [
+    "DERIVED",
+    "GRADIENT_PLACES",
+    "NO_ID",
+    "SCALED",
+    "copies_of",
+    "gradient_ids",
+    "gradient_sources",
+    "member",
+    "ordered_unique",
+    "take_rows",
+]
 
 _ADDS = frozenset({"aten.add", "aten.add_"})
 NO_ID = np.iinfo(np.int64).min  # no storage: a matmul row with fewer than two inputs
@@ -33,6 +44,13 @@ def member(keys, table):
         return np.zeros(keys.shape, dtype=bool)
     at = np.minimum(np.searchsorted(table, keys), len(table) - 1)
     return table[at] == keys
+
+
+def ordered_unique(keys):
+    """The distinct values of int `keys` that come nearly in order (keyed by their row's step, rows in order), sorted:
+    a stable sort (a merge of the runs it finds) of such keys takes about a tenth of np.sort's time."""
+    keys = np.sort(keys, kind="stable")
+    return keys[np.concatenate(([True], keys[1:] != keys[:-1]))] if len(keys) else keys
 
 
 def take_rows(lists, at):
@@ -81,19 +99,24 @@ def copies_of(rows, packets, sources, ins=None, outs=None, stacked=()):
         first[has] = in_ids[in_off[:-1][has]]
         copy |= packets.isin(_GATHERS) & np.isin(first, np.fromiter(stacked, dtype=np.int64))
     derived = packets.isin(DERIVED)
+    copied = np.flatnonzero(copy | derived)
+    # the sources and what these rows made, sorted (np.isin would hash tens of thousands of ids for each call): a row
+    # adds a copy only where it reads one of them
+    made = ordered_unique(
+        np.concatenate([np.fromiter(alias, dtype=np.int64, count=len(alias)), take_rows(outs, copied)[1]])
+    )
     scaled = np.flatnonzero(packets.isin(SCALED))
     if len(scaled) and len(in_ids):  # only those scaling a source or what a copy made (shapes are read row by row)
-        near = np.concatenate(
-            [np.fromiter(alias, dtype=np.int64, count=len(alias)), take_rows(outs, np.flatnonzero(copy | derived))[1]]
-        )
         count = in_off[scaled + 1] - in_off[scaled]
         first = np.where(count > 0, in_ids[np.minimum(in_off[scaled], len(in_ids) - 1)], NO_ID)
         second = np.where(count > 1, in_ids[np.minimum(in_off[scaled] + 1, len(in_ids) - 1)], NO_ID)
-        near = unique(near)  # np.isin would hash tens of thousands of ids for each call
-        scaled = scaled[member(first, near) | member(second, near)]
+        scaled = scaled[member(first, made) | member(second, made)]
     scales, scaled_second = _scalar_sides(rows, scaled, in_off) if len(scaled) else ((), ())
-    at = np.flatnonzero(copy | derived)
-    at = np.concatenate([at, scaled[np.asarray(scales, dtype=bool)]]) if len(scaled) else at
+    at = copied
+    if len(scaled):
+        by_scale = scaled[np.asarray(scales, dtype=bool)]
+        at = np.concatenate([at, by_scale])
+        made = ordered_unique(np.concatenate([made, take_rows(outs, by_scale)[1]])) if len(by_scale) else made
     order = np.argsort(at, kind="stable")  # in row order: a copy of a scaled weight follows it
     at = at[order]
     count = in_off[at + 1] - in_off[at]
@@ -104,6 +127,8 @@ def copies_of(rows, packets, sources, ins=None, outs=None, stacked=()):
     src = np.full(len(at), NO_ID, dtype=np.int64)
     has = count > 0
     src[has] = in_ids[in_off[at[has]] + second[has]]
+    near = member(src, made)  # the walk below skips the other rows
+    at, src, first_only = at[near], src[near], first_only[near]
     for row, sid, one in zip(at.tolist(), src.tolist(), first_only.tolist()):
         if sid in alias:
             for o in _items(outs, row)[:1] if one else _items(outs, row):
@@ -130,12 +155,18 @@ def gradient_sources(rows, packets, gradients, ins=None, outs=None):
     add only sums contributions (the dW of every use of a weight, an accumulated micro-batch)
     and a placing op (GRADIENT_PLACES) puts the gradient of a slice of a weight into the
     weight's gradient: they pass states through unchanged. `rows`: Rows (or a DataFrame), `packets`: their ops'
-    packets (Labels, or a sequence of names)."""
+    packets (Labels, or a sequence of names); `gradients`: the gradient storages (a collection of ids)."""
+    return set(gradient_ids(rows, packets, gradients, ins, outs).tolist())
+
+
+def gradient_ids(rows, packets, gradients, ins=None, outs=None):
+    """gradient_sources as a sorted int64 array of storage ids."""
     rows = as_rows(rows)
     packets = packets if isinstance(packets, Labels) else Labels.of(list(packets))
-    reach = dict.fromkeys(gradients, frozenset({0}))  # storage -> {casts used on the way to a gradient}
-    if not reach:
-        return set()
+    kept = isinstance(gradients, np.ndarray)
+    gradients = ordered_unique(np.asarray(gradients, dtype=np.int64) if kept else np.fromiter(gradients, np.int64))
+    if not len(gradients):
+        return gradients
     ins, outs = _flat_ids(rows, ins, outs)
     moved = packets.isin(_GRADIENT_MOVES) | packets.isin(GRADIENT_PLACES)
     if "flop_kind" in rows:
@@ -144,8 +175,20 @@ def gradient_sources(rows, packets, gradients, ins=None, outs=None):
     hop = rows.labels("phase").isin(("backward", "other")) & (one_to_one | packets.isin(_ADDS) | moved)
     at = np.flatnonzero(hop)
     casts = one_to_one[at] & ~moved[at]
-    (in_off, in_ids), (out_off, out_ids) = (take_rows(lists, at) for lists in (ins, outs))  # as Python lists once
+    (in_off, in_ids), (out_off, out_ids) = (take_rows(lists, at) for lists in (ins, outs))
+    # A row passes states on only where an output of it is a gradient or an input of a row that passes them on: the
+    # other rows are left out before the walk (in rounds, each leaving out rows that fed only rows left out)
+    writes = _rows_hit(member(out_ids, gradients), out_off)  # rows that write a gradient: always walked
+    for _ in range(_ROUNDS):
+        keep = writes | _rows_hit(member(out_ids, ordered_unique(in_ids)), out_off)
+        if keep.all():
+            break
+        at, casts, writes = at[keep], casts[keep], writes[keep]
+        (in_off, in_ids), (out_off, out_ids) = (take_rows(lists, at) for lists in (ins, outs))
+    # storage -> {casts used on the way to a gradient}: the gradients the walk's rows write, and what it reaches
+    reach = dict.fromkeys(gradients[member(gradients, ordered_unique(out_ids))].tolist(), _NONE)
     in_off, in_ids, out_off, out_ids = in_off.tolist(), in_ids.tolist(), out_off.tolist(), out_ids.tolist()
+    casts = casts.tolist()
     for k in range(len(at) - 1, -1, -1):  # the last op first: cast -> add -> gradient is followed back
         start, end = out_off[k], out_off[k + 1]
         if end - start == 1:  # one output (most rows): its states, if any
@@ -160,4 +203,17 @@ def gradient_sources(rows, packets, gradients, ins=None, outs=None):
         after = frozenset(c + 1 for c in states if c == 0) if casts[k] else states  # a cast: at most one on the way
         for sid in in_ids[in_off[k] : in_off[k + 1]] if after else ():
             reach[sid] = reach.get(sid, frozenset()) | after
-    return set(reach)
+    found = np.fromiter(reach, dtype=np.int64, count=len(reach))
+    found = found[~member(found, gradients)]
+    return unique(np.concatenate([gradients, found])) if len(found) else gradients
+
+
+def _rows_hit(hit, offsets):
+    """Per row of (offsets, ids): whether `hit` (a bool per id) holds for one of its ids."""
+    rows = np.zeros(len(offsets) - 1, dtype=bool)
+    rows[np.repeat(np.arange(len(offsets) - 1), np.diff(offsets))[hit]] = True
+    return rows
+
+
+_NONE = frozenset({0})  # a gradient itself: no cast on the way
+_ROUNDS = 8  # rounds of gradient_ids' pruning at most (a round: about 1 ms a million-row trace)

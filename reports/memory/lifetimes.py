@@ -133,30 +133,31 @@ class Storages:
         self.params = params
         self.free_rows, self.free_ids, self.free_offsets = lists.free_rows, lists.free_ids, lists.free_offsets
         self.size = np.full(top + 1, -1, dtype=np.int64)
-        self.dtype = np.full(top + 1, None, dtype=object)
         self.alloc = np.full(top + 1, -2, dtype=np.int64)  # row that allocated it; -1: before the trace; -2: unseen
         self.made = np.zeros(top + 1, dtype=bool)  # allocated by an op of the trace (not an input from before)
-        self.free = np.full(top + 1, -1, dtype=np.int64)  # row whose freed list has it; -1: never freed
-        self.free[self.free_ids] = self.free_rows
 
         seen, first_row, as_output, first_at = lists.seen, lists.first_row, lists.as_output, lists.first_at
-        at_entry = np.zeros(top + 1, dtype=bool)
-        at_entry[entry[:, 0]] = True
+        new, joined = as_output, ~as_output  # first seen as an output (made by its row), as an input
         if len(entry):  # given, not guessed: neither made by a row nor joined at one
+            at_entry = np.zeros(top + 1, dtype=bool)
+            at_entry[entry[:, 0]] = True
             keep = ~at_entry[seen]
-            seen, first_at, first_row, as_output = seen[keep], first_at[keep], first_row[keep], as_output[keep]
+            new, joined = new & keep, joined & keep
         self.comm = lists.comm
 
-        self.new_out, self.new_out_at = seen[as_output], first_at[as_output]
-        self.known = np.full(top + 1, -1, dtype=np.int64)
-        self.known[self.space.dense(known_ids)] = known_bytes
-        self._outputs(self.new_out, first_row[as_output], self.new_out_at)
-        known = self.known[self.new_out]
-        self.size[self.new_out] = np.where(known >= 0, known, self.size[self.new_out])
+        self._new = (seen, first_at, new)  # the new storages and their flat output positions: `table` reads them
+        sids, joined_sids = seen[new], seen[joined]
+        known = np.full(top + 1, -1, dtype=np.int64)  # output_storage_bytes at a first appearance with bytes
+        known[self.space.dense(known_ids)] = known_bytes
+        sizes, joined_known = known[sids], known[joined_sids]  # (-1: none) of the new and of the joined storages
+        del known
         # bytes each row's new storages take (bytes_allocated in a v1 trace): rows ascending, running sums
-        made_rows = first_row[as_output]
-        by_row = np.argsort(made_rows, kind="stable")
-        self._made = (made_rows[by_row], np.r_[0, np.cumsum(self.size[self.new_out][by_row])])
+        made = self._outputs(sids, first_row[new], sizes, lambda: first_at[new])
+        del sids, sizes
+        # made after the new storages' sizes, whose reading is the model's largest moment
+        self.dtype = np.full(top + 1, None, dtype=object)
+        self.free = np.full(top + 1, -1, dtype=np.int64)  # row whose freed list has it; -1: never freed
+        self.free[self.free_ids] = self.free_rows
         for sid, (nbytes, dtype) in params.items():
             self.size[sid], self.dtype[sid], self.alloc[sid] = nbytes, dtype, -1
         self.size[entry[:, 0]], self.alloc[entry[:, 0]] = entry[:, 1], -1
@@ -168,7 +169,7 @@ class Storages:
             seen_before = None
         else:
             seen_before = np.maximum.accumulate(np.concatenate([[max(params, default=-1)], lists.row_max()]))[:-1]
-        self._inputs(seen[~as_output], first_row[~as_output], first_at[~as_output], seen_before)
+        self._inputs(joined_sids, first_row[joined], first_at[joined], seen_before, joined_known, made)
         for sid in np.flatnonzero((self.free >= 0) & (self.size < 0)).tolist():
             self.size[sid], self.dtype[sid], self.alloc[sid] = 0, "unknown", -1  # registered at the start, never named
 
@@ -177,18 +178,38 @@ class Storages:
         nbytes = self.live_pieces(0, categories=False)[0]
         self.unnamed = int(self.live[0] - nbytes.sum())
 
-    def _outputs(self, sids, row, at):
-        """New storages: one in a row takes the row's bytes_allocated; several split it by numel x size."""
+    def _outputs(self, sids, row, size, at):
+        """New storages (`sids`, made at rows `row`, at the flat output positions at() gives): the size read from
+        output_storage_bytes (`size`, filled in place where -1), else one in a row takes the row's bytes_allocated and
+        several split it by numel x size. Returns the rows that made storages, ascending, and the running sum of their
+        bytes up to each (reports.memory.rises.joined_sizes' `made`)."""
         self.alloc[sids], self.made[sids] = row, True
-        single = np.bincount(row, minlength=self.n)[row] == 1
-        self.size[sids[single]] = self.allocated[row[single]]
-        if single.all():
-            return
-        sids, row, at = sids[~single], row[~single], at[~single]
+        # the storages by row (rows come nearly ascending: ids are handed out in order), read once for the rows
+        # with one new storage and for the running sums
+        by_row = None if (row[1:] >= row[:-1]).all() else np.argsort(row, kind="stable")
+        ordered = row if by_row is None else row[by_row]
+        alone = np.ones(len(row), dtype=bool)  # the only new storage of its row
+        same = ordered[1:] == ordered[:-1]
+        alone[1:] &= ~same
+        alone[:-1] &= ~same
+        if by_row is not None:
+            alone[by_row] = alone.copy()
+        guess = alone & (size < 0)
+        size[guess] = self.allocated[row[guess]]
+        several = np.flatnonzero(~alone)
+        if len(several):
+            self._split(size, several, row[several], at()[several])
+        self.size[sids] = size
+        running = size if by_row is None else size[by_row]  # (`size` itself is read no more)
+        return ordered, np.cumsum(running, out=running)
+
+    def _split(self, size, where, row, at):
+        """The sizes of new storages that share their row (at positions `where` of `size`, which holds their
+        output_storage_bytes or -1): in the rows where one lacks it, the row's bytes_allocated split by numel x size."""
         # a size read from output_storage_bytes replaces the guess below: guess only rows with a storage lacking one
-        unknown = np.isin(row, row[self.known[sids] < 0])
-        sids, row, at = sids[unknown], row[unknown], at[unknown]
-        if not len(sids):
+        unknown = np.isin(row, row[size[where] < 0])
+        where, row, at = where[unknown], row[unknown], at[unknown]
+        if not len(where):
             return
         several = unique(row)
         shapes = self.rows.cell_lists("output_shapes", several, pa.list_(pa.int64()))
@@ -207,48 +228,49 @@ class Storages:
         index = at - starts[np.searchsorted(several, row)] + local[np.searchsorted(several, row)]
         guess = nbytes[index]
         order = np.lexsort((at, row))
-        sids, row, guess = sids[order], row[order], guess[order]
+        where, row, guess = where[order], row[order], guess[order]
         rest = self.allocated[several] - np.bincount(
             np.searchsorted(several, row), weights=guess, minlength=len(several)
         ).astype(np.int64)
         firsts = np.searchsorted(row, several)  # the first new storage of each row takes what numel x size misses
         guess[firsts] = np.maximum(guess[firsts] + rest, 0)
-        self.size[sids] = guess
+        size[where] = np.where(size[where] >= 0, size[where], guess)
 
-    def _inputs(self, sids, row, at, seen_before):
-        """Storages first seen as inputs: registered at the start (buffers) or joining live_bytes at their row."""
+    def _inputs(self, sids, row, at, seen_before, known, made):
+        """Storages first seen as inputs: registered at the start (buffers) or joining live_bytes at their row. `known`:
+        each one's output_storage_bytes (-1: none); `made`: what _outputs returns."""
         columns = ("input_shapes", "input_strides", "input_dtypes")
         which = unique(row)  # only the rows where a storage is first seen as an input are read
         dtypes = self.rows.cell_objects(columns[2], which)
         # shapes and strides only where no output_storage_bytes gives the size
         params = np.fromiter(self.params, dtype=np.int64, count=len(self.params))
-        measure = unique(row[(self.known[sids] < 0) & ~np.isin(sids, params)])
+        measure = unique(row[(known < 0) & ~np.isin(sids, params)])
         shapes, strides = (self.rows.cell_objects(c, measure) if len(measure) else [] for c in columns[:2])
         estimate = {}
         resized = resize_deltas(self.resizes, self.size, self.n)
         keep = ~np.isin(sids, params)
-        sids, row, at = sids[keep], row[keep], at[keep]
+        sids, row, at, known = sids[keep], row[keep], at[keep], known[keep]
         place = at - self.in_offsets[row]  # in the row's inputs
         # ids grow in registration order: one below every id seen before its row was registered at the start
         early = np.zeros(len(sids), dtype=bool) if seen_before is None else sids < seen_before[row]
-        for sid, k, i, m, known in zip(
+        for sid, k, i, m, nbytes in zip(
             sids.tolist(),
             place.tolist(),
             np.searchsorted(which, row).tolist(),
             np.searchsorted(measure, row).tolist(),
-            self.known[sids].tolist(),
+            known.tolist(),
         ):
             self.dtype[sid] = dtypes[i][k]
-            if known < 0:
+            if nbytes < 0:
                 estimate[sid] = _extent_bytes(shapes[m][k], strides[m][k], self.itemsize.get(dtypes[i][k], 0))
             else:
-                estimate[sid] = known
+                estimate[sid] = nbytes
         start = sids[early]
         self.size[start] = np.fromiter((estimate[s] for s in start.tolist()), dtype=np.int64, count=len(start))
         self.alloc[start] = -1
         frees = (self.free_offsets, self.free_ids)
         joined, size, alloc = joined_sizes(
-            sids[~early], row[~early], estimate, resized, self.size, self.live, self._made, frees
+            sids[~early], row[~early], estimate, resized, self.size, self.live, made, frees
         )
         self.size[joined], self.alloc[joined] = size, alloc
 
@@ -326,9 +348,11 @@ class Storages:
         dtype = np.full(len(sids), "unknown", dtype=object)
         known = sids >= 0
         dtype[known] = self.dtype[sids[known]]
-        if len(self.new_out):  # output dtypes, read only now
+        seen, first_at, new = self._new
+        new_out = seen[new]
+        if len(new_out):  # output dtypes, read only now
             flat = objects_of(rows.cell_lists("output_dtypes", kind=pa.string()).flatten())
-            dtype[np.searchsorted(sids, self.new_out)] = flat[self.new_out_at]
+            dtype[np.searchsorted(sids, new_out)] = flat[first_at[new]]
         has = alloc >= 0
         at = np.where(has, alloc, 0)
         return {

@@ -14,8 +14,8 @@ def joined_sizes(sids, row, estimate, resized, size_now, live, made, frees):
     the rows are taken in order: a storage that joined at an earlier row freed at the size found there.
 
     `resized`: {row: bytes resizes added}; `size_now`: each storage's size so far (-1: unknown); `live`: live_bytes
-    per row; `made`: the rows that made storages, ascending, and the running sum of their bytes; `frees`: (offsets,
-    ids) of each row's freed ids. Returns (`sids` by row then id, their sizes, their alloc rows: -1 where a storage
+    per row; `made`: the rows that made storages, ascending, and the running sum of their bytes up to each; `frees`:
+    (offsets, ids) of each row's freed ids. Returns (`sids` by row then id, their sizes, their alloc rows: -1 where a storage
     was registered at the start)."""
     if not len(sids):
         return sids, [], []
@@ -66,9 +66,13 @@ def joined_sizes(sids, row, estimate, resized, size_now, live, made, frees):
 
 def _made_at(made, rows):
     """Bytes the new storages of each of `rows` take (`made`: the rows where storages were made, ascending, and
-    the running sum of their bytes)."""
+    the running sum of their bytes up to each)."""
     made_rows, running = made
-    return running[np.searchsorted(made_rows, rows, side="right")] - running[np.searchsorted(made_rows, rows)]
+
+    def before(k):  # the bytes of the first k storages
+        return np.where(k > 0, running[np.maximum(k - 1, 0)], 0) if len(running) else np.zeros(len(k), np.int64)
+
+    return before(np.searchsorted(made_rows, rows, side="right")) - before(np.searchsorted(made_rows, rows))
 
 
 def _starts(values):

@@ -159,11 +159,17 @@ SCHEMA = pa.schema(
 def by_category(trace):
     """reports.by_category(df) (bytes live per category at each run's peak) of every run of the trace, as a
     pyarrow.Table (SCHEMA: its columns and their order)."""
-    tables = []
-    for i, (name, meta) in enumerate(trace.runs.items()):
-        rows = memory_rows(trace, i)
-        if len(rows):
-            found = categories_at(Storages(name, meta, rows), "peak")
-            columns = [strings(found[c]) if c in ("run", "category") else arrow_of(found[c]) for c in SCHEMA.names]
-            tables.append(pa.Table.from_arrays(columns, schema=SCHEMA))
+    tables = [_at_peak(trace, i, name, meta) for i, (name, meta) in enumerate(trace.runs.items())]
+    tables = [t for t in tables if t is not None]
     return pa.concat_tables(tables) if tables else empty_table(SCHEMA)
+
+
+def _at_peak(trace, run_index, name, meta):
+    """by_category's rows of one run (None: the run has no rows); its rows and model let go on return, before the
+    next run's are read (compare holds two or more runs)."""
+    rows = memory_rows(trace, run_index)
+    if not len(rows):
+        return None
+    found = categories_at(Storages(name, meta, rows), "peak")
+    columns = [strings(found[c]) if c in ("run", "category") else arrow_of(found[c]) for c in SCHEMA.names]
+    return pa.Table.from_arrays(columns, schema=SCHEMA)

@@ -40,7 +40,7 @@ class Source:
             from reports.flops.rows import Frame
             from reports.sql.flops import table
 
-            self._flop_rows = Frame(table(self.sql), self.sql.runs)
+            self._flop_rows = Frame(table(self.sql), self.sql.runs, {})  # one split: accounts' and mfu's Rows
         return self._flop_rows
 
     def accounts(self):

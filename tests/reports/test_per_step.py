@@ -21,7 +21,7 @@ from torch import nn
 
 import reports
 from reports.output.cli import main
-from reports.steps import count_steps, per_step, phase_steps
+from reports.steps import count_steps, per_step, per_step_of, phase_steps, steps_of
 from tracer import Tracer
 
 B, S, FEAT, E, H, V = 2, 8, 4, 8, 2, 16  # batch, sequence, input features, width, heads, vocabulary
@@ -241,3 +241,16 @@ def test_per_step_sums_before_it_divides():
     # "other" runs in the step it follows (a loop's next batch after the optimizer): it is averaged over at
     # least the run's 3 training steps (tests/reports/test_compare.py)
     assert phase_steps(cut) == {"forward": 3, "backward": 2, "other": 3}
+
+
+def test_per_step_of_by_keys_in_order_of_first_appearance_among_the_rows_summed():
+    names = np.array(["forward", "backward"], dtype=object)
+    phases = steps_of(np.array([0, 0, 1, 1, 0, 1]), names, np.array([0, 0, 0, 1, 1, 1]))  # each phase in 2 steps
+    values = np.array([10, 20, 30, 40, 50, 60])
+    by = (np.array([2, 0, 2, 1, -1, 0]), np.array(["a", "b", "c"], dtype=object))  # row 4: no key
+    mask = np.array([False, True, True, True, True, True])
+    keys, figures = per_step_of(values, phases, mask, by)
+    # row 0 left out: a first (row 1), then c (row 2), b (row 3); a = 20/2 + 60/2, c = 30/2, b = 40/2
+    assert keys.tolist() == ["a", "c", "b"] and figures.tolist() == [40.0, 15.0, 20.0]
+    keys, figures = per_step_of(values, phases, None, by)
+    assert keys.tolist() == ["c", "a", "b"] and figures.tolist() == [20.0, 40.0, 20.0]  # c = 10/2 + 30/2

@@ -5,13 +5,15 @@ import subprocess
 import sys
 
 import pandas as pd
+import pyarrow as pa
 import pytest
 import torch
 from torch import nn
 
 from reports.errors import ReportError
-from reports.flops.mfu import mfu
+from reports.flops.mfu import matmul_dtype, mfu
 from reports.flops.peaks import PEAKS, cpu_ideal_flops, match_device, peak_flops
+from reports.flops.rows import Rows
 from reports.loading.load import load
 from tests import helpers
 
@@ -304,3 +306,38 @@ def test_reports_import_without_torch():
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=str(helpers.ROOT)
     )
     assert out.stdout.strip() == "False"
+
+
+def _dtype_rows(rows):
+    """Rows of matmuls given as (op, FLOPs, input dtypes)."""
+    ops, flops, dtypes = zip(*rows)
+    return Rows(
+        pa.table(
+            {
+                "op": list(ops),
+                "flop_kind": ["matmul"] * len(ops),
+                "flops": pa.array(flops, pa.int64()),
+                "input_dtypes": list(dtypes),
+            }
+        )
+    )
+
+
+@pytest.mark.parametrize(
+    "rows, expected",
+    [
+        # a tie (100 = 60 + 40 FLOPs each): the dtype seen first carries them
+        ([("aten.mm.default", 100, ["bfloat16", "bfloat16"]), ("aten.mm.default", 60, ["float32", "float32"]),
+          ("aten.mm.default", 40, ["float32", "float32"])], "bfloat16"),
+        ([("aten.mm.default", 60, ["float32", "float32"]), ("aten.mm.default", 100, ["bfloat16", "bfloat16"]),
+          ("aten.mm.default", 40, ["float32", "float32"])], "float32"),
+        # addmm's first input (the bias) is added, not multiplied: 30 FLOPs of bfloat16 against 20 of float32
+        ([("aten.addmm.default", 30, ["float32", "bfloat16", "bfloat16"]), ("aten.mm.default", 20, ["float32", "float32"])],
+         "bfloat16"),
+        # sums past 2**52 (float64 sums row by row): 3 x 2**61 of float32 against 2**62 of bfloat16
+        ([("aten.mm.default", 2**62, ["bfloat16", "bfloat16"])] + [("aten.mm.default", 2**61, ["float32", "float32"])] * 3,
+         "float32"),
+    ],
+)  # fmt: skip
+def test_matmul_dtype_is_the_dtype_carrying_most_flops(rows, expected):
+    assert matmul_dtype(_dtype_rows(rows)) == expected

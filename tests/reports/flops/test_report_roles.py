@@ -9,6 +9,7 @@ import glob
 import json
 import os
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -18,7 +19,10 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 import reports
-from reports.flops.roles import gradient_sources
+from reports._util import ONE_TO_ONE_COPIES
+from reports.flops import walks
+from reports.flops.rows import as_rows
+from reports.flops.walks import gradient_sources
 from tests.helpers import unwrapped
 from tracer import Tracer
 from tracer.schema import METADATA_KEY, read_part
@@ -116,6 +120,82 @@ def test_gradient_sources_follow_adds_and_one_cast_at_most(ops, weight_gradient)
     rows = _hops(ops)
     packets = rows["op"].map(lambda op: ".".join(op.split(".")[:2]))
     assert (0 in gradient_sources(rows, packets, {len(ops)})) is weight_gradient
+
+
+def test_gradient_sources_follow_a_chain_longer_than_the_pruning_rounds():
+    # 3 * walks._ROUNDS adds (an unrolled RNN's dW summed step by step): the rounds that leave rows out stop before
+    # the chain's start, and the walk still reaches storage 0
+    ops = ["aten.add.Tensor"] * (3 * walks._ROUNDS)
+    rows = _hops(ops)
+    packets = rows["op"].map(lambda op: ".".join(op.split(".")[:2]))
+    assert gradient_sources(rows, packets, {len(ops)}) == set(range(len(ops) + 1))  # 0 .. 24: every storage
+
+
+def _reference_walk(ops, phases, ins, outs, gradients):
+    """gradient_sources as a walk of every row, the last first (what reports.flops.walks.gradient_ids returns)."""
+    moves = walks._GRADIENT_MOVES | walks.GRADIENT_PLACES
+    reach = dict.fromkeys(gradients, frozenset({0}))
+    for op, phase, i, o in reversed(list(zip(ops, phases, ins, outs))):
+        name = ".".join(op.split(".")[:2])
+        copy = name in ONE_TO_ONE_COPIES
+        if phase not in ("backward", "other") or not (copy or name in walks._ADDS or name in moves):
+            continue
+        hits = [reach[s] for s in o if s in reach]
+        if not hits:
+            continue
+        states = frozenset().union(*hits)
+        after = frozenset(c + 1 for c in states if c == 0) if copy and name not in moves else states
+        for sid in i if after else ():
+            reach[sid] = reach.get(sid, frozenset()) | after
+    return set(reach)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_gradient_sources_equal_a_walk_of_every_row(seed):
+    rng = np.random.default_rng(seed)
+    names = ["aten.add.Tensor", "aten.add_.Tensor", "aten._to_copy.default", "aten.clone.default", "aten.mul.Tensor",
+             "aten.slice_backward.default", "aten.cat.default", "aten.mm.default"]  # fmt: skip
+    n = 300
+    ops = rng.choice(names, n).tolist()
+    phases = rng.choice(["forward", "backward", "other"], n, p=[0.2, 0.6, 0.2]).tolist()
+    ins = [rng.integers(0, 80, rng.integers(1, 4)).tolist() for _ in range(n)]
+    outs = [rng.integers(0, 80, rng.integers(1, 3)).tolist() for _ in range(n)]
+    gradients = set(rng.integers(0, 80, 6).tolist())
+    rows = pd.DataFrame({"op": ops, "phase": phases, "input_storage_ids": ins, "output_storage_ids": outs})
+    packets = rows["op"].map(lambda op: ".".join(op.split(".")[:2]))
+    found = gradient_sources(rows, packets, gradients)
+    assert found == _reference_walk(ops, phases, ins, outs, gradients)
+    assert found > gradients  # the walk reached storages beyond the gradients themselves
+
+
+def _reference_copies(ops, ins, outs, sources):
+    """copies_of (without gathers or scaled weights) as a walk of every row in order."""
+    alias = {s: s for s in sources}
+    for op, i, o in zip(ops, ins, outs):
+        name = ".".join(op.split(".")[:2])
+        if name not in ONE_TO_ONE_COPIES and name not in walks.DERIVED or not i:
+            continue
+        src = i[1] if name == "aten.copy_" and len(i) > 1 else i[0]
+        if src in alias:
+            for out in o[:1] if name in walks.DERIVED else o:
+                alias.setdefault(out, alias[src])
+    return alias
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_copies_of_equal_a_walk_of_every_row(seed):
+    rng = np.random.default_rng(seed)
+    names = ["aten._to_copy.default", "aten.copy_.default", "aten.clone.default", "aten._weight_norm_interface.default",
+             "aten.add.Tensor", "aten.mm.default"]  # fmt: skip
+    n = 300
+    ops = rng.choice(names, n).tolist()
+    ins = [rng.integers(0, 90, rng.integers(1, 3)).tolist() for _ in range(n)]
+    outs = [rng.integers(0, 90, rng.integers(1, 3)).tolist() for _ in range(n)]
+    sources = set(rng.integers(0, 90, 4).tolist())
+    rows = as_rows(pd.DataFrame({"op": ops, "input_storage_ids": ins, "output_storage_ids": outs}))
+    found = walks.copies_of(rows, rows.labels("op").map(lambda op: ".".join(op.split(".")[:2])), sources)
+    assert found == _reference_copies(ops, ins, outs, sources)
+    assert len(found) > len(sources)  # copies were found
 
 
 # 8. weights of modules outside model= ------------------------------------------------------------

@@ -80,3 +80,20 @@ def test_the_pieces_live_after_a_row_are_those_of_every_piece_live_then(tmp_path
             assert picked[0][order].tolist() == nbytes[live][every].tolist()
             assert picked[3][order].tolist() == cat[live][every].tolist()
             assert int(picked[0].sum()) == int(rows.live_bytes[row])  # 320: the categories add up to live_bytes
+
+
+def test_new_storages_out_of_id_order_split_their_rows_bytes(tmp_path):
+    x = torch.ones(4, 8)  # 128 bytes made before the trace
+    with Tracer(tmp_path / "t", run_name="o"):
+        torch.ones(3)  # row 0: a 12-byte storage
+        torch.max(x, dim=0)  # row 1: values [8] float32 (32 bytes) and indices [8] int64 (64 bytes), frees row 0's
+    df = reports.load(tmp_path / "t")
+    assert df["output_storage_ids"].map(list).tolist() == [[0], [2, 3]]
+    swap = {0: 3, 3: 0}  # row 0's storage takes the highest id: the new storages' rows do not ascend with their ids
+    for column in ("input_storage_ids", "output_storage_ids", "freed_storage_ids"):
+        df[column] = df[column].map(lambda ids: np.array([swap.get(int(i), int(i)) for i in ids], dtype=np.int64))
+    v1 = df.assign(output_storage_bytes=None, bytes_allocated=[12, 100])
+    # row 1's 100 bytes: 32 + 64 by numel x size, the 4 they miss to its first new storage (id 2): 36;
+    # x joins at row 1: live_bytes rises 224 - 12 = 212, less the 100 made, plus the 12 freed (id 3): 124
+    assert _sizes(v1) == {0: 64, 1: 124, 2: 36, 3: 12}
+    assert _sizes(df) == {0: 64, 1: 128, 2: 32, 3: 12}  # output_storage_bytes read where the trace has it
