@@ -223,14 +223,26 @@ def _export(args):
 
 def _plan(args):
     from reports.output.plan_text import plan_json, print_calibration, print_plan
+    from reports.plan.options import Options
     from reports.plan.plan import plan_runs
 
     assumed = dict(args.assume or [])
     with _plan_runs(args.trace) as runs:
         fitted, changes = _calibration(args, assumed)
-        shape = (args.pp, args.micro_batches, args.schedule, args.virtual_stages, args.cp)
-        options = (args.gpus_per_node, args.micro_batch, args.batch, args.overlap, assumed, shape, fitted)
-        found = plan_runs(runs, args.gpu, *options)[0]
+        options = Options(
+            gpus_per_node=args.gpus_per_node,
+            micro_batch=args.micro_batch,
+            batch=args.batch,
+            overlap=args.overlap,
+            assumptions=assumed,
+            pp=args.pp,
+            micro_batches=args.micro_batches,
+            schedule=args.schedule,
+            virtual_stages=args.virtual_stages,
+            cp=args.cp,
+            calibrated=fitted,
+        )
+        found = plan_runs(runs, args.gpu, options)[0]
     if args.json:
         found = plan_json(found)
         if changes is not None:
