@@ -15,10 +15,16 @@ the model: `--objects` runs the rounds again with that many extra small live obj
 dataset's rows or a tokenizer's tables would be), and the pass alone is timed too. Entering (the Tracer made and
 its `__enter__`) and leaving (`__exit__`) are timed on their own for `Tracer(path, model=, tokens=)`: the fixed
 cost of a trace, the rest of traced - untraced being its ops.
+
+`--stages` times, instead, where entering and leaving `Tracer(path, model=, tokens=)` spend their CPU time: each
+stage (STAGES: a function of the tracer or of pyarrow) wrapped in a timer, over `--rounds` traces of one step, each
+after a `gc.collect()` as above; per trace, the median over rounds of each stage's time (stages nest: a stage's time
+includes the stages it calls).
 """
 
 import argparse
 import gc
+import importlib
 import statistics
 import sys
 import tempfile
@@ -96,12 +102,94 @@ def measure(model, tokens, step, rounds, directory):
     return out
 
 
+# (label, "module:attribute") of each stage --stages times; a function imported by name is wrapped where it is called
+STAGES = {
+    "entering": (
+        ("the Tracer made", "tracer.recording.mode:Tracer.__init__"),
+        ("__enter__", "tracer.recording.mode:Tracer._enter"),
+        ("  the directory (checked, locked, cleared, the marker)", "tracer.recording.mode:prepare_directory"),
+        ("    the entries there checked", "tracer.store.directory:foreign_entry"),
+        ("    the lock", "tracer.store.directory:_lock"),
+        ("    the earlier trace removed", "tracer.store.directory:_clear"),
+        ("  the trace's state (Tracer._start)", "tracer.recording.start:TraceStart._start"),
+        ("    the run metadata (the parameters walked)", "tracer.recording.start:run_metadata"),
+        ("    the storages alive at entry, the optimizers", "tracer.recording.start:register_at_entry"),
+        ("    the device", "tracer.recording.start:TraceStart._first_device"),
+        ("    attribution", "tracer.recording.start:Attribution"),
+        ("    the hooks and the mode on", "tracer.recording.hooks:Hooks.install"),
+    ),
+    "leaving": (
+        ("__exit__", "tracer.recording.mode:Tracer._exit"),
+        ("  the hooks and the mode off", "tracer.recording.hooks:Hooks.remove"),
+        ("  the gradients' roles", "tracer.recording.metadata:Roles.gradients"),
+        ("  the last part (Tracer._flush)", "tracer.recording.parts:TraceParts._flush"),
+        ("    the run metadata", "tracer.recording.parts:TraceParts._metadata"),
+        ("    the Arrow table (RowBuffer.table)", "tracer.store.row_buffer:RowBuffer.table"),
+        ("    the Parquet file (write_table)", "tracer.store.writer:write_table"),
+        ("      pyarrow's ParquetWriter made", "pyarrow.parquet:ParquetWriter.__init__"),
+        ("      pyarrow's write_table", "pyarrow.parquet:ParquetWriter.write_table"),
+        ("      pyarrow's close (the footer)", "pyarrow.parquet:ParquetWriter.close"),
+        ("  the storage table cleared", "tracer.recording.storage:StorageTable.clear"),
+        ("  the marker's facts, the lock released", "tracer.store.writer:PartWriter.close"),
+        ("  the SIGTERM handler off", "tracer.recording.signals:TermHandler.remove"),
+    ),
+}
+
+
+def _timed(spent, label, target):
+    """Wrap the function `target` names so that its CPU time goes to spent[label]."""
+    module, _, path = target.partition(":")
+    owner = importlib.import_module(module)
+    *outer, name = path.split(".")
+    for part in outer:
+        owner = getattr(owner, part)
+    function = getattr(owner, name)
+
+    def timed(*args, **kwargs):
+        start = time.process_time_ns()
+        try:
+            return function(*args, **kwargs)
+        finally:
+            spent[label] += time.process_time_ns() - start
+
+    setattr(owner, name, timed)
+
+
+def stages(model, tokens, step, rounds, directory):
+    """{label: [CPU ms of that stage per trace]} of entering and leaving Tracer(path, model=, tokens=)."""
+    spent = {}
+    for group in STAGES.values():
+        for label, target in group:
+            spent[label] = 0
+            _timed(spent, label, target)
+    out = {label: [] for group in STAGES.values() for label, _ in group}
+    out["entering, all"], out["leaving, all"] = [], []
+    for r in range(rounds + 1):  # round 0: warm-up, not kept
+        gc.collect()
+        spent.update((label, 0) for label in spent)
+        start = time.process_time()
+        with Tracer(directory / "stages", model=model, tokens=tokens):
+            entered = time.process_time()
+            step()
+            spent.update(
+                (label, 0) for label, _ in STAGES["leaving"]
+            )  # what the step ran of them (an optimizer's step)
+            stepped = time.process_time()
+        if r:
+            out["entering, all"].append((entered - start) * 1e3)
+            out["leaving, all"].append((time.process_time() - stepped) * 1e3)
+            for label, ns in spent.items():
+                out[label].append(ns / 1e6)
+    return out
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--objects", default="0,1000000", help="extra live objects, comma-separated counts")
     parser.add_argument("--model", choices=("example", "hf", "both"), default="both")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--stages", action="store_true", help="where entering and leaving spend their time (STAGES)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, {args.threads} thread(s), CPU time, ms, median (IQR) of {args.rounds} rounds")
@@ -114,6 +202,11 @@ def main():
                 print(f"\n{title}: transformers is not installed, skipped")
                 continue
             model, tokens, step = built
+            if args.stages:
+                print(f"\n{title}: stages of Tracer(path, model=, tokens=), CPU ms per trace")
+                for name, values in stages(model, tokens, step, args.rounds, Path(tmp)).items():
+                    print(f"  {name:<68}{quartiles(values)}")
+                continue
             for extra in (int(n) for n in args.objects.split(",")):
                 ballast = [[i] for i in range(extra)]  # lists: tracked by the collector (a dict of ints is not)
                 print(

@@ -43,7 +43,7 @@ if sys.argv[2] == "sql":
     src = Source(None, Trace(sys.argv[1]))
 else:
     from reports.loading.load import load
-    from reports.output.cli import _REPORT_UNUSED, _RANKS_ONLY, _JOB_COLUMNS
+    from reports.output.trace_reads import _REPORT_UNUSED, _RANKS_ONLY, _JOB_COLUMNS
     from tracer.schema import COLUMN_NAMES
     unused = _REPORT_UNUSED + tuple(c for c in _RANKS_ONLY if c not in _JOB_COLUMNS)
     src = Source(load(sys.argv[1], columns=[c for c in COLUMN_NAMES if c not in unused], lists="arrow"))

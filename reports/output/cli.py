@@ -20,13 +20,7 @@ from reports.output.report_json import sections, strict
 from reports.output.source import Source
 from reports.output.stdout import checked_stdout
 from reports.output.text import json_number, printable
-
-# Columns no section of `optrace report` reads, left out of its load (a section that needs one takes it out of here).
-_REPORT_UNUSED = ("layout", "device", "inplace")
-# ... and those only the rank figures read: left out for a trace of one rank.
-_RANKS_ONLY = ("start_ns", "comm_bytes", "group_size", "process_group")
-# ... of which one rank's own job section (reports.output.distributed.print_job) reads these.
-_JOB_COLUMNS = ("comm_bytes", "group_size", "process_group")
+from reports.output.trace_reads import compare_keep, first_rank_frame, frame_columns, loaded_trace, report_keep, sql_all
 
 
 def summary(sql, peak_tflops=None, step_time_s=None, ranks_present=None, top=8, depth=2):
@@ -113,10 +107,10 @@ def _report(args):
 
     list_parts(args.trace)  # a directory that cannot be listed: one line, before the ranks are looked for
     # every rank, checked and warned about as a load of the pandas engine's columns would be
-    columns = _frame_columns(args.trace, args.plot)
-    everyone = _sql_all(args.trace, columns, _report_keep) if args.engine == "sql" else None
+    columns = frame_columns(args.trace, args.plot)
+    everyone = sql_all(args.trace, columns, report_keep) if args.engine == "sql" else None
     if everyone is None:  # --engine pandas, or a trace the Trace does not read from its files (v1, v2): the views
-        everyone = _memory(args.trace, columns)  # over its rows loaded with reports.load (the reference loader)
+        everyone = loaded_trace(args.trace, columns)  # over its rows loaded with reports.load (the reference loader)
     sql = everyone.first_run() if everyone.several else everyone  # rank 0's sections: no second open
     ranks_src = Source(everyone)
     ranks_src = ranks_src if ranks_src.multi_rank() else None
@@ -126,7 +120,7 @@ def _report(args):
     if args.plot:
         from reports.output.plots import save_plots
 
-        paths = save_plots(_first_rank_frame(args.trace, everyone), args.plot)
+        paths = save_plots(first_rank_frame(args.trace, everyone), args.plot)
     present = ranks_present(args.trace)
     if args.json:
         extra = ranks_src.rank_summary() if ranks_src is not None else {}
@@ -169,82 +163,6 @@ def _meter_errors(path):
     )
 
 
-def _memory(paths, columns):
-    """A Trace over the rows of `paths` loaded with reports.load (`columns`): the views of a trace the Trace does not
-    read from its files, and `--engine pandas`, whose loader checks the rows (reports.sql.frame)."""
-    from reports.loading.load import load
-    from reports.sql.frame import memory_trace
-
-    return memory_trace(load(paths, columns=columns, lists="arrow"), "report", [], columns, grains=True)
-
-
-def _frame_columns(path, plot):
-    from reports.loading.load import rank_paths
-    from tracer.schema import COLUMN_NAMES
-
-    unused = _REPORT_UNUSED  # --json holds every section too
-    if len(rank_paths(path)) <= 1 and not plot:
-        unused += tuple(c for c in _RANKS_ONLY if c not in _JOB_COLUMNS)
-    return [c for c in COLUMN_NAMES if c not in unused]
-
-
-def _sql_all(path, columns, keep=(), every_run=False):
-    """The SQL engine's Trace of every rank of the trace (one run per rank), checked and warned about as
-    reports.load does (damage named in the words of a load of `columns`: the pandas engine's); None for a trace
-    it does not read (v1, v2: the frame's sections then). `keep`: what its read of rank 0's rows keeps for the
-    sections (reports.sql.engine.Trace), of every run's with `every_run`."""
-    from reports.sql.engine import Trace, Unsupported
-
-    try:
-        return Trace(path, columns=columns, keep=keep() if callable(keep) else keep, every_run=every_run)
-    except Unsupported:
-        return None
-
-
-def _report_keep():
-    """What the report's FLOP and memory sections, its by-module table, its peak and its _steps and _ops grains read of
-    rank 0's rows, kept from the Trace's read of its parts."""
-    from reports.memory.row_scan import Scan
-    from reports.sql.flop_rows import FlopRows
-    from reports.sql.kept_ops import Ops
-    from reports.sql.kept_views import ModuleOwn, Peak, Steps
-
-    return (FlopRows, Scan, ModuleOwn, Peak, Steps, Ops)
-
-
-def _compare_keep():
-    """What compare's memory categories and its _steps and _ops grains read of each run's rows (reports.compare
-    figures), kept from the Trace's read of its parts: no run's rows scanned again for them."""
-    from reports.memory.row_scan import Scan
-    from reports.sql.kept_ops import Ops
-    from reports.sql.kept_views import Steps
-
-    return (Scan, Steps, Ops)
-
-
-def _first_rank_frame(path, everyone):
-    """The first rank's rows (for plots) as reports.load of the whole trace names them (run `<name>/rank=R`, a
-    `rank` column), without reading the other ranks' rows; `everyone` (a Trace of all ranks) has checked and warned."""
-    from reports.loading.columns import SharedRuns
-    from reports.loading.load import load, runs_with_ranks
-
-    (first, rank), *_ = runs_with_ranks([path])
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # said once, by `everyone`
-        df = load(first, lists="arrow")
-    if rank is None:
-        return df
-    (loaded, meta), (name, _) = next(iter(df.attrs["runs"].items())), next(iter(everyone.runs.items()))
-    if loaded != name:
-        df["run"] = df["run"].cat.rename_categories([name])
-        df.attrs["runs"] = SharedRuns({name: meta})
-    if "rank" in df.columns:
-        df["rank"] = int(rank)
-    else:
-        df.insert(1, "rank", int(rank))
-    return df
-
-
 def _compare(args):
     from reports.baseline import is_baseline
     from reports.compare import columns, figures, of_sources, save_baseline, side_by_side_runs
@@ -256,9 +174,9 @@ def _compare(args):
     traces = [p for p in args.traces if not is_baseline(p)]
     trace = None
     if traces:
-        trace = _sql_all(traces, columns(args.by), _compare_keep, every_run=True) if args.engine == "sql" else None
+        trace = sql_all(traces, columns(args.by), compare_keep, every_run=True) if args.engine == "sql" else None
         if trace is None:  # --engine pandas, or a trace the Trace does not read from its files: over its loaded rows
-            trace = _memory(traces, columns(args.by))
+            trace = loaded_trace(traces, columns(args.by))
         ops = {r["run_index"]: r["ops"] for r in trace.run_rows}
         for i, (name, path) in enumerate(zip(trace.runs, traces)):
             if not ops.get(i):
@@ -305,14 +223,26 @@ def _export(args):
 
 def _plan(args):
     from reports.output.plan_text import plan_json, print_calibration, print_plan
+    from reports.plan.options import Options
     from reports.plan.plan import plan_runs
 
     assumed = dict(args.assume or [])
     with _plan_runs(args.trace) as runs:
         fitted, changes = _calibration(args, assumed)
-        shape = (args.pp, args.micro_batches, args.schedule, args.virtual_stages, args.cp)
-        options = (args.gpus_per_node, args.micro_batch, args.batch, args.overlap, assumed, shape, fitted)
-        found = plan_runs(runs, args.gpu, *options)[0]
+        options = Options(
+            gpus_per_node=args.gpus_per_node,
+            micro_batch=args.micro_batch,
+            batch=args.batch,
+            overlap=args.overlap,
+            assumptions=assumed,
+            pp=args.pp,
+            micro_batches=args.micro_batches,
+            schedule=args.schedule,
+            virtual_stages=args.virtual_stages,
+            cp=args.cp,
+            calibrated=fitted,
+        )
+        found = plan_runs(runs, args.gpu, options)[0]
     if args.json:
         found = plan_json(found)
         if changes is not None:
@@ -331,7 +261,7 @@ def _plan_runs(path):
     through reports.load. A trace without ops is a ReportError."""
     from reports.plan.rows import frame_runs, trace_runs
 
-    trace = _sql_all(path, None)
+    trace = sql_all(path, None)
     if trace is None:
         from reports.loading.load import load
 

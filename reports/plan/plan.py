@@ -64,12 +64,12 @@ from reports.errors import ReportError
 from reports.flops.mfu import mfu_table
 from reports.flops.rows import per_step
 from reports.loading.integrity import describe_damage, signal_of, stopped_by
-from reports.plan import assumptions as assumed
 from reports.plan import parallel
-from reports.plan.comm import OVERLAPS, costs, simulate
-from reports.plan.devices import CPU, resolve_gpu
+from reports.plan.comm import costs, simulate
+from reports.plan.devices import CPU
 from reports.plan.fit import fit, traced_batch
 from reports.plan.ops import CLASSES, STACKS, calibrate, fixed_bytes, price, roofs
+from reports.plan.options import Options, takes_options
 from reports.plan.step import (
     causal_masked,
     flop_bounds,
@@ -95,23 +95,13 @@ _RETRACE = (
 )
 
 
-def plan(
-    df,
-    gpu,
-    gpus_per_node=8,
-    micro_batch=None,
-    batch=None,
-    overlap="prefetch",
-    assumptions=None,
-    pp=1,
-    micro_batches=1,
-    schedule="1f1b",
-    virtual_stages=1,
-    cp=1,
-    calibrated=None,
-):
+@takes_options
+def plan(df, gpu, **options):
     """Plan each run of `df` on `gpu` (a name of reports.plan.devices.GPUS, or "cpu": the CPU
-    the trace ran on). `micro_batch`: sequences per rank to plan (default the traced batch,
+    the trace ran on). `options`: the keywords of reports.plan.options.Options, with its defaults (gpus_per_node=8,
+    micro_batch=None, batch=None, overlap="prefetch", assumptions=None, pp=1, micro_batches=1, schedule="1f1b",
+    virtual_stages=1, cp=1, calibrated=None; `help(plan)` lists them). `gpus_per_node`: the GPUs a node's links join;
+    `micro_batch`: sequences per rank to plan (default the traced batch,
     found by traced_batch unless `batch` gives it); `overlap`: "prefetch" or "none";
     `assumptions`: {name: value} overriding reports.plan.assumptions.DEFAULTS; `pp`: pipeline
     stages, `micro_batches` per step, `schedule` "1f1b" or "interleaved" with `virtual_stages`
@@ -124,59 +114,37 @@ def plan(
     from reports.plan.rows import frame_runs
 
     require(df, _COLUMNS, "plan")
-    shape = (pp, micro_batches, schedule, virtual_stages, cp)
-    options = (gpus_per_node, micro_batch, batch, overlap, assumptions, shape, calibrated)
-    table = _checked(gpu, *options)  # a bad argument fails before any work
-    found = plan_runs(frame_runs(df), gpu, *options, table=table)
+    options = Options(**options)
+    table = options.checked(gpu)  # a bad argument fails before any work
+    found = plan_runs(frame_runs(df), gpu, options, table=table)
     out = pd.DataFrame.from_records([record for record, _ in found])
     out.attrs["plan"] = {record["run"]: detail for record, detail in found}
     return out
 
 
-def _checked(gpu, gpus_per_node, micro_batch, batch, overlap, assumptions, shape, calibrated):
-    """The assumptions table of a plan on `gpu` ({name: (value, source)}), its arguments checked first."""
-    parallel.check(*shape)
-    if isinstance(gpus_per_node, bool) or not isinstance(gpus_per_node, int) or gpus_per_node < 1:
-        raise ReportError(f"plan: gpus_per_node must be an int >= 1, got {gpus_per_node!r}")
-    for name, value in (("micro_batch", micro_batch), ("batch", batch)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-            raise ReportError(f"plan: {name} must be an int >= 1, got {value!r}")
-    if overlap not in OVERLAPS:
-        raise ReportError(f"plan: overlap must be one of {', '.join(OVERLAPS)}, got {overlap!r}")
-    table = assumed.resolve(assumptions, generation(resolve_gpu(gpu)))  # a bad gpu name fails before any work
-    table.update({n: v for n, v in (calibrated or {}).items() if table[n][1] != "given"})
-    return table
-
-
-def plan_runs(
-    runs,
-    gpu,
-    gpus_per_node=8,
-    micro_batch=None,
-    batch=None,
-    overlap="prefetch",
-    assumptions=None,
-    shape=(1, 1, "1f1b", 1, 1),
-    calibrated=None,
-    table=None,
-):
+def plan_runs(runs, gpu, options=Options(), table=None):
     """[(record, detail)] of each run of `runs` (reports.plan.rows.Run: `optrace plan` reads them from the Trace of
-    its files, reports.plan.rows.trace_runs) planned as `plan` plans a DataFrame's (its arguments, the pipeline's and
-    the ring's in `shape` = (pp, micro_batches, schedule, virtual_stages, cp)): `record` its row of `plan`'s table,
+    its files, reports.plan.rows.trace_runs) planned as `plan` plans a DataFrame's (`options`: its keywords, a
+    reports.plan.options.Options): `record` its row of `plan`'s table,
     `detail` its entry of the table's attrs["plan"]."""
-    options = (gpus_per_node, micro_batch, batch, overlap, assumptions, shape, calibrated)
-    table = _checked(gpu, *options) if table is None else table
-    shape = parallel.check(*shape)
+    table = options.checked(gpu) if table is None else table
+    shape = parallel.check(*options.shape)
     out = []
     for run in runs:
         if len(run.rows):
-            record, detail = _plan_run(run, gpu, gpus_per_node, micro_batch, batch, overlap, table, shape)
+            record, detail = _plan_run(run, gpu, options, table, shape)
             out.append(({"run": run.name, **record}, detail))
     return out
 
 
-def _plan_run(run, gpu, gpus_per_node, micro_batch, batch, overlap, table, shape=(1, 1, "1f1b", 1, 1)):
+def _plan_run(run, gpu, options, table, shape):
     meta = run.meta
+    gpus_per_node, micro_batch, batch, overlap = (
+        options.gpus_per_node,
+        options.micro_batch,
+        options.batch,
+        options.overlap,
+    )
     entry, peak_of, bandwidth, bw_source, memory = target(gpu, meta)
     notes, basis = [], []  # basis: the notes that hold for every plan of its kind (the text lists them apart)
     complete, raised = bool(meta.get("complete")), meta.get("error")

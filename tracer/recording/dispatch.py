@@ -7,6 +7,7 @@ In a forked child the mode becomes `_InertMode` (tracer.recording.mode `_after_f
 every op passes through, nothing is recorded.
 """
 
+import functools
 import time
 
 import torch
@@ -261,9 +262,11 @@ def make_inert(mode):
     mode.__class__ = _InertMode
 
 
+@functools.cache
 def compiled_spec():
     """What the compiled hook (tracer/native/_dispatch.cpp) takes from Python rather than restating: the row's fields,
-    which it checks against its own, and the schema's and attribution's values it writes."""
+    which it checks against its own, and the schema's and attribution's values it writes. Constants: made once per
+    process (the hook only reads them)."""
     from tracer.recording.attribution import NO_SEQUENCE_NR, NOT_RECOMPUTE, RECOMPUTE
     from tracer.schema import CAUSAL_NONE, INT64_MAX, NO_VALUE, GradMode, Phase
     from tracer.store.writer import PER_OUTPUT_ELEMENT, ROW_FIELDS

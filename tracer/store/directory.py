@@ -25,6 +25,7 @@ the rows count as lost (`DirectoryReplaced`), and the other trace or the user's 
 """
 
 import errno
+import functools
 import json
 import os
 import re
@@ -284,9 +285,10 @@ def _trace_id(path):
 
 
 def _is_own_temporary(name, trace_id):
-    """Whether `name` is a temporary part of the trace `trace_id` (left by a run killed mid-write)."""
+    """Whether `name` is a temporary part of the trace whose id `trace_id()` gives (left by a run killed mid-write):
+    the marker is read only for a name of that form."""
     match = _TEMPORARY.fullmatch(name)
-    return match is not None and trace_id is not None and match["trace_id"] == trace_id
+    return match is not None and match["trace_id"] == trace_id()
 
 
 def foreign_entry(path):
@@ -295,7 +297,7 @@ def foreign_entry(path):
     optrace's entries: the marker (or a legacy one), the lock, temporary parts named with the marker's trace
     id, parts carrying optrace metadata, and `rank=R` directories holding only such entries
     (a distributed run)."""
-    trace_id = _trace_id(path)
+    trace_id = functools.cache(lambda: _trace_id(path))  # the marker's, read at most once (None: no marker)
     for name in sorted(os.listdir(path)):
         full = os.path.join(path, name)
         if (
@@ -311,9 +313,13 @@ def foreign_entry(path):
             if inner is not None:
                 return os.path.join(name, inner)
             continue
-        if os.path.islink(full) or not os.path.isfile(full) or not _is_part_name(name):
+        try:
+            found = os.lstat(full)
+        except OSError:
             return name
-        if not written_here(full) and not _has_optrace_metadata(full):  # named like a part, but is it optrace's?
+        if not stat.S_ISREG(found.st_mode) or not _is_part_name(name):  # a link, a directory, a FIFO: the user's
+            return name
+        if not written_here(full, found) and not _has_optrace_metadata(full):  # named like a part: is it optrace's?
             return name
     return None
 
@@ -356,13 +362,14 @@ def forget(full):
     _written.pop(full, None)
 
 
-def written_here(full):
-    """Whether `full` is a part this process wrote, unchanged since (`_written`): the same regular file, not a link."""
+def written_here(full, found=None):
+    """Whether `full` is a part this process wrote, unchanged since (`_written`): the same regular file, not a link.
+    `found`: its lstat, when the caller has it."""
     known = _written.get(full)
     if known is None:
         return False
     try:
-        found = os.lstat(full)
+        found = os.lstat(full) if found is None else found
     except OSError:
         return False
     return stat.S_ISREG(found.st_mode) and _identity(found) == known

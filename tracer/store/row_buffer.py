@@ -89,10 +89,9 @@ ROW_FIELDS = (
     "bound", "groups", "grad_mode",
 )  # fmt: skip
 ROW_WIDTH = len(ROW_FIELDS)
-_NAMED = ("op", "phase", "module", "device", "kind", "layout", "process_group", "grad_mode")  # dictionary indices
-_NAMED_AT = [ROW_FIELDS.index(name) for name in _NAMED]
 FIELD = {name: i for i, name in enumerate(ROW_FIELDS)}  # field name -> position in a row
 PER_OUTPUT_ELEMENT = -1
+_COLUMN_ORDER = tuple(ARROW_SCHEMA.names)  # the table's columns in schema order (iterating the schema makes 36 Fields)
 TENSOR_WIDTH = 4  # per tensor in RowBuffer.tensors: ndim, dtype id, storage id, storage bytes
 # A part is written when its rows reach `Tracer(flush_rows=)` or the integers of its buffers (RowBuffer.values: a
 # row's ROW_WIDTH, TENSOR_WIDTH and the sizes and strides of each of its tensors, the storage ids it freed, its group
@@ -119,7 +118,7 @@ class _Side:
 
     def __init__(self, buffers, counts, itemsize):
         tensors = _np(buffers[0], np.int64).reshape(-1, TENSOR_WIDTH)
-        self.ndim, self.dtype, self.sid, self.storage_bytes = tensors.T
+        self.ndim, self.dtype, self.sid, self.storage_bytes = np.ascontiguousarray(tensors.T)  # each contiguous
         self.sizes, self.strides = _np(buffers[1], np.int64), _np(buffers[2], np.int64)
         self.counts = counts  # tensors per row
         bounds = _bounds(counts)  # each row's first tensor, and past the last row's last
@@ -146,7 +145,7 @@ class _Side:
         offsets, lists = self._dims, self.offsets
         return (
             pa.ListArray.from_arrays(lists, pa.ListArray.from_arrays(offsets, from_numpy(self.sizes))),
-            pa.ListArray.from_arrays(lists, names["dtype"].dictionary(self.dtype.astype(np.int32))),
+            pa.ListArray.from_arrays(lists, names["dtype"].dictionary(self.dtype)),
             pa.ListArray.from_arrays(lists, pa.ListArray.from_arrays(offsets, from_numpy(self.strides))),
             self.per_tensor(self.sid),
         )
@@ -247,8 +246,6 @@ class RowBuffer:
         rows = _np(self.ints, np.int64).reshape(-1, ROW_WIDTH)
         n = len(rows)
         col = dict(zip(ROW_FIELDS, np.ascontiguousarray(rows.T)))  # each field's column contiguous, in one copy
-        # the dictionary columns' indices as int32, each contiguous, in one cast
-        names_of = dict(zip(_NAMED, np.ascontiguousarray(rows[:, _NAMED_AT].T, dtype=np.int32)))
         table_itemsize = np.array([itemsize[i] for i in range(len(names["dtype"].names))] or [0], np.int64)
         ins = _Side(self.sides[0], col["inputs"], table_itemsize)
         outs = _Side(self.sides[1], col["outputs"], table_itemsize)
@@ -275,23 +272,23 @@ class RowBuffer:
         columns = {
             "seq": from_numpy(np.arange(self.first_seq, self.first_seq + n, dtype=np.int64)),
             "step": from_numpy(col["step"]),
-            "op": names["op"].dictionary(names_of["op"]),
-            "phase": names["phase"].dictionary(names_of["phase"]),
-            "module": names["module"].dictionary(names_of["module"]),
+            "op": names["op"].dictionary(col["op"]),
+            "phase": names["phase"].dictionary(col["phase"]),
+            "module": names["module"].dictionary(col["module"]),
             "input_shapes": ins[0],
             "input_dtypes": ins[1],
             "input_strides": ins[2],
             "output_shapes": outs[0],
             "output_dtypes": outs[1],
             "output_strides": outs[2],
-            "device": names["device"].dictionary(names_of["device"]),
+            "device": names["device"].dictionary(col["device"]),
             "input_storage_ids": ins[3],
             "output_storage_ids": outs[3],
             "freed_storage_ids": _lists(col["freed"], from_numpy(_np(self.freed, np.int64))),
             "is_view": from_numpy(is_view),
             "inplace": from_numpy(inplace),
             "flops": from_numpy(flops),
-            "flop_kind": names["kind"].dictionary(names_of["kind"]),
+            "flop_kind": names["kind"].dictionary(col["kind"]),
             "causal": from_numpy(causal == 1, mask=causal == CAUSAL_NONE),
             "bytes_allocated": from_numpy(col["bytes_allocated"]),
             "live_bytes": from_numpy(col["live_bytes"]),
@@ -302,21 +299,21 @@ class RowBuffer:
             "output_storage_bytes": output_storage_bytes,
             "start_ns": from_numpy(col["start"] + clock_offset_ns),
             "busy_ns": nullable(col["busy_ns"]),
-            "layout": names["layout"].dictionary(names_of["layout"]),
+            "layout": names["layout"].dictionary(col["layout"]),
             "comm_bytes": nullable(col["comm_bytes"]),
             "group_size": nullable(col["group_size"]),
-            "process_group": names["process_group"].dictionary(names_of["process_group"]),
+            "process_group": names["process_group"].dictionary(col["process_group"]),
             "flops_bound": from_numpy(col["bound"].astype(bool)),
             "group_sizes": pa.ListArray.from_arrays(
                 _offsets(np.maximum(col["groups"], 0)),
                 from_numpy(_np(self.groups, np.int64)),
                 mask=from_numpy(col["groups"] == NO_VALUE),
             ),
-            "grad_mode": names["grad_mode"].dictionary(names_of["grad_mode"]),
+            "grad_mode": names["grad_mode"].dictionary(col["grad_mode"]),
         }
         blob = json.dumps(metadata, default=str, separators=(",", ":")).encode()
         schema = ARROW_SCHEMA.with_metadata({METADATA_KEY: blob})
-        return pa.Table.from_arrays([columns[field.name] for field in ARROW_SCHEMA], schema=schema)
+        return pa.Table.from_arrays([columns[name] for name in _COLUMN_ORDER], schema=schema)
 
 
 def new_names():

@@ -194,11 +194,15 @@ def write_table(table, file):
             f.write(data)
 
 
-_footers = {}  # schema -> arrow_footer(schema), made once: every part has one schema (tracer.schema.ARROW_SCHEMA)
+# (schema, arrow_footer(schema)) of the last part written: every part has one schema (tracer.schema.ARROW_SCHEMA)
+_footer = None
 
 
 def _arrow_footer(plain):
-    footer = _footers.get(plain)
-    if footer is None:
-        footer = _footers[plain] = arrow_footer(plain)
-    return footer
+    """arrow_footer(plain), made again only for another schema: `equals` compares the fields (0.1 us: they are the same
+    objects), where a dict keyed by the schema would hash it at every part (30 us)."""
+    global _footer
+    footer = _footer  # read once: another thread may replace it meanwhile
+    if footer is None or not plain.equals(footer[0]):
+        footer = _footer = (plain, arrow_footer(plain))
+    return footer[1]
