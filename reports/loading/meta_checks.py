@@ -79,6 +79,7 @@ META_FIELDS = {
     "cycles_without_step": _INT,
     "optimizer_state_found_late": _INT,
     "optimizer_params": _INT,
+    "collectives_untimed": _INT,
     "error": _STR,
     "process_groups": _LIST,
 }
@@ -115,6 +116,7 @@ COUNTS = (
     "cycles_without_step",
     "optimizer_state_found_late",
     "optimizer_params",
+    "collectives_untimed",
 )
 # (where, field): (lowest, highest, what it counts, whether the lowest itself is out): a number outside, or not
 # finite, is damage. `where`: None for the metadata itself, else the object it is in.

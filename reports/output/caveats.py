@@ -105,6 +105,16 @@ def meta_caveats(meta):
                 "leave them out",
             )
         )
+    if meta.get("collectives_untimed"):
+        k = meta["collectives_untimed"]
+        said.append(
+            (
+                "collectives_untimed",
+                f"{k:,} collective{'s' if k != 1 else ''} timed to {'their' if k != 1 else 'its'} launch only (gloo's "
+                "reduce-scatter reports no completion; other work not done when its row was written): their time is "
+                "a lower bound and their bandwidth an upper one",
+            )
+        )
     if python_path_note(meta):
         said.append(("python_path", python_path_note(meta)))
     if cycles_note(meta):

@@ -30,7 +30,9 @@ Damage: every batch passes the checks of reports.loading.validate before its eve
 made (a null, a negative or absurd value, a repeated seq is one ReportError). A trace
 cut short or damaged is still written, with a warning (`optrace export` prints it as a
 note on stderr and exits 0), "complete" and "damage" per rank in the JSON's
-`otherData`, and the process label of the rank saying INCOMPLETE or DAMAGED.
+`otherData`, and the process label of the rank saying INCOMPLETE or DAMAGED. The
+report's caveats of each rank's metadata are in `otherData` "caveats", and an op whose
+FLOPs are a bound has `"flops_bound": true` in its args.
 """
 
 import contextlib
@@ -46,6 +48,7 @@ from reports.errors import ReportError
 from reports.loading.integrity import Footers, describe_damage, list_parts, merged_away, one_line, reread, stopped_by
 from reports.loading.load import id_limit, read_run
 from reports.loading.validate import check_rows
+from reports.output.caveats import meta_caveats
 from reports.output.export_events import CATEGORIES, TID, JsonEvents, RankEvents, Strings  # noqa: F401 (CATEGORIES: re-exported)
 from tracer.schema import COLUMN_NAMES, PHASES, part_paths
 
@@ -74,7 +77,7 @@ _COLUMNS = (
     "live_bytes",
     "duration_ns",
 )
-_V2 = ("start_ns", "busy_ns", "output_storage_bytes")
+_V2 = ("start_ns", "busy_ns", "output_storage_bytes", "flops_bound")  # later schemas' (flops_bound: v3)
 
 
 def trace_ranks(path):
@@ -202,6 +205,8 @@ def _export(trace, out, batch_rows):
                     "time": "start_ns" if base is not None else "ops laid end to end",
                     "complete": {str(r): bool(m.get("complete")) for r, _, m in ranks},
                     "damage": {str(r): dict(m["damage"]) for r, _, m in ranks},
+                    # what the report's caveats say of each rank's metadata (reports.output.caveats.meta_caveats)
+                    "caveats": {str(r): [{"code": c, "message": s} for c, s in meta_caveats(m)] for r, _, m in ranks},
                 }
             )
             for rank, directory, meta in ranks:

@@ -12,6 +12,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from reports.arrays import scalar
 from reports.memory.lifetimes import dtype_sizes
 from tracer.schema import PHASES
 
@@ -107,6 +108,9 @@ def _args(batch, text):
         ',"input_storage_ids":', _ints_json(col("input_storage_ids")),
         ',"output_storage_ids":', _ints_json(col("output_storage_ids")),
     ]  # fmt: skip
+    if "flops_bound" in batch.schema.names:  # a bound, not a count: said where it is so (v3)
+        bound = pc.fill_null(col("flops_bound"), scalar(False, pa.bool_()))
+        pieces.append(pc.if_else(bound, scalar(',"flops_bound":true', pa.string()), scalar("", pa.string())))
     return pc.binary_join_element_wise(*pieces, "").to_pylist()
 
 

@@ -231,16 +231,14 @@ def test_fsdp2_k_steps_recompute_and_collectives_are_the_closed_forms(runs):
     assert untimed >= 6 and report["distributed"]["collectives_untimed"] == untimed
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="reports.output.headline.assemble raises no caveat for the metadata's collectives_untimed: the report "
-    "prints gloo's reduce-scatter time (its launch only) and busbw as measured",
-)
 def test_the_report_names_collectives_timed_to_their_launch_only(runs):
     root, _ = runs
     text = _cli("report", os.path.join(root, "fsdp3"))
     assert "reduce_scatter" in text  # the Collectives (rank 0) line: 6 x 1 KiB: ... ms each, busbw ...
-    assert "untimed" in text or "launch" in text
+    untimed = read_metadata(os.path.join(root, "fsdp3", "rank=0"))["collectives_untimed"]  # >= 6 reduce-scatters
+    assert f"- collectives_untimed: {untimed:,} collectives timed to their launch only" in text
+    report = json.loads(_cli("report", os.path.join(root, "fsdp3"), "--json"))
+    assert "collectives_untimed" in {c["code"] for c in report["caveats"]}
 
 
 @pytest.mark.xfail(

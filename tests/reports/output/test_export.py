@@ -379,3 +379,22 @@ def test_export_refuses_to_write_inside_the_trace(loops, tmp_path, capsys, name)
         "which holds only the tracer's files: write it elsewhere"
     )
     assert sorted(p.name for p in trace.iterdir()) == sorted(p.name for p in loops[0].iterdir())  # nothing added
+
+
+def test_export_names_a_bound_and_the_metadata_caveats(tmp_path):
+    """A figure that is a bound and what the report's caveats say of the metadata are in the export too: the op's
+    `flops_bound` arg and otherData's "caveats" per rank."""
+    x = torch.empty(16, 8, dtype=torch.bfloat16, device="meta")
+    experts = torch.empty(2, 8, 8, dtype=torch.bfloat16, device="meta")
+    offs = torch.empty(2, dtype=torch.int32, device="meta")
+    norm = torch.nn.RMSNorm(8, dtype=torch.bfloat16, device="meta")
+    with Tracer(tmp_path / "t", model=norm):
+        torch._grouped_mm(x, experts, offs=offs)  # meta offsets: every token met once, 2 * 16 * 8 * 8 = 2048, a bound
+        norm(x.requires_grad_()).sum().backward()  # on meta: recorded as CUDA's fused kernel
+    export_chrome(tmp_path / "t", tmp_path / "t.json")
+    written = json.loads((tmp_path / "t.json").read_text())
+    ops = [e for e in written["traceEvents"] if e["ph"] == "X"]
+    grouped = [e["args"] for e in ops if e["args"]["op"] == "aten._grouped_mm.default"]
+    assert [(a["flops"], a.get("flops_bound")) for a in grouped] == [(2048, True)]
+    assert all("flops_bound" not in e["args"] for e in ops if e["args"]["op"] != "aten._grouped_mm.default")
+    assert [c["code"] for c in written["otherData"]["caveats"]["0"]] == ["fused_standins"]
