@@ -2,6 +2,7 @@
 each with its default, written once (Options), and their check before any work (Options.checked)."""
 
 import dataclasses
+import functools
 import inspect
 
 from reports.errors import ReportError
@@ -50,12 +51,24 @@ class Options:
 
 
 def takes_options(function):
-    """`function(..., **options)` shown with Options' fields as its keywords, each with its default (help,
-    inspect.signature)."""
+    """`function(head..., **options)` called as it was before Options: its options (Options' fields, in their order, each
+    with its default) given by keyword or by position after `head`, shown in its signature (help, inspect.signature); a
+    keyword it does not take, or one given twice, is `function`'s TypeError."""
     *head, _ = inspect.signature(function).parameters.values()
     keywords = [
-        inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default)
+        inspect.Parameter(f.name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=f.default)
         for f in dataclasses.fields(Options)
     ]
-    function.__signature__ = inspect.Signature([*head, *keywords])
-    return function
+    signature = inspect.Signature([*head, *keywords])
+
+    @functools.wraps(function)
+    def call(*args, **kwargs):
+        try:
+            given = signature.bind(*args, **kwargs).arguments
+        except TypeError as exc:
+            raise TypeError(f"{function.__name__}() {exc}") from None
+        first = [given.pop(p.name) for p in head]
+        return function(*first, **given)
+
+    call.__signature__ = signature
+    return call

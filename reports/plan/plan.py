@@ -98,7 +98,8 @@ _RETRACE = (
 @takes_options
 def plan(df, gpu, **options):
     """Plan each run of `df` on `gpu` (a name of reports.plan.devices.GPUS, or "cpu": the CPU
-    the trace ran on). `options`: the keywords of reports.plan.options.Options, with its defaults (gpus_per_node=8,
+    the trace ran on). `options`: the fields of reports.plan.options.Options by keyword (or by position, in this
+    order), with their defaults (gpus_per_node=8,
     micro_batch=None, batch=None, overlap="prefetch", assumptions=None, pp=1, micro_batches=1, schedule="1f1b",
     virtual_stages=1, cp=1, calibrated=None; `help(plan)` lists them). `gpus_per_node`: the GPUs a node's links join;
     `micro_batch`: sequences per rank to plan (default the traced batch,

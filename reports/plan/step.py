@@ -46,9 +46,11 @@ def steady_step(rows):
     """(rows to price, note or None): of a trace of several training steps, the last complete one (forward,
     backward and optimizer rows, when the trace has any), without the first step's one-off work (AdamW's
     zeros_like making its state; under FakeTensorMode the lift_fresh of its scalars); else every row. The plan's
-    batch is read from the first step's forward (reports.plan.fit.traced_batch): a last step whose forward and
-    backward FLOPs differ from the first's (a DataLoader's partial last batch) is passed over for the last complete
-    one whose FLOPs are the first's, and where none is, the note says that the step priced is unlike the first."""
+    batch is read from the first step's forward (reports.plan.fit.traced_batch): a last step whose forward FLOPs
+    differ from the first's (a DataLoader's partial last batch) is passed over for the last complete one whose forward
+    FLOPs are the first's, and where none is, the note says that the step priced is unlike the first. Forward FLOPs
+    only: a backward's may differ at the same batch (gradients accumulated into those a step before left, as
+    zero_grad(set_to_none=False) or a GAN's generator step leave them, add one FLOP per element from the second step)."""
     step = rows.ints("step")
     phase = rows.objects("phase")
     seen = {}
@@ -62,22 +64,22 @@ def steady_step(rows):
     if not complete:
         return rows, None
     last = max(complete)
-    flops = np.where(np.isin(phase.astype(str), _TRAINING), rows.floats("flops"), 0.0)
+    flops = np.where(phase.astype(str) == "forward", rows.floats("flops"), 0.0)
     ids, at = np.unique(step, return_inverse=True)
     sums = dict(zip(ids.tolist(), np.bincount(at, weights=flops, minlength=len(ids)).tolist()))
-    work = {s: sums[s] for s in (training[0], *complete)}  # forward + backward FLOPs of each step
+    work = {s: sums[s] for s in (training[0], *complete)}  # forward FLOPs of each step
     like = [s for s in complete if s != training[0] and work[s] == work[training[0]]]
     unlike = ""
     if work[last] != work[training[0]]:
         if like:
             unlike = (
-                f" with the first step's forward and backward FLOPs ({work[training[0]]:,.0f}), whose batch the plan "
+                f" with the first step's forward FLOPs ({work[training[0]]:,.0f}), whose batch the plan "
                 f"reads; step {last} has {work[last]:,.0f}: a partial last batch or another length"
             )
             last = max(like)
         else:
             unlike = (
-                f"; its forward and backward FLOPs ({work[last]:,.0f}) are not the first step's "
+                f"; its forward FLOPs ({work[last]:,.0f}) are not the first step's "
                 f"({work[training[0]]:,.0f}), whose batch the plan reads: the steps ran other batches or lengths, "
                 "which the plan does not follow"
             )

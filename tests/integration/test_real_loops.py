@@ -159,7 +159,7 @@ def test_plan_prices_a_step_of_the_batch_it_reads_not_a_partial_last_batch(tmp_p
     # forward 2·N·T = 2·32,768·5 = 327,680; backward dL/dW 327,680 + the second layer's dL/dx 2·5·256·64 = 163,840;
     # relu, square and mean 1,280 + 320 + 320 forward, their gradients 1,280 + 4·320 backward: 819,200 + 4,480
     assert planned["model_flops_per_step"] == 823680  # was 329,472: step 2's 2 rows
-    assert "step 2 has 329,472: a partial last batch" in notes
+    assert "step 2 has 131,840: a partial last batch" in notes  # its forward: 2·N·2 + 512 + 128 + 128
 
 
 # ------------------------------------------------------------------ torch.compile(fullgraph=True), another length

@@ -11,6 +11,7 @@ intensity 2 x 1024 x d^2 / (2 x (1024 d + d^2 + 1024 d)) = 819 FLOP/B at d = 819
 ridge (989.4e12 x 0.8) / (3.35e12 x 0.8) = 295: compute-bound, as on an A100 (312e12 / 2.039e12 = 153).
 """
 
+import inspect
 import json
 
 import numpy as np
@@ -388,6 +389,19 @@ def test_bad_arguments_name_the_value(small):
         reports.plan(small, "H100", assumptions={"matmul_efficiency": 1.5})
     with pytest.raises(reports.ReportError, match="this trace ran on 'meta'"):
         reports.plan(small, "cpu")
+
+
+def test_plan_takes_its_options_by_position_and_names_itself_for_a_bad_keyword(small):
+    """reports.plan(df, gpu, gpus_per_node, micro_batch, ...) as at 8aabd0a, before reports.plan.options.Options: the
+    options in their order may be given by position, and a keyword it does not take is plan()'s TypeError."""
+    by_name = reports.plan(small, "H100", gpus_per_node=4, micro_batch=2)
+    by_position = reports.plan(small, "H100", 4, 2)  # gpus_per_node=4, micro_batch=2
+    assert by_position.equals(by_name)
+    assert list(inspect.signature(reports.plan).parameters)[:4] == ["df", "gpu", "gpus_per_node", "micro_batch"]
+    with pytest.raises(TypeError, match=r"^plan\(\) got an unexpected keyword argument 'micro_bach'$"):
+        reports.plan(small, "H100", micro_bach=2)
+    with pytest.raises(TypeError, match=r"^plan\(\) multiple values for argument 'gpus_per_node'$"):
+        reports.plan(small, "H100", 4, gpus_per_node=4)
 
 
 @pytest.mark.parametrize("value", ["1e-320", "0.0099"])

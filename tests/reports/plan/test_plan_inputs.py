@@ -345,6 +345,35 @@ def test_a_trace_of_several_steps_prices_its_last_complete_step(tmp_path):
     assert not any(n.startswith("the traced step is the optimizer's first") for n in notes)
 
 
+def test_a_partial_last_batch_is_passed_over_when_gradients_accumulate_into_zeroed_ones(tmp_path):
+    """12 samples in batches of 5, 5, 2 through Linear(64, 256) -> ReLU -> Linear(256, 64), no biases, N = 32,768,
+    with zero_grad(set_to_none=False): from the second step the backward adds each weight's gradient into the zeroed
+    one left (1 FLOP per element, 32,768), so no step's forward + backward FLOPs were the first's, and the plan priced
+    the partial batch of 2 as the batch of 5 it reads. The forward FLOPs find step 1, of the first's batch."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(64, 256, bias=False), torch.nn.ReLU(), torch.nn.Linear(256, 64, bias=False)
+    )
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(12, 64)), batch_size=5)
+    with Tracer(tmp_path / "t", model=model, tokens=5):
+        for (x,) in loader:
+            model(x).square().mean().backward()
+            opt.step()
+            opt.zero_grad(set_to_none=False)
+    df = reports.load(tmp_path / "t")
+    # forward 2·N·5 = 327,680 + relu 1,280 + square 320 + mean 320 = 329,600; backward at step 0: dL/dW 327,680 +
+    # dL/dx 2·5·256·64 = 163,840 + 2,560 of the small ops = 494,080, + the accumulating add 32,768 from step 1
+    forward = df[df["phase"] == "forward"].groupby("step")["flops"].sum().tolist()
+    backward = df[df["phase"] == "backward"].groupby("step")["flops"].sum().tolist()
+    assert (forward, backward) == ([329600, 329600, 131840], [494080, 526848, 230400])
+    table = reports.plan(df, gpu="H100")
+    planned, notes = table.iloc[0], " ".join(table.attrs["plan"]["t"]["notes"])
+    assert planned["batch"] == 5
+    assert planned["model_flops_per_step"] == 329600 + 526848  # step 1's; was step 2's 131,840 + 230,400 = 362,240
+    assert "those of step 1" in notes and "step 2 has 131,840: a partial last batch" in notes
+
+
 def test_a_damaged_trace_says_so_in_the_plan(tmp_path, capsys):
     """A trace with a part deleted is planned from the rows it has (as the report is), and the plan names the damage
     in its notes (text and --json), as the report, --json and export do: not only in a note on stderr."""
