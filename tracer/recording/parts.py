@@ -105,6 +105,7 @@ class TraceParts:
         meta["optimizer_params"] = sum(self._attr.updated.values())  # the parameter elements optimizer steps updated
         meta["cycles_without_step"] = self._steps.cycles_without_step()  # tracer.recording.steps
         meta["optimizer_state_found_late"] = self._optimizers.found_late
+        meta["collectives_untimed"] = self._completions.untimed  # (a flush adds those its rows' completions found)
         regions = self._eager.facts()  # compiled regions run eagerly so far (tracer.recording.compiled EagerCompiled)
         if regions is not None:
             meta["compiled_regions_eager"] = regions

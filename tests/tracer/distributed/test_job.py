@@ -163,12 +163,6 @@ def test_tensor_parallel_rank_n_is_the_whole_model_with_its_shard_beside_it(tmp_
     assert (summary["params"], summary["n_rank"]) == (32768, 8192)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="tracer.recording.parts._metadata lacks collectives_untimed (only _flush adds it): a late metadata update "
-    "(set_step_time, set_ceiling, set_bandwidth) writes the newest part without it, and the report's "
-    "distributed.collectives_untimed reads null",
-)
 def test_a_late_metadata_update_keeps_the_count_of_untimed_collectives(tmp_path, capsys):
     import os
     import warnings
