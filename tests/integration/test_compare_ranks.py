@@ -100,3 +100,12 @@ def test_a_frame_filtered_to_one_rank_compares_that_rank_of_each_trace(jobs):
     # every change +inf%
     assert list(forward.index) == ["a/rank=1", "b/rank=1"]
     assert forward["flops_change_pct"].tolist() == [0.0, 100.0]  # 136 -> 272 FLOPs per step
+
+
+def test_a_distributed_trace_compares_with_itself(jobs):
+    a, _ = jobs
+    code, text = _cli(a, a, "--json")  # before: "rank=0 and rank=0 hold the same trace", exit 2
+    found = json.loads(text)
+    assert code == 0 and found["runs"] == ["a/rank=0", "a/rank=1", "a/rank=0#2", "a/rank=1#2"]
+    forward = [(r["run"], r["flops_per_step"], r["flops_change_pct"]) for r in found["rows"] if r["phase"] == "forward"]
+    assert forward == [(run, 136, 0.0) for run in found["runs"]]  # 2·2·8·4 + 2·4 = 136 in every run
