@@ -26,14 +26,16 @@ _TYPES = {f.name: f.type for f in ARROW_SCHEMA}
 
 
 def run_names(df):
-    """The runs of a loaded trace in load order (even those a filter has emptied)."""
+    """The runs of a loaded trace in load order: those with a row in `df` (a frame filtered to some ranks keeps every
+    run's metadata in attrs: the others would be tables' runs of no rows, NaN), all of them where none has one."""
     import pandas as pd  # a DataFrame's: pandas is loaded
 
-    runs = df.attrs.get("runs")
-    if runs:
-        return list(runs)
     col = df["run"]
-    return list(col.cat.categories) if isinstance(col.dtype, pd.CategoricalDtype) else list(pd.unique(col))
+    runs = df.attrs.get("runs")
+    if not runs:
+        return list(col.cat.categories) if isinstance(col.dtype, pd.CategoricalDtype) else list(pd.unique(col))
+    present = set(col.unique().tolist()) if len(df) else set()
+    return [name for name in runs if name in present] or list(runs)
 
 
 @contextmanager

@@ -250,6 +250,9 @@ def test_the_library_on_one_rank_of_a_distributed_frame_reports_that_rank_only(r
     assert reports.breakdown(one).equals(reports.breakdown(alone))  # one run: no run column
     assert set(reports.mfu(one, step_time_s=0.01, peak_flops=1e12)["run"]) == {"ddp3/rank=1"}
     assert not any(line.startswith("ddp3/rank=0") for line in reports.explain(one))
+    roofs = {"peak_flops": 1e11, "bandwidth": 1e10}
+    split = reports.roofline_split(one, **roofs)  # rank 0 was in it too, its rows NaN
+    assert split.equals(reports.roofline_split(alone, **roofs)) and not split["time_s"].isna().any()
 
 
 def test_the_roofline_does_not_call_a_collective_memory_bound(runs):
