@@ -34,6 +34,7 @@ as JSON without pandas; compare() makes it a DataFrame at the end.
 
 import math
 import os
+import re
 import sys
 
 import numpy as np
@@ -47,6 +48,8 @@ from reports.compare_table import (
     TOTAL,
     RunTable,
     at_depth,
+    baselines_of,
+    check_baseline,
     frame_of,
     keyed,
     largest,
@@ -66,6 +69,7 @@ __all__ = [
     "Figures",
     "RunTable",
     "at_depth",
+    "baselines_of",
     "check_baseline",
     "check_by",
     "columns",
@@ -93,15 +97,6 @@ def check_by(by):
 def check_depth(depth):
     if depth is not None and (isinstance(depth, bool) or not isinstance(depth, int) or depth < 1):
         raise ReportError(f"compare: depth must be a whole number >= 1 (module path names kept), got {depth!r}")
-
-
-def check_baseline(baseline, runs):
-    """The baseline run's name: the first run by default."""
-    if baseline is None:
-        return runs[0]
-    if baseline not in runs:
-        raise ReportError(f"compare: baseline {baseline!r} is not one of the runs {runs}")
-    return baseline
 
 
 def columns(by="phase"):
@@ -168,14 +163,17 @@ class Figures:
     `steps` {phase: steps it ran in} (reports.sql.engine.Trace.phase_steps), `train_steps` (the run's training
     steps), `mfu` (percent or NaN), `categories` ({memory category: bytes live at the run's peak}, reports.by_category;
     a str saying why where it could not be computed). A baseline file (reports.baseline) stores exactly these, so its
-    tables are the trace's."""
+    tables are the trace's. `rank` and `job`: the run's rank and which distributed trace it is a rank of (a key equal
+    for the ranks of one trace), None for a trace of one process and a baseline file (reports.compare.baselines_of
+    pairs runs by them)."""
 
     VIEWS = VIEWS
 
-    def __init__(self, name, views, steps, train_steps, mfu, categories=None):
+    def __init__(self, name, views, steps, train_steps, mfu, categories=None, rank=None, job=None):
         self.name, self.views, self.steps = name, views, dict(steps)
         self.train_steps, self.mfu = int(train_steps), float(mfu)
         self.categories = categories if isinstance(categories, str) else dict(categories or {})
+        self.rank, self.job = rank, job
 
     def per_step(self, totals, figures, keys=()):
         """reports.sql.per_step.per_step_arrays of a view's rows of this run ({column: array}): ([key tuple],
@@ -212,6 +210,19 @@ def _where(arrays, mask):
     return {c: a[mask] for c, a in arrays.items()}
 
 
+_RANK_RUN = re.compile(r"^(?P<job>.*)/rank=(?P<rank>[0-9]+)(?P<copy>#[0-9]+)?$")
+
+
+def _rank_of(name, rank):
+    """(rank, job) of a run of a Trace (its rank, reports.sql.engine.Trace.ranks, and its name): a run named like a
+    rank of a distributed trace by reports.loading.load.run_name ("a/rank=1", "a/rank=1#2" for a second copy) is a
+    rank of the job "a" ("a#2"); any other run (None, None)."""
+    found = _RANK_RUN.match(name) if rank is not None else None
+    if found is None or int(found["rank"]) != int(rank):
+        return None, None
+    return int(rank), found["job"] + (found["copy"] or "")
+
+
 def figures(trace):
     """[Figures] of every run of `trace` (a reports.sql.engine.Trace), in run order."""
     views = {}
@@ -229,7 +240,8 @@ def figures(trace):
             mine[v] = _where(arrays, np.asarray(arrays["run_index"]) == i)
             mine[v]["run_index"] = np.zeros(len(mine[v]["run_index"]), dtype=np.int32)
         mem = categories if isinstance(categories, str) else categories.get(run, {})
-        out.append(Figures(run, mine, steps[i], max(1, fb or traced), mfu.get(run, np.nan), mem))
+        rank, job = _rank_of(run, trace.ranks[i])
+        out.append(Figures(run, mine, steps[i], max(1, fb or traced), mfu.get(run, np.nan), mem, rank, job))
     return out
 
 
@@ -278,16 +290,19 @@ def of_sources(items, found):
     and every run of a trace path, taken in order from `found` (the Figures of every run of the traces among `items`,
     reports.compare.figures): one for a trace of one process, one per rank for a distributed trace (`rank=R`
     directories: reports.loading.load.runs_with_ranks). A baseline's run named like a traced run is renamed
-    "<name> (baseline)". ReportError for a traced run of no ops: its figures would all read as falls of 100%."""
+    "<name> (baseline)". A rank's Figures take the rank and, as job, the item's position (two copies of one
+    distributed trace are two jobs). ReportError for a traced run of no ops: its figures would all read as falls
+    of 100%."""
     found, kept = iter(found), []  # (Figures, read from a baseline file?)
-    for item in items:
+    for n, item in enumerate(items):
         if isinstance(item, Figures):
             kept.append((item, False))
         elif is_baseline(item):
             kept.append((Figures(**load_baseline(item)), True))
         else:
-            for path, _ in runs_with_ranks([item]):
+            for path, rank in runs_with_ranks([item]):
                 run = next(found)
+                run.rank, run.job = (None, None) if rank is None else (rank, n)
                 if not _has_ops(run):
                     raise ReportError(
                         f"{path}: the trace has no ops (nothing ran inside `with Tracer(...)`); nothing to compare"
@@ -354,7 +369,9 @@ def compare(df_or_paths, by="phase", baseline=None, depth=None):
                  rows with a `run` column), paths of traces and of baseline files (reports.baseline),
                  a reports.sql.engine.Trace, or a list of reports.compare.Figures
     by           "phase", "op" or "module"
-    baseline     the run the changes are against (its name); default the first run
+    baseline     the run the changes are against (its name); default the first run. When it is a rank
+                 of a distributed trace, each run is compared with that trace's run of its rank
+                 (reports.compare.baselines_of) and that trace's runs are baselines
     depth        by module: keep the first `depth` names of each module path (a module and its submodules)
     See the module docstring for the columns. The figures are compare.sql's views, run over the
     frame's rows (reports.sql.frame) or over the traces' files; the table is `optrace compare`'s
@@ -366,11 +383,12 @@ def compare(df_or_paths, by="phase", baseline=None, depth=None):
 
 
 def side_by_side_runs(runs, by, baseline=None, depth=None):
-    """The compare table ({column: numpy array}, reports.compare_table.side_by_side) of [Figures]."""
+    """The compare table ({column: numpy array}, reports.compare_table.side_by_side) of [Figures], each run against
+    its baseline (reports.compare.baselines_of)."""
     names = [r.name for r in runs]
-    baseline = check_baseline(baseline, names)
+    pairs = baselines_of(runs, baseline)
     tables = {r.name: table_of(r, by, depth) for r in runs}
-    return side_by_side(tables, names, baseline, {r.name: r.mfu for r in runs}, by)
+    return side_by_side(tables, names, pairs, {r.name: r.mfu for r in runs}, by)
 
 
 def save_baseline(trace, path, source=None):

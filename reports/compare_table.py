@@ -1,5 +1,5 @@
 """reports.compare's table over numpy arrays: one run's figures by key (RunTable, from the rows of compare.sql's
-views), the runs side by side with signed changes against the baseline (side_by_side: {column: array}), and that
+views), the runs side by side with signed changes against each run's baseline (side_by_side: {column: array}), and that
 table as compare()'s DataFrame (frame_of) or as rows of Python values (rows_of, `optrace compare --json`).
 
 A table of side_by_side holds the columns of reports.compare's docstring in order, each a numpy array: the key and
@@ -11,12 +11,16 @@ import math
 
 import numpy as np
 
+from reports.errors import ReportError
+
 __all__ = [
     "BY",
     "CHANGES",
     "TOTAL",
     "RunTable",
     "at_depth",
+    "baselines_of",
+    "check_baseline",
     "column_types",
     "frame_of",
     "keyed",
@@ -96,6 +100,30 @@ def keyed(totals, by, depth):
     return out
 
 
+def check_baseline(baseline, runs):
+    """The baseline run's name: the first run by default."""
+    if baseline is None:
+        return runs[0]
+    if baseline not in runs:
+        raise ReportError(f"compare: baseline {baseline!r} is not one of the runs {runs}")
+    return baseline
+
+
+def baselines_of(runs, baseline=None):
+    """{run name: the name of the run its changes are against} of [reports.compare.Figures]. The baseline run is
+    `baseline` (default the first run). When it is a rank of a distributed trace (Figures.job), each run of that
+    trace is a baseline of its own (against itself: no change) and a run of another trace is compared with the
+    baseline trace's run of its rank (b/rank=1 against a/rank=1); a run of one process, or of a rank the baseline
+    trace lacks, is compared with `baseline`. Else every run is compared with `baseline`."""
+    names = [r.name for r in runs]
+    first = check_baseline(baseline, names)
+    job = runs[names.index(first)].job
+    if job is None:
+        return dict.fromkeys(names, first)
+    ranks = {r.rank: r.name for r in runs if r.job == job}
+    return {r.name: r.name if r.job == job else ranks.get(r.rank, first) if r.rank is not None else first for r in runs}
+
+
 def _own_keys(table, by):
     """`table` with a key named like the whole-run row (a module named `total`) renamed "total (module)"."""
     if TOTAL not in table.keys[1:]:
@@ -128,16 +156,18 @@ def _aligned(table, where):
 
 def side_by_side(tables, runs, baseline, mfu, by):
     """The compare table ({column: array}) from each run's RunTable `tables` {run: RunTable}, `mfu` {run: MFU in
-    percent}: signed changes, change_pct; the total rows first, then the keys by their largest |change_pct|, each
-    key's rows in run order."""
+    percent}: signed changes against `baseline` (a run's name, or {run: its baseline run}:
+    reports.compare.baselines_of), change_pct; the total rows first, then the keys by their largest |change_pct|,
+    each key's rows in run order."""
+    pairs = baseline if isinstance(baseline, dict) else dict.fromkeys(runs, baseline)
     tables = {run: _own_keys(t, by) for run, t in tables.items()}
     keys = list(dict.fromkeys(k for t in tables.values() for k in t.keys))
     where = {k: i for i, k in enumerate(keys)}
     total, n = where[TOTAL], len(keys)
-    base = _aligned(tables[baseline], where)
+    aligned = {run: _aligned(tables[run], where) for run in dict.fromkeys([*runs, *pairs.values()])}
     parts = []
     for run in runs:
-        table = _aligned(tables[run], where)
+        table, base = dict(aligned[run]), aligned[pairs[run]]
         table["steps"] = np.full(n, tables[run].steps, dtype=np.int64)
         table["mfu_pct"] = np.full(n, np.nan)
         table["mfu_pct"][total] = mfu.get(run, np.nan)

@@ -1,6 +1,6 @@
 """What changed between a run and the baseline, in words: the totals, ops added or removed, recompute, dtypes.
 
-    changes(runs)   {run: [sentence, ...]} for every run but the baseline, from [reports.compare.Figures]
+    changes(runs)   {run: [sentence, ...]} for every run but the baselines, from [reports.compare.Figures]
 
 Each sentence comes from compare.sql's views (the per-step totals, compare_recompute, compare_dtypes), so a
 baseline file gives the same words as the trace it was saved from.
@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 
-from reports.compare import TOTAL, check_baseline, rows_of, side_by_side_runs
+from reports.compare import TOTAL, baselines_of, rows_of, side_by_side_runs
 
 __all__ = ["changes", "facts"]
 
@@ -82,18 +82,23 @@ def facts(run):
 
 
 def changes(runs, baseline=None):
-    """{run: [sentence]} of each run but the baseline (default the first) of [reports.compare.Figures]."""
+    """{run: [sentence]} of each run but the baselines (default the first run; a distributed trace's ranks:
+    reports.compare.baselines_of) of [reports.compare.Figures], each against its baseline."""
     names = [r.name for r in runs]
-    baseline = check_baseline(baseline, names)
+    pairs = baselines_of(runs, baseline)
     by_op = side_by_side_runs(runs, "op", baseline)
     totals = side_by_side_runs(runs, "phase", baseline)
-    base_ops = {k: row["ops_per_step"] for k, row in _rows(by_op, "op", baseline).items()}
-    base_run = runs[names.index(baseline)]
-    base_facts = facts(base_run)
+    known = {}  # {baseline run: (its ops per step by op, its Figures, its facts)}
     out = {}
     for run in runs:
+        baseline = pairs[run.name]
         if run.name == baseline:
             continue
+        if baseline not in known:
+            base_run = runs[names.index(baseline)]
+            ops_of = {k: row["ops_per_step"] for k, row in _rows(by_op, "op", baseline).items()}
+            known[baseline] = ops_of, base_run, facts(base_run)
+        base_ops, base_run, base_facts = known[baseline]
         words = []
         t = _rows(totals, "phase", run.name)[TOTAL]
         moved = [

@@ -15,7 +15,9 @@ An expression names a change that is a breach:
 `flops>+1%` breaches when a run's FLOPs per step exceed the baseline's by more than 1%;
 `op:aten.mm.default:flops>+0%` when that op's FLOPs rose at all; `peak_live_bytes<-20%` when the peak fell by more
 than a fifth (a gate against a stale baseline). A module NAME is the module and its submodules (compare by
-module at the depth of NAME). Every run but the baseline (the first) is checked. A key in no run is an error
+module at the depth of NAME). Every run but the baseline (the first) is checked against it; when the baseline is a
+rank of a distributed trace, each run against that trace's run of its rank (reports.compare.baselines_of), that
+trace's ranks unchecked. A key in no run is an error
 (a typo would pass for ever); a peak that cannot be compared (the key has no op in one run) is a breach.
 """
 
@@ -127,10 +129,10 @@ def check(trace, baseline, exprs):
 
 def breaches(runs, rules, baseline=None):
     """[Breach] of parsed `rules` over [reports.compare.Figures]."""
-    from reports.compare import TOTAL, check_baseline, rows_of, side_by_side_runs, signed_change
+    from reports.compare import TOTAL, baselines_of, rows_of, side_by_side_runs, signed_change
 
     names = [r.name for r in runs]
-    baseline = check_baseline(baseline, names)
+    pairs = baselines_of(runs, baseline)
     tables, out = {}, []
     for rule in rules:
         by = "phase" if rule.scope == "total" else rule.scope
@@ -145,17 +147,16 @@ def breaches(runs, rules, baseline=None):
                 f"compare: --fail-if {rule.text!r}: no {rule.scope} {rule.name!r} in any run ({', '.join(names)})"
             )
         column = METRICS[rule.metric]
-        base = _float(rows[baseline][column])
         for run in names:
-            if run == baseline:
+            if pairs[run] == run:  # a baseline
                 continue
-            value = _float(rows[run][column])
+            value, base = _float(rows[run][column]), _float(rows[pairs[run]][column])
             if rule.percent:
                 change = float(signed_change([value], [base])[0])
             else:
                 change = value - base
             if change != change or _CMP[rule.cmp](change, rule.limit):
-                out.append(Breach(rule.text, run, baseline, key, rule.metric, value, base, change, rule.percent))
+                out.append(Breach(rule.text, run, pairs[run], key, rule.metric, value, base, change, rule.percent))
     return out
 
 

@@ -165,7 +165,7 @@ def _meter_errors(path):
 
 def _compare(args):
     from reports.baseline import is_baseline
-    from reports.compare import columns, figures, of_sources, save_baseline, side_by_side_runs
+    from reports.compare import baselines_of, columns, figures, of_sources, save_baseline, side_by_side_runs
     from reports.compare_words import changes
     from reports.gate import breaches, parse
     from reports.output.compare_text import compare_json, compare_text
@@ -187,18 +187,20 @@ def _compare(args):
             f"optrace compare: saved the baseline of {printable(run.name)} ({args.traces[0]}) to {args.save_baseline}"
         )
         return 0
-    names = [r.name for r in runs]
+    names, pairs = [r.name for r in runs], baselines_of(runs)  # a distributed baseline: each run against its rank
     table = side_by_side_runs(runs, args.by, None, args.depth)
     words = changes(runs)
     found_breaches = breaches(runs, rules)
     if args.json:
         print(
             json.dumps(
-                compare_json(table, names, args.by, names[0], words, rules, found_breaches), indent=2, allow_nan=False
+                compare_json(table, names, args.by, names[0], words, rules, found_breaches, pairs),
+                indent=2,
+                allow_nan=False,
             )
         )
     else:
-        print(compare_text(table, names, names[0], args.by, words, args.top, rules, found_breaches))
+        print(compare_text(table, names, names[0], args.by, words, args.top, rules, found_breaches, pairs))
     for b in found_breaches:
         print(f"optrace compare: breach: {printable(b)}", file=sys.stderr)
     return 1 if found_breaches else 0

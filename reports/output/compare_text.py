@@ -8,7 +8,9 @@ Text, for runs fp32 (the baseline) and bf16:
     <table: key, run, ops/step, ±ops, flops/step, ±flops, alloc/step, ±alloc, peak_live, ±peak>
     Gate: 2 checks, 1 breached
 
-Each ± is the signed change against the baseline's value of the same key ("new": the baseline has none).
+Each ± is the signed change against the baseline's value of the same key ("new": the baseline has none). When the
+baseline is a distributed trace, each run is compared with its run of the same rank (reports.compare.baselines_of),
+and the first line says which run is against which.
 """
 
 import math
@@ -60,9 +62,10 @@ def _signed(v):
     return f"{v:+.1f}%"
 
 
-def _arrow(table, by, keys, baseline):
+def _arrow(table, by, keys, bases):
     """The rows of `keys` of the compare table ({column: numpy array}) with the text's columns, as a pyarrow Table
-    (reports.arrays: no pandas), and their formatters: a change of the baseline's own rows left blank."""
+    (reports.arrays: no pandas), and their formatters: a change of the rows of a baseline (a run of `bases`) left
+    blank."""
     import numpy as np
     import pyarrow as pa
 
@@ -70,7 +73,7 @@ def _arrow(table, by, keys, baseline):
 
     kept = set(keys)
     at = np.flatnonzero([k in kept for k in table[by]])
-    is_base = [r == baseline for r in table["run"][at]]
+    is_base = [r in bases for r in table["run"][at]]
     data = {by: strings(table[by][at]), "run": strings(table["run"][at])}
     for column, _ in _SHOWN:
         values = np.asarray(table[column][at], dtype=np.float64)
@@ -86,39 +89,66 @@ def _arrow(table, by, keys, baseline):
     return shown, formatters
 
 
-def compare_text(table, runs, baseline, by, words, top, rules=(), breaches=()):
+def _against(runs, pairs):
+    """The first line's "X, Y against A" for each baseline A (reports.compare.baselines_of's `pairs`), and the
+    baselines."""
+    bases = [r for r in runs if pairs[r] == r]
+    against = {}
+    for r in runs:
+        if pairs[r] != r:
+            against.setdefault(pairs[r], []).append(printable(r))
+    said = "; ".join(f"{', '.join(others)} against {printable(base)}" for base, others in against.items())
+    return said, bases
+
+
+def compare_text(table, runs, baseline, by, words, top, rules=(), breaches=(), baselines=None):
     """The text `optrace compare` prints (a str) of the compare table ({column: numpy array},
-    reports.compare_table.side_by_side)."""
+    reports.compare_table.side_by_side); `baselines` {run: its baseline run} (reports.compare.baselines_of;
+    default every run against `baseline`)."""
     from reports.output.table import render
 
-    others = ", ".join(printable(r) for r in runs if r != baseline)
-    lines = [f"optrace compare: {others} against {printable(baseline)} (baseline); per step, except peak_live"]
+    pairs = baselines or dict.fromkeys(runs, baseline)
+    said, bases = _against(runs, pairs)
+    if len(bases) == 1:
+        head = f"{said} (baseline)"
+    else:  # a distributed trace's ranks, each the baseline of the other traces' run of its rank
+        head = f"{said} (baselines by rank: {', '.join(printable(b) for b in bases)})"
+    lines = [f"optrace compare: {head}; per step, except peak_live"]
     for run, said in words.items():
         lines.append(f"What changed in {printable(run)}:")
         lines += [f"  {printable(w)}" for w in said]
     keys = list(dict.fromkeys(table[by]))[:top]  # whole keys: a run's row never cut from its pair
-    shown, formatters = _arrow(table, by, keys, baseline)
+    shown, formatters = _arrow(table, by, keys, set(bases))
     header = [by, "run", *(h for _, h in _SHOWN)]
     text = render(shown, formatters, "", header)
     lines.append(text)
-    lines.append(
-        f"±: signed change against {printable(baseline)}'s value for the same {by} (new: {printable(baseline)} has none); "
-        "alloc: bytes allocated"
-    )
+    if len(bases) == 1:
+        base = printable(bases[0])
+        lines.append(
+            f"±: signed change against {base}'s value for the same {by} (new: {base} has none); alloc: bytes allocated"
+        )
+    else:
+        lines.append(
+            f"±: signed change against the value of the run's baseline (first line) for the same {by} (new: the "
+            "baseline has none); alloc: bytes allocated"
+        )
     if rules:
         lines.append(f"Gate: {len(rules)} check{'s' if len(rules) != 1 else ''}, {len(breaches)} breached")
         lines += [f"  BREACH {printable(b)}" for b in breaches]
     return "\n".join(lines)
 
 
-def compare_json(table, runs, by, baseline=None, words=None, rules=(), breaches=()):
-    """`compare --json`: one object with the runs, the baseline, the column meanings, the rows, the words and the
+def compare_json(table, runs, by, baseline=None, words=None, rules=(), breaches=(), baselines=None):
+    """`compare --json`: one object with the runs, the baseline, each run's baseline ({run: its baseline run},
+    reports.compare.baselines_of; a baseline run maps to itself), the column meanings, the rows, the words and the
     gate. `table` the compare table ({column: numpy array}) or compare()'s DataFrame."""
     runs = list(runs)
+    baseline = baseline or runs[0]
     out = {
         "by": by,
         "runs": runs,
-        "baseline": baseline or runs[0],
+        "baseline": baseline,
+        "baselines": dict(baselines or dict.fromkeys(runs, baseline)),
         "columns": {by: f"the {by} ('total': the whole run)", **COMPARE_COLUMNS},
         "note": 'a change x / 0 is the string "inf"; null is a value that cannot be known (a peak of a key with no op, '
         "MFU without a step time)",

@@ -407,3 +407,33 @@ def test_a_view_column_of_integers_holding_a_null_reads_as_float64_nan():
     assert got["peak_live_bytes"].dtype == np.float64 and got["peak_live_bytes"].tolist()[0] == 1488.0
     assert np.isnan(got["peak_live_bytes"][1])
     assert got["ops"].dtype == np.int64 and got["ops"].tolist() == [8, 3]
+
+
+def test_a_distributed_baseline_pairs_each_run_with_its_rank():
+    from reports.compare import Figures, baselines_of
+
+    def run(name, rank=None, job=None):
+        return Figures(name, {}, {}, 1, float("nan"), None, rank, job)
+
+    runs = [run("a/rank=0", 0, "a"), run("a/rank=1", 1, "a")]
+    runs += [run("b/rank=0", 0, "b"), run("b/rank=1", 1, "b"), run("b/rank=2", 2, "b"), run("c")]
+    # a's ranks are baselines (each against itself); b/rank=2 (a has no rank 2) and c (one process) against a/rank=0
+    assert baselines_of(runs) == {
+        "a/rank=0": "a/rank=0",
+        "a/rank=1": "a/rank=1",
+        "b/rank=0": "a/rank=0",
+        "b/rank=1": "a/rank=1",
+        "b/rank=2": "a/rank=0",
+        "c": "a/rank=0",
+    }
+    # a baseline named in a distributed trace: pairs within it, a rank it lacks and c against the run named
+    assert baselines_of(runs, "b/rank=1") == {
+        "a/rank=0": "b/rank=0",
+        "a/rank=1": "b/rank=1",
+        "b/rank=0": "b/rank=0",
+        "b/rank=1": "b/rank=1",
+        "b/rank=2": "b/rank=2",
+        "c": "b/rank=1",
+    }
+    # a baseline of one process: every run against it, as before
+    assert baselines_of(runs, "c") == dict.fromkeys([r.name for r in runs], "c")
