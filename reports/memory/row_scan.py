@@ -29,6 +29,7 @@ __all__ = ["CELLS", "Scan"]
 
 _NONE = np.iinfo(np.int64).max
 _FIRST_ROWS = 1 << 16  # rows the arrays hold before the first batch (Scan grows them up to the rows counted)
+_NARROWED = ("seq", "step")  # int32 while fed where they fit (Scan.__init__)
 CELLS = ("input_dtypes", "input_shapes", "input_strides")  # kept at the rows where a storage is first seen as an input
 
 
@@ -115,7 +116,9 @@ class Scan:
         """`rows`: the run's row count in its footers, a claim: arrays grow to it as rows come, never before; `codes`:
         the reports.sql.rowpass.CodeBook the consumers of the Trace's read share (the op names' codes)."""
         self.ops, self._collective = (codes if codes is not None else CodeBook())["op"], np.zeros(0, dtype=bool)
-        kinds = {"phase": np.int16, "n_inputs": np.int32, "n_outputs": np.int32, "n_freed": np.int32}
+        # seq and step in int32 while fed where their values fit (int64 from the first batch whose values do not:
+        # 8 MB a million rows held through the Trace's open), in int64 from `finish`
+        kinds = {c: np.int32 for c in ("seq", "step", "n_inputs", "n_outputs", "n_freed")} | {"phase": np.int16}
         self.n, self.done, self.named = rows, 0, {}  # named: {phase: code} where phases come as strings
         self.arrays = {c: np.empty(min(rows, _FIRST_ROWS), kinds.get(c, np.int64)) for c in self._NAMES}
         self.first_in, self.first_out, self.first_size = _Firsts(), _Firsts(), _Firsts()
@@ -139,7 +142,10 @@ class Scan:
         arrays, names, self.held = self.arrays, self._NAMES, batch.schema.names
         rows = slice(self.done, end)
         for c in names[:5]:
-            arrays[c][rows] = self._phases(batch.column(c)) if c == "phase" else numpy_of(batch.column(c))
+            values = self._phases(batch.column(c)) if c == "phase" else numpy_of(batch.column(c))
+            if c in _NARROWED and arrays[c].dtype != values.dtype and not _fits(values):
+                arrays[c] = self._grown(arrays[c], len(arrays[c]), values.dtype)
+            arrays[c][rows] = values
         ids = []
         for c, length in zip(("input_storage_ids", "output_storage_ids", "freed_storage_ids"), names[5:]):
             column = batch.column(c)  # no null list or item: the Trace's checks
@@ -204,9 +210,10 @@ class Scan:
         order = np.argsort(at, kind="stable")  # a flat output position names one id: each position once
         return np.stack([ids, values[order][np.searchsorted(at[order], first)]])
 
-    def _grown(self, array, size):
-        """`array`'s rows so far in an array of `size` rows (the rest untouched: no page of it taken yet)."""
-        grown = np.empty(size, array.dtype)
+    def _grown(self, array, size, kind=None):
+        """`array`'s rows so far in an array of `size` rows (the rest untouched: no page of it taken yet), of dtype
+        `kind` (None: `array`'s)."""
+        grown = np.empty(size, array.dtype if kind is None else kind)
         grown[: self.done] = array[: self.done]
         return grown
 
@@ -272,6 +279,8 @@ class Scan:
             for p, code in self.named.items():  # a part's dictionary may hold a phase no row of it has
                 lookup[code] = phases.index(p) if p in phases else 0
             arrays["phase"] = lookup[arrays["phase"]]
+        for c in _NARROWED:  # as the model reads them
+            arrays[c] = arrays[c].astype(np.int64, copy=False)
         self.free_ids = np.concatenate(self.freed) if self.freed else np.zeros(0, np.int32)
         self.freed = None
         return arrays

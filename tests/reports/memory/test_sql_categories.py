@@ -133,9 +133,10 @@ def test_the_report_memory_path_loads_no_pandas_at_all(tmp_path):
     assert found.stdout.strip() == "True False", found.stderr[-2000:]
 
 
-def _scanned_lists(ids):
+def _scanned_lists(ids, seq=(0, 1, 2), step=(0, 0, 0)):
     """The Lists a row_scan.Scan makes of three rows naming `ids` (a, b, c: a the output of row 0 with 64 bytes;
-    row 1 reads a and b, writes c with 16 bytes and frees a; row 2 reads c and frees c and b), and the columns left."""
+    row 1 reads a and b, writes c with 16 bytes and frees a; row 2 reads c and frees c and b), fed row 0 then rows
+    1 and 2, and the columns left."""
     import numpy as np
     import pyarrow as pa
 
@@ -145,8 +146,8 @@ def _scanned_lists(ids):
     ints, lists = pa.int64(), pa.list_(pa.int64())
     batch = pa.table(
         {
-            "seq": pa.array([0, 1, 2], ints),
-            "step": pa.array([0, 0, 0], ints),
+            "seq": pa.array(seq, ints),
+            "step": pa.array(step, ints),
             "phase": pa.array(["forward"] * 3),
             "bytes_allocated": pa.array([64, 16, 0], ints),
             "live_bytes": pa.array([64, 80, 0], ints),
@@ -157,7 +158,8 @@ def _scanned_lists(ids):
         }
     )
     scan = Scan(3)
-    scan.feed(batch)
+    scan.feed(batch.slice(0, 1))
+    scan.feed(batch.slice(1))
     columns = scan.finish("T", ["forward"])
     return scan.lists(columns, np.zeros(0, np.int64), None), columns
 
@@ -186,3 +188,18 @@ def test_the_scanned_lists_keep_ids_past_2_31_exact():
     assert got.first_row.tolist() == [1, 0, 1] and got.first_at.tolist() == [1, 0, 1]
     assert got.free_ids.tolist() == [a, 8, b] and got.free_ids.dtype == "int64"
     assert got.known.tolist() == [[8, a], [16, 64]] and got.top == b  # 2**31 + 7 = 2,147,483,655
+
+
+def test_the_scan_holds_seq_and_step_in_int32_until_a_value_does_not_fit():
+    """Scan held seq and step in int64 as it was fed (16 MB a million rows); in int32 while they fit, widened by the
+    first batch that does not fit, every value kept, and int64 from `finish` (as the model reads them)."""
+    from reports.memory.row_scan import Scan
+
+    scan = Scan(3)
+    assert scan.arrays["seq"].dtype == "int32" and scan.arrays["step"].dtype == "int32"
+    big = 2**31 + 1  # 2,147,483,649: past int32
+    got, columns = _scanned_lists((5, 7, 8), seq=(4, big, big + 1), step=(0, 1, big))
+    assert columns["seq"].tolist() == [4, big, big + 1] and columns["step"].tolist() == [0, 1, big]
+    assert columns["seq"].dtype == "int64" and columns["step"].dtype == "int64"
+    _, columns = _scanned_lists((5, 7, 8), seq=(4, 5, 6), step=(0, 1, 1))
+    assert columns["seq"].tolist() == [4, 5, 6] and columns["seq"].dtype == "int64"
