@@ -203,3 +203,21 @@ def test_the_scan_holds_seq_and_step_in_int32_until_a_value_does_not_fit():
     assert columns["seq"].dtype == "int64" and columns["step"].dtype == "int64"
     _, columns = _scanned_lists((5, 7, 8), seq=(4, 5, 6), step=(0, 1, 1))
     assert columns["seq"].tolist() == [4, 5, 6] and columns["seq"].dtype == "int64"
+
+
+def test_the_memory_rows_give_the_freed_pages_back_before_the_model(tmp_path, monkeypatch):
+    """memory_rows calls sql_categories.give_back (glibc's malloc_trim) once per run before it reads the scan, so the
+    pages the Trace's open freed are not held under the model's peak."""
+    import reports.memory.sql_categories as sql_categories
+    from reports.memory.row_scan import Scan
+    from reports.sql.engine import Trace
+
+    calls, give_back = [], sql_categories.give_back
+    real = Scan.finish
+    monkeypatch.setattr(sql_categories, "give_back", lambda: calls.append("give_back"))
+    monkeypatch.setattr(Scan, "finish", lambda self, *a: calls.append("finish") or real(self, *a))
+    trace = Trace(gpt_trace(tmp_path / "t"), keep=(Scan,))
+    assert len(sql_categories.memory_rows(trace, 0)) > 0
+    assert calls == ["give_back", "finish"]
+    give_back()  # the real one: glibc's trim here, nothing where there is none
+    assert sql_categories._TRIM is not None
