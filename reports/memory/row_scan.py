@@ -29,6 +29,7 @@ __all__ = ["CELLS", "Scan"]
 
 _NONE = np.iinfo(np.int64).max
 _FIRST_ROWS = 1 << 16  # rows the arrays hold before the first batch (Scan grows them up to the rows counted)
+_NARROWED = ("seq", "step")  # int32 while fed where they fit (Scan.__init__)
 CELLS = ("input_dtypes", "input_shapes", "input_strides")  # kept at the rows where a storage is first seen as an input
 
 
@@ -86,7 +87,8 @@ def _first_seen(first_in, first_out):
         return seen, fin, fout
     size = max(len(first_in.at), len(first_out.at))
     fin, fout = (
-        np.concatenate([f.at, np.full(size - len(f.at), _NONE, dtype=np.int64)]) for f in (first_in, first_out)
+        f.at if len(f.at) == size else np.concatenate([f.at, np.full(size - len(f.at), _NONE, dtype=np.int64)])
+        for f in (first_in, first_out)
     )
     seen = np.flatnonzero((fin != _NONE) | (fout != _NONE))
     return seen, fin[seen], fout[seen]
@@ -114,11 +116,15 @@ class Scan:
         """`rows`: the run's row count in its footers, a claim: arrays grow to it as rows come, never before; `codes`:
         the reports.sql.rowpass.CodeBook the consumers of the Trace's read share (the op names' codes)."""
         self.ops, self._collective = (codes if codes is not None else CodeBook())["op"], np.zeros(0, dtype=bool)
-        kinds = {"phase": np.int16, "n_inputs": np.int32, "n_outputs": np.int32, "n_freed": np.int32}
+        # seq and step in int32 while fed where their values fit (int64 from the first batch whose values do not:
+        # 8 MB a million rows held through the Trace's open), in int64 from `finish`
+        kinds = {c: np.int32 for c in ("seq", "step", "n_inputs", "n_outputs", "n_freed")} | {"phase": np.int16}
         self.n, self.done, self.named = rows, 0, {}  # named: {phase: code} where phases come as strings
         self.arrays = {c: np.empty(min(rows, _FIRST_ROWS), kinds.get(c, np.int64)) for c in self._NAMES}
         self.first_in, self.first_out, self.first_size = _Firsts(), _Firsts(), _Firsts()
-        self.known, self.freed = [], []  # (ids, positions, sizes) at a first appearance with a size; the freed ids
+        # each id's size at its first appearance with one (-1: none yet), by id below first_size's cap; (ids,
+        # positions, sizes) of the ids from it up as they came (`far_sizes`); each batch's freed ids
+        self.sizes, self.far_sizes, self.freed = np.full(0, -1, dtype=np.int64), [], []
         self.taken = [0, 0]  # inputs and outputs before this batch
         self.cells, self.comm, self.held = [], [], ()  # with CELLS and op in the batches (held): see the docstring
 
@@ -136,7 +142,10 @@ class Scan:
         arrays, names, self.held = self.arrays, self._NAMES, batch.schema.names
         rows = slice(self.done, end)
         for c in names[:5]:
-            arrays[c][rows] = self._phases(batch.column(c)) if c == "phase" else numpy_of(batch.column(c))
+            values = self._phases(batch.column(c)) if c == "phase" else numpy_of(batch.column(c))
+            if c in _NARROWED and arrays[c].dtype != values.dtype and not _fits(values):
+                arrays[c] = self._grown(arrays[c], len(arrays[c]), values.dtype)
+            arrays[c][rows] = values
         ids = []
         for c, length in zip(("input_storage_ids", "output_storage_ids", "freed_storage_ids"), names[5:]):
             column = batch.column(c)  # no null list or item: the Trace's checks
@@ -148,9 +157,8 @@ class Scan:
         at_out = np.arange(self.taken[1], self.taken[1] + len(outs), dtype=np.int64)
         new_in = self.first_in.new(ins, at_in)
         self.first_out.add(outs, at_out)
-        self.freed.append(
-            frees.copy()
-        )  # a view would keep the whole batch alive (DuckDB's Arrow batch is one allocation)
+        # a copy (a view would keep the whole batch alive: DuckDB's Arrow batch is one allocation), int32 where it fits
+        self.freed.append(frees.astype(np.int32) if _fits(frees) else frees.copy())
         # the sizes of rows whose output_storage_bytes pair with their outputs one to one, where >= 0
         sizes = batch.column("output_storage_bytes")  # null lists in a v1 trace's rows (the column came in v2)
         lengths, values = list_lengths(sizes, null=0), list_values(sizes)
@@ -163,7 +171,7 @@ class Scan:
         with_size = values >= 0
         sids, at, values = sids[with_size], at[with_size], values[with_size]
         new = self.first_size.new(sids, at)  # an earlier batch's first size stays
-        self.known.append((sids[new], at[new], values[new]))
+        self._keep_sizes(sids, at, values, new)
         if all(c in self.held for c in CELLS):
             self._keep_cells(batch, ins[new_in], at_in[new_in] - self.taken[0], arrays["n_inputs"][rows], counts)
         if "op" in self.held:
@@ -171,9 +179,41 @@ class Scan:
         self.taken[0] += len(ins)
         self.taken[1] += len(outs)
 
-    def _grown(self, array, size):
-        """`array`'s rows so far in an array of `size` rows (the rest untouched: no page of it taken yet)."""
-        grown = np.empty(size, array.dtype)
+    def _keep_sizes(self, sids, at, values, new):
+        """Note the sizes of the ids `new` marks (first seen with a size at `at`): by id below first_size's cap, as
+        they come from it up (a damaged trace's far ids, reports.memory.id_space)."""
+        held = len(self.first_size.at)
+        if held > len(self.sizes):  # first_size grew: as far
+            grown = np.full(held, -1, dtype=np.int64)
+            grown[: len(self.sizes)] = self.sizes
+            self.sizes = grown
+        near = sids < self.first_size.cap
+        if near.all():
+            self.sizes[sids[new]] = values[new]
+            return
+        pick = new & near
+        self.sizes[sids[pick]] = values[pick]
+        pick = new & ~near
+        self.far_sizes.append((sids[pick], at[pick], values[pick]))
+
+    def _known(self):
+        """Lists.known: [ids ascending, each one's size at its first appearance with one] (a far id may come more
+        than once, the cap raised since: its least position's size)."""
+        near = np.flatnonzero(self.sizes >= 0)
+        if not self.far_sizes:
+            return np.stack([near, self.sizes[near]])
+        ids, at, values = (
+            np.concatenate([first, *(p[k] for p in self.far_sizes)])
+            for k, first in enumerate((near, self.first_size.at[near], self.sizes[near]))
+        )
+        ids, first = lowest(ids, at)
+        order = np.argsort(at, kind="stable")  # a flat output position names one id: each position once
+        return np.stack([ids, values[order][np.searchsorted(at[order], first)]])
+
+    def _grown(self, array, size, kind=None):
+        """`array`'s rows so far in an array of `size` rows (the rest untouched: no page of it taken yet), of dtype
+        `kind` (None: `array`'s)."""
+        grown = np.empty(size, array.dtype if kind is None else kind)
         grown[: self.done] = array[: self.done]
         return grown
 
@@ -239,7 +279,9 @@ class Scan:
             for p, code in self.named.items():  # a part's dictionary may hold a phase no row of it has
                 lookup[code] = phases.index(p) if p in phases else 0
             arrays["phase"] = lookup[arrays["phase"]]
-        self.free_ids = np.concatenate(self.freed).astype(np.int64, copy=False) if self.freed else np.zeros(0, np.int64)
+        for c in _NARROWED:  # as the model reads them
+            arrays[c] = arrays[c].astype(np.int64, copy=False)
+        self.free_ids = np.concatenate(self.freed) if self.freed else np.zeros(0, np.int32)
         self.freed = None
         return arrays
 
@@ -258,51 +300,45 @@ class Scan:
 
     def lists(self, columns, comm, row_max):
         """The run's lifetimes.Lists; `columns`: what `finish` gave, `comm` and `row_max` as Lists holds them. Once: the
-        firsts and sizes the feed kept are let go as the Lists is made (each array freed once read: a million rows'
-        lists peaked about 60 MB over what they hold)."""
+        firsts, sizes and counts (n_inputs, n_outputs, n_freed, taken out of `columns`) the feed kept are let go as the
+        Lists is made, each once read; ids, rows and flat positions in int32 where they fit (a million rows' Lists
+        took 34 MB in int64, 26 MB so)."""
         n = len(columns["seq"])
+        known = self._known()
+        self.sizes = self.far_sizes = self.first_size = None
 
         def offsets(column):  # int32 where the positions fit (half the memory of int64: 4 MB a million rows)
-            counts = columns[column]
+            counts = columns.pop(column)
             kind = np.int32 if int(counts.sum(dtype=np.int64)) < 2**31 else np.int64
             found = np.zeros(n + 1, dtype=kind)
             np.cumsum(counts, dtype=kind, out=found[1:])
             return found
 
+        free_counts = columns["n_freed"]
         in_offsets, out_offsets, free_offsets = (offsets(c) for c in ("n_inputs", "n_outputs", "n_freed"))
+        narrow = n < 2**31  # rows in int32
+        free_rows = np.repeat(np.arange(n, dtype=np.int32 if narrow else np.int64), free_counts)
+        del free_counts
         seen, fin, fout = _first_seen(self.first_in, self.first_out)
         self.first_in = self.first_out = None
-        row_in = np.searchsorted(in_offsets, np.where(fin != _NONE, fin, 0), side="right") - 1
-        row_out = np.searchsorted(out_offsets, np.where(fout != _NONE, fout, 0), side="right") - 1
+        row_in = _rows_of(in_offsets, fin)
+        row_out = _rows_of(out_offsets, fout)
         # the first appearance: the least row, inputs before outputs within a row
         as_output = (fout != _NONE) & ((fin == _NONE) | (row_out < row_in))
-        first_row, first_at = np.where(as_output, row_out, row_in), np.where(as_output, fout, fin)
-        del fin, fout, row_in, row_out
-        rows = np.arange(n, dtype=np.int32 if n < 2**31 else np.int64)  # (an int64 arange: 8 MB a million rows)
-        free_rows = np.repeat(rows, columns["n_freed"]).astype(np.int64, copy=False)  # np.diff(free_offsets)
-        del rows
+        first_row = _narrow(np.where(as_output, row_out, row_in), narrow)
+        del row_in, row_out
+        flat = in_offsets.dtype == out_offsets.dtype == np.int32  # flat positions in int32
+        first_at = _narrow(np.where(as_output, fout, fin), flat)
+        del fin, fout
         free_ids = self.free_ids
         top = max([-1] + [int(a.max()) for a in (seen, free_ids) if len(a)])
-        parts, self.known, far = self.known, None, self.first_size.far
-        sids, at, values = (np.concatenate([np.zeros(0, np.int64), *(p[k] for p in parts)]) for k in range(3))
-        del parts
-        self.first_size = None
-        if far:  # a far id may come more than once: its first position's size (`at` ascends)
-            ids, first = lowest(sids, at)
-            known = np.stack([ids, values[np.searchsorted(at, first)]])
-        else:  # each id once, all below the cap: by id
-            del at
-            sizes = np.full(int(sids.max(initial=-1)) + 1, -1, dtype=np.int64)
-            sizes[sids] = values
-            near = np.flatnonzero(sizes >= 0)
-            known = np.stack([near, sizes[near]])
         return Lists(
             in_offsets,
             out_offsets,
             free_rows,
             free_ids,
             free_offsets,
-            seen,
+            _narrow(seen, top < 2**31),
             first_row,
             as_output,
             first_at,
@@ -311,3 +347,20 @@ class Scan:
             row_max,
             top,
         )
+
+
+def _rows_of(offsets, positions):
+    """The row of each flat position (_NONE: any row, as_output masks it), from the rows' `offsets`."""
+    found = np.searchsorted(offsets, np.where(positions != _NONE, positions, 0), side="right")
+    found -= 1
+    return found
+
+
+def _fits(values):
+    """Whether every one of `values` fits int32 (none: they do)."""
+    return not len(values) or -(2**31) <= int(values.min()) and int(values.max()) < 2**31
+
+
+def _narrow(values, fits):
+    """`values` in int32 where `fits` (every value below 2**31), else as they are."""
+    return values.astype(np.int32) if fits else values

@@ -161,17 +161,18 @@ class FlopRows:
             return column.take(arrow_of(at, mask=~keep))
 
         for name, code in zip(("op", "phase", "flop_kind"), codes):
-            w[name].append(code[at])
+            w[name].append(_narrow(code[at]))
         w["module"].append(
-            np.where(mm | is_kind["attention"][at], self.codes["module"].of(table.column("module"))[at], -1)
+            _narrow(np.where(mm | is_kind["attention"][at], self.codes["module"].of(table.column("module"))[at], -1))
         )
         if "grad_mode" in table.column_names:  # a v3 trace has none: null (reports.sql.engine)
             grad = table.column("grad_mode")
-            w["grad_mode"].append(np.where(nulls_of(grad)[at], -1, self.codes["grad_mode"].of(grad)[at]))
+            w["grad_mode"].append(_narrow(np.where(nulls_of(grad)[at], -1, self.codes["grad_mode"].of(grad)[at])))
         else:
-            w["grad_mode"].append(np.full(len(at), -1, dtype=np.int64))
-        for name in ("seq", "step", "flops"):  # never null (the Trace's checks)
-            w[name].append(arrow_of(numpy_of(table.column(name))[at]))
+            w["grad_mode"].append(np.full(len(at), -1, dtype=np.int32))
+        for name in ("seq", "step", "flops"):  # never null (the Trace's checks); `table` casts them back to int64
+            values = numpy_of(table.column(name))[at]
+            w[name].append(arrow_of(values if name == "flops" else _narrow(values)))
         causal = table.column("causal")
         w["causal"].append(
             arrow_of(numpy_of(causal, null=False)[at], mask=nulls_of(causal)[at] if causal.null_count else None)
@@ -290,6 +291,13 @@ class FlopRows:
             out[c] = pa.concat_arrays([chunk for piece in pieces for chunk in _chunks(piece)])
         self.walked = self.rest = None
         return pa.table(out)
+
+
+def _narrow(values):
+    """`values` (int64: codes, seq or step of the walked rows) in int32 where every one fits, as they are otherwise:
+    what FlopRows holds of a run until `table` (a million rows' walked codes, seq and step took 7.5 MB in int64)."""
+    fits = not len(values) or -(2**31) <= int(values.min()) and int(values.max()) < 2**31
+    return values.astype(np.int32) if fits else values
 
 
 def _chunks(values):

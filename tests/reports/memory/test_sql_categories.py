@@ -131,3 +131,93 @@ def test_the_report_memory_path_loads_no_pandas_at_all(tmp_path):
     )
     found = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=str(ROOT), timeout=120)
     assert found.stdout.strip() == "True False", found.stderr[-2000:]
+
+
+def _scanned_lists(ids, seq=(0, 1, 2), step=(0, 0, 0)):
+    """The Lists a row_scan.Scan makes of three rows naming `ids` (a, b, c: a the output of row 0 with 64 bytes;
+    row 1 reads a and b, writes c with 16 bytes and frees a; row 2 reads c and frees c and b), fed row 0 then rows
+    1 and 2, and the columns left."""
+    import numpy as np
+    import pyarrow as pa
+
+    from reports.memory.row_scan import Scan
+
+    a, b, c = ids
+    ints, lists = pa.int64(), pa.list_(pa.int64())
+    batch = pa.table(
+        {
+            "seq": pa.array(seq, ints),
+            "step": pa.array(step, ints),
+            "phase": pa.array(["forward"] * 3),
+            "bytes_allocated": pa.array([64, 16, 0], ints),
+            "live_bytes": pa.array([64, 80, 0], ints),
+            "input_storage_ids": pa.array([[], [a, b], [c]], lists),
+            "output_storage_ids": pa.array([[a], [c], []], lists),
+            "output_storage_bytes": pa.array([[64], [16], []], lists),
+            "freed_storage_ids": pa.array([[], [a], [c, b]], lists),
+        }
+    )
+    scan = Scan(3)
+    scan.feed(batch.slice(0, 1))
+    scan.feed(batch.slice(1))
+    columns = scan.finish("T", ["forward"])
+    return scan.lists(columns, np.zeros(0, np.int64), None), columns
+
+
+def test_the_scanned_lists_hold_ids_rows_and_positions_in_int32_where_they_fit():
+    """Scan.lists gave int64 ids, rows and flat positions (34 MB a million rows); int32 where they fit now (26 MB),
+    and the per-row counts its offsets were made of are let go (12 MB)."""
+    got, columns = _scanned_lists((5, 7, 8))
+    assert got.seen.tolist() == [5, 7, 8]
+    assert got.first_row.tolist() == [0, 1, 1]  # a made by row 0, b read by row 1, c made by row 1
+    assert got.as_output.tolist() == [True, False, True]
+    assert got.first_at.tolist() == [0, 1, 1]  # a: output 0; b: row 1's second input (flat input 1); c: output 1
+    assert got.free_ids.tolist() == [5, 8, 7] and got.free_rows.tolist() == [1, 2, 2]
+    assert got.known.tolist() == [[5, 8], [64, 16]] and got.top == 8
+    for field in ("seen", "first_row", "first_at", "free_ids", "free_rows", "in_offsets", "out_offsets"):
+        assert getattr(got, field).dtype == "int32", field
+    assert not {"n_inputs", "n_outputs", "n_freed"} & set(columns)
+
+
+def test_the_scanned_lists_keep_ids_past_2_31_exact():
+    """An id past int32 (2**31 + 5, 2**31 + 7: a damaged trace's, far past the Scan's dense range) keeps the ids
+    in int64, value for value."""
+    a, b = 2**31 + 5, 2**31 + 7
+    got, _ = _scanned_lists((a, b, 8))
+    assert got.seen.tolist() == [8, a, b] and got.seen.dtype == "int64"
+    assert got.first_row.tolist() == [1, 0, 1] and got.first_at.tolist() == [1, 0, 1]
+    assert got.free_ids.tolist() == [a, 8, b] and got.free_ids.dtype == "int64"
+    assert got.known.tolist() == [[8, a], [16, 64]] and got.top == b  # 2**31 + 7 = 2,147,483,655
+
+
+def test_the_scan_holds_seq_and_step_in_int32_until_a_value_does_not_fit():
+    """Scan held seq and step in int64 as it was fed (16 MB a million rows); in int32 while they fit, widened by the
+    first batch that does not fit, every value kept, and int64 from `finish` (as the model reads them)."""
+    from reports.memory.row_scan import Scan
+
+    scan = Scan(3)
+    assert scan.arrays["seq"].dtype == "int32" and scan.arrays["step"].dtype == "int32"
+    big = 2**31 + 1  # 2,147,483,649: past int32
+    got, columns = _scanned_lists((5, 7, 8), seq=(4, big, big + 1), step=(0, 1, big))
+    assert columns["seq"].tolist() == [4, big, big + 1] and columns["step"].tolist() == [0, 1, big]
+    assert columns["seq"].dtype == "int64" and columns["step"].dtype == "int64"
+    _, columns = _scanned_lists((5, 7, 8), seq=(4, 5, 6), step=(0, 1, 1))
+    assert columns["seq"].tolist() == [4, 5, 6] and columns["seq"].dtype == "int64"
+
+
+def test_the_memory_rows_give_the_freed_pages_back_before_the_model(tmp_path, monkeypatch):
+    """memory_rows calls sql_categories.give_back (glibc's malloc_trim) once per run before it reads the scan, so the
+    pages the Trace's open freed are not held under the model's peak."""
+    import reports.memory.sql_categories as sql_categories
+    from reports.memory.row_scan import Scan
+    from reports.sql.engine import Trace
+
+    calls, give_back = [], sql_categories.give_back
+    real = Scan.finish
+    monkeypatch.setattr(sql_categories, "give_back", lambda: calls.append("give_back"))
+    monkeypatch.setattr(Scan, "finish", lambda self, *a: calls.append("finish") or real(self, *a))
+    trace = Trace(gpt_trace(tmp_path / "t"), keep=(Scan,))
+    assert len(sql_categories.memory_rows(trace, 0)) > 0
+    assert calls == ["give_back", "finish"]
+    give_back()  # the real one: glibc's trim here, nothing where there is none
+    assert sql_categories._TRIM is not None

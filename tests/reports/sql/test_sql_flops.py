@@ -620,6 +620,39 @@ def test_kept_rows_that_cannot_be_joined_leave_the_frame_to_the_query(tmp_path, 
     pd.testing.assert_frame_equal(frame(kept), reference, check_exact=True)
 
 
+def test_the_kept_flop_rows_hold_int32_where_it_fits_and_a_seq_past_it_exact(tmp_path):
+    """FlopRows held the walked rows' codes, seq and step in int64 until `table` (7.5 MB a million rows); in int32
+    where a part's values fit now, and a seq past int32 (2**40 added to every row's) kept exact: the frame is the
+    query's."""
+    import shutil
+
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from reports.sql.flop_rows import FlopRows
+    from tests.reports.loading.test_damage import rewrite
+    from tests.reports.sql.test_sql import _gpt
+    from tracer.schema import part_paths
+
+    _gpt(tmp_path / "t", 3)
+    far = shutil.copytree(tmp_path / "t", tmp_path / "far")
+    for part in part_paths(far):
+        rewrite(part, lambda t: t.set_column(t.schema.get_field_index("seq"), "seq", pc.add(t["seq"], 2**40)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        near, past = Trace(tmp_path / "t", keep=(FlopRows,)), Trace(far, keep=(FlopRows,))
+        query = Trace(far)
+    walked = near.kept[FlopRows, 0].walked
+    assert {walked[c][0].dtype for c in ("op", "phase", "flop_kind", "module", "grad_mode")} == {np.dtype("int32")}
+    assert walked["seq"][0].type == walked["step"][0].type == pa.int32() and walked["flops"][0].type == pa.int64()
+    walked = past.kept[FlopRows, 0].walked
+    assert walked["seq"][0].type == pa.int64() and walked["seq"][0][0].as_py() >= 2**40  # 1,099,511,627,776
+    got = frame(past)
+    assert got["seq"].min() >= 2**40
+    pd.testing.assert_frame_equal(got, frame(query), check_exact=True)
+
+
 _NO_PANDAS = r"""
 import json, os, sys, types
 import importlib.abc
