@@ -290,16 +290,11 @@ class Frame(NamedTuple):
 
 
 def frame_of(df):
-    """A DataFrame of reports.load (or reports.sql.flops.frame) as a Frame: the library's boundary. Its runs are those
-    with a row in `df` (a frame filtered to some ranks keeps their metadata in attrs: the others would read as runs of
-    0 FLOPs, as the SQL views, which group the rows, never show them), all of them where none has one."""
-    from reports.loading.load import runs_of
+    """A DataFrame of reports.load (or reports.sql.flops.frame) as a Frame: the library's boundary; the runs a filter
+    emptied left out (reports.loading.load.kept_runs)."""
+    from reports.loading.load import kept_runs, runs_of
 
-    runs = runs_of(df)
-    if "run" in df.columns and len(df):
-        present = set(df["run"].unique().tolist())
-        runs = {name: meta for name, meta in runs.items() if name in present} or runs
-    return Frame(from_frame(df, COLUMNS), runs)
+    return Frame(from_frame(df, COLUMNS), kept_runs(df, runs_of(df)))
 
 
 def per_step(rows, values="flops", mask=None, by=None):

@@ -269,6 +269,15 @@ def runs_of(df):
     return runs
 
 
+def kept_runs(df, runs):
+    """{name: metadata} of `runs` (a loaded trace's attrs['runs']) but for those a filter of `df` emptied (their
+    metadata counts rows, `df` holds none of them: a frame filtered to some ranks keeps every run's metadata, and
+    the others would be reported as runs of 0 FLOPs); a run that traced nothing stays (the reports name it)."""
+    present = set(df["run"].unique().tolist()) if "run" in df.columns and len(df) else set()
+    kept = {n: m for n, m in runs.items() if n in present or not (m or {}).get("rows")}
+    return kept or runs
+
+
 def require(df, columns, what):
     """Raise ReportError naming the columns `what` needs and `df` lacks."""
     from reports.loading.columns import has_column

@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 
 from reports.errors import ReportError
-from reports.loading.load import require
+from reports.loading.load import kept_runs, require
 from tracer.schema import ARROW_SCHEMA, METADATA_KEY
 
 __all__ = ["memory_trace", "run_names", "trace_of"]
@@ -26,16 +26,14 @@ _TYPES = {f.name: f.type for f in ARROW_SCHEMA}
 
 
 def run_names(df):
-    """The runs of a loaded trace in load order: those with a row in `df` (a frame filtered to some ranks keeps every
-    run's metadata in attrs: the others would be tables' runs of no rows, NaN), all of them where none has one."""
+    """The runs of a loaded trace in load order, but for those a filter emptied (reports.loading.load.kept_runs)."""
     import pandas as pd  # a DataFrame's: pandas is loaded
 
     col = df["run"]
     runs = df.attrs.get("runs")
     if not runs:
         return list(col.cat.categories) if isinstance(col.dtype, pd.CategoricalDtype) else list(pd.unique(col))
-    present = set(col.unique().tolist()) if len(df) else set()
-    return [name for name in runs if name in present] or list(runs)
+    return list(kept_runs(df, runs))
 
 
 @contextmanager
