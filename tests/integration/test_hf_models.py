@@ -13,6 +13,7 @@ Closed forms used below (d = 32, h = 4 query heads of 8, kv = 2 heads of 8, f = 
     Llama block: q 32·32 + k 32·16 + v 32·16 + o 32·32 = 3,072; gate, up, down 3·32·64 = 6,144: 9,216
 """
 
+import contextlib
 import json
 
 import pytest
@@ -544,3 +545,62 @@ def test_the_trainer_runs_as_untraced_and_each_of_its_steps_counts_the_same(tmp_
     row = reports.breakdown(df).set_index("phase").loc["forward"]
     assert row["weight_matmul_flops"] == 229_376 == 2 * 3_584 * 32 and row["expected_flops"] == 229_376
     assert per.loc["forward", ("flops", 0)] == 288_034 and per.loc["backward", ("flops", 0)] == 555_158
+
+
+def _checkpointed_trainer_run(out, path, reentrant):
+    """3 optimizer steps of transformers.Trainer on the GPT-2 of `_trainer_run` with gradient_checkpointing=True
+    (use_reentrant `reentrant`), 2 micro-batches accumulated per step (T = 32), a cosine schedule after 1 warm-up
+    step; traced into `path` unless None. (logged losses and learning rates, parameters)."""
+    model, ids = tiny_gpt2(tf, rows=64)
+    data = [{"input_ids": row, "labels": row} for row in ids]
+    fields = tf.TrainingArguments.__dataclass_fields__  # the option's name since transformers 5.x; the old one before
+    name = "activation_checkpointing" if "activation_checkpointing" in fields else "gradient_checkpointing"
+    args = trainer_arguments(
+        tf,
+        out,
+        max_steps=3,
+        gradient_accumulation_steps=2,
+        max_grad_norm=1.0,
+        dataloader_num_workers=0,
+        lr_scheduler_type="cosine",
+        warmup_steps=1,
+        learning_rate=1e-3,
+        **{name: True, name + "_kwargs": {"use_reentrant": reentrant}},
+    )
+    trainer = tf.Trainer(model=model, args=args, train_dataset=data)
+    with Tracer(path, model=model, tokens=2 * 8 * 2) if path is not None else contextlib.nullcontext():
+        trainer.train()
+    logged = [(h.get("loss"), h.get("learning_rate")) for h in trainer.state.log_history]
+    return logged, {k: v.clone() for k, v in model.state_dict().items()}
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_the_trainer_with_gradient_checkpointing_and_a_schedule_names_its_recompute(tmp_path, reentrant):
+    """gradient_checkpointing=True under the Trainer (accumulation 2, cosine schedule with warm-up): the traced run
+    logs the untraced run's losses and learning rates and ends with its parameters; every optimizer step is one step
+    with the same FLOPs; the backward's extra FLOPs are rows flagged recompute, and the report says so."""
+    pytest.importorskip("accelerate")  # the Trainer needs it
+    untraced = _checkpointed_trainer_run(tmp_path / "untraced-out", None, reentrant)
+    traced = _checkpointed_trainer_run(tmp_path / "traced-out", tmp_path / "gc", reentrant)
+    assert traced[0] == untraced[0] and [lr for _, lr in traced[0][:3]] == [0.0, 1e-3, 5e-4]  # warm-up, cosine
+    assert all(torch.equal(traced[1][k], untraced[1][k]) for k in untraced[1])
+    df = reports.load(tmp_path / "gc")
+    work = df[df["phase"] != "other"]
+    per = work.groupby(["step", "phase", "recompute"], observed=True)["flops"].sum().unstack("step")
+    assert sorted(df["step"].unique()) == [0, 1, 2] and (per.nunique(axis=1) == 1).all()
+    # the work that is not recompute is the unchecked run's (test above): forward 288,034, backward 555,158
+    assert per[0].to_dict() == {
+        ("forward", False): 288_034,
+        ("backward", False): 555_158,
+        ("backward", True): 244_864 if reentrant else 243_840,  # the early stop skips 2 adds and 2 muls of 256
+        ("optimizer", False): 27_680,
+    }
+    # the recompute's weight matmuls: the block's forward ones again, 2·3,072·32 = 196,608 (c_attn 16·48 + attn
+    # c_proj 16·16 + c_fc 16·64 + mlp c_proj 64·16 = 3,072; the tied head is not checkpointed)
+    again = df[df["recompute"] & (df["step"] == 0)]
+    assert again[again["op"].astype(str).isin(["aten.mm.default", "aten.addmm.default"])]["flops"].sum() == 196_608
+    row = reports.breakdown(df).set_index("phase").loc["backward"]
+    assert row["weight_matmul_flops"] == 655_360 == 4 * 3_584 * 32 + 196_608
+    text = " ".join(reports.explain(df))
+    assert "Activation checkpointing: " + ("244,864" if reentrant else "243,840") + " FLOPs per step" in text
+    assert "forward matmuls re-run in the backward by activation checkpointing (196,608 FLOPs)" in text
