@@ -164,7 +164,7 @@ def _headline(src, report, mfu, top):
         flops.update(
             expected=json_number(row["expected_flops"]),
             ratio=json_number(row["ratio"]),
-            n=json_number(row["n_params"]),
+            n=json_number(row["n_rank"]),  # the N its 6·N·T uses: this rank's shards under tensor parallelism
             tokens=json_number(row["tokens"]),
         )
     highest = src.peak()

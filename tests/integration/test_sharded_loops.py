@@ -199,11 +199,6 @@ def test_tensor_parallel_matmul_flops_are_half_and_the_all_reduce_the_output(run
         assert b.loc[(f"tp3/rank={rank}", "optimizer"), "flops"] == 128  # SGD: 1 per local weight
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="reports.output.headline._headline gives the headline N = n_params (the model's 256) while its 6·N·T "
-    "(expected_flops) is this rank's, n_rank = 128: 'x 6·N·T = 3.07 k (N = 256, T = 4 tokens)', 6·256·4 = 6,144",
-)
 def test_tensor_parallel_headline_names_the_n_its_six_n_t_uses(runs):
     root, _ = runs
     flops = _cli_json("report", os.path.join(root, "tp3", "rank=0"))["headline"]["flops"]
