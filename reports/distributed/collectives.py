@@ -79,6 +79,11 @@ def bus_factor(kind, n):
     return 1.0
 
 
+# the kinds whose traffic depends on which rank is the root, which the trace does not record: traffic() gives the
+# most any rank moves (broadcast, reduce) or the root's side (gather, scatter), a bound for this rank
+ROOTED = ("broadcast", "reduce", "gather", "scatter")
+
+
 def traffic(kind, n):
     """(sent, received) bytes per byte of message S for one rank, by the algorithm NCCL's rings use.
 

@@ -101,7 +101,7 @@ def summary_records(ranks_table, imbalance_table):
 def job_object(meta, present, table):
     """job_summary's object from the run's metadata and its per_step_traffic table (a DataFrame, or its rows as
     [{column: value}])."""
-    from reports.distributed.collectives import FAKE_BACKENDS
+    from reports.distributed.collectives import FAKE_BACKENDS, ROOTED
 
     return {
         "rank": meta.get("rank"),
@@ -113,7 +113,11 @@ def job_object(meta, present, table):
         # bound, their bandwidth an upper one; null for a trace whose metadata lacks the count
         "collectives_untimed": meta.get("collectives_untimed"),
         "collectives": [
-            {k: (v.item() if hasattr(v, "item") else v) for k, v in row.items() if k not in ("run", "rank")}
+            {
+                **{k: (v.item() if hasattr(v, "item") else v) for k, v in row.items() if k not in ("run", "rank")},
+                # sent and received are a bound: the most any rank moves, the trace recording no root
+                "traffic_bound": row["collective"] in ROOTED,
+            }
             for row in (table if isinstance(table, list) else table.to_dict("records"))
         ],
     }

@@ -38,6 +38,13 @@ def print_job(src, present, out):
         }
     )
     print(render(shown), file=out)
+    rooted = sorted({c["collective"] for c in job["collectives"] if c.get("traffic_bound")})
+    if rooted:
+        print(
+            f"  {', '.join(rooted)}: sent and received are the most any rank moves (the trace records no root), "
+            "a bound for this rank",
+            file=out,
+        )
     if job["fake_process_group"]:
         print(
             "  No bandwidth or collective time: a fake process group moves no data, so its timings mean nothing.",
