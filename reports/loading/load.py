@@ -232,11 +232,16 @@ def escaped(text):
 
 
 def runs_with_ranks(paths):
-    """(path, rank) per trace to read: a distributed trace's rank directories, each with its rank."""
+    """(path, rank) per trace to read: a distributed trace's rank directories, each with its rank; a rank's directory
+    given alone (`job/rank=1`) with its rank too, so its run is named as in the whole trace (`job/rank=1`)."""
     for path in paths:
         path = os.fsdecode(path) if isinstance(path, bytes) else path  # b'/path': what os.fsdecode makes of it
-        found = rank_paths(path) if not list_parts(path) else []
-        yield from found or [(path, None)]
+        if list_parts(path):
+            alone = _RANK_DIR.match(os.path.basename(os.path.normpath(path)))
+            digits = alone.group(1) if alone else ""
+            yield path, int(digits) if digits and len(digits) <= 20 and int(digits) < MAX_RANK else None
+            continue
+        yield from rank_paths(path) or [(path, None)]
 
 
 def _fill_v2(frame, wanted, lacks):

@@ -216,13 +216,6 @@ def test_the_distributed_section_names_a_broadcasts_traffic_a_bound(runs):
     assert bounds == {"all_reduce": False, "broadcast": True}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="reports.loading.load.runs_with_ranks yields a rank=R directory given alone with rank None, so "
-    "reports.loading.load.run_name names it by the run name only: `optrace report zero3/rank=1` is headed 'zero3', "
-    "and `optrace compare zero3/rank=0 zero3/rank=1` prints 'zero3#2 against zero3', though each part's metadata "
-    "holds its rank (the whole trace's runs are 'zero3/rank=0' and 'zero3/rank=1')",
-)
 def test_a_rank_directory_given_alone_keeps_its_rank_in_the_run_name(runs):
     root, _ = runs
     both = reports.load([os.path.join(root, "zero3", "rank=0"), os.path.join(root, "zero3", "rank=1")])

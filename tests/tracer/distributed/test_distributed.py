@@ -191,7 +191,8 @@ def test_same_path_on_every_rank_gives_one_directory_per_rank(runs):
     assert sorted(df["rank"].unique()) == [0, 1]
     assert list(df.attrs["runs"]) == ["coll/rank=0", "coll/rank=1"]
     one = reports.load(os.path.join(root, "coll", "rank=1"))  # one rank's directory: its rank from the metadata
-    assert set(one["rank"]) == {1} and list(one.attrs["runs"]) == ["coll"]
+    # named as in the whole trace (was "coll", so `compare coll/rank=0 coll/rank=1` printed "coll#2 against coll")
+    assert set(one["rank"]) == {1} and list(one.attrs["runs"]) == ["coll/rank=1"]
     plain = pd.read_parquet(os.path.join(root, "coll"))  # hive layout: pyarrow reads rank as a column
     assert sorted(plain["rank"].astype(int).unique()) == [0, 1]
     # start_ns is a clock both ranks share: the late all-reduce starts LATE_S later on rank 1,
