@@ -476,3 +476,20 @@ def test_a_loaded_frame_of_two_jobs_of_one_name_pairs_the_extra_rank_with_the_ba
             "a/rank=1#2": 100.0,
             "a/rank=2": 100.0,  # against a/rank=0; the loaded frame gave 0.0 (against itself)
         }
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="reports.compare_table.baselines_of makes every rank of the baseline's distributed trace a baseline of its "
+    "own: compare of one distributed trace's frame reads 0% for every rank (rank 1 against rank 0 before f9a75ff)",
+)
+def test_one_distributed_traces_frame_compares_its_ranks_with_the_first(tmp_path):
+    """p: rank 0 a step of Linear(8, 4), rank 1 of Linear(8, 8) (tests.integration.test_compare_ranks._job): total
+    FLOPs 2·2·8·4 + 8 + 2·2·8·4 + 32 = 296 (forward mm and sum, backward mm, SGD's add_) and 2·296 = 592; alone, no
+    other trace to pair with, rank 1 is compared with rank 0: +100%, as `optrace compare p/rank=0 p/rank=1` says."""
+    from tests.integration.test_compare_ranks import _job
+
+    table = compare(load(_job(tmp_path, "p", 4, 8)))
+    total = table[table["phase"] == "total"].set_index("run")
+    assert total["flops_per_step"].to_dict() == {"p/rank=0": 296.0, "p/rank=1": 592.0}
+    assert total["flops_change_pct"].to_dict() == {"p/rank=0": 0.0, "p/rank=1": 100.0}  # (592 - 296) / 296; got 0.0
