@@ -640,6 +640,18 @@ def test_a_rank_directory_that_is_not_its_rank_is_one_line(two_ranks, tmp_path, 
             reports.load(trace, lists="arrow")
 
 
+@pytest.mark.parametrize("engine", ["sql", "pandas"])
+def test_a_copy_of_a_distributed_trace_compares_with_it(two_ranks, tmp_path, capsys, engine):
+    """A copy of the whole trace given beside it is the trace given twice (as `compare t t`, or the copy of a trace of
+    one process): it was refused as 'copy: rank=0 and rank=0 hold the same trace ... move one out'."""
+    copy = shutil.copytree(two_ranks, tmp_path / "copy")
+    rc, out, err = run(capsys, "compare", two_ranks, copy, "--engine", engine)
+    assert (rc, err) == (0, "")
+    same = "  no change: the same ops, FLOPs, bytes, peak and dtypes per step"
+    assert out.splitlines()[1:5] == ["What changed in t/rank=0#2:", same, "What changed in t/rank=1#2:", same]
+    assert list(reports.load([two_ranks, copy]).attrs["runs"]) == ["t/rank=0", "t/rank=1", "t/rank=0#2", "t/rank=1#2"]
+
+
 def test_two_ranks_each_in_its_directory_report(two_ranks, capsys):
     rc, out, err = run(capsys, "report", two_ranks)
     assert rc == 0 and err == "" and "Ranks (2): per step, traced times" in out
