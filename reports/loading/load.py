@@ -182,9 +182,9 @@ def rank_paths(path):
 
 def check_rank(path, rank, meta, seen):
     """ReportError when rank directory `path` of rank `rank` does not hold that rank's trace: its metadata names
-    another rank, or another directory read before holds the same trace (the same directory read again is a trace
-    given twice: `optrace compare a a`). `seen`: {trace_id or ("rank", R): directory} of the rank directories read
-    before, filled here."""
+    another rank, or another directory of its trace read before holds the same trace (a link `rank=3` to `rank=1`
+    too; a trace given twice, `optrace compare a a` or a copy of `a`, is not one). `seen`: {trace_id or ("rank", R):
+    directory} of the rank directories read before, filled here."""
     if rank is None:
         return
     root, name = os.path.split(path)
@@ -196,7 +196,7 @@ def check_rank(path, rank, meta, seen):
             f"{root}: {name}'s metadata says it is rank {said}{like}; expected the directory's rank to be "
             "its metadata's rank (a copy of another rank's directory?); move it out"
         )
-    if trace_id is not None and trace_id in seen and os.path.realpath(seen[trace_id]) != os.path.realpath(path):
+    if trace_id is not None and trace_id in seen and _one_trace(seen[trace_id], path):
         raise ReportError(
             f"{root}: {os.path.basename(seen[trace_id])} and {name} hold the same trace (trace_id "
             f"{trace_id}); expected one directory per rank (a copy?); move one out"
@@ -204,6 +204,15 @@ def check_rank(path, rank, meta, seen):
     seen[("rank", rank)] = path
     if trace_id is not None:
         seen[trace_id] = path
+
+
+def _one_trace(before, path):
+    """Whether rank directories `before` and `path` are two directories of one trace: in one directory, and not one
+    read again (`optrace compare a a`: the same name and real path). Two traces holding one trace id are a trace given
+    twice (`optrace compare a copy_of_a`), as for a trace of one process."""
+    if os.path.realpath(os.path.dirname(before)) != os.path.realpath(os.path.dirname(path)):
+        return False
+    return os.path.basename(before) != os.path.basename(path) or os.path.realpath(before) != os.path.realpath(path)
 
 
 def ranks_present(path):

@@ -6,6 +6,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from reports.arrays import numpy_of
 from reports.errors import ReportError
 from tracer.schema import ARROW_SCHEMA, FLOP_KINDS, GRAD_MODES, PHASES
 
@@ -190,7 +191,7 @@ def check_rows(path, table, id_limit, last_seq=None):
             continue
         raise _out_of_range(path, name, lo if lo < low else hi, _at(table, bad), low, high, unit)
     if "seq" in table.column_names and len(table):
-        seq = table.column("seq").to_numpy()
+        seq = numpy_of(table.column("seq"))  # (Array.to_numpy loads pandas)
         if last_seq is not None:
             seq = np.concatenate([[last_seq], seq])
         back = np.flatnonzero(np.diff(seq) <= 0)

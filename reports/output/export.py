@@ -119,13 +119,15 @@ def _warn_damage(directory, meta):
 
 
 def _first_start(directory):
-    """The start_ns of a rank's first op, or None (no start_ns column, or no rows)."""
+    """The start_ns of a rank's first op, or None (no start_ns column, or no rows). Read with pq.ParquetFile, not
+    pq.read_table (whose pyarrow.dataset loads pandas)."""
     for part in part_paths(directory):
-        if "start_ns" not in pq.read_schema(part).names:
-            return None
-        column = pq.read_table(part, columns=["start_ns"]).column(0)
-        if len(column):
-            return column[0].as_py()
+        with pq.ParquetFile(part) as parquet:
+            if "start_ns" not in parquet.schema_arrow.names:
+                return None
+            for batch in parquet.iter_batches(batch_size=1, columns=["start_ns"]):
+                if batch.num_rows:
+                    return batch.column(0)[0].as_py()
     return None
 
 

@@ -12,7 +12,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from reports.arrays import scalar
+from reports.arrays import array_of, numpy_of, scalar, values_of
 from reports.memory.lifetimes import dtype_sizes
 from tracer.schema import PHASES
 
@@ -66,8 +66,16 @@ def _offsets(lists):
 
 def _join(strings, lists):
     """JSON arrays: per row of `lists`, its elements (given as JSON text in `strings`) in brackets."""
-    joined = pc.binary_join(pa.ListArray.from_arrays(_offsets(lists), strings), ",")
-    return pc.binary_join_element_wise("[", joined, "]", "").fill_null("[]")
+    joined = pc.binary_join(pa.ListArray.from_arrays(_offsets(lists), strings), _S[","])
+    return pc.binary_join_element_wise(_S["["], joined, _S["]"], _S[""]).fill_null(_S["[]"])
+
+
+def _text(value):
+    """An Arrow string scalar of `value` (reports.arrays.scalar: no pandas)."""
+    return scalar(value, pa.string())
+
+
+_S = {s: _text(s) for s in ("[", "]", "", "[]", ",")}
 
 
 def _dictionary(names):
@@ -77,7 +85,7 @@ def _dictionary(names):
 def _json_names(names, text):
     """JSON text of a (dictionary-encoded) string array, each distinct string quoted once."""
     names = _dictionary(names)
-    return pa.array([text(v) for v in names.dictionary.to_pylist()], pa.string()).take(names.indices)
+    return array_of([text(v) for v in names.dictionary.to_pylist()], pa.string()).take(names.indices)
 
 
 def _ints_json(lists):
@@ -110,8 +118,9 @@ def _args(batch, text):
     ]  # fmt: skip
     if "flops_bound" in batch.schema.names:  # a bound, not a count: said where it is so (v3)
         bound = pc.fill_null(col("flops_bound"), scalar(False, pa.bool_()))
-        pieces.append(pc.if_else(bound, scalar(',"flops_bound":true', pa.string()), scalar("", pa.string())))
-    return pc.binary_join_element_wise(*pieces, "").to_pylist()
+        pieces.append(pc.if_else(bound, _text(',"flops_bound":true'), _S[""]))
+    # the literal pieces as Arrow scalars (a Python str is converted by pyarrow.scalar, which loads pandas)
+    return pc.binary_join_element_wise(*(_text(p) if isinstance(p, str) else p for p in pieces), _S[""]).to_pylist()
 
 
 def _ns(value):
@@ -120,7 +129,7 @@ def _ns(value):
 
 
 def _ints(array):
-    return array.to_numpy(zero_copy_only=False).tolist()
+    return values_of(array).tolist()
 
 
 class RankEvents:
@@ -139,7 +148,7 @@ class RankEvents:
         self.live = None
         self.flops = 0
         self.roles, self.role_live = _roles(meta)
-        self.role_ids = pa.array(sorted(k for k in self.roles if k is not None), pa.int64())
+        self.role_ids = array_of(sorted(k for k in self.roles if k is not None), pa.int64())
         self.by_category = None
 
     def _close_to(self, keep, tid, at):
@@ -208,16 +217,16 @@ class RankEvents:
         for column in ("freed_storage_ids", "output_storage_ids"):
             lists = batch.column(column)
             values = lists.flatten()
-            hits = pc.is_in(values, value_set=self.role_ids).to_numpy(zero_copy_only=False)
+            hits = numpy_of(pc.is_in(values, value_set=self.role_ids))
             if not hits.any():
                 continue
-            rows = np.searchsorted(_offsets(lists).to_numpy(), np.flatnonzero(hits), side="right") - 1
-            ids = values.to_numpy()[hits].tolist()
+            rows = np.searchsorted(numpy_of(_offsets(lists)), np.flatnonzero(hits), side="right") - 1
+            ids = numpy_of(values)[hits].tolist()
             if column == "freed_storage_ids":
                 for row, sid in zip(rows.tolist(), ids):
                     found.setdefault(row, ([], []))[0].append(sid)
             else:
-                sizes = batch.column("output_storage_bytes").flatten().to_numpy()[hits].tolist()
+                sizes = numpy_of(batch.column("output_storage_bytes").flatten())[hits].tolist()
                 for row, sid, size in zip(rows.tolist(), ids, sizes):
                     found.setdefault(row, ([], []))[1].append((sid, size))
         return found

@@ -437,3 +437,59 @@ def test_a_distributed_baseline_pairs_each_run_with_its_rank():
     }
     # a baseline of one process: every run against it, as before
     assert baselines_of(runs, "c") == dict.fromkeys([r.name for r in runs], "c")
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="reports.compare._rank_of takes a frame's run's job from its name: a second trace named like the first "
+    "(x/a, y/a) with more ranks names its rank 2 'a/rank=2', no '#2', so it joins the baseline's job and is compared "
+    "with itself (0%)",
+)
+def test_a_loaded_frame_of_two_jobs_of_one_name_pairs_the_extra_rank_with_the_baseline(tmp_path):
+    """x/a: 2 ranks of Linear(8, 4), y/a: 3 ranks of Linear(8, 8) (no bias, T = 2 rows): forward 2·2·8·4 = 128
+    FLOPs + the sum's 8 = 136 in x, 2·2·8·8 = 256 + 16 = 272 in y. y's rank 2 (x has none) is compared with the
+    baseline x/a/rank=0: +100%, as `compare([x/a, y/a])` of the paths says."""
+    from tests.helpers import copy_rank
+
+    for where, width, ranks in (("x", 4, 2), ("y", 8, 3)):
+        for rank in range(ranks):
+            torch.manual_seed(0)
+            model = nn.Linear(8, width, bias=False)
+            one = tmp_path / where / f"one{rank}" / "a"
+            with Tracer(one, model=model, tokens=2):
+                model(torch.randn(2, 8)).sum().backward()
+            copy_rank(one, tmp_path / where / "a" / f"rank={rank}", rank)
+    paths = [str(tmp_path / "x" / "a"), str(tmp_path / "y" / "a")]
+    for table in (compare(paths), compare(load(paths))):
+        forward = table[table["phase"] == "forward"].set_index("run")
+        assert forward["flops_per_step"].to_dict() == {
+            "a/rank=0": 136.0,
+            "a/rank=1": 136.0,
+            "a/rank=0#2": 272.0,
+            "a/rank=1#2": 272.0,
+            "a/rank=2": 272.0,
+        }
+        assert forward["flops_change_pct"].to_dict() == {
+            "a/rank=0": 0.0,
+            "a/rank=1": 0.0,
+            "a/rank=0#2": 100.0,  # (272 - 136) / 136
+            "a/rank=1#2": 100.0,
+            "a/rank=2": 100.0,  # against a/rank=0; the loaded frame gave 0.0 (against itself)
+        }
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="reports.compare_table.baselines_of makes every rank of the baseline's distributed trace a baseline of its "
+    "own: compare of one distributed trace's frame reads 0% for every rank (rank 1 against rank 0 before f9a75ff)",
+)
+def test_one_distributed_traces_frame_compares_its_ranks_with_the_first(tmp_path):
+    """p: rank 0 a step of Linear(8, 4), rank 1 of Linear(8, 8) (tests.integration.test_compare_ranks._job): total
+    FLOPs 2·2·8·4 + 8 + 2·2·8·4 + 32 = 296 (forward mm and sum, backward mm, SGD's add_) and 2·296 = 592; alone, no
+    other trace to pair with, rank 1 is compared with rank 0: +100%, as `optrace compare p/rank=0 p/rank=1` says."""
+    from tests.integration.test_compare_ranks import _job
+
+    table = compare(load(_job(tmp_path, "p", 4, 8)))
+    total = table[table["phase"] == "total"].set_index("run")
+    assert total["flops_per_step"].to_dict() == {"p/rank=0": 296.0, "p/rank=1": 592.0}
+    assert total["flops_change_pct"].to_dict() == {"p/rank=0": 0.0, "p/rank=1": 100.0}  # (592 - 296) / 296; got 0.0

@@ -592,6 +592,13 @@ def _set_rank(directory, rank):
         rewrite(part, set_metadata(rank=rank, world_size=rank + 1))
 
 
+def _linked_rank(trace):
+    """rank=3 a link to rank=1, whose metadata names no rank (only its trace_id tells the two apart)."""
+    for part in part_paths(trace / "rank=1"):
+        rewrite(part, set_metadata(rank=None))
+    os.symlink("rank=1", trace / "rank=3")
+
+
 @pytest.mark.parametrize(
     "damage, message",
     [
@@ -610,12 +617,17 @@ def _set_rank(directory, rank):
             r"move one out",
         ),
         (
+            _linked_rank,  # read as a third rank ('Ranks (3 of 2)') while a directory read again was allowed
+            r"rank=1 and rank=3 hold the same trace \(trace_id \w+\); expected one directory per rank \(a copy\?\); "
+            r"move one out",
+        ),
+        (
             lambda t: (t / "rank=1").rename(t / "rank=99999999999999999999999"),
             r"rank=99999999999999999999999 names rank 99999999999999999999999; expected a rank below 2,147,483,648 "
             r"\(not written by optrace\?\)",
         ),
     ],
-    ids=["rank_01_beside_rank_1", "metadata_of_another_rank", "same_trace_id", "rank_past_int32"],
+    ids=["rank_01_beside_rank_1", "metadata_of_another_rank", "same_trace_id", "linked_rank", "rank_past_int32"],
 )
 @pytest.mark.parametrize("engine", ["sql", "pandas"])
 def test_a_rank_directory_that_is_not_its_rank_is_one_line(two_ranks, tmp_path, capsys, damage, message, engine):
@@ -626,6 +638,18 @@ def test_a_rank_directory_that_is_not_its_rank_is_one_line(two_ranks, tmp_path, 
     if engine == "pandas":
         with pytest.raises(ReportError, match=re.escape(str(trace)) + ": " + message):
             reports.load(trace, lists="arrow")
+
+
+@pytest.mark.parametrize("engine", ["sql", "pandas"])
+def test_a_copy_of_a_distributed_trace_compares_with_it(two_ranks, tmp_path, capsys, engine):
+    """A copy of the whole trace given beside it is the trace given twice (as `compare t t`, or the copy of a trace of
+    one process): it was refused as 'copy: rank=0 and rank=0 hold the same trace ... move one out'."""
+    copy = shutil.copytree(two_ranks, tmp_path / "copy")
+    rc, out, err = run(capsys, "compare", two_ranks, copy, "--engine", engine)
+    assert (rc, err) == (0, "")
+    same = "  no change: the same ops, FLOPs, bytes, peak and dtypes per step"
+    assert out.splitlines()[1:5] == ["What changed in t/rank=0#2:", same, "What changed in t/rank=1#2:", same]
+    assert list(reports.load([two_ranks, copy]).attrs["runs"]) == ["t/rank=0", "t/rank=1", "t/rank=0#2", "t/rank=1#2"]
 
 
 def test_two_ranks_each_in_its_directory_report(two_ranks, capsys):

@@ -245,3 +245,16 @@ def test_the_recorder_sees_an_import():
     reports.tables, at its top), and not pyarrow's or DuckDB's look-ups of it."""
     found, _ = _run([], run="import reports; reports.by_op")
     assert "reports.tables <- reports" in found["importers"] and found["loaded"]
+
+
+def test_export_loads_no_pandas(two_runs, tmp_path):
+    """`optrace export` to JSON: no module of optrace executes an `import pandas`, and pandas is not loaded at its end.
+    On f3dcb3d pyarrow loaded it: pq.read_table (its pyarrow.dataset) for the first op's start, pyarrow.array of the
+    role storage ids, Array.to_numpy in the seq check and the role rows, and Python strings given to compute
+    functions to join each op's args."""
+    out = tmp_path / "small.json"
+    found, said = _run(["export", two_runs[0], "-o", str(out)])
+    assert found["importers"] == [] and not found["loaded"]
+    ops = [e for e in json.loads(out.read_text())["traceEvents"] if e["ph"] == "X"]
+    # the Linear's forward mm (2 * 4 * 8 * 4 = 256 FLOPs) and its weight gradient's (2 * 4 * 4 * 8 = 256)
+    assert sorted(e["args"]["flops"] for e in ops if e["args"]["op"] == "aten.mm.default") == [256, 256]

@@ -181,3 +181,30 @@ def test_strict_names_infinities_and_nulls_nan():
         "c": "x",
     }
     assert json_value(float("inf")) == "inf" and json_value(float("nan")) is None and json_value(3.0) == 3
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="reports.output.headline.assemble takes its caveats from the first rank's metadata only: another rank's "
+    "collectives_untimed (a lower-bound comm time in the Ranks table and imbalance) is named by export alone",
+)
+def test_another_ranks_untimed_collectives_are_a_caveat(tmp_path, capsys):
+    from tests.helpers import copy_rank
+    from tests.reports.loading.test_damage import rewrite, set_metadata
+    from tracer.schema import part_paths
+
+    for rank in (0, 1):
+        torch.manual_seed(0)
+        model = torch.nn.Linear(4, 3)
+        with Tracer(tmp_path / f"one{rank}", model=model, tokens=2):
+            model(torch.randn(2, 4)).sum().backward()
+        copy_rank(tmp_path / f"one{rank}", tmp_path / "job" / f"rank={rank}", rank)
+    for part in part_paths(tmp_path / "job" / "rank=1"):
+        rewrite(part, set_metadata(collectives_untimed=3))  # rank 1's 3 collectives timed to their launch
+    main(["export", str(tmp_path / "job"), "-o", str(tmp_path / "job.json")])
+    caveats = json.loads((tmp_path / "job.json").read_text())["otherData"]["caveats"]
+    assert [[c["code"] for c in caveats[r]] for r in ("0", "1")] == [[], ["collectives_untimed"]]
+    capsys.readouterr()
+    assert main(["report", str(tmp_path / "job"), "--json"]) == 0
+    said = [c["message"] for c in json.loads(capsys.readouterr().out)["caveats"] if c["code"] == "collectives_untimed"]
+    assert len(said) == 1 and "3 collectives" in said[0]
