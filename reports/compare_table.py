@@ -114,11 +114,12 @@ def baselines_of(runs, baseline=None):
     `baseline` (default the first run). When it is a rank of a distributed trace (Figures.job), each run of that
     trace is a baseline of its own (against itself: no change) and a run of another trace is compared with the
     baseline trace's run of its rank (b/rank=1 against a/rank=1); a run of one process, or of a rank the baseline
-    trace lacks, is compared with `baseline`. Else every run is compared with `baseline`."""
+    trace lacks, is compared with `baseline`. Else, or when every run is of that trace (its ranks, alone: nothing to
+    pair them with), every run is compared with `baseline`."""
     names = [r.name for r in runs]
     first = check_baseline(baseline, names)
     job = runs[names.index(first)].job
-    if job is None:
+    if job is None or all(r.job == job for r in runs):
         return dict.fromkeys(names, first)
     ranks = {r.rank: r.name for r in runs if r.job == job}
     return {r.name: r.name if r.job == job else ranks.get(r.rank, first) if r.rank is not None else first for r in runs}

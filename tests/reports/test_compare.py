@@ -478,11 +478,6 @@ def test_a_loaded_frame_of_two_jobs_of_one_name_pairs_the_extra_rank_with_the_ba
         }
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="reports.compare_table.baselines_of makes every rank of the baseline's distributed trace a baseline of its "
-    "own: compare of one distributed trace's frame reads 0% for every rank (rank 1 against rank 0 before f9a75ff)",
-)
 def test_one_distributed_traces_frame_compares_its_ranks_with_the_first(tmp_path):
     """p: rank 0 a step of Linear(8, 4), rank 1 of Linear(8, 8) (tests.integration.test_compare_ranks._job): total
     FLOPs 2·2·8·4 + 8 + 2·2·8·4 + 32 = 296 (forward mm and sum, backward mm, SGD's add_) and 2·296 = 592; alone, no
