@@ -59,8 +59,10 @@ def noise(low, high, what):
     )
 
 
-def meta_caveats(meta):
-    """The notes the run's metadata calls for (what the report printed as `Note:` lines), as (code, message)."""
+def meta_caveats(meta, every=None):
+    """The notes the run's metadata calls for (what the report printed as `Note:` lines), as (code, message).
+    `every`: {run: metadata} of every rank of a distributed trace, whose sections (Ranks, imbalance) read them all:
+    the collectives timed to their launch are then counted over every rank."""
     from reports.flops.explain import cycles_note
 
     said = []
@@ -105,14 +107,16 @@ def meta_caveats(meta):
                 "leave them out",
             )
         )
-    if meta.get("collectives_untimed"):
-        k = meta["collectives_untimed"]
+    runs = list((every or {}).values()) if every and len(every) > 1 else [meta]
+    k = sum(int(m.get("collectives_untimed") or 0) for m in runs)
+    if k:
         said.append(
             (
                 "collectives_untimed",
-                f"{k:,} collective{'s' if k != 1 else ''} timed to {'their' if k != 1 else 'its'} launch only (gloo's "
-                "reduce-scatter reports no completion; other work not done when its row was written): their time is "
-                "a lower bound and their bandwidth an upper one",
+                f"{k:,} collective{'s' if k != 1 else ''}{f' of the {len(runs)} ranks' if len(runs) > 1 else ''} "
+                f"timed to {'their' if k != 1 else 'its'} launch only (gloo's reduce-scatter reports no completion; "
+                "other work not done when its row was written): their time is a lower bound and their bandwidth an "
+                "upper one",
             )
         )
     if python_path_note(meta):

@@ -23,13 +23,13 @@ from reports.output.text import json_number, printable
 from reports.output.trace_reads import compare_keep, first_rank_frame, frame_columns, loaded_trace, report_keep, sql_all
 
 
-def summary(sql, peak_tflops=None, step_time_s=None, ranks_present=None, top=8, depth=2):
+def summary(sql, peak_tflops=None, step_time_s=None, ranks_present=None, top=8, depth=2, every=None):
     """What `report --json` prints, as a dict: the headline and the caveats (reports.output.headline, the text
     report's), the summary figures, then every section of the text report (reports.output.report_json), from
     `sql`, a reports.sql.engine.Trace of the run (reports.output.source). `ranks_present`: rank directories in the
     trace (reports.loading.load.ranks_present), for its `distributed` object; default: the runs loaded. `mfu` is the
     headline's: a metered run's Meter median unless `step_time_s` is given (`mfu_source`); `mfu_details` is always
-    the step time's."""
+    the step time's. `every`: {run: metadata} of every rank (reports.output.headline.assemble)."""
     from reports.output.headline import assemble
 
     src = Source(sql)
@@ -43,7 +43,9 @@ def summary(sql, peak_tflops=None, step_time_s=None, ranks_present=None, top=8, 
         table = accounts = None
     first = next(iter(table.values())) if table else None
     rate = src.mfu(step_time_s, peak_tflops * 1e12 if peak_tflops is not None else None)
-    report = assemble(src, step_time_s, peak_tflops, depth, top, accounts=accounts, explain=False, present=present)
+    report = assemble(
+        src, step_time_s, peak_tflops, depth, top, accounts=accounts, explain=False, present=present, every=every
+    )
     highest = src.peak()
     return {
         "headline": report.headline,  # what the text report's first lines say (reports.output.headline)
@@ -124,11 +126,20 @@ def _report(args):
     present = ranks_present(args.trace)
     if args.json:
         extra = ranks_src.rank_summary() if ranks_src is not None else {}
-        found = summary(sql, args.peak_tflops, args.step_time, present, args.top, args.depth)
+        found = summary(sql, args.peak_tflops, args.step_time, present, args.top, args.depth, everyone.runs)
         print(json.dumps(strict({**found, **extra}), indent=2, allow_nan=False))
     else:
         explain = args.full or "explain" in (args.sections or ())
-        report = assemble(src, args.step_time, args.peak_tflops, args.depth, args.top, explain=explain, present=present)
+        report = assemble(
+            src,
+            args.step_time,
+            args.peak_tflops,
+            args.depth,
+            args.top,
+            explain=explain,
+            present=present,
+            every=everyone.runs,
+        )
         print_report(src, report, args, sys.stdout, ranks_src, present)
         if args.plot:
             print("\nPlots: " + ", ".join(str(p) for p in paths))

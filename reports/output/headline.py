@@ -95,10 +95,13 @@ def _mfu(report, step_time_s):
     return out, caveats
 
 
-def assemble(src, step_time_s=None, peak_tflops=None, depth=2, top=8, accounts=None, explain=True, present=1):
+def assemble(
+    src, step_time_s=None, peak_tflops=None, depth=2, top=8, accounts=None, explain=True, present=1, every=None
+):
     """The Report of `src` (a reports.output.source.Source of one run): every table the headline and the sections
     read, computed once. `accounts`: reports.flops.accounting.analyse's, when the caller holds it; `explain`:
-    whether to keep the explain lines (the text report's); `present`: rank directories in the trace."""
+    whether to keep the explain lines (the text report's); `present`: rank directories in the trace; `every`: {run:
+    metadata} of every rank of a distributed trace (the caveats of what the rank sections read of them all)."""
     from reports.flops.coverage import FIX
 
     run, meta = src.run()
@@ -114,7 +117,7 @@ def assemble(src, step_time_s=None, peak_tflops=None, depth=2, top=8, accounts=N
                 "lengths or group sizes they depend on could not be read (meta or fake tensors); column flops_bound",
             )
         )
-    said += meta_caveats(meta)
+    said += meta_caveats(meta, every)
     try:
         accounts = src.accounts() if accounts is None else accounts
         report.breakdown = src.breakdown(accounts)

@@ -183,11 +183,6 @@ def test_strict_names_infinities_and_nulls_nan():
     assert json_value(float("inf")) == "inf" and json_value(float("nan")) is None and json_value(3.0) == 3
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="reports.output.headline.assemble takes its caveats from the first rank's metadata only: another rank's "
-    "collectives_untimed (a lower-bound comm time in the Ranks table and imbalance) is named by export alone",
-)
 def test_another_ranks_untimed_collectives_are_a_caveat(tmp_path, capsys):
     from tests.helpers import copy_rank
     from tests.reports.loading.test_damage import rewrite, set_metadata
