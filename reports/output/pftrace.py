@@ -4,7 +4,9 @@ For traces too large for JSON: the same processes, tracks, slices and counters a
 reports.output.export writes in JSON, as TracePackets written one at a time with the
 `perfetto` package's StreamingTraceProtoBuilder (an optional extra:
 `pip install optrace[perfetto]`). Timestamps are ns after the earliest op; an op is a
-SLICE_BEGIN / SLICE_END pair on its phase's track, its args are debug annotations.
+SLICE_BEGIN / SLICE_END pair on its phase's track, its args are debug annotations. Each
+caveat of a rank's metadata (the JSON's otherData "caveats") is an instant event at 0 on
+the rank's process track, named "optrace caveat: CODE", its message an annotation.
 
 What Perfetto's trace processor needs, and tests.reports.output.test_export checks packet by packet:
 every track an event names has its TrackDescriptor written before the event (a process
@@ -45,6 +47,7 @@ class ProtoEvents:
         self._builder = StreamingTraceProtoBuilder(file)
         self._counters = {}  # (pid, counter name, value name) -> track uuid
         self._first = True
+        self._caveats = {}  # rank (as text) -> [{code, message}]: otherData's, written on each rank's process track
 
     def _packet(self, ts=None):
         packet = self._builder.create_packet()
@@ -57,7 +60,7 @@ class ProtoEvents:
         return packet
 
     def start(self, other):
-        pass
+        self._caveats = other.get("caveats") or {}
 
     def process(self, pid, label, tracks):
         packet = self._packet()
@@ -72,6 +75,14 @@ class ProtoEvents:
             packet.track_descriptor.thread.pid = pid + 1
             packet.track_descriptor.thread.tid = (pid + 1) * _UUID_STRIDE + tid
             packet.track_descriptor.thread.thread_name = name
+            self._builder.write_packet(packet)
+        for caveat in self._caveats.get(str(pid), ()):  # an instant event at 0 on the rank's track, its message an arg
+            packet = self._packet(0)
+            packet.track_event.type = TrackEvent.TYPE_INSTANT
+            packet.track_event.track_uuid = _process_uuid(pid)
+            packet.track_event.name = f"optrace caveat: {caveat['code']}"
+            note = packet.track_event.debug_annotations.add()
+            note.name, note.string_value = "message", caveat["message"]
             self._builder.write_packet(packet)
 
     def _slice(self, kind, pid, tid, ts, name=None, category=None):

@@ -400,11 +400,6 @@ def test_export_names_a_bound_and_the_metadata_caveats(tmp_path):
     assert [c["code"] for c in written["otherData"]["caveats"]["0"]] == ["fused_standins"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="reports.output.pftrace.ProtoEvents.start drops otherData: a .pftrace carries no metadata caveat "
-    "(the .json has them in otherData 'caveats')",
-)
 def test_export_pftrace_names_the_metadata_caveats(tmp_path):
     pytest.importorskip("perfetto.trace_builder.proto_builder")
     from tests.reports.loading.test_damage import rewrite, set_metadata
