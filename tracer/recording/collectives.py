@@ -19,6 +19,10 @@ Tensor = torch.Tensor
 _perf_ns = time.perf_counter_ns
 
 COMPLETION_WAIT_S = 0.05  # how long a flush waits for the callback of a work already done
+# how long a flush waits in all for the callbacks of works whose Future nobody holds any more (so whether they are done
+# cannot be asked): a Future's waiters wake before its callbacks run, and a callback needs the GIL, so a work the program
+# waited for can still lack its end when its row is written (about 1 in 4 two-rank DDP runs had one all-reduce so)
+DROPPED_WAIT_S = 0.005
 
 
 # --- the collective table ----------------------------------------------------------------
@@ -283,9 +287,10 @@ class Completions:
         """Write the completions of the collectives in `rows` (a RowBuffer being flushed)."""
         first, last = rows.first_seq, rows.first_seq + len(rows)
         ints, width = rows.ints, self._width
+        until = time.monotonic() + DROPPED_WAIT_S  # one wait for all the dropped ones of this flush
         for seq in [s for s in self._pending if first <= s < last]:
             start, done = self._pending.pop(seq)
-            end = self._end_of(seq, done)
+            end = self._end_of(seq, done, until)
             if end is None:
                 self.untimed += 1
                 continue
@@ -294,25 +299,30 @@ class Completions:
         for seq in [s for s in list(self._ended) if s < last]:  # list(): a copy made in one step, as callbacks add
             self._ended.pop(seq, None)
 
-    def _end_of(self, seq, done):
+    def _end_of(self, seq, done, until):
         if isinstance(done, CudaCompletion):
             return done.end_ns()
         end = self._ended.get(seq)
-        if end is None and done is not None and done():  # finished; its callback is on its way
-            deadline = time.monotonic() + COMPLETION_WAIT_S
-            while end is None and time.monotonic() < deadline:
-                time.sleep(0.0005)
-                end = self._ended.get(seq)
+        if end is not None or done is None:
+            return end
+        state = done()  # True: finished, its callback on its way; None: its Future dropped, perhaps finished
+        if state is False:
+            return None
+        deadline = time.monotonic() + COMPLETION_WAIT_S if state else until
+        while end is None and time.monotonic() < deadline:
+            time.sleep(0.0005)  # lets the thread that runs the callback take the GIL
+            end = self._ended.get(seq)
         return end
 
 
 def _weak_done(future):
-    """A `done()` check that does not keep the future (and the tensors it holds) alive."""
+    """A `done()` check that does not keep the future (and the tensors it holds) alive: True or False, None once the
+    future is gone (the tracer's own wrapper of a c10d work's Future is dropped when launched() returns)."""
     try:
         ref = weakref.ref(future)
     except TypeError:
         return None
-    return lambda: (lambda f: f is not None and f.done())(ref())
+    return lambda: (lambda f: None if f is None else bool(f.done()))(ref())
 
 
 class CudaCompletion:

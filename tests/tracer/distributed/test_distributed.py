@@ -7,6 +7,7 @@ import os
 import socket
 import sys
 import time
+import types
 
 import pandas as pd
 import pytest
@@ -643,3 +644,47 @@ def test_readme_torchrun_example(examples_dir, tmp_path):
     sizes = lambda text: sorted(re.findall(r"^\s+\d (\w+)\s+\d+\s+(\d+)", text, re.M))  # noqa: E731
     assert sizes(done.stdout) == sizes(shown)  # the same collectives and message sizes; times differ
     assert sorted(os.listdir(tmp_path / "runs" / "ddp")) == ["rank=0", "rank=1"]
+
+
+class _Future:
+    def __init__(self, callbacks):
+        self._callbacks = callbacks
+
+    def then(self, callback):  # c10d keeps the C++ future, not this wrapper (the callback gets a new one)
+        self._callbacks.append(lambda: callback(None))
+
+    def done(self):
+        return False
+
+
+class _GlooWork:
+    """A c10d work whose get_future() makes a new wrapper each call, as c10d's does (nothing keeps the tracer's)."""
+
+    def __init__(self):
+        self.callbacks = []
+
+    def get_future(self):
+        return _Future(self.callbacks)
+
+
+def test_a_gloo_collective_whose_callback_runs_late_is_timed(monkeypatch):
+    """The program waited for the work and went on before the work's Future ran the tracer's callback (it needs the
+    GIL); the flush finds no end and no Future to ask: it waits a moment for the callback (tracer's DROPPED_WAIT_S),
+    which here runs at the first sleep."""
+    work = _GlooWork()
+    slept = []
+
+    def sleep(seconds):  # the callback's thread takes the GIL while the flush sleeps
+        slept.append(seconds)
+        for callback in work.callbacks:
+            callback()
+
+    monkeypatch.setattr(tcoll, "time", types.SimpleNamespace(monotonic=time.monotonic, sleep=sleep))
+    monkeypatch.setattr(tcoll, "_perf_ns", lambda: 5_000)  # when the callback runs
+    done = tcoll.Completions(FIELD["duration_ns"], FIELD["busy_ns"], ROW_WIDTH)
+    op = tcoll.CollectiveOp(torch.ops.c10d.allreduce_.default, tcoll._C10D["allreduce_"])
+    done.launched(0, 100, 200, op, work, [], None)
+    rows = _row(7)  # 7: the launch's duration, kept when no end is found
+    done.apply(rows)
+    assert slept and done.untimed == 0  # before: counted untimed, the row left at its launch's 7 ns
+    assert rows.ints[FIELD["duration_ns"]] == rows.ints[FIELD["busy_ns"]] == 5_000 - 100
