@@ -153,3 +153,33 @@ def trainer_arguments(transformers, out, **given):
     the CPU, nothing saved or reported, no progress bar, seed 0; `given` adds or overrides."""
     fixed = dict(per_device_train_batch_size=2, logging_steps=1, report_to=[], use_cpu=True, save_strategy="no")
     return transformers.TrainingArguments(output_dir=str(out), **fixed, disable_tqdm=True, seed=0, **given)
+
+
+def traced_loop(root, name, make, steps, warm, tokens, bitwise_steps, local=lambda p: p):
+    """A distributed loop's traces and its harm check, on one rank: `name`1 and `name`3 under `root` (1 and 3 steps
+    traced after `warm` untraced ones, each from a fresh `make()`), then `bitwise_steps` steps of fresh models
+    untraced and traced (`name`_same). `make()` gives the loop's state (its model first), `steps(state, n, same)`
+    runs n steps and returns their losses (`same`: one batch every step); `local(p)` a parameter as a plain tensor
+    (p.to_local() for a DTensor). Returns [the losses equal, then each parameter equal], traced against untraced."""
+    import contextlib
+    import os
+
+    import torch
+
+    from tracer import Tracer
+
+    for k in (1, 3):
+        state = make()
+        steps(state, warm, True)
+        with Tracer(os.path.join(root, f"{name}{k}"), model=state[0], tokens=tokens):
+            steps(state, k, True)
+    outcome = {}
+    for traced in (False, True):
+        state = make()
+        tracing = Tracer(os.path.join(root, f"{name}_same"), model=state[0], tokens=tokens)
+        with tracing if traced else contextlib.nullcontext():
+            losses = steps(state, bitwise_steps, False)
+        outcome[traced] = (losses, [local(p).detach().clone() for p in state[0].parameters()])
+    return [outcome[False][0] == outcome[True][0]] + [
+        torch.equal(a, b) for a, b in zip(outcome[False][1], outcome[True][1])
+    ]

@@ -21,8 +21,9 @@ from torch.utils.checkpoint import checkpoint
 
 import reports
 from reports.output.cli import main
+from tests.helpers import traced_loop
 from tests.tracer.distributed.test_distributed import spawn
-from tracer import Tracer, read_metadata
+from tracer import read_metadata
 
 T, ACC, WORLD = 3, 2, 2
 
@@ -60,20 +61,10 @@ def _ddp_steps(ddp, opt, scaler, rank, steps, same):
 
 
 def _ddp(root, rank, results):
-    for name, k in (("ddp1", 1), ("ddp3", 3)):  # after 2 untraced steps (buckets rebuilt, AdamW's state made)
-        ddp, opt, scaler = _ddp_model()
-        _ddp_steps(ddp, opt, scaler, rank, 2, same=True)
-        with Tracer(os.path.join(root, name), model=ddp, tokens=ACC * T):
-            _ddp_steps(ddp, opt, scaler, rank, k, same=True)
-    outcome = {}
-    for traced in (False, True):
-        ddp, opt, scaler = _ddp_model()
-        with Tracer(os.path.join(root, "ddp_same"), model=ddp, tokens=ACC * T) if traced else contextlib.nullcontext():
-            losses = _ddp_steps(ddp, opt, scaler, rank, 3, same=False)
-        outcome[traced] = (losses, [p.detach().clone() for p in ddp.parameters()])
-    results["ddp_bitwise"] = [outcome[False][0] == outcome[True][0]] + [
-        torch.equal(a, b) for a, b in zip(outcome[False][1], outcome[True][1])
-    ]
+    # traced after 2 untraced steps (buckets rebuilt, AdamW's state made)
+    results["ddp_bitwise"] = traced_loop(
+        root, "ddp", _ddp_model, lambda s, n, same: _ddp_steps(*s, rank, n, same), 2, ACC * T, 3
+    )
 
 
 class _Block(torch.nn.Module):
@@ -121,20 +112,10 @@ def _fsdp_steps(model, opt, rank, steps, same):
 
 
 def _fsdp(root, rank, results):
-    for name, k in (("fsdp1", 1), ("fsdp3", 3)):  # after 1 untraced step (AdamW's state made)
-        model, opt = _fsdp_model()
-        _fsdp_steps(model, opt, rank, 1, same=True)
-        with Tracer(os.path.join(root, name), model=model, tokens=T):
-            _fsdp_steps(model, opt, rank, k, same=True)
-    outcome = {}
-    for traced in (False, True):
-        model, opt = _fsdp_model()
-        with Tracer(os.path.join(root, "fsdp_same"), model=model, tokens=T) if traced else contextlib.nullcontext():
-            losses = _fsdp_steps(model, opt, rank, 2, same=False)
-        outcome[traced] = (losses, [p.to_local().detach().clone() for p in model.parameters()])
-    results["fsdp_bitwise"] = [outcome[False][0] == outcome[True][0]] + [
-        torch.equal(a, b) for a, b in zip(outcome[False][1], outcome[True][1])
-    ]
+    # traced after 1 untraced step (AdamW's state made)
+    results["fsdp_bitwise"] = traced_loop(
+        root, "fsdp", _fsdp_model, lambda s, n, same: _fsdp_steps(*s, rank, n, same), 1, T, 2, lambda p: p.to_local()
+    )
 
 
 @pytest.fixture(scope="module")

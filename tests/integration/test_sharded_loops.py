@@ -19,8 +19,8 @@ import torch
 
 import reports
 from reports.output.cli import main
+from tests.helpers import traced_loop
 from tests.tracer.distributed.test_distributed import spawn
-from tracer import Tracer
 
 T, WORLD = 4, 2
 
@@ -52,20 +52,10 @@ def _zero_steps(ddp, opt, rank, steps, same):
 
 
 def _zero(root, rank, results):
-    for name, k in (("zero1", 1), ("zero3", 3)):  # after 2 untraced steps (buckets rebuilt, AdamW's state made)
-        ddp, opt = _zero_model()
-        _zero_steps(ddp, opt, rank, 2, same=True)
-        with Tracer(os.path.join(root, name), model=ddp, tokens=T):
-            _zero_steps(ddp, opt, rank, k, same=True)
-    outcome = {}
-    for traced in (False, True):
-        ddp, opt = _zero_model()
-        with Tracer(os.path.join(root, "zero_same"), model=ddp, tokens=T) if traced else contextlib.nullcontext():
-            losses = _zero_steps(ddp, opt, rank, 3, same=False)
-        outcome[traced] = (losses, [p.detach().clone() for p in ddp.parameters()])
-    results["zero_bitwise"] = [outcome[False][0] == outcome[True][0]] + [
-        torch.equal(a, b) for a, b in zip(outcome[False][1], outcome[True][1])
-    ]
+    # traced after 2 untraced steps (buckets rebuilt, AdamW's state made)
+    results["zero_bitwise"] = traced_loop(
+        root, "zero", _zero_model, lambda s, n, same: _zero_steps(*s, rank, n, same), 2, T, 3
+    )
 
 
 def _tp_model():
@@ -93,19 +83,9 @@ def _tp_steps(model, opt, steps, same):
 
 
 def _tp(root, rank, results):
-    for name, k in (("tp1", 1), ("tp3", 3)):
-        model, opt = _tp_model()
-        with Tracer(os.path.join(root, name), model=model, tokens=T):
-            _tp_steps(model, opt, k, same=True)
-    outcome = {}
-    for traced in (False, True):
-        model, opt = _tp_model()
-        with Tracer(os.path.join(root, "tp_same"), model=model, tokens=T) if traced else contextlib.nullcontext():
-            losses = _tp_steps(model, opt, 3, same=False)
-        outcome[traced] = (losses, [p.to_local().detach().clone() for p in model.parameters()])
-    results["tp_bitwise"] = [outcome[False][0] == outcome[True][0]] + [
-        torch.equal(a, b) for a, b in zip(outcome[False][1], outcome[True][1])
-    ]
+    results["tp_bitwise"] = traced_loop(
+        root, "tp", _tp_model, lambda s, n, same: _tp_steps(*s, n, same), 0, T, 3, lambda p: p.to_local()
+    )
 
 
 @pytest.fixture(scope="module")
