@@ -140,18 +140,9 @@ def test_plan_prices_a_step_of_the_batch_it_reads_not_a_partial_last_batch(tmp_p
     """12 samples in batches of 5: steps of 5, 5 and 2 rows through Linear(64, 256) -> ReLU -> Linear(256, 64), no
     biases, N = 32,768. The plan reads its batch (5) from the first step's forward and priced the last complete step,
     the partial batch of 2: 329,472 FLOPs per step against the batch of 5's 823,680, tokens/s 2.5x too high."""
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(
-        torch.nn.Linear(64, 256, bias=False), torch.nn.ReLU(), torch.nn.Linear(256, 64, bias=False)
-    )
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(12, 64)), batch_size=5)
-    with Tracer(tmp_path / "partial", model=model, tokens=5):
-        for (x,) in loader:
-            model(x).square().mean().backward()
-            opt.step()
-            opt.zero_grad()
-    df = reports.load(tmp_path / "partial")
+    from tests.reports.plan.test_plan_inputs import partial_batches
+
+    df = reports.load(partial_batches(tmp_path / "partial"))
     assert reports.by_step(df)["flops"].tolist() == [856448, 856448, 362240]  # the last, 2 rows
     table = reports.plan(df, gpu="H100")
     planned, notes = table.iloc[0], " ".join(table.attrs["plan"]["partial"]["notes"])

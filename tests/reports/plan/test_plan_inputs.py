@@ -345,23 +345,30 @@ def test_a_trace_of_several_steps_prices_its_last_complete_step(tmp_path):
     assert not any(n.startswith("the traced step is the optimizer's first") for n in notes)
 
 
-def test_a_partial_last_batch_is_passed_over_when_gradients_accumulate_into_zeroed_ones(tmp_path):
-    """12 samples in batches of 5, 5, 2 through Linear(64, 256) -> ReLU -> Linear(256, 64), no biases, N = 32,768,
-    with zero_grad(set_to_none=False): from the second step the backward adds each weight's gradient into the zeroed
-    one left (1 FLOP per element, 32,768), so no step's forward + backward FLOPs were the first's, and the plan priced
-    the partial batch of 2 as the batch of 5 it reads. The forward FLOPs find step 1, of the first's batch."""
+def partial_batches(path, set_to_none=True):
+    """A trace at `path` of 12 seeded samples in batches of 5, 5 and 2 (a DataLoader's partial last batch) through
+    Linear(64, 256) -> ReLU -> Linear(256, 64), no biases (N = 32,768), the mean square as loss, SGD, tokens=5,
+    zero_grad(set_to_none=`set_to_none`)."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(
         torch.nn.Linear(64, 256, bias=False), torch.nn.ReLU(), torch.nn.Linear(256, 64, bias=False)
     )
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(12, 64)), batch_size=5)
-    with Tracer(tmp_path / "t", model=model, tokens=5):
+    with Tracer(path, model=model, tokens=5):
         for (x,) in loader:
             model(x).square().mean().backward()
             opt.step()
-            opt.zero_grad(set_to_none=False)
-    df = reports.load(tmp_path / "t")
+            opt.zero_grad(set_to_none=set_to_none)
+    return path
+
+
+def test_a_partial_last_batch_is_passed_over_when_gradients_accumulate_into_zeroed_ones(tmp_path):
+    """12 samples in batches of 5, 5, 2 through Linear(64, 256) -> ReLU -> Linear(256, 64), no biases, N = 32,768,
+    with zero_grad(set_to_none=False): from the second step the backward adds each weight's gradient into the zeroed
+    one left (1 FLOP per element, 32,768), so no step's forward + backward FLOPs were the first's, and the plan priced
+    the partial batch of 2 as the batch of 5 it reads. The forward FLOPs find step 1, of the first's batch."""
+    df = reports.load(partial_batches(tmp_path / "t", set_to_none=False))
     # forward 2·N·5 = 327,680 + relu 1,280 + square 320 + mean 320 = 329,600; backward at step 0: dL/dW 327,680 +
     # dL/dx 2·5·256·64 = 163,840 + 2,560 of the small ops = 494,080, + the accumulating add 32,768 from step 1
     forward = df[df["phase"] == "forward"].groupby("step")["flops"].sum().tolist()
